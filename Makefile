@@ -1,0 +1,61 @@
+# kvtier — a thin wrapper over CMake. `make help` lists the targets.
+BUILD      ?= build
+SAN_BUILD  ?= build-san
+TSAN_BUILD ?= build-tsan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+PREFIX     ?= /usr/local
+CMAKE_ARGS ?=
+RUN_ARGS   ?=
+, := ,
+
+.PHONY: all build bootstrap test test-san test-tsan bench run install clean help
+
+all: build
+
+help:
+	@echo "make            build ($(BUILD)/)"
+	@echo "make test       build and run every CPU suite (unit, e2e, benchmark); kernels needs a GPU"
+	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
+	@echo "make test-tsan  the same under ThreadSanitizer ($(TSAN_BUILD)/)"
+	@echo "make bench      the benchmarks at full size"
+	@echo "make run        the main job"
+	@echo "make install    install into PREFIX=$(PREFIX)"
+
+bootstrap:
+	@scripts/bootstrap
+
+# $(1): build dir, $(2): extra cmake args, $(3): build type
+define configure
+	@mkdir -p $(1) && cmake -S . -B $(1) -DCMAKE_BUILD_TYPE=$(3) $(2) $(CMAKE_ARGS) >$(1)/configure.log 2>&1 || { cat $(1)/configure.log; exit 1; }
+	@cmake --build $(1) -j $(JOBS) 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
+	@test -x $(1)/kvtier
+endef
+
+build: bootstrap
+	$(call configure,$(BUILD),,RelWithDebInfo)
+
+test: build
+	@tests/run_suite --build $(BUILD)
+
+test-san: bootstrap
+	$(call configure,$(SAN_BUILD),-DKVT_SANITIZE=address$(,)undefined -DKVT_CHECK_LEVEL=2,Debug)
+	@tests/run_suite --build $(SAN_BUILD) --sanitize
+
+test-tsan: bootstrap
+	$(call configure,$(TSAN_BUILD),-DKVT_SANITIZE=thread -DKVT_CHECK_LEVEL=1,Debug)
+	@tests/run_suite --build $(TSAN_BUILD) --sanitize
+
+bench: build
+	$(BUILD)/kvtier bench alloc --pattern random $(RUN_ARGS)
+	$(BUILD)/kvtier bench alloc --pattern mixed $(RUN_ARGS)
+	$(BUILD)/kvtier bench alloc --pattern churn $(RUN_ARGS)
+
+# The main job. Until `kvtier replay` lands, a small allocator benchmark.
+run: build
+	$(BUILD)/kvtier bench alloc --pages 1000000 --ops 50000 --scan-ops 20 $(RUN_ARGS)
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)

@@ -1,0 +1,19 @@
+# KVT_CUDA: off (never), auto (when a CUDA compiler is found), on (required).
+# Sets KVT_CUDA_ENABLED. Nothing in the library uses CUDA yet; the option and
+# the detection are in place for the L1 cuda backend and the kernels suite.
+set(KVT_CUDA_ENABLED OFF)
+if(KVT_CUDA STREQUAL "on" OR KVT_CUDA STREQUAL "auto")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(KVT_CUDA_ENABLED ON)
+  elseif(KVT_CUDA STREQUAL "on")
+    message(FATAL_ERROR "KVT_CUDA=on but no CUDA compiler was found (install the CUDA toolkit or use KVT_CUDA=auto|off)")
+  endif()
+elseif(NOT KVT_CUDA STREQUAL "off")
+  message(FATAL_ERROR "KVT_CUDA must be auto, on or off (got '${KVT_CUDA}')")
+endif()

@@ -1,0 +1,10 @@
+/* kvtier — everything public, in one include. */
+#ifndef KVTIER_KVTIER_H
+#define KVTIER_KVTIER_H
+
+#include "kvtier/alloc.h"
+#include "kvtier/error.h"
+#include "kvtier/mem.h"
+#include "kvtier/stats.h"
+
+#endif

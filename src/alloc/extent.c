@@ -1,0 +1,364 @@
+/* The extent allocator: free extents indexed twice, by size and by address.
+ *
+ * A free extent is a maximal run of free pages [start, start+len). The
+ * allocator keeps two ordered sets (B+trees of packed uint64 keys, u64set.c):
+ *
+ *   by_size: (len << 32 | start)   best fit = first key >= (n << 32)
+ *                                  largest  = last key, then predecessors
+ *   by_addr: (start << 32 | len)   neighbours of a freed run, and the check
+ *                                  that a freed page is really reserved
+ *
+ * Reserving n = 5 from a pool with free extents [2,4) [6,12) [14,15):
+ *
+ *   pages     0 1 2 3 4 5 6 7 8 9 10 11 12 13 14
+ *   before    # # . . # # . . . . .  .  #  #  .     by_size: (1,14) (2,2) (6,6)
+ *   reserve 5             ^^^^^^^^^                 best fit: (6,6), front
+ *   after     # # . . # # # # # # #  .  #  #  .     by_size: (1,11) (1,14) (2,2)
+ *
+ * Freeing [6,11) again finds the extent starting at 11 (by_addr lower bound)
+ * and the one ending at 6 (its predecessor), merges, and is back to the
+ * "before" picture: frees always coalesce, so no two free extents touch.
+ *
+ * Invariants (kvt_extalloc_check): extents inside [0, N), disjoint and never
+ * adjacent; by_size and by_addr hold exactly the same extents; free_pages is
+ * their sum.
+ *
+ * Cost: a reserve of k runs is O(k log E) (a cursor walks down by_size, and
+ * each taken extent is erased from both sets); a free is O(log E) per run.
+ * Nothing is proportional to N or to the run lengths. Memory is about 12 bytes
+ * per free extent per set at the usual B+tree fill.
+ *
+ * Atomicity: every call validates and plans before it changes anything, and
+ * reserves from the node pool, up front, every node its inserts can need; so a
+ * call either succeeds or fails with the allocator as it was.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier/alloc.h"
+#include "kvtier/error.h"
+#include "../core/mem-int.h"
+#include "../core/u64set-int.h"
+#include "alloc-int.h"
+
+/* Spare nodes kept between calls, so that calls do not reach malloc: at least
+ * SPARE_KEEP, and up to 1/16 of the live nodes (a free of many runs sets
+ * aside worst-case room for all its inserts, then uses little of it). */
+#define SPARE_KEEP 64
+#define SPARE_KEEP_FRACTION 16
+
+struct kvt_extalloc {
+    uint64_t pages;
+    uint64_t free_pages;
+    kvt__nodepool_t pool;
+    kvt__u64set_t by_size;
+    kvt__u64set_t by_addr;
+    uint64_t reserves, reserve_failures, frees, runs_reserved;
+};
+
+static inline uint64_t size_key(uint64_t start, uint64_t len) { return len << 32 | start; }
+static inline uint64_t addr_key(uint64_t start, uint64_t len) { return start << 32 | len; }
+static inline uint32_t key_hi(uint64_t k) { return (uint32_t)(k >> 32); }
+static inline uint32_t key_lo(uint64_t k) { return (uint32_t)k; }
+
+/* Nodes that `inserts` inserts into s may need: each splits at most one node
+ * per level plus a new root, at the tallest height the set can reach. */
+static size_t insert_bound(const kvt__u64set_t *s, size_t inserts) {
+    if (inserts == 0) return 0;
+    uint64_t keys = s->count + inserts;
+    size_t h = 1;
+    /* a tree of height h+1 holds at least 62 * 16^(h-1) keys (half-full nodes) */
+    for (uint64_t min_keys = 62; min_keys <= keys && h < KVT_U64SET_MAX_HEIGHT; min_keys *= 16) h++;
+    return inserts * (h + 1);
+}
+
+static int reserve_nodes(kvt_extalloc_t *a, size_t size_inserts, size_t addr_inserts) {
+    return kvt__nodepool_reserve(&a->pool, insert_bound(&a->by_size, size_inserts) +
+                                               insert_bound(&a->by_addr, addr_inserts));
+}
+
+/* The steps below cannot fail: nodes were reserved and keys validated. */
+static void add_extent(kvt_extalloc_t *a, uint64_t start, uint64_t len) {
+    kvt__u64set_insert(&a->by_size, size_key(start, len));
+    kvt__u64set_insert(&a->by_addr, addr_key(start, len));
+}
+
+static void remove_extent(kvt_extalloc_t *a, uint64_t start, uint64_t len) {
+    kvt__u64set_erase(&a->by_size, size_key(start, len));
+    kvt__u64set_erase(&a->by_addr, addr_key(start, len));
+}
+
+/* Turns free extent [start, start+len) into [nstart, nstart+nlen), where the
+ * new extent covers no other extent's start (so by_addr's order holds). */
+static void reshape_extent(kvt_extalloc_t *a, uint64_t start, uint64_t len, uint64_t nstart,
+                           uint64_t nlen) {
+    kvt__u64set_erase(&a->by_size, size_key(start, len));
+    kvt__u64set_insert(&a->by_size, size_key(nstart, nlen));
+    kvt__u64set_replace(&a->by_addr, addr_key(start, len), addr_key(nstart, nlen));
+}
+
+int kvt_extalloc_create(kvt_extalloc_t **out, uint64_t npages) {
+    if (out == NULL || npages == 0 || npages > KVT_ALLOC_MAX_PAGES) return KVT_EINVAL;
+    kvt_extalloc_t *a = KVT_NEW(kvt_extalloc_t);
+    if (a == NULL) return KVT_ENOMEM;
+    a->pages = npages;
+    kvt__nodepool_init(&a->pool);
+    kvt__u64set_init(&a->by_size, &a->pool);
+    kvt__u64set_init(&a->by_addr, &a->pool);
+    if (reserve_nodes(a, 1, 1) != KVT_OK) {
+        KVT_DELETE(a);
+        return KVT_ENOMEM;
+    }
+    add_extent(a, 0, npages);
+    a->free_pages = npages;
+    *out = a;
+    return KVT_OK;
+}
+
+void kvt_extalloc_destroy(kvt_extalloc_t *a) {
+    if (a == NULL) return;
+    kvt__u64set_fini(&a->by_size);
+    kvt__u64set_fini(&a->by_addr);
+    kvt__nodepool_fini(&a->pool);
+    KVT_DELETE(a);
+}
+
+/* Takes the first n pages of free extent (start, len). */
+static void take_front(kvt_extalloc_t *a, uint64_t start, uint64_t len, uint64_t n) {
+    if (n == len) remove_extent(a, start, len);
+    else reshape_extent(a, start, len, start + n, len - n);
+}
+
+static int fail_reserve(kvt_extalloc_t *a, int err) {
+    if (err != KVT_EINVAL) a->reserve_failures++;
+    return err;
+}
+
+int kvt_extalloc_reserve(kvt_extalloc_t *a, uint64_t n, kvt_run_t *runs, size_t max_runs,
+                         size_t *nruns) {
+    if (a == NULL || runs == NULL || nruns == NULL || n == 0 || max_runs == 0) return KVT_EINVAL;
+    if (n > a->free_pages) return fail_reserve(a, KVT_ENOSPC);
+
+    kvt__u64cur_t cur;
+    size_t k = 0;
+    uint64_t rest = n;
+    if (!kvt__u64set_lower_bound(&a->by_size, size_key(0, n), &cur)) {
+        /* Plan: whole extents, largest first, while each is smaller than what
+         * is left. The walk ends when an extent can hold the rest. */
+        kvt__u64set_last(&a->by_size, &cur);
+        for (;;) {
+            uint64_t key = kvt__u64cur_key(&cur);
+            if (key_hi(key) >= rest) break;
+            if (k + 1 >= max_runs) return fail_reserve(a, KVT_EFRAG);
+            runs[k++] = (kvt_run_t){key_lo(key), key_hi(key)};
+            rest -= key_hi(key);
+            kvt__u64cur_prev(&cur); /* free_pages >= n: an extent remains */
+        }
+        /* Best fit for the rest; it lies below every extent taken above. */
+        kvt__u64set_lower_bound(&a->by_size, size_key(0, rest), &cur);
+    }
+    uint64_t fit = kvt__u64cur_key(&cur);
+    if (reserve_nodes(a, 1, 0) != KVT_OK) return fail_reserve(a, KVT_ENOMEM);
+
+    for (size_t i = 0; i < k; i++) remove_extent(a, runs[i].start, runs[i].len);
+    take_front(a, key_lo(fit), key_hi(fit), rest);
+    runs[k++] = (kvt_run_t){key_lo(fit), (uint32_t)rest};
+    *nruns = k;
+    a->free_pages -= n;
+    a->reserves++;
+    a->runs_reserved += k;
+    return KVT_OK;
+}
+
+int kvt_extalloc_reserve_contiguous(kvt_extalloc_t *a, uint64_t n, kvt_run_t *run) {
+    size_t k;
+    return kvt_extalloc_reserve(a, n, run, 1, &k);
+}
+
+/* The free extent with the greatest start <= p (in *start, *len); true when
+ * it contains p. */
+static bool extent_at(const kvt_extalloc_t *a, uint64_t p, uint64_t *start, uint64_t *len) {
+    kvt__u64cur_t cur;
+    if (!kvt__u64set_last_below(&a->by_addr, (p + 1) << 32, &cur)) return false;
+    uint64_t key = kvt__u64cur_key(&cur);
+    *start = key_hi(key);
+    *len = key_lo(key);
+    return p < *start + *len;
+}
+
+/* True when some free extent overlaps [start, end). */
+static bool overlaps_free(const kvt_extalloc_t *a, uint64_t start, uint64_t end) {
+    kvt__u64cur_t cur;
+    if (!kvt__u64set_last_below(&a->by_addr, end << 32, &cur)) return false;
+    uint64_t key = kvt__u64cur_key(&cur);
+    return (uint64_t)key_hi(key) + key_lo(key) > start;
+}
+
+bool kvt_extalloc_is_free(const kvt_extalloc_t *a, uint64_t page) {
+    uint64_t s, l;
+    return a != NULL && page < a->pages && extent_at(a, page, &s, &l);
+}
+
+int kvt_extalloc_reserve_at(kvt_extalloc_t *a, kvt_run_t run) {
+    if (a == NULL || run.len == 0) return KVT_EINVAL;
+    uint64_t end = (uint64_t)run.start + run.len;
+    if (end > a->pages) return KVT_ERANGE;
+    uint64_t s, l;
+    if (!extent_at(a, run.start, &s, &l) || end > s + l) return fail_reserve(a, KVT_ERESERVED);
+    uint64_t left = run.start - s, right = s + l - end;
+    if (reserve_nodes(a, 2, 1) != KVT_OK) return fail_reserve(a, KVT_ENOMEM);
+    if (left == 0) {
+        take_front(a, s, l, run.len);
+    } else {
+        reshape_extent(a, s, l, s, left);
+        if (right) add_extent(a, end, right);
+    }
+    a->free_pages -= run.len;
+    a->reserves++;
+    a->runs_reserved++;
+    return KVT_OK;
+}
+
+static int cmp_run_start(const void *x, const void *y) {
+    uint32_t a = ((const kvt_run_t *)x)->start, b = ((const kvt_run_t *)y)->start;
+    return (a > b) - (a < b);
+}
+
+/* Frees [start, start+len), known reserved, merging with free neighbours. */
+static void free_range(kvt_extalloc_t *a, uint64_t start, uint64_t len) {
+    uint64_t end = start + len;
+    kvt__u64cur_t cur;
+    uint64_t rs = 0, rl = 0, ls = 0, ll = 0;
+    bool right = false, left = false;
+    if (kvt__u64set_lower_bound(&a->by_addr, end << 32, &cur)) {
+        uint64_t key = kvt__u64cur_key(&cur);
+        if (key_hi(key) == end) right = true, rs = key_hi(key), rl = key_lo(key);
+        kvt__u64cur_prev(&cur);
+    } else {
+        kvt__u64set_last(&a->by_addr, &cur);
+    }
+    if (cur.valid) {
+        uint64_t key = kvt__u64cur_key(&cur);
+        if ((uint64_t)key_hi(key) + key_lo(key) == start) left = true, ls = key_hi(key), ll = key_lo(key);
+    }
+    if (left && right) {
+        remove_extent(a, rs, rl);
+        reshape_extent(a, ls, ll, ls, ll + len + rl);
+    } else if (left) {
+        reshape_extent(a, ls, ll, ls, ll + len);
+    } else if (right) {
+        reshape_extent(a, rs, rl, start, len + rl);
+    } else {
+        add_extent(a, start, len);
+    }
+    a->free_pages += len;
+}
+
+int kvt__extalloc_free_validate(const kvt_extalloc_t *a, kvt_run_t *sorted, size_t n, size_t *m) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvt_run_t r = sorted[i];
+        uint64_t end = (uint64_t)r.start + r.len;
+        if (r.len == 0) return KVT_EINVAL;
+        if (end > a->pages) return KVT_ERANGE;
+        if (overlaps_free(a, r.start, end)) return KVT_ENOTRESV;
+        uint64_t prev_end = k > 0 ? (uint64_t)sorted[k - 1].start + sorted[k - 1].len : 0;
+        if (k > 0 && prev_end > r.start) return KVT_EINVAL; /* listed twice */
+        if (k > 0 && prev_end == r.start) sorted[k - 1].len += r.len;
+        else sorted[k++] = r;
+    }
+    *m = k;
+    return KVT_OK;
+}
+
+int kvt__extalloc_free_prepare(kvt_extalloc_t *a, size_t m) {
+    return reserve_nodes(a, m, m) == KVT_OK ? KVT_OK : KVT_ENOMEM;
+}
+
+void kvt__extalloc_free_apply(kvt_extalloc_t *a, const kvt_run_t *merged, size_t m) {
+    for (size_t i = 0; i < m; i++) free_range(a, merged[i].start, merged[i].len);
+    a->frees++;
+    size_t keep = a->pool.live / SPARE_KEEP_FRACTION;
+    kvt__nodepool_trim(&a->pool, keep > SPARE_KEEP ? keep : SPARE_KEEP);
+}
+
+int kvt__extalloc_prepare_reserve(kvt_extalloc_t *a) {
+    return reserve_nodes(a, 1, 0) == KVT_OK ? KVT_OK : KVT_ENOMEM;
+}
+
+/* Sorts runs by start: insertion sort for the short lists frees usually get. */
+static void sort_runs(kvt_run_t *r, size_t n) {
+    if (n > 48) {
+        qsort(r, n, sizeof(kvt_run_t), cmp_run_start);
+        return;
+    }
+    for (size_t i = 1; i < n; i++) {
+        kvt_run_t x = r[i];
+        size_t j = i;
+        for (; j > 0 && r[j - 1].start > x.start; j--) r[j] = r[j - 1];
+        r[j] = x;
+    }
+}
+
+int kvt_extalloc_free(kvt_extalloc_t *a, const kvt_run_t *runs, size_t nruns) {
+    if (a == NULL || runs == NULL || nruns == 0) return KVT_EINVAL;
+    kvt_run_t local[64], *sorted = local;
+    if (nruns > 64) {
+        if (nruns > SIZE_MAX / sizeof(kvt_run_t)) return KVT_EINVAL;
+        sorted = kvt__malloc(nruns * sizeof(kvt_run_t));
+        if (sorted == NULL) return KVT_ENOMEM;
+    }
+    memcpy(sorted, runs, nruns * sizeof(kvt_run_t));
+    sort_runs(sorted, nruns);
+    size_t m = 0;
+    int rc = kvt__extalloc_free_validate(a, sorted, nruns, &m);
+    if (rc == KVT_OK) rc = kvt__extalloc_free_prepare(a, m);
+    if (rc == KVT_OK) kvt__extalloc_free_apply(a, sorted, m);
+    if (sorted != local) kvt__free(sorted, nruns * sizeof(kvt_run_t));
+    return rc;
+}
+
+size_t kvt_extalloc_free_extents(const kvt_extalloc_t *a, kvt_run_t *out, size_t cap) {
+    if (a == NULL) return 0;
+    kvt__u64cur_t cur;
+    size_t i = 0;
+    for (bool ok = kvt__u64set_first(&a->by_addr, &cur); ok && i < cap; ok = kvt__u64cur_next(&cur), i++) {
+        uint64_t key = kvt__u64cur_key(&cur);
+        out[i] = (kvt_run_t){key_hi(key), key_lo(key)};
+    }
+    return a->by_addr.count;
+}
+
+int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *st) {
+    if (a == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+    kvt__u64cur_t cur;
+    st->pages = a->pages;
+    st->free_pages = a->free_pages;
+    st->free_extents = a->by_addr.count;
+    st->largest_free_run = kvt__u64set_last(&a->by_size, &cur) ? key_hi(kvt__u64cur_key(&cur)) : 0;
+    st->metadata_bytes = sizeof(*a) + kvt__nodepool_bytes(&a->pool);
+    st->reserves = a->reserves;
+    st->reserve_failures = a->reserve_failures;
+    st->frees = a->frees;
+    st->runs_reserved = a->runs_reserved;
+    return KVT_OK;
+}
+
+int kvt_extalloc_check(const kvt_extalloc_t *a) {
+    if (a == NULL) return KVT_EINVAL;
+    if (kvt__u64set_check(&a->by_size, NULL) || kvt__u64set_check(&a->by_addr, NULL)) return KVT_ECORRUPT;
+    if (a->by_size.count != a->by_addr.count) return KVT_ECORRUPT;
+    kvt__u64cur_t cur;
+    uint64_t sum = 0, prev_end = 0;
+    bool first = true;
+    for (bool ok = kvt__u64set_first(&a->by_addr, &cur); ok; ok = kvt__u64cur_next(&cur)) {
+        uint64_t key = kvt__u64cur_key(&cur), s = key_hi(key), l = key_lo(key);
+        if (l == 0 || s + l > a->pages) return KVT_ECORRUPT;
+        if (!first && s <= prev_end) return KVT_ECORRUPT; /* overlapping or uncoalesced */
+        if (!kvt__u64set_contains(&a->by_size, size_key(s, l))) return KVT_ECORRUPT;
+        sum += l;
+        prev_end = s + l;
+        first = false;
+    }
+    return sum == a->free_pages ? KVT_OK : KVT_ECORRUPT;
+}

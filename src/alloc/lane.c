@@ -1,0 +1,200 @@
+/* The lane allocator: CP owner lanes over one L1 page space.
+ *
+ * Under context parallelism of size C, logical page p is owned by lane
+ * p mod C and sits at local page p div C of that lane. Each lane has its own
+ * extent allocator over its local pages. A request of n pages is dealt out in
+ * rotation, starting at the lane after the one where the previous request
+ * stopped; each lane reserves its share contiguous-preferred:
+ *
+ *   C = 4, next = 1, n = 6        request page:  0  1  2  3  4  5
+ *                                 lane:          1  2  3  0  1  2
+ *   lane 1 share 2 -> local [7,9)   logical:  7*4+1=29, 8*4+1=33
+ *   next becomes 3
+ *
+ * Shares differ by at most one page and the start rotates, so lanes that are
+ * filled and emptied request by request stay within one page of each other.
+ *
+ * A reserve checks every lane's share and sets aside every lane's metadata
+ * before it reserves anything, so it either succeeds on all lanes or changes
+ * nothing. A free groups its pages by lane, validates all lanes, then frees.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc-int.h"
+#include "kvtier/alloc.h"
+#include "kvtier/error.h"
+#include "../core/mem-int.h"
+
+struct kvt_laneal {
+    uint32_t lanes;
+    uint32_t next;
+    uint64_t pages;
+    kvt_extalloc_t **lane;
+    uint64_t reserves, reserve_failures, frees;
+};
+
+static uint64_t lane_pages(uint64_t npages, uint32_t lanes, uint32_t l) {
+    return (npages - l + lanes - 1) / lanes;
+}
+
+int kvt_laneal_create(kvt_laneal_t **out, uint64_t npages, uint32_t lanes) {
+    if (out == NULL || lanes == 0 || npages < lanes || npages > KVT_ALLOC_MAX_PAGES) return KVT_EINVAL;
+    kvt_laneal_t *la = KVT_NEW(kvt_laneal_t);
+    if (la == NULL) return KVT_ENOMEM;
+    la->lanes = lanes;
+    la->pages = npages;
+    la->lane = kvt__calloc(lanes, sizeof(*la->lane));
+    if (la->lane == NULL) {
+        KVT_DELETE(la);
+        return KVT_ENOMEM;
+    }
+    for (uint32_t l = 0; l < lanes; l++) {
+        if (kvt_extalloc_create(&la->lane[l], lane_pages(npages, lanes, l)) != KVT_OK) {
+            kvt_laneal_destroy(la);
+            return KVT_ENOMEM;
+        }
+    }
+    *out = la;
+    return KVT_OK;
+}
+
+void kvt_laneal_destroy(kvt_laneal_t *la) {
+    if (la == NULL) return;
+    for (uint32_t l = 0; l < la->lanes; l++) kvt_extalloc_destroy(la->lane[l]);
+    kvt__free(la->lane, la->lanes * sizeof(*la->lane));
+    KVT_DELETE(la);
+}
+
+uint64_t kvt_laneal_lane_free(const kvt_laneal_t *la, uint32_t lane) {
+    kvt_extalloc_stats_t st = {.size = sizeof(st)};
+    if (la == NULL || lane >= la->lanes) return 0;
+    kvt_extalloc_stats(la->lane[lane], &st);
+    return st.free_pages;
+}
+
+/* Pages lane l gets out of n when the rotation starts at `next`. */
+static uint64_t share_of(const kvt_laneal_t *la, uint64_t n, uint32_t l) {
+    uint32_t off = (l + la->lanes - la->next) % la->lanes;
+    return n / la->lanes + (off < n % la->lanes ? 1 : 0);
+}
+
+int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
+    if (la == NULL || pages == NULL || n == 0) return KVT_EINVAL;
+    if (n > la->pages) {
+        la->reserve_failures++;
+        return KVT_ENOSPC;
+    }
+    for (uint32_t l = 0; l < la->lanes; l++) {
+        uint64_t share = share_of(la, n, l);
+        if (share > kvt_laneal_lane_free(la, l)) {
+            la->reserve_failures++;
+            return KVT_ENOSPC;
+        }
+    }
+    uint64_t max_share = (n + la->lanes - 1) / la->lanes;
+    kvt_run_t *runs = kvt__malloc(max_share * sizeof(kvt_run_t));
+    int rc = runs ? KVT_OK : KVT_ENOMEM;
+    for (uint32_t l = 0; l < la->lanes && rc == KVT_OK; l++)
+        if (share_of(la, n, l) > 0) rc = kvt__extalloc_prepare_reserve(la->lane[l]);
+    if (rc != KVT_OK) {
+        kvt__free(runs, max_share * sizeof(kvt_run_t));
+        la->reserve_failures++;
+        return rc;
+    }
+    for (uint32_t j = 0; j < la->lanes && j < n; j++) {
+        uint32_t l = (la->next + j) % la->lanes;
+        uint64_t share = share_of(la, n, l), pos = j;
+        size_t k = 0;
+        kvt_extalloc_reserve(la->lane[l], share, runs, share, &k); /* prepared: cannot fail */
+        for (size_t r = 0; r < k; r++)
+            for (uint32_t i = 0; i < runs[r].len; i++, pos += la->lanes)
+                pages[pos] = (uint32_t)(((uint64_t)runs[r].start + i) * la->lanes + l);
+    }
+    kvt__free(runs, max_share * sizeof(kvt_run_t));
+    la->next = (uint32_t)((la->next + n) % la->lanes);
+    la->reserves++;
+    return KVT_OK;
+}
+
+static int cmp_u64(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+
+int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
+    if (la == NULL || pages == NULL || n == 0) return KVT_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (pages[i] >= la->pages) return KVT_ERANGE;
+    /* Sort (lane, local) pairs, then cut them into one run list per lane. */
+    uint64_t *keys = kvt__malloc(n * sizeof(uint64_t));
+    kvt_run_t *runs = kvt__malloc(n * sizeof(kvt_run_t));
+    size_t *first = kvt__calloc((size_t)la->lanes + 1, sizeof(size_t));
+    int rc = (keys && runs && first) ? KVT_OK : KVT_ENOMEM;
+    if (rc == KVT_OK) {
+        for (size_t i = 0; i < n; i++)
+            keys[i] = (uint64_t)kvt_lane_of(pages[i], la->lanes) << 32 | kvt_lane_local(pages[i], la->lanes);
+        qsort(keys, n, sizeof(uint64_t), cmp_u64);
+        for (size_t i = 0; i < n; i++) {
+            runs[i] = (kvt_run_t){(uint32_t)keys[i], 1};
+            first[(keys[i] >> 32) + 1] = i + 1;
+        }
+        for (uint32_t l = 1; l <= la->lanes; l++) /* lanes without pages */
+            if (first[l] < first[l - 1]) first[l] = first[l - 1];
+    }
+    /* Validate and prepare every lane before freeing on any. Touching runs
+     * merge in place; `merged[l]` counts lane l's runs after merging. */
+    size_t *merged = rc == KVT_OK ? kvt__calloc(la->lanes, sizeof(size_t)) : NULL;
+    if (rc == KVT_OK && merged == NULL) rc = KVT_ENOMEM;
+    for (uint32_t l = 0; l < la->lanes && rc == KVT_OK; l++) {
+        size_t cnt = first[l + 1] - first[l];
+        if (cnt == 0) continue;
+        rc = kvt__extalloc_free_validate(la->lane[l], &runs[first[l]], cnt, &merged[l]);
+        if (rc == KVT_OK) rc = kvt__extalloc_free_prepare(la->lane[l], merged[l]);
+    }
+    if (rc == KVT_OK) {
+        for (uint32_t l = 0; l < la->lanes; l++)
+            if (merged[l]) kvt__extalloc_free_apply(la->lane[l], &runs[first[l]], merged[l]);
+        la->frees++;
+    }
+    kvt__free(merged, la->lanes * sizeof(size_t));
+    kvt__free(first, ((size_t)la->lanes + 1) * sizeof(size_t));
+    kvt__free(runs, n * sizeof(kvt_run_t));
+    kvt__free(keys, n * sizeof(uint64_t));
+    return rc;
+}
+
+int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st) {
+    if (la == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+    st->lanes = la->lanes;
+    st->pages = la->pages;
+    st->free_pages = 0;
+    st->lane_free_min = UINT64_MAX;
+    st->lane_free_max = 0;
+    st->next_lane = la->next;
+    st->metadata_bytes = sizeof(*la) + la->lanes * sizeof(*la->lane);
+    for (uint32_t l = 0; l < la->lanes; l++) {
+        kvt_extalloc_stats_t es = {.size = sizeof(es)};
+        kvt_extalloc_stats(la->lane[l], &es);
+        st->free_pages += es.free_pages;
+        st->metadata_bytes += es.metadata_bytes;
+        if (es.free_pages < st->lane_free_min) st->lane_free_min = es.free_pages;
+        if (es.free_pages > st->lane_free_max) st->lane_free_max = es.free_pages;
+    }
+    st->reserves = la->reserves;
+    st->reserve_failures = la->reserve_failures;
+    st->frees = la->frees;
+    return KVT_OK;
+}
+
+int kvt_laneal_check(const kvt_laneal_t *la) {
+    if (la == NULL) return KVT_EINVAL;
+    if (la->next >= la->lanes) return KVT_ECORRUPT;
+    for (uint32_t l = 0; l < la->lanes; l++) {
+        kvt_extalloc_stats_t es = {.size = sizeof(es)};
+        if (kvt_extalloc_check(la->lane[l]) != KVT_OK) return KVT_ECORRUPT;
+        kvt_extalloc_stats(la->lane[l], &es);
+        if (es.pages != lane_pages(la->pages, la->lanes, l)) return KVT_ECORRUPT;
+    }
+    return KVT_OK;
+}

@@ -1,0 +1,25 @@
+/* Internal allocation entry points: every allocation in kvtier calls these.
+ * Sizes are passed to free and realloc so that byte counts are exact without a
+ * per-block header. */
+#ifndef KVTIER_MEM_INT_H
+#define KVTIER_MEM_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+void *kvt__malloc(size_t size);
+void *kvt__calloc(size_t n, size_t size);          /* zeroed; overflow-checked */
+void *kvt__realloc(void *p, size_t old_size, size_t new_size);
+void kvt__free(void *p, size_t size);              /* NULL is a no-op */
+
+/* Test hook: the nth allocation from now (1 = the next one) fails; 0 disables.
+ * Returns how many allocations have been attempted since the hook was armed. */
+void kvt__mem_fail_nth(uint64_t nth);
+uint64_t kvt__mem_attempts(void);
+/* Test hook: true once the armed failure has fired (it then disarms). */
+int kvt__mem_fail_fired(void);
+
+#define KVT_NEW(type) ((type *)kvt__calloc(1, sizeof(type)))
+#define KVT_DELETE(p) kvt__free((p), sizeof(*(p)))
+
+#endif

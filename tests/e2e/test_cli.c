@@ -1,0 +1,2 @@
+#include <criterion/criterion.h>
+Test(cli, placeholder) { cr_assert(1); }

@@ -1,0 +1,257 @@
+/* The lane allocator against a model built from per-lane plain arrays. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "core/mem-int.h"
+#include "core/rng-int.h"
+#include "kvtier/alloc.h"
+#include "kvtier/error.h"
+#include "model.h"
+
+typedef struct lane_model {
+    uint32_t lanes, next;
+    uint64_t pages;
+    model_t *lane;
+} lane_model_t;
+
+static void lm_init(lane_model_t *lm, uint64_t pages, uint32_t lanes) {
+    lm->lanes = lanes;
+    lm->next = 0;
+    lm->pages = pages;
+    lm->lane = calloc(lanes, sizeof(model_t));
+    for (uint32_t l = 0; l < lanes; l++) model_init(&lm->lane[l], (pages - l + lanes - 1) / lanes);
+}
+
+static void lm_fini(lane_model_t *lm) {
+    for (uint32_t l = 0; l < lm->lanes; l++) model_fini(&lm->lane[l]);
+    free(lm->lane);
+}
+
+/* Page i of the request goes to lane (next + i) mod C; each lane's share is
+ * reserved by the extent rule with one run per page allowed. */
+static int lm_reserve(lane_model_t *lm, uint64_t n, uint32_t *out) {
+    uint64_t share[64] = {0};
+    for (uint64_t i = 0; i < n; i++) share[(lm->next + i) % lm->lanes]++;
+    for (uint32_t l = 0; l < lm->lanes; l++)
+        if (share[l] > lm->lane[l].free) return KVT_ENOSPC;
+    kvt_run_t *runs = malloc((n + 1) * sizeof(kvt_run_t));
+    for (uint32_t l = 0; l < lm->lanes; l++) {
+        if (share[l] == 0) continue;
+        size_t k;
+        cr_assert_eq(model_reserve(&lm->lane[l], share[l], runs, share[l], &k), KVT_OK);
+        uint64_t pos = (l + lm->lanes - lm->next) % lm->lanes;
+        for (size_t r = 0; r < k; r++)
+            for (uint32_t j = 0; j < runs[r].len; j++, pos += lm->lanes)
+                out[pos] = (runs[r].start + j) * lm->lanes + l;
+    }
+    free(runs);
+    lm->next = (uint32_t)((lm->next + n) % lm->lanes);
+    return KVT_OK;
+}
+
+static void lm_free(lane_model_t *lm, const uint32_t *pages, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        model_t *m = &lm->lane[pages[i] % lm->lanes];
+        cr_assert(m->used[pages[i] / lm->lanes], "model: page %u not reserved", pages[i]);
+        m->used[pages[i] / lm->lanes] = 0;
+        m->free++;
+    }
+}
+
+typedef struct alloc_rec {
+    uint32_t *p;
+    size_t n;
+} alloc_rec_t;
+
+static void lane_fuzz(uint64_t pages, uint32_t lanes, int ops, uint64_t seed) {
+    fprintf(stderr, "lane fuzz: pages=%" PRIu64 " lanes=%u seed=%" PRIu64 "\n", pages, lanes, seed);
+    kvt__rng_t rng;
+    kvt__rng_seed(&rng, seed);
+    kvt_laneal_t *la;
+    cr_assert_eq(kvt_laneal_create(&la, pages, lanes), KVT_OK);
+    lane_model_t lm;
+    lm_init(&lm, pages, lanes);
+    alloc_rec_t *live = calloc((size_t)ops + 1, sizeof(*live));
+    size_t nlive = 0;
+    uint32_t *got = malloc(pages * sizeof(uint32_t)), *want = malloc(pages * sizeof(uint32_t));
+    for (int op = 0; op < ops; op++) {
+        if (kvt__rng_below(&rng, 100) < 55 || nlive == 0) {
+            uint64_t n = 1 + kvt__rng_below(&rng, pages / 6 + 1);
+            int rg = kvt_laneal_reserve(la, n, got);
+            int rw = lm_reserve(&lm, n, want);
+            cr_assert_eq(rg, rw, "seed %" PRIu64 " op %d: reserve(%" PRIu64 ") %s, model %s", seed, op, n,
+                         kvt_err_name(rg), kvt_err_name(rw));
+            if (rg == KVT_OK) {
+                cr_assert(memcmp(got, want, n * sizeof(uint32_t)) == 0, "seed %" PRIu64 " op %d: pages differ", seed, op);
+                live[nlive].p = malloc(n * sizeof(uint32_t));
+                memcpy(live[nlive].p, got, n * sizeof(uint32_t));
+                live[nlive++].n = n;
+            }
+        } else {
+            size_t i = (size_t)kvt__rng_below(&rng, nlive);
+            size_t n = live[i].n;
+            if (n > 1 && kvt__rng_below(&rng, 3) == 0) { /* free part of it */
+                size_t cut = 1 + (size_t)kvt__rng_below(&rng, n - 1);
+                cr_assert_eq(kvt_laneal_free(la, live[i].p + cut, n - cut), KVT_OK);
+                lm_free(&lm, live[i].p + cut, n - cut);
+                live[i].n = cut;
+            } else {
+                cr_assert_eq(kvt_laneal_free(la, live[i].p, n), KVT_OK);
+                lm_free(&lm, live[i].p, n);
+                free(live[i].p);
+                live[i] = live[--nlive];
+            }
+        }
+        if (op % 50 == 0) {
+            cr_assert_eq(kvt_laneal_check(la), KVT_OK);
+            for (uint32_t l = 0; l < lanes; l++) cr_assert_eq(kvt_laneal_lane_free(la, l), lm.lane[l].free);
+        }
+    }
+    for (size_t i = 0; i < nlive; i++) free(live[i].p);
+    free(live);
+    free(got);
+    free(want);
+    lm_fini(&lm);
+    kvt_laneal_destroy(la);
+}
+
+Test(lane, model_fuzz, .timeout = 300) {
+    lane_fuzz(1000, 1, 20000, 11);
+    lane_fuzz(1000, 4, 20000, 12);
+    lane_fuzz(1003, 4, 20000, 13); /* lanes of unequal size */
+    lane_fuzz(777, 3, 20000, 14);
+    lane_fuzz(4096, 8, 10000, 15);
+}
+
+/* C = 4, pages 0..: page p on lane p % 4 at local p / 4 (DESIGN.md §6). */
+Test(lane, rotation_example) {
+    kvt_laneal_t *la;
+    cr_assert_eq(kvt_laneal_create(&la, 64, 4), KVT_OK);
+    uint32_t p[16];
+    cr_assert_eq(kvt_laneal_reserve(la, 3, p), KVT_OK); /* lanes 0,1,2: local 0 */
+    cr_assert(p[0] == 0 && p[1] == 1 && p[2] == 2);
+    cr_assert_eq(kvt_laneal_reserve(la, 6, p), KVT_OK); /* lanes 3,0,1,2,3,0 */
+    uint32_t want[] = {3, 4, 5, 6, 7, 8};
+    cr_assert(memcmp(p, want, sizeof(want)) == 0, "got %u %u %u %u %u %u", p[0], p[1], p[2], p[3], p[4], p[5]);
+    kvt_laneal_stats_t st = {.size = sizeof(st)};
+    kvt_laneal_stats(la, &st);
+    cr_assert_eq(st.next_lane, 1);
+    cr_assert_eq(st.free_pages, 64 - 9);
+    cr_assert_eq(st.lane_free_max - st.lane_free_min, 1);
+    cr_assert_eq(kvt_laneal_free(la, (uint32_t[]){8, 8}, 2), KVT_EINVAL); /* listed twice */
+    cr_assert_eq(kvt_laneal_free(la, (uint32_t[]){9}, 1), KVT_ENOTRESV);
+    cr_assert_eq(kvt_laneal_free(la, (uint32_t[]){64}, 1), KVT_ERANGE);
+    kvt_laneal_stats(la, &st);
+    cr_assert_eq(st.free_pages, 64 - 9, "failed frees changed nothing");
+    kvt_laneal_destroy(la);
+}
+
+/* Balanced load: requests of random sizes, freed whole in arrival order, on
+ * lanes of equal size. Per-lane free counts stay within one page of each
+ * other throughout. */
+Test(lane, balanced_load_keeps_lanes_within_one) {
+    for (uint32_t lanes = 2; lanes <= 8; lanes++) {
+        kvt_laneal_t *la;
+        cr_assert_eq(kvt_laneal_create(&la, 1024 * lanes, lanes), KVT_OK);
+        kvt__rng_t rng;
+        kvt__rng_seed(&rng, lanes);
+        alloc_rec_t q[64];
+        size_t head = 0, tail = 0;
+        for (int op = 0; op < 20000; op++) {
+            if (tail - head < 64 && kvt__rng_below(&rng, 2)) {
+                uint64_t n = 1 + kvt__rng_below(&rng, 300);
+                uint32_t *p = malloc(n * sizeof(uint32_t));
+                if (kvt_laneal_reserve(la, n, p) == KVT_OK) q[tail++ % 64] = (alloc_rec_t){p, n};
+                else free(p);
+            } else if (tail > head) {
+                alloc_rec_t r = q[head++ % 64];
+                cr_assert_eq(kvt_laneal_free(la, r.p, r.n), KVT_OK);
+                free(r.p);
+            }
+            kvt_laneal_stats_t st = {.size = sizeof(st)};
+            kvt_laneal_stats(la, &st);
+            cr_assert_leq(st.lane_free_max - st.lane_free_min, 1, "C=%u op %d: lanes %" PRIu64 "..%" PRIu64, lanes,
+                          op, st.lane_free_min, st.lane_free_max);
+        }
+        while (tail > head) free(q[head++ % 64].p);
+        kvt_laneal_destroy(la);
+    }
+}
+
+/* C = 1 is a plain extent allocator: the same pages, call for call. */
+Test(lane, one_lane_is_an_extent_allocator) {
+    kvt_laneal_t *la;
+    kvt_extalloc_t *a;
+    cr_assert_eq(kvt_laneal_create(&la, 3000, 1), KVT_OK);
+    cr_assert_eq(kvt_extalloc_create(&a, 3000), KVT_OK);
+    kvt__rng_t rng;
+    kvt__rng_seed(&rng, 5);
+    uint32_t p[400];
+    kvt_run_t r[400];
+    for (int op = 0; op < 3000; op++) {
+        uint64_t n = 1 + kvt__rng_below(&rng, 200);
+        size_t k;
+        int x = kvt_laneal_reserve(la, n, p), y = kvt_extalloc_reserve(a, n, r, 400, &k);
+        cr_assert_eq(x, y);
+        if (x != KVT_OK) break;
+        size_t pos = 0;
+        for (size_t i = 0; i < k; i++)
+            for (uint32_t j = 0; j < r[i].len; j++) cr_assert_eq(p[pos++], r[i].start + j);
+        if (op % 3 == 0) { /* free the first half of the pages of this request */
+            cr_assert_eq(kvt_laneal_free(la, p, n / 2 + 1), KVT_OK);
+            uint32_t pos2 = 0;
+            for (size_t i = 0; i < k && pos2 < n / 2 + 1; i++) {
+                uint32_t len = r[i].len < n / 2 + 1 - pos2 ? r[i].len : (uint32_t)(n / 2 + 1 - pos2);
+                cr_assert_eq(kvt_extalloc_free(a, &(kvt_run_t){r[i].start, len}, 1), KVT_OK);
+                pos2 += len;
+            }
+        }
+    }
+    kvt_laneal_destroy(la);
+    kvt_extalloc_destroy(a);
+}
+
+Test(lane, failed_allocation_changes_nothing) {
+    for (uint64_t nth = 1; nth < 200; nth++) {
+        kvt_laneal_t *la;
+        cr_assert_eq(kvt_laneal_create(&la, 4000, 4), KVT_OK);
+        uint32_t p[1000];
+        for (int i = 0; i < 50; i++) cr_assert_eq(kvt_laneal_reserve(la, 7, p), KVT_OK);
+        uint32_t odd[200];
+        size_t n = 0;
+        for (uint32_t q = 1; q < 350; q += 2) odd[n++] = q;
+        kvt_laneal_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+        kvt_laneal_stats(la, &before);
+        kvt__mem_fail_nth(nth);
+        int rc = kvt_laneal_free(la, odd, n);
+        if (rc == KVT_OK) rc = kvt_laneal_reserve(la, 999, p);
+        int fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        kvt_laneal_stats(la, &after);
+        cr_assert_eq(kvt_laneal_check(la), KVT_OK);
+        if (fired) {
+            cr_assert_eq(rc, KVT_ENOMEM);
+            /* the free, if it was the call that failed, left everything */
+            if (after.frees == before.frees) cr_assert_eq(after.free_pages, before.free_pages);
+            else cr_assert_eq(after.free_pages, before.free_pages + n, "the reserve failed and changed nothing");
+            cr_assert_eq(after.next_lane, before.next_lane);
+        }
+        kvt_laneal_destroy(la);
+        if (!fired) break;
+    }
+}
+
+Test(lane, bad_arguments) {
+    kvt_laneal_t *la;
+    cr_assert_eq(kvt_laneal_create(&la, 10, 0), KVT_EINVAL);
+    cr_assert_eq(kvt_laneal_create(&la, 3, 4), KVT_EINVAL);
+    cr_assert_eq(kvt_laneal_create(&la, 16, 4), KVT_OK);
+    uint32_t p[32];
+    cr_assert_eq(kvt_laneal_reserve(la, 0, p), KVT_EINVAL);
+    cr_assert_eq(kvt_laneal_reserve(la, 17, p), KVT_ENOSPC);
+    cr_assert_eq(kvt_laneal_reserve(la, 16, p), KVT_OK);
+    cr_assert_eq(kvt_laneal_reserve(la, 1, p), KVT_ENOSPC);
+    cr_assert_eq(kvt_laneal_lane_free(la, 9), 0);
+    kvt_laneal_destroy(la);
+}

@@ -1,0 +1,135 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_init(cli_t *c, const char *cmd, int argc, char **argv) {
+    memset(c, 0, sizeof(*c));
+    c->cmd = cmd;
+    c->argc = argc;
+    c->argv = argv;
+}
+
+int cli_error(const cli_t *c, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "%s: ", c->cmd);
+    if (c->flag) fprintf(stderr, "%s: ", c->flag);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return -1;
+}
+
+int cli_next(cli_t *c) {
+    static char flagbuf[64];
+    c->flag = NULL;
+    c->value = NULL;
+    c->inline_value = NULL;
+    if (c->i >= c->argc) return 0;
+    char *a = c->argv[c->i++];
+    if (strncmp(a, "--", 2) != 0 || a[2] == 0) {
+        c->value = a;
+        return 2;
+    }
+    char *eq = strchr(a, '=');
+    if (eq) {
+        size_t n = (size_t)(eq - a) < sizeof(flagbuf) - 1 ? (size_t)(eq - a) : sizeof(flagbuf) - 1;
+        memcpy(flagbuf, a, n);
+        flagbuf[n] = 0;
+        c->flag = flagbuf;
+        c->inline_value = eq + 1;
+    } else {
+        c->flag = a;
+    }
+    return 1;
+}
+
+bool cli_is(cli_t *c, const char *name) { return c->flag && strcmp(c->flag, name) == 0; }
+
+int cli_value(cli_t *c, const char **out) {
+    if (c->inline_value) {
+        c->value = c->inline_value;
+    } else if (c->i < c->argc) {
+        c->value = c->argv[c->i++];
+    } else {
+        return cli_error(c, "missing value");
+    }
+    *out = c->value;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+    if (s == NULL || *s == 0 || *s == '-' || *s == '+') return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out) {
+    const char *s = NULL;
+    if (cli_value(c, &s)) return -1;
+    uint64_t v;
+    if (parse_u64(s, &v) || v < lo || v > hi)
+        return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]", s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out) {
+    const char *s = NULL;
+    if (cli_value(c, &s)) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    bool bad = *s == 0 || errno || *end || !isfinite(v) || (lo_open ? v <= lo : v < lo) || (hi_open ? v >= hi : v > hi);
+    if (bad)
+        return cli_error(c, "'%s' is not a number in %c%g, %g%c", s, lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+    *out = v;
+    return 0;
+}
+
+int cli_choice(cli_t *c, const char *const *choices, int *out) {
+    const char *s = NULL;
+    if (cli_value(c, &s)) return -1;
+    for (int i = 0; choices[i]; i++)
+        if (strcmp(s, choices[i]) == 0) return *out = i, 0;
+    char allowed[256] = "";
+    for (int i = 0; choices[i]; i++) {
+        if (i) strncat(allowed, "|", sizeof(allowed) - strlen(allowed) - 1);
+        strncat(allowed, choices[i], sizeof(allowed) - strlen(allowed) - 1);
+    }
+    return cli_error(c, "'%s' is not one of %s", s, allowed);
+}
+
+int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, size_t *n) {
+    const char *s = NULL;
+    if (cli_value(c, &s)) return -1;
+    char buf[512];
+    if (strlen(s) >= sizeof(buf)) return cli_error(c, "list too long");
+    strcpy(buf, s);
+    size_t k = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (k == cap) return cli_error(c, "at most %zu values", cap);
+        if (parse_u64(tok, &v) || v < lo || v > hi)
+            return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]", tok, lo, hi);
+        out[k++] = v;
+    }
+    if (k == 0) return cli_error(c, "'%s': expected a comma-separated list of integers", s);
+    *n = k;
+    return 0;
+}
+
+int cli_unknown(const cli_t *c) {
+    if (c->flag) return cli_error(c, "unknown flag (see --help)");
+    return cli_error(c, "unexpected argument '%s' (see --help)", c->value);
+}

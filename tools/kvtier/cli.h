@@ -1,0 +1,39 @@
+/* Flag parsing shared by the kvtier commands. Every parser prints a clear
+ * message naming the flag and what is allowed, and returns -1 on bad input. */
+#ifndef KVTIER_TOOLS_CLI_H
+#define KVTIER_TOOLS_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cli {
+    const char *cmd; /* "kvtier bench alloc", for messages */
+    int argc;
+    char **argv;
+    int i;           /* next argument */
+    const char *flag;  /* the flag being parsed */
+    const char *value; /* its value (from --flag=value or the next argument) */
+    const char *inline_value;
+} cli_t;
+
+void cli_init(cli_t *c, const char *cmd, int argc, char **argv);
+/* Next argument: 1 with c->flag set for a flag ("--name"), 2 with c->value set
+ * for a positional argument, 0 at the end. */
+int cli_next(cli_t *c);
+/* True when the current flag is `name` (without a value). */
+bool cli_is(cli_t *c, const char *name);
+/* Takes the current flag's value; -1 (message printed) when it is missing. */
+int cli_value(cli_t *c, const char **out);
+
+int cli_error(const cli_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out);
+int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out);
+int cli_choice(cli_t *c, const char *const *choices, int *out);
+/* Comma-separated unsigned integers in [lo, hi]; at most cap of them. */
+int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, size_t *n);
+/* An unknown flag or an unexpected positional argument. */
+int cli_unknown(const cli_t *c);
+
+#endif

@@ -1,0 +1,7 @@
+#ifndef KVTIER_TOOLS_COMMANDS_H
+#define KVTIER_TOOLS_COMMANDS_H
+
+/* Each command gets the arguments after its name and returns the exit code. */
+int cmd_bench_alloc(int argc, char **argv);
+
+#endif

@@ -1,0 +1,42 @@
+/* kvtier — the command-line tool. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+#define KVT_VERSION_STR "0.1.0"
+
+static void usage(FILE *f) {
+    fputs("usage: kvtier <command> [options]\n"
+          "\n"
+          "commands:\n"
+          "  bench alloc   page-allocator microbenchmark against a scan baseline\n"
+          "  version       print the version\n"
+          "  help          this text\n"
+          "\n"
+          "Run 'kvtier <command> --help' for a command's options.\n",
+          f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("kvtier %s\n", KVT_VERSION_STR);
+        return 0;
+    }
+    if (strcmp(cmd, "bench") == 0) {
+        if (argc >= 3 && strcmp(argv[2], "alloc") == 0) return cmd_bench_alloc(argc - 3, argv + 3);
+        fprintf(stderr, "kvtier bench: expected a benchmark name: alloc\n");
+        return 2;
+    }
+    fprintf(stderr, "kvtier: unknown command '%s' (commands: bench, version, help)\n", cmd);
+    return 2;
+}
