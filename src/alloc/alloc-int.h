@@ -10,13 +10,24 @@
  * whose pages are free (n <= free pages, max_runs >= n) cannot fail. */
 int kvt__extalloc_prepare_reserve(kvt_extalloc_t *a);
 
-/* Validates runs sorted by start for a free: in range, not overlapping each
- * other, all reserved. Merges touching runs in place; *m is the merged count.
- * Changes nothing in the allocator. */
-int kvt__extalloc_free_validate(const kvt_extalloc_t *a, kvt_run_t *sorted, size_t n, size_t *m);
+/* One run of a free being planned, and the free extents next to it as they
+ * were when the free was validated (len 0: none). */
+typedef struct kvt__free_plan {
+    kvt_run_t run;
+    kvt_run_t left;  /* the free extent ending at run.start */
+    kvt_run_t right; /* the free extent starting at run.start + run.len */
+} kvt__free_plan_t;
+
+/* Sorts plan[0..n) by run start (only .run need be set). */
+void kvt__extalloc_sort_plan(kvt__free_plan_t *plan, size_t n);
+/* Validates the sorted runs of plan[0..n) for a free: in range, not
+ * overlapping each other, all reserved. Merges touching runs in place (*m is
+ * the merged count) and fills in their free neighbours. Changes nothing in
+ * the allocator. */
+int kvt__extalloc_free_validate(const kvt_extalloc_t *a, kvt__free_plan_t *plan, size_t n, size_t *m);
 /* Sets aside the nodes a free of m validated runs can need. */
 int kvt__extalloc_free_prepare(kvt_extalloc_t *a, size_t m);
 /* Frees validated, prepared runs; cannot fail. */
-void kvt__extalloc_free_apply(kvt_extalloc_t *a, const kvt_run_t *merged, size_t m);
+void kvt__extalloc_free_apply(kvt_extalloc_t *a, const kvt__free_plan_t *plan, size_t m);
 
 #endif

@@ -186,14 +186,6 @@ static bool extent_at(const kvt_extalloc_t *a, uint64_t p, uint64_t *start, uint
     return p < *start + *len;
 }
 
-/* True when some free extent overlaps [start, end). */
-static bool overlaps_free(const kvt_extalloc_t *a, uint64_t start, uint64_t end) {
-    kvt__u64cur_t cur;
-    if (!kvt__u64set_last_below(&a->by_addr, end << 32, &cur)) return false;
-    uint64_t key = kvt__u64cur_key(&cur);
-    return (uint64_t)key_hi(key) + key_lo(key) > start;
-}
-
 bool kvt_extalloc_is_free(const kvt_extalloc_t *a, uint64_t page) {
     uint64_t s, l;
     return a != NULL && page < a->pages && extent_at(a, page, &s, &l);
@@ -219,53 +211,51 @@ int kvt_extalloc_reserve_at(kvt_extalloc_t *a, kvt_run_t run) {
     return KVT_OK;
 }
 
-static int cmp_run_start(const void *x, const void *y) {
-    uint32_t a = ((const kvt_run_t *)x)->start, b = ((const kvt_run_t *)y)->start;
+static int cmp_plan_start(const void *x, const void *y) {
+    uint32_t a = ((const kvt__free_plan_t *)x)->run.start, b = ((const kvt__free_plan_t *)y)->run.start;
     return (a > b) - (a < b);
 }
 
-/* Frees [start, start+len), known reserved, merging with free neighbours. */
-static void free_range(kvt_extalloc_t *a, uint64_t start, uint64_t len) {
-    uint64_t end = start + len;
-    kvt__u64cur_t cur;
-    uint64_t rs = 0, rl = 0, ls = 0, ll = 0;
-    bool right = false, left = false;
-    if (kvt__u64set_lower_bound(&a->by_addr, end << 32, &cur)) {
-        uint64_t key = kvt__u64cur_key(&cur);
-        if (key_hi(key) == end) right = true, rs = key_hi(key), rl = key_lo(key);
-        kvt__u64cur_prev(&cur);
-    } else {
-        kvt__u64set_last(&a->by_addr, &cur);
+void kvt__extalloc_sort_plan(kvt__free_plan_t *plan, size_t n) {
+    if (n > 48) {
+        qsort(plan, n, sizeof(*plan), cmp_plan_start);
+        return;
     }
-    if (cur.valid) {
-        uint64_t key = kvt__u64cur_key(&cur);
-        if ((uint64_t)key_hi(key) + key_lo(key) == start) left = true, ls = key_hi(key), ll = key_lo(key);
+    for (size_t i = 1; i < n; i++) { /* insertion sort: the usual short lists */
+        kvt__free_plan_t x = plan[i];
+        size_t j = i;
+        for (; j > 0 && plan[j - 1].run.start > x.run.start; j--) plan[j] = plan[j - 1];
+        plan[j] = x;
     }
-    if (left && right) {
-        remove_extent(a, rs, rl);
-        reshape_extent(a, ls, ll, ls, ll + len + rl);
-    } else if (left) {
-        reshape_extent(a, ls, ll, ls, ll + len);
-    } else if (right) {
-        reshape_extent(a, rs, rl, start, len + rl);
-    } else {
-        add_extent(a, start, len);
-    }
-    a->free_pages += len;
 }
 
-int kvt__extalloc_free_validate(const kvt_extalloc_t *a, kvt_run_t *sorted, size_t n, size_t *m) {
+static kvt_run_t key_run(uint64_t by_addr_key) { return (kvt_run_t){key_hi(by_addr_key), key_lo(by_addr_key)}; }
+
+int kvt__extalloc_free_validate(const kvt_extalloc_t *a, kvt__free_plan_t *plan, size_t n, size_t *m) {
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        kvt_run_t r = sorted[i];
-        uint64_t end = (uint64_t)r.start + r.len;
+    for (size_t i = 0; i < n; i++) { /* shape: lengths, range, overlaps; merge touching runs */
+        kvt_run_t r = plan[i].run;
+        uint64_t prev_end = k > 0 ? (uint64_t)plan[k - 1].run.start + plan[k - 1].run.len : 0;
         if (r.len == 0) return KVT_EINVAL;
-        if (end > a->pages) return KVT_ERANGE;
-        if (overlaps_free(a, r.start, end)) return KVT_ENOTRESV;
-        uint64_t prev_end = k > 0 ? (uint64_t)sorted[k - 1].start + sorted[k - 1].len : 0;
+        if ((uint64_t)r.start + r.len > a->pages) return KVT_ERANGE;
         if (k > 0 && prev_end > r.start) return KVT_EINVAL; /* listed twice */
-        if (k > 0 && prev_end == r.start) sorted[k - 1].len += r.len;
-        else sorted[k++] = r;
+        if (k > 0 && prev_end == r.start) plan[k - 1].run.len += r.len;
+        else plan[k++].run = r;
+    }
+    for (size_t i = 0; i < k; i++) { /* every page reserved; note the neighbours */
+        kvt__free_plan_t *p = &plan[i];
+        uint64_t start = p->run.start, end = start + p->run.len;
+        kvt__u64cur_t cur;
+        p->left = p->right = (kvt_run_t){0, 0};
+        bool found = kvt__u64set_lower_bound(&a->by_addr, end << 32, &cur);
+        if (found && key_hi(kvt__u64cur_key(&cur)) == end) p->right = key_run(kvt__u64cur_key(&cur));
+        if (found ? kvt__u64cur_prev(&cur) : kvt__u64set_last(&a->by_addr, &cur)) {
+            /* the last extent starting below end: it must end at or before start */
+            kvt_run_t l = key_run(kvt__u64cur_key(&cur));
+            uint64_t l_end = (uint64_t)l.start + l.len;
+            if (l_end > start) return KVT_ENOTRESV;
+            if (l_end == start) p->left = l;
+        }
     }
     *m = k;
     return KVT_OK;
@@ -275,8 +265,29 @@ int kvt__extalloc_free_prepare(kvt_extalloc_t *a, size_t m) {
     return reserve_nodes(a, m, m) == KVT_OK ? KVT_OK : KVT_ENOMEM;
 }
 
-void kvt__extalloc_free_apply(kvt_extalloc_t *a, const kvt_run_t *merged, size_t m) {
-    for (size_t i = 0; i < m; i++) free_range(a, merged[i].start, merged[i].len);
+void kvt__extalloc_free_apply(kvt_extalloc_t *a, const kvt__free_plan_t *plan, size_t m) {
+    kvt_run_t made = {0, 0}; /* the extent the previous run ended up in */
+    for (size_t i = 0; i < m; i++) {
+        kvt_run_t r = plan[i].run, l = plan[i].left, rt = plan[i].right;
+        /* Runs are sorted and never touch, so the only neighbour an earlier run
+         * can have changed is the free extent between the two, now in `made`. */
+        if (l.len && i > 0 && plan[i - 1].right.len && plan[i - 1].right.start == l.start) l = made;
+        if (l.len && rt.len) {
+            remove_extent(a, rt.start, rt.len);
+            made = (kvt_run_t){l.start, l.len + r.len + rt.len};
+            reshape_extent(a, l.start, l.len, made.start, made.len);
+        } else if (l.len) {
+            made = (kvt_run_t){l.start, l.len + r.len};
+            reshape_extent(a, l.start, l.len, made.start, made.len);
+        } else if (rt.len) {
+            made = (kvt_run_t){r.start, r.len + rt.len};
+            reshape_extent(a, rt.start, rt.len, made.start, made.len);
+        } else {
+            made = r;
+            add_extent(a, r.start, r.len);
+        }
+        a->free_pages += r.len;
+    }
     a->frees++;
     size_t keep = a->pool.live / SPARE_KEEP_FRACTION;
     kvt__nodepool_trim(&a->pool, keep > SPARE_KEEP ? keep : SPARE_KEEP);
@@ -286,35 +297,21 @@ int kvt__extalloc_prepare_reserve(kvt_extalloc_t *a) {
     return reserve_nodes(a, 1, 0) == KVT_OK ? KVT_OK : KVT_ENOMEM;
 }
 
-/* Sorts runs by start: insertion sort for the short lists frees usually get. */
-static void sort_runs(kvt_run_t *r, size_t n) {
-    if (n > 48) {
-        qsort(r, n, sizeof(kvt_run_t), cmp_run_start);
-        return;
-    }
-    for (size_t i = 1; i < n; i++) {
-        kvt_run_t x = r[i];
-        size_t j = i;
-        for (; j > 0 && r[j - 1].start > x.start; j--) r[j] = r[j - 1];
-        r[j] = x;
-    }
-}
-
 int kvt_extalloc_free(kvt_extalloc_t *a, const kvt_run_t *runs, size_t nruns) {
     if (a == NULL || runs == NULL || nruns == 0) return KVT_EINVAL;
-    kvt_run_t local[64], *sorted = local;
-    if (nruns > 64) {
-        if (nruns > SIZE_MAX / sizeof(kvt_run_t)) return KVT_EINVAL;
-        sorted = kvt__malloc(nruns * sizeof(kvt_run_t));
-        if (sorted == NULL) return KVT_ENOMEM;
+    kvt__free_plan_t local[32], *plan = local;
+    if (nruns > 32) {
+        if (nruns > SIZE_MAX / sizeof(*plan)) return KVT_EINVAL;
+        plan = kvt__malloc(nruns * sizeof(*plan));
+        if (plan == NULL) return KVT_ENOMEM;
     }
-    memcpy(sorted, runs, nruns * sizeof(kvt_run_t));
-    sort_runs(sorted, nruns);
+    for (size_t i = 0; i < nruns; i++) plan[i].run = runs[i];
+    kvt__extalloc_sort_plan(plan, nruns);
     size_t m = 0;
-    int rc = kvt__extalloc_free_validate(a, sorted, nruns, &m);
+    int rc = kvt__extalloc_free_validate(a, plan, nruns, &m);
     if (rc == KVT_OK) rc = kvt__extalloc_free_prepare(a, m);
-    if (rc == KVT_OK) kvt__extalloc_free_apply(a, sorted, m);
-    if (sorted != local) kvt__free(sorted, nruns * sizeof(kvt_run_t));
+    if (rc == KVT_OK) kvt__extalloc_free_apply(a, plan, m);
+    if (plan != local) kvt__free(plan, nruns * sizeof(*plan));
     return rc;
 }
 

@@ -128,7 +128,7 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
         if (pages[i] >= la->pages) return KVT_ERANGE;
     /* Sort (lane, local) pairs, then cut them into one run list per lane. */
     uint64_t *keys = kvt__malloc(n * sizeof(uint64_t));
-    kvt_run_t *runs = kvt__malloc(n * sizeof(kvt_run_t));
+    kvt__free_plan_t *runs = kvt__malloc(n * sizeof(*runs));
     size_t *first = kvt__calloc((size_t)la->lanes + 1, sizeof(size_t));
     int rc = (keys && runs && first) ? KVT_OK : KVT_ENOMEM;
     if (rc == KVT_OK) {
@@ -136,7 +136,7 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
             keys[i] = (uint64_t)kvt_lane_of(pages[i], la->lanes) << 32 | kvt_lane_local(pages[i], la->lanes);
         qsort(keys, n, sizeof(uint64_t), cmp_u64);
         for (size_t i = 0; i < n; i++) {
-            runs[i] = (kvt_run_t){(uint32_t)keys[i], 1};
+            runs[i].run = (kvt_run_t){(uint32_t)keys[i], 1};
             first[(keys[i] >> 32) + 1] = i + 1;
         }
         for (uint32_t l = 1; l <= la->lanes; l++) /* lanes without pages */
@@ -159,7 +159,7 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     }
     kvt__free(merged, la->lanes * sizeof(size_t));
     kvt__free(first, ((size_t)la->lanes + 1) * sizeof(size_t));
-    kvt__free(runs, n * sizeof(kvt_run_t));
+    kvt__free(runs, n * sizeof(*runs));
     kvt__free(keys, n * sizeof(uint64_t));
     return rc;
 }

@@ -1,2 +1,105 @@
+/* The kvtier command as a user meets it: exit codes, messages, output. */
 #include <criterion/criterion.h>
-Test(cli, placeholder) { cr_assert(1); }
+#include <cjson/cJSON.h>
+
+#include "common/run.h"
+
+#define RUN(...) run_argv((const char *const[]){NULL, __VA_ARGS__, NULL})
+
+Test(cli, version_and_usage) {
+    run_result_t r = RUN("version");
+    cr_assert_eq(r.status, 0);
+    cr_assert(strncmp(r.out, "kvtier ", 7) == 0, "got: %s", r.out);
+    run_free(&r);
+    r = run_argv((const char *const[]){NULL, NULL});
+    cr_assert_eq(r.status, 2, "no command: usage and exit 2");
+    cr_assert_not_null(strstr(r.err, "usage: kvtier"));
+    run_free(&r);
+    r = RUN("frobnicate");
+    cr_assert_eq(r.status, 2);
+    cr_assert_not_null(strstr(r.err, "unknown command 'frobnicate'"), "got: %s", r.err);
+    run_free(&r);
+    r = RUN("bench", "alloc", "--help");
+    cr_assert_eq(r.status, 0);
+    cr_assert_not_null(strstr(r.out, "--pattern random|mixed|churn"));
+    run_free(&r);
+}
+
+/* Each bad flag: exit 2, a message naming the flag and what is allowed, and
+ * no benchmark output. */
+Test(cli, bad_flags_say_what_is_allowed) {
+    static const struct { const char *args[4]; const char *msg; } cases[] = {
+        {{"--pattern", "zigzag"}, "--pattern: 'zigzag' is not one of random|mixed|churn"},
+        {{"--pages", "10"}, "--pages: '10' is not an integer in [1024, 4294967295]"},
+        {{"--pages", "-5"}, "--pages: '-5' is not an integer in [1024, 4294967295]"},
+        {{"--pages=12abc"}, "--pages: '12abc' is not an integer"},
+        {{"--fragment", "1"}, "--fragment: '1' is not a number in (0, 1)"},
+        {{"--fragment", "nan"}, "--fragment: 'nan' is not a number in (0, 1)"},
+        {{"--sizes", "1,,x"}, "--sizes: 'x' is not an integer in [1, 1048576]"},
+        {{"--sizes", "5000", "--pages", "2000"}, "--sizes: size 5000 is larger than the pool (2000 pages)"},
+        {{"--stats", "xml"}, "--stats: 'xml' is not one of table|json|prom"},
+        {{"--ops"}, "--ops: missing value"},
+        {{"--bogus"}, "--bogus: unknown flag"},
+        {{"stray"}, "unexpected argument 'stray'"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *argv[8] = {NULL, "bench", "alloc"};
+        int n = 3;
+        for (int j = 0; j < 4 && cases[i].args[j]; j++) argv[n++] = cases[i].args[j];
+        argv[n] = NULL;
+        run_result_t r = run_argv(argv);
+        cr_assert_eq(r.status, 2, "case %zu: exit %d", i, r.status);
+        cr_assert_not_null(strstr(r.err, cases[i].msg), "case %zu: stderr was: %s", i, r.err);
+        cr_assert_str_eq(r.out, "", "case %zu: no output on a bad flag", i);
+        run_free(&r);
+    }
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    cr_assert(cJSON_IsNumber(v), "field %s is a number", k);
+    return v->valuedouble;
+}
+
+/* The JSON is one object with the documented fields, and its figures agree
+ * with what the parameters imply. */
+Test(cli, bench_alloc_json, .timeout = 120) {
+    run_result_t r = RUN("bench", "alloc", "--pages", "50000", "--ops", "3000", "--scan-ops", "5", "--sizes",
+                         "1,8,64,512", "--fragment", "0.25", "--json", "--stats", "prom");
+    cr_assert_eq(r.status, 0, "stderr: %s", r.err);
+    cJSON *o = cJSON_Parse(r.out);
+    cr_assert_not_null(o, "stdout is JSON: %s", r.out);
+    cr_assert_eq(num(o, "pages"), 50000);
+    cr_assert_eq(num(o, "page_bytes"), 16384);
+    cr_assert_float_eq(num(o, "pool_gb"), 50000.0 * 16384 / 1e9, 1e-9);
+    cr_assert_eq(num(o, "fragment"), 0.25);
+    cr_assert_str_eq(cJSON_GetObjectItem(o, "pattern")->valuestring, "random");
+    cr_assert_eq(num(o, "free_pages"), 12500, "random pattern frees exactly fragment x pages");
+    cr_assert_float_eq(num(o, "metadata_bytes_per_page"), num(o, "metadata_bytes") / 50000, 1e-9);
+    cJSON *res = cJSON_GetObjectItem(o, "results");
+    cr_assert_eq(cJSON_GetArraySize(res), 4);
+    const double sizes[] = {1, 8, 64, 512};
+    for (int i = 0; i < 4; i++) {
+        cJSON *x = cJSON_GetArrayItem(res, i);
+        cr_assert_eq(num(x, "size"), sizes[i]);
+        cr_assert_eq(num(x, "scan_mismatches"), 0, "the scan baseline gave the same pages");
+        cr_assert_eq(num(x, "scan_steps"), 5);
+        cr_assert_eq(num(x, "reserve_failures"), 0);
+        if (sizes[i] == 1) cr_assert_eq(num(x, "runs_mean"), 1);
+        cr_assert_geq(num(x, "runs_mean"), 1);
+        cr_assert_leq(num(x, "runs_mean"), sizes[i]);
+        const char *hists[] = {"reserve_ns", "free_ns", "scan_ns", "first_fit_scan_ns"};
+        for (int h = 0; h < 4; h++) {
+            cJSON *p = cJSON_GetObjectItem(x, hists[h]);
+            double p50 = num(p, "p50"), p90 = num(p, "p90"), p99 = num(p, "p99"), p999 = num(p, "p999"),
+                   mx = num(p, "max");
+            cr_assert(0 < p50 && p50 <= p90 && p90 <= p99 && p99 <= p999 && p999 <= mx, "%s ordered", hists[h]);
+        }
+        cr_assert_float_eq(num(x, "speedup_p50"),
+                           num(cJSON_GetObjectItem(x, "scan_ns"), "p50") / num(cJSON_GetObjectItem(x, "reserve_ns"), "p50"),
+                           1e-6);
+    }
+    cr_assert_not_null(strstr(r.err, "kvtier_extalloc_free_pages 12500"), "--stats prom on stderr: %s", r.err);
+    cJSON_Delete(o);
+    run_free(&r);
+}

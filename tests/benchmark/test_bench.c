@@ -1,2 +1,0 @@
-#include <criterion/criterion.h>
-Test(bench, placeholder) { cr_assert(1); }
