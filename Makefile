@@ -54,8 +54,11 @@ bench: build
 run: build
 	$(BUILD)/kvtier bench alloc --pages 1000000 --ops 50000 --scan-ops 20 $(RUN_ARGS)
 
+# kvtier.pc records the prefix, so it is configured in, not given at install time.
 install: build
-	cmake --install $(BUILD) --prefix $(PREFIX)
+	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) >/dev/null
+	cmake --install $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)
