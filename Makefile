@@ -7,6 +7,8 @@ PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
 RUN_ARGS   ?=
 , := ,
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 .PHONY: all build bootstrap test test-san test-tsan bench run install clean help
 
@@ -27,7 +29,7 @@ bootstrap:
 # $(1): build dir, $(2): extra cmake args, $(3): build type
 define configure
 	@mkdir -p $(1) && cmake -S . -B $(1) -DCMAKE_BUILD_TYPE=$(3) $(2) $(CMAKE_ARGS) >$(1)/configure.log 2>&1 || { cat $(1)/configure.log; exit 1; }
-	@cmake --build $(1) -j $(JOBS) 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
+	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(1) -j $(JOBS) 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
 	@test -x $(1)/kvtier
 endef
 
