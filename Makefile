@@ -1,7 +1,6 @@
 # kvtier — a thin wrapper over CMake. `make help` lists the targets.
 BUILD      ?= build
 SAN_BUILD  ?= build-san
-TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
@@ -10,7 +9,7 @@ RUN_ARGS   ?=
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all build bootstrap test test-san test-tsan bench run install clean help
+.PHONY: all build bootstrap test test-san bench run install clean help
 
 all: build
 
@@ -18,7 +17,6 @@ help:
 	@echo "make            build ($(BUILD)/)"
 	@echo "make test       build and run every CPU suite (unit, e2e, benchmark); kernels needs a GPU"
 	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
-	@echo "make test-tsan  the same under ThreadSanitizer ($(TSAN_BUILD)/)"
 	@echo "make bench      the benchmarks at full size"
 	@echo "make run        the main job"
 	@echo "make install    install into PREFIX=$(PREFIX)"
@@ -43,10 +41,6 @@ test-san: bootstrap
 	$(call configure,$(SAN_BUILD),-DKVT_SANITIZE=address$(,)undefined -DKVT_CHECK_LEVEL=2,Debug)
 	@tests/run_suite --build $(SAN_BUILD) --sanitize
 
-test-tsan: bootstrap
-	$(call configure,$(TSAN_BUILD),-DKVT_SANITIZE=thread -DKVT_CHECK_LEVEL=1,Debug)
-	@tests/run_suite --build $(TSAN_BUILD) --sanitize
-
 bench: build
 	$(BUILD)/kvtier bench alloc --pattern random $(RUN_ARGS)
 	$(BUILD)/kvtier bench alloc --pattern mixed $(RUN_ARGS)
@@ -63,4 +57,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD)
