@@ -3,8 +3,11 @@
 #define KVTIER_KVTIER_H
 
 #include "kvtier/alloc.h"
+#include "kvtier/cache.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
+#include "kvtier/model.h"
+#include "kvtier/radix.h"
 #include "kvtier/stats.h"
 
 #endif

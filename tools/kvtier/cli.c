@@ -133,3 +133,123 @@ int cli_unknown(const cli_t *c) {
     if (c->flag) return cli_error(c, "unknown flag (see --help)");
     return cli_error(c, "unexpected argument '%s' (see --help)", c->value);
 }
+
+/* ---- options tables ---- */
+
+static void env_name(const char *name, char *out, size_t cap) {
+    size_t k = (size_t)snprintf(out, cap, "KVT_");
+    for (const char *p = name; *p && k + 1 < cap; p++) out[k++] = *p == '-' ? '_' : (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+    out[k] = 0;
+}
+
+/* Parses one value for opt; c->flag names it in messages. */
+static int set_value(cli_t *c, const cli_opt_t *o, const char *s) {
+    switch (o->type) {
+    case OPT_FLAG: {
+        if (strcmp(s, "1") == 0 || strcmp(s, "true") == 0 || strcmp(s, "yes") == 0) return *(bool *)o->dst = true, 0;
+        if (strcmp(s, "0") == 0 || strcmp(s, "false") == 0 || strcmp(s, "no") == 0) return *(bool *)o->dst = false, 0;
+        return cli_error(c, "'%s' is not one of 1|0|true|false|yes|no", s);
+    }
+    case OPT_U64: {
+        uint64_t v;
+        if (o->word && strcmp(s, o->word) == 0) return *(uint64_t *)o->dst = o->word_value, 0;
+        if (parse_u64(s, &v) || v < o->lo || v > o->hi) {
+            if (o->word)
+                return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "] or '%s'", s, o->lo, o->hi, o->word);
+            return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]", s, o->lo, o->hi);
+        }
+        *(uint64_t *)o->dst = v;
+        return 0;
+    }
+    case OPT_DOUBLE: {
+        char *end;
+        errno = 0;
+        double v = strtod(s, &end);
+        if (*s == 0 || errno || *end || !isfinite(v) || v < o->dlo || v > o->dhi)
+            return cli_error(c, "'%s' is not a number in [%g, %g]", s, o->dlo, o->dhi);
+        *(double *)o->dst = v;
+        return 0;
+    }
+    case OPT_CHOICE: {
+        char allowed[512] = "";
+        for (int i = 0; o->choices[i]; i++) {
+            if (strcmp(s, o->choices[i]) == 0) return *(int *)o->dst = i, 0;
+            if (i) strncat(allowed, "|", sizeof(allowed) - strlen(allowed) - 1);
+            strncat(allowed, o->choices[i], sizeof(allowed) - strlen(allowed) - 1);
+        }
+        return cli_error(c, "'%s' is not one of %s", s, allowed);
+    }
+    case OPT_TEXT:
+        if (*s == 0) return cli_error(c, "empty value");
+        *(const char **)o->dst = s;
+        return 0;
+    }
+    return -1;
+}
+
+int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const char **positional) {
+    char env[64];
+    *positional = NULL;
+    for (const cli_opt_t *o = opts; o->name; o++) {
+        env_name(o->name, env, sizeof(env));
+        const char *v = getenv(env);
+        if (v == NULL) continue;
+        c->flag = env;
+        if (set_value(c, o, v)) return -1;
+    }
+    c->flag = NULL;
+    int kind;
+    while ((kind = cli_next(c)) != 0) {
+        if (kind == 2) {
+            if (*positional) return cli_unknown(c);
+            *positional = c->value;
+            continue;
+        }
+        if (cli_is(c, "--help")) {
+            fputs(usage, stdout);
+            cli_print_table(stdout, opts);
+            return 1;
+        }
+        const cli_opt_t *o = opts;
+        while (o->name && !(strncmp(c->flag, "--", 2) == 0 && strcmp(c->flag + 2, o->name) == 0)) o++;
+        if (o->name == NULL) return cli_unknown(c);
+        if (o->type == OPT_FLAG && c->inline_value == NULL) {
+            *(bool *)o->dst = true;
+            continue;
+        }
+        const char *v = NULL;
+        if (cli_value(c, &v) || set_value(c, o, v)) return -1;
+    }
+    return 0;
+}
+
+void cli_print_table(FILE *f, const cli_opt_t *opts) {
+    char env[64], def[64], allowed[256];
+    fprintf(f, "\n%-22s %-14s %-28s %-24s %s\n", "option", "default", "allowed", "environment", "");
+    for (const cli_opt_t *o = opts; o->name; o++) {
+        env_name(o->name, env, sizeof(env));
+        allowed[0] = 0;
+        switch (o->type) {
+        case OPT_FLAG: snprintf(def, sizeof(def), "%s", *(bool *)o->dst ? "on" : "off"); break;
+        case OPT_U64:
+            if (o->word && *(uint64_t *)o->dst == o->word_value) snprintf(def, sizeof(def), "%s", o->word);
+            else snprintf(def, sizeof(def), "%" PRIu64, *(uint64_t *)o->dst);
+            snprintf(allowed, sizeof(allowed), "%" PRIu64 "..%" PRIu64 "%s%s", o->lo, o->hi, o->word ? ", " : "",
+                     o->word ? o->word : "");
+            break;
+        case OPT_DOUBLE:
+            snprintf(def, sizeof(def), "%g", *(double *)o->dst);
+            snprintf(allowed, sizeof(allowed), "%g..%g", o->dlo, o->dhi);
+            break;
+        case OPT_CHOICE:
+            snprintf(def, sizeof(def), "%s", o->choices[*(int *)o->dst]);
+            for (int i = 0; o->choices[i]; i++) {
+                if (i) strncat(allowed, "|", sizeof(allowed) - strlen(allowed) - 1);
+                strncat(allowed, o->choices[i], sizeof(allowed) - strlen(allowed) - 1);
+            }
+            break;
+        case OPT_TEXT: snprintf(def, sizeof(def), "%s", *(const char **)o->dst ? *(const char **)o->dst : "-"); break;
+        }
+        fprintf(f, "--%-20s %-14s %-28s %-24s %s\n", o->name, def, allowed, env, o->help);
+    }
+}

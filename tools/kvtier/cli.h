@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct cli {
     const char *cmd; /* "kvtier bench alloc", for messages */
@@ -35,5 +36,30 @@ int cli_choice(cli_t *c, const char *const *choices, int *out);
 int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, size_t *n);
 /* An unknown flag or an unexpected positional argument. */
 int cli_unknown(const cli_t *c);
+
+/* ---- options tables (STYLE.md habit 12) ----
+ * One row per option: its flag (--NAME), its environment variable
+ * (KVT_NAME, upper case, '-' -> '_'), its type, bounds and help. The
+ * destination's value before parsing is the default; the environment
+ * overrides it, the command line overrides both. */
+typedef enum { OPT_FLAG, OPT_U64, OPT_DOUBLE, OPT_CHOICE, OPT_TEXT } cli_opt_type_t;
+
+typedef struct cli_opt {
+    const char *name;
+    cli_opt_type_t type;
+    void *dst;                  /* bool, uint64_t, double, int (choice index), const char * */
+    uint64_t lo, hi;            /* OPT_U64 bounds */
+    double dlo, dhi;            /* OPT_DOUBLE bounds, closed */
+    const char *const *choices; /* OPT_CHOICE, NULL-terminated */
+    const char *word;           /* OPT_U64: a word also accepted (e.g. "unbounded") ... */
+    uint64_t word_value;        /* ... and the value it stands for */
+    const char *help;
+} cli_opt_t;
+
+/* Applies KVT_* environment variables, then parses argv. Positional
+ * arguments go to *positional (at most one; NULL when absent). Returns 0, 1
+ * after printing help for --help, or -1 after printing an error. */
+int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const char **positional);
+void cli_print_table(FILE *f, const cli_opt_t *opts);
 
 #endif

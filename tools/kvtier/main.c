@@ -10,6 +10,7 @@ static void usage(FILE *f) {
     fputs("usage: kvtier <command> [options]\n"
           "\n"
           "commands:\n"
+          "  replay        replay a request trace through the tiered cache (the main job)\n"
           "  bench alloc   page-allocator microbenchmark against a scan baseline\n"
           "  version       print the version\n"
           "  help          this text\n"
@@ -32,11 +33,12 @@ int main(int argc, char **argv) {
         printf("kvtier %s\n", KVT_VERSION_STR);
         return 0;
     }
+    if (strcmp(cmd, "replay") == 0) return cmd_replay(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "alloc") == 0) return cmd_bench_alloc(argc - 3, argv + 3);
         fprintf(stderr, "kvtier bench: expected a benchmark name: alloc\n");
         return 2;
     }
-    fprintf(stderr, "kvtier: unknown command '%s' (commands: bench, version, help)\n", cmd);
+    fprintf(stderr, "kvtier: unknown command '%s' (commands: replay, bench, version, help)\n", cmd);
     return 2;
 }

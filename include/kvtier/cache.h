@@ -1,0 +1,163 @@
+/* kvtier — the cache: policy over the prefix tree and the page allocators.
+ *
+ * Two tiers here: L1 (GPU memory, pages from a lane allocator) and L2 (host
+ * memory, pages from an extent allocator); l2_pages = 0 runs L1 alone. A
+ * request is admitted with kvt_cache_admit: its longest cached prefix is
+ * matched and locked, the part of it that lives only in L2 is loaded back
+ * into L1, and pages for the rest are allocated and inserted. It is released
+ * with kvt_cache_release.
+ *
+ * Free room (planned eviction). Each tier keeps a free-room target, a
+ * fraction of the tier. An allocation of n pages that would leave fewer than
+ * the target free evicts until n + target pages are free — back to the
+ * target, not just the deficit, so that the next allocations find room
+ * without evicting again. Target 0 is the deficit-only mode.
+ *
+ * Eviction. L1 takes its victim's last L1 page: a page with an L2 copy just
+ * drops its L1 copy (it lives on in L2); a page without one is backed up
+ * first under write_back (and whenever pages below it live only in L2), and
+ * freed under write_through and write_through_selective. L2 evicts pages that
+ * live only in L2 first, then L2 copies of pages still in L1, so L2 never
+ * fills with shadows of L1. Nothing locked, pinned or in flight is evicted.
+ *
+ * Copies. Backups (L1 -> L2) and loads (L2 -> L1) are operations that
+ * complete later: the pages involved are marked in flight, and the
+ * completion, applied by kvt_cache_poll on the caller's thread, makes them
+ * resident. This build completes every copy at once (page ids only; real
+ * bytes arrive with the transfer engine).
+ */
+#ifndef KVTIER_CACHE_H
+#define KVTIER_CACHE_H
+
+#include <stdint.h>
+
+#include "kvtier/radix.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X(enum, name, description) */
+#define KVT_POLICY_LIST(X)                                                                   \
+    X(KVT_POLICY_LRU, "lru", "least recently used node first")                             \
+    X(KVT_POLICY_LFU, "lfu", "fewest hits first, then least recently used")                \
+    X(KVT_POLICY_FIFO, "fifo", "oldest node first")                                         \
+    X(KVT_POLICY_PRIORITY, "priority", "lowest request priority first, then LRU")          \
+    X(KVT_POLICY_SLRU, "slru", "segmented LRU: probation before protected (hit twice)")
+
+typedef enum kvt_policy {
+#define KVT_POLICY_ENUM_(e, name, desc) e,
+    KVT_POLICY_LIST(KVT_POLICY_ENUM_)
+#undef KVT_POLICY_ENUM_
+    KVT_POLICY_COUNT_
+} kvt_policy_t;
+
+/* The default eviction order. */
+#define KVT_POLICY_DEFAULT KVT_POLICY_LRU
+
+typedef enum kvt_write_policy {
+    KVT_WRITE_THROUGH = 0,           /* back up every page when it is inserted */
+    KVT_WRITE_THROUGH_SELECTIVE = 1, /* back up a node's pages once it has been hit N times */
+    KVT_WRITE_BACK = 2,              /* back up a page when L1 evicts it */
+    KVT_WRITE_POLICY_COUNT_
+} kvt_write_policy_t;
+
+const char *kvt_policy_name(kvt_policy_t p);
+const char *kvt_policy_describe(kvt_policy_t p);
+int kvt_policy_parse(const char *s, kvt_policy_t *p);      /* KVT_EINVAL if unknown */
+const char *kvt_write_policy_name(kvt_write_policy_t w);
+int kvt_write_policy_parse(const char *s, kvt_write_policy_t *w);
+
+typedef struct kvt_cache_config {
+    uint32_t size;               /* sizeof(kvt_cache_config_t) */
+    uint32_t page_tokens;        /* default 16 */
+    uint64_t l1_pages;           /* > 0 */
+    uint64_t l2_pages;           /* 0: no L2 tier */
+    uint32_t l1_lanes;           /* CP owner lanes over L1 (default 1) */
+    double l1_free_room;         /* fraction of L1 kept free, [0, 0.5]; default 0.05 */
+    double l2_free_room;         /* fraction of L2 kept free, [0, 0.5]; default 0.05 */
+    kvt_policy_t policy;         /* default KVT_POLICY_DEFAULT */
+    kvt_write_policy_t write_policy;   /* default write_through_selective */
+    uint32_t write_through_hits; /* hits before write_through_selective backs up (default 2) */
+} kvt_cache_config_t;
+
+/* Fills the defaults (sizes included: 16384 L1 pages, 65536 L2 pages). */
+void kvt_cache_config_default(kvt_cache_config_t *cfg);
+
+typedef struct kvt_cache kvt_cache_t;
+
+/* KVT_EINVAL (with nothing allocated) when a field is out of range. */
+int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg);
+void kvt_cache_destroy(kvt_cache_t *c);
+
+/* An admitted request. */
+typedef struct kvt_cache_req {
+    kvt_rnode_t *node;       /* the deepest node it holds (NULL: holds nothing) */
+    uint64_t pages;          /* pages of the request now in the cache, in order */
+    uint64_t l1_hit_pages;   /* matched pages that were in L1 */
+    uint64_t l2_hit_pages;   /* matched pages loaded back from L2 */
+    uint64_t new_pages;      /* pages allocated and inserted */
+    uint64_t uncached_pages; /* full pages that found no room */
+} kvt_cache_req_t;
+
+/* Admits a request of ntokens tokens in namespace ns (only whole pages are
+ * cached). When l1_ids is not NULL it receives the L1 page of each of the
+ * first req->pages pages. Evictions it makes stay made; otherwise a failure
+ * changes nothing: KVT_EINVAL, KVT_ENOMEM. */
+int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
+                    uint32_t *l1_ids, kvt_cache_req_t *req);
+/* Lets go of an admitted request's pages (they stay cached). */
+int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
+/* Applies the copies that have completed; returns how many (>= 0). */
+int kvt_cache_poll(kvt_cache_t *c);
+/* Evicts, in each tier, until its free-room target holds (the planner run
+ * between engine steps). Returns the pages evicted. */
+uint64_t kvt_cache_restore_room(kvt_cache_t *c);
+
+#define KVT_CACHE_STATS_FIELDS(X)                                                                  \
+    X(requests, COUNTER, "requests admitted")                                                    \
+    X(tokens, COUNTER, "tokens of the admitted requests")                                        \
+    X(l1_hit_tokens, COUNTER, "tokens served from L1")                                           \
+    X(l2_hit_tokens, COUNTER, "tokens served from L2 (loaded back)")                             \
+    X(l1_allocs, COUNTER, "L1 allocations")                                                      \
+    X(l1_allocs_evicting, COUNTER, "L1 allocations that had to evict")                          \
+    X(l1_evict_calls, COUNTER, "L1 eviction rounds")                                             \
+    X(l1_evicted_pages, COUNTER, "pages that left L1")                                           \
+    X(l1_alloc_failures, COUNTER, "L1 allocations that could not be met in full")               \
+    X(l1_room_misses, COUNTER, "L1 eviction rounds that ended short of the free-room target")   \
+    X(l2_allocs, COUNTER, "L2 allocations")                                                      \
+    X(l2_allocs_evicting, COUNTER, "L2 allocations that had to evict")                          \
+    X(l2_evict_calls, COUNTER, "L2 eviction rounds")                                             \
+    X(l2_evicted_pages, COUNTER, "pages that left L2 (host-only pages and shadows)")             \
+    X(l2_alloc_failures, COUNTER, "L2 allocations that could not be met in full")               \
+    X(l2_room_misses, COUNTER, "L2 eviction rounds that ended short of the free-room target")   \
+    X(backups, COUNTER, "L1 -> L2 backups started")                                              \
+    X(forced_backups, COUNTER, "backups made because pages below lived only in L2")             \
+    X(loads, COUNTER, "L2 -> L1 loads started")                                                   \
+    X(shadows_reclaimed, COUNTER, "L2 copies of L1 pages given up under L2 pressure")           \
+    X(dropped_pages, COUNTER, "pages that left the cache")                                       \
+    X(l1_free, GAUGE, "free L1 pages")                                                           \
+    X(l2_free, GAUGE, "free L2 pages")                                                           \
+    X(l1_target, GAUGE, "L1 free-room target, pages")                                            \
+    X(l2_target, GAUGE, "L2 free-room target, pages")
+
+typedef struct kvt_cache_stats {
+    uint32_t size; /* sizeof(kvt_cache_stats_t), set by the caller */
+#define KVT_STATS_FIELD_(name, kind, help) uint64_t name;
+    KVT_CACHE_STATS_FIELDS(KVT_STATS_FIELD_)
+#undef KVT_STATS_FIELD_
+} kvt_cache_stats_t;
+
+int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st);
+/* The tree (for kvt_radix_stats, kvt_radix_check, page hashes). */
+kvt_radix_t *kvt_cache_tree(kvt_cache_t *c);
+/* kvt_radix_check, then the cache's own accounting: every page id the tree
+ * holds is reserved in its allocator and every reserved id is in the tree
+ * (or on its way back to the allocator), free counts, lock counts of the
+ * requests it knows. KVT_ECORRUPT; *why names the first violation. */
+int kvt_cache_check(kvt_cache_t *c, const char **why);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,516 @@
+/* The cache: tiers, admission, planned eviction, copies.
+ *
+ * A request's life (kvt_cache_admit):
+ *
+ *   match     longest cached prefix: L1 pages, then pages only in L2
+ *   lock      the matched node and its ancestors (nothing of it is evicted)
+ *   plan      one L1 allocation for the L2 pages to load and the new pages;
+ *             if it would leave less than the free-room target, evict back
+ *             to the target (an eviction round)
+ *   load      L2 -> L1 copies for the L2 part, sources pinned
+ *   insert    the new pages below the match, in L1
+ *   back up   write_through: the new pages; write_through_selective: the
+ *             pages of nodes that just reached N hits
+ *
+ * L1 eviction, one page at a time from the victim set's first node (its last
+ * L1 page):
+ *
+ *        has an L2 copy?  -- yes -->  drop the L1 copy (the page lives in L2)
+ *               | no
+ *        last page of a leaf, and not write_back?  -- yes --> free it
+ *               | no
+ *        back it up (L2 room planned the same way), then drop the L1 copy
+ *
+ * L2 eviction: a leaf's page that lives only in L2 (freed), else an L2 copy of
+ * a page that is still in L1 (a shadow: the page just loses its backup).
+ *
+ * Copies are submitted as operations and complete later; kvt__drain applies
+ * completions on this thread. This build's executor completes each copy at
+ * once (there are no bytes yet), so a write_back eviction starts a backup,
+ * drains, and drops the L1 copy, as a real one does when its backup lands.
+ *
+ * Freed page ids go to a buffer first and back to their allocator at the end
+ * of the round; a free that fails for lack of memory keeps them in the
+ * buffer for the next round, so no page is ever lost.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-int.h"
+#include "kvtier/error.h"
+#include "../core/mem-int.h"
+
+#define DONE_CAP 256
+
+void kvt_cache_config_default(kvt_cache_config_t *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->size = sizeof(*cfg);
+    cfg->page_tokens = 16;
+    cfg->l1_pages = 16384;
+    cfg->l2_pages = 65536;
+    cfg->l1_lanes = 1;
+    cfg->l1_free_room = 0.05;
+    cfg->l2_free_room = 0.05;
+    cfg->policy = KVT_POLICY_DEFAULT;
+    cfg->write_policy = KVT_WRITE_THROUGH_SELECTIVE;
+    cfg->write_through_hits = 2;
+}
+
+/* ---- id buffers -------------------------------------------------------------- */
+
+static int idbuf_init(kvt__idbuf_t *b, uint64_t cap) {
+    b->n = 0;
+    b->cap = cap ? cap : 1;
+    b->id = kvt__malloc(b->cap * sizeof(uint32_t));
+    return b->id ? KVT_OK : KVT_ENOMEM;
+}
+
+static void idbuf_fini(kvt__idbuf_t *b) {
+    kvt__free(b->id, b->cap * sizeof(uint32_t));
+    b->id = NULL;
+}
+
+static void give_back_l1(kvt_cache_t *c, uint32_t id) {
+    c->l1_back.id[c->l1_back.n++] = id;
+    c->l1_free++;
+}
+
+static void give_back_l2(kvt_cache_t *c, uint32_t id) {
+    c->l2_back.id[c->l2_back.n++] = id;
+    c->l2_free++;
+}
+
+static int cmp_u32(const void *x, const void *y) {
+    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Returns the buffered ids to the allocators. */
+static int flush(kvt_cache_t *c) {
+    int rc = KVT_OK;
+    if (c->l1_back.n) {
+        rc = kvt_laneal_free(c->l1, c->l1_back.id, c->l1_back.n);
+        if (rc == KVT_OK) c->l1_back.n = 0;
+    }
+    if (c->l2_back.n && rc == KVT_OK) {
+        /* sorted ids make runs: one free call, coalesced */
+        qsort(c->l2_back.id, c->l2_back.n, sizeof(uint32_t), cmp_u32);
+        size_t k = 0;
+        kvt_run_t *runs = c->l2_runs;
+        for (size_t i = 0; i < c->l2_back.n; i++) {
+            if (k > 0 && runs[k - 1].start + runs[k - 1].len == c->l2_back.id[i]) runs[k - 1].len++;
+            else runs[k++] = (kvt_run_t){c->l2_back.id[i], 1};
+        }
+        rc = kvt_extalloc_free(c->l2, runs, k);
+        if (rc == KVT_OK) c->l2_back.n = 0;
+    }
+    return rc;
+}
+
+/* ---- copies ------------------------------------------------------------------ */
+
+/* This build's executor: every copy completes at once, successfully. */
+static void submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2);
+
+int kvt_cache_poll(kvt_cache_t *c) {
+    if (c == NULL) return KVT_EINVAL;
+    int applied = 0;
+    for (size_t i = 0; i < c->ndone; i++) {
+        kvt__op_t *op = &c->done[i];
+        kvt_rnode_t *n;
+        uint32_t idx;
+        if (op->kind == OP_BACKUP) {
+            if (!kvt__radix_locate_l2(c->tree, op->l2, &n, &idx)) continue;
+            kvt__radix_end_backup(c->tree, n, idx, op->ok);
+            if (!op->ok) give_back_l2(c, op->l2);
+        } else {
+            if (!kvt__radix_locate_l1(c->tree, op->l1, &n, &idx)) continue;
+            kvt__radix_end_load(c->tree, n, idx, op->ok);
+            if (!op->ok) give_back_l1(c, op->l1);
+        }
+        applied++;
+    }
+    c->ndone = 0;
+    return applied;
+}
+
+static void submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
+    if (c->ndone == c->done_cap) kvt_cache_poll(c);
+    c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, 1, l1, l2};
+}
+
+/* ---- L2 ---------------------------------------------------------------------- */
+
+/* Evicts one L2 page; false when nothing in L2 may go. */
+static bool evict_one_l2(kvt_cache_t *c) {
+    kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
+    if (v) { /* a leaf's page that lives only in L2 leaves the cache */
+        kvt__policy_on_trim(c, v);
+        kvt_page_t pg = kvt__radix_trim(c->tree, v);
+        give_back_l2(c, pg.l2);
+        c->st.dropped_pages++;
+        return true;
+    }
+    v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
+    if (v == NULL) return false;
+    uint32_t idx = v->n_l1;
+    while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--; /* the last shadow */
+    give_back_l2(c, kvt__radix_drop_l2(c->tree, v, idx - 1));
+    c->st.shadows_reclaimed++;
+    return true;
+}
+
+/* Plans room for n L2 pages (see the header): evicts back to the target when
+ * the allocation would cut into it. */
+static void plan_l2(kvt_cache_t *c, uint64_t n) {
+    c->st.l2_allocs++;
+    if (c->l2_free >= n + c->l2_target) return;
+    c->st.l2_allocs_evicting++;
+    c->st.l2_evict_calls++;
+    while (c->l2_free < n + c->l2_target) {
+        if (!evict_one_l2(c)) {
+            c->st.l2_room_misses++;
+            break;
+        }
+        c->st.l2_evicted_pages++;
+    }
+}
+
+/* Reserves up to n L2 pages (after planning); ids in out. Returns how many. */
+static uint64_t take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
+    if (c->l2 == NULL || n == 0) return 0;
+    plan_l2(c, n);
+    if (flush(c) != KVT_OK) return 0;
+    if (n > c->l2_free) n = c->l2_free;
+    if (n == 0) return 0;
+    kvt_run_t *runs = kvt__malloc(n * sizeof(kvt_run_t));
+    size_t k = 0;
+    if (runs == NULL || kvt_extalloc_reserve(c->l2, n, runs, n, &k) != KVT_OK) {
+        kvt__free(runs, n * sizeof(kvt_run_t));
+        c->st.l2_alloc_failures++;
+        return 0;
+    }
+    uint64_t j = 0;
+    for (size_t i = 0; i < k; i++)
+        for (uint32_t p = 0; p < runs[i].len; p++) out[j++] = runs[i].start + p;
+    kvt__free(runs, n * sizeof(kvt_run_t));
+    c->l2_free -= n;
+    return n;
+}
+
+/* Backs up page idx of n (in L1, no L2 copy): false when L2 has no room. */
+static bool backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
+    uint32_t l2;
+    if (take_l2(c, 1, &l2) != 1) return false;
+    kvt__radix_begin_backup(c->tree, n, idx, l2);
+    submit(c, OP_BACKUP, n->pages[idx].l1, l2);
+    c->st.backups++;
+    return true;
+}
+
+/* ---- L1 ---------------------------------------------------------------------- */
+
+typedef enum { EVICTED, SKIPPED } evict_result_t;
+
+static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
+    uint32_t idx = v->n_l1 - 1;
+    kvt_page_t *pg = &v->pages[idx];
+    if (!kvt__page_in_l2(pg)) {
+        bool tail = v->nchildren == 0 && idx == v->npages - 1;
+        if (tail && (c->cfg.write_policy != KVT_WRITE_BACK || c->l2 == NULL)) {
+            kvt__policy_on_trim(c, v);
+            give_back_l1(c, kvt__radix_trim(c->tree, v).l1);
+            c->st.dropped_pages++;
+            return EVICTED;
+        }
+        /* Back it up first: write_back, or pages below it live only in L2. */
+        if (c->l2 == NULL || !backup(c, v, idx)) {
+            if (!tail) return SKIPPED;
+            kvt__policy_on_trim(c, v); /* no room in L2: the page is dropped */
+            give_back_l1(c, kvt__radix_trim(c->tree, v).l1);
+            c->st.dropped_pages++;
+            return EVICTED;
+        }
+        if (c->cfg.write_policy != KVT_WRITE_BACK) c->st.forced_backups++;
+        kvt_cache_poll(c); /* the eviction waits for its backup */
+        pg = &v->pages[idx];
+        if (!kvt__page_in_l2(pg)) return SKIPPED; /* the backup failed */
+    }
+    give_back_l1(c, kvt__radix_drop_l1(c->tree, v));
+    return EVICTED;
+}
+
+/* Plans room for n L1 pages: evicts back to the target when the allocation
+ * would cut into it. Nodes that cannot give a page now are held aside
+ * (locked) for the round. */
+static void plan_l1(kvt_cache_t *c, uint64_t n) {
+    c->st.l1_allocs++;
+    if (c->l1_free >= n + c->l1_target) return;
+    c->st.l1_allocs_evicting++;
+    c->st.l1_evict_calls++;
+    kvt_rnode_t *aside[16];
+    size_t naside = 0;
+    while (c->l1_free < n + c->l1_target) {
+        kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L1);
+        if (v == NULL || naside == sizeof(aside) / sizeof(aside[0])) {
+            c->st.l1_room_misses++;
+            break;
+        }
+        if (evict_one_l1(c, v) == SKIPPED) {
+            kvt__radix_lock(c->tree, v, +1);
+            aside[naside++] = v;
+            continue;
+        }
+        c->st.l1_evicted_pages++;
+    }
+    while (naside > 0) kvt__radix_lock(c->tree, aside[--naside], -1);
+}
+
+/* ---- create / destroy ------------------------------------------------------------ */
+
+int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg) {
+    if (out == NULL || cfg == NULL || cfg->size < sizeof(*cfg) || cfg->page_tokens == 0 ||
+        cfg->page_tokens > (1u << 20) || cfg->l1_pages == 0 || cfg->l1_pages > KVT_ALLOC_MAX_PAGES ||
+        cfg->l2_pages > KVT_ALLOC_MAX_PAGES || cfg->l1_lanes == 0 || cfg->l1_lanes > cfg->l1_pages ||
+        !(cfg->l1_free_room >= 0 && cfg->l1_free_room <= 0.5) || !(cfg->l2_free_room >= 0 && cfg->l2_free_room <= 0.5) ||
+        (unsigned)cfg->policy >= KVT_POLICY_COUNT_ || (unsigned)cfg->write_policy >= KVT_WRITE_POLICY_COUNT_ ||
+        cfg->write_through_hits == 0)
+        return KVT_EINVAL;
+    kvt_cache_t *c = KVT_NEW(kvt_cache_t);
+    if (c == NULL) return KVT_ENOMEM;
+    c->cfg = *cfg;
+    c->cfg.size = sizeof(c->cfg);
+    c->l1_free = cfg->l1_pages;
+    c->l2_free = cfg->l2_pages;
+    c->l1_target = (uint64_t)ceil(cfg->l1_free_room * (double)cfg->l1_pages);
+    c->l2_target = (uint64_t)ceil(cfg->l2_free_room * (double)cfg->l2_pages);
+    c->st.size = sizeof(c->st);
+    kvt__radix_config_t rc = {cfg->page_tokens, cfg->l1_pages, cfg->l2_pages, kvt__policy_score, c};
+    c->done_cap = DONE_CAP;
+    c->scratch_cap = 2 * (cfg->l1_pages > cfg->l2_pages ? cfg->l1_pages : cfg->l2_pages);
+    int err = kvt__radix_create(&c->tree, &rc);
+    if (err == KVT_OK) err = kvt_laneal_create(&c->l1, cfg->l1_pages, cfg->l1_lanes);
+    if (err == KVT_OK && cfg->l2_pages) err = kvt_extalloc_create(&c->l2, cfg->l2_pages);
+    if (err == KVT_OK) err = idbuf_init(&c->l1_back, cfg->l1_pages);
+    if (err == KVT_OK) err = idbuf_init(&c->l2_back, cfg->l2_pages);
+    if (err == KVT_OK && (c->done = kvt__malloc(c->done_cap * sizeof(kvt__op_t))) == NULL) err = KVT_ENOMEM;
+    if (err == KVT_OK && (c->scratch = kvt__malloc(c->scratch_cap * sizeof(uint32_t))) == NULL) err = KVT_ENOMEM;
+    if (err == KVT_OK && (c->l2_runs = kvt__malloc((cfg->l2_pages + 1) * sizeof(kvt_run_t))) == NULL) err = KVT_ENOMEM;
+    if (err != KVT_OK) {
+        kvt_cache_destroy(c);
+        return err;
+    }
+    *out = c;
+    return KVT_OK;
+}
+
+void kvt_cache_destroy(kvt_cache_t *c) {
+    if (c == NULL) return;
+    kvt__radix_destroy(c->tree);
+    kvt_laneal_destroy(c->l1);
+    kvt_extalloc_destroy(c->l2);
+    idbuf_fini(&c->l1_back);
+    idbuf_fini(&c->l2_back);
+    kvt__free(c->done, c->done_cap * sizeof(kvt__op_t));
+    kvt__free(c->scratch, c->scratch_cap * sizeof(uint32_t));
+    kvt__free(c->l2_runs, (c->cfg.l2_pages + 1) * sizeof(kvt_run_t));
+    KVT_DELETE(c);
+}
+
+kvt_radix_t *kvt_cache_tree(kvt_cache_t *c) { return c ? c->tree : NULL; }
+
+/* ---- admission --------------------------------------------------------------------- */
+
+/* Loads the matched pages that live only in L2 (they follow the L1 prefix
+ * along the path to m->node) into the L1 pages ids[0..). */
+static void load_path(kvt_cache_t *c, kvt_rnode_t *end, const uint32_t *ids) {
+    kvt_rnode_t *path[256], **p = path;
+    size_t depth = 0, cap = sizeof(path) / sizeof(path[0]);
+    for (kvt_rnode_t *x = end; x != kvt__radix_root(c->tree); x = x->parent) {
+        if (x->n_l1 == x->npages) break; /* all above are in L1 too */
+        if (depth == cap) { /* a very deep L2 continuation: grow */
+            kvt_rnode_t **q = kvt__malloc(2 * cap * sizeof(*q));
+            if (q == NULL) return; /* cannot happen in practice; loads are then skipped */
+            memcpy(q, p, depth * sizeof(*q));
+            if (p != path) kvt__free(p, cap * sizeof(*q));
+            p = q;
+            cap *= 2;
+        }
+        p[depth++] = x;
+    }
+    uint64_t j = 0;
+    while (depth > 0) {
+        kvt_rnode_t *x = p[--depth];
+        for (uint32_t i = x->n_l1; i < x->npages; i++) {
+            kvt__radix_begin_load(c->tree, x, i, ids[j]);
+            submit(c, OP_LOAD, ids[j], x->pages[i].l2);
+            c->st.loads++;
+            j++;
+        }
+    }
+    if (p != path) kvt__free(p, cap * sizeof(*p));
+}
+
+/* write_through_selective: back up the L1 pages of nodes on the path that
+ * have just reached the hit threshold. */
+static void selective_backups(kvt_cache_t *c, kvt_rnode_t *end) {
+    for (kvt_rnode_t *x = end; x != kvt__radix_root(c->tree); x = x->parent) {
+        if (x->hits != c->cfg.write_through_hits) continue;
+        for (uint32_t i = 0; i < x->n_l1; i++)
+            if (x->pages[i].l2 == KVT_NO_PAGE && !backup(c, x, i)) return;
+    }
+}
+
+int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
+                    uint32_t *l1_ids, kvt_cache_req_t *req) {
+    if (c == NULL || req == NULL || (tokens == NULL && ntokens > 0)) return KVT_EINVAL;
+    uint32_t pt = c->cfg.page_tokens;
+    uint64_t npages = ntokens / pt;
+    memset(req, 0, sizeof(*req));
+    kvt__match_t m;
+    int rc = kvt__radix_match(c->tree, ns, tokens, npages, c->clock + 1, &m);
+    if (rc != KVT_OK) return rc;
+    c->clock++;
+    for (kvt_rnode_t *x = m.node; x != kvt__radix_root(c->tree); x = x->parent) kvt__policy_on_hit(c, x);
+    kvt__radix_lock(c->tree, m.node, +1);
+
+    uint64_t cont = m.pages - m.l1_pages, fresh = npages - m.pages, need = cont + fresh;
+    if (need > 0) plan_l1(c, need);
+    if (flush(c) != KVT_OK) need = 0; /* no memory to return pages: take nothing new */
+    uint64_t room = need <= c->l1_free ? need : c->l1_free;
+    if (room < cont) room = 0; /* the L2 part loads whole or not at all */
+    if (room < need) c->st.l1_alloc_failures++;
+    uint32_t *ids = c->scratch;
+    if (room > 0 && kvt_laneal_reserve(c->l1, room, ids) != KVT_OK) {
+        c->st.l1_alloc_failures++;
+        room = 0;
+    }
+    c->l1_free -= room;
+    kvt_rnode_t *held = m.node;
+    if (room > 0) {
+        if (cont) load_path(c, m.node, ids);
+        kvt_cache_poll(c);
+        uint64_t ins = room - cont;
+        kvt_rnode_t *nn = NULL;
+        if (ins > 0) {
+            rc = kvt__radix_insert(c->tree, m.node, ns, tokens + m.pages * pt, ins, ids + cont, c->clock, priority, &nn);
+            if (rc != KVT_OK) { /* no memory for the node: the new pages go back */
+                for (uint64_t i = 0; i < ins; i++) give_back_l1(c, ids[cont + i]);
+                ins = 0;
+                c->st.l1_alloc_failures++;
+            } else {
+                kvt__radix_lock(c->tree, nn, +1);
+                kvt__radix_lock(c->tree, m.node, -1);
+                held = nn;
+                if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) {
+                    uint32_t *l2 = c->scratch + c->scratch_cap / 2;
+                    uint64_t got = take_l2(c, ins, l2);
+                    for (uint64_t i = 0; i < got; i++) {
+                        kvt__radix_begin_backup(c->tree, nn, (uint32_t)i, l2[i]);
+                        submit(c, OP_BACKUP, nn->pages[i].l1, l2[i]);
+                    }
+                    c->st.backups += got;
+                }
+            }
+        }
+        req->l2_hit_pages = cont;
+        req->new_pages = ins;
+        req->pages = m.pages + ins;
+    } else {
+        req->pages = m.l1_pages; /* what is usable: the L1 prefix */
+    }
+    if (c->cfg.write_policy == KVT_WRITE_THROUGH_SELECTIVE && c->l2) selective_backups(c, m.node);
+    kvt_cache_poll(c);
+    flush(c);
+
+    req->node = held;
+    req->l1_hit_pages = m.l1_pages;
+    req->uncached_pages = npages - req->pages;
+    if (l1_ids) { /* the request's first req->pages pages, root to leaf */
+        uint64_t j = 0;
+        for (kvt_rnode_t *x = held; x != kvt__radix_root(c->tree); x = x->parent) j += x->npages;
+        for (kvt_rnode_t *x = held; x != kvt__radix_root(c->tree); x = x->parent)
+            for (uint32_t i = x->npages; i-- > 0;)
+                if (--j < req->pages) l1_ids[j] = x->pages[i].l1;
+    }
+    c->held++;
+    c->st.requests++;
+    c->st.tokens += ntokens;
+    c->st.l1_hit_tokens += m.l1_pages * pt;
+    c->st.l2_hit_tokens += req->l2_hit_pages * pt;
+    return KVT_OK;
+}
+
+int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req) {
+    if (c == NULL || req == NULL || req->node == NULL || c->held == 0) return KVT_EINVAL;
+    kvt__radix_lock(c->tree, req->node, -1);
+    req->node = NULL;
+    c->held--;
+    return KVT_OK;
+}
+
+uint64_t kvt_cache_restore_room(kvt_cache_t *c) {
+    if (c == NULL) return 0;
+    uint64_t before = c->st.l1_evicted_pages + c->st.l2_evicted_pages;
+    if (c->l1_free < c->l1_target) plan_l1(c, 0);
+    if (c->l2 && c->l2_free < c->l2_target) plan_l2(c, 0);
+    kvt_cache_poll(c);
+    flush(c);
+    return c->st.l1_evicted_pages + c->st.l2_evicted_pages - before;
+}
+
+/* ---- stats and check ------------------------------------------------------------------ */
+
+int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st) {
+    if (c == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+    *st = c->st;
+    st->size = sizeof(*st);
+    st->l1_free = c->l1_free;
+    st->l2_free = c->l2_free;
+    st->l1_target = c->l1_target;
+    st->l2_target = c->l2_target;
+    return KVT_OK;
+}
+
+int kvt_cache_check(kvt_cache_t *c, const char **why) {
+    const char *dummy;
+    if (why == NULL) why = &dummy;
+    *why = NULL;
+    if (c == NULL) return KVT_EINVAL;
+    int rc = kvt_radix_check(c->tree, why);
+    if (rc != KVT_OK) return rc;
+    kvt_radix_stats_t rs = {.size = sizeof(rs)};
+    kvt_radix_stats(c->tree, &rs);
+    kvt_laneal_stats_t ls = {.size = sizeof(ls)};
+    kvt_laneal_stats(c->l1, &ls);
+    if (kvt_laneal_check(c->l1) != KVT_OK) return *why = "L1 allocator check failed", KVT_ECORRUPT;
+    /* every L1 id the tree holds is reserved, and nothing else is */
+    uint64_t l1_held = 0, l2_held = 0;
+    kvt_rnode_t *n;
+    uint32_t idx;
+    for (uint32_t id = 0; id < c->cfg.l1_pages; id++) l1_held += kvt__radix_locate_l1(c->tree, id, &n, &idx);
+    for (uint32_t id = 0; id < c->cfg.l2_pages; id++) l2_held += kvt__radix_locate_l2(c->tree, id, &n, &idx);
+    if (ls.free_pages + c->l1_back.n + l1_held != c->cfg.l1_pages) return *why = "L1 pages leaked or double-held", KVT_ECORRUPT;
+    if (ls.free_pages + c->l1_back.n != c->l1_free) return *why = "L1 free count differs", KVT_ECORRUPT;
+    for (size_t i = 0; i < c->l1_back.n; i++)
+        if (kvt__radix_locate_l1(c->tree, c->l1_back.id[i], &n, &idx)) return *why = "a freed L1 page is in the tree", KVT_ECORRUPT;
+    if (c->l2) {
+        kvt_extalloc_stats_t es = {.size = sizeof(es)};
+        kvt_extalloc_stats(c->l2, &es);
+        if (kvt_extalloc_check(c->l2) != KVT_OK) return *why = "L2 allocator check failed", KVT_ECORRUPT;
+        if (es.free_pages + c->l2_back.n + l2_held != c->cfg.l2_pages) return *why = "L2 pages leaked or double-held", KVT_ECORRUPT;
+        if (es.free_pages + c->l2_back.n != c->l2_free) return *why = "L2 free count differs", KVT_ECORRUPT;
+        for (uint32_t id = 0; id < c->cfg.l2_pages; id++)
+            if (kvt__radix_locate_l2(c->tree, id, &n, &idx) && kvt_extalloc_is_free(c->l2, id))
+                return *why = "an L2 page in the tree is free in its allocator", KVT_ECORRUPT;
+    } else if (l2_held) {
+        return *why = "L2 pages without an L2 tier", KVT_ECORRUPT;
+    }
+    if (rs.locked_nodes > 0 && c->held == 0) return *why = "nodes locked with no request held", KVT_ECORRUPT;
+    uint64_t prot = 0;
+    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x))
+        if (x->policy_set) prot += x->npages;
+    if (prot != c->slru_pages) return *why = "SLRU protected page count differs", KVT_ECORRUPT;
+    return KVT_OK;
+}

@@ -1,0 +1,67 @@
+/* Private to the radix module: the tree struct, the child map and the victim
+ * heaps, shared by radix.c, childmap.c, vset.c and check.c. */
+#ifndef KVTIER_RADIX_IMPL_H
+#define KVTIER_RADIX_IMPL_H
+
+#include <stddef.h>
+
+#include "radix-int.h"
+
+/* Child map: (parent, namespace, first page) -> child, open addressing with
+ * linear probing and backward-shift deletion. */
+typedef struct kvt__cm_entry {
+    uint64_t h;
+    kvt_rnode_t *node; /* NULL: empty slot */
+} kvt__cm_entry_t;
+
+typedef struct kvt__childmap {
+    kvt__cm_entry_t *e;
+    size_t cap, n; /* cap is a power of two, or 0 */
+} kvt__childmap_t;
+
+typedef struct kvt__vheap {
+    kvt_rnode_t **a;
+    size_t n, cap;
+} kvt__vheap_t;
+
+typedef struct kvt__pageref {
+    kvt_rnode_t *node; /* NULL: the page id is not in the tree */
+    uint32_t idx;
+} kvt__pageref_t;
+
+struct kvt_radix {
+    uint32_t page_tokens;
+    kvt_rnode_t root;
+    uint64_t next_seq;
+    uint64_t nodes, splits;
+    int64_t bytes; /* everything the tree allocated */
+    kvt__childmap_t cm;
+    kvt__vheap_t heap[KVT_VSET_COUNT];
+    kvt__pageref_t *l1map, *l2map;
+    uint64_t l1_pages, l2_pages;
+    kvt__score_fn score;
+    void *score_ctx;
+};
+
+/* Memory through the hook, counted in r->bytes. */
+void *kvt__radix_alloc(kvt_radix_t *r, size_t size);
+void kvt__radix_free(kvt_radix_t *r, void *p, size_t size);
+
+uint64_t kvt__cm_hash(const kvt_rnode_t *parent, uint32_t ns, uint64_t digest);
+int kvt__cm_reserve(kvt_radix_t *r, size_t extra); /* room for `extra` more entries */
+void kvt__cm_insert(kvt_radix_t *r, uint64_t h, kvt_rnode_t *node);
+kvt_rnode_t *kvt__cm_find(const kvt_radix_t *r, uint64_t h, const kvt_rnode_t *parent, uint32_t ns,
+                          const int32_t *page);
+void kvt__cm_replace(kvt_radix_t *r, uint64_t h, kvt_rnode_t *old, kvt_rnode_t *node);
+void kvt__cm_remove(kvt_radix_t *r, uint64_t h, kvt_rnode_t *node);
+void kvt__cm_fini(kvt_radix_t *r);
+
+int kvt__vheap_reserve(kvt_radix_t *r, size_t n); /* every heap can hold n nodes */
+void kvt__vheap_refresh(kvt_radix_t *r, kvt_rnode_t *n); /* membership and position in every set */
+void kvt__vheap_remove_all(kvt_radix_t *r, kvt_rnode_t *n);
+bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set);
+bool kvt__vset_member(const kvt_rnode_t *n, kvt__vset_t set); /* eligible, or marked for POLICY */
+bool kvt__vheap_less(const kvt_rnode_t *a, const kvt_rnode_t *b, kvt__vset_t set);
+void kvt__vheap_fini(kvt_radix_t *r);
+
+#endif

@@ -1,0 +1,122 @@
+/* The radix prefix tree, as the cache module sees it: node layout and the
+ * mechanism operations. Policy (which victim, when to back up) lives in the
+ * cache; the tree only keeps its invariants, its victim sets and their order
+ * by a score the cache supplies. See radix.c for the structure. */
+#ifndef KVTIER_RADIX_INT_H
+#define KVTIER_RADIX_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvtier/radix.h"
+
+/* Victim sets kept incrementally, each a min-heap by (score, seq). */
+typedef enum kvt__vset {
+    KVT_VSET_L1 = 0,     /* nodes whose tail L1 page may leave L1 */
+    KVT_VSET_L2_HOST,    /* leaves whose tail page lives only in L2 */
+    KVT_VSET_L2_SHADOW,  /* nodes holding L2 copies of pages still in L1 */
+    KVT_VSET_POLICY,     /* nodes the policy marked (policy_set), for its own use */
+    KVT_VSET_COUNT
+} kvt__vset_t;
+
+struct kvt_rnode {
+    kvt_rnode_t *parent;
+    kvt_rnode_t *first_child, *next_sibling, *prev_sibling;
+    int32_t *tokens;          /* npages * page_tokens */
+    kvt_page_t *pages;        /* npages */
+    kvt_hash128_t *hash;      /* lazily computed page hashes, [0, nhash) valid */
+    uint32_t npages, cap;     /* pages, and pages the arrays have room for */
+    uint32_t n_l1;            /* leading pages resident in L1 (complete) */
+    uint32_t n_shadow;        /* pages in [0, n_l1) with a valid L2 copy */
+    uint32_t nchildren;
+    uint32_t l1_children;     /* children with n_l1 > 0 */
+    uint32_t lock;            /* requests holding this node or a descendant */
+    uint32_t pin;             /* pages whose L2 copy is pinned by a load in flight */
+    uint32_t ns;
+    uint32_t nhash;
+    int32_t priority;
+    uint32_t flags_;          /* internal */
+    uint64_t digest;          /* XXH3-64 of the first page's tokens */
+    uint64_t hits;            /* requests that matched this node */
+    uint64_t last_access;     /* logical clock of the last match or insert */
+    uint64_t created;         /* logical clock at creation */
+    uint64_t seq;             /* unique creation number: the deterministic tie-break */
+    int32_t heap_pos[KVT_VSET_COUNT];
+    uint64_t score[KVT_VSET_COUNT];
+    uint64_t policy[2];       /* owned by the cache's policy; copied to the head on a split */
+    uint8_t policy_set;       /* set by the policy: the node belongs to KVT_VSET_POLICY */
+};
+
+/* Scores a node for a victim set (lower = evicted first). Called whenever a
+ * node joins a set or its state changes. */
+typedef uint64_t (*kvt__score_fn)(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
+
+typedef struct kvt__radix_config {
+    uint32_t page_tokens;
+    uint64_t l1_pages, l2_pages; /* sizes of the page id spaces (reverse maps) */
+    kvt__score_fn score;
+    void *score_ctx;
+} kvt__radix_config_t;
+
+int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg);
+void kvt__radix_destroy(kvt_radix_t *r);
+kvt_rnode_t *kvt__radix_root(kvt_radix_t *r);
+
+typedef struct kvt__match {
+    kvt_rnode_t *node;    /* deepest node of the match (the root when nothing matched) */
+    uint64_t pages;       /* matched pages */
+    uint64_t l1_pages;    /* leading matched pages resident in L1 */
+} kvt__match_t;
+
+/* Walks the longest cached prefix of npages pages of tokens in namespace ns,
+ * splitting the last node if the match ends inside it so that the match ends
+ * on a node boundary. With clock != 0, every matched node counts a hit and
+ * takes clock as its last access. KVT_ENOMEM (a split could not be made)
+ * changes nothing. */
+int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_t npages, uint64_t clock,
+                     kvt__match_t *m);
+
+/* Adds npages new pages below `at` (a match end whose pages are all in L1, or
+ * the root), resident in L1 at l1_ids. *out is the new node. KVT_EINVAL when
+ * `at` is not fully in L1 or already has a child with that first page;
+ * KVT_ENOMEM. Nothing changed on failure. */
+int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
+                      const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out);
+
+/* Adds delta (+1 or -1) to the lock count of node and its ancestors. */
+void kvt__radix_lock(kvt_radix_t *r, kvt_rnode_t *node, int delta);
+
+/* Page state changes. idx is a page index in node. Each keeps the counters,
+ * the reverse maps and the victim sets current. */
+uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n);           /* tail L1 page leaves L1; its id */
+kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n);            /* tail page leaves the tree (n has
+                                                                            no children); frees n if empty */
+uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx); /* the page's L2 copy goes */
+void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2);
+void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok); /* !ok: l2 dropped */
+void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1);
+void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok);    /* !ok: l1 dropped */
+
+/* Re-reads the node's score and policy_set (after the cache changed its
+ * policy data). */
+void kvt__radix_rescore(kvt_radix_t *r, kvt_rnode_t *n);
+/* The node with the lowest score in a set, or NULL. */
+kvt_rnode_t *kvt__radix_victim(const kvt_radix_t *r, kvt__vset_t set);
+uint64_t kvt__radix_vset_size(const kvt_radix_t *r, kvt__vset_t set);
+
+/* Pre-order walk: the first node (NULL for an empty tree), then the next. */
+kvt_rnode_t *kvt__radix_first(kvt_radix_t *r);
+kvt_rnode_t *kvt__radix_next(kvt_radix_t *r, kvt_rnode_t *n);
+
+/* Where L1 page / L2 page `id` sits in the tree; false when it is in none. */
+bool kvt__radix_locate_l1(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx);
+bool kvt__radix_locate_l2(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx);
+
+static inline bool kvt__page_in_l1(const kvt_page_t *p) {
+    return p->l1 != KVT_NO_PAGE && !(p->flags & KVT_PAGE_H2D);
+}
+static inline bool kvt__page_in_l2(const kvt_page_t *p) {
+    return p->l2 != KVT_NO_PAGE && !(p->flags & KVT_PAGE_D2H);
+}
+
+#endif

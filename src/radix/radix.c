@@ -1,0 +1,523 @@
+/* The page-granular radix prefix tree.
+ *
+ * A node holds an edge of whole pages: npages * page_tokens token ids, and for
+ * each page its state (L1 page, L2 page, in-flight flags). Children hang off
+ * a node by their first page; a child map (childmap.c) finds a child from
+ * (parent, namespace, first page) in O(1) expected. The root holds no pages.
+ *
+ * Splitting. A match that ends inside a node splits it at that page boundary,
+ * so that every node's pages share one history (hits, last access, locks):
+ *
+ *   before:  (root) --[A B C D E]--> ...         match of A B C
+ *   after:   (root) --[A B C]--> (H) --[D E]--> ...
+ *
+ * The head H is a new node that takes the first pages, their states and
+ * hashes, and the node's place under its parent; the old node keeps the tail,
+ * its children and its identity. Per-page state moves with its page, so a
+ * page's state does not depend on how often its node was split.
+ *
+ * Residency. Along every path, the pages resident in L1 come first and the
+ * pages that live only in L2 ("host-only") after them; pages in neither are
+ * not in the tree. Within a node: pages [0, n_l1) are in L1 (each may also
+ * have an L2 copy: a "shadow"), pages [n_l1, npages) only in L2. A page moving
+ * L1 -> L2 at the L1 frontier:
+ *
+ *   [A B C | D]  n_l1 = 3     drop L1 of C (it has an L2 copy)
+ *   [A B | C D]  n_l1 = 2     C is now host-only; a later match loads it back
+ *
+ * Invariants (kvt_radix_check): n_l1, n_shadow, pin, nchildren and
+ * l1_children equal what the pages and children say; residency is as above;
+ * a child holds L1 pages only if its parent's pages are all in L1; lock counts
+ * are at least the sum of the children's; the child map holds exactly the
+ * tree's edges; the reverse maps give back every page's (node, index); every
+ * eligible node is in its victim heap, at a valid heap position.
+ *
+ * Cost: a match is O(pages matched) token comparisons plus one child-map
+ * lookup per node; insert O(pages inserted); a split O(pages of the split
+ * node); lock/unlock O(depth in nodes); every page-state change O(log n) for
+ * the victim heaps.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#include "kvtier/error.h"
+#include "radix-impl.h"
+#include "../core/mem-int.h"
+
+#if KVT_CHECK_LEVEL >= 1
+#include <assert.h>
+#define KVT_ASSERT(x) assert(x)
+#else
+#define KVT_ASSERT(x) ((void)0)
+#endif
+
+void *kvt__radix_alloc(kvt_radix_t *r, size_t size) {
+    void *p = kvt__malloc(size);
+    if (p) r->bytes += (int64_t)size;
+    return p;
+}
+
+void kvt__radix_free(kvt_radix_t *r, void *p, size_t size) {
+    if (p == NULL) return;
+    r->bytes -= (int64_t)size;
+    kvt__free(p, size);
+}
+
+kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_t *tokens, uint32_t page_tokens) {
+    _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "hash input is hashed as little-endian memory");
+    XXH3_state_t st;
+    uint8_t head[20];
+    kvt_hash128_t zero = {0, 0}, p = prev ? *prev : zero;
+    memcpy(head, &p.lo, 8);
+    memcpy(head + 8, &p.hi, 8);
+    memcpy(head + 16, &ns, 4);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, head, sizeof(head));
+    XXH3_128bits_update(&st, tokens, (size_t)page_tokens * sizeof(int32_t));
+    XXH128_hash_t h = XXH3_128bits_digest(&st);
+    return (kvt_hash128_t){h.low64, h.high64};
+}
+
+static uint64_t page_digest(const kvt_radix_t *r, const int32_t *page) {
+    return XXH3_64bits(page, r->page_tokens * sizeof(int32_t));
+}
+
+/* ---- nodes ---------------------------------------------------------------- */
+
+/* A node with room for cap pages, or NULL. Reserves its place in the heaps. */
+static kvt_rnode_t *node_new(kvt_radix_t *r, uint32_t cap) {
+    if (kvt__vheap_reserve(r, r->nodes + 1) != KVT_OK) return NULL;
+    kvt_rnode_t *n = kvt__radix_alloc(r, sizeof(*n));
+    if (n == NULL) return NULL;
+    memset(n, 0, sizeof(*n));
+    n->tokens = kvt__radix_alloc(r, (size_t)cap * r->page_tokens * sizeof(int32_t));
+    n->pages = kvt__radix_alloc(r, (size_t)cap * sizeof(kvt_page_t));
+    if (n->tokens == NULL || n->pages == NULL) {
+        kvt__radix_free(r, n->tokens, (size_t)cap * r->page_tokens * sizeof(int32_t));
+        kvt__radix_free(r, n->pages, (size_t)cap * sizeof(kvt_page_t));
+        kvt__radix_free(r, n, sizeof(*n));
+        return NULL;
+    }
+    n->cap = cap;
+    for (int s = 0; s < KVT_VSET_COUNT; s++) n->heap_pos[s] = -1;
+    return n;
+}
+
+static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
+    kvt__radix_free(r, n->tokens, (size_t)n->cap * r->page_tokens * sizeof(int32_t));
+    kvt__radix_free(r, n->pages, (size_t)n->cap * sizeof(kvt_page_t));
+    kvt__radix_free(r, n->hash, (size_t)n->cap * sizeof(kvt_hash128_t));
+    kvt__radix_free(r, n, sizeof(*n));
+}
+
+static void link_child(kvt_rnode_t *parent, kvt_rnode_t *c) {
+    c->parent = parent;
+    c->prev_sibling = NULL;
+    c->next_sibling = parent->first_child;
+    if (parent->first_child) parent->first_child->prev_sibling = c;
+    parent->first_child = c;
+    parent->nchildren++;
+}
+
+static void unlink_child(kvt_rnode_t *c) {
+    kvt_rnode_t *p = c->parent;
+    if (c->prev_sibling) c->prev_sibling->next_sibling = c->next_sibling;
+    else p->first_child = c->next_sibling;
+    if (c->next_sibling) c->next_sibling->prev_sibling = c->prev_sibling;
+    c->prev_sibling = c->next_sibling = NULL;
+    p->nchildren--;
+}
+
+static void map_page(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
+    const kvt_page_t *p = &n->pages[idx];
+    if (p->l1 != KVT_NO_PAGE) r->l1map[p->l1] = (kvt__pageref_t){n, idx};
+    if (p->l2 != KVT_NO_PAGE) r->l2map[p->l2] = (kvt__pageref_t){n, idx};
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg) {
+    if (out == NULL || cfg == NULL || cfg->page_tokens == 0 || cfg->score == NULL || cfg->l1_pages == 0 ||
+        cfg->l1_pages > UINT32_MAX || cfg->l2_pages > UINT32_MAX)
+        return KVT_EINVAL;
+    kvt_radix_t *r = KVT_NEW(kvt_radix_t);
+    if (r == NULL) return KVT_ENOMEM;
+    r->bytes = sizeof(*r);
+    r->page_tokens = cfg->page_tokens;
+    r->l1_pages = cfg->l1_pages;
+    r->l2_pages = cfg->l2_pages;
+    r->score = cfg->score;
+    r->score_ctx = cfg->score_ctx;
+    r->next_seq = 1; /* the root is seq 0 */
+    for (int s = 0; s < KVT_VSET_COUNT; s++) r->root.heap_pos[s] = -1;
+    r->l1map = kvt__radix_alloc(r, r->l1_pages * sizeof(kvt__pageref_t));
+    r->l2map = kvt__radix_alloc(r, (r->l2_pages ? r->l2_pages : 1) * sizeof(kvt__pageref_t));
+    if (r->l1map == NULL || r->l2map == NULL || kvt__cm_reserve(r, 1) != KVT_OK) {
+        kvt__radix_destroy(r);
+        return KVT_ENOMEM;
+    }
+    memset(r->l1map, 0, r->l1_pages * sizeof(kvt__pageref_t));
+    memset(r->l2map, 0, (r->l2_pages ? r->l2_pages : 1) * sizeof(kvt__pageref_t));
+    *out = r;
+    return KVT_OK;
+}
+
+void kvt__radix_destroy(kvt_radix_t *r) {
+    if (r == NULL) return;
+    /* free every node, iteratively, children first */
+    kvt_rnode_t *n = r->root.first_child;
+    while (n) {
+        if (n->first_child) {
+            n = n->first_child;
+            continue;
+        }
+        kvt_rnode_t *p = n->parent;
+        unlink_child(n);
+        node_free(r, n);
+        n = p == &r->root ? r->root.first_child : p;
+    }
+    kvt__cm_fini(r);
+    kvt__vheap_fini(r);
+    kvt__radix_free(r, r->l1map, r->l1_pages * sizeof(kvt__pageref_t));
+    kvt__radix_free(r, r->l2map, (r->l2_pages ? r->l2_pages : 1) * sizeof(kvt__pageref_t));
+    KVT_DELETE(r);
+}
+
+kvt_rnode_t *kvt__radix_root(kvt_radix_t *r) { return &r->root; }
+
+/* ---- split ----------------------------------------------------------------- */
+
+/* Splits c after its first k pages (0 < k < npages); *head is the new node. */
+static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head) {
+    uint32_t pt = r->page_tokens, tail = c->npages - k;
+    if (kvt__cm_reserve(r, 1) != KVT_OK) return KVT_ENOMEM;
+    kvt_rnode_t *h = node_new(r, k);
+    if (h == NULL) return KVT_ENOMEM;
+    uint32_t hk = c->nhash < k ? c->nhash : k;
+    if (hk > 0) {
+        h->hash = kvt__radix_alloc(r, (size_t)k * sizeof(kvt_hash128_t));
+        if (h->hash == NULL) {
+            node_free(r, h);
+            return KVT_ENOMEM;
+        }
+        memcpy(h->hash, c->hash, hk * sizeof(kvt_hash128_t));
+    }
+    /* the head: first k pages */
+    memcpy(h->tokens, c->tokens, (size_t)k * pt * sizeof(int32_t));
+    memcpy(h->pages, c->pages, k * sizeof(kvt_page_t));
+    h->npages = k;
+    h->nhash = hk;
+    h->n_l1 = c->n_l1 < k ? c->n_l1 : k;
+    for (uint32_t i = 0; i < k; i++) {
+        if (i < h->n_l1 && kvt__page_in_l2(&h->pages[i])) h->n_shadow++;
+        if (h->pages[i].flags & KVT_PAGE_H2D) h->pin++;
+    }
+    h->ns = c->ns;
+    h->lock = c->lock;
+    h->priority = c->priority;
+    h->hits = c->hits;
+    h->last_access = c->last_access;
+    h->created = c->created;
+    h->policy[0] = c->policy[0];
+    h->policy[1] = c->policy[1];
+    h->policy_set = c->policy_set;
+    h->digest = c->digest;
+    h->seq = r->next_seq++;
+    /* the tail stays in c */
+    memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
+    memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
+    if (c->nhash > k) memmove(c->hash, c->hash + k, (c->nhash - k) * sizeof(kvt_hash128_t));
+    c->nhash = c->nhash > k ? c->nhash - k : 0;
+    c->npages = tail;
+    c->n_l1 = c->n_l1 > k ? c->n_l1 - k : 0;
+    c->n_shadow -= h->n_shadow;
+    c->pin -= h->pin;
+    uint64_t old_h = kvt__cm_hash(c->parent, c->ns, c->digest);
+    c->digest = page_digest(r, c->tokens);
+    /* relink: parent -> h -> c */
+    kvt_rnode_t *p = c->parent;
+    unlink_child(c);
+    link_child(p, h);
+    link_child(h, c);
+    h->l1_children = c->n_l1 > 0;
+    kvt__cm_replace(r, old_h, c, h);
+    kvt__cm_insert(r, kvt__cm_hash(h, c->ns, c->digest), c);
+    for (uint32_t i = 0; i < h->npages; i++) map_page(r, h, i);
+    for (uint32_t i = 0; i < c->npages; i++) map_page(r, c, i);
+    r->nodes++;
+    r->splits++;
+    kvt__vheap_refresh(r, h);
+    kvt__vheap_refresh(r, c);
+    *head = h;
+    return KVT_OK;
+}
+
+/* ---- match ----------------------------------------------------------------- */
+
+int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_t npages, uint64_t clock,
+                     kvt__match_t *m) {
+    uint32_t pt = r->page_tokens;
+    size_t pbytes = pt * sizeof(int32_t);
+    kvt_rnode_t *n = &r->root;
+    uint64_t done = 0;
+    while (done < npages) {
+        const int32_t *page = tokens + done * pt;
+        kvt_rnode_t *c = kvt__cm_find(r, kvt__cm_hash(n, ns, page_digest(r, page)), n, ns, page);
+        if (c == NULL) break;
+        uint32_t k = 1;
+        while (k < c->npages && done + k < npages && memcmp(c->tokens + (size_t)k * pt, page + (size_t)k * pt, pbytes) == 0)
+            k++;
+        if (k < c->npages) {
+            int rc = split(r, c, k, &c);
+            if (rc != KVT_OK) return rc;
+        }
+        n = c;
+        done += k;
+    }
+    m->node = n;
+    m->pages = done;
+    m->l1_pages = 0;
+    for (kvt_rnode_t *x = n; x != &r->root; x = x->parent) {
+        m->l1_pages += x->n_l1; /* residency is prefix-closed: the sum is the L1 prefix */
+        if (clock) {
+            x->hits++;
+            x->last_access = clock;
+            kvt__vheap_refresh(r, x);
+        }
+    }
+    return KVT_OK;
+}
+
+/* ---- insert ---------------------------------------------------------------- */
+
+int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
+                      const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
+    if (npages == 0 || npages > UINT32_MAX || (at != &r->root && (at->n_l1 != at->npages || at->ns != ns)))
+        return KVT_EINVAL;
+    uint64_t h = kvt__cm_hash(at, ns, page_digest(r, tokens));
+    if (kvt__cm_find(r, h, at, ns, tokens)) return KVT_EEXIST;
+    if (kvt__cm_reserve(r, 1) != KVT_OK) return KVT_ENOMEM;
+    kvt_rnode_t *n = node_new(r, (uint32_t)npages);
+    if (n == NULL) return KVT_ENOMEM;
+    memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
+    for (uint32_t i = 0; i < npages; i++) {
+        KVT_ASSERT(l1_ids[i] < r->l1_pages && r->l1map[l1_ids[i]].node == NULL);
+        n->pages[i] = (kvt_page_t){l1_ids[i], KVT_NO_PAGE, 0};
+    }
+    n->npages = n->n_l1 = (uint32_t)npages;
+    n->ns = ns;
+    n->priority = priority;
+    n->last_access = n->created = clock;
+    n->digest = page_digest(r, tokens);
+    n->seq = r->next_seq++;
+    link_child(at, n);
+    at->l1_children++;
+    kvt__cm_insert(r, h, n);
+    for (uint32_t i = 0; i < n->npages; i++) map_page(r, n, i);
+    r->nodes++;
+    kvt__vheap_refresh(r, n);
+    kvt__vheap_refresh(r, at);
+    *out = n;
+    return KVT_OK;
+}
+
+/* ---- locks ----------------------------------------------------------------- */
+
+void kvt__radix_lock(kvt_radix_t *r, kvt_rnode_t *node, int delta) {
+    for (kvt_rnode_t *x = node; x != &r->root; x = x->parent) {
+        KVT_ASSERT(delta > 0 || x->lock > 0);
+        x->lock += (uint32_t)delta;
+        if (x->lock == 0 || (delta > 0 && x->lock == 1)) kvt__vheap_refresh(r, x);
+    }
+}
+
+/* ---- page states ------------------------------------------------------------ */
+
+/* n's first L1 page count changed from or to 0: its parent's l1_children. */
+static void l1_edge(kvt_radix_t *r, kvt_rnode_t *n, uint32_t before) {
+    if ((before == 0) == (n->n_l1 == 0)) return;
+    if (n->n_l1 == 0) n->parent->l1_children--;
+    else n->parent->l1_children++;
+    kvt__vheap_refresh(r, n->parent);
+}
+
+uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
+    KVT_ASSERT(n->n_l1 > 0 && !(n->pages[n->n_l1 - 1].flags & KVT_PAGE_D2H));
+    kvt_page_t *p = &n->pages[n->n_l1 - 1];
+    uint32_t id = p->l1;
+    r->l1map[id].node = NULL;
+    p->l1 = KVT_NO_PAGE;
+    if (kvt__page_in_l2(p)) n->n_shadow--;
+    n->n_l1--;
+    l1_edge(r, n, n->n_l1 + 1);
+    kvt__vheap_refresh(r, n);
+    return id;
+}
+
+kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
+    KVT_ASSERT(n->nchildren == 0 && n->npages > 0 && !(n->pages[n->npages - 1].flags & (KVT_PAGE_D2H | KVT_PAGE_H2D)));
+    uint32_t idx = n->npages - 1;
+    kvt_page_t pg = n->pages[idx];
+    if (pg.l1 != KVT_NO_PAGE) r->l1map[pg.l1].node = NULL;
+    if (pg.l2 != KVT_NO_PAGE) r->l2map[pg.l2].node = NULL;
+    if (idx < n->n_l1) {
+        if (kvt__page_in_l2(&pg)) n->n_shadow--;
+        n->n_l1--;
+        l1_edge(r, n, n->n_l1 + 1);
+    }
+    n->npages--;
+    if (n->nhash > n->npages) n->nhash = n->npages;
+    if (n->npages > 0) {
+        kvt__vheap_refresh(r, n);
+        return pg;
+    }
+    kvt_rnode_t *parent = n->parent;
+    kvt__vheap_remove_all(r, n);
+    kvt__cm_remove(r, kvt__cm_hash(parent, n->ns, n->digest), n);
+    unlink_child(n);
+    node_free(r, n);
+    r->nodes--;
+    kvt__vheap_refresh(r, parent);
+    return pg;
+}
+
+uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(idx < n->n_l1 && kvt__page_in_l2(p));
+    uint32_t id = p->l2;
+    r->l2map[id].node = NULL;
+    p->l2 = KVT_NO_PAGE;
+    n->n_shadow--;
+    kvt__vheap_refresh(r, n);
+    return id;
+}
+
+void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(idx < n->n_l1 && p->l2 == KVT_NO_PAGE && l2 < r->l2_pages);
+    p->l2 = l2;
+    p->flags |= KVT_PAGE_D2H;
+    r->l2map[l2] = (kvt__pageref_t){n, idx};
+    kvt__vheap_refresh(r, n);
+}
+
+void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(p->flags & KVT_PAGE_D2H);
+    p->flags &= ~(uint32_t)KVT_PAGE_D2H;
+    if (ok) {
+        n->n_shadow++; /* a page being backed up stays in L1 until the backup ends */
+    } else {
+        r->l2map[p->l2].node = NULL;
+        p->l2 = KVT_NO_PAGE;
+    }
+    kvt__vheap_refresh(r, n);
+}
+
+void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(idx >= n->n_l1 && kvt__page_in_l2(p) && p->l1 == KVT_NO_PAGE && l1 < r->l1_pages);
+    p->l1 = l1;
+    p->flags |= KVT_PAGE_H2D;
+    n->pin++;
+    r->l1map[l1] = (kvt__pageref_t){n, idx};
+    kvt__vheap_refresh(r, n);
+}
+
+/* Extends n's L1 prefix over pages whose loads have ended, if its parent is
+ * all in L1; then its children's, and so on down. */
+static void advance_l1(kvt_radix_t *r, kvt_rnode_t *n) {
+    if (n->parent != &r->root && n->parent->n_l1 < n->parent->npages) return;
+    uint32_t before = n->n_l1;
+    while (n->n_l1 < n->npages && kvt__page_in_l1(&n->pages[n->n_l1])) {
+        if (kvt__page_in_l2(&n->pages[n->n_l1])) n->n_shadow++;
+        n->n_l1++;
+    }
+    if (n->n_l1 == before) return;
+    l1_edge(r, n, before);
+    kvt__vheap_refresh(r, n);
+    if (n->n_l1 == n->npages)
+        for (kvt_rnode_t *c = n->first_child; c; c = c->next_sibling) advance_l1(r, c);
+}
+
+void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(p->flags & KVT_PAGE_H2D);
+    p->flags &= ~(uint32_t)KVT_PAGE_H2D;
+    n->pin--;
+    if (!ok) {
+        r->l1map[p->l1].node = NULL;
+        p->l1 = KVT_NO_PAGE;
+    }
+    advance_l1(r, n);
+    kvt__vheap_refresh(r, n);
+}
+
+void kvt__radix_rescore(kvt_radix_t *r, kvt_rnode_t *n) { kvt__vheap_refresh(r, n); }
+
+kvt_rnode_t *kvt__radix_first(kvt_radix_t *r) { return r->root.first_child; }
+
+kvt_rnode_t *kvt__radix_next(kvt_radix_t *r, kvt_rnode_t *n) {
+    if (n->first_child) return n->first_child;
+    while (n != &r->root && n->next_sibling == NULL) n = n->parent;
+    return n == &r->root ? NULL : n->next_sibling;
+}
+
+bool kvt__radix_locate_l1(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx) {
+    if (id >= r->l1_pages || r->l1map[id].node == NULL) return false;
+    *n = r->l1map[id].node;
+    *idx = r->l1map[id].idx;
+    return true;
+}
+
+bool kvt__radix_locate_l2(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx) {
+    if (id >= r->l2_pages || r->l2map[id].node == NULL) return false;
+    *n = r->l2map[id].node;
+    *idx = r->l2map[id].idx;
+    return true;
+}
+
+/* ---- page hashes ------------------------------------------------------------ */
+
+/* Hashes of n's pages up to and including `upto`. */
+static int ensure_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t upto) {
+    /* Ancestors first: find the highest node on the path whose hashes are
+     * incomplete, then walk down. */
+    kvt_rnode_t *chain[64];
+    size_t depth = 0;
+    for (kvt_rnode_t *x = n; x != &r->root && (x == n ? x->nhash <= upto : x->nhash < x->npages); x = x->parent) {
+        if (depth == sizeof(chain) / sizeof(chain[0])) { /* very deep: finish the upper part first */
+            int rc = ensure_hash(r, x, x->npages - 1);
+            if (rc != KVT_OK) return rc;
+            break;
+        }
+        chain[depth++] = x;
+    }
+    while (depth > 0) {
+        kvt_rnode_t *x = chain[--depth];
+        uint32_t last = x == n ? upto : x->npages - 1;
+        if (x->hash == NULL) {
+            x->hash = kvt__radix_alloc(r, (size_t)x->cap * sizeof(kvt_hash128_t));
+            if (x->hash == NULL) return KVT_ENOMEM;
+        }
+        kvt_hash128_t prev = {0, 0};
+        if (x->nhash > 0) prev = x->hash[x->nhash - 1];
+        else if (x->parent != &r->root) prev = x->parent->hash[x->parent->npages - 1];
+        for (uint32_t i = x->nhash; i <= last; i++) {
+            x->hash[i] = kvt_page_hash(&prev, x->ns, x->tokens + (size_t)i * r->page_tokens, r->page_tokens);
+            prev = x->hash[i];
+        }
+        x->nhash = last + 1;
+    }
+    return KVT_OK;
+}
+
+int kvt_radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out) {
+    if (r == NULL || n == NULL || out == NULL || n == &r->root || idx >= n->npages) return KVT_EINVAL;
+    int rc = ensure_hash(r, n, idx);
+    if (rc == KVT_OK) *out = n->hash[idx];
+    return rc;
+}

@@ -1,0 +1,361 @@
+/* kvtier replay — replays a request trace through the cache and reports what
+ * each tier would have served. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "kvtier/alloc.h"
+#include "kvtier/cache.h"
+#include "kvtier/error.h"
+#include "kvtier/model.h"
+#include "kvtier/radix.h"
+#include "trace.h"
+
+#define UNBOUNDED 0 /* --l1-pages unbounded: room for every page of the trace */
+#define MAX_SWEEP 32
+
+typedef struct opts {
+    uint64_t page_tokens, l1_pages, l2_pages, bytes_per_token, limit, write_hits, requests, seed, check_every;
+    double l1_room, l2_room;
+    int model, policy, write_policy;
+    const char *sweep, *plot;
+    bool json;
+} opts_t;
+
+typedef struct result {
+    uint64_t l1_pages;
+    kvt_cache_stats_t cs;
+    kvt_radix_stats_t rs;
+    double wall_s;
+} result_t;
+
+static const char *model_names[16], *policy_names[KVT_POLICY_COUNT_ + 1];
+static const char *const WRITE_POLICIES[] = {"write_through", "write_through_selective", "write_back", NULL};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void progress(uint64_t done, uint64_t total, bool show) {
+    if (!show || (done % 64 != 0 && done != total)) return;
+    int w = 40, fill = (int)((double)w * (double)done / (double)total);
+    fprintf(stderr, "\r[%.*s%*s] %" PRIu64 "/%" PRIu64, fill, "########################################", w - fill,
+            "", done, total);
+    if (done == total) fputs("\r\033[K", stderr);
+}
+
+/* Pages the whole trace could occupy: an L1 of this size never evicts. */
+static uint64_t trace_pages(const trace_t *t, uint64_t n, uint64_t pt) {
+    uint64_t p = 0;
+    for (uint64_t i = 0; i < n; i++) p += t->req[i].input_length / pt;
+    return p ? p : 1;
+}
+
+static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_t *res) {
+    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
+    kvt_cache_config_t cfg;
+    kvt_cache_config_default(&cfg);
+    cfg.page_tokens = (uint32_t)o->page_tokens;
+    cfg.l1_pages = l1_pages == UNBOUNDED ? trace_pages(t, n, o->page_tokens) : l1_pages;
+    cfg.l2_pages = o->l2_pages;
+    cfg.l1_free_room = o->l1_room;
+    cfg.l2_free_room = o->l2_room;
+    cfg.policy = (kvt_policy_t)o->policy;
+    cfg.write_policy = (kvt_write_policy_t)o->write_policy;
+    cfg.write_through_hits = (uint32_t)o->write_hits;
+    if (cfg.l1_pages > KVT_ALLOC_MAX_PAGES) {
+        fprintf(stderr, "kvtier replay: --l1-pages: %" PRIu64 " pages is more than %u\n", cfg.l1_pages, KVT_ALLOC_MAX_PAGES);
+        return -1;
+    }
+    kvt_cache_t *c;
+    int rc = kvt_cache_create(&c, &cfg);
+    if (rc != KVT_OK) {
+        fprintf(stderr, "kvtier replay: cannot create the cache: %s\n", kvt_strerror(rc));
+        return -1;
+    }
+    int32_t *tokens = malloc((size_t)t->max_blocks * TRACE_BLOCK_TOKENS * sizeof(int32_t));
+    if (tokens == NULL) {
+        kvt_cache_destroy(c);
+        fprintf(stderr, "kvtier replay: out of memory\n");
+        return -1;
+    }
+    bool show = isatty(2) && !o->json;
+    double t0 = now_s();
+    for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
+        const trace_req_t *r = &t->req[i];
+        for (uint32_t b = 0; b < r->nblocks; b++) trace_block_tokens(r->hash_ids[b], tokens + (size_t)b * TRACE_BLOCK_TOKENS);
+        kvt_cache_req_t req;
+        rc = kvt_cache_admit(c, 0, tokens, r->input_length, 0, NULL, &req);
+        if (rc != KVT_OK) {
+            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", i + 1, kvt_strerror(rc));
+            break;
+        }
+        kvt_cache_release(c, &req);
+        if (o->check_every && (i + 1) % o->check_every == 0) {
+            const char *why;
+            if (kvt_cache_check(c, &why) != KVT_OK) {
+                fprintf(stderr, "kvtier replay: check failed after request %" PRIu64 ": %s\n", i + 1, why);
+                rc = KVT_ECORRUPT;
+            }
+        }
+        progress(i + 1, n, show);
+    }
+    res->wall_s = now_s() - t0;
+    res->l1_pages = cfg.l1_pages;
+    res->cs.size = sizeof(res->cs);
+    res->rs.size = sizeof(res->rs);
+    kvt_cache_stats(c, &res->cs);
+    kvt_radix_stats(kvt_cache_tree(c), &res->rs);
+    free(tokens);
+    kvt_cache_destroy(c);
+    return rc == KVT_OK ? 0 : -1;
+}
+
+/* ---- output ---- */
+
+static double hit_rate(const result_t *r) {
+    return r->cs.tokens ? (double)(r->cs.l1_hit_tokens + r->cs.l2_hit_tokens) / (double)r->cs.tokens : 0;
+}
+
+static double per_1k(uint64_t x, uint64_t allocs) { return allocs ? 1000.0 * (double)x / (double)allocs : 0; }
+
+static double gb(uint64_t pages, const opts_t *o, uint64_t bpt) { return (double)pages * (double)o->page_tokens * (double)bpt / 1e9; }
+
+static cJSON *result_json(const result_t *r, const opts_t *o, uint64_t bpt) {
+    const kvt_cache_stats_t *s = &r->cs;
+    cJSON *x = cJSON_CreateObject(), *h;
+    cJSON_AddNumberToObject(x, "requests", (double)s->requests);
+    cJSON_AddNumberToObject(x, "input_tokens", (double)s->tokens);
+    h = cJSON_AddObjectToObject(x, "hit_tokens");
+    cJSON_AddNumberToObject(h, "l1", (double)s->l1_hit_tokens);
+    cJSON_AddNumberToObject(h, "l2", (double)s->l2_hit_tokens);
+    cJSON_AddNumberToObject(x, "hit_rate", hit_rate(r));
+    h = cJSON_AddObjectToObject(x, "evict_calls");
+    cJSON_AddNumberToObject(h, "l1", (double)s->l1_evict_calls);
+    cJSON_AddNumberToObject(h, "l2", (double)s->l2_evict_calls);
+    h = cJSON_AddObjectToObject(x, "evicted_pages");
+    cJSON_AddNumberToObject(h, "l1", (double)s->l1_evicted_pages);
+    cJSON_AddNumberToObject(h, "l2", (double)s->l2_evicted_pages);
+    h = cJSON_AddObjectToObject(x, "allocs");
+    cJSON_AddNumberToObject(h, "l1", (double)s->l1_allocs);
+    cJSON_AddNumberToObject(h, "l2", (double)s->l2_allocs);
+    h = cJSON_AddObjectToObject(x, "allocs_evicting");
+    cJSON_AddNumberToObject(h, "l1", (double)s->l1_allocs_evicting);
+    cJSON_AddNumberToObject(h, "l2", (double)s->l2_allocs_evicting);
+    h = cJSON_AddObjectToObject(x, "evict_calls_per_1k_allocs");
+    cJSON_AddNumberToObject(h, "l1", per_1k(s->l1_evict_calls, s->l1_allocs));
+    cJSON_AddNumberToObject(h, "l2", per_1k(s->l2_evict_calls, s->l2_allocs));
+    h = cJSON_AddObjectToObject(x, "alloc_failures");
+    cJSON_AddNumberToObject(h, "l1", (double)s->l1_alloc_failures);
+    cJSON_AddNumberToObject(h, "l2", (double)s->l2_alloc_failures);
+    h = cJSON_AddObjectToObject(x, "room_misses");
+    cJSON_AddNumberToObject(h, "l1", (double)s->l1_room_misses);
+    cJSON_AddNumberToObject(h, "l2", (double)s->l2_room_misses);
+    cJSON_AddNumberToObject(x, "backups", (double)s->backups);
+    cJSON_AddNumberToObject(x, "forced_backups", (double)s->forced_backups);
+    cJSON_AddNumberToObject(x, "loads", (double)s->loads);
+    cJSON_AddNumberToObject(x, "shadows_reclaimed", (double)s->shadows_reclaimed);
+    cJSON_AddNumberToObject(x, "dropped_pages", (double)s->dropped_pages);
+    cJSON_AddNumberToObject(x, "page_tokens", (double)o->page_tokens);
+    cJSON_AddNumberToObject(x, "l1_pages", (double)r->l1_pages);
+    cJSON_AddNumberToObject(x, "l2_pages", (double)o->l2_pages);
+    cJSON_AddNumberToObject(x, "l1_gb", gb(r->l1_pages, o, bpt));
+    cJSON_AddNumberToObject(x, "l2_gb", gb(o->l2_pages, o, bpt));
+    cJSON_AddNumberToObject(x, "bytes_per_token", (double)bpt);
+    cJSON_AddStringToObject(x, "policy", kvt_policy_name((kvt_policy_t)o->policy));
+    cJSON_AddStringToObject(x, "write_policy", WRITE_POLICIES[o->write_policy]);
+    cJSON_AddNumberToObject(x, "l1_free_room", o->l1_room);
+    cJSON_AddNumberToObject(x, "l2_free_room", o->l2_room);
+    cJSON_AddNumberToObject(x, "tree_nodes", (double)r->rs.nodes);
+    cJSON_AddNumberToObject(x, "tree_pages", (double)r->rs.pages);
+    cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
+    cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
+    return x;
+}
+
+static void print_summary(const result_t *r, const opts_t *o, uint64_t bpt, const char *model) {
+    const kvt_cache_stats_t *s = &r->cs;
+    double tok = s->tokens ? (double)s->tokens : 1;
+    printf("  model %s: %.1f KiB of KV per token, %.2f MiB per page of %" PRIu64 " tokens\n", model,
+           (double)bpt / 1024, (double)bpt * (double)o->page_tokens / 1048576, o->page_tokens);
+    printf("  L1 %" PRIu64 " pages (%.1f GB), L2 %" PRIu64 " pages (%.1f GB); policy %s, %s; free room %.0f%% / %.0f%%\n",
+           r->l1_pages, gb(r->l1_pages, o, bpt), o->l2_pages, gb(o->l2_pages, o, bpt),
+           kvt_policy_name((kvt_policy_t)o->policy), WRITE_POLICIES[o->write_policy], 100 * o->l1_room, 100 * o->l2_room);
+    printf("  hit rate %.4f   L1 %.4f (%" PRIu64 " tokens, %.1f GB)   L2 %.4f (%" PRIu64 " tokens, %.1f GB)\n", hit_rate(r),
+           (double)s->l1_hit_tokens / tok, s->l1_hit_tokens, (double)s->l1_hit_tokens * (double)bpt / 1e9,
+           (double)s->l2_hit_tokens / tok, s->l2_hit_tokens, (double)s->l2_hit_tokens * (double)bpt / 1e9);
+    printf("  L1: %" PRIu64 " allocations, %" PRIu64 " evicted (%.1f eviction rounds per 1000), %" PRIu64
+           " pages evicted, %" PRIu64 " short of room\n",
+           s->l1_allocs, s->l1_allocs_evicting, per_1k(s->l1_evict_calls, s->l1_allocs), s->l1_evicted_pages,
+           s->l1_alloc_failures);
+    printf("  L2: %" PRIu64 " allocations, %" PRIu64 " evicted (%.1f eviction rounds per 1000), %" PRIu64
+           " pages evicted, %" PRIu64 " short of room\n",
+           s->l2_allocs, s->l2_allocs_evicting, per_1k(s->l2_evict_calls, s->l2_allocs), s->l2_evicted_pages,
+           s->l2_alloc_failures);
+    printf("  copies: %" PRIu64 " backups (%" PRIu64 " forced), %" PRIu64 " loads; %" PRIu64
+           " shadows reclaimed; %" PRIu64 " pages left the cache\n",
+           s->backups, s->forced_backups, s->loads, s->shadows_reclaimed, s->dropped_pages);
+    printf("  tree: %" PRIu64 " nodes, %" PRIu64 " pages, %.1f MB of metadata\n", r->rs.nodes, r->rs.pages,
+           (double)r->rs.metadata_bytes / 1e6);
+    printf("  %" PRIu64 " requests in %.3f s: %.0f requests/s\n", s->requests, r->wall_s,
+           r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
+}
+
+static int plot(const char *path, const result_t *res, size_t n) {
+    FILE *g = popen("gnuplot 2>&1", "w");
+    if (g == NULL) return -1;
+    fprintf(g, "set terminal png size 900,560\nset output '%s'\n", path);
+    fprintf(g, "set title 'kvtier replay: hit rate vs L1 capacity'\nset xlabel 'L1 pages'\nset ylabel 'hit rate'\n"
+               "set yrange [0:1]\nset grid\nset key left top\n");
+    fprintf(g, "plot '-' using 1:2 with linespoints title 'all tiers', '-' using 1:2 with linespoints title 'L1'\n");
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < n; i++)
+            fprintf(g, "%" PRIu64 " %.6f\n", res[i].l1_pages,
+                    pass == 0 ? hit_rate(&res[i]) : (double)res[i].cs.l1_hit_tokens / (double)(res[i].cs.tokens ? res[i].cs.tokens : 1));
+        fputs("e\n", g);
+    }
+    return pclose(g) == 0 ? 0 : -1;
+}
+
+static const char USAGE[] =
+    "usage: kvtier replay [TRACE.jsonl] [options]\n"
+    "\n"
+    "Replays a Mooncake JSONL trace (each hash_id is a block of 512 tokens) through\n"
+    "a two-tier cache and reports the hits of each tier. Without TRACE it replays the\n"
+    "built-in synthetic workload (--requests, --seed). Every option can also be set\n"
+    "with the environment variable shown.\n";
+
+int cmd_replay(int argc, char **argv) {
+    unsigned nm = 0;
+    for (; nm < 15 && kvt_model_at(nm); nm++) model_names[nm] = kvt_model_at(nm)->name;
+    for (int i = 0; i < KVT_POLICY_COUNT_; i++) policy_names[i] = kvt_policy_name((kvt_policy_t)i);
+    opts_t o = {.page_tokens = 16, .l1_pages = 8192, .l2_pages = 49152, .write_hits = 2, .requests = 4000,
+                .seed = 42, .l1_room = 0.05, .l2_room = 0.05, .model = 0, .policy = KVT_POLICY_DEFAULT,
+                .write_policy = KVT_WRITE_THROUGH_SELECTIVE};
+    const cli_opt_t table[] = {
+        {"page-tokens", OPT_U64, &o.page_tokens, 1, 512, 0, 0, NULL, NULL, 0, "tokens per page"},
+        {"l1-pages", OPT_U64, &o.l1_pages, 1, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, "unbounded", UNBOUNDED, "L1 (GPU) capacity in pages"},
+        {"l2-pages", OPT_U64, &o.l2_pages, 0, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, NULL, 0, "L2 (host) capacity in pages; 0: no L2"},
+        {"model", OPT_CHOICE, &o.model, 0, 0, 0, 0, model_names, NULL, 0, "model preset: bytes of KV per token"},
+        {"bytes-per-token", OPT_U64, &o.bytes_per_token, 0, 1u << 30, 0, 0, NULL, NULL, 0, "bytes of KV per token (overrides --model)"},
+        {"policy", OPT_CHOICE, &o.policy, 0, 0, 0, 0, policy_names, NULL, 0, "eviction order"},
+        {"write-policy", OPT_CHOICE, &o.write_policy, 0, 0, 0, 0, WRITE_POLICIES, NULL, 0, "when L1 pages are backed up to L2"},
+        {"write-through-hits", OPT_U64, &o.write_hits, 1, 1000000, 0, 0, NULL, NULL, 0, "hits before write_through_selective backs up"},
+        {"l1-free-room", OPT_DOUBLE, &o.l1_room, 0, 0, 0, 0.5, NULL, NULL, 0, "fraction of L1 kept free; 0: evict the deficit only"},
+        {"l2-free-room", OPT_DOUBLE, &o.l2_room, 0, 0, 0, 0.5, NULL, NULL, 0, "fraction of L2 kept free"},
+        {"limit", OPT_U64, &o.limit, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "replay only the first N requests (0: all)"},
+        {"sweep", OPT_TEXT, &o.sweep, 0, 0, 0, 0, NULL, NULL, 0, "comma-separated L1 capacities (pages or 'unbounded') to compare"},
+        {"plot", OPT_TEXT, &o.plot, 0, 0, 0, 0, NULL, NULL, 0, "with --sweep: draw hit rate vs capacity to this PNG (gnuplot)"},
+        {"requests", OPT_U64, &o.requests, 1, 10000000, 0, 0, NULL, NULL, 0, "synthetic workload: requests"},
+        {"seed", OPT_U64, &o.seed, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "synthetic workload: seed"},
+        {"check-every", OPT_U64, &o.check_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "run the full consistency check every N requests (0: never)"},
+        {"json", OPT_FLAG, &o.json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
+    };
+    cli_t c;
+    cli_init(&c, "kvtier replay", argc, argv);
+    const char *path;
+    int prc = cli_parse_table(&c, table, USAGE, &path);
+    if (prc) return prc > 0 ? 0 : 2;
+
+    uint64_t sweep[MAX_SWEEP];
+    size_t nsweep = 0;
+    if (o.sweep) {
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%s", o.sweep);
+        c.flag = "--sweep";
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            char *end;
+            unsigned long long v = strtoull(tok, &end, 10);
+            if (nsweep == MAX_SWEEP) return cli_error(&c, "at most %d capacities", MAX_SWEEP) ? 2 : 2;
+            if (strcmp(tok, "unbounded") == 0) sweep[nsweep++] = UNBOUNDED;
+            else if (*tok == 0 || *tok == '-' || *end || v == 0 || v > KVT_ALLOC_MAX_PAGES)
+                return cli_error(&c, "'%s' is not a capacity in [1, %u] or 'unbounded'", tok, KVT_ALLOC_MAX_PAGES) ? 2 : 2;
+            else sweep[nsweep++] = v;
+        }
+        if (nsweep == 0) return cli_error(&c, "expected a comma-separated list of capacities") ? 2 : 2;
+    }
+    if (o.plot && !o.sweep) {
+        c.flag = "--plot";
+        cli_error(&c, "needs --sweep");
+        return 2;
+    }
+
+    const kvt_model_t *model = kvt_model_at((unsigned)o.model);
+    uint64_t bpt = o.bytes_per_token ? o.bytes_per_token : model->bytes_per_token;
+    const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : model->name;
+
+    trace_t t;
+    char err[512];
+    double t0 = now_s();
+    if (path) {
+        if (trace_load(path, &t, err, sizeof(err)) != 0) {
+            fprintf(stderr, "kvtier replay: %s\n", err);
+            return 1;
+        }
+    } else {
+        workload_params_t wp;
+        workload_default(&wp);
+        wp.requests = o.requests;
+        wp.seed = o.seed;
+        if (workload_generate(&wp, &t) != 0) {
+            fprintf(stderr, "kvtier replay: out of memory building the workload\n");
+            return 1;
+        }
+    }
+    double parse_s = now_s() - t0;
+    const char *name = path ? path : "built-in synthetic workload";
+
+    size_t nrun = nsweep ? nsweep : 1;
+    result_t *res = calloc(nrun, sizeof(result_t));
+    int rc = res ? 0 : -1;
+    for (size_t i = 0; i < nrun && rc == 0; i++) rc = run_one(&t, &o, nsweep ? sweep[i] : o.l1_pages, &res[i]);
+    if (rc == 0 && o.json) {
+        cJSON *root = nsweep ? cJSON_CreateObject() : result_json(&res[0], &o, bpt);
+        cJSON_AddStringToObject(root, "trace", name);
+        cJSON_AddNumberToObject(root, "parse_s", parse_s);
+        if (nsweep) {
+            cJSON *arr = cJSON_AddArrayToObject(root, "sweep");
+            for (size_t i = 0; i < nsweep; i++) cJSON_AddItemToArray(arr, result_json(&res[i], &o, bpt));
+        }
+        char *txt = cJSON_Print(root);
+        puts(txt);
+        cJSON_free(txt);
+        cJSON_Delete(root);
+    } else if (rc == 0) {
+        printf("kvtier replay: %s: %zu requests, %" PRIu64 " input tokens (read in %.3f s)\n", name, t.n,
+               t.input_tokens, parse_s);
+        if (!nsweep) {
+            print_summary(&res[0], &o, bpt, model_name);
+        } else {
+            printf("  policy %s, %s, page %" PRIu64 " tokens, L2 %" PRIu64 " pages, free room %.0f%% / %.0f%%\n",
+                   kvt_policy_name((kvt_policy_t)o.policy), WRITE_POLICIES[o.write_policy], o.page_tokens, o.l2_pages,
+                   100 * o.l1_room, 100 * o.l2_room);
+            printf("%12s %10s %9s %9s %9s %14s %9s\n", "L1 pages", "L1 GB", "hit rate", "L1", "L2", "evicts/1k alloc",
+                   "wall s");
+            for (size_t i = 0; i < nsweep; i++) {
+                const result_t *r = &res[i];
+                double tok = r->cs.tokens ? (double)r->cs.tokens : 1;
+                printf("%12" PRIu64 " %10.1f %9.4f %9.4f %9.4f %14.1f %9.3f\n", r->l1_pages, gb(r->l1_pages, &o, bpt),
+                       hit_rate(r), (double)r->cs.l1_hit_tokens / tok, (double)r->cs.l2_hit_tokens / tok,
+                       per_1k(r->cs.l1_evict_calls, r->cs.l1_allocs), r->wall_s);
+            }
+        }
+    }
+    if (rc == 0 && o.plot && plot(o.plot, res, nsweep) != 0) {
+        fprintf(stderr, "kvtier replay: --plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)\n");
+        rc = -1;
+    }
+    free(res);
+    trace_free(&t);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,48 @@
+/* Request traces for kvtier replay: the Mooncake JSONL format, and the
+ * built-in synthetic workload, both as a list of requests whose prompts are
+ * chains of 512-token blocks named by hash ids. */
+#ifndef KVTIER_TOOLS_TRACE_H
+#define KVTIER_TOOLS_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TRACE_BLOCK_TOKENS 512
+
+typedef struct trace_req {
+    uint64_t timestamp_ms;
+    uint64_t input_length;  /* tokens */
+    uint64_t output_length;
+    uint32_t *hash_ids;     /* ceil(input_length / 512) block ids */
+    uint32_t nblocks;
+} trace_req_t;
+
+typedef struct trace {
+    trace_req_t *req;
+    size_t n, cap;
+    uint64_t input_tokens;
+    uint32_t max_blocks;
+} trace_t;
+
+/* Parses a Mooncake trace. On a malformed line, returns -1 with err set to
+ * "PATH:LINE: what is wrong". */
+int trace_load(const char *path, trace_t *t, char *err, size_t errlen);
+
+typedef struct workload_params {
+    uint64_t requests;
+    uint64_t seed;
+    uint32_t system_prompts;  /* shared system prompts, Zipf popularity */
+    double zipf_s;
+} workload_params_t;
+
+void workload_default(workload_params_t *p);
+/* The built-in workload: shared system prompts chosen by Zipf popularity,
+ * multi-turn sessions whose turns extend their own history, seeded. */
+int workload_generate(const workload_params_t *p, trace_t *t);
+
+void trace_free(trace_t *t);
+
+/* The 512 tokens of block `id`: a fixed function of the id. */
+void trace_block_tokens(uint32_t id, int32_t *out);
+
+#endif
