@@ -38,8 +38,12 @@ struct kvt_cache {
     size_t scratch_cap;
     uint64_t slru_pages;           /* pages of SLRU-protected nodes */
     uint64_t held;                 /* requests admitted and not released */
+    uint64_t fail_every, submitted; /* test hook: every fail_every-th copy fails */
     kvt_cache_stats_t st;
 };
+
+/* Test hook: from now on every n-th copy completes with a failure (0: none). */
+void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
 
 /* policy.c */
 uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);

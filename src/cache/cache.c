@@ -137,7 +137,13 @@ int kvt_cache_poll(kvt_cache_t *c) {
 
 static void submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
     if (c->ndone == c->done_cap) kvt_cache_poll(c);
-    c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, 1, l1, l2};
+    bool ok = !(c->fail_every && ++c->submitted % c->fail_every == 0);
+    c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
+}
+
+void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
+    c->fail_every = n;
+    c->submitted = 0;
 }
 
 /* ---- L2 ---------------------------------------------------------------------- */
@@ -149,6 +155,7 @@ static bool evict_one_l2(kvt_cache_t *c) {
         kvt__policy_on_trim(c, v);
         kvt_page_t pg = kvt__radix_trim(c->tree, v);
         give_back_l2(c, pg.l2);
+        if (pg.l1 != KVT_NO_PAGE) give_back_l1(c, pg.l1); /* loaded, but stranded below a page not in L1 */
         c->st.dropped_pages++;
         return true;
     }
@@ -322,8 +329,24 @@ kvt_radix_t *kvt_cache_tree(kvt_cache_t *c) { return c ? c->tree : NULL; }
 
 /* ---- admission --------------------------------------------------------------------- */
 
-/* Loads the matched pages that live only in L2 (they follow the L1 prefix
- * along the path to m->node) into the L1 pages ids[0..). */
+/* Leading pages in L1 on the path from the root to `end`. */
+static uint64_t l1_prefix(kvt_cache_t *c, kvt_rnode_t *end) {
+    uint64_t k = 0;
+    for (kvt_rnode_t *x = end; x != kvt__radix_root(c->tree); x = x->parent) k += x->n_l1;
+    return k;
+}
+
+/* Pages past the L1 prefix along the path to `end` that have no L1 page yet
+ * (the others were loaded before, and wait for the pages above them). */
+static uint64_t pages_to_load(kvt_cache_t *c, kvt_rnode_t *end) {
+    uint64_t k = 0;
+    for (kvt_rnode_t *x = end; x != kvt__radix_root(c->tree) && x->n_l1 < x->npages; x = x->parent)
+        for (uint32_t i = x->n_l1; i < x->npages; i++) k += x->pages[i].l1 == KVT_NO_PAGE;
+    return k;
+}
+
+/* Loads the matched pages that have no L1 page (they follow the L1 prefix
+ * along the path to `end`) into the L1 pages ids[0..). */
 static void load_path(kvt_cache_t *c, kvt_rnode_t *end, const uint32_t *ids) {
     kvt_rnode_t *path[256], **p = path;
     size_t depth = 0, cap = sizeof(path) / sizeof(path[0]);
@@ -343,6 +366,7 @@ static void load_path(kvt_cache_t *c, kvt_rnode_t *end, const uint32_t *ids) {
     while (depth > 0) {
         kvt_rnode_t *x = p[--depth];
         for (uint32_t i = x->n_l1; i < x->npages; i++) {
+            if (x->pages[i].l1 != KVT_NO_PAGE) continue;
             kvt__radix_begin_load(c->tree, x, i, ids[j]);
             submit(c, OP_LOAD, ids[j], x->pages[i].l2);
             c->st.loads++;
@@ -375,7 +399,7 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     for (kvt_rnode_t *x = m.node; x != kvt__radix_root(c->tree); x = x->parent) kvt__policy_on_hit(c, x);
     kvt__radix_lock(c->tree, m.node, +1);
 
-    uint64_t cont = m.pages - m.l1_pages, fresh = npages - m.pages, need = cont + fresh;
+    uint64_t cont = pages_to_load(c, m.node), fresh = npages - m.pages, need = cont + fresh;
     if (need > 0) plan_l1(c, need);
     if (flush(c) != KVT_OK) need = 0; /* no memory to return pages: take nothing new */
     uint64_t room = need <= c->l1_free ? need : c->l1_free;
@@ -386,45 +410,47 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
         c->st.l1_alloc_failures++;
         room = 0;
     }
+    if (room == 0) cont = 0;
     c->l1_free -= room;
     kvt_rnode_t *held = m.node;
-    if (room > 0) {
-        if (cont) load_path(c, m.node, ids);
-        kvt_cache_poll(c);
-        uint64_t ins = room - cont;
-        kvt_rnode_t *nn = NULL;
-        if (ins > 0) {
-            rc = kvt__radix_insert(c->tree, m.node, ns, tokens + m.pages * pt, ins, ids + cont, c->clock, priority, &nn);
-            if (rc != KVT_OK) { /* no memory for the node: the new pages go back */
-                for (uint64_t i = 0; i < ins; i++) give_back_l1(c, ids[cont + i]);
-                ins = 0;
-                c->st.l1_alloc_failures++;
-            } else {
-                kvt__radix_lock(c->tree, nn, +1);
-                kvt__radix_lock(c->tree, m.node, -1);
-                held = nn;
-                if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) {
-                    uint32_t *l2 = c->scratch + c->scratch_cap / 2;
-                    uint64_t got = take_l2(c, ins, l2);
-                    for (uint64_t i = 0; i < got; i++) {
-                        kvt__radix_begin_backup(c->tree, nn, (uint32_t)i, l2[i]);
-                        submit(c, OP_BACKUP, nn->pages[i].l1, l2[i]);
-                    }
-                    c->st.backups += got;
-                }
-            }
-        }
-        req->l2_hit_pages = cont;
-        req->new_pages = ins;
-        req->pages = m.pages + ins;
-    } else {
-        req->pages = m.l1_pages; /* what is usable: the L1 prefix */
+    uint64_t ins = room > cont ? room - cont : 0;
+    if (cont) load_path(c, m.node, ids);
+    kvt_cache_poll(c);
+    uint64_t loaded = l1_prefix(c, m.node) - m.l1_pages;
+    if (ins > 0 && m.l1_pages + loaded < m.pages) { /* a load failed: nothing goes below it */
+        for (uint64_t i = 0; i < ins; i++) give_back_l1(c, ids[cont + i]);
+        ins = 0;
+        c->st.l1_alloc_failures++;
     }
+    kvt_rnode_t *nn = NULL;
+    if (ins > 0 &&
+        kvt__radix_insert(c->tree, m.node, ns, tokens + m.pages * pt, ins, ids + cont, c->clock, priority, &nn) != KVT_OK) {
+        for (uint64_t i = 0; i < ins; i++) give_back_l1(c, ids[cont + i]); /* no memory for the node */
+        ins = 0;
+        c->st.l1_alloc_failures++;
+    }
+    if (ins > 0) {
+        kvt__radix_lock(c->tree, nn, +1);
+        kvt__radix_lock(c->tree, m.node, -1);
+        held = nn;
+        if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) {
+            uint32_t *l2 = c->scratch + c->scratch_cap / 2;
+            uint64_t got = take_l2(c, ins, l2);
+            for (uint64_t i = 0; i < got; i++) {
+                kvt__radix_begin_backup(c->tree, nn, (uint32_t)i, l2[i]);
+                submit(c, OP_BACKUP, nn->pages[i].l1, l2[i]);
+            }
+            c->st.backups += got;
+        }
+    }
+    req->l2_hit_pages = loaded;
+    req->new_pages = ins;
     if (c->cfg.write_policy == KVT_WRITE_THROUGH_SELECTIVE && c->l2) selective_backups(c, m.node);
     kvt_cache_poll(c);
     flush(c);
 
     req->node = held;
+    req->pages = l1_prefix(c, held); /* usable: the request's leading pages in L1 */
     req->l1_hit_pages = m.l1_pages;
     req->uncached_pages = npages - req->pages;
     if (l1_ids) { /* the request's first req->pages pages, root to leaf */

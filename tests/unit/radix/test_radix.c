@@ -1,0 +1,346 @@
+/* The radix tree against a brute-force model.
+ *
+ * The model is a flat list of the pages in the cache, each named by its whole
+ * prefix (namespace + every token from the start of the sequence), with the
+ * state that page must have. A match is the longest k such that the first k
+ * pages of the query are in the list, found by comparing tokens; nothing in
+ * the model knows about nodes, splits or heaps. Random matches (which split
+ * nodes), inserts, evictions from every victim set, backups and loads that
+ * complete in random order, locks and unlocks run against both; after every
+ * step kvt_radix_check() passes and every model page is found in the tree
+ * (through its page ids) with the same prefix and the same state.
+ */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/rng-int.h"
+#include "kvtier/error.h"
+#include "radix/radix-int.h"
+
+#define PT 2       /* tokens per page: small, so that prefixes collide */
+#define ALPHA 3    /* token alphabet */
+#define MAXP 12    /* pages per sequence */
+#define IDS 4096   /* L1 and L2 page id spaces */
+
+typedef struct mpage {
+    uint32_t ns, k;           /* the page is page k-1 of its prefix */
+    int32_t tok[MAXP * PT];   /* the prefix's tokens */
+    kvt_page_t st;
+    bool used;
+} mpage_t;
+
+typedef struct model {
+    mpage_t p[IDS];
+    uint32_t n;
+    bool l1_used[IDS], l2_used[IDS];
+} model_t;
+
+static mpage_t *mfind(model_t *m, uint32_t ns, const int32_t *tok, uint32_t k) {
+    for (uint32_t i = 0; i < m->n; i++)
+        if (m->p[i].used && m->p[i].ns == ns && m->p[i].k == k && memcmp(m->p[i].tok, tok, k * PT * sizeof(int32_t)) == 0)
+            return &m->p[i];
+    return NULL;
+}
+
+static mpage_t *madd(model_t *m, uint32_t ns, const int32_t *tok, uint32_t k) {
+    uint32_t i = 0;
+    while (i < m->n && m->p[i].used) i++;
+    if (i == m->n) m->n++;
+    mpage_t *p = &m->p[i];
+    memset(p, 0, sizeof(*p));
+    p->used = true;
+    p->ns = ns;
+    p->k = k;
+    memcpy(p->tok, tok, k * PT * sizeof(int32_t));
+    return p;
+}
+
+static bool in_l1(const kvt_page_t *s) { return s->l1 != KVT_NO_PAGE && !(s->flags & KVT_PAGE_H2D); }
+
+/* Longest cached prefix, and its leading L1 pages, by brute force. */
+static void mmatch(model_t *m, uint32_t ns, const int32_t *q, uint32_t n, uint32_t *pages, uint32_t *l1) {
+    uint32_t k = 0, a = 0;
+    bool l1run = true;
+    while (k < n) {
+        mpage_t *p = mfind(m, ns, q, k + 1);
+        if (p == NULL) break;
+        k++;
+        if (l1run && in_l1(&p->st)) a++;
+        else l1run = false;
+    }
+    *pages = k;
+    *l1 = a;
+}
+
+static uint32_t take_id(bool *used, kvt__rng_t *rng) {
+    uint32_t id;
+    do id = (uint32_t)kvt__rng_below(rng, IDS);
+    while (used[id]);
+    used[id] = true;
+    return id;
+}
+
+static uint64_t lru(void *ctx, const kvt_rnode_t *n, kvt__vset_t set) {
+    (void)ctx;
+    (void)set;
+    return n->last_access;
+}
+
+/* The model page behind tree page (n, idx): rebuild the prefix from the tree. */
+static mpage_t *model_of(model_t *m, kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
+    int32_t tok[MAXP * PT + 64];
+    uint32_t k = idx + 1;
+    for (kvt_rnode_t *x = n->parent; x != kvt__radix_root(r); x = x->parent) k += x->npages;
+    cr_assert_leq(k, MAXP, "a prefix longer than any inserted sequence");
+    uint32_t end = k;
+    for (kvt_rnode_t *x = n; x != kvt__radix_root(r); x = x->parent) {
+        uint32_t take = x == n ? idx + 1 : x->npages;
+        end -= take;
+        memcpy(tok + end * PT, x->tokens, take * PT * sizeof(int32_t));
+    }
+    return mfind(m, n->ns, tok, k);
+}
+
+static void compare(model_t *m, kvt_radix_t *r, const char *ctx) {
+    const char *why = NULL;
+    cr_assert_eq(kvt_radix_check(r, &why), KVT_OK, "%s: check: %s", ctx, why);
+    kvt_radix_stats_t st = {.size = sizeof(st)};
+    kvt_radix_stats(r, &st);
+    uint32_t pages = 0;
+    for (uint32_t i = 0; i < m->n; i++) {
+        mpage_t *p = &m->p[i];
+        if (!p->used) continue;
+        pages++;
+        kvt_rnode_t *n = NULL;
+        uint32_t idx = 0;
+        bool found = p->st.l1 != KVT_NO_PAGE ? kvt__radix_locate_l1(r, p->st.l1, &n, &idx)
+                                              : kvt__radix_locate_l2(r, p->st.l2, &n, &idx);
+        cr_assert(found, "%s: a model page is not in the tree", ctx);
+        cr_assert_eq(model_of(m, r, n, idx), p, "%s: the tree page has another prefix", ctx);
+        const kvt_page_t *t = &n->pages[idx];
+        cr_assert(t->l1 == p->st.l1 && t->l2 == p->st.l2 && t->flags == p->st.flags,
+                  "%s: page state (%u,%u,%u), model (%u,%u,%u)", ctx, t->l1, t->l2, t->flags, p->st.l1, p->st.l2, p->st.flags);
+    }
+    cr_assert_eq(st.pages, pages, "%s: %" PRIu64 " pages in the tree, %u in the model", ctx, st.pages, pages);
+}
+
+/* A model page is a leaf when no other page extends its prefix. */
+static bool mleaf(model_t *m, const mpage_t *p) {
+    for (uint32_t i = 0; i < m->n; i++)
+        if (m->p[i].used && m->p[i].ns == p->ns && m->p[i].k == p->k + 1 &&
+            memcmp(m->p[i].tok, p->tok, p->k * PT * sizeof(int32_t)) == 0)
+            return false;
+    return true;
+}
+
+typedef struct op { bool load; uint32_t id; } op_t;
+
+static void radix_fuzz(uint64_t seed, int steps) {
+    fprintf(stderr, "radix fuzz: seed=%" PRIu64 " steps=%d\n", seed, steps);
+    static model_t m;
+    memset(&m, 0, sizeof(m));
+    kvt__rng_t rng;
+    kvt__rng_seed(&rng, seed);
+    kvt_radix_t *r;
+    kvt__radix_config_t cfg = {PT, IDS, IDS, lru, NULL};
+    cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
+    kvt_rnode_t *held[8];
+    uint32_t nheld = 0;
+    op_t inflight[64];
+    uint32_t nin = 0;
+    char ctx[96];
+    uint64_t clock = 0;
+    int32_t q[MAXP * PT];
+    uint64_t cnt[8] = {0}; /* inserts, drop_l1, l1 trims, host trims, shadow drops, backups, loads, failed copies */
+    for (int step = 0; step < steps; step++) {
+        snprintf(ctx, sizeof(ctx), "seed %" PRIu64 " step %d", seed, step);
+        uint64_t dice = kvt__rng_below(&rng, 100), live = 0;
+        for (uint32_t i = 0; i < m.n; i++) live += m.p[i].used;
+        if (dice < 30 && live > 300) dice = 45 + dice % 17; /* keep the tree small: evict instead */
+        if (dice < 30) { /* match, maybe insert */
+            uint32_t ns = (uint32_t)kvt__rng_below(&rng, 2), n = 1 + (uint32_t)kvt__rng_below(&rng, MAXP);
+            for (uint32_t i = 0; i < n * PT; i++) q[i] = (int32_t)kvt__rng_below(&rng, ALPHA);
+            uint32_t want_pages, want_l1;
+            mmatch(&m, ns, q, n, &want_pages, &want_l1);
+            kvt__match_t mt;
+            cr_assert_eq(kvt__radix_match(r, ns, q, n, ++clock, &mt), KVT_OK);
+            cr_assert_eq(mt.pages, want_pages, "%s: matched %" PRIu64 " pages, model %u", ctx, mt.pages, want_pages);
+            cr_assert_eq(mt.l1_pages, want_l1, "%s: L1 prefix %" PRIu64 ", model %u", ctx, mt.l1_pages, want_l1);
+            bool full_l1 = mt.l1_pages == mt.pages;
+            if (mt.pages < n && full_l1 && kvt__rng_below(&rng, 3)) {
+                uint32_t add = n - (uint32_t)mt.pages, ids[MAXP];
+                for (uint32_t i = 0; i < add; i++) ids[i] = take_id(m.l1_used, &rng);
+                kvt_rnode_t *nn;
+                cr_assert_eq(kvt__radix_insert(r, mt.node, ns, q + mt.pages * PT, add, ids, clock, 0, &nn), KVT_OK, "%s", ctx);
+                for (uint32_t i = 0; i < add; i++)
+                    madd(&m, ns, q, (uint32_t)mt.pages + i + 1)->st = (kvt_page_t){ids[i], KVT_NO_PAGE, 0};
+                cnt[0]++;
+            } else if (mt.pages < n && !full_l1) {
+                kvt_rnode_t *nn; /* inserting below pages that are not in L1 is refused */
+                uint32_t id = 0;
+                cr_assert_eq(kvt__radix_insert(r, mt.node, ns, q + mt.pages * PT, 1, &id, clock, 0, &nn), KVT_EINVAL);
+            }
+            if (mt.pages > 0 && nheld < 8 && kvt__rng_below(&rng, 4) == 0) {
+                kvt__radix_lock(r, mt.node, +1);
+                held[nheld++] = mt.node;
+            }
+        } else if (dice < 36 && nheld > 0) { /* unlock */
+            uint32_t i = (uint32_t)kvt__rng_below(&rng, nheld);
+            kvt__radix_lock(r, held[i], -1);
+            held[i] = held[--nheld];
+        } else if (dice < 54) { /* L1 eviction step */
+            kvt_rnode_t *v = kvt__radix_victim(r, KVT_VSET_L1);
+            if (v == NULL) continue;
+            cr_assert_eq(v->lock, 0, "%s: a locked node is an L1 victim", ctx);
+            uint32_t idx = v->n_l1 - 1;
+            mpage_t *p = model_of(&m, r, v, idx);
+            cr_assert_not_null(p);
+            cr_assert(!(p->st.flags & KVT_PAGE_D2H), "%s: a page in flight is an L1 victim", ctx);
+            if (p->st.l2 != KVT_NO_PAGE) {
+                uint32_t id = kvt__radix_drop_l1(r, v);
+                cr_assert_eq(id, p->st.l1);
+                m.l1_used[id] = false;
+                p->st.l1 = KVT_NO_PAGE;
+                cnt[1]++;
+            } else if (v->nchildren == 0 && idx == v->npages - 1) {
+                cnt[2]++;
+                cr_assert(mleaf(&m, p), "%s: trimming a page others extend", ctx);
+                kvt_page_t pg = kvt__radix_trim(r, v);
+                cr_assert_eq(pg.l1, p->st.l1);
+                m.l1_used[pg.l1] = false;
+                p->used = false;
+            }
+        } else if (dice < 62) { /* L2 eviction step */
+            kvt_rnode_t *v = kvt__radix_victim(r, KVT_VSET_L2_HOST);
+            if (v) {
+                cr_assert(v->lock == 0 && v->pin == 0 && v->nchildren == 0, "%s", ctx);
+                mpage_t *p = model_of(&m, r, v, v->npages - 1);
+                /* past the L1 prefix: only in L2, or loaded while a page above is not in L1 */
+                cr_assert(p && kvt__page_in_l2(&p->st) && !(p->st.flags & KVT_PAGE_H2D) && mleaf(&m, p),
+                          "%s: host victim is not a leaf page living in L2", ctx);
+                kvt_page_t pg = kvt__radix_trim(r, v);
+                cr_assert(pg.l1 == p->st.l1 && pg.l2 == p->st.l2);
+                m.l2_used[pg.l2] = false;
+                if (pg.l1 != KVT_NO_PAGE) m.l1_used[pg.l1] = false;
+                p->used = false;
+                cnt[3]++;
+            } else if (kvt__rng_below(&rng, 3) == 0 && (v = kvt__radix_victim(r, KVT_VSET_L2_SHADOW)) != NULL) {
+                uint32_t idx = v->n_l1;
+                while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
+                cr_assert_gt(idx, 0);
+                mpage_t *p = model_of(&m, r, v, idx - 1);
+                cr_assert(p && in_l1(&p->st) && p->st.l2 != KVT_NO_PAGE && !(p->st.flags & KVT_PAGE_D2H), "%s", ctx);
+                uint32_t id = kvt__radix_drop_l2(r, v, idx - 1);
+                m.l2_used[id] = false;
+                p->st.l2 = KVT_NO_PAGE;
+                cnt[4]++;
+            }
+        } else if (dice < 80 && nin < 64 && m.n > 0) { /* start a copy: half the time, a load */
+            bool want_load = kvt__rng_below(&rng, 2), found = false;
+            uint32_t i = (uint32_t)kvt__rng_below(&rng, m.n);
+            for (uint32_t t = 0; t < m.n && !found; t++, i = (i + 1) % m.n)
+                found = m.p[i].used && (m.p[i].st.l1 == KVT_NO_PAGE) == want_load;
+            if (!found) continue;
+            mpage_t *p = &m.p[(i + m.n - 1) % m.n];
+            kvt_rnode_t *n;
+            uint32_t idx;
+            if (in_l1(&p->st) && p->st.l2 == KVT_NO_PAGE) {
+                cr_assert(kvt__radix_locate_l1(r, p->st.l1, &n, &idx));
+                if (idx >= n->n_l1) continue; /* loaded but not yet part of the L1 prefix */
+                p->st.l2 = take_id(m.l2_used, &rng);
+                p->st.flags |= KVT_PAGE_D2H;
+                kvt__radix_begin_backup(r, n, idx, p->st.l2);
+                inflight[nin++] = (op_t){false, p->st.l2};
+                cnt[5]++;
+            } else if (p->st.l1 == KVT_NO_PAGE && p->st.l2 != KVT_NO_PAGE && !(p->st.flags & KVT_PAGE_D2H)) {
+                cr_assert(kvt__radix_locate_l2(r, p->st.l2, &n, &idx));
+                p->st.l1 = take_id(m.l1_used, &rng);
+                p->st.flags |= KVT_PAGE_H2D;
+                kvt__radix_begin_load(r, n, idx, p->st.l1);
+                inflight[nin++] = (op_t){true, p->st.l1};
+                cnt[6]++;
+            }
+        } else if (nin > 0) { /* complete a copy, in any order, sometimes failing */
+            uint32_t i = (uint32_t)kvt__rng_below(&rng, nin);
+            op_t op = inflight[i];
+            inflight[i] = inflight[--nin];
+            bool ok = kvt__rng_below(&rng, 8) != 0;
+            cnt[7] += !ok;
+            kvt_rnode_t *n;
+            uint32_t idx;
+            if (op.load) {
+                cr_assert(kvt__radix_locate_l1(r, op.id, &n, &idx));
+                mpage_t *p = model_of(&m, r, n, idx);
+                p->st.flags &= ~(uint32_t)KVT_PAGE_H2D;
+                if (!ok) m.l1_used[p->st.l1] = false, p->st.l1 = KVT_NO_PAGE;
+                kvt__radix_end_load(r, n, idx, ok);
+            } else {
+                cr_assert(kvt__radix_locate_l2(r, op.id, &n, &idx));
+                mpage_t *p = model_of(&m, r, n, idx);
+                p->st.flags &= ~(uint32_t)KVT_PAGE_D2H;
+                if (!ok) m.l2_used[p->st.l2] = false, p->st.l2 = KVT_NO_PAGE;
+                kvt__radix_end_backup(r, n, idx, ok);
+            }
+        }
+        compare(&m, r, ctx);
+    }
+    kvt_radix_stats_t st = {.size = sizeof(st)};
+    kvt_radix_stats(r, &st);
+    fprintf(stderr, "radix fuzz seed %" PRIu64 ": %" PRIu64 " inserts, %" PRIu64 " splits, %" PRIu64 " L1 drops, %" PRIu64
+            " L1 trims, %" PRIu64 " L2 trims, %" PRIu64 " shadow drops, %" PRIu64 " backups, %" PRIu64 " loads, %" PRIu64
+            " failed copies; %" PRIu64 " pages at the end\n", seed, cnt[0], st.splits, cnt[1], cnt[2], cnt[3], cnt[4], cnt[5],
+            cnt[6], cnt[7], st.pages);
+    for (int i = 0; i < 8; i++) cr_assert_gt(cnt[i], 0, "seed %" PRIu64 ": operation kind %d never ran", seed, i);
+    cr_assert_gt(st.splits, 0);
+    kvt__radix_destroy(r);
+}
+
+Test(radix, model_fuzz, .timeout = 300) {
+    for (uint64_t seed = 1; seed <= 12; seed++) radix_fuzz(seed, 4000);
+}
+
+/* A split carries each page's state: build a long node with distinct page
+ * states, then split it page by page with matches of every length. */
+Test(radix, splits_keep_page_state) {
+    kvt_radix_t *r;
+    kvt__radix_config_t cfg = {4, 64, 64, lru, NULL};
+    cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
+    int32_t tok[16 * 4];
+    for (int i = 0; i < 16 * 4; i++) tok[i] = i;
+    uint32_t ids[16];
+    for (uint32_t i = 0; i < 16; i++) ids[i] = 40 - i;
+    kvt__match_t mt;
+    cr_assert_eq(kvt__radix_match(r, 7, tok, 16, 1, &mt), KVT_OK);
+    kvt_rnode_t *n;
+    cr_assert_eq(kvt__radix_insert(r, mt.node, 7, tok, 16, ids, 1, 0, &n), KVT_OK);
+    for (uint32_t i = 0; i < 16; i += 3) { /* some pages get L2 copies */
+        kvt__radix_begin_backup(r, n, i, 63 - i);
+        kvt__radix_end_backup(r, n, i, true);
+    }
+    kvt_hash128_t before[16];
+    for (uint32_t i = 0; i < 16; i++) cr_assert_eq(kvt_radix_page_hash(r, n, i, &before[i]), KVT_OK);
+    const uint32_t cuts[] = {9, 3, 12, 1, 6, 15, 2};
+    for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
+        cr_assert_eq(kvt__radix_match(r, 7, tok, cuts[c], 2 + c, &mt), KVT_OK);
+        cr_assert_eq(mt.pages, cuts[c]);
+        cr_assert_eq(kvt_radix_check(r, NULL), KVT_OK);
+        for (uint32_t i = 0; i < 16; i++) {
+            kvt_rnode_t *x;
+            uint32_t idx;
+            cr_assert(kvt__radix_locate_l1(r, 40 - i, &x, &idx));
+            cr_assert_eq(x->tokens[idx * 4], (int32_t)(i * 4), "page %u moved", i);
+            cr_assert_eq(x->pages[idx].l2, i % 3 == 0 ? 63 - i : KVT_NO_PAGE, "page %u lost its L2 copy", i);
+            kvt_hash128_t h;
+            cr_assert_eq(kvt_radix_page_hash(r, x, idx, &h), KVT_OK);
+            cr_assert(h.lo == before[i].lo && h.hi == before[i].hi, "page %u hash changed by a split", i);
+        }
+    }
+    kvt_radix_stats_t st = {.size = sizeof(st)};
+    kvt_radix_stats(r, &st);
+    cr_assert_eq(st.nodes, 8);
+    cr_assert_eq(st.splits, 7);
+    cr_assert_eq(st.shadow_pages, 6);
+    kvt__radix_destroy(r);
+}
