@@ -43,7 +43,9 @@ extern "C" {
     X(KVT_POLICY_LFU, "lfu", "fewest hits first, then least recently used")                \
     X(KVT_POLICY_FIFO, "fifo", "oldest node first")                                         \
     X(KVT_POLICY_PRIORITY, "priority", "lowest request priority first, then LRU")          \
-    X(KVT_POLICY_SLRU, "slru", "segmented LRU: probation before protected (hit twice)")
+    X(KVT_POLICY_SLRU, "slru", "segmented LRU: probation before protected (hit twice)")         \
+    X(KVT_POLICY_S2LRU, "s2lru", "second-hit LRU: pages seen once go before pages seen again, LRU within each") \
+    X(KVT_POLICY_ARC, "arc", "adaptive: seen-once and seen-again pages share the cache by a learnt split (ARC)")
 
 typedef enum kvt_policy {
 #define KVT_POLICY_ENUM_(e, name, desc) e,
@@ -53,7 +55,7 @@ typedef enum kvt_policy {
 } kvt_policy_t;
 
 /* The default eviction order. */
-#define KVT_POLICY_DEFAULT KVT_POLICY_LRU
+#define KVT_POLICY_DEFAULT KVT_POLICY_ARC
 
 typedef enum kvt_write_policy {
     KVT_WRITE_THROUGH = 0,           /* back up every page when it is inserted */
@@ -76,7 +78,7 @@ typedef struct kvt_cache_config {
     uint32_t l1_lanes;           /* CP owner lanes over L1 (default 1) */
     double l1_free_room;         /* fraction of L1 kept free, [0, 0.5]; default 0.05 */
     double l2_free_room;         /* fraction of L2 kept free, [0, 0.5]; default 0.05 */
-    kvt_policy_t policy;         /* default KVT_POLICY_DEFAULT */
+    kvt_policy_t policy;         /* default KVT_POLICY_DEFAULT (arc) */
     kvt_write_policy_t write_policy;   /* default write_through_selective */
     uint32_t write_through_hits; /* hits before write_through_selective backs up (default 2) */
 } kvt_cache_config_t;

@@ -15,6 +15,18 @@ typedef struct kvt__op {
     uint32_t l1, l2;
 } kvt__op_t;
 
+/* The ghost of pages that left the cache (ghost.c). */
+typedef struct kvt__ghost {
+    uint64_t *ring;
+    uint32_t *index; /* ring position + 1; 0: empty */
+    size_t cap, head, n, live, mask;
+} kvt__ghost_t;
+
+int kvt__ghost_init(kvt__ghost_t *g, size_t cap); /* cap 0: a ghost that remembers nothing */
+void kvt__ghost_fini(kvt__ghost_t *g);
+void kvt__ghost_add(kvt__ghost_t *g, uint64_t key);
+bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key); /* true (and forgotten) when present */
+
 /* Page ids on their way back to an allocator (appending never fails: room
  * for every page of the tier is set aside at creation). */
 typedef struct kvt__idbuf {
@@ -37,6 +49,9 @@ struct kvt_cache {
     uint32_t *scratch;             /* page ids for one admission */
     size_t scratch_cap;
     uint64_t slru_pages;           /* pages of SLRU-protected nodes */
+    kvt__ghost_t ghost[2];         /* s2lru: [0] pages that left the cache; arc: [c] left from class c */
+    uint64_t cls_pages[2];         /* s2lru, arc: pages in the tree by class (0: seen once) */
+    double arc_p;                  /* arc: the target share of class 0, in pages */
     uint64_t held;                 /* requests admitted and not released */
     uint64_t fail_every, submitted; /* test hook: every fail_every-th copy fails */
     kvt_cache_stats_t st;
@@ -51,5 +66,18 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
 void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n);
 /* n is about to lose its tail page (and, if it is the last, to be freed). */
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n);
+/* Of npages new pages about to go below `at` (which had `children` children
+ * when matched), how many leading ones start protected. */
+uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
+                                      const int32_t *tokens, uint64_t npages);
+/* A new node's class (1: protected, seen again). */
+void kvt__policy_on_insert(kvt_cache_t *c, kvt_rnode_t *n, bool protected_);
+/* The next L1 victim, or NULL. */
+kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c);
+/* Recounts the policy's own bookkeeping from the tree: KVT_ECORRUPT (and
+ * *why) on a difference. */
+int kvt__policy_check(kvt_cache_t *c, const char **why);
+int kvt__policy_init(kvt_cache_t *c);
+void kvt__policy_fini(kvt_cache_t *c);
 
 #endif

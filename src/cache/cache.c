@@ -259,7 +259,7 @@ static void plan_l1(kvt_cache_t *c, uint64_t n) {
     kvt_rnode_t *aside[16];
     size_t naside = 0;
     while (c->l1_free < n + c->l1_target) {
-        kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L1);
+        kvt_rnode_t *v = kvt__policy_l1_victim(c);
         if (v == NULL || naside == sizeof(aside) / sizeof(aside[0])) {
             c->st.l1_room_misses++;
             break;
@@ -304,6 +304,7 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg) {
     if (err == KVT_OK && (c->done = kvt__malloc(c->done_cap * sizeof(kvt__op_t))) == NULL) err = KVT_ENOMEM;
     if (err == KVT_OK && (c->scratch = kvt__malloc(c->scratch_cap * sizeof(uint32_t))) == NULL) err = KVT_ENOMEM;
     if (err == KVT_OK && (c->l2_runs = kvt__malloc((cfg->l2_pages + 1) * sizeof(kvt_run_t))) == NULL) err = KVT_ENOMEM;
+    if (err == KVT_OK) err = kvt__policy_init(c);
     if (err != KVT_OK) {
         kvt_cache_destroy(c);
         return err;
@@ -322,6 +323,7 @@ void kvt_cache_destroy(kvt_cache_t *c) {
     kvt__free(c->done, c->done_cap * sizeof(kvt__op_t));
     kvt__free(c->scratch, c->scratch_cap * sizeof(uint32_t));
     kvt__free(c->l2_runs, (c->cfg.l2_pages + 1) * sizeof(kvt_run_t));
+    kvt__policy_fini(c);
     KVT_DELETE(c);
 }
 
@@ -386,6 +388,42 @@ static void selective_backups(kvt_cache_t *c, kvt_rnode_t *end) {
     }
 }
 
+/* write_through: backs up the `count` pages that end at node `last` (the
+ * new pages of one admission, in one or two nodes). */
+static void write_through(kvt_cache_t *c, kvt_rnode_t *last, uint64_t count) {
+    uint32_t *l2 = c->scratch + c->scratch_cap / 2;
+    uint64_t got = take_l2(c, count, l2), j = count;
+    for (kvt_rnode_t *x = last; j > 0; x = x->parent)
+        for (uint32_t i = x->npages; i-- > 0 && j > 0;) {
+            if (--j >= got) continue; /* L2 had no room for the rest */
+            kvt__radix_begin_backup(c->tree, x, i, l2[j]);
+            submit(c, OP_BACKUP, x->pages[i].l1, l2[j]);
+        }
+    c->st.backups += got;
+}
+
+/* Inserts npages new pages below `at`: one node, or two when the policy
+ * protects only the leading ones. Returns the deepest new node, or NULL (no
+ * memory) with the pages' ids not inserted from *inserted on. */
+static kvt_rnode_t *insert_pages(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
+                                 const int32_t *tokens, uint64_t npages, const uint32_t *ids, int32_t priority,
+                                 uint64_t *inserted) {
+    uint64_t prot = kvt__policy_protected_prefix(c, at, children, ns, tokens, npages), done = 0;
+    kvt_rnode_t *n = at;
+    while (done < npages) {
+        uint64_t k = done < prot ? prot - done : npages - done;
+        kvt_rnode_t *nn;
+        if (kvt__radix_insert(c->tree, n, ns, tokens + done * c->cfg.page_tokens, k, ids + done, c->clock, priority,
+                              &nn) != KVT_OK)
+            break;
+        kvt__policy_on_insert(c, nn, done < prot);
+        n = nn;
+        done += k;
+    }
+    *inserted = done;
+    return done ? n : NULL;
+}
+
 int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
                     uint32_t *l1_ids, kvt_cache_req_t *req) {
     if (c == NULL || req == NULL || (tokens == NULL && ntokens > 0)) return KVT_EINVAL;
@@ -398,6 +436,7 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     c->clock++;
     for (kvt_rnode_t *x = m.node; x != kvt__radix_root(c->tree); x = x->parent) kvt__policy_on_hit(c, x);
     kvt__radix_lock(c->tree, m.node, +1);
+    uint32_t children = m.node->nchildren;
 
     uint64_t cont = pages_to_load(c, m.node), fresh = npages - m.pages, need = cont + fresh;
     if (need > 0) plan_l1(c, need);
@@ -423,25 +462,20 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
         c->st.l1_alloc_failures++;
     }
     kvt_rnode_t *nn = NULL;
-    if (ins > 0 &&
-        kvt__radix_insert(c->tree, m.node, ns, tokens + m.pages * pt, ins, ids + cont, c->clock, priority, &nn) != KVT_OK) {
-        for (uint64_t i = 0; i < ins; i++) give_back_l1(c, ids[cont + i]); /* no memory for the node */
-        ins = 0;
-        c->st.l1_alloc_failures++;
+    if (ins > 0) {
+        uint64_t done;
+        nn = insert_pages(c, m.node, children, ns, tokens + m.pages * pt, ins, ids + cont, priority, &done);
+        if (done < ins) { /* no memory for a node: the rest goes back */
+            for (uint64_t i = done; i < ins; i++) give_back_l1(c, ids[cont + i]);
+            ins = done;
+            c->st.l1_alloc_failures++;
+        }
     }
     if (ins > 0) {
         kvt__radix_lock(c->tree, nn, +1);
         kvt__radix_lock(c->tree, m.node, -1);
         held = nn;
-        if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) {
-            uint32_t *l2 = c->scratch + c->scratch_cap / 2;
-            uint64_t got = take_l2(c, ins, l2);
-            for (uint64_t i = 0; i < got; i++) {
-                kvt__radix_begin_backup(c->tree, nn, (uint32_t)i, l2[i]);
-                submit(c, OP_BACKUP, nn->pages[i].l1, l2[i]);
-            }
-            c->st.backups += got;
-        }
+        if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) write_through(c, nn, ins);
     }
     req->l2_hit_pages = loaded;
     req->new_pages = ins;
@@ -534,9 +568,6 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
         return *why = "L2 pages without an L2 tier", KVT_ECORRUPT;
     }
     if (rs.locked_nodes > 0 && c->held == 0) return *why = "nodes locked with no request held", KVT_ECORRUPT;
-    uint64_t prot = 0;
-    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x))
-        if (x->policy_set) prot += x->npages;
-    if (prot != c->slru_pages) return *why = "SLRU protected page count differs", KVT_ECORRUPT;
+    return kvt__policy_check(c, why);
     return KVT_OK;
 }

@@ -12,6 +12,31 @@
  *             promotion that overflows that demotes the least recently used
  *             protected nodes to probation (the tree's POLICY set orders the
  *             protected nodes by last access for this).
+ *   s2lru     second-hit LRU: class (seen once before seen again), then last
+ *             access. A page is "seen again" (protected, for good) when it is
+ *             matched while cached; when it comes back while a ghost of
+ *             recently evicted pages still remembers its chained hash; or
+ *             when it extends a sequence whose cached end had no children (a
+ *             conversation's next turn). The ghost holds 4 x the cache's
+ *             pages, FIFO. On the Mooncake trace, reuse after a first reuse
+ *             is likely (0.85) and reuse of a page seen once much less so
+ *             (0.45) at any age up to ~1000 requests, while LRU at 6,000 pages
+ *             keeps a page only ~200 requests: putting once-seen pages first
+ *             is the win, and the ghost lets a page earn its second sighting
+ *             even after an eviction. See docs/policies.md.
+ *   arc       the same two classes, sharing the cache by a split learnt as
+ *             ARC learns it (Megiddo & Modha, FAST'03): class 0 gets a
+ *             target of p pages; L1 evicts from class 0 while it holds more
+ *             than p, else from class 1 (each class LRU, in its own victim
+ *             set). Two ghosts remember the pages each class lost: a page
+ *             coming back through class 0's ghost says class 0 was too
+ *             small (p grows by max(1, |B1|/|B0|)), through class 1's ghost
+ *             that class 1 was (p shrinks by max(1, |B0|/|B1|)). Either way
+ *             the page comes back protected; a matched page is protected;
+ *             unlike s2lru, a continuation is not. Where seen-once pages are
+ *             mostly dead (the Mooncake trace) p stays small and arc acts
+ *             like s2lru; where they come back soon (a chat's next turn) p
+ *             grows and it acts like LRU.
  */
 #include <string.h>
 
@@ -20,6 +45,10 @@
 
 #define LOW40 ((1ull << 40) - 1)
 #define SLRU_PROTECTED_SHARE 0.8
+#define PROTECTED 1ull           /* policy[0] bit: s2lru and arc's class 1 */
+#define S2LRU_GHOST_FACTOR 4     /* s2lru ghost entries per cached page */
+#define ARC_GHOST_FACTOR 2       /* arc: entries per cached page, each ghost */
+#define GHOST_MAX (1u << 22)
 
 static const char *const NAMES[] = {
 #define KVT_POLICY_NAME_(e, name, desc) name,
@@ -66,6 +95,9 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set) {
         return with_recency((uint64_t)(p + (1 << 23)), n);
     }
     case KVT_POLICY_SLRU: return with_recency(n->policy_set ? 1 : 0, n);
+    case KVT_POLICY_S2LRU: return with_recency(n->policy[0] & PROTECTED, n);
+    case KVT_POLICY_ARC: /* classes apart in L1 (two sets); L2 as s2lru */
+        return set == KVT_VSET_L1 || set == KVT_VSET_L1_HI ? n->last_access : with_recency(n->policy[0] & PROTECTED, n);
     case KVT_POLICY_LRU:
     default: return n->last_access;
     }
@@ -81,7 +113,30 @@ static void slru_demote_overflow(kvt_cache_t *c) {
     }
 }
 
+static bool two_classes(const kvt_cache_t *c) {
+    return c->cfg.policy == KVT_POLICY_S2LRU || c->cfg.policy == KVT_POLICY_ARC;
+}
+
+static void protect(kvt_cache_t *c, kvt_rnode_t *n) {
+    if (n->policy[0] & PROTECTED) return;
+    n->policy[0] |= PROTECTED;
+    n->vclass = c->cfg.policy == KVT_POLICY_ARC;
+    c->cls_pages[0] -= n->npages;
+    c->cls_pages[1] += n->npages;
+    kvt__radix_rescore(c->tree, n);
+}
+
+void kvt__policy_on_insert(kvt_cache_t *c, kvt_rnode_t *n, bool protected_) {
+    if (!two_classes(c)) return;
+    c->cls_pages[0] += n->npages;
+    if (protected_) protect(c, n);
+}
+
 void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n) {
+    if (two_classes(c)) {
+        protect(c, n);
+        return;
+    }
     if (c->cfg.policy != KVT_POLICY_SLRU || n->policy_set || n->hits < 2) return;
     n->policy_set = 1;
     c->slru_pages += n->npages;
@@ -91,4 +146,81 @@ void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n) {
 
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n) {
     if (n->policy_set) c->slru_pages--;
+    if (!two_classes(c)) return;
+    unsigned cls = (n->policy[0] & PROTECTED) != 0;
+    c->cls_pages[cls]--;
+    kvt_hash128_t h; /* a hint only: without memory for the hash, the ghost just misses it */
+    if (kvt_radix_page_hash(c->tree, n, n->npages - 1, &h) == KVT_OK)
+        kvt__ghost_add(&c->ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], h.lo);
+}
+
+/* arc: a page came back through ghost `from`: move the target toward the
+ * class that lost it. */
+static void arc_adapt(kvt_cache_t *c, unsigned from) {
+    double mine = (double)c->ghost[from].live + 1, other = (double)c->ghost[!from].live;
+    double step = other / mine > 1 ? other / mine : 1;
+    double cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
+    c->arc_p += from == 0 ? step : -step;
+    c->arc_p = c->arc_p < 0 ? 0 : c->arc_p > cap ? cap : c->arc_p;
+}
+
+uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
+                                      const int32_t *tokens, uint64_t npages) {
+    if (!two_classes(c)) return 0;
+    kvt_rnode_t *root = kvt__radix_root(c->tree);
+    /* s2lru: the next turn of a cached sequence starts protected. (arc learns
+     * better without this: on chat traces, last turns never come back.) */
+    if (c->cfg.policy == KVT_POLICY_S2LRU && at != root && children == 0) return npages;
+    kvt_hash128_t prev = {0, 0};
+    if (at != root && kvt_radix_page_hash(c->tree, at, at->npages - 1, &prev) != KVT_OK) return 0;
+    uint64_t k = 0, pt = c->cfg.page_tokens;
+    for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
+        prev = kvt_page_hash(&prev, ns, tokens + k * pt, (uint32_t)pt);
+        if (kvt__ghost_take(&c->ghost[0], prev.lo)) {
+            if (c->cfg.policy == KVT_POLICY_ARC) arc_adapt(c, 0);
+        } else if (c->cfg.policy == KVT_POLICY_ARC && kvt__ghost_take(&c->ghost[1], prev.lo)) {
+            arc_adapt(c, 1);
+        } else {
+            break;
+        }
+    }
+    return k;
+}
+
+kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c) {
+    kvt__vset_t first = KVT_VSET_L1, second = KVT_VSET_L1_HI;
+    if (c->cfg.policy == KVT_POLICY_ARC && (double)c->cls_pages[0] <= c->arc_p) first = KVT_VSET_L1_HI, second = KVT_VSET_L1;
+    kvt_rnode_t *v = kvt__radix_victim(c->tree, first);
+    return v ? v : kvt__radix_victim(c->tree, second);
+}
+
+int kvt__policy_check(kvt_cache_t *c, const char **why) {
+    uint64_t prot = 0, cls[2] = {0, 0};
+    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x)) {
+        if (x->policy_set) prot += x->npages;
+        cls[(x->policy[0] & PROTECTED) != 0] += x->npages;
+        if (x->vclass != (c->cfg.policy == KVT_POLICY_ARC && (x->policy[0] & PROTECTED)))
+            return *why = "a node in the wrong L1 victim class", KVT_ECORRUPT;
+    }
+    if (prot != c->slru_pages) return *why = "SLRU protected page count differs", KVT_ECORRUPT;
+    if (two_classes(c) && (cls[0] != c->cls_pages[0] || cls[1] != c->cls_pages[1]))
+        return *why = "class page counts differ", KVT_ECORRUPT;
+    return KVT_OK;
+}
+
+int kvt__policy_init(kvt_cache_t *c) {
+    uint64_t pages = c->cfg.l1_pages + c->cfg.l2_pages, cap[2] = {0, 0};
+    if (c->cfg.policy == KVT_POLICY_S2LRU) cap[0] = S2LRU_GHOST_FACTOR * pages;
+    if (c->cfg.policy == KVT_POLICY_ARC) cap[0] = cap[1] = ARC_GHOST_FACTOR * pages;
+    for (int i = 0; i < 2; i++) {
+        if (cap[i] > GHOST_MAX) cap[i] = GHOST_MAX;
+        int rc = kvt__ghost_init(&c->ghost[i], (size_t)cap[i]);
+        if (rc != KVT_OK) return rc;
+    }
+    return KVT_OK;
+}
+
+void kvt__policy_fini(kvt_cache_t *c) {
+    kvt__ghost_fini(&c->ghost[0]);
+    kvt__ghost_fini(&c->ghost[1]);
 }

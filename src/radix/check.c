@@ -152,7 +152,7 @@ int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *st) {
         while (n != &r->root && n->next_sibling == NULL) n = n->parent;
         n = n == &r->root ? NULL : n->next_sibling;
     }
-    st->l1_victims = r->heap[KVT_VSET_L1].n;
+    st->l1_victims = r->heap[KVT_VSET_L1].n + r->heap[KVT_VSET_L1_HI].n;
     st->l2_host_victims = r->heap[KVT_VSET_L2_HOST].n;
     st->l2_shadow_victims = r->heap[KVT_VSET_L2_SHADOW].n;
     st->splits = r->splits;

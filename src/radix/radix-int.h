@@ -12,7 +12,8 @@
 
 /* Victim sets kept incrementally, each a min-heap by (score, seq). */
 typedef enum kvt__vset {
-    KVT_VSET_L1 = 0,     /* nodes whose tail L1 page may leave L1 */
+    KVT_VSET_L1 = 0,     /* nodes whose tail L1 page may leave L1 (vclass 0) */
+    KVT_VSET_L1_HI,      /* the same, for nodes of vclass 1 */
     KVT_VSET_L2_HOST,    /* leaves whose tail page lives only in L2 */
     KVT_VSET_L2_SHADOW,  /* nodes holding L2 copies of pages still in L1 */
     KVT_VSET_POLICY,     /* nodes the policy marked (policy_set), for its own use */
@@ -45,6 +46,7 @@ struct kvt_rnode {
     uint64_t score[KVT_VSET_COUNT];
     uint64_t policy[2];       /* owned by the cache's policy; copied to the head on a split */
     uint8_t policy_set;       /* set by the policy: the node belongs to KVT_VSET_POLICY */
+    uint8_t vclass;           /* set by the policy: which L1 victim set the node joins */
 };
 
 /* Scores a node for a victim set (lower = evicted first). Called whenever a

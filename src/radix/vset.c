@@ -4,7 +4,8 @@
  *
  *   L1         the node's tail L1 page is an L1 frontier: no child holds L1
  *              pages, the page has no backup in flight, nothing is locked or
- *              pinned
+ *              pinned; L1 holds the nodes of vclass 0, L1_HI those of vclass
+ *              1 (a policy may keep two classes apart)
  *   L2_HOST    a leaf whose tail page lives only in L2
  *   L2_SHADOW  the node holds L2 copies of pages that are still in L1
  *   POLICY     nodes the cache's policy marked, ordered by its score (SLRU's
@@ -21,7 +22,9 @@ bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set) {
     if (n->npages == 0 || n->lock || n->pin) return false;
     switch (set) {
     case KVT_VSET_L1:
-        return n->n_l1 > 0 && n->l1_children == 0 && !(n->pages[n->n_l1 - 1].flags & KVT_PAGE_D2H);
+    case KVT_VSET_L1_HI:
+        return n->n_l1 > 0 && n->l1_children == 0 && !(n->pages[n->n_l1 - 1].flags & KVT_PAGE_D2H) &&
+               (n->vclass != 0) == (set == KVT_VSET_L1_HI);
     case KVT_VSET_L2_HOST: return n->nchildren == 0 && n->npages > n->n_l1;
     case KVT_VSET_L2_SHADOW: return n->n_shadow > 0;
     default: return false;
