@@ -9,9 +9,13 @@
  *
  * Free room (planned eviction). Each tier keeps a free-room target, a
  * fraction of the tier. An allocation of n pages that would leave fewer than
- * the target free evicts until n + target pages are free — back to the
- * target, not just the deficit, so that the next allocations find room
- * without evicting again. Target 0 is the deficit-only mode.
+ * half the target free starts an eviction round, and the round evicts until
+ * n + target pages are free — back to the target, not just the deficit, so
+ * that the next allocations find room without evicting again. (Were rounds
+ * to start as soon as free room fell below the target, every allocation
+ * would start one: the gap between the two levels is what batches them.)
+ * Target 0 is the deficit-only mode. kvt_cache_restore_room runs a round
+ * between engine steps, ahead of demand.
  *
  * Eviction. L1 takes its victim's last L1 page: a page with an L2 copy just
  * drops its L1 copy (it lives on in L2); a page without one is backed up
@@ -79,11 +83,13 @@ typedef struct kvt_cache_config {
     double l1_free_room;         /* fraction of L1 kept free, [0, 0.5]; default 0.05 */
     double l2_free_room;         /* fraction of L2 kept free, [0, 0.5]; default 0.05 */
     kvt_policy_t policy;         /* default KVT_POLICY_DEFAULT (arc) */
-    kvt_write_policy_t write_policy;   /* default write_through_selective */
+    kvt_write_policy_t write_policy;   /* default write_through */
     uint32_t write_through_hits; /* hits before write_through_selective backs up (default 2) */
 } kvt_cache_config_t;
 
-/* Fills the defaults (sizes included: 16384 L1 pages, 65536 L2 pages). */
+/* Fills the defaults: 16-token pages, 65536 L1 pages and 262144 L2 pages (a
+ * Llama-3-70B node: 320 GiB of HBM and 1.25 TiB of DRAM for KV), 5 % free
+ * room in each tier, arc, write_through. */
 void kvt_cache_config_default(kvt_cache_config_t *cfg);
 
 typedef struct kvt_cache kvt_cache_t;
@@ -141,7 +147,9 @@ uint64_t kvt_cache_restore_room(kvt_cache_t *c);
     X(l1_free, GAUGE, "free L1 pages")                                                           \
     X(l2_free, GAUGE, "free L2 pages")                                                           \
     X(l1_target, GAUGE, "L1 free-room target, pages")                                            \
-    X(l2_target, GAUGE, "L2 free-room target, pages")
+    X(l2_target, GAUGE, "L2 free-room target, pages")                                            \
+    X(l1_floor, GAUGE, "L1 free pages below which an allocation starts an eviction round")      \
+    X(l2_floor, GAUGE, "L2 free pages below which an allocation starts an eviction round")
 
 typedef struct kvt_cache_stats {
     uint32_t size; /* sizeof(kvt_cache_stats_t), set by the caller */

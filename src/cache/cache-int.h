@@ -41,7 +41,8 @@ struct kvt_cache {
     kvt_extalloc_t *l2; /* NULL without an L2 tier */
     uint64_t clock;
     uint64_t l1_free, l2_free;     /* free pages, counting those in the buffers below */
-    uint64_t l1_target, l2_target; /* free-room targets, pages */
+    uint64_t l1_target, l2_target; /* free-room targets, pages: a round evicts back to n + target */
+    uint64_t l1_floor, l2_floor;   /* ... and starts when an allocation would leave fewer free */
     kvt__idbuf_t l1_back, l2_back;
     kvt_run_t *l2_runs;            /* room for l2_back as runs */
     kvt__op_t *done;               /* completed copies not yet applied */

@@ -47,13 +47,13 @@ void kvt_cache_config_default(kvt_cache_config_t *cfg) {
     memset(cfg, 0, sizeof(*cfg));
     cfg->size = sizeof(*cfg);
     cfg->page_tokens = 16;
-    cfg->l1_pages = 16384;
-    cfg->l2_pages = 65536;
+    cfg->l1_pages = 65536;
+    cfg->l2_pages = 262144;
     cfg->l1_lanes = 1;
     cfg->l1_free_room = 0.05;
     cfg->l2_free_room = 0.05;
     cfg->policy = KVT_POLICY_DEFAULT;
-    cfg->write_policy = KVT_WRITE_THROUGH_SELECTIVE;
+    cfg->write_policy = KVT_WRITE_THROUGH;
     cfg->write_through_hits = 2;
 }
 
@@ -168,12 +168,12 @@ static bool evict_one_l2(kvt_cache_t *c) {
     return true;
 }
 
-/* Plans room for n L2 pages (see the header): evicts back to the target when
- * the allocation would cut into it. */
-static void plan_l2(kvt_cache_t *c, uint64_t n) {
-    c->st.l2_allocs++;
-    if (c->l2_free >= n + c->l2_target) return;
-    c->st.l2_allocs_evicting++;
+/* Plans room for n L2 pages: when the allocation would leave fewer than the
+ * floor (half the target) free, one eviction round brings free room back to
+ * n + target. The gap between floor and target is what batches rounds: a
+ * round makes room for the next allocations too. */
+static bool plan_l2_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
+    if (c->l2_free >= n + floor) return false;
     c->st.l2_evict_calls++;
     while (c->l2_free < n + c->l2_target) {
         if (!evict_one_l2(c)) {
@@ -182,6 +182,12 @@ static void plan_l2(kvt_cache_t *c, uint64_t n) {
         }
         c->st.l2_evicted_pages++;
     }
+    return true;
+}
+
+static void plan_l2(kvt_cache_t *c, uint64_t n) {
+    c->st.l2_allocs++;
+    if (plan_l2_to(c, n, c->l2_floor)) c->st.l2_allocs_evicting++;
 }
 
 /* Reserves up to n L2 pages (after planning); ids in out. Returns how many. */
@@ -248,13 +254,10 @@ static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
     return EVICTED;
 }
 
-/* Plans room for n L1 pages: evicts back to the target when the allocation
- * would cut into it. Nodes that cannot give a page now are held aside
- * (locked) for the round. */
-static void plan_l1(kvt_cache_t *c, uint64_t n) {
-    c->st.l1_allocs++;
-    if (c->l1_free >= n + c->l1_target) return;
-    c->st.l1_allocs_evicting++;
+/* Plans room for n L1 pages, as plan_l2. Nodes that cannot give a page now
+ * are held aside (locked) for the round. */
+static bool plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
+    if (c->l1_free >= n + floor) return false;
     c->st.l1_evict_calls++;
     kvt_rnode_t *aside[16];
     size_t naside = 0;
@@ -272,6 +275,12 @@ static void plan_l1(kvt_cache_t *c, uint64_t n) {
         c->st.l1_evicted_pages++;
     }
     while (naside > 0) kvt__radix_lock(c->tree, aside[--naside], -1);
+    return true;
+}
+
+static void plan_l1(kvt_cache_t *c, uint64_t n) {
+    c->st.l1_allocs++;
+    if (plan_l1_to(c, n, c->l1_floor)) c->st.l1_allocs_evicting++;
 }
 
 /* ---- create / destroy ------------------------------------------------------------ */
@@ -292,6 +301,8 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg) {
     c->l2_free = cfg->l2_pages;
     c->l1_target = (uint64_t)ceil(cfg->l1_free_room * (double)cfg->l1_pages);
     c->l2_target = (uint64_t)ceil(cfg->l2_free_room * (double)cfg->l2_pages);
+    c->l1_floor = c->l1_target / 2;
+    c->l2_floor = c->l2_target / 2;
     c->st.size = sizeof(c->st);
     kvt__radix_config_t rc = {cfg->page_tokens, cfg->l1_pages, cfg->l2_pages, kvt__policy_score, c};
     c->done_cap = DONE_CAP;
@@ -513,8 +524,8 @@ int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req) {
 uint64_t kvt_cache_restore_room(kvt_cache_t *c) {
     if (c == NULL) return 0;
     uint64_t before = c->st.l1_evicted_pages + c->st.l2_evicted_pages;
-    if (c->l1_free < c->l1_target) plan_l1(c, 0);
-    if (c->l2 && c->l2_free < c->l2_target) plan_l2(c, 0);
+    if (c->l1_free < c->l1_target) plan_l1_to(c, 0, c->l1_target);
+    if (c->l2 && c->l2_free < c->l2_target) plan_l2_to(c, 0, c->l2_target);
     kvt_cache_poll(c);
     flush(c);
     return c->st.l1_evicted_pages + c->st.l2_evicted_pages - before;
@@ -530,6 +541,8 @@ int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st) {
     st->l2_free = c->l2_free;
     st->l1_target = c->l1_target;
     st->l2_target = c->l2_target;
+    st->l1_floor = c->l1_floor;
+    st->l2_floor = c->l2_floor;
     return KVT_OK;
 }
 

@@ -238,9 +238,11 @@ int cmd_replay(int argc, char **argv) {
     unsigned nm = 0;
     for (; nm < 15 && kvt_model_at(nm); nm++) model_names[nm] = kvt_model_at(nm)->name;
     for (int i = 0; i < KVT_POLICY_COUNT_; i++) policy_names[i] = kvt_policy_name((kvt_policy_t)i);
-    opts_t o = {.page_tokens = 16, .l1_pages = 8192, .l2_pages = 49152, .write_hits = 2, .requests = 4000,
-                .seed = 42, .l1_room = 0.05, .l2_room = 0.05, .model = 0, .policy = KVT_POLICY_DEFAULT,
-                .write_policy = KVT_WRITE_THROUGH_SELECTIVE};
+    kvt_cache_config_t d;
+    kvt_cache_config_default(&d);
+    opts_t o = {.page_tokens = d.page_tokens, .l1_pages = d.l1_pages, .l2_pages = d.l2_pages,
+                .write_hits = d.write_through_hits, .requests = 4000, .seed = 42, .l1_room = d.l1_free_room,
+                .l2_room = d.l2_free_room, .model = 0, .policy = d.policy, .write_policy = d.write_policy};
     const cli_opt_t table[] = {
         {"page-tokens", OPT_U64, &o.page_tokens, 1, 512, 0, 0, NULL, NULL, 0, "tokens per page"},
         {"l1-pages", OPT_U64, &o.l1_pages, 1, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, "unbounded", UNBOUNDED, "L1 (GPU) capacity in pages"},

@@ -56,7 +56,7 @@ typedef struct lpage {
 typedef struct lru_model {
     lpage_t p[4096];
     uint32_t n, present;
-    uint64_t cap, target, born;
+    uint64_t cap, target, floor, born; /* a round starts below need + floor, stops at need + target */
 } lru_model_t;
 
 static lpage_t *lfind(lru_model_t *m, const int32_t *q, uint32_t k) {
@@ -77,7 +77,7 @@ static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t
     uint32_t hit = 0;
     while (hit < n && lfind(m, q, hit + 1)) lfind(m, q, ++hit)->last = t;
     uint64_t need = n - hit;
-    if (need > 0 && m->cap - m->present < need + m->target) {
+    if (need > 0 && m->cap - m->present < need + m->floor) {
         while (m->cap - m->present < need + m->target) {
             lpage_t *v = NULL; /* the least recently used leaf outside the matched prefix */
             for (uint32_t i = 0; i < m->n; i++) {
@@ -138,6 +138,7 @@ Test(cache, lru_matches_an_independent_simulator, .timeout = 300) {
         kvt__rng_seed(&s.rng, seed);
         m.cap = cases[ci].cap;
         m.target = (uint64_t)ceil(cases[ci].room * (double)m.cap);
+        m.floor = m.target / 2;
         kvt_cache_t *c = make_cache(m.cap, 0, cases[ci].room, 0, KVT_POLICY_LRU, KVT_WRITE_THROUGH_SELECTIVE);
         uint64_t hits = 0;
         for (uint64_t t = 1; t <= 1500; t++) {
@@ -185,13 +186,15 @@ Test(cache, two_tiers_keep_their_invariants, .timeout = 300) {
                     kvt_cache_stats(c, &before);
                     cr_assert_eq(kvt_cache_admit(c, (uint32_t)(t % 3 == 0), q, (uint64_t)n * PT, t % 5, NULL, &req), KVT_OK);
                     kvt_cache_stats(c, &after);
-                    /* free room holds after each admission, unless the round said it could not */
-                    cr_assert(after.l1_free >= after.l1_target || after.l1_room_misses > before.l1_room_misses ||
+                    /* free room holds after each admission (never below the floor, half the
+                     * target), unless a round said it could not get there */
+                    cr_assert(after.l1_floor == after.l1_target / 2 && after.l2_floor == after.l2_target / 2);
+                    cr_assert(after.l1_free >= after.l1_floor || after.l1_room_misses > before.l1_room_misses ||
                                   after.l1_allocs == before.l1_allocs,
-                              "seed %" PRIu64 " request %d: L1 free %" PRIu64 " below target %" PRIu64, seed, t, after.l1_free, after.l1_target);
-                    cr_assert(after.l2_free >= after.l2_target || after.l2_room_misses > before.l2_room_misses ||
+                              "seed %" PRIu64 " request %d: L1 free %" PRIu64 " below floor %" PRIu64, seed, t, after.l1_free, after.l1_floor);
+                    cr_assert(after.l2_free >= after.l2_floor || after.l2_room_misses > before.l2_room_misses ||
                                   after.l2_allocs == before.l2_allocs || after.l2_alloc_failures > before.l2_alloc_failures,
-                              "seed %" PRIu64 " request %d: L2 free %" PRIu64 " below target %" PRIu64, seed, t, after.l2_free, after.l2_target);
+                              "seed %" PRIu64 " request %d: L2 free %" PRIu64 " below floor %" PRIu64, seed, t, after.l2_free, after.l2_floor);
                     if (nheld < 4 && t % 7 == 0) held[nheld++] = req; /* some requests stay admitted */
                     else cr_assert_eq(kvt_cache_release(c, &req), KVT_OK);
                     if (t % 50 == 49) while (nheld > 0) kvt_cache_release(c, &held[--nheld]);
