@@ -18,7 +18,7 @@ help:
 	@echo "make test       build and run every CPU suite (unit, e2e, benchmark); kernels needs a GPU"
 	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
 	@echo "make bench      the benchmarks at full size"
-	@echo "make run        the main job"
+	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
 	@echo "make install    install into PREFIX=$(PREFIX)"
 
 bootstrap:
@@ -46,9 +46,10 @@ bench: build
 	$(BUILD)/kvtier bench alloc --pattern mixed $(RUN_ARGS)
 	$(BUILD)/kvtier bench alloc --pattern churn $(RUN_ARGS)
 
-# The main job. Until `kvtier replay` lands, a small allocator benchmark.
+# The main job: replay the built-in synthetic workload (RUN_ARGS for flags,
+# e.g. RUN_ARGS="data/mooncake_synthetic_trace.jsonl --sweep 8192,32768,65536").
 run: build
-	$(BUILD)/kvtier bench alloc --pages 1000000 --ops 50000 --scan-ops 20 $(RUN_ARGS)
+	$(BUILD)/kvtier replay $(RUN_ARGS)
 
 # kvtier.pc records the prefix, so it is configured in, not given at install time.
 install: build

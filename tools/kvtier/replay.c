@@ -210,12 +210,12 @@ static void print_summary(const result_t *r, const opts_t *o, uint64_t bpt, cons
            r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
 }
 
-static int plot(const char *path, const result_t *res, size_t n) {
+static int plot(const char *path, const result_t *res, size_t n, const char *policy) {
     FILE *g = popen("gnuplot 2>&1", "w");
     if (g == NULL) return -1;
     fprintf(g, "set terminal png size 900,560\nset output '%s'\n", path);
-    fprintf(g, "set title 'kvtier replay: hit rate vs L1 capacity'\nset xlabel 'L1 pages'\nset ylabel 'hit rate'\n"
-               "set yrange [0:1]\nset grid\nset key left top\n");
+    fprintf(g, "set title 'kvtier replay, policy %s: hit rate vs L1 capacity'\n", policy);
+    fprintf(g, "set xlabel 'L1 pages'\nset ylabel 'hit rate'\nset yrange [0:1]\nset grid\nset key left top\n");
     fprintf(g, "plot '-' using 1:2 with linespoints title 'all tiers', '-' using 1:2 with linespoints title 'L1'\n");
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < n; i++)
@@ -353,7 +353,7 @@ int cmd_replay(int argc, char **argv) {
             }
         }
     }
-    if (rc == 0 && o.plot && plot(o.plot, res, nsweep) != 0) {
+    if (rc == 0 && o.plot && plot(o.plot, res, nsweep, kvt_policy_name((kvt_policy_t)o.policy)) != 0) {
         fprintf(stderr, "kvtier replay: --plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)\n");
         rc = -1;
     }

@@ -1,0 +1,246 @@
+/* kvtier replay as a user runs it, on the shipped Mooncake trace. */
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "common/run.h"
+
+#define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
+#define RUN(...) run_argv((const char *const[]){NULL, "replay", __VA_ARGS__, NULL})
+
+static cJSON *json_of(run_result_t *r) {
+    cr_assert_eq(r->status, 0, "exit %d: %s", r->status, r->err);
+    cJSON *o = cJSON_Parse(r->out);
+    cr_assert_not_null(o, "not JSON: %s", r->out);
+    return o;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    cr_assert(cJSON_IsNumber(v), "field %s", k);
+    return v->valuedouble;
+}
+
+static double sub(const cJSON *o, const char *k, const char *k2) { return num(cJSON_GetObjectItem(o, k), k2); }
+
+/* The second row of the reference table (../shared/traces/README.md). */
+Test(replay, reference_lru_hit_rates, .timeout = 120) {
+    run_result_t r = RUN(TRACE, "--page-tokens", "512", "--sweep", "2000,6000,20000,unbounded", "--l2-pages", "0",
+                         "--policy", "lru", "--l1-free-room", "0", "--json");
+    cJSON *o = json_of(&r);
+    const double want[] = {0.1527, 0.3266, 0.5928, 0.6504};
+    cJSON *sw = cJSON_GetObjectItem(o, "sweep");
+    cr_assert_eq(cJSON_GetArraySize(sw), 4);
+    for (int i = 0; i < 4; i++) {
+        double got = num(cJSON_GetArrayItem(sw, i), "hit_rate");
+        cr_assert(fabs(got - want[i]) <= 0.002, "capacity %d: hit rate %.4f, reference %.4f", i, got, want[i]);
+    }
+    cr_assert_eq(num(cJSON_GetArrayItem(sw, 0), "requests"), 3993);
+    cr_assert_eq(num(cJSON_GetArrayItem(sw, 0), "input_tokens"), 61194628);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+/* The default policy against LRU on the same trace: >= 5 % better at 6,000
+ * pages, and nowhere worse by more than 0.005. */
+Test(replay, default_policy_beats_lru, .timeout = 120) {
+    run_result_t a = RUN(TRACE, "--page-tokens", "512", "--sweep", "2000,6000,20000", "--l2-pages", "0", "--policy",
+                         "lru", "--l1-free-room", "0", "--json");
+    run_result_t b = RUN(TRACE, "--page-tokens", "512", "--sweep", "2000,6000,20000", "--l2-pages", "0",
+                         "--l1-free-room", "0", "--json");
+    cJSON *oa = json_of(&a), *ob = json_of(&b);
+    for (int i = 0; i < 3; i++) {
+        cJSON *la = cJSON_GetArrayItem(cJSON_GetObjectItem(oa, "sweep"), i);
+        cJSON *lb = cJSON_GetArrayItem(cJSON_GetObjectItem(ob, "sweep"), i);
+        double lru = num(la, "hit_rate"), def = num(lb, "hit_rate");
+        cr_assert_str_neq(cJSON_GetObjectItem(lb, "policy")->valuestring, "lru");
+        cr_assert_geq(def, lru - 0.005, "capacity %d: default %.4f, lru %.4f", i, def, lru);
+        if (i == 1) cr_assert_geq(def / lru, 1.05, "at 6,000 pages: default %.4f, lru %.4f", def, lru);
+    }
+    cJSON_Delete(oa);
+    cJSON_Delete(ob);
+    run_free(&a);
+    run_free(&b);
+}
+
+/* Planned eviction: at the default free-room targets, L1 eviction rounds per
+ * 1,000 allocations are at least 3x fewer than deficit-only (page 16). */
+Test(replay, free_room_batches_evictions, .timeout = 120) {
+    run_result_t a = RUN(TRACE, "--l1-free-room", "0", "--l2-free-room", "0", "--json");
+    run_result_t b = RUN(TRACE, "--json");
+    cJSON *oa = json_of(&a), *ob = json_of(&b);
+    double deficit = sub(oa, "evict_calls_per_1k_allocs", "l1"), planned = sub(ob, "evict_calls_per_1k_allocs", "l1");
+    fprintf(stderr, "evict rounds per 1k allocations: %.1f deficit-only, %.1f planned; hit rate %.4f vs %.4f\n", deficit,
+            planned, num(oa, "hit_rate"), num(ob, "hit_rate"));
+    cr_assert_geq(deficit, 3 * planned, "deficit-only %.1f, planned %.1f", deficit, planned);
+    cr_assert_eq(num(ob, "page_tokens"), 16);
+    cJSON_Delete(oa);
+    cJSON_Delete(ob);
+    run_free(&a);
+    run_free(&b);
+}
+
+/* check() after every one of the first 500 requests, under each write
+ * policy, with tiers small enough to evict, load back and reclaim. */
+Test(replay, consistent_after_every_request, .timeout = 600) {
+    const char *wps[] = {"write_through", "write_through_selective", "write_back"};
+    const char *sizes[][2] = {{"3000", "6000"}, {"6000", "3000"}};
+    for (int w = 0; w < 3; w++)
+        for (int s = 0; s < 2; s++) {
+            run_result_t r = RUN(TRACE, "--page-tokens", "64", "--l1-pages", sizes[s][0], "--l2-pages", sizes[s][1],
+                                 "--write-policy", wps[w], "--limit", "500", "--check-every", "1", "--json");
+            cJSON *o = json_of(&r);
+            cr_assert_eq(num(o, "requests"), 500);
+            cr_assert_gt(sub(o, "evicted_pages", "l1"), 0);
+            cJSON_Delete(o);
+            run_free(&r);
+        }
+}
+
+/* The summary names what the issue asks for. */
+Test(replay, json_has_the_documented_fields, .timeout = 60) {
+    run_result_t r = RUN(TRACE, "--limit", "200", "--json");
+    cJSON *o = json_of(&r);
+    const char *top[] = {"requests", "input_tokens", "hit_rate", "wall_s", "requests_per_s", "backups", "loads",
+                         "shadows_reclaimed", "l1_gb", "l2_gb", "bytes_per_token"};
+    for (size_t i = 0; i < sizeof(top) / sizeof(top[0]); i++) cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(o, top[i])), "%s", top[i]);
+    const char *pairs[] = {"hit_tokens", "evict_calls", "evicted_pages"};
+    for (size_t i = 0; i < 3; i++) {
+        sub(o, pairs[i], "l1");
+        sub(o, pairs[i], "l2");
+    }
+    double rate = (sub(o, "hit_tokens", "l1") + sub(o, "hit_tokens", "l2")) / num(o, "input_tokens");
+    cr_assert_float_eq(num(o, "hit_rate"), rate, 1e-9);
+    cr_assert_eq(num(o, "bytes_per_token"), 327680, "llama-3-70b: 320 KiB per token");
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+/* The built-in workload: seeded, so the same seed gives the same figures. */
+Test(replay, synthetic_workload_is_seeded, .timeout = 60) {
+    run_result_t a = RUN("--requests", "800", "--seed", "7", "--l1-pages", "4000", "--json");
+    run_result_t b = RUN("--requests", "800", "--seed", "7", "--l1-pages", "4000", "--json");
+    run_result_t c = RUN("--requests", "800", "--seed", "8", "--l1-pages", "4000", "--json");
+    cJSON *oa = json_of(&a), *ob = json_of(&b), *oc = json_of(&c);
+    cr_assert_eq(num(oa, "hit_rate"), num(ob, "hit_rate"));
+    cr_assert_eq(num(oa, "input_tokens"), num(ob, "input_tokens"));
+    cr_assert_neq(num(oa, "input_tokens"), num(oc, "input_tokens"));
+    cr_assert_gt(num(oa, "hit_rate"), 0.3, "sessions and system prompts share prefixes");
+    cr_assert_str_eq(cJSON_GetObjectItem(oa, "trace")->valuestring, "built-in synthetic workload");
+    cJSON_Delete(oa);
+    cJSON_Delete(ob);
+    cJSON_Delete(oc);
+    run_free(&a);
+    run_free(&b);
+    run_free(&c);
+}
+
+static char *write_tmp(const char *text) {
+    static char path[64];
+    snprintf(path, sizeof(path), "/tmp/kvt-trace-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+/* A malformed line stops the replay with file:line and what is wrong. */
+Test(replay, bad_trace_lines_name_their_line) {
+    const char *good = "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [1, 2]}\n";
+    static const struct { const char *bad; const char *msg; } cases[] = {
+        {"{\"input_length\": 600, \"hash_ids\": [1, 2]", "not valid JSON"},
+        {"[1, 2, 3]", "expected a JSON object"},
+        {"{\"input_length\": 600}", "missing \"hash_ids\""},
+        {"{\"input_length\": 600, \"hash_ids\": []}", "\"hash_ids\" must be a non-empty array"},
+        {"{\"hash_ids\": [1, 2]}", "missing \"input_length\""},
+        {"{\"input_length\": -5, \"hash_ids\": [1]}", "\"input_length\" must be a positive integer"},
+        {"{\"input_length\": 600.5, \"hash_ids\": [1, 2]}", "\"input_length\" must be a positive integer"},
+        {"{\"input_length\": 2000, \"hash_ids\": [1, 2]}", "\"input_length\" 2000 does not fit 2 blocks of 512 tokens (needs 512 < length <= 1024)"},
+        {"{\"input_length\": 600, \"hash_ids\": [1, -2]}", "\"hash_ids\"[1] must be an integer"},
+        {"{\"input_length\": 600, \"hash_ids\": [1, \"x\"]}", "\"hash_ids\"[1] must be an integer"},
+        {"{\"input_length\": 600, \"hash_ids\": [1, 2], \"timestamp\": \"soon\"}", "\"timestamp\" must be"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[1024];
+        snprintf(text, sizeof(text), "%s%s%s\n%s", good, good, cases[i].bad, good); /* line 3 is bad */
+        char *path = write_tmp(text);
+        run_result_t r = RUN(path);
+        char want[128];
+        snprintf(want, sizeof(want), "%s:3: %s", path, cases[i].msg);
+        cr_assert_eq(r.status, 1, "case %zu: exit %d", i, r.status);
+        cr_assert_not_null(strstr(r.err, want), "case %zu: stderr: %s (want %s)", i, r.err, want);
+        cr_assert_str_eq(r.out, "", "case %zu: no summary", i);
+        unlink(path);
+        run_free(&r);
+    }
+    char *path = write_tmp("\n\n");
+    run_result_t r = RUN(path);
+    cr_assert_eq(r.status, 1);
+    cr_assert_not_null(strstr(r.err, "no requests"));
+    unlink(path);
+    run_free(&r);
+    r = RUN("/nonexistent/trace.jsonl");
+    cr_assert_eq(r.status, 1);
+    cr_assert_not_null(strstr(r.err, "/nonexistent/trace.jsonl: No such file"), "%s", r.err);
+    run_free(&r);
+}
+
+Test(replay, bad_flags_say_what_is_allowed) {
+    static const struct { const char *args[4]; const char *msg; } cases[] = {
+        {{"--policy", "mru"}, "--policy: 'mru' is not one of lru|lfu|fifo|priority|slru|s2lru|arc"},
+        {{"--write-policy", "sometimes"}, "--write-policy: 'sometimes' is not one of write_through|write_through_selective|write_back"},
+        {{"--l1-free-room", "0.9"}, "--l1-free-room: '0.9' is not a number in [0, 0.5]"},
+        {{"--page-tokens", "0"}, "--page-tokens: '0' is not an integer in [1, 512]"},
+        {{"--l1-pages", "lots"}, "--l1-pages: 'lots' is not an integer in [1, 4294967295] or 'unbounded'"},
+        {{"--sweep", "100,abc"}, "--sweep: 'abc' is not a capacity"},
+        {{"--plot", "x.png"}, "--plot: needs --sweep"},
+        {{"--model", "gpt-9"}, "--model: 'gpt-9' is not one of llama-3-70b|"},
+        {{"--frobnicate"}, "--frobnicate: unknown flag"},
+        {{"a.jsonl", "b.jsonl"}, "unexpected argument 'b.jsonl'"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *argv[8] = {NULL, "replay"};
+        int n = 2;
+        for (int j = 0; j < 4 && cases[i].args[j]; j++) argv[n++] = cases[i].args[j];
+        argv[n] = NULL;
+        run_result_t r = run_argv(argv);
+        cr_assert_eq(r.status, 2, "case %zu: exit %d", i, r.status);
+        cr_assert_not_null(strstr(r.err, cases[i].msg), "case %zu: stderr: %s", i, r.err);
+        run_free(&r);
+    }
+    /* the environment is validated the same way */
+    setenv("KVT_L2_FREE_ROOM", "2", 1);
+    run_result_t r = RUN("--limit", "1");
+    unsetenv("KVT_L2_FREE_ROOM");
+    cr_assert_eq(r.status, 2);
+    cr_assert_not_null(strstr(r.err, "KVT_L2_FREE_ROOM: '2' is not a number in [0, 0.5]"), "%s", r.err);
+    run_free(&r);
+    r = RUN("--help");
+    cr_assert_eq(r.status, 0);
+    cr_assert_not_null(strstr(r.out, "KVT_L1_FREE_ROOM"), "the options table names the variables");
+    run_free(&r);
+}
+
+/* --sweep with --plot draws the curve with gnuplot. */
+Test(replay, sweep_plot_png, .timeout = 60) {
+    const char *png = "/tmp/kvt-sweep-test.png";
+    unlink(png);
+    run_result_t r = RUN(TRACE, "--page-tokens", "512", "--sweep", "1000,4000", "--l2-pages", "0", "--limit", "1000",
+                         "--plot", png);
+    if (access("/usr/bin/gnuplot", X_OK) != 0) {
+        cr_assert_eq(r.status, 1);
+        cr_assert_not_null(strstr(r.err, "gnuplot"));
+    } else {
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        FILE *f = fopen(png, "rb");
+        cr_assert_not_null(f, "the PNG was written");
+        unsigned char magic[4] = {0};
+        cr_assert_eq(fread(magic, 1, 4, f), 4);
+        fclose(f);
+        cr_assert(magic[1] == 'P' && magic[2] == 'N' && magic[3] == 'G');
+    }
+    cr_assert_not_null(strstr(r.out, "L1 pages"), "the sweep table: %s", r.out);
+    run_free(&r);
+}
