@@ -18,7 +18,7 @@ typedef struct kvt__op {
 /* The ghost of pages that left the cache (ghost.c). */
 typedef struct kvt__ghost {
     uint64_t *ring;
-    uint32_t *index; /* ring position + 1; 0: empty */
+    uint64_t *index; /* key's high 32 bits << 32 | ring position + 1; 0: empty */
     size_t cap, head, n, live, mask;
 } kvt__ghost_t;
 

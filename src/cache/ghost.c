@@ -25,7 +25,7 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     size_t tsize = 16;
     while (tsize < 2 * cap) tsize *= 2;
     g->ring = kvt__malloc(cap * sizeof(uint64_t));
-    g->index = kvt__calloc(tsize, sizeof(uint32_t));
+    g->index = kvt__calloc(tsize, sizeof(uint64_t));
     if (g->ring == NULL || g->index == NULL) {
         kvt__ghost_fini(g);
         return KVT_ENOMEM;
@@ -37,22 +37,25 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
 
 void kvt__ghost_fini(kvt__ghost_t *g) {
     kvt__free(g->ring, g->cap * sizeof(uint64_t));
-    kvt__free(g->index, g->cap ? (g->mask + 1) * sizeof(uint32_t) : 0);
+    kvt__free(g->index, g->cap ? (g->mask + 1) * sizeof(uint64_t) : 0);
     memset(g, 0, sizeof(*g));
 }
 
-/* Index slot holding ring position pos+1 for key, or the empty slot where
- * the probe for key ends. */
+static inline uint64_t tag_of(uint64_t key) { return key & 0xffffffff00000000ull; }
+static inline size_t pos_of(uint64_t entry) { return (size_t)(entry & 0xffffffffu) - 1; }
+
+/* The index slot of key, or the empty slot where its probe ends. */
 static size_t find(const kvt__ghost_t *g, uint64_t key) {
     size_t i = home(g, key);
-    while (g->index[i] && g->ring[g->index[i] - 1] != key) i = (i + 1) & g->mask;
+    uint64_t tag = tag_of(key);
+    while (g->index[i] && !(tag_of(g->index[i]) == tag && g->ring[pos_of(g->index[i])] == key)) i = (i + 1) & g->mask;
     return i;
 }
 
 static void unindex(kvt__ghost_t *g, size_t i) {
     g->index[i] = 0;
     for (size_t j = (i + 1) & g->mask; g->index[j]; j = (j + 1) & g->mask) {
-        size_t h = home(g, g->ring[g->index[j] - 1]);
+        size_t h = home(g, g->ring[pos_of(g->index[j])]);
         if (((j - h) & g->mask) >= ((j - i) & g->mask)) {
             g->index[i] = g->index[j];
             g->index[j] = 0;
@@ -72,18 +75,15 @@ bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key) {
 
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return;
-    size_t pos = (g->head + g->n) % g->cap;
     if (g->n == g->cap) { /* forget the oldest, if it is still indexed at its slot */
         size_t i = find(g, g->ring[g->head]);
-        if (g->index[i] == g->head + 1) unindex(g, i);
+        if (g->index[i] && pos_of(g->index[i]) == g->head) unindex(g, i);
         g->head = (g->head + 1) % g->cap;
         g->n--;
     }
-    size_t i = find(g, key);
-    if (g->index[i]) unindex(g, i); /* a newer copy replaces the older one */
+    size_t pos = (g->head + g->n) % g->cap, i = find(g, key);
+    if (g->index[i] == 0) g->live++; /* else a newer copy replaces the older one */
     g->ring[pos] = key;
-    i = find(g, key);
-    g->index[i] = (uint32_t)(pos + 1);
-    g->live++;
+    g->index[i] = tag_of(key) | (uint64_t)(pos + 1);
     g->n++;
 }
