@@ -225,7 +225,7 @@ int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const ch
 
 void cli_print_table(FILE *f, const cli_opt_t *opts) {
     char env[64], def[64], allowed[256];
-    fprintf(f, "\n%-22s %-14s %-28s %-24s %s\n", "option", "default", "allowed", "environment", "");
+    fputs("\noptions (default; allowed; environment variable):\n", f);
     for (const cli_opt_t *o = opts; o->name; o++) {
         env_name(o->name, env, sizeof(env));
         allowed[0] = 0;
@@ -234,7 +234,7 @@ void cli_print_table(FILE *f, const cli_opt_t *opts) {
         case OPT_U64:
             if (o->word && *(uint64_t *)o->dst == o->word_value) snprintf(def, sizeof(def), "%s", o->word);
             else snprintf(def, sizeof(def), "%" PRIu64, *(uint64_t *)o->dst);
-            snprintf(allowed, sizeof(allowed), "%" PRIu64 "..%" PRIu64 "%s%s", o->lo, o->hi, o->word ? ", " : "",
+            snprintf(allowed, sizeof(allowed), "%" PRIu64 "..%" PRIu64 "%s%s", o->lo, o->hi, o->word ? " or " : "",
                      o->word ? o->word : "");
             break;
         case OPT_DOUBLE:
@@ -248,8 +248,8 @@ void cli_print_table(FILE *f, const cli_opt_t *opts) {
                 strncat(allowed, o->choices[i], sizeof(allowed) - strlen(allowed) - 1);
             }
             break;
-        case OPT_TEXT: snprintf(def, sizeof(def), "%s", *(const char **)o->dst ? *(const char **)o->dst : "-"); break;
+        case OPT_TEXT: snprintf(def, sizeof(def), "%s", *(const char **)o->dst ? *(const char **)o->dst : "none"); break;
         }
-        fprintf(f, "--%-20s %-14s %-28s %-24s %s\n", o->name, def, allowed, env, o->help);
+        fprintf(f, "  --%s (%s%s%s; %s)\n      %s\n", o->name, def, allowed[0] ? "; " : "", allowed, env, o->help);
     }
 }
