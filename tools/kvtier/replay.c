@@ -130,36 +130,27 @@ static double per_1k(uint64_t x, uint64_t allocs) { return allocs ? 1000.0 * (do
 
 static double gb(uint64_t pages, const opts_t *o, uint64_t bpt) { return (double)pages * (double)o->page_tokens * (double)bpt / 1e9; }
 
+/* name: {"l1": a, "l2": b} */
+static void add_tiers(cJSON *x, const char *name, double a, double b) {
+    cJSON *h = cJSON_AddObjectToObject(x, name);
+    cJSON_AddNumberToObject(h, "l1", a);
+    cJSON_AddNumberToObject(h, "l2", b);
+}
+
 static cJSON *result_json(const result_t *r, const opts_t *o, uint64_t bpt) {
     const kvt_cache_stats_t *s = &r->cs;
-    cJSON *x = cJSON_CreateObject(), *h;
+    cJSON *x = cJSON_CreateObject();
     cJSON_AddNumberToObject(x, "requests", (double)s->requests);
     cJSON_AddNumberToObject(x, "input_tokens", (double)s->tokens);
-    h = cJSON_AddObjectToObject(x, "hit_tokens");
-    cJSON_AddNumberToObject(h, "l1", (double)s->l1_hit_tokens);
-    cJSON_AddNumberToObject(h, "l2", (double)s->l2_hit_tokens);
+    add_tiers(x, "hit_tokens", (double)s->l1_hit_tokens, (double)s->l2_hit_tokens);
     cJSON_AddNumberToObject(x, "hit_rate", hit_rate(r));
-    h = cJSON_AddObjectToObject(x, "evict_calls");
-    cJSON_AddNumberToObject(h, "l1", (double)s->l1_evict_calls);
-    cJSON_AddNumberToObject(h, "l2", (double)s->l2_evict_calls);
-    h = cJSON_AddObjectToObject(x, "evicted_pages");
-    cJSON_AddNumberToObject(h, "l1", (double)s->l1_evicted_pages);
-    cJSON_AddNumberToObject(h, "l2", (double)s->l2_evicted_pages);
-    h = cJSON_AddObjectToObject(x, "allocs");
-    cJSON_AddNumberToObject(h, "l1", (double)s->l1_allocs);
-    cJSON_AddNumberToObject(h, "l2", (double)s->l2_allocs);
-    h = cJSON_AddObjectToObject(x, "allocs_evicting");
-    cJSON_AddNumberToObject(h, "l1", (double)s->l1_allocs_evicting);
-    cJSON_AddNumberToObject(h, "l2", (double)s->l2_allocs_evicting);
-    h = cJSON_AddObjectToObject(x, "evict_calls_per_1k_allocs");
-    cJSON_AddNumberToObject(h, "l1", per_1k(s->l1_evict_calls, s->l1_allocs));
-    cJSON_AddNumberToObject(h, "l2", per_1k(s->l2_evict_calls, s->l2_allocs));
-    h = cJSON_AddObjectToObject(x, "alloc_failures");
-    cJSON_AddNumberToObject(h, "l1", (double)s->l1_alloc_failures);
-    cJSON_AddNumberToObject(h, "l2", (double)s->l2_alloc_failures);
-    h = cJSON_AddObjectToObject(x, "room_misses");
-    cJSON_AddNumberToObject(h, "l1", (double)s->l1_room_misses);
-    cJSON_AddNumberToObject(h, "l2", (double)s->l2_room_misses);
+    add_tiers(x, "evict_calls", (double)s->l1_evict_calls, (double)s->l2_evict_calls);
+    add_tiers(x, "evicted_pages", (double)s->l1_evicted_pages, (double)s->l2_evicted_pages);
+    add_tiers(x, "allocs", (double)s->l1_allocs, (double)s->l2_allocs);
+    add_tiers(x, "allocs_evicting", (double)s->l1_allocs_evicting, (double)s->l2_allocs_evicting);
+    add_tiers(x, "evict_calls_per_1k_allocs", per_1k(s->l1_evict_calls, s->l1_allocs), per_1k(s->l2_evict_calls, s->l2_allocs));
+    add_tiers(x, "alloc_failures", (double)s->l1_alloc_failures, (double)s->l2_alloc_failures);
+    add_tiers(x, "room_misses", (double)s->l1_room_misses, (double)s->l2_room_misses);
     cJSON_AddNumberToObject(x, "backups", (double)s->backups);
     cJSON_AddNumberToObject(x, "forced_backups", (double)s->forced_backups);
     cJSON_AddNumberToObject(x, "loads", (double)s->loads);
