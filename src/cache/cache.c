@@ -359,34 +359,18 @@ static uint64_t pages_to_load(kvt_cache_t *c, kvt_rnode_t *end) {
 }
 
 /* Loads the matched pages that have no L1 page (they follow the L1 prefix
- * along the path to `end`) into the L1 pages ids[0..). */
-static void load_path(kvt_cache_t *c, kvt_rnode_t *end, const uint32_t *ids) {
-    kvt_rnode_t *path[256], **p = path;
-    size_t depth = 0, cap = sizeof(path) / sizeof(path[0]);
-    for (kvt_rnode_t *x = end; x != kvt__radix_root(c->tree); x = x->parent) {
-        if (x->n_l1 == x->npages) break; /* all above are in L1 too */
-        if (depth == cap) { /* a very deep L2 continuation: grow */
-            kvt_rnode_t **q = kvt__malloc(2 * cap * sizeof(*q));
-            if (q == NULL) return; /* cannot happen in practice; loads are then skipped */
-            memcpy(q, p, depth * sizeof(*q));
-            if (p != path) kvt__free(p, cap * sizeof(*q));
-            p = q;
-            cap *= 2;
-        }
-        p[depth++] = x;
+ * along the path to x) into the L1 pages ids[*j..), top-down: the pages
+ * above x first. Recursion depth: the nodes past the L1 prefix. */
+static void load_path(kvt_cache_t *c, kvt_rnode_t *x, const uint32_t *ids, uint64_t *j) {
+    if (x == kvt__radix_root(c->tree) || x->n_l1 == x->npages) return; /* all above are in L1 too */
+    load_path(c, x->parent, ids, j);
+    for (uint32_t i = x->n_l1; i < x->npages; i++) {
+        if (x->pages[i].l1 != KVT_NO_PAGE) continue;
+        kvt__radix_begin_load(c->tree, x, i, ids[*j]);
+        submit(c, OP_LOAD, ids[*j], x->pages[i].l2);
+        c->st.loads++;
+        (*j)++;
     }
-    uint64_t j = 0;
-    while (depth > 0) {
-        kvt_rnode_t *x = p[--depth];
-        for (uint32_t i = x->n_l1; i < x->npages; i++) {
-            if (x->pages[i].l1 != KVT_NO_PAGE) continue;
-            kvt__radix_begin_load(c->tree, x, i, ids[j]);
-            submit(c, OP_LOAD, ids[j], x->pages[i].l2);
-            c->st.loads++;
-            j++;
-        }
-    }
-    if (p != path) kvt__free(p, cap * sizeof(*p));
 }
 
 /* write_through_selective: back up the L1 pages of nodes on the path that
@@ -464,7 +448,8 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     c->l1_free -= room;
     kvt_rnode_t *held = m.node;
     uint64_t ins = room > cont ? room - cont : 0;
-    if (cont) load_path(c, m.node, ids);
+    uint64_t used = 0;
+    if (cont) load_path(c, m.node, ids, &used);
     kvt_cache_poll(c);
     uint64_t loaded = l1_prefix(c, m.node) - m.l1_pages;
     if (ins > 0 && m.l1_pages + loaded < m.pages) { /* a load failed: nothing goes below it */
