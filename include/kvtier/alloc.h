@@ -24,7 +24,7 @@
  *
  * Every function says what a failure leaves behind: "nothing changed" means
  * that the allocator's state and statistics are as before the call (output
- * buffers may have been written).
+ * buffers may have been written, and spare metadata nodes set aside may stay).
  */
 #ifndef KVTIER_ALLOC_H
 #define KVTIER_ALLOC_H
@@ -141,8 +141,11 @@ int kvt_laneal_create(kvt_laneal_t **out, uint64_t npages, uint32_t lanes);
 void kvt_laneal_destroy(kvt_laneal_t *la);
 
 /* Reserves n logical pages, written to pages[0..n) in request order: page i is
- * on lane (next_lane + i) mod C. Nothing changed on KVT_EINVAL (n is 0 or a
- * NULL pointer), KVT_ENOSPC (a lane lacks its share), KVT_ENOMEM. */
+ * on lane (next_lane + i) mod C. When a lane is short of its share, the next
+ * lanes in rotation with room take the difference (and the dealing skips the
+ * lanes whose share is used up). Nothing changed (spare metadata may be kept)
+ * on KVT_EINVAL (n is 0 or a NULL pointer), KVT_ENOSPC (fewer than n pages
+ * free in all lanes), KVT_ENOMEM. */
 int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages);
 
 /* Frees n logical pages. All or nothing: KVT_EINVAL (NULL, n is 0, or a page

@@ -100,7 +100,7 @@ void kvt_cache_destroy(kvt_cache_t *c);
 
 /* An admitted request. */
 typedef struct kvt_cache_req {
-    kvt_rnode_t *node;       /* the deepest node it holds (NULL: holds nothing) */
+    kvt_rnode_t *node;       /* the deepest node it holds (the tree's root when it holds no page) */
     uint64_t pages;          /* pages of the request now in the cache, in order */
     uint64_t l1_hit_pages;   /* matched pages that were in L1 */
     uint64_t l2_hit_pages;   /* matched pages loaded back from L2 */
@@ -114,7 +114,8 @@ typedef struct kvt_cache_req {
  * changes nothing: KVT_EINVAL, KVT_ENOMEM. */
 int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
                     uint32_t *l1_ids, kvt_cache_req_t *req);
-/* Lets go of an admitted request's pages (they stay cached). */
+/* Lets go of an admitted request's pages (they stay cached). Every admitted
+ * request is released once; KVT_EINVAL for one already released. */
 int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
 /* Applies the copies that have completed; returns how many (>= 0). */
 int kvt_cache_poll(kvt_cache_t *c);

@@ -13,6 +13,11 @@
  *
  * Shares differ by at most one page and the start rotates, so lanes that are
  * filled and emptied request by request stay within one page of each other.
+ * A cache evicts pages in its own order, not lane by lane, so lanes drift:
+ * a lane short of its share then gives the difference to the next lanes in
+ * rotation that have room, and the request's pages are dealt in rotation
+ * over the lanes that still have some of their share. Ownership does not
+ * change (page p is always on lane p mod C); only the balance does.
  *
  * A reserve checks every lane's share and sets aside every lane's metadata
  * before it reserves anything, so it either succeeds on all lanes or changes
@@ -79,39 +84,63 @@ static uint64_t share_of(const kvt_laneal_t *la, uint64_t n, uint32_t l) {
     return n / la->lanes + (off < n % la->lanes ? 1 : 0);
 }
 
+/* Each lane's share of n pages: the rotation's, except that a lane short of
+ * its share gives the difference to the next lanes, in rotation order, that
+ * have room. false when fewer than n pages are free in all. */
+static bool plan_shares(const kvt_laneal_t *la, uint64_t n, uint64_t *share) {
+    uint64_t deficit = 0, total = 0;
+    for (uint32_t j = 0; j < la->lanes; j++) {
+        uint32_t l = (la->next + j) % la->lanes;
+        uint64_t free_l = kvt_laneal_lane_free(la, l);
+        total += free_l;
+        share[l] = share_of(la, n, l);
+        if (share[l] > free_l) deficit += share[l] - free_l, share[l] = free_l;
+    }
+    if (total < n) return false;
+    for (uint32_t j = 0; j < la->lanes && deficit > 0; j++) {
+        uint32_t l = (la->next + j) % la->lanes;
+        uint64_t room = kvt_laneal_lane_free(la, l) - share[l], take = room < deficit ? room : deficit;
+        share[l] += take;
+        deficit -= take;
+    }
+    return true;
+}
+
 int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
     if (la == NULL || pages == NULL || n == 0) return KVT_EINVAL;
-    if (n > la->pages) {
-        la->reserve_failures++;
-        return KVT_ENOSPC;
-    }
-    for (uint32_t l = 0; l < la->lanes; l++) {
-        uint64_t share = share_of(la, n, l);
-        if (share > kvt_laneal_lane_free(la, l)) {
-            la->reserve_failures++;
-            return KVT_ENOSPC;
-        }
-    }
-    uint64_t max_share = (n + la->lanes - 1) / la->lanes;
-    kvt_run_t *runs = kvt__malloc(max_share * sizeof(kvt_run_t));
-    int rc = runs ? KVT_OK : KVT_ENOMEM;
+    uint64_t *share = kvt__calloc(2 * (size_t)la->lanes, sizeof(uint64_t)), *first = share + la->lanes;
+    kvt_run_t *runs = kvt__malloc(n * sizeof(kvt_run_t));
+    int rc = share && runs ? KVT_OK : KVT_ENOMEM;
+    if (rc == KVT_OK && !plan_shares(la, n, share)) rc = KVT_ENOSPC;
     for (uint32_t l = 0; l < la->lanes && rc == KVT_OK; l++)
-        if (share_of(la, n, l) > 0) rc = kvt__extalloc_prepare_reserve(la->lane[l]);
+        if (share[l] > 0) rc = kvt__extalloc_prepare_reserve(la->lane[l]);
     if (rc != KVT_OK) {
-        kvt__free(runs, max_share * sizeof(kvt_run_t));
+        kvt__free(runs, n * sizeof(kvt_run_t));
+        kvt__free(share, 2 * (size_t)la->lanes * sizeof(uint64_t));
         la->reserve_failures++;
         return rc;
     }
-    for (uint32_t j = 0; j < la->lanes && j < n; j++) {
-        uint32_t l = (la->next + j) % la->lanes;
-        uint64_t share = share_of(la, n, l), pos = j;
+    /* Reserve every lane's share (prepared: cannot fail), runs lane by lane. */
+    size_t nruns = 0;
+    for (uint32_t l = 0; l < la->lanes; l++) {
         size_t k = 0;
-        kvt_extalloc_reserve(la->lane[l], share, runs, share, &k); /* prepared: cannot fail */
-        for (size_t r = 0; r < k; r++)
-            for (uint32_t i = 0; i < runs[r].len; i++, pos += la->lanes)
-                pages[pos] = (uint32_t)(((uint64_t)runs[r].start + i) * la->lanes + l);
+        first[l] = nruns;
+        if (share[l]) kvt_extalloc_reserve(la->lane[l], share[l], runs + nruns, share[l], &k);
+        nruns += k;
     }
-    kvt__free(runs, max_share * sizeof(kvt_run_t));
+    /* Deal the pages out in rotation, skipping lanes whose share is used up
+     * (with the rotation's shares this is exactly page i -> lane next + i). */
+    uint32_t l = la->next;
+    for (uint64_t i = 0; i < n; l = (l + 1) % la->lanes) {
+        if (share[l] == 0) continue;
+        kvt_run_t *r = &runs[first[l]];
+        pages[i++] = (uint32_t)((uint64_t)r->start * la->lanes + l);
+        share[l]--;
+        if (--r->len == 0) first[l]++; /* the lane's next run */
+        else r->start++;
+    }
+    kvt__free(runs, n * sizeof(kvt_run_t));
+    kvt__free(share, 2 * (size_t)la->lanes * sizeof(uint64_t));
     la->next = (uint32_t)((la->next + n) % la->lanes);
     la->reserves++;
     return KVT_OK;

@@ -373,11 +373,22 @@ static void load_path(kvt_cache_t *c, kvt_rnode_t *x, const uint32_t *ids, uint6
     }
 }
 
+/* A load on the path to `end` failed: pages below it that did load cannot
+ * join the L1 prefix (nothing above them will load now), so their L1 pages
+ * go back rather than sit where no eviction reaches them. */
+static void unstrand(kvt_cache_t *c, kvt_rnode_t *end) {
+    for (kvt_rnode_t *x = end; x != kvt__radix_root(c->tree) && x->n_l1 < x->npages; x = x->parent)
+        for (uint32_t i = x->n_l1; i < x->npages; i++)
+            if (x->pages[i].l1 != KVT_NO_PAGE && !(x->pages[i].flags & KVT_PAGE_H2D))
+                give_back_l1(c, kvt__radix_unload(c->tree, x, i));
+}
+
 /* write_through_selective: back up the L1 pages of nodes on the path that
- * have just reached the hit threshold. */
+ * have reached the hit threshold and lack a backup (a backup that found no
+ * L2 room, or was reclaimed, is made again on the node's next hit). */
 static void selective_backups(kvt_cache_t *c, kvt_rnode_t *end) {
     for (kvt_rnode_t *x = end; x != kvt__radix_root(c->tree); x = x->parent) {
-        if (x->hits != c->cfg.write_through_hits) continue;
+        if (x->hits < c->cfg.write_through_hits || x->n_shadow == x->n_l1) continue; /* cold, or backed up */
         for (uint32_t i = 0; i < x->n_l1; i++)
             if (x->pages[i].l2 == KVT_NO_PAGE && !backup(c, x, i)) return;
     }
@@ -452,6 +463,7 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     if (cont) load_path(c, m.node, ids, &used);
     kvt_cache_poll(c);
     uint64_t loaded = l1_prefix(c, m.node) - m.l1_pages;
+    if (m.l1_pages + loaded < m.pages) unstrand(c, m.node);
     if (ins > 0 && m.l1_pages + loaded < m.pages) { /* a load failed: nothing goes below it */
         for (uint64_t i = 0; i < ins; i++) give_back_l1(c, ids[cont + i]);
         ins = 0;
@@ -566,6 +578,10 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
         return *why = "L2 pages without an L2 tier", KVT_ECORRUPT;
     }
     if (rs.locked_nodes > 0 && c->held == 0) return *why = "nodes locked with no request held", KVT_ECORRUPT;
+    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x))
+        for (uint32_t i = x->n_l1; i < x->npages && x->lock == 0; i++)
+            if (x->pages[i].l1 != KVT_NO_PAGE)
+                return *why = "an L1 page stranded past the L1 prefix of a node no request holds", KVT_ECORRUPT;
     return kvt__policy_check(c, why);
     return KVT_OK;
 }

@@ -24,14 +24,14 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     if (cap == 0) return KVT_OK;
     size_t tsize = 16;
     while (tsize < 2 * cap) tsize *= 2;
+    g->cap = cap;
+    g->mask = tsize - 1; /* set first: kvt__ghost_fini frees by these sizes */
     g->ring = kvt__malloc(cap * sizeof(uint64_t));
     g->index = kvt__calloc(tsize, sizeof(uint64_t));
     if (g->ring == NULL || g->index == NULL) {
         kvt__ghost_fini(g);
         return KVT_ENOMEM;
     }
-    g->cap = cap;
-    g->mask = tsize - 1;
     return KVT_OK;
 }
 

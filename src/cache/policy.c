@@ -8,7 +8,7 @@
  *   priority  request priority, then last access
  *   slru      segment (probation before protected), then last access. A node
  *             matched a second time is promoted to the protected segment;
- *             protected nodes hold at most 80 % of L1's pages, and a
+ *             protected nodes hold at most 80 % of the cache's pages, and a
  *             promotion that overflows that demotes the least recently used
  *             protected nodes to probation (the tree's POLICY set orders the
  *             protected nodes by last access for this).
@@ -104,7 +104,7 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set) {
 }
 
 static void slru_demote_overflow(kvt_cache_t *c) {
-    uint64_t cap = (uint64_t)(SLRU_PROTECTED_SHARE * (double)c->cfg.l1_pages);
+    uint64_t cap = (uint64_t)(SLRU_PROTECTED_SHARE * (double)(c->cfg.l1_pages + c->cfg.l2_pages));
     kvt_rnode_t *v;
     while (c->slru_pages > cap && (v = kvt__radix_victim(c->tree, KVT_VSET_POLICY)) != NULL) {
         v->policy_set = 0;

@@ -66,8 +66,9 @@ int kvt__u64set_insert(kvt__u64set_t *s, uint64_t key);
 /* KVT_ENOENT when absent. Never allocates. */
 int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key);
 /* Replaces `old` by `new` in place. The caller guarantees that no key lies
- * strictly between them, so the order is unchanged. KVT_ENOENT when `old` is
- * absent, KVT_EINVAL when `new` is present or out of order; never allocates. */
+ * between them (nor equals `new`), so the order is unchanged. KVT_ENOENT when
+ * `old` is absent; KVT_EINVAL when `new` is out of order with old's
+ * neighbours in its leaf (the ones this can see). Never allocates. */
 int kvt__u64set_replace(kvt__u64set_t *s, uint64_t old, uint64_t new_key);
 bool kvt__u64set_contains(const kvt__u64set_t *s, uint64_t key);
 

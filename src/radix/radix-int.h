@@ -80,8 +80,8 @@ int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_
 
 /* Adds npages new pages below `at` (a match end whose pages are all in L1, or
  * the root), resident in L1 at l1_ids. *out is the new node. KVT_EINVAL when
- * `at` is not fully in L1 or already has a child with that first page;
- * KVT_ENOMEM. Nothing changed on failure. */
+ * `at` is not fully in L1, KVT_EEXIST when it already has a child with that
+ * first page, KVT_ENOMEM. Nothing changed on failure. */
 int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
                       const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out);
 
@@ -98,6 +98,9 @@ void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint3
 void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok); /* !ok: l2 dropped */
 void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1);
 void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok);    /* !ok: l1 dropped */
+/* A page past the L1 prefix that was loaded (its load ended) gives its L1
+ * page back: used when a load above it failed. Returns the L1 id. */
+uint32_t kvt__radix_unload(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx);
 
 /* Re-reads the node's score and policy_set (after the cache changed its
  * policy data). */

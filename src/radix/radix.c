@@ -457,6 +457,15 @@ void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok) 
     kvt__vheap_refresh(r, n);
 }
 
+uint32_t kvt__radix_unload(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(idx >= n->n_l1 && p->l1 != KVT_NO_PAGE && !(p->flags & KVT_PAGE_H2D));
+    uint32_t id = p->l1;
+    r->l1map[id].node = NULL;
+    p->l1 = KVT_NO_PAGE;
+    return id; /* n_l1, the counters and the victim sets do not depend on it */
+}
+
 void kvt__radix_rescore(kvt_radix_t *r, kvt_rnode_t *n) { kvt__vheap_refresh(r, n); }
 
 kvt_rnode_t *kvt__radix_first(kvt_radix_t *r) { return r->root.first_child; }
