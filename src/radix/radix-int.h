@@ -107,7 +107,6 @@ uint32_t kvt__radix_unload(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx);
 void kvt__radix_rescore(kvt_radix_t *r, kvt_rnode_t *n);
 /* The node with the lowest score in a set, or NULL. */
 kvt_rnode_t *kvt__radix_victim(const kvt_radix_t *r, kvt__vset_t set);
-uint64_t kvt__radix_vset_size(const kvt_radix_t *r, kvt__vset_t set);
 
 /* Pre-order walk: the first node (NULL for an empty tree), then the next. */
 kvt_rnode_t *kvt__radix_first(kvt_radix_t *r);

@@ -134,5 +134,3 @@ void kvt__vheap_fini(kvt_radix_t *r) {
 kvt_rnode_t *kvt__radix_victim(const kvt_radix_t *r, kvt__vset_t set) {
     return r->heap[set].n ? r->heap[set].a[0] : NULL;
 }
-
-uint64_t kvt__radix_vset_size(const kvt_radix_t *r, kvt__vset_t set) { return r->heap[set].n; }

@@ -117,6 +117,20 @@ Test(replay, json_has_the_documented_fields, .timeout = 60) {
     run_free(&r);
 }
 
+/* --stats prom: the counters of the summary, as Prometheus text. */
+Test(replay, stats_in_prometheus_text, .timeout = 60) {
+    run_result_t r = RUN(TRACE, "--limit", "300", "--json", "--stats", "prom");
+    cJSON *o = json_of(&r);
+    char want[128];
+    snprintf(want, sizeof(want), "kvtier_cache_requests 300\n");
+    cr_assert_not_null(strstr(r.err, want), "%s", r.err);
+    snprintf(want, sizeof(want), "kvtier_cache_l1_hit_tokens %.0f\n", sub(o, "hit_tokens", "l1"));
+    cr_assert_not_null(strstr(r.err, want), "the same figure as the JSON: %s", want);
+    cr_assert_not_null(strstr(r.err, "# TYPE kvtier_tree_nodes gauge"));
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
 /* The built-in workload: seeded, so the same seed gives the same figures. */
 Test(replay, synthetic_workload_is_seeded, .timeout = 60) {
     run_result_t a = RUN("--requests", "800", "--seed", "7", "--l1-pages", "4000", "--json");
@@ -220,6 +234,7 @@ Test(replay, bad_flags_say_what_is_allowed) {
     r = RUN("--help");
     cr_assert_eq(r.status, 0);
     cr_assert_not_null(strstr(r.out, "KVT_L1_FREE_ROOM"), "the options table names the variables");
+    cr_assert_not_null(strstr(r.out, "arc       adaptive"), "and the policies: %s", r.out);
     run_free(&r);
 }
 

@@ -16,6 +16,7 @@
 #include "kvtier/error.h"
 #include "kvtier/model.h"
 #include "kvtier/radix.h"
+#include "kvtier/stats.h"
 #include "trace.h"
 
 #define UNBOUNDED 0 /* --l1-pages unbounded: room for every page of the trace */
@@ -27,6 +28,7 @@ typedef struct opts {
     int model, policy, write_policy;
     const char *sweep, *plot;
     bool json;
+    int stats; /* -1: none; else a kvt_fmt_t */
 } opts_t;
 
 typedef struct result {
@@ -38,6 +40,7 @@ typedef struct result {
 
 static const char *model_names[16], *policy_names[KVT_POLICY_COUNT_ + 1];
 static const char *const WRITE_POLICIES[] = {"write_through", "write_through_selective", "write_back", NULL};
+static const char *const FORMATS[] = {"none", "table", "json", "prom", NULL}; /* index - 1 = kvt_fmt_t */
 
 static double now_s(void) {
     struct timespec ts;
@@ -58,6 +61,21 @@ static uint64_t trace_pages(const trace_t *t, uint64_t n, uint64_t pt) {
     uint64_t p = 0;
     for (uint64_t i = 0; i < n; i++) p += t->req[i].input_length / pt;
     return p ? p : 1;
+}
+
+/* The cache's and the tree's counters, through the one emitter, to stderr. */
+static void emit_stats(const result_t *res, kvt_fmt_t fmt) {
+    kvt_emitter_t *e;
+    if (kvt_emitter_create(&e, fmt, "kvtier") != KVT_OK) return;
+    kvt_emit_begin(e, "cache");
+    KVT_EMIT_STATS(e, &res->cs, KVT_CACHE_STATS_FIELDS);
+    kvt_emit_end(e);
+    kvt_emit_begin(e, "tree");
+    KVT_EMIT_STATS(e, &res->rs, KVT_RADIX_STATS_FIELDS);
+    kvt_emit_end(e);
+    int rc = kvt_emitter_write(e, stderr);
+    if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --stats: %s\n", kvt_strerror(rc));
+    kvt_emitter_destroy(e);
 }
 
 static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_t *res) {
@@ -115,6 +133,7 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
     res->rs.size = sizeof(res->rs);
     kvt_cache_stats(c, &res->cs);
     kvt_radix_stats(kvt_cache_tree(c), &res->rs);
+    if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1));
     free(tokens);
     kvt_cache_destroy(c);
     return rc == KVT_OK ? 0 : -1;
@@ -233,7 +252,7 @@ int cmd_replay(int argc, char **argv) {
     kvt_cache_config_default(&d);
     opts_t o = {.page_tokens = d.page_tokens, .l1_pages = d.l1_pages, .l2_pages = d.l2_pages,
                 .write_hits = d.write_through_hits, .requests = 4000, .seed = 42, .l1_room = d.l1_free_room,
-                .l2_room = d.l2_free_room, .model = 0, .policy = d.policy, .write_policy = d.write_policy};
+                .l2_room = d.l2_free_room, .model = 0, .policy = d.policy, .write_policy = d.write_policy, .stats = 0};
     const cli_opt_t table[] = {
         {"page-tokens", OPT_U64, &o.page_tokens, 1, 512, 0, 0, NULL, NULL, 0, "tokens per page"},
         {"l1-pages", OPT_U64, &o.l1_pages, 1, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, "unbounded", UNBOUNDED, "L1 (GPU) capacity in pages"},
@@ -252,12 +271,18 @@ int cmd_replay(int argc, char **argv) {
         {"seed", OPT_U64, &o.seed, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "synthetic workload: seed"},
         {"check-every", OPT_U64, &o.check_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "run the full consistency check every N requests (0: never)"},
         {"json", OPT_FLAG, &o.json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {"stats", OPT_CHOICE, &o.stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
         {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
     };
     cli_t c;
     cli_init(&c, "kvtier replay", argc, argv);
     const char *path;
     int prc = cli_parse_table(&c, table, USAGE, &path);
+    if (prc > 0) { /* after the options: what each policy does */
+        fputs("\npolicies:\n", stdout);
+        for (int i = 0; i < KVT_POLICY_COUNT_; i++)
+            printf("  %-9s %s\n", kvt_policy_name((kvt_policy_t)i), kvt_policy_describe((kvt_policy_t)i));
+    }
     if (prc) return prc > 0 ? 0 : 2;
 
     uint64_t sweep[MAX_SWEEP];

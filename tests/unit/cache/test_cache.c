@@ -27,6 +27,11 @@ typedef struct stream {
     kvt__rng_t rng;
 } stream_t;
 
+static void stream_reset(stream_t *s, uint64_t seed) {
+    memset(s, 0, sizeof(*s));
+    kvt__rng_seed(&s->rng, seed);
+}
+
 /* A new request: a random earlier one cut short and extended, or fresh. */
 static uint32_t next_request(stream_t *s, int32_t *out) {
     uint32_t n = 1 + (uint32_t)kvt__rng_below(&s->rng, MAXP), keep = 0;
@@ -137,8 +142,7 @@ Test(cache, lru_matches_an_independent_simulator, .timeout = 300) {
         uint64_t seed = 100 + ci;
         fprintf(stderr, "cache lru model: cap=%" PRIu64 " room=%.2f seed=%" PRIu64 "\n", cases[ci].cap, cases[ci].room, seed);
         memset(&m, 0, sizeof(m));
-        memset(&s, 0, sizeof(s));
-        kvt__rng_seed(&s.rng, seed);
+        stream_reset(&s, seed);
         m.cap = cases[ci].cap;
         m.target = (uint64_t)ceil(cases[ci].room * (double)m.cap);
         m.floor = m.target / 2;
@@ -176,8 +180,7 @@ Test(cache, two_tiers_keep_their_invariants, .timeout = 300) {
             const uint64_t sizes[][2] = {{120, 300}, {200, 100}};
             for (int sz = 0; sz < 2; sz++) {
                 uint64_t seed = (uint64_t)(pol * 10 + wp * 2 + sz);
-                memset(&s, 0, sizeof(s));
-                kvt__rng_seed(&s.rng, seed);
+                stream_reset(&s, seed);
                 g_lanes = sz == 1 ? 3 : 1; /* a CP-style L1 of 3 owner lanes, whose lanes drift apart */
                 kvt_cache_t *c = make_cache(sizes[sz][0], sizes[sz][1], 0.05, 0.05, (kvt_policy_t)pol, (kvt_write_policy_t)wp);
                 g_lanes = 1;
@@ -232,8 +235,7 @@ Test(cache, two_tiers_keep_their_invariants, .timeout = 300) {
 Test(cache, held_requests_keep_their_pages) {
     static stream_t s;
     static int32_t q[MAXP * PT], first[MAXP * PT];
-    memset(&s, 0, sizeof(s));
-    kvt__rng_seed(&s.rng, 77);
+    stream_reset(&s, 77);
     kvt_cache_t *c = make_cache(200, 200, 0.05, 0.05, KVT_POLICY_LRU, KVT_WRITE_BACK);
     uint32_t n = next_request(&s, first);
     uint32_t ids[MAXP];
@@ -277,8 +279,7 @@ Test(cache, multi_lane_l1_never_refuses_free_pages) {
     static stream_t s;
     static int32_t qq[MAXP * PT];
     for (uint32_t lanes = 2; lanes <= 5; lanes++) {
-        memset(&s, 0, sizeof(s));
-        kvt__rng_seed(&s.rng, lanes);
+        stream_reset(&s, lanes);
         g_lanes = lanes;
         c = make_cache(97 * lanes, 200, 0.05, 0.05, KVT_POLICY_ARC, KVT_WRITE_BACK);
         for (int t = 0; t < 1000; t++) {
@@ -349,8 +350,7 @@ Test(cache, eviction_to_l2_and_load_back) {
 Test(cache, failed_allocations_leave_it_consistent, .timeout = 120) {
     static stream_t s;
     static int32_t q[MAXP * PT];
-    memset(&s, 0, sizeof(s));
-    kvt__rng_seed(&s.rng, 5);
+    stream_reset(&s, 5);
     kvt_cache_t *c = make_cache(150, 300, 0.05, 0.05, KVT_POLICY_SLRU, KVT_WRITE_THROUGH);
     int refused = 0, fired = 0;
     for (uint64_t t = 0; t < 1200; t++) {
