@@ -5,8 +5,8 @@
  *   match     longest cached prefix: L1 pages, then pages only in L2
  *   lock      the matched node and its ancestors (nothing of it is evicted)
  *   plan      one L1 allocation for the L2 pages to load and the new pages;
- *             if it would leave less than the free-room target, evict back
- *             to the target (an eviction round)
+ *             if it would leave less than half the free-room target, evict
+ *             back to the full target (an eviction round)
  *   load      L2 -> L1 copies for the L2 part, sources pinned
  *   insert    the new pages below the match, in L1
  *   back up   write_through: the new pages; write_through_selective: the
@@ -24,8 +24,8 @@
  * L2 eviction: a leaf's page that lives only in L2 (freed), else an L2 copy of
  * a page that is still in L1 (a shadow: the page just loses its backup).
  *
- * Copies are submitted as operations and complete later; kvt__drain applies
- * completions on this thread. This build's executor completes each copy at
+ * Copies are submitted as operations and complete later; kvt_cache_poll
+ * applies completions on this thread. This build's executor completes each copy at
  * once (there are no bytes yet), so a write_back eviction starts a backup,
  * drains, and drops the L1 copy, as a real one does when its backup lands.
  *
@@ -197,17 +197,15 @@ static uint64_t take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
     if (flush(c) != KVT_OK) return 0;
     if (n > c->l2_free) n = c->l2_free;
     if (n == 0) return 0;
-    kvt_run_t *runs = kvt__malloc(n * sizeof(kvt_run_t));
+    kvt_run_t *runs = c->l2_runs; /* flush is done with it; room for every L2 page */
     size_t k = 0;
-    if (runs == NULL || kvt_extalloc_reserve(c->l2, n, runs, n, &k) != KVT_OK) {
-        kvt__free(runs, n * sizeof(kvt_run_t));
+    if (kvt_extalloc_reserve(c->l2, n, runs, n, &k) != KVT_OK) {
         c->st.l2_alloc_failures++;
         return 0;
     }
     uint64_t j = 0;
     for (size_t i = 0; i < k; i++)
         for (uint32_t p = 0; p < runs[i].len; p++) out[j++] = runs[i].start + p;
-    kvt__free(runs, n * sizeof(kvt_run_t));
     c->l2_free -= n;
     return n;
 }
@@ -226,25 +224,23 @@ static bool backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
 
 typedef enum { EVICTED, SKIPPED } evict_result_t;
 
+/* v's last page, in L1 only and with nothing below it, leaves the cache. */
+static evict_result_t drop_tail_l1(kvt_cache_t *c, kvt_rnode_t *v) {
+    kvt__policy_on_trim(c, v);
+    give_back_l1(c, kvt__radix_trim(c->tree, v).l1);
+    c->st.dropped_pages++;
+    return EVICTED;
+}
+
 static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
     uint32_t idx = v->n_l1 - 1;
     kvt_page_t *pg = &v->pages[idx];
     if (!kvt__page_in_l2(pg)) {
         bool tail = v->nchildren == 0 && idx == v->npages - 1;
-        if (tail && (c->cfg.write_policy != KVT_WRITE_BACK || c->l2 == NULL)) {
-            kvt__policy_on_trim(c, v);
-            give_back_l1(c, kvt__radix_trim(c->tree, v).l1);
-            c->st.dropped_pages++;
-            return EVICTED;
-        }
-        /* Back it up first: write_back, or pages below it live only in L2. */
-        if (c->l2 == NULL || !backup(c, v, idx)) {
-            if (!tail) return SKIPPED;
-            kvt__policy_on_trim(c, v); /* no room in L2: the page is dropped */
-            give_back_l1(c, kvt__radix_trim(c->tree, v).l1);
-            c->st.dropped_pages++;
-            return EVICTED;
-        }
+        if (tail && (c->cfg.write_policy != KVT_WRITE_BACK || c->l2 == NULL)) return drop_tail_l1(c, v);
+        /* Back it up first: write_back, or pages below it live only in L2.
+         * Without room in L2 a tail page is dropped; another must wait. */
+        if (c->l2 == NULL || !backup(c, v, idx)) return tail ? drop_tail_l1(c, v) : SKIPPED;
         if (c->cfg.write_policy != KVT_WRITE_BACK) c->st.forced_backups++;
         kvt_cache_poll(c); /* the eviction waits for its backup */
         pg = &v->pages[idx];
@@ -583,5 +579,4 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
             if (x->pages[i].l1 != KVT_NO_PAGE)
                 return *why = "an L1 page stranded past the L1 prefix of a node no request holds", KVT_ECORRUPT;
     return kvt__policy_check(c, why);
-    return KVT_OK;
 }

@@ -298,7 +298,7 @@ int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_
                       const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
     if (npages == 0 || npages > UINT32_MAX || (at != &r->root && (at->n_l1 != at->npages || at->ns != ns)))
         return KVT_EINVAL;
-    uint64_t h = kvt__cm_hash(at, ns, page_digest(r, tokens));
+    uint64_t digest = page_digest(r, tokens), h = kvt__cm_hash(at, ns, digest);
     if (kvt__cm_find(r, h, at, ns, tokens)) return KVT_EEXIST;
     if (kvt__cm_reserve(r, 1) != KVT_OK) return KVT_ENOMEM;
     kvt_rnode_t *n = node_new(r, (uint32_t)npages);
@@ -312,7 +312,7 @@ int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_
     n->ns = ns;
     n->priority = priority;
     n->last_access = n->created = clock;
-    n->digest = page_digest(r, tokens);
+    n->digest = digest;
     n->seq = r->next_seq++;
     link_child(at, n);
     at->l1_children++;
