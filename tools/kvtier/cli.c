@@ -74,19 +74,29 @@ static int parse_u64(const char *s, uint64_t *out) {
     return 0;
 }
 
-int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out) {
-    const char *s = NULL;
-    if (cli_value(c, &s)) return -1;
+/* "a|b|c" */
+static void join_choices(const char *const *choices, char *buf, size_t cap) {
+    buf[0] = 0;
+    for (int i = 0; choices[i]; i++) {
+        if (i) strncat(buf, "|", cap - strlen(buf) - 1);
+        strncat(buf, choices[i], cap - strlen(buf) - 1);
+    }
+}
+
+/* The parsers behind both the flag helpers and the options table: each
+ * takes the value text, and says what is allowed when it is refused. */
+static int u64_in(cli_t *c, const char *s, uint64_t lo, uint64_t hi, const char *word, uint64_t word_value,
+                  uint64_t *out) {
     uint64_t v;
+    if (word && strcmp(s, word) == 0) return *out = word_value, 0;
     if (parse_u64(s, &v) || v < lo || v > hi)
-        return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]", s, lo, hi);
+        return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]%s%s%s", s, lo, hi,
+                         word ? " or '" : "", word ? word : "", word ? "'" : "");
     *out = v;
     return 0;
 }
 
-int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out) {
-    const char *s = NULL;
-    if (cli_value(c, &s)) return -1;
+static int double_in(cli_t *c, const char *s, double lo, double hi, bool lo_open, bool hi_open, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -97,17 +107,27 @@ int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, doubl
     return 0;
 }
 
-int cli_choice(cli_t *c, const char *const *choices, int *out) {
-    const char *s = NULL;
-    if (cli_value(c, &s)) return -1;
+static int choice_in(cli_t *c, const char *s, const char *const *choices, int *out) {
+    char allowed[512];
     for (int i = 0; choices[i]; i++)
         if (strcmp(s, choices[i]) == 0) return *out = i, 0;
-    char allowed[256] = "";
-    for (int i = 0; choices[i]; i++) {
-        if (i) strncat(allowed, "|", sizeof(allowed) - strlen(allowed) - 1);
-        strncat(allowed, choices[i], sizeof(allowed) - strlen(allowed) - 1);
-    }
+    join_choices(choices, allowed, sizeof(allowed));
     return cli_error(c, "'%s' is not one of %s", s, allowed);
+}
+
+int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out) {
+    const char *s = NULL;
+    return cli_value(c, &s) ? -1 : u64_in(c, s, lo, hi, NULL, 0, out);
+}
+
+int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out) {
+    const char *s = NULL;
+    return cli_value(c, &s) ? -1 : double_in(c, s, lo, hi, lo_open, hi_open, out);
+}
+
+int cli_choice(cli_t *c, const char *const *choices, int *out) {
+    const char *s = NULL;
+    return cli_value(c, &s) ? -1 : choice_in(c, s, choices, out);
 }
 
 int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, size_t *n) {
@@ -118,11 +138,9 @@ int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, 
     strcpy(buf, s);
     size_t k = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        uint64_t v;
         if (k == cap) return cli_error(c, "at most %zu values", cap);
-        if (parse_u64(tok, &v) || v < lo || v > hi)
-            return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]", tok, lo, hi);
-        out[k++] = v;
+        if (u64_in(c, tok, lo, hi, NULL, 0, &out[k])) return -1;
+        k++;
     }
     if (k == 0) return cli_error(c, "'%s': expected a comma-separated list of integers", s);
     *n = k;
@@ -150,35 +168,9 @@ static int set_value(cli_t *c, const cli_opt_t *o, const char *s) {
         if (strcmp(s, "0") == 0 || strcmp(s, "false") == 0 || strcmp(s, "no") == 0) return *(bool *)o->dst = false, 0;
         return cli_error(c, "'%s' is not one of 1|0|true|false|yes|no", s);
     }
-    case OPT_U64: {
-        uint64_t v;
-        if (o->word && strcmp(s, o->word) == 0) return *(uint64_t *)o->dst = o->word_value, 0;
-        if (parse_u64(s, &v) || v < o->lo || v > o->hi) {
-            if (o->word)
-                return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "] or '%s'", s, o->lo, o->hi, o->word);
-            return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]", s, o->lo, o->hi);
-        }
-        *(uint64_t *)o->dst = v;
-        return 0;
-    }
-    case OPT_DOUBLE: {
-        char *end;
-        errno = 0;
-        double v = strtod(s, &end);
-        if (*s == 0 || errno || *end || !isfinite(v) || v < o->dlo || v > o->dhi)
-            return cli_error(c, "'%s' is not a number in [%g, %g]", s, o->dlo, o->dhi);
-        *(double *)o->dst = v;
-        return 0;
-    }
-    case OPT_CHOICE: {
-        char allowed[512] = "";
-        for (int i = 0; o->choices[i]; i++) {
-            if (strcmp(s, o->choices[i]) == 0) return *(int *)o->dst = i, 0;
-            if (i) strncat(allowed, "|", sizeof(allowed) - strlen(allowed) - 1);
-            strncat(allowed, o->choices[i], sizeof(allowed) - strlen(allowed) - 1);
-        }
-        return cli_error(c, "'%s' is not one of %s", s, allowed);
-    }
+    case OPT_U64: return u64_in(c, s, o->lo, o->hi, o->word, o->word_value, (uint64_t *)o->dst);
+    case OPT_DOUBLE: return double_in(c, s, o->dlo, o->dhi, false, false, (double *)o->dst);
+    case OPT_CHOICE: return choice_in(c, s, o->choices, (int *)o->dst);
     case OPT_TEXT:
         if (*s == 0) return cli_error(c, "empty value");
         *(const char **)o->dst = s;
@@ -243,10 +235,7 @@ void cli_print_table(FILE *f, const cli_opt_t *opts) {
             break;
         case OPT_CHOICE:
             snprintf(def, sizeof(def), "%s", o->choices[*(int *)o->dst]);
-            for (int i = 0; o->choices[i]; i++) {
-                if (i) strncat(allowed, "|", sizeof(allowed) - strlen(allowed) - 1);
-                strncat(allowed, o->choices[i], sizeof(allowed) - strlen(allowed) - 1);
-            }
+            join_choices(o->choices, allowed, sizeof(allowed));
             break;
         case OPT_TEXT: snprintf(def, sizeof(def), "%s", *(const char **)o->dst ? *(const char **)o->dst : "none"); break;
         }
