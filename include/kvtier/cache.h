@@ -27,8 +27,22 @@
  * Copies. Backups (L1 -> L2) and loads (L2 -> L1) are operations that
  * complete later: the pages involved are marked in flight, and the
  * completion, applied by kvt_cache_poll on the caller's thread, makes them
- * resident. This build completes every copy at once (page ids only; real
- * bytes arrive with the transfer engine).
+ * resident. Without a data plane a copy completes at once (page ids only).
+ * With one (kvt_cache_attach) copies are batches on the transfer engine,
+ * running on its workers while the caller goes on; the tree is only ever
+ * touched by the caller's thread, in the calls below. What waits:
+ *
+ *   admit      for the loads of its own request (its pages must be in L1
+ *              before it runs); backups and other work go on meanwhile
+ *   eviction   write_back: for the backup of the page it evicts; a round
+ *              first lets the backups in flight land, so that residency
+ *              decisions never depend on copy timing (the same calls give
+ *              the same hit rates with or without bytes)
+ *   sync       for everything in flight
+ *
+ * The new pages of an admitted request hold no KV until the engine has run
+ * its forward pass: kvt_cache_commit (or release) says they do, and only then
+ * does write_through back them up.
  */
 #ifndef KVTIER_CACHE_H
 #define KVTIER_CACHE_H
@@ -36,6 +50,8 @@
 #include <stdint.h>
 
 #include "kvtier/radix.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -106,6 +122,7 @@ typedef struct kvt_cache_req {
     uint64_t l2_hit_pages;   /* matched pages loaded back from L2 */
     uint64_t new_pages;      /* pages allocated and inserted */
     uint64_t uncached_pages; /* full pages that found no room */
+    bool committed;          /* its new pages were committed (kvt_cache_commit) */
 } kvt_cache_req_t;
 
 /* Admits a request of ntokens tokens in namespace ns (only whole pages are
@@ -114,11 +131,31 @@ typedef struct kvt_cache_req {
  * changes nothing: KVT_EINVAL, KVT_ENOMEM. */
 int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
                     uint32_t *l1_ids, kvt_cache_req_t *req);
-/* Lets go of an admitted request's pages (they stay cached). Every admitted
- * request is released once; KVT_EINVAL for one already released. */
+/* The request's new pages now hold their KV (the forward pass wrote them):
+ * write_through backs them up. Once per request; later calls do nothing.
+ * Until then a later admission may match the pages, so an engine commits
+ * before it admits a request that could share them. */
+int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req);
+/* Lets go of an admitted request's pages (they stay cached), committing
+ * them first if that was not done. Every admitted request is released once;
+ * KVT_EINVAL for one already released. */
 int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
-/* Applies the copies that have completed; returns how many (>= 0). */
+/* Applies the copies that have completed (without waiting); returns how
+ * many (>= 0). */
 int kvt_cache_poll(kvt_cache_t *c);
+/* Waits for every copy in flight and applies it. */
+int kvt_cache_sync(kvt_cache_t *c);
+
+/* Attaches the data plane: from now on copies move bytes between tier l1
+ * (engine index l1_index) and tier l2 (l2_index) on engine x, which the
+ * cache then polls (it must not be polled by anyone else). The tiers hold at
+ * least l1_pages / l2_pages pages; page i of the cache's L1 and L2 is page i
+ * of the tier. Before the first admission; the engine and tiers outlive the
+ * cache (kvt_cache_destroy waits for copies in flight). KVT_EINVAL (no L2
+ * tier in the cache, tiers too small), KVT_EBUSY (requests admitted
+ * already), KVT_ENOMEM; nothing changed on failure. */
+int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+                     unsigned l2_index);
 /* Evicts, in each tier, until its free-room target holds (the planner run
  * between engine steps). Returns the pages evicted. */
 uint64_t kvt_cache_restore_room(kvt_cache_t *c);
@@ -145,6 +182,8 @@ uint64_t kvt_cache_restore_room(kvt_cache_t *c);
     X(loads, COUNTER, "L2 -> L1 loads started")                                                   \
     X(shadows_reclaimed, COUNTER, "L2 copies of L1 pages given up under L2 pressure")           \
     X(dropped_pages, COUNTER, "pages that left the cache")                                       \
+    X(failed_copies, COUNTER, "copies that failed (the page stayed where it was)")              \
+    X(integrity_failures, COUNTER, "load batches refused: an L2 page failed its checksum")      \
     X(l1_free, GAUGE, "free L1 pages")                                                           \
     X(l2_free, GAUGE, "free L2 pages")                                                           \
     X(l1_target, GAUGE, "L1 free-room target, pages")                                            \

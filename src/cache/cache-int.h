@@ -5,6 +5,7 @@
 
 #include "kvtier/alloc.h"
 #include "kvtier/cache.h"
+#include "kvtier/xfer.h"
 #include "../radix/radix-int.h"
 
 typedef enum { OP_BACKUP, OP_LOAD } op_kind_t;
@@ -55,6 +56,12 @@ struct kvt_cache {
     double arc_p;                  /* arc: the target share of class 0, in pages */
     uint64_t held;                 /* requests admitted and not released */
     uint64_t fail_every, submitted; /* test hook: every fail_every-th copy fails */
+    uint64_t inflight[2];          /* copies submitted and not applied, by op_kind_t */
+    /* the data plane (kvt_cache_attach); NULL: copies complete at once */
+    kvt_xfer_t *xf;
+    unsigned xf_l1, xf_l2;
+    kvt_xfer_copy_t *pend[2];      /* copies not yet handed to the engine, by op_kind_t */
+    size_t npend[2], pend_cap;
     kvt_cache_stats_t st;
 };
 

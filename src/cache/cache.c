@@ -110,32 +110,106 @@ static int flush(kvt_cache_t *c) {
 
 /* ---- copies ------------------------------------------------------------------ */
 
-/* This build's executor: every copy completes at once, successfully. */
-static void submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2);
+/* A copy's completion: the page becomes resident (or, when it failed, the
+ * reserved page goes back and the page stays where it was). */
+static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool ok) {
+    kvt_rnode_t *n;
+    uint32_t idx;
+    c->inflight[kind]--;
+    if (!ok) c->st.failed_copies++;
+    if (kind == OP_BACKUP) {
+        if (!kvt__radix_locate_l2(c->tree, l2, &n, &idx)) return;
+        kvt__radix_end_backup(c->tree, n, idx, ok);
+        if (!ok) give_back_l2(c, l2);
+    } else {
+        if (!kvt__radix_locate_l1(c->tree, l1, &n, &idx)) return;
+        kvt__radix_end_load(c->tree, n, idx, ok);
+        if (!ok) give_back_l1(c, l1);
+    }
+}
+
+/* Hands the pending copies to the engine, one batch per direction. A batch
+ * the engine refuses fails at once (its pages stay where they were). */
+static void flush_copies(kvt_cache_t *c) {
+    for (int k = 0; c->xf && k < 2; k++) {
+        if (c->npend[k] == 0) continue;
+        unsigned src = k == OP_BACKUP ? c->xf_l1 : c->xf_l2, dst = k == OP_BACKUP ? c->xf_l2 : c->xf_l1;
+        if (kvt_xfer_submit(c->xf, src, dst, c->pend[k], c->npend[k], (uint64_t)k, NULL) != KVT_OK)
+            for (size_t i = 0; i < c->npend[k]; i++) {
+                const kvt_xfer_copy_t *cp = &c->pend[k][i];
+                apply(c, (op_kind_t)k, k == OP_BACKUP ? cp->src_page : cp->dst_page,
+                      k == OP_BACKUP ? cp->dst_page : cp->src_page, false);
+            }
+        c->npend[k] = 0;
+    }
+}
+
+/* Applies the engine's completed batches, waiting up to timeout_ns for one. */
+static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
+    kvt_xfer_done_t d[16];
+    int k = kvt_xfer_poll(c->xf, d, 16, timeout_ns), applied = 0;
+    for (int b = 0; b < k; b++) {
+        op_kind_t kind = d[b].src == c->xf_l1 ? OP_BACKUP : OP_LOAD;
+        if (d[b].status == KVT_ECORRUPT) c->st.integrity_failures++;
+        for (size_t i = 0; i < d[b].n; i++, applied++) {
+            const kvt_xfer_copy_t *cp = &d[b].copies[i];
+            apply(c, kind, kind == OP_BACKUP ? cp->src_page : cp->dst_page, kind == OP_BACKUP ? cp->dst_page : cp->src_page,
+                  d[b].status == KVT_OK);
+        }
+    }
+    return applied;
+}
+
+#define WAIT_NS 100000000ull /* one wait; callers loop until what they wait for lands */
 
 int kvt_cache_poll(kvt_cache_t *c) {
     if (c == NULL) return KVT_EINVAL;
     int applied = 0;
-    for (size_t i = 0; i < c->ndone; i++) {
-        kvt__op_t *op = &c->done[i];
-        kvt_rnode_t *n;
-        uint32_t idx;
-        if (op->kind == OP_BACKUP) {
-            if (!kvt__radix_locate_l2(c->tree, op->l2, &n, &idx)) continue;
-            kvt__radix_end_backup(c->tree, n, idx, op->ok);
-            if (!op->ok) give_back_l2(c, op->l2);
-        } else {
-            if (!kvt__radix_locate_l1(c->tree, op->l1, &n, &idx)) continue;
-            kvt__radix_end_load(c->tree, n, idx, op->ok);
-            if (!op->ok) give_back_l1(c, op->l1);
-        }
-        applied++;
+    if (c->xf) {
+        flush_copies(c);
+        for (int k; (k = poll_engine(c, 0)) > 0;) applied += k;
+        return applied;
     }
+    for (size_t i = 0; i < c->ndone; i++, applied++)
+        apply(c, (op_kind_t)c->done[i].kind, c->done[i].l1, c->done[i].l2, c->done[i].ok);
     c->ndone = 0;
     return applied;
 }
 
+/* Waits until no copy of this kind is in flight (others land meanwhile). */
+static void wait_kind(kvt_cache_t *c, op_kind_t kind) {
+    if (c->xf == NULL) {
+        kvt_cache_poll(c);
+        return;
+    }
+    flush_copies(c);
+    while (c->inflight[kind] > 0) poll_engine(c, WAIT_NS);
+}
+
+/* Waits for the backup of page idx of n (and applies whatever lands). */
+static void wait_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
+    if (c->xf == NULL) {
+        kvt_cache_poll(c);
+        return;
+    }
+    flush_copies(c);
+    while (n->pages[idx].flags & KVT_PAGE_D2H) poll_engine(c, WAIT_NS);
+}
+
+int kvt_cache_sync(kvt_cache_t *c) {
+    if (c == NULL) return KVT_EINVAL;
+    wait_kind(c, OP_BACKUP);
+    wait_kind(c, OP_LOAD);
+    return KVT_OK;
+}
+
 static void submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
+    c->inflight[kind]++;
+    if (c->xf) {
+        if (c->npend[kind] == c->pend_cap) flush_copies(c);
+        c->pend[kind][c->npend[kind]++] = kind == OP_BACKUP ? (kvt_xfer_copy_t){l1, l2} : (kvt_xfer_copy_t){l2, l1};
+        return;
+    }
     if (c->ndone == c->done_cap) kvt_cache_poll(c);
     bool ok = !(c->fail_every && ++c->submitted % c->fail_every == 0);
     c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
@@ -144,6 +218,27 @@ static void submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
 void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
     c->fail_every = n;
     c->submitted = 0;
+}
+
+int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+                     unsigned l2_index) {
+    if (c == NULL || x == NULL || l1 == NULL || l1_index == l2_index || (c->l2 != NULL) != (l2 != NULL) ||
+        kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages))
+        return KVT_EINVAL;
+    if (c->xf || c->st.requests || c->inflight[0] || c->inflight[1]) return KVT_EBUSY;
+    if (c->l2 == NULL) return KVT_EINVAL; /* without L2 there is nothing to copy */
+    size_t cap = c->cfg.l1_pages < c->cfg.l2_pages ? c->cfg.l1_pages : c->cfg.l2_pages;
+    for (int k = 0; k < 2; k++)
+        if ((c->pend[k] = kvt__malloc(cap * sizeof(kvt_xfer_copy_t))) == NULL) {
+            kvt__free(c->pend[0], cap * sizeof(kvt_xfer_copy_t));
+            c->pend[0] = NULL;
+            return KVT_ENOMEM;
+        }
+    c->pend_cap = cap;
+    c->xf = x;
+    c->xf_l1 = l1_index;
+    c->xf_l2 = l2_index;
+    return KVT_OK;
 }
 
 /* ---- L2 ---------------------------------------------------------------------- */
@@ -174,6 +269,7 @@ static bool evict_one_l2(kvt_cache_t *c) {
  * round makes room for the next allocations too. */
 static bool plan_l2_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
     if (c->l2_free >= n + floor) return false;
+    wait_kind(c, OP_BACKUP); /* landed backups make shadows reclaimable: decisions never depend on copy timing */
     c->st.l2_evict_calls++;
     while (c->l2_free < n + c->l2_target) {
         if (!evict_one_l2(c)) {
@@ -242,7 +338,7 @@ static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
          * Without room in L2 a tail page is dropped; another must wait. */
         if (c->l2 == NULL || !backup(c, v, idx)) return tail ? drop_tail_l1(c, v) : SKIPPED;
         if (c->cfg.write_policy != KVT_WRITE_BACK) c->st.forced_backups++;
-        kvt_cache_poll(c); /* the eviction waits for its backup */
+        wait_backup(c, v, idx); /* the eviction waits for its backup; other copies land meanwhile */
         pg = &v->pages[idx];
         if (!kvt__page_in_l2(pg)) return SKIPPED; /* the backup failed */
     }
@@ -254,6 +350,7 @@ static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
  * are held aside (locked) for the round. */
 static bool plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
     if (c->l1_free >= n + floor) return false;
+    wait_kind(c, OP_BACKUP); /* pages whose backup landed may simply drop their L1 copy */
     c->st.l1_evict_calls++;
     kvt_rnode_t *aside[16];
     size_t naside = 0;
@@ -322,6 +419,7 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg) {
 
 void kvt_cache_destroy(kvt_cache_t *c) {
     if (c == NULL) return;
+    if (c->xf) kvt_cache_sync(c); /* the engine owns the pages in flight until they land */
     kvt__radix_destroy(c->tree);
     kvt_laneal_destroy(c->l1);
     kvt_extalloc_destroy(c->l2);
@@ -331,6 +429,7 @@ void kvt_cache_destroy(kvt_cache_t *c) {
     kvt__free(c->scratch, c->scratch_cap * sizeof(uint32_t));
     kvt__free(c->l2_runs, (c->cfg.l2_pages + 1) * sizeof(kvt_run_t));
     kvt__policy_fini(c);
+    for (int k = 0; k < 2; k++) kvt__free(c->pend[k], c->pend_cap * sizeof(kvt_xfer_copy_t));
     KVT_DELETE(c);
 }
 
@@ -391,15 +490,21 @@ static void selective_backups(kvt_cache_t *c, kvt_rnode_t *end) {
 }
 
 /* write_through: backs up the `count` pages that end at node `last` (the
- * new pages of one admission, in one or two nodes). */
+ * new pages of one admission, in one or two nodes) that lack a copy. When L2
+ * has room for only some, the leading ones get it. */
 static void write_through(kvt_cache_t *c, kvt_rnode_t *last, uint64_t count) {
-    uint32_t *l2 = c->scratch + c->scratch_cap / 2;
-    uint64_t got = take_l2(c, count, l2), j = count;
+    uint64_t need = 0, j = count;
     for (kvt_rnode_t *x = last; j > 0; x = x->parent)
-        for (uint32_t i = x->npages; i-- > 0 && j > 0;) {
-            if (--j >= got) continue; /* L2 had no room for the rest */
-            kvt__radix_begin_backup(c->tree, x, i, l2[j]);
-            submit(c, OP_BACKUP, x->pages[i].l1, l2[j]);
+        for (uint32_t i = x->npages; i-- > 0 && j > 0; j--) need += x->pages[i].l2 == KVT_NO_PAGE;
+    uint32_t *l2 = c->scratch + c->scratch_cap / 2;
+    uint64_t got = take_l2(c, need, l2);
+    j = count;
+    for (kvt_rnode_t *x = last; j > 0; x = x->parent)
+        for (uint32_t i = x->npages; i-- > 0 && j > 0; j--) {
+            if (x->pages[i].l2 != KVT_NO_PAGE) continue;
+            if (--need >= got) continue; /* L2 had no room for the rest */
+            kvt__radix_begin_backup(c->tree, x, i, l2[need]);
+            submit(c, OP_BACKUP, x->pages[i].l1, l2[need]);
         }
     c->st.backups += got;
 }
@@ -457,7 +562,7 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     uint64_t ins = room > cont ? room - cont : 0;
     uint64_t used = 0;
     if (cont) load_path(c, m.node, ids, &used);
-    kvt_cache_poll(c);
+    wait_kind(c, OP_LOAD); /* the request needs its pages: the loads land before admit returns */
     uint64_t loaded = l1_prefix(c, m.node) - m.l1_pages;
     if (m.l1_pages + loaded < m.pages) unstrand(c, m.node);
     if (ins > 0 && m.l1_pages + loaded < m.pages) { /* a load failed: nothing goes below it */
@@ -479,13 +584,13 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
         kvt__radix_lock(c->tree, nn, +1);
         kvt__radix_lock(c->tree, m.node, -1);
         held = nn;
-        if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) write_through(c, nn, ins);
     }
     req->l2_hit_pages = loaded;
     req->new_pages = ins;
     if (c->cfg.write_policy == KVT_WRITE_THROUGH_SELECTIVE && c->l2) selective_backups(c, m.node);
     kvt_cache_poll(c);
     flush(c);
+    req->committed = ins == 0;
 
     req->node = held;
     req->pages = l1_prefix(c, held); /* usable: the request's leading pages in L1 */
@@ -506,8 +611,21 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     return KVT_OK;
 }
 
+int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req) {
+    if (c == NULL || req == NULL || req->node == NULL) return KVT_EINVAL;
+    if (req->committed) return KVT_OK;
+    req->committed = true;
+    if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) {
+        write_through(c, req->node, req->new_pages);
+        kvt_cache_poll(c);
+        flush(c);
+    }
+    return KVT_OK;
+}
+
 int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req) {
     if (c == NULL || req == NULL || req->node == NULL || c->held == 0) return KVT_EINVAL;
+    kvt_cache_commit(c, req);
     kvt__radix_lock(c->tree, req->node, -1);
     req->node = NULL;
     c->held--;

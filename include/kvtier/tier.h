@@ -1,0 +1,144 @@
+/* kvtier — tiers: the memory behind L1 and L2.
+ *
+ * A tier is `pages` pages of `page_bytes` each, laid out one of two ways:
+ *
+ *   page_first   one page is one contiguous object:
+ *                [p0: l0 l1 .. lL-1][p1: l0 l1 ..] ...
+ *                a run of k pages is one copy of k * page_bytes
+ *   layer_first  layer-major, as an engine's per-layer KV buffers are:
+ *                [l0: p0 p1 .. pN-1][l1: p0 p1 ..] ...
+ *                a run of k pages is `layers` copies of k * layer_bytes
+ *
+ * page_bytes = layers x layer_bytes. Backends (one file each under src/tier/,
+ * behind one table of functions):
+ *
+ *   arena  L1: host memory standing in for GPU memory (any machine)
+ *   cuda   L1: cudaMalloc memory; copies with cudaMemcpyAsync on a stream per
+ *          worker, completion by events (only when built with CUDA)
+ *   host   L2: anonymous memory, huge pages when the system has them
+ *          (MAP_HUGETLB, else transparent huge pages), optionally locked
+ *   shm    L2: POSIX shared memory a node's processes share: created by one
+ *          (who unlinks it when done), attached by name by the others. A
+ *          segment left by a dead creator is detected and replaced.
+ *
+ * With KVT_TIER_CHECKSUM a host tier keeps one XXH3-64 per page (in the
+ * segment itself for shm), written by the transfer engine when a page lands
+ * there and checked when it is read back.
+ *
+ * A backend knows bytes and addresses, never trees or policies.
+ */
+#ifndef KVTIER_TIER_H
+#define KVTIER_TIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kvt_layout {
+    KVT_LAYOUT_PAGE_FIRST = 0,
+    KVT_LAYOUT_LAYER_FIRST = 1
+} kvt_layout_t;
+
+const char *kvt_layout_name(kvt_layout_t l);
+int kvt_layout_parse(const char *s, kvt_layout_t *l); /* "page_first" | "layer_first"; KVT_EINVAL */
+
+typedef struct kvt_geom {
+    uint64_t pages;
+    uint32_t layers;      /* >= 1 */
+    uint64_t layer_bytes; /* bytes of one page in one layer, >= 1 */
+    kvt_layout_t layout;
+} kvt_geom_t;
+
+static inline uint64_t kvt_geom_page_bytes(const kvt_geom_t *g) { return g->layers * g->layer_bytes; }
+/* Byte offset of (page, layer) from the tier's base. */
+static inline uint64_t kvt_geom_offset(const kvt_geom_t *g, uint64_t page, uint32_t layer) {
+    return g->layout == KVT_LAYOUT_PAGE_FIRST ? page * kvt_geom_page_bytes(g) + layer * g->layer_bytes
+                                              : (uint64_t)layer * g->pages * g->layer_bytes + page * g->layer_bytes;
+}
+
+/* The geometry of `pages` pages of page_tokens tokens of a model:
+ * layers = the model's layers, layer_bytes = bytes_per_token / layers x
+ * page_tokens. KVT_EINVAL (nothing set) for zero sizes or an overflow. */
+int kvt_geom_from_model(kvt_geom_t *g, const kvt_model_t *m, uint32_t page_tokens, uint64_t pages,
+                        kvt_layout_t layout);
+
+typedef enum kvt_tier_kind {
+    KVT_TIER_ARENA = 0,
+    KVT_TIER_CUDA = 1,
+    KVT_TIER_HOST = 2,
+    KVT_TIER_SHM = 3,
+    KVT_TIER_KIND_COUNT_
+} kvt_tier_kind_t;
+
+const char *kvt_tier_kind_name(kvt_tier_kind_t k);
+
+/* Flags */
+#define KVT_TIER_HUGE 0x1     /* host: try huge pages (MAP_HUGETLB, then THP advice) */
+#define KVT_TIER_LOCK 0x2     /* host, shm: mlock the memory; failing to is an error (KVT_EAGAIN) */
+#define KVT_TIER_CHECKSUM 0x4 /* host, shm: keep an XXH3-64 per page */
+#define KVT_TIER_ATTACH 0x8   /* shm: attach to an existing segment instead of creating one */
+
+typedef struct kvt_tier_config {
+    uint32_t size;         /* sizeof(kvt_tier_config_t) */
+    kvt_tier_kind_t kind;
+    kvt_geom_t geom;
+    uint32_t flags;
+    const char *name;      /* shm: the segment name ("/kvtier-l2"); others: a label (may be NULL) */
+    int device;            /* cuda: the device ordinal */
+} kvt_tier_config_t;
+
+typedef struct kvt_tier kvt_tier_t;
+
+/* Creates (or, for shm with KVT_TIER_ATTACH, attaches) a tier. Errors, with
+ * nothing left behind: KVT_EINVAL (bad geometry or flags), KVT_ENOMEM,
+ * KVT_ENOTSUP (cuda in a build without CUDA, or no device), KVT_EEXIST (shm:
+ * the segment belongs to a live process), KVT_ENOENT (shm attach: no such
+ * segment, or not ready), KVT_EAGAIN (KVT_TIER_LOCK: mlock refused), KVT_EIO. */
+int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg);
+/* Frees the memory; the creator of an shm segment unlinks it. */
+void kvt_tier_destroy(kvt_tier_t *t);
+
+const kvt_geom_t *kvt_tier_geom(const kvt_tier_t *t);
+kvt_tier_kind_t kvt_tier_kind(const kvt_tier_t *t);
+const char *kvt_tier_name(const kvt_tier_t *t);
+/* True when the CPU may read and write the tier's bytes directly. */
+bool kvt_tier_host_visible(const kvt_tier_t *t);
+/* Address of (page, layer): a host address for host-visible tiers, a device
+ * address for cuda. NULL when out of range. */
+void *kvt_tier_addr(const kvt_tier_t *t, uint64_t page, uint32_t layer);
+/* Copies layer_bytes between the caller's host memory and (page, layer),
+ * for every kind of tier (cuda: a synchronous copy). KVT_ERANGE, KVT_EIO. */
+int kvt_tier_write(kvt_tier_t *t, uint64_t page, uint32_t layer, const void *src);
+int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst);
+/* The per-page checksums (KVT_TIER_CHECKSUM), or NULL. */
+uint64_t *kvt_tier_sums(kvt_tier_t *t);
+/* XXH3-64 of a page of a host-visible tier, layers in order (0 for others). */
+uint64_t kvt_tier_page_sum(const kvt_tier_t *t, uint64_t page);
+
+typedef struct kvt_tier_info {
+    uint32_t size;          /* sizeof(kvt_tier_info_t), set by the caller */
+    uint64_t bytes;         /* data bytes mapped */
+    uint64_t page_bytes;
+    bool huge_pages;        /* MAP_HUGETLB succeeded */
+    bool thp_advised;       /* plain pages with MADV_HUGEPAGE */
+    bool locked;            /* mlock'ed */
+    bool registered;        /* registered with the CUDA runtime for DMA */
+    bool creator;           /* shm: this process created the segment */
+    bool replaced_stale;    /* shm: a dead creator's segment was replaced */
+} kvt_tier_info_t;
+
+int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info);
+
+/* True when this build has the cuda backend. */
+bool kvt_tier_cuda_built(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

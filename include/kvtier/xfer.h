@@ -1,0 +1,146 @@
+/* kvtier — the transfer engine: page copies between tiers, coalesced into
+ * runs, run on worker threads, measured.
+ *
+ * A batch is a list of page copies from one tier to another. The engine sorts
+ * it by destination page and merges runs where source and destination both
+ * advance by one:
+ *
+ *   copies (src->dst)  7->40  8->41  9->42  3->43  4->44  12->50
+ *   runs               [7..9]->[40..42]   [3..4]->[43..44]   [12]->[50]
+ *   copies made        page_first: one per run (3)
+ *                      layer_first: one per run per layer (3 x layers)
+ *
+ * A batch is cut into work items of at most max_batch_bytes and
+ * max_batch_copies each; items go to the queue of their destination tier,
+ * served by that queue's own workers, so one slow destination does not hold
+ * the others. Submit returns at once. A batch completes when its last item
+ * is done, after every byte is in place (device copies are waited for), and
+ * is then reported by kvt_xfer_poll (and the optional callback). A failed
+ * copy fails its batch (one status per batch); the caller decides what that
+ * means for residency — the engine only moves bytes.
+ *
+ * Integrity: when a tier keeps checksums (KVT_TIER_CHECKSUM) and the engine's
+ * `checksum` option is on, a page landing in that tier gets its XXH3-64
+ * recorded, and a page read from it is verified first: a mismatch fails the
+ * batch with KVT_ECORRUPT before anything is copied.
+ *
+ * Threading: submit, poll, stats and set_faults may be called from any
+ * thread; the callback runs on a worker thread and must not call the engine.
+ */
+#ifndef KVTIER_XFER_H
+#define KVTIER_XFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/stats.h"
+#include "kvtier/tier.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVT_XFER_MAX_TIERS 8
+
+typedef struct kvt_xfer kvt_xfer_t;
+
+typedef struct kvt_xfer_copy {
+    uint32_t src_page, dst_page;
+} kvt_xfer_copy_t;
+
+typedef struct kvt_xfer_done {
+    uint64_t ticket;
+    uint64_t user;              /* as given to submit */
+    int status;                 /* KVT_OK, KVT_EIO (a copy failed), KVT_ECORRUPT (checksum mismatch) */
+    uint32_t src, dst;          /* tier indices */
+    const kvt_xfer_copy_t *copies; /* the batch, sorted by destination page; valid until the next poll */
+    size_t n;
+    uint64_t bad_page;          /* KVT_ECORRUPT: a source page whose checksum failed */
+} kvt_xfer_done_t;
+
+typedef void (*kvt_xfer_cb)(void *arg, const kvt_xfer_done_t *done);
+
+typedef struct kvt_xfer_config {
+    uint32_t size;              /* sizeof(kvt_xfer_config_t) */
+    uint32_t threads;           /* workers per destination queue, 1..64 (default 1) */
+    uint64_t max_batch_bytes;   /* bytes per work item (default 64 MiB) */
+    uint32_t max_batch_copies;  /* copies per work item (default 4096) */
+    bool checksum;              /* record and verify page checksums (default true) */
+    kvt_xfer_cb on_done;        /* optional; runs on a worker thread */
+    void *arg;
+} kvt_xfer_config_t;
+
+void kvt_xfer_config_default(kvt_xfer_config_t *cfg);
+
+/* tiers[0..ntiers) are the engine's tiers, named by their index in calls.
+ * They must outlive the engine. When a device tier is among them, host tiers
+ * are registered with it for DMA. KVT_EINVAL, KVT_ENOMEM, KVT_EIO (threads). */
+int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers);
+/* Waits for every batch in flight, then stops the workers. Completions not
+ * polled are dropped. */
+void kvt_xfer_destroy(kvt_xfer_t *x);
+
+/* Queues a batch of n >= 1 copies from tier src to tier dst (src != dst).
+ * *ticket (optional) identifies it in the completion. On failure nothing is
+ * queued and nothing will complete: KVT_EINVAL (tier or page out of range, a
+ * destination page twice), KVT_ENOMEM. The pages belong to the engine until
+ * the batch is reported complete. */
+int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
+                    uint64_t user, uint64_t *ticket);
+/* Takes up to max completed batches into out, waiting up to timeout_ns for
+ * the first (0: do not wait). Returns how many (>= 0) or KVT_EINVAL. */
+int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint64_t timeout_ns);
+/* Batches submitted and not yet taken by poll. */
+uint64_t kvt_xfer_pending(kvt_xfer_t *x);
+
+/* Fault injection, for tests. Copies are counted from the call on, in the
+ * order workers start them; the nth fails (KVT_EIO) or is delayed. With
+ * fail_p / delay_p, each copy fails / is delayed by a uniform time up to
+ * delay_max_ns with that probability, drawn from seed and its number. NULL
+ * clears. */
+typedef struct kvt_xfer_faults {
+    uint64_t fail_nth;
+    uint64_t delay_nth, delay_ns;
+    double fail_p, delay_p;
+    uint64_t delay_max_ns;
+    uint64_t seed;
+} kvt_xfer_faults_t;
+
+int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f);
+
+/* Statistics per (source, destination) tier pair. */
+#define KVT_XFER_STATS_FIELDS(X)                                                    \
+    X(batches, COUNTER, "batches completed")                                      \
+    X(failures, COUNTER, "batches that failed")                                   \
+    X(corrupt, COUNTER, "batches failed by a checksum mismatch")                  \
+    X(pages, COUNTER, "pages copied")                                             \
+    X(runs, COUNTER, "runs the pages coalesced into")                             \
+    X(copies, COUNTER, "contiguous copies made (runs, or runs x layers)")         \
+    X(items, COUNTER, "work items (batches cut by the byte and copy caps)")       \
+    X(bytes, COUNTER, "bytes copied")                                             \
+    X(busy_ns, COUNTER, "time workers spent copying, ns")                         \
+    X(inflight_batches, GAUGE, "batches submitted and not completed")             \
+    X(inflight_bytes, GAUGE, "bytes of the batches in flight")
+
+typedef struct kvt_xfer_stats {
+    uint32_t size; /* sizeof(kvt_xfer_stats_t), set by the caller */
+    uint32_t src, dst;
+#define KVT_STATS_FIELD_(name, kind, help) uint64_t name;
+    KVT_XFER_STATS_FIELDS(KVT_STATS_FIELD_)
+#undef KVT_STATS_FIELD_
+    double gbps;        /* bytes / busy_ns: copy throughput while copying */
+    kvt_hist_t queue_ns; /* submit -> a worker starts the item */
+    kvt_hist_t copy_ns;  /* the item's copies */
+    kvt_hist_t e2e_ns;   /* submit -> the batch completes */
+} kvt_xfer_stats_t;
+
+/* A snapshot of one pair's statistics. KVT_EINVAL. */
+int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st);
+/* Emits a section "<src>_to_<dst>" per pair that has seen traffic. */
+void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,63 @@
+/* Private to the tier module and the transfer engine: the backend table.
+ *
+ * Each backend (arena.c, host.c, shm.c, cuda.c) fills one kvt__tier_ops_t.
+ * The transfer engine copies through the ops of the pair's "driver": the
+ * device tier when one side is a device (it owns the streams), else plain
+ * memcpy. A worker thread opens one context per device tier it copies with.
+ */
+#ifndef KVTIER_TIER_INT_H
+#define KVTIER_TIER_INT_H
+
+#include "kvtier/tier.h"
+
+/* One contiguous copy. */
+typedef struct kvt__span {
+    void *dst;
+    const void *src;
+    size_t len;
+} kvt__span_t;
+
+typedef struct kvt__tier_ops {
+    const char *name;
+    bool host_visible;
+    /* Maps t->base (and t->sums when asked); fills t->info. Nothing left on failure. */
+    int (*open)(kvt_tier_t *t);
+    void (*close)(kvt_tier_t *t);
+    /* Host <-> tier bytes (synchronous). */
+    int (*write)(kvt_tier_t *t, void *dst, const void *src, size_t len);
+    int (*read)(const kvt_tier_t *t, void *dst, const void *src, size_t len);
+    /* Device tiers only (NULL otherwise): a per-worker copy context, and a
+     * batch of copies that returns once every byte is in place. */
+    int (*ctx_open)(kvt_tier_t *t, void **ctx);
+    void (*ctx_close)(kvt_tier_t *t, void *ctx);
+    int (*copy)(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n);
+    /* Device tiers only: page-locks host memory for DMA (and undoes it). */
+    int (*register_host)(kvt_tier_t *t, void *p, size_t len);
+    void (*unregister_host)(kvt_tier_t *t, void *p);
+} kvt__tier_ops_t;
+
+struct kvt_tier {
+    kvt_tier_config_t cfg;
+    char name[64];
+    const kvt__tier_ops_t *ops;
+    uint8_t *base;      /* data */
+    uint64_t *sums;     /* per-page checksums or NULL */
+    uint64_t bytes;     /* data bytes */
+    void *impl;         /* backend state */
+    kvt_tier_info_t info;
+};
+
+extern const kvt__tier_ops_t kvt__tier_arena_ops;
+extern const kvt__tier_ops_t kvt__tier_host_ops;
+extern const kvt__tier_ops_t kvt__tier_shm_ops;
+extern const kvt__tier_ops_t kvt__tier_cuda_ops; /* a stub reporting KVT_ENOTSUP without CUDA */
+
+/* host.c: an anonymous mapping of len bytes, huge pages when asked and
+ * possible; info records what was obtained. NULL when mmap fails. */
+void *kvt__map_anon(size_t len, bool huge, kvt_tier_info_t *info);
+void kvt__unmap(void *p, size_t len);
+/* tier.c: write/read for host-visible backends (memcpy). */
+int kvt__host_write(kvt_tier_t *t, void *dst, const void *src, size_t len);
+int kvt__host_read(const kvt_tier_t *t, void *dst, const void *src, size_t len);
+
+#endif

@@ -1,0 +1,140 @@
+/* Tiers: the common part (validation, geometry, addresses, checksums) and
+ * dispatch to the backends (one file each). */
+#include <stdio.h>
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#include "kvtier/error.h"
+#include "tier-int.h"
+#include "../core/mem-int.h"
+
+static const char *const LAYOUTS[] = {"page_first", "layer_first"};
+static const char *const KINDS[] = {"arena", "cuda", "host", "shm"};
+
+const char *kvt_layout_name(kvt_layout_t l) { return (unsigned)l < 2 ? LAYOUTS[l] : "?"; }
+
+int kvt_layout_parse(const char *s, kvt_layout_t *l) {
+    for (unsigned i = 0; s && i < 2; i++)
+        if (strcmp(s, LAYOUTS[i]) == 0) return *l = (kvt_layout_t)i, KVT_OK;
+    return KVT_EINVAL;
+}
+
+const char *kvt_tier_kind_name(kvt_tier_kind_t k) { return (unsigned)k < KVT_TIER_KIND_COUNT_ ? KINDS[k] : "?"; }
+
+int kvt_geom_from_model(kvt_geom_t *g, const kvt_model_t *m, uint32_t page_tokens, uint64_t pages,
+                        kvt_layout_t layout) {
+    if (g == NULL || m == NULL || m->layers == 0 || page_tokens == 0 || pages == 0 ||
+        m->bytes_per_token % m->layers != 0 || (unsigned)layout > KVT_LAYOUT_LAYER_FIRST)
+        return KVT_EINVAL;
+    uint64_t lb = m->bytes_per_token / m->layers;
+    if (lb == 0 || lb > UINT64_MAX / page_tokens || lb * page_tokens > UINT64_MAX / m->layers / pages)
+        return KVT_EINVAL;
+    *g = (kvt_geom_t){pages, m->layers, lb * page_tokens, layout};
+    return KVT_OK;
+}
+
+static const kvt__tier_ops_t *ops_of(kvt_tier_kind_t k) {
+    switch (k) {
+    case KVT_TIER_ARENA: return &kvt__tier_arena_ops;
+    case KVT_TIER_CUDA: return &kvt__tier_cuda_ops;
+    case KVT_TIER_HOST: return &kvt__tier_host_ops;
+    case KVT_TIER_SHM: return &kvt__tier_shm_ops;
+    default: return NULL;
+    }
+}
+
+static bool geom_ok(const kvt_geom_t *g) {
+    if (g->pages == 0 || g->pages > UINT32_MAX || g->layers == 0 || g->layer_bytes == 0 ||
+        (unsigned)g->layout > KVT_LAYOUT_LAYER_FIRST)
+        return false;
+    /* the whole tier must be addressable: pages * layers * layer_bytes < 2^62 */
+    return g->layer_bytes <= (1ull << 62) / g->layers / g->pages;
+}
+
+int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg) {
+    if (out == NULL || cfg == NULL || cfg->size < sizeof(*cfg) || ops_of(cfg->kind) == NULL || !geom_ok(&cfg->geom))
+        return KVT_EINVAL;
+    uint32_t host_flags = KVT_TIER_HUGE | KVT_TIER_LOCK | KVT_TIER_CHECKSUM;
+    uint32_t allowed = cfg->kind == KVT_TIER_SHM ? host_flags | KVT_TIER_ATTACH
+                       : cfg->kind == KVT_TIER_HOST ? host_flags : 0;
+    if (cfg->flags & ~allowed) return KVT_EINVAL;
+    if (cfg->kind == KVT_TIER_SHM && (cfg->name == NULL || cfg->name[0] != '/' || strlen(cfg->name) > 60 ||
+                                      strchr(cfg->name + 1, '/') != NULL))
+        return KVT_EINVAL;
+    kvt_tier_t *t = KVT_NEW(kvt_tier_t);
+    if (t == NULL) return KVT_ENOMEM;
+    t->cfg = *cfg;
+    t->cfg.size = sizeof(t->cfg);
+    snprintf(t->name, sizeof(t->name), "%s", cfg->name ? cfg->name : KINDS[cfg->kind]);
+    t->cfg.name = t->name;
+    t->ops = ops_of(cfg->kind);
+    t->bytes = cfg->geom.pages * kvt_geom_page_bytes(&cfg->geom);
+    t->info.size = sizeof(t->info);
+    t->info.bytes = t->bytes;
+    t->info.page_bytes = kvt_geom_page_bytes(&cfg->geom);
+    int rc = t->ops->open(t);
+    if (rc != KVT_OK) {
+        KVT_DELETE(t);
+        return rc;
+    }
+    *out = t;
+    return KVT_OK;
+}
+
+void kvt_tier_destroy(kvt_tier_t *t) {
+    if (t == NULL) return;
+    t->ops->close(t);
+    KVT_DELETE(t);
+}
+
+const kvt_geom_t *kvt_tier_geom(const kvt_tier_t *t) { return &t->cfg.geom; }
+kvt_tier_kind_t kvt_tier_kind(const kvt_tier_t *t) { return t->cfg.kind; }
+const char *kvt_tier_name(const kvt_tier_t *t) { return t->name; }
+bool kvt_tier_host_visible(const kvt_tier_t *t) { return t->ops->host_visible; }
+uint64_t *kvt_tier_sums(kvt_tier_t *t) { return t ? t->sums : NULL; }
+
+void *kvt_tier_addr(const kvt_tier_t *t, uint64_t page, uint32_t layer) {
+    if (t == NULL || page >= t->cfg.geom.pages || layer >= t->cfg.geom.layers) return NULL;
+    return t->base + kvt_geom_offset(&t->cfg.geom, page, layer);
+}
+
+int kvt_tier_write(kvt_tier_t *t, uint64_t page, uint32_t layer, const void *src) {
+    void *a = kvt_tier_addr(t, page, layer);
+    if (a == NULL || src == NULL) return KVT_ERANGE;
+    return t->ops->write(t, a, src, t->cfg.geom.layer_bytes);
+}
+
+int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst) {
+    void *a = kvt_tier_addr(t, page, layer);
+    if (a == NULL || dst == NULL) return KVT_ERANGE;
+    return t->ops->read(t, dst, a, t->cfg.geom.layer_bytes);
+}
+
+uint64_t kvt_tier_page_sum(const kvt_tier_t *t, uint64_t page) {
+    if (t == NULL || !t->ops->host_visible || page >= t->cfg.geom.pages) return 0;
+    const kvt_geom_t *g = &t->cfg.geom;
+    if (g->layout == KVT_LAYOUT_PAGE_FIRST) return XXH3_64bits(t->base + kvt_geom_offset(g, page, 0), kvt_geom_page_bytes(g));
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (uint32_t l = 0; l < g->layers; l++) XXH3_64bits_update(&st, t->base + kvt_geom_offset(g, page, l), g->layer_bytes);
+    return XXH3_64bits_digest(&st);
+}
+
+int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info) {
+    if (t == NULL || info == NULL || info->size < sizeof(*info)) return KVT_EINVAL;
+    *info = t->info;
+    return KVT_OK;
+}
+
+int kvt__host_write(kvt_tier_t *t, void *dst, const void *src, size_t len) {
+    (void)t;
+    memcpy(dst, src, len);
+    return KVT_OK;
+}
+
+int kvt__host_read(const kvt_tier_t *t, void *dst, const void *src, size_t len) {
+    (void)t;
+    memcpy(dst, src, len);
+    return KVT_OK;
+}

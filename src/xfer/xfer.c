@@ -1,0 +1,626 @@
+/* The transfer engine (see include/kvtier/xfer.h for the contract).
+ *
+ *   submit (any thread)                      workers (per destination tier)
+ *   ------------------                       ------------------------------
+ *   sort copies by destination               take an item from its queue
+ *   merge runs (src and dst both +1)         verify source checksums
+ *   cut runs into items (byte/copy caps) --> make spans (run, or run x layer)
+ *   push items on queue[dst]                 inject faults, copy, fence
+ *                                            record destination checksums
+ *   poll (any thread)                        last item of a batch: stats,
+ *   <-- done queue <------------------------ done queue, callback
+ *
+ * Ownership: a batch is allocated at submit with its sorted copies, runs and
+ * items in one block; it is freed by the poll after the one that returned it
+ * (so `copies` stays valid until the next poll), or by destroy.
+ *
+ * Invariants: a batch is on exactly one of {its items' queues, in progress,
+ * the done queue, the retired list}; `remaining` counts its items not yet
+ * finished; the pair's inflight gauges count batches between submit and the
+ * last item's end.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvtier/error.h"
+#include "kvtier/xfer.h"
+#include "../core/mem-int.h"
+#include "../tier/tier-int.h"
+
+typedef struct run {
+    uint32_t src, dst, len;
+} run_t;
+
+typedef struct batch batch_t;
+
+typedef struct item {
+    batch_t *b;
+    struct item *next;
+    uint32_t run_lo, run_hi; /* runs [lo, hi) of the batch */
+    uint64_t t_submit;
+} item_t;
+
+struct batch {
+    kvt_xfer_done_t done;
+    batch_t *next; /* done queue / retired list */
+    kvt_xfer_copy_t *copies;
+    run_t *runs;
+    item_t *items;
+    size_t nruns, nitems, alloc_bytes;
+    uint64_t bytes, t_submit;
+    _Atomic int status;
+    _Atomic uint64_t bad_page;
+    _Atomic size_t remaining;
+};
+
+typedef struct pair {
+    pthread_mutex_t mu;
+    kvt_xfer_stats_t st;
+    bool seen;
+} pair_t;
+
+typedef struct queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    item_t *head, *tail;
+} queue_t;
+
+typedef struct worker {
+    kvt_xfer_t *x;
+    unsigned dst;
+    pthread_t th;
+    kvt__span_t *spans;
+    size_t cap;
+    void *ctx[KVT_XFER_MAX_TIERS]; /* device copy contexts, opened on first use */
+} worker_t;
+
+struct kvt_xfer {
+    kvt_xfer_config_t cfg;
+    kvt_tier_t *tiers[KVT_XFER_MAX_TIERS];
+    unsigned ntiers;
+    queue_t q[KVT_XFER_MAX_TIERS];
+    worker_t *workers;
+    unsigned nworkers;
+    bool stop;
+    pair_t pairs[KVT_XFER_MAX_TIERS][KVT_XFER_MAX_TIERS];
+    pthread_mutex_t done_mu;
+    pthread_cond_t done_cv;
+    batch_t *done_head, *done_tail, *retired;
+    uint64_t pending; /* submitted, not yet polled (done_mu) */
+    _Atomic uint64_t next_ticket;
+    pthread_mutex_t fault_mu;
+    kvt_xfer_faults_t faults;
+    uint64_t fault_count;
+    kvt_tier_t *device; /* a device tier host tiers were registered with, or NULL */
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void kvt_xfer_config_default(kvt_xfer_config_t *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->size = sizeof(*cfg);
+    cfg->threads = 1;
+    cfg->max_batch_bytes = 64ull << 20;
+    cfg->max_batch_copies = 4096;
+    cfg->checksum = true;
+}
+
+/* ---- workers ------------------------------------------------------------------ */
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The fault (if any) for the next copy: KVT_EIO to fail; *delay set. */
+static int next_fault(kvt_xfer_t *x, uint64_t *delay) {
+    *delay = 0;
+    pthread_mutex_lock(&x->fault_mu);
+    const kvt_xfer_faults_t *f = &x->faults;
+    uint64_t k = ++x->fault_count;
+    int rc = KVT_OK;
+    if (f->fail_nth && k == f->fail_nth) rc = KVT_EIO;
+    if (f->delay_nth && k == f->delay_nth) *delay = f->delay_ns;
+    if (f->fail_p > 0 || f->delay_p > 0) {
+        uint64_t r1 = mix64(f->seed ^ (k * 0x9e3779b97f4a7c15ull)), r2 = mix64(r1);
+        if ((double)(r1 >> 11) * 0x1.0p-53 < f->fail_p) rc = KVT_EIO;
+        if ((double)(r2 >> 11) * 0x1.0p-53 < f->delay_p && f->delay_max_ns) *delay += mix64(r2) % f->delay_max_ns;
+    }
+    pthread_mutex_unlock(&x->fault_mu);
+    return rc;
+}
+
+static void sleep_ns(uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* Verifies the source pages of an item against their checksums. */
+static int verify_sources(kvt_xfer_t *x, batch_t *b, const item_t *it) {
+    kvt_tier_t *s = x->tiers[b->done.src];
+    if (!x->cfg.checksum || s->sums == NULL) return KVT_OK;
+    for (uint32_t r = it->run_lo; r < it->run_hi; r++)
+        for (uint32_t p = 0; p < b->runs[r].len; p++) {
+            uint32_t page = b->runs[r].src + p;
+            if (kvt_tier_page_sum(s, page) != s->sums[page]) {
+                atomic_store(&b->bad_page, page);
+                return KVT_ECORRUPT;
+            }
+        }
+    return KVT_OK;
+}
+
+static void record_sums(kvt_xfer_t *x, batch_t *b, const item_t *it) {
+    kvt_tier_t *d = x->tiers[b->done.dst];
+    if (!x->cfg.checksum || d->sums == NULL) return;
+    for (uint32_t r = it->run_lo; r < it->run_hi; r++)
+        for (uint32_t p = 0; p < b->runs[r].len; p++) d->sums[b->runs[r].dst + p] = kvt_tier_page_sum(d, b->runs[r].dst + p);
+}
+
+/* The copies of an item: one span per run (page_first on both sides), else
+ * one per run per layer. */
+static size_t make_spans(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
+    kvt_tier_t *s = x->tiers[b->done.src], *d = x->tiers[b->done.dst];
+    const kvt_geom_t *g = &s->cfg.geom;
+    bool whole = g->layout == KVT_LAYOUT_PAGE_FIRST && d->cfg.geom.layout == KVT_LAYOUT_PAGE_FIRST;
+    size_t n = 0;
+    for (uint32_t r = it->run_lo; r < it->run_hi; r++) {
+        const run_t *ru = &b->runs[r];
+        for (uint32_t l = 0; l < (whole ? 1 : g->layers); l++)
+            w->spans[n++] = (kvt__span_t){d->base + kvt_geom_offset(&d->cfg.geom, ru->dst, l),
+                                          s->base + kvt_geom_offset(g, ru->src, l),
+                                          (size_t)ru->len * (whole ? kvt_geom_page_bytes(g) : g->layer_bytes)};
+    }
+    return n;
+}
+
+/* The device tier that drives a pair's copies, or NULL for memcpy. */
+static kvt_tier_t *driver(kvt_xfer_t *x, const batch_t *b, unsigned *which) {
+    for (unsigned k = 0; k < 2; k++) {
+        unsigned t = k ? b->done.dst : b->done.src;
+        if (x->tiers[t]->ops->copy) return *which = t, x->tiers[t];
+    }
+    return NULL;
+}
+
+static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
+    int rc = verify_sources(x, b, it);
+    if (rc != KVT_OK) return rc;
+    size_t n = make_spans(x, w, b, it);
+    unsigned di = 0;
+    kvt_tier_t *drv = driver(x, b, &di);
+    if (drv && w->ctx[di] == NULL && (rc = drv->ops->ctx_open(drv, &w->ctx[di])) != KVT_OK) return rc;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t delay;
+        int f = next_fault(x, &delay);
+        if (delay) sleep_ns(delay);
+        if (f != KVT_OK) return f; /* the copies before it may have landed: the batch fails as a whole */
+        if (!drv) memcpy(w->spans[i].dst, w->spans[i].src, w->spans[i].len);
+    }
+    if (drv && (rc = drv->ops->copy(drv, w->ctx[di], w->spans, n)) != KVT_OK) return rc;
+    record_sums(x, b, it);
+    return KVT_OK;
+}
+
+static void finish_batch(kvt_xfer_t *x, batch_t *b) {
+    uint64_t t = now_ns();
+    int status = atomic_load(&b->status);
+    b->done.status = status;
+    b->done.bad_page = atomic_load(&b->bad_page);
+    pair_t *p = &x->pairs[b->done.src][b->done.dst];
+    pthread_mutex_lock(&p->mu);
+    kvt_xfer_stats_t *st = &p->st;
+    st->inflight_batches--;
+    st->inflight_bytes -= b->bytes;
+    if (status == KVT_OK) {
+        st->batches++;
+        st->pages += b->done.n;
+        st->runs += b->nruns;
+        st->bytes += b->bytes;
+    } else {
+        st->failures++;
+        st->corrupt += status == KVT_ECORRUPT;
+    }
+    kvt_hist_record(&st->e2e_ns, t - b->t_submit);
+    pthread_mutex_unlock(&p->mu);
+    if (x->cfg.on_done) x->cfg.on_done(x->cfg.arg, &b->done);
+    pthread_mutex_lock(&x->done_mu);
+    b->next = NULL;
+    if (x->done_tail) x->done_tail->next = b;
+    else x->done_head = b;
+    x->done_tail = b;
+    pthread_cond_broadcast(&x->done_cv);
+    pthread_mutex_unlock(&x->done_mu);
+}
+
+static void *worker_main(void *arg) {
+    worker_t *w = arg;
+    kvt_xfer_t *x = w->x;
+    queue_t *q = &x->q[w->dst];
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        while (q->head == NULL && !x->stop) pthread_cond_wait(&q->cv, &q->mu);
+        item_t *it = q->head;
+        if (it == NULL) { /* stopping, and nothing left */
+            pthread_mutex_unlock(&q->mu);
+            return NULL;
+        }
+        q->head = it->next;
+        if (q->head == NULL) q->tail = NULL;
+        pthread_mutex_unlock(&q->mu);
+
+        batch_t *b = it->b;
+        uint64_t t0 = now_ns();
+        int rc = atomic_load(&b->status) == KVT_OK ? run_item(x, w, b, it) : KVT_OK; /* a failed batch skips the rest */
+        uint64_t t1 = now_ns();
+        if (rc != KVT_OK) {
+            int ok = KVT_OK;
+            atomic_compare_exchange_strong(&b->status, &ok, rc);
+        }
+        pair_t *p = &x->pairs[b->done.src][b->done.dst];
+        pthread_mutex_lock(&p->mu);
+        kvt_hist_record(&p->st.queue_ns, t0 - it->t_submit);
+        kvt_hist_record(&p->st.copy_ns, t1 - t0);
+        p->st.busy_ns += t1 - t0;
+        p->st.items++;
+        pthread_mutex_unlock(&p->mu);
+        if (atomic_fetch_sub(&b->remaining, 1) == 1) finish_batch(x, b);
+    }
+}
+
+/* ---- submit ------------------------------------------------------------------- */
+
+static int cmp_dst(const void *a, const void *b) {
+    uint32_t x = ((const kvt_xfer_copy_t *)a)->dst_page, y = ((const kvt_xfer_copy_t *)b)->dst_page;
+    return (x > y) - (x < y);
+}
+
+/* Counts the runs of sorted copies, each cut to at most max_pages pages. */
+static size_t count_runs(const kvt_xfer_copy_t *c, size_t n, uint64_t max_pages) {
+    size_t runs = 0;
+    uint64_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool joins = i > 0 && len < max_pages && c[i].dst_page == c[i - 1].dst_page + 1 &&
+                     c[i].src_page == c[i - 1].src_page + 1;
+        if (joins) len++;
+        else runs++, len = 1;
+    }
+    return runs;
+}
+
+static void build_runs(batch_t *b, uint64_t max_pages) {
+    const kvt_xfer_copy_t *c = b->copies;
+    size_t k = 0;
+    for (size_t i = 0; i < b->done.n; i++) {
+        run_t *last = k ? &b->runs[k - 1] : NULL;
+        if (last && last->len < max_pages && c[i].dst_page == last->dst + last->len && c[i].src_page == last->src + last->len)
+            last->len++;
+        else
+            b->runs[k++] = (run_t){c[i].src_page, c[i].dst_page, 1};
+    }
+}
+
+/* Groups runs into items: at most max_bytes and max_copies each (a run is
+ * already no bigger than max_bytes). Fills b->items when non-NULL; returns
+ * the item count. */
+static size_t group_items(batch_t *b, uint64_t page_bytes, uint32_t spans_per_run, uint64_t max_bytes,
+                          uint32_t max_copies) {
+    size_t k = 0;
+    uint64_t bytes = 0, spans = 0;
+    for (size_t r = 0; r < b->nruns; r++) {
+        uint64_t rb = (uint64_t)b->runs[r].len * page_bytes;
+        if (r == 0 || bytes + rb > max_bytes || spans + spans_per_run > max_copies) {
+            if (b->items) b->items[k] = (item_t){b, NULL, (uint32_t)r, (uint32_t)r, 0};
+            k++;
+            bytes = spans = 0;
+        }
+        bytes += rb;
+        spans += spans_per_run;
+        if (b->items) b->items[k - 1].run_hi = (uint32_t)r + 1;
+    }
+    return k;
+}
+
+static void batch_free(batch_t *b) { kvt__free(b, b->alloc_bytes); }
+
+int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
+                    uint64_t user, uint64_t *ticket) {
+    if (x == NULL || src >= x->ntiers || dst >= x->ntiers || src == dst || copies == NULL || n == 0 ||
+        n > UINT32_MAX)
+        return KVT_EINVAL;
+    kvt_tier_t *s = x->tiers[src], *d = x->tiers[dst];
+    const kvt_geom_t *gs = &s->cfg.geom, *gd = &d->cfg.geom;
+    for (size_t i = 0; i < n; i++)
+        if (copies[i].src_page >= gs->pages || copies[i].dst_page >= gd->pages) return KVT_EINVAL;
+    uint64_t pb = kvt_geom_page_bytes(gs);
+    uint64_t max_pages = x->cfg.max_batch_bytes / pb ? x->cfg.max_batch_bytes / pb : 1;
+    bool whole = gs->layout == KVT_LAYOUT_PAGE_FIRST && gd->layout == KVT_LAYOUT_PAGE_FIRST;
+    uint32_t spr = whole ? 1 : gs->layers;
+
+    /* one block: header, sorted copies, runs (sized after sorting), items */
+    kvt_xfer_copy_t *sorted = kvt__malloc(n * sizeof(*sorted));
+    if (sorted == NULL) return KVT_ENOMEM;
+    memcpy(sorted, copies, n * sizeof(*sorted));
+    qsort(sorted, n, sizeof(*sorted), cmp_dst);
+    for (size_t i = 1; i < n; i++)
+        if (sorted[i].dst_page == sorted[i - 1].dst_page) {
+            kvt__free(sorted, n * sizeof(*sorted));
+            return KVT_EINVAL;
+        }
+    size_t nruns = count_runs(sorted, n, max_pages);
+    size_t bytes = sizeof(batch_t) + n * sizeof(kvt_xfer_copy_t) + nruns * sizeof(run_t);
+    batch_t *b = kvt__malloc(bytes + nruns * sizeof(item_t)); /* items <= runs */
+    if (b == NULL) {
+        kvt__free(sorted, n * sizeof(*sorted));
+        return KVT_ENOMEM;
+    }
+    memset(b, 0, sizeof(*b));
+    b->alloc_bytes = bytes + nruns * sizeof(item_t);
+    b->copies = (kvt_xfer_copy_t *)(b + 1);
+    memcpy(b->copies, sorted, n * sizeof(*sorted));
+    kvt__free(sorted, n * sizeof(*sorted));
+    b->runs = (run_t *)(b->copies + n);
+    b->nruns = nruns;
+    b->done.copies = b->copies;
+    b->done.n = n;
+    b->done.src = src;
+    b->done.dst = dst;
+    b->done.user = user;
+    b->done.ticket = atomic_fetch_add(&x->next_ticket, 1) + 1;
+    build_runs(b, max_pages);
+    b->items = (item_t *)((uint8_t *)b + bytes);
+    b->nitems = group_items(b, pb, spr, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
+    b->bytes = n * pb;
+    b->t_submit = now_ns();
+    atomic_store(&b->remaining, b->nitems);
+    atomic_store(&b->status, KVT_OK);
+    if (ticket) *ticket = b->done.ticket;
+
+    pair_t *p = &x->pairs[src][dst];
+    pthread_mutex_lock(&p->mu);
+    p->seen = true;
+    p->st.inflight_batches++;
+    p->st.inflight_bytes += b->bytes;
+    p->st.copies += (uint64_t)nruns * spr;
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_lock(&x->done_mu);
+    x->pending++;
+    pthread_mutex_unlock(&x->done_mu);
+
+    queue_t *q = &x->q[dst];
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = 0; i < b->nitems; i++) {
+        item_t *it = &b->items[i];
+        it->t_submit = b->t_submit;
+        it->next = NULL;
+        if (q->tail) q->tail->next = it;
+        else q->head = it;
+        q->tail = it;
+    }
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return KVT_OK;
+}
+
+/* ---- poll --------------------------------------------------------------------- */
+
+int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint64_t timeout_ns) {
+    if (x == NULL || (out == NULL && max > 0)) return KVT_EINVAL;
+    pthread_mutex_lock(&x->done_mu);
+    while (x->retired) { /* the batches the previous poll returned */
+        batch_t *b = x->retired;
+        x->retired = b->next;
+        batch_free(b);
+    }
+    if (x->done_head == NULL && timeout_ns > 0 && max > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t until = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        until = timeout_ns > UINT64_MAX - until ? UINT64_MAX / 2 : until + timeout_ns;
+        ts.tv_sec = (time_t)(until / 1000000000ull);
+        ts.tv_nsec = (long)(until % 1000000000ull);
+        while (x->done_head == NULL)
+            if (pthread_cond_timedwait(&x->done_cv, &x->done_mu, &ts) != 0) break;
+    }
+    size_t k = 0;
+    while (k < max && x->done_head) {
+        batch_t *b = x->done_head;
+        x->done_head = b->next;
+        if (x->done_head == NULL) x->done_tail = NULL;
+        out[k++] = b->done;
+        b->next = x->retired;
+        x->retired = b;
+        x->pending--;
+    }
+    pthread_mutex_unlock(&x->done_mu);
+    return (int)k;
+}
+
+uint64_t kvt_xfer_pending(kvt_xfer_t *x) {
+    if (x == NULL) return 0;
+    pthread_mutex_lock(&x->done_mu);
+    uint64_t n = x->pending;
+    pthread_mutex_unlock(&x->done_mu);
+    return n;
+}
+
+int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f) {
+    if (x == NULL || (f && !(f->fail_p >= 0 && f->fail_p <= 1 && f->delay_p >= 0 && f->delay_p <= 1))) return KVT_EINVAL;
+    pthread_mutex_lock(&x->fault_mu);
+    if (f) x->faults = *f;
+    else memset(&x->faults, 0, sizeof(x->faults));
+    x->fault_count = 0;
+    pthread_mutex_unlock(&x->fault_mu);
+    return KVT_OK;
+}
+
+/* ---- create / destroy ----------------------------------------------------------- */
+
+static void stop_workers(kvt_xfer_t *x, unsigned started) {
+    for (unsigned t = 0; t < x->ntiers; t++) {
+        pthread_mutex_lock(&x->q[t].mu);
+        x->stop = true;
+        pthread_cond_broadcast(&x->q[t].cv);
+        pthread_mutex_unlock(&x->q[t].mu);
+    }
+    for (unsigned i = 0; i < started; i++) {
+        worker_t *w = &x->workers[i];
+        pthread_join(w->th, NULL);
+        for (unsigned t = 0; t < x->ntiers; t++)
+            if (w->ctx[t]) x->tiers[t]->ops->ctx_close(x->tiers[t], w->ctx[t]);
+        kvt__free(w->spans, w->cap * sizeof(kvt__span_t));
+    }
+}
+
+static void free_engine(kvt_xfer_t *x) {
+    for (unsigned t = 0; t < x->ntiers; t++) {
+        pthread_mutex_destroy(&x->q[t].mu);
+        pthread_cond_destroy(&x->q[t].cv);
+        for (unsigned u = 0; u < x->ntiers; u++) pthread_mutex_destroy(&x->pairs[t][u].mu);
+    }
+    if (x->device)
+        for (unsigned t = 0; t < x->ntiers; t++)
+            if (x->tiers[t]->ops->host_visible) x->device->ops->unregister_host(x->device, x->tiers[t]->base);
+    pthread_mutex_destroy(&x->done_mu);
+    pthread_cond_destroy(&x->done_cv);
+    pthread_mutex_destroy(&x->fault_mu);
+    kvt__free(x->workers, (size_t)x->nworkers * sizeof(worker_t));
+    KVT_DELETE(x);
+}
+
+int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers) {
+    if (out == NULL || cfg == NULL || cfg->size < sizeof(*cfg) || tiers == NULL || ntiers < 2 ||
+        ntiers > KVT_XFER_MAX_TIERS || cfg->threads == 0 || cfg->threads > 64 || cfg->max_batch_bytes == 0 ||
+        cfg->max_batch_copies == 0)
+        return KVT_EINVAL;
+    for (unsigned t = 0; t < ntiers; t++)
+        if (tiers[t] == NULL || tiers[t]->cfg.geom.layers != tiers[0]->cfg.geom.layers ||
+            tiers[t]->cfg.geom.layer_bytes != tiers[0]->cfg.geom.layer_bytes)
+            return KVT_EINVAL; /* pages must be the same shape everywhere */
+    uint32_t spr = tiers[0]->cfg.geom.layers;
+    if (cfg->max_batch_copies < spr) return KVT_EINVAL; /* one run of a layer_first tier must fit an item */
+    kvt_xfer_t *x = KVT_NEW(kvt_xfer_t);
+    if (x == NULL) return KVT_ENOMEM;
+    x->cfg = *cfg;
+    x->cfg.size = sizeof(x->cfg);
+    x->ntiers = ntiers;
+    memcpy(x->tiers, tiers, ntiers * sizeof(*tiers));
+    for (unsigned t = 0; t < ntiers; t++) {
+        pthread_mutex_init(&x->q[t].mu, NULL);
+        pthread_cond_init(&x->q[t].cv, NULL);
+        for (unsigned u = 0; u < ntiers; u++) {
+            pthread_mutex_init(&x->pairs[t][u].mu, NULL);
+            kvt_xfer_stats_t *st = &x->pairs[t][u].st;
+            st->size = sizeof(*st);
+            st->src = t;
+            st->dst = u;
+            kvt_hist_init(&st->queue_ns);
+            kvt_hist_init(&st->copy_ns);
+            kvt_hist_init(&st->e2e_ns);
+        }
+    }
+    pthread_mutex_init(&x->done_mu, NULL);
+    pthread_cond_init(&x->done_cv, NULL);
+    pthread_mutex_init(&x->fault_mu, NULL);
+    x->nworkers = ntiers * cfg->threads;
+    x->workers = kvt__calloc(x->nworkers, sizeof(worker_t));
+    if (x->workers == NULL) {
+        free_engine(x);
+        return KVT_ENOMEM;
+    }
+    for (unsigned t = 0; t < ntiers && x->device == NULL; t++)
+        if (tiers[t]->ops->register_host) x->device = tiers[t];
+    if (x->device)
+        for (unsigned t = 0; t < ntiers; t++)
+            if (tiers[t]->ops->host_visible) x->device->ops->register_host(x->device, tiers[t]->base, tiers[t]->bytes);
+    unsigned started = 0;
+    int rc = KVT_OK;
+    for (unsigned i = 0; i < x->nworkers && rc == KVT_OK; i++) {
+        worker_t *w = &x->workers[i];
+        w->x = x;
+        w->dst = i / cfg->threads;
+        w->cap = cfg->max_batch_copies;
+        w->spans = kvt__malloc(w->cap * sizeof(kvt__span_t));
+        if (w->spans == NULL) rc = KVT_ENOMEM;
+        else if (pthread_create(&w->th, NULL, worker_main, w) != 0) rc = KVT_EIO;
+        else started++;
+        if (rc != KVT_OK) kvt__free(w->spans, w->cap * sizeof(kvt__span_t));
+    }
+    if (rc != KVT_OK) {
+        stop_workers(x, started);
+        free_engine(x);
+        return rc;
+    }
+    *out = x;
+    return KVT_OK;
+}
+
+void kvt_xfer_destroy(kvt_xfer_t *x) {
+    if (x == NULL) return;
+    pthread_mutex_lock(&x->done_mu); /* wait for every batch in flight to land */
+    for (;;) {
+        uint64_t landed = 0;
+        for (batch_t *b = x->done_head; b; b = b->next) landed++;
+        if (landed == x->pending) break;
+        pthread_cond_wait(&x->done_cv, &x->done_mu);
+    }
+    pthread_mutex_unlock(&x->done_mu);
+    stop_workers(x, x->nworkers);
+    while (x->done_head) {
+        batch_t *b = x->done_head;
+        x->done_head = b->next;
+        batch_free(b);
+    }
+    while (x->retired) {
+        batch_t *b = x->retired;
+        x->retired = b->next;
+        batch_free(b);
+    }
+    free_engine(x);
+}
+
+/* ---- statistics ----------------------------------------------------------------- */
+
+int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st) {
+    if (x == NULL || st == NULL || st->size < sizeof(*st) || src >= x->ntiers || dst >= x->ntiers) return KVT_EINVAL;
+    pair_t *p = &x->pairs[src][dst];
+    pthread_mutex_lock(&p->mu);
+    *st = p->st;
+    pthread_mutex_unlock(&p->mu);
+    st->gbps = st->busy_ns ? (double)st->bytes / (double)st->busy_ns : 0;
+    return KVT_OK;
+}
+
+/* Metric names are [a-z0-9_]: other characters of tier names become '_'. */
+static void metric_name(char *out, size_t cap, const char *a, const char *b) {
+    snprintf(out, cap, "%s_to_%s", a, b);
+    for (char *c = out; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9'))) *c = (*c >= 'A' && *c <= 'Z') ? (char)(*c - 'A' + 'a') : '_';
+}
+
+void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
+    for (unsigned s = 0; x && s < x->ntiers; s++)
+        for (unsigned d = 0; d < x->ntiers; d++) {
+            if (!x->pairs[s][d].seen) continue;
+            kvt_xfer_stats_t st = {.size = sizeof(st)};
+            kvt_xfer_stats(x, s, d, &st);
+            char name[160];
+            metric_name(name, sizeof(name), x->tiers[s]->name, x->tiers[d]->name);
+            kvt_emit_begin(e, name);
+            KVT_EMIT_STATS(e, &st, KVT_XFER_STATS_FIELDS);
+            kvt_emit_gauge(e, "gbps", st.gbps, "copy throughput while copying, GB/s");
+            kvt_emit_hist(e, "queue_ns", &st.queue_ns, "submit to a worker starting the item");
+            kvt_emit_hist(e, "copy_ns", &st.copy_ns, "time to copy one work item");
+            kvt_emit_hist(e, "e2e_ns", &st.e2e_ns, "submit to batch completion");
+            kvt_emit_end(e);
+        }
+}
