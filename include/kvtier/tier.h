@@ -135,6 +135,14 @@ typedef struct kvt_tier_info {
 
 int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info);
 
+/* Page content derived from a page hash and a layer: what `replay --data`
+ * and the tests write into new pages and expect to read back. Word i (8
+ * bytes, little-endian; a short tail takes the low bytes) is
+ * splitmix64(hash.lo ^ rotl(hash.hi, 17) ^ layer << 48 ^ i). */
+void kvt_pattern_fill(void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
+/* True when buf holds exactly that content. */
+bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
+
 /* True when this build has the cuda backend. */
 bool kvt_tier_cuda_built(void);
 

@@ -316,6 +316,26 @@ static bool backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
     return true;
 }
 
+/* Backs up, as one batch, the pages of n up to idx that are in L1 with no L2
+ * copy and no backup in flight: the eviction of n's tail will need them all,
+ * and one reservation in page order gives runs that coalesce. When L2 has
+ * room for only some, the ones nearest the tail get it. Returns the pages
+ * backed up; page idx is among them unless that is 0. */
+static uint64_t backup_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
+    uint64_t need = 0;
+    for (uint32_t i = 0; i <= idx; i++) need += n->pages[i].l2 == KVT_NO_PAGE;
+    uint32_t *l2 = c->scratch + c->scratch_cap / 2;
+    uint64_t got = take_l2(c, need, l2), k = got;
+    for (uint32_t i = idx + 1; i-- > 0 && k > 0;) {
+        if (n->pages[i].l2 != KVT_NO_PAGE) continue;
+        k--;
+        kvt__radix_begin_backup(c->tree, n, i, l2[k]);
+        submit(c, OP_BACKUP, n->pages[i].l1, l2[k]);
+    }
+    c->st.backups += got;
+    return got;
+}
+
 /* ---- L1 ---------------------------------------------------------------------- */
 
 typedef enum { EVICTED, SKIPPED } evict_result_t;
@@ -336,8 +356,9 @@ static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
         if (tail && (c->cfg.write_policy != KVT_WRITE_BACK || c->l2 == NULL)) return drop_tail_l1(c, v);
         /* Back it up first: write_back, or pages below it live only in L2.
          * Without room in L2 a tail page is dropped; another must wait. */
-        if (c->l2 == NULL || !backup(c, v, idx)) return tail ? drop_tail_l1(c, v) : SKIPPED;
-        if (c->cfg.write_policy != KVT_WRITE_BACK) c->st.forced_backups++;
+        uint64_t got = c->l2 ? backup_upto(c, v, idx) : 0;
+        if (got == 0) return tail ? drop_tail_l1(c, v) : SKIPPED;
+        if (c->cfg.write_policy != KVT_WRITE_BACK) c->st.forced_backups += got;
         wait_backup(c, v, idx); /* the eviction waits for its backup; other copies land meanwhile */
         pg = &v->pages[idx];
         if (!kvt__page_in_l2(pg)) return SKIPPED; /* the backup failed */

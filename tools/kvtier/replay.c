@@ -17,6 +17,7 @@
 #include "kvtier/model.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
+#include "replay_data.h"
 #include "trace.h"
 
 #define UNBOUNDED 0 /* --l1-pages unbounded: room for every page of the trace */
@@ -27,8 +28,12 @@ typedef struct opts {
     double l1_room, l2_room;
     int model, policy, write_policy;
     const char *sweep, *plot;
-    bool json;
+    bool json, data, verify;
     int stats; /* -1: none; else a kvt_fmt_t */
+    int layout;
+    uint64_t threads;
+    uint64_t bpt;     /* bytes per token, from --bytes-per-token or the model */
+    uint32_t layers;  /* the model's layers (1 with --bytes-per-token) */
 } opts_t;
 
 typedef struct result {
@@ -36,11 +41,13 @@ typedef struct result {
     kvt_cache_stats_t cs;
     kvt_radix_stats_t rs;
     double wall_s;
+    data_result_t data; /* --data */
 } result_t;
 
 static const char *model_names[16], *policy_names[KVT_POLICY_COUNT_ + 1];
 static const char *const WRITE_POLICIES[] = {"write_through", "write_through_selective", "write_back", NULL};
 static const char *const FORMATS[] = {"none", "table", "json", "prom", NULL}; /* index - 1 = kvt_fmt_t */
+static const char *const LAYOUTS[] = {"page_first", "layer_first", NULL};     /* index = kvt_layout_t */
 
 static double now_s(void) {
     struct timespec ts;
@@ -64,7 +71,7 @@ static uint64_t trace_pages(const trace_t *t, uint64_t n, uint64_t pt) {
 }
 
 /* The cache's and the tree's counters, through the one emitter, to stderr. */
-static void emit_stats(const result_t *res, kvt_fmt_t fmt) {
+static void emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data) {
     kvt_emitter_t *e;
     if (kvt_emitter_create(&e, fmt, "kvtier") != KVT_OK) return;
     kvt_emit_begin(e, "cache");
@@ -73,6 +80,7 @@ static void emit_stats(const result_t *res, kvt_fmt_t fmt) {
     kvt_emit_begin(e, "tree");
     KVT_EMIT_STATS(e, &res->rs, KVT_RADIX_STATS_FIELDS);
     kvt_emit_end(e);
+    if (data) replay_data_emit(data, e);
     int rc = kvt_emitter_write(e, stderr);
     if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --stats: %s\n", kvt_strerror(rc));
     kvt_emitter_destroy(e);
@@ -100,9 +108,22 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
         fprintf(stderr, "kvtier replay: cannot create the cache: %s\n", kvt_strerror(rc));
         return -1;
     }
-    int32_t *tokens = malloc((size_t)t->max_blocks * TRACE_BLOCK_TOKENS * sizeof(int32_t));
-    if (tokens == NULL) {
+    replay_data_t *data = NULL;
+    if (o->data) {
+        data_opts_t dopt = {o->page_tokens, cfg.l1_pages, cfg.l2_pages, o->layers, o->bpt / o->layers * o->page_tokens,
+                            (kvt_layout_t)o->layout, (uint32_t)o->threads, o->verify};
+        if (replay_data_open(&data, c, &dopt) != 0) {
+            kvt_cache_destroy(c);
+            return -1;
+        }
+    }
+    size_t max_tokens = (size_t)t->max_blocks * TRACE_BLOCK_TOKENS;
+    int32_t *tokens = malloc(max_tokens * sizeof(int32_t));
+    uint32_t *l1_ids = data ? malloc((max_tokens / o->page_tokens + 1) * sizeof(uint32_t)) : NULL;
+    if (tokens == NULL || (data && l1_ids == NULL)) {
+        free(tokens);
         kvt_cache_destroy(c);
+        replay_data_close(data);
         fprintf(stderr, "kvtier replay: out of memory\n");
         return -1;
     }
@@ -112,11 +133,13 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
         const trace_req_t *r = &t->req[i];
         for (uint32_t b = 0; b < r->nblocks; b++) trace_block_tokens(r->hash_ids[b], tokens + (size_t)b * TRACE_BLOCK_TOKENS);
         kvt_cache_req_t req;
-        rc = kvt_cache_admit(c, 0, tokens, r->input_length, 0, NULL, &req);
+        rc = kvt_cache_admit(c, 0, tokens, r->input_length, 0, l1_ids, &req);
         if (rc != KVT_OK) {
             fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", i + 1, kvt_strerror(rc));
             break;
         }
+        if (data) replay_data_request(data, tokens, &req, l1_ids); /* the forward pass: its pages get their KV */
+        kvt_cache_commit(c, &req);
         kvt_cache_release(c, &req);
         if (o->check_every && (i + 1) % o->check_every == 0) {
             const char *why;
@@ -127,15 +150,18 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
         }
         progress(i + 1, n, show);
     }
+    if (data) replay_data_result(data, c, &res->data); /* waits for the copies in flight */
     res->wall_s = now_s() - t0;
     res->l1_pages = cfg.l1_pages;
     res->cs.size = sizeof(res->cs);
     res->rs.size = sizeof(res->rs);
     kvt_cache_stats(c, &res->cs);
     kvt_radix_stats(kvt_cache_tree(c), &res->rs);
-    if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1));
+    if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1), data);
     free(tokens);
+    free(l1_ids);
     kvt_cache_destroy(c);
+    replay_data_close(data);
     return rc == KVT_OK ? 0 : -1;
 }
 
@@ -154,6 +180,35 @@ static void add_tiers(cJSON *x, const char *name, double a, double b) {
     cJSON *h = cJSON_AddObjectToObject(x, name);
     cJSON_AddNumberToObject(h, "l1", a);
     cJSON_AddNumberToObject(h, "l2", b);
+}
+
+/* One direction's transfer figures. */
+static void xfer_json(cJSON *x, const char *name, const kvt_xfer_stats_t *st) {
+    cJSON *d = cJSON_AddObjectToObject(x, name);
+    cJSON_AddNumberToObject(d, "bytes", (double)st->bytes);
+    cJSON_AddNumberToObject(d, "batches", (double)st->batches);
+    cJSON_AddNumberToObject(d, "pages", (double)st->pages);
+    cJSON_AddNumberToObject(d, "runs", (double)st->runs);
+    cJSON_AddNumberToObject(d, "failures", (double)st->failures);
+    cJSON_AddNumberToObject(d, "gbps", st->gbps);
+    static const double q[] = {0.5, 0.9, 0.99, 0.999, 1};
+    static const char *const qn[] = {"p50", "p90", "p99", "p999", "max"};
+    cJSON *e = cJSON_AddObjectToObject(d, "e2e_us");
+    for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(e, qn[i], (double)kvt_hist_percentile(&st->e2e_ns, q[i]) / 1e3);
+}
+
+static void data_json(cJSON *x, const result_t *r, const opts_t *o) {
+    cJSON *d = cJSON_AddObjectToObject(x, "data");
+    cJSON_AddNumberToObject(d, "page_bytes", (double)r->data.page_bytes);
+    cJSON_AddStringToObject(d, "layout", LAYOUTS[o->layout]);
+    cJSON_AddNumberToObject(d, "filled_pages", (double)r->data.filled_pages);
+    cJSON_AddNumberToObject(d, "verified_hits", (double)r->data.verified_hits);
+    cJSON_AddNumberToObject(d, "verified_loads", (double)r->data.verified_loads);
+    cJSON_AddNumberToObject(d, "mismatches", (double)r->data.mismatches);
+    cJSON_AddNumberToObject(d, "failed_copies", (double)r->cs.failed_copies);
+    cJSON_AddNumberToObject(d, "integrity_failures", (double)r->cs.integrity_failures);
+    xfer_json(d, "d2h", &r->data.d2h);
+    xfer_json(d, "h2d", &r->data.h2d);
 }
 
 static cJSON *result_json(const result_t *r, const opts_t *o, uint64_t bpt) {
@@ -189,6 +244,7 @@ static cJSON *result_json(const result_t *r, const opts_t *o, uint64_t bpt) {
     cJSON_AddNumberToObject(x, "tree_pages", (double)r->rs.pages);
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
+    if (o->data) data_json(x, r, o);
     return x;
 }
 
@@ -218,6 +274,20 @@ static void print_summary(const result_t *r, const opts_t *o, uint64_t bpt, cons
            (double)r->rs.metadata_bytes / 1e6);
     printf("  %" PRIu64 " requests in %.3f s: %.0f requests/s\n", s->requests, r->wall_s,
            r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
+    if (!o->data) return;
+    const data_result_t *d = &r->data;
+    printf("  data: %.1f KiB pages (%s), %" PRIu64 " filled; verified %" PRIu64 " L1 hits and %" PRIu64
+           " loads: %" PRIu64 " mismatches; %" PRIu64 " failed copies, %" PRIu64 " checksum failures\n",
+           (double)d->page_bytes / 1024, LAYOUTS[o->layout], d->filled_pages, d->verified_hits, d->verified_loads,
+           d->mismatches, s->failed_copies, s->integrity_failures);
+    const kvt_xfer_stats_t *x[2] = {&d->d2h, &d->h2d};
+    for (int i = 0; i < 2; i++)
+        printf("  %s: %.3f GB in %" PRIu64 " batches, %.2f pages per run, %.2f GB/s copying; latency p50 %.1f us, "
+               "p99 %.1f us, p999 %.1f us, max %.1f us\n",
+               i ? "H2D (L2 -> L1)" : "D2H (L1 -> L2)", (double)x[i]->bytes / 1e9, x[i]->batches,
+               x[i]->runs ? (double)x[i]->pages / (double)x[i]->runs : 0, x[i]->gbps,
+               (double)kvt_hist_percentile(&x[i]->e2e_ns, 0.5) / 1e3, (double)kvt_hist_percentile(&x[i]->e2e_ns, 0.99) / 1e3,
+               (double)kvt_hist_percentile(&x[i]->e2e_ns, 0.999) / 1e3, (double)kvt_hist_percentile(&x[i]->e2e_ns, 1) / 1e3);
 }
 
 static int plot(const char *path, const result_t *res, size_t n, const char *policy) {
@@ -236,6 +306,23 @@ static int plot(const char *path, const result_t *res, size_t n, const char *pol
     return pclose(g) == 0 ? 0 : -1;
 }
 
+/* --data maps (L1 + L2) x page bytes: refuse what this machine cannot hold. */
+static int check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t n) {
+    c->flag = "--data";
+    if (o->l2_pages == 0) return cli_error(c, "needs an L2 tier (--l2-pages > 0)");
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < n; i++) {
+        if (l1[i] == UNBOUNDED) return cli_error(c, "needs a bounded L1 (--l1-pages N)");
+        double need = (double)(l1[i] + o->l2_pages) * (double)o->bpt * (double)o->page_tokens;
+        if (need > 0.6 * mem)
+            return cli_error(c, "%.1f GiB of pages (L1 %" PRIu64 " + L2 %" PRIu64 " pages of %.1f KiB) is more than 60%% of "
+                                "this machine's %.1f GiB; use fewer pages or a smaller --bytes-per-token",
+                             need / 1073741824.0, l1[i], o->l2_pages, (double)o->bpt * (double)o->page_tokens / 1024,
+                             mem / 1073741824.0);
+    }
+    return 0;
+}
+
 static const char USAGE[] =
     "usage: kvtier replay [TRACE.jsonl] [options]\n"
     "\n"
@@ -252,7 +339,7 @@ int cmd_replay(int argc, char **argv) {
     kvt_cache_config_default(&d);
     opts_t o = {.page_tokens = d.page_tokens, .l1_pages = d.l1_pages, .l2_pages = d.l2_pages,
                 .write_hits = d.write_through_hits, .requests = 4000, .seed = 42, .l1_room = d.l1_free_room,
-                .l2_room = d.l2_free_room, .model = 0, .policy = d.policy, .write_policy = d.write_policy, .stats = 0};
+                .l2_room = d.l2_free_room, .model = 0, .policy = d.policy, .write_policy = d.write_policy, .stats = 0, .threads = 2};
     const cli_opt_t table[] = {
         {"page-tokens", OPT_U64, &o.page_tokens, 1, 512, 0, 0, NULL, NULL, 0, "tokens per page"},
         {"l1-pages", OPT_U64, &o.l1_pages, 1, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, "unbounded", UNBOUNDED, "L1 (GPU) capacity in pages"},
@@ -271,6 +358,10 @@ int cmd_replay(int argc, char **argv) {
         {"seed", OPT_U64, &o.seed, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "synthetic workload: seed"},
         {"check-every", OPT_U64, &o.check_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "run the full consistency check every N requests (0: never)"},
         {"json", OPT_FLAG, &o.json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {"data", OPT_FLAG, &o.data, 0, 0, 0, 0, NULL, NULL, 0, "move real bytes: L1 arena, L2 host memory, the transfer engine"},
+        {"verify", OPT_FLAG, &o.verify, 0, 0, 0, 0, NULL, NULL, 0, "with --data: check every page served from L1 or loaded from L2"},
+        {"layout", OPT_CHOICE, &o.layout, 0, 0, 0, 0, LAYOUTS, NULL, 0, "with --data: how the tiers lay pages out"},
+        {"threads", OPT_U64, &o.threads, 1, 64, 0, 0, NULL, NULL, 0, "with --data: transfer workers per destination tier"},
         {"stats", OPT_CHOICE, &o.stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
         {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
     };
@@ -311,6 +402,14 @@ int cmd_replay(int argc, char **argv) {
     const kvt_model_t *model = kvt_model_at((unsigned)o.model);
     uint64_t bpt = o.bytes_per_token ? o.bytes_per_token : model->bytes_per_token;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : model->name;
+    o.bpt = bpt;
+    o.layers = o.bytes_per_token ? 1 : model->layers;
+    if (o.verify && !o.data) {
+        c.flag = "--verify";
+        cli_error(&c, "needs --data");
+        return 2;
+    }
+    if (o.data && check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
 
     trace_t t;
     char err[512];
