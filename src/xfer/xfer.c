@@ -350,7 +350,9 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     kvt_xfer_copy_t *sorted = kvt__malloc(n * sizeof(*sorted));
     if (sorted == NULL) return KVT_ENOMEM;
     memcpy(sorted, copies, n * sizeof(*sorted));
-    qsort(sorted, n, sizeof(*sorted), cmp_dst);
+    bool in_order = true; /* the common case (a cache's batches) needs no sort */
+    for (size_t i = 1; i < n && in_order; i++) in_order = sorted[i].dst_page > sorted[i - 1].dst_page;
+    if (!in_order) qsort(sorted, n, sizeof(*sorted), cmp_dst);
     for (size_t i = 1; i < n; i++)
         if (sorted[i].dst_page == sorted[i - 1].dst_page) {
             kvt__free(sorted, n * sizeof(*sorted));

@@ -1,0 +1,259 @@
+/* kvtier bench xfer — L1 <-> L2 copy throughput through the transfer engine,
+ * against a plain memcpy of the same bytes as one block in the same run.
+ *
+ * For each page size: an L1 arena and an L2 host tier of total/page_bytes
+ * pages each. The contiguous pattern copies page i to page i (one run: what
+ * the allocator's contiguous reservations give); the scattered pattern
+ * copies page i to a random permutation of the pages (no two pages form a
+ * run: what page-at-a-time allocation gives). Each figure is the median of
+ * --reps runs, engine and memcpy interleaved so drift hits both alike; the
+ * engine's time is submit to the last completion, sorting and merging
+ * included. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "kvtier/error.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
+
+#define MAX_SIZES 16
+#define MAX_REPS 64
+
+static const char *const LAYOUTS[] = {"page_first", "layer_first", "both", NULL};
+static const char *const PATTERNS[] = {"contiguous", "scattered", "both", NULL};
+static const char *const DIRS[] = {"d2h", "h2d"};
+
+typedef struct params {
+    uint64_t sizes[MAX_SIZES];
+    size_t nsizes;
+    uint64_t total_mb, threads, reps, layers, seed;
+    int layout, pattern; /* indices; 2 = both */
+    bool json, checksum;
+} params_t;
+
+typedef struct result {
+    uint64_t page_bytes;
+    int layout, pattern, dir;
+    double gbps, memcpy_gbps, runs_per_page, p99_ms;
+    double gbps_min, gbps_max;
+} result_t;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n) {
+    qsort(v, n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One engine run: a single batch of every page; returns seconds. */
+static double engine_run(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, uint64_t n) {
+    uint64_t t0 = now_ns();
+    if (kvt_xfer_submit(x, src, dst, copies, n, 0, NULL) != KVT_OK) return -1;
+    kvt_xfer_done_t d;
+    int got;
+    while ((got = kvt_xfer_poll(x, &d, 1, 1000000000ull)) == 0) {
+    }
+    double s = (double)(now_ns() - t0) / 1e9;
+    return got == 1 && d.status == KVT_OK ? s : -1;
+}
+
+static int bench_one(const params_t *p, uint64_t page_bytes, int layout, int pattern, result_t *out) {
+    uint64_t pages = p->total_mb * 1048576ull / page_bytes;
+    uint32_t layers = layout == KVT_LAYOUT_LAYER_FIRST ? (uint32_t)p->layers : 1;
+    kvt_geom_t g = {pages, layers, page_bytes / layers, (kvt_layout_t)layout};
+    kvt_tier_t *t[2] = {NULL, NULL};
+    kvt_tier_config_t c1 = {.size = sizeof(c1), .kind = KVT_TIER_ARENA, .geom = g, .name = "l1"};
+    kvt_tier_config_t c2 = {.size = sizeof(c2), .kind = KVT_TIER_HOST, .geom = g, .name = "l2",
+                            .flags = KVT_TIER_HUGE | (p->checksum ? KVT_TIER_CHECKSUM : 0)};
+    kvt_xfer_t *x = NULL;
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.threads = (uint32_t)p->threads;
+    xc.checksum = p->checksum;
+    xc.max_batch_copies = xc.max_batch_copies < layers ? layers : xc.max_batch_copies;
+    int rc = kvt_tier_create(&t[0], &c1);
+    if (rc == KVT_OK) rc = kvt_tier_create(&t[1], &c2);
+    if (rc == KVT_OK) rc = kvt_xfer_create(&x, &xc, t, 2);
+    kvt_xfer_copy_t *copies = malloc(pages * sizeof(*copies));
+    if (rc != KVT_OK || copies == NULL) {
+        fprintf(stderr, "kvtier bench xfer: cannot set up %" PRIu64 " pages of %" PRIu64 " B: %s\n", pages, page_bytes,
+                rc != KVT_OK ? kvt_strerror(rc) : "out of memory");
+        goto out;
+    }
+    uint8_t *b1 = kvt_tier_addr(t[0], 0, 0), *b2 = kvt_tier_addr(t[1], 0, 0);
+    uint64_t bytes = pages * page_bytes;
+    memset(b1, 0x5a, bytes); /* fault every page in before timing */
+    memset(b2, 0xa5, bytes);
+    for (uint64_t i = 0; i < pages; i++) copies[i] = (kvt_xfer_copy_t){(uint32_t)i, (uint32_t)i};
+    if (pattern == 1) { /* a random permutation of destinations: no runs */
+        uint64_t s = p->seed ^ page_bytes;
+        for (uint64_t i = pages; i > 1; i--) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            uint64_t j = (s >> 33) % i;
+            uint32_t tmp = copies[i - 1].dst_page;
+            copies[i - 1].dst_page = copies[j].dst_page;
+            copies[j].dst_page = tmp;
+        }
+    }
+    for (int dir = 0; dir < 2; dir++) {
+        double eng[MAX_REPS], mc[MAX_REPS];
+        unsigned src = dir == 0 ? 0 : 1, dst = 1 - src;
+        if (dir == 1 && p->checksum) /* h2d verifies sums: make them valid first */
+            if (engine_run(x, 0, 1, copies, pages) < 0) rc = KVT_EIO;
+        for (uint64_t r = 0; r < p->reps && rc == KVT_OK; r++) {
+            uint64_t t0 = now_ns();
+            memcpy(dir == 0 ? b2 : b1, dir == 0 ? b1 : b2, bytes);
+            mc[r] = (double)bytes / (double)(now_ns() - t0);
+            double s = engine_run(x, src, dst, copies, pages);
+            if (s < 0) rc = KVT_EIO;
+            eng[r] = (double)bytes / s / 1e9;
+        }
+        if (rc != KVT_OK) {
+            fprintf(stderr, "kvtier bench xfer: a copy failed\n");
+            break;
+        }
+        kvt_xfer_stats_t st = {.size = sizeof(st)};
+        kvt_xfer_stats(x, src, dst, &st);
+        result_t *o = &out[dir];
+        o->page_bytes = page_bytes;
+        o->layout = layout;
+        o->pattern = pattern;
+        o->dir = dir;
+        o->gbps = median(eng, p->reps);
+        o->gbps_min = eng[0];
+        o->gbps_max = eng[p->reps - 1];
+        o->memcpy_gbps = median(mc, p->reps);
+        o->runs_per_page = st.pages ? (double)st.runs / (double)st.pages : 0;
+        o->p99_ms = (double)kvt_hist_percentile(&st.copy_ns, 0.99) / 1e6;
+    }
+out:
+    free(copies);
+    kvt_xfer_destroy(x);
+    kvt_tier_destroy(t[0]);
+    kvt_tier_destroy(t[1]);
+    return rc == KVT_OK ? 0 : -1;
+}
+
+static const char USAGE[] =
+    "usage: kvtier bench xfer [--page-bytes 4096,16384,65536,1048576] [--total-mb 1024]\n"
+    "                         [--layout page_first|layer_first|both] [--pattern contiguous|scattered|both]\n"
+    "                         [--threads 1] [--layers 8] [--reps 5] [--checksum] [--seed 42] [--json]\n"
+    "\n"
+    "L1 (arena) <-> L2 (host) copies through the transfer engine against one memcpy of\n"
+    "the same bytes; ratio = engine GB/s / memcpy GB/s, medians of --reps runs.\n";
+
+static int parse(int argc, char **argv, params_t *p) {
+    *p = (params_t){.sizes = {4096, 16384, 65536, 1048576}, .nsizes = 4, .total_mb = 1024, .threads = 1,
+                    .reps = 5, .layers = 8, .seed = 42, .layout = 0, .pattern = 2};
+    cli_t c;
+    cli_init(&c, "kvtier bench xfer", argc, argv);
+    int kind, rc = 0;
+    while (rc == 0 && (kind = cli_next(&c)) != 0) {
+        if (kind == 2) rc = cli_unknown(&c);
+        else if (cli_is(&c, "--help")) return fputs(USAGE, stdout), 1;
+        else if (cli_is(&c, "--page-bytes")) rc = cli_u64_list(&c, 64, 1ull << 30, p->sizes, MAX_SIZES, &p->nsizes);
+        else if (cli_is(&c, "--total-mb")) rc = cli_u64(&c, 1, 1 << 20, &p->total_mb);
+        else if (cli_is(&c, "--layout")) rc = cli_choice(&c, LAYOUTS, &p->layout);
+        else if (cli_is(&c, "--pattern")) rc = cli_choice(&c, PATTERNS, &p->pattern);
+        else if (cli_is(&c, "--threads")) rc = cli_u64(&c, 1, 64, &p->threads);
+        else if (cli_is(&c, "--layers")) rc = cli_u64(&c, 1, 1024, &p->layers);
+        else if (cli_is(&c, "--reps")) rc = cli_u64(&c, 1, MAX_REPS, &p->reps);
+        else if (cli_is(&c, "--seed")) rc = cli_u64(&c, 0, UINT64_MAX, &p->seed);
+        else if (cli_is(&c, "--checksum")) p->checksum = true;
+        else if (cli_is(&c, "--json")) p->json = true;
+        else rc = cli_unknown(&c);
+    }
+    if (rc) return -1;
+    c.flag = "--page-bytes";
+    for (size_t i = 0; i < p->nsizes; i++) {
+        if (p->sizes[i] > p->total_mb * 1048576ull)
+            return cli_error(&c, "%" PRIu64 " B is more than --total-mb %" PRIu64, p->sizes[i], p->total_mb);
+        if (p->layout != 0 && p->sizes[i] % p->layers)
+            return cli_error(&c, "%" PRIu64 " B is not a multiple of --layers %" PRIu64 " (layer_first)", p->sizes[i], p->layers);
+    }
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (2.0 * (double)p->total_mb * 1048576.0 > 0.6 * mem) {
+        c.flag = "--total-mb";
+        return cli_error(&c, "two tiers of %" PRIu64 " MiB are more than 60%% of this machine's %.1f GiB", p->total_mb,
+                         mem / 1073741824.0);
+    }
+    return 0;
+}
+
+static void print(const params_t *p, const result_t *r, size_t n) {
+    if (p->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "total_mb", (double)p->total_mb);
+        cJSON_AddNumberToObject(o, "threads", (double)p->threads);
+        cJSON_AddNumberToObject(o, "reps", (double)p->reps);
+        cJSON_AddNumberToObject(o, "layers", (double)p->layers);
+        cJSON_AddBoolToObject(o, "checksum", p->checksum);
+        cJSON_AddNumberToObject(o, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+        cJSON *arr = cJSON_AddArrayToObject(o, "results");
+        for (size_t i = 0; i < n; i++) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddNumberToObject(x, "page_bytes", (double)r[i].page_bytes);
+            cJSON_AddStringToObject(x, "layout", LAYOUTS[r[i].layout]);
+            cJSON_AddStringToObject(x, "pattern", PATTERNS[r[i].pattern]);
+            cJSON_AddStringToObject(x, "direction", DIRS[r[i].dir]);
+            cJSON_AddNumberToObject(x, "gbps", r[i].gbps);
+            cJSON_AddNumberToObject(x, "memcpy_gbps", r[i].memcpy_gbps);
+            cJSON_AddNumberToObject(x, "ratio", r[i].memcpy_gbps > 0 ? r[i].gbps / r[i].memcpy_gbps : 0);
+            cJSON_AddNumberToObject(x, "runs_per_page", r[i].runs_per_page);
+            cJSON_AddNumberToObject(x, "gbps_min", r[i].gbps_min);
+            cJSON_AddNumberToObject(x, "gbps_max", r[i].gbps_max);
+            cJSON_AddNumberToObject(x, "item_p99_ms", r[i].p99_ms);
+            cJSON_AddItemToArray(arr, x);
+        }
+        char *txt = cJSON_Print(o);
+        puts(txt);
+        cJSON_free(txt);
+        cJSON_Delete(o);
+        return;
+    }
+    printf("kvtier bench xfer: %" PRIu64 " MiB per run, %" PRIu64 " worker(s) per destination, median of %" PRIu64
+           " runs%s\n",
+           p->total_mb, p->threads, p->reps, p->checksum ? ", checksums on" : "");
+    printf("%10s %-11s %-10s %-4s %9s %9s %7s %10s\n", "page B", "layout", "pattern", "dir", "GB/s", "memcpy", "ratio",
+           "runs/page");
+    for (size_t i = 0; i < n; i++)
+        printf("%10" PRIu64 " %-11s %-10s %-4s %9.2f %9.2f %7.3f %10.4f\n", r[i].page_bytes, LAYOUTS[r[i].layout],
+               PATTERNS[r[i].pattern], DIRS[r[i].dir], r[i].gbps, r[i].memcpy_gbps,
+               r[i].memcpy_gbps > 0 ? r[i].gbps / r[i].memcpy_gbps : 0, r[i].runs_per_page);
+}
+
+int cmd_bench_xfer(int argc, char **argv) {
+    params_t p;
+    int rc = parse(argc, argv, &p);
+    if (rc) return rc > 0 ? 0 : 2;
+    result_t *res = calloc(p.nsizes * 2 * 2 * 2, sizeof(result_t));
+    if (res == NULL) return 1;
+    size_t n = 0;
+    for (int l = 0; l < 2 && rc == 0; l++) {
+        if (p.layout != 2 && p.layout != l) continue;
+        for (int pat = 0; pat < 2 && rc == 0; pat++) {
+            if (p.pattern != 2 && p.pattern != pat) continue;
+            for (size_t i = 0; i < p.nsizes && rc == 0; i++, n += 2) rc = bench_one(&p, p.sizes[i], l, pat, &res[n]);
+        }
+    }
+    if (rc == 0) print(&p, res, n);
+    free(res);
+    return rc == 0 ? 0 : 1;
+}
