@@ -66,6 +66,7 @@ typedef struct queue {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     item_t *head, *tail;
+    bool stop; /* under mu: the workers exit once the queue is empty */
 } queue_t;
 
 typedef struct worker {
@@ -84,7 +85,6 @@ struct kvt_xfer {
     queue_t q[KVT_XFER_MAX_TIERS];
     worker_t *workers;
     unsigned nworkers;
-    bool stop;
     pair_t pairs[KVT_XFER_MAX_TIERS][KVT_XFER_MAX_TIERS];
     pthread_mutex_t done_mu;
     pthread_cond_t done_cv;
@@ -166,19 +166,38 @@ static void record_sums(kvt_xfer_t *x, batch_t *b, const item_t *it) {
         for (uint32_t p = 0; p < b->runs[r].len; p++) d->sums[b->runs[r].dst + p] = kvt_tier_page_sum(d, b->runs[r].dst + p);
 }
 
-/* The copies of an item: one span per run (page_first on both sides), else
- * one per run per layer. */
+/* How a run becomes contiguous copies, by the layouts of the two tiers:
+ *   both page_first    one copy per run (a run is one block on each side)
+ *   both layer_first   one copy per run per layer (a run is one block per layer)
+ *   mixed              one copy per page per layer (nothing lines up) */
+typedef enum { SPAN_RUN, SPAN_RUN_LAYER, SPAN_PAGE_LAYER } span_mode_t;
+
+static span_mode_t span_mode(const kvt_geom_t *s, const kvt_geom_t *d) {
+    if (s->layout != d->layout) return SPAN_PAGE_LAYER;
+    return s->layout == KVT_LAYOUT_PAGE_FIRST ? SPAN_RUN : SPAN_RUN_LAYER;
+}
+
+static uint64_t run_spans(span_mode_t m, uint64_t len, uint32_t layers) {
+    return m == SPAN_RUN ? 1 : m == SPAN_RUN_LAYER ? layers : len * layers;
+}
+
 static size_t make_spans(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
     kvt_tier_t *s = x->tiers[b->done.src], *d = x->tiers[b->done.dst];
-    const kvt_geom_t *g = &s->cfg.geom;
-    bool whole = g->layout == KVT_LAYOUT_PAGE_FIRST && d->cfg.geom.layout == KVT_LAYOUT_PAGE_FIRST;
+    const kvt_geom_t *gs = &s->cfg.geom, *gd = &d->cfg.geom;
+    span_mode_t m = span_mode(gs, gd);
     size_t n = 0;
     for (uint32_t r = it->run_lo; r < it->run_hi; r++) {
         const run_t *ru = &b->runs[r];
-        for (uint32_t l = 0; l < (whole ? 1 : g->layers); l++)
-            w->spans[n++] = (kvt__span_t){d->base + kvt_geom_offset(&d->cfg.geom, ru->dst, l),
-                                          s->base + kvt_geom_offset(g, ru->src, l),
-                                          (size_t)ru->len * (whole ? kvt_geom_page_bytes(g) : g->layer_bytes)};
+        if (m == SPAN_RUN) {
+            w->spans[n++] = (kvt__span_t){d->base + kvt_geom_offset(gd, ru->dst, 0), s->base + kvt_geom_offset(gs, ru->src, 0),
+                                          (size_t)ru->len * kvt_geom_page_bytes(gs)};
+            continue;
+        }
+        uint32_t pages = m == SPAN_RUN_LAYER ? 1 : ru->len, len = m == SPAN_RUN_LAYER ? ru->len : 1;
+        for (uint32_t p = 0; p < pages; p++)
+            for (uint32_t l = 0; l < gs->layers; l++)
+                w->spans[n++] = (kvt__span_t){d->base + kvt_geom_offset(gd, ru->dst + p, l),
+                                              s->base + kvt_geom_offset(gs, ru->src + p, l), (size_t)len * gs->layer_bytes};
     }
     return n;
 }
@@ -248,7 +267,7 @@ static void *worker_main(void *arg) {
     queue_t *q = &x->q[w->dst];
     for (;;) {
         pthread_mutex_lock(&q->mu);
-        while (q->head == NULL && !x->stop) pthread_cond_wait(&q->cv, &q->mu);
+        while (q->head == NULL && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
         item_t *it = q->head;
         if (it == NULL) { /* stopping, and nothing left */
             pthread_mutex_unlock(&q->mu);
@@ -312,19 +331,19 @@ static void build_runs(batch_t *b, uint64_t max_pages) {
 /* Groups runs into items: at most max_bytes and max_copies each (a run is
  * already no bigger than max_bytes). Fills b->items when non-NULL; returns
  * the item count. */
-static size_t group_items(batch_t *b, uint64_t page_bytes, uint32_t spans_per_run, uint64_t max_bytes,
+static size_t group_items(batch_t *b, uint64_t page_bytes, span_mode_t m, uint32_t layers, uint64_t max_bytes,
                           uint32_t max_copies) {
     size_t k = 0;
     uint64_t bytes = 0, spans = 0;
     for (size_t r = 0; r < b->nruns; r++) {
-        uint64_t rb = (uint64_t)b->runs[r].len * page_bytes;
-        if (r == 0 || bytes + rb > max_bytes || spans + spans_per_run > max_copies) {
+        uint64_t rb = (uint64_t)b->runs[r].len * page_bytes, rs = run_spans(m, b->runs[r].len, layers);
+        if (r == 0 || bytes + rb > max_bytes || spans + rs > max_copies) {
             if (b->items) b->items[k] = (item_t){b, NULL, (uint32_t)r, (uint32_t)r, 0};
             k++;
             bytes = spans = 0;
         }
         bytes += rb;
-        spans += spans_per_run;
+        spans += rs;
         if (b->items) b->items[k - 1].run_hi = (uint32_t)r + 1;
     }
     return k;
@@ -343,8 +362,9 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
         if (copies[i].src_page >= gs->pages || copies[i].dst_page >= gd->pages) return KVT_EINVAL;
     uint64_t pb = kvt_geom_page_bytes(gs);
     uint64_t max_pages = x->cfg.max_batch_bytes / pb ? x->cfg.max_batch_bytes / pb : 1;
-    bool whole = gs->layout == KVT_LAYOUT_PAGE_FIRST && gd->layout == KVT_LAYOUT_PAGE_FIRST;
-    uint32_t spr = whole ? 1 : gs->layers;
+    span_mode_t mode = span_mode(gs, gd);
+    if (mode == SPAN_PAGE_LAYER && max_pages > x->cfg.max_batch_copies / gs->layers) /* a run's copies fit an item */
+        max_pages = x->cfg.max_batch_copies / gs->layers;
 
     /* one block: header, sorted copies, runs (sized after sorting), items */
     kvt_xfer_copy_t *sorted = kvt__malloc(n * sizeof(*sorted));
@@ -360,6 +380,7 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
         }
     size_t nruns = count_runs(sorted, n, max_pages);
     size_t bytes = sizeof(batch_t) + n * sizeof(kvt_xfer_copy_t) + nruns * sizeof(run_t);
+    bytes = (bytes + _Alignof(item_t) - 1) & ~(_Alignof(item_t) - 1);
     batch_t *b = kvt__malloc(bytes + nruns * sizeof(item_t)); /* items <= runs */
     if (b == NULL) {
         kvt__free(sorted, n * sizeof(*sorted));
@@ -380,7 +401,7 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     b->done.ticket = atomic_fetch_add(&x->next_ticket, 1) + 1;
     build_runs(b, max_pages);
     b->items = (item_t *)((uint8_t *)b + bytes);
-    b->nitems = group_items(b, pb, spr, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
+    b->nitems = group_items(b, pb, mode, gs->layers, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
     b->bytes = n * pb;
     b->t_submit = now_ns();
     atomic_store(&b->remaining, b->nitems);
@@ -392,7 +413,7 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     p->seen = true;
     p->st.inflight_batches++;
     p->st.inflight_bytes += b->bytes;
-    p->st.copies += (uint64_t)nruns * spr;
+    for (size_t r = 0; r < nruns; r++) p->st.copies += run_spans(mode, b->runs[r].len, gs->layers);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_lock(&x->done_mu);
     x->pending++;
@@ -470,7 +491,7 @@ int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f) {
 static void stop_workers(kvt_xfer_t *x, unsigned started) {
     for (unsigned t = 0; t < x->ntiers; t++) {
         pthread_mutex_lock(&x->q[t].mu);
-        x->stop = true;
+        x->q[t].stop = true;
         pthread_cond_broadcast(&x->q[t].cv);
         pthread_mutex_unlock(&x->q[t].mu);
     }
