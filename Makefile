@@ -2,6 +2,7 @@
 BUILD      ?= build
 SAN_BUILD  ?= build-san
 TSAN_BUILD ?= build-tsan
+CUDA_BUILD ?= build-cuda
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
@@ -10,7 +11,7 @@ RUN_ARGS   ?=
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all build bootstrap test test-san test-tsan bench run install clean help
+.PHONY: all build bootstrap test test-san test-tsan test-cuda bench run install clean help
 
 all: build
 
@@ -19,6 +20,7 @@ help:
 	@echo "make test       build and run every CPU suite (unit, e2e, benchmark); kernels needs a GPU"
 	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
 	@echo "make test-tsan  the threaded code (stress test, replay --data, bench xfer) under ThreadSanitizer ($(TSAN_BUILD)/)"
+	@echo "make test-cuda  build the cuda tier and the kernels suite ($(CUDA_BUILD)/) and run it where a GPU is"
 	@echo "make bench      the benchmarks at full size"
 	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
 	@echo "make install    install into PREFIX=$(PREFIX)"
@@ -50,6 +52,16 @@ test-tsan: bootstrap
 	@mkdir -p $(TSAN_BUILD) && cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread -DKVT_CHECK_LEVEL=2 $(CMAKE_ARGS) >$(TSAN_BUILD)/configure.log 2>&1 || { cat $(TSAN_BUILD)/configure.log; exit 1; }
 	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan-stress kvtier-cli 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
 	@tests/run_tsan $(TSAN_BUILD)
+
+# The cuda backend and the kernels suite: compiled and linked wherever the CUDA
+# toolkit is; the suite runs where a GPU is (tests/run_suite says why not).
+test-cuda: bootstrap
+	@if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null 2>&1; then \
+	  echo "== test-cuda: skipped: no CUDA toolkit (nvcc) on this machine"; exit 0; fi; \
+	mkdir -p $(CUDA_BUILD) && cmake -S . -B $(CUDA_BUILD) -DKVT_CUDA=on $(CMAKE_ARGS) >$(CUDA_BUILD)/configure.log 2>&1 || { cat $(CUDA_BUILD)/configure.log; exit 1; }; \
+	env -u MAKEFLAGS -u MAKELEVEL cmake --build $(CUDA_BUILD) -j $(JOBS) --target kvtier-cli test-kernels 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }; \
+	test -x $(CUDA_BUILD)/tests/test-kernels && echo "== test-cuda: cuda tier and kernels suite built ($$(grep -o 'CUDA toolkit [0-9.]*' $(CUDA_BUILD)/configure.log | head -1))" && \
+	tests/run_suite --build $(CUDA_BUILD) --suite kernels
 
 bench: build
 	$(BUILD)/kvtier bench alloc --pattern random $(RUN_ARGS)

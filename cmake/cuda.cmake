@@ -1,6 +1,6 @@
 # KVT_CUDA: off (never), auto (when a CUDA compiler is found), on (required).
-# Sets KVT_CUDA_ENABLED. Nothing in the library uses CUDA yet; the option and
-# the detection are in place for the L1 cuda backend and the kernels suite.
+# Sets KVT_CUDA_ENABLED: the L1 cuda tier (src/tier/cuda.c, C against the
+# CUDA runtime) and the kernels suite are then built.
 set(KVT_CUDA_ENABLED OFF)
 if(KVT_CUDA STREQUAL "on" OR KVT_CUDA STREQUAL "auto")
   include(CheckLanguage)

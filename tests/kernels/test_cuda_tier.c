@@ -1,0 +1,133 @@
+/* The L1 `cuda` tier on a real GPU: bytes through cudaMalloc memory and the
+ * transfer engine's stream copies (cudaMemcpyBatchAsync on CUDA 13), in both
+ * layouts and both directions, checked against the content model
+ * (kvt_pattern_fill), and the cache's data plane with a cuda L1. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "kvtier/cache.h"
+#include "kvtier/error.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
+
+#define PAGES 256
+#define LAYERS 4
+#define LB 4096
+
+static void roundtrip(kvt_layout_t l1_layout, kvt_layout_t l2_layout, uint32_t threads) {
+    kvt_tier_t *t[3];
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "gpu", .geom = {PAGES, LAYERS, LB, l1_layout}};
+    cr_assert_eq(kvt_tier_create(&t[0], &c), KVT_OK, "cudaMalloc");
+    c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_HOST, .name = "host", .flags = KVT_TIER_CHECKSUM,
+                            .geom = {PAGES, LAYERS, LB, l2_layout}};
+    cr_assert_eq(kvt_tier_create(&t[1], &c), KVT_OK);
+    c.name = "host2";
+    cr_assert_eq(kvt_tier_create(&t[2], &c), KVT_OK);
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.threads = threads;
+    xc.max_batch_bytes = 16 * LAYERS * LB;
+    kvt_xfer_t *x;
+    cr_assert_eq(kvt_xfer_create(&x, &xc, t, 3), KVT_OK);
+    uint8_t *buf = malloc(LB);
+    /* host -> GPU in runs and scattered pages, then GPU -> another host tier */
+    for (uint32_t p = 0; p < PAGES; p++)
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            kvt_pattern_fill(kvt_tier_addr(t[1], p, l), LB, p, 77, l);
+        }
+    kvt_xfer_copy_t cp[PAGES];
+    for (uint32_t p = 0; p < PAGES; p++) cp[p] = (kvt_xfer_copy_t){p, p < PAGES / 2 ? p : (PAGES - 1 - p) + PAGES / 2};
+    kvt_xfer_done_t d;
+    /* sums for the source pages, so that the H2D check passes */
+    uint64_t *sums = kvt_tier_sums(t[1]);
+    for (uint32_t p = 0; p < PAGES; p++) sums[p] = kvt_tier_page_sum(t[1], p);
+    cr_assert_eq(kvt_xfer_submit(x, 1, 0, cp, PAGES, 1, NULL), KVT_OK);
+    cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+    cr_assert_eq(d.status, KVT_OK);
+    for (uint32_t p = 0; p < PAGES; p++) {
+        uint32_t dst = cp[p].dst_page;
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            cr_assert_eq(kvt_tier_read(t[0], dst, l, buf), KVT_OK);
+            cr_assert(kvt_pattern_check(buf, LB, p, 77, l), "GPU page %u layer %u", dst, l);
+        }
+    }
+    for (uint32_t p = 0; p < PAGES; p++) cp[p] = (kvt_xfer_copy_t){p, p};
+    cr_assert_eq(kvt_xfer_submit(x, 0, 2, cp, PAGES, 2, NULL), KVT_OK);
+    cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+    cr_assert_eq(d.status, KVT_OK);
+    for (uint32_t p = 0; p < PAGES; p++) {
+        uint32_t src = p < PAGES / 2 ? p : (PAGES - 1 - p) + PAGES / 2; /* the host page that went to GPU page p */
+        for (uint32_t l = 0; l < LAYERS; l++)
+            cr_assert(kvt_pattern_check(kvt_tier_addr(t[2], p, l), LB, src, 77, l), "host page %u layer %u", p, l);
+        cr_assert_eq(kvt_tier_sums(t[2])[p], kvt_tier_page_sum(t[2], p));
+    }
+    kvt_xfer_stats_t st = {.size = sizeof(st)};
+    cr_assert_eq(kvt_xfer_stats(x, 1, 0, &st), KVT_OK);
+    cr_assert_eq(st.pages, PAGES);
+    fprintf(stderr, "cuda tier %s/%s: H2D %.2f GB/s, %" PRIu64 " runs for %d pages\n", kvt_layout_name(l1_layout),
+            kvt_layout_name(l2_layout), st.gbps, st.runs, PAGES);
+    free(buf);
+    kvt_xfer_destroy(x);
+    for (int i = 0; i < 3; i++) kvt_tier_destroy(t[i]);
+}
+
+Test(kernels, cuda_tier_copies_in_every_layout, .timeout = 120) {
+    cr_assert(kvt_tier_cuda_built());
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) roundtrip((kvt_layout_t)a, (kvt_layout_t)b, 1 + (uint32_t)a);
+}
+
+Test(kernels, cache_with_a_cuda_l1, .timeout = 120) {
+    enum { L1 = 64, L2 = 96, PT = 4 };
+    kvt_tier_t *t[2];
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "l1", .geom = {L1, 2, 256, KVT_LAYOUT_LAYER_FIRST}};
+    cr_assert_eq(kvt_tier_create(&t[0], &c), KVT_OK);
+    c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_HOST, .name = "l2", .flags = KVT_TIER_CHECKSUM,
+                            .geom = {L2, 2, 256, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&t[1], &c), KVT_OK);
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    kvt_xfer_t *x;
+    cr_assert_eq(kvt_xfer_create(&x, &xc, t, 2), KVT_OK);
+    kvt_cache_config_t cc;
+    kvt_cache_config_default(&cc);
+    cc.page_tokens = PT;
+    cc.l1_pages = L1;
+    cc.l2_pages = L2;
+    kvt_cache_t *cache;
+    cr_assert_eq(kvt_cache_create(&cache, &cc), KVT_OK);
+    cr_assert_eq(kvt_cache_attach(cache, x, t[0], 0, t[1], 1), KVT_OK);
+    int32_t tok[16 * PT];
+    uint32_t ids[16];
+    uint8_t buf[256];
+    uint64_t loads = 0;
+    for (int r = 0; r < 400; r++) {
+        uint32_t fam = (uint32_t)(r * 7 % 23), n = 4 + (uint32_t)(r % 12);
+        for (uint32_t i = 0; i < n * PT; i++) tok[i] = (int32_t)(fam * 1000 + i);
+        kvt_cache_req_t req;
+        cr_assert_eq(kvt_cache_admit(cache, 0, tok, n * PT, 0, ids, &req), KVT_OK);
+        kvt_hash128_t h = {0, 0};
+        for (uint64_t j = 0; j < req.pages; j++) {
+            h = kvt_page_hash(&h, 0, tok + j * PT, PT);
+            for (uint32_t l = 0; l < 2; l++) {
+                if (j < req.pages - req.new_pages) {
+                    cr_assert_eq(kvt_tier_read(t[0], ids[j], l, buf), KVT_OK);
+                    cr_assert(kvt_pattern_check(buf, sizeof(buf), h.lo, h.hi, l), "request %d page %" PRIu64, r, j);
+                } else {
+                    kvt_pattern_fill(buf, sizeof(buf), h.lo, h.hi, l);
+                    cr_assert_eq(kvt_tier_write(t[0], ids[j], l, buf), KVT_OK);
+                }
+            }
+        }
+        loads += req.l2_hit_pages;
+        cr_assert_eq(kvt_cache_release(cache, &req), KVT_OK);
+    }
+    const char *why;
+    cr_assert_eq(kvt_cache_check(cache, &why), KVT_OK, "%s", why);
+    cr_assert_gt(loads, 0, "some pages came back from L2 through the GPU copies");
+    kvt_cache_destroy(cache);
+    kvt_xfer_destroy(x);
+    kvt_tier_destroy(t[0]);
+    kvt_tier_destroy(t[1]);
+}
