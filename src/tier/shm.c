@@ -5,17 +5,20 @@
  *   | header 4K | checksums (pages x 8 B)  | pages (geometry's layout)      |
  *   +-----------+--------------------------+--------------------------------+
  *
- * The creator makes the segment (O_EXCL), fills the header and sets `ready`
- * last (release); attachers check magic, `ready` (acquire), that the creator
- * is alive and the geometry is theirs. The creator unlinks the name when it
- * destroys its tier; attached mappings stay valid until unmapped.
+ * The creator builds the segment under a private name (<name>.<pid>.tmp),
+ * fills the header, sets `ready` (release), and only then publishes it under
+ * its name with link(2), which fails if the name exists: a segment under a
+ * kvtier name is therefore always complete, and two creators never both
+ * win. Attachers check magic, `ready` (acquire), that the creator is alive
+ * and the geometry is theirs. The creator unlinks the name when it destroys
+ * its tier; attached mappings stay valid until unmapped.
  *
- * Stale segments: a name that already exists is examined, not reused. If its
- * creator is dead — its pid gone, or reused by a process that started at a
- * different time (the start time from /proc/<pid>/stat is in the header) —
- * or the header was never finished by a process now gone, the segment is
- * unlinked and created afresh (info.replaced_stale). A live creator's segment
- * gives KVT_EEXIST; a segment that is not kvtier's is left alone (KVT_EEXIST).
+ * Stale segments: a name that already exists is examined, not reused. If it
+ * is a kvtier segment whose creator is dead — its pid gone, or reused by a
+ * process that started at a different time (the start time from
+ * /proc/<pid>/stat is in the header) — it is unlinked and replaced
+ * (info.replaced_stale). A live creator's segment gives KVT_EEXIST; anything
+ * that is not a kvtier segment is left alone (KVT_EEXIST).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -90,23 +93,39 @@ static uint64_t layout_total(const kvt_tier_t *t, uint64_t *sums_off, uint64_t *
     return *data_off + t->bytes;
 }
 
-/* What an existing segment called name is: 1 stale, 0 live or foreign. */
+/* What an existing segment called name is: 1 a dead creator's kvtier
+ * segment, 0 live or not kvtier's. */
 static int examine(const char *name) {
     int fd = shm_open(name, O_RDONLY, 0);
-    if (fd < 0) return errno == ENOENT ? 1 : 0;
+    if (fd < 0) return 0;
     struct stat sb;
     int verdict = 0;
-    if (fstat(fd, &sb) == 0 && (size_t)sb.st_size < sizeof(shm_header_t)) {
-        verdict = 1; /* the creator died before sizing it */
-    } else {
+    if (fstat(fd, &sb) == 0 && (size_t)sb.st_size >= SHM_HEADER) {
         shm_header_t *h = mmap(NULL, sizeof(shm_header_t), PROT_READ, MAP_SHARED, fd, 0);
         if (h != MAP_FAILED) {
-            if (h->magic == SHM_MAGIC || h->magic == 0) verdict = !alive(h->creator_pid, h->creator_start);
+            if (h->magic == SHM_MAGIC && atomic_load_explicit(&h->ready, memory_order_acquire) == 1)
+                verdict = !alive(h->creator_pid, h->creator_start);
             munmap(h, sizeof(shm_header_t));
         }
     }
     close(fd);
     return verdict;
+}
+
+/* Publishes the finished segment tmp under name; KVT_EEXIST when the name is
+ * taken by a live or foreign segment. */
+static int publish(kvt_tier_t *t, const char *tmp) {
+    char from[128], to[128];
+    snprintf(from, sizeof(from), "/dev/shm%s", tmp);
+    snprintf(to, sizeof(to), "/dev/shm%s", t->name);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (link(from, to) == 0) return KVT_OK;
+        if (errno != EEXIST) return KVT_EIO;
+        if (attempt == 1 || examine(t->name) != 1) break;
+        shm_unlink(t->name);
+        t->info.replaced_stale = true;
+    }
+    return KVT_EEXIST;
 }
 
 static int map_fd(int fd, uint64_t total, shm_state_t *s) {
@@ -119,20 +138,15 @@ static int map_fd(int fd, uint64_t total, shm_state_t *s) {
 
 static int create_segment(kvt_tier_t *t, shm_state_t *s) {
     uint64_t sums_off, data_off, total = layout_total(t, &sums_off, &data_off);
-    int fd = -1;
-    for (int attempt = 0; attempt < 2 && fd < 0; attempt++) {
-        fd = shm_open(t->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (fd >= 0) break;
-        if (errno != EEXIST) return KVT_EIO;
-        if (attempt == 1 || examine(t->name) != 1) return KVT_EEXIST;
-        shm_unlink(t->name);
-        t->info.replaced_stale = true;
-    }
-    if (fd < 0) return KVT_EEXIST;
+    char tmp[96];
+    snprintf(tmp, sizeof(tmp), "%s.%d.tmp", t->name, (int)getpid());
+    shm_unlink(tmp); /* a leftover of a dead process that had our pid */
+    int fd = shm_open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return KVT_EIO;
     int rc = ftruncate(fd, (off_t)total) == 0 ? map_fd(fd, total, s) : KVT_ENOMEM;
     close(fd);
     if (rc != KVT_OK) {
-        shm_unlink(t->name);
+        shm_unlink(tmp);
         return rc;
     }
     shm_header_t *h = s->hdr;
@@ -149,6 +163,12 @@ static int create_segment(kvt_tier_t *t, shm_state_t *s) {
     h->data_off = data_off;
     h->total = total;
     atomic_store_explicit(&h->ready, 1, memory_order_release);
+    rc = publish(t, tmp);
+    shm_unlink(tmp);
+    if (rc != KVT_OK) {
+        munmap(s->hdr, s->total);
+        return rc;
+    }
     s->creator = true;
     return KVT_OK;
 }

@@ -41,6 +41,7 @@ typedef struct item {
     struct item *next;
     uint32_t run_lo, run_hi; /* runs [lo, hi) of the batch */
     uint64_t t_submit;
+    bool verify;             /* the batch's checksum pass: runs the others once it passes */
 } item_t;
 
 struct batch {
@@ -50,6 +51,7 @@ struct batch {
     run_t *runs;
     item_t *items;
     size_t nruns, nitems, alloc_bytes;
+    uint64_t ncopies; /* contiguous copies its runs make */
     uint64_t bytes, t_submit;
     _Atomic int status;
     _Atomic uint64_t bad_page;
@@ -144,11 +146,12 @@ static void sleep_ns(uint64_t ns) {
     }
 }
 
-/* Verifies the source pages of an item against their checksums. */
-static int verify_sources(kvt_xfer_t *x, batch_t *b, const item_t *it) {
+static bool needs_verify(const kvt_xfer_t *x, unsigned src) { return x->cfg.checksum && x->tiers[src]->sums != NULL; }
+
+/* Verifies every source page of a batch against its checksum. */
+static int verify_sources(kvt_xfer_t *x, batch_t *b) {
     kvt_tier_t *s = x->tiers[b->done.src];
-    if (!x->cfg.checksum || s->sums == NULL) return KVT_OK;
-    for (uint32_t r = it->run_lo; r < it->run_hi; r++)
+    for (uint32_t r = 0; r < b->nruns; r++)
         for (uint32_t p = 0; p < b->runs[r].len; p++) {
             uint32_t page = b->runs[r].src + p;
             if (kvt_tier_page_sum(s, page) != s->sums[page]) {
@@ -212,8 +215,7 @@ static kvt_tier_t *driver(kvt_xfer_t *x, const batch_t *b, unsigned *which) {
 }
 
 static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
-    int rc = verify_sources(x, b, it);
-    if (rc != KVT_OK) return rc;
+    int rc;
     size_t n = make_spans(x, w, b, it);
     unsigned di = 0;
     kvt_tier_t *drv = driver(x, b, &di);
@@ -244,6 +246,7 @@ static void finish_batch(kvt_xfer_t *x, batch_t *b) {
         st->batches++;
         st->pages += b->done.n;
         st->runs += b->nruns;
+        st->copies += b->ncopies;
         st->bytes += b->bytes;
     } else {
         st->failures++;
@@ -259,6 +262,33 @@ static void finish_batch(kvt_xfer_t *x, batch_t *b) {
     x->done_tail = b;
     pthread_cond_broadcast(&x->done_cv);
     pthread_mutex_unlock(&x->done_mu);
+}
+
+static void enqueue(kvt_xfer_t *x, item_t *first, size_t n) {
+    queue_t *q = &x->q[first->b->done.dst];
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = 0; i < n; i++) {
+        item_t *it = &first[i];
+        it->next = NULL;
+        if (q->tail) q->tail->next = it;
+        else q->head = it;
+        q->tail = it;
+    }
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* A batch read from a tier with checksums is checked whole before any of it
+ * is copied: a mismatch fails it with nothing copied. */
+static void run_verify(kvt_xfer_t *x, batch_t *b) {
+    int rc = verify_sources(x, b);
+    if (rc == KVT_OK) {
+        enqueue(x, b->items, b->nitems);
+        if (atomic_fetch_sub(&b->remaining, 1) == 1) finish_batch(x, b);
+        return;
+    }
+    atomic_store(&b->status, rc);
+    if (atomic_fetch_sub(&b->remaining, b->nitems + 1) == b->nitems + 1) finish_batch(x, b);
 }
 
 static void *worker_main(void *arg) {
@@ -278,6 +308,10 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&q->mu);
 
         batch_t *b = it->b;
+        if (it->verify) {
+            run_verify(x, b);
+            continue;
+        }
         uint64_t t0 = now_ns();
         int rc = atomic_load(&b->status) == KVT_OK ? run_item(x, w, b, it) : KVT_OK; /* a failed batch skips the rest */
         uint64_t t1 = now_ns();
@@ -338,7 +372,7 @@ static size_t group_items(batch_t *b, uint64_t page_bytes, span_mode_t m, uint32
     for (size_t r = 0; r < b->nruns; r++) {
         uint64_t rb = (uint64_t)b->runs[r].len * page_bytes, rs = run_spans(m, b->runs[r].len, layers);
         if (r == 0 || bytes + rb > max_bytes || spans + rs > max_copies) {
-            if (b->items) b->items[k] = (item_t){b, NULL, (uint32_t)r, (uint32_t)r, 0};
+            if (b->items) b->items[k] = (item_t){b, NULL, (uint32_t)r, (uint32_t)r, 0, false};
             k++;
             bytes = spans = 0;
         }
@@ -381,13 +415,13 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     size_t nruns = count_runs(sorted, n, max_pages);
     size_t bytes = sizeof(batch_t) + n * sizeof(kvt_xfer_copy_t) + nruns * sizeof(run_t);
     bytes = (bytes + _Alignof(item_t) - 1) & ~(_Alignof(item_t) - 1);
-    batch_t *b = kvt__malloc(bytes + nruns * sizeof(item_t)); /* items <= runs */
+    batch_t *b = kvt__malloc(bytes + (nruns + 1) * sizeof(item_t)); /* items <= runs, + the checksum pass */
     if (b == NULL) {
         kvt__free(sorted, n * sizeof(*sorted));
         return KVT_ENOMEM;
     }
     memset(b, 0, sizeof(*b));
-    b->alloc_bytes = bytes + nruns * sizeof(item_t);
+    b->alloc_bytes = bytes + (nruns + 1) * sizeof(item_t);
     b->copies = (kvt_xfer_copy_t *)(b + 1);
     memcpy(b->copies, sorted, n * sizeof(*sorted));
     kvt__free(sorted, n * sizeof(*sorted));
@@ -402,9 +436,11 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     build_runs(b, max_pages);
     b->items = (item_t *)((uint8_t *)b + bytes);
     b->nitems = group_items(b, pb, mode, gs->layers, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
+    for (size_t r = 0; r < nruns; r++) b->ncopies += run_spans(mode, b->runs[r].len, gs->layers);
+    bool verify = needs_verify(x, src);
     b->bytes = n * pb;
     b->t_submit = now_ns();
-    atomic_store(&b->remaining, b->nitems);
+    atomic_store(&b->remaining, b->nitems + verify);
     atomic_store(&b->status, KVT_OK);
     if (ticket) *ticket = b->done.ticket;
 
@@ -413,24 +449,19 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     p->seen = true;
     p->st.inflight_batches++;
     p->st.inflight_bytes += b->bytes;
-    for (size_t r = 0; r < nruns; r++) p->st.copies += run_spans(mode, b->runs[r].len, gs->layers);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_lock(&x->done_mu);
     x->pending++;
     pthread_mutex_unlock(&x->done_mu);
 
-    queue_t *q = &x->q[dst];
-    pthread_mutex_lock(&q->mu);
-    for (size_t i = 0; i < b->nitems; i++) {
-        item_t *it = &b->items[i];
-        it->t_submit = b->t_submit;
-        it->next = NULL;
-        if (q->tail) q->tail->next = it;
-        else q->head = it;
-        q->tail = it;
+    for (size_t i = 0; i <= b->nitems; i++) b->items[i].t_submit = b->t_submit;
+    if (verify) {
+        item_t *v = &b->items[b->nitems];
+        *v = (item_t){b, NULL, 0, 0, b->t_submit, true};
+        enqueue(x, v, 1);
+    } else {
+        enqueue(x, b->items, b->nitems);
     }
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
     return KVT_OK;
 }
 

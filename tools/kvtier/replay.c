@@ -31,7 +31,7 @@ typedef struct opts {
     bool json, data, verify;
     int stats; /* -1: none; else a kvt_fmt_t */
     int layout;
-    uint64_t threads;
+    uint64_t threads, layers_opt;
     uint64_t bpt;     /* bytes per token, from --bytes-per-token or the model */
     uint32_t layers;  /* the model's layers (1 with --bytes-per-token) */
 } opts_t;
@@ -361,6 +361,7 @@ int cmd_replay(int argc, char **argv) {
         {"data", OPT_FLAG, &o.data, 0, 0, 0, 0, NULL, NULL, 0, "move real bytes: L1 arena, L2 host memory, the transfer engine"},
         {"verify", OPT_FLAG, &o.verify, 0, 0, 0, 0, NULL, NULL, 0, "with --data: check every page served from L1 or loaded from L2"},
         {"layout", OPT_CHOICE, &o.layout, 0, 0, 0, 0, LAYOUTS, NULL, 0, "with --data: how the tiers lay pages out"},
+        {"layers", OPT_U64, &o.layers_opt, 0, 1024, 0, 0, NULL, NULL, 0, "with --data: layers a page is cut into (0: the model's; 1 with --bytes-per-token)"},
         {"threads", OPT_U64, &o.threads, 1, 64, 0, 0, NULL, NULL, 0, "with --data: transfer workers per destination tier"},
         {"stats", OPT_CHOICE, &o.stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
         {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
@@ -403,7 +404,12 @@ int cmd_replay(int argc, char **argv) {
     uint64_t bpt = o.bytes_per_token ? o.bytes_per_token : model->bytes_per_token;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : model->name;
     o.bpt = bpt;
-    o.layers = o.bytes_per_token ? 1 : model->layers;
+    o.layers = o.layers_opt ? (uint32_t)o.layers_opt : o.bytes_per_token ? 1 : model->layers;
+    if (o.bpt % o.layers != 0) {
+        c.flag = "--layers";
+        cli_error(&c, "%" PRIu64 " bytes per token do not split into %u layers", o.bpt, o.layers);
+        return 2;
+    }
     if (o.verify && !o.data) {
         c.flag = "--verify";
         cli_error(&c, "needs --data");

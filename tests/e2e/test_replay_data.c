@@ -1,0 +1,120 @@
+/* kvtier replay --data --verify on the shipped trace: real bytes through
+ * both tiers, every page that comes back checked, and the same hit rates as
+ * the id-only replay of the same configuration. */
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+#include "common/run.h"
+
+#define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
+/* Small tiers: both evict, pages load back, and L2 reclaims shadows under
+ * every write policy (write_through needs L2 > L1 - its shadows - and a wide
+ * L2 free room, or it never both loads and reclaims). */
+#define SHAPE "--page-tokens", "64", "--l1-pages", "4096", "--l2-pages", "3000", "--l2-free-room", "0.5"
+
+static cJSON *json_of(run_result_t *r) {
+    cr_assert_eq(r->status, 0, "exit %d: %s", r->status, r->err);
+    cJSON *o = cJSON_Parse(r->out);
+    cr_assert_not_null(o, "not JSON: %s", r->out);
+    return o;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    cr_assert(cJSON_IsNumber(v), "field %s", k);
+    return v->valuedouble;
+}
+
+static double sub(const cJSON *o, const char *k, const char *k2) { return num(cJSON_GetObjectItem(o, k), k2); }
+
+static void same_hits(const char *policy) {
+    run_result_t a = run_argv((const char *const[]){NULL, "replay", TRACE, SHAPE, "--write-policy", policy, "--json", NULL});
+    run_result_t b = run_argv((const char *const[]){NULL, "replay", TRACE, SHAPE, "--write-policy", policy, "--data",
+                                                    "--verify", "--bytes-per-token", "16", "--json", NULL});
+    cJSON *ids = json_of(&a), *data = json_of(&b);
+    cr_assert_eq(num(ids, "hit_rate"), num(data, "hit_rate"), "%s: hit rate %.6f without bytes, %.6f with", policy,
+                 num(ids, "hit_rate"), num(data, "hit_rate"));
+    const char *same[] = {"hit_tokens", "evicted_pages"};
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < 2; t++)
+            cr_assert_eq(sub(ids, same[i], t ? "l2" : "l1"), sub(data, same[i], t ? "l2" : "l1"), "%s: %s", policy, same[i]);
+    const char *eq[] = {"loads", "backups", "shadows_reclaimed", "dropped_pages"};
+    for (int i = 0; i < 4; i++) cr_assert_eq(num(ids, eq[i]), num(data, eq[i]), "%s: %s", policy, eq[i]);
+    /* the configuration does what it is for */
+    cr_assert_gt(sub(data, "evicted_pages", "l1"), 0, "%s", policy);
+    cr_assert_gt(sub(data, "evicted_pages", "l2"), 0, "%s", policy);
+    cr_assert_gt(num(data, "loads"), 0, "%s", policy);
+    cr_assert_gt(num(data, "shadows_reclaimed"), 0, "%s", policy);
+    /* and every byte that came back was right */
+    const cJSON *d = cJSON_GetObjectItem(data, "data");
+    cr_assert_eq(num(d, "mismatches"), 0, "%s", policy);
+    cr_assert_eq(num(d, "failed_copies"), 0, "%s", policy);
+    cr_assert_eq(num(d, "verified_loads"), num(data, "loads"), "%s: every load verified", policy);
+    cr_assert_eq(sub(d, "h2d", "pages"), num(data, "loads"), "%s: one page copied per load", policy);
+    cr_assert_eq(sub(d, "d2h", "pages"), num(data, "backups"), "%s: one page copied per backup", policy);
+    cr_assert_eq(sub(d, "d2h", "bytes"), num(data, "backups") * num(d, "page_bytes"), "%s", policy);
+    cr_assert_eq(num(d, "page_bytes"), 16 * 64);
+    fprintf(stderr, "replay --data %s: hit rate %.4f, %.0f loads verified, %.0f shadows reclaimed, d2h %.2f pages/run\n",
+            policy, num(data, "hit_rate"), num(d, "verified_loads"), num(data, "shadows_reclaimed"),
+            sub(d, "d2h", "pages") / sub(d, "d2h", "runs"));
+    cJSON_Delete(ids);
+    cJSON_Delete(data);
+    run_free(&a);
+    run_free(&b);
+}
+
+Test(replay_data, write_through, .timeout = 300) { same_hits("write_through"); }
+Test(replay_data, write_through_selective, .timeout = 300) { same_hits("write_through_selective"); }
+Test(replay_data, write_back, .timeout = 300) { same_hits("write_back"); }
+
+/* layer_first tiers (a page is `layers` strided pieces) on the same shape. */
+Test(replay_data, layer_first, .timeout = 300) {
+    run_result_t r = run_argv((const char *const[]){NULL, "replay", TRACE, SHAPE, "--data", "--verify", "--bytes-per-token",
+                                                    "64", "--layers", "8", "--layout", "layer_first", "--json", NULL});
+    cJSON *o = json_of(&r);
+    const cJSON *d = cJSON_GetObjectItem(o, "data");
+    cr_assert_str_eq(cJSON_GetObjectItem(d, "layout")->valuestring, "layer_first");
+    cr_assert_eq(num(d, "page_bytes"), 64 * 64);
+    cr_assert_eq(num(d, "mismatches"), 0);
+    cr_assert_gt(num(d, "verified_loads"), 0);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+/* A model preset sets the page geometry: qwen3-8b is 36 layers x 8 KV heads
+ * x 128 x bf16 x (K, V) = 144 KiB per token. */
+Test(replay_data, model_preset_geometry) {
+    run_result_t r = run_argv((const char *const[]){NULL, "replay", "--requests", "5", "--model", "qwen3-8b", "--page-tokens",
+                                                    "1", "--l1-pages", "64", "--l2-pages", "128", "--data", "--verify",
+                                                    "--json", NULL});
+    cJSON *o = json_of(&r);
+    const cJSON *d = cJSON_GetObjectItem(o, "data");
+    cr_assert_eq(num(d, "page_bytes"), 36.0 * 8 * 128 * 2 * 2);
+    cr_assert_eq(num(d, "mismatches"), 0);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+/* Bad --data uses say what is allowed and exit 2. */
+Test(replay_data, bad_flags) {
+    struct {
+        const char *const *argv;
+        const char *want;
+    } cases[] = {
+        {(const char *const[]){NULL, "replay", "--verify", NULL}, "--verify: needs --data"},
+        {(const char *const[]){NULL, "replay", "--data", "--l2-pages", "0", NULL}, "--data: needs an L2 tier"},
+        {(const char *const[]){NULL, "replay", "--data", "--l1-pages", "unbounded", NULL}, "--data: needs a bounded L1"},
+        {(const char *const[]){NULL, "replay", "--data", NULL}, "more than 60% of this machine"},
+        {(const char *const[]){NULL, "replay", "--data", "--layout", "rows", NULL}, "page_first|layer_first"},
+        {(const char *const[]){NULL, "replay", "--data", "--threads", "0", NULL}, "--threads"},
+        {(const char *const[]){NULL, "replay", "--data", "--bytes-per-token", "100", "--layers", "8", NULL},
+         "--layers: 100 bytes per token do not split into 8 layers"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        run_result_t r = run_argv(cases[i].argv);
+        cr_assert_eq(r.status, 2, "case %zu: exit %d: %s", i, r.status, r.err);
+        cr_assert(strstr(r.err, cases[i].want), "case %zu: '%s' not in: %s", i, cases[i].want, r.err);
+        run_free(&r);
+    }
+}
