@@ -713,9 +713,18 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
         return *why = "L2 pages without an L2 tier", KVT_ECORRUPT;
     }
     if (rs.locked_nodes > 0 && c->held == 0) return *why = "nodes locked with no request held", KVT_ECORRUPT;
-    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x))
+    uint64_t flagged[2] = {0, 0};
+    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x)) {
         for (uint32_t i = x->n_l1; i < x->npages && x->lock == 0; i++)
             if (x->pages[i].l1 != KVT_NO_PAGE)
                 return *why = "an L1 page stranded past the L1 prefix of a node no request holds", KVT_ECORRUPT;
+        for (uint32_t i = 0; i < x->npages; i++) {
+            flagged[OP_BACKUP] += (x->pages[i].flags & KVT_PAGE_D2H) != 0;
+            flagged[OP_LOAD] += (x->pages[i].flags & KVT_PAGE_H2D) != 0;
+        }
+    }
+    /* every copy in flight is a page marked in flight, and the reverse */
+    if (flagged[OP_BACKUP] != c->inflight[OP_BACKUP] || flagged[OP_LOAD] != c->inflight[OP_LOAD])
+        return *why = "copies in flight differ from the pages marked in flight", KVT_ECORRUPT;
     return kvt__policy_check(c, why);
 }
