@@ -25,6 +25,9 @@
 #include <string.h>
 #include <time.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
 #include "kvtier/error.h"
 #include "kvtier/xfer.h"
 #include "../core/mem-int.h"
@@ -214,21 +217,44 @@ static kvt_tier_t *driver(kvt_xfer_t *x, const batch_t *b, unsigned *which) {
     return NULL;
 }
 
+/* memcpy of one span of whole pages (page_first on both sides) that also
+ * records each page's checksum while its bytes are still in cache: the
+ * copy and the hash share one pass over memory. */
+#define SUM_CHUNK (64u << 10)
+
+static void copy_and_sum(kvt_tier_t *d, const kvt__span_t *sp, uint32_t first_page, uint64_t page_bytes) {
+    XXH3_state_t st;
+    uint8_t *dst = sp->dst;
+    const uint8_t *src = sp->src;
+    for (size_t off = 0, p = 0; off < sp->len; off += page_bytes, p++) {
+        XXH3_64bits_reset(&st);
+        for (uint64_t c = 0; c < page_bytes; c += SUM_CHUNK) {
+            size_t len = page_bytes - c < SUM_CHUNK ? (size_t)(page_bytes - c) : SUM_CHUNK;
+            memcpy(dst + off + c, src + off + c, len);
+            XXH3_64bits_update(&st, dst + off + c, len);
+        }
+        d->sums[first_page + p] = XXH3_64bits_digest(&st);
+    }
+}
+
 static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
     int rc;
     size_t n = make_spans(x, w, b, it);
     unsigned di = 0;
-    kvt_tier_t *drv = driver(x, b, &di);
+    kvt_tier_t *drv = driver(x, b, &di), *d = x->tiers[b->done.dst];
+    bool fused = drv == NULL && x->cfg.checksum && d->sums != NULL &&
+                 span_mode(&x->tiers[b->done.src]->cfg.geom, &d->cfg.geom) == SPAN_RUN;
     if (drv && w->ctx[di] == NULL && (rc = drv->ops->ctx_open(drv, &w->ctx[di])) != KVT_OK) return rc;
     for (size_t i = 0; i < n; i++) {
         uint64_t delay;
         int f = next_fault(x, &delay);
         if (delay) sleep_ns(delay);
         if (f != KVT_OK) return f; /* the copies before it may have landed: the batch fails as a whole */
-        if (!drv) memcpy(w->spans[i].dst, w->spans[i].src, w->spans[i].len);
+        if (fused) copy_and_sum(d, &w->spans[i], b->runs[it->run_lo + i].dst, kvt_geom_page_bytes(&d->cfg.geom));
+        else if (!drv) memcpy(w->spans[i].dst, w->spans[i].src, w->spans[i].len);
     }
     if (drv && (rc = drv->ops->copy(drv, w->ctx[di], w->spans, n)) != KVT_OK) return rc;
-    record_sums(x, b, it);
+    if (!fused) record_sums(x, b, it);
     return KVT_OK;
 }
 
