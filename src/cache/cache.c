@@ -7,10 +7,10 @@
  *   plan      one L1 allocation for the L2 pages to load and the new pages;
  *             if it would leave less than half the free-room target, evict
  *             back to the full target (an eviction round)
- *   load      L2 -> L1 copies for the L2 part, sources pinned
+ *   load      L2 -> L1 copies for the L2 part, sources pinned; waited for
  *   insert    the new pages below the match, in L1
- *   back up   write_through: the new pages; write_through_selective: the
- *             pages of nodes that just reached N hits
+ *   back up   write_through_selective: the pages of nodes that just reached
+ *             N hits; write_through: the new pages, at kvt_cache_commit
  *
  * L1 eviction, one page at a time from the victim set's first node (its last
  * L1 page):
@@ -19,15 +19,20 @@
  *               | no
  *        last page of a leaf, and not write_back?  -- yes --> free it
  *               | no
- *        back it up (L2 room planned the same way), then drop the L1 copy
+ *        back it up (with the node's other pages lacking a copy, one batch;
+ *        L2 room planned the same way), wait for it, drop the L1 copy
  *
  * L2 eviction: a leaf's page that lives only in L2 (freed), else an L2 copy of
  * a page that is still in L1 (a shadow: the page just loses its backup).
  *
  * Copies are submitted as operations and complete later; kvt_cache_poll
- * applies completions on this thread. This build's executor completes each copy at
- * once (there are no bytes yet), so a write_back eviction starts a backup,
- * drains, and drops the L1 copy, as a real one does when its backup lands.
+ * applies completions on this thread. Without a data plane each copy
+ * completes at once (page ids only). With one (kvt_cache_attach), copies are
+ * queued per direction and handed to the transfer engine as batches when the
+ * cache polls or waits; workers never touch the tree. Waiting is for what a
+ * step needs (its loads; an evicted page's backup), and an eviction round
+ * starts by letting the backups in flight land, so decisions do not depend
+ * on copy timing.
  *
  * Freed page ids go to a buffer first and back to their allocator at the end
  * of the round; a free that fails for lack of memory keeps them in the
