@@ -7,8 +7,9 @@
  *
  *   copies (src->dst)  7->40  8->41  9->42  3->43  4->44  12->50
  *   runs               [7..9]->[40..42]   [3..4]->[43..44]   [12]->[50]
- *   copies made        page_first: one per run (3)
- *                      layer_first: one per run per layer (3 x layers)
+ *   copies made        both page_first: one per run (3)
+ *                      both layer_first: one per run per layer (3 x layers)
+ *                      mixed layouts: one per page per layer (6 x layers)
  *
  * A batch is cut into work items of at most max_batch_bytes and
  * max_batch_copies each; items go to the queue of their destination tier,
@@ -116,7 +117,7 @@ int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f);
     X(corrupt, COUNTER, "batches failed by a checksum mismatch")                  \
     X(pages, COUNTER, "pages copied")                                             \
     X(runs, COUNTER, "runs the pages coalesced into")                             \
-    X(copies, COUNTER, "contiguous copies made (runs, or runs x layers)")         \
+    X(copies, COUNTER, "contiguous copies made (per run, run x layer or page x layer)") \
     X(items, COUNTER, "work items (batches cut by the byte and copy caps)")       \
     X(bytes, COUNTER, "bytes copied")                                             \
     X(busy_ns, COUNTER, "time workers spent copying, ns")                         \
