@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
 
+#include "common/json.h"
 #include "common/run.h"
 
 #define RUN(...) run_argv((const char *const[]){NULL, __VA_ARGS__, NULL})
@@ -53,12 +54,6 @@ Test(cli, bad_flags_say_what_is_allowed) {
         cr_assert_str_eq(r.out, "", "case %zu: no output on a bad flag", i);
         run_free(&r);
     }
-}
-
-static double num(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItem(o, k);
-    cr_assert(cJSON_IsNumber(v), "field %s is a number", k);
-    return v->valuedouble;
 }
 
 /* The JSON is one object with the documented fields, and its figures agree

@@ -4,25 +4,12 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "common/json.h"
 #include "common/run.h"
 
 #define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
 #define RUN(...) run_argv((const char *const[]){NULL, "replay", __VA_ARGS__, NULL})
 
-static cJSON *json_of(run_result_t *r) {
-    cr_assert_eq(r->status, 0, "exit %d: %s", r->status, r->err);
-    cJSON *o = cJSON_Parse(r->out);
-    cr_assert_not_null(o, "not JSON: %s", r->out);
-    return o;
-}
-
-static double num(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItem(o, k);
-    cr_assert(cJSON_IsNumber(v), "field %s", k);
-    return v->valuedouble;
-}
-
-static double sub(const cJSON *o, const char *k, const char *k2) { return num(cJSON_GetObjectItem(o, k), k2); }
 
 /* The second row of the reference table (../shared/traces/README.md). */
 Test(replay, reference_lru_hit_rates, .timeout = 120) {

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 
+#include "common/json.h"
 #include "common/run.h"
 
 #define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
@@ -13,20 +14,6 @@
  * L2 free room, or it never both loads and reclaims). */
 #define SHAPE "--page-tokens", "64", "--l1-pages", "4096", "--l2-pages", "3000", "--l2-free-room", "0.5"
 
-static cJSON *json_of(run_result_t *r) {
-    cr_assert_eq(r->status, 0, "exit %d: %s", r->status, r->err);
-    cJSON *o = cJSON_Parse(r->out);
-    cr_assert_not_null(o, "not JSON: %s", r->out);
-    return o;
-}
-
-static double num(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItem(o, k);
-    cr_assert(cJSON_IsNumber(v), "field %s", k);
-    return v->valuedouble;
-}
-
-static double sub(const cJSON *o, const char *k, const char *k2) { return num(cJSON_GetObjectItem(o, k), k2); }
 
 static void same_hits(const char *policy) {
     run_result_t a = run_argv((const char *const[]){NULL, "replay", TRACE, SHAPE, "--write-policy", policy, "--json", NULL});
