@@ -47,6 +47,7 @@
 #ifndef KVTIER_CACHE_H
 #define KVTIER_CACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvtier/radix.h"
@@ -146,6 +147,30 @@ int kvt_cache_poll(kvt_cache_t *c);
 /* Waits for every copy in flight and applies it. */
 int kvt_cache_sync(kvt_cache_t *c);
 
+/* A member of a CP process group (DESIGN.md §6): every rank runs its own
+ * cache on the same calls, so all make the same decisions; the I/O rank
+ * makes every backup of the group, each rank the loads into its own lane
+ * (L1 page p is on lane p mod l1_lanes); the copies another rank makes
+ * complete at once here. The hooks let the group order what must be ordered
+ * across processes (all optional; called on the cache's thread):
+ *
+ *   backup_started  every backup any rank starts, numbered 1, 2, ... in the
+ *                   same order on every rank
+ *   l2_freed        an L2 page went back to the allocator
+ *   before_copy     a copy this process is about to make: with may_wait
+ *                   false it returns KVT_EAGAIN if it would have to wait (the
+ *                   cache then hands its queued copies to the engine and asks
+ *                   again with may_wait true); another error fails the copy */
+typedef struct kvt_cache_cp {
+    uint32_t size;   /* sizeof(kvt_cache_cp_t) */
+    uint32_t rank;   /* this process's lane, < l1_lanes */
+    bool io_rank;    /* this process makes the group's backups */
+    void *arg;
+    void (*backup_started)(void *arg, uint32_t l1, uint32_t l2, uint64_t seq);
+    void (*l2_freed)(void *arg, uint32_t l2);
+    int (*before_copy)(void *arg, bool load, uint32_t l1, uint32_t l2, bool may_wait);
+} kvt_cache_cp_t;
+
 /* Attaches the data plane: from now on copies move bytes between tier l1
  * (engine index l1_index) and tier l2 (l2_index) on engine x, which the
  * cache then polls (it must not be polled by anyone else). The tiers hold at
@@ -156,6 +181,15 @@ int kvt_cache_sync(kvt_cache_t *c);
  * already), KVT_ENOMEM; nothing changed on failure. */
 int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
                      unsigned l2_index);
+/* The same for a member of a CP group (cp NULL: a single process). The L1
+ * tier holds every lane, rank-major: L1 page p of the cache is tier page
+ * (p mod C) x R + p div C, R = l1_pages / C (l1_pages a multiple of C). */
+int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+                        unsigned l2_index, const kvt_cache_cp_t *cp);
+/* A running hash of every page id the cache took or gave back and every copy
+ * it started, in order: caches fed the same calls agree on it exactly when
+ * they made the same decisions. */
+uint64_t kvt_cache_digest(const kvt_cache_t *c);
 /* Evicts, in each tier, until its free-room target holds (the planner run
  * between engine steps). Returns the pages evicted. */
 uint64_t kvt_cache_restore_room(kvt_cache_t *c);

@@ -60,8 +60,12 @@ struct kvt_cache {
     /* the data plane (kvt_cache_attach); NULL: copies complete at once */
     kvt_xfer_t *xf;
     unsigned xf_l1, xf_l2;
-    kvt_xfer_copy_t *pend[2];      /* copies not yet handed to the engine, by op_kind_t */
+    kvt_xfer_copy_t *pend[2];      /* copies not yet handed to the engine, by op_kind_t (tier pages) */
     size_t npend[2], pend_cap;
+    kvt_cache_cp_t cp;             /* CP group member (kvt_cache_attach_cp); cp.size 0: a single process */
+    uint64_t lane_pages;           /* L1 pages per lane (R) */
+    uint64_t backup_seq;           /* backups started */
+    uint64_t digest;               /* running hash of ids taken, given back and copied */
     kvt_cache_stats_t st;
 };
 

@@ -76,12 +76,19 @@ static void idbuf_fini(kvt__idbuf_t *b) {
     b->id = NULL;
 }
 
+/* The running digest: order-sensitive, so two caches fed the same calls
+ * agree on it only if they made the same decisions (CP ranks compare it). */
+static void fold(kvt_cache_t *c, uint64_t v) { c->digest = (c->digest ^ v) * 0x100000001b3ull + 0x9e37; }
+
 static void give_back_l1(kvt_cache_t *c, uint32_t id) {
+    fold(c, 1ull << 40 | id);
     c->l1_back.id[c->l1_back.n++] = id;
     c->l1_free++;
 }
 
 static void give_back_l2(kvt_cache_t *c, uint32_t id) {
+    fold(c, 2ull << 40 | id);
+    if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
     c->l2_back.id[c->l2_back.n++] = id;
     c->l2_free++;
 }
@@ -133,6 +140,17 @@ static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool
     }
 }
 
+/* L1 page p of the cache is page (p mod C) x R + p div C of the L1 tier: all
+ * lanes, rank-major (the CP read view; the identity for one lane). */
+static uint32_t l1_tier_page(const kvt_cache_t *c, uint32_t p) {
+    uint32_t C = c->cfg.l1_lanes;
+    return (uint32_t)((p % C) * c->lane_pages + p / C);
+}
+
+static uint32_t l1_cache_page(const kvt_cache_t *c, uint32_t q) {
+    return (uint32_t)((q % c->lane_pages) * c->cfg.l1_lanes + q / c->lane_pages);
+}
+
 /* Hands the pending copies to the engine, one batch per direction. A batch
  * the engine refuses fails at once (its pages stay where they were). */
 static void flush_copies(kvt_cache_t *c) {
@@ -142,7 +160,7 @@ static void flush_copies(kvt_cache_t *c) {
         if (kvt_xfer_submit(c->xf, src, dst, c->pend[k], c->npend[k], (uint64_t)k, NULL) != KVT_OK)
             for (size_t i = 0; i < c->npend[k]; i++) {
                 const kvt_xfer_copy_t *cp = &c->pend[k][i];
-                apply(c, (op_kind_t)k, k == OP_BACKUP ? cp->src_page : cp->dst_page,
+                apply(c, (op_kind_t)k, l1_cache_page(c, k == OP_BACKUP ? cp->src_page : cp->dst_page),
                       k == OP_BACKUP ? cp->dst_page : cp->src_page, false);
             }
         c->npend[k] = 0;
@@ -158,8 +176,8 @@ static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
         if (d[b].status == KVT_ECORRUPT) c->st.integrity_failures++;
         for (size_t i = 0; i < d[b].n; i++, applied++) {
             const kvt_xfer_copy_t *cp = &d[b].copies[i];
-            apply(c, kind, kind == OP_BACKUP ? cp->src_page : cp->dst_page, kind == OP_BACKUP ? cp->dst_page : cp->src_page,
-                  d[b].status == KVT_OK);
+            apply(c, kind, l1_cache_page(c, kind == OP_BACKUP ? cp->src_page : cp->dst_page),
+                  kind == OP_BACKUP ? cp->dst_page : cp->src_page, d[b].status == KVT_OK);
         }
     }
     return applied;
@@ -167,36 +185,38 @@ static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
 
 #define WAIT_NS 100000000ull /* one wait; callers loop until what they wait for lands */
 
-int kvt_cache_poll(kvt_cache_t *c) {
-    if (c == NULL) return KVT_EINVAL;
+/* Applies the copies that completed at once (no data plane, or copies
+ * another process of the CP group makes). */
+static int apply_done(kvt_cache_t *c) {
     int applied = 0;
-    if (c->xf) {
-        flush_copies(c);
-        for (int k; (k = poll_engine(c, 0)) > 0;) applied += k;
-        return applied;
-    }
     for (size_t i = 0; i < c->ndone; i++, applied++)
         apply(c, (op_kind_t)c->done[i].kind, c->done[i].l1, c->done[i].l2, c->done[i].ok);
     c->ndone = 0;
     return applied;
 }
 
+int kvt_cache_poll(kvt_cache_t *c) {
+    if (c == NULL) return KVT_EINVAL;
+    int applied = apply_done(c);
+    if (c->xf) {
+        flush_copies(c);
+        for (int k; (k = poll_engine(c, 0)) > 0;) applied += k;
+    }
+    return applied;
+}
+
 /* Waits until no copy of this kind is in flight (others land meanwhile). */
 static void wait_kind(kvt_cache_t *c, op_kind_t kind) {
-    if (c->xf == NULL) {
-        kvt_cache_poll(c);
-        return;
-    }
+    apply_done(c);
+    if (c->xf == NULL) return;
     flush_copies(c);
     while (c->inflight[kind] > 0) poll_engine(c, WAIT_NS);
 }
 
 /* Waits for the backup of page idx of n (and applies whatever lands). */
 static void wait_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
-    if (c->xf == NULL) {
-        kvt_cache_poll(c);
-        return;
-    }
+    apply_done(c);
+    if (c->xf == NULL) return;
     flush_copies(c);
     while (n->pages[idx].flags & KVT_PAGE_D2H) poll_engine(c, WAIT_NS);
 }
@@ -208,14 +228,35 @@ int kvt_cache_sync(kvt_cache_t *c) {
     return KVT_OK;
 }
 
+/* Whether this process makes the copy: all of them, except in a CP group,
+ * where the I/O rank makes every backup and each rank the loads into its own
+ * lane; the others complete at once here (their owner makes them). */
+static bool makes(const kvt_cache_t *c, op_kind_t kind, uint32_t l1) {
+    if (c->xf == NULL) return false;
+    if (c->cp.size == 0) return true;
+    return kind == OP_BACKUP ? c->cp.io_rank : l1 % c->cfg.l1_lanes == c->cp.rank;
+}
+
 static void submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
     c->inflight[kind]++;
-    if (c->xf) {
+    fold(c, (uint64_t)(kind + 3) << 40 ^ (uint64_t)l1 << 20 ^ l2);
+    if (kind == OP_BACKUP && c->cp.backup_started) c->cp.backup_started(c->cp.arg, l1, l2, ++c->backup_seq);
+    if (makes(c, kind, l1)) {
+        if (c->cp.before_copy && c->cp.before_copy(c->cp.arg, kind == OP_LOAD, l1, l2, false) != KVT_OK) {
+            flush_copies(c); /* nothing of ours may wait behind the hook's wait */
+            int rc = c->cp.before_copy(c->cp.arg, kind == OP_LOAD, l1, l2, true);
+            if (rc != KVT_OK) { /* the group failed: the copy fails here */
+                if (c->ndone == c->done_cap) apply_done(c);
+                c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, false, l1, l2};
+                return;
+            }
+        }
         if (c->npend[kind] == c->pend_cap) flush_copies(c);
-        c->pend[kind][c->npend[kind]++] = kind == OP_BACKUP ? (kvt_xfer_copy_t){l1, l2} : (kvt_xfer_copy_t){l2, l1};
+        uint32_t t1 = l1_tier_page(c, l1);
+        c->pend[kind][c->npend[kind]++] = kind == OP_BACKUP ? (kvt_xfer_copy_t){t1, l2} : (kvt_xfer_copy_t){l2, t1};
         return;
     }
-    if (c->ndone == c->done_cap) kvt_cache_poll(c);
+    if (c->ndone == c->done_cap) apply_done(c);
     bool ok = !(c->fail_every && ++c->submitted % c->fail_every == 0);
     c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
 }
@@ -225,10 +266,12 @@ void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
     c->submitted = 0;
 }
 
-int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
-                     unsigned l2_index) {
+int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+                        unsigned l2_index, const kvt_cache_cp_t *cp) {
     if (c == NULL || x == NULL || l1 == NULL || l1_index == l2_index || (c->l2 != NULL) != (l2 != NULL) ||
-        kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages))
+        kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages) ||
+        c->cfg.l1_pages % c->cfg.l1_lanes != 0 ||
+        (cp && (cp->size < sizeof(*cp) || cp->rank >= c->cfg.l1_lanes)))
         return KVT_EINVAL;
     if (c->xf || c->st.requests || c->inflight[0] || c->inflight[1]) return KVT_EBUSY;
     if (c->l2 == NULL) return KVT_EINVAL; /* without L2 there is nothing to copy */
@@ -243,8 +286,20 @@ int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_
     c->xf = x;
     c->xf_l1 = l1_index;
     c->xf_l2 = l2_index;
+    c->lane_pages = c->cfg.l1_pages / c->cfg.l1_lanes;
+    if (cp) {
+        c->cp = *cp;
+        c->cp.size = sizeof(c->cp);
+    }
     return KVT_OK;
 }
+
+int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+                     unsigned l2_index) {
+    return kvt_cache_attach_cp(c, x, l1, l1_index, l2, l2_index, NULL);
+}
+
+uint64_t kvt_cache_digest(const kvt_cache_t *c) { return c ? c->digest : 0; }
 
 /* ---- L2 ---------------------------------------------------------------------- */
 
@@ -308,6 +363,7 @@ static uint64_t take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
     for (size_t i = 0; i < k; i++)
         for (uint32_t p = 0; p < runs[i].len; p++) out[j++] = runs[i].start + p;
     c->l2_free -= n;
+    for (uint64_t i = 0; i < n; i++) fold(c, 4ull << 40 | out[i]);
     return n;
 }
 
@@ -584,6 +640,7 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     }
     if (room == 0) cont = 0;
     c->l1_free -= room;
+    for (uint64_t i = 0; i < room; i++) fold(c, 5ull << 40 | ids[i]);
     kvt_rnode_t *held = m.node;
     uint64_t ins = room > cont ? room - cont : 0;
     uint64_t used = 0;
