@@ -34,10 +34,12 @@
  *
  *   admit      for the loads of its own request (its pages must be in L1
  *              before it runs); backups and other work go on meanwhile
- *   eviction   write_back: for the backup of the page it evicts; a round
- *              first lets the backups in flight land, so that residency
- *              decisions never depend on copy timing (the same calls give
- *              the same hit rates with or without bytes)
+ *   eviction   for the backup of a page it must back up to evict it
+ *              (write_back; or, under any policy, a page with pages below
+ *              that live only in L2); a round first lets the backups in
+ *              flight land, so that residency decisions never depend on
+ *              copy timing (the same calls give the same hit rates with or
+ *              without bytes)
  *   sync       for everything in flight
  *
  * The new pages of an admitted request hold no KV until the engine has run
@@ -173,7 +175,8 @@ typedef struct kvt_cache_cp {
 
 /* Attaches the data plane: from now on copies move bytes between tier l1
  * (engine index l1_index) and tier l2 (l2_index) on engine x, which the
- * cache then polls (it must not be polled by anyone else). The tiers hold at
+ * cache then polls (the engine is the cache's alone: no one else submits to
+ * it or polls it). The tiers hold at
  * least l1_pages / l2_pages pages; page i of the cache's L1 and L2 is page i
  * of the tier. Before the first admission; the engine and tiers outlive the
  * cache (kvt_cache_destroy waits for copies in flight). KVT_EINVAL (no L2
@@ -212,7 +215,7 @@ uint64_t kvt_cache_restore_room(kvt_cache_t *c);
     X(l2_alloc_failures, COUNTER, "L2 allocations that could not be met in full")               \
     X(l2_room_misses, COUNTER, "L2 eviction rounds that ended short of the free-room target")   \
     X(backups, COUNTER, "L1 -> L2 backups started")                                              \
-    X(forced_backups, COUNTER, "backups made because pages below lived only in L2")             \
+    X(forced_backups, COUNTER, "pages backed up to evict them because pages below lived only in L2") \
     X(loads, COUNTER, "L2 -> L1 loads started")                                                   \
     X(shadows_reclaimed, COUNTER, "L2 copies of L1 pages given up under L2 pressure")           \
     X(dropped_pages, COUNTER, "pages that left the cache")                                       \

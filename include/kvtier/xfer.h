@@ -25,8 +25,10 @@
  * recorded, and a page read from it is verified first: a mismatch fails the
  * batch with KVT_ECORRUPT before anything is copied.
  *
- * Threading: submit, poll, stats and set_faults may be called from any
- * thread; the callback runs on a worker thread and must not call the engine.
+ * Threading: submit, stats and set_faults may be called from any thread;
+ * poll from one thread at a time (the copies it returns stay valid until the
+ * next poll, from whichever thread). The callback runs on a worker thread,
+ * just before the batch becomes pollable, and must not call the engine.
  */
 #ifndef KVTIER_XFER_H
 #define KVTIER_XFER_H

@@ -44,6 +44,7 @@
 
 #include "cache-int.h"
 #include "kvtier/error.h"
+#include "../core/check-int.h"
 #include "../core/mem-int.h"
 
 #define DONE_CAP 256
@@ -129,12 +130,17 @@ static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool
     uint32_t idx;
     c->inflight[kind]--;
     if (!ok) c->st.failed_copies++;
+    /* the page is still in the tree: nothing in flight leaves it */
     if (kind == OP_BACKUP) {
-        if (!kvt__radix_locate_l2(c->tree, l2, &n, &idx)) return;
+        bool found = kvt__radix_locate_l2(c->tree, l2, &n, &idx);
+        KVT_ASSERT(found);
+        if (!found) return;
         kvt__radix_end_backup(c->tree, n, idx, ok);
         if (!ok) give_back_l2(c, l2);
     } else {
-        if (!kvt__radix_locate_l1(c->tree, l1, &n, &idx)) return;
+        bool found = kvt__radix_locate_l1(c->tree, l1, &n, &idx);
+        KVT_ASSERT(found);
+        if (!found) return;
         kvt__radix_end_load(c->tree, n, idx, ok);
         if (!ok) give_back_l1(c, l1);
     }
@@ -151,13 +157,17 @@ static uint32_t l1_cache_page(const kvt_cache_t *c, uint32_t q) {
     return (uint32_t)((q % c->lane_pages) * c->cfg.l1_lanes + q / c->lane_pages);
 }
 
+/* The user tag of the cache's batches: the engine is the cache's alone, and
+ * a completion that is not the cache's is a caller's mistake. */
+static uint64_t xfer_tag(const kvt_cache_t *c, op_kind_t k) { return (uint64_t)(uintptr_t)c << 1 | (uint64_t)k; }
+
 /* Hands the pending copies to the engine, one batch per direction. A batch
  * the engine refuses fails at once (its pages stay where they were). */
 static void flush_copies(kvt_cache_t *c) {
     for (int k = 0; c->xf && k < 2; k++) {
         if (c->npend[k] == 0) continue;
         unsigned src = k == OP_BACKUP ? c->xf_l1 : c->xf_l2, dst = k == OP_BACKUP ? c->xf_l2 : c->xf_l1;
-        if (kvt_xfer_submit(c->xf, src, dst, c->pend[k], c->npend[k], (uint64_t)k, NULL) != KVT_OK)
+        if (kvt_xfer_submit(c->xf, src, dst, c->pend[k], c->npend[k], xfer_tag(c, (op_kind_t)k), NULL) != KVT_OK)
             for (size_t i = 0; i < c->npend[k]; i++) {
                 const kvt_xfer_copy_t *cp = &c->pend[k][i];
                 apply(c, (op_kind_t)k, l1_cache_page(c, k == OP_BACKUP ? cp->src_page : cp->dst_page),
@@ -172,7 +182,9 @@ static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
     kvt_xfer_done_t d[16];
     int k = kvt_xfer_poll(c->xf, d, 16, timeout_ns), applied = 0;
     for (int b = 0; b < k; b++) {
-        op_kind_t kind = d[b].src == c->xf_l1 ? OP_BACKUP : OP_LOAD;
+        op_kind_t kind = (op_kind_t)(d[b].user & 1);
+        KVT_ASSERT(d[b].user == xfer_tag(c, kind));
+        if (d[b].user != xfer_tag(c, kind)) continue;
         if (d[b].status == KVT_ECORRUPT) c->st.integrity_failures++;
         for (size_t i = 0; i < d[b].n; i++, applied++) {
             const kvt_xfer_copy_t *cp = &d[b].copies[i];

@@ -45,14 +45,8 @@
 
 #include "kvtier/error.h"
 #include "radix-impl.h"
+#include "../core/check-int.h"
 #include "../core/mem-int.h"
-
-#if KVT_CHECK_LEVEL >= 1
-#include <assert.h>
-#define KVT_ASSERT(x) assert(x)
-#else
-#define KVT_ASSERT(x) ((void)0)
-#endif
 
 void *kvt__radix_alloc(kvt_radix_t *r, size_t size) {
     void *p = kvt__malloc(size);

@@ -140,7 +140,8 @@ static int cuda_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t 
 static int cuda_register_host(kvt_tier_t *t, void *p, size_t len) {
     if (cudaSetDevice(t->cfg.device) != cudaSuccess) return KVT_EIO;
     cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterDefault);
-    return e == cudaSuccess || e == cudaErrorHostMemoryAlreadyRegistered ? KVT_OK : KVT_EIO;
+    if (e == cudaErrorHostMemoryAlreadyRegistered) return KVT_EEXIST; /* someone else's: not ours to unregister */
+    return e == cudaSuccess ? KVT_OK : KVT_EIO;
 }
 
 static void cuda_unregister_host(kvt_tier_t *t, void *p) {

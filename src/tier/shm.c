@@ -6,18 +6,20 @@
  *   +-----------+--------------------------+--------------------------------+
  *
  * The creator builds the segment under a private name (<name>.<pid>.tmp),
- * fills the header, sets `ready` (release), and only then publishes it under
- * its name with link(2), which fails if the name exists: a segment under a
- * kvtier name is therefore always complete, and two creators never both
- * win. Attachers check magic, `ready` (acquire), that the creator is alive
+ * fills the header, sets `ready` (release), locks it if asked, and only then
+ * publishes it under its name with link(2), which fails if the name exists:
+ * a segment under a kvtier name is therefore always complete, and two
+ * creators never both win. (A creator killed before publishing leaves its
+ * .tmp name behind; the next creator with that pid removes it.) Attachers check magic, `ready` (acquire), that the creator is alive
  * and the geometry is theirs. The creator unlinks the name when it destroys
  * its tier; attached mappings stay valid until unmapped.
  *
  * Stale segments: a name that already exists is examined, not reused. If it
  * is a kvtier segment whose creator is dead — its pid gone, or reused by a
  * process that started at a different time (the start time from
- * /proc/<pid>/stat is in the header) — it is unlinked and replaced
- * (info.replaced_stale). A live creator's segment gives KVT_EEXIST; anything
+ * /proc/<pid>/stat is in the header) — it is replaced atomically by
+ * rename(2) under flock(2) on the stale segment (info.replaced_stale); the
+ * creator's destroy unlinks the name only while it is still its segment. A live creator's segment gives KVT_EEXIST; anything
  * that is not a kvtier segment is left alone (KVT_EEXIST).
  */
 #include <errno.h>
@@ -26,6 +28,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -53,6 +56,7 @@ typedef struct shm_state {
     shm_header_t *hdr;
     uint64_t total;
     bool creator;
+    ino_t ino; /* the creator's segment: the name is unlinked only while it is still this one */
 } shm_state_t;
 
 static shm_state_t *state(const kvt_tier_t *t) { return (shm_state_t *)t->impl; }
@@ -93,11 +97,9 @@ static uint64_t layout_total(const kvt_tier_t *t, uint64_t *sums_off, uint64_t *
     return *data_off + t->bytes;
 }
 
-/* What an existing segment called name is: 1 a dead creator's kvtier
- * segment, 0 live or not kvtier's. */
-static int examine(const char *name) {
-    int fd = shm_open(name, O_RDONLY, 0);
-    if (fd < 0) return 0;
+/* Whether the segment open at fd is a dead creator's kvtier segment (1), or
+ * live or not kvtier's (0). */
+static int stale_fd(int fd) {
     struct stat sb;
     int verdict = 0;
     if (fstat(fd, &sb) == 0 && (size_t)sb.st_size >= SHM_HEADER) {
@@ -108,22 +110,33 @@ static int examine(const char *name) {
             munmap(h, sizeof(shm_header_t));
         }
     }
-    close(fd);
     return verdict;
 }
 
-/* Publishes the finished segment tmp under name; KVT_EEXIST when the name is
- * taken by a live or foreign segment. */
+/* Publishes the finished segment tmp under name. A stale segment there is
+ * replaced with rename(2) while holding flock on it, after checking the name
+ * still refers to the locked segment: of two processes replacing the same
+ * stale segment, the second finds the first one's live segment and gets
+ * KVT_EEXIST. */
 static int publish(kvt_tier_t *t, const char *tmp) {
     char from[128], to[128];
     snprintf(from, sizeof(from), "/dev/shm%s", tmp);
     snprintf(to, sizeof(to), "/dev/shm%s", t->name);
-    for (int attempt = 0; attempt < 2; attempt++) {
+    for (int attempt = 0; attempt < 4; attempt++) {
         if (link(from, to) == 0) return KVT_OK;
         if (errno != EEXIST) return KVT_EIO;
-        if (attempt == 1 || examine(t->name) != 1) break;
-        shm_unlink(t->name);
-        t->info.replaced_stale = true;
+        int fd = open(to, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue; /* gone meanwhile: link again */
+        struct stat held, named;
+        int rc = KVT_EIO;
+        bool again = false;
+        if (flock(fd, LOCK_EX) == 0 && fstat(fd, &held) == 0) {
+            if (stat(to, &named) != 0 || named.st_ino != held.st_ino) again = true; /* replaced meanwhile */
+            else if (!stale_fd(fd)) rc = KVT_EEXIST;
+            else if (rename(from, to) == 0) rc = KVT_OK, t->info.replaced_stale = true;
+        }
+        close(fd); /* drops the lock */
+        if (!again) return rc;
     }
     return KVT_EEXIST;
 }
@@ -143,7 +156,9 @@ static int create_segment(kvt_tier_t *t, shm_state_t *s) {
     shm_unlink(tmp); /* a leftover of a dead process that had our pid */
     int fd = shm_open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) return KVT_EIO;
-    int rc = ftruncate(fd, (off_t)total) == 0 ? map_fd(fd, total, s) : KVT_ENOMEM;
+    struct stat sb;
+    int rc = ftruncate(fd, (off_t)total) == 0 && fstat(fd, &sb) == 0 ? map_fd(fd, total, s) : KVT_ENOMEM;
+    if (rc == KVT_OK) s->ino = sb.st_ino;
     close(fd);
     if (rc != KVT_OK) {
         shm_unlink(tmp);
@@ -163,9 +178,13 @@ static int create_segment(kvt_tier_t *t, shm_state_t *s) {
     h->data_off = data_off;
     h->total = total;
     atomic_store_explicit(&h->ready, 1, memory_order_release);
-    rc = publish(t, tmp);
+    if ((t->cfg.flags & KVT_TIER_LOCK) && mlock(s->hdr, s->total) != 0) rc = KVT_EAGAIN; /* before anyone can attach */
+    else if (t->cfg.flags & KVT_TIER_LOCK) t->info.locked = true;
+    if (rc == KVT_OK) rc = publish(t, tmp);
     shm_unlink(tmp);
     if (rc != KVT_OK) {
+        if (t->info.locked) munlock(s->hdr, s->total);
+        t->info.locked = false;
         munmap(s->hdr, s->total);
         return rc;
     }
@@ -200,10 +219,9 @@ static int shm_tier_open(kvt_tier_t *t) {
     shm_state_t *s = KVT_NEW(shm_state_t);
     if (s == NULL) return KVT_ENOMEM;
     int rc = (t->cfg.flags & KVT_TIER_ATTACH) ? attach_segment(t, s) : create_segment(t, s);
-    if (rc == KVT_OK && (t->cfg.flags & KVT_TIER_LOCK)) {
+    if (rc == KVT_OK && (t->cfg.flags & KVT_TIER_LOCK) && !t->info.locked) { /* an attacher locks its mapping */
         if (mlock(s->hdr, s->total) != 0) {
             munmap(s->hdr, s->total);
-            if (s->creator) shm_unlink(t->name);
             rc = KVT_EAGAIN;
         } else {
             t->info.locked = true;
@@ -224,7 +242,10 @@ static void shm_tier_close(kvt_tier_t *t) {
     shm_state_t *s = state(t);
     if (t->info.locked) munlock(s->hdr, s->total);
     munmap(s->hdr, s->total);
-    if (s->creator) shm_unlink(t->name);
+    char path[128];
+    struct stat sb;
+    snprintf(path, sizeof(path), "/dev/shm%s", t->name);
+    if (s->creator && stat(path, &sb) == 0 && sb.st_ino == s->ino) shm_unlink(t->name);
     KVT_DELETE(s);
 }
 

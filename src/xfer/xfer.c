@@ -97,9 +97,11 @@ struct kvt_xfer {
     uint64_t pending; /* submitted, not yet polled (done_mu) */
     _Atomic uint64_t next_ticket;
     pthread_mutex_t fault_mu;
+    _Atomic bool faults_on; /* fast path: no lock per copy when no fault is armed */
     kvt_xfer_faults_t faults;
     uint64_t fault_count;
     kvt_tier_t *device; /* a device tier host tiers were registered with, or NULL */
+    bool registered[KVT_XFER_MAX_TIERS]; /* host tiers this engine registered (and unregisters) */
 };
 
 static uint64_t now_ns(void) {
@@ -128,6 +130,7 @@ static uint64_t mix64(uint64_t z) {
 /* The fault (if any) for the next copy: KVT_EIO to fail; *delay set. */
 static int next_fault(kvt_xfer_t *x, uint64_t *delay) {
     *delay = 0;
+    if (!atomic_load_explicit(&x->faults_on, memory_order_relaxed)) return KVT_OK;
     pthread_mutex_lock(&x->fault_mu);
     const kvt_xfer_faults_t *f = &x->faults;
     uint64_t k = ++x->fault_count;
@@ -363,34 +366,31 @@ static int cmp_dst(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Counts the runs of sorted copies, each cut to at most max_pages pages. */
-static size_t count_runs(const kvt_xfer_copy_t *c, size_t n, uint64_t max_pages) {
-    size_t runs = 0;
-    uint64_t len = 0;
-    for (size_t i = 0; i < n; i++) {
-        bool joins = i > 0 && len < max_pages && c[i].dst_page == c[i - 1].dst_page + 1 &&
-                     c[i].src_page == c[i - 1].src_page + 1;
-        if (joins) len++;
-        else runs++, len = 1;
-    }
-    return runs;
+/* Whether copy c extends run r: source and destination both advance by
+ * one, and the run is not yet max_pages long. */
+static bool extends(const run_t *r, const kvt_xfer_copy_t *c, uint64_t max_pages) {
+    return r->len < max_pages && c->dst_page == r->dst + r->len && c->src_page == r->src + r->len;
 }
 
-static void build_runs(batch_t *b, uint64_t max_pages) {
-    const kvt_xfer_copy_t *c = b->copies;
+/* Merges sorted copies into runs; with out NULL only counts them. */
+static size_t merge_runs(const kvt_xfer_copy_t *c, size_t n, uint64_t max_pages, run_t *out) {
+    run_t cur = {0, 0, 0};
     size_t k = 0;
-    for (size_t i = 0; i < b->done.n; i++) {
-        run_t *last = k ? &b->runs[k - 1] : NULL;
-        if (last && last->len < max_pages && c[i].dst_page == last->dst + last->len && c[i].src_page == last->src + last->len)
-            last->len++;
-        else
-            b->runs[k++] = (run_t){c[i].src_page, c[i].dst_page, 1};
+    for (size_t i = 0; i < n; i++) {
+        if (k > 0 && extends(&cur, &c[i], max_pages)) {
+            cur.len++;
+        } else {
+            if (k > 0 && out) out[k - 1] = cur;
+            cur = (run_t){c[i].src_page, c[i].dst_page, 1};
+            k++;
+        }
     }
+    if (k > 0 && out) out[k - 1] = cur;
+    return k;
 }
 
-/* Groups runs into items: at most max_bytes and max_copies each (a run is
- * already no bigger than max_bytes). Fills b->items when non-NULL; returns
- * the item count. */
+/* Groups runs into b->items: at most max_bytes and max_copies each (a run is
+ * already no bigger than max_bytes). Returns the item count. */
 static size_t group_items(batch_t *b, uint64_t page_bytes, span_mode_t m, uint32_t layers, uint64_t max_bytes,
                           uint32_t max_copies) {
     size_t k = 0;
@@ -398,13 +398,13 @@ static size_t group_items(batch_t *b, uint64_t page_bytes, span_mode_t m, uint32
     for (size_t r = 0; r < b->nruns; r++) {
         uint64_t rb = (uint64_t)b->runs[r].len * page_bytes, rs = run_spans(m, b->runs[r].len, layers);
         if (r == 0 || bytes + rb > max_bytes || spans + rs > max_copies) {
-            if (b->items) b->items[k] = (item_t){b, NULL, (uint32_t)r, (uint32_t)r, 0, false};
+            b->items[k] = (item_t){b, NULL, (uint32_t)r, (uint32_t)r, 0, false};
             k++;
             bytes = spans = 0;
         }
         bytes += rb;
         spans += rs;
-        if (b->items) b->items[k - 1].run_hi = (uint32_t)r + 1;
+        b->items[k - 1].run_hi = (uint32_t)r + 1;
     }
     return k;
 }
@@ -430,15 +430,26 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     kvt_xfer_copy_t *sorted = kvt__malloc(n * sizeof(*sorted));
     if (sorted == NULL) return KVT_ENOMEM;
     memcpy(sorted, copies, n * sizeof(*sorted));
-    bool in_order = true; /* the common case (a cache's batches) needs no sort */
-    for (size_t i = 1; i < n && in_order; i++) in_order = sorted[i].dst_page > sorted[i - 1].dst_page;
-    if (!in_order) qsort(sorted, n, sizeof(*sorted), cmp_dst);
+    /* a cache's batches come in ascending or descending page order: no sort */
+    bool up = true, down = true;
+    for (size_t i = 1; i < n && (up || down); i++) {
+        up = up && sorted[i].dst_page > sorted[i - 1].dst_page;
+        down = down && sorted[i].dst_page < sorted[i - 1].dst_page;
+    }
+    if (down && !up)
+        for (size_t i = 0, j = n - 1; i < j; i++, j--) {
+            kvt_xfer_copy_t t = sorted[i];
+            sorted[i] = sorted[j];
+            sorted[j] = t;
+        }
+    else if (!up)
+        qsort(sorted, n, sizeof(*sorted), cmp_dst);
     for (size_t i = 1; i < n; i++)
         if (sorted[i].dst_page == sorted[i - 1].dst_page) {
             kvt__free(sorted, n * sizeof(*sorted));
             return KVT_EINVAL;
         }
-    size_t nruns = count_runs(sorted, n, max_pages);
+    size_t nruns = merge_runs(sorted, n, max_pages, NULL);
     size_t bytes = sizeof(batch_t) + n * sizeof(kvt_xfer_copy_t) + nruns * sizeof(run_t);
     bytes = (bytes + _Alignof(item_t) - 1) & ~(_Alignof(item_t) - 1);
     batch_t *b = kvt__malloc(bytes + (nruns + 1) * sizeof(item_t)); /* items <= runs, + the checksum pass */
@@ -459,7 +470,7 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     b->done.dst = dst;
     b->done.user = user;
     b->done.ticket = atomic_fetch_add(&x->next_ticket, 1) + 1;
-    build_runs(b, max_pages);
+    merge_runs(b->copies, n, max_pages, b->runs);
     b->items = (item_t *)((uint8_t *)b + bytes);
     b->nitems = group_items(b, pb, mode, gs->layers, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
     for (size_t r = 0; r < nruns; r++) b->ncopies += run_spans(mode, b->runs[r].len, gs->layers);
@@ -503,7 +514,7 @@ int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint64_t time
     }
     if (x->done_head == NULL && timeout_ns > 0 && max > 0) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
+        clock_gettime(CLOCK_MONOTONIC, &ts); /* done_cv waits on the monotonic clock */
         uint64_t until = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
         until = timeout_ns > UINT64_MAX - until ? UINT64_MAX / 2 : until + timeout_ns;
         ts.tv_sec = (time_t)(until / 1000000000ull);
@@ -539,6 +550,7 @@ int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f) {
     if (f) x->faults = *f;
     else memset(&x->faults, 0, sizeof(x->faults));
     x->fault_count = 0;
+    atomic_store(&x->faults_on, f != NULL);
     pthread_mutex_unlock(&x->fault_mu);
     return KVT_OK;
 }
@@ -569,7 +581,7 @@ static void free_engine(kvt_xfer_t *x) {
     }
     if (x->device)
         for (unsigned t = 0; t < x->ntiers; t++)
-            if (x->tiers[t]->ops->host_visible) x->device->ops->unregister_host(x->device, x->tiers[t]->base);
+            if (x->registered[t]) x->device->ops->unregister_host(x->device, x->tiers[t]->base);
     pthread_mutex_destroy(&x->done_mu);
     pthread_cond_destroy(&x->done_cv);
     pthread_mutex_destroy(&x->fault_mu);
@@ -609,7 +621,11 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *
         }
     }
     pthread_mutex_init(&x->done_mu, NULL);
-    pthread_cond_init(&x->done_cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&x->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&x->fault_mu, NULL);
     x->nworkers = ntiers * cfg->threads;
     x->workers = kvt__calloc(x->nworkers, sizeof(worker_t));
@@ -621,7 +637,8 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *
         if (tiers[t]->ops->register_host) x->device = tiers[t];
     if (x->device)
         for (unsigned t = 0; t < ntiers; t++)
-            if (tiers[t]->ops->host_visible) x->device->ops->register_host(x->device, tiers[t]->base, tiers[t]->bytes);
+            if (tiers[t]->ops->host_visible) /* DMA without it still works, staged: not an error */
+                x->registered[t] = x->device->ops->register_host(x->device, tiers[t]->base, tiers[t]->bytes) == KVT_OK;
     unsigned started = 0;
     int rc = KVT_OK;
     for (unsigned i = 0; i < x->nworkers && rc == KVT_OK; i++) {
@@ -690,7 +707,10 @@ static void metric_name(char *out, size_t cap, const char *a, const char *b) {
 void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
     for (unsigned s = 0; x && s < x->ntiers; s++)
         for (unsigned d = 0; d < x->ntiers; d++) {
-            if (!x->pairs[s][d].seen) continue;
+            pthread_mutex_lock(&x->pairs[s][d].mu);
+            bool seen = x->pairs[s][d].seen;
+            pthread_mutex_unlock(&x->pairs[s][d].mu);
+            if (!seen) continue;
             kvt_xfer_stats_t st = {.size = sizeof(st)};
             kvt_xfer_stats(x, s, d, &st);
             char name[160];

@@ -92,9 +92,10 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int layout, int pat
     if (rc == KVT_OK) rc = kvt_tier_create(&t[1], &c2);
     if (rc == KVT_OK) rc = kvt_xfer_create(&x, &xc, t, 2);
     kvt_xfer_copy_t *copies = malloc(pages * sizeof(*copies));
-    if (rc != KVT_OK || copies == NULL) {
+    if (rc == KVT_OK && copies == NULL) rc = KVT_ENOMEM;
+    if (rc != KVT_OK) {
         fprintf(stderr, "kvtier bench xfer: cannot set up %" PRIu64 " pages of %" PRIu64 " B: %s\n", pages, page_bytes,
-                rc != KVT_OK ? kvt_strerror(rc) : "out of memory");
+                kvt_strerror(rc));
         goto out;
     }
     uint8_t *b1 = kvt_tier_addr(t[0], 0, 0), *b2 = kvt_tier_addr(t[1], 0, 0);
