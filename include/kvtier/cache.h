@@ -221,6 +221,7 @@ uint64_t kvt_cache_restore_room(kvt_cache_t *c);
     X(dropped_pages, COUNTER, "pages that left the cache")                                       \
     X(failed_copies, COUNTER, "copies that failed (the page stayed where it was)")              \
     X(integrity_failures, COUNTER, "load batches refused: an L2 page failed its checksum")      \
+    X(corrupt_dropped, COUNTER, "L2 copies that failed their checksum dropped (with the pages below)") \
     X(l1_free, GAUGE, "free L1 pages")                                                           \
     X(l2_free, GAUGE, "free L2 pages")                                                           \
     X(l1_target, GAUGE, "L1 free-room target, pages")                                            \

@@ -28,6 +28,8 @@ void kvt__ghost_fini(kvt__ghost_t *g);
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key);
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key); /* true (and forgotten) when present */
 
+#define KVT__CORRUPT_MAX 64
+
 /* Page ids on their way back to an allocator (appending never fails: room
  * for every page of the tier is set aside at creation). */
 typedef struct kvt__idbuf {
@@ -66,6 +68,8 @@ struct kvt_cache {
     uint64_t lane_pages;           /* L1 pages per lane (R) */
     uint64_t backup_seq;           /* backups started */
     uint64_t digest;               /* running hash of ids taken, given back and copied */
+    uint32_t corrupt[KVT__CORRUPT_MAX]; /* L2 pages a load found corrupt, to drop (cache.c) */
+    size_t ncorrupt;
     kvt_cache_stats_t st;
 };
 

@@ -87,8 +87,12 @@ static void give_back_l1(kvt_cache_t *c, uint32_t id) {
     c->l1_free++;
 }
 
+static void forget_corrupt(kvt_cache_t *c, uint32_t l2);
+static void note_corrupt(kvt_cache_t *c, uint32_t l2);
+
 static void give_back_l2(kvt_cache_t *c, uint32_t id) {
     fold(c, 2ull << 40 | id);
+    if (c->ncorrupt) forget_corrupt(c, id);
     if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
     c->l2_back.id[c->l2_back.n++] = id;
     c->l2_free++;
@@ -185,7 +189,10 @@ static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
         op_kind_t kind = (op_kind_t)(d[b].user & 1);
         KVT_ASSERT(d[b].user == xfer_tag(c, kind));
         if (d[b].user != xfer_tag(c, kind)) continue;
-        if (d[b].status == KVT_ECORRUPT) c->st.integrity_failures++;
+        if (d[b].status == KVT_ECORRUPT) {
+            c->st.integrity_failures++;
+            if (kind == OP_LOAD) note_corrupt(c, (uint32_t)d[b].bad_page);
+        }
         for (size_t i = 0; i < d[b].n; i++, applied++) {
             const kvt_xfer_copy_t *cp = &d[b].copies[i];
             apply(c, kind, l1_cache_page(c, kind == OP_BACKUP ? cp->src_page : cp->dst_page),
@@ -316,14 +323,20 @@ uint64_t kvt_cache_digest(const kvt_cache_t *c) { return c ? c->digest : 0; }
 /* ---- L2 ---------------------------------------------------------------------- */
 
 /* Evicts one L2 page; false when nothing in L2 may go. */
+/* The last page of leaf v, living only in L2, leaves the cache (v is freed
+ * with its last page). */
+static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v) {
+    kvt__policy_on_trim(c, v);
+    kvt_page_t pg = kvt__radix_trim(c->tree, v);
+    give_back_l2(c, pg.l2);
+    if (pg.l1 != KVT_NO_PAGE) give_back_l1(c, pg.l1); /* loaded, but stranded below a page not in L1 */
+    c->st.dropped_pages++;
+}
+
 static bool evict_one_l2(kvt_cache_t *c) {
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
-        kvt__policy_on_trim(c, v);
-        kvt_page_t pg = kvt__radix_trim(c->tree, v);
-        give_back_l2(c, pg.l2);
-        if (pg.l1 != KVT_NO_PAGE) give_back_l1(c, pg.l1); /* loaded, but stranded below a page not in L1 */
-        c->st.dropped_pages++;
+        trim_l2_tail(c, v);
         return true;
     }
     v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
@@ -407,6 +420,58 @@ static uint64_t backup_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
     }
     c->st.backups += got;
     return got;
+}
+
+/* ---- corrupt L2 copies -------------------------------------------------------------- */
+
+/* A load refused because an L2 copy failed its checksum: that copy, and the
+ * pages below it (which live only in L2 and are reachable only through it),
+ * leave the cache at the next admission or restore_room that finds none of
+ * them held, pinned or in flight. Until then loads through it keep failing
+ * (and are counted), so it is never served. */
+static void note_corrupt(kvt_cache_t *c, uint32_t l2) {
+    for (size_t i = 0; i < c->ncorrupt; i++)
+        if (c->corrupt[i] == l2) return;
+    if (c->ncorrupt < KVT__CORRUPT_MAX) c->corrupt[c->ncorrupt++] = l2;
+}
+
+static void forget_corrupt(kvt_cache_t *c, uint32_t l2) {
+    for (size_t i = 0; i < c->ncorrupt; i++)
+        if (c->corrupt[i] == l2) {
+            c->corrupt[i] = c->corrupt[--c->ncorrupt];
+            return;
+        }
+}
+
+/* Nothing at or below page idx of x is held, pinned or in flight. */
+static bool free_below(const kvt_rnode_t *x, uint32_t idx) {
+    if (x->lock || x->pin) return false;
+    for (uint32_t i = idx; i < x->npages; i++)
+        if (x->pages[i].flags) return false;
+    for (const kvt_rnode_t *ch = x->first_child; ch; ch = ch->next_sibling)
+        if (!free_below(ch, 0)) return false;
+    return true;
+}
+
+/* Trims x's subtree, then x's pages down to `keep` (x is freed when keep is 0). */
+static void trim_below(kvt_cache_t *c, kvt_rnode_t *x, uint32_t keep) {
+    while (x->first_child) trim_below(c, x->first_child, 0);
+    for (uint32_t k = x->npages - keep; k > 0; k--) trim_l2_tail(c, x);
+}
+
+static void purge_corrupt(kvt_cache_t *c) {
+    for (size_t i = 0; i < c->ncorrupt;) {
+        kvt_rnode_t *n;
+        uint32_t idx, l2 = c->corrupt[i];
+        bool found = kvt__radix_locate_l2(c->tree, l2, &n, &idx);
+        KVT_ASSERT(found); /* forgotten when given back */
+        if (!found || !free_below(n, idx) || idx < n->n_l1) {
+            i++; /* held for now (idx < n_l1: loaded meanwhile, from a good copy? then it is not ours to judge) */
+            continue;
+        }
+        c->st.corrupt_dropped++;
+        trim_below(c, n, idx); /* gives l2 back, which forgets it: slot i now holds another */
+    }
 }
 
 /* ---- L1 ---------------------------------------------------------------------- */
@@ -631,6 +696,7 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     uint32_t pt = c->cfg.page_tokens;
     uint64_t npages = ntokens / pt;
     memset(req, 0, sizeof(*req));
+    if (c->ncorrupt) purge_corrupt(c);
     kvt__match_t m;
     int rc = kvt__radix_match(c->tree, ns, tokens, npages, c->clock + 1, &m);
     if (rc != KVT_OK) return rc;
@@ -729,6 +795,7 @@ int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req) {
 
 uint64_t kvt_cache_restore_room(kvt_cache_t *c) {
     if (c == NULL) return 0;
+    if (c->ncorrupt) purge_corrupt(c);
     uint64_t before = c->st.l1_evicted_pages + c->st.l2_evicted_pages;
     if (c->l1_free < c->l1_target) plan_l1_to(c, 0, c->l1_target);
     if (c->l2 && c->l2_free < c->l2_target) plan_l2_to(c, 0, c->l2_target);

@@ -39,7 +39,7 @@
 #define ST_CORRUPT 64
 
 typedef struct stress_counts {
-    uint64_t steps, admits, splits, loads, backups, failed, corrupt_refused, evicted, shadows;
+    uint64_t steps, admits, splits, loads, backups, failed, corrupt_refused, corrupt_dropped, evicted, shadows;
 } stress_counts_t;
 
 typedef struct stress {
@@ -234,6 +234,7 @@ static int stress_run(uint64_t seed, int steps, stress_counts_t *n, char *err, s
     n->backups += cs.backups;
     n->failed += cs.failed_copies;
     n->corrupt_refused += cs.integrity_failures;
+    n->corrupt_dropped += cs.corrupt_dropped;
     n->evicted += cs.l1_evicted_pages + cs.l2_evicted_pages;
     n->shadows += cs.shadows_reclaimed;
     if (res == 0) res = st_check(s);

@@ -12,10 +12,11 @@ Test(stress, copies_in_random_order_with_faults, .timeout = 300) {
     }
     fprintf(stderr,
             "stress: %" PRIu64 " steps, %" PRIu64 " admissions, %" PRIu64 " splits, %" PRIu64 " backups, %" PRIu64
-            " loads, %" PRIu64 " failed copies, %" PRIu64 " corrupt loads refused, %" PRIu64 " evictions, %" PRIu64
-            " shadows reclaimed\n",
-            n.steps, n.admits, n.splits, n.backups, n.loads, n.failed, n.corrupt_refused, n.evicted, n.shadows);
+            " loads, %" PRIu64 " failed copies, %" PRIu64 " corrupt loads refused, %" PRIu64 " corrupt copies dropped, %" PRIu64
+            " evictions, %" PRIu64 " shadows reclaimed\n",
+            n.steps, n.admits, n.splits, n.backups, n.loads, n.failed, n.corrupt_refused, n.corrupt_dropped, n.evicted,
+            n.shadows);
     /* every kind of event the test exists for happened */
-    cr_assert(n.splits > 0 && n.backups > 0 && n.loads > 0 && n.failed > 0 && n.corrupt_refused > 0 && n.evicted > 0 &&
+    cr_assert(n.splits > 0 && n.backups > 0 && n.loads > 0 && n.failed > 0 && n.corrupt_refused > 0 && n.corrupt_dropped > 0 && n.evicted > 0 &&
               n.shadows > 0);
 }
