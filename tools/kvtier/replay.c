@@ -17,24 +17,12 @@
 #include "kvtier/model.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
+#include "replay.h"
 #include "replay_data.h"
 #include "trace.h"
 
-#define UNBOUNDED 0 /* --l1-pages unbounded: room for every page of the trace */
 #define MAX_SWEEP 32
 
-typedef struct opts {
-    uint64_t page_tokens, l1_pages, l2_pages, bytes_per_token, limit, write_hits, requests, seed, check_every;
-    double l1_room, l2_room;
-    int model, policy, write_policy;
-    const char *sweep, *plot;
-    bool json, data, verify;
-    int stats; /* -1: none; else a kvt_fmt_t */
-    int layout;
-    uint64_t threads, layers_opt;
-    uint64_t bpt;     /* bytes per token, from --bytes-per-token or the model */
-    uint32_t layers;  /* the model's layers (1 with --bytes-per-token) */
-} opts_t;
 
 typedef struct result {
     uint64_t l1_pages;
@@ -89,15 +77,7 @@ static void emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data) 
 static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_t *res) {
     uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
     kvt_cache_config_t cfg;
-    kvt_cache_config_default(&cfg);
-    cfg.page_tokens = (uint32_t)o->page_tokens;
-    cfg.l1_pages = l1_pages == UNBOUNDED ? trace_pages(t, n, o->page_tokens) : l1_pages;
-    cfg.l2_pages = o->l2_pages;
-    cfg.l1_free_room = o->l1_room;
-    cfg.l2_free_room = o->l2_room;
-    cfg.policy = (kvt_policy_t)o->policy;
-    cfg.write_policy = (kvt_write_policy_t)o->write_policy;
-    cfg.write_through_hits = (uint32_t)o->write_hits;
+    replay_cache_config(o, l1_pages == UNBOUNDED ? trace_pages(t, n, o->page_tokens) : l1_pages, &cfg);
     if (cfg.l1_pages > KVT_ALLOC_MAX_PAGES) {
         fprintf(stderr, "kvtier replay: --l1-pages: %" PRIu64 " pages is more than %u\n", cfg.l1_pages, KVT_ALLOC_MAX_PAGES);
         return -1;
@@ -307,7 +287,7 @@ static int plot(const char *path, const result_t *res, size_t n, const char *pol
 }
 
 /* --data maps (L1 + L2) x page bytes: refuse what this machine cannot hold. */
-static int check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t n) {
+int replay_check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t n) {
     c->flag = "--data";
     if (o->l2_pages == 0) return cli_error(c, "needs an L2 tier (--l2-pages > 0)");
     double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
@@ -331,41 +311,104 @@ static const char USAGE[] =
     "built-in synthetic workload (--requests, --seed). Every option can also be set\n"
     "with the environment variable shown.\n";
 
-int cmd_replay(int argc, char **argv) {
+void replay_opts_default(opts_t *o) {
+    kvt_cache_config_t d;
+    kvt_cache_config_default(&d);
+    *o = (opts_t){.page_tokens = d.page_tokens, .l1_pages = d.l1_pages, .l2_pages = d.l2_pages,
+                  .write_hits = d.write_through_hits, .requests = 4000, .seed = 42, .l1_room = d.l1_free_room,
+                  .l2_room = d.l2_free_room, .model = 0, .policy = d.policy, .write_policy = d.write_policy, .stats = 0,
+                  .threads = 2};
+}
+
+size_t replay_option_rows(opts_t *o, cli_opt_t *t) {
     unsigned nm = 0;
     for (; nm < 15 && kvt_model_at(nm); nm++) model_names[nm] = kvt_model_at(nm)->name;
     for (int i = 0; i < KVT_POLICY_COUNT_; i++) policy_names[i] = kvt_policy_name((kvt_policy_t)i);
-    kvt_cache_config_t d;
-    kvt_cache_config_default(&d);
-    opts_t o = {.page_tokens = d.page_tokens, .l1_pages = d.l1_pages, .l2_pages = d.l2_pages,
-                .write_hits = d.write_through_hits, .requests = 4000, .seed = 42, .l1_room = d.l1_free_room,
-                .l2_room = d.l2_free_room, .model = 0, .policy = d.policy, .write_policy = d.write_policy, .stats = 0, .threads = 2};
-    const cli_opt_t table[] = {
-        {"page-tokens", OPT_U64, &o.page_tokens, 1, 512, 0, 0, NULL, NULL, 0, "tokens per page"},
-        {"l1-pages", OPT_U64, &o.l1_pages, 1, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, "unbounded", UNBOUNDED, "L1 (GPU) capacity in pages"},
-        {"l2-pages", OPT_U64, &o.l2_pages, 0, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, NULL, 0, "L2 (host) capacity in pages; 0: no L2"},
-        {"model", OPT_CHOICE, &o.model, 0, 0, 0, 0, model_names, NULL, 0, "model preset: bytes of KV per token"},
-        {"bytes-per-token", OPT_U64, &o.bytes_per_token, 0, 1u << 30, 0, 0, NULL, NULL, 0, "bytes of KV per token (overrides --model)"},
-        {"policy", OPT_CHOICE, &o.policy, 0, 0, 0, 0, policy_names, NULL, 0, "eviction order"},
-        {"write-policy", OPT_CHOICE, &o.write_policy, 0, 0, 0, 0, WRITE_POLICIES, NULL, 0, "when L1 pages are backed up to L2"},
-        {"write-through-hits", OPT_U64, &o.write_hits, 1, 1000000, 0, 0, NULL, NULL, 0, "hits before write_through_selective backs up"},
-        {"l1-free-room", OPT_DOUBLE, &o.l1_room, 0, 0, 0, 0.5, NULL, NULL, 0, "fraction of L1 kept free; 0: evict the deficit only"},
-        {"l2-free-room", OPT_DOUBLE, &o.l2_room, 0, 0, 0, 0.5, NULL, NULL, 0, "fraction of L2 kept free"},
-        {"limit", OPT_U64, &o.limit, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "replay only the first N requests (0: all)"},
-        {"sweep", OPT_TEXT, &o.sweep, 0, 0, 0, 0, NULL, NULL, 0, "comma-separated L1 capacities (pages or 'unbounded') to compare"},
-        {"plot", OPT_TEXT, &o.plot, 0, 0, 0, 0, NULL, NULL, 0, "with --sweep: draw hit rate vs capacity to this PNG (gnuplot)"},
-        {"requests", OPT_U64, &o.requests, 1, 10000000, 0, 0, NULL, NULL, 0, "synthetic workload: requests"},
-        {"seed", OPT_U64, &o.seed, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "synthetic workload: seed"},
-        {"check-every", OPT_U64, &o.check_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "run the full consistency check every N requests (0: never)"},
-        {"json", OPT_FLAG, &o.json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
-        {"data", OPT_FLAG, &o.data, 0, 0, 0, 0, NULL, NULL, 0, "move real bytes: L1 arena, L2 host memory, the transfer engine"},
-        {"verify", OPT_FLAG, &o.verify, 0, 0, 0, 0, NULL, NULL, 0, "with --data: check every page served from L1 or loaded from L2"},
-        {"layout", OPT_CHOICE, &o.layout, 0, 0, 0, 0, LAYOUTS, NULL, 0, "with --data: how the tiers lay pages out"},
-        {"layers", OPT_U64, &o.layers_opt, 0, 1024, 0, 0, NULL, NULL, 0, "with --data: layers a page is cut into (0: the model's; 1 with --bytes-per-token)"},
-        {"threads", OPT_U64, &o.threads, 1, 64, 0, 0, NULL, NULL, 0, "with --data: transfer workers per destination tier"},
-        {"stats", OPT_CHOICE, &o.stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
-        {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
+    const cli_opt_t rows[] = {
+        {"page-tokens", OPT_U64, &o->page_tokens, 1, 512, 0, 0, NULL, NULL, 0, "tokens per page"},
+        {"l1-pages", OPT_U64, &o->l1_pages, 1, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, "unbounded", UNBOUNDED, "L1 (GPU) capacity in pages"},
+        {"l2-pages", OPT_U64, &o->l2_pages, 0, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, NULL, 0, "L2 (host) capacity in pages; 0: no L2"},
+        {"model", OPT_CHOICE, &o->model, 0, 0, 0, 0, model_names, NULL, 0, "model preset: bytes of KV per token"},
+        {"bytes-per-token", OPT_U64, &o->bytes_per_token, 0, 1u << 30, 0, 0, NULL, NULL, 0, "bytes of KV per token (overrides --model)"},
+        {"policy", OPT_CHOICE, &o->policy, 0, 0, 0, 0, policy_names, NULL, 0, "eviction order"},
+        {"write-policy", OPT_CHOICE, &o->write_policy, 0, 0, 0, 0, WRITE_POLICIES, NULL, 0, "when L1 pages are backed up to L2"},
+        {"write-through-hits", OPT_U64, &o->write_hits, 1, 1000000, 0, 0, NULL, NULL, 0, "hits before write_through_selective backs up"},
+        {"l1-free-room", OPT_DOUBLE, &o->l1_room, 0, 0, 0, 0.5, NULL, NULL, 0, "fraction of L1 kept free; 0: evict the deficit only"},
+        {"l2-free-room", OPT_DOUBLE, &o->l2_room, 0, 0, 0, 0.5, NULL, NULL, 0, "fraction of L2 kept free"},
+        {"limit", OPT_U64, &o->limit, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "replay only the first N requests (0: all)"},
+        {"sweep", OPT_TEXT, &o->sweep, 0, 0, 0, 0, NULL, NULL, 0, "comma-separated L1 capacities (pages or 'unbounded') to compare"},
+        {"plot", OPT_TEXT, &o->plot, 0, 0, 0, 0, NULL, NULL, 0, "with --sweep: draw hit rate vs capacity to this PNG (gnuplot)"},
+        {"requests", OPT_U64, &o->requests, 1, 10000000, 0, 0, NULL, NULL, 0, "synthetic workload: requests"},
+        {"seed", OPT_U64, &o->seed, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "synthetic workload: seed"},
+        {"check-every", OPT_U64, &o->check_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "run the full consistency check every N requests (0: never)"},
+        {"json", OPT_FLAG, &o->json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {"data", OPT_FLAG, &o->data, 0, 0, 0, 0, NULL, NULL, 0, "move real bytes: L1 arena, L2 host memory, the transfer engine"},
+        {"verify", OPT_FLAG, &o->verify, 0, 0, 0, 0, NULL, NULL, 0, "with --data: check every page served from L1 or loaded from L2"},
+        {"layout", OPT_CHOICE, &o->layout, 0, 0, 0, 0, LAYOUTS, NULL, 0, "with --data: how the tiers lay pages out"},
+        {"layers", OPT_U64, &o->layers_opt, 0, 1024, 0, 0, NULL, NULL, 0, "with --data: layers a page is cut into (0: the model's; 1 with --bytes-per-token)"},
+        {"threads", OPT_U64, &o->threads, 1, 64, 0, 0, NULL, NULL, 0, "with --data: transfer workers per destination tier"},
+        {"stats", OPT_CHOICE, &o->stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
     };
+    size_t n = sizeof(rows) / sizeof(rows[0]);
+    memcpy(t, rows, sizeof(rows));
+    return n;
+}
+
+int replay_opts_finish(cli_t *c, opts_t *o) {
+    const kvt_model_t *model = kvt_model_at((unsigned)o->model);
+    o->bpt = o->bytes_per_token ? o->bytes_per_token : model->bytes_per_token;
+    o->layers = o->layers_opt ? (uint32_t)o->layers_opt : o->bytes_per_token ? 1 : model->layers;
+    if (o->bpt % o->layers != 0) {
+        c->flag = "--layers";
+        return cli_error(c, "%" PRIu64 " bytes per token do not split into %u layers", o->bpt, o->layers);
+    }
+    if (o->verify && !o->data) {
+        c->flag = "--verify";
+        return cli_error(c, "needs --data");
+    }
+    return 0;
+}
+
+int replay_load(const char *cmd, const char *path, const opts_t *o, trace_t *t, double *parse_s) {
+    char err[512];
+    double t0 = now_s();
+    if (path) {
+        if (trace_load(path, t, err, sizeof(err)) != 0) {
+            fprintf(stderr, "%s: %s\n", cmd, err);
+            return -1;
+        }
+    } else {
+        workload_params_t wp;
+        workload_default(&wp);
+        wp.requests = o->requests;
+        wp.seed = o->seed;
+        if (workload_generate(&wp, t) != 0) {
+            fprintf(stderr, "%s: out of memory building the workload\n", cmd);
+            return -1;
+        }
+    }
+    *parse_s = now_s() - t0;
+    return 0;
+}
+
+void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t *cfg) {
+    kvt_cache_config_default(cfg);
+    cfg->page_tokens = (uint32_t)o->page_tokens;
+    cfg->l1_pages = l1_pages;
+    cfg->l2_pages = o->l2_pages;
+    cfg->l1_free_room = o->l1_room;
+    cfg->l2_free_room = o->l2_room;
+    cfg->policy = (kvt_policy_t)o->policy;
+    cfg->write_policy = (kvt_write_policy_t)o->write_policy;
+    cfg->write_through_hits = (uint32_t)o->write_hits;
+}
+
+int cmd_replay(int argc, char **argv) {
+    opts_t o;
+    replay_opts_default(&o);
+    cli_opt_t table[32];
+    size_t nrows = replay_option_rows(&o, table);
+    table[nrows] = (cli_opt_t){NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL};
     cli_t c;
     cli_init(&c, "kvtier replay", argc, argv);
     const char *path;
@@ -400,42 +443,14 @@ int cmd_replay(int argc, char **argv) {
         return 2;
     }
 
-    const kvt_model_t *model = kvt_model_at((unsigned)o.model);
-    uint64_t bpt = o.bytes_per_token ? o.bytes_per_token : model->bytes_per_token;
-    const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : model->name;
-    o.bpt = bpt;
-    o.layers = o.layers_opt ? (uint32_t)o.layers_opt : o.bytes_per_token ? 1 : model->layers;
-    if (o.bpt % o.layers != 0) {
-        c.flag = "--layers";
-        cli_error(&c, "%" PRIu64 " bytes per token do not split into %u layers", o.bpt, o.layers);
-        return 2;
-    }
-    if (o.verify && !o.data) {
-        c.flag = "--verify";
-        cli_error(&c, "needs --data");
-        return 2;
-    }
-    if (o.data && check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
+    if (replay_opts_finish(&c, &o) != 0) return 2;
+    uint64_t bpt = o.bpt;
+    const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;
+    if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
 
     trace_t t;
-    char err[512];
-    double t0 = now_s();
-    if (path) {
-        if (trace_load(path, &t, err, sizeof(err)) != 0) {
-            fprintf(stderr, "kvtier replay: %s\n", err);
-            return 1;
-        }
-    } else {
-        workload_params_t wp;
-        workload_default(&wp);
-        wp.requests = o.requests;
-        wp.seed = o.seed;
-        if (workload_generate(&wp, &t) != 0) {
-            fprintf(stderr, "kvtier replay: out of memory building the workload\n");
-            return 1;
-        }
-    }
-    double parse_s = now_s() - t0;
+    double parse_s;
+    if (replay_load("kvtier replay", path, &o, &t, &parse_s) != 0) return 1;
     const char *name = path ? path : "built-in synthetic workload";
 
     size_t nrun = nsweep ? nsweep : 1;

@@ -1,0 +1,40 @@
+/* kvtier replay's options, shared with the commands that replay a trace the
+ * same way (kvtier cp). */
+#ifndef KVTIER_TOOLS_REPLAY_H
+#define KVTIER_TOOLS_REPLAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cli.h"
+#include "kvtier/cache.h"
+#include "trace.h"
+
+#define UNBOUNDED 0 /* --l1-pages unbounded: room for every page of the trace */
+
+typedef struct opts {
+    uint64_t page_tokens, l1_pages, l2_pages, bytes_per_token, limit, write_hits, requests, seed, check_every;
+    double l1_room, l2_room;
+    int model, policy, write_policy;
+    const char *sweep, *plot;
+    bool json, data, verify;
+    int stats; /* -1: none; else a kvt_fmt_t */
+    int layout;
+    uint64_t threads, layers_opt;
+    uint64_t bpt;     /* bytes per token, from --bytes-per-token or the model */
+    uint32_t layers;  /* the model's layers (1 with --bytes-per-token) */
+} opts_t;
+
+void replay_opts_default(opts_t *o);
+/* The replay options table's rows into t (room for 32); returns how many. */
+size_t replay_option_rows(opts_t *o, cli_opt_t *t);
+/* After parsing: bytes per token and layers from the model; cross-flag
+ * checks. -1 after printing an error. */
+int replay_opts_finish(cli_t *c, opts_t *o);
+/* --data on these L1 sizes fits this machine (-1 after printing why not). */
+int replay_check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t n);
+/* The trace at path, or the built-in workload; prints why on failure (-1). */
+int replay_load(const char *cmd, const char *path, const opts_t *o, trace_t *t, double *parse_s);
+void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t *cfg);
+
+#endif
