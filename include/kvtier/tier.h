@@ -83,6 +83,7 @@ const char *kvt_tier_kind_name(kvt_tier_kind_t k);
 #define KVT_TIER_LOCK 0x2     /* host, shm: mlock the memory; failing to is an error (KVT_EAGAIN) */
 #define KVT_TIER_CHECKSUM 0x4 /* host, shm: keep an XXH3-64 per page */
 #define KVT_TIER_ATTACH 0x8   /* shm: attach to an existing segment instead of creating one */
+#define KVT_TIER_SHARED 0x10  /* arena: a shared mapping: processes forked afterwards share its pages */
 
 typedef struct kvt_tier_config {
     uint32_t size;         /* sizeof(kvt_tier_config_t) */

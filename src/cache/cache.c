@@ -232,12 +232,15 @@ static void wait_kind(kvt_cache_t *c, op_kind_t kind) {
     while (c->inflight[kind] > 0) poll_engine(c, WAIT_NS);
 }
 
-/* Waits for the backup of page idx of n (and applies whatever lands). */
-static void wait_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
+/* Waits for the backups of pages [0, idx] of n (and applies whatever lands):
+ * all of them, not only idx's, so that the rest of the round sees them
+ * landed whatever the copy timing. */
+static void wait_backups_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
     apply_done(c);
     if (c->xf == NULL) return;
     flush_copies(c);
-    while (n->pages[idx].flags & KVT_PAGE_D2H) poll_engine(c, WAIT_NS);
+    for (uint32_t i = 0; i <= idx; i++)
+        while (n->pages[i].flags & KVT_PAGE_D2H) poll_engine(c, WAIT_NS);
 }
 
 int kvt_cache_sync(kvt_cache_t *c) {
@@ -319,6 +322,14 @@ int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_
 }
 
 uint64_t kvt_cache_digest(const kvt_cache_t *c) { return c ? c->digest : 0; }
+
+uint64_t kvt_cache_lane_pages(const kvt_cache_t *c, uint32_t lane) {
+    if (c == NULL || lane >= c->cfg.l1_lanes) return 0;
+    uint64_t size = (c->cfg.l1_pages - lane + c->cfg.l1_lanes - 1) / c->cfg.l1_lanes; /* the lane allocator's split */
+    uint64_t buffered = 0;
+    for (size_t i = 0; i < c->l1_back.n; i++) buffered += c->l1_back.id[i] % c->cfg.l1_lanes == lane;
+    return size - kvt_laneal_lane_free(c->l1, lane) - buffered;
+}
 
 /* ---- L2 ---------------------------------------------------------------------- */
 
@@ -497,7 +508,7 @@ static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
         uint64_t got = c->l2 ? backup_upto(c, v, idx) : 0;
         if (got == 0) return tail ? drop_tail_l1(c, v) : SKIPPED;
         if (c->cfg.write_policy != KVT_WRITE_BACK) c->st.forced_backups += got;
-        wait_backup(c, v, idx); /* the eviction waits for its backup; other copies land meanwhile */
+        wait_backups_upto(c, v, idx); /* the eviction waits for its backups; other copies land meanwhile */
         pg = &v->pages[idx];
         if (!kvt__page_in_l2(pg)) return SKIPPED; /* the backup failed */
     }

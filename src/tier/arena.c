@@ -7,7 +7,7 @@
 #include "tier-int.h"
 
 static int arena_open(kvt_tier_t *t) {
-    t->base = kvt__map_anon(t->bytes, false, &t->info);
+    t->base = kvt__map_anon(t->bytes, false, t->cfg.flags & KVT_TIER_SHARED, &t->info);
     return t->base ? KVT_OK : KVT_ENOMEM;
 }
 

@@ -16,15 +16,16 @@
 
 #define HUGE_2M (2ull << 20)
 
-void *kvt__map_anon(size_t len, bool huge, kvt_tier_info_t *info) {
+void *kvt__map_anon(size_t len, bool huge, bool shared, kvt_tier_info_t *info) {
     void *p = MAP_FAILED;
+    int share = shared ? MAP_SHARED : MAP_PRIVATE;
 #ifdef MAP_HUGETLB
     if (huge && len % HUGE_2M == 0) {
-        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, share | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
         if (p != MAP_FAILED) info->huge_pages = true;
     }
 #endif
-    if (p == MAP_FAILED) p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = mmap(NULL, len, PROT_READ | PROT_WRITE, share | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
 #ifdef MADV_HUGEPAGE
     if (huge && !info->huge_pages && madvise(p, len, MADV_HUGEPAGE) == 0) info->thp_advised = true;
@@ -39,11 +40,11 @@ void kvt__unmap(void *p, size_t len) {
 static size_t sums_bytes(const kvt_tier_t *t) { return t->cfg.geom.pages * sizeof(uint64_t); }
 
 static int host_open(kvt_tier_t *t) {
-    t->base = kvt__map_anon(t->bytes, t->cfg.flags & KVT_TIER_HUGE, &t->info);
+    t->base = kvt__map_anon(t->bytes, t->cfg.flags & KVT_TIER_HUGE, false, &t->info);
     if (t->base == NULL) return KVT_ENOMEM;
     if (t->cfg.flags & KVT_TIER_CHECKSUM) {
         kvt_tier_info_t unused = {0};
-        t->sums = kvt__map_anon(sums_bytes(t), false, &unused);
+        t->sums = kvt__map_anon(sums_bytes(t), false, false, &unused);
         if (t->sums == NULL) {
             kvt__unmap(t->base, t->bytes);
             return KVT_ENOMEM;

@@ -52,9 +52,10 @@ extern const kvt__tier_ops_t kvt__tier_host_ops;
 extern const kvt__tier_ops_t kvt__tier_shm_ops;
 extern const kvt__tier_ops_t kvt__tier_cuda_ops; /* a stub reporting KVT_ENOTSUP without CUDA */
 
-/* host.c: an anonymous mapping of len bytes, huge pages when asked and
- * possible; info records what was obtained. NULL when mmap fails. */
-void *kvt__map_anon(size_t len, bool huge, kvt_tier_info_t *info);
+/* host.c: an anonymous mapping of len bytes (shared with processes forked
+ * later when `shared`), huge pages when asked and possible; info records what
+ * was obtained. NULL when mmap fails. */
+void *kvt__map_anon(size_t len, bool huge, bool shared, kvt_tier_info_t *info);
 void kvt__unmap(void *p, size_t len);
 /* tier.c: write/read for host-visible backends (memcpy). */
 int kvt__host_write(kvt_tier_t *t, void *dst, const void *src, size_t len);

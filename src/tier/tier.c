@@ -56,8 +56,10 @@ int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg) {
     if (out == NULL || cfg == NULL || cfg->size < sizeof(*cfg) || ops_of(cfg->kind) == NULL || !geom_ok(&cfg->geom))
         return KVT_EINVAL;
     uint32_t host_flags = KVT_TIER_HUGE | KVT_TIER_LOCK | KVT_TIER_CHECKSUM;
-    uint32_t allowed = cfg->kind == KVT_TIER_SHM ? host_flags | KVT_TIER_ATTACH
-                       : cfg->kind == KVT_TIER_HOST ? host_flags : 0;
+    uint32_t allowed = cfg->kind == KVT_TIER_SHM    ? host_flags | KVT_TIER_ATTACH
+                       : cfg->kind == KVT_TIER_HOST  ? host_flags
+                       : cfg->kind == KVT_TIER_ARENA ? KVT_TIER_SHARED
+                                                     : 0;
     if (cfg->flags & ~allowed) return KVT_EINVAL;
     if (cfg->kind == KVT_TIER_SHM && (cfg->name == NULL || cfg->name[0] != '/' || strlen(cfg->name) > 60 ||
                                       strchr(cfg->name + 1, '/') != NULL))
