@@ -154,6 +154,8 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n);
 
 /* Free pages of one lane (0 for a lane >= C). */
 uint64_t kvt_laneal_lane_free(const kvt_laneal_t *la, uint32_t lane);
+/* Pages one lane has been dealt by every reserve so far (0 for a lane >= C). */
+uint64_t kvt_laneal_lane_dealt(const kvt_laneal_t *la, uint32_t lane);
 
 int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st);
 int kvt_laneal_check(const kvt_laneal_t *la);

@@ -193,8 +193,10 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
  * it started, in order: caches fed the same calls agree on it exactly when
  * they made the same decisions. */
 uint64_t kvt_cache_digest(const kvt_cache_t *c);
-/* L1 pages in use on one owner lane (0 for a lane out of range). */
+/* One owner lane's L1 pages: in use now, and dealt to it by every
+ * allocation so far (0 for a lane out of range). */
 uint64_t kvt_cache_lane_pages(const kvt_cache_t *c, uint32_t lane);
+uint64_t kvt_cache_lane_dealt(const kvt_cache_t *c, uint32_t lane);
 /* Evicts, in each tier, until its free-room target holds (the planner run
  * between engine steps). Returns the pages evicted. */
 uint64_t kvt_cache_restore_room(kvt_cache_t *c);

@@ -36,6 +36,7 @@ struct kvt_laneal {
     uint32_t next;
     uint64_t pages;
     kvt_extalloc_t **lane;
+    uint64_t *dealt; /* pages each lane has been dealt, ever */
     uint64_t reserves, reserve_failures, frees;
 };
 
@@ -50,7 +51,10 @@ int kvt_laneal_create(kvt_laneal_t **out, uint64_t npages, uint32_t lanes) {
     la->lanes = lanes;
     la->pages = npages;
     la->lane = kvt__calloc(lanes, sizeof(*la->lane));
-    if (la->lane == NULL) {
+    la->dealt = kvt__calloc(lanes, sizeof(uint64_t));
+    if (la->lane == NULL || la->dealt == NULL) {
+        kvt__free(la->lane, lanes * sizeof(*la->lane));
+        kvt__free(la->dealt, lanes * sizeof(uint64_t));
         KVT_DELETE(la);
         return KVT_ENOMEM;
     }
@@ -68,7 +72,12 @@ void kvt_laneal_destroy(kvt_laneal_t *la) {
     if (la == NULL) return;
     for (uint32_t l = 0; l < la->lanes; l++) kvt_extalloc_destroy(la->lane[l]);
     kvt__free(la->lane, la->lanes * sizeof(*la->lane));
+    kvt__free(la->dealt, la->lanes * sizeof(uint64_t));
     KVT_DELETE(la);
+}
+
+uint64_t kvt_laneal_lane_dealt(const kvt_laneal_t *la, uint32_t lane) {
+    return la == NULL || lane >= la->lanes ? 0 : la->dealt[lane];
 }
 
 uint64_t kvt_laneal_lane_free(const kvt_laneal_t *la, uint32_t lane) {
@@ -125,6 +134,7 @@ int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
     for (uint32_t l = 0; l < la->lanes; l++) {
         size_t k = 0;
         first[l] = nruns;
+        la->dealt[l] += share[l];
         if (share[l]) kvt_extalloc_reserve(la->lane[l], share[l], runs + nruns, share[l], &k);
         nruns += k;
     }
@@ -201,7 +211,7 @@ int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st) {
     st->lane_free_min = UINT64_MAX;
     st->lane_free_max = 0;
     st->next_lane = la->next;
-    st->metadata_bytes = sizeof(*la) + la->lanes * sizeof(*la->lane);
+    st->metadata_bytes = sizeof(*la) + la->lanes * (sizeof(*la->lane) + sizeof(*la->dealt));
     for (uint32_t l = 0; l < la->lanes; l++) {
         kvt_extalloc_stats_t es = {.size = sizeof(es)};
         kvt_extalloc_stats(la->lane[l], &es);

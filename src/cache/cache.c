@@ -323,6 +323,8 @@ int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_
 
 uint64_t kvt_cache_digest(const kvt_cache_t *c) { return c ? c->digest : 0; }
 
+uint64_t kvt_cache_lane_dealt(const kvt_cache_t *c, uint32_t lane) { return c ? kvt_laneal_lane_dealt(c->l1, lane) : 0; }
+
 uint64_t kvt_cache_lane_pages(const kvt_cache_t *c, uint32_t lane) {
     if (c == NULL || lane >= c->cfg.l1_lanes) return 0;
     uint64_t size = (c->cfg.l1_pages - lane + c->cfg.l1_lanes - 1) / c->cfg.l1_lanes; /* the lane allocator's split */

@@ -69,7 +69,7 @@ typedef struct rank_slot {
     _Atomic uint64_t filled; /* requests whose pages this rank has written */
     _Atomic uint64_t done;   /* requests this rank has finished */
     _Atomic int state;
-    uint64_t owned_pages, l1_hit_pages, loads, load_bytes, backups, backup_bytes, verified, mismatches;
+    uint64_t owned_pages, dealt_pages, l1_hit_pages, loads, load_bytes, backups, backup_bytes, verified, mismatches;
     uint64_t tokens, hit_tokens, l1_hit_tokens;
     uint64_t wait_ns, digest;
     char err[200];
@@ -337,13 +337,22 @@ static int run_rank(rank_t *k) {
         fail(k, "rank %u: out of memory", k->r);
         return 1;
     }
-    const char *kill = getenv("KVT_CP_KILL"); /* tests: "R:N" kills rank R at request N */
-    unsigned kill_rank = UINT32_MAX;
-    unsigned long long kill_at = 0;
-    if (kill) sscanf(kill, "%u:%llu", &kill_rank, &kill_at);
+    /* Test hooks: KVT_CP_KILL="R:N" kills rank R at request N; KVT_CP_DIVERGE="R:N"
+     * makes rank R admit one extra request before request N (its decisions,
+     * and so its digest, part from the others' there). */
+    unsigned kill_rank = UINT32_MAX, div_rank = UINT32_MAX;
+    unsigned long long kill_at = 0, div_at = 0;
+    if (getenv("KVT_CP_KILL")) sscanf(getenv("KVT_CP_KILL"), "%u:%llu", &kill_rank, &kill_at);
+    if (getenv("KVT_CP_DIVERGE")) sscanf(getenv("KVT_CP_DIVERGE"), "%u:%llu", &div_rank, &div_at);
     for (uint64_t i = 0; i < k->n && rc == KVT_OK; i++) {
         if (atomic_load(&k->g->ctl->stop)) return 1;
         if (k->r == kill_rank && i + 1 == kill_at) raise(SIGKILL);
+        if (k->r == div_rank && i + 1 == div_at) {
+            int32_t odd[64];
+            for (int j = 0; j < 64; j++) odd[j] = -1 - j;
+            kvt_cache_req_t extra;
+            if (kvt_cache_admit(k->c, 0, odd, 64, 0, NULL, &extra) == KVT_OK) kvt_cache_release(k->c, &extra);
+        }
         k->cur = i;
         const trace_req_t *q = &k->t->req[i];
         for (uint32_t b = 0; b < q->nblocks; b++) trace_block_tokens(q->hash_ids[b], tok + (size_t)b * TRACE_BLOCK_TOKENS);
@@ -366,7 +375,7 @@ static int run_rank(rank_t *k) {
         if (rc == KVT_OK && k->r == 0 && k->digest_every && (i + 1) % k->digest_every == 0) {
             rc = wait_for(k, all_done_cond, i + 1, 0, "every rank to reach a digest check");
             if (rc == KVT_OK && (k->g->ctl->divergence = first_divergence(k->g, i + 1)) != 0) {
-                fail(k, "ranks disagree from request %" PRIu64, k->g->ctl->divergence);
+                fail(k, "rank 0: the ranks' digests differ from request %" PRIu64, k->g->ctl->divergence);
                 return 1;
             }
         }
@@ -379,6 +388,7 @@ static int run_rank(rank_t *k) {
     kvt_cache_stats_t st = {.size = sizeof(st)};
     kvt_cache_stats(k->c, &st);
     k->me->owned_pages = kvt_cache_lane_pages(k->c, k->r);
+    k->me->dealt_pages = kvt_cache_lane_dealt(k->c, k->r);
     k->me->tokens = st.tokens;
     k->me->hit_tokens = st.l1_hit_tokens + st.l2_hit_tokens;
     k->me->l1_hit_tokens = st.l1_hit_tokens;
@@ -477,10 +487,13 @@ static int watch(group_t *g, child_t *ch, uint32_t C, int *why) {
 static void print_result(const group_t *g, const opts_t *o, uint64_t n, double wall, bool agree, uint64_t mism) {
     const ctl_t *ctl = g->ctl;
     uint32_t C = ctl->ranks;
-    uint64_t lmin = UINT64_MAX, lmax = 0;
+    uint64_t lmin = UINT64_MAX, lmax = 0, rmin = UINT64_MAX, rmax = 0;
     for (uint32_t r = 0; r < C; r++) {
-        lmin = ctl->slot[r].owned_pages < lmin ? ctl->slot[r].owned_pages : lmin;
-        lmax = ctl->slot[r].owned_pages > lmax ? ctl->slot[r].owned_pages : lmax;
+        const rank_slot_t *s = &ctl->slot[r];
+        lmin = s->dealt_pages < lmin ? s->dealt_pages : lmin;
+        lmax = s->dealt_pages > lmax ? s->dealt_pages : lmax;
+        rmin = s->owned_pages < rmin ? s->owned_pages : rmin;
+        rmax = s->owned_pages > rmax ? s->owned_pages : rmax;
     }
     double hit = ctl->slot[0].tokens ? (double)ctl->slot[0].hit_tokens / (double)ctl->slot[0].tokens : 0;
     if (o->json) {
@@ -490,9 +503,12 @@ static void print_result(const group_t *g, const opts_t *o, uint64_t n, double w
         cJSON_AddNumberToObject(x, "hit_rate", hit);
         cJSON_AddBoolToObject(x, "digests_agree", agree);
         if (!agree) cJSON_AddNumberToObject(x, "first_divergence", (double)ctl->divergence);
-        cJSON *lp = cJSON_AddObjectToObject(x, "lane_pages");
+        cJSON *lp = cJSON_AddObjectToObject(x, "lane_pages"); /* dealt by the allocator over the run */
         cJSON_AddNumberToObject(lp, "min", (double)lmin);
         cJSON_AddNumberToObject(lp, "max", (double)lmax);
+        cJSON *lr = cJSON_AddObjectToObject(x, "lane_resident"); /* in use at the end */
+        cJSON_AddNumberToObject(lr, "min", (double)rmin);
+        cJSON_AddNumberToObject(lr, "max", (double)rmax);
         cJSON *b = cJSON_AddArrayToObject(x, "backups_by_rank"), *l = cJSON_AddArrayToObject(x, "loads_by_rank");
         cJSON *per = cJSON_AddArrayToObject(x, "per_rank");
         for (uint32_t r = 0; r < C; r++) {
@@ -502,6 +518,7 @@ static void print_result(const group_t *g, const opts_t *o, uint64_t n, double w
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "rank", r);
             cJSON_AddNumberToObject(e, "owned_pages", (double)s->owned_pages);
+            cJSON_AddNumberToObject(e, "dealt_pages", (double)s->dealt_pages);
             cJSON_AddNumberToObject(e, "l1_hit_pages", (double)s->l1_hit_pages);
             cJSON_AddNumberToObject(e, "loads", (double)s->loads);
             cJSON_AddNumberToObject(e, "load_bytes", (double)s->load_bytes);
@@ -520,15 +537,17 @@ static void print_result(const group_t *g, const opts_t *o, uint64_t n, double w
     }
     printf("kvtier cp: %u ranks, %" PRIu64 " requests in %.3f s; hit rate %.4f; digests %s\n", C, n, wall, hit,
            agree ? "agree" : "DISAGREE");
-    printf("%6s %12s %12s %10s %12s %12s %10s %9s\n", "rank", "lane pages", "L1 hits", "loads", "load MB", "backups",
-           "backup MB", "wait s");
+    printf("%6s %12s %12s %12s %10s %12s %12s %10s %9s\n", "rank", "pages dealt", "resident", "L1 hits", "loads",
+           "load MB", "backups", "backup MB", "wait s");
     for (uint32_t r = 0; r < C; r++) {
         const rank_slot_t *s = &ctl->slot[r];
-        printf("%6u %12" PRIu64 " %12" PRIu64 " %10" PRIu64 " %12.1f %12" PRIu64 " %10.1f %9.3f\n", r, s->owned_pages,
-               s->l1_hit_pages, s->loads, (double)s->load_bytes / 1e6, s->backups, (double)s->backup_bytes / 1e6,
-               (double)s->wait_ns / 1e9);
+        printf("%6u %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %10" PRIu64 " %12.1f %12" PRIu64 " %10.1f %9.3f\n", r,
+               s->dealt_pages, s->owned_pages, s->l1_hit_pages, s->loads, (double)s->load_bytes / 1e6, s->backups,
+               (double)s->backup_bytes / 1e6, (double)s->wait_ns / 1e9);
     }
-    printf("lane pages min %" PRIu64 " max %" PRIu64 "; %" PRIu64 " mismatches\n", lmin, lmax, mism);
+    printf("lane pages dealt min %" PRIu64 " max %" PRIu64 ", resident min %" PRIu64 " max %" PRIu64 "; %" PRIu64
+           " mismatches\n",
+           lmin, lmax, rmin, rmax, mism);
 }
 
 static const char USAGE[] =
@@ -618,6 +637,9 @@ int cmd_cp(int argc, char **argv) {
     } else if (dead == -2) {
         fprintf(stderr, "kvtier cp: stopped by signal %d; the ranks were stopped and the segment removed\n", why);
         code = 128 + why;
+    } else if (dead == 0 && g.ctl->divergence) { /* rank 0 stopped the group at a digest check */
+        fprintf(stderr, "kvtier cp: the group stopped: the ranks disagree from request %" PRIu64 "\n", g.ctl->divergence);
+        code = 1;
     } else if (dead >= 0) {
         if (WIFSIGNALED(why))
             fprintf(stderr, "kvtier cp: rank %d died (signal %d, %s); the group stopped\n", dead, WTERMSIG(why),
