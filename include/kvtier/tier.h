@@ -20,6 +20,11 @@
  *   shm    L2: POSIX shared memory a node's processes share: created by one
  *          (who unlinks it when done), attached by name by the others. A
  *          segment left by a dead creator is detected and replaced.
+ *   tcp    another process's tier, written over TCP (include/kvtier/net.h
+ *          serves the other end): each transfer worker opens `streams`
+ *          connections and keeps page runs in flight on all of them; a copy
+ *          completes when the peer has acknowledged every byte in place.
+ *          Write-only, and no local address (kvt_tier_addr is NULL).
  *
  * With KVT_TIER_CHECKSUM a host tier keeps one XXH3-64 per page (in the
  * segment itself for shm), written by the transfer engine when a page lands
@@ -73,6 +78,7 @@ typedef enum kvt_tier_kind {
     KVT_TIER_CUDA = 1,
     KVT_TIER_HOST = 2,
     KVT_TIER_SHM = 3,
+    KVT_TIER_TCP = 4,
     KVT_TIER_KIND_COUNT_
 } kvt_tier_kind_t;
 
@@ -90,8 +96,10 @@ typedef struct kvt_tier_config {
     kvt_tier_kind_t kind;
     kvt_geom_t geom;
     uint32_t flags;
-    const char *name;      /* shm: the segment name ("/kvtier-l2"); others: a label (may be NULL) */
+    const char *name;      /* shm: the segment name ("/kvtier-l2"); tcp: the peer, "host:port";
+                              others: a label (may be NULL) */
     int device;            /* cuda: the device ordinal */
+    uint32_t streams;      /* tcp: connections per transfer worker (0: 4) */
 } kvt_tier_config_t;
 
 typedef struct kvt_tier kvt_tier_t;

@@ -10,11 +10,13 @@
 
 #include "kvtier/tier.h"
 
-/* One contiguous copy. */
+/* One contiguous copy. dst_off is the destination's byte offset in its tier
+ * (what a remote tier, which has no local address, goes by). */
 typedef struct kvt__span {
     void *dst;
     const void *src;
     size_t len;
+    uint64_t dst_off;
 } kvt__span_t;
 
 typedef struct kvt__tier_ops {
@@ -51,6 +53,7 @@ extern const kvt__tier_ops_t kvt__tier_arena_ops;
 extern const kvt__tier_ops_t kvt__tier_host_ops;
 extern const kvt__tier_ops_t kvt__tier_shm_ops;
 extern const kvt__tier_ops_t kvt__tier_cuda_ops; /* a stub reporting KVT_ENOTSUP without CUDA */
+extern const kvt__tier_ops_t kvt__tier_tcp_ops;
 
 /* host.c: an anonymous mapping of len bytes (shared with processes forked
  * later when `shared`), huge pages when asked and possible; info records what

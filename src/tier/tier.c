@@ -10,7 +10,7 @@
 #include "../core/mem-int.h"
 
 static const char *const LAYOUTS[] = {"page_first", "layer_first"};
-static const char *const KINDS[] = {"arena", "cuda", "host", "shm"};
+static const char *const KINDS[] = {"arena", "cuda", "host", "shm", "tcp"};
 
 const char *kvt_layout_name(kvt_layout_t l) { return (unsigned)l < 2 ? LAYOUTS[l] : "?"; }
 
@@ -40,6 +40,7 @@ static const kvt__tier_ops_t *ops_of(kvt_tier_kind_t k) {
     case KVT_TIER_CUDA: return &kvt__tier_cuda_ops;
     case KVT_TIER_HOST: return &kvt__tier_host_ops;
     case KVT_TIER_SHM: return &kvt__tier_shm_ops;
+    case KVT_TIER_TCP: return &kvt__tier_tcp_ops;
     default: return NULL;
     }
 }
@@ -61,6 +62,8 @@ int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg) {
                        : cfg->kind == KVT_TIER_ARENA ? KVT_TIER_SHARED
                                                      : 0;
     if (cfg->flags & ~allowed) return KVT_EINVAL;
+    if (cfg->kind == KVT_TIER_TCP && (cfg->name == NULL || strchr(cfg->name, ':') == NULL || strlen(cfg->name) > 60))
+        return KVT_EINVAL;
     if (cfg->kind == KVT_TIER_SHM && (cfg->name == NULL || cfg->name[0] != '/' || strlen(cfg->name) > 60 ||
                                       strchr(cfg->name + 1, '/') != NULL))
         return KVT_EINVAL;
@@ -97,17 +100,19 @@ bool kvt_tier_host_visible(const kvt_tier_t *t) { return t->ops->host_visible; }
 uint64_t *kvt_tier_sums(kvt_tier_t *t) { return t ? t->sums : NULL; }
 
 void *kvt_tier_addr(const kvt_tier_t *t, uint64_t page, uint32_t layer) {
-    if (t == NULL || page >= t->cfg.geom.pages || layer >= t->cfg.geom.layers) return NULL;
+    if (t == NULL || t->base == NULL || page >= t->cfg.geom.pages || layer >= t->cfg.geom.layers) return NULL;
     return t->base + kvt_geom_offset(&t->cfg.geom, page, layer);
 }
 
 int kvt_tier_write(kvt_tier_t *t, uint64_t page, uint32_t layer, const void *src) {
+    if (t && t->base == NULL) return KVT_ENOTSUP; /* a remote tier: only the transfer engine writes it */
     void *a = kvt_tier_addr(t, page, layer);
     if (a == NULL || src == NULL) return KVT_ERANGE;
     return t->ops->write(t, a, src, t->cfg.geom.layer_bytes);
 }
 
 int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst) {
+    if (t && t->base == NULL) return KVT_ENOTSUP;
     void *a = kvt_tier_addr(t, page, layer);
     if (a == NULL || dst == NULL) return KVT_ERANGE;
     return t->ops->read(t, dst, a, t->cfg.geom.layer_bytes);

@@ -190,6 +190,11 @@ static uint64_t run_spans(span_mode_t m, uint64_t len, uint32_t layers) {
     return m == SPAN_RUN ? 1 : m == SPAN_RUN_LAYER ? layers : len * layers;
 }
 
+/* A span between byte offsets of two tiers (a remote tier has no base). */
+static kvt__span_t span(kvt_tier_t *d, uint64_t doff, kvt_tier_t *s, uint64_t soff, size_t len) {
+    return (kvt__span_t){d->base ? d->base + doff : NULL, s->base ? s->base + soff : NULL, len, doff};
+}
+
 static size_t make_spans(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
     kvt_tier_t *s = x->tiers[b->done.src], *d = x->tiers[b->done.dst];
     const kvt_geom_t *gs = &s->cfg.geom, *gd = &d->cfg.geom;
@@ -198,15 +203,15 @@ static size_t make_spans(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *i
     for (uint32_t r = it->run_lo; r < it->run_hi; r++) {
         const run_t *ru = &b->runs[r];
         if (m == SPAN_RUN) {
-            w->spans[n++] = (kvt__span_t){d->base + kvt_geom_offset(gd, ru->dst, 0), s->base + kvt_geom_offset(gs, ru->src, 0),
-                                          (size_t)ru->len * kvt_geom_page_bytes(gs)};
+            w->spans[n++] = span(d, kvt_geom_offset(gd, ru->dst, 0), s, kvt_geom_offset(gs, ru->src, 0),
+                                 (size_t)ru->len * kvt_geom_page_bytes(gs));
             continue;
         }
         uint32_t pages = m == SPAN_RUN_LAYER ? 1 : ru->len, len = m == SPAN_RUN_LAYER ? ru->len : 1;
         for (uint32_t p = 0; p < pages; p++)
             for (uint32_t l = 0; l < gs->layers; l++)
-                w->spans[n++] = (kvt__span_t){d->base + kvt_geom_offset(gd, ru->dst + p, l),
-                                              s->base + kvt_geom_offset(gs, ru->src + p, l), (size_t)len * gs->layer_bytes};
+                w->spans[n++] = span(d, kvt_geom_offset(gd, ru->dst + p, l), s, kvt_geom_offset(gs, ru->src + p, l),
+                                     (size_t)len * gs->layer_bytes);
     }
     return n;
 }

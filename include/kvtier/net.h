@@ -1,0 +1,46 @@
+/* kvtier — the page server: the receiving end of `tcp` tiers.
+ *
+ * A process serves one of its tiers to writers in other processes: it
+ * listens on host:port, checks each connection's hello against the tier's
+ * geometry (a wrong page size is refused with a message, and the connection
+ * closed), then receives each run straight into the tier and acknowledges it
+ * once its bytes are in place. One thread per connection; a peer that sends
+ * anything malformed is counted, logged in last_error, and disconnected —
+ * the server goes on serving the others. The protocol: src/net/wire.h,
+ * docs/pd.md.
+ */
+#ifndef KVTIER_NET_H
+#define KVTIER_NET_H
+
+#include <stdint.h>
+
+#include "kvtier/tier.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_net_server kvt_net_server_t;
+
+/* Serves tier t (host-visible) on host:port (port 0: any free port).
+ * KVT_EINVAL, KVT_ENOMEM, KVT_EIO (cannot listen). */
+int kvt_net_server_create(kvt_net_server_t **out, kvt_tier_t *t, const char *host, uint16_t port);
+/* Stops accepting, closes every connection, joins the threads. */
+void kvt_net_server_destroy(kvt_net_server_t *s);
+uint16_t kvt_net_server_port(const kvt_net_server_t *s);
+
+typedef struct kvt_net_server_stats {
+    uint32_t size;          /* sizeof(kvt_net_server_stats_t), set by the caller */
+    uint64_t connections;   /* accepted */
+    uint64_t refused;       /* hellos refused (wrong magic, version or geometry) */
+    uint64_t bad_peers;     /* connections closed for malformed data */
+    uint64_t runs, bytes;   /* received and acknowledged */
+    char last_error[128];
+} kvt_net_server_stats_t;
+
+int kvt_net_server_stats(kvt_net_server_t *s, kvt_net_server_stats_t *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,203 @@
+/* The page server (include/kvtier/net.h): an accept thread, and a thread per
+ * connection that reads the hello, then runs straight into the tier.
+ *
+ * Destroy shuts every socket down (which wakes the threads blocked on them)
+ * and joins them. Connections are kept in a list; a connection's thread
+ * marks it finished, and the accept thread reaps finished ones. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kvtier/error.h"
+#include "kvtier/net.h"
+#include "../core/mem-int.h"
+#include "../tier/tier-int.h"
+#include "wire.h"
+
+typedef struct sconn {
+    struct sconn *next;
+    kvt_net_server_t *s;
+    int fd;
+    pthread_t th;
+    bool finished; /* under s->mu */
+} sconn_t;
+
+struct kvt_net_server {
+    kvt_tier_t *t;
+    int lfd;
+    uint16_t port;
+    pthread_t accept_th;
+    pthread_mutex_t mu;
+    bool stopping;
+    sconn_t *conns;
+    kvt_net_server_stats_t st;
+};
+
+static void note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, int a) {
+    pthread_mutex_lock(&s->mu);
+    if (counter) (*counter)++;
+    snprintf(s->st.last_error, sizeof(s->st.last_error), fmt, a);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The hello: the writer's geometry must be the tier's. */
+static bool greet(kvt_net_server_t *s, int fd) {
+    kvt__wire_hello_t h;
+    kvt__wire_reply_t r = {KVT_OK, "ok"};
+    if (kvt__read_full(fd, &h, sizeof(h)) != 0) return false;
+    const kvt_geom_t *g = &s->t->cfg.geom;
+    if (h.magic != KVT_WIRE_MAGIC || h.version != KVT_WIRE_VERSION) {
+        note(s, &s->st.bad_peers, "not a kvtier peer (bad hello on fd %d)", fd);
+        return false; /* not ours: no reply, just close */
+    }
+    if (h.pages != g->pages || h.layers != g->layers || h.layer_bytes != g->layer_bytes || h.layout != (uint32_t)g->layout) {
+        r.status = KVT_EINVAL;
+        snprintf(r.message, sizeof(r.message), "geometry differs: peer %llu pages x %u layers x %llu B, here %llu x %u x %llu",
+                 (unsigned long long)h.pages, h.layers, (unsigned long long)h.layer_bytes, (unsigned long long)g->pages,
+                 g->layers, (unsigned long long)g->layer_bytes);
+        pthread_mutex_lock(&s->mu);
+        s->st.refused++;
+        snprintf(s->st.last_error, sizeof(s->st.last_error), "%s", r.message);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return kvt__write_full(fd, &r, sizeof(r)) == 0 && r.status == KVT_OK;
+}
+
+static void *conn_main(void *arg) {
+    sconn_t *c = arg;
+    kvt_net_server_t *s = c->s;
+    if (greet(s, c->fd)) {
+        for (;;) {
+            kvt__wire_data_t d;
+            if (kvt__read_full(c->fd, &d, sizeof(d)) != 0) break; /* the writer is done (or gone) */
+            if (d.len == 0 || d.len > KVT_WIRE_MAX_DATA || d.off > s->t->bytes || d.len > s->t->bytes - d.off) {
+                note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", c->fd);
+                break;
+            }
+            if (kvt__read_full(c->fd, s->t->base + d.off, d.len) != 0) break;
+            uint64_t ack = d.len;
+            if (kvt__write_full(c->fd, &ack, sizeof(ack)) != 0) break;
+            pthread_mutex_lock(&s->mu);
+            s->st.runs++;
+            s->st.bytes += d.len;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_lock(&s->mu);
+    c->finished = true;
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Joins and frees finished connections (all of them when stopping). */
+static void reap(kvt_net_server_t *s, bool all) {
+    for (;;) {
+        sconn_t *done = NULL;
+        pthread_mutex_lock(&s->mu);
+        for (sconn_t **p = &s->conns; *p; p = &(*p)->next)
+            if ((*p)->finished || all) {
+                done = *p;
+                *p = done->next;
+                break;
+            }
+        pthread_mutex_unlock(&s->mu);
+        if (done == NULL) return;
+        if (all) shutdown(done->fd, SHUT_RDWR);
+        pthread_join(done->th, NULL);
+        close(done->fd);
+        KVT_DELETE(done);
+    }
+}
+
+static void *accept_main(void *arg) {
+    kvt_net_server_t *s = arg;
+    for (;;) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+        pthread_mutex_lock(&s->mu);
+        bool stopping = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (stopping) {
+            if (fd >= 0) close(fd);
+            return NULL;
+        }
+        reap(s, false);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            return NULL;
+        }
+        sconn_t *c = KVT_NEW(sconn_t);
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        c->s = s;
+        c->fd = fd;
+        pthread_mutex_lock(&s->mu);
+        s->st.connections++;
+        c->next = s->conns;
+        s->conns = c;
+        pthread_mutex_unlock(&s->mu);
+        if (pthread_create(&c->th, NULL, conn_main, c) != 0) { /* no thread: no connection */
+            pthread_mutex_lock(&s->mu);
+            s->conns = c->next; /* still the head: only this thread adds */
+            pthread_mutex_unlock(&s->mu);
+            close(fd);
+            KVT_DELETE(c);
+        }
+    }
+}
+
+int kvt_net_server_create(kvt_net_server_t **out, kvt_tier_t *t, const char *host, uint16_t port) {
+    if (out == NULL || t == NULL || t->base == NULL || host == NULL) return KVT_EINVAL;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return KVT_EINVAL;
+    kvt_net_server_t *s = KVT_NEW(kvt_net_server_t);
+    if (s == NULL) return KVT_ENOMEM;
+    s->t = t;
+    s->st.size = sizeof(s->st);
+    pthread_mutex_init(&s->mu, NULL);
+    s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    socklen_t len = sizeof(a);
+    if (s->lfd < 0 || setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(s->lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(s->lfd, 64) != 0 ||
+        getsockname(s->lfd, (struct sockaddr *)&a, &len) != 0 || pthread_create(&s->accept_th, NULL, accept_main, s) != 0) {
+        if (s->lfd >= 0) close(s->lfd);
+        pthread_mutex_destroy(&s->mu);
+        KVT_DELETE(s);
+        return KVT_EIO;
+    }
+    s->port = ntohs(a.sin_port);
+    *out = s;
+    return KVT_OK;
+}
+
+uint16_t kvt_net_server_port(const kvt_net_server_t *s) { return s ? s->port : 0; }
+
+void kvt_net_server_destroy(kvt_net_server_t *s) {
+    if (s == NULL) return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_mutex_unlock(&s->mu);
+    shutdown(s->lfd, SHUT_RDWR); /* wakes accept */
+    pthread_join(s->accept_th, NULL);
+    close(s->lfd);
+    reap(s, true);
+    pthread_mutex_destroy(&s->mu);
+    KVT_DELETE(s);
+}
+
+int kvt_net_server_stats(kvt_net_server_t *s, kvt_net_server_stats_t *st) {
+    if (s == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    *st = s->st;
+    pthread_mutex_unlock(&s->mu);
+    return KVT_OK;
+}

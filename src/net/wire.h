@@ -1,0 +1,50 @@
+/* The kvtier page wire protocol (docs/pd.md), shared by the tcp tier (the
+ * writer) and the page server (the reader). All integers little-endian.
+ *
+ *   writer                                   server
+ *   hello {magic, version, layout, layers,
+ *          pages, layer_bytes}          -->
+ *                                       <--  reply {status, message}
+ *                                            (status != 0: refused, closed)
+ *   data {off, len} + len bytes         -->  received straight into the tier
+ *   data ...                            -->
+ *                                       <--  ack {len} per data, in order
+ *
+ * The server refuses a hello whose geometry is not its tier's, and closes a
+ * connection that sends anything malformed (bad magic, a range outside the
+ * tier, a length over KVT_WIRE_MAX_DATA) — it never crashes on a peer. */
+#ifndef KVTIER_NET_WIRE_H
+#define KVTIER_NET_WIRE_H
+
+#include <stdint.h>
+
+#define KVT_WIRE_MAGIC 0x31307465766b7476ull /* "vtkvet01" little-endian */
+#define KVT_WIRE_VERSION 1
+#define KVT_WIRE_MAX_DATA (1ull << 30)
+
+typedef struct kvt__wire_hello {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t layout;
+    uint32_t layers;
+    uint32_t pad;
+    uint64_t pages;
+    uint64_t layer_bytes;
+} kvt__wire_hello_t;
+
+typedef struct kvt__wire_reply {
+    int32_t status; /* 0 or a KVT_E* code */
+    char message[124];
+} kvt__wire_reply_t;
+
+typedef struct kvt__wire_data {
+    uint64_t off, len;
+} kvt__wire_data_t;
+
+/* Whole reads and writes on a blocking socket; 0 or -1 (EOF or error). */
+int kvt__read_full(int fd, void *buf, size_t len);
+int kvt__write_full(int fd, const void *buf, size_t len);
+/* "host:port" -> a connected TCP socket (TCP_NODELAY), or -1. */
+int kvt__tcp_connect(const char *addr);
+
+#endif

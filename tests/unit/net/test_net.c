@@ -1,0 +1,193 @@
+/* The tcp tier and the page server on 127.0.0.1: bytes land where the
+ * engine says (checked against a byte-array model), a wrong geometry is
+ * refused with a message, and garbage on the socket closes that connection
+ * and nothing else. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/rng-int.h"
+#include "kvtier/error.h"
+#include "kvtier/net.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
+#include "net/wire.h"
+
+#define PAGES 96
+#define LAYERS 2
+#define LB 1000
+
+typedef struct env {
+    kvt_tier_t *src, *dst, *remote;
+    kvt_net_server_t *srv;
+    kvt_xfer_t *x;
+    char addr[64];
+} env_t;
+
+static void env_init(env_t *e, kvt_layout_t src_layout, kvt_layout_t dst_layout, uint32_t streams, uint64_t max_batch) {
+    memset(e, 0, sizeof(*e));
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .name = "prefill", .geom = {PAGES, LAYERS, LB, src_layout}};
+    cr_assert_eq(kvt_tier_create(&e->src, &c), KVT_OK);
+    c.name = "decode";
+    c.geom.layout = dst_layout;
+    cr_assert_eq(kvt_tier_create(&e->dst, &c), KVT_OK);
+    cr_assert_eq(kvt_net_server_create(&e->srv, e->dst, "127.0.0.1", 0), KVT_OK);
+    snprintf(e->addr, sizeof(e->addr), "127.0.0.1:%u", kvt_net_server_port(e->srv));
+    c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_TCP, .name = e->addr, .streams = streams,
+                            .geom = {PAGES, LAYERS, LB, dst_layout}};
+    cr_assert_eq(kvt_tier_create(&e->remote, &c), KVT_OK);
+    cr_assert_null(kvt_tier_addr(e->remote, 0, 0), "a remote tier has no local address");
+    kvt_tier_t *tiers[2] = {e->src, e->remote};
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.max_batch_bytes = max_batch;
+    xc.threads = 2;
+    cr_assert_eq(kvt_xfer_create(&e->x, &xc, tiers, 2), KVT_OK);
+}
+
+static void env_fini(env_t *e) {
+    kvt_xfer_destroy(e->x);
+    kvt_net_server_destroy(e->srv);
+    kvt_tier_destroy(e->remote);
+    kvt_tier_destroy(e->src);
+    kvt_tier_destroy(e->dst);
+}
+
+static int one_batch(env_t *e, const kvt_xfer_copy_t *cp, size_t n) {
+    cr_assert_eq(kvt_xfer_submit(e->x, 0, 1, cp, n, 0, NULL), KVT_OK);
+    kvt_xfer_done_t d;
+    cr_assert_eq(kvt_xfer_poll(e->x, &d, 1, 10000000000ull), 1);
+    return d.status;
+}
+
+/* Random batches (distinct destinations) in every layout pair, 1 and 4 streams:
+ * every destination page holds its source page, every other page is untouched. */
+Test(net, runs_land_in_place, .timeout = 60) {
+    uint64_t seed = 7;
+    fprintf(stderr, "net: seed=%" PRIu64 "\n", seed);
+    kvt__rng_t rng;
+    kvt__rng_seed(&rng, seed);
+    for (int sl = 0; sl < 2; sl++)
+        for (int dl = 0; dl < 2; dl++)
+            for (uint32_t streams = 1; streams <= 4; streams += 3) {
+                env_t e;
+                env_init(&e, (kvt_layout_t)sl, (kvt_layout_t)dl, streams, 3 * LAYERS * LB);
+                uint8_t *model = calloc(PAGES, LAYERS * LB); /* the decode tier, page-major in the model */
+                for (uint32_t p = 0; p < PAGES; p++)
+                    for (uint32_t l = 0; l < LAYERS; l++) kvt_pattern_fill(kvt_tier_addr(e.src, p, l), LB, p, 1, l);
+                for (int round = 0; round < 6; round++) {
+                    kvt_xfer_copy_t cp[PAGES];
+                    uint8_t used[PAGES] = {0};
+                    size_t n = 1 + kvt__rng_below(&rng, PAGES - 1);
+                    for (size_t i = 0; i < n; i++) {
+                        uint32_t d;
+                        do d = (uint32_t)kvt__rng_below(&rng, PAGES);
+                        while (used[d]);
+                        used[d] = 1;
+                        uint32_t s = round % 2 ? d : (uint32_t)kvt__rng_below(&rng, PAGES); /* runs, or scattered */
+                        cp[i] = (kvt_xfer_copy_t){s, d};
+                        for (uint32_t l = 0; l < LAYERS; l++)
+                            memcpy(model + ((size_t)d * LAYERS + l) * LB, kvt_tier_addr(e.src, s, l), LB);
+                    }
+                    cr_assert_eq(one_batch(&e, cp, n), KVT_OK);
+                    for (uint32_t p = 0; p < PAGES; p++)
+                        for (uint32_t l = 0; l < LAYERS; l++)
+                            cr_assert(memcmp(kvt_tier_addr(e.dst, p, l), model + ((size_t)p * LAYERS + l) * LB, LB) == 0,
+                                      "layouts %d/%d streams %u round %d: page %u layer %u", sl, dl, streams, round, p, l);
+                }
+                kvt_net_server_stats_t st = {.size = sizeof(st)};
+                kvt_net_server_stats(e.srv, &st);
+                cr_assert_geq(st.connections, streams, "each worker's streams connected");
+                cr_assert_eq(st.bad_peers + st.refused, 0);
+                free(model);
+                env_fini(&e);
+            }
+}
+
+Test(net, wrong_geometry_is_refused, .timeout = 30) {
+    env_t e;
+    env_init(&e, KVT_LAYOUT_PAGE_FIRST, KVT_LAYOUT_PAGE_FIRST, 1, 1 << 20);
+    kvt_tier_t *wrong;
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_TCP, .name = e.addr, .geom = {PAGES, LAYERS, LB + 8, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&wrong, &c), KVT_OK);
+    kvt_tier_config_t sc = {.size = sizeof(sc), .kind = KVT_TIER_ARENA, .geom = {PAGES, LAYERS, LB + 8, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_tier_t *src2;
+    cr_assert_eq(kvt_tier_create(&src2, &sc), KVT_OK);
+    kvt_tier_t *tiers[2] = {src2, wrong};
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    kvt_xfer_t *x;
+    cr_assert_eq(kvt_xfer_create(&x, &xc, tiers, 2), KVT_OK);
+    kvt_xfer_copy_t cp = {0, 0};
+    cr_assert_eq(kvt_xfer_submit(x, 0, 1, &cp, 1, 0, NULL), KVT_OK);
+    kvt_xfer_done_t d;
+    cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+    cr_assert_eq(d.status, KVT_EINVAL, "the server's verdict reaches the batch: %s", kvt_err_name(d.status));
+    kvt_net_server_stats_t st = {.size = sizeof(st)};
+    kvt_net_server_stats(e.srv, &st);
+    cr_assert_eq(st.refused, 1);
+    cr_assert(strstr(st.last_error, "geometry differs"), "%s", st.last_error);
+    kvt_xfer_destroy(x);
+    kvt_tier_destroy(wrong);
+    kvt_tier_destroy(src2);
+    /* the server still serves a good writer */
+    kvt_xfer_copy_t ok = {3, 5};
+    cr_assert_eq(one_batch(&e, &ok, 1), KVT_OK);
+    env_fini(&e);
+}
+
+/* Garbage, a run past the tier, and a hello then silence: each connection is
+ * closed; the server keeps serving. */
+Test(net, bad_peers_are_disconnected, .timeout = 30) {
+    env_t e;
+    env_init(&e, KVT_LAYOUT_PAGE_FIRST, KVT_LAYOUT_PAGE_FIRST, 1, 1 << 20);
+    int fd = kvt__tcp_connect(e.addr);
+    cr_assert_geq(fd, 0);
+    char junk[64];
+    memset(junk, 0x5a, sizeof(junk));
+    cr_assert_eq(kvt__write_full(fd, junk, sizeof(junk)), 0);
+    char b;
+    cr_assert_leq(read(fd, &b, 1), 0, "closed on garbage");
+    close(fd);
+
+    fd = kvt__tcp_connect(e.addr);
+    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, KVT_LAYOUT_PAGE_FIRST, LAYERS, 0, PAGES, LB};
+    kvt__wire_reply_t r;
+    cr_assert_eq(kvt__write_full(fd, &h, sizeof(h)), 0);
+    cr_assert_eq(kvt__read_full(fd, &r, sizeof(r)), 0);
+    cr_assert_eq(r.status, KVT_OK);
+    kvt__wire_data_t past = {(uint64_t)PAGES * LAYERS * LB - 10, 100};
+    cr_assert_eq(kvt__write_full(fd, &past, sizeof(past)), 0);
+    cr_assert_leq(read(fd, &b, 1), 0, "closed on a run outside the tier");
+    close(fd);
+
+    kvt_net_server_stats_t st = {.size = sizeof(st)};
+    for (int i = 0; i < 100 && st.bad_peers < 2; i++) {
+        usleep(10000);
+        kvt_net_server_stats(e.srv, &st);
+    }
+    cr_assert_eq(st.bad_peers, 2, "%s", st.last_error);
+    kvt_pattern_fill(kvt_tier_addr(e.src, 1, 0), LB, 9, 9, 0);
+    kvt_xfer_copy_t ok = {1, 2};
+    cr_assert_eq(one_batch(&e, &ok, 1), KVT_OK);
+    cr_assert(kvt_pattern_check(kvt_tier_addr(e.dst, 2, 0), LB, 9, 9, 0));
+    env_fini(&e);
+}
+
+/* A server that goes away fails the batch (KVT_EIO), not the process. */
+Test(net, a_vanished_server_fails_the_batch, .timeout = 60) {
+    env_t e;
+    env_init(&e, KVT_LAYOUT_PAGE_FIRST, KVT_LAYOUT_PAGE_FIRST, 2, 1 << 20);
+    kvt_xfer_copy_t ok = {0, 0};
+    cr_assert_eq(one_batch(&e, &ok, 1), KVT_OK);
+    kvt_net_server_destroy(e.srv);
+    e.srv = NULL;
+    cr_assert_eq(one_batch(&e, &ok, 1), KVT_EIO);
+    kvt_xfer_destroy(e.x);
+    kvt_tier_destroy(e.remote);
+    kvt_tier_destroy(e.src);
+    kvt_tier_destroy(e.dst);
+}
