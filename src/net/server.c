@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -132,6 +133,8 @@ static void *accept_main(void *arg) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             return NULL;
         }
+        int one = 1; /* acks are small: never hold them back */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         sconn_t *c = KVT_NEW(sconn_t);
         if (c == NULL) {
             close(fd);

@@ -6,5 +6,6 @@ int cmd_bench_alloc(int argc, char **argv);
 int cmd_bench_xfer(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_cp(int argc, char **argv);
+int cmd_pd(int argc, char **argv);
 
 #endif

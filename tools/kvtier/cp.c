@@ -56,6 +56,7 @@
 #include "kvtier/radix.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
+#include "group.h"
 #include "replay.h"
 
 #define MAX_RANKS 64
@@ -428,62 +429,6 @@ static int create_group(group_t *g, const opts_t *o, uint32_t C, uint64_t R, uin
     return kvt_tier_create(&g->l1, &tc);
 }
 
-/* SIGINT, SIGTERM, SIGHUP to the coordinator stop the group like a dead rank
- * does, so that the segment is still unlinked. */
-static volatile sig_atomic_t g_signalled;
-
-static void on_signal(int sig) { g_signalled = sig; }
-
-typedef struct child {
-    pid_t pid;
-    int status;
-    bool exited;
-} child_t;
-
-/* Waits for the ranks. The first to die abnormally stops the group: the
- * others get SIGTERM, then SIGKILL two seconds later. Returns the first rank
- * that died, -2 when a signal stopped the coordinator, or -1. */
-static int watch(group_t *g, child_t *ch, uint32_t C, int *why) {
-    int dead = -1;
-    uint64_t kill_at = 0;
-    for (uint32_t left = C; left > 0;) {
-        int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid > 0) {
-            for (uint32_t r = 0; r < C; r++)
-                if (ch[r].pid == pid) {
-                    ch[r].exited = true;
-                    ch[r].status = status;
-                    left--;
-                    bool bad = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
-                    if (bad && dead == -1) {
-                        dead = (int)r;
-                        *why = status;
-                        atomic_store(&g->ctl->stop, 1);
-                        for (uint32_t s = 0; s < C; s++)
-                            if (!ch[s].exited) kill(ch[s].pid, SIGTERM);
-                        kill_at = now_ns() + 2000000000ull;
-                    }
-                }
-            continue;
-        }
-        if (g_signalled && !kill_at) {
-            *why = g_signalled;
-            dead = -2;
-            atomic_store(&g->ctl->stop, 1);
-            for (uint32_t s = 0; s < C; s++)
-                if (!ch[s].exited) kill(ch[s].pid, SIGTERM);
-            kill_at = now_ns() + 2000000000ull;
-        }
-        if (kill_at && now_ns() > kill_at)
-            for (uint32_t s = 0; s < C; s++)
-                if (!ch[s].exited) kill(ch[s].pid, SIGKILL);
-        struct timespec ts = {0, 2000000};
-        nanosleep(&ts, NULL);
-    }
-    return dead;
-}
-
 static void print_result(const group_t *g, const opts_t *o, uint64_t n, double wall, bool agree, uint64_t mism) {
     const ctl_t *ctl = g->ctl;
     uint32_t C = ctl->ranks;
@@ -598,19 +543,13 @@ int cmd_cp(int argc, char **argv) {
     }
     fflush(stdout);
     fflush(stderr);
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    group_catch_signals();
     child_t ch[MAX_RANKS] = {{0}};
     uint64_t t0 = now_ns();
     for (uint32_t r = 0; r < ranks; r++) {
         pid_t pid = fork();
         if (pid == 0) {
-            signal(SIGINT, SIG_DFL); /* a rank dies of them; the coordinator cleans up */
-            signal(SIGTERM, SIG_DFL);
-            signal(SIGHUP, SIG_DFL);
+            group_child_signals();
             rank_t k = {.g = &g, .o = &o, .t = &t, .r = r, .C = (uint32_t)ranks, .R = o.l1_pages / ranks, .n = nreq,
                         .me = &g.ctl->slot[r], .layers = o.layers, .layer_bytes = o.bpt / o.layers * o.page_tokens,
                         .digest_every = digest_every};
@@ -627,7 +566,7 @@ int cmd_cp(int argc, char **argv) {
         ch[r].pid = pid;
     }
     int why = 0;
-    int dead = watch(&g, ch, (uint32_t)ranks, &why);
+    int dead = group_watch(ch, (uint32_t)ranks, &g.ctl->stop, &why, 0);
     double wall = (double)(now_ns() - t0) / 1e9;
     shm_unlink(g.l2_name); /* rank 0 unlinks it; after a crash, nobody else will */
     int code = 0;

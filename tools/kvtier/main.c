@@ -12,6 +12,7 @@ static void usage(FILE *f) {
           "commands:\n"
           "  replay        replay a request trace through the tiered cache (the main job)\n"
           "  cp            a context-parallel group of rank processes sharing one node's KV\n"
+          "  pd            prefill/decode hand-off: a prefill CP group sends KV to a decode process\n"
           "  bench alloc   page-allocator microbenchmark against a scan baseline\n"
           "  bench xfer    L1 <-> L2 copy throughput of the transfer engine against memcpy\n"
           "  version       print the version\n"
@@ -37,12 +38,13 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "replay") == 0) return cmd_replay(argc - 2, argv + 2);
     if (strcmp(cmd, "cp") == 0) return cmd_cp(argc - 2, argv + 2);
+    if (strcmp(cmd, "pd") == 0) return cmd_pd(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "alloc") == 0) return cmd_bench_alloc(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "xfer") == 0) return cmd_bench_xfer(argc - 3, argv + 3);
         fprintf(stderr, "kvtier bench: expected a benchmark name: alloc, xfer\n");
         return 2;
     }
-    fprintf(stderr, "kvtier: unknown command '%s' (commands: replay, cp, bench, version, help)\n", cmd);
+    fprintf(stderr, "kvtier: unknown command '%s' (commands: replay, cp, pd, bench, version, help)\n", cmd);
     return 2;
 }

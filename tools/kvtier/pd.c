@@ -1,0 +1,694 @@
+/* kvtier pd — prefill/decode hand-off: a CP prefill group of C rank
+ * processes sends each request's KV to a decode process over the network
+ * (docs/pd.md).
+ *
+ *   coordinator ----------------------------------------------------------+
+ *     | control block (shared anonymous mapping): ports, results, stop    |
+ *     +-- fork --> decode: pool tier + page server (data, 127.0.0.1:P1)   |
+ *     |                    control listener (127.0.0.1:P2)                |
+ *     +-- fork --> prefill rank r (r < C):                                |
+ *                  lane tier (its own pages) --engine--> tcp tier (decode) |
+ *
+ * Per request (hand-off) h of n pages, every rank:
+ *   1. fills the pages it owns (page j is rank j mod C's) from the page hashes
+ *   2. REQ{h, n} on its control connection; decode reserves n destination
+ *      pages (contiguous runs where it can) on the first REQ of h, and answers
+ *      every rank with the same DST{h, pages}
+ *   3. sends its pages with the transfer engine (runs merged where the
+ *      destination runs allow; batches capped), which completes when the
+ *      decode's page server has acknowledged every byte
+ *   4. DONE{h, r}
+ * Decode completes h when every rank's DONE arrived: it checks every page
+ * byte for byte, and only then would its cache see them (here: they are
+ * counted and released). A rank that vanishes fails the hand-offs it had not
+ * finished; their pages are discarded. Straggler: per rank, the median time
+ * from a hand-off's first REQ to its DONE over the last --window hand-offs;
+ * a rank whose median exceeds --straggler-factor x the median of all ranks
+ * is flagged (a rank's time: from its REQ to its DONE, i.e. its sending).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "kvtier/alloc.h"
+#include "kvtier/error.h"
+#include "kvtier/net.h"
+#include "kvtier/radix.h"
+#include "kvtier/stats.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
+#include "group.h"
+#include "net/wire.h"
+#include "replay.h"
+#include "trace.h"
+
+#define MAX_RANKS 32
+#define MAX_LIVE 256 /* hand-offs decode tracks at once */
+
+/* ---- control messages -------------------------------------------------------- */
+
+enum { MSG_HELLO = 1, MSG_REQ = 2, MSG_DST = 3, MSG_DONE = 4 };
+
+typedef struct msg {
+    uint32_t type, rank;
+    uint64_t handoff, npages;
+    int32_t status, pad;
+} msg_t;
+
+/* ---- the control block ------------------------------------------------------- */
+
+typedef struct rank_out {
+    uint64_t bytes, runs, pages, batches, failed, handoffs;
+    uint64_t p50, p90, p99, p999, max; /* batch end to end, ns */
+    double gbps;
+    char err[160];
+} rank_out_t;
+
+typedef struct ctl {
+    _Atomic int stop;
+    _Atomic uint32_t data_port, ctl_port;
+    rank_out_t rank[MAX_RANKS];
+    /* decode's results */
+    uint64_t handoffs, failed, mismatches, bytes, first_failed, vanished_rank_plus1;
+    uint64_t straggler_flags[MAX_RANKS];
+    double straggler_factor[MAX_RANKS];
+    kvt_hist_t handoff_ns;
+    uint64_t last_lander[MAX_RANKS];
+    char decode_err[200];
+} ctl_t;
+
+typedef struct pd_opts {
+    uint64_t ranks, requests, seed, limit, page_tokens, bytes_per_token, decode_pages, streams, max_pages;
+    uint64_t window, timeout_ms;
+    double straggler_factor;
+    int transport;
+    const char *delay;
+    bool json;
+    unsigned delay_rank;
+    uint64_t delay_ms;
+} pd_opts_t;
+
+static const char *const TRANSPORTS[] = {"tcp", "ucx", NULL};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Pages of request i that are handed off. */
+static uint64_t handoff_pages(const trace_t *t, uint64_t i, const pd_opts_t *o) {
+    uint64_t n = t->req[i].input_length / o->page_tokens;
+    return n < o->max_pages ? n : o->max_pages;
+}
+
+static void page_hashes(const trace_t *t, uint64_t i, const pd_opts_t *o, int32_t *tok, kvt_hash128_t *h, uint64_t n) {
+    const trace_req_t *q = &t->req[i];
+    for (uint32_t b = 0; b < q->nblocks; b++) trace_block_tokens(q->hash_ids[b], tok + (size_t)b * TRACE_BLOCK_TOKENS);
+    kvt_hash128_t prev = {0, 0};
+    for (uint64_t j = 0; j < n; j++) prev = h[j] = kvt_page_hash(&prev, 0, tok + j * o->page_tokens, (uint32_t)o->page_tokens);
+}
+
+static int listen_any(uint16_t *port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 64) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* ---- decode -------------------------------------------------------------------- */
+
+typedef struct live {
+    bool used;
+    uint64_t id, npages, t_first, done_mask;
+    uint64_t t_req[MAX_RANKS], t_done[MAX_RANKS];
+    uint32_t *dst;
+    kvt_run_t *runs;
+    size_t nruns;
+} live_t;
+
+typedef struct decode {
+    const pd_opts_t *o;
+    const trace_t *t;
+    ctl_t *ctl;
+    kvt_tier_t *pool;
+    kvt_extalloc_t *alloc;
+    live_t live[MAX_LIVE];
+    int fd[MAX_RANKS];
+    bool dead[MAX_RANKS];
+    msg_t waiting[MAX_RANKS]; /* a REQ that found no room, per rank (type 0: none) */
+    uint64_t *lat;            /* [rank][window]: a ring of per-rank hand-off latencies */
+    uint64_t refused_upto;    /* hand-offs refused for a vanished rank: ids below this */
+    uint64_t nlat;
+    int32_t *tok;
+    kvt_hash128_t *h;
+    uint8_t *buf;
+    uint32_t C, layers;
+    uint64_t layer_bytes;
+} decode_t;
+
+static live_t *find_live(decode_t *d, uint64_t id) {
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (d->live[i].used && d->live[i].id == id) return &d->live[i];
+    return NULL;
+}
+
+static void release(decode_t *d, live_t *l) {
+    kvt_extalloc_free(d->alloc, l->runs, l->nruns);
+    free(l->dst);
+    free(l->runs);
+    memset(l, 0, sizeof(*l));
+}
+
+static void fail_handoff(decode_t *d, live_t *l, int rank) {
+    d->ctl->failed++;
+    if (!d->ctl->first_failed) d->ctl->first_failed = l->id + 1;
+    fprintf(stderr, "kvtier pd: decode: hand-off %" PRIu64 " failed: rank %d vanished; %" PRIu64 " pages discarded\n",
+            l->id + 1, rank, l->npages);
+    release(d, l);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t median(uint64_t *v, size_t n) {
+    qsort(v, n, sizeof(uint64_t), cmp_u64);
+    return n ? v[n / 2] : 0;
+}
+
+/* After a completed hand-off: the straggler over the window. */
+static void straggler(decode_t *d, const live_t *l) {
+    uint64_t w = d->o->window;
+    for (uint32_t r = 0; r < d->C; r++) d->lat[r * w + d->nlat % w] = l->t_done[r] - l->t_req[r];
+    if (++d->nlat < w) return;
+    uint64_t med[MAX_RANKS], tmp[1024];
+    for (uint32_t r = 0; r < d->C; r++) {
+        memcpy(tmp, &d->lat[r * w], w * sizeof(uint64_t));
+        med[r] = median(tmp, w);
+    }
+    memcpy(tmp, med, d->C * sizeof(uint64_t));
+    uint64_t group = median(tmp, d->C);
+    uint32_t worst = 0;
+    for (uint32_t r = 1; r < d->C; r++)
+        if (med[r] > med[worst]) worst = r;
+    double f = group ? (double)med[worst] / (double)group : 0;
+    if (f > d->o->straggler_factor) {
+        d->ctl->straggler_flags[worst]++;
+        d->ctl->straggler_factor[worst] = f;
+    }
+}
+
+static void complete(decode_t *d, live_t *l) {
+    page_hashes(d->t, l->id, d->o, d->tok, d->h, l->npages);
+    uint64_t bad = 0;
+    for (uint64_t j = 0; j < l->npages; j++) /* every page, byte for byte */
+        for (uint32_t k = 0; k < d->layers; k++)
+            if (kvt_tier_read(d->pool, l->dst[j], k, d->buf) != KVT_OK ||
+                !kvt_pattern_check(d->buf, d->layer_bytes, d->h[j].lo, d->h[j].hi, k)) {
+                bad++;
+                break;
+            }
+    d->ctl->mismatches += bad;
+    uint64_t last = 0;
+    uint32_t lander = 0;
+    for (uint32_t r = 0; r < d->C; r++)
+        if (l->t_done[r] > last) last = l->t_done[r], lander = r;
+    kvt_hist_record(&d->ctl->handoff_ns, last - l->t_first);
+    d->ctl->last_lander[lander]++;
+    d->ctl->handoffs++;
+    d->ctl->bytes += l->npages * d->layers * d->layer_bytes;
+    straggler(d, l);
+    release(d, l); /* visible now; served and let go */
+}
+
+static int send_dst(decode_t *d, uint32_t r, const live_t *l, int32_t status) {
+    msg_t m = {MSG_DST, r, l ? l->id : 0, l ? l->npages : 0, status, 0};
+    if (kvt__write_full(d->fd[r], &m, sizeof(m)) != 0) return -1;
+    return l && status == KVT_OK ? kvt__write_full(d->fd[r], l->dst, l->npages * sizeof(uint32_t)) : 0;
+}
+
+/* A REQ: the hand-off's destination pages (reserved on its first REQ). 1
+ * when it must wait for room. */
+static int on_req(decode_t *d, uint32_t r, const msg_t *m) {
+    live_t *l = find_live(d, m->handoff);
+    for (uint32_t s = 0; s < d->C && l == NULL; s++)
+        if (d->dead[s]) { /* the group is broken: nothing new completes */
+            if (m->handoff + 1 > d->refused_upto) { /* counted once, at its first REQ */
+                d->refused_upto = m->handoff + 1;
+                d->ctl->failed++;
+            }
+            return send_dst(d, r, NULL, KVT_EIO);
+        }
+    if (l == NULL) {
+        int slot = -1;
+        for (int i = 0; i < MAX_LIVE && slot < 0; i++)
+            if (!d->live[i].used) slot = i;
+        if (m->npages == 0 || m->npages > d->o->decode_pages) return send_dst(d, r, NULL, KVT_EINVAL);
+        kvt_run_t *runs = malloc(m->npages * sizeof(kvt_run_t));
+        size_t k = 0;
+        if (slot < 0 || runs == NULL || kvt_extalloc_reserve(d->alloc, m->npages, runs, m->npages, &k) != KVT_OK) {
+            free(runs);
+            return 1; /* no room yet: answered when a hand-off completes */
+        }
+        l = &d->live[slot];
+        *l = (live_t){.used = true, .id = m->handoff, .npages = m->npages, .t_first = now_ns(), .runs = runs, .nruns = k};
+        /* The decode's page list for the request is dense (page j at dst[j]);
+         * each rank's share (pages j = r mod C) gets consecutive reserved
+         * pages, so that one rank's pages land as one run. */
+        l->dst = malloc(m->npages * sizeof(uint32_t));
+        uint32_t *flat = malloc(m->npages * sizeof(uint32_t));
+        uint64_t f = 0, C = d->C;
+        for (size_t i = 0; i < k && flat; i++)
+            for (uint32_t p = 0; p < runs[i].len; p++) flat[f++] = runs[i].start + p;
+        for (uint64_t r0 = 0, off = 0; r0 < C && flat; r0++) {
+            uint64_t share = m->npages / C + (r0 < m->npages % C);
+            for (uint64_t q = 0; q < share; q++) l->dst[r0 + q * C] = flat[off + q];
+            off += share;
+        }
+        free(flat);
+    }
+    if (!l->t_req[r]) l->t_req[r] = now_ns();
+    return send_dst(d, r, l, KVT_OK);
+}
+
+static void on_done(decode_t *d, uint32_t r, const msg_t *m) {
+    live_t *l = find_live(d, m->handoff);
+    if (l == NULL) return; /* failed meanwhile */
+    if (m->status != KVT_OK) { /* the rank could not send: the hand-off fails */
+        fail_handoff(d, l, (int)r);
+        return;
+    }
+    l->t_done[r] = now_ns();
+    l->done_mask |= 1ull << r;
+    if (l->done_mask == (1ull << d->C) - 1) complete(d, l);
+}
+
+/* A rank's control connection closed: if it had not said goodbye (all
+ * requests done), every hand-off still missing its pages fails. */
+static void on_gone(decode_t *d, uint32_t r, bool finished) {
+    close(d->fd[r]);
+    d->fd[r] = -1;
+    if (finished) return;
+    d->dead[r] = true;
+    if (!d->ctl->vanished_rank_plus1) d->ctl->vanished_rank_plus1 = r + 1;
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (d->live[i].used && !(d->live[i].done_mask & (1ull << r))) fail_handoff(d, &d->live[i], (int)r);
+}
+
+static int run_decode(decode_t *d) {
+    const pd_opts_t *o = d->o;
+    uint64_t pb = o->bytes_per_token * o->page_tokens;
+    d->layers = 1;
+    d->layer_bytes = pb;
+    kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .name = "decode", .geom = {o->decode_pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_net_server_t *srv = NULL;
+    uint16_t cport = 0;
+    int lfd = -1;
+    d->lat = calloc(d->C * o->window, sizeof(uint64_t));
+    size_t maxtok = (size_t)d->t->max_blocks * TRACE_BLOCK_TOKENS;
+    d->tok = malloc(maxtok * sizeof(int32_t));
+    d->h = malloc((o->max_pages + 1) * sizeof(kvt_hash128_t));
+    d->buf = malloc(pb);
+    if (!d->lat || !d->tok || !d->h || !d->buf || kvt_tier_create(&d->pool, &tc) != KVT_OK ||
+        kvt_extalloc_create(&d->alloc, o->decode_pages) != KVT_OK ||
+        kvt_net_server_create(&srv, d->pool, "127.0.0.1", 0) != KVT_OK || (lfd = listen_any(&cport)) < 0) {
+        snprintf(d->ctl->decode_err, sizeof(d->ctl->decode_err), "decode: set-up failed");
+        return 1;
+    }
+    kvt_hist_init(&d->ctl->handoff_ns);
+    atomic_store(&d->ctl->data_port, kvt_net_server_port(srv));
+    atomic_store(&d->ctl->ctl_port, cport);
+    for (uint32_t r = 0; r < d->C; r++) d->fd[r] = -1;
+    for (uint32_t got = 0; got < d->C;) { /* every rank says hello on its control connection */
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        msg_t m;
+        if (fd < 0 || kvt__read_full(fd, &m, sizeof(m)) != 0 || m.type != MSG_HELLO || m.rank >= d->C || d->fd[m.rank] >= 0) {
+            if (fd >= 0) close(fd);
+            if (atomic_load(&d->ctl->stop)) return 1;
+            continue;
+        }
+        int one = 1; /* replies are small and awaited: never hold them back */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        d->fd[m.rank] = fd;
+        got++;
+    }
+    close(lfd);
+    uint64_t last_progress = now_ns();
+    for (uint32_t open = d->C; open > 0;) {
+        struct pollfd pf[MAX_RANKS];
+        for (uint32_t r = 0; r < d->C; r++) pf[r] = (struct pollfd){d->fd[r], POLLIN, 0};
+        int n = poll(pf, d->C, 100);
+        if (n <= 0 && atomic_load(&d->ctl->stop)) break; /* what was pending is handled first */
+        for (uint32_t r = 0; r < d->C && n > 0; r++) {
+            if (d->fd[r] < 0 || !(pf[r].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            msg_t m;
+            if (kvt__read_full(d->fd[r], &m, sizeof(m)) != 0 || m.rank != r) {
+                on_gone(d, r, false);
+                open--;
+                continue;
+            }
+            last_progress = now_ns();
+            if (m.type == MSG_REQ) {
+                int rc = on_req(d, r, &m);
+                if (rc == 1) d->waiting[r] = m;
+            } else if (m.type == MSG_DONE) {
+                on_done(d, r, &m);
+                for (uint32_t s = 0; s < d->C; s++) /* room may have come free */
+                    if (d->waiting[s].type == MSG_REQ && on_req(d, s, &d->waiting[s]) != 1) d->waiting[s].type = 0;
+            } else if (m.type == MSG_HELLO && m.handoff == UINT64_MAX) { /* goodbye: every request done */
+                on_gone(d, r, true);
+                open--;
+            }
+        }
+        if (now_ns() - last_progress > o->timeout_ms * 1000000ull) { /* a hand-off stuck: its laggards vanished */
+            for (int i = 0; i < MAX_LIVE; i++)
+                if (d->live[i].used)
+                    for (uint32_t r = 0; r < d->C; r++)
+                        if (!(d->live[i].done_mask & (1ull << r)) && d->live[i].used) fail_handoff(d, &d->live[i], (int)r);
+            last_progress = now_ns();
+        }
+    }
+    kvt_net_server_stats_t ss = {.size = sizeof(ss)};
+    kvt_net_server_stats(srv, &ss);
+    kvt_net_server_destroy(srv);
+    kvt_extalloc_destroy(d->alloc);
+    kvt_tier_destroy(d->pool);
+    return 0;
+}
+
+/* ---- a prefill rank ------------------------------------------------------------ */
+
+static int run_prefill(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *ctl, uint64_t nreq) {
+    rank_out_t *out = &ctl->rank[r];
+    uint64_t pb = o->bytes_per_token * o->page_tokens, lane = o->max_pages / o->ranks + 1;
+    uint64_t t0 = now_ns();
+    while (atomic_load(&ctl->ctl_port) == 0) { /* decode is starting */
+        if (atomic_load(&ctl->stop) || now_ns() - t0 > 20000000000ull) return 1;
+        usleep(1000);
+    }
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", atomic_load(&ctl->data_port));
+    kvt_tier_t *tiers[2] = {NULL, NULL};
+    kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .name = "lane", .geom = {lane, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = KVT_TIER_TCP, .name = addr, .streams = (uint32_t)o->streams,
+                             .geom = {o->decode_pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_xfer_t *x = NULL;
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.max_batch_bytes = 16ull << 20;
+    char cport[64];
+    snprintf(cport, sizeof(cport), "127.0.0.1:%u", atomic_load(&ctl->ctl_port));
+    int cfd = kvt__tcp_connect(cport);
+    msg_t hello = {MSG_HELLO, r, 0, 0, 0, 0};
+    size_t maxtok = (size_t)t->max_blocks * TRACE_BLOCK_TOKENS;
+    int32_t *tok = malloc(maxtok * sizeof(int32_t));
+    kvt_hash128_t *h = malloc((o->max_pages + 1) * sizeof(kvt_hash128_t));
+    uint32_t *dst = malloc((o->max_pages + 1) * sizeof(uint32_t));
+    kvt_xfer_copy_t *cp = malloc((lane + 1) * sizeof(kvt_xfer_copy_t));
+    if (cfd < 0 || !tok || !h || !dst || !cp || kvt__write_full(cfd, &hello, sizeof(hello)) != 0 ||
+        kvt_tier_create(&tiers[0], &tc) != KVT_OK || kvt_tier_create(&tiers[1], &rc_) != KVT_OK ||
+        kvt_xfer_create(&x, &xc, tiers, 2) != KVT_OK) {
+        snprintf(out->err, sizeof(out->err), "rank %u: set-up failed", r);
+        return 1;
+    }
+    const char *kill = getenv("KVT_PD_KILL"); /* tests: "R:N" kills rank R in hand-off N */
+    unsigned kill_rank = UINT32_MAX;
+    unsigned long long kill_at = 0;
+    if (kill) sscanf(kill, "%u:%llu", &kill_rank, &kill_at);
+    int code = 0;
+    for (uint64_t i = 0; i < nreq && code == 0; i++) {
+        if (atomic_load(&ctl->stop)) return 1;
+        uint64_t n = handoff_pages(t, i, o);
+        if (n < o->ranks) continue; /* too short to spread: not handed off */
+        page_hashes(t, i, o, tok, h, n);
+        uint64_t k = 0;
+        for (uint64_t j = r; j < n; j += o->ranks, k++) /* the forward pass: our pages into our lane */
+            kvt_pattern_fill(kvt_tier_addr(tiers[0], k, 0), pb, h[j].lo, h[j].hi, 0);
+        msg_t req = {MSG_REQ, r, i, n, 0, 0}, rep;
+        if (kvt__write_full(cfd, &req, sizeof(req)) != 0 || kvt__read_full(cfd, &rep, sizeof(rep)) != 0) {
+            snprintf(out->err, sizeof(out->err), "rank %u: decode went away at hand-off %" PRIu64 "; its pages released",
+                     r, i + 1);
+            code = 1;
+            break;
+        }
+        if (rep.status != KVT_OK) { /* decode will not complete it */
+            out->failed++;
+            continue;
+        }
+        if (kvt__read_full(cfd, dst, n * sizeof(uint32_t)) != 0) {
+            code = 1;
+            break;
+        }
+        k = 0;
+        for (uint64_t j = r; j < n; j += o->ranks, k++) cp[k] = (kvt_xfer_copy_t){(uint32_t)k, dst[j]};
+        if (r == o->delay_rank && o->delay_ms) usleep((useconds_t)(o->delay_ms * 1000));
+        if (r == kill_rank && i + 1 == kill_at) raise(SIGKILL);
+        kvt_xfer_done_t dn;
+        int st = kvt_xfer_submit(x, 0, 1, cp, k, i, NULL);
+        if (st == KVT_OK) {
+            while (kvt_xfer_poll(x, &dn, 1, 1000000000ull) == 0)
+                if (atomic_load(&ctl->stop)) return 1;
+            st = dn.status;
+        }
+        msg_t done = {MSG_DONE, r, i, k, st, 0};
+        if (st != KVT_OK) out->failed++;
+        else out->handoffs++;
+        if (kvt__write_full(cfd, &done, sizeof(done)) != 0) code = 1;
+    }
+    msg_t bye = {MSG_HELLO, r, UINT64_MAX, 0, 0, 0};
+    if (code == 0) kvt__write_full(cfd, &bye, sizeof(bye));
+    kvt_xfer_stats_t st = {.size = sizeof(st)};
+    kvt_xfer_stats(x, 0, 1, &st);
+    out->bytes = st.bytes;
+    out->runs = st.runs;
+    out->pages = st.pages;
+    out->batches = st.batches;
+    out->p50 = kvt_hist_percentile(&st.e2e_ns, 0.5);
+    out->p90 = kvt_hist_percentile(&st.e2e_ns, 0.9);
+    out->p99 = kvt_hist_percentile(&st.e2e_ns, 0.99);
+    out->p999 = kvt_hist_percentile(&st.e2e_ns, 0.999);
+    out->max = kvt_hist_percentile(&st.e2e_ns, 1);
+    out->gbps = st.gbps;
+    close(cfd);
+    kvt_xfer_destroy(x);
+    kvt_tier_destroy(tiers[1]);
+    kvt_tier_destroy(tiers[0]);
+    return code;
+}
+
+/* ---- the coordinator ------------------------------------------------------------- */
+
+static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
+    uint32_t C = (uint32_t)o->ranks;
+    int strag = -1;
+    for (uint32_t r = 0; r < C; r++)
+        if (c->straggler_flags[r] && (strag < 0 || c->straggler_flags[r] > c->straggler_flags[strag])) strag = (int)r;
+    double gbps = wall > 0 ? (double)c->bytes / wall / 1e9 : 0;
+    if (o->json) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "ranks", C);
+        cJSON_AddStringToObject(x, "transport", TRANSPORTS[o->transport]);
+        cJSON_AddNumberToObject(x, "requests", (double)c->handoffs);
+        cJSON_AddNumberToObject(x, "bytes", (double)c->bytes);
+        cJSON_AddNumberToObject(x, "gbps", gbps);
+        cJSON *h = cJSON_AddObjectToObject(x, "handoff_ms");
+        cJSON_AddNumberToObject(h, "p50", (double)kvt_hist_percentile(&c->handoff_ns, 0.5) / 1e6);
+        cJSON_AddNumberToObject(h, "p99", (double)kvt_hist_percentile(&c->handoff_ns, 0.99) / 1e6);
+        cJSON_AddNumberToObject(h, "max", (double)kvt_hist_percentile(&c->handoff_ns, 1) / 1e6);
+        cJSON *per = cJSON_AddArrayToObject(x, "per_rank");
+        for (uint32_t r = 0; r < C; r++) {
+            const rank_out_t *q = &c->rank[r];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "rank", r);
+            cJSON_AddNumberToObject(e, "gbps", q->gbps);
+            cJSON_AddNumberToObject(e, "p99_ms", (double)q->p99 / 1e6);
+            cJSON_AddNumberToObject(e, "p50_ms", (double)q->p50 / 1e6);
+            cJSON_AddNumberToObject(e, "max_ms", (double)q->max / 1e6);
+            cJSON_AddNumberToObject(e, "bytes", (double)q->bytes);
+            cJSON_AddNumberToObject(e, "runs", (double)q->runs);
+            cJSON_AddNumberToObject(e, "pages", (double)q->pages);
+            cJSON_AddNumberToObject(e, "batches", (double)q->batches);
+            cJSON_AddNumberToObject(e, "landed_last", (double)c->last_lander[r]);
+            cJSON_AddNumberToObject(e, "straggler_flags", (double)c->straggler_flags[r]);
+            cJSON_AddItemToArray(per, e);
+        }
+        if (strag >= 0) {
+            cJSON *s = cJSON_AddObjectToObject(x, "straggler");
+            cJSON_AddNumberToObject(s, "rank", strag);
+            cJSON_AddNumberToObject(s, "factor", c->straggler_factor[strag]);
+        } else {
+            cJSON_AddNullToObject(x, "straggler");
+        }
+        cJSON_AddNumberToObject(x, "mismatches", (double)c->mismatches);
+        cJSON_AddNumberToObject(x, "failed", (double)c->failed);
+        cJSON_AddNumberToObject(x, "wall_s", wall);
+        char *txt = cJSON_Print(x);
+        puts(txt);
+        cJSON_free(txt);
+        cJSON_Delete(x);
+        return;
+    }
+    printf("kvtier pd: %u prefill ranks -> decode over %s: %" PRIu64 " hand-offs, %.1f MB, %.2f GB/s; "
+           "hand-off p50 %.2f ms p99 %.2f ms max %.2f ms; %" PRIu64 " mismatches, %" PRIu64 " failed\n",
+           C, TRANSPORTS[o->transport], c->handoffs, (double)c->bytes / 1e6, gbps,
+           (double)kvt_hist_percentile(&c->handoff_ns, 0.5) / 1e6, (double)kvt_hist_percentile(&c->handoff_ns, 0.99) / 1e6,
+           (double)kvt_hist_percentile(&c->handoff_ns, 1) / 1e6, c->mismatches, c->failed);
+    printf("%6s %10s %8s %10s %9s %9s %9s %9s %9s %8s %8s\n", "rank", "MB", "runs", "pages", "GB/s", "p50 ms", "p90 ms",
+           "p99 ms", "max ms", "last", "flagged");
+    for (uint32_t r = 0; r < C; r++) {
+        const rank_out_t *q = &c->rank[r];
+        printf("%6u %10.1f %8" PRIu64 " %10" PRIu64 " %9.2f %9.3f %9.3f %9.3f %9.3f %8" PRIu64 " %8" PRIu64 "\n", r,
+               (double)q->bytes / 1e6, q->runs, q->pages, q->gbps, (double)q->p50 / 1e6, (double)q->p90 / 1e6,
+               (double)q->p99 / 1e6, (double)q->max / 1e6, c->last_lander[r], c->straggler_flags[r]);
+    }
+    if (strag >= 0) printf("straggler: rank %d (%.1fx the group's median)\n", strag, c->straggler_factor[strag]);
+    else printf("straggler: none\n");
+}
+
+static const char USAGE[] =
+    "usage: kvtier pd --ranks C [--transport tcp] [TRACE.jsonl] [options]\n"
+    "\n"
+    "Prefill/decode hand-off: a CP group of C prefill processes sends each request's\n"
+    "pages (each rank the pages it owns) to a decode process over the network; decode\n"
+    "checks every page and names the rank that lands last and the straggler.\n";
+
+int cmd_pd(int argc, char **argv) {
+    pd_opts_t o = {.ranks = 4, .requests = 200, .seed = 42, .page_tokens = 64, .bytes_per_token = 256, .decode_pages = 4096,
+                   .streams = 4, .max_pages = 256, .window = 16, .timeout_ms = 10000, .straggler_factor = 3.0,
+                   .delay_rank = UINT32_MAX};
+    const cli_opt_t table[] = {
+        {"ranks", OPT_U64, &o.ranks, 1, MAX_RANKS, 0, 0, NULL, NULL, 0, "prefill rank processes (CP size)"},
+        {"transport", OPT_CHOICE, &o.transport, 0, 0, 0, 0, TRANSPORTS, NULL, 0, "how pages travel to decode"},
+        {"requests", OPT_U64, &o.requests, 1, 10000000, 0, 0, NULL, NULL, 0, "hand-offs: the first N requests"},
+        {"seed", OPT_U64, &o.seed, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "synthetic workload: seed"},
+        {"page-tokens", OPT_U64, &o.page_tokens, 1, 512, 0, 0, NULL, NULL, 0, "tokens per page"},
+        {"bytes-per-token", OPT_U64, &o.bytes_per_token, 1, 1u << 20, 0, 0, NULL, NULL, 0, "bytes of KV per token"},
+        {"max-pages", OPT_U64, &o.max_pages, 1, 1u << 20, 0, 0, NULL, NULL, 0, "pages handed off per request at most"},
+        {"decode-pages", OPT_U64, &o.decode_pages, 1, KVT_ALLOC_MAX_PAGES, 0, 0, NULL, NULL, 0, "decode's receive pool, pages"},
+        {"streams", OPT_U64, &o.streams, 1, 64, 0, 0, NULL, NULL, 0, "connections per prefill rank"},
+        {"window", OPT_U64, &o.window, 2, 1024, 0, 0, NULL, NULL, 0, "hand-offs over which the straggler is judged"},
+        {"straggler-factor", OPT_DOUBLE, &o.straggler_factor, 0, 0, 1, 1000, NULL, NULL, 0, "a rank this many times the group's median latency is the straggler"},
+        {"delay-rank", OPT_TEXT, &o.delay, 0, 0, 0, 0, NULL, NULL, 0, "R:MS: rank R waits MS ms before sending each hand-off"},
+        {"timeout-ms", OPT_U64, &o.timeout_ms, 10, 3600000, 0, 0, NULL, NULL, 0, "a hand-off without progress this long fails"},
+        {"json", OPT_FLAG, &o.json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
+    };
+    cli_t c;
+    cli_init(&c, "kvtier pd", argc, argv);
+    const char *path;
+    int prc = cli_parse_table(&c, table, USAGE, &path);
+    if (prc) return prc > 0 ? 0 : 2;
+    if (o.transport != 0) {
+        c.flag = "--transport";
+        return cli_error(&c, "ucx is not built yet (this build has tcp)") ? 2 : 2;
+    }
+    if (o.delay) {
+        unsigned long long ms;
+        char tail;
+        c.flag = "--delay-rank";
+        if (sscanf(o.delay, "%u:%llu%c", &o.delay_rank, &ms, &tail) != 2 || o.delay_rank >= o.ranks)
+            return cli_error(&c, "expected R:MS with R < --ranks (%" PRIu64 "), got '%s'", o.ranks, o.delay) ? 2 : 2;
+        o.delay_ms = ms;
+    }
+    if (o.max_pages > o.decode_pages) {
+        c.flag = "--decode-pages";
+        return cli_error(&c, "must hold one hand-off (--max-pages %" PRIu64 ")", o.max_pages) ? 2 : 2;
+    }
+    opts_t ro;
+    replay_opts_default(&ro);
+    ro.requests = o.requests;
+    ro.seed = o.seed;
+    trace_t t;
+    double parse_s;
+    if (replay_load("kvtier pd", path, &ro, &t, &parse_s) != 0) return 1;
+    uint64_t nreq = o.requests < t.n ? o.requests : t.n;
+    ctl_t *ctl = mmap(NULL, sizeof(ctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (ctl == MAP_FAILED) {
+        trace_free(&t);
+        return 1;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    group_catch_signals();
+    child_t ch[MAX_RANKS + 1] = {{0}};
+    uint32_t nproc = (uint32_t)o.ranks + 1, started = 0; /* [0]: decode, [1 + r]: rank r */
+    uint64_t t0 = now_ns();
+    for (uint32_t p = 0; p < nproc; p++, started++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            group_child_signals();
+            int code;
+            if (p == 0) {
+                static decode_t d;
+                d = (decode_t){.o = &o, .t = &t, .ctl = ctl, .C = (uint32_t)o.ranks};
+                code = run_decode(&d);
+                if (code && ctl->decode_err[0]) fprintf(stderr, "kvtier pd: %s\n", ctl->decode_err);
+            } else {
+                code = run_prefill(p - 1, &o, &t, ctl, nreq);
+                if (code && ctl->rank[p - 1].err[0]) fprintf(stderr, "kvtier pd: %s\n", ctl->rank[p - 1].err);
+            }
+            _exit(code);
+        }
+        if (pid < 0) {
+            atomic_store(&ctl->stop, 1);
+            break;
+        }
+        ch[p].pid = pid;
+    }
+    int why = 0;
+    /* a prefill rank's death fails the hand-offs that need it; decode goes on
+     * serving the others, and the survivors finish (or are stopped in 5 s) */
+    int dead = group_watch(ch, started, &ctl->stop, &why, 5000000000ull);
+    double wall = (double)(now_ns() - t0) / 1e9;
+    int code = 0;
+    if (started < nproc) {
+        fprintf(stderr, "kvtier pd: could not start every process\n");
+        code = 1;
+    } else if (dead == -2) {
+        fprintf(stderr, "kvtier pd: stopped by signal %d\n", why);
+        code = 128 + why;
+    } else if (dead >= 0) {
+        const char *who = dead == 0 ? "decode" : "prefill rank";
+        char name[32];
+        snprintf(name, sizeof(name), dead == 0 ? "%s" : "%s %d", who, dead - 1);
+        if (WIFSIGNALED(why)) fprintf(stderr, "kvtier pd: %s died (signal %d, %s)", name, WTERMSIG(why), strsignal(WTERMSIG(why)));
+        else fprintf(stderr, "kvtier pd: %s failed (exit %d)", name, WEXITSTATUS(why));
+        fprintf(stderr, "; %" PRIu64 " hand-offs completed, %" PRIu64 " failed", ctl->handoffs, ctl->failed);
+        if (ctl->vanished_rank_plus1)
+            fprintf(stderr, " (decode: rank %" PRIu64 " vanished, first failed hand-off %" PRIu64 ")",
+                    ctl->vanished_rank_plus1 - 1, ctl->first_failed);
+        fputc('\n', stderr);
+        code = 1;
+    } else {
+        print_pd(ctl, &o, wall);
+        code = ctl->mismatches == 0 && ctl->failed == 0 ? 0 : 1;
+    }
+    munmap(ctl, sizeof(ctl_t));
+    trace_free(&t);
+    return code;
+}
