@@ -15,6 +15,7 @@ static void usage(FILE *f) {
           "  pd            prefill/decode hand-off: a prefill CP group sends KV to a decode process\n"
           "  bench alloc   page-allocator microbenchmark against a scan baseline\n"
           "  bench xfer    L1 <-> L2 copy throughput of the transfer engine against memcpy\n"
+          "  bench pd      hand-off throughput over the network against a raw socket\n"
           "  version       print the version\n"
           "  help          this text\n"
           "\n"
@@ -42,7 +43,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "alloc") == 0) return cmd_bench_alloc(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "xfer") == 0) return cmd_bench_xfer(argc - 3, argv + 3);
-        fprintf(stderr, "kvtier bench: expected a benchmark name: alloc, xfer\n");
+        if (argc >= 3 && strcmp(argv[2], "pd") == 0) return cmd_bench_pd(argc - 3, argv + 3);
+        fprintf(stderr, "kvtier bench: expected a benchmark name: alloc, xfer, pd\n");
         return 2;
     }
     fprintf(stderr, "kvtier: unknown command '%s' (commands: replay, cp, pd, bench, version, help)\n", cmd);

@@ -185,7 +185,7 @@ static void release(decode_t *d, live_t *l) {
 
 static void fail_handoff(decode_t *d, live_t *l, int rank) {
     d->ctl->failed++;
-    if (!d->ctl->first_failed) d->ctl->first_failed = l->id + 1;
+    if (!d->ctl->first_failed || l->id + 1 < d->ctl->first_failed) d->ctl->first_failed = l->id + 1;
     fprintf(stderr, "kvtier pd: decode: hand-off %" PRIu64 " failed: rank %d vanished; %" PRIu64 " pages discarded\n",
             l->id + 1, rank, l->npages);
     release(d, l);
@@ -261,6 +261,7 @@ static int on_req(decode_t *d, uint32_t r, const msg_t *m) {
             if (m->handoff + 1 > d->refused_upto) { /* counted once, at its first REQ */
                 d->refused_upto = m->handoff + 1;
                 d->ctl->failed++;
+                if (!d->ctl->first_failed || m->handoff + 1 < d->ctl->first_failed) d->ctl->first_failed = m->handoff + 1;
             }
             return send_dst(d, r, NULL, KVT_EIO);
         }

@@ -1,0 +1,209 @@
+/* kvtier bench pd — the hand-off path's throughput against the transport's
+ * raw ceiling, in the same run: one process sends `total` bytes of pages to
+ * another through the transfer engine and a `tcp` tier (runs coalesced,
+ * several streams, acknowledged in place), and, interleaved with it, one
+ * plain socket streams the same bytes between two processes (read into
+ * memory, one acknowledgement at the end). ratio = engine / raw, medians of
+ * --reps runs. */
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "kvtier/error.h"
+#include "kvtier/net.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
+#include "net/wire.h"
+
+#define MAX_REPS 32
+
+static const char *const TRANSPORTS[] = {"tcp", "ucx", NULL};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* A child serving `pages` pages until its stdin pipe closes; *port set. */
+static pid_t page_receiver(uint64_t pages, uint64_t pb, uint16_t *port, int *keep) {
+    int p[2], q[2];
+    if (pipe(p) != 0 || pipe(q) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        close(q[1]);
+        kvt_tier_t *t;
+        kvt_net_server_t *s = NULL;
+        kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .name = "decode", .geom = {pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+        uint16_t pt = 0;
+        if (kvt_tier_create(&t, &c) == KVT_OK && kvt_net_server_create(&s, t, "127.0.0.1", 0) == KVT_OK) {
+            memset(kvt_tier_addr(t, 0, 0), 0, pages * pb); /* faulted in, like the raw receiver's buffer */
+            pt = kvt_net_server_port(s);
+        }
+        if (write(p[1], &pt, sizeof(pt)) != (ssize_t)sizeof(pt) || pt == 0) _exit(1);
+        char b;
+        while (read(q[0], &b, 1) > 0) {
+        }
+        kvt_net_server_destroy(s);
+        _exit(0);
+    }
+    close(p[1]);
+    close(q[0]);
+    *keep = q[1];
+    if (pid < 0 || read(p[0], port, sizeof(*port)) != (ssize_t)sizeof(*port) || *port == 0) pid = -1;
+    close(p[0]);
+    return pid;
+}
+
+/* A child reading `bytes` per round from one socket, acknowledging each. */
+static pid_t raw_receiver(uint64_t bytes, uint16_t *port) {
+    int p[2];
+    if (pipe(p) != 0) return -1;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(lfd, 1) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &len) != 0)
+        return -1;
+    *port = ntohs(a.sin_port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = accept(lfd, NULL, NULL);
+        uint8_t *buf = malloc(bytes);
+        if (buf) memset(buf, 0, bytes); /* faulted in, as the page receiver's tier is after its first run */
+        char ack = 1;
+        while (fd >= 0 && buf && kvt__read_full(fd, buf, bytes) == 0 && kvt__write_full(fd, &ack, 1) == 0) {
+        }
+        _exit(0);
+    }
+    close(lfd);
+    close(p[0]);
+    close(p[1]);
+    return pid;
+}
+
+int cmd_bench_pd(int argc, char **argv) {
+    uint64_t pb = 65536, total_mb = 256, streams = 4, reps = 5;
+    int transport = 0;
+    bool json = false;
+    const cli_opt_t table[] = {
+        {"transport", OPT_CHOICE, &transport, 0, 0, 0, 0, TRANSPORTS, NULL, 0, "how pages travel"},
+        {"page-bytes", OPT_U64, &pb, 512, 1u << 30, 0, 0, NULL, NULL, 0, "bytes per page"},
+        {"total-mb", OPT_U64, &total_mb, 1, 1 << 16, 0, 0, NULL, NULL, 0, "MiB per run"},
+        {"streams", OPT_U64, &streams, 1, 64, 0, 0, NULL, NULL, 0, "connections of the hand-off path"},
+        {"reps", OPT_U64, &reps, 1, MAX_REPS, 0, 0, NULL, NULL, 0, "runs of each (the median is reported)"},
+        {"json", OPT_FLAG, &json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
+    };
+    cli_t c;
+    cli_init(&c, "kvtier bench pd", argc, argv);
+    const char *path;
+    int prc = cli_parse_table(&c, table, "usage: kvtier bench pd [--transport tcp] [--page-bytes B] [--total-mb M] [--json]\n", &path);
+    if (prc) return prc > 0 ? 0 : 2;
+    if (path) return cli_unknown(&c) ? 2 : 2;
+    if (transport != 0) {
+        c.flag = "--transport";
+        return cli_error(&c, "ucx is not built yet (this build has tcp)") ? 2 : 2;
+    }
+    uint64_t pages = total_mb * 1048576ull / pb, bytes = pages * pb;
+    if (pages == 0) {
+        c.flag = "--page-bytes";
+        return cli_error(&c, "larger than --total-mb") ? 2 : 2;
+    }
+    uint16_t port = 0, raw_port = 0;
+    int keep = -1;
+    pid_t rx = page_receiver(pages, pb, &port, &keep), raw = raw_receiver(bytes, &raw_port);
+    char addr[64], raddr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    snprintf(raddr, sizeof(raddr), "127.0.0.1:%u", raw_port);
+    kvt_tier_t *t[2] = {NULL, NULL};
+    kvt_tier_config_t sc = {.size = sizeof(sc), .kind = KVT_TIER_ARENA, .name = "prefill", .geom = {pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = KVT_TIER_TCP, .name = addr, .streams = (uint32_t)streams,
+                             .geom = {pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_xfer_t *x = NULL;
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.max_batch_bytes = 16ull << 20;
+    kvt_xfer_copy_t *cp = malloc(pages * sizeof(*cp));
+    uint8_t *buf = malloc(bytes);
+    int rfd = raw > 0 ? kvt__tcp_connect(raddr) : -1;
+    int rc = rx > 0 && raw > 0 && rfd >= 0 && cp && buf ? KVT_OK : KVT_EIO;
+    if (rc == KVT_OK) rc = kvt_tier_create(&t[0], &sc);
+    if (rc == KVT_OK) rc = kvt_tier_create(&t[1], &rc_);
+    if (rc == KVT_OK) rc = kvt_xfer_create(&x, &xc, t, 2);
+    double eng[MAX_REPS], rawg[MAX_REPS];
+    if (rc == KVT_OK) {
+        memset(kvt_tier_addr(t[0], 0, 0), 0x5a, bytes);
+        memset(buf, 0xa5, bytes);
+        for (uint64_t i = 0; i < pages; i++) cp[i] = (kvt_xfer_copy_t){(uint32_t)i, (uint32_t)i};
+    }
+    for (uint64_t r = 0; r < reps && rc == KVT_OK; r++) {
+        uint64_t t0 = now_ns();
+        kvt_xfer_done_t d;
+        rc = kvt_xfer_submit(x, 0, 1, cp, pages, 0, NULL);
+        while (rc == KVT_OK && kvt_xfer_poll(x, &d, 1, 1000000000ull) == 0) {
+        }
+        if (rc == KVT_OK) rc = d.status;
+        eng[r] = (double)bytes / (double)(now_ns() - t0);
+        t0 = now_ns();
+        char ack;
+        if (rc == KVT_OK && (kvt__write_full(rfd, buf, bytes) != 0 || kvt__read_full(rfd, &ack, 1) != 0)) rc = KVT_EIO;
+        rawg[r] = (double)bytes / (double)(now_ns() - t0);
+    }
+    if (rfd >= 0) close(rfd);
+    kvt_xfer_destroy(x);
+    kvt_tier_destroy(t[1]);
+    kvt_tier_destroy(t[0]);
+    if (keep >= 0) close(keep);
+    if (rx > 0) waitpid(rx, NULL, 0);
+    if (raw > 0) waitpid(raw, NULL, 0);
+    free(cp);
+    free(buf);
+    if (rc != KVT_OK) {
+        fprintf(stderr, "kvtier bench pd: %s\n", kvt_strerror(rc));
+        return 1;
+    }
+    qsort(eng, reps, sizeof(double), cmp_double);
+    qsort(rawg, reps, sizeof(double), cmp_double);
+    double g = eng[reps / 2], rg = rawg[reps / 2];
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "transport", TRANSPORTS[transport]);
+        cJSON_AddNumberToObject(o, "page_bytes", (double)pb);
+        cJSON_AddNumberToObject(o, "total_mb", (double)total_mb);
+        cJSON_AddNumberToObject(o, "streams", (double)streams);
+        cJSON_AddNumberToObject(o, "reps", (double)reps);
+        cJSON_AddNumberToObject(o, "gbps", g);
+        cJSON_AddNumberToObject(o, "raw_tcp_gbps", rg);
+        cJSON_AddNumberToObject(o, "ratio", rg > 0 ? g / rg : 0);
+        cJSON_AddNumberToObject(o, "gbps_min", eng[0]);
+        cJSON_AddNumberToObject(o, "gbps_max", eng[reps - 1]);
+        char *txt = cJSON_Print(o);
+        puts(txt);
+        cJSON_free(txt);
+        cJSON_Delete(o);
+    } else {
+        printf("kvtier bench pd: %s, %" PRIu64 " MiB in %" PRIu64 " B pages, %" PRIu64 " streams, median of %" PRIu64
+               ": hand-off %.2f GB/s, raw socket %.2f GB/s, ratio %.3f\n",
+               TRANSPORTS[transport], total_mb, pb, streams, reps, g, rg, rg > 0 ? g / rg : 0);
+    }
+    return 0;
+}
