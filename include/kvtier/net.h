@@ -38,6 +38,8 @@ typedef struct kvt_net_server_stats {
     char last_error[128];
 } kvt_net_server_stats_t;
 
+/* Also the barrier for reading received pages on another thread: every run
+ * acknowledged before this call is visible to the caller after it. */
 int kvt_net_server_stats(kvt_net_server_t *s, kvt_net_server_stats_t *st);
 
 #ifdef __cplusplus

@@ -82,12 +82,14 @@ static void *conn_main(void *arg) {
                 break;
             }
             if (kvt__read_full(c->fd, s->t->base + d.off, d.len) != 0) break;
-            uint64_t ack = d.len;
-            if (kvt__write_full(c->fd, &ack, sizeof(ack)) != 0) break;
+            /* counted before the ack: a reader that learns of the ack (through
+             * whatever channel) and then reads the stats sees the bytes */
             pthread_mutex_lock(&s->mu);
             s->st.runs++;
             s->st.bytes += d.len;
             pthread_mutex_unlock(&s->mu);
+            uint64_t ack = d.len;
+            if (kvt__write_full(c->fd, &ack, sizeof(ack)) != 0) break;
         }
     }
     shutdown(c->fd, SHUT_RDWR);

@@ -54,9 +54,9 @@ static pid_t page_receiver(uint64_t pages, uint64_t pb, uint16_t *port, int *kee
         kvt_net_server_t *s = NULL;
         kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .name = "decode", .geom = {pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
         uint16_t pt = 0;
-        if (kvt_tier_create(&t, &c) == KVT_OK && kvt_net_server_create(&s, t, "127.0.0.1", 0) == KVT_OK) {
-            memset(kvt_tier_addr(t, 0, 0), 0, pages * pb); /* faulted in, like the raw receiver's buffer */
-            pt = kvt_net_server_port(s);
+        if (kvt_tier_create(&t, &c) == KVT_OK) {
+            memset(kvt_tier_addr(t, 0, 0), 0, pages * pb); /* faulted in, like the raw receiver's buffer; before serving */
+            if (kvt_net_server_create(&s, t, "127.0.0.1", 0) == KVT_OK) pt = kvt_net_server_port(s);
         }
         if (write(p[1], &pt, sizeof(pt)) != (ssize_t)sizeof(pt) || pt == 0) _exit(1);
         char b;

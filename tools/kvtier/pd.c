@@ -155,6 +155,7 @@ typedef struct decode {
     const trace_t *t;
     ctl_t *ctl;
     kvt_tier_t *pool;
+    kvt_net_server_t *srv;
     kvt_extalloc_t *alloc;
     live_t live[MAX_LIVE];
     int fd[MAX_RANKS];
@@ -224,6 +225,8 @@ static void straggler(decode_t *d, const live_t *l) {
 }
 
 static void complete(decode_t *d, live_t *l) {
+    kvt_net_server_stats_t ss = {.size = sizeof(ss)};
+    kvt_net_server_stats(d->srv, &ss); /* the runs every DONE vouched for are visible from here on */
     page_hashes(d->t, l->id, d->o, d->tok, d->h, l->npages);
     uint64_t bad = 0;
     for (uint64_t j = 0; j < l->npages; j++) /* every page, byte for byte */
@@ -342,6 +345,7 @@ static int run_decode(decode_t *d) {
         return 1;
     }
     kvt_hist_init(&d->ctl->handoff_ns);
+    d->srv = srv;
     atomic_store(&d->ctl->data_port, kvt_net_server_port(srv));
     atomic_store(&d->ctl->ctl_port, cport);
     for (uint32_t r = 0; r < d->C; r++) d->fd[r] = -1;

@@ -1,0 +1,19 @@
+/* Smoke-sized kvtier bench pd: it runs and reports the fields the issue
+ * names. Speed is reported by the benchmark, not asserted. */
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+
+#include "common/json.h"
+#include "common/run.h"
+
+Test(bench_pd, smoke, .timeout = 120) {
+    run_result_t r = run_argv((const char *const[]){NULL, "bench", "pd", "--total-mb", "16", "--reps", "3", "--json", NULL});
+    cJSON *o = json_of(&r);
+    cr_assert_gt(num(o, "gbps"), 0);
+    cr_assert_gt(num(o, "raw_tcp_gbps"), 0);
+    cr_assert_gt(num(o, "ratio"), 0);
+    cr_assert_str_eq(cJSON_GetObjectItem(o, "transport")->valuestring, "tcp");
+    fprintf(stderr, "%s\n", r.out);
+    cJSON_Delete(o);
+    run_free(&r);
+}

@@ -1,0 +1,103 @@
+/* kvtier pd over tcp on 127.0.0.1: hand-offs complete and verify, every
+ * rank sends, a delayed rank is named the straggler, a killed rank fails the
+ * hand-offs that needed it and nothing is left running. */
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <stdio.h>
+
+#include "common/json.h"
+#include "common/run.h"
+
+#define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
+
+static int processes_with(const char *marker) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[300], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < len; i++)
+            if (buf[i] == 0) buf[i] = ' ';
+        buf[len] = 0;
+        n += strstr(buf, marker) != NULL;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+Test(pd, handoffs_complete_and_verify, .timeout = 120) {
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "60", "--json", NULL});
+    cJSON *o = json_of(&r);
+    cr_assert_eq(num(o, "ranks"), 4);
+    cr_assert_str_eq(cJSON_GetObjectItem(o, "transport")->valuestring, "tcp");
+    cr_assert_gt(num(o, "requests"), 30, "hand-offs completed");
+    cr_assert_eq(num(o, "mismatches"), 0);
+    cr_assert_eq(num(o, "failed"), 0);
+    cr_assert_gt(num(o, "bytes"), 0);
+    cJSON *per = cJSON_GetObjectItem(o, "per_rank"), *e;
+    double bytes = 0;
+    cJSON_ArrayForEach(e, per) {
+        cr_assert_gt(num(e, "bytes"), 0, "rank %.0f sent", num(e, "rank"));
+        cr_assert_gt(num(e, "gbps"), 0);
+        cr_assert_geq(num(e, "p99_ms"), 0);
+        cr_assert_leq(num(e, "runs"), num(e, "pages"));
+        cr_assert_eq(num(e, "runs"), num(e, "batches"), "a rank's share of a hand-off lands as one run");
+        bytes += num(e, "bytes");
+    }
+    cr_assert_eq(bytes, num(o, "bytes"), "decode received what the ranks sent");
+    cr_assert_geq(sub(o, "handoff_ms", "max"), sub(o, "handoff_ms", "p50"));
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+Test(pd, delayed_rank_is_the_straggler, .timeout = 120) {
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "40", "--window", "8",
+                                                    "--delay-rank", "2:50", "--json", NULL});
+    cJSON *o = json_of(&r);
+    cJSON *s = cJSON_GetObjectItem(o, "straggler");
+    cr_assert(cJSON_IsObject(s), "a straggler is named: %s", r.out);
+    cr_assert_eq(num(s, "rank"), 2);
+    cr_assert_gt(num(s, "factor"), 3);
+    cr_assert_geq(sub(o, "handoff_ms", "p50"), 50, "the delay sets the hand-off time");
+    cr_assert_eq(num(o, "mismatches"), 0);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+Test(pd, killed_rank_fails_its_handoffs, .timeout = 120) {
+    setenv("KVT_PD_KILL", "2:20", 1);
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "63", NULL});
+    unsetenv("KVT_PD_KILL");
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "prefill rank 2 died (signal 9"), "%s", r.err);
+    cr_assert(strstr(r.err, "rank 2 vanished"), "decode names the rank: %s", r.err);
+    cr_assert(strstr(r.err, "hand-off 20 failed"), "the hand-off it was in: %s", r.err);
+    cr_assert_eq(processes_with("--requests 63"), 0, "nothing left running");
+    run_free(&r);
+}
+
+Test(pd, bad_flags) {
+    struct {
+        const char *const *argv;
+        const char *want;
+    } cases[] = {
+        {(const char *const[]){NULL, "pd", "--transport", "ucx", NULL}, "ucx is not built yet"},
+        {(const char *const[]){NULL, "pd", "--transport", "rdma", NULL}, "tcp|ucx"},
+        {(const char *const[]){NULL, "pd", "--delay-rank", "9:10", NULL}, "R < --ranks"},
+        {(const char *const[]){NULL, "pd", "--delay-rank", "x", NULL}, "expected R:MS"},
+        {(const char *const[]){NULL, "pd", "--max-pages", "100", "--decode-pages", "50", NULL}, "must hold one hand-off"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        run_result_t r = run_argv(cases[i].argv);
+        cr_assert_eq(r.status, 2, "case %zu: exit %d: %s", i, r.status, r.err);
+        cr_assert(strstr(r.err, cases[i].want), "case %zu: '%s' not in: %s", i, cases[i].want, r.err);
+        run_free(&r);
+    }
+}
