@@ -48,7 +48,9 @@ Test(pd, handoffs_complete_and_verify, .timeout = 120) {
         cr_assert_gt(num(e, "gbps"), 0);
         cr_assert_geq(num(e, "p99_ms"), 0);
         cr_assert_leq(num(e, "runs"), num(e, "pages"));
-        cr_assert_eq(num(e, "runs"), num(e, "batches"), "a rank's share of a hand-off lands as one run");
+        /* a rank's share of a hand-off lands in as many runs as decode's reservation has (usually one) */
+        cr_assert_geq(num(e, "runs"), num(e, "batches"));
+        cr_assert_lt(num(e, "runs"), num(e, "pages") / 4, "coalesced: %.0f runs for %.0f pages", num(e, "runs"), num(e, "pages"));
         bytes += num(e, "bytes");
     }
     cr_assert_eq(bytes, num(o, "bytes"), "decode received what the ranks sent");
