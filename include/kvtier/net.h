@@ -12,6 +12,7 @@
 #ifndef KVTIER_NET_H
 #define KVTIER_NET_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvtier/tier.h"
@@ -22,9 +23,19 @@ extern "C" {
 
 typedef struct kvt_net_server kvt_net_server_t;
 
+typedef enum kvt_net_transport {
+    KVT_NET_TCP = 0, /* plain sockets: writers are `tcp` tiers */
+    KVT_NET_UCX = 1  /* UCX active messages (UCP): writers are `ucx` tiers */
+} kvt_net_transport_t;
+
+/* True when this build has the UCX transport. */
+bool kvt_net_ucx_built(void);
+
 /* Serves tier t (host-visible) on host:port (port 0: any free port).
- * KVT_EINVAL, KVT_ENOMEM, KVT_EIO (cannot listen). */
-int kvt_net_server_create(kvt_net_server_t **out, kvt_tier_t *t, const char *host, uint16_t port);
+ * KVT_EINVAL, KVT_ENOMEM, KVT_ENOTSUP (UCX not built), KVT_EIO (cannot
+ * listen). */
+int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_tier_t *t, const char *host,
+                          uint16_t port);
 /* Stops accepting, closes every connection, joins the threads. */
 void kvt_net_server_destroy(kvt_net_server_t *s);
 uint16_t kvt_net_server_port(const kvt_net_server_t *s);

@@ -25,6 +25,9 @@
  *          connections and keeps page runs in flight on all of them; a copy
  *          completes when the peer has acknowledged every byte in place.
  *          Write-only, and no local address (kvt_tier_addr is NULL).
+ *   ucx    the same over UCX active messages (UCP), which brings RDMA,
+ *          shared memory and TCP from one library (only when built with
+ *          UCX; KVT_ENOTSUP otherwise).
  *
  * With KVT_TIER_CHECKSUM a host tier keeps one XXH3-64 per page (in the
  * segment itself for shm), written by the transfer engine when a page lands
@@ -79,6 +82,7 @@ typedef enum kvt_tier_kind {
     KVT_TIER_HOST = 2,
     KVT_TIER_SHM = 3,
     KVT_TIER_TCP = 4,
+    KVT_TIER_UCX = 5,
     KVT_TIER_KIND_COUNT_
 } kvt_tier_kind_t;
 
@@ -96,7 +100,7 @@ typedef struct kvt_tier_config {
     kvt_tier_kind_t kind;
     kvt_geom_t geom;
     uint32_t flags;
-    const char *name;      /* shm: the segment name ("/kvtier-l2"); tcp: the peer, "host:port";
+    const char *name;      /* shm: the segment name ("/kvtier-l2"); tcp, ucx: the peer, "host:port";
                               others: a label (may be NULL) */
     int device;            /* cuda: the device ordinal */
     uint32_t streams;      /* tcp: connections per transfer worker (0: 4) */

@@ -19,6 +19,7 @@
 #include "kvtier/net.h"
 #include "../core/mem-int.h"
 #include "../tier/tier-int.h"
+#include "net-int.h"
 #include "wire.h"
 
 typedef struct sconn {
@@ -29,18 +30,7 @@ typedef struct sconn {
     bool finished; /* under s->mu */
 } sconn_t;
 
-struct kvt_net_server {
-    kvt_tier_t *t;
-    int lfd;
-    uint16_t port;
-    pthread_t accept_th;
-    pthread_mutex_t mu;
-    bool stopping;
-    sconn_t *conns;
-    kvt_net_server_stats_t st;
-};
-
-static void note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, int a) {
+void kvt__net_note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, int a) {
     pthread_mutex_lock(&s->mu);
     if (counter) (*counter)++;
     snprintf(s->st.last_error, sizeof(s->st.last_error), fmt, a);
@@ -54,7 +44,7 @@ static bool greet(kvt_net_server_t *s, int fd) {
     if (kvt__read_full(fd, &h, sizeof(h)) != 0) return false;
     const kvt_geom_t *g = &s->t->cfg.geom;
     if (h.magic != KVT_WIRE_MAGIC || h.version != KVT_WIRE_VERSION) {
-        note(s, &s->st.bad_peers, "not a kvtier peer (bad hello on fd %d)", fd);
+        kvt__net_note(s, &s->st.bad_peers, "not a kvtier peer (bad hello on fd %d)", fd);
         return false; /* not ours: no reply, just close */
     }
     if (h.pages != g->pages || h.layers != g->layers || h.layer_bytes != g->layer_bytes || h.layout != (uint32_t)g->layout) {
@@ -78,7 +68,7 @@ static void *conn_main(void *arg) {
             kvt__wire_data_t d;
             if (kvt__read_full(c->fd, &d, sizeof(d)) != 0) break; /* the writer is done (or gone) */
             if (d.len == 0 || d.len > KVT_WIRE_MAX_DATA || d.off > s->t->bytes || d.len > s->t->bytes - d.off) {
-                note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", c->fd);
+                kvt__net_note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", c->fd);
                 break;
             }
             if (kvt__read_full(c->fd, s->t->base + d.off, d.len) != 0) break;
@@ -159,15 +149,28 @@ static void *accept_main(void *arg) {
     }
 }
 
-int kvt_net_server_create(kvt_net_server_t **out, kvt_tier_t *t, const char *host, uint16_t port) {
-    if (out == NULL || t == NULL || t->base == NULL || host == NULL) return KVT_EINVAL;
+int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_tier_t *t, const char *host,
+                          uint16_t port) {
+    if (out == NULL || t == NULL || t->base == NULL || host == NULL || (unsigned)tr > KVT_NET_UCX) return KVT_EINVAL;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return KVT_EINVAL;
+    if (tr == KVT_NET_UCX && !kvt_net_ucx_built()) return KVT_ENOTSUP;
     kvt_net_server_t *s = KVT_NEW(kvt_net_server_t);
     if (s == NULL) return KVT_ENOMEM;
     s->t = t;
+    s->tr = tr;
     s->st.size = sizeof(s->st);
     pthread_mutex_init(&s->mu, NULL);
+    if (tr == KVT_NET_UCX) {
+        int rc = kvt__ucx_server_start(s, &a);
+        if (rc != KVT_OK) {
+            pthread_mutex_destroy(&s->mu);
+            KVT_DELETE(s);
+            return rc;
+        }
+        *out = s;
+        return KVT_OK;
+    }
     s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     socklen_t len = sizeof(a);
@@ -188,6 +191,12 @@ uint16_t kvt_net_server_port(const kvt_net_server_t *s) { return s ? s->port : 0
 
 void kvt_net_server_destroy(kvt_net_server_t *s) {
     if (s == NULL) return;
+    if (s->tr == KVT_NET_UCX) {
+        kvt__ucx_server_stop(s);
+        pthread_mutex_destroy(&s->mu);
+        KVT_DELETE(s);
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     pthread_mutex_unlock(&s->mu);

@@ -54,6 +54,7 @@ extern const kvt__tier_ops_t kvt__tier_host_ops;
 extern const kvt__tier_ops_t kvt__tier_shm_ops;
 extern const kvt__tier_ops_t kvt__tier_cuda_ops; /* a stub reporting KVT_ENOTSUP without CUDA */
 extern const kvt__tier_ops_t kvt__tier_tcp_ops;
+extern const kvt__tier_ops_t kvt__tier_ucx_ops; /* a stub reporting KVT_ENOTSUP without UCX */
 
 /* host.c: an anonymous mapping of len bytes (shared with processes forked
  * later when `shared`), huge pages when asked and possible; info records what

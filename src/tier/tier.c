@@ -10,7 +10,7 @@
 #include "../core/mem-int.h"
 
 static const char *const LAYOUTS[] = {"page_first", "layer_first"};
-static const char *const KINDS[] = {"arena", "cuda", "host", "shm", "tcp"};
+static const char *const KINDS[] = {"arena", "cuda", "host", "shm", "tcp", "ucx"};
 
 const char *kvt_layout_name(kvt_layout_t l) { return (unsigned)l < 2 ? LAYOUTS[l] : "?"; }
 
@@ -41,6 +41,7 @@ static const kvt__tier_ops_t *ops_of(kvt_tier_kind_t k) {
     case KVT_TIER_HOST: return &kvt__tier_host_ops;
     case KVT_TIER_SHM: return &kvt__tier_shm_ops;
     case KVT_TIER_TCP: return &kvt__tier_tcp_ops;
+    case KVT_TIER_UCX: return &kvt__tier_ucx_ops;
     default: return NULL;
     }
 }
@@ -62,7 +63,7 @@ int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg) {
                        : cfg->kind == KVT_TIER_ARENA ? KVT_TIER_SHARED
                                                      : 0;
     if (cfg->flags & ~allowed) return KVT_EINVAL;
-    if (cfg->kind == KVT_TIER_TCP && (cfg->name == NULL || strchr(cfg->name, ':') == NULL || strlen(cfg->name) > 60))
+    if ((cfg->kind == KVT_TIER_TCP || cfg->kind == KVT_TIER_UCX) && (cfg->name == NULL || strchr(cfg->name, ':') == NULL || strlen(cfg->name) > 60))
         return KVT_EINVAL;
     if (cfg->kind == KVT_TIER_SHM && (cfg->name == NULL || cfg->name[0] != '/' || strlen(cfg->name) > 60 ||
                                       strchr(cfg->name + 1, '/') != NULL))

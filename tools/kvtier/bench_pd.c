@@ -43,7 +43,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* A child serving `pages` pages until its stdin pipe closes; *port set. */
-static pid_t page_receiver(uint64_t pages, uint64_t pb, uint16_t *port, int *keep) {
+static pid_t page_receiver(int transport, uint64_t pages, uint64_t pb, uint16_t *port, int *keep) {
     int p[2], q[2];
     if (pipe(p) != 0 || pipe(q) != 0) return -1;
     pid_t pid = fork();
@@ -56,7 +56,7 @@ static pid_t page_receiver(uint64_t pages, uint64_t pb, uint16_t *port, int *kee
         uint16_t pt = 0;
         if (kvt_tier_create(&t, &c) == KVT_OK) {
             memset(kvt_tier_addr(t, 0, 0), 0, pages * pb); /* faulted in, like the raw receiver's buffer; before serving */
-            if (kvt_net_server_create(&s, t, "127.0.0.1", 0) == KVT_OK) pt = kvt_net_server_port(s);
+            if (kvt_net_server_create(&s, (kvt_net_transport_t)transport, t, "127.0.0.1", 0) == KVT_OK) pt = kvt_net_server_port(s);
         }
         if (write(p[1], &pt, sizeof(pt)) != (ssize_t)sizeof(pt) || pt == 0) _exit(1);
         char b;
@@ -119,9 +119,9 @@ int cmd_bench_pd(int argc, char **argv) {
     int prc = cli_parse_table(&c, table, "usage: kvtier bench pd [--transport tcp] [--page-bytes B] [--total-mb M] [--json]\n", &path);
     if (prc) return prc > 0 ? 0 : 2;
     if (path) return cli_unknown(&c) ? 2 : 2;
-    if (transport != 0) {
+    if (transport == KVT_NET_UCX && !kvt_net_ucx_built()) {
         c.flag = "--transport";
-        return cli_error(&c, "ucx is not built yet (this build has tcp)") ? 2 : 2;
+        return cli_error(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)") ? 2 : 2;
     }
     uint64_t pages = total_mb * 1048576ull / pb, bytes = pages * pb;
     if (pages == 0) {
@@ -130,13 +130,13 @@ int cmd_bench_pd(int argc, char **argv) {
     }
     uint16_t port = 0, raw_port = 0;
     int keep = -1;
-    pid_t rx = page_receiver(pages, pb, &port, &keep), raw = raw_receiver(bytes, &raw_port);
+    pid_t rx = page_receiver(transport, pages, pb, &port, &keep), raw = raw_receiver(bytes, &raw_port);
     char addr[64], raddr[64];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
     snprintf(raddr, sizeof(raddr), "127.0.0.1:%u", raw_port);
     kvt_tier_t *t[2] = {NULL, NULL};
     kvt_tier_config_t sc = {.size = sizeof(sc), .kind = KVT_TIER_ARENA, .name = "prefill", .geom = {pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
-    kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = KVT_TIER_TCP, .name = addr, .streams = (uint32_t)streams,
+    kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = transport == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP, .name = addr, .streams = (uint32_t)streams,
                              .geom = {pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
     kvt_xfer_t *x = NULL;
     kvt_xfer_config_t xc;

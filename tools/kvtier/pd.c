@@ -340,7 +340,7 @@ static int run_decode(decode_t *d) {
     d->buf = malloc(pb);
     if (!d->lat || !d->tok || !d->h || !d->buf || kvt_tier_create(&d->pool, &tc) != KVT_OK ||
         kvt_extalloc_create(&d->alloc, o->decode_pages) != KVT_OK ||
-        kvt_net_server_create(&srv, d->pool, "127.0.0.1", 0) != KVT_OK || (lfd = listen_any(&cport)) < 0) {
+        kvt_net_server_create(&srv, (kvt_net_transport_t)o->transport, d->pool, "127.0.0.1", 0) != KVT_OK || (lfd = listen_any(&cport)) < 0) {
         snprintf(d->ctl->decode_err, sizeof(d->ctl->decode_err), "decode: set-up failed");
         return 1;
     }
@@ -420,7 +420,8 @@ static int run_prefill(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", atomic_load(&ctl->data_port));
     kvt_tier_t *tiers[2] = {NULL, NULL};
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .name = "lane", .geom = {lane, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
-    kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = KVT_TIER_TCP, .name = addr, .streams = (uint32_t)o->streams,
+    kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = o->transport == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP,
+                             .name = addr, .streams = (uint32_t)o->streams,
                              .geom = {o->decode_pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
     kvt_xfer_t *x = NULL;
     kvt_xfer_config_t xc;
@@ -608,9 +609,9 @@ int cmd_pd(int argc, char **argv) {
     const char *path;
     int prc = cli_parse_table(&c, table, USAGE, &path);
     if (prc) return prc > 0 ? 0 : 2;
-    if (o.transport != 0) {
+    if (o.transport == KVT_NET_UCX && !kvt_net_ucx_built()) {
         c.flag = "--transport";
-        return cli_error(&c, "ucx is not built yet (this build has tcp)") ? 2 : 2;
+        return cli_error(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)") ? 2 : 2;
     }
     if (o.delay) {
         unsigned long long ms;

@@ -34,7 +34,7 @@ static void env_init(env_t *e, kvt_layout_t src_layout, kvt_layout_t dst_layout,
     c.name = "decode";
     c.geom.layout = dst_layout;
     cr_assert_eq(kvt_tier_create(&e->dst, &c), KVT_OK);
-    cr_assert_eq(kvt_net_server_create(&e->srv, e->dst, "127.0.0.1", 0), KVT_OK);
+    cr_assert_eq(kvt_net_server_create(&e->srv, KVT_NET_TCP, e->dst, "127.0.0.1", 0), KVT_OK);
     snprintf(e->addr, sizeof(e->addr), "127.0.0.1:%u", kvt_net_server_port(e->srv));
     c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_TCP, .name = e->addr, .streams = streams,
                             .geom = {PAGES, LAYERS, LB, dst_layout}};

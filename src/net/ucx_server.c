@@ -1,0 +1,249 @@
+/* The page server over UCX (UCP active messages); see src/net/ucx-int.h for
+ * the message ids. One progress thread owns the UCP worker: it accepts
+ * connection requests, answers hellos, and receives runs — eager ones are
+ * copied into the tier in the handler, rendezvous ones are received straight
+ * into place with ucp_am_recv_data_nbx — acknowledging each run once its
+ * bytes are in the tier. The thread sleeps on the worker's event fd when
+ * there is nothing to progress. Built only with UCX (KVT_HAVE_UCX). */
+#include <string.h>
+
+#include "kvtier/error.h"
+#include "kvtier/net.h"
+#include "net-int.h"
+
+#ifdef KVT_HAVE_UCX
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/mem-int.h"
+#include "ucx-int.h"
+#include "wire.h"
+
+#define MAX_EPS 256
+
+typedef struct ucx_server {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_listener_h listener;
+    ucp_ep_h eps[MAX_EPS];
+    int neps;
+    int efd;
+    pthread_t th;
+    volatile bool stop; /* written before the thread is joined; read by it (also under s->mu) */
+} ucx_server_t;
+
+bool kvt_net_ucx_built(void) { return true; }
+
+/* An acknowledgement in flight: its header must live until it is sent. */
+typedef struct ack {
+    uint64_t len;
+} ack_t;
+
+static void ack_sent(void *request, ucs_status_t status, void *user_data) {
+    (void)status;
+    free(user_data);
+    ucp_request_free(request);
+}
+
+static void send_ack(ucp_ep_h ep, uint64_t len) {
+    ack_t *a = malloc(sizeof(*a));
+    if (a == NULL) return;
+    a->len = len;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = ack_sent, .user_data = a};
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, KVT_UCX_AM_ACK, a, sizeof(*a), NULL, 0, &p);
+    if (r == NULL || UCS_PTR_IS_ERR(r)) free(a); /* done at once, or failed (the peer is gone) */
+}
+
+typedef struct pending {
+    ucp_ep_h ep;
+    uint64_t len;
+    kvt_net_server_t *s;
+} pending_t;
+
+static void rndv_done(void *request, ucs_status_t status, size_t length, void *user_data) {
+    pending_t *p = user_data;
+    (void)length;
+    if (status == UCS_OK) {
+        pthread_mutex_lock(&p->s->mu);
+        p->s->st.runs++;
+        p->s->st.bytes += p->len;
+        pthread_mutex_unlock(&p->s->mu);
+        send_ack(p->ep, p->len);
+    }
+    free(p);
+    ucp_request_free(request);
+}
+
+static ucs_status_t on_hello(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                             const ucp_am_recv_param_t *param) {
+    kvt_net_server_t *s = arg;
+    (void)data;
+    (void)length;
+    kvt__wire_reply_t *r = calloc(1, sizeof(*r));
+    const kvt__wire_hello_t *h = header;
+    if (r == NULL || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        free(r);
+        return UCS_OK;
+    }
+    const kvt_geom_t *g = &s->t->cfg.geom;
+    if (header_length != sizeof(*h) || h->magic != KVT_WIRE_MAGIC || h->version != KVT_WIRE_VERSION) {
+        r->status = KVT_EINVAL;
+        snprintf(r->message, sizeof(r->message), "not a kvtier peer");
+        kvt__net_note(s, &s->st.bad_peers, "not a kvtier peer (bad hello over ucx%.0d)", 0);
+    } else if (h->pages != g->pages || h->layers != g->layers || h->layer_bytes != g->layer_bytes ||
+               h->layout != (uint32_t)g->layout) {
+        r->status = KVT_EINVAL;
+        snprintf(r->message, sizeof(r->message), "geometry differs: peer %llu pages x %u layers x %llu B, here %llu x %u x %llu",
+                 (unsigned long long)h->pages, h->layers, (unsigned long long)h->layer_bytes,
+                 (unsigned long long)g->pages, g->layers, (unsigned long long)g->layer_bytes);
+        pthread_mutex_lock(&s->mu);
+        s->st.refused++;
+        snprintf(s->st.last_error, sizeof(s->st.last_error), "%s", r->message);
+        pthread_mutex_unlock(&s->mu);
+    }
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = ack_sent, .user_data = r};
+    ucs_status_ptr_t q = ucp_am_send_nbx(param->reply_ep, KVT_UCX_AM_REPLY, r, sizeof(*r), NULL, 0, &p);
+    if (q == NULL || UCS_PTR_IS_ERR(q)) free(r);
+    return UCS_OK;
+}
+
+static ucs_status_t on_data(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                            const ucp_am_recv_param_t *param) {
+    kvt_net_server_t *s = arg;
+    ucx_server_t *u = s->ucx;
+    const kvt__wire_data_t *d = header;
+    bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    if (header_length != sizeof(*d) || d->len != length || d->len == 0 || d->len > KVT_WIRE_MAX_DATA ||
+        d->off > s->t->bytes || d->len > s->t->bytes - d->off || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        kvt__net_note(s, &s->st.bad_peers, "a run outside the tier over ucx%.0d: dropped", 0);
+        if (rndv) ucp_am_data_release(u->worker, data);
+        return UCS_OK;
+    }
+    if (!rndv) { /* eager: the bytes are here, for the handler's duration */
+        memcpy(s->t->base + d->off, data, d->len);
+        pthread_mutex_lock(&s->mu);
+        s->st.runs++;
+        s->st.bytes += d->len;
+        pthread_mutex_unlock(&s->mu);
+        send_ack(param->reply_ep, d->len);
+        return UCS_OK;
+    }
+    pending_t *p = malloc(sizeof(*p));
+    if (p == NULL) {
+        ucp_am_data_release(u->worker, data);
+        return UCS_OK;
+    }
+    *p = (pending_t){param->reply_ep, d->len, s};
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.recv_am = rndv_done, .user_data = p};
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(u->worker, data, s->t->base + d->off, d->len, &rp);
+    if (r == NULL) { /* received at once */
+        pthread_mutex_lock(&s->mu);
+        s->st.runs++;
+        s->st.bytes += d->len;
+        pthread_mutex_unlock(&s->mu);
+        send_ack(p->ep, p->len);
+        free(p);
+    } else if (UCS_PTR_IS_ERR(r)) {
+        free(p);
+    }
+    return UCS_OK;
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+    (void)arg;
+    (void)ep;
+    (void)status; /* a writer went away: its endpoint is closed at stop */
+}
+
+static void on_conn(ucp_conn_request_h req, void *arg) {
+    kvt_net_server_t *s = arg;
+    ucx_server_t *u = s->ucx;
+    if (u->neps == MAX_EPS) {
+        ucp_listener_reject(u->listener, req);
+        return;
+    }
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .conn_request = req,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {on_ep_error, s}};
+    if (ucp_ep_create(u->worker, &ep, &u->eps[u->neps]) == UCS_OK) {
+        u->neps++;
+        pthread_mutex_lock(&s->mu);
+        s->st.connections++;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+static void *progress_main(void *arg) {
+    kvt_net_server_t *s = arg;
+    ucx_server_t *u = s->ucx;
+    while (!u->stop) {
+        if (ucp_worker_progress(u->worker)) continue;
+        ucs_status_t st = ucp_worker_arm(u->worker);
+        if (st == UCS_ERR_BUSY) continue;
+        struct pollfd pf = {u->efd, POLLIN, 0};
+        poll(&pf, 1, 50);
+    }
+    return NULL;
+}
+
+int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
+    ucx_server_t *u = KVT_NEW(ucx_server_t);
+    if (u == NULL) return KVT_ENOMEM;
+    s->ucx = u;
+    int rc = kvt__ucx_worker(&u->ctx, &u->worker, UCS_THREAD_MODE_SINGLE);
+    if (rc == KVT_OK && ucp_worker_get_efd(u->worker, &u->efd) != UCS_OK) rc = KVT_EIO;
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .arg = s};
+    hp.id = KVT_UCX_AM_HELLO;
+    hp.cb = on_hello;
+    if (rc == KVT_OK && ucp_worker_set_am_recv_handler(u->worker, &hp) != UCS_OK) rc = KVT_EIO;
+    hp.id = KVT_UCX_AM_DATA;
+    hp.cb = on_data;
+    if (rc == KVT_OK && ucp_worker_set_am_recv_handler(u->worker, &hp) != UCS_OK) rc = KVT_EIO;
+    ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+                                .sockaddr = {(const struct sockaddr *)a, sizeof(*a)},
+                                .conn_handler = {on_conn, s}};
+    if (rc == KVT_OK && ucp_listener_create(u->worker, &lp, &u->listener) != UCS_OK) rc = KVT_EIO;
+    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    if (rc == KVT_OK && ucp_listener_query(u->listener, &la) != UCS_OK) rc = KVT_EIO;
+    if (rc == KVT_OK) s->port = ntohs(((const struct sockaddr_in *)&la.sockaddr)->sin_port);
+    if (rc == KVT_OK && pthread_create(&u->th, NULL, progress_main, s) != 0) rc = KVT_EIO;
+    if (rc != KVT_OK) {
+        if (u->listener) ucp_listener_destroy(u->listener);
+        kvt__ucx_fini(u->ctx, u->worker);
+        KVT_DELETE(u);
+        s->ucx = NULL;
+    }
+    return rc;
+}
+
+void kvt__ucx_server_stop(kvt_net_server_t *s) {
+    ucx_server_t *u = s->ucx;
+    u->stop = true;
+    ucp_worker_signal(u->worker);
+    pthread_join(u->th, NULL);
+    for (int i = 0; i < u->neps; i++) kvt__ucx_close_ep(u->worker, u->eps[i]);
+    ucp_listener_destroy(u->listener);
+    kvt__ucx_fini(u->ctx, u->worker);
+    KVT_DELETE(u);
+}
+
+#else /* no UCX in this build */
+
+bool kvt_net_ucx_built(void) { return false; }
+
+int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
+    (void)s;
+    (void)a;
+    return KVT_ENOTSUP;
+}
+
+void kvt__ucx_server_stop(kvt_net_server_t *s) { (void)s; }
+#endif
