@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include "commands.h"
+#include "kvtier/net.h"
+#include "kvtier/tier.h"
 
 #define KVT_VERSION_STR "0.1.0"
 
@@ -34,7 +36,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("kvtier %s\n", KVT_VERSION_STR);
+        printf("kvtier %s (cuda: %s, ucx: %s)\n", KVT_VERSION_STR, kvt_tier_cuda_built() ? "yes" : "no",
+               kvt_net_ucx_built() ? "yes" : "no");
         return 0;
     }
     if (strcmp(cmd, "replay") == 0) return cmd_replay(argc - 2, argv + 2);

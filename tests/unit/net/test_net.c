@@ -27,16 +27,17 @@ typedef struct env {
     char addr[64];
 } env_t;
 
-static void env_init(env_t *e, kvt_layout_t src_layout, kvt_layout_t dst_layout, uint32_t streams, uint64_t max_batch) {
+static void env_init_tr(env_t *e, kvt_net_transport_t tr, kvt_layout_t src_layout, kvt_layout_t dst_layout, uint32_t streams,
+                        uint64_t max_batch) {
     memset(e, 0, sizeof(*e));
     kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .name = "prefill", .geom = {PAGES, LAYERS, LB, src_layout}};
     cr_assert_eq(kvt_tier_create(&e->src, &c), KVT_OK);
     c.name = "decode";
     c.geom.layout = dst_layout;
     cr_assert_eq(kvt_tier_create(&e->dst, &c), KVT_OK);
-    cr_assert_eq(kvt_net_server_create(&e->srv, KVT_NET_TCP, e->dst, "127.0.0.1", 0), KVT_OK);
+    cr_assert_eq(kvt_net_server_create(&e->srv, tr, e->dst, "127.0.0.1", 0), KVT_OK);
     snprintf(e->addr, sizeof(e->addr), "127.0.0.1:%u", kvt_net_server_port(e->srv));
-    c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_TCP, .name = e->addr, .streams = streams,
+    c = (kvt_tier_config_t){.size = sizeof(c), .kind = tr == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP, .name = e->addr, .streams = streams,
                             .geom = {PAGES, LAYERS, LB, dst_layout}};
     cr_assert_eq(kvt_tier_create(&e->remote, &c), KVT_OK);
     cr_assert_null(kvt_tier_addr(e->remote, 0, 0), "a remote tier has no local address");
@@ -46,6 +47,17 @@ static void env_init(env_t *e, kvt_layout_t src_layout, kvt_layout_t dst_layout,
     xc.max_batch_bytes = max_batch;
     xc.threads = 2;
     cr_assert_eq(kvt_xfer_create(&e->x, &xc, tiers, 2), KVT_OK);
+}
+
+static void env_init(env_t *e, kvt_layout_t src_layout, kvt_layout_t dst_layout, uint32_t streams, uint64_t max_batch) {
+    env_init_tr(e, KVT_NET_TCP, src_layout, dst_layout, streams, max_batch);
+}
+
+/* UCX over loopback TCP, as the tests everywhere can run it. */
+static void ucx_env(void) {
+    if (!kvt_net_ucx_built()) cr_skip_test("this build has no UCX");
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_TLS", "tcp,self", 1);
 }
 
 static void env_fini(env_t *e) {
@@ -190,4 +202,84 @@ Test(net, a_vanished_server_fails_the_batch, .timeout = 60) {
     kvt_tier_destroy(e.remote);
     kvt_tier_destroy(e.src);
     kvt_tier_destroy(e.dst);
+}
+
+/* The same over UCX: runs (eager and rendezvous sizes) land in place. */
+Test(net, ucx_runs_land_in_place, .timeout = 60) {
+    ucx_env();
+    env_t e;
+    env_init_tr(&e, KVT_NET_UCX, KVT_LAYOUT_PAGE_FIRST, KVT_LAYOUT_LAYER_FIRST, 1, 8 * LAYERS * LB);
+    uint8_t *model = calloc(PAGES, LAYERS * LB);
+    for (uint32_t p = 0; p < PAGES; p++)
+        for (uint32_t l = 0; l < LAYERS; l++) kvt_pattern_fill(kvt_tier_addr(e.src, p, l), LB, p, 2, l);
+    kvt_xfer_copy_t cp[PAGES];
+    for (uint32_t i = 0; i < PAGES; i++) cp[i] = (kvt_xfer_copy_t){i, (i * 37) % PAGES}; /* scattered */
+    for (uint32_t i = 0; i < PAGES; i++)
+        for (uint32_t l = 0; l < LAYERS; l++)
+            memcpy(model + ((size_t)cp[i].dst_page * LAYERS + l) * LB, kvt_tier_addr(e.src, cp[i].src_page, l), LB);
+    cr_assert_eq(one_batch(&e, cp, PAGES), KVT_OK);
+    for (uint32_t p = 0; p < PAGES; p++)
+        for (uint32_t l = 0; l < LAYERS; l++)
+            cr_assert(memcmp(kvt_tier_addr(e.dst, p, l), model + ((size_t)p * LAYERS + l) * LB, LB) == 0, "page %u layer %u", p, l);
+    free(model);
+    env_fini(&e);
+    /* large runs (UCX's rendezvous protocol): one batch of 3 MiB pages */
+    kvt_tier_t *a, *b, *r;
+    kvt_net_server_t *srv;
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .geom = {4, 1, 3u << 20, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&a, &c), KVT_OK);
+    cr_assert_eq(kvt_tier_create(&b, &c), KVT_OK);
+    cr_assert_eq(kvt_net_server_create(&srv, KVT_NET_UCX, b, "127.0.0.1", 0), KVT_OK);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", kvt_net_server_port(srv));
+    c.kind = KVT_TIER_UCX;
+    c.name = addr;
+    cr_assert_eq(kvt_tier_create(&r, &c), KVT_OK);
+    for (uint32_t p = 0; p < 4; p++) kvt_pattern_fill(kvt_tier_addr(a, p, 0), 3u << 20, p, 3, 0);
+    kvt_tier_t *tiers[2] = {a, r};
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.max_batch_bytes = 3u << 20; /* one page a copy */
+    kvt_xfer_t *x;
+    cr_assert_eq(kvt_xfer_create(&x, &xc, tiers, 2), KVT_OK);
+    kvt_xfer_copy_t big[4] = {{0, 3}, {1, 2}, {2, 1}, {3, 0}};
+    cr_assert_eq(kvt_xfer_submit(x, 0, 1, big, 4, 0, NULL), KVT_OK);
+    kvt_xfer_done_t d;
+    cr_assert_eq(kvt_xfer_poll(x, &d, 1, 30000000000ull), 1);
+    cr_assert_eq(d.status, KVT_OK);
+    for (uint32_t p = 0; p < 4; p++) cr_assert(kvt_pattern_check(kvt_tier_addr(b, 3 - p, 0), 3u << 20, p, 3, 0), "big page %u", p);
+    kvt_xfer_destroy(x);
+    kvt_net_server_destroy(srv);
+    kvt_tier_destroy(r);
+    kvt_tier_destroy(a);
+    kvt_tier_destroy(b);
+}
+
+Test(net, ucx_wrong_geometry_is_refused, .timeout = 60) {
+    ucx_env();
+    env_t e;
+    env_init_tr(&e, KVT_NET_UCX, KVT_LAYOUT_PAGE_FIRST, KVT_LAYOUT_PAGE_FIRST, 1, 1 << 20);
+    kvt_tier_t *wrong, *src2;
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_UCX, .name = e.addr, .geom = {PAGES + 1, LAYERS, LB, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&wrong, &c), KVT_OK);
+    kvt_tier_config_t sc = {.size = sizeof(sc), .kind = KVT_TIER_ARENA, .geom = {PAGES + 1, LAYERS, LB, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&src2, &sc), KVT_OK);
+    kvt_tier_t *tiers[2] = {src2, wrong};
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    kvt_xfer_t *x;
+    cr_assert_eq(kvt_xfer_create(&x, &xc, tiers, 2), KVT_OK);
+    kvt_xfer_copy_t cp = {0, 0};
+    cr_assert_eq(kvt_xfer_submit(x, 0, 1, &cp, 1, 0, NULL), KVT_OK);
+    kvt_xfer_done_t d;
+    cr_assert_eq(kvt_xfer_poll(x, &d, 1, 30000000000ull), 1);
+    cr_assert_eq(d.status, KVT_EINVAL, "%s", kvt_err_name(d.status));
+    kvt_net_server_stats_t st = {.size = sizeof(st)};
+    kvt_net_server_stats(e.srv, &st);
+    cr_assert_eq(st.refused, 1);
+    cr_assert(strstr(st.last_error, "geometry differs"), "%s", st.last_error);
+    kvt_xfer_destroy(x);
+    kvt_tier_destroy(wrong);
+    kvt_tier_destroy(src2);
+    env_fini(&e);
 }
