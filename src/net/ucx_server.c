@@ -82,7 +82,8 @@ static ucs_status_t on_hello(void *arg, const void *header, size_t header_length
     (void)data;
     (void)length;
     kvt__wire_reply_t *r = calloc(1, sizeof(*r));
-    const kvt__wire_hello_t *h = header;
+    kvt__wire_hello_t hv = {0}, *h = &hv; /* UCX's header is not aligned: copy it out */
+    memcpy(&hv, header, header_length < sizeof(hv) ? header_length : sizeof(hv));
     if (r == NULL || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         free(r);
         return UCS_OK;
@@ -114,7 +115,8 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
                             const ucp_am_recv_param_t *param) {
     kvt_net_server_t *s = arg;
     ucx_server_t *u = s->ucx;
-    const kvt__wire_data_t *d = header;
+    kvt__wire_data_t dv = {0, 0}, *d = &dv; /* UCX's header is not aligned: copy it out */
+    memcpy(&dv, header, header_length < sizeof(dv) ? header_length : sizeof(dv));
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
     if (header_length != sizeof(*d) || d->len != length || d->len == 0 || d->len > KVT_WIRE_MAX_DATA ||
         d->off > s->t->bytes || d->len > s->t->bytes - d->off || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {

@@ -14,6 +14,7 @@
 
 #ifdef KVT_HAVE_UCX
 #include <arpa/inet.h>
+#include <stddef.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +78,9 @@ static ucs_status_t on_reply(void *arg, const void *header, size_t header_length
     (void)data;
     (void)length;
     (void)param;
-    x->reply = header_length == sizeof(kvt__wire_reply_t) ? ((const kvt__wire_reply_t *)header)->status : KVT_EIO;
+    int32_t status = KVT_EIO; /* the header is not aligned: copy the field out */
+    if (header_length == sizeof(kvt__wire_reply_t)) memcpy(&status, (const uint8_t *)header + offsetof(kvt__wire_reply_t, status), sizeof(status));
+    x->reply = status;
     return UCS_OK;
 }
 

@@ -137,3 +137,25 @@ Test(pd, bad_flags) {
         run_free(&r);
     }
 }
+
+/* A decode that dies is restarted: the ranks release the pinned pages of the
+ * hand-offs lost with it, reconnect, and the hand-offs after it complete. */
+Test(pd, decode_restart, .timeout = 120) {
+    setenv("KVT_PD_DECODE_KILL", "10", 1);
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "65",
+                                                    "--decode-restarts", "1", "--json", NULL});
+    unsetenv("KVT_PD_DECODE_KILL");
+    cr_assert_eq(r.status, 1, "lost hand-offs make the run fail: exit %d: %s", r.status, r.err);
+    cJSON *o = cJSON_Parse(r.out);
+    cr_assert_not_null(o, "%s", r.out);
+    cr_assert_eq(num(o, "decode_restarts"), 1);
+    cr_assert_gt(num(o, "released_pages"), 0, "the ranks released the pinned pages");
+    cr_assert_gt(num(o, "failed"), 0);
+    cr_assert_gt(num(o, "requests"), 10, "hand-offs completed after the restart too");
+    cr_assert_eq(num(o, "mismatches"), 0);
+    cr_assert(strstr(r.err, "decode died (signal 9); restarting it"), "%s", r.err);
+    cr_assert(strstr(r.err, "pinned pages released"), "%s", r.err);
+    cr_assert_eq(processes_with("--requests 65"), 0, "nothing left running");
+    cJSON_Delete(o);
+    run_free(&r);
+}

@@ -566,7 +566,7 @@ int cmd_cp(int argc, char **argv) {
         ch[r].pid = pid;
     }
     int why = 0;
-    int dead = group_watch(ch, (uint32_t)ranks, &g.ctl->stop, &why, 0);
+    int dead = group_watch(ch, (uint32_t)ranks, &g.ctl->stop, &why, 0, NULL, NULL);
     double wall = (double)(now_ns() - t0) / 1e9;
     shm_unlink(g.l2_name); /* rank 0 unlinks it; after a crash, nobody else will */
     int code = 0;

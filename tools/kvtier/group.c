@@ -34,7 +34,8 @@ static void signal_all(child_t *ch, uint32_t n, int sig) {
         if (!ch[s].exited) kill(ch[s].pid, sig);
 }
 
-int group_watch(child_t *ch, uint32_t n, _Atomic int *stop, int *why, uint64_t grace_ns) {
+int group_watch(child_t *ch, uint32_t n, _Atomic int *stop, int *why, uint64_t grace_ns,
+                bool (*revive)(void *arg, uint32_t idx, int status), void *arg) {
     int dead = -1;
     uint64_t term_at = 0, kill_at = 0;
     for (uint32_t left = n; left > 0;) {
@@ -43,10 +44,11 @@ int group_watch(child_t *ch, uint32_t n, _Atomic int *stop, int *why, uint64_t g
         if (pid > 0) {
             for (uint32_t r = 0; r < n; r++)
                 if (ch[r].pid == pid) {
+                    bool bad = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
+                    if (bad && dead == -1 && revive && revive(arg, r, status)) break; /* replaced: still running */
                     ch[r].exited = true;
                     ch[r].status = status;
                     left--;
-                    bool bad = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
                     if (bad && dead == -1) {
                         dead = (int)r;
                         *why = status;

@@ -26,7 +26,10 @@ void group_child_signals(void);
  * does not need the dead one): *stop is set, the others get SIGTERM, and
  * SIGKILL two seconds after that. Returns the
  * index of the first that died (*why: its wait status), -2 when a signal
- * stopped the coordinator (*why: the signal), or -1. */
-int group_watch(child_t *ch, uint32_t n, _Atomic int *stop, int *why, uint64_t grace_ns);
+ * stopped the coordinator (*why: the signal), or -1. revive (optional) may
+ * replace a child that died (it updates ch[idx] and returns true); the group
+ * then goes on. */
+int group_watch(child_t *ch, uint32_t n, _Atomic int *stop, int *why, uint64_t grace_ns,
+                bool (*revive)(void *arg, uint32_t idx, int status), void *arg);
 
 #endif

@@ -75,7 +75,9 @@ typedef struct msg {
 /* ---- the control block ------------------------------------------------------- */
 
 typedef struct rank_out {
-    uint64_t bytes, runs, pages, batches, failed, handoffs;
+    _Atomic uint64_t pos; /* the hand-off this rank is on */
+    uint64_t bytes, runs, pages, batches, failed, handoffs, released, busy_ns;
+    kvt_hist_t e2e; /* batch submit to acknowledged, over every decode generation */
     uint64_t p50, p90, p99, p999, max; /* batch end to end, ns */
     double gbps;
     char err[160];
@@ -84,6 +86,9 @@ typedef struct rank_out {
 typedef struct ctl {
     _Atomic int stop;
     _Atomic uint32_t data_port, ctl_port;
+    _Atomic uint32_t gen; /* decode's generation: restarts so far */
+    uint64_t resume_from; /* after a restart: the first hand-off every rank can still deliver */
+    uint64_t total;       /* hand-offs in the run (requests of at least one page per rank) */
     rank_out_t rank[MAX_RANKS];
     /* decode's results */
     uint64_t handoffs, failed, mismatches, bytes, first_failed, vanished_rank_plus1;
@@ -96,7 +101,7 @@ typedef struct ctl {
 
 typedef struct pd_opts {
     uint64_t ranks, requests, seed, limit, page_tokens, bytes_per_token, decode_pages, streams, max_pages;
-    uint64_t window, timeout_ms;
+    uint64_t window, timeout_ms, decode_restarts;
     double straggler_factor;
     int transport;
     const char *delay;
@@ -137,6 +142,18 @@ static int listen_any(uint16_t *port) {
     }
     *port = ntohs(a.sin_port);
     return fd;
+}
+
+/* Adds an engine's statistics (lane -> decode) to a rank's. */
+static void collect(rank_out_t *out, kvt_xfer_t *x) {
+    kvt_xfer_stats_t st = {.size = sizeof(st)};
+    if (x == NULL || kvt_xfer_stats(x, 0, 1, &st) != KVT_OK) return;
+    out->bytes += st.bytes;
+    out->runs += st.runs;
+    out->pages += st.pages;
+    out->batches += st.batches;
+    out->busy_ns += st.busy_ns;
+    kvt_hist_merge(&out->e2e, &st.e2e_ns);
 }
 
 /* ---- decode -------------------------------------------------------------------- */
@@ -245,6 +262,8 @@ static void complete(decode_t *d, live_t *l) {
     d->ctl->last_lander[lander]++;
     d->ctl->handoffs++;
     d->ctl->bytes += l->npages * d->layers * d->layer_bytes;
+    const char *kill = getenv("KVT_PD_DECODE_KILL"); /* tests: the first decode dies after N hand-offs */
+    if (kill && atomic_load(&d->ctl->gen) == 0 && d->ctl->handoffs == strtoull(kill, NULL, 10)) raise(SIGKILL);
     straggler(d, l);
     release(d, l); /* visible now; served and let go */
 }
@@ -258,6 +277,7 @@ static int send_dst(decode_t *d, uint32_t r, const live_t *l, int32_t status) {
 /* A REQ: the hand-off's destination pages (reserved on its first REQ). 1
  * when it must wait for room. */
 static int on_req(decode_t *d, uint32_t r, const msg_t *m) {
+    if (m->handoff < d->ctl->resume_from) return send_dst(d, r, NULL, KVT_EIO); /* lost with the previous decode */
     live_t *l = find_live(d, m->handoff);
     for (uint32_t s = 0; s < d->C && l == NULL; s++)
         if (d->dead[s]) { /* the group is broken: nothing new completes */
@@ -344,7 +364,6 @@ static int run_decode(decode_t *d) {
         snprintf(d->ctl->decode_err, sizeof(d->ctl->decode_err), "decode: set-up failed");
         return 1;
     }
-    kvt_hist_init(&d->ctl->handoff_ns);
     d->srv = srv;
     atomic_store(&d->ctl->data_port, kvt_net_server_port(srv));
     atomic_store(&d->ctl->ctl_port, cport);
@@ -408,37 +427,70 @@ static int run_decode(decode_t *d) {
 
 /* ---- a prefill rank ------------------------------------------------------------ */
 
-static int run_prefill(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *ctl, uint64_t nreq) {
-    rank_out_t *out = &ctl->rank[r];
-    uint64_t pb = o->bytes_per_token * o->page_tokens, lane = o->max_pages / o->ranks + 1;
-    uint64_t t0 = now_ns();
-    while (atomic_load(&ctl->ctl_port) == 0) { /* decode is starting */
-        if (atomic_load(&ctl->stop) || now_ns() - t0 > 20000000000ull) return 1;
+/* A rank's links to the decode of one generation: its control connection,
+ * and its transfer engine writing decode's pool through a network tier. */
+typedef struct link {
+    int cfd;
+    uint32_t gen;
+    char addr[64];
+    kvt_tier_t *remote;
+    kvt_xfer_t *x;
+} link_t;
+
+static void unlink_decode(link_t *k) {
+    if (k->cfd >= 0) close(k->cfd);
+    k->cfd = -1;
+    kvt_xfer_destroy(k->x); /* waits for nothing: the batches in flight have failed or landed */
+    kvt_tier_destroy(k->remote);
+    k->x = NULL;
+    k->remote = NULL;
+}
+
+/* Connects to the decode of generation > after (0 for the first): waits for
+ * it to publish its ports. 0, or -1 when the group stops or 20 s pass. */
+static int link_decode(link_t *k, uint32_t r, const pd_opts_t *o, ctl_t *ctl, kvt_tier_t *lane, uint32_t after) {
+    uint64_t t0 = now_ns(), pb = o->bytes_per_token * o->page_tokens;
+    while (atomic_load(&ctl->ctl_port) == 0 || atomic_load(&ctl->gen) < after) {
+        if (atomic_load(&ctl->stop) || now_ns() - t0 > 20000000000ull) return -1;
         usleep(1000);
     }
-    char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", atomic_load(&ctl->data_port));
-    kvt_tier_t *tiers[2] = {NULL, NULL};
-    kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .name = "lane", .geom = {lane, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    k->gen = atomic_load(&ctl->gen);
+    snprintf(k->addr, sizeof(k->addr), "127.0.0.1:%u", atomic_load(&ctl->data_port));
+    char cport[64];
+    snprintf(cport, sizeof(cport), "127.0.0.1:%u", atomic_load(&ctl->ctl_port));
     kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = o->transport == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP,
-                             .name = addr, .streams = (uint32_t)o->streams,
+                             .name = k->addr, .streams = (uint32_t)o->streams,
                              .geom = {o->decode_pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
-    kvt_xfer_t *x = NULL;
     kvt_xfer_config_t xc;
     kvt_xfer_config_default(&xc);
     xc.max_batch_bytes = 16ull << 20;
-    char cport[64];
-    snprintf(cport, sizeof(cport), "127.0.0.1:%u", atomic_load(&ctl->ctl_port));
-    int cfd = kvt__tcp_connect(cport);
     msg_t hello = {MSG_HELLO, r, 0, 0, 0, 0};
+    kvt_tier_t *tiers[2] = {lane, NULL};
+    k->cfd = kvt__tcp_connect(cport);
+    if (k->cfd < 0 || kvt__write_full(k->cfd, &hello, sizeof(hello)) != 0 || kvt_tier_create(&k->remote, &rc_) != KVT_OK) {
+        unlink_decode(k);
+        return -1;
+    }
+    tiers[1] = k->remote;
+    if (kvt_xfer_create(&k->x, &xc, tiers, 2) != KVT_OK) {
+        unlink_decode(k);
+        return -1;
+    }
+    return 0;
+}
+
+static int run_prefill(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *ctl, uint64_t nreq) {
+    rank_out_t *out = &ctl->rank[r];
+    uint64_t pb = o->bytes_per_token * o->page_tokens, lane = o->max_pages / o->ranks + 1;
+    kvt_tier_t *lt = NULL;
+    kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .name = "lane", .geom = {lane, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    link_t k = {.cfd = -1};
     size_t maxtok = (size_t)t->max_blocks * TRACE_BLOCK_TOKENS;
     int32_t *tok = malloc(maxtok * sizeof(int32_t));
     kvt_hash128_t *h = malloc((o->max_pages + 1) * sizeof(kvt_hash128_t));
     uint32_t *dst = malloc((o->max_pages + 1) * sizeof(uint32_t));
     kvt_xfer_copy_t *cp = malloc((lane + 1) * sizeof(kvt_xfer_copy_t));
-    if (cfd < 0 || !tok || !h || !dst || !cp || kvt__write_full(cfd, &hello, sizeof(hello)) != 0 ||
-        kvt_tier_create(&tiers[0], &tc) != KVT_OK || kvt_tier_create(&tiers[1], &rc_) != KVT_OK ||
-        kvt_xfer_create(&x, &xc, tiers, 2) != KVT_OK) {
+    if (!tok || !h || !dst || !cp || kvt_tier_create(&lt, &tc) != KVT_OK || link_decode(&k, r, o, ctl, lt, 0) != 0) {
         snprintf(out->err, sizeof(out->err), "rank %u: set-up failed", r);
         return 1;
     }
@@ -447,67 +499,129 @@ static int run_prefill(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *
     unsigned long long kill_at = 0;
     if (kill) sscanf(kill, "%u:%llu", &kill_rank, &kill_at);
     int code = 0;
+    uint64_t skip_to = 0;
     for (uint64_t i = 0; i < nreq && code == 0; i++) {
         if (atomic_load(&ctl->stop)) return 1;
+        atomic_store(&out->pos, i);
         uint64_t n = handoff_pages(t, i, o);
         if (n < o->ranks) continue; /* too short to spread: not handed off */
-        page_hashes(t, i, o, tok, h, n);
-        uint64_t k = 0;
-        for (uint64_t j = r; j < n; j += o->ranks, k++) /* the forward pass: our pages into our lane */
-            kvt_pattern_fill(kvt_tier_addr(tiers[0], k, 0), pb, h[j].lo, h[j].hi, 0);
-        msg_t req = {MSG_REQ, r, i, n, 0, 0}, rep;
-        if (kvt__write_full(cfd, &req, sizeof(req)) != 0 || kvt__read_full(cfd, &rep, sizeof(rep)) != 0) {
-            snprintf(out->err, sizeof(out->err), "rank %u: decode went away at hand-off %" PRIu64 "; its pages released",
-                     r, i + 1);
-            code = 1;
-            break;
-        }
-        if (rep.status != KVT_OK) { /* decode will not complete it */
+        if (i < skip_to) { /* lost with the decode that died: some rank's share of it went there */
             out->failed++;
             continue;
         }
-        if (kvt__read_full(cfd, dst, n * sizeof(uint32_t)) != 0) {
-            code = 1;
-            break;
+        page_hashes(t, i, o, tok, h, n);
+        uint64_t np = 0; /* our pages of this hand-off, pinned in our lane until delivered */
+        for (uint64_t j = r; j < n; j += o->ranks, np++) /* the forward pass: our pages into our lane */
+            kvt_pattern_fill(kvt_tier_addr(lt, np, 0), pb, h[j].lo, h[j].hi, 0);
+        msg_t req = {MSG_REQ, r, i, n, 0, 0}, rep = {0};
+        int st = kvt__write_full(k.cfd, &req, sizeof(req)) == 0 && kvt__read_full(k.cfd, &rep, sizeof(rep)) == 0 ? KVT_OK : KVT_EIO;
+        if (st == KVT_OK && rep.status != KVT_OK) { /* decode will not complete it */
+            out->failed++;
+            continue;
         }
-        k = 0;
-        for (uint64_t j = r; j < n; j += o->ranks, k++) cp[k] = (kvt_xfer_copy_t){(uint32_t)k, dst[j]};
-        if (r == o->delay_rank && o->delay_ms) usleep((useconds_t)(o->delay_ms * 1000));
-        if (r == kill_rank && i + 1 == kill_at) raise(SIGKILL);
-        kvt_xfer_done_t dn;
-        int st = kvt_xfer_submit(x, 0, 1, cp, k, i, NULL);
+        if (st == KVT_OK && kvt__read_full(k.cfd, dst, n * sizeof(uint32_t)) != 0) st = KVT_EIO;
         if (st == KVT_OK) {
-            while (kvt_xfer_poll(x, &dn, 1, 1000000000ull) == 0)
-                if (atomic_load(&ctl->stop)) return 1;
-            st = dn.status;
+            for (uint64_t j = r, q = 0; j < n; j += o->ranks, q++) cp[q] = (kvt_xfer_copy_t){(uint32_t)q, dst[j]};
+            if (r == o->delay_rank && o->delay_ms) usleep((useconds_t)(o->delay_ms * 1000));
+            if (r == kill_rank && i + 1 == kill_at) raise(SIGKILL);
+            kvt_xfer_done_t dn;
+            st = kvt_xfer_submit(k.x, 0, 1, cp, np, i, NULL);
+            if (st == KVT_OK) {
+                while (kvt_xfer_poll(k.x, &dn, 1, 1000000000ull) == 0)
+                    if (atomic_load(&ctl->stop)) return 1;
+                st = dn.status;
+            }
+            msg_t done = {MSG_DONE, r, i, np, st, 0};
+            if (kvt__write_full(k.cfd, &done, sizeof(done)) != 0) st = KVT_EIO;
         }
-        msg_t done = {MSG_DONE, r, i, k, st, 0};
-        if (st != KVT_OK) out->failed++;
-        else out->handoffs++;
-        if (kvt__write_full(cfd, &done, sizeof(done)) != 0) code = 1;
+        if (st == KVT_OK) {
+            out->handoffs++;
+            continue;
+        }
+        /* decode is gone (or its link broke): the hand-off fails and its pinned
+         * pages are released; with a restarted decode, go on with the next */
+        out->failed++;
+        out->released += np;
+        fprintf(stderr, "kvtier pd: rank %u: hand-off %" PRIu64 " lost with decode; %" PRIu64 " pinned pages released\n", r,
+                i + 1, np);
+        collect(out, k.x);
+        unlink_decode(&k);
+        if (link_decode(&k, r, o, ctl, lt, k.gen + 1) != 0) {
+            snprintf(out->err, sizeof(out->err), "rank %u: decode went away at hand-off %" PRIu64 "; its pages released",
+                     r, i + 1);
+            code = 1;
+        }
+        skip_to = ctl->resume_from;
     }
     msg_t bye = {MSG_HELLO, r, UINT64_MAX, 0, 0, 0};
-    if (code == 0) kvt__write_full(cfd, &bye, sizeof(bye));
-    kvt_xfer_stats_t st = {.size = sizeof(st)};
-    kvt_xfer_stats(x, 0, 1, &st);
-    out->bytes = st.bytes;
-    out->runs = st.runs;
-    out->pages = st.pages;
-    out->batches = st.batches;
-    out->p50 = kvt_hist_percentile(&st.e2e_ns, 0.5);
-    out->p90 = kvt_hist_percentile(&st.e2e_ns, 0.9);
-    out->p99 = kvt_hist_percentile(&st.e2e_ns, 0.99);
-    out->p999 = kvt_hist_percentile(&st.e2e_ns, 0.999);
-    out->max = kvt_hist_percentile(&st.e2e_ns, 1);
-    out->gbps = st.gbps;
-    close(cfd);
-    kvt_xfer_destroy(x);
-    kvt_tier_destroy(tiers[1]);
-    kvt_tier_destroy(tiers[0]);
+    if (code == 0) kvt__write_full(k.cfd, &bye, sizeof(bye));
+    if (k.x) collect(out, k.x);
+    out->gbps = out->busy_ns ? (double)out->bytes / (double)out->busy_ns : 0;
+    out->p50 = kvt_hist_percentile(&out->e2e, 0.5);
+    out->p90 = kvt_hist_percentile(&out->e2e, 0.9);
+    out->p99 = kvt_hist_percentile(&out->e2e, 0.99);
+    out->p999 = kvt_hist_percentile(&out->e2e, 0.999);
+    out->max = kvt_hist_percentile(&out->e2e, 1);
+    unlink_decode(&k);
+    kvt_tier_destroy(lt);
     return code;
 }
 
 /* ---- the coordinator ------------------------------------------------------------- */
+
+typedef struct pd_run {
+    const pd_opts_t *o;
+    const trace_t *t;
+    ctl_t *ctl;
+    uint64_t nreq, restarts_left;
+} pd_run_t;
+
+static pd_run_t g_pd;
+
+/* Process p: decode (0) or prefill rank p - 1. */
+static pid_t spawn(uint32_t p) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    group_child_signals();
+    int code;
+    ctl_t *ctl = g_pd.ctl;
+    if (p == 0) {
+        static decode_t d;
+        d = (decode_t){.o = g_pd.o, .t = g_pd.t, .ctl = ctl, .C = (uint32_t)g_pd.o->ranks};
+        code = run_decode(&d);
+        if (code && ctl->decode_err[0]) fprintf(stderr, "kvtier pd: %s\n", ctl->decode_err);
+    } else {
+        code = run_prefill(p - 1, g_pd.o, g_pd.t, ctl, g_pd.nreq);
+        if (code && ctl->rank[p - 1].err[0]) fprintf(stderr, "kvtier pd: %s\n", ctl->rank[p - 1].err);
+    }
+    _exit(code);
+}
+
+/* group_watch's hook: a decode that died is restarted (--decode-restarts);
+ * the ranks reconnect to the new generation. */
+static bool restart_decode(void *arg, uint32_t idx, int status) {
+    child_t *ch = arg;
+    if (idx != 0 || g_pd.restarts_left == 0 || atomic_load(&g_pd.ctl->stop)) return false;
+    g_pd.restarts_left--;
+    uint64_t resume = 0; /* every hand-off up to the furthest rank's had a share at the dead decode */
+    for (uint32_t r = 0; r < g_pd.o->ranks; r++) {
+        uint64_t p = atomic_load(&g_pd.ctl->rank[r].pos) + 1;
+        resume = p > resume ? p : resume;
+    }
+    g_pd.ctl->resume_from = resume;
+    fprintf(stderr, "kvtier pd: decode died (%s %d); restarting it\n", WIFSIGNALED(status) ? "signal" : "exit",
+            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    atomic_store(&g_pd.ctl->ctl_port, 0);
+    atomic_store(&g_pd.ctl->data_port, 0);
+    atomic_fetch_add(&g_pd.ctl->gen, 1);
+    pid_t pid = spawn(0);
+    if (pid < 0) return false;
+    ch[0] = (child_t){pid, 0, false};
+    return true;
+}
+
+/* Hand-offs of the run that did not complete, for whatever reason. */
+static uint64_t failed_total(const ctl_t *c) { return c->total > c->handoffs ? c->total - c->handoffs : 0; }
 
 static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
     uint32_t C = (uint32_t)o->ranks;
@@ -551,7 +665,11 @@ static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
             cJSON_AddNullToObject(x, "straggler");
         }
         cJSON_AddNumberToObject(x, "mismatches", (double)c->mismatches);
-        cJSON_AddNumberToObject(x, "failed", (double)c->failed);
+        cJSON_AddNumberToObject(x, "failed", (double)(failed_total(c)));
+        cJSON_AddNumberToObject(x, "decode_restarts", (double)atomic_load(&((ctl_t *)c)->gen));
+        uint64_t released = 0;
+        for (uint32_t r = 0; r < C; r++) released += c->rank[r].released;
+        cJSON_AddNumberToObject(x, "released_pages", (double)released);
         cJSON_AddNumberToObject(x, "wall_s", wall);
         char *txt = cJSON_Print(x);
         puts(txt);
@@ -563,7 +681,13 @@ static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
            "hand-off p50 %.2f ms p99 %.2f ms max %.2f ms; %" PRIu64 " mismatches, %" PRIu64 " failed\n",
            C, TRANSPORTS[o->transport], c->handoffs, (double)c->bytes / 1e6, gbps,
            (double)kvt_hist_percentile(&c->handoff_ns, 0.5) / 1e6, (double)kvt_hist_percentile(&c->handoff_ns, 0.99) / 1e6,
-           (double)kvt_hist_percentile(&c->handoff_ns, 1) / 1e6, c->mismatches, c->failed);
+           (double)kvt_hist_percentile(&c->handoff_ns, 1) / 1e6, c->mismatches, failed_total(c));
+    if (atomic_load(&((ctl_t *)c)->gen)) {
+        uint64_t released = 0;
+        for (uint32_t r = 0; r < C; r++) released += c->rank[r].released;
+        printf("decode restarted %u time(s); the ranks released %" PRIu64 " pinned pages of the hand-offs lost with it\n",
+               atomic_load(&((ctl_t *)c)->gen), released);
+    }
     printf("%6s %10s %8s %10s %9s %9s %9s %9s %9s %8s %8s\n", "rank", "MB", "runs", "pages", "GB/s", "p50 ms", "p90 ms",
            "p99 ms", "max ms", "last", "flagged");
     for (uint32_t r = 0; r < C; r++) {
@@ -601,6 +725,7 @@ int cmd_pd(int argc, char **argv) {
         {"straggler-factor", OPT_DOUBLE, &o.straggler_factor, 0, 0, 1, 1000, NULL, NULL, 0, "a rank this many times the group's median latency is the straggler"},
         {"delay-rank", OPT_TEXT, &o.delay, 0, 0, 0, 0, NULL, NULL, 0, "R:MS: rank R waits MS ms before sending each hand-off"},
         {"timeout-ms", OPT_U64, &o.timeout_ms, 10, 3600000, 0, 0, NULL, NULL, 0, "a hand-off without progress this long fails"},
+        {"decode-restarts", OPT_U64, &o.decode_restarts, 0, 100, 0, 0, NULL, NULL, 0, "restart a decode that dies, this many times"},
         {"json", OPT_FLAG, &o.json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
         {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
     };
@@ -638,28 +763,19 @@ int cmd_pd(int argc, char **argv) {
         trace_free(&t);
         return 1;
     }
+    kvt_hist_init(&ctl->handoff_ns);
+    for (uint32_t r = 0; r < MAX_RANKS; r++) kvt_hist_init(&ctl->rank[r].e2e);
+    for (uint64_t i = 0; i < nreq; i++) ctl->total += handoff_pages(&t, i, &o) >= o.ranks;
     fflush(stdout);
     fflush(stderr);
     group_catch_signals();
-    child_t ch[MAX_RANKS + 1] = {{0}};
+    static child_t ch[MAX_RANKS + 1];
+    memset(ch, 0, sizeof(ch));
     uint32_t nproc = (uint32_t)o.ranks + 1, started = 0; /* [0]: decode, [1 + r]: rank r */
     uint64_t t0 = now_ns();
+    g_pd = (pd_run_t){&o, &t, ctl, nreq, o.decode_restarts};
     for (uint32_t p = 0; p < nproc; p++, started++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            group_child_signals();
-            int code;
-            if (p == 0) {
-                static decode_t d;
-                d = (decode_t){.o = &o, .t = &t, .ctl = ctl, .C = (uint32_t)o.ranks};
-                code = run_decode(&d);
-                if (code && ctl->decode_err[0]) fprintf(stderr, "kvtier pd: %s\n", ctl->decode_err);
-            } else {
-                code = run_prefill(p - 1, &o, &t, ctl, nreq);
-                if (code && ctl->rank[p - 1].err[0]) fprintf(stderr, "kvtier pd: %s\n", ctl->rank[p - 1].err);
-            }
-            _exit(code);
-        }
+        pid_t pid = spawn(p);
         if (pid < 0) {
             atomic_store(&ctl->stop, 1);
             break;
@@ -669,7 +785,7 @@ int cmd_pd(int argc, char **argv) {
     int why = 0;
     /* a prefill rank's death fails the hand-offs that need it; decode goes on
      * serving the others, and the survivors finish (or are stopped in 5 s) */
-    int dead = group_watch(ch, started, &ctl->stop, &why, 5000000000ull);
+    int dead = group_watch(ch, started, &ctl->stop, &why, 5000000000ull, restart_decode, ch);
     double wall = (double)(now_ns() - t0) / 1e9;
     int code = 0;
     if (started < nproc) {
@@ -684,7 +800,7 @@ int cmd_pd(int argc, char **argv) {
         snprintf(name, sizeof(name), dead == 0 ? "%s" : "%s %d", who, dead - 1);
         if (WIFSIGNALED(why)) fprintf(stderr, "kvtier pd: %s died (signal %d, %s)", name, WTERMSIG(why), strsignal(WTERMSIG(why)));
         else fprintf(stderr, "kvtier pd: %s failed (exit %d)", name, WEXITSTATUS(why));
-        fprintf(stderr, "; %" PRIu64 " hand-offs completed, %" PRIu64 " failed", ctl->handoffs, ctl->failed);
+        fprintf(stderr, "; %" PRIu64 " hand-offs completed, %" PRIu64 " failed", ctl->handoffs, failed_total(ctl));
         if (ctl->vanished_rank_plus1)
             fprintf(stderr, " (decode: rank %" PRIu64 " vanished, first failed hand-off %" PRIu64 ")",
                     ctl->vanished_rank_plus1 - 1, ctl->first_failed);
@@ -692,7 +808,7 @@ int cmd_pd(int argc, char **argv) {
         code = 1;
     } else {
         print_pd(ctl, &o, wall);
-        code = ctl->mismatches == 0 && ctl->failed == 0 ? 0 : 1;
+        code = ctl->mismatches == 0 && failed_total(ctl) == 0 ? 0 : 1;
     }
     munmap(ctl, sizeof(ctl_t));
     trace_free(&t);
