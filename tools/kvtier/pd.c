@@ -106,11 +106,13 @@ typedef struct pd_opts {
     int transport;
     const char *delay;
     bool json;
+    int stats; /* 0: none; else kvt_fmt_t + 1 */
     unsigned delay_rank;
     uint64_t delay_ms;
 } pd_opts_t;
 
 static const char *const TRANSPORTS[] = {"tcp", "ucx", NULL};
+static const char *const STATS_FORMATS[] = {"none", "table", "json", "prom", NULL}; /* index - 1 = kvt_fmt_t */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -700,6 +702,39 @@ static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
     else printf("straggler: none\n");
 }
 
+/* --stats: every rank's transfer figures and decode's, through the emitter. */
+static void emit_pd(const ctl_t *c, const pd_opts_t *o) {
+    kvt_emitter_t *e;
+    if (kvt_emitter_create(&e, (kvt_fmt_t)(o->stats - 1), "kvtier_pd") != KVT_OK) return;
+    for (uint32_t r = 0; r < o->ranks; r++) {
+        const rank_out_t *q = &c->rank[r];
+        char name[32];
+        snprintf(name, sizeof(name), "rank%u", r);
+        kvt_emit_begin(e, name);
+        kvt_emit_counter(e, "bytes", q->bytes, "bytes sent to decode");
+        kvt_emit_counter(e, "runs", q->runs, "runs the pages coalesced into");
+        kvt_emit_counter(e, "pages", q->pages, "pages sent");
+        kvt_emit_counter(e, "batches", q->batches, "batches (one per hand-off)");
+        kvt_emit_counter(e, "handoffs", q->handoffs, "hand-offs this rank delivered");
+        kvt_emit_counter(e, "failed", q->failed, "hand-offs this rank could not deliver");
+        kvt_emit_counter(e, "released_pages", q->released, "pinned pages released after a lost hand-off");
+        kvt_emit_counter(e, "landed_last", c->last_lander[r], "hand-offs this rank completed");
+        kvt_emit_counter(e, "straggler_flags", c->straggler_flags[r], "hand-offs after which it was the straggler");
+        kvt_emit_gauge(e, "gbps", q->gbps, "GB/s while sending");
+        kvt_emit_hist(e, "batch_ns", &q->e2e, "submit to acknowledged, per batch");
+        kvt_emit_end(e);
+    }
+    kvt_emit_begin(e, "decode");
+    kvt_emit_counter(e, "handoffs", c->handoffs, "hand-offs completed");
+    kvt_emit_counter(e, "failed", failed_total(c), "hand-offs that did not complete");
+    kvt_emit_counter(e, "mismatches", c->mismatches, "pages that differed from their content");
+    kvt_emit_counter(e, "bytes", c->bytes, "bytes of completed hand-offs");
+    kvt_emit_hist(e, "handoff_ns", &c->handoff_ns, "first REQ to last DONE");
+    kvt_emit_end(e);
+    if (kvt_emitter_write(e, stderr) != KVT_OK) fprintf(stderr, "kvtier pd: --stats: could not write\n");
+    kvt_emitter_destroy(e);
+}
+
 static const char USAGE[] =
     "usage: kvtier pd --ranks C [--transport tcp] [TRACE.jsonl] [options]\n"
     "\n"
@@ -727,6 +762,7 @@ int cmd_pd(int argc, char **argv) {
         {"timeout-ms", OPT_U64, &o.timeout_ms, 10, 3600000, 0, 0, NULL, NULL, 0, "a hand-off without progress this long fails"},
         {"decode-restarts", OPT_U64, &o.decode_restarts, 0, 100, 0, 0, NULL, NULL, 0, "restart a decode that dies, this many times"},
         {"json", OPT_FLAG, &o.json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {"stats", OPT_CHOICE, &o.stats, 0, 0, 0, 0, STATS_FORMATS, NULL, 0, "also write per-rank and decode statistics to stderr"},
         {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
     };
     cli_t c;
@@ -808,6 +844,7 @@ int cmd_pd(int argc, char **argv) {
         code = 1;
     } else {
         print_pd(ctl, &o, wall);
+        if (o.stats > 0) emit_pd(ctl, &o);
         code = ctl->mismatches == 0 && failed_total(ctl) == 0 ? 0 : 1;
     }
     munmap(ctl, sizeof(ctl_t));
