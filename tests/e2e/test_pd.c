@@ -7,30 +7,11 @@
 #include <stdio.h>
 
 #include "common/json.h"
+#include "common/proc.h"
 #include "common/run.h"
 
 #define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
 
-static int processes_with(const char *marker) {
-    DIR *d = opendir("/proc");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-        char path[300], buf[4096];
-        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        for (size_t i = 0; i < len; i++)
-            if (buf[i] == 0) buf[i] = ' ';
-        buf[len] = 0;
-        n += strstr(buf, marker) != NULL;
-    }
-    if (d) closedir(d);
-    return n;
-}
 
 static void handoffs(const char *transport) {
     run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", "--transport", transport, TRACE, "--requests",

@@ -418,10 +418,7 @@ static void print_json(const params_t *p, const pool_info_t *pi, const result_t 
         cJSON_AddNumberToObject(x, "first_fit_runs_mean", r->ff_ok ? (double)r->ff_runs_total / (double)r->ff_ok : 0);
         cJSON_AddItemToArray(arr, x);
     }
-    char *txt = cJSON_Print(o);
-    puts(txt);
-    cJSON_free(txt);
-    cJSON_Delete(o);
+    cli_print_json(o);
 }
 
 static void print_table(const params_t *p, const pool_info_t *pi, const result_t *res) {

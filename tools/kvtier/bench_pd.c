@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "util.h"
 #include "commands.h"
 #include "kvtier/error.h"
 #include "kvtier/net.h"
@@ -30,17 +31,6 @@
 #define MAX_REPS 32
 
 static const char *const TRANSPORTS[] = {"tcp", "ucx", NULL};
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* A child serving `pages` pages until its stdin pipe closes; *port set. */
 static pid_t page_receiver(int transport, uint64_t pages, uint64_t pb, uint16_t *port, int *keep) {
@@ -181,9 +171,7 @@ int cmd_bench_pd(int argc, char **argv) {
         fprintf(stderr, "kvtier bench pd: %s\n", kvt_strerror(rc));
         return 1;
     }
-    qsort(eng, reps, sizeof(double), cmp_double);
-    qsort(rawg, reps, sizeof(double), cmp_double);
-    double g = eng[reps / 2], rg = rawg[reps / 2];
+    double g = median_of(eng, reps), rg = median_of(rawg, reps); /* sorted: [0] and [reps-1] are the extremes */
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "transport", TRANSPORTS[transport]);
@@ -196,10 +184,7 @@ int cmd_bench_pd(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "ratio", rg > 0 ? g / rg : 0);
         cJSON_AddNumberToObject(o, "gbps_min", eng[0]);
         cJSON_AddNumberToObject(o, "gbps_max", eng[reps - 1]);
-        char *txt = cJSON_Print(o);
-        puts(txt);
-        cJSON_free(txt);
-        cJSON_Delete(o);
+        cli_print_json(o);
     } else {
         printf("kvtier bench pd: %s, %" PRIu64 " MiB in %" PRIu64 " B pages, %" PRIu64 " streams, median of %" PRIu64
                ": hand-off %.2f GB/s, raw socket %.2f GB/s, ratio %.3f\n",

@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "util.h"
 #include "commands.h"
 #include "kvtier/error.h"
 #include "kvtier/tier.h"
@@ -45,22 +46,6 @@ typedef struct result {
     double gbps, memcpy_gbps, runs_per_page, p99_ms;
     double gbps_min, gbps_max;
 } result_t;
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n) {
-    qsort(v, n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* One engine run: a single batch of every page; returns seconds. */
 static double engine_run(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, uint64_t n) {
@@ -137,10 +122,10 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int layout, int pat
         o->layout = layout;
         o->pattern = pattern;
         o->dir = dir;
-        o->gbps = median(eng, p->reps);
+        o->gbps = median_of(eng, p->reps);
         o->gbps_min = eng[0];
         o->gbps_max = eng[p->reps - 1];
-        o->memcpy_gbps = median(mc, p->reps);
+        o->memcpy_gbps = median_of(mc, p->reps);
         o->runs_per_page = st.pages ? (double)st.runs / (double)st.pages : 0;
         o->p99_ms = (double)kvt_hist_percentile(&st.copy_ns, 0.99) / 1e6;
     }
@@ -223,10 +208,7 @@ static void print(const params_t *p, const result_t *r, size_t n) {
             cJSON_AddNumberToObject(x, "item_p99_ms", r[i].p99_ms);
             cJSON_AddItemToArray(arr, x);
         }
-        char *txt = cJSON_Print(o);
-        puts(txt);
-        cJSON_free(txt);
-        cJSON_Delete(o);
+        cli_print_json(o);
         return;
     }
     printf("kvtier bench xfer: %" PRIu64 " MiB per run, %" PRIu64 " worker(s) per destination, median of %" PRIu64

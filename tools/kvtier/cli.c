@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 void cli_init(cli_t *c, const char *cmd, int argc, char **argv) {
     memset(c, 0, sizeof(*c));
     c->cmd = cmd;
@@ -241,4 +243,11 @@ void cli_print_table(FILE *f, const cli_opt_t *opts) {
         }
         fprintf(f, "  --%s (%s%s%s; %s)\n      %s\n", o->name, def, allowed[0] ? "; " : "", allowed, env, o->help);
     }
+}
+
+void cli_print_json(cJSON *o) {
+    char *txt = cJSON_Print(o);
+    if (txt) puts(txt);
+    cJSON_free(txt);
+    cJSON_Delete(o);
 }

@@ -29,6 +29,10 @@ int cli_value(cli_t *c, const char **out);
 
 int cli_error(const cli_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+struct cJSON;
+/* Prints a JSON object to stdout and frees it. */
+void cli_print_json(struct cJSON *o);
+
 int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out);
 int cli_choice(cli_t *c, const char *const *choices, int *out);

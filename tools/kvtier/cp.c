@@ -50,6 +50,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "util.h"
 #include "commands.h"
 #include "kvtier/cp.h"
 #include "kvtier/error.h"
@@ -116,12 +117,6 @@ typedef struct rank {
     uint32_t layers;
     uint64_t digest_every;
 } rank_t;
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void fail(rank_t *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(rank_t *k, const char *fmt, ...) {
@@ -474,10 +469,7 @@ static void print_result(const group_t *g, const opts_t *o, uint64_t n, double w
         }
         cJSON_AddNumberToObject(x, "mismatches", (double)mism);
         cJSON_AddNumberToObject(x, "wall_s", wall);
-        char *txt = cJSON_Print(x);
-        puts(txt);
-        cJSON_free(txt);
-        cJSON_Delete(x);
+        cli_print_json(x);
         return;
     }
     printf("kvtier cp: %u ranks, %" PRIu64 " requests in %.3f s; hit rate %.4f; digests %s\n", C, n, wall, hit,

@@ -46,6 +46,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "util.h"
 #include "commands.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
@@ -113,12 +114,6 @@ typedef struct pd_opts {
 
 static const char *const TRANSPORTS[] = {"tcp", "ucx", NULL};
 static const char *const STATS_FORMATS[] = {"none", "table", "json", "prom", NULL}; /* index - 1 = kvt_fmt_t */
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* Pages of request i that are handed off. */
 static uint64_t handoff_pages(const trace_t *t, uint64_t i, const pd_opts_t *o) {
@@ -673,10 +668,7 @@ static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
         for (uint32_t r = 0; r < C; r++) released += c->rank[r].released;
         cJSON_AddNumberToObject(x, "released_pages", (double)released);
         cJSON_AddNumberToObject(x, "wall_s", wall);
-        char *txt = cJSON_Print(x);
-        puts(txt);
-        cJSON_free(txt);
-        cJSON_Delete(x);
+        cli_print_json(x);
         return;
     }
     printf("kvtier pd: %u prefill ranks -> decode over %s: %" PRIu64 " hand-offs, %.1f MB, %.2f GB/s; "

@@ -465,10 +465,7 @@ int cmd_replay(int argc, char **argv) {
             cJSON *arr = cJSON_AddArrayToObject(root, "sweep");
             for (size_t i = 0; i < nsweep; i++) cJSON_AddItemToArray(arr, result_json(&res[i], &o, bpt));
         }
-        char *txt = cJSON_Print(root);
-        puts(txt);
-        cJSON_free(txt);
-        cJSON_Delete(root);
+        cli_print_json(root);
     } else if (rc == 0) {
         printf("kvtier replay: %s: %zu requests, %" PRIu64 " input tokens (read in %.3f s)\n", name, t.n,
                t.input_tokens, parse_s);

@@ -1,0 +1,27 @@
+/* Small helpers shared by the kvtier commands. */
+#ifndef KVTIER_TOOLS_UTIL_H
+#define KVTIER_TOOLS_UTIL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Monotonic nanoseconds. */
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v and returns its median. */
+static inline double median_of(double *v, size_t n) {
+    qsort(v, n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#endif
