@@ -198,11 +198,11 @@ static void release(decode_t *d, live_t *l) {
     memset(l, 0, sizeof(*l));
 }
 
-static void fail_handoff(decode_t *d, live_t *l, int rank) {
+static void fail_handoff(decode_t *d, live_t *l, int rank, const char *why) {
     d->ctl->failed++;
     if (!d->ctl->first_failed || l->id + 1 < d->ctl->first_failed) d->ctl->first_failed = l->id + 1;
-    fprintf(stderr, "kvtier pd: decode: hand-off %" PRIu64 " failed: rank %d vanished; %" PRIu64 " pages discarded\n",
-            l->id + 1, rank, l->npages);
+    fprintf(stderr, "kvtier pd: decode: hand-off %" PRIu64 " failed: rank %d %s; %" PRIu64 " pages discarded\n",
+            l->id + 1, rank, why, l->npages);
     release(d, l);
 }
 
@@ -321,7 +321,7 @@ static void on_done(decode_t *d, uint32_t r, const msg_t *m) {
     live_t *l = find_live(d, m->handoff);
     if (l == NULL) return; /* failed meanwhile */
     if (m->status != KVT_OK) { /* the rank could not send: the hand-off fails */
-        fail_handoff(d, l, (int)r);
+        fail_handoff(d, l, (int)r, "could not send its pages");
         return;
     }
     l->t_done[r] = now_ns();
@@ -338,7 +338,7 @@ static void on_gone(decode_t *d, uint32_t r, bool finished) {
     d->dead[r] = true;
     if (!d->ctl->vanished_rank_plus1) d->ctl->vanished_rank_plus1 = r + 1;
     for (int i = 0; i < MAX_LIVE; i++)
-        if (d->live[i].used && !(d->live[i].done_mask & (1ull << r))) fail_handoff(d, &d->live[i], (int)r);
+        if (d->live[i].used && !(d->live[i].done_mask & (1ull << r))) fail_handoff(d, &d->live[i], (int)r, "vanished");
 }
 
 static int run_decode(decode_t *d) {
@@ -410,7 +410,8 @@ static int run_decode(decode_t *d) {
             for (int i = 0; i < MAX_LIVE; i++)
                 if (d->live[i].used)
                     for (uint32_t r = 0; r < d->C; r++)
-                        if (!(d->live[i].done_mask & (1ull << r)) && d->live[i].used) fail_handoff(d, &d->live[i], (int)r);
+                        if (!(d->live[i].done_mask & (1ull << r)) && d->live[i].used)
+                            fail_handoff(d, &d->live[i], (int)r, "made no progress (timeout)");
             last_progress = now_ns();
         }
     }
