@@ -568,7 +568,7 @@ int cmd_cp(int argc, char **argv) {
     } else if (dead == -2) {
         fprintf(stderr, "kvtier cp: stopped by signal %d; the ranks were stopped and the segment removed\n", why);
         code = 128 + why;
-    } else if (dead == 0 && g.ctl->divergence) { /* rank 0 stopped the group at a digest check */
+    } else if (dead >= 0 && g.ctl->divergence) { /* rank 0 stopped the group at a digest check (others exit first) */
         fprintf(stderr, "kvtier cp: the group stopped: the ranks disagree from request %" PRIu64 "\n", g.ctl->divergence);
         code = 1;
     } else if (dead >= 0) {
