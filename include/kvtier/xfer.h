@@ -28,7 +28,8 @@
  * Threading: submit, stats and set_faults may be called from any thread;
  * poll from one thread at a time (the copies it returns stay valid until the
  * next poll, from whichever thread). The callback runs on a worker thread,
- * just before the batch becomes pollable, and must not call the engine.
+ * just before the batch becomes pollable — so everything it does happens
+ * before the caller can see the completion — and must not call the engine.
  */
 #ifndef KVTIER_XFER_H
 #define KVTIER_XFER_H

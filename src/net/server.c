@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvtier/error.h"
@@ -63,7 +64,10 @@ static bool greet(kvt_net_server_t *s, int fd) {
 static void *conn_main(void *arg) {
     sconn_t *c = arg;
     kvt_net_server_t *s = c->s;
-    if (greet(s, c->fd)) {
+    bool ok = greet(s, c->fd);
+    struct timeval none = {0, 0}; /* greeted: runs may be far apart */
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+    if (ok) {
         for (;;) {
             kvt__wire_data_t d;
             if (kvt__read_full(c->fd, &d, sizeof(d)) != 0) break; /* the writer is done (or gone) */
@@ -122,9 +126,17 @@ static void *accept_main(void *arg) {
         }
         reap(s, false);
         if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) { /* out of fds: wait, go on */
+                kvt__net_note(s, NULL, "accept: out of descriptors or memory (errno %d); retrying", errno);
+                struct timespec ts = {0, 10000000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
             if (errno == EINTR || errno == ECONNABORTED) continue;
             return NULL;
         }
+        struct timeval tv = {5, 0}; /* a peer that says nothing is not waited for long */
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         int one = 1; /* acks are small: never hold them back */
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         sconn_t *c = KVT_NEW(sconn_t);

@@ -13,6 +13,7 @@
 
 #ifdef KVT_HAVE_UCX
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -30,7 +31,7 @@ typedef struct ucx_server {
     int neps;
     int efd;
     pthread_t th;
-    volatile bool stop; /* written before the thread is joined; read by it (also under s->mu) */
+    _Atomic bool stop; /* set by stop; the progress thread polls it */
 } ucx_server_t;
 
 bool kvt_net_ucx_built(void) { return true; }
@@ -120,9 +121,8 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
     if (header_length != sizeof(*d) || d->len != length || d->len == 0 || d->len > KVT_WIRE_MAX_DATA ||
         d->off > s->t->bytes || d->len > s->t->bytes - d->off || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-        kvt__net_note(s, &s->st.bad_peers, "a run outside the tier over ucx%.0d: dropped", 0);
-        if (rndv) ucp_am_data_release(u->worker, data);
-        return UCS_OK;
+        kvt__net_note(s, &s->st.bad_peers, "a run outside the tier over ucx%.0d: refused", 0);
+        return UCS_ERR_INVALID_PARAM; /* eager: dropped; rendezvous: refused, the sender's request fails */
     }
     if (!rndv) { /* eager: the bytes are here, for the handler's duration */
         memcpy(s->t->base + d->off, data, d->len);
@@ -134,10 +134,7 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
         return UCS_OK;
     }
     pending_t *p = malloc(sizeof(*p));
-    if (p == NULL) {
-        ucp_am_data_release(u->worker, data);
-        return UCS_OK;
-    }
+    if (p == NULL) return UCS_ERR_NO_MEMORY; /* refused: the sender's request fails */
     *p = (pending_t){param->reply_ep, d->len, s};
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                               .cb.recv_am = rndv_done, .user_data = p};
@@ -184,7 +181,7 @@ static void on_conn(ucp_conn_request_h req, void *arg) {
 static void *progress_main(void *arg) {
     kvt_net_server_t *s = arg;
     ucx_server_t *u = s->ucx;
-    while (!u->stop) {
+    while (!atomic_load(&u->stop)) {
         if (ucp_worker_progress(u->worker)) continue;
         ucs_status_t st = ucp_worker_arm(u->worker);
         if (st == UCS_ERR_BUSY) continue;
@@ -228,7 +225,7 @@ int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
 
 void kvt__ucx_server_stop(kvt_net_server_t *s) {
     ucx_server_t *u = s->ucx;
-    u->stop = true;
+    atomic_store(&u->stop, true);
     ucp_worker_signal(u->worker);
     pthread_join(u->th, NULL);
     for (int i = 0; i < u->neps; i++) kvt__ucx_close_ep(u->worker, u->eps[i]);

@@ -44,7 +44,10 @@ typedef struct kvt__wire_data {
 /* Whole reads and writes on a blocking socket; 0 or -1 (EOF or error). */
 int kvt__read_full(int fd, void *buf, size_t len);
 int kvt__write_full(int fd, const void *buf, size_t len);
-/* "host:port" -> a connected TCP socket (TCP_NODELAY), or -1. */
+struct sockaddr_in;
+/* "a.b.c.d:port" -> an IPv4 socket address; 0 or -1. */
+int kvt__parse_addr(const char *addr, struct sockaddr_in *sa);
+/* "a.b.c.d:port" -> a connected TCP socket (TCP_NODELAY), or -1. */
 int kvt__tcp_connect(const char *addr);
 
 #endif

@@ -17,7 +17,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -59,20 +58,27 @@ int kvt__write_full(int fd, const void *buf, size_t len) {
     return 0;
 }
 
-int kvt__tcp_connect(const char *addr) {
+int kvt__parse_addr(const char *addr, struct sockaddr_in *sa) {
     char host[64];
-    const char *colon = strrchr(addr, ':');
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
     if (colon == NULL || (size_t)(colon - addr) >= sizeof(host)) return -1;
+    char *end;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || port > 65535) return -1;
     memcpy(host, addr, (size_t)(colon - addr));
     host[colon - addr] = '\0';
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || res == NULL) return -1;
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+    *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+int kvt__tcp_connect(const char *addr) {
+    struct sockaddr_in sa;
+    if (kvt__parse_addr(addr, &sa) != 0) return -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
         close(fd);
         fd = -1;
     }
-    freeaddrinfo(res);
     if (fd >= 0) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -190,7 +196,10 @@ static int pump_acks(conn_t *c) {
 
 static int tcp_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n) {
     tcp_ctx_t *x = ctx;
-    if (x->n == 0 && connect_all(t, x) != KVT_OK) return KVT_EIO; /* reopen after a failure */
+    if (x->n == 0) { /* reopen after a failure */
+        int rc = connect_all(t, x);
+        if (rc != KVT_OK) return rc;
+    }
     for (uint32_t i = 0; i < x->n; i++) {
         x->c[i].next = i;
         x->c[i].off = 0;

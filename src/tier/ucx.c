@@ -15,7 +15,6 @@
 #ifdef KVT_HAVE_UCX
 #include <arpa/inet.h>
 #include <stddef.h>
-#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -103,16 +102,6 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
     x->failed = true;
 }
 
-static int tcp_like_addr(const char *addr, struct sockaddr_in *sa) {
-    char host[64];
-    const char *colon = strrchr(addr, ':');
-    if (colon == NULL || (size_t)(colon - addr) >= sizeof(host)) return -1;
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = '\0';
-    *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
-}
-
 /* Waits (progressing) until done() or the endpoint fails or time runs out. */
 static bool progress_until(ucx_ctx_t *x, bool (*done)(ucx_ctx_t *, void *), void *arg) {
     uint64_t t0 = now_ns();
@@ -141,7 +130,7 @@ static void ctx_free(ucx_ctx_t *x) {
 
 static int ucx_ctx_open(kvt_tier_t *t, void **out) {
     struct sockaddr_in sa;
-    if (tcp_like_addr(t->name, &sa) != 0) return KVT_EINVAL;
+    if (kvt__parse_addr(t->name, &sa) != 0) return KVT_EINVAL;
     ucx_ctx_t *x = KVT_NEW(ucx_ctx_t);
     if (x == NULL) return KVT_ENOMEM;
     x->reply = 1;
@@ -234,6 +223,7 @@ static int ucx_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n
         if (UCS_PTR_IS_ERR(r)) rc = KVT_EIO;
     }
     if (rc == KVT_OK && !progress_until(x, all_done, &w)) rc = KVT_EIO;
+    if (rc != KVT_OK) x->failed = true; /* late acks must not count for a later copy: this context is done */
     for (size_t i = 0; i < n; i++)
         if (x->req[i]) {
             if (rc != KVT_OK) ucp_request_cancel(x->worker, x->req[i]);

@@ -17,9 +17,11 @@
  * backs up every page, reading the other lanes. What has to be ordered
  * across processes, and nothing else, waits on the control block:
  *
- *   rank r loads (or rewrites) a page  after rank 0's backup it depends on has
+ *   rank r loads a page                after rank 0's backup it depends on has
  *                                      landed (landed[] per L2 page, set by
  *                                      rank 0's transfer workers)
+ *   rank r rewrites its L1 page        after rank 0 has copied out its old
+ *                                      content
  *   rank 0 backs up a page             after its owner has written it (the
  *                                      owner's `filled` count; in an engine
  *                                      the forward pass's own collectives
@@ -28,7 +30,7 @@
  *                                      request that freed it (`done`)
  *
  * After every request each rank folds its cache's decision digest into a
- * table; rank 0 compares the table at the end (and every --check-every
+ * table; rank 0 compares the table at the end (and every --digest-every
  * requests, waiting for the others there) and names the first request at
  * which the ranks disagreed. The coordinator watches the ranks: one that
  * dies stops the group within a few seconds, and the L2 segment is unlinked
@@ -208,7 +210,13 @@ static int before_copy(void *arg, bool load, uint32_t l1, uint32_t l2, bool may_
 /* Rank 0's transfer workers: a backup batch that landed publishes its pages. */
 static void on_done(void *arg, const kvt_xfer_done_t *d) {
     rank_t *k = arg;
-    if (d->src != L1_TIER || d->status != KVT_OK) return;
+    if (d->src != L1_TIER) return;
+    if (d->status != KVT_OK) { /* the others count it done: the group can only diverge; stop it, saying why */
+        atomic_store(&k->g->ctl->stop, 1);
+        fprintf(stderr, "kvtier cp: rank 0: a backup batch failed (%s); the group cannot stay in agreement\n",
+                kvt_strerror(d->status));
+        return;
+    }
     for (size_t i = 0; i < d->n; i++)
         atomic_store_explicit(&k->g->landed[d->copies[i].dst_page], k->seq_of_l2[d->copies[i].dst_page],
                               memory_order_release);

@@ -92,7 +92,7 @@ typedef struct ctl {
     uint64_t total;       /* hand-offs in the run (requests of at least one page per rank) */
     rank_out_t rank[MAX_RANKS];
     /* decode's results */
-    uint64_t handoffs, failed, mismatches, bytes, first_failed, vanished_rank_plus1;
+    uint64_t handoffs, mismatches, bytes, first_failed, vanished_rank_plus1;
     uint64_t straggler_flags[MAX_RANKS];
     double straggler_factor[MAX_RANKS];
     kvt_hist_t handoff_ns;
@@ -157,6 +157,7 @@ static void collect(rank_out_t *out, kvt_xfer_t *x) {
 
 typedef struct live {
     bool used;
+    bool failed; /* a tombstone: its pages stay reserved until no rank can still write them */
     uint64_t id, npages, t_first, done_mask;
     uint64_t t_req[MAX_RANKS], t_done[MAX_RANKS];
     uint32_t *dst;
@@ -176,7 +177,6 @@ typedef struct decode {
     bool dead[MAX_RANKS];
     msg_t waiting[MAX_RANKS]; /* a REQ that found no room, per rank (type 0: none) */
     uint64_t *lat;            /* [rank][window]: a ring of per-rank hand-off latencies */
-    uint64_t refused_upto;    /* hand-offs refused for a vanished rank: ids below this */
     uint64_t nlat;
     int32_t *tok;
     kvt_hash128_t *h;
@@ -198,12 +198,25 @@ static void release(decode_t *d, live_t *l) {
     memset(l, 0, sizeof(*l));
 }
 
+static uint64_t gone_mask(const decode_t *d) {
+    uint64_t m = 0;
+    for (uint32_t r = 0; r < d->C; r++) m |= (uint64_t)d->dead[r] << r;
+    return m;
+}
+
+/* A failed hand-off's pages go back once every rank has either said DONE
+ * for it or vanished: until then a slow rank may still be writing them. */
+static void maybe_release(decode_t *d, live_t *l) {
+    if (l->used && l->failed && (l->done_mask | gone_mask(d)) == (1ull << d->C) - 1) release(d, l);
+}
+
 static void fail_handoff(decode_t *d, live_t *l, int rank, const char *why) {
-    d->ctl->failed++;
+    if (l->failed) return;
+    l->failed = true;
     if (!d->ctl->first_failed || l->id + 1 < d->ctl->first_failed) d->ctl->first_failed = l->id + 1;
-    fprintf(stderr, "kvtier pd: decode: hand-off %" PRIu64 " failed: rank %d %s; %" PRIu64 " pages discarded\n",
+    fprintf(stderr, "kvtier pd: decode: hand-off %" PRIu64 " failed: rank %d %s; its %" PRIu64 " pages are discarded\n",
             l->id + 1, rank, why, l->npages);
-    release(d, l);
+    maybe_release(d, l);
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -278,11 +291,7 @@ static int on_req(decode_t *d, uint32_t r, const msg_t *m) {
     live_t *l = find_live(d, m->handoff);
     for (uint32_t s = 0; s < d->C && l == NULL; s++)
         if (d->dead[s]) { /* the group is broken: nothing new completes */
-            if (m->handoff + 1 > d->refused_upto) { /* counted once, at its first REQ */
-                d->refused_upto = m->handoff + 1;
-                d->ctl->failed++;
-                if (!d->ctl->first_failed || m->handoff + 1 < d->ctl->first_failed) d->ctl->first_failed = m->handoff + 1;
-            }
+            if (!d->ctl->first_failed || m->handoff + 1 < d->ctl->first_failed) d->ctl->first_failed = m->handoff + 1;
             return send_dst(d, r, NULL, KVT_EIO);
         }
     if (l == NULL) {
@@ -296,37 +305,48 @@ static int on_req(decode_t *d, uint32_t r, const msg_t *m) {
             free(runs);
             return 1; /* no room yet: answered when a hand-off completes */
         }
-        l = &d->live[slot];
-        *l = (live_t){.used = true, .id = m->handoff, .npages = m->npages, .t_first = now_ns(), .runs = runs, .nruns = k};
         /* The decode's page list for the request is dense (page j at dst[j]);
          * each rank's share (pages j = r mod C) gets consecutive reserved
          * pages, so that one rank's pages land as one run. */
-        l->dst = malloc(m->npages * sizeof(uint32_t));
-        uint32_t *flat = malloc(m->npages * sizeof(uint32_t));
+        uint32_t *dst = malloc(m->npages * sizeof(uint32_t)), *flat = malloc(m->npages * sizeof(uint32_t));
+        if (dst == NULL || flat == NULL) {
+            kvt_extalloc_free(d->alloc, runs, k);
+            free(runs);
+            free(dst);
+            free(flat);
+            return send_dst(d, r, NULL, KVT_ENOMEM);
+        }
         uint64_t f = 0, C = d->C;
-        for (size_t i = 0; i < k && flat; i++)
+        for (size_t i = 0; i < k; i++)
             for (uint32_t p = 0; p < runs[i].len; p++) flat[f++] = runs[i].start + p;
-        for (uint64_t r0 = 0, off = 0; r0 < C && flat; r0++) {
+        for (uint64_t r0 = 0, off = 0; r0 < C; r0++) {
             uint64_t share = m->npages / C + (r0 < m->npages % C);
-            for (uint64_t q = 0; q < share; q++) l->dst[r0 + q * C] = flat[off + q];
+            for (uint64_t q = 0; q < share; q++) dst[r0 + q * C] = flat[off + q];
             off += share;
         }
         free(flat);
+        l = &d->live[slot];
+        *l = (live_t){.used = true, .id = m->handoff, .npages = m->npages, .t_first = now_ns(), .dst = dst, .runs = runs, .nruns = k};
     }
+    if (l->failed) return send_dst(d, r, NULL, KVT_EIO); /* failed already: this rank need not send */
     if (!l->t_req[r]) l->t_req[r] = now_ns();
     return send_dst(d, r, l, KVT_OK);
 }
 
 static void on_done(decode_t *d, uint32_t r, const msg_t *m) {
     live_t *l = find_live(d, m->handoff);
-    if (l == NULL) return; /* failed meanwhile */
-    if (m->status != KVT_OK) { /* the rank could not send: the hand-off fails */
-        fail_handoff(d, l, (int)r, "could not send its pages");
-        return;
-    }
+    if (l == NULL) return;
     l->t_done[r] = now_ns();
     l->done_mask |= 1ull << r;
-    if (l->done_mask == (1ull << d->C) - 1) complete(d, l);
+    if (m->status != KVT_OK) fail_handoff(d, l, (int)r, "could not send its pages");
+    if (l->failed) maybe_release(d, l);
+    else if (l->done_mask == (1ull << d->C) - 1) complete(d, l);
+}
+
+/* REQs that found no room get another try (after pages came free). */
+static void retry_waiting(decode_t *d) {
+    for (uint32_t s = 0; s < d->C; s++)
+        if (d->waiting[s].type == MSG_REQ && d->fd[s] >= 0 && on_req(d, s, &d->waiting[s]) != 1) d->waiting[s].type = 0;
 }
 
 /* A rank's control connection closed: if it had not said goodbye (all
@@ -336,9 +356,14 @@ static void on_gone(decode_t *d, uint32_t r, bool finished) {
     d->fd[r] = -1;
     if (finished) return;
     d->dead[r] = true;
+    d->waiting[r].type = 0;
     if (!d->ctl->vanished_rank_plus1) d->ctl->vanished_rank_plus1 = r + 1;
-    for (int i = 0; i < MAX_LIVE; i++)
-        if (d->live[i].used && !(d->live[i].done_mask & (1ull << r))) fail_handoff(d, &d->live[i], (int)r, "vanished");
+    for (int i = 0; i < MAX_LIVE; i++) {
+        live_t *l = &d->live[i];
+        if (l->used && !(l->done_mask & (1ull << r))) fail_handoff(d, l, (int)r, "vanished");
+        maybe_release(d, l); /* the dead rank writes nothing any more */
+    }
+    retry_waiting(d);
 }
 
 static int run_decode(decode_t *d) {
@@ -365,7 +390,16 @@ static int run_decode(decode_t *d) {
     atomic_store(&d->ctl->data_port, kvt_net_server_port(srv));
     atomic_store(&d->ctl->ctl_port, cport);
     for (uint32_t r = 0; r < d->C; r++) d->fd[r] = -1;
+    uint64_t t0 = now_ns();
     for (uint32_t got = 0; got < d->C;) { /* every rank says hello on its control connection */
+        struct pollfd lp = {lfd, POLLIN, 0};
+        if (poll(&lp, 1, 100) <= 0) {
+            if (atomic_load(&d->ctl->stop) || now_ns() - t0 > 20000000000ull) {
+                snprintf(d->ctl->decode_err, sizeof(d->ctl->decode_err), "decode: %u of %u ranks connected in 20 s", got, d->C);
+                return 1;
+            }
+            continue;
+        }
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         msg_t m;
         if (fd < 0 || kvt__read_full(fd, &m, sizeof(m)) != 0 || m.type != MSG_HELLO || m.rank >= d->C || d->fd[m.rank] >= 0) {
@@ -399,19 +433,18 @@ static int run_decode(decode_t *d) {
                 if (rc == 1) d->waiting[r] = m;
             } else if (m.type == MSG_DONE) {
                 on_done(d, r, &m);
-                for (uint32_t s = 0; s < d->C; s++) /* room may have come free */
-                    if (d->waiting[s].type == MSG_REQ && on_req(d, s, &d->waiting[s]) != 1) d->waiting[s].type = 0;
+                retry_waiting(d); /* room may have come free */
             } else if (m.type == MSG_HELLO && m.handoff == UINT64_MAX) { /* goodbye: every request done */
                 on_gone(d, r, true);
                 open--;
             }
         }
-        if (now_ns() - last_progress > o->timeout_ms * 1000000ull) { /* a hand-off stuck: its laggards vanished */
+        if (now_ns() - last_progress > o->timeout_ms * 1000000ull) { /* nothing moved: the hand-offs in flight fail */
             for (int i = 0; i < MAX_LIVE; i++)
-                if (d->live[i].used)
-                    for (uint32_t r = 0; r < d->C; r++)
-                        if (!(d->live[i].done_mask & (1ull << r)) && d->live[i].used)
-                            fail_handoff(d, &d->live[i], (int)r, "made no progress (timeout)");
+                for (uint32_t r = 0; r < d->C && d->live[i].used && !d->live[i].failed; r++)
+                    if (!(d->live[i].done_mask & (1ull << r)))
+                        fail_handoff(d, &d->live[i], (int)r, "sent nothing for --timeout-ms (the first such rank)");
+            retry_waiting(d);
             last_progress = now_ns();
         }
     }
@@ -600,6 +633,8 @@ static pid_t spawn(uint32_t p) {
 static bool restart_decode(void *arg, uint32_t idx, int status) {
     child_t *ch = arg;
     if (idx != 0 || g_pd.restarts_left == 0 || atomic_load(&g_pd.ctl->stop)) return false;
+    for (uint32_t r = 1; r <= g_pd.o->ranks; r++)
+        if (ch[r].exited) return false; /* a new decode could never hear from every rank */
     g_pd.restarts_left--;
     uint64_t resume = 0; /* every hand-off up to the furthest rank's had a share at the dead decode */
     for (uint32_t r = 0; r < g_pd.o->ranks; r++) {
@@ -711,7 +746,7 @@ static void emit_pd(const ctl_t *c, const pd_opts_t *o) {
         kvt_emit_counter(e, "handoffs", q->handoffs, "hand-offs this rank delivered");
         kvt_emit_counter(e, "failed", q->failed, "hand-offs this rank could not deliver");
         kvt_emit_counter(e, "released_pages", q->released, "pinned pages released after a lost hand-off");
-        kvt_emit_counter(e, "landed_last", c->last_lander[r], "hand-offs this rank completed");
+        kvt_emit_counter(e, "landed_last", c->last_lander[r], "hand-offs whose last pages were this rank's");
         kvt_emit_counter(e, "straggler_flags", c->straggler_flags[r], "hand-offs after which it was the straggler");
         kvt_emit_gauge(e, "gbps", q->gbps, "GB/s while sending");
         kvt_emit_hist(e, "batch_ns", &q->e2e, "submit to acknowledged, per batch");
