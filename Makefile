@@ -69,6 +69,7 @@ bench: build
 	$(BUILD)/kvtier bench alloc --pattern mixed $(RUN_ARGS)
 	$(BUILD)/kvtier bench alloc --pattern churn $(RUN_ARGS)
 	$(BUILD)/kvtier bench xfer --layout both $(RUN_ARGS)
+	$(BUILD)/kvtier bench pd $(RUN_ARGS)
 
 # The main job: replay the built-in synthetic workload (RUN_ARGS for flags,
 # e.g. RUN_ARGS="data/mooncake_synthetic_trace.jsonl --sweep 8192,32768,65536").
