@@ -41,6 +41,8 @@ typedef struct kvt_rnode kvt_rnode_t;
  * (4 bytes each), all little-endian. The same tokens give the same hash in
  * every process; it is the key under which L3 stores a page. */
 kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_t *tokens, uint32_t page_tokens);
+/* The chained hashes of a sequence's first npages pages into out[0..npages). */
+void kvt_page_hash_chain(uint32_t ns, const int32_t *tokens, uint64_t npages, uint32_t page_tokens, kvt_hash128_t *out);
 
 #define KVT_RADIX_STATS_FIELDS(X)                                                   \
     X(nodes, GAUGE, "tree nodes, the root excluded")                              \

@@ -155,6 +155,11 @@ int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info);
 void kvt_pattern_fill(void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
 /* True when buf holds exactly that content. */
 bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
+/* The same for a whole page of a tier, every layer, through kvt_tier_write
+ * and kvt_tier_read (so for every kind of tier); scratch holds layer_bytes.
+ * fill: KVT_OK or kvt_tier_write's error; check: true when it matches. */
+int kvt_tier_pattern_fill(kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
+bool kvt_tier_pattern_check(const kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
 
 /* True when this build has the cuda backend. */
 bool kvt_tier_cuda_built(void);

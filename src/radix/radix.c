@@ -519,6 +519,10 @@ static int ensure_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t upto) {
     return KVT_OK;
 }
 
+void kvt_page_hash_chain(uint32_t ns, const int32_t *tokens, uint64_t npages, uint32_t page_tokens, kvt_hash128_t *out) {
+    for (uint64_t j = 0; j < npages; j++) out[j] = kvt_page_hash(j ? &out[j - 1] : NULL, ns, tokens + j * page_tokens, page_tokens);
+}
+
 int kvt_radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out) {
     if (r == NULL || n == NULL || out == NULL || n == &r->root || idx >= n->npages) return KVT_EINVAL;
     int rc = ensure_hash(r, n, idx);

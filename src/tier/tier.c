@@ -189,3 +189,20 @@ bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t h
     }
     return true;
 }
+
+int kvt_tier_pattern_fill(kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch) {
+    int rc = KVT_OK;
+    for (uint32_t l = 0; t && l < t->cfg.geom.layers && rc == KVT_OK; l++) {
+        kvt_pattern_fill(scratch, t->cfg.geom.layer_bytes, hash_lo, hash_hi, l);
+        rc = kvt_tier_write(t, page, l, scratch);
+    }
+    return t ? rc : KVT_EINVAL;
+}
+
+bool kvt_tier_pattern_check(const kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch) {
+    for (uint32_t l = 0; t && l < t->cfg.geom.layers; l++)
+        if (kvt_tier_read(t, page, l, scratch) != KVT_OK ||
+            !kvt_pattern_check(scratch, t->cfg.geom.layer_bytes, hash_lo, hash_hi, l))
+            return false;
+    return t != NULL;
+}

@@ -62,11 +62,7 @@ typedef struct stress {
 #define ST_FAIL(s, ...) (snprintf((s)->err, sizeof((s)->err), __VA_ARGS__), -1)
 
 static bool st_page_ok(stress_t *s, int tier, uint32_t id, const kvt_hash128_t *h) {
-    for (uint32_t l = 0; l < s->layers; l++) {
-        if (kvt_tier_read(s->tier[tier], id, l, s->buf) != KVT_OK) return false;
-        if (!kvt_pattern_check(s->buf, s->layer_bytes, h->lo, h->hi, l)) return false;
-    }
-    return true;
+    return kvt_tier_pattern_check(s->tier[tier], id, h->lo, h->hi, s->buf);
 }
 
 static bool st_is_corrupt(const stress_t *s, uint32_t l2, const kvt_hash128_t *h) {
@@ -115,8 +111,7 @@ static int st_admit(stress_t *s, stress_counts_t *n) {
     kvt_cache_req_t *req = &s->held[k];
     if (kvt_cache_admit(s->c, 0, tok, (uint64_t)np * ST_PT, 0, s->held_ids[k], req) != KVT_OK)
         return ST_FAIL(s, "admit failed");
-    kvt_hash128_t prev = {0, 0};
-    for (uint64_t j = 0; j < req->pages; j++) prev = s->held_hash[k][j] = kvt_page_hash(&prev, 0, tok + j * ST_PT, ST_PT);
+    kvt_page_hash_chain(0, tok, req->pages, ST_PT, s->held_hash[k]);
     /* what it was served must be its content (a corrupt L2 page is never served) */
     for (uint64_t j = 0; j < req->pages - req->new_pages; j++)
         if (!st_page_ok(s, 0, s->held_ids[k][j], &s->held_hash[k][j]))
@@ -124,10 +119,7 @@ static int st_admit(stress_t *s, stress_counts_t *n) {
                            j < req->l1_hit_pages ? "an L1 hit" : "loaded");
     /* the forward pass: new pages get their KV */
     for (uint64_t j = req->pages - req->new_pages; j < req->pages; j++)
-        for (uint32_t l = 0; l < s->layers; l++) {
-            kvt_pattern_fill(s->buf, s->layer_bytes, s->held_hash[k][j].lo, s->held_hash[k][j].hi, l);
-            kvt_tier_write(s->tier[0], s->held_ids[k][j], l, s->buf);
-        }
+        kvt_tier_pattern_fill(s->tier[0], s->held_ids[k][j], s->held_hash[k][j].lo, s->held_hash[k][j].hi, s->buf);
     n->admits++;
     if (kvt__rng_below(&s->rng, 3) != 0) kvt_cache_commit(s->c, req);
     s->nheld++;

@@ -274,20 +274,11 @@ static int setup(rank_t *k) {
 /* The tier page of cache L1 page p: its lane's shard, rank-major. */
 static uint64_t lane_page(const rank_t *k, uint32_t p) { return kvt_cp_read_page(&k->g->lay, p); }
 
-static bool page_ok(rank_t *k, uint32_t p, const kvt_hash128_t *h) {
-    for (uint32_t l = 0; l < k->layers; l++)
-        if (kvt_tier_read(k->g->l1, lane_page(k, p), l, k->buf) != KVT_OK ||
-            !kvt_pattern_check(k->buf, k->layer_bytes, h->lo, h->hi, l))
-            return false;
-    return true;
-}
-
 /* The request's pages this rank owns: check what it loaded, write what is new. */
 static int own_pages(rank_t *k, const int32_t *tok, const kvt_cache_req_t *req, const uint32_t *ids, kvt_hash128_t *h) {
-    kvt_hash128_t prev = {0, 0};
-    uint64_t pt = k->o->page_tokens, old = req->pages - req->new_pages;
+    uint64_t old = req->pages - req->new_pages;
+    if (k->o->data) kvt_page_hash_chain(0, tok, req->pages, (uint32_t)k->o->page_tokens, h); /* the content model */
     for (uint64_t j = 0; j < req->pages; j++) {
-        prev = h[j] = kvt_page_hash(&prev, 0, tok + j * pt, (uint32_t)pt);
         if (j >= req->l1_hit_pages) k->filled_req[ids[j]] = k->cur; /* loaded or new: written at this request */
         if (ids[j] % k->C != k->r) continue;
         if (j < req->l1_hit_pages) {
@@ -298,7 +289,8 @@ static int own_pages(rank_t *k, const int32_t *tok, const kvt_cache_req_t *req, 
             k->me->loads++;
             if (!k->o->data) continue;
             k->me->load_bytes += k->layers * k->layer_bytes;
-            if (k->o->verify && !page_ok(k, ids[j], &h[j]) && k->me->mismatches++ < 3)
+            if (k->o->verify && !kvt_tier_pattern_check(k->g->l1, lane_page(k, ids[j]), h[j].lo, h[j].hi, k->buf) &&
+                k->me->mismatches++ < 3)
                 fprintf(stderr, "kvtier cp: rank %u: request %" PRIu64 " page %" PRIu64 " (L1 %u) differs after its load\n",
                         k->r, k->cur + 1, j, ids[j]);
             k->me->verified += k->o->verify;
@@ -307,10 +299,7 @@ static int own_pages(rank_t *k, const int32_t *tok, const kvt_cache_req_t *req, 
         if (!k->o->data) continue;
         int rc = wait_l1_free(k, ids[j]);
         if (rc != KVT_OK) return rc;
-        for (uint32_t l = 0; l < k->layers; l++) { /* the forward pass */
-            kvt_pattern_fill(k->buf, k->layer_bytes, h[j].lo, h[j].hi, l);
-            kvt_tier_write(k->g->l1, lane_page(k, ids[j]), l, k->buf);
-        }
+        kvt_tier_pattern_fill(k->g->l1, lane_page(k, ids[j]), h[j].lo, h[j].hi, k->buf); /* the forward pass */
     }
     return KVT_OK;
 }

@@ -124,8 +124,7 @@ static uint64_t handoff_pages(const trace_t *t, uint64_t i, const pd_opts_t *o) 
 static void page_hashes(const trace_t *t, uint64_t i, const pd_opts_t *o, int32_t *tok, kvt_hash128_t *h, uint64_t n) {
     const trace_req_t *q = &t->req[i];
     for (uint32_t b = 0; b < q->nblocks; b++) trace_block_tokens(q->hash_ids[b], tok + (size_t)b * TRACE_BLOCK_TOKENS);
-    kvt_hash128_t prev = {0, 0};
-    for (uint64_t j = 0; j < n; j++) prev = h[j] = kvt_page_hash(&prev, 0, tok + j * o->page_tokens, (uint32_t)o->page_tokens);
+    kvt_page_hash_chain(0, tok, n, (uint32_t)o->page_tokens, h);
 }
 
 static int listen_any(uint16_t *port) {
@@ -257,12 +256,7 @@ static void complete(decode_t *d, live_t *l) {
     page_hashes(d->t, l->id, d->o, d->tok, d->h, l->npages);
     uint64_t bad = 0;
     for (uint64_t j = 0; j < l->npages; j++) /* every page, byte for byte */
-        for (uint32_t k = 0; k < d->layers; k++)
-            if (kvt_tier_read(d->pool, l->dst[j], k, d->buf) != KVT_OK ||
-                !kvt_pattern_check(d->buf, d->layer_bytes, d->h[j].lo, d->h[j].hi, k)) {
-                bad++;
-                break;
-            }
+        bad += !kvt_tier_pattern_check(d->pool, l->dst[j], d->h[j].lo, d->h[j].hi, d->buf);
     d->ctl->mismatches += bad;
     uint64_t last = 0;
     uint32_t lander = 0;

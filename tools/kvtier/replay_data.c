@@ -59,14 +59,6 @@ int replay_data_open(replay_data_t **out, kvt_cache_t *c, const data_opts_t *o) 
     return 0;
 }
 
-static bool check_page(replay_data_t *d, uint32_t id, const kvt_hash128_t *h) {
-    for (uint32_t l = 0; l < d->o.layers; l++)
-        if (kvt_tier_read(d->tier[L1], id, l, d->buf) != KVT_OK ||
-            !kvt_pattern_check(d->buf, d->o.layer_bytes, h->lo, h->hi, l))
-            return false;
-    return true;
-}
-
 void replay_data_request(replay_data_t *d, const int32_t *tokens, const kvt_cache_req_t *req, const uint32_t *l1_ids) {
     if (req->pages > d->hash_cap) {
         kvt_hash128_t *h = realloc(d->hash, req->pages * sizeof(*h));
@@ -74,13 +66,11 @@ void replay_data_request(replay_data_t *d, const int32_t *tokens, const kvt_cach
         d->hash = h;
         d->hash_cap = req->pages;
     }
-    kvt_hash128_t prev = {0, 0};
-    for (uint64_t j = 0; j < req->pages; j++)
-        prev = d->hash[j] = kvt_page_hash(&prev, 0, tokens + j * d->o.page_tokens, (uint32_t)d->o.page_tokens);
+    kvt_page_hash_chain(0, tokens, req->pages, (uint32_t)d->o.page_tokens, d->hash);
     uint64_t old = req->pages - req->new_pages;
     for (uint64_t j = 0; d->o.verify && j < old; j++) {
         bool loaded = j >= req->l1_hit_pages;
-        if (!check_page(d, l1_ids[j], &d->hash[j])) {
+        if (!kvt_tier_pattern_check(d->tier[L1], l1_ids[j], d->hash[j].lo, d->hash[j].hi, d->buf)) {
             if (d->mismatches++ < 5)
                 fprintf(stderr, "kvtier replay: --verify: page %" PRIu64 " (L1 page %u, %s) differs from its content\n",
                         j, l1_ids[j], loaded ? "loaded from L2" : "an L1 hit");
@@ -88,13 +78,8 @@ void replay_data_request(replay_data_t *d, const int32_t *tokens, const kvt_cach
         if (loaded) d->verified_loads++;
         else d->verified_hits++;
     }
-    for (uint64_t j = old; j < req->pages; j++) {
-        for (uint32_t l = 0; l < d->o.layers; l++) {
-            kvt_pattern_fill(d->buf, d->o.layer_bytes, d->hash[j].lo, d->hash[j].hi, l);
-            kvt_tier_write(d->tier[L1], l1_ids[j], l, d->buf);
-        }
-        d->filled++;
-    }
+    for (uint64_t j = old; j < req->pages; j++, d->filled++)
+        kvt_tier_pattern_fill(d->tier[L1], l1_ids[j], d->hash[j].lo, d->hash[j].hi, d->buf);
 }
 
 void replay_data_result(replay_data_t *d, kvt_cache_t *c, data_result_t *r) {

@@ -645,3 +645,31 @@ Test(tier, allocation_failure_leaves_nothing) {
         cr_assert_not(shm_exists(name));
     }
 }
+
+/* kvt_tier_pattern_fill/check: every layer of the page holds kvt_pattern_fill's
+ * content at its own address (both layouts); a flipped byte in any layer, or
+ * another hash, fails the check; neighbours are untouched. */
+Test(tier, whole_page_pattern) {
+    for (int lay = 0; lay < 2; lay++) {
+        kvt_tier_t *t;
+        kvt_tier_config_t c = config(KVT_TIER_ARENA, 6, 3, 40, (kvt_layout_t)lay, 0, NULL);
+        cr_assert_eq(kvt_tier_create(&t, &c), KVT_OK);
+        uint8_t scratch[40], want[40];
+        cr_assert_eq(kvt_tier_pattern_fill(t, 4, 11, 22, scratch), KVT_OK);
+        for (uint32_t l = 0; l < 3; l++) {
+            kvt_pattern_fill(want, sizeof(want), 11, 22, l);
+            cr_assert(memcmp(kvt_tier_addr(t, 4, l), want, sizeof(want)) == 0, "layout %d layer %u", lay, l);
+            for (uint32_t p = 0; p < 6; p++)
+                if (p != 4) cr_assert(kvt_tier_addr(t, p, l) && ((uint8_t *)kvt_tier_addr(t, p, l))[0] == 0, "page %u untouched", p);
+        }
+        cr_assert(kvt_tier_pattern_check(t, 4, 11, 22, scratch));
+        cr_assert(!kvt_tier_pattern_check(t, 4, 11, 23, scratch));
+        for (uint32_t l = 0; l < 3; l++) {
+            ((uint8_t *)kvt_tier_addr(t, 4, l))[39] ^= 1;
+            cr_assert(!kvt_tier_pattern_check(t, 4, 11, 22, scratch), "layer %u flipped", l);
+            ((uint8_t *)kvt_tier_addr(t, 4, l))[39] ^= 1;
+        }
+        cr_assert_eq(kvt_tier_pattern_fill(t, 6, 1, 1, scratch), KVT_ERANGE);
+        kvt_tier_destroy(t);
+    }
+}
