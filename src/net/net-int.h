@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "kvtier/net.h"
+#include "wire.h"
 #include "../tier/tier-int.h"
 
 typedef struct sconn sconn_t;
@@ -25,7 +26,14 @@ struct kvt_net_server {
 };
 
 /* Counts (counter may be NULL) and records an error, under s->mu. */
-void kvt__net_note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, int a);
+void kvt__net_note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A run received and in the tier: counted before it is acknowledged. */
+void kvt__net_count(kvt_net_server_t *s, uint64_t len);
+/* A writer's hello (len bytes) against the tier: 0 accepted, 1 refused (a
+ * wrong geometry: *r says why), -1 not a kvtier peer. Counts and notes. */
+int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r);
+/* A run that lies inside the tier. */
+bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d);
 /* ucx_server.c: listens on a (port 0: any), sets s->port. */
 int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a);
 void kvt__ucx_server_stop(kvt_net_server_t *s);

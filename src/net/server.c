@@ -6,6 +6,7 @@
  * marks it finished, and the accept thread reaps finished ones. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -31,34 +32,55 @@ typedef struct sconn {
     bool finished; /* under s->mu */
 } sconn_t;
 
-void kvt__net_note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, int a) {
+void kvt__net_note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     pthread_mutex_lock(&s->mu);
     if (counter) (*counter)++;
-    snprintf(s->st.last_error, sizeof(s->st.last_error), fmt, a);
+    vsnprintf(s->st.last_error, sizeof(s->st.last_error), fmt, ap);
     pthread_mutex_unlock(&s->mu);
+    va_end(ap);
+}
+
+void kvt__net_count(kvt_net_server_t *s, uint64_t len) {
+    pthread_mutex_lock(&s->mu);
+    s->st.runs++;
+    s->st.bytes += len;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r) {
+    const kvt_geom_t *g = &s->t->cfg.geom;
+    *r = (kvt__wire_reply_t){KVT_OK, "ok"};
+    if (len != sizeof(*h) || h->magic != KVT_WIRE_MAGIC || h->version != KVT_WIRE_VERSION) {
+        r->status = KVT_EINVAL;
+        snprintf(r->message, sizeof(r->message), "not a kvtier peer");
+        kvt__net_note(s, &s->st.bad_peers, "not a kvtier peer (bad hello)");
+        return -1;
+    }
+    if (h->pages != g->pages || h->layers != g->layers || h->layer_bytes != g->layer_bytes || h->layout != (uint32_t)g->layout) {
+        r->status = KVT_EINVAL;
+        snprintf(r->message, sizeof(r->message), "geometry differs: peer %llu pages x %u layers x %llu B, here %llu x %u x %llu",
+                 (unsigned long long)h->pages, h->layers, (unsigned long long)h->layer_bytes, (unsigned long long)g->pages,
+                 g->layers, (unsigned long long)g->layer_bytes);
+        kvt__net_note(s, &s->st.refused, "%s", r->message);
+        return 1;
+    }
+    return 0;
+}
+
+bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d) {
+    return d->len > 0 && d->len <= KVT_WIRE_MAX_DATA && d->off <= s->t->bytes && d->len <= s->t->bytes - d->off;
 }
 
 /* The hello: the writer's geometry must be the tier's. */
 static bool greet(kvt_net_server_t *s, int fd) {
     kvt__wire_hello_t h;
-    kvt__wire_reply_t r = {KVT_OK, "ok"};
+    kvt__wire_reply_t r;
     if (kvt__read_full(fd, &h, sizeof(h)) != 0) return false;
-    const kvt_geom_t *g = &s->t->cfg.geom;
-    if (h.magic != KVT_WIRE_MAGIC || h.version != KVT_WIRE_VERSION) {
-        kvt__net_note(s, &s->st.bad_peers, "not a kvtier peer (bad hello on fd %d)", fd);
-        return false; /* not ours: no reply, just close */
-    }
-    if (h.pages != g->pages || h.layers != g->layers || h.layer_bytes != g->layer_bytes || h.layout != (uint32_t)g->layout) {
-        r.status = KVT_EINVAL;
-        snprintf(r.message, sizeof(r.message), "geometry differs: peer %llu pages x %u layers x %llu B, here %llu x %u x %llu",
-                 (unsigned long long)h.pages, h.layers, (unsigned long long)h.layer_bytes, (unsigned long long)g->pages,
-                 g->layers, (unsigned long long)g->layer_bytes);
-        pthread_mutex_lock(&s->mu);
-        s->st.refused++;
-        snprintf(s->st.last_error, sizeof(s->st.last_error), "%s", r.message);
-        pthread_mutex_unlock(&s->mu);
-    }
-    return kvt__write_full(fd, &r, sizeof(r)) == 0 && r.status == KVT_OK;
+    int v = kvt__net_check_hello(s, &h, sizeof(h), &r);
+    if (v < 0) return false; /* not ours: no reply, just close */
+    return kvt__write_full(fd, &r, sizeof(r)) == 0 && v == 0;
 }
 
 static void *conn_main(void *arg) {
@@ -71,17 +93,14 @@ static void *conn_main(void *arg) {
         for (;;) {
             kvt__wire_data_t d;
             if (kvt__read_full(c->fd, &d, sizeof(d)) != 0) break; /* the writer is done (or gone) */
-            if (d.len == 0 || d.len > KVT_WIRE_MAX_DATA || d.off > s->t->bytes || d.len > s->t->bytes - d.off) {
+            if (!kvt__net_run_ok(s, &d)) {
                 kvt__net_note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", c->fd);
                 break;
             }
             if (kvt__read_full(c->fd, s->t->base + d.off, d.len) != 0) break;
             /* counted before the ack: a reader that learns of the ack (through
              * whatever channel) and then reads the stats sees the bytes */
-            pthread_mutex_lock(&s->mu);
-            s->st.runs++;
-            s->st.bytes += d.len;
-            pthread_mutex_unlock(&s->mu);
+            kvt__net_count(s, d.len);
             uint64_t ack = d.len;
             if (kvt__write_full(c->fd, &ack, sizeof(ack)) != 0) break;
         }
@@ -183,18 +202,13 @@ int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_ti
         *out = s;
         return KVT_OK;
     }
-    s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    socklen_t len = sizeof(a);
-    if (s->lfd < 0 || setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-        bind(s->lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(s->lfd, 64) != 0 ||
-        getsockname(s->lfd, (struct sockaddr *)&a, &len) != 0 || pthread_create(&s->accept_th, NULL, accept_main, s) != 0) {
+    s->lfd = kvt__tcp_listen(&a, &s->port);
+    if (s->lfd < 0 || pthread_create(&s->accept_th, NULL, accept_main, s) != 0) {
         if (s->lfd >= 0) close(s->lfd);
         pthread_mutex_destroy(&s->mu);
         KVT_DELETE(s);
         return KVT_EIO;
     }
-    s->port = ntohs(a.sin_port);
     *out = s;
     return KVT_OK;
 }

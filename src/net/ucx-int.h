@@ -20,6 +20,8 @@ enum { KVT_UCX_AM_HELLO = 10, KVT_UCX_AM_REPLY = 11, KVT_UCX_AM_DATA = 12, KVT_U
 /* A context with active messages and wake-up, and one worker. KVT_EIO. */
 int kvt__ucx_worker(ucp_context_h *ctx, ucp_worker_h *worker, ucs_thread_mode_t mode);
 void kvt__ucx_fini(ucp_context_h ctx, ucp_worker_h worker);
+/* Sets the handler of active message `id`. KVT_EIO. */
+int kvt__ucx_on(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void *arg);
 /* Closes an endpoint, progressing the worker until it is closed. */
 void kvt__ucx_close_ep(ucp_worker_h worker, ucp_ep_h ep);
 #endif

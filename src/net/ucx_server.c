@@ -67,10 +67,7 @@ static void rndv_done(void *request, ucs_status_t status, size_t length, void *u
     pending_t *p = user_data;
     (void)length;
     if (status == UCS_OK) {
-        pthread_mutex_lock(&p->s->mu);
-        p->s->st.runs++;
-        p->s->st.bytes += p->len;
-        pthread_mutex_unlock(&p->s->mu);
+        kvt__net_count(p->s, p->len);
         send_ack(p->ep, p->len);
     }
     free(p);
@@ -82,29 +79,14 @@ static ucs_status_t on_hello(void *arg, const void *header, size_t header_length
     kvt_net_server_t *s = arg;
     (void)data;
     (void)length;
-    kvt__wire_reply_t *r = calloc(1, sizeof(*r));
-    kvt__wire_hello_t hv = {0}, *h = &hv; /* UCX's header is not aligned: copy it out */
-    memcpy(&hv, header, header_length < sizeof(hv) ? header_length : sizeof(hv));
+    kvt__wire_reply_t *r = malloc(sizeof(*r));
     if (r == NULL || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         free(r);
         return UCS_OK;
     }
-    const kvt_geom_t *g = &s->t->cfg.geom;
-    if (header_length != sizeof(*h) || h->magic != KVT_WIRE_MAGIC || h->version != KVT_WIRE_VERSION) {
-        r->status = KVT_EINVAL;
-        snprintf(r->message, sizeof(r->message), "not a kvtier peer");
-        kvt__net_note(s, &s->st.bad_peers, "not a kvtier peer (bad hello over ucx%.0d)", 0);
-    } else if (h->pages != g->pages || h->layers != g->layers || h->layer_bytes != g->layer_bytes ||
-               h->layout != (uint32_t)g->layout) {
-        r->status = KVT_EINVAL;
-        snprintf(r->message, sizeof(r->message), "geometry differs: peer %llu pages x %u layers x %llu B, here %llu x %u x %llu",
-                 (unsigned long long)h->pages, h->layers, (unsigned long long)h->layer_bytes,
-                 (unsigned long long)g->pages, g->layers, (unsigned long long)g->layer_bytes);
-        pthread_mutex_lock(&s->mu);
-        s->st.refused++;
-        snprintf(s->st.last_error, sizeof(s->st.last_error), "%s", r->message);
-        pthread_mutex_unlock(&s->mu);
-    }
+    kvt__wire_hello_t h = {0}; /* UCX's header is not aligned: copy it out */
+    memcpy(&h, header, header_length < sizeof(h) ? header_length : sizeof(h));
+    kvt__net_check_hello(s, &h, header_length, r); /* any verdict is replied: the writer fails at once */
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = ack_sent, .user_data = r};
     ucs_status_ptr_t q = ucp_am_send_nbx(param->reply_ep, KVT_UCX_AM_REPLY, r, sizeof(*r), NULL, 0, &p);
@@ -119,17 +101,14 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     kvt__wire_data_t dv = {0, 0}, *d = &dv; /* UCX's header is not aligned: copy it out */
     memcpy(&dv, header, header_length < sizeof(dv) ? header_length : sizeof(dv));
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
-    if (header_length != sizeof(*d) || d->len != length || d->len == 0 || d->len > KVT_WIRE_MAX_DATA ||
-        d->off > s->t->bytes || d->len > s->t->bytes - d->off || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-        kvt__net_note(s, &s->st.bad_peers, "a run outside the tier over ucx%.0d: refused", 0);
+    if (header_length != sizeof(*d) || d->len != length || !kvt__net_run_ok(s, d) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        kvt__net_note(s, &s->st.bad_peers, "a run outside the tier over ucx: refused");
         return UCS_ERR_INVALID_PARAM; /* eager: dropped; rendezvous: refused, the sender's request fails */
     }
     if (!rndv) { /* eager: the bytes are here, for the handler's duration */
         memcpy(s->t->base + d->off, data, d->len);
-        pthread_mutex_lock(&s->mu);
-        s->st.runs++;
-        s->st.bytes += d->len;
-        pthread_mutex_unlock(&s->mu);
+        kvt__net_count(s, d->len);
         send_ack(param->reply_ep, d->len);
         return UCS_OK;
     }
@@ -140,10 +119,7 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
                               .cb.recv_am = rndv_done, .user_data = p};
     ucs_status_ptr_t r = ucp_am_recv_data_nbx(u->worker, data, s->t->base + d->off, d->len, &rp);
     if (r == NULL) { /* received at once */
-        pthread_mutex_lock(&s->mu);
-        s->st.runs++;
-        s->st.bytes += d->len;
-        pthread_mutex_unlock(&s->mu);
+        kvt__net_count(s, d->len);
         send_ack(p->ep, p->len);
         free(p);
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -197,15 +173,8 @@ int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
     s->ucx = u;
     int rc = kvt__ucx_worker(&u->ctx, &u->worker, UCS_THREAD_MODE_SINGLE);
     if (rc == KVT_OK && ucp_worker_get_efd(u->worker, &u->efd) != UCS_OK) rc = KVT_EIO;
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                 .arg = s};
-    hp.id = KVT_UCX_AM_HELLO;
-    hp.cb = on_hello;
-    if (rc == KVT_OK && ucp_worker_set_am_recv_handler(u->worker, &hp) != UCS_OK) rc = KVT_EIO;
-    hp.id = KVT_UCX_AM_DATA;
-    hp.cb = on_data;
-    if (rc == KVT_OK && ucp_worker_set_am_recv_handler(u->worker, &hp) != UCS_OK) rc = KVT_EIO;
+    if (rc == KVT_OK) rc = kvt__ucx_on(u->worker, KVT_UCX_AM_HELLO, on_hello, s);
+    if (rc == KVT_OK) rc = kvt__ucx_on(u->worker, KVT_UCX_AM_DATA, on_data, s);
     ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
                                 .sockaddr = {(const struct sockaddr *)a, sizeof(*a)},
                                 .conn_handler = {on_conn, s}};

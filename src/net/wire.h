@@ -16,6 +16,7 @@
 #ifndef KVTIER_NET_WIRE_H
 #define KVTIER_NET_WIRE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define KVT_WIRE_MAGIC 0x31307465766b7476ull /* "vtkvet01" little-endian */
@@ -47,6 +48,8 @@ int kvt__write_full(int fd, const void *buf, size_t len);
 struct sockaddr_in;
 /* "a.b.c.d:port" -> an IPv4 socket address; 0 or -1. */
 int kvt__parse_addr(const char *addr, struct sockaddr_in *sa);
+/* A listening TCP socket on a (port 0: any), its port in *port; or -1. */
+int kvt__tcp_listen(const struct sockaddr_in *a, uint16_t *port);
 /* "a.b.c.d:port" -> a connected TCP socket (TCP_NODELAY), or -1. */
 int kvt__tcp_connect(const char *addr);
 

@@ -71,6 +71,20 @@ int kvt__parse_addr(const char *addr, struct sockaddr_in *sa) {
     return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
 }
 
+int kvt__tcp_listen(const struct sockaddr_in *a, uint16_t *port) {
+    struct sockaddr_in b = *a;
+    socklen_t len = sizeof(b);
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0 || listen(fd, 64) != 0 ||
+        getsockname(fd, (struct sockaddr *)&b, &len) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *port = ntohs(b.sin_port);
+    return fd;
+}
+
 int kvt__tcp_connect(const char *addr) {
     struct sockaddr_in sa;
     if (kvt__parse_addr(addr, &sa) != 0) return -1;

@@ -57,6 +57,13 @@ int kvt__ucx_worker(ucp_context_h *ctx, ucp_worker_h *worker, ucs_thread_mode_t 
     return KVT_OK;
 }
 
+int kvt__ucx_on(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void *arg) {
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .id = id, .cb = cb, .arg = arg};
+    return ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK ? KVT_OK : KVT_EIO;
+}
+
 void kvt__ucx_fini(ucp_context_h ctx, ucp_worker_h worker) {
     if (worker) ucp_worker_destroy(worker);
     if (ctx) ucp_cleanup(ctx);
@@ -135,15 +142,8 @@ static int ucx_ctx_open(kvt_tier_t *t, void **out) {
     if (x == NULL) return KVT_ENOMEM;
     x->reply = 1;
     int rc = kvt__ucx_worker(&x->ctx, &x->worker, UCS_THREAD_MODE_SINGLE);
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                 .arg = x};
-    hp.id = KVT_UCX_AM_REPLY;
-    hp.cb = on_reply;
-    if (rc == KVT_OK && ucp_worker_set_am_recv_handler(x->worker, &hp) != UCS_OK) rc = KVT_EIO;
-    hp.id = KVT_UCX_AM_ACK;
-    hp.cb = on_ack;
-    if (rc == KVT_OK && ucp_worker_set_am_recv_handler(x->worker, &hp) != UCS_OK) rc = KVT_EIO;
+    if (rc == KVT_OK) rc = kvt__ucx_on(x->worker, KVT_UCX_AM_REPLY, on_reply, x);
+    if (rc == KVT_OK) rc = kvt__ucx_on(x->worker, KVT_UCX_AM_ACK, on_ack, x);
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
                           .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,

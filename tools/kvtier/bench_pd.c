@@ -65,15 +65,9 @@ static pid_t page_receiver(int transport, uint64_t pages, uint64_t pb, uint16_t 
 
 /* A child reading `bytes` per round from one socket, acknowledging each. */
 static pid_t raw_receiver(uint64_t bytes, uint16_t *port) {
-    int p[2];
-    if (pipe(p) != 0) return -1;
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(lfd, 1) != 0 ||
-        getsockname(lfd, (struct sockaddr *)&a, &len) != 0)
-        return -1;
-    *port = ntohs(a.sin_port);
+    int lfd = kvt__tcp_listen(&a, port);
+    if (lfd < 0) return -1;
     pid_t pid = fork();
     if (pid == 0) {
         int fd = accept(lfd, NULL, NULL);
@@ -85,8 +79,6 @@ static pid_t raw_receiver(uint64_t bytes, uint16_t *port) {
         _exit(0);
     }
     close(lfd);
-    close(p[0]);
-    close(p[1]);
     return pid;
 }
 

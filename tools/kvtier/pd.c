@@ -128,18 +128,9 @@ static void page_hashes(const trace_t *t, uint64_t i, const pd_opts_t *o, int32_
 }
 
 static int listen_any(uint16_t *port) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 64) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    *port = ntohs(a.sin_port);
-    return fd;
+    return kvt__tcp_listen(&a, port);
 }
-
 /* Adds an engine's statistics (lane -> decode) to a rank's. */
 static void collect(rank_out_t *out, kvt_xfer_t *x) {
     kvt_xfer_stats_t st = {.size = sizeof(st)};
