@@ -107,18 +107,13 @@ Test(kernels, cache_with_a_cuda_l1, .timeout = 120) {
         for (uint32_t i = 0; i < n * PT; i++) tok[i] = (int32_t)(fam * 1000 + i);
         kvt_cache_req_t req;
         cr_assert_eq(kvt_cache_admit(cache, 0, tok, n * PT, 0, ids, &req), KVT_OK);
-        kvt_hash128_t h = {0, 0};
+        kvt_hash128_t h[16];
+        kvt_page_hash_chain(0, tok, req.pages, PT, h);
         for (uint64_t j = 0; j < req.pages; j++) {
-            h = kvt_page_hash(&h, 0, tok + j * PT, PT);
-            for (uint32_t l = 0; l < 2; l++) {
-                if (j < req.pages - req.new_pages) {
-                    cr_assert_eq(kvt_tier_read(t[0], ids[j], l, buf), KVT_OK);
-                    cr_assert(kvt_pattern_check(buf, sizeof(buf), h.lo, h.hi, l), "request %d page %" PRIu64, r, j);
-                } else {
-                    kvt_pattern_fill(buf, sizeof(buf), h.lo, h.hi, l);
-                    cr_assert_eq(kvt_tier_write(t[0], ids[j], l, buf), KVT_OK);
-                }
-            }
+            if (j < req.pages - req.new_pages)
+                cr_assert(kvt_tier_pattern_check(t[0], ids[j], h[j].lo, h[j].hi, buf), "request %d page %" PRIu64, r, j);
+            else
+                cr_assert_eq(kvt_tier_pattern_fill(t[0], ids[j], h[j].lo, h[j].hi, buf), KVT_OK);
         }
         loads += req.l2_hit_pages;
         cr_assert_eq(kvt_cache_release(cache, &req), KVT_OK);
