@@ -234,21 +234,9 @@ static int ucx_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n
 }
 
 static int ucx_open(kvt_tier_t *t) {
-    t->base = NULL;
+    t->base = NULL; /* nothing local: the pages are the peer's */
     return KVT_OK;
 }
-
-static void ucx_close(kvt_tier_t *t) { (void)t; }
-
-const kvt__tier_ops_t kvt__tier_ucx_ops = {
-    .name = "ucx",
-    .host_visible = false,
-    .open = ucx_open,
-    .close = ucx_close,
-    .ctx_open = ucx_ctx_open,
-    .ctx_close = ucx_ctx_close,
-    .copy = ucx_copy,
-};
 
 #else /* no UCX in this build */
 
@@ -256,6 +244,7 @@ static int ucx_open(kvt_tier_t *t) {
     (void)t;
     return KVT_ENOTSUP;
 }
+#endif
 
 static void ucx_close(kvt_tier_t *t) { (void)t; }
 
@@ -264,5 +253,9 @@ const kvt__tier_ops_t kvt__tier_ucx_ops = {
     .host_visible = false,
     .open = ucx_open,
     .close = ucx_close,
-};
+#ifdef KVT_HAVE_UCX
+    .ctx_open = ucx_ctx_open,
+    .ctx_close = ucx_ctx_close,
+    .copy = ucx_copy,
 #endif
+};
