@@ -64,7 +64,7 @@ int kvt__parse_addr(const char *addr, struct sockaddr_in *sa) {
     if (colon == NULL || (size_t)(colon - addr) >= sizeof(host)) return -1;
     char *end;
     unsigned long port = strtoul(colon + 1, &end, 10);
-    if (colon[1] == '\0' || *end != '\0' || port > 65535) return -1;
+    if (colon[1] < '0' || colon[1] > '9' || *end != '\0' || port > 65535) return -1; /* digits only: no blank, no sign */
     memcpy(host, addr, (size_t)(colon - addr));
     host[colon - addr] = '\0';
     *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};

@@ -188,6 +188,59 @@ Test(replay, bad_trace_lines_name_their_line) {
     run_free(&r);
 }
 
+/* A line is one JSON object and nothing else: a trace that lost its newlines,
+ * trailing garbage, a NUL byte, a repeated key or a nesting past cJSON's
+ * limit are refused with file:line, never replayed short. */
+Test(replay, trace_lines_hold_one_object_only) {
+    const char *good = "{\"input_length\": 600, \"hash_ids\": [1, 2]}\n";
+    static char deep[2400];
+    size_t k = (size_t)snprintf(deep, sizeof(deep), "{\"input_length\": 5, \"hash_ids\": [1], \"x\": ");
+    for (int i = 0; i < 1001; i++) deep[k++] = '[';
+    for (int i = 0; i < 1001; i++) deep[k++] = ']';
+    deep[k++] = '}';
+    static const char nul_line[] = "{\"hash_ids\":[1],\"input_length\":5}\0{\"hash_ids\":[2],\"input_length\":5}";
+    const struct { const char *bad; size_t len; const char *msg; } cases[] = {
+        {"{\"hash_ids\":[1],\"input_length\":5}{\"hash_ids\":[2],\"input_length\":5}", 0,
+         "content after the JSON object at column 34 (one object a line)"},
+        {"{\"hash_ids\":[1],\"input_length\":5} trailing", 0, "content after the JSON object at column 35"},
+        {nul_line, sizeof(nul_line) - 1, "a NUL byte at column 34"},
+        {"{\"hash_ids\":[1],\"input_length\":5,\"hash_ids\":[7]}", 0, "duplicate key \"hash_ids\""},
+        {deep, k, "JSON nested 1002 levels deep; at most 1000 are read"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        static char text[4096];
+        size_t blen = cases[i].len ? cases[i].len : strlen(cases[i].bad), n = 0;
+        memcpy(text + n, good, strlen(good)), n += strlen(good);
+        memcpy(text + n, cases[i].bad, blen), n += blen; /* line 2 is bad */
+        text[n++] = '\n';
+        memcpy(text + n, good, strlen(good)), n += strlen(good);
+        char path[] = "/tmp/kvt-trace-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(write(fd, text, n), (ssize_t)n);
+        close(fd);
+        run_result_t r = RUN(path);
+        char want[160];
+        snprintf(want, sizeof(want), "%s:2: %s", path, cases[i].msg);
+        cr_assert_eq(r.status, 1, "case %zu: exit %d (%s)", i, r.status, r.out);
+        cr_assert_not_null(strstr(r.err, want), "case %zu: stderr: %s (want %s)", i, r.err, want);
+        cr_assert_str_eq(r.out, "", "case %zu: no summary", i);
+        unlink(path);
+        run_free(&r);
+    }
+    /* 1000 levels is cJSON's limit, and valid */
+    char ok[2400];
+    size_t m = (size_t)snprintf(ok, sizeof(ok), "{\"input_length\": 5, \"hash_ids\": [1], \"x\": ");
+    for (int i = 0; i < 999; i++) ok[m++] = '[';
+    for (int i = 0; i < 999; i++) ok[m++] = ']';
+    ok[m++] = '}', ok[m++] = '\n', ok[m] = 0;
+    char *path = write_tmp(ok);
+    run_result_t r = RUN(path, "--json");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    unlink(path);
+    run_free(&r);
+}
+
 Test(replay, bad_flags_say_what_is_allowed) {
     static const struct { const char *args[4]; const char *msg; } cases[] = {
         {{"--policy", "mru"}, "--policy: 'mru' is not one of lru|lfu|fifo|priority|slru|s2lru|arc"},
@@ -196,6 +249,12 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--page-tokens", "0"}, "--page-tokens: '0' is not an integer in [1, 512]"},
         {{"--l1-pages", "lots"}, "--l1-pages: 'lots' is not an integer in [1, 4294967295] or 'unbounded'"},
         {{"--sweep", "100,abc"}, "--sweep: 'abc' is not a capacity"},
+        {{"--sweep", "100, -1"}, "--sweep: ' -1' is not a capacity"},
+        {{"--limit", " -1"}, "--limit: ' -1' is not an integer in"},
+        {{"--limit", " 5"}, "--limit: ' 5' is not an integer in"},
+        {{"--limit", "+5"}, "--limit: '+5' is not an integer in"},
+        {{"--seed", "18446744073709551616"}, "--seed: '18446744073709551616' is not an integer in"},
+        {{"--l1-free-room", " 0.1"}, "--l1-free-room: ' 0.1' is not a number in"},
         {{"--plot", "x.png"}, "--plot: needs --sweep"},
         {{"--model", "gpt-9"}, "--model: 'gpt-9' is not one of llama-3-70b|"},
         {{"--frobnicate"}, "--frobnicate: unknown flag"},
@@ -217,6 +276,12 @@ Test(replay, bad_flags_say_what_is_allowed) {
     unsetenv("KVT_L2_FREE_ROOM");
     cr_assert_eq(r.status, 2);
     cr_assert_not_null(strstr(r.err, "KVT_L2_FREE_ROOM: '2' is not a number in [0, 0.5]"), "%s", r.err);
+    run_free(&r);
+    setenv("KVT_LIMIT", " -1", 1); /* strtoull alone takes this for 2^64 - 1 */
+    r = RUN("--limit", "1");
+    unsetenv("KVT_LIMIT");
+    cr_assert_eq(r.status, 2);
+    cr_assert_not_null(strstr(r.err, "KVT_LIMIT: ' -1' is not an integer in"), "%s", r.err);
     run_free(&r);
     r = RUN("--help");
     cr_assert_eq(r.status, 0);

@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -66,14 +67,25 @@ int cli_value(cli_t *c, const char **out) {
     return 0;
 }
 
-static int parse_u64(const char *s, uint64_t *out) {
-    if (s == NULL || *s == 0 || *s == '-' || *s == '+') return -1;
+/* Decimal digits only: strtoull alone would skip leading blanks and take a
+ * minus sign, so that " -1" became 2^64 - 1. */
+int cli_parse_u64(const char *s, uint64_t *out) {
+    if (s == NULL || !isdigit((unsigned char)*s)) return -1;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || *end) return -1;
     *out = v;
     return 0;
+}
+
+int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b) {
+    char buf[64];
+    const char *colon = s ? strchr(s, ':') : NULL;
+    if (colon == NULL || (size_t)(colon - s) >= sizeof(buf)) return -1;
+    memcpy(buf, s, (size_t)(colon - s));
+    buf[colon - s] = 0;
+    return cli_parse_u64(buf, a) || cli_parse_u64(colon + 1, b) ? -1 : 0;
 }
 
 /* "a|b|c" */
@@ -91,7 +103,7 @@ static int u64_in(cli_t *c, const char *s, uint64_t lo, uint64_t hi, const char 
                   uint64_t *out) {
     uint64_t v;
     if (word && strcmp(s, word) == 0) return *out = word_value, 0;
-    if (parse_u64(s, &v) || v < lo || v > hi)
+    if (cli_parse_u64(s, &v) || v < lo || v > hi)
         return cli_error(c, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]%s%s%s", s, lo, hi,
                          word ? " or '" : "", word ? word : "", word ? "'" : "");
     *out = v;
@@ -102,7 +114,7 @@ static int double_in(cli_t *c, const char *s, double lo, double hi, bool lo_open
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    bool bad = *s == 0 || errno || *end || !isfinite(v) || (lo_open ? v <= lo : v < lo) || (hi_open ? v >= hi : v > hi);
+    bool bad = !(isdigit((unsigned char)*s) || *s == '.' || *s == '-') || errno || *end || !isfinite(v) || (lo_open ? v <= lo : v < lo) || (hi_open ? v >= hi : v > hi);
     if (bad)
         return cli_error(c, "'%s' is not a number in %c%g, %g%c", s, lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
     *out = v;

@@ -34,6 +34,11 @@ struct cJSON;
 void cli_print_json(struct cJSON *o);
 
 int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out);
+/* A decimal number of digits only (no blank, sign or suffix) that fits in 64
+ * bits: 0, else -1. */
+int cli_parse_u64(const char *s, uint64_t *out);
+/* "A:B", both as cli_parse_u64: 0, else -1. */
+int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b);
 int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out);
 int cli_choice(cli_t *c, const char *const *choices, int *out);
 /* Comma-separated unsigned integers in [lo, hi]; at most cap of them. */

@@ -62,6 +62,7 @@
 
 #define MAX_RANKS 32
 #define MAX_LIVE 256 /* hand-offs decode tracks at once */
+#define MAX_DELAY_MS 600000u /* --delay-rank: 10 minutes at most per hand-off */
 
 /* ---- control messages -------------------------------------------------------- */
 
@@ -788,11 +789,12 @@ int cmd_pd(int argc, char **argv) {
         return cli_error(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)") ? 2 : 2;
     }
     if (o.delay) {
-        unsigned long long ms;
-        char tail;
+        uint64_t rank, ms;
         c.flag = "--delay-rank";
-        if (sscanf(o.delay, "%u:%llu%c", &o.delay_rank, &ms, &tail) != 2 || o.delay_rank >= o.ranks)
-            return cli_error(&c, "expected R:MS with R < --ranks (%" PRIu64 "), got '%s'", o.ranks, o.delay) ? 2 : 2;
+        if (cli_parse_pair(o.delay, &rank, &ms) || rank >= o.ranks || ms > MAX_DELAY_MS)
+            return cli_error(&c, "expected R:MS with R < --ranks (%" PRIu64 ") and MS <= %u, got '%s'", o.ranks,
+                             MAX_DELAY_MS, o.delay) ? 2 : 2;
+        o.delay_rank = (unsigned)rank;
         o.delay_ms = ms;
     }
     if (o.max_pages > o.decode_pages) {

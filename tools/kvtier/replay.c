@@ -427,11 +427,11 @@ int cmd_replay(int argc, char **argv) {
         snprintf(buf, sizeof(buf), "%s", o.sweep);
         c.flag = "--sweep";
         for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-            char *end;
-            unsigned long long v = strtoull(tok, &end, 10);
+            uint64_t v = 0;
+            bool bad = cli_parse_u64(tok, &v) != 0;
             if (nsweep == MAX_SWEEP) return cli_error(&c, "at most %d capacities", MAX_SWEEP) ? 2 : 2;
             if (strcmp(tok, "unbounded") == 0) sweep[nsweep++] = UNBOUNDED;
-            else if (*tok == 0 || *tok == '-' || *end || v == 0 || v > KVT_ALLOC_MAX_PAGES)
+            else if (bad || v == 0 || v > KVT_ALLOC_MAX_PAGES)
                 return cli_error(&c, "'%s' is not a capacity in [1, %u] or 'unbounded'", tok, KVT_ALLOC_MAX_PAGES) ? 2 : 2;
             else sweep[nsweep++] = v;
         }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,14 +63,64 @@ static int whole(const cJSON *v, double max, uint64_t *out) {
     return 0;
 }
 
+/* The deepest nesting of arrays and objects in text, strings skipped: cJSON
+ * refuses past CJSON_NESTING_LIMIT, and "not valid JSON" would be wrong. */
+static size_t nesting(const char *text, size_t len) {
+    size_t depth = 0, deepest = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = text[i];
+        if (in_string) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in_string = false;
+        } else if (ch == '"') {
+            in_string = true;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > deepest) deepest = depth;
+        } else if ((ch == ']' || ch == '}') && depth > 0) {
+            depth--;
+        }
+    }
+    return deepest;
+}
+
+/* The first key of object o that appears twice, or NULL. Objects of a trace
+ * have a handful of keys: a quadratic look is cheapest. */
+static const char *duplicate_key(const cJSON *o) {
+    for (const cJSON *a = o->child; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (a->string && b->string && strcmp(a->string, b->string) == 0) return a->string;
+    return NULL;
+}
+
 static int parse_line(const char *path, size_t lineno, const char *text, size_t len, trace_req_t *r, char *err,
                       size_t errlen) {
+    size_t depth = nesting(text, len);
+    if (depth > CJSON_NESTING_LIMIT)
+        return line_error(err, errlen, path, lineno, "JSON nested %zu levels deep; at most %d are read", depth,
+                          CJSON_NESTING_LIMIT);
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     int rc = -1;
     if (o == NULL) {
         size_t col = end && end >= text ? (size_t)(end - text) + 1 : 1;
         return line_error(err, errlen, path, lineno, "not valid JSON (near column %zu)", col);
+    }
+    /* One object a line: anything after it (a second object of a trace that
+     * lost its newlines, garbage, a NUL byte) would otherwise be dropped. */
+    size_t used = end && end >= text ? (size_t)(end - text) : len;
+    while (used < len && (text[used] == ' ' || text[used] == '\t')) used++;
+    if (used < len) {
+        cJSON_Delete(o);
+        if (text[used] == 0) return line_error(err, errlen, path, lineno, "a NUL byte at column %zu", used + 1);
+        return line_error(err, errlen, path, lineno, "content after the JSON object at column %zu (one object a line)",
+                          used + 1);
+    }
+    const char *dup = cJSON_IsObject(o) ? duplicate_key(o) : NULL;
+    if (dup) {
+        line_error(err, errlen, path, lineno, "duplicate key \"%.40s\"", dup);
+        cJSON_Delete(o);
+        return -1;
     }
     memset(r, 0, sizeof(*r));
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "hash_ids");
