@@ -77,7 +77,18 @@ bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d) {
 static bool greet(kvt_net_server_t *s, int fd) {
     kvt__wire_hello_t h;
     kvt__wire_reply_t r;
-    if (kvt__read_full(fd, &h, sizeof(h)) != 0) return false;
+    bool heard = kvt__read_full(fd, &h, sizeof(h)) == 0;
+    pthread_mutex_lock(&s->mu);
+    s->st.awaiting_hello--;
+    pthread_mutex_unlock(&s->mu);
+    if (!heard) {
+        bool stopping;
+        pthread_mutex_lock(&s->mu);
+        stopping = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (!stopping) kvt__net_note(s, &s->st.bad_peers, "a peer sent no whole hello within 5 s (fd %d): closed", fd);
+        return false;
+    }
     int v = kvt__net_check_hello(s, &h, sizeof(h), &r);
     if (v < 0) return false; /* not ours: no reply, just close */
     return kvt__write_full(fd, &r, sizeof(r)) == 0 && v == 0;
@@ -167,12 +178,14 @@ static void *accept_main(void *arg) {
         c->fd = fd;
         pthread_mutex_lock(&s->mu);
         s->st.connections++;
+        s->st.awaiting_hello++;
         c->next = s->conns;
         s->conns = c;
         pthread_mutex_unlock(&s->mu);
         if (pthread_create(&c->th, NULL, conn_main, c) != 0) { /* no thread: no connection */
             pthread_mutex_lock(&s->mu);
             s->conns = c->next; /* still the head: only this thread adds */
+            s->st.awaiting_hello--;
             pthread_mutex_unlock(&s->mu);
             close(fd);
             KVT_DELETE(c);

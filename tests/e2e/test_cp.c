@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <time.h>
@@ -124,4 +125,51 @@ Test(cp, bad_flags) {
         cr_assert(strstr(r.err, cases[i].want), "case %zu: '%s' not in: %s", i, cases[i].want, r.err);
         run_free(&r);
     }
+}
+
+/* A file of another program under the group's segment name is refused by
+ * rank 0, which names it and says why, and is never deleted; the other ranks
+ * do not claim to have timed out. (The shell execs kvtier, so $$ is the
+ * coordinator's pid, which names the segment.) */
+Test(cp, foreign_file_at_the_segment_name_is_left_alone, .timeout = 60) {
+    run_result_t r = run_argv((const char *const[]){
+        "/bin/bash", "-c",
+        "f=/dev/shm/kvtier-cp-$$-l2; echo 'not mine' > $f; echo \"$f\" >&2; exec \"$0\" cp --ranks 2 \"$1\" --limit 50 "
+        "--page-tokens 64 --l1-pages 512 --l2-pages 300 --data --bytes-per-token 64",
+        kvtier_bin(), TRACE, NULL});
+    char path[128] = {0};
+    cr_assert_eq(sscanf(r.err, "%127s", path), 1, "%s", r.err);
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    char want[200];
+    snprintf(want, sizeof(want), "rank 0: cannot create the L2 segment %s: the name is taken by a file that is not a kvtier segment", path);
+    cr_assert(strstr(r.err, want), "rank 0 names the file and why: %s", r.err);
+    cr_assert_null(strstr(r.err, "timed out"), "the stopped ranks do not say they timed out: %s", r.err);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "the other program's file is still there: %s", path);
+    char text[32] = {0};
+    cr_assert_not_null(fgets(text, sizeof(text), f));
+    fclose(f);
+    cr_assert_str_eq(text, "not mine\n", "and unchanged");
+    unlink(path);
+    run_free(&r);
+}
+
+/* The ranks die with their coordinator, even when it is killed with SIGKILL. */
+Test(cp, ranks_die_with_their_coordinator, .timeout = 60) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(kvtier_bin(), "kvtier", "cp", "--ranks", "2", TRACE, "--page-tokens", "16", "--l1-pages", "2048",
+              "--l2-pages", "3000", "--digest-every", "1", "--limit", "3911", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200 && processes_with("--limit 3911") < 3; i++) usleep(10000); /* coordinator + 2 ranks */
+    cr_assert_eq(processes_with("--limit 3911"), 3, "the group is running");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int left = 1;
+    for (int i = 0; i < 300 && (left = processes_with("--limit 3911")) > 0; i++) usleep(10000);
+    cr_assert_eq(left, 0, "no rank runs on as an orphan");
 }

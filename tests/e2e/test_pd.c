@@ -4,7 +4,11 @@
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/json.h"
 #include "common/proc.h"
@@ -110,6 +114,15 @@ Test(pd, bad_flags) {
         {(const char *const[]){NULL, "pd", "--delay-rank", "9:10", NULL}, "R < --ranks"},
         {(const char *const[]){NULL, "pd", "--delay-rank", "x", NULL}, "expected R:MS"},
         {(const char *const[]){NULL, "pd", "--max-pages", "100", "--decode-pages", "50", NULL}, "must hold one hand-off"},
+        {(const char *const[]){NULL, "pd", "--delay-rank", "1:99999999999999999999", NULL}, "MS <= 600000"},
+        {(const char *const[]){NULL, "pd", "--delay-rank", "1:600001", NULL}, "MS <= 600000"},
+        {(const char *const[]){NULL, "pd", "--delay-rank", "1: 5", NULL}, "expected R:MS"},
+        {(const char *const[]){NULL, "pd", "--delay-rank", "-1:5", NULL}, "expected R:MS"},
+        /* a 48.8 TiB pool: refused up front with the numbers, not "set-up failed" */
+        {(const char *const[]){NULL, "pd", "--ranks", "2", TRACE, "--page-tokens", "512", "--bytes-per-token", "1048576",
+                               "--decode-pages", "100000", NULL},
+         "--decode-pages: 50129.0 GiB of pages (decode's 100000 + 2 ranks' lanes of 129 pages of 524288.0 KiB) is more "
+         "than 60% of this machine's"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         run_result_t r = run_argv(cases[i].argv);
@@ -149,4 +162,112 @@ Test(pd, stats_as_prometheus_text, .timeout = 60) {
                           "kvtier_pd_decode_handoffs ", "kvtier_pd_decode_handoff_ns_count"};
     for (int i = 0; i < 4; i++) cr_assert(strstr(r.err, want[i]), "'%s' not in: %s", want[i], r.err);
     run_free(&r);
+}
+
+/* Bad peers on both of decode's ports, queued before any rank can connect
+ * (KVT_PD_TEST_PEERS makes decode open them against itself, so they are
+ * first in line: no race to win). Before the fix the first silent control
+ * connection blocked decode's read of its hello for good. The real ranks
+ * join past them, every hand-off completes, and every bad peer is reported:
+ * on stderr, in --json and in --stats. */
+Test(pd, bad_peers_are_turned_away_and_shown, .timeout = 60) {
+    setenv("KVT_PD_TEST_PEERS", "stall:50,rank0,garbage,data-garbage,data-geometry,data-huge,data-outside,data-wrap,data-stall:5", 1);
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "40", "--json", NULL});
+    run_result_t s = run_argv((const char *const[]){NULL, "pd", "--ranks", "2", TRACE, "--requests", "10", "--stats", "json", NULL});
+    unsetenv("KVT_PD_TEST_PEERS");
+    cJSON *o = json_of(&r);
+    cr_assert_eq(num(o, "failed"), 0, "%s", r.err);
+    cr_assert_eq(num(o, "not_attempted"), 0);
+    cr_assert_eq(num(o, "mismatches"), 0);
+    cJSON *bp = cJSON_GetObjectItem(o, "bad_peers");
+    cr_assert(cJSON_IsObject(bp), "%s", r.out);
+    cr_assert_eq(num(bp, "control_dropped"), 52, "50 silent, a rank 0 without the token, garbage");
+    cr_assert_eq(num(bp, "data_refused"), 1, "the wrong geometry");
+    cr_assert_eq(num(bp, "data_malformed"), 4, "garbage, 2^40 bytes, outside the pool, a wrapping offset");
+    cr_assert_eq(num(bp, "data_silent"), 5, "silent at the end");
+    cr_assert(strstr(r.err, "decode turned peers away: data port 1 hellos refused, 4 malformed or silent, 5 still silent"
+                            " at the end"), "%s", r.err);
+    cr_assert(strstr(r.err, "control port 52 dropped"), "%s", r.err);
+    cr_assert_eq(s.status, 0, "%s", s.err);
+    cr_assert(strstr(s.err, "\"control_bad_peers\":\t52") || strstr(s.err, "\"control_bad_peers\": 52"), "--stats: %s", s.err);
+    cJSON_Delete(o);
+    run_free(&r);
+    run_free(&s);
+}
+
+/* Silent control peers time out (HELLO_TIMEOUT_MS, 2 s) while the group
+ * forms: decode holds its ports back from the ranks for 2.5 s. */
+Test(pd, silent_control_peers_time_out, .timeout = 60) {
+    setenv("KVT_PD_TEST_PEERS", "stall:3,hold:2500", 1);
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "2", TRACE, "--requests", "10", "--json", NULL});
+    unsetenv("KVT_PD_TEST_PEERS");
+    cJSON *o = json_of(&r);
+    cJSON *bp = cJSON_GetObjectItem(o, "bad_peers");
+    cr_assert_eq(num(bp, "control_dropped"), 3);
+    cr_assert_str_eq(cJSON_GetObjectItem(bp, "control_last_error")->valuestring,
+                     "control port: a peer said no hello within 2000 ms");
+    cr_assert_eq(num(o, "failed"), 0);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+/* A decode that dies with no restart to come: the ranks stop waiting at
+ * once and say why themselves (before the coordinator's grace ends), and
+ * hand-offs never attempted are not counted as failed. */
+Test(pd, dead_decode_without_restart_ends_fast_and_counts_right, .timeout = 60) {
+    setenv("KVT_PD_DECODE_KILL", "10", 1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "66", NULL});
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    unsetenv("KVT_PD_DECODE_KILL");
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert_eq(r.status, 1, "%s", r.err);
+    cr_assert_lt(s, 4.5, "ended in %.1f s: the ranks did not wait out the 5 s grace", s);
+    cr_assert(strstr(r.err, "and is not restarted; its pages released"), "the ranks say why: %s", r.err);
+    unsigned long long done = 0, failed = 0, never = 0;
+    const char *line = strstr(r.err, "decode died (signal 9, Killed); ");
+    cr_assert_not_null(line, "%s", r.err);
+    cr_assert_eq(sscanf(line, "decode died (signal 9, Killed); %llu hand-offs completed, %llu failed, %llu not attempted",
+                        &done, &failed, &never), 3, "%s", line);
+    cr_assert_eq(done, 10);
+    cr_assert_gt(never, 0, "the hand-offs after the furthest rank were never attempted: %s", line);
+    cr_assert_lt(failed, 43 - 10 - never + 1, "%s", line);
+    cr_assert_eq(processes_with("--requests 66"), 0, "nothing left running");
+    run_free(&r);
+}
+
+/* With --decode-restarts, a run that lost hand-offs ends saying why it failed. */
+Test(pd, a_failed_run_says_why_last, .timeout = 60) {
+    setenv("KVT_PD_DECODE_KILL", "10", 1);
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "67",
+                                                    "--decode-restarts", "1", NULL});
+    unsetenv("KVT_PD_DECODE_KILL");
+    cr_assert_eq(r.status, 1, "%s", r.err);
+    size_t n = strlen(r.err);
+    while (n > 0 && r.err[n - 1] == '\n') n--;
+    const char *last = r.err + n;
+    while (last > r.err && last[-1] != '\n') last--;
+    cr_assert_eq(strncmp(last, "kvtier pd: failed: ", 19), 0, "the last line says why: %s", last);
+    cr_assert(strstr(last, "lost with a decode that died"), "%s", last);
+    run_free(&r);
+}
+
+/* The ranks and decode die with their coordinator, even on SIGKILL. */
+Test(pd, ranks_die_with_their_coordinator, .timeout = 60) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(kvtier_bin(), "kvtier", "pd", "--ranks", "2", TRACE, "--requests", "401", "--delay-rank", "1:50", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200 && processes_with("--requests 401") < 4; i++) usleep(10000); /* coordinator, decode, 2 ranks */
+    cr_assert_eq(processes_with("--requests 401"), 4, "the group is running");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int left = 1;
+    for (int i = 0; i < 300 && (left = processes_with("--requests 401")) > 0; i++) usleep(10000);
+    cr_assert_eq(left, 0, "no process of the group runs on as an orphan");
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -87,6 +88,8 @@ int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b) {
     buf[colon - s] = 0;
     return cli_parse_u64(buf, a) || cli_parse_u64(colon + 1, b) ? -1 : 0;
 }
+
+double cli_machine_memory(void) { return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE); }
 
 /* "a|b|c" */
 static void join_choices(const char *const *choices, char *buf, size_t cap) {

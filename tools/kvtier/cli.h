@@ -39,6 +39,8 @@ int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_parse_u64(const char *s, uint64_t *out);
 /* "A:B", both as cli_parse_u64: 0, else -1. */
 int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b);
+/* This machine's physical memory, bytes. */
+double cli_machine_memory(void);
 int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out);
 int cli_choice(cli_t *c, const char *const *choices, int *out);
 /* Comma-separated unsigned integers in [lo, hi]; at most cap of them. */

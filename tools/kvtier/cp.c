@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -76,11 +77,13 @@ typedef struct rank_slot {
     uint64_t owned_pages, dealt_pages, l1_hit_pages, loads, load_bytes, backups, backup_bytes, verified, mismatches;
     uint64_t tokens, hit_tokens, l1_hit_tokens;
     uint64_t wait_ns, digest;
-    char err[200];
+    char err[320];
 } rank_slot_t;
 
 typedef struct ctl {
     _Atomic int stop;
+    _Atomic int l2_created; /* rank 0 created the L2 segment: l2_dev, l2_ino name it */
+    uint64_t l2_dev, l2_ino;
     uint32_t ranks;
     uint64_t nreq, l2_pages;
     uint64_t divergence; /* rank 0: first request (1-based) at which digests differ, 0: none */
@@ -224,17 +227,47 @@ static void on_done(void *arg, const kvt_xfer_done_t *d) {
 
 /* ---- a rank --------------------------------------------------------------------- */
 
+/* The file behind a POSIX shm name. */
+static int stat_segment(const char *name, struct stat *st) {
+    char path[96];
+    snprintf(path, sizeof(path), "/dev/shm%s", name);
+    return stat(path, st);
+}
+
 static int open_l2(rank_t *k) {
     const opts_t *o = k->o;
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_SHM, .name = k->g->l2_name, .flags = KVT_TIER_CHECKSUM,
                             .geom = {o->l2_pages, k->layers, k->layer_bytes, (kvt_layout_t)o->layout}};
-    if (k->r == 0) return kvt_tier_create(&k->l2, &tc);
+    if (k->r == 0) {
+        int rc = kvt_tier_create(&k->l2, &tc);
+        struct stat st;
+        if (rc == KVT_OK && stat_segment(k->g->l2_name, &st) == 0) { /* what the coordinator may unlink */
+            k->g->ctl->l2_dev = (uint64_t)st.st_dev;
+            k->g->ctl->l2_ino = (uint64_t)st.st_ino;
+            atomic_store(&k->g->ctl->l2_created, 1);
+        }
+        if (rc == KVT_EEXIST)
+            fail(k, "rank 0: cannot create the L2 segment /dev/shm%s: the name is taken by a file that is not a kvtier "
+                    "segment, or by a live process's segment; it was left alone (remove it, or run elsewhere)",
+                 k->g->l2_name);
+        else if (rc != KVT_OK)
+            fail(k, "rank 0: cannot create the L2 segment /dev/shm%s: %s", k->g->l2_name, kvt_strerror(rc));
+        return rc;
+    }
     tc.flags |= KVT_TIER_ATTACH;
     uint64_t t0 = now_ns();
     for (;;) { /* rank 0 creates it */
         int rc = kvt_tier_create(&k->l2, &tc);
-        if (rc != KVT_ENOENT) return rc;
-        if (atomic_load(&k->g->ctl->stop) || now_ns() - t0 > 20000000000ull) return KVT_ETIMEDOUT;
+        if (rc == KVT_OK) return rc;
+        if (rc != KVT_ENOENT) {
+            fail(k, "rank %u: cannot attach the L2 segment /dev/shm%s: %s", k->r, k->g->l2_name, kvt_strerror(rc));
+            return rc;
+        }
+        if (atomic_load(&k->g->ctl->stop)) return KVT_EIO; /* another rank failed, and said why */
+        if (now_ns() - t0 > 20000000000ull) {
+            fail(k, "rank %u: the L2 segment /dev/shm%s did not appear in 20 s", k->r, k->g->l2_name);
+            return KVT_ETIMEDOUT;
+        }
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
@@ -319,8 +352,9 @@ static int run_rank(rank_t *k) {
     const opts_t *o = k->o;
     int rc = setup(k);
     if (rc != KVT_OK) {
-        fail(k, "rank %u: set-up failed: %s", k->r, kvt_strerror(rc));
-        return 1;
+        if (atomic_load(&k->me->state) != FAILED && !atomic_load(&k->g->ctl->stop))
+            fail(k, "rank %u: set-up failed: %s", k->r, kvt_strerror(rc));
+        return 1; /* stopped by another rank's failure: that one says why */
     }
     size_t max_tokens = (size_t)k->t->max_blocks * TRACE_BLOCK_TOKENS;
     int32_t *tok = malloc(max_tokens * sizeof(int32_t));
@@ -484,6 +518,16 @@ static void print_result(const group_t *g, const opts_t *o, uint64_t n, double w
            lmin, lmax, rmin, rmax, mism);
 }
 
+/* The L2 segment goes only if it is the one rank 0 created: a name that
+ * rank 0 found taken (another program's file, a live group's segment) is
+ * never unlinked. */
+static void unlink_own_segment(const group_t *g) {
+    struct stat st;
+    if (atomic_load(&g->ctl->l2_created) && stat_segment(g->l2_name, &st) == 0 && (uint64_t)st.st_dev == g->ctl->l2_dev &&
+        (uint64_t)st.st_ino == g->ctl->l2_ino)
+        shm_unlink(g->l2_name);
+}
+
 static const char USAGE[] =
     "usage: kvtier cp --ranks C [TRACE.jsonl] [replay options]\n"
     "\n"
@@ -557,7 +601,7 @@ int cmd_cp(int argc, char **argv) {
     int why = 0;
     int dead = group_watch(ch, (uint32_t)ranks, &g.ctl->stop, &why, 0, NULL, NULL);
     double wall = (double)(now_ns() - t0) / 1e9;
-    shm_unlink(g.l2_name); /* rank 0 unlinks it; after a crash, nobody else will */
+    unlink_own_segment(&g); /* rank 0 unlinks it; after a crash, nobody else will */
     int code = 0;
     if (rc != KVT_OK) {
         fprintf(stderr, "kvtier cp: could not start every rank\n");

@@ -5,11 +5,16 @@
 #include <time.h>
 #include <stdint.h>
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
 static volatile sig_atomic_t g_signalled;
+static pid_t g_coordinator;
 
 static void on_signal(int sig) { g_signalled = sig; }
 
 void group_catch_signals(void) {
+    g_coordinator = getpid();
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
@@ -21,6 +26,11 @@ void group_child_signals(void) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
+    /* A child dies with its coordinator, even one killed with SIGKILL (which
+     * cannot stop the group): no rank runs on as an orphan. The parent may
+     * have died before the prctl: then the check after it catches it. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != g_coordinator) _exit(1);
 }
 
 static uint64_t now_ns(void) {

@@ -17,7 +17,8 @@ typedef struct child {
 } child_t;
 
 /* SIGINT, SIGTERM, SIGHUP to the coordinator are noted (group_watch acts on
- * them) instead of killing it; a child puts the defaults back. */
+ * them) instead of killing it; a child (right after fork) puts the defaults
+ * back and asks for SIGTERM when the coordinator dies, however it dies. */
 void group_catch_signals(void);
 void group_child_signals(void);
 

@@ -28,16 +28,19 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -68,6 +71,15 @@
 
 enum { MSG_HELLO = 1, MSG_REQ = 2, MSG_DST = 3, MSG_DONE = 4 };
 
+/* A hello is {HELLO, rank, 0, token, PD_VERSION, PD_MAGIC}: the token is the
+ * group's secret (random, in the control block), so that a stranger on the
+ * control port cannot take a rank's place. A goodbye is {HELLO, rank,
+ * UINT64_MAX, ...}. */
+#define PD_MAGIC 0x6470766b /* "kvpd" */
+#define PD_VERSION 2
+#define HELLO_TIMEOUT_MS 2000 /* a control peer that has not said hello by then is dropped */
+#define MAX_PENDING 128       /* control connections awaiting their hello at once */
+
 typedef struct msg {
     uint32_t type, rank;
     uint64_t handoff, npages;
@@ -87,8 +99,10 @@ typedef struct rank_out {
 
 typedef struct ctl {
     _Atomic int stop;
+    _Atomic int decode_lost; /* decode died and is not restarted: nothing to wait for */
     _Atomic uint32_t data_port, ctl_port;
     _Atomic uint32_t gen; /* decode's generation: restarts so far */
+    uint64_t token;       /* the group's secret, in every rank's hello */
     uint64_t resume_from; /* after a restart: the first hand-off every rank can still deliver */
     uint64_t total;       /* hand-offs in the run (requests of at least one page per rank) */
     rank_out_t rank[MAX_RANKS];
@@ -99,6 +113,9 @@ typedef struct ctl {
     kvt_hist_t handoff_ns;
     uint64_t last_lander[MAX_RANKS];
     char decode_err[200];
+    /* peers decode turned away, over every generation */
+    uint64_t data_refused, data_bad, data_silent, ctl_bad;
+    char data_last_error[128], ctl_last_error[128];
 } ctl_t;
 
 typedef struct pd_opts {
@@ -352,6 +369,178 @@ static void on_gone(decode_t *d, uint32_t r, bool finished) {
     retry_waiting(d);
 }
 
+/* ---- decode: who may join ----------------------------------------------------------- */
+
+static void ctl_drop(decode_t *d, int fd, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void ctl_drop(decode_t *d, int fd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->ctl->ctl_last_error, sizeof(d->ctl->ctl_last_error), fmt, ap);
+    va_end(ap);
+    d->ctl->ctl_bad++;
+    close(fd);
+}
+
+/* The data port's bad peers (the page server counts them) into the control block. */
+static void note_data_peers(decode_t *d) {
+    kvt_net_server_stats_t ss = {.size = sizeof(ss)};
+    if (kvt_net_server_stats(d->srv, &ss) != KVT_OK) return;
+    d->ctl->data_refused += ss.refused;
+    d->ctl->data_bad += ss.bad_peers;
+    d->ctl->data_silent += ss.awaiting_hello;
+    if (ss.last_error[0]) snprintf(d->ctl->data_last_error, sizeof(d->ctl->data_last_error), "%s", ss.last_error);
+}
+
+typedef struct pending {
+    int fd;
+    uint64_t deadline;
+    size_t got;
+    msg_t m;
+} pending_t;
+
+/* A whole hello from p: a rank's slot, taken once; anything else drops it. */
+static void on_hello(decode_t *d, pending_t *p, uint32_t *joined) {
+    const msg_t *m = &p->m;
+    if (m->type != MSG_HELLO || (uint32_t)m->pad != PD_MAGIC || m->status != PD_VERSION)
+        return ctl_drop(d, p->fd, "control port: not a kvtier pd hello (type %u)", m->type);
+    if (m->npages != d->ctl->token) return ctl_drop(d, p->fd, "control port: a hello for rank %u without the group's token", m->rank);
+    if (m->rank >= d->C) return ctl_drop(d, p->fd, "control port: a hello for rank %u of %u", m->rank, d->C);
+    if (d->fd[m->rank] >= 0) return ctl_drop(d, p->fd, "control port: rank %u said hello twice", m->rank);
+    int fl = fcntl(p->fd, F_GETFL);
+    int one = 1; /* replies are small and awaited: never hold them back */
+    if (fl < 0 || fcntl(p->fd, F_SETFL, fl & ~O_NONBLOCK) != 0 ||
+        setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
+        return ctl_drop(d, p->fd, "control port: rank %u: cannot set up its socket", m->rank);
+    d->fd[m->rank] = p->fd;
+    (*joined)++;
+}
+
+/* Publishes the ports at publish_at; then every rank says hello on its
+ * control connection, within 20 s of the start. Connections
+ * are read without blocking, each with HELLO_TIMEOUT_MS to say hello, so a
+ * peer that connects and stays silent (or sends garbage, or claims a rank
+ * without the token) is dropped and counted while the real ranks join. */
+static int accept_ranks(decode_t *d, int lfd, uint16_t dport, uint16_t cport, uint64_t publish_at) {
+    pending_t pend[MAX_PENDING];
+    uint32_t np = 0, joined = 0;
+    uint64_t t0 = now_ns();
+    bool published = false;
+    while (joined < d->C) {
+        if (!published && now_ns() >= publish_at) { /* the ranks may connect from here on */
+            atomic_store(&d->ctl->data_port, dport);
+            atomic_store(&d->ctl->ctl_port, cport);
+            published = true;
+        }
+        struct pollfd pf[MAX_PENDING + 1];
+        pf[0] = (struct pollfd){lfd, POLLIN, 0};
+        for (uint32_t i = 0; i < np; i++) pf[i + 1] = (struct pollfd){pend[i].fd, POLLIN, 0};
+        int n = poll(pf, np + 1, 50);
+        uint64_t now = now_ns();
+        if (atomic_load(&d->ctl->stop) || now - t0 > 20000000000ull) {
+            snprintf(d->ctl->decode_err, sizeof(d->ctl->decode_err), "decode: %u of %u ranks connected in 20 s", joined, d->C);
+            break;
+        }
+        for (uint32_t i = np; n > 0 && i-- > 0;) { /* backwards: a finished entry takes the last one's place */
+            pending_t *p = &pend[i];
+            bool done = false;
+            if (pf[i + 1].revents) {
+                ssize_t r = recv(p->fd, (uint8_t *)&p->m + p->got, sizeof(msg_t) - p->got, 0);
+                if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+                    ctl_drop(d, p->fd, "control port: a peer closed before its hello"), done = true;
+                else if (r > 0 && (p->got += (size_t)r) == sizeof(msg_t))
+                    on_hello(d, p, &joined), done = true;
+            }
+            if (!done && now > p->deadline)
+                ctl_drop(d, p->fd, "control port: a peer said no hello within %d ms", HELLO_TIMEOUT_MS), done = true;
+            if (done) pend[i] = pend[--np];
+        }
+        for (uint32_t i = np; n <= 0 && i-- > 0;) /* quiet: only the deadlines */
+            if (now > pend[i].deadline) {
+                ctl_drop(d, pend[i].fd, "control port: a peer said no hello within %d ms", HELLO_TIMEOUT_MS);
+                pend[i] = pend[--np];
+            }
+        if (n > 0 && (pf[0].revents & POLLIN)) {
+            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0 && np == MAX_PENDING) ctl_drop(d, fd, "control port: more than %d peers awaiting their hello", MAX_PENDING);
+            else if (fd >= 0) pend[np++] = (pending_t){fd, now + HELLO_TIMEOUT_MS * 1000000ull, 0, {0}};
+        }
+    }
+    for (uint32_t i = 0; i < np; i++) /* the group is complete (or failed): the silent ones go */
+        ctl_drop(d, pend[i].fd, "control port: a peer still without a hello when the group was complete");
+    return joined == d->C ? 0 : -1;
+}
+
+/* Tests only: KVT_PD_TEST_PEERS="stall:N,rank0,garbage,data-garbage,
+ * data-geometry,data-huge,data-outside,data-wrap,data-stall:N,hold:MS"
+ * makes decode itself open those bad peers against its own ports before
+ * any rank can connect (so they are deterministically first in line), and
+ * hold its ports back from the ranks for MS ms (so that silent peers time
+ * out while the group forms). The data-port ones are waited for until the
+ * page server has judged them. */
+typedef struct test_peers {
+    int fd[256];
+    uint32_t n;
+    uint64_t hold_ms;
+} test_peers_t;
+
+static int test_connect(test_peers_t *a, uint16_t port) {
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    int fd = a->n < 256 ? kvt__tcp_connect(addr) : -1;
+    if (fd >= 0) a->fd[a->n++] = fd;
+    return fd;
+}
+
+static void test_peers(test_peers_t *a, decode_t *d, uint16_t dport, uint16_t cport) {
+    const char *spec = getenv("KVT_PD_TEST_PEERS");
+    if (spec == NULL) return;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    uint64_t hold_ms = 0, judged = 0;
+    uint64_t pb = d->o->bytes_per_token * d->o->page_tokens;
+    kvt__wire_hello_t good = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, KVT_LAYOUT_PAGE_FIRST, 1, 0, d->o->decode_pages, pb};
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        uint64_t k = 1;
+        char *colon = strchr(w, ':');
+        if (colon) *colon = 0, k = strtoull(colon + 1, NULL, 10);
+        for (uint64_t i = 0; i < k && strcmp(w, "hold") != 0; i++) {
+            bool data = strncmp(w, "data-", 5) == 0;
+            int fd = test_connect(a, data ? dport : cport);
+            if (fd < 0) continue;
+            uint8_t junk[64];
+            memset(junk, 0xA5, sizeof(junk));
+            kvt__wire_hello_t h = good;
+            kvt__wire_data_t run = {0, pb};
+            msg_t fake = {MSG_HELLO, 0, 0, d->ctl->token ^ 1, PD_VERSION, (int32_t)PD_MAGIC};
+            if (strcmp(w, "rank0") == 0) kvt__write_full(fd, &fake, sizeof(fake));
+            else if (strcmp(w, "garbage") == 0) kvt__write_full(fd, junk, sizeof(msg_t));
+            else if (strcmp(w, "data-garbage") == 0) kvt__write_full(fd, junk, sizeof(kvt__wire_hello_t)), judged++;
+            else if (strcmp(w, "data-geometry") == 0) h.layer_bytes++, kvt__write_full(fd, &h, sizeof(h)), judged++;
+            else if (strncmp(w, "data-", 5) == 0 && strcmp(w, "data-stall") != 0) {
+                if (strcmp(w, "data-huge") == 0) run.len = 1ull << 40;
+                else if (strcmp(w, "data-outside") == 0) run.off = d->o->decode_pages * pb;
+                else if (strcmp(w, "data-wrap") == 0) run.off = UINT64_MAX - 7, run.len = 4096;
+                kvt__write_full(fd, &h, sizeof(h));
+                kvt__write_full(fd, &run, sizeof(run));
+                judged++;
+            }
+        }
+        if (strcmp(w, "hold") == 0) hold_ms = k;
+    }
+    for (uint64_t t0 = now_ns(); now_ns() - t0 < 5000000000ull;) { /* the page server has judged them all */
+        kvt_net_server_stats_t ss = {.size = sizeof(ss)};
+        kvt_net_server_stats(d->srv, &ss);
+        if (ss.refused + ss.bad_peers >= judged) break;
+        usleep(1000);
+    }
+    a->hold_ms = hold_ms;
+}
+
+static void test_peers_close(test_peers_t *a) {
+    for (uint32_t i = 0; i < a->n; i++) close(a->fd[i]);
+    a->n = 0;
+}
+
 static int run_decode(decode_t *d) {
     const pd_opts_t *o = d->o;
     uint64_t pb = o->bytes_per_token * o->page_tokens;
@@ -373,32 +562,15 @@ static int run_decode(decode_t *d) {
         return 1;
     }
     d->srv = srv;
-    atomic_store(&d->ctl->data_port, kvt_net_server_port(srv));
-    atomic_store(&d->ctl->ctl_port, cport);
     for (uint32_t r = 0; r < d->C; r++) d->fd[r] = -1;
-    uint64_t t0 = now_ns();
-    for (uint32_t got = 0; got < d->C;) { /* every rank says hello on its control connection */
-        struct pollfd lp = {lfd, POLLIN, 0};
-        if (poll(&lp, 1, 100) <= 0) {
-            if (atomic_load(&d->ctl->stop) || now_ns() - t0 > 20000000000ull) {
-                snprintf(d->ctl->decode_err, sizeof(d->ctl->decode_err), "decode: %u of %u ranks connected in 20 s", got, d->C);
-                return 1;
-            }
-            continue;
-        }
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        msg_t m;
-        if (fd < 0 || kvt__read_full(fd, &m, sizeof(m)) != 0 || m.type != MSG_HELLO || m.rank >= d->C || d->fd[m.rank] >= 0) {
-            if (fd >= 0) close(fd);
-            if (atomic_load(&d->ctl->stop)) return 1;
-            continue;
-        }
-        int one = 1; /* replies are small and awaited: never hold them back */
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        d->fd[m.rank] = fd;
-        got++;
-    }
+    test_peers_t adv = {.n = 0};
+    test_peers(&adv, d, kvt_net_server_port(srv), cport); /* tests only: bad peers, queued before any rank */
+    int arc = accept_ranks(d, lfd, kvt_net_server_port(srv), cport, now_ns() + adv.hold_ms * 1000000ull);
     close(lfd);
+    if (arc != 0) {
+        test_peers_close(&adv);
+        return 1;
+    }
     uint64_t last_progress = now_ns();
     for (uint32_t open = d->C; open > 0;) {
         struct pollfd pf[MAX_RANKS];
@@ -434,8 +606,8 @@ static int run_decode(decode_t *d) {
             last_progress = now_ns();
         }
     }
-    kvt_net_server_stats_t ss = {.size = sizeof(ss)};
-    kvt_net_server_stats(srv, &ss);
+    note_data_peers(d);
+    test_peers_close(&adv);
     kvt_net_server_destroy(srv);
     kvt_extalloc_destroy(d->alloc);
     kvt_tier_destroy(d->pool);
@@ -468,7 +640,7 @@ static void unlink_decode(link_t *k) {
 static int link_decode(link_t *k, uint32_t r, const pd_opts_t *o, ctl_t *ctl, kvt_tier_t *lane, uint32_t after) {
     uint64_t t0 = now_ns(), pb = o->bytes_per_token * o->page_tokens;
     while (atomic_load(&ctl->ctl_port) == 0 || atomic_load(&ctl->gen) < after) {
-        if (atomic_load(&ctl->stop) || now_ns() - t0 > 20000000000ull) return -1;
+        if (atomic_load(&ctl->stop) || atomic_load(&ctl->decode_lost) || now_ns() - t0 > 20000000000ull) return -1;
         usleep(1000);
     }
     k->gen = atomic_load(&ctl->gen);
@@ -481,7 +653,7 @@ static int link_decode(link_t *k, uint32_t r, const pd_opts_t *o, ctl_t *ctl, kv
     kvt_xfer_config_t xc;
     kvt_xfer_config_default(&xc);
     xc.max_batch_bytes = 16ull << 20;
-    msg_t hello = {MSG_HELLO, r, 0, 0, 0, 0};
+    msg_t hello = {MSG_HELLO, r, 0, ctl->token, PD_VERSION, (int32_t)PD_MAGIC};
     kvt_tier_t *tiers[2] = {lane, NULL};
     k->cfd = kvt__tcp_connect(cport);
     if (k->cfd < 0 || kvt__write_full(k->cfd, &hello, sizeof(hello)) != 0 || kvt_tier_create(&k->remote, &rc_) != KVT_OK) {
@@ -564,8 +736,8 @@ static int run_prefill(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *
         collect(out, k.x);
         unlink_decode(&k);
         if (link_decode(&k, r, o, ctl, lt, k.gen + 1) != 0) {
-            snprintf(out->err, sizeof(out->err), "rank %u: decode went away at hand-off %" PRIu64 "; its pages released",
-                     r, i + 1);
+            snprintf(out->err, sizeof(out->err), "rank %u: decode went away at hand-off %" PRIu64 "%s; its pages released",
+                     r, i + 1, atomic_load(&ctl->decode_lost) ? " and is not restarted" : " and no new one came in 20 s");
             code = 1;
         }
         skip_to = ctl->resume_from;
@@ -618,9 +790,14 @@ static pid_t spawn(uint32_t p) {
  * the ranks reconnect to the new generation. */
 static bool restart_decode(void *arg, uint32_t idx, int status) {
     child_t *ch = arg;
-    if (idx != 0 || g_pd.restarts_left == 0 || atomic_load(&g_pd.ctl->stop)) return false;
+    if (idx != 0) return false;
+    bool can = g_pd.restarts_left > 0 && !atomic_load(&g_pd.ctl->stop);
     for (uint32_t r = 1; r <= g_pd.o->ranks; r++)
-        if (ch[r].exited) return false; /* a new decode could never hear from every rank */
+        if (ch[r].exited) can = false; /* a new decode could never hear from every rank */
+    if (!can) { /* the ranks stop waiting for one, and say so themselves */
+        atomic_store(&g_pd.ctl->decode_lost, 1);
+        return false;
+    }
     g_pd.restarts_left--;
     uint64_t resume = 0; /* every hand-off up to the furthest rank's had a share at the dead decode */
     for (uint32_t r = 0; r < g_pd.o->ranks; r++) {
@@ -639,8 +816,38 @@ static bool restart_decode(void *arg, uint32_t idx, int status) {
     return true;
 }
 
-/* Hand-offs of the run that did not complete, for whatever reason. */
-static uint64_t failed_total(const ctl_t *c) { return c->total > c->handoffs ? c->total - c->handoffs : 0; }
+/* Hand-offs some rank started: every one up to the furthest rank's position
+ * (set in the coordinator when the group has ended). The others were never
+ * attempted, which is not the same as failed. */
+static uint64_t g_attempted;
+
+static void count_attempted(const ctl_t *c, const trace_t *t, const pd_opts_t *o, uint64_t nreq) {
+    uint64_t furthest = 0;
+    bool any = false;
+    for (uint32_t r = 0; r < o->ranks; r++) {
+        uint64_t p = atomic_load(&((ctl_t *)c)->rank[r].pos);
+        if (p > furthest) furthest = p;
+        any |= p > 0 || c->rank[r].handoffs || c->rank[r].failed;
+    }
+    g_attempted = 0;
+    for (uint64_t i = 0; any && i < nreq && i <= furthest; i++) g_attempted += handoff_pages(t, i, o) >= o->ranks;
+    if (g_attempted < c->handoffs) g_attempted = c->handoffs;
+}
+
+/* Hand-offs that were attempted and did not complete, for whatever reason. */
+static uint64_t failed_total(const ctl_t *c) { return g_attempted > c->handoffs ? g_attempted - c->handoffs : 0; }
+static uint64_t not_attempted(const ctl_t *c) { return c->total > g_attempted ? c->total - g_attempted : 0; }
+
+/* Bad peers decode turned away, on stderr (nothing when there were none). */
+static void report_bad_peers(const ctl_t *c) {
+    if (c->data_refused + c->data_bad + c->data_silent + c->ctl_bad == 0) return;
+    fprintf(stderr,
+            "kvtier pd: decode turned peers away: data port %" PRIu64 " hellos refused, %" PRIu64 " malformed or silent, %" PRIu64
+            " still silent at the end%s%s%s; control port %" PRIu64 " dropped%s%s%s\n",
+            c->data_refused, c->data_bad, c->data_silent, c->data_last_error[0] ? " (last: " : "", c->data_last_error,
+            c->data_last_error[0] ? ")" : "", c->ctl_bad, c->ctl_last_error[0] ? " (last: " : "", c->ctl_last_error,
+            c->ctl_last_error[0] ? ")" : "");
+}
 
 static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
     uint32_t C = (uint32_t)o->ranks;
@@ -685,6 +892,14 @@ static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
         }
         cJSON_AddNumberToObject(x, "mismatches", (double)c->mismatches);
         cJSON_AddNumberToObject(x, "failed", (double)(failed_total(c)));
+        cJSON_AddNumberToObject(x, "not_attempted", (double)not_attempted(c));
+        cJSON *bp = cJSON_AddObjectToObject(x, "bad_peers");
+        cJSON_AddNumberToObject(bp, "data_refused", (double)c->data_refused);
+        cJSON_AddNumberToObject(bp, "data_malformed", (double)c->data_bad);
+        cJSON_AddNumberToObject(bp, "data_silent", (double)c->data_silent);
+        cJSON_AddNumberToObject(bp, "control_dropped", (double)c->ctl_bad);
+        cJSON_AddStringToObject(bp, "data_last_error", c->data_last_error);
+        cJSON_AddStringToObject(bp, "control_last_error", c->ctl_last_error);
         cJSON_AddNumberToObject(x, "decode_restarts", (double)atomic_load(&((ctl_t *)c)->gen));
         uint64_t released = 0;
         for (uint32_t r = 0; r < C; r++) released += c->rank[r].released;
@@ -694,10 +909,11 @@ static void print_pd(const ctl_t *c, const pd_opts_t *o, double wall) {
         return;
     }
     printf("kvtier pd: %u prefill ranks -> decode over %s: %" PRIu64 " hand-offs, %.1f MB, %.2f GB/s; "
-           "hand-off p50 %.2f ms p99 %.2f ms max %.2f ms; %" PRIu64 " mismatches, %" PRIu64 " failed\n",
+           "hand-off p50 %.2f ms p99 %.2f ms max %.2f ms; %" PRIu64 " mismatches, %" PRIu64 " failed, %" PRIu64
+           " not attempted\n",
            C, TRANSPORTS[o->transport], c->handoffs, (double)c->bytes / 1e6, gbps,
            (double)kvt_hist_percentile(&c->handoff_ns, 0.5) / 1e6, (double)kvt_hist_percentile(&c->handoff_ns, 0.99) / 1e6,
-           (double)kvt_hist_percentile(&c->handoff_ns, 1) / 1e6, c->mismatches, failed_total(c));
+           (double)kvt_hist_percentile(&c->handoff_ns, 1) / 1e6, c->mismatches, failed_total(c), not_attempted(c));
     if (atomic_load(&((ctl_t *)c)->gen)) {
         uint64_t released = 0;
         for (uint32_t r = 0; r < C; r++) released += c->rank[r].released;
@@ -743,6 +959,11 @@ static void emit_pd(const ctl_t *c, const pd_opts_t *o) {
     kvt_emit_counter(e, "failed", failed_total(c), "hand-offs that did not complete");
     kvt_emit_counter(e, "mismatches", c->mismatches, "pages that differed from their content");
     kvt_emit_counter(e, "bytes", c->bytes, "bytes of completed hand-offs");
+    kvt_emit_counter(e, "not_attempted", not_attempted(c), "hand-offs no rank started");
+    kvt_emit_counter(e, "data_refused_hellos", c->data_refused, "data port: hellos refused (wrong geometry)");
+    kvt_emit_counter(e, "data_bad_peers", c->data_bad, "data port: peers closed for malformed data or no hello");
+    kvt_emit_gauge(e, "data_silent_peers", (double)c->data_silent, "data port: connections without a hello at the end");
+    kvt_emit_counter(e, "control_bad_peers", c->ctl_bad, "control port: peers dropped (no hello in time, no token, garbage)");
     kvt_emit_hist(e, "handoff_ns", &c->handoff_ns, "first REQ to last DONE");
     kvt_emit_end(e);
     if (kvt_emitter_write(e, stderr) != KVT_OK) fprintf(stderr, "kvtier pd: --stats: could not write\n");
@@ -801,6 +1022,18 @@ int cmd_pd(int argc, char **argv) {
         c.flag = "--decode-pages";
         return cli_error(&c, "must hold one hand-off (--max-pages %" PRIu64 ")", o.max_pages) ? 2 : 2;
     }
+    /* decode's pool and every rank's lane, before anything is started */
+    double pb = (double)o.bytes_per_token * (double)o.page_tokens, mem = cli_machine_memory();
+    double need = pb * ((double)o.decode_pages + (double)o.ranks * (double)(o.max_pages / o.ranks + 1));
+    if (need > 0.6 * mem) {
+        c.flag = "--decode-pages";
+        return cli_error(&c,
+                         "%.1f GiB of pages (decode's %" PRIu64 " + %" PRIu64 " ranks' lanes of %" PRIu64
+                         " pages of %.1f KiB) is more than 60%% of this machine's %.1f GiB; use fewer --decode-pages or "
+                         "--max-pages, or a smaller --bytes-per-token or --page-tokens",
+                         need / 1073741824.0, o.decode_pages, o.ranks, o.max_pages / o.ranks + 1, pb / 1024,
+                         mem / 1073741824.0) ? 2 : 2;
+    }
     opts_t ro;
     replay_opts_default(&ro);
     ro.requests = o.requests;
@@ -814,6 +1047,8 @@ int cmd_pd(int argc, char **argv) {
         trace_free(&t);
         return 1;
     }
+    if (getrandom(&ctl->token, sizeof(ctl->token), 0) != sizeof(ctl->token))
+        ctl->token = now_ns() ^ ((uint64_t)getpid() << 32); /* no entropy: still not guessable by rank number */
     kvt_hist_init(&ctl->handoff_ns);
     for (uint32_t r = 0; r < MAX_RANKS; r++) kvt_hist_init(&ctl->rank[r].e2e);
     for (uint64_t i = 0; i < nreq; i++) ctl->total += handoff_pages(&t, i, &o) >= o.ranks;
@@ -838,6 +1073,8 @@ int cmd_pd(int argc, char **argv) {
      * serving the others, and the survivors finish (or are stopped in 5 s) */
     int dead = group_watch(ch, started, &ctl->stop, &why, 5000000000ull, restart_decode, ch);
     double wall = (double)(now_ns() - t0) / 1e9;
+    count_attempted(ctl, &t, &o, nreq);
+    report_bad_peers(ctl);
     int code = 0;
     if (started < nproc) {
         fprintf(stderr, "kvtier pd: could not start every process\n");
@@ -851,7 +1088,8 @@ int cmd_pd(int argc, char **argv) {
         snprintf(name, sizeof(name), dead == 0 ? "%s" : "%s %d", who, dead - 1);
         if (WIFSIGNALED(why)) fprintf(stderr, "kvtier pd: %s died (signal %d, %s)", name, WTERMSIG(why), strsignal(WTERMSIG(why)));
         else fprintf(stderr, "kvtier pd: %s failed (exit %d)", name, WEXITSTATUS(why));
-        fprintf(stderr, "; %" PRIu64 " hand-offs completed, %" PRIu64 " failed", ctl->handoffs, failed_total(ctl));
+        fprintf(stderr, "; %" PRIu64 " hand-offs completed, %" PRIu64 " failed, %" PRIu64 " not attempted", ctl->handoffs,
+                failed_total(ctl), not_attempted(ctl));
         if (ctl->vanished_rank_plus1)
             fprintf(stderr, " (decode: rank %" PRIu64 " vanished, first failed hand-off %" PRIu64 ")",
                     ctl->vanished_rank_plus1 - 1, ctl->first_failed);
@@ -860,7 +1098,13 @@ int cmd_pd(int argc, char **argv) {
     } else {
         print_pd(ctl, &o, wall);
         if (o.stats > 0) emit_pd(ctl, &o);
-        code = ctl->mismatches == 0 && failed_total(ctl) == 0 ? 0 : 1;
+        code = ctl->mismatches == 0 && failed_total(ctl) + not_attempted(ctl) == 0 ? 0 : 1;
+        if (code) /* the last word says why the run failed */
+            fprintf(stderr,
+                    "kvtier pd: failed: %" PRIu64 " of %" PRIu64 " hand-offs did not complete (%" PRIu64 " failed, %" PRIu64
+                    " not attempted%s), %" PRIu64 " pages mismatched\n",
+                    failed_total(ctl) + not_attempted(ctl), ctl->total, failed_total(ctl), not_attempted(ctl),
+                    atomic_load(&ctl->gen) ? "; lost with a decode that died" : "", ctl->mismatches);
     }
     munmap(ctl, sizeof(ctl_t));
     trace_free(&t);
