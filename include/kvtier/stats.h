@@ -10,6 +10,16 @@
  * Emitter: modules describe their statistics once (sections, counters,
  * gauges, histograms) and the emitter writes them as an aligned table, as JSON
  * (through cJSON) or as Prometheus text exposition.
+ *
+ * Prometheus text keeps Prometheus's conventions (promtool check metrics
+ * passes), so it renames what the table and JSON show: sections become name
+ * prefixes ("kvtier_cache_..."); a counter gets `_total`; a counter or gauge
+ * named `..._ns` becomes `..._seconds` with its value in seconds; a histogram
+ * (always ns) becomes `TYPE histogram` named `..._seconds` (`_ns` replaced,
+ * else appended), with cumulative `_bucket{le}` lines at the fixed 1-2-5 set
+ * 1e-06 .. 1000 seconds and +Inf, `_sum` in seconds and `_count`. A bucket
+ * line counts only samples whose log-linear bucket lies wholly <= le, so a
+ * sample within 1/64 (1.6 %) below an le may count from the next one up.
  */
 #ifndef KVTIER_STATS_H
 #define KVTIER_STATS_H
@@ -59,8 +69,8 @@ int kvt_fmt_parse(const char *s, kvt_fmt_t *fmt);
 
 typedef struct kvt_emitter kvt_emitter_t;
 
-/* `prefix` names the whole tree (Prometheus metric prefix, e.g. "kvtier").
- * KVT_EINVAL, KVT_ENOMEM. */
+/* `prefix` names the whole tree (Prometheus metric prefix, e.g. "kvtier";
+ * for KVT_FMT_PROM it must not start with a digit). KVT_EINVAL, KVT_ENOMEM. */
 int kvt_emitter_create(kvt_emitter_t **out, kvt_fmt_t fmt, const char *prefix);
 void kvt_emitter_destroy(kvt_emitter_t *e);
 
@@ -71,11 +81,14 @@ void kvt_emit_begin(kvt_emitter_t *e, const char *section);
 void kvt_emit_end(kvt_emitter_t *e);
 void kvt_emit_counter(kvt_emitter_t *e, const char *name, uint64_t v, const char *help);
 void kvt_emit_gauge(kvt_emitter_t *e, const char *name, double v, const char *help);
-/* A latency histogram in ns: count, mean, p50, p90, p99, p999, max. */
+/* A latency histogram in ns: count, mean, p50, p90, p99, p999, max in the
+ * table and JSON; buckets in seconds in Prometheus text (see the top). */
 void kvt_emit_hist(kvt_emitter_t *e, const char *name, const kvt_hist_t *h, const char *help);
 
-/* Writes everything recorded. KVT_ENOMEM if a building call failed to
- * allocate, KVT_EINVAL for unbalanced begin/end or a bad name, KVT_EIO. */
+/* Writes everything recorded. KVT_ENOMEM if a building call (or, for JSON
+ * and Prometheus, the writer) failed to allocate; KVT_EINVAL for unbalanced
+ * begin/end, a bad name, or, in Prometheus text, two entries that name the
+ * same metric family (nothing is written then); KVT_EIO. */
 int kvt_emitter_write(kvt_emitter_t *e, FILE *f);
 
 /* Emits every field of a stats struct described by an X-macro list of

@@ -123,7 +123,7 @@ int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f);
     X(copies, COUNTER, "contiguous copies made (per run, run x layer or page x layer)") \
     X(items, COUNTER, "work items (batches cut by the byte and copy caps)")       \
     X(bytes, COUNTER, "bytes copied")                                             \
-    X(busy_ns, COUNTER, "time workers spent copying, ns")                         \
+    X(busy_ns, COUNTER, "time workers spent copying")                             \
     X(inflight_batches, GAUGE, "batches submitted and not completed")             \
     X(inflight_bytes, GAUGE, "bytes of the batches in flight")
 

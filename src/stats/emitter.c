@@ -4,8 +4,27 @@
  * kvt_emitter_write walks the list once in the chosen format. Keeping the
  * list, rather than printing as we go, lets JSON be built through cJSON and
  * lets a failed allocation surface once, at write time.
+ *
+ * Prometheus text follows Prometheus's naming conventions, which the table
+ * and JSON do not need (promtool check metrics holds us to them):
+ *
+ *   emitted as             table / JSON name     Prometheus family
+ *   counter                reserves              kvtier_alloc_reserves_total
+ *   counter in ns          busy_ns               kvtier_..._busy_seconds_total (value / 1e9)
+ *   gauge                  free_pages            kvtier_alloc_free_pages
+ *   gauge in ns            x_ns                  kvtier_..._x_seconds (value / 1e9)
+ *   histogram (ns)         e2e_ns                kvtier_..._e2e_seconds, TYPE histogram
+ *
+ * Sections are name prefixes, joined by '_'. A histogram's buckets are the
+ * fixed le set below, in seconds, so histograms from many processes add up.
+ * A log-linear bucket counts towards le only if its whole range is <= le:
+ * no count ever includes a sample above its le, and the one bucket that
+ * straddles le (at most 1/64 of le wide) counts from the next le up, so a
+ * sample within 1.6 % below an le may be reported under the next one.
  */
 #include <ctype.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,12 +36,31 @@
 
 #define NAME_MAX_LEN 63
 #define MAX_DEPTH 16
+#define FULL_MAX ((NAME_MAX_LEN + 1) * (MAX_DEPTH + 2) + 16) /* prefix, sections, name and suffixes */
+
+/* The Prometheus le set: 1-2-5 from 1 us to 1000 s, written as Go's client
+ * writes them (strconv 'g', shortest). */
+static const struct {
+    uint64_t ns;
+    const char *le;
+} prom_le[] = {
+    {1000ull, "1e-06"},       {2000ull, "2e-06"},       {5000ull, "5e-06"},       {10000ull, "1e-05"},
+    {20000ull, "2e-05"},      {50000ull, "5e-05"},      {100000ull, "0.0001"},    {200000ull, "0.0002"},
+    {500000ull, "0.0005"},    {1000000ull, "0.001"},    {2000000ull, "0.002"},    {5000000ull, "0.005"},
+    {10000000ull, "0.01"},    {20000000ull, "0.02"},    {50000000ull, "0.05"},    {100000000ull, "0.1"},
+    {200000000ull, "0.2"},    {500000000ull, "0.5"},    {1000000000ull, "1"},     {2000000000ull, "2"},
+    {5000000000ull, "5"},     {10000000000ull, "10"},   {20000000000ull, "20"},   {50000000000ull, "50"},
+    {100000000000ull, "100"}, {200000000000ull, "200"}, {500000000000ull, "500"}, {1000000000000ull, "1000"},
+};
+#define PROM_LE_N (sizeof(prom_le) / sizeof(prom_le[0]))
 
 typedef enum { ENT_BEGIN, ENT_END, ENT_COUNTER, ENT_GAUGE, ENT_HIST } ent_kind_t;
 
 typedef struct hist_summary {
     uint64_t count, p50, p90, p99, p999, max;
     double mean;
+    uint64_t sum;            /* ns */
+    uint64_t le[PROM_LE_N]; /* samples in the buckets wholly <= prom_le[i] */
 } hist_summary_t;
 
 typedef struct entry {
@@ -61,6 +99,7 @@ static int valid_name(const char *s) {
 
 int kvt_emitter_create(kvt_emitter_t **out, kvt_fmt_t fmt, const char *prefix) {
     if (out == NULL || (unsigned)fmt > KVT_FMT_PROM || !valid_name(prefix)) return KVT_EINVAL;
+    if (fmt == KVT_FMT_PROM && isdigit((unsigned char)prefix[0])) return KVT_EINVAL; /* not a metric name */
     kvt_emitter_t *e = KVT_NEW(kvt_emitter_t);
     if (e == NULL) return KVT_ENOMEM;
     e->fmt = fmt;
@@ -135,7 +174,18 @@ void kvt_emit_hist(kvt_emitter_t *e, const char *name, const kvt_hist_t *h, cons
                               kvt_hist_percentile(h, 0.99),
                               kvt_hist_percentile(h, 0.999),
                               h->count ? h->max : 0,
-                              kvt_hist_mean(h)};
+                              kvt_hist_mean(h),
+                              h->sum,
+                              {0}};
+    uint64_t seen = 0;
+    size_t i = 0;
+    for (unsigned b = 0; b < KVT_HIST_BUCKETS && i < PROM_LE_N; b++) {
+        uint64_t lo, hi;
+        kvt_hist_bucket_range(b, &lo, &hi);
+        for (; i < PROM_LE_N && hi > prom_le[i].ns; i++) x->v.h.le[i] = seen;
+        seen += h->bucket[b];
+    }
+    for (; i < PROM_LE_N; i++) x->v.h.le[i] = seen;
 }
 
 /* ---- writers ---- */
@@ -206,9 +256,11 @@ static int write_json(const kvt_emitter_t *e, FILE *f) {
     return rc;
 }
 
-static void prom_header(FILE *f, const char *full, const entry_t *x, const char *type) {
+/* ---- Prometheus text ---- */
+
+static void prom_header(FILE *f, const char *family, const entry_t *x, const char *type) {
     if (x->help) {
-        fprintf(f, "# HELP %s ", full);
+        fprintf(f, "# HELP %s ", family);
         for (const char *c = x->help; *c; c++) { /* escape per the text format */
             if (*c == '\\') fputs("\\\\", f);
             else if (*c == '\n') fputs("\\n", f);
@@ -216,51 +268,133 @@ static void prom_header(FILE *f, const char *full, const entry_t *x, const char 
         }
         fputc('\n', f);
     }
-    fprintf(f, "# TYPE %s %s\n", full, type);
+    fprintf(f, "# TYPE %s %s\n", family, type);
 }
 
-static void write_prom(const kvt_emitter_t *e, FILE *f) {
-    char path[(NAME_MAX_LEN + 1) * (MAX_DEPTH + 2)];
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The entry's family name under `path` (the table at the top of the file);
+ * true when its values are ns, to be written in seconds. */
+static bool prom_family(char *out, size_t cap, const char *path, const entry_t *x) {
+    bool ns = strcmp(x->name, "ns") == 0 || ends_with(x->name, "_ns");
+    int stem = (int)strlen(x->name) - (ns ? 2 : 0); /* keeps the '_' before "ns" */
+    const char *unit = ns ? "seconds" : x->kind == ENT_HIST ? "_seconds" : "";
+    const char *total = x->kind == ENT_COUNTER && !ends_with(x->name, "_total") ? "_total" : "";
+    snprintf(out, cap, "%s_%.*s%s%s", path, stem, x->name, unit, total);
+    return ns || x->kind == ENT_HIST;
+}
+
+/* Calls fn on every counter, gauge and histogram with its family name. */
+typedef int (*prom_fn_t)(void *arg, const entry_t *x, const char *family, bool ns);
+
+static int prom_walk(const kvt_emitter_t *e, prom_fn_t fn, void *arg) {
+    char path[FULL_MAX], family[FULL_MAX + NAME_MAX_LEN + 16];
     size_t len[MAX_DEPTH + 2];
-    int depth = 0;
+    int depth = 0, rc = KVT_OK;
     len[0] = (size_t)snprintf(path, sizeof(path), "%s", e->prefix);
-    for (size_t i = 0; i < e->n; i++) {
+    for (size_t i = 0; i < e->n && rc == KVT_OK; i++) {
         const entry_t *x = &e->ent[i];
-        char full[sizeof(path) + NAME_MAX_LEN + 2];
         if (x->kind == ENT_END) {
-            depth--;
-            path[len[depth]] = 0;
-            continue;
-        }
-        snprintf(full, sizeof(full), "%s_%s", path, x->name);
-        switch (x->kind) {
-        case ENT_BEGIN: {
+            path[len[--depth]] = 0;
+        } else if (x->kind == ENT_BEGIN) {
             size_t at = len[depth];
             len[++depth] = at + (size_t)snprintf(path + at, sizeof(path) - at, "_%s", x->name);
-            break;
-        }
-        case ENT_COUNTER:
-            prom_header(f, full, x, "counter");
-            fprintf(f, "%s %llu\n", full, (unsigned long long)x->v.u);
-            break;
-        case ENT_GAUGE:
-            prom_header(f, full, x, "gauge");
-            fprintf(f, "%s %.17g\n", full, x->v.d);
-            break;
-        case ENT_HIST: {
-            const hist_summary_t *h = &x->v.h;
-            const struct { const char *q; uint64_t v; } qs[] = {
-                {"0.5", h->p50}, {"0.9", h->p90}, {"0.99", h->p99}, {"0.999", h->p999}, {"1", h->max}};
-            prom_header(f, full, x, "summary");
-            for (size_t k = 0; k < sizeof(qs) / sizeof(qs[0]); k++)
-                fprintf(f, "%s{quantile=\"%s\"} %llu\n", full, qs[k].q, (unsigned long long)qs[k].v);
-            fprintf(f, "%s_sum %.17g\n%s_count %llu\n", full, h->mean * (double)h->count, full,
-                    (unsigned long long)h->count);
-            break;
-        }
-        default: break;
+        } else {
+            bool ns = prom_family(family, sizeof(family), path, x);
+            rc = fn(arg, x, family, ns);
         }
     }
+    return rc;
+}
+
+typedef struct names {
+    char **s;
+    size_t n;
+} names_t;
+
+static int collect_name(void *arg, const entry_t *x, const char *family, bool ns) {
+    (void)x, (void)ns;
+    names_t *c = arg;
+    size_t len = strlen(family) + 1;
+    char *s = kvt__malloc(len);
+    if (s == NULL) return KVT_ENOMEM;
+    c->s[c->n++] = memcpy(s, family, len);
+    return KVT_OK;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A family written twice makes the whole text unparseable (a second TYPE
+ * line), and the renaming can make two names one (busy_ns, busy_seconds). */
+static int prom_check_unique(const kvt_emitter_t *e) {
+    names_t c = {kvt__calloc(e->n + 1, sizeof(char *)), 0};
+    if (c.s == NULL) return KVT_ENOMEM;
+    int rc = prom_walk(e, collect_name, &c);
+    if (rc == KVT_OK) {
+        qsort(c.s, c.n, sizeof(char *), cmp_str);
+        for (size_t i = 1; i < c.n && rc == KVT_OK; i++)
+            if (strcmp(c.s[i - 1], c.s[i]) == 0) rc = KVT_EINVAL;
+    }
+    for (size_t i = 0; i < c.n; i++) kvt__free(c.s[i], strlen(c.s[i]) + 1);
+    kvt__free(c.s, (e->n + 1) * sizeof(char *));
+    return rc;
+}
+
+/* ns as exact decimal seconds: 5050 -> "0.00000505". */
+static void fmt_seconds(char *out, size_t cap, uint64_t ns) {
+    int n = snprintf(out, cap, "%llu.%09llu", (unsigned long long)(ns / 1000000000u),
+                     (unsigned long long)(ns % 1000000000u));
+    while (n > 0 && out[n - 1] == '0') out[--n] = 0;
+    if (n > 0 && out[n - 1] == '.') out[--n] = 0;
+}
+
+/* Integers as integers, else the shortest text that reads back as v; NaN
+ * and infinities as Prometheus spells them. */
+static void fmt_double(char *out, size_t cap, double v) {
+    if (isnan(v)) snprintf(out, cap, "NaN");
+    else if (isinf(v)) snprintf(out, cap, v > 0 ? "+Inf" : "-Inf");
+    else if (v == floor(v) && fabs(v) < 1e15) snprintf(out, cap, "%.0f", v);
+    else
+        for (int p = 1; p <= 17; p++)
+            if (snprintf(out, cap, "%.*g", p, v), strtod(out, NULL) == v) break;
+}
+
+static int prom_write_one(void *arg, const entry_t *x, const char *family, bool ns) {
+    FILE *f = arg;
+    char v[48];
+    switch (x->kind) {
+    case ENT_COUNTER:
+        if (ns) fmt_seconds(v, sizeof(v), x->v.u);
+        else snprintf(v, sizeof(v), "%llu", (unsigned long long)x->v.u);
+        prom_header(f, family, x, "counter");
+        fprintf(f, "%s %s\n", family, v);
+        break;
+    case ENT_GAUGE:
+        fmt_double(v, sizeof(v), ns ? x->v.d / 1e9 : x->v.d);
+        prom_header(f, family, x, "gauge");
+        fprintf(f, "%s %s\n", family, v);
+        break;
+    case ENT_HIST: {
+        const hist_summary_t *h = &x->v.h;
+        prom_header(f, family, x, "histogram");
+        for (size_t k = 0; k < PROM_LE_N; k++)
+            fprintf(f, "%s_bucket{le=\"%s\"} %llu\n", family, prom_le[k].le, (unsigned long long)h->le[k]);
+        fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", family, (unsigned long long)h->count);
+        fmt_seconds(v, sizeof(v), h->sum);
+        fprintf(f, "%s_sum %s\n%s_count %llu\n", family, v, family, (unsigned long long)h->count);
+        break;
+    }
+    default: break;
+    }
+    return KVT_OK;
+}
+
+static int write_prom(const kvt_emitter_t *e, FILE *f) {
+    int rc = prom_check_unique(e);
+    return rc == KVT_OK ? prom_walk(e, prom_write_one, f) : rc;
 }
 
 int kvt_emitter_write(kvt_emitter_t *e, FILE *f) {
@@ -271,7 +405,7 @@ int kvt_emitter_write(kvt_emitter_t *e, FILE *f) {
     switch (e->fmt) {
     case KVT_FMT_TABLE: write_table(e, f); break;
     case KVT_FMT_JSON: rc = write_json(e, f); break;
-    case KVT_FMT_PROM: write_prom(e, f); break;
+    case KVT_FMT_PROM: rc = write_prom(e, f); break;
     }
     if (rc == KVT_OK && ferror(f)) rc = KVT_EIO;
     return rc;

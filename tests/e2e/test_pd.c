@@ -12,6 +12,7 @@
 
 #include "common/json.h"
 #include "common/proc.h"
+#include "common/prom.h"
 #include "common/run.h"
 
 #define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
@@ -158,9 +159,11 @@ Test(pd, decode_restart, .timeout = 120) {
 Test(pd, stats_as_prometheus_text, .timeout = 60) {
     run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "2", TRACE, "--requests", "20", "--stats", "prom", NULL});
     cr_assert_eq(r.status, 0, "%s", r.err);
-    const char *want[] = {"# TYPE kvtier_pd_rank0_bytes counter", "kvtier_pd_rank1_batch_ns{quantile=\"0.99\"}",
-                          "kvtier_pd_decode_handoffs ", "kvtier_pd_decode_handoff_ns_count"};
+    const char *want[] = {"# TYPE kvtier_pd_rank0_bytes_total counter", "kvtier_pd_rank1_batch_seconds_bucket{le=\"+Inf\"} ",
+                          "kvtier_pd_decode_handoffs_total ", "kvtier_pd_decode_handoff_seconds_count "};
     for (int i = 0; i < 4; i++) cr_assert(strstr(r.err, want[i]), "'%s' not in: %s", want[i], r.err);
+    prom_check_histograms(r.err, "pd --stats prom");
+    promtool_check(r.err, "pd --stats prom");
     run_free(&r);
 }
 

@@ -109,9 +109,9 @@ Test(replay, stats_in_prometheus_text, .timeout = 60) {
     run_result_t r = RUN(TRACE, "--limit", "300", "--json", "--stats", "prom");
     cJSON *o = json_of(&r);
     char want[128];
-    snprintf(want, sizeof(want), "kvtier_cache_requests 300\n");
+    snprintf(want, sizeof(want), "kvtier_cache_requests_total 300\n");
     cr_assert_not_null(strstr(r.err, want), "%s", r.err);
-    snprintf(want, sizeof(want), "kvtier_cache_l1_hit_tokens %.0f\n", sub(o, "hit_tokens", "l1"));
+    snprintf(want, sizeof(want), "kvtier_cache_l1_hit_tokens_total %.0f\n", sub(o, "hit_tokens", "l1"));
     cr_assert_not_null(strstr(r.err, want), "the same figure as the JSON: %s", want);
     cr_assert_not_null(strstr(r.err, "# TYPE kvtier_tree_nodes gauge"));
     cJSON_Delete(o);

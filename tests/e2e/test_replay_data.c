@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "common/json.h"
+#include "common/prom.h"
 #include "common/run.h"
 
 #define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
@@ -104,4 +105,21 @@ Test(replay_data, bad_flags) {
         cr_assert(strstr(r.err, cases[i].want), "case %zu: '%s' not in: %s", i, cases[i].want, r.err);
         run_free(&r);
     }
+}
+
+/* --stats prom on real transfers passes Prometheus's own linter: counters end
+ * in _total, latencies are histograms in seconds, no family twice. */
+Test(replay_data, stats_pass_promtool, .timeout = 300) {
+    run_result_t r = run_argv((const char *const[]){NULL, "replay", TRACE, SHAPE, "--data", "--verify", "--bytes-per-token",
+                                                    "16", "--json", "--stats", "prom", NULL});
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    promtool_check(r.err, "replay --data --stats prom");
+    const char *want[] = {"# TYPE kvtier_cache_requests_total counter\n", "# TYPE kvtier_tree_nodes gauge\n",
+                          "# TYPE kvtier_xfer_l1_to_l2_bytes_total counter\n",
+                          "# TYPE kvtier_xfer_l2_to_l1_busy_seconds_total counter\n",
+                          "# TYPE kvtier_xfer_l2_to_l1_e2e_seconds histogram\n"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_assert_not_null(strstr(r.err, want[i]), "'%s' not in: %s", want[i], r.err);
+    prom_check_histograms(r.err, "replay --data --stats prom");
+    run_free(&r);
 }

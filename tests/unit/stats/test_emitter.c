@@ -1,9 +1,14 @@
 /* The emitter's three formats, compared with hand-written expected text. */
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/mem-int.h"
+#include "core/rng-int.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "kvtier/stats.h"
@@ -40,27 +45,215 @@ Test(emitter, table) {
     free(s);
 }
 
+/* Prometheus conventions: counters end in _total, ns become seconds, a
+ * histogram is cumulative buckets. Every sample (1..100 ns) is below 1 us. */
 Test(emitter, prometheus) {
     int rc;
     char *s = render(KVT_FMT_PROM, &rc);
     cr_assert_eq(rc, KVT_OK);
     cr_assert_str_eq(s,
-                     "# HELP kvtier_alloc_reserves successful reserve calls\n"
-                     "# TYPE kvtier_alloc_reserves counter\n"
-                     "kvtier_alloc_reserves 42\n"
+                     "# HELP kvtier_alloc_reserves_total successful reserve calls\n"
+                     "# TYPE kvtier_alloc_reserves_total counter\n"
+                     "kvtier_alloc_reserves_total 42\n"
                      "# HELP kvtier_alloc_free_pages free pages\n"
                      "# TYPE kvtier_alloc_free_pages gauge\n"
                      "kvtier_alloc_free_pages 7.5\n"
-                     "# HELP kvtier_latency_ns latency\n"
-                     "# TYPE kvtier_latency_ns summary\n"
-                     "kvtier_latency_ns{quantile=\"0.5\"} 50\n"
-                     "kvtier_latency_ns{quantile=\"0.9\"} 90\n"
-                     "kvtier_latency_ns{quantile=\"0.99\"} 99\n"
-                     "kvtier_latency_ns{quantile=\"0.999\"} 100\n"
-                     "kvtier_latency_ns{quantile=\"1\"} 100\n"
-                     "kvtier_latency_ns_sum 5050\n"
-                     "kvtier_latency_ns_count 100\n");
+                     "# HELP kvtier_latency_seconds latency\n"
+                     "# TYPE kvtier_latency_seconds histogram\n"
+                     "kvtier_latency_seconds_bucket{le=\"1e-06\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"2e-06\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"5e-06\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"1e-05\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"2e-05\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"5e-05\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.0001\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.0002\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.0005\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.001\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.002\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.005\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.01\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.02\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.05\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.1\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.2\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"0.5\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"1\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"2\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"5\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"10\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"20\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"50\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"100\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"200\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"500\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"1000\"} 100\n"
+                     "kvtier_latency_seconds_bucket{le=\"+Inf\"} 100\n"
+                     "kvtier_latency_seconds_sum 0.00000505\n"
+                     "kvtier_latency_seconds_count 100\n");
     free(s);
+}
+
+static char *render_prom(kvt_emitter_t *e) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(kvt_emitter_write(e, f), KVT_OK);
+    fclose(f);
+    kvt_emitter_destroy(e);
+    return buf;
+}
+
+/* Samples on both sides of the le boundaries, and counts worked out by hand:
+ * 999 ns is in bucket [992, 999], so under 1e-06; 1000 ns is in [1000, 1007],
+ * which straddles 1e-06, so it counts from 2e-06; 2 s is in a bucket
+ * [1996488704, 2013265919] ns that straddles 2, so it counts from 5; 2000 s
+ * is past the histogram's range (2^40 ns), so only under +Inf. */
+Test(emitter, prometheus_histogram_and_units) {
+    kvt_emitter_t *e;
+    cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_PROM, "kvtier"), KVT_OK);
+    const uint64_t v[] = {0, 999, 1000, 1500, 30000, 3000000, 3000000, 3000000, 2000000000, 2000000000000};
+    kvt_hist_t h;
+    kvt_hist_init(&h);
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) kvt_hist_record(&h, v[i]);
+    kvt_emit_begin(e, "xfer");
+    kvt_emit_hist(e, "e2e_ns", &h, NULL);
+    kvt_emit_counter(e, "busy_ns", 1500000000, NULL);
+    kvt_emit_counter(e, "bytes", 4096, NULL);
+    kvt_emit_gauge(e, "wait_ns", 2500, NULL);
+    kvt_emit_gauge(e, "pages", 50000, NULL);
+    kvt_emit_end(e);
+    char *s = render_prom(e);
+    cr_assert_str_eq(s,
+                     "# TYPE kvtier_xfer_e2e_seconds histogram\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"1e-06\"} 2\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"2e-06\"} 4\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"5e-06\"} 4\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"1e-05\"} 4\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"2e-05\"} 4\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"5e-05\"} 5\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.0001\"} 5\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.0002\"} 5\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.0005\"} 5\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.001\"} 5\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.002\"} 5\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.005\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.01\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.02\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.05\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.1\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.2\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"0.5\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"1\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"2\"} 8\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"5\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"10\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"20\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"50\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"100\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"200\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"500\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"1000\"} 9\n"
+                     "kvtier_xfer_e2e_seconds_bucket{le=\"+Inf\"} 10\n"
+                     "kvtier_xfer_e2e_seconds_sum 2002.009033499\n"
+                     "kvtier_xfer_e2e_seconds_count 10\n"
+                     "# TYPE kvtier_xfer_busy_seconds_total counter\n"
+                     "kvtier_xfer_busy_seconds_total 1.5\n"
+                     "# TYPE kvtier_xfer_bytes_total counter\n"
+                     "kvtier_xfer_bytes_total 4096\n"
+                     "# TYPE kvtier_xfer_wait_seconds gauge\n"
+                     "kvtier_xfer_wait_seconds 2.5e-06\n"
+                     "# TYPE kvtier_xfer_pages gauge\n"
+                     "kvtier_xfer_pages 50000\n");
+    free(s);
+}
+
+/* Random latencies, many of them within 2 % of a 1-2-5 boundary, against a
+ * brute-force count of the samples: each bucket line lies between the samples
+ * <= le*64/65 (whose bucket, at most 1/64 of its start wide, ends below le)
+ * and the samples <= le; lines never decrease, +Inf is the count and the sum
+ * is the samples' sum in seconds. */
+Test(emitter, prometheus_buckets_against_the_samples) {
+    enum { N = 20000 };
+    static uint64_t v[N];
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        fprintf(stderr, "emitter prometheus buckets: seed %" PRIu64 "\n", seed);
+        kvt__rng_t rng;
+        kvt__rng_seed(&rng, seed);
+        kvt_hist_t h;
+        kvt_hist_init(&h);
+        uint64_t sum = 0;
+        for (int i = 0; i < N; i++) {
+            if (kvt__rng_below(&rng, 2)) { /* log-uniform over 1 ns .. 1000 s */
+                v[i] = (uint64_t)exp(kvt__rng_unit(&rng) * log(1e12));
+            } else { /* near k * 10^d ns, k in 1, 2, 5, from 1 us to 1000 s */
+                static const uint64_t k[] = {1, 2, 5};
+                uint64_t b = k[kvt__rng_below(&rng, 3)] * (uint64_t)pow(10, 3 + (double)kvt__rng_below(&rng, 10));
+                v[i] = b - b / 50 + kvt__rng_below(&rng, b / 25 + 1);
+            }
+            kvt_hist_record(&h, v[i]);
+            sum += v[i];
+        }
+        kvt_emitter_t *e;
+        cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_PROM, "kvtier"), KVT_OK);
+        kvt_emit_hist(e, "lat_ns", &h, NULL);
+        char *s = render_prom(e);
+        int lines = 0;
+        unsigned long long prev = 0;
+        for (char *p = strstr(s, "_bucket{le=\""); p; p = strstr(p + 1, "_bucket{le=\"")) {
+            char le[32];
+            unsigned long long got;
+            cr_assert_eq(sscanf(p, "_bucket{le=\"%31[^\"]\"} %llu", le, &got), 2, "%.60s", p);
+            cr_assert_geq(got, prev, "le=%s: buckets are cumulative", le);
+            prev = got;
+            lines++;
+            if (strcmp(le, "+Inf") == 0) {
+                cr_assert_eq(got, N);
+                continue;
+            }
+            double le_ns = strtod(le, NULL) * 1e9;
+            unsigned long long lo = 0, hi = 0;
+            for (int i = 0; i < N; i++) {
+                lo += (double)v[i] * 65 <= le_ns * 64;
+                hi += (double)v[i] <= le_ns;
+            }
+            cr_assert(lo <= got && got <= hi, "le=%s: %llu not in [%llu, %llu] (seed %" PRIu64 ")", le, got, lo, hi, seed);
+        }
+        cr_assert_eq(lines, 29, "28 boundaries and +Inf");
+        double got_sum, want = (double)sum / 1e9;
+        cr_assert_eq(sscanf(strstr(s, "_sum "), "_sum %lf", &got_sum), 1);
+        cr_assert_float_eq(got_sum, want, want * 1e-12);
+        char count[64];
+        snprintf(count, sizeof(count), "kvtier_lat_seconds_count %d\n", N);
+        cr_assert_not_null(strstr(s, count));
+        free(s);
+    }
+}
+
+/* Two entries that become one family would make the text unparseable. */
+Test(emitter, prometheus_refuses_a_family_twice) {
+    const char *pairs[][2] = {{"x", "x_total"}, {"busy_ns", "busy_seconds"}, {"y", "y"}};
+    for (int i = 0; i < 3; i++) {
+        kvt_emitter_t *e;
+        cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_PROM, "kvtier"), KVT_OK);
+        kvt_emit_begin(e, "s");
+        kvt_emit_counter(e, pairs[i][0], 1, NULL);
+        if (i == 0) kvt_emit_gauge(e, pairs[i][1], 1, NULL);
+        else kvt_emit_counter(e, pairs[i][1], 1, NULL);
+        kvt_emit_end(e);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        cr_assert_eq(kvt_emitter_write(e, f), KVT_EINVAL, "%s and %s", pairs[i][0], pairs[i][1]);
+        fclose(f);
+        cr_assert_eq(len, 0, "nothing written");
+        free(buf);
+        kvt_emitter_destroy(e);
+    }
+    kvt_emitter_t *e;
+    cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_PROM, "9lives"), KVT_EINVAL, "not a metric name");
+    cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_JSON, "9lives"), KVT_OK);
+    kvt_emitter_destroy(e);
 }
 
 Test(emitter, json) {
