@@ -4,10 +4,15 @@
 
 #include "kvtier/alloc.h"
 #include "kvtier/cache.h"
+#include "kvtier/cp.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
 #include "kvtier/model.h"
+#include "kvtier/net.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
+#include "kvtier/tier.h"
+#include "kvtier/version.h"
+#include "kvtier/xfer.h"
 
 #endif

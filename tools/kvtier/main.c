@@ -4,9 +4,9 @@
 
 #include "commands.h"
 #include "kvtier/net.h"
+#include "kvtier/version.h"
 #include "kvtier/tier.h"
 
-#define KVT_VERSION_STR "0.1.0"
 
 static void usage(FILE *f) {
     fputs("usage: kvtier <command> [options]\n"
@@ -36,8 +36,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("kvtier %s (cuda: %s, ucx: %s)\n", KVT_VERSION_STR, kvt_tier_cuda_built() ? "yes" : "no",
-               kvt_net_ucx_built() ? "yes" : "no");
+        printf("kvtier %s\n", kvt_version_string());
         return 0;
     }
     if (strcmp(cmd, "replay") == 0) return cmd_replay(argc - 2, argv + 2);

@@ -51,7 +51,7 @@ static int lm_reserve(lane_model_t *lm, uint64_t n, uint32_t *out) {
     for (uint32_t l = 0; l < lm->lanes; l++) {
         local[l] = malloc((share[l] + 1) * sizeof(uint32_t));
         if (share[l] == 0) continue;
-        size_t k;
+        size_t k = 0;
         cr_assert_eq(model_reserve(&lm->lane[l], share[l], runs, share[l], &k), KVT_OK);
         uint64_t m = 0;
         for (size_t r = 0; r < k; r++)
