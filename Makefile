@@ -3,6 +3,7 @@ BUILD      ?= build
 SAN_BUILD  ?= build-san
 TSAN_BUILD ?= build-tsan
 CUDA_BUILD ?= build-cuda
+REL_BUILD  ?= build-rel
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
@@ -11,13 +12,14 @@ RUN_ARGS   ?=
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all build bootstrap test test-san test-tsan test-cuda bench run install clean help
+.PHONY: all build bootstrap test test-release test-san test-tsan test-cuda bench run install clean help
 
 all: build
 
 help:
 	@echo "make            build ($(BUILD)/)"
 	@echo "make test       build and run every CPU suite (unit, e2e, benchmark); kernels needs a GPU"
+	@echo "make test-release  a Release build (-O3, -Werror) and its unit suite ($(REL_BUILD)/)"
 	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
 	@echo "make test-tsan  the threaded code (stress test, replay --data, bench xfer) under ThreadSanitizer ($(TSAN_BUILD)/)"
 	@echo "make test-cuda  build the cuda tier and the kernels suite ($(CUDA_BUILD)/) and run it where a GPU is"
@@ -40,6 +42,11 @@ build: bootstrap
 
 test: build
 	@tests/run_suite --build $(BUILD)
+
+# What users build: Release, warnings as errors, and the unit suite on it.
+test-release: bootstrap
+	$(call configure,$(REL_BUILD),,Release)
+	@tests/run_suite --build $(REL_BUILD) --suite unit
 
 test-san: bootstrap
 	$(call configure,$(SAN_BUILD),-DKVT_SANITIZE=address$(,)undefined -DKVT_CHECK_LEVEL=2,Debug)
@@ -83,4 +90,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD) $(CUDA_BUILD) $(REL_BUILD)
