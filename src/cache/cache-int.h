@@ -10,6 +10,8 @@
 
 typedef enum { OP_BACKUP, OP_LOAD } op_kind_t;
 
+#define KVT__CACHE_DONE_CAP 256 /* completions applied per poll round */
+
 typedef struct kvt__op {
     uint8_t kind;
     uint8_t ok;
@@ -75,6 +77,36 @@ struct kvt_cache {
 
 /* Test hook: from now on every n-th copy completes with a failure (0: none). */
 void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
+
+/* copies.c */
+/* Folds v into the decision digest. */
+void kvt__cache_fold(kvt_cache_t *c, uint64_t v);
+/* A page id goes back to its allocator at the next flush. */
+void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);
+void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id);
+/* Returns the buffered ids to the allocators; KVT_ENOMEM keeps them buffered. */
+int kvt__cache_flush(kvt_cache_t *c);
+/* Queues a copy (OP_BACKUP: l1 -> l2; OP_LOAD: l2 -> l1); its pages are in flight. */
+void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2);
+/* Waits for every copy of a kind in flight, and applies them. */
+void kvt__cache_wait_kind(kvt_cache_t *c, op_kind_t kind);
+/* Waits for the backups of n's pages up to idx. */
+void kvt__cache_wait_backups_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx);
+
+/* evict.c */
+/* Evicts until n + floor L2 (L1) pages are free or nothing may go; true if it evicted. */
+bool kvt__cache_plan_l2_to(kvt_cache_t *c, uint64_t n, uint64_t floor);
+bool kvt__cache_plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor);
+/* Room for n L1 pages under the free-room rule (a round if below the floor). */
+void kvt__cache_plan_l1(kvt_cache_t *c, uint64_t n);
+/* Up to n L2 pages (room planned first) into out; how many. */
+uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out);
+/* Backs up page idx of n (and the pages before it lacking a copy); false when L2 has no room. */
+bool kvt__cache_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx);
+/* L2 copies found corrupt: noted at load, dropped when nothing holds them. */
+void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l2);
+void kvt__cache_forget_corrupt(kvt_cache_t *c, uint32_t l2);
+void kvt__cache_purge_corrupt(kvt_cache_t *c);
 
 /* policy.c */
 uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);

@@ -1,0 +1,281 @@
+/* The cache's copies (backups L1 -> L2, loads L2 -> L1) as operations.
+ *
+ * A copy is submitted as an operation and completes later; kvt_cache_poll
+ * applies completions on this thread. Without a data plane each copy
+ * completes at once (page ids only). With one (kvt_cache_attach), copies are
+ * queued per direction and handed to the transfer engine as batches when the
+ * cache polls or waits; workers never touch the tree. Waiting is for what a
+ * step needs (its loads; an evicted page's backup).
+ *
+ *   submit --> pend[kind] --flush_copies--> engine batch --worker--> done
+ *                                                                     |
+ *   tree updated (resident, or failed: nothing moves) <--apply-- poll
+ *
+ * Freed page ids go to a buffer first and back to their allocator at the end
+ * of the round (kvt__cache_flush); a free that fails for lack of memory keeps
+ * them in the buffer for the next round, so no page is ever lost.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-int.h"
+#include "kvtier/error.h"
+#include "../core/check-int.h"
+#include "../core/mem-int.h"
+
+
+/* The running digest: order-sensitive, so two caches fed the same calls
+ * agree on it only if they made the same decisions (CP ranks compare it). */
+void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest = (c->digest ^ v) * 0x100000001b3ull + 0x9e37; }
+
+void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
+    kvt__cache_fold(c, 1ull << 40 | id);
+    c->l1_back.id[c->l1_back.n++] = id;
+    c->l1_free++;
+}
+
+
+void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {
+    kvt__cache_fold(c, 2ull << 40 | id);
+    if (c->ncorrupt) kvt__cache_forget_corrupt(c, id);
+    if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
+    c->l2_back.id[c->l2_back.n++] = id;
+    c->l2_free++;
+}
+
+static int cmp_u32(const void *x, const void *y) {
+    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Returns the buffered ids to the allocators. */
+int kvt__cache_flush(kvt_cache_t *c) {
+    int rc = KVT_OK;
+    if (c->l1_back.n) {
+        rc = kvt_laneal_free(c->l1, c->l1_back.id, c->l1_back.n);
+        if (rc == KVT_OK) c->l1_back.n = 0;
+    }
+    if (c->l2_back.n && rc == KVT_OK) {
+        /* sorted ids make runs: one free call, coalesced */
+        qsort(c->l2_back.id, c->l2_back.n, sizeof(uint32_t), cmp_u32);
+        size_t k = 0;
+        kvt_run_t *runs = c->l2_runs;
+        for (size_t i = 0; i < c->l2_back.n; i++) {
+            if (k > 0 && runs[k - 1].start + runs[k - 1].len == c->l2_back.id[i]) runs[k - 1].len++;
+            else runs[k++] = (kvt_run_t){c->l2_back.id[i], 1};
+        }
+        rc = kvt_extalloc_free(c->l2, runs, k);
+        if (rc == KVT_OK) c->l2_back.n = 0;
+    }
+    return rc;
+}
+
+/* ---- copies ------------------------------------------------------------------ */
+
+/* A copy's completion: the page becomes resident (or, when it failed, the
+ * reserved page goes back and the page stays where it was). */
+static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool ok) {
+    kvt_rnode_t *n;
+    uint32_t idx;
+    c->inflight[kind]--;
+    if (!ok) c->st.failed_copies++;
+    /* the page is still in the tree: nothing in flight leaves it */
+    if (kind == OP_BACKUP) {
+        bool found = kvt__radix_locate_l2(c->tree, l2, &n, &idx);
+        KVT_ASSERT(found);
+        if (!found) return;
+        kvt__radix_end_backup(c->tree, n, idx, ok);
+        if (!ok) kvt__cache_give_back_l2(c, l2);
+    } else {
+        bool found = kvt__radix_locate_l1(c->tree, l1, &n, &idx);
+        KVT_ASSERT(found);
+        if (!found) return;
+        kvt__radix_end_load(c->tree, n, idx, ok);
+        if (!ok) kvt__cache_give_back_l1(c, l1);
+    }
+}
+
+/* L1 page p of the cache is page (p mod C) x R + p div C of the L1 tier: all
+ * lanes, rank-major (the CP read view; the identity for one lane). */
+static uint32_t l1_tier_page(const kvt_cache_t *c, uint32_t p) {
+    uint32_t C = c->cfg.l1_lanes;
+    return (uint32_t)((p % C) * c->lane_pages + p / C);
+}
+
+static uint32_t l1_cache_page(const kvt_cache_t *c, uint32_t q) {
+    return (uint32_t)((q % c->lane_pages) * c->cfg.l1_lanes + q / c->lane_pages);
+}
+
+/* The user tag of the cache's batches: the engine is the cache's alone, and
+ * a completion that is not the cache's is a caller's mistake. */
+static uint64_t xfer_tag(const kvt_cache_t *c, op_kind_t k) { return (uint64_t)(uintptr_t)c << 1 | (uint64_t)k; }
+
+/* Hands the pending copies to the engine, one batch per direction. A batch
+ * the engine refuses fails at once (its pages stay where they were). */
+static void flush_copies(kvt_cache_t *c) {
+    for (int k = 0; c->xf && k < 2; k++) {
+        if (c->npend[k] == 0) continue;
+        unsigned src = k == OP_BACKUP ? c->xf_l1 : c->xf_l2, dst = k == OP_BACKUP ? c->xf_l2 : c->xf_l1;
+        if (kvt_xfer_submit(c->xf, src, dst, c->pend[k], c->npend[k], xfer_tag(c, (op_kind_t)k), NULL) != KVT_OK)
+            for (size_t i = 0; i < c->npend[k]; i++) {
+                const kvt_xfer_copy_t *cp = &c->pend[k][i];
+                apply(c, (op_kind_t)k, l1_cache_page(c, k == OP_BACKUP ? cp->src_page : cp->dst_page),
+                      k == OP_BACKUP ? cp->dst_page : cp->src_page, false);
+            }
+        c->npend[k] = 0;
+    }
+}
+
+/* Applies the engine's completed batches, waiting up to timeout_ns for one. */
+static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
+    kvt_xfer_done_t d[16];
+    int k = kvt_xfer_poll(c->xf, d, 16, timeout_ns), applied = 0;
+    for (int b = 0; b < k; b++) {
+        op_kind_t kind = (op_kind_t)(d[b].user & 1);
+        KVT_ASSERT(d[b].user == xfer_tag(c, kind));
+        if (d[b].user != xfer_tag(c, kind)) continue;
+        if (d[b].status == KVT_ECORRUPT) {
+            c->st.integrity_failures++;
+            if (kind == OP_LOAD) kvt__cache_note_corrupt(c, (uint32_t)d[b].bad_page);
+        }
+        for (size_t i = 0; i < d[b].n; i++, applied++) {
+            const kvt_xfer_copy_t *cp = &d[b].copies[i];
+            apply(c, kind, l1_cache_page(c, kind == OP_BACKUP ? cp->src_page : cp->dst_page),
+                  kind == OP_BACKUP ? cp->dst_page : cp->src_page, d[b].status == KVT_OK);
+        }
+    }
+    return applied;
+}
+
+#define WAIT_NS 100000000ull /* one wait; callers loop until what they wait for lands */
+
+/* Applies the copies that completed at once (no data plane, or copies
+ * another process of the CP group makes). */
+static int apply_done(kvt_cache_t *c) {
+    int applied = 0;
+    for (size_t i = 0; i < c->ndone; i++, applied++)
+        apply(c, (op_kind_t)c->done[i].kind, c->done[i].l1, c->done[i].l2, c->done[i].ok);
+    c->ndone = 0;
+    return applied;
+}
+
+int kvt_cache_poll(kvt_cache_t *c) {
+    if (c == NULL) return KVT_EINVAL;
+    int applied = apply_done(c);
+    if (c->xf) {
+        flush_copies(c);
+        for (int k; (k = poll_engine(c, 0)) > 0;) applied += k;
+    }
+    return applied;
+}
+
+/* Waits until no copy of this kind is in flight (others land meanwhile). */
+void kvt__cache_wait_kind(kvt_cache_t *c, op_kind_t kind) {
+    apply_done(c);
+    if (c->xf == NULL) return;
+    flush_copies(c);
+    while (c->inflight[kind] > 0) poll_engine(c, WAIT_NS);
+}
+
+/* Waits for the backups of pages [0, idx] of n (and applies whatever lands):
+ * all of them, not only idx's, so that the rest of the round sees them
+ * landed whatever the copy timing. */
+void kvt__cache_wait_backups_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
+    apply_done(c);
+    if (c->xf == NULL) return;
+    flush_copies(c);
+    for (uint32_t i = 0; i <= idx; i++)
+        while (n->pages[i].flags & KVT_PAGE_D2H) poll_engine(c, WAIT_NS);
+}
+
+int kvt_cache_sync(kvt_cache_t *c) {
+    if (c == NULL) return KVT_EINVAL;
+    kvt__cache_wait_kind(c, OP_BACKUP);
+    kvt__cache_wait_kind(c, OP_LOAD);
+    return KVT_OK;
+}
+
+/* Whether this process makes the copy: all of them, except in a CP group,
+ * where the I/O rank makes every backup and each rank the loads into its own
+ * lane; the others complete at once here (their owner makes them). */
+static bool makes(const kvt_cache_t *c, op_kind_t kind, uint32_t l1) {
+    if (c->xf == NULL) return false;
+    if (c->cp.size == 0) return true;
+    return kind == OP_BACKUP ? c->cp.io_rank : l1 % c->cfg.l1_lanes == c->cp.rank;
+}
+
+void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
+    c->inflight[kind]++;
+    kvt__cache_fold(c, (uint64_t)(kind + 3) << 40 ^ (uint64_t)l1 << 20 ^ l2);
+    if (kind == OP_BACKUP && c->cp.backup_started) c->cp.backup_started(c->cp.arg, l1, l2, ++c->backup_seq);
+    if (makes(c, kind, l1)) {
+        if (c->cp.before_copy && c->cp.before_copy(c->cp.arg, kind == OP_LOAD, l1, l2, false) != KVT_OK) {
+            flush_copies(c); /* nothing of ours may wait behind the hook's wait */
+            int rc = c->cp.before_copy(c->cp.arg, kind == OP_LOAD, l1, l2, true);
+            if (rc != KVT_OK) { /* the group failed: the copy fails here */
+                if (c->ndone == c->done_cap) apply_done(c);
+                c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, false, l1, l2};
+                return;
+            }
+        }
+        if (c->npend[kind] == c->pend_cap) flush_copies(c);
+        uint32_t t1 = l1_tier_page(c, l1);
+        c->pend[kind][c->npend[kind]++] = kind == OP_BACKUP ? (kvt_xfer_copy_t){t1, l2} : (kvt_xfer_copy_t){l2, t1};
+        return;
+    }
+    if (c->ndone == c->done_cap) apply_done(c);
+    bool ok = !(c->fail_every && ++c->submitted % c->fail_every == 0);
+    c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
+}
+
+void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
+    c->fail_every = n;
+    c->submitted = 0;
+}
+
+int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+                        unsigned l2_index, const kvt_cache_cp_t *cp) {
+    if (c == NULL || x == NULL || l1 == NULL || l1_index == l2_index || (c->l2 != NULL) != (l2 != NULL) ||
+        kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages) ||
+        c->cfg.l1_pages % c->cfg.l1_lanes != 0 ||
+        (cp && (cp->size < sizeof(*cp) || cp->rank >= c->cfg.l1_lanes)))
+        return KVT_EINVAL;
+    if (c->xf || c->st.requests || c->inflight[0] || c->inflight[1]) return KVT_EBUSY;
+    if (c->l2 == NULL) return KVT_EINVAL; /* without L2 there is nothing to copy */
+    size_t cap = c->cfg.l1_pages < c->cfg.l2_pages ? c->cfg.l1_pages : c->cfg.l2_pages;
+    for (int k = 0; k < 2; k++)
+        if ((c->pend[k] = kvt__malloc(cap * sizeof(kvt_xfer_copy_t))) == NULL) {
+            kvt__free(c->pend[0], cap * sizeof(kvt_xfer_copy_t));
+            c->pend[0] = NULL;
+            return KVT_ENOMEM;
+        }
+    c->pend_cap = cap;
+    c->xf = x;
+    c->xf_l1 = l1_index;
+    c->xf_l2 = l2_index;
+    c->lane_pages = c->cfg.l1_pages / c->cfg.l1_lanes;
+    if (cp) {
+        c->cp = *cp;
+        c->cp.size = sizeof(c->cp);
+    }
+    return KVT_OK;
+}
+
+int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+                     unsigned l2_index) {
+    return kvt_cache_attach_cp(c, x, l1, l1_index, l2, l2_index, NULL);
+}
+
+uint64_t kvt_cache_digest(const kvt_cache_t *c) { return c ? c->digest : 0; }
+
+uint64_t kvt_cache_lane_dealt(const kvt_cache_t *c, uint32_t lane) { return c ? kvt_laneal_lane_dealt(c->l1, lane) : 0; }
+
+uint64_t kvt_cache_lane_pages(const kvt_cache_t *c, uint32_t lane) {
+    if (c == NULL || lane >= c->cfg.l1_lanes) return 0;
+    uint64_t size = (c->cfg.l1_pages - lane + c->cfg.l1_lanes - 1) / c->cfg.l1_lanes; /* the lane allocator's split */
+    uint64_t buffered = 0;
+    for (size_t i = 0; i < c->l1_back.n; i++) buffered += c->l1_back.id[i] % c->cfg.l1_lanes == lane;
+    return size - kvt_laneal_lane_free(c->l1, lane) - buffered;
+}
+

@@ -1,0 +1,246 @@
+/* Planned eviction: room in L1 and L2, made against free-room targets.
+ *
+ * An allocation of n pages that would leave fewer than the floor (half the
+ * target) free starts a round, which evicts until n + target pages are free.
+ * A round starts by letting the backups in flight land, so that decisions
+ * do not depend on copy timing.
+ *
+ * L1 eviction, one page at a time from the victim set's first node (its last
+ * L1 page):
+ *
+ *        has an L2 copy?  -- yes -->  drop the L1 copy (the page lives in L2)
+ *               | no
+ *        last page of a leaf, and not write_back?  -- yes --> free it
+ *               | no
+ *        back it up (with the node's other pages lacking a copy, one batch;
+ *        L2 room planned the same way), wait for it, drop the L1 copy
+ *
+ * L2 eviction: a leaf's page that lives only in L2 (freed), else an L2 copy of
+ * a page that is still in L1 (a shadow: the page just loses its backup).
+ * Nothing locked, pinned or in flight is evicted.
+ *
+ * Cost: O(pages evicted x log nodes) a round (the victim sets are heaps).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-int.h"
+#include "kvtier/error.h"
+#include "../core/check-int.h"
+#include "../core/mem-int.h"
+
+/* ---- L2 ---------------------------------------------------------------------- */
+
+/* Evicts one L2 page; false when nothing in L2 may go. */
+/* The last page of leaf v, living only in L2, leaves the cache (v is freed
+ * with its last page). */
+static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v) {
+    kvt__policy_on_trim(c, v);
+    kvt_page_t pg = kvt__radix_trim(c->tree, v);
+    kvt__cache_give_back_l2(c, pg.l2);
+    if (pg.l1 != KVT_NO_PAGE) kvt__cache_give_back_l1(c, pg.l1); /* loaded, but stranded below a page not in L1 */
+    c->st.dropped_pages++;
+}
+
+static bool evict_one_l2(kvt_cache_t *c) {
+    kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
+    if (v) { /* a leaf's page that lives only in L2 leaves the cache */
+        trim_l2_tail(c, v);
+        return true;
+    }
+    v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
+    if (v == NULL) return false;
+    uint32_t idx = v->n_l1;
+    while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--; /* the last shadow */
+    kvt__cache_give_back_l2(c, kvt__radix_drop_l2(c->tree, v, idx - 1));
+    c->st.shadows_reclaimed++;
+    return true;
+}
+
+/* Plans room for n L2 pages: when the allocation would leave fewer than the
+ * floor (half the target) free, one eviction round brings free room back to
+ * n + target. The gap between floor and target is what batches rounds: a
+ * round makes room for the next allocations too. */
+bool kvt__cache_plan_l2_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
+    if (c->l2_free >= n + floor) return false;
+    kvt__cache_wait_kind(c, OP_BACKUP); /* landed backups make shadows reclaimable: decisions never depend on copy timing */
+    c->st.l2_evict_calls++;
+    while (c->l2_free < n + c->l2_target) {
+        if (!evict_one_l2(c)) {
+            c->st.l2_room_misses++;
+            break;
+        }
+        c->st.l2_evicted_pages++;
+    }
+    return true;
+}
+
+static void plan_l2(kvt_cache_t *c, uint64_t n) {
+    c->st.l2_allocs++;
+    if (kvt__cache_plan_l2_to(c, n, c->l2_floor)) c->st.l2_allocs_evicting++;
+}
+
+/* Reserves up to n L2 pages (after planning); ids in out. Returns how many. */
+uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
+    if (c->l2 == NULL || n == 0) return 0;
+    plan_l2(c, n);
+    if (kvt__cache_flush(c) != KVT_OK) return 0;
+    if (n > c->l2_free) n = c->l2_free;
+    if (n == 0) return 0;
+    kvt_run_t *runs = c->l2_runs; /* flush is done with it; room for every L2 page */
+    size_t k = 0;
+    if (kvt_extalloc_reserve(c->l2, n, runs, n, &k) != KVT_OK) {
+        c->st.l2_alloc_failures++;
+        return 0;
+    }
+    uint64_t j = 0;
+    for (size_t i = 0; i < k; i++)
+        for (uint32_t p = 0; p < runs[i].len; p++) out[j++] = runs[i].start + p;
+    c->l2_free -= n;
+    for (uint64_t i = 0; i < n; i++) kvt__cache_fold(c, 4ull << 40 | out[i]);
+    return n;
+}
+
+/* Backs up page idx of n (in L1, no L2 copy): false when L2 has no room. */
+bool kvt__cache_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
+    uint32_t l2;
+    if (kvt__cache_take_l2(c, 1, &l2) != 1) return false;
+    kvt__radix_begin_backup(c->tree, n, idx, l2);
+    kvt__cache_submit(c, OP_BACKUP, n->pages[idx].l1, l2);
+    c->st.backups++;
+    return true;
+}
+
+/* Backs up, as one batch, the pages of n up to idx that are in L1 with no L2
+ * copy and no backup in flight: the eviction of n's tail will need them all,
+ * and one reservation in page order gives runs that coalesce. When L2 has
+ * room for only some, the ones nearest the tail get it. Returns the pages
+ * backed up; page idx is among them unless that is 0. */
+static uint64_t backup_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
+    uint64_t need = 0;
+    for (uint32_t i = 0; i <= idx; i++) need += n->pages[i].l2 == KVT_NO_PAGE;
+    uint32_t *l2 = c->scratch + c->scratch_cap / 2;
+    uint64_t got = kvt__cache_take_l2(c, need, l2), k = got;
+    for (uint32_t i = idx + 1; i-- > 0 && k > 0;) {
+        if (n->pages[i].l2 != KVT_NO_PAGE) continue;
+        k--;
+        kvt__radix_begin_backup(c->tree, n, i, l2[k]);
+        kvt__cache_submit(c, OP_BACKUP, n->pages[i].l1, l2[k]);
+    }
+    c->st.backups += got;
+    return got;
+}
+
+/* ---- corrupt L2 copies -------------------------------------------------------------- */
+
+/* A load refused because an L2 copy failed its checksum: that copy, and the
+ * pages below it (which live only in L2 and are reachable only through it),
+ * leave the cache at the next admission or restore_room that finds none of
+ * them held, pinned or in flight. Until then loads through it keep failing
+ * (and are counted), so it is never served. */
+void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l2) {
+    for (size_t i = 0; i < c->ncorrupt; i++)
+        if (c->corrupt[i] == l2) return;
+    if (c->ncorrupt < KVT__CORRUPT_MAX) c->corrupt[c->ncorrupt++] = l2;
+}
+
+void kvt__cache_forget_corrupt(kvt_cache_t *c, uint32_t l2) {
+    for (size_t i = 0; i < c->ncorrupt; i++)
+        if (c->corrupt[i] == l2) {
+            c->corrupt[i] = c->corrupt[--c->ncorrupt];
+            return;
+        }
+}
+
+/* Nothing at or below page idx of x is held, pinned or in flight. */
+static bool free_below(const kvt_rnode_t *x, uint32_t idx) {
+    if (x->lock || x->pin) return false;
+    for (uint32_t i = idx; i < x->npages; i++)
+        if (x->pages[i].flags) return false;
+    for (const kvt_rnode_t *ch = x->first_child; ch; ch = ch->next_sibling)
+        if (!free_below(ch, 0)) return false;
+    return true;
+}
+
+/* Trims x's subtree, then x's pages down to `keep` (x is freed when keep is 0). */
+static void trim_below(kvt_cache_t *c, kvt_rnode_t *x, uint32_t keep) {
+    while (x->first_child) trim_below(c, x->first_child, 0);
+    for (uint32_t k = x->npages - keep; k > 0; k--) trim_l2_tail(c, x);
+}
+
+void kvt__cache_purge_corrupt(kvt_cache_t *c) {
+    for (size_t i = 0; i < c->ncorrupt;) {
+        kvt_rnode_t *n;
+        uint32_t idx, l2 = c->corrupt[i];
+        bool found = kvt__radix_locate_l2(c->tree, l2, &n, &idx);
+        KVT_ASSERT(found); /* forgotten when given back */
+        if (!found || !free_below(n, idx) || idx < n->n_l1) {
+            i++; /* held for now (idx < n_l1: loaded meanwhile, from a good copy? then it is not ours to judge) */
+            continue;
+        }
+        c->st.corrupt_dropped++;
+        trim_below(c, n, idx); /* gives l2 back, which forgets it: slot i now holds another */
+    }
+}
+
+/* ---- L1 ---------------------------------------------------------------------- */
+
+typedef enum { EVICTED, SKIPPED } evict_result_t;
+
+/* v's last page, in L1 only and with nothing below it, leaves the cache. */
+static evict_result_t drop_tail_l1(kvt_cache_t *c, kvt_rnode_t *v) {
+    kvt__policy_on_trim(c, v);
+    kvt__cache_give_back_l1(c, kvt__radix_trim(c->tree, v).l1);
+    c->st.dropped_pages++;
+    return EVICTED;
+}
+
+static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
+    uint32_t idx = v->n_l1 - 1;
+    kvt_page_t *pg = &v->pages[idx];
+    if (!kvt__page_in_l2(pg)) {
+        bool tail = v->nchildren == 0 && idx == v->npages - 1;
+        if (tail && (c->cfg.write_policy != KVT_WRITE_BACK || c->l2 == NULL)) return drop_tail_l1(c, v);
+        /* Back it up first: write_back, or pages below it live only in L2.
+         * Without room in L2 a tail page is dropped; another must wait. */
+        uint64_t got = c->l2 ? backup_upto(c, v, idx) : 0;
+        if (got == 0) return tail ? drop_tail_l1(c, v) : SKIPPED;
+        if (c->cfg.write_policy != KVT_WRITE_BACK) c->st.forced_backups += got;
+        kvt__cache_wait_backups_upto(c, v, idx); /* the eviction waits for its backups; other copies land meanwhile */
+        pg = &v->pages[idx];
+        if (!kvt__page_in_l2(pg)) return SKIPPED; /* the backup failed */
+    }
+    kvt__cache_give_back_l1(c, kvt__radix_drop_l1(c->tree, v));
+    return EVICTED;
+}
+
+/* Plans room for n L1 pages, as plan_l2. Nodes that cannot give a page now
+ * are held aside (locked) for the round. */
+bool kvt__cache_plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
+    if (c->l1_free >= n + floor) return false;
+    kvt__cache_wait_kind(c, OP_BACKUP); /* pages whose backup landed may simply drop their L1 copy */
+    c->st.l1_evict_calls++;
+    kvt_rnode_t *aside[16];
+    size_t naside = 0;
+    while (c->l1_free < n + c->l1_target) {
+        kvt_rnode_t *v = kvt__policy_l1_victim(c);
+        if (v == NULL || naside == sizeof(aside) / sizeof(aside[0])) {
+            c->st.l1_room_misses++;
+            break;
+        }
+        if (evict_one_l1(c, v) == SKIPPED) {
+            kvt__radix_lock(c->tree, v, +1);
+            aside[naside++] = v;
+            continue;
+        }
+        c->st.l1_evicted_pages++;
+    }
+    while (naside > 0) kvt__radix_lock(c->tree, aside[--naside], -1);
+    return true;
+}
+
+void kvt__cache_plan_l1(kvt_cache_t *c, uint64_t n) {
+    c->st.l1_allocs++;
+    if (kvt__cache_plan_l1_to(c, n, c->l1_floor)) c->st.l1_allocs_evicting++;
+}
