@@ -1,5 +1,6 @@
-/* Private to the cache module: the cache struct, shared by cache.c (tiers,
- * admission, eviction) and policy.c (eviction order). */
+/* Private to the cache module: the cache struct, shared by cache.c
+ * (lifetime, stats, check), admit.c, evict.c, copies.c and policy.c
+ * (eviction order), and what each offers the others. */
 #ifndef KVTIER_CACHE_INT_H
 #define KVTIER_CACHE_INT_H
 
@@ -70,7 +71,7 @@ struct kvt_cache {
     uint64_t lane_pages;           /* L1 pages per lane (R) */
     uint64_t backup_seq;           /* backups started */
     uint64_t digest;               /* running hash of ids taken, given back and copied */
-    uint32_t corrupt[KVT__CORRUPT_MAX]; /* L2 pages a load found corrupt, to drop (cache.c) */
+    uint32_t corrupt[KVT__CORRUPT_MAX]; /* L2 pages a load found corrupt, to drop (evict.c) */
     size_t ncorrupt;
     kvt_cache_stats_t st;
 };
