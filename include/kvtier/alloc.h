@@ -160,9 +160,18 @@ uint64_t kvt_laneal_lane_dealt(const kvt_laneal_t *la, uint32_t lane);
 int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st);
 int kvt_laneal_check(const kvt_laneal_t *la);
 
-/* The owner lane and local page of logical page p under C lanes. */
+/* The lane mapping, the one place it is written (cp.h and the cache use
+ * it): logical page p under C lanes of R pages each has owner lane p mod C
+ * and local page p div C; lane-major ("rank-major", the read view) it is
+ * page owner x R + local, and back. */
 static inline uint32_t kvt_lane_of(uint64_t p, uint32_t lanes) { return (uint32_t)(p % lanes); }
 static inline uint64_t kvt_lane_local(uint64_t p, uint32_t lanes) { return p / lanes; }
+static inline uint64_t kvt_lane_major(uint64_t p, uint32_t lanes, uint64_t per_lane) {
+    return kvt_lane_of(p, lanes) * per_lane + kvt_lane_local(p, lanes);
+}
+static inline uint64_t kvt_lane_logical(uint64_t q, uint32_t lanes, uint64_t per_lane) {
+    return (q % per_lane) * lanes + q / per_lane;
+}
 
 #ifdef __cplusplus
 }

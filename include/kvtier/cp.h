@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvtier/alloc.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,11 +51,11 @@ int kvt_cp_layout_check(const kvt_cp_layout_t *l);
 static inline uint64_t kvt_cp_page(const kvt_cp_layout_t *l, uint64_t s) { return s == KVT_CP_PAD ? KVT_CP_PAD : s / l->slots_per_page; }
 static inline uint64_t kvt_cp_offset(const kvt_cp_layout_t *l, uint64_t s) { return s == KVT_CP_PAD ? KVT_CP_PAD : s % l->slots_per_page; }
 /* Owner lane and local page of a logical page. */
-static inline uint32_t kvt_cp_owner(const kvt_cp_layout_t *l, uint64_t page) { return (uint32_t)(page % l->ranks); }
-static inline uint64_t kvt_cp_local(const kvt_cp_layout_t *l, uint64_t page) { return page / l->ranks; }
+static inline uint32_t kvt_cp_owner(const kvt_cp_layout_t *l, uint64_t page) { return kvt_lane_of(page, l->ranks); }
+static inline uint64_t kvt_cp_local(const kvt_cp_layout_t *l, uint64_t page) { return kvt_lane_local(page, l->ranks); }
 /* The read-view page of a logical page: owner x R + local. */
 static inline uint64_t kvt_cp_read_page(const kvt_cp_layout_t *l, uint64_t page) {
-    return page == KVT_CP_PAD ? KVT_CP_PAD : kvt_cp_owner(l, page) * l->pages_per_rank + kvt_cp_local(l, page);
+    return page == KVT_CP_PAD ? KVT_CP_PAD : kvt_lane_major(page, l->ranks, l->pages_per_rank);
 }
 
 /* Slot translation; KVT_CP_PAD passes through. */

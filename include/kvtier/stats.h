@@ -43,6 +43,10 @@ typedef struct kvt_hist {
     uint64_t bucket[KVT_HIST_BUCKETS];
 } kvt_hist_t;
 
+/* Monotonic nanoseconds (CLOCK_MONOTONIC): the clock every kvtier latency
+ * is measured with. Any thread. */
+uint64_t kvt_now_ns(void);
+
 void kvt_hist_init(kvt_hist_t *h);
 void kvt_hist_record(kvt_hist_t *h, uint64_t v);
 void kvt_hist_merge(kvt_hist_t *dst, const kvt_hist_t *src);

@@ -99,12 +99,11 @@ static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool
 /* L1 page p of the cache is page (p mod C) x R + p div C of the L1 tier: all
  * lanes, rank-major (the CP read view; the identity for one lane). */
 static uint32_t l1_tier_page(const kvt_cache_t *c, uint32_t p) {
-    uint32_t C = c->cfg.l1_lanes;
-    return (uint32_t)((p % C) * c->lane_pages + p / C);
+    return (uint32_t)kvt_lane_major(p, c->cfg.l1_lanes, c->lane_pages);
 }
 
 static uint32_t l1_cache_page(const kvt_cache_t *c, uint32_t q) {
-    return (uint32_t)((q % c->lane_pages) * c->cfg.l1_lanes + q / c->lane_pages);
+    return (uint32_t)kvt_lane_logical(q, c->cfg.l1_lanes, c->lane_pages);
 }
 
 /* The user tag of the cache's batches: the engine is the cache's alone, and

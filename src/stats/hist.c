@@ -10,8 +10,15 @@
  */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvtier/stats.h"
+
+uint64_t kvt_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 #define HALF (1u << KVT_HIST_SUB_BITS)
 

@@ -9,6 +9,7 @@
  */
 #include <string.h>
 
+#include "kvtier/stats.h"
 #include "kvtier/error.h"
 #include "tier-int.h"
 
@@ -37,11 +38,6 @@ typedef struct ucx_ctx {
     size_t cap;
 } ucx_ctx_t;
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int kvt__ucx_worker(ucp_context_h *ctx, ucp_worker_h *worker, ucs_thread_mode_t mode) {
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
@@ -73,8 +69,8 @@ void kvt__ucx_close_ep(ucp_worker_h worker, ucp_ep_h ep) {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
     if (r == NULL || UCS_PTR_IS_ERR(r)) return;
-    uint64_t t0 = now_ns();
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ns() - t0 < 2000000000ull) ucp_worker_progress(worker);
+    uint64_t t0 = kvt_now_ns();
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && kvt_now_ns() - t0 < 2000000000ull) ucp_worker_progress(worker);
     ucp_request_free(r);
 }
 
@@ -111,9 +107,9 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
 
 /* Waits (progressing) until done() or the endpoint fails or time runs out. */
 static bool progress_until(ucx_ctx_t *x, bool (*done)(ucx_ctx_t *, void *), void *arg) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kvt_now_ns();
     while (!done(x, arg)) {
-        if (x->failed || now_ns() - t0 > WAIT_NS) return false;
+        if (x->failed || kvt_now_ns() - t0 > WAIT_NS) return false;
         if (ucp_worker_progress(x->worker) == 0) { /* idle: do not spin a shared core */
             struct timespec ts = {0, 5000};
             nanosleep(&ts, NULL);

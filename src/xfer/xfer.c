@@ -28,6 +28,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "kvtier/stats.h"
 #include "kvtier/error.h"
 #include "kvtier/xfer.h"
 #include "../core/mem-int.h"
@@ -104,11 +105,7 @@ struct kvt_xfer {
     bool registered[KVT_XFER_MAX_TIERS]; /* host tiers this engine registered (and unregisters) */
 };
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+static uint64_t now_ns(void) { return kvt_now_ns(); }
 
 void kvt_xfer_config_default(kvt_xfer_config_t *cfg) {
     memset(cfg, 0, sizeof(*cfg));

@@ -28,6 +28,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "util.h"
 #include "core/rng-int.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
@@ -57,11 +58,6 @@ typedef struct result {
     uint64_t ff_runs_total, ff_ok;
 } result_t;
 
-static inline uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void die_on(int rc, const char *what) {
     if (rc == KVT_OK) return;

@@ -1,12 +1,14 @@
 #include "group.h"
 
 #include <signal.h>
+#include <stdint.h>
 #include <sys/wait.h>
 #include <time.h>
-#include <stdint.h>
 
 #include <sys/prctl.h>
 #include <unistd.h>
+
+#include "util.h"
 
 static volatile sig_atomic_t g_signalled;
 static pid_t g_coordinator;
@@ -31,12 +33,6 @@ void group_child_signals(void) {
      * have died before the prctl: then the check after it catches it. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != g_coordinator) _exit(1);
-}
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void signal_all(child_t *ch, uint32_t n, int sig) {

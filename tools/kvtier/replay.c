@@ -37,11 +37,7 @@ static const char *const WRITE_POLICIES[] = {"write_through", "write_through_sel
 static const char *const FORMATS[] = {"none", "table", "json", "prom", NULL}; /* index - 1 = kvt_fmt_t */
 static const char *const LAYOUTS[] = {"page_first", "layer_first", NULL};     /* index = kvt_layout_t */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+static double now_s(void) { return (double)kvt_now_ns() / 1e9; }
 
 static void progress(uint64_t done, uint64_t total, bool show) {
     if (!show || (done % 64 != 0 && done != total)) return;

@@ -6,12 +6,10 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* Monotonic nanoseconds. */
-static inline uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "kvtier/stats.h"
+
+/* Monotonic nanoseconds: the library's clock. */
+static inline uint64_t now_ns(void) { return kvt_now_ns(); }
 
 static inline int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
