@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/abi-int.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
@@ -326,8 +327,9 @@ size_t kvt_extalloc_free_extents(const kvt_extalloc_t *a, kvt_run_t *out, size_t
     return a->by_addr.count;
 }
 
-int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *st) {
-    if (a == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *out) {
+    if (a == NULL || out == NULL) return KVT_EINVAL;
+    kvt_extalloc_stats_t full = {.size = sizeof(full)}, *st = &full;
     kvt__u64cur_t cur;
     st->pages = a->pages;
     st->free_pages = a->free_pages;
@@ -338,7 +340,7 @@ int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *st) {
     st->reserve_failures = a->reserve_failures;
     st->frees = a->frees;
     st->runs_reserved = a->runs_reserved;
-    return KVT_OK;
+    return kvt__abi_out(out, st, sizeof(*st));
 }
 
 int kvt_extalloc_check(const kvt_extalloc_t *a) {

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/abi-int.h"
 #include "alloc-int.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
@@ -203,8 +204,9 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     return rc;
 }
 
-int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st) {
-    if (la == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *out) {
+    if (la == NULL || out == NULL) return KVT_EINVAL;
+    kvt_laneal_stats_t full = {.size = sizeof(full)}, *st = &full;
     st->lanes = la->lanes;
     st->pages = la->pages;
     st->free_pages = 0;
@@ -223,7 +225,7 @@ int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st) {
     st->reserves = la->reserves;
     st->reserve_failures = la->reserve_failures;
     st->frees = la->frees;
-    return KVT_OK;
+    return kvt__abi_out(out, st, sizeof(*st));
 }
 
 int kvt_laneal_check(const kvt_laneal_t *la) {

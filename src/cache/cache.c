@@ -21,6 +21,7 @@
 #include "cache-int.h"
 #include "kvtier/error.h"
 #include "../core/check-int.h"
+#include "../core/abi-int.h"
 #include "../core/mem-int.h"
 
 
@@ -55,8 +56,10 @@ static void idbuf_fini(kvt__idbuf_t *b) {
 
 /* ---- create / destroy ------------------------------------------------------------ */
 
-int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg) {
-    if (out == NULL || cfg == NULL || cfg->size < sizeof(*cfg) || cfg->page_tokens == 0 ||
+int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
+    kvt_cache_config_t full, *cfg = &full;
+    kvt_cache_config_default(&full);
+    if (out == NULL || user == NULL || kvt__abi_in(&full, sizeof(full), user) != KVT_OK || cfg->page_tokens == 0 ||
         cfg->page_tokens > (1u << 20) || cfg->l1_pages == 0 || cfg->l1_pages > KVT_ALLOC_MAX_PAGES ||
         cfg->l2_pages > KVT_ALLOC_MAX_PAGES || cfg->l1_lanes == 0 || cfg->l1_lanes > cfg->l1_pages ||
         !(cfg->l1_free_room >= 0 && cfg->l1_free_room <= 0.5) || !(cfg->l2_free_room >= 0 && cfg->l2_free_room <= 0.5) ||
@@ -114,16 +117,16 @@ kvt_radix_t *kvt_cache_tree(kvt_cache_t *c) { return c ? c->tree : NULL; }
 /* ---- stats and check ------------------------------------------------------------------ */
 
 int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st) {
-    if (c == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
-    *st = c->st;
-    st->size = sizeof(*st);
-    st->l1_free = c->l1_free;
-    st->l2_free = c->l2_free;
-    st->l1_target = c->l1_target;
-    st->l2_target = c->l2_target;
-    st->l1_floor = c->l1_floor;
-    st->l2_floor = c->l2_floor;
-    return KVT_OK;
+    if (c == NULL || st == NULL) return KVT_EINVAL;
+    kvt_cache_stats_t full = c->st;
+    full.size = sizeof(full);
+    full.l1_free = c->l1_free;
+    full.l2_free = c->l2_free;
+    full.l1_target = c->l1_target;
+    full.l2_target = c->l2_target;
+    full.l1_floor = c->l1_floor;
+    full.l2_floor = c->l2_floor;
+    return kvt__abi_out(st, &full, sizeof(full));
 }
 
 int kvt_cache_check(kvt_cache_t *c, const char **why) {

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/abi-int.h"
 #include "cache-int.h"
 #include "kvtier/error.h"
 #include "../core/check-int.h"
@@ -234,11 +235,12 @@ void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
 }
 
 int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
-                        unsigned l2_index, const kvt_cache_cp_t *cp) {
+                        unsigned l2_index, const kvt_cache_cp_t *user_cp) {
+    kvt_cache_cp_t full = {.size = sizeof(full)}, *cp = user_cp ? &full : NULL;
+    if (user_cp && kvt__abi_in(&full, sizeof(full), user_cp) != KVT_OK) return KVT_EINVAL;
     if (c == NULL || x == NULL || l1 == NULL || l1_index == l2_index || (c->l2 != NULL) != (l2 != NULL) ||
         kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages) ||
-        c->cfg.l1_pages % c->cfg.l1_lanes != 0 ||
-        (cp && (cp->size < sizeof(*cp) || cp->rank >= c->cfg.l1_lanes)))
+        c->cfg.l1_pages % c->cfg.l1_lanes != 0 || (cp && cp->rank >= c->cfg.l1_lanes))
         return KVT_EINVAL;
     if (c->xf || c->st.requests || c->inflight[0] || c->inflight[1]) return KVT_EBUSY;
     if (c->l2 == NULL) return KVT_EINVAL; /* without L2 there is nothing to copy */

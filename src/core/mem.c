@@ -1,3 +1,4 @@
+#include "../core/abi-int.h"
 #include "mem-int.h"
 
 #include <stdatomic.h>
@@ -29,14 +30,15 @@ int kvt_set_allocator(const kvt_allocator_t *a) {
     return KVT_OK;
 }
 
-int kvt_mem_stats(kvt_mem_stats_t *st) {
-    if (st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+int kvt_mem_stats(kvt_mem_stats_t *out) {
+    if (out == NULL) return KVT_EINVAL;
+    kvt_mem_stats_t full = {.size = sizeof(full)}, *st = &full;
     st->allocs = atomic_load_explicit(&g_allocs, memory_order_relaxed);
     st->frees = atomic_load_explicit(&g_frees, memory_order_relaxed);
     st->failed = atomic_load_explicit(&g_failed, memory_order_relaxed);
     st->live_bytes = atomic_load_explicit(&g_live, memory_order_relaxed);
     st->peak_bytes = atomic_load_explicit(&g_peak, memory_order_relaxed);
-    return KVT_OK;
+    return kvt__abi_out(out, st, sizeof(*st));
 }
 
 void kvt__mem_fail_nth(uint64_t nth) {

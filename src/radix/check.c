@@ -4,6 +4,7 @@
 
 #include <xxhash.h>
 
+#include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "radix-impl.h"
 
@@ -128,11 +129,9 @@ int kvt_radix_check(const kvt_radix_t *r, const char **why) {
     return KVT_OK;
 }
 
-int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *st) {
-    if (r == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
-    uint32_t size = st->size;
-    memset(st, 0, sizeof(*st));
-    st->size = size;
+int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *out) {
+    if (r == NULL || out == NULL) return KVT_EINVAL;
+    kvt_radix_stats_t full = {.size = sizeof(full)}, *st = &full;
     for (const kvt_rnode_t *n = r->root.first_child; n;) {
         st->nodes++;
         st->pages += n->npages;
@@ -157,5 +156,5 @@ int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *st) {
     st->l2_shadow_victims = r->heap[KVT_VSET_L2_SHADOW].n;
     st->splits = r->splits;
     st->metadata_bytes = (uint64_t)r->bytes;
-    return KVT_OK;
+    return kvt__abi_out(out, st, sizeof(*st));
 }
