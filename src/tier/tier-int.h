@@ -1,6 +1,6 @@
 /* Private to the tier module and the transfer engine: the backend table.
  *
- * Each backend (arena.c, host.c, shm.c, cuda.c) fills one kvt__tier_ops_t.
+ * Each backend (arena.c, host.c, shm.c, cuda.c, tcp.c, ucx.c, engine.c) fills one kvt__tier_ops_t.
  * The transfer engine copies through the ops of the pair's "driver": the
  * device tier when one side is a device (it owns the streams), else plain
  * memcpy. A worker thread opens one context per device tier it copies with.
