@@ -16,6 +16,9 @@
  *      the first buffer's elements, every other byte the sentinel;
  *   4. runs, copies and items against a model of the coalescing each pair
  *      must give (one span per layer where both sides are contiguous).
+ *
+ * Also: the copy cap cutting engine runs, and engine to engine across
+ * layouts that cut a layer differently.
  */
 #include <criterion/criterion.h>
 #include <inttypes.h>
@@ -295,4 +298,47 @@ Test(xfer_engine, copy_cap_cuts_engine_runs) {
     kvt_tier_destroy(t[0]);
     kvt_tier_destroy(t[1]);
     em_free(&m);
+}
+
+/* Engine to engine, across layouts that cut a layer differently (vLLM's two
+ * planes into FlashInfer's one, FlashInfer's fused pair into a page-major
+ * engine, ...), both ways, scattered: the destination's every byte against
+ * the model (the source's element bytes in the destination's places, the
+ * sentinel everywhere else). */
+Test(xfer_engine, engine_to_engine_across_layouts) {
+    const em_kind_t pairs[][2] = {{EM_VLLM_FA, EM_FLASHINFER}, {EM_FLASHINFER2, EM_PAGE_MAJOR}, {EM_VLLM_FA, EM_PAGE_MAJOR},
+                                  {EM_VLLM_FA, EM_FLASHINFER2}};
+    for (size_t k = 0; k < sizeof(pairs) / sizeof(pairs[0]); k++)
+        for (int dir = 0; dir < 2; dir++) {
+            const em_shape_t *a = &EM_SHAPES[pairs[k][dir]], *b = &EM_SHAPES[pairs[k][1 - dir]];
+            cr_assert_eq(em_layer_bytes(a), em_layer_bytes(b));
+            em_mem_t ma, mb, exp;
+            em_ptrs_t pa, pb;
+            em_alloc(a, &ma, 0x01);
+            em_alloc(b, &mb, ENGINE_FILL);
+            em_alloc(b, &exp, ENGINE_FILL);
+            for (uint32_t i = 0; i < a->blocks; i++) em_fill_block(a, &ma, i, i, 42);
+            kvt_tier_t *t[2] = {engine_tier(a, &ma, &pa, "a"), engine_tier(b, &mb, &pb, "b")};
+            kvt_xfer_config_t xc;
+            kvt_xfer_config_default(&xc);
+            kvt_xfer_t *x;
+            cr_assert_eq(kvt_xfer_create(&x, &xc, t, 2), KVT_OK);
+            kvt_xfer_copy_t c[12];
+            size_t n = 0;
+            for (uint32_t i = 0; i < a->blocks; i++)
+                if (i % 3 != 1) c[n++] = (kvt_xfer_copy_t){i, (i * 5 + 3) % b->blocks}; /* 5 is prime to 12: distinct */
+            cr_assert_eq(kvt_xfer_submit(x, 0, 1, c, n, 0, NULL), KVT_OK);
+            kvt_xfer_done_t d;
+            cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+            cr_assert_eq(d.status, KVT_OK);
+            for (size_t i = 0; i < n; i++) em_fill_block(b, &exp, c[i].dst_page, c[i].src_page, 42);
+            for (unsigned i = 0; i < exp.n; i++)
+                cr_assert(memcmp(mb.buf[i], exp.buf[i], exp.len[i]) == 0, "%s -> %s: buffer %u", a->name, b->name, i);
+            kvt_xfer_destroy(x);
+            kvt_tier_destroy(t[0]);
+            kvt_tier_destroy(t[1]);
+            em_free(&ma);
+            em_free(&mb);
+            em_free(&exp);
+        }
 }
