@@ -28,6 +28,34 @@
  *   ucx    the same over UCX active messages (UCP), which brings RDMA,
  *          shared memory and TCP from one library (only when built with
  *          UCX; KVT_ENOTSUP otherwise).
+ *   engine memory a serving engine allocated and keeps owning (its
+ *          per-layer K and V tensors, its MLA latents), host or CUDA device,
+ *          described by the caller (kvt_tier_engine_t below); the tier only
+ *          addresses it and never frees it.
+ *
+ * Engine tiers: planes. An engine rarely keeps a page's layer in one block:
+ * vLLM keeps K and V apart, SGLang keeps a k_buffer and a v_buffer per
+ * layer (V's head dim may differ), MLA keeps one latent plane. An engine
+ * tier is 1..KVT_TIER_MAX_PLANES (4) planes; plane i gives, per layer, a base
+ * (an array of `layers` pointers, or one base + a layer stride), the bytes of
+ * one page in one layer (its piece) and the stride between pages (>= the
+ * piece: padding between pages is never read or written):
+ *
+ *   plane 0 (K), layer l:  [p0 K][pad][p1 K][pad] ...   layer_base0[l] + p * page_stride0
+ *   plane 1 (V), layer l:  [p0 V][p1 V] ...             layer_base1[l] + p * page_stride1
+ *
+ *   logical page p:  [l0: K V][l1: K V] ... [lL-1: K V]   layer_bytes = K piece + V piece
+ *
+ * Logically page p of layer l is the concatenation plane 0's piece, plane
+ * 1's piece, ... in plane order: that is the byte order the page has in a
+ * kvtier host tier, in kvt_tier_read/write, in kvt_tier_page_sum and hence in
+ * L3 objects. An engine tier's geometry has layer_bytes = the sum of its
+ * pieces (0 in the config: computed); its layout field is not used. Every
+ * other tier is the special case of one plane (page_first: page stride
+ * page_bytes, layer stride layer_bytes; layer_first: page stride
+ * layer_bytes, layer stride pages x layer_bytes), which is how the transfer
+ * engine coalesces runs between any two tiers: a run of k pages is one span
+ * wherever both sides are contiguous over it (see docs/engine.md).
  *
  * With KVT_TIER_CHECKSUM a host tier keeps one XXH3-64 per page (in the
  * segment itself for shm), written by the transfer engine when a page lands
@@ -83,6 +111,7 @@ typedef enum kvt_tier_kind {
     KVT_TIER_SHM = 3,
     KVT_TIER_TCP = 4,
     KVT_TIER_UCX = 5,
+    KVT_TIER_ENGINE = 6,
     KVT_TIER_KIND_COUNT_
 } kvt_tier_kind_t;
 
@@ -94,6 +123,28 @@ const char *kvt_tier_kind_name(kvt_tier_kind_t k);
 #define KVT_TIER_CHECKSUM 0x4 /* host, shm: keep an XXH3-64 per page */
 #define KVT_TIER_ATTACH 0x8   /* shm: attach to an existing segment instead of creating one */
 #define KVT_TIER_SHARED 0x10  /* arena: a shared mapping: processes forked afterwards share its pages */
+#define KVT_TIER_REGISTER 0x20 /* engine (host memory): a transfer engine with a device tier registers the
+                                 planes' memory for DMA, as it does host tiers (memory already pinned by
+                                 the caller is left as it is) */
+
+/* Engine tiers: the caller's own memory, described plane by plane (see the
+ * essay above). Planes must not overlap one another or themselves (not
+ * checked: it cannot be, cheaply, for per-layer pointers). */
+#define KVT_TIER_MAX_PLANES 4
+
+typedef struct kvt_tier_plane {
+    void *const *layer_base; /* `layers` pointers, one per layer; or NULL and: */
+    void *base;              /*   layer l at base + l x layer_stride */
+    uint64_t layer_stride;
+    uint64_t piece_bytes;    /* bytes of one page in one layer in this plane, >= 1 */
+    uint64_t page_stride;    /* bytes from page p to page p + 1, >= piece_bytes */
+} kvt_tier_plane_t;
+
+typedef struct kvt_tier_engine {
+    uint32_t planes;         /* 1..KVT_TIER_MAX_PLANES */
+    kvt_tier_plane_t plane[KVT_TIER_MAX_PLANES];
+    bool device;             /* CUDA device pointers of device cfg.device (else host memory) */
+} kvt_tier_engine_t;
 
 typedef struct kvt_tier_config {
     uint32_t size;         /* sizeof(kvt_tier_config_t) */
@@ -104,17 +155,25 @@ typedef struct kvt_tier_config {
                               others: a label (may be NULL) */
     int device;            /* cuda: the device ordinal */
     uint32_t streams;      /* tcp: connections per transfer worker (0: 4) */
+    const kvt_tier_engine_t *engine; /* engine: the memory (copied at create; the pointer need not outlive it) */
 } kvt_tier_config_t;
 
 typedef struct kvt_tier kvt_tier_t;
 
 /* Creates (or, for shm with KVT_TIER_ATTACH, attaches) a tier. Errors, with
- * nothing left behind: KVT_EINVAL (bad geometry or flags), KVT_ENOMEM,
- * KVT_ENOTSUP (cuda in a build without CUDA, or no device), KVT_EEXIST (shm:
+ * nothing left behind: KVT_EINVAL (bad geometry or flags; engine: no
+ * description, 0 or more than KVT_TIER_MAX_PLANES planes, a NULL base or
+ * layer pointer, both or neither of layer_base and base, a zero piece, a
+ * page stride below the piece, a zero layer stride over several layers, an
+ * address range or byte count that overflows, layer_bytes neither 0 nor the
+ * sum of the pieces, KVT_TIER_REGISTER on device memory), KVT_ENOMEM,
+ * KVT_ENOTSUP (cuda, or an engine tier on device memory, in a build without
+ * CUDA, or no device), KVT_EEXIST (shm:
  * the segment belongs to a live process), KVT_ENOENT (shm attach: no such
  * segment, or not ready), KVT_EAGAIN (KVT_TIER_LOCK: mlock refused), KVT_EIO. */
 int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg);
-/* Frees the memory; the creator of an shm segment unlinks it. */
+/* Frees the memory (an engine tier's memory is the caller's: left as it is);
+ * the creator of an shm segment unlinks it. */
 void kvt_tier_destroy(kvt_tier_t *t);
 
 const kvt_geom_t *kvt_tier_geom(const kvt_tier_t *t);
@@ -123,10 +182,20 @@ const char *kvt_tier_name(const kvt_tier_t *t);
 /* True when the CPU may read and write the tier's bytes directly. */
 bool kvt_tier_host_visible(const kvt_tier_t *t);
 /* Address of (page, layer): a host address for host-visible tiers, a device
- * address for cuda. NULL when out of range. */
+ * address for cuda (and device engine tiers). NULL when out of range, or for a
+ * remote tier. An engine tier with several planes has no one address for
+ * (page, layer): this is plane 0's piece; kvt_tier_plane_addr names the others. */
 void *kvt_tier_addr(const kvt_tier_t *t, uint64_t page, uint32_t layer);
+/* Planes of a tier: an engine tier's count, 1 for every other tier with a
+ * local address, 0 for a remote one (or NULL). */
+uint32_t kvt_tier_planes(const kvt_tier_t *t);
+/* Address of plane `plane`'s piece of (page, layer) (plane 0 of a one-plane
+ * tier is kvt_tier_addr). NULL when out of range. */
+void *kvt_tier_plane_addr(const kvt_tier_t *t, uint32_t plane, uint64_t page, uint32_t layer);
 /* Copies layer_bytes between the caller's host memory and (page, layer),
- * for every kind of tier (cuda: a synchronous copy). KVT_ERANGE, KVT_EIO. */
+ * for every kind of tier (cuda: a synchronous copy). An engine tier gathers
+ * (read) or scatters (write) its planes' pieces in plane order, the logical
+ * order of the essay. KVT_ERANGE, KVT_EIO. */
 int kvt_tier_write(kvt_tier_t *t, uint64_t page, uint32_t layer, const void *src);
 int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst);
 /* The per-page checksums (KVT_TIER_CHECKSUM), or NULL. */

@@ -10,6 +10,9 @@
  *   copies made        both page_first: one per run (3)
  *                      both layer_first: one per run per layer (3 x layers)
  *                      mixed layouts: one per page per layer (6 x layers)
+ *                      an engine tier (tier.h): one per layer and plane piece
+ *                      where both sides' pages are back to back in it, else
+ *                      per page too (docs/engine.md has the table)
  *
  * A batch is cut into work items of at most max_batch_bytes and
  * max_batch_copies each; items go to the queue of their destination tier,
@@ -79,7 +82,9 @@ void kvt_xfer_config_default(kvt_xfer_config_t *cfg);
 
 /* tiers[0..ntiers) are the engine's tiers, named by their index in calls.
  * They must outlive the engine. When a device tier is among them, host tiers
- * are registered with it for DMA. KVT_EINVAL, KVT_ENOMEM, KVT_EIO (threads). */
+ * (and engine tiers on host memory with KVT_TIER_REGISTER) are registered
+ * with it for DMA. KVT_EINVAL (also: max_batch_copies below one page's copies
+ * between two of the tiers), KVT_ENOMEM, KVT_EIO (threads). */
 int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers);
 /* Waits for every batch in flight, then stops the workers. Completions not
  * polled are dropped. */

@@ -163,6 +163,28 @@ const kvt__tier_ops_t kvt__tier_cuda_ops = {
     .unregister_host = cuda_unregister_host,
 };
 
+/* An engine tier on device memory: the engine's cudaMalloc'ed (or torch's)
+ * buffers, addressed by engine.c's planes, copied like the cuda tier's. */
+static int engine_cuda_open(kvt_tier_t *t) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return KVT_ENOTSUP;
+    return kvt__engine_open(t);
+}
+
+const kvt__tier_ops_t kvt__tier_engine_cuda_ops = {
+    .name = "engine",
+    .host_visible = false,
+    .open = engine_cuda_open,
+    .close = kvt__engine_close,
+    .write = cuda_write,
+    .read = cuda_read,
+    .ctx_open = cuda_ctx_open,
+    .ctx_close = cuda_ctx_close,
+    .copy = cuda_copy,
+    .register_host = cuda_register_host,
+    .unregister_host = cuda_unregister_host,
+};
+
 #else /* no CUDA in this build */
 
 bool kvt_tier_cuda_built(void) { return false; }
@@ -178,6 +200,13 @@ const kvt__tier_ops_t kvt__tier_cuda_ops = {
     .name = "cuda",
     .host_visible = false,
     .open = cuda_open,
+    .close = cuda_close,
+};
+
+const kvt__tier_ops_t kvt__tier_engine_cuda_ops = {
+    .name = "engine",
+    .host_visible = false,
+    .open = cuda_open, /* KVT_ENOTSUP */
     .close = cuda_close,
 };
 #endif

@@ -1,6 +1,6 @@
 /* Private to the tier module and the transfer engine: the backend table.
  *
- * Each backend (arena.c, host.c, shm.c, cuda.c) fills one kvt__tier_ops_t.
+ * Each backend (arena.c, host.c, shm.c, cuda.c, tcp.c, ucx.c, engine.c) fills one kvt__tier_ops_t.
  * The transfer engine copies through the ops of the pair's "driver": the
  * device tier when one side is a device (it owns the streams), else plain
  * memcpy. A worker thread opens one context per device tier it copies with.
@@ -38,15 +38,48 @@ typedef struct kvt__tier_ops {
     void (*unregister_host)(kvt_tier_t *t, void *p);
 } kvt__tier_ops_t;
 
+/* Where a tier's bytes are, as planes (tier.h's essay): the piece of plane i
+ * of (page, layer) starts at
+ *     (layer ? layer[l] : origin + l * layer_stride) + page * page_stride
+ * and holds bytes [lofs, lofs + piece) of the logical layer. Addresses are
+ * integers: a remote tier (no local memory) has origin 0, so its "addresses"
+ * are byte offsets in the peer's tier (what kvt__span_t.dst_off carries). */
+typedef struct kvt__plane {
+    const uintptr_t *layer; /* per-layer origins, or NULL */
+    uintptr_t origin;
+    uint64_t layer_stride, page_stride, piece, lofs;
+    uint64_t extent;        /* bytes one layer of the plane spans: (pages - 1) * page_stride + piece */
+} kvt__plane_t;
+
+static inline uintptr_t kvt__plane_at(const kvt__plane_t *pl, uint64_t page, uint32_t layer) {
+    return (pl->layer ? pl->layer[layer] : pl->origin + (uintptr_t)layer * pl->layer_stride) +
+           (uintptr_t)(page * pl->page_stride);
+}
+
+/* A range of host memory the transfer engine registers with a device tier. */
+typedef struct kvt__region {
+    void *p;
+    size_t len;
+} kvt__region_t;
+
 struct kvt_tier {
     kvt_tier_config_t cfg;
     char name[64];
     const kvt__tier_ops_t *ops;
-    uint8_t *base;      /* data */
+    uint8_t *base;      /* data (NULL for remote and engine tiers) */
     uint64_t *sums;     /* per-page checksums or NULL */
-    uint64_t bytes;     /* data bytes */
+    uint64_t bytes;     /* data bytes (an engine tier: logical, pages x page_bytes) */
     void *impl;         /* backend state */
     kvt_tier_info_t info;
+    /* set after open, for every kind */
+    uint32_t nplanes;
+    kvt__plane_t planes[KVT_TIER_MAX_PLANES];
+    bool remote;        /* no local address: spans carry dst_off, not pointers */
+    bool fuse[KVT_TIER_MAX_PLANES]; /* plane i + 1 starts where plane i's piece ends, every page and layer */
+    bool page_block;    /* a whole page (every layer, every plane) is one block */
+    const kvt__region_t *regions; /* host memory to register for DMA */
+    size_t nregions;
+    kvt__region_t region1; /* the one region of an ordinary host tier */
 };
 
 extern const kvt__tier_ops_t kvt__tier_arena_ops;
@@ -55,6 +88,15 @@ extern const kvt__tier_ops_t kvt__tier_shm_ops;
 extern const kvt__tier_ops_t kvt__tier_cuda_ops; /* a stub reporting KVT_ENOTSUP without CUDA */
 extern const kvt__tier_ops_t kvt__tier_tcp_ops;
 extern const kvt__tier_ops_t kvt__tier_ucx_ops; /* a stub reporting KVT_ENOTSUP without UCX */
+extern const kvt__tier_ops_t kvt__tier_engine_ops;      /* engine.c: host memory */
+extern const kvt__tier_ops_t kvt__tier_engine_cuda_ops; /* cuda.c: device memory (KVT_ENOTSUP without CUDA) */
+
+/* engine.c: validates cfg->engine (KVT_EINVAL) and fills t's planes and
+ * regions from it; kvt__engine_close frees what open allocated (never the
+ * engine's memory). */
+int kvt__engine_check(const kvt_tier_config_t *cfg, uint64_t *layer_bytes); /* before anything is allocated */
+int kvt__engine_open(kvt_tier_t *t);
+void kvt__engine_close(kvt_tier_t *t);
 
 /* host.c: an anonymous mapping of len bytes (shared with processes forked
  * later when `shared`), huge pages when asked and possible; info records what

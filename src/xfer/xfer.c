@@ -4,7 +4,7 @@
  *   ------------------                       ------------------------------
  *   sort copies by destination               take an item from its queue
  *   merge runs (src and dst both +1)         verify source checksums
- *   cut runs into items (byte/copy caps) --> make spans (run, or run x layer)
+ *   cut runs into items (byte/copy caps) --> make spans (the pair's plan: plan.c)
  *   push items on queue[dst]                 inject faults, copy, fence
  *                                            record destination checksums
  *   poll (any thread)                        last item of a batch: stats,
@@ -32,7 +32,7 @@
 #include "kvtier/error.h"
 #include "kvtier/xfer.h"
 #include "../core/mem-int.h"
-#include "../tier/tier-int.h"
+#include "xfer-int.h"
 
 typedef struct run {
     uint32_t src, dst, len;
@@ -102,7 +102,8 @@ struct kvt_xfer {
     kvt_xfer_faults_t faults;
     uint64_t fault_count;
     kvt_tier_t *device; /* a device tier host tiers were registered with, or NULL */
-    bool registered[KVT_XFER_MAX_TIERS]; /* host tiers this engine registered (and unregisters) */
+    bool *registered[KVT_XFER_MAX_TIERS]; /* per region of each host tier: this engine registered it (and unregisters) */
+    kvt__plan_t plans[KVT_XFER_MAX_TIERS][KVT_XFER_MAX_TIERS]; /* how runs of each pair become spans */
 };
 
 static uint64_t now_ns(void) { return kvt_now_ns(); }
@@ -172,44 +173,12 @@ static void record_sums(kvt_xfer_t *x, batch_t *b, const item_t *it) {
         for (uint32_t p = 0; p < b->runs[r].len; p++) d->sums[b->runs[r].dst + p] = kvt_tier_page_sum(d, b->runs[r].dst + p);
 }
 
-/* How a run becomes contiguous copies, by the layouts of the two tiers:
- *   both page_first    one copy per run (a run is one block on each side)
- *   both layer_first   one copy per run per layer (a run is one block per layer)
- *   mixed              one copy per page per layer (nothing lines up) */
-typedef enum { SPAN_RUN, SPAN_RUN_LAYER, SPAN_PAGE_LAYER } span_mode_t;
-
-static span_mode_t span_mode(const kvt_geom_t *s, const kvt_geom_t *d) {
-    if (s->layout != d->layout) return SPAN_PAGE_LAYER;
-    return s->layout == KVT_LAYOUT_PAGE_FIRST ? SPAN_RUN : SPAN_RUN_LAYER;
-}
-
-static uint64_t run_spans(span_mode_t m, uint64_t len, uint32_t layers) {
-    return m == SPAN_RUN ? 1 : m == SPAN_RUN_LAYER ? layers : len * layers;
-}
-
-/* A span between byte offsets of two tiers (a remote tier has no base). */
-static kvt__span_t span(kvt_tier_t *d, uint64_t doff, kvt_tier_t *s, uint64_t soff, size_t len) {
-    return (kvt__span_t){d->base ? d->base + doff : NULL, s->base ? s->base + soff : NULL, len, doff};
-}
-
 static size_t make_spans(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
-    kvt_tier_t *s = x->tiers[b->done.src], *d = x->tiers[b->done.dst];
-    const kvt_geom_t *gs = &s->cfg.geom, *gd = &d->cfg.geom;
-    span_mode_t m = span_mode(gs, gd);
+    const kvt_tier_t *s = x->tiers[b->done.src], *d = x->tiers[b->done.dst];
+    const kvt__plan_t *pl = &x->plans[b->done.src][b->done.dst];
     size_t n = 0;
-    for (uint32_t r = it->run_lo; r < it->run_hi; r++) {
-        const run_t *ru = &b->runs[r];
-        if (m == SPAN_RUN) {
-            w->spans[n++] = span(d, kvt_geom_offset(gd, ru->dst, 0), s, kvt_geom_offset(gs, ru->src, 0),
-                                 (size_t)ru->len * kvt_geom_page_bytes(gs));
-            continue;
-        }
-        uint32_t pages = m == SPAN_RUN_LAYER ? 1 : ru->len, len = m == SPAN_RUN_LAYER ? ru->len : 1;
-        for (uint32_t p = 0; p < pages; p++)
-            for (uint32_t l = 0; l < gs->layers; l++)
-                w->spans[n++] = span(d, kvt_geom_offset(gd, ru->dst + p, l), s, kvt_geom_offset(gs, ru->src + p, l),
-                                     (size_t)len * gs->layer_bytes);
-    }
+    for (uint32_t r = it->run_lo; r < it->run_hi; r++)
+        n += kvt__plan_emit(pl, d, b->runs[r].dst, s, b->runs[r].src, b->runs[r].len, w->spans + n);
     return n;
 }
 
@@ -222,7 +191,7 @@ static kvt_tier_t *driver(kvt_xfer_t *x, const batch_t *b, unsigned *which) {
     return NULL;
 }
 
-/* memcpy of one span of whole pages (page_first on both sides) that also
+/* memcpy of one span of whole pages (a run that is one block on both sides) that also
  * records each page's checksum while its bytes are still in cache: the
  * copy and the hash share one pass over memory. */
 #define SUM_CHUNK (64u << 10)
@@ -248,7 +217,7 @@ static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
     unsigned di = 0;
     kvt_tier_t *drv = driver(x, b, &di), *d = x->tiers[b->done.dst];
     bool fused = drv == NULL && x->cfg.checksum && d->sums != NULL &&
-                 span_mode(&x->tiers[b->done.src]->cfg.geom, &d->cfg.geom) == SPAN_RUN;
+                 x->plans[b->done.src][b->done.dst].kind == KVT__PLAN_RUN; /* one span per run */
     if (drv && w->ctx[di] == NULL && (rc = drv->ops->ctx_open(drv, &w->ctx[di])) != KVT_OK) return rc;
     for (size_t i = 0; i < n; i++) {
         uint64_t delay;
@@ -393,12 +362,12 @@ static size_t merge_runs(const kvt_xfer_copy_t *c, size_t n, uint64_t max_pages,
 
 /* Groups runs into b->items: at most max_bytes and max_copies each (a run is
  * already no bigger than max_bytes). Returns the item count. */
-static size_t group_items(batch_t *b, uint64_t page_bytes, span_mode_t m, uint32_t layers, uint64_t max_bytes,
+static size_t group_items(batch_t *b, uint64_t page_bytes, const kvt__plan_t *pl, uint64_t max_bytes,
                           uint32_t max_copies) {
     size_t k = 0;
     uint64_t bytes = 0, spans = 0;
     for (size_t r = 0; r < b->nruns; r++) {
-        uint64_t rb = (uint64_t)b->runs[r].len * page_bytes, rs = run_spans(m, b->runs[r].len, layers);
+        uint64_t rb = (uint64_t)b->runs[r].len * page_bytes, rs = kvt__plan_spans(pl, b->runs[r].len);
         if (r == 0 || bytes + rb > max_bytes || spans + rs > max_copies) {
             b->items[k] = (item_t){b, NULL, (uint32_t)r, (uint32_t)r, 0, false};
             k++;
@@ -424,9 +393,9 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
         if (copies[i].src_page >= gs->pages || copies[i].dst_page >= gd->pages) return KVT_EINVAL;
     uint64_t pb = kvt_geom_page_bytes(gs);
     uint64_t max_pages = x->cfg.max_batch_bytes / pb ? x->cfg.max_batch_bytes / pb : 1;
-    span_mode_t mode = span_mode(gs, gd);
-    if (mode == SPAN_PAGE_LAYER && max_pages > x->cfg.max_batch_copies / gs->layers) /* a run's copies fit an item */
-        max_pages = x->cfg.max_batch_copies / gs->layers;
+    const kvt__plan_t *plan = &x->plans[src][dst];
+    if (plan->per_page && max_pages > (x->cfg.max_batch_copies - plan->fixed) / plan->per_page) /* a run's copies fit an item */
+        max_pages = (x->cfg.max_batch_copies - plan->fixed) / plan->per_page;
 
     /* one block: header, sorted copies, runs (sized after sorting), items */
     kvt_xfer_copy_t *sorted = kvt__malloc(n * sizeof(*sorted));
@@ -474,8 +443,8 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     b->done.ticket = atomic_fetch_add(&x->next_ticket, 1) + 1;
     merge_runs(b->copies, n, max_pages, b->runs);
     b->items = (item_t *)((uint8_t *)b + bytes);
-    b->nitems = group_items(b, pb, mode, gs->layers, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
-    for (size_t r = 0; r < nruns; r++) b->ncopies += run_spans(mode, b->runs[r].len, gs->layers);
+    b->nitems = group_items(b, pb, plan, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
+    for (size_t r = 0; r < nruns; r++) b->ncopies += kvt__plan_spans(plan, b->runs[r].len);
     bool verify = needs_verify(x, src);
     b->bytes = n * pb;
     b->t_submit = now_ns();
@@ -581,9 +550,11 @@ static void free_engine(kvt_xfer_t *x) {
         pthread_cond_destroy(&x->q[t].cv);
         for (unsigned u = 0; u < x->ntiers; u++) pthread_mutex_destroy(&x->pairs[t][u].mu);
     }
-    if (x->device)
-        for (unsigned t = 0; t < x->ntiers; t++)
-            if (x->registered[t]) x->device->ops->unregister_host(x->device, x->tiers[t]->base);
+    for (unsigned t = 0; t < x->ntiers; t++) {
+        for (size_t r = 0; x->registered[t] && r < x->tiers[t]->nregions; r++)
+            if (x->registered[t][r]) x->device->ops->unregister_host(x->device, x->tiers[t]->regions[r].p);
+        kvt__free(x->registered[t], x->registered[t] ? x->tiers[t]->nregions * sizeof(bool) : 0);
+    }
     pthread_mutex_destroy(&x->done_mu);
     pthread_cond_destroy(&x->done_cv);
     pthread_mutex_destroy(&x->fault_mu);
@@ -604,6 +575,15 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *
     if (cfg->max_batch_copies < spr) return KVT_EINVAL; /* one run of a layer_first tier must fit an item */
     kvt_xfer_t *x = KVT_NEW(kvt_xfer_t);
     if (x == NULL) return KVT_ENOMEM;
+    for (unsigned s = 0; s < ntiers; s++)
+        for (unsigned d = 0; d < ntiers; d++) {
+            if (s == d) continue;
+            kvt__plan_make(&x->plans[s][d], tiers[s], tiers[d]);
+            if (kvt__plan_spans(&x->plans[s][d], 1) > cfg->max_batch_copies) { /* one page's copies must fit an item */
+                KVT_DELETE(x);
+                return KVT_EINVAL;
+            }
+        }
     x->cfg = *cfg;
     x->cfg.size = sizeof(x->cfg);
     x->ntiers = ntiers;
@@ -637,10 +617,17 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *
     }
     for (unsigned t = 0; t < ntiers && x->device == NULL; t++)
         if (tiers[t]->ops->register_host) x->device = tiers[t];
-    if (x->device)
-        for (unsigned t = 0; t < ntiers; t++)
-            if (tiers[t]->ops->host_visible) /* DMA without it still works, staged: not an error */
-                x->registered[t] = x->device->ops->register_host(x->device, tiers[t]->base, tiers[t]->bytes) == KVT_OK;
+    for (unsigned t = 0; x->device && t < ntiers; t++) {
+        if (!tiers[t]->ops->host_visible || tiers[t]->nregions == 0) continue;
+        x->registered[t] = kvt__calloc(tiers[t]->nregions, sizeof(bool));
+        if (x->registered[t] == NULL) {
+            free_engine(x);
+            return KVT_ENOMEM;
+        }
+        for (size_t r = 0; r < tiers[t]->nregions; r++) /* DMA without it still works, staged: not an error */
+            x->registered[t][r] = x->device->ops->register_host(x->device, tiers[t]->regions[r].p,
+                                                                tiers[t]->regions[r].len) == KVT_OK;
+    }
     unsigned started = 0;
     int rc = KVT_OK;
     for (unsigned i = 0; i < x->nworkers && rc == KVT_OK; i++) {

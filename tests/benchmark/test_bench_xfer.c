@@ -15,8 +15,13 @@ Test(bench_xfer, smoke, .timeout = 300) {
     cJSON *o = cJSON_Parse(r.out);
     cr_assert_not_null(o, "%s", r.out);
     cJSON *res = cJSON_GetObjectItem(o, "results"), *x;
-    cr_assert_eq(cJSON_GetArraySize(res), 2 * 2 * 2 * 2, "sizes x layouts x patterns x directions");
+    cr_assert_eq(cJSON_GetArraySize(res), 2 * 3 * 2 * 2 * 2, "sizes x L1 tiers x layouts x patterns x directions");
+    int l1_seen[3] = {0, 0, 0};
     cJSON_ArrayForEach(x, res) {
+        const char *l1 = cJSON_GetObjectItem(x, "l1")->valuestring;
+        l1_seen[0] += strcmp(l1, "arena") == 0;
+        l1_seen[1] += strcmp(l1, "engine_kv") == 0;
+        l1_seen[2] += strcmp(l1, "engine_mla") == 0;
         double pb = cJSON_GetObjectItem(x, "page_bytes")->valuedouble, pages = 16.0 * 1048576 / pb;
         const char *pattern = cJSON_GetObjectItem(x, "pattern")->valuestring;
         double rpp = cJSON_GetObjectItem(x, "runs_per_page")->valuedouble;
@@ -24,11 +29,16 @@ Test(bench_xfer, smoke, .timeout = 300) {
         cr_assert_gt(cJSON_GetObjectItem(x, "memcpy_gbps")->valuedouble, 0);
         cr_assert_gt(cJSON_GetObjectItem(x, "ratio")->valuedouble, 0);
         cr_assert(cJSON_IsString(cJSON_GetObjectItem(x, "direction")) && cJSON_IsString(cJSON_GetObjectItem(x, "layout")));
-        if (strcmp(pattern, "contiguous") == 0) /* one run, cut only at the 64 MiB item cap */
-            cr_assert_eq(rpp, 1 / pages, "contiguous %.0f B: %g runs per page", pb, rpp);
+        /* engine_kv's K and V planes take 2 copies per page per layer against a host tier (8 layers
+           layer_first, 1 page_first): a run is cut where its copies fill an item (4096) */
+        double layers = strcmp(cJSON_GetObjectItem(x, "layout")->valuestring, "layer_first") == 0 ? 8 : 1;
+        double per_item = strcmp(l1, "engine_kv") == 0 ? floor(4096 / (2 * layers)) : pages;
+        if (strcmp(pattern, "contiguous") == 0) /* one run, cut only at the 64 MiB item cap (and the copy cap) */
+            cr_assert_eq(rpp, ceil(pages / per_item) / pages, "contiguous %s %.0f B: %g runs per page", l1, pb, rpp);
         else /* a random permutation: a run only where two neighbours happen to stay neighbours */
             cr_assert_geq(rpp, 0.98, "scattered %.0f B: %g runs per page", pb, rpp);
     }
+    for (int k = 0; k < 3; k++) cr_assert_eq(l1_seen[k], 2 * 2 * 2 * 2, "L1 tier %d: every size, layout, pattern, direction", k);
     fprintf(stderr, "%s\n", r.out);
     cJSON_Delete(o);
     run_free(&r);
@@ -38,6 +48,10 @@ Test(bench_xfer, bad_flags) {
     run_result_t r = run_argv((const char *const[]){NULL, "bench", "xfer", "--pattern", "zigzag", NULL});
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "contiguous|scattered|both"), "%s", r.err);
+    run_free(&r);
+    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--l1", "gpu", NULL});
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "arena|engine_kv|engine_mla|all"), "%s", r.err);
     run_free(&r);
     r = run_argv((const char *const[]){NULL, "bench", "xfer", "--layout", "layer_first", "--page-bytes", "4100", NULL});
     cr_assert_eq(r.status, 2);

@@ -126,3 +126,72 @@ Test(kernels, cache_with_a_cuda_l1, .timeout = 120) {
     kvt_tier_destroy(t[0]);
     kvt_tier_destroy(t[1]);
 }
+
+/* An engine tier on device memory: GPU memory the "engine" owns (here a cuda
+ * tier's cudaMalloc'ed block, so the test needs no CUDA runtime of its own),
+ * described like vLLM's per-layer [2, blocks, ...] tensors, through the
+ * cuda copies both ways against a page_first and a layer_first host tier,
+ * checked with the content pattern page by page and layer by layer. */
+Test(kernels, engine_tier_on_device_memory, .timeout = 120) {
+    enum { BLOCKS = 64, EL = 4, PIECE = 2048 }; /* one block of K (or V) in one layer */
+    kvt_tier_t *owner;
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "owner",
+                           .geom = {1, 1, (uint64_t)EL * 2 * BLOCKS * PIECE, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&owner, &c), KVT_OK, "cudaMalloc");
+    uint8_t *dev = kvt_tier_addr(owner, 0, 0);
+    void *k[EL], *v[EL];
+    for (int l = 0; l < EL; l++) {
+        k[l] = dev + (size_t)l * 2 * BLOCKS * PIECE;
+        v[l] = (uint8_t *)k[l] + (size_t)BLOCKS * PIECE;
+    }
+    kvt_tier_engine_t e = {.planes = 2, .device = true,
+                           .plane = {{.layer_base = k, .piece_bytes = PIECE, .page_stride = PIECE},
+                                     {.layer_base = v, .piece_bytes = PIECE, .page_stride = PIECE}}};
+    for (int lay = 0; lay < 2; lay++) {
+        kvt_tier_t *t[3];
+        c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_ENGINE, .name = "engine", .engine = &e,
+                                .geom = {BLOCKS, EL, 0, KVT_LAYOUT_PAGE_FIRST}};
+        cr_assert_eq(kvt_tier_create(&t[0], &c), KVT_OK);
+        cr_assert_not(kvt_tier_host_visible(t[0]));
+        c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_HOST, .name = "host",
+                                .geom = {BLOCKS, EL, 2 * PIECE, (kvt_layout_t)lay}};
+        cr_assert_eq(kvt_tier_create(&t[1], &c), KVT_OK);
+        c.name = "host2";
+        cr_assert_eq(kvt_tier_create(&t[2], &c), KVT_OK);
+        kvt_xfer_config_t xc;
+        kvt_xfer_config_default(&xc);
+        kvt_xfer_t *x;
+        cr_assert_eq(kvt_xfer_create(&x, &xc, t, 3), KVT_OK);
+        uint8_t buf[2 * PIECE];
+        for (uint32_t p = 0; p < BLOCKS; p++)
+            for (uint32_t l = 0; l < EL; l++) kvt_pattern_fill(kvt_tier_addr(t[1], p, l), 2 * PIECE, p, 5, l);
+        kvt_xfer_copy_t cp[BLOCKS];
+        for (uint32_t p = 0; p < BLOCKS; p++) cp[p] = (kvt_xfer_copy_t){p, p < BLOCKS / 2 ? p : (BLOCKS - 1 - p) + BLOCKS / 2};
+        kvt_xfer_done_t d;
+        cr_assert_eq(kvt_xfer_submit(x, 1, 0, cp, BLOCKS, 1, NULL), KVT_OK);
+        cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+        cr_assert_eq(d.status, KVT_OK);
+        for (uint32_t p = 0; p < BLOCKS; p++)
+            for (uint32_t l = 0; l < EL; l++) { /* through the tier (gathering K and V) and the planes' own addresses */
+                cr_assert_eq(kvt_tier_read(t[0], cp[p].dst_page, l, buf), KVT_OK);
+                cr_assert(kvt_pattern_check(buf, sizeof(buf), p, 5, l), "engine block %u layer %u", cp[p].dst_page, l);
+                cr_assert_eq(kvt_tier_plane_addr(t[0], 1, cp[p].dst_page, l), (uint8_t *)v[l] + (size_t)cp[p].dst_page * PIECE);
+            }
+        for (uint32_t p = 0; p < BLOCKS; p++) cp[p] = (kvt_xfer_copy_t){p, p};
+        cr_assert_eq(kvt_xfer_submit(x, 0, 2, cp, BLOCKS, 2, NULL), KVT_OK);
+        cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+        cr_assert_eq(d.status, KVT_OK);
+        for (uint32_t p = 0; p < BLOCKS; p++) {
+            uint32_t src = p < BLOCKS / 2 ? p : (BLOCKS - 1 - p) + BLOCKS / 2;
+            for (uint32_t l = 0; l < EL; l++)
+                cr_assert(kvt_pattern_check(kvt_tier_addr(t[2], p, l), 2 * PIECE, src, 5, l), "host page %u layer %u", p, l);
+        }
+        kvt_xfer_stats_t st = {.size = sizeof(st)};
+        cr_assert_eq(kvt_xfer_stats(x, 0, 2, &st), KVT_OK);
+        cr_assert_eq(st.copies, 2ull * BLOCKS * EL, "K and V apart: one copy per page, layer and plane");
+        fprintf(stderr, "engine tier on device %s: D2H %.2f GB/s\n", kvt_layout_name((kvt_layout_t)lay), st.gbps);
+        kvt_xfer_destroy(x);
+        for (int i = 0; i < 3; i++) kvt_tier_destroy(t[i]);
+    }
+    kvt_tier_destroy(owner); /* the engine's memory: freed by its owner, after the engine tiers */
+}

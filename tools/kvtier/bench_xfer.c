@@ -1,8 +1,12 @@
 /* kvtier bench xfer — L1 <-> L2 copy throughput through the transfer engine,
  * against a plain memcpy of the same bytes as one block in the same run.
  *
- * For each page size: an L1 arena and an L2 host tier of total/page_bytes
- * pages each. The contiguous pattern copies page i to page i (one run: what
+ * For each page size: an L1 and an L2 host tier of total/page_bytes pages
+ * each. L1 is an arena tier, or an engine tier over a buffer the bench owns
+ * as a serving engine would: `engine_kv` laid out like SGLang's pools (per
+ * layer a k_buffer and a v_buffer, one page = consecutive slots of each: two
+ * planes, K half and V half of a layer), `engine_mla` like an MLA latent
+ * pool (one [layers, pages, ...] tensor: one plane, one base + layer stride). The contiguous pattern copies page i to page i (one run: what
  * the allocator's contiguous reservations give); the scattered pattern
  * copies page i to a random permutation of the pages (no two pages form a
  * run: what page-at-a-time allocation gives). Each figure is the median of
@@ -31,18 +35,21 @@
 static const char *const LAYOUTS[] = {"page_first", "layer_first", "both", NULL};
 static const char *const PATTERNS[] = {"contiguous", "scattered", "both", NULL};
 static const char *const DIRS[] = {"d2h", "h2d"};
+static const char *const L1S[] = {"arena", "engine_kv", "engine_mla", "all", NULL};
+#define NL1 3
 
 typedef struct params {
     uint64_t sizes[MAX_SIZES];
     size_t nsizes;
     uint64_t total_mb, threads, reps, layers, seed;
     int layout, pattern; /* indices; 2 = both */
+    int l1;              /* index of L1S; NL1 = all */
     bool json, checksum;
 } params_t;
 
 typedef struct result {
     uint64_t page_bytes;
-    int layout, pattern, dir;
+    int l1, layout, pattern, dir;
     double gbps, memcpy_gbps, runs_per_page, p99_ms;
     double gbps_min, gbps_max;
 } result_t;
@@ -59,11 +66,54 @@ static double engine_run(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xf
     return got == 1 && d.status == KVT_OK ? s : -1;
 }
 
-static int bench_one(const params_t *p, uint64_t page_bytes, int layout, int pattern, result_t *out) {
+/* The engine's own buffer for an engine L1 (kind 1: K/V planes, 2: one
+ * MLA plane), and the description of it. The bench owns the memory; the
+ * tier only addresses it. */
+typedef struct engine_buf {
+    uint8_t *mem;
+    size_t bytes;
+    void **layer_ptrs[2];
+    kvt_tier_engine_t e;
+} engine_buf_t;
+
+static int engine_buf_make(engine_buf_t *eb, int kind, const kvt_geom_t *g) {
+    memset(eb, 0, sizeof(*eb));
+    eb->bytes = g->pages * g->layers * g->layer_bytes;
+    if (posix_memalign((void **)&eb->mem, 2u << 20, eb->bytes) != 0) return KVT_ENOMEM;
+    if (kind == 2) { /* [layers, pages, page_tokens, latent + rope] */
+        eb->e.planes = 1;
+        eb->e.plane[0] = (kvt_tier_plane_t){.base = eb->mem, .layer_stride = g->pages * g->layer_bytes,
+                                            .piece_bytes = g->layer_bytes, .page_stride = g->layer_bytes};
+        return KVT_OK;
+    }
+    /* SGLang: k_buffer[l] then v_buffer[l], each [pages * page_tokens, heads, dim]; V's half may differ from K's */
+    uint64_t k = g->layer_bytes / 2, v = g->layer_bytes - k;
+    for (int i = 0; i < 2; i++) {
+        eb->layer_ptrs[i] = calloc(g->layers, sizeof(void *));
+        if (eb->layer_ptrs[i] == NULL) return KVT_ENOMEM;
+    }
+    for (uint32_t l = 0; l < g->layers; l++) {
+        eb->layer_ptrs[0][l] = eb->mem + (size_t)l * g->pages * k;
+        eb->layer_ptrs[1][l] = eb->mem + (size_t)g->layers * g->pages * k + (size_t)l * g->pages * v;
+    }
+    eb->e.planes = 2;
+    eb->e.plane[0] = (kvt_tier_plane_t){.layer_base = eb->layer_ptrs[0], .piece_bytes = k, .page_stride = k};
+    eb->e.plane[1] = (kvt_tier_plane_t){.layer_base = eb->layer_ptrs[1], .piece_bytes = v, .page_stride = v};
+    return KVT_OK;
+}
+
+static void engine_buf_free(engine_buf_t *eb) {
+    free(eb->mem);
+    free(eb->layer_ptrs[0]);
+    free(eb->layer_ptrs[1]);
+}
+
+static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout, int pattern, result_t *out) {
     uint64_t pages = p->total_mb * 1048576ull / page_bytes;
     uint32_t layers = layout == KVT_LAYOUT_LAYER_FIRST ? (uint32_t)p->layers : 1;
     kvt_geom_t g = {pages, layers, page_bytes / layers, (kvt_layout_t)layout};
     kvt_tier_t *t[2] = {NULL, NULL};
+    engine_buf_t eb = {0};
     kvt_tier_config_t c1 = {.size = sizeof(c1), .kind = KVT_TIER_ARENA, .geom = g, .name = "l1"};
     kvt_tier_config_t c2 = {.size = sizeof(c2), .kind = KVT_TIER_HOST, .geom = g, .name = "l2",
                             .flags = KVT_TIER_HUGE | (p->checksum ? KVT_TIER_CHECKSUM : 0)};
@@ -73,7 +123,13 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int layout, int pat
     xc.threads = (uint32_t)p->threads;
     xc.checksum = p->checksum;
     xc.max_batch_copies = xc.max_batch_copies < layers ? layers : xc.max_batch_copies;
-    int rc = kvt_tier_create(&t[0], &c1);
+    int rc = KVT_OK;
+    if (l1 > 0) {
+        rc = engine_buf_make(&eb, l1, &g);
+        c1.kind = KVT_TIER_ENGINE;
+        c1.engine = &eb.e;
+    }
+    if (rc == KVT_OK) rc = kvt_tier_create(&t[0], &c1);
     if (rc == KVT_OK) rc = kvt_tier_create(&t[1], &c2);
     if (rc == KVT_OK) rc = kvt_xfer_create(&x, &xc, t, 2);
     kvt_xfer_copy_t *copies = malloc(pages * sizeof(*copies));
@@ -83,7 +139,7 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int layout, int pat
                 kvt_strerror(rc));
         goto out;
     }
-    uint8_t *b1 = kvt_tier_addr(t[0], 0, 0), *b2 = kvt_tier_addr(t[1], 0, 0);
+    uint8_t *b1 = l1 > 0 ? eb.mem : kvt_tier_addr(t[0], 0, 0), *b2 = kvt_tier_addr(t[1], 0, 0); /* the baseline: one memcpy */
     uint64_t bytes = pages * page_bytes;
     memset(b1, 0x5a, bytes); /* fault every page in before timing */
     memset(b2, 0xa5, bytes);
@@ -119,6 +175,7 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int layout, int pat
         kvt_xfer_stats(x, src, dst, &st);
         result_t *o = &out[dir];
         o->page_bytes = page_bytes;
+        o->l1 = l1;
         o->layout = layout;
         o->pattern = pattern;
         o->dir = dir;
@@ -134,20 +191,24 @@ out:
     kvt_xfer_destroy(x);
     kvt_tier_destroy(t[0]);
     kvt_tier_destroy(t[1]);
+    engine_buf_free(&eb); /* after the tier: the buffer is the bench's, as an engine's is */
     return rc == KVT_OK ? 0 : -1;
 }
 
 static const char USAGE[] =
     "usage: kvtier bench xfer [--page-bytes 4096,16384,65536,1048576] [--total-mb 1024]\n"
     "                         [--layout page_first|layer_first|both] [--pattern contiguous|scattered|both]\n"
+    "                         [--l1 arena|engine_kv|engine_mla|all]\n"
     "                         [--threads 1] [--layers 8] [--reps 5] [--checksum] [--seed 42] [--json]\n"
     "\n"
-    "L1 (arena) <-> L2 (host) copies through the transfer engine against one memcpy of\n"
-    "the same bytes; ratio = engine GB/s / memcpy GB/s, medians of --reps runs.\n";
+    "L1 <-> L2 (host) copies through the transfer engine against one memcpy of the same\n"
+    "bytes; ratio = engine GB/s / memcpy GB/s, medians of --reps runs. L1 is an arena\n"
+    "tier or an engine tier over the bench's own buffer: engine_kv like SGLang's K and V\n"
+    "pools (two planes), engine_mla like an MLA latent pool (one plane).\n";
 
 static int parse(int argc, char **argv, params_t *p) {
     *p = (params_t){.sizes = {4096, 16384, 65536, 1048576}, .nsizes = 4, .total_mb = 1024, .threads = 1,
-                    .reps = 5, .layers = 8, .seed = 42, .layout = 0, .pattern = 2};
+                    .reps = 5, .layers = 8, .seed = 42, .layout = 0, .pattern = 2, .l1 = NL1};
     cli_t c;
     cli_init(&c, "kvtier bench xfer", argc, argv);
     int kind, rc = 0;
@@ -158,6 +219,7 @@ static int parse(int argc, char **argv, params_t *p) {
         else if (cli_is(&c, "--total-mb")) rc = cli_u64(&c, 1, 1 << 20, &p->total_mb);
         else if (cli_is(&c, "--layout")) rc = cli_choice(&c, LAYOUTS, &p->layout);
         else if (cli_is(&c, "--pattern")) rc = cli_choice(&c, PATTERNS, &p->pattern);
+        else if (cli_is(&c, "--l1")) rc = cli_choice(&c, L1S, &p->l1);
         else if (cli_is(&c, "--threads")) rc = cli_u64(&c, 1, 64, &p->threads);
         else if (cli_is(&c, "--layers")) rc = cli_u64(&c, 1, 1024, &p->layers);
         else if (cli_is(&c, "--reps")) rc = cli_u64(&c, 1, MAX_REPS, &p->reps);
@@ -196,6 +258,7 @@ static void print(const params_t *p, const result_t *r, size_t n) {
         for (size_t i = 0; i < n; i++) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddNumberToObject(x, "page_bytes", (double)r[i].page_bytes);
+            cJSON_AddStringToObject(x, "l1", L1S[r[i].l1]);
             cJSON_AddStringToObject(x, "layout", LAYOUTS[r[i].layout]);
             cJSON_AddStringToObject(x, "pattern", PATTERNS[r[i].pattern]);
             cJSON_AddStringToObject(x, "direction", DIRS[r[i].dir]);
@@ -214,10 +277,11 @@ static void print(const params_t *p, const result_t *r, size_t n) {
     printf("kvtier bench xfer: %" PRIu64 " MiB per run, %" PRIu64 " worker(s) per destination, median of %" PRIu64
            " runs%s\n",
            p->total_mb, p->threads, p->reps, p->checksum ? ", checksums on" : "");
-    printf("%10s %-11s %-10s %-4s %9s %9s %7s %10s\n", "page B", "layout", "pattern", "dir", "GB/s", "memcpy", "ratio",
-           "runs/page");
+    printf("%10s %-10s %-11s %-10s %-4s %9s %9s %7s %10s\n", "page B", "l1", "layout", "pattern", "dir", "GB/s", "memcpy",
+           "ratio", "runs/page");
     for (size_t i = 0; i < n; i++)
-        printf("%10" PRIu64 " %-11s %-10s %-4s %9.2f %9.2f %7.3f %10.4f\n", r[i].page_bytes, LAYOUTS[r[i].layout],
+        printf("%10" PRIu64 " %-10s %-11s %-10s %-4s %9.2f %9.2f %7.3f %10.4f\n", r[i].page_bytes, L1S[r[i].l1],
+               LAYOUTS[r[i].layout],
                PATTERNS[r[i].pattern], DIRS[r[i].dir], r[i].gbps, r[i].memcpy_gbps,
                r[i].memcpy_gbps > 0 ? r[i].gbps / r[i].memcpy_gbps : 0, r[i].runs_per_page);
 }
@@ -226,14 +290,19 @@ int cmd_bench_xfer(int argc, char **argv) {
     params_t p;
     int rc = parse(argc, argv, &p);
     if (rc) return rc > 0 ? 0 : 2;
-    result_t *res = calloc(p.nsizes * 2 * 2 * 2, sizeof(result_t));
+    result_t *res = calloc(p.nsizes * NL1 * 2 * 2 * 2, sizeof(result_t));
     if (res == NULL) return 1;
     size_t n = 0;
     for (int l = 0; l < 2 && rc == 0; l++) {
         if (p.layout != 2 && p.layout != l) continue;
         for (int pat = 0; pat < 2 && rc == 0; pat++) {
             if (p.pattern != 2 && p.pattern != pat) continue;
-            for (size_t i = 0; i < p.nsizes && rc == 0; i++, n += 2) rc = bench_one(&p, p.sizes[i], l, pat, &res[n]);
+            for (size_t i = 0; i < p.nsizes && rc == 0; i++)
+                for (int k = 0; k < NL1 && rc == 0; k++) {
+                    if (p.l1 != NL1 && p.l1 != k) continue;
+                    rc = bench_one(&p, p.sizes[i], k, l, pat, &res[n]);
+                    n += 2;
+                }
         }
     }
     if (rc == 0) print(&p, res, n);
