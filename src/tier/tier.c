@@ -5,6 +5,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
@@ -88,8 +89,11 @@ static void derive(kvt_tier_t *t) {
     t->page_block = block;
 }
 
-int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg) {
-    if (out == NULL || cfg == NULL || cfg->size < sizeof(*cfg) || ops_of(cfg) == NULL) return KVT_EINVAL;
+int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *user) {
+    kvt_tier_config_t full = {.size = sizeof(full)};
+    const kvt_tier_config_t *cfg = &full;
+    if (out == NULL || user == NULL || kvt__abi_in(&full, sizeof(full), user) != KVT_OK || ops_of(cfg) == NULL)
+        return KVT_EINVAL;
     if ((cfg->kind == KVT_TIER_ENGINE) != (cfg->engine != NULL)) return KVT_EINVAL;
     kvt_geom_t geom = cfg->geom;
     if (cfg->kind == KVT_TIER_ENGINE && kvt__engine_check(cfg, &geom.layer_bytes) != KVT_OK) return KVT_EINVAL;
@@ -184,9 +188,10 @@ uint64_t kvt_tier_page_sum(const kvt_tier_t *t, uint64_t page) {
 }
 
 int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info) {
-    if (t == NULL || info == NULL || info->size < sizeof(*info)) return KVT_EINVAL;
-    *info = t->info;
-    return KVT_OK;
+    if (t == NULL || info == NULL) return KVT_EINVAL;
+    kvt_tier_info_t full = t->info;
+    full.size = sizeof(full);
+    return kvt__abi_out(info, &full, sizeof(full));
 }
 
 int kvt__host_write(kvt_tier_t *t, void *dst, const void *src, size_t len) {

@@ -28,6 +28,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "../core/abi-int.h"
 #include "kvtier/stats.h"
 #include "kvtier/error.h"
 #include "kvtier/xfer.h"
@@ -562,8 +563,10 @@ static void free_engine(kvt_xfer_t *x) {
     KVT_DELETE(x);
 }
 
-int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers) {
-    if (out == NULL || cfg == NULL || cfg->size < sizeof(*cfg) || tiers == NULL || ntiers < 2 ||
+int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t *const *tiers, unsigned ntiers) {
+    kvt_xfer_config_t full, *cfg = &full;
+    kvt_xfer_config_default(&full);
+    if (out == NULL || user == NULL || kvt__abi_in(&full, sizeof(full), user) != KVT_OK || tiers == NULL || ntiers < 2 ||
         ntiers > KVT_XFER_MAX_TIERS || cfg->threads == 0 || cfg->threads > 64 || cfg->max_batch_bytes == 0 ||
         cfg->max_batch_copies == 0)
         return KVT_EINVAL;
@@ -676,14 +679,16 @@ void kvt_xfer_destroy(kvt_xfer_t *x) {
 
 /* ---- statistics ----------------------------------------------------------------- */
 
-int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st) {
-    if (x == NULL || st == NULL || st->size < sizeof(*st) || src >= x->ntiers || dst >= x->ntiers) return KVT_EINVAL;
+int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *out) {
+    if (x == NULL || out == NULL || src >= x->ntiers || dst >= x->ntiers) return KVT_EINVAL;
     pair_t *p = &x->pairs[src][dst];
+    kvt_xfer_stats_t st;
     pthread_mutex_lock(&p->mu);
-    *st = p->st;
+    st = p->st;
     pthread_mutex_unlock(&p->mu);
-    st->gbps = st->busy_ns ? (double)st->bytes / (double)st->busy_ns : 0;
-    return KVT_OK;
+    st.size = sizeof(st);
+    st.gbps = st.busy_ns ? (double)st.bytes / (double)st.busy_ns : 0;
+    return kvt__abi_out(out, &st, sizeof(st));
 }
 
 /* Metric names are [a-z0-9_]: other characters of tier names become '_'. */
