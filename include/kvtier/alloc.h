@@ -29,6 +29,8 @@
 #ifndef KVTIER_ALLOC_H
 #define KVTIER_ALLOC_H
 
+#include "kvtier/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -70,46 +72,46 @@ typedef struct kvt_extalloc_stats {
 
 /* Creates an allocator over pages [0, npages), all free.
  * KVT_EINVAL if npages is 0 or above KVT_ALLOC_MAX_PAGES; KVT_ENOMEM. */
-int kvt_extalloc_create(kvt_extalloc_t **out, uint64_t npages);
-void kvt_extalloc_destroy(kvt_extalloc_t *a);
+KVT_API int kvt_extalloc_create(kvt_extalloc_t **out, uint64_t npages);
+KVT_API void kvt_extalloc_destroy(kvt_extalloc_t *a);
 
 /* Reserves n pages as at most max_runs runs, written to runs[0..*nruns) in the
  * order they were chosen. Fails with nothing changed:
  * KVT_EINVAL (n or max_runs is 0, or a NULL pointer), KVT_ENOSPC (fewer than n
  * pages free), KVT_EFRAG (more than max_runs runs would be needed), KVT_ENOMEM. */
-int kvt_extalloc_reserve(kvt_extalloc_t *a, uint64_t n, kvt_run_t *runs, size_t max_runs,
+KVT_API int kvt_extalloc_reserve(kvt_extalloc_t *a, uint64_t n, kvt_run_t *runs, size_t max_runs,
                          size_t *nruns);
 
 /* Exactly one run of n pages (best fit, lowest address), or a failure with
  * nothing changed: KVT_EINVAL, KVT_ENOSPC (not enough free pages), KVT_EFRAG
  * (enough pages, but no free extent holds n), KVT_ENOMEM. */
-int kvt_extalloc_reserve_contiguous(kvt_extalloc_t *a, uint64_t n, kvt_run_t *run);
+KVT_API int kvt_extalloc_reserve_contiguous(kvt_extalloc_t *a, uint64_t n, kvt_run_t *run);
 
 /* Reserves exactly the pages of `run`. Nothing changed on KVT_EINVAL (empty
  * run), KVT_ERANGE (beyond N), KVT_ERESERVED (a page of it is reserved),
  * KVT_ENOMEM. */
-int kvt_extalloc_reserve_at(kvt_extalloc_t *a, kvt_run_t run);
+KVT_API int kvt_extalloc_reserve_at(kvt_extalloc_t *a, kvt_run_t run);
 
 /* Frees the pages of runs[0..nruns), merging them with free neighbours. All or
  * nothing: KVT_EINVAL (an empty run, NULL, or two runs that overlap),
  * KVT_ERANGE (beyond N), KVT_ENOTRESV (a page that is not reserved),
  * KVT_ENOMEM leave everything as it was. */
-int kvt_extalloc_free(kvt_extalloc_t *a, const kvt_run_t *runs, size_t nruns);
+KVT_API int kvt_extalloc_free(kvt_extalloc_t *a, const kvt_run_t *runs, size_t nruns);
 
 /* True when page is free (false for pages >= N). O(log E). */
-bool kvt_extalloc_is_free(const kvt_extalloc_t *a, uint64_t page);
+KVT_API bool kvt_extalloc_is_free(const kvt_extalloc_t *a, uint64_t page);
 
 /* Writes up to cap free extents in address order to out; returns how many
  * there are in all (which may exceed cap). */
-size_t kvt_extalloc_free_extents(const kvt_extalloc_t *a, kvt_run_t *out, size_t cap);
+KVT_API size_t kvt_extalloc_free_extents(const kvt_extalloc_t *a, kvt_run_t *out, size_t cap);
 
 /* Fills *st (st->size must be set). KVT_EINVAL if st is NULL or too small. */
-int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *st);
+KVT_API int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *st);
 
 /* Recomputes every counter and invariant from scratch: extents ordered,
  * disjoint, never adjacent, inside [0, N); both indexes hold the same extents;
  * the free-page count matches. KVT_ECORRUPT on a violation. */
-int kvt_extalloc_check(const kvt_extalloc_t *a);
+KVT_API int kvt_extalloc_check(const kvt_extalloc_t *a);
 
 /* ---- lane allocator ------------------------------------------------------ */
 
@@ -137,8 +139,8 @@ typedef struct kvt_laneal_stats {
 /* Creates C = lanes owner lanes over logical pages [0, npages). Lane l holds
  * the logical pages p < npages with p mod C == l. KVT_EINVAL when lanes is 0,
  * npages < lanes or npages > KVT_ALLOC_MAX_PAGES; KVT_ENOMEM. */
-int kvt_laneal_create(kvt_laneal_t **out, uint64_t npages, uint32_t lanes);
-void kvt_laneal_destroy(kvt_laneal_t *la);
+KVT_API int kvt_laneal_create(kvt_laneal_t **out, uint64_t npages, uint32_t lanes);
+KVT_API void kvt_laneal_destroy(kvt_laneal_t *la);
 
 /* Reserves n logical pages, written to pages[0..n) in request order: page i is
  * on lane (next_lane + i) mod C. When a lane is short of its share, the next
@@ -146,19 +148,19 @@ void kvt_laneal_destroy(kvt_laneal_t *la);
  * lanes whose share is used up). Nothing changed (spare metadata may be kept)
  * on KVT_EINVAL (n is 0 or a NULL pointer), KVT_ENOSPC (fewer than n pages
  * free in all lanes), KVT_ENOMEM. */
-int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages);
+KVT_API int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages);
 
 /* Frees n logical pages. All or nothing: KVT_EINVAL (NULL, n is 0, or a page
  * listed twice), KVT_ERANGE, KVT_ENOTRESV, KVT_ENOMEM. */
-int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n);
+KVT_API int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n);
 
 /* Free pages of one lane (0 for a lane >= C). */
-uint64_t kvt_laneal_lane_free(const kvt_laneal_t *la, uint32_t lane);
+KVT_API uint64_t kvt_laneal_lane_free(const kvt_laneal_t *la, uint32_t lane);
 /* Pages one lane has been dealt by every reserve so far (0 for a lane >= C). */
-uint64_t kvt_laneal_lane_dealt(const kvt_laneal_t *la, uint32_t lane);
+KVT_API uint64_t kvt_laneal_lane_dealt(const kvt_laneal_t *la, uint32_t lane);
 
-int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st);
-int kvt_laneal_check(const kvt_laneal_t *la);
+KVT_API int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st);
+KVT_API int kvt_laneal_check(const kvt_laneal_t *la);
 
 /* The lane mapping, the one place it is written (cp.h and the cache use
  * it): logical page p under C lanes of R pages each has owner lane p mod C

@@ -49,6 +49,8 @@
 #ifndef KVTIER_CACHE_H
 #define KVTIER_CACHE_H
 
+#include "kvtier/export.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -87,11 +89,11 @@ typedef enum kvt_write_policy {
     KVT_WRITE_POLICY_COUNT_
 } kvt_write_policy_t;
 
-const char *kvt_policy_name(kvt_policy_t p);
-const char *kvt_policy_describe(kvt_policy_t p);
-int kvt_policy_parse(const char *s, kvt_policy_t *p);      /* KVT_EINVAL if unknown */
-const char *kvt_write_policy_name(kvt_write_policy_t w);
-int kvt_write_policy_parse(const char *s, kvt_write_policy_t *w);
+KVT_API const char *kvt_policy_name(kvt_policy_t p);
+KVT_API const char *kvt_policy_describe(kvt_policy_t p);
+KVT_API int kvt_policy_parse(const char *s, kvt_policy_t *p);      /* KVT_EINVAL if unknown */
+KVT_API const char *kvt_write_policy_name(kvt_write_policy_t w);
+KVT_API int kvt_write_policy_parse(const char *s, kvt_write_policy_t *w);
 
 typedef struct kvt_cache_config {
     uint32_t size;               /* sizeof(kvt_cache_config_t) */
@@ -109,13 +111,13 @@ typedef struct kvt_cache_config {
 /* Fills the defaults: 16-token pages, 65536 L1 pages and 262144 L2 pages (a
  * Llama-3-70B node: 320 GiB of HBM and 1.25 TiB of DRAM for KV), 5 % free
  * room in each tier, arc, write_through. */
-void kvt_cache_config_default(kvt_cache_config_t *cfg);
+KVT_API void kvt_cache_config_default(kvt_cache_config_t *cfg);
 
 typedef struct kvt_cache kvt_cache_t;
 
 /* KVT_EINVAL (with nothing allocated) when a field is out of range. */
-int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg);
-void kvt_cache_destroy(kvt_cache_t *c);
+KVT_API int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg);
+KVT_API void kvt_cache_destroy(kvt_cache_t *c);
 
 /* An admitted request. */
 typedef struct kvt_cache_req {
@@ -132,22 +134,22 @@ typedef struct kvt_cache_req {
  * cached). When l1_ids is not NULL it receives the L1 page of each of the
  * first req->pages pages. Evictions it makes stay made; otherwise a failure
  * changes nothing: KVT_EINVAL, KVT_ENOMEM. */
-int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
+KVT_API int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
                     uint32_t *l1_ids, kvt_cache_req_t *req);
 /* The request's new pages now hold their KV (the forward pass wrote them):
  * write_through backs them up. Once per request; later calls do nothing.
  * Until then a later admission may match the pages, so an engine commits
  * before it admits a request that could share them. */
-int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req);
+KVT_API int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req);
 /* Lets go of an admitted request's pages (they stay cached), committing
  * them first if that was not done. Every admitted request is released once;
  * KVT_EINVAL for one already released. */
-int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
+KVT_API int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
 /* Applies the copies that have completed (without waiting); returns how
  * many (>= 0). */
-int kvt_cache_poll(kvt_cache_t *c);
+KVT_API int kvt_cache_poll(kvt_cache_t *c);
 /* Waits for every copy in flight and applies it. */
-int kvt_cache_sync(kvt_cache_t *c);
+KVT_API int kvt_cache_sync(kvt_cache_t *c);
 
 /* A member of a CP process group (DESIGN.md §6): every rank runs its own
  * cache on the same calls, so all make the same decisions; the I/O rank
@@ -182,24 +184,24 @@ typedef struct kvt_cache_cp {
  * cache (kvt_cache_destroy waits for copies in flight). KVT_EINVAL (no L2
  * tier in the cache, tiers too small), KVT_EBUSY (requests admitted
  * already), KVT_ENOMEM; nothing changed on failure. */
-int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+KVT_API int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
                      unsigned l2_index);
 /* The same for a member of a CP group (cp NULL: a single process). The L1
  * tier holds every lane, rank-major: L1 page p of the cache is tier page
  * (p mod C) x R + p div C, R = l1_pages / C (l1_pages a multiple of C). */
-int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
+KVT_API int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
                         unsigned l2_index, const kvt_cache_cp_t *cp);
 /* A running hash of every page id the cache took or gave back and every copy
  * it started, in order: caches fed the same calls agree on it exactly when
  * they made the same decisions. */
-uint64_t kvt_cache_digest(const kvt_cache_t *c);
+KVT_API uint64_t kvt_cache_digest(const kvt_cache_t *c);
 /* One owner lane's L1 pages: in use now, and dealt to it by every
  * allocation so far (0 for a lane out of range). */
-uint64_t kvt_cache_lane_pages(const kvt_cache_t *c, uint32_t lane);
-uint64_t kvt_cache_lane_dealt(const kvt_cache_t *c, uint32_t lane);
+KVT_API uint64_t kvt_cache_lane_pages(const kvt_cache_t *c, uint32_t lane);
+KVT_API uint64_t kvt_cache_lane_dealt(const kvt_cache_t *c, uint32_t lane);
 /* Evicts, in each tier, until its free-room target holds (the planner run
  * between engine steps). Returns the pages evicted. */
-uint64_t kvt_cache_restore_room(kvt_cache_t *c);
+KVT_API uint64_t kvt_cache_restore_room(kvt_cache_t *c);
 
 #define KVT_CACHE_STATS_FIELDS(X)                                                                  \
     X(requests, COUNTER, "requests admitted")                                                    \
@@ -240,14 +242,14 @@ typedef struct kvt_cache_stats {
 #undef KVT_STATS_FIELD_
 } kvt_cache_stats_t;
 
-int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st);
+KVT_API int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st);
 /* The tree (for kvt_radix_stats, kvt_radix_check, page hashes). */
-kvt_radix_t *kvt_cache_tree(kvt_cache_t *c);
+KVT_API kvt_radix_t *kvt_cache_tree(kvt_cache_t *c);
 /* kvt_radix_check, then the cache's own accounting: every page id the tree
  * holds is reserved in its allocator and every reserved id is in the tree
  * (or on its way back to the allocator), free counts, lock counts of the
  * requests it knows. KVT_ECORRUPT; *why names the first violation. */
-int kvt_cache_check(kvt_cache_t *c, const char **why);
+KVT_API int kvt_cache_check(kvt_cache_t *c, const char **why);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,8 @@
 #ifndef KVTIER_CP_H
 #define KVTIER_CP_H
 
+#include "kvtier/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -46,7 +48,7 @@ typedef struct kvt_cp_layout {
 } kvt_cp_layout_t;
 
 /* KVT_EINVAL for a zero or an overflowing size (C x R x P must fit 64 bits). */
-int kvt_cp_layout_check(const kvt_cp_layout_t *l);
+KVT_API int kvt_cp_layout_check(const kvt_cp_layout_t *l);
 
 static inline uint64_t kvt_cp_page(const kvt_cp_layout_t *l, uint64_t s) { return s == KVT_CP_PAD ? KVT_CP_PAD : s / l->slots_per_page; }
 static inline uint64_t kvt_cp_offset(const kvt_cp_layout_t *l, uint64_t s) { return s == KVT_CP_PAD ? KVT_CP_PAD : s % l->slots_per_page; }
@@ -59,11 +61,11 @@ static inline uint64_t kvt_cp_read_page(const kvt_cp_layout_t *l, uint64_t page)
 }
 
 /* Slot translation; KVT_CP_PAD passes through. */
-uint64_t kvt_cp_read_slot(const kvt_cp_layout_t *l, uint64_t s);
-uint64_t kvt_cp_write_slot(const kvt_cp_layout_t *l, uint64_t s);
-bool kvt_cp_owns(const kvt_cp_layout_t *l, uint32_t rank, uint64_t s);
+KVT_API uint64_t kvt_cp_read_slot(const kvt_cp_layout_t *l, uint64_t s);
+KVT_API uint64_t kvt_cp_write_slot(const kvt_cp_layout_t *l, uint64_t s);
+KVT_API bool kvt_cp_owns(const kvt_cp_layout_t *l, uint32_t rank, uint64_t s);
 /* mask[i] = kvt_cp_owns(rank, slots[i]); returns how many are owned. */
-size_t kvt_cp_owned_mask(const kvt_cp_layout_t *l, uint32_t rank, const uint64_t *slots, size_t n, uint8_t *mask);
+KVT_API size_t kvt_cp_owned_mask(const kvt_cp_layout_t *l, uint32_t rank, const uint64_t *slots, size_t n, uint8_t *mask);
 
 /* A host page and a logical device page. */
 typedef struct kvt_cp_pair {
@@ -73,11 +75,11 @@ typedef struct kvt_cp_pair {
 /* The host -> device pairs rank must load: only the pages it owns, device
  * pages in its write view (local pages). Padding is skipped. Returns the
  * count written to out (room for n). */
-size_t kvt_cp_select_loads(const kvt_cp_layout_t *l, uint32_t rank, const kvt_cp_pair_t *pairs, size_t n,
+KVT_API size_t kvt_cp_select_loads(const kvt_cp_layout_t *l, uint32_t rank, const kvt_cp_pair_t *pairs, size_t n,
                            kvt_cp_pair_t *out);
 /* The device -> host pairs the I/O rank backs up: every page, device pages
  * in the read view; padding passes through. Returns n. */
-size_t kvt_cp_select_backups(const kvt_cp_layout_t *l, const kvt_cp_pair_t *pairs, size_t n, kvt_cp_pair_t *out);
+KVT_API size_t kvt_cp_select_backups(const kvt_cp_layout_t *l, const kvt_cp_pair_t *pairs, size_t n, kvt_cp_pair_t *out);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,8 @@
 #ifndef KVTIER_ERROR_H
 #define KVTIER_ERROR_H
 
+#include "kvtier/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,10 +40,10 @@ typedef enum kvt_err {
 } kvt_err_t;
 
 /* A human-readable message for err; "unknown error" for codes not in the list. */
-const char *kvt_strerror(int err);
+KVT_API const char *kvt_strerror(int err);
 
 /* The symbolic name ("KVT_ENOSPC"); "KVT_UNKNOWN" for codes not in the list. */
-const char *kvt_err_name(int err);
+KVT_API const char *kvt_err_name(int err);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@
 #ifndef KVTIER_MEM_H
 #define KVTIER_MEM_H
 
+#include "kvtier/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,7 +28,7 @@ typedef struct kvt_allocator {
  * Install before creating any kvtier object: memory is returned to the
  * allocator that gave it. Returns KVT_EINVAL (nothing changed) when a function
  * pointer is missing. */
-int kvt_set_allocator(const kvt_allocator_t *a);
+KVT_API int kvt_set_allocator(const kvt_allocator_t *a);
 
 typedef struct kvt_mem_stats {
     uint32_t size;        /* sizeof(kvt_mem_stats_t), set by the caller */
@@ -38,7 +40,7 @@ typedef struct kvt_mem_stats {
 } kvt_mem_stats_t;
 
 /* Fills *st (st->size must be set); KVT_EINVAL if the size is too small. */
-int kvt_mem_stats(kvt_mem_stats_t *st);
+KVT_API int kvt_mem_stats(kvt_mem_stats_t *st);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,8 @@
 #ifndef KVTIER_MODEL_H
 #define KVTIER_MODEL_H
 
+#include "kvtier/export.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -23,9 +25,9 @@ typedef struct kvt_model {
 } kvt_model_t;
 
 /* The preset called name, or NULL. */
-const kvt_model_t *kvt_model_find(const char *name);
+KVT_API const kvt_model_t *kvt_model_find(const char *name);
 /* Preset i (0..), or NULL past the last. */
-const kvt_model_t *kvt_model_at(unsigned i);
+KVT_API const kvt_model_t *kvt_model_at(unsigned i);
 
 #ifdef __cplusplus
 }

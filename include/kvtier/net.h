@@ -12,6 +12,8 @@
 #ifndef KVTIER_NET_H
 #define KVTIER_NET_H
 
+#include "kvtier/export.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -29,16 +31,16 @@ typedef enum kvt_net_transport {
 } kvt_net_transport_t;
 
 /* True when this build has the UCX transport. */
-bool kvt_net_ucx_built(void);
+KVT_API bool kvt_net_ucx_built(void);
 
 /* Serves tier t (host-visible) on host:port (port 0: any free port).
  * KVT_EINVAL, KVT_ENOMEM, KVT_ENOTSUP (UCX not built), KVT_EIO (cannot
  * listen). */
-int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_tier_t *t, const char *host,
+KVT_API int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_tier_t *t, const char *host,
                           uint16_t port);
 /* Stops accepting, closes every connection, joins the threads. */
-void kvt_net_server_destroy(kvt_net_server_t *s);
-uint16_t kvt_net_server_port(const kvt_net_server_t *s);
+KVT_API void kvt_net_server_destroy(kvt_net_server_t *s);
+KVT_API uint16_t kvt_net_server_port(const kvt_net_server_t *s);
 
 typedef struct kvt_net_server_stats {
     uint32_t size;          /* sizeof(kvt_net_server_stats_t), set by the caller */
@@ -52,7 +54,7 @@ typedef struct kvt_net_server_stats {
 
 /* Also the barrier for reading received pages on another thread: every run
  * acknowledged before this call is visible to the caller after it. */
-int kvt_net_server_stats(kvt_net_server_t *s, kvt_net_server_stats_t *st);
+KVT_API int kvt_net_server_stats(kvt_net_server_t *s, kvt_net_server_stats_t *st);
 
 #ifdef __cplusplus
 }

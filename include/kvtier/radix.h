@@ -11,6 +11,8 @@
 #ifndef KVTIER_RADIX_H
 #define KVTIER_RADIX_H
 
+#include "kvtier/export.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -40,9 +42,9 @@ typedef struct kvt_rnode kvt_rnode_t;
  * sequence's first page), the namespace (4 bytes) and the page's tokens
  * (4 bytes each), all little-endian. The same tokens give the same hash in
  * every process; it is the key under which L3 stores a page. */
-kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_t *tokens, uint32_t page_tokens);
+KVT_API kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_t *tokens, uint32_t page_tokens);
 /* The chained hashes of a sequence's first npages pages into out[0..npages). */
-void kvt_page_hash_chain(uint32_t ns, const int32_t *tokens, uint64_t npages, uint32_t page_tokens, kvt_hash128_t *out);
+KVT_API void kvt_page_hash_chain(uint32_t ns, const int32_t *tokens, uint64_t npages, uint32_t page_tokens, kvt_hash128_t *out);
 
 #define KVT_RADIX_STATS_FIELDS(X)                                                   \
     X(nodes, GAUGE, "tree nodes, the root excluded")                              \
@@ -67,18 +69,18 @@ typedef struct kvt_radix_stats {
 } kvt_radix_stats_t;
 
 /* O(nodes + pages): the counters are recomputed by walking the tree. */
-int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *st);
+KVT_API int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *st);
 
 /* Recomputes every counter and invariant from scratch: page states against
  * the per-node counters, residency is prefix-closed (L1 pages above, pages
  * only in L2 below), lock counts against the locks below, the child map, the
  * reverse page maps, victim-set membership and heap order. KVT_ECORRUPT on a
  * violation; *why (when non-NULL) names it. */
-int kvt_radix_check(const kvt_radix_t *r, const char **why);
+KVT_API int kvt_radix_check(const kvt_radix_t *r, const char **why);
 
 /* The chained hash of page idx of node n, computing (and keeping) the hashes
  * of the pages before it as needed. KVT_EINVAL, KVT_ENOMEM. */
-int kvt_radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out);
+KVT_API int kvt_radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out);
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,8 @@
 #ifndef KVTIER_STATS_H
 #define KVTIER_STATS_H
 
+#include "kvtier/export.h"
+
 #include <stdint.h>
 #include <stdio.h>
 
@@ -45,20 +47,20 @@ typedef struct kvt_hist {
 
 /* Monotonic nanoseconds (CLOCK_MONOTONIC): the clock every kvtier latency
  * is measured with. Any thread. */
-uint64_t kvt_now_ns(void);
+KVT_API uint64_t kvt_now_ns(void);
 
-void kvt_hist_init(kvt_hist_t *h);
-void kvt_hist_record(kvt_hist_t *h, uint64_t v);
-void kvt_hist_merge(kvt_hist_t *dst, const kvt_hist_t *src);
+KVT_API void kvt_hist_init(kvt_hist_t *h);
+KVT_API void kvt_hist_record(kvt_hist_t *h, uint64_t v);
+KVT_API void kvt_hist_merge(kvt_hist_t *dst, const kvt_hist_t *src);
 /* The nearest-rank q-quantile (q in [0, 1]): the sample of rank ceil(q*count),
  * to bucket precision, clamped to [min, max]; 0 for an empty histogram.
  * q = 1 gives max exactly, q = 0 min exactly. */
-uint64_t kvt_hist_percentile(const kvt_hist_t *h, double q);
-double kvt_hist_mean(const kvt_hist_t *h);
+KVT_API uint64_t kvt_hist_percentile(const kvt_hist_t *h, double q);
+KVT_API double kvt_hist_mean(const kvt_hist_t *h);
 
 /* Bucket of a value and the value range [lo, hi] a bucket stands for. */
-unsigned kvt_hist_bucket_of(uint64_t v);
-void kvt_hist_bucket_range(unsigned b, uint64_t *lo, uint64_t *hi);
+KVT_API unsigned kvt_hist_bucket_of(uint64_t v);
+KVT_API void kvt_hist_bucket_range(unsigned b, uint64_t *lo, uint64_t *hi);
 
 /* ---- emitter ---- */
 
@@ -69,31 +71,31 @@ typedef enum kvt_fmt {
 } kvt_fmt_t;
 
 /* "table", "json" or "prom" -> *fmt; KVT_EINVAL otherwise. */
-int kvt_fmt_parse(const char *s, kvt_fmt_t *fmt);
+KVT_API int kvt_fmt_parse(const char *s, kvt_fmt_t *fmt);
 
 typedef struct kvt_emitter kvt_emitter_t;
 
 /* `prefix` names the whole tree (Prometheus metric prefix, e.g. "kvtier";
  * for KVT_FMT_PROM it must not start with a digit). KVT_EINVAL, KVT_ENOMEM. */
-int kvt_emitter_create(kvt_emitter_t **out, kvt_fmt_t fmt, const char *prefix);
-void kvt_emitter_destroy(kvt_emitter_t *e);
+KVT_API int kvt_emitter_create(kvt_emitter_t **out, kvt_fmt_t fmt, const char *prefix);
+KVT_API void kvt_emitter_destroy(kvt_emitter_t *e);
 
 /* Building calls. They record into the emitter; a failure to allocate is
  * remembered and reported by kvt_emitter_write, so callers need not check
  * every call. Names must be [a-z0-9_]. */
-void kvt_emit_begin(kvt_emitter_t *e, const char *section);
-void kvt_emit_end(kvt_emitter_t *e);
-void kvt_emit_counter(kvt_emitter_t *e, const char *name, uint64_t v, const char *help);
-void kvt_emit_gauge(kvt_emitter_t *e, const char *name, double v, const char *help);
+KVT_API void kvt_emit_begin(kvt_emitter_t *e, const char *section);
+KVT_API void kvt_emit_end(kvt_emitter_t *e);
+KVT_API void kvt_emit_counter(kvt_emitter_t *e, const char *name, uint64_t v, const char *help);
+KVT_API void kvt_emit_gauge(kvt_emitter_t *e, const char *name, double v, const char *help);
 /* A latency histogram in ns: count, mean, p50, p90, p99, p999, max in the
  * table and JSON; buckets in seconds in Prometheus text (see the top). */
-void kvt_emit_hist(kvt_emitter_t *e, const char *name, const kvt_hist_t *h, const char *help);
+KVT_API void kvt_emit_hist(kvt_emitter_t *e, const char *name, const kvt_hist_t *h, const char *help);
 
 /* Writes everything recorded. KVT_ENOMEM if a building call (or, for JSON
  * and Prometheus, the writer) failed to allocate; KVT_EINVAL for unbalanced
  * begin/end, a bad name, or, in Prometheus text, two entries that name the
  * same metric family (nothing is written then); KVT_EIO. */
-int kvt_emitter_write(kvt_emitter_t *e, FILE *f);
+KVT_API int kvt_emitter_write(kvt_emitter_t *e, FILE *f);
 
 /* Emits every field of a stats struct described by an X-macro list of
  * X(field, KIND, help), KIND being COUNTER or GAUGE (see alloc.h):

@@ -66,6 +66,8 @@
 #ifndef KVTIER_TIER_H
 #define KVTIER_TIER_H
 
+#include "kvtier/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -81,8 +83,8 @@ typedef enum kvt_layout {
     KVT_LAYOUT_LAYER_FIRST = 1
 } kvt_layout_t;
 
-const char *kvt_layout_name(kvt_layout_t l);
-int kvt_layout_parse(const char *s, kvt_layout_t *l); /* "page_first" | "layer_first"; KVT_EINVAL */
+KVT_API const char *kvt_layout_name(kvt_layout_t l);
+KVT_API int kvt_layout_parse(const char *s, kvt_layout_t *l); /* "page_first" | "layer_first"; KVT_EINVAL */
 
 typedef struct kvt_geom {
     uint64_t pages;
@@ -101,7 +103,7 @@ static inline uint64_t kvt_geom_offset(const kvt_geom_t *g, uint64_t page, uint3
 /* The geometry of `pages` pages of page_tokens tokens of a model:
  * layers = the model's layers, layer_bytes = bytes_per_token / layers x
  * page_tokens. KVT_EINVAL (nothing set) for zero sizes or an overflow. */
-int kvt_geom_from_model(kvt_geom_t *g, const kvt_model_t *m, uint32_t page_tokens, uint64_t pages,
+KVT_API int kvt_geom_from_model(kvt_geom_t *g, const kvt_model_t *m, uint32_t page_tokens, uint64_t pages,
                         kvt_layout_t layout);
 
 typedef enum kvt_tier_kind {
@@ -115,7 +117,7 @@ typedef enum kvt_tier_kind {
     KVT_TIER_KIND_COUNT_
 } kvt_tier_kind_t;
 
-const char *kvt_tier_kind_name(kvt_tier_kind_t k);
+KVT_API const char *kvt_tier_kind_name(kvt_tier_kind_t k);
 
 /* Flags */
 #define KVT_TIER_HUGE 0x1     /* host: try huge pages (MAP_HUGETLB, then THP advice) */
@@ -171,37 +173,37 @@ typedef struct kvt_tier kvt_tier_t;
  * CUDA, or no device), KVT_EEXIST (shm:
  * the segment belongs to a live process), KVT_ENOENT (shm attach: no such
  * segment, or not ready), KVT_EAGAIN (KVT_TIER_LOCK: mlock refused), KVT_EIO. */
-int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg);
+KVT_API int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *cfg);
 /* Frees the memory (an engine tier's memory is the caller's: left as it is);
  * the creator of an shm segment unlinks it. */
-void kvt_tier_destroy(kvt_tier_t *t);
+KVT_API void kvt_tier_destroy(kvt_tier_t *t);
 
-const kvt_geom_t *kvt_tier_geom(const kvt_tier_t *t);
-kvt_tier_kind_t kvt_tier_kind(const kvt_tier_t *t);
-const char *kvt_tier_name(const kvt_tier_t *t);
+KVT_API const kvt_geom_t *kvt_tier_geom(const kvt_tier_t *t);
+KVT_API kvt_tier_kind_t kvt_tier_kind(const kvt_tier_t *t);
+KVT_API const char *kvt_tier_name(const kvt_tier_t *t);
 /* True when the CPU may read and write the tier's bytes directly. */
-bool kvt_tier_host_visible(const kvt_tier_t *t);
+KVT_API bool kvt_tier_host_visible(const kvt_tier_t *t);
 /* Address of (page, layer): a host address for host-visible tiers, a device
  * address for cuda (and device engine tiers). NULL when out of range, or for a
  * remote tier. An engine tier with several planes has no one address for
  * (page, layer): this is plane 0's piece; kvt_tier_plane_addr names the others. */
-void *kvt_tier_addr(const kvt_tier_t *t, uint64_t page, uint32_t layer);
+KVT_API void *kvt_tier_addr(const kvt_tier_t *t, uint64_t page, uint32_t layer);
 /* Planes of a tier: an engine tier's count, 1 for every other tier with a
  * local address, 0 for a remote one (or NULL). */
-uint32_t kvt_tier_planes(const kvt_tier_t *t);
+KVT_API uint32_t kvt_tier_planes(const kvt_tier_t *t);
 /* Address of plane `plane`'s piece of (page, layer) (plane 0 of a one-plane
  * tier is kvt_tier_addr). NULL when out of range. */
-void *kvt_tier_plane_addr(const kvt_tier_t *t, uint32_t plane, uint64_t page, uint32_t layer);
+KVT_API void *kvt_tier_plane_addr(const kvt_tier_t *t, uint32_t plane, uint64_t page, uint32_t layer);
 /* Copies layer_bytes between the caller's host memory and (page, layer),
  * for every kind of tier (cuda: a synchronous copy). An engine tier gathers
  * (read) or scatters (write) its planes' pieces in plane order, the logical
  * order of the essay. KVT_ERANGE, KVT_EIO. */
-int kvt_tier_write(kvt_tier_t *t, uint64_t page, uint32_t layer, const void *src);
-int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst);
+KVT_API int kvt_tier_write(kvt_tier_t *t, uint64_t page, uint32_t layer, const void *src);
+KVT_API int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst);
 /* The per-page checksums (KVT_TIER_CHECKSUM), or NULL. */
-uint64_t *kvt_tier_sums(kvt_tier_t *t);
+KVT_API uint64_t *kvt_tier_sums(kvt_tier_t *t);
 /* XXH3-64 of a page of a host-visible tier, layers in order (0 for others). */
-uint64_t kvt_tier_page_sum(const kvt_tier_t *t, uint64_t page);
+KVT_API uint64_t kvt_tier_page_sum(const kvt_tier_t *t, uint64_t page);
 
 typedef struct kvt_tier_info {
     uint32_t size;          /* sizeof(kvt_tier_info_t), set by the caller */
@@ -215,23 +217,23 @@ typedef struct kvt_tier_info {
     bool replaced_stale;    /* shm: a dead creator's segment was replaced */
 } kvt_tier_info_t;
 
-int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info);
+KVT_API int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info);
 
 /* Page content derived from a page hash and a layer: what `replay --data`
  * and the tests write into new pages and expect to read back. Word i (8
  * bytes, little-endian; a short tail takes the low bytes) is
  * splitmix64(hash.lo ^ rotl(hash.hi, 17) ^ layer << 48 ^ i). */
-void kvt_pattern_fill(void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
+KVT_API void kvt_pattern_fill(void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
 /* True when buf holds exactly that content. */
-bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
+KVT_API bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
 /* The same for a whole page of a tier, every layer, through kvt_tier_write
  * and kvt_tier_read (so for every kind of tier); scratch holds layer_bytes.
  * fill: KVT_OK or kvt_tier_write's error; check: true when it matches. */
-int kvt_tier_pattern_fill(kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
-bool kvt_tier_pattern_check(const kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
+KVT_API int kvt_tier_pattern_fill(kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
+KVT_API bool kvt_tier_pattern_check(const kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
 
 /* True when this build has the cuda backend. */
-bool kvt_tier_cuda_built(void);
+KVT_API bool kvt_tier_cuda_built(void);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,8 @@
 #ifndef KVTIER_XFER_H
 #define KVTIER_XFER_H
 
+#include "kvtier/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -78,30 +80,30 @@ typedef struct kvt_xfer_config {
     void *arg;
 } kvt_xfer_config_t;
 
-void kvt_xfer_config_default(kvt_xfer_config_t *cfg);
+KVT_API void kvt_xfer_config_default(kvt_xfer_config_t *cfg);
 
 /* tiers[0..ntiers) are the engine's tiers, named by their index in calls.
  * They must outlive the engine. When a device tier is among them, host tiers
  * (and engine tiers on host memory with KVT_TIER_REGISTER) are registered
  * with it for DMA. KVT_EINVAL (also: max_batch_copies below one page's copies
  * between two of the tiers), KVT_ENOMEM, KVT_EIO (threads). */
-int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers);
+KVT_API int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers);
 /* Waits for every batch in flight, then stops the workers. Completions not
  * polled are dropped. */
-void kvt_xfer_destroy(kvt_xfer_t *x);
+KVT_API void kvt_xfer_destroy(kvt_xfer_t *x);
 
 /* Queues a batch of n >= 1 copies from tier src to tier dst (src != dst).
  * *ticket (optional) identifies it in the completion. On failure nothing is
  * queued and nothing will complete: KVT_EINVAL (tier or page out of range, a
  * destination page twice), KVT_ENOMEM. The pages belong to the engine until
  * the batch is reported complete. */
-int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
+KVT_API int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
                     uint64_t user, uint64_t *ticket);
 /* Takes up to max completed batches into out, waiting up to timeout_ns for
  * the first (0: do not wait). Returns how many (>= 0) or KVT_EINVAL. */
-int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint64_t timeout_ns);
+KVT_API int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint64_t timeout_ns);
 /* Batches submitted and not yet taken by poll. */
-uint64_t kvt_xfer_pending(kvt_xfer_t *x);
+KVT_API uint64_t kvt_xfer_pending(kvt_xfer_t *x);
 
 /* Fault injection, for tests. Copies are counted from the call on, in the
  * order workers start them; the nth fails (KVT_EIO) or is delayed. With
@@ -116,7 +118,7 @@ typedef struct kvt_xfer_faults {
     uint64_t seed;
 } kvt_xfer_faults_t;
 
-int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f);
+KVT_API int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f);
 
 /* Statistics per (source, destination) tier pair. */
 #define KVT_XFER_STATS_FIELDS(X)                                                    \
@@ -145,9 +147,9 @@ typedef struct kvt_xfer_stats {
 } kvt_xfer_stats_t;
 
 /* A snapshot of one pair's statistics. KVT_EINVAL. */
-int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st);
+KVT_API int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st);
 /* Emits a section "<src>_to_<dst>" per pair that has seen traffic. */
-void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e);
+KVT_API void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e);
 
 #ifdef __cplusplus
 }

@@ -68,3 +68,29 @@ Test(install, static_library_links_with_pkg_config_static, .timeout = 120, .fini
     cr_assert(strstr(r.out, "\nok\n0\n"), "ran, with no libkvtier.so: %s", r.out);
     run_free(&r);
 }
+
+/* libkvtier.so exports exactly the functions the public headers declare
+ * (KVT_API), all kvt_*, and none of the internals (kvt__*); and the headers
+ * mark every public declaration (scripts/export-decls --check). */
+Test(install, shared_library_exports_only_the_public_api, .timeout = 60) {
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "set -e; cd '%s'; scripts/export-decls --check; "
+             "grep -ho '^KVT_API[^(]*\\bkvt_[a-z0-9_]*(' include/kvtier/*.h | grep -o 'kvt_[a-z0-9_]*($' | tr -d '(' | sort -u > /tmp/kvt-h.$$; "
+             "nm -D --defined-only '%s/libkvtier.so' | awk '{print $3}' | sort -u > /tmp/kvt-e.$$; "
+             "echo declared $(wc -l < /tmp/kvt-h.$$) exported $(wc -l < /tmp/kvt-e.$$); "
+             "grep -v '^kvt_' /tmp/kvt-e.$$ | sed 's/^/not kvt_: /' || true; grep '^kvt__' /tmp/kvt-e.$$ | sed 's/^/internal: /' || true; "
+             "diff /tmp/kvt-h.$$ /tmp/kvt-e.$$ | sed 's/^/diff: /' || true; rm -f /tmp/kvt-h.$$ /tmp/kvt-e.$$",
+             KVT_SOURCE_DIR, KVT_BUILD_DIR);
+    run_result_t r = sh(cmd);
+    cr_assert_eq(r.status, 0, "%s\n%s", r.out, r.err);
+    cr_assert_not_null(strstr(r.out, "declared "), "%s", r.out);
+    unsigned declared = 0, exported = 0;
+    cr_assert_eq(sscanf(strstr(r.out, "declared "), "declared %u exported %u", &declared, &exported), 2);
+    cr_assert_gt(declared, 100, "the public API: %s", r.out);
+    cr_assert_null(strstr(r.out, "not kvt_:"), "%s", r.out);
+    cr_assert_null(strstr(r.out, "internal:"), "%s", r.out);
+    cr_assert_null(strstr(r.out, "diff:"), "declared and exported differ: %s", r.out);
+    cr_assert_eq(declared, exported);
+    run_free(&r);
+}
