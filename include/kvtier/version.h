@@ -11,6 +11,8 @@
 #ifndef KVTIER_VERSION_H
 #define KVTIER_VERSION_H
 
+#include "kvtier/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -22,9 +24,9 @@ extern "C" {
 #define KVT_VERSION_NUMBER (KVT_VERSION_MAJOR * 10000 + KVT_VERSION_MINOR * 100 + KVT_VERSION_PATCH)
 
 /* The library's KVT_VERSION_NUMBER. */
-unsigned kvt_version(void);
+KVT_API unsigned kvt_version(void);
 /* "0.2.0", and the optional backends this build has: "0.2.0 (cuda: no, ucx: yes)". */
-const char *kvt_version_string(void);
+KVT_API const char *kvt_version_string(void);
 
 #ifdef __cplusplus
 }
