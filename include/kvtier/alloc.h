@@ -25,6 +25,10 @@
  * Every function says what a failure leaves behind: "nothing changed" means
  * that the allocator's state and statistics are as before the call (output
  * buffers may have been written, and spare metadata nodes set aside may stay).
+ *
+ * Threads: an allocator has no lock. Its calls, the queries included, run
+ * on one thread at a time (the cache's owner thread, in kvtier); different
+ * allocators are independent.
  */
 #ifndef KVTIER_ALLOC_H
 #define KVTIER_ALLOC_H

@@ -45,6 +45,13 @@
  * The new pages of an admitted request hold no KV until the engine has run
  * its forward pass: kvt_cache_commit (or release) says they do, and only then
  * does write_through back them up.
+ *
+ * Threads: a cache belongs to one thread (its owner, usually the engine's
+ * scheduler thread): every kvt_cache_* call on it runs there. The transfer
+ * engine it is attached to runs copies on its own workers, which never touch
+ * the tree; their completions reach the tree only through kvt_cache_poll
+ * (and the calls that wait), on the owner thread. Different caches are
+ * independent.
  */
 #ifndef KVTIER_CACHE_H
 #define KVTIER_CACHE_H

@@ -3,6 +3,8 @@
  * Every kvtier function that can fail returns int: 0 on success or one of the
  * negative KVT_E* codes below. The list is one X-macro, so the enum, the names
  * and the messages cannot drift apart. Never read errno to learn what failed.
+ *
+ * Threads: pure functions on static strings; any thread, any time.
  */
 #ifndef KVTIER_ERROR_H
 #define KVTIER_ERROR_H

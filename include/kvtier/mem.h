@@ -4,6 +4,10 @@
  * function, which counts it and routes it to the allocator installed here
  * (libc by default). An engine can plug its own allocator; tests use the same
  * path to count bytes and to make the Nth allocation fail.
+ *
+ * Threads: kvt_set_allocator before any kvtier object exists, on one thread
+ * (it is not synchronised with allocations); the allocation counters are
+ * atomic, so kvt_mem_stats may run on any thread at any time.
  */
 #ifndef KVTIER_MEM_H
 #define KVTIER_MEM_H

@@ -2,6 +2,8 @@
  *
  * MHA/GQA: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes.
  * MLA (DeepSeek-V3/R1): layers x (latent + rope dims) x dtype bytes.
+ *
+ * Threads: read-only presets and pure functions; any thread.
  */
 #ifndef KVTIER_MODEL_H
 #define KVTIER_MODEL_H

@@ -8,6 +8,11 @@
  * anything malformed is counted, logged in last_error, and disconnected —
  * the server goes on serving the others. The protocol: src/net/wire.h,
  * docs/pd.md.
+ *
+ * Threads: create and destroy on one thread; the server runs its own
+ * threads (an accept thread and one per connection, or the UCX progress
+ * thread). kvt_net_server_port and kvt_net_server_stats may run on any
+ * thread at any time; stats is also the read barrier described below.
  */
 #ifndef KVTIER_NET_H
 #define KVTIER_NET_H

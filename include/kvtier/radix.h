@@ -7,6 +7,10 @@
  * whether a copy is in flight, and, when a store asks, its chained 128-bit
  * hash. The cache module drives the tree (include/kvtier/cache.h); this
  * header is the tree's read-only face: statistics, checks, page hashes.
+ *
+ * Threads: a tree has no lock; every call on one tree, the read-only ones
+ * (match, stats, check) included, runs on one thread at a time (the cache's
+ * owner thread). The page hash functions are pure: any thread.
  */
 #ifndef KVTIER_RADIX_H
 #define KVTIER_RADIX_H

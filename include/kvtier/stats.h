@@ -20,6 +20,10 @@
  * 1e-06 .. 1000 seconds and +Inf, `_sum` in seconds and `_count`. A bucket
  * line counts only samples whose log-linear bucket lies wholly <= le, so a
  * sample within 1/64 (1.6 %) below an le may count from the next one up.
+ *
+ * Threads: a histogram has no lock (record on one thread, or one histogram
+ * per thread and merge them); an emitter is built and written on one thread.
+ * kvt_now_ns: any thread.
  */
 #ifndef KVTIER_STATS_H
 #define KVTIER_STATS_H

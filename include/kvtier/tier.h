@@ -62,6 +62,14 @@
  * there and checked when it is read back.
  *
  * A backend knows bytes and addresses, never trees or policies.
+ *
+ * Threads: create and destroy on one thread, with no copy in flight on the
+ * tier. The queries (geometry, kind, name, addresses, info, sums) read what
+ * create fixed: any thread, concurrently. kvt_tier_read/write and the
+ * pattern calls copy bytes with no lock: concurrent calls on different pages
+ * are fine, on the same page they race as any memcpy would. The transfer
+ * engine's workers copy through the same tiers (xfer.h says who owns a page
+ * while its copy is in flight).
  */
 #ifndef KVTIER_TIER_H
 #define KVTIER_TIER_H
