@@ -109,13 +109,14 @@ KVT_API bool kvt_extalloc_is_free(const kvt_extalloc_t *a, uint64_t page);
  * there are in all (which may exceed cap). */
 KVT_API size_t kvt_extalloc_free_extents(const kvt_extalloc_t *a, kvt_run_t *out, size_t cap);
 
-/* Fills *st (st->size must be set). KVT_EINVAL if st is NULL or too small. */
+/* Fills *st as far as st->size reaches (the ABI rule, version.h). KVT_EINVAL if st is NULL. */
 KVT_API int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *st);
 
 /* Recomputes every counter and invariant from scratch: extents ordered,
  * disjoint, never adjacent, inside [0, N); both indexes hold the same extents;
- * the free-page count matches. KVT_ECORRUPT on a violation. */
-KVT_API int kvt_extalloc_check(const kvt_extalloc_t *a);
+ * the free-page count matches. KVT_ECORRUPT on a violation, naming it in
+ * *why (why may be NULL), as every kvtier check() does. */
+KVT_API int kvt_extalloc_check(const kvt_extalloc_t *a, const char **why);
 
 /* ---- lane allocator ------------------------------------------------------ */
 
@@ -164,7 +165,7 @@ KVT_API uint64_t kvt_laneal_lane_free(const kvt_laneal_t *la, uint32_t lane);
 KVT_API uint64_t kvt_laneal_lane_dealt(const kvt_laneal_t *la, uint32_t lane);
 
 KVT_API int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *st);
-KVT_API int kvt_laneal_check(const kvt_laneal_t *la);
+KVT_API int kvt_laneal_check(const kvt_laneal_t *la, const char **why);
 
 /* The lane mapping, the one place it is written (cp.h and the cache use
  * it): logical page p under C lanes of R pages each has owner lane p mod C

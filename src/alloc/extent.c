@@ -343,21 +343,27 @@ int kvt_extalloc_stats(const kvt_extalloc_t *a, kvt_extalloc_stats_t *out) {
     return kvt__abi_out(out, st, sizeof(*st));
 }
 
-int kvt_extalloc_check(const kvt_extalloc_t *a) {
+/* *why (when not NULL) names the first broken invariant, or is NULL. */
+#define BROKEN(what) return (why ? *why = (what) : 0), KVT_ECORRUPT
+
+int kvt_extalloc_check(const kvt_extalloc_t *a, const char **why) {
+    if (why) *why = NULL;
     if (a == NULL) return KVT_EINVAL;
-    if (kvt__u64set_check(&a->by_size, NULL) || kvt__u64set_check(&a->by_addr, NULL)) return KVT_ECORRUPT;
-    if (a->by_size.count != a->by_addr.count) return KVT_ECORRUPT;
+    if (kvt__u64set_check(&a->by_size, NULL) || kvt__u64set_check(&a->by_addr, NULL)) BROKEN("a free-extent index is malformed");
+    if (a->by_size.count != a->by_addr.count) BROKEN("the two free-extent indexes differ in size");
     kvt__u64cur_t cur;
     uint64_t sum = 0, prev_end = 0;
     bool first = true;
     for (bool ok = kvt__u64set_first(&a->by_addr, &cur); ok; ok = kvt__u64cur_next(&cur)) {
         uint64_t key = kvt__u64cur_key(&cur), s = key_hi(key), l = key_lo(key);
-        if (l == 0 || s + l > a->pages) return KVT_ECORRUPT;
-        if (!first && s <= prev_end) return KVT_ECORRUPT; /* overlapping or uncoalesced */
-        if (!kvt__u64set_contains(&a->by_size, size_key(s, l))) return KVT_ECORRUPT;
+        if (l == 0 || s + l > a->pages) BROKEN("a free extent is empty or outside the pool");
+        if (!first && s <= prev_end) BROKEN("free extents overlap or are not coalesced");
+        if (!kvt__u64set_contains(&a->by_size, size_key(s, l))) BROKEN("a free extent is missing from the size index");
         sum += l;
         prev_end = s + l;
         first = false;
     }
-    return sum == a->free_pages ? KVT_OK : KVT_ECORRUPT;
+    if (sum != a->free_pages) BROKEN("the free-page count differs from the free extents");
+    return KVT_OK;
 }
+#undef BROKEN

@@ -228,14 +228,15 @@ int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *out) {
     return kvt__abi_out(out, st, sizeof(*st));
 }
 
-int kvt_laneal_check(const kvt_laneal_t *la) {
+int kvt_laneal_check(const kvt_laneal_t *la, const char **why) {
+    if (why) *why = NULL;
     if (la == NULL) return KVT_EINVAL;
-    if (la->next >= la->lanes) return KVT_ECORRUPT;
+    if (la->next >= la->lanes) return (why ? *why = "the next lane is out of range" : 0), KVT_ECORRUPT;
     for (uint32_t l = 0; l < la->lanes; l++) {
         kvt_extalloc_stats_t es = {.size = sizeof(es)};
-        if (kvt_extalloc_check(la->lane[l]) != KVT_OK) return KVT_ECORRUPT;
+        if (kvt_extalloc_check(la->lane[l], why) != KVT_OK) return KVT_ECORRUPT;
         kvt_extalloc_stats(la->lane[l], &es);
-        if (es.pages != lane_pages(la->pages, la->lanes, l)) return KVT_ECORRUPT;
+        if (es.pages != lane_pages(la->pages, la->lanes, l)) return (why ? *why = "a lane's size is wrong" : 0), KVT_ECORRUPT;
     }
     return KVT_OK;
 }

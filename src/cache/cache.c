@@ -140,7 +140,7 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
     kvt_radix_stats(c->tree, &rs);
     kvt_laneal_stats_t ls = {.size = sizeof(ls)};
     kvt_laneal_stats(c->l1, &ls);
-    if (kvt_laneal_check(c->l1) != KVT_OK) return *why = "L1 allocator check failed", KVT_ECORRUPT;
+    if (kvt_laneal_check(c->l1, why) != KVT_OK) return KVT_ECORRUPT;
     /* every L1 id the tree holds is reserved, and nothing else is */
     uint64_t l1_held = 0, l2_held = 0;
     kvt_rnode_t *n;
@@ -154,7 +154,7 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
     if (c->l2) {
         kvt_extalloc_stats_t es = {.size = sizeof(es)};
         kvt_extalloc_stats(c->l2, &es);
-        if (kvt_extalloc_check(c->l2) != KVT_OK) return *why = "L2 allocator check failed", KVT_ECORRUPT;
+        if (kvt_extalloc_check(c->l2, why) != KVT_OK) return KVT_ECORRUPT;
         if (es.free_pages + c->l2_back.n + l2_held != c->cfg.l2_pages) return *why = "L2 pages leaked or double-held", KVT_ECORRUPT;
         if (es.free_pages + c->l2_back.n != c->l2_free) return *why = "L2 free count differs", KVT_ECORRUPT;
         for (uint32_t id = 0; id < c->cfg.l2_pages; id++)

@@ -120,7 +120,7 @@ static void lane_fuzz(uint64_t pages, uint32_t lanes, int ops, uint64_t seed) {
             }
         }
         if (op % 50 == 0) {
-            cr_assert_eq(kvt_laneal_check(la), KVT_OK);
+            cr_assert_eq(kvt_laneal_check(la, NULL), KVT_OK);
             for (uint32_t l = 0; l < lanes; l++) cr_assert_eq(kvt_laneal_lane_free(la, l), lm.lane[l].free);
         }
     }
@@ -245,7 +245,7 @@ Test(lane, failed_allocation_changes_nothing) {
         int fired = kvt__mem_fail_fired();
         kvt__mem_fail_nth(0);
         kvt_laneal_stats(la, &after);
-        cr_assert_eq(kvt_laneal_check(la), KVT_OK);
+        cr_assert_eq(kvt_laneal_check(la, NULL), KVT_OK);
         if (fired) {
             cr_assert_eq(rc, KVT_ENOMEM);
             /* the free, if it was the call that failed, left everything */
@@ -269,7 +269,7 @@ Test(lane, short_lane_spills_to_the_next) {
     cr_assert_eq(kvt_laneal_reserve(la, 3, p), KVT_OK, "three pages are free");
     cr_assert(p[0] == 3 && p[1] == 5 && p[2] == 7, "got %u %u %u", p[0], p[1], p[2]);
     cr_assert_eq(kvt_laneal_reserve(la, 1, p), KVT_ENOSPC);
-    cr_assert_eq(kvt_laneal_check(la), KVT_OK);
+    cr_assert_eq(kvt_laneal_check(la, NULL), KVT_OK);
     kvt_laneal_destroy(la);
 }
 
