@@ -383,26 +383,23 @@ static size_t group_items(batch_t *b, uint64_t page_bytes, const kvt__plan_t *pl
 
 static void batch_free(batch_t *b) { kvt__free(b, b->alloc_bytes); }
 
-int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
-                    uint64_t user, uint64_t *ticket) {
-    if (x == NULL || src >= x->ntiers || dst >= x->ntiers || src == dst || copies == NULL || n == 0 ||
-        n > UINT32_MAX)
+/* Submit, step 1: the arguments, every page in range. */
+static int validate(const kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n) {
+    if (x == NULL || src >= x->ntiers || dst >= x->ntiers || src == dst || copies == NULL || n == 0 || n > UINT32_MAX)
         return KVT_EINVAL;
-    kvt_tier_t *s = x->tiers[src], *d = x->tiers[dst];
-    const kvt_geom_t *gs = &s->cfg.geom, *gd = &d->cfg.geom;
+    const kvt_geom_t *gs = &x->tiers[src]->cfg.geom, *gd = &x->tiers[dst]->cfg.geom;
     for (size_t i = 0; i < n; i++)
         if (copies[i].src_page >= gs->pages || copies[i].dst_page >= gd->pages) return KVT_EINVAL;
-    uint64_t pb = kvt_geom_page_bytes(gs);
-    uint64_t max_pages = x->cfg.max_batch_bytes / pb ? x->cfg.max_batch_bytes / pb : 1;
-    const kvt__plan_t *plan = &x->plans[src][dst];
-    if (plan->per_page && max_pages > (x->cfg.max_batch_copies - plan->fixed) / plan->per_page) /* a run's copies fit an item */
-        max_pages = (x->cfg.max_batch_copies - plan->fixed) / plan->per_page;
+    return KVT_OK;
+}
 
-    /* one block: header, sorted copies, runs (sized after sorting), items */
+/* Step 2: the copies by destination page (a cache's batches come in
+ * ascending or descending order: no sort), into a new array; NULL with *rc
+ * set on no memory or a destination page given twice. */
+static kvt_xfer_copy_t *sort_copies(const kvt_xfer_copy_t *copies, size_t n, int *rc) {
     kvt_xfer_copy_t *sorted = kvt__malloc(n * sizeof(*sorted));
-    if (sorted == NULL) return KVT_ENOMEM;
+    if (sorted == NULL) return *rc = KVT_ENOMEM, NULL;
     memcpy(sorted, copies, n * sizeof(*sorted));
-    /* a cache's batches come in ascending or descending page order: no sort */
     bool up = true, down = true;
     for (size_t i = 1; i < n && (up || down); i++) {
         up = up && sorted[i].dst_page > sorted[i - 1].dst_page;
@@ -419,21 +416,30 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     for (size_t i = 1; i < n; i++)
         if (sorted[i].dst_page == sorted[i - 1].dst_page) {
             kvt__free(sorted, n * sizeof(*sorted));
-            return KVT_EINVAL;
+            return *rc = KVT_EINVAL, NULL;
         }
+    return sorted;
+}
+
+/* Step 3: the batch, in one block (header, sorted copies, runs merged where
+ * both ends advance by one, then the work items cut from them by the byte
+ * and copy caps); NULL on no memory. */
+static batch_t *build_batch(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *sorted, size_t n,
+                            uint64_t user) {
+    uint64_t pb = kvt_geom_page_bytes(&x->tiers[src]->cfg.geom);
+    uint64_t max_pages = x->cfg.max_batch_bytes / pb ? x->cfg.max_batch_bytes / pb : 1;
+    const kvt__plan_t *plan = &x->plans[src][dst];
+    if (plan->per_page && max_pages > (x->cfg.max_batch_copies - plan->fixed) / plan->per_page) /* a run's copies fit an item */
+        max_pages = (x->cfg.max_batch_copies - plan->fixed) / plan->per_page;
     size_t nruns = merge_runs(sorted, n, max_pages, NULL);
     size_t bytes = sizeof(batch_t) + n * sizeof(kvt_xfer_copy_t) + nruns * sizeof(run_t);
     bytes = (bytes + _Alignof(item_t) - 1) & ~(_Alignof(item_t) - 1);
     batch_t *b = kvt__malloc(bytes + (nruns + 1) * sizeof(item_t)); /* items <= runs, + the checksum pass */
-    if (b == NULL) {
-        kvt__free(sorted, n * sizeof(*sorted));
-        return KVT_ENOMEM;
-    }
+    if (b == NULL) return NULL;
     memset(b, 0, sizeof(*b));
     b->alloc_bytes = bytes + (nruns + 1) * sizeof(item_t);
     b->copies = (kvt_xfer_copy_t *)(b + 1);
     memcpy(b->copies, sorted, n * sizeof(*sorted));
-    kvt__free(sorted, n * sizeof(*sorted));
     b->runs = (run_t *)(b->copies + n);
     b->nruns = nruns;
     b->done.copies = b->copies;
@@ -441,18 +447,24 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     b->done.src = src;
     b->done.dst = dst;
     b->done.user = user;
-    b->done.ticket = atomic_fetch_add(&x->next_ticket, 1) + 1;
     merge_runs(b->copies, n, max_pages, b->runs);
     b->items = (item_t *)((uint8_t *)b + bytes);
     b->nitems = group_items(b, pb, plan, x->cfg.max_batch_bytes, x->cfg.max_batch_copies);
     for (size_t r = 0; r < nruns; r++) b->ncopies += kvt__plan_spans(plan, b->runs[r].len);
-    bool verify = needs_verify(x, src);
     b->bytes = n * pb;
+    return b;
+}
+
+/* Step 4: counted in flight, then handed to the workers (the checksum pass
+ * first when the source keeps checksums). From here the batch is theirs. */
+static void publish(kvt_xfer_t *x, batch_t *b, uint64_t *ticket) {
+    unsigned src = b->done.src, dst = b->done.dst;
+    bool verify = needs_verify(x, src);
+    b->done.ticket = atomic_fetch_add(&x->next_ticket, 1) + 1;
     b->t_submit = now_ns();
     atomic_store(&b->remaining, b->nitems + verify);
     atomic_store(&b->status, KVT_OK);
     if (ticket) *ticket = b->done.ticket;
-
     pair_t *p = &x->pairs[src][dst];
     pthread_mutex_lock(&p->mu);
     p->seen = true;
@@ -462,7 +474,6 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     pthread_mutex_lock(&x->done_mu);
     x->pending++;
     pthread_mutex_unlock(&x->done_mu);
-
     for (size_t i = 0; i <= b->nitems; i++) b->items[i].t_submit = b->t_submit;
     if (verify) {
         item_t *v = &b->items[b->nitems];
@@ -471,6 +482,18 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
     } else {
         enqueue(x, b->items, b->nitems);
     }
+}
+
+int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
+                    uint64_t user, uint64_t *ticket) {
+    int rc = validate(x, src, dst, copies, n);
+    if (rc != KVT_OK) return rc;
+    kvt_xfer_copy_t *sorted = sort_copies(copies, n, &rc);
+    if (sorted == NULL) return rc;
+    batch_t *b = build_batch(x, src, dst, sorted, n, user);
+    kvt__free(sorted, n * sizeof(*sorted));
+    if (b == NULL) return KVT_ENOMEM;
+    publish(x, b, ticket);
     return KVT_OK;
 }
 
