@@ -7,6 +7,7 @@
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
 #include "kvtier/model.h"
+#include "kvtier/pd.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
 
