@@ -184,30 +184,6 @@ static void result(pd_result_t *res, ctl_t *c, const trace_t *t, const pd_opts_t
     res->restarts = atomic_load(&c->gen);
 }
 
-/* Bad peers decode turned away, on stderr (nothing when there were none). */
-static void report_bad_peers(const kvt_pd_stats_t *a) {
-    if (a->data_refused_hellos + a->data_bad_peers + a->data_silent_peers + a->control_bad_peers == 0) return;
-    fprintf(stderr,
-            "kvtier pd: decode turned peers away: data port %" PRIu64 " hellos refused, %" PRIu64 " malformed or silent, %" PRIu64
-            " still silent at the end%s%s%s; control port %" PRIu64 " dropped%s%s%s\n",
-            a->data_refused_hellos, a->data_bad_peers, a->data_silent_peers, a->data_last_error[0] ? " (last: " : "",
-            a->data_last_error, a->data_last_error[0] ? ")" : "", a->control_bad_peers,
-            a->control_last_error[0] ? " (last: " : "", a->control_last_error, a->control_last_error[0] ? ")" : "");
-}
-
-static void report_death(const pd_result_t *res, int dead, int why) {
-    char name[32];
-    snprintf(name, sizeof(name), dead == 0 ? "decode" : "prefill rank %d", dead - 1);
-    if (WIFSIGNALED(why)) fprintf(stderr, "kvtier pd: %s died (signal %d, %s)", name, WTERMSIG(why), strsignal(WTERMSIG(why)));
-    else fprintf(stderr, "kvtier pd: %s failed (exit %d)", name, WEXITSTATUS(why));
-    fprintf(stderr, "; %" PRIu64 " hand-offs completed, %" PRIu64 " failed, %" PRIu64 " not attempted", res->completed,
-            res->failed, res->not_attempted);
-    if (res->all.first_vanished >= 0)
-        fprintf(stderr, " (decode: rank %d vanished, first failed hand-off %" PRIu64 ")", res->all.first_vanished,
-                res->all.first_failed);
-    fputc('\n', stderr);
-}
-
 /* Starts decode and the ranks and watches them; the summary's exit code. */
 static int run_group(ctl_t *ctl, const pd_opts_t *o, const trace_t *t, uint64_t nreq) {
     static child_t ch[MAX_RANKS + 1];
@@ -231,10 +207,10 @@ static int run_group(ctl_t *ctl, const pd_opts_t *o, const trace_t *t, uint64_t 
     memset(&res, 0, sizeof(res));
     result(&res, ctl, t, o, nreq);
     res.wall = (double)(now_ns() - t0) / 1e9;
-    report_bad_peers(&res.all);
+    pd_report_bad_peers(&res.all);
     if (started < nproc) return fprintf(stderr, "kvtier pd: could not start every process\n"), 1;
     if (dead == -2) return fprintf(stderr, "kvtier pd: stopped by signal %d\n", why), 128 + why;
-    if (dead >= 0) return report_death(&res, dead, why), 1;
+    if (dead >= 0) return pd_report_death(&res, dead, why), 1;
     pd_print(&res, ctl, o);
     if (o->stats > 0) pd_emit(&res, ctl, o);
     if (ctl->mismatches == 0 && res.failed + res.not_attempted == 0) return 0;

@@ -3,6 +3,8 @@
  * JSON as for the emitter; the names docs/pd.md lists are kept. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
 
 #include <cjson/cJSON.h>
 
@@ -102,4 +104,28 @@ void pd_emit(const pd_result_t *res, const ctl_t *c, const pd_opts_t *o) {
     kvt_emit_end(e);
     if (kvt_emitter_write(e, stderr) != KVT_OK) fprintf(stderr, "kvtier pd: --stats: could not write\n");
     kvt_emitter_destroy(e);
+}
+
+/* Bad peers decode turned away, on stderr (nothing when there were none). */
+void pd_report_bad_peers(const kvt_pd_stats_t *a) {
+    if (a->data_refused_hellos + a->data_bad_peers + a->data_silent_peers + a->control_bad_peers == 0) return;
+    fprintf(stderr,
+            "kvtier pd: decode turned peers away: data port %" PRIu64 " hellos refused, %" PRIu64 " malformed or silent, %" PRIu64
+            " still silent at the end%s%s%s; control port %" PRIu64 " dropped%s%s%s\n",
+            a->data_refused_hellos, a->data_bad_peers, a->data_silent_peers, a->data_last_error[0] ? " (last: " : "",
+            a->data_last_error, a->data_last_error[0] ? ")" : "", a->control_bad_peers,
+            a->control_last_error[0] ? " (last: " : "", a->control_last_error, a->control_last_error[0] ? ")" : "");
+}
+
+void pd_report_death(const pd_result_t *res, int dead, int why) {
+    char name[32];
+    snprintf(name, sizeof(name), dead == 0 ? "decode" : "prefill rank %d", dead - 1);
+    if (WIFSIGNALED(why)) fprintf(stderr, "kvtier pd: %s died (signal %d, %s)", name, WTERMSIG(why), strsignal(WTERMSIG(why)));
+    else fprintf(stderr, "kvtier pd: %s failed (exit %d)", name, WEXITSTATUS(why));
+    fprintf(stderr, "; %" PRIu64 " hand-offs completed, %" PRIu64 " failed, %" PRIu64 " not attempted", res->completed,
+            res->failed, res->not_attempted);
+    if (res->all.first_vanished >= 0)
+        fprintf(stderr, " (decode: rank %d vanished, first failed hand-off %" PRIu64 ")", res->all.first_vanished,
+                res->all.first_failed);
+    fputc('\n', stderr);
 }
