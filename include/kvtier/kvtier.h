@@ -9,6 +9,7 @@
 #include "kvtier/mem.h"
 #include "kvtier/model.h"
 #include "kvtier/net.h"
+#include "kvtier/pd.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
 #include "kvtier/tier.h"

@@ -1,0 +1,95 @@
+/* Tests only: bad peers a receiver opens against its own two ports
+ * (kvt_pd_receiver_test_peers), so that they are first in line before any
+ * rank knows the ports — no race to win.
+ *
+ *   control port: stall (connects, says nothing), rank0 (a hello for rank 0
+ *                 without the token), garbage (32 bytes of 0xA5)
+ *   data port:    data-garbage, data-geometry (a page size off by one),
+ *                 data-huge (a run of 2^40 bytes), data-outside (a run past
+ *                 the pool), data-wrap (an offset whose end wraps), data-stall
+ *   hold:MS       only tells the caller to hold its ports back MS ms
+ *
+ * "word:N" opens N of them. The data-port ones are waited for (up to 5 s)
+ * until the page server has judged them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvtier/error.h"
+#include "../net/wire.h"
+#include "pd-int.h"
+
+static int peer(kvt_pd_receiver_t *r, uint16_t port) {
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    int fd = r->npeers < KVT_PD_MAX_TEST_PEERS ? kvt__tcp_connect(addr) : -1;
+    if (fd >= 0) r->peers[r->npeers++] = fd;
+    return fd;
+}
+
+/* One peer of kind w; 1 when the page server will judge it, 0, or -1 for a bad word. */
+static int open_one(kvt_pd_receiver_t *r, const char *w) {
+    static const char *const words[] = {"stall", "rank0", "garbage", "data-garbage", "data-geometry", "data-huge",
+                                        "data-outside", "data-wrap", "data-stall", NULL};
+    int k = 0;
+    while (words[k] && strcmp(words[k], w) != 0) k++;
+    if (words[k] == NULL) return -1;
+    bool data = strncmp(w, "data-", 5) == 0;
+    int fd = peer(r, data ? r->dport : r->cport);
+    if (fd < 0) return 0;
+    const kvt_geom_t *g = kvt_tier_geom(r->cfg.pool);
+    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, (uint32_t)g->layout, g->layers, 0, g->pages, g->layer_bytes};
+    kvt__wire_data_t run = {0, r->page_bytes};
+    uint8_t junk[64];
+    memset(junk, 0xA5, sizeof(junk));
+    kvt__pd_hello_t fake = {0, r->cfg.ranks, r->cfg.token ^ 1};
+    if (strcmp(w, "rank0") == 0) kvt__pd_send(fd, KVT_PD_HELLO, &fake, NULL, 0);
+    if (strcmp(w, "garbage") == 0) kvt__write_full(fd, junk, sizeof(kvt__pd_hdr_t) + sizeof(kvt__pd_hello_t));
+    if (!data || strcmp(w, "data-stall") == 0) return 0;
+    if (strcmp(w, "data-garbage") == 0) return kvt__write_full(fd, junk, sizeof(h)), 1;
+    if (strcmp(w, "data-geometry") == 0) return h.layer_bytes++, kvt__write_full(fd, &h, sizeof(h)), 1;
+    if (strcmp(w, "data-huge") == 0) run.len = 1ull << 40;
+    if (strcmp(w, "data-outside") == 0) run.off = g->pages * r->page_bytes;
+    if (strcmp(w, "data-wrap") == 0) run.off = UINT64_MAX - 7, run.len = 4096;
+    kvt__write_full(fd, &h, sizeof(h));
+    kvt__write_full(fd, &run, sizeof(run));
+    return 1;
+}
+
+static void await_judged(kvt_pd_receiver_t *r, uint64_t judged) {
+    struct timespec t0, t, ms = {0, 1000000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (t = t0; t.tv_sec - t0.tv_sec < 5; clock_gettime(CLOCK_MONOTONIC, &t)) {
+        kvt_net_server_stats_t ss = {.size = sizeof(ss)};
+        kvt_net_server_stats(r->srv, &ss);
+        if (ss.refused + ss.bad_peers >= judged) return;
+        nanosleep(&ms, NULL);
+    }
+}
+
+int kvt_pd_receiver_test_peers(kvt_pd_receiver_t *r, const char *spec, uint64_t *hold_ms) {
+    if (r == NULL || spec == NULL) return KVT_EINVAL;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    uint64_t judged = 0, hold = 0;
+    int rc = KVT_OK;
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w && rc == KVT_OK; w = strtok_r(NULL, ",", &save)) {
+        uint64_t k = 1;
+        char *colon = strchr(w, ':');
+        if (colon) *colon = 0, k = strtoull(colon + 1, NULL, 10);
+        if (strcmp(w, "hold") == 0) {
+            hold = k;
+            continue;
+        }
+        for (uint64_t i = 0; i < k && rc == KVT_OK; i++) {
+            int v = open_one(r, w);
+            if (v < 0) rc = KVT_EINVAL;
+            else judged += (uint64_t)v;
+        }
+    }
+    await_judged(r, judged);
+    if (hold_ms) *hold_ms = hold;
+    return rc;
+}

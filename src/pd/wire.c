@@ -1,0 +1,48 @@
+/* The PD control messages (wire.h): framing on blocking sockets. */
+#include "wire.h"
+
+#include <string.h>
+
+#include "../net/wire.h"
+
+size_t kvt__pd_payload(unsigned type) {
+    switch (type) {
+    case KVT_PD_HELLO: return sizeof(kvt__pd_hello_t);
+    case KVT_PD_WELCOME: return sizeof(kvt__pd_welcome_t);
+    case KVT_PD_REQ:
+    case KVT_PD_DST:
+    case KVT_PD_DONE: return sizeof(kvt__pd_op_t);
+    case KVT_PD_BYE: return 0;
+    default: return SIZE_MAX;
+    }
+}
+
+kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length) {
+    return (kvt__pd_hdr_t){KVT_PD_MAGIC, KVT_PD_VERSION, (uint16_t)type, (uint32_t)length, 0};
+}
+
+int kvt__pd_header_ok(const kvt__pd_hdr_t *h, unsigned accept_mask) {
+    if (h->magic != KVT_PD_MAGIC || h->version != KVT_PD_VERSION || h->type >= 32 || !(accept_mask & (1u << h->type)))
+        return 0;
+    size_t want = kvt__pd_payload(h->type);
+    if (h->type == KVT_PD_DST) return h->length >= want && (h->length - want) % sizeof(uint32_t) == 0;
+    return h->length == want;
+}
+
+int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, size_t extra_len) {
+    size_t len = kvt__pd_payload(type);
+    uint8_t buf[sizeof(kvt__pd_hdr_t) + 64];
+    kvt__pd_hdr_t h = kvt__pd_header(type, len + extra_len);
+    memcpy(buf, &h, sizeof(h));
+    if (len) memcpy(buf + sizeof(h), payload, len);
+    if (kvt__write_full(fd, buf, sizeof(h) + len) != 0) return -1;
+    return extra_len ? kvt__write_full(fd, extra, extra_len) : 0;
+}
+
+int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload) {
+    kvt__pd_hdr_t h;
+    if (kvt__read_full(fd, &h, sizeof(h)) != 0 || !kvt__pd_header_ok(&h, accept_mask)) return -1;
+    *type = h.type;
+    size_t len = kvt__pd_payload(h.type);
+    return len ? kvt__read_full(fd, payload, len) : 0;
+}

@@ -1,0 +1,66 @@
+/* The PD control protocol's messages (docs/pd.md, "The control path"): one
+ * versioned header, then a payload of the type's own size. Little-endian.
+ *
+ *   header  magic u32 = "kvpd", version u16, type u16, length u32 (payload
+ *           bytes), pad u32                                            16 B
+ *   HELLO   rank u32, ranks u32, token u64                 sender -> decode
+ *   WELCOME pages u64, layer_bytes u64, layers u32, layout u32,
+ *           generation u32, pad u32, resume_from u64       decode -> sender
+ *   REQ     handoff u64, npages u64                        sender -> decode
+ *   DST     handoff u64, npages u64, status i32, pad u32,
+ *           then npages u32 page ids when status is 0      decode -> sender
+ *   DONE    handoff u64, npages u64, status i32, pad u32   sender -> decode
+ *   BYE     (none)                                         sender -> decode
+ *
+ * A peer whose first 32 bytes are not a HELLO of this version with the
+ * group's token is dropped. A header with a wrong magic, version, type or
+ * length ends the connection (a rank sending one has vanished). */
+#ifndef KVTIER_PD_WIRE_H
+#define KVTIER_PD_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVT_PD_MAGIC 0x6470766bu /* "kvpd" little-endian */
+#define KVT_PD_VERSION 3
+
+enum { KVT_PD_HELLO = 1, KVT_PD_WELCOME = 2, KVT_PD_REQ = 3, KVT_PD_DST = 4, KVT_PD_DONE = 5, KVT_PD_BYE = 6 };
+
+typedef struct kvt__pd_hdr {
+    uint32_t magic;
+    uint16_t version, type;
+    uint32_t length, pad;
+} kvt__pd_hdr_t;
+
+typedef struct kvt__pd_hello {
+    uint32_t rank, ranks;
+    uint64_t token;
+} kvt__pd_hello_t;
+
+typedef struct kvt__pd_welcome {
+    uint64_t pages, layer_bytes;
+    uint32_t layers, layout, generation, pad;
+    uint64_t resume_from;
+} kvt__pd_welcome_t;
+
+/* REQ, DST and DONE. */
+typedef struct kvt__pd_op {
+    uint64_t handoff, npages;
+    int32_t status, pad;
+} kvt__pd_op_t;
+
+/* The payload size of a type (DST: without its page list); 0 for BYE,
+ * SIZE_MAX for an unknown type. */
+size_t kvt__pd_payload(unsigned type);
+/* Writes header + payload (+ extra, extra_len bytes) on a blocking socket. 0 or -1. */
+int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, size_t extra_len);
+/* Reads one message of an expected type set (bit 1 << type) into payload
+ * (which holds kvt__pd_payload(type) bytes); *type gets it. A DST's page
+ * list is left to the caller. 0, or -1 (EOF, error, or a bad header). */
+int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload);
+/* A header as it should be for (type, payload length). */
+kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length);
+/* True when h is a header of this protocol, version, a type in mask and the right length. */
+int kvt__pd_header_ok(const kvt__pd_hdr_t *h, unsigned accept_mask);
+
+#endif
