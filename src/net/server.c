@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "kvtier/net.h"
 #include "../core/mem-int.h"
@@ -248,9 +249,10 @@ void kvt_net_server_destroy(kvt_net_server_t *s) {
 }
 
 int kvt_net_server_stats(kvt_net_server_t *s, kvt_net_server_stats_t *st) {
-    if (s == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+    if (s == NULL || st == NULL) return KVT_EINVAL;
     pthread_mutex_lock(&s->mu);
-    *st = s->st;
+    kvt_net_server_stats_t full = s->st;
     pthread_mutex_unlock(&s->mu);
-    return KVT_OK;
+    full.size = sizeof(full);
+    return kvt__abi_out(st, &full, sizeof(full));
 }

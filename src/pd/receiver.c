@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
 #include "../net/wire.h"
@@ -346,10 +347,9 @@ static void *control_main(void *arg) {
 /* ---- the public calls ------------------------------------------------------------- */
 
 static int fill_config(kvt_pd_receiver_config_t *c, const kvt_pd_receiver_config_t *in) {
-    if (in == NULL || in->size < offsetof(kvt_pd_receiver_config_t, max_live)) return KVT_EINVAL;
+    /* the ABI rule (src/core/abi-int.h), and the fields up to max_live are required */
     memset(c, 0, sizeof(*c));
-    memcpy(c, in, in->size < sizeof(*c) ? in->size : sizeof(*c)); /* an older, smaller struct: the rest defaults */
-    c->size = sizeof(*c);
+    if (in == NULL || in->size < offsetof(kvt_pd_receiver_config_t, max_live) || kvt__abi_in(c, sizeof(*c), in) != KVT_OK) return KVT_EINVAL;
     if (c->host == NULL) c->host = "127.0.0.1";
     if (!c->timeout_ms) c->timeout_ms = 10000;
     if (!c->join_timeout_ms) c->join_timeout_ms = 20000;
@@ -484,8 +484,11 @@ int kvt_pd_receiver_release(kvt_pd_receiver_t *r, uint64_t handoff) {
     return KVT_OK;
 }
 
-int kvt_pd_receiver_stats(kvt_pd_receiver_t *r, kvt_pd_stats_t *st) {
-    if (r == NULL || st == NULL || st->size < sizeof(*st)) return KVT_EINVAL;
+int kvt_pd_receiver_stats(kvt_pd_receiver_t *r, kvt_pd_stats_t *out) {
+    if (r == NULL || out == NULL) return KVT_EINVAL;
+    /* large (histograms): built off the stack, then copied as far as out reaches */
+    kvt_pd_stats_t *st = KVT_NEW(kvt_pd_stats_t);
+    if (st == NULL) return KVT_ENOMEM;
     kvt_net_server_stats_t ss = {.size = sizeof(ss)};
     kvt_extalloc_stats_t as = {.size = sizeof(as)};
     kvt_net_server_stats(r->srv, &ss);
@@ -499,5 +502,8 @@ int kvt_pd_receiver_stats(kvt_pd_receiver_t *r, kvt_pd_stats_t *st) {
     st->data_silent_peers = ss.awaiting_hello;
     snprintf(st->data_last_error, sizeof(st->data_last_error), "%s", ss.last_error);
     kvt__pd_pick_straggler(st);
-    return KVT_OK;
+    st->size = sizeof(*st);
+    int rc = kvt__abi_out(out, st, sizeof(*st));
+    KVT_DELETE(st);
+    return rc;
 }

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
 #include "../net/wire.h"
@@ -98,10 +99,9 @@ static int link_to(kvt_pd_sender_t *s, uint16_t dport, uint16_t cport, bool newe
 }
 
 static int fill_config(kvt_pd_sender_config_t *c, const kvt_pd_sender_config_t *in) {
-    if (in == NULL || in->size < offsetof(kvt_pd_sender_config_t, streams)) return KVT_EINVAL;
+    /* the ABI rule (src/core/abi-int.h), and the fields up to streams are required */
     memset(c, 0, sizeof(*c));
-    memcpy(c, in, in->size < sizeof(*c) ? in->size : sizeof(*c)); /* an older, smaller struct: the rest defaults */
-    c->size = sizeof(*c);
+    if (in == NULL || in->size < offsetof(kvt_pd_sender_config_t, streams) || kvt__abi_in(c, sizeof(*c), in) != KVT_OK) return KVT_EINVAL;
     if (!c->max_batch_bytes) c->max_batch_bytes = 16ull << 20;
     if (!c->welcome_timeout_ms) c->welcome_timeout_ms = 20000;
     if (c->welcome_timeout_ms > 3600000) c->welcome_timeout_ms = 3600000;
