@@ -6,7 +6,7 @@
  * closed), then receives each run straight into the tier and acknowledges it
  * once its bytes are in place. One thread per connection; a peer that sends
  * anything malformed is counted, logged in last_error, and disconnected —
- * the server goes on serving the others. The protocol: src/net/wire.h,
+ * the server goes on serving the others. The protocol: src/sock/wire.h,
  * docs/pd.md.
  *
  * Threads: create and destroy on one thread; the server runs its own

@@ -1,20 +1,23 @@
 /* The library's version (include/kvtier/version.h). */
 #include "kvtier/version.h"
 
-#include "kvtier/net.h"
-#include "kvtier/tier.h"
-
 #define KVT_STR_(x) #x
 #define KVT_STR(x) KVT_STR_(x)
 #define KVT_VERSION_TEXT KVT_STR(KVT_VERSION_MAJOR) "." KVT_STR(KVT_VERSION_MINOR) "." KVT_STR(KVT_VERSION_PATCH)
 
 unsigned kvt_version(void) { return KVT_VERSION_NUMBER; }
 
-const char *kvt_version_string(void) {
-    /* the four combinations, so that no buffer or lock is needed */
-    static const char *const text[2][2] = {
-        {KVT_VERSION_TEXT " (cuda: no, ucx: no)", KVT_VERSION_TEXT " (cuda: no, ucx: yes)"},
-        {KVT_VERSION_TEXT " (cuda: yes, ucx: no)", KVT_VERSION_TEXT " (cuda: yes, ucx: yes)"},
-    };
-    return text[kvt_tier_cuda_built()][kvt_net_ucx_built()];
-}
+/* What this build has, from the build's own definitions (core calls no
+ * module above it). */
+#ifdef KVT_HAVE_CUDA
+#define KVT_CUDA_TEXT "yes"
+#else
+#define KVT_CUDA_TEXT "no"
+#endif
+#ifdef KVT_HAVE_UCX
+#define KVT_UCX_TEXT "yes"
+#else
+#define KVT_UCX_TEXT "no"
+#endif
+
+const char *kvt_version_string(void) { return KVT_VERSION_TEXT " (cuda: " KVT_CUDA_TEXT ", ucx: " KVT_UCX_TEXT ")"; }

@@ -1,4 +1,7 @@
-/* Private to the page servers (server.c: tcp; ucx_server.c: UCX). */
+/* Private to the page servers: one backend per transport behind a small
+ * table (server.c: tcp; ucx_server.c: UCX). They reach the tier through its
+ * public API only: the region [base, base + bytes) of a host-visible tier,
+ * taken at create. */
 #ifndef KVTIER_NET_INT_H
 #define KVTIER_NET_INT_H
 
@@ -7,13 +10,28 @@
 #include <stdbool.h>
 
 #include "kvtier/net.h"
-#include "wire.h"
-#include "../tier/tier-int.h"
+#include "kvtier/tier.h"
+#include "../sock/wire.h"
 
 typedef struct sconn sconn_t;
 
+/* A transport: start listens on a (port 0: any) and sets s->port, or fails
+ * with nothing left; stop undoes start, joining its threads. */
+typedef struct kvt__server_ops {
+    const char *name;
+    int (*start)(kvt_net_server_t *s, const struct sockaddr_in *a);
+    void (*stop)(kvt_net_server_t *s);
+} kvt__server_ops_t;
+
+extern const kvt__server_ops_t kvt__server_tcp_ops;
+extern const kvt__server_ops_t kvt__server_ucx_ops; /* KVT_ENOTSUP without UCX */
+
 struct kvt_net_server {
     kvt_tier_t *t;
+    uint8_t *base;   /* the tier's bytes: page 0, layer 0 */
+    uint64_t bytes;  /* how many, contiguous */
+    kvt_geom_t geom;
+    const kvt__server_ops_t *ops;
     kvt_net_transport_t tr;
     int lfd;
     uint16_t port;
@@ -34,8 +52,5 @@ void kvt__net_count(kvt_net_server_t *s, uint64_t len);
 int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r);
 /* A run that lies inside the tier. */
 bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d);
-/* ucx_server.c: listens on a (port 0: any), sets s->port. */
-int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a);
-void kvt__ucx_server_stop(kvt_net_server_t *s);
 
 #endif

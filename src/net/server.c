@@ -21,9 +21,8 @@
 #include "kvtier/error.h"
 #include "kvtier/net.h"
 #include "../core/mem-int.h"
-#include "../tier/tier-int.h"
 #include "net-int.h"
-#include "wire.h"
+#include "../sock/wire.h"
 
 typedef struct sconn {
     struct sconn *next;
@@ -51,7 +50,7 @@ void kvt__net_count(kvt_net_server_t *s, uint64_t len) {
 }
 
 int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r) {
-    const kvt_geom_t *g = &s->t->cfg.geom;
+    const kvt_geom_t *g = &s->geom;
     *r = (kvt__wire_reply_t){KVT_OK, "ok"};
     if (len != sizeof(*h) || h->magic != KVT_WIRE_MAGIC || h->version != KVT_WIRE_VERSION) {
         r->status = KVT_EINVAL;
@@ -71,7 +70,7 @@ int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t
 }
 
 bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d) {
-    return d->len > 0 && d->len <= KVT_WIRE_MAX_DATA && d->off <= s->t->bytes && d->len <= s->t->bytes - d->off;
+    return d->len > 0 && d->len <= KVT_WIRE_MAX_DATA && d->off <= s->bytes && d->len <= s->bytes - d->off;
 }
 
 /* The hello: the writer's geometry must be the tier's. */
@@ -109,7 +108,7 @@ static void *conn_main(void *arg) {
                 kvt__net_note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", c->fd);
                 break;
             }
-            if (kvt__read_full(c->fd, s->t->base + d.off, d.len) != 0) break;
+            if (kvt__read_full(c->fd, s->base + d.off, d.len) != 0) break;
             /* counted before the ack: a reader that learns of the ack (through
              * whatever channel) and then reads the stats sees the bytes */
             kvt__net_count(s, d.len);
@@ -194,34 +193,57 @@ static void *accept_main(void *arg) {
     }
 }
 
+static int tcp_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
+    s->lfd = kvt__tcp_listen(a, &s->port);
+    if (s->lfd >= 0 && pthread_create(&s->accept_th, NULL, accept_main, s) == 0) return KVT_OK;
+    if (s->lfd >= 0) close(s->lfd);
+    return KVT_EIO;
+}
+
+static void tcp_stop(kvt_net_server_t *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_mutex_unlock(&s->mu);
+    shutdown(s->lfd, SHUT_RDWR); /* wakes accept */
+    pthread_join(s->accept_th, NULL);
+    close(s->lfd);
+    reap(s, true);
+}
+
+const kvt__server_ops_t kvt__server_tcp_ops = {"tcp", tcp_start, tcp_stop};
+
+/* The tier as one region of host memory, through its public API: refused
+ * when the CPU cannot write it (a cuda tier), or when it is not one region
+ * (an engine tier's planes, a network tier). */
+static int tier_region(kvt_tier_t *t, uint8_t **base, uint64_t *bytes) {
+    kvt_tier_info_t info = {.size = sizeof(info)};
+    const kvt_geom_t *g = kvt_tier_geom(t);
+    if (!kvt_tier_host_visible(t) || kvt_tier_kind(t) == KVT_TIER_ENGINE || kvt_tier_info(t, &info) != KVT_OK) return KVT_EINVAL;
+    *base = kvt_tier_addr(t, 0, 0);
+    *bytes = g->pages * kvt_geom_page_bytes(g);
+    return *base != NULL && info.bytes >= *bytes ? KVT_OK : KVT_EINVAL;
+}
+
 int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_tier_t *t, const char *host,
                           uint16_t port) {
-    if (out == NULL || t == NULL || t->base == NULL || host == NULL || (unsigned)tr > KVT_NET_UCX) return KVT_EINVAL;
+    uint8_t *base;
+    uint64_t bytes;
+    if (out == NULL || t == NULL || host == NULL || (unsigned)tr > KVT_NET_UCX || tier_region(t, &base, &bytes) != KVT_OK)
+        return KVT_EINVAL;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return KVT_EINVAL;
     if (tr == KVT_NET_UCX && !kvt_net_ucx_built()) return KVT_ENOTSUP;
     kvt_net_server_t *s = KVT_NEW(kvt_net_server_t);
     if (s == NULL) return KVT_ENOMEM;
-    s->t = t;
-    s->tr = tr;
+    *s = (kvt_net_server_t){.t = t, .base = base, .bytes = bytes, .geom = *kvt_tier_geom(t), .tr = tr,
+                            .ops = tr == KVT_NET_UCX ? &kvt__server_ucx_ops : &kvt__server_tcp_ops, .lfd = -1};
     s->st.size = sizeof(s->st);
     pthread_mutex_init(&s->mu, NULL);
-    if (tr == KVT_NET_UCX) {
-        int rc = kvt__ucx_server_start(s, &a);
-        if (rc != KVT_OK) {
-            pthread_mutex_destroy(&s->mu);
-            KVT_DELETE(s);
-            return rc;
-        }
-        *out = s;
-        return KVT_OK;
-    }
-    s->lfd = kvt__tcp_listen(&a, &s->port);
-    if (s->lfd < 0 || pthread_create(&s->accept_th, NULL, accept_main, s) != 0) {
-        if (s->lfd >= 0) close(s->lfd);
+    int rc = s->ops->start(s, &a);
+    if (rc != KVT_OK) {
         pthread_mutex_destroy(&s->mu);
         KVT_DELETE(s);
-        return KVT_EIO;
+        return rc;
     }
     *out = s;
     return KVT_OK;
@@ -231,19 +253,7 @@ uint16_t kvt_net_server_port(const kvt_net_server_t *s) { return s ? s->port : 0
 
 void kvt_net_server_destroy(kvt_net_server_t *s) {
     if (s == NULL) return;
-    if (s->tr == KVT_NET_UCX) {
-        kvt__ucx_server_stop(s);
-        pthread_mutex_destroy(&s->mu);
-        KVT_DELETE(s);
-        return;
-    }
-    pthread_mutex_lock(&s->mu);
-    s->stopping = true;
-    pthread_mutex_unlock(&s->mu);
-    shutdown(s->lfd, SHUT_RDWR); /* wakes accept */
-    pthread_join(s->accept_th, NULL);
-    close(s->lfd);
-    reap(s, true);
+    s->ops->stop(s);
     pthread_mutex_destroy(&s->mu);
     KVT_DELETE(s);
 }

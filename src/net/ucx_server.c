@@ -1,4 +1,4 @@
-/* The page server over UCX (UCP active messages); see src/net/ucx-int.h for
+/* The page server over UCX (UCP active messages); see src/sock/ucx-int.h for
  * the message ids. One progress thread owns the UCP worker: it accepts
  * connection requests, answers hellos, and receives runs — eager ones are
  * copied into the tier in the handler, rendezvous ones are received straight
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 
 #include "../core/mem-int.h"
-#include "ucx-int.h"
-#include "wire.h"
+#include "../sock/ucx-int.h"
+#include "../sock/wire.h"
 
 #define MAX_EPS 256
 
@@ -107,7 +107,7 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
         return UCS_ERR_INVALID_PARAM; /* eager: dropped; rendezvous: refused, the sender's request fails */
     }
     if (!rndv) { /* eager: the bytes are here, for the handler's duration */
-        memcpy(s->t->base + d->off, data, d->len);
+        memcpy(s->base + d->off, data, d->len);
         kvt__net_count(s, d->len);
         send_ack(param->reply_ep, d->len);
         return UCS_OK;
@@ -117,7 +117,7 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     *p = (pending_t){param->reply_ep, d->len, s};
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                               .cb.recv_am = rndv_done, .user_data = p};
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(u->worker, data, s->t->base + d->off, d->len, &rp);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(u->worker, data, s->base + d->off, d->len, &rp);
     if (r == NULL) { /* received at once */
         kvt__net_count(s, d->len);
         send_ack(p->ep, p->len);
@@ -167,7 +167,7 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
-int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
+static int ucx_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
     ucx_server_t *u = KVT_NEW(ucx_server_t);
     if (u == NULL) return KVT_ENOMEM;
     s->ucx = u;
@@ -192,7 +192,7 @@ int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
     return rc;
 }
 
-void kvt__ucx_server_stop(kvt_net_server_t *s) {
+static void ucx_stop(kvt_net_server_t *s) {
     ucx_server_t *u = s->ucx;
     atomic_store(&u->stop, true);
     ucp_worker_signal(u->worker);
@@ -207,11 +207,13 @@ void kvt__ucx_server_stop(kvt_net_server_t *s) {
 
 bool kvt_net_ucx_built(void) { return false; }
 
-int kvt__ucx_server_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
+static int ucx_start(kvt_net_server_t *s, const struct sockaddr_in *a) {
     (void)s;
     (void)a;
     return KVT_ENOTSUP;
 }
 
-void kvt__ucx_server_stop(kvt_net_server_t *s) { (void)s; }
+static void ucx_stop(kvt_net_server_t *s) { (void)s; }
 #endif
+
+const kvt__server_ops_t kvt__server_ucx_ops = {"ucx", ucx_start, ucx_stop};

@@ -45,7 +45,7 @@
 #include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
-#include "../net/wire.h"
+#include "../sock/wire.h"
 #include "pd-int.h"
 
 static uint64_t now_ns(void) {

@@ -22,7 +22,7 @@
 #include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
-#include "../net/wire.h"
+#include "../sock/wire.h"
 #include "pd-int.h"
 
 struct kvt_pd_sender {

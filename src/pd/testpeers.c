@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "kvtier/error.h"
-#include "../net/wire.h"
+#include "../sock/wire.h"
 #include "pd-int.h"
 
 static int peer(kvt_pd_receiver_t *r, uint16_t port) {

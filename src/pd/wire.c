@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "../net/wire.h"
+#include "../sock/wire.h"
 
 size_t kvt__pd_payload(unsigned type) {
     switch (type) {

@@ -1,4 +1,4 @@
-/* The `tcp` tier: another process's tier, written over TCP (src/net/wire.h).
+/* The `tcp` tier: another process's tier, written over TCP (src/sock/wire.h).
  *
  * Each transfer worker opens its own `streams` connections (a copy context)
  * and says hello on each; the server refuses a geometry that is not its
@@ -30,75 +30,9 @@
 #include "kvtier/error.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
-#include "../net/wire.h"
+#include "../sock/wire.h"
 
 #define MAX_STREAMS 64
-
-int kvt__read_full(int fd, void *buf, size_t len) {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t r = read(fd, p, len);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        p += r;
-        len -= (size_t)r;
-    }
-    return 0;
-}
-
-int kvt__write_full(int fd, const void *buf, size_t len) {
-    const uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t w = send(fd, p, len, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-int kvt__parse_addr(const char *addr, struct sockaddr_in *sa) {
-    char host[64];
-    const char *colon = addr ? strrchr(addr, ':') : NULL;
-    if (colon == NULL || (size_t)(colon - addr) >= sizeof(host)) return -1;
-    char *end;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (colon[1] < '0' || colon[1] > '9' || *end != '\0' || port > 65535) return -1; /* digits only: no blank, no sign */
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = '\0';
-    *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
-}
-
-int kvt__tcp_listen(const struct sockaddr_in *a, uint16_t *port) {
-    struct sockaddr_in b = *a;
-    socklen_t len = sizeof(b);
-    int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-        bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0 || listen(fd, 64) != 0 ||
-        getsockname(fd, (struct sockaddr *)&b, &len) != 0) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    *port = ntohs(b.sin_port);
-    return fd;
-}
-
-int kvt__tcp_connect(const char *addr) {
-    struct sockaddr_in sa;
-    if (kvt__parse_addr(addr, &sa) != 0) return -1;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(fd);
-        fd = -1;
-    }
-    if (fd >= 0) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    }
-    return fd;
-}
 
 typedef struct conn {
     int fd;

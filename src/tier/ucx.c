@@ -1,5 +1,5 @@
 /* The `ucx` tier: another process's tier, written with UCX active messages
- * (src/net/ucx-int.h). The same contract as the `tcp` tier: each transfer
+ * (src/sock/ucx-int.h). The same contract as the `tcp` tier: each transfer
  * worker has its own UCP context, worker and endpoint (a copy context); a
  * copy sends every span as one DATA message (UCX picks eager or rendezvous,
  * and the server receives rendezvous data straight into place), keeps them
@@ -21,8 +21,8 @@
 #include <time.h>
 
 #include "../core/mem-int.h"
-#include "../net/ucx-int.h"
-#include "../net/wire.h"
+#include "../sock/ucx-int.h"
+#include "../sock/wire.h"
 
 #define WAIT_NS (30ull * 1000000000ull)
 
@@ -38,41 +38,6 @@ typedef struct ucx_ctx {
     size_t cap;
 } ucx_ctx_t;
 
-
-int kvt__ucx_worker(ucp_context_h *ctx, ucp_worker_h *worker, ucs_thread_mode_t mode) {
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
-    *ctx = NULL;
-    *worker = NULL;
-    if (ucp_init(&p, NULL, ctx) != UCS_OK) return KVT_EIO;
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = mode};
-    if (ucp_worker_create(*ctx, &wp, worker) != UCS_OK) {
-        ucp_cleanup(*ctx);
-        *ctx = NULL;
-        return KVT_EIO;
-    }
-    return KVT_OK;
-}
-
-int kvt__ucx_on(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void *arg) {
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                 .id = id, .cb = cb, .arg = arg};
-    return ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK ? KVT_OK : KVT_EIO;
-}
-
-void kvt__ucx_fini(ucp_context_h ctx, ucp_worker_h worker) {
-    if (worker) ucp_worker_destroy(worker);
-    if (ctx) ucp_cleanup(ctx);
-}
-
-void kvt__ucx_close_ep(ucp_worker_h worker, ucp_ep_h ep) {
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (r == NULL || UCS_PTR_IS_ERR(r)) return;
-    uint64_t t0 = kvt_now_ns();
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && kvt_now_ns() - t0 < 2000000000ull) ucp_worker_progress(worker);
-    ucp_request_free(r);
-}
 
 static ucs_status_t on_reply(void *arg, const void *header, size_t header_length, void *data, size_t length,
                              const ucp_am_recv_param_t *param) {

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,6 @@
 #include "kvtier/net.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
-#include "net/wire.h"
 
 #define MAX_REPS 32
 
@@ -63,18 +63,54 @@ static pid_t page_receiver(int transport, uint64_t pages, uint64_t pb, uint16_t 
     return pid;
 }
 
+/* The baseline's own socket code: plain POSIX, nothing of kvtier's (a
+ * baseline that shared the measured code would measure nothing). */
+static int raw_send_all(int fd, const void *p, size_t n) {
+    for (const char *c = p; n > 0;) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        c += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int raw_recv_all(int fd, void *p, size_t n) {
+    for (char *c = p; n > 0;) {
+        ssize_t r = recv(fd, c, n, MSG_WAITALL);
+        if (r <= 0) return -1;
+        c += r, n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int raw_connect(uint16_t port) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0)
+        return fd;
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
 /* A child reading `bytes` per round from one socket, acknowledging each. */
 static pid_t raw_receiver(uint64_t bytes, uint16_t *port) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int lfd = kvt__tcp_listen(&a, port);
-    if (lfd < 0) return -1;
+    socklen_t alen = sizeof(a);
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(lfd, 1) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) {
+        if (lfd >= 0) close(lfd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
     pid_t pid = fork();
     if (pid == 0) {
         int fd = accept(lfd, NULL, NULL);
         uint8_t *buf = malloc(bytes);
         if (buf) memset(buf, 0, bytes); /* faulted in, as the page receiver's tier is after its first run */
         char ack = 1;
-        while (fd >= 0 && buf && kvt__read_full(fd, buf, bytes) == 0 && kvt__write_full(fd, &ack, 1) == 0) {
+        while (fd >= 0 && buf && raw_recv_all(fd, buf, bytes) == 0 && raw_send_all(fd, &ack, 1) == 0) {
         }
         _exit(0);
     }
@@ -113,9 +149,8 @@ int cmd_bench_pd(int argc, char **argv) {
     uint16_t port = 0, raw_port = 0;
     int keep = -1;
     pid_t rx = page_receiver(transport, pages, pb, &port, &keep), raw = raw_receiver(bytes, &raw_port);
-    char addr[64], raddr[64];
+    char addr[64];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
-    snprintf(raddr, sizeof(raddr), "127.0.0.1:%u", raw_port);
     kvt_tier_t *t[2] = {NULL, NULL};
     kvt_tier_config_t sc = {.size = sizeof(sc), .kind = KVT_TIER_ARENA, .name = "prefill", .geom = {pages, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
     kvt_tier_config_t rc_ = {.size = sizeof(rc_), .kind = transport == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP, .name = addr, .streams = (uint32_t)streams,
@@ -126,7 +161,7 @@ int cmd_bench_pd(int argc, char **argv) {
     xc.max_batch_bytes = 16ull << 20;
     kvt_xfer_copy_t *cp = malloc(pages * sizeof(*cp));
     uint8_t *buf = malloc(bytes);
-    int rfd = raw > 0 ? kvt__tcp_connect(raddr) : -1;
+    int rfd = raw > 0 ? raw_connect(raw_port) : -1;
     int rc = rx > 0 && raw > 0 && rfd >= 0 && cp && buf ? KVT_OK : KVT_EIO;
     if (rc == KVT_OK) rc = kvt_tier_create(&t[0], &sc);
     if (rc == KVT_OK) rc = kvt_tier_create(&t[1], &rc_);
@@ -147,7 +182,7 @@ int cmd_bench_pd(int argc, char **argv) {
         eng[r] = (double)bytes / (double)(now_ns() - t0);
         t0 = now_ns();
         char ack;
-        if (rc == KVT_OK && (kvt__write_full(rfd, buf, bytes) != 0 || kvt__read_full(rfd, &ack, 1) != 0)) rc = KVT_EIO;
+        if (rc == KVT_OK && (raw_send_all(rfd, buf, bytes) != 0 || raw_recv_all(rfd, &ack, 1) != 0)) rc = KVT_EIO;
         rawg[r] = (double)bytes / (double)(now_ns() - t0);
     }
     if (rfd >= 0) close(rfd);

@@ -14,7 +14,7 @@
 #include "kvtier/net.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
-#include "net/wire.h"
+#include "sock/wire.h"
 
 #define PAGES 96
 #define LAYERS 2
@@ -263,4 +263,30 @@ Test(net, ucx_runs_land_in_place, .timeout = 60) {
 Test(net, ucx_wrong_geometry_is_refused, .timeout = 60) {
     ucx_env();
     wrong_geometry(KVT_NET_UCX);
+}
+
+/* The page server takes only a tier the CPU can write as one region: not a
+ * network tier, not an engine tier's planes. Through the public tier API. */
+Test(net, serves_only_one_host_visible_region) {
+    kvt_tier_t *remote = NULL, *eng = NULL, *arena = NULL;
+    kvt_tier_config_t rc = {.size = sizeof(rc), .kind = KVT_TIER_TCP, .name = "127.0.0.1:9", .geom = {8, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&remote, &rc), KVT_OK);
+    static uint8_t k[8 * 256], v[8 * 256];
+    void *kl[1] = {k}, *vl[1] = {v};
+    kvt_tier_engine_t e = {.planes = 2,
+                           .plane = {{.layer_base = kl, .piece_bytes = 256, .page_stride = 256},
+                                     {.layer_base = vl, .piece_bytes = 256, .page_stride = 256}}};
+    kvt_tier_config_t ec = {.size = sizeof(ec), .kind = KVT_TIER_ENGINE, .engine = &e, .geom = {8, 1, 0, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&eng, &ec), KVT_OK);
+    kvt_tier_config_t ac = {.size = sizeof(ac), .kind = KVT_TIER_ARENA, .geom = {8, 1, 512, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&arena, &ac), KVT_OK);
+    kvt_net_server_t *s = NULL;
+    cr_assert_eq(kvt_net_server_create(&s, KVT_NET_TCP, remote, "127.0.0.1", 0), KVT_EINVAL, "not host-visible");
+    cr_assert_eq(kvt_net_server_create(&s, KVT_NET_TCP, eng, "127.0.0.1", 0), KVT_EINVAL, "two planes, not one region");
+    cr_assert_null(s);
+    cr_assert_eq(kvt_net_server_create(&s, KVT_NET_TCP, arena, "127.0.0.1", 0), KVT_OK);
+    kvt_net_server_destroy(s);
+    kvt_tier_destroy(arena);
+    kvt_tier_destroy(eng);
+    kvt_tier_destroy(remote);
 }

@@ -14,7 +14,7 @@
 #include "kvtier/error.h"
 #include "kvtier/pd.h"
 #include "kvtier/tier.h"
-#include "net/wire.h"
+#include "sock/wire.h"
 #include "pd/wire.h"
 
 #define POOL 160

@@ -13,8 +13,8 @@
  * The server refuses a hello whose geometry is not its tier's, and closes a
  * connection that sends anything malformed (bad magic, a range outside the
  * tier, a length over KVT_WIRE_MAX_DATA) — it never crashes on a peer. */
-#ifndef KVTIER_NET_WIRE_H
-#define KVTIER_NET_WIRE_H
+#ifndef KVTIER_SOCK_WIRE_H
+#define KVTIER_SOCK_WIRE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -9,8 +9,8 @@
  *
  * Every writer message asks for a reply endpoint (UCP_AM_SEND_FLAG_REPLY).
  */
-#ifndef KVTIER_NET_UCX_INT_H
-#define KVTIER_NET_UCX_INT_H
+#ifndef KVTIER_SOCK_UCX_INT_H
+#define KVTIER_SOCK_UCX_INT_H
 
 #ifdef KVT_HAVE_UCX
 #include <ucp/api/ucp.h>
