@@ -11,6 +11,7 @@
 #include "kvtier/net.h"
 #include "kvtier/pd.h"
 #include "kvtier/radix.h"
+#include "kvtier/rng.h"
 #include "kvtier/stats.h"
 #include "kvtier/tier.h"
 #include "kvtier/version.h"

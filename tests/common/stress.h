@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "cache/cache-int.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
 #include "kvtier/tier.h"
@@ -43,7 +43,7 @@ typedef struct stress_counts {
 } stress_counts_t;
 
 typedef struct stress {
-    kvt__rng_t rng;
+    kvt_rng_t rng;
     kvt_tier_t *tier[2];
     kvt_xfer_t *xf;
     kvt_cache_t *c;
@@ -73,8 +73,8 @@ static bool st_is_corrupt(const stress_t *s, uint32_t l2, const kvt_hash128_t *h
 
 /* A request: family f's tokens, diverging from the family at page `div`. */
 static uint32_t st_request(stress_t *s, int32_t *tok) {
-    uint32_t fam = (uint32_t)kvt__rng_below(&s->rng, 5), n = 1 + (uint32_t)kvt__rng_below(&s->rng, ST_MAXP);
-    uint32_t div = (uint32_t)kvt__rng_below(&s->rng, n + 1), salt = (uint32_t)kvt__rng_below(&s->rng, 4);
+    uint32_t fam = (uint32_t)kvt_rng_below(&s->rng, 5), n = 1 + (uint32_t)kvt_rng_below(&s->rng, ST_MAXP);
+    uint32_t div = (uint32_t)kvt_rng_below(&s->rng, n + 1), salt = (uint32_t)kvt_rng_below(&s->rng, 4);
     for (uint32_t i = 0; i < n * ST_PT; i++) tok[i] = (int32_t)(fam * 100000 + (i / ST_PT >= div ? salt * 1000 + 500 : 0) + i);
     return n;
 }
@@ -121,7 +121,7 @@ static int st_admit(stress_t *s, stress_counts_t *n) {
     for (uint64_t j = req->pages - req->new_pages; j < req->pages; j++)
         kvt_tier_pattern_fill(s->tier[0], s->held_ids[k][j], s->held_hash[k][j].lo, s->held_hash[k][j].hi, s->buf);
     n->admits++;
-    if (kvt__rng_below(&s->rng, 3) != 0) kvt_cache_commit(s->c, req);
+    if (kvt_rng_below(&s->rng, 3) != 0) kvt_cache_commit(s->c, req);
     s->nheld++;
     return 0;
 }
@@ -166,24 +166,24 @@ static int stress_run(uint64_t seed, int steps, stress_counts_t *n, char *err, s
     static stress_t st;
     stress_t *s = &st;
     memset(s, 0, sizeof(*s));
-    kvt__rng_seed(&s->rng, seed);
-    s->layers = 1 + (uint32_t)kvt__rng_below(&s->rng, 3);
-    s->layer_bytes = 8 + kvt__rng_below(&s->rng, 40); /* odd sizes too */
+    kvt_rng_seed(&s->rng, seed);
+    s->layers = 1 + (uint32_t)kvt_rng_below(&s->rng, 3);
+    s->layer_bytes = 8 + kvt_rng_below(&s->rng, 40); /* odd sizes too */
     s->buf = malloc(s->layer_bytes);
-    uint64_t l1 = 48 + kvt__rng_below(&s->rng, 32), l2 = 32 + kvt__rng_below(&s->rng, 96);
+    uint64_t l1 = 48 + kvt_rng_below(&s->rng, 32), l2 = 32 + kvt_rng_below(&s->rng, 96);
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .name = "l1",
-                            .geom = {l1, s->layers, s->layer_bytes, (kvt_layout_t)kvt__rng_below(&s->rng, 2)}};
+                            .geom = {l1, s->layers, s->layer_bytes, (kvt_layout_t)kvt_rng_below(&s->rng, 2)}};
     int rc = kvt_tier_create(&s->tier[0], &tc);
     tc.kind = KVT_TIER_HOST;
     tc.name = "l2";
     tc.flags = KVT_TIER_CHECKSUM;
     tc.geom.pages = l2;
-    tc.geom.layout = (kvt_layout_t)kvt__rng_below(&s->rng, 2);
+    tc.geom.layout = (kvt_layout_t)kvt_rng_below(&s->rng, 2);
     if (rc == KVT_OK) rc = kvt_tier_create(&s->tier[1], &tc);
     kvt_xfer_config_t xc;
     kvt_xfer_config_default(&xc);
     xc.threads = 2;
-    xc.max_batch_bytes = (1 + kvt__rng_below(&s->rng, 4)) * s->layers * s->layer_bytes; /* items of 1-4 pages */
+    xc.max_batch_bytes = (1 + kvt_rng_below(&s->rng, 4)) * s->layers * s->layer_bytes; /* items of 1-4 pages */
     if (rc == KVT_OK) rc = kvt_xfer_create(&s->xf, &xc, s->tier, 2);
     kvt_xfer_faults_t f = {.fail_p = 0.04, .delay_p = 0.3, .delay_max_ns = 300000, .seed = seed};
     if (rc == KVT_OK) rc = kvt_xfer_set_faults(s->xf, &f);
@@ -192,11 +192,11 @@ static int stress_run(uint64_t seed, int steps, stress_counts_t *n, char *err, s
     cfg.page_tokens = ST_PT;
     cfg.l1_pages = l1;
     cfg.l2_pages = l2;
-    cfg.policy = (kvt_policy_t)kvt__rng_below(&s->rng, KVT_POLICY_COUNT_);
-    cfg.write_policy = (kvt_write_policy_t)kvt__rng_below(&s->rng, KVT_WRITE_POLICY_COUNT_);
-    cfg.write_through_hits = 1 + (uint32_t)kvt__rng_below(&s->rng, 2);
-    cfg.l1_free_room = 0.1 * (double)kvt__rng_below(&s->rng, 3);
-    cfg.l2_free_room = 0.1 * (double)kvt__rng_below(&s->rng, 3);
+    cfg.policy = (kvt_policy_t)kvt_rng_below(&s->rng, KVT_POLICY_COUNT_);
+    cfg.write_policy = (kvt_write_policy_t)kvt_rng_below(&s->rng, KVT_WRITE_POLICY_COUNT_);
+    cfg.write_through_hits = 1 + (uint32_t)kvt_rng_below(&s->rng, 2);
+    cfg.l1_free_room = 0.1 * (double)kvt_rng_below(&s->rng, 3);
+    cfg.l2_free_room = 0.1 * (double)kvt_rng_below(&s->rng, 3);
     if (rc == KVT_OK) rc = kvt_cache_create(&s->c, &cfg);
     if (rc == KVT_OK) rc = kvt_cache_attach(s->c, s->xf, s->tier[0], 0, s->tier[1], 1);
     if (rc != KVT_OK || s->buf == NULL) {
@@ -205,9 +205,9 @@ static int stress_run(uint64_t seed, int steps, stress_counts_t *n, char *err, s
     }
     int res = 0;
     for (int t = 0; t < steps && res == 0; t++) {
-        uint64_t op = kvt__rng_below(&s->rng, 100);
+        uint64_t op = kvt_rng_below(&s->rng, 100);
         if (op < 45 && s->nheld < ST_HELD) res = st_admit(s, n);
-        else if (op < 75 && s->nheld > 0) st_release(s, (int)kvt__rng_below(&s->rng, (uint64_t)s->nheld));
+        else if (op < 75 && s->nheld > 0) st_release(s, (int)kvt_rng_below(&s->rng, (uint64_t)s->nheld));
         else if (op < 88) kvt_cache_poll(s->c);
         else if (op < 93) kvt_cache_restore_room(s->c);
         else if (op < 96) st_corrupt(s);

@@ -29,7 +29,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "util.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "kvtier/stats.h"
@@ -78,19 +78,19 @@ static void mark(uint8_t *map, const kvt_run_t *runs, size_t k, uint8_t v) {
     for (size_t i = 0; i < k; i++) memset(map + runs[i].start, v, runs[i].len);
 }
 
-static uint64_t log_uniform(kvt__rng_t *rng, uint64_t max) {
-    uint64_t v = (uint64_t)exp(kvt__rng_unit(rng) * log((double)max + 1));
+static uint64_t log_uniform(kvt_rng_t *rng, uint64_t max) {
+    uint64_t v = (uint64_t)exp(kvt_rng_unit(rng) * log((double)max + 1));
     return v < 1 ? 1 : v > max ? max : v;
 }
 
 /* ---- building the fragmented pool ---- */
 
-static void build_random(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt__rng_t *rng) {
+static void build_random(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_rng_t *rng) {
     die_on(kvt_extalloc_reserve_at(a, (kvt_run_t){0, (uint32_t)p->pages}), "reserve pool");
     memset(map, 1, p->pages);
     uint64_t target = (uint64_t)(p->fragment * (double)p->pages), freed = 0;
     while (freed < target) {
-        uint64_t pg = kvt__rng_below(rng, p->pages);
+        uint64_t pg = kvt_rng_below(rng, p->pages);
         if (!map[pg]) continue;
         die_on(kvt_extalloc_free(a, &(kvt_run_t){(uint32_t)pg, 1}, 1), "free");
         map[pg] = 0;
@@ -98,14 +98,14 @@ static void build_random(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt
     }
 }
 
-static void build_mixed(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt__rng_t *rng) {
+static void build_mixed(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_rng_t *rng) {
     die_on(kvt_extalloc_reserve_at(a, (kvt_run_t){0, (uint32_t)p->pages}), "reserve pool");
     memset(map, 1, p->pages);
     uint64_t target = (uint64_t)(p->fragment * (double)p->pages), freed = 0;
     while (freed < target) {
         uint64_t len = log_uniform(rng, MAX_HOLE);
         if (len > p->pages) len = p->pages;
-        uint64_t start = kvt__rng_below(rng, p->pages - len + 1);
+        uint64_t start = kvt_rng_below(rng, p->pages - len + 1);
         /* free the reserved pieces of [start, start+len), up to the target */
         for (uint64_t q = start; q < start + len && freed < target;) {
             if (!map[q]) {
@@ -127,7 +127,7 @@ typedef struct live {
     size_t k;
 } live_t;
 
-static void build_churn(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt__rng_t *rng) {
+static void build_churn(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_rng_t *rng) {
     size_t cap = 1024, n = 0;
     live_t *lv = xcalloc(cap, sizeof(*lv));
     kvt_run_t *tmp = xcalloc(MAX_HOLE, sizeof(kvt_run_t));
@@ -151,7 +151,7 @@ static void build_churn(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_
             free_pages -= sz;
             n++;
         } else {
-            size_t i = (size_t)kvt__rng_below(rng, n);
+            size_t i = (size_t)kvt_rng_below(rng, n);
             die_on(kvt_extalloc_free(a, lv[i].runs, lv[i].k), "free");
             mark(map, lv[i].runs, lv[i].k, 0);
             for (size_t r = 0; r < lv[i].k; r++) free_pages += lv[i].runs[r].len;
@@ -495,8 +495,8 @@ int cmd_bench_alloc(int argc, char **argv) {
     kvt_extalloc_t *a;
     die_on(kvt_extalloc_create(&a, p.pages), "create allocator");
     uint8_t *map = xcalloc(p.pages, 1);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, p.seed);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, p.seed);
     uint64_t t0 = now_ns();
     switch (p.pattern) {
     case PAT_RANDOM: build_random(a, map, &p, &rng); break;

@@ -11,13 +11,13 @@
 
 #include <cjson/cJSON.h>
 
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 
 void trace_block_tokens(uint32_t id, int32_t *out) {
     uint64_t x = (uint64_t)id << 9;
     for (int j = 0; j < TRACE_BLOCK_TOKENS; j++) {
         uint64_t s = x | (uint64_t)j;
-        out[j] = (int32_t)(kvt__splitmix64(&s) & 0x7fffffff);
+        out[j] = (int32_t)(kvt_splitmix64(&s) & 0x7fffffff);
     }
 }
 
@@ -218,8 +218,8 @@ void workload_default(workload_params_t *p) {
 }
 
 /* Rank in [0, n) with P(k) ~ 1 / (k+1)^s, by inversion of the CDF. */
-static uint32_t zipf(kvt__rng_t *rng, const double *cdf, uint32_t n) {
-    double u = kvt__rng_unit(rng) * cdf[n - 1];
+static uint32_t zipf(kvt_rng_t *rng, const double *cdf, uint32_t n) {
+    double u = kvt_rng_unit(rng) * cdf[n - 1];
     uint32_t lo = 0, hi = n - 1;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
@@ -253,8 +253,8 @@ static int sess_push(session_t *s, uint32_t id) {
  * answer adds 0-2 blocks to the history. A session lasts 1-8 turns. */
 int workload_generate(const workload_params_t *p, trace_t *t) {
     memset(t, 0, sizeof(*t));
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, p->seed);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, p->seed);
     uint32_t next_id = 0, np = p->system_prompts ? p->system_prompts : 1;
     double *cdf = malloc(np * sizeof(double));
     uint32_t **prompt = calloc(np, sizeof(uint32_t *)), *plen = calloc(np, sizeof(uint32_t));
@@ -262,7 +262,7 @@ int workload_generate(const workload_params_t *p, trace_t *t) {
     int rc = (cdf && prompt && plen && live) ? 0 : -1;
     for (uint32_t i = 0; i < np && rc == 0; i++) {
         cdf[i] = (i ? cdf[i - 1] : 0) + 1.0 / pow(i + 1.0, p->zipf_s);
-        plen[i] = 1 + (uint32_t)kvt__rng_below(&rng, 8);
+        plen[i] = 1 + (uint32_t)kvt_rng_below(&rng, 8);
         prompt[i] = malloc(plen[i] * sizeof(uint32_t));
         if (prompt[i] == NULL) rc = -1;
         for (uint32_t j = 0; prompt[i] && j < plen[i]; j++) prompt[i][j] = next_id++;
@@ -271,16 +271,16 @@ int workload_generate(const workload_params_t *p, trace_t *t) {
     uint64_t clock_ms = 0;
     for (uint64_t k = 0; k < p->requests && rc == 0; k++) {
         session_t *s;
-        if (nlive == 0 || (nlive < 64 && kvt__rng_below(&rng, 100) < 30)) { /* a new session */
+        if (nlive == 0 || (nlive < 64 && kvt_rng_below(&rng, 100) < 30)) { /* a new session */
             s = &live[nlive++];
             memset(s, 0, sizeof(*s));
             uint32_t sp = zipf(&rng, cdf, np);
             for (uint32_t j = 0; j < plen[sp] && rc == 0; j++) rc = sess_push(s, prompt[sp][j]);
-            s->turns_left = 1 + (uint32_t)kvt__rng_below(&rng, 8);
+            s->turns_left = 1 + (uint32_t)kvt_rng_below(&rng, 8);
         } else {
-            s = &live[kvt__rng_below(&rng, nlive)];
+            s = &live[kvt_rng_below(&rng, nlive)];
         }
-        uint32_t user = 1 + (uint32_t)kvt__rng_below(&rng, 4);
+        uint32_t user = 1 + (uint32_t)kvt_rng_below(&rng, 4);
         trace_req_t r = {0};
         r.nblocks = s->n + user;
         r.hash_ids = malloc(r.nblocks * sizeof(uint32_t));
@@ -290,9 +290,9 @@ int workload_generate(const workload_params_t *p, trace_t *t) {
         }
         memcpy(r.hash_ids, s->ids, s->n * sizeof(uint32_t));
         for (uint32_t j = 0; j < user; j++) r.hash_ids[s->n + j] = next_id++;
-        r.input_length = (uint64_t)r.nblocks * TRACE_BLOCK_TOKENS - kvt__rng_below(&rng, TRACE_BLOCK_TOKENS);
-        r.output_length = 16 + kvt__rng_below(&rng, 1024);
-        clock_ms += kvt__rng_below(&rng, 200);
+        r.input_length = (uint64_t)r.nblocks * TRACE_BLOCK_TOKENS - kvt_rng_below(&rng, TRACE_BLOCK_TOKENS);
+        r.output_length = 16 + kvt_rng_below(&rng, 1024);
+        clock_ms += kvt_rng_below(&rng, 200);
         r.timestamp_ms = clock_ms;
         if (push(t, &r) != 0) {
             free(r.hash_ids);
@@ -301,7 +301,7 @@ int workload_generate(const workload_params_t *p, trace_t *t) {
         }
         /* the turn's full blocks and the answer join the history */
         for (uint32_t j = s->n; j < r.nblocks - 1 && rc == 0; j++) rc = sess_push(s, r.hash_ids[j]);
-        uint32_t answer = (uint32_t)kvt__rng_below(&rng, 3);
+        uint32_t answer = (uint32_t)kvt_rng_below(&rng, 3);
         for (uint32_t j = 0; j < answer && rc == 0; j++) rc = sess_push(s, next_id++);
         if (--s->turns_left == 0) {
             free(s->ids);

@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "core/mem-int.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
@@ -48,8 +48,8 @@ static void assert_same_state(kvt_extalloc_t *a, const model_t *m, const char *c
     cr_assert_eq(kvt_extalloc_check(a, NULL), KVT_OK, "%s: check", ctx);
 }
 
-static uint64_t log_uniform(kvt__rng_t *rng, uint64_t max) {
-    uint64_t v = (uint64_t)exp(kvt__rng_unit(rng) * log((double)max + 1));
+static uint64_t log_uniform(kvt_rng_t *rng, uint64_t max) {
+    uint64_t v = (uint64_t)exp(kvt_rng_unit(rng) * log((double)max + 1));
     return v < 1 ? 1 : v > max ? max : v;
 }
 
@@ -57,8 +57,8 @@ static uint64_t log_uniform(kvt__rng_t *rng, uint64_t max) {
  * compared with the model. */
 static void fuzz(uint64_t pages, uint64_t ops, uint64_t seed) {
     fprintf(stderr, "extent fuzz: pages=%" PRIu64 " ops=%" PRIu64 " seed=%" PRIu64 "\n", pages, ops, seed);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, seed);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, seed);
     kvt_extalloc_t *a;
     cr_assert_eq(kvt_extalloc_create(&a, pages), KVT_OK);
     model_t m;
@@ -75,13 +75,13 @@ static void fuzz(uint64_t pages, uint64_t ops, uint64_t seed) {
          * fill level (and the cliff at both ends) is visited many times. */
         double target = 0.5 + 0.4 * sin((double)op / 2000.0), free_frac = (double)m.free / (double)pages;
         free_sum += free_frac;
-        uint64_t dice = kvt__rng_below(&rng, 100);
-        bool want_reserve = kvt__rng_below(&rng, 100) < (free_frac > target ? 85u : 15u);
+        uint64_t dice = kvt_rng_below(&rng, 100);
+        bool want_reserve = kvt_rng_below(&rng, 100) < (free_frac > target ? 85u : 15u);
         if (dice < 80) dice = want_reserve ? 0 : 60; /* reserve or free */
         else dice = dice - 80 + 40;                  /* 40..59: the other calls */
         if (dice < 40) { /* reserve */
             uint64_t n = log_uniform(&rng, pages / 8 + 1);
-            size_t max_runs = kvt__rng_below(&rng, 4) == 0 ? 1 + kvt__rng_below(&rng, 3) : 256;
+            size_t max_runs = kvt_rng_below(&rng, 4) == 0 ? 1 + kvt_rng_below(&rng, 3) : 256;
             size_t kg = 0, kw = 0;
             int rg = kvt_extalloc_reserve(a, n, got, max_runs, &kg);
             int rw = model_reserve(&m, n, want, max_runs, &kw);
@@ -112,8 +112,8 @@ static void fuzz(uint64_t pages, uint64_t ops, uint64_t seed) {
             }
         } else if (dice < 52) { /* reserve_at, often on reserved pages */
             uint64_t len = log_uniform(&rng, 64);
-            uint64_t start = kvt__rng_below(&rng, pages);
-            if (start + len > pages && kvt__rng_below(&rng, 2)) len = pages - start;
+            uint64_t start = kvt_rng_below(&rng, pages);
+            if (start + len > pages && kvt_rng_below(&rng, 2)) len = pages - start;
             kvt_run_t r = {(uint32_t)start, (uint32_t)len};
             int rg = kvt_extalloc_reserve_at(a, r);
             int rw = model_reserve_at(&m, r);
@@ -121,13 +121,13 @@ static void fuzz(uint64_t pages, uint64_t ops, uint64_t seed) {
                          kvt_err_name(rw));
             if (rg == KVT_OK) held_push(&held, r);
         } else if (dice >= 60 && held.n > 0) { /* free 1-8 held runs, maybe pieces of them */
-            size_t k = 1 + (size_t)kvt__rng_below(&rng, 8);
+            size_t k = 1 + (size_t)kvt_rng_below(&rng, 8);
             size_t nf = 0;
             for (size_t i = 0; i < k && held.n > 0; i++) {
-                kvt_run_t r = held_take(&held, (size_t)kvt__rng_below(&rng, held.n));
-                if (r.len > 1 && kvt__rng_below(&rng, 3) == 0) { /* free a middle piece, keep the ends */
-                    uint32_t a0 = (uint32_t)kvt__rng_below(&rng, r.len);
-                    uint32_t b0 = a0 + 1 + (uint32_t)kvt__rng_below(&rng, r.len - a0);
+                kvt_run_t r = held_take(&held, (size_t)kvt_rng_below(&rng, held.n));
+                if (r.len > 1 && kvt_rng_below(&rng, 3) == 0) { /* free a middle piece, keep the ends */
+                    uint32_t a0 = (uint32_t)kvt_rng_below(&rng, r.len);
+                    uint32_t b0 = a0 + 1 + (uint32_t)kvt_rng_below(&rng, r.len - a0);
                     if (a0 > 0) held_push(&held, (kvt_run_t){r.start, a0});
                     if (b0 < r.len) held_push(&held, (kvt_run_t){r.start + b0, r.len - b0});
                     r = (kvt_run_t){r.start + a0, b0 - a0};
@@ -141,17 +141,17 @@ static void fuzz(uint64_t pages, uint64_t ops, uint64_t seed) {
         } else if (dice < 60) { /* an invalid free: must fail and change nothing */
             kvt_run_t bad[3];
             size_t nb = 1;
-            int fault = (int)kvt__rng_below(&rng, 4);
-            if (fault == 0) bad[0] = (kvt_run_t){(uint32_t)kvt__rng_below(&rng, pages), 0};
+            int fault = (int)kvt_rng_below(&rng, 4);
+            if (fault == 0) bad[0] = (kvt_run_t){(uint32_t)kvt_rng_below(&rng, pages), 0};
             else if (fault == 1) bad[0] = (kvt_run_t){(uint32_t)(pages - 1), 2};
             else if (fault == 2 && m.free > 0) { /* a range containing a free page */
                 uint64_t p;
-                do p = kvt__rng_below(&rng, pages);
+                do p = kvt_rng_below(&rng, pages);
                 while (m.used[p]);
                 uint64_t lo = p > 3 ? p - 3 : 0;
                 bad[0] = (kvt_run_t){(uint32_t)lo, (uint32_t)(p - lo + 1)};
             } else if (held.n > 0) { /* the same held run twice */
-                bad[0] = bad[1] = held.r[kvt__rng_below(&rng, held.n)];
+                bad[0] = bad[1] = held.r[kvt_rng_below(&rng, held.n)];
                 nb = 2;
             } else {
                 continue;
@@ -248,13 +248,13 @@ Test(extent, deterministic) {
     kvt_extalloc_t *a, *b;
     cr_assert_eq(kvt_extalloc_create(&a, 5000), KVT_OK);
     cr_assert_eq(kvt_extalloc_create(&b, 5000), KVT_OK);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, 7);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, 7);
     held_t held = {0};
     kvt_run_t ra[64], rb[64];
     for (int op = 0; op < 50000; op++) {
-        if (kvt__rng_below(&rng, 2) || held.n == 0) {
-            uint64_t n = 1 + kvt__rng_below(&rng, 200);
+        if (kvt_rng_below(&rng, 2) || held.n == 0) {
+            uint64_t n = 1 + kvt_rng_below(&rng, 200);
             size_t ka = 0, kb = 0;
             int x = kvt_extalloc_reserve(a, n, ra, 64, &ka), y = kvt_extalloc_reserve(b, n, rb, 64, &kb);
             cr_assert_eq(x, y);
@@ -262,7 +262,7 @@ Test(extent, deterministic) {
             cr_assert(memcmp(ra, rb, ka * sizeof(kvt_run_t)) == 0, "op %d: instances disagree", op);
             for (size_t i = 0; i < ka; i++) held_push(&held, ra[i]);
         } else {
-            kvt_run_t r = held_take(&held, (size_t)kvt__rng_below(&rng, held.n));
+            kvt_run_t r = held_take(&held, (size_t)kvt_rng_below(&rng, held.n));
             cr_assert_eq(kvt_extalloc_free(a, &r, 1), KVT_OK);
             cr_assert_eq(kvt_extalloc_free(b, &r, 1), KVT_OK);
         }

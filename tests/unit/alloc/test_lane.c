@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "core/mem-int.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "model.h"
@@ -82,8 +82,8 @@ typedef struct alloc_rec {
 
 static void lane_fuzz(uint64_t pages, uint32_t lanes, int ops, uint64_t seed) {
     fprintf(stderr, "lane fuzz: pages=%" PRIu64 " lanes=%u seed=%" PRIu64 "\n", pages, lanes, seed);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, seed);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, seed);
     kvt_laneal_t *la;
     cr_assert_eq(kvt_laneal_create(&la, pages, lanes), KVT_OK);
     lane_model_t lm;
@@ -92,8 +92,8 @@ static void lane_fuzz(uint64_t pages, uint32_t lanes, int ops, uint64_t seed) {
     size_t nlive = 0;
     uint32_t *got = malloc(pages * sizeof(uint32_t)), *want = malloc(pages * sizeof(uint32_t));
     for (int op = 0; op < ops; op++) {
-        if (kvt__rng_below(&rng, 100) < 55 || nlive == 0) {
-            uint64_t n = 1 + kvt__rng_below(&rng, pages / 6 + 1);
+        if (kvt_rng_below(&rng, 100) < 55 || nlive == 0) {
+            uint64_t n = 1 + kvt_rng_below(&rng, pages / 6 + 1);
             int rg = kvt_laneal_reserve(la, n, got);
             int rw = lm_reserve(&lm, n, want);
             cr_assert_eq(rg, rw, "seed %" PRIu64 " op %d: reserve(%" PRIu64 ") %s, model %s", seed, op, n,
@@ -105,10 +105,10 @@ static void lane_fuzz(uint64_t pages, uint32_t lanes, int ops, uint64_t seed) {
                 live[nlive++].n = n;
             }
         } else {
-            size_t i = (size_t)kvt__rng_below(&rng, nlive);
+            size_t i = (size_t)kvt_rng_below(&rng, nlive);
             size_t n = live[i].n;
-            if (n > 1 && kvt__rng_below(&rng, 3) == 0) { /* free part of it */
-                size_t cut = 1 + (size_t)kvt__rng_below(&rng, n - 1);
+            if (n > 1 && kvt_rng_below(&rng, 3) == 0) { /* free part of it */
+                size_t cut = 1 + (size_t)kvt_rng_below(&rng, n - 1);
                 cr_assert_eq(kvt_laneal_free(la, live[i].p + cut, n - cut), KVT_OK);
                 lm_free(&lm, live[i].p + cut, n - cut);
                 live[i].n = cut;
@@ -170,13 +170,13 @@ Test(lane, balanced_load_keeps_lanes_within_one) {
     for (uint32_t lanes = 2; lanes <= 8; lanes++) {
         kvt_laneal_t *la;
         cr_assert_eq(kvt_laneal_create(&la, 1024 * lanes, lanes), KVT_OK);
-        kvt__rng_t rng;
-        kvt__rng_seed(&rng, lanes);
+        kvt_rng_t rng;
+        kvt_rng_seed(&rng, lanes);
         alloc_rec_t q[64];
         size_t head = 0, tail = 0;
         for (int op = 0; op < 20000; op++) {
-            if (tail - head < 64 && kvt__rng_below(&rng, 2)) {
-                uint64_t n = 1 + kvt__rng_below(&rng, 300);
+            if (tail - head < 64 && kvt_rng_below(&rng, 2)) {
+                uint64_t n = 1 + kvt_rng_below(&rng, 300);
                 uint32_t *p = malloc(n * sizeof(uint32_t));
                 if (kvt_laneal_reserve(la, n, p) == KVT_OK) q[tail++ % 64] = (alloc_rec_t){p, n};
                 else free(p);
@@ -201,12 +201,12 @@ Test(lane, one_lane_is_an_extent_allocator) {
     kvt_extalloc_t *a;
     cr_assert_eq(kvt_laneal_create(&la, 3000, 1), KVT_OK);
     cr_assert_eq(kvt_extalloc_create(&a, 3000), KVT_OK);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, 5);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, 5);
     uint32_t p[400];
     kvt_run_t r[400];
     for (int op = 0; op < 3000; op++) {
-        uint64_t n = 1 + kvt__rng_below(&rng, 200);
+        uint64_t n = 1 + kvt_rng_below(&rng, 200);
         size_t k;
         int x = kvt_laneal_reserve(la, n, p), y = kvt_extalloc_reserve(a, n, r, 400, &k);
         cr_assert_eq(x, y);

@@ -9,7 +9,7 @@
 #include <xxhash.h>
 
 #include "core/mem-int.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
 #include "cache/cache-int.h"
@@ -24,24 +24,24 @@ typedef struct stream {
     int32_t seq[256][MAXP * PT];
     uint32_t len[256];
     uint32_t n;
-    kvt__rng_t rng;
+    kvt_rng_t rng;
 } stream_t;
 
 static void stream_reset(stream_t *s, uint64_t seed) {
     memset(s, 0, sizeof(*s));
-    kvt__rng_seed(&s->rng, seed);
+    kvt_rng_seed(&s->rng, seed);
 }
 
 /* A new request: a random earlier one cut short and extended, or fresh. */
 static uint32_t next_request(stream_t *s, int32_t *out) {
-    uint32_t n = 1 + (uint32_t)kvt__rng_below(&s->rng, MAXP), keep = 0;
-    if (s->n > 0 && kvt__rng_below(&s->rng, 4) != 0) {
-        uint32_t j = (uint32_t)kvt__rng_below(&s->rng, s->n < 256 ? s->n : 256);
-        keep = (uint32_t)kvt__rng_below(&s->rng, s->len[j] + 1);
+    uint32_t n = 1 + (uint32_t)kvt_rng_below(&s->rng, MAXP), keep = 0;
+    if (s->n > 0 && kvt_rng_below(&s->rng, 4) != 0) {
+        uint32_t j = (uint32_t)kvt_rng_below(&s->rng, s->n < 256 ? s->n : 256);
+        keep = (uint32_t)kvt_rng_below(&s->rng, s->len[j] + 1);
         if (keep > n) n = keep;
         memcpy(out, s->seq[j], keep * PT * sizeof(int32_t));
     }
-    for (uint32_t i = keep * PT; i < n * PT; i++) out[i] = (int32_t)kvt__rng_below(&s->rng, 1 << 20);
+    for (uint32_t i = keep * PT; i < n * PT; i++) out[i] = (int32_t)kvt_rng_below(&s->rng, 1 << 20);
     uint32_t slot = s->n % 256;
     memcpy(s->seq[slot], out, n * PT * sizeof(int32_t));
     s->len[slot] = n;
@@ -151,7 +151,7 @@ Test(cache, lru_matches_an_independent_simulator, .timeout = 300) {
         for (uint64_t t = 1; t <= 1500; t++) {
             uint32_t n = next_request(&s, q);
             kvt_cache_req_t req;
-            cr_assert_eq(kvt_cache_admit(c, 0, q, (uint64_t)n * PT + kvt__rng_below(&s.rng, PT), 0, NULL, &req), KVT_OK);
+            cr_assert_eq(kvt_cache_admit(c, 0, q, (uint64_t)n * PT + kvt_rng_below(&s.rng, PT), 0, NULL, &req), KVT_OK);
             uint32_t want = lru_admit(&m, q, n, t);
             cr_assert_eq(req.l1_hit_pages, want, "seed %" PRIu64 " request %" PRIu64 ": %" PRIu64 " hit pages, model %u",
                          seed, t, req.l1_hit_pages, want);

@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "core/mem-int.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "core/u64set-int.h"
 #include "kvtier/error.h"
 
@@ -53,8 +53,8 @@ static void assert_same(const kvt__u64set_t *t, const sorted_t *s, const char *c
 
 static void set_fuzz(uint64_t keyspace, int ops, uint64_t seed) {
     fprintf(stderr, "u64set fuzz: keyspace=%" PRIu64 " seed=%" PRIu64 "\n", keyspace, seed);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, seed);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, seed);
     kvt__nodepool_t pool;
     kvt__nodepool_init(&pool);
     kvt__u64set_t t;
@@ -63,18 +63,18 @@ static void set_fuzz(uint64_t keyspace, int ops, uint64_t seed) {
     char ctx[96];
     for (int op = 0; op < ops; op++) {
         snprintf(ctx, sizeof(ctx), "seed %" PRIu64 " op %d", seed, op);
-        uint64_t key = kvt__rng_below(&rng, keyspace), d = kvt__rng_below(&rng, 100);
+        uint64_t key = kvt_rng_below(&rng, keyspace), d = kvt_rng_below(&rng, 100);
         /* grow, then shrink, then grow: exercises splits and merges */
         int phase = (op / (ops / 6 + 1)) % 2;
         if (d < (phase ? 30u : 60u)) {
             cr_assert_eq(kvt__u64set_insert(&t, key), s_insert(&s, key), "%s: insert %" PRIu64, ctx, key);
         } else if (d < 90) {
-            if (s.n && kvt__rng_below(&rng, 2)) key = s.k[kvt__rng_below(&rng, s.n)];
+            if (s.n && kvt_rng_below(&rng, 2)) key = s.k[kvt_rng_below(&rng, s.n)];
             cr_assert_eq(kvt__u64set_erase(&t, key), s_erase(&s, key), "%s: erase %" PRIu64, ctx, key);
         } else if (d < 95 && s.n > 0) { /* replace a key by another in the same gap */
-            size_t i = (size_t)kvt__rng_below(&rng, s.n);
+            size_t i = (size_t)kvt_rng_below(&rng, s.n);
             uint64_t lo = i > 0 ? s.k[i - 1] + 1 : 0, hi = i + 1 < s.n ? s.k[i + 1] - 1 : keyspace - 1;
-            uint64_t nk = lo + kvt__rng_below(&rng, hi - lo + 1);
+            uint64_t nk = lo + kvt_rng_below(&rng, hi - lo + 1);
             cr_assert_eq(kvt__u64set_replace(&t, s.k[i], nk), KVT_OK, "%s: replace", ctx);
             s.k[i] = nk;
         } else { /* lookups */

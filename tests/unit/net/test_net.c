@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/error.h"
 #include "kvtier/net.h"
 #include "kvtier/tier.h"
@@ -80,8 +80,8 @@ static int one_batch(env_t *e, const kvt_xfer_copy_t *cp, size_t n) {
 Test(net, runs_land_in_place, .timeout = 60) {
     uint64_t seed = 7;
     fprintf(stderr, "net: seed=%" PRIu64 "\n", seed);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, seed);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, seed);
     for (int sl = 0; sl < 2; sl++)
         for (int dl = 0; dl < 2; dl++)
             for (uint32_t streams = 1; streams <= 4; streams += 3) {
@@ -93,13 +93,13 @@ Test(net, runs_land_in_place, .timeout = 60) {
                 for (int round = 0; round < 6; round++) {
                     kvt_xfer_copy_t cp[PAGES];
                     uint8_t used[PAGES] = {0};
-                    size_t n = 1 + kvt__rng_below(&rng, PAGES - 1);
+                    size_t n = 1 + kvt_rng_below(&rng, PAGES - 1);
                     for (size_t i = 0; i < n; i++) {
                         uint32_t d;
-                        do d = (uint32_t)kvt__rng_below(&rng, PAGES);
+                        do d = (uint32_t)kvt_rng_below(&rng, PAGES);
                         while (used[d]);
                         used[d] = 1;
-                        uint32_t s = round % 2 ? d : (uint32_t)kvt__rng_below(&rng, PAGES); /* runs, or scattered */
+                        uint32_t s = round % 2 ? d : (uint32_t)kvt_rng_below(&rng, PAGES); /* runs, or scattered */
                         cp[i] = (kvt_xfer_copy_t){s, d};
                         for (uint32_t l = 0; l < LAYERS; l++)
                             memcpy(model + ((size_t)d * LAYERS + l) * LB, kvt_tier_addr(e.src, s, l), LB);

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/error.h"
 #include "radix/radix-int.h"
 
@@ -74,9 +74,9 @@ static void mmatch(model_t *m, uint32_t ns, const int32_t *q, uint32_t n, uint32
     *l1 = a;
 }
 
-static uint32_t take_id(bool *used, kvt__rng_t *rng) {
+static uint32_t take_id(bool *used, kvt_rng_t *rng) {
     uint32_t id;
-    do id = (uint32_t)kvt__rng_below(rng, IDS);
+    do id = (uint32_t)kvt_rng_below(rng, IDS);
     while (used[id]);
     used[id] = true;
     return id;
@@ -141,8 +141,8 @@ static void radix_fuzz(uint64_t seed, int steps) {
     fprintf(stderr, "radix fuzz: seed=%" PRIu64 " steps=%d\n", seed, steps);
     static model_t m;
     memset(&m, 0, sizeof(m));
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, seed);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, seed);
     kvt_radix_t *r;
     kvt__radix_config_t cfg = {PT, IDS, IDS, lru, NULL};
     cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
@@ -156,12 +156,12 @@ static void radix_fuzz(uint64_t seed, int steps) {
     uint64_t cnt[8] = {0}; /* inserts, drop_l1, l1 trims, host trims, shadow drops, backups, loads, failed copies */
     for (int step = 0; step < steps; step++) {
         snprintf(ctx, sizeof(ctx), "seed %" PRIu64 " step %d", seed, step);
-        uint64_t dice = kvt__rng_below(&rng, 100), live = 0;
+        uint64_t dice = kvt_rng_below(&rng, 100), live = 0;
         for (uint32_t i = 0; i < m.n; i++) live += m.p[i].used;
         if (dice < 30 && live > 300) dice = 45 + dice % 17; /* keep the tree small: evict instead */
         if (dice < 30) { /* match, maybe insert */
-            uint32_t ns = (uint32_t)kvt__rng_below(&rng, 2), n = 1 + (uint32_t)kvt__rng_below(&rng, MAXP);
-            for (uint32_t i = 0; i < n * PT; i++) q[i] = (int32_t)kvt__rng_below(&rng, ALPHA);
+            uint32_t ns = (uint32_t)kvt_rng_below(&rng, 2), n = 1 + (uint32_t)kvt_rng_below(&rng, MAXP);
+            for (uint32_t i = 0; i < n * PT; i++) q[i] = (int32_t)kvt_rng_below(&rng, ALPHA);
             uint32_t want_pages, want_l1;
             mmatch(&m, ns, q, n, &want_pages, &want_l1);
             kvt__match_t mt;
@@ -169,7 +169,7 @@ static void radix_fuzz(uint64_t seed, int steps) {
             cr_assert_eq(mt.pages, want_pages, "%s: matched %" PRIu64 " pages, model %u", ctx, mt.pages, want_pages);
             cr_assert_eq(mt.l1_pages, want_l1, "%s: L1 prefix %" PRIu64 ", model %u", ctx, mt.l1_pages, want_l1);
             bool full_l1 = mt.l1_pages == mt.pages;
-            if (mt.pages < n && full_l1 && kvt__rng_below(&rng, 3)) {
+            if (mt.pages < n && full_l1 && kvt_rng_below(&rng, 3)) {
                 uint32_t add = n - (uint32_t)mt.pages, ids[MAXP];
                 for (uint32_t i = 0; i < add; i++) ids[i] = take_id(m.l1_used, &rng);
                 kvt_rnode_t *nn;
@@ -182,12 +182,12 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 uint32_t id = 0;
                 cr_assert_eq(kvt__radix_insert(r, mt.node, ns, q + mt.pages * PT, 1, &id, clock, 0, &nn), KVT_EINVAL);
             }
-            if (mt.pages > 0 && nheld < 8 && kvt__rng_below(&rng, 4) == 0) {
+            if (mt.pages > 0 && nheld < 8 && kvt_rng_below(&rng, 4) == 0) {
                 kvt__radix_lock(r, mt.node, +1);
                 held[nheld++] = mt.node;
             }
         } else if (dice < 36 && nheld > 0) { /* unlock */
-            uint32_t i = (uint32_t)kvt__rng_below(&rng, nheld);
+            uint32_t i = (uint32_t)kvt_rng_below(&rng, nheld);
             kvt__radix_lock(r, held[i], -1);
             held[i] = held[--nheld];
         } else if (dice < 54) { /* L1 eviction step */
@@ -226,7 +226,7 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 if (pg.l1 != KVT_NO_PAGE) m.l1_used[pg.l1] = false;
                 p->used = false;
                 cnt[3]++;
-            } else if (kvt__rng_below(&rng, 3) == 0 && (v = kvt__radix_victim(r, KVT_VSET_L2_SHADOW)) != NULL) {
+            } else if (kvt_rng_below(&rng, 3) == 0 && (v = kvt__radix_victim(r, KVT_VSET_L2_SHADOW)) != NULL) {
                 uint32_t idx = v->n_l1;
                 while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
                 cr_assert_gt(idx, 0);
@@ -238,8 +238,8 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 cnt[4]++;
             }
         } else if (dice < 80 && nin < 64 && m.n > 0) { /* start a copy: half the time, a load */
-            bool want_load = kvt__rng_below(&rng, 2), found = false;
-            uint32_t i = (uint32_t)kvt__rng_below(&rng, m.n);
+            bool want_load = kvt_rng_below(&rng, 2), found = false;
+            uint32_t i = (uint32_t)kvt_rng_below(&rng, m.n);
             for (uint32_t t = 0; t < m.n && !found; t++, i = (i + 1) % m.n)
                 found = m.p[i].used && (m.p[i].st.l1 == KVT_NO_PAGE) == want_load;
             if (!found) continue;
@@ -263,10 +263,10 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 cnt[6]++;
             }
         } else if (nin > 0) { /* complete a copy, in any order, sometimes failing */
-            uint32_t i = (uint32_t)kvt__rng_below(&rng, nin);
+            uint32_t i = (uint32_t)kvt_rng_below(&rng, nin);
             op_t op = inflight[i];
             inflight[i] = inflight[--nin];
-            bool ok = kvt__rng_below(&rng, 8) != 0;
+            bool ok = kvt_rng_below(&rng, 8) != 0;
             cnt[7] += !ok;
             kvt_rnode_t *n;
             uint32_t idx;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/mem-int.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "kvtier/stats.h"
@@ -178,18 +178,18 @@ Test(emitter, prometheus_buckets_against_the_samples) {
     static uint64_t v[N];
     for (uint64_t seed = 1; seed <= 3; seed++) {
         fprintf(stderr, "emitter prometheus buckets: seed %" PRIu64 "\n", seed);
-        kvt__rng_t rng;
-        kvt__rng_seed(&rng, seed);
+        kvt_rng_t rng;
+        kvt_rng_seed(&rng, seed);
         kvt_hist_t h;
         kvt_hist_init(&h);
         uint64_t sum = 0;
         for (int i = 0; i < N; i++) {
-            if (kvt__rng_below(&rng, 2)) { /* log-uniform over 1 ns .. 1000 s */
-                v[i] = (uint64_t)exp(kvt__rng_unit(&rng) * log(1e12));
+            if (kvt_rng_below(&rng, 2)) { /* log-uniform over 1 ns .. 1000 s */
+                v[i] = (uint64_t)exp(kvt_rng_unit(&rng) * log(1e12));
             } else { /* near k * 10^d ns, k in 1, 2, 5, from 1 us to 1000 s */
                 static const uint64_t k[] = {1, 2, 5};
-                uint64_t b = k[kvt__rng_below(&rng, 3)] * (uint64_t)pow(10, 3 + (double)kvt__rng_below(&rng, 10));
-                v[i] = b - b / 50 + kvt__rng_below(&rng, b / 25 + 1);
+                uint64_t b = k[kvt_rng_below(&rng, 3)] * (uint64_t)pow(10, 3 + (double)kvt_rng_below(&rng, 10));
+                v[i] = b - b / 50 + kvt_rng_below(&rng, b / 25 + 1);
             }
             kvt_hist_record(&h, v[i]);
             sum += v[i];

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/stats.h"
 
 static int cmp_u64(const void *a, const void *b) {
@@ -36,17 +36,17 @@ Test(hist, buckets_tile_the_range) {
 
 Test(hist, percentiles_within_one_percent) {
     static uint64_t v[200000];
-    kvt__rng_t rng;
+    kvt_rng_t rng;
     for (uint64_t seed = 1; seed <= 4; seed++) {
-        kvt__rng_seed(&rng, seed);
+        kvt_rng_seed(&rng, seed);
         size_t n = 1000 * seed * seed * 10;
         kvt_hist_t h;
         kvt_hist_init(&h);
         uint64_t sum = 0;
         for (size_t i = 0; i < n; i++) {
             /* log-uniform over 1 ns .. 100 s, plus a few exact small values */
-            v[i] = seed == 1 ? kvt__rng_below(&rng, 300)
-                             : (uint64_t)exp(kvt__rng_unit(&rng) * log(1e11));
+            v[i] = seed == 1 ? kvt_rng_below(&rng, 300)
+                             : (uint64_t)exp(kvt_rng_unit(&rng) * log(1e11));
             kvt_hist_record(&h, v[i]);
             sum += v[i];
         }
@@ -70,10 +70,10 @@ Test(hist, merge_equals_recording_everything) {
     kvt_hist_init(&a);
     kvt_hist_init(&b);
     kvt_hist_init(&all);
-    kvt__rng_t rng;
-    kvt__rng_seed(&rng, 9);
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, 9);
     for (int i = 0; i < 10000; i++) {
-        uint64_t x = kvt__rng_below(&rng, 1000000);
+        uint64_t x = kvt_rng_below(&rng, 1000000);
         kvt_hist_record(i % 3 ? &a : &b, x);
         kvt_hist_record(&all, x);
     }

@@ -15,7 +15,7 @@
 #include <xxhash.h>
 
 #include "core/mem-int.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
 #include "kvtier/stats.h"
@@ -179,22 +179,22 @@ static void collect(env_t *e, tbatch_t *b, size_t nb) {
 /* A random batch of up to maxn copies into pages of dst not yet in used[]:
  * short stretches where source and destination advance together, some cut by
  * a source jump, submitted in shuffled order. */
-static size_t gen_batch(kvt__rng_t *r, kvt_xfer_copy_t *out, size_t maxn, uint8_t *used, uint64_t src_pages,
+static size_t gen_batch(kvt_rng_t *r, kvt_xfer_copy_t *out, size_t maxn, uint8_t *used, uint64_t src_pages,
                         uint64_t dst_pages) {
-    size_t target = 1 + (size_t)kvt__rng_below(r, maxn), n = 0;
+    size_t target = 1 + (size_t)kvt_rng_below(r, maxn), n = 0;
     for (size_t tries = 0; n < target && tries < 4 * target; tries++) {
-        uint64_t len = 1 + kvt__rng_below(r, 8), d = kvt__rng_below(r, dst_pages), s = kvt__rng_below(r, src_pages);
+        uint64_t len = 1 + kvt_rng_below(r, 8), d = kvt_rng_below(r, dst_pages), s = kvt_rng_below(r, src_pages);
         for (uint64_t j = 0; j < len && n < target; j++, d++, s++) {
-            if (kvt__rng_below(r, 8) == 0) s += 1 + kvt__rng_below(r, 3);
+            if (kvt_rng_below(r, 8) == 0) s += 1 + kvt_rng_below(r, 3);
             if (d >= dst_pages || s >= src_pages || used[d]) break;
             used[d] = 1;
             out[n++] = (kvt_xfer_copy_t){(uint32_t)s, (uint32_t)d};
         }
     }
     for (uint64_t d = 0; n == 0 && d < dst_pages; d++)
-        if (!used[d]) used[d] = 1, out[n++] = (kvt_xfer_copy_t){(uint32_t)kvt__rng_below(r, src_pages), (uint32_t)d};
+        if (!used[d]) used[d] = 1, out[n++] = (kvt_xfer_copy_t){(uint32_t)kvt_rng_below(r, src_pages), (uint32_t)d};
     for (size_t i = n; i > 1; i--) { /* Fisher-Yates */
-        size_t j = (size_t)kvt__rng_below(r, i);
+        size_t j = (size_t)kvt_rng_below(r, i);
         kvt_xfer_copy_t t = out[i - 1];
         out[i - 1] = out[j];
         out[j] = t;
@@ -293,8 +293,8 @@ static void coalesce_case(kvt_layout_t sl, kvt_layout_t dl, uint64_t max_bytes_p
     env_start(&e);
     env_fill(&e, 0, seed);
     env_fill(&e, 1, seed + 1);
-    kvt__rng_t r;
-    kvt__rng_seed(&r, seed);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
     expect_t ex = {0};
     tbatch_t *b = calloc(8, sizeof(*b));
     uint8_t used[256];
@@ -382,13 +382,13 @@ static void bytes_case(kvt_layout_t src_lay, kvt_layout_t dst_lay, uint64_t seed
     env_start(&e);
     env_fill(&e, 0, seed);
     env_fill(&e, 1, seed + 100);
-    kvt__rng_t r;
-    kvt__rng_seed(&r, seed);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
     tbatch_t *b = calloc(6, sizeof(*b));
     uint8_t used[64];
     for (int round = 0; round < 10; round++) {
         memset(used, 0, sizeof(used));
-        size_t nb = 1 + (size_t)kvt__rng_below(&r, 6);
+        size_t nb = 1 + (size_t)kvt_rng_below(&r, 6);
         for (size_t i = 0; i < nb; i++) {
             b[i].src = 0;
             b[i].dst = 1;
@@ -885,8 +885,8 @@ Test(xfer, many_threads_each_batch_once, .timeout = 20) {
     env_fill(&e, 2, seed + 2);
     kvt_xfer_faults_t f = {.delay_p = 0.5, .delay_max_ns = 200000, .seed = seed};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_OK);
-    kvt__rng_t r;
-    kvt__rng_seed(&r, seed);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
     enum { ROUNDS = 8, PER = 24 };
     tbatch_t *b = calloc(PER, sizeof(*b));
     uint64_t *tickets = calloc(ROUNDS * PER, sizeof(uint64_t));

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "common/engine_model.h"
-#include "core/rng-int.h"
+#include "kvtier/rng.h"
 #include "kvtier/error.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
@@ -223,19 +223,19 @@ static void every_pattern(const em_shape_t *sh, kvt_layout_t lay, uint64_t seed)
     for (uint32_t b = 0; b < sh->blocks; b++) c[n++] = (kvt_xfer_copy_t){b, b + 4};
     roundtrip(sh, lay, c, n, "one run");
     /* scattered: about 3/4 of the blocks, each to a random host page */
-    kvt__rng_t r;
-    kvt__rng_seed(&r, seed);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
     fprintf(stderr, "xfer engine %s %s: seed=%" PRIu64 "\n", sh->name, kvt_layout_name(lay), seed);
     uint32_t perm[HOST_PAGES];
     for (uint32_t i = 0; i < HOST_PAGES; i++) perm[i] = i;
     for (uint32_t i = HOST_PAGES; i > 1; i--) {
-        uint32_t j = (uint32_t)kvt__rng_below(&r, i), t = perm[i - 1];
+        uint32_t j = (uint32_t)kvt_rng_below(&r, i), t = perm[i - 1];
         perm[i - 1] = perm[j];
         perm[j] = t;
     }
     n = 0;
     for (uint32_t b = 0; b < sh->blocks; b++)
-        if (kvt__rng_below(&r, 4) != 0) c[n++] = (kvt_xfer_copy_t){b, perm[b]};
+        if (kvt_rng_below(&r, 4) != 0) c[n++] = (kvt_xfer_copy_t){b, perm[b]};
     roundtrip(sh, lay, c, n, "scattered");
 }
 
