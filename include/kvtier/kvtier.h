@@ -4,6 +4,7 @@
 
 #include "kvtier/alloc.h"
 #include "kvtier/cache.h"
+#include "kvtier/cp.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
 #include "kvtier/model.h"

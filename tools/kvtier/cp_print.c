@@ -1,0 +1,110 @@
+/* kvtier cp's output (docs/cp.md, "Output"). */
+#include "cp_print.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+
+static void add(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+
+static cJSON *rank_json(uint32_t r, const cp_result_t *s) {
+    cJSON *e = cJSON_CreateObject();
+    add(e, "rank", r);
+    add(e, "owned_pages", s->owned_pages);
+    add(e, "dealt_pages", s->dealt_pages);
+    add(e, "l1_hit_pages", s->l1_hit_pages);
+    add(e, "loads", s->loads);
+    add(e, "load_bytes", s->load_bytes);
+    add(e, "backup_bytes", s->backup_bytes);
+    add(e, "verified", s->verified);
+    cJSON_AddNumberToObject(e, "wait_s", (double)s->wait_ns / 1e9);
+    return e;
+}
+
+static void minmax(const cp_result_t *all, uint32_t C, uint64_t lo[2], uint64_t hi[2]) {
+    lo[0] = lo[1] = UINT64_MAX, hi[0] = hi[1] = 0;
+    for (uint32_t r = 0; r < C; r++) {
+        uint64_t v[2] = {all[r].dealt_pages, all[r].owned_pages};
+        for (int i = 0; i < 2; i++) lo[i] = v[i] < lo[i] ? v[i] : lo[i], hi[i] = v[i] > hi[i] ? v[i] : hi[i];
+    }
+}
+
+static void group_json(uint32_t C, uint64_t n, double wall, uint64_t divergence, const cp_result_t *all, double hit,
+                       uint64_t mism) {
+    uint64_t lo[2], hi[2];
+    minmax(all, C, lo, hi);
+    cJSON *x = cJSON_CreateObject();
+    add(x, "ranks", C);
+    add(x, "requests", n);
+    cJSON_AddNumberToObject(x, "hit_rate", hit);
+    cJSON_AddBoolToObject(x, "digests_agree", divergence == 0);
+    if (divergence) add(x, "first_divergence", divergence);
+    cJSON *lp = cJSON_AddObjectToObject(x, "lane_pages"), *lr = cJSON_AddObjectToObject(x, "lane_resident");
+    add(lp, "min", lo[0]), add(lp, "max", hi[0]); /* dealt by the allocator over the run */
+    add(lr, "min", lo[1]), add(lr, "max", hi[1]); /* in use at the end */
+    cJSON *b = cJSON_AddArrayToObject(x, "backups_by_rank"), *l = cJSON_AddArrayToObject(x, "loads_by_rank");
+    cJSON *per = cJSON_AddArrayToObject(x, "per_rank");
+    for (uint32_t r = 0; r < C; r++) {
+        cJSON_AddItemToArray(b, cJSON_CreateNumber((double)all[r].backups));
+        cJSON_AddItemToArray(l, cJSON_CreateNumber((double)all[r].loads));
+        cJSON_AddItemToArray(per, rank_json(r, &all[r]));
+    }
+    add(x, "mismatches", mism);
+    cJSON_AddNumberToObject(x, "wall_s", wall);
+    cli_print_json(x);
+}
+
+static void group_table(uint32_t C, uint64_t n, double wall, uint64_t divergence, const cp_result_t *all, double hit,
+                        uint64_t mism) {
+    uint64_t lo[2], hi[2];
+    minmax(all, C, lo, hi);
+    printf("kvtier cp: %u ranks, %" PRIu64 " requests in %.3f s; hit rate %.4f; digests %s\n", C, n, wall, hit,
+           divergence ? "DISAGREE" : "agree");
+    printf("%6s %12s %12s %12s %10s %12s %12s %10s %9s\n", "rank", "pages dealt", "resident", "L1 hits", "loads",
+           "load MB", "backups", "backup MB", "wait s");
+    for (uint32_t r = 0; r < C; r++) {
+        const cp_result_t *s = &all[r];
+        printf("%6u %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %10" PRIu64 " %12.1f %12" PRIu64 " %10.1f %9.3f\n", r,
+               s->dealt_pages, s->owned_pages, s->l1_hit_pages, s->loads, (double)s->load_bytes / 1e6, s->backups,
+               (double)s->backup_bytes / 1e6, (double)s->wait_ns / 1e9);
+    }
+    printf("lane pages dealt min %" PRIu64 " max %" PRIu64 ", resident min %" PRIu64 " max %" PRIu64 "; %" PRIu64
+           " mismatches\n", lo[0], hi[0], lo[1], hi[1], mism);
+}
+
+/* Another rank: what it did itself. */
+static void own(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wall, uint64_t divergence,
+                const cp_result_t *s) {
+    double hit = s->tokens ? (double)s->hit_tokens / (double)s->tokens : 0;
+    if (o->json) {
+        cJSON *x = rank_json(rank, s);
+        add(x, "ranks", C);
+        add(x, "requests", n);
+        cJSON_AddNumberToObject(x, "hit_rate", hit);
+        cJSON_AddBoolToObject(x, "digests_agree", divergence == 0);
+        add(x, "loads_total", s->loads);
+        add(x, "mismatches", s->mismatches);
+        cJSON_AddNumberToObject(x, "wall_s", wall);
+        cli_print_json(x);
+        return;
+    }
+    printf("kvtier cp: rank %u of %u, %" PRIu64 " requests in %.3f s; hit rate %.4f; digests %s; %" PRIu64
+           " pages dealt, %" PRIu64 " loads (%" PRIu64 " verified), %" PRIu64 " mismatches, wait %.3f s\n",
+           rank, C, n, wall, hit, divergence ? "DISAGREE" : "agree", s->dealt_pages, s->loads, s->verified, s->mismatches,
+           (double)s->wait_ns / 1e9);
+}
+
+void cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wall, uint64_t divergence,
+              const cp_result_t *all) {
+    if (rank != 0) own(o, rank, C, n, wall, divergence, &all[0]);
+    uint64_t mism = 0;
+    for (uint32_t r = 0; r < C; r++) mism += all[r].mismatches;
+    double hit = all[0].tokens ? (double)all[0].hit_tokens / (double)all[0].tokens : 0;
+    if (rank == 0 && o->json) group_json(C, n, wall, divergence, all, hit, mism);
+    else if (rank == 0) group_table(C, n, wall, divergence, all, hit, mism);
+    fflush(stdout);
+    if (divergence) fprintf(stderr, "kvtier cp: the ranks disagree from request %" PRIu64 "\n", divergence);
+}
