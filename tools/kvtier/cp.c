@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -31,25 +30,20 @@
 #include "util.h"
 
 #define MAX_RANKS 64
-#define QUIET 3 /* a forked rank's exit: stopped by another, or reported; the cause said why */
 
 typedef struct rank {
     const opts_t *o;
     const trace_t *t;
+    const char *name; /* the group */
     uint32_t r, C;
-    uint64_t n, digest_every;
-    uint64_t stopped_at; /* rank 0: the divergence a digest check stopped the group at */
-    const char *name;    /* the group */
     bool forked;
+    uint64_t n, digest_every, stopped_at; /* stopped_at: rank 0 stopped the group at this divergence */
     kvt_cp_group_t *g;
     kvt_tier_t *l1, *l2;
     kvt_xfer_t *x;
     kvt_cache_t *c;
     cp_result_t me;
-    uint8_t *buf;
-    int32_t *tok;
-    uint32_t *ids;
-    kvt_hash128_t *h;
+    uint8_t *buf; int32_t *tok; uint32_t *ids; kvt_hash128_t *h; /* one layer of a page; a request's tokens, ids, hashes */
 } rank_t;
 
 static kvt_cp_group_t *volatile g_group; /* for the signal handler */
@@ -65,41 +59,24 @@ static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x9e3779b97f4a7c1
 
 /* What else the ranks must agree on: the options that steer decisions, the requests. */
 static uint64_t options_tag(const opts_t *o, const trace_t *t, uint64_t n) {
-    uint64_t h = mix(mix(mix(0, (uint64_t)o->policy), (uint64_t)o->write_policy), o->write_hits);
-    uint64_t rooms[2];
-    memcpy(rooms, (double[]){o->l1_room, o->l2_room}, sizeof(rooms));
-    h = mix(mix(mix(h, rooms[0]), rooms[1]), o->seed);
+    uint64_t h = mix(mix(mix(mix(0, (uint64_t)o->policy), (uint64_t)o->write_policy), o->write_hits), o->seed);
+    h = mix(mix(h, (uint64_t)(o->l1_room * 1e9)), (uint64_t)(o->l2_room * 1e9));
     for (uint64_t i = 0; i < n; i++)
         for (uint32_t b = 0; b < t->req[i].nblocks; b++) h = mix(h, t->req[i].hash_ids[b]);
     return h;
 }
 
-/* A failure of this rank: it says why; a rank the group stopped says so only when run alone. */
-static int failed(rank_t *k, int rc) {
-    if (!k->g) return 1; /* the join said why */
-    kvt_cp_group_info_t gi = {.size = sizeof(gi)};
-    kvt_cp_group_info(k->g, &gi);
-    char text[160];
-    const char *why = kvt_cp_group_why(k->g);
-    if (!why[0]) snprintf(text, sizeof(text), "rank %u: %s", k->r, kvt_strerror(rc)), why = text;
-    if (!gi.stopped) kvt_cp_group_fail(k->g, why);
-    bool cause = (!gi.stopped || gi.stopped_by == (int32_t)k->r) && !(g_sig && k->forked);
-    if (cause || !k->forked) fprintf(stderr, "kvtier cp: %s\n", why);
-    return cause || !k->forked ? 1 : QUIET;
-}
-
 static int setup(rank_t *k, uint64_t timeout_ms) {
     const opts_t *o = k->o;
-    uint64_t layer_bytes = o->bpt / o->layers * o->page_tokens;
-    kvt_cp_group_config_t gc = {.size = sizeof(gc), .rank = k->r, .ranks = k->C, .l1_pages = o->l1_pages,
+    uint64_t layer_bytes = o->bpt / o->layers * o->page_tokens; /* the data plane: rank 0 creates, the others attach */
+    kvt_cp_group_config_t gc = {.size = sizeof(gc), .name = k->name, .rank = k->r, .ranks = k->C, .l1_pages = o->l1_pages,
                                 .l2_pages = o->l2_pages, .page_tokens = (uint32_t)o->page_tokens, .layers = o->layers,
                                 .layer_bytes = o->data ? layer_bytes : 0, .layout = (uint32_t)o->layout, .requests = k->n,
                                 .tag = options_tag(o, k->t, k->n), .timeout_ms = (uint32_t)timeout_ms};
-    gc.name = k->name;
     const char *why = NULL;
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; i++) sigaction((int[]){SIGTERM, SIGINT, SIGHUP}[i], &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL), sigaction(SIGINT, &sa, NULL), sigaction(SIGHUP, &sa, NULL);
     int rc = kvt_cp_group_join(&k->g, &gc, &why);
     if (rc != KVT_OK) return fprintf(stderr, "kvtier cp: %s\n", why ? why : kvt_strerror(rc)), rc;
     if ((g_group = k->g) != NULL && g_sig) kvt_cp_group_interrupt(k->g, g_sig);
@@ -113,12 +90,11 @@ static int setup(rank_t *k, uint64_t timeout_ms) {
     replay_cache_config(o, o->l1_pages, &cfg);
     cfg.l1_lanes = k->C;
     if ((rc = kvt_cache_create(&k->c, &cfg)) != KVT_OK || !o->data) return rc;
-    kvt_tier_t *tiers[2] = {k->l1, k->l2};
     kvt_xfer_config_t xc;
     kvt_xfer_config_default(&xc);
     xc.threads = (uint32_t)o->threads;
-    kvt_cp_group_xfer_config(k->g, &xc, 0);
-    if ((rc = kvt_xfer_create(&k->x, &xc, tiers, 2)) != KVT_OK) return rc;
+    kvt_cp_group_xfer_config(k->g, &xc, 0); /* rank 0's workers publish the backups that land */
+    if ((rc = kvt_xfer_create(&k->x, &xc, (kvt_tier_t *[]){k->l1, k->l2}, 2)) != KVT_OK) return rc;
     return kvt_cp_group_attach(k->g, k->c, k->x, k->l1, 0, k->l2, 1);
 }
 
@@ -176,10 +152,8 @@ static int request(rank_t *k, uint64_t i) {
 
 static int replay_requests(rank_t *k, uint64_t *divergence) {
     size_t max_tokens = (size_t)k->t->max_blocks * TRACE_BLOCK_TOKENS, pages = max_tokens / k->o->page_tokens + 1;
-    k->tok = malloc(max_tokens * sizeof(int32_t));
-    k->ids = malloc(pages * sizeof(uint32_t));
-    k->h = malloc(pages * sizeof(kvt_hash128_t));
-    k->buf = malloc(k->o->bpt / k->o->layers * k->o->page_tokens + 1);
+    k->tok = malloc(max_tokens * sizeof(int32_t)), k->ids = malloc(pages * sizeof(uint32_t));
+    k->h = malloc(pages * sizeof(kvt_hash128_t)), k->buf = malloc(k->o->bpt / k->o->layers * k->o->page_tokens + 1);
     if (!k->tok || !k->ids || !k->h || !k->buf) return KVT_ENOMEM;
     int rc = KVT_OK;
     for (uint64_t i = 0; i < k->n && rc == KVT_OK && !k->stopped_at; i++) {
@@ -195,18 +169,9 @@ static int replay_requests(rank_t *k, uint64_t *divergence) {
     return rc == KVT_OK && !k->stopped_at ? kvt_cp_group_check_digests(k->g, k->n, divergence) : rc;
 }
 
+/* Publishes this rank's result; rank 0 gathers everyone's. */
 static int finish(rank_t *k, cp_result_t *all) {
-    kvt_cache_stats_t st = {.size = sizeof(st)};
-    kvt_cache_stats(k->c, &st);
-    kvt_cp_group_info_t gi = {.size = sizeof(gi)};
-    kvt_cp_group_info(k->g, &gi);
-    k->me.owned_pages = kvt_cache_lane_pages(k->c, k->r);
-    k->me.dealt_pages = kvt_cache_lane_dealt(k->c, k->r);
-    k->me.tokens = st.tokens;
-    k->me.hit_tokens = st.l1_hit_tokens + st.l2_hit_tokens;
-    k->me.backups = k->r == 0 ? st.backups : 0; /* the I/O rank makes them all */
-    k->me.backup_bytes = k->r == 0 && k->o->data ? st.backups * kvt_geom_page_bytes(kvt_tier_geom(k->l2)) : 0;
-    k->me.wait_ns = gi.wait_ns;
+    cp_result_fill(&k->me, k->c, k->g, k->r, k->o->data ? kvt_geom_page_bytes(kvt_tier_geom(k->l2)) : 0);
     int rc = kvt_cp_group_finish(k->g, &k->me, sizeof(k->me));
     for (uint32_t r = 0; r < k->C && rc == KVT_OK; r++) all[r] = k->me;
     for (uint32_t r = 0; r < k->C && rc == KVT_OK && k->r == 0; r++) rc = kvt_cp_group_result(k->g, r, &all[r], sizeof(all[r]));
@@ -223,18 +188,15 @@ static int run_rank(rank_t *k, uint64_t timeout_ms) {
         char text[96];
         snprintf(text, sizeof(text), "rank 0: the ranks' digests differ from request %" PRIu64, k->stopped_at);
         kvt_cp_group_fail(k->g, text);
-        code = k->forked ? QUIET : 1;
+        code = k->forked ? CP_QUIET : 1;
     } else if (rc == KVT_OK && (rc = finish(k, all)) == KVT_OK) {
         if (k->r == 0 || !k->forked) cp_print(k->o, k->r, k->C, k->n, (double)(now_ns() - t0) / 1e9, divergence, all);
         uint64_t mism = 0;
         for (uint32_t r = 0; r < (k->r == 0 ? k->C : 1); r++) mism += all[r].mismatches;
-        code = divergence || mism ? (k->forked ? QUIET : 1) : 0;
+        if (divergence || mism) code = !k->forked ? 1 : k->r == 0 ? CP_QUIET : 0; /* forked: rank 0 reports it */
     }
-    if (rc != KVT_OK) code = failed(k, rc);
-    kvt_cache_destroy(k->c);
-    kvt_xfer_destroy(k->x);
-    kvt_tier_destroy(k->l1);
-    kvt_tier_destroy(k->l2);
+    if (rc != KVT_OK) code = k->g ? cp_print_failure(k->g, k->r, rc, k->forked, g_sig != 0) : 1; /* (a join says why) */
+    kvt_cache_destroy(k->c), kvt_xfer_destroy(k->x), kvt_tier_destroy(k->l1), kvt_tier_destroy(k->l2);
     const char *why;
     g_group = NULL;
     if (kvt_cp_group_leave(k->g, &why) != KVT_OK && code == 0) code = (fprintf(stderr, "kvtier cp: %s\n", why), 1);
@@ -262,27 +224,19 @@ static int fork_group(rank_t *k, uint64_t timeout_ms) {
         ch[started].pid = pid;
     }
     _Atomic int stop = started < k->C;
-    int why = 0, dead = started ? group_watch(ch, started, &stop, &why, 0, NULL, NULL) : -1;
+    int why = 0, dead = started ? group_watch(ch, started, &stop, &why, 2000000000ull, NULL, NULL) : -1;
     kvt_cp_group_remove_stale(name, (const char *const[]){"l1", "l2", NULL}); /* after a crash of rank 0 */
-    if (started < k->C) return fprintf(stderr, "kvtier cp: could not start every rank\n"), 1;
-    if (dead == -2) return fprintf(stderr, "kvtier cp: stopped by signal %d; the ranks were stopped and the segments removed\n", why), 128 + why;
-    if (dead >= 0 && WIFSIGNALED(why))
-        fprintf(stderr, "kvtier cp: rank %d died (signal %d, %s); the group stopped\n", dead, WTERMSIG(why), strsignal(WTERMSIG(why)));
-    else if (dead >= 0 && WEXITSTATUS(why) != QUIET)
-        fprintf(stderr, "kvtier cp: rank %d failed (exit %d); the group stopped\n", dead, WEXITSTATUS(why));
-    return dead >= 0 ? 1 : 0;
+    return started < k->C ? (fprintf(stderr, "kvtier cp: could not start every rank\n"), 1) : cp_print_outcome(dead, why);
 }
 
 static const char USAGE[] =
-    "usage: kvtier cp --ranks C [--rank R --group NAME] [TRACE.jsonl] [replay options]\n"
-    "\n"
-    "Runs a context-parallel group of C ranks on this machine: every rank replays\n"
-    "the same requests through its own cache, L1 split into C owner lanes\n"
-    "(--l1-pages is the group's total), one shared L2 segment that rank 0 creates;\n"
-    "rank 0 backs up every page, each rank loads only its own. The ranks' decision\n"
-    "digests are compared at the end (and every --digest-every N requests).\n"
-    "Without --rank, forks the C ranks; with --rank R --group NAME, runs rank R of\n"
-    "group NAME, whose other ranks are started separately with the same options.\n";
+    "usage: kvtier cp --ranks C [--rank R --group NAME] [TRACE.jsonl] [replay options]\n\n"
+    "A context-parallel group of C ranks on this machine: every rank replays the same\n"
+    "requests through its own cache, L1 split into C owner lanes (--l1-pages is the\n"
+    "group's total), one shared L2 segment; rank 0 backs up every page, each rank\n"
+    "loads only its own; the ranks' decision digests are compared. Without --rank it\n"
+    "forks the C ranks; with --rank R --group NAME it is rank R of group NAME, whose\n"
+    "other ranks are started separately with the same options.\n";
 
 int cmd_cp(int argc, char **argv) {
     opts_t o;
@@ -297,10 +251,8 @@ int cmd_cp(int argc, char **argv) {
     table[n++] = (cli_opt_t){"ranks", OPT_U64, &ranks, 1, MAX_RANKS, 0, 0, NULL, NULL, 0, "rank processes in the group (CP size)"};
     table[n++] = (cli_opt_t){"rank", OPT_U64, &rank, 0, MAX_RANKS - 1, 0, 0, NULL, NULL, 0, "run only this rank of --group (started separately)"};
     table[n++] = (cli_opt_t){"group", OPT_TEXT, &gname, 0, 0, 0, 0, NULL, NULL, 0, "the group's name, [A-Za-z0-9._-] (with --rank)"};
-    table[n++] = (cli_opt_t){"join-timeout-ms", OPT_U64, &timeout_ms, 1, 3600000, 0, 0, NULL, NULL, 0,
-                             "how long ranks wait for each other to join (a missing rank is named after it)"};
-    table[n++] = (cli_opt_t){"digest-every", OPT_U64, &digest_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0,
-                             "debug: rank 0 compares the ranks' digests every N requests (0: at the end only)"};
+    table[n++] = (cli_opt_t){"join-timeout-ms", OPT_U64, &timeout_ms, 1, 3600000, 0, 0, NULL, NULL, 0, "ranks wait this long for each other to join"};
+    table[n++] = (cli_opt_t){"digest-every", OPT_U64, &digest_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "debug: rank 0 compares the digests every N requests"};
     table[n] = (cli_opt_t){NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL};
     cli_t c;
     cli_init(&c, "kvtier cp", argc, argv);
@@ -314,7 +266,7 @@ int cmd_cp(int argc, char **argv) {
     c.flag = rank == UINT64_MAX ? "--group" : "--rank";
     if ((rank == UINT64_MAX) != (gname == NULL)) return cli_error(&c, "--rank and --group go together"), 2;
     if (rank != UINT64_MAX && rank >= ranks) return cli_error(&c, "%" PRIu64 " is not below --ranks %" PRIu64, rank, ranks), 2;
-    char seg[96];
+    char seg[96]; /* a valid name makes valid segment names */
     if (gname && kvt_cp_group_segment(gname, "ctl", seg, sizeof(seg)) != KVT_OK)
         return cli_error(&c, "'%s' is not a group name: 1 to %d of [A-Za-z0-9._-]", gname, KVT_CP_NAME_MAX), 2;
     if (o.data && replay_check_data_size(&c, &o, &o.l1_pages, 1) != 0) return 2;
@@ -322,15 +274,8 @@ int cmd_cp(int argc, char **argv) {
     double parse_s;
     if (replay_load("kvtier cp", path, &o, &t, &parse_s) != 0) return 1;
     rank_t k = {.o = &o, .t = &t, .C = (uint32_t)ranks, .n = o.limit && o.limit < t.n ? o.limit : t.n, .digest_every = digest_every};
-    int code;
-    if (gname) {
-        k.name = gname;
-        k.r = (uint32_t)rank;
-        code = run_rank(&k, timeout_ms);
-    } else {
-        k.forked = true;
-        code = fork_group(&k, timeout_ms);
-    }
+    k.name = gname, k.r = gname ? (uint32_t)rank : 0, k.forked = gname == NULL;
+    int code = gname ? run_rank(&k, timeout_ms) : fork_group(&k, timeout_ms);
     trace_free(&t);
     return code;
 }

@@ -3,10 +3,27 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
 
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "kvtier/error.h"
+
+void cp_result_fill(cp_result_t *me, const kvt_cache_t *c, const kvt_cp_group_t *g, uint32_t rank, uint64_t l2_page_bytes) {
+    kvt_cache_stats_t st = {.size = sizeof(st)};
+    kvt_cache_stats(c, &st);
+    kvt_cp_group_info_t gi = {.size = sizeof(gi)};
+    kvt_cp_group_info(g, &gi);
+    me->owned_pages = kvt_cache_lane_pages(c, rank);
+    me->dealt_pages = kvt_cache_lane_dealt(c, rank);
+    me->tokens = st.tokens;
+    me->hit_tokens = st.l1_hit_tokens + st.l2_hit_tokens;
+    me->backups = rank == 0 ? st.backups : 0; /* the I/O rank makes them all */
+    me->backup_bytes = rank == 0 ? st.backups * l2_page_bytes : 0;
+    me->wait_ns = gi.wait_ns;
+}
 
 static void add(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
@@ -107,4 +124,26 @@ void cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wal
     else if (rank == 0) group_table(C, n, wall, divergence, all, hit, mism);
     fflush(stdout);
     if (divergence) fprintf(stderr, "kvtier cp: the ranks disagree from request %" PRIu64 "\n", divergence);
+}
+
+int cp_print_failure(kvt_cp_group_t *g, uint32_t rank, int rc, bool forked, bool interrupted) {
+    kvt_cp_group_info_t gi = {.size = sizeof(gi)};
+    kvt_cp_group_info(g, &gi);
+    char text[160];
+    const char *why = kvt_cp_group_why(g);
+    if (!why[0]) snprintf(text, sizeof(text), "rank %u: %s", rank, kvt_strerror(rc)), why = text;
+    if (!gi.stopped) kvt_cp_group_fail(g, why);
+    bool cause = (!gi.stopped || gi.stopped_by == (int32_t)rank) && !(interrupted && forked);
+    if (cause || !forked) fprintf(stderr, "kvtier cp: %s\n", why);
+    return cause || !forked ? 1 : CP_QUIET;
+}
+
+int cp_print_outcome(int dead, int why) {
+    if (dead == -2)
+        return fprintf(stderr, "kvtier cp: stopped by signal %d; the ranks were stopped and the segments removed\n", why), 128 + why;
+    if (dead >= 0 && WIFSIGNALED(why))
+        fprintf(stderr, "kvtier cp: rank %d died (signal %d, %s); the group stopped\n", dead, WTERMSIG(why), strsignal(WTERMSIG(why)));
+    else if (dead >= 0 && WEXITSTATUS(why) != CP_QUIET)
+        fprintf(stderr, "kvtier cp: rank %d failed (exit %d); the group stopped\n", dead, WEXITSTATUS(why));
+    return dead >= 0 ? 1 : 0;
 }
