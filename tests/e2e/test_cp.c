@@ -141,7 +141,7 @@ Test(cp, foreign_file_at_the_segment_name_is_left_alone, .timeout = 60) {
     char path[128] = {0};
     cr_assert_eq(sscanf(r.err, "%127s", path), 1, "%s", r.err);
     cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
-    char want[200];
+    char want[256];
     snprintf(want, sizeof(want), "rank 0: cannot create the L2 segment %s: the name is taken by a file that is not a kvtier segment", path);
     cr_assert(strstr(r.err, want), "rank 0 names the file and why: %s", r.err);
     cr_assert_null(strstr(r.err, "timed out"), "the stopped ranks do not say they timed out: %s", r.err);
