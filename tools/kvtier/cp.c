@@ -226,7 +226,7 @@ static int fork_group(rank_t *k, uint64_t timeout_ms) {
     _Atomic int stop = started < k->C;
     int why = 0, dead = started ? group_watch(ch, started, &stop, &why, 2000000000ull, NULL, NULL) : -1;
     kvt_cp_group_remove_stale(name, (const char *const[]){"l1", "l2", NULL}); /* after a crash of rank 0 */
-    return started < k->C ? (fprintf(stderr, "kvtier cp: could not start every rank\n"), 1) : cp_print_outcome(dead, why);
+    return started < k->C ? (fprintf(stderr, "kvtier cp: could not start every rank\n"), 1) : cp_print_outcome(ch, started, dead, why);
 }
 
 static const char USAGE[] =

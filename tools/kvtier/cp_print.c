@@ -138,9 +138,13 @@ int cp_print_failure(kvt_cp_group_t *g, uint32_t rank, int rc, bool forked, bool
     return cause || !forked ? 1 : CP_QUIET;
 }
 
-int cp_print_outcome(int dead, int why) {
+int cp_print_outcome(const child_t *ch, uint32_t n, int dead, int why) {
     if (dead == -2)
         return fprintf(stderr, "kvtier cp: stopped by signal %d; the ranks were stopped and the segments removed\n", why), 128 + why;
+    /* The first to exit may be one the group stopped (CP_QUIET): report the cause instead. */
+    for (uint32_t r = 0; dead >= 0 && r < n && WIFEXITED(why) && WEXITSTATUS(why) == CP_QUIET; r++)
+        if (ch[r].exited && (WIFSIGNALED(ch[r].status) || (WEXITSTATUS(ch[r].status) != 0 && WEXITSTATUS(ch[r].status) != CP_QUIET)))
+            dead = (int)r, why = ch[r].status;
     if (dead >= 0 && WIFSIGNALED(why))
         fprintf(stderr, "kvtier cp: rank %d died (signal %d, %s); the group stopped\n", dead, WTERMSIG(why), strsignal(WTERMSIG(why)));
     else if (dead >= 0 && WEXITSTATUS(why) != CP_QUIET)

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "group.h"
 #include "kvtier/cache.h"
 #include "kvtier/cp.h"
 #include "replay.h"
@@ -29,8 +30,8 @@ void cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wal
 /* A rank failed (rc): the rank that caused it says why; one the group
  * stopped says so only when run alone. Returns the rank's exit status. */
 int cp_print_failure(kvt_cp_group_t *g, uint32_t rank, int rc, bool forked, bool interrupted);
-/* The coordinator's last word on its forked ranks (group_watch's result);
- * returns its exit status. */
-int cp_print_outcome(int dead, int why);
+/* The coordinator's last word on its n forked ranks (group_watch's result:
+ * the first that died and its status); returns its exit status. */
+int cp_print_outcome(const child_t *ch, uint32_t n, int dead, int why);
 
 #endif
