@@ -2,10 +2,13 @@
 #include "kvtier/cp.h"
 #include "kvtier/error.h"
 
-int kvt_cp_layout_check(const kvt_cp_layout_t *l) {
-    if (l == NULL || l->ranks == 0 || l->pages_per_rank == 0 || l->slots_per_page == 0) return KVT_EINVAL;
-    if (l->pages_per_rank > UINT64_MAX / l->ranks / l->slots_per_page) return KVT_EINVAL;
-    return KVT_OK;
+int kvt_cp_layout_check(const kvt_cp_layout_t *l, const char **why) {
+    const char *w = l == NULL                                                           ? "no layout"
+                    : l->ranks == 0 || l->pages_per_rank == 0 || l->slots_per_page == 0 ? "a zero size"
+                    : l->pages_per_rank > UINT64_MAX / l->ranks / l->slots_per_page     ? "C x R x P overflows 64 bits"
+                                                                                        : NULL;
+    if (why) *why = w;
+    return w ? KVT_EINVAL : KVT_OK;
 }
 
 uint64_t kvt_cp_read_slot(const kvt_cp_layout_t *l, uint64_t s) {

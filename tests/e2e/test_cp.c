@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -172,4 +173,133 @@ Test(cp, ranks_die_with_their_coordinator, .timeout = 60) {
     int left = 1;
     for (int i = 0; i < 300 && (left = processes_with("--limit 3911")) > 0; i++) usleep(10000);
     cr_assert_eq(left, 0, "no rank runs on as an orphan");
+}
+
+/* ---- ranks started independently (no common parent kvtier) ---- */
+
+typedef struct spawned {
+    pid_t pid;
+    int ofd, efd;
+} spawned_t;
+
+/* Starts `kvtier cp --ranks C --rank r --group name` + args without waiting. */
+static spawned_t spawn_rank(uint32_t C, uint32_t r, const char *name, const char *const *args) {
+    char outp[] = "/tmp/kvt-out-XXXXXX", errp[] = "/tmp/kvt-err-XXXXXX", ranks[16], rank[16];
+    spawned_t s = {.ofd = mkstemp(outp), .efd = mkstemp(errp)};
+    unlink(outp);
+    unlink(errp);
+    snprintf(ranks, sizeof(ranks), "%u", C);
+    snprintf(rank, sizeof(rank), "%u", r);
+    const char *argv[64] = {kvtier_bin(), "cp", "--ranks", ranks, "--rank", rank, "--group", name};
+    int n = 8;
+    for (int i = 0; args[i] && n < 63; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, s.ofd, 1);
+    posix_spawn_file_actions_adddup2(&fa, s.efd, 2);
+    cr_assert_eq(posix_spawn(&s.pid, argv[0], &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return s;
+}
+
+static run_result_t wait_rank(spawned_t *s) {
+    int st;
+    waitpid(s->pid, &st, 0);
+    run_result_t r = {.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), .out = slurp_fd(s->ofd),
+                      .err = slurp_fd(s->efd)};
+    close(s->ofd);
+    close(s->efd);
+    return r;
+}
+
+/* Any segment of group name left in /dev/shm. */
+static int group_segments(const char *name) {
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) n += strncmp(e->d_name, name, strlen(name)) == 0;
+    if (d) closedir(d);
+    return n;
+}
+
+#define INDEPENDENT_ARGS TRACE, SHAPE, "--write-policy", "write_back", "--data", "--verify", "--bytes-per-token", "64", "--json"
+
+/* Four ranks started one by one, as a shell loop would, agree with the
+ * forked group on everything the group decides, and each prints its own. */
+Test(cp, independent_ranks_agree_with_the_forked_group, .timeout = 300) {
+    char name[64];
+    snprintf(name, sizeof(name), "kvt-e2e-%d-ind", (int)getpid());
+    const char *const args[] = {INDEPENDENT_ARGS, NULL};
+    spawned_t s[4];
+    for (uint32_t r = 4; r-- > 0;) s[r] = spawn_rank(4, r, name, args); /* rank 0 last: the others wait for it */
+    run_result_t res[4];
+    for (int r = 0; r < 4; r++) res[r] = wait_rank(&s[r]);
+    run_result_t f = run_argv((const char *const[]){NULL, "cp", "--ranks", "4", INDEPENDENT_ARGS, NULL});
+    cJSON *g = json_of(&res[0]), *fg = json_of(&f);
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(g, "digests_agree")), "%s", res[0].err);
+    cr_assert_eq(num(g, "mismatches"), 0);
+    cr_assert_eq(num(g, "requests"), 3993);
+    cr_assert_eq(num(g, "hit_rate"), num(fg, "hit_rate"), "independent %.6f, forked %.6f", num(g, "hit_rate"),
+                 num(fg, "hit_rate"));
+    for (int k = 0; k < 4; k++) {
+        const char *arrays[] = {"backups_by_rank", "loads_by_rank"};
+        for (int a = 0; a < 2; a++)
+            cr_assert_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(g, arrays[a]), k)->valuedouble,
+                         cJSON_GetArrayItem(cJSON_GetObjectItem(fg, arrays[a]), k)->valuedouble, "%s[%d]", arrays[a], k);
+        cJSON *pi = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "per_rank"), k), *pf = cJSON_GetArrayItem(cJSON_GetObjectItem(fg, "per_rank"), k);
+        cr_assert_eq(num(pi, "dealt_pages"), num(pf, "dealt_pages"), "rank %d", k);
+        cr_assert_eq(num(pi, "verified"), num(pi, "loads"), "rank %d checked every load", k);
+    }
+    for (int r = 1; r < 4; r++) { /* each rank's own result */
+        cJSON *o = json_of(&res[r]);
+        cr_assert_eq(num(o, "rank"), r);
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(o, "digests_agree")));
+        cr_assert_eq(num(o, "mismatches"), 0);
+        cr_assert_eq(num(o, "hit_rate"), num(g, "hit_rate"));
+        cr_assert_eq(num(o, "loads"), cJSON_GetArrayItem(cJSON_GetObjectItem(g, "loads_by_rank"), r)->valuedouble);
+        cJSON_Delete(o);
+    }
+    cr_assert_eq(group_segments(name), 0, "no segment left in /dev/shm");
+    cr_assert_eq(cp_segments(), 0);
+    fprintf(stderr, "cp independent: hit rate %.4f (forked %.4f), wall %.2f s (forked %.2f s)\n", num(g, "hit_rate"),
+            num(fg, "hit_rate"), num(g, "wall_s"), num(fg, "wall_s"));
+    cJSON_Delete(g);
+    cJSON_Delete(fg);
+    for (int r = 0; r < 4; r++) run_free(&res[r]);
+    run_free(&f);
+}
+
+/* A rank that never comes is named by the others within the timeout; a
+ * rank that dies is named by the survivors; nothing is left behind. */
+Test(cp, independent_missing_or_dead_rank_is_named, .timeout = 120) {
+    char name[64];
+    snprintf(name, sizeof(name), "kvt-e2e-%d-miss", (int)getpid());
+    const char *const args[] = {TRACE, "--page-tokens", "64", "--l1-pages", "512", "--l2-pages", "300", "--data",
+                                "--bytes-per-token", "64", "--limit", "50", "--join-timeout-ms", "1500", NULL};
+    double t0 = seconds();
+    spawned_t s[3];
+    for (uint32_t r = 0; r < 3; r++) s[r] = spawn_rank(4, r, name, args); /* rank 3 never starts */
+    for (uint32_t r = 0; r < 3; r++) {
+        run_result_t res = wait_rank(&s[r]);
+        cr_assert_eq(res.status, 1, "rank %u: exit %d: %s", r, res.status, res.err);
+        cr_assert(strstr(res.err, "rank 3 never joined group"), "rank %u: %s", r, res.err);
+        run_free(&res);
+    }
+    cr_assert_lt(seconds() - t0, 10, "named in %.1f s", seconds() - t0);
+    cr_assert_eq(group_segments(name), 0, "no segment left in /dev/shm");
+
+    snprintf(name, sizeof(name), "kvt-e2e-%d-dead", (int)getpid());
+    const char *const args2[] = {TRACE, SHAPE, "--data", "--bytes-per-token", "64", "--limit", "3217", NULL};
+    setenv("KVT_CP_KILL", "2:400", 1);
+    spawned_t d[4];
+    for (uint32_t r = 0; r < 4; r++) d[r] = spawn_rank(4, r, name, args2);
+    unsetenv("KVT_CP_KILL");
+    for (uint32_t r = 0; r < 4; r++) {
+        run_result_t res = wait_rank(&d[r]);
+        if (r == 2) cr_assert_eq(res.status, 128 + SIGKILL);
+        else cr_assert(res.status == 1 && strstr(res.err, "rank 2 (pid ") && strstr(res.err, ") died"), "rank %u: exit %d: %s", r, res.status, res.err);
+        run_free(&res);
+    }
+    cr_assert_eq(group_segments(name), 0, "rank 0 removed the segments");
 }

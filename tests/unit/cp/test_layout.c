@@ -19,7 +19,7 @@ Test(cp, formulas_exhaustively) {
         for (uint64_t P = 1; P <= 6; P++)
             for (uint64_t R = 1; R <= 5; R++) {
                 kvt_cp_layout_t l = {C, R, P};
-                cr_assert_eq(kvt_cp_layout_check(&l), KVT_OK);
+                cr_assert_eq(kvt_cp_layout_check(&l, NULL), KVT_OK);
                 uint64_t slots = C * R * P;
                 /* the read view as a picture: shard of each rank, rank-major */
                 uint8_t *seen = calloc(slots, 1), *seen_w = calloc((size_t)C * R * P, 1);
@@ -83,6 +83,6 @@ Test(cp, selections) {
 
 Test(cp, bad_layouts) {
     kvt_cp_layout_t bad[] = {{0, 1, 1}, {1, 0, 1}, {1, 1, 0}, {4, UINT64_MAX / 2, 64}};
-    for (int i = 0; i < 4; i++) cr_assert_eq(kvt_cp_layout_check(&bad[i]), KVT_EINVAL, "case %d", i);
-    cr_assert_eq(kvt_cp_layout_check(NULL), KVT_EINVAL);
+    for (int i = 0; i < 4; i++) cr_assert_eq(kvt_cp_layout_check(&bad[i], NULL), KVT_EINVAL, "case %d", i);
+    cr_assert_eq(kvt_cp_layout_check(NULL, NULL), KVT_EINVAL);
 }
