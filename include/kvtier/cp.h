@@ -209,7 +209,9 @@ KVT_API void kvt_cp_group_fail(kvt_cp_group_t *g, const char *why);
 /* The same from a signal handler (async-signal-safe): stops the group with
  * "rank R was interrupted by signal S", so that every rank, this one
  * included, unwinds through its calls (KVT_EIO) and leaves, and the creator
- * removes the segments. */
+ * removes the segments. With g NULL (the signal came while this process was
+ * still in kvt_cp_group_join): the join gives up with KVT_EIO at once
+ * instead of waiting out its timeout for a rank 0 that may be gone. */
 KVT_API void kvt_cp_group_interrupt(kvt_cp_group_t *g, int sig);
 /* Publishes this rank's result (len <= KVT_CP_RESULT_BYTES) and marks it
  * finished; rank 0 then waits for every rank to finish. KVT_EIO,

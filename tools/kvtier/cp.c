@@ -52,7 +52,7 @@ static volatile sig_atomic_t g_sig;
 /* SIGTERM (the coordinator's, or its death's), SIGINT, SIGHUP: the group unwinds and cleans up. */
 static void on_signal(int sig) {
     g_sig = sig;
-    if (g_group) kvt_cp_group_interrupt(g_group, sig);
+    kvt_cp_group_interrupt(g_group, sig); /* NULL while joining: the join gives up */
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull; }
