@@ -54,6 +54,7 @@ static void build_and_run(const char *name) {
 Test(install, readme_command_builds_the_cache_example, .timeout = 120, .fini = cleanup) { build_and_run("cache_basic"); }
 Test(install, readme_command_builds_the_engine_tier_example, .timeout = 120, .fini = cleanup) { build_and_run("engine_cache"); }
 Test(install, readme_command_builds_the_pd_example, .timeout = 120, .fini = cleanup) { build_and_run("pd_threads"); }
+Test(install, readme_command_builds_the_cp_group_example, .timeout = 120, .fini = cleanup) { build_and_run("cp_group"); }
 
 /* The static library is there too, with its dependencies behind --static. */
 Test(install, static_library_links_with_pkg_config_static, .timeout = 120, .fini = cleanup) {
