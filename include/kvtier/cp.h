@@ -27,6 +27,7 @@
 #ifndef KVTIER_CP_H
 #define KVTIER_CP_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -142,6 +143,7 @@ typedef struct kvt_cp_group_config {
     /* limits */
     uint32_t timeout_ms;  /* joining, attaching and waiting for the others to join (0: 20000) */
     uint32_t wait_ms;     /* one ordering wait (0: 60000) */
+    const volatile sig_atomic_t *cancel; /* optional: a flag (a signal handler's) that ends a join's wait (KVT_EIO) */
 } kvt_cp_group_config_t;
 
 typedef struct kvt_cp_group_info {

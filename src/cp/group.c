@@ -538,6 +538,8 @@ static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
     uint64_t t0 = now_ns();
     int rc;
     while ((rc = kvt__seg_attach(&g->seg, seg, KVT__SEG_KIND_CP, CP_VERSION)) == KVT_ENOENT) {
+        if (cfg->cancel && *cfg->cancel)
+            return say(KVT_EIO, why, "rank %u: interrupted while joining group %s", cfg->rank, g->name);
         if (now_ns() - t0 > g->timeout_ns)
             return say(KVT_ETIMEDOUT, why, "rank %u: the control segment /dev/shm%s of group %s did not appear within "
                        "%" PRIu64 " ms: rank 0 never joined", cfg->rank, seg, g->name, g->timeout_ns / 1000000);
