@@ -29,6 +29,7 @@
 
 #include "kvtier/export.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -146,6 +147,7 @@ typedef struct kvt_cp_group_config {
     /* limits */
     uint32_t timeout_ms;  /* joining, attaching and waiting for the others to join (0: 20000) */
     uint32_t wait_ms;     /* one ordering wait (0: 60000) */
+    const volatile sig_atomic_t *cancel; /* optional: a flag (a signal handler's) that ends a join's wait (KVT_EIO) */
 } kvt_cp_group_config_t;
 
 typedef struct kvt_cp_group_info {
@@ -209,9 +211,8 @@ KVT_API void kvt_cp_group_fail(kvt_cp_group_t *g, const char *why);
 /* The same from a signal handler (async-signal-safe): stops the group with
  * "rank R was interrupted by signal S", so that every rank, this one
  * included, unwinds through its calls (KVT_EIO) and leaves, and the creator
- * removes the segments. With g NULL (the signal came while this process was
- * still in kvt_cp_group_join): the join gives up with KVT_EIO at once
- * instead of waiting out its timeout for a rank 0 that may be gone. */
+ * removes the segments. With g NULL (still joining) it does nothing: the
+ * config's cancel flag ends a join. */
 KVT_API void kvt_cp_group_interrupt(kvt_cp_group_t *g, int sig);
 /* Publishes this rank's result (len <= KVT_CP_RESULT_BYTES) and marks it
  * finished; rank 0 then waits for every rank to finish. KVT_EIO,

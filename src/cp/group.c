@@ -115,10 +115,6 @@ static _Thread_local char t_why[640];
 
 static uint64_t now_ns(void) { return kvt_now_ns(); }
 
-/* Set by kvt_cp_group_interrupt(NULL, sig): a join in progress (no group
- * yet to stop) gives up at its next look instead of waiting out its timeout. */
-static volatile sig_atomic_t g_join_interrupted;
-
 static void pause_us(long us) {
     struct timespec ts = {0, us * 1000};
     nanosleep(&ts, NULL);
@@ -374,10 +370,7 @@ void kvt_cp_group_fail(kvt_cp_group_t *g, const char *why) {
 }
 
 void kvt_cp_group_interrupt(kvt_cp_group_t *g, int sig) {
-    if (g == NULL) { /* still joining */
-        g_join_interrupted = sig ? sig : -1;
-        return;
-    }
+    if (g == NULL) return; /* still joining: config.cancel ends the join */
     uint32_t running = 0;
     if (!atomic_compare_exchange_strong(&g->h->stop, &running, 1)) return;
     char *p = g->h->why; /* no snprintf in a handler */
@@ -544,9 +537,8 @@ static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
     uint64_t t0 = now_ns();
     int rc;
     while ((rc = kvt__seg_attach(&g->seg, seg, KVT__SEG_KIND_CP, CP_VERSION)) == KVT_ENOENT) {
-        if (g_join_interrupted)
-            return say(KVT_EIO, why, "rank %u: interrupted by signal %d while waiting for group %s's rank 0", cfg->rank,
-                       (int)g_join_interrupted, g->name);
+        if (cfg->cancel && *cfg->cancel)
+            return say(KVT_EIO, why, "rank %u: interrupted while joining group %s", cfg->rank, g->name);
         if (now_ns() - t0 > g->timeout_ns)
             return say(KVT_ETIMEDOUT, why, "rank %u: the control segment /dev/shm%s of group %s did not appear within "
                        "%" PRIu64 " ms: rank 0 never joined", cfg->rank, seg, g->name, g->timeout_ns / 1000000);

@@ -52,7 +52,7 @@ static volatile sig_atomic_t g_sig;
 /* SIGTERM (the coordinator's, or its death's), SIGINT, SIGHUP: the group unwinds and cleans up. */
 static void on_signal(int sig) {
     g_sig = sig;
-    kvt_cp_group_interrupt(g_group, sig); /* NULL while joining: the join gives up */
+    if (g_group) kvt_cp_group_interrupt(g_group, sig); /* while joining, config.cancel (g_sig) ends the join */
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull; }
@@ -72,13 +72,14 @@ static int setup(rank_t *k, uint64_t timeout_ms) {
     kvt_cp_group_config_t gc = {.size = sizeof(gc), .name = k->name, .rank = k->r, .ranks = k->C, .l1_pages = o->l1_pages,
                                 .l2_pages = o->l2_pages, .page_tokens = (uint32_t)o->page_tokens, .layers = o->layers,
                                 .layer_bytes = o->data ? layer_bytes : 0, .layout = (uint32_t)o->layout, .requests = k->n,
-                                .tag = options_tag(o, k->t, k->n), .timeout_ms = (uint32_t)timeout_ms};
+                                .tag = options_tag(o, k->t, k->n), .timeout_ms = (uint32_t)timeout_ms, .cancel = &g_sig};
     const char *why = NULL;
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL), sigaction(SIGINT, &sa, NULL), sigaction(SIGHUP, &sa, NULL);
     int rc = kvt_cp_group_join(&k->g, &gc, &why);
-    if (rc != KVT_OK) return fprintf(stderr, "kvtier cp: %s\n", why ? why : kvt_strerror(rc)), rc;
+    if (rc != KVT_OK && !(g_sig && k->forked)) fprintf(stderr, "kvtier cp: %s\n", why ? why : kvt_strerror(rc));
+    if (rc != KVT_OK) return rc;
     if ((g_group = k->g) != NULL && g_sig) kvt_cp_group_interrupt(k->g, g_sig);
     kvt_tier_config_t l1 = {.size = sizeof(l1), .geom = {o->l1_pages, o->layers, layer_bytes, (kvt_layout_t)o->layout}};
     kvt_tier_config_t l2 = {.size = sizeof(l2), .flags = KVT_TIER_CHECKSUM, .geom = {o->l2_pages, o->layers, layer_bytes, (kvt_layout_t)o->layout}};

@@ -354,3 +354,17 @@ Test(cp_group, an_interrupted_rank_stops_the_group) {
     cr_assert_eq(kvt_cp_group_leave(g0, NULL), KVT_OK);
     cr_assert_not(segment_exists(name, "ctl"));
 }
+
+/* A join waiting for rank 0 ends when the caller's cancel flag is set. */
+Test(cp_group, a_cancelled_join_ends_at_once) {
+    static volatile sig_atomic_t cancel = 1;
+    kvt_cp_group_config_t c1 = config(group_name("cancel"), 1, 2);
+    c1.cancel = &cancel;
+    kvt_cp_group_t *g = NULL;
+    const char *why = NULL;
+    double t0 = seconds();
+    cr_assert_eq(kvt_cp_group_join(&g, &c1, &why), KVT_EIO);
+    cr_assert_lt(seconds() - t0, 1);
+    cr_assert(strstr(why, "interrupted while joining"), "%s", why);
+    cr_assert_null(g);
+}
