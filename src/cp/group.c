@@ -44,6 +44,7 @@
  */
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -54,6 +55,7 @@
 #include "kvtier/cp.h"
 #include "kvtier/stats.h"
 #include "kvtier/error.h"
+#include "../core/abi-int.h"
 #include "../core/mem-int.h"
 #include "../core/shmseg-int.h"
 
@@ -453,7 +455,6 @@ static int say(int rc, const char **why, const char *fmt, ...) {
 }
 
 static int check_config(const kvt_cp_group_config_t *cfg, const char **why) {
-    if (cfg == NULL || cfg->size < sizeof(*cfg)) return say(KVT_EINVAL, why, "no config, or an older one (size)");
     if (!name_ok(cfg->name))
         return say(KVT_EINVAL, why, "the group name must be 1 to %d of [A-Za-z0-9._-]", KVT_CP_NAME_MAX);
     if (cfg->ranks == 0 || cfg->ranks > KVT_CP_MAX_RANKS || cfg->rank >= cfg->ranks)
@@ -585,8 +586,13 @@ static kvt_cp_group_t *new_group(const kvt_cp_group_config_t *cfg) {
     return g;
 }
 
-int kvt_cp_group_join(kvt_cp_group_t **out, const kvt_cp_group_config_t *cfg, const char **why) {
+int kvt_cp_group_join(kvt_cp_group_t **out, const kvt_cp_group_config_t *user, const char **why) {
     *out = NULL;
+    /* the ABI rule (src/core/abi-int.h); what the ranks must agree on, up to tag, is required */
+    kvt_cp_group_config_t full = {.size = sizeof(full)}, *cfg = &full;
+    if (user == NULL || user->size < offsetof(kvt_cp_group_config_t, timeout_ms) ||
+        kvt__abi_in(&full, sizeof(full), user) != KVT_OK)
+        return say(KVT_EINVAL, why, "no config, or one without the fields every rank must agree on (size)");
     int rc = check_config(cfg, why);
     if (rc != KVT_OK) return rc;
     char seg[KVT__SEG_NAME_MAX];
@@ -701,8 +707,9 @@ int kvt_cp_group_leave(kvt_cp_group_t *g, const char **why) {
 
 const char *kvt_cp_group_why(const kvt_cp_group_t *g) { return g->why; }
 
-int kvt_cp_group_info(const kvt_cp_group_t *g, kvt_cp_group_info_t *info) {
-    if (info == NULL || info->size < sizeof(*info)) return KVT_EINVAL;
+int kvt_cp_group_info(const kvt_cp_group_t *g, kvt_cp_group_info_t *out) {
+    if (out == NULL) return KVT_EINVAL;
+    kvt_cp_group_info_t full, *info = &full;
     const slot_t *me = slot(g, g->rank);
     uint32_t s = atomic_load_explicit(&g->h->stop, memory_order_acquire);
     *info = (kvt_cp_group_info_t){.size = sizeof(*info), .rank = g->rank, .ranks = g->C, .creator = g->seg.creator,
@@ -710,7 +717,7 @@ int kvt_cp_group_info(const kvt_cp_group_t *g, kvt_cp_group_info_t *info) {
                                   .stopped_by = s == 2 ? atomic_load(&g->h->stopped_by) : -1,
                                   .divergence = atomic_load(&g->h->divergence),
                                   .wait_ns = atomic_load(&((slot_t *)me)->wait_ns), .waits = atomic_load(&((slot_t *)me)->waits)};
-    return KVT_OK;
+    return kvt__abi_out(out, info, sizeof(*info));
 }
 
 int kvt_cp_group_remove_stale(const char *name, const char *const *suffixes) {
