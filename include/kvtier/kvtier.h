@@ -11,6 +11,7 @@
 #include "kvtier/net.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
+#include "kvtier/store.h"
 #include "kvtier/tier.h"
 #include "kvtier/version.h"
 #include "kvtier/xfer.h"
