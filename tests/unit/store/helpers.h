@@ -26,6 +26,9 @@ typedef struct sres {
     uint8_t r[MAXK];
 } sres_t;
 
+/* Messages are checked through kvt_store_last_error, not printed. */
+static inline void quiet_log(void *arg, const char *msg) { (void)arg, (void)msg; }
+
 static inline kvt_tier_t *make_tier(uint64_t pages, uint32_t layers, uint64_t layer_bytes, kvt_layout_t layout) {
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST,
                             .geom = {.pages = pages, .layers = layers, .layer_bytes = layer_bytes, .layout = layout}};
@@ -45,6 +48,7 @@ static inline void senv_init(senv_t *e, uint64_t pages, uint32_t layers, uint64_
     e->cfg.model = "test-model";
     e->cfg.page_tokens = 16;
     e->cfg.timeout_ms = 1000;
+    e->cfg.log = quiet_log;
 }
 
 static inline int senv_open(senv_t *e, const char *url) { return kvt_store_open(&e->store, url, &e->cfg); }
