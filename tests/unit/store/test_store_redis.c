@@ -134,6 +134,7 @@ Test(store_redis, reconnects_after_restart) {
     start(NULL);
     senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
     E.cfg.retries = 3;
+    E.cfg.threads = 1; /* one connection, the one the restart breaks */
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[4];
     pages_of(p, 4, 1, 0);
