@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/mem-int.h"
@@ -415,8 +416,11 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     size_t len = (uint64_t)st.st_size > ob ? (size_t)st.st_size : got;
     kvt__store_deliver(req, i, req->scratch, len);
     if (req->results[i] == KVT_STORE_OK) {
-        struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}}; /* the LRU order, for the next open */
-        futimens(fd, ts);
+        /* the LRU order, for the next open: to the second is enough, and
+         * spares an inode write per get of a page read again and again */
+        struct timespec now, ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (now.tv_sec - st.st_atim.tv_sec >= 1) futimens(fd, ts);
         pthread_mutex_lock(&d->mu);
         idx_touch(d, hex, (uint64_t)st.st_size, kvt_now_ns());
         pthread_mutex_unlock(&d->mu);

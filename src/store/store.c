@@ -378,6 +378,23 @@ static void *worker_main(void *arg) {
 
 static void batch_free(sbatch_t *b) { kvt__free(b, b->alloc_bytes); }
 
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int distinct_pages(const kvt_store_page_t *pages, size_t n) {
+    uint32_t *v = kvt__malloc(n * sizeof(uint32_t));
+    if (v == NULL) return KVT_ENOMEM;
+    for (size_t i = 0; i < n; i++) v[i] = pages[i].page;
+    qsort(v, n, sizeof(*v), cmp_u32);
+    int rc = KVT_OK;
+    for (size_t i = 1; i < n && rc == KVT_OK; i++)
+        if (v[i] == v[i - 1]) rc = KVT_EINVAL;
+    kvt__free(v, n * sizeof(uint32_t));
+    return rc;
+}
+
 static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pages, size_t n, uint64_t user,
                   uint64_t *ticket) {
     if (s == NULL || pages == NULL || n == 0 || n > (SIZE_MAX / 128)) return KVT_EINVAL;
@@ -387,9 +404,8 @@ static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pag
             if (pages[i].page >= s->tier_pages) return KVT_EINVAL;
     }
     if (op == KVT_STORE_GET && n > 1) { /* a page twice: two writers of one tier page */
-        for (size_t i = 0; i < n; i++)
-            for (size_t j = i + 1; j < n && n <= 4096; j++)
-                if (pages[i].page == pages[j].page) return KVT_EINVAL;
+        int rc = distinct_pages(pages, n);
+        if (rc != KVT_OK) return rc;
     }
     size_t off_pages = (sizeof(sbatch_t) + 15) & ~(size_t)15;
     size_t off_hex = off_pages + n * sizeof(kvt_store_page_t);
