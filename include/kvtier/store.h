@@ -94,8 +94,7 @@ typedef enum kvt_store_result {
     KVT_STORE_OK = 0,      /* exists: present; get: served into the tier; put: stored; remove: removed */
     KVT_STORE_MISS = 1,    /* exists, get, remove: no such object */
     KVT_STORE_BAD = 2,     /* get: an object failed its checks (a miss, counted as a bad object) */
-    KVT_STORE_FAILED = 3,  /* the store failed this key: down, timed out, full, refused (a miss for get) */
-    KVT_STORE_SKIPPED = 4  /* not attempted (the batch was cancelled at destroy) */
+    KVT_STORE_FAILED = 3   /* the store failed this key: down, timed out, full, refused (a miss for get) */
 } kvt_store_result_t;
 
 typedef struct kvt_store_config {

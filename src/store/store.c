@@ -306,7 +306,7 @@ static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_
         hits += r == KVT_STORE_OK;
         misses += r == KVT_STORE_MISS;
         bad += r == KVT_STORE_BAD;
-        failed += r == KVT_STORE_FAILED || r == KVT_STORE_SKIPPED;
+        failed += r == KVT_STORE_FAILED;
         if (leading && r == KVT_STORE_OK) lead++;
         else leading = false;
     }
@@ -421,7 +421,7 @@ static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pag
     b->results = mem + off_res;
     memcpy(b->pages, pages, n * sizeof(*pages));
     for (size_t i = 0; i < n; i++) kvt_store_key(s, &pages[i].hash, b->hex[i]);
-    memset(b->results, KVT_STORE_SKIPPED, n);
+    memset(b->results, KVT_STORE_FAILED, n); /* what a backend leaves unset */
     b->done.op = op;
     b->done.n = n;
     b->done.user = user;

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/mem-int.h"
 #include "helpers.h"
 
 static senv_t E;
@@ -309,4 +310,72 @@ Test(store_dir, emit) {
     cr_assert_null(strstr(buf, "store_remove"));
     free(buf);
     kvt_emitter_destroy(em);
+}
+
+/* A full filesystem (a 256 KiB tmpfs; skipped where mounting is not
+ * allowed): puts fail cleanly, counted, no temporary file is left, and
+ * what was stored is served whole. */
+Test(store_dir, full_filesystem) {
+    char mnt[128];
+    snprintf(mnt, sizeof(mnt), "%s/small", root);
+    cr_assert_eq(mkdir(mnt, 0755), 0);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=256k kvt-store-test %s 2>/dev/null", mnt);
+    if (system(cmd) != 0) cr_skip_test("cannot mount a tmpfs here (needs root): skipped");
+    senv_init(&E, 64, 1, 16384, KVT_LAYOUT_PAGE_FIRST);
+    char u[200];
+    snprintf(u, sizeof(u), "dir:%s", mnt);
+    int rc = senv_open(&E, u);
+    kvt_store_page_t p[40];
+    pages_of(p, 40, 600, 0);
+    fill(&E, 600, 0, 40);
+    sres_t r = {0};
+    if (rc == KVT_OK) r = run_op(E.store, kvt_store_put, p, 40);
+    size_t stored = r.count;
+    kvt_store_stats_t st = rc == KVT_OK ? sstats(E.store, KVT_STORE_PUT) : (kvt_store_stats_t){0};
+    char find[300];
+    snprintf(find, sizeof(find), "test -z \"$(find %s -name '.tmp.*')\"", mnt);
+    int no_tmp = system(find);
+    kvt_store_page_t q[40];
+    pages_of(q, stored, 600, 0);
+    wipe(&E, 0, 40);
+    sres_t g = stored && rc == KVT_OK ? run_op(E.store, kvt_store_get, q, stored) : (sres_t){0};
+    bool same = true;
+    for (size_t i = 0; i < stored; i++) same &= check(&E, 600 + i, (uint32_t)i);
+    kvt_store_close(E.store);
+    E.store = NULL;
+    snprintf(cmd, sizeof(cmd), "umount %s", mnt);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(rc, KVT_OK);
+    cr_assert_eq(r.status, KVT_EIO);
+    cr_assert(stored > 0 && stored < 40, "stored %zu of 40 in 256 KiB", stored);
+    cr_assert_eq(st.failures, 40 - stored);
+    cr_assert_eq(no_tmp, 0, "a failed put left a temporary file");
+    cr_assert_eq(g.count, stored);
+    cr_assert(same);
+}
+
+/* Injected allocation failures in open: an error and nothing left (ASan
+ * checks the leaks), or a store that works. */
+Test(store_dir, open_under_allocation_failure) {
+    senv_init(&E, 8, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    int fails = 0;
+    for (uint64_t nth = 1; nth < 40; nth++) {
+        kvt_store_t *s = NULL;
+        kvt__mem_fail_nth(nth);
+        int rc = kvt_store_open(&s, url, &E.cfg);
+        kvt__mem_fail_nth(0);
+        if (rc != KVT_OK) {
+            cr_assert_eq(rc, KVT_ENOMEM, "nth %llu: %s", (unsigned long long)nth, kvt_err_name(rc));
+            cr_assert_null(s);
+            fails++;
+            continue;
+        }
+        kvt_store_page_t p[2];
+        pages_of(p, 2, 1, 0);
+        sres_t r = run_op(s, kvt_store_put, p, 2); /* a worker without memory fails its keys, counted */
+        cr_assert(r.count == 2 || r.status == KVT_EIO);
+        kvt_store_close(s);
+    }
+    cr_assert_gt(fails, 0);
 }
