@@ -208,3 +208,53 @@ Test(store_cluster, master_killed_replica_followed) {
     /* and puts go to the new master */
     cr_assert_eq(run_op(E.store, kvt_store_put, p, 32).count, 32u);
 }
+
+/* `redis-cli --cluster reshard` moves 1000 slots while gets run: every get
+ * is served, byte for byte, through the MOVED (and, when a get meets a slot
+ * mid-migration, ASK) paths; none fails. */
+Test(store_cluster, reshard_during_gets) {
+    start();
+    senv_init(&E, 256, 1, 4096, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, C.url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[128];
+    pages_of(p, 128, 5000, 0);
+    fill(&E, 5000, 0, 128);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 128).count, 128u);
+    int a = master_of(0), b = master_of(16383);
+    cr_assert(a > 0 && b > 0 && a != b);
+    char ida[64], idb[64], from[8];
+    node_id(a, ida);
+    node_id(b, idb);
+    snprintf(from, sizeof(from), "%d", a);
+    char addr[32], log[200];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", a);
+    snprintf(log, sizeof(log), "%s/reshard.log", C.n[0].dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1), dup2(fd, 2);
+        execlp("redis-cli", "redis-cli", "--cluster", "reshard", addr, "--cluster-from", ida, "--cluster-to", idb,
+               "--cluster-slots", "1000", "--cluster-yes", "--cluster-pipeline", "4", (char *)NULL);
+        _exit(127);
+    }
+    kvt_store_page_t q[128];
+    pages_of(q, 128, 5000, 128);
+    int st = 0, rounds = 0;
+    bool done = false;
+    while (!done) {
+        done = waitpid(pid, &st, WNOHANG) == pid;
+        wipe(&E, 128, 128);
+        sres_t r = run_op(E.store, kvt_store_get, q, 128);
+        rounds++;
+        cr_assert_eq(r.count, 128u, "round %d: %zu of 128 served", rounds, r.count);
+        for (int i = 0; i < 128; i++) cr_assert(check(&E, 5000 + (uint64_t)i, 128 + (uint32_t)i));
+    }
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "redis-cli --cluster reshard failed (see %s)", log);
+    kvt_store_stats_t s = sstats(E.store, KVT_STORE_GET);
+    cr_assert_eq(s.failures, 0u);
+    cr_assert_eq(s.bad_objects, 0u);
+    cr_assert_gt(s.moved, 0u, "no MOVED seen in %d rounds", rounds);
+    fprintf(stderr, "reshard: %d rounds of 128 gets, moved %llu, ask %llu, map reloads %llu\n", rounds,
+            (unsigned long long)s.moved, (unsigned long long)s.ask, (unsigned long long)s.map_refreshes);
+    (void)from;
+}
