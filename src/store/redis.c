@@ -21,6 +21,7 @@
  * Keys are "kvt:<32 hex>"; objects are the store's bytes as the value. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +45,14 @@ typedef struct rbe {
     pthread_mutex_t mu;
     kvt__slotmap_t *map; /* cluster: under mu */
     uint64_t map_gen;
+    _Atomic uint64_t down_until; /* a store found down: batches fail at once until then (ns) */
 } rbe_t;
+
+/* A batch that reached no node at all marks the store down for DOWN_NS:
+ * the batches meanwhile fail at once instead of each spending its retries
+ * (a cache keeps serving from L1/L2 without a queue of doomed calls); the
+ * first batch after it probes again. */
+#define DOWN_NS 1000000000ull
 
 typedef struct rconn {
     char host[256];
@@ -277,7 +285,15 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
         memset(req->results, KVT_STORE_FAILED, n);
         return;
     }
+    uint64_t now = kvt_now_ns(), until = atomic_load(&b->down_until);
+    if (now < until) {
+        memset(req->results, KVT_STORE_FAILED, n);
+        kvt__store_log(req->s, "%s: %zu keys failed: the store is down (next try in %llu ms)", kvt_store_op_name(req->op), n,
+                       (unsigned long long)((until - now) / 1000000));
+        return;
+    }
     if (b->cluster) sync_map(b, w);
+    bool answered = false;
     for (size_t i = 0; i < n; i++) {
         w->pending[i] = 1;
         w->asking[i] = 0;
@@ -347,6 +363,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
                     refresh = backoff = true;
                     continue;
                 }
+                answered = true;
                 w->asking[i] = 0;
                 int what = handle(b, w, req, i, r, c); /* a redirection sets asking: 1 ASK, 2 MOVED */
                 freeReplyObject(r);
@@ -367,6 +384,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
                 if (w->pending[i]) req->results[i] = KVT_STORE_FAILED, failed++;
             kvt__store_log(req->s, "%s: %zu of %zu keys failed after %u retries%s%s", kvt_store_op_name(req->op), failed, n,
                            retries, why[0] ? ": " : "", why);
+            if (!answered) atomic_store(&b->down_until, kvt_now_ns() + DOWN_NS);
             break;
         }
         if (backoff) sleep_ms(round < 5 ? 10u << round : 200u);
