@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/mem-int.h"
@@ -378,4 +379,73 @@ Test(store_dir, open_under_allocation_failure) {
         kvt_store_close(s);
     }
     cr_assert_gt(fails, 0);
+}
+
+/* Random puts, gets, exists and removes against a model: a plain array of
+ * keys with their last use, capacity in objects, evicting the least
+ * recently used (put and a get hit are uses; exists is not). After every
+ * call the per-key results are the model's, and every hit is byte-exact. */
+Test(store_dir, random_against_lru_model) {
+    enum { KEYS = 24, CAP = 7, OPS = 300 };
+    unsigned seed = (unsigned)time(NULL);
+    fprintf(stderr, "store_dir random_against_lru_model: seed %u\n", seed);
+    srand(seed);
+    senv_init(&E, 32, 1, 1000, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 1; /* one batch at a time: the model's order is the store's */
+    char u[200];
+    snprintf(u, sizeof(u), "%s,max=%d", url, CAP * 1080);
+    cr_assert_eq(senv_open(&E, u), KVT_OK);
+    fill(&E, 0, 0, KEYS); /* tier page k holds key k's content */
+    uint64_t last[KEYS] = {0}, clock = 0; /* 0: absent */
+    for (int op = 0; op < OPS; op++) {
+        size_t n = 1 + (size_t)(rand() % 4), k0 = (size_t)(rand() % (KEYS - 4));
+        kvt_store_page_t p[4];
+        for (size_t i = 0; i < n; i++) p[i] = (kvt_store_page_t){.hash = hkey(k0 + i), .page = (uint32_t)(k0 + i)};
+        int what = rand() % 4;
+        sres_t r;
+        if (what == 0) { /* put: each key a use, then evict down to CAP */
+            r = run_op(E.store, kvt_store_put, p, n);
+            for (size_t i = 0; i < n; i++) {
+                cr_assert_eq(r.r[i], KVT_STORE_OK, "seed %u op %d", seed, op);
+                last[k0 + i] = ++clock;
+                for (;;) {
+                    int live = 0, oldest = -1;
+                    for (int k = 0; k < KEYS; k++)
+                        if (last[k]) {
+                            live++;
+                            if (oldest < 0 || last[k] < last[oldest]) oldest = k;
+                        }
+                    if (live <= CAP) break;
+                    last[oldest] = 0;
+                }
+            }
+        } else if (what == 1) { /* get into pages 24.. */
+            for (size_t i = 0; i < n; i++) p[i].page = 24 + (uint32_t)i;
+            wipe(&E, 24, n);
+            r = run_op(E.store, kvt_store_get, p, n);
+            for (size_t i = 0; i < n; i++) {
+                bool want = last[k0 + i] != 0;
+                cr_assert_eq(r.r[i], want ? KVT_STORE_OK : KVT_STORE_MISS, "seed %u op %d get key %zu", seed, op, k0 + i);
+                if (want) {
+                    cr_assert(check(&E, k0 + i, 24 + (uint32_t)i), "seed %u op %d: key %zu served wrong bytes", seed, op, k0 + i);
+                    last[k0 + i] = ++clock;
+                }
+            }
+        } else if (what == 2) {
+            r = run_op(E.store, kvt_store_exists, p, n);
+            size_t lead = 0;
+            while (lead < n && last[k0 + lead]) lead++;
+            cr_assert_eq(r.count, lead, "seed %u op %d exists", seed, op);
+            for (size_t i = 0; i < n; i++) cr_assert_eq(r.r[i] == KVT_STORE_OK, last[k0 + i] != 0, "seed %u op %d", seed, op);
+        } else {
+            r = run_op(E.store, kvt_store_remove, p, n);
+            for (size_t i = 0; i < n; i++) {
+                cr_assert_eq(r.r[i], last[k0 + i] ? KVT_STORE_OK : KVT_STORE_MISS, "seed %u op %d remove", seed, op);
+                last[k0 + i] = 0;
+            }
+        }
+    }
+    int live = 0;
+    for (int k = 0; k < KEYS; k++) live += last[k] != 0;
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, (uint64_t)live);
 }
