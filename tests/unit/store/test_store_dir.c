@@ -4,6 +4,7 @@
  * survives a reopen; a put that died mid-write leaves nothing readable. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -448,4 +449,72 @@ Test(store_dir, random_against_lru_model) {
     int live = 0;
     for (int k = 0; k < KEYS; k++) live += last[k] != 0;
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, (uint64_t)live);
+}
+
+/* Four threads submit 50 batches each to a store of four workers; one
+ * thread polls. Every batch is reported once, with its own user value,
+ * and the statistics add up. Then batches left unpolled at close are
+ * waited for and freed (ASan checks). */
+typedef struct subarg {
+    kvt_store_t *s;
+    int id;
+} subarg_t;
+
+static void *submitter(void *arg) {
+    subarg_t *a = arg;
+    for (int b = 0; b < 50; b++) {
+        kvt_store_page_t p[4];
+        pages_of(p, 4, (uint64_t)(a->id * 1000 + b * 4), (uint32_t)(a->id * 4));
+        int rc = b % 2 == 0 ? kvt_store_put(a->s, p, 4, (uint64_t)(a->id << 16 | b), NULL)
+                            : kvt_store_exists(a->s, p, 4, (uint64_t)(a->id << 16 | b), NULL);
+        if (rc != KVT_OK) return (void *)1;
+    }
+    return NULL;
+}
+
+Test(store_dir, concurrent_submitters_one_poller) {
+    senv_init(&E, 16, 1, 512, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 4;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    pthread_t th[4];
+    subarg_t args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (subarg_t){E.store, i};
+        cr_assert_eq(pthread_create(&th[i], NULL, submitter, &args[i]), 0);
+    }
+    static bool seen[4][50];
+    memset(seen, 0, sizeof(seen));
+    int got = 0;
+    uint64_t t0 = kvt_now_ns();
+    while (got < 200 && kvt_now_ns() - t0 < 60ull * 1000000000ull) {
+        kvt_store_done_t d[16];
+        int k = kvt_store_poll(E.store, d, 16, 100000000ull);
+        cr_assert_geq(k, 0);
+        for (int j = 0; j < k; j++) {
+            int id = (int)(d[j].user >> 16), b = (int)(d[j].user & 0xffff);
+            cr_assert(id < 4 && b < 50 && !seen[id][b], "batch %d/%d reported twice or unknown", id, b);
+            seen[id][b] = true;
+            cr_assert_eq(d[j].op, b % 2 == 0 ? KVT_STORE_PUT : KVT_STORE_EXISTS);
+            if (b % 2 == 0) cr_assert_eq(d[j].count, 4u);
+        }
+        got += k;
+    }
+    for (int i = 0; i < 4; i++) {
+        void *ret;
+        pthread_join(th[i], &ret);
+        cr_assert_null(ret);
+    }
+    cr_assert_eq(got, 200);
+    cr_assert_eq(kvt_store_pending(E.store), 0u);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.calls, 100u);
+    cr_assert_eq(st.keys, 400u);
+    cr_assert_eq(st.inflight, 0u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_EXISTS).calls, 100u);
+    /* left in flight at close */
+    kvt_store_page_t p[4];
+    pages_of(p, 4, 0, 0);
+    for (int b = 0; b < 20; b++) cr_assert_eq(kvt_store_put(E.store, p, 4, 0, NULL), KVT_OK);
+    kvt_store_close(E.store);
+    E.store = NULL;
 }
