@@ -312,6 +312,20 @@ Test(store_dir, emit) {
     cr_assert_null(strstr(buf, "store_remove"));
     free(buf);
     kvt_emitter_destroy(em);
+    /* Prometheus text: one family per metric, histograms in seconds; promtool agrees where it is installed */
+    cr_assert_eq(kvt_emitter_create(&em, KVT_FMT_PROM, "kvtier"), KVT_OK);
+    kvt_store_emit(E.store, em);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/metrics.prom", root);
+    f = fopen(path, "w");
+    cr_assert_eq(kvt_emitter_write(em, f), KVT_OK);
+    fclose(f);
+    kvt_emitter_destroy(em);
+    char cmd[300], text[65536];
+    cr_assert_gt(read_file(path, text, sizeof(text) - 1), 0u);
+    cr_assert(strstr(text, "kvtier_store_get_latency_seconds_bucket") && strstr(text, "kvtier_store_put_hits_total"), "%.2000s", text);
+    snprintf(cmd, sizeof(cmd), "! command -v promtool >/dev/null || promtool check metrics < %s", path);
+    cr_assert_eq(system(cmd), 0, "promtool check metrics failed on %s", path);
 }
 
 /* A full filesystem (a 256 KiB tmpfs; skipped where mounting is not
