@@ -258,3 +258,28 @@ Test(store_cluster, reshard_during_gets) {
             (unsigned long long)s.moved, (unsigned long long)s.ask, (unsigned long long)s.map_refreshes);
     (void)from;
 }
+
+/* Every node killed: the batch fails (counted, a message), the next fails at
+ * once (the store is known down), nothing is served. */
+Test(store_cluster, whole_cluster_down) {
+    start();
+    senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.retries = 2;
+    E.cfg.timeout_ms = 300;
+    cr_assert_eq(senv_open(&E, C.url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[8];
+    pages_of(p, 8, 40, 0);
+    fill(&E, 40, 0, 8);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 8).count, 8u);
+    for (int i = 0; i < CLUSTER_NODES; i++) redis_kill(&C.n[i]);
+    sres_t r = run_op(E.store, kvt_store_get, p, 8);
+    cr_assert_eq(r.count, 0u);
+    cr_assert_eq(r.status, KVT_EIO);
+    uint64_t t0 = kvt_now_ns();
+    r = run_op(E.store, kvt_store_put, p, 8);
+    cr_assert_eq(r.count, 0u);
+    cr_assert_lt(kvt_now_ns() - t0, 200000000ull);
+    cr_assert(strstr(kvt_store_last_error(E.store), "down") != NULL, "%s", kvt_store_last_error(E.store));
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).failures, 8u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_PUT).failures, 8u);
+}

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "core/mem-int.h"
 #include "helpers.h"
 
@@ -139,6 +141,14 @@ Test(store_dir, wrong_objects_refused) {
         }
     }
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).bad_objects, sizeof(bad) / sizeof(bad[0]));
+    /* a well-formed header (its checksum recomputed) of another geometry */
+    memcpy(flipped, good, ob);
+    flipped[8] = 3; /* layers */
+    uint64_t hs = XXH3_64bits(flipped, 72);
+    for (int i = 0; i < 8; i++) flipped[72 + i] = (unsigned char)(hs >> (8 * i));
+    write_file(a, flipped, ob);
+    cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_BAD);
+    cr_assert(strstr(kvt_store_last_error(E.store), "wrong geometry") != NULL, "%s", kvt_store_last_error(E.store));
     /* restored, it is served again */
     write_file(a, good, ob);
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_OK);
