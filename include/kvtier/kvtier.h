@@ -13,6 +13,7 @@
 #include "kvtier/radix.h"
 #include "kvtier/rng.h"
 #include "kvtier/stats.h"
+#include "kvtier/store.h"
 #include "kvtier/tier.h"
 #include "kvtier/version.h"
 #include "kvtier/xfer.h"

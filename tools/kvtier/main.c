@@ -18,6 +18,7 @@ static void usage(FILE *f) {
           "  bench alloc   page-allocator microbenchmark against a scan baseline\n"
           "  bench xfer    L1 <-> L2 copy throughput of the transfer engine against memcpy\n"
           "  bench pd      hand-off throughput over the network against a raw socket\n"
+          "  bench store   L3 store put/get throughput against plain files or a plain hiredis loop\n"
           "  version       print the version\n"
           "  help          this text\n"
           "\n"
@@ -46,7 +47,8 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "alloc") == 0) return cmd_bench_alloc(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "xfer") == 0) return cmd_bench_xfer(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "pd") == 0) return cmd_bench_pd(argc - 3, argv + 3);
-        fprintf(stderr, "kvtier bench: expected a benchmark name: alloc, xfer, pd\n");
+        if (argc >= 3 && strcmp(argv[2], "store") == 0) return cmd_bench_store(argc - 3, argv + 3);
+        fprintf(stderr, "kvtier bench: expected a benchmark name: alloc, xfer, pd, store\n");
         return 2;
     }
     fprintf(stderr, "kvtier: unknown command '%s' (commands: replay, cp, pd, bench, version, help)\n", cmd);

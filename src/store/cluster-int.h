@@ -1,0 +1,28 @@
+/* Redis Cluster helpers shared by redis.c and the tests (cluster.c). */
+#ifndef KVTIER_STORE_CLUSTER_INT_H
+#define KVTIER_STORE_CLUSTER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVT__MAX_NODES 64
+#define KVT__NO_NODE 0xFFFF
+
+typedef struct kvt__rnode {
+    char host[256];
+    int port;
+} kvt__rnode_t;
+
+typedef struct kvt__slotmap {
+    uint16_t slot[16384]; /* node index or KVT__NO_NODE */
+    kvt__rnode_t nodes[KVT__MAX_NODES];
+    unsigned nnodes, covered;
+} kvt__slotmap_t;
+
+/* A CLUSTER SHARDS reply (a redisReply *) -> slots to the online master of
+ * each shard. KVT_EPARSE (nothing covered, or not that reply's shape). */
+int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m);
+/* "host:port" / "[v6]:port" of len bytes. KVT_EINVAL. */
+int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *port);
+
+#endif

@@ -1,0 +1,76 @@
+/* The store's front (store.c) and its backends (dir.c, redis.c): one small
+ * table of functions per backend. The front owns keys, objects, the queue,
+ * the workers, poll and statistics; a backend moves whole objects by name.
+ *
+ * A worker takes a batch, fills a kvt__sreq_t and calls the backend's run
+ * with its own per-worker context (a backend's connections are not shared
+ * between threads). run sets every results[i]: for a get through
+ * kvt__store_deliver (which checks the object and copies it into the tier),
+ * for a put from kvt__store_object (the object's bytes, built from the tier). */
+#ifndef KVTIER_STORE_INT_H
+#define KVTIER_STORE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/store.h"
+
+#define KVT__STORE_HDR 80
+#define KVT__STORE_MAGIC "KVT3"
+#define KVT__STORE_VERSION 1
+
+typedef struct kvt__scount {
+    uint64_t bytes, round_trips, moved, ask, tryagain, reconnects, map_refreshes, evictions;
+} kvt__scount_t;
+
+typedef struct kvt__sreq {
+    kvt_store_t *s;
+    kvt_store_op_t op;
+    size_t n;
+    const char (*hex)[33];   /* key i in hex */
+    uint8_t *results;        /* n kvt_store_result_t, to fill */
+    kvt__scount_t cnt;       /* the backend's counters for this batch */
+    void *scratch;           /* object_bytes of worker memory */
+    const kvt_store_page_t *pages;
+} kvt__sreq_t;
+
+typedef struct kvt__store_ops {
+    const char *name;
+    /* spec: the URL after "scheme:" (dir: "PATH[,max=SIZE]"; redis: after
+     * "//"). KVT_EINVAL / KVT_EIO / KVT_ENOMEM with kvt__store_error set. */
+    int (*open)(kvt_store_t *s, const char *spec, void **be);
+    void (*close)(void *be);
+    int (*worker_open)(void *be, void **w);
+    void (*worker_close)(void *be, void *w);
+    void (*run)(void *be, void *w, kvt__sreq_t *req);
+    /* stored bytes and objects, when the backend knows (may be NULL) */
+    void (*usage)(void *be, uint64_t *bytes, uint64_t *objects);
+} kvt__store_ops_t;
+
+extern const kvt__store_ops_t kvt__store_dir_ops;
+extern const kvt__store_ops_t kvt__store_redis_ops;
+extern const kvt__store_ops_t kvt__store_cluster_ops;
+
+/* Object i of a put: writes its object_bytes into dst. KVT_OK or the tier's error. */
+int kvt__store_object(kvt__sreq_t *req, size_t i, void *dst);
+/* Object i of a get as read from the store (len bytes, or NULL for none):
+ * checks it, copies it into the tier page, sets results[i] (OK, MISS or BAD,
+ * logging why) and counts its bytes. */
+void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len);
+/* Why an object is refused, or NULL when it is valid for key hex. */
+const char *kvt__store_check_object(const kvt_store_t *s, const char *hex, const void *obj, size_t len);
+
+uint64_t kvt__store_object_bytes(const kvt_store_t *s);
+uint32_t kvt__store_timeout_ms(const kvt_store_t *s);
+uint32_t kvt__store_retries(const kvt_store_t *s);
+
+/* Sets the open error text (thread-local) — printf style. */
+void kvt__store_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A message: the store's last message, and the log (rate-limited to stderr by default). */
+void kvt__store_log(kvt_store_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "123", "64K", "1.5G" (powers of 1024) -> bytes. KVT_EINVAL. */
+int kvt__store_parse_size(const char *s, size_t len, uint64_t *out);
+
+#endif

@@ -1,0 +1,686 @@
+/* The store's front (see include/kvtier/store.h for the contract).
+ *
+ *   submit (any thread)                 workers (cfg.threads)
+ *   -------------------                 ---------------------
+ *   check pages, copy the batch,        take a batch from the queue
+ *   hex keys                      -->   backend run (own connections):
+ *   push on the queue                     put: object = header + tier page
+ *                                         get: object -> checked -> tier page
+ *   poll (one thread)                   stats, done queue
+ *   <-- done queue <------------------
+ *
+ * A batch is one allocation (the struct, its pages, hex keys and results);
+ * it is freed by the poll after the one that returned it (so `pages` and
+ * `results` stay valid until the next poll), or by close.
+ *
+ * Invariants: a batch is on exactly one of {the queue, a worker, the done
+ * queue, the retired list}; `pending` counts batches submitted and not yet
+ * polled; the op's inflight gauge counts those not yet completed. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include "../core/abi-int.h"
+#include "../core/mem-int.h"
+#include "kvtier/error.h"
+#include "kvtier/store.h"
+#include "store-int.h"
+
+typedef struct sbatch sbatch_t;
+struct sbatch {
+    kvt_store_done_t done;
+    sbatch_t *next;
+    kvt_store_page_t *pages;
+    char (*hex)[33];
+    uint8_t *results;
+    size_t alloc_bytes;
+    uint64_t t_submit;
+};
+
+typedef struct opstats {
+    pthread_mutex_t mu;
+    kvt_store_stats_t st;
+} opstats_t;
+
+struct kvt_store {
+    kvt_store_config_t cfg;
+    char model[128], ns[128];
+    char url[1024];
+    const kvt__store_ops_t *ops;
+    void *be;
+    uint32_t layers;
+    uint64_t layer_bytes, page_bytes, object_bytes;
+    uint32_t tier_pages;
+    uint8_t ident[16];
+    /* queue */
+    pthread_mutex_t mu;
+    pthread_cond_t cv, done_cv;
+    sbatch_t *head, *tail, *done_head, *done_tail, *retired;
+    bool stop;
+    uint64_t pending;
+    _Atomic uint64_t next_ticket;
+    pthread_t *th;
+    unsigned nth;
+    opstats_t ops_st[KVT_STORE_OP_COUNT_];
+    /* messages */
+    pthread_mutex_t log_mu;
+    char last[512];
+    unsigned logged;
+};
+
+/* ---- errors and messages --------------------------------------------------------- */
+
+static _Thread_local char open_error[512];
+static _Thread_local char last_copy[512];
+
+void kvt__store_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(open_error, sizeof(open_error), fmt, ap);
+    va_end(ap);
+}
+
+void kvt__store_log(kvt_store_t *s, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&s->log_mu);
+    memcpy(s->last, msg, sizeof(msg));
+    unsigned k = s->logged++;
+    pthread_mutex_unlock(&s->log_mu);
+    if (s->cfg.log) s->cfg.log(s->cfg.log_arg, msg);
+    else if (k < 16) fprintf(stderr, "kvtier store %s: %s%s\n", s->url, msg, k == 15 ? " (further messages are only counted)" : "");
+}
+
+const char *kvt_store_last_error(const kvt_store_t *s) {
+    if (s == NULL) return open_error;
+    pthread_mutex_lock((pthread_mutex_t *)&s->log_mu);
+    memcpy(last_copy, s->last, sizeof(last_copy));
+    pthread_mutex_unlock((pthread_mutex_t *)&s->log_mu);
+    return last_copy;
+}
+
+const char *kvt_store_url(const kvt_store_t *s) { return s ? s->url : ""; }
+const char *kvt_store_backend(const kvt_store_t *s) { return s ? s->ops->name : ""; }
+
+const char *kvt_store_op_name(kvt_store_op_t op) {
+    static const char *names[] = {"exists", "get", "put", "remove"};
+    return (unsigned)op < KVT_STORE_OP_COUNT_ ? names[op] : "?";
+}
+
+uint64_t kvt__store_object_bytes(const kvt_store_t *s) { return s->object_bytes; }
+uint64_t kvt_store_object_bytes(const kvt_store_t *s) { return s ? s->object_bytes : 0; }
+uint32_t kvt__store_timeout_ms(const kvt_store_t *s) { return s->cfg.timeout_ms; }
+uint32_t kvt__store_retries(const kvt_store_t *s) { return s->cfg.retries; }
+
+int kvt__store_parse_size(const char *p, size_t len, uint64_t *out) {
+    char buf[64];
+    if (len == 0 || len >= sizeof(buf)) return KVT_EINVAL;
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    char *end;
+    double v = strtod(buf, &end);
+    if (end == buf || v < 0) return KVT_EINVAL;
+    double mul = 1;
+    switch (*end) {
+    case 0: break;
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    default: return KVT_EINVAL;
+    }
+    if (*end == 'i' || *end == 'B') end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+    if (*end != 0 || v * mul > 1.8e19) return KVT_EINVAL;
+    *out = (uint64_t)(v * mul);
+    return KVT_OK;
+}
+
+/* ---- keys and objects ------------------------------------------------------------- */
+
+static void put_le(uint8_t *p, uint64_t v, unsigned n) {
+    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get_le(const uint8_t *p, unsigned n) {
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static void key_bytes(const kvt_store_t *s, const kvt_hash128_t *h, uint8_t out[16]) {
+    uint8_t in[32];
+    memcpy(in, s->ident, 16);
+    put_le(in + 16, h->lo, 8);
+    put_le(in + 24, h->hi, 8);
+    XXH128_hash_t k = XXH3_128bits(in, sizeof(in));
+    put_le(out, k.low64, 8);
+    put_le(out + 8, k.high64, 8);
+}
+
+static void to_hex(const uint8_t k[16], char hex[33]) {
+    static const char d[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        hex[2 * i] = d[k[i] >> 4];
+        hex[2 * i + 1] = d[k[i] & 15];
+    }
+    hex[32] = 0;
+}
+
+static int from_hex(const char *hex, uint8_t k[16]) {
+    for (int i = 0; i < 32; i++) {
+        char c = hex[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0) return KVT_EINVAL;
+        if (i % 2 == 0) k[i / 2] = (uint8_t)(v << 4);
+        else k[i / 2] |= (uint8_t)v;
+    }
+    return KVT_OK;
+}
+
+kvt_hash128_t kvt_store_key(const kvt_store_t *s, const kvt_hash128_t *page_hash, char hex[33]) {
+    kvt_hash128_t r = {0, 0};
+    if (s == NULL || page_hash == NULL) return r;
+    uint8_t k[16];
+    key_bytes(s, page_hash, k);
+    if (hex) to_hex(k, hex);
+    r.lo = get_le(k, 8);
+    r.hi = get_le(k + 8, 8);
+    return r;
+}
+
+static void make_header(const kvt_store_t *s, const uint8_t key[16], uint64_t payload_sum, uint8_t h[KVT__STORE_HDR]) {
+    memset(h, 0, KVT__STORE_HDR);
+    memcpy(h, KVT__STORE_MAGIC, 4);
+    put_le(h + 4, KVT__STORE_VERSION, 2);
+    put_le(h + 6, KVT__STORE_HDR, 2);
+    put_le(h + 8, s->layers, 4);
+    put_le(h + 12, s->cfg.page_tokens, 4);
+    put_le(h + 16, s->layer_bytes, 8);
+    put_le(h + 24, s->page_bytes, 8);
+    memcpy(h + 32, s->ident, 16);
+    memcpy(h + 48, key, 16);
+    put_le(h + 64, payload_sum, 8);
+    put_le(h + 72, XXH3_64bits(h, 72), 8);
+}
+
+const char *kvt__store_check_object(const kvt_store_t *s, const char *hex, const void *obj, size_t len) {
+    const uint8_t *h = obj;
+    uint8_t key[16];
+    if (len < KVT__STORE_HDR) return "shorter than a header (truncated)";
+    if (memcmp(h, KVT__STORE_MAGIC, 4) != 0) return "bad magic (not a kvtier object)";
+    if (get_le(h + 72, 8) != XXH3_64bits(h, 72)) return "header checksum mismatch";
+    if (get_le(h + 4, 2) != KVT__STORE_VERSION || get_le(h + 6, 2) != KVT__STORE_HDR) return "unknown object version";
+    if (get_le(h + 8, 4) != s->layers || get_le(h + 12, 4) != s->cfg.page_tokens || get_le(h + 16, 8) != s->layer_bytes ||
+        get_le(h + 24, 8) != s->page_bytes)
+        return "wrong geometry (layers, page_tokens or layer_bytes differ)";
+    if (memcmp(h + 32, s->ident, 16) != 0) return "another model identity";
+    if (from_hex(hex, key) != KVT_OK || memcmp(h + 48, key, 16) != 0) return "another key's object";
+    if (len != s->object_bytes) return len < s->object_bytes ? "truncated payload" : "longer than an object";
+    if (get_le(h + 64, 8) != XXH3_64bits(h + KVT__STORE_HDR, s->page_bytes)) return "payload checksum mismatch";
+    return NULL;
+}
+
+/* Page-first payload <-> tier page: a contiguous page is one copy; otherwise
+ * one per layer (kvt_tier_read/write for tiers without a single address). */
+static bool page_contiguous(const kvt_tier_t *t) {
+    const kvt_geom_t *g = kvt_tier_geom(t);
+    return kvt_tier_host_visible(t) && kvt_tier_planes(t) == 1 && (g->layout == KVT_LAYOUT_PAGE_FIRST || g->layers == 1) &&
+           kvt_tier_kind(t) != KVT_TIER_ENGINE;
+}
+
+static int tier_to_buf(const kvt_store_t *s, uint32_t page, uint8_t *dst) {
+    kvt_tier_t *t = s->cfg.tier;
+    if (page_contiguous(t)) {
+        memcpy(dst, kvt_tier_addr(t, page, 0), s->page_bytes);
+        return KVT_OK;
+    }
+    for (uint32_t l = 0; l < s->layers; l++) {
+        int rc = kvt_tier_read(t, page, l, dst + (uint64_t)l * s->layer_bytes);
+        if (rc != KVT_OK) return rc;
+    }
+    return KVT_OK;
+}
+
+static int buf_to_tier(const kvt_store_t *s, uint32_t page, const uint8_t *src) {
+    kvt_tier_t *t = s->cfg.tier;
+    if (page_contiguous(t)) {
+        memcpy(kvt_tier_addr(t, page, 0), src, s->page_bytes);
+        return KVT_OK;
+    }
+    for (uint32_t l = 0; l < s->layers; l++) {
+        int rc = kvt_tier_write(t, page, l, src + (uint64_t)l * s->layer_bytes);
+        if (rc != KVT_OK) return rc;
+    }
+    return KVT_OK;
+}
+
+int kvt__store_object(kvt__sreq_t *req, size_t i, void *dst) {
+    kvt_store_t *s = req->s;
+    uint8_t *o = dst, key[16];
+    int rc = tier_to_buf(s, req->pages[i].page, o + KVT__STORE_HDR);
+    if (rc != KVT_OK) return rc;
+    from_hex(req->hex[i], key);
+    make_header(s, key, XXH3_64bits(o + KVT__STORE_HDR, s->page_bytes), o);
+    return KVT_OK;
+}
+
+void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len) {
+    kvt_store_t *s = req->s;
+    if (obj == NULL) {
+        req->results[i] = KVT_STORE_MISS;
+        return;
+    }
+    const char *why = kvt__store_check_object(s, req->hex[i], obj, len);
+    if (why) {
+        req->results[i] = KVT_STORE_BAD;
+        kvt__store_log(s, "bad object for key %s (%zu bytes): %s; refused, counted as a miss", req->hex[i], len, why);
+        return;
+    }
+    if (buf_to_tier(s, req->pages[i].page, (const uint8_t *)obj + KVT__STORE_HDR) != KVT_OK) {
+        req->results[i] = KVT_STORE_FAILED;
+        kvt__store_log(s, "key %s: could not write tier page %u", req->hex[i], req->pages[i].page);
+        return;
+    }
+    req->results[i] = KVT_STORE_OK;
+    req->cnt.bytes += len;
+}
+
+/* ---- workers ------------------------------------------------------------------------ */
+
+static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_t t_end) {
+    kvt_store_done_t *d = &b->done;
+    uint64_t hits = 0, misses = 0, bad = 0, failed = 0;
+    size_t lead = 0;
+    bool leading = true;
+    for (size_t i = 0; i < d->n; i++) {
+        uint8_t r = b->results[i];
+        hits += r == KVT_STORE_OK;
+        misses += r == KVT_STORE_MISS;
+        bad += r == KVT_STORE_BAD;
+        failed += r == KVT_STORE_FAILED;
+        if (leading && r == KVT_STORE_OK) lead++;
+        else leading = false;
+    }
+    d->count = d->op == KVT_STORE_EXISTS ? lead : hits;
+    d->status = failed ? KVT_EIO : KVT_OK;
+    d->latency_ns = t_end - b->t_submit;
+    opstats_t *o = &s->ops_st[d->op];
+    pthread_mutex_lock(&o->mu);
+    kvt_store_stats_t *st = &o->st;
+    st->calls++;
+    st->keys += d->n;
+    st->hits += hits;
+    st->misses += misses;
+    st->bad_objects += bad;
+    st->failures += failed;
+    st->bytes += req->cnt.bytes;
+    st->round_trips += req->cnt.round_trips;
+    st->moved += req->cnt.moved;
+    st->ask += req->cnt.ask;
+    st->tryagain += req->cnt.tryagain;
+    st->reconnects += req->cnt.reconnects;
+    st->map_refreshes += req->cnt.map_refreshes;
+    st->evictions += req->cnt.evictions;
+    st->inflight--;
+    kvt_hist_record(&st->latency_ns, d->latency_ns);
+    pthread_mutex_unlock(&o->mu);
+}
+
+static void *worker_main(void *arg) {
+    kvt_store_t *s = arg;
+    void *w = NULL;
+    int wrc = s->ops->worker_open(s->be, &w);
+    void *scratch = kvt__malloc(s->object_bytes);
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (s->head == NULL && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+        sbatch_t *b = s->head;
+        if (b == NULL) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        s->head = b->next;
+        if (s->head == NULL) s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+
+        kvt__sreq_t req = {.s = s, .op = b->done.op, .n = b->done.n, .hex = (const char(*)[33])b->hex,
+                           .results = b->results, .scratch = scratch, .pages = b->pages};
+        if (wrc != KVT_OK || scratch == NULL) {
+            memset(b->results, KVT_STORE_FAILED, b->done.n);
+            kvt__store_log(s, "worker has no backend context (%s): %zu keys failed", kvt_err_name(wrc ? wrc : KVT_ENOMEM), b->done.n);
+        } else {
+            s->ops->run(s->be, w, &req);
+        }
+        account(s, b, &req, kvt_now_ns());
+        pthread_mutex_lock(&s->mu);
+        b->next = NULL;
+        if (s->done_tail) s->done_tail->next = b;
+        else s->done_head = b;
+        s->done_tail = b;
+        pthread_cond_broadcast(&s->done_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    kvt__free(scratch, s->object_bytes);
+    if (wrc == KVT_OK) s->ops->worker_close(s->be, w);
+    return NULL;
+}
+
+/* ---- submit and poll ------------------------------------------------------------------ */
+
+static void batch_free(sbatch_t *b) { kvt__free(b, b->alloc_bytes); }
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int distinct_pages(const kvt_store_page_t *pages, size_t n) {
+    uint32_t *v = kvt__malloc(n * sizeof(uint32_t));
+    if (v == NULL) return KVT_ENOMEM;
+    for (size_t i = 0; i < n; i++) v[i] = pages[i].page;
+    qsort(v, n, sizeof(*v), cmp_u32);
+    int rc = KVT_OK;
+    for (size_t i = 1; i < n && rc == KVT_OK; i++)
+        if (v[i] == v[i - 1]) rc = KVT_EINVAL;
+    kvt__free(v, n * sizeof(uint32_t));
+    return rc;
+}
+
+static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pages, size_t n, uint64_t user,
+                  uint64_t *ticket) {
+    if (s == NULL || pages == NULL || n == 0 || n > (SIZE_MAX / 128)) return KVT_EINVAL;
+    if (op == KVT_STORE_GET || op == KVT_STORE_PUT) {
+        if (s->cfg.tier == NULL) return KVT_EINVAL;
+        for (size_t i = 0; i < n; i++)
+            if (pages[i].page >= s->tier_pages) return KVT_EINVAL;
+    }
+    if (op == KVT_STORE_GET && n > 1) { /* a page twice: two writers of one tier page */
+        int rc = distinct_pages(pages, n);
+        if (rc != KVT_OK) return rc;
+    }
+    size_t off_pages = (sizeof(sbatch_t) + 15) & ~(size_t)15;
+    size_t off_hex = off_pages + n * sizeof(kvt_store_page_t);
+    size_t off_res = off_hex + n * 33;
+    size_t total = off_res + n;
+    uint8_t *mem = kvt__malloc(total);
+    if (mem == NULL) return KVT_ENOMEM;
+    sbatch_t *b = (sbatch_t *)mem;
+    memset(b, 0, sizeof(*b));
+    b->alloc_bytes = total;
+    b->pages = (kvt_store_page_t *)(mem + off_pages);
+    b->hex = (char(*)[33])(mem + off_hex);
+    b->results = mem + off_res;
+    memcpy(b->pages, pages, n * sizeof(*pages));
+    for (size_t i = 0; i < n; i++) kvt_store_key(s, &pages[i].hash, b->hex[i]);
+    memset(b->results, KVT_STORE_FAILED, n); /* what a backend leaves unset */
+    b->done.op = op;
+    b->done.n = n;
+    b->done.user = user;
+    b->done.pages = b->pages;
+    b->done.results = b->results;
+    b->done.ticket = atomic_fetch_add(&s->next_ticket, 1);
+    b->t_submit = kvt_now_ns();
+    if (ticket) *ticket = b->done.ticket;
+    pthread_mutex_lock(&s->ops_st[op].mu);
+    s->ops_st[op].st.inflight++;
+    pthread_mutex_unlock(&s->ops_st[op].mu);
+    pthread_mutex_lock(&s->mu);
+    if (s->tail) s->tail->next = b;
+    else s->head = b;
+    s->tail = b;
+    s->pending++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return KVT_OK;
+}
+
+int kvt_store_exists(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64_t user, uint64_t *ticket) {
+    return submit(s, KVT_STORE_EXISTS, p, n, user, ticket);
+}
+int kvt_store_get(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64_t user, uint64_t *ticket) {
+    return submit(s, KVT_STORE_GET, p, n, user, ticket);
+}
+int kvt_store_put(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64_t user, uint64_t *ticket) {
+    return submit(s, KVT_STORE_PUT, p, n, user, ticket);
+}
+int kvt_store_remove(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64_t user, uint64_t *ticket) {
+    return submit(s, KVT_STORE_REMOVE, p, n, user, ticket);
+}
+
+int kvt_store_poll(kvt_store_t *s, kvt_store_done_t *out, size_t max, uint64_t timeout_ns) {
+    if (s == NULL || (out == NULL && max > 0)) return KVT_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    while (s->retired) {
+        sbatch_t *b = s->retired;
+        s->retired = b->next;
+        batch_free(b);
+    }
+    if (s->done_head == NULL && timeout_ns > 0 && max > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t until = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        until = timeout_ns > UINT64_MAX / 2 - until ? UINT64_MAX / 2 : until + timeout_ns;
+        ts.tv_sec = (time_t)(until / 1000000000ull);
+        ts.tv_nsec = (long)(until % 1000000000ull);
+        while (s->done_head == NULL)
+            if (pthread_cond_timedwait(&s->done_cv, &s->mu, &ts) != 0) break;
+    }
+    size_t k = 0;
+    while (k < max && s->done_head) {
+        sbatch_t *b = s->done_head;
+        s->done_head = b->next;
+        if (s->done_head == NULL) s->done_tail = NULL;
+        out[k++] = b->done;
+        b->next = s->retired;
+        s->retired = b;
+        s->pending--;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return (int)k;
+}
+
+uint64_t kvt_store_pending(kvt_store_t *s) {
+    if (s == NULL) return 0;
+    pthread_mutex_lock(&s->mu);
+    uint64_t n = s->pending;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* ---- open and close ------------------------------------------------------------------ */
+
+void kvt_store_config_default(kvt_store_config_t *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->size = sizeof(*cfg);
+    cfg->dtype_bytes = 2;
+    cfg->tp_size = 1;
+    cfg->cp_size = 1;
+    cfg->threads = 2;
+    cfg->timeout_ms = 2000;
+    cfg->retries = 8;
+}
+
+static int check_config(kvt_store_t *s) {
+    kvt_store_config_t *c = &s->cfg;
+    if (c->model == NULL || c->model[0] == 0 || strlen(c->model) >= sizeof(s->model))
+        return kvt__store_error("config: a model name (1..127 characters) is required"), KVT_EINVAL;
+    const char *ns = c->ns ? c->ns : "default";
+    if (strlen(ns) >= sizeof(s->ns)) return kvt__store_error("config: namespace longer than 127 characters"), KVT_EINVAL;
+    snprintf(s->model, sizeof(s->model), "%s", c->model);
+    snprintf(s->ns, sizeof(s->ns), "%s", ns);
+    if (c->page_tokens == 0) return kvt__store_error("config: page_tokens must be >= 1"), KVT_EINVAL;
+    if (c->threads < 1 || c->threads > 64) return kvt__store_error("config: threads must be 1..64 (got %u)", c->threads), KVT_EINVAL;
+    if (c->tp_size == 0 || c->tp_rank >= c->tp_size || c->cp_size == 0 || c->cp_rank >= c->cp_size)
+        return kvt__store_error("config: shard rank must be below its size (tp %u/%u, cp %u/%u)", c->tp_rank, c->tp_size,
+                                c->cp_rank, c->cp_size),
+               KVT_EINVAL;
+    if (c->timeout_ms == 0) return kvt__store_error("config: timeout_ms must be >= 1"), KVT_EINVAL;
+    s->layers = c->layers;
+    s->layer_bytes = c->layer_bytes;
+    if (c->tier) {
+        const kvt_geom_t *g = kvt_tier_geom(c->tier);
+        if (s->layers == 0) s->layers = g->layers;
+        if (s->layer_bytes == 0) s->layer_bytes = g->layer_bytes;
+        if (s->layers != g->layers || s->layer_bytes != g->layer_bytes)
+            return kvt__store_error("config: geometry %u layers x %llu bytes differs from the tier's %u x %llu", s->layers,
+                                    (unsigned long long)s->layer_bytes, g->layers, (unsigned long long)g->layer_bytes),
+                   KVT_EINVAL;
+        if (kvt_tier_planes(c->tier) == 0) return kvt__store_error("config: the tier has no local pages (a remote tier)"), KVT_EINVAL;
+        s->tier_pages = g->pages > UINT32_MAX ? UINT32_MAX : (uint32_t)g->pages;
+    }
+    if (s->layers == 0 || s->layer_bytes == 0)
+        return kvt__store_error("config: geometry needed: a tier, or layers and layer_bytes"), KVT_EINVAL;
+    if (s->layer_bytes > (1ull << 40) / s->layers) return kvt__store_error("config: page too large"), KVT_EINVAL;
+    s->page_bytes = (uint64_t)s->layers * s->layer_bytes;
+    s->object_bytes = s->page_bytes + KVT__STORE_HDR;
+    char id[512];
+    snprintf(id, sizeof(id), "kvtier-l3-id/1;model=%s;page_tokens=%u;layers=%u;layer_bytes=%llu;dtype_bytes=%u;tp=%u/%u;cp=%u/%u;ns=%s",
+             s->model, c->page_tokens, s->layers, (unsigned long long)s->layer_bytes, c->dtype_bytes, c->tp_rank, c->tp_size,
+             c->cp_rank, c->cp_size, s->ns);
+    XXH128_hash_t h = XXH3_128bits(id, strlen(id));
+    put_le(s->ident, h.low64, 8);
+    put_le(s->ident + 8, h.high64, 8);
+    return KVT_OK;
+}
+
+static int pick_backend(const char *url, const kvt__store_ops_t **ops, const char **spec) {
+    static const struct {
+        const char *prefix;
+        const kvt__store_ops_t *ops;
+    } schemes[] = {{"dir:", &kvt__store_dir_ops}, {"redis://", &kvt__store_redis_ops}, {"redis-cluster://", &kvt__store_cluster_ops}};
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++) {
+        size_t k = strlen(schemes[i].prefix);
+        if (strncmp(url, schemes[i].prefix, k) == 0) {
+            *ops = schemes[i].ops;
+            *spec = url + k;
+            return KVT_OK;
+        }
+    }
+    kvt__store_error("malformed store URL '%.200s': unknown scheme (expected dir:PATH[,max=SIZE], redis://HOST:PORT or "
+                     "redis-cluster://H:P[,H:P...])", url);
+    return KVT_EINVAL;
+}
+
+static void destroy(kvt_store_t *s) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->done_cv);
+    pthread_mutex_destroy(&s->log_mu);
+    for (int i = 0; i < KVT_STORE_OP_COUNT_; i++) pthread_mutex_destroy(&s->ops_st[i].mu);
+    KVT_DELETE(s);
+}
+
+static void stop_workers(kvt_store_t *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (unsigned i = 0; i < s->nth; i++) pthread_join(s->th[i], NULL);
+    kvt__free(s->th, s->cfg.threads * sizeof(pthread_t));
+    s->th = NULL;
+    s->nth = 0;
+}
+
+int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t *user) {
+    open_error[0] = 0;
+    if (out == NULL || url == NULL || user == NULL) return kvt__store_error("kvt_store_open: NULL argument"), KVT_EINVAL;
+    *out = NULL;
+    kvt_store_t *s = KVT_NEW(kvt_store_t);
+    if (s == NULL) return kvt__store_error("out of memory"), KVT_ENOMEM;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->log_mu, NULL);
+    for (int i = 0; i < KVT_STORE_OP_COUNT_; i++) {
+        pthread_mutex_init(&s->ops_st[i].mu, NULL);
+        s->ops_st[i].st.size = sizeof(kvt_store_stats_t);
+        s->ops_st[i].st.op = (kvt_store_op_t)i;
+        kvt_hist_init(&s->ops_st[i].st.latency_ns);
+    }
+    kvt_store_config_default(&s->cfg);
+    int rc = kvt__abi_in(&s->cfg, sizeof(s->cfg), user);
+    if (rc != KVT_OK) kvt__store_error("config: bad size field, or fields this library does not know are set");
+    const char *spec = NULL;
+    if (rc == KVT_OK) rc = check_config(s);
+    if (rc == KVT_OK && strlen(url) >= sizeof(s->url)) rc = KVT_EINVAL, kvt__store_error("store URL longer than 1023 characters");
+    if (rc == KVT_OK) rc = pick_backend(url, &s->ops, &spec);
+    if (rc == KVT_OK) {
+        snprintf(s->url, sizeof(s->url), "%s", url);
+        rc = s->ops->open(s, spec, &s->be);
+    }
+    if (rc != KVT_OK) {
+        destroy(s);
+        return rc;
+    }
+    s->th = kvt__calloc(s->cfg.threads, sizeof(pthread_t));
+    if (s->th == NULL) rc = KVT_ENOMEM;
+    for (unsigned i = 0; rc == KVT_OK && i < s->cfg.threads; i++) {
+        if (pthread_create(&s->th[i], NULL, worker_main, s) != 0) rc = KVT_EIO;
+        else s->nth++;
+    }
+    if (rc != KVT_OK) {
+        kvt__store_error("could not start the store's worker threads");
+        if (s->th) stop_workers(s);
+        s->ops->close(s->be);
+        destroy(s);
+        return rc;
+    }
+    *out = s;
+    return KVT_OK;
+}
+
+void kvt_store_close(kvt_store_t *s) {
+    if (s == NULL) return;
+    stop_workers(s); /* workers drain the queue before they exit */
+    s->ops->close(s->be);
+    sbatch_t *lists[] = {s->head, s->done_head, s->retired};
+    for (int i = 0; i < 3; i++)
+        while (lists[i]) {
+            sbatch_t *b = lists[i];
+            lists[i] = b->next;
+            batch_free(b);
+        }
+    destroy(s);
+}
+
+/* ---- statistics ------------------------------------------------------------------------ */
+
+int kvt_store_stats(kvt_store_t *s, kvt_store_op_t op, kvt_store_stats_t *out) {
+    if (s == NULL || out == NULL || (unsigned)op >= KVT_STORE_OP_COUNT_) return KVT_EINVAL;
+    kvt_store_stats_t st;
+    pthread_mutex_lock(&s->ops_st[op].mu);
+    st = s->ops_st[op].st;
+    pthread_mutex_unlock(&s->ops_st[op].mu);
+    st.size = sizeof(st);
+    if (s->ops->usage) s->ops->usage(s->be, &st.stored_bytes, &st.stored_objects);
+    return kvt__abi_out(out, &st, sizeof(st));
+}
+
+void kvt_store_emit(kvt_store_t *s, kvt_emitter_t *e) {
+    for (int op = 0; s && op < KVT_STORE_OP_COUNT_; op++) {
+        kvt_store_stats_t st = {.size = sizeof(st)};
+        kvt_store_stats(s, (kvt_store_op_t)op, &st);
+        if (st.calls == 0 && st.inflight == 0) continue;
+        char name[32];
+        snprintf(name, sizeof(name), "store_%s", kvt_store_op_name((kvt_store_op_t)op));
+        kvt_emit_begin(e, name);
+        KVT_EMIT_STATS(e, &st, KVT_STORE_STATS_FIELDS);
+        kvt_emit_gauge(e, "stored_bytes", (double)st.stored_bytes, "bytes of objects this process knows of (dir)");
+        kvt_emit_gauge(e, "stored_objects", (double)st.stored_objects, "objects this process knows of (dir)");
+        kvt_emit_hist(e, "latency_ns", &st.latency_ns, "submit to batch completion");
+        kvt_emit_end(e);
+    }
+}

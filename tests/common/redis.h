@@ -1,0 +1,211 @@
+/* Test fixture: real Redis servers on 127.0.0.1, started and always stopped.
+ *
+ *   redis_start(&srv, extra)     one server on a free port (no persistence)
+ *   cluster_start(&c)            six nodes, three masters + three replicas,
+ *                                joined by `redis-cli --cluster create`
+ *   redis_stop / cluster_stop    SIGKILL, reap, remove the data directory
+ *
+ * A free port is found by binding port 0 (redis has no --port 0), checking
+ * that port + 10000 (the cluster bus) is free too. Servers die with the test
+ * process even when it crashes (PR_SET_PDEATHSIG), and in a process group
+ * of their own so that a stop takes any child with them. Tests call the
+ * stop functions from a Criterion .fini, which runs when an assertion fails. */
+#ifndef KVTIER_TESTS_REDIS_H
+#define KVTIER_TESTS_REDIS_H
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+typedef struct redis_srv {
+    pid_t pid;
+    int port;
+    char dir[128];
+} redis_srv_t;
+
+static inline bool redis_port_free_(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+/* A port p with p and p + 10000 free, not 6379. */
+static inline int redis_free_port(void) {
+    for (int tries = 0; tries < 200; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t l = sizeof(a);
+        if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || getsockname(fd, (struct sockaddr *)&a, &l) != 0) {
+            close(fd);
+            continue;
+        }
+        close(fd);
+        int p = ntohs(a.sin_port);
+        if (p == 6379 || p > 55535 || p < 1024) continue;
+        if (redis_port_free_(p) && redis_port_free_(p + 10000)) return p;
+    }
+    return -1;
+}
+
+static inline void redis_sleep_ms(unsigned ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A command on the server, its reply (caller frees), or NULL. */
+static inline redisReply *redis_cmd(int port, const char *fmt, ...) {
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == NULL || c->err) {
+        if (c) redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    return r;
+}
+
+static inline bool redis_reply_has_(int port, const char *cmd, const char *want) {
+    redisReply *r = redis_cmd(port, cmd);
+    bool ok = r && (r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_STRING) && strstr(r->str, want) != NULL;
+    if (r) freeReplyObject(r);
+    return ok;
+}
+
+static inline void redis_rmrf_(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[512];
+    while (d && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* extra: NULL-terminated further arguments (e.g. "--maxmemory", "2mb"). */
+static inline int redis_start_args(redis_srv_t *s, bool cluster, const char *const *extra) {
+    memset(s, 0, sizeof(*s));
+    snprintf(s->dir, sizeof(s->dir), "/tmp/kvt-redis-XXXXXX");
+    if (mkdtemp(s->dir) == NULL) return -1;
+    s->port = redis_free_port();
+    if (s->port < 0) return -1;
+    char port[16], log[200], conf[200];
+    snprintf(port, sizeof(port), "%d", s->port);
+    snprintf(log, sizeof(log), "%s/redis.log", s->dir);
+    snprintf(conf, sizeof(conf), "%s/nodes.conf", s->dir);
+    const char *argv[48] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                            "--dir", s->dir, "--logfile", log, "--daemonize", "no", "--protected-mode", "no"};
+    int n = 17;
+    if (cluster) {
+        const char *c[] = {"--cluster-enabled", "yes", "--cluster-config-file", conf, "--cluster-node-timeout", "1000",
+                           "--cluster-require-full-coverage", "no", "--cluster-replica-validity-factor", "0"};
+        for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) argv[n++] = c[i];
+    }
+    for (int i = 0; extra && extra[i] && n < 46; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) dup2(nul, 1), dup2(nul, 2);
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    s->pid = pid;
+    for (int i = 0; i < 500; i++) { /* up to 5 s */
+        if (redis_reply_has_(s->port, "PING", "PONG")) return 0;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            s->pid = 0;
+            return -1;
+        }
+        redis_sleep_ms(10);
+    }
+    return -1;
+}
+
+static inline int redis_start(redis_srv_t *s, const char *const *extra) { return redis_start_args(s, false, extra); }
+
+/* Kills the server (SIGKILL, its group), reaps it; keep_dir for a restart. */
+static inline void redis_kill(redis_srv_t *s) {
+    if (s->pid > 0) {
+        kill(-s->pid, SIGKILL);
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, NULL, 0);
+    }
+    s->pid = 0;
+}
+
+static inline void redis_stop(redis_srv_t *s) {
+    redis_kill(s);
+    if (s->dir[0]) redis_rmrf_(s->dir);
+    s->dir[0] = 0;
+}
+
+/* ---- a six-node cluster ---- */
+
+#define CLUSTER_NODES 6
+
+typedef struct redis_cluster {
+    redis_srv_t n[CLUSTER_NODES];
+    char url[512];
+} redis_cluster_t;
+
+static inline void cluster_stop(redis_cluster_t *c) {
+    for (int i = 0; i < CLUSTER_NODES; i++) redis_stop(&c->n[i]);
+}
+
+static inline bool cluster_ok_(int port) {
+    redisReply *r = redis_cmd(port, "CLUSTER INFO");
+    bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok") != NULL;
+    if (r) freeReplyObject(r);
+    return ok;
+}
+
+static inline int cluster_start(redis_cluster_t *c) {
+    memset(c, 0, sizeof(*c));
+    for (int i = 0; i < CLUSTER_NODES; i++)
+        if (redis_start_args(&c->n[i], true, NULL) != 0) return -1;
+    char cmd[1024];
+    int k = snprintf(cmd, sizeof(cmd), "redis-cli --cluster create");
+    for (int i = 0; i < CLUSTER_NODES; i++) k += snprintf(cmd + k, sizeof(cmd) - (size_t)k, " 127.0.0.1:%d", c->n[i].port);
+    snprintf(cmd + k, sizeof(cmd) - (size_t)k, " --cluster-replicas 1 --cluster-yes >%s/create.log 2>&1", c->n[0].dir);
+    if (system(cmd) != 0) return -1;
+    k = snprintf(c->url, sizeof(c->url), "redis-cluster://127.0.0.1:%d,127.0.0.1:%d", c->n[0].port, c->n[1].port);
+    for (int t = 0; t < 1000; t++) { /* up to 10 s: every node agrees the cluster is up */
+        bool all = true;
+        for (int i = 0; i < CLUSTER_NODES && all; i++) all = cluster_ok_(c->n[i].port);
+        if (all) return 0;
+        redis_sleep_ms(10);
+    }
+    return -1;
+}
+
+#endif

@@ -1,0 +1,544 @@
+/* The dir backend against its model: what was put is what a get serves,
+ * byte for byte (kvt_tier_pattern_*); a wrong object on disk is refused and
+ * counted; capacity evicts least recently used objects and the order
+ * survives a reopen; a put that died mid-write leaves nothing readable. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "core/mem-int.h"
+#include "helpers.h"
+
+static senv_t E;
+static char root[64];
+static char url[160];
+
+static void rmtree(const char *p) {
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", p);
+    if (system(cmd) != 0) fprintf(stderr, "rm -rf %s failed\n", p);
+}
+
+static void setup(void) {
+    snprintf(root, sizeof(root), "/tmp/kvt-store-dir-XXXXXX");
+    cr_assert_not_null(mkdtemp(root));
+    snprintf(url, sizeof(url), "dir:%s", root);
+}
+static void teardown(void) {
+    senv_fini(&E);
+    rmtree(root);
+}
+
+static void obj_path(const kvt_hash128_t *h, char *out, size_t cap) {
+    char hex[33];
+    kvt_store_key(E.store, h, hex);
+    snprintf(out, cap, "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+}
+
+TestSuite(store_dir, .init = setup, .fini = teardown);
+
+Test(store_dir, roundtrip_page_first) {
+    senv_init(&E, 64, 4, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_str_eq(kvt_store_backend(E.store), "dir");
+    roundtrip(&E, 32);
+}
+
+Test(store_dir, roundtrip_layer_first) {
+    senv_init(&E, 64, 3, 512, KVT_LAYOUT_LAYER_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    roundtrip(&E, 20);
+}
+
+/* The object in a file is page-first: header, then layer 0, 1, ... */
+Test(store_dir, object_format) {
+    senv_init(&E, 4, 2, 128, KVT_LAYOUT_LAYER_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[1];
+    pages_of(p, 1, 5, 0);
+    fill(&E, 5, 0, 1);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 1).count, 1u);
+    char path[256];
+    obj_path(&p[0].hash, path, sizeof(path));
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    unsigned char buf[80 + 256];
+    cr_assert_eq(fread(buf, 1, sizeof(buf), f), sizeof(buf));
+    cr_assert_eq(fgetc(f), EOF);
+    fclose(f);
+    cr_assert_eq(memcmp(buf, "KVT3", 4), 0);
+    cr_assert_eq(buf[4] | buf[5] << 8, 1);
+    cr_assert_eq(buf[8], 2);  /* layers */
+    cr_assert_eq(buf[12], 16); /* page_tokens */
+    cr_assert_eq(buf[16], 128); /* layer_bytes */
+    kvt_hash128_t h = hkey(5);
+    for (uint32_t l = 0; l < 2; l++) cr_assert(kvt_pattern_check(buf + 80 + l * 128, 128, h.lo, h.hi, l));
+}
+
+static void write_file(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+static size_t read_file(const char *path, void *b, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    size_t n = fread(b, 1, cap, f);
+    fclose(f);
+    return n;
+}
+
+/* Garbage, another key's object, a truncated one, a flipped payload byte:
+ * each a miss, counted as a bad object, and the tier page untouched. */
+Test(store_dir, wrong_objects_refused) {
+    senv_init(&E, 16, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[2];
+    pages_of(p, 2, 100, 0);
+    fill(&E, 100, 0, 2);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 2).count, 2u);
+    char a[256], b[256];
+    obj_path(&p[0].hash, a, sizeof(a));
+    obj_path(&p[1].hash, b, sizeof(b));
+    size_t ob = kvt_store_object_bytes(E.store);
+    unsigned char *good = malloc(ob), *other = malloc(ob), *junk = malloc(ob);
+    cr_assert_eq(read_file(a, good, ob), ob);
+    cr_assert_eq(read_file(b, other, ob), ob);
+    for (size_t i = 0; i < ob; i++) junk[i] = (unsigned char)(i * 31 + 7);
+    struct {
+        const void *bytes;
+        size_t n;
+        const char *what;
+    } bad[] = {{junk, ob, "bad magic"}, {other, ob, "another key"}, {good, ob - 100, "truncated"}, {good, 40, "shorter"}, {NULL, ob, "payload checksum"}};
+    unsigned char *flipped = malloc(ob);
+    memcpy(flipped, good, ob);
+    flipped[ob - 1] ^= 1;
+    bad[4].bytes = flipped;
+    kvt_store_page_t q = {.hash = p[0].hash, .page = 5};
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        write_file(a, bad[k].bytes, bad[k].n);
+        wipe(&E, 5, 1);
+        sres_t r = run_op(E.store, kvt_store_get, &q, 1);
+        cr_assert_eq(r.r[0], KVT_STORE_BAD, "%s served", bad[k].what);
+        cr_assert_eq(r.count, 0u);
+        cr_assert(strstr(kvt_store_last_error(E.store), bad[k].what) != NULL, "%s: logged '%s'", bad[k].what,
+                  kvt_store_last_error(E.store));
+        const kvt_geom_t *g = kvt_tier_geom(E.tier);
+        for (uint32_t l = 0; l < g->layers; l++) {
+            const unsigned char *pg = kvt_tier_addr(E.tier, 5, l);
+            for (size_t i = 0; i < g->layer_bytes; i++) cr_assert_eq(pg[i], 0, "a refused object reached the tier");
+        }
+    }
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).bad_objects, sizeof(bad) / sizeof(bad[0]));
+    /* a well-formed header (its checksum recomputed) of another geometry */
+    memcpy(flipped, good, ob);
+    flipped[8] = 3; /* layers */
+    uint64_t hs = XXH3_64bits(flipped, 72);
+    for (int i = 0; i < 8; i++) flipped[72 + i] = (unsigned char)(hs >> (8 * i));
+    write_file(a, flipped, ob);
+    cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_BAD);
+    cr_assert(strstr(kvt_store_last_error(E.store), "wrong geometry") != NULL, "%s", kvt_store_last_error(E.store));
+    /* restored, it is served again */
+    write_file(a, good, ob);
+    cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_OK);
+    cr_assert(check(&E, 100, 5));
+    free(good), free(other), free(junk), free(flipped);
+}
+
+/* A store of another geometry under the same root never serves ours. */
+Test(store_dir, other_geometry_is_another_key) {
+    senv_init(&E, 8, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[4];
+    pages_of(p, 4, 1, 0);
+    fill(&E, 1, 0, 4);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 4).count, 4u);
+    kvt_tier_t *t2 = make_tier(8, 2, 512, KVT_LAYOUT_PAGE_FIRST);
+    kvt_store_config_t c = E.cfg;
+    c.tier = t2;
+    kvt_store_t *s2 = NULL;
+    cr_assert_eq(kvt_store_open(&s2, url, &c), KVT_OK);
+    cr_assert_eq(run_op(s2, kvt_store_exists, p, 4).count, 0u);
+    cr_assert_eq(run_op(s2, kvt_store_get, p, 4).count, 0u);
+    kvt_store_close(s2);
+    kvt_tier_destroy(t2);
+}
+
+static void touch_order(void) { usleep(20000); } /* distinct file times */
+
+Test(store_dir, lru_eviction_and_rebuild) {
+    senv_init(&E, 32, 1, 4000, KVT_LAYOUT_PAGE_FIRST);
+    char u[200];
+    /* room for 5 objects of 4080 bytes */
+    snprintf(u, sizeof(u), "%s,max=%d", url, 5 * 4080 + 100);
+    cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[8];
+    pages_of(p, 8, 50, 0);
+    fill(&E, 50, 0, 8);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+        touch_order();
+    }
+    /* use 0 and 1: 2 is now the least recently used */
+    kvt_store_page_t g[2] = {{.hash = p[0].hash, .page = 20}, {.hash = p[1].hash, .page = 21}};
+    cr_assert_eq(run_op(E.store, kvt_store_get, g, 2).count, 2u);
+    touch_order();
+    cr_assert_eq(run_op(E.store, kvt_store_put, &p[5], 1).count, 1u);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.evictions, 1u);
+    cr_assert_eq(st.stored_objects, 5u);
+    sres_t r = run_op(E.store, kvt_store_exists, p, 6);
+    bool want[6] = {1, 1, 0, 1, 1, 1};
+    for (int i = 0; i < 6; i++) cr_assert_eq(r.r[i] == KVT_STORE_OK, want[i], "object %d", i);
+    /* reopen: the order comes back from the file times (3 is oldest now) */
+    kvt_store_close(E.store);
+    E.store = NULL;
+    cr_assert_eq(senv_open(&E, u), KVT_OK);
+    st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.stored_objects, 5u);
+    cr_assert_eq(st.stored_bytes, 5u * 4080);
+    touch_order();
+    cr_assert_eq(run_op(E.store, kvt_store_put, &p[6], 1).count, 1u);
+    r = run_op(E.store, kvt_store_exists, p, 7);
+    bool want2[7] = {1, 1, 0, 0, 1, 1, 1};
+    for (int i = 0; i < 7; i++) cr_assert_eq(r.r[i] == KVT_STORE_OK, want2[i], "after reopen: object %d", i);
+    /* a smaller max at open evicts down to it */
+    kvt_store_close(E.store);
+    E.store = NULL;
+    snprintf(u, sizeof(u), "%s,max=%d", url, 2 * 4080);
+    cr_assert_eq(senv_open(&E, u), KVT_OK);
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 2u);
+    r = run_op(E.store, kvt_store_exists, &p[5], 2);
+    cr_assert_eq(r.count, 2u, "the two most recent survive");
+}
+
+/* A put that died mid-write: a temporary file, never an object. */
+Test(store_dir, crash_mid_write_invisible) {
+    senv_init(&E, 8, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[1];
+    pages_of(p, 1, 9, 0);
+    fill(&E, 9, 0, 1);
+    char fin[256], dirp[256], tmp[400];
+    obj_path(&p[0].hash, fin, sizeof(fin));
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 1).count, 1u);
+    size_t ob = kvt_store_object_bytes(E.store);
+    unsigned char *good = malloc(ob);
+    cr_assert_eq(read_file(fin, good, ob), ob);
+    cr_assert_eq(run_op(E.store, kvt_store_remove, p, 1).count, 1u);
+    /* a child that starts the write and dies before the rename */
+    snprintf(dirp, sizeof(dirp), "%.*s", (int)(strrchr(fin, '/') - fin), fin);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char t[400];
+        snprintf(t, sizeof(t), "%s/.tmp.%ld.0.%s", dirp, (long)getpid(), strrchr(fin, '/') + 1);
+        int fd = open(t, O_WRONLY | O_CREAT, 0644);
+        if (write(fd, good, ob / 2) < 0) _exit(2);
+        _exit(0);
+    }
+    int stt;
+    waitpid(pid, &stt, 0);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
+    cr_assert_eq(access(tmp, F_OK), 0);
+    cr_assert_eq(run_op(E.store, kvt_store_exists, p, 1).count, 0u);
+    kvt_store_page_t q = {.hash = p[0].hash, .page = 3};
+    cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_MISS);
+    /* the next open removes it: its writer is gone */
+    kvt_store_close(E.store);
+    E.store = NULL;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    cr_assert_neq(access(tmp, F_OK), 0, "a dead writer's temporary file survived open");
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 0u);
+    free(good);
+}
+
+/* Two processes share a root: what one puts the other gets. */
+Test(store_dir, two_processes_share_a_root) {
+    senv_init(&E, 16, 2, 2048, KVT_LAYOUT_PAGE_FIRST);
+    pid_t pid = fork();
+    if (pid == 0) {
+        senv_t c;
+        senv_init(&c, 16, 2, 2048, KVT_LAYOUT_PAGE_FIRST);
+        if (senv_open(&c, url) != KVT_OK) _exit(1);
+        kvt_store_page_t p[8];
+        pages_of(p, 8, 300, 0);
+        fill(&c, 300, 0, 8);
+        sres_t r = run_op(c.store, kvt_store_put, p, 8);
+        senv_fini(&c);
+        _exit(r.count == 8 ? 0 : 3);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t q[8];
+    pages_of(q, 8, 300, 8);
+    cr_assert_eq(run_op(E.store, kvt_store_get, q, 8).count, 8u);
+    for (int i = 0; i < 8; i++) cr_assert(check(&E, 300 + (uint64_t)i, 8 + (uint32_t)i));
+}
+
+Test(store_dir, submit_errors_queue_nothing) {
+    senv_init(&E, 8, 1, 64, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[2];
+    pages_of(p, 2, 0, 0);
+    cr_assert_eq(kvt_store_get(E.store, p, 0, 0, NULL), KVT_EINVAL);
+    p[1].page = 8;
+    cr_assert_eq(kvt_store_put(E.store, p, 2, 0, NULL), KVT_EINVAL);
+    p[1].page = 0;
+    cr_assert_eq(kvt_store_get(E.store, p, 2, 0, NULL), KVT_EINVAL, "a page twice in one get");
+    cr_assert_eq(kvt_store_pending(E.store), 0u);
+    kvt_store_done_t d;
+    cr_assert_eq(kvt_store_poll(E.store, &d, 1, 0), 0);
+}
+
+Test(store_dir, emit) {
+    senv_init(&E, 8, 1, 64, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[2];
+    pages_of(p, 2, 0, 0);
+    run_op(E.store, kvt_store_put, p, 2);
+    run_op(E.store, kvt_store_get, p, 1);
+    kvt_emitter_t *em;
+    cr_assert_eq(kvt_emitter_create(&em, KVT_FMT_JSON, "kvtier"), KVT_OK);
+    kvt_store_emit(E.store, em);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(kvt_emitter_write(em, f), KVT_OK);
+    fclose(f);
+    cr_assert(strstr(buf, "store_put") && strstr(buf, "store_get") && strstr(buf, "latency_ns") && strstr(buf, "p999"), "%s", buf);
+    cr_assert_null(strstr(buf, "store_remove"));
+    free(buf);
+    kvt_emitter_destroy(em);
+    /* Prometheus text: one family per metric, histograms in seconds; promtool agrees where it is installed */
+    cr_assert_eq(kvt_emitter_create(&em, KVT_FMT_PROM, "kvtier"), KVT_OK);
+    kvt_store_emit(E.store, em);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/metrics.prom", root);
+    f = fopen(path, "w");
+    cr_assert_eq(kvt_emitter_write(em, f), KVT_OK);
+    fclose(f);
+    kvt_emitter_destroy(em);
+    char cmd[300], text[65536];
+    cr_assert_gt(read_file(path, text, sizeof(text) - 1), 0u);
+    cr_assert(strstr(text, "kvtier_store_get_latency_seconds_bucket") && strstr(text, "kvtier_store_put_hits_total"), "%.2000s", text);
+    snprintf(cmd, sizeof(cmd), "! command -v promtool >/dev/null || promtool check metrics < %s", path);
+    cr_assert_eq(system(cmd), 0, "promtool check metrics failed on %s", path);
+}
+
+/* A full filesystem (a 256 KiB tmpfs; skipped where mounting is not
+ * allowed): puts fail cleanly, counted, no temporary file is left, and
+ * what was stored is served whole. */
+Test(store_dir, full_filesystem) {
+    char mnt[128];
+    snprintf(mnt, sizeof(mnt), "%s/small", root);
+    cr_assert_eq(mkdir(mnt, 0755), 0);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=256k kvt-store-test %s 2>/dev/null", mnt);
+    if (system(cmd) != 0) cr_skip_test("cannot mount a tmpfs here (needs root): skipped");
+    senv_init(&E, 64, 1, 16384, KVT_LAYOUT_PAGE_FIRST);
+    char u[200];
+    snprintf(u, sizeof(u), "dir:%s", mnt);
+    int rc = senv_open(&E, u);
+    kvt_store_page_t p[40];
+    pages_of(p, 40, 600, 0);
+    fill(&E, 600, 0, 40);
+    sres_t r = {0};
+    if (rc == KVT_OK) r = run_op(E.store, kvt_store_put, p, 40);
+    size_t stored = r.count;
+    kvt_store_stats_t st = rc == KVT_OK ? sstats(E.store, KVT_STORE_PUT) : (kvt_store_stats_t){0};
+    char find[300];
+    snprintf(find, sizeof(find), "test -z \"$(find %s -name '.tmp.*')\"", mnt);
+    int no_tmp = system(find);
+    kvt_store_page_t q[40];
+    pages_of(q, stored, 600, 0);
+    wipe(&E, 0, 40);
+    sres_t g = stored && rc == KVT_OK ? run_op(E.store, kvt_store_get, q, stored) : (sres_t){0};
+    bool same = true;
+    for (size_t i = 0; i < stored; i++) same &= check(&E, 600 + i, (uint32_t)i);
+    kvt_store_close(E.store);
+    E.store = NULL;
+    snprintf(cmd, sizeof(cmd), "umount %s", mnt);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(rc, KVT_OK);
+    cr_assert_eq(r.status, KVT_EIO);
+    cr_assert(stored > 0 && stored < 40, "stored %zu of 40 in 256 KiB", stored);
+    cr_assert_eq(st.failures, 40 - stored);
+    cr_assert_eq(no_tmp, 0, "a failed put left a temporary file");
+    cr_assert_eq(g.count, stored);
+    cr_assert(same);
+}
+
+/* Injected allocation failures in open: an error and nothing left (ASan
+ * checks the leaks), or a store that works. */
+Test(store_dir, open_under_allocation_failure) {
+    senv_init(&E, 8, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    int fails = 0;
+    for (uint64_t nth = 1; nth < 40; nth++) {
+        kvt_store_t *s = NULL;
+        kvt__mem_fail_nth(nth);
+        int rc = kvt_store_open(&s, url, &E.cfg);
+        kvt__mem_fail_nth(0);
+        if (rc != KVT_OK) {
+            cr_assert_eq(rc, KVT_ENOMEM, "nth %llu: %s", (unsigned long long)nth, kvt_err_name(rc));
+            cr_assert_null(s);
+            fails++;
+            continue;
+        }
+        kvt_store_page_t p[2];
+        pages_of(p, 2, 1, 0);
+        sres_t r = run_op(s, kvt_store_put, p, 2); /* a worker without memory fails its keys, counted */
+        cr_assert(r.count == 2 || r.status == KVT_EIO);
+        kvt_store_close(s);
+    }
+    cr_assert_gt(fails, 0);
+}
+
+/* Random puts, gets, exists and removes against a model: a plain array of
+ * keys with their last use, capacity in objects, evicting the least
+ * recently used (put and a get hit are uses; exists is not). After every
+ * call the per-key results are the model's, and every hit is byte-exact. */
+Test(store_dir, random_against_lru_model) {
+    enum { KEYS = 24, CAP = 7, OPS = 300 };
+    unsigned seed = (unsigned)time(NULL);
+    fprintf(stderr, "store_dir random_against_lru_model: seed %u\n", seed);
+    srand(seed);
+    senv_init(&E, 32, 1, 1000, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 1; /* one batch at a time: the model's order is the store's */
+    char u[200];
+    snprintf(u, sizeof(u), "%s,max=%d", url, CAP * 1080);
+    cr_assert_eq(senv_open(&E, u), KVT_OK);
+    fill(&E, 0, 0, KEYS); /* tier page k holds key k's content */
+    uint64_t last[KEYS] = {0}, clock = 0; /* 0: absent */
+    for (int op = 0; op < OPS; op++) {
+        size_t n = 1 + (size_t)(rand() % 4), k0 = (size_t)(rand() % (KEYS - 4));
+        kvt_store_page_t p[4];
+        for (size_t i = 0; i < n; i++) p[i] = (kvt_store_page_t){.hash = hkey(k0 + i), .page = (uint32_t)(k0 + i)};
+        int what = rand() % 4;
+        sres_t r;
+        if (what == 0) { /* put: each key a use, then evict down to CAP */
+            r = run_op(E.store, kvt_store_put, p, n);
+            for (size_t i = 0; i < n; i++) {
+                cr_assert_eq(r.r[i], KVT_STORE_OK, "seed %u op %d", seed, op);
+                last[k0 + i] = ++clock;
+                for (;;) {
+                    int live = 0, oldest = -1;
+                    for (int k = 0; k < KEYS; k++)
+                        if (last[k]) {
+                            live++;
+                            if (oldest < 0 || last[k] < last[oldest]) oldest = k;
+                        }
+                    if (live <= CAP) break;
+                    last[oldest] = 0;
+                }
+            }
+        } else if (what == 1) { /* get into pages 24.. */
+            for (size_t i = 0; i < n; i++) p[i].page = 24 + (uint32_t)i;
+            wipe(&E, 24, n);
+            r = run_op(E.store, kvt_store_get, p, n);
+            for (size_t i = 0; i < n; i++) {
+                bool want = last[k0 + i] != 0;
+                cr_assert_eq(r.r[i], want ? KVT_STORE_OK : KVT_STORE_MISS, "seed %u op %d get key %zu", seed, op, k0 + i);
+                if (want) {
+                    cr_assert(check(&E, k0 + i, 24 + (uint32_t)i), "seed %u op %d: key %zu served wrong bytes", seed, op, k0 + i);
+                    last[k0 + i] = ++clock;
+                }
+            }
+        } else if (what == 2) {
+            r = run_op(E.store, kvt_store_exists, p, n);
+            size_t lead = 0;
+            while (lead < n && last[k0 + lead]) lead++;
+            cr_assert_eq(r.count, lead, "seed %u op %d exists", seed, op);
+            for (size_t i = 0; i < n; i++) cr_assert_eq(r.r[i] == KVT_STORE_OK, last[k0 + i] != 0, "seed %u op %d", seed, op);
+        } else {
+            r = run_op(E.store, kvt_store_remove, p, n);
+            for (size_t i = 0; i < n; i++) {
+                cr_assert_eq(r.r[i], last[k0 + i] ? KVT_STORE_OK : KVT_STORE_MISS, "seed %u op %d remove", seed, op);
+                last[k0 + i] = 0;
+            }
+        }
+    }
+    int live = 0;
+    for (int k = 0; k < KEYS; k++) live += last[k] != 0;
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, (uint64_t)live);
+}
+
+/* Four threads submit 50 batches each to a store of four workers; one
+ * thread polls. Every batch is reported once, with its own user value,
+ * and the statistics add up. Then batches left unpolled at close are
+ * waited for and freed (ASan checks). */
+typedef struct subarg {
+    kvt_store_t *s;
+    int id;
+} subarg_t;
+
+static void *submitter(void *arg) {
+    subarg_t *a = arg;
+    for (int b = 0; b < 50; b++) {
+        kvt_store_page_t p[4];
+        pages_of(p, 4, (uint64_t)(a->id * 1000 + b * 4), (uint32_t)(a->id * 4));
+        int rc = b % 2 == 0 ? kvt_store_put(a->s, p, 4, (uint64_t)(a->id << 16 | b), NULL)
+                            : kvt_store_exists(a->s, p, 4, (uint64_t)(a->id << 16 | b), NULL);
+        if (rc != KVT_OK) return (void *)1;
+    }
+    return NULL;
+}
+
+Test(store_dir, concurrent_submitters_one_poller) {
+    senv_init(&E, 16, 1, 512, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 4;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    pthread_t th[4];
+    subarg_t args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (subarg_t){E.store, i};
+        cr_assert_eq(pthread_create(&th[i], NULL, submitter, &args[i]), 0);
+    }
+    static bool seen[4][50];
+    memset(seen, 0, sizeof(seen));
+    int got = 0;
+    uint64_t t0 = kvt_now_ns();
+    while (got < 200 && kvt_now_ns() - t0 < 60ull * 1000000000ull) {
+        kvt_store_done_t d[16];
+        int k = kvt_store_poll(E.store, d, 16, 100000000ull);
+        cr_assert_geq(k, 0);
+        for (int j = 0; j < k; j++) {
+            int id = (int)(d[j].user >> 16), b = (int)(d[j].user & 0xffff);
+            cr_assert(id < 4 && b < 50 && !seen[id][b], "batch %d/%d reported twice or unknown", id, b);
+            seen[id][b] = true;
+            cr_assert_eq(d[j].op, b % 2 == 0 ? KVT_STORE_PUT : KVT_STORE_EXISTS);
+            if (b % 2 == 0) cr_assert_eq(d[j].count, 4u);
+        }
+        got += k;
+    }
+    for (int i = 0; i < 4; i++) {
+        void *ret;
+        pthread_join(th[i], &ret);
+        cr_assert_null(ret);
+    }
+    cr_assert_eq(got, 200);
+    cr_assert_eq(kvt_store_pending(E.store), 0u);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.calls, 100u);
+    cr_assert_eq(st.keys, 400u);
+    cr_assert_eq(st.inflight, 0u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_EXISTS).calls, 100u);
+    /* left in flight at close */
+    kvt_store_page_t p[4];
+    pages_of(p, 4, 0, 0);
+    for (int b = 0; b < 20; b++) cr_assert_eq(kvt_store_put(E.store, p, 4, 0, NULL), KVT_OK);
+    kvt_store_close(E.store);
+    E.store = NULL;
+}

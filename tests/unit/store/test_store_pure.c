@@ -1,0 +1,155 @@
+/* Pure functions of the store: CRC16 and key slots against known vectors
+ * (the Redis Cluster specification's), redirection replies, URL and config
+ * errors (no server needed). */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "common/redis.h"
+#include "helpers.h"
+
+Test(store_pure, crc16_vectors) {
+    cr_assert_eq(kvt_store_crc16("123456789", 9), 0x31C3);
+    cr_assert_eq(kvt_store_crc16("", 0), 0);
+    cr_assert_eq(kvt_store_cluster_slot("foo", 3), 12182u);
+    cr_assert_eq(kvt_store_cluster_slot("bar", 3), 5061u);
+    cr_assert_eq(kvt_store_cluster_slot("hello", 5), 866u);
+    /* hash tags: only the part between the first { and the next } counts */
+    unsigned u = kvt_store_cluster_slot("user1000", 8);
+    cr_assert_eq(kvt_store_cluster_slot("{user1000}.following", 20), u);
+    cr_assert_eq(kvt_store_cluster_slot("foo{user1000}bar{x}", 19), u);
+    /* an empty tag hashes the whole key */
+    cr_assert_eq(kvt_store_cluster_slot("foo{}{bar}", 10), kvt_store_crc16("foo{}{bar}", 10) & 16383);
+    cr_assert_eq(kvt_store_cluster_slot("{foo", 4), kvt_store_crc16("{foo", 4) & 16383);
+}
+
+Test(store_pure, redirect_parser) {
+    bool ask;
+    unsigned slot;
+    char host[64];
+    int port;
+    cr_assert_eq(kvt_store_parse_redirect("MOVED 3999 127.0.0.1:6381", &ask, &slot, host, sizeof(host), &port), KVT_OK);
+    cr_assert(!ask);
+    cr_assert_eq(slot, 3999u);
+    cr_assert_str_eq(host, "127.0.0.1");
+    cr_assert_eq(port, 6381);
+    cr_assert_eq(kvt_store_parse_redirect("ASK 16383 10.0.0.2:7000", &ask, &slot, host, sizeof(host), &port), KVT_OK);
+    cr_assert(ask);
+    cr_assert_eq(slot, 16383u);
+    cr_assert_eq(port, 7000);
+    cr_assert_eq(kvt_store_parse_redirect("MOVED 1 [::1]:30001", &ask, &slot, host, sizeof(host), &port), KVT_OK);
+    cr_assert_str_eq(host, "::1");
+    cr_assert_eq(kvt_store_parse_redirect("MOVED 1 ::1:30001", &ask, &slot, host, sizeof(host), &port), KVT_OK);
+    cr_assert_str_eq(host, "::1");
+    cr_assert_eq(port, 30001);
+    cr_assert_eq(kvt_store_parse_redirect("MOVED 1 node-a.example:7001", &ask, &slot, host, sizeof(host), &port), KVT_OK);
+    cr_assert_str_eq(host, "node-a.example");
+    const char *bad[] = {"ERR wrong", "MOVED", "MOVED 16384 127.0.0.1:1", "MOVED x 127.0.0.1:1", "MOVED 5 127.0.0.1",
+                         "MOVED 5 127.0.0.1:", "MOVED 5 :7000", "ASK 5 h:70000", "MOVED 5 h:1 extra", "moved 5 h:1",
+                         "TRYAGAIN Multiple keys request during rehashing of slot", "CLUSTERDOWN The cluster is down"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(kvt_store_parse_redirect(bad[i], &ask, &slot, host, sizeof(host), &port), KVT_EPARSE, "%s", bad[i]);
+    cr_assert_eq(kvt_store_parse_redirect("MOVED 1 averyveryverylonghostname:1", &ask, &slot, host, 8, &port), KVT_EPARSE);
+}
+
+Test(store_pure, malformed_urls) {
+    senv_t e;
+    senv_init(&e, 4, 2, 256, KVT_LAYOUT_PAGE_FIRST);
+    struct {
+        const char *url, *says;
+    } cases[] = {
+        {"", "unknown scheme"},
+        {"ftp://x", "unknown scheme"},
+        {"dir:", "no path"},
+        {"dir:/tmp/x,max=lots", "bad max="},
+        {"dir:/tmp/x,max=", "bad max="},
+        {"redis://", "no HOST:PORT"},
+        {"redis://localhost", "not HOST:PORT"},
+        {"redis://127.0.0.1:0", "not HOST:PORT"},
+        {"redis://127.0.0.1:99999", "not HOST:PORT"},
+        {"redis://127.0.0.1:12ab", "not HOST:PORT"},
+        {"redis://a:1,b:2", "use redis-cluster://"},
+        {"redis-cluster://a:1,", "trailing ','"},
+        {"redis-cluster://a:1,b", "'b' is not HOST:PORT"},
+        {"redis-cluster://:7000", "not HOST:PORT"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kvt_store_t *s = (kvt_store_t *)0x1;
+        cr_assert_eq(kvt_store_open(&s, cases[i].url, &e.cfg), KVT_EINVAL, "%s", cases[i].url);
+        cr_assert_null(s);
+        cr_assert(strstr(kvt_store_last_error(NULL), cases[i].says) != NULL, "'%s': message '%s' lacks '%s'", cases[i].url,
+                  kvt_store_last_error(NULL), cases[i].says);
+    }
+    senv_fini(&e);
+}
+
+Test(store_pure, bad_configs) {
+    senv_t e;
+    senv_init(&e, 4, 2, 256, KVT_LAYOUT_PAGE_FIRST);
+    kvt_store_t *s = NULL;
+    e.cfg.model = NULL;
+    cr_assert_eq(kvt_store_open(&s, "dir:/tmp/kvt-never", &e.cfg), KVT_EINVAL);
+    cr_assert(strstr(kvt_store_last_error(NULL), "model") != NULL);
+    e.cfg.model = "m";
+    e.cfg.page_tokens = 0;
+    cr_assert_eq(kvt_store_open(&s, "dir:/tmp/kvt-never", &e.cfg), KVT_EINVAL);
+    cr_assert(strstr(kvt_store_last_error(NULL), "page_tokens") != NULL);
+    e.cfg.page_tokens = 16;
+    e.cfg.layers = 3;
+    cr_assert_eq(kvt_store_open(&s, "dir:/tmp/kvt-never", &e.cfg), KVT_EINVAL);
+    cr_assert(strstr(kvt_store_last_error(NULL), "geometry") != NULL);
+    e.cfg.layers = 0;
+    e.cfg.tp_rank = 2;
+    e.cfg.tp_size = 2;
+    cr_assert_eq(kvt_store_open(&s, "dir:/tmp/kvt-never", &e.cfg), KVT_EINVAL);
+    cr_assert(strstr(kvt_store_last_error(NULL), "shard") != NULL);
+    cr_assert_null(s);
+    senv_fini(&e);
+}
+
+Test(store_pure, unreachable) {
+    senv_t e;
+    senv_init(&e, 4, 2, 256, KVT_LAYOUT_PAGE_FIRST);
+    int port = redis_free_port();
+    char url[128];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    kvt_store_t *s = NULL;
+    cr_assert_eq(kvt_store_open(&s, url, &e.cfg), KVT_EIO);
+    cr_assert(strstr(kvt_store_last_error(NULL), "unreachable") != NULL, "%s", kvt_store_last_error(NULL));
+    snprintf(url, sizeof(url), "redis-cluster://127.0.0.1:%d", port);
+    cr_assert_eq(kvt_store_open(&s, url, &e.cfg), KVT_EIO);
+    cr_assert(strstr(kvt_store_last_error(NULL), "unreachable") != NULL, "%s", kvt_store_last_error(NULL));
+    cr_assert_null(s);
+    senv_fini(&e);
+}
+
+/* Two identities give two keys for one page hash: model, shard, namespace, geometry. */
+Test(store_pure, keys_separate_identities) {
+    senv_t e;
+    senv_init(&e, 4, 2, 256, KVT_LAYOUT_PAGE_FIRST);
+    char dir[] = "/tmp/kvt-store-keys-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char url[128];
+    snprintf(url, sizeof(url), "dir:%s", dir);
+    kvt_hash128_t h = hkey(7);
+    char base[33], other[33];
+    cr_assert_eq(senv_open(&e, url), KVT_OK);
+    kvt_store_key(e.store, &h, base);
+    kvt_store_close(e.store);
+    e.store = NULL;
+    const char *models[] = {"other-model", NULL};
+    for (int v = 0; v < 5; v++) {
+        kvt_store_config_t c = e.cfg;
+        if (v == 0) c.model = models[0];
+        if (v == 1) c.tp_size = 2, c.tp_rank = 1;
+        if (v == 2) c.ns = "tenant-b";
+        if (v == 3) c.dtype_bytes = 1;
+        if (v == 4) c.page_tokens = 32;
+        kvt_store_t *s = NULL;
+        cr_assert_eq(kvt_store_open(&s, url, &c), KVT_OK);
+        kvt_store_key(s, &h, other);
+        cr_assert_str_neq(base, other, "variant %d shares a key", v);
+        kvt_store_close(s);
+    }
+    rmdir(dir);
+    senv_fini(&e);
+}

@@ -1,0 +1,184 @@
+/* The redis backend against a real redis-server (tests/common/redis.h):
+ * round trips byte for byte, wrong objects refused, maxmemory, a server
+ * that goes away. Every server is stopped in .fini, pass or fail. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+
+#include "common/proc.h"
+#include "common/redis.h"
+#include "helpers.h"
+
+static senv_t E;
+static redis_srv_t S;
+static char url[128];
+
+static void teardown(void) {
+    senv_fini(&E);
+    redis_stop(&S);
+}
+
+static void start(const char *const *extra) {
+    cr_assert_eq(redis_start(&S, extra), 0, "redis-server did not start");
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", S.port);
+}
+
+TestSuite(store_redis, .fini = teardown);
+
+Test(store_redis, roundtrip) {
+    start(NULL);
+    senv_init(&E, 128, 4, 4096, KVT_LAYOUT_LAYER_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_str_eq(kvt_store_backend(E.store), "redis");
+    roundtrip(&E, 64);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.calls, 1u);
+    cr_assert_eq(st.round_trips, 1u, "one pipelined round trip for a batch on one node");
+    cr_assert_gt(st.latency_ns.count, 0u);
+}
+
+/* Garbage, another key's object and a truncated one under our key. */
+Test(store_redis, wrong_objects_refused) {
+    start(NULL);
+    senv_init(&E, 8, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[2];
+    pages_of(p, 2, 10, 0);
+    fill(&E, 10, 0, 2);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 2).count, 2u);
+    char a[33], b[33];
+    kvt_store_key(E.store, &p[0].hash, a);
+    kvt_store_key(E.store, &p[1].hash, b);
+    redisReply *r = redis_cmd(S.port, "GET kvt:%s", b);
+    cr_assert(r && r->type == REDIS_REPLY_STRING);
+    size_t ob = kvt_store_object_bytes(E.store);
+    cr_assert_eq((size_t)r->len, ob);
+    char *other = malloc(ob);
+    memcpy(other, r->str, ob);
+    freeReplyObject(r);
+    const char *junk = "this is not a kvtier object at all, not even close to one ...........................";
+    struct {
+        const char *bytes;
+        size_t n;
+    } bad[] = {{junk, strlen(junk)}, {other, ob}, {other, ob / 2}};
+    kvt_store_page_t q = {.hash = p[0].hash, .page = 5};
+    for (int k = 0; k < 3; k++) {
+        r = redis_cmd(S.port, "SET kvt:%s %b", a, bad[k].bytes, bad[k].n);
+        cr_assert(r && r->type == REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+        wipe(&E, 5, 1);
+        cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_BAD, "case %d served", k);
+        cr_assert(!check(&E, 10, 5));
+    }
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).bad_objects, 3u);
+    free(other);
+}
+
+/* maxmemory with noeviction: some puts fail, counted; what was stored is served. */
+Test(store_redis, maxmemory_puts_fail_cleanly) {
+    const char *extra[] = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction", NULL};
+    start(extra);
+    senv_init(&E, 128, 1, 64 * 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[100];
+    pages_of(p, 100, 500, 0);
+    fill(&E, 500, 0, 100);
+    size_t stored = 0;
+    for (int b = 0; b < 10; b++) {
+        sres_t r = run_op(E.store, kvt_store_put, p + b * 10, 10);
+        stored += r.count;
+        if (r.count < 10) cr_assert_eq(r.status, KVT_EIO);
+    }
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_gt(st.failures, 0u, "maxmemory never refused a put");
+    cr_assert_gt(stored, 0u);
+    cr_assert_eq(st.hits + st.failures, 100u);
+    cr_assert(strstr(kvt_store_last_error(E.store), "OOM") != NULL, "%s", kvt_store_last_error(E.store));
+    /* the stored ones come back whole: the exists leading run, then a get */
+    sres_t ex = run_op(E.store, kvt_store_exists, p, 100);
+    cr_assert_eq(ex.count, stored);
+    kvt_store_page_t q[100];
+    pages_of(q, stored, 500, 0);
+    wipe(&E, 0, stored);
+    cr_assert_eq(run_op(E.store, kvt_store_get, q, stored).count, stored);
+    for (size_t i = 0; i < stored; i++) cr_assert(check(&E, 500 + i, (uint32_t)i));
+}
+
+/* The server dies: gets are misses (failures), puts fail, counted, with a message. */
+Test(store_redis, store_down) {
+    start(NULL);
+    senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.retries = 2;
+    E.cfg.timeout_ms = 300;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[4];
+    pages_of(p, 4, 1, 0);
+    fill(&E, 1, 0, 4);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 4).count, 4u);
+    redis_kill(&S);
+    sres_t r = run_op(E.store, kvt_store_get, p, 4);
+    cr_assert_eq(r.count, 0u);
+    cr_assert_eq(r.status, KVT_EIO);
+    for (int i = 0; i < 4; i++) cr_assert_eq(r.r[i], KVT_STORE_FAILED);
+    /* found down: the next batches fail at once, not after their retries */
+    uint64_t t0 = kvt_now_ns();
+    r = run_op(E.store, kvt_store_put, p, 4);
+    cr_assert_eq(r.count, 0u);
+    cr_assert_lt(kvt_now_ns() - t0, 200000000ull, "a put on a store known down took %llu ms",
+                 (unsigned long long)((kvt_now_ns() - t0) / 1000000));
+    cr_assert(strstr(kvt_store_last_error(E.store), "down") != NULL, "%s", kvt_store_last_error(E.store));
+    r = run_op(E.store, kvt_store_exists, p, 4);
+    cr_assert_eq(r.count, 0u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).failures, 4u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_PUT).failures, 4u);
+    cr_assert(strstr(kvt_store_last_error(E.store), "failed") != NULL, "%s", kvt_store_last_error(E.store));
+}
+
+/* Back up after a restart on the same port: the store reconnects by itself. */
+Test(store_redis, reconnects_after_restart) {
+    start(NULL);
+    senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.retries = 3;
+    E.cfg.threads = 1; /* one connection, the one the restart breaks */
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[4];
+    pages_of(p, 4, 1, 0);
+    fill(&E, 1, 0, 4);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 4).count, 4u);
+    int port = S.port;
+    redis_stop(&S);
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%d", port);
+    /* same port again */
+    redis_srv_t again;
+    memset(&again, 0, sizeof(again));
+    snprintf(again.dir, sizeof(again.dir), "/tmp/kvt-redis-XXXXXX");
+    cr_assert_not_null(mkdtemp(again.dir));
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int nul = open("/dev/null", O_RDWR);
+        dup2(nul, 1), dup2(nul, 2);
+        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
+               again.dir, (char *)NULL);
+        _exit(127);
+    }
+    S = again;
+    S.pid = pid;
+    S.port = port;
+    for (int i = 0; i < 300 && !redis_reply_has_(port, "PING", "PONG"); i++) redis_sleep_ms(10);
+    sres_t r = run_op(E.store, kvt_store_put, p, 4);
+    cr_assert_eq(r.count, 4u);
+    cr_assert_gt(sstats(E.store, KVT_STORE_PUT).reconnects + sstats(E.store, KVT_STORE_GET).reconnects, 0u);
+    cr_assert_eq(run_op(E.store, kvt_store_exists, p, 4).count, 4u);
+}
+
+Test(store_redis, cluster_url_on_a_standalone_server) {
+    start(NULL);
+    senv_init(&E, 4, 1, 64, KVT_LAYOUT_PAGE_FIRST);
+    char u[128];
+    snprintf(u, sizeof(u), "redis-cluster://127.0.0.1:%d", S.port);
+    kvt_store_t *s = NULL;
+    cr_assert_eq(kvt_store_open(&s, u, &E.cfg), KVT_EIO);
+    cr_assert(strstr(kvt_store_last_error(NULL), "CLUSTER SHARDS") != NULL, "%s", kvt_store_last_error(NULL));
+}

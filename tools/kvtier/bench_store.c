@@ -1,0 +1,295 @@
+/* kvtier bench store — L3 put and get throughput and batch latency through
+ * the store (include/kvtier/store.h), against a plain baseline of the same
+ * bytes in the same run:
+ *
+ *   redis://   a pipelined hiredis SET / GET loop on one connection, batch
+ *              by batch, values of the object's size (header + page)
+ *   dir:       plain open/write/close and open/read/close of files of the
+ *              object's size in a folder under the root
+ *   redis-cluster://  no baseline (a raw cluster client is what the store
+ *              is); baseline_gbps and ratio are 0
+ *
+ * The store runs with one worker thread and one batch in flight at a time,
+ * as the baseline does, so the ratio is the cost of the store's work:
+ * objects built and checked (XXH3-64), keys hashed, the tier copies. Each
+ * figure is the median of --reps runs, store and baseline interleaved. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <hiredis/hiredis.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "kvtier/error.h"
+#include "kvtier/store.h"
+#include "kvtier/tier.h"
+#include "util.h"
+
+#define MAX_SIZES 8
+#define MAX_REPS 32
+
+typedef struct bres {
+    uint64_t page_bytes;
+    int op; /* 0 put, 1 get */
+    double gbps, base_gbps, p50_ms, p99_ms;
+} bres_t;
+
+typedef struct base {
+    int kind; /* 0 none, 1 redis, 2 dir */
+    redisContext *rc;
+    char dir[900];
+} base_t;
+
+static int base_open(base_t *b, const char *url) {
+    memset(b, 0, sizeof(*b));
+    if (strncmp(url, "redis://", 8) == 0) {
+        char host[256];
+        const char *hp = url + 8, *colon = strrchr(hp, ':');
+        if (colon == NULL || (size_t)(colon - hp) >= sizeof(host)) return -1;
+        memcpy(host, hp, (size_t)(colon - hp));
+        host[colon - hp] = 0;
+        struct timeval tv = {5, 0};
+        b->rc = redisConnectWithTimeout(host, atoi(colon + 1), tv);
+        if (b->rc == NULL || b->rc->err) return -1;
+        redisSetTimeout(b->rc, tv);
+        b->kind = 1;
+    } else if (strncmp(url, "dir:", 4) == 0) {
+        const char *p = url + 4, *comma = strstr(p, ",max=");
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        if (n + 20 >= sizeof(b->dir)) return -1;
+        snprintf(b->dir, sizeof(b->dir), "%.*s/bench-baseline", (int)n, p);
+        if (mkdir(b->dir, 0755) != 0 && errno != EEXIST) return -1;
+        b->kind = 2;
+    }
+    return 0;
+}
+
+static void base_close(base_t *b) {
+    if (b->rc) redisFree(b->rc);
+    if (b->kind == 2) rmdir(b->dir);
+}
+
+/* One batch of the baseline: n values of len bytes at keys first..first+n,
+ * from / into slot i of buf (n slots of len bytes: the footprint of the
+ * store's tier pages). */
+static int base_batch(base_t *b, int op, uint64_t first, size_t n, uint8_t *buf, size_t len) {
+    char key[64];
+    if (b->kind == 1) {
+        for (size_t i = 0; i < n; i++) {
+            int k = snprintf(key, sizeof(key), "kvtbase:%" PRIu64, first + i);
+            const char *argv[3] = {op == 0 ? "SET" : "GET", key, (const char *)buf + i * len};
+            size_t lens[3] = {3, (size_t)k, len};
+            if (redisAppendCommandArgv(b->rc, op == 0 ? 3 : 2, argv, lens) != REDIS_OK) return -1;
+        }
+        for (size_t i = 0; i < n; i++) {
+            redisReply *r;
+            if (redisGetReply(b->rc, (void **)&r) != REDIS_OK) return -1;
+            int bad = r->type == REDIS_REPLY_ERROR || (op == 1 && (r->type != REDIS_REPLY_STRING || (size_t)r->len != len));
+            if (op == 1 && !bad) memcpy(buf + i * len, r->str, len); /* the value lands in memory, as the store's does */
+            freeReplyObject(r);
+            if (bad) return -1;
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char path[1000];
+        snprintf(path, sizeof(path), "%s/%" PRIu64, b->dir, first + i);
+        int fd = open(path, op == 0 ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY, 0644);
+        if (fd < 0) return -1;
+        ssize_t k = op == 0 ? write(fd, buf + i * len, len) : read(fd, buf + i * len, len);
+        close(fd);
+        if (k != (ssize_t)len) return -1;
+    }
+    return 0;
+}
+
+static void base_cleanup(base_t *b, uint64_t n) {
+    char key[64], path[1000];
+    for (uint64_t i = 0; i < n; i++) {
+        if (b->kind == 1) {
+            snprintf(key, sizeof(key), "kvtbase:%" PRIu64, i);
+            redisReply *r = redisCommand(b->rc, "DEL %s", key);
+            if (r) freeReplyObject(r);
+        } else if (b->kind == 2) {
+            snprintf(path, sizeof(path), "%s/%" PRIu64, b->dir, i);
+            unlink(path);
+        }
+    }
+}
+
+static kvt_hash128_t hash_of(uint64_t i) { return (kvt_hash128_t){.lo = i * 0x9e3779b97f4a7c15ull + 1, .hi = 0xbe4c5707e5ull ^ i}; }
+
+/* One store run of `pages` pages in batches; latencies into h. Seconds, or < 0. */
+static double store_run(kvt_store_t *s, int op, uint64_t pages, uint32_t batch, kvt_hist_t *h) {
+    kvt_store_page_t p[1024];
+    uint64_t t0 = now_ns();
+    for (uint64_t first = 0; first < pages; first += batch) {
+        size_t n = pages - first < batch ? (size_t)(pages - first) : batch;
+        for (size_t i = 0; i < n; i++) p[i] = (kvt_store_page_t){.hash = hash_of(first + i), .page = (uint32_t)i};
+        int rc = op == 0 ? kvt_store_put(s, p, n, 0, NULL) : kvt_store_get(s, p, n, 0, NULL);
+        kvt_store_done_t d;
+        if (rc != KVT_OK || kvt_store_poll(s, &d, 1, 60ull * 1000000000ull) != 1 || d.count != n) return -1;
+        kvt_hist_record(h, d.latency_ns);
+    }
+    return (double)(now_ns() - t0) / 1e9;
+}
+
+static double base_run(base_t *b, int op, uint64_t pages, uint32_t batch, uint8_t *buf, size_t len) {
+    uint64_t t0 = now_ns();
+    for (uint64_t first = 0; first < pages; first += batch) {
+        size_t n = pages - first < batch ? (size_t)(pages - first) : batch;
+        if (base_batch(b, op, first, n, buf, len) != 0) return -1;
+    }
+    return (double)(now_ns() - t0) / 1e9;
+}
+
+static int run_size(const char *url, uint64_t pb, uint64_t total_mb, uint32_t batch, uint64_t reps, bres_t out[2], char *err, size_t ecap) {
+    uint64_t pages = total_mb * 1048576ull / pb;
+    if (pages == 0) pages = 1;
+    kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST, .geom = {batch, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_tier_t *t = NULL;
+    kvt_store_t *s = NULL;
+    base_t b;
+    uint8_t *buf = NULL;
+    int rc = kvt_tier_create(&t, &tc);
+    if (rc != KVT_OK) return snprintf(err, ecap, "tier: %s", kvt_strerror(rc)), -1;
+    kvt_store_config_t sc;
+    kvt_store_config_default(&sc);
+    sc.tier = t;
+    sc.model = "kvtier-bench";
+    sc.page_tokens = 16;
+    sc.threads = 1;
+    sc.timeout_ms = 10000;
+    rc = kvt_store_open(&s, url, &sc);
+    if (rc != KVT_OK) {
+        snprintf(err, ecap, "%s", kvt_store_last_error(NULL));
+        kvt_tier_destroy(t);
+        return -1;
+    }
+    size_t ob = (size_t)kvt_store_object_bytes(s);
+    buf = malloc(ob * batch);
+    void *scratch = malloc(pb);
+    int ret = buf && scratch && base_open(&b, url) == 0 ? 0 : -1;
+    if (ret) snprintf(err, ecap, "baseline: cannot reach %s", url);
+    for (uint32_t i = 0; ret == 0 && i < batch; i++) kvt_tier_pattern_fill(t, i, hash_of(i).lo, hash_of(i).hi, scratch);
+    if (buf) memset(buf, 0x5a, ob * batch);
+    double g[2][MAX_REPS], bg[2][MAX_REPS];
+    kvt_hist_t h[2];
+    kvt_hist_init(&h[0]);
+    kvt_hist_init(&h[1]);
+    double bytes = (double)pages * (double)pb;
+    for (uint64_t r = 0; ret == 0 && r < reps; r++)
+        for (int op = 0; op < 2 && ret == 0; op++) {
+            double ts = store_run(s, op, pages, batch, &h[op]);
+            double tb = b.kind ? base_run(&b, op, pages, batch, buf, ob) : 0;
+            if (ts <= 0 || tb < 0) {
+                snprintf(err, ecap, "%s %s failed: %s", op ? "get" : "put", ts <= 0 ? "through the store" : "baseline",
+                         kvt_store_last_error(s));
+                ret = -1;
+            }
+            g[op][r] = bytes / 1e9 / ts;
+            bg[op][r] = tb > 0 ? bytes / 1e9 / tb : 0;
+        }
+    /* what the last get batch brought back is what was put */
+    uint64_t last_first = (pages - 1) / batch * batch;
+    for (uint64_t i = last_first; ret == 0 && i < pages; i++)
+        if (!kvt_tier_pattern_check(t, i - last_first, hash_of(i - last_first).lo, hash_of(i - last_first).hi, scratch))
+            ret = -1, snprintf(err, ecap, "page %" PRIu64 " came back different", i);
+    for (int op = 0; ret == 0 && op < 2; op++) {
+        out[op] = (bres_t){.page_bytes = pb, .op = op, .gbps = median_of(g[op], reps), .base_gbps = median_of(bg[op], reps),
+                           .p50_ms = (double)kvt_hist_percentile(&h[op], 0.5) / 1e6, .p99_ms = (double)kvt_hist_percentile(&h[op], 0.99) / 1e6};
+    }
+    /* leave nothing behind */
+    kvt_store_page_t p[1024];
+    for (uint64_t first = 0; first < pages; first += batch) {
+        size_t n = pages - first < batch ? (size_t)(pages - first) : batch;
+        for (size_t i = 0; i < n; i++) p[i] = (kvt_store_page_t){.hash = hash_of(first + i), .page = 0};
+        kvt_store_done_t d;
+        if (kvt_store_remove(s, p, n, 0, NULL) == KVT_OK) kvt_store_poll(s, &d, 1, 60ull * 1000000000ull);
+    }
+    base_cleanup(&b, pages);
+    base_close(&b);
+    kvt_store_close(s);
+    kvt_tier_destroy(t);
+    free(buf);
+    free(scratch);
+    return ret;
+}
+
+int cmd_bench_store(int argc, char **argv) {
+    const char *url = NULL, *sizes_s = "65536,1048576";
+    uint64_t total_mb = 64, batch = 32, reps = 3;
+    bool json = false;
+    const cli_opt_t table[] = {
+        {"l3", OPT_TEXT, &url, 0, 0, 0, 0, NULL, NULL, 0, "the store: dir:PATH[,max=SIZE] | redis://HOST:PORT | redis-cluster://H:P[,H:P...]"},
+        {"page-bytes", OPT_TEXT, &sizes_s, 0, 0, 0, 0, NULL, NULL, 0, "page sizes, comma-separated (bytes)"},
+        {"total-mb", OPT_U64, &total_mb, 1, 1 << 14, 0, 0, NULL, NULL, 0, "MiB per operation per run"},
+        {"batch", OPT_U64, &batch, 1, 1024, 0, 0, NULL, NULL, 0, "pages per batch call"},
+        {"reps", OPT_U64, &reps, 1, MAX_REPS, 0, 0, NULL, NULL, 0, "runs of each (the median is reported)"},
+        {"json", OPT_FLAG, &json, 0, 0, 0, 0, NULL, NULL, 0, "print one JSON object"},
+        {NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL},
+    };
+    cli_t c;
+    cli_init(&c, "kvtier bench store", argc, argv);
+    const char *pos;
+    int prc = cli_parse_table(&c, table, "usage: kvtier bench store --l3 URL [--page-bytes B,...] [--total-mb M] [--batch N] [--json]\n", &pos);
+    if (prc) return prc > 0 ? 0 : 2;
+    if (pos) return cli_unknown(&c) ? 2 : 2;
+    c.flag = "--l3";
+    if (url == NULL) return cli_error(&c, "required (dir:PATH[,max=SIZE] | redis://HOST:PORT | redis-cluster://H:P[,H:P...])") ? 2 : 2;
+    uint64_t sizes[MAX_SIZES];
+    size_t ns = 0;
+    c.flag = "--page-bytes";
+    for (const char *p = sizes_s; *p;) {
+        char tok[32];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof(tok) || ns == MAX_SIZES) return cli_error(&c, "'%s': up to %d sizes, comma-separated", sizes_s, MAX_SIZES) ? 2 : 2;
+        memcpy(tok, p, len);
+        tok[len] = 0;
+        if (cli_parse_u64(tok, &sizes[ns]) != 0 || sizes[ns] < 64 || sizes[ns] > (256u << 20))
+            return cli_error(&c, "'%s' is not a page size in 64..268435456", tok) ? 2 : 2;
+        ns++;
+        p += len + (p[len] == ',');
+    }
+    bres_t res[2 * MAX_SIZES];
+    char err[600] = "";
+    for (size_t i = 0; i < ns; i++)
+        if (run_size(url, sizes[i], total_mb, (uint32_t)batch, reps, &res[2 * i], err, sizeof(err)) != 0) {
+            fprintf(stderr, "kvtier bench store: %s\n", err);
+            return 1;
+        }
+    if (json) {
+        cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "results");
+        cJSON_AddStringToObject(o, "l3", url);
+        cJSON_AddNumberToObject(o, "total_mb", (double)total_mb);
+        cJSON_AddNumberToObject(o, "batch", (double)batch);
+        cJSON_AddNumberToObject(o, "reps", (double)reps);
+        cJSON_AddNumberToObject(o, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+        for (size_t i = 0; i < 2 * ns; i++) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddNumberToObject(x, "page_bytes", (double)res[i].page_bytes);
+            cJSON_AddStringToObject(x, "op", res[i].op ? "get" : "put");
+            cJSON_AddNumberToObject(x, "gbps", res[i].gbps);
+            cJSON_AddNumberToObject(x, "baseline_gbps", res[i].base_gbps);
+            cJSON_AddNumberToObject(x, "ratio", res[i].base_gbps > 0 ? res[i].gbps / res[i].base_gbps : 0);
+            cJSON_AddNumberToObject(x, "batch_p50_ms", res[i].p50_ms);
+            cJSON_AddNumberToObject(x, "batch_p99_ms", res[i].p99_ms);
+            cJSON_AddItemToArray(arr, x);
+        }
+        cli_print_json(o);
+    } else {
+        printf("kvtier bench store: %s, %" PRIu64 " MiB per op, batches of %" PRIu64 ", median of %" PRIu64 "\n", url, total_mb, batch, reps);
+        printf("%12s %4s %10s %14s %7s %12s %12s\n", "page_bytes", "op", "GB/s", "baseline GB/s", "ratio", "batch p50 ms", "batch p99 ms");
+        for (size_t i = 0; i < 2 * ns; i++)
+            printf("%12" PRIu64 " %4s %10.3f %14.3f %7.3f %12.3f %12.3f\n", res[i].page_bytes, res[i].op ? "get" : "put", res[i].gbps,
+                   res[i].base_gbps, res[i].base_gbps > 0 ? res[i].gbps / res[i].base_gbps : 0, res[i].p50_ms, res[i].p99_ms);
+    }
+    return 0;
+}
