@@ -21,7 +21,7 @@ help:
 	@echo "make test       build and run every CPU suite (unit, e2e, benchmark); kernels needs a GPU"
 	@echo "make test-release  a Release build (-O3, -Werror) and its unit suite ($(REL_BUILD)/)"
 	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
-	@echo "make test-tsan  the threaded code (stress test, replay --data, bench xfer) under ThreadSanitizer ($(TSAN_BUILD)/)"
+	@echo "make test-tsan  the threaded code (stress test, pd, store, replay --data, cp, bench xfer) under ThreadSanitizer ($(TSAN_BUILD)/)"
 	@echo "make test-cuda  build the cuda tier and the kernels suite ($(CUDA_BUILD)/) and run it where a GPU is"
 	@echo "make bench      the benchmarks at full size"
 	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
@@ -58,7 +58,7 @@ test-san: bootstrap
 # UCX: its memory hooks (libucm) crash TSan-instrumented programs at start-up.
 test-tsan: bootstrap
 	@mkdir -p $(TSAN_BUILD) && cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread -DKVT_CHECK_LEVEL=2 -DKVT_UCX=off $(CMAKE_ARGS) >$(TSAN_BUILD)/configure.log 2>&1 || { cat $(TSAN_BUILD)/configure.log; exit 1; }
-	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan-stress tsan-pd kvtier-cli 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
+	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan-stress tsan-pd tsan-store kvtier-cli 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
 	@tests/run_tsan $(TSAN_BUILD)
 
 # The cuda backend and the kernels suite: compiled and linked wherever the CUDA
