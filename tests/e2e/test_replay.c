@@ -6,6 +6,7 @@
 
 #include "common/json.h"
 #include "common/run.h"
+#include "kvtier/cache.h"
 
 #define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
 #define RUN(...) run_argv((const char *const[]){NULL, "replay", __VA_ARGS__, NULL})
@@ -309,5 +310,30 @@ Test(replay, sweep_plot_png, .timeout = 60) {
         cr_assert(magic[1] == 'P' && magic[2] == 'N' && magic[3] == 'G');
     }
     cr_assert_not_null(strstr(r.out, "L1 pages"), "the sweep table: %s", r.out);
+    run_free(&r);
+}
+
+/* --json carries every field of the cache's stats list (the list --stats
+ * emits): l1_X and l2_X as "X": {"l1", "l2"}, the others under their names,
+ * with the values --stats json gives for the same run. */
+Test(replay, json_has_every_cache_stats_field, .timeout = 60) {
+    run_result_t r = RUN(TRACE, "--limit", "300", "--json", "--stats", "json");
+    cJSON *o = json_of(&r);
+    cJSON *st = cJSON_Parse(r.err), *cache = cJSON_GetObjectItem(st, "cache");
+    cr_assert_not_null(cache, "--stats json: %s", r.err);
+    int fields = 0;
+#define CHECK_FIELD(f, kind, help)                                                                              \
+    do {                                                                                                        \
+        const char *n = #f;                                                                                     \
+        double want = num(cache, n);                                                                            \
+        double got = (n[0] == 'l' && n[2] == '_') ? sub(o, n + 3, n[1] == '1' ? "l1" : "l2") : num(o, n);       \
+        cr_assert_eq(got, want, "%s: --json %g, --stats %g", n, got, want);                                     \
+        fields++;                                                                                               \
+    } while (0);
+    KVT_CACHE_STATS_FIELDS(CHECK_FIELD)
+#undef CHECK_FIELD
+    cr_assert_geq(fields, 30, "the whole list was checked");
+    cJSON_Delete(st);
+    cJSON_Delete(o);
     run_free(&r);
 }

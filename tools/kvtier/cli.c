@@ -89,6 +89,16 @@ int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b) {
     return cli_parse_u64(buf, a) || cli_parse_u64(colon + 1, b) ? -1 : 0;
 }
 
+void cli_json_stat(cJSON *o, const char *name, double v) {
+    if ((name[0] == 'l' && (name[1] == '1' || name[1] == '2') && name[2] == '_')) {
+        cJSON *pair = cJSON_GetObjectItemCaseSensitive(o, name + 3);
+        if (pair == NULL) pair = cJSON_AddObjectToObject(o, name + 3);
+        cJSON_AddNumberToObject(pair, name[1] == '1' ? "l1" : "l2", v);
+        return;
+    }
+    cJSON_AddNumberToObject(o, name, v);
+}
+
 double cli_machine_memory(void) { return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE); }
 
 /* "a|b|c" */

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <cjson/cJSON.h>
+
 typedef struct cli {
     const char *cmd; /* "kvtier bench alloc", for messages */
     int argc;
@@ -29,9 +31,8 @@ int cli_value(cli_t *c, const char **out);
 
 int cli_error(const cli_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-struct cJSON;
 /* Prints a JSON object to stdout and frees it. */
-void cli_print_json(struct cJSON *o);
+void cli_print_json(cJSON *o);
 
 int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out);
 /* A decimal number of digits only (no blank, sign or suffix) that fits in 64
@@ -39,6 +40,28 @@ int cli_u64(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_parse_u64(const char *s, uint64_t *out);
 /* "A:B", both as cli_parse_u64: 0, else -1. */
 int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b);
+/* One field of a stats X-macro list into a --json object, the same list
+ * --stats emits: a field named l1_X or l2_X becomes "X": {"l1": .., "l2": ..},
+ * any other its own key. */
+void cli_json_stat(cJSON *o, const char *name, double v);
+#define CLI_JSON_STAT_(f, kind, help) cli_json_stat(cli_json_o_, #f, (double)cli_json_st_->f);
+/* Every field of *st (described by LIST, e.g. KVT_CACHE_STATS_FIELDS) into o. */
+#define CLI_JSON_STATS(o, st, LIST)                    \
+    do {                                               \
+        cJSON *cli_json_o_ = (o);                      \
+        const __typeof__(*(st)) *cli_json_st_ = (st);  \
+        LIST(CLI_JSON_STAT_)                           \
+    } while (0)
+
+/* The same without pairing: every field under its own name. */
+#define CLI_JSON_FIELD_(f, kind, help) cJSON_AddNumberToObject(cli_json_o_, #f, (double)cli_json_st_->f);
+#define CLI_JSON_FIELDS(o, st, LIST)                   \
+    do {                                               \
+        cJSON *cli_json_o_ = (o);                      \
+        const __typeof__(*(st)) *cli_json_st_ = (st);  \
+        LIST(CLI_JSON_FIELD_)                          \
+    } while (0)
+
 /* This machine's physical memory, bytes. */
 double cli_machine_memory(void);
 int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out);

@@ -30,13 +30,7 @@ static void add(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o
 static cJSON *rank_json(uint32_t r, const cp_result_t *s) {
     cJSON *e = cJSON_CreateObject();
     add(e, "rank", r);
-    add(e, "owned_pages", s->owned_pages);
-    add(e, "dealt_pages", s->dealt_pages);
-    add(e, "l1_hit_pages", s->l1_hit_pages);
-    add(e, "loads", s->loads);
-    add(e, "load_bytes", s->load_bytes);
-    add(e, "backup_bytes", s->backup_bytes);
-    add(e, "verified", s->verified);
+    CLI_JSON_FIELDS(e, s, CP_RESULT_FIELDS); /* the result's own list */
     cJSON_AddNumberToObject(e, "wait_s", (double)s->wait_ns / 1e9);
     return e;
 }

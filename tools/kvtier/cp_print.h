@@ -11,9 +11,25 @@
 #include "replay.h"
 
 /* What a rank publishes to the group at the end (kvt_cp_group_finish). */
+/* A rank's result, one list: the struct, and its --json "per_rank" entry. */
+#define CP_RESULT_FIELDS(X)                                             \
+    X(owned_pages, GAUGE, "L1 pages of its lane in use at the end")     \
+    X(dealt_pages, COUNTER, "L1 pages its lane was dealt")              \
+    X(l1_hit_pages, COUNTER, "its pages that were L1 hits")             \
+    X(loads, COUNTER, "its pages loaded back from L2")                  \
+    X(load_bytes, COUNTER, "bytes it loaded")                           \
+    X(backups, COUNTER, "backups it made (rank 0: all)")                \
+    X(backup_bytes, COUNTER, "bytes it backed up")                      \
+    X(verified, COUNTER, "loaded pages checked")                        \
+    X(mismatches, COUNTER, "loaded pages that differed")                \
+    X(tokens, COUNTER, "tokens admitted")                               \
+    X(hit_tokens, COUNTER, "tokens served from L1 or L2")               \
+    X(wait_ns, COUNTER, "time spent in cross-process waits")
+
 typedef struct cp_result {
-    uint64_t owned_pages, dealt_pages, l1_hit_pages, loads, load_bytes, backups, backup_bytes, verified, mismatches;
-    uint64_t tokens, hit_tokens, wait_ns;
+#define CP_RESULT_FIELD_(f, kind, help) uint64_t f;
+    CP_RESULT_FIELDS(CP_RESULT_FIELD_)
+#undef CP_RESULT_FIELD_
 } cp_result_t;
 
 /* This rank's result from its cache and group; l2_page_bytes 0 without data. */

@@ -190,22 +190,12 @@ static void data_json(cJSON *x, const result_t *r, const opts_t *o) {
 static cJSON *result_json(const result_t *r, const opts_t *o, uint64_t bpt) {
     const kvt_cache_stats_t *s = &r->cs;
     cJSON *x = cJSON_CreateObject();
-    cJSON_AddNumberToObject(x, "requests", (double)s->requests);
+    /* every cache counter and gauge from the list --stats emits (l1_X, l2_X pair up as "X") */
+    CLI_JSON_STATS(x, s, KVT_CACHE_STATS_FIELDS);
+    /* and what is derived from them */
     cJSON_AddNumberToObject(x, "input_tokens", (double)s->tokens);
-    add_tiers(x, "hit_tokens", (double)s->l1_hit_tokens, (double)s->l2_hit_tokens);
     cJSON_AddNumberToObject(x, "hit_rate", hit_rate(r));
-    add_tiers(x, "evict_calls", (double)s->l1_evict_calls, (double)s->l2_evict_calls);
-    add_tiers(x, "evicted_pages", (double)s->l1_evicted_pages, (double)s->l2_evicted_pages);
-    add_tiers(x, "allocs", (double)s->l1_allocs, (double)s->l2_allocs);
-    add_tiers(x, "allocs_evicting", (double)s->l1_allocs_evicting, (double)s->l2_allocs_evicting);
     add_tiers(x, "evict_calls_per_1k_allocs", per_1k(s->l1_evict_calls, s->l1_allocs), per_1k(s->l2_evict_calls, s->l2_allocs));
-    add_tiers(x, "alloc_failures", (double)s->l1_alloc_failures, (double)s->l2_alloc_failures);
-    add_tiers(x, "room_misses", (double)s->l1_room_misses, (double)s->l2_room_misses);
-    cJSON_AddNumberToObject(x, "backups", (double)s->backups);
-    cJSON_AddNumberToObject(x, "forced_backups", (double)s->forced_backups);
-    cJSON_AddNumberToObject(x, "loads", (double)s->loads);
-    cJSON_AddNumberToObject(x, "shadows_reclaimed", (double)s->shadows_reclaimed);
-    cJSON_AddNumberToObject(x, "dropped_pages", (double)s->dropped_pages);
     cJSON_AddNumberToObject(x, "page_tokens", (double)o->page_tokens);
     cJSON_AddNumberToObject(x, "l1_pages", (double)r->l1_pages);
     cJSON_AddNumberToObject(x, "l2_pages", (double)o->l2_pages);
