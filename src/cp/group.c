@@ -115,7 +115,6 @@ struct kvt_cp_group {
 
 static _Thread_local char t_why[640];
 
-static uint64_t now_ns(void) { return kvt_now_ns(); }
 
 static void pause_us(long us) {
     struct timespec ts = {0, us * 1000};
@@ -217,19 +216,19 @@ static bool all_done_cond(const kvt_cp_group_t *g, uint64_t req, uint64_t unused
 /* Waits for cond, watching rank watch (every rank: < 0) for death. */
 static int wait_for(kvt_cp_group_t *g, cond_fn cond, uint64_t a, uint64_t b, int watch, const char *what) {
     if (cond(g, a, b)) return KVT_OK;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kvt_now_ns();
     for (unsigned spin = 0; !cond(g, a, b); spin++) {
         if (stopped(g)) return KVT_EIO;
         if (spin > 64) pause_us(20);
         if ((spin & 255) != 0) continue;
-        uint64_t now = now_ns();
+        uint64_t now = kvt_now_ns();
         if (watch_ranks(g, watch, now) != KVT_OK) return KVT_EIO;
         if (now - t0 > g->wait_limit_ns)
             return fail_self(g, KVT_ETIMEDOUT, "rank %u: waited %" PRIu64 " ms for %s (%" PRIu64 ", %" PRIu64 ") at request %" PRIu64,
                              g->rank, g->wait_limit_ns / 1000000, what, a, b, g->cur + 1);
     }
     slot_t *me = slot(g, g->rank);
-    atomic_fetch_add(&me->wait_ns, now_ns() - t0);
+    atomic_fetch_add(&me->wait_ns, kvt_now_ns() - t0);
     atomic_fetch_add(&me->waits, 1);
     return KVT_OK;
 }
@@ -347,7 +346,7 @@ int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest) {
     if (atomic_load(&me->filled) < i + 1) atomic_store_explicit(&me->filled, i + 1, memory_order_release);
     atomic_store_explicit(&me->done, i + 1, memory_order_release);
     g->cur++;
-    if (stopped(g) || watch_ranks(g, -1, now_ns()) != KVT_OK) return KVT_EIO;
+    if (stopped(g) || watch_ranks(g, -1, kvt_now_ns()) != KVT_OK) return KVT_EIO;
     return KVT_OK;
 }
 
@@ -535,12 +534,12 @@ static int check_params(const kvt_cp_group_t *g, const kvt_cp_group_config_t *cf
 }
 
 static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const char *seg, const char **why) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kvt_now_ns();
     int rc;
     while ((rc = kvt__seg_attach(&g->seg, seg, KVT__SEG_KIND_CP, CP_VERSION)) == KVT_ENOENT) {
         if (cfg->cancel && *cfg->cancel)
             return say(KVT_EIO, why, "rank %u: interrupted while joining group %s", cfg->rank, g->name);
-        if (now_ns() - t0 > g->timeout_ns)
+        if (kvt_now_ns() - t0 > g->timeout_ns)
             return say(KVT_ETIMEDOUT, why, "rank %u: the control segment /dev/shm%s of group %s did not appear within "
                        "%" PRIu64 " ms: rank 0 never joined", cfg->rank, seg, g->name, g->timeout_ns / 1000000);
         pause_us(1000);
@@ -607,7 +606,7 @@ int kvt_cp_group_join(kvt_cp_group_t **out, const kvt_cp_group_config_t *user, c
     g->h = g->seg.base;
     g->landed = (_Atomic uint64_t *)((uint8_t *)g->h + g->h->landed_off);
     g->digests = (uint64_t *)((uint8_t *)g->h + g->h->digests_off);
-    g->joined_at = now_ns();
+    g->joined_at = kvt_now_ns();
     *out = g;
     return KVT_OK;
 }
@@ -621,7 +620,7 @@ int kvt_cp_group_wait_joined(kvt_cp_group_t *g) {
                 len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u", n++ ? ", " : "", r);
         if (n == 0) return KVT_OK;
         if (stopped(g)) return KVT_EIO;
-        uint64_t now = now_ns();
+        uint64_t now = kvt_now_ns();
         if (watch_ranks(g, -1, now) != KVT_OK) return KVT_EIO;
         if (now - g->joined_at > g->timeout_ns)
             return fail_self(g, KVT_ETIMEDOUT, "rank %u: %s %s never joined group %s within %" PRIu64 " ms", g->rank,
@@ -652,7 +651,7 @@ int kvt_cp_group_open_tier(kvt_cp_group_t *g, const char *suffix, const kvt_tier
         return rc == KVT_OK ? rc : fail_self(g, rc, "rank 0: cannot create the %s segment /dev/shm%s: %s", label, seg, kvt_strerror(rc));
     }
     tc.flags |= KVT_TIER_ATTACH;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kvt_now_ns();
     for (;;) { /* rank 0 creates it */
         int rc = kvt_tier_create(out, &tc);
         if (rc == KVT_OK) return rc;
@@ -660,7 +659,7 @@ int kvt_cp_group_open_tier(kvt_cp_group_t *g, const char *suffix, const kvt_tier
             return fail_self(g, rc, "rank %u: cannot attach the %s segment /dev/shm%s: %s%s", g->rank, label, seg,
                              kvt_strerror(rc), rc == KVT_EINVAL ? " (its geometry is not this rank's)" : "");
         if (stopped(g)) return KVT_EIO; /* another rank failed, and said why */
-        uint64_t now = now_ns();
+        uint64_t now = kvt_now_ns();
         if (watch_ranks(g, 0, now) != KVT_OK) return KVT_EIO;
         if (now - t0 > g->timeout_ns)
             return fail_self(g, KVT_ETIMEDOUT, "rank %u: the %s segment /dev/shm%s did not appear within %" PRIu64 " ms",
@@ -689,10 +688,10 @@ int kvt_cp_group_leave(kvt_cp_group_t *g, const char **why) {
     slot_t *me = slot(g, g->rank);
     atomic_store_explicit(&me->state, LEFT, memory_order_release);
     if (g->seg.creator) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = kvt_now_ns();
         uint32_t running = 0;
         while (!others_gone(g, &running) && rc == KVT_OK) {
-            if (now_ns() - t0 > g->timeout_ns)
+            if (kvt_now_ns() - t0 > g->timeout_ns)
                 rc = say(KVT_ETIMEDOUT, why, "rank 0: left group %s after %" PRIu64 " ms while rank %u was still running",
                          g->name, g->timeout_ns / 1000000, running);
             pause_us(1000);

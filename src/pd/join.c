@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvtier/stats.h"
 #include "kvtier/error.h"
 #include "pd-int.h"
 
@@ -34,11 +35,6 @@ typedef struct pending {
     uint8_t buf[sizeof(kvt__pd_hdr_t) + sizeof(kvt__pd_hello_t)];
 } pending_t;
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void drop(kvt_pd_receiver_t *r, int fd, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void drop(kvt_pd_receiver_t *r, int fd, const char *fmt, ...) {
@@ -113,7 +109,7 @@ int kvt__pd_join(kvt_pd_receiver_t *r) {
         pthread_mutex_unlock(&r->mu);
         int n = poll(pf, np + 2, 50);
         pthread_mutex_lock(&r->mu);
-        uint64_t now = now_ns();
+        uint64_t now = kvt_now_ns();
         if (r->stopping || now > deadline) break;
         for (uint32_t i = np; i-- > 0;) { /* backwards: a finished entry takes the last one's place */
             bool done = n > 0 && pf[i + 2].revents && read_pending(r, &pend[i]);

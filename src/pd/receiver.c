@@ -42,17 +42,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock-int.h"
+#include "kvtier/stats.h"
 #include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
 #include "../sock/wire.h"
 #include "pd-int.h"
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static uint64_t all_ranks(const kvt_pd_receiver_t *r) { return r->cfg.ranks == 64 ? ~0ull : (1ull << r->cfg.ranks) - 1; }
 
@@ -204,7 +201,7 @@ static int open_handoff(kvt_pd_receiver_t *r, const kvt__pd_op_t *m, kvt__pd_liv
         kvt__free(dst, n * sizeof(uint32_t));
         return rc == KVT_ENOSPC ? 1 : KVT_ENOMEM;
     }
-    *slot = (kvt__pd_live_t){.state = LIVE_OPEN, .id = m->handoff, .npages = n, .t_first = now_ns(), .dst = dst, .runs = runs, .nruns = k};
+    *slot = (kvt__pd_live_t){.state = LIVE_OPEN, .id = m->handoff, .npages = n, .t_first = kvt_now_ns(), .dst = dst, .runs = runs, .nruns = k};
     *out = slot;
     return KVT_OK;
 }
@@ -234,14 +231,14 @@ static int on_req(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
         maybe_post_failed(r, l);
         return rc;
     }
-    if (!l->t_req[s]) l->t_req[s] = now_ns();
+    if (!l->t_req[s]) l->t_req[s] = kvt_now_ns();
     return send_dst(r, s, m->handoff, l, KVT_OK);
 }
 
 static void on_done(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     kvt__pd_live_t *l = find_live(r, m->handoff);
     if (l == NULL || l->state == LIVE_POSTED) return;
-    l->t_done[s] = now_ns();
+    l->t_done[s] = kvt_now_ns();
     l->done_mask |= 1ull << s;
     if (m->status != KVT_OK) fail_handoff(r, l, s, KVT_PD_FAIL_SEND, KVT_EIO);
     if (l->state == LIVE_FAILED) maybe_post_failed(r, l);
@@ -306,7 +303,7 @@ static bool on_message(kvt_pd_receiver_t *r, uint32_t s) {
 
 static void serve(kvt_pd_receiver_t *r) {
     uint32_t C = r->cfg.ranks, open = C;
-    uint64_t last_progress = now_ns();
+    uint64_t last_progress = kvt_now_ns();
     pthread_mutex_lock(&r->mu);
     while (open > 0 && !r->stopping) {
         struct pollfd pf[KVT_PD_MAX_RANKS + 1];
@@ -323,12 +320,12 @@ static void serve(kvt_pd_receiver_t *r) {
         }
         for (uint32_t s = 0; s < C && n > 0; s++) {
             if (r->fd[s] < 0 || !(pf[s].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-            last_progress = now_ns();
+            last_progress = kvt_now_ns();
             if (!on_message(r, s)) open--;
         }
-        if (now_ns() - last_progress > r->cfg.timeout_ms * 1000000ull) { /* nothing moved: the hand-offs in flight fail */
+        if (kvt_now_ns() - last_progress > r->cfg.timeout_ms * 1000000ull) { /* nothing moved: the hand-offs in flight fail */
             on_timeout(r);
-            last_progress = now_ns();
+            last_progress = kvt_now_ns();
         }
     }
     pthread_mutex_unlock(&r->mu);
@@ -423,7 +420,7 @@ int kvt_pd_receiver_create(kvt_pd_receiver_t **out, const kvt_pd_receiver_config
     if (rc == KVT_OK) rc = listen_control(r);
     if (rc == KVT_OK && (r->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) rc = KVT_EIO;
     r->dport = r->srv ? kvt_net_server_port(r->srv) : 0;
-    r->t_create = now_ns();
+    r->t_create = kvt_now_ns();
     if (rc == KVT_OK && pthread_create(&r->th, NULL, control_main, r) != 0) rc = KVT_EIO;
     if (rc != KVT_OK) {
         free_all(r);
@@ -454,11 +451,7 @@ uint16_t kvt_pd_receiver_control_port(const kvt_pd_receiver_t *r) { return r ? r
 
 int kvt_pd_receiver_poll(kvt_pd_receiver_t *r, kvt_pd_event_t *ev, size_t max, uint64_t timeout_ns) {
     if (r == NULL || (ev == NULL && max)) return KVT_EINVAL;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    uint64_t ns = (uint64_t)until.tv_nsec + timeout_ns % 1000000000ull;
-    until.tv_sec += (time_t)(timeout_ns / 1000000000ull + ns / 1000000000ull);
-    until.tv_nsec = (long)(ns % 1000000000ull);
+    struct timespec until = kvt__deadline(timeout_ns);
     size_t n = 0, cap = r->cfg.max_live + 1;
     pthread_mutex_lock(&r->mu);
     while (r->qlen == 0 && timeout_ns && pthread_cond_timedwait(&r->cv, &r->mu, &until) != ETIMEDOUT) {

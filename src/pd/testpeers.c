@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvtier/stats.h"
 #include "kvtier/error.h"
 #include "../sock/wire.h"
 #include "pd-int.h"
@@ -59,9 +60,8 @@ static int open_one(kvt_pd_receiver_t *r, const char *w) {
 }
 
 static void await_judged(kvt_pd_receiver_t *r, uint64_t judged) {
-    struct timespec t0, t, ms = {0, 1000000};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (t = t0; t.tv_sec - t0.tv_sec < 5; clock_gettime(CLOCK_MONOTONIC, &t)) {
+    struct timespec ms = {0, 1000000};
+    for (uint64_t t0 = kvt_now_ns(); kvt_now_ns() - t0 < 5000000000ull;) {
         kvt_net_server_stats_t ss = {.size = sizeof(ss)};
         kvt_net_server_stats(r->srv, &ss);
         if (ss.refused + ss.bad_peers >= judged) return;

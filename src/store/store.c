@@ -27,6 +27,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+#include "../core/clock-int.h"
 #include "../core/abi-int.h"
 #include "../core/mem-int.h"
 #include "kvtier/error.h"
@@ -465,12 +466,7 @@ int kvt_store_poll(kvt_store_t *s, kvt_store_done_t *out, size_t max, uint64_t t
         batch_free(b);
     }
     if (s->done_head == NULL && timeout_ns > 0 && max > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t until = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-        until = timeout_ns > UINT64_MAX / 2 - until ? UINT64_MAX / 2 : until + timeout_ns;
-        ts.tv_sec = (time_t)(until / 1000000000ull);
-        ts.tv_nsec = (long)(until % 1000000000ull);
+        struct timespec ts = kvt__deadline(timeout_ns);
         while (s->done_head == NULL)
             if (pthread_cond_timedwait(&s->done_cv, &s->mu, &ts) != 0) break;
     }

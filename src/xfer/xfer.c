@@ -28,6 +28,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "../core/clock-int.h"
 #include "../core/abi-int.h"
 #include "kvtier/stats.h"
 #include "kvtier/error.h"
@@ -107,7 +108,6 @@ struct kvt_xfer {
     kvt__plan_t plans[KVT_XFER_MAX_TIERS][KVT_XFER_MAX_TIERS]; /* how runs of each pair become spans */
 };
 
-static uint64_t now_ns(void) { return kvt_now_ns(); }
 
 void kvt_xfer_config_default(kvt_xfer_config_t *cfg) {
     memset(cfg, 0, sizeof(*cfg));
@@ -234,7 +234,7 @@ static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
 }
 
 static void finish_batch(kvt_xfer_t *x, batch_t *b) {
-    uint64_t t = now_ns();
+    uint64_t t = kvt_now_ns();
     int status = atomic_load(&b->status);
     b->done.status = status;
     b->done.bad_page = atomic_load(&b->bad_page);
@@ -313,9 +313,9 @@ static void *worker_main(void *arg) {
             run_verify(x, b);
             continue;
         }
-        uint64_t t0 = now_ns();
+        uint64_t t0 = kvt_now_ns();
         int rc = atomic_load(&b->status) == KVT_OK ? run_item(x, w, b, it) : KVT_OK; /* a failed batch skips the rest */
-        uint64_t t1 = now_ns();
+        uint64_t t1 = kvt_now_ns();
         if (rc != KVT_OK) {
             int ok = KVT_OK;
             atomic_compare_exchange_strong(&b->status, &ok, rc);
@@ -461,7 +461,7 @@ static void publish(kvt_xfer_t *x, batch_t *b, uint64_t *ticket) {
     unsigned src = b->done.src, dst = b->done.dst;
     bool verify = needs_verify(x, src);
     b->done.ticket = atomic_fetch_add(&x->next_ticket, 1) + 1;
-    b->t_submit = now_ns();
+    b->t_submit = kvt_now_ns();
     atomic_store(&b->remaining, b->nitems + verify);
     atomic_store(&b->status, KVT_OK);
     if (ticket) *ticket = b->done.ticket;
@@ -508,12 +508,7 @@ int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint64_t time
         batch_free(b);
     }
     if (x->done_head == NULL && timeout_ns > 0 && max > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts); /* done_cv waits on the monotonic clock */
-        uint64_t until = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-        until = timeout_ns > UINT64_MAX - until ? UINT64_MAX / 2 : until + timeout_ns;
-        ts.tv_sec = (time_t)(until / 1000000000ull);
-        ts.tv_nsec = (long)(until % 1000000000ull);
+        struct timespec ts = kvt__deadline(timeout_ns); /* done_cv waits on the monotonic clock */
         while (x->done_head == NULL)
             if (pthread_cond_timedwait(&x->done_cv, &x->done_mu, &ts) != 0) break;
     }
