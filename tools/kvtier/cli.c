@@ -99,6 +99,11 @@ void cli_json_stat(cJSON *o, const char *name, double v) {
     cJSON_AddNumberToObject(o, name, v);
 }
 
+bool cli_env_pair(const char *name, uint64_t *a, uint64_t *b) {
+    const char *v = getenv(name);
+    return v && cli_parse_pair(v, a, b) == 0;
+}
+
 double cli_machine_memory(void) { return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE); }
 
 /* "a|b|c" */

@@ -62,6 +62,10 @@ void cli_json_stat(cJSON *o, const char *name, double v);
         LIST(CLI_JSON_FIELD_)                          \
     } while (0)
 
+/* A test hook "A:B" from the environment variable `name`, parsed as
+ * cli_parse_pair: true (and *a, *b set) when it is set and well formed. */
+bool cli_env_pair(const char *name, uint64_t *a, uint64_t *b);
+
 /* This machine's physical memory, bytes. */
 double cli_machine_memory(void);
 int cli_double(cli_t *c, double lo, double hi, bool lo_open, bool hi_open, double *out);

@@ -126,10 +126,15 @@ static void own_pages(rank_t *k, uint64_t i, const kvt_cache_req_t *req) {
 /* Test hooks: KVT_CP_KILL="R:N" kills rank R at request N; KVT_CP_DIVERGE="R:N" makes rank R
  * admit one extra request before request N (its decisions, and digest, part from the others'). */
 static void test_hooks(rank_t *k, uint64_t i) {
-    unsigned r = UINT32_MAX;
-    unsigned long long at = 0;
-    if (getenv("KVT_CP_KILL") && sscanf(getenv("KVT_CP_KILL"), "%u:%llu", &r, &at) == 2 && r == k->r && i + 1 == at) raise(SIGKILL);
-    if (getenv("KVT_CP_DIVERGE") && sscanf(getenv("KVT_CP_DIVERGE"), "%u:%llu", &r, &at) == 2 && r == k->r && i + 1 == at) {
+    static int read; /* the environment is read once, not per request */
+    static uint64_t kill_r = UINT64_MAX, kill_at, div_r = UINT64_MAX, div_at;
+    if (!read) {
+        read = 1;
+        if (!cli_env_pair("KVT_CP_KILL", &kill_r, &kill_at)) kill_r = UINT64_MAX;
+        if (!cli_env_pair("KVT_CP_DIVERGE", &div_r, &div_at)) div_r = UINT64_MAX;
+    }
+    if (kill_r == k->r && i + 1 == kill_at) raise(SIGKILL);
+    if (div_r == k->r && i + 1 == div_at) {
         int32_t odd[64];
         for (int j = 0; j < 64; j++) odd[j] = -1 - j;
         kvt_cache_req_t extra;

@@ -22,6 +22,7 @@
 #include "kvtier/error.h"
 #include "kvtier/radix.h"
 #include "kvtier/tier.h"
+#include "cli.h"
 #include "pd_cmd.h"
 #include "util.h"
 
@@ -73,8 +74,12 @@ static bool on_event(decode_t *d, const kvt_pd_event_t *ev) {
         d->mine++;
     }
     kvt_pd_receiver_stats(d->rx, &d->ctl->cur);
-    const char *kill = getenv("KVT_PD_DECODE_KILL"); /* tests: the first decode dies after N hand-offs */
-    if (kill && atomic_load(&d->ctl->gen) == 0 && d->mine == strtoull(kill, NULL, 10)) raise(SIGKILL);
+    static int read; /* tests: KVT_PD_DECODE_KILL=N, the first decode dies after N hand-offs; read once */
+    static uint64_t kill_after = UINT64_MAX;
+    const char *kill = read ? NULL : getenv("KVT_PD_DECODE_KILL");
+    if (kill && cli_parse_u64(kill, &kill_after) != 0) kill_after = UINT64_MAX;
+    read = 1;
+    if (atomic_load(&d->ctl->gen) == 0 && d->mine == kill_after) raise(SIGKILL);
     kvt_pd_receiver_release(d->rx, ev->handoff); /* served and let go */
     return true;
 }
@@ -150,10 +155,11 @@ static int hand_off(kvt_pd_sender_t *s, uint32_t r, uint64_t i, uint64_t n, cons
     uint64_t np = 0;
     for (uint64_t j = r; j < n; j += o->ranks, np++) cp[np] = (kvt_xfer_copy_t){(uint32_t)np, dst[j]};
     if (r == o->delay_rank && o->delay_ms) usleep((useconds_t)(o->delay_ms * 1000));
-    const char *kill = getenv("KVT_PD_KILL"); /* tests: "R:N" kills rank R in hand-off N */
-    unsigned kill_rank = UINT32_MAX;
-    unsigned long long kill_at = 0;
-    if (kill && sscanf(kill, "%u:%llu", &kill_rank, &kill_at) == 2 && r == kill_rank && i + 1 == kill_at) raise(SIGKILL);
+    static int read; /* tests: KVT_PD_KILL="R:N" kills rank R in hand-off N; read once */
+    static uint64_t kill_rank = UINT64_MAX, kill_at;
+    if (!read && !cli_env_pair("KVT_PD_KILL", &kill_rank, &kill_at)) kill_rank = UINT64_MAX;
+    read = 1;
+    if (r == kill_rank && i + 1 == kill_at) raise(SIGKILL);
     return kvt_pd_sender_send(s, i, cp, np);
 }
 
