@@ -265,7 +265,7 @@ static int before_load(kvt_cp_group_t *g, uint32_t l1, uint32_t l2, bool may_wai
 
 /* Rank 0's backup: the owner wrote the page; nobody still needs what L2 held. */
 static int before_backup(kvt_cp_group_t *g, uint32_t l1, uint32_t l2, bool may_wait) {
-    uint32_t owner = l1 % g->C;
+    uint32_t owner = kvt_lane_of(l1, g->C);
     if (!may_wait)
         return filled_cond(g, owner, g->filled_req[l1]) && all_done_cond(g, g->freed_req[l2], 0) ? KVT_OK : KVT_EAGAIN;
     int rc = wait_for(g, filled_cond, owner, g->filled_req[l1], (int)owner, "a rank to write a page to back up");
@@ -325,7 +325,7 @@ int kvt_cp_group_admitted(kvt_cp_group_t *g, const kvt_cache_req_t *req, const u
         if (l1_ids[j] >= g->l1n) return KVT_ERANGE;
     for (uint64_t j = req->l1_hit_pages; j < req->pages; j++) g->filled_req[l1_ids[j]] = g->cur; /* loaded or new */
     for (uint64_t j = req->pages - req->new_pages; j < req->pages; j++) {
-        if (l1_ids[j] % g->C != g->rank) continue;
+        if (kvt_lane_of(l1_ids[j], g->C) != g->rank) continue;
         int rc = wait_l1_free(g, l1_ids[j]);
         if (rc != KVT_OK) return rc;
     }

@@ -20,7 +20,6 @@ typedef enum { LIVE_FREE = 0, LIVE_OPEN, LIVE_FAILED, LIVE_POSTED } live_state_t
 /* One hand-off decode knows: reserved pages, who has asked and answered. */
 typedef struct kvt__pd_live {
     live_state_t state;
-    bool failed;
     uint64_t id, npages, t_first;
     uint64_t done_mask;  /* ranks that said DONE */
     uint64_t quiet_mask; /* ranks refused a DST for it: they will not write it */

@@ -177,7 +177,7 @@ static void lay_out(uint32_t *dst, uint32_t *flat, const kvt_run_t *runs, size_t
     for (size_t i = 0; i < k; i++)
         for (uint32_t p = 0; p < runs[i].len; p++) flat[f++] = runs[i].start + p;
     for (uint64_t s = 0, off = 0; s < C; s++) {
-        uint64_t share = n / C + (s < n % C);
+        uint64_t share = kvt__pd_share(n, (uint32_t)C, (uint32_t)s);
         for (uint64_t q = 0; q < share; q++) dst[s + q * C] = flat[off + q];
         off += share;
     }

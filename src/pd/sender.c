@@ -146,9 +146,7 @@ int kvt_pd_sender_reconnect(kvt_pd_sender_t *s, uint16_t data_port, uint16_t con
 }
 
 /* This rank's share of n pages (pages j = rank mod C). */
-static uint64_t share(const kvt_pd_sender_t *s, uint64_t n) {
-    return n / s->cfg.ranks + (s->cfg.rank < n % s->cfg.ranks);
-}
+static uint64_t share(const kvt_pd_sender_t *s, uint64_t n) { return kvt__pd_share(n, s->cfg.ranks, s->cfg.rank); }
 
 /* A broken link: h is lost, and this rank's pages of it are the caller's again. */
 static int broken(kvt_pd_sender_t *s, uint64_t npages) {

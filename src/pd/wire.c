@@ -5,7 +5,9 @@
 
 #include "../sock/wire.h"
 
-size_t kvt__pd_payload(unsigned type) {
+/* The payload size of a type (DST: without its page list); 0 for BYE,
+ * SIZE_MAX for an unknown type. */
+static size_t kvt__pd_payload(unsigned type) {
     switch (type) {
     case KVT_PD_HELLO: return sizeof(kvt__pd_hello_t);
     case KVT_PD_WELCOME: return sizeof(kvt__pd_welcome_t);
@@ -17,7 +19,8 @@ size_t kvt__pd_payload(unsigned type) {
     }
 }
 
-kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length) {
+/* A header as it should be for (type, payload length). */
+static kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length) {
     return (kvt__pd_hdr_t){KVT_PD_MAGIC, KVT_PD_VERSION, (uint16_t)type, (uint32_t)length, 0};
 }
 

@@ -49,17 +49,15 @@ typedef struct kvt__pd_op {
     int32_t status, pad;
 } kvt__pd_op_t;
 
-/* The payload size of a type (DST: without its page list); 0 for BYE,
- * SIZE_MAX for an unknown type. */
-size_t kvt__pd_payload(unsigned type);
+/* Rank r's share of a hand-off of n pages under C ranks: the pages j with
+ * j mod C == r. Both ends lay the destination list out by it. */
+static inline uint64_t kvt__pd_share(uint64_t n, uint32_t ranks, uint32_t r) { return n / ranks + (r < n % ranks); }
 /* Writes header + payload (+ extra, extra_len bytes) on a blocking socket. 0 or -1. */
 int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, size_t extra_len);
 /* Reads one message of an expected type set (bit 1 << type) into payload
  * (which holds kvt__pd_payload(type) bytes); *type gets it. A DST's page
  * list is left to the caller. 0, or -1 (EOF, error, or a bad header). */
 int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload);
-/* A header as it should be for (type, payload length). */
-kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length);
 /* True when h is a header of this protocol, version, a type in mask and the right length. */
 int kvt__pd_header_ok(const kvt__pd_hdr_t *h, unsigned accept_mask);
 

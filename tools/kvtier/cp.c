@@ -105,7 +105,7 @@ static void own_pages(rank_t *k, uint64_t i, const kvt_cache_req_t *req) {
     kvt_cp_layout_t lay = {k->C, k->o->l1_pages / k->C, k->o->page_tokens};
     if (k->o->data) kvt_page_hash_chain(0, k->tok, req->pages, (uint32_t)k->o->page_tokens, k->h);
     for (uint64_t j = 0; j < req->pages; j++) {
-        if (k->ids[j] % k->C != k->r) continue;
+        if (kvt_lane_of(k->ids[j], k->C) != k->r) continue;
         uint64_t page = kvt_cp_read_page(&lay, k->ids[j]);
         if (j < req->l1_hit_pages) {
             k->me.l1_hit_pages++;

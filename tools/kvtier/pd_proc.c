@@ -73,13 +73,15 @@ static bool on_event(decode_t *d, const kvt_pd_event_t *ev) {
         d->ctl->checked++;
         d->mine++;
     }
-    kvt_pd_receiver_stats(d->rx, &d->ctl->cur);
     static int read; /* tests: KVT_PD_DECODE_KILL=N, the first decode dies after N hand-offs; read once */
     static uint64_t kill_after = UINT64_MAX;
     const char *kill = read ? NULL : getenv("KVT_PD_DECODE_KILL");
     if (kill && cli_parse_u64(kill, &kill_after) != 0) kill_after = UINT64_MAX;
     read = 1;
-    if (atomic_load(&d->ctl->gen) == 0 && d->mine == kill_after) raise(SIGKILL);
+    if (atomic_load(&d->ctl->gen) == 0 && d->mine == kill_after) {
+        kvt_pd_receiver_stats(d->rx, &d->ctl->cur); /* what the coordinator reads of a decode about to die */
+        raise(SIGKILL);
+    }
     kvt_pd_receiver_release(d->rx, ev->handoff); /* served and let go */
     return true;
 }
@@ -97,7 +99,7 @@ static int serve(decode_t *d) {
         int n = kvt_pd_receiver_poll(d->rx, ev, 16, 100000000ull);
         for (int i = 0; i < n; i++)
             if (!on_event(d, &ev[i])) on = false, status = ev[i].status;
-        kvt_pd_receiver_stats(d->rx, &d->ctl->cur);
+        kvt_pd_receiver_stats(d->rx, &d->ctl->cur); /* once a round, not once an event */
     }
     if (status != KVT_OK)
         snprintf(d->ctl->decode_err, sizeof(d->ctl->decode_err), "decode: %" PRIu64 " of %" PRIu64 " ranks connected in 20 s",
