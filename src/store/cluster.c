@@ -52,21 +52,8 @@ int kvt_store_parse_redirect(const char *reply, bool *ask, unsigned *slot, char 
     if (*end != ' ' || s > 16383) return KVT_EPARSE;
     const char *addr = end + 1;
     size_t alen = strcspn(addr, " \r\n");
-    if (addr[alen] != 0) return KVT_EPARSE;
-    const char *colon = NULL;
-    for (size_t i = 0; i < alen; i++)
-        if (addr[i] == ':') colon = addr + i;
-    if (colon == NULL || colon == addr || colon[1] == 0) return KVT_EPARSE;
-    unsigned long pt = strtoul(colon + 1, &end, 10);
-    if (*end != 0 || pt == 0 || pt > 65535) return KVT_EPARSE;
-    const char *h = addr;
-    size_t hlen = (size_t)(colon - addr);
-    if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']') h++, hlen -= 2;
-    if (hlen == 0 || hlen >= cap) return KVT_EPARSE;
-    memcpy(host, h, hlen);
-    host[hlen] = 0;
+    if (addr[alen] != 0 || kvt__parse_hostport(addr, alen, host, cap, port) != KVT_OK) return KVT_EPARSE;
     *slot = (unsigned)s;
-    *port = (int)pt;
     return KVT_OK;
 }
 

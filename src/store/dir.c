@@ -404,7 +404,13 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     }
     uint64_t ob = kvt__store_object_bytes(req->s);
     struct stat st;
-    size_t want = fstat(fd, &st) == 0 && (uint64_t)st.st_size < ob ? (size_t)st.st_size : (size_t)ob;
+    if (fstat(fd, &st) != 0) { /* st is read below: no guessing at a length */
+        kvt__store_log(req->s, "get %s: %s", hex, strerror(errno));
+        req->results[i] = KVT_STORE_FAILED;
+        close(fd);
+        return;
+    }
+    size_t want = (uint64_t)st.st_size < ob ? (size_t)st.st_size : (size_t)ob;
     size_t got = 0;
     while (got < want) {
         ssize_t k = read(fd, (uint8_t *)req->scratch + got, want - got);

@@ -53,11 +53,19 @@ static int node_of_port(int port) {
     return -1;
 }
 
+/* The slot of a page's key, as the cluster itself computes it (CLUSTER
+ * KEYSLOT): a model independent of the client's CRC16. */
 static unsigned slot_of(const kvt_hash128_t *h, char hex[33]) {
-    char k[40];
     kvt_store_key(E.store, h, hex);
-    snprintf(k, sizeof(k), "kvt:%s", hex);
-    return kvt_store_cluster_slot(k, strlen(k));
+    redisReply *r = NULL;
+    for (int i = 0; i < CLUSTER_NODES && !(r && r->type == REDIS_REPLY_INTEGER); i++) { /* any live node answers */
+        if (r) freeReplyObject(r);
+        r = redis_cmd(C.n[i].port, "CLUSTER KEYSLOT kvt:%s", hex);
+    }
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER, "CLUSTER KEYSLOT: %s", r && r->str ? r->str : "no reply");
+    unsigned slot = (unsigned)r->integer;
+    freeReplyObject(r);
+    return slot;
 }
 
 static void ok_cmd(int port, const char *what, redisReply *r) {

@@ -17,6 +17,7 @@
 
 #include "core/mem-int.h"
 #include "helpers.h"
+#include "kvtier/rng.h"
 
 static senv_t E;
 static char root[64];
@@ -414,7 +415,8 @@ Test(store_dir, random_against_lru_model) {
     enum { KEYS = 24, CAP = 7, OPS = 300 };
     unsigned seed = (unsigned)time(NULL);
     fprintf(stderr, "store_dir random_against_lru_model: seed %u\n", seed);
-    srand(seed);
+    kvt_rng_t rng; /* the project's generator: the same stream for a seed on every libc */
+    kvt_rng_seed(&rng, seed);
     senv_init(&E, 32, 1, 1000, KVT_LAYOUT_PAGE_FIRST);
     E.cfg.threads = 1; /* one batch at a time: the model's order is the store's */
     char u[200];
@@ -423,10 +425,10 @@ Test(store_dir, random_against_lru_model) {
     fill(&E, 0, 0, KEYS); /* tier page k holds key k's content */
     uint64_t last[KEYS] = {0}, clock = 0; /* 0: absent */
     for (int op = 0; op < OPS; op++) {
-        size_t n = 1 + (size_t)(rand() % 4), k0 = (size_t)(rand() % (KEYS - 4));
+        size_t n = 1 + (size_t)kvt_rng_below(&rng, 4), k0 = (size_t)kvt_rng_below(&rng, KEYS - 4);
         kvt_store_page_t p[4];
         for (size_t i = 0; i < n; i++) p[i] = (kvt_store_page_t){.hash = hkey(k0 + i), .page = (uint32_t)(k0 + i)};
-        int what = rand() % 4;
+        int what = (int)kvt_rng_below(&rng, 4);
         sres_t r;
         if (what == 0) { /* put: each key a use, then evict down to CAP */
             r = run_op(E.store, kvt_store_put, p, n);
