@@ -44,8 +44,8 @@
 
 typedef struct ent {
     char hex[33];
-    uint64_t bytes, t;
-    uint32_t hnext, prev, next; /* hash chain; LRU list (head = most recent) */
+    uint64_t bytes;
+    uint32_t hnext, prev, next; /* hash chain; LRU list (head = most recent): the order is the time */
 } ent_t;
 
 typedef struct dirbe {
@@ -118,12 +118,11 @@ static int idx_grow(dirbe_t *d) {
 }
 
 /* Insert or refresh (to the front); bytes updated. */
-static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes, uint64_t t) {
+static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes) {
     uint32_t i = idx_find(d, hex);
     if (i != NIL) {
         d->bytes += bytes - d->e[i].bytes;
         d->e[i].bytes = bytes;
-        d->e[i].t = t;
         lru_unlink(d, i);
         lru_front(d, i);
         return KVT_OK;
@@ -138,7 +137,6 @@ static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes, uint64_t t) {
     ent_t *x = &d->e[i];
     memcpy(x->hex, hex, 33);
     x->bytes = bytes;
-    x->t = t;
     uint32_t h = hash_hex(hex, d->nbuckets);
     x->hnext = d->bucket[h];
     d->bucket[h] = i;
@@ -250,7 +248,7 @@ static int scan(dirbe_t *d) {
     closedir(r);
     if (rc == KVT_OK && nv) {
         qsort(v, nv, sizeof(*v), cmp_time);
-        for (size_t i = 0; i < nv && rc == KVT_OK; i++) rc = idx_touch(d, v[i].hex, v[i].bytes, v[i].t);
+        for (size_t i = 0; i < nv && rc == KVT_OK; i++) rc = idx_touch(d, v[i].hex, v[i].bytes); /* oldest first: the last touched heads the LRU list */
     }
     kvt__free(v, cv * sizeof(*v));
     return rc;
@@ -382,7 +380,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     }
     req->cnt.bytes += ob;
     pthread_mutex_lock(&d->mu);
-    idx_touch(d, hex, ob, kvt_now_ns());
+    idx_touch(d, hex, ob);
     evict(d, hex, req);
     pthread_mutex_unlock(&d->mu);
     return KVT_STORE_OK;
@@ -428,7 +426,7 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         clock_gettime(CLOCK_REALTIME, &now);
         if (now.tv_sec - st.st_atim.tv_sec >= 1) futimens(fd, ts);
         pthread_mutex_lock(&d->mu);
-        idx_touch(d, hex, (uint64_t)st.st_size, kvt_now_ns());
+        idx_touch(d, hex, (uint64_t)st.st_size);
         pthread_mutex_unlock(&d->mu);
     }
     close(fd);

@@ -56,7 +56,9 @@ static int base_open(base_t *b, const char *url) {
         memcpy(host, hp, (size_t)(colon - hp));
         host[colon - hp] = 0;
         struct timeval tv = {5, 0};
-        b->rc = redisConnectWithTimeout(host, atoi(colon + 1), tv);
+        uint64_t port;
+        if (cli_parse_u64(colon + 1, &port) != 0 || port == 0 || port > 65535) return -1;
+        b->rc = redisConnectWithTimeout(host, (int)port, tv);
         if (b->rc == NULL || b->rc->err) return -1;
         redisSetTimeout(b->rc, tv);
         b->kind = 1;
