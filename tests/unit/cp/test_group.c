@@ -284,16 +284,23 @@ Test(cp_group, a_dead_rank_is_detected_and_named) {
     const char *name = group_name("dead");
     kvt_cp_group_config_t c0 = config(name, 0, 2);
     kvt_cp_group_t *g0 = join_ok(&c0);
+    int go[2];
+    cr_assert_eq(pipe(go), 0);
     pid_t pid = fork();
     if (pid == 0) {
         kvt_cp_group_config_t c1 = config(name, 1, 2);
         kvt_cp_group_t *g1;
         if (kvt_cp_group_join(&g1, &c1, NULL) != KVT_OK) _exit(1);
         for (uint64_t i = 0; i < 3; i++) kvt_cp_group_step(g1, i, 1);
+        char b;
+        close(go[1]);
+        if (read(go[0], &b, 1) < 0) _exit(1); /* rank 0 has made its steps: no race with them */
         raise(SIGKILL); /* mid-run */
     }
+    close(go[0]);
     cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_OK);
     for (uint64_t i = 0; i < 10; i++) cr_assert_eq(kvt_cp_group_step(g0, i, 1), KVT_OK);
+    close(go[1]); /* now rank 1 dies */
     double t0 = seconds();
     uint64_t first;
     int rc = kvt_cp_group_check_digests(g0, 10, &first); /* waits on rank 1's requests 4..10 */
