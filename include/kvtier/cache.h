@@ -62,6 +62,7 @@
 #include <stdint.h>
 
 #include "kvtier/radix.h"
+#include "kvtier/store.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
 
@@ -96,6 +97,29 @@ typedef enum kvt_write_policy {
     KVT_WRITE_POLICY_COUNT_
 } kvt_write_policy_t;
 
+/* How an admission finishes the prefetch started when its request arrived
+ * (L3 -> L2, see kvt_cache_prefetch). */
+typedef enum kvt_prefetch_policy {
+    KVT_PREFETCH_BEST_EFFORT = 0,   /* use what has arrived; never wait */
+    KVT_PREFETCH_WAIT_COMPLETE = 1, /* wait for every page the store has (each store call has its timeout) */
+    KVT_PREFETCH_TIMEOUT = 2,       /* wait until base + per_1024_tokens x tokens/1024 (capped) after arrival */
+    KVT_PREFETCH_POLICY_COUNT_
+} kvt_prefetch_policy_t;
+
+/* What became of a request's prefetch (kvt_cache_req_t.prefetch). */
+typedef enum kvt_prefetch_outcome {
+    KVT_PREFETCH_NONE = 0,      /* none was started (no L3, below the threshold, nothing in L3) */
+    KVT_PREFETCH_COMPLETE = 1,  /* every page the store had arrived before admission */
+    KVT_PREFETCH_PARTIAL = 2,   /* best_effort: admission took what had arrived, the rest was revoked */
+    KVT_PREFETCH_TIMED_OUT = 3, /* timeout: the wait ran out; what had arrived was used, the rest revoked */
+    KVT_PREFETCH_REVOKED = 4,   /* best_effort with nothing arrived yet, or cancelled: all of it revoked */
+    KVT_PREFETCH_OUTCOME_COUNT_
+} kvt_prefetch_outcome_t;
+
+KVT_API const char *kvt_prefetch_policy_name(kvt_prefetch_policy_t p);
+KVT_API int kvt_prefetch_policy_parse(const char *s, kvt_prefetch_policy_t *p); /* KVT_EINVAL if unknown */
+KVT_API const char *kvt_prefetch_outcome_name(kvt_prefetch_outcome_t o);
+
 KVT_API const char *kvt_policy_name(kvt_policy_t p);
 KVT_API const char *kvt_policy_describe(kvt_policy_t p);
 KVT_API int kvt_policy_parse(const char *s, kvt_policy_t *p);      /* KVT_EINVAL if unknown */
@@ -113,6 +137,22 @@ typedef struct kvt_cache_config {
     kvt_policy_t policy;         /* default KVT_POLICY_DEFAULT (arc) */
     kvt_write_policy_t write_policy;   /* default write_through */
     uint32_t write_through_hits; /* hits before write_through_selective backs up (default 2) */
+    /* L3: a store (kvt_cache_attach_store) or, for metadata-only runs, a
+     * model of one: an exact LRU set of l3_pages page hashes in this process
+     * whose calls complete at once. Both need an L2 tier. */
+    uint64_t l3_pages;           /* the model's capacity; 0: no model */
+    kvt_write_policy_t l3_write_policy; /* L2 -> L3: write_through (a page is put when it lands in L2),
+                                         * write_through_selective (when its node reaches l3_write_hits
+                                         * hits), write_back (when it leaves L2); default write_through */
+    uint32_t l3_write_hits;      /* default 2 */
+    kvt_prefetch_policy_t prefetch_policy; /* default best_effort */
+    uint32_t prefetch_threshold; /* tokens past the L1+L2 match below which no prefetch starts (default 256) */
+    double prefetch_timeout_s;   /* timeout policy: base (default 2.0 s) */
+    double prefetch_timeout_per_1024_s; /* ... plus this per 1024 tokens of the request (default 0.1 s) */
+    double prefetch_timeout_max_s;      /* ... at most (default 30 s) */
+    uint64_t l3_known;           /* page hashes of this cache's acknowledged puts remembered (FIFO), so a
+                                  * prefix known to be in L3 needs no exists call; 0: 4 x l2_pages, at
+                                  * least 65536 */
 } kvt_cache_config_t;
 
 /* Fills the defaults: 16-token pages, 65536 L1 pages and 262144 L2 pages (a
@@ -135,6 +175,11 @@ typedef struct kvt_cache_req {
     uint64_t new_pages;      /* pages allocated and inserted */
     uint64_t uncached_pages; /* full pages that found no room */
     bool committed;          /* its new pages were committed (kvt_cache_commit) */
+    uint64_t l3_hit_pages;   /* matched pages that came from L3 (prefetched, then loaded into L1);
+                              * not counted in l2_hit_pages */
+    uint64_t l3_foreign_pages; /* ... of them, pages this cache did not put (another instance did) */
+    kvt_prefetch_outcome_t prefetch; /* kvt_cache_admit_prefetched: what became of the prefetch */
+    uint64_t prefetch_wait_ns; /* how long admission waited for it */
 } kvt_cache_req_t;
 
 /* Admits a request of ntokens tokens in namespace ns (only whole pages are
@@ -198,6 +243,53 @@ KVT_API int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsi
  * (p mod C) x R + p div C, R = l1_pages / C (l1_pages a multiple of C). */
 KVT_API int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
                         unsigned l2_index, const kvt_cache_cp_t *cp);
+/* L3. Attaches a store (include/kvtier/store.h) as the cache's third tier:
+ * the store's tier is the cache's L2 (page i of L2 is page i of the store's
+ * tier, which holds at least l2_pages pages: the attached L2 tier when there
+ * is a data plane, any host tier otherwise). The cache polls the store (no
+ * one else may). Before the first admission; the store outlives the cache.
+ * KVT_EINVAL (no L2, l3_pages set too, a CP member, the tier too small or not
+ * the attached L2), KVT_EBUSY, KVT_ENOMEM; nothing changed on failure.
+ *
+ * What L3 does:
+ *   backup     L2 -> L3 under l3_write_policy; a page being put keeps its L2
+ *              page until the store has answered (an L2 page freed meanwhile
+ *              goes back to its allocator only then); a put acknowledged
+ *              marks the page's hash as known to be in L3
+ *   prefetch   kvt_cache_prefetch, when a request arrives: the pages past its
+ *              L1+L2 match, if at least prefetch_threshold tokens, are looked
+ *              up (known pages need no exists call), given L2 pages and
+ *              fetched (get) in batches; the store checks each object before
+ *              a byte lands
+ *   admission  kvt_cache_admit_prefetched finishes it under prefetch_policy:
+ *              the leading pages that arrived join the tree as pages in L2
+ *              (then load into L1 like any L2 hit, counted as L3 hits); the
+ *              rest is revoked (pages still being fetched go back when the
+ *              store answers). A known page that the store no longer has is a
+ *              miss that clears the mark.
+ * A store that is down or slow costs misses and failed puts (counted in the
+ * store's statistics and here), never a wrong page. */
+KVT_API int kvt_cache_attach_store(kvt_cache_t *c, kvt_store_t *s);
+/* Starts the prefetch of a request that just arrived (the same arguments its
+ * admission will get). Its L1+L2 match stays locked (not evicted) until the
+ * prefetch is over. *id: a handle for kvt_cache_admit_prefetched or
+ * kvt_cache_prefetch_cancel, or 0 when none was started (no L3, below the
+ * threshold, nothing of it in L3: then a plain admission does the same).
+ * Making room for the pages may evict from L2. KVT_EINVAL, KVT_ENOMEM
+ * (nothing started). */
+KVT_API int kvt_cache_prefetch(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, uint64_t *id);
+/* kvt_cache_admit, finishing prefetch `id` first (0: none; then this is
+ * kvt_cache_admit). The tokens must be those the prefetch was started with:
+ * KVT_EINVAL otherwise (or for an unknown id), with the prefetch left as it
+ * was. The prefetch is over when this returns KVT_OK. */
+KVT_API int kvt_cache_admit_prefetched(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
+                                       int32_t priority, uint32_t *l1_ids, kvt_cache_req_t *req);
+/* Drops a prefetch whose request will not be admitted (its pages go back).
+ * KVT_EINVAL for an unknown id. */
+KVT_API int kvt_cache_prefetch_cancel(kvt_cache_t *c, uint64_t id);
+/* Prefetches started and not yet finished or cancelled. */
+KVT_API uint64_t kvt_cache_prefetches(const kvt_cache_t *c);
+
 /* A running hash of every page id the cache took or gave back and every copy
  * it started, in order: caches fed the same calls agree on it exactly when
  * they made the same decisions. */
@@ -235,12 +327,34 @@ KVT_API uint64_t kvt_cache_restore_room(kvt_cache_t *c);
     X(failed_copies, COUNTER, "copies that failed (the page stayed where it was)")              \
     X(integrity_failures, COUNTER, "load batches refused: an L2 page failed its checksum")      \
     X(corrupt_dropped, COUNTER, "L2 copies that failed their checksum dropped (with the pages below)") \
+    X(l3_hit_tokens, COUNTER, "tokens served from L3 (prefetched into L2, loaded into L1)")       \
+    X(l3_foreign_hit_tokens, COUNTER, "L3 hit tokens of pages this cache did not put (another instance)") \
+    X(l3_puts, COUNTER, "L2 -> L3 pages put")                                                    \
+    X(l3_put_failures, COUNTER, "pages the store failed to store")                               \
+    X(l3_puts_skipped, COUNTER, "pages not put: already known to be in L3, or being put")        \
+    X(l3_exists_calls, COUNTER, "exists calls made for prefetches")                               \
+    X(l3_get_calls, COUNTER, "get calls made for prefetches")                                     \
+    X(l3_known_hits, COUNTER, "prefetch pages known to be in L3 (no exists call needed)")        \
+    X(l3_stale_marks, COUNTER, "pages known to be in L3 that the store no longer had (mark cleared)") \
+    X(l3_misses, COUNTER, "prefetch pages a get did not serve (absent, refused, failed)")       \
+    X(l3_evictions, COUNTER, "modeled L3: pages evicted for capacity")                           \
+    X(prefetches, COUNTER, "prefetches started")                                                 \
+    X(prefetch_below_threshold, COUNTER, "requests whose part past the match was below the threshold") \
+    X(prefetch_pages, COUNTER, "pages prefetches found in L3")                                    \
+    X(prefetch_arrived_pages, COUNTER, "prefetched pages that arrived by admission")             \
+    X(prefetch_complete, COUNTER, "prefetches complete by admission")                            \
+    X(prefetch_partial, COUNTER, "prefetches partly used (best_effort)")                          \
+    X(prefetch_timed_out, COUNTER, "prefetches whose wait ran out (timeout)")                   \
+    X(prefetch_revoked, COUNTER, "prefetches revoked: nothing usable, or cancelled")             \
+    X(prefetch_wait_us, COUNTER, "time admissions waited for prefetches, us")                    \
+    X(prefetch_wait_max_us, GAUGE, "the longest one admission waited, us")                       \
     X(l1_free, GAUGE, "free L1 pages")                                                           \
     X(l2_free, GAUGE, "free L2 pages")                                                           \
     X(l1_target, GAUGE, "L1 free-room target, pages")                                            \
     X(l2_target, GAUGE, "L2 free-room target, pages")                                            \
     X(l1_floor, GAUGE, "L1 free pages below which an allocation starts an eviction round")      \
-    X(l2_floor, GAUGE, "L2 free pages below which an allocation starts an eviction round")
+    X(l2_floor, GAUGE, "L2 free pages below which an allocation starts an eviction round")           \
+    X(l3_known_pages, GAUGE, "page hashes known to be in L3 (own puts remembered; the model's pages)")
 
 typedef struct kvt_cache_stats {
     uint32_t size; /* sizeof(kvt_cache_stats_t), set by the caller */

@@ -115,6 +115,10 @@ typedef struct kvt_store_config {
     uint32_t threads;         /* worker threads, 1..64 (default 2); each has its own connections */
     uint32_t timeout_ms;      /* every network call: connect, send, receive (default 2000) */
     uint32_t retries;         /* per key: redirections, TRYAGAIN, CLUSTERDOWN, reconnects (default 8) */
+    /* Latency injected before every batch a worker runs, microseconds (0:
+     * none; at most 10 s): a store far away, for tests and benchmarks of
+     * what waits on it (the prefetch policies). */
+    uint32_t delay_us;
     /* Messages (bad objects, a node lost, a store down): called on a worker
      * thread; NULL: the first 16 go to stderr, the rest are only counted. */
     void (*log)(void *arg, const char *msg);
@@ -145,6 +149,8 @@ KVT_API const char *kvt_store_last_error(const kvt_store_t *s);
  * ("dir", "redis", "redis-cluster"). */
 KVT_API const char *kvt_store_url(const kvt_store_t *s);
 KVT_API const char *kvt_store_backend(const kvt_store_t *s);
+/* The host tier get writes into and put reads from (NULL: none). */
+KVT_API kvt_tier_t *kvt_store_tier(const kvt_store_t *s);
 
 /* The key of a page hash under this store's identity (see the top); hex
  * (optional) gets the 32 hex digits and a NUL. */

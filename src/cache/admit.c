@@ -45,11 +45,16 @@ static uint64_t pages_to_load(kvt_cache_t *c, kvt_rnode_t *end) {
 /* Loads the matched pages that have no L1 page (they follow the L1 prefix
  * along the path to x) into the L1 pages ids[*j..), top-down: the pages
  * above x first. Recursion depth: the nodes past the L1 prefix. */
-static void load_path(kvt_cache_t *c, kvt_rnode_t *x, const uint32_t *ids, uint64_t *j) {
+static void load_path(kvt_cache_t *c, kvt_rnode_t *x, const uint32_t *ids, uint64_t *j, uint64_t from_l3[2]) {
     if (x == kvt__radix_root(c->tree) || x->n_l1 == x->npages) return; /* all above are in L1 too */
-    load_path(c, x->parent, ids, j);
+    load_path(c, x->parent, ids, j, from_l3);
     for (uint32_t i = x->n_l1; i < x->npages; i++) {
         if (x->pages[i].l1 != KVT_NO_PAGE) continue;
+        if (c->l3f) { /* a page prefetched from L3, served for the first time */
+            unsigned f = kvt__l3_served(c, x->pages[i].l2);
+            from_l3[0] += (f & KVT__L3_FRESH) != 0;
+            from_l3[1] += (f & KVT__L3_FOREIGN) != 0;
+        }
         kvt__radix_begin_load(c->tree, x, i, ids[*j]);
         kvt__cache_submit(c, OP_LOAD, ids[*j], x->pages[i].l2);
         c->st.loads++;
@@ -131,6 +136,7 @@ typedef struct admission {
     uint64_t cont;      /* matched pages to load back (the L2 part) */
     uint64_t room;      /* L1 pages reserved: cont for the loads, then the new ones */
     uint64_t loaded;    /* matched pages that came back from L2 */
+    uint64_t from_l3[2]; /* ... of the loads, pages prefetched from L3, and of those, not put by us */
     uint64_t ins;       /* new pages inserted */
     uint32_t *ids;      /* the reserved L1 pages (the cache's scratch) */
     kvt_rnode_t *held;  /* the node the request holds locked */
@@ -176,9 +182,13 @@ static void reserve(kvt_cache_t *c, admission_t *a) {
  * below it in: the pages reserved for the new part go back. */
 static void load(kvt_cache_t *c, admission_t *a) {
     uint64_t used = 0;
-    if (a->cont) load_path(c, a->m.node, a->ids, &used);
+    if (a->cont) load_path(c, a->m.node, a->ids, &used, a->from_l3);
     kvt__cache_wait_kind(c, OP_LOAD);
     a->loaded = l1_prefix(c, a->m.node) - a->m.l1_pages;
+    /* pages from L3 sit below the others (prefetches insert below the match): a failed load loses them first */
+    uint64_t lost = a->cont - a->loaded;
+    a->from_l3[0] = a->from_l3[0] > lost ? a->from_l3[0] - lost : 0;
+    if (a->from_l3[1] > a->from_l3[0]) a->from_l3[1] = a->from_l3[0];
     if (a->m.l1_pages + a->loaded >= a->m.pages) return;
     unstrand(c, a->m.node);
     if (a->ins > 0) {
@@ -209,7 +219,9 @@ static void insert(kvt_cache_t *c, admission_t *a) {
  * pages in L1), their L1 ids root to leaf, and the counters. */
 static void fill_result(kvt_cache_t *c, const admission_t *a, uint64_t ntokens, uint32_t *l1_ids, kvt_cache_req_t *req) {
     uint32_t pt = c->cfg.page_tokens;
-    req->l2_hit_pages = a->loaded;
+    req->l3_hit_pages = a->from_l3[0];
+    req->l3_foreign_pages = a->from_l3[1];
+    req->l2_hit_pages = a->loaded - a->from_l3[0];
     req->new_pages = a->ins;
     req->committed = a->ins == 0;
     req->node = a->held;
@@ -228,12 +240,26 @@ static void fill_result(kvt_cache_t *c, const admission_t *a, uint64_t ntokens, 
     c->st.tokens += ntokens;
     c->st.l1_hit_tokens += a->m.l1_pages * pt;
     c->st.l2_hit_tokens += req->l2_hit_pages * pt;
+    c->st.l3_hit_tokens += req->l3_hit_pages * pt;
+    c->st.l3_foreign_hit_tokens += req->l3_foreign_pages * pt;
 }
 
 int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
                     uint32_t *l1_ids, kvt_cache_req_t *req) {
+    return kvt_cache_admit_prefetched(c, 0, ns, tokens, ntokens, priority, l1_ids, req);
+}
+
+int kvt_cache_admit_prefetched(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
+                               int32_t priority, uint32_t *l1_ids, kvt_cache_req_t *req) {
     if (c == NULL || req == NULL || (tokens == NULL && ntokens > 0)) return KVT_EINVAL;
+    kvt_cache_req_t pre = {0};
+    if (id != 0) { /* the prefetch first: what arrived joins the tree, then admission finds it in L2 */
+        int rc = kvt__l3_finish(c, id, ns, tokens, ntokens, priority, &pre);
+        if (rc != KVT_OK) return rc;
+    }
     memset(req, 0, sizeof(*req));
+    req->prefetch = pre.prefetch;
+    req->prefetch_wait_ns = pre.prefetch_wait_ns;
     admission_t a = {.ns = ns, .tokens = tokens, .npages = ntokens / c->cfg.page_tokens, .priority = priority};
     int rc = match_and_lock(c, &a);
     if (rc != KVT_OK) return rc;
@@ -241,6 +267,7 @@ int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint64_t
     load(c, &a);
     insert(c, &a);
     if (c->cfg.write_policy == KVT_WRITE_THROUGH_SELECTIVE && c->l2) selective_backups(c, a.m.node);
+    if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) kvt__l3_selective(c, a.m.node);
     kvt_cache_poll(c);
     kvt__cache_flush(c);
     fill_result(c, &a, ntokens, l1_ids, req);

@@ -6,6 +6,7 @@
 
 #include "kvtier/alloc.h"
 #include "kvtier/cache.h"
+#include "kvtier/store.h"
 #include "kvtier/xfer.h"
 #include "../radix/radix-int.h"
 
@@ -30,6 +31,31 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap); /* cap 0: a ghost that remembe
 void kvt__ghost_fini(kvt__ghost_t *g);
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key);
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key); /* true (and forgotten) when present */
+bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key);
+
+/* An exact LRU set of 64-bit keys (lru.c): the modeled L3. */
+typedef struct kvt__lru {
+    uint64_t *key;
+    uint32_t *prev, *next, *index; /* list links by slot; index: slot or UINT32_MAX */
+    size_t cap, n, mask;
+    uint32_t head, tail;           /* most and least recently used slot */
+} kvt__lru_t;
+
+int kvt__lru_init(kvt__lru_t *l, size_t cap); /* cap 0: a set that holds nothing */
+void kvt__lru_fini(kvt__lru_t *l);
+bool kvt__lru_has(const kvt__lru_t *l, uint64_t key);
+bool kvt__lru_touch(kvt__lru_t *l, uint64_t key);  /* true (and now most recent) when present */
+bool kvt__lru_put(kvt__lru_t *l, uint64_t key);    /* true when it evicted a key to make room */
+bool kvt__lru_remove(kvt__lru_t *l, uint64_t key);
+
+/* Per L2 page, what the third tier knows of it (kvt_cache.l3f). */
+#define KVT__L3_FRESH 0x1   /* arrived from L3 and not yet served: an L3 hit when first loaded */
+#define KVT__L3_FOREIGN 0x2 /* ... and this cache did not put it */
+#define KVT__L3_BUSY 0x4    /* a store call reads or writes the page */
+#define KVT__L3_DEFER 0x8   /* given back while busy: back to the allocator when the call completes */
+#define KVT__L3_STORED 0x10 /* L3 holds this page (it came from there, or its put was acknowledged) */
+
+typedef struct kvt__pf kvt__pf_t; /* a prefetch (l3.c) */
 
 #define KVT__CORRUPT_MAX 64
 
@@ -73,6 +99,19 @@ struct kvt_cache {
     uint64_t digest;               /* running hash of ids taken, given back and copied */
     uint32_t corrupt[KVT__CORRUPT_MAX]; /* L2 pages a load found corrupt, to drop (evict.c) */
     size_t ncorrupt;
+    /* the third tier (l3.c): a store (kvt_cache_attach_store) or a model */
+    kvt_store_t *store;
+    kvt_tier_t *l2_tier;           /* the L2 tier of the data plane (kvt_cache_attach) */
+    kvt__lru_t l3model;            /* cfg.l3_pages > 0: the modeled store */
+    kvt__ghost_t l3own;            /* store: hashes of this cache's acknowledged puts */
+    uint8_t *l3f;                  /* per L2 page: KVT__L3_* (NULL without L3) */
+    uint64_t l2_deferred;          /* L2 pages given back while a store call holds them */
+    kvt_store_page_t *l3q;         /* puts not yet handed to the store */
+    size_t nl3q;
+    kvt__pf_t **pf;                /* prefetches started and not finished */
+    size_t npf, pf_cap;
+    uint64_t next_pf;
+    uint64_t l3_calls;             /* store calls in flight */
     kvt_cache_stats_t st;
 };
 
@@ -108,6 +147,36 @@ bool kvt__cache_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx);
 void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l2);
 void kvt__cache_forget_corrupt(kvt_cache_t *c, uint32_t l2);
 void kvt__cache_purge_corrupt(kvt_cache_t *c);
+
+/* l3.c */
+int kvt__l3_init(kvt_cache_t *c);     /* the model, at create (cfg.l3_pages) */
+void kvt__l3_fini(kvt_cache_t *c);    /* waits for the store calls in flight */
+static inline bool kvt__l3_on(const kvt_cache_t *c) { return c->l3f != NULL; }
+/* Puts page idx of n (valid in L2) unless L3 is known to hold it. */
+void kvt__l3_put(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx);
+/* write_through_selective: puts the L2 pages of the nodes on the path to
+ * `end` that have reached l3_write_hits. */
+void kvt__l3_selective(kvt_cache_t *c, kvt_rnode_t *end);
+/* An L2 page goes back: true when a store call holds it (it goes back to the
+ * allocator when the call completes). */
+bool kvt__l3_hold(kvt_cache_t *c, uint32_t l2);
+/* An L2 page is being loaded into L1: its KVT__L3_FRESH | FOREIGN bits, cleared. */
+unsigned kvt__l3_served(kvt_cache_t *c, uint32_t l2);
+/* Hands queued puts to the store, applies its completions (waiting up to
+ * timeout_ns for one), and, with advance, starts the fetches of prefetches
+ * whose lookup is done (that takes L2 pages: not from inside an eviction). */
+void kvt__l3_poll(kvt_cache_t *c, uint64_t timeout_ns, bool advance);
+/* Waits until the allocator has n free L2 pages or no store call holds one. */
+void kvt__l3_wait_room(kvt_cache_t *c, uint64_t n);
+/* Waits for every store call in flight. */
+void kvt__l3_sync(kvt_cache_t *c);
+/* Finishes prefetch id for an admission of these tokens (inserting what
+ * arrived into the tree as pages in L2); fills req's prefetch fields. */
+int kvt__l3_finish(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
+                   int32_t priority, kvt_cache_req_t *req);
+/* The L2 pages prefetches hold and those deferred; KVT_ECORRUPT (and *why)
+ * when the deferred count differs from the pages marked. */
+int kvt__l3_check(kvt_cache_t *c, uint64_t *held, uint64_t *deferred, const char **why);
 
 /* policy.c */
 uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);

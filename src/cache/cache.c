@@ -37,7 +37,17 @@ void kvt_cache_config_default(kvt_cache_config_t *cfg) {
     cfg->policy = KVT_POLICY_DEFAULT;
     cfg->write_policy = KVT_WRITE_THROUGH;
     cfg->write_through_hits = 2;
+    cfg->l3_write_policy = KVT_WRITE_THROUGH;
+    cfg->l3_write_hits = 2;
+    cfg->prefetch_policy = KVT_PREFETCH_BEST_EFFORT;
+    cfg->prefetch_threshold = 256;
+    cfg->prefetch_timeout_s = 2.0;
+    cfg->prefetch_timeout_per_1024_s = 0.1;
+    cfg->prefetch_timeout_max_s = 30.0;
 }
+
+/* A wait in seconds: finite, in [0, 1 day]. */
+static bool seconds_ok(double s) { return s >= 0 && s <= 86400; }
 
 /* ---- id buffers -------------------------------------------------------------- */
 
@@ -64,7 +74,10 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
         cfg->l2_pages > KVT_ALLOC_MAX_PAGES || cfg->l1_lanes == 0 || cfg->l1_lanes > cfg->l1_pages ||
         !(cfg->l1_free_room >= 0 && cfg->l1_free_room <= 0.5) || !(cfg->l2_free_room >= 0 && cfg->l2_free_room <= 0.5) ||
         (unsigned)cfg->policy >= KVT_POLICY_COUNT_ || (unsigned)cfg->write_policy >= KVT_WRITE_POLICY_COUNT_ ||
-        cfg->write_through_hits == 0)
+        cfg->write_through_hits == 0 || (cfg->l3_pages && cfg->l2_pages == 0) || cfg->l3_pages >= UINT32_MAX ||
+        (unsigned)cfg->l3_write_policy >= KVT_WRITE_POLICY_COUNT_ || cfg->l3_write_hits == 0 ||
+        (unsigned)cfg->prefetch_policy >= KVT_PREFETCH_POLICY_COUNT_ || !seconds_ok(cfg->prefetch_timeout_s) ||
+        !seconds_ok(cfg->prefetch_timeout_per_1024_s) || !seconds_ok(cfg->prefetch_timeout_max_s))
         return KVT_EINVAL;
     kvt_cache_t *c = KVT_NEW(kvt_cache_t);
     if (c == NULL) return KVT_ENOMEM;
@@ -89,6 +102,7 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
     if (err == KVT_OK && (c->scratch = kvt__malloc(c->scratch_cap * sizeof(uint32_t))) == NULL) err = KVT_ENOMEM;
     if (err == KVT_OK && (c->l2_runs = kvt__malloc((cfg->l2_pages + 1) * sizeof(kvt_run_t))) == NULL) err = KVT_ENOMEM;
     if (err == KVT_OK) err = kvt__policy_init(c);
+    if (err == KVT_OK) err = kvt__l3_init(c);
     if (err != KVT_OK) {
         kvt_cache_destroy(c);
         return err;
@@ -100,6 +114,7 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
 void kvt_cache_destroy(kvt_cache_t *c) {
     if (c == NULL) return;
     if (c->xf) kvt_cache_sync(c); /* the engine owns the pages in flight until they land */
+    kvt__l3_fini(c);              /* ... and the store those of its calls */
     kvt__radix_destroy(c->tree);
     kvt_laneal_destroy(c->l1);
     kvt_extalloc_destroy(c->l2);
@@ -126,6 +141,7 @@ int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st) {
     full.l2_target = c->l2_target;
     full.l1_floor = c->l1_floor;
     full.l2_floor = c->l2_floor;
+    full.l3_known_pages = c->store ? c->l3own.live : c->l3model.n;
     return kvt__abi_out(st, &full, sizeof(full));
 }
 
@@ -155,15 +171,18 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
         kvt_extalloc_stats_t es = {.size = sizeof(es)};
         kvt_extalloc_stats(c->l2, &es);
         if (kvt_extalloc_check(c->l2, why) != KVT_OK) return KVT_ECORRUPT;
-        if (es.free_pages + c->l2_back.n + l2_held != c->cfg.l2_pages) return *why = "L2 pages leaked or double-held", KVT_ECORRUPT;
-        if (es.free_pages + c->l2_back.n != c->l2_free) return *why = "L2 free count differs", KVT_ECORRUPT;
+        uint64_t pf_held, deferred;
+        if (kvt__l3_check(c, &pf_held, &deferred, why) != KVT_OK) return KVT_ECORRUPT;
+        if (es.free_pages + c->l2_back.n + l2_held + pf_held + deferred != c->cfg.l2_pages)
+            return *why = "L2 pages leaked or double-held", KVT_ECORRUPT;
+        if (es.free_pages + c->l2_back.n + deferred != c->l2_free) return *why = "L2 free count differs", KVT_ECORRUPT;
         for (uint32_t id = 0; id < c->cfg.l2_pages; id++)
             if (kvt__radix_locate_l2(c->tree, id, &n, &idx) && kvt_extalloc_is_free(c->l2, id))
                 return *why = "an L2 page in the tree is free in its allocator", KVT_ECORRUPT;
     } else if (l2_held) {
         return *why = "L2 pages without an L2 tier", KVT_ECORRUPT;
     }
-    if (rs.locked_nodes > 0 && c->held == 0) return *why = "nodes locked with no request held", KVT_ECORRUPT;
+    if (rs.locked_nodes > 0 && c->held == 0 && kvt_cache_prefetches(c) == 0) return *why = "nodes locked with no request held", KVT_ECORRUPT;
     uint64_t flagged[2] = {0, 0};
     for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x)) {
         for (uint32_t i = x->n_l1; i < x->npages && x->lock == 0; i++)

@@ -41,8 +41,9 @@ void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {
     kvt__cache_fold(c, 2ull << 40 | id);
     if (c->ncorrupt) kvt__cache_forget_corrupt(c, id);
     if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
-    c->l2_back.id[c->l2_back.n++] = id;
     c->l2_free++;
+    if (c->l3f && kvt__l3_hold(c, id)) return; /* a store call reads or writes it: back when it completes */
+    c->l2_back.id[c->l2_back.n++] = id;
 }
 
 static int cmp_u32(const void *x, const void *y) {
@@ -88,6 +89,7 @@ static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool
         if (!found) return;
         kvt__radix_end_backup(c->tree, n, idx, ok);
         if (!ok) kvt__cache_give_back_l2(c, l2);
+        else if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_THROUGH) kvt__l3_put(c, n, idx); /* landed in L2 */
     } else {
         bool found = kvt__radix_locate_l1(c->tree, l1, &n, &idx);
         KVT_ASSERT(found);
@@ -167,6 +169,7 @@ int kvt_cache_poll(kvt_cache_t *c) {
         flush_copies(c);
         for (int k; (k = poll_engine(c, 0)) > 0;) applied += k;
     }
+    if (c->store) kvt__l3_poll(c, 0, true);
     return applied;
 }
 
@@ -193,6 +196,7 @@ int kvt_cache_sync(kvt_cache_t *c) {
     if (c == NULL) return KVT_EINVAL;
     kvt__cache_wait_kind(c, OP_BACKUP);
     kvt__cache_wait_kind(c, OP_LOAD);
+    kvt__l3_sync(c);
     return KVT_OK;
 }
 
@@ -253,6 +257,7 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
         }
     c->pend_cap = cap;
     c->xf = x;
+    c->l2_tier = l2;
     c->xf_l1 = l1_index;
     c->xf_l2 = l2_index;
     c->lane_pages = c->cfg.l1_pages / c->cfg.l1_lanes;

@@ -35,7 +35,8 @@
 /* Evicts one L2 page; false when nothing in L2 may go. */
 /* The last page of leaf v, living only in L2, leaves the cache (v is freed
  * with its last page). */
-static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v) {
+static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
+    if (may_put && c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, v->npages - 1); /* on to L3 */
     kvt__policy_on_trim(c, v);
     kvt_page_t pg = kvt__radix_trim(c->tree, v);
     kvt__cache_give_back_l2(c, pg.l2);
@@ -46,13 +47,14 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v) {
 static bool evict_one_l2(kvt_cache_t *c) {
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
-        trim_l2_tail(c, v);
+        trim_l2_tail(c, v, true);
         return true;
     }
     v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
     if (v == NULL) return false;
     uint32_t idx = v->n_l1;
     while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--; /* the last shadow */
+    if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, idx - 1); /* its only copy outside L1 */
     kvt__cache_give_back_l2(c, kvt__radix_drop_l2(c->tree, v, idx - 1));
     c->st.shadows_reclaimed++;
     return true;
@@ -86,7 +88,8 @@ uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
     if (c->l2 == NULL || n == 0) return 0;
     plan_l2(c, n);
     if (kvt__cache_flush(c) != KVT_OK) return 0;
-    if (n > c->l2_free) n = c->l2_free;
+    if (c->l2_deferred) kvt__l3_wait_room(c, n); /* pages a store call still holds come back soon */
+    if (n > c->l2_free - c->l2_deferred) n = c->l2_free - c->l2_deferred;
     if (n == 0) return 0;
     kvt_run_t *runs = c->l2_runs; /* flush is done with it; room for every L2 page */
     size_t k = 0;
@@ -166,7 +169,7 @@ static bool free_below(const kvt_rnode_t *x, uint32_t idx) {
 /* Trims x's subtree, then x's pages down to `keep` (x is freed when keep is 0). */
 static void trim_below(kvt_cache_t *c, kvt_rnode_t *x, uint32_t keep) {
     while (x->first_child) trim_below(c, x->first_child, 0);
-    for (uint32_t k = x->npages - keep; k > 0; k--) trim_l2_tail(c, x);
+    for (uint32_t k = x->npages - keep; k > 0; k--) trim_l2_tail(c, x, false); /* corrupt: never put */
 }
 
 void kvt__cache_purge_corrupt(kvt_cache_t *c) {

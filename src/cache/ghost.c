@@ -87,3 +87,5 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     g->index[i] = tag_of(key) | (uint64_t)(pos + 1);
     g->n++;
 }
+
+bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key) { return g->cap && g->index[find(g, key)] != 0; }

@@ -85,6 +85,13 @@ int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_
 int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
                       const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out);
 
+/* The same for npages pages that live only in L2, at l2_ids (pages fetched
+ * from L3): `at` may be any node of namespace ns, since pages only in L2 may
+ * sit below any page. KVT_EEXIST, KVT_ENOMEM, KVT_EINVAL; nothing changed
+ * on failure. */
+int kvt__radix_insert_l2(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
+                         const uint32_t *l2_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out);
+
 /* Adds delta (+1 or -1) to the lock count of node and its ancestors. */
 void kvt__radix_lock(kvt_radix_t *r, kvt_rnode_t *node, int delta);
 

@@ -288,10 +288,12 @@ int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_
 
 /* ---- insert ---------------------------------------------------------------- */
 
-int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
-                      const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
-    if (npages == 0 || npages > UINT32_MAX || (at != &r->root && (at->n_l1 != at->npages || at->ns != ns)))
-        return KVT_EINVAL;
+/* A new node of npages pages below `at`, resident in L1 at l1_ids or, when
+ * l1_ids is NULL, only in L2 at l2_ids. */
+static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
+                       const uint32_t *l1_ids, const uint32_t *l2_ids, uint64_t clock, int32_t priority,
+                       kvt_rnode_t **out) {
+    if (npages == 0 || npages > UINT32_MAX || (at != &r->root && at->ns != ns)) return KVT_EINVAL;
     uint64_t digest = page_digest(r, tokens), h = kvt__cm_hash(at, ns, digest);
     if (kvt__cm_find(r, h, at, ns, tokens)) return KVT_EEXIST;
     if (kvt__cm_reserve(r, 1) != KVT_OK) return KVT_ENOMEM;
@@ -299,17 +301,23 @@ int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_
     if (n == NULL) return KVT_ENOMEM;
     memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     for (uint32_t i = 0; i < npages; i++) {
-        KVT_ASSERT(l1_ids[i] < r->l1_pages && r->l1map[l1_ids[i]].node == NULL);
-        n->pages[i] = (kvt_page_t){l1_ids[i], KVT_NO_PAGE, 0};
+        if (l1_ids) {
+            KVT_ASSERT(l1_ids[i] < r->l1_pages && r->l1map[l1_ids[i]].node == NULL);
+            n->pages[i] = (kvt_page_t){l1_ids[i], KVT_NO_PAGE, 0};
+        } else {
+            KVT_ASSERT(l2_ids[i] < r->l2_pages && r->l2map[l2_ids[i]].node == NULL);
+            n->pages[i] = (kvt_page_t){KVT_NO_PAGE, l2_ids[i], 0};
+        }
     }
-    n->npages = n->n_l1 = (uint32_t)npages;
+    n->npages = (uint32_t)npages;
+    n->n_l1 = l1_ids ? (uint32_t)npages : 0;
     n->ns = ns;
     n->priority = priority;
     n->last_access = n->created = clock;
     n->digest = digest;
     n->seq = r->next_seq++;
     link_child(at, n);
-    at->l1_children++;
+    if (l1_ids) at->l1_children++;
     kvt__cm_insert(r, h, n);
     for (uint32_t i = 0; i < n->npages; i++) map_page(r, n, i);
     r->nodes++;
@@ -317,6 +325,17 @@ int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_
     kvt__vheap_refresh(r, at);
     *out = n;
     return KVT_OK;
+}
+
+int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
+                      const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
+    if (at != &r->root && at->n_l1 != at->npages) return KVT_EINVAL;
+    return insert_node(r, at, ns, tokens, npages, l1_ids, NULL, clock, priority, out);
+}
+
+int kvt__radix_insert_l2(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
+                         const uint32_t *l2_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
+    return insert_node(r, at, ns, tokens, npages, NULL, l2_ids, clock, priority, out);
 }
 
 /* ---- locks ----------------------------------------------------------------- */

@@ -16,6 +16,7 @@
  * Invariants: a batch is on exactly one of {the queue, a worker, the done
  * queue, the retired list}; `pending` counts batches submitted and not yet
  * polled; the op's inflight gauge counts those not yet completed. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -112,6 +113,7 @@ const char *kvt_store_last_error(const kvt_store_t *s) {
 
 const char *kvt_store_url(const kvt_store_t *s) { return s ? s->url : ""; }
 const char *kvt_store_backend(const kvt_store_t *s) { return s ? s->ops->name : ""; }
+kvt_tier_t *kvt_store_tier(const kvt_store_t *s) { return s ? s->cfg.tier : NULL; }
 
 const char *kvt_store_op_name(kvt_store_op_t op) {
     static const char *names[] = {"exists", "get", "put", "remove"};
@@ -353,6 +355,10 @@ static void *worker_main(void *arg) {
         if (s->head == NULL) s->tail = NULL;
         pthread_mutex_unlock(&s->mu);
 
+        if (s->cfg.delay_us) { /* a store far away (kvt_store_config_t.delay_us) */
+            struct timespec ts = {s->cfg.delay_us / 1000000, (long)(s->cfg.delay_us % 1000000) * 1000};
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+        }
         kvt__sreq_t req = {.s = s, .op = b->done.op, .n = b->done.n, .hex = (const char(*)[33])b->hex,
                            .results = b->results, .scratch = scratch, .pages = b->pages};
         if (wrc != KVT_OK || scratch == NULL) {
@@ -507,6 +513,7 @@ void kvt_store_config_default(kvt_store_config_t *cfg) {
 
 static int check_config(kvt_store_t *s) {
     kvt_store_config_t *c = &s->cfg;
+    if (c->delay_us > 10000000) return kvt__store_error("config: delay_us %u is more than 10 s", c->delay_us), KVT_EINVAL;
     if (c->model == NULL || c->model[0] == 0 || strlen(c->model) >= sizeof(s->model))
         return kvt__store_error("config: a model name (1..127 characters) is required"), KVT_EINVAL;
     const char *ns = c->ns ? c->ns : "default";
