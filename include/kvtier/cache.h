@@ -143,7 +143,10 @@ typedef struct kvt_cache_config {
     uint64_t l3_pages;           /* the model's capacity; 0: no model */
     kvt_write_policy_t l3_write_policy; /* L2 -> L3: write_through (a page is put when it lands in L2),
                                          * write_through_selective (when its node reaches l3_write_hits
-                                         * hits), write_back (when it leaves L2); default write_through */
+                                         * hits), write_back (when L2 lets it go: evicted, or its L2
+                                         * copy reclaimed); default write_back (the least store
+                                         * traffic; write_through shares pages with other instances
+                                         * soonest) */
     uint32_t l3_write_hits;      /* default 2 */
     kvt_prefetch_policy_t prefetch_policy; /* default best_effort */
     uint32_t prefetch_threshold; /* tokens past the L1+L2 match below which no prefetch starts (default 256) */

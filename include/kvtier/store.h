@@ -54,6 +54,11 @@
  * is full makes misses (get), failed puts, counted; nothing is retried
  * forever: every network call has a timeout, every redirection loop a bound.
  *
+ * Order: reads (exists, get) are taken before writes (put, remove) that
+ * were queued earlier, so that what an admission waits for never queues
+ * behind backups; a key's get is ordered after its put only once the put has
+ * been polled.
+ *
  * Threading: submit calls, stats, emit and last_error may be called from any
  * thread; poll from one thread at a time (the results it returns stay valid
  * until the next poll). A put reads its tier pages and a get writes them on a

@@ -37,7 +37,7 @@ void kvt_cache_config_default(kvt_cache_config_t *cfg) {
     cfg->policy = KVT_POLICY_DEFAULT;
     cfg->write_policy = KVT_WRITE_THROUGH;
     cfg->write_through_hits = 2;
-    cfg->l3_write_policy = KVT_WRITE_THROUGH;
+    cfg->l3_write_policy = KVT_WRITE_BACK; /* L3 as the victim tier of L2: least store traffic */
     cfg->l3_write_hits = 2;
     cfg->prefetch_policy = KVT_PREFETCH_BEST_EFFORT;
     cfg->prefetch_threshold = 256;

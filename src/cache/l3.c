@@ -15,8 +15,9 @@
  *
  *   prefetch   at arrival: the pages past the L1+L2 match, their hashes
  *              chained from the match; the leading known ones need no exists
- *              call, the rest are looked up (one exists, `count` leading
- *              present); then L2 pages are taken for what the store has and
+ *              call, the rest are looked up in exists windows that double
+ *              while every key is present (32, 64, ... 1024: a miss costs one
+ *              small call); then L2 pages are taken for what the store has and
  *              fetched in batches of PF_CHUNK (get: the store checks every
  *              object before it lands; a failure is a miss):
  *
@@ -42,7 +43,8 @@
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
 
-#define PF_CHUNK 32             /* pages a get batch */
+#define PF_CHUNK 32             /* pages a get batch, and the first exists window */
+#define PF_PROBE_MAX 1024       /* the largest exists window */
 #define PF_MAX_PAGES (1u << 20) /* pages one prefetch may fetch */
 #define PF_USER_SHIFT 21        /* a batch's user tag: prefetch id << shift | first page index */
 #define PUTQ_CAP 256            /* puts queued before they are handed to the store */
@@ -60,6 +62,7 @@ struct kvt__pf {
     uint64_t arrived;      /* leading pages that landed in L2 */
     uint64_t ntokens;      /* the request's tokens (the timeout) */
     uint64_t start_ns;
+    uint64_t probe;        /* LOOKUP: pages asked so far (the window in flight ends here) */
     uint32_t out;          /* store calls in flight */
     uint8_t phase;
     kvt_rnode_t *node;     /* the match it follows, locked until it is over (its pages stay) */
@@ -244,11 +247,30 @@ static void on_put(kvt_cache_t *c, const kvt_store_done_t *d) {
     }
 }
 
+/* An exists window of n keys from page `from`: a prefix is looked up in
+ * windows that double (32, 64, ... 1024 keys), each asked only when the one
+ * before was all present, so a miss costs one small call however long the
+ * request. false when the store refused it. */
+static bool probe(kvt_cache_t *c, kvt__pf_t *pf, uint64_t from, uint64_t n) {
+    kvt_store_page_t q[PF_PROBE_MAX];
+    for (uint64_t j = 0; j < n; j++) q[j] = (kvt_store_page_t){pf->hash[from + j], 0};
+    if (kvt_store_exists(c->store, q, n, pf->id << PF_USER_SHIFT | from, NULL) != KVT_OK) return false;
+    pf->probe = from + n;
+    pf->out++;
+    c->l3_calls++;
+    c->st.l3_exists_calls++;
+    return true;
+}
+
 static void on_exists(kvt_cache_t *c, const kvt_store_done_t *d) {
     kvt__pf_t *pf = pf_find(c, d->user >> PF_USER_SHIFT, NULL);
     if (pf == NULL) return; /* finished or cancelled meanwhile */
     pf->out--;
     pf->found += d->count;
+    uint64_t next = 2 * d->n < PF_PROBE_MAX ? 2 * d->n : PF_PROBE_MAX;
+    if (d->count == d->n && pf->probe < pf->want &&
+        probe(c, pf, pf->probe, pf->want - pf->probe < next ? pf->want - pf->probe : next))
+        return; /* all there: the next window */
     pf->phase = PF_READY;
 }
 
@@ -366,17 +388,8 @@ int kvt_cache_prefetch(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint6
     } else {
         pf->found = k;
         pf->phase = PF_READY;
-        if (k < want) { /* the rest is looked up: one exists call, its leading count */
-            kvt_store_page_t *q = kvt__malloc((want - k) * sizeof(*q));
-            for (uint64_t j = k; q && j < want; j++) q[j - k] = (kvt_store_page_t){pf->hash[j], 0};
-            if (q && kvt_store_exists(c->store, q, want - k, pf->id << PF_USER_SHIFT, NULL) == KVT_OK) {
-                pf->phase = PF_LOOKUP;
-                pf->out++;
-                c->l3_calls++;
-                c->st.l3_exists_calls++;
-            }
-            kvt__free(q, (want - k) * sizeof(*q));
-        }
+        if (k < want && probe(c, pf, k, want - k < PF_CHUNK ? want - k : PF_CHUNK)) /* the rest is looked up */
+            pf->phase = PF_LOOKUP;
         if (pf->phase == PF_READY) pf_fetch(c, pf);
     }
     c->st.prefetches++;

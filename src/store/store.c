@@ -64,7 +64,9 @@ struct kvt_store {
     /* queue */
     pthread_mutex_t mu;
     pthread_cond_t cv, done_cv;
-    sbatch_t *head, *tail, *done_head, *done_tail, *retired;
+    /* two queues: reads (exists, get) before writes (put, remove), so that
+     * what an admission waits for never queues behind backups */
+    sbatch_t *head, *tail, *whead, *wtail, *done_head, *done_tail, *retired;
     bool stop;
     uint64_t pending;
     _Atomic uint64_t next_ticket;
@@ -272,7 +274,13 @@ int kvt__store_object(kvt__sreq_t *req, size_t i, void *dst) {
     int rc = tier_to_buf(s, req->pages[i].page, o + KVT__STORE_HDR);
     if (rc != KVT_OK) return rc;
     from_hex(req->hex[i], key);
-    make_header(s, key, XXH3_64bits(o + KVT__STORE_HDR, s->page_bytes), o);
+    uint64_t sum = XXH3_64bits(o + KVT__STORE_HDR, s->page_bytes);
+    const uint64_t *sums = kvt_tier_sums(s->cfg.tier);
+    if (sums && sums[req->pages[i].page] != sum) { /* a corrupt host page never reaches L3 */
+        kvt__store_log(s, "key %s: tier page %u failed its checksum; not stored", req->hex[i], req->pages[i].page);
+        return KVT_ECORRUPT;
+    }
+    make_header(s, key, sum, o);
     return KVT_OK;
 }
 
@@ -293,6 +301,10 @@ void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len)
         kvt__store_log(s, "key %s: could not write tier page %u", req->hex[i], req->pages[i].page);
         return;
     }
+    /* a tier with checksums gets the page's: the payload checksum just verified is the same XXH3-64
+     * over the layers in order (kvt_tier_page_sum), so a load from this page checks it as any other */
+    uint64_t *sums = kvt_tier_sums(s->cfg.tier);
+    if (sums) sums[req->pages[i].page] = get_le((const uint8_t *)obj + 64, 8);
     req->results[i] = KVT_STORE_OK;
     req->cnt.bytes += len;
 }
@@ -345,14 +357,20 @@ static void *worker_main(void *arg) {
     void *scratch = kvt__malloc(s->object_bytes);
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (s->head == NULL && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
-        sbatch_t *b = s->head;
+        while (s->head == NULL && s->whead == NULL && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+        bool read = s->head != NULL;
+        sbatch_t *b = read ? s->head : s->whead;
         if (b == NULL) {
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        s->head = b->next;
-        if (s->head == NULL) s->tail = NULL;
+        if (read) {
+            s->head = b->next;
+            if (s->head == NULL) s->tail = NULL;
+        } else {
+            s->whead = b->next;
+            if (s->whead == NULL) s->wtail = NULL;
+        }
         pthread_mutex_unlock(&s->mu);
 
         if (s->cfg.delay_us) { /* a store far away (kvt_store_config_t.delay_us) */
@@ -441,9 +459,11 @@ static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pag
     s->ops_st[op].st.inflight++;
     pthread_mutex_unlock(&s->ops_st[op].mu);
     pthread_mutex_lock(&s->mu);
-    if (s->tail) s->tail->next = b;
-    else s->head = b;
-    s->tail = b;
+    sbatch_t **head = op == KVT_STORE_EXISTS || op == KVT_STORE_GET ? &s->head : &s->whead;
+    sbatch_t **tail = head == &s->head ? &s->tail : &s->wtail;
+    if (*tail) (*tail)->next = b;
+    else *head = b;
+    *tail = b;
     s->pending++;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -649,8 +669,8 @@ void kvt_store_close(kvt_store_t *s) {
     if (s == NULL) return;
     stop_workers(s); /* workers drain the queue before they exit */
     s->ops->close(s->be);
-    sbatch_t *lists[] = {s->head, s->done_head, s->retired};
-    for (int i = 0; i < 3; i++)
+    sbatch_t *lists[] = {s->head, s->whead, s->done_head, s->retired};
+    for (int i = 0; i < 4; i++)
         while (lists[i]) {
             sbatch_t *b = lists[i];
             lists[i] = b->next;

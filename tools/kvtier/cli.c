@@ -90,10 +90,11 @@ int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b) {
 }
 
 void cli_json_stat(cJSON *o, const char *name, double v) {
-    if ((name[0] == 'l' && (name[1] == '1' || name[1] == '2') && name[2] == '_')) {
-        cJSON *pair = cJSON_GetObjectItemCaseSensitive(o, name + 3);
-        if (pair == NULL) pair = cJSON_AddObjectToObject(o, name + 3);
-        cJSON_AddNumberToObject(pair, name[1] == '1' ? "l1" : "l2", v);
+    if (name[0] == 'l' && name[1] >= '1' && name[1] <= '3' && name[2] == '_') {
+        cJSON *tiers = cJSON_GetObjectItemCaseSensitive(o, name + 3);
+        if (tiers == NULL) tiers = cJSON_AddObjectToObject(o, name + 3);
+        const char key[3] = {'l', name[1], 0};
+        cJSON_AddNumberToObject(tiers, key, v);
         return;
     }
     cJSON_AddNumberToObject(o, name, v);

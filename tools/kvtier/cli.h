@@ -41,7 +41,7 @@ int cli_parse_u64(const char *s, uint64_t *out);
 /* "A:B", both as cli_parse_u64: 0, else -1. */
 int cli_parse_pair(const char *s, uint64_t *a, uint64_t *b);
 /* One field of a stats X-macro list into a --json object, the same list
- * --stats emits: a field named l1_X or l2_X becomes "X": {"l1": .., "l2": ..},
+ * --stats emits: a field named l1_X, l2_X or l3_X becomes "X": {"l1": .., "l2": .., "l3": ..},
  * any other its own key. */
 void cli_json_stat(cJSON *o, const char *name, double v);
 #define CLI_JSON_STAT_(f, kind, help) cli_json_stat(cli_json_o_, #f, (double)cli_json_st_->f);

@@ -19,18 +19,12 @@
 #include "kvtier/stats.h"
 #include "replay.h"
 #include "replay_data.h"
+#include "replay_l3.h"
+#include "replay_run.h"
 #include "trace.h"
 
 #define MAX_SWEEP 32
-
-
-typedef struct result {
-    uint64_t l1_pages;
-    kvt_cache_stats_t cs;
-    kvt_radix_stats_t rs;
-    double wall_s;
-    data_result_t data; /* --data */
-} result_t;
+#define MAX_ROWS 48
 
 static const char *model_names[16], *policy_names[KVT_POLICY_COUNT_ + 1];
 static const char *const WRITE_POLICIES[] = {"write_through", "write_through_selective", "write_back", NULL};
@@ -55,7 +49,7 @@ static uint64_t trace_pages(const trace_t *t, uint64_t n, uint64_t pt) {
 }
 
 /* The cache's and the tree's counters, through the one emitter, to stderr. */
-static void emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data) {
+static void emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data, replay_l3_t *l3) {
     kvt_emitter_t *e;
     if (kvt_emitter_create(&e, fmt, "kvtier") != KVT_OK) return;
     kvt_emit_begin(e, "cache");
@@ -65,15 +59,37 @@ static void emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data) 
     KVT_EMIT_STATS(e, &res->rs, KVT_RADIX_STATS_FIELDS);
     kvt_emit_end(e);
     if (data) replay_data_emit(data, e);
+    if (l3) {
+        kvt_emit_begin(e, "l3");
+        replay_l3_emit(l3, e);
+        kvt_emit_end(e);
+    }
     int rc = kvt_emitter_write(e, stderr);
     if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --stats: %s\n", kvt_strerror(rc));
     kvt_emitter_destroy(e);
 }
 
-static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_t *res) {
-    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
+const char *replay_model_name(const opts_t *o, char *buf, size_t cap) {
+    if (!o->bytes_per_token) return kvt_model_at((unsigned)o->model)->name;
+    snprintf(buf, cap, "bpt-%" PRIu64, o->bytes_per_token);
+    return buf;
+}
+
+/* Request k's tokens into buf; its token count. */
+static uint64_t request_tokens(const trace_t *t, uint32_t k, int32_t *buf) {
+    const trace_req_t *r = &t->req[k];
+    for (uint32_t b = 0; b < r->nblocks; b++) trace_block_tokens(r->hash_ids[b], buf + (size_t)b * TRACE_BLOCK_TOKENS);
+    return r->input_length;
+}
+
+int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64_t l1_pages, const uint32_t *reqs,
+                   uint64_t nreqs, result_t *res) {
+    uint64_t n = reqs ? nreqs : o->limit && o->limit < t->n ? o->limit : t->n;
     kvt_cache_config_t cfg;
-    replay_cache_config(o, l1_pages == UNBOUNDED ? trace_pages(t, n, o->page_tokens) : l1_pages, &cfg);
+    replay_cache_config(o, l1_pages == UNBOUNDED ? trace_pages(t, reqs ? t->n : n, o->page_tokens) : l1_pages, &cfg);
+    replay_l3_config(l, &cfg);
+    /* remember every put: then "from another instance" is exact (a page this instance never put) */
+    if (l->url) cfg.l3_known = trace_pages(t, t->n, o->page_tokens);
     if (cfg.l1_pages > KVT_ALLOC_MAX_PAGES) {
         fprintf(stderr, "kvtier replay: --l1-pages: %" PRIu64 " pages is more than %u\n", cfg.l1_pages, KVT_ALLOC_MAX_PAGES);
         return -1;
@@ -85,6 +101,8 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
         return -1;
     }
     replay_data_t *data = NULL;
+    replay_l3_t *l3 = NULL;
+    char mbuf[64];
     if (o->data) {
         data_opts_t dopt = {o->page_tokens, cfg.l1_pages, cfg.l2_pages, o->layers, o->bpt / o->layers * o->page_tokens,
                             (kvt_layout_t)o->layout, (uint32_t)o->threads, o->verify};
@@ -93,25 +111,35 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
             return -1;
         }
     }
-    size_t max_tokens = (size_t)t->max_blocks * TRACE_BLOCK_TOKENS;
-    int32_t *tokens = malloc(max_tokens * sizeof(int32_t));
-    uint32_t *l1_ids = data ? malloc((max_tokens / o->page_tokens + 1) * sizeof(uint32_t)) : NULL;
-    if (tokens == NULL || (data && l1_ids == NULL)) {
-        free(tokens);
+    int orc = replay_l3_open(&l3, l, c, data ? replay_data_l2(data) : NULL, cfg.l2_pages, o->page_tokens,
+                             replay_model_name(o, mbuf, sizeof(mbuf)), &res->l3);
+    if (orc != 0) {
         kvt_cache_destroy(c);
         replay_data_close(data);
-        fprintf(stderr, "kvtier replay: out of memory\n");
-        return -1;
+        return orc;
     }
-    bool show = isatty(2) && !o->json;
+    /* prefetches: the next `ahead` requests are prefetched while one is admitted */
+    uint64_t ahead = replay_l3_on(l) ? l->ahead : 0, next = 0;
+    size_t max_tokens = (size_t)t->max_blocks * TRACE_BLOCK_TOKENS;
+    int32_t *tokens = malloc(max_tokens * sizeof(int32_t)), *pf_tokens = malloc(max_tokens * sizeof(int32_t));
+    uint64_t *pf = calloc(ahead + 1, sizeof(uint64_t));
+    uint32_t *l1_ids = data ? malloc((max_tokens / o->page_tokens + 1) * sizeof(uint32_t)) : NULL;
+    if (tokens == NULL || pf_tokens == NULL || pf == NULL || (data && l1_ids == NULL)) {
+        fprintf(stderr, "kvtier replay: out of memory\n");
+        rc = KVT_ENOMEM;
+    }
+    bool show = isatty(2) && !o->json && reqs == NULL;
     double t0 = now_s();
     for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
-        const trace_req_t *r = &t->req[i];
-        for (uint32_t b = 0; b < r->nblocks; b++) trace_block_tokens(r->hash_ids[b], tokens + (size_t)b * TRACE_BLOCK_TOKENS);
+        for (; replay_l3_on(l) && next < n && next <= i + ahead && rc == KVT_OK; next++) {
+            uint64_t len = request_tokens(t, reqs ? reqs[next] : (uint32_t)next, pf_tokens);
+            rc = kvt_cache_prefetch(c, 0, pf_tokens, len, &pf[next % (ahead + 1)]);
+        }
+        uint64_t len = request_tokens(t, reqs ? reqs[i] : (uint32_t)i, tokens);
         kvt_cache_req_t req;
-        rc = kvt_cache_admit(c, 0, tokens, r->input_length, 0, l1_ids, &req);
+        if (rc == KVT_OK) rc = kvt_cache_admit_prefetched(c, pf[i % (ahead + 1)], 0, tokens, len, 0, l1_ids, &req);
         if (rc != KVT_OK) {
-            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", i + 1, kvt_strerror(rc));
+            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
             break;
         }
         if (data) replay_data_request(data, tokens, &req, l1_ids); /* the forward pass: its pages get their KV */
@@ -126,17 +154,23 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
         }
         progress(i + 1, n, show);
     }
-    if (data) replay_data_result(data, c, &res->data); /* waits for the copies in flight */
+    kvt_cache_sync(c); /* the copies and store calls in flight */
+    if (data) replay_data_result(data, c, &res->data);
     res->wall_s = now_s() - t0;
     res->l1_pages = cfg.l1_pages;
+    res->nreq = n;
     res->cs.size = sizeof(res->cs);
     res->rs.size = sizeof(res->rs);
     kvt_cache_stats(c, &res->cs);
     kvt_radix_stats(kvt_cache_tree(c), &res->rs);
-    if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1), data);
+    replay_l3_result(l3, &res->l3);
+    if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1), data, l3);
     free(tokens);
+    free(pf_tokens);
+    free(pf);
     free(l1_ids);
     kvt_cache_destroy(c);
+    replay_l3_close(l3);
     replay_data_close(data);
     return rc == KVT_OK ? 0 : -1;
 }
@@ -144,8 +178,10 @@ static int run_one(const trace_t *t, const opts_t *o, uint64_t l1_pages, result_
 /* ---- output ---- */
 
 static double hit_rate(const result_t *r) {
-    return r->cs.tokens ? (double)(r->cs.l1_hit_tokens + r->cs.l2_hit_tokens) / (double)r->cs.tokens : 0;
+    return r->cs.tokens ? (double)(r->cs.l1_hit_tokens + r->cs.l2_hit_tokens + r->cs.l3_hit_tokens) / (double)r->cs.tokens : 0;
 }
+
+static double frac(uint64_t x, uint64_t of) { return of ? (double)x / (double)of : 0; }
 
 static double per_1k(uint64_t x, uint64_t allocs) { return allocs ? 1000.0 * (double)x / (double)allocs : 0; }
 
@@ -187,7 +223,52 @@ static void data_json(cJSON *x, const result_t *r, const opts_t *o) {
     xfer_json(d, "h2d", &r->data.h2d);
 }
 
-static cJSON *result_json(const result_t *r, const opts_t *o, uint64_t bpt) {
+/* The store's figures: per operation calls, keys, hits, misses, bad
+ * objects, failures, redirections, latency percentiles. */
+static void store_json(cJSON *x, const l3_result_t *l) {
+    cJSON *d = cJSON_AddObjectToObject(x, "store");
+    cJSON_AddStringToObject(d, "url", l->url);
+    cJSON_AddStringToObject(d, "backend", l->backend);
+    static const double q[] = {0.5, 0.9, 0.99, 0.999, 1};
+    static const char *const qn[] = {"p50", "p90", "p99", "p999", "max"};
+    for (int op = 0; op < KVT_STORE_OP_COUNT_; op++) {
+        const kvt_store_stats_t *st = &l->op[op];
+        if (st->calls == 0) continue;
+        cJSON *o = cJSON_AddObjectToObject(d, kvt_store_op_name((kvt_store_op_t)op));
+        CLI_JSON_FIELDS(o, st, KVT_STORE_STATS_FIELDS);
+        cJSON *lat = cJSON_AddObjectToObject(o, "latency_us");
+        for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lat, qn[i], (double)kvt_hist_percentile(&st->latency_ns, q[i]) / 1e3);
+    }
+}
+
+static void l3_json(cJSON *x, const result_t *r, const l3_opts_t *l) {
+    const kvt_cache_stats_t *s = &r->cs;
+    cJSON *d = cJSON_AddObjectToObject(x, "l3");
+    cJSON_AddStringToObject(d, "kind", l->url ? "store" : "model");
+    if (l->pages) cJSON_AddNumberToObject(d, "pages", (double)l->pages);
+    cJSON_AddStringToObject(d, "write_policy", kvt_write_policy_name((kvt_write_policy_t)l->write_policy));
+    cJSON_AddStringToObject(d, "prefetch_policy", kvt_prefetch_policy_name((kvt_prefetch_policy_t)l->prefetch_policy));
+    cJSON_AddNumberToObject(d, "prefetch_ahead", (double)l->ahead);
+    cJSON_AddNumberToObject(d, "prefetch_threshold", (double)l->threshold);
+    cJSON_AddNumberToObject(d, "delay_ms", (double)l->delay_ms);
+    cJSON_AddNumberToObject(d, "exists_calls_per_request", frac(s->l3_exists_calls, s->requests));
+    cJSON_AddNumberToObject(d, "round_trips_per_request", frac(s->l3_exists_calls + s->l3_get_calls, s->requests));
+    cJSON *p = cJSON_AddObjectToObject(d, "prefetch");
+    cJSON_AddNumberToObject(p, "started", (double)s->prefetches);
+    cJSON_AddNumberToObject(p, "complete", (double)s->prefetch_complete);
+    cJSON_AddNumberToObject(p, "partial", (double)s->prefetch_partial);
+    cJSON_AddNumberToObject(p, "timed_out", (double)s->prefetch_timed_out);
+    cJSON_AddNumberToObject(p, "revoked", (double)s->prefetch_revoked);
+    cJSON_AddNumberToObject(p, "wait_ms", (double)s->prefetch_wait_us / 1e3);
+    cJSON_AddNumberToObject(p, "wait_max_ms", (double)s->prefetch_wait_max_us / 1e3);
+    if (r->l3.store) store_json(d, &r->l3);
+    if (r->l3.down) {
+        cJSON_AddBoolToObject(d, "down", true);
+        cJSON_AddStringToObject(d, "error", r->l3.why);
+    }
+}
+
+static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l, uint64_t bpt) {
     const kvt_cache_stats_t *s = &r->cs;
     cJSON *x = cJSON_CreateObject();
     /* every cache counter and gauge from the list --stats emits (l1_X, l2_X pair up as "X") */
@@ -211,10 +292,41 @@ static cJSON *result_json(const result_t *r, const opts_t *o, uint64_t bpt) {
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
     if (o->data) data_json(x, r, o);
+    if (replay_l3_on(l)) l3_json(x, r, l);
     return x;
 }
 
-static void print_summary(const result_t *r, const opts_t *o, uint64_t bpt, const char *model) {
+static void print_l3(const result_t *r, const l3_opts_t *l) {
+    const kvt_cache_stats_t *s = &r->cs;
+    if (r->l3.down) {
+        printf("  L3 %s: down from the start (%s): L1 and L2 served alone\n", r->l3.url, r->l3.why);
+        return;
+    }
+    if (l->url) printf("  L3 %s (%s)", r->l3.url, r->l3.backend);
+    else printf("  L3 modeled: %" PRIu64 " pages (LRU)", l->pages);
+    printf(", %s; prefetch %s, %" PRIu64 " ahead, threshold %" PRIu64 " tokens%s\n",
+           kvt_write_policy_name((kvt_write_policy_t)l->write_policy),
+           kvt_prefetch_policy_name((kvt_prefetch_policy_t)l->prefetch_policy), l->ahead, l->threshold,
+           l->delay_ms ? " (store delayed)" : "");
+    printf("  L3: %" PRIu64 " hit tokens, %" PRIu64 " of them from pages this instance did not put; %" PRIu64
+           " pages put (%" PRIu64 " failed, %" PRIu64 " already there)\n",
+           s->l3_hit_tokens, s->l3_foreign_hit_tokens, s->l3_puts, s->l3_put_failures, s->l3_puts_skipped);
+    printf("  prefetch: %" PRIu64 " started (%" PRIu64 " below the threshold): %" PRIu64 " complete, %" PRIu64
+           " partial, %" PRIu64 " timed out, %" PRIu64 " revoked; %" PRIu64 " pages found, %" PRIu64
+           " arrived in time; %.2f exists calls and %.2f round trips a request; waited %.1f ms (longest %.1f ms)\n",
+           s->prefetches, s->prefetch_below_threshold, s->prefetch_complete, s->prefetch_partial, s->prefetch_timed_out,
+           s->prefetch_revoked, s->prefetch_pages, s->prefetch_arrived_pages, frac(s->l3_exists_calls, s->requests),
+           frac(s->l3_exists_calls + s->l3_get_calls, s->requests), (double)s->prefetch_wait_us / 1e3,
+           (double)s->prefetch_wait_max_us / 1e3);
+    const kvt_store_stats_t *g = &r->l3.op[KVT_STORE_GET];
+    if (r->l3.store && g->calls)
+        printf("  store gets: %" PRIu64 " keys, %" PRIu64 " misses, %" PRIu64 " refused objects, %" PRIu64
+               " failed; latency p50 %.1f us, p99 %.1f us\n",
+               g->keys, g->misses, g->bad_objects, g->failures, (double)kvt_hist_percentile(&g->latency_ns, 0.5) / 1e3,
+               (double)kvt_hist_percentile(&g->latency_ns, 0.99) / 1e3);
+}
+
+static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l, uint64_t bpt, const char *model) {
     const kvt_cache_stats_t *s = &r->cs;
     double tok = s->tokens ? (double)s->tokens : 1;
     printf("  model %s: %.1f KiB of KV per token, %.2f MiB per page of %" PRIu64 " tokens\n", model,
@@ -222,9 +334,13 @@ static void print_summary(const result_t *r, const opts_t *o, uint64_t bpt, cons
     printf("  L1 %" PRIu64 " pages (%.1f GB), L2 %" PRIu64 " pages (%.1f GB); policy %s, %s; free room %.0f%% / %.0f%%\n",
            r->l1_pages, gb(r->l1_pages, o, bpt), o->l2_pages, gb(o->l2_pages, o, bpt),
            kvt_policy_name((kvt_policy_t)o->policy), WRITE_POLICIES[o->write_policy], 100 * o->l1_room, 100 * o->l2_room);
-    printf("  hit rate %.4f   L1 %.4f (%" PRIu64 " tokens, %.1f GB)   L2 %.4f (%" PRIu64 " tokens, %.1f GB)\n", hit_rate(r),
+    printf("  hit rate %.4f   L1 %.4f (%" PRIu64 " tokens, %.1f GB)   L2 %.4f (%" PRIu64 " tokens, %.1f GB)", hit_rate(r),
            (double)s->l1_hit_tokens / tok, s->l1_hit_tokens, (double)s->l1_hit_tokens * (double)bpt / 1e9,
            (double)s->l2_hit_tokens / tok, s->l2_hit_tokens, (double)s->l2_hit_tokens * (double)bpt / 1e9);
+    if (replay_l3_on(l))
+        printf("   L3 %.4f (%" PRIu64 " tokens, %.1f GB)", (double)s->l3_hit_tokens / tok, s->l3_hit_tokens,
+               (double)s->l3_hit_tokens * (double)bpt / 1e9);
+    putchar('\n');
     printf("  L1: %" PRIu64 " allocations, %" PRIu64 " evicted (%.1f eviction rounds per 1000), %" PRIu64
            " pages evicted, %" PRIu64 " short of room\n",
            s->l1_allocs, s->l1_allocs_evicting, per_1k(s->l1_evict_calls, s->l1_allocs), s->l1_evicted_pages,
@@ -236,6 +352,7 @@ static void print_summary(const result_t *r, const opts_t *o, uint64_t bpt, cons
     printf("  copies: %" PRIu64 " backups (%" PRIu64 " forced), %" PRIu64 " loads; %" PRIu64
            " shadows reclaimed; %" PRIu64 " pages left the cache\n",
            s->backups, s->forced_backups, s->loads, s->shadows_reclaimed, s->dropped_pages);
+    if (replay_l3_on(l)) print_l3(r, l);
     printf("  tree: %" PRIu64 " nodes, %" PRIu64 " pages, %.1f MB of metadata\n", r->rs.nodes, r->rs.pages,
            (double)r->rs.metadata_bytes / 1e6);
     printf("  %" PRIu64 " requests in %.3f s: %.0f requests/s\n", s->requests, r->wall_s,
@@ -256,17 +373,26 @@ static void print_summary(const result_t *r, const opts_t *o, uint64_t bpt, cons
                (double)kvt_hist_percentile(&x[i]->e2e_ns, 0.999) / 1e3, (double)kvt_hist_percentile(&x[i]->e2e_ns, 1) / 1e3);
 }
 
-static int plot(const char *path, const result_t *res, size_t n, const char *policy) {
+/* Each tier's hit rate, and all of them together, over the L1 capacities
+ * of a sweep (a log-scaled axis). */
+static int plot(const char *path, const result_t *res, size_t n, const char *policy, bool l3) {
     FILE *g = popen("gnuplot 2>&1", "w");
     if (g == NULL) return -1;
     fprintf(g, "set terminal png size 900,560\nset output '%s'\n", path);
-    fprintf(g, "set title 'kvtier replay, policy %s: hit rate vs L1 capacity'\n", policy);
-    fprintf(g, "set xlabel 'L1 pages'\nset ylabel 'hit rate'\nset yrange [0:1]\nset grid\nset key left top\n");
-    fprintf(g, "plot '-' using 1:2 with linespoints title 'all tiers', '-' using 1:2 with linespoints title 'L1'\n");
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < n; i++)
-            fprintf(g, "%" PRIu64 " %.6f\n", res[i].l1_pages,
-                    pass == 0 ? hit_rate(&res[i]) : (double)res[i].cs.l1_hit_tokens / (double)(res[i].cs.tokens ? res[i].cs.tokens : 1));
+    fprintf(g, "set title 'kvtier replay, policy %s: hit rate by tier vs L1 capacity'\n", policy);
+    fprintf(g, "set xlabel 'L1 pages (log scale)'\nset logscale x\nset ylabel 'hit rate'\nset yrange [0:1]\nset grid\n"
+               "set key left top\n");
+    const char *title[] = {"all tiers", "L1", "L2", "L3"};
+    int lines = l3 ? 4 : 3;
+    fputs("plot", g);
+    for (int i = 0; i < lines; i++) fprintf(g, "%s '-' using 1:2 with linespoints title '%s'", i ? "," : "", title[i]);
+    fputc('\n', g);
+    for (int pass = 0; pass < lines; pass++) {
+        for (size_t i = 0; i < n; i++) {
+            const kvt_cache_stats_t *s = &res[i].cs;
+            uint64_t tier[] = {0, s->l1_hit_tokens, s->l2_hit_tokens, s->l3_hit_tokens};
+            fprintf(g, "%" PRIu64 " %.6f\n", res[i].l1_pages, pass == 0 ? hit_rate(&res[i]) : frac(tier[pass], s->tokens));
+        }
         fputs("e\n", g);
     }
     return pclose(g) == 0 ? 0 : -1;
@@ -392,8 +518,11 @@ void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t 
 int cmd_replay(int argc, char **argv) {
     opts_t o;
     replay_opts_default(&o);
-    cli_opt_t table[32];
+    l3_opts_t l3;
+    replay_l3_default(&l3);
+    cli_opt_t table[MAX_ROWS];
     size_t nrows = replay_option_rows(&o, table);
+    nrows += replay_l3_rows(&l3, table + nrows);
     table[nrows] = (cli_opt_t){NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL};
     cli_t c;
     cli_init(&c, "kvtier replay", argc, argv);
@@ -429,7 +558,7 @@ int cmd_replay(int argc, char **argv) {
         return 2;
     }
 
-    if (replay_opts_finish(&c, &o) != 0) return 2;
+    if (replay_opts_finish(&c, &o) != 0 || replay_l3_finish(&c, &l3, nsweep > 0) != 0) return 2;
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;
     if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
@@ -439,44 +568,68 @@ int cmd_replay(int argc, char **argv) {
     if (replay_load("kvtier replay", path, &o, &t, &parse_s) != 0) return 1;
     const char *name = path ? path : "built-in synthetic workload";
 
-    size_t nrun = nsweep ? nsweep : 1;
-    result_t *res = calloc(nrun, sizeof(result_t));
+    size_t nrun = nsweep ? nsweep : 1, nfleet = l3.instances > 1 ? l3.instances : 0;
+    result_t *res = calloc(nrun + nfleet, sizeof(result_t)), *each = res + 1;
     int rc = res ? 0 : -1;
-    for (size_t i = 0; i < nrun && rc == 0; i++) rc = run_one(&t, &o, nsweep ? sweep[i] : o.l1_pages, &res[i]);
+    if (nfleet && rc == 0) rc = replay_fleet(&t, &o, &l3, each, &res[0]);
+    for (size_t i = 0; i < nrun && rc == 0 && !nfleet; i++)
+        rc = replay_run_one(&t, &o, &l3, nsweep ? sweep[i] : o.l1_pages, NULL, 0, &res[i]);
     if (rc == 0 && o.json) {
-        cJSON *root = nsweep ? cJSON_CreateObject() : result_json(&res[0], &o, bpt);
+        cJSON *root = nsweep ? cJSON_CreateObject() : result_json(&res[0], &o, &l3, bpt);
         cJSON_AddStringToObject(root, "trace", name);
         cJSON_AddNumberToObject(root, "parse_s", parse_s);
         if (nsweep) {
             cJSON *arr = cJSON_AddArrayToObject(root, "sweep");
-            for (size_t i = 0; i < nsweep; i++) cJSON_AddItemToArray(arr, result_json(&res[i], &o, bpt));
+            for (size_t i = 0; i < nsweep; i++) cJSON_AddItemToArray(arr, result_json(&res[i], &o, &l3, bpt));
+        }
+        if (nfleet) { /* the fleet: totals above, each instance below */
+            cJSON_AddNumberToObject(root, "cross_instance_hit_tokens", (double)res[0].cs.l3_foreign_hit_tokens);
+            cJSON *arr = cJSON_AddArrayToObject(root, "instances");
+            for (size_t i = 0; i < nfleet; i++) {
+                cJSON *x = result_json(&each[i], &o, &l3, bpt);
+                cJSON_AddNumberToObject(x, "instance", (double)i);
+                cJSON_AddNumberToObject(x, "requests_replayed", (double)each[i].nreq);
+                cJSON_AddNumberToObject(x, "cross_instance_hit_tokens", (double)each[i].cs.l3_foreign_hit_tokens);
+                cJSON_AddItemToArray(arr, x);
+            }
         }
         cli_print_json(root);
     } else if (rc == 0) {
         printf("kvtier replay: %s: %zu requests, %" PRIu64 " input tokens (read in %.3f s)\n", name, t.n,
                t.input_tokens, parse_s);
+        if (nfleet) {
+            printf("  %zu instances sharing %s; requests dealt by session (a turn that extends an earlier request "
+                   "follows it), round robin\n", nfleet, l3.url);
+            for (size_t i = 0; i < nfleet; i++) {
+                const kvt_cache_stats_t *s = &each[i].cs;
+                printf("  instance %zu: %" PRIu64 " requests, hit rate %.4f (L1 %.4f, L2 %.4f, L3 %.4f), %" PRIu64
+                       " L3 hit tokens from pages another instance put\n",
+                       i, each[i].nreq, hit_rate(&each[i]), frac(s->l1_hit_tokens, s->tokens), frac(s->l2_hit_tokens, s->tokens),
+                       frac(s->l3_hit_tokens, s->tokens), s->l3_foreign_hit_tokens);
+            }
+            printf("  all instances:\n");
+        }
         if (!nsweep) {
-            print_summary(&res[0], &o, bpt, model_name);
+            print_summary(&res[0], &o, &l3, bpt, model_name);
         } else {
             printf("  policy %s, %s, page %" PRIu64 " tokens, L2 %" PRIu64 " pages, free room %.0f%% / %.0f%%\n",
                    kvt_policy_name((kvt_policy_t)o.policy), WRITE_POLICIES[o.write_policy], o.page_tokens, o.l2_pages,
                    100 * o.l1_room, 100 * o.l2_room);
-            printf("%12s %10s %9s %9s %9s %14s %9s\n", "L1 pages", "L1 GB", "hit rate", "L1", "L2", "evicts/1k alloc",
-                   "wall s");
+            printf("%12s %10s %9s %9s %9s %9s %14s %9s\n", "L1 pages", "L1 GB", "hit rate", "L1", "L2", "L3",
+                   "evicts/1k alloc", "wall s");
             for (size_t i = 0; i < nsweep; i++) {
                 const result_t *r = &res[i];
-                double tok = r->cs.tokens ? (double)r->cs.tokens : 1;
-                printf("%12" PRIu64 " %10.1f %9.4f %9.4f %9.4f %14.1f %9.3f\n", r->l1_pages, gb(r->l1_pages, &o, bpt),
-                       hit_rate(r), (double)r->cs.l1_hit_tokens / tok, (double)r->cs.l2_hit_tokens / tok,
-                       per_1k(r->cs.l1_evict_calls, r->cs.l1_allocs), r->wall_s);
+                printf("%12" PRIu64 " %10.1f %9.4f %9.4f %9.4f %9.4f %14.1f %9.3f\n", r->l1_pages, gb(r->l1_pages, &o, bpt),
+                       hit_rate(r), frac(r->cs.l1_hit_tokens, r->cs.tokens), frac(r->cs.l2_hit_tokens, r->cs.tokens),
+                       frac(r->cs.l3_hit_tokens, r->cs.tokens), per_1k(r->cs.l1_evict_calls, r->cs.l1_allocs), r->wall_s);
             }
         }
     }
-    if (rc == 0 && o.plot && plot(o.plot, res, nsweep, kvt_policy_name((kvt_policy_t)o.policy)) != 0) {
+    if (rc == 0 && o.plot && plot(o.plot, res, nsweep, kvt_policy_name((kvt_policy_t)o.policy), replay_l3_on(&l3)) != 0) {
         fprintf(stderr, "kvtier replay: --plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)\n");
         rc = -1;
     }
     free(res);
     trace_free(&t);
-    return rc == 0 ? 0 : 1;
+    return rc == 0 ? 0 : rc == -2 ? 2 : 1;
 }

@@ -36,5 +36,7 @@ int replay_check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t
 /* The trace at path, or the built-in workload; prints why on failure (-1). */
 int replay_load(const char *cmd, const char *path, const opts_t *o, trace_t *t, double *parse_s);
 void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t *cfg);
+/* The model identity's name (the preset, or "bpt-N" with --bytes-per-token). */
+const char *replay_model_name(const opts_t *o, char *buf, size_t cap);
 
 #endif

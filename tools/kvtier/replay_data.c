@@ -100,6 +100,8 @@ void replay_data_emit(replay_data_t *d, kvt_emitter_t *e) {
     kvt_emit_end(e);
 }
 
+kvt_tier_t *replay_data_l2(replay_data_t *d) { return d->tier[L2]; }
+
 void replay_data_close(replay_data_t *d) {
     if (d == NULL) return;
     kvt_xfer_destroy(d->xf);

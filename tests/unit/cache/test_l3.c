@@ -133,6 +133,7 @@ static void small_config(kvt_cache_config_t *cfg) {
     cfg->l2_pages = 120;
     cfg->policy = KVT_POLICY_LRU;
     cfg->prefetch_threshold = 0;
+    cfg->l3_write_policy = KVT_WRITE_THROUGH; /* every committed page reaches the store: the oracle's premise */
 }
 
 static void check(kvt_cache_t *c) {

@@ -1,0 +1,40 @@
+/* One replay run (kvtier replay): the cache, and its data plane and L3 when
+ * asked for, fed the trace's requests in order; what it measured. Shared by
+ * a single run, a sweep, and the instances of a fleet (replay_fleet.c). */
+#ifndef KVTIER_TOOLS_REPLAY_RUN_H
+#define KVTIER_TOOLS_REPLAY_RUN_H
+
+#include <stdint.h>
+
+#include "kvtier/cache.h"
+#include "kvtier/radix.h"
+#include "replay.h"
+#include "replay_data.h"
+#include "replay_l3.h"
+#include "trace.h"
+
+typedef struct result {
+    uint64_t l1_pages;
+    uint64_t nreq;      /* requests replayed */
+    kvt_cache_stats_t cs;
+    kvt_radix_stats_t rs;
+    double wall_s;
+    data_result_t data; /* --data */
+    l3_result_t l3;     /* --l3 URL */
+} result_t;
+
+/* Replays the requests reqs[0..nreqs) of t (all of them, up to --limit,
+ * when reqs is NULL) on a fresh cache of l1_pages L1 pages. -1 after
+ * printing why; -2 for a bad --l3 URL. */
+int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64_t l1_pages, const uint32_t *reqs,
+                   uint64_t nreqs, result_t *res);
+
+/* --instances N: N processes, each a replay_run_one over its share of the
+ * trace, all on the one --l3 store. each[N] gets every instance's result,
+ * *total their sum. -1 after printing why. */
+int replay_fleet(const trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total);
+/* The instance request i goes to (the documented rule: sessions, dealt round
+ * robin). route[n]; returns the number of sessions. */
+uint64_t replay_route(const trace_t *t, uint64_t n, uint32_t instances, uint32_t *route);
+
+#endif
