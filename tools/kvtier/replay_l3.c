@@ -64,10 +64,6 @@ int replay_l3_finish(cli_t *c, const l3_opts_t *l, bool sweep) {
         c->flag = "--sweep";
         return cli_error(c, "with a store (--l3) every run would see what the runs before it put: sweep a modeled L3 (--l3-pages N)");
     }
-    if (l->instances > 1 && l->url == NULL) {
-        c->flag = "--instances";
-        return cli_error(c, "the instances share an L3 store: give one with --l3");
-    }
     if (l->instances > 1 && sweep) {
         c->flag = "--instances";
         return cli_error(c, "not with --sweep");
