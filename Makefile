@@ -78,10 +78,15 @@ bench: build
 	$(BUILD)/kvtier bench xfer --layout both $(RUN_ARGS)
 	$(BUILD)/kvtier bench pd $(RUN_ARGS)
 
-# The main job: replay the built-in synthetic workload (RUN_ARGS for flags,
-# e.g. RUN_ARGS="data/mooncake_synthetic_trace.jsonl --sweep 8192,32768,65536").
+# The main job: replay the built-in synthetic workload over all three tiers,
+# L3 a dir store under the build folder that outlives the run, so that a
+# second run finds what the first stored (RUN_ARGS for flags,
+# e.g. RUN_ARGS="data/mooncake_synthetic_trace.jsonl"; a sweep compares runs,
+# so it takes a modeled L3 instead of the store:
+# make run RUN_L3="--l3-pages 500000" RUN_ARGS="--l2-pages 65536 --sweep 4096,16384,65536 --plot hit.png").
+RUN_L3 ?= --l3 dir:$(BUILD)/l3 --prefetch-policy timeout
 run: build
-	$(BUILD)/kvtier replay $(RUN_ARGS)
+	$(BUILD)/kvtier replay $(RUN_L3) $(RUN_ARGS)
 
 # kvtier.pc records the prefix, so it is configured in, not given at install time.
 install: build

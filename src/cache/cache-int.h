@@ -112,6 +112,7 @@ struct kvt_cache {
     size_t npf, pf_cap;
     uint64_t next_pf;
     uint64_t l3_calls;             /* store calls in flight */
+    bool l3_no_wait;               /* taking L2 pages for prefetches: what is free now, no waiting */
     kvt_cache_stats_t st;
 };
 

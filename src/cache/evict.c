@@ -88,7 +88,7 @@ uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
     if (c->l2 == NULL || n == 0) return 0;
     plan_l2(c, n);
     if (kvt__cache_flush(c) != KVT_OK) return 0;
-    if (c->l2_deferred) kvt__l3_wait_room(c, n); /* pages a store call still holds come back soon */
+    if (c->l2_deferred && !c->l3_no_wait) kvt__l3_wait_room(c, n); /* pages a store call holds come back soon */
     if (n > c->l2_free - c->l2_deferred) n = c->l2_free - c->l2_deferred;
     if (n == 0) return 0;
     kvt_run_t *runs = c->l2_runs; /* flush is done with it; room for every L2 page */

@@ -202,7 +202,9 @@ static void pf_free(kvt_cache_t *c, kvt__pf_t *pf) {
 /* READY: L2 pages for the pages the store has, then their gets, in batches. */
 static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
     pf->phase = PF_FETCHING;
+    c->l3_no_wait = true; /* a prefetch takes the room there is: it never waits for the store's writes */
     uint64_t got = pf->found ? kvt__cache_take_l2(c, pf->found, pf->l2) : 0;
+    c->l3_no_wait = false;
     pf->found = got;
     c->st.prefetch_pages += got;
     kvt_store_page_t batch[PF_CHUNK];
@@ -411,7 +413,6 @@ static uint64_t pf_wait(kvt_cache_t *c, kvt__pf_t *pf) {
         deadline = pf->start_ns + (uint64_t)(s * 1e9);
     }
     for (;;) {
-        kvt__l3_poll(c, 0, true);
         uint64_t now = kvt_now_ns();
         if (pf->phase == PF_DONE || now >= deadline) return now - t0;
         uint64_t left = deadline - now;
