@@ -349,8 +349,8 @@ KVT_API uint64_t kvt_cache_restore_room(kvt_cache_t *c);
     X(prefetch_partial, COUNTER, "prefetches partly used (best_effort)")                          \
     X(prefetch_timed_out, COUNTER, "prefetches whose wait ran out (timeout)")                   \
     X(prefetch_revoked, COUNTER, "prefetches revoked: nothing usable, or cancelled")             \
-    X(prefetch_wait_us, COUNTER, "time admissions waited for prefetches, us")                    \
-    X(prefetch_wait_max_us, GAUGE, "the longest one admission waited, us")                       \
+    X(prefetch_wait_micros, COUNTER, "time admissions waited for prefetches, us")                    \
+    X(prefetch_wait_max_micros, GAUGE, "the longest one admission waited, us")                       \
     X(l1_free, GAUGE, "free L1 pages")                                                           \
     X(l2_free, GAUGE, "free L2 pages")                                                           \
     X(l1_target, GAUGE, "L1 free-room target, pages")                                            \

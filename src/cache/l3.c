@@ -458,8 +458,8 @@ int kvt__l3_finish(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *toke
     c->st.prefetch_partial += out == KVT_PREFETCH_PARTIAL;
     c->st.prefetch_timed_out += out == KVT_PREFETCH_TIMED_OUT;
     c->st.prefetch_revoked += out == KVT_PREFETCH_REVOKED;
-    c->st.prefetch_wait_us += wait / 1000;
-    if (wait / 1000 > c->st.prefetch_wait_max_us) c->st.prefetch_wait_max_us = wait / 1000;
+    c->st.prefetch_wait_micros += wait / 1000;
+    if (wait / 1000 > c->st.prefetch_wait_max_micros) c->st.prefetch_wait_max_micros = wait / 1000;
     req->prefetch = out;
     req->prefetch_wait_ns = wait;
     pf_free(c, pf);

@@ -314,7 +314,7 @@ Test(replay, sweep_plot_png, .timeout = 60) {
 }
 
 /* --json carries every field of the cache's stats list (the list --stats
- * emits): l1_X and l2_X as "X": {"l1", "l2"}, the others under their names,
+ * emits): l1_X, l2_X and l3_X as "X": {"l1", "l2", "l3"}, the others under their names,
  * with the values --stats json gives for the same run. */
 Test(replay, json_has_every_cache_stats_field, .timeout = 60) {
     run_result_t r = RUN(TRACE, "--limit", "300", "--json", "--stats", "json");
@@ -326,7 +326,8 @@ Test(replay, json_has_every_cache_stats_field, .timeout = 60) {
     do {                                                                                                        \
         const char *n = #f;                                                                                     \
         double want = num(cache, n);                                                                            \
-        double got = (n[0] == 'l' && n[2] == '_') ? sub(o, n + 3, n[1] == '1' ? "l1" : "l2") : num(o, n);       \
+        const char tier[3] = {'l', n[1], 0};                                                                    \
+        double got = (n[0] == 'l' && n[2] == '_') ? sub(o, n + 3, tier) : num(o, n);                            \
         cr_assert_eq(got, want, "%s: --json %g, --stats %g", n, got, want);                                     \
         fields++;                                                                                               \
     } while (0);

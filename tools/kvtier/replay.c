@@ -259,8 +259,8 @@ static void l3_json(cJSON *x, const result_t *r, const l3_opts_t *l) {
     cJSON_AddNumberToObject(p, "partial", (double)s->prefetch_partial);
     cJSON_AddNumberToObject(p, "timed_out", (double)s->prefetch_timed_out);
     cJSON_AddNumberToObject(p, "revoked", (double)s->prefetch_revoked);
-    cJSON_AddNumberToObject(p, "wait_ms", (double)s->prefetch_wait_us / 1e3);
-    cJSON_AddNumberToObject(p, "wait_max_ms", (double)s->prefetch_wait_max_us / 1e3);
+    cJSON_AddNumberToObject(p, "wait_ms", (double)s->prefetch_wait_micros / 1e3);
+    cJSON_AddNumberToObject(p, "wait_max_ms", (double)s->prefetch_wait_max_micros / 1e3);
     if (r->l3.store) store_json(d, &r->l3);
     if (r->l3.down) {
         cJSON_AddBoolToObject(d, "down", true);
@@ -316,8 +316,8 @@ static void print_l3(const result_t *r, const l3_opts_t *l) {
            " arrived in time; %.2f exists calls and %.2f round trips a request; waited %.1f ms (longest %.1f ms)\n",
            s->prefetches, s->prefetch_below_threshold, s->prefetch_complete, s->prefetch_partial, s->prefetch_timed_out,
            s->prefetch_revoked, s->prefetch_pages, s->prefetch_arrived_pages, frac(s->l3_exists_calls, s->requests),
-           frac(s->l3_exists_calls + s->l3_get_calls, s->requests), (double)s->prefetch_wait_us / 1e3,
-           (double)s->prefetch_wait_max_us / 1e3);
+           frac(s->l3_exists_calls + s->l3_get_calls, s->requests), (double)s->prefetch_wait_micros / 1e3,
+           (double)s->prefetch_wait_max_micros / 1e3);
     const kvt_store_stats_t *g = &r->l3.op[KVT_STORE_GET];
     if (r->l3.store && g->calls)
         printf("  store gets: %" PRIu64 " keys, %" PRIu64 " misses, %" PRIu64 " refused objects, %" PRIu64
@@ -449,7 +449,7 @@ size_t replay_option_rows(opts_t *o, cli_opt_t *t) {
         {"l2-free-room", OPT_DOUBLE, &o->l2_room, 0, 0, 0, 0.5, NULL, NULL, 0, "fraction of L2 kept free"},
         {"limit", OPT_U64, &o->limit, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "replay only the first N requests (0: all)"},
         {"sweep", OPT_TEXT, &o->sweep, 0, 0, 0, 0, NULL, NULL, 0, "comma-separated L1 capacities (pages or 'unbounded') to compare"},
-        {"plot", OPT_TEXT, &o->plot, 0, 0, 0, 0, NULL, NULL, 0, "with --sweep: draw hit rate vs capacity to this PNG (gnuplot)"},
+        {"plot", OPT_TEXT, &o->plot, 0, 0, 0, 0, NULL, NULL, 0, "with --sweep: draw each tier's hit rate vs capacity (log scale) to this PNG (gnuplot)"},
         {"requests", OPT_U64, &o->requests, 1, 10000000, 0, 0, NULL, NULL, 0, "synthetic workload: requests"},
         {"seed", OPT_U64, &o->seed, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "synthetic workload: seed"},
         {"check-every", OPT_U64, &o->check_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "run the full consistency check every N requests (0: never)"},

@@ -208,8 +208,8 @@ int replay_fleet(const trace_t *t, const opts_t *o, const l3_opts_t *l, result_t
     uint64_t wait_max = 0; /* a maximum, not a sum */
     for (uint32_t i = 0; i < ni; i++) {
         add_result(total, &each[i], i == 0);
-        if (each[i].cs.prefetch_wait_max_us > wait_max) wait_max = each[i].cs.prefetch_wait_max_us;
+        if (each[i].cs.prefetch_wait_max_micros > wait_max) wait_max = each[i].cs.prefetch_wait_max_micros;
     }
-    total->cs.prefetch_wait_max_us = wait_max;
+    total->cs.prefetch_wait_max_micros = wait_max;
     return 0;
 }
