@@ -1,7 +1,9 @@
 /* kvtier — the cache: policy over the prefix tree and the page allocators.
  *
- * Two tiers here: L1 (GPU memory, pages from a lane allocator) and L2 (host
- * memory, pages from an extent allocator); l2_pages = 0 runs L1 alone. A
+ * Tiers: L1 (GPU memory, pages from a lane allocator), L2 (host memory,
+ * pages from an extent allocator; l2_pages = 0 runs L1 alone) and, behind L2,
+ * an optional L3 store (kvt_cache_attach_store, below; or a model of one,
+ * l3_pages). A
  * request is admitted with kvt_cache_admit: its longest cached prefix is
  * matched and locked, the part of it that lives only in L2 is loaded back
  * into L1, and pages for the rest are allocated and inserted. It is released
