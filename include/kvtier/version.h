@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #define KVT_VERSION_MAJOR 0
-#define KVT_VERSION_MINOR 2
+#define KVT_VERSION_MINOR 3
 #define KVT_VERSION_PATCH 0
 /* major * 10000 + minor * 100 + patch, for #if */
 #define KVT_VERSION_NUMBER (KVT_VERSION_MAJOR * 10000 + KVT_VERSION_MINOR * 100 + KVT_VERSION_PATCH)
