@@ -26,6 +26,10 @@
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+#if KVT_HAVE_XXH_DISPATCH
+#define XXH_DISPATCH_DISABLE_REPLACE
+#include <xxh_x86dispatch.h>
+#endif
 
 #include "../core/clock-int.h"
 #include "../core/abi-int.h"
@@ -148,6 +152,17 @@ int kvt__store_parse_size(const char *p, size_t len, uint64_t *out) {
 
 /* ---- keys and objects ------------------------------------------------------------- */
 
+/* The payload checksum: XXH3-64, through libxxhash's x86 dispatcher where it
+ * has one (AVX2 / AVX-512: over twice the SSE2 speed; the same value), since
+ * a get and a put each hash every byte they move. */
+static uint64_t payload_sum(const void *p, size_t n) {
+#if KVT_HAVE_XXH_DISPATCH
+    return XXH3_64bits_dispatch(p, n);
+#else
+    return XXH3_64bits(p, n);
+#endif
+}
+
 static void put_le(uint8_t *p, uint64_t v, unsigned n) {
     for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -226,7 +241,7 @@ const char *kvt__store_check_object(const kvt_store_t *s, const char *hex, const
     if (memcmp(h + 32, s->ident, 16) != 0) return "another model identity";
     if (from_hex(hex, key) != KVT_OK || memcmp(h + 48, key, 16) != 0) return "another key's object";
     if (len != s->object_bytes) return len < s->object_bytes ? "truncated payload" : "longer than an object";
-    if (get_le(h + 64, 8) != XXH3_64bits(h + KVT__STORE_HDR, s->page_bytes)) return "payload checksum mismatch";
+    if (get_le(h + 64, 8) != payload_sum(h + KVT__STORE_HDR, s->page_bytes)) return "payload checksum mismatch";
     return NULL;
 }
 
@@ -270,7 +285,7 @@ int kvt__store_object(kvt__sreq_t *req, size_t i, void *dst) {
     int rc = tier_to_buf(s, req->pages[i].page, o + KVT__STORE_HDR);
     if (rc != KVT_OK) return rc;
     from_hex(req->hex[i], key);
-    make_header(s, key, XXH3_64bits(o + KVT__STORE_HDR, s->page_bytes), o);
+    make_header(s, key, payload_sum(o + KVT__STORE_HDR, s->page_bytes), o);
     return KVT_OK;
 }
 
