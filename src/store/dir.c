@@ -21,8 +21,9 @@
  * over what it has seen (its own puts and gets, and the files present at its
  * open), so the root may exceed max by what the others wrote since.
  *
- * Cost: exists is a stat, get an open+read+futimens, put a create+write+
- * rename, remove an unlink; the index is a hash table with O(1) updates. */
+ * Cost: exists is a stat, get an open+read+futimens, put a create+writev
+ * (the header, then the page from the tier's memory) + rename, remove an
+ * unlink; the index is a hash table with O(1) updates. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -340,13 +343,23 @@ static void dir_usage(void *be, uint64_t *bytes, uint64_t *objects) {
 
 /* ---- the calls ------------------------------------------------------------------------- */
 
-static int write_all(int fd, const uint8_t *p, size_t n) {
+/* Writes every piece (IOV_MAX at a time, a partial write resumed; the
+ * pieces are consumed). 0, or -1 with errno set. */
+static int writev_all(int fd, struct iovec *v, size_t n) {
     while (n) {
-        ssize_t k = write(fd, p, n);
+        ssize_t k = writev(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
+        if (k <= 0) {
+            if (k == 0) errno = EIO;
+            return -1;
+        }
+        for (size_t done = (size_t)k; done;) {
+            size_t step = done < v->iov_len ? done : v->iov_len;
+            v->iov_base = (uint8_t *)v->iov_base + step;
+            v->iov_len -= step;
+            done -= step;
+            if (v->iov_len == 0) v++, n--;
+        }
     }
     return 0;
 }
@@ -355,7 +368,9 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     kvt_store_t *s = req->s;
     const char *hex = req->hex[i];
     uint64_t ob = kvt__store_object_bytes(s);
-    if (kvt__store_object(req, i, req->scratch) != KVT_OK) {
+    struct iovec *v;
+    size_t nv = kvt__store_put_iov(req, i, &v);
+    if (nv == 0) {
         kvt__store_log(s, "put %s: cannot read tier page %u", hex, req->pages[i].page);
         return KVT_STORE_FAILED;
     }
@@ -370,7 +385,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         kvt__store_log(s, "put %s: cannot create '%s': %s", hex, tmp, strerror(errno));
         return KVT_STORE_FAILED;
     }
-    int err = write_all(fd, req->scratch, ob) != 0 ? errno : 0;
+    int err = writev_all(fd, v, nv) != 0 ? errno : 0;
     if (close(fd) != 0 && err == 0) err = errno;
     if (err == 0 && rename(tmp, fin) != 0) err = errno;
     if (err) {
