@@ -6,7 +6,8 @@
  * with its own per-worker context (a backend's connections are not shared
  * between threads). run sets every results[i]: for a get through
  * kvt__store_deliver (which checks an object read into memory and copies it
- * into the tier); a put writes the pieces of
+ * into the tier) or kvt__store_deliver_in_place (an object read straight
+ * into the tier page, checked there); a put writes the pieces of
  * kvt__store_put_iov (the header, then the page straight from the tier's
  * memory: no copy of the page is made to build an object). */
 #ifndef KVTIER_STORE_INT_H
@@ -70,6 +71,18 @@ size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
  * checks it, copies it into the tier page, sets results[i] (OK, MISS or BAD,
  * logging why) and counts its bytes. */
 void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len);
+/* Where object i of a get can be read to in place: *iov (req->iov, the
+ * caller's to consume) gets req->hdr for the header, then the tier page's
+ * pieces page-first, object_bytes in all. Returns the number of pieces, or
+ * 0 when the tier has no host addresses (read into scratch, then
+ * kvt__store_deliver). */
+size_t kvt__store_get_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
+/* After a read of len bytes into kvt__store_get_iov's pieces (err: the
+ * read's errno, 0 for none): checks the header and then the payload where
+ * it lies, sets results[i] as kvt__store_deliver does (FAILED for err); a
+ * page whose object is refused is zeroed, so a refused object is never
+ * served. */
+void kvt__store_deliver_in_place(kvt__sreq_t *req, size_t i, size_t len, int err);
 /* Why an object is refused, or NULL when it is valid for key. */
 const char *kvt__store_check_object(const kvt_store_t *s, const uint8_t key[16], const void *obj, size_t len);
 

@@ -332,6 +332,35 @@ void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len)
     req->cnt.bytes += len;
 }
 
+size_t kvt__store_get_iov(kvt__sreq_t *req, size_t i, struct iovec **iov) {
+    size_t n = tier_pieces(req->s, req->pages[i].page, req->iov + 1);
+    if (n == 0) return 0;
+    req->iov[0] = (struct iovec){.iov_base = req->hdr, .iov_len = KVT__STORE_HDR};
+    *iov = req->iov;
+    return n + 1;
+}
+
+void kvt__store_deliver_in_place(kvt__sreq_t *req, size_t i, size_t len, int err) {
+    kvt_store_t *s = req->s;
+    struct iovec *v = req->iov + 1;
+    size_t n = tier_pieces(s, req->pages[i].page, v); /* afresh: the read consumed the pieces */
+    const char *why = err ? NULL : check_header(s, req->key[i], req->hdr, len);
+    if (err == 0 && why == NULL && get_le(req->hdr + 64, 8) != pieces_sum(v, n)) why = "payload checksum mismatch";
+    if (err == 0 && why == NULL) {
+        req->results[i] = KVT_STORE_OK;
+        req->cnt.bytes += len;
+        return;
+    }
+    for (size_t k = 0; k < n; k++) memset(v[k].iov_base, 0, v[k].iov_len); /* never served, not even by mistake */
+    if (err) {
+        req->results[i] = KVT_STORE_FAILED;
+        kvt__store_log(s, "get %s: read failed: %s", req->hex[i], strerror(err));
+    } else {
+        req->results[i] = KVT_STORE_BAD;
+        kvt__store_log(s, "bad object for key %s (%zu bytes): %s; refused, counted as a miss", req->hex[i], len, why);
+    }
+}
+
 /* ---- workers ------------------------------------------------------------------------ */
 
 static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_t t_end) {

@@ -15,6 +15,7 @@
 
 #include <xxhash.h>
 
+#include "common/engine_model.h"
 #include "core/mem-int.h"
 #include "helpers.h"
 #include "kvtier/rng.h"
@@ -101,7 +102,10 @@ static size_t read_file(const char *path, void *b, size_t cap) {
 }
 
 /* Garbage, another key's object, a truncated one, a flipped payload byte:
- * each a miss, counted as a bad object, and the tier page untouched. */
+ * each a miss, counted as a bad object, and nothing of it in the tier page:
+ * the page is as it was (an object refused before it was read into the
+ * page: a wrong length) or zeroed (one read straight into the page and
+ * refused there), never anything else. */
 Test(store_dir, wrong_objects_refused) {
     senv_init(&E, 16, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
@@ -127,20 +131,27 @@ Test(store_dir, wrong_objects_refused) {
     flipped[ob - 1] ^= 1;
     bad[4].bytes = flipped;
     kvt_store_page_t q = {.hash = p[0].hash, .page = 5};
+    const kvt_geom_t *g = kvt_tier_geom(E.tier);
+    size_t zeroed = 0;
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         write_file(a, bad[k].bytes, bad[k].n);
-        wipe(&E, 5, 1);
+        fill(&E, 777, 5, 1); /* what the page held before the get */
         sres_t r = run_op(E.store, kvt_store_get, &q, 1);
         cr_assert_eq(r.r[0], KVT_STORE_BAD, "%s served", bad[k].what);
         cr_assert_eq(r.count, 0u);
         cr_assert(strstr(kvt_store_last_error(E.store), bad[k].what) != NULL, "%s: logged '%s'", bad[k].what,
                   kvt_store_last_error(E.store));
-        const kvt_geom_t *g = kvt_tier_geom(E.tier);
+        bool zero = true;
         for (uint32_t l = 0; l < g->layers; l++) {
             const unsigned char *pg = kvt_tier_addr(E.tier, 5, l);
-            for (size_t i = 0; i < g->layer_bytes; i++) cr_assert_eq(pg[i], 0, "a refused object reached the tier");
+            for (size_t i = 0; i < g->layer_bytes; i++) zero &= pg[i] == 0;
         }
+        cr_assert(zero || check(&E, 777, 5), "%s: the page holds something other than its old bytes or zeros", bad[k].what);
+        /* the right length is read in place (and zeroed when refused); a wrong one never reaches the page */
+        cr_assert_eq(zero, bad[k].n == ob, "%s (%zu bytes): page %s", bad[k].what, bad[k].n, zero ? "zeroed" : "kept");
+        zeroed += zero;
     }
+    cr_assert_eq(zeroed, 3u); /* garbage, another key's, the flipped byte */
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).bad_objects, sizeof(bad) / sizeof(bad[0]));
     /* a well-formed header (its checksum recomputed) of another geometry */
     memcpy(flipped, good, ob);
@@ -155,6 +166,96 @@ Test(store_dir, wrong_objects_refused) {
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_OK);
     cr_assert(check(&E, 100, 5));
     free(good), free(other), free(junk), free(flipped);
+}
+
+/* Read in place and refused there: a layer-first page (a piece per layer)
+ * whose payload was damaged is zeroed in every layer, and only that page. */
+Test(store_dir, refused_in_place_zeroes_every_layer) {
+    senv_init(&E, 8, 3, 512, KVT_LAYOUT_LAYER_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[1];
+    pages_of(p, 1, 9, 0);
+    fill(&E, 9, 0, 1);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 1).count, 1u);
+    char path[256];
+    obj_path(&p[0].hash, path, sizeof(path));
+    size_t ob = kvt_store_object_bytes(E.store);
+    cr_assert_eq(ob, 80u + 3 * 512);
+    unsigned char *o = malloc(ob);
+    cr_assert_eq(read_file(path, o, ob), ob);
+    o[80 + 2 * 512 + 100] ^= 0x40; /* layer 2 */
+    write_file(path, o, ob);
+    fill(&E, 20, 3, 3); /* pages 3, 4, 5 */
+    kvt_store_page_t q = {.hash = p[0].hash, .page = 4};
+    sres_t r = run_op(E.store, kvt_store_get, &q, 1);
+    cr_assert_eq(r.r[0], KVT_STORE_BAD);
+    cr_assert(strstr(kvt_store_last_error(E.store), "payload checksum mismatch") != NULL, "%s", kvt_store_last_error(E.store));
+    for (uint32_t l = 0; l < 3; l++) {
+        const unsigned char *pg = kvt_tier_addr(E.tier, 4, l);
+        for (size_t i = 0; i < 512; i++) cr_assert_eq(pg[i], 0, "layer %u byte %zu", l, i);
+    }
+    cr_assert(check(&E, 20, 3) && check(&E, 22, 5), "a neighbouring page was touched");
+    free(o);
+}
+
+static void store_obj_path(kvt_store_t *s, const kvt_hash128_t *h, char *out, size_t cap) {
+    char hex[33];
+    kvt_store_key(s, h, hex);
+    snprintf(out, cap, "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+}
+
+/* Every tier makes the same object: an engine tier of each engine's layout
+ * (one plane: read and written where its bytes lie; several: gathered and
+ * scattered through kvt_tier_read/write) writes, byte for byte, the file a
+ * page-first host tier holding the same logical page writes, and gets it
+ * back into its own layout. */
+Test(store_dir, engine_tiers_make_the_same_object) {
+    for (int k = 0; k < EM_KIND_COUNT; k++) {
+        const em_shape_t *sh = &EM_SHAPES[k];
+        em_mem_t m;
+        em_ptrs_t pp;
+        kvt_tier_engine_t e;
+        em_alloc(sh, &m, 0);
+        describe(sh, &m, &pp, &e);
+        kvt_tier_config_t tc = em_config(sh, &e);
+        kvt_tier_t *et = NULL;
+        cr_assert_eq(kvt_tier_create(&et, &tc), KVT_OK, "%s", sh->name);
+        const kvt_geom_t *g = kvt_tier_geom(et);
+        kvt_tier_t *ht = make_tier(g->pages, g->layers, g->layer_bytes, KVT_LAYOUT_PAGE_FIRST);
+        void *scratch = malloc(g->layer_bytes);
+        kvt_hash128_t h = hkey(300 + (uint64_t)k);
+        cr_assert_eq(kvt_tier_pattern_fill(et, 2, h.lo, h.hi, scratch), KVT_OK);
+        cr_assert_eq(kvt_tier_pattern_fill(ht, 2, h.lo, h.hi, scratch), KVT_OK);
+        kvt_store_config_t c;
+        kvt_store_config_default(&c);
+        c.model = "test-model";
+        c.page_tokens = 16;
+        c.log = quiet_log;
+        kvt_store_t *se = NULL, *sh_ = NULL;
+        c.tier = et;
+        cr_assert_eq(kvt_store_open(&se, url, &c), KVT_OK, "%s: %s", sh->name, kvt_store_last_error(NULL));
+        c.tier = ht;
+        cr_assert_eq(kvt_store_open(&sh_, url, &c), KVT_OK);
+        kvt_store_page_t p = {.hash = h, .page = 2};
+        char path[256];
+        store_obj_path(se, &h, path, sizeof(path));
+        size_t ob = kvt_store_object_bytes(se);
+        unsigned char *from_host = malloc(ob + 1), *from_engine = malloc(ob + 1);
+        cr_assert_eq(run_op(sh_, kvt_store_put, &p, 1).count, 1u);
+        cr_assert_eq(read_file(path, from_host, ob + 1), ob);
+        cr_assert_eq(run_op(se, kvt_store_put, &p, 1).count, 1u);
+        cr_assert_eq(read_file(path, from_engine, ob + 1), ob);
+        cr_assert(memcmp(from_host, from_engine, ob) == 0, "%s: the engine tier's object differs", sh->name);
+        kvt_store_page_t q = {.hash = h, .page = 7};
+        cr_assert_eq(run_op(se, kvt_store_get, &q, 1).count, 1u, "%s", sh->name);
+        cr_assert(kvt_tier_pattern_check(et, 7, h.lo, h.hi, scratch), "%s: page 7 differs from what was put", sh->name);
+        kvt_store_close(se);
+        kvt_store_close(sh_);
+        kvt_tier_destroy(et);
+        kvt_tier_destroy(ht);
+        em_free(&m);
+        free(scratch), free(from_host), free(from_engine);
+    }
 }
 
 /* A store of another geometry under the same root never serves ours. */
