@@ -427,7 +427,11 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     const char *hex = req->hex[i];
     char path[1100];
     obj_path(d, hex, path, sizeof(path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NOATIME: the LRU time is set below; the kernel's own atime update
+     * (relatime: the first read after a write) would be a second inode
+     * write for the same get (EPERM on a file of another user: without) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOATIME);
+    if (fd < 0 && errno == EPERM) fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int err = errno;
         if (err != ENOENT) kvt__store_log(req->s, "get %s: %s", hex, strerror(err));
@@ -459,11 +463,14 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         kvt__store_deliver(req, i, req->scratch, len);
     }
     if (req->results[i] == KVT_STORE_OK) {
-        /* the LRU order, for the next open: to the second is enough, and
+        /* the LRU order, for the next open: the first read since the
+         * object was written (as relatime would), then to the second, which
          * spares an inode write per get of a page read again and again */
         struct timespec now, ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
         clock_gettime(CLOCK_REALTIME, &now);
-        if (now.tv_sec - st.st_atim.tv_sec >= 1) futimens(fd, ts);
+        bool unread = st.st_atim.tv_sec < st.st_mtim.tv_sec ||
+                      (st.st_atim.tv_sec == st.st_mtim.tv_sec && st.st_atim.tv_nsec <= st.st_mtim.tv_nsec);
+        if (unread || now.tv_sec - st.st_atim.tv_sec >= 1) futimens(fd, ts);
         pthread_mutex_lock(&d->mu);
         idx_touch(d, hex, (uint64_t)st.st_size);
         pthread_mutex_unlock(&d->mu);
