@@ -61,29 +61,78 @@ Test(store_dir, roundtrip_layer_first) {
     roundtrip(&E, 20);
 }
 
-/* The object in a file is page-first: header, then layer 0, 1, ... */
+static void le_put(unsigned char *p, uint64_t v, unsigned n) {
+    for (unsigned i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* The object on disk, every byte pinned against one built here from
+ * docs/store.md alone (its identity text, key scheme and header table; XXH3
+ * from libxxhash): the 80-byte header, then the page page-first although
+ * the tier is layer-first, and the file's name from the key's hex. */
 Test(store_dir, object_format) {
-    senv_init(&E, 4, 2, 128, KVT_LAYOUT_LAYER_FIRST);
+    enum { LAYERS = 3, LB = 136, PAGES = 4 };
+    senv_init(&E, PAGES, LAYERS, LB, KVT_LAYOUT_LAYER_FIRST);
+    E.cfg.tp_rank = 1, E.cfg.tp_size = 2; /* non-default fields show in the identity */
+    E.cfg.ns = "tenant-a";
     cr_assert_eq(senv_open(&E, url), KVT_OK);
-    kvt_store_page_t p[1];
-    pages_of(p, 1, 5, 0);
-    fill(&E, 5, 0, 1);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 1).count, 1u);
-    char path[256];
-    obj_path(&p[0].hash, path, sizeof(path));
+    /* the page: byte i of layer l is (7i + 31l + 5) mod 256, written where the tier keeps it */
+    unsigned char payload[LAYERS * LB];
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        unsigned char *pg = kvt_tier_addr(E.tier, 2, l);
+        for (size_t i = 0; i < LB; i++) pg[i] = payload[l * LB + i] = (unsigned char)(7 * i + 31 * l + 5);
+    }
+    kvt_hash128_t h = {.lo = 0x0123456789abcdefull, .hi = 0xfedcba9876543210ull};
+    kvt_store_page_t p = {.hash = h, .page = 2};
+    cr_assert_eq(run_op(E.store, kvt_store_put, &p, 1).count, 1u);
+
+    const char *id = "kvtier-l3-id/1;model=test-model;page_tokens=16;layers=3;layer_bytes=136;dtype_bytes=2;tp=1/2;cp=0/1;"
+                     "ns=tenant-a";
+    XXH128_hash_t ih = XXH3_128bits(id, strlen(id));
+    unsigned char ident[16], kin[32], key[16];
+    le_put(ident, ih.low64, 8), le_put(ident + 8, ih.high64, 8);
+    memcpy(kin, ident, 16);
+    le_put(kin + 16, h.lo, 8), le_put(kin + 24, h.hi, 8);
+    XXH128_hash_t kh = XXH3_128bits(kin, 32);
+    le_put(key, kh.low64, 8), le_put(key + 8, kh.high64, 8);
+    unsigned char want[80 + sizeof(payload)];
+    memset(want, 0, 80);
+    memcpy(want, "KVT3", 4);
+    le_put(want + 4, 1, 2);          /* version */
+    le_put(want + 6, 80, 2);         /* header bytes */
+    le_put(want + 8, LAYERS, 4);
+    le_put(want + 12, 16, 4);        /* page_tokens */
+    le_put(want + 16, LB, 8);        /* layer_bytes */
+    le_put(want + 24, sizeof(payload), 8);
+    memcpy(want + 32, ident, 16);
+    memcpy(want + 48, key, 16);
+    le_put(want + 64, XXH3_64bits(payload, sizeof(payload)), 8);
+    le_put(want + 72, XXH3_64bits(want, 72), 8);
+    memcpy(want + 80, payload, sizeof(payload));
+
+    char hex[33], path[256];
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+    char lib_hex[33];
+    kvt_store_key(E.store, &h, lib_hex);
+    cr_assert_str_eq(lib_hex, hex, "the key");
+    unsigned char got[sizeof(want) + 1];
     FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f);
-    unsigned char buf[80 + 256];
-    cr_assert_eq(fread(buf, 1, sizeof(buf), f), sizeof(buf));
-    cr_assert_eq(fgetc(f), EOF);
+    cr_assert_not_null(f, "no file %s", path);
+    size_t n = fread(got, 1, sizeof(got), f);
     fclose(f);
-    cr_assert_eq(memcmp(buf, "KVT3", 4), 0);
-    cr_assert_eq(buf[4] | buf[5] << 8, 1);
-    cr_assert_eq(buf[8], 2);  /* layers */
-    cr_assert_eq(buf[12], 16); /* page_tokens */
-    cr_assert_eq(buf[16], 128); /* layer_bytes */
-    kvt_hash128_t h = hkey(5);
-    for (uint32_t l = 0; l < 2; l++) cr_assert(kvt_pattern_check(buf + 80 + l * 128, 128, h.lo, h.hi, l));
+    cr_assert_eq(n, sizeof(want), "object of %zu bytes", n);
+    for (size_t i = 0; i < sizeof(want); i++) cr_assert_eq(got[i], want[i], "byte %zu: %02x, expected %02x", i, got[i], want[i]);
+    /* and an object built here is served: the format is the one gets read */
+    want[80] ^= 0xff, payload[0] ^= 0xff;
+    le_put(want + 64, XXH3_64bits(payload, sizeof(payload)), 8);
+    le_put(want + 72, XXH3_64bits(want, 72), 8);
+    f = fopen(path, "wb");
+    cr_assert_eq(fwrite(want, 1, sizeof(want), f), sizeof(want));
+    fclose(f);
+    kvt_store_page_t q = {.hash = h, .page = 3};
+    cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).count, 1u, "%s", kvt_store_last_error(E.store));
+    for (uint32_t l = 0; l < LAYERS; l++)
+        cr_assert(memcmp(kvt_tier_addr(E.tier, 3, l), payload + l * LB, LB) == 0, "layer %u", l);
 }
 
 static void write_file(const char *path, const void *b, size_t n) {
