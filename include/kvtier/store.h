@@ -4,8 +4,9 @@
  * A store is opened from a URL:
  *
  *   dir:PATH[,max=SIZE]              one file per page under PATH (the embedded
- *                                    default); SIZE in bytes, K/M/G/T suffixes
- *                                    (powers of 1024); 0 or absent: no limit
+ *                                    default); SIZE: digits, in bytes, with an
+ *                                    optional K/M/G/T (powers of 1024: "64G");
+ *                                    0 or absent: no limit
  *   redis://HOST:PORT                one Redis server
  *   redis-cluster://H:P[,H:P...]     a Redis Cluster, found from any seed node
  *

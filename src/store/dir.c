@@ -286,9 +286,8 @@ static int dir_open(kvt_store_t *s, const char *spec, void **out) {
     if (plen == 0) return kvt__store_error("malformed store URL 'dir:%.200s': no path (expected dir:PATH[,max=SIZE])", spec), KVT_EINVAL;
     if (plen >= 880) return kvt__store_error("malformed store URL: dir path longer than 879 characters"), KVT_EINVAL;
     if (opt) {
-        const char *v = opt + 5;
-        if (kvt__store_parse_size(v, strlen(v), &max) != KVT_OK)
-            return kvt__store_error("malformed store URL 'dir:%.200s': bad max= '%.40s' (bytes, with K/M/G/T suffix)", spec, v), KVT_EINVAL;
+        const char *v = opt + 5, *why = NULL;
+        if (kvt__store_parse_size(v, strlen(v), &max, &why) != KVT_OK) return kvt__store_error("malformed store URL 'dir:%.200s': bad max= '%.40s': %s", spec, v, why), KVT_EINVAL;
     } else if (memchr(spec, ',', plen) && strchr(spec, '=')) {
         return kvt__store_error("malformed store URL 'dir:%.200s': unknown option (the only one is max=SIZE)", spec), KVT_EINVAL;
     }

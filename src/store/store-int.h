@@ -95,7 +95,10 @@ void kvt__store_error(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 /* A message: the store's last message, and the log (rate-limited to stderr by default). */
 void kvt__store_log(kvt_store_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* "123", "64K", "1.5G" (powers of 1024) -> bytes. KVT_EINVAL. */
-int kvt__store_parse_size(const char *s, size_t len, uint64_t *out);
+/* A size: digits, then at most one of K, M, G, T (either case; powers of
+ * 1024): "123", "64K", "2G". KVT_OK with *out set, or KVT_EINVAL with *out
+ * untouched and *why saying what is wrong (not digits and a suffix, or
+ * more than 2^64-1 bytes). */
+int kvt__store_parse_size(const char *s, size_t len, uint64_t *out, const char **why);
 
 #endif

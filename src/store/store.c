@@ -129,26 +129,28 @@ uint64_t kvt_store_object_bytes(const kvt_store_t *s) { return s ? s->object_byt
 uint32_t kvt__store_timeout_ms(const kvt_store_t *s) { return s->cfg.timeout_ms; }
 uint32_t kvt__store_retries(const kvt_store_t *s) { return s->cfg.retries; }
 
-int kvt__store_parse_size(const char *p, size_t len, uint64_t *out) {
-    char buf[64];
-    if (len == 0 || len >= sizeof(buf)) return KVT_EINVAL;
-    memcpy(buf, p, len);
-    buf[len] = 0;
-    char *end;
-    double v = strtod(buf, &end);
-    if (end == buf || v < 0) return KVT_EINVAL;
-    double mul = 1;
-    switch (*end) {
-    case 0: break;
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1048576.0; end++; break;
-    case 'g': case 'G': mul = 1073741824.0; end++; break;
-    case 't': case 'T': mul = 1099511627776.0; end++; break;
-    default: return KVT_EINVAL;
+int kvt__store_parse_size(const char *p, size_t len, uint64_t *out, const char **why) {
+    static const char *form = "digits, then K, M, G or T (powers of 1024)", *big = "more than 2^64-1 bytes";
+    size_t i = 0;
+    uint64_t v = 0;
+    for (; i < len && p[i] >= '0' && p[i] <= '9'; i++) {
+        unsigned d = (unsigned)(p[i] - '0');
+        if (v > (UINT64_MAX - d) / 10) return *why = big, KVT_EINVAL;
+        v = v * 10 + d;
     }
-    if (*end == 'i' || *end == 'B') end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
-    if (*end != 0 || v * mul > 1.8e19) return KVT_EINVAL;
-    *out = (uint64_t)(v * mul);
+    unsigned shift = 0;
+    if (i > 0 && i < len) {
+        switch (p[i++]) {
+        case 'K': case 'k': shift = 10; break;
+        case 'M': case 'm': shift = 20; break;
+        case 'G': case 'g': shift = 30; break;
+        case 'T': case 't': shift = 40; break;
+        default: i = 0;
+        }
+    }
+    if (i == 0 || i != len) return *why = form, KVT_EINVAL;
+    if (v > UINT64_MAX >> shift) return *why = big, KVT_EINVAL;
+    *out = v << shift;
     return KVT_OK;
 }
 

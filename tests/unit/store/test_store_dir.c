@@ -374,6 +374,24 @@ Test(store_dir, lru_eviction_and_rebuild) {
     cr_assert_eq(r.count, 2u, "the two most recent survive");
 }
 
+/* max= with a suffix is that many KiB: 3K holds two objects of 1080 bytes
+ * (2160 <= 3072), not three (3240). */
+Test(store_dir, max_with_suffix) {
+    senv_init(&E, 8, 1, 1000, KVT_LAYOUT_PAGE_FIRST);
+    char u[200];
+    snprintf(u, sizeof(u), "%s,max=3K", url);
+    cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[4];
+    pages_of(p, 4, 60, 0);
+    fill(&E, 60, 0, 4);
+    for (int i = 0; i < 4; i++) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.stored_objects, 2u);
+    cr_assert_eq(st.stored_bytes, 2160u);
+    cr_assert_eq(st.evictions, 2u);
+    cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 2).count, 2u, "the two last puts are kept");
+}
+
 /* A put that died mid-write: a temporary file, never an object. */
 Test(store_dir, crash_mid_write_invisible) {
     senv_init(&E, 8, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
