@@ -59,7 +59,24 @@ typedef struct rconn {
     char host[256];
     int port;
     redisContext *c;
+    size_t unflushed; /* bytes of puts appended since the output buffer was last written out */
 } rconn_t;
+
+/* A batch of puts is written out every FLUSH_BYTES as it is appended, not
+ * all at once when the replies are read: hiredis writes its output buffer
+ * from the front and moves the rest down after every partial write, so one
+ * buffer of a whole batch (32 MiB for 32 pages of 1 MiB) costs copies
+ * quadratic in its size. */
+#define FLUSH_BYTES (1u << 20)
+
+/* Writes out what is appended. An error stays in the context and is met by
+ * the next redisGetReply, which drops the connection and retries the keys. */
+static void flush_out(rconn_t *c) {
+    int done = 0;
+    while (!done && redisBufferWrite(c->c, &done) == REDIS_OK) {
+    }
+    c->unflushed = 0;
+}
 
 typedef struct rworker {
     rconn_t conn[KVT__MAX_NODES + MAX_SEEDS];
@@ -166,6 +183,7 @@ static int conn_index(rworker_t *w, const char *host, int port) {
 static void drop(rconn_t *c) {
     if (c->c) redisFree(c->c);
     c->c = NULL;
+    c->unflushed = 0;
 }
 
 /* ---- one batch ------------------------------------------------------------------------- */
@@ -349,6 +367,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
             }
             w->pending[i] = 2; /* sent this round */
             sent[w->tnode[i]] = true;
+            if (req->op == KVT_STORE_PUT && (c->unflushed += (size_t)kvt__store_object_bytes(req->s)) >= FLUSH_BYTES) flush_out(c);
         }
         if (!any) break;
         /* receive: node by node, replies in the order sent */
