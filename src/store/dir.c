@@ -22,7 +22,9 @@
  * open), so the root may exceed max by what the others wrote since.
  *
  * Cost: exists is a stat, get an open+readv (the header, then the page
- * straight into the tier; checked there) +futimens, put a create+writev
+ * straight into the tier, checked there; the read's length is the file's:
+ * no fstat) + a futimens on the first get after a put and then at most once
+ * a second, put a create+writev
  * (the header, then the page from the tier's memory) + rename, remove an
  * unlink; the index is a hash table with O(1) updates. */
 #include <dirent.h>
@@ -50,6 +52,7 @@ typedef struct ent {
     char hex[33];
     uint64_t bytes;
     uint32_t hnext, prev, next; /* hash chain; LRU list (head = most recent): the order is the time */
+    uint32_t atime_s;           /* the second the file's access time was last set to; 0: not since it was written */
 } ent_t;
 
 typedef struct dirbe {
@@ -121,9 +124,11 @@ static int idx_grow(dirbe_t *d) {
     return KVT_OK;
 }
 
-/* Insert or refresh (to the front); bytes updated. */
-static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes) {
+/* Insert or refresh (to the front); bytes updated; *slot (optional) gets
+ * the entry (NIL when it could not be inserted). */
+static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes, uint32_t *slot) {
     uint32_t i = idx_find(d, hex);
+    if (slot) *slot = i;
     if (i != NIL) {
         d->bytes += bytes - d->e[i].bytes;
         d->e[i].bytes = bytes;
@@ -141,6 +146,8 @@ static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes) {
     ent_t *x = &d->e[i];
     memcpy(x->hex, hex, 33);
     x->bytes = bytes;
+    x->atime_s = 0;
+    if (slot) *slot = i;
     uint32_t h = hash_hex(hex, d->nbuckets);
     x->hnext = d->bucket[h];
     d->bucket[h] = i;
@@ -193,6 +200,7 @@ static long tmp_pid(const char *n) { return strncmp(n, ".tmp.", 5) == 0 ? strtol
 typedef struct scanned {
     char hex[33];
     uint64_t bytes, t;
+    uint32_t atime_s; /* the access time when the file was read since it was written, else 0 */
 } scanned_t;
 
 static int cmp_time(const void *a, const void *b) {
@@ -243,6 +251,7 @@ static int scan(dirbe_t *d) {
                 uint64_t ta = (uint64_t)st.st_atim.tv_sec * 1000000000ull + (uint64_t)st.st_atim.tv_nsec;
                 uint64_t tm = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
                 v[nv].t = ta > tm ? ta : tm;
+                v[nv].atime_s = ta > tm ? (uint32_t)st.st_atim.tv_sec : 0;
                 nv++;
             }
             if (s2) closedir(s2);
@@ -252,7 +261,11 @@ static int scan(dirbe_t *d) {
     closedir(r);
     if (rc == KVT_OK && nv) {
         qsort(v, nv, sizeof(*v), cmp_time);
-        for (size_t i = 0; i < nv && rc == KVT_OK; i++) rc = idx_touch(d, v[i].hex, v[i].bytes); /* oldest first: the last touched heads the LRU list */
+        for (size_t i = 0; i < nv && rc == KVT_OK; i++) { /* oldest first: the last touched heads the LRU list */
+            uint32_t k;
+            rc = idx_touch(d, v[i].hex, v[i].bytes, &k);
+            if (rc == KVT_OK) d->e[k].atime_s = v[i].atime_s;
+        }
     }
     kvt__free(v, cv * sizeof(*v));
     return rc;
@@ -416,7 +429,8 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     }
     req->cnt.bytes += ob;
     pthread_mutex_lock(&d->mu);
-    idx_touch(d, hex, ob);
+    uint32_t k;
+    if (idx_touch(d, hex, ob, &k) == KVT_OK) d->e[k].atime_s = 0; /* a new file: not read since */
     evict(d, hex, req);
     pthread_mutex_unlock(&d->mu);
     return KVT_STORE_OK;
@@ -440,39 +454,37 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         pthread_mutex_unlock(&d->mu);
         return;
     }
+    /* No fstat: the read says the length. One byte past an object's length
+     * is asked for, so that a longer file shows as one. */
     uint64_t ob = kvt__store_object_bytes(req->s);
-    struct stat st;
-    if (fstat(fd, &st) != 0) { /* st is read below: no guessing at a length */
-        kvt__store_log(req->s, "get %s: %s", hex, strerror(errno));
-        req->results[i] = KVT_STORE_FAILED;
-        close(fd);
-        return;
-    }
-    struct iovec *v;
-    size_t nv = (uint64_t)st.st_size == ob ? kvt__store_get_iov(req, i, &v) : 0;
-    if (nv > 0) { /* an object's length, a tier with addresses: read straight into the page, checked there */
+    uint8_t spare;
+    struct iovec *v, one[2] = {{.iov_base = req->scratch, .iov_len = (size_t)ob}, {.iov_base = &spare, .iov_len = 1}};
+    size_t nv = kvt__store_get_iov(req, i, &v);
+    if (nv > 0) { /* a tier with addresses: read straight into the page, checked there */
+        v[nv++] = one[1];
         ssize_t got = readv_all(fd, v, nv);
         kvt__store_deliver_in_place(req, i, got < 0 ? 0 : (size_t)got, got < 0 ? errno : 0);
-    } else { /* through scratch: wrong lengths are refused before a byte reaches the tier */
-        size_t want = (uint64_t)st.st_size < ob ? (size_t)st.st_size : (size_t)ob;
-        struct iovec one = {.iov_base = req->scratch, .iov_len = want};
-        ssize_t got = want ? readv_all(fd, &one, 1) : 0;
-        /* a file longer than an object is reported by its length */
-        size_t len = (uint64_t)st.st_size > ob ? (size_t)st.st_size : got < 0 ? 0 : (size_t)got;
-        kvt__store_deliver(req, i, req->scratch, len);
+    } else { /* through scratch, checked before a byte reaches the tier */
+        ssize_t got = readv_all(fd, one, 2);
+        if (got < 0) {
+            kvt__store_log(req->s, "get %s: read failed: %s", hex, strerror(errno));
+            req->results[i] = KVT_STORE_FAILED;
+        } else {
+            kvt__store_deliver(req, i, req->scratch, (size_t)got);
+        }
     }
     if (req->results[i] == KVT_STORE_OK) {
-        /* the LRU order, for the next open: the first read since the
-         * object was written (as relatime would), then to the second, which
-         * spares an inode write per get of a page read again and again */
-        struct timespec now, ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
-        clock_gettime(CLOCK_REALTIME, &now);
-        bool unread = st.st_atim.tv_sec < st.st_mtim.tv_sec ||
-                      (st.st_atim.tv_sec == st.st_mtim.tv_sec && st.st_atim.tv_nsec <= st.st_mtim.tv_nsec);
-        if (unread || now.tv_sec - st.st_atim.tv_sec >= 1) futimens(fd, ts);
+        /* the LRU order, for the next open: the file's access time set on
+         * the first read since the object was written (as relatime would),
+         * then at most once a second, which spares an inode write per get
+         * of a page read again and again */
+        uint32_t now_s = (uint32_t)time(NULL), k;
         pthread_mutex_lock(&d->mu);
-        idx_touch(d, hex, (uint64_t)st.st_size);
+        bool set = idx_touch(d, hex, ob, &k) != KVT_OK || d->e[k].atime_s != now_s;
+        if (set && k != NIL) d->e[k].atime_s = now_s;
         pthread_mutex_unlock(&d->mu);
+        struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+        if (set) futimens(fd, ts);
     }
     close(fd);
 }

@@ -37,7 +37,7 @@ typedef struct kvt__sreq {
     uint8_t *results;        /* n kvt_store_result_t, to fill */
     kvt__scount_t cnt;       /* the backend's counters for this batch */
     void *scratch;           /* object_bytes of worker memory */
-    struct iovec *iov;       /* layers + 1 entries of worker memory (the pieces below) */
+    struct iovec *iov;       /* layers + 2 entries of worker memory (the pieces below, and one for the backend) */
     uint8_t hdr[KVT__STORE_HDR]; /* the header of the object being moved */
     const kvt_store_page_t *pages;
 } kvt__sreq_t;
@@ -72,8 +72,9 @@ size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
  * logging why) and counts its bytes. */
 void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len);
 /* Where object i of a get can be read to in place: *iov (req->iov, the
- * caller's to consume) gets req->hdr for the header, then the tier page's
- * pieces page-first, object_bytes in all. Returns the number of pieces, or
+ * caller's to consume, with room for one more piece) gets req->hdr for the
+ * header, then the tier page's pieces page-first, object_bytes in all.
+ * Returns the number of pieces, or
  * 0 when the tier has no host addresses (read into scratch, then
  * kvt__store_deliver). */
 size_t kvt__store_get_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);

@@ -409,7 +409,7 @@ static void *worker_main(void *arg) {
     void *w = NULL;
     int wrc = s->ops->worker_open(s->be, &w);
     void *scratch = kvt__malloc(s->object_bytes);
-    size_t iov_bytes = ((size_t)s->layers + 1) * sizeof(struct iovec);
+    size_t iov_bytes = ((size_t)s->layers + 2) * sizeof(struct iovec);
     struct iovec *iov = kvt__malloc(iov_bytes);
     for (;;) {
         pthread_mutex_lock(&s->mu);

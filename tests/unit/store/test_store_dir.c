@@ -152,9 +152,9 @@ static size_t read_file(const char *path, void *b, size_t cap) {
 
 /* Garbage, another key's object, a truncated one, a flipped payload byte:
  * each a miss, counted as a bad object, and nothing of it in the tier page:
- * the page is as it was (an object refused before it was read into the
- * page: a wrong length) or zeroed (one read straight into the page and
- * refused there), never anything else. */
+ * the page is as it was (an object refused before it reached the page) or
+ * zeroed (one read straight into the page and refused there), never
+ * anything else. */
 Test(store_dir, wrong_objects_refused) {
     senv_init(&E, 16, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
@@ -174,11 +174,15 @@ Test(store_dir, wrong_objects_refused) {
         const void *bytes;
         size_t n;
         const char *what;
-    } bad[] = {{junk, ob, "bad magic"}, {other, ob, "another key"}, {good, ob - 100, "truncated"}, {good, 40, "shorter"}, {NULL, ob, "payload checksum"}};
-    unsigned char *flipped = malloc(ob);
+    } bad[] = {{junk, ob, "bad magic"},     {other, ob, "another key"},      {good, ob - 100, "truncated"}, {good, 40, "shorter"},
+               {NULL, ob, "payload checksum"}, {NULL, ob + 1, "longer than an object"}, {NULL, ob + 4096, "longer than an object"}};
+    unsigned char *flipped = malloc(ob), *longer = malloc(ob + 4096);
     memcpy(flipped, good, ob);
     flipped[ob - 1] ^= 1;
     bad[4].bytes = flipped;
+    memcpy(longer, good, ob); /* a good object with bytes after it */
+    memset(longer + ob, 0x33, 4096);
+    bad[5].bytes = bad[6].bytes = longer;
     kvt_store_page_t q = {.hash = p[0].hash, .page = 5};
     const kvt_geom_t *g = kvt_tier_geom(E.tier);
     size_t zeroed = 0;
@@ -196,11 +200,11 @@ Test(store_dir, wrong_objects_refused) {
             for (size_t i = 0; i < g->layer_bytes; i++) zero &= pg[i] == 0;
         }
         cr_assert(zero || check(&E, 777, 5), "%s: the page holds something other than its old bytes or zeros", bad[k].what);
-        /* the right length is read in place (and zeroed when refused); a wrong one never reaches the page */
-        cr_assert_eq(zero, bad[k].n == ob, "%s (%zu bytes): page %s", bad[k].what, bad[k].n, zero ? "zeroed" : "kept");
+        /* one of an object's length was read into the page: refused there, zeroed */
+        if (bad[k].n == ob) cr_assert(zero, "%s: a refused object left in the page", bad[k].what);
         zeroed += zero;
     }
-    cr_assert_eq(zeroed, 3u); /* garbage, another key's, the flipped byte */
+    cr_assert_geq(zeroed, 3u); /* at least garbage, another key's, the flipped byte */
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).bad_objects, sizeof(bad) / sizeof(bad[0]));
     /* a well-formed header (its checksum recomputed) of another geometry */
     memcpy(flipped, good, ob);
@@ -214,7 +218,7 @@ Test(store_dir, wrong_objects_refused) {
     write_file(a, good, ob);
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_OK);
     cr_assert(check(&E, 100, 5));
-    free(good), free(other), free(junk), free(flipped);
+    free(good), free(other), free(junk), free(flipped), free(longer);
 }
 
 /* Read in place and refused there: a layer-first page (a piece per layer)
