@@ -378,6 +378,65 @@ Test(store_dir, lru_eviction_and_rebuild) {
     cr_assert_eq(r.count, 2u, "the two most recent survive");
 }
 
+static uint64_t atime_ns(const char *path) {
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0, "%s", path);
+    return (uint64_t)st.st_atim.tv_sec * 1000000000ull + (uint64_t)st.st_atim.tv_nsec;
+}
+
+static void to_next_second(void) { /* then what follows within ~100 ms shares one second */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    usleep((useconds_t)((1000000000L - now.tv_nsec) / 1000 + 20000));
+}
+
+/* The LRU time a get leaves in the file's access time, the same under each
+ * of the kernel's atime modes (a tmpfs mounted with it; skipped where
+ * mounting is not allowed), since the store sets it itself and reads with
+ * O_NOATIME: the first get after a put sets it, a get again within the same
+ * second leaves it, one a second later sets it again. */
+Test(store_dir, access_times_under_each_mount_mode) {
+    static const char *modes[] = {"noatime", "relatime", "strictatime"};
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        char mnt[128], cmd[300];
+        snprintf(mnt, sizeof(mnt), "%s/%s", root, modes[m]);
+        cr_assert_eq(mkdir(mnt, 0755), 0);
+        snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=1m,%s kvt-store-test %s 2>/dev/null", modes[m], mnt);
+        if (system(cmd) != 0) cr_skip_test("cannot mount a tmpfs here (needs root): skipped");
+        /* everything measured first, checked once unmounted (a failed check leaves no mount behind) */
+        senv_init(&E, 4, 1, 4096, KVT_LAYOUT_PAGE_FIRST);
+        char u[200], hex[33], path[300];
+        snprintf(u, sizeof(u), "dir:%s", mnt);
+        int rc = senv_open(&E, u);
+        uint64_t t[4] = {0}, served = 0;
+        if (rc == KVT_OK) {
+            kvt_store_page_t p = {.hash = hkey(70), .page = 0}, q = {.hash = hkey(70), .page = 1};
+            fill(&E, 70, 0, 1);
+            served += run_op(E.store, kvt_store_put, &p, 1).count;
+            kvt_store_key(E.store, &p.hash, hex);
+            snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", mnt, hex, hex + 2, hex);
+            t[0] = atime_ns(path);
+            to_next_second();
+            served += run_op(E.store, kvt_store_get, &q, 1).count;
+            t[1] = atime_ns(path);
+            usleep(20000); /* past the kernel's clock tick, still within the second */
+            served += run_op(E.store, kvt_store_get, &q, 1).count;
+            t[2] = atime_ns(path);
+            to_next_second();
+            served += run_op(E.store, kvt_store_get, &q, 1).count;
+            t[3] = atime_ns(path);
+        }
+        senv_fini(&E);
+        snprintf(cmd, sizeof(cmd), "umount %s", mnt);
+        cr_assert_eq(system(cmd), 0);
+        cr_assert_eq(rc, KVT_OK);
+        cr_assert_eq(served, 4u);
+        cr_assert_gt(t[1], t[0], "%s: the first get after a put left the access time", modes[m]);
+        cr_assert_eq(t[2], t[1], "%s: a get again in the same second moved the access time", modes[m]);
+        cr_assert_gt(t[3], t[2], "%s: a get a second later left the access time", modes[m]);
+    }
+}
+
 /* max= with a suffix is that many KiB: 3K holds two objects of 1080 bytes
  * (2160 <= 3072), not three (3240). */
 Test(store_dir, max_with_suffix) {
