@@ -4,8 +4,9 @@
  * A store is opened from a URL:
  *
  *   dir:PATH[,max=SIZE]              one file per page under PATH (the embedded
- *                                    default); SIZE in bytes, K/M/G/T suffixes
- *                                    (powers of 1024); 0 or absent: no limit
+ *                                    default); SIZE: digits, in bytes, with an
+ *                                    optional K/M/G/T (powers of 1024: "64G");
+ *                                    0 or absent: no limit
  *   redis://HOST:PORT                one Redis server
  *   redis-cluster://H:P[,H:P...]     a Redis Cluster, found from any seed node
  *
@@ -41,9 +42,14 @@
  *   72     8     XXH3-64 of bytes 0..72 (the header itself)
  *
  * all little-endian. A get checks the object's length, every header field
- * against what this store expects for that key, and the payload checksum
- * before a byte reaches the tier: an object that fails any check is a miss,
- * counted as a bad object and logged (the reason and the key), never copied.
+ * against what this store expects for that key, and the payload checksum:
+ * an object that fails any check is a miss, counted as a bad object and
+ * logged (the reason and the key), and never served. Objects read into
+ * memory first (redis; a tier without host addresses; a file of the wrong
+ * length) are checked before a byte reaches the tier; the dir backend reads
+ * an object of the right length straight into a host tier's page (one copy
+ * less) and checks it there, zeroing the page when it is refused. Either
+ * way a refused object's bytes are never left in a tier page.
  *
  * Calls. Batch calls only, asynchronous: exists, get, put, remove each take n
  * page hashes (and, for get and put, the host-tier page each goes to or comes

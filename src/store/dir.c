@@ -21,8 +21,12 @@
  * over what it has seen (its own puts and gets, and the files present at its
  * open), so the root may exceed max by what the others wrote since.
  *
- * Cost: exists is a stat, get an open+read+futimens, put a create+write+
- * rename, remove an unlink; the index is a hash table with O(1) updates. */
+ * Cost: exists is a stat, get an open+readv (the header, then the page
+ * straight into the tier, checked there; the read's length is the file's:
+ * no fstat) + a futimens on the first get after a put and then at most once
+ * a second, put a create+writev
+ * (the header, then the page from the tier's memory) + rename, remove an
+ * unlink; the index is a hash table with O(1) updates. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +36,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +52,7 @@ typedef struct ent {
     char hex[33];
     uint64_t bytes;
     uint32_t hnext, prev, next; /* hash chain; LRU list (head = most recent): the order is the time */
+    uint32_t atime_s;           /* the second the file's access time was last set to; 0: not since it was written */
 } ent_t;
 
 typedef struct dirbe {
@@ -117,9 +124,11 @@ static int idx_grow(dirbe_t *d) {
     return KVT_OK;
 }
 
-/* Insert or refresh (to the front); bytes updated. */
-static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes) {
+/* Insert or refresh (to the front); bytes updated; *slot (optional) gets
+ * the entry (NIL when it could not be inserted). */
+static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes, uint32_t *slot) {
     uint32_t i = idx_find(d, hex);
+    if (slot) *slot = i;
     if (i != NIL) {
         d->bytes += bytes - d->e[i].bytes;
         d->e[i].bytes = bytes;
@@ -137,6 +146,8 @@ static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes) {
     ent_t *x = &d->e[i];
     memcpy(x->hex, hex, 33);
     x->bytes = bytes;
+    x->atime_s = 0;
+    if (slot) *slot = i;
     uint32_t h = hash_hex(hex, d->nbuckets);
     x->hnext = d->bucket[h];
     d->bucket[h] = i;
@@ -189,6 +200,7 @@ static long tmp_pid(const char *n) { return strncmp(n, ".tmp.", 5) == 0 ? strtol
 typedef struct scanned {
     char hex[33];
     uint64_t bytes, t;
+    uint32_t atime_s; /* the access time when the file was read since it was written, else 0 */
 } scanned_t;
 
 static int cmp_time(const void *a, const void *b) {
@@ -239,6 +251,7 @@ static int scan(dirbe_t *d) {
                 uint64_t ta = (uint64_t)st.st_atim.tv_sec * 1000000000ull + (uint64_t)st.st_atim.tv_nsec;
                 uint64_t tm = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
                 v[nv].t = ta > tm ? ta : tm;
+                v[nv].atime_s = ta > tm ? (uint32_t)st.st_atim.tv_sec : 0;
                 nv++;
             }
             if (s2) closedir(s2);
@@ -248,7 +261,11 @@ static int scan(dirbe_t *d) {
     closedir(r);
     if (rc == KVT_OK && nv) {
         qsort(v, nv, sizeof(*v), cmp_time);
-        for (size_t i = 0; i < nv && rc == KVT_OK; i++) rc = idx_touch(d, v[i].hex, v[i].bytes); /* oldest first: the last touched heads the LRU list */
+        for (size_t i = 0; i < nv && rc == KVT_OK; i++) { /* oldest first: the last touched heads the LRU list */
+            uint32_t k;
+            rc = idx_touch(d, v[i].hex, v[i].bytes, &k);
+            if (rc == KVT_OK) d->e[k].atime_s = v[i].atime_s;
+        }
     }
     kvt__free(v, cv * sizeof(*v));
     return rc;
@@ -282,9 +299,8 @@ static int dir_open(kvt_store_t *s, const char *spec, void **out) {
     if (plen == 0) return kvt__store_error("malformed store URL 'dir:%.200s': no path (expected dir:PATH[,max=SIZE])", spec), KVT_EINVAL;
     if (plen >= 880) return kvt__store_error("malformed store URL: dir path longer than 879 characters"), KVT_EINVAL;
     if (opt) {
-        const char *v = opt + 5;
-        if (kvt__store_parse_size(v, strlen(v), &max) != KVT_OK)
-            return kvt__store_error("malformed store URL 'dir:%.200s': bad max= '%.40s' (bytes, with K/M/G/T suffix)", spec, v), KVT_EINVAL;
+        const char *v = opt + 5, *why = NULL;
+        if (kvt__store_parse_size(v, strlen(v), &max, &why) != KVT_OK) return kvt__store_error("malformed store URL 'dir:%.200s': bad max= '%.40s': %s", spec, v, why), KVT_EINVAL;
     } else if (memchr(spec, ',', plen) && strchr(spec, '=')) {
         return kvt__store_error("malformed store URL 'dir:%.200s': unknown option (the only one is max=SIZE)", spec), KVT_EINVAL;
     }
@@ -340,22 +356,55 @@ static void dir_usage(void *be, uint64_t *bytes, uint64_t *objects) {
 
 /* ---- the calls ------------------------------------------------------------------------- */
 
-static int write_all(int fd, const uint8_t *p, size_t n) {
+/* Past the first k bytes of the n pieces at *v; returns the pieces left. */
+static size_t iov_advance(struct iovec **v, size_t n, size_t k) {
+    while (k) {
+        size_t step = k < (*v)->iov_len ? k : (*v)->iov_len;
+        (*v)->iov_base = (uint8_t *)(*v)->iov_base + step;
+        (*v)->iov_len -= step;
+        k -= step;
+        if ((*v)->iov_len == 0) (*v)++, n--;
+    }
+    return n;
+}
+
+/* Writes every piece (IOV_MAX at a time, a partial write resumed; the
+ * pieces are consumed). 0, or -1 with errno set. */
+static int writev_all(int fd, struct iovec *v, size_t n) {
     while (n) {
-        ssize_t k = write(fd, p, n);
+        ssize_t k = writev(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
+        if (k <= 0) {
+            if (k == 0) errno = EIO;
+            return -1;
+        }
+        n = iov_advance(&v, n, (size_t)k);
     }
     return 0;
+}
+
+/* Fills the pieces until they are full or the file ends (consuming them).
+ * The bytes read, or -1 with errno set. */
+static ssize_t readv_all(int fd, struct iovec *v, size_t n) {
+    size_t got = 0;
+    while (n) {
+        ssize_t k = readv(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += (size_t)k;
+        n = iov_advance(&v, n, (size_t)k);
+    }
+    return (ssize_t)got;
 }
 
 static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     kvt_store_t *s = req->s;
     const char *hex = req->hex[i];
     uint64_t ob = kvt__store_object_bytes(s);
-    if (kvt__store_object(req, i, req->scratch) != KVT_OK) {
+    struct iovec *v;
+    size_t nv = kvt__store_put_iov(req, i, &v);
+    if (nv == 0) {
         kvt__store_log(s, "put %s: cannot read tier page %u", hex, req->pages[i].page);
         return KVT_STORE_FAILED;
     }
@@ -370,7 +419,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         kvt__store_log(s, "put %s: cannot create '%s': %s", hex, tmp, strerror(errno));
         return KVT_STORE_FAILED;
     }
-    int err = write_all(fd, req->scratch, ob) != 0 ? errno : 0;
+    int err = writev_all(fd, v, nv) != 0 ? errno : 0;
     if (close(fd) != 0 && err == 0) err = errno;
     if (err == 0 && rename(tmp, fin) != 0) err = errno;
     if (err) {
@@ -380,7 +429,8 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     }
     req->cnt.bytes += ob;
     pthread_mutex_lock(&d->mu);
-    idx_touch(d, hex, ob);
+    uint32_t k;
+    if (idx_touch(d, hex, ob, &k) == KVT_OK) d->e[k].atime_s = 0; /* a new file: not read since */
     evict(d, hex, req);
     pthread_mutex_unlock(&d->mu);
     return KVT_STORE_OK;
@@ -390,7 +440,11 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     const char *hex = req->hex[i];
     char path[1100];
     obj_path(d, hex, path, sizeof(path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NOATIME: the LRU time is set below; the kernel's own atime update
+     * (relatime: the first read after a write) would be a second inode
+     * write for the same get (EPERM on a file of another user: without) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOATIME);
+    if (fd < 0 && errno == EPERM) fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int err = errno;
         if (err != ENOENT) kvt__store_log(req->s, "get %s: %s", hex, strerror(err));
@@ -400,34 +454,37 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         pthread_mutex_unlock(&d->mu);
         return;
     }
+    /* No fstat: the read says the length. One byte past an object's length
+     * is asked for, so that a longer file shows as one. */
     uint64_t ob = kvt__store_object_bytes(req->s);
-    struct stat st;
-    if (fstat(fd, &st) != 0) { /* st is read below: no guessing at a length */
-        kvt__store_log(req->s, "get %s: %s", hex, strerror(errno));
-        req->results[i] = KVT_STORE_FAILED;
-        close(fd);
-        return;
+    uint8_t spare;
+    struct iovec *v, one[2] = {{.iov_base = req->scratch, .iov_len = (size_t)ob}, {.iov_base = &spare, .iov_len = 1}};
+    size_t nv = kvt__store_get_iov(req, i, &v);
+    if (nv > 0) { /* a tier with addresses: read straight into the page, checked there */
+        v[nv++] = one[1];
+        ssize_t got = readv_all(fd, v, nv);
+        kvt__store_deliver_in_place(req, i, got < 0 ? 0 : (size_t)got, got < 0 ? errno : 0);
+    } else { /* through scratch, checked before a byte reaches the tier */
+        ssize_t got = readv_all(fd, one, 2);
+        if (got < 0) {
+            kvt__store_log(req->s, "get %s: read failed: %s", hex, strerror(errno));
+            req->results[i] = KVT_STORE_FAILED;
+        } else {
+            kvt__store_deliver(req, i, req->scratch, (size_t)got);
+        }
     }
-    size_t want = (uint64_t)st.st_size < ob ? (size_t)st.st_size : (size_t)ob;
-    size_t got = 0;
-    while (got < want) {
-        ssize_t k = read(fd, (uint8_t *)req->scratch + got, want - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    /* a file longer than an object is reported by its length */
-    size_t len = (uint64_t)st.st_size > ob ? (size_t)st.st_size : got;
-    kvt__store_deliver(req, i, req->scratch, len);
     if (req->results[i] == KVT_STORE_OK) {
-        /* the LRU order, for the next open: to the second is enough, and
-         * spares an inode write per get of a page read again and again */
-        struct timespec now, ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
-        clock_gettime(CLOCK_REALTIME, &now);
-        if (now.tv_sec - st.st_atim.tv_sec >= 1) futimens(fd, ts);
+        /* the LRU order, for the next open: the file's access time set on
+         * the first read since the object was written (as relatime would),
+         * then at most once a second, which spares an inode write per get
+         * of a page read again and again */
+        uint32_t now_s = (uint32_t)time(NULL), k;
         pthread_mutex_lock(&d->mu);
-        idx_touch(d, hex, (uint64_t)st.st_size);
+        bool set = idx_touch(d, hex, ob, &k) != KVT_OK || d->e[k].atime_s != now_s;
+        if (set && k != NIL) d->e[k].atime_s = now_s;
         pthread_mutex_unlock(&d->mu);
+        struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+        if (set) futimens(fd, ts);
     }
     close(fd);
 }

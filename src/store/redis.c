@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include <hiredis/hiredis.h>
@@ -58,7 +59,24 @@ typedef struct rconn {
     char host[256];
     int port;
     redisContext *c;
+    size_t unflushed; /* bytes of puts appended since the output buffer was last written out */
 } rconn_t;
+
+/* A batch of puts is written out every FLUSH_BYTES as it is appended, not
+ * all at once when the replies are read: hiredis writes its output buffer
+ * from the front and moves the rest down after every partial write, so one
+ * buffer of a whole batch (32 MiB for 32 pages of 1 MiB) costs copies
+ * quadratic in its size. */
+#define FLUSH_BYTES (1u << 20)
+
+/* Writes out what is appended. An error stays in the context and is met by
+ * the next redisGetReply, which drops the connection and retries the keys. */
+static void flush_out(rconn_t *c) {
+    int done = 0;
+    while (!done && redisBufferWrite(c->c, &done) == REDIS_OK) {
+    }
+    c->unflushed = 0;
+}
 
 typedef struct rworker {
     rconn_t conn[KVT__MAX_NODES + MAX_SEEDS];
@@ -165,6 +183,7 @@ static int conn_index(rworker_t *w, const char *host, int port) {
 static void drop(rconn_t *c) {
     if (c->c) redisFree(c->c);
     c->c = NULL;
+    c->unflushed = 0;
 }
 
 /* ---- one batch ------------------------------------------------------------------------- */
@@ -198,21 +217,32 @@ static int route(rbe_t *b, rworker_t *w, const kvt__sreq_t *req, size_t i) {
     return conn_index(w, w->map->nodes[n].host, w->map->nodes[n].port);
 }
 
+/* SET key object, the object appended piece by piece to the connection's
+ * output buffer (the RESP bulk string written out here): the page is copied
+ * once, from the tier into hiredis's buffer, never into an object first. */
+static int append_set(redisContext *c, const char k[KEYLEN + 1], const struct iovec *v, size_t nv, size_t ob) {
+    char pre[96];
+    int len = snprintf(pre, sizeof(pre), "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%zu\r\n", KEYLEN, k, ob);
+    if (redisAppendFormattedCommand(c, pre, (size_t)len) != REDIS_OK) return -1;
+    for (size_t j = 0; j < nv; j++)
+        if (redisAppendFormattedCommand(c, v[j].iov_base, v[j].iov_len) != REDIS_OK) return -1;
+    return redisAppendFormattedCommand(c, "\r\n", 2) == REDIS_OK ? 0 : -1;
+}
+
+/* 0, -1 (the connection is unusable: drop it), -2 (the tier page could not
+ * be read: nothing was appended). */
 static int append(rworker_t *w, kvt__sreq_t *req, size_t i, redisContext *c) {
     char k[KEYLEN + 1];
     key_name(req, i, k);
+    struct iovec *v = NULL;
+    size_t nv = 0;
+    if (req->op == KVT_STORE_PUT && (nv = kvt__store_put_iov(req, i, &v)) == 0) return -2; /* before ASKING: nothing half-sent */
     if (w->asking[i] == 1 && redisAppendCommand(c, "ASKING") != REDIS_OK) return -1;
     switch (req->op) {
     case KVT_STORE_EXISTS: return redisAppendCommand(c, "EXISTS %b", k, (size_t)KEYLEN) == REDIS_OK ? 0 : -1;
     case KVT_STORE_GET: return redisAppendCommand(c, "GET %b", k, (size_t)KEYLEN) == REDIS_OK ? 0 : -1;
     case KVT_STORE_REMOVE: return redisAppendCommand(c, "DEL %b", k, (size_t)KEYLEN) == REDIS_OK ? 0 : -1;
-    case KVT_STORE_PUT: {
-        if (kvt__store_object(req, i, req->scratch) != KVT_OK) return -2;
-        size_t ob = (size_t)kvt__store_object_bytes(req->s);
-        const char *argv[3] = {"SET", k, req->scratch};
-        size_t lens[3] = {3, KEYLEN, ob};
-        return redisAppendCommandArgv(c, 3, argv, lens) == REDIS_OK ? 0 : -1;
-    }
+    case KVT_STORE_PUT: return append_set(c, k, v, nv, (size_t)kvt__store_object_bytes(req->s));
     default: return -1;
     }
 }
@@ -337,6 +367,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
             }
             w->pending[i] = 2; /* sent this round */
             sent[w->tnode[i]] = true;
+            if (req->op == KVT_STORE_PUT && (c->unflushed += (size_t)kvt__store_object_bytes(req->s)) >= FLUSH_BYTES) flush_out(c);
         }
         if (!any) break;
         /* receive: node by node, replies in the order sent */

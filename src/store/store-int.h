@@ -5,14 +5,18 @@
  * A worker takes a batch, fills a kvt__sreq_t and calls the backend's run
  * with its own per-worker context (a backend's connections are not shared
  * between threads). run sets every results[i]: for a get through
- * kvt__store_deliver (which checks the object and copies it into the tier),
- * for a put from kvt__store_object (the object's bytes, built from the tier). */
+ * kvt__store_deliver (which checks an object read into memory and copies it
+ * into the tier) or kvt__store_deliver_in_place (an object read straight
+ * into the tier page, checked there); a put writes the pieces of
+ * kvt__store_put_iov (the header, then the page straight from the tier's
+ * memory: no copy of the page is made to build an object). */
 #ifndef KVTIER_STORE_INT_H
 #define KVTIER_STORE_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "kvtier/store.h"
 
@@ -28,10 +32,13 @@ typedef struct kvt__sreq {
     kvt_store_t *s;
     kvt_store_op_t op;
     size_t n;
-    const char (*hex)[33];   /* key i in hex */
+    const char (*hex)[33];   /* key i in hex (names, messages) */
+    const uint8_t (*key)[16]; /* key i (object headers) */
     uint8_t *results;        /* n kvt_store_result_t, to fill */
     kvt__scount_t cnt;       /* the backend's counters for this batch */
     void *scratch;           /* object_bytes of worker memory */
+    struct iovec *iov;       /* layers + 2 entries of worker memory (the pieces below, and one for the backend) */
+    uint8_t hdr[KVT__STORE_HDR]; /* the header of the object being moved */
     const kvt_store_page_t *pages;
 } kvt__sreq_t;
 
@@ -52,14 +59,33 @@ extern const kvt__store_ops_t kvt__store_dir_ops;
 extern const kvt__store_ops_t kvt__store_redis_ops;
 extern const kvt__store_ops_t kvt__store_cluster_ops;
 
-/* Object i of a put: writes its object_bytes into dst. KVT_OK or the tier's error. */
-int kvt__store_object(kvt__sreq_t *req, size_t i, void *dst);
+/* Object i of a put as pieces, in order: req->hdr (the header, its payload
+ * checksum computed over the tier's memory), then the page page-first,
+ * straight from the tier (adjacent layers merged: a page-first page is one
+ * piece) or, for a tier without host addresses, gathered into scratch.
+ * *iov (req->iov: the caller may consume it, e.g. on a partial write) gets
+ * the pieces; returns their number (>= 2), or 0 when the tier page could
+ * not be read. */
+size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
 /* Object i of a get as read from the store (len bytes, or NULL for none):
  * checks it, copies it into the tier page, sets results[i] (OK, MISS or BAD,
  * logging why) and counts its bytes. */
 void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len);
-/* Why an object is refused, or NULL when it is valid for key hex. */
-const char *kvt__store_check_object(const kvt_store_t *s, const char *hex, const void *obj, size_t len);
+/* Where object i of a get can be read to in place: *iov (req->iov, the
+ * caller's to consume, with room for one more piece) gets req->hdr for the
+ * header, then the tier page's pieces page-first, object_bytes in all.
+ * Returns the number of pieces, or
+ * 0 when the tier has no host addresses (read into scratch, then
+ * kvt__store_deliver). */
+size_t kvt__store_get_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
+/* After a read of len bytes into kvt__store_get_iov's pieces (err: the
+ * read's errno, 0 for none): checks the header and then the payload where
+ * it lies, sets results[i] as kvt__store_deliver does (FAILED for err); a
+ * page whose object is refused is zeroed, so a refused object is never
+ * served. */
+void kvt__store_deliver_in_place(kvt__sreq_t *req, size_t i, size_t len, int err);
+/* Why an object is refused, or NULL when it is valid for key. */
+const char *kvt__store_check_object(const kvt_store_t *s, const uint8_t key[16], const void *obj, size_t len);
 
 uint64_t kvt__store_object_bytes(const kvt_store_t *s);
 uint32_t kvt__store_timeout_ms(const kvt_store_t *s);
@@ -70,7 +96,10 @@ void kvt__store_error(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 /* A message: the store's last message, and the log (rate-limited to stderr by default). */
 void kvt__store_log(kvt_store_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* "123", "64K", "1.5G" (powers of 1024) -> bytes. KVT_EINVAL. */
-int kvt__store_parse_size(const char *s, size_t len, uint64_t *out);
+/* A size: digits, then at most one of K, M, G, T (either case; powers of
+ * 1024): "123", "64K", "2G". KVT_OK with *out set, or KVT_EINVAL with *out
+ * untouched and *why saying what is wrong (not digits and a suffix, or
+ * more than 2^64-1 bytes). */
+int kvt__store_parse_size(const char *s, size_t len, uint64_t *out, const char **why);
 
 #endif

@@ -70,7 +70,7 @@ static inline size_t em_layer_bytes(const em_shape_t *s) {
 }
 
 /* The buffers the engine allocates, by their tensor shapes. */
-static void em_sizes(const em_shape_t *s, em_mem_t *m) {
+static inline void em_sizes(const em_shape_t *s, em_mem_t *m) {
     size_t e = s->esz, hk = (size_t)s->heads * s->kdim, hv = (size_t)s->heads * em_dim(s, 1);
     size_t slots = (size_t)s->blocks * s->bs;
     memset(m, 0, sizeof(*m));
@@ -103,7 +103,7 @@ static void em_sizes(const em_shape_t *s, em_mem_t *m) {
 }
 
 /* Allocates the engine's buffers, every byte `fill` (padding included). */
-static void em_alloc(const em_shape_t *s, em_mem_t *m, uint8_t fill) {
+static inline void em_alloc(const em_shape_t *s, em_mem_t *m, uint8_t fill) {
     em_sizes(s, m);
     for (unsigned i = 0; i < m->n; i++) {
         m->buf[i] = malloc(m->len[i]);
@@ -111,14 +111,14 @@ static void em_alloc(const em_shape_t *s, em_mem_t *m, uint8_t fill) {
     }
 }
 
-static void em_free(em_mem_t *m) {
+static inline void em_free(em_mem_t *m) {
     for (unsigned i = 0; i < m->n; i++) free(m->buf[i]);
     memset(m, 0, sizeof(*m));
 }
 
 /* Where element (l, kv, b, s, h, d) of the engine's tensors starts: buffer
  * *buf, byte *off. Row-major indexing of each engine's declared shape. */
-static void model_loc(const em_shape_t *sh, uint32_t l, int kv, uint32_t b, uint32_t s, uint32_t h, uint32_t d,
+static inline void model_loc(const em_shape_t *sh, uint32_t l, int kv, uint32_t b, uint32_t s, uint32_t h, uint32_t d,
                       unsigned *buf, size_t *off) {
     size_t e = sh->esz, B = sh->blocks, S = sh->bs, H = sh->heads, D = em_dim(sh, kv), L = sh->layers;
     size_t slot = (size_t)b * S + s;
@@ -153,13 +153,13 @@ static void model_loc(const em_shape_t *sh, uint32_t l, int kv, uint32_t b, uint
 }
 
 /* Where the element sits in the logical (page, layer): K's [S, H, D], then V's. */
-static size_t model_lofs(const em_shape_t *sh, int kv, uint32_t s, uint32_t h, uint32_t d) {
+static inline size_t model_lofs(const em_shape_t *sh, int kv, uint32_t s, uint32_t h, uint32_t d) {
     size_t e = sh->esz, D = em_dim(sh, kv);
     return (kv ? em_piece(sh, 0) : 0) + (((size_t)s * sh->heads + h) * D + d) * e;
 }
 
 /* The value of byte i of element (l, kv, b, s, h, d); salt tells fills apart. */
-static uint8_t model_byte(uint64_t salt, uint32_t l, int kv, uint32_t b, uint32_t s, uint32_t h, uint32_t d, uint32_t i) {
+static inline uint8_t model_byte(uint64_t salt, uint32_t l, int kv, uint32_t b, uint32_t s, uint32_t h, uint32_t d, uint32_t i) {
     uint64_t z = salt ^ ((uint64_t)l << 56) ^ ((uint64_t)kv << 52) ^ ((uint64_t)b << 36) ^ ((uint64_t)s << 24) ^
                  ((uint64_t)h << 16) ^ ((uint64_t)d << 4) ^ i;
     z += 0x9e3779b97f4a7c15ull;
@@ -178,7 +178,7 @@ static uint8_t model_byte(uint64_t salt, uint32_t l, int kv, uint32_t b, uint32_
                         for (uint32_t i = 0; i < (sh)->esz; i++)
 
 /* Writes the model's bytes of block b (as block `as`'s content) into m. */
-static void em_fill_block(const em_shape_t *sh, em_mem_t *m, uint32_t b, uint32_t as, uint64_t salt) {
+static inline void em_fill_block(const em_shape_t *sh, em_mem_t *m, uint32_t b, uint32_t as, uint64_t salt) {
     EM_FOR_BYTES(sh, l, kv, s, h, d, i) {
         unsigned buf;
         size_t off;
@@ -193,7 +193,7 @@ typedef struct em_ptrs {
 } em_ptrs_t;
 
 /* The description an integrator writes for each engine (docs/engine.md). */
-static void describe(const em_shape_t *sh, em_mem_t *m, em_ptrs_t *pp, kvt_tier_engine_t *e) {
+static inline void describe(const em_shape_t *sh, em_mem_t *m, em_ptrs_t *pp, kvt_tier_engine_t *e) {
     memset(e, 0, sizeof(*e));
     size_t k = em_piece(sh, 0), v = em_has_v(sh) ? em_piece(sh, 1) : 0;
     for (uint32_t l = 0; l < sh->layers; l++) {
@@ -250,7 +250,7 @@ static void describe(const em_shape_t *sh, em_mem_t *m, em_ptrs_t *pp, kvt_tier_
     }
 }
 
-static kvt_tier_config_t em_config(const em_shape_t *sh, const kvt_tier_engine_t *e) {
+static inline kvt_tier_config_t em_config(const em_shape_t *sh, const kvt_tier_engine_t *e) {
     kvt_tier_config_t c;
     memset(&c, 0, sizeof(c));
     c.size = sizeof(c);

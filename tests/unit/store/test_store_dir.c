@@ -15,6 +15,7 @@
 
 #include <xxhash.h>
 
+#include "common/engine_model.h"
 #include "core/mem-int.h"
 #include "helpers.h"
 #include "kvtier/rng.h"
@@ -60,29 +61,78 @@ Test(store_dir, roundtrip_layer_first) {
     roundtrip(&E, 20);
 }
 
-/* The object in a file is page-first: header, then layer 0, 1, ... */
+static void le_put(unsigned char *p, uint64_t v, unsigned n) {
+    for (unsigned i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* The object on disk, every byte pinned against one built here from
+ * docs/store.md alone (its identity text, key scheme and header table; XXH3
+ * from libxxhash): the 80-byte header, then the page page-first although
+ * the tier is layer-first, and the file's name from the key's hex. */
 Test(store_dir, object_format) {
-    senv_init(&E, 4, 2, 128, KVT_LAYOUT_LAYER_FIRST);
+    enum { LAYERS = 3, LB = 136, PAGES = 4 };
+    senv_init(&E, PAGES, LAYERS, LB, KVT_LAYOUT_LAYER_FIRST);
+    E.cfg.tp_rank = 1, E.cfg.tp_size = 2; /* non-default fields show in the identity */
+    E.cfg.ns = "tenant-a";
     cr_assert_eq(senv_open(&E, url), KVT_OK);
-    kvt_store_page_t p[1];
-    pages_of(p, 1, 5, 0);
-    fill(&E, 5, 0, 1);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 1).count, 1u);
-    char path[256];
-    obj_path(&p[0].hash, path, sizeof(path));
+    /* the page: byte i of layer l is (7i + 31l + 5) mod 256, written where the tier keeps it */
+    unsigned char payload[LAYERS * LB];
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        unsigned char *pg = kvt_tier_addr(E.tier, 2, l);
+        for (size_t i = 0; i < LB; i++) pg[i] = payload[l * LB + i] = (unsigned char)(7 * i + 31 * l + 5);
+    }
+    kvt_hash128_t h = {.lo = 0x0123456789abcdefull, .hi = 0xfedcba9876543210ull};
+    kvt_store_page_t p = {.hash = h, .page = 2};
+    cr_assert_eq(run_op(E.store, kvt_store_put, &p, 1).count, 1u);
+
+    const char *id = "kvtier-l3-id/1;model=test-model;page_tokens=16;layers=3;layer_bytes=136;dtype_bytes=2;tp=1/2;cp=0/1;"
+                     "ns=tenant-a";
+    XXH128_hash_t ih = XXH3_128bits(id, strlen(id));
+    unsigned char ident[16], kin[32], key[16];
+    le_put(ident, ih.low64, 8), le_put(ident + 8, ih.high64, 8);
+    memcpy(kin, ident, 16);
+    le_put(kin + 16, h.lo, 8), le_put(kin + 24, h.hi, 8);
+    XXH128_hash_t kh = XXH3_128bits(kin, 32);
+    le_put(key, kh.low64, 8), le_put(key + 8, kh.high64, 8);
+    unsigned char want[80 + sizeof(payload)];
+    memset(want, 0, 80);
+    memcpy(want, "KVT3", 4);
+    le_put(want + 4, 1, 2);          /* version */
+    le_put(want + 6, 80, 2);         /* header bytes */
+    le_put(want + 8, LAYERS, 4);
+    le_put(want + 12, 16, 4);        /* page_tokens */
+    le_put(want + 16, LB, 8);        /* layer_bytes */
+    le_put(want + 24, sizeof(payload), 8);
+    memcpy(want + 32, ident, 16);
+    memcpy(want + 48, key, 16);
+    le_put(want + 64, XXH3_64bits(payload, sizeof(payload)), 8);
+    le_put(want + 72, XXH3_64bits(want, 72), 8);
+    memcpy(want + 80, payload, sizeof(payload));
+
+    char hex[33], path[256];
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+    char lib_hex[33];
+    kvt_store_key(E.store, &h, lib_hex);
+    cr_assert_str_eq(lib_hex, hex, "the key");
+    unsigned char got[sizeof(want) + 1];
     FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f);
-    unsigned char buf[80 + 256];
-    cr_assert_eq(fread(buf, 1, sizeof(buf), f), sizeof(buf));
-    cr_assert_eq(fgetc(f), EOF);
+    cr_assert_not_null(f, "no file %s", path);
+    size_t n = fread(got, 1, sizeof(got), f);
     fclose(f);
-    cr_assert_eq(memcmp(buf, "KVT3", 4), 0);
-    cr_assert_eq(buf[4] | buf[5] << 8, 1);
-    cr_assert_eq(buf[8], 2);  /* layers */
-    cr_assert_eq(buf[12], 16); /* page_tokens */
-    cr_assert_eq(buf[16], 128); /* layer_bytes */
-    kvt_hash128_t h = hkey(5);
-    for (uint32_t l = 0; l < 2; l++) cr_assert(kvt_pattern_check(buf + 80 + l * 128, 128, h.lo, h.hi, l));
+    cr_assert_eq(n, sizeof(want), "object of %zu bytes", n);
+    for (size_t i = 0; i < sizeof(want); i++) cr_assert_eq(got[i], want[i], "byte %zu: %02x, expected %02x", i, got[i], want[i]);
+    /* and an object built here is served: the format is the one gets read */
+    want[80] ^= 0xff, payload[0] ^= 0xff;
+    le_put(want + 64, XXH3_64bits(payload, sizeof(payload)), 8);
+    le_put(want + 72, XXH3_64bits(want, 72), 8);
+    f = fopen(path, "wb");
+    cr_assert_eq(fwrite(want, 1, sizeof(want), f), sizeof(want));
+    fclose(f);
+    kvt_store_page_t q = {.hash = h, .page = 3};
+    cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).count, 1u, "%s", kvt_store_last_error(E.store));
+    for (uint32_t l = 0; l < LAYERS; l++)
+        cr_assert(memcmp(kvt_tier_addr(E.tier, 3, l), payload + l * LB, LB) == 0, "layer %u", l);
 }
 
 static void write_file(const char *path, const void *b, size_t n) {
@@ -101,7 +151,10 @@ static size_t read_file(const char *path, void *b, size_t cap) {
 }
 
 /* Garbage, another key's object, a truncated one, a flipped payload byte:
- * each a miss, counted as a bad object, and the tier page untouched. */
+ * each a miss, counted as a bad object, and nothing of it in the tier page:
+ * the page is as it was (an object refused before it reached the page) or
+ * zeroed (one read straight into the page and refused there), never
+ * anything else. */
 Test(store_dir, wrong_objects_refused) {
     senv_init(&E, 16, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
@@ -121,26 +174,37 @@ Test(store_dir, wrong_objects_refused) {
         const void *bytes;
         size_t n;
         const char *what;
-    } bad[] = {{junk, ob, "bad magic"}, {other, ob, "another key"}, {good, ob - 100, "truncated"}, {good, 40, "shorter"}, {NULL, ob, "payload checksum"}};
-    unsigned char *flipped = malloc(ob);
+    } bad[] = {{junk, ob, "bad magic"},     {other, ob, "another key"},      {good, ob - 100, "truncated"}, {good, 40, "shorter"},
+               {NULL, ob, "payload checksum"}, {NULL, ob + 1, "longer than an object"}, {NULL, ob + 4096, "longer than an object"}};
+    unsigned char *flipped = malloc(ob), *longer = malloc(ob + 4096);
     memcpy(flipped, good, ob);
     flipped[ob - 1] ^= 1;
     bad[4].bytes = flipped;
+    memcpy(longer, good, ob); /* a good object with bytes after it */
+    memset(longer + ob, 0x33, 4096);
+    bad[5].bytes = bad[6].bytes = longer;
     kvt_store_page_t q = {.hash = p[0].hash, .page = 5};
+    const kvt_geom_t *g = kvt_tier_geom(E.tier);
+    size_t zeroed = 0;
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         write_file(a, bad[k].bytes, bad[k].n);
-        wipe(&E, 5, 1);
+        fill(&E, 777, 5, 1); /* what the page held before the get */
         sres_t r = run_op(E.store, kvt_store_get, &q, 1);
         cr_assert_eq(r.r[0], KVT_STORE_BAD, "%s served", bad[k].what);
         cr_assert_eq(r.count, 0u);
         cr_assert(strstr(kvt_store_last_error(E.store), bad[k].what) != NULL, "%s: logged '%s'", bad[k].what,
                   kvt_store_last_error(E.store));
-        const kvt_geom_t *g = kvt_tier_geom(E.tier);
+        bool zero = true;
         for (uint32_t l = 0; l < g->layers; l++) {
             const unsigned char *pg = kvt_tier_addr(E.tier, 5, l);
-            for (size_t i = 0; i < g->layer_bytes; i++) cr_assert_eq(pg[i], 0, "a refused object reached the tier");
+            for (size_t i = 0; i < g->layer_bytes; i++) zero &= pg[i] == 0;
         }
+        cr_assert(zero || check(&E, 777, 5), "%s: the page holds something other than its old bytes or zeros", bad[k].what);
+        /* one of an object's length was read into the page: refused there, zeroed */
+        if (bad[k].n == ob) cr_assert(zero, "%s: a refused object left in the page", bad[k].what);
+        zeroed += zero;
     }
+    cr_assert_geq(zeroed, 3u); /* at least garbage, another key's, the flipped byte */
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).bad_objects, sizeof(bad) / sizeof(bad[0]));
     /* a well-formed header (its checksum recomputed) of another geometry */
     memcpy(flipped, good, ob);
@@ -154,7 +218,97 @@ Test(store_dir, wrong_objects_refused) {
     write_file(a, good, ob);
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_OK);
     cr_assert(check(&E, 100, 5));
-    free(good), free(other), free(junk), free(flipped);
+    free(good), free(other), free(junk), free(flipped), free(longer);
+}
+
+/* Read in place and refused there: a layer-first page (a piece per layer)
+ * whose payload was damaged is zeroed in every layer, and only that page. */
+Test(store_dir, refused_in_place_zeroes_every_layer) {
+    senv_init(&E, 8, 3, 512, KVT_LAYOUT_LAYER_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[1];
+    pages_of(p, 1, 9, 0);
+    fill(&E, 9, 0, 1);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 1).count, 1u);
+    char path[256];
+    obj_path(&p[0].hash, path, sizeof(path));
+    size_t ob = kvt_store_object_bytes(E.store);
+    cr_assert_eq(ob, 80u + 3 * 512);
+    unsigned char *o = malloc(ob);
+    cr_assert_eq(read_file(path, o, ob), ob);
+    o[80 + 2 * 512 + 100] ^= 0x40; /* layer 2 */
+    write_file(path, o, ob);
+    fill(&E, 20, 3, 3); /* pages 3, 4, 5 */
+    kvt_store_page_t q = {.hash = p[0].hash, .page = 4};
+    sres_t r = run_op(E.store, kvt_store_get, &q, 1);
+    cr_assert_eq(r.r[0], KVT_STORE_BAD);
+    cr_assert(strstr(kvt_store_last_error(E.store), "payload checksum mismatch") != NULL, "%s", kvt_store_last_error(E.store));
+    for (uint32_t l = 0; l < 3; l++) {
+        const unsigned char *pg = kvt_tier_addr(E.tier, 4, l);
+        for (size_t i = 0; i < 512; i++) cr_assert_eq(pg[i], 0, "layer %u byte %zu", l, i);
+    }
+    cr_assert(check(&E, 20, 3) && check(&E, 22, 5), "a neighbouring page was touched");
+    free(o);
+}
+
+static void store_obj_path(kvt_store_t *s, const kvt_hash128_t *h, char *out, size_t cap) {
+    char hex[33];
+    kvt_store_key(s, h, hex);
+    snprintf(out, cap, "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+}
+
+/* Every tier makes the same object: an engine tier of each engine's layout
+ * (one plane: read and written where its bytes lie; several: gathered and
+ * scattered through kvt_tier_read/write) writes, byte for byte, the file a
+ * page-first host tier holding the same logical page writes, and gets it
+ * back into its own layout. */
+Test(store_dir, engine_tiers_make_the_same_object) {
+    for (int k = 0; k < EM_KIND_COUNT; k++) {
+        const em_shape_t *sh = &EM_SHAPES[k];
+        em_mem_t m;
+        em_ptrs_t pp;
+        kvt_tier_engine_t e;
+        em_alloc(sh, &m, 0);
+        describe(sh, &m, &pp, &e);
+        kvt_tier_config_t tc = em_config(sh, &e);
+        kvt_tier_t *et = NULL;
+        cr_assert_eq(kvt_tier_create(&et, &tc), KVT_OK, "%s", sh->name);
+        const kvt_geom_t *g = kvt_tier_geom(et);
+        kvt_tier_t *ht = make_tier(g->pages, g->layers, g->layer_bytes, KVT_LAYOUT_PAGE_FIRST);
+        void *scratch = malloc(g->layer_bytes);
+        kvt_hash128_t h = hkey(300 + (uint64_t)k);
+        cr_assert_eq(kvt_tier_pattern_fill(et, 2, h.lo, h.hi, scratch), KVT_OK);
+        cr_assert_eq(kvt_tier_pattern_fill(ht, 2, h.lo, h.hi, scratch), KVT_OK);
+        kvt_store_config_t c;
+        kvt_store_config_default(&c);
+        c.model = "test-model";
+        c.page_tokens = 16;
+        c.log = quiet_log;
+        kvt_store_t *se = NULL, *sh_ = NULL;
+        c.tier = et;
+        cr_assert_eq(kvt_store_open(&se, url, &c), KVT_OK, "%s: %s", sh->name, kvt_store_last_error(NULL));
+        c.tier = ht;
+        cr_assert_eq(kvt_store_open(&sh_, url, &c), KVT_OK);
+        kvt_store_page_t p = {.hash = h, .page = 2};
+        char path[256];
+        store_obj_path(se, &h, path, sizeof(path));
+        size_t ob = kvt_store_object_bytes(se);
+        unsigned char *from_host = malloc(ob + 1), *from_engine = malloc(ob + 1);
+        cr_assert_eq(run_op(sh_, kvt_store_put, &p, 1).count, 1u);
+        cr_assert_eq(read_file(path, from_host, ob + 1), ob);
+        cr_assert_eq(run_op(se, kvt_store_put, &p, 1).count, 1u);
+        cr_assert_eq(read_file(path, from_engine, ob + 1), ob);
+        cr_assert(memcmp(from_host, from_engine, ob) == 0, "%s: the engine tier's object differs", sh->name);
+        kvt_store_page_t q = {.hash = h, .page = 7};
+        cr_assert_eq(run_op(se, kvt_store_get, &q, 1).count, 1u, "%s", sh->name);
+        cr_assert(kvt_tier_pattern_check(et, 7, h.lo, h.hi, scratch), "%s: page 7 differs from what was put", sh->name);
+        kvt_store_close(se);
+        kvt_store_close(sh_);
+        kvt_tier_destroy(et);
+        kvt_tier_destroy(ht);
+        em_free(&m);
+        free(scratch), free(from_host), free(from_engine);
+    }
 }
 
 /* A store of another geometry under the same root never serves ours. */
@@ -222,6 +376,83 @@ Test(store_dir, lru_eviction_and_rebuild) {
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 2u);
     r = run_op(E.store, kvt_store_exists, &p[5], 2);
     cr_assert_eq(r.count, 2u, "the two most recent survive");
+}
+
+static uint64_t atime_ns(const char *path) {
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0, "%s", path);
+    return (uint64_t)st.st_atim.tv_sec * 1000000000ull + (uint64_t)st.st_atim.tv_nsec;
+}
+
+static void to_next_second(void) { /* then what follows within ~100 ms shares one second */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    usleep((useconds_t)((1000000000L - now.tv_nsec) / 1000 + 20000));
+}
+
+/* The LRU time a get leaves in the file's access time, the same under each
+ * of the kernel's atime modes (a tmpfs mounted with it; skipped where
+ * mounting is not allowed), since the store sets it itself and reads with
+ * O_NOATIME: the first get after a put sets it, a get again within the same
+ * second leaves it, one a second later sets it again. */
+Test(store_dir, access_times_under_each_mount_mode) {
+    static const char *modes[] = {"noatime", "relatime", "strictatime"};
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        char mnt[128], cmd[300];
+        snprintf(mnt, sizeof(mnt), "%s/%s", root, modes[m]);
+        cr_assert_eq(mkdir(mnt, 0755), 0);
+        snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=1m,%s kvt-store-test %s 2>/dev/null", modes[m], mnt);
+        if (system(cmd) != 0) cr_skip_test("cannot mount a tmpfs here (needs root): skipped");
+        /* everything measured first, checked once unmounted (a failed check leaves no mount behind) */
+        senv_init(&E, 4, 1, 4096, KVT_LAYOUT_PAGE_FIRST);
+        char u[200], hex[33], path[300];
+        snprintf(u, sizeof(u), "dir:%s", mnt);
+        int rc = senv_open(&E, u);
+        uint64_t t[4] = {0}, served = 0;
+        if (rc == KVT_OK) {
+            kvt_store_page_t p = {.hash = hkey(70), .page = 0}, q = {.hash = hkey(70), .page = 1};
+            fill(&E, 70, 0, 1);
+            served += run_op(E.store, kvt_store_put, &p, 1).count;
+            kvt_store_key(E.store, &p.hash, hex);
+            snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", mnt, hex, hex + 2, hex);
+            t[0] = atime_ns(path);
+            to_next_second();
+            served += run_op(E.store, kvt_store_get, &q, 1).count;
+            t[1] = atime_ns(path);
+            usleep(20000); /* past the kernel's clock tick, still within the second */
+            served += run_op(E.store, kvt_store_get, &q, 1).count;
+            t[2] = atime_ns(path);
+            to_next_second();
+            served += run_op(E.store, kvt_store_get, &q, 1).count;
+            t[3] = atime_ns(path);
+        }
+        senv_fini(&E);
+        snprintf(cmd, sizeof(cmd), "umount %s", mnt);
+        cr_assert_eq(system(cmd), 0);
+        cr_assert_eq(rc, KVT_OK);
+        cr_assert_eq(served, 4u);
+        cr_assert_gt(t[1], t[0], "%s: the first get after a put left the access time", modes[m]);
+        cr_assert_eq(t[2], t[1], "%s: a get again in the same second moved the access time", modes[m]);
+        cr_assert_gt(t[3], t[2], "%s: a get a second later left the access time", modes[m]);
+    }
+}
+
+/* max= with a suffix is that many KiB: 3K holds two objects of 1080 bytes
+ * (2160 <= 3072), not three (3240). */
+Test(store_dir, max_with_suffix) {
+    senv_init(&E, 8, 1, 1000, KVT_LAYOUT_PAGE_FIRST);
+    char u[200];
+    snprintf(u, sizeof(u), "%s,max=3K", url);
+    cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[4];
+    pages_of(p, 4, 60, 0);
+    fill(&E, 60, 0, 4);
+    for (int i = 0; i < 4; i++) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.stored_objects, 2u);
+    cr_assert_eq(st.stored_bytes, 2160u);
+    cr_assert_eq(st.evictions, 2u);
+    cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 2).count, 2u, "the two last puts are kept");
 }
 
 /* A put that died mid-write: a temporary file, never an object. */

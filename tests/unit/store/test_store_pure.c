@@ -6,6 +6,7 @@
 
 #include "common/redis.h"
 #include "helpers.h"
+#include "store/store-int.h"
 
 Test(store_pure, crc16_vectors) {
     cr_assert_eq(kvt_store_crc16("123456789", 9), 0x31C3);
@@ -64,6 +65,8 @@ Test(store_pure, malformed_urls) {
         {"dir:", "no path"},
         {"dir:/tmp/x,max=lots", "bad max="},
         {"dir:/tmp/x,max=", "bad max="},
+        {"dir:/tmp/x,max=1.5G", "bad max= '1.5G': digits, then K, M, G or T"},
+        {"dir:/tmp/x,max=16777216T", "bad max= '16777216T': more than 2^64-1 bytes"},
         {"redis://", "no HOST:PORT"},
         {"redis://localhost", "not HOST:PORT"},
         {"redis://127.0.0.1:0", "not HOST:PORT"},
@@ -82,6 +85,65 @@ Test(store_pure, malformed_urls) {
                   kvt_store_last_error(NULL), cases[i].says);
     }
     senv_fini(&e);
+}
+
+/* max=SIZE: digits and one power-of-1024 suffix, against values worked out
+ * by hand (2^10 = 1024, 2^40 = 1099511627776, 2^64 - 1 =
+ * 18446744073709551615); everything else refused with the reason. */
+Test(store_pure, size_parser) {
+    static const struct {
+        const char *text;
+        uint64_t bytes;
+    } good[] = {
+        {"0", 0},
+        {"7", 7},
+        {"0007", 7},
+        {"123", 123},
+        {"1K", 1024},
+        {"64K", 65536},
+        {"64k", 65536},
+        {"1M", 1048576},
+        {"5m", 5242880},
+        {"3G", 3221225472ull},
+        {"2T", 2199023255552ull},
+        {"0T", 0},
+        {"18446744073709551615", 18446744073709551615ull},    /* 2^64 - 1 */
+        {"16777215T", 18446742974197923840ull},               /* (2^24 - 1) x 2^40 */
+        {"17179869183G", 18446744072635809792ull},            /* (2^34 - 1) x 2^30 */
+        {"18014398509481983K", 18446744073709550592ull},      /* (2^54 - 1) x 2^10 */
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        uint64_t v = 42;
+        const char *why = NULL;
+        cr_assert_eq(kvt__store_parse_size(good[i].text, strlen(good[i].text), &v, &why), KVT_OK, "'%s': %s", good[i].text, why);
+        cr_assert_eq(v, good[i].bytes, "'%s' gave %llu", good[i].text, (unsigned long long)v);
+    }
+    static const struct {
+        const char *text, *why;
+    } bad[] = {
+        {"", "digits"},           {"K", "digits"},        {"1.5G", "digits"},
+        {"-1", "digits"},         {"+1", "digits"},       {" 1", "digits"},
+        {"1 ", "digits"},         {"0x10", "digits"},     {"1e3", "digits"},
+        {"12KB", "digits"},       {"12KiB", "digits"},    {"1KK", "digits"},
+        {"1P", "digits"},         {"inf", "digits"},      {"nan", "digits"},
+        {"18446744073709551616", "2^64"},                 /* 2^64 */
+        {"99999999999999999999999", "2^64"},
+        {"16777216T", "2^64"},                            /* 2^24 x 2^40 = 2^64 */
+        {"17179869184G", "2^64"},
+        {"18014398509481984K", "2^64"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint64_t v = 42;
+        const char *why = NULL;
+        cr_assert_eq(kvt__store_parse_size(bad[i].text, strlen(bad[i].text), &v, &why), KVT_EINVAL, "'%s' accepted", bad[i].text);
+        cr_assert_eq(v, 42u, "'%s': *out set on failure", bad[i].text);
+        cr_assert(why && strstr(why, bad[i].why), "'%s': reason '%s'", bad[i].text, why ? why : "(none)");
+    }
+    /* only len bytes are read: "64K" out of "64Kjunk" */
+    uint64_t v = 0;
+    const char *why = NULL;
+    cr_assert_eq(kvt__store_parse_size("64Kjunk", 3, &v, &why), KVT_OK);
+    cr_assert_eq(v, 65536u);
 }
 
 Test(store_pure, bad_configs) {

@@ -36,6 +36,28 @@ Test(store_redis, roundtrip) {
     cr_assert_gt(st.latency_ns.count, 0u);
 }
 
+/* A batch of puts of several MiB (written out as it is appended, a MiB at a
+ * time), still one round trip, served back byte for byte. */
+Test(store_redis, batch_of_mebibytes) {
+    start(NULL);
+    senv_init(&E, 96, 4, 16384, KVT_LAYOUT_LAYER_FIRST); /* 64 KiB pages */
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[48], q[48];
+    pages_of(p, 48, 500, 0);
+    pages_of(q, 48, 500, 48);
+    fill(&E, 500, 0, 48);
+    wipe(&E, 48, 48);
+    sres_t r = run_op(E.store, kvt_store_put, p, 48); /* 3 MiB */
+    cr_assert_eq(r.count, 48u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_PUT).round_trips, 1u);
+    r = run_op(E.store, kvt_store_get, q, 48);
+    cr_assert_eq(r.count, 48u);
+    for (uint32_t i = 0; i < 48; i++) cr_assert(check(&E, 500 + i, 48 + i), "page %u differs from what was put", i);
+    redisReply *d = redis_cmd(S.port, "DBSIZE");
+    cr_assert(d && d->type == REDIS_REPLY_INTEGER && d->integer == 48);
+    freeReplyObject(d);
+}
+
 /* Garbage, another key's object and a truncated one under our key. */
 Test(store_redis, wrong_objects_refused) {
     start(NULL);
