@@ -44,7 +44,7 @@ typedef struct bufs {
 } bufs_t;
 
 static void bufs_init(bufs_t *b, size_t n) {
-    b->cap = n + 2 * GUARD + 64;
+    b->cap = (n + 2 * GUARD + 64 + 63) & ~(size_t)63; /* aligned_alloc: a multiple of the alignment */
     b->src = aligned_alloc(64, b->cap);
     b->dst = aligned_alloc(64, b->cap);
     b->want = aligned_alloc(64, b->cap);
