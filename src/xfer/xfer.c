@@ -5,8 +5,11 @@
  *   sort copies by destination               take an item from its queue
  *   merge runs (src and dst both +1)         verify source checksums
  *   cut runs into items (byte/copy caps) --> make spans (the pair's plan: plan.c)
- *   push items on queue[dst]                 inject faults, copy, fence
- *                                            record destination checksums
+ *   push items on queue[dst]                 inject faults, copy (streaming
+ *                                            stores into host tiers: copy.c),
+ *                                            fence; destination checksums,
+ *                                            hashed from each source block
+ *                                            while it is copied
  *   poll (any thread)                        last item of a batch: stats,
  *   <-- done queue <------------------------ done queue, callback
  *
@@ -35,6 +38,7 @@
 #include "kvtier/xfer.h"
 #include "../core/mem-int.h"
 #include "xfer-int.h"
+#include "copy-int.h"
 
 typedef struct run {
     uint32_t src, dst, len;
@@ -106,6 +110,7 @@ struct kvt_xfer {
     kvt_tier_t *device; /* a device tier host tiers were registered with, or NULL */
     bool *registered[KVT_XFER_MAX_TIERS]; /* per region of each host tier: this engine registered it (and unregisters) */
     kvt__plan_t plans[KVT_XFER_MAX_TIERS][KVT_XFER_MAX_TIERS]; /* how runs of each pair become spans */
+    bool stream[KVT_XFER_MAX_TIERS][KVT_XFER_MAX_TIERS];        /* host copies of the pair stream past the cache */
 };
 
 
@@ -192,24 +197,28 @@ static kvt_tier_t *driver(kvt_xfer_t *x, const batch_t *b, unsigned *which) {
     return NULL;
 }
 
-/* memcpy of one span of whole pages (a run that is one block on both sides) that also
- * records each page's checksum while its bytes are still in cache: the
- * copy and the hash share one pass over memory. */
-#define SUM_CHUNK (64u << 10)
+/* Where the next whole-page span of an item starts: page `off` of run `r`. */
+typedef struct cursor {
+    uint32_t r, off;
+} cursor_t;
 
-static void copy_and_sum(kvt_tier_t *d, const kvt__span_t *sp, uint32_t first_page, uint64_t page_bytes) {
-    XXH3_state_t st;
+/* The host copy of one span of whole pages on both sides (PLAN_RUN: one span
+ * per run; PLAN_PAGE: one per page; spans in run order), each page's checksum
+ * taken from the source block by block as it is copied (copy.c): one pass
+ * over memory, the destination never read back. */
+static void copy_and_sum(kvt_tier_t *d, const batch_t *b, const kvt__span_t *sp, bool stream, cursor_t *c) {
+    uint64_t pb = kvt_geom_page_bytes(&d->cfg.geom);
     uint8_t *dst = sp->dst;
     const uint8_t *src = sp->src;
-    for (size_t off = 0, p = 0; off < sp->len; off += page_bytes, p++) {
+    XXH3_state_t st;
+    stream = kvt__copy_streams(sp->len, stream); /* by the span: a run of small pages is one long copy */
+    for (size_t o = 0; o < sp->len; o += pb) {
         XXH3_64bits_reset(&st);
-        for (uint64_t c = 0; c < page_bytes; c += SUM_CHUNK) {
-            size_t len = page_bytes - c < SUM_CHUNK ? (size_t)(page_bytes - c) : SUM_CHUNK;
-            memcpy(dst + off + c, src + off + c, len);
-            XXH3_64bits_update(&st, dst + off + c, len);
-        }
-        d->sums[first_page + p] = XXH3_64bits_digest(&st);
+        kvt__copy_sum(dst + o, src + o, (size_t)pb, stream, &st);
+        d->sums[b->runs[c->r].dst + c->off] = XXH3_64bits_digest(&st);
+        if (++c->off == b->runs[c->r].len) c->r++, c->off = 0;
     }
+    if (stream) kvt__copy_fence();
 }
 
 static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
@@ -217,16 +226,18 @@ static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
     size_t n = make_spans(x, w, b, it);
     unsigned di = 0;
     kvt_tier_t *drv = driver(x, b, &di), *d = x->tiers[b->done.dst];
+    bool stream = x->stream[b->done.src][b->done.dst];
     bool fused = drv == NULL && x->cfg.checksum && d->sums != NULL &&
-                 x->plans[b->done.src][b->done.dst].kind == KVT__PLAN_RUN; /* one span per run */
+                 x->plans[b->done.src][b->done.dst].kind != KVT__PLAN_CHUNKS; /* spans are whole pages */
+    cursor_t cur = {it->run_lo, 0};
     if (drv && w->ctx[di] == NULL && (rc = drv->ops->ctx_open(drv, &w->ctx[di])) != KVT_OK) return rc;
     for (size_t i = 0; i < n; i++) {
         uint64_t delay;
         int f = next_fault(x, &delay);
         if (delay) sleep_ns(delay);
         if (f != KVT_OK) return f; /* the copies before it may have landed: the batch fails as a whole */
-        if (fused) copy_and_sum(d, &w->spans[i], b->runs[it->run_lo + i].dst, kvt_geom_page_bytes(&d->cfg.geom));
-        else if (!drv) memcpy(w->spans[i].dst, w->spans[i].src, w->spans[i].len);
+        if (fused) copy_and_sum(d, b, &w->spans[i], stream, &cur);
+        else if (!drv) kvt__copy(w->spans[i].dst, w->spans[i].src, w->spans[i].len, stream);
     }
     if (drv && (rc = drv->ops->copy(drv, w->ctx[di], w->spans, n)) != KVT_OK) return rc;
     if (!fused) record_sums(x, b, it);
@@ -581,6 +592,12 @@ static void free_engine(kvt_xfer_t *x) {
     KVT_DELETE(x);
 }
 
+/* Copies into host memory (L2, private or node-shared) are backups: read
+ * back only on a later hit, by which time they would have left the cache
+ * anyway. Streaming stores skip the read-for-ownership and leave the cache
+ * to the data the engine reads next; copies into L1 keep ordinary stores. */
+static bool streams_into(const kvt_tier_t *d) { return d->cfg.kind == KVT_TIER_HOST || d->cfg.kind == KVT_TIER_SHM; }
+
 int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t *const *tiers, unsigned ntiers) {
     kvt_xfer_config_t full, *cfg = &full;
     kvt_xfer_config_default(&full);
@@ -600,6 +617,7 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t 
         for (unsigned d = 0; d < ntiers; d++) {
             if (s == d) continue;
             kvt__plan_make(&x->plans[s][d], tiers[s], tiers[d]);
+            x->stream[s][d] = streams_into(tiers[d]);
             if (kvt__plan_spans(&x->plans[s][d], 1) > cfg->max_batch_copies) { /* one page's copies must fit an item */
                 KVT_DELETE(x);
                 return KVT_EINVAL;

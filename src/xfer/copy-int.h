@@ -1,0 +1,66 @@
+/* Private to the transfer engine: the host copy of one span.
+ *
+ * Two ways to store, chosen per pair by where the bytes go next:
+ *
+ *   ordinary   memcpy: the destination lines land in cache. Right where the
+ *              data is read next (loads into L1, the engine's own buffers).
+ *   streaming  non-temporal stores (x86-64: AVX _mm256_stream_si256 where the
+ *              CPU has it, else SSE2 _mm_stream_si128; then sfence): the lines
+ *              go to memory through write-combining buffers without being read
+ *              for ownership or evicting the cache. Right for large copies into
+ *              a tier that is not read back soon (backups into host L2): up to
+ *              twice memcpy's bandwidth there. Elsewhere it is memcpy.
+ *
+ * A span of KVT__STREAM_HUGE or more streams whatever the pair: ordinary
+ * stores of it would keep only its last few MiB in cache (the rest is
+ * evicted by the copy itself before anyone reads it), so they buy nothing
+ * and cost the read-for-ownership of every line.
+ *
+ * A copy that also hashes (tiers with checksums) hashes the source block by
+ * block right after copying it, while the block is still in L1: the
+ * destination is never read back, so streaming and hashing stay one pass.
+ */
+#ifndef KVTIER_XFER_COPY_INT_H
+#define KVTIER_XFER_COPY_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t */
+#include <xxhash.h>
+
+/* Spans shorter than this are copied with memcpy even when streaming: the
+ * aligned head and tail and the fence cost more than the cache saves. */
+#define KVT__STREAM_MIN (64u << 10)
+
+/* Spans this long stream into any tier (see above): well past a core's
+ * private cache and a fair share of a shared L3. */
+#define KVT__STREAM_HUGE (8u << 20)
+
+/* The block a fused copy hashes at a time: well inside any L1d. */
+#define KVT__SUM_BLOCK (16u << 10)
+
+/* n bytes src -> dst (not overlapping) with non-temporal stores, fenced
+ * before it returns; any alignment, any n (memcpy where streaming is not
+ * built or not worth it). */
+void kvt__copy_stream(void *dst, const void *src, size_t n);
+
+/* Whether a copy of n bytes streams: the pair streams (stream) and n >=
+ * KVT__STREAM_MIN, or n >= KVT__STREAM_HUGE. */
+static inline bool kvt__copy_streams(size_t n, bool stream) {
+    return n >= KVT__STREAM_HUGE || (stream && n >= KVT__STREAM_MIN);
+}
+
+/* kvt__copy_stream where kvt__copy_streams(n, stream), else memcpy. */
+void kvt__copy(void *dst, const void *src, size_t n, bool stream);
+
+/* n bytes src -> dst that also feeds them to st, in KVT__SUM_BLOCK blocks
+ * hashed from the source just after each block is copied. With stream the
+ * stores are streaming and NOT fenced (a span of many pages fences once:
+ * kvt__copy_fence); the caller decides, by the span (kvt__copy_streams). */
+void kvt__copy_sum(void *dst, const void *src, size_t n, bool stream, XXH3_state_t *st);
+
+/* Orders the streaming stores before it ahead of the stores after it. */
+void kvt__copy_fence(void);
+
+#endif
