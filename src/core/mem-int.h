@@ -11,6 +11,10 @@ void *kvt__malloc(size_t size);
 void *kvt__calloc(size_t n, size_t size);          /* zeroed; overflow-checked */
 void *kvt__realloc(void *p, size_t old_size, size_t new_size);
 void kvt__free(void *p, size_t size);              /* NULL is a no-op */
+/* An allocation a module serves from its own pool (memory it already holds):
+ * an allocation point all the same, counted and open to injected failure.
+ * Nonzero: fail it. */
+int kvt__mem_pooled_fails(void);
 
 /* Test hook: the nth allocation from now (1 = the next one) fails; 0 disables.
  * Returns how many allocations have been attempted since the hook was armed. */

@@ -66,6 +66,8 @@ static int inject_failure(void) {
     return 0;
 }
 
+int kvt__mem_pooled_fails(void) { return inject_failure(); }
+
 static void account_alloc(int64_t delta) {
     int64_t live = atomic_fetch_add_explicit(&g_live, delta, memory_order_relaxed) + delta;
     int64_t peak = atomic_load_explicit(&g_peak, memory_order_relaxed);

@@ -29,6 +29,21 @@ typedef struct kvt__pageref {
     uint32_t idx;
 } kvt__pageref_t;
 
+/* The node-array pool (pool.c). */
+#define KVT__POOL_CLASSES 64
+typedef struct kvt__pool_chunk {
+    char *m;
+    size_t n;
+} kvt__pool_chunk_t;
+
+typedef struct kvt__pool {
+    kvt__pool_chunk_t *chunk;
+    size_t nchunks, chunk_cap;
+    char *bump, *end;                 /* the last chunk's uncarved part */
+    void *free_[KVT__POOL_CLASSES];   /* freed blocks by class, linked through their first word */
+    uint64_t held;                    /* bytes in chunks */
+} kvt__pool_t;
+
 struct kvt_radix {
     uint32_t page_tokens;
     kvt_rnode_t root;
@@ -41,11 +56,17 @@ struct kvt_radix {
     uint64_t l1_pages, l2_pages;
     kvt__score_fn score;
     void *score_ctx;
+    kvt__pool_t pool;
 };
 
 /* Memory through the hook, counted in r->bytes. */
 void *kvt__radix_alloc(kvt_radix_t *r, size_t size);
 void kvt__radix_free(kvt_radix_t *r, void *p, size_t size);
+
+/* Node arrays (tokens, page states, hashes) from the pool; NULL: no memory. */
+void *kvt__pool_alloc(kvt_radix_t *r, size_t n);
+void kvt__pool_free(kvt_radix_t *r, void *b, size_t n);
+void kvt__pool_fini(kvt_radix_t *r);
 
 uint64_t kvt__cm_hash(const kvt_rnode_t *parent, uint32_t ns, uint64_t digest);
 int kvt__cm_reserve(kvt_radix_t *r, size_t extra); /* room for `extra` more entries */

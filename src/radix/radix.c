@@ -87,11 +87,11 @@ static kvt_rnode_t *node_new(kvt_radix_t *r, uint32_t cap) {
     kvt_rnode_t *n = kvt__radix_alloc(r, sizeof(*n));
     if (n == NULL) return NULL;
     memset(n, 0, sizeof(*n));
-    n->tokens = kvt__radix_alloc(r, (size_t)cap * r->page_tokens * sizeof(int32_t));
-    n->pages = kvt__radix_alloc(r, (size_t)cap * sizeof(kvt_page_t));
+    n->tokens = kvt__pool_alloc(r, (size_t)cap * r->page_tokens * sizeof(int32_t));
+    n->pages = kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_page_t));
     if (n->tokens == NULL || n->pages == NULL) {
-        kvt__radix_free(r, n->tokens, (size_t)cap * r->page_tokens * sizeof(int32_t));
-        kvt__radix_free(r, n->pages, (size_t)cap * sizeof(kvt_page_t));
+        kvt__pool_free(r, n->tokens, (size_t)cap * r->page_tokens * sizeof(int32_t));
+        kvt__pool_free(r, n->pages, (size_t)cap * sizeof(kvt_page_t));
         kvt__radix_free(r, n, sizeof(*n));
         return NULL;
     }
@@ -101,9 +101,9 @@ static kvt_rnode_t *node_new(kvt_radix_t *r, uint32_t cap) {
 }
 
 static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
-    kvt__radix_free(r, n->tokens, (size_t)n->cap * r->page_tokens * sizeof(int32_t));
-    kvt__radix_free(r, n->pages, (size_t)n->cap * sizeof(kvt_page_t));
-    kvt__radix_free(r, n->hash, (size_t)n->cap * sizeof(kvt_hash128_t));
+    kvt__pool_free(r, n->tokens, (size_t)n->cap * r->page_tokens * sizeof(int32_t));
+    kvt__pool_free(r, n->pages, (size_t)n->cap * sizeof(kvt_page_t));
+    kvt__pool_free(r, n->hash, (size_t)n->cap * sizeof(kvt_hash128_t));
     kvt__radix_free(r, n, sizeof(*n));
 }
 
@@ -175,6 +175,7 @@ void kvt__radix_destroy(kvt_radix_t *r) {
     }
     kvt__cm_fini(r);
     kvt__vheap_fini(r);
+    kvt__pool_fini(r);
     kvt__radix_free(r, r->l1map, r->l1_pages * sizeof(kvt__pageref_t));
     kvt__radix_free(r, r->l2map, (r->l2_pages ? r->l2_pages : 1) * sizeof(kvt__pageref_t));
     KVT_DELETE(r);
@@ -192,7 +193,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     if (h == NULL) return KVT_ENOMEM;
     uint32_t hk = c->nhash < k ? c->nhash : k;
     if (hk > 0) {
-        h->hash = kvt__radix_alloc(r, (size_t)k * sizeof(kvt_hash128_t));
+        h->hash = kvt__pool_alloc(r, (size_t)k * sizeof(kvt_hash128_t));
         if (h->hash == NULL) {
             node_free(r, h);
             return KVT_ENOMEM;
@@ -523,7 +524,7 @@ static int ensure_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t upto) {
         kvt_rnode_t *x = chain[--depth];
         uint32_t last = x == n ? upto : x->npages - 1;
         if (x->hash == NULL) {
-            x->hash = kvt__radix_alloc(r, (size_t)x->cap * sizeof(kvt_hash128_t));
+            x->hash = kvt__pool_alloc(r, (size_t)x->cap * sizeof(kvt_hash128_t));
             if (x->hash == NULL) return KVT_ENOMEM;
         }
         kvt_hash128_t prev = {0, 0};

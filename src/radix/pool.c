@@ -1,0 +1,128 @@
+/* The node-array pool: where the tree keeps its nodes' tokens, page states
+ * and page hashes.
+ *
+ * Each node has arrays sized by its page count, and a replay makes and drops
+ * them by the million (an insert, a split, a trim to nothing). Straight from
+ * malloc, arrays of 128 KiB and more are mmap'd one by one and unmapped on
+ * free, so every insert of a long request faults its memory in afresh, 4 KiB
+ * at a time: at 16 tokens a page that was a quarter of a replay. The pool
+ * carves arrays out of chunks (1 MiB, doubling to 16 MiB; the 2 MiB-aligned
+ * inside asked for transparent huge pages) and keeps freed ones on a free
+ * list per size class for the next node:
+ *
+ *   chunk:  [ a 96 | b 160 | free 96 | c 640 | ......... bump -> end ]
+ *   free[class 96] -> (the freed 96) -> NULL
+ *
+ * Size classes: 16, 32, 48, 64 bytes, then four per doubling (80, 96, 112,
+ * 128, 160, ...), so rounding wastes at most a quarter. An array over 4 MiB
+ * goes to the allocation hook directly. A request whose class
+ * list is empty takes a block from one of the next two classes before it
+ * carves a new one (a block on list c is at least class c's size).
+ *
+ * Invariants: every block on a free list lies in a chunk, and is at least
+ * its class's size; `held` is the chunks' bytes. Chunks go back only when the
+ * tree is destroyed: the pool holds what the tree held at its peak, plus
+ * the rounding, plus blocks left on the lists of classes no longer asked for.
+ *
+ * Every pooled allocation is still an allocation point for the test hook
+ * (kvt__mem_pooled_fails): an injected failure fails it as it would fail
+ * malloc.
+ *
+ * Cost: allocate and free O(1); no memory is touched but the block's first
+ * word while on a free list.
+ */
+#include <stdint.h>
+#include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "radix-impl.h"
+#include "../core/mem-int.h"
+
+#define POOL_FIRST (1u << 20)
+#define POOL_LAST (16u << 20)
+#define POOL_MAX (4u << 20)
+#define HUGE_PAGE (2u << 20)
+
+/* The class of an n-byte array (n > 0), and the class's block size. */
+static unsigned class_of(size_t n, size_t *size) {
+    if (n <= 64) {
+        *size = (n + 15) & ~(size_t)15;
+        return (unsigned)(*size / 16 - 1);
+    }
+    unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)(n - 1)); /* 2^e < n <= 2^(e+1), e >= 6 */
+    size_t step = (size_t)1 << (e - 2), k = (n - 1 - ((size_t)1 << e)) / step;
+    *size = ((size_t)1 << e) + (k + 1) * step;
+    return 4 + (e - 6) * 4 + (unsigned)k;
+}
+
+/* A fresh chunk of at least `need` bytes to carve from (what is left of the
+ * last one stays unused); false when the hook has no memory. */
+static bool new_chunk(kvt_radix_t *r, size_t need) {
+    kvt__pool_t *p = &r->pool;
+    if (p->nchunks == p->chunk_cap) {
+        size_t cap = p->chunk_cap ? 2 * p->chunk_cap : 8;
+        kvt__pool_chunk_t *c = kvt__radix_alloc(r, cap * sizeof(*c));
+        if (c == NULL) return false;
+        if (p->nchunks) memcpy(c, p->chunk, p->nchunks * sizeof(*c));
+        kvt__radix_free(r, p->chunk, p->chunk_cap * sizeof(*c));
+        p->chunk = c;
+        p->chunk_cap = cap;
+    }
+    size_t size = p->nchunks < 4 ? (size_t)POOL_FIRST << p->nchunks : POOL_LAST;
+    if (size < need) size = need;
+    char *m = kvt__radix_alloc(r, size);
+    if (m == NULL) return false;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    /* a hint: the 2 MiB-aligned inside of the chunk in huge pages (one fault each) */
+    uintptr_t lo = ((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1),
+              hi = ((uintptr_t)m + size) & ~(uintptr_t)(HUGE_PAGE - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#endif
+    p->chunk[p->nchunks++] = (kvt__pool_chunk_t){m, size};
+    p->bump = m;
+    p->end = m + size;
+    p->held += size;
+    return true;
+}
+
+void *kvt__pool_alloc(kvt_radix_t *r, size_t n) {
+    if (n == 0) n = 1;
+    if (n > POOL_MAX) return kvt__radix_alloc(r, n);
+    if (kvt__mem_pooled_fails()) return NULL; /* a test's injected failure reaches pooled arrays too */
+    kvt__pool_t *p = &r->pool;
+    size_t size;
+    unsigned c = class_of(n, &size);
+    for (unsigned d = c; d < c + 3 && d < KVT__POOL_CLASSES; d++) {
+        void *b = p->free_[d];
+        if (b) {
+            memcpy(&p->free_[d], b, sizeof(void *));
+            return b;
+        }
+    }
+    if ((size_t)(p->end - p->bump) < size && !new_chunk(r, size)) return NULL;
+    void *b = p->bump;
+    p->bump += size;
+    return b;
+}
+
+void kvt__pool_free(kvt_radix_t *r, void *b, size_t n) {
+    if (b == NULL) return;
+    if (n == 0) n = 1;
+    if (n > POOL_MAX) {
+        kvt__radix_free(r, b, n);
+        return;
+    }
+    size_t size;
+    unsigned c = class_of(n, &size);
+    memcpy(b, &r->pool.free_[c], sizeof(void *));
+    r->pool.free_[c] = b;
+}
+
+void kvt__pool_fini(kvt_radix_t *r) {
+    kvt__pool_t *p = &r->pool;
+    for (size_t i = 0; i < p->nchunks; i++) kvt__radix_free(r, p->chunk[i].m, p->chunk[i].n);
+    kvt__radix_free(r, p->chunk, p->chunk_cap * sizeof(*p->chunk));
+    memset(p, 0, sizeof(*p));
+}
