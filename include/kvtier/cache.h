@@ -264,8 +264,8 @@ KVT_API int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, u
  *   prefetch   kvt_cache_prefetch, when a request arrives: the pages past its
  *              L1+L2 match, if at least prefetch_threshold tokens, are looked
  *              up (known pages need no exists call), given L2 pages and
- *              fetched (get) in batches; the store checks each object before
- *              a byte lands
+ *              fetched (get) in batches; the store checks each object and
+ *              never serves one that fails (store.h)
  *   admission  kvt_cache_admit_prefetched finishes it under prefetch_policy:
  *              the leading pages that arrived join the tree as pages in L2
  *              (then load into L1 like any L2 hit, counted as L3 hits); the

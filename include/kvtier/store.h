@@ -45,11 +45,11 @@
  * against what this store expects for that key, and the payload checksum:
  * an object that fails any check is a miss, counted as a bad object and
  * logged (the reason and the key), and never served. Objects read into
- * memory first (redis; a tier without host addresses; a file of the wrong
- * length) are checked before a byte reaches the tier; the dir backend reads
- * an object of the right length straight into a host tier's page (one copy
- * less) and checks it there, zeroing the page when it is refused. Either
- * way a refused object's bytes are never left in a tier page.
+ * memory first (redis; a dir get into a tier without host addresses) are
+ * checked before a byte reaches the tier; a dir get into a host tier reads
+ * the file straight into the page (one copy less) and checks it there,
+ * zeroing the page when the object is refused. Either way a refused
+ * object's bytes are never left in a tier page.
  *
  * Calls. Batch calls only, asynchronous: exists, get, put, remove each take n
  * page hashes (and, for get and put, the host-tier page each goes to or comes

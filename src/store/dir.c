@@ -404,10 +404,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     uint64_t ob = kvt__store_object_bytes(s);
     struct iovec *v;
     size_t nv = kvt__store_put_iov(req, i, &v);
-    if (nv == 0) {
-        kvt__store_log(s, "put %s: cannot read tier page %u", hex, req->pages[i].page);
-        return KVT_STORE_FAILED;
-    }
+    if (nv == 0) return KVT_STORE_FAILED; /* logged */
     char dirp[1000], tmp[1100], fin[1100];
     snprintf(dirp, sizeof(dirp), "%s/%.2s/%.2s", d->root, hex, hex + 2);
     snprintf(tmp, sizeof(tmp), "%s/.tmp.%ld.%llu.%s", dirp, (long)getpid(),

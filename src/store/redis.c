@@ -353,10 +353,9 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
                 continue;
             }
             int a = append(w, req, i, c->c);
-            if (a == -2) {
+            if (a == -2) { /* logged */
                 req->results[i] = KVT_STORE_FAILED;
                 w->pending[i] = 0;
-                kvt__store_log(req->s, "put %s: cannot read tier page %u", req->hex[i], req->pages[i].page);
                 continue;
             }
             if (a != 0) {

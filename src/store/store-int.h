@@ -64,8 +64,9 @@ extern const kvt__store_ops_t kvt__store_cluster_ops;
  * straight from the tier (adjacent layers merged: a page-first page is one
  * piece) or, for a tier without host addresses, gathered into scratch.
  * *iov (req->iov: the caller may consume it, e.g. on a partial write) gets
- * the pieces; returns their number (>= 2), or 0 when the tier page could
- * not be read. */
+ * the pieces; returns their number (>= 2), or 0, logged, when the tier
+ * page could not be read or failed the tier's own checksum
+ * (KVT_TIER_CHECKSUM: a corrupt host page never reaches L3). */
 size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
 /* Object i of a get as read from the store (len bytes, or NULL for none):
  * checks it, copies it into the tier page, sets results[i] (OK, MISS or BAD,

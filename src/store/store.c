@@ -307,7 +307,10 @@ size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov) {
     struct iovec *v = req->iov;
     size_t n = tier_pieces(s, req->pages[i].page, v + 1);
     if (n == 0) {
-        if (tier_to_buf(s, req->pages[i].page, req->scratch) != KVT_OK) return 0;
+        if (tier_to_buf(s, req->pages[i].page, req->scratch) != KVT_OK) {
+            kvt__store_log(s, "put %s: cannot read tier page %u", req->hex[i], req->pages[i].page);
+            return 0;
+        }
         v[1] = (struct iovec){.iov_base = req->scratch, .iov_len = s->page_bytes};
         n = 1;
     }

@@ -251,6 +251,41 @@ Test(store_dir, refused_in_place_zeroes_every_layer) {
     free(o);
 }
 
+/* A host tier that keeps page checksums (KVT_TIER_CHECKSUM): a get sets the
+ * checksum of the page it fills (read in place as through memory) to what
+ * the tier itself computes over the page, and a put refuses a page that no
+ * longer matches its checksum (a corrupt host page never reaches L3). */
+Test(store_dir, checksum_tier) {
+    for (int layout = 0; layout < 2; layout++) {
+        kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST, .flags = KVT_TIER_CHECKSUM,
+                                .geom = {8, 3, 1024, layout ? KVT_LAYOUT_LAYER_FIRST : KVT_LAYOUT_PAGE_FIRST}};
+        memset(&E, 0, sizeof(E));
+        cr_assert_eq(kvt_tier_create(&E.tier, &tc), KVT_OK);
+        E.scratch = malloc(1024);
+        kvt_store_config_default(&E.cfg);
+        E.cfg.tier = E.tier, E.cfg.model = "test-model", E.cfg.page_tokens = 16, E.cfg.log = quiet_log;
+        cr_assert_eq(senv_open(&E, url), KVT_OK);
+        uint64_t *sums = kvt_tier_sums(E.tier);
+        cr_assert_not_null(sums);
+        kvt_store_page_t p[2];
+        pages_of(p, 2, 40 + 10 * (uint64_t)layout, 0);
+        fill(&E, 40 + 10 * (uint64_t)layout, 0, 2);
+        for (uint32_t i = 0; i < 2; i++) sums[i] = kvt_tier_page_sum(E.tier, i);
+        ((unsigned char *)kvt_tier_addr(E.tier, 1, 2))[7] ^= 1; /* page 1 no longer matches its checksum */
+        sres_t r = run_op(E.store, kvt_store_put, p, 2);
+        cr_assert_eq(r.r[0], KVT_STORE_OK);
+        cr_assert_eq(r.r[1], KVT_STORE_FAILED, "a page failing its checksum was stored");
+        cr_assert(strstr(kvt_store_last_error(E.store), "failed its checksum") != NULL, "%s", kvt_store_last_error(E.store));
+        cr_assert_eq(run_op(E.store, kvt_store_exists, &p[1], 1).count, 0u);
+        sums[5] = 12345;
+        kvt_store_page_t q = {.hash = p[0].hash, .page = 5};
+        cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).count, 1u);
+        cr_assert(check(&E, 40 + 10 * (uint64_t)layout, 5));
+        cr_assert_eq(sums[5], kvt_tier_page_sum(E.tier, 5), "layout %d: the page's checksum not set by the get", layout);
+        senv_fini(&E);
+    }
+}
+
 static void store_obj_path(kvt_store_t *s, const kvt_hash128_t *h, char *out, size_t cap) {
     char hex[33];
     kvt_store_key(s, h, hex);
