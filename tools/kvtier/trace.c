@@ -17,7 +17,8 @@
  * the loop is independent per token, so it is built for the vector units the
  * machine has (8 splitmix64 lanes with AVX-512's 64-bit multiply) and picked
  * at load time; the values are the same on every path. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && !defined(__SANITIZE_THREAD__)
+/* (not under ThreadSanitizer: the clones' resolver runs before its runtime is up, and the program crashes at load) */
 #define TRACE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("tree-vectorize")))
 #else
 #define TRACE_CLONES
