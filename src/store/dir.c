@@ -24,7 +24,7 @@
  * Cost: exists is a stat, get an open+readv (the header, then the page
  * straight into the tier, checked there; the read's length is the file's:
  * no fstat) + a futimens on the first get after a put and then at most once
- * a second, put a create+writev
+ * a second (written once the batch is reported: dir_after), put a create+writev
  * (the header, then the page from the tier's memory) + rename, remove an
  * unlink; the index is a hash table with O(1) updates. */
 #include <dirent.h>
@@ -339,12 +339,38 @@ static void dir_close(void *be) {
     KVT_DELETE(d);
 }
 
+/* A worker's gets keep their files open until the batch is reported, then
+ * set the LRU times and close them (dir_after): an inode write less on the
+ * caller's wait per get that sets one. */
+#define LATER_MAX 256
+
+typedef struct dwork {
+    int fd[LATER_MAX];
+    bool touch[LATER_MAX];
+    size_t n;
+} dwork_t;
+
 static int dir_worker_open(void *be, void **w) {
     (void)be;
-    *w = NULL;
-    return KVT_OK;
+    *w = kvt__calloc(1, sizeof(dwork_t));
+    return *w ? KVT_OK : KVT_ENOMEM;
 }
-static void dir_worker_close(void *be, void *w) { (void)be, (void)w; }
+
+static void dir_after(void *be, void *w) {
+    (void)be;
+    dwork_t *k = w;
+    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    for (size_t i = 0; i < k->n; i++) {
+        if (k->touch[i]) futimens(k->fd[i], ts);
+        close(k->fd[i]);
+    }
+    k->n = 0;
+}
+
+static void dir_worker_close(void *be, void *w) {
+    if (w) dir_after(be, w);
+    kvt__free(w, sizeof(dwork_t));
+}
 
 static void dir_usage(void *be, uint64_t *bytes, uint64_t *objects) {
     dirbe_t *d = be;
@@ -433,7 +459,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     return KVT_STORE_OK;
 }
 
-static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
+static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     const char *hex = req->hex[i];
     char path[1100];
     obj_path(d, hex, path, sizeof(path));
@@ -470,24 +496,30 @@ static void do_get(dirbe_t *d, kvt__sreq_t *req, size_t i) {
             kvt__store_deliver(req, i, req->scratch, (size_t)got);
         }
     }
+    bool set = false;
     if (req->results[i] == KVT_STORE_OK) {
         /* the LRU order, for the next open: the file's access time set on
          * the first read since the object was written (as relatime would),
          * then at most once a second, which spares an inode write per get
-         * of a page read again and again */
+         * of a page read again and again; the write itself once the batch
+         * is reported (dir_after) */
         uint32_t now_s = (uint32_t)time(NULL), k;
         pthread_mutex_lock(&d->mu);
-        bool set = idx_touch(d, hex, ob, &k) != KVT_OK || d->e[k].atime_s != now_s;
+        set = idx_touch(d, hex, ob, &k) != KVT_OK || d->e[k].atime_s != now_s;
         if (set && k != NIL) d->e[k].atime_s = now_s;
         pthread_mutex_unlock(&d->mu);
-        struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
-        if (set) futimens(fd, ts);
     }
+    if (set && w->n < LATER_MAX) {
+        w->fd[w->n] = fd;
+        w->touch[w->n++] = true;
+        return;
+    }
+    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    if (set) futimens(fd, ts); /* more gets than the list holds: now */
     close(fd);
 }
 
 static void dir_run(void *be, void *w, kvt__sreq_t *req) {
-    (void)w;
     dirbe_t *d = be;
     char path[1100];
     for (size_t i = 0; i < req->n; i++) {
@@ -499,7 +531,7 @@ static void dir_run(void *be, void *w, kvt__sreq_t *req) {
             req->results[i] = stat(path, &st) == 0 ? KVT_STORE_OK : KVT_STORE_MISS;
             break;
         }
-        case KVT_STORE_GET: do_get(d, req, i); break;
+        case KVT_STORE_GET: do_get(d, w, req, i); break;
         case KVT_STORE_PUT: req->results[i] = do_put(d, req, i); break;
         case KVT_STORE_REMOVE:
             obj_path(d, hex, path, sizeof(path));
@@ -520,5 +552,6 @@ const kvt__store_ops_t kvt__store_dir_ops = {
     .worker_open = dir_worker_open,
     .worker_close = dir_worker_close,
     .run = dir_run,
+    .after = dir_after,
     .usage = dir_usage,
 };

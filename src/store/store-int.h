@@ -51,6 +51,9 @@ typedef struct kvt__store_ops {
     int (*worker_open)(void *be, void **w);
     void (*worker_close)(void *be, void *w);
     void (*run)(void *be, void *w, kvt__sreq_t *req);
+    /* after the batch run has been reported: bookkeeping kept off the
+     * caller's wait (may be NULL) */
+    void (*after)(void *be, void *w);
     /* stored bytes and objects, when the backend knows (may be NULL) */
     void (*usage)(void *be, uint64_t *bytes, uint64_t *objects);
 } kvt__store_ops_t;

@@ -469,6 +469,7 @@ static void *worker_main(void *arg) {
         s->done_tail = b;
         pthread_cond_broadcast(&s->done_cv);
         pthread_mutex_unlock(&s->mu);
+        if (wrc == KVT_OK && s->ops->after) s->ops->after(s->be, w); /* off the caller's wait */
     }
     kvt__free(scratch, s->object_bytes);
     kvt__free(iov, iov_bytes);
