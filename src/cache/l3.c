@@ -425,8 +425,6 @@ int kvt__l3_finish(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *toke
     kvt__pf_t *pf = pf_find(c, id, NULL);
     uint32_t pt = c->cfg.page_tokens;
     if (pf == NULL || pf->ns != ns || ntokens / pt < pf->first + pf->want) return KVT_EINVAL;
-    /* the tokens are those it was started with: the chain from its first page matches */
-    kvt_hash128_t h = {0, 0};
     uint64_t wait = pf_wait(c, pf);
     kvt_prefetch_outcome_t out = pf->phase == PF_DONE                             ? KVT_PREFETCH_COMPLETE
                                  : c->cfg.prefetch_policy == KVT_PREFETCH_TIMEOUT ? KVT_PREFETCH_TIMED_OUT
@@ -437,7 +435,9 @@ int kvt__l3_finish(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *toke
     int rc = kvt__radix_match(c->tree, ns, tokens, pf->first + pf->arrived, 0, &m);
     KVT_ASSERT(rc != KVT_OK || m.pages >= pf->first); /* what it follows is locked */
     if (rc == KVT_OK && m.pages < pf->first + pf->arrived) {
+        /* the tokens are those it was started with: their chain matches the pages that arrived */
         uint64_t skip = m.pages - pf->first, k = pf->arrived - skip;
+        kvt_hash128_t h = {0, 0};
         if (m.pages > 0) rc = kvt_radix_page_hash(c->tree, m.node, m.node->npages - 1, &h);
         for (uint64_t j = 0; rc == KVT_OK && j < k; j++) {
             h = kvt_page_hash(&h, ns, tokens + (m.pages + j) * pt, pt);
