@@ -121,28 +121,35 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     /* prefetches: the next `ahead` requests are prefetched while one is admitted */
     uint64_t ahead = replay_l3_on(l) ? l->ahead : 0, next = 0;
     size_t max_tokens = (size_t)t->max_blocks * TRACE_BLOCK_TOKENS;
-    int32_t *tokens = malloc(max_tokens * sizeof(int32_t)), *pf_tokens = malloc(max_tokens * sizeof(int32_t));
-    uint64_t *pf = calloc(ahead + 1, sizeof(uint64_t));
+    /* a request's tokens are built once, when it is prefetched (or admitted without L3), and kept in a
+     * ring of ahead + 1 buffers until its admission */
+    size_t ring = (size_t)ahead + 1;
+    int32_t *tokens = malloc(ring * max_tokens * sizeof(int32_t));
+    uint64_t *pf = calloc(ring, sizeof(uint64_t)), *len = calloc(ring, sizeof(uint64_t));
     uint32_t *l1_ids = data ? malloc((max_tokens / o->page_tokens + 1) * sizeof(uint32_t)) : NULL;
-    if (tokens == NULL || pf_tokens == NULL || pf == NULL || (data && l1_ids == NULL)) {
+    if (tokens == NULL || pf == NULL || len == NULL || (data && l1_ids == NULL)) {
         fprintf(stderr, "kvtier replay: out of memory\n");
         rc = KVT_ENOMEM;
     }
     bool show = isatty(2) && !o->json && reqs == NULL;
     double t0 = now_s();
     for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
-        for (; replay_l3_on(l) && next < n && next <= i + ahead && rc == KVT_OK; next++) {
-            uint64_t len = request_tokens(t, reqs ? reqs[next] : (uint32_t)next, pf_tokens);
-            rc = kvt_cache_prefetch(c, 0, pf_tokens, len, &pf[next % (ahead + 1)]);
+        for (; next < n && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving: built, prefetched */
+            size_t k = next % ring;
+            int32_t *tk = tokens + k * max_tokens;
+            len[k] = request_tokens(t, reqs ? reqs[next] : (uint32_t)next, tk);
+            pf[k] = 0;
+            if (replay_l3_on(l)) rc = kvt_cache_prefetch(c, 0, tk, len[k], &pf[k]);
         }
-        uint64_t len = request_tokens(t, reqs ? reqs[i] : (uint32_t)i, tokens);
+        size_t k = i % ring;
+        int32_t *tk = tokens + k * max_tokens;
         kvt_cache_req_t req;
-        if (rc == KVT_OK) rc = kvt_cache_admit_prefetched(c, pf[i % (ahead + 1)], 0, tokens, len, 0, l1_ids, &req);
+        if (rc == KVT_OK) rc = kvt_cache_admit_prefetched(c, pf[k], 0, tk, len[k], 0, l1_ids, &req);
         if (rc != KVT_OK) {
             fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
             break;
         }
-        if (data) replay_data_request(data, tokens, &req, l1_ids); /* the forward pass: its pages get their KV */
+        if (data) replay_data_request(data, tk, &req, l1_ids); /* the forward pass: its pages get their KV */
         kvt_cache_commit(c, &req);
         kvt_cache_release(c, &req);
         if (o->check_every && (i + 1) % o->check_every == 0) {
@@ -166,8 +173,8 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     replay_l3_result(l3, &res->l3);
     if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1), data, l3);
     free(tokens);
-    free(pf_tokens);
     free(pf);
+    free(len);
     free(l1_ids);
     kvt_cache_destroy(c);
     replay_l3_close(l3);

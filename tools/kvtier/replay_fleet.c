@@ -111,22 +111,11 @@ static void add_result(result_t *d, const result_t *s, bool first) {
 
 /* ---- the fleet ---- */
 
-static int read_all(int fd, void *buf, size_t len) {
+/* All len bytes through the pipe (out: written, else read); -1 on an error or an early end. */
+static int pipe_all(int fd, void *buf, size_t len, bool out) {
     uint8_t *p = buf;
     while (len > 0) {
-        ssize_t k = read(fd, p, len);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        len -= (size_t)k;
-    }
-    return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t len) {
-    const uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t k = write(fd, p, len);
+        ssize_t k = out ? write(fd, p, len) : read(fd, p, len);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) return -1;
         p += k;
@@ -146,7 +135,7 @@ static void instance_main(const trace_t *t, const opts_t *o, const l3_opts_t *l,
     result_t res;
     memset(&res, 0, sizeof(res));
     int rc = reqs ? replay_run_one(t, o, l, o->l1_pages, reqs, k, &res) : -1;
-    if (rc == 0 && write_all(fd, &res, sizeof(res)) != 0) rc = -1;
+    if (rc == 0 && pipe_all(fd, &res, sizeof(res), true) != 0) rc = -1;
     _exit(rc == 0 ? 0 : 1);
 }
 
@@ -187,7 +176,7 @@ int replay_fleet(const trace_t *t, const opts_t *o, const l3_opts_t *l, result_t
         pids[started] = pid;
     }
     for (uint32_t i = 0; i < started; i++) {
-        if (rc == 0 && read_all(fds[i], &each[i], sizeof(each[i])) != 0) {
+        if (rc == 0 && pipe_all(fds[i], &each[i], sizeof(each[i]), false) != 0) {
             fprintf(stderr, "kvtier replay: instance %u stopped before it reported\n", i);
             rc = -1;
         }

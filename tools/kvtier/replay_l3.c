@@ -6,8 +6,8 @@
 
 #include "kvtier/error.h"
 
-static const char *const WRITE_POLICIES[] = {"write_through", "write_through_selective", "write_back", NULL};
-static const char *const PREFETCH_POLICIES[] = {"best_effort", "wait_complete", "timeout", NULL};
+/* the choices, from the library's own names */
+static const char *write_policies[KVT_WRITE_POLICY_COUNT_ + 1], *prefetch_policies[KVT_PREFETCH_POLICY_COUNT_ + 1];
 
 struct replay_l3 {
     kvt_store_t *store;
@@ -26,15 +26,17 @@ void replay_l3_default(l3_opts_t *l) {
 }
 
 size_t replay_l3_rows(l3_opts_t *l, cli_opt_t *t) {
+    for (int i = 0; i < KVT_WRITE_POLICY_COUNT_; i++) write_policies[i] = kvt_write_policy_name((kvt_write_policy_t)i);
+    for (int i = 0; i < KVT_PREFETCH_POLICY_COUNT_; i++) prefetch_policies[i] = kvt_prefetch_policy_name((kvt_prefetch_policy_t)i);
     const cli_opt_t rows[] = {
         {"l3", OPT_TEXT, &l->url, 0, 0, 0, 0, NULL, NULL, 0,
          "L3 store: dir:PATH[,max=SIZE] | redis://HOST:PORT | redis-cluster://H:P[,H:P...]"},
         {"l3-pages", OPT_U64, &l->pages, 0, UINT32_MAX - 1, 0, 0, NULL, NULL, 0,
          "a modeled L3 of N pages (an LRU in this process; metadata only, for fast sweeps)"},
-        {"l3-write-policy", OPT_CHOICE, &l->write_policy, 0, 0, 0, 0, WRITE_POLICIES, NULL, 0,
+        {"l3-write-policy", OPT_CHOICE, &l->write_policy, 0, 0, 0, 0, write_policies, NULL, 0,
          "when L2 pages are put to L3: as they land in L2, after N hits, or as L2 evicts them"},
         {"l3-write-hits", OPT_U64, &l->write_hits, 1, 1000000, 0, 0, NULL, NULL, 0, "hits before write_through_selective puts a node"},
-        {"prefetch-policy", OPT_CHOICE, &l->prefetch_policy, 0, 0, 0, 0, PREFETCH_POLICIES, NULL, 0,
+        {"prefetch-policy", OPT_CHOICE, &l->prefetch_policy, 0, 0, 0, 0, prefetch_policies, NULL, 0,
          "how admission finishes a prefetch: use what arrived, wait for all, or wait up to the timeout"},
         {"prefetch-timeout", OPT_DOUBLE, &l->timeout_s, 0, 0, 0, 3600, NULL, NULL, 0, "timeout policy: base wait, seconds"},
         {"prefetch-timeout-per-1024", OPT_DOUBLE, &l->per_1024_s, 0, 0, 0, 3600, NULL, NULL, 0,
