@@ -1,0 +1,54 @@
+"""kvtier: a KV-cache manager for LLM serving, from Python.
+
+The C library (libkvtier) through ctypes: no compiler at install, nothing
+copied: tiers point into the engine's own tensors by address, shape and
+stride. Every object owns its C side and frees it on ``close()`` or at the
+end of a ``with`` block; errors raise :class:`kvtier.Error` subclasses that
+carry kvtier's error name and message.
+
+    import kvtier
+    with kvtier.Cache(l1_pages=4096, l2_pages=8192) as cache:
+        req = cache.admit(tokens)          # match, lock, load back, allocate
+        ...                                # compute KV past req.hit_pages
+        req.release()
+
+Modules: cache (Cache, Request), tier (Tier), xfer (Transfer), store (Store),
+pd (PdReceiver, PdSender), cp (CpGroup), prometheus (the statistics as a
+prometheus_client collector), trace (Mooncake traces), sglang (an SGLang
+HiCache storage backend).
+"""
+from ._core import ClosedError, Error, error_class, page_hashes
+from . import _core as _c
+from ._lib import LIBRARY, lib as _lib
+from .cache import POLICIES, PREFETCH_POLICIES, WRITE_POLICIES, Cache, Prefetch, Request, default_config
+from .store import Store, StoreResult
+from .tier import Tier, TensorInfo
+from .xfer import Transfer, XferResult
+
+# The error classes: kvtier.InvalidArgument is KVT_EINVAL, etc. (_core.ERROR_CLASSES)
+for _name in dir(_c):
+    if _name in _c.ERROR_CLASSES.values():
+        globals()[_name] = getattr(_c, _name)
+del _name
+
+
+def version() -> str:
+    """The library's version, "MAJOR.MINOR.PATCH" ("0.3.0")."""
+    v = _lib.kvt_version()
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def build_info() -> str:
+    """The library's version with what it was built with ("0.3.0 (cuda: no, ucx: yes)")."""
+    return _lib.kvt_version_string().decode()
+
+
+def version_number() -> int:
+    """MAJOR * 10000 + MINOR * 100 + PATCH."""
+    return _lib.kvt_version()
+
+
+__version__ = version()
+__all__ = ["Cache", "ClosedError", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
+           "Store", "StoreResult", "TensorInfo", "Tier", "Transfer", "WRITE_POLICIES", "XferResult",
+           "build_info", "default_config", "error_class", "page_hashes", "version", "version_number"]

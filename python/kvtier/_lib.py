@@ -1,0 +1,389 @@
+"""The C side: loading libkvtier, its structures and its function prototypes.
+
+ctypes, not cffi: it is in every CPython (Debian's, pyenv's, a venv's) with
+nothing to install and nothing to compile, so ``import kvtier`` works in any
+interpreter the library was built next to. The structures below mirror
+include/kvtier/*.h field by field; the statistics lists come from the headers
+themselves (_fields.py, generated), and tests/test_layout.py compiles a C
+program that prints every structure's size and field offsets and compares
+them with these, so a header change that is not made here fails the suite.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import pathlib
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_int, c_int32, c_size_t,
+                    c_uint, c_uint8, c_uint16, c_uint32, c_uint64, c_int64, c_void_p)
+
+from . import _fields
+
+__all__ = ["lib", "LIBRARY"]
+
+# ---- finding the library -------------------------------------------------
+
+
+def _candidates():
+    env = os.environ.get("KVTIER_LIB")
+    if env:
+        yield env
+        return
+    here = pathlib.Path(__file__).resolve().parent
+    try:  # written by `make python`: the library this package was built with
+        from . import _build  # type: ignore[attr-defined]
+        yield _build.LIBRARY
+    except ImportError:
+        pass
+    for build in ("build", "build-rel"):  # an in-tree checkout: python/kvtier -> ../../build
+        yield str(here.parent.parent / build / "libkvtier.so")
+    found = ctypes.util.find_library("kvtier")
+    if found:
+        yield found
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if not path:
+            continue
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(f"{path} (missing)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    raise ImportError("kvtier: cannot find libkvtier.so (build it with `make`, or set KVTIER_LIB); tried: "
+                      + "; ".join(tried or ["nothing"]))
+
+
+lib, LIBRARY = _load()
+
+# ---- structures ------------------------------------------------------------
+
+KVT_NO_PAGE = 0xFFFFFFFF
+KVT_TIER_MAX_PLANES = 4
+KVT_HIST_BUCKETS = (40 - 6 + 1) << 6
+KVT_PD_MAX_RANKS = 32
+KVT_CP_RESULT_BYTES = 256
+c_enum = c_int
+
+
+def _u64_fields(spec):
+    return [(name, c_uint64) for name, _kind, _help in spec]
+
+
+class Hash128(Structure):
+    _fields_ = [("lo", c_uint64), ("hi", c_uint64)]
+
+
+class Hist(Structure):
+    _fields_ = [("count", c_uint64), ("sum", c_uint64), ("min", c_uint64), ("max", c_uint64),
+                ("bucket", c_uint64 * KVT_HIST_BUCKETS)]
+
+
+class Model(Structure):
+    _fields_ = [("name", c_char_p), ("describe", c_char_p), ("layers", c_uint32), ("kv_heads", c_uint32),
+                ("head_dim", c_uint32), ("dtype_bytes", c_uint32), ("bytes_per_token", c_uint64)]
+
+
+class Geom(Structure):
+    _fields_ = [("pages", c_uint64), ("layers", c_uint32), ("layer_bytes", c_uint64), ("layout", c_enum)]
+
+
+class TierPlane(Structure):
+    _fields_ = [("layer_base", POINTER(c_void_p)), ("base", c_void_p), ("layer_stride", c_uint64),
+                ("piece_bytes", c_uint64), ("page_stride", c_uint64)]
+
+
+class TierEngine(Structure):
+    _fields_ = [("planes", c_uint32), ("plane", TierPlane * KVT_TIER_MAX_PLANES), ("device", c_bool)]
+
+
+class TierConfig(Structure):
+    _fields_ = [("size", c_uint32), ("kind", c_enum), ("geom", Geom), ("flags", c_uint32), ("name", c_char_p),
+                ("device", c_int), ("streams", c_uint32), ("engine", POINTER(TierEngine))]
+
+
+class TierInfo(Structure):
+    _fields_ = [("size", c_uint32), ("bytes", c_uint64), ("page_bytes", c_uint64), ("huge_pages", c_bool),
+                ("thp_advised", c_bool), ("locked", c_bool), ("registered", c_bool), ("creator", c_bool),
+                ("replaced_stale", c_bool)]
+
+
+class CacheConfig(Structure):
+    _fields_ = [("size", c_uint32), ("page_tokens", c_uint32), ("l1_pages", c_uint64), ("l2_pages", c_uint64),
+                ("l1_lanes", c_uint32), ("l1_free_room", c_double), ("l2_free_room", c_double),
+                ("policy", c_enum), ("write_policy", c_enum), ("write_through_hits", c_uint32),
+                ("l3_pages", c_uint64), ("l3_write_policy", c_enum), ("l3_write_hits", c_uint32),
+                ("prefetch_policy", c_enum), ("prefetch_threshold", c_uint32), ("prefetch_timeout_s", c_double),
+                ("prefetch_timeout_per_1024_s", c_double), ("prefetch_timeout_max_s", c_double),
+                ("l3_known", c_uint64)]
+
+
+class CacheReq(Structure):
+    _fields_ = [("node", c_void_p), ("pages", c_uint64), ("l1_hit_pages", c_uint64), ("l2_hit_pages", c_uint64),
+                ("new_pages", c_uint64), ("uncached_pages", c_uint64), ("committed", c_bool),
+                ("l3_hit_pages", c_uint64), ("l3_foreign_pages", c_uint64), ("prefetch", c_enum),
+                ("prefetch_wait_ns", c_uint64)]
+
+
+class CacheStats(Structure):
+    _fields_ = [("size", c_uint32)] + _u64_fields(_fields.CACHE_STATS)
+
+
+class RadixStats(Structure):
+    _fields_ = [("size", c_uint32)] + _u64_fields(_fields.RADIX_STATS)
+
+
+CACHE_BACKUP_STARTED = CFUNCTYPE(None, c_void_p, c_uint32, c_uint32, c_uint64)
+CACHE_L2_FREED = CFUNCTYPE(None, c_void_p, c_uint32)
+CACHE_BEFORE_COPY = CFUNCTYPE(c_int, c_void_p, c_bool, c_uint32, c_uint32, c_bool)
+
+
+class CacheCp(Structure):
+    _fields_ = [("size", c_uint32), ("rank", c_uint32), ("io_rank", c_bool), ("arg", c_void_p),
+                ("backup_started", c_void_p), ("l2_freed", c_void_p), ("before_copy", c_void_p)]
+
+
+class XferCopy(Structure):
+    _fields_ = [("src_page", c_uint32), ("dst_page", c_uint32)]
+
+
+class XferDone(Structure):
+    _fields_ = [("ticket", c_uint64), ("user", c_uint64), ("status", c_int), ("src", c_uint32), ("dst", c_uint32),
+                ("copies", POINTER(XferCopy)), ("n", c_size_t), ("bad_page", c_uint64)]
+
+
+class XferConfig(Structure):
+    _fields_ = [("size", c_uint32), ("threads", c_uint32), ("max_batch_bytes", c_uint64),
+                ("max_batch_copies", c_uint32), ("checksum", c_bool), ("on_done", c_void_p), ("arg", c_void_p)]
+
+
+class XferStats(Structure):
+    _fields_ = ([("size", c_uint32), ("src", c_uint32), ("dst", c_uint32)] + _u64_fields(_fields.XFER_STATS)
+                + [("gbps", c_double), ("queue_ns", Hist), ("copy_ns", Hist), ("e2e_ns", Hist)])
+
+
+STORE_LOG = CFUNCTYPE(None, c_void_p, c_char_p)
+
+
+class StoreConfig(Structure):
+    _fields_ = [("size", c_uint32), ("tier", c_void_p), ("model", c_char_p), ("page_tokens", c_uint32),
+                ("layers", c_uint32), ("layer_bytes", c_uint64), ("dtype_bytes", c_uint32), ("tp_rank", c_uint32),
+                ("tp_size", c_uint32), ("cp_rank", c_uint32), ("cp_size", c_uint32), ("ns", c_char_p),
+                ("threads", c_uint32), ("timeout_ms", c_uint32), ("retries", c_uint32), ("delay_us", c_uint32),
+                ("log", c_void_p), ("log_arg", c_void_p)]
+
+
+class StorePage(Structure):
+    _fields_ = [("hash", Hash128), ("page", c_uint32)]
+
+
+class StoreDone(Structure):
+    _fields_ = [("ticket", c_uint64), ("user", c_uint64), ("op", c_enum), ("status", c_int), ("n", c_size_t),
+                ("pages", POINTER(StorePage)), ("results", POINTER(c_uint8)), ("count", c_size_t),
+                ("latency_ns", c_uint64)]
+
+
+class StoreStats(Structure):
+    _fields_ = ([("size", c_uint32), ("op", c_enum)] + _u64_fields(_fields.STORE_STATS)
+                + [("stored_bytes", c_uint64), ("stored_objects", c_uint64), ("latency_ns", Hist)])
+
+
+class PdRankStats(Structure):
+    _fields_ = _u64_fields(_fields.PD_RANK_STATS) + [("gbps", c_double), ("straggler_factor", c_double),
+                                                     ("batch_ns", Hist)]
+
+
+class PdStats(Structure):
+    _fields_ = ([("size", c_uint32), ("ranks", c_uint32)] + _u64_fields(_fields.PD_STATS)
+                + [("straggler", c_int32), ("straggler_factor", c_double), ("first_vanished", c_int32),
+                   ("first_failed", c_uint64), ("handoff_ns", Hist), ("data_last_error", c_char * 128),
+                   ("control_last_error", c_char * 128), ("rank", PdRankStats * KVT_PD_MAX_RANKS)])
+
+
+class PdReceiverConfig(Structure):
+    _fields_ = [("size", c_uint32), ("pool", c_void_p), ("transport", c_enum), ("host", c_char_p),
+                ("data_port", c_uint16), ("control_port", c_uint16), ("ranks", c_uint32), ("token", c_uint64),
+                ("generation", c_uint32), ("resume_from", c_uint64), ("timeout_ms", c_uint64),
+                ("join_timeout_ms", c_uint64), ("window", c_uint32), ("straggler_factor", c_double),
+                ("max_live", c_uint32)]
+
+
+class PdEvent(Structure):
+    _fields_ = [("type", c_enum), ("handoff", c_uint64), ("status", c_int), ("rank", c_int32), ("reason", c_enum),
+                ("npages", c_uint64), ("pages", POINTER(c_uint32))]
+
+
+class PdSenderConfig(Structure):
+    _fields_ = [("size", c_uint32), ("src", c_void_p), ("transport", c_enum), ("host", c_char_p),
+                ("data_port", c_uint16), ("control_port", c_uint16), ("rank", c_uint32), ("ranks", c_uint32),
+                ("token", c_uint64), ("streams", c_uint32), ("max_batch_bytes", c_uint64),
+                ("welcome_timeout_ms", c_uint64)]
+
+
+class CpGroupConfig(Structure):
+    _fields_ = [("size", c_uint32), ("name", c_char_p), ("rank", c_uint32), ("ranks", c_uint32),
+                ("l1_pages", c_uint64), ("l2_pages", c_uint64), ("page_tokens", c_uint32), ("layers", c_uint32),
+                ("layer_bytes", c_uint64), ("layout", c_uint32), ("requests", c_uint64), ("tag", c_uint64),
+                ("timeout_ms", c_uint32), ("wait_ms", c_uint32), ("cancel", c_void_p)]
+
+
+class CpGroupInfo(Structure):
+    _fields_ = [("size", c_uint32), ("rank", c_uint32), ("ranks", c_uint32), ("creator", c_bool),
+                ("replaced_stale", c_bool), ("stopped", c_bool), ("stopped_by", c_int32), ("divergence", c_uint64),
+                ("wait_ns", c_uint64), ("waits", c_uint64)]
+
+
+class MemStats(Structure):
+    _fields_ = [("size", c_uint32), ("allocs", c_uint64), ("frees", c_uint64), ("failed", c_uint64),
+                ("live_bytes", c_int64), ("peak_bytes", c_int64)]
+
+
+# Every structure the layout test checks against the C compiler: Python class -> C type.
+STRUCTS = {
+    Hash128: "kvt_hash128_t", Hist: "kvt_hist_t", Model: "kvt_model_t", Geom: "kvt_geom_t",
+    TierPlane: "kvt_tier_plane_t", TierEngine: "kvt_tier_engine_t", TierConfig: "kvt_tier_config_t",
+    TierInfo: "kvt_tier_info_t", CacheConfig: "kvt_cache_config_t", CacheReq: "kvt_cache_req_t",
+    CacheStats: "kvt_cache_stats_t", RadixStats: "kvt_radix_stats_t", CacheCp: "kvt_cache_cp_t",
+    XferCopy: "kvt_xfer_copy_t", XferDone: "kvt_xfer_done_t", XferConfig: "kvt_xfer_config_t",
+    XferStats: "kvt_xfer_stats_t", StoreConfig: "kvt_store_config_t", StorePage: "kvt_store_page_t",
+    StoreDone: "kvt_store_done_t", StoreStats: "kvt_store_stats_t", PdRankStats: "kvt_pd_rank_stats_t",
+    PdStats: "kvt_pd_stats_t", PdReceiverConfig: "kvt_pd_receiver_config_t", PdEvent: "kvt_pd_event_t",
+    PdSenderConfig: "kvt_pd_sender_config_t", CpGroupConfig: "kvt_cp_group_config_t",
+    CpGroupInfo: "kvt_cp_group_info_t", MemStats: "kvt_mem_stats_t",
+}
+
+# ---- functions -------------------------------------------------------------
+
+vp, u32, u64, i32, P = c_void_p, c_uint32, c_uint64, c_int32, POINTER
+_PROTOS = {
+    # core
+    "kvt_version": (c_uint, []),
+    "kvt_version_string": (c_char_p, []),
+    "kvt_strerror": (c_char_p, [c_int]),
+    "kvt_err_name": (c_char_p, [c_int]),
+    "kvt_now_ns": (u64, []),
+    "kvt_hist_percentile": (u64, [P(Hist), c_double]),
+    "kvt_hist_mean": (c_double, [P(Hist)]),
+    "kvt_mem_stats": (c_int, [P(MemStats)]),
+    "kvt_model_find": (P(Model), [c_char_p]),
+    "kvt_model_at": (P(Model), [c_uint]),
+    "kvt_page_hash_chain": (None, [u32, P(i32), u64, u32, P(Hash128)]),
+    # enums by name
+    "kvt_policy_name": (c_char_p, [c_enum]),
+    "kvt_policy_parse": (c_int, [c_char_p, P(c_enum)]),
+    "kvt_write_policy_name": (c_char_p, [c_enum]),
+    "kvt_write_policy_parse": (c_int, [c_char_p, P(c_enum)]),
+    "kvt_prefetch_policy_name": (c_char_p, [c_enum]),
+    "kvt_prefetch_policy_parse": (c_int, [c_char_p, P(c_enum)]),
+    "kvt_prefetch_outcome_name": (c_char_p, [c_enum]),
+    "kvt_layout_name": (c_char_p, [c_enum]),
+    "kvt_layout_parse": (c_int, [c_char_p, P(c_enum)]),
+    "kvt_tier_kind_name": (c_char_p, [c_enum]),
+    # cache
+    "kvt_cache_config_default": (None, [P(CacheConfig)]),
+    "kvt_cache_create": (c_int, [P(vp), P(CacheConfig)]),
+    "kvt_cache_destroy": (None, [vp]),
+    "kvt_cache_admit": (c_int, [vp, u32, vp, u64, i32, vp, P(CacheReq)]),
+    "kvt_cache_admit_prefetched": (c_int, [vp, u64, u32, vp, u64, i32, vp, P(CacheReq)]),
+    "kvt_cache_prefetch": (c_int, [vp, u32, vp, u64, P(u64)]),
+    "kvt_cache_prefetch_cancel": (c_int, [vp, u64]),
+    "kvt_cache_prefetches": (u64, [vp]),
+    "kvt_cache_commit": (c_int, [vp, P(CacheReq)]),
+    "kvt_cache_release": (c_int, [vp, P(CacheReq)]),
+    "kvt_cache_poll": (c_int, [vp]),
+    "kvt_cache_sync": (c_int, [vp]),
+    "kvt_cache_attach": (c_int, [vp, vp, vp, c_uint, vp, c_uint]),
+    "kvt_cache_attach_store": (c_int, [vp, vp]),
+    "kvt_cache_digest": (u64, [vp]),
+    "kvt_cache_restore_room": (u64, [vp]),
+    "kvt_cache_stats": (c_int, [vp, P(CacheStats)]),
+    "kvt_cache_tree": (vp, [vp]),
+    "kvt_cache_check": (c_int, [vp, P(c_char_p)]),
+    "kvt_cache_lane_pages": (u64, [vp, u32]),
+    "kvt_radix_stats": (c_int, [vp, P(RadixStats)]),
+    # tiers
+    "kvt_tier_create": (c_int, [P(vp), P(TierConfig)]),
+    "kvt_tier_destroy": (None, [vp]),
+    "kvt_tier_geom": (P(Geom), [vp]),
+    "kvt_tier_kind": (c_enum, [vp]),
+    "kvt_tier_name": (c_char_p, [vp]),
+    "kvt_tier_host_visible": (c_bool, [vp]),
+    "kvt_tier_addr": (vp, [vp, u64, u32]),
+    "kvt_tier_planes": (u32, [vp]),
+    "kvt_tier_plane_addr": (vp, [vp, u32, u64, u32]),
+    "kvt_tier_write": (c_int, [vp, u64, u32, vp]),
+    "kvt_tier_read": (c_int, [vp, u64, u32, vp]),
+    "kvt_tier_sums": (P(u64), [vp]),
+    "kvt_tier_page_sum": (u64, [vp, u64]),
+    "kvt_tier_info": (c_int, [vp, P(TierInfo)]),
+    "kvt_tier_cuda_built": (c_bool, []),
+    "kvt_tier_pattern_fill": (c_int, [vp, u64, u64, u64, vp]),
+    "kvt_tier_pattern_check": (c_bool, [vp, u64, u64, u64, vp]),
+    # transfer engine
+    "kvt_xfer_config_default": (None, [P(XferConfig)]),
+    "kvt_xfer_create": (c_int, [P(vp), P(XferConfig), P(vp), c_uint]),
+    "kvt_xfer_destroy": (None, [vp]),
+    "kvt_xfer_submit": (c_int, [vp, c_uint, c_uint, P(XferCopy), c_size_t, u64, P(u64)]),
+    "kvt_xfer_poll": (c_int, [vp, P(XferDone), c_size_t, u64]),
+    "kvt_xfer_pending": (u64, [vp]),
+    "kvt_xfer_stats": (c_int, [vp, c_uint, c_uint, P(XferStats)]),
+    # store
+    "kvt_store_config_default": (None, [P(StoreConfig)]),
+    "kvt_store_open": (c_int, [P(vp), c_char_p, P(StoreConfig)]),
+    "kvt_store_close": (None, [vp]),
+    "kvt_store_last_error": (c_char_p, [vp]),
+    "kvt_store_url": (c_char_p, [vp]),
+    "kvt_store_backend": (c_char_p, [vp]),
+    "kvt_store_key": (Hash128, [vp, P(Hash128), c_char_p]),
+    "kvt_store_object_bytes": (u64, [vp]),
+    "kvt_store_exists": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),
+    "kvt_store_get": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),
+    "kvt_store_put": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),
+    "kvt_store_remove": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),
+    "kvt_store_poll": (c_int, [vp, P(StoreDone), c_size_t, u64]),
+    "kvt_store_pending": (u64, [vp]),
+    "kvt_store_stats": (c_int, [vp, c_enum, P(StoreStats)]),
+    # PD
+    "kvt_pd_receiver_create": (c_int, [P(vp), P(PdReceiverConfig)]),
+    "kvt_pd_receiver_destroy": (None, [vp]),
+    "kvt_pd_receiver_data_port": (c_uint16, [vp]),
+    "kvt_pd_receiver_control_port": (c_uint16, [vp]),
+    "kvt_pd_receiver_poll": (c_int, [vp, P(PdEvent), c_size_t, u64]),
+    "kvt_pd_receiver_release": (c_int, [vp, u64]),
+    "kvt_pd_receiver_stats": (c_int, [vp, P(PdStats)]),
+    "kvt_pd_sender_create": (c_int, [P(vp), P(PdSenderConfig)]),
+    "kvt_pd_sender_destroy": (None, [vp]),
+    "kvt_pd_sender_begin": (c_int, [vp, u64, u64, P(u32)]),
+    "kvt_pd_sender_send": (c_int, [vp, u64, P(XferCopy), c_size_t]),
+    "kvt_pd_sender_finish": (c_int, [vp]),
+    "kvt_pd_sender_linked": (c_bool, [vp]),
+    "kvt_pd_sender_stats": (c_int, [vp, P(PdRankStats)]),
+    "kvt_net_ucx_built": (c_bool, []),
+    # CP group
+    "kvt_cp_group_join": (c_int, [P(vp), P(CpGroupConfig), P(c_char_p)]),
+    "kvt_cp_group_wait_joined": (c_int, [vp]),
+    "kvt_cp_group_open_tier": (c_int, [vp, c_char_p, P(TierConfig), P(vp)]),
+    "kvt_cp_group_xfer_config": (None, [vp, P(XferConfig), c_uint]),
+    "kvt_cp_group_attach": (c_int, [vp, vp, vp, vp, c_uint, vp, c_uint]),
+    "kvt_cp_group_admitted": (c_int, [vp, P(CacheReq), P(u32)]),
+    "kvt_cp_group_filled": (c_int, [vp, u64]),
+    "kvt_cp_group_step": (c_int, [vp, u64, u64]),
+    "kvt_cp_group_check_digests": (c_int, [vp, u64, P(u64)]),
+    "kvt_cp_group_fail": (None, [vp, c_char_p]),
+    "kvt_cp_group_finish": (c_int, [vp, vp, c_size_t]),
+    "kvt_cp_group_result": (c_int, [vp, u32, vp, c_size_t]),
+    "kvt_cp_group_leave": (c_int, [vp, P(c_char_p)]),
+    "kvt_cp_group_why": (c_char_p, [vp]),
+    "kvt_cp_group_info": (c_int, [vp, P(CpGroupInfo)]),
+    "kvt_cp_group_remove_stale": (c_int, [c_char_p, P(c_char_p)]),
+}
+
+for _name, (_res, _args) in _PROTOS.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+del _name, _res, _args, _f

@@ -1,0 +1,288 @@
+"""The cache (cache.h): the radix prefix tree, the page allocators and the
+tier policies, driven by an engine's scheduler thread."""
+from __future__ import annotations
+
+import array
+import ctypes
+import weakref
+from typing import Any, Dict, Optional
+
+from . import _fields
+from ._core import Error, Handle, check, enum_arg, enum_names, error, tokens_arg
+from ._lib import CacheConfig, CacheReq, CacheStats, RadixStats, lib
+
+__all__ = ["Cache", "Request", "Prefetch", "POLICIES", "WRITE_POLICIES", "PREFETCH_POLICIES"]
+
+POLICIES = enum_names(lib.kvt_policy_name, 7)
+WRITE_POLICIES = enum_names(lib.kvt_write_policy_name, 3)
+PREFETCH_POLICIES = enum_names(lib.kvt_prefetch_policy_name, 3)
+PREFETCH_OUTCOMES = enum_names(lib.kvt_prefetch_outcome_name, 5)
+CACHE_STATS = tuple(f for f, _, _ in _fields.CACHE_STATS)
+RADIX_STATS = tuple(f for f, _, _ in _fields.RADIX_STATS)
+
+_ENUMS = {
+    "policy": (lib.kvt_policy_parse, POLICIES),
+    "write_policy": (lib.kvt_write_policy_parse, WRITE_POLICIES),
+    "l3_write_policy": (lib.kvt_write_policy_parse, WRITE_POLICIES),
+    "prefetch_policy": (lib.kvt_prefetch_policy_parse, PREFETCH_POLICIES),
+}
+CONFIG_FIELDS = tuple(n for n, _ in CacheConfig._fields_ if n != "size")
+
+
+def _default_config() -> CacheConfig:
+    cfg = CacheConfig()
+    lib.kvt_cache_config_default(ctypes.byref(cfg))
+    return cfg
+
+
+def default_config() -> Dict[str, Any]:
+    """The library's defaults for every Cache() keyword (enums by name)."""
+    cfg = _default_config()
+    out = {}
+    for n in CONFIG_FIELDS:
+        v = getattr(cfg, n)
+        out[n] = _ENUMS[n][1][v] if n in _ENUMS else v
+    return out
+
+
+class Request:
+    """An admitted request: which of its pages were hits where, and the L1
+    page of each of its first ``pages`` pages (``l1_ids``). Release it once
+    (``release()``, or leave its ``with`` block); ``commit()`` first says
+    that its new pages hold their KV (release commits too)."""
+
+    __slots__ = ("_cache", "_req", "l1_ids", "tokens", "released", "__weakref__")
+
+    def __init__(self, cache: "Cache", req: CacheReq, l1_ids: array.array, ntokens: int) -> None:
+        self._cache = cache
+        self._req = req
+        self.l1_ids = l1_ids[:req.pages] if len(l1_ids) != req.pages else l1_ids
+        self.tokens = ntokens
+        self.released = False
+
+    pages = property(lambda self: self._req.pages, doc="pages of the request now in the cache, in order")
+    l1_hit_pages = property(lambda self: self._req.l1_hit_pages, doc="matched pages that were in L1")
+    l2_hit_pages = property(lambda self: self._req.l2_hit_pages, doc="matched pages loaded back from L2")
+    l3_hit_pages = property(lambda self: self._req.l3_hit_pages, doc="matched pages that came from L3")
+    l3_foreign_pages = property(lambda self: self._req.l3_foreign_pages,
+                                doc="L3 hit pages another instance put")
+    new_pages = property(lambda self: self._req.new_pages, doc="pages allocated for the part computed now")
+    uncached_pages = property(lambda self: self._req.uncached_pages, doc="full pages that found no room")
+    committed = property(lambda self: bool(self._req.committed))
+    prefetch = property(lambda self: PREFETCH_OUTCOMES[self._req.prefetch],
+                        doc="what became of the request's prefetch")
+    prefetch_wait_ns = property(lambda self: self._req.prefetch_wait_ns)
+
+    @property
+    def hit_pages(self) -> int:
+        """Pages whose KV is already there: L1 hits, L2 and L3 load-backs."""
+        r = self._req
+        return r.l1_hit_pages + r.l2_hit_pages + r.l3_hit_pages
+
+    def commit(self) -> None:
+        """The request's new pages now hold their KV (write_through backs them up)."""
+        if self.released:
+            raise error(-1, "Request.commit", "the request was released")
+        check(lib.kvt_cache_commit(self._cache._ptr, ctypes.byref(self._req)), "Request.commit")
+
+    def release(self) -> None:
+        """Lets go of the request's pages (they stay cached); commits first."""
+        if self.released:
+            raise error(-1, "Request.release", "the request was released already")
+        check(lib.kvt_cache_release(self._cache._ptr, ctypes.byref(self._req)), "Request.release")
+        self.released = True
+        self._cache._live.discard(self)
+
+    def __enter__(self) -> "Request":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.released and not self._cache.closed:
+            self.release()
+
+    def __repr__(self) -> str:
+        r = self._req
+        return (f"<kvtier.Request pages={r.pages} l1_hit={r.l1_hit_pages} l2_hit={r.l2_hit_pages} "
+                f"l3_hit={r.l3_hit_pages} new={r.new_pages}{' released' if self.released else ''}>")
+
+
+class Prefetch:
+    """A prefetch started when a request arrived (:meth:`Cache.prefetch`);
+    finished by the request's admission (``Cache.admit(tokens, prefetch=p)``)
+    or dropped by ``cancel()``."""
+
+    __slots__ = ("_cache", "id", "_tokens", "done")
+
+    def __init__(self, cache: "Cache", pid: int, tokens: Any) -> None:
+        self._cache, self.id, self._tokens, self.done = cache, pid, tokens, pid == 0
+
+    def cancel(self) -> None:
+        if not self.done:
+            check(lib.kvt_cache_prefetch_cancel(self._cache._ptr, self.id), "Prefetch.cancel")
+            self.done = True
+
+
+class Cache(Handle):
+    """A KV cache over L1 (GPU pages), L2 (host pages) and optionally an L3
+    store, with planned eviction against free-room targets.
+
+    Keywords are the fields of kvt_cache_config_t (``default_config()``
+    lists them with the library's defaults); enums go by name::
+
+        with kvtier.Cache(l1_pages=4096, l2_pages=8192, policy="lru") as c:
+            with c.admit(tokens) as req:
+                ...  # compute KV for tokens[req.hit_pages * c.page_tokens:], into req.l1_ids
+
+    Without :meth:`attach` the cache manages page ids only (no bytes move);
+    with it, loads and backups copy bytes between the tiers on a transfer
+    engine. A cache belongs to one thread: call it from the engine's
+    scheduler thread only."""
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__()
+        cfg = _default_config()
+        for k, v in config.items():
+            if k not in CONFIG_FIELDS:
+                raise TypeError(f"Cache: unknown option {k!r} (options: {', '.join(CONFIG_FIELDS)})")
+            if k in _ENUMS:
+                v = enum_arg(v, _ENUMS[k][0], k, _ENUMS[k][1])
+            try:
+                setattr(cfg, k, v)
+            except TypeError:
+                raise TypeError(f"Cache: {k}: {v!r} is not a number") from None
+            if isinstance(v, int) and getattr(cfg, k) != v:
+                raise ValueError(f"Cache: {k}: {v} does not fit the field")
+        h = ctypes.c_void_p()
+        rc = lib.kvt_cache_create(ctypes.byref(h), ctypes.byref(cfg))
+        if rc < 0:
+            raise error(rc, "Cache", "a field is out of range: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+        self._own(h.value)
+        self._cfg = cfg
+        self._live: "weakref.WeakSet[Request]" = weakref.WeakSet()
+        self._ids = array.array("I", bytes(4 * 64))
+        self._attached = False
+
+    def _destroy(self, h: int) -> None:
+        for r in list(self._live):  # every admitted request is released once
+            if not r.released:
+                lib.kvt_cache_release(h, ctypes.byref(r._req))
+                r.released = True
+        lib.kvt_cache_destroy(h)
+
+    @property
+    def page_tokens(self) -> int:
+        return self._cfg.page_tokens
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        return {n: (_ENUMS[n][1][getattr(self._cfg, n)] if n in _ENUMS else getattr(self._cfg, n))
+                for n in CONFIG_FIELDS}
+
+    # -- data plane ----------------------------------------------------------
+
+    def attach(self, xfer: Any, l1: Any, l2: Any, l1_index: Optional[int] = None,
+               l2_index: Optional[int] = None) -> None:
+        """Copies move bytes from now on: between tier ``l1`` and tier ``l2`` on
+        transfer engine ``xfer`` (indices default to the tiers' places in it).
+        Before the first admission; the engine and tiers stay open while the
+        cache is."""
+        l1_index = xfer.index(l1) if l1_index is None else l1_index
+        l2_index = xfer.index(l2) if l2_index is None else l2_index
+        check(lib.kvt_cache_attach(self._ptr, xfer._ptr, l1._ptr, l1_index, l2._ptr, l2_index), "Cache.attach",
+              "no L2 in the cache, tiers too small, or requests admitted already")
+        self._own(self._h, (xfer, l1, l2))
+
+    def attach_store(self, store: Any) -> None:
+        """The store becomes the third tier (its tier is the cache's L2)."""
+        check(lib.kvt_cache_attach_store(self._ptr, store._ptr), "Cache.attach_store",
+              "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
+        self._own(self._h, (store,))
+
+    # -- requests ------------------------------------------------------------
+
+    def admit(self, tokens: Any, ns: int = 0, priority: int = 0, prefetch: Optional[Prefetch] = None) -> Request:
+        """Admits a request: its longest cached prefix is matched and locked
+        (the part only in L2, or prefetched from L3, is loaded into L1 first),
+        pages for the rest are allocated. Only whole pages are cached."""
+        addr, n, keep = tokens_arg(tokens)
+        need = n // self._cfg.page_tokens + 1
+        if len(self._ids) < need:
+            self._ids = array.array("I", bytes(4 * max(need, 2 * len(self._ids))))
+        ids_addr = self._ids.buffer_info()[0]
+        req = CacheReq()
+        if prefetch is None:
+            rc = lib.kvt_cache_admit(self._ptr, ns, addr, n, priority, ids_addr, ctypes.byref(req))
+        else:
+            if prefetch._cache is not self or prefetch.done and prefetch.id:
+                raise error(-1, "Cache.admit", "the prefetch is not this cache's, or is over")
+            rc = lib.kvt_cache_admit_prefetched(self._ptr, prefetch.id, ns, addr, n, priority, ids_addr,
+                                                ctypes.byref(req))
+            if rc == 0:
+                prefetch.done = True
+        del keep
+        if rc < 0:
+            raise error(rc, "Cache.admit")
+        r = Request(self, req, self._ids[:req.pages], n)
+        self._live.add(r)
+        return r
+
+    def prefetch(self, tokens: Any, ns: int = 0) -> Prefetch:
+        """Starts the L3 prefetch of a request that just arrived (pass the
+        result to its admit). A no-op prefetch (id 0) when there is no L3,
+        the request is below the threshold, or nothing of it is in L3."""
+        addr, n, keep = tokens_arg(tokens)
+        pid = ctypes.c_uint64()
+        check(lib.kvt_cache_prefetch(self._ptr, ns, addr, n, ctypes.byref(pid)), "Cache.prefetch")
+        return Prefetch(self, pid.value, keep)
+
+    @property
+    def prefetches(self) -> int:
+        return lib.kvt_cache_prefetches(self._ptr)
+
+    def poll(self) -> int:
+        """Applies the copies that completed; how many."""
+        return check(lib.kvt_cache_poll(self._ptr), "Cache.poll")
+
+    def sync(self) -> None:
+        """Waits for every copy and store call in flight."""
+        check(lib.kvt_cache_sync(self._ptr), "Cache.sync")
+
+    def restore_room(self) -> int:
+        """Evicts until every tier's free-room target holds; pages evicted."""
+        return lib.kvt_cache_restore_room(self._ptr)
+
+    # -- introspection -------------------------------------------------------
+
+    def stats(self) -> Dict[str, int]:
+        """kvt_cache_stats_t as a dict (the fields of KVT_CACHE_STATS_FIELDS)."""
+        st = CacheStats(size=ctypes.sizeof(CacheStats))
+        check(lib.kvt_cache_stats(self._ptr, ctypes.byref(st)), "Cache.stats")
+        return {n: getattr(st, n) for n in CACHE_STATS}
+
+    def tree_stats(self) -> Dict[str, int]:
+        """The radix tree's kvt_radix_stats_t (nodes, pages per tier, metadata bytes...)."""
+        st = RadixStats(size=ctypes.sizeof(RadixStats))
+        check(lib.kvt_radix_stats(lib.kvt_cache_tree(self._ptr), ctypes.byref(st)), "Cache.tree_stats")
+        return {n: getattr(st, n) for n in RADIX_STATS}
+
+    def check(self) -> None:
+        """Recomputes every invariant of the tree and the allocators; raises
+        CorruptError naming the first violation."""
+        why = ctypes.c_char_p()
+        rc = lib.kvt_cache_check(self._ptr, ctypes.byref(why))
+        if rc < 0:
+            raise error(rc, "Cache.check", why.value.decode() if why.value else "")
+
+    @property
+    def digest(self) -> int:
+        """A running hash of the cache's decisions (equal for caches fed the same calls)."""
+        return lib.kvt_cache_digest(self._ptr)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<kvtier.Cache closed>"
+        c = self._cfg
+        return f"<kvtier.Cache L1 {c.l1_pages} L2 {c.l2_pages} pages of {c.page_tokens} tokens>"
+
+
+Error  # re-exported through kvtier

@@ -1,0 +1,122 @@
+"""The transfer engine (xfer.h): batches of page copies between tiers, run
+asynchronously on worker threads, coalesced into contiguous runs, measured."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Dict, List, NamedTuple, Sequence
+
+from . import _fields
+from ._core import Handle, check, error
+from ._lib import XferConfig, XferCopy, XferDone, XferStats, lib
+
+__all__ = ["Transfer", "XferResult"]
+
+XFER_STATS = tuple(f for f, _, _ in _fields.XFER_STATS)
+
+
+class XferResult(NamedTuple):
+    ticket: int
+    user: int
+    status: str    # "KVT_OK", "KVT_EIO" (a copy failed), "KVT_ECORRUPT" (a checksum failed)
+    src: int
+    dst: int
+    n: int
+    bad_page: int  # KVT_ECORRUPT: the source page whose checksum failed
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "KVT_OK"
+
+
+def copies_arg(copies: Any):
+    """(array, n) of XferCopy from (src_page, dst_page) pairs or an [n, 2] integer array."""
+    if hasattr(copies, "__array_interface__") or type(copies).__module__.startswith("torch"):
+        pairs = [(int(a), int(b)) for a, b in copies.tolist()]
+    else:
+        pairs = list(copies)
+    arr = (XferCopy * max(len(pairs), 1))()
+    for i, (s, d) in enumerate(pairs):
+        if not (0 <= s < 1 << 32 and 0 <= d < 1 << 32):
+            raise ValueError(f"copy {i}: pages ({s}, {d}) out of range")
+        arr[i].src_page, arr[i].dst_page = s, d
+    return arr, len(pairs)
+
+
+class Transfer(Handle):
+    """A transfer engine over ``tiers`` (indices are their places in the list).
+
+    ``threads`` workers per destination; ``checksum`` records a page's XXH3
+    when it lands in a checksummed host tier and verifies it when it is read
+    back. The tiers stay open while the engine is."""
+
+    def __init__(self, tiers: Sequence[Any], threads: int = 1, checksum: bool = True,
+                 max_batch_bytes: int = 0, max_batch_copies: int = 0) -> None:
+        super().__init__()
+        cfg = XferConfig()
+        lib.kvt_xfer_config_default(ctypes.byref(cfg))
+        cfg.threads = threads
+        cfg.checksum = checksum
+        if max_batch_bytes:
+            cfg.max_batch_bytes = max_batch_bytes
+        if max_batch_copies:
+            cfg.max_batch_copies = max_batch_copies
+        self._tiers = list(tiers)
+        arr = (ctypes.c_void_p * max(len(self._tiers), 1))(*[t._ptr for t in self._tiers])
+        h = ctypes.c_void_p()
+        check(lib.kvt_xfer_create(ctypes.byref(h), ctypes.byref(cfg), arr, len(self._tiers)), "Transfer",
+              f"{len(self._tiers)} tiers, threads={threads} (1..64)")
+        self._own(h.value, self._tiers)
+        self._results: Dict[int, XferResult] = {}
+
+    def _destroy(self, h: int) -> None:
+        lib.kvt_xfer_destroy(h)
+
+    def index(self, tier: Any) -> int:
+        """The index of a tier in this engine."""
+        for i, t in enumerate(self._tiers):
+            if t is tier:
+                return i
+        raise ValueError("the tier is not one of this transfer engine's")
+
+    def submit(self, src: int, dst: int, copies: Any, user: int = 0) -> int:
+        """Queues copies (src_page, dst_page) from tier src to tier dst; the ticket."""
+        arr, n = copies_arg(copies)
+        t = ctypes.c_uint64()
+        check(lib.kvt_xfer_submit(self._ptr, src, dst, arr, n, user, ctypes.byref(t)), "Transfer.submit",
+              "a tier index or page out of range, a destination page twice, or no copies")
+        return t.value
+
+    def poll(self, timeout: float = 0.0, max: int = 64) -> List[XferResult]:
+        """Completed batches (waiting up to ``timeout`` seconds for the first)."""
+        out = (XferDone * max)()
+        got = check(lib.kvt_xfer_poll(self._ptr, out, max, int(timeout * 1e9)), "Transfer.poll")
+        return [XferResult(d.ticket, d.user, lib.kvt_err_name(d.status).decode(), d.src, d.dst, d.n, d.bad_page)
+                for d in out[:got]]
+
+    def wait(self, ticket: int, timeout: float = 60.0) -> XferResult:
+        """The result of one batch (other batches polled meanwhile are kept for their own wait)."""
+        import time
+        end = time.monotonic() + timeout
+        while ticket not in self._results:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise error(-14, "Transfer.wait", f"ticket {ticket}")
+            for r in self.poll(min(left, 0.1)):
+                self._results[r.ticket] = r
+        return self._results.pop(ticket)
+
+    @property
+    def pending(self) -> int:
+        return lib.kvt_xfer_pending(self._ptr)
+
+    def stats(self, src: int, dst: int) -> Dict[str, Any]:
+        """Counters for copies src -> dst, with gbps and latency percentiles (ns)."""
+        st = XferStats(size=ctypes.sizeof(XferStats))
+        check(lib.kvt_xfer_stats(self._ptr, src, dst, ctypes.byref(st)), "Transfer.stats")
+        out: Dict[str, Any] = {n: getattr(st, n) for n in XFER_STATS}
+        out["gbps"] = st.gbps
+        for h in ("queue_ns", "copy_ns", "e2e_ns"):
+            hist = getattr(st, h)
+            out[h] = {q: lib.kvt_hist_percentile(ctypes.byref(hist), v)
+                      for q, v in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))} if hist.count else {}
+        return out
