@@ -1,0 +1,102 @@
+"""Mooncake request traces (JSONL: timestamp, input_length, output_length,
+hash_ids), their token ids as `kvtier replay` builds them, and a replay
+through the binding that makes the calls an engine makes per request."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, List, NamedTuple
+
+import numpy as np
+
+BLOCK_TOKENS = 512  # tokens a Mooncake hash id stands for
+
+__all__ = ["TraceRequest", "load", "block_tokens", "request_tokens", "replay"]
+
+
+class TraceRequest(NamedTuple):
+    timestamp_ms: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple
+
+
+def load(path: str, limit: int = 0) -> List[TraceRequest]:
+    """Parses a Mooncake trace; a malformed line raises ValueError naming
+    ``path:line`` and what is wrong."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                o = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(o, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object")
+            for k in ("input_length", "hash_ids"):
+                if k not in o:
+                    raise ValueError(f"{path}:{lineno}: no \"{k}\"")
+            il, ids = o["input_length"], o["hash_ids"]
+            if not isinstance(il, int) or il < 0:
+                raise ValueError(f"{path}:{lineno}: input_length {il!r} is not a whole number >= 0")
+            if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < 1 << 32 for i in ids):
+                raise ValueError(f"{path}:{lineno}: hash_ids must be a list of 32-bit ids")
+            need = -(-il // BLOCK_TOKENS)
+            if len(ids) < need:
+                raise ValueError(f"{path}:{lineno}: {len(ids)} hash_ids cover fewer than input_length {il} tokens")
+            out.append(TraceRequest(int(o.get("timestamp", 0)), il, int(o.get("output_length", 0)),
+                                    tuple(ids[:need])))
+            if limit and len(out) == limit:
+                break
+    return out
+
+
+_J = np.arange(BLOCK_TOKENS, dtype=np.uint64)
+
+
+def block_tokens(ids: Any, block: int = BLOCK_TOKENS) -> np.ndarray:
+    """The tokens of hash-id blocks, concatenated: token j of block id is
+    splitmix64(id << 9 | j) & 0x7fffffff (the function `kvtier replay` uses),
+    the first ``block`` of each block's 512."""
+    x = (np.asarray(ids, dtype=np.uint64)[:, None] << np.uint64(9)) | _J[None, :block]
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(0x7FFFFFFF)).astype(np.int32).reshape(-1)
+
+
+def request_tokens(r: TraceRequest) -> np.ndarray:
+    """A request's int32 token ids, exactly as `kvtier replay` builds them."""
+    return block_tokens(r.hash_ids)[: r.input_length]
+
+
+def replay(cache: Any, reqs: List[TraceRequest], prefetch_ahead: int = 4) -> Dict[str, Any]:
+    """Feeds every request through a Cache as an engine would: tokens built,
+    prefetched ahead when the cache has an L3, admitted, committed, released.
+    Returns the cache's statistics with the hit rate and the time taken (the
+    same calls, in the same order, as `kvtier replay`)."""
+    has_l3 = cache.config["l3_pages"] > 0 or any(type(d).__name__ == "Store" for d in cache._deps)
+    ahead = prefetch_ahead if has_l3 else 0
+    ring: List[Any] = [None] * (ahead + 1)
+    nxt = 0
+    n = len(reqs)
+    t0 = time.perf_counter()
+    for i in range(n):
+        while nxt < n and nxt <= i + ahead:
+            tk = request_tokens(reqs[nxt])
+            ring[nxt % len(ring)] = (tk, cache.prefetch(tk) if has_l3 else None)
+            nxt += 1
+        tk, pf = ring[i % len(ring)]
+        req = cache.admit(tk, prefetch=pf)
+        req.commit()
+        req.release()
+    cache.sync()
+    wall = time.perf_counter() - t0
+    st = cache.stats()
+    hits = st["l1_hit_tokens"] + st["l2_hit_tokens"] + st["l3_hit_tokens"]
+    st.update(hit_rate=hits / st["tokens"] if st["tokens"] else 0.0, wall_s=wall, requests_per_s=n / wall)
+    return st
