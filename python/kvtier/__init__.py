@@ -19,11 +19,13 @@ HiCache storage backend).
 """
 from ._core import ClosedError, Error, error_class, page_hashes
 from . import _core as _c
-from ._lib import LIBRARY, lib as _lib
+from ._lib import LIBRARY, lib as _clib
 from .cache import POLICIES, PREFETCH_POLICIES, WRITE_POLICIES, Cache, Prefetch, Request, default_config
 from .store import Store, StoreResult
 from .tier import Tier, TensorInfo
 from .xfer import Transfer, XferResult
+from .pd import PdReceiver, PdSender
+from .cp import CpGroup
 
 # The error classes: kvtier.InvalidArgument is KVT_EINVAL, etc. (_core.ERROR_CLASSES)
 for _name in dir(_c):
@@ -34,21 +36,21 @@ del _name
 
 def version() -> str:
     """The library's version, "MAJOR.MINOR.PATCH" ("0.3.0")."""
-    v = _lib.kvt_version()
+    v = _clib.kvt_version()
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
 def build_info() -> str:
     """The library's version with what it was built with ("0.3.0 (cuda: no, ucx: yes)")."""
-    return _lib.kvt_version_string().decode()
+    return _clib.kvt_version_string().decode()
 
 
 def version_number() -> int:
     """MAJOR * 10000 + MINOR * 100 + PATCH."""
-    return _lib.kvt_version()
+    return _clib.kvt_version()
 
 
 __version__ = version()
-__all__ = ["Cache", "ClosedError", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
+__all__ = ["Cache", "ClosedError", "CpGroup", "PdReceiver", "PdSender", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
            "Store", "StoreResult", "TensorInfo", "Tier", "Transfer", "WRITE_POLICIES", "XferResult",
            "build_info", "default_config", "error_class", "page_hashes", "version", "version_number"]

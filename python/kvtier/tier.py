@@ -287,6 +287,14 @@ class Tier(Handle):
         """XXH3-64 of the page (host-visible tiers; 0 for others)."""
         return lib.kvt_tier_page_sum(self._ptr, self._page(page))
 
+    def checksums(self) -> Optional[memoryview]:
+        """The per-page XXH3-64 a checksummed host tier keeps (a live uint64
+        view, ``pages`` long, valid while the tier is open), or None."""
+        p = lib.kvt_tier_sums(self._ptr)
+        if not p:
+            return None
+        return memoryview((ctypes.c_uint64 * self.pages).from_address(ctypes.addressof(p.contents))).cast("B").cast("Q")
+
     def view(self, page: int) -> memoryview:
         """A writable view of a page of a one-plane host tier (host, shm, arena),
         for tests and tools that poke at bytes (a page_first page is one block;

@@ -50,10 +50,12 @@ class Transfer(Handle):
     back. The tiers stay open while the engine is."""
 
     def __init__(self, tiers: Sequence[Any], threads: int = 1, checksum: bool = True,
-                 max_batch_bytes: int = 0, max_batch_copies: int = 0) -> None:
+                 max_batch_bytes: int = 0, max_batch_copies: int = 0, _configure: Any = None) -> None:
         super().__init__()
         cfg = XferConfig()
         lib.kvt_xfer_config_default(ctypes.byref(cfg))
+        if _configure is not None:  # a CP group's completion hook (CpGroup.transfer)
+            _configure(cfg)
         cfg.threads = threads
         cfg.checksum = checksum
         if max_batch_bytes:

@@ -1,0 +1,151 @@
+"""The PD hand-off (pd.h): a prefill group of C ranks hands a request's KV
+pages to a decode instance over TCP or UCX. The decode side runs a
+:class:`PdReceiver` over a pool tier; each prefill rank a :class:`PdSender`
+from its own tier."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+from . import _fields
+from ._core import Handle, c_str, check, error
+from ._lib import PdEvent, PdRankStats, PdReceiverConfig, PdSenderConfig, PdStats, lib
+from .xfer import copies_arg
+
+__all__ = ["PdReceiver", "PdSender", "PdEventInfo", "TRANSPORTS"]
+
+TRANSPORTS = ("tcp", "ucx")
+EVENTS = {1: "complete", 2: "failed", 3: "end"}
+REASONS = ("none", "vanished", "send", "timeout")
+PD_STATS = tuple(f for f, _, _ in _fields.PD_STATS)
+PD_RANK_STATS = tuple(f for f, _, _ in _fields.PD_RANK_STATS)
+
+
+def _transport(t: str) -> int:
+    if t not in TRANSPORTS:
+        raise ValueError(f"transport: {t!r} (choose from {', '.join(TRANSPORTS)})")
+    if t == "ucx" and not lib.kvt_net_ucx_built():
+        raise error(-13, "transport ucx", "this library was built without UCX")
+    return TRANSPORTS.index(t)
+
+
+class PdEventInfo(NamedTuple):
+    """A hand-off that completed (its pool pages are the caller's until
+    release), failed (release it too), or the end of the control loop."""
+    type: str
+    handoff: int
+    status: str
+    rank: int
+    reason: str
+    pages: tuple
+
+
+def _rank_dict(r: PdRankStats) -> Dict[str, Any]:
+    d: Dict[str, Any] = {n: getattr(r, n) for n in PD_RANK_STATS}
+    d["gbps"], d["straggler_factor"] = r.gbps, r.straggler_factor
+    return d
+
+
+class PdReceiver(Handle):
+    """Decode's end: listens on a data port (the page server writing into
+    ``pool``) and a control port; ``ranks`` senders must join."""
+
+    def __init__(self, pool: Any, ranks: int, token: int, transport: str = "tcp", host: Optional[str] = None,
+                 data_port: int = 0, control_port: int = 0, generation: int = 0, resume_from: int = 0,
+                 timeout_ms: int = 0, join_timeout_ms: int = 0, window: int = 0, straggler_factor: float = 0.0,
+                 max_live: int = 0) -> None:
+        super().__init__()
+        self._host = c_str(host)
+        cfg = PdReceiverConfig(size=ctypes.sizeof(PdReceiverConfig), pool=pool._ptr, transport=_transport(transport),
+                               host=self._host, data_port=data_port, control_port=control_port, ranks=ranks,
+                               token=token, generation=generation, resume_from=resume_from, timeout_ms=timeout_ms,
+                               join_timeout_ms=join_timeout_ms, window=window, straggler_factor=straggler_factor,
+                               max_live=max_live)
+        h = ctypes.c_void_p()
+        check(lib.kvt_pd_receiver_create(ctypes.byref(h), ctypes.byref(cfg)), "PdReceiver",
+              f"ranks={ranks} (1..32), a host-visible pool tier, free ports")
+        self._own(h.value, (pool,))
+
+    def _destroy(self, h: int) -> None:
+        lib.kvt_pd_receiver_destroy(h)
+
+    @property
+    def data_port(self) -> int:
+        return lib.kvt_pd_receiver_data_port(self._ptr)
+
+    @property
+    def control_port(self) -> int:
+        return lib.kvt_pd_receiver_control_port(self._ptr)
+
+    def poll(self, timeout: float = 0.0, max: int = 16) -> List[PdEventInfo]:
+        out = (PdEvent * max)()
+        got = check(lib.kvt_pd_receiver_poll(self._ptr, out, max, int(timeout * 1e9)), "PdReceiver.poll")
+        return [PdEventInfo(EVENTS.get(e.type, str(e.type)), e.handoff, lib.kvt_err_name(e.status).decode(), e.rank,
+                            REASONS[e.reason] if 0 <= e.reason < len(REASONS) else str(e.reason),
+                            tuple(e.pages[i] for i in range(e.npages)) if e.pages else ())
+                for e in out[:got]]
+
+    def release(self, handoff: int) -> None:
+        """The caller is done with a hand-off's pool pages."""
+        check(lib.kvt_pd_receiver_release(self._ptr, handoff), "PdReceiver.release")
+
+    def stats(self) -> Dict[str, Any]:
+        st = PdStats(size=ctypes.sizeof(PdStats))
+        check(lib.kvt_pd_receiver_stats(self._ptr, ctypes.byref(st)), "PdReceiver.stats")
+        d: Dict[str, Any] = {n: getattr(st, n) for n in PD_STATS}
+        d.update(straggler=st.straggler, straggler_factor=st.straggler_factor, first_vanished=st.first_vanished,
+                 first_failed=st.first_failed, ranks=[_rank_dict(st.rank[i]) for i in range(st.ranks)])
+        return d
+
+
+class PdSender(Handle):
+    """One prefill rank's end: joins the receiver (blocking until welcomed)
+    and sends its pages of each hand-off from tier ``src``."""
+
+    def __init__(self, src: Any, rank: int, ranks: int, token: int, data_port: int, control_port: int,
+                 transport: str = "tcp", host: Optional[str] = None, streams: int = 0, max_batch_bytes: int = 0,
+                 welcome_timeout_ms: int = 0) -> None:
+        super().__init__()
+        self._host = c_str(host)
+        cfg = PdSenderConfig(size=ctypes.sizeof(PdSenderConfig), src=src._ptr, transport=_transport(transport),
+                             host=self._host, data_port=data_port, control_port=control_port, rank=rank, ranks=ranks,
+                             token=token, streams=streams, max_batch_bytes=max_batch_bytes,
+                             welcome_timeout_ms=welcome_timeout_ms)
+        h = ctypes.c_void_p()
+        check(lib.kvt_pd_sender_create(ctypes.byref(h), ctypes.byref(cfg)), "PdSender",
+              "cannot join the receiver (wrong ports, token, rank or group size?)")
+        self._own(h.value, (src,))
+
+    def _destroy(self, h: int) -> None:
+        lib.kvt_pd_sender_destroy(h)
+
+    def begin(self, handoff: int, npages: int) -> List[int]:
+        """The pool page of each of the hand-off's npages pages (all ranks');
+        blocks while decode waits for room."""
+        if npages < 1:
+            raise ValueError("begin: npages must be >= 1")
+        dst = (ctypes.c_uint32 * npages)()
+        check(lib.kvt_pd_sender_begin(self._ptr, handoff, npages, dst), "PdSender.begin")
+        return list(dst)
+
+    def send(self, handoff: int, copies: Any) -> None:
+        """Sends this rank's pages of the hand-off ((src_page, pool_page) pairs)
+        and waits until decode acknowledged every byte, then says DONE."""
+        arr, n = copies_arg(copies)
+        check(lib.kvt_pd_sender_send(self._ptr, handoff, arr, n), "PdSender.send")
+
+    def finish(self) -> None:
+        """Goodbye: every hand-off of this rank is done."""
+        check(lib.kvt_pd_sender_finish(self._ptr), "PdSender.finish")
+
+    @property
+    def linked(self) -> bool:
+        return bool(lib.kvt_pd_sender_linked(self._ptr))
+
+    def stats(self) -> Dict[str, Any]:
+        st = PdRankStats()
+        check(lib.kvt_pd_sender_stats(self._ptr, ctypes.byref(st)), "PdSender.stats")
+        return _rank_dict(st)
+
+
+Sequence  # typing re-export

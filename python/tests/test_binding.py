@@ -1,0 +1,419 @@
+"""The binding against independent models: a prefix oracle for the cache,
+bytes written and read back for tiers, copies and the store, the C command
+for replays; and every kind of bad input raising a clear exception."""
+import gc
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import kvtier
+from kvtier import trace as ktrace
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRACE = ROOT / "data" / "mooncake_synthetic_trace.jsonl"
+KVTIER = os.environ.get("KVTIER_BIN", str(ROOT / "build" / "kvtier"))
+
+
+def test_version_and_errors():
+    assert kvtier.version().count(".") == 2
+    assert kvtier.version_number() == int(kvtier.version().split(".")[0]) * 10000 + int(
+        kvtier.version().split(".")[1]) * 100 + int(kvtier.version().split(".")[2])
+    with pytest.raises(kvtier.InvalidArgument) as e:
+        kvtier.Cache(l1_pages=0)
+    assert e.value.name == "KVT_EINVAL" and e.value.code == -1 and "invalid argument" in str(e.value)
+    assert isinstance(e.value, ValueError) and isinstance(e.value, kvtier.Error)
+    assert kvtier.error_class("KVT_ENOSPC") is kvtier.NoSpace
+    with pytest.raises(TypeError, match="unknown option 'l1_page'"):
+        kvtier.Cache(l1_page=4)
+    with pytest.raises(ValueError, match="choose from lru"):
+        kvtier.Cache(policy="random")
+    with pytest.raises(ValueError, match="does not fit"):
+        kvtier.Cache(l1_pages=-1)
+
+
+def common_pages(a, b, pt):
+    n = 0
+    while (n + 1) * pt <= min(len(a), len(b)) and a[n * pt:(n + 1) * pt] == b[n * pt:(n + 1) * pt]:
+        n += 1
+    return n
+
+
+def test_cache_hits_match_a_prefix_oracle():
+    """No eviction (L1 holds everything): a request's hit pages are its
+    longest whole-page common prefix with any earlier request."""
+    rng = np.random.default_rng(7)
+    pt = 4
+    prefixes = [list(rng.integers(0, 1000, 40)) for _ in range(5)]
+    seen = []
+    with kvtier.Cache(l1_pages=4096, l2_pages=0, page_tokens=pt) as c:
+        for i in range(200):
+            p = prefixes[rng.integers(0, 5)]
+            cut = int(rng.integers(0, len(p) + 1))
+            toks = [int(x) for x in p[:cut]] + [int(x) for x in rng.integers(0, 1000, int(rng.integers(0, 12)))]
+            want = max([common_pages(toks, s, pt) for s in seen] + [0])
+            with c.admit(toks) as r:
+                assert r.l1_hit_pages == want, i
+                assert r.pages == len(toks) // pt
+                assert len(r.l1_ids) == r.pages and len(set(r.l1_ids)) == r.pages
+            seen.append(toks)
+        c.check()
+        st = c.stats()
+        assert st["requests"] == 200 and st["l2_hit_tokens"] == 0
+
+
+def test_request_lifecycle_and_use_after_close():
+    c = kvtier.Cache(l1_pages=64, l2_pages=128, page_tokens=4)
+    r = c.admit(np.arange(20, dtype=np.int32))
+    r.commit()
+    r.release()
+    with pytest.raises(kvtier.InvalidArgument, match="released already"):
+        r.release()
+    held = c.admit(list(range(8)))
+    c.close()  # releases what is still held, then frees
+    assert held.released
+    for call in (lambda: c.admit([1, 2, 3, 4]), c.stats, c.check, c.sync):
+        with pytest.raises(kvtier.ClosedError, match="Cache is closed"):
+            call()
+    c.close()  # idempotent
+
+
+def test_tokens_are_int32():
+    with kvtier.Cache(l1_pages=16, l2_pages=0, page_tokens=4) as c:
+        with pytest.raises(TypeError, match="int32"):
+            c.admit(np.arange(8, dtype=np.int64))
+        with pytest.raises(TypeError, match="int32"):
+            c.admit([1, 2, 1 << 40])
+        with pytest.raises(ValueError, match="contiguous"):
+            c.admit(np.arange(16, dtype=np.int32)[::2])
+
+
+def test_page_hashes_are_the_stores_keys(tmp_path):
+    toks = list(range(64))
+    h = kvtier.page_hashes(toks, 16)
+    assert len(h) == 4 and len(set(h)) == 4
+    assert kvtier.page_hashes(toks[:40], 16) == h[:2]  # chained: a prefix has the same hashes
+    assert kvtier.page_hashes(toks, 16, ns=1)[0] != h[0]
+
+
+def test_replay_through_the_binding_matches_the_command():
+    """The same per-request calls as `kvtier replay`, the same hit counts
+    exactly (L1 + L2, and with a modeled L3 and prefetches); the binding's
+    cost per request next to the command's."""
+    reqs = ktrace.load(str(TRACE), limit=1200)
+    for extra, flags in (({}, []),
+                         ({"l3_pages": 8000, "prefetch_policy": "timeout"},
+                          ["--l3-pages", "8000", "--prefetch-policy", "timeout"])):
+        with kvtier.Cache(l1_pages=2048, l2_pages=4096, **extra) as c:
+            st = ktrace.replay(c, reqs)
+        out = json.loads(subprocess.run([KVTIER, "replay", str(TRACE), "--limit", "1200", "--l1-pages", "2048",
+                                         "--l2-pages", "4096", "--json"] + flags,
+                                        capture_output=True, check=True, text=True).stdout)
+        assert st["tokens"] == out["tokens"]
+        for tier in ("l1", "l2", "l3"):
+            assert st[f"{tier}_hit_tokens"] == out["hit_tokens"][tier], tier
+        assert st["backups"] == out["backups"] and st["loads"] == out["loads"]
+        print(f"binding {1e6 * st['wall_s'] / len(reqs):.0f} us/request, "
+              f"kvtier replay {1e6 * out['wall_s'] / len(reqs):.0f} us/request")
+
+
+def test_trace_errors_name_the_line(tmp_path):
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"input_length": 10, "hash_ids": [1]}\n{"input_length": 10}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: no \"hash_ids\""):
+        ktrace.load(str(bad))
+
+
+def test_block_tokens_match_the_command():
+    # splitmix64 of (id << 9 | j), masked to 31 bits: the first value of block 0 is splitmix64(0)
+    z = (0x9E3779B97F4A7C15 ^ (0x9E3779B97F4A7C15 >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    z ^= z >> 31
+    assert ktrace.block_tokens([0])[0] == z & 0x7FFFFFFF
+    assert len(ktrace.block_tokens([3, 4], 16)) == 32
+
+
+def test_host_tier_bytes_and_bad_pages():
+    with kvtier.Tier.host(8, 2, 64, checksum=True) as t:
+        data = bytes(range(128))
+        t.write_page(3, data)
+        assert t.read_page(3) == data
+        assert bytes(t.view(3)) == data
+        with pytest.raises(IndexError, match="out of range"):
+            t.read_page(8)
+        with pytest.raises(ValueError, match="a page is 128"):
+            t.write_page(0, b"x")
+        assert t.kind == "host" and t.page_bytes == 128
+    with pytest.raises(kvtier.ClosedError):
+        t.read_page(0)
+    with pytest.raises(ValueError, match="layers"):
+        kvtier.Tier.host(8, 0, 64)
+
+
+def test_engine_tier_over_torch_tensors_is_the_tensors():
+    torch = pytest.importorskip("torch")
+    pages, pt, heads, dim = 6, 4, 2, 8
+    k = [torch.randn(pages, pt, heads, dim) for _ in range(3)]
+    v = [torch.randn(pages, pt, heads, dim // 2) for _ in range(3)]
+    t = kvtier.Tier.from_tensors(k, v, dtype=torch.float32)
+    assert (t.pages, t.layers, t.kind) == (pages, 3, "engine")
+    assert t.layer_bytes == pt * heads * dim * 4 + pt * heads * (dim // 2) * 4
+    want = b"".join(k[l][2].numpy().tobytes() + v[l][2].numpy().tobytes() for l in range(3))
+    assert t.read_page(2) == want
+    # writes land in the tensors
+    new = np.arange(t.page_bytes // 4, dtype=np.float32).tobytes()
+    t.write_page(5, new)
+    got = b"".join(k[l][5].numpy().tobytes() + v[l][5].numpy().tobytes() for l in range(3))
+    assert got == new
+    # the tier keeps its tensors alive
+    ref = k[0]
+    del k, v
+    gc.collect()
+    assert t.read_page(2)[:16] == ref[2].numpy().tobytes()[:16]
+    t.close()
+
+
+def test_engine_tier_from_a_stacked_array_and_bad_tensors():
+    torch = pytest.importorskip("torch")
+    kv = np.zeros((2, 10, 16, 8), dtype=np.float16)  # [layers, pages, tokens, dim]: one plane (MLA-like)
+    with kvtier.Tier.from_tensors(kv) as t:
+        assert (t.pages, t.layers, t.layer_bytes) == (10, 2, 16 * 8 * 2)
+        t.write_page(1, bytes(range(256)) * 2)
+        assert kv[0, 1].tobytes() == bytes(range(256))
+    with pytest.raises(TypeError, match="dtype int64, expected float32"):
+        kvtier.Tier.from_tensors([torch.zeros(4, 8, dtype=torch.int64)], dtype=torch.float32)
+    with pytest.raises(TypeError, match="layer 1: dtype float16, layer 0 has float32"):
+        kvtier.Tier.from_tensors([torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.float16)])
+    with pytest.raises(ValueError, match="not contiguous"):
+        kvtier.Tier.from_tensors([torch.zeros(4, 8, 8).transpose(1, 2)])
+    with pytest.raises(ValueError, match="too small for the geometry"):
+        kvtier.Tier.from_tensors([torch.zeros(4, 8)], pages=5)
+    with pytest.raises(ValueError, match="plane 1: 1 layers, plane 0 has 2"):
+        kvtier.Tier.from_tensors([torch.zeros(4, 8)] * 2, [torch.zeros(4, 8)])
+    with pytest.raises(TypeError, match="torch tensor or a numpy array"):
+        kvtier.Tier.from_tensors(["nope"])
+
+
+def test_transfer_copies_bytes_and_catches_corruption():
+    with kvtier.Tier.host(16, 2, 256) as a, kvtier.Tier.host(16, 2, 256, checksum=True) as b:
+        with kvtier.Transfer([a, b], threads=2) as x:
+            for p in range(8):
+                a.write_page(p, bytes([p]) * 512)
+            r = x.wait(x.submit(0, 1, [(p, 15 - p) for p in range(8)]))
+            assert r.ok and r.n == 8
+            assert all(b.read_page(15 - p) == bytes([p]) * 512 for p in range(8))
+            b.view(15)[0] ^= 1  # corrupt a checksummed page: reading it back is refused
+            r = x.wait(x.submit(1, 0, [(15, 9)]))
+            assert r.status == "KVT_ECORRUPT" and r.bad_page == 15
+            st = x.stats(0, 1)
+            assert st["pages"] == 8 and st["bytes"] == 8 * 512
+            with pytest.raises(kvtier.InvalidArgument):
+                x.submit(0, 1, [(0, 99)])
+            with pytest.raises(kvtier.Busy, match="still used by Transfer"):
+                a.close()
+
+
+def test_cache_with_bytes_loads_back_what_it_backed_up():
+    """L1 arena, L2 host tier on a transfer engine: pages evicted from L1 come
+    back from L2 with the bytes they had."""
+    pt = 4
+    with kvtier.Tier.arena(8, 1, 64) as l1, kvtier.Tier.host(64, 1, 64, checksum=True) as l2, \
+            kvtier.Transfer([l1, l2]) as x, kvtier.Cache(l1_pages=8, l2_pages=64, page_tokens=pt) as c:
+        c.attach(x, l1, l2)
+        seqs = [list(range(1000 * i, 1000 * i + 4 * pt)) for i in range(6)]
+        for s in seqs:
+            with c.admit(s) as r:
+                for j, pid in enumerate(r.l1_ids[r.hit_pages:], r.hit_pages):
+                    l1.write_page(pid, bytes([(s[0] // 1000 * 16 + j) % 256]) * 64)
+        c.sync()
+        with c.admit(seqs[0]) as r:  # long evicted from L1: loaded back from L2
+            assert r.l2_hit_pages == 4 and r.l1_hit_pages == 0
+            for j, pid in enumerate(r.l1_ids):
+                assert l1.read_page(pid) == bytes([j]) * 64
+        c.check()
+
+
+def test_store_dir_round_trip_and_bad_objects(tmp_path):
+    url = f"dir:{tmp_path}/l3"
+    with kvtier.Tier.host(8, 2, 128) as t:
+        with kvtier.Store(url, tier=t, model="test-model", page_tokens=16) as s:
+            assert s.backend == "dir"
+            hs = kvtier.page_hashes(list(range(64)), 16)
+            for i in range(4):
+                t.write_page(i, bytes([i + 1]) * 256)
+            assert s.put_sync([(h, i) for i, h in enumerate(hs)]).count == 4
+            r = s.exists_sync(hs[:2] + [(1, 2)] + hs[2:])
+            assert r.results == ("ok", "ok", "miss", "ok", "ok") and r.count == 2
+            r = s.get_sync([(h, 4 + i) for i, h in enumerate(hs)])
+            assert r.results == ("ok",) * 4
+            assert all(t.read_page(4 + i) == bytes([i + 1]) * 256 for i in range(4))
+            # corrupt one object behind the store's back: refused, the page is not left with its bytes
+            key = s.key(hs[1])
+            f = pathlib.Path(tmp_path, "l3", key[:2], key[2:4], key)
+            raw = bytearray(f.read_bytes())
+            raw[-5] ^= 0xFF
+            f.write_bytes(bytes(raw))
+            t.write_page(7, b"\0" * 256)
+            r = s.get_sync([(hs[1], 7)])
+            assert r.results == ("bad",)
+            assert t.read_page(7) != bytes([2]) * 256
+            assert s.stats("get")["bad_objects"] == 1
+        with kvtier.Store(url, tier=t, model="other-model", page_tokens=16) as s2:  # another identity
+            assert s2.exists_sync(hs).count == 0
+    with pytest.raises(kvtier.InvalidArgument, match="scheme"):
+        kvtier.Store("ftp://x", model="m", page_tokens=16, layers=1, layer_bytes=64)
+    with pytest.raises(kvtier.InvalidArgument, match="model"):
+        kvtier.Store(url, model="", page_tokens=16, layers=1, layer_bytes=64)
+
+
+def test_store_on_a_real_redis(redis_server):
+    with kvtier.Tier.host(4, 1, 512) as t, kvtier.Store(redis_server, tier=t, model="m", page_tokens=8) as s:
+        hs = kvtier.page_hashes(list(range(32)), 8)
+        for i in range(4):
+            t.write_page(i, os.urandom(512))
+        want = [t.read_page(i) for i in range(4)]
+        assert s.put_sync([(h, i) for i, h in enumerate(hs)]).count == 4
+        assert s.exists_sync(hs).count == 4
+        assert s.get_sync([(h, 3 - i) for i, h in enumerate(hs)]).count == 4
+        assert [t.read_page(3 - i) for i in range(4)] == want
+        assert s.stats("put")["round_trips"] >= 1
+
+
+def test_unreachable_store_says_so():
+    with pytest.raises(kvtier.IOFailure, match="127.0.0.1:1"):
+        kvtier.Store("redis://127.0.0.1:1", model="m", page_tokens=16, layers=1, layer_bytes=64, timeout_ms=200)
+
+
+def test_cache_over_a_store_finds_what_another_cache_put(tmp_path):
+    """Two caches (two instances) on one dir store: the second one's L3 hits
+    are the first one's pages, counted as foreign."""
+    url = f"dir:{tmp_path}/l3"
+    toks = np.arange(256, dtype=np.int32)
+    got = []
+    for _ in range(2):
+        with kvtier.Tier.host(32, 1, 64) as l2, \
+                kvtier.Store(url, tier=l2, model="m", page_tokens=16) as s, \
+                kvtier.Cache(l1_pages=32, l2_pages=32, page_tokens=16, l3_write_policy="write_through",
+                             prefetch_policy="wait_complete") as c:
+            c.attach_store(s)
+            with c.admit(toks, prefetch=c.prefetch(toks)) as r:
+                got.append((r.l3_hit_pages, r.l3_foreign_pages))
+            c.sync()
+    assert got == [(0, 0), (16, 16)]
+
+
+def test_pd_hand_off_between_threads():
+    """One prefill rank hands 12 pages to a decode pool over TCP on loopback."""
+    token = 0x1234
+    with kvtier.Tier.host(64, 2, 256) as pool, kvtier.Tier.host(16, 2, 256) as src:
+        for p in range(12):
+            src.write_page(p, bytes([p + 1]) * 512)
+        with kvtier.PdReceiver(pool, ranks=1, token=token) as rx:
+            err = []
+
+            def prefill():
+                try:
+                    with kvtier.PdSender(src, 0, 1, token, rx.data_port, rx.control_port) as tx:
+                        dst = tx.begin(1, 12)
+                        tx.send(1, [(p, dst[p]) for p in range(12)])
+                        tx.finish()
+                except Exception as e:  # pragma: no cover - reported below
+                    err.append(e)
+
+            th = threading.Thread(target=prefill)
+            th.start()
+            events = []
+            while not any(e.type == "complete" for e in events):
+                events += rx.poll(timeout=5.0)
+                assert events, "no hand-off within 5 s"
+            th.join(10)
+            assert not err
+            done = [e for e in events if e.type == "complete"][0]
+            assert [pool.read_page(p) for p in done.pages] == [bytes([j + 1]) * 512 for j in range(12)]
+            rx.release(done.handoff)
+            st = rx.stats()
+            assert st["handoffs"] == 1 and st["pages"] == 12
+    with pytest.raises(kvtier.Error):
+        with kvtier.Tier.host(4, 1, 64) as s:
+            kvtier.PdSender(s, 0, 1, token, 1, 1, welcome_timeout_ms=300)
+
+
+CP_RANK = r"""
+import sys, kvtier
+name, rank = sys.argv[1], int(sys.argv[2])
+C, L1, L2, PT = 2, 32, 128, 16
+g = kvtier.CpGroup(name, rank, C, l1_pages=L1, l2_pages=L2, page_tokens=PT, layers=1, layer_bytes=64, requests=30,
+                   timeout_ms=20000)
+l1 = g.open_tier("l1", L1, 1, 64)
+l2 = g.open_tier("l2", L2, 1, 64, checksum=True)
+g.wait_joined()
+x = g.transfer([l1, l2])
+c = kvtier.Cache(l1_pages=L1, l2_pages=L2, page_tokens=PT, l1_lanes=C)
+g.attach(c, x, l1, l2)
+bad = 0
+for i in range(30):
+    prefix = (i * 7) % 5
+    toks = [prefix * 100000 + t for t in range(6 * PT)] + [1000000 + i * 1000 + t for t in range((i % 3) * PT)]
+    r = c.admit(toks)
+    g.admitted(r)
+    for j, pid in enumerate(r.l1_ids):
+        if kvtier.cp.lane_of(pid, C) != rank:
+            continue
+        page = kvtier.cp.lane_page(pid, C, L1 // C)
+        want = bytes([(toks[j * PT] + j) % 251]) * 64
+        if j < r.hit_pages:
+            bad += l1.read_page(page) != want
+        else:
+            l1.write_page(page, want)
+    g.filled(i)
+    r.commit()
+    r.release()
+    g.step(i, c.digest ^ i)
+assert g.check_digests(30) == 0
+g.finish(str(bad).encode())
+hits = c.stats()["l1_hit_tokens"] + c.stats()["l2_hit_tokens"]
+c.close(); x.close(); l1.close(); l2.close()
+g.close()
+print(bad, hits)
+"""
+
+
+def test_cp_group_of_two_processes(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(CP_RANK)
+    name = f"kvtier-pytest-{os.getpid()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    procs = [subprocess.Popen([sys.executable, str(script), name, str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e
+    results = [tuple(map(int, o.split())) for o, _ in outs]
+    assert all(bad == 0 for bad, _ in results)
+    assert results[0][1] == results[1][1] > 0  # the same decisions on both ranks
+    assert not list(pathlib.Path("/dev/shm").glob(name + "*"))
+
+
+def test_prometheus_collector_reports_the_stats():
+    prom = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    from kvtier.prometheus import KvtierCollector
+    with kvtier.Cache(l1_pages=64, l2_pages=0, page_tokens=4) as c:
+        for _ in range(3):
+            c.admit(list(range(40))).release()
+        reg = prom.CollectorRegistry()
+        reg.register(KvtierCollector(cache=c, labels={"instance": "t"}))
+        text = prom.generate_latest(reg).decode()
+        st = c.stats()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert fams["kvtier_cache_requests"].type == "counter"
+    assert fams["kvtier_cache_requests"].samples[0].value == st["requests"] == 3
+    assert fams["kvtier_cache_l1_hit_tokens"].samples[0].value == st["l1_hit_tokens"] == 80
+    assert fams["kvtier_cache_l1_free"].type == "gauge"
+    assert fams["kvtier_cache_requests"].samples[0].labels == {"instance": "t"}
+    assert prom.generate_latest(reg) == b""  # a closed cache is skipped, not an error
