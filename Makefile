@@ -12,7 +12,8 @@ RUN_ARGS   ?=
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all build bootstrap test test-release test-san test-tsan test-cuda bench run install clean help
+
+.PHONY: all build bootstrap python test test-release test-san test-tsan test-cuda bench run install clean help
 
 all: build
 
@@ -25,6 +26,7 @@ help:
 	@echo "make test-cuda  build the cuda tier and the kernels suite ($(CUDA_BUILD)/) and run it where a GPU is"
 	@echo "make bench      the benchmarks at full size"
 	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
+	@echo "make python     make \`import kvtier\` work in python3 for this build (python/, docs/python.md)"
 	@echo "make install    install into PREFIX=$(PREFIX)"
 
 bootstrap:
@@ -39,6 +41,10 @@ endef
 
 build: bootstrap
 	$(call configure,$(BUILD),,RelWithDebInfo)
+	@scripts/install-python $(BUILD)
+
+# The Python package (python/): `import kvtier` in Debian's python3 finds this build.
+python: build
 
 test: build
 	@tests/run_suite --build $(BUILD)
