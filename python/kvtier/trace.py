@@ -84,10 +84,13 @@ def replay(cache: Any, reqs: List[TraceRequest], prefetch_ahead: int = 4) -> Dic
     ring: List[Any] = [None] * (ahead + 1)
     nxt = 0
     n = len(reqs)
+    build_s = 0.0
     t0 = time.perf_counter()
     for i in range(n):
         while nxt < n and nxt <= i + ahead:
+            tb = time.perf_counter()
             tk = request_tokens(reqs[nxt])
+            build_s += time.perf_counter() - tb
             ring[nxt % len(ring)] = (tk, cache.prefetch(tk) if has_l3 else None)
             nxt += 1
         tk, pf = ring[i % len(ring)]
@@ -98,5 +101,61 @@ def replay(cache: Any, reqs: List[TraceRequest], prefetch_ahead: int = 4) -> Dic
     wall = time.perf_counter() - t0
     st = cache.stats()
     hits = st["l1_hit_tokens"] + st["l2_hit_tokens"] + st["l3_hit_tokens"]
-    st.update(hit_rate=hits / st["tokens"] if st["tokens"] else 0.0, wall_s=wall, requests_per_s=n / wall)
+    st.update(hit_rate=hits / st["tokens"] if st["tokens"] else 0.0, wall_s=wall, requests_per_s=n / wall,
+              tokens_s=build_s)  # of wall_s: building the requests' tokens (numpy)
     return st
+
+
+def _main(argv=None) -> int:
+    """python3 -m kvtier.trace: a replay through the binding, next to `kvtier replay` (the same settings)."""
+    import argparse
+    import statistics
+    import subprocess
+
+    from .cache import Cache, PREFETCH_POLICIES
+
+    p = argparse.ArgumentParser(prog="python3 -m kvtier.trace",
+                                description="Replays a Mooncake trace through the Python binding; with --compare, "
+                                            "also through `kvtier replay` with the same settings, and reports both "
+                                            "hit rates and costs per request (medians of --repeat runs).")
+    p.add_argument("trace")
+    p.add_argument("--l1-pages", type=int, default=65536)
+    p.add_argument("--l2-pages", type=int, default=262144)
+    p.add_argument("--l3-pages", type=int, default=0, help="a modeled L3 (prefetches on)")
+    p.add_argument("--prefetch-policy", default="best_effort", choices=PREFETCH_POLICIES)
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--compare", metavar="KVTIER", help="the kvtier command to compare with (e.g. build/kvtier)")
+    a = p.parse_args(argv)
+    reqs = load(a.trace, limit=a.limit)
+    cfg = dict(l1_pages=a.l1_pages, l2_pages=a.l2_pages, l3_pages=a.l3_pages, prefetch_policy=a.prefetch_policy)
+    py, tok, st = [], [], {}
+    for _ in range(a.repeat):
+        with Cache(**cfg) as c:
+            st = replay(c, reqs)
+        py.append(st["wall_s"] / len(reqs))
+        tok.append(st["tokens_s"] / len(reqs))
+    out: Dict[str, Any] = {"requests": len(reqs), "settings": cfg, "hit_rate": st["hit_rate"],
+                           "hit_tokens": {t: st[f"{t}_hit_tokens"] for t in ("l1", "l2", "l3")},
+                           "binding_us_per_request": {"median": 1e6 * statistics.median(py), "max": 1e6 * max(py)},
+                           "of_which_token_building_us": 1e6 * statistics.median(tok)}
+    if a.compare:
+        cmd = [a.compare, "replay", a.trace, "--json", "--l1-pages", str(a.l1_pages), "--l2-pages", str(a.l2_pages),
+               "--l3-pages", str(a.l3_pages), "--prefetch-policy", a.prefetch_policy]
+        if a.limit:
+            cmd += ["--limit", str(a.limit)]
+        cs, c_out = [], {}
+        for _ in range(a.repeat):
+            c_out = json.loads(subprocess.run(cmd, capture_output=True, check=True, text=True).stdout)
+            cs.append(c_out["wall_s"] / c_out["requests"])
+        same = c_out["hit_tokens"] == out["hit_tokens"] and c_out["tokens"] == st["tokens"]
+        out.update(command_us_per_request={"median": 1e6 * statistics.median(cs), "max": 1e6 * max(cs)},
+                   command_hit_rate=c_out["hit_rate"], same_hits=same,
+                   binding_overhead_us_per_request=1e6 * (statistics.median(py) - statistics.median(cs)),
+                   ratio=statistics.median(py) / statistics.median(cs))
+    print(json.dumps(out, indent=1))
+    return 0 if out.get("same_hits", True) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
