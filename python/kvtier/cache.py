@@ -8,7 +8,7 @@ import weakref
 from typing import Any, Dict, Optional
 
 from . import _fields
-from ._core import Error, Handle, check, enum_arg, enum_names, error, tokens_arg
+from ._core import Handle, check, enum_arg, enum_names, error, tokens_arg
 from ._lib import CacheConfig, CacheReq, CacheStats, RadixStats, lib
 
 __all__ = ["Cache", "Request", "Prefetch", "POLICIES", "WRITE_POLICIES", "PREFETCH_POLICIES"]
@@ -284,5 +284,3 @@ class Cache(Handle):
         c = self._cfg
         return f"<kvtier.Cache L1 {c.l1_pages} L2 {c.l2_pages} pages of {c.page_tokens} tokens>"
 
-
-Error  # re-exported through kvtier

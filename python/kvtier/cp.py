@@ -5,9 +5,9 @@ anyone (torchrun, a fork, a shell loop) and join a named group."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Sequence
 
-from ._core import Handle, c_str, check, error
+from ._core import Handle, c_str, error
 from ._lib import KVT_CP_RESULT_BYTES, CpGroupConfig, CpGroupInfo, TierConfig, lib
 from .tier import CHECKSUM, Tier, _geom
 from .xfer import Transfer

@@ -5,7 +5,7 @@ from its own tier."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from . import _fields
 from ._core import Handle, c_str, check, error
@@ -147,5 +147,3 @@ class PdSender(Handle):
         check(lib.kvt_pd_sender_stats(self._ptr, ctypes.byref(st)), "PdSender.stats")
         return _rank_dict(st)
 
-
-Sequence  # typing re-export

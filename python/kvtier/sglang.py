@@ -66,9 +66,9 @@ from abc import ABC, abstractmethod
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._core import Error
-from ._lib import Geom, TierConfig, TierEngine, lib
+from ._lib import KVT_TIER_MAX_PLANES
 from .store import Store
-from .tier import KINDS, KVT_TIER_MAX_PLANES, Tier, TensorInfo
+from .tier import Plane, Tier, TensorInfo
 
 __all__ = ["KvtierStorage", "HiCacheStorage", "key_hash", "STORAGE_BATCH_SIZE"]
 
@@ -226,19 +226,9 @@ def _plan(pool: Any, pages: int) -> Tuple[Optional[_Plan], str, List[int]]:
 
 def _engine_tier(plan: _Plan, pool: Any) -> Tier:
     """An engine tier over the pool's memory (never copied or freed by it)."""
-    eng = TierEngine(planes=plan.planes)
-    keep: List[Any] = [pool]
-    for q in range(plan.planes):
-        arr = (ctypes.c_void_p * plan.layers)(*plan.bases[q::plan.planes])
-        keep.append(arr)
-        pl = eng.plane[q]
-        pl.layer_base = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
-        pl.piece_bytes = plan.sizes[q]
-        pl.page_stride = plan.strides[q]
-    eng.device = False  # HiCache host pools are host memory
-    cfg = TierConfig(kind=KINDS.index("engine"), geom=Geom(plan.pages, plan.layers, 0, 0))
-    cfg.engine = ctypes.pointer(eng)
-    return Tier(cfg, keep, what="KvtierStorage: an engine tier over the host pool")
+    planes = [Plane(plan.sizes[q], plan.strides[q], layer_bases=plan.bases[q::plan.planes]) for q in range(plan.planes)]
+    # HiCache host pools are host memory
+    return Tier.engine(planes, plan.pages, plan.layers, keep=[pool], name="sglang-host-pool")
 
 
 # ---- lanes: one Store handle, one caller at a time ----------------------------
@@ -267,7 +257,7 @@ class _Lane:
             return None
 
     def page_addr(self, page: int) -> int:
-        return lib.kvt_tier_addr(self.tier._ptr, page, 0)
+        return self.tier.plane_addr(0, page, 0)
 
     def close(self) -> None:
         self.store.close()
@@ -350,7 +340,9 @@ class KvtierStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Registers SGLang's host pool: its geometry fixes the store identity
-        and, where the pool's pointers allow, an engine tier over its memory."""
+        and, where the pool's pointers allow, an engine tier over its memory.
+        A failure (a pool without buffers, the store down) raises and leaves
+        no pool registered."""
         pool = mem_pool_host
         for attr in ("page_size", "size", "get_page_buffer_meta", "dtype"):
             if not hasattr(pool, attr):
@@ -372,13 +364,18 @@ class KvtierStorage(HiCacheStorage):
         self._plan, self.staging_reason = plan, why
         super().register_mem_pool_host(pool)
         self.mem_pool_host = pool
-        if plan is not None:
-            self._engine = _engine_tier(plan, pool)
-            self._lane("zc-read")
-            self._lane("zc-write")
-        else:
-            logger.info("kvtier.sglang: the %s pool goes through staging: %s", self.layout, why)
-        self._exists_lane()  # opens the store the exists calls use: an outage now is an error now
+        try:
+            if plan is not None:
+                self._engine = _engine_tier(plan, pool)
+                self._lane("zc-read")
+                self._lane("zc-write")
+            else:
+                logger.info("kvtier.sglang: the %s pool goes through staging: %s", self.layout, why)
+            self._exists_lane()  # the store exists calls use: an outage now is an error now
+        except BaseException:  # nothing registered, nothing left open
+            self._close_lanes()
+            self.mem_pool_host = None
+            raise
 
     @property
     def zero_copy(self) -> bool:
@@ -393,8 +390,7 @@ class KvtierStorage(HiCacheStorage):
         if not isinstance(page, int) or not 0 <= page < self.pages:
             raise IndexError(f"page {page!r} out of range (the pool has {self.pages} pages)")
         p = self._plan
-        return [lib.kvt_tier_plane_addr(self._engine._ptr, q, page, layer)
-                for layer in range(p.layers) for q in range(p.planes)]
+        return [self._engine.plane_addr(q, page, layer) for layer in range(p.layers) for q in range(p.planes)]
 
     def store_key(self, key: str, fmt: Optional[str] = None) -> str:
         """The store's 32-hex-digit key of an SGLang key (the Redis key is
@@ -413,7 +409,10 @@ class KvtierStorage(HiCacheStorage):
             raise RuntimeError("KvtierStorage: no host pool registered (call register_mem_pool_host first)")
         return self.mem_pool_host
 
-    def _lane(self, name: str) -> _Lane:
+    def _lane(self, name: str, soft: bool = False) -> Optional[_Lane]:
+        """The lane, opened on first use. soft: a store that cannot be reached
+        now gives None (the caller's keys are misses) and is tried again on
+        the next call."""
         lane = self._lanes.get(name)
         if lane is not None:
             return lane
@@ -421,7 +420,13 @@ class KvtierStorage(HiCacheStorage):
         with self._lock:
             lane = self._lanes.get(name)
             if lane is None:
-                lane = self._lanes[name] = self._open_lane(name)
+                try:
+                    lane = self._lanes[name] = self._open_lane(name)
+                except Error as e:
+                    if not soft or e.name != "KVT_EIO":
+                        raise
+                    logger.warning("kvtier L3 (%s): %s", name, e)
+                    return None
         return lane
 
     def _open_lane(self, name: str) -> _Lane:
@@ -439,10 +444,10 @@ class KvtierStorage(HiCacheStorage):
             tier.close()
             raise
 
-    def _exists_lane(self) -> _Lane:
+    def _exists_lane(self, soft: bool = False) -> Optional[_Lane]:
         if not self.interface_v1:
-            return self._lane("flat-stage-read")
-        return self._lane("zc-read" if self._plan is not None else "v1-stage-read")
+            return self._lane("flat-stage-read", soft)
+        return self._lane("zc-read" if self._plan is not None else "v1-stage-read", soft)
 
     def _close_lanes(self) -> None:
         with self._lock:
@@ -456,8 +461,8 @@ class KvtierStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Closes the stores and tiers (SGLang calls it on detach); idempotent."""
+        self.mem_pool_host = None  # first: no call opens a lane again
         self._close_lanes()
-        self.mem_pool_host = None
 
     def __enter__(self) -> "KvtierStorage":
         return self
@@ -472,9 +477,12 @@ class KvtierStorage(HiCacheStorage):
         keys = _keys(keys)
         if not keys:
             return 0
-        lane = self._exists_lane()
+        hashes = [key_hash(k) for k in keys]
+        lane = self._exists_lane(soft=True)
+        if lane is None:
+            return 0
         with lane.lock:
-            results = lane.run("exists", [key_hash(k) for k in keys])
+            results = lane.run("exists", hashes)
         if results is None:
             return 0
         n = 0
@@ -533,16 +541,21 @@ class KvtierStorage(HiCacheStorage):
         return self._staged_v1("put", keys, flat)
 
     def _direct(self, name: str, op: str, keys: List[str], pages: List[int]) -> List[bool]:
-        lane = self._lane(name)
+        items = [(key_hash(k), p) for k, p in zip(keys, pages)]
+        lane = self._lane(name, soft=True)
+        if lane is None:
+            return [False] * len(keys)
         with lane.lock:
-            results = lane.run(op, [(key_hash(k), p) for k, p in zip(keys, pages)])
+            results = lane.run(op, items)
         return [r == "ok" for r in results] if results is not None else [False] * len(keys)
 
     def _staged_v1(self, op: str, keys: List[str], flat: List[int]) -> List[bool]:
         """Pages copied between the pool's buffers and a staging tier."""
         import torch
         pool, ps = self._pool(), self.page_size
-        lane = self._lane("v1-stage-read" if op == "get" else "v1-stage-write")
+        lane = self._lane("v1-stage-read" if op == "get" else "v1-stage-write", soft=True)
+        if lane is None:
+            return [False] * len(keys)
         out: List[bool] = []
         with lane.lock:
             cap = lane.tier.pages
@@ -630,7 +643,9 @@ class KvtierStorage(HiCacheStorage):
     def _staged_flat(self, op: str, keys: List[str], addrs: List[int]) -> List[bool]:
         if not keys:
             return []
-        lane = self._lane("flat-stage-read" if op == "get" else "flat-stage-write")
+        lane = self._lane("flat-stage-read" if op == "get" else "flat-stage-write", soft=True)
+        if lane is None:
+            return [False] * len(keys)
         out: List[bool] = []
         n = self.page_bytes
         with lane.lock:

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _fields
 from ._core import Handle, c_str, check, error, hash_arg
-from ._lib import STORE_LOG, Hash128, StoreConfig, StoreDone, StorePage, StoreStats, lib
+from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
 
@@ -197,5 +197,3 @@ class Store(Handle):
     def __repr__(self) -> str:
         return "<kvtier.Store closed>" if self.closed else f"<kvtier.Store {self.url}>"
 
-
-Hash128  # (lo, hi) pairs are accepted wherever a Hash128 is

@@ -10,12 +10,24 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Union
 from ._core import Handle, c_str, check, enum_arg, enum_names
 from ._lib import (KVT_TIER_MAX_PLANES, Geom, TierConfig, TierEngine, TierInfo, lib)
 
-__all__ = ["Tier", "TensorInfo", "LAYOUTS", "KINDS"]
+__all__ = ["Tier", "Plane", "TensorInfo", "LAYOUTS", "KINDS"]
 
 LAYOUTS = ("page_first", "layer_first")
 KINDS = enum_names(lib.kvt_tier_kind_name, 7)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 HUGE, LOCK, CHECKSUM, ATTACH, SHARED, REGISTER = 0x1, 0x2, 0x4, 0x8, 0x10, 0x20
+
+
+class Plane(NamedTuple):
+    """One plane of an engine tier, by address: per layer a base (``layer_bases``,
+    one address per layer; or ``base`` + l x ``layer_stride``), the bytes of
+    one page in one layer (``piece_bytes``) and the bytes from one page to the
+    next (``page_stride`` >= piece_bytes)."""
+    piece_bytes: int
+    page_stride: int
+    layer_bases: Optional[Sequence[int]] = None
+    base: int = 0
+    layer_stride: int = 0
 
 
 class TensorInfo(NamedTuple):
@@ -123,6 +135,36 @@ class Tier(Handle):
         return cls(cfg, what="Tier.arena")
 
     @classmethod
+    def engine(cls, planes: Sequence[Plane], pages: int, layers: int, keep: Sequence[Any] = (),
+               device: Optional[int] = None, register: bool = False, name: Optional[str] = None) -> "Tier":
+        """An engine tier over memory the caller owns, described by address
+        (:class:`Plane`; at most 4). ``keep``: objects that own the memory,
+        kept alive while the tier is open. ``device``: a CUDA ordinal for
+        device memory (None: host memory). Prefer :meth:`from_tensors`, which
+        derives the planes from tensors and checks them."""
+        if not 1 <= len(planes) <= KVT_TIER_MAX_PLANES:
+            raise ValueError(f"engine: {len(planes)} planes (expected 1..{KVT_TIER_MAX_PLANES})")
+        if not isinstance(layers, int) or layers < 1 or not isinstance(pages, int) or pages < 1:
+            raise ValueError(f"engine: pages {pages!r} and layers {layers!r} must be integers >= 1")
+        eng = TierEngine(planes=len(planes), device=device is not None)
+        hold: List[Any] = list(keep)
+        for i, p in enumerate(planes):
+            pl = eng.plane[i]
+            pl.piece_bytes, pl.page_stride = p.piece_bytes, p.page_stride
+            if p.layer_bases is not None:
+                if len(p.layer_bases) != layers:
+                    raise ValueError(f"engine: plane {i}: {len(p.layer_bases)} layer bases for {layers} layers")
+                arr = (ctypes.c_void_p * layers)(*p.layer_bases)
+                hold.append(arr)
+                pl.layer_base = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
+            else:
+                pl.base, pl.layer_stride = p.base, p.layer_stride
+        cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0), name=c_str(name), device=device or 0,
+                         flags=REGISTER if register else 0)
+        cfg.engine = ctypes.pointer(eng)
+        return cls(cfg, hold, what="Tier.engine")
+
+    @classmethod
     def from_tensors(cls, *planes: Any, pages: Optional[int] = None, dtype: Any = None, register: bool = False,
                      name: Optional[str] = None) -> "Tier":
         """An engine tier over the engine's own KV tensors, one argument per
@@ -144,7 +186,7 @@ class Tier(Handle):
         if not 1 <= len(planes) <= KVT_TIER_MAX_PLANES:
             raise ValueError(f"from_tensors: {len(planes)} planes (expected 1..{KVT_TIER_MAX_PLANES})")
         want = None if dtype is None else str(dtype).replace("torch.", "")
-        eng = TierEngine(planes=len(planes))
+        described: List[Plane] = []
         keep: List[Any] = []
         layers = None
         counts = []
@@ -185,18 +227,12 @@ class Tier(Handle):
                 counts.append((where, ti.shape[skip - 1]))
                 devices.add(ti.device)
                 keep.append(ti.obj)
-            pl = eng.plane[p]
-            pl.piece_bytes = piece
-            pl.page_stride = infos[0].strides[skip - 1]
             if per_layer:
                 if len({ti.strides[0] for ti in infos}) != 1:
                     raise ValueError(f"plane {p}: layers have different page strides")
-                arr = (ctypes.c_void_p * len(infos))(*[ti.ptr for ti in infos])
-                keep.append(arr)
-                pl.layer_base = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
+                described.append(Plane(piece, infos[0].strides[0], layer_bases=[ti.ptr for ti in infos]))
             else:
-                pl.base = infos[0].ptr
-                pl.layer_stride = infos[0].strides[0]
+                described.append(Plane(piece, infos[0].strides[1], base=infos[0].ptr, layer_stride=infos[0].strides[0]))
         if len(devices) != 1:
             raise ValueError("from_tensors: tensors on different devices")
         device = devices.pop()
@@ -209,11 +245,7 @@ class Tier(Handle):
                              "(the tensor is too small for the geometry)")
         if pages < 1:
             raise ValueError("from_tensors: no pages")
-        eng.device = device is not None
-        cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0), name=c_str(name),
-                         device=device or 0, flags=REGISTER if register else 0)
-        cfg.engine = ctypes.pointer(eng)
-        return cls(cfg, keep, what="Tier.from_tensors")
+        return cls.engine(described, pages, layers, keep, device=device, register=register, name=name)
 
     # -- queries -------------------------------------------------------------
 
@@ -260,6 +292,15 @@ class Tier(Handle):
         if not isinstance(page, int) or not 0 <= page < self.pages:
             raise IndexError(f"page {page!r} is out of range (the tier has {self.pages} pages)")
         return page
+
+    def plane_addr(self, plane: int, page: int, layer: int) -> int:
+        """The address of plane ``plane``'s piece of (page, layer) (0 when out of range)."""
+        return lib.kvt_tier_plane_addr(self._ptr, plane, page, layer) or 0
+
+    @property
+    def planes(self) -> int:
+        """Planes of the tier (an engine tier's count; 1 for a local one-plane tier; 0 remote)."""
+        return lib.kvt_tier_planes(self._ptr)
 
     def read_page(self, page: int) -> bytes:
         """The page's bytes in logical order (layer 0, layer 1, ...; planes in order within a layer)."""
