@@ -123,7 +123,7 @@ class Prefetch:
 
 
 class Cache(Handle):
-    """A KV cache over L1 (GPU pages), L2 (host pages) and optionally an L3
+    __doc__ = """A KV cache over L1 (GPU pages), L2 (host pages) and optionally an L3
     store, with planned eviction against free-room targets.
 
     Keywords are the fields of kvt_cache_config_t (``default_config()``
@@ -136,9 +136,16 @@ class Cache(Handle):
     Without :meth:`attach` the cache manages page ids only (no bytes move);
     with it, loads and backups copy bytes between the tiers on a transfer
     engine. A cache belongs to one thread: call it from the engine's
-    scheduler thread only."""
+    scheduler thread only.
+
+    Options and the library's defaults:
+
+""" + "\n".join(f"        {k} = {v!r}" for k, v in default_config().items()) + "\n"
 
     def __init__(self, **config: Any) -> None:
+        """Creates the cache; every keyword is a kvt_cache_config_t field (see the
+        class). TypeError for an unknown option, ValueError for an unknown
+        policy name, InvalidArgument for a value out of range."""
         super().__init__()
         cfg = _default_config()
         for k, v in config.items():

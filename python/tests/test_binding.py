@@ -417,3 +417,16 @@ def test_prometheus_collector_reports_the_stats():
     assert fams["kvtier_cache_l1_free"].type == "gauge"
     assert fams["kvtier_cache_requests"].samples[0].labels == {"instance": "t"}
     assert prom.generate_latest(reg) == b""  # a closed cache is skipped, not an error
+
+
+def test_shm_tier_is_shared_by_name():
+    name = f"/kvtier-pytest-{os.getpid()}"
+    with kvtier.Tier.shm(name, 4, 1, 128) as a:
+        with kvtier.Tier.shm(name, 4, 1, 128, attach=True) as b:
+            a.write_page(2, bytes(range(128)))
+            assert b.read_page(2) == bytes(range(128))  # one segment, two mappings
+            assert a.info()["creator"] and not b.info()["creator"]
+        with pytest.raises(kvtier.AlreadyExists):
+            kvtier.Tier.shm(name, 4, 1, 128)  # a live process's segment is left alone
+    with pytest.raises(kvtier.NotFound):
+        kvtier.Tier.shm(name, 4, 1, 128, attach=True)  # unlinked by its creator
