@@ -31,6 +31,7 @@
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
+#include "../core/sort-int.h"
 
 struct kvt_laneal {
     uint32_t lanes;
@@ -157,44 +158,6 @@ int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
     return KVT_OK;
 }
 
-/* Sorts n keys below 2^bits in place (tmp: room for n more): least
- * significant digit first, 11 bits a pass, so 2 passes for an L1 of up to 4 M
- * pages on one lane. A free hands over the pages of a request or of an
- * eviction, already nearly in order; one scan finds the common sorted case. */
-static void sort_keys(uint64_t *keys, uint64_t *tmp, size_t n, unsigned bits) {
-    size_t i = 1;
-    while (i < n && keys[i - 1] <= keys[i]) i++;
-    if (i >= n) return;
-    if (n <= 32) { /* insertion sort */
-        for (; i < n; i++) {
-            uint64_t k = keys[i];
-            size_t j = i;
-            for (; j > 0 && keys[j - 1] > k; j--) keys[j] = keys[j - 1];
-            keys[j] = k;
-        }
-        return;
-    }
-    enum { DIGIT = 11, BUCKETS = 1u << DIGIT };
-    size_t count[BUCKETS];
-    uint64_t *src = keys, *dst = tmp;
-    for (unsigned shift = 0; shift < bits; shift += DIGIT) {
-        memset(count, 0, sizeof(count));
-        for (i = 0; i < n; i++) count[(src[i] >> shift) & (BUCKETS - 1)]++;
-        size_t sum = 0;
-        for (unsigned b = 0; b < BUCKETS; b++) {
-            size_t c = count[b];
-            count[b] = sum;
-            sum += c;
-        }
-        for (i = 0; i < n; i++) dst[count[(src[i] >> shift) & (BUCKETS - 1)]++] = src[i];
-        uint64_t *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != keys) memcpy(keys, src, n * sizeof(uint64_t));
-}
-
-static unsigned bits_of(uint64_t x) { return x ? 64u - (unsigned)__builtin_clzll(x) : 0; }
 
 int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     if (la == NULL || pages == NULL || n == 0) return KVT_EINVAL;
@@ -207,10 +170,10 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     int rc = (keys && runs && first) ? KVT_OK : KVT_ENOMEM;
     if (rc == KVT_OK) {
         /* key: lane above the local page's bits (the lane's pages below it) */
-        unsigned lbits = bits_of(kvt_lane_local(la->pages - 1, la->lanes)), kbits = lbits + bits_of(la->lanes - 1);
+        unsigned lbits = kvt__bits_of(kvt_lane_local(la->pages - 1, la->lanes)), kbits = lbits + kvt__bits_of(la->lanes - 1);
         for (size_t i = 0; i < n; i++)
             keys[i] = (uint64_t)kvt_lane_of(pages[i], la->lanes) << lbits | kvt_lane_local(pages[i], la->lanes);
-        sort_keys(keys, keys + n, n, kbits);
+        kvt__sort_u64(keys, keys + n, n, kbits); /* nearly in order: one scan, or two radix passes */
         for (size_t i = 0; i < n; i++) /* back to (lane << 32 | local) */
             keys[i] = (keys[i] >> lbits) << 32 | (keys[i] & ((1ull << lbits) - 1));
         for (size_t i = 0; i < n; i++) {

@@ -24,7 +24,7 @@
 #include "kvtier/error.h"
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
-
+#include "../core/sort-int.h"
 
 /* The running digest: order-sensitive, so two caches fed the same calls
  * agree on it only if they made the same decisions (CP ranks compare it). */
@@ -46,11 +46,6 @@ void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {
     c->l2_back.id[c->l2_back.n++] = id;
 }
 
-static int cmp_u32(const void *x, const void *y) {
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-    return (a > b) - (a < b);
-}
-
 /* Returns the buffered ids to the allocators. */
 int kvt__cache_flush(kvt_cache_t *c) {
     int rc = KVT_OK;
@@ -59,10 +54,11 @@ int kvt__cache_flush(kvt_cache_t *c) {
         if (rc == KVT_OK) c->l1_back.n = 0;
     }
     if (c->l2_back.n && rc == KVT_OK) {
-        /* sorted ids make runs: one free call, coalesced */
-        qsort(c->l2_back.id, c->l2_back.n, sizeof(uint32_t), cmp_u32);
-        size_t k = 0;
+        /* sorted ids make runs: one free call, coalesced (the run buffer, room for every L2 page
+         * as a run, is the sort's scratch until the runs are built) */
         kvt_run_t *runs = c->l2_runs;
+        kvt__sort_u32(c->l2_back.id, (uint32_t *)(void *)runs, c->l2_back.n, kvt__bits_of(c->cfg.l2_pages - 1));
+        size_t k = 0;
         for (size_t i = 0; i < c->l2_back.n; i++) {
             if (k > 0 && runs[k - 1].start + runs[k - 1].len == c->l2_back.id[i]) runs[k - 1].len++;
             else runs[k++] = (kvt_run_t){c->l2_back.id[i], 1};

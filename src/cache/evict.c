@@ -52,8 +52,12 @@ static bool evict_one_l2(kvt_cache_t *c) {
     }
     v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
     if (v == NULL) return false;
-    uint32_t idx = v->n_l1;
-    while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--; /* the last shadow */
+    /* the last shadow: searched down from the node's bound, which the search then lowers (shadows
+     * are reclaimed tail first, so each page is passed over once, not once per reclaim) */
+    uint32_t idx = v->n_l1 < v->shadow_top ? v->n_l1 : v->shadow_top;
+    while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
+    KVT_ASSERT(idx > 0);
+    v->shadow_top = idx - 1;
     if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, idx - 1); /* its only copy outside L1 */
     kvt__cache_give_back_l2(c, kvt__radix_drop_l2(c->tree, v, idx - 1));
     c->st.shadows_reclaimed++;

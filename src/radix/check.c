@@ -31,6 +31,7 @@ static int check_node(walk_t *w, const kvt_rnode_t *n, const char **why) {
         const kvt_page_t *pg = &n->pages[i];
         bool in_l1 = kvt__page_in_l1(pg), in_l2 = kvt__page_in_l2(pg);
         if (i < n_l1 && in_l2) shadow++;
+        if (i < n_l1 && in_l2 && i >= n->shadow_top) FAIL("a shadow at or past shadow_top");
         if (pg->flags & KVT_PAGE_H2D) {
             pin++;
             if (pg->l1 == KVT_NO_PAGE || !in_l2) FAIL("load in flight without its L1 page or L2 source");

@@ -29,6 +29,8 @@ struct kvt_rnode {
     uint32_t npages, cap;     /* pages, and pages the arrays have room for */
     uint32_t n_l1;            /* leading pages resident in L1 (complete) */
     uint32_t n_shadow;        /* pages in [0, n_l1) with a valid L2 copy */
+    uint32_t shadow_top;      /* no page of [0, n_l1) at or past it has a valid L2 copy (a bound: the
+                               * L2 eviction's search for the last shadow starts here, not at n_l1) */
     uint32_t nchildren;
     uint32_t l1_children;     /* children with n_l1 > 0 */
     uint32_t lock;            /* requests holding this node or a descendant */

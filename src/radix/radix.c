@@ -206,6 +206,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     h->npages = k;
     h->nhash = hk;
     h->n_l1 = c->n_l1 < k ? c->n_l1 : k;
+    h->shadow_top = c->shadow_top < k ? c->shadow_top : k;
     for (uint32_t i = 0; i < k; i++) {
         if (i < h->n_l1 && kvt__page_in_l2(&h->pages[i])) h->n_shadow++;
         if (h->pages[i].flags & KVT_PAGE_H2D) h->pin++;
@@ -229,6 +230,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     c->nhash = c->nhash > k ? c->nhash - k : 0;
     c->npages = tail;
     c->n_l1 = c->n_l1 > k ? c->n_l1 - k : 0;
+    c->shadow_top = c->shadow_top > k ? c->shadow_top - k : 0;
     c->n_shadow -= h->n_shadow;
     c->pin -= h->pin;
     uint64_t old_h = kvt__cm_hash(c->parent, c->ns, c->digest);
@@ -425,6 +427,7 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
     p->flags &= ~(uint32_t)KVT_PAGE_D2H;
     if (ok) {
         n->n_shadow++; /* a page being backed up stays in L1 until the backup ends */
+        if (n->shadow_top <= idx) n->shadow_top = idx + 1;
     } else {
         r->l2map[p->l2].node = NULL;
         p->l2 = KVT_NO_PAGE;
@@ -448,7 +451,10 @@ static void advance_l1(kvt_radix_t *r, kvt_rnode_t *n) {
     if (n->parent != &r->root && n->parent->n_l1 < n->parent->npages) return;
     uint32_t before = n->n_l1;
     while (n->n_l1 < n->npages && kvt__page_in_l1(&n->pages[n->n_l1])) {
-        if (kvt__page_in_l2(&n->pages[n->n_l1])) n->n_shadow++;
+        if (kvt__page_in_l2(&n->pages[n->n_l1])) {
+            n->n_shadow++;
+            if (n->shadow_top <= n->n_l1) n->shadow_top = n->n_l1 + 1;
+        }
         n->n_l1++;
     }
     if (n->n_l1 == before) return;
