@@ -22,9 +22,13 @@ typedef struct kvt__op {
 
 /* The ghost of pages that left the cache (ghost.c). */
 typedef struct kvt__ghost {
-    uint64_t *ring;
-    uint64_t *index; /* key's high 32 bits << 32 | ring position + 1; 0: empty */
-    size_t cap, head, n, live, mask;
+    uint64_t *table;    /* cuckoo buckets of 8 entries (a cache line): fingerprint << 32 | add number; 0: empty */
+    void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
+    uint64_t *taken;    /* a bit per add number of the window: taken out or replaced */
+    size_t cap, mask;   /* keys remembered (<= 2^29); buckets - 1 */
+    uint64_t now;       /* adds so far */
+    size_t marks, live; /* marked bits of the window; keys remembered now */
+    uint64_t overflows; /* keys forgotten early: no room within the cuckoo moves */
 } kvt__ghost_t;
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap); /* cap 0: a ghost that remembers nothing */

@@ -1,11 +1,38 @@
 /* The ghost: hashes of pages that recently left the cache, so that a page
- * coming back can be recognised as seen before.
+ * coming back can be recognised as seen before. Semantically a FIFO of the
+ * last `cap` keys added (a key taken out, or added again, leaves its old
+ * place); the question it answers is membership, and ARC also asks how many
+ * keys it holds (`live`).
  *
- * A FIFO ring of 64-bit keys (the page's chained hash) with an open-addressing
- * index of ring positions for membership. Adding to a full ring forgets the
- * oldest key. Removing a key (when its page comes back) deletes its index
- * entry and leaves the ring slot stale; a stale slot is skipped when the ring
- * reaches it. 16 bytes per entry; every operation O(1) expected.
+ * Instead of a ring of keys and an index into it, a key's age is its add
+ * number: a key is remembered while at most `cap` keys were added since it
+ * was (itself included), so the FIFO's end needs no bookkeeping at all. Keys
+ * live in a cuckoo table of buckets of one cache line, 8 entries of (32-bit
+ * fingerprint, 32-bit add number); a key has two buckets, b1 from its low
+ * bits and b2 = b1 ^ h(fingerprint), so an entry can move between its two
+ * knowing only its fingerprint:
+ *
+ *   bucket b:  [fp|seq][fp|seq][0][fp|seq] ... 8 entries, 64 bytes
+ *   entry live  <=>  fp matches and  now - seq <= cap      (now: adds so far)
+ *
+ * A lookup reads both lines (both loads issued at once, so it costs about one
+ * miss). An add takes a free or expired entry of either bucket; with both full
+ * of live keys it moves a live key to its other bucket (cuckoo), at most 256
+ * moves; the table is sized for 5 keys a bucket when full, where that always
+ * succeeds in practice (a failure forgets the oldest key early, counted in
+ * `overflows`, and is the one way this differs from an exact FIFO). `live` is
+ * exact: a bitmap over the last `cap` add numbers marks those taken out (or
+ * replaced, or forgotten early) while in the window, so live = keys added in
+ * the window - marks.
+ *
+ * A false "present" needs the fingerprint and one of two bucket numbers to
+ * match, ~50 bits of a 64-bit hash: about one in 10^9 lookups. Add numbers
+ * are 32 bits; a sweep every 2^30 adds clears expired entries, so no stored
+ * number is ever 2^31 adds old (cap <= 2^29).
+ *
+ * Memory: 64 bytes per bucket (<= 13 bytes a key remembered), one bit per key
+ * of the window. Every operation reads two cache lines in parallel; O(1)
+ * expected.
  */
 #include <string.h>
 
@@ -13,79 +40,149 @@
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
 
-static size_t home(const kvt__ghost_t *g, uint64_t key) {
-    key ^= key >> 29;
-    key *= 0xbf58476d1ce4e5b9ull;
-    return (size_t)(key ^ (key >> 32)) & g->mask;
+#define WAYS 8
+#define KEYS_PER_BUCKET 5 /* the table's load when full: 5 of 8 entries */
+#define GHOST_CAP_MAX (1u << 29)
+#define SWEEP_EVERY (1ull << 30)
+#define KICKS_MAX 256
+
+static inline uint64_t mix(uint64_t k) {
+    k ^= k >> 29;
+    k *= 0xbf58476d1ce4e5b9ull;
+    return k ^ (k >> 32);
 }
+static inline uint32_t fp_of(uint64_t key) { return (uint32_t)(key >> 32) | 1u; } /* never 0: 0 is an empty entry */
+static inline uint64_t *bucket(const kvt__ghost_t *g, size_t b) { return g->table + b * WAYS; }
+static inline size_t b1_of(const kvt__ghost_t *g, uint64_t key) { return (size_t)mix(key) & g->mask; }
+/* The other bucket of a fingerprint in bucket b (an involution: alt(alt(b)) = b; never b itself). */
+static inline size_t alt_of(const kvt__ghost_t *g, size_t b, uint32_t fp) {
+    size_t d = (size_t)mix(fp * 0x9e3779b97f4a7c15ull) & g->mask;
+    return b ^ (d ? d : 1);
+}
+/* Adds since e was added (>= 1 between adds); e is remembered while that is <= cap. */
+static inline uint32_t age_of(const kvt__ghost_t *g, uint64_t e) { return (uint32_t)g->now - (uint32_t)e; }
+static inline bool live(const kvt__ghost_t *g, uint64_t e) { return e != 0 && age_of(g, e) - 1u < g->cap; }
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     memset(g, 0, sizeof(*g));
     if (cap == 0) return KVT_OK;
-    size_t tsize = 16;
-    while (tsize < 2 * cap) tsize *= 2;
+    if (cap > GHOST_CAP_MAX) cap = GHOST_CAP_MAX;
+    size_t nb = 2;
+    while (nb * KEYS_PER_BUCKET < cap) nb *= 2;
     g->cap = cap;
-    g->mask = tsize - 1; /* set first: kvt__ghost_fini frees by these sizes */
-    g->ring = kvt__malloc(cap * sizeof(uint64_t));
-    g->index = kvt__calloc(tsize, sizeof(uint64_t));
-    if (g->ring == NULL || g->index == NULL) {
+    g->mask = nb - 1; /* set first: kvt__ghost_fini frees by these sizes */
+    g->raw = kvt__calloc(nb * WAYS * sizeof(uint64_t) + 64, 1);
+    g->taken = kvt__calloc((cap + 63) / 64, sizeof(uint64_t));
+    if (g->raw == NULL || g->taken == NULL) {
         kvt__ghost_fini(g);
         return KVT_ENOMEM;
     }
+    g->table = (uint64_t *)(((uintptr_t)g->raw + 63) & ~(uintptr_t)63); /* one bucket, one cache line */
     return KVT_OK;
 }
 
 void kvt__ghost_fini(kvt__ghost_t *g) {
-    kvt__free(g->ring, g->cap * sizeof(uint64_t));
-    kvt__free(g->index, g->cap ? (g->mask + 1) * sizeof(uint64_t) : 0);
+    if (g->cap) {
+        size_t nb = g->mask + 1;
+        kvt__free(g->raw, nb * WAYS * sizeof(uint64_t) + 64);
+        kvt__free(g->taken, (g->cap + 63) / 64 * sizeof(uint64_t));
+    }
     memset(g, 0, sizeof(*g));
 }
 
-static inline uint64_t tag_of(uint64_t key) { return key & 0xffffffff00000000ull; }
-static inline size_t pos_of(uint64_t entry) { return (size_t)(entry & 0xffffffffu) - 1; }
-
-/* The index slot of key, or the empty slot where its probe ends. */
-static size_t find(const kvt__ghost_t *g, uint64_t key) {
-    size_t i = home(g, key);
-    uint64_t tag = tag_of(key);
-    while (g->index[i] && !(tag_of(g->index[i]) == tag && g->ring[pos_of(g->index[i])] == key)) i = (i + 1) & g->mask;
-    return i;
+/* Marks live entry e as gone from the window (taken, replaced or forgotten early). */
+static inline void mark_taken(kvt__ghost_t *g, uint64_t e) {
+    uint64_t bit = (g->now - age_of(g, e)) % g->cap;
+    g->taken[bit / 64] |= 1ull << (bit % 64);
+    g->marks++;
 }
 
-static void unindex(kvt__ghost_t *g, size_t i) {
-    g->index[i] = 0;
-    for (size_t j = (i + 1) & g->mask; g->index[j]; j = (j + 1) & g->mask) {
-        size_t h = home(g, g->ring[pos_of(g->index[j])]);
-        if (((j - h) & g->mask) >= ((j - i) & g->mask)) {
-            g->index[i] = g->index[j];
-            g->index[j] = 0;
-            i = j;
-        }
-    }
-    g->live--;
+static inline void count_live(kvt__ghost_t *g) { g->live = (g->now < g->cap ? g->now : g->cap) - g->marks; }
+
+/* The live entry of key, or NULL. */
+static uint64_t *find(const kvt__ghost_t *g, uint64_t key) {
+    uint32_t fp = fp_of(key);
+    size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
+    uint64_t *x = bucket(g, b1), *y = bucket(g, b2);
+    __builtin_prefetch(y); /* the two misses overlap */
+    for (int w = 0; w < WAYS; w++)
+        if ((uint32_t)(x[w] >> 32) == fp && live(g, x[w])) return &x[w];
+    for (int w = 0; w < WAYS; w++)
+        if ((uint32_t)(y[w] >> 32) == fp && live(g, y[w])) return &y[w];
+    return NULL;
 }
+
+bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key) { return g->cap && find(g, key) != NULL; }
 
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return false;
-    size_t i = find(g, key);
-    if (g->index[i] == 0) return false;
-    unindex(g, i);
+    uint64_t *e = find(g, key);
+    if (e == NULL) return false;
+    mark_taken(g, *e);
+    *e = 0;
+    count_live(g);
     return true;
+}
+
+/* An entry this add may take: empty, or expired once this add counts. */
+static inline bool reusable(const kvt__ghost_t *g, uint64_t e) { return e == 0 || age_of(g, e) >= g->cap; }
+
+/* Clears every expired entry, so that no stored add number gets old enough
+ * to alias (one pass over the table per 2^30 adds). */
+static void sweep(kvt__ghost_t *g) {
+    for (size_t i = 0; i < (g->mask + 1) * WAYS; i++)
+        if (g->table[i] && !live(g, g->table[i])) g->table[i] = 0;
+}
+
+/* A free or expired entry of bucket b, or NULL. */
+static uint64_t *room_in(const kvt__ghost_t *g, size_t b) {
+    uint64_t *x = bucket(g, b);
+    for (int w = 0; w < WAYS; w++)
+        if (reusable(g, x[w])) return &x[w];
+    return NULL;
 }
 
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return;
-    if (g->n == g->cap) { /* forget the oldest, if it is still indexed at its slot */
-        size_t i = find(g, g->ring[g->head]);
-        if (g->index[i] && pos_of(g->index[i]) == g->head) unindex(g, i);
-        g->head = (g->head + 1) % g->cap;
-        g->n--;
+    uint64_t *old = find(g, key);
+    if (old) { /* a newer copy replaces the older one */
+        mark_taken(g, *old);
+        *old = 0;
     }
-    size_t pos = (g->head + g->n) % g->cap, i = find(g, key);
-    if (g->index[i] == 0) g->live++; /* else a newer copy replaces the older one */
-    g->ring[pos] = key;
-    g->index[i] = tag_of(key) | (uint64_t)(pos + 1);
-    g->n++;
+    /* add number now - cap leaves the window with this add (its bit is the new key's) */
+    if (g->now >= g->cap) {
+        uint64_t bit = g->now % g->cap;
+        if (g->taken[bit / 64] & (1ull << (bit % 64))) {
+            g->taken[bit / 64] &= ~(1ull << (bit % 64));
+            g->marks--;
+        }
+    }
+    uint32_t fp = fp_of(key);
+    uint64_t carry = (uint64_t)fp << 32 | (uint32_t)g->now;
+    size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
+    uint64_t *slot = room_in(g, b1);
+    if (!slot) slot = room_in(g, b2);
+    if (slot) {
+        *slot = carry;
+    } else { /* both full of live keys: cuckoo moves, each key to its other bucket */
+        size_t cur = b1;
+        for (unsigned k = 0; k < KICKS_MAX && carry; k++) {
+            uint64_t *x = &bucket(g, cur)[(k * 3 + (uint32_t)g->now) % WAYS];
+            uint64_t moved = *x; /* live: cur had no room */
+            *x = carry;
+            carry = moved;
+            cur = alt_of(g, cur, (uint32_t)(moved >> 32));
+            if ((slot = room_in(g, cur)) != NULL) {
+                *slot = carry;
+                carry = 0;
+            }
+        }
+        if (carry) { /* no room within the moves: the key left in hand is forgotten early */
+            mark_taken(g, carry);
+            g->overflows++;
+        }
+    }
+    g->now++;
+    count_live(g);
+    if (g->now % SWEEP_EVERY == 0) sweep(g);
 }
-
-bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key) { return g->cap && g->index[find(g, key)] != 0; }
