@@ -4,7 +4,7 @@
  *   -------------------                 ---------------------
  *   check pages, copy the batch,        take a batch from the queue
  *   keys (bytes and hex)          -->   backend run (own connections):
-  *   push on the queue                     put: the tier page's bytes where they
+ *   push on the queue                     put: the tier page's bytes where they
  *                                              lie + header (gathered I/O)
  *                                         get: object -> checked -> tier page
  *   poll (one thread)                   stats, done queue
