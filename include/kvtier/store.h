@@ -25,24 +25,32 @@
  * object. Its text form, 32 lower-case hex digits, names the Redis key
  * ("kvt:<hex>") and the file ("PATH/<h0h1>/<h2h3>/<hex>").
  *
- * Objects. A header, then the page's bytes page-first (layer 0's bytes, layer
- * 1's, ...: the logical order of tier.h, whatever the tier's layout):
+ * Objects (format version 2). The page's bytes page-first (layer 0's bytes,
+ * layer 1's, ...: the logical order of tier.h, whatever the tier's layout),
+ * P = layers x layer_bytes of them, then an 80-byte header at offset P:
  *
- *   offset size  field
- *   0      4     magic "KVT3"
- *   4      2     version (1)
- *   6      2     header bytes (80)
- *   8      4     layers
- *   12     4     page_tokens
- *   16     8     layer_bytes
- *   24     8     payload bytes (layers x layer_bytes)
- *   32     16    identity digest
- *   48     16    key
- *   64     8     XXH3-64 of the payload
- *   72     8     XXH3-64 of bytes 0..72 (the header itself)
+ *   offset  size  field
+ *   0       P     the payload
+ *   P+0     4     magic "KVT3"
+ *   P+4     2     version (2)
+ *   P+6     2     header bytes (80)
+ *   P+8     4     layers
+ *   P+12    4     page_tokens
+ *   P+16    8     layer_bytes
+ *   P+24    8     payload bytes (P)
+ *   P+32    16    identity digest
+ *   P+48    16    key
+ *   P+64    8     XXH3-64 of the payload
+ *   P+72    8     XXH3-64 of bytes P..P+72 (the header itself)
  *
- * all little-endian. A get checks the object's length, every header field
- * against what this store expects for that key, and the payload checksum:
+ * all little-endian; P + 80 bytes in all (kvt_store_object_bytes). The
+ * payload starts the object so that a file read into a page-aligned tier
+ * page is a copy aligned on both sides. Version 1 (the header first, the
+ * payload at offset 80, the same length) is not read: such an object is a
+ * bad object (a miss, logged as version 1) until the page is put again.
+ * A get checks the object's length (first: it says where the header is),
+ * every header field against what this store expects for that key, and the
+ * payload checksum:
  * an object that fails any check is a miss, counted as a bad object and
  * logged (the reason and the key), and never served. Objects read into
  * memory first (redis; a dir get into a tier without host addresses) are

@@ -1,6 +1,6 @@
 /* The dir backend: one file per object under a root, the embedded L3.
  *
- *   ROOT/3f/a2/3fa2...(32 hex)          an object (header + payload)
+ *   ROOT/3f/a2/3fa2...(32 hex)          an object (payload + header)
  *   ROOT/3f/a2/.tmp.<pid>.<n>.<hex>     a put in progress
  *
  * Fan-out: two levels of 256 directories by the key's first two bytes,
@@ -21,12 +21,13 @@
  * over what it has seen (its own puts and gets, and the files present at its
  * open), so the root may exceed max by what the others wrote since.
  *
- * Cost: exists is a stat, get an open+readv (the header, then the page
- * straight into the tier, checked there; the read's length is the file's:
- * no fstat) + a futimens on the first get after a put and then at most once
- * a second (written once the batch is reported: dir_after), put a create+writev
- * (the header, then the page from the tier's memory) + rename, remove an
- * unlink; the index is a hash table with O(1) updates. */
+ * Cost: exists is a stat, get an open+readv (the page straight into the
+ * tier from file offset 0, page-aligned on both sides, then the header;
+ * checked there; the read's length is the file's: no fstat) + a futimens
+ * on the first get after a put and then at most once a second (written
+ * once the batch is reported: dir_after), put a create+writev (the page
+ * from the tier's memory, then the header) + rename, remove an unlink; the
+ * index is a hash table with O(1) updates. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -8,8 +8,8 @@
  * kvt__store_deliver (which checks an object read into memory and copies it
  * into the tier) or kvt__store_deliver_in_place (an object read straight
  * into the tier page, checked there); a put writes the pieces of
- * kvt__store_put_iov (the header, then the page straight from the tier's
- * memory: no copy of the page is made to build an object). */
+ * kvt__store_put_iov (the page straight from the tier's memory, then the
+ * header: no copy of the page is made to build an object). */
 #ifndef KVTIER_STORE_INT_H
 #define KVTIER_STORE_INT_H
 
@@ -20,9 +20,11 @@
 
 #include "kvtier/store.h"
 
+/* The object header, after the payload since version 2 (so a payload read
+ * or written at file offset 0 lands page-aligned in the tier page). */
 #define KVT__STORE_HDR 80
 #define KVT__STORE_MAGIC "KVT3"
-#define KVT__STORE_VERSION 1
+#define KVT__STORE_VERSION 2
 
 typedef struct kvt__scount {
     uint64_t bytes, round_trips, moved, ask, tryagain, reconnects, map_refreshes, evictions;
@@ -62,10 +64,11 @@ extern const kvt__store_ops_t kvt__store_dir_ops;
 extern const kvt__store_ops_t kvt__store_redis_ops;
 extern const kvt__store_ops_t kvt__store_cluster_ops;
 
-/* Object i of a put as pieces, in order: req->hdr (the header, its payload
- * checksum computed over the tier's memory), then the page page-first,
- * straight from the tier (adjacent layers merged: a page-first page is one
- * piece) or, for a tier without host addresses, gathered into scratch.
+/* Object i of a put as pieces, in order: the page page-first, straight
+ * from the tier (adjacent layers merged: a page-first page is one piece)
+ * or, for a tier without host addresses, gathered into scratch; then
+ * req->hdr (the header, its payload checksum computed over the tier's
+ * memory).
  * *iov (req->iov: the caller may consume it, e.g. on a partial write) gets
  * the pieces; returns their number (>= 2), or 0, logged, when the tier
  * page could not be read or failed the tier's own checksum
@@ -76,8 +79,8 @@ size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
  * logging why) and counts its bytes. */
 void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len);
 /* Where object i of a get can be read to in place: *iov (req->iov, the
- * caller's to consume, with room for one more piece) gets req->hdr for the
- * header, then the tier page's pieces page-first, object_bytes in all.
+ * caller's to consume, with room for one more piece) gets the tier page's
+ * pieces page-first, then req->hdr for the header, object_bytes in all.
  * Returns the number of pieces, or
  * 0 when the tier has no host addresses (read into scratch, then
  * kvt__store_deliver). */

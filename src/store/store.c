@@ -4,8 +4,8 @@
  *   -------------------                 ---------------------
  *   check pages, copy the batch,        take a batch from the queue
  *   keys (bytes and hex)          -->   backend run (own connections):
- *   push on the queue                     put: header + the tier page's bytes
- *                                              where they lie (gathered I/O)
+ *   push on the queue                     put: the tier page's bytes where they
+ *                                              lie + header (gathered I/O)
  *                                         get: object -> checked -> tier page
  *   poll (one thread)                   stats, done queue
  *   <-- done queue <------------------
@@ -225,10 +225,18 @@ static void make_header(const kvt_store_t *s, const uint8_t key[16], uint64_t pa
     put_le(h + 72, XXH3_64bits(h, 72), 8);
 }
 
-/* Why a header (and the object's length) is refused, or NULL. */
-static const char *check_header(const kvt_store_t *s, const uint8_t key[16], const uint8_t *h, size_t len) {
-    if (len < KVT__STORE_HDR) return "shorter than a header (truncated)";
-    if (memcmp(h, KVT__STORE_MAGIC, 4) != 0) return "bad magic (not a kvtier object)";
+/* Why an object's length and header are refused, or NULL. The header is
+ * at the object's end, so the length comes first: h holds the header only
+ * when the length is right. head: the object's first bytes (headn of
+ * them), where a version 1 object kept its header. */
+static const char *check_header(const kvt_store_t *s, const uint8_t key[16], const uint8_t *h, size_t len,
+                                const uint8_t *head, size_t headn) {
+    if (len != s->object_bytes) return len < s->object_bytes ? "truncated (shorter than an object)" : "longer than an object";
+    if (memcmp(h, KVT__STORE_MAGIC, 4) != 0) {
+        if (headn >= 6 && memcmp(head, KVT__STORE_MAGIC, 4) == 0 && get_le(head + 4, 2) == 1)
+            return "object format version 1 (header first; this library reads version 2: a miss until the page is put again)";
+        return "bad magic (not a kvtier object)";
+    }
     if (get_le(h + 72, 8) != XXH3_64bits(h, 72)) return "header checksum mismatch";
     if (get_le(h + 4, 2) != KVT__STORE_VERSION || get_le(h + 6, 2) != KVT__STORE_HDR) return "unknown object version";
     if (get_le(h + 8, 4) != s->layers || get_le(h + 12, 4) != s->cfg.page_tokens || get_le(h + 16, 8) != s->layer_bytes ||
@@ -236,14 +244,13 @@ static const char *check_header(const kvt_store_t *s, const uint8_t key[16], con
         return "wrong geometry (layers, page_tokens or layer_bytes differ)";
     if (memcmp(h + 32, s->ident, 16) != 0) return "another model identity";
     if (memcmp(h + 48, key, 16) != 0) return "another key's object";
-    if (len != s->object_bytes) return len < s->object_bytes ? "truncated payload" : "longer than an object";
     return NULL;
 }
 
 const char *kvt__store_check_object(const kvt_store_t *s, const uint8_t key[16], const void *obj, size_t len) {
-    const uint8_t *h = obj;
-    const char *why = check_header(s, key, h, len);
-    if (why == NULL && get_le(h + 64, 8) != payload_sum(h + KVT__STORE_HDR, s->page_bytes)) why = "payload checksum mismatch";
+    const uint8_t *o = obj, *h = len == s->object_bytes ? o + s->page_bytes : o; /* the header: after the payload */
+    const char *why = check_header(s, key, h, len, o, len);
+    if (why == NULL && get_le(h + 64, 8) != payload_sum(o, s->page_bytes)) why = "payload checksum mismatch";
     return why;
 }
 
@@ -305,23 +312,23 @@ static int buf_to_tier(const kvt_store_t *s, uint32_t page, const uint8_t *src, 
 size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov) {
     kvt_store_t *s = req->s;
     struct iovec *v = req->iov;
-    size_t n = tier_pieces(s, req->pages[i].page, v + 1);
+    size_t n = tier_pieces(s, req->pages[i].page, v);
     if (n == 0) {
         if (tier_to_buf(s, req->pages[i].page, req->scratch) != KVT_OK) {
             kvt__store_log(s, "put %s: cannot read tier page %u", req->hex[i], req->pages[i].page);
             return 0;
         }
-        v[1] = (struct iovec){.iov_base = req->scratch, .iov_len = s->page_bytes};
+        v[0] = (struct iovec){.iov_base = req->scratch, .iov_len = s->page_bytes};
         n = 1;
     }
-    uint64_t sum = pieces_sum(v + 1, n);
+    uint64_t sum = pieces_sum(v, n);
     const uint64_t *sums = kvt_tier_sums(s->cfg.tier);
     if (sums && sums[req->pages[i].page] != sum) { /* a corrupt host page never reaches L3 */
         kvt__store_log(s, "key %s: tier page %u failed its checksum; not stored", req->hex[i], req->pages[i].page);
         return 0;
     }
     make_header(s, req->key[i], sum, req->hdr);
-    v[0] = (struct iovec){.iov_base = req->hdr, .iov_len = KVT__STORE_HDR};
+    v[n] = (struct iovec){.iov_base = req->hdr, .iov_len = KVT__STORE_HDR}; /* after the payload */
     *iov = v;
     return n + 1;
 }
@@ -338,7 +345,7 @@ void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len)
         kvt__store_log(s, "bad object for key %s (%zu bytes): %s; refused, counted as a miss", req->hex[i], len, why);
         return;
     }
-    if (buf_to_tier(s, req->pages[i].page, (const uint8_t *)obj + KVT__STORE_HDR, req->iov) != KVT_OK) {
+    if (buf_to_tier(s, req->pages[i].page, obj, req->iov) != KVT_OK) {
         req->results[i] = KVT_STORE_FAILED;
         kvt__store_log(s, "key %s: could not write tier page %u", req->hex[i], req->pages[i].page);
         return;
@@ -346,24 +353,24 @@ void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len)
     /* a tier with checksums gets the page's: the payload checksum just verified is the same XXH3-64
      * over the layers in order (kvt_tier_page_sum), so a load from this page checks it as any other */
     uint64_t *sums = kvt_tier_sums(s->cfg.tier);
-    if (sums) sums[req->pages[i].page] = get_le((const uint8_t *)obj + 64, 8);
+    if (sums) sums[req->pages[i].page] = get_le((const uint8_t *)obj + s->page_bytes + 64, 8);
     req->results[i] = KVT_STORE_OK;
     req->cnt.bytes += len;
 }
 
 size_t kvt__store_get_iov(kvt__sreq_t *req, size_t i, struct iovec **iov) {
-    size_t n = tier_pieces(req->s, req->pages[i].page, req->iov + 1);
+    size_t n = tier_pieces(req->s, req->pages[i].page, req->iov);
     if (n == 0) return 0;
-    req->iov[0] = (struct iovec){.iov_base = req->hdr, .iov_len = KVT__STORE_HDR};
+    req->iov[n] = (struct iovec){.iov_base = req->hdr, .iov_len = KVT__STORE_HDR};
     *iov = req->iov;
     return n + 1;
 }
 
 void kvt__store_deliver_in_place(kvt__sreq_t *req, size_t i, size_t len, int err) {
     kvt_store_t *s = req->s;
-    struct iovec *v = req->iov + 1;
+    struct iovec *v = req->iov;
     size_t n = tier_pieces(s, req->pages[i].page, v); /* afresh: the read consumed the pieces */
-    const char *why = err ? NULL : check_header(s, req->key[i], req->hdr, len);
+    const char *why = err ? NULL : check_header(s, req->key[i], req->hdr, len, v[0].iov_base, len < v[0].iov_len ? len : v[0].iov_len);
     if (err == 0 && why == NULL && get_le(req->hdr + 64, 8) != pieces_sum(v, n)) why = "payload checksum mismatch";
     if (err == 0 && why == NULL) {
         uint64_t *sums = kvt_tier_sums(s->cfg.tier); /* as kvt__store_deliver */

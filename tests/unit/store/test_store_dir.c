@@ -67,8 +67,9 @@ static void le_put(unsigned char *p, uint64_t v, unsigned n) {
 
 /* The object on disk, every byte pinned against one built here from
  * docs/store.md alone (its identity text, key scheme and header table; XXH3
- * from libxxhash): the 80-byte header, then the page page-first although
- * the tier is layer-first, and the file's name from the key's hex. */
+ * from libxxhash): the page page-first although the tier is layer-first,
+ * then the 80-byte header (format version 2), and the file's name from the
+ * key's hex. */
 Test(store_dir, object_format) {
     enum { LAYERS = 3, LB = 136, PAGES = 4 };
     senv_init(&E, PAGES, LAYERS, LB, KVT_LAYOUT_LAYER_FIRST);
@@ -94,20 +95,21 @@ Test(store_dir, object_format) {
     le_put(kin + 16, h.lo, 8), le_put(kin + 24, h.hi, 8);
     XXH128_hash_t kh = XXH3_128bits(kin, 32);
     le_put(key, kh.low64, 8), le_put(key + 8, kh.high64, 8);
-    unsigned char want[80 + sizeof(payload)];
-    memset(want, 0, 80);
-    memcpy(want, "KVT3", 4);
-    le_put(want + 4, 1, 2);          /* version */
-    le_put(want + 6, 80, 2);         /* header bytes */
-    le_put(want + 8, LAYERS, 4);
-    le_put(want + 12, 16, 4);        /* page_tokens */
-    le_put(want + 16, LB, 8);        /* layer_bytes */
-    le_put(want + 24, sizeof(payload), 8);
-    memcpy(want + 32, ident, 16);
-    memcpy(want + 48, key, 16);
-    le_put(want + 64, XXH3_64bits(payload, sizeof(payload)), 8);
-    le_put(want + 72, XXH3_64bits(want, 72), 8);
-    memcpy(want + 80, payload, sizeof(payload));
+    enum { P = sizeof(payload) }; /* the header's offset */
+    unsigned char want[sizeof(payload) + 80], *hd = want + P;
+    memcpy(want, payload, sizeof(payload));
+    memset(hd, 0, 80);
+    memcpy(hd, "KVT3", 4);
+    le_put(hd + 4, 2, 2);          /* version */
+    le_put(hd + 6, 80, 2);         /* header bytes */
+    le_put(hd + 8, LAYERS, 4);
+    le_put(hd + 12, 16, 4);        /* page_tokens */
+    le_put(hd + 16, LB, 8);        /* layer_bytes */
+    le_put(hd + 24, sizeof(payload), 8);
+    memcpy(hd + 32, ident, 16);
+    memcpy(hd + 48, key, 16);
+    le_put(hd + 64, XXH3_64bits(payload, sizeof(payload)), 8);
+    le_put(hd + 72, XXH3_64bits(hd, 72), 8);
 
     char hex[33], path[256];
     for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
@@ -123,9 +125,9 @@ Test(store_dir, object_format) {
     cr_assert_eq(n, sizeof(want), "object of %zu bytes", n);
     for (size_t i = 0; i < sizeof(want); i++) cr_assert_eq(got[i], want[i], "byte %zu: %02x, expected %02x", i, got[i], want[i]);
     /* and an object built here is served: the format is the one gets read */
-    want[80] ^= 0xff, payload[0] ^= 0xff;
-    le_put(want + 64, XXH3_64bits(payload, sizeof(payload)), 8);
-    le_put(want + 72, XXH3_64bits(want, 72), 8);
+    want[0] ^= 0xff, payload[0] ^= 0xff;
+    le_put(hd + 64, XXH3_64bits(payload, sizeof(payload)), 8);
+    le_put(hd + 72, XXH3_64bits(hd, 72), 8);
     f = fopen(path, "wb");
     cr_assert_eq(fwrite(want, 1, sizeof(want), f), sizeof(want));
     fclose(f);
@@ -133,6 +135,20 @@ Test(store_dir, object_format) {
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).count, 1u, "%s", kvt_store_last_error(E.store));
     for (uint32_t l = 0; l < LAYERS; l++)
         cr_assert(memcmp(kvt_tier_addr(E.tier, 3, l), payload + l * LB, LB) == 0, "layer %u", l);
+    /* a version 1 object of this page (the header first, the payload after
+     * it; same length): refused as such, a miss, and the page zeroed */
+    unsigned char v1[sizeof(want)];
+    memcpy(v1, hd, 80);
+    le_put(v1 + 4, 1, 2);
+    le_put(v1 + 72, XXH3_64bits(v1, 72), 8);
+    memcpy(v1 + 80, payload, sizeof(payload));
+    f = fopen(path, "wb");
+    cr_assert_eq(fwrite(v1, 1, sizeof(v1), f), sizeof(v1));
+    fclose(f);
+    cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_BAD);
+    cr_assert(strstr(kvt_store_last_error(E.store), "object format version 1") != NULL, "%s", kvt_store_last_error(E.store));
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (size_t i = 0; i < LB; i++) cr_assert_eq(((unsigned char *)kvt_tier_addr(E.tier, 3, l))[i], 0, "layer %u byte %zu", l, i);
 }
 
 static void write_file(const char *path, const void *b, size_t n) {
@@ -174,12 +190,16 @@ Test(store_dir, wrong_objects_refused) {
         const void *bytes;
         size_t n;
         const char *what;
-    } bad[] = {{junk, ob, "bad magic"},     {other, ob, "another key"},      {good, ob - 100, "truncated"}, {good, 40, "shorter"},
-               {NULL, ob, "payload checksum"}, {NULL, ob + 1, "longer than an object"}, {NULL, ob + 4096, "longer than an object"}};
-    unsigned char *flipped = malloc(ob), *longer = malloc(ob + 4096);
+    } bad[] = {{junk, ob, "bad magic"},     {other, ob, "another key"},      {good, ob - 100, "truncated"}, {good, 40, "shorter than an object"},
+               {NULL, ob, "payload checksum"}, {NULL, ob + 1, "longer than an object"}, {NULL, ob + 4096, "longer than an object"},
+               {NULL, ob, "header checksum"}};
+    unsigned char *flipped = malloc(ob), *longer = malloc(ob + 4096), *hflip = malloc(ob);
     memcpy(flipped, good, ob);
-    flipped[ob - 1] ^= 1;
+    flipped[ob - 81] ^= 1; /* the payload's last byte (the header follows it) */
     bad[4].bytes = flipped;
+    memcpy(hflip, good, ob);
+    hflip[ob - 80 + 12] ^= 1; /* page_tokens in the header, its checksum left */
+    bad[7].bytes = hflip;
     memcpy(longer, good, ob); /* a good object with bytes after it */
     memset(longer + ob, 0x33, 4096);
     bad[5].bytes = bad[6].bytes = longer;
@@ -208,9 +228,10 @@ Test(store_dir, wrong_objects_refused) {
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).bad_objects, sizeof(bad) / sizeof(bad[0]));
     /* a well-formed header (its checksum recomputed) of another geometry */
     memcpy(flipped, good, ob);
-    flipped[8] = 3; /* layers */
-    uint64_t hs = XXH3_64bits(flipped, 72);
-    for (int i = 0; i < 8; i++) flipped[72 + i] = (unsigned char)(hs >> (8 * i));
+    unsigned char *hd = flipped + ob - 80; /* the header, after the payload */
+    hd[8] = 3; /* layers */
+    uint64_t hs = XXH3_64bits(hd, 72);
+    for (int i = 0; i < 8; i++) hd[72 + i] = (unsigned char)(hs >> (8 * i));
     write_file(a, flipped, ob);
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_BAD);
     cr_assert(strstr(kvt_store_last_error(E.store), "wrong geometry") != NULL, "%s", kvt_store_last_error(E.store));
@@ -218,7 +239,7 @@ Test(store_dir, wrong_objects_refused) {
     write_file(a, good, ob);
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_OK);
     cr_assert(check(&E, 100, 5));
-    free(good), free(other), free(junk), free(flipped), free(longer);
+    free(good), free(other), free(junk), free(flipped), free(longer), free(hflip);
 }
 
 /* Read in place and refused there: a layer-first page (a piece per layer)
@@ -236,7 +257,7 @@ Test(store_dir, refused_in_place_zeroes_every_layer) {
     cr_assert_eq(ob, 80u + 3 * 512);
     unsigned char *o = malloc(ob);
     cr_assert_eq(read_file(path, o, ob), ob);
-    o[80 + 2 * 512 + 100] ^= 0x40; /* layer 2 */
+    o[2 * 512 + 100] ^= 0x40; /* layer 2 (the payload starts the object) */
     write_file(path, o, ob);
     fill(&E, 20, 3, 3); /* pages 3, 4, 5 */
     kvt_store_page_t q = {.hash = p[0].hash, .page = 4};
