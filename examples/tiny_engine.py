@@ -178,7 +178,7 @@ def corrupt_l3(url, store, hashes):
             path = pathlib.Path(root, key[0:2], key[2:4], key)
             if path.exists():
                 data = bytearray(path.read_bytes())
-                data[-1] ^= 0x5A
+                data[len(data) // 2] ^= 0x5A  # a payload byte (the header is last, format v2)
                 path.write_bytes(bytes(data))
                 return 1
         elif url.startswith("redis://"):
@@ -192,7 +192,9 @@ def corrupt_l3(url, store, hashes):
                 size = cmd(b"STRLEN", name)
                 n = int(size[1:].split(b"\r\n")[0])
                 if n > 0:
-                    cmd(b"SETRANGE", name, str(n - 1).encode(), b"\xa5")
+                    off = str(n // 2).encode()  # a payload byte (the header is last, format v2), flipped
+                    byte = cmd(b"GETRANGE", name, off, off).split(b"\r\n")[1][:1]
+                    cmd(b"SETRANGE", name, off, bytes([byte[0] ^ 0x5A]))
                     return 1
     return 0
 
