@@ -21,14 +21,17 @@ typedef struct kvt__op {
 } kvt__op_t;
 
 /* The ghost of pages that left the cache (ghost.c). */
+#define KVT__GHOST_PEND 16
 typedef struct kvt__ghost {
     uint64_t *table;    /* cuckoo buckets of 8 entries (a cache line): fingerprint << 32 | add number; 0: empty */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
     uint64_t *taken;    /* a bit per add number of the window: taken out or replaced */
-    size_t cap, mask;   /* keys remembered (<= 2^29); buckets - 1 */
+    size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 5, so 5 of 8 entries in use when full) */
     uint64_t now;       /* adds so far */
     size_t marks, live; /* marked bits of the window; keys remembered now */
     uint64_t overflows; /* keys forgotten early: no room within the cuckoo moves */
+    unsigned npend;     /* adds queued (their buckets prefetched), applied before any read */
+    uint64_t pend[KVT__GHOST_PEND];
 } kvt__ghost_t;
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap); /* cap 0: a ghost that remembers nothing */
@@ -36,6 +39,7 @@ void kvt__ghost_fini(kvt__ghost_t *g);
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key);
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key); /* true (and forgotten) when present */
 bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key);
+size_t kvt__ghost_live(const kvt__ghost_t *g); /* keys remembered now */
 
 /* An exact LRU set of 64-bit keys (lru.c): the modeled L3. */
 typedef struct kvt__lru {

@@ -141,7 +141,7 @@ int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st) {
     full.l2_target = c->l2_target;
     full.l1_floor = c->l1_floor;
     full.l2_floor = c->l2_floor;
-    full.l3_known_pages = c->store ? c->l3own.live : c->l3model.n;
+    full.l3_known_pages = c->store ? kvt__ghost_live(&c->l3own) : c->l3model.n;
     return kvt__abi_out(st, &full, sizeof(full));
 }
 

@@ -157,7 +157,7 @@ void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n) {
 /* arc: a page came back through ghost `from`: move the target toward the
  * class that lost it. */
 static void arc_adapt(kvt_cache_t *c, unsigned from) {
-    double mine = (double)c->ghost[from].live + 1, other = (double)c->ghost[!from].live;
+    double mine = (double)kvt__ghost_live(&c->ghost[from]) + 1, other = (double)kvt__ghost_live(&c->ghost[!from]);
     double step = other / mine > 1 ? other / mine : 1;
     double cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
     c->arc_p += from == 0 ? step : -step;

@@ -57,12 +57,13 @@ static void run(size_t cap, size_t keyspace, size_t ops, uint64_t seed) {
             cr_assert_eq(kvt__ghost_has(&g, key), at >= 0, "op %zu (seed %llu): has", op, (unsigned long long)seed);
         }
         if (op % 97 == 0 || op == ops - 1)
-            cr_assert_eq(g.live, model_live(&m), "op %zu (seed %llu): live %zu, the FIFO holds %zu", op,
-                         (unsigned long long)seed, g.live, model_live(&m));
+            cr_assert_eq(kvt__ghost_live(&g), model_live(&m), "op %zu (seed %llu): live %zu, the FIFO holds %zu", op,
+                         (unsigned long long)seed, kvt__ghost_live(&g), model_live(&m));
     }
+    (void)kvt__ghost_live(&g); /* applies queued adds */
     cr_assert_eq(g.overflows, 0);
     printf("ghost cap=%zu keys=%zu ops=%zu seed=%llu: %zu adds, %zu takes (%zu found), live %zu\n", cap, keyspace, ops,
-           (unsigned long long)seed, adds, takes, hits, g.live);
+           (unsigned long long)seed, adds, takes, hits, kvt__ghost_live(&g));
     kvt__ghost_fini(&g);
     free(m.key);
     free(m.gone);
