@@ -79,6 +79,10 @@ void kvt__cm_fini(kvt_radix_t *r);
 
 int kvt__vheap_reserve(kvt_radix_t *r, size_t n); /* every heap can hold n nodes */
 void kvt__vheap_refresh(kvt_radix_t *r, kvt_rnode_t *n); /* membership and position in every set */
+/* Membership only: after a change of page states, which no score depends on
+ * (scores are node-level: recency, hits, class; kvt_radix_check verifies
+ * them), so a node already in a set keeps its place. */
+void kvt__vheap_membership(kvt_radix_t *r, kvt_rnode_t *n);
 void kvt__vheap_remove_all(kvt_radix_t *r, kvt_rnode_t *n);
 bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set);
 bool kvt__vset_member(const kvt_rnode_t *n, kvt__vset_t set); /* eligible, or marked for POLICY */

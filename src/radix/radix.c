@@ -358,7 +358,7 @@ static void l1_edge(kvt_radix_t *r, kvt_rnode_t *n, uint32_t before) {
     if ((before == 0) == (n->n_l1 == 0)) return;
     if (n->n_l1 == 0) n->parent->l1_children--;
     else n->parent->l1_children++;
-    kvt__vheap_refresh(r, n->parent);
+    kvt__vheap_membership(r, n->parent);
 }
 
 uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
@@ -370,7 +370,7 @@ uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
     if (kvt__page_in_l2(p)) n->n_shadow--;
     n->n_l1--;
     l1_edge(r, n, n->n_l1 + 1);
-    kvt__vheap_refresh(r, n);
+    kvt__vheap_membership(r, n);
     return id;
 }
 
@@ -388,7 +388,7 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     n->npages--;
     if (n->nhash > n->npages) n->nhash = n->npages;
     if (n->npages > 0) {
-        kvt__vheap_refresh(r, n);
+        kvt__vheap_membership(r, n);
         return pg;
     }
     kvt_rnode_t *parent = n->parent;
@@ -397,7 +397,7 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     unlink_child(n);
     node_free(r, n);
     r->nodes--;
-    kvt__vheap_refresh(r, parent);
+    kvt__vheap_membership(r, parent);
     return pg;
 }
 
@@ -408,7 +408,7 @@ uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     r->l2map[id].node = NULL;
     p->l2 = KVT_NO_PAGE;
     n->n_shadow--;
-    kvt__vheap_refresh(r, n);
+    kvt__vheap_membership(r, n);
     return id;
 }
 
@@ -418,7 +418,7 @@ void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint3
     p->l2 = l2;
     p->flags |= KVT_PAGE_D2H;
     r->l2map[l2] = (kvt__pageref_t){n, idx};
-    kvt__vheap_refresh(r, n);
+    kvt__vheap_membership(r, n);
 }
 
 void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok) {
@@ -432,7 +432,7 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
         r->l2map[p->l2].node = NULL;
         p->l2 = KVT_NO_PAGE;
     }
-    kvt__vheap_refresh(r, n);
+    kvt__vheap_membership(r, n);
 }
 
 void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1) {
@@ -442,7 +442,7 @@ void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_
     p->flags |= KVT_PAGE_H2D;
     n->pin++;
     r->l1map[l1] = (kvt__pageref_t){n, idx};
-    kvt__vheap_refresh(r, n);
+    kvt__vheap_membership(r, n);
 }
 
 /* Extends n's L1 prefix over pages whose loads have ended, if its parent is
@@ -459,7 +459,7 @@ static void advance_l1(kvt_radix_t *r, kvt_rnode_t *n) {
     }
     if (n->n_l1 == before) return;
     l1_edge(r, n, before);
-    kvt__vheap_refresh(r, n);
+    kvt__vheap_membership(r, n);
     if (n->n_l1 == n->npages)
         for (kvt_rnode_t *c = n->first_child; c; c = c->next_sibling) advance_l1(r, c);
 }
@@ -474,7 +474,7 @@ void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok) 
         p->l1 = KVT_NO_PAGE;
     }
     advance_l1(r, n);
-    kvt__vheap_refresh(r, n);
+    kvt__vheap_membership(r, n);
 }
 
 uint32_t kvt__radix_unload(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {

@@ -119,6 +119,24 @@ void kvt__vheap_refresh(kvt_radix_t *r, kvt_rnode_t *n) {
     }
 }
 
+void kvt__vheap_membership(kvt_radix_t *r, kvt_rnode_t *n) {
+    if (n == &r->root) return;
+    for (int si = 0; si < KVT_VSET_COUNT; si++) {
+        kvt__vset_t s = (kvt__vset_t)si;
+        bool in = n->heap_pos[s] >= 0, member = kvt__vset_member(n, s);
+        if (in == member) continue;
+        kvt__vheap_t *h = &r->heap[s];
+        if (in) {
+            heap_remove(h, n, s);
+            continue;
+        }
+        n->score[s] = r->score(r->score_ctx, n, s);
+        h->n++;
+        put(h, h->n - 1, n, s);
+        sift_up(h, h->n - 1, s);
+    }
+}
+
 void kvt__vheap_remove_all(kvt_radix_t *r, kvt_rnode_t *n) {
     for (int s = 0; s < KVT_VSET_COUNT; s++)
         if (n->heap_pos[s] >= 0) heap_remove(&r->heap[s], n, (kvt__vset_t)s);
