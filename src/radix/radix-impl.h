@@ -57,6 +57,8 @@ struct kvt_radix {
     kvt__score_fn score;
     void *score_ctx;
     kvt__pool_t pool;
+    kvt_rnode_t *vpend; /* a node whose victim-set membership is still to be brought up to date (see
+                         * kvt__vheap_membership): a run of page changes on one node updates it once */
 };
 
 /* Memory through the hook, counted in r->bytes. */
@@ -83,6 +85,9 @@ void kvt__vheap_refresh(kvt_radix_t *r, kvt_rnode_t *n); /* membership and posit
  * (scores are node-level: recency, hits, class; kvt_radix_check verifies
  * them), so a node already in a set keeps its place. */
 void kvt__vheap_membership(kvt_radix_t *r, kvt_rnode_t *n);
+/* Brings a membership update still pending up to date: every read of the
+ * heaps (victims, check, stats) calls it first. */
+void kvt__vheap_settle(const kvt_radix_t *r);
 void kvt__vheap_remove_all(kvt_radix_t *r, kvt_rnode_t *n);
 bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set);
 bool kvt__vset_member(const kvt_rnode_t *n, kvt__vset_t set); /* eligible, or marked for POLICY */
