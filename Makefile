@@ -83,6 +83,7 @@ bench: build
 	$(BUILD)/kvtier bench alloc --pattern churn $(RUN_ARGS)
 	$(BUILD)/kvtier bench xfer --layout both $(RUN_ARGS)
 	$(BUILD)/kvtier bench pd $(RUN_ARGS)
+	scripts/bench-replay $(BUILD)/kvtier
 
 # The main job: replay the built-in synthetic workload over all three tiers,
 # L3 a dir store under the build folder that outlives the run, so that a
