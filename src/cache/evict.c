@@ -44,24 +44,33 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
     c->st.dropped_pages++;
 }
 
-static bool evict_one_l2(kvt_cache_t *c) {
+/* Evicts up to max (>= 1) L2 pages: a leaf's host-only tail page, else
+ * shadows of the first shadow victim, tail first, as many as it has (the
+ * same pages, in the same order, as one eviction at a time: dropping a
+ * shadow changes neither the victim's score nor whether a host-only page
+ * exists). Returns how many; 0 when nothing in L2 may go. */
+static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
         trim_l2_tail(c, v, true);
-        return true;
+        return 1;
     }
     v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
-    if (v == NULL) return false;
-    /* the last shadow: searched down from the node's bound, which the search then lowers (shadows
-     * are reclaimed tail first, so each page is passed over once, not once per reclaim) */
-    uint32_t idx = v->n_l1 < v->shadow_top ? v->n_l1 : v->shadow_top;
-    while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
-    KVT_ASSERT(idx > 0);
-    v->shadow_top = idx - 1;
-    if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, idx - 1); /* its only copy outside L1 */
-    kvt__cache_give_back_l2(c, kvt__radix_drop_l2(c->tree, v, idx - 1));
-    c->st.shadows_reclaimed++;
-    return true;
+    if (v == NULL) return 0;
+    uint64_t got = 0;
+    while (got < max && v->n_shadow > 0) {
+        /* the last shadow: searched down from the node's bound, which the search then lowers
+         * (shadows go tail first, so each page is passed over once, not once per reclaim) */
+        uint32_t idx = v->n_l1 < v->shadow_top ? v->n_l1 : v->shadow_top;
+        while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
+        KVT_ASSERT(idx > 0);
+        v->shadow_top = idx - 1;
+        if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, idx - 1); /* its only copy outside L1 */
+        kvt__cache_give_back_l2(c, kvt__radix_drop_l2(c->tree, v, idx - 1));
+        c->st.shadows_reclaimed++;
+        got++;
+    }
+    return got;
 }
 
 /* Plans room for n L2 pages: when the allocation would leave fewer than the
@@ -73,11 +82,12 @@ bool kvt__cache_plan_l2_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
     kvt__cache_wait_kind(c, OP_BACKUP); /* landed backups make shadows reclaimable: decisions never depend on copy timing */
     c->st.l2_evict_calls++;
     while (c->l2_free < n + c->l2_target) {
-        if (!evict_one_l2(c)) {
+        uint64_t got = evict_l2(c, n + c->l2_target - c->l2_free);
+        if (got == 0) {
             c->st.l2_room_misses++;
             break;
         }
-        c->st.l2_evicted_pages++;
+        c->st.l2_evicted_pages += got;
     }
     return true;
 }
