@@ -124,12 +124,16 @@ int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m) {
         if (!str_is(field(best, "health"), "online")) continue;
         const redisReply *ip = field(best, "endpoint"), *port = field(best, "port");
         if (ip == NULL || ip->type != REDIS_REPLY_STRING || ip->len == 0 || strcmp(ip->str, "?") == 0) ip = field(best, "ip");
-        if (ip == NULL || ip->type != REDIS_REPLY_STRING || port == NULL || port->type != REDIS_REPLY_INTEGER) return KVT_EPARSE;
+        /* a node the client can connect to: a host that fits (whole: no NUL inside) and a TCP port */
+        if (ip == NULL || ip->type != REDIS_REPLY_STRING || port == NULL || port->type != REDIS_REPLY_INTEGER ||
+            ip->len >= sizeof(m->nodes[0].host) || strlen(ip->str) != ip->len || port->integer < 1 || port->integer > 65535)
+            return KVT_EPARSE;
         int idx = node_index(m, ip->str, (int)port->integer);
         if (idx < 0) return KVT_EPARSE;
         for (size_t k = 0; k + 1 < slots->elements; k += 2) {
+            if (slots->element[k]->type != REDIS_REPLY_INTEGER || slots->element[k + 1]->type != REDIS_REPLY_INTEGER) return KVT_EPARSE;
             long long a = slots->element[k]->integer, b = slots->element[k + 1]->integer;
-            if (slots->element[k]->type != REDIS_REPLY_INTEGER || a < 0 || b > 16383 || a > b) return KVT_EPARSE;
+            if (a < 0 || b > 16383 || a > b) return KVT_EPARSE;
             for (long long x = a; x <= b; x++) m->slot[x] = (uint16_t)idx, covered++;
         }
     }
