@@ -20,7 +20,8 @@ typedef struct kvt__slotmap {
 } kvt__slotmap_t;
 
 /* A CLUSTER SHARDS reply (a redisReply *) -> slots to the online master of
- * each shard. KVT_EPARSE (nothing covered, or not that reply's shape). */
+ * each shard. KVT_EPARSE (nothing covered, a slot claimed twice, a node
+ * that is no host:port, or not that reply's shape). */
 int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m);
 /* "host:port" / "[v6]:port" of len bytes. KVT_EINVAL. */
 int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *port);

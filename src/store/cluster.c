@@ -134,7 +134,10 @@ int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m) {
             if (slots->element[k]->type != REDIS_REPLY_INTEGER || slots->element[k + 1]->type != REDIS_REPLY_INTEGER) return KVT_EPARSE;
             long long a = slots->element[k]->integer, b = slots->element[k + 1]->integer;
             if (a < 0 || b > 16383 || a > b) return KVT_EPARSE;
-            for (long long x = a; x <= b; x++) m->slot[x] = (uint16_t)idx, covered++;
+            for (long long x = a; x <= b; x++) { /* a slot two shards claim: not a map of one cluster */
+                if (m->slot[x] != KVT__NO_NODE) return KVT_EPARSE;
+                m->slot[x] = (uint16_t)idx, covered++;
+            }
         }
     }
     m->covered = covered;
