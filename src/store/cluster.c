@@ -11,6 +11,7 @@
  * retried where it points and the map reloaded. ASK is a one-off (the slot
  * is migrating): ASKING then the command at the named node, no map change.
  * Both are parsed here, as pure functions with their own tests. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,6 +82,28 @@ int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *
     host[hlen] = 0;
     *port = pt;
     return KVT_OK;
+}
+
+static redisReplyObjectFunctions capped_fns;
+static void *(*hiredis_array)(const redisReadTask *, int);
+static pthread_once_t capped_once = PTHREAD_ONCE_INIT;
+static redisReplyObjectFunctions *first_fns;
+
+static void *capped_array(const redisReadTask *t, int n) {
+    return n > KVT__REDIS_MAX_ELEMENTS ? NULL : hiredis_array(t, n);
+}
+
+static void init_capped(void) {
+    capped_fns = *first_fns;
+    hiredis_array = capped_fns.createArray;
+    capped_fns.createArray = capped_array;
+}
+
+void kvt__redis_cap_reader(struct redisReader *r) {
+    if (r == NULL || r->fn == NULL || r->fn == &capped_fns) return;
+    first_fns = r->fn; /* hiredis's default functions: the same table for every reader */
+    pthread_once(&capped_once, init_capped);
+    r->fn = &capped_fns;
 }
 
 static const redisReply *field(const redisReply *map, const char *name) {
