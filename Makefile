@@ -4,6 +4,9 @@ SAN_BUILD  ?= build-san
 TSAN_BUILD ?= build-tsan
 CUDA_BUILD ?= build-cuda
 REL_BUILD  ?= build-rel
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?=
+FUZZ_SMOKE_SECONDS ?= 12
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
@@ -13,7 +16,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
 
-.PHONY: all build bootstrap python test test-release test-san test-tsan test-cuda bench run install clean help
+.PHONY: all build bootstrap python test test-release test-san test-tsan test-cuda fuzz fuzz-smoke bench run install clean help
 
 all: build
 
@@ -24,6 +27,8 @@ help:
 	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
 	@echo "make test-tsan  the threaded code (stress test, pd, store, replay --data, cp, bench xfer) under ThreadSanitizer ($(TSAN_BUILD)/)"
 	@echo "make test-cuda  build the cuda tier and the kernels suite ($(CUDA_BUILD)/) and run it where a GPU is"
+	@echo "make fuzz       build the libFuzzer targets ($(FUZZ_BUILD)/fuzz/); FUZZ_SECONDS=N also runs each N s"
+	@echo "make fuzz-smoke every fuzz target for $(FUZZ_SMOKE_SECONDS) s from its corpus; fails on any finding"
 	@echo "make bench      the benchmarks at full size"
 	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
 	@echo "make python     make \`import kvtier\` work in python3 for this build (python/, docs/python.md)"
@@ -77,6 +82,21 @@ test-cuda: bootstrap
 	test -x $(CUDA_BUILD)/tests/test-kernels && echo "== test-cuda: cuda tier and kernels suite built ($$(grep -o 'CUDA toolkit [0-9.]*' $(CUDA_BUILD)/configure.log | head -1))" && \
 	tests/run_suite --build $(CUDA_BUILD) --suite kernels
 
+# libFuzzer targets (tests/fuzz/, docs/reliability.md): clang with ASan +
+# UBSan over the library and the tools, in their own build folder.
+fuzz: bootstrap
+	$(call configure_fuzz)
+	@if [ -n "$(FUZZ_SECONDS)" ]; then tests/fuzz/run $(FUZZ_BUILD) $(FUZZ_SECONDS); fi
+
+fuzz-smoke: bootstrap
+	$(call configure_fuzz)
+	@tests/fuzz/run $(FUZZ_BUILD) $(FUZZ_SMOKE_SECONDS)
+
+define configure_fuzz
+	@mkdir -p $(FUZZ_BUILD) && cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DKVT_FUZZ=on -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_CHECK_LEVEL=1 $(CMAKE_ARGS) >$(FUZZ_BUILD)/configure.log 2>&1 || { cat $(FUZZ_BUILD)/configure.log; exit 1; }
+	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(FUZZ_BUILD) -j $(JOBS) 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
+endef
+
 bench: build
 	$(BUILD)/kvtier bench alloc --pattern random $(RUN_ARGS)
 	$(BUILD)/kvtier bench alloc --pattern mixed $(RUN_ARGS)
@@ -102,4 +122,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD) $(CUDA_BUILD) $(REL_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD) $(CUDA_BUILD) $(REL_BUILD) $(FUZZ_BUILD)

@@ -1,4 +1,14 @@
 #include "kvtier/error.h"
+#include "error-int.h"
+
+bool kvt__err_known(int err) {
+    switch (err) {
+#define KVT_ERR_KNOWN_(name, val, msg) case (val): return (val) != 0;
+        KVT_ERRNO_MAP(KVT_ERR_KNOWN_)
+#undef KVT_ERR_KNOWN_
+    default: return false;
+    }
+}
 
 const char *kvt_strerror(int err) {
     switch (err) {

@@ -549,8 +549,10 @@ static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
                    rc == KVT_EINVAL ? " (another kvtier version made it)" : "");
     g->h = g->seg.base;
     uint64_t a, b, c;
-    if ((rc = check_params(g, cfg, why)) == KVT_OK && g->seg.total != segment_bytes(cfg, &a, &b, &c))
-        rc = say(KVT_EINVAL, why, "rank %u: group %s's control segment has the wrong size", cfg->rank, g->name);
+    /* the offsets too: every slot, landed and digest access goes through them */
+    if ((rc = check_params(g, cfg, why)) == KVT_OK &&
+        (g->seg.total != segment_bytes(cfg, &a, &b, &c) || g->h->slots_off != a || g->h->landed_off != b || g->h->digests_off != c))
+        rc = say(KVT_EINVAL, why, "rank %u: group %s's control segment has the wrong size or layout", cfg->rank, g->name);
     if (rc == KVT_OK) rc = claim_slot(g, why);
     if (rc != KVT_OK) kvt__seg_close(&g->seg);
     return rc;

@@ -50,6 +50,12 @@ void kvt__net_count(kvt_net_server_t *s, uint64_t len);
 /* A writer's hello (len bytes) against the tier: 0 accepted, 1 refused (a
  * wrong geometry: *r says why), -1 not a kvtier peer. Counts and notes. */
 int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r);
+/* One connection, from its hello to its end: the hello checked and
+ * answered, then runs received into the tier and acknowledged, until EOF,
+ * an error or a malformed run (which closes it: the caller shuts fd down).
+ * The tcp server's connection thread; the fuzz target drives it on a
+ * socketpair. */
+void kvt__net_serve_conn(kvt_net_server_t *s, int fd);
 /* A run that lies inside the tier. */
 bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d);
 

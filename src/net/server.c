@@ -94,28 +94,31 @@ static bool greet(kvt_net_server_t *s, int fd) {
     return kvt__write_full(fd, &r, sizeof(r)) == 0 && v == 0;
 }
 
+void kvt__net_serve_conn(kvt_net_server_t *s, int fd) {
+    bool ok = greet(s, fd);
+    struct timeval none = {0, 0}; /* greeted: runs may be far apart */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+    if (!ok) return;
+    for (;;) {
+        kvt__wire_data_t d;
+        if (kvt__read_full(fd, &d, sizeof(d)) != 0) return; /* the writer is done (or gone) */
+        if (!kvt__net_run_ok(s, &d)) {
+            kvt__net_note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", fd);
+            return;
+        }
+        if (kvt__read_full(fd, s->base + d.off, d.len) != 0) return;
+        /* counted before the ack: a reader that learns of the ack (through
+         * whatever channel) and then reads the stats sees the bytes */
+        kvt__net_count(s, d.len);
+        uint64_t ack = d.len;
+        if (kvt__write_full(fd, &ack, sizeof(ack)) != 0) return;
+    }
+}
+
 static void *conn_main(void *arg) {
     sconn_t *c = arg;
+    kvt__net_serve_conn(c->s, c->fd);
     kvt_net_server_t *s = c->s;
-    bool ok = greet(s, c->fd);
-    struct timeval none = {0, 0}; /* greeted: runs may be far apart */
-    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
-    if (ok) {
-        for (;;) {
-            kvt__wire_data_t d;
-            if (kvt__read_full(c->fd, &d, sizeof(d)) != 0) break; /* the writer is done (or gone) */
-            if (!kvt__net_run_ok(s, &d)) {
-                kvt__net_note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", c->fd);
-                break;
-            }
-            if (kvt__read_full(c->fd, s->base + d.off, d.len) != 0) break;
-            /* counted before the ack: a reader that learns of the ack (through
-             * whatever channel) and then reads the stats sees the bytes */
-            kvt__net_count(s, d.len);
-            uint64_t ack = d.len;
-            if (kvt__write_full(c->fd, &ack, sizeof(ack)) != 0) break;
-        }
-    }
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&s->mu);
     c->finished = true;

@@ -163,16 +163,14 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
         s->st.failed++;
         return KVT_ENOENT;
     }
-    kvt__pd_op_t req = {h, n, 0, 0}, rep;
-    unsigned type;
-    if (kvt__pd_send(s->cfd, KVT_PD_REQ, &req, NULL, 0) != 0 || kvt__pd_recv(s->cfd, 1u << KVT_PD_DST, &type, &rep) != 0 ||
-        rep.handoff != h)
+    kvt__pd_op_t req = {h, n, 0, 0};
+    int32_t status;
+    if (kvt__pd_send(s->cfd, KVT_PD_REQ, &req, NULL, 0) != 0 || kvt__pd_recv_dst(s->cfd, h, n, dst, &status) != 0)
         return broken(s, share(s, n));
-    if (rep.status != KVT_OK) { /* decode will not complete it */
+    if (status != KVT_OK) { /* decode will not complete it */
         s->st.failed++;
-        return rep.status;
+        return status;
     }
-    if (rep.npages != n || kvt__read_full(s->cfd, dst, n * sizeof(uint32_t)) != 0) return broken(s, share(s, n));
     return KVT_OK;
 }
 

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "kvtier/error.h"
+#include "../core/error-int.h"
 #include "../sock/wire.h"
 
 /* The payload size of a type (DST: without its page list); 0 for BYE,
@@ -40,6 +42,27 @@ int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, 
     if (len) memcpy(buf + sizeof(h), payload, len);
     if (kvt__write_full(fd, buf, sizeof(h) + len) != 0) return -1;
     return extra_len ? kvt__write_full(fd, extra, extra_len) : 0;
+}
+
+/* The page list's length is the header's, and must be what npages and the
+ * status say: a list of another length would leave the stream out of step
+ * (the next message read from inside this one), and a status that is not a
+ * kvtier error code would reach the caller as a result. */
+int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *status) {
+    kvt__pd_hdr_t hd;
+    kvt__pd_op_t rep;
+    if (kvt__read_full(fd, &hd, sizeof(hd)) != 0 || !kvt__pd_header_ok(&hd, 1u << KVT_PD_DST) ||
+        kvt__read_full(fd, &rep, sizeof(rep)) != 0 || rep.handoff != h)
+        return -1;
+    size_t list = hd.length - sizeof(rep);
+    if (rep.status != KVT_OK) { /* decode will not complete it: an error code, and no page list */
+        if (!kvt__err_known(rep.status) || list != 0) return -1;
+        *status = rep.status;
+        return 0;
+    }
+    if (rep.npages != n || list != n * sizeof(uint32_t) || kvt__read_full(fd, dst, list) != 0) return -1;
+    *status = KVT_OK;
+    return 0;
 }
 
 int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload) {

@@ -58,6 +58,12 @@ int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, 
  * (which holds kvt__pd_payload(type) bytes); *type gets it. A DST's page
  * list is left to the caller. 0, or -1 (EOF, error, or a bad header). */
 int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload);
+/* The answer to REQ{h, n} (sender side): a DST for hand-off h. 0 with
+ * *status set (KVT_OK: its n pages in dst; else a KVT_E* code, no pages),
+ * or -1 for a broken link (EOF, an error, a bad header, another hand-off's
+ * answer, a page list that is not n pages, a status that is not a kvtier
+ * error code, a refusal that carries pages). */
+int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *status);
 /* True when h is a header of this protocol, version, a type in mask and the right length. */
 int kvt__pd_header_ok(const kvt__pd_hdr_t *h, unsigned accept_mask);
 

@@ -20,8 +20,19 @@ typedef struct kvt__slotmap {
 } kvt__slotmap_t;
 
 /* A CLUSTER SHARDS reply (a redisReply *) -> slots to the online master of
- * each shard. KVT_EPARSE (nothing covered, or not that reply's shape). */
+ * each shard. KVT_EPARSE (nothing covered, a slot claimed twice, a node
+ * that is no host:port, or not that reply's shape). */
 int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m);
+/* Arrays longer than this in a reply are refused (an out-of-memory error of
+ * the reader, which fails the connection): hiredis 0.14 (Debian 12) takes an
+ * array's declared length on trust, and "*2000000000" from a server made it
+ * calloc 16 GB before one element arrived (found by the redis fuzz target).
+ * kvtier's largest reply is a CLUSTER SHARDS of at most a few thousand items. */
+#define KVT__REDIS_MAX_ELEMENTS (1 << 20)
+struct redisReader;
+/* Puts the cap on a reader (a connection's c->reader). */
+void kvt__redis_cap_reader(struct redisReader *r);
+
 /* "host:port" / "[v6]:port" of len bytes. KVT_EINVAL. */
 int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *port);
 

@@ -11,6 +11,7 @@
  * retried where it points and the map reloaded. ASK is a one-off (the slot
  * is migrating): ASKING then the command at the named node, no map change.
  * Both are parsed here, as pure functions with their own tests. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,6 +84,28 @@ int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *
     return KVT_OK;
 }
 
+static redisReplyObjectFunctions capped_fns;
+static void *(*hiredis_array)(const redisReadTask *, int);
+static pthread_once_t capped_once = PTHREAD_ONCE_INIT;
+static redisReplyObjectFunctions *first_fns;
+
+static void *capped_array(const redisReadTask *t, int n) {
+    return n > KVT__REDIS_MAX_ELEMENTS ? NULL : hiredis_array(t, n);
+}
+
+static void init_capped(void) {
+    capped_fns = *first_fns;
+    hiredis_array = capped_fns.createArray;
+    capped_fns.createArray = capped_array;
+}
+
+void kvt__redis_cap_reader(struct redisReader *r) {
+    if (r == NULL || r->fn == NULL || r->fn == &capped_fns) return;
+    first_fns = r->fn; /* hiredis's default functions: the same table for every reader */
+    pthread_once(&capped_once, init_capped);
+    r->fn = &capped_fns;
+}
+
 static const redisReply *field(const redisReply *map, const char *name) {
     if (map == NULL || (map->type != REDIS_REPLY_ARRAY)) return NULL;
     for (size_t i = 0; i + 1 < map->elements; i += 2) {
@@ -124,13 +147,20 @@ int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m) {
         if (!str_is(field(best, "health"), "online")) continue;
         const redisReply *ip = field(best, "endpoint"), *port = field(best, "port");
         if (ip == NULL || ip->type != REDIS_REPLY_STRING || ip->len == 0 || strcmp(ip->str, "?") == 0) ip = field(best, "ip");
-        if (ip == NULL || ip->type != REDIS_REPLY_STRING || port == NULL || port->type != REDIS_REPLY_INTEGER) return KVT_EPARSE;
+        /* a node the client can connect to: a host that fits (whole: no NUL inside) and a TCP port */
+        if (ip == NULL || ip->type != REDIS_REPLY_STRING || port == NULL || port->type != REDIS_REPLY_INTEGER ||
+            ip->len >= sizeof(m->nodes[0].host) || strlen(ip->str) != ip->len || port->integer < 1 || port->integer > 65535)
+            return KVT_EPARSE;
         int idx = node_index(m, ip->str, (int)port->integer);
         if (idx < 0) return KVT_EPARSE;
         for (size_t k = 0; k + 1 < slots->elements; k += 2) {
+            if (slots->element[k]->type != REDIS_REPLY_INTEGER || slots->element[k + 1]->type != REDIS_REPLY_INTEGER) return KVT_EPARSE;
             long long a = slots->element[k]->integer, b = slots->element[k + 1]->integer;
-            if (slots->element[k]->type != REDIS_REPLY_INTEGER || a < 0 || b > 16383 || a > b) return KVT_EPARSE;
-            for (long long x = a; x <= b; x++) m->slot[x] = (uint16_t)idx, covered++;
+            if (a < 0 || b > 16383 || a > b) return KVT_EPARSE;
+            for (long long x = a; x <= b; x++) { /* a slot two shards claim: not a map of one cluster */
+                if (m->slot[x] != KVT__NO_NODE) return KVT_EPARSE;
+                m->slot[x] = (uint16_t)idx, covered++;
+            }
         }
     }
     m->covered = covered;

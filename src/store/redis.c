@@ -94,6 +94,7 @@ static struct timeval tv_of(uint32_t ms) { return (struct timeval){.tv_sec = ms 
 static redisContext *connect_to(const char *host, int port, uint32_t ms, char *why, size_t cap) {
     struct timeval tv = tv_of(ms);
     redisContext *c = redisConnectWithTimeout(host, port, tv);
+    if (c && c->reader) kvt__redis_cap_reader(c->reader);
     if (c == NULL || c->err) {
         snprintf(why, cap, "%.200s:%d unreachable: %s", host, port, c ? c->errstr : "out of memory");
         if (c) redisFree(c);

@@ -90,7 +90,7 @@ static int attach_segment(kvt_tier_t *t, shm_state_t *s) {
     uint64_t sums_off, data_off, total = layout_total(t, &sums_off, &data_off);
     if (h->pages != t->cfg.geom.pages || h->layer_bytes != t->cfg.geom.layer_bytes || h->layers != t->cfg.geom.layers ||
         h->layout != (uint32_t)t->cfg.geom.layout || h->checksum != ((t->cfg.flags & KVT_TIER_CHECKSUM) != 0) ||
-        h->seg.total != total) {
+        h->seg.total != total || h->sums_off != sums_off || h->data_off != data_off) { /* offsets: where pages are read and written */
         kvt__seg_close(&s->seg);
         return KVT_EINVAL;
     }

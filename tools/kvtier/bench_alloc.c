@@ -491,6 +491,7 @@ int cmd_bench_alloc(int argc, char **argv) {
     params_t p;
     int rc = parse(argc, argv, &p);
     if (rc) return rc > 0 ? 0 : 2;
+    if (cli_parse_only) return 0;
 
     kvt_extalloc_t *a;
     die_on(kvt_extalloc_create(&a, p.pages), "create allocator");

@@ -146,6 +146,7 @@ int cmd_bench_pd(int argc, char **argv) {
         c.flag = "--page-bytes";
         return cli_error(&c, "larger than --total-mb") ? 2 : 2;
     }
+    if (cli_parse_only) return 0;
     uint16_t port = 0, raw_port = 0;
     int keep = -1;
     pid_t rx = page_receiver(transport, pages, pb, &port, &keep), raw = raw_receiver(bytes, &raw_port);

@@ -340,6 +340,7 @@ int cmd_bench_store(int argc, char **argv) {
         ns++;
         p += len + (p[len] == ',');
     }
+    if (cli_parse_only) return 0;
     bres_t res[2 * MAX_SIZES];
     char err[600] = "";
     for (size_t i = 0; i < ns; i++)

@@ -347,6 +347,7 @@ int cmd_bench_xfer(int argc, char **argv) {
     params_t p;
     int rc = parse(argc, argv, &p);
     if (rc) return rc > 0 ? 0 : 2;
+    if (cli_parse_only) return 0;
     result_t *res = calloc(p.nsizes * NL1 * 2 * 2 * 2, sizeof(result_t));
     if (res == NULL) return 1;
     size_t n = 0;

@@ -12,6 +12,8 @@
 
 #include <cjson/cJSON.h>
 
+bool cli_parse_only = false;
+
 void cli_init(cli_t *c, const char *cmd, int argc, char **argv) {
     memset(c, 0, sizeof(*c));
     c->cmd = cmd;

@@ -29,6 +29,11 @@ bool cli_is(cli_t *c, const char *name);
 /* Takes the current flag's value; -1 (message printed) when it is missing. */
 int cli_value(cli_t *c, const char **out);
 
+/* Parse only: when set (the options fuzzer, tests/fuzz/cli.c), a command
+ * returns 0 once its options are parsed and checked, before it reads a trace,
+ * opens a store, forks or measures anything. Off in the command. */
+extern bool cli_parse_only;
+
 int cli_error(const cli_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prints a JSON object to stdout and frees it. */

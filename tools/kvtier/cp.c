@@ -276,6 +276,7 @@ int cmd_cp(int argc, char **argv) {
     if (gname && kvt_cp_group_segment(gname, "ctl", seg, sizeof(seg)) != KVT_OK)
         return cli_error(&c, "'%s' is not a group name: 1 to %d of [A-Za-z0-9._-]", gname, KVT_CP_NAME_MAX), 2;
     if (o.data && replay_check_data_size(&c, &o, &o.l1_pages, 1) != 0) return 2;
+    if (cli_parse_only) return 0;
     trace_t t;
     double parse_s;
     if (replay_load("kvtier cp", path, &o, &t, &parse_s) != 0) return 1;

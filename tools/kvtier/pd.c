@@ -227,6 +227,7 @@ int cmd_pd(int argc, char **argv) {
     const char *path = NULL;
     int prc = parse(argc, argv, &o, &path);
     if (prc >= 0) return prc;
+    if (cli_parse_only) return 0;
     opts_t ro;
     replay_opts_default(&ro);
     ro.requests = o.requests;

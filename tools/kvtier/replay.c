@@ -569,6 +569,7 @@ int cmd_replay(int argc, char **argv) {
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;
     if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
+    if (cli_parse_only) return 0;
 
     trace_t t;
     double parse_s;

@@ -104,7 +104,7 @@ static const char *duplicate_key(const cJSON *o) {
     return NULL;
 }
 
-static int parse_line(const char *path, size_t lineno, const char *text, size_t len, trace_req_t *r, char *err,
+int trace_parse_line(const char *path, size_t lineno, const char *text, size_t len, trace_req_t *r, char *err,
                       size_t errlen) {
     size_t depth = nesting(text, len);
     if (depth > CJSON_NESTING_LIMIT)
@@ -193,6 +193,13 @@ int trace_load(const char *path, trace_t *t, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
+    int rc = trace_load_stream(f, path, t, err, errlen);
+    fclose(f);
+    return rc;
+}
+
+int trace_load_stream(FILE *f, const char *path, trace_t *t, char *err, size_t errlen) {
+    memset(t, 0, sizeof(*t));
     char *line = NULL;
     size_t cap = 0, lineno = 0;
     ssize_t len;
@@ -205,7 +212,7 @@ int trace_load(const char *path, trace_t *t, char *err, size_t errlen) {
         while (s < k && (line[s] == ' ' || line[s] == '\t')) s++;
         if (s == k) continue; /* blank line */
         trace_req_t r;
-        rc = parse_line(path, lineno, line + s, k - s, &r, err, errlen);
+        rc = trace_parse_line(path, lineno, line + s, k - s, &r, err, errlen);
         if (rc == 0 && push(t, &r) != 0) {
             free(r.hash_ids);
             rc = line_error(err, errlen, path, lineno, "out of memory");
@@ -214,7 +221,6 @@ int trace_load(const char *path, trace_t *t, char *err, size_t errlen) {
     if (rc == 0 && ferror(f)) rc = -1, snprintf(err, errlen, "%s: read error", path);
     if (rc == 0 && t->n == 0) rc = -1, snprintf(err, errlen, "%s: no requests in the file", path);
     free(line);
-    fclose(f);
     if (rc) trace_free(t);
     return rc;
 }

@@ -5,6 +5,7 @@
 #define KVTIER_TOOLS_TRACE_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #define TRACE_BLOCK_TOKENS 512
@@ -27,6 +28,13 @@ typedef struct trace {
 /* Parses a Mooncake trace. On a malformed line, returns -1 with err set to
  * "PATH:LINE: what is wrong". */
 int trace_load(const char *path, trace_t *t, char *err, size_t errlen);
+/* The same from an open stream (name for messages): what trace_load reads
+ * once it has opened the file. */
+int trace_load_stream(FILE *f, const char *name, trace_t *t, char *err, size_t errlen);
+/* One line of len bytes (no newline, blanks trimmed) into *r (r->hash_ids
+ * allocated; free()): 0, or -1 with err set, nothing allocated. */
+int trace_parse_line(const char *name, size_t lineno, const char *text, size_t len, trace_req_t *r, char *err,
+                     size_t errlen);
 
 typedef struct workload_params {
     uint64_t requests;
