@@ -62,16 +62,29 @@ void kvt__radix_free(kvt_radix_t *r, void *p, size_t size) {
 
 kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_t *tokens, uint32_t page_tokens) {
     _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "hash input is hashed as little-endian memory");
-    XXH3_state_t st;
-    uint8_t head[20];
     kvt_hash128_t zero = {0, 0}, p = prev ? *prev : zero;
-    memcpy(head, &p.lo, 8);
-    memcpy(head + 8, &p.hi, 8);
-    memcpy(head + 16, &ns, 4);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, head, sizeof(head));
-    XXH3_128bits_update(&st, tokens, (size_t)page_tokens * sizeof(int32_t));
-    XXH128_hash_t h = XXH3_128bits_digest(&st);
+    size_t tb = (size_t)page_tokens * sizeof(int32_t);
+    XXH128_hash_t h;
+    /* The same bytes either way (XXH3's streaming and one-shot forms agree): pages of up to 256
+     * tokens are laid out once and hashed in one call, which is several times faster than the
+     * streaming state (576 bytes to reset and two updates) for a 64-byte page. */
+    uint8_t buf[20 + 256 * sizeof(int32_t)];
+    if (page_tokens <= 256) {
+        memcpy(buf, &p.lo, 8);
+        memcpy(buf + 8, &p.hi, 8);
+        memcpy(buf + 16, &ns, 4);
+        memcpy(buf + 20, tokens, tb);
+        h = XXH3_128bits(buf, 20 + tb);
+    } else {
+        XXH3_state_t st;
+        memcpy(buf, &p.lo, 8);
+        memcpy(buf + 8, &p.hi, 8);
+        memcpy(buf + 16, &ns, 4);
+        XXH3_128bits_reset(&st);
+        XXH3_128bits_update(&st, buf, 20);
+        XXH3_128bits_update(&st, tokens, tb);
+        h = XXH3_128bits_digest(&st);
+    }
     return (kvt_hash128_t){h.low64, h.high64};
 }
 
