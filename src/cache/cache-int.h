@@ -40,6 +40,7 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key);
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key); /* true (and forgotten) when present */
 bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key);
 size_t kvt__ghost_live(const kvt__ghost_t *g); /* keys remembered now */
+void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key); /* a lookup of key is coming */
 
 /* An exact LRU set of 64-bit keys (lru.c): the modeled L3. */
 typedef struct kvt__lru {

@@ -181,6 +181,13 @@ static uint64_t *room_in(const kvt__ghost_t *g, size_t b) {
     return NULL;
 }
 
+void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
+    if (g->cap == 0) return;
+    size_t b1 = b1_of(g, key);
+    __builtin_prefetch(bucket(g, b1));
+    __builtin_prefetch(bucket(g, alt_of(g, b1, fp_of(key))));
+}
+
 /* Queues the add: the key's two buckets are prefetched now and the add is
  * made when the queue is full or the ghost is next read, so that the cache
  * misses of a run of adds (an eviction round's pages) overlap. */

@@ -174,11 +174,22 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     kvt_hash128_t prev = {0, 0};
     if (at != root && kvt_radix_page_hash(c->tree, at, at->npages - 1, &prev) != KVT_OK) return 0;
     uint64_t k = 0, pt = c->cfg.page_tokens;
+    bool arc = c->cfg.policy == KVT_POLICY_ARC;
+    kvt_hash128_t next = npages ? kvt_page_hash(&prev, ns, tokens, (uint32_t)pt) : prev;
+    if (npages) {
+        kvt__ghost_prefetch(&c->ghost[0], next.lo);
+        if (arc) kvt__ghost_prefetch(&c->ghost[1], next.lo);
+    }
     for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
-        prev = kvt_page_hash(&prev, ns, tokens + k * pt, (uint32_t)pt);
+        prev = next;
+        if (k + 1 < npages) { /* the next page's buckets are on their way while this one is looked up */
+            next = kvt_page_hash(&prev, ns, tokens + (k + 1) * pt, (uint32_t)pt);
+            kvt__ghost_prefetch(&c->ghost[0], next.lo);
+            if (arc) kvt__ghost_prefetch(&c->ghost[1], next.lo);
+        }
         if (kvt__ghost_take(&c->ghost[0], prev.lo)) {
-            if (c->cfg.policy == KVT_POLICY_ARC) arc_adapt(c, 0);
-        } else if (c->cfg.policy == KVT_POLICY_ARC && kvt__ghost_take(&c->ghost[1], prev.lo)) {
+            if (arc) arc_adapt(c, 0);
+        } else if (arc && kvt__ghost_take(&c->ghost[1], prev.lo)) {
             arc_adapt(c, 1);
         } else {
             break;
