@@ -202,6 +202,7 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
 void kvt__policy_on_insert(kvt_cache_t *c, kvt_rnode_t *n, bool protected_);
 /* The next L1 victim, or NULL. */
 kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c);
+kvt__vset_t kvt__policy_l1_first(const kvt_cache_t *c); /* the L1 victim set looked in first */
 /* Recounts the policy's own bookkeeping from the tree: KVT_ECORRUPT (and
  * *why) on a difference. */
 int kvt__policy_check(kvt_cache_t *c, const char **why);

@@ -213,12 +213,16 @@ static evict_result_t drop_tail_l1(kvt_cache_t *c, kvt_rnode_t *v) {
     return EVICTED;
 }
 
-static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v) {
+/* *plain: the page just left (no backup was made or waited for, so nothing
+ * but v's own tail changed). */
+static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v, bool *plain) {
     uint32_t idx = v->n_l1 - 1;
     kvt_page_t *pg = &v->pages[idx];
+    *plain = true;
     if (!kvt__page_in_l2(pg)) {
         bool tail = v->nchildren == 0 && idx == v->npages - 1;
         if (tail && (c->cfg.write_policy != KVT_WRITE_BACK || c->l2 == NULL)) return drop_tail_l1(c, v);
+        *plain = false;
         /* Back it up first: write_back, or pages below it live only in L2.
          * Without room in L2 a tail page is dropped; another must wait. */
         uint64_t got = c->l2 ? backup_upto(c, v, idx) : 0;
@@ -246,12 +250,28 @@ bool kvt__cache_plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
             c->st.l1_room_misses++;
             break;
         }
-        if (evict_one_l1(c, v) == SKIPPED) {
+        kvt__vset_t first = kvt__policy_l1_first(c), set = v->vclass ? KVT_VSET_L1_HI : KVT_VSET_L1;
+        bool plain, keeps = v->npages > 1; /* v is still a node after this eviction */
+        if (evict_one_l1(c, v, &plain) == SKIPPED) {
             kvt__radix_lock(c->tree, v, +1);
             aside[naside++] = v;
             continue;
         }
         c->st.l1_evicted_pages++;
+        /* The same victim again without asking the heaps, while only its own tail changed: it keeps
+         * its score and its set, so it is still the first of them (the pages are those one eviction
+         * at a time takes, in the same order). A trim frees a node only with its last page, and
+         * its parent's L1 child count changes only when it has no L1 page left. */
+        while (plain && keeps && c->l1_free < n + c->l1_target && v->n_l1 > 0 && kvt__policy_l1_first(c) == first &&
+               kvt__vset_member(v, set)) {
+            keeps = v->npages > 1;
+            if (evict_one_l1(c, v, &plain) == SKIPPED) { /* as above */
+                kvt__radix_lock(c->tree, v, +1);
+                aside[naside++] = v;
+                break;
+            }
+            c->st.l1_evicted_pages++;
+        }
     }
     while (naside > 0) kvt__radix_lock(c->tree, aside[--naside], -1);
     return true;

@@ -198,9 +198,12 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     return k;
 }
 
+kvt__vset_t kvt__policy_l1_first(const kvt_cache_t *c) {
+    return c->cfg.policy == KVT_POLICY_ARC && (double)c->cls_pages[0] <= c->arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1;
+}
+
 kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c) {
-    kvt__vset_t first = KVT_VSET_L1, second = KVT_VSET_L1_HI;
-    if (c->cfg.policy == KVT_POLICY_ARC && (double)c->cls_pages[0] <= c->arc_p) first = KVT_VSET_L1_HI, second = KVT_VSET_L1;
+    kvt__vset_t first = kvt__policy_l1_first(c), second = first == KVT_VSET_L1 ? KVT_VSET_L1_HI : KVT_VSET_L1;
     kvt_rnode_t *v = kvt__radix_victim(c->tree, first);
     return v ? v : kvt__radix_victim(c->tree, second);
 }

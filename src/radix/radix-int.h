@@ -115,6 +115,7 @@ uint32_t kvt__radix_unload(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx);
  * policy data). */
 void kvt__radix_rescore(kvt_radix_t *r, kvt_rnode_t *n);
 /* The node with the lowest score in a set, or NULL. */
+bool kvt__vset_member(const kvt_rnode_t *n, kvt__vset_t set); /* the node belongs to the set: eligible, or marked for POLICY */
 kvt_rnode_t *kvt__radix_victim(const kvt_radix_t *r, kvt__vset_t set);
 
 /* Pre-order walk: the first node (NULL for an empty tree), then the next. */
