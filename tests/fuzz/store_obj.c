@@ -12,10 +12,10 @@
  * (read straight into the tier page, checked there), over a page-first
  * and a layer-first tier.
  *
- * The model is the format (docs/store.md): an object is served exactly
- * when it has the object's length, its first 64 header bytes are the key's
- * (magic, version, geometry, model identity, key), and both XXH3-64
- * checksums hold. Served: the page holds its payload. Refused: KVT_STORE_BAD,
+ * The model is the format (docs/store.md, version 2: the payload, then the
+ * 80-byte header): an object is served exactly when it has the object's
+ * length, the first 64 bytes of its header are the key's (magic, version,
+ * geometry, model identity, key), and both XXH3-64 checksums hold. Served: the page holds its payload. Refused: KVT_STORE_BAD,
  * and the page is untouched (deliver) or zeroed (in place) — never served.
  * The size parser of dir:PATH,max=SIZE is checked against a model too. */
 #include <errno.h>
@@ -93,8 +93,9 @@ static void put_le(uint8_t *p, uint64_t v) {
 }
 
 static bool model_valid(const env_t *e, const uint8_t *o, size_t len) {
-    return len == OB && memcmp(o, e->ref, 64) == 0 && le(o + 72) == XXH3_64bits(o, 72) &&
-           le(o + 64) == XXH3_64bits(o + KVT__STORE_HDR, PB);
+    const uint8_t *h = o + PB; /* the header, after the payload */
+    return len == OB && memcmp(h, e->ref + PB, 64) == 0 && le(h + 72) == XXH3_64bits(h, 72) &&
+           le(h + 64) == XXH3_64bits(o, PB);
 }
 
 /* Page 1 of the tier, page-first. */
@@ -151,8 +152,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             uint8_t at = fz_u8(&f), x = fz_u8(&f);
             if (len) obj[at % len] ^= x;
         }
-        if (len >= OB && (mode & 2)) put_le(obj + 64, XXH3_64bits(obj + KVT__STORE_HDR, PB));
-        if (len >= KVT__STORE_HDR && (mode & 4)) put_le(obj + 72, XXH3_64bits(obj, 72));
+        if (len >= OB && (mode & 2)) put_le(obj + PB + 64, XXH3_64bits(obj, PB));
+        if (len >= OB && (mode & 4)) put_le(obj + PB + 72, XXH3_64bits(obj + PB, 72));
     }
     bool valid = model_valid(e, obj, len);
     const char *why = kvt__store_check_object(e->s, KEY, obj, len);
@@ -190,7 +191,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_ASSERT(res[0] == KVT_STORE_FAILED, "a failed read gave result %u", res[0]);
     } else if (valid) {
         FZ_ASSERT(res[0] == KVT_STORE_OK, "a valid object gave result %u", res[0]);
-        FZ_ASSERT(memcmp(after, obj + KVT__STORE_HDR, PB) == 0, "served, but the page is not the payload");
+        FZ_ASSERT(memcmp(after, obj, PB) == 0, "served, but the page is not the payload");
     } else {
         FZ_ASSERT(res[0] == KVT_STORE_BAD, "an invalid object gave result %u", res[0]);
     }
