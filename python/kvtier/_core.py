@@ -211,6 +211,21 @@ def hash_arg(h: Any) -> Hash128:
         raise TypeError(f"page hash: expected (lo, hi), 16 bytes or Hash128, not {type(h).__name__}") from None
 
 
+def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str):
+    """The result of batch `ticket` of an asynchronous engine (store, transfer
+    engine): results polled meanwhile for other tickets are kept in `done`
+    for their own wait. TimedOut after `timeout` seconds."""
+    import time
+    end = time.monotonic() + timeout
+    while ticket not in done:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise error(-14, what, f"ticket {ticket}")
+        for r in poll(min(left, 0.1)):
+            done[r.ticket] = r
+    return done.pop(ticket)
+
+
 def page_hashes(tokens: Any, page_tokens: int, ns: int = 0) -> list:
     """The chained hashes (lo, hi) of the whole pages of a token sequence, as
     the cache and the store key them (radix.h: kvt_page_hash_chain)."""

@@ -4,11 +4,10 @@ object checked on get."""
 from __future__ import annotations
 
 import ctypes
-import time
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _fields
-from ._core import Handle, c_str, check, error, hash_arg
+from ._core import Handle, c_str, check, error, hash_arg, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -156,14 +155,7 @@ class Store(Handle):
 
     def wait(self, ticket: int, timeout: float = 60.0) -> StoreResult:
         """One batch's answer (others polled meanwhile wait for their own wait())."""
-        end = time.monotonic() + timeout
-        while ticket not in self._done:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise error(-14, "Store.wait", f"ticket {ticket}")
-            for r in self.poll(min(left, 0.2)):
-                self._done[r.ticket] = r
-        return self._done.pop(ticket)
+        return wait_ticket(self._done, ticket, self.poll, timeout, "Store.wait")
 
     def exists_sync(self, hashes: Sequence[Any]) -> StoreResult:
         return self.wait(self.exists(hashes))

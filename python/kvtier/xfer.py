@@ -6,7 +6,7 @@ import ctypes
 from typing import Any, Dict, List, NamedTuple, Sequence
 
 from . import _fields
-from ._core import Handle, check, error
+from ._core import Handle, check, wait_ticket
 from ._lib import XferConfig, XferCopy, XferDone, XferStats, lib
 
 __all__ = ["Transfer", "XferResult"]
@@ -97,15 +97,7 @@ class Transfer(Handle):
 
     def wait(self, ticket: int, timeout: float = 60.0) -> XferResult:
         """The result of one batch (other batches polled meanwhile are kept for their own wait)."""
-        import time
-        end = time.monotonic() + timeout
-        while ticket not in self._results:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise error(-14, "Transfer.wait", f"ticket {ticket}")
-            for r in self.poll(min(left, 0.1)):
-                self._results[r.ticket] = r
-        return self._results.pop(ticket)
+        return wait_ticket(self._results, ticket, self.poll, timeout, "Transfer.wait")
 
     @property
     def pending(self) -> int:
