@@ -73,6 +73,9 @@ static inline size_t alt_of(const kvt__ghost_t *g, size_t b, uint32_t fp) {
 static inline uint32_t age_of(const kvt__ghost_t *g, uint64_t e) { return (uint32_t)g->now - (uint32_t)e; }
 static inline bool live(const kvt__ghost_t *g, uint64_t e) { return e != 0 && age_of(g, e) - 1u < g->cap; }
 
+/* The table's alignment: a huge page for a table of 2 MiB or more, a cache line otherwise. */
+static size_t align_of(size_t bytes) { return bytes >= ALIGN ? ALIGN : 64; }
+
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     memset(g, 0, sizeof(*g));
     if (cap == 0) return KVT_OK;
@@ -81,8 +84,8 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     if (nb < 2) nb = 2;
     g->cap = cap;
     g->nb = nb; /* set first: kvt__ghost_fini frees by these sizes */
-    size_t bytes = nb * WAYS * sizeof(uint64_t);
-    g->raw = kvt__malloc(bytes + ALIGN);
+    size_t bytes = nb * WAYS * sizeof(uint64_t), align = align_of(bytes);
+    g->raw = kvt__malloc(bytes + align);
     g->taken = kvt__calloc((cap + 63) / 64, sizeof(uint64_t));
     if (g->raw == NULL || g->taken == NULL) {
         kvt__ghost_fini(g);
@@ -90,7 +93,6 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     }
     /* one bucket, one cache line; a large table on huge pages (each lookup is a random access: with
      * 4 KiB pages it would miss the TLB too), asked for before the memset touches it */
-    size_t align = bytes >= ALIGN ? ALIGN : 64;
     g->table = (uint64_t *)(((uintptr_t)g->raw + align - 1) & ~(uintptr_t)(align - 1));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (bytes >= ALIGN) (void)madvise(g->table, bytes, MADV_HUGEPAGE);
@@ -101,8 +103,8 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
 
 void kvt__ghost_fini(kvt__ghost_t *g) {
     if (g->cap) {
-        size_t nb = g->nb;
-        kvt__free(g->raw, nb * WAYS * sizeof(uint64_t) + ALIGN);
+        size_t bytes = g->nb * WAYS * sizeof(uint64_t);
+        kvt__free(g->raw, bytes + align_of(bytes));
         kvt__free(g->taken, (g->cap + 63) / 64 * sizeof(uint64_t));
     }
     memset(g, 0, sizeof(*g));
