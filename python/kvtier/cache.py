@@ -56,7 +56,7 @@ class Request:
     def __init__(self, cache: "Cache", req: CacheReq, l1_ids: array.array, ntokens: int) -> None:
         self._cache = cache
         self._req = req
-        self.l1_ids = l1_ids[:req.pages] if len(l1_ids) != req.pages else l1_ids
+        self.l1_ids = l1_ids  # the L1 page of each of its first `pages` pages
         self.tokens = ntokens
         self.released = False
 
@@ -167,7 +167,7 @@ class Cache(Handle):
         self._cfg = cfg
         self._live: "weakref.WeakSet[Request]" = weakref.WeakSet()
         self._ids = array.array("I", bytes(4 * 64))
-        self._attached = False
+        self._store = None
 
     def _destroy(self, h: int) -> None:
         for r in list(self._live):  # every admitted request is released once
@@ -204,6 +204,12 @@ class Cache(Handle):
         check(lib.kvt_cache_attach_store(self._ptr, store._ptr), "Cache.attach_store",
               "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
         self._own(self._h, (store,))
+        self._store = store
+
+    @property
+    def has_l3(self) -> bool:
+        """An L3 behind L2: an attached store, or the modeled one (l3_pages)."""
+        return self._store is not None or self._cfg.l3_pages > 0
 
     # -- requests ------------------------------------------------------------
 

@@ -79,7 +79,7 @@ def replay(cache: Any, reqs: List[TraceRequest], prefetch_ahead: int = 4) -> Dic
     prefetched ahead when the cache has an L3, admitted, committed, released.
     Returns the cache's statistics with the hit rate and the time taken (the
     same calls, in the same order, as `kvtier replay`)."""
-    has_l3 = cache.config["l3_pages"] > 0 or any(type(d).__name__ == "Store" for d in cache._deps)
+    has_l3 = cache.has_l3
     ahead = prefetch_ahead if has_l3 else 0
     ring: List[Any] = [None] * (ahead + 1)
     nxt = 0
