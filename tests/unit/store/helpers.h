@@ -94,6 +94,13 @@ static inline void fill(senv_t *e, uint64_t h0, uint32_t p0, size_t n) {
     }
 }
 
+/* Pages of hashes hkey(h0 + i) on tier pages 0..n, filled with their patterns and put. */
+static inline void put_filled(senv_t *e, kvt_store_page_t *p, size_t n, uint64_t h0) {
+    pages_of(p, n, h0, 0);
+    fill(e, h0, 0, n);
+    cr_assert_eq(run_op(e->store, kvt_store_put, p, n).count, n);
+}
+
 static inline bool check(senv_t *e, uint64_t h, uint32_t page) {
     kvt_hash128_t k = hkey(h);
     return kvt_tier_pattern_check(e->tier, page, k.lo, k.hi, e->scratch);

@@ -175,9 +175,7 @@ Test(store_dir, wrong_objects_refused) {
     senv_init(&E, 16, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[2];
-    pages_of(p, 2, 100, 0);
-    fill(&E, 100, 0, 2);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 2).count, 2u);
+    put_filled(&E, p, 2, 100);
     char a[256], b[256];
     obj_path(&p[0].hash, a, sizeof(a));
     obj_path(&p[1].hash, b, sizeof(b));
@@ -248,9 +246,7 @@ Test(store_dir, refused_in_place_zeroes_every_layer) {
     senv_init(&E, 8, 3, 512, KVT_LAYOUT_LAYER_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[1];
-    pages_of(p, 1, 9, 0);
-    fill(&E, 9, 0, 1);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 1).count, 1u);
+    put_filled(&E, p, 1, 9);
     char path[256];
     obj_path(&p[0].hash, path, sizeof(path));
     size_t ob = kvt_store_object_bytes(E.store);
@@ -372,9 +368,7 @@ Test(store_dir, other_geometry_is_another_key) {
     senv_init(&E, 8, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[4];
-    pages_of(p, 4, 1, 0);
-    fill(&E, 1, 0, 4);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 4).count, 4u);
+    put_filled(&E, p, 4, 1);
     kvt_tier_t *t2 = make_tier(8, 2, 512, KVT_LAYOUT_PAGE_FIRST);
     kvt_store_config_t c = E.cfg;
     c.tier = t2;

@@ -64,9 +64,7 @@ Test(store_redis, wrong_objects_refused) {
     senv_init(&E, 8, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[2];
-    pages_of(p, 2, 10, 0);
-    fill(&E, 10, 0, 2);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 2).count, 2u);
+    put_filled(&E, p, 2, 10);
     char a[33], b[33];
     kvt_store_key(E.store, &p[0].hash, a);
     kvt_store_key(E.store, &p[1].hash, b);
@@ -133,9 +131,7 @@ Test(store_redis, store_down) {
     E.cfg.timeout_ms = 300;
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[4];
-    pages_of(p, 4, 1, 0);
-    fill(&E, 1, 0, 4);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 4).count, 4u);
+    put_filled(&E, p, 4, 1);
     redis_kill(&S);
     sres_t r = run_op(E.store, kvt_store_get, p, 4);
     cr_assert_eq(r.count, 0u);
@@ -163,9 +159,7 @@ Test(store_redis, reconnects_after_restart) {
     E.cfg.threads = 1; /* one connection, the one the restart breaks */
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[4];
-    pages_of(p, 4, 1, 0);
-    fill(&E, 1, 0, 4);
-    cr_assert_eq(run_op(E.store, kvt_store_put, p, 4).count, 4u);
+    put_filled(&E, p, 4, 1);
     int port = S.port;
     redis_stop(&S);
     char ps[16];
