@@ -22,6 +22,13 @@ void kvt__mem_fail_nth(uint64_t nth);
 uint64_t kvt__mem_attempts(void);
 /* Test hook: true once the armed failure has fired (it then disarms). */
 int kvt__mem_fail_fired(void);
+/* Test hook (tests/faults/alloc.c): fn(arg, site) is asked about every
+ * allocation attempt, on the allocating thread, with the return address of
+ * the kvt__malloc / calloc / realloc / pooled_fails call (the allocation
+ * site); nonzero fails the allocation (and sets kvt__mem_fail_fired). Set
+ * it, or clear it (NULL), while no other thread allocates. */
+typedef int (*kvt__mem_hook_fn)(void *arg, const void *site);
+void kvt__mem_set_hook(kvt__mem_hook_fn fn, void *arg);
 
 #define KVT_NEW(type) ((type *)kvt__calloc(1, sizeof(type)))
 #define KVT_DELETE(p) kvt__free((p), sizeof(*(p)))

@@ -19,6 +19,9 @@ static _Atomic int64_t g_live, g_peak;
 /* fault injection: g_fail_left counts down; the allocation that takes it to 0 fails */
 static _Atomic uint64_t g_fail_left, g_attempts;
 static _Atomic int g_fail_fired;
+/* fault injection by site (tests/faults/): asked about every allocation */
+static kvt__mem_hook_fn g_hook;
+static void *g_hook_arg;
 
 int kvt_set_allocator(const kvt_allocator_t *a) {
     if (a == NULL) {
@@ -47,12 +50,22 @@ void kvt__mem_fail_nth(uint64_t nth) {
     atomic_store(&g_fail_left, nth);
 }
 
+void kvt__mem_set_hook(kvt__mem_hook_fn fn, void *arg) {
+    g_hook_arg = arg;
+    g_hook = fn;
+}
+
 uint64_t kvt__mem_attempts(void) { return atomic_load(&g_attempts); }
 int kvt__mem_fail_fired(void) { return atomic_load(&g_fail_fired); }
 
-/* True when this allocation must fail by injection. */
-static int inject_failure(void) {
+/* True when this allocation, made by the code at `site`, must fail by
+ * injection. */
+static int inject_failure(const void *site) {
     atomic_fetch_add_explicit(&g_attempts, 1, memory_order_relaxed);
+    if (g_hook != NULL && g_hook(g_hook_arg, site)) {
+        atomic_store(&g_fail_fired, 1);
+        return 1;
+    }
     uint64_t left = atomic_load_explicit(&g_fail_left, memory_order_relaxed);
     while (left != 0) {
         if (atomic_compare_exchange_weak(&g_fail_left, &left, left - 1)) {
@@ -66,7 +79,7 @@ static int inject_failure(void) {
     return 0;
 }
 
-int kvt__mem_pooled_fails(void) { return inject_failure(); }
+int kvt__mem_pooled_fails(void) { return inject_failure(__builtin_return_address(0)); }
 
 static void account_alloc(int64_t delta) {
     int64_t live = atomic_fetch_add_explicit(&g_live, delta, memory_order_relaxed) + delta;
@@ -75,9 +88,9 @@ static void account_alloc(int64_t delta) {
     }
 }
 
-void *kvt__malloc(size_t size) {
+static void *malloc_at(size_t size, const void *site) {
     if (size == 0) size = 1;
-    void *p = inject_failure() ? NULL : g_alloc.malloc_fn(g_alloc.ctx, size);
+    void *p = inject_failure(site) ? NULL : g_alloc.malloc_fn(g_alloc.ctx, size);
     if (p == NULL) {
         atomic_fetch_add_explicit(&g_failed, 1, memory_order_relaxed);
         return NULL;
@@ -87,21 +100,24 @@ void *kvt__malloc(size_t size) {
     return p;
 }
 
+void *kvt__malloc(size_t size) { return malloc_at(size, __builtin_return_address(0)); }
+
 void *kvt__calloc(size_t n, size_t size) {
     if (size != 0 && n > SIZE_MAX / size) {
         atomic_fetch_add_explicit(&g_failed, 1, memory_order_relaxed);
         return NULL;
     }
-    void *p = kvt__malloc(n * size);
+    void *p = malloc_at(n * size, __builtin_return_address(0));
     if (p) memset(p, 0, n * size);
     return p;
 }
 
 void *kvt__realloc(void *p, size_t old_size, size_t new_size) {
-    if (p == NULL) return kvt__malloc(new_size);
+    const void *site = __builtin_return_address(0);
+    if (p == NULL) return malloc_at(new_size, site);
     if (new_size == 0) new_size = 1;
     if (old_size == 0) old_size = 1;
-    void *q = inject_failure() ? NULL : g_alloc.realloc_fn(g_alloc.ctx, p, old_size, new_size);
+    void *q = inject_failure(site) ? NULL : g_alloc.realloc_fn(g_alloc.ctx, p, old_size, new_size);
     if (q == NULL) {
         atomic_fetch_add_explicit(&g_failed, 1, memory_order_relaxed);
         return NULL; /* p is untouched, as with realloc */

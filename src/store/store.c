@@ -430,13 +430,29 @@ static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_
     pthread_mutex_unlock(&o->mu);
 }
 
+/* What a worker needs for a batch: its backend context and two buffers.
+ * Whatever it lacks (an allocation or a connection that failed) it asks for
+ * again before each batch, so one failure fails the batch at hand, not the
+ * worker's every later one. */
+typedef struct wctx {
+    void *w;
+    int wrc; /* worker_open's result: w is valid when KVT_OK */
+    void *scratch;
+    struct iovec *iov;
+    size_t iov_bytes;
+} wctx_t;
+
+static int wctx_ready(kvt_store_t *s, wctx_t *k) {
+    if (k->wrc != KVT_OK) k->wrc = s->ops->worker_open(s->be, &k->w);
+    if (k->scratch == NULL) k->scratch = kvt__malloc(s->object_bytes);
+    if (k->iov == NULL) k->iov = kvt__malloc(k->iov_bytes);
+    if (k->wrc != KVT_OK) return k->wrc;
+    return k->scratch && k->iov ? KVT_OK : KVT_ENOMEM;
+}
+
 static void *worker_main(void *arg) {
     kvt_store_t *s = arg;
-    void *w = NULL;
-    int wrc = s->ops->worker_open(s->be, &w);
-    void *scratch = kvt__malloc(s->object_bytes);
-    size_t iov_bytes = ((size_t)s->layers + 2) * sizeof(struct iovec);
-    struct iovec *iov = kvt__malloc(iov_bytes);
+    wctx_t k = {.wrc = KVT_EIO, .iov_bytes = ((size_t)s->layers + 2) * sizeof(struct iovec)};
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (s->head == NULL && s->whead == NULL && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
@@ -459,14 +475,15 @@ static void *worker_main(void *arg) {
             struct timespec ts = {s->cfg.delay_us / 1000000, (long)(s->cfg.delay_us % 1000000) * 1000};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
         }
+        int rc = wctx_ready(s, &k);
         kvt__sreq_t req = {.s = s, .op = b->done.op, .n = b->done.n, .hex = (const char(*)[33])b->hex,
-                           .key = (const uint8_t(*)[16])b->key, .results = b->results, .scratch = scratch, .iov = iov,
-                           .pages = b->pages};
-        if (wrc != KVT_OK || scratch == NULL || iov == NULL) {
+                           .key = (const uint8_t(*)[16])b->key, .results = b->results, .scratch = k.scratch,
+                           .iov = k.iov, .pages = b->pages};
+        if (rc != KVT_OK) {
             memset(b->results, KVT_STORE_FAILED, b->done.n);
-            kvt__store_log(s, "worker has no backend context (%s): %zu keys failed", kvt_err_name(wrc ? wrc : KVT_ENOMEM), b->done.n);
+            kvt__store_log(s, "worker has no backend context (%s): %zu keys failed", kvt_err_name(rc), b->done.n);
         } else {
-            s->ops->run(s->be, w, &req);
+            s->ops->run(s->be, k.w, &req);
         }
         account(s, b, &req, kvt_now_ns());
         pthread_mutex_lock(&s->mu);
@@ -476,11 +493,11 @@ static void *worker_main(void *arg) {
         s->done_tail = b;
         pthread_cond_broadcast(&s->done_cv);
         pthread_mutex_unlock(&s->mu);
-        if (wrc == KVT_OK && s->ops->after) s->ops->after(s->be, w); /* off the caller's wait */
+        if (rc == KVT_OK && s->ops->after) s->ops->after(s->be, k.w); /* off the caller's wait */
     }
-    kvt__free(scratch, s->object_bytes);
-    kvt__free(iov, iov_bytes);
-    if (wrc == KVT_OK) s->ops->worker_close(s->be, w);
+    kvt__free(k.scratch, s->object_bytes);
+    kvt__free(k.iov, k.iov_bytes);
+    if (k.wrc == KVT_OK) s->ops->worker_close(s->be, k.w);
     return NULL;
 }
 

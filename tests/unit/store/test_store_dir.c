@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -692,6 +693,50 @@ Test(store_dir, open_under_allocation_failure) {
         kvt_store_close(s);
     }
     cr_assert_gt(fails, 0);
+}
+
+/* Found by the allocation-failure campaign (tests/faults/alloc.c): a worker
+ * whose backend context could not be allocated failed every batch it ever
+ * took. Now the failure costs the batch at hand; the worker asks again for
+ * the next one, which is served. */
+static pthread_t main_thread;
+static _Atomic int worker_fails;
+
+static int fail_on_a_worker(void *arg, const void *site) {
+    (void)arg, (void)site;
+    if (pthread_equal(pthread_self(), main_thread)) return 0;
+    int left = atomic_load(&worker_fails);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(&worker_fails, &left, left - 1)) return 1;
+    return 0;
+}
+
+Test(store_dir, a_worker_out_of_memory_recovers) {
+    senv_init(&E, 8, 2, 256, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 1;
+    kvt_store_page_t p[2];
+    pages_of(p, 2, 7, 0);
+    fill(&E, 7, 0, 2);
+    main_thread = pthread_self();
+    /* a fresh worker's first k allocations fail: its context; and a buffer; and both */
+    for (int k = 1; k <= 3; k++) {
+        if (E.store) kvt_store_close(E.store);
+        cr_assert_eq(senv_open(&E, url), KVT_OK);
+        atomic_store(&worker_fails, k);
+        kvt__mem_set_hook(fail_on_a_worker, NULL);
+        sres_t r = run_op(E.store, kvt_store_put, p, 2);
+        cr_assert_eq(r.status, KVT_EIO, "%d failed allocations fail the batch", k);
+        cr_assert_eq(r.r[0], KVT_STORE_FAILED);
+        r = run_op(E.store, kvt_store_put, p, 2);
+        kvt__mem_set_hook(NULL, NULL);
+        cr_assert_eq(r.status, KVT_OK, "after %d failed allocations the next batch is served", k);
+        cr_assert_eq(r.count, 2);
+    }
+    wipe(&E, 2, 2);
+    kvt_store_page_t q[2];
+    pages_of(q, 2, 7, 2);
+    cr_assert_eq(run_op(E.store, kvt_store_get, q, 2).count, 2);
+    cr_assert(check(&E, 7, 2) && check(&E, 8, 3), "what the recovered worker put is served byte for byte");
 }
 
 /* Random puts, gets, exists and removes against a model: a plain array of
