@@ -7,6 +7,8 @@ REL_BUILD  ?= build-rel
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?=
 FUZZ_SMOKE_SECONDS ?= 12
+FAULT_SEEDS ?= 3
+SOAK_SECONDS ?= 60
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
@@ -16,7 +18,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
 
-.PHONY: all build bootstrap python test test-release test-san test-tsan test-cuda fuzz fuzz-smoke bench run install clean help
+.PHONY: all build bootstrap python test test-release test-san test-tsan test-cuda fuzz fuzz-smoke faults faults-san soak bench run install clean help
 
 all: build
 
@@ -29,6 +31,9 @@ help:
 	@echo "make test-cuda  build the cuda tier and the kernels suite ($(CUDA_BUILD)/) and run it where a GPU is"
 	@echo "make fuzz       build the libFuzzer targets ($(FUZZ_BUILD)/fuzz/); FUZZ_SECONDS=N also runs each N s"
 	@echo "make fuzz-smoke every fuzz target for $(FUZZ_SMOKE_SECONDS) s from its corpus; fails on any finding"
+	@echo "make faults     the fault campaigns (kill -9, allocation failures, a full disk, stalled peers), FAULT_SEEDS=$(FAULT_SEEDS) seeds each"
+	@echo "make faults-san the allocation-failure campaign under ASan + UBSan ($(SAN_BUILD)/)"
+	@echo "make soak       replay with real bytes, copy faults and a disturbed Redis L3 for SOAK_SECONDS=$(SOAK_SECONDS) s; memory and descriptors must stay flat"
 	@echo "make bench      the benchmarks at full size"
 	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
 	@echo "make python     make \`import kvtier\` work in python3 for this build (python/, docs/python.md)"
@@ -96,6 +101,18 @@ define configure_fuzz
 	@mkdir -p $(FUZZ_BUILD) && cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DKVT_FUZZ=on -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_CHECK_LEVEL=1 $(CMAKE_ARGS) >$(FUZZ_BUILD)/configure.log 2>&1 || { cat $(FUZZ_BUILD)/configure.log; exit 1; }
 	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(FUZZ_BUILD) -j $(JOBS) 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
 endef
+
+# Fault campaigns (tests/faults/, docs/reliability.md): FAULT_SEEDS runs of each.
+faults: build
+	@tests/faults/run $(BUILD) $(FAULT_SEEDS)
+
+# The allocation-failure campaign again under ASan + UBSan: a leak of any kind fails it.
+faults-san: bootstrap
+	$(call configure,$(SAN_BUILD),-DKVT_SANITIZE=address$(,)undefined -DKVT_CHECK_LEVEL=2,Debug)
+	@tests/faults/run $(SAN_BUILD) $(FAULT_SEEDS) alloc
+
+soak: build
+	@tests/faults/soak $(BUILD) $(SOAK_SECONDS)
 
 bench: build
 	$(BUILD)/kvtier bench alloc --pattern random $(RUN_ARGS)

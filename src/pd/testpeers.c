@@ -3,10 +3,14 @@
  * rank knows the ports — no race to win.
  *
  *   control port: stall (connects, says nothing), rank0 (a hello for rank 0
- *                 without the token), garbage (32 bytes of 0xA5)
+ *                 without the token), garbage (32 bytes of 0xA5), half (a
+ *                 hello's header and half its body, then silence)
  *   data port:    data-garbage, data-geometry (a page size off by one),
  *                 data-huge (a run of 2^40 bytes), data-outside (a run past
- *                 the pool), data-wrap (an offset whose end wraps), data-stall
+ *                 the pool), data-wrap (an offset whose end wraps), data-stall,
+ *                 data-half-hello (half a hello, then silence), data-half (a
+ *                 hello, a run of one page at page 0 and half its bytes, then
+ *                 silence: what a sender that hung mid-page leaves)
  *   hold:MS       only tells the caller to hold its ports back MS ms
  *
  * "word:N" opens N of them. The data-port ones are waited for (up to 5 s)
@@ -32,8 +36,10 @@ static int peer(kvt_pd_receiver_t *r, uint16_t port) {
 
 /* One peer of kind w; 1 when the page server will judge it, 0, or -1 for a bad word. */
 static int open_one(kvt_pd_receiver_t *r, const char *w) {
-    static const char *const words[] = {"stall", "rank0", "garbage", "data-garbage", "data-geometry", "data-huge",
-                                        "data-outside", "data-wrap", "data-stall", NULL};
+    static const char *const words[] = {"stall",         "rank0",     "garbage",   "half",
+                                        "data-garbage",  "data-geometry", "data-huge", "data-outside",
+                                        "data-wrap",     "data-stall",    "data-half-hello", "data-half",
+                                        NULL};
     int k = 0;
     while (words[k] && strcmp(words[k], w) != 0) k++;
     if (words[k] == NULL) return -1;
@@ -48,7 +54,24 @@ static int open_one(kvt_pd_receiver_t *r, const char *w) {
     kvt__pd_hello_t fake = {0, r->cfg.ranks, r->cfg.token ^ 1};
     if (strcmp(w, "rank0") == 0) kvt__pd_send(fd, KVT_PD_HELLO, &fake, NULL, 0);
     if (strcmp(w, "garbage") == 0) kvt__write_full(fd, junk, sizeof(kvt__pd_hdr_t) + sizeof(kvt__pd_hello_t));
+    if (strcmp(w, "half") == 0) {
+        uint8_t msg[sizeof(kvt__pd_hdr_t) + sizeof(kvt__pd_hello_t)];
+        kvt__pd_hdr_t hd = kvt__pd_header(KVT_PD_HELLO, sizeof(kvt__pd_hello_t));
+        memcpy(msg, &hd, sizeof(hd));
+        memcpy(msg + sizeof(hd), &fake, sizeof(fake));
+        kvt__write_full(fd, msg, sizeof(hd) + sizeof(fake) / 2);
+    }
     if (!data || strcmp(w, "data-stall") == 0) return 0;
+    if (strcmp(w, "data-half-hello") == 0) return kvt__write_full(fd, &h, sizeof(h) / 2), 0;
+    if (strcmp(w, "data-half") == 0) { /* before any hand-off: the ranks' pages land over it */
+        size_t half = (size_t)(r->page_bytes / 2);
+        uint8_t *bytes = calloc(1, half ? half : 1);
+        kvt__write_full(fd, &h, sizeof(h));
+        kvt__write_full(fd, &run, sizeof(run));
+        if (bytes) kvt__write_full(fd, bytes, half);
+        free(bytes);
+        return 0;
+    }
     if (strcmp(w, "data-garbage") == 0) return kvt__write_full(fd, junk, sizeof(h)), 1;
     if (strcmp(w, "data-geometry") == 0) return h.layer_bytes++, kvt__write_full(fd, &h, sizeof(h)), 1;
     if (strcmp(w, "data-huge") == 0) run.len = 1ull << 40;

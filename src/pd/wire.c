@@ -22,7 +22,7 @@ static size_t kvt__pd_payload(unsigned type) {
 }
 
 /* A header as it should be for (type, payload length). */
-static kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length) {
+kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length) {
     return (kvt__pd_hdr_t){KVT_PD_MAGIC, KVT_PD_VERSION, (uint16_t)type, (uint32_t)length, 0};
 }
 

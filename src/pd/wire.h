@@ -66,5 +66,7 @@ int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload);
 int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *status);
 /* True when h is a header of this protocol, version, a type in mask and the right length. */
 int kvt__pd_header_ok(const kvt__pd_hdr_t *h, unsigned accept_mask);
+/* The header of a message of `type` with `length` bytes after it. */
+kvt__pd_hdr_t kvt__pd_header(unsigned type, size_t length);
 
 #endif

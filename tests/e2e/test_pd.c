@@ -198,6 +198,25 @@ Test(pd, bad_peers_are_turned_away_and_shown, .timeout = 60) {
     run_free(&s);
 }
 
+/* Peers cut off mid-message (the stall campaign of tests/faults/run): half a
+ * hello on the control port, half a hello and half a page on the data port,
+ * then silence. The ranks join past them, every hand-off lands byte for
+ * byte, and the half hellos are reported. */
+Test(pd, half_messages_do_not_stop_the_handoffs, .timeout = 60) {
+    setenv("KVT_PD_TEST_PEERS", "half:3,data-half-hello:2,data-half:2", 1);
+    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "3", TRACE, "--requests", "40", "--json", NULL});
+    unsetenv("KVT_PD_TEST_PEERS");
+    cJSON *o = json_of(&r);
+    cr_assert_eq(num(o, "failed"), 0, "%s", r.err);
+    cr_assert_eq(num(o, "not_attempted"), 0);
+    cr_assert_eq(num(o, "mismatches"), 0);
+    cJSON *bp = cJSON_GetObjectItem(o, "bad_peers");
+    cr_assert_eq(num(bp, "control_dropped"), 3, "three half hellos: %s", r.err);
+    cr_assert_geq(num(bp, "data_silent"), 2, "the half hellos on the data port: %s", r.err);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
 /* Silent control peers time out (HELLO_TIMEOUT_MS, 2 s) while the group
  * forms: decode holds its ports back from the ranks for 2.5 s. */
 Test(pd, silent_control_peers_time_out, .timeout = 60) {

@@ -202,6 +202,9 @@ static int run_rank(rank_t *k, uint64_t timeout_ms) {
         if (divergence || mism) code = !k->forked ? 1 : k->r == 0 ? CP_QUIET : 0; /* forked: rank 0 reports it */
     }
     if (rc != KVT_OK) code = k->g ? cp_print_failure(k->g, k->r, rc, k->forked, g_sig != 0) : 1; /* (a join says why) */
+    const char *bad;
+    if (rc != KVT_OK && rc != KVT_ECORRUPT && k->c && kvt_cache_check(k->c, &bad) != KVT_OK) /* a stop breaks nothing */
+        code = (fprintf(stderr, "kvtier cp: rank %u: check failed after the group stopped: %s\n", k->r, bad), 1);
     kvt_cache_destroy(k->c), kvt_xfer_destroy(k->x), kvt_tier_destroy(k->l1), kvt_tier_destroy(k->l2);
     const char *why;
     g_group = NULL;
@@ -253,7 +256,9 @@ int cmd_cp(int argc, char **argv) {
     cli_opt_t table[40];
     size_t n = 0, nrows = replay_option_rows(&o, table);
     for (size_t i = 0; i < nrows; i++) /* replay's, less what a group does not do */
-        if (strcmp(table[i].name, "sweep") && strcmp(table[i].name, "plot") && strcmp(table[i].name, "stats")) table[n++] = table[i];
+        if (strcmp(table[i].name, "sweep") && strcmp(table[i].name, "plot") && strcmp(table[i].name, "stats") &&
+            strcmp(table[i].name, "soak") && strcmp(table[i].name, "copy-faults"))
+            table[n++] = table[i];
     table[n++] = (cli_opt_t){"ranks", OPT_U64, &ranks, 1, MAX_RANKS, 0, 0, NULL, NULL, 0, "rank processes in the group (CP size)"};
     table[n++] = (cli_opt_t){"rank", OPT_U64, &rank, 0, MAX_RANKS - 1, 0, 0, NULL, NULL, 0, "run only this rank of --group (started separately)"};
     table[n++] = (cli_opt_t){"group", OPT_TEXT, &gname, 0, 0, 0, 0, NULL, NULL, 0, "the group's name, [A-Za-z0-9._-] (with --rank)"};

@@ -210,7 +210,7 @@ static int run_group(ctl_t *ctl, const pd_opts_t *o, const trace_t *t, uint64_t 
     pd_report_bad_peers(&res.all);
     if (started < nproc) return fprintf(stderr, "kvtier pd: could not start every process\n"), 1;
     if (dead == -2) return fprintf(stderr, "kvtier pd: stopped by signal %d\n", why), 128 + why;
-    if (dead >= 0) return pd_report_death(&res, dead, why), 1;
+    if (dead >= 0) return pd_report_death(&res, dead, why, ctl->mismatches), 1;
     pd_print(&res, ctl, o);
     if (o->stats > 0) pd_emit(&res, ctl, o);
     if (ctl->mismatches == 0 && res.failed + res.not_attempted == 0) return 0;

@@ -72,6 +72,6 @@ void pd_emit(const pd_result_t *res, const ctl_t *c, const pd_opts_t *o);
 /* Bad peers decode turned away, on stderr (nothing when there were none). */
 void pd_report_bad_peers(const kvt_pd_stats_t *a);
 /* Process dead (0: decode, else rank dead - 1) ended the run: who, how, and the counts. */
-void pd_report_death(const pd_result_t *res, int dead, int why);
+void pd_report_death(const pd_result_t *res, int dead, int why, uint64_t mismatches);
 
 #endif

@@ -117,7 +117,7 @@ void pd_report_bad_peers(const kvt_pd_stats_t *a) {
             a->control_last_error[0] ? " (last: " : "", a->control_last_error, a->control_last_error[0] ? ")" : "");
 }
 
-void pd_report_death(const pd_result_t *res, int dead, int why) {
+void pd_report_death(const pd_result_t *res, int dead, int why, uint64_t mismatches) {
     char name[32];
     snprintf(name, sizeof(name), dead == 0 ? "decode" : "prefill rank %d", dead - 1);
     if (WIFSIGNALED(why)) fprintf(stderr, "kvtier pd: %s died (signal %d, %s)", name, WTERMSIG(why), strsignal(WTERMSIG(why)));
@@ -127,5 +127,5 @@ void pd_report_death(const pd_result_t *res, int dead, int why) {
     if (res->all.first_vanished >= 0)
         fprintf(stderr, " (decode: rank %d vanished, first failed hand-off %" PRIu64 ")", res->all.first_vanished,
                 res->all.first_failed);
-    fputc('\n', stderr);
+    fprintf(stderr, "; %" PRIu64 " pages mismatched\n", mismatches);
 }

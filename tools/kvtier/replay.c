@@ -1,5 +1,6 @@
 /* kvtier replay — replays a request trace through the cache and reports what
  * each tier would have served. */
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "kvtier/alloc.h"
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
+#include "kvtier/mem.h"
 #include "kvtier/model.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
@@ -75,6 +77,30 @@ const char *replay_model_name(const opts_t *o, char *buf, size_t cap) {
     return buf;
 }
 
+/* What the process holds now: resident memory (/proc/self/statm), open file
+ * descriptors (/proc/self/fd), threads (/proc/self/task), kvtier's live
+ * bytes. */
+static uint64_t entries(const char *dir) {
+    DIR *d = opendir(dir);
+    uint64_t n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n;
+}
+
+static void soak_sample(soak_sample_t *s, uint64_t pass, uint64_t requests, double at_s) {
+    *s = (soak_sample_t){.pass = pass, .requests = requests, .at_s = at_s};
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size, rss;
+    if (f && fscanf(f, "%llu %llu", &size, &rss) == 2) s->rss_kb = rss * (uint64_t)sysconf(_SC_PAGESIZE) / 1024;
+    if (f) fclose(f);
+    s->fds = entries("/proc/self/fd") - 1; /* the one opendir holds */
+    s->threads = entries("/proc/self/task");
+    kvt_mem_stats_t ms = {.size = sizeof(ms)};
+    kvt_mem_stats(&ms);
+    s->live_bytes = ms.live_bytes;
+}
+
 /* Request k's tokens into buf; its token count. */
 static uint64_t request_tokens(const trace_t *t, uint32_t k, int32_t *buf) {
     const trace_req_t *r = &t->req[k];
@@ -105,7 +131,7 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     char mbuf[64];
     if (o->data) {
         data_opts_t dopt = {o->page_tokens, cfg.l1_pages, cfg.l2_pages, o->layers, o->bpt / o->layers * o->page_tokens,
-                            (kvt_layout_t)o->layout, (uint32_t)o->threads, o->verify};
+                            (kvt_layout_t)o->layout, (uint32_t)o->threads, o->verify, o->copy_faults};
         if (replay_data_open(&data, c, &dopt) != 0) {
             kvt_cache_destroy(c);
             return -1;
@@ -131,13 +157,16 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
         fprintf(stderr, "kvtier replay: out of memory\n");
         rc = KVT_ENOMEM;
     }
-    bool show = isatty(2) && !o->json && reqs == NULL;
+    bool show = isatty(2) && !o->json && reqs == NULL && o->soak_s <= 0;
     double t0 = now_s();
-    for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
-        for (; next < n && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving: built, prefetched */
+    /* --soak: pass after pass of the same n requests (request i is i mod n of the trace) */
+    uint64_t total = n;
+    res->passes = 0;
+    for (uint64_t i = 0; i < total && rc == KVT_OK; i++) {
+        for (; next < total && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving: built, prefetched */
             size_t k = next % ring;
             int32_t *tk = tokens + k * max_tokens;
-            len[k] = request_tokens(t, reqs ? reqs[next] : (uint32_t)next, tk);
+            len[k] = request_tokens(t, reqs ? reqs[next % n] : (uint32_t)(next % n), tk);
             pf[k] = 0;
             if (replay_l3_on(l)) rc = kvt_cache_prefetch(c, 0, tk, len[k], &pf[k]);
         }
@@ -146,7 +175,7 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
         kvt_cache_req_t req;
         if (rc == KVT_OK) rc = kvt_cache_admit_prefetched(c, pf[k], 0, tk, len[k], 0, l1_ids, &req);
         if (rc != KVT_OK) {
-            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
+            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i % n] : i % n) + 1, kvt_strerror(rc));
             break;
         }
         if (data) replay_data_request(data, tk, &req, l1_ids); /* the forward pass: its pages get their KV */
@@ -160,12 +189,20 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
             }
         }
         progress(i + 1, n, show);
+        if ((i + 1) % n == 0 && rc == KVT_OK) { /* a pass is over */
+            soak_sample_t s;
+            soak_sample(&s, ++res->passes, i + 1, now_s() - t0);
+            if (res->passes == 1) res->soak_first = s;
+            if (res->passes == 1 || res->soak_middle.at_s < o->soak_s / 2) res->soak_middle = s;
+            res->soak_last = s;
+            if (o->soak_s > 0 && now_s() - t0 < o->soak_s) total += n;
+        }
     }
     kvt_cache_sync(c); /* the copies and store calls in flight */
     if (data) replay_data_result(data, c, &res->data);
     res->wall_s = now_s() - t0;
     res->l1_pages = cfg.l1_pages;
-    res->nreq = n;
+    res->nreq = total;
     res->cs.size = sizeof(res->cs);
     res->rs.size = sizeof(res->rs);
     kvt_cache_stats(c, &res->cs);
@@ -228,6 +265,28 @@ static void data_json(cJSON *x, const result_t *r, const opts_t *o) {
     cJSON_AddNumberToObject(d, "integrity_failures", (double)r->cs.integrity_failures);
     xfer_json(d, "d2h", &r->data.d2h);
     xfer_json(d, "h2d", &r->data.h2d);
+}
+
+static void sample_json(cJSON *x, const char *name, const soak_sample_t *s) {
+    cJSON *d = cJSON_AddObjectToObject(x, name);
+    cJSON_AddNumberToObject(d, "pass", (double)s->pass);
+    cJSON_AddNumberToObject(d, "requests", (double)s->requests);
+    cJSON_AddNumberToObject(d, "at_s", s->at_s);
+    cJSON_AddNumberToObject(d, "rss_kb", (double)s->rss_kb);
+    cJSON_AddNumberToObject(d, "fds", (double)s->fds);
+    cJSON_AddNumberToObject(d, "threads", (double)s->threads);
+    cJSON_AddNumberToObject(d, "live_bytes", (double)s->live_bytes);
+}
+
+/* --soak: the passes, and what the process held after the first and the last. */
+static void soak_json(cJSON *x, const result_t *r, const opts_t *o) {
+    cJSON *d = cJSON_AddObjectToObject(x, "soak");
+    cJSON_AddNumberToObject(d, "seconds", o->soak_s);
+    cJSON_AddNumberToObject(d, "passes", (double)r->passes);
+    cJSON_AddNumberToObject(d, "copy_faults", o->copy_faults);
+    sample_json(d, "first", &r->soak_first);
+    sample_json(d, "middle", &r->soak_middle);
+    sample_json(d, "last", &r->soak_last);
 }
 
 /* The store's figures: per operation calls, keys, hits, misses, bad
@@ -300,6 +359,7 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
     if (o->data) data_json(x, r, o);
     if (replay_l3_on(l)) l3_json(x, r, l);
+    if (o->soak_s > 0) soak_json(x, r, o);
     return x;
 }
 
@@ -364,6 +424,15 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
            (double)r->rs.metadata_bytes / 1e6);
     printf("  %" PRIu64 " requests in %.3f s: %.0f requests/s\n", s->requests, r->wall_s,
            r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
+    if (o->soak_s > 0) {
+        printf("  soak: %" PRIu64 " passes; after pass:", r->passes);
+        const soak_sample_t *at[3] = {&r->soak_first, &r->soak_middle, &r->soak_last};
+        for (int k = 0; k < 3 && (k == 0 || at[k]->pass > at[k - 1]->pass); k++)
+            printf("%s %" PRIu64 " (%.1f s) resident %.1f MiB, %" PRIu64 " descriptors, %" PRIu64 " threads, kvtier %.1f MiB",
+                   k ? ";" : "", at[k]->pass, at[k]->at_s, (double)at[k]->rss_kb / 1024, at[k]->fds, at[k]->threads,
+                   (double)at[k]->live_bytes / 1048576);
+        putchar('\n');
+    }
     if (!o->data) return;
     const data_result_t *d = &r->data;
     printf("  data: %.1f KiB pages (%s), %" PRIu64 " filled; verified %" PRIu64 " L1 hits and %" PRIu64
@@ -467,6 +536,10 @@ size_t replay_option_rows(opts_t *o, cli_opt_t *t) {
         {"layers", OPT_U64, &o->layers_opt, 0, 1024, 0, 0, NULL, NULL, 0, "with --data: layers a page is cut into (0: the model's; 1 with --bytes-per-token)"},
         {"threads", OPT_U64, &o->threads, 1, 64, 0, 0, NULL, NULL, 0, "with --data: transfer workers per destination tier"},
         {"stats", OPT_CHOICE, &o->stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
+        {"soak", OPT_DOUBLE, &o->soak_s, 0, 0, 0, 1e7, NULL, NULL, 0,
+         "replay the trace again and again on the same cache for this many seconds (a burn-in); memory, descriptors and threads are sampled after the first pass, the first past half the time, and the last"},
+        {"copy-faults", OPT_DOUBLE, &o->copy_faults, 0, 0, 0, 0.5, NULL, NULL, 0,
+         "with --data: each copy fails with this probability, and is delayed (up to 1 ms) with it (fault injection)"},
     };
     size_t n = sizeof(rows) / sizeof(rows[0]);
     memcpy(t, rows, sizeof(rows));
@@ -483,6 +556,10 @@ int replay_opts_finish(cli_t *c, opts_t *o) {
     }
     if (o->verify && !o->data) {
         c->flag = "--verify";
+        return cli_error(c, "needs --data");
+    }
+    if (o->copy_faults > 0 && !o->data) {
+        c->flag = "--copy-faults";
         return cli_error(c, "needs --data");
     }
     return 0;
@@ -566,6 +643,10 @@ int cmd_replay(int argc, char **argv) {
     }
 
     if (replay_opts_finish(&c, &o) != 0 || replay_l3_finish(&c, &l3, nsweep > 0) != 0) return 2;
+    if (o.soak_s > 0 && (nsweep || l3.instances > 1)) {
+        c.flag = "--soak";
+        return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
+    }
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;
     if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;

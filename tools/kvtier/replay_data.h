@@ -23,6 +23,7 @@ typedef struct data_opts {
     kvt_layout_t layout;
     uint32_t threads;
     bool verify;
+    double faults; /* each copy fails with this probability, and is delayed up to 1 ms with it */
 } data_opts_t;
 
 typedef struct data_result {

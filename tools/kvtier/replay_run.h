@@ -13,6 +13,14 @@
 #include "replay_l3.h"
 #include "trace.h"
 
+/* What a long-running replay holds, sampled after a pass (--soak). */
+typedef struct soak_sample {
+    uint64_t pass, requests;
+    double at_s;
+    uint64_t rss_kb, fds, threads;
+    int64_t live_bytes; /* kvt_mem_stats: kvtier's own structures */
+} soak_sample_t;
+
 typedef struct result {
     uint64_t l1_pages;
     uint64_t nreq;      /* requests replayed */
@@ -21,6 +29,10 @@ typedef struct result {
     double wall_s;
     data_result_t data; /* --data */
     l3_result_t l3;     /* --l3 URL */
+    uint64_t passes;    /* times the trace was replayed (1 without --soak) */
+    /* after the first pass, the first to end past half the soak's time (by then the tree's node
+     * pool has met its peak: it keeps what it held) and the last */
+    soak_sample_t soak_first, soak_middle, soak_last;
 } result_t;
 
 /* Replays the requests reqs[0..nreqs) of t (all of them, up to --limit,
