@@ -43,6 +43,11 @@ KVT_API bool kvt_net_ucx_built(void);
  * listen). */
 KVT_API int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_tier_t *t, const char *host,
                           uint16_t port);
+/* From now on a writer's hello must carry `token` (its tier's
+ * kvt_tier_config_t.token), or it is refused (counted in `refused`); 0 takes
+ * any writer again. Set it before the port is given to anyone: a hello
+ * checked before the call was checked without it. KVT_EINVAL for NULL. */
+KVT_API int kvt_net_server_set_token(kvt_net_server_t *s, uint64_t token);
 /* Stops accepting, closes every connection, joins the threads. */
 KVT_API void kvt_net_server_destroy(kvt_net_server_t *s);
 KVT_API uint16_t kvt_net_server_port(const kvt_net_server_t *s);

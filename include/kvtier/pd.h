@@ -137,7 +137,7 @@ typedef struct kvt_pd_receiver_config {
     const char *host;              /* listen address, IPv4 (NULL: 127.0.0.1) */
     uint16_t data_port, control_port; /* 0: any free port */
     uint32_t ranks;                /* C, 1..KVT_PD_MAX_RANKS */
-    uint64_t token;                /* the group's secret: hellos without it are dropped */
+    uint64_t token;                /* the group's secret: hellos without it are dropped, on the control port and the data port */
     uint32_t generation;           /* decode restarts so far, told to every sender */
     uint64_t resume_from;          /* hand-offs below it are refused (lost with an earlier decode) */
     uint64_t timeout_ms;           /* no control message this long fails the hand-offs in flight (0: 10000) */

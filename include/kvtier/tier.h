@@ -166,6 +166,7 @@ typedef struct kvt_tier_config {
     int device;            /* cuda: the device ordinal */
     uint32_t streams;      /* tcp: connections per transfer worker (0: 4) */
     const kvt_tier_engine_t *engine; /* engine: the memory (copied at create; the pointer need not outlive it) */
+    uint64_t token;        /* tcp, ucx: the token the page server asks for (kvt_net_server_set_token; 0: none) */
 } kvt_tier_config_t;
 
 typedef struct kvt_tier kvt_tier_t;

@@ -103,7 +103,7 @@ class TierEngine(Structure):
 
 class TierConfig(Structure):
     _fields_ = [("size", c_uint32), ("kind", c_enum), ("geom", Geom), ("flags", c_uint32), ("name", c_char_p),
-                ("device", c_int), ("streams", c_uint32), ("engine", POINTER(TierEngine))]
+                ("device", c_int), ("streams", c_uint32), ("engine", POINTER(TierEngine)), ("token", c_uint64)]
 
 
 class TierInfo(Structure):

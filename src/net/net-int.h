@@ -7,6 +7,7 @@
 
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "kvtier/net.h"
@@ -41,6 +42,7 @@ struct kvt_net_server {
     sconn_t *conns;
     void *ucx; /* the UCX server's state */
     kvt_net_server_stats_t st;
+    _Atomic uint64_t token; /* kvt_net_server_set_token; 0: none asked */
 };
 
 /* Counts (counter may be NULL) and records an error, under s->mu. */

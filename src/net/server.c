@@ -11,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -49,6 +50,12 @@ void kvt__net_count(kvt_net_server_t *s, uint64_t len) {
     pthread_mutex_unlock(&s->mu);
 }
 
+int kvt_net_server_set_token(kvt_net_server_t *s, uint64_t token) {
+    if (s == NULL) return KVT_EINVAL;
+    atomic_store(&s->token, token);
+    return KVT_OK;
+}
+
 int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r) {
     const kvt_geom_t *g = &s->geom;
     *r = (kvt__wire_reply_t){KVT_OK, "ok"};
@@ -57,6 +64,13 @@ int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t
         snprintf(r->message, sizeof(r->message), "not a kvtier peer");
         kvt__net_note(s, &s->st.bad_peers, "not a kvtier peer (bad hello)");
         return -1;
+    }
+    uint64_t token = atomic_load(&s->token);
+    if (token != 0 && h->token != token) {
+        r->status = KVT_EINVAL;
+        snprintf(r->message, sizeof(r->message), "refused: not this server's token");
+        kvt__net_note(s, &s->st.refused, "a peer without this server's token: refused");
+        return 1;
     }
     if (h->pages != g->pages || h->layers != g->layers || h->layer_bytes != g->layer_bytes || h->layout != (uint32_t)g->layout) {
         r->status = KVT_EINVAL;

@@ -417,6 +417,8 @@ int kvt_pd_receiver_create(kvt_pd_receiver_t **out, const kvt_pd_receiver_config
     int rc = alloc_tables(r);
     if (rc == KVT_OK) rc = kvt_extalloc_create(&r->alloc, g->pages);
     if (rc == KVT_OK) rc = kvt_net_server_create(&r->srv, c.transport, c.pool, c.host, c.data_port);
+    /* the pool takes bytes only from the group's ranks: before anyone knows the port */
+    if (rc == KVT_OK) rc = kvt_net_server_set_token(r->srv, c.token);
     if (rc == KVT_OK) rc = listen_control(r);
     if (rc == KVT_OK && (r->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) rc = KVT_EIO;
     r->dport = r->srv ? kvt_net_server_port(r->srv) : 0;

@@ -84,7 +84,7 @@ static int link_to(kvt_pd_sender_t *s, uint16_t dport, uint16_t cport, bool newe
     s->resume_from = w.resume_from;
     snprintf(addr, sizeof(addr), "%s:%u", s->host, dport);
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = s->cfg.transport == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP,
-                            .name = addr, .streams = s->cfg.streams,
+                            .name = addr, .streams = s->cfg.streams, .token = s->cfg.token,
                             .geom = {w.pages, w.layers, w.layer_bytes, (kvt_layout_t)w.layout}};
     rc = kvt_tier_create(&s->remote, &tc); /* the tier copies its name */
     if (rc != KVT_OK) return rc;

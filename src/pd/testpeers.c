@@ -5,12 +5,15 @@
  *   control port: stall (connects, says nothing), rank0 (a hello for rank 0
  *                 without the token), garbage (32 bytes of 0xA5), half (a
  *                 hello's header and half its body, then silence)
- *   data port:    data-garbage, data-geometry (a page size off by one),
- *                 data-huge (a run of 2^40 bytes), data-outside (a run past
- *                 the pool), data-wrap (an offset whose end wraps), data-stall,
- *                 data-half-hello (half a hello, then silence), data-half (a
- *                 hello, a run of one page at page 0 and half its bytes, then
- *                 silence: what a sender that hung mid-page leaves)
+ *   data port:    peers with the group's token that misbehave: data-garbage,
+ *                 data-geometry (a page size off by one), data-huge (a run of
+ *                 2^40 bytes), data-outside (a run past the pool), data-wrap
+ *                 (an offset whose end wraps), data-stall, data-half-hello
+ *                 (half a hello, then silence); and data-half, a peer
+ *                 without it: a hello, a run of one page at page 0 and half
+ *                 its bytes, then silence (refused at its hello: before the
+ *                 data port asked for the token its half page landed in page
+ *                 0 while hand-offs used it)
  *   hold:MS       only tells the caller to hold its ports back MS ms
  *
  * "word:N" opens N of them. The data-port ones are waited for (up to 5 s)
@@ -47,7 +50,8 @@ static int open_one(kvt_pd_receiver_t *r, const char *w) {
     int fd = peer(r, data ? r->dport : r->cport);
     if (fd < 0) return 0;
     const kvt_geom_t *g = kvt_tier_geom(r->cfg.pool);
-    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, (uint32_t)g->layout, g->layers, 0, g->pages, g->layer_bytes};
+    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, (uint32_t)g->layout, g->layers, 0, g->pages, g->layer_bytes,
+                           r->cfg.token};
     kvt__wire_data_t run = {0, r->page_bytes};
     uint8_t junk[64];
     memset(junk, 0xA5, sizeof(junk));
@@ -63,14 +67,15 @@ static int open_one(kvt_pd_receiver_t *r, const char *w) {
     }
     if (!data || strcmp(w, "data-stall") == 0) return 0;
     if (strcmp(w, "data-half-hello") == 0) return kvt__write_full(fd, &h, sizeof(h) / 2), 0;
-    if (strcmp(w, "data-half") == 0) { /* before any hand-off: the ranks' pages land over it */
+    if (strcmp(w, "data-half") == 0) {
+        h.token = ~r->cfg.token;
         size_t half = (size_t)(r->page_bytes / 2);
         uint8_t *bytes = calloc(1, half ? half : 1);
         kvt__write_full(fd, &h, sizeof(h));
         kvt__write_full(fd, &run, sizeof(run));
         if (bytes) kvt__write_full(fd, bytes, half);
         free(bytes);
-        return 0;
+        return 1; /* refused: judged */
     }
     if (strcmp(w, "data-garbage") == 0) return kvt__write_full(fd, junk, sizeof(h)), 1;
     if (strcmp(w, "data-geometry") == 0) return h.layer_bytes++, kvt__write_full(fd, &h, sizeof(h)), 1;

@@ -3,14 +3,16 @@
  *
  *   writer                                   server
  *   hello {magic, version, layout, layers,
- *          pages, layer_bytes}          -->
+ *          pages, layer_bytes, token}   -->
  *                                       <--  reply {status, message}
  *                                            (status != 0: refused, closed)
  *   data {off, len} + len bytes         -->  received straight into the tier
  *   data ...                            -->
  *                                       <--  ack {len} per data, in order
  *
- * The server refuses a hello whose geometry is not its tier's, and closes a
+ * The server refuses a hello whose geometry is not its tier's, or whose token
+ * is not the one it was given (kvt_net_server_set_token: PD decode's pool
+ * takes bytes only from its group's ranks), and closes a
  * connection that sends anything malformed (bad magic, a range outside the
  * tier, a length over KVT_WIRE_MAX_DATA) — it never crashes on a peer. */
 #ifndef KVTIER_SOCK_WIRE_H
@@ -20,7 +22,7 @@
 #include <stdint.h>
 
 #define KVT_WIRE_MAGIC 0x31307465766b7476ull /* "vtkvet01" little-endian */
-#define KVT_WIRE_VERSION 1
+#define KVT_WIRE_VERSION 2 /* 2: the hello carries a token */
 #define KVT_WIRE_MAX_DATA (1ull << 30)
 
 typedef struct kvt__wire_hello {
@@ -31,6 +33,7 @@ typedef struct kvt__wire_hello {
     uint32_t pad;
     uint64_t pages;
     uint64_t layer_bytes;
+    uint64_t token;  /* the server's token, or 0 for a server that takes none */
 } kvt__wire_hello_t;
 
 typedef struct kvt__wire_reply {

@@ -69,7 +69,8 @@ static void close_all(tcp_ctx_t *x) {
 /* Connects and says hello on every stream. */
 static int connect_all(kvt_tier_t *t, tcp_ctx_t *x) {
     const kvt_geom_t *g = &t->cfg.geom;
-    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, (uint32_t)g->layout, g->layers, 0, g->pages, g->layer_bytes};
+    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, (uint32_t)g->layout, g->layers, 0, g->pages, g->layer_bytes,
+                           t->cfg.token};
     uint32_t want = streams_of(t);
     for (x->n = 0; x->n < want; x->n++) {
         conn_t *c = &x->c[x->n];

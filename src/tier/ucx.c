@@ -114,7 +114,8 @@ static int ucx_ctx_open(kvt_tier_t *t, void **out) {
     if (rc == KVT_OK && ucp_ep_create(x->worker, &ep, &x->ep) != UCS_OK) rc = KVT_EIO;
     if (rc == KVT_OK) { /* hello: the server checks our geometry */
         const kvt_geom_t *g = &t->cfg.geom;
-        kvt__wire_hello_t mine = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, (uint32_t)g->layout, g->layers, 0, g->pages, g->layer_bytes};
+        kvt__wire_hello_t mine = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, (uint32_t)g->layout, g->layers, 0, g->pages,
+                                  g->layer_bytes, t->cfg.token};
         kvt__wire_hello_t *hh = kvt__malloc(sizeof(*hh)); /* lives until sent */
         if (hh == NULL) rc = KVT_ENOMEM;
         else *hh = mine;

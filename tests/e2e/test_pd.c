@@ -201,7 +201,9 @@ Test(pd, bad_peers_are_turned_away_and_shown, .timeout = 60) {
 /* Peers cut off mid-message (the stall campaign of tests/faults/run): half a
  * hello on the control port, half a hello and half a page on the data port,
  * then silence. The ranks join past them, every hand-off lands byte for
- * byte, and the half hellos are reported. */
+ * byte, and they are reported. Before the data port asked for the group's
+ * token, a stranger's half page landed in a page of a hand-off in flight
+ * (found by tests/faults/run stall: 1 page mismatched in 25 runs). */
 Test(pd, half_messages_do_not_stop_the_handoffs, .timeout = 60) {
     setenv("KVT_PD_TEST_PEERS", "half:3,data-half-hello:2,data-half:2", 1);
     run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "3", TRACE, "--requests", "40", "--json", NULL});
@@ -212,7 +214,8 @@ Test(pd, half_messages_do_not_stop_the_handoffs, .timeout = 60) {
     cr_assert_eq(num(o, "mismatches"), 0);
     cJSON *bp = cJSON_GetObjectItem(o, "bad_peers");
     cr_assert_eq(num(bp, "control_dropped"), 3, "three half hellos: %s", r.err);
-    cr_assert_geq(num(bp, "data_silent"), 2, "the half hellos on the data port: %s", r.err);
+    cr_assert_eq(num(bp, "data_silent"), 2, "the half hellos on the data port: %s", r.err);
+    cr_assert_eq(num(bp, "data_refused"), 2, "the half pages of peers without the token, refused at their hello");
     cJSON_Delete(o);
     run_free(&r);
 }

@@ -6,8 +6,9 @@
  * outside it).
  *
  * The model is the protocol read independently: the hello accepted only
- * when magic, version and geometry are the tier's (refused with a reply
- * when only the geometry differs, closed without one otherwise), a run
+ * when magic, version, token (the server asks for TOKEN) and geometry are
+ * the tier's (refused with a reply when only the token or the geometry
+ * differs, closed without one otherwise), a run
  * accepted only when 0 < len <= KVT_WIRE_MAX_DATA and it lies inside the
  * tier, its bytes landing at off (a short last run lands what arrived), one
  * ack of len per whole run. The tier's bytes, the bytes sent back and the
@@ -23,6 +24,8 @@
 #define LAYERS 2
 #define LB 64
 #define BYTES (PAGES * LAYERS * LB)
+#define TOKEN 0x31306e656b6f7476ull /* "vtoken01" */
+#define HELLO 48
 
 static kvt_net_server_t S;
 static uint8_t *tier, model[BYTES];
@@ -35,6 +38,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     S.bytes = BYTES;
     S.geom = (kvt_geom_t){PAGES, LAYERS, LB, KVT_LAYOUT_LAYER_FIRST};
     S.lfd = -1;
+    atomic_store(&S.token, TOKEN);
     pthread_mutex_init(&S.mu, NULL);
     return 0;
 }
@@ -50,17 +54,17 @@ static size_t expect(const uint8_t *d, size_t n, uint8_t *out, uint64_t *runs, u
     size_t k = 0;
     *runs = *bytes = 0;
     *hello = -1; /* not a peer */
-    if (n < 40 || le(d, 8) != KVT_WIRE_MAGIC || le(d + 8, 4) != KVT_WIRE_VERSION) return 0;
+    if (n < HELLO || le(d, 8) != KVT_WIRE_MAGIC || le(d + 8, 4) != KVT_WIRE_VERSION) return 0;
     kvt__wire_reply_t r = {KVT_OK, "ok"};
     bool same = le(d + 12, 4) == KVT_LAYOUT_LAYER_FIRST && le(d + 16, 4) == LAYERS && le(d + 24, 8) == PAGES &&
-                le(d + 32, 8) == LB;
+                le(d + 32, 8) == LB && le(d + 40, 8) == TOKEN;
     if (!same) r.status = KVT_EINVAL;
     memcpy(out, &r.status, 4); /* the message is checked apart */
     memset(out + 4, 0, sizeof(r) - 4);
     k = sizeof(r);
     *hello = same ? 0 : 1;
     if (!same) return k;
-    size_t at = 40;
+    size_t at = HELLO;
     while (n - at >= 16) {
         uint64_t off = le(d + at, 8), len = le(d + at + 8, 8);
         at += 16;

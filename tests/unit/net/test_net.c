@@ -156,6 +156,46 @@ static void wrong_geometry(kvt_net_transport_t tr) {
 
 Test(net, wrong_geometry_is_refused, .timeout = 30) { wrong_geometry(KVT_NET_TCP); }
 
+/* A server given a token takes only writers that carry it (PD decode's pool
+ * takes bytes from its group's ranks only): a tier without it, or with
+ * another, fails its batch with the server's verdict and writes nothing;
+ * one with it lands its run. */
+static void token(kvt_net_transport_t tr) {
+    env_t e;
+    env_init_tr(&e, tr, KVT_LAYOUT_PAGE_FIRST, KVT_LAYOUT_PAGE_FIRST, 2, 1 << 20);
+    cr_assert_eq(kvt_net_server_set_token(e.srv, 0x5eed), KVT_OK);
+    cr_assert_eq(kvt_net_server_set_token(NULL, 1), KVT_EINVAL);
+    kvt_pattern_fill(kvt_tier_addr(e.src, 1, 0), LB, 6, 6, 0);
+    memset(kvt_tier_addr(e.dst, 2, 0), 0, LB);
+    kvt_xfer_copy_t cp = {1, 2};
+    cr_assert_eq(one_batch(&e, &cp, 1), KVT_EINVAL, "no token: refused");
+    kvt_net_server_stats_t st = {.size = sizeof(st)};
+    kvt_net_server_stats(e.srv, &st);
+    cr_assert_geq(st.refused, 1);
+    cr_assert(strstr(st.last_error, "token"), "%s", st.last_error);
+    cr_assert_eq(st.bytes, 0, "nothing written");
+    for (uint64_t tok = 0x5eec; tok <= 0x5eed; tok++) { /* another token, then the server's */
+        kvt_xfer_destroy(e.x);
+        kvt_tier_destroy(e.remote);
+        kvt_tier_config_t c = {.size = sizeof(c), .kind = tr == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP, .name = e.addr,
+                               .streams = 2, .geom = {PAGES, LAYERS, LB, KVT_LAYOUT_PAGE_FIRST}, .token = tok};
+        cr_assert_eq(kvt_tier_create(&e.remote, &c), KVT_OK);
+        kvt_tier_t *tiers[2] = {e.src, e.remote};
+        kvt_xfer_config_t xc;
+        kvt_xfer_config_default(&xc);
+        cr_assert_eq(kvt_xfer_create(&e.x, &xc, tiers, 2), KVT_OK);
+        cr_assert_eq(one_batch(&e, &cp, 1), tok == 0x5eed ? KVT_OK : KVT_EINVAL, "token %llx", (unsigned long long)tok);
+    }
+    cr_assert(kvt_pattern_check(kvt_tier_addr(e.dst, 2, 0), LB, 6, 6, 0), "the writer with the token landed its page");
+    env_fini(&e);
+}
+
+Test(net, a_token_keeps_strangers_out, .timeout = 30) { token(KVT_NET_TCP); }
+Test(net, ucx_a_token_keeps_strangers_out, .timeout = 60) {
+    ucx_env();
+    token(KVT_NET_UCX);
+}
+
 /* Garbage, a run past the tier, and a hello then silence: each connection is
  * closed; the server keeps serving. */
 Test(net, bad_peers_are_disconnected, .timeout = 30) {
@@ -171,7 +211,7 @@ Test(net, bad_peers_are_disconnected, .timeout = 30) {
     close(fd);
 
     fd = kvt__tcp_connect(e.addr);
-    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, KVT_LAYOUT_PAGE_FIRST, LAYERS, 0, PAGES, LB};
+    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, KVT_LAYOUT_PAGE_FIRST, LAYERS, 0, PAGES, LB, 0};
     kvt__wire_reply_t r;
     cr_assert_eq(kvt__write_full(fd, &h, sizeof(h)), 0);
     cr_assert_eq(kvt__read_full(fd, &r, sizeof(r)), 0);
