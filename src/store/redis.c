@@ -31,6 +31,7 @@
 #include <hiredis/hiredis.h>
 
 #include "../core/mem-int.h"
+#include "../core/sigpipe-int.h"
 #include "cluster-int.h"
 #include "kvtier/error.h"
 #include "store-int.h"
@@ -475,6 +476,8 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
     pthread_mutex_init(&b->mu, NULL);
     int rc = parse_nodes(b, spec, scheme);
     char why[512];
+    kvt__sigpipe_t sp; /* the caller's thread talks to Redis here: a peer gone is an error, not a signal */
+    kvt__sigpipe_hold(&sp);
     if (rc == KVT_OK && !cluster) {
         redisContext *c = connect_to(b->seeds[0].host, b->seeds[0].port, kvt__store_timeout_ms(s), why, sizeof(why));
         redisReply *r = c ? redisCommand(c, "PING") : NULL;
@@ -490,6 +493,7 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
         else if (load_map(b, NULL, b->map, why, sizeof(why)) != KVT_OK) rc = KVT_EIO, kvt__store_error("store %s%s: %s", scheme, spec, why);
         else b->map_gen = 1;
     }
+    kvt__sigpipe_release(&sp);
     if (rc != KVT_OK) {
         close_be(b);
         return rc;

@@ -36,6 +36,7 @@
 #include "../core/clock-int.h"
 #include "../core/abi-int.h"
 #include "../core/mem-int.h"
+#include "../core/sigpipe-int.h"
 #include "kvtier/error.h"
 #include "kvtier/store.h"
 #include "store-int.h"
@@ -453,6 +454,8 @@ static int wctx_ready(kvt_store_t *s, wctx_t *k) {
 static void *worker_main(void *arg) {
     kvt_store_t *s = arg;
     wctx_t k = {.wrc = KVT_EIO, .iov_bytes = ((size_t)s->layers + 2) * sizeof(struct iovec)};
+    kvt__sigpipe_t sp; /* hiredis writes with write(2): a peer gone is EPIPE, not the process's end */
+    kvt__sigpipe_hold(&sp);
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (s->head == NULL && s->whead == NULL && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
@@ -494,10 +497,12 @@ static void *worker_main(void *arg) {
         pthread_cond_broadcast(&s->done_cv);
         pthread_mutex_unlock(&s->mu);
         if (rc == KVT_OK && s->ops->after) s->ops->after(s->be, k.w); /* off the caller's wait */
+        kvt__sigpipe_drain(&sp);
     }
     kvt__free(k.scratch, s->object_bytes);
     kvt__free(k.iov, k.iov_bytes);
     if (k.wrc == KVT_OK) s->ops->worker_close(s->be, k.w);
+    kvt__sigpipe_release(&sp);
     return NULL;
 }
 

@@ -2,6 +2,9 @@
  * round trips byte for byte, wrong objects refused, maxmemory, a server
  * that goes away. Every server is stopped in .fini, pass or fail. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "common/proc.h"
@@ -187,6 +190,55 @@ Test(store_redis, reconnects_after_restart) {
     cr_assert_eq(r.count, 4u);
     cr_assert_gt(sstats(E.store, KVT_STORE_PUT).reconnects + sstats(E.store, KVT_STORE_GET).reconnects, 0u);
     cr_assert_eq(run_op(E.store, kvt_store_exists, p, 4).count, 4u);
+}
+
+/* Found by the soak (tests/faults/soak): Redis dropping the store's
+ * connections (CLIENT KILL) while a batch was being written ended the
+ * process with SIGPIPE, hiredis writing with write(2) to the closed socket.
+ * The store's threads hold SIGPIPE blocked: the write fails with EPIPE, the
+ * key is retried on a new connection, and the process, here with SIGPIPE's
+ * default action (the end of it), lives on. */
+static atomic_bool killing;
+
+static void *client_killer(void *arg) {
+    int port = *(int *)arg;
+    while (atomic_load(&killing)) {
+        redisReply *r = redis_cmd(port, "CLIENT KILL TYPE normal");
+        if (r) freeReplyObject(r);
+        redis_sleep_ms(3);
+    }
+    return NULL;
+}
+
+Test(store_redis, a_dropped_connection_is_no_sigpipe, .timeout = 120) {
+    signal(SIGPIPE, SIG_DFL);
+    start(NULL);
+    senv_init(&E, 64, 1, 65536, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 1;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[64];
+    put_filled(&E, p, 64, 1);
+    uint64_t stored = 0;
+    atomic_store(&killing, true);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, client_killer, &S.port), 0);
+    for (int k = 0; k < 100; k++) stored += run_op(E.store, kvt_store_put, p, 64).count; /* 4 MiB a batch */
+    atomic_store(&killing, false);
+    pthread_join(th, NULL);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_gt(st.reconnects, 0u, "the connection was dropped under the writes");
+    cr_assert_gt(stored, 0u);
+    wipe(&E, 0, 64);
+    /* dropped often enough, the store is known down for a second (failing at once): then served again */
+    sres_t g = run_op(E.store, kvt_store_get, p, 64);
+    for (int t = 0; t < 50 && g.count < 64; t++) {
+        redis_sleep_ms(100);
+        g = run_op(E.store, kvt_store_get, p, 64);
+    }
+    int miss = 0, bad = 0, failed = 0;
+    for (int i = 0; i < 64; i++) miss += g.r[i] == KVT_STORE_MISS, bad += g.r[i] == KVT_STORE_BAD, failed += g.r[i] == KVT_STORE_FAILED;
+    cr_assert_eq(g.count, 64u, "missing %d, bad %d, failed %d: %s", miss, bad, failed, kvt_store_last_error(E.store));
+    for (uint32_t i = 0; i < 64; i++) cr_assert(check(&E, 1 + i, i), "page %u", i);
 }
 
 Test(store_redis, cluster_url_on_a_standalone_server) {
