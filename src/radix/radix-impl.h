@@ -29,8 +29,9 @@ typedef struct kvt__pageref {
     uint32_t idx;
 } kvt__pageref_t;
 
-/* The node-array pool (pool.c). */
-#define KVT__POOL_CLASSES 64
+/* The node-array pool (pool.c): classes of 16..64 bytes, then four per
+ * doubling up to POOL_MAX (4 MiB): 4 + 16 x 4. */
+#define KVT__POOL_CLASSES 68
 typedef struct kvt__pool_chunk {
     char *m;
     size_t n;
@@ -41,7 +42,9 @@ typedef struct kvt__pool {
     size_t nchunks, chunk_cap;
     char *bump, *end;                 /* the last chunk's uncarved part */
     void *free_[KVT__POOL_CLASSES];   /* freed blocks by class, linked through their first word */
+    uint64_t nonempty[(KVT__POOL_CLASSES + 63) / 64]; /* bit c: free_[c] has a block */
     uint64_t held;                    /* bytes in chunks */
+    uint64_t free_bytes;              /* bytes of the blocks on the free lists (by their class's size) */
 } kvt__pool_t;
 
 struct kvt_radix {

@@ -536,7 +536,7 @@ size_t replay_option_rows(opts_t *o, cli_opt_t *t) {
         {"layers", OPT_U64, &o->layers_opt, 0, 1024, 0, 0, NULL, NULL, 0, "with --data: layers a page is cut into (0: the model's; 1 with --bytes-per-token)"},
         {"threads", OPT_U64, &o->threads, 1, 64, 0, 0, NULL, NULL, 0, "with --data: transfer workers per destination tier"},
         {"stats", OPT_CHOICE, &o->stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
-        {"soak", OPT_DOUBLE, &o->soak_s, 0, 0, 0, 1e7, NULL, NULL, 0,
+        {"soak", OPT_DOUBLE, &o->soak_s, 0, 0, 0, 864000, NULL, NULL, 0,
          "replay the trace again and again on the same cache for this many seconds (a burn-in); memory, descriptors and threads are sampled after the first pass, the first past half the time, and the last"},
         {"copy-faults", OPT_DOUBLE, &o->copy_faults, 0, 0, 0, 0.5, NULL, NULL, 0,
          "with --data: each copy fails with this probability, and is delayed (up to 1 ms) with it (fault injection)"},
