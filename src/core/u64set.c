@@ -222,7 +222,6 @@ int kvt__nodepool_reserve(kvt__nodepool_t *pool, size_t n) {
         kvt__u64node_t *nd = kvt__mem_pooled_fails() ? NULL : carve(pool);
         if (nd == NULL) {
             while (added--) uncarve(pool, spare_pop(pool)); /* give back what this call took */
-            if (pool->live == 0 && pool->nspare == 0) kvt__nodepool_fini(pool); /* no chunk: as new */
             return KVT_ENOMEM;
         }
         spare_push(pool, nd);
