@@ -23,19 +23,10 @@
 
 typedef struct kvt__u64node kvt__u64node_t;
 
-typedef struct kvt__nodechunk kvt__nodechunk_t;
-
-/* Nodes are carved out of chunks (u64set.c: "node pool"); `spare` are nodes
- * set aside for the sets, taken without an allocation. */
 typedef struct kvt__nodepool {
     kvt__u64node_t *spare; /* singly linked free nodes */
     size_t nspare;
-    size_t live;             /* nodes held by sets */
-    kvt__nodechunk_t *chunk; /* chunk slots (a slot of a freed chunk is empty) */
-    uint32_t nchunks, chunk_cap; /* slots used, allocated */
-    uint32_t with_room;          /* chunks with a node to carve */
-    uint32_t empty;              /* the first empty slot (UINT32_MAX: none) */
-    size_t held;             /* bytes from the allocation hook: chunks and slots */
+    size_t live; /* nodes held by sets */
 } kvt__nodepool_t;
 
 typedef struct kvt__u64set {
@@ -59,10 +50,9 @@ void kvt__nodepool_init(kvt__nodepool_t *pool);
 void kvt__nodepool_fini(kvt__nodepool_t *pool);
 /* Ensures at least `n` spare nodes. KVT_ENOMEM leaves the pool as it was. */
 int kvt__nodepool_reserve(kvt__nodepool_t *pool, size_t n);
-/* Gives spare nodes beyond `keep` back to their chunks, and a chunk none of
- * whose nodes is live or spare back to the allocation hook. */
+/* Frees spare nodes beyond `keep`. */
 void kvt__nodepool_trim(kvt__nodepool_t *pool, size_t keep);
-/* Bytes held: the chunks (live, spare and not yet carved nodes) and their slots. */
+/* Bytes held: live and spare nodes. */
 size_t kvt__nodepool_bytes(const kvt__nodepool_t *pool);
 
 void kvt__u64set_init(kvt__u64set_t *s, kvt__nodepool_t *pool);

@@ -27,9 +27,6 @@
 #include "u64set-int.h"
 
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "kvtier/error.h"
 #include "mem-int.h"
@@ -42,7 +39,7 @@
 struct kvt__u64node {
     uint16_t n; /* keys (leaf) or separators (inner) */
     uint16_t leaf;
-    uint32_t chunk; /* the pool's chunk slot it was carved from */
+    uint32_t pad_;
     union {
         uint64_t key[LEAF_CAP];
         struct {
@@ -55,198 +52,62 @@ struct kvt__u64node {
 
 _Static_assert(sizeof(kvt__u64node_t) == KVT_U64SET_NODE_BYTES, "u64set node size");
 
-/* ---- node pool ----------------------------------------------------------
- *
- * Nodes are carved out of chunks from the allocation hook: 64 nodes (32 KiB),
- * or up to an eighth of the live nodes when that is more, at most 16384
- * (8 MiB), so that a chunk a few nodes keep alive costs little next to the
- * tree. A chunk starts its nodes on a cache line, and one of 4 MiB or more
- * asks for transparent huge pages over its 2 MiB-aligned inside: a big tree's
- * descents are random accesses over tens of MB, and on 4 KiB pages nearly
- * every cold node is also a TLB miss (a nested page walk under a hypervisor);
- * a node malloc'd on its own straddles nine cache lines, not eight.
- *
- *   chunk:  [ pad | node node node node ... node | not yet carved ...... ]
- *                   each carved node: live (in a set), spare (on the pool's
- *                   list) or returned (on the chunk's list)
- *
- * The pool's spare list works as before: nodes set aside by reserve, taken by
- * the sets with no allocation, given back by erase. Carving a node onto it is
- * an allocation point for the test hook (kvt__mem_pooled_fails), as malloc'ing
- * it was; trim returns spare nodes beyond `keep` to their chunk's list, and a
- * chunk none of whose nodes is live or spare goes back to the hook. New nodes
- * come from the first chunk slot with room, so live nodes gather in the older
- * chunks and the newer ones can empty. Under AddressSanitizer a chunk is one
- * node: every node is an allocation of its own and an overrun is caught.
- *
- * Invariants: `held` is the chunks' bytes plus the slot array's; `with_room`
- * counts the chunks with a returned or an uncarved node; an empty slot is on
- * the `empty` stack (linked through its `carved`).
- */
+/* ---- node pool ---------------------------------------------------------- */
 
-struct kvt__nodechunk {
-    void *raw; /* NULL: an empty slot */
-    size_t bytes;
-    kvt__u64node_t *base;
-    kvt__u64node_t *returned; /* carved, then given back by trim */
-    uint32_t cap, carved, nreturned;
-};
+void kvt__nodepool_init(kvt__nodepool_t *pool) { memset(pool, 0, sizeof(*pool)); }
 
-#define CHUNK_FIRST 64u
-#define CHUNK_LAST 16384u
-#define HUGE_PAGE ((uintptr_t)2 << 20)
-
-static bool chunk_has_room(const kvt__nodechunk_t *c) { return c->nreturned > 0 || c->carved < c->cap; }
-
-void kvt__nodepool_init(kvt__nodepool_t *pool) {
-    memset(pool, 0, sizeof(*pool));
-    pool->empty = UINT32_MAX;
-}
-
-void kvt__nodepool_fini(kvt__nodepool_t *pool) {
-    kvt__nodepool_trim(pool, 0);
-    for (uint32_t i = 0; i < pool->nchunks; i++) /* only where a set was not finished */
-        if (pool->chunk[i].raw) kvt__free(pool->chunk[i].raw, pool->chunk[i].bytes);
-    kvt__free(pool->chunk, pool->chunk_cap * sizeof(*pool->chunk));
-    kvt__nodepool_init(pool);
-}
-
-/* A slot for a new chunk; UINT32_MAX when the slot array cannot grow. */
-static uint32_t chunk_slot(kvt__nodepool_t *pool) {
-    if (pool->empty != UINT32_MAX) {
-        uint32_t i = pool->empty;
-        pool->empty = pool->chunk[i].carved;
-        return i;
-    }
-    if (pool->nchunks == pool->chunk_cap) {
-        uint32_t cap = pool->chunk_cap ? 2 * pool->chunk_cap : 8;
-        kvt__nodechunk_t *c = kvt__malloc(cap * sizeof(*c));
-        if (c == NULL) return UINT32_MAX;
-        if (pool->nchunks) memcpy(c, pool->chunk, pool->nchunks * sizeof(*c));
-        kvt__free(pool->chunk, pool->chunk_cap * sizeof(*c));
-        pool->held += (cap - pool->chunk_cap) * sizeof(*c);
-        pool->chunk = c;
-        pool->chunk_cap = cap;
-    }
-    pool->chunk[pool->nchunks] = (kvt__nodechunk_t){0};
-    return pool->nchunks++;
-}
-
-/* The slot of a new chunk; UINT32_MAX when the hook has no memory. */
-static uint32_t new_chunk(kvt__nodepool_t *pool) {
-    uint32_t i = chunk_slot(pool);
-    if (i == UINT32_MAX) return i;
-#if defined(__SANITIZE_ADDRESS__)
-    uint32_t cap = 1;
-#else
-    uint32_t cap = CHUNK_FIRST; /* up to an eighth of the live nodes */
-    while (cap < CHUNK_LAST && cap * 16 <= pool->live) cap *= 2;
-#endif
-    size_t bytes = (size_t)cap * sizeof(kvt__u64node_t) + 64; /* room to start on a line */
-    char *raw = kvt__malloc(bytes);
-    if (raw == NULL) {
-        pool->chunk[i].carved = pool->empty; /* the slot stays empty */
-        pool->empty = i;
-        return UINT32_MAX;
-    }
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (bytes >= 2 * HUGE_PAGE) { /* a hint, before the first touch */
-        uintptr_t lo = ((uintptr_t)raw + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), hi = ((uintptr_t)raw + bytes) & ~(HUGE_PAGE - 1);
-        if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    }
-#endif
-    kvt__u64node_t *base = (kvt__u64node_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
-    pool->chunk[i] = (kvt__nodechunk_t){.raw = raw, .bytes = bytes, .base = base, .cap = cap};
-    pool->with_room++;
-    pool->held += bytes;
-    return i;
-}
-
-/* A node from the first chunk with room (a new chunk when none has); NULL
- * when the hook has no memory. */
-static kvt__u64node_t *carve(kvt__nodepool_t *pool) {
-    uint32_t i = 0;
-    if (pool->with_room == 0) {
-        if ((i = new_chunk(pool)) == UINT32_MAX) return NULL;
-    } else {
-        while (pool->chunk[i].raw == NULL || !chunk_has_room(&pool->chunk[i])) i++;
-    }
-    kvt__nodechunk_t *c = &pool->chunk[i];
-    kvt__u64node_t *nd;
-    if (c->nreturned) {
-        nd = c->returned;
-        c->returned = nd->u.next_spare;
-        c->nreturned--;
-    } else {
-        nd = &c->base[c->carved++];
-    }
-    if (!chunk_has_room(c)) pool->with_room--;
-    nd->chunk = i;
-    return nd;
-}
-
-/* Gives a carved node back to its chunk, and the chunk back to the hook when
- * none of its nodes is out. */
-static void uncarve(kvt__nodepool_t *pool, kvt__u64node_t *nd) {
-    uint32_t i = nd->chunk;
-    kvt__nodechunk_t *c = &pool->chunk[i];
-    if (!chunk_has_room(c)) pool->with_room++;
-    nd->u.next_spare = c->returned;
-    c->returned = nd;
-    c->nreturned++;
-    if (c->nreturned == c->carved) {
-        kvt__free(c->raw, c->bytes);
-        pool->held -= c->bytes;
-        pool->with_room--;
-        *c = (kvt__nodechunk_t){.carved = pool->empty};
-        pool->empty = i;
-    }
-}
-
-static kvt__u64node_t *spare_pop(kvt__nodepool_t *pool) {
-    kvt__u64node_t *x = pool->spare;
-    pool->spare = x->u.next_spare;
-    pool->nspare--;
-    return x;
-}
-
-static void spare_push(kvt__nodepool_t *pool, kvt__u64node_t *nd) {
-    nd->u.next_spare = pool->spare;
-    pool->spare = nd;
-    pool->nspare++;
-}
+void kvt__nodepool_fini(kvt__nodepool_t *pool) { kvt__nodepool_trim(pool, 0); }
 
 int kvt__nodepool_reserve(kvt__nodepool_t *pool, size_t n) {
     size_t added = 0;
     while (pool->nspare < n) {
-        kvt__u64node_t *nd = kvt__mem_pooled_fails() ? NULL : carve(pool);
+        kvt__u64node_t *nd = kvt__malloc(sizeof(*nd));
         if (nd == NULL) {
-            while (added--) uncarve(pool, spare_pop(pool)); /* give back what this call took */
+            while (added--) { /* give back what this call took */
+                kvt__u64node_t *x = pool->spare;
+                pool->spare = x->u.next_spare;
+                pool->nspare--;
+                kvt__free(x, sizeof(*x));
+            }
             return KVT_ENOMEM;
         }
-        spare_push(pool, nd);
+        nd->u.next_spare = pool->spare;
+        pool->spare = nd;
+        pool->nspare++;
         added++;
     }
     return KVT_OK;
 }
 
 void kvt__nodepool_trim(kvt__nodepool_t *pool, size_t keep) {
-    while (pool->nspare > keep) uncarve(pool, spare_pop(pool));
+    while (pool->nspare > keep) {
+        kvt__u64node_t *x = pool->spare;
+        pool->spare = x->u.next_spare;
+        pool->nspare--;
+        kvt__free(x, sizeof(*x));
+    }
 }
 
-size_t kvt__nodepool_bytes(const kvt__nodepool_t *pool) { return pool->held; }
+size_t kvt__nodepool_bytes(const kvt__nodepool_t *pool) {
+    return (pool->live + pool->nspare) * sizeof(kvt__u64node_t);
+}
 
 /* Takes a spare node; the caller has reserved it. */
 static kvt__u64node_t *node_take(kvt__nodepool_t *pool, int leaf) {
-    kvt__u64node_t *nd = spare_pop(pool);
+    kvt__u64node_t *nd = pool->spare;
+    pool->spare = nd->u.next_spare;
+    pool->nspare--;
     pool->live++;
     nd->n = 0;
     nd->leaf = (uint16_t)leaf;
+    nd->pad_ = 0;
     return nd;
 }
 
 static void node_give(kvt__nodepool_t *pool, kvt__u64node_t *nd) {
-    spare_push(pool, nd);
+    nd->u.next_spare = pool->spare;
+    pool->spare = nd;
+    pool->nspare++;
     pool->live--;
 }
 

@@ -7,7 +7,6 @@
 #include "kvtier/rng.h"
 #include "core/u64set-int.h"
 #include "kvtier/error.h"
-#include "kvtier/mem.h"
 
 typedef struct sorted {
     uint64_t *k;
@@ -190,42 +189,4 @@ Test(u64set, erase_at_follows_the_cursor) {
     kvt__u64set_fini(&t);
     kvt__nodepool_fini(&pool);
     free(s.k);
-}
-
-static int64_t hook_live(void) {
-    kvt_mem_stats_t m = {.size = sizeof(m)};
-    kvt_mem_stats(&m);
-    return m.live_bytes;
-}
-
-/* The pool's bytes are what the hook holds for it; a failed reserve gives
- * back all it took, chunks included; once no node is out, trim gives every
- * chunk back. */
-Test(u64set, pool_chunks_follow_the_nodes) {
-    int64_t m0 = hook_live();
-    kvt__nodepool_t pool;
-    kvt__nodepool_init(&pool);
-    kvt__u64set_t t;
-    kvt__u64set_init(&t, &pool);
-    for (uint64_t k = 0; k < 200000; k++) cr_assert_eq(kvt__u64set_insert(&t, k * 2654435761u % 1000003), KVT_OK);
-    cr_assert_eq((int64_t)kvt__nodepool_bytes(&pool), hook_live() - m0);
-    cr_assert_geq(kvt__nodepool_bytes(&pool), pool.live * KVT_U64SET_NODE_BYTES);
-
-    size_t bytes = kvt__nodepool_bytes(&pool), spare = pool.nspare;
-    kvt__mem_fail_nth(3000);
-    cr_assert_eq(kvt__nodepool_reserve(&pool, spare + 20000), KVT_ENOMEM);
-    cr_assert(kvt__mem_fail_fired());
-    kvt__mem_fail_nth(0);
-    cr_assert_eq(pool.nspare, spare, "a failed reserve took nothing");
-    cr_assert_eq(kvt__nodepool_bytes(&pool), bytes, "nor kept a chunk");
-    cr_assert_eq((int64_t)bytes, hook_live() - m0);
-
-    for (uint64_t k = 0; k < 200000; k++) cr_assert_eq(kvt__u64set_erase(&t, k * 2654435761u % 1000003), KVT_OK);
-    cr_assert_eq(pool.live, 0);
-    kvt__nodepool_trim(&pool, 0);
-    cr_assert_eq((int64_t)kvt__nodepool_bytes(&pool), hook_live() - m0);
-    cr_assert_lt(kvt__nodepool_bytes(&pool), 4096, "only the chunk slots are left");
-    kvt__u64set_fini(&t);
-    kvt__nodepool_fini(&pool);
-    cr_assert_eq(hook_live(), m0);
 }
