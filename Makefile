@@ -120,6 +120,7 @@ bench: build
 	$(BUILD)/kvtier bench alloc --pattern churn $(RUN_ARGS)
 	$(BUILD)/kvtier bench xfer --layout both $(RUN_ARGS)
 	$(BUILD)/kvtier bench pd $(RUN_ARGS)
+	scripts/bench-alloc $(BUILD)/kvtier
 	scripts/bench-replay $(BUILD)/kvtier
 
 # The main job: replay the built-in synthetic workload over all three tiers,

@@ -130,6 +130,18 @@ static void take_front(kvt_extalloc_t *a, uint64_t start, uint64_t len, uint64_t
     else reshape_extent(a, start, len, start + n, len - n);
 }
 
+/* take_front for the extent under cur, a cursor of by_size: its size key is
+ * erased where the cursor stands, without a second descent. */
+static void take_front_at(kvt_extalloc_t *a, kvt__u64cur_t *cur, uint64_t start, uint64_t len, uint64_t n) {
+    kvt__u64set_erase_at(&a->by_size, cur);
+    if (n == len) {
+        kvt__u64set_erase(&a->by_addr, addr_key(start, len));
+        return;
+    }
+    kvt__u64set_insert(&a->by_size, size_key(start + n, len - n));
+    kvt__u64set_replace(&a->by_addr, addr_key(start, len), addr_key(start + n, len - n));
+}
+
 static int fail_reserve(kvt_extalloc_t *a, int err) {
     if (err != KVT_EINVAL) a->reserve_failures++;
     return err;
@@ -161,8 +173,9 @@ int kvt_extalloc_reserve(kvt_extalloc_t *a, uint64_t n, kvt_run_t *runs, size_t 
     uint64_t fit = kvt__u64cur_key(&cur);
     if (reserve_nodes(a, 1, 0) != KVT_OK) return fail_reserve(a, KVT_ENOMEM);
 
+    /* The best fit first, while the cursor still holds its path in by_size. */
+    take_front_at(a, &cur, key_lo(fit), key_hi(fit), rest);
     for (size_t i = 0; i < k; i++) remove_extent(a, runs[i].start, runs[i].len);
-    take_front(a, key_lo(fit), key_hi(fit), rest);
     runs[k++] = (kvt_run_t){key_lo(fit), (uint32_t)rest};
     *nruns = k;
     a->free_pages -= n;

@@ -65,6 +65,9 @@ static inline size_t kvt__u64set_insert_nodes(const kvt__u64set_t *s) { return s
 int kvt__u64set_insert(kvt__u64set_t *s, uint64_t key);
 /* KVT_ENOENT when absent. Never allocates. */
 int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key);
+/* Erases the key under a valid cursor of s without a second descent (the
+ * cursor holds the path); the cursor is invalid afterwards. Never allocates. */
+void kvt__u64set_erase_at(kvt__u64set_t *s, kvt__u64cur_t *cur);
 /* Replaces `old` by `new` in place. The caller guarantees that no key lies
  * between them (nor equals `new`), so the order is unchanged. KVT_ENOENT when
  * `old` is absent; KVT_EINVAL when `new` is out of order with old's

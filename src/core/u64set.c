@@ -266,6 +266,8 @@ int kvt__u64set_insert(kvt__u64set_t *s, uint64_t key) {
     return KVT_OK;
 }
 
+static unsigned leaf_level(const kvt__u64cur_t *cur) { return cur->set->height - 1; }
+
 /* Removes separator k and child k+1 of inner node p. */
 static void inner_remove(kvt__u64node_t *p, unsigned k) {
     memmove(&p->u.in.sep[k], &p->u.in.sep[k + 1], (p->n - k - 1) * sizeof(uint64_t));
@@ -334,13 +336,10 @@ static void fix_inner(kvt__nodepool_t *pool, kvt__u64node_t *p, unsigned ci) {
     }
 }
 
-int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key) {
-    if (s->root == NULL) return KVT_ENOENT;
-    kvt__u64cur_t path;
-    unsigned d = descend(s, key, &path);
-    kvt__u64node_t *leaf = path.node[d];
-    unsigned pos = lower_idx(leaf->u.key, leaf->n, key);
-    if (pos >= leaf->n || leaf->u.key[pos] != key) return KVT_ENOENT;
+/* Removes key pos of the leaf at depth d of path, then restores the fill
+ * bottom-up along the path. */
+static void erase_path(kvt__u64set_t *s, kvt__u64cur_t *path, unsigned d, unsigned pos) {
+    kvt__u64node_t *leaf = path->node[d];
     memmove(&leaf->u.key[pos], &leaf->u.key[pos + 1], (leaf->n - pos - 1u) * sizeof(uint64_t));
     leaf->n--;
     s->count--;
@@ -351,12 +350,12 @@ int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key) {
             s->root = NULL;
             s->height = 0;
         }
-        return KVT_OK;
+        return;
     }
-    if (leaf->n < LEAF_MIN) fix_leaf(s->pool, path.node[d - 1], path.idx[d - 1]);
+    if (leaf->n < LEAF_MIN) fix_leaf(s->pool, path->node[d - 1], path->idx[d - 1]);
     for (int lvl = (int)d - 1; lvl >= 1; lvl--) {
-        if (path.node[lvl]->n >= INNER_MIN) break;
-        fix_inner(s->pool, path.node[lvl - 1], path.idx[lvl - 1]);
+        if (path->node[lvl]->n >= INNER_MIN) break;
+        fix_inner(s->pool, path->node[lvl - 1], path->idx[lvl - 1]);
     }
     if (!s->root->leaf && s->root->n == 0) { /* collapse a one-child root */
         kvt__u64node_t *old = s->root;
@@ -364,7 +363,23 @@ int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key) {
         s->height--;
         node_give(s->pool, old);
     }
+}
+
+int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key) {
+    if (s->root == NULL) return KVT_ENOENT;
+    kvt__u64cur_t path;
+    unsigned d = descend(s, key, &path);
+    kvt__u64node_t *leaf = path.node[d];
+    unsigned pos = lower_idx(leaf->u.key, leaf->n, key);
+    if (pos >= leaf->n || leaf->u.key[pos] != key) return KVT_ENOENT;
+    erase_path(s, &path, d, pos);
     return KVT_OK;
+}
+
+void kvt__u64set_erase_at(kvt__u64set_t *s, kvt__u64cur_t *cur) {
+    unsigned d = leaf_level(cur);
+    cur->valid = false;
+    erase_path(s, cur, d, cur->idx[d]);
 }
 
 int kvt__u64set_replace(kvt__u64set_t *s, uint64_t old, uint64_t new_key) {
@@ -393,8 +408,6 @@ int kvt__u64set_replace(kvt__u64set_t *s, uint64_t old, uint64_t new_key) {
 }
 
 /* ---- cursors ------------------------------------------------------------ */
-
-static unsigned leaf_level(const kvt__u64cur_t *cur) { return cur->set->height - 1; }
 
 uint64_t kvt__u64cur_key(const kvt__u64cur_t *cur) {
     unsigned d = leaf_level(cur);

@@ -143,3 +143,50 @@ Test(u64set, failed_insert_changes_nothing) {
     kvt__u64set_fini(&t);
     kvt__nodepool_fini(&pool);
 }
+
+/* erase_at removes the key a cursor stands on, wherever the cursor got there
+ * (lower_bound inside a leaf or past its end, last, prev across leaves). */
+Test(u64set, erase_at_follows_the_cursor) {
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, 7);
+    kvt__nodepool_t pool;
+    kvt__nodepool_init(&pool);
+    kvt__u64set_t t;
+    kvt__u64set_init(&t, &pool);
+    enum { N = 20000 };
+    sorted_t s = {calloc(N, sizeof(uint64_t)), 0};
+    while (s.n < N) {
+        uint64_t key = kvt_rng_below(&rng, 1u << 30);
+        cr_assert_eq(kvt__u64set_insert(&t, key), s_insert(&s, key));
+    }
+    char ctx[64];
+    for (int op = 0; s.n > 0; op++) {
+        snprintf(ctx, sizeof(ctx), "erase_at op %d", op);
+        kvt__u64cur_t c;
+        size_t i;
+        uint64_t how = kvt_rng_below(&rng, 4);
+        if (how == 0) {
+            cr_assert(kvt__u64set_last(&t, &c));
+            i = s.n - 1;
+        } else {
+            uint64_t key = kvt_rng_below(&rng, 1u << 30);
+            i = s_lower(&s, key);
+            if (i == s.n) continue;
+            cr_assert(kvt__u64set_lower_bound(&t, key, &c));
+            if (how == 1 && i > 0) { /* one step back, often into the previous leaf */
+                cr_assert(kvt__u64cur_prev(&c));
+                i--;
+            }
+        }
+        cr_assert_eq(kvt__u64cur_key(&c), s.k[i], "%s: cursor", ctx);
+        uint64_t key = s.k[i];
+        kvt__u64set_erase_at(&t, &c);
+        cr_assert_eq(s_erase(&s, key), KVT_OK);
+        if (op % 500 == 0 || s.n < 200) assert_same(&t, &s, ctx);
+    }
+    assert_same(&t, &s, "empty");
+    cr_assert_eq(pool.live, 0, "every node went back to the pool");
+    kvt__u64set_fini(&t);
+    kvt__nodepool_fini(&pool);
+    free(s.k);
+}
