@@ -64,7 +64,7 @@ KVT_API void kvt_page_hash_chain(uint32_t ns, const int32_t *tokens, uint64_t np
     X(l2_shadow_victims, GAUGE, "nodes holding reclaimable L2 copies of L1 pages") \
     X(splits, COUNTER, "node splits")                                             \
     X(metadata_bytes, GAUGE, "bytes the tree holds: nodes, tokens, page states, maps")                  \
-    X(pool_free_bytes, GAUGE, "of them, node-array blocks on the pool's free lists (held, not in use)")
+    X(pool_free_bytes, GAUGE, "of them, held by the node-array pool and not in use: its free lists and the rest of its last chunk")
 
 typedef struct kvt_radix_stats {
     uint32_t size; /* sizeof(kvt_radix_stats_t), set by the caller */

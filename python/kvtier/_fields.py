@@ -92,7 +92,7 @@ RADIX_STATS = (
     ('l2_shadow_victims', 'GAUGE', 'nodes holding reclaimable L2 copies of L1 pages'),
     ('splits', 'COUNTER', 'node splits'),
     ('metadata_bytes', 'GAUGE', 'bytes the tree holds: nodes, tokens, page states, maps'),
-    ('pool_free_bytes', 'GAUGE', "of them, node-array blocks on the pool's free lists (held, not in use)"),
+    ('pool_free_bytes', 'GAUGE', 'of them, held by the node-array pool and not in use: its free lists and the rest of its last chunk'),
 )
 
 # KVT_STORE_STATS_FIELDS (store.h): (field, kind, help)

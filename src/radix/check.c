@@ -159,6 +159,6 @@ int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *out) {
     st->l2_shadow_victims = r->heap[KVT_VSET_L2_SHADOW].n;
     st->splits = r->splits;
     st->metadata_bytes = (uint64_t)r->bytes;
-    st->pool_free_bytes = r->pool.free_bytes;
+    st->pool_free_bytes = r->pool.free_bytes + (uint64_t)(r->pool.end - r->pool.bump);
     return kvt__abi_out(out, st, sizeof(*st));
 }

@@ -88,7 +88,7 @@ static uint64_t entries(const char *dir) {
     return n;
 }
 
-static void soak_sample(soak_sample_t *s, uint64_t pass, uint64_t requests, double at_s) {
+static void soak_sample(soak_sample_t *s, kvt_cache_t *c, uint64_t pass, uint64_t requests, double at_s) {
     *s = (soak_sample_t){.pass = pass, .requests = requests, .at_s = at_s};
     FILE *f = fopen("/proc/self/statm", "r");
     unsigned long long size, rss;
@@ -99,6 +99,9 @@ static void soak_sample(soak_sample_t *s, uint64_t pass, uint64_t requests, doub
     kvt_mem_stats_t ms = {.size = sizeof(ms)};
     kvt_mem_stats(&ms);
     s->live_bytes = ms.live_bytes;
+    kvt_radix_stats_t rs = {.size = sizeof(rs)};
+    kvt_radix_stats(kvt_cache_tree(c), &rs);
+    s->pool_idle_bytes = rs.pool_free_bytes;
 }
 
 /* Request k's tokens into buf; its token count. */
@@ -191,7 +194,7 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
         progress(i + 1, n, show);
         if ((i + 1) % n == 0 && rc == KVT_OK) { /* a pass is over */
             soak_sample_t s;
-            soak_sample(&s, ++res->passes, i + 1, now_s() - t0);
+            soak_sample(&s, c, ++res->passes, i + 1, now_s() - t0);
             if (res->passes == 1) res->soak_first = s;
             if (res->passes == 1 || res->soak_middle.at_s < o->soak_s / 2) res->soak_middle = s;
             res->soak_last = s;
@@ -276,6 +279,7 @@ static void sample_json(cJSON *x, const char *name, const soak_sample_t *s) {
     cJSON_AddNumberToObject(d, "fds", (double)s->fds);
     cJSON_AddNumberToObject(d, "threads", (double)s->threads);
     cJSON_AddNumberToObject(d, "live_bytes", (double)s->live_bytes);
+    cJSON_AddNumberToObject(d, "pool_idle_bytes", (double)s->pool_idle_bytes);
 }
 
 /* --soak: the passes, and what the process held after the first and the last. */
@@ -428,9 +432,10 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
         printf("  soak: %" PRIu64 " passes; after pass:", r->passes);
         const soak_sample_t *at[3] = {&r->soak_first, &r->soak_middle, &r->soak_last};
         for (int k = 0; k < 3 && (k == 0 || at[k]->pass > at[k - 1]->pass); k++)
-            printf("%s %" PRIu64 " (%.1f s) resident %.1f MiB, %" PRIu64 " descriptors, %" PRIu64 " threads, kvtier %.1f MiB",
+            printf("%s %" PRIu64 " (%.1f s) resident %.1f MiB, %" PRIu64 " descriptors, %" PRIu64 " threads, kvtier %.1f MiB (%.1f in use)",
                    k ? ";" : "", at[k]->pass, at[k]->at_s, (double)at[k]->rss_kb / 1024, at[k]->fds, at[k]->threads,
-                   (double)at[k]->live_bytes / 1048576);
+                   (double)at[k]->live_bytes / 1048576,
+                   (double)(at[k]->live_bytes - (int64_t)at[k]->pool_idle_bytes) / 1048576);
         putchar('\n');
     }
     if (!o->data) return;

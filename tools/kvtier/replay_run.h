@@ -19,6 +19,7 @@ typedef struct soak_sample {
     double at_s;
     uint64_t rss_kb, fds, threads;
     int64_t live_bytes; /* kvt_mem_stats: kvtier's own structures */
+    uint64_t pool_idle_bytes; /* of them, held by the tree's node pool and not in use (it keeps its peak) */
 } soak_sample_t;
 
 typedef struct result {
