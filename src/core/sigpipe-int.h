@@ -20,27 +20,31 @@ typedef struct kvt__sigpipe {
     bool was_pending; /* a SIGPIPE was pending already: not ours to take */
 } kvt__sigpipe_t;
 
-static inline void kvt__sigpipe_hold(kvt__sigpipe_t *h) {
-    sigset_t quiet, pend;
-    sigemptyset(&quiet);
-    sigaddset(&quiet, SIGPIPE);
+static inline sigset_t kvt__sigpipe_set(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    return set;
+}
+
+static inline bool kvt__sigpipe_pending(void) {
+    sigset_t pend;
     sigemptyset(&pend);
-    sigpending(&pend);
-    h->was_pending = sigismember(&pend, SIGPIPE) == 1;
-    pthread_sigmask(SIG_BLOCK, &quiet, &h->old);
+    return sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1;
+}
+
+static inline void kvt__sigpipe_hold(kvt__sigpipe_t *h) {
+    sigset_t set = kvt__sigpipe_set();
+    h->was_pending = kvt__sigpipe_pending();
+    pthread_sigmask(SIG_BLOCK, &set, &h->old);
 }
 
 /* Takes a SIGPIPE our writes left pending (while held). */
 static inline void kvt__sigpipe_drain(const kvt__sigpipe_t *h) {
-    if (h->was_pending) return;
-    sigset_t quiet, pend;
-    sigemptyset(&quiet);
-    sigaddset(&quiet, SIGPIPE);
-    sigemptyset(&pend);
-    if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1) {
-        struct timespec zero = {0, 0};
-        (void)sigtimedwait(&quiet, NULL, &zero);
-    }
+    if (h->was_pending || !kvt__sigpipe_pending()) return;
+    sigset_t set = kvt__sigpipe_set();
+    struct timespec zero = {0, 0};
+    (void)sigtimedwait(&set, NULL, &zero);
 }
 
 static inline void kvt__sigpipe_release(kvt__sigpipe_t *h) {

@@ -365,13 +365,20 @@ static void erase_path(kvt__u64set_t *s, kvt__u64cur_t *path, unsigned d, unsign
     }
 }
 
+/* The path to key: its leaf's depth in *d and its place there in *pos;
+ * false when key is absent. */
+static bool locate(const kvt__u64set_t *s, uint64_t key, kvt__u64cur_t *path, unsigned *d, unsigned *pos) {
+    if (s->root == NULL) return false;
+    *d = descend(s, key, path);
+    const kvt__u64node_t *leaf = path->node[*d];
+    *pos = lower_idx(leaf->u.key, leaf->n, key);
+    return *pos < leaf->n && leaf->u.key[*pos] == key;
+}
+
 int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key) {
-    if (s->root == NULL) return KVT_ENOENT;
     kvt__u64cur_t path;
-    unsigned d = descend(s, key, &path);
-    kvt__u64node_t *leaf = path.node[d];
-    unsigned pos = lower_idx(leaf->u.key, leaf->n, key);
-    if (pos >= leaf->n || leaf->u.key[pos] != key) return KVT_ENOENT;
+    unsigned d, pos;
+    if (!locate(s, key, &path, &d, &pos)) return KVT_ENOENT;
     erase_path(s, &path, d, pos);
     return KVT_OK;
 }
@@ -383,12 +390,10 @@ void kvt__u64set_erase_at(kvt__u64set_t *s, kvt__u64cur_t *cur) {
 }
 
 int kvt__u64set_replace(kvt__u64set_t *s, uint64_t old, uint64_t new_key) {
-    if (s->root == NULL) return KVT_ENOENT;
     kvt__u64cur_t path;
-    unsigned d = descend(s, old, &path);
+    unsigned d, pos;
+    if (!locate(s, old, &path, &d, &pos)) return KVT_ENOENT;
     kvt__u64node_t *leaf = path.node[d];
-    unsigned pos = lower_idx(leaf->u.key, leaf->n, old);
-    if (pos >= leaf->n || leaf->u.key[pos] != old) return KVT_ENOENT;
     if (new_key == old) return KVT_OK;
     if ((pos > 0 && leaf->u.key[pos - 1] >= new_key) ||
         (pos + 1u < leaf->n && leaf->u.key[pos + 1] <= new_key) ||

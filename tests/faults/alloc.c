@@ -163,13 +163,13 @@ static const char *site_name(const void *addr, char *buf, size_t cap) {
 
 /* ---- one run of the scenario */
 
-typedef struct stack {
+typedef struct rig {
     kvt_tier_t *tier[2];
     kvt_xfer_t *xf;
     kvt_store_t *store;
     kvt_cache_t *c;
     char dir[64];
-} stack_t;
+} rig_t;
 
 typedef struct outcome {
     int fired;     /* the armed failure happened */
@@ -202,7 +202,7 @@ static void store_log(void *arg, const char *msg) {
     atomic_fetch_add(&g_store_msgs, 1);
 }
 
-static void stack_destroy(stack_t *s) {
+static void stack_destroy(rig_t *s) {
     kvt_cache_destroy(s->c);
     kvt_store_close(s->store);
     kvt_xfer_destroy(s->xf);
@@ -217,7 +217,7 @@ static void stack_destroy(stack_t *s) {
 }
 
 /* Builds the stack; KVT_OK, or the first failure's code with nothing left. */
-static int stack_create(stack_t *s) {
+static int stack_create(rig_t *s) {
     memset(s, 0, sizeof(*s));
     /* a tmpfs where there is one: the store's files cost no disk */
     snprintf(s->dir, sizeof(s->dir), "%s/kvtier-faults-XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
@@ -308,7 +308,7 @@ static void unchanged(outcome_t *o, const char *call, const snap_t *a, const sna
         violation(o, "%s failed but changed the cache's decisions (digest, pages or nodes)", call);
 }
 
-static void check(outcome_t *o, stack_t *s, const char *after) {
+static void check(outcome_t *o, rig_t *s, const char *after) {
     const char *why = NULL;
     if (kvt_cache_check(s->c, &why) != KVT_OK) violation(o, "check after %s: %s", after, why);
 }
@@ -348,7 +348,7 @@ typedef struct held {
 } held_t;
 
 /* The held request's pages hold their content (locked pages stay put). */
-static void check_pages(outcome_t *o, stack_t *s, const held_t *h, uint64_t from, uint64_t to, uint8_t *buf) {
+static void check_pages(outcome_t *o, rig_t *s, const held_t *h, uint64_t from, uint64_t to, uint8_t *buf) {
     for (uint64_t j = from; j < to; j++) {
         o->served_checked++;
         if (!kvt_tier_pattern_check(s->tier[0], h->ids[j], h->hash[j].lo, h->hash[j].hi, buf))
@@ -363,7 +363,7 @@ static int poll_rc(kvt_cache_t *c) {
 
 static void scenario(outcome_t *out) {
     outcome_t o = {0};
-    stack_t s;
+    rig_t s;
     int rc = stack_create(&s);
     if (rc != KVT_OK) {
         if (rc != KVT_ENOMEM || !kvt__mem_fail_fired())

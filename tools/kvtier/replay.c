@@ -193,12 +193,15 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
         }
         progress(i + 1, n, show);
         if ((i + 1) % n == 0 && rc == KVT_OK) { /* a pass is over */
-            soak_sample_t s;
-            soak_sample(&s, c, ++res->passes, i + 1, now_s() - t0);
-            if (res->passes == 1) res->soak_first = s;
-            if (res->passes == 1 || res->soak_middle.at_s < o->soak_s / 2) res->soak_middle = s;
-            res->soak_last = s;
-            if (o->soak_s > 0 && now_s() - t0 < o->soak_s) total += n;
+            res->passes++;
+            if (o->soak_s > 0) { /* what the process holds, and another pass while there is time */
+                soak_sample_t s;
+                soak_sample(&s, c, res->passes, i + 1, now_s() - t0);
+                if (res->passes == 1) res->soak_first = s;
+                if (res->passes == 1 || res->soak_middle.at_s < o->soak_s / 2) res->soak_middle = s;
+                res->soak_last = s;
+                if (now_s() - t0 < o->soak_s) total += n;
+            }
         }
     }
     kvt_cache_sync(c); /* the copies and store calls in flight */
@@ -282,7 +285,7 @@ static void sample_json(cJSON *x, const char *name, const soak_sample_t *s) {
     cJSON_AddNumberToObject(d, "pool_idle_bytes", (double)s->pool_idle_bytes);
 }
 
-/* --soak: the passes, and what the process held after the first and the last. */
+/* --soak: the passes, and what the process held after the first, the middle one and the last. */
 static void soak_json(cJSON *x, const result_t *r, const opts_t *o) {
     cJSON *d = cJSON_AddObjectToObject(x, "soak");
     cJSON_AddNumberToObject(d, "seconds", o->soak_s);
