@@ -189,6 +189,8 @@ int kvt__l3_finish(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *toke
 int kvt__l3_check(kvt_cache_t *c, uint64_t *held, uint64_t *deferred, const char **why);
 
 /* policy.c */
+/* The policy's ghosts are keyed by page keys: the tree keeps them (radix-int.h). */
+bool kvt__policy_needs_keys(kvt_policy_t p);
 uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
 /* A node was matched (its hits and last access are already updated). */
 void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n);

@@ -90,7 +90,8 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
     c->l1_floor = c->l1_target / 2;
     c->l2_floor = c->l2_target / 2;
     c->st.size = sizeof(c->st);
-    kvt__radix_config_t rc = {cfg->page_tokens, cfg->l1_pages, cfg->l2_pages, kvt__policy_score, c};
+    kvt__radix_config_t rc = {cfg->page_tokens, cfg->l1_pages, cfg->l2_pages, kvt__policy_score, c,
+                              kvt__policy_needs_keys(cfg->policy)};
     c->done_cap = KVT__CACHE_DONE_CAP;
     c->scratch_cap = 2 * (cfg->l1_pages > cfg->l2_pages ? cfg->l1_pages : cfg->l2_pages);
     int err = kvt__radix_create(&c->tree, &rc);

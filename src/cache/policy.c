@@ -113,9 +113,9 @@ static void slru_demote_overflow(kvt_cache_t *c) {
     }
 }
 
-static bool two_classes(const kvt_cache_t *c) {
-    return c->cfg.policy == KVT_POLICY_S2LRU || c->cfg.policy == KVT_POLICY_ARC;
-}
+bool kvt__policy_needs_keys(kvt_policy_t p) { return p == KVT_POLICY_S2LRU || p == KVT_POLICY_ARC; }
+
+static bool two_classes(const kvt_cache_t *c) { return kvt__policy_needs_keys(c->cfg.policy); }
 
 static void protect(kvt_cache_t *c, kvt_rnode_t *n) {
     if (n->policy[0] & PROTECTED) return;
@@ -149,9 +149,7 @@ void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n) {
     if (!two_classes(c)) return;
     unsigned cls = (n->policy[0] & PROTECTED) != 0;
     c->cls_pages[cls]--;
-    kvt_hash128_t h; /* a hint only: without memory for the hash, the ghost just misses it */
-    if (kvt_radix_page_hash(c->tree, n, n->npages - 1, &h) == KVT_OK)
-        kvt__ghost_add(&c->ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], h.lo);
+    kvt__ghost_add(&c->ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], kvt__radix_page_key(n, n->npages - 1));
 }
 
 /* arc: a page came back through ghost `from`: move the target toward the
@@ -171,25 +169,24 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     /* s2lru: the next turn of a cached sequence starts protected. (arc learns
      * better without this: on chat traces, last turns never come back.) */
     if (c->cfg.policy == KVT_POLICY_S2LRU && at != root && children == 0) return npages;
-    kvt_hash128_t prev = {0, 0};
-    if (at != root && kvt_radix_page_hash(c->tree, at, at->npages - 1, &prev) != KVT_OK) return 0;
     uint64_t k = 0, pt = c->cfg.page_tokens;
     bool arc = c->cfg.policy == KVT_POLICY_ARC;
-    kvt_hash128_t next = npages ? kvt_page_hash(&prev, ns, tokens, (uint32_t)pt) : prev;
+    uint64_t prev, next = kvt__radix_key_below(c->tree, at, ns);
     if (npages) {
-        kvt__ghost_prefetch(&c->ghost[0], next.lo);
-        if (arc) kvt__ghost_prefetch(&c->ghost[1], next.lo);
+        next = kvt__radix_key_next(c->tree, next, tokens);
+        kvt__ghost_prefetch(&c->ghost[0], next);
+        if (arc) kvt__ghost_prefetch(&c->ghost[1], next);
     }
     for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
         prev = next;
         if (k + 1 < npages) { /* the next page's buckets are on their way while this one is looked up */
-            next = kvt_page_hash(&prev, ns, tokens + (k + 1) * pt, (uint32_t)pt);
-            kvt__ghost_prefetch(&c->ghost[0], next.lo);
-            if (arc) kvt__ghost_prefetch(&c->ghost[1], next.lo);
+            next = kvt__radix_key_next(c->tree, prev, tokens + (k + 1) * pt);
+            kvt__ghost_prefetch(&c->ghost[0], next);
+            if (arc) kvt__ghost_prefetch(&c->ghost[1], next);
         }
-        if (kvt__ghost_take(&c->ghost[0], prev.lo)) {
+        if (kvt__ghost_take(&c->ghost[0], prev)) {
             if (arc) arc_adapt(c, 0);
-        } else if (arc && kvt__ghost_take(&c->ghost[1], prev.lo)) {
+        } else if (arc && kvt__ghost_take(&c->ghost[1], prev)) {
             arc_adapt(c, 1);
         } else {
             break;

@@ -67,6 +67,11 @@ static int check_node(walk_t *w, const kvt_rnode_t *n, const char **why) {
         kvt_hash128_t h = kvt_page_hash(&prev, n->ns, n->tokens + (size_t)i * r->page_tokens, r->page_tokens);
         if (h.lo != n->hash[i].lo || h.hi != n->hash[i].hi) FAIL("stale page hash");
     }
+    if (r->page_keys != (n->key != NULL)) FAIL("page keys kept where the tree keeps none, or missing");
+    for (uint32_t i = 0; n->key && i < n->npages; i++) {
+        uint64_t prev = i > 0 ? n->key[i - 1] : kvt__radix_key_below(r, p, n->ns);
+        if (n->key[i] != kvt__radix_key_next(r, prev, n->tokens + (size_t)i * r->page_tokens)) FAIL("stale page key");
+    }
     if (n->digest != XXH3_64bits(n->tokens, r->page_tokens * sizeof(int32_t))) FAIL("stale first-page digest");
     if (kvt__cm_find(r, kvt__cm_hash(p, n->ns, n->digest), p, n->ns, n->tokens) != n)
         FAIL("the child map does not find the node");

@@ -26,6 +26,7 @@ struct kvt_rnode {
     int32_t *tokens;          /* npages * page_tokens */
     kvt_page_t *pages;        /* npages */
     kvt_hash128_t *hash;      /* lazily computed page hashes, [0, nhash) valid */
+    uint64_t *key;            /* page keys, [0, npages) valid; NULL unless the tree keeps them */
     uint32_t npages, cap;     /* pages, and pages the arrays have room for */
     uint32_t n_l1;            /* leading pages resident in L1 (complete) */
     uint32_t n_shadow;        /* pages in [0, n_l1) with a valid L2 copy */
@@ -60,9 +61,29 @@ typedef struct kvt__radix_config {
     uint64_t l1_pages, l2_pages; /* sizes of the page id spaces (reverse maps) */
     kvt__score_fn score;
     void *score_ctx;
+    bool page_keys;              /* keep a page key for every page (kvt__radix_page_key) */
 } kvt__radix_config_t;
 
 int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg);
+
+/* Page keys: a 64-bit name for a page and every page before it on its path,
+ * for the policy's ghosts (the page hash, kvt_radix_page_hash, names the same
+ * thing in 128 bits for stores, but its chain is one XXH3-128 per page, each
+ * waiting on the last). A key chains the page's own XXH3-64, which needs
+ * nothing before it, through one multiply-mix:
+ *
+ *   key(page i) = mix(key(page i-1) + XXH3-64(tokens of page i))
+ *   key before the first page = mix(namespace + K)
+ *
+ * mix is bijective, so two paths that agree from a page on and differ before
+ * it never share a key there (but for a 64-bit digest collision). A tree made
+ * with page_keys computes them as pages are inserted: O(1) to read. */
+uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx);
+/* The key before the first page below `at` in namespace ns (at's last page's
+ * key, or the namespace's seed below the root), and the key of the page after
+ * one keyed `prev`. */
+uint64_t kvt__radix_key_below(const kvt_radix_t *r, const kvt_rnode_t *at, uint32_t ns);
+uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t *page);
 void kvt__radix_destroy(kvt_radix_t *r);
 kvt_rnode_t *kvt__radix_root(kvt_radix_t *r);
 

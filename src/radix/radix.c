@@ -102,9 +102,11 @@ static kvt_rnode_t *node_new(kvt_radix_t *r, uint32_t cap) {
     memset(n, 0, sizeof(*n));
     n->tokens = kvt__pool_alloc(r, (size_t)cap * r->page_tokens * sizeof(int32_t));
     n->pages = kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_page_t));
-    if (n->tokens == NULL || n->pages == NULL) {
+    if (r->page_keys) n->key = kvt__pool_alloc(r, (size_t)cap * sizeof(uint64_t));
+    if (n->tokens == NULL || n->pages == NULL || (r->page_keys && n->key == NULL)) {
         kvt__pool_free(r, n->tokens, (size_t)cap * r->page_tokens * sizeof(int32_t));
         kvt__pool_free(r, n->pages, (size_t)cap * sizeof(kvt_page_t));
+        kvt__pool_free(r, n->key, (size_t)cap * sizeof(uint64_t));
         kvt__radix_free(r, n, sizeof(*n));
         return NULL;
     }
@@ -117,6 +119,7 @@ static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
     kvt__pool_free(r, n->tokens, (size_t)n->cap * r->page_tokens * sizeof(int32_t));
     kvt__pool_free(r, n->pages, (size_t)n->cap * sizeof(kvt_page_t));
     kvt__pool_free(r, n->hash, (size_t)n->cap * sizeof(kvt_hash128_t));
+    kvt__pool_free(r, n->key, (size_t)n->cap * sizeof(uint64_t));
     kvt__radix_free(r, n, sizeof(*n));
 }
 
@@ -154,6 +157,7 @@ int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg) {
     if (r == NULL) return KVT_ENOMEM;
     r->bytes = sizeof(*r);
     r->page_tokens = cfg->page_tokens;
+    r->page_keys = cfg->page_keys;
     r->l1_pages = cfg->l1_pages;
     r->l2_pages = cfg->l2_pages;
     r->score = cfg->score;
@@ -216,6 +220,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     /* the head: first k pages */
     memcpy(h->tokens, c->tokens, (size_t)k * pt * sizeof(int32_t));
     memcpy(h->pages, c->pages, k * sizeof(kvt_page_t));
+    if (c->key) memcpy(h->key, c->key, k * sizeof(uint64_t));
     h->npages = k;
     h->nhash = hk;
     h->n_l1 = c->n_l1 < k ? c->n_l1 : k;
@@ -239,6 +244,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     /* the tail stays in c */
     memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
     memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
+    if (c->key) memmove(c->key, c->key + k, tail * sizeof(uint64_t));
     if (c->nhash > k) memmove(c->hash, c->hash + k, (c->nhash - k) * sizeof(kvt_hash128_t));
     c->nhash = c->nhash > k ? c->nhash - k : 0;
     c->npages = tail;
@@ -316,6 +322,10 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     kvt_rnode_t *n = node_new(r, (uint32_t)npages);
     if (n == NULL) return KVT_ENOMEM;
     memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
+    if (n->key) { /* the first page's digest is the child map's */
+        uint64_t k = n->key[0] = kvt__key_mix(kvt__radix_key_below(r, at, ns) + digest);
+        for (uint32_t i = 1; i < npages; i++) n->key[i] = k = kvt__radix_key_next(r, k, tokens + (size_t)i * r->page_tokens);
+    }
     for (uint32_t i = 0; i < npages; i++) {
         if (l1_ids) {
             KVT_ASSERT(l1_ids[i] < r->l1_pages && r->l1map[l1_ids[i]].node == NULL);
@@ -523,7 +533,20 @@ bool kvt__radix_locate_l2(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, ui
     return true;
 }
 
-/* ---- page hashes ------------------------------------------------------------ */
+/* ---- page keys and hashes -------------------------------------------------- */
+
+uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx) {
+    KVT_ASSERT(n->key != NULL && idx < n->npages);
+    return n->key[idx];
+}
+
+uint64_t kvt__radix_key_below(const kvt_radix_t *r, const kvt_rnode_t *at, uint32_t ns) {
+    return at == &r->root ? kvt__key_mix((uint64_t)ns + 0x6b767469657231ull) : kvt__radix_page_key(at, at->npages - 1);
+}
+
+uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t *page) {
+    return kvt__key_mix(prev + page_digest(r, page));
+}
 
 /* Hashes of n's pages up to and including `upto`. */
 static int ensure_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t upto) {

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "kvtier/rng.h"
 #include "kvtier/error.h"
 #include "radix/radix-impl.h"
@@ -105,6 +107,21 @@ static mpage_t *model_of(model_t *m, kvt_radix_t *r, kvt_rnode_t *n, uint32_t id
     return mfind(m, n->ns, tok, k);
 }
 
+/* The page key of a model page, from its prefix's tokens by the chain that
+ * radix-int.h documents: mix(ns + K), then mix(key + XXH3-64(page)) per page,
+ * mix being splitmix64's finaliser. */
+static uint64_t splitmix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static uint64_t mkey(const mpage_t *p) {
+    uint64_t k = splitmix(p->ns + 0x6b767469657231ull);
+    for (uint32_t i = 0; i < p->k; i++) k = splitmix(k + XXH3_64bits(p->tok + i * PT, PT * sizeof(int32_t)));
+    return k;
+}
+
 static void compare(model_t *m, kvt_radix_t *r, const char *ctx) {
     const char *why = NULL;
     cr_assert_eq(kvt_radix_check(r, &why), KVT_OK, "%s: check: %s", ctx, why);
@@ -124,6 +141,7 @@ static void compare(model_t *m, kvt_radix_t *r, const char *ctx) {
         const kvt_page_t *t = &n->pages[idx];
         cr_assert(t->l1 == p->st.l1 && t->l2 == p->st.l2 && t->flags == p->st.flags,
                   "%s: page state (%u,%u,%u), model (%u,%u,%u)", ctx, t->l1, t->l2, t->flags, p->st.l1, p->st.l2, p->st.flags);
+        if (n->key) cr_assert_eq(kvt__radix_page_key(n, idx), mkey(p), "%s: a page key is not its prefix's", ctx);
     }
     cr_assert_eq(st.pages, pages, "%s: %" PRIu64 " pages in the tree, %u in the model", ctx, st.pages, pages);
 }
@@ -146,7 +164,7 @@ static void radix_fuzz(uint64_t seed, int steps) {
     kvt_rng_t rng;
     kvt_rng_seed(&rng, seed);
     kvt_radix_t *r;
-    kvt__radix_config_t cfg = {PT, IDS, IDS, lru, NULL};
+    kvt__radix_config_t cfg = {PT, IDS, IDS, lru, NULL, seed % 2 == 1}; /* odd seeds keep page keys */
     cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
     kvt_rnode_t *held[8];
     uint32_t nheld = 0;
@@ -319,7 +337,7 @@ Test(radix, model_fuzz, .timeout = 300) {
  * every array is an allocation of its own: held stays 0.) */
 Test(radix, pool_reuses_what_it_holds, .timeout = 120) {
     kvt_radix_t *r;
-    kvt__radix_config_t cfg = {4, 64, 64, lru, NULL};
+    kvt__radix_config_t cfg = {4, 64, 64, lru, NULL, false};
     cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
     enum { LIVE = 100, OPS = 400000 };
     static uint8_t *blk[LIVE];
@@ -367,7 +385,7 @@ Test(radix, pool_reuses_what_it_holds, .timeout = 120) {
 
 Test(radix, splits_keep_page_state) {
     kvt_radix_t *r;
-    kvt__radix_config_t cfg = {4, 64, 64, lru, NULL};
+    kvt__radix_config_t cfg = {4, 64, 64, lru, NULL, true};
     cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
     int32_t tok[16 * 4];
     for (int i = 0; i < 16 * 4; i++) tok[i] = i;
@@ -382,7 +400,9 @@ Test(radix, splits_keep_page_state) {
         kvt__radix_end_backup(r, n, i, true);
     }
     kvt_hash128_t before[16];
+    uint64_t key[16];
     for (uint32_t i = 0; i < 16; i++) cr_assert_eq(kvt_radix_page_hash(r, n, i, &before[i]), KVT_OK);
+    for (uint32_t i = 0; i < 16; i++) key[i] = kvt__radix_page_key(n, i);
     const uint32_t cuts[] = {9, 3, 12, 1, 6, 15, 2};
     for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
         cr_assert_eq(kvt__radix_match(r, 7, tok, cuts[c], 2 + c, &mt), KVT_OK);
@@ -397,6 +417,7 @@ Test(radix, splits_keep_page_state) {
             kvt_hash128_t h;
             cr_assert_eq(kvt_radix_page_hash(r, x, idx, &h), KVT_OK);
             cr_assert(h.lo == before[i].lo && h.hi == before[i].hi, "page %u hash changed by a split", i);
+            cr_assert_eq(kvt__radix_page_key(x, idx), key[i], "page %u key changed by a split", i);
         }
     }
     kvt_radix_stats_t st = {.size = sizeof(st)};
