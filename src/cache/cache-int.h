@@ -26,11 +26,13 @@ typedef struct kvt__ghost {
     uint64_t *table;    /* cuckoo buckets of 8 entries (a cache line): fingerprint << 32 | add number; 0: empty */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
     uint64_t *taken;    /* a bit per add number of the window: taken out or replaced */
-    size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 5, so 5 of 8 entries in use when full) */
+    size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 7, so 7 of 8 entries in use when full) */
     uint64_t now;       /* adds so far */
+    size_t pos;         /* now mod cap: the window bit of the next add (kept, not divided for) */
     size_t marks, live; /* marked bits of the window; keys remembered now */
     uint64_t overflows; /* keys forgotten early: no room within the cuckoo moves */
-    unsigned npend;     /* adds queued (their buckets prefetched), applied before any read */
+    unsigned npend;     /* adds queued (their buckets prefetched), applied before any read ... */
+    unsigned head;      /* ... in order from pend[head], a ring: each is applied KVT__GHOST_PEND adds later */
     uint64_t pend[KVT__GHOST_PEND];
 } kvt__ghost_t;
 

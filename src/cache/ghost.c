@@ -16,23 +16,24 @@
  *   entry live  <=>  fp matches and  now - seq <= cap      (now: adds so far)
  *
  * A lookup reads both lines (both loads issued at once, so it costs about one
- * miss). Adds are queued 16 at a time with their lines prefetched, so that an
- * eviction round's adds overlap their misses; any read applies the queue
- * first. An add takes a free or expired entry of either bucket; with both full
- * of live keys it moves a live key to its other bucket (cuckoo), at most 256
- * moves; the table is sized for 5 keys a bucket when full, where that always
- * succeeds in practice (a failure forgets the oldest key early, counted in
- * `overflows`, and is the one way this differs from an exact FIFO). `live` is
- * exact: a bitmap over the last `cap` add numbers marks those taken out (or
- * replaced, or forgotten early) while in the window, so live = keys added in
- * the window - marks.
+ * miss). An add prefetches its lines and goes in 16 adds later (a ring of
+ * pending adds), so that an eviction round's adds overlap their misses; any
+ * read applies the ring first. An add takes a free or expired entry of either
+ * bucket; with both full of live keys it moves a live key to its other bucket
+ * (cuckoo), at most 256 moves; the table is sized for 7 keys a bucket when
+ * full (87.5 %, well under the ~98 % where two-choice 8-way cuckoo tables
+ * start to fail), where that always succeeds in practice (a failure forgets
+ * the oldest key early, counted in `overflows`, and is the one way this
+ * differs from an exact FIFO). `live` is exact: a bitmap over the last `cap`
+ * add numbers marks those taken out (or replaced, or forgotten early) while in
+ * the window, so live = keys added in the window - marks.
  *
  * A false "present" needs the fingerprint and one of two bucket numbers to
  * match, ~50 bits of a 64-bit hash: about one in 10^9 lookups. Add numbers
  * are 32 bits; a sweep every 2^30 adds clears expired entries, so no stored
  * number is ever 2^31 adds old (cap <= 2^29).
  *
- * Memory: a bucket (64 bytes) per 5 keys, 13 bytes a key, on huge pages
+ * Memory: a bucket (64 bytes) per 7 keys, 9.1 bytes a key, on huge pages
  * (every access is random: 4 KiB pages would miss the TLB too), and one bit
  * per key of the window; the ring-and-index ghost it replaced took 24-40.
  * Every operation reads two cache lines in parallel; O(1) expected.
@@ -47,7 +48,7 @@
 #include "../core/mem-int.h"
 
 #define WAYS 8
-#define KEYS_PER_BUCKET 5 /* the table's load when full: 5 of 8 entries */
+#define KEYS_PER_BUCKET 7 /* the table's load when full: 7 of 8 entries */
 #define GHOST_CAP_MAX (1u << 29)
 #define SWEEP_EVERY (1ull << 30)
 #define KICKS_MAX 256
@@ -112,17 +113,16 @@ void kvt__ghost_fini(kvt__ghost_t *g) {
 
 /* Marks live entry e as gone from the window (taken, replaced or forgotten early). */
 static inline void mark_taken(kvt__ghost_t *g, uint64_t e) {
-    uint64_t bit = (g->now - age_of(g, e)) % g->cap;
+    uint32_t age = age_of(g, e); /* in [0, cap] (0: the key being added): its add number is now - age, its bit (pos - age) mod cap */
+    uint64_t bit = g->pos >= age ? g->pos - age : g->pos + g->cap - age;
     g->taken[bit / 64] |= 1ull << (bit % 64);
     g->marks++;
 }
 
 static inline void count_live(kvt__ghost_t *g) { g->live = (g->now < g->cap ? g->now : g->cap) - g->marks; }
 
-/* The live entry of key, or NULL. */
-static uint64_t *find(const kvt__ghost_t *g, uint64_t key) {
-    uint32_t fp = fp_of(key);
-    size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
+/* The live entry of fingerprint fp in buckets b1, b2 (a key's), or NULL. */
+static uint64_t *find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1, size_t b2) {
     uint64_t *x = bucket(g, b1), *y = bucket(g, b2);
     __builtin_prefetch(y); /* the two misses overlap */
     for (int w = 0; w < WAYS; w++)
@@ -132,6 +132,13 @@ static uint64_t *find(const kvt__ghost_t *g, uint64_t key) {
     return NULL;
 }
 
+/* The live entry of key, or NULL. */
+static uint64_t *find(const kvt__ghost_t *g, uint64_t key) {
+    uint32_t fp = fp_of(key);
+    size_t b1 = b1_of(g, key);
+    return find_in(g, fp, b1, alt_of(g, b1, fp));
+}
+
 static void add_now(kvt__ghost_t *g, uint64_t key);
 
 /* Applies the adds queued by kvt__ghost_add, in order. Reads of the ghost
@@ -139,8 +146,7 @@ static void add_now(kvt__ghost_t *g, uint64_t key);
  * the same calls give the same answers. (It changes the representation, not
  * what the ghost holds: hence the casts from const in the readers.) */
 static void flush(kvt__ghost_t *g) {
-    for (unsigned i = 0; i < g->npend; i++) add_now(g, g->pend[i]);
-    g->npend = 0;
+    for (; g->npend; g->npend--, g->head = (g->head + 1) % KVT__GHOST_PEND) add_now(g, g->pend[g->head]);
 }
 
 bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key) {
@@ -191,34 +197,40 @@ void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
 }
 
 /* Queues the add: the key's two buckets are prefetched now and the add is
- * made when the queue is full or the ghost is next read, so that the cache
- * misses of a run of adds (an eviction round's pages) overlap. */
+ * made KVT__GHOST_PEND adds later (a ring: each add goes in as a new one
+ * comes, so every key's lines had as long to arrive), or when the ghost is
+ * next read, so that the cache misses of a run of adds (an eviction round's
+ * pages) overlap. */
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return;
     size_t b1 = b1_of(g, key);
     __builtin_prefetch(bucket(g, b1), 1);
     __builtin_prefetch(bucket(g, alt_of(g, b1, fp_of(key))), 1);
-    g->pend[g->npend++] = key;
-    if (g->npend == KVT__GHOST_PEND) flush(g);
+    if (g->npend == KVT__GHOST_PEND) { /* the oldest, prefetched KVT__GHOST_PEND adds ago, goes in */
+        add_now(g, g->pend[g->head]);
+        g->head = (g->head + 1) % KVT__GHOST_PEND;
+        g->npend--;
+    }
+    g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = key;
 }
 
 static void add_now(kvt__ghost_t *g, uint64_t key) {
-    uint64_t *old = find(g, key);
+    uint32_t fp = fp_of(key);
+    size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
+    uint64_t *old = find_in(g, fp, b1, b2);
     if (old) { /* a newer copy replaces the older one */
         mark_taken(g, *old);
         *old = 0;
     }
     /* add number now - cap leaves the window with this add (its bit is the new key's) */
     if (g->now >= g->cap) {
-        uint64_t bit = g->now % g->cap;
+        uint64_t bit = g->pos;
         if (g->taken[bit / 64] & (1ull << (bit % 64))) {
             g->taken[bit / 64] &= ~(1ull << (bit % 64));
             g->marks--;
         }
     }
-    uint32_t fp = fp_of(key);
     uint64_t carry = (uint64_t)fp << 32 | (uint32_t)g->now;
-    size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
     uint64_t *slot = room_in(g, b1);
     if (!slot) slot = room_in(g, b2);
     if (slot) {
@@ -242,6 +254,7 @@ static void add_now(kvt__ghost_t *g, uint64_t key) {
         }
     }
     g->now++;
+    if (++g->pos == g->cap) g->pos = 0;
     count_live(g);
     if (g->now % SWEEP_EVERY == 0) sweep(g);
 }
