@@ -15,7 +15,7 @@
  *   s2lru     second-hit LRU: class (seen once before seen again), then last
  *             access. A page is "seen again" (protected, for good) when it is
  *             matched while cached; when it comes back while a ghost of
- *             recently evicted pages still remembers its chained hash; or
+ *             recently evicted pages still remembers its page key; or
  *             when it extends a sequence whose cached end had no children (a
  *             conversation's next turn). The ghost holds 4 x the cache's
  *             pages, FIFO. On the Mooncake trace, reuse after a first reuse
