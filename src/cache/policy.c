@@ -49,6 +49,7 @@
 #define S2LRU_GHOST_FACTOR 4     /* s2lru ghost entries per cached page */
 #define ARC_GHOST_FACTOR 2       /* arc: entries per cached page, each ghost */
 #define GHOST_MAX (1u << 22)
+#define PREFETCH_PAGES 8        /* ghost lookups prefetched ahead in the protected-prefix walk */
 
 static const char *const NAMES[] = {
 #define KVT_POLICY_NAME_(e, name, desc) name,
@@ -169,24 +170,29 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     /* s2lru: the next turn of a cached sequence starts protected. (arc learns
      * better without this: on chat traces, last turns never come back.) */
     if (c->cfg.policy == KVT_POLICY_S2LRU && at != root && children == 0) return npages;
-    uint64_t k = 0, pt = c->cfg.page_tokens;
+    uint64_t pt = c->cfg.page_tokens, k = 0;
     bool arc = c->cfg.policy == KVT_POLICY_ARC;
-    uint64_t prev, next = kvt__radix_key_below(c->tree, at, ns);
-    if (npages) {
-        next = kvt__radix_key_next(c->tree, next, tokens);
-        kvt__ghost_prefetch(&c->ghost[0], next);
-        if (arc) kvt__ghost_prefetch(&c->ghost[1], next);
+    /* The walk reads one page's buckets after another, and runs of remembered
+     * pages are long (a document coming back): the keys of the next
+     * PREFETCH_PAGES pages are computed and their buckets prefetched ahead,
+     * in a ring, so that the walk's misses overlap. */
+    uint64_t ring[PREFETCH_PAGES], key = kvt__radix_key_below(c->tree, at, ns);
+    uint64_t ahead = npages < PREFETCH_PAGES ? npages : PREFETCH_PAGES;
+    for (uint64_t j = 0; j < ahead; j++) {
+        ring[j] = key = kvt__radix_key_next(c->tree, key, tokens + j * pt);
+        kvt__ghost_prefetch(&c->ghost[0], key);
+        if (arc) kvt__ghost_prefetch(&c->ghost[1], key);
     }
     for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
-        prev = next;
-        if (k + 1 < npages) { /* the next page's buckets are on their way while this one is looked up */
-            next = kvt__radix_key_next(c->tree, prev, tokens + (k + 1) * pt);
-            kvt__ghost_prefetch(&c->ghost[0], next);
-            if (arc) kvt__ghost_prefetch(&c->ghost[1], next);
+        uint64_t cur = ring[k % PREFETCH_PAGES];
+        if (k + PREFETCH_PAGES < npages) { /* key is the last computed, page k + PREFETCH_PAGES - 1's */
+            ring[k % PREFETCH_PAGES] = key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt);
+            kvt__ghost_prefetch(&c->ghost[0], key);
+            if (arc) kvt__ghost_prefetch(&c->ghost[1], key);
         }
-        if (kvt__ghost_take(&c->ghost[0], prev)) {
+        if (kvt__ghost_take(&c->ghost[0], cur)) {
             if (arc) arc_adapt(c, 0);
-        } else if (arc && kvt__ghost_take(&c->ghost[1], prev)) {
+        } else if (arc && kvt__ghost_take(&c->ghost[1], cur)) {
             arc_adapt(c, 1);
         } else {
             break;
