@@ -52,7 +52,7 @@ struct kvt_radix {
     bool page_keys; /* nodes keep page keys */
     kvt_rnode_t root;
     uint64_t next_seq;
-    uint64_t nodes, splits;
+    uint64_t nodes, splits, shrinks; /* shrinks: nodes whose arrays moved to smaller blocks */
     int64_t bytes; /* everything the tree allocated */
     kvt__childmap_t cm;
     kvt__vheap_t heap[KVT_VSET_COUNT];

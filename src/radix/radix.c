@@ -123,6 +123,42 @@ static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
     kvt__radix_free(r, n, sizeof(*n));
 }
 
+/* A node whose arrays are at most half used (its tail trimmed away, or split
+ * off) moves them to blocks of its size, so that the pool can give the rest
+ * to other nodes: each page is copied at most about once per halving, O(1) a
+ * trimmed page amortised. Without memory for the smaller blocks the node keeps
+ * what it has (nothing changes). */
+static void shrink(kvt_radix_t *r, kvt_rnode_t *n) {
+    if (n->npages == 0 || n->npages > n->cap / 2) return;
+    uint32_t cap = n->npages, old = n->cap;
+    size_t tb = (size_t)r->page_tokens * sizeof(int32_t);
+    int32_t *t = kvt__pool_alloc(r, cap * tb);
+    kvt_page_t *p = kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_page_t));
+    uint64_t *k = n->key ? kvt__pool_alloc(r, (size_t)cap * sizeof(uint64_t)) : NULL;
+    kvt_hash128_t *h = n->hash ? kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_hash128_t)) : NULL;
+    if (t == NULL || p == NULL || (n->key && k == NULL) || (n->hash && h == NULL)) {
+        kvt__pool_free(r, t, cap * tb);
+        kvt__pool_free(r, p, (size_t)cap * sizeof(kvt_page_t));
+        kvt__pool_free(r, k, (size_t)cap * sizeof(uint64_t));
+        kvt__pool_free(r, h, (size_t)cap * sizeof(kvt_hash128_t));
+        return;
+    }
+    memcpy(t, n->tokens, cap * tb);
+    memcpy(p, n->pages, (size_t)cap * sizeof(kvt_page_t));
+    if (k) memcpy(k, n->key, (size_t)cap * sizeof(uint64_t));
+    if (h) memcpy(h, n->hash, (size_t)n->nhash * sizeof(kvt_hash128_t));
+    kvt__pool_free(r, n->tokens, old * tb);
+    kvt__pool_free(r, n->pages, (size_t)old * sizeof(kvt_page_t));
+    kvt__pool_free(r, n->key, (size_t)old * sizeof(uint64_t));
+    kvt__pool_free(r, n->hash, (size_t)old * sizeof(kvt_hash128_t));
+    n->tokens = t;
+    n->pages = p;
+    n->key = k;
+    n->hash = h;
+    n->cap = cap;
+    r->shrinks++;
+}
+
 static void link_child(kvt_rnode_t *parent, kvt_rnode_t *c) {
     c->parent = parent;
     c->prev_sibling = NULL;
@@ -262,6 +298,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     h->l1_children = c->n_l1 > 0;
     kvt__cm_replace(r, old_h, c, h);
     kvt__cm_insert(r, kvt__cm_hash(h, c->ns, c->digest), c);
+    shrink(r, c);
     for (uint32_t i = 0; i < h->npages; i++) map_page(r, h, i);
     for (uint32_t i = 0; i < c->npages; i++) map_page(r, c, i);
     r->nodes++;
@@ -411,6 +448,7 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     n->npages--;
     if (n->nhash > n->npages) n->nhash = n->npages;
     if (n->npages > 0) {
+        shrink(r, n);
         kvt__vheap_membership(r, n);
         return pg;
     }

@@ -20,6 +20,7 @@
 
 #include "kvtier/rng.h"
 #include "kvtier/error.h"
+#include "core/mem-int.h"
 #include "radix/radix-impl.h"
 #include "radix/radix-int.h"
 
@@ -425,5 +426,66 @@ Test(radix, splits_keep_page_state) {
     cr_assert_eq(st.nodes, 8);
     cr_assert_eq(st.splits, 7);
     cr_assert_eq(st.shadow_pages, 6);
+    kvt__radix_destroy(r);
+}
+
+/* A node trimmed to half its pages or fewer (or split so) moves its arrays to
+ * blocks of its size: trim a 1,000-page node to 1 page, one page at a time,
+ * and its capacity follows (at most twice its pages), every page left keeps
+ * its tokens, state and key, and the tree's bytes in use (held less what its
+ * pool holds free) fall with it. The first shrink is made to fail (no memory):
+ * the trim still happens and the node keeps its arrays. */
+static int fail_all(void *arg, const void *site) {
+    (void)site;
+    ++*(int *)arg;
+    return 1;
+}
+
+Test(radix, trims_give_memory_back) {
+    enum { N = 1000, T = 4 };
+    kvt_radix_t *r;
+    kvt__radix_config_t cfg = {T, N, N, lru, NULL, true};
+    cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
+    static int32_t tok[N * T];
+    static uint32_t ids[N];
+    static uint64_t key[N];
+    for (int i = 0; i < N * T; i++) tok[i] = i * 7 + 1;
+    for (uint32_t i = 0; i < N; i++) ids[i] = i;
+    kvt_rnode_t *n;
+    cr_assert_eq(kvt__radix_insert(r, kvt__radix_root(r), 0, tok, N, ids, 1, 0, &n), KVT_OK);
+    for (uint32_t i = 0; i < N; i++) key[i] = kvt__radix_page_key(n, i);
+    kvt_hash128_t h0;
+    cr_assert_eq(kvt_radix_page_hash(r, n, N / 3, &h0), KVT_OK); /* hashes computed for a third: they move too */
+    kvt_radix_stats_t full = {.size = sizeof(full)}, now = {.size = sizeof(now)};
+    kvt_radix_stats(r, &full);
+    for (uint32_t left = N - 1; left >= 1; left--) {
+        int refused = 0;
+        if (left == N / 2) kvt__mem_set_hook(fail_all, &refused);
+        kvt_page_t pg = kvt__radix_trim(r, n);
+        if (left == N / 2) {
+            kvt__mem_set_hook(NULL, NULL);
+            (void)kvt__mem_fail_fired(); /* disarm */
+            cr_assert_gt(refused, 0, "the shrink did not allocate");
+            cr_assert_eq(n->cap, N, "a shrink without memory changed the node");
+        }
+        cr_assert_eq(pg.l1, left);
+        cr_assert_eq(n->npages, left);
+        cr_assert_leq(n->cap, 2 * left, "%u pages in arrays of %u", left, n->cap);
+        if (left % 97 == 0 || left < 4) {
+            const char *why = NULL;
+            cr_assert_eq(kvt_radix_check(r, &why), KVT_OK, "%u pages: %s", left, why);
+            for (uint32_t i = 0; i < left; i++) {
+                cr_assert_eq(n->tokens[i * T], tok[i * T]);
+                cr_assert_eq(n->pages[i].l1, i);
+                cr_assert_eq(kvt__radix_page_key(n, i), key[i]);
+            }
+        }
+    }
+    kvt_hash128_t h;
+    cr_assert_eq(kvt_radix_page_hash(r, n, 0, &h), KVT_OK);
+    kvt_radix_stats(r, &now);
+    uint64_t before = full.metadata_bytes - full.pool_free_bytes, after = now.metadata_bytes - now.pool_free_bytes;
+    cr_assert_lt(after + N * (T * sizeof(int32_t) + sizeof(kvt_page_t)) * 9 / 10, before,
+                 "tree bytes in use %" PRIu64 " -> %" PRIu64, before, after);
     kvt__radix_destroy(r);
 }
