@@ -311,19 +311,29 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
 
 /* ---- match ----------------------------------------------------------------- */
 
+/* How many leading pages of a and b (n pages each) are equal. Long equal runs
+ * are the common case (a prefix hit), so they are compared SAME_RUN pages at a
+ * time, one memcmp each; the page that differs is then found page by page. */
+#define SAME_RUN 16
+static uint64_t same_pages(const int32_t *a, const int32_t *b, uint64_t n, uint32_t pt) {
+    size_t pbytes = pt * sizeof(int32_t);
+    uint64_t k = 0;
+    while (k + SAME_RUN <= n && memcmp(a + k * pt, b + k * pt, SAME_RUN * pbytes) == 0) k += SAME_RUN;
+    while (k < n && memcmp(a + k * pt, b + k * pt, pbytes) == 0) k++;
+    return k;
+}
+
 int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_t npages, uint64_t clock,
                      kvt__match_t *m) {
     uint32_t pt = r->page_tokens;
-    size_t pbytes = pt * sizeof(int32_t);
     kvt_rnode_t *n = &r->root;
     uint64_t done = 0;
     while (done < npages) {
         const int32_t *page = tokens + done * pt;
         kvt_rnode_t *c = kvt__cm_find(r, kvt__cm_hash(n, ns, page_digest(r, page)), n, ns, page);
         if (c == NULL) break;
-        uint32_t k = 1;
-        while (k < c->npages && done + k < npages && memcmp(c->tokens + (size_t)k * pt, page + (size_t)k * pt, pbytes) == 0)
-            k++;
+        uint64_t lim = npages - done < c->npages ? npages - done : c->npages;
+        uint32_t k = 1 + (uint32_t)same_pages(c->tokens + pt, page + pt, lim - 1, pt); /* the child map compared the first */
         if (k < c->npages) {
             int rc = split(r, c, k, &c);
             if (rc != KVT_OK) return rc;
