@@ -131,8 +131,10 @@ struct kvt_cache {
 void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
 
 /* copies.c */
-/* Folds v into the decision digest. */
-void kvt__cache_fold(kvt_cache_t *c, uint64_t v);
+/* Folds v into the decision digest: order-sensitive, so two caches fed the
+ * same calls agree on it only if they made the same decisions (CP ranks
+ * compare it). Inline: a fold per page id taken or given back. */
+static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest = (c->digest ^ v) * 0x100000001b3ull + 0x9e37; }
 /* A page id goes back to its allocator at the next flush. */
 void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);
 void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id);

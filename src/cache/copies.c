@@ -26,9 +26,6 @@
 #include "../core/mem-int.h"
 #include "../core/sort-int.h"
 
-/* The running digest: order-sensitive, so two caches fed the same calls
- * agree on it only if they made the same decisions (CP ranks compare it). */
-void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest = (c->digest ^ v) * 0x100000001b3ull + 0x9e37; }
 
 void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
     kvt__cache_fold(c, 1ull << 40 | id);
