@@ -40,7 +40,21 @@ struct kvt_laneal {
     kvt_extalloc_t **lane;
     uint64_t *dealt; /* pages each lane has been dealt, ever */
     uint64_t reserves, reserve_failures, frees;
+    void *scratch; /* the work arrays of reserve and free, kept between calls (a free of an eviction */
+    size_t scratch_bytes; /* round's pages needs ~32 B a page: a fresh allocation each time faulted it in anew) */
 };
+
+/* At least `bytes` of scratch, or NULL (no memory: the old scratch stays). */
+static void *scratch(kvt_laneal_t *la, size_t bytes) {
+    if (bytes <= la->scratch_bytes) return la->scratch;
+    size_t want = bytes > 2 * la->scratch_bytes ? bytes : 2 * la->scratch_bytes;
+    void *p = kvt__malloc(want);
+    if (p == NULL) return NULL;
+    kvt__free(la->scratch, la->scratch_bytes);
+    la->scratch = p;
+    la->scratch_bytes = want;
+    return p;
+}
 
 static uint64_t lane_pages(uint64_t npages, uint32_t lanes, uint32_t l) {
     return (npages - l + lanes - 1) / lanes;
@@ -75,6 +89,7 @@ void kvt_laneal_destroy(kvt_laneal_t *la) {
     for (uint32_t l = 0; l < la->lanes; l++) kvt_extalloc_destroy(la->lane[l]);
     kvt__free(la->lane, la->lanes * sizeof(*la->lane));
     kvt__free(la->dealt, la->lanes * sizeof(uint64_t));
+    kvt__free(la->scratch, la->scratch_bytes);
     KVT_DELETE(la);
 }
 
@@ -119,15 +134,16 @@ static bool plan_shares(const kvt_laneal_t *la, uint64_t n, uint64_t *share) {
 
 int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
     if (la == NULL || pages == NULL || n == 0) return KVT_EINVAL;
-    uint64_t *share = kvt__calloc(2 * (size_t)la->lanes, sizeof(uint64_t)), *first = share + la->lanes;
-    kvt_run_t *runs = kvt__malloc(n * sizeof(kvt_run_t));
-    int rc = share && runs ? KVT_OK : KVT_ENOMEM;
+    size_t sbytes = 2 * (size_t)la->lanes * sizeof(uint64_t);
+    uint64_t *share = n <= (SIZE_MAX - sbytes) / sizeof(kvt_run_t) ? scratch(la, sbytes + n * sizeof(kvt_run_t)) : NULL;
+    uint64_t *first = share ? share + la->lanes : NULL;
+    kvt_run_t *runs = share ? (kvt_run_t *)(void *)(share + 2 * (size_t)la->lanes) : NULL;
+    int rc = share ? KVT_OK : KVT_ENOMEM;
+    if (share) memset(share, 0, sbytes);
     if (rc == KVT_OK && !plan_shares(la, n, share)) rc = KVT_ENOSPC;
     for (uint32_t l = 0; l < la->lanes && rc == KVT_OK; l++)
         if (share[l] > 0) rc = kvt__extalloc_prepare_reserve(la->lane[l]);
     if (rc != KVT_OK) {
-        kvt__free(runs, n * sizeof(kvt_run_t));
-        kvt__free(share, 2 * (size_t)la->lanes * sizeof(uint64_t));
         la->reserve_failures++;
         return rc;
     }
@@ -151,8 +167,6 @@ int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
         if (--r->len == 0) first[l]++; /* the lane's next run */
         else r->start++;
     }
-    kvt__free(runs, n * sizeof(kvt_run_t));
-    kvt__free(share, 2 * (size_t)la->lanes * sizeof(uint64_t));
     la->next = (uint32_t)((la->next + n) % la->lanes);
     la->reserves++;
     return KVT_OK;
@@ -164,10 +178,12 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (pages[i] >= la->pages) return KVT_ERANGE;
     /* Sort (lane, local) pairs, then cut them into one run list per lane. */
-    uint64_t *keys = kvt__malloc(2 * n * sizeof(uint64_t));
-    kvt__free_plan_t *runs = kvt__malloc(n * sizeof(*runs));
-    size_t *first = kvt__calloc((size_t)la->lanes + 1, sizeof(size_t));
-    int rc = (keys && runs && first) ? KVT_OK : KVT_ENOMEM;
+    size_t per = 2 * sizeof(uint64_t) + sizeof(kvt__free_plan_t), counts = (2 * (size_t)la->lanes + 1) * sizeof(size_t);
+    uint64_t *keys = n <= (SIZE_MAX - counts) / per ? scratch(la, n * per + counts) : NULL;
+    kvt__free_plan_t *runs = keys ? (kvt__free_plan_t *)(void *)(keys + 2 * n) : NULL;
+    size_t *first = keys ? (size_t *)(void *)(runs + n) : NULL, *merged = first ? first + la->lanes + 1 : NULL;
+    int rc = keys ? KVT_OK : KVT_ENOMEM;
+    if (rc == KVT_OK) memset(first, 0, counts); /* first and merged */
     if (rc == KVT_OK) {
         /* key: lane above the local page's bits (the lane's pages below it) */
         unsigned lbits = kvt__bits_of(kvt_lane_local(la->pages - 1, la->lanes)), kbits = lbits + kvt__bits_of(la->lanes - 1);
@@ -185,8 +201,6 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     }
     /* Validate and prepare every lane before freeing on any. Touching runs
      * merge in place; `merged[l]` counts lane l's runs after merging. */
-    size_t *merged = rc == KVT_OK ? kvt__calloc(la->lanes, sizeof(size_t)) : NULL;
-    if (rc == KVT_OK && merged == NULL) rc = KVT_ENOMEM;
     for (uint32_t l = 0; l < la->lanes && rc == KVT_OK; l++) {
         size_t cnt = first[l + 1] - first[l];
         if (cnt == 0) continue;
@@ -198,10 +212,6 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
             if (merged[l]) kvt__extalloc_free_apply(la->lane[l], &runs[first[l]], merged[l]);
         la->frees++;
     }
-    kvt__free(merged, la->lanes * sizeof(size_t));
-    kvt__free(first, ((size_t)la->lanes + 1) * sizeof(size_t));
-    kvt__free(runs, n * sizeof(*runs));
-    kvt__free(keys, 2 * n * sizeof(uint64_t));
     return rc;
 }
 
@@ -214,7 +224,7 @@ int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *out) {
     st->lane_free_min = UINT64_MAX;
     st->lane_free_max = 0;
     st->next_lane = la->next;
-    st->metadata_bytes = sizeof(*la) + la->lanes * (sizeof(*la->lane) + sizeof(*la->dealt));
+    st->metadata_bytes = sizeof(*la) + la->lanes * (sizeof(*la->lane) + sizeof(*la->dealt)) + la->scratch_bytes;
     for (uint32_t l = 0; l < la->lanes; l++) {
         kvt_extalloc_stats_t es = {.size = sizeof(es)};
         kvt_extalloc_stats(la->lane[l], &es);

@@ -353,10 +353,10 @@ Test(cache, failed_allocations_leave_it_consistent, .timeout = 120) {
     stream_reset(&s, 5);
     kvt_cache_t *c = make_cache(150, 300, 0.05, 0.05, KVT_POLICY_SLRU, KVT_WRITE_THROUGH);
     int refused = 0, fired = 0;
-    for (uint64_t t = 0; t < 1200; t++) {
+    for (uint64_t t = 0; t < 1600; t++) {
         uint32_t n = next_request(&s, q);
         kvt_cache_req_t req;
-        kvt__mem_fail_nth(1 + t % 24); /* every allocation point of an admission, in turn */
+        kvt__mem_fail_nth(1 + t % 16); /* every allocation point of an admission, in turn (at most ~13 since the allocators keep their work arrays) */
         int rc = kvt_cache_admit(c, 0, q, (uint64_t)n * PT, 0, NULL, &req);
         fired += kvt__mem_fail_fired();
         kvt__mem_fail_nth(0);
