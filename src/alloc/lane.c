@@ -40,9 +40,14 @@ struct kvt_laneal {
     kvt_extalloc_t **lane;
     uint64_t *dealt; /* pages each lane has been dealt, ever */
     uint64_t reserves, reserve_failures, frees;
-    void *scratch; /* the work arrays of reserve and free, kept between calls (a free of an eviction */
-    size_t scratch_bytes; /* round's pages needs ~32 B a page: a fresh allocation each time faulted it in anew) */
+    void *scratch; /* the work arrays of reserve and free, kept between calls up to SCRATCH_KEEP (a free */
+    size_t scratch_bytes; /* of an eviction round's pages needs ~40 B a page: allocated afresh each time, it was faulted in anew) */
 };
+
+/* Scratch is kept up to this size between calls; a larger call's goes back
+ * when the call returns (a free of a whole large cache would otherwise keep
+ * ~40 B a page for good). */
+#define SCRATCH_KEEP (4u << 20)
 
 /* At least `bytes` of scratch, or NULL (no memory: the old scratch stays). */
 static void *scratch(kvt_laneal_t *la, size_t bytes) {
@@ -54,6 +59,16 @@ static void *scratch(kvt_laneal_t *la, size_t bytes) {
     la->scratch = p;
     la->scratch_bytes = want;
     return p;
+}
+
+/* Passes rc through, after giving back scratch over SCRATCH_KEEP. */
+static int scratch_done(kvt_laneal_t *la, int rc) {
+    if (la->scratch_bytes > SCRATCH_KEEP) {
+        kvt__free(la->scratch, la->scratch_bytes);
+        la->scratch = NULL;
+        la->scratch_bytes = 0;
+    }
+    return rc;
 }
 
 static uint64_t lane_pages(uint64_t npages, uint32_t lanes, uint32_t l) {
@@ -145,7 +160,7 @@ int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
         if (share[l] > 0) rc = kvt__extalloc_prepare_reserve(la->lane[l]);
     if (rc != KVT_OK) {
         la->reserve_failures++;
-        return rc;
+        return scratch_done(la, rc);
     }
     /* Reserve every lane's share (prepared: cannot fail), runs lane by lane. */
     size_t nruns = 0;
@@ -169,7 +184,7 @@ int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
     }
     la->next = (uint32_t)((la->next + n) % la->lanes);
     la->reserves++;
-    return KVT_OK;
+    return scratch_done(la, KVT_OK);
 }
 
 
@@ -212,7 +227,7 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
             if (merged[l]) kvt__extalloc_free_apply(la->lane[l], &runs[first[l]], merged[l]);
         la->frees++;
     }
-    return rc;
+    return scratch_done(la, rc);
 }
 
 int kvt_laneal_stats(const kvt_laneal_t *la, kvt_laneal_stats_t *out) {

@@ -334,3 +334,29 @@ Test(lane, large_frees_in_any_order) {
         free(p);
     }
 }
+
+/* Reserve and free keep their work arrays between calls, up to 4 MiB: a
+ * free of 300,000 pages (~12 MB of them) gives them back when it returns,
+ * so the allocator's metadata is at most 4 MiB over a fresh one's; a free of
+ * 1,000 keeps its arrays (the metadata stays above the fresh one's). */
+Test(lane, work_arrays_are_kept_up_to_4_mib) {
+    enum { PAGES = 400000 };
+    kvt_laneal_t *la;
+    cr_assert_eq(kvt_laneal_create(&la, PAGES, 4), KVT_OK);
+    kvt_laneal_stats_t fresh = {.size = sizeof(fresh)}, st = {.size = sizeof(st)};
+    kvt_laneal_stats(la, &fresh);
+    uint32_t *p = malloc(300000 * sizeof(uint32_t));
+    cr_assert_eq(kvt_laneal_reserve(la, 300000, p), KVT_OK);
+    cr_assert_eq(kvt_laneal_free(la, p, 300000), KVT_OK);
+    kvt_laneal_stats(la, &st);
+    cr_assert_leq(st.metadata_bytes, fresh.metadata_bytes + (4u << 20), "%" PRIu64 " B of metadata after a large free",
+                  st.metadata_bytes);
+    cr_assert_eq(kvt_laneal_reserve(la, 1000, p), KVT_OK);
+    cr_assert_eq(kvt_laneal_free(la, p, 1000), KVT_OK);
+    kvt_laneal_stats(la, &st);
+    cr_assert_gt(st.metadata_bytes, fresh.metadata_bytes + 1000 * 16, "a small call's work arrays are kept");
+    cr_assert_eq(st.free_pages, PAGES);
+    cr_assert_eq(kvt_laneal_check(la, NULL), KVT_OK);
+    free(p);
+    kvt_laneal_destroy(la);
+}
