@@ -141,12 +141,19 @@ static uint64_t *find(const kvt__ghost_t *g, uint64_t key) {
 
 static void add_now(kvt__ghost_t *g, uint64_t key);
 
+/* Makes the oldest queued add. */
+static void apply_oldest(kvt__ghost_t *g) {
+    add_now(g, g->pend[g->head]);
+    g->head = (g->head + 1) % KVT__GHOST_PEND;
+    g->npend--;
+}
+
 /* Applies the adds queued by kvt__ghost_add, in order. Reads of the ghost
  * (has, take, live) call it first, so the queue is invisible but for speed:
  * the same calls give the same answers. (It changes the representation, not
  * what the ghost holds: hence the casts from const in the readers.) */
 static void flush(kvt__ghost_t *g) {
-    for (; g->npend; g->npend--, g->head = (g->head + 1) % KVT__GHOST_PEND) add_now(g, g->pend[g->head]);
+    while (g->npend) apply_oldest(g);
 }
 
 bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key) {
@@ -206,11 +213,7 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     size_t b1 = b1_of(g, key);
     __builtin_prefetch(bucket(g, b1), 1);
     __builtin_prefetch(bucket(g, alt_of(g, b1, fp_of(key))), 1);
-    if (g->npend == KVT__GHOST_PEND) { /* the oldest, prefetched KVT__GHOST_PEND adds ago, goes in */
-        add_now(g, g->pend[g->head]);
-        g->head = (g->head + 1) % KVT__GHOST_PEND;
-        g->npend--;
-    }
+    if (g->npend == KVT__GHOST_PEND) apply_oldest(g); /* prefetched KVT__GHOST_PEND adds ago */
     g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = key;
 }
 

@@ -163,6 +163,12 @@ static void arc_adapt(kvt_cache_t *c, unsigned from) {
     c->arc_p = c->arc_p < 0 ? 0 : c->arc_p > cap ? cap : c->arc_p;
 }
 
+/* A lookup of key in the ghosts is coming: their buckets are fetched now. */
+static void prefetch_key(kvt_cache_t *c, bool arc, uint64_t key) {
+    kvt__ghost_prefetch(&c->ghost[0], key);
+    if (arc) kvt__ghost_prefetch(&c->ghost[1], key);
+}
+
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
                                       const int32_t *tokens, uint64_t npages) {
     if (!two_classes(c)) return 0;
@@ -180,15 +186,13 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     uint64_t ahead = npages < PREFETCH_PAGES ? npages : PREFETCH_PAGES;
     for (uint64_t j = 0; j < ahead; j++) {
         ring[j] = key = kvt__radix_key_next(c->tree, key, tokens + j * pt);
-        kvt__ghost_prefetch(&c->ghost[0], key);
-        if (arc) kvt__ghost_prefetch(&c->ghost[1], key);
+        prefetch_key(c, arc, key);
     }
     for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
         uint64_t cur = ring[k % PREFETCH_PAGES];
         if (k + PREFETCH_PAGES < npages) { /* key is the last computed, page k + PREFETCH_PAGES - 1's */
             ring[k % PREFETCH_PAGES] = key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt);
-            kvt__ghost_prefetch(&c->ghost[0], key);
-            if (arc) kvt__ghost_prefetch(&c->ghost[1], key);
+            prefetch_key(c, arc, key);
         }
         if (kvt__ghost_take(&c->ghost[0], cur)) {
             if (arc) arc_adapt(c, 0);

@@ -52,7 +52,7 @@ struct kvt_radix {
     bool page_keys; /* nodes keep page keys */
     kvt_rnode_t root;
     uint64_t next_seq;
-    uint64_t nodes, splits, shrinks; /* shrinks: nodes whose arrays moved to smaller blocks */
+    uint64_t nodes, splits;
     int64_t bytes; /* everything the tree allocated */
     kvt__childmap_t cm;
     kvt__vheap_t heap[KVT_VSET_COUNT];
@@ -73,14 +73,6 @@ void kvt__radix_free(kvt_radix_t *r, void *p, size_t size);
 void *kvt__pool_alloc(kvt_radix_t *r, size_t n);
 void kvt__pool_free(kvt_radix_t *r, void *b, size_t n);
 void kvt__pool_fini(kvt_radix_t *r);
-
-/* The page-key chain's step (radix.c). */
-static inline uint64_t kvt__key_mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 uint64_t kvt__cm_hash(const kvt_rnode_t *parent, uint32_t ns, uint64_t digest);
 int kvt__cm_reserve(kvt_radix_t *r, size_t extra); /* room for `extra` more entries */

@@ -75,7 +75,7 @@ int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg);
  *   key(page i) = mix(key(page i-1) + XXH3-64(tokens of page i))
  *   key before the first page = mix(namespace + K)
  *
- * mix is bijective, so two paths that agree from a page on and differ before
+ * mix is a splitmix64 step (core/mix-int.h), bijective, so two paths that agree from a page on and differ before
  * it never share a key there (but for a 64-bit digest collision). A tree made
  * with page_keys computes them as pages are inserted: O(1) to read. */
 uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx);

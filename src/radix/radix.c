@@ -47,6 +47,7 @@
 #include "radix-impl.h"
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
+#include "../core/mix-int.h"
 
 void *kvt__radix_alloc(kvt_radix_t *r, size_t size) {
     void *p = kvt__malloc(size);
@@ -94,6 +95,15 @@ static uint64_t page_digest(const kvt_radix_t *r, const int32_t *page) {
 
 /* ---- nodes ---------------------------------------------------------------- */
 
+/* A node's arrays, sized for cap pages, back to the pool (any may be NULL). */
+static void arrays_free(kvt_radix_t *r, int32_t *tokens, kvt_page_t *pages, uint64_t *key, kvt_hash128_t *hash,
+                        uint32_t cap) {
+    kvt__pool_free(r, tokens, (size_t)cap * r->page_tokens * sizeof(int32_t));
+    kvt__pool_free(r, pages, (size_t)cap * sizeof(kvt_page_t));
+    kvt__pool_free(r, key, (size_t)cap * sizeof(uint64_t));
+    kvt__pool_free(r, hash, (size_t)cap * sizeof(kvt_hash128_t));
+}
+
 /* A node with room for cap pages, or NULL. Reserves its place in the heaps. */
 static kvt_rnode_t *node_new(kvt_radix_t *r, uint32_t cap) {
     if (kvt__vheap_reserve(r, r->nodes + 1) != KVT_OK) return NULL;
@@ -104,9 +114,7 @@ static kvt_rnode_t *node_new(kvt_radix_t *r, uint32_t cap) {
     n->pages = kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_page_t));
     if (r->page_keys) n->key = kvt__pool_alloc(r, (size_t)cap * sizeof(uint64_t));
     if (n->tokens == NULL || n->pages == NULL || (r->page_keys && n->key == NULL)) {
-        kvt__pool_free(r, n->tokens, (size_t)cap * r->page_tokens * sizeof(int32_t));
-        kvt__pool_free(r, n->pages, (size_t)cap * sizeof(kvt_page_t));
-        kvt__pool_free(r, n->key, (size_t)cap * sizeof(uint64_t));
+        arrays_free(r, n->tokens, n->pages, n->key, NULL, cap);
         kvt__radix_free(r, n, sizeof(*n));
         return NULL;
     }
@@ -116,10 +124,7 @@ static kvt_rnode_t *node_new(kvt_radix_t *r, uint32_t cap) {
 }
 
 static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
-    kvt__pool_free(r, n->tokens, (size_t)n->cap * r->page_tokens * sizeof(int32_t));
-    kvt__pool_free(r, n->pages, (size_t)n->cap * sizeof(kvt_page_t));
-    kvt__pool_free(r, n->hash, (size_t)n->cap * sizeof(kvt_hash128_t));
-    kvt__pool_free(r, n->key, (size_t)n->cap * sizeof(uint64_t));
+    arrays_free(r, n->tokens, n->pages, n->key, n->hash, n->cap);
     kvt__radix_free(r, n, sizeof(*n));
 }
 
@@ -130,33 +135,26 @@ static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
  * what it has (nothing changes). */
 static void shrink(kvt_radix_t *r, kvt_rnode_t *n) {
     if (n->npages == 0 || n->npages > n->cap / 2) return;
-    uint32_t cap = n->npages, old = n->cap;
+    uint32_t cap = n->npages;
     size_t tb = (size_t)r->page_tokens * sizeof(int32_t);
     int32_t *t = kvt__pool_alloc(r, cap * tb);
     kvt_page_t *p = kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_page_t));
     uint64_t *k = n->key ? kvt__pool_alloc(r, (size_t)cap * sizeof(uint64_t)) : NULL;
     kvt_hash128_t *h = n->hash ? kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_hash128_t)) : NULL;
     if (t == NULL || p == NULL || (n->key && k == NULL) || (n->hash && h == NULL)) {
-        kvt__pool_free(r, t, cap * tb);
-        kvt__pool_free(r, p, (size_t)cap * sizeof(kvt_page_t));
-        kvt__pool_free(r, k, (size_t)cap * sizeof(uint64_t));
-        kvt__pool_free(r, h, (size_t)cap * sizeof(kvt_hash128_t));
+        arrays_free(r, t, p, k, h, cap);
         return;
     }
     memcpy(t, n->tokens, cap * tb);
     memcpy(p, n->pages, (size_t)cap * sizeof(kvt_page_t));
     if (k) memcpy(k, n->key, (size_t)cap * sizeof(uint64_t));
     if (h) memcpy(h, n->hash, (size_t)n->nhash * sizeof(kvt_hash128_t));
-    kvt__pool_free(r, n->tokens, old * tb);
-    kvt__pool_free(r, n->pages, (size_t)old * sizeof(kvt_page_t));
-    kvt__pool_free(r, n->key, (size_t)old * sizeof(uint64_t));
-    kvt__pool_free(r, n->hash, (size_t)old * sizeof(kvt_hash128_t));
+    arrays_free(r, n->tokens, n->pages, n->key, n->hash, n->cap);
     n->tokens = t;
     n->pages = p;
     n->key = k;
     n->hash = h;
     n->cap = cap;
-    r->shrinks++;
 }
 
 static void link_child(kvt_rnode_t *parent, kvt_rnode_t *c) {
@@ -370,7 +368,7 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     if (n == NULL) return KVT_ENOMEM;
     memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     if (n->key) { /* the first page's digest is the child map's */
-        uint64_t k = n->key[0] = kvt__key_mix(kvt__radix_key_below(r, at, ns) + digest);
+        uint64_t k = n->key[0] = kvt__splitmix64(kvt__radix_key_below(r, at, ns) + digest);
         for (uint32_t i = 1; i < npages; i++) n->key[i] = k = kvt__radix_key_next(r, k, tokens + (size_t)i * r->page_tokens);
     }
     for (uint32_t i = 0; i < npages; i++) {
@@ -589,11 +587,11 @@ uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx) {
 }
 
 uint64_t kvt__radix_key_below(const kvt_radix_t *r, const kvt_rnode_t *at, uint32_t ns) {
-    return at == &r->root ? kvt__key_mix((uint64_t)ns + 0x6b767469657231ull) : kvt__radix_page_key(at, at->npages - 1);
+    return at == &r->root ? kvt__splitmix64((uint64_t)ns + 0x6b767469657231ull) : kvt__radix_page_key(at, at->npages - 1);
 }
 
 uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t *page) {
-    return kvt__key_mix(prev + page_digest(r, page));
+    return kvt__splitmix64(prev + page_digest(r, page));
 }
 
 /* Hashes of n's pages up to and including `upto`. */

@@ -9,6 +9,7 @@
 #include "kvtier/error.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
+#include "../core/mix-int.h"
 
 static const char *const LAYOUTS[] = {"page_first", "layer_first"};
 static const char *const KINDS[] = {"arena", "cuda", "host", "shm", "tcp", "ucx", "engine"};
@@ -208,13 +209,6 @@ int kvt__host_read(const kvt_tier_t *t, void *dst, const void *src, size_t len) 
 
 /* ---- test pattern --------------------------------------------------------------- */
 
-static inline uint64_t splitmix(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static inline uint64_t pattern_seed(uint64_t lo, uint64_t hi, uint32_t layer) {
     return lo ^ ((hi << 17) | (hi >> 47)) ^ ((uint64_t)layer << 48);
 }
@@ -224,11 +218,11 @@ void kvt_pattern_fill(void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi,
     uint8_t *p = buf;
     size_t words = len / 8;
     for (size_t i = 0; i < words; i++) {
-        uint64_t w = splitmix(seed ^ i);
+        uint64_t w = kvt__splitmix64(seed ^ i);
         memcpy(p + 8 * i, &w, 8);
     }
     if (len % 8) {
-        uint64_t w = splitmix(seed ^ words);
+        uint64_t w = kvt__splitmix64(seed ^ words);
         memcpy(p + 8 * words, &w, len % 8);
     }
 }
@@ -240,10 +234,10 @@ bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t h
     for (size_t i = 0; i < words; i++) {
         uint64_t w;
         memcpy(&w, p + 8 * i, 8);
-        if (w != splitmix(seed ^ i)) return false;
+        if (w != kvt__splitmix64(seed ^ i)) return false;
     }
     if (len % 8) {
-        uint64_t w = splitmix(seed ^ words);
+        uint64_t w = kvt__splitmix64(seed ^ words);
         return memcmp(&w, p + 8 * words, len % 8) == 0;
     }
     return true;

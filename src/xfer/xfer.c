@@ -37,6 +37,7 @@
 #include "kvtier/error.h"
 #include "kvtier/xfer.h"
 #include "../core/mem-int.h"
+#include "../core/mix-int.h"
 #include "xfer-int.h"
 #include "copy-int.h"
 
@@ -125,12 +126,6 @@ void kvt_xfer_config_default(kvt_xfer_config_t *cfg) {
 
 /* ---- workers ------------------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* The fault (if any) for the next copy: KVT_EIO to fail; *delay set. */
 static int next_fault(kvt_xfer_t *x, uint64_t *delay) {
     *delay = 0;
@@ -142,9 +137,9 @@ static int next_fault(kvt_xfer_t *x, uint64_t *delay) {
     if (f->fail_nth && k == f->fail_nth) rc = KVT_EIO;
     if (f->delay_nth && k == f->delay_nth) *delay = f->delay_ns;
     if (f->fail_p > 0 || f->delay_p > 0) {
-        uint64_t r1 = mix64(f->seed ^ (k * 0x9e3779b97f4a7c15ull)), r2 = mix64(r1);
+        uint64_t r1 = kvt__mix64(f->seed ^ (k * 0x9e3779b97f4a7c15ull)), r2 = kvt__mix64(r1);
         if ((double)(r1 >> 11) * 0x1.0p-53 < f->fail_p) rc = KVT_EIO;
-        if ((double)(r2 >> 11) * 0x1.0p-53 < f->delay_p && f->delay_max_ns) *delay += mix64(r2) % f->delay_max_ns;
+        if ((double)(r2 >> 11) * 0x1.0p-53 < f->delay_p && f->delay_max_ns) *delay += kvt__mix64(r2) % f->delay_max_ns;
     }
     pthread_mutex_unlock(&x->fault_mu);
     return rc;
