@@ -23,13 +23,16 @@ typedef struct kvt__op {
 /* The ghost of pages that left the cache (ghost.c). */
 #define KVT__GHOST_PEND 16
 typedef struct kvt__ghost {
-    uint64_t *table;    /* cuckoo buckets of 8 entries (a cache line): fingerprint << 32 | add number; 0: empty */
+    uint32_t *table;    /* cuckoo buckets of 16 entries (a cache line): fingerprint << 8 | epoch tag; 0: empty */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
-    uint64_t *taken;    /* a bit per add number of the window: taken out or replaced */
-    size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 7, so 7 of 8 entries in use when full) */
-    uint64_t now;       /* adds so far */
-    size_t pos;         /* now mod cap: the window bit of the next add (kept, not divided for) */
-    size_t marks, live; /* marked bits of the window; keys remembered now */
+    size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 14, so 14 of 16 entries in use when full) */
+    unsigned epochs;    /* the window in epochs: min(64, cap) ... */
+    size_t len, fill;   /* ... of len adds each (ceil(cap / epochs)); adds made in the current one */
+    uint8_t tag;        /* the current epoch's tag (its number mod 256) */
+    size_t sweep_at;    /* the next bucket the sweep clears of expired entries ... */
+    size_t sweep_step;  /* ... sweep_step of them as each epoch begins (the table every 128 epochs) */
+    size_t live;        /* keys remembered now */
+    uint32_t count[256]; /* live entries by tag */
     uint64_t overflows; /* keys forgotten early: no room within the cuckoo moves */
     unsigned npend;     /* adds queued (their buckets prefetched), applied before any read ... */
     unsigned head;      /* ... in order from pend[head], a ring: each is applied KVT__GHOST_PEND adds later */

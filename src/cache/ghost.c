@@ -1,44 +1,57 @@
-/* The ghost: hashes of pages that recently left the cache, so that a page
- * coming back can be recognised as seen before. Semantically a FIFO of the
- * last `cap` keys added (a key taken out, or added again, leaves its old
+/* The ghost: keys of pages that recently left the cache, so that a page
+ * coming back can be recognised as seen before. Semantically a FIFO window of
+ * the last ~cap keys added (a key taken out, or added again, leaves its old
  * place); the question it answers is membership, and ARC also asks how many
  * keys it holds (`live`).
  *
- * Instead of a ring of keys and an index into it, a key's age is its add
- * number: a key is remembered while at most `cap` keys were added since it
- * was (itself included), so the FIFO's end needs no bookkeeping at all. Keys
- * live in a cuckoo table of buckets of one cache line, 8 entries of (32-bit
- * fingerprint, 32-bit add number); a key has two buckets, b1 from its hash
- * and b2 = (h(fingerprint) - b1) mod buckets, so an entry can move between
+ * Age is counted in epochs, a clock instead of a FIFO of full keys. Adds are
+ * numbered from 0 and add i falls in epoch i / len; after n adds, the key of
+ * add i is remembered while (n - 1) / len - i / len < E, with E = min(112,
+ * cap) epochs of len = 2 cap / (2E - 1) adds each (rounded; 1 when cap <=
+ * 112). So a key is remembered for between (E - 1) len + 1 and E len adds
+ * (itself included), cap on average: the window forgets its oldest keys an
+ * epoch (~cap / 112 keys) at a time, and for cap <= 112 it is the exact FIFO.
+ *
+ * Keys live in a cuckoo table of buckets of one cache line, 16 entries of 32
+ * bits, (fingerprint << 8 | the tag of the epoch of its add: the epoch's
+ * number mod 256); a key has two buckets, b1 from its hash and
+ * b2 = (h(fingerprint) - b1) mod buckets, so that an entry can move between
  * its two knowing only its fingerprint:
  *
- *   bucket b:  [fp|seq][fp|seq][0][fp|seq] ... 8 entries, 64 bytes
- *   entry live  <=>  fp matches and  now - seq <= cap      (now: adds so far)
+ *   bucket b:  [fp|tag][fp|tag][0][fp|tag] ... 16 entries, 64 bytes
+ *   entry live  <=>  entry != 0 and (tag now - tag) mod 256 < E
+ *
+ * One look at a bucket compares all 16 entries (SSE2: four an instruction).
+ * As each epoch begins, its oldest leaves the window and 1/128 of the table
+ * is swept of expired entries, so that no entry is still there 112 + 128 =
+ * 240 epochs after its own, before its tag comes round again (256). `live` is
+ * exact: a count per tag of the live entries holding it, the leaving epoch's
+ * count subtracted as it leaves.
  *
  * A lookup reads both lines (both loads issued at once, so it costs about one
  * miss). An add prefetches its lines and goes in 16 adds later (a ring of
  * pending adds), so that an eviction round's adds overlap their misses; any
  * read applies the ring first. An add takes a free or expired entry of either
  * bucket; with both full of live keys it moves a live key to its other bucket
- * (cuckoo), at most 256 moves; the table is sized for 7 keys a bucket when
- * full (87.5 %, well under the ~98 % where two-choice 8-way cuckoo tables
- * start to fail), where that always succeeds in practice (a failure forgets
- * the oldest key early, counted in `overflows`, and is the one way this
- * differs from an exact FIFO). `live` is exact: a bitmap over the last `cap`
- * add numbers marks those taken out (or replaced, or forgotten early) while in
- * the window, so live = keys added in the window - marks.
+ * (cuckoo), at most 256 moves; the table is sized for 14 keys a bucket when
+ * full (87.5 %, well under the ~99 % where two-choice 16-way cuckoo tables
+ * start to fail), where that always succeeds in practice (a failure forgets a
+ * key early, counted in `overflows`).
  *
- * A false "present" needs the fingerprint and one of two bucket numbers to
- * match, ~50 bits of a 64-bit hash: about one in 10^9 lookups. Add numbers
- * are 32 bits; a sweep every 2^30 adds clears expired entries, so no stored
- * number is ever 2^31 adds old (cap <= 2^29).
+ * Fingerprints are 24 bits of the key (odd: 0 is an empty entry), so a false
+ * "present" (a page taken for seen before) comes about once in 2 x 14 x 2^-23,
+ * 3.3e-6, lookups of absent keys at full load.
  *
- * Memory: a bucket (64 bytes) per 7 keys, 9.1 bytes a key, on huge pages
- * (every access is random: 4 KiB pages would miss the TLB too), and one bit
- * per key of the window; the ring-and-index ghost it replaced took 24-40.
- * Every operation reads two cache lines in parallel; O(1) expected.
+ * Memory: a bucket (64 bytes) per 14 keys, 4.6 bytes a key, on huge pages
+ * (every access is random: 4 KiB pages would miss the TLB too), plus 1 KiB of
+ * counts. The exact FIFO of (32-bit fingerprint, 32-bit add number) entries
+ * and a bit per add it replaced took 9.1 bytes a key; on the page-16 replay,
+ * halving the tables took `arc` from 1.43 to ~1.3 x `lru` (docs/benchmarks.md).
  */
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -47,10 +60,11 @@
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
 
-#define WAYS 8
-#define KEYS_PER_BUCKET 7 /* the table's load when full: 7 of 8 entries */
+#define WAYS 16
+#define KEYS_PER_BUCKET 14 /* the table's load when full: 14 of 16 entries */
+#define EPOCHS 112         /* the window, in epochs (fewer when cap is smaller) */
+#define SWEEP_EPOCHS 128   /* the whole table is swept this often: 112 + 128 < 256 tags */
 #define GHOST_CAP_MAX (1u << 29)
-#define SWEEP_EVERY (1ull << 30)
 #define KICKS_MAX 256
 #define ALIGN (2u << 20) /* a huge page */
 
@@ -59,8 +73,10 @@ static inline uint64_t mix(uint64_t k) {
     k *= 0xbf58476d1ce4e5b9ull;
     return k ^ (k >> 32);
 }
-static inline uint32_t fp_of(uint64_t key) { return (uint32_t)(key >> 32) | 1u; } /* never 0: 0 is an empty entry */
-static inline uint64_t *bucket(const kvt__ghost_t *g, size_t b) { return g->table + b * WAYS; }
+static inline uint32_t fp_of(uint64_t key) { return (uint32_t)(key >> 40) | 1u; } /* 24 bits, never 0: 0 is an empty entry */
+static inline uint32_t fp_in(uint32_t e) { return e >> 8; }
+static inline uint8_t tag_in(uint32_t e) { return (uint8_t)e; }
+static inline uint32_t *bucket(const kvt__ghost_t *g, size_t b) { return g->table + b * WAYS; }
 /* x's place in [0, nb): the high half of x * nb (no division, any nb). */
 static inline size_t reduce(uint64_t x, size_t nb) { return (size_t)(((unsigned __int128)x * nb) >> 64); }
 static inline size_t b1_of(const kvt__ghost_t *g, uint64_t key) { return reduce(mix(key), g->nb); }
@@ -70,12 +86,45 @@ static inline size_t alt_of(const kvt__ghost_t *g, size_t b, uint32_t fp) {
     size_t h = reduce(mix(fp * 0x9e3779b97f4a7c15ull), g->nb);
     return h >= b ? h - b : h + g->nb - b;
 }
-/* Adds since e was added (>= 1 between adds); e is remembered while that is <= cap. */
-static inline uint32_t age_of(const kvt__ghost_t *g, uint64_t e) { return (uint32_t)g->now - (uint32_t)e; }
-static inline bool live(const kvt__ghost_t *g, uint64_t e) { return e != 0 && age_of(g, e) - 1u < g->cap; }
+/* Epochs begun since e's own; e is remembered while that is < epochs. */
+static inline uint8_t age_of(const kvt__ghost_t *g, uint32_t e) { return (uint8_t)(g->tag - tag_in(e)); }
+static inline bool live(const kvt__ghost_t *g, uint32_t e) { return e != 0 && age_of(g, e) < g->epochs; }
+
+/* What one look at bucket x tells: which of its 16 entries are live, and
+ * which of those hold fingerprint fp (bit w: entry w). SSE2 compares four
+ * entries an instruction (every x86-64 has it); elsewhere, a plain loop. */
+typedef struct {
+    unsigned live, match;
+} look_t;
+
+static inline look_t look(const kvt__ghost_t *g, const uint32_t *x, uint32_t fp) {
+    look_t l = {0, 0};
+#if defined(__SSE2__)
+    const __m128i low = _mm_set1_epi32(0xff), tag = _mm_set1_epi32(g->tag), epochs = _mm_set1_epi32((int)g->epochs);
+    const __m128i want = _mm_set1_epi32((int)fp), zero = _mm_setzero_si128();
+    for (int q = 0; q < WAYS / 4; q++) {
+        __m128i e = _mm_load_si128((const __m128i *)x + q);
+        __m128i age = _mm_and_si128(_mm_sub_epi32(tag, _mm_and_si128(e, low)), low); /* in [0, 256) */
+        __m128i alive = _mm_andnot_si128(_mm_cmpeq_epi32(e, zero), _mm_cmplt_epi32(age, epochs));
+        __m128i same = _mm_and_si128(alive, _mm_cmpeq_epi32(_mm_srli_epi32(e, 8), want));
+        l.live |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(alive)) << (4 * q);
+        l.match |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(same)) << (4 * q);
+    }
+#else
+    for (int w = 0; w < WAYS; w++) {
+        unsigned a = live(g, x[w]);
+        l.live |= a << w;
+        l.match |= (a & (fp_in(x[w]) == fp)) << w;
+    }
+#endif
+    return l;
+}
+
+#define ALL_WAYS ((1u << WAYS) - 1)
 
 /* The table's alignment: a huge page for a table of 2 MiB or more, a cache line otherwise. */
 static size_t align_of(size_t bytes) { return bytes >= ALIGN ? ALIGN : 64; }
+static size_t table_bytes(const kvt__ghost_t *g) { return g->nb * WAYS * sizeof(uint32_t); }
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     memset(g, 0, sizeof(*g));
@@ -85,16 +134,19 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     if (nb < 2) nb = 2;
     g->cap = cap;
     g->nb = nb; /* set first: kvt__ghost_fini frees by these sizes */
-    size_t bytes = nb * WAYS * sizeof(uint64_t), align = align_of(bytes);
+    g->epochs = cap < EPOCHS ? (unsigned)cap : EPOCHS;
+    /* len: the window's mean, epochs x len - len / 2, nearest cap (1 when cap <= EPOCHS: the exact FIFO) */
+    g->len = cap <= EPOCHS ? 1 : (4 * cap + 2 * EPOCHS - 1) / (2 * (2 * EPOCHS - 1));
+    g->sweep_step = (nb + SWEEP_EPOCHS - 1) / SWEEP_EPOCHS;
+    size_t bytes = table_bytes(g), align = align_of(bytes);
     g->raw = kvt__malloc(bytes + align);
-    g->taken = kvt__calloc((cap + 63) / 64, sizeof(uint64_t));
-    if (g->raw == NULL || g->taken == NULL) {
+    if (g->raw == NULL) {
         kvt__ghost_fini(g);
         return KVT_ENOMEM;
     }
     /* one bucket, one cache line; a large table on huge pages (each lookup is a random access: with
      * 4 KiB pages it would miss the TLB too), asked for before the memset touches it */
-    g->table = (uint64_t *)(((uintptr_t)g->raw + align - 1) & ~(uintptr_t)(align - 1));
+    g->table = (uint32_t *)(((uintptr_t)g->raw + align - 1) & ~(uintptr_t)(align - 1));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (bytes >= ALIGN) (void)madvise(g->table, bytes, MADV_HUGEPAGE);
 #endif
@@ -104,36 +156,31 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
 
 void kvt__ghost_fini(kvt__ghost_t *g) {
     if (g->cap) {
-        size_t bytes = g->nb * WAYS * sizeof(uint64_t);
+        size_t bytes = table_bytes(g);
         kvt__free(g->raw, bytes + align_of(bytes));
-        kvt__free(g->taken, (g->cap + 63) / 64 * sizeof(uint64_t));
     }
     memset(g, 0, sizeof(*g));
 }
 
-/* Marks live entry e as gone from the window (taken, replaced or forgotten early). */
-static inline void mark_taken(kvt__ghost_t *g, uint64_t e) {
-    uint32_t age = age_of(g, e); /* in [0, cap] (0: the key being added): its add number is now - age, its bit (pos - age) mod cap */
-    uint64_t bit = g->pos >= age ? g->pos - age : g->pos + g->cap - age;
-    g->taken[bit / 64] |= 1ull << (bit % 64);
-    g->marks++;
+/* Forgets live entry *e (taken, replaced or dropped by the cuckoo). */
+static inline void forget(kvt__ghost_t *g, uint32_t *e) {
+    g->count[tag_in(*e)]--;
+    g->live--;
+    *e = 0;
 }
 
-static inline void count_live(kvt__ghost_t *g) { g->live = (g->now < g->cap ? g->now : g->cap) - g->marks; }
-
 /* The live entry of fingerprint fp in buckets b1, b2 (a key's), or NULL. */
-static uint64_t *find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1, size_t b2) {
-    uint64_t *x = bucket(g, b1), *y = bucket(g, b2);
+static uint32_t *find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1, size_t b2) {
+    uint32_t *x = bucket(g, b1), *y = bucket(g, b2);
     __builtin_prefetch(y); /* the two misses overlap */
-    for (int w = 0; w < WAYS; w++)
-        if ((uint32_t)(x[w] >> 32) == fp && live(g, x[w])) return &x[w];
-    for (int w = 0; w < WAYS; w++)
-        if ((uint32_t)(y[w] >> 32) == fp && live(g, y[w])) return &y[w];
-    return NULL;
+    look_t l = look(g, x, fp);
+    if (l.match) return &x[__builtin_ctz(l.match)];
+    l = look(g, y, fp);
+    return l.match ? &y[__builtin_ctz(l.match)] : NULL;
 }
 
 /* The live entry of key, or NULL. */
-static uint64_t *find(const kvt__ghost_t *g, uint64_t key) {
+static uint32_t *find(const kvt__ghost_t *g, uint64_t key) {
     uint32_t fp = fp_of(key);
     size_t b1 = b1_of(g, key);
     return find_in(g, fp, b1, alt_of(g, b1, fp));
@@ -170,30 +217,33 @@ size_t kvt__ghost_live(const kvt__ghost_t *g) {
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return false;
     if (g->npend) flush(g);
-    uint64_t *e = find(g, key);
+    uint32_t *e = find(g, key);
     if (e == NULL) return false;
-    mark_taken(g, *e);
-    *e = 0;
-    count_live(g);
+    forget(g, e);
     return true;
 }
 
-/* An entry this add may take: empty, or expired once this add counts. */
-static inline bool reusable(const kvt__ghost_t *g, uint64_t e) { return e == 0 || age_of(g, e) >= g->cap; }
-
-/* Clears every expired entry, so that no stored add number gets old enough
- * to alias (one pass over the table per 2^30 adds). */
-static void sweep(kvt__ghost_t *g) {
-    for (size_t i = 0; i < g->nb * WAYS; i++)
-        if (g->table[i] && !live(g, g->table[i])) g->table[i] = 0;
+/* A free or expired entry of bucket b, or NULL. */
+static uint32_t *room_in(const kvt__ghost_t *g, size_t b) {
+    uint32_t *x = bucket(g, b);
+    unsigned free_ = ~look(g, x, 0).live & ALL_WAYS;
+    return free_ ? &x[__builtin_ctz(free_)] : NULL;
 }
 
-/* A free or expired entry of bucket b, or NULL. */
-static uint64_t *room_in(const kvt__ghost_t *g, size_t b) {
-    uint64_t *x = bucket(g, b);
-    for (int w = 0; w < WAYS; w++)
-        if (reusable(g, x[w])) return &x[w];
-    return NULL;
+/* A new epoch: the oldest leaves the window (its count with it), and the
+ * sweep clears the next 1/128 of the table of expired entries, so that none
+ * is still there when its tag comes round again. */
+static void next_epoch(kvt__ghost_t *g) {
+    g->tag++;
+    g->fill = 0;
+    uint8_t gone = (uint8_t)(g->tag - g->epochs);
+    g->live -= g->count[gone];
+    g->count[gone] = 0;
+    uint32_t *x = bucket(g, g->sweep_at);
+    size_t n = g->nb - g->sweep_at < g->sweep_step ? g->nb - g->sweep_at : g->sweep_step;
+    for (size_t i = 0; i < n * WAYS; i++)
+        if (x[i] && !live(g, x[i])) x[i] = 0;
+    g->sweep_at = g->sweep_at + n == g->nb ? 0 : g->sweep_at + n;
 }
 
 void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
@@ -218,46 +268,45 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
 }
 
 static void add_now(kvt__ghost_t *g, uint64_t key) {
+    if (g->fill == g->len) next_epoch(g);
     uint32_t fp = fp_of(key);
     size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
-    uint64_t *old = find_in(g, fp, b1, b2);
-    if (old) { /* a newer copy replaces the older one */
-        mark_taken(g, *old);
-        *old = 0;
+    uint32_t *x = bucket(g, b1), *y = bucket(g, b2);
+    look_t lx = look(g, x, fp), ly = look(g, y, fp);
+    /* a newer copy replaces the older one (a key has one live copy) */
+    if (lx.match) {
+        unsigned w = (unsigned)__builtin_ctz(lx.match);
+        forget(g, &x[w]);
+        lx.live &= ~(1u << w);
+    } else if (ly.match) {
+        unsigned w = (unsigned)__builtin_ctz(ly.match);
+        forget(g, &y[w]);
+        ly.live &= ~(1u << w);
     }
-    /* add number now - cap leaves the window with this add (its bit is the new key's) */
-    if (g->now >= g->cap) {
-        uint64_t bit = g->pos;
-        if (g->taken[bit / 64] & (1ull << (bit % 64))) {
-            g->taken[bit / 64] &= ~(1ull << (bit % 64));
-            g->marks--;
+    uint32_t carry = fp << 8 | g->tag;
+    g->count[g->tag]++;
+    g->live++;
+    g->fill++;
+    unsigned fx = ~lx.live & ALL_WAYS, fy = ~ly.live & ALL_WAYS;
+    if (fx | fy) {
+        *(fx ? &x[__builtin_ctz(fx)] : &y[__builtin_ctz(fy)]) = carry;
+        return;
+    }
+    /* both full of live keys: cuckoo moves, each key to its other bucket */
+    size_t cur = b1;
+    uint32_t *slot;
+    for (unsigned k = 0; k < KICKS_MAX; k++) {
+        uint32_t *e = &bucket(g, cur)[(k * 5 + g->fill) % WAYS];
+        uint32_t moved = *e; /* live: cur had no room */
+        *e = carry;
+        carry = moved;
+        cur = alt_of(g, cur, fp_in(moved));
+        if ((slot = room_in(g, cur)) != NULL) {
+            *slot = carry;
+            return;
         }
     }
-    uint64_t carry = (uint64_t)fp << 32 | (uint32_t)g->now;
-    uint64_t *slot = room_in(g, b1);
-    if (!slot) slot = room_in(g, b2);
-    if (slot) {
-        *slot = carry;
-    } else { /* both full of live keys: cuckoo moves, each key to its other bucket */
-        size_t cur = b1;
-        for (unsigned k = 0; k < KICKS_MAX && carry; k++) {
-            uint64_t *x = &bucket(g, cur)[(k * 3 + (uint32_t)g->now) % WAYS];
-            uint64_t moved = *x; /* live: cur had no room */
-            *x = carry;
-            carry = moved;
-            cur = alt_of(g, cur, (uint32_t)(moved >> 32));
-            if ((slot = room_in(g, cur)) != NULL) {
-                *slot = carry;
-                carry = 0;
-            }
-        }
-        if (carry) { /* no room within the moves: the key left in hand is forgotten early */
-            mark_taken(g, carry);
-            g->overflows++;
-        }
-    }
-    g->now++;
-    if (++g->pos == g->cap) g->pos = 0;
-    count_live(g);
-    if (g->now % SWEEP_EVERY == 0) sweep(g);
+    /* no room within the moves: the key left in hand is forgotten early */
+    forget(g, &carry);
+    g->overflows++;
 }
