@@ -22,6 +22,9 @@ typedef struct kvt__op {
 
 /* The ghost of pages that left the cache (ghost.c). */
 #define KVT__GHOST_PEND 16
+typedef struct kvt__ghost_pend {
+    uint32_t fp, b1, b2; /* a queued add: its fingerprint and buckets, computed as it was queued */
+} kvt__ghost_pend_t;
 typedef struct kvt__ghost {
     uint32_t *table;    /* cuckoo buckets of 16 entries (a cache line): fingerprint << 8 | epoch tag; 0: empty */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
@@ -36,7 +39,7 @@ typedef struct kvt__ghost {
     uint64_t overflows; /* keys forgotten early: no room within the cuckoo moves */
     unsigned npend;     /* adds queued (their buckets prefetched), applied before any read ... */
     unsigned head;      /* ... in order from pend[head], a ring: each is applied KVT__GHOST_PEND adds later */
-    uint64_t pend[KVT__GHOST_PEND];
+    kvt__ghost_pend_t pend[KVT__GHOST_PEND];
 } kvt__ghost_t;
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap); /* cap 0: a ghost that remembers nothing */

@@ -64,7 +64,7 @@
 #define KEYS_PER_BUCKET 14 /* the table's load when full: 14 of 16 entries */
 #define EPOCHS 112         /* the window, in epochs (fewer when cap is smaller) */
 #define SWEEP_EPOCHS 128   /* the whole table is swept this often: 112 + 128 < 256 tags */
-#define GHOST_CAP_MAX (1u << 29)
+#define GHOST_CAP_MAX (1u << 29) /* so that bucket numbers fit 32 bits */
 #define KICKS_MAX 256
 #define ALIGN (2u << 20) /* a huge page */
 
@@ -97,27 +97,41 @@ typedef struct {
     unsigned live, match;
 } look_t;
 
-static inline look_t look(const kvt__ghost_t *g, const uint32_t *x, uint32_t fp) {
-    look_t l = {0, 0};
 #if defined(__SSE2__)
-    const __m128i low = _mm_set1_epi32(0xff), tag = _mm_set1_epi32(g->tag), epochs = _mm_set1_epi32((int)g->epochs);
-    const __m128i want = _mm_set1_epi32((int)fp), zero = _mm_setzero_si128();
-    for (int q = 0; q < WAYS / 4; q++) {
-        __m128i e = _mm_load_si128((const __m128i *)x + q);
-        __m128i age = _mm_and_si128(_mm_sub_epi32(tag, _mm_and_si128(e, low)), low); /* in [0, 256) */
-        __m128i alive = _mm_andnot_si128(_mm_cmpeq_epi32(e, zero), _mm_cmplt_epi32(age, epochs));
-        __m128i same = _mm_and_si128(alive, _mm_cmpeq_epi32(_mm_srli_epi32(e, 8), want));
-        l.live |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(alive)) << (4 * q);
-        l.match |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(same)) << (4 * q);
-    }
+/* Four entries e: which are live (all ones) and which of those hold fingerprint fp. */
+typedef struct {
+    __m128i live, match;
+} look4_t;
+
+static inline look4_t look4(__m128i e, __m128i tag, __m128i epochs, __m128i want) {
+    const __m128i low = _mm_set1_epi32(0xff);
+    __m128i age = _mm_and_si128(_mm_sub_epi32(tag, _mm_and_si128(e, low)), low); /* in [0, 256) */
+    __m128i alive = _mm_andnot_si128(_mm_cmpeq_epi32(e, _mm_setzero_si128()), _mm_cmplt_epi32(age, epochs));
+    return (look4_t){alive, _mm_and_si128(alive, _mm_cmpeq_epi32(_mm_srli_epi32(e, 8), want))};
+}
+
+/* 16 lanes of all ones or zeros, in four vectors, as a 16-bit mask (lane order kept by the saturating packs). */
+static inline unsigned mask16(__m128i a, __m128i b, __m128i c, __m128i d) {
+    return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d)));
+}
+#endif
+
+static inline look_t look(const kvt__ghost_t *g, const uint32_t *x, uint32_t fp) {
+#if defined(__SSE2__)
+    const __m128i tag = _mm_set1_epi32(g->tag), epochs = _mm_set1_epi32((int)g->epochs), want = _mm_set1_epi32((int)fp);
+    const __m128i *v = (const __m128i *)x;
+    look4_t a = look4(_mm_load_si128(v), tag, epochs, want), b = look4(_mm_load_si128(v + 1), tag, epochs, want);
+    look4_t c = look4(_mm_load_si128(v + 2), tag, epochs, want), d = look4(_mm_load_si128(v + 3), tag, epochs, want);
+    return (look_t){mask16(a.live, b.live, c.live, d.live), mask16(a.match, b.match, c.match, d.match)};
 #else
+    look_t l = {0, 0};
     for (int w = 0; w < WAYS; w++) {
         unsigned a = live(g, x[w]);
         l.live |= a << w;
         l.match |= (a & (fp_in(x[w]) == fp)) << w;
     }
-#endif
     return l;
+#endif
 }
 
 #define ALL_WAYS ((1u << WAYS) - 1)
@@ -186,11 +200,11 @@ static uint32_t *find(const kvt__ghost_t *g, uint64_t key) {
     return find_in(g, fp, b1, alt_of(g, b1, fp));
 }
 
-static void add_now(kvt__ghost_t *g, uint64_t key);
+static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p);
 
 /* Makes the oldest queued add. */
 static void apply_oldest(kvt__ghost_t *g) {
-    add_now(g, g->pend[g->head]);
+    add_now(g, &g->pend[g->head]);
     g->head = (g->head + 1) % KVT__GHOST_PEND;
     g->npend--;
 }
@@ -260,17 +274,18 @@ void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
  * pages) overlap. */
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return;
-    size_t b1 = b1_of(g, key);
-    __builtin_prefetch(bucket(g, b1), 1);
-    __builtin_prefetch(bucket(g, alt_of(g, b1, fp_of(key))), 1);
-    if (g->npend == KVT__GHOST_PEND) apply_oldest(g); /* prefetched KVT__GHOST_PEND adds ago */
-    g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = key;
-}
-
-static void add_now(kvt__ghost_t *g, uint64_t key) {
-    if (g->fill == g->len) next_epoch(g);
     uint32_t fp = fp_of(key);
     size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
+    __builtin_prefetch(bucket(g, b1), 1);
+    __builtin_prefetch(bucket(g, b2), 1);
+    if (g->npend == KVT__GHOST_PEND) apply_oldest(g); /* prefetched KVT__GHOST_PEND adds ago */
+    g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = (kvt__ghost_pend_t){fp, (uint32_t)b1, (uint32_t)b2};
+}
+
+static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
+    if (g->fill == g->len) next_epoch(g);
+    uint32_t fp = p->fp;
+    size_t b1 = p->b1, b2 = p->b2;
     uint32_t *x = bucket(g, b1), *y = bucket(g, b2);
     look_t lx = look(g, x, fp), ly = look(g, y, fp);
     /* a newer copy replaces the older one (a key has one live copy) */
