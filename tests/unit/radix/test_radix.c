@@ -109,8 +109,8 @@ static mpage_t *model_of(model_t *m, kvt_radix_t *r, kvt_rnode_t *n, uint32_t id
 }
 
 /* The page key of a model page, from its prefix's tokens by the chain that
- * radix-int.h documents: mix(ns + K), then mix(key + XXH3-64(page)) per page,
- * mix being splitmix64's finaliser. */
+ * radix-int.h documents: mix(ns + K), then key x G + XXH3-64(page) per page,
+ * mix being splitmix64's finaliser and G the odd golden-ratio constant. */
 static uint64_t splitmix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -119,7 +119,7 @@ static uint64_t splitmix(uint64_t x) {
 }
 static uint64_t mkey(const mpage_t *p) {
     uint64_t k = splitmix(p->ns + 0x6b767469657231ull);
-    for (uint32_t i = 0; i < p->k; i++) k = splitmix(k + XXH3_64bits(p->tok + i * PT, PT * sizeof(int32_t)));
+    for (uint32_t i = 0; i < p->k; i++) k = k * 0x9e3779b97f4a7c15ull + XXH3_64bits(p->tok + i * PT, PT * sizeof(int32_t));
     return k;
 }
 
