@@ -26,7 +26,7 @@ typedef struct kvt__ghost_pend {
     uint32_t fp, b1, b2; /* a queued add: its fingerprint and buckets, computed as it was queued */
 } kvt__ghost_pend_t;
 typedef struct kvt__ghost {
-    uint32_t *table;    /* cuckoo buckets of 16 entries (a cache line): fingerprint << 8 | epoch tag; 0: empty */
+    struct kvt__ghost_bucket *table; /* cuckoo buckets of 16 entries (a cache line): fingerprint and epoch tag (ghost.c) */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
     size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 14, so 14 of 16 entries in use when full) */
     unsigned epochs;    /* the window in epochs: min(64, cap) ... */

@@ -67,16 +67,26 @@
 #define GHOST_CAP_MAX (1u << 29) /* so that bucket numbers fit 32 bits */
 #define KICKS_MAX 256
 #define ALIGN (2u << 20) /* a huge page */
+#define ALL_WAYS ((1u << WAYS) - 1)
+
+/* A bucket, one cache line, its 16 entries by field: entry w is
+ * (hi[w] << 16 | lo[w], tag[w]); lo is odd in a used entry, 0 in a free one.
+ * By field, one SSE2 instruction reads 16 tags or 8 fingerprint halves. */
+struct kvt__ghost_bucket {
+    uint8_t tag[WAYS];
+    uint16_t lo[WAYS];
+    uint8_t hi[WAYS];
+};
+typedef struct kvt__ghost_bucket bucket_t;
+_Static_assert(sizeof(bucket_t) == 64, "a bucket is a cache line");
 
 static inline uint64_t mix(uint64_t k) {
     k ^= k >> 29;
     k *= 0xbf58476d1ce4e5b9ull;
     return k ^ (k >> 32);
 }
-static inline uint32_t fp_of(uint64_t key) { return (uint32_t)(key >> 40) | 1u; } /* 24 bits, never 0: 0 is an empty entry */
-static inline uint32_t fp_in(uint32_t e) { return e >> 8; }
-static inline uint8_t tag_in(uint32_t e) { return (uint8_t)e; }
-static inline uint32_t *bucket(const kvt__ghost_t *g, size_t b) { return g->table + b * WAYS; }
+static inline uint32_t fp_of(uint64_t key) { return (uint32_t)(key >> 40) | 1u; } /* 24 bits, odd: never a free entry's */
+static inline bucket_t *bucket(const kvt__ghost_t *g, size_t b) { return g->table + b; }
 /* x's place in [0, nb): the high half of x * nb (no division, any nb). */
 static inline size_t reduce(uint64_t x, size_t nb) { return (size_t)(((unsigned __int128)x * nb) >> 64); }
 static inline size_t b1_of(const kvt__ghost_t *g, uint64_t key) { return reduce(mix(key), g->nb); }
@@ -86,59 +96,52 @@ static inline size_t alt_of(const kvt__ghost_t *g, size_t b, uint32_t fp) {
     size_t h = reduce(mix(fp * 0x9e3779b97f4a7c15ull), g->nb);
     return h >= b ? h - b : h + g->nb - b;
 }
-/* Epochs begun since e's own; e is remembered while that is < epochs. */
-static inline uint8_t age_of(const kvt__ghost_t *g, uint32_t e) { return (uint8_t)(g->tag - tag_in(e)); }
-static inline bool live(const kvt__ghost_t *g, uint32_t e) { return e != 0 && age_of(g, e) < g->epochs; }
+
+/* An entry as one word, (fingerprint << 8 | tag), to move it around. */
+static inline uint32_t get(const bucket_t *x, unsigned w) { return ((uint32_t)x->hi[w] << 16 | x->lo[w]) << 8 | x->tag[w]; }
+static inline void set(bucket_t *x, unsigned w, uint32_t e) {
+    x->tag[w] = (uint8_t)e;
+    x->lo[w] = (uint16_t)(e >> 8);
+    x->hi[w] = (uint8_t)(e >> 24);
+}
+static inline uint32_t fp_in(uint32_t e) { return e >> 8; }
+static inline uint8_t tag_in(uint32_t e) { return (uint8_t)e; }
+/* Entry e (used) is remembered while fewer than `epochs` epochs began since its own. */
+static inline bool live(const kvt__ghost_t *g, uint32_t e) { return (uint8_t)(g->tag - tag_in(e)) < g->epochs; }
 
 /* What one look at bucket x tells: which of its 16 entries are live, and
- * which of those hold fingerprint fp (bit w: entry w). SSE2 compares four
- * entries an instruction (every x86-64 has it); elsewhere, a plain loop. */
+ * which of those hold fingerprint fp (bit w: entry w). With SSE2 (every
+ * x86-64) that is a dozen instructions for the 16; elsewhere, a plain loop. */
 typedef struct {
     unsigned live, match;
 } look_t;
 
+static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp) {
 #if defined(__SSE2__)
-/* Four entries e: which are live (all ones) and which of those hold fingerprint fp. */
-typedef struct {
-    __m128i live, match;
-} look4_t;
-
-static inline look4_t look4(__m128i e, __m128i tag, __m128i epochs, __m128i want) {
-    const __m128i low = _mm_set1_epi32(0xff);
-    __m128i age = _mm_and_si128(_mm_sub_epi32(tag, _mm_and_si128(e, low)), low); /* in [0, 256) */
-    __m128i alive = _mm_andnot_si128(_mm_cmpeq_epi32(e, _mm_setzero_si128()), _mm_cmplt_epi32(age, epochs));
-    return (look4_t){alive, _mm_and_si128(alive, _mm_cmpeq_epi32(_mm_srli_epi32(e, 8), want))};
-}
-
-/* 16 lanes of all ones or zeros, in four vectors, as a 16-bit mask (lane order kept by the saturating packs). */
-static inline unsigned mask16(__m128i a, __m128i b, __m128i c, __m128i d) {
-    return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d)));
-}
-#endif
-
-static inline look_t look(const kvt__ghost_t *g, const uint32_t *x, uint32_t fp) {
-#if defined(__SSE2__)
-    const __m128i tag = _mm_set1_epi32(g->tag), epochs = _mm_set1_epi32((int)g->epochs), want = _mm_set1_epi32((int)fp);
-    const __m128i *v = (const __m128i *)x;
-    look4_t a = look4(_mm_load_si128(v), tag, epochs, want), b = look4(_mm_load_si128(v + 1), tag, epochs, want);
-    look4_t c = look4(_mm_load_si128(v + 2), tag, epochs, want), d = look4(_mm_load_si128(v + 3), tag, epochs, want);
-    return (look_t){mask16(a.live, b.live, c.live, d.live), mask16(a.match, b.match, c.match, d.match)};
+    const __m128i zero = _mm_setzero_si128(), want_lo = _mm_set1_epi16((short)(uint16_t)fp);
+    __m128i age = _mm_sub_epi8(_mm_set1_epi8((char)g->tag), _mm_load_si128((const __m128i *)(const void *)x->tag));
+    __m128i last = _mm_set1_epi8((char)(uint8_t)(g->epochs - 1)); /* live: age <= epochs - 1, unsigned */
+    __m128i young = _mm_cmpeq_epi8(_mm_min_epu8(age, last), age);
+    __m128i lo0 = _mm_load_si128((const __m128i *)(const void *)x->lo), lo1 = _mm_load_si128((const __m128i *)(const void *)(x->lo + 8));
+    __m128i used = _mm_andnot_si128(_mm_packs_epi16(_mm_cmpeq_epi16(lo0, zero), _mm_cmpeq_epi16(lo1, zero)), young);
+    __m128i same = _mm_and_si128(_mm_packs_epi16(_mm_cmpeq_epi16(lo0, want_lo), _mm_cmpeq_epi16(lo1, want_lo)),
+                                 _mm_cmpeq_epi8(_mm_load_si128((const __m128i *)(const void *)x->hi), _mm_set1_epi8((char)(uint8_t)(fp >> 16))));
+    return (look_t){(unsigned)_mm_movemask_epi8(used), (unsigned)_mm_movemask_epi8(_mm_and_si128(used, same))};
 #else
     look_t l = {0, 0};
-    for (int w = 0; w < WAYS; w++) {
-        unsigned a = live(g, x[w]);
+    for (unsigned w = 0; w < WAYS; w++) {
+        uint32_t e = get(x, w);
+        unsigned a = x->lo[w] != 0 && live(g, e);
         l.live |= a << w;
-        l.match |= (a & (fp_in(x[w]) == fp)) << w;
+        l.match |= (a & (fp_in(e) == fp)) << w;
     }
     return l;
 #endif
 }
 
-#define ALL_WAYS ((1u << WAYS) - 1)
-
 /* The table's alignment: a huge page for a table of 2 MiB or more, a cache line otherwise. */
 static size_t align_of(size_t bytes) { return bytes >= ALIGN ? ALIGN : 64; }
-static size_t table_bytes(const kvt__ghost_t *g) { return g->nb * WAYS * sizeof(uint32_t); }
+static size_t table_bytes(const kvt__ghost_t *g) { return g->nb * sizeof(bucket_t); }
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     memset(g, 0, sizeof(*g));
@@ -160,7 +163,7 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     }
     /* one bucket, one cache line; a large table on huge pages (each lookup is a random access: with
      * 4 KiB pages it would miss the TLB too), asked for before the memset touches it */
-    g->table = (uint32_t *)(((uintptr_t)g->raw + align - 1) & ~(uintptr_t)(align - 1));
+    g->table = (bucket_t *)(((uintptr_t)g->raw + align - 1) & ~(uintptr_t)(align - 1));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (bytes >= ALIGN) (void)madvise(g->table, bytes, MADV_HUGEPAGE);
 #endif
@@ -176,25 +179,29 @@ void kvt__ghost_fini(kvt__ghost_t *g) {
     memset(g, 0, sizeof(*g));
 }
 
-/* Forgets live entry *e (taken, replaced or dropped by the cuckoo). */
-static inline void forget(kvt__ghost_t *g, uint32_t *e) {
-    g->count[tag_in(*e)]--;
+/* Forgets live entry w of x (taken, replaced or dropped by the cuckoo). */
+static inline void forget(kvt__ghost_t *g, bucket_t *x, unsigned w) {
+    g->count[x->tag[w]]--;
     g->live--;
-    *e = 0;
+    x->lo[w] = 0;
 }
 
-/* The live entry of fingerprint fp in buckets b1, b2 (a key's), or NULL. */
-static uint32_t *find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1, size_t b2) {
-    uint32_t *x = bucket(g, b1), *y = bucket(g, b2);
+/* Where a key's live entry is: bucket x, entry w; x NULL when it has none. */
+typedef struct {
+    bucket_t *x;
+    unsigned w;
+} spot_t;
+
+static spot_t find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1, size_t b2) {
+    bucket_t *x = bucket(g, b1), *y = bucket(g, b2);
     __builtin_prefetch(y); /* the two misses overlap */
     look_t l = look(g, x, fp);
-    if (l.match) return &x[__builtin_ctz(l.match)];
+    if (l.match) return (spot_t){x, (unsigned)__builtin_ctz(l.match)};
     l = look(g, y, fp);
-    return l.match ? &y[__builtin_ctz(l.match)] : NULL;
+    return l.match ? (spot_t){y, (unsigned)__builtin_ctz(l.match)} : (spot_t){NULL, 0};
 }
 
-/* The live entry of key, or NULL. */
-static uint32_t *find(const kvt__ghost_t *g, uint64_t key) {
+static spot_t find(const kvt__ghost_t *g, uint64_t key) {
     uint32_t fp = fp_of(key);
     size_t b1 = b1_of(g, key);
     return find_in(g, fp, b1, alt_of(g, b1, fp));
@@ -220,7 +227,7 @@ static void flush(kvt__ghost_t *g) {
 bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return false;
     if (g->npend) flush((kvt__ghost_t *)g);
-    return find(g, key) != NULL;
+    return find(g, key).x != NULL;
 }
 
 size_t kvt__ghost_live(const kvt__ghost_t *g) {
@@ -231,17 +238,16 @@ size_t kvt__ghost_live(const kvt__ghost_t *g) {
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return false;
     if (g->npend) flush(g);
-    uint32_t *e = find(g, key);
-    if (e == NULL) return false;
-    forget(g, e);
+    spot_t s = find(g, key);
+    if (s.x == NULL) return false;
+    forget(g, s.x, s.w);
     return true;
 }
 
-/* A free or expired entry of bucket b, or NULL. */
-static uint32_t *room_in(const kvt__ghost_t *g, size_t b) {
-    uint32_t *x = bucket(g, b);
+/* A free or expired entry of bucket x, or -1. */
+static int room_in(const kvt__ghost_t *g, const bucket_t *x) {
     unsigned free_ = ~look(g, x, 0).live & ALL_WAYS;
-    return free_ ? &x[__builtin_ctz(free_)] : NULL;
+    return free_ ? __builtin_ctz(free_) : -1;
 }
 
 /* A new epoch: the oldest leaves the window (its count with it), and the
@@ -253,10 +259,12 @@ static void next_epoch(kvt__ghost_t *g) {
     uint8_t gone = (uint8_t)(g->tag - g->epochs);
     g->live -= g->count[gone];
     g->count[gone] = 0;
-    uint32_t *x = bucket(g, g->sweep_at);
     size_t n = g->nb - g->sweep_at < g->sweep_step ? g->nb - g->sweep_at : g->sweep_step;
-    for (size_t i = 0; i < n * WAYS; i++)
-        if (x[i] && !live(g, x[i])) x[i] = 0;
+    for (size_t b = g->sweep_at; b < g->sweep_at + n; b++) {
+        bucket_t *x = bucket(g, b);
+        for (unsigned w = 0; w < WAYS; w++)
+            if (x->lo[w] && !live(g, get(x, w))) x->lo[w] = 0;
+    }
     g->sweep_at = g->sweep_at + n == g->nb ? 0 : g->sweep_at + n;
 }
 
@@ -285,17 +293,16 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
 static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
     if (g->fill == g->len) next_epoch(g);
     uint32_t fp = p->fp;
-    size_t b1 = p->b1, b2 = p->b2;
-    uint32_t *x = bucket(g, b1), *y = bucket(g, b2);
+    bucket_t *x = bucket(g, p->b1), *y = bucket(g, p->b2);
     look_t lx = look(g, x, fp), ly = look(g, y, fp);
     /* a newer copy replaces the older one (a key has one live copy) */
     if (lx.match) {
         unsigned w = (unsigned)__builtin_ctz(lx.match);
-        forget(g, &x[w]);
+        forget(g, x, w);
         lx.live &= ~(1u << w);
     } else if (ly.match) {
         unsigned w = (unsigned)__builtin_ctz(ly.match);
-        forget(g, &y[w]);
+        forget(g, y, w);
         ly.live &= ~(1u << w);
     }
     uint32_t carry = fp << 8 | g->tag;
@@ -304,24 +311,28 @@ static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
     g->fill++;
     unsigned fx = ~lx.live & ALL_WAYS, fy = ~ly.live & ALL_WAYS;
     if (fx | fy) {
-        *(fx ? &x[__builtin_ctz(fx)] : &y[__builtin_ctz(fy)]) = carry;
+        if (fx) set(x, (unsigned)__builtin_ctz(fx), carry);
+        else set(y, (unsigned)__builtin_ctz(fy), carry);
         return;
     }
     /* both full of live keys: cuckoo moves, each key to its other bucket */
-    size_t cur = b1;
-    uint32_t *slot;
+    size_t cur = p->b1;
     for (unsigned k = 0; k < KICKS_MAX; k++) {
-        uint32_t *e = &bucket(g, cur)[(k * 5 + g->fill) % WAYS];
-        uint32_t moved = *e; /* live: cur had no room */
-        *e = carry;
+        bucket_t *c = bucket(g, cur);
+        unsigned w = (k * 5 + (unsigned)g->fill) % WAYS;
+        uint32_t moved = get(c, w); /* live: cur had no room */
+        set(c, w, carry);
         carry = moved;
         cur = alt_of(g, cur, fp_in(moved));
-        if ((slot = room_in(g, cur)) != NULL) {
-            *slot = carry;
+        bucket_t *d = bucket(g, cur);
+        int r = room_in(g, d);
+        if (r >= 0) {
+            set(d, (unsigned)r, carry);
             return;
         }
     }
     /* no room within the moves: the key left in hand is forgotten early */
-    forget(g, &carry);
+    g->count[tag_in(carry)]--;
+    g->live--;
     g->overflows++;
 }
