@@ -13,15 +13,16 @@
  * epoch (~cap / 112 keys) at a time, and for cap <= 112 it is the exact FIFO.
  *
  * Keys live in a cuckoo table of buckets of one cache line, 16 entries of 32
- * bits, (fingerprint << 8 | the tag of the epoch of its add: the epoch's
- * number mod 256); a key has two buckets, b1 from its hash and
+ * bits: a 24-bit fingerprint and the tag of the epoch of its add (the
+ * epoch's number mod 256). A key has two buckets, b1 from its hash and
  * b2 = (h(fingerprint) - b1) mod buckets, so that an entry can move between
- * its two knowing only its fingerprint:
+ * its two knowing only its fingerprint. A bucket keeps its entries by field,
+ * so that one SSE2 instruction reads all 16 tags:
  *
- *   bucket b:  [fp|tag][fp|tag][0][fp|tag] ... 16 entries, 64 bytes
- *   entry live  <=>  entry != 0 and (tag now - tag) mod 256 < E
+ *   bucket b:  tag[16] (8 bits) | fingerprint low[16] (16 bits) | high[16] (8 bits)
+ *   entry w live  <=>  low[w] != 0 and (tag now - tag[w]) mod 256 < E
  *
- * One look at a bucket compares all 16 entries (SSE2: four an instruction).
+ * One look at a bucket compares all 16 entries in a dozen instructions.
  * As each epoch begins, its oldest leaves the window and 1/128 of the table
  * is swept of expired entries, so that no entry is still there 112 + 128 =
  * 240 epochs after its own, before its tag comes round again (256). `live` is
