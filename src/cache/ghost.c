@@ -117,6 +117,19 @@ typedef struct {
     unsigned live, match;
 } look_t;
 
+/* The used entries of bucket x (live or expired), as a mask. */
+static inline unsigned used_in(const bucket_t *x) {
+#if defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128();
+    __m128i lo0 = _mm_load_si128((const __m128i *)(const void *)x->lo), lo1 = _mm_load_si128((const __m128i *)(const void *)(x->lo + 8));
+    return ~(unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_cmpeq_epi16(lo0, zero), _mm_cmpeq_epi16(lo1, zero))) & ALL_WAYS;
+#else
+    unsigned m = 0;
+    for (unsigned w = 0; w < WAYS; w++) m |= (unsigned)(x->lo[w] != 0) << w;
+    return m;
+#endif
+}
+
 static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp) {
 #if defined(__SSE2__)
     const __m128i zero = _mm_setzero_si128(), want_lo = _mm_set1_epi16((short)(uint16_t)fp);
@@ -263,8 +276,7 @@ static void next_epoch(kvt__ghost_t *g) {
     size_t n = g->nb - g->sweep_at < g->sweep_step ? g->nb - g->sweep_at : g->sweep_step;
     for (size_t b = g->sweep_at; b < g->sweep_at + n; b++) {
         bucket_t *x = bucket(g, b);
-        for (unsigned w = 0; w < WAYS; w++)
-            if (x->lo[w] && !live(g, get(x, w))) x->lo[w] = 0;
+        for (unsigned gone_ = used_in(x) & ~look(g, x, 0).live; gone_; gone_ &= gone_ - 1) x->lo[__builtin_ctz(gone_)] = 0;
     }
     g->sweep_at = g->sweep_at + n == g->nb ? 0 : g->sweep_at + n;
 }
