@@ -39,9 +39,9 @@
  * start to fail), where that always succeeds in practice (a failure forgets a
  * key early, counted in `overflows`).
  *
- * Fingerprints are 24 bits of the key (odd: 0 is an empty entry), so a false
- * "present" (a page taken for seen before) comes about once in 2 x 14 x 2^-23,
- * 3.3e-6, lookups of absent keys at full load.
+ * Fingerprints are 24 bits of the key, odd (a free entry's low part is 0), so
+ * a lookup of an absent key at full load answers "present" (a page taken for
+ * seen before) with a chance of 2 x 14 x 2^-23 = 3.3e-6.
  *
  * Memory: a bucket (64 bytes) per 14 keys, 4.6 bytes a key, on huge pages
  * (every access is random: 4 KiB pages would miss the TLB too), plus 1 KiB of
