@@ -107,12 +107,11 @@ static inline void set(bucket_t *x, unsigned w, uint32_t e) {
 }
 static inline uint32_t fp_in(uint32_t e) { return e >> 8; }
 static inline uint8_t tag_in(uint32_t e) { return (uint8_t)e; }
-/* Entry e (used) is remembered while fewer than `epochs` epochs began since its own. */
-static inline bool live(const kvt__ghost_t *g, uint32_t e) { return (uint8_t)(g->tag - tag_in(e)) < g->epochs; }
 
-/* What one look at bucket x tells: which of its 16 entries are live, and
- * which of those hold fingerprint fp (bit w: entry w). With SSE2 (every
- * x86-64) that is a dozen instructions for the 16; elsewhere, a plain loop. */
+/* What one look at bucket x tells: which of its 16 entries are live (used,
+ * and fewer than `epochs` epochs begun since their own), and which of those
+ * hold fingerprint fp (bit w: entry w). With SSE2 (every x86-64) that is a
+ * dozen instructions for the 16; elsewhere, a plain loop. */
 typedef struct {
     unsigned live, match;
 } look_t;
@@ -144,10 +143,9 @@ static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp)
 #else
     look_t l = {0, 0};
     for (unsigned w = 0; w < WAYS; w++) {
-        uint32_t e = get(x, w);
-        unsigned a = x->lo[w] != 0 && live(g, e);
+        unsigned a = x->lo[w] != 0 && (uint8_t)(g->tag - x->tag[w]) < g->epochs;
         l.live |= a << w;
-        l.match |= (a & (fp_in(e) == fp)) << w;
+        l.match |= (a & (fp_in(get(x, w)) == fp)) << w;
     }
     return l;
 #endif
