@@ -29,8 +29,8 @@ typedef struct kvt__ghost {
     struct kvt__ghost_bucket *table; /* cuckoo buckets of 16 entries (a cache line): fingerprint and epoch tag (ghost.c) */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
     size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 14, so 14 of 16 entries in use when full) */
-    unsigned epochs;    /* the window in epochs: min(64, cap) ... */
-    size_t len, fill;   /* ... of len adds each (ceil(cap / epochs)); adds made in the current one */
+    unsigned epochs;    /* the window in epochs: min(112, cap) ... */
+    size_t len, fill;   /* ... of len adds each (2 cap / (2 epochs - 1), rounded); adds made in the current one */
     uint8_t tag;        /* the current epoch's tag (its number mod 256) */
     size_t sweep_at;    /* the next bucket the sweep clears of expired entries ... */
     size_t sweep_step;  /* ... sweep_step of them as each epoch begins (the table every 128 epochs) */

@@ -89,7 +89,8 @@ kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_
     return (kvt_hash128_t){h.low64, h.high64};
 }
 
-#define KEY_STEP 0x9e3779b97f4a7c15ull /* G of the page-key chain (radix-int.h): odd */
+/* A step of the page-key chain (radix-int.h): the key before, times G (odd), plus the page's digest. */
+static inline uint64_t key_step(uint64_t prev, uint64_t digest) { return prev * 0x9e3779b97f4a7c15ull + digest; }
 
 static uint64_t page_digest(const kvt_radix_t *r, const int32_t *page) {
     return XXH3_64bits(page, r->page_tokens * sizeof(int32_t));
@@ -370,7 +371,7 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     if (n == NULL) return KVT_ENOMEM;
     memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     if (n->key) { /* the first page's digest is the child map's */
-        uint64_t k = n->key[0] = kvt__radix_key_below(r, at, ns) * KEY_STEP + digest;
+        uint64_t k = n->key[0] = key_step(kvt__radix_key_below(r, at, ns), digest);
         for (uint32_t i = 1; i < npages; i++) n->key[i] = k = kvt__radix_key_next(r, k, tokens + (size_t)i * r->page_tokens);
     }
     for (uint32_t i = 0; i < npages; i++) {
@@ -593,7 +594,7 @@ uint64_t kvt__radix_key_below(const kvt_radix_t *r, const kvt_rnode_t *at, uint3
 }
 
 uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t *page) {
-    return prev * KEY_STEP + page_digest(r, page);
+    return key_step(prev, page_digest(r, page));
 }
 
 /* Hashes of n's pages up to and including `upto`. */
