@@ -81,6 +81,9 @@ struct kvt__ghost_bucket {
 typedef struct kvt__ghost_bucket bucket_t;
 _Static_assert(sizeof(bucket_t) == 64, "a bucket is a cache line");
 
+/* Spreads a key over the buckets: one multiply, not core/mix-int.h's
+ * three-deep finaliser, since a page key's bits are mixed already (its
+ * XXH3-64s); this only folds the high bits into the low. */
 static inline uint64_t mix(uint64_t k) {
     k ^= k >> 29;
     k *= 0xbf58476d1ce4e5b9ull;

@@ -131,33 +131,41 @@ static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
     kvt__radix_free(r, n, sizeof(*n));
 }
 
-/* A node whose arrays are at most half used (its tail trimmed away, or split
- * off) moves them to blocks of its size, so that the pool can give the rest
- * to other nodes: each page is copied at most about once per halving, O(1) a
- * trimmed page amortised. Without memory for the smaller blocks the node keeps
- * what it has (nothing changes). */
-static void shrink(kvt_radix_t *r, kvt_rnode_t *n) {
-    if (n->npages == 0 || n->npages > n->cap / 2) return;
-    uint32_t cap = n->npages;
+/* Moves n's pages [from, from + count) (and its hashes among them) to fresh
+ * blocks of count pages, giving the old ones back; false, with nothing
+ * changed, when there is no memory for them. The caller sets npages and
+ * nhash. */
+static bool move_arrays(kvt_radix_t *r, kvt_rnode_t *n, uint32_t from, uint32_t count) {
     size_t tb = (size_t)r->page_tokens * sizeof(int32_t);
-    int32_t *t = kvt__pool_alloc(r, cap * tb);
-    kvt_page_t *p = kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_page_t));
-    uint64_t *k = n->key ? kvt__pool_alloc(r, (size_t)cap * sizeof(uint64_t)) : NULL;
-    kvt_hash128_t *h = n->hash ? kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_hash128_t)) : NULL;
+    int32_t *t = kvt__pool_alloc(r, count * tb);
+    kvt_page_t *p = kvt__pool_alloc(r, (size_t)count * sizeof(kvt_page_t));
+    uint64_t *k = n->key ? kvt__pool_alloc(r, (size_t)count * sizeof(uint64_t)) : NULL;
+    kvt_hash128_t *h = n->hash ? kvt__pool_alloc(r, (size_t)count * sizeof(kvt_hash128_t)) : NULL;
     if (t == NULL || p == NULL || (n->key && k == NULL) || (n->hash && h == NULL)) {
-        arrays_free(r, t, p, k, h, cap);
-        return;
+        arrays_free(r, t, p, k, h, count);
+        return false;
     }
-    memcpy(t, n->tokens, cap * tb);
-    memcpy(p, n->pages, (size_t)cap * sizeof(kvt_page_t));
-    if (k) memcpy(k, n->key, (size_t)cap * sizeof(uint64_t));
-    if (h) memcpy(h, n->hash, (size_t)n->nhash * sizeof(kvt_hash128_t));
+    uint32_t nh = n->nhash > from ? n->nhash - from : 0;
+    memcpy(t, n->tokens + (size_t)from * r->page_tokens, count * tb);
+    memcpy(p, n->pages + from, (size_t)count * sizeof(kvt_page_t));
+    if (k) memcpy(k, n->key + from, (size_t)count * sizeof(uint64_t));
+    if (h) memcpy(h, n->hash + from, (size_t)(nh < count ? nh : count) * sizeof(kvt_hash128_t));
     arrays_free(r, n->tokens, n->pages, n->key, n->hash, n->cap);
     n->tokens = t;
     n->pages = p;
     n->key = k;
     n->hash = h;
-    n->cap = cap;
+    n->cap = count;
+    return true;
+}
+
+/* A node whose arrays are at most half used (its tail trimmed away) moves
+ * them to blocks of its size, so that the pool can give the rest to other
+ * nodes: each page is copied at most about once per halving, O(1) a trimmed
+ * page amortised. Without memory for the smaller blocks the node keeps what
+ * it has (nothing changes). */
+static void shrink(kvt_radix_t *r, kvt_rnode_t *n) {
+    if (n->npages > 0 && n->npages <= n->cap / 2) (void)move_arrays(r, n, 0, n->npages);
 }
 
 static void link_child(kvt_rnode_t *parent, kvt_rnode_t *c) {
@@ -278,11 +286,14 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     h->vclass = c->vclass;
     h->digest = c->digest;
     h->seq = r->next_seq++;
-    /* the tail stays in c */
-    memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
-    memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
-    if (c->key) memmove(c->key, c->key + k, tail * sizeof(uint64_t));
-    if (c->nhash > k) memmove(c->hash, c->hash + k, (c->nhash - k) * sizeof(kvt_hash128_t));
+    /* the tail stays in c: in blocks of its size where that halves its arrays (shrink's rule, the
+     * tail copied once), else moved down in its own */
+    if (tail > c->cap / 2 || !move_arrays(r, c, k, tail)) {
+        memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
+        memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
+        if (c->key) memmove(c->key, c->key + k, tail * sizeof(uint64_t));
+        if (c->nhash > k) memmove(c->hash, c->hash + k, (c->nhash - k) * sizeof(kvt_hash128_t));
+    }
     c->nhash = c->nhash > k ? c->nhash - k : 0;
     c->npages = tail;
     c->n_l1 = c->n_l1 > k ? c->n_l1 - k : 0;
@@ -299,7 +310,6 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     h->l1_children = c->n_l1 > 0;
     kvt__cm_replace(r, old_h, c, h);
     kvt__cm_insert(r, kvt__cm_hash(h, c->ns, c->digest), c);
-    shrink(r, c);
     for (uint32_t i = 0; i < h->npages; i++) map_page(r, h, i);
     for (uint32_t i = 0; i < c->npages; i++) map_page(r, c, i);
     r->nodes++;
