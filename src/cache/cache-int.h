@@ -28,7 +28,10 @@ typedef struct kvt__ghost_pend {
 typedef struct kvt__ghost {
     struct kvt__ghost_bucket *table; /* cuckoo buckets of 16 entries (a cache line): fingerprint and epoch tag (ghost.c) */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
-    size_t cap, nb;     /* keys remembered (<= 2^29); buckets (cap / 14, so 14 of 16 entries in use when full) */
+    size_t cap, nb;     /* keys remembered (<= 2^29); buckets in use now (n0 << level) */
+    size_t n0, nb_max;  /* buckets at level 0; at the last level, reserved (>= cap / 14: 14 of 16 entries in use when full) */
+    unsigned level, levels; /* the table doubles as it fills, levels times (0 for a small one) */
+    size_t grow_at;     /* live keys (queued adds counted) at which it doubles next: 14 a bucket in use */
     unsigned epochs;    /* the window in epochs: min(112, cap) ... */
     size_t len, fill;   /* ... of len adds each (2 cap / (2 epochs - 1), rounded); adds made in the current one */
     uint8_t tag;        /* the current epoch's tag (its number mod 256) */

@@ -39,14 +39,28 @@
  * start to fail), where that always succeeds in practice (a failure forgets a
  * key early, counted in `overflows`).
  *
+ * A table of 4,096 buckets (256 KiB) or more grows as it fills: it starts at
+ * a quarter of its size, n0 buckets, and doubles in place when its live keys
+ * reach 14 a bucket, twice. At level j a key's bucket is its place among the
+ * n0, times 2^j, plus the top j of two "grow bits" of its fingerprint; a
+ * doubling sends each entry from bucket b to 2b or 2b + 1 by its next grow
+ * bit, a pass down the table with no key needed (grow()). So a ghost that
+ * never fills (a short run; a cache larger than its traffic's pages) touches
+ * a quarter or a half of the memory, and keeps its lines in fewer caches: on
+ * the page-16 replay, `arc`'s two ghosts went from 16.5 MB to 6.2 MB touched.
+ *
  * Fingerprints are 24 bits of the key, odd (a free entry's low part is 0), so
  * a lookup of an absent key at full load answers "present" (a page taken for
- * seen before) with a chance of 2 x 14 x 2^-23 = 3.3e-6.
+ * seen before) with a chance of 2 x 14 x 2^-23 = 3.3e-6 in a table that does
+ * not grow. In one that has doubled j times, the entries of a bucket share
+ * its j grow bits with the keys looked up there (their place implies them):
+ * 2^j x that, 1.3e-5 at full size.
  *
  * Memory: a bucket (64 bytes) per 14 keys, 4.6 bytes a key, on huge pages
  * (every access is random: 4 KiB pages would miss the TLB too), plus 1 KiB of
- * counts. The exact FIFO of (32-bit fingerprint, 32-bit add number) entries
- * and a bit per add it replaced took 9.1 bytes a key; on the page-16 replay,
+ * counts; a growing table reserves its full size and faults in what it uses.
+ * The exact FIFO of (32-bit fingerprint, 32-bit add number) entries and a
+ * bit per add it replaced took 9.1 bytes a key; on the page-16 replay,
  * halving the tables took `arc` from 1.43 to ~1.3 x `lru` (docs/benchmarks.md).
  */
 #include <string.h>
@@ -69,12 +83,14 @@
 #define KICKS_MAX 256
 #define ALIGN (2u << 20) /* a huge page */
 #define ALL_WAYS ((1u << WAYS) - 1)
+#define GROW_LEVELS 2          /* a large table starts at a quarter of its size and doubles twice ... */
+#define GROW_MIN_BUCKETS 4096  /* ... when it is 256 KiB or more (a smaller one is allocated whole) */
 
 /* A bucket, one cache line, its 16 entries by field: entry w is
  * (hi[w] << 16 | lo[w], tag[w]); lo is odd in a used entry, 0 in a free one.
  * By field, one SSE2 instruction reads 16 tags or 8 fingerprint halves. */
 struct kvt__ghost_bucket {
-    uint8_t tag[WAYS];
+    _Alignas(64) uint8_t tag[WAYS]; /* aligned, so that a copy on the stack loads like the table */
     uint16_t lo[WAYS];
     uint8_t hi[WAYS];
 };
@@ -93,11 +109,24 @@ static inline uint32_t fp_of(uint64_t key) { return (uint32_t)(key >> 40) | 1u; 
 static inline bucket_t *bucket(const kvt__ghost_t *g, size_t b) { return g->table + b; }
 /* x's place in [0, nb): the high half of x * nb (no division, any nb). */
 static inline size_t reduce(uint64_t x, size_t nb) { return (size_t)(((unsigned __int128)x * nb) >> 64); }
-static inline size_t b1_of(const kvt__ghost_t *g, uint64_t key) { return reduce(mix(key), g->nb); }
+/* The fingerprint's bits that a growing table has used so far: at level j,
+ * the top j of its `levels` grow bits (bits 1.. of the fingerprint). */
+static inline size_t grown_bits(const kvt__ghost_t *g, uint32_t fp) {
+    return ((fp >> 1) & ((1u << g->levels) - 1)) >> (g->levels - g->level);
+}
+/* A key's first bucket: its place among the n0 buckets of level 0, refined
+ * by one grow bit a doubling (b at level j is buckets 2b, 2b + 1 at j + 1). */
+static inline size_t b1_of(const kvt__ghost_t *g, uint64_t key, uint32_t fp) {
+    return (reduce(mix(key), g->n0) << g->level) + grown_bits(g, fp);
+}
 /* The other bucket of a fingerprint in bucket b: (h(fp) - b) mod nb, an
- * involution (alt(alt(b)) = b), so a key moved by the cuckoo can go back. */
+ * involution (alt(alt(b)) = b), so a key moved by the cuckoo can go back.
+ * h doubles with the table, plus twice the grow bit, h' = 2h + 2x: then the
+ * pair {b1, b2} becomes {2 b1 + x, 2 b2 + x}, so that an entry moves from b to
+ * 2b + x whichever of its two buckets it is in. */
 static inline size_t alt_of(const kvt__ghost_t *g, size_t b, uint32_t fp) {
-    size_t h = reduce(mix(fp * 0x9e3779b97f4a7c15ull), g->nb);
+    size_t h = (reduce(mix(fp * 0x9e3779b97f4a7c15ull), g->n0) << g->level) + 2 * grown_bits(g, fp);
+    h = h >= g->nb ? h - g->nb : h; /* both terms are below nb */
     return h >= b ? h - b : h + g->nb - b;
 }
 
@@ -156,7 +185,7 @@ static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp)
 
 /* The table's alignment: a huge page for a table of 2 MiB or more, a cache line otherwise. */
 static size_t align_of(size_t bytes) { return bytes >= ALIGN ? ALIGN : 64; }
-static size_t table_bytes(const kvt__ghost_t *g) { return g->nb * sizeof(bucket_t); }
+static size_t table_bytes(const kvt__ghost_t *g) { return g->nb_max * sizeof(bucket_t); } /* reserved */
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     memset(g, 0, sizeof(*g));
@@ -165,11 +194,15 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     size_t nb = (cap + KEYS_PER_BUCKET - 1) / KEYS_PER_BUCKET;
     if (nb < 2) nb = 2;
     g->cap = cap;
-    g->nb = nb; /* set first: kvt__ghost_fini frees by these sizes */
+    g->levels = nb >= GROW_MIN_BUCKETS ? GROW_LEVELS : 0;
+    g->n0 = (nb + (1u << g->levels) - 1) >> g->levels;
+    g->nb_max = g->n0 << g->levels; /* set first: kvt__ghost_fini frees by these sizes */
+    g->nb = g->n0;
+    g->grow_at = g->levels ? KEYS_PER_BUCKET * g->nb : SIZE_MAX;
     g->epochs = cap < EPOCHS ? (unsigned)cap : EPOCHS;
     /* len: the window's mean, epochs x len - len / 2, nearest cap (1 when cap <= EPOCHS: the exact FIFO) */
     g->len = cap <= EPOCHS ? 1 : (4 * cap + 2 * EPOCHS - 1) / (2 * (2 * EPOCHS - 1));
-    g->sweep_step = (nb + SWEEP_EPOCHS - 1) / SWEEP_EPOCHS;
+    g->sweep_step = (g->nb + SWEEP_EPOCHS - 1) / SWEEP_EPOCHS;
     size_t bytes = table_bytes(g), align = align_of(bytes);
     g->raw = kvt__malloc(bytes + align);
     if (g->raw == NULL) {
@@ -177,12 +210,13 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
         return KVT_ENOMEM;
     }
     /* one bucket, one cache line; a large table on huge pages (each lookup is a random access: with
-     * 4 KiB pages it would miss the TLB too), asked for before the memset touches it */
+     * 4 KiB pages it would miss the TLB too), asked for before the memset touches it. Only level 0's
+     * buckets are touched: the rest of the reservation stays unfaulted until the table grows into it. */
     g->table = (bucket_t *)(((uintptr_t)g->raw + align - 1) & ~(uintptr_t)(align - 1));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (bytes >= ALIGN) (void)madvise(g->table, bytes, MADV_HUGEPAGE);
 #endif
-    memset(g->table, 0, bytes);
+    memset(g->table, 0, g->nb * sizeof(bucket_t));
     return KVT_OK;
 }
 
@@ -218,7 +252,7 @@ static spot_t find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1, size_t b2) 
 
 static spot_t find(const kvt__ghost_t *g, uint64_t key) {
     uint32_t fp = fp_of(key);
-    size_t b1 = b1_of(g, key);
+    size_t b1 = b1_of(g, key, fp);
     return find_in(g, fp, b1, alt_of(g, b1, fp));
 }
 
@@ -284,9 +318,41 @@ static void next_epoch(kvt__ghost_t *g) {
 
 void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return;
-    size_t b1 = b1_of(g, key);
+    uint32_t fp = fp_of(key);
+    size_t b1 = b1_of(g, key, fp);
     __builtin_prefetch(bucket(g, b1));
-    __builtin_prefetch(bucket(g, alt_of(g, b1, fp_of(key))));
+    __builtin_prefetch(bucket(g, alt_of(g, b1, fp)));
+}
+
+/* The table doubles in place: the live entries of bucket b go to buckets 2b
+ * and 2b + 1 by the fingerprint's next grow bit (alt_of says why that keeps
+ * every key's pair), from the top down, so that no bucket is written before
+ * it is read; expired entries are dropped on the way. A bucket's entries
+ * split in two, so neither half can overflow. The sweep keeps its place
+ * (bucket s becomes 2s) and doubles its step, so it still passes every
+ * bucket in SWEEP_EPOCHS epochs (one more, by rounding, inside the 16 to
+ * spare). Each doubling touches twice the table's memory: a ghost that never
+ * fills (a short run, a cache larger than its traffic) never faults in the
+ * rest of its reservation. */
+static void grow(kvt__ghost_t *g) {
+    unsigned shift = g->levels - 1 - g->level; /* this doubling's bit of the grow bits */
+    for (size_t b = g->nb; b-- > 0;) {
+        bucket_t from = *bucket(g, b), half[2];
+        unsigned n[2] = {0, 0};
+        memset(half, 0, sizeof(half));
+        for (unsigned live = look(g, &from, 0).live; live; live &= live - 1) {
+            uint32_t e = get(&from, (unsigned)__builtin_ctz(live));
+            unsigned x = (fp_in(e) >> 1 >> shift) & 1;
+            set(&half[x], n[x]++, e);
+        }
+        *bucket(g, 2 * b) = half[0];
+        *bucket(g, 2 * b + 1) = half[1];
+    }
+    g->level++;
+    g->nb *= 2;
+    g->grow_at = g->level < g->levels ? KEYS_PER_BUCKET * g->nb : SIZE_MAX;
+    g->sweep_at *= 2;
+    g->sweep_step = (g->nb + SWEEP_EPOCHS - 1) / SWEEP_EPOCHS;
 }
 
 /* Queues the add: the key's two buckets are prefetched now and the add is
@@ -296,8 +362,12 @@ void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
  * pages) overlap. */
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return;
+    if (g->live + g->npend >= g->grow_at) { /* 14 keys a bucket: the queue goes in at this size, then it doubles */
+        flush(g);
+        grow(g);
+    }
     uint32_t fp = fp_of(key);
-    size_t b1 = b1_of(g, key), b2 = alt_of(g, b1, fp);
+    size_t b1 = b1_of(g, key, fp), b2 = alt_of(g, b1, fp);
     __builtin_prefetch(bucket(g, b1), 1);
     __builtin_prefetch(bucket(g, b2), 1);
     if (g->npend == KVT__GHOST_PEND) apply_oldest(g); /* prefetched KVT__GHOST_PEND adds ago */
