@@ -324,29 +324,52 @@ void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
     __builtin_prefetch(bucket(g, alt_of(g, b1, fp)));
 }
 
+/* Bucket x's entries whose fingerprint has bit `bit` set (bit w: entry w). */
+static inline unsigned with_bit(const bucket_t *x, unsigned bit) {
+#if defined(__SSE2__)
+    const __m128i one = _mm_set1_epi16((short)(1u << bit));
+    __m128i lo0 = _mm_load_si128((const __m128i *)(const void *)x->lo), lo1 = _mm_load_si128((const __m128i *)(const void *)(x->lo + 8));
+    return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_cmpeq_epi16(_mm_and_si128(lo0, one), one),
+                                                       _mm_cmpeq_epi16(_mm_and_si128(lo1, one), one)));
+#else
+    unsigned m = 0;
+    for (unsigned w = 0; w < WAYS; w++) m |= (unsigned)((x->lo[w] >> bit) & 1u) << w;
+    return m;
+#endif
+}
+
+/* Bucket x with only the entries of mask `keep` used (the others freed). */
+static inline void keep_only(bucket_t *x, unsigned keep) {
+#if defined(__SSE2__)
+    const __m128i way0 = _mm_set_epi16(128, 64, 32, 16, 8, 4, 2, 1), way8 = _mm_slli_epi16(way0, 8);
+    __m128i k = _mm_set1_epi16((short)keep);
+    __m128i *lo = (__m128i *)(void *)x->lo;
+    _mm_store_si128(lo, _mm_and_si128(_mm_load_si128(lo), _mm_cmpeq_epi16(_mm_and_si128(k, way0), way0)));
+    _mm_store_si128(lo + 1, _mm_and_si128(_mm_load_si128(lo + 1), _mm_cmpeq_epi16(_mm_and_si128(k, way8), way8)));
+#else
+    for (unsigned w = 0; w < WAYS; w++)
+        if (!(keep >> w & 1u)) x->lo[w] = 0;
+#endif
+}
+
 /* The table doubles in place: the live entries of bucket b go to buckets 2b
  * and 2b + 1 by the fingerprint's next grow bit (alt_of says why that keeps
- * every key's pair), from the top down, so that no bucket is written before
- * it is read; expired entries are dropped on the way. A bucket's entries
- * split in two, so neither half can overflow. The sweep keeps its place
- * (bucket s becomes 2s) and doubles its step, so it still passes every
- * bucket in SWEEP_EPOCHS epochs (one more, by rounding, inside the 16 to
- * spare). Each doubling touches twice the table's memory: a ghost that never
- * fills (a short run, a cache larger than its traffic) never faults in the
- * rest of its reservation. */
+ * every key's pair), each half a copy of b with the other half's entries and
+ * the expired ones freed; from the top down, so that no bucket is written
+ * before it is read. The sweep keeps its place (bucket s becomes 2s) and
+ * doubles its step, so it still passes every bucket in SWEEP_EPOCHS epochs
+ * (one more, by rounding, inside the 16 to spare). Each doubling touches
+ * twice the table's memory: a ghost that never fills (a short run, a cache
+ * larger than its traffic) never faults in the rest of its reservation. */
 static void grow(kvt__ghost_t *g) {
-    unsigned shift = g->levels - 1 - g->level; /* this doubling's bit of the grow bits */
+    unsigned bit = 1 + g->levels - 1 - g->level; /* this doubling's grow bit (bit 0 marks a used entry) */
     for (size_t b = g->nb; b-- > 0;) {
-        bucket_t from = *bucket(g, b), half[2];
-        unsigned n[2] = {0, 0};
-        memset(half, 0, sizeof(half));
-        for (unsigned live = look(g, &from, 0).live; live; live &= live - 1) {
-            uint32_t e = get(&from, (unsigned)__builtin_ctz(live));
-            unsigned x = (fp_in(e) >> 1 >> shift) & 1;
-            set(&half[x], n[x]++, e);
-        }
-        *bucket(g, 2 * b) = half[0];
-        *bucket(g, 2 * b + 1) = half[1];
+        bucket_t from = *bucket(g, b), *half = bucket(g, 2 * b);
+        unsigned live = look(g, &from, 0).live, up = with_bit(&from, bit);
+        half[0] = from;
+        half[1] = from;
+        keep_only(&half[0], live & ~up);
+        keep_only(&half[1], live & up);
     }
     g->level++;
     g->nb *= 2;
