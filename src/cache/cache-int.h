@@ -23,14 +23,17 @@ typedef struct kvt__op {
 /* The ghost of pages that left the cache (ghost.c). */
 #define KVT__GHOST_PEND 16
 typedef struct kvt__ghost_pend {
-    uint32_t fp, b1, b2; /* a queued add: its fingerprint and buckets, computed as it was queued */
+    uint32_t fp, b1; /* a queued add: its fingerprint and first bucket, computed as it was queued */
 } kvt__ghost_pend_t;
 typedef struct kvt__ghost {
     struct kvt__ghost_bucket *table; /* cuckoo buckets of 16 entries (a cache line): fingerprint and epoch tag (ghost.c) */
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
+    uint64_t *spill;    /* a bit a bucket: some key whose first bucket it is may be in its second (ghost.c) */
     size_t cap, nb;     /* keys remembered (<= 2^29); buckets in use now (n0 << level) */
     size_t n0, nb_max;  /* buckets at level 0; at the last level, reserved (>= cap / 14: 14 of 16 entries in use when full) */
     unsigned level, levels; /* the table doubles as it fills, levels times (0 for a small one) */
+    unsigned grow_mask, grow_shift; /* the grow bits used so far: ((fp >> 1) & grow_mask) >> grow_shift */
+    uint8_t now16[16], last16[16]; /* the current tag, and epochs - 1, in each byte (for one SSE2 load) */
     size_t grow_at;     /* live keys (queued adds counted) at which it doubles next: 14 a bucket in use */
     unsigned epochs;    /* the window in epochs: min(112, cap) ... */
     size_t len, fill;   /* ... of len adds each (2 cap / (2 epochs - 1), rounded); adds made in the current one */

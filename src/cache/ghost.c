@@ -29,12 +29,17 @@
  * exact: a count per tag of the live entries holding it, the leaving epoch's
  * count subtracted as it leaves.
  *
- * A lookup reads both lines (both loads issued at once, so it costs about one
- * miss). An add prefetches its lines and goes in 16 adds later (a ring of
- * pending adds), so that an eviction round's adds overlap their misses; any
- * read applies the ring first. An add takes a free or expired entry of either
- * bucket; with both full of live keys it moves a live key to its other bucket
- * (cuckoo), at most 256 moves; the table is sized for 14 keys a bucket when
+ * A key goes to its first bucket b1 while that has room; only when b1 is full
+ * does it (or a key the cuckoo moves out of b1) go to the second, and b1's
+ * spill bit is set (a bitmap, a bit a bucket: 16 KiB for 1.8 M keys, in the
+ * caches). While b1's bit is clear its keys are all in b1, so a lookup or an
+ * add reads one line; with the bit set, both (the two loads issued at once,
+ * about one miss). On the page-16 replay most buckets never fill. An add
+ * prefetches its lines and goes in 16 adds later (a ring of pending adds), so
+ * that an eviction round's adds overlap their misses; any read applies the
+ * ring first. An add takes a free or expired entry of b1, else of b2; with
+ * both full of live keys it moves a live key to its other bucket (cuckoo), at
+ * most 256 moves; the table is sized for 14 keys a bucket when
  * full (87.5 %, well under the ~99 % where two-choice 16-way cuckoo tables
  * start to fail), where that always succeeds in practice (a failure forgets a
  * key early, counted in `overflows`).
@@ -54,7 +59,8 @@
  * seen before) with a chance of 2 x 14 x 2^-23 = 3.3e-6 in a table that does
  * not grow. In one that has doubled j times, the entries of a bucket share
  * its j grow bits with the keys looked up there (their place implies them):
- * 2^j x that, 1.3e-5 at full size.
+ * 2^j x that, 1.3e-5 at full size; somewhat less, as a lookup reads the
+ * second bucket only where the first has spilled (1.0e-5 measured).
  *
  * Memory: a bucket (64 bytes) per 14 keys, 4.6 bytes a key, on huge pages
  * (every access is random: 4 KiB pages would miss the TLB too), plus 1 KiB of
@@ -111,9 +117,7 @@ static inline bucket_t *bucket(const kvt__ghost_t *g, size_t b) { return g->tabl
 static inline size_t reduce(uint64_t x, size_t nb) { return (size_t)(((unsigned __int128)x * nb) >> 64); }
 /* The fingerprint's bits that a growing table has used so far: at level j,
  * the top j of its `levels` grow bits (bits 1.. of the fingerprint). */
-static inline size_t grown_bits(const kvt__ghost_t *g, uint32_t fp) {
-    return ((fp >> 1) & ((1u << g->levels) - 1)) >> (g->levels - g->level);
-}
+static inline size_t grown_bits(const kvt__ghost_t *g, uint32_t fp) { return ((fp >> 1) & g->grow_mask) >> g->grow_shift; }
 /* A key's first bucket: its place among the n0 buckets of level 0, refined
  * by one grow bit a doubling (b at level j is buckets 2b, 2b + 1 at j + 1). */
 static inline size_t b1_of(const kvt__ghost_t *g, uint64_t key, uint32_t fp) {
@@ -164,8 +168,8 @@ static inline unsigned used_in(const bucket_t *x) {
 static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp) {
 #if defined(__SSE2__)
     const __m128i zero = _mm_setzero_si128(), want_lo = _mm_set1_epi16((short)(uint16_t)fp);
-    __m128i age = _mm_sub_epi8(_mm_set1_epi8((char)g->tag), _mm_load_si128((const __m128i *)(const void *)x->tag));
-    __m128i last = _mm_set1_epi8((char)(uint8_t)(g->epochs - 1)); /* live: age <= epochs - 1, unsigned */
+    __m128i age = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)g->now16), _mm_load_si128((const __m128i *)(const void *)x->tag));
+    __m128i last = _mm_loadu_si128((const __m128i *)(const void *)g->last16); /* live: age <= epochs - 1, unsigned */
     __m128i young = _mm_cmpeq_epi8(_mm_min_epu8(age, last), age);
     __m128i lo0 = _mm_load_si128((const __m128i *)(const void *)x->lo), lo1 = _mm_load_si128((const __m128i *)(const void *)(x->lo + 8));
     __m128i used = _mm_andnot_si128(_mm_packs_epi16(_mm_cmpeq_epi16(lo0, zero), _mm_cmpeq_epi16(lo1, zero)), young);
@@ -186,6 +190,17 @@ static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp)
 /* The table's alignment: a huge page for a table of 2 MiB or more, a cache line otherwise. */
 static size_t align_of(size_t bytes) { return bytes >= ALIGN ? ALIGN : 64; }
 static size_t table_bytes(const kvt__ghost_t *g) { return g->nb_max * sizeof(bucket_t); } /* reserved */
+static size_t spill_bytes(const kvt__ghost_t *g) { return (g->nb_max + 63) / 64 * sizeof(uint64_t); }
+
+/* Bucket b's spill bit: set when a key whose first bucket is b goes to its
+ * second (b had no room), and never cleared but by a doubling of a clear
+ * bucket; while it is clear, no key of first bucket b is anywhere but in b,
+ * so a lookup or an add reads that one line. */
+static inline bool spilled(const kvt__ghost_t *g, size_t b) { return g->spill[b / 64] >> (b % 64) & 1; }
+static inline void set_spilled(kvt__ghost_t *g, size_t b, bool on) {
+    uint64_t bit = 1ull << (b % 64);
+    g->spill[b / 64] = on ? g->spill[b / 64] | bit : g->spill[b / 64] & ~bit;
+}
 
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     memset(g, 0, sizeof(*g));
@@ -199,13 +214,17 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     g->nb_max = g->n0 << g->levels; /* set first: kvt__ghost_fini frees by these sizes */
     g->nb = g->n0;
     g->grow_at = g->levels ? KEYS_PER_BUCKET * g->nb : SIZE_MAX;
+    g->grow_mask = (1u << g->levels) - 1;
+    g->grow_shift = g->levels;
     g->epochs = cap < EPOCHS ? (unsigned)cap : EPOCHS;
+    memset(g->last16, (int)(g->epochs - 1), sizeof(g->last16)); /* now16: tag 0 */
     /* len: the window's mean, epochs x len - len / 2, nearest cap (1 when cap <= EPOCHS: the exact FIFO) */
     g->len = cap <= EPOCHS ? 1 : (4 * cap + 2 * EPOCHS - 1) / (2 * (2 * EPOCHS - 1));
     g->sweep_step = (g->nb + SWEEP_EPOCHS - 1) / SWEEP_EPOCHS;
     size_t bytes = table_bytes(g), align = align_of(bytes);
     g->raw = kvt__malloc(bytes + align);
-    if (g->raw == NULL) {
+    g->spill = kvt__calloc(1, spill_bytes(g));
+    if (g->raw == NULL || g->spill == NULL) {
         kvt__ghost_fini(g);
         return KVT_ENOMEM;
     }
@@ -224,6 +243,7 @@ void kvt__ghost_fini(kvt__ghost_t *g) {
     if (g->cap) {
         size_t bytes = table_bytes(g);
         kvt__free(g->raw, bytes + align_of(bytes));
+        kvt__free(g->spill, spill_bytes(g));
     }
     memset(g, 0, sizeof(*g));
 }
@@ -241,19 +261,21 @@ typedef struct {
     unsigned w;
 } spot_t;
 
-static spot_t find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1, size_t b2) {
-    bucket_t *x = bucket(g, b1), *y = bucket(g, b2);
-    __builtin_prefetch(y); /* the two misses overlap */
+/* The key of fingerprint fp and first bucket b1: in b1, or in its second
+ * bucket when b1 has spilled. */
+static spot_t find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1) {
+    bucket_t *x = bucket(g, b1), *y = spilled(g, b1) ? bucket(g, alt_of(g, b1, fp)) : NULL;
+    if (y) __builtin_prefetch(y); /* the two misses overlap */
     look_t l = look(g, x, fp);
     if (l.match) return (spot_t){x, (unsigned)__builtin_ctz(l.match)};
+    if (y == NULL) return (spot_t){NULL, 0};
     l = look(g, y, fp);
     return l.match ? (spot_t){y, (unsigned)__builtin_ctz(l.match)} : (spot_t){NULL, 0};
 }
 
 static spot_t find(const kvt__ghost_t *g, uint64_t key) {
     uint32_t fp = fp_of(key);
-    size_t b1 = b1_of(g, key, fp);
-    return find_in(g, fp, b1, alt_of(g, b1, fp));
+    return find_in(g, fp, b1_of(g, key, fp));
 }
 
 static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p);
@@ -304,6 +326,7 @@ static int room_in(const kvt__ghost_t *g, const bucket_t *x) {
  * is still there when its tag comes round again. */
 static void next_epoch(kvt__ghost_t *g) {
     g->tag++;
+    memset(g->now16, g->tag, sizeof(g->now16));
     g->fill = 0;
     uint8_t gone = (uint8_t)(g->tag - g->epochs);
     g->live -= g->count[gone];
@@ -321,7 +344,7 @@ void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
     uint32_t fp = fp_of(key);
     size_t b1 = b1_of(g, key, fp);
     __builtin_prefetch(bucket(g, b1));
-    __builtin_prefetch(bucket(g, alt_of(g, b1, fp)));
+    if (spilled(g, b1)) __builtin_prefetch(bucket(g, alt_of(g, b1, fp)));
 }
 
 /* Bucket x's entries whose fingerprint has bit `bit` set (bit w: entry w). */
@@ -370,8 +393,12 @@ static void grow(kvt__ghost_t *g) {
         half[1] = from;
         keep_only(&half[0], live & ~up);
         keep_only(&half[1], live & up);
+        bool s = spilled(g, b); /* b's keys of first bucket b are in 2b or 2b + 1 now, and may have spilled from either */
+        set_spilled(g, 2 * b, s);
+        set_spilled(g, 2 * b + 1, s);
     }
     g->level++;
+    g->grow_shift--;
     g->nb *= 2;
     g->grow_at = g->level < g->levels ? KEYS_PER_BUCKET * g->nb : SIZE_MAX;
     g->sweep_at *= 2;
@@ -390,42 +417,45 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
         grow(g);
     }
     uint32_t fp = fp_of(key);
-    size_t b1 = b1_of(g, key, fp), b2 = alt_of(g, b1, fp);
+    size_t b1 = b1_of(g, key, fp);
     __builtin_prefetch(bucket(g, b1), 1);
-    __builtin_prefetch(bucket(g, b2), 1);
+    if (spilled(g, b1)) __builtin_prefetch(bucket(g, alt_of(g, b1, fp)), 1); /* else b2 is read only if b1 has no room */
     if (g->npend == KVT__GHOST_PEND) apply_oldest(g); /* prefetched KVT__GHOST_PEND adds ago */
-    g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = (kvt__ghost_pend_t){fp, (uint32_t)b1, (uint32_t)b2};
+    g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = (kvt__ghost_pend_t){fp, (uint32_t)b1};
 }
 
-static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
-    if (g->fill == g->len) next_epoch(g);
-    uint32_t fp = p->fp;
-    bucket_t *x = bucket(g, p->b1), *y = bucket(g, p->b2);
-    look_t lx = look(g, x, fp), ly = look(g, y, fp);
+/* The rest of an add whose first bucket b1 has spilled or is full: b2 may
+ * hold the key's older copy, or take the key; else cuckoo moves. The key is
+ * counted already; lx is b1's look. */
+static void add_spilled(kvt__ghost_t *g, size_t b1, uint32_t fp, look_t lx, bool both) {
+    bucket_t *x = bucket(g, b1), *y = bucket(g, alt_of(g, b1, fp));
+    look_t ly = both ? look(g, y, fp) : (look_t){0, 0};
     /* a newer copy replaces the older one (a key has one live copy) */
-    if (lx.match) {
-        unsigned w = (unsigned)__builtin_ctz(lx.match);
-        forget(g, x, w);
-        lx.live &= ~(1u << w);
-    } else if (ly.match) {
+    if (!lx.match && ly.match) {
         unsigned w = (unsigned)__builtin_ctz(ly.match);
         forget(g, y, w);
         ly.live &= ~(1u << w);
     }
     uint32_t carry = fp << 8 | g->tag;
-    g->count[g->tag]++;
-    g->live++;
-    g->fill++;
-    unsigned fx = ~lx.live & ALL_WAYS, fy = ~ly.live & ALL_WAYS;
-    if (fx | fy) {
-        if (fx) set(x, (unsigned)__builtin_ctz(fx), carry);
-        else set(y, (unsigned)__builtin_ctz(fy), carry);
+    unsigned fx = ~lx.live & ALL_WAYS;
+    if (fx) {
+        set(x, (unsigned)__builtin_ctz(fx), carry);
         return;
     }
-    /* both full of live keys: cuckoo moves, each key to its other bucket */
-    size_t cur = p->b1;
+    /* b1 is full: the key goes to b2, or moves another there, so b1 spills */
+    set_spilled(g, b1, true);
+    if (!both) ly = look(g, y, fp); /* (no copy there: b1 had not spilled) */
+    unsigned fy = ~ly.live & ALL_WAYS;
+    if (fy) {
+        set(y, (unsigned)__builtin_ctz(fy), carry);
+        return;
+    }
+    /* both full of live keys: cuckoo moves, each key to its other bucket; a
+     * bucket moved from spills (the key moved may be in its first) */
+    size_t cur = b1;
     for (unsigned k = 0; k < KICKS_MAX; k++) {
         bucket_t *c = bucket(g, cur);
+        set_spilled(g, cur, true);
         unsigned w = (k * 5 + (unsigned)g->fill) % WAYS;
         uint32_t moved = get(c, w); /* live: cur had no room */
         set(c, w, carry);
@@ -442,4 +472,28 @@ static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
     g->count[tag_in(carry)]--;
     g->live--;
     g->overflows++;
+}
+
+/* An add from the queue. The common case, b1 not spilled and with room (or
+ * holding the key's older copy), reads one line and is made here. */
+static inline void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
+    if (g->fill == g->len) next_epoch(g);
+    uint32_t fp = p->fp;
+    bucket_t *x = bucket(g, p->b1);
+    bool both = spilled(g, p->b1); /* else no copy of the key is in b2 */
+    look_t lx = look(g, x, fp);
+    if (lx.match) { /* a newer copy replaces the older one */
+        unsigned w = (unsigned)__builtin_ctz(lx.match);
+        forget(g, x, w);
+        lx.live &= ~(1u << w);
+    }
+    g->count[g->tag]++;
+    g->live++;
+    g->fill++;
+    unsigned fx = ~lx.live & ALL_WAYS;
+    if (!both && fx) {
+        set(x, (unsigned)__builtin_ctz(fx), fp << 8 | g->tag);
+        return;
+    }
+    add_spilled(g, p->b1, fp, lx, both);
 }

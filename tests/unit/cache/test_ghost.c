@@ -150,8 +150,9 @@ Test(ghost, a_ghost_that_never_fills_stays_small) {
  * one of the ~28 live entries of the key's two buckets to have its 23 free
  * fingerprint bits, 3.3e-6 a lookup in a table that has not grown. This one
  * (1 M keys) has doubled twice: a bucket's entries and the lookup's key share
- * the 2 grow bits their place implies, so it is 4 x that, 1.3e-5 (ghost.c);
- * 4 M lookups expect ~55. The same coincidence on an add makes the new key
+ * the 2 grow bits their place implies, so it is 4 x that, 1.3e-5 (ghost.c),
+ * or less where a lookup skips an unspilled key's second bucket; 4 M lookups
+ * expect ~55 at most. The same coincidence on an add makes the new key
  * replace an older one: the 1 M adds of distinct keys that fill it expect ~8
  * of those. */
 Test(ghost, false_presents_are_rare) {
