@@ -34,7 +34,9 @@
  * spill bit is set (a bitmap, a bit a bucket: 16 KiB for 1.8 M keys, in the
  * caches). While b1's bit is clear its keys are all in b1, so a lookup or an
  * add reads one line; with the bit set, both (the two loads issued at once,
- * about one miss). On the page-16 replay most buckets never fill. An add
+ * about one miss). At the end of the page-16 replay 37 % of `arc`'s ghost 0
+ * buckets have spilled (most while it filled its first quarter) and none of
+ * ghost 1's. An add
  * prefetches its lines and goes in 16 adds later (a ring of pending adds), so
  * that an eviction round's adds overlap their misses; any read applies the
  * ring first. An add takes a free or expired entry of b1, else of b2; with
