@@ -92,11 +92,16 @@ static void write_through(kvt_cache_t *c, kvt_rnode_t *last, uint64_t count) {
         for (uint32_t i = x->npages; i-- > 0 && j > 0; j--) need += x->pages[i].l2 == KVT_NO_PAGE;
     uint32_t *l2 = c->scratch + c->scratch_cap / 2;
     uint64_t got = kvt__cache_take_l2(c, need, l2);
+    bool at_once = kvt__cache_backups_at_once(c); /* page ids only: each backup is done as it is made */
     j = count;
     for (kvt_rnode_t *x = last; j > 0; x = x->parent)
         for (uint32_t i = x->npages; i-- > 0 && j > 0; j--) {
             if (x->pages[i].l2 != KVT_NO_PAGE) continue;
             if (--need >= got) continue; /* L2 had no room for the rest */
+            if (at_once) {
+                kvt__cache_backup_at_once(c, x, i, l2[need]);
+                continue;
+            }
             kvt__radix_begin_backup(c->tree, x, i, l2[need]);
             kvt__cache_submit(c, OP_BACKUP, x->pages[i].l1, l2[need]);
         }

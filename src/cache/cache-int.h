@@ -154,6 +154,14 @@ void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id);
 int kvt__cache_flush(kvt_cache_t *c);
 /* Queues a copy (OP_BACKUP: l1 -> l2; OP_LOAD: l2 -> l1); its pages are in flight. */
 void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2);
+/* Whether a backup completes as it is made, nothing to see in between: no
+ * data plane (page ids only), no injected copy failures, no L3 to put to. */
+static inline bool kvt__cache_backups_at_once(const kvt_cache_t *c) {
+    return c->xf == NULL && c->fail_every == 0 && c->l3f == NULL;
+}
+/* Backs up page idx of n into L2 page l2 when kvt__cache_backups_at_once:
+ * what begin, submit and the completion's apply would do, in their order. */
+void kvt__cache_backup_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx, uint32_t l2);
 /* Waits for every copy of a kind in flight, and applies them. */
 void kvt__cache_wait_kind(kvt_cache_t *c, op_kind_t kind);
 /* Waits for the backups of n's pages up to idx. */

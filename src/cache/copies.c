@@ -229,6 +229,13 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
     c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
 }
 
+void kvt__cache_backup_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
+    KVT_ASSERT(kvt__cache_backups_at_once(c));
+    if (c->ndone) apply_done(c); /* completions queued before it land first, as a poll would apply them */
+    kvt__cache_fold(c, (uint64_t)(OP_BACKUP + 3) << 40 ^ (uint64_t)n->pages[idx].l1 << 20 ^ l2); /* as submitted */
+    kvt__radix_backup_done(c->tree, n, idx, l2);
+}
+
 void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
     c->fail_every = n;
     c->submitted = 0;

@@ -130,6 +130,7 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n);            /* tail p
 uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx); /* the page's L2 copy goes */
 void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2);
 void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok); /* !ok: l2 dropped */
+void kvt__radix_backup_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2); /* begin + end, ok */
 void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1);
 void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok);    /* !ok: l1 dropped */
 /* A page past the L1 prefix that was loaded (its load ended) gives its L1

@@ -517,6 +517,18 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
     kvt__vheap_membership(r, n);
 }
 
+/* A backup that ends as it begins (the copy made at once): the two above,
+ * with no in-flight state between them. */
+void kvt__radix_backup_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(idx < n->n_l1 && p->l2 == KVT_NO_PAGE && l2 < r->l2_pages);
+    p->l2 = l2;
+    r->l2map[l2] = (kvt__pageref_t){n, idx};
+    n->n_shadow++;
+    if (n->shadow_top <= idx) n->shadow_top = idx + 1;
+    kvt__vheap_membership(r, n);
+}
+
 void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1) {
     kvt_page_t *p = &n->pages[idx];
     KVT_ASSERT(idx >= n->n_l1 && kvt__page_in_l2(p) && p->l1 == KVT_NO_PAGE && l1 < r->l1_pages);
