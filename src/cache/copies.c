@@ -2,7 +2,10 @@
  *
  * A copy is submitted as an operation and completes later; kvt_cache_poll
  * applies completions on this thread. Without a data plane each copy
- * completes at once (page ids only). With one (kvt_cache_attach), copies are
+ * completes at once (page ids only): queued as done, applied at the next
+ * poll; a commit's write-through backups, the bulk of them, skip the queue
+ * (kvt__cache_backup_at_once) unless copies are failed by a test or pages go
+ * on to L3. With one (kvt_cache_attach), copies are
  * queued per direction and handed to the transfer engine as batches when the
  * cache polls or waits; workers never touch the tree. Waiting is for what a
  * step needs (its loads; an evicted page's backup).
