@@ -280,10 +280,10 @@ static spot_t find(const kvt__ghost_t *g, uint64_t key) {
     return find_in(g, fp, b1_of(g, key, fp));
 }
 
-static void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p);
+__attribute__((always_inline)) static inline void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p);
 
 /* Makes the oldest queued add. */
-static void apply_oldest(kvt__ghost_t *g) {
+__attribute__((always_inline)) static inline void apply_oldest(kvt__ghost_t *g) {
     add_now(g, &g->pend[g->head]);
     g->head = (g->head + 1) % KVT__GHOST_PEND;
     g->npend--;
@@ -326,7 +326,7 @@ static int room_in(const kvt__ghost_t *g, const bucket_t *x) {
 /* A new epoch: the oldest leaves the window (its count with it), and the
  * sweep clears the next 1/128 of the table of expired entries, so that none
  * is still there when its tag comes round again. */
-static void next_epoch(kvt__ghost_t *g) {
+__attribute__((noinline)) static void next_epoch(kvt__ghost_t *g) {
     g->tag++;
     memset(g->now16, g->tag, sizeof(g->now16));
     g->fill = 0;
@@ -386,7 +386,7 @@ static inline void keep_only(bucket_t *x, unsigned keep) {
  * (one more, by rounding, inside the 16 to spare). Each doubling touches
  * twice the table's memory: a ghost that never fills (a short run, a cache
  * larger than its traffic) never faults in the rest of its reservation. */
-static void grow(kvt__ghost_t *g) {
+__attribute__((noinline)) static void grow(kvt__ghost_t *g) {
     unsigned bit = 1 + g->levels - 1 - g->level; /* this doubling's grow bit (bit 0 marks a used entry) */
     for (size_t b = g->nb; b-- > 0;) {
         bucket_t from = *bucket(g, b), *half = bucket(g, 2 * b);
@@ -429,7 +429,7 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
 /* The rest of an add whose first bucket b1 has spilled or is full: b2 may
  * hold the key's older copy, or take the key; else cuckoo moves. The key is
  * counted already; lx is b1's look. */
-static void add_spilled(kvt__ghost_t *g, size_t b1, uint32_t fp, look_t lx, bool both) {
+__attribute__((noinline)) static void add_spilled(kvt__ghost_t *g, size_t b1, uint32_t fp, look_t lx, bool both) {
     bucket_t *x = bucket(g, b1), *y = bucket(g, alt_of(g, b1, fp));
     look_t ly = both ? look(g, y, fp) : (look_t){0, 0};
     /* a newer copy replaces the older one (a key has one live copy) */
