@@ -36,13 +36,12 @@
  * add reads one line; with the bit set, both (the two loads issued at once,
  * about one miss). At the end of the page-16 replay 37 % of `arc`'s ghost 0
  * buckets have spilled (most while it filled its first quarter) and none of
- * ghost 1's. An add
- * prefetches its lines and goes in 16 adds later (a ring of pending adds), so
- * that an eviction round's adds overlap their misses; any read applies the
- * ring first. An add takes a free or expired entry of b1, else of b2; with
- * both full of live keys it moves a live key to its other bucket (cuckoo), at
- * most 256 moves; the table is sized for 14 keys a bucket when
- * full (87.5 %, well under the ~99 % where two-choice 16-way cuckoo tables
+ * ghost 1's. An add prefetches its lines and goes in 16 adds later (a ring of
+ * pending adds), so that an eviction round's adds overlap their misses; any
+ * read applies the ring first. An add takes a free or expired entry of b1,
+ * else of b2; with both full of live keys it moves a live key to its other
+ * bucket (cuckoo), at most 256 moves; the table is sized for 14 keys a bucket
+ * when full (87.5 %, well under the ~99 % where two-choice 16-way cuckoo tables
  * start to fail), where that always succeeds in practice (a failure forgets a
  * key early, counted in `overflows`).
  *
@@ -195,8 +194,8 @@ static size_t table_bytes(const kvt__ghost_t *g) { return g->nb_max * sizeof(buc
 static size_t spill_bytes(const kvt__ghost_t *g) { return (g->nb_max + 63) / 64 * sizeof(uint64_t); }
 
 /* Bucket b's spill bit: set when a key whose first bucket is b goes to its
- * second (b had no room), and never cleared but by a doubling of a clear
- * bucket; while it is clear, no key of first bucket b is anywhere but in b,
+ * second (b had no room); a doubling gives both halves b's bit, and nothing
+ * else clears it. While it is clear, no key of first bucket b is anywhere but in b,
  * so a lookup or an add reads that one line. */
 static inline bool spilled(const kvt__ghost_t *g, size_t b) { return g->spill[b / 64] >> (b % 64) & 1; }
 static inline void set_spilled(kvt__ghost_t *g, size_t b, bool on) {
@@ -387,7 +386,7 @@ static inline void keep_only(bucket_t *x, unsigned keep) {
  * twice the table's memory: a ghost that never fills (a short run, a cache
  * larger than its traffic) never faults in the rest of its reservation. */
 __attribute__((noinline)) static void grow(kvt__ghost_t *g) {
-    unsigned bit = 1 + g->levels - 1 - g->level; /* this doubling's grow bit (bit 0 marks a used entry) */
+    unsigned bit = g->grow_shift; /* this doubling's grow bit: bits 1.. of the fingerprint, the top one first */
     for (size_t b = g->nb; b-- > 0;) {
         bucket_t from = *bucket(g, b), *half = bucket(g, 2 * b);
         unsigned live = look(g, &from, 0).live, up = with_bit(&from, bit);
@@ -407,7 +406,8 @@ __attribute__((noinline)) static void grow(kvt__ghost_t *g) {
     g->sweep_step = (g->nb + SWEEP_EPOCHS - 1) / SWEEP_EPOCHS;
 }
 
-/* Queues the add: the key's two buckets are prefetched now and the add is
+/* Queues the add: the key's first bucket (and its second, if the first has
+ * spilled) is prefetched now and the add is
  * made KVT__GHOST_PEND adds later (a ring: each add goes in as a new one
  * comes, so every key's lines had as long to arrive), or when the ghost is
  * next read, so that the cache misses of a run of adds (an eviction round's
