@@ -208,9 +208,14 @@ static bool makes(const kvt_cache_t *c, op_kind_t kind, uint32_t l1) {
     return kind == OP_BACKUP ? c->cp.io_rank : l1 % c->cfg.l1_lanes == c->cp.rank;
 }
 
+/* A copy, as the digest records it when it is made. */
+static void fold_copy(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
+    kvt__cache_fold(c, (uint64_t)(kind + 3) << 40 ^ (uint64_t)l1 << 20 ^ l2);
+}
+
 void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
     c->inflight[kind]++;
-    kvt__cache_fold(c, (uint64_t)(kind + 3) << 40 ^ (uint64_t)l1 << 20 ^ l2);
+    fold_copy(c, kind, l1, l2);
     if (kind == OP_BACKUP && c->cp.backup_started) c->cp.backup_started(c->cp.arg, l1, l2, ++c->backup_seq);
     if (makes(c, kind, l1)) {
         if (c->cp.before_copy && c->cp.before_copy(c->cp.arg, kind == OP_LOAD, l1, l2, false) != KVT_OK) {
@@ -235,7 +240,7 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
 void kvt__cache_backup_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
     KVT_ASSERT(kvt__cache_backups_at_once(c));
     if (c->ndone) apply_done(c); /* completions queued before it land first, as a poll would apply them */
-    kvt__cache_fold(c, (uint64_t)(OP_BACKUP + 3) << 40 ^ (uint64_t)n->pages[idx].l1 << 20 ^ l2); /* as submitted */
+    fold_copy(c, OP_BACKUP, n->pages[idx].l1, l2);
     kvt__radix_backup_done(c->tree, n, idx, l2);
 }
 

@@ -494,12 +494,22 @@ uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     return id;
 }
 
-void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
+/* A backup's two halves: L2 page l2 is the page's (reserved, or landed), and
+ * the page's copy in L2 has landed. */
+static inline kvt_page_t *give_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
     kvt_page_t *p = &n->pages[idx];
     KVT_ASSERT(idx < n->n_l1 && p->l2 == KVT_NO_PAGE && l2 < r->l2_pages);
     p->l2 = l2;
-    p->flags |= KVT_PAGE_D2H;
     r->l2map[l2] = (kvt__pageref_t){n, idx};
+    return p;
+}
+static inline void shadow_landed(kvt_rnode_t *n, uint32_t idx) {
+    n->n_shadow++; /* a page being backed up stays in L1 until the backup ends */
+    if (n->shadow_top <= idx) n->shadow_top = idx + 1;
+}
+
+void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
+    give_l2(r, n, idx, l2)->flags |= KVT_PAGE_D2H;
     kvt__vheap_membership(r, n);
 }
 
@@ -508,8 +518,7 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
     KVT_ASSERT(p->flags & KVT_PAGE_D2H);
     p->flags &= ~(uint32_t)KVT_PAGE_D2H;
     if (ok) {
-        n->n_shadow++; /* a page being backed up stays in L1 until the backup ends */
-        if (n->shadow_top <= idx) n->shadow_top = idx + 1;
+        shadow_landed(n, idx);
     } else {
         r->l2map[p->l2].node = NULL;
         p->l2 = KVT_NO_PAGE;
@@ -517,15 +526,11 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
     kvt__vheap_membership(r, n);
 }
 
-/* A backup that ends as it begins (the copy made at once): the two above,
- * with no in-flight state between them. */
+/* A backup that ends as it begins (the copy made at once): begin and end, with
+ * no in-flight state between them. */
 void kvt__radix_backup_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
-    kvt_page_t *p = &n->pages[idx];
-    KVT_ASSERT(idx < n->n_l1 && p->l2 == KVT_NO_PAGE && l2 < r->l2_pages);
-    p->l2 = l2;
-    r->l2map[l2] = (kvt__pageref_t){n, idx};
-    n->n_shadow++;
-    if (n->shadow_top <= idx) n->shadow_top = idx + 1;
+    give_l2(r, n, idx, l2);
+    shadow_landed(n, idx);
     kvt__vheap_membership(r, n);
 }
 
