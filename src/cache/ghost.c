@@ -256,6 +256,15 @@ static inline void forget(kvt__ghost_t *g, bucket_t *x, unsigned w) {
     x->lo[w] = 0;
 }
 
+/* A newer copy replaces the older one (a key has one live copy): the entry
+ * of x that look l matched, if any, is forgotten and no longer live in l. */
+static inline void drop_match(kvt__ghost_t *g, bucket_t *x, look_t *l) {
+    if (!l->match) return;
+    unsigned w = (unsigned)__builtin_ctz(l->match);
+    forget(g, x, w);
+    l->live &= ~(1u << w);
+}
+
 /* Where a key's live entry is: bucket x, entry w; x NULL when it has none. */
 typedef struct {
     bucket_t *x;
@@ -432,12 +441,7 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
 __attribute__((noinline)) static void add_spilled(kvt__ghost_t *g, size_t b1, uint32_t fp, look_t lx, bool both) {
     bucket_t *x = bucket(g, b1), *y = bucket(g, alt_of(g, b1, fp));
     look_t ly = both ? look(g, y, fp) : (look_t){0, 0};
-    /* a newer copy replaces the older one (a key has one live copy) */
-    if (!lx.match && ly.match) {
-        unsigned w = (unsigned)__builtin_ctz(ly.match);
-        forget(g, y, w);
-        ly.live &= ~(1u << w);
-    }
+    if (!lx.match) drop_match(g, y, &ly); /* (b1's was dropped by add_now) */
     uint32_t carry = fp << 8 | g->tag;
     unsigned fx = ~lx.live & ALL_WAYS;
     if (fx) {
@@ -484,11 +488,7 @@ static inline void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
     bucket_t *x = bucket(g, p->b1);
     bool both = spilled(g, p->b1); /* else no copy of the key is in b2 */
     look_t lx = look(g, x, fp);
-    if (lx.match) { /* a newer copy replaces the older one */
-        unsigned w = (unsigned)__builtin_ctz(lx.match);
-        forget(g, x, w);
-        lx.live &= ~(1u << w);
-    }
+    drop_match(g, x, &lx);
     g->count[g->tag]++;
     g->live++;
     g->fill++;
