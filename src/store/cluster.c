@@ -77,7 +77,8 @@ int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *
     if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']') h++, hlen -= 2;
     if (hlen == 0 || hlen >= cap) return KVT_EINVAL;
     for (size_t i = 0; i < hlen; i++)
-        if (h[i] == '/' || h[i] == ',' || h[i] == ' ' || h[i] == '@') return KVT_EINVAL;
+        if (h[i] == '/' || h[i] == ',' || h[i] == ' ' || h[i] == '@' || h[i] == '[' || h[i] == ']')
+            return KVT_EINVAL; /* (brackets only around the whole host: "[[1]]:3" would name "[1]", printed back "[1]:3", "1") */
     memcpy(host, h, hlen);
     host[hlen] = 0;
     *port = pt;

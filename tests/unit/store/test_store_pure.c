@@ -48,6 +48,7 @@ Test(store_pure, redirect_parser) {
     cr_assert_str_eq(host, "node-a.example");
     const char *bad[] = {"ERR wrong", "MOVED", "MOVED 16384 127.0.0.1:1", "MOVED x 127.0.0.1:1", "MOVED 5 127.0.0.1",
                          "MOVED 5 127.0.0.1:", "MOVED 5 :7000", "ASK 5 h:70000", "MOVED 5 h:1 extra", "moved 5 h:1",
+                         "ASK 16333 [[1]]:3", "MOVED 5 h[1]:7",
                          "TRYAGAIN Multiple keys request during rehashing of slot", "CLUSTERDOWN The cluster is down"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_assert_eq(kvt_store_parse_redirect(bad[i], &ask, &slot, host, sizeof(host), &port), KVT_EPARSE, "%s", bad[i]);
