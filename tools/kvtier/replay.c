@@ -165,11 +165,14 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     /* --soak: pass after pass of the same n requests (request i is i mod n of the trace) */
     uint64_t total = n;
     res->passes = 0;
+    res->tokens_s = 0;
     for (uint64_t i = 0; i < total && rc == KVT_OK; i++) {
         for (; next < total && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving: built, prefetched */
             size_t k = next % ring;
             int32_t *tk = tokens + k * max_tokens;
+            double tb = now_s();
             len[k] = request_tokens(t, reqs ? reqs[next % n] : (uint32_t)(next % n), tk);
+            res->tokens_s += now_s() - tb;
             pf[k] = 0;
             if (replay_l3_on(l)) rc = kvt_cache_prefetch(c, 0, tk, len[k], &pf[k]);
         }
@@ -364,6 +367,7 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     cJSON_AddNumberToObject(x, "tree_pages", (double)r->rs.pages);
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
+    cJSON_AddNumberToObject(x, "tokens_s", r->tokens_s); /* the part of wall_s that made the token arrays */
     if (o->data) data_json(x, r, o);
     if (replay_l3_on(l)) l3_json(x, r, l);
     if (o->soak_s > 0) soak_json(x, r, o);

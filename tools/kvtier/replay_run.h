@@ -28,6 +28,7 @@ typedef struct result {
     kvt_cache_stats_t cs;
     kvt_radix_stats_t rs;
     double wall_s;
+    double tokens_s;    /* of it, the driver's: building the requests' token arrays (trace_block_tokens) */
     data_result_t data; /* --data */
     l3_result_t l3;     /* --l3 URL */
     uint64_t passes;    /* times the trace was replayed (1 without --soak) */

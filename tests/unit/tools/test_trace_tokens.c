@@ -1,0 +1,53 @@
+/* A trace block's tokens (tools/kvtier/trace.c) against their definition,
+ * token j of block id = splitmix64(id << 9 | j) & 0x7fffffff, computed here
+ * the plain way. Both of trace.c's ways are checked: the one this machine
+ * takes (trace_block_tokens) and the one-multiply split, which a machine
+ * with AVX-512 would not otherwise run. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+
+#include "kvtier/rng.h"
+#include "trace.h"
+
+#define G 0x9e3779b97f4a7c15ull
+
+static void check_block(uint32_t id) {
+    int32_t got[TRACE_BLOCK_TOKENS], split[TRACE_BLOCK_TOKENS];
+    trace_block_tokens(id, got);
+    trace_block_tokens_split(id, split);
+    for (uint32_t j = 0; j < TRACE_BLOCK_TOKENS; j++) {
+        uint64_t s = (uint64_t)id << 9 | j;
+        int32_t want = (int32_t)(kvt_splitmix64(&s) & 0x7fffffff);
+        cr_assert_eq(got[j], want, "block %u token %u: %d, want %d", id, j, got[j], want);
+        cr_assert_eq(split[j], want, "split: block %u token %u: %d, want %d", id, j, split[j], want);
+    }
+}
+
+Test(trace_tokens, the_first_and_last_ids) {
+    for (uint32_t id = 0; id < 2048; id++) check_block(id);
+    for (uint32_t id = UINT32_MAX - 2047;; id++) {
+        check_block(id);
+        if (id == UINT32_MAX) break;
+    }
+}
+
+Test(trace_tokens, random_ids) {
+    uint64_t state = 7;
+    for (int i = 0; i < 20000; i++) check_block((uint32_t)(kvt_splitmix64(&state) >> 32));
+}
+
+/* The split's runs end where z = (id << 9) + G + j wraps its low 10 bits (odd ids, at j = 491);
+ * where that wrap also carries into bit 30, z >> 30 differs between the block's two runs. Every
+ * such id below 2^32: z is 2^30 k - 491 at j = 0, for k over the 2^41 values z takes. */
+Test(trace_tokens, a_carry_into_the_shifted_bits_within_a_block) {
+    int crossings = 0;
+    for (uint64_t k = G / (1ull << 30) + 1; k <= (G + (1ull << 41)) / (1ull << 30); k++) {
+        uint64_t id = ((k << 30) - 491 - G) / 512;
+        cr_assert_eq(id * 512 + G, (k << 30) - 491);
+        if (id > UINT32_MAX) break;
+        uint64_t z0 = ((uint64_t)id << 9) + G;
+        crossings += (z0 >> 30) != ((z0 + TRACE_BLOCK_TOKENS - 1) >> 30);
+        check_block((uint32_t)id);
+    }
+    cr_assert_geq(crossings, 2000, "only %d blocks crossed a 2^30 boundary", crossings);
+}
