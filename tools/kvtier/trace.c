@@ -13,69 +13,6 @@
 
 #include "kvtier/rng.h"
 
-/* Every token of the trace passes through here (61 M for the shipped trace),
- * so the definition, splitmix64(id << 9 | j) & 0x7fffffff, is computed two
- * ways, with the same values:
- *
- * - with AVX-512 (x86-64-v4: a vector 64-bit multiply, vpmullq), the plain
- *   loop, vectorised 8 lanes wide;
- * - elsewhere, one multiply a token instead of two. splitmix64's first round
- *   is y = z ^ (z >> 30) times C1, z = (id << 9) + G + j. Over a run of j in
- *   which z's bits from 10 up stay the same (a block has one run, or two when
- *   the low bits wrap), y is a constant `hi` with the low 10 bits
- *   (z & 1023) ^ ((z >> 30) & 1023) in place of its own: so y * C1 is
- *   hi * C1 + MUL_C1[those bits], one load and one add. AVX2's vector 64-bit
- *   multiply is three 32-bit ones: on a machine with 128-bit vector units
- *   (Zen 1) the vectorised plain loop took 2.4 ns a token, the scalar plain
- *   loop 1.9 and this 1.5. */
-#define TRACE_C1 0xbf58476d1ce4e5b9ull
-#define MUL1(i) ((uint64_t)(i) * TRACE_C1)
-#define MUL4(i) MUL1(i), MUL1((i) + 1), MUL1((i) + 2), MUL1((i) + 3)
-#define MUL16(i) MUL4(i), MUL4((i) + 4), MUL4((i) + 8), MUL4((i) + 12)
-#define MUL64(i) MUL16(i), MUL16((i) + 16), MUL16((i) + 32), MUL16((i) + 48)
-#define MUL256(i) MUL64(i), MUL64((i) + 64), MUL64((i) + 128), MUL64((i) + 192)
-static const uint64_t MUL_C1[1024] = {MUL256(0), MUL256(256), MUL256(512), MUL256(768)};
-
-void trace_block_tokens_split(uint32_t id, int32_t *out) {
-    uint64_t z0 = ((uint64_t)id << 9) + 0x9e3779b97f4a7c15ull; /* j = 0: splitmix64's first add */
-    for (int j = 0; j < TRACE_BLOCK_TOKENS;) {
-        uint64_t z = z0 + (uint64_t)j, h = z >> 30, low = z & 1023;
-        uint64_t base = (((z & ~(uint64_t)1023) ^ h) & ~(uint64_t)1023) * TRACE_C1, hl = h & 1023;
-        int end = j + (int)(1024 - low); /* the run: until z's low 10 bits wrap */
-        if (end > TRACE_BLOCK_TOKENS) end = TRACE_BLOCK_TOKENS;
-        for (; j < end; j++, low++) {
-            uint64_t x = base + MUL_C1[low ^ hl];
-            x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-            out[j] = (int32_t)((x ^ (x >> 31)) & 0x7fffffff);
-        }
-    }
-}
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && !defined(__SANITIZE_THREAD__)
-__attribute__((target("arch=x86-64-v4"), optimize("tree-vectorize"))) static void block_tokens_v4(uint32_t id, int32_t *out) {
-    uint64_t x = (uint64_t)id << 9;
-    for (int j = 0; j < TRACE_BLOCK_TOKENS; j++) {
-        uint64_t s = x | (uint64_t)j;
-        out[j] = (int32_t)(kvt_splitmix64(&s) & 0x7fffffff);
-    }
-}
-
-static bool have_v4;
-
-/* before main, one thread: which way this machine takes */
-__attribute__((constructor)) static void pick_block_tokens(void) {
-    __builtin_cpu_init();
-    have_v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-}
-
-void trace_block_tokens(uint32_t id, int32_t *out) {
-    if (have_v4) block_tokens_v4(id, out);
-    else trace_block_tokens_split(id, out);
-}
-#else
-void trace_block_tokens(uint32_t id, int32_t *out) { trace_block_tokens_split(id, out); }
-#endif
-
 void trace_free(trace_t *t) {
     for (size_t i = 0; i < t->n; i++) free(t->req[i].hash_ids);
     free(t->req);

@@ -4,6 +4,7 @@
 #ifndef KVTIER_TOOLS_TRACE_H
 #define KVTIER_TOOLS_TRACE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -51,10 +52,21 @@ int workload_generate(const workload_params_t *p, trace_t *t);
 void trace_free(trace_t *t);
 
 /* The 512 tokens of block `id`: a fixed function of the id, token j being
- * splitmix64(id << 9 | j) & 0x7fffffff (kvtier/rng.h). */
+ * splitmix64(id << 9 | j) & 0x7fffffff (kvtier/rng.h); computed the fastest
+ * way the machine has (trace_tokens.c). */
 void trace_block_tokens(uint32_t id, int32_t *out);
-/* The same values, the way a machine without AVX-512 takes (one multiply a
- * token); public so that the tests check it on every machine. */
-void trace_block_tokens_split(uint32_t id, int32_t *out);
+
+/* The ways, each giving the same values; the tests check every way the
+ * machine has. */
+typedef enum trace_tokens_way {
+    TRACE_TOKENS_SPLIT,  /* scalar, one multiply a token: any machine */
+    TRACE_TOKENS_SSE41,  /* the split, 4 tokens at a time: x86-64 with SSE4.1 */
+    TRACE_TOKENS_AVX512, /* the plain loop, 8 lanes: x86-64 with AVX-512 */
+    TRACE_TOKENS_WAYS_
+} trace_tokens_way_t;
+
+/* Block id's tokens computed `way`; false (out untouched) when this machine
+ * or build does not have that way. */
+bool trace_block_tokens_way(trace_tokens_way_t way, uint32_t id, int32_t *out);
 
 #endif

@@ -1,25 +1,32 @@
-/* A trace block's tokens (tools/kvtier/trace.c) against their definition,
- * token j of block id = splitmix64(id << 9 | j) & 0x7fffffff, computed here
- * the plain way. Both of trace.c's ways are checked: the one this machine
- * takes (trace_block_tokens) and the one-multiply split, which a machine
- * with AVX-512 would not otherwise run. */
+/* A trace block's tokens (tools/kvtier/trace_tokens.c) against their
+ * definition, token j of block id = splitmix64(id << 9 | j) & 0x7fffffff,
+ * computed here the plain way: for trace_block_tokens and for every way the
+ * machine has (the scalar split everywhere; SSE4.1 and AVX-512 where the
+ * machine has them), so that a way the machine would not pick is checked too. */
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kvtier/rng.h"
 #include "trace.h"
 
 #define G 0x9e3779b97f4a7c15ull
 
+static int ways_run;
+
 static void check_block(uint32_t id) {
-    int32_t got[TRACE_BLOCK_TOKENS], split[TRACE_BLOCK_TOKENS];
-    trace_block_tokens(id, got);
-    trace_block_tokens_split(id, split);
+    int32_t want[TRACE_BLOCK_TOKENS], got[TRACE_BLOCK_TOKENS];
     for (uint32_t j = 0; j < TRACE_BLOCK_TOKENS; j++) {
         uint64_t s = (uint64_t)id << 9 | j;
-        int32_t want = (int32_t)(kvt_splitmix64(&s) & 0x7fffffff);
-        cr_assert_eq(got[j], want, "block %u token %u: %d, want %d", id, j, got[j], want);
-        cr_assert_eq(split[j], want, "split: block %u token %u: %d, want %d", id, j, split[j], want);
+        want[j] = (int32_t)(kvt_splitmix64(&s) & 0x7fffffff);
+    }
+    for (int way = -1; way < TRACE_TOKENS_WAYS_; way++) { /* -1: the machine's pick */
+        memset(got, 0xA5, sizeof(got));
+        if (way < 0) trace_block_tokens(id, got);
+        else if (!trace_block_tokens_way((trace_tokens_way_t)way, id, got)) continue;
+        else ways_run |= 1 << way;
+        for (uint32_t j = 0; j < TRACE_BLOCK_TOKENS; j++)
+            cr_assert_eq(got[j], want[j], "way %d: block %u token %u: %d, want %d", way, id, j, got[j], want[j]);
     }
 }
 
@@ -34,6 +41,14 @@ Test(trace_tokens, the_first_and_last_ids) {
 Test(trace_tokens, random_ids) {
     uint64_t state = 7;
     for (int i = 0; i < 20000; i++) check_block((uint32_t)(kvt_splitmix64(&state) >> 32));
+    cr_assert(ways_run & 1 << TRACE_TOKENS_SPLIT, "the split runs everywhere");
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+    __builtin_cpu_init(); /* a way the machine has is not skipped */
+    if (__builtin_cpu_supports("sse4.1")) cr_assert(ways_run & 1 << TRACE_TOKENS_SSE41, "SSE4.1 here, its way not run");
+    if (__builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        cr_assert(ways_run & 1 << TRACE_TOKENS_AVX512, "AVX-512 here, its way not run");
+#endif
+    cr_log_info("ways run: %#x\n", (unsigned)ways_run);
 }
 
 /* The split's runs end where z = (id << 9) + G + j wraps its low 10 bits (odd ids, at j = 491);
