@@ -26,17 +26,11 @@
 #include <string.h>
 #include <time.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-#if KVT_HAVE_XXH_DISPATCH
-#define XXH_DISPATCH_DISABLE_REPLACE
-#include <xxh_x86dispatch.h>
-#endif
-
 #include "../core/clock-int.h"
 #include "../core/abi-int.h"
 #include "../core/mem-int.h"
 #include "../core/sigpipe-int.h"
+#include "../core/sum-int.h"
 #include "kvtier/error.h"
 #include "kvtier/store.h"
 #include "store-int.h"
@@ -161,16 +155,9 @@ int kvt__store_parse_size(const char *p, size_t len, uint64_t *out, const char *
 
 /* ---- keys and objects ------------------------------------------------------------- */
 
-/* The payload checksum: XXH3-64, through libxxhash's x86 dispatcher where it
- * has one (AVX2 / AVX-512: over twice the SSE2 speed; the same value), since
- * a get and a put each hash every byte they move. */
-static uint64_t payload_sum(const void *p, size_t n) {
-#if KVT_HAVE_XXH_DISPATCH
-    return XXH3_64bits_dispatch(p, n);
-#else
-    return XXH3_64bits(p, n);
-#endif
-}
+/* The payload checksum: XXH3-64 at the CPU's widest vector unit
+ * (core/sum-int.h), since a get and a put each hash every byte they move. */
+static uint64_t payload_sum(const void *p, size_t n) { return kvt__sum(p, n); }
 
 static void put_le(uint8_t *p, uint64_t v, unsigned n) {
     for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -278,13 +265,7 @@ static uint64_t pieces_sum(const struct iovec *v, size_t n) {
     if (n == 1) return payload_sum(v[0].iov_base, v[0].iov_len);
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
-    for (size_t k = 0; k < n; k++) {
-#if KVT_HAVE_XXH_DISPATCH
-        XXH3_64bits_update_dispatch(&st, v[k].iov_base, v[k].iov_len);
-#else
-        XXH3_64bits_update(&st, v[k].iov_base, v[k].iov_len);
-#endif
-    }
+    for (size_t k = 0; k < n; k++) kvt__sum_update(&st, v[k].iov_base, v[k].iov_len);
     return XXH3_64bits_digest(&st);
 }
 

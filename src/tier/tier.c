@@ -2,10 +2,9 @@
  * dispatch to the backends (one file each). */
 #include <stdio.h>
 #include <string.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
 
 #include "../core/abi-int.h"
+#include "../core/sum-int.h"
 #include "kvtier/error.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
@@ -179,12 +178,12 @@ int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst)
 uint64_t kvt_tier_page_sum(const kvt_tier_t *t, uint64_t page) {
     if (t == NULL || !t->ops->host_visible || page >= t->cfg.geom.pages) return 0;
     const kvt_geom_t *g = &t->cfg.geom;
-    if (t->page_block) return XXH3_64bits(kvt_tier_addr(t, page, 0), kvt_geom_page_bytes(g));
+    if (t->page_block) return kvt__sum(kvt_tier_addr(t, page, 0), kvt_geom_page_bytes(g));
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     for (uint32_t l = 0; l < g->layers; l++)
         for (uint32_t i = 0; i < t->nplanes; i++)
-            XXH3_64bits_update(&st, kvt_tier_plane_addr(t, i, page, l), t->planes[i].piece);
+            kvt__sum_update(&st, kvt_tier_plane_addr(t, i, page, l), t->planes[i].piece);
     return XXH3_64bits_digest(&st);
 }
 

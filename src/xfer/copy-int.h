@@ -26,8 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t */
-#include <xxhash.h>
+#include "../core/sum-int.h" /* XXH3_state_t, kvt__sum_update */
 
 /* Spans shorter than this are copied with memcpy even when streaming: the
  * aligned head and tail and the fence cost more than the cache saves. */

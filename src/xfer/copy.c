@@ -83,6 +83,6 @@ void kvt__copy_sum(void *dst, const void *src, size_t n, bool stream, XXH3_state
         size_t len = n - off < KVT__SUM_BLOCK ? n - off : KVT__SUM_BLOCK;
         if (stream) stream_unfenced(d + off, s + off, len);
         else memcpy(d + off, s + off, len);
-        XXH3_64bits_update(st, s + off, len); /* the source block, still in L1: the destination is not read */
+        kvt__sum_update(st, s + off, len); /* the source block, still in L1: the destination is not read */
     }
 }
