@@ -155,10 +155,6 @@ int kvt__store_parse_size(const char *p, size_t len, uint64_t *out, const char *
 
 /* ---- keys and objects ------------------------------------------------------------- */
 
-/* The payload checksum: XXH3-64 at the CPU's widest vector unit
- * (core/sum-int.h), since a get and a put each hash every byte they move. */
-static uint64_t payload_sum(const void *p, size_t n) { return kvt__sum(p, n); }
-
 static void put_le(uint8_t *p, uint64_t v, unsigned n) {
     for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -238,7 +234,7 @@ static const char *check_header(const kvt_store_t *s, const uint8_t key[16], con
 const char *kvt__store_check_object(const kvt_store_t *s, const uint8_t key[16], const void *obj, size_t len) {
     const uint8_t *o = obj, *h = len == s->object_bytes ? o + s->page_bytes : o; /* the header: after the payload */
     const char *why = check_header(s, key, h, len, o, len);
-    if (why == NULL && get_le(h + 64, 8) != payload_sum(o, s->page_bytes)) why = "payload checksum mismatch";
+    if (why == NULL && get_le(h + 64, 8) != kvt__sum(o, s->page_bytes)) why = "payload checksum mismatch";
     return why;
 }
 
@@ -260,9 +256,10 @@ static size_t tier_pieces(const kvt_store_t *s, uint32_t page, struct iovec *iov
     return n;
 }
 
-/* XXH3-64 of the pieces as one byte string. */
+/* XXH3-64 of the pieces as one byte string (core/sum-int.h: a get and a put
+ * each hash every byte they move, at the CPU's widest vector unit). */
 static uint64_t pieces_sum(const struct iovec *v, size_t n) {
-    if (n == 1) return payload_sum(v[0].iov_base, v[0].iov_len);
+    if (n == 1) return kvt__sum(v[0].iov_base, v[0].iov_len);
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     for (size_t k = 0; k < n; k++) kvt__sum_update(&st, v[k].iov_base, v[k].iov_len);
