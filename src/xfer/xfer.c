@@ -28,9 +28,6 @@
 #include <string.h>
 #include <time.h>
 
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
-
 #include "../core/clock-int.h"
 #include "../core/abi-int.h"
 #include "kvtier/stats.h"
@@ -39,7 +36,7 @@
 #include "../core/mem-int.h"
 #include "../core/mix-int.h"
 #include "xfer-int.h"
-#include "copy-int.h"
+#include "copy-int.h" /* and core/sum-int.h: XXH3_state_t on the stack */
 
 typedef struct run {
     uint32_t src, dst, len;
