@@ -220,6 +220,7 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
 void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n);
 /* n is about to lose its tail page (and, if it is the last, to be freed). */
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n);
+void kvt__policy_on_trim_at(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx); /* page idx of n's tail leaves next */
 /* Of npages new pages about to go below `at` (which had `children` children
  * when matched), how many leading ones start protected. */
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,

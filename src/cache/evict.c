@@ -19,6 +19,10 @@
  * a page that is still in L1 (a shadow: the page just loses its backup).
  * Nothing locked, pinned or in flight is evicted.
  *
+ * A leaf whose tail pages live in L1 only gives the run of them a round needs
+ * in one trim of the tree (drop_tail_run_l1): the same pages, in the same
+ * order, as one at a time.
+ *
  * Cost: O(pages evicted x log nodes) a round (the victim sets are heaps).
  */
 #include <math.h>
@@ -213,6 +217,31 @@ static evict_result_t drop_tail_l1(kvt_cache_t *c, kvt_rnode_t *v) {
     return EVICTED;
 }
 
+/* Up to max of v's tail pages leave the cache, as drop_tail_l1 one at a time
+ * would take them from the victim set's first node: while v is a leaf whose
+ * pages are all in L1, its tail page has no copy in L2 and nothing in flight,
+ * and (after the first) the policy still asks set `first` for victims. The
+ * tree trims them in one call, so a node's arrays are not halved page by page
+ * on its way out. Returns how many left (0: drop_tail_l1's case is not v's). */
+static uint64_t drop_tail_run_l1(kvt_cache_t *c, kvt_rnode_t *v, uint64_t max, kvt__vset_t first) {
+    if (v->nchildren != 0 || v->n_l1 != v->npages || (c->cfg.write_policy == KVT_WRITE_BACK && c->l2 != NULL)) return 0;
+    uint32_t k = 0;
+    for (uint32_t idx = v->npages; idx-- > 0 && k < max;) {
+        const kvt_page_t *pg = &v->pages[idx];
+        if (pg->l2 != KVT_NO_PAGE || pg->flags != 0 || (k > 0 && kvt__policy_l1_first(c) != first)) break;
+        kvt__policy_on_trim_at(c, v, idx);
+        k++;
+    }
+    if (k == 0) return 0;
+    uint32_t *ids = &c->l1_back.id[c->l1_back.n];
+    kvt__radix_trim_l1_tail(c->tree, v, k, ids); /* (v may be gone) */
+    for (uint32_t i = 0; i < k; i++) kvt__cache_fold(c, 1ull << 40 | ids[i]); /* kvt__cache_give_back_l1, k times */
+    c->l1_back.n += k;
+    c->l1_free += k;
+    c->st.dropped_pages += k;
+    return k;
+}
+
 /* *plain: the page just left (no backup was made or waited for, so nothing
  * but v's own tail changed). */
 static evict_result_t evict_one_l1(kvt_cache_t *c, kvt_rnode_t *v, bool *plain) {
@@ -251,6 +280,11 @@ bool kvt__cache_plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
             break;
         }
         kvt__vset_t first = kvt__policy_l1_first(c), set = v->vclass ? KVT_VSET_L1_HI : KVT_VSET_L1;
+        uint64_t got = drop_tail_run_l1(c, v, n + c->l1_target - c->l1_free, first);
+        if (got > 0) {
+            c->st.l1_evicted_pages += got;
+            continue;
+        }
         bool plain, keeps = v->npages > 1; /* v is still a node after this eviction */
         if (evict_one_l1(c, v, &plain) == SKIPPED) {
             kvt__radix_lock(c->tree, v, +1);

@@ -127,6 +127,10 @@ void kvt__radix_lock(kvt_radix_t *r, kvt_rnode_t *node, int delta);
 uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n);           /* tail L1 page leaves L1; its id */
 kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n);            /* tail page leaves the tree (n has
                                                                             no children); frees n if empty */
+/* As k kvt__radix_trim calls, for a leaf n whose pages are all in L1 and whose
+ * last k pages are in L1 only, with nothing in flight: their L1 ids to l1,
+ * tail first; returns k. n is freed with its last page. */
+uint32_t kvt__radix_trim_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1);
 uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx); /* the page's L2 copy goes */
 void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2);
 void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok); /* !ok: l2 dropped */

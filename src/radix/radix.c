@@ -132,17 +132,17 @@ static void node_free(kvt_radix_t *r, kvt_rnode_t *n) {
 }
 
 /* Moves n's pages [from, from + count) (and its hashes among them) to fresh
- * blocks of count pages, giving the old ones back; false, with nothing
- * changed, when there is no memory for them. The caller sets npages and
- * nhash. */
-static bool move_arrays(kvt_radix_t *r, kvt_rnode_t *n, uint32_t from, uint32_t count) {
+ * blocks of cap >= count pages (move_arrays: of count), giving the old ones
+ * back; false, with nothing changed, when there is no memory for them. The
+ * caller sets npages and nhash. */
+static bool move_arrays_to(kvt_radix_t *r, kvt_rnode_t *n, uint32_t from, uint32_t count, uint32_t cap) {
     size_t tb = (size_t)r->page_tokens * sizeof(int32_t);
-    int32_t *t = kvt__pool_alloc(r, count * tb);
-    kvt_page_t *p = kvt__pool_alloc(r, (size_t)count * sizeof(kvt_page_t));
-    uint64_t *k = n->key ? kvt__pool_alloc(r, (size_t)count * sizeof(uint64_t)) : NULL;
-    kvt_hash128_t *h = n->hash ? kvt__pool_alloc(r, (size_t)count * sizeof(kvt_hash128_t)) : NULL;
+    int32_t *t = kvt__pool_alloc(r, cap * tb);
+    kvt_page_t *p = kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_page_t));
+    uint64_t *k = n->key ? kvt__pool_alloc(r, (size_t)cap * sizeof(uint64_t)) : NULL;
+    kvt_hash128_t *h = n->hash ? kvt__pool_alloc(r, (size_t)cap * sizeof(kvt_hash128_t)) : NULL;
     if (t == NULL || p == NULL || (n->key && k == NULL) || (n->hash && h == NULL)) {
-        arrays_free(r, t, p, k, h, count);
+        arrays_free(r, t, p, k, h, cap);
         return false;
     }
     uint32_t nh = n->nhash > from ? n->nhash - from : 0;
@@ -155,8 +155,11 @@ static bool move_arrays(kvt_radix_t *r, kvt_rnode_t *n, uint32_t from, uint32_t 
     n->pages = p;
     n->key = k;
     n->hash = h;
-    n->cap = count;
+    n->cap = cap;
     return true;
+}
+static bool move_arrays(kvt_radix_t *r, kvt_rnode_t *n, uint32_t from, uint32_t count) {
+    return move_arrays_to(r, n, from, count, count);
 }
 
 /* A node whose arrays are at most half used (its tail trimmed away) moves
@@ -455,6 +458,17 @@ uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
     return id;
 }
 
+/* n, trimmed to no pages, leaves the tree. */
+static void trimmed_away(kvt_radix_t *r, kvt_rnode_t *n) {
+    kvt_rnode_t *parent = n->parent;
+    kvt__vheap_remove_all(r, n);
+    kvt__cm_remove(r, kvt__cm_hash(parent, n->ns, n->digest), n);
+    unlink_child(n);
+    node_free(r, n);
+    r->nodes--;
+    kvt__vheap_membership(r, parent);
+}
+
 kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     KVT_ASSERT(n->nchildren == 0 && n->npages > 0 && !(n->pages[n->npages - 1].flags & (KVT_PAGE_D2H | KVT_PAGE_H2D)));
     uint32_t idx = n->npages - 1;
@@ -471,16 +485,32 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     if (n->npages > 0) {
         shrink(r, n);
         kvt__vheap_membership(r, n);
-        return pg;
+    } else {
+        trimmed_away(r, n);
     }
-    kvt_rnode_t *parent = n->parent;
-    kvt__vheap_remove_all(r, n);
-    kvt__cm_remove(r, kvt__cm_hash(parent, n->ns, n->digest), n);
-    unlink_child(n);
-    node_free(r, n);
-    r->nodes--;
-    kvt__vheap_membership(r, parent);
     return pg;
+}
+
+uint32_t kvt__radix_trim_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1) {
+    KVT_ASSERT(n->nchildren == 0 && k > 0 && k <= n->npages && n->n_l1 == n->npages);
+    uint32_t m = n->npages, cap = n->cap;
+    for (uint32_t i = 0; i < k; i++) {
+        const kvt_page_t *p = &n->pages[--m];
+        KVT_ASSERT(p->l2 == KVT_NO_PAGE && p->flags == 0);
+        r->l1map[p->l1].node = NULL;
+        l1[i] = p->l1;
+        if (m > 0 && m <= cap / 2) cap = m; /* where one trim at a time would have shrunk the arrays */
+    }
+    n->n_l1 = n->npages = m;
+    if (n->nhash > m) n->nhash = m;
+    if (m > 0) {
+        if (cap < n->cap) (void)move_arrays_to(r, n, 0, m, cap); /* the arrays one trim at a time leaves */
+        kvt__vheap_membership(r, n);
+    } else {
+        l1_edge(r, n, k);
+        trimmed_away(r, n);
+    }
+    return k;
 }
 
 uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {

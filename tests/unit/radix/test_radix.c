@@ -174,7 +174,8 @@ static void radix_fuzz(uint64_t seed, int steps) {
     char ctx[96];
     uint64_t clock = 0;
     int32_t q[MAXP * PT];
-    uint64_t cnt[8] = {0}; /* inserts, drop_l1, l1 trims, host trims, shadow drops, backups, loads, failed copies */
+    uint64_t cnt[9] = {0}; /* inserts, drop_l1, l1 trims, host trims, shadow drops, backups, loads, failed copies,
+                              runs of L1 trims */
     for (int step = 0; step < steps; step++) {
         snprintf(ctx, sizeof(ctx), "seed %" PRIu64 " step %d", seed, step);
         uint64_t dice = kvt_rng_below(&rng, 100), live = 0;
@@ -225,6 +226,26 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 m.l1_used[id] = false;
                 p->st.l1 = KVT_NO_PAGE;
                 cnt[1]++;
+            } else if (v->nchildren == 0 && idx == v->npages - 1 && p->st.flags == 0 && kvt_rng_below(&rng, 2)) {
+                /* the tail run of pages in L1 only, in one call: any length of it */
+                uint32_t run = 0, got[MAXP];
+                while (run < v->npages && v->pages[v->npages - 1 - run].l2 == KVT_NO_PAGE &&
+                       v->pages[v->npages - 1 - run].flags == 0)
+                    run++;
+                uint32_t k = 1 + (uint32_t)kvt_rng_below(&rng, run < MAXP ? run : MAXP);
+                mpage_t *mp[MAXP];
+                for (uint32_t i = 0; i < k; i++) {
+                    mp[i] = model_of(&m, r, v, v->npages - 1 - i);
+                    cr_assert_not_null(mp[i], "%s", ctx);
+                    cr_assert(i > 0 || mleaf(&m, mp[i]), "%s: trimming a page others extend", ctx);
+                }
+                cr_assert_eq(kvt__radix_trim_l1_tail(r, v, k, got), k);
+                for (uint32_t i = 0; i < k; i++) {
+                    cr_assert_eq(got[i], mp[i]->st.l1, "%s: trimmed page %u of %u", ctx, i, k);
+                    m.l1_used[got[i]] = false;
+                    mp[i]->used = false;
+                }
+                cnt[8]++;
             } else if (v->nchildren == 0 && idx == v->npages - 1) {
                 cnt[2]++;
                 cr_assert(mleaf(&m, p), "%s: trimming a page others extend", ctx);
@@ -311,9 +332,9 @@ static void radix_fuzz(uint64_t seed, int steps) {
     kvt_radix_stats(r, &st);
     fprintf(stderr, "radix fuzz seed %" PRIu64 ": %" PRIu64 " inserts, %" PRIu64 " splits, %" PRIu64 " L1 drops, %" PRIu64
             " L1 trims, %" PRIu64 " L2 trims, %" PRIu64 " shadow drops, %" PRIu64 " backups, %" PRIu64 " loads, %" PRIu64
-            " failed copies; %" PRIu64 " pages at the end\n", seed, cnt[0], st.splits, cnt[1], cnt[2], cnt[3], cnt[4], cnt[5],
-            cnt[6], cnt[7], st.pages);
-    for (int i = 0; i < 8; i++) cr_assert_gt(cnt[i], 0, "seed %" PRIu64 ": operation kind %d never ran", seed, i);
+            " failed copies, %" PRIu64 " runs of L1 trims; %" PRIu64 " pages at the end\n", seed, cnt[0], st.splits, cnt[1],
+            cnt[2], cnt[3], cnt[4], cnt[5], cnt[6], cnt[7], cnt[8], st.pages);
+    for (int i = 0; i < 9; i++) cr_assert_gt(cnt[i], 0, "seed %" PRIu64 ": operation kind %d never ran", seed, i);
     cr_assert_gt(st.splits, 0);
     kvt__radix_destroy(r);
 }
@@ -488,4 +509,58 @@ Test(radix, trims_give_memory_back) {
     cr_assert_lt(after + N * (T * sizeof(int32_t) + sizeof(kvt_page_t)) * 9 / 10, before,
                  "tree bytes in use %" PRIu64 " -> %" PRIu64, before, after);
     kvt__radix_destroy(r);
+}
+
+/* A run of tail trims in one call leaves what as many single trims leave:
+ * the same pages, keys and hashes, arrays of the same size (the halvings one
+ * trim at a time would make, in one move), the same bytes in use, the L1 ids
+ * tail first; the node goes with its last page. */
+Test(radix, trim_runs_are_single_trims) {
+    enum { N = 1000, T = 4 };
+    static int32_t tok[N * T];
+    static uint32_t ids[N], got[N];
+    for (int i = 0; i < N * T; i++) tok[i] = i * 5 + 3;
+    for (uint32_t i = 0; i < N; i++) ids[i] = i;
+    kvt_radix_t *r[2];
+    kvt_rnode_t *n[2];
+    for (int t = 0; t < 2; t++) {
+        kvt__radix_config_t cfg = {T, N, N, lru, NULL, true};
+        cr_assert_eq(kvt__radix_create(&r[t], &cfg), KVT_OK);
+        cr_assert_eq(kvt__radix_insert(r[t], kvt__radix_root(r[t]), 0, tok, N, ids, 1, 0, &n[t]), KVT_OK);
+        kvt_hash128_t h;
+        cr_assert_eq(kvt_radix_page_hash(r[t], n[t], N / 3, &h), KVT_OK);
+    }
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, 7);
+    uint32_t left = N, runs = 0;
+    while (left > 0) {
+        uint32_t k = 1 + (uint32_t)kvt_rng_below(&rng, left < 97 ? left : 97);
+        cr_assert_eq(kvt__radix_trim_l1_tail(r[1], n[1], k, got), k);
+        for (uint32_t i = 0; i < k; i++) {
+            kvt_page_t pg = kvt__radix_trim(r[0], n[0]);
+            cr_assert_eq(got[i], pg.l1, "run %u: id %u of %u", runs, i, k);
+            cr_assert_eq(got[i], left - 1 - i);
+        }
+        left -= k;
+        runs++;
+        kvt_radix_stats_t s[2] = {{.size = sizeof(s[0])}, {.size = sizeof(s[1])}};
+        for (int t = 0; t < 2; t++) {
+            const char *why = NULL;
+            cr_assert_eq(kvt_radix_check(r[t], &why), KVT_OK, "%u pages: %s", left, why);
+            kvt_radix_stats(r[t], &s[t]);
+        }
+        cr_assert_eq(s[1].nodes, s[0].nodes);
+        cr_assert_eq(s[1].metadata_bytes - s[1].pool_free_bytes, s[0].metadata_bytes - s[0].pool_free_bytes,
+                     "%u pages: bytes in use differ", left);
+        if (left == 0) break;
+        cr_assert_eq(n[1]->npages, left);
+        cr_assert_eq(n[1]->n_l1, left);
+        cr_assert_eq(n[1]->cap, n[0]->cap, "%u pages: arrays of %u, single trims %u", left, n[1]->cap, n[0]->cap);
+        cr_assert_eq(n[1]->nhash, n[0]->nhash);
+        cr_assert_eq(memcmp(n[1]->tokens, n[0]->tokens, (size_t)left * T * sizeof(int32_t)), 0);
+        cr_assert_eq(memcmp(n[1]->key, n[0]->key, (size_t)left * sizeof(uint64_t)), 0);
+        cr_assert_eq(memcmp(n[1]->hash, n[0]->hash, (size_t)n[1]->nhash * sizeof(kvt_hash128_t)), 0);
+    }
+    cr_assert_gt(runs, 10);
+    for (int t = 0; t < 2; t++) kvt__radix_destroy(r[t]);
 }
