@@ -192,34 +192,55 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     if (la == NULL || pages == NULL || n == 0) return KVT_EINVAL;
     for (size_t i = 0; i < n; i++)
         if (pages[i] >= la->pages) return KVT_ERANGE;
-    /* Sort (lane, local) pairs, then cut them into one run list per lane. */
-    size_t per = 2 * sizeof(uint64_t) + sizeof(kvt__free_plan_t), counts = (2 * (size_t)la->lanes + 1) * sizeof(size_t);
-    uint64_t *keys = n <= (SIZE_MAX - counts) / per ? scratch(la, n * per + counts) : NULL;
+    /* One pass cuts the pages into runs of each lane's consecutive local pages,
+     * in either direction (a node's pages come back tail first, dealt over the
+     * lanes in turn: a lane's open run grows at either end); the runs, far
+     * fewer than the pages, are then sorted by (lane, start): bucketed by lane,
+     * each lane's radix sorted (sort-int.h; no comparison sort). */
+    uint32_t lanes = la->lanes;
+    size_t per = 2 * sizeof(uint64_t) + sizeof(kvt__free_plan_t), counts = (3 * (size_t)lanes + 1) * sizeof(size_t);
+    uint64_t *keys = n <= (SIZE_MAX - counts) / per ? scratch(la, n * per + counts) : NULL, *tmp = keys ? keys + n : NULL;
     kvt__free_plan_t *runs = keys ? (kvt__free_plan_t *)(void *)(keys + 2 * n) : NULL;
-    size_t *first = keys ? (size_t *)(void *)(runs + n) : NULL, *merged = first ? first + la->lanes + 1 : NULL;
+    size_t *first = keys ? (size_t *)(void *)(runs + n) : NULL, *merged = first ? first + lanes + 1 : NULL,
+           *open = merged ? merged + lanes : NULL;
     int rc = keys ? KVT_OK : KVT_ENOMEM;
-    if (rc == KVT_OK) memset(first, 0, counts); /* first and merged */
     if (rc == KVT_OK) {
-        /* key: lane above the local page's bits (the lane's pages below it) */
-        unsigned lbits = kvt__bits_of(kvt_lane_local(la->pages - 1, la->lanes)), kbits = lbits + kvt__bits_of(la->lanes - 1);
-        uint32_t lanes = la->lanes;
-        if ((lanes & (lanes - 1)) == 0) { /* 1, 2, 4, ...: a mask and a shift (a division was most of a free's time) */
-            unsigned shift = kvt__bits_of(lanes - 1);
-            for (size_t i = 0; i < n; i++)
-                keys[i] = (uint64_t)(pages[i] & (lanes - 1)) << lbits | pages[i] >> shift;
-        } else { /* page ids are 32-bit: a 32-bit division, not kvt_lane_of's 64-bit one */
-            for (size_t i = 0; i < n; i++)
-                keys[i] = (uint64_t)(pages[i] % lanes) << lbits | pages[i] / lanes;
+        memset(first, 0, (2 * (size_t)lanes + 1) * sizeof(size_t)); /* first and merged */
+        for (uint32_t l = 0; l < lanes; l++) open[l] = SIZE_MAX;
+        bool pow2 = (lanes & (lanes - 1)) == 0; /* 1, 2, 4, ...: a mask and a shift (a division was most of a free's time) */
+        unsigned shift = kvt__bits_of(lanes - 1);
+        size_t nr = 0;
+        for (size_t i = 0; i < n; i++) { /* (page ids are 32-bit: a 32-bit division, not kvt_lane_of's 64-bit one) */
+            uint32_t l = pow2 ? pages[i] & (lanes - 1) : pages[i] % lanes, x = pow2 ? pages[i] >> shift : pages[i] / lanes;
+            if (open[l] != SIZE_MAX) {
+                kvt_run_t *r = &runs[open[l]].run;
+                if ((uint64_t)r->start + r->len == x) {
+                    r->len++;
+                    continue;
+                }
+                if ((uint64_t)x + 1 == r->start) {
+                    r->start--, r->len++;
+                    continue;
+                }
+            }
+            runs[nr].run = (kvt_run_t){x, 1};
+            tmp[nr] = l;
+            first[l + 1]++;
+            open[l] = nr++;
         }
-        kvt__sort_u64(keys, keys + n, n, kbits); /* nearly in order: one scan, or two radix passes */
-        for (size_t i = 0; i < n; i++) /* back to (lane << 32 | local) */
-            keys[i] = (keys[i] >> lbits) << 32 | (keys[i] & ((1ull << lbits) - 1));
-        for (size_t i = 0; i < n; i++) {
-            runs[i].run = (kvt_run_t){(uint32_t)keys[i], 1};
-            first[(keys[i] >> 32) + 1] = i + 1;
+        for (uint32_t l = 0; l < lanes; l++) first[l + 1] += first[l]; /* counts -> where each lane's runs begin */
+        /* key: the start above the length's bits; merged[] is each lane's fill cursor for now */
+        uint64_t lane0 = lane_pages(la->pages, lanes, 0); /* the longest lane: a run's length is at most this, or n */
+        unsigned lenbits = kvt__bits_of(n < lane0 ? n : lane0), bits = kvt__bits_of(lane0 - 1) + lenbits; /* <= 64 */
+        for (uint32_t l = 0; l < lanes; l++) merged[l] = first[l];
+        for (size_t j = 0; j < nr; j++) keys[merged[tmp[j]]++] = (uint64_t)runs[j].run.start << lenbits | runs[j].run.len;
+        for (uint32_t l = 0; l < lanes; l++) {
+            size_t cnt = first[l + 1] - first[l];
+            if (cnt > 1) kvt__sort_u64(keys + first[l], tmp, cnt, bits); /* nearly in order: a scan, or few runs */
+            merged[l] = 0;
         }
-        for (uint32_t l = 1; l <= la->lanes; l++) /* lanes without pages */
-            if (first[l] < first[l - 1]) first[l] = first[l - 1];
+        for (size_t j = 0; j < nr; j++)
+            runs[j].run = (kvt_run_t){(uint32_t)(keys[j] >> lenbits), (uint32_t)(keys[j] & ((1ull << lenbits) - 1))};
     }
     /* Validate and prepare every lane before freeing on any. Touching runs
      * merge in place; `merged[l]` counts lane l's runs after merging. */

@@ -113,6 +113,12 @@ static void lane_fuzz(uint64_t pages, uint32_t lanes, int ops, uint64_t seed) {
                 lm_free(&lm, live[i].p + cut, n - cut);
                 live[i].n = cut;
             } else {
+                if (kvt_rng_below(&rng, 3) == 0) /* tail first, as an eviction gives a node's pages back */
+                    for (size_t a = 0, b = n - 1; a < b; a++, b--) {
+                        uint32_t x = live[i].p[a];
+                        live[i].p[a] = live[i].p[b];
+                        live[i].p[b] = x;
+                    }
                 cr_assert_eq(kvt_laneal_free(la, live[i].p, n), KVT_OK);
                 lm_free(&lm, live[i].p, n);
                 free(live[i].p);
