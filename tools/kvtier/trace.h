@@ -61,7 +61,7 @@ void trace_block_tokens(uint32_t id, int32_t *out);
 typedef enum trace_tokens_way {
     TRACE_TOKENS_SPLIT,  /* scalar, one multiply a token: any machine */
     TRACE_TOKENS_SSE41,  /* the split, 4 tokens at a time: x86-64 with SSE4.1 */
-    TRACE_TOKENS_AVX512, /* the plain loop, 8 lanes: x86-64 with AVX-512 */
+    TRACE_TOKENS_AVX512, /* the split, 8 tokens at a time: x86-64 with AVX-512 */
     TRACE_TOKENS_WAYS_
 } trace_tokens_way_t;
 
