@@ -61,18 +61,20 @@ static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     }
     v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
     if (v == NULL) return 0;
+    bool put = c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK; /* each goes on to L3 first: its only copy outside L1 */
     uint64_t got = 0;
+    uint32_t ids[256];
     while (got < max && v->n_shadow > 0) {
-        /* the last shadow: searched down from the node's bound, which the search then lowers
-         * (shadows go tail first, so each page is passed over once, not once per reclaim) */
-        uint32_t idx = v->n_l1 < v->shadow_top ? v->n_l1 : v->shadow_top;
-        while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
-        KVT_ASSERT(idx > 0);
-        v->shadow_top = idx - 1;
-        if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, idx - 1); /* its only copy outside L1 */
-        kvt__cache_give_back_l2(c, kvt__radix_drop_l2(c->tree, v, idx - 1));
-        c->st.shadows_reclaimed++;
-        got++;
+        uint32_t want = put ? 1 : max - got < 256 ? (uint32_t)(max - got) : 256;
+        if (put) { /* the shadow kvt__radix_drop_shadows takes next */
+            uint32_t idx = v->n_l1 < v->shadow_top ? v->n_l1 : v->shadow_top;
+            while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
+            kvt__l3_put(c, v, idx - 1);
+        }
+        uint32_t k = kvt__radix_drop_shadows(c->tree, v, want, ids);
+        for (uint32_t i = 0; i < k; i++) kvt__cache_give_back_l2(c, ids[i]);
+        c->st.shadows_reclaimed += k;
+        got += k;
     }
     return got;
 }

@@ -524,6 +524,24 @@ uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     return id;
 }
 
+uint32_t kvt__radix_drop_shadows(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, uint32_t *l2) {
+    uint32_t k = 0, idx = n->n_l1 < n->shadow_top ? n->n_l1 : n->shadow_top;
+    for (; k < max && n->n_shadow > 0; k++) {
+        /* the last shadow: searched down from the node's bound, which the search then lowers
+         * (shadows go tail first, so each page is passed over once, not once per reclaim) */
+        while (idx > 0 && !kvt__page_in_l2(&n->pages[idx - 1])) idx--;
+        KVT_ASSERT(idx > 0);
+        kvt_page_t *p = &n->pages[--idx];
+        r->l2map[p->l2].node = NULL;
+        l2[k] = p->l2;
+        p->l2 = KVT_NO_PAGE;
+        n->n_shadow--;
+        n->shadow_top = idx;
+    }
+    if (k > 0) kvt__vheap_membership(r, n);
+    return k;
+}
+
 /* A backup's two halves: L2 page l2 is the page's (reserved, or landed), and
  * the page's copy in L2 has landed. */
 static inline kvt_page_t *give_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
