@@ -149,6 +149,11 @@ void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
 static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest = (c->digest ^ v) * 0x100000001b3ull + 0x9e37; }
 /* A page id goes back to its allocator at the next flush. */
 void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);
+/* The end of the buffer of L1 ids given back, where k ids may be written;
+ * then kvt__cache_gave_back_l1(c, k) gives them back (as k
+ * kvt__cache_give_back_l1 calls). */
+uint32_t *kvt__cache_l1_back_end(kvt_cache_t *c);
+void kvt__cache_gave_back_l1(kvt_cache_t *c, uint32_t k);
 void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id);
 /* Returns the buffered ids to the allocators; KVT_ENOMEM keeps them buffered. */
 int kvt__cache_flush(kvt_cache_t *c);

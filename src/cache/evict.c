@@ -66,11 +66,7 @@ static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     uint32_t ids[256];
     while (got < max && v->n_shadow > 0) {
         uint32_t want = put ? 1 : max - got < 256 ? (uint32_t)(max - got) : 256;
-        if (put) { /* the shadow kvt__radix_drop_shadows takes next */
-            uint32_t idx = v->n_l1 < v->shadow_top ? v->n_l1 : v->shadow_top;
-            while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
-            kvt__l3_put(c, v, idx - 1);
-        }
+        if (put) kvt__l3_put(c, v, kvt__radix_last_shadow(v)); /* the shadow kvt__radix_drop_shadows takes next */
         uint32_t k = kvt__radix_drop_shadows(c->tree, v, want, ids);
         for (uint32_t i = 0; i < k; i++) kvt__cache_give_back_l2(c, ids[i]);
         c->st.shadows_reclaimed += k;
@@ -235,11 +231,8 @@ static uint64_t drop_tail_run_l1(kvt_cache_t *c, kvt_rnode_t *v, uint64_t max, k
         k++;
     }
     if (k == 0) return 0;
-    uint32_t *ids = &c->l1_back.id[c->l1_back.n];
-    kvt__radix_trim_l1_tail(c->tree, v, k, ids); /* (v may be gone) */
-    for (uint32_t i = 0; i < k; i++) kvt__cache_fold(c, 1ull << 40 | ids[i]); /* kvt__cache_give_back_l1, k times */
-    c->l1_back.n += k;
-    c->l1_free += k;
+    kvt__radix_trim_l1_tail(c->tree, v, k, kvt__cache_l1_back_end(c)); /* (v may be gone) */
+    kvt__cache_gave_back_l1(c, k);
     c->st.dropped_pages += k;
     return k;
 }

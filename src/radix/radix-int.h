@@ -136,6 +136,7 @@ uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx); /* th
  * go, the last first, as kvt__radix_drop_l2 of each would; their L2 ids to
  * l2. Returns how many. */
 uint32_t kvt__radix_drop_shadows(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, uint32_t *l2);
+uint32_t kvt__radix_last_shadow(const kvt_rnode_t *n); /* the page kvt__radix_drop_shadows takes next (n has one) */
 void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2);
 void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok); /* !ok: l2 dropped */
 void kvt__radix_backup_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2); /* begin + end, ok */

@@ -524,12 +524,24 @@ uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     return id;
 }
 
+/* The last shadow at or below bound, + 1 (0: none). */
+static uint32_t shadow_below(const kvt_rnode_t *n, uint32_t bound) {
+    while (bound > 0 && !kvt__page_in_l2(&n->pages[bound - 1])) bound--;
+    return bound;
+}
+
+uint32_t kvt__radix_last_shadow(const kvt_rnode_t *n) {
+    uint32_t idx = shadow_below(n, n->n_l1 < n->shadow_top ? n->n_l1 : n->shadow_top);
+    KVT_ASSERT(idx > 0);
+    return idx - 1;
+}
+
 uint32_t kvt__radix_drop_shadows(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, uint32_t *l2) {
     uint32_t k = 0, idx = n->n_l1 < n->shadow_top ? n->n_l1 : n->shadow_top;
     for (; k < max && n->n_shadow > 0; k++) {
         /* the last shadow: searched down from the node's bound, which the search then lowers
          * (shadows go tail first, so each page is passed over once, not once per reclaim) */
-        while (idx > 0 && !kvt__page_in_l2(&n->pages[idx - 1])) idx--;
+        idx = shadow_below(n, idx);
         KVT_ASSERT(idx > 0);
         kvt_page_t *p = &n->pages[--idx];
         r->l2map[p->l2].node = NULL;
