@@ -29,19 +29,17 @@
 #include "../core/mem-int.h"
 
 
-void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
-    kvt__cache_fold(c, 1ull << 40 | id);
-    c->l1_back.id[c->l1_back.n++] = id;
-    c->l1_free++;
-}
-
-
 uint32_t *kvt__cache_l1_back_end(kvt_cache_t *c) { return &c->l1_back.id[c->l1_back.n]; }
 
 void kvt__cache_gave_back_l1(kvt_cache_t *c, uint32_t k) {
     for (uint32_t i = 0; i < k; i++) kvt__cache_fold(c, 1ull << 40 | c->l1_back.id[c->l1_back.n + i]);
     c->l1_back.n += k;
     c->l1_free += k;
+}
+
+void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
+    *kvt__cache_l1_back_end(c) = id;
+    kvt__cache_gave_back_l1(c, 1);
 }
 
 void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {

@@ -524,20 +524,22 @@ uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     return id;
 }
 
-/* The last shadow at or below bound, + 1 (0: none). */
+/* The last shadow below bound, + 1 (0: none). Shadows lie below the node's
+ * bound, min(n_l1, shadow_top). */
 static uint32_t shadow_below(const kvt_rnode_t *n, uint32_t bound) {
     while (bound > 0 && !kvt__page_in_l2(&n->pages[bound - 1])) bound--;
     return bound;
 }
+static uint32_t shadow_bound(const kvt_rnode_t *n) { return n->n_l1 < n->shadow_top ? n->n_l1 : n->shadow_top; }
 
 uint32_t kvt__radix_last_shadow(const kvt_rnode_t *n) {
-    uint32_t idx = shadow_below(n, n->n_l1 < n->shadow_top ? n->n_l1 : n->shadow_top);
+    uint32_t idx = shadow_below(n, shadow_bound(n));
     KVT_ASSERT(idx > 0);
     return idx - 1;
 }
 
 uint32_t kvt__radix_drop_shadows(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, uint32_t *l2) {
-    uint32_t k = 0, idx = n->n_l1 < n->shadow_top ? n->n_l1 : n->shadow_top;
+    uint32_t k = 0, idx = shadow_bound(n);
     for (; k < max && n->n_shadow > 0; k++) {
         /* the last shadow: searched down from the node's bound, which the search then lowers
          * (shadows go tail first, so each page is passed over once, not once per reclaim) */
