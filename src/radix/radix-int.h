@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kvtier/radix.h"
+#include "../core/check-int.h"
 
 /* Victim sets kept incrementally, each a min-heap by (score, seq). */
 typedef enum kvt__vset {
@@ -82,7 +83,10 @@ int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg);
  * multiplies deep, took half the insert's time for arc); the XXH3-64s, which
  * mix, overlap. mix is splitmix64's (core/mix-int.h). A tree made with
  * page_keys computes them as pages are inserted: O(1) to read. */
-uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx);
+static inline uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx) {
+    KVT_ASSERT(n->key != NULL && idx < n->npages);
+    return n->key[idx];
+}
 /* The key before the first page below `at` in namespace ns (at's last page's
  * key, or the namespace's seed below the root), and the key of the page after
  * one keyed `prev`. */

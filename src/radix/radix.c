@@ -40,7 +40,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+/* xxHash inline here: a page's digest hashes 64 bytes at 16 tokens a page,
+ * where the library call's PLT hop and length dispatch were a third of its
+ * cost, and the digests of a node's pages, inlined, overlap one another
+ * (docs/benchmarks.md, eleventh round). Same values as the library's. */
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include "kvtier/error.h"
@@ -672,11 +676,6 @@ bool kvt__radix_locate_l2(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, ui
 }
 
 /* ---- page keys and hashes -------------------------------------------------- */
-
-uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx) {
-    KVT_ASSERT(n->key != NULL && idx < n->npages);
-    return n->key[idx];
-}
 
 uint64_t kvt__radix_key_below(const kvt_radix_t *r, const kvt_rnode_t *at, uint32_t ns) {
     return at == &r->root ? kvt__splitmix64((uint64_t)ns + 0x6b767469657231ull) : kvt__radix_page_key(at, at->npages - 1);
