@@ -30,7 +30,7 @@ typedef struct kvt__ghost {
     void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
     uint64_t *spill;    /* a bit a bucket: some key whose first bucket it is may be in its second (ghost.c) */
     size_t cap, nb;     /* keys remembered (<= 2^29); buckets in use now (n0 << level) */
-    size_t n0, nb_max;  /* buckets at level 0; at the last level, reserved (>= cap / 14: 14 of 16 entries in use when full) */
+    size_t n0, nb_max;  /* buckets at level 0; at the last level, reserved (>= cap / 12: 12 of 16 entries in use when full) */
     unsigned level, levels; /* the table doubles as it fills, levels times (0 for a small one) */
     unsigned grow_mask, grow_shift; /* the grow bits used so far: ((fp >> 1) & grow_mask) >> grow_shift */
     uint8_t now16[16], last16[16]; /* the current tag, and epochs - 1, in each byte (for one SSE2 load) */

@@ -34,41 +34,47 @@
  * spill bit is set (a bitmap, a bit a bucket: 16 KiB for 1.8 M keys, in the
  * caches). While b1's bit is clear its keys are all in b1, so a lookup or an
  * add reads one line; with the bit set, both (the two loads issued at once,
- * about one miss). At the end of the page-16 replay 37 % of `arc`'s ghost 0
- * buckets have spilled (most while it filled its first quarter) and none of
- * ghost 1's. An add prefetches its lines and goes in 16 adds later (a ring of
+ * about one miss). Nothing clears a bit, so the load a table is sized for
+ * sets how many read two lines: at 14 keys a bucket, 37 % of `arc`'s ghost 0
+ * buckets had spilled by the end of the page-16 replay (54 % with 200,000 L1
+ * and 400,000 L2 pages), and the adds' second lines and add_spilled were a
+ * quarter of the ghosts' time; at 12, 13 % (21 %), and the ghosts' share of
+ * the replay went from 0.17 to 0.14 (docs/benchmarks.md, eleventh round;
+ * at 10, 3 % for 20 % more memory, and no faster there). An add prefetches its lines and goes in 16 adds later (a ring of
  * pending adds), so that an eviction round's adds overlap their misses; any
  * read applies the ring first. An add takes a free or expired entry of b1,
  * else of b2; with both full of live keys it moves a live key to its other
- * bucket (cuckoo), at most 256 moves; the table is sized for 14 keys a bucket
- * when full (87.5 %, well under the ~99 % where two-choice 16-way cuckoo tables
+ * bucket (cuckoo), at most 256 moves; the table is sized for 12 keys a bucket
+ * when full (75 %, far under the ~99 % where two-choice 16-way cuckoo tables
  * start to fail), where that always succeeds in practice (a failure forgets a
  * key early, counted in `overflows`).
  *
  * A table of 4,096 buckets (256 KiB) or more grows as it fills: it starts at
  * a quarter of its size, n0 buckets, and doubles in place when its live keys
- * reach 14 a bucket, twice. At level j a key's bucket is its place among the
+ * reach 12 a bucket, twice. At level j a key's bucket is its place among the
  * n0, times 2^j, plus the top j of two "grow bits" of its fingerprint; a
  * doubling sends each entry from bucket b to 2b or 2b + 1 by its next grow
  * bit, a pass down the table with no key needed (grow()). So a ghost that
  * never fills (a short run; a cache larger than its traffic's pages) touches
  * a quarter or a half of the memory, and keeps its lines in fewer caches: on
- * the page-16 replay, `arc`'s two ghosts went from 16.5 MB to 6.2 MB touched.
+ * the page-16 replay, `arc`'s two ghosts went from 16.5 MB to 6.2 MB touched
+ * (7.2 MB at 12 keys a bucket).
  *
  * Fingerprints are 24 bits of the key, odd (a free entry's low part is 0), so
  * a lookup of an absent key at full load answers "present" (a page taken for
- * seen before) with a chance of 2 x 14 x 2^-23 = 3.3e-6 in a table that does
+ * seen before) with a chance of 2 x 12 x 2^-23 = 2.9e-6 in a table that does
  * not grow. In one that has doubled j times, the entries of a bucket share
  * its j grow bits with the keys looked up there (their place implies them):
- * 2^j x that, 1.3e-5 at full size; somewhat less, as a lookup reads the
- * second bucket only where the first has spilled (1.0e-5 measured).
+ * 2^j x that, 1.1e-5 at full size; less, as a lookup reads the second bucket
+ * only where the first has spilled (6.7e-6 measured; 1.0e-5 at 14 a bucket).
  *
- * Memory: a bucket (64 bytes) per 14 keys, 4.6 bytes a key, on huge pages
+ * Memory: a bucket (64 bytes) per 12 keys, 5.3 bytes a key, on huge pages
  * (every access is random: 4 KiB pages would miss the TLB too), plus 1 KiB of
  * counts; a growing table reserves its full size and faults in what it uses.
  * The exact FIFO of (32-bit fingerprint, 32-bit add number) entries and a
  * bit per add it replaced took 9.1 bytes a key; on the page-16 replay,
- * halving the tables took `arc` from 1.43 to ~1.3 x `lru` (docs/benchmarks.md).
+ * halving the tables (4.6 bytes a key, at 14 a bucket) took `arc` from 1.43
+ * to ~1.3 x `lru` (docs/benchmarks.md).
  */
 #include <string.h>
 #if defined(__SSE2__)
@@ -83,7 +89,7 @@
 #include "../core/mem-int.h"
 
 #define WAYS 16
-#define KEYS_PER_BUCKET 14 /* the table's load when full: 14 of 16 entries */
+#define KEYS_PER_BUCKET 12 /* the table's load when full: 12 of 16 entries */
 #define EPOCHS 112         /* the window, in epochs (fewer when cap is smaller) */
 #define SWEEP_EPOCHS 128   /* the whole table is swept this often: 112 + 128 < 256 tags */
 #define GHOST_CAP_MAX (1u << 29) /* so that bucket numbers fit 32 bits */
@@ -423,7 +429,7 @@ __attribute__((noinline)) static void grow(kvt__ghost_t *g) {
  * pages) overlap. */
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return;
-    if (g->live + g->npend >= g->grow_at) { /* 14 keys a bucket: the queue goes in at this size, then it doubles */
+    if (g->live + g->npend >= g->grow_at) { /* KEYS_PER_BUCKET a bucket: the queue goes in at this size, then it doubles */
         flush(g);
         grow(g);
     }
