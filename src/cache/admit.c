@@ -94,17 +94,27 @@ static void write_through(kvt_cache_t *c, kvt_rnode_t *last, uint64_t count) {
     uint64_t got = kvt__cache_take_l2(c, need, l2);
     bool at_once = kvt__cache_backups_at_once(c); /* page ids only: each backup is done as it is made */
     j = count;
-    for (kvt_rnode_t *x = last; j > 0; x = x->parent)
+    for (kvt_rnode_t *x = last; j > 0; x = x->parent) {
+        /* at once, x's pages go in runs: lo .. lo + run - 1 to l2[at ..], one call (pages come tail
+         * first, each taking the next id down) */
+        uint32_t lo = 0, run = 0;
+        uint64_t at = 0;
         for (uint32_t i = x->npages; i-- > 0 && j > 0; j--) {
-            if (x->pages[i].l2 != KVT_NO_PAGE) continue;
-            if (--need >= got) continue; /* L2 had no room for the rest */
-            if (at_once) {
-                kvt__cache_backup_at_once(c, x, i, l2[need]);
+            bool backs_up = x->pages[i].l2 == KVT_NO_PAGE && --need < got; /* else it has a copy, or L2 had no room */
+            if (backs_up && at_once) {
+                lo = i;
+                at = need;
+                run++;
                 continue;
             }
+            if (run) kvt__cache_back_up_run_at_once(c, x, lo, run, l2 + at);
+            run = 0;
+            if (!backs_up) continue;
             kvt__radix_begin_backup(c->tree, x, i, l2[need]);
             kvt__cache_submit(c, OP_BACKUP, x->pages[i].l1, l2[need]);
         }
+        if (run) kvt__cache_back_up_run_at_once(c, x, lo, run, l2 + at);
+    }
     c->st.backups += got;
 }
 

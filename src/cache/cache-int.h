@@ -155,6 +155,7 @@ void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);
 uint32_t *kvt__cache_l1_back_end(kvt_cache_t *c);
 void kvt__cache_gave_back_l1(kvt_cache_t *c, uint32_t k);
 void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id);
+void kvt__cache_give_back_l2_ids(kvt_cache_t *c, const uint32_t *ids, uint32_t k); /* as k of those */
 /* Returns the buffered ids to the allocators; KVT_ENOMEM keeps them buffered. */
 int kvt__cache_flush(kvt_cache_t *c);
 /* Queues a copy (OP_BACKUP: l1 -> l2; OP_LOAD: l2 -> l1); its pages are in flight. */
@@ -164,9 +165,10 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
 static inline bool kvt__cache_backups_at_once(const kvt_cache_t *c) {
     return c->xf == NULL && c->fail_every == 0 && c->l3f == NULL;
 }
-/* Backs up page idx of n into L2 page l2 when kvt__cache_backups_at_once:
- * what begin, submit and the completion's apply would do, in their order. */
-void kvt__cache_backup_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx, uint32_t l2);
+/* Backs up n's pages lo .. lo + k - 1 (k >= 1) into L2 pages l2[0 .. k - 1]
+ * when kvt__cache_backups_at_once: what begin, submit and the completion's
+ * apply would do for each, the last page first, in their order. */
+void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2);
 /* Waits for every copy of a kind in flight, and applies them. */
 void kvt__cache_wait_kind(kvt_cache_t *c, op_kind_t kind);
 /* Waits for the backups of n's pages up to idx. */

@@ -4,7 +4,7 @@
  * applies completions on this thread. Without a data plane each copy
  * completes at once (page ids only): queued as done, applied at the next
  * poll; a commit's write-through backups, the bulk of them, skip the queue
- * (kvt__cache_backup_at_once) unless copies are failed by a test or pages go
+ * (kvt__cache_back_up_run_at_once) unless copies are failed by a test or pages go
  * on to L3. With one (kvt_cache_attach), copies are
  * queued per direction and handed to the transfer engine as batches when the
  * cache polls or waits; workers never touch the tree. Waiting is for what a
@@ -49,6 +49,20 @@ void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {
     c->l2_free++;
     if (c->l3f && kvt__l3_hold(c, id)) return; /* a store call reads or writes it: back when it completes */
     c->l2_back.id[c->l2_back.n++] = id;
+}
+
+void kvt__cache_give_back_l2_ids(kvt_cache_t *c, const uint32_t *ids, uint32_t k) {
+    if (c->ncorrupt || c->cp.l2_freed || c->l3f) { /* a hook, or a store call, may see each */
+        for (uint32_t i = 0; i < k; i++) kvt__cache_give_back_l2(c, ids[i]);
+        return;
+    }
+    uint32_t *to = &c->l2_back.id[c->l2_back.n];
+    for (uint32_t i = 0; i < k; i++) {
+        kvt__cache_fold(c, 2ull << 40 | ids[i]);
+        to[i] = ids[i];
+    }
+    c->l2_back.n += k;
+    c->l2_free += k;
 }
 
 /* Returns the buffered ids to the allocators. */
@@ -243,11 +257,11 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
     c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
 }
 
-void kvt__cache_backup_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
-    KVT_ASSERT(kvt__cache_backups_at_once(c));
-    if (c->ndone) apply_done(c); /* completions queued before it land first, as a poll would apply them */
-    fold_copy(c, OP_BACKUP, n->pages[idx].l1, l2);
-    kvt__radix_backup_done(c->tree, n, idx, l2);
+void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2) {
+    KVT_ASSERT(kvt__cache_backups_at_once(c) && k > 0);
+    if (c->ndone) apply_done(c); /* completions queued before them land first, as a poll would apply them */
+    for (uint32_t p = lo + k; p-- > lo;) fold_copy(c, OP_BACKUP, n->pages[p].l1, l2[p - lo]); /* tail first */
+    kvt__radix_backups_done(c->tree, n, lo, k, l2);
 }
 
 void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {

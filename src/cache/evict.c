@@ -68,7 +68,7 @@ static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
         uint32_t want = put ? 1 : max - got < 256 ? (uint32_t)(max - got) : 256;
         if (put) kvt__l3_put(c, v, kvt__radix_last_shadow(v)); /* the shadow kvt__radix_drop_shadows takes next */
         uint32_t k = kvt__radix_drop_shadows(c->tree, v, want, ids);
-        for (uint32_t i = 0; i < k; i++) kvt__cache_give_back_l2(c, ids[i]);
+        kvt__cache_give_back_l2_ids(c, ids, k);
         c->st.shadows_reclaimed += k;
         got += k;
     }

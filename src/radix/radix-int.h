@@ -143,7 +143,9 @@ uint32_t kvt__radix_drop_shadows(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, u
 uint32_t kvt__radix_last_shadow(const kvt_rnode_t *n); /* the page kvt__radix_drop_shadows takes next (n has one) */
 void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2);
 void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok); /* !ok: l2 dropped */
-void kvt__radix_backup_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2); /* begin + end, ok */
+/* Begin + end, ok, of the backups of n's pages lo .. lo + k - 1 (k >= 1) into
+ * L2 pages l2[0 .. k - 1]: as one page at a time, with one victim-set update. */
+void kvt__radix_backups_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2);
 void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1);
 void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok);    /* !ok: l1 dropped */
 /* A page past the L1 prefix that was loaded (its load ended) gives its L1

@@ -594,10 +594,12 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
 
 /* A backup that ends as it begins (the copy made at once): begin and end, with
  * no in-flight state between them. */
-void kvt__radix_backup_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
-    give_l2(r, n, idx, l2);
-    shadow_landed(n, idx);
-    kvt__vheap_membership(r, n);
+void kvt__radix_backups_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2) {
+    KVT_ASSERT(k > 0);
+    for (uint32_t j = 0; j < k; j++) give_l2(r, n, lo + j, l2[j]);
+    n->n_shadow += k; /* shadow_landed of each */
+    if (n->shadow_top < lo + k) n->shadow_top = lo + k;
+    kvt__vheap_membership(r, n); /* once: the sets n belongs to depend on its final state only */
 }
 
 void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1) {
