@@ -51,6 +51,7 @@ typedef struct kvt__ghost {
 int kvt__ghost_init(kvt__ghost_t *g, size_t cap); /* cap 0: a ghost that remembers nothing */
 void kvt__ghost_fini(kvt__ghost_t *g);
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key);
+void kvt__ghost_add_keys(kvt__ghost_t *g, const uint64_t *keys, size_t k); /* keys[k - 1], ..., keys[0], in that order */
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key); /* true (and forgotten) when present */
 bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key);
 size_t kvt__ghost_live(const kvt__ghost_t *g); /* keys remembered now */
@@ -228,6 +229,10 @@ void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n);
 /* n is about to lose its tail page (and, if it is the last, to be freed). */
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n);
 void kvt__policy_on_trim_at(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx); /* page idx of n's tail leaves next */
+/* As kvt__policy_on_trim_at for n's last pages, the last first, up to m
+ * (>= 1) of them, while kvt__policy_l1_first stays `first` (asked before
+ * each page after the first, as the pages leave): returns how many (>= 1). */
+uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first);
 /* Of npages new pages about to go below `at` (which had `children` children
  * when matched), how many leading ones start protected. */
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,

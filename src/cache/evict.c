@@ -223,14 +223,14 @@ static evict_result_t drop_tail_l1(kvt_cache_t *c, kvt_rnode_t *v) {
  * on its way out. Returns how many left (0: drop_tail_l1's case is not v's). */
 static uint64_t drop_tail_run_l1(kvt_cache_t *c, kvt_rnode_t *v, uint64_t max, kvt__vset_t first) {
     if (v->nchildren != 0 || v->n_l1 != v->npages || (c->cfg.write_policy == KVT_WRITE_BACK && c->l2 != NULL)) return 0;
-    uint32_t k = 0;
-    for (uint32_t idx = v->npages; idx-- > 0 && k < max;) {
+    uint32_t m = 0; /* the tail pages in L1 only, with nothing in flight */
+    for (uint32_t idx = v->npages; idx-- > 0 && m < max;) {
         const kvt_page_t *pg = &v->pages[idx];
-        if (pg->l2 != KVT_NO_PAGE || pg->flags != 0 || (k > 0 && kvt__policy_l1_first(c) != first)) break;
-        kvt__policy_on_trim_at(c, v, idx);
-        k++;
+        if (pg->l2 != KVT_NO_PAGE || pg->flags != 0) break;
+        m++;
     }
-    if (k == 0) return 0;
+    if (m == 0) return 0;
+    uint32_t k = kvt__policy_on_trim_tail(c, v, m, first); /* as long as the policy still asks set `first` */
     kvt__radix_trim_l1_tail(c->tree, v, k, kvt__cache_l1_back_end(c)); /* (v may be gone) */
     kvt__cache_gave_back_l1(c, k);
     c->st.dropped_pages += k;

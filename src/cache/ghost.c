@@ -427,8 +427,7 @@ __attribute__((noinline)) static void grow(kvt__ghost_t *g) {
  * comes, so every key's lines had as long to arrive), or when the ghost is
  * next read, so that the cache misses of a run of adds (an eviction round's
  * pages) overlap. */
-void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
-    if (g->cap == 0) return;
+__attribute__((always_inline)) static inline void add_one(kvt__ghost_t *g, uint64_t key) {
     if (g->live + g->npend >= g->grow_at) { /* KEYS_PER_BUCKET a bucket: the queue goes in at this size, then it doubles */
         flush(g);
         grow(g);
@@ -439,6 +438,15 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
     if (spilled(g, b1)) __builtin_prefetch(bucket(g, alt_of(g, b1, fp)), 1); /* else b2 is read only if b1 has no room */
     if (g->npend == KVT__GHOST_PEND) apply_oldest(g); /* prefetched KVT__GHOST_PEND adds ago */
     g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = (kvt__ghost_pend_t){fp, (uint32_t)b1};
+}
+
+void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
+    if (g->cap) add_one(g, key);
+}
+
+void kvt__ghost_add_keys(kvt__ghost_t *g, const uint64_t *keys, size_t k) {
+    if (g->cap)
+        while (k-- > 0) add_one(g, keys[k]);
 }
 
 /* The rest of an add whose first bucket b1 has spilled or is full: b2 may

@@ -155,6 +155,21 @@ void kvt__policy_on_trim_at(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
 
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n) { kvt__policy_on_trim_at(c, n, n->npages - 1); }
 
+uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first) {
+    bool classes = two_classes(c), arc = c->cfg.policy == KVT_POLICY_ARC;
+    unsigned cls = (n->policy[0] & PROTECTED) != 0;
+    /* what kvt__policy_l1_first would say after each page: it reads class 0's page count (kept
+     * here as the pages go) and arc's target (which they do not move) */
+    uint64_t drop0 = classes && cls == 0, k = 1, c0 = c->cls_pages[0] - drop0;
+    for (; k < m && (arc && (double)c0 <= c->arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1) == first; k++) c0 -= drop0;
+    if (n->policy_set) c->slru_pages -= k;
+    if (classes) {
+        c->cls_pages[cls] -= k;
+        kvt__ghost_add_keys(&c->ghost[arc ? cls : 0], n->key + n->npages - k, k); /* tail first */
+    }
+    return (uint32_t)k;
+}
+
 /* arc: a page came back through ghost `from`: move the target toward the
  * class that lost it. */
 static void arc_adapt(kvt_cache_t *c, unsigned from) {
