@@ -228,10 +228,9 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
 void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n);
 /* n is about to lose its tail page (and, if it is the last, to be freed). */
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n);
-void kvt__policy_on_trim_at(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx); /* page idx of n's tail leaves next */
-/* As kvt__policy_on_trim_at for n's last pages, the last first, up to m
- * (>= 1) of them, while kvt__policy_l1_first stays `first` (asked before
- * each page after the first, as the pages leave): returns how many (>= 1). */
+/* n's last pages are about to leave, the last first: up to m (>= 1) of them,
+ * while kvt__policy_l1_first stays `first` (asked before each page after the
+ * first, as the pages leave). Returns how many (>= 1). */
 uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first);
 /* Of npages new pages about to go below `at` (which had `children` children
  * when matched), how many leading ones start protected. */

@@ -42,28 +42,29 @@ void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
     kvt__cache_gave_back_l1(c, 1);
 }
 
-void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {
-    kvt__cache_fold(c, 2ull << 40 | id);
-    if (c->ncorrupt) kvt__cache_forget_corrupt(c, id);
-    if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
-    c->l2_free++;
-    if (c->l3f && kvt__l3_hold(c, id)) return; /* a store call reads or writes it: back when it completes */
-    c->l2_back.id[c->l2_back.n++] = id;
-}
-
 void kvt__cache_give_back_l2_ids(kvt_cache_t *c, const uint32_t *ids, uint32_t k) {
-    if (c->ncorrupt || c->cp.l2_freed || c->l3f) { /* a hook, or a store call, may see each */
-        for (uint32_t i = 0; i < k; i++) kvt__cache_give_back_l2(c, ids[i]);
+    if (c->ncorrupt == 0 && c->cp.l2_freed == NULL && c->l3f == NULL) { /* the loop below, with no hook to call */
+        uint32_t *to = &c->l2_back.id[c->l2_back.n];
+        for (uint32_t i = 0; i < k; i++) {
+            kvt__cache_fold(c, 2ull << 40 | ids[i]);
+            to[i] = ids[i];
+        }
+        c->l2_back.n += k;
+        c->l2_free += k;
         return;
     }
-    uint32_t *to = &c->l2_back.id[c->l2_back.n];
     for (uint32_t i = 0; i < k; i++) {
-        kvt__cache_fold(c, 2ull << 40 | ids[i]);
-        to[i] = ids[i];
+        uint32_t id = ids[i];
+        kvt__cache_fold(c, 2ull << 40 | id);
+        if (c->ncorrupt) kvt__cache_forget_corrupt(c, id);
+        if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
+        c->l2_free++;
+        if (c->l3f && kvt__l3_hold(c, id)) continue; /* a store call reads or writes it: back when it completes */
+        c->l2_back.id[c->l2_back.n++] = id;
     }
-    c->l2_back.n += k;
-    c->l2_free += k;
 }
+
+void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) { kvt__cache_give_back_l2_ids(c, &id, 1); }
 
 /* Returns the buffered ids to the allocators. */
 int kvt__cache_flush(kvt_cache_t *c) {

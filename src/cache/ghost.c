@@ -39,10 +39,12 @@
  * buckets had spilled by the end of the page-16 replay (54 % with 200,000 L1
  * and 400,000 L2 pages), and the adds' second lines and add_spilled were a
  * quarter of the ghosts' time; at 12, 13 % (21 %), and the ghosts' share of
- * the replay went from 0.17 to 0.14 (docs/benchmarks.md, eleventh round;
- * at 10, 3 % for 20 % more memory, and no faster there). An add prefetches its lines and goes in 16 adds later (a ring of
- * pending adds), so that an eviction round's adds overlap their misses; any
- * read applies the ring first. An add takes a free or expired entry of b1,
+ * the replay went from 0.17 to 0.14 (docs/benchmarks.md, eleventh round; at
+ * 10, 3 % for 20 % more memory, and no faster there). In a long run nearly
+ * every bucket spills in the end (exact counts instead of the bit cost more
+ * than the lines they save: the same round). An add prefetches its lines and
+ * goes in 16 adds later (a ring of pending adds), so that an eviction round's
+ * adds overlap their misses; any read applies the ring first. An add takes a free or expired entry of b1,
  * else of b2; with both full of live keys it moves a live key to its other
  * bucket (cuckoo), at most 256 moves; the table is sized for 12 keys a bucket
  * when full (75 %, far under the ~99 % where two-choice 16-way cuckoo tables

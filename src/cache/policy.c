@@ -145,16 +145,6 @@ void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n) {
     slru_demote_overflow(c);
 }
 
-void kvt__policy_on_trim_at(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
-    if (n->policy_set) c->slru_pages--;
-    if (!two_classes(c)) return;
-    unsigned cls = (n->policy[0] & PROTECTED) != 0;
-    c->cls_pages[cls]--;
-    kvt__ghost_add(&c->ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], kvt__radix_page_key(n, idx));
-}
-
-void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n) { kvt__policy_on_trim_at(c, n, n->npages - 1); }
-
 uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first) {
     bool classes = two_classes(c), arc = c->cfg.policy == KVT_POLICY_ARC;
     unsigned cls = (n->policy[0] & PROTECTED) != 0;
@@ -169,6 +159,8 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
     }
     return (uint32_t)k;
 }
+
+void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n) { (void)kvt__policy_on_trim_tail(c, n, 1, kvt__policy_l1_first(c)); }
 
 /* arc: a page came back through ghost `from`: move the target toward the
  * class that lost it. */

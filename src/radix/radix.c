@@ -569,9 +569,9 @@ static inline kvt_page_t *give_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, 
     r->l2map[l2] = (kvt__pageref_t){n, idx};
     return p;
 }
-static inline void shadow_landed(kvt_rnode_t *n, uint32_t idx) {
-    n->n_shadow++; /* a page being backed up stays in L1 until the backup ends */
-    if (n->shadow_top <= idx) n->shadow_top = idx + 1;
+static inline void shadows_landed(kvt_rnode_t *n, uint32_t lo, uint32_t k) { /* pages lo .. lo + k - 1 */
+    n->n_shadow += k; /* a page being backed up stays in L1 until the backup ends */
+    if (n->shadow_top < lo + k) n->shadow_top = lo + k;
 }
 
 void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
@@ -584,7 +584,7 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
     KVT_ASSERT(p->flags & KVT_PAGE_D2H);
     p->flags &= ~(uint32_t)KVT_PAGE_D2H;
     if (ok) {
-        shadow_landed(n, idx);
+        shadows_landed(n, idx, 1);
     } else {
         r->l2map[p->l2].node = NULL;
         p->l2 = KVT_NO_PAGE;
@@ -597,8 +597,7 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
 void kvt__radix_backups_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2) {
     KVT_ASSERT(k > 0);
     for (uint32_t j = 0; j < k; j++) give_l2(r, n, lo + j, l2[j]);
-    n->n_shadow += k; /* shadow_landed of each */
-    if (n->shadow_top < lo + k) n->shadow_top = lo + k;
+    shadows_landed(n, lo, k);
     kvt__vheap_membership(r, n); /* once: the sets n belongs to depend on its final state only */
 }
 
