@@ -145,13 +145,19 @@ void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n) {
     slru_demote_overflow(c);
 }
 
+/* The L1 victim set looked in first were class 0 to hold cls0 pages (arc: class 0 while it holds
+ * more than its target). */
+static kvt__vset_t l1_first_with(const kvt_cache_t *c, uint64_t cls0) {
+    return c->cfg.policy == KVT_POLICY_ARC && (double)cls0 <= c->arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1;
+}
+
 uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first) {
     bool classes = two_classes(c), arc = c->cfg.policy == KVT_POLICY_ARC;
     unsigned cls = (n->policy[0] & PROTECTED) != 0;
     /* what kvt__policy_l1_first would say after each page: it reads class 0's page count (kept
      * here as the pages go) and arc's target (which they do not move) */
     uint64_t drop0 = classes && cls == 0, k = 1, c0 = c->cls_pages[0] - drop0;
-    for (; k < m && (arc && (double)c0 <= c->arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1) == first; k++) c0 -= drop0;
+    for (; k < m && l1_first_with(c, c0) == first; k++) c0 -= drop0;
     if (n->policy_set) c->slru_pages -= k;
     if (classes) {
         c->cls_pages[cls] -= k;
@@ -220,9 +226,7 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     return k;
 }
 
-kvt__vset_t kvt__policy_l1_first(const kvt_cache_t *c) {
-    return c->cfg.policy == KVT_POLICY_ARC && (double)c->cls_pages[0] <= c->arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1;
-}
+kvt__vset_t kvt__policy_l1_first(const kvt_cache_t *c) { return l1_first_with(c, c->cls_pages[0]); }
 
 kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c) {
     kvt__vset_t first = kvt__policy_l1_first(c), second = first == KVT_VSET_L1 ? KVT_VSET_L1_HI : KVT_VSET_L1;
