@@ -226,8 +226,8 @@ bool kvt__policy_needs_keys(kvt_policy_t p);
 uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
 /* A node was matched (its hits and last access are already updated). */
 void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n);
-/* n is about to lose its tail page (and, if it is the last, to be freed). */
-void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n);
+/* n is about to lose its last k pages, the last first (and, with its last, to be freed). */
+void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k);
 /* n's last pages are about to leave, the last first: up to m (>= 1) of them,
  * while kvt__policy_l1_first stays `first` (asked before each page after the
  * first, as the pages leave). Returns how many (>= 1). */

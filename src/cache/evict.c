@@ -19,9 +19,11 @@
  * a page that is still in L1 (a shadow: the page just loses its backup).
  * Nothing locked, pinned or in flight is evicted.
  *
- * A leaf whose tail pages live in L1 only gives the run of them a round needs
- * in one trim of the tree (drop_tail_run_l1): the same pages, in the same
- * order, as one at a time.
+ * Runs: the pages one eviction at a time would take from a victim in a row
+ * go in one call of the tree, so that the victim sets are settled once a run,
+ * not once a page: a leaf's tail pages in L1 only (drop_tail_run_l1), a
+ * node's last L1 pages whose L2 copies have landed (drop_l1_run), a leaf's
+ * tail pages only in L2 (evict_l2). The same pages, in the same order.
  *
  * Cost: O(pages evicted x log nodes) a round (the victim sets are heaps).
  */
@@ -36,12 +38,11 @@
 
 /* ---- L2 ---------------------------------------------------------------------- */
 
-/* Evicts one L2 page; false when nothing in L2 may go. */
 /* The last page of leaf v, living only in L2, leaves the cache (v is freed
  * with its last page). */
 static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
     if (may_put && c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, v->npages - 1); /* on to L3 */
-    kvt__policy_on_trim(c, v);
+    kvt__policy_on_trim(c, v, 1);
     kvt_page_t pg = kvt__radix_trim(c->tree, v);
     kvt__cache_give_back_l2(c, pg.l2);
     if (pg.l1 != KVT_NO_PAGE) kvt__cache_give_back_l1(c, pg.l1); /* loaded, but stranded below a page not in L1 */
@@ -54,16 +55,29 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
  * shadow changes neither the victim's score nor whether a host-only page
  * exists). Returns how many; 0 when nothing in L2 may go. */
 static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
+    bool put = c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK; /* each goes on to L3 first: its only copy */
+    uint32_t ids[256];
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
-        trim_l2_tail(c, v, true);
-        return 1;
+        uint32_t m = 0;
+        for (uint32_t idx = v->npages; !put && m < max && m < 256 && idx-- > v->n_l1;) {
+            const kvt_page_t *pg = &v->pages[idx];
+            if (pg->l1 != KVT_NO_PAGE || pg->flags != 0) break; /* (loaded, stranded below a page not in L1) */
+            m++;
+        }
+        if (m == 0) {
+            trim_l2_tail(c, v, true);
+            return 1;
+        }
+        kvt__policy_on_trim(c, v, m);
+        kvt__radix_trim_l2_tail(c->tree, v, m, ids); /* (v may be gone) */
+        kvt__cache_give_back_l2_ids(c, ids, m);
+        c->st.dropped_pages += m;
+        return m;
     }
     v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
     if (v == NULL) return 0;
-    bool put = c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK; /* each goes on to L3 first: its only copy outside L1 */
     uint64_t got = 0;
-    uint32_t ids[256];
     while (got < max && v->n_shadow > 0) {
         uint32_t want = put ? 1 : max - got < 256 ? (uint32_t)(max - got) : 256;
         if (put) kvt__l3_put(c, v, kvt__radix_last_shadow(v)); /* the shadow kvt__radix_drop_shadows takes next */
@@ -209,7 +223,7 @@ typedef enum { EVICTED, SKIPPED } evict_result_t;
 
 /* v's last page, in L1 only and with nothing below it, leaves the cache. */
 static evict_result_t drop_tail_l1(kvt_cache_t *c, kvt_rnode_t *v) {
-    kvt__policy_on_trim(c, v);
+    kvt__policy_on_trim(c, v, 1);
     kvt__cache_give_back_l1(c, kvt__radix_trim(c->tree, v).l1);
     c->st.dropped_pages++;
     return EVICTED;
@@ -235,6 +249,21 @@ static uint64_t drop_tail_run_l1(kvt_cache_t *c, kvt_rnode_t *v, uint64_t max, k
     kvt__cache_gave_back_l1(c, k);
     c->st.dropped_pages += k;
     return k;
+}
+
+/* Up to max of v's last L1 pages whose L2 copy has landed leave L1 (they
+ * live on in L2), tail first, in one call: the pages evict_one_l1 would take
+ * from v one at a time, since dropping an L1 copy moves neither v's score nor
+ * the policy's choice of set, and v stays in its set while it has an L1 page
+ * (a tail page with a backup in flight has no landed copy: the run stops
+ * there). Returns how many (0: v's tail L1 page has no landed copy). */
+static uint64_t drop_l1_run(kvt_cache_t *c, kvt_rnode_t *v, uint64_t max) {
+    uint32_t m = 0;
+    while (m < max && m < v->n_l1 && kvt__page_in_l2(&v->pages[v->n_l1 - 1 - m])) m++;
+    if (m == 0) return 0;
+    kvt__radix_drop_l1_tail(c->tree, v, m, kvt__cache_l1_back_end(c));
+    kvt__cache_gave_back_l1(c, m);
+    return m;
 }
 
 /* *plain: the page just left (no backup was made or waited for, so nothing
@@ -275,7 +304,8 @@ bool kvt__cache_plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
             break;
         }
         kvt__vset_t first = kvt__policy_l1_first(c), set = v->vclass ? KVT_VSET_L1_HI : KVT_VSET_L1;
-        uint64_t got = drop_tail_run_l1(c, v, n + c->l1_target - c->l1_free, first);
+        uint64_t want = n + c->l1_target - c->l1_free, got = drop_tail_run_l1(c, v, want, first);
+        if (got == 0) got = drop_l1_run(c, v, want);
         if (got > 0) {
             c->st.l1_evicted_pages += got;
             continue;

@@ -151,22 +151,22 @@ static kvt__vset_t l1_first_with(const kvt_cache_t *c, uint64_t cls0) {
     return c->cfg.policy == KVT_POLICY_ARC && (double)cls0 <= c->arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1;
 }
 
-uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first) {
-    bool classes = two_classes(c), arc = c->cfg.policy == KVT_POLICY_ARC;
-    unsigned cls = (n->policy[0] & PROTECTED) != 0;
-    /* what kvt__policy_l1_first would say after each page: it reads class 0's page count (kept
-     * here as the pages go) and arc's target (which they do not move) */
-    uint64_t drop0 = classes && cls == 0, k = 1, c0 = c->cls_pages[0] - drop0;
-    for (; k < m && l1_first_with(c, c0) == first; k++) c0 -= drop0;
+void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k) {
     if (n->policy_set) c->slru_pages -= k;
-    if (classes) {
-        c->cls_pages[cls] -= k;
-        kvt__ghost_add_keys(&c->ghost[arc ? cls : 0], n->key + n->npages - k, k); /* tail first */
-    }
-    return (uint32_t)k;
+    if (!two_classes(c)) return;
+    unsigned cls = (n->policy[0] & PROTECTED) != 0;
+    c->cls_pages[cls] -= k;
+    kvt__ghost_add_keys(&c->ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], n->key + n->npages - k, k); /* tail first */
 }
 
-void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n) { (void)kvt__policy_on_trim_tail(c, n, 1, kvt__policy_l1_first(c)); }
+uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first) {
+    /* what kvt__policy_l1_first would say after each page: it reads class 0's page count (kept
+     * here as the pages go) and arc's target (which they do not move) */
+    uint64_t drop0 = two_classes(c) && !(n->policy[0] & PROTECTED), k = 1, c0 = c->cls_pages[0] - drop0;
+    for (; k < m && l1_first_with(c, c0) == first; k++) c0 -= drop0;
+    kvt__policy_on_trim(c, n, (uint32_t)k);
+    return (uint32_t)k;
+}
 
 /* arc: a page came back through ghost `from`: move the target toward the
  * class that lost it. */

@@ -128,13 +128,21 @@ void kvt__radix_lock(kvt_radix_t *r, kvt_rnode_t *node, int delta);
 
 /* Page state changes. idx is a page index in node. Each keeps the counters,
  * the reverse maps and the victim sets current. */
-uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n);           /* tail L1 page leaves L1; its id */
+uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n);           /* tail L1 page (with a landed L2
+                                                                            copy) leaves L1; its id */
+/* As k kvt__radix_drop_l1 calls: the last k L1 pages of n, each with a landed
+ * L2 copy, leave L1 (they live on in L2); their L1 ids to l1, tail first. */
+uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1);
 kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n);            /* tail page leaves the tree (n has
                                                                             no children); frees n if empty */
 /* As k kvt__radix_trim calls, for a leaf n whose pages are all in L1 and whose
  * last k pages are in L1 only, with nothing in flight: their L1 ids to l1,
  * tail first; returns k. n is freed with its last page. */
 uint32_t kvt__radix_trim_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1);
+/* As k kvt__radix_trim calls, for a leaf n whose last k pages live only in L2
+ * (no L1 page, nothing in flight): their L2 ids to l2, tail first; returns k.
+ * n is freed with its last page. */
+uint32_t kvt__radix_trim_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l2);
 uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx); /* the page's L2 copy goes */
 /* The L2 copies of up to max of n's shadows (pages in L1 with a landed copy)
  * go, the last first, as kvt__radix_drop_l2 of each would; their L2 ids to

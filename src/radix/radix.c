@@ -449,16 +449,25 @@ static void l1_edge(kvt_radix_t *r, kvt_rnode_t *n, uint32_t before) {
     kvt__vheap_membership(r, n->parent);
 }
 
-uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
-    KVT_ASSERT(n->n_l1 > 0 && !(n->pages[n->n_l1 - 1].flags & KVT_PAGE_D2H));
-    kvt_page_t *p = &n->pages[n->n_l1 - 1];
-    uint32_t id = p->l1;
-    r->l1map[id].node = NULL;
-    p->l1 = KVT_NO_PAGE;
-    if (kvt__page_in_l2(p)) n->n_shadow--;
-    n->n_l1--;
-    l1_edge(r, n, n->n_l1 + 1);
+uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1) {
+    KVT_ASSERT(k > 0 && k <= n->n_l1);
+    for (uint32_t i = 0; i < k; i++) {
+        kvt_page_t *p = &n->pages[n->n_l1 - 1 - i];
+        KVT_ASSERT(kvt__page_in_l2(p));
+        r->l1map[p->l1].node = NULL;
+        l1[i] = p->l1;
+        p->l1 = KVT_NO_PAGE;
+    }
+    n->n_shadow -= k;
+    n->n_l1 -= k;
+    l1_edge(r, n, n->n_l1 + k);
     kvt__vheap_membership(r, n);
+    return k;
+}
+
+uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
+    uint32_t id;
+    (void)kvt__radix_drop_l1_tail(r, n, 1, &id);
     return id;
 }
 
@@ -495,25 +504,46 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     return pg;
 }
 
+/* n's last k pages have left it (their reverse maps cleared; L1 residency
+ * already counted): n keeps the rest, in the arrays k kvt__radix_trim calls
+ * would leave it (each halving where one would have shrunk them), or is freed. */
+static void cut_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k) {
+    uint32_t m = n->npages, cap = n->cap;
+    for (uint32_t i = 0; i < k; i++)
+        if (--m > 0 && m <= cap / 2) cap = m;
+    n->npages = m;
+    if (n->nhash > m) n->nhash = m;
+    if (m > 0) {
+        if (cap < n->cap) (void)move_arrays_to(r, n, 0, m, cap);
+        kvt__vheap_membership(r, n);
+    } else {
+        trimmed_away(r, n);
+    }
+}
+
 uint32_t kvt__radix_trim_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1) {
     KVT_ASSERT(n->nchildren == 0 && k > 0 && k <= n->npages && n->n_l1 == n->npages);
-    uint32_t m = n->npages, cap = n->cap;
     for (uint32_t i = 0; i < k; i++) {
-        const kvt_page_t *p = &n->pages[--m];
+        const kvt_page_t *p = &n->pages[n->npages - 1 - i];
         KVT_ASSERT(p->l2 == KVT_NO_PAGE && p->flags == 0);
         r->l1map[p->l1].node = NULL;
         l1[i] = p->l1;
-        if (m > 0 && m <= cap / 2) cap = m; /* where one trim at a time would have shrunk the arrays */
     }
-    n->n_l1 = n->npages = m;
-    if (n->nhash > m) n->nhash = m;
-    if (m > 0) {
-        if (cap < n->cap) (void)move_arrays_to(r, n, 0, m, cap); /* the arrays one trim at a time leaves */
-        kvt__vheap_membership(r, n);
-    } else {
-        l1_edge(r, n, k);
-        trimmed_away(r, n);
+    n->n_l1 -= k;
+    l1_edge(r, n, n->n_l1 + k); /* (only when n goes: its last L1 page) */
+    cut_tail(r, n, k);
+    return k;
+}
+
+uint32_t kvt__radix_trim_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l2) {
+    KVT_ASSERT(n->nchildren == 0 && k > 0 && k <= n->npages - n->n_l1);
+    for (uint32_t i = 0; i < k; i++) {
+        const kvt_page_t *p = &n->pages[n->npages - 1 - i];
+        KVT_ASSERT(p->l1 == KVT_NO_PAGE && p->l2 != KVT_NO_PAGE && p->flags == 0);
+        r->l2map[p->l2].node = NULL;
+        l2[i] = p->l2;
     }
+    cut_tail(r, n, k);
     return k;
 }
 

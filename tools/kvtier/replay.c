@@ -216,6 +216,7 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     res->rs.size = sizeof(res->rs);
     kvt_cache_stats(c, &res->cs);
     kvt_radix_stats(kvt_cache_tree(c), &res->rs);
+    res->digest = kvt_cache_digest(c);
     replay_l3_result(l3, &res->l3);
     if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1), data, l3);
     free(tokens);
@@ -365,6 +366,9 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     cJSON_AddNumberToObject(x, "l2_free_room", o->l2_room);
     cJSON_AddNumberToObject(x, "tree_nodes", (double)r->rs.nodes);
     cJSON_AddNumberToObject(x, "tree_pages", (double)r->rs.pages);
+    char digest[17];
+    snprintf(digest, sizeof(digest), "%016" PRIx64, r->digest);
+    cJSON_AddStringToObject(x, "decision_digest", digest); /* equal in two runs only if every page id went the same way */
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
     cJSON_AddNumberToObject(x, "tokens_s", r->tokens_s); /* the part of wall_s that made the token arrays */

@@ -27,6 +27,7 @@ typedef struct result {
     uint64_t nreq;      /* requests replayed */
     kvt_cache_stats_t cs;
     kvt_radix_stats_t rs;
+    uint64_t digest; /* kvt_cache_digest at the end: the cache's decisions, in order */
     double wall_s;
     double tokens_s;    /* of it, the driver's: building the requests' token arrays (trace_block_tokens) */
     data_result_t data; /* --data */

@@ -174,8 +174,8 @@ static void radix_fuzz(uint64_t seed, int steps) {
     char ctx[96];
     uint64_t clock = 0;
     int32_t q[MAXP * PT];
-    uint64_t cnt[9] = {0}; /* inserts, drop_l1, l1 trims, host trims, shadow drops, backups, loads, failed copies,
-                              runs of L1 trims */
+    uint64_t cnt[11] = {0}; /* inserts, drop_l1, l1 trims, host trims, shadow drops, backups, loads, failed copies,
+                               runs of L1 trims, runs of L1 drops, runs of host trims */
     for (int step = 0; step < steps; step++) {
         snprintf(ctx, sizeof(ctx), "seed %" PRIu64 " step %d", seed, step);
         uint64_t dice = kvt_rng_below(&rng, 100), live = 0;
@@ -220,12 +220,29 @@ static void radix_fuzz(uint64_t seed, int steps) {
             mpage_t *p = model_of(&m, r, v, idx);
             cr_assert_not_null(p);
             cr_assert(!(p->st.flags & KVT_PAGE_D2H), "%s: a page in flight is an L1 victim", ctx);
-            if (p->st.l2 != KVT_NO_PAGE) {
+            if (p->st.l2 != KVT_NO_PAGE && kvt_rng_below(&rng, 2)) {
                 uint32_t id = kvt__radix_drop_l1(r, v);
                 cr_assert_eq(id, p->st.l1);
                 m.l1_used[id] = false;
                 p->st.l1 = KVT_NO_PAGE;
                 cnt[1]++;
+            } else if (p->st.l2 != KVT_NO_PAGE) {
+                /* the run of tail L1 pages with a landed L2 copy, in one call: any length of it */
+                uint32_t run = 0, got[MAXP];
+                while (run < v->n_l1 && kvt__page_in_l2(&v->pages[v->n_l1 - 1 - run])) run++;
+                uint32_t k = 1 + (uint32_t)kvt_rng_below(&rng, run < MAXP ? run : MAXP);
+                mpage_t *mp[MAXP];
+                for (uint32_t i = 0; i < k; i++) {
+                    mp[i] = model_of(&m, r, v, idx - i);
+                    cr_assert(mp[i] && mp[i]->st.l2 != KVT_NO_PAGE && !(mp[i]->st.flags & KVT_PAGE_D2H), "%s", ctx);
+                }
+                cr_assert_eq(kvt__radix_drop_l1_tail(r, v, k, got), k);
+                for (uint32_t i = 0; i < k; i++) {
+                    cr_assert_eq(got[i], mp[i]->st.l1, "%s: dropped page %u of %u", ctx, i, k);
+                    m.l1_used[got[i]] = false;
+                    mp[i]->st.l1 = KVT_NO_PAGE;
+                }
+                cnt[9]++;
             } else if (v->nchildren == 0 && idx == v->npages - 1 && p->st.flags == 0 && kvt_rng_below(&rng, 2)) {
                 /* the tail run of pages in L1 only, in one call: any length of it */
                 uint32_t run = 0, got[MAXP];
@@ -262,12 +279,33 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 /* past the L1 prefix: only in L2, or loaded while a page above is not in L1 */
                 cr_assert(p && kvt__page_in_l2(&p->st) && !(p->st.flags & KVT_PAGE_H2D) && mleaf(&m, p),
                           "%s: host victim is not a leaf page living in L2", ctx);
-                kvt_page_t pg = kvt__radix_trim(r, v);
-                cr_assert(pg.l1 == p->st.l1 && pg.l2 == p->st.l2);
-                m.l2_used[pg.l2] = false;
-                if (pg.l1 != KVT_NO_PAGE) m.l1_used[pg.l1] = false;
-                p->used = false;
-                cnt[3]++;
+                uint32_t run = 0, got[MAXP];
+                while (run < v->npages - v->n_l1 && v->pages[v->npages - 1 - run].l1 == KVT_NO_PAGE &&
+                       v->pages[v->npages - 1 - run].flags == 0)
+                    run++;
+                if (run > 0 && kvt_rng_below(&rng, 2)) { /* the run of tail pages only in L2, in one call */
+                    uint32_t k = 1 + (uint32_t)kvt_rng_below(&rng, run < MAXP ? run : MAXP);
+                    mpage_t *mp[MAXP];
+                    for (uint32_t i = 0; i < k; i++) {
+                        mp[i] = model_of(&m, r, v, v->npages - 1 - i);
+                        cr_assert(mp[i] && mp[i]->st.l1 == KVT_NO_PAGE, "%s", ctx);
+                        cr_assert(i > 0 || mleaf(&m, mp[i]), "%s: trimming a page others extend", ctx);
+                    }
+                    cr_assert_eq(kvt__radix_trim_l2_tail(r, v, k, got), k);
+                    for (uint32_t i = 0; i < k; i++) {
+                        cr_assert_eq(got[i], mp[i]->st.l2, "%s: trimmed page %u of %u", ctx, i, k);
+                        m.l2_used[got[i]] = false;
+                        mp[i]->used = false;
+                    }
+                    cnt[10]++;
+                } else {
+                    kvt_page_t pg = kvt__radix_trim(r, v);
+                    cr_assert(pg.l1 == p->st.l1 && pg.l2 == p->st.l2);
+                    m.l2_used[pg.l2] = false;
+                    if (pg.l1 != KVT_NO_PAGE) m.l1_used[pg.l1] = false;
+                    p->used = false;
+                    cnt[3]++;
+                }
             } else if (kvt_rng_below(&rng, 3) == 0 && (v = kvt__radix_victim(r, KVT_VSET_L2_SHADOW)) != NULL) {
                 uint32_t idx = v->n_l1;
                 while (idx > 0 && !kvt__page_in_l2(&v->pages[idx - 1])) idx--;
@@ -332,9 +370,10 @@ static void radix_fuzz(uint64_t seed, int steps) {
     kvt_radix_stats(r, &st);
     fprintf(stderr, "radix fuzz seed %" PRIu64 ": %" PRIu64 " inserts, %" PRIu64 " splits, %" PRIu64 " L1 drops, %" PRIu64
             " L1 trims, %" PRIu64 " L2 trims, %" PRIu64 " shadow drops, %" PRIu64 " backups, %" PRIu64 " loads, %" PRIu64
-            " failed copies, %" PRIu64 " runs of L1 trims; %" PRIu64 " pages at the end\n", seed, cnt[0], st.splits, cnt[1],
-            cnt[2], cnt[3], cnt[4], cnt[5], cnt[6], cnt[7], cnt[8], st.pages);
-    for (int i = 0; i < 9; i++) cr_assert_gt(cnt[i], 0, "seed %" PRIu64 ": operation kind %d never ran", seed, i);
+            " failed copies, %" PRIu64 " runs of L1 trims, %" PRIu64 " runs of L1 drops, %" PRIu64
+            " runs of L2 trims; %" PRIu64 " pages at the end\n",
+            seed, cnt[0], st.splits, cnt[1], cnt[2], cnt[3], cnt[4], cnt[5], cnt[6], cnt[7], cnt[8], cnt[9], cnt[10], st.pages);
+    for (int i = 0; i < 11; i++) cr_assert_gt(cnt[i], 0, "seed %" PRIu64 ": operation kind %d never ran", seed, i);
     cr_assert_gt(st.splits, 0);
     kvt__radix_destroy(r);
 }
