@@ -62,6 +62,16 @@ static void load_path(kvt_cache_t *c, kvt_rnode_t *x, const uint32_t *ids, uint6
     }
 }
 
+/* load_path when copies are made at once (kvt__cache_backups_at_once, and
+ * so no L3): the same loads, in the same order, a node at a time. */
+static void load_path_at_once(kvt_cache_t *c, kvt_rnode_t *x, const uint32_t *ids, uint64_t *j) {
+    if (x == kvt__radix_root(c->tree) || x->n_l1 == x->npages) return;
+    load_path_at_once(c, x->parent, ids, j);
+    uint32_t k = kvt__cache_load_node_at_once(c, x, ids + *j);
+    c->st.loads += k;
+    *j += k;
+}
+
 /* A load on the path to `end` failed: pages below it that did load cannot
  * join the L1 prefix (nothing above them will load now), so their L1 pages
  * go back rather than sit where no eviction reaches them. */
@@ -197,8 +207,13 @@ static void reserve(kvt_cache_t *c, admission_t *a) {
  * below it in: the pages reserved for the new part go back. */
 static void load(kvt_cache_t *c, admission_t *a) {
     uint64_t used = 0;
-    if (a->cont) load_path(c, a->m.node, a->ids, &used, a->from_l3);
-    kvt__cache_wait_kind(c, OP_LOAD);
+    if (a->cont && kvt__cache_backups_at_once(c)) { /* page ids only: each load is done as it is made */
+        kvt__cache_wait_kind(c, OP_LOAD); /* (completions queued before them land first, as the wait below would apply them) */
+        load_path_at_once(c, a->m.node, a->ids, &used);
+    } else {
+        if (a->cont) load_path(c, a->m.node, a->ids, &used, a->from_l3);
+        kvt__cache_wait_kind(c, OP_LOAD);
+    }
     a->loaded = l1_prefix(c, a->m.node) - a->m.l1_pages;
     /* pages from L3 sit below the others (prefetches insert below the match): a failed load loses them first */
     uint64_t lost = a->cont - a->loaded;

@@ -170,6 +170,11 @@ static inline bool kvt__cache_backups_at_once(const kvt_cache_t *c) {
  * when kvt__cache_backups_at_once: what begin, submit and the completion's
  * apply would do for each, the last page first, in their order. */
 void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2);
+/* Loads n's pages past its L1 prefix that have no L1 page into L1 pages
+ * l1[0 ..) when kvt__cache_backups_at_once and no completion is queued: what
+ * begin, submit and the completion's apply would do for each, in page order.
+ * Returns how many. */
+uint32_t kvt__cache_load_node_at_once(kvt_cache_t *c, kvt_rnode_t *n, const uint32_t *l1);
 /* Waits for every copy of a kind in flight, and applies them. */
 void kvt__cache_wait_kind(kvt_cache_t *c, op_kind_t kind);
 /* Waits for the backups of n's pages up to idx. */

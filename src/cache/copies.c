@@ -265,6 +265,14 @@ void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo,
     kvt__radix_backups_done(c->tree, n, lo, k, l2);
 }
 
+uint32_t kvt__cache_load_node_at_once(kvt_cache_t *c, kvt_rnode_t *n, const uint32_t *l1) {
+    KVT_ASSERT(kvt__cache_backups_at_once(c) && c->ndone == 0);
+    uint32_t j = 0;
+    for (uint32_t i = n->n_l1; i < n->npages; i++)
+        if (n->pages[i].l1 == KVT_NO_PAGE) fold_copy(c, OP_LOAD, l1[j++], n->pages[i].l2);
+    return kvt__radix_loads_done(c->tree, n, l1);
+}
+
 void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
     c->fail_every = n;
     c->submitted = 0;

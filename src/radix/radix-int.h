@@ -156,6 +156,11 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
 void kvt__radix_backups_done(kvt_radix_t *r, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2);
 void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l1);
 void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok);    /* !ok: l1 dropped */
+/* Begin + end, ok, of the loads of n's pages past its L1 prefix that have no
+ * L1 page, in page order, into L1 pages l1[0 ..): as one page at a time,
+ * with one advance of the L1 prefix and one victim-set update. Returns how
+ * many. */
+uint32_t kvt__radix_loads_done(kvt_radix_t *r, kvt_rnode_t *n, const uint32_t *l1);
 /* A page past the L1 prefix that was loaded (its load ended) gives its L1
  * page back: used when a load above it failed. Returns the L1 id. */
 uint32_t kvt__radix_unload(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx);

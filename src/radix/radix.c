@@ -660,6 +660,21 @@ static void advance_l1(kvt_radix_t *r, kvt_rnode_t *n) {
         for (kvt_rnode_t *c = n->first_child; c; c = c->next_sibling) advance_l1(r, c);
 }
 
+uint32_t kvt__radix_loads_done(kvt_radix_t *r, kvt_rnode_t *n, const uint32_t *l1) {
+    uint32_t j = 0;
+    for (uint32_t i = n->n_l1; i < n->npages; i++) {
+        kvt_page_t *p = &n->pages[i];
+        if (p->l1 != KVT_NO_PAGE) continue; /* loaded before, stranded below a page not in L1 then */
+        KVT_ASSERT(kvt__page_in_l2(p) && !(p->flags & KVT_PAGE_H2D) && l1[j] < r->l1_pages && r->l1map[l1[j]].node == NULL);
+        p->l1 = l1[j];
+        r->l1map[l1[j++]] = (kvt__pageref_t){n, i};
+    }
+    if (j == 0) return 0;
+    advance_l1(r, n);
+    kvt__vheap_membership(r, n); /* once: the sets n belongs to depend on its final state only */
+    return j;
+}
+
 void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok) {
     kvt_page_t *p = &n->pages[idx];
     KVT_ASSERT(p->flags & KVT_PAGE_H2D);

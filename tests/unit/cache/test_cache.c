@@ -232,6 +232,57 @@ Test(cache, two_tiers_keep_their_invariants, .timeout = 300) {
 
 /* Pages of a request that is still admitted are never evicted, however
  * much the others need. */
+/* Without a data plane, copies are made at once (a commit's backups, an
+ * admission's loads: kvt__cache_back_up_run_at_once, kvt__cache_load_node_at_once).
+ * The queued path (submit, then apply at the next poll or wait) is the
+ * reference: a cache that fails one copy in 2^64 takes it for every copy and
+ * must decide the same, request by request, under every policy and write
+ * policy: the same hits, the same counters, the same decision digest. */
+Test(cache, copies_at_once_decide_as_the_queued_path, .timeout = 300) {
+    static stream_t s;
+    static int32_t q[MAXP * PT];
+    uint64_t loads = 0, backups = 0;
+    for (int pol = 0; pol < KVT_POLICY_COUNT_; pol++) {
+        for (int wp = 0; wp < KVT_WRITE_POLICY_COUNT_; wp++) {
+            kvt_cache_t *c[2];
+            for (int i = 0; i < 2; i++) c[i] = make_cache(120, 300, 0.05, 0.05, (kvt_policy_t)pol, (kvt_write_policy_t)wp);
+            kvt__cache_fail_copies(c[1], UINT64_MAX);
+            stream_reset(&s, (uint64_t)(pol * 10 + wp));
+            for (int t = 0; t < 600; t++) {
+                uint32_t n = next_request(&s, q);
+                kvt_cache_req_t req[2];
+                kvt_cache_stats_t st[2] = {{.size = sizeof(st[0])}, {.size = sizeof(st[1])}};
+                for (int i = 0; i < 2; i++) {
+                    cr_assert_eq(kvt_cache_admit(c[i], 0, q, (uint64_t)n * PT, 0, NULL, &req[i]), KVT_OK);
+                    cr_assert_eq(kvt_cache_release(c[i], &req[i]), KVT_OK);
+                    cr_assert_eq(kvt_cache_poll(c[i]) >= 0, true);
+                    kvt_cache_stats(c[i], &st[i]);
+                }
+                const char *ctx = kvt_policy_name((kvt_policy_t)pol), *w = kvt_write_policy_name((kvt_write_policy_t)wp);
+                cr_assert(req[0].l1_hit_pages == req[1].l1_hit_pages && req[0].l2_hit_pages == req[1].l2_hit_pages,
+                          "%s/%s request %d: hits %" PRIu64 "+%" PRIu64 " at once, %" PRIu64 "+%" PRIu64 " queued", ctx, w, t,
+                          req[0].l1_hit_pages, req[0].l2_hit_pages, req[1].l1_hit_pages, req[1].l2_hit_pages);
+                cr_assert(st[0].loads == st[1].loads && st[0].backups == st[1].backups &&
+                              st[0].l1_evicted_pages == st[1].l1_evicted_pages && st[0].l2_evicted_pages == st[1].l2_evicted_pages &&
+                              st[1].failed_copies == 0,
+                          "%s/%s request %d: counters differ", ctx, w, t);
+                cr_assert_eq(kvt_cache_digest(c[0]), kvt_cache_digest(c[1]), "%s/%s request %d: decisions differ", ctx, w, t);
+            }
+            const char *why;
+            for (int i = 0; i < 2; i++) {
+                cr_assert_eq(kvt_cache_check(c[i], &why), KVT_OK, "%s", why);
+                kvt_cache_stats_t st = {.size = sizeof(st)};
+                kvt_cache_stats(c[i], &st);
+                if (i == 0) loads += st.loads, backups += st.backups;
+                kvt_cache_destroy(c[i]);
+            }
+        }
+    }
+    fprintf(stderr, "copies at once: %" PRIu64 " loads, %" PRIu64 " backups, decided as queued\n", loads, backups);
+    cr_assert_gt(loads, 1000);
+    cr_assert_gt(backups, 1000);
+}
+
 Test(cache, held_requests_keep_their_pages) {
     static stream_t s;
     static int32_t q[MAXP * PT], first[MAXP * PT];
