@@ -198,7 +198,7 @@ static void reserve(kvt_cache_t *c, admission_t *a) {
     }
     if (room == 0) a->cont = 0;
     c->l1_free -= room;
-    for (uint64_t i = 0; i < room; i++) kvt__cache_fold(c, 5ull << 40 | a->ids[i]);
+    kvt__cache_fold_ids(c, 5ull << 40, a->ids, room);
     a->room = room;
     a->ins = room > a->cont ? room - a->cont : 0;
 }

@@ -120,7 +120,8 @@ struct kvt_cache {
     kvt_cache_cp_t cp;             /* CP group member (kvt_cache_attach_cp); cp.size 0: a single process */
     uint64_t lane_pages;           /* L1 pages per lane (R) */
     uint64_t backup_seq;           /* backups started */
-    uint64_t digest;               /* running hash of ids taken, given back and copied */
+    uint64_t digest;               /* running hash of ids taken, given back and copied ... */
+    uint64_t folds;                /* ... and how many values it has folded */
     uint32_t corrupt[KVT__CORRUPT_MAX]; /* L2 pages a load found corrupt, to drop (evict.c) */
     size_t ncorrupt;
     /* the third tier (l3.c): a store (kvt_cache_attach_store) or a model */
@@ -146,8 +147,23 @@ void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
 /* copies.c */
 /* Folds v into the decision digest: order-sensitive, so two caches fed the
  * same calls agree on it only if they made the same decisions (CP ranks
- * compare it). Inline: a fold per page id taken or given back. */
-static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest = (c->digest ^ v) * 0x100000001b3ull + 0x9e37; }
+ * compare it). Inline: a fold per page id taken or given back. The digest is
+ * the sum of one term per value, a multiply-xorshift of the value and its
+ * place in the sequence: the place keeps the order, and no term waits on the
+ * one before (a chain through a multiply a fold, as (d ^ v) x P + C is, was
+ * 7-9 % of the two-tier replay: docs/benchmarks.md, twelfth round). */
+static inline uint64_t kvt__fold_term(uint64_t v, uint64_t i) {
+    uint64_t x = (v ^ i * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+    return x ^ x >> 31;
+}
+static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest += kvt__fold_term(v, c->folds++); }
+/* Folds tag | ids[i] for each of k ids, in order (the loop keeps the sums in registers). */
+static inline void kvt__cache_fold_ids(kvt_cache_t *c, uint64_t tag, const uint32_t *ids, size_t k) {
+    uint64_t d = 0, n = c->folds;
+    for (size_t i = 0; i < k; i++) d += kvt__fold_term(tag | ids[i], n + i);
+    c->digest += d;
+    c->folds = n + k;
+}
 /* A page id goes back to its allocator at the next flush. */
 void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);
 /* The end of the buffer of L1 ids given back, where k ids may be written;

@@ -32,7 +32,7 @@
 uint32_t *kvt__cache_l1_back_end(kvt_cache_t *c) { return &c->l1_back.id[c->l1_back.n]; }
 
 void kvt__cache_gave_back_l1(kvt_cache_t *c, uint32_t k) {
-    for (uint32_t i = 0; i < k; i++) kvt__cache_fold(c, 1ull << 40 | c->l1_back.id[c->l1_back.n + i]);
+    kvt__cache_fold_ids(c, 1ull << 40, &c->l1_back.id[c->l1_back.n], k);
     c->l1_back.n += k;
     c->l1_free += k;
 }
@@ -44,11 +44,8 @@ void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
 
 void kvt__cache_give_back_l2_ids(kvt_cache_t *c, const uint32_t *ids, uint32_t k) {
     if (c->ncorrupt == 0 && c->cp.l2_freed == NULL && c->l3f == NULL) { /* the loop below, with no hook to call */
-        uint32_t *to = &c->l2_back.id[c->l2_back.n];
-        for (uint32_t i = 0; i < k; i++) {
-            kvt__cache_fold(c, 2ull << 40 | ids[i]);
-            to[i] = ids[i];
-        }
+        kvt__cache_fold_ids(c, 2ull << 40, ids, k);
+        memcpy(&c->l2_back.id[c->l2_back.n], ids, (size_t)k * sizeof(uint32_t));
         c->l2_back.n += k;
         c->l2_free += k;
         return;
@@ -230,8 +227,11 @@ static bool makes(const kvt_cache_t *c, op_kind_t kind, uint32_t l1) {
 }
 
 /* A copy, as the digest records it when it is made. */
+static uint64_t copy_value(op_kind_t kind, uint32_t l1, uint32_t l2) {
+    return (uint64_t)(kind + 3) << 40 ^ (uint64_t)l1 << 20 ^ l2;
+}
 static void fold_copy(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
-    kvt__cache_fold(c, (uint64_t)(kind + 3) << 40 ^ (uint64_t)l1 << 20 ^ l2);
+    kvt__cache_fold(c, copy_value(kind, l1, l2));
 }
 
 void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
@@ -261,15 +261,21 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
 void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2) {
     KVT_ASSERT(kvt__cache_backups_at_once(c) && k > 0);
     if (c->ndone) apply_done(c); /* completions queued before them land first, as a poll would apply them */
-    for (uint32_t p = lo + k; p-- > lo;) fold_copy(c, OP_BACKUP, n->pages[p].l1, l2[p - lo]); /* tail first */
+    uint64_t d = 0, f = c->folds; /* fold_copy of each, tail first, the sums in registers */
+    for (uint32_t p = lo + k; p-- > lo;) d += kvt__fold_term(copy_value(OP_BACKUP, n->pages[p].l1, l2[p - lo]), f++);
+    c->digest += d;
+    c->folds = f;
     kvt__radix_backups_done(c->tree, n, lo, k, l2);
 }
 
 uint32_t kvt__cache_load_node_at_once(kvt_cache_t *c, kvt_rnode_t *n, const uint32_t *l1) {
     KVT_ASSERT(kvt__cache_backups_at_once(c) && c->ndone == 0);
     uint32_t j = 0;
+    uint64_t d = 0, f = c->folds; /* fold_copy of each, in page order, the sums in registers */
     for (uint32_t i = n->n_l1; i < n->npages; i++)
-        if (n->pages[i].l1 == KVT_NO_PAGE) fold_copy(c, OP_LOAD, l1[j++], n->pages[i].l2);
+        if (n->pages[i].l1 == KVT_NO_PAGE) d += kvt__fold_term(copy_value(OP_LOAD, l1[j++], n->pages[i].l2), f++);
+    c->digest += d;
+    c->folds = f;
     return kvt__radix_loads_done(c->tree, n, l1);
 }
 

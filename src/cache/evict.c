@@ -131,7 +131,7 @@ uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
     for (size_t i = 0; i < k; i++)
         for (uint32_t p = 0; p < runs[i].len; p++) out[j++] = runs[i].start + p;
     c->l2_free -= n;
-    for (uint64_t i = 0; i < n; i++) kvt__cache_fold(c, 4ull << 40 | out[i]);
+    kvt__cache_fold_ids(c, 4ull << 40, out, n);
     return n;
 }
 
