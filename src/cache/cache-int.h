@@ -43,6 +43,7 @@ typedef struct kvt__ghost {
     size_t live;        /* keys remembered now */
     uint32_t count[256]; /* live entries by tag */
     uint64_t overflows; /* keys forgotten early: no room within the cuckoo moves */
+    uint64_t added;     /* adds so far (a probe is good until the next) */
     unsigned npend;     /* adds queued (their buckets prefetched), applied before any read ... */
     unsigned head;      /* ... in order from pend[head], a ring: each is applied KVT__GHOST_PEND adds later */
     kvt__ghost_pend_t pend[KVT__GHOST_PEND];
@@ -54,8 +55,21 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key);
 void kvt__ghost_add_keys(kvt__ghost_t *g, const uint64_t *keys, size_t k); /* keys[k - 1], ..., keys[0], in that order */
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key); /* true (and forgotten) when present */
 bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key);
-size_t kvt__ghost_live(const kvt__ghost_t *g); /* keys remembered now */
-void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key); /* a lookup of key is coming */
+void kvt__ghost_settle(kvt__ghost_t *g); /* applies the queued adds (every read does it first) */
+static inline size_t kvt__ghost_live(const kvt__ghost_t *g) { /* keys remembered now */
+    if (g->npend) kvt__ghost_settle((kvt__ghost_t *)g); /* (the representation changes, not what it holds) */
+    return g->live;
+}
+/* A lookup to come, its buckets found and fetched now: a run of lookups
+ * (the protected-prefix walk) probes ahead and takes by the probes, each
+ * key's place computed once. A probe is good until the next add (asserted),
+ * on a ghost with no add queued (kvt__ghost_settle). */
+typedef struct kvt__ghost_probe {
+    uint64_t added;     /* g->added when it was made */
+    uint32_t fp, b1, b2; /* fingerprint, first bucket, second (when the first has spilled; else UINT32_MAX) */
+} kvt__ghost_probe_t;
+void kvt__ghost_probe(const kvt__ghost_t *g, uint64_t key, kvt__ghost_probe_t *p);
+bool kvt__ghost_take_probed(kvt__ghost_t *g, const kvt__ghost_probe_t *p); /* kvt__ghost_take of the probe's key */
 
 /* An exact LRU set of 64-bit keys (lru.c): the modeled L3. */
 typedef struct kvt__lru {

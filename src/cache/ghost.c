@@ -279,16 +279,21 @@ typedef struct {
     unsigned w;
 } spot_t;
 
-/* The key of fingerprint fp and first bucket b1: in b1, or in its second
- * bucket when b1 has spilled. */
-static spot_t find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1) {
-    bucket_t *x = bucket(g, b1), *y = spilled(g, b1) ? bucket(g, alt_of(g, b1, fp)) : NULL;
-    if (y) __builtin_prefetch(y); /* the two misses overlap */
+/* The key of fingerprint fp in bucket x, or else in y (its second bucket,
+ * NULL when its first has not spilled). */
+static spot_t find_at(const kvt__ghost_t *g, uint32_t fp, bucket_t *x, bucket_t *y) {
     look_t l = look(g, x, fp);
     if (l.match) return (spot_t){x, (unsigned)__builtin_ctz(l.match)};
     if (y == NULL) return (spot_t){NULL, 0};
     l = look(g, y, fp);
     return l.match ? (spot_t){y, (unsigned)__builtin_ctz(l.match)} : (spot_t){NULL, 0};
+}
+/* The key of fingerprint fp and first bucket b1: in b1, or in its second
+ * bucket when b1 has spilled. */
+static spot_t find_in(const kvt__ghost_t *g, uint32_t fp, size_t b1) {
+    bucket_t *x = bucket(g, b1), *y = spilled(g, b1) ? bucket(g, alt_of(g, b1, fp)) : NULL;
+    if (y) __builtin_prefetch(y); /* the two misses overlap */
+    return find_at(g, fp, x, y);
 }
 
 static spot_t find(const kvt__ghost_t *g, uint64_t key) {
@@ -319,10 +324,7 @@ bool kvt__ghost_has(const kvt__ghost_t *g, uint64_t key) {
     return find(g, key).x != NULL;
 }
 
-size_t kvt__ghost_live(const kvt__ghost_t *g) {
-    if (g->npend) flush((kvt__ghost_t *)g);
-    return g->live;
-}
+void kvt__ghost_settle(kvt__ghost_t *g) { flush(g); }
 
 bool kvt__ghost_take(kvt__ghost_t *g, uint64_t key) {
     if (g->cap == 0) return false;
@@ -357,12 +359,24 @@ __attribute__((noinline)) static void next_epoch(kvt__ghost_t *g) {
     g->sweep_at = g->sweep_at + n == g->nb ? 0 : g->sweep_at + n;
 }
 
-void kvt__ghost_prefetch(const kvt__ghost_t *g, uint64_t key) {
+void kvt__ghost_probe(const kvt__ghost_t *g, uint64_t key, kvt__ghost_probe_t *p) {
+    KVT_ASSERT(g->npend == 0);
+    p->added = g->added;
     if (g->cap == 0) return;
-    uint32_t fp = fp_of(key);
-    size_t b1 = b1_of(g, key, fp);
-    __builtin_prefetch(bucket(g, b1));
-    if (spilled(g, b1)) __builtin_prefetch(bucket(g, alt_of(g, b1, fp)));
+    p->fp = fp_of(key);
+    p->b1 = (uint32_t)b1_of(g, key, p->fp);
+    p->b2 = spilled(g, p->b1) ? (uint32_t)alt_of(g, p->b1, p->fp) : UINT32_MAX;
+    __builtin_prefetch(bucket(g, p->b1));
+    if (p->b2 != UINT32_MAX) __builtin_prefetch(bucket(g, p->b2));
+}
+
+bool kvt__ghost_take_probed(kvt__ghost_t *g, const kvt__ghost_probe_t *p) {
+    KVT_ASSERT(g->npend == 0 && p->added == g->added); /* nothing added since: the probe's buckets are the key's */
+    if (g->cap == 0) return false;
+    spot_t s = find_at(g, p->fp, bucket(g, p->b1), p->b2 == UINT32_MAX ? NULL : bucket(g, p->b2));
+    if (s.x == NULL) return false;
+    forget(g, s.x, s.w);
+    return true;
 }
 
 /* Bucket x's entries whose fingerprint has bit `bit` set (bit w: entry w). */
@@ -430,6 +444,7 @@ __attribute__((noinline)) static void grow(kvt__ghost_t *g) {
  * next read, so that the cache misses of a run of adds (an eviction round's
  * pages) overlap. */
 __attribute__((always_inline)) static inline void add_one(kvt__ghost_t *g, uint64_t key) {
+    g->added++;
     if (g->live + g->npend >= g->grow_at) { /* KEYS_PER_BUCKET a bucket: the queue goes in at this size, then it doubles */
         flush(g);
         grow(g);

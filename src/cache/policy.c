@@ -178,10 +178,19 @@ static void arc_adapt(kvt_cache_t *c, unsigned from) {
     c->arc_p = c->arc_p < 0 ? 0 : c->arc_p > cap ? cap : c->arc_p;
 }
 
-/* A lookup of key in the ghosts is coming: their buckets are fetched now. */
-static void prefetch_key(kvt_cache_t *c, bool arc, uint64_t key) {
-    kvt__ghost_prefetch(&c->ghost[0], key);
-    if (arc) kvt__ghost_prefetch(&c->ghost[1], key);
+/* A page of the walk ahead: its key, and its probes of ghost 0 and (when
+ * in1) of ghost 1, their buckets fetched now. */
+typedef struct {
+    uint64_t key;
+    bool in1;
+    kvt__ghost_probe_t p[2];
+} ahead_t;
+
+static void probe_page(kvt_cache_t *c, ahead_t *a, uint64_t key, bool in1) {
+    a->key = key;
+    a->in1 = in1;
+    kvt__ghost_probe(&c->ghost[0], key, &a->p[0]);
+    if (in1) kvt__ghost_probe(&c->ghost[1], key, &a->p[1]);
 }
 
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
@@ -197,26 +206,24 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
      * pages are long (a document coming back): the keys of the next
      * PREFETCH_PAGES pages are computed and their buckets prefetched ahead,
      * in a ring, so that the walk's misses overlap. */
-    uint64_t ring[PREFETCH_PAGES], key = kvt__radix_key_below(c->tree, at, ns);
-    uint64_t ahead = npages < PREFETCH_PAGES ? npages : PREFETCH_PAGES;
-    for (uint64_t j = 0; j < ahead; j++) {
-        ring[j] = key = kvt__radix_key_next(c->tree, key, tokens + j * pt);
-        prefetch_key(c, arc, key);
-    }
+    kvt__ghost_settle(&c->ghost[0]); /* the probes need the ghosts' queued adds made */
+    if (arc) kvt__ghost_settle(&c->ghost[1]);
+    ahead_t ring[PREFETCH_PAGES];
+    uint64_t key = kvt__radix_key_below(c->tree, at, ns), ahead = npages < PREFETCH_PAGES ? npages : PREFETCH_PAGES;
+    for (uint64_t j = 0; j < ahead; j++) probe_page(c, &ring[j], key = kvt__radix_key_next(c->tree, key, tokens + j * pt), arc);
     /* A run of remembered pages is mostly one ghost's (a document's pages left from one class):
      * past the first PREFETCH_PAGES, ghost 1's buckets are prefetched only while the walk last
      * found a page there (on the page-16 replay, 95 % of the pages found are ghost 0's) */
     bool ahead_in_1 = arc;
     for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
-        uint64_t cur = ring[k % PREFETCH_PAGES];
-        if (k + PREFETCH_PAGES < npages) { /* key is the last computed, page k + PREFETCH_PAGES - 1's */
-            ring[k % PREFETCH_PAGES] = key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt);
-            prefetch_key(c, ahead_in_1, key);
-        }
-        if (kvt__ghost_take(&c->ghost[0], cur)) {
+        ahead_t cur = ring[k % PREFETCH_PAGES];
+        if (k + PREFETCH_PAGES < npages) /* key is the last computed, page k + PREFETCH_PAGES - 1's */
+            probe_page(c, &ring[k % PREFETCH_PAGES], key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt),
+                       ahead_in_1);
+        if (kvt__ghost_take_probed(&c->ghost[0], &cur.p[0])) {
             if (arc) arc_adapt(c, 0);
             ahead_in_1 = false;
-        } else if (arc && kvt__ghost_take(&c->ghost[1], cur)) {
+        } else if (arc && (cur.in1 ? kvt__ghost_take_probed(&c->ghost[1], &cur.p[1]) : kvt__ghost_take(&c->ghost[1], cur.key))) {
             arc_adapt(c, 1);
             ahead_in_1 = true;
         } else {

@@ -74,7 +74,7 @@ static uint64_t *distinct_keys(size_t n) {
     return key;
 }
 
-/* Adds, takes and lookups of keys from a set of `keyspace`, each answer
+/* Adds, takes (some by probes) and lookups of keys from a set of `keyspace`, each answer
  * against the model; the table must have doubled `levels` times by the end. */
 static void run(size_t cap, size_t keyspace, size_t ops, uint64_t seed, unsigned levels) {
     kvt__ghost_t g;
@@ -97,8 +97,16 @@ static void run(size_t cap, size_t keyspace, size_t ops, uint64_t seed, unsigned
             model_add(&m, id);
             kvt__ghost_add(&g, key);
             adds++;
-        } else if (what < 8) { /* take */
-            bool got = kvt__ghost_take(&g, key);
+        } else if (what < 8) { /* take: a third of them by a probe made first (as the walk takes) */
+            bool got;
+            if (what == 7) {
+                kvt__ghost_probe_t p;
+                kvt__ghost_settle(&g);
+                kvt__ghost_probe(&g, key, &p);
+                got = kvt__ghost_take_probed(&g, &p);
+            } else {
+                got = kvt__ghost_take(&g, key);
+            }
             cr_assert_eq(got, at >= 0, "op %zu (seed %llu): take %s, the FIFO says %s", op, (unsigned long long)seed,
                          got ? "found" : "missed", at >= 0 ? "present" : "absent");
             if (at >= 0) m.gone[at] = true, hits++;
