@@ -42,6 +42,7 @@
 
 #include "cache-int.h"
 #include "kvtier/error.h"
+#include "../core/mem-int.h"
 
 #define LOW40 ((1ull << 40) - 1)
 #define SLRU_PROTECTED_SHARE 0.8
@@ -193,8 +194,21 @@ static void probe_page(kvt_cache_t *c, ahead_t *a, uint64_t key, bool in1) {
     if (in1) kvt__ghost_probe(&c->ghost[1], key, &a->p[1]);
 }
 
+/* Room for n keys in the walk's buffer, or NULL (no memory: the insert computes them again). */
+static uint64_t *walk_keys(kvt_cache_t *c, uint64_t n) {
+    if (n <= c->walk_cap) return c->walk_keys;
+    size_t cap = n > 2 * c->walk_cap ? (size_t)n : 2 * c->walk_cap;
+    uint64_t *k = kvt__realloc(c->walk_keys, c->walk_cap * sizeof(uint64_t), cap * sizeof(uint64_t));
+    if (k == NULL) return NULL;
+    c->walk_keys = k;
+    c->walk_cap = cap;
+    return k;
+}
+
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
-                                      const int32_t *tokens, uint64_t npages) {
+                                      const int32_t *tokens, uint64_t npages, const uint64_t **keys, uint64_t *nkeys) {
+    *keys = NULL;
+    *nkeys = 0;
     if (!two_classes(c)) return 0;
     kvt_rnode_t *root = kvt__radix_root(c->tree);
     /* s2lru: the next turn of a cached sequence starts protected. (arc learns
@@ -209,17 +223,24 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     kvt__ghost_settle(&c->ghost[0]); /* the probes need the ghosts' queued adds made */
     if (arc) kvt__ghost_settle(&c->ghost[1]);
     ahead_t ring[PREFETCH_PAGES];
+    uint64_t *kept = walk_keys(c, npages), nk = 0; /* the keys, in page order, for the insert */
     uint64_t key = kvt__radix_key_below(c->tree, at, ns), ahead = npages < PREFETCH_PAGES ? npages : PREFETCH_PAGES;
-    for (uint64_t j = 0; j < ahead; j++) probe_page(c, &ring[j], key = kvt__radix_key_next(c->tree, key, tokens + j * pt), arc);
+    for (uint64_t j = 0; j < ahead; j++) {
+        key = kvt__radix_key_next(c->tree, key, tokens + j * pt);
+        if (kept) kept[nk++] = key;
+        probe_page(c, &ring[j], key, arc);
+    }
     /* A run of remembered pages is mostly one ghost's (a document's pages left from one class):
      * past the first PREFETCH_PAGES, ghost 1's buckets are prefetched only while the walk last
      * found a page there (on the page-16 replay, 95 % of the pages found are ghost 0's) */
     bool ahead_in_1 = arc;
     for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
         ahead_t cur = ring[k % PREFETCH_PAGES];
-        if (k + PREFETCH_PAGES < npages) /* key is the last computed, page k + PREFETCH_PAGES - 1's */
-            probe_page(c, &ring[k % PREFETCH_PAGES], key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt),
-                       ahead_in_1);
+        if (k + PREFETCH_PAGES < npages) { /* key is the last computed, page k + PREFETCH_PAGES - 1's */
+            key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt);
+            if (kept) kept[nk++] = key;
+            probe_page(c, &ring[k % PREFETCH_PAGES], key, ahead_in_1);
+        }
         if (kvt__ghost_take_probed(&c->ghost[0], &cur.p[0])) {
             if (arc) arc_adapt(c, 0);
             ahead_in_1 = false;
@@ -230,6 +251,8 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
             break;
         }
     }
+    *keys = kept;
+    *nkeys = nk;
     return k;
 }
 
@@ -268,6 +291,9 @@ int kvt__policy_init(kvt_cache_t *c) {
 }
 
 void kvt__policy_fini(kvt_cache_t *c) {
+    kvt__free(c->walk_keys, c->walk_cap * sizeof(uint64_t));
+    c->walk_keys = NULL;
+    c->walk_cap = 0;
     kvt__ghost_fini(&c->ghost[0]);
     kvt__ghost_fini(&c->ghost[1]);
 }

@@ -378,8 +378,8 @@ int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_
 /* A new node of npages pages below `at`, resident in L1 at l1_ids or, when
  * l1_ids is NULL, only in L2 at l2_ids. */
 static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
-                       const uint32_t *l1_ids, const uint32_t *l2_ids, uint64_t clock, int32_t priority,
-                       kvt_rnode_t **out) {
+                       const uint32_t *l1_ids, const uint32_t *l2_ids, const uint64_t *keys, uint64_t nkeys,
+                       uint64_t clock, int32_t priority, kvt_rnode_t **out) {
     if (npages == 0 || npages > UINT32_MAX || (at != &r->root && at->ns != ns)) return KVT_EINVAL;
     uint64_t digest = page_digest(r, tokens), h = kvt__cm_hash(at, ns, digest);
     if (kvt__cm_find(r, h, at, ns, tokens)) return KVT_EEXIST;
@@ -389,7 +389,12 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     if (n->key) { /* the first page's digest is the child map's */
         uint64_t k = n->key[0] = key_step(kvt__radix_key_below(r, at, ns), digest);
-        for (uint32_t i = 1; i < npages; i++) n->key[i] = k = kvt__radix_key_next(r, k, tokens + (size_t)i * r->page_tokens);
+        uint32_t known = nkeys < npages ? (uint32_t)nkeys : (uint32_t)npages;
+        if (known > 1) memcpy(n->key + 1, keys + 1, (size_t)(known - 1) * sizeof(uint64_t)); /* the same chain */
+        if (known > 1) k = n->key[known - 1];
+        for (uint32_t i = known > 1 ? known : 1; i < npages; i++)
+            n->key[i] = k = kvt__radix_key_next(r, k, tokens + (size_t)i * r->page_tokens);
+        KVT_ASSERT(known == 0 || keys[0] == n->key[0]);
     }
     for (uint32_t i = 0; i < npages; i++) {
         if (l1_ids) {
@@ -418,15 +423,21 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     return KVT_OK;
 }
 
+int kvt__radix_insert_keyed(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
+                            const uint32_t *l1_ids, const uint64_t *keys, uint64_t nkeys, uint64_t clock, int32_t priority,
+                            kvt_rnode_t **out) {
+    if (at != &r->root && at->n_l1 != at->npages) return KVT_EINVAL;
+    return insert_node(r, at, ns, tokens, npages, l1_ids, NULL, keys, nkeys, clock, priority, out);
+}
+
 int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
                       const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
-    if (at != &r->root && at->n_l1 != at->npages) return KVT_EINVAL;
-    return insert_node(r, at, ns, tokens, npages, l1_ids, NULL, clock, priority, out);
+    return kvt__radix_insert_keyed(r, at, ns, tokens, npages, l1_ids, NULL, 0, clock, priority, out);
 }
 
 int kvt__radix_insert_l2(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
                          const uint32_t *l2_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
-    return insert_node(r, at, ns, tokens, npages, NULL, l2_ids, clock, priority, out);
+    return insert_node(r, at, ns, tokens, npages, NULL, l2_ids, NULL, 0, clock, priority, out);
 }
 
 /* ---- locks ----------------------------------------------------------------- */
