@@ -169,14 +169,14 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
     return (uint32_t)k;
 }
 
-/* arc: a page came back through ghost `from`: move the target toward the
- * class that lost it. */
-static void arc_adapt(kvt_cache_t *c, unsigned from) {
+/* arc: a page came back through ghost `from`: the target p moves toward the
+ * class that lost it, by max(1, |other ghost| / (|from| + 1)), within [0, cap].
+ * The walk keeps p in a register while it takes pages (nothing reads it there). */
+static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, double cap) {
     double mine = (double)kvt__ghost_live(&c->ghost[from]) + 1, other = (double)kvt__ghost_live(&c->ghost[!from]);
     double step = other / mine > 1 ? other / mine : 1;
-    double cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
-    c->arc_p += from == 0 ? step : -step;
-    c->arc_p = c->arc_p < 0 ? 0 : c->arc_p > cap ? cap : c->arc_p;
+    p += from == 0 ? step : -step;
+    return p < 0 ? 0 : p > cap ? cap : p;
 }
 
 /* A page of the walk ahead: its key, and its probes of ghost 0 and (when
@@ -234,6 +234,7 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
      * past the first PREFETCH_PAGES, ghost 1's buckets are prefetched only while the walk last
      * found a page there (on the page-16 replay, 95 % of the pages found are ghost 0's) */
     bool ahead_in_1 = arc;
+    double p = c->arc_p, cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
     for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
         ahead_t cur = ring[k % PREFETCH_PAGES];
         if (k + PREFETCH_PAGES < npages) { /* key is the last computed, page k + PREFETCH_PAGES - 1's */
@@ -242,15 +243,16 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
             probe_page(c, &ring[k % PREFETCH_PAGES], key, ahead_in_1);
         }
         if (kvt__ghost_take_probed(&c->ghost[0], &cur.p[0])) {
-            if (arc) arc_adapt(c, 0);
+            if (arc) p = arc_adapted(c, p, 0, cap);
             ahead_in_1 = false;
         } else if (arc && (cur.in1 ? kvt__ghost_take_probed(&c->ghost[1], &cur.p[1]) : kvt__ghost_take(&c->ghost[1], cur.key))) {
-            arc_adapt(c, 1);
+            p = arc_adapted(c, p, 1, cap);
             ahead_in_1 = true;
         } else {
             break;
         }
     }
+    if (arc) c->arc_p = p;
     *keys = kept;
     *nkeys = nk;
     return k;
