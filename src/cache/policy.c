@@ -51,6 +51,7 @@
 #define ARC_GHOST_FACTOR 2       /* arc: entries per cached page, each ghost */
 #define GHOST_MAX (1u << 22)
 #define PREFETCH_PAGES 8        /* ghost lookups prefetched ahead in the protected-prefix walk */
+#define WALK_KEYS_MAX 16384     /* page keys the walk keeps for the insert (more are hashed again) */
 
 static const char *const NAMES[] = {
 #define KVT_POLICY_NAME_(e, name, desc) name,
@@ -194,17 +195,6 @@ static void probe_page(kvt_cache_t *c, ahead_t *a, uint64_t key, bool in1) {
     if (in1) kvt__ghost_probe(&c->ghost[1], key, &a->p[1]);
 }
 
-/* Room for n keys in the walk's buffer, or NULL (no memory: the insert computes them again). */
-static uint64_t *walk_keys(kvt_cache_t *c, uint64_t n) {
-    if (n <= c->walk_cap) return c->walk_keys;
-    size_t cap = n > 2 * c->walk_cap ? (size_t)n : 2 * c->walk_cap;
-    uint64_t *k = kvt__realloc(c->walk_keys, c->walk_cap * sizeof(uint64_t), cap * sizeof(uint64_t));
-    if (k == NULL) return NULL;
-    c->walk_keys = k;
-    c->walk_cap = cap;
-    return k;
-}
-
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
                                       const int32_t *tokens, uint64_t npages, const uint64_t **keys, uint64_t *nkeys) {
     *keys = NULL;
@@ -223,11 +213,11 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     kvt__ghost_settle(&c->ghost[0]); /* the probes need the ghosts' queued adds made */
     if (arc) kvt__ghost_settle(&c->ghost[1]);
     ahead_t ring[PREFETCH_PAGES];
-    uint64_t *kept = walk_keys(c, npages), nk = 0; /* the keys, in page order, for the insert */
+    uint64_t *kept = c->walk_keys, room = c->walk_cap, nk = 0; /* the first keys, in page order, for the insert */
     uint64_t key = kvt__radix_key_below(c->tree, at, ns), ahead = npages < PREFETCH_PAGES ? npages : PREFETCH_PAGES;
     for (uint64_t j = 0; j < ahead; j++) {
         key = kvt__radix_key_next(c->tree, key, tokens + j * pt);
-        if (kept) kept[nk++] = key;
+        if (nk < room) kept[nk++] = key;
         probe_page(c, &ring[j], key, arc);
     }
     /* A run of remembered pages is mostly one ghost's (a document's pages left from one class):
@@ -239,7 +229,7 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
         ahead_t cur = ring[k % PREFETCH_PAGES];
         if (k + PREFETCH_PAGES < npages) { /* key is the last computed, page k + PREFETCH_PAGES - 1's */
             key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt);
-            if (kept) kept[nk++] = key;
+            if (nk < room) kept[nk++] = key;
             probe_page(c, &ring[k % PREFETCH_PAGES], key, ahead_in_1);
         }
         if (kvt__ghost_take_probed(&c->ghost[0], &cur.p[0])) {
@@ -288,6 +278,11 @@ int kvt__policy_init(kvt_cache_t *c) {
         if (cap[i] > GHOST_MAX) cap[i] = GHOST_MAX;
         int rc = kvt__ghost_init(&c->ghost[i], (size_t)cap[i]);
         if (rc != KVT_OK) return rc;
+    }
+    if (two_classes(c)) { /* sized once: an admission's new pages are at most L1's */
+        size_t room = c->cfg.l1_pages < WALK_KEYS_MAX ? (size_t)c->cfg.l1_pages : WALK_KEYS_MAX;
+        if ((c->walk_keys = kvt__malloc(room * sizeof(uint64_t))) == NULL) return KVT_ENOMEM;
+        c->walk_cap = room;
     }
     return KVT_OK;
 }
