@@ -49,11 +49,13 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
     c->st.dropped_pages++;
 }
 
-/* Evicts up to max (>= 1) L2 pages: a leaf's host-only tail page, else
- * shadows of the first shadow victim, tail first, as many as it has (the
- * same pages, in the same order, as one eviction at a time: dropping a
- * shadow changes neither the victim's score nor whether a host-only page
- * exists). Returns how many; 0 when nothing in L2 may go. */
+/* Evicts up to max (>= 1) L2 pages: the host-only tail pages of the first
+ * host victim (one at a time when each goes on to L3 first), else shadows of
+ * the first shadow victim, tail first, as many as it has (the same pages, in
+ * the same order, as one eviction at a time: trimming a host-only tail page
+ * leaves the victim first among the host victims while it has another, and
+ * dropping a shadow changes neither the victim's score nor whether a
+ * host-only page exists). Returns how many; 0 when nothing in L2 may go. */
 static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     bool put = c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK; /* each goes on to L3 first: its only copy */
     uint32_t ids[256];
