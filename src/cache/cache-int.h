@@ -173,12 +173,21 @@ static inline uint64_t kvt__fold_term(uint64_t v, uint64_t i) {
     return x ^ x >> 31;
 }
 static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest += kvt__fold_term(v, c->folds++); }
-/* Folds tag | ids[i] for each of k ids, in order (the loop keeps the sums in registers). */
+/* A run of folds with the sums in registers: begin, fold each value in order, end. */
+typedef struct {
+    uint64_t sum, n;
+} kvt__folds_t;
+static inline kvt__folds_t kvt__folds_begin(const kvt_cache_t *c) { return (kvt__folds_t){0, c->folds}; }
+static inline void kvt__folds_add(kvt__folds_t *f, uint64_t v) { f->sum += kvt__fold_term(v, f->n++); }
+static inline void kvt__folds_end(kvt_cache_t *c, kvt__folds_t f) {
+    c->digest += f.sum;
+    c->folds = f.n;
+}
+/* Folds tag | ids[i] for each of k ids, in order. */
 static inline void kvt__cache_fold_ids(kvt_cache_t *c, uint64_t tag, const uint32_t *ids, size_t k) {
-    uint64_t d = 0, n = c->folds;
-    for (size_t i = 0; i < k; i++) d += kvt__fold_term(tag | ids[i], n + i);
-    c->digest += d;
-    c->folds = n + k;
+    kvt__folds_t f = kvt__folds_begin(c);
+    for (size_t i = 0; i < k; i++) kvt__folds_add(&f, tag | ids[i]);
+    kvt__folds_end(c, f);
 }
 /* A page id goes back to its allocator at the next flush. */
 void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);

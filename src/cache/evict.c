@@ -61,13 +61,11 @@ static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     uint32_t ids[256];
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
-        uint32_t m = 0;
-        for (uint32_t idx = v->npages; !put && m < max && m < 256 && idx-- > v->n_l1;) {
-            const kvt_page_t *pg = &v->pages[idx];
-            if (pg->l1 != KVT_NO_PAGE || pg->flags != 0) break; /* (loaded, stranded below a page not in L1) */
+        uint32_t m = 0; /* the tail pages only in L2 (not loaded, stranded below a page not in L1), to max */
+        while (!put && m < max && m < 256 && m < v->npages - v->n_l1 && v->pages[v->npages - 1 - m].l1 == KVT_NO_PAGE &&
+               v->pages[v->npages - 1 - m].flags == 0)
             m++;
-        }
-        if (m == 0) {
+        if (m == 0) { /* each goes on to L3 first, or the tail page is a stranded load */
             trim_l2_tail(c, v, true);
             return 1;
         }
