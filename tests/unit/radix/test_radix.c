@@ -156,6 +156,16 @@ static bool mleaf(model_t *m, const mpage_t *p) {
     return true;
 }
 
+/* A run call's length: any of the run's (up to MAXP), and the model's pages
+ * of v from page top down, one for each (every one of them must have one). */
+static uint32_t run_length(kvt_rng_t *rng, uint32_t run) { return 1 + (uint32_t)kvt_rng_below(rng, run < MAXP ? run : MAXP); }
+static void model_run(model_t *m, kvt_radix_t *r, kvt_rnode_t *v, uint32_t top, uint32_t k, mpage_t **mp, const char *ctx) {
+    for (uint32_t i = 0; i < k; i++) {
+        mp[i] = model_of(m, r, v, top - i);
+        cr_assert_not_null(mp[i], "%s: page %u of the run is not the model's", ctx, top - i);
+    }
+}
+
 typedef struct op { bool load; uint32_t id; } op_t;
 
 static void radix_fuzz(uint64_t seed, int steps) {
@@ -230,12 +240,11 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 /* the run of tail L1 pages with a landed L2 copy, in one call: any length of it */
                 uint32_t run = 0, got[MAXP];
                 while (run < v->n_l1 && kvt__page_in_l2(&v->pages[v->n_l1 - 1 - run])) run++;
-                uint32_t k = 1 + (uint32_t)kvt_rng_below(&rng, run < MAXP ? run : MAXP);
+                uint32_t k = run_length(&rng, run);
                 mpage_t *mp[MAXP];
-                for (uint32_t i = 0; i < k; i++) {
-                    mp[i] = model_of(&m, r, v, idx - i);
-                    cr_assert(mp[i] && mp[i]->st.l2 != KVT_NO_PAGE && !(mp[i]->st.flags & KVT_PAGE_D2H), "%s", ctx);
-                }
+                model_run(&m, r, v, idx, k, mp, ctx);
+                for (uint32_t i = 0; i < k; i++)
+                    cr_assert(mp[i]->st.l2 != KVT_NO_PAGE && !(mp[i]->st.flags & KVT_PAGE_D2H), "%s", ctx);
                 cr_assert_eq(kvt__radix_drop_l1_tail(r, v, k, got), k);
                 for (uint32_t i = 0; i < k; i++) {
                     cr_assert_eq(got[i], mp[i]->st.l1, "%s: dropped page %u of %u", ctx, i, k);
@@ -249,13 +258,10 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 while (run < v->npages && v->pages[v->npages - 1 - run].l2 == KVT_NO_PAGE &&
                        v->pages[v->npages - 1 - run].flags == 0)
                     run++;
-                uint32_t k = 1 + (uint32_t)kvt_rng_below(&rng, run < MAXP ? run : MAXP);
+                uint32_t k = run_length(&rng, run);
                 mpage_t *mp[MAXP];
-                for (uint32_t i = 0; i < k; i++) {
-                    mp[i] = model_of(&m, r, v, v->npages - 1 - i);
-                    cr_assert_not_null(mp[i], "%s", ctx);
-                    cr_assert(i > 0 || mleaf(&m, mp[i]), "%s: trimming a page others extend", ctx);
-                }
+                model_run(&m, r, v, v->npages - 1, k, mp, ctx);
+                cr_assert(mleaf(&m, mp[0]), "%s: trimming a page others extend", ctx);
                 cr_assert_eq(kvt__radix_trim_l1_tail(r, v, k, got), k);
                 for (uint32_t i = 0; i < k; i++) {
                     cr_assert_eq(got[i], mp[i]->st.l1, "%s: trimmed page %u of %u", ctx, i, k);
@@ -284,13 +290,11 @@ static void radix_fuzz(uint64_t seed, int steps) {
                        v->pages[v->npages - 1 - run].flags == 0)
                     run++;
                 if (run > 0 && kvt_rng_below(&rng, 2)) { /* the run of tail pages only in L2, in one call */
-                    uint32_t k = 1 + (uint32_t)kvt_rng_below(&rng, run < MAXP ? run : MAXP);
+                    uint32_t k = run_length(&rng, run);
                     mpage_t *mp[MAXP];
-                    for (uint32_t i = 0; i < k; i++) {
-                        mp[i] = model_of(&m, r, v, v->npages - 1 - i);
-                        cr_assert(mp[i] && mp[i]->st.l1 == KVT_NO_PAGE, "%s", ctx);
-                        cr_assert(i > 0 || mleaf(&m, mp[i]), "%s: trimming a page others extend", ctx);
-                    }
+                    model_run(&m, r, v, v->npages - 1, k, mp, ctx);
+                    cr_assert(mleaf(&m, mp[0]), "%s: trimming a page others extend", ctx);
+                    for (uint32_t i = 0; i < k; i++) cr_assert(mp[i]->st.l1 == KVT_NO_PAGE, "%s", ctx);
                     cr_assert_eq(kvt__radix_trim_l2_tail(r, v, k, got), k);
                     for (uint32_t i = 0; i < k; i++) {
                         cr_assert_eq(got[i], mp[i]->st.l2, "%s: trimmed page %u of %u", ctx, i, k);
