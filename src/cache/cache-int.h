@@ -280,8 +280,8 @@ void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k);
 uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first);
 /* Of npages new pages about to go below `at` (which had `children` children
  * when matched), how many leading ones start protected. The page keys the
- * walk computed, those of the first *nkeys pages (up to 16,384), are in *keys (the cache's
- * buffer, good until the next call) for the insert to reuse. */
+ * walk computed, those of the first *nkeys pages (at most walk_cap), are in *keys (the
+ * cache's buffer, good until the next call) for the insert to reuse. */
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
                                       const int32_t *tokens, uint64_t npages, const uint64_t **keys, uint64_t *nkeys);
 /* A new node's class (1: protected, seen again). */

@@ -49,6 +49,19 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
     c->st.dropped_pages++;
 }
 
+/* How many of v's last pages, up to limit, live only in L2 and may go in
+ * one call: below its L1 prefix, not loaded (a stranded load has an L1
+ * copy), no copy in flight. */
+static uint32_t l2_only_tail(const kvt_rnode_t *v, uint32_t limit) {
+    uint32_t m = 0;
+    while (m < limit && m < v->npages - v->n_l1) {
+        const kvt_page_t *pg = &v->pages[v->npages - 1 - m];
+        if (pg->l1 != KVT_NO_PAGE || pg->flags != 0) break;
+        m++;
+    }
+    return m;
+}
+
 /* Evicts up to max (>= 1) L2 pages: the host-only tail pages of the first
  * host victim (one at a time when each goes on to L3 first), else shadows of
  * the first shadow victim, tail first, as many as it has (the same pages, in
@@ -61,10 +74,7 @@ static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     uint32_t ids[256];
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
-        uint32_t m = 0; /* the tail pages only in L2 (not loaded, stranded below a page not in L1), to max */
-        while (!put && m < max && m < 256 && m < v->npages - v->n_l1 && v->pages[v->npages - 1 - m].l1 == KVT_NO_PAGE &&
-               v->pages[v->npages - 1 - m].flags == 0)
-            m++;
+        uint32_t room = sizeof(ids) / sizeof(ids[0]), m = put ? 0 : l2_only_tail(v, max < room ? (uint32_t)max : room);
         if (m == 0) { /* each goes on to L3 first, or the tail page is a stranded load */
             trim_l2_tail(c, v, true);
             return 1;

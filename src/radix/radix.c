@@ -390,9 +390,10 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     if (n->key) { /* the first page's digest is the child map's */
         n->key[0] = key_step(kvt__radix_key_below(r, at, ns), digest);
         KVT_ASSERT(nkeys == 0 || keys[0] == n->key[0]); /* the same chain */
-        uint32_t i = nkeys < npages ? (uint32_t)nkeys : (uint32_t)npages; /* keys known: copied */
-        if (i > 1) memcpy(n->key + 1, keys + 1, (size_t)(i - 1) * sizeof(uint64_t));
-        for (i = i > 1 ? i : 1; i < npages; i++) n->key[i] = kvt__radix_key_next(r, n->key[i - 1], tokens + (size_t)i * r->page_tokens);
+        uint32_t known = nkeys < npages ? (uint32_t)nkeys : (uint32_t)npages; /* copied; the rest hashed */
+        if (known > 1) memcpy(n->key + 1, keys + 1, (size_t)(known - 1) * sizeof(uint64_t));
+        for (uint32_t i = known > 1 ? known : 1; i < npages; i++)
+            n->key[i] = kvt__radix_key_next(r, n->key[i - 1], tokens + (size_t)i * r->page_tokens);
     }
     for (uint32_t i = 0; i < npages; i++) {
         if (l1_ids) {
