@@ -1,16 +1,40 @@
 /* The ghost: keys of pages that recently left the cache, so that a page
  * coming back can be recognised as seen before. Semantically a FIFO window of
- * the last ~cap keys added (a key taken out, or added again, leaves its old
- * place); the question it answers is membership, and ARC also asks how many
- * keys it holds (`live`).
+ * the last ~cap pages added (an entry taken out, or added again, leaves its
+ * old place); the question it answers is membership, and ARC also asks how
+ * many pages it holds (`live`).
  *
- * Age is counted in epochs, a clock instead of a FIFO of full keys. Adds are
- * numbered from 0 and add i falls in epoch i / len; after n adds, the key of
- * add i is remembered while (n - 1) / len - i / len < E, with E = min(112,
- * cap) epochs of len = 2 cap / (2E - 1) adds each (rounded; 1 when cap <=
- * 112). So a key is remembered for between (E - 1) len + 1 and E len adds
- * (itself included), cap on average: the window forgets its oldest keys an
- * epoch (~cap / 112 keys) at a time, and for cap <= 112 it is the exact FIFO.
+ * An entry is a page (a ghost of pages: s2lru's, the L3 tier's own puts) or,
+ * in a ghost of runs (arc's), up to run_max consecutive pages of a node that
+ * left together: keyed by its first page's key, with its length and a check
+ * of 11 bits of its last page's key beside it (aux, an array of 16 bits an
+ * entry apart from the table, touched only by such ghosts). Page keys are
+ * chained over the path (radix-int.h), so the walk of a request coming back
+ * that finds the run at its page k and whose page k + length - 1 passes the
+ * check holds the whole run (but for one chance in 2048 that a request that
+ * diverged inside the run passes): it takes it in one lookup, not one a page.
+ *
+ *        a node's tail leaves:  pages 40 .. 75 of the sequence
+ *        entries (run_max 16):  [40 .. 55] [56 .. 71] [72 .. 75], added last first
+ *        a request back:        its walk finds [40 ..] at page 40, checks page 55's key,
+ *                               takes 16 pages; then [56 ..] at 56, and so on
+ *
+ * On arc's ghosts this takes the adds and lookups of the default replay
+ * from 2.0 M and 1.25 M to ~130 K and ~85 K (docs/benchmarks.md, fourteenth
+ * round); a request that ends or diverges inside a run takes none of it,
+ * where a ghost of pages would take its leading pages (docs/policies.md: the
+ * hit rates that moves).
+ *
+ * Age is counted in epochs, a clock instead of a FIFO of full keys. Pages
+ * added are numbered from 0 and page i falls in epoch i / len; after n pages,
+ * an entry whose last page was page i is remembered while (n - 1) / len -
+ * i / len < E, with E = min(112, cap) epochs of len = 2 cap / (2E - 1) pages
+ * each (rounded; 1 when cap <= 112). So a page is remembered for between
+ * (E - 1) len + 1 and E len pages added (itself included), cap on average:
+ * the window forgets its oldest entries an epoch (~cap / 112 pages) at a
+ * time, and for cap <= 112 it is the exact FIFO of pages. A run is added
+ * as its pages, the epochs it crosses begun as it goes, and keeps the epoch
+ * of its last.
  *
  * Keys live in a cuckoo table of buckets of one cache line, 16 entries of 32
  * bits: a 24-bit fingerprint and the tag of the epoch of its add (the
@@ -26,8 +50,9 @@
  * As each epoch begins, its oldest leaves the window and 1/128 of the table
  * is swept of expired entries, so that no entry is still there 112 + 128 =
  * 240 epochs after its own, before its tag comes round again (256). `live` is
- * exact: a count per tag of the live entries holding it, the leaving epoch's
- * count subtracted as it leaves.
+ * exact: a count per tag of the live pages holding it, the leaving epoch's
+ * count subtracted as it leaves (and of entries, `entries`, which the table's
+ * growth goes by).
  *
  * A key goes to its first bucket b1 while that has room; only when b1 is full
  * does it (or a key the cuckoo moves out of b1) go to the second, and b1's
@@ -52,8 +77,8 @@
  * key early, counted in `overflows`).
  *
  * A table of 4,096 buckets (256 KiB) or more grows as it fills: it starts at
- * a quarter of its size, n0 buckets, and doubles in place when its live keys
- * reach 12 a bucket, twice. At level j a key's bucket is its place among the
+ * a quarter of its size, n0 buckets, and doubles in place when its live
+ * entries reach 12 a bucket, twice. At level j a key's bucket is its place among the
  * n0, times 2^j, plus the top j of two "grow bits" of its fingerprint; a
  * doubling sends each entry from bucket b to 2b or 2b + 1 by its next grow
  * bit, a pass down the table with no key needed (grow()). So a ghost that
@@ -70,9 +95,12 @@
  * 2^j x that, 1.1e-5 at full size; less, as a lookup reads the second bucket
  * only where the first has spilled (6.7e-6 measured; 1.0e-5 at 14 a bucket).
  *
- * Memory: a bucket (64 bytes) per 12 keys, 5.3 bytes a key, on huge pages
- * (every access is random: 4 KiB pages would miss the TLB too), plus 1 KiB of
- * counts; a growing table reserves its full size and faults in what it uses.
+ * Memory: a bucket (64 bytes) per 12 entries, 5.3 bytes an entry, on huge
+ * pages (every access is random: 4 KiB pages would miss the TLB too), plus
+ * 2 KiB of counts; a ghost of runs, 2.7 bytes more an entry for aux. The
+ * table is sized for cap entries (a run can be one page), reserves its full
+ * size and faults in what it uses: arc's ghosts at the defaults, ~16 pages a
+ * run, stay in their first quarter.
  * The exact FIFO of (32-bit fingerprint, 32-bit add number) entries and a
  * bit per add it replaced took 9.1 bytes a key; on the page-16 replay,
  * halving the tables (4.6 bytes a key, at 14 a bucket) took `arc` from 1.43
@@ -100,6 +128,9 @@
 #define ALL_WAYS ((1u << WAYS) - 1)
 #define GROW_LEVELS 2          /* a large table starts at a quarter of its size and doubles twice ... */
 #define GROW_MIN_BUCKETS 4096  /* ... when it is 256 KiB or more (a smaller one is allocated whole) */
+#define CHECK_BITS 11          /* an entry's aux: its run's length - 1 above 11 bits of its last page's key */
+#define CHECK_MASK ((1u << CHECK_BITS) - 1)
+_Static_assert(KVT__GHOST_RUN_MAX << CHECK_BITS <= 0x10000, "a run's length and check fit 16 bits");
 
 /* A bucket, one cache line, its 16 entries by field: entry w is
  * (hi[w] << 16 | lo[w], tag[w]); lo is odd in a used entry, 0 in a free one.
@@ -143,15 +174,27 @@ static inline size_t alt_of(const kvt__ghost_t *g, size_t b, uint32_t fp) {
     return h >= b ? h - b : h + g->nb - b;
 }
 
-/* An entry as one word, (fingerprint << 8 | tag), to move it around. */
-static inline uint32_t get(const bucket_t *x, unsigned w) { return ((uint32_t)x->hi[w] << 16 | x->lo[w]) << 8 | x->tag[w]; }
-static inline void set(bucket_t *x, unsigned w, uint32_t e) {
+/* An entry's aux (a ghost of runs): its run's length - 1, and the check,
+ * the low CHECK_BITS of its last page's key (a run of one page: of its key).
+ * A ghost of pages keeps none: its entries read as aux 0, a page. */
+static inline uint16_t aux_of(uint32_t pages, uint64_t last) { return (uint16_t)((pages - 1) << CHECK_BITS | (last & CHECK_MASK)); }
+static inline uint32_t pages_in(uint32_t aux) { return (aux >> CHECK_BITS) + 1; }
+static inline size_t aux_at(const kvt__ghost_t *g, const bucket_t *x, unsigned w) { return (size_t)(x - g->table) * WAYS + w; }
+
+/* An entry as one word, (aux << 32 | fingerprint << 8 | tag), to move it around. */
+static inline uint64_t get(const kvt__ghost_t *g, const bucket_t *x, unsigned w) {
+    uint64_t e = ((uint32_t)x->hi[w] << 16 | x->lo[w]) << 8 | x->tag[w];
+    return g->aux ? e | (uint64_t)g->aux[aux_at(g, x, w)] << 32 : e;
+}
+static inline void set(kvt__ghost_t *g, bucket_t *x, unsigned w, uint64_t e) {
     x->tag[w] = (uint8_t)e;
     x->lo[w] = (uint16_t)(e >> 8);
     x->hi[w] = (uint8_t)(e >> 24);
+    if (g->aux) g->aux[aux_at(g, x, w)] = (uint16_t)(e >> 32);
 }
-static inline uint32_t fp_in(uint32_t e) { return e >> 8; }
-static inline uint8_t tag_in(uint32_t e) { return (uint8_t)e; }
+static inline uint32_t fp_in(uint64_t e) { return (uint32_t)e >> 8; }
+static inline uint8_t tag_in(uint64_t e) { return (uint8_t)e; }
+static inline uint32_t pages_of(uint64_t e) { return pages_in((uint32_t)(e >> 32)); }
 
 /* What one look at bucket x tells: which of its 16 entries are live (used,
  * and fewer than `epochs` epochs begun since their own), and which of those
@@ -190,7 +233,7 @@ static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp)
     for (unsigned w = 0; w < WAYS; w++) {
         unsigned a = x->lo[w] != 0 && (uint8_t)(g->tag - x->tag[w]) < g->epochs;
         l.live |= a << w;
-        l.match |= (a & (fp_in(get(x, w)) == fp)) << w;
+        l.match |= (a & (((uint32_t)x->hi[w] << 16 | x->lo[w]) == fp)) << w;
     }
     return l;
 #endif
@@ -200,6 +243,7 @@ static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp)
 static size_t align_of(size_t bytes) { return bytes >= ALIGN ? ALIGN : 64; }
 static size_t table_bytes(const kvt__ghost_t *g) { return g->nb_max * sizeof(bucket_t); } /* reserved */
 static size_t spill_bytes(const kvt__ghost_t *g) { return (g->nb_max + 63) / 64 * sizeof(uint64_t); }
+static size_t aux_bytes(const kvt__ghost_t *g) { return g->nb_max * WAYS * sizeof(uint16_t); }
 
 /* Bucket b's spill bit: set when a key whose first bucket is b goes to its
  * second (b had no room); a doubling gives both halves b's bit, and nothing
@@ -211,13 +255,14 @@ static inline void set_spilled(kvt__ghost_t *g, size_t b, bool on) {
     g->spill[b / 64] = on ? g->spill[b / 64] | bit : g->spill[b / 64] & ~bit;
 }
 
-int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
+int kvt__ghost_init(kvt__ghost_t *g, size_t cap, unsigned run_max) {
     memset(g, 0, sizeof(*g));
     if (cap == 0) return KVT_OK;
     if (cap > GHOST_CAP_MAX) cap = GHOST_CAP_MAX;
-    size_t nb = (cap + KEYS_PER_BUCKET - 1) / KEYS_PER_BUCKET;
+    size_t nb = (cap + KEYS_PER_BUCKET - 1) / KEYS_PER_BUCKET; /* for a page an entry, the most there can be */
     if (nb < 2) nb = 2;
     g->cap = cap;
+    g->run_max = run_max < 1 ? 1 : run_max > KVT__GHOST_RUN_MAX ? KVT__GHOST_RUN_MAX : run_max;
     g->levels = nb >= GROW_MIN_BUCKETS ? GROW_LEVELS : 0;
     g->n0 = (nb + (1u << g->levels) - 1) >> g->levels;
     g->nb_max = g->n0 << g->levels; /* set first: kvt__ghost_fini frees by these sizes */
@@ -233,7 +278,8 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap) {
     size_t bytes = table_bytes(g), align = align_of(bytes);
     g->raw = kvt__malloc(bytes + align);
     g->spill = kvt__calloc(1, spill_bytes(g));
-    if (g->raw == NULL || g->spill == NULL) {
+    if (g->run_max > 1) g->aux = kvt__malloc(aux_bytes(g)); /* read only where an entry is used: set with it */
+    if (g->raw == NULL || g->spill == NULL || (g->run_max > 1 && g->aux == NULL)) {
         kvt__ghost_fini(g);
         return KVT_ENOMEM;
     }
@@ -253,14 +299,22 @@ void kvt__ghost_fini(kvt__ghost_t *g) {
         size_t bytes = table_bytes(g);
         kvt__free(g->raw, bytes + align_of(bytes));
         kvt__free(g->spill, spill_bytes(g));
+        kvt__free(g->aux, aux_bytes(g));
     }
     memset(g, 0, sizeof(*g));
 }
 
+/* Counts out a live entry of this tag and run length (forgotten, or left in hand by the cuckoo). */
+static inline void count_out(kvt__ghost_t *g, uint8_t tag, uint32_t pages) {
+    g->count[tag] -= pages;
+    g->ecount[tag]--;
+    g->live -= pages;
+    g->entries--;
+}
+
 /* Forgets live entry w of x (taken, replaced or dropped by the cuckoo). */
 static inline void forget(kvt__ghost_t *g, bucket_t *x, unsigned w) {
-    g->count[x->tag[w]]--;
-    g->live--;
+    count_out(g, x->tag[w], g->aux ? pages_in(g->aux[aux_at(g, x, w)]) : 1);
     x->lo[w] = 0;
 }
 
@@ -350,7 +404,9 @@ __attribute__((noinline)) static void next_epoch(kvt__ghost_t *g) {
     g->fill = 0;
     uint8_t gone = (uint8_t)(g->tag - g->epochs);
     g->live -= g->count[gone];
+    g->entries -= g->ecount[gone];
     g->count[gone] = 0;
+    g->ecount[gone] = 0;
     size_t n = g->nb - g->sweep_at < g->sweep_step ? g->nb - g->sweep_at : g->sweep_step;
     for (size_t b = g->sweep_at; b < g->sweep_at + n; b++) {
         bucket_t *x = bucket(g, b);
@@ -368,14 +424,23 @@ void kvt__ghost_probe(const kvt__ghost_t *g, uint64_t key, kvt__ghost_probe_t *p
     p->b2 = spilled(g, p->b1) ? (uint32_t)alt_of(g, p->b1, p->fp) : UINT32_MAX;
     __builtin_prefetch(bucket(g, p->b1));
     if (p->b2 != UINT32_MAX) __builtin_prefetch(bucket(g, p->b2));
+    if (g->aux) __builtin_prefetch(g->aux + (size_t)p->b1 * WAYS); /* (a match in b2 is rarer: fetched when read) */
 }
 
-bool kvt__ghost_take_probed(kvt__ghost_t *g, const kvt__ghost_probe_t *p) {
+uint32_t kvt__ghost_run(const kvt__ghost_t *g, kvt__ghost_probe_t *p) {
     KVT_ASSERT(g->npend == 0 && p->added == g->added); /* nothing added since: the probe's buckets are the key's */
-    if (g->cap == 0) return false;
+    p->at = UINT32_MAX;
+    if (g->cap == 0) return 0;
     spot_t s = find_at(g, p->fp, bucket(g, p->b1), p->b2 == UINT32_MAX ? NULL : bucket(g, p->b2));
-    if (s.x == NULL) return false;
-    forget(g, s.x, s.w);
+    if (s.x == NULL) return 0;
+    p->at = (uint32_t)aux_at(g, s.x, s.w);
+    return g->aux ? pages_in(g->aux[p->at]) : 1;
+}
+
+bool kvt__ghost_take_run(kvt__ghost_t *g, const kvt__ghost_probe_t *p, uint64_t last) {
+    KVT_ASSERT(g->npend == 0 && p->added == g->added && p->at != UINT32_MAX);
+    if (g->aux && (g->aux[p->at] & CHECK_MASK) != (last & CHECK_MASK)) return false; /* the pages differ before its end */
+    forget(g, bucket(g, p->at / WAYS), p->at % WAYS);
     return true;
 }
 
@@ -428,6 +493,12 @@ __attribute__((noinline)) static void grow(kvt__ghost_t *g) {
         bool s = spilled(g, b); /* b's keys of first bucket b are in 2b or 2b + 1 now, and may have spilled from either */
         set_spilled(g, 2 * b, s);
         set_spilled(g, 2 * b + 1, s);
+        if (g->aux) { /* each half's used entries keep their aux (2b >= b: read first) */
+            uint16_t a[WAYS];
+            memcpy(a, g->aux + b * WAYS, sizeof(a));
+            memcpy(g->aux + 2 * b * WAYS, a, sizeof(a));
+            memcpy(g->aux + (2 * b + 1) * WAYS, a, sizeof(a));
+        }
     }
     g->level++;
     g->grow_shift--;
@@ -443,40 +514,49 @@ __attribute__((noinline)) static void grow(kvt__ghost_t *g) {
  * comes, so every key's lines had as long to arrive), or when the ghost is
  * next read, so that the cache misses of a run of adds (an eviction round's
  * pages) overlap. */
-__attribute__((always_inline)) static inline void add_one(kvt__ghost_t *g, uint64_t key) {
+__attribute__((always_inline)) static inline void add_one(kvt__ghost_t *g, uint64_t key, uint16_t aux) {
     g->added++;
-    if (g->live + g->npend >= g->grow_at) { /* KEYS_PER_BUCKET a bucket: the queue goes in at this size, then it doubles */
+    if (g->entries + g->npend >= g->grow_at) { /* KEYS_PER_BUCKET a bucket: the queue goes in at this size, then it doubles */
         flush(g);
         grow(g);
     }
     uint32_t fp = fp_of(key);
     size_t b1 = b1_of(g, key, fp);
     __builtin_prefetch(bucket(g, b1), 1);
+    if (g->aux) __builtin_prefetch(g->aux + b1 * WAYS, 1);
     if (spilled(g, b1)) __builtin_prefetch(bucket(g, alt_of(g, b1, fp)), 1); /* else b2 is read only if b1 has no room */
     if (g->npend == KVT__GHOST_PEND) apply_oldest(g); /* prefetched KVT__GHOST_PEND adds ago */
-    g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = (kvt__ghost_pend_t){fp, (uint32_t)b1};
+    g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = (kvt__ghost_pend_t){fp, (uint32_t)b1, aux};
 }
 
 void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
-    if (g->cap) add_one(g, key);
+    if (g->cap) add_one(g, key, g->aux ? aux_of(1, key) : 0);
 }
 
 void kvt__ghost_add_keys(kvt__ghost_t *g, const uint64_t *keys, size_t k) {
-    if (g->cap)
-        while (k-- > 0) add_one(g, keys[k]);
+    if (g->cap == 0 || k == 0) return;
+    if (g->aux == NULL) {
+        while (k-- > 0) add_one(g, keys[k], 0);
+        return;
+    }
+    for (size_t at = (k - 1) / g->run_max * g->run_max;; at -= g->run_max) { /* the last run first */
+        size_t n = k - at < g->run_max ? k - at : g->run_max;
+        add_one(g, keys[at], aux_of((uint32_t)n, keys[at + n - 1]));
+        if (at == 0) break;
+    }
 }
 
 /* The rest of an add whose first bucket b1 has spilled or is full: b2 may
  * hold the key's older copy, or take the key; else cuckoo moves. The key is
  * counted already; lx is b1's look. */
-__attribute__((noinline)) static void add_spilled(kvt__ghost_t *g, size_t b1, uint32_t fp, look_t lx, bool both) {
+__attribute__((noinline)) static void add_spilled(kvt__ghost_t *g, size_t b1, uint64_t carry, look_t lx, bool both) {
+    uint32_t fp = fp_in(carry);
     bucket_t *x = bucket(g, b1), *y = bucket(g, alt_of(g, b1, fp));
     look_t ly = both ? look(g, y, fp) : (look_t){0, 0};
     if (!lx.match) drop_match(g, y, &ly); /* (b1's was dropped by add_now) */
-    uint32_t carry = fp << 8 | g->tag;
     unsigned fx = ~lx.live & ALL_WAYS;
     if (fx) {
-        set(x, (unsigned)__builtin_ctz(fx), carry);
+        set(g, x, (unsigned)__builtin_ctz(fx), carry);
         return;
     }
     /* b1 is full: the key goes to b2, or moves another there, so b1 spills */
@@ -484,7 +564,7 @@ __attribute__((noinline)) static void add_spilled(kvt__ghost_t *g, size_t b1, ui
     if (!both) ly = look(g, y, fp); /* (no copy there: b1 had not spilled) */
     unsigned fy = ~ly.live & ALL_WAYS;
     if (fy) {
-        set(y, (unsigned)__builtin_ctz(fy), carry);
+        set(g, y, (unsigned)__builtin_ctz(fy), carry);
         return;
     }
     /* both full of live keys: cuckoo moves, each key to its other bucket; a
@@ -494,39 +574,49 @@ __attribute__((noinline)) static void add_spilled(kvt__ghost_t *g, size_t b1, ui
         bucket_t *c = bucket(g, cur);
         set_spilled(g, cur, true);
         unsigned w = (k * 5 + (unsigned)g->fill) % WAYS;
-        uint32_t moved = get(c, w); /* live: cur had no room */
-        set(c, w, carry);
+        uint64_t moved = get(g, c, w); /* live: cur had no room */
+        set(g, c, w, carry);
         carry = moved;
         cur = alt_of(g, cur, fp_in(moved));
         bucket_t *d = bucket(g, cur);
         int r = room_in(g, d);
         if (r >= 0) {
-            set(d, (unsigned)r, carry);
+            set(g, d, (unsigned)r, carry);
             return;
         }
     }
-    /* no room within the moves: the key left in hand is forgotten early */
-    g->count[tag_in(carry)]--;
-    g->live--;
+    /* no room within the moves: the entry left in hand is forgotten early */
+    count_out(g, tag_in(carry), pages_of(carry));
     g->overflows++;
 }
 
 /* An add from the queue. The common case, b1 not spilled and with room (or
  * holding the key's older copy), reads one line and is made here. */
 static inline void add_now(kvt__ghost_t *g, const kvt__ghost_pend_t *p) {
-    if (g->fill == g->len) next_epoch(g);
-    uint32_t fp = p->fp;
+    uint32_t fp = p->fp, pages = pages_in(p->aux);
+    for (uint32_t n = pages;;) { /* the window counts pages: the run's take it through as many epochs; it has its last's */
+        if (g->fill == g->len) next_epoch(g);
+        size_t room = g->len - g->fill;
+        if (n <= room) {
+            g->fill += n;
+            break;
+        }
+        g->fill = g->len;
+        n -= (uint32_t)room;
+    }
     bucket_t *x = bucket(g, p->b1);
     bool both = spilled(g, p->b1); /* else no copy of the key is in b2 */
     look_t lx = look(g, x, fp);
     drop_match(g, x, &lx);
-    g->count[g->tag]++;
-    g->live++;
-    g->fill++;
+    g->count[g->tag] += pages;
+    g->ecount[g->tag]++;
+    g->live += pages;
+    g->entries++;
+    uint64_t e = (uint64_t)p->aux << 32 | fp << 8 | g->tag;
     unsigned fx = ~lx.live & ALL_WAYS;
     if (!both && fx) {
-        set(x, (unsigned)__builtin_ctz(fx), fp << 8 | g->tag);
+        set(g, x, (unsigned)__builtin_ctz(fx), e);
         return;
     }
-    add_spilled(g, p->b1, fp, lx, both);
+    add_spilled(g, p->b1, e, lx, both);
 }

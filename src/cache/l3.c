@@ -520,7 +520,7 @@ int kvt_cache_attach_store(kvt_cache_t *c, kvt_store_t *s) {
     if (c->store || c->st.requests || c->npf) return KVT_EBUSY;
     uint8_t *f = kvt__calloc(c->cfg.l2_pages, 1);
     kvt_store_page_t *q = kvt__malloc(PUTQ_CAP * sizeof(*q));
-    int rc = f && q ? kvt__ghost_init(&c->l3own, known_cap(c)) : KVT_ENOMEM;
+    int rc = f && q ? kvt__ghost_init(&c->l3own, known_cap(c), 1) : KVT_ENOMEM;
     if (rc != KVT_OK) {
         kvt__free(f, c->cfg.l2_pages);
         kvt__free(q, PUTQ_CAP * sizeof(*q));

@@ -28,10 +28,12 @@
  *             ARC learns it (Megiddo & Modha, FAST'03): class 0 gets a
  *             target of p pages; L1 evicts from class 0 while it holds more
  *             than p, else from class 1 (each class LRU, in its own victim
- *             set). Two ghosts remember the pages each class lost: a page
+ *             set). Two ghosts remember the pages each class lost, in
+ *             runs of up to 16 of a node's pages (ghost.c): a page
  *             coming back through class 0's ghost says class 0 was too
  *             small (p grows by max(1, |B1|/|B0|)), through class 1's ghost
- *             that class 1 was (p shrinks by max(1, |B0|/|B1|)). Either way
+ *             that class 1 was (p shrinks by max(1, |B0|/|B1|)); a run
+ *             moves p as its pages would one by one. Either way
  *             the page comes back protected; a matched page is protected;
  *             unlike s2lru, a continuation is not. Where seen-once pages are
  *             mostly dead (the Mooncake trace) p stays small and arc acts
@@ -50,7 +52,8 @@
 #define S2LRU_GHOST_FACTOR 4     /* s2lru ghost entries per cached page */
 #define ARC_GHOST_FACTOR 2       /* arc: entries per cached page, each ghost */
 #define GHOST_MAX (1u << 22)
-#define PREFETCH_PAGES 8        /* ghost lookups prefetched ahead in the protected-prefix walk */
+#define ARC_RUN_PAGES 16        /* arc: pages a ghost entry at most (a run of a node's pages; s2lru: 1) */
+#define PREFETCH_PAGES 8        /* pages whose ghost lookups the protected-prefix walk prefetches ahead */
 #define WALK_KEYS_MAX 16384     /* page keys the walk keeps for the insert (more are hashed again) */
 
 static const char *const NAMES[] = {
@@ -170,29 +173,65 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
     return (uint32_t)k;
 }
 
-/* arc: a page came back through ghost `from`: the target p moves toward the
- * class that lost it, by max(1, |other ghost| / (|from| + 1)), within [0, cap].
- * The walk keeps p in a register while it takes pages (nothing reads it there). */
-static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, double cap) {
-    double mine = (double)kvt__ghost_live(&c->ghost[from]) + 1, other = (double)kvt__ghost_live(&c->ghost[!from]);
-    double step = other / mine > 1 ? other / mine : 1;
-    p += from == 0 ? step : -step;
-    return p < 0 ? 0 : p > cap ? cap : p;
+/* arc: a run of `pages` pages came back through ghost `from` (which holds
+ * what is left after it): the target p moves as it would for each of them
+ * taken alone, toward the class that lost it, by max(1, |other ghost| /
+ * (|from| + 1)) a page, within [0, cap]. The walk keeps p in a register while
+ * it takes runs (nothing reads it there). */
+static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_t pages, double cap) {
+    double left = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
+    for (uint32_t i = pages; i-- > 0;) { /* after the run's page pages - i is taken, from holds left + i */
+        double mine = left + (double)i + 1, step = other / mine > 1 ? other / mine : 1;
+        p += from == 0 ? step : -step;
+        p = p < 0 ? 0 : p > cap ? cap : p;
+    }
+    return p;
 }
 
-/* A page of the walk ahead: its key, and its probes of ghost 0 and (when
- * in1) of ghost 1, their buckets fetched now. */
+/* The walk's page keys, computed as it needs them, in page order: page j's
+ * is kept[j] while j < room (the insert reuses them), else in a ring of the
+ * last KVT__GHOST_RUN_MAX (enough for a run's first and last). */
 typedef struct {
-    uint64_t key;
+    const kvt_radix_t *tree;
+    const int32_t *tokens;
+    uint64_t pt, n, room; /* page tokens; keys computed (of pages 0 .. n - 1); kept's room */
+    uint64_t *kept, last; /* the keys kept; page n - 1's key (before the first: the key below it) */
+    uint64_t ring[KVT__GHOST_RUN_MAX];
+} walk_t;
+
+static uint64_t walk_key(walk_t *w, uint64_t j) {
+    for (; w->n <= j; w->n++) {
+        w->last = kvt__radix_key_next(w->tree, w->last, w->tokens + w->n * w->pt);
+        if (w->n < w->room)
+            w->kept[w->n] = w->last;
+        else
+            w->ring[w->n % KVT__GHOST_RUN_MAX] = w->last;
+    }
+    return j < w->room ? w->kept[j] : w->ring[j % KVT__GHOST_RUN_MAX];
+}
+
+/* A run the walk may find ahead: the page it would start at, and its probes
+ * of ghost 0 and (when in1) of ghost 1, their buckets fetched now. */
+typedef struct {
+    uint64_t at;
     bool in1;
     kvt__ghost_probe_t p[2];
 } ahead_t;
 
-static void probe_page(kvt_cache_t *c, ahead_t *a, uint64_t key, bool in1) {
-    a->key = key;
+static void probe_at(kvt_cache_t *c, walk_t *w, ahead_t *a, uint64_t at, bool in1) {
+    uint64_t key = walk_key(w, at);
+    a->at = at;
     a->in1 = in1;
     kvt__ghost_probe(&c->ghost[0], key, &a->p[0]);
     if (in1) kvt__ghost_probe(&c->ghost[1], key, &a->p[1]);
+}
+
+/* The run of ghost g that the new pages k .. npages - 1 begin with, taken
+ * out when they hold all of it and their key at its end passes its check:
+ * its length, or 0. */
+static uint32_t take_run(kvt__ghost_t *g, kvt__ghost_probe_t *p, walk_t *w, uint64_t k, uint64_t npages) {
+    uint32_t n = kvt__ghost_run(g, p);
+    return n > 0 && n <= npages - k && kvt__ghost_take_run(g, p, walk_key(w, k + n - 1)) ? n : 0;
 }
 
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
@@ -204,47 +243,46 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     /* s2lru: the next turn of a cached sequence starts protected. (arc learns
      * better without this: on chat traces, last turns never come back.) */
     if (c->cfg.policy == KVT_POLICY_S2LRU && at != root && children == 0) return npages;
-    uint64_t pt = c->cfg.page_tokens, k = 0;
     bool arc = c->cfg.policy == KVT_POLICY_ARC;
-    /* The walk reads one page's buckets after another, and runs of remembered
-     * pages are long (a document coming back): the keys of the next
-     * PREFETCH_PAGES pages are computed and their buckets prefetched ahead,
-     * in a ring, so that the walk's misses overlap. */
+    /* Evicted pages left tail first: the remembered ones lead, run after run
+     * (a document coming back). The runs' first pages are probed ahead, in a
+     * ring, each `step` (a whole run) after the last, so that the walk's
+     * misses overlap; a shorter run than that starts the ring again where it
+     * ends. Each run's keys, computed for its check (and for the insert),
+     * hide its probe's miss. */
     kvt__ghost_settle(&c->ghost[0]); /* the probes need the ghosts' queued adds made */
     if (arc) kvt__ghost_settle(&c->ghost[1]);
+    walk_t w = {.tree = c->tree, .tokens = tokens, .pt = c->cfg.page_tokens, .room = c->walk_cap, .kept = c->walk_keys,
+                .last = kvt__radix_key_below(c->tree, at, ns)};
+    unsigned step = c->ghost[0].run_max, depth = step < PREFETCH_PAGES ? PREFETCH_PAGES / step : 1, head = 0, nring = 0;
     ahead_t ring[PREFETCH_PAGES];
-    uint64_t *kept = c->walk_keys, room = c->walk_cap, nk = 0; /* the first keys, in page order, for the insert */
-    uint64_t key = kvt__radix_key_below(c->tree, at, ns), ahead = npages < PREFETCH_PAGES ? npages : PREFETCH_PAGES;
-    for (uint64_t j = 0; j < ahead; j++) {
-        key = kvt__radix_key_next(c->tree, key, tokens + j * pt);
-        if (nk < room) kept[nk++] = key;
-        probe_page(c, &ring[j], key, arc);
-    }
     /* A run of remembered pages is mostly one ghost's (a document's pages left from one class):
-     * past the first PREFETCH_PAGES, ghost 1's buckets are prefetched only while the walk last
-     * found a page there (on the page-16 replay, 95 % of the pages found are ghost 0's) */
+     * ghost 1's buckets are prefetched only while the walk last found a run there (on the page-16
+     * replay, 95 % of the pages found are ghost 0's) */
     bool ahead_in_1 = arc;
+    uint64_t k = 0, next = 0; /* the page the next probe ahead is of */
     double p = c->arc_p, cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
-    for (; k < npages; k++) { /* evicted pages left tail first: the remembered ones lead */
-        ahead_t cur = ring[k % PREFETCH_PAGES];
-        if (k + PREFETCH_PAGES < npages) { /* key is the last computed, page k + PREFETCH_PAGES - 1's */
-            key = kvt__radix_key_next(c->tree, key, tokens + (k + PREFETCH_PAGES) * pt);
-            if (nk < room) kept[nk++] = key;
-            probe_page(c, &ring[k % PREFETCH_PAGES], key, ahead_in_1);
+    while (k < npages) {
+        if (nring == 0 || ring[head].at != k) nring = 0, next = k; /* the last run was shorter than a step */
+        for (; nring < depth && next < npages; next += step) probe_at(c, &w, &ring[(head + nring++) % depth], next, ahead_in_1);
+        walk_key(&w, (npages - k < step ? npages : k + step) - 1); /* a whole run's keys while its probe's lines come */
+        ahead_t cur = ring[head];
+        head = (head + 1) % depth;
+        nring--;
+        uint32_t n = take_run(&c->ghost[0], &cur.p[0], &w, k, npages), from = 0;
+        if (n == 0 && arc) {
+            if (!cur.in1) kvt__ghost_probe(&c->ghost[1], walk_key(&w, k), &cur.p[1]);
+            n = take_run(&c->ghost[1], &cur.p[1], &w, k, npages);
+            from = 1;
         }
-        if (kvt__ghost_take_probed(&c->ghost[0], &cur.p[0])) {
-            if (arc) p = arc_adapted(c, p, 0, cap);
-            ahead_in_1 = false;
-        } else if (arc && (cur.in1 ? kvt__ghost_take_probed(&c->ghost[1], &cur.p[1]) : kvt__ghost_take(&c->ghost[1], cur.key))) {
-            p = arc_adapted(c, p, 1, cap);
-            ahead_in_1 = true;
-        } else {
-            break;
-        }
+        if (n == 0) break;
+        if (arc) p = arc_adapted(c, p, from, n, cap);
+        ahead_in_1 = from == 1;
+        k += n;
     }
     if (arc) c->arc_p = p;
-    *keys = kept;
-    *nkeys = nk;
+    *keys = w.kept;
+    *nkeys = w.n < w.room ? w.n : w.room;
     return k;
 }
 
@@ -274,9 +312,10 @@ int kvt__policy_init(kvt_cache_t *c) {
     uint64_t pages = c->cfg.l1_pages + c->cfg.l2_pages, cap[2] = {0, 0};
     if (c->cfg.policy == KVT_POLICY_S2LRU) cap[0] = S2LRU_GHOST_FACTOR * pages;
     if (c->cfg.policy == KVT_POLICY_ARC) cap[0] = cap[1] = ARC_GHOST_FACTOR * pages;
+    unsigned run = c->cfg.policy == KVT_POLICY_ARC ? ARC_RUN_PAGES : 1;
     for (int i = 0; i < 2; i++) {
         if (cap[i] > GHOST_MAX) cap[i] = GHOST_MAX;
-        int rc = kvt__ghost_init(&c->ghost[i], (size_t)cap[i]);
+        int rc = kvt__ghost_init(&c->ghost[i], (size_t)cap[i], run);
         if (rc != KVT_OK) return rc;
     }
     if (two_classes(c)) { /* sized once: an admission's new pages are at most L1's */
