@@ -216,8 +216,11 @@ void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);
  * kvt__cache_give_back_l1 calls). */
 uint32_t *kvt__cache_l1_back_end(kvt_cache_t *c);
 void kvt__cache_gave_back_l1(kvt_cache_t *c, uint32_t k);
+/* The same for L2: the buffer's end, where k ids may be written, then
+ * kvt__cache_gave_back_l2(c, k). */
+uint32_t *kvt__cache_l2_back_end(kvt_cache_t *c);
+void kvt__cache_gave_back_l2(kvt_cache_t *c, uint32_t k);
 void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id);
-void kvt__cache_give_back_l2_ids(kvt_cache_t *c, const uint32_t *ids, uint32_t k); /* as k of those */
 /* Returns the buffered ids to the allocators; KVT_ENOMEM keeps them buffered. */
 int kvt__cache_flush(kvt_cache_t *c);
 /* Queues a copy (OP_BACKUP: l1 -> l2; OP_LOAD: l2 -> l1); its pages are in flight. */

@@ -42,14 +42,17 @@ void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id) {
     kvt__cache_gave_back_l1(c, 1);
 }
 
-void kvt__cache_give_back_l2_ids(kvt_cache_t *c, const uint32_t *ids, uint32_t k) {
+uint32_t *kvt__cache_l2_back_end(kvt_cache_t *c) { return &c->l2_back.id[c->l2_back.n]; }
+
+void kvt__cache_gave_back_l2(kvt_cache_t *c, uint32_t k) {
+    uint32_t *ids = kvt__cache_l2_back_end(c);
     if (c->ncorrupt == 0 && c->cp.l2_freed == NULL && c->l3f == NULL) { /* the loop below, with no hook to call */
         kvt__cache_fold_ids(c, 2ull << 40, ids, k);
-        memcpy(&c->l2_back.id[c->l2_back.n], ids, (size_t)k * sizeof(uint32_t));
         c->l2_back.n += k;
         c->l2_free += k;
         return;
     }
+    uint32_t kept = 0; /* the ids that go back now, kept in place */
     for (uint32_t i = 0; i < k; i++) {
         uint32_t id = ids[i];
         kvt__cache_fold(c, 2ull << 40 | id);
@@ -57,11 +60,15 @@ void kvt__cache_give_back_l2_ids(kvt_cache_t *c, const uint32_t *ids, uint32_t k
         if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
         c->l2_free++;
         if (c->l3f && kvt__l3_hold(c, id)) continue; /* a store call reads or writes it: back when it completes */
-        c->l2_back.id[c->l2_back.n++] = id;
+        ids[kept++] = id;
     }
+    c->l2_back.n += kept;
 }
 
-void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) { kvt__cache_give_back_l2_ids(c, &id, 1); }
+void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {
+    *kvt__cache_l2_back_end(c) = id;
+    kvt__cache_gave_back_l2(c, 1);
+}
 
 /* Returns the buffered ids to the allocators. */
 int kvt__cache_flush(kvt_cache_t *c) {

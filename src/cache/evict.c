@@ -68,34 +68,39 @@ static uint32_t l2_only_tail(const kvt_rnode_t *v, uint32_t limit) {
  * the same order, as one eviction at a time: trimming a host-only tail page
  * leaves the victim first among the host victims while it has another, and
  * dropping a shadow changes neither the victim's score nor whether a
- * host-only page exists). Returns how many; 0 when nothing in L2 may go. */
+ * host-only page exists). A run goes in one tree call, its ids straight into
+ * the give-back buffer: a node's arrays shrink once for the run, not once
+ * for every part of it. Returns how many; 0 when nothing in L2 may go. */
 static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     bool put = c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK; /* each goes on to L3 first: its only copy */
-    uint32_t ids[256];
+    uint32_t most = max < UINT32_MAX ? (uint32_t)max : UINT32_MAX;
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
-        uint32_t room = sizeof(ids) / sizeof(ids[0]), m = put ? 0 : l2_only_tail(v, max < room ? (uint32_t)max : room);
+        uint32_t m = put ? 0 : l2_only_tail(v, most);
         if (m == 0) { /* each goes on to L3 first, or the tail page is a stranded load */
             trim_l2_tail(c, v, true);
             return 1;
         }
         kvt__policy_on_trim(c, v, m);
-        kvt__radix_trim_l2_tail(c->tree, v, m, ids); /* (v may be gone) */
-        kvt__cache_give_back_l2_ids(c, ids, m);
+        kvt__radix_trim_l2_tail(c->tree, v, m, kvt__cache_l2_back_end(c)); /* (v may be gone) */
+        kvt__cache_gave_back_l2(c, m);
         c->st.dropped_pages += m;
         return m;
     }
     v = kvt__radix_victim(c->tree, KVT_VSET_L2_SHADOW);
     if (v == NULL) return 0;
-    uint64_t got = 0;
-    while (got < max && v->n_shadow > 0) {
-        uint32_t want = put ? 1 : max - got < 256 ? (uint32_t)(max - got) : 256;
-        if (put) kvt__l3_put(c, v, kvt__radix_last_shadow(v)); /* the shadow kvt__radix_drop_shadows takes next */
-        uint32_t k = kvt__radix_drop_shadows(c->tree, v, want, ids);
-        kvt__cache_give_back_l2_ids(c, ids, k);
+    if (!put) {
+        uint32_t k = kvt__radix_drop_shadows(c->tree, v, most, kvt__cache_l2_back_end(c));
+        kvt__cache_gave_back_l2(c, k);
         c->st.shadows_reclaimed += k;
-        got += k;
+        return k;
     }
+    uint64_t got = 0;
+    for (; got < max && v->n_shadow > 0; got++) {
+        kvt__l3_put(c, v, kvt__radix_last_shadow(v)); /* the shadow kvt__radix_drop_shadows takes next */
+        kvt__cache_gave_back_l2(c, kvt__radix_drop_shadows(c->tree, v, 1, kvt__cache_l2_back_end(c)));
+    }
+    c->st.shadows_reclaimed += got;
     return got;
 }
 
@@ -268,11 +273,8 @@ static uint64_t drop_tail_run_l1(kvt_cache_t *c, kvt_rnode_t *v, uint64_t max, k
  * (a tail page with a backup in flight has no landed copy: the run stops
  * there). Returns how many (0: v's tail L1 page has no landed copy). */
 static uint64_t drop_l1_run(kvt_cache_t *c, kvt_rnode_t *v, uint64_t max) {
-    uint32_t m = 0;
-    while (m < max && m < v->n_l1 && kvt__page_in_l2(&v->pages[v->n_l1 - 1 - m])) m++;
-    if (m == 0) return 0;
-    kvt__radix_drop_l1_tail(c->tree, v, m, kvt__cache_l1_back_end(c));
-    kvt__cache_gave_back_l1(c, m);
+    uint32_t m = kvt__radix_drop_l1_tail(c->tree, v, max < UINT32_MAX ? (uint32_t)max : UINT32_MAX, kvt__cache_l1_back_end(c));
+    if (m > 0) kvt__cache_gave_back_l1(c, m);
     return m;
 }
 

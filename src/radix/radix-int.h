@@ -136,9 +136,10 @@ void kvt__radix_lock(kvt_radix_t *r, kvt_rnode_t *node, int delta);
  * the reverse maps and the victim sets current. */
 uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n);           /* tail L1 page (with a landed L2
                                                                             copy) leaves L1; its id */
-/* As k kvt__radix_drop_l1 calls: the last k L1 pages of n, each with a landed
- * L2 copy, leave L1 (they live on in L2); their L1 ids to l1, tail first. */
-uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1);
+/* As kvt__radix_drop_l1 calls while n's tail L1 page has a landed L2 copy,
+ * up to max: those last L1 pages of n leave L1 (they live on in L2); their L1
+ * ids to l1, tail first. Returns how many (0: the tail L1 page has none). */
+uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, uint32_t *l1);
 kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n);            /* tail page leaves the tree (n has
                                                                             no children); frees n if empty */
 /* As k kvt__radix_trim calls, for a leaf n whose pages are all in L1 and whose

@@ -459,15 +459,16 @@ static void l1_edge(kvt_radix_t *r, kvt_rnode_t *n, uint32_t before) {
     kvt__vheap_membership(r, n->parent);
 }
 
-uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1) {
-    KVT_ASSERT(k > 0 && k <= n->n_l1);
-    for (uint32_t i = 0; i < k; i++) {
-        kvt_page_t *p = &n->pages[n->n_l1 - 1 - i];
-        KVT_ASSERT(kvt__page_in_l2(p));
+uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, uint32_t *l1) {
+    uint32_t k = 0;
+    for (; k < max && k < n->n_l1; k++) {
+        kvt_page_t *p = &n->pages[n->n_l1 - 1 - k];
+        if (!kvt__page_in_l2(p)) break;
         r->l1map[p->l1].node = NULL;
-        l1[i] = p->l1;
+        l1[k] = p->l1;
         p->l1 = KVT_NO_PAGE;
     }
+    if (k == 0) return 0;
     n->n_shadow -= k;
     n->n_l1 -= k;
     l1_edge(r, n, n->n_l1 + k);
@@ -476,8 +477,9 @@ uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uin
 }
 
 uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
-    uint32_t id;
-    (void)kvt__radix_drop_l1_tail(r, n, 1, &id);
+    uint32_t id, k = kvt__radix_drop_l1_tail(r, n, 1, &id);
+    KVT_ASSERT(k == 1);
+    (void)k;
     return id;
 }
 
