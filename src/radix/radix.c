@@ -477,7 +477,7 @@ uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, u
 }
 
 uint32_t kvt__radix_drop_l1(kvt_radix_t *r, kvt_rnode_t *n) {
-    uint32_t id, k = kvt__radix_drop_l1_tail(r, n, 1, &id);
+    uint32_t id = KVT_NO_PAGE, k = kvt__radix_drop_l1_tail(r, n, 1, &id);
     KVT_ASSERT(k == 1);
     (void)k;
     return id;
