@@ -54,6 +54,7 @@ static uint32_t next_request(stream_t *s, int32_t *out) {
 typedef struct lpage {
     int32_t tok[MAXP * PT];
     uint32_t k;
+    uint32_t kids; /* pages present that extend it by one */
     uint64_t last, born;
     bool used;
 } lpage_t;
@@ -70,12 +71,8 @@ static lpage_t *lfind(lru_model_t *m, const int32_t *q, uint32_t k) {
     return NULL;
 }
 
-static bool lleaf(lru_model_t *m, const lpage_t *p) {
-    for (uint32_t i = 0; i < m->n; i++)
-        if (m->p[i].used && m->p[i].k == p->k + 1 && memcmp(m->p[i].tok, p->tok, p->k * PT * sizeof(int32_t)) == 0)
-            return false;
-    return true;
-}
+/* The page one shorter than p (its parent), which counts p among its kids; NULL for a first page. */
+static lpage_t *lparent(lru_model_t *m, const lpage_t *p) { return p->k > 1 ? lfind(m, p->tok, p->k - 1) : NULL; }
 
 /* Admits q (n pages) at time t; returns the hit pages. */
 static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t t) {
@@ -87,11 +84,13 @@ static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t
             lpage_t *v = NULL; /* the least recently used leaf outside the matched prefix */
             for (uint32_t i = 0; i < m->n; i++) {
                 lpage_t *p = &m->p[i];
-                if (!p->used || (p->k <= hit && memcmp(p->tok, q, p->k * PT * sizeof(int32_t)) == 0) || !lleaf(m, p)) continue;
+                if (!p->used || (p->k <= hit && memcmp(p->tok, q, p->k * PT * sizeof(int32_t)) == 0) || p->kids > 0) continue;
                 if (v == NULL || p->last < v->last || (p->last == v->last && p->born > v->born)) v = p;
             }
             if (v == NULL) break;
             v->used = false;
+            lpage_t *up = lparent(m, v);
+            if (up) up->kids--;
             m->present--;
         }
     }
@@ -107,6 +106,9 @@ static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t
         memcpy(p->tok, q, p->k * PT * sizeof(int32_t));
         p->last = t;
         p->born = ++m->born;
+        p->kids = 0;
+        lpage_t *up = lparent(m, p);
+        if (up) up->kids++;
         m->present++;
     }
     return hit;
