@@ -529,16 +529,11 @@ __attribute__((always_inline)) static inline void add_one(kvt__ghost_t *g, uint6
     g->pend[(g->head + g->npend++) % KVT__GHOST_PEND] = (kvt__ghost_pend_t){fp, (uint32_t)b1, aux};
 }
 
-void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) {
-    if (g->cap) add_one(g, key, g->aux ? aux_of(1, key) : 0);
-}
+void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) { kvt__ghost_add_keys(g, &key, 1); }
 
+/* (In a ghost of pages, run_max 1, the runs are the pages, last first; their aux, length 1, is not kept.) */
 void kvt__ghost_add_keys(kvt__ghost_t *g, const uint64_t *keys, size_t k) {
     if (g->cap == 0 || k == 0) return;
-    if (g->aux == NULL) {
-        while (k-- > 0) add_one(g, keys[k], 0);
-        return;
-    }
     for (size_t at = (k - 1) / g->run_max * g->run_max;; at -= g->run_max) { /* the last run first */
         size_t n = k - at < g->run_max ? k - at : g->run_max;
         add_one(g, keys[at], aux_of((uint32_t)n, keys[at + n - 1]));
