@@ -31,7 +31,7 @@ typedef struct kvt__ghost_pend {
 } kvt__ghost_pend_t;
 typedef struct kvt__ghost {
     struct kvt__ghost_bucket *table; /* cuckoo buckets of 16 entries (a cache line): fingerprint and epoch tag (ghost.c) */
-    void *raw;          /* the table's allocation (table is it, 64-byte aligned) */
+    void *raw, *aux_raw; /* the table's and aux's allocations (kvt__malloc_huge) */
     uint64_t *spill;    /* a bit a bucket: some key whose first bucket it is may be in its second (ghost.c) */
     uint16_t *aux;      /* a ghost of runs: an entry's run length - 1 and check, at bucket * 16 + way; else NULL */
     size_t cap, nb;     /* pages remembered (<= 2^29); buckets in use now (n0 << level) */

@@ -110,9 +110,6 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "cache-int.h"
 #include "kvtier/error.h"
@@ -124,7 +121,6 @@
 #define SWEEP_EPOCHS 128   /* the whole table is swept this often: 112 + 128 < 256 tags */
 #define GHOST_CAP_MAX (1u << 29) /* so that bucket numbers fit 32 bits */
 #define KICKS_MAX 256
-#define ALIGN (2u << 20) /* a huge page */
 #define ALL_WAYS ((1u << WAYS) - 1)
 #define GROW_LEVELS 2          /* a large table starts at a quarter of its size and doubles twice ... */
 #define GROW_MIN_BUCKETS 4096  /* ... when it is 256 KiB or more (a smaller one is allocated whole) */
@@ -239,8 +235,7 @@ static inline look_t look(const kvt__ghost_t *g, const bucket_t *x, uint32_t fp)
 #endif
 }
 
-/* The table's alignment: a huge page for a table of 2 MiB or more, a cache line otherwise. */
-static size_t align_of(size_t bytes) { return bytes >= ALIGN ? ALIGN : 64; }
+/* What the table, the spill bits and aux reserve. */
 static size_t table_bytes(const kvt__ghost_t *g) { return g->nb_max * sizeof(bucket_t); } /* reserved */
 static size_t spill_bytes(const kvt__ghost_t *g) { return (g->nb_max + 63) / 64 * sizeof(uint64_t); }
 static size_t aux_bytes(const kvt__ghost_t *g) { return g->nb_max * WAYS * sizeof(uint16_t); }
@@ -275,31 +270,26 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap, unsigned run_max) {
     /* len: the window's mean, epochs x len - len / 2, nearest cap (1 when cap <= EPOCHS: the exact FIFO) */
     g->len = cap <= EPOCHS ? 1 : (4 * cap + 2 * EPOCHS - 1) / (2 * (2 * EPOCHS - 1));
     g->sweep_step = (g->nb + SWEEP_EPOCHS - 1) / SWEEP_EPOCHS;
-    size_t bytes = table_bytes(g), align = align_of(bytes);
-    g->raw = kvt__malloc(bytes + align);
+    /* one bucket, one cache line; a large table on huge pages (each lookup is a random access: with
+     * 4 KiB pages it would miss the TLB too, and a growing table would fault in 4 KiB at a time). Only
+     * level 0's buckets are touched: the rest of the reservation stays unfaulted until the table grows
+     * into it. aux, read and written where the table is, the same. */
+    g->table = kvt__malloc_huge(table_bytes(g), &g->raw);
     g->spill = kvt__calloc(1, spill_bytes(g));
-    if (g->run_max > 1) g->aux = kvt__malloc(aux_bytes(g)); /* read only where an entry is used: set with it */
-    if (g->raw == NULL || g->spill == NULL || (g->run_max > 1 && g->aux == NULL)) {
+    if (g->run_max > 1) g->aux = kvt__malloc_huge(aux_bytes(g), &g->aux_raw); /* read only where an entry is used */
+    if (g->table == NULL || g->spill == NULL || (g->run_max > 1 && g->aux == NULL)) {
         kvt__ghost_fini(g);
         return KVT_ENOMEM;
     }
-    /* one bucket, one cache line; a large table on huge pages (each lookup is a random access: with
-     * 4 KiB pages it would miss the TLB too), asked for before the memset touches it. Only level 0's
-     * buckets are touched: the rest of the reservation stays unfaulted until the table grows into it. */
-    g->table = (bucket_t *)(((uintptr_t)g->raw + align - 1) & ~(uintptr_t)(align - 1));
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (bytes >= ALIGN) (void)madvise(g->table, bytes, MADV_HUGEPAGE);
-#endif
     memset(g->table, 0, g->nb * sizeof(bucket_t));
     return KVT_OK;
 }
 
 void kvt__ghost_fini(kvt__ghost_t *g) {
     if (g->cap) {
-        size_t bytes = table_bytes(g);
-        kvt__free(g->raw, bytes + align_of(bytes));
+        kvt__free_huge(g->raw, table_bytes(g));
         kvt__free(g->spill, spill_bytes(g));
-        kvt__free(g->aux, aux_bytes(g));
+        kvt__free_huge(g->aux_raw, aux_bytes(g));
     }
     memset(g, 0, sizeof(*g));
 }

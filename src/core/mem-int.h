@@ -11,6 +11,16 @@ void *kvt__malloc(size_t size);
 void *kvt__calloc(size_t n, size_t size);          /* zeroed; overflow-checked */
 void *kvt__realloc(void *p, size_t old_size, size_t new_size);
 void kvt__free(void *p, size_t size);              /* NULL is a no-op */
+/* A large table or arena touched all over (at random, or carved as it
+ * grows): n bytes from a 2 MiB boundary, asked for transparent huge pages
+ * (Linux: one fault and one TLB entry per 2 MiB), when n is 2 MiB or more;
+ * a smaller n starts on a cache line. The allocator (malloc, or the
+ * engine's) aligns only to 16 bytes, so the block is asked for with the
+ * alignment as slack, at the caller's allocation site; the slack is never
+ * touched. *raw is what kvt__free_huge takes back, with the same n. */
+void *kvt__malloc_huge(size_t n, void **raw);
+void kvt__free_huge(void *raw, size_t n); /* NULL is a no-op */
+
 /* An allocation a module serves from its own pool (memory it already holds):
  * an allocation point all the same, counted and open to injected failure.
  * Nonzero: fail it. */

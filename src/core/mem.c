@@ -4,6 +4,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
@@ -101,6 +104,23 @@ static void *malloc_at(size_t size, const void *site) {
 }
 
 void *kvt__malloc(size_t size) { return malloc_at(size, __builtin_return_address(0)); }
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static size_t huge_align(size_t n) { return n >= HUGE_PAGE ? HUGE_PAGE : 64; }
+
+void *kvt__malloc_huge(size_t n, void **raw) {
+    size_t align = huge_align(n);
+    *raw = n > SIZE_MAX - align ? NULL : malloc_at(n + align, __builtin_return_address(0));
+    if (*raw == NULL) return NULL;
+    void *p = (void *)(((uintptr_t)*raw + align - 1) & ~(uintptr_t)(align - 1));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (align == HUGE_PAGE) (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
+#endif
+    return p;
+}
+
+void kvt__free_huge(void *raw, size_t n) { kvt__free(raw, n + huge_align(n)); }
 
 void *kvt__calloc(size_t n, size_t size) {
     if (size != 0 && n > SIZE_MAX / size) {

@@ -6,9 +6,8 @@
  * malloc, arrays of 128 KiB and more are mmap'd one by one and unmapped on
  * free, so every insert of a long request faults its memory in afresh, 4 KiB
  * at a time: at 16 tokens a page that was a quarter of a replay. The pool
- * carves arrays out of chunks (1 MiB, doubling to 16 MiB; the 2 MiB-aligned
- * inside asked for transparent huge pages) and keeps freed ones on a free
- * list per size class for the next node:
+ * carves arrays out of chunks (2 MiB, doubling to 16 MiB) and keeps freed
+ * ones on a free list per size class for the next node:
  *
  *   chunk:  [ a 96 | b 160 | free 96 | c 640 | ......... bump -> end ]
  *   free[class 96] -> (the freed 96) -> NULL
@@ -24,6 +23,15 @@
  * blocks of classes no longer asked for on their lists and carved new ones,
  * 16 MiB a chunk, without end: 51 -> 115 MiB of live metadata in 600 s for a
  * tree of 16,000 pages.) A block on list c is at least class c's size.
+ *
+ * A chunk is a whole number of 2 MiB from a 2 MiB boundary, asked for
+ * transparent huge pages (kvt__malloc_huge): the tree's memory comes in one
+ * fault per 2 MiB. Its slack is address space never touched, and is not
+ * counted in the tree's bytes. (Chunks of 1 and 2 MiB from malloc, used from
+ * their first byte, had no aligned 2 MiB inside, and the ends of the larger
+ * ones none either: a replay of the shipped trace faulted ~9 MiB of them in
+ * 4 KiB at a time, ~2,300 faults, while its tree grew; on a VM a fault costs
+ * microseconds.)
  *
  * Invariants: every block on a free list lies in a chunk, and is at least
  * its class's size; bit c of `nonempty` is set exactly when list c has a
@@ -41,14 +49,11 @@
  */
 #include <stdint.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "radix-impl.h"
 #include "../core/mem-int.h"
 
-#define POOL_FIRST (1u << 20)
+#define POOL_FIRST (2u << 20)
 #define POOL_LAST (16u << 20)
 #if defined(__SANITIZE_ADDRESS__)
 #define POOL_MAX 0 /* under AddressSanitizer every array is an allocation of its own: an overrun is caught */
@@ -120,19 +125,15 @@ static bool new_chunk(kvt_radix_t *r, size_t need) {
         p->chunk = c;
         p->chunk_cap = cap;
     }
-    size_t size = p->nchunks < 4 ? (size_t)POOL_FIRST << p->nchunks : POOL_LAST;
-    if (size < need) size = need;
-    char *m = kvt__radix_alloc(r, size);
-    if (m == NULL) return false;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    /* a hint: the 2 MiB-aligned inside of the chunk in huge pages (one fault each) */
-    uintptr_t lo = ((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1),
-              hi = ((uintptr_t)m + size) & ~(uintptr_t)(HUGE_PAGE - 1);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-#endif
-    p->chunk[p->nchunks++] = (kvt__pool_chunk_t){m, size};
-    p->bump = m;
-    p->end = m + size;
+    size_t size = p->nchunks < 3 ? (size_t)POOL_FIRST << p->nchunks : POOL_LAST;
+    if (size < need) size = (need + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    void *raw;
+    char *at = kvt__malloc_huge(size, &raw);
+    if (at == NULL) return false;
+    r->bytes += (int64_t)size; /* the slack is never touched */
+    p->chunk[p->nchunks++] = (kvt__pool_chunk_t){raw, size};
+    p->bump = at;
+    p->end = at + size;
     p->held += size;
     return true;
 }
@@ -175,7 +176,10 @@ void kvt__pool_free(kvt_radix_t *r, void *b, size_t n) {
 
 void kvt__pool_fini(kvt_radix_t *r) {
     kvt__pool_t *p = &r->pool;
-    for (size_t i = 0; i < p->nchunks; i++) kvt__radix_free(r, p->chunk[i].m, p->chunk[i].n);
+    for (size_t i = 0; i < p->nchunks; i++) {
+        r->bytes -= (int64_t)p->chunk[i].n;
+        kvt__free_huge(p->chunk[i].m, p->chunk[i].n);
+    }
     kvt__radix_free(r, p->chunk, p->chunk_cap * sizeof(*p->chunk));
     memset(p, 0, sizeof(*p));
 }

@@ -33,8 +33,8 @@ typedef struct kvt__pageref {
  * doubling up to POOL_MAX (4 MiB): 4 + 16 x 4. */
 #define KVT__POOL_CLASSES 68
 typedef struct kvt__pool_chunk {
-    char *m;
-    size_t n;
+    void *m;  /* as kvt__malloc_huge gave it (its raw block) */
+    size_t n; /* bytes carved from, from a 2 MiB boundary */
 } kvt__pool_chunk_t;
 
 typedef struct kvt__pool {
