@@ -210,24 +210,36 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
         bool pow2 = (lanes & (lanes - 1)) == 0; /* 1, 2, 4, ...: a mask and a shift (a division was most of a free's time) */
         unsigned shift = kvt__bits_of(lanes - 1);
         size_t nr = 0;
+        /* The run of the last page's lane is held in locals (cl, cs, clen; cr its slot): a run of
+         * one lane's pages grows in registers, without a store and a reload per page (that chain
+         * through memory was half a free's time); it goes to runs[] when another lane's page comes. */
+        uint32_t cl = UINT32_MAX, cs = 0, clen = 0;
+        size_t cr = 0;
         for (size_t i = 0; i < n; i++) { /* (page ids are 32-bit: a 32-bit division, not kvt_lane_of's 64-bit one) */
             uint32_t l = pow2 ? pages[i] & (lanes - 1) : pages[i] % lanes, x = pow2 ? pages[i] >> shift : pages[i] / lanes;
-            if (open[l] != SIZE_MAX) {
-                kvt_run_t *r = &runs[open[l]].run;
-                if ((uint64_t)r->start + r->len == x) {
-                    r->len++;
-                    continue;
-                }
-                if ((uint64_t)x + 1 == r->start) {
-                    r->start--, r->len++;
-                    continue;
-                }
+            if (l != cl) {
+                if (cl != UINT32_MAX) runs[cr].run = (kvt_run_t){cs, clen};
+                cl = l;
+                if (open[l] == SIZE_MAX) goto fresh;
+                cr = open[l];
+                cs = runs[cr].run.start, clen = runs[cr].run.len;
             }
-            runs[nr].run = (kvt_run_t){x, 1};
+            if ((uint64_t)cs + clen == x) {
+                clen++;
+                continue;
+            }
+            if ((uint64_t)x + 1 == cs) {
+                cs--, clen++;
+                continue;
+            }
+            runs[cr].run = (kvt_run_t){cs, clen};
+        fresh:
             tmp[nr] = l;
             first[l + 1]++;
-            open[l] = nr++;
+            open[l] = cr = nr++;
+            cs = x, clen = 1;
         }
+        if (cl != UINT32_MAX) runs[cr].run = (kvt_run_t){cs, clen};
         for (uint32_t l = 0; l < lanes; l++) first[l + 1] += first[l]; /* counts -> where each lane's runs begin */
         /* key: the start above the length's bits; merged[] is each lane's fill cursor for now */
         uint64_t lane0 = lane_pages(la->pages, lanes, 0); /* the longest lane: a run's length is at most this, or n */
