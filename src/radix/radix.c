@@ -460,11 +460,14 @@ static void l1_edge(kvt_radix_t *r, kvt_rnode_t *n, uint32_t before) {
 }
 
 uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, uint32_t *l1) {
-    uint32_t k = 0;
-    for (; k < max && k < n->n_l1; k++) {
-        kvt_page_t *p = &n->pages[n->n_l1 - 1 - k];
+    /* in locals: the stores below could alias n and r, which would otherwise be read again each page */
+    uint32_t k = 0, lim = max < n->n_l1 ? max : n->n_l1;
+    kvt_page_t *last = n->pages + n->n_l1 - 1;
+    kvt__pageref_t *map = r->l1map;
+    for (; k < lim; k++) {
+        kvt_page_t *p = last - k;
         if (!kvt__page_in_l2(p)) break;
-        r->l1map[p->l1].node = NULL;
+        map[p->l1].node = NULL;
         l1[k] = p->l1;
         p->l1 = KVT_NO_PAGE;
     }
