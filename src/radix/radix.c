@@ -523,9 +523,7 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
  * already counted): n keeps the rest, in the arrays k kvt__radix_trim calls
  * would leave it (each halving where one would have shrunk them), or is freed. */
 static void cut_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k) {
-    uint32_t m = n->npages, cap = n->cap;
-    for (uint32_t i = 0; i < k; i++)
-        if (--m > 0 && m <= cap / 2) cap = m;
+    uint32_t m = n->npages - k, cap = m > 0 ? kvt__cap_after_trims(n->npages, n->cap, k) : n->cap;
     n->npages = m;
     if (n->nhash > m) n->nhash = m;
     if (m > 0) {

@@ -560,6 +560,22 @@ Test(radix, trims_give_memory_back) {
     kvt__radix_destroy(r);
 }
 
+/* The capacity of a cut of k pages in one step is the one k single trims
+ * reach, halving (shrink) where they would: every cap up to 300, every page
+ * count up to cap (below cap / 2 too: a shrink that found no memory), every
+ * cut that leaves a page. */
+Test(radix, cap_after_trims) {
+    for (uint32_t cap = 1; cap <= 300; cap++)
+        for (uint32_t npages = 1; npages <= cap; npages++)
+            for (uint32_t k = 1; k < npages; k++) {
+                uint32_t m = npages, want = cap;
+                for (uint32_t i = 0; i < k; i++)
+                    if (--m <= want / 2) want = m; /* kvt__radix_trim's shrink, m > 0 */
+                uint32_t got = kvt__cap_after_trims(npages, cap, k);
+                if (got != want) cr_assert_fail("cap %u, %u pages, cut %u: %u, single trims %u", cap, npages, k, got, want);
+            }
+}
+
 /* A run of tail trims in one call leaves what as many single trims leave:
  * the same pages, keys and hashes, arrays of the same size (the halvings one
  * trim at a time would make, in one move), the same bytes in use, the L1 ids
