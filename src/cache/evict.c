@@ -142,11 +142,19 @@ uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
         c->st.l2_alloc_failures++;
         return 0;
     }
+    /* the ids, folded as they are written (kvt__cache_fold_ids of out, in one pass); a run's bounds
+     * in locals, since the stores to out could alias runs[] */
     uint64_t j = 0;
-    for (size_t i = 0; i < k; i++)
-        for (uint32_t p = 0; p < runs[i].len; p++) out[j++] = runs[i].start + p;
+    kvt__folds_t f = kvt__folds_begin(c);
+    for (size_t i = 0; i < k; i++) {
+        uint32_t start = runs[i].start, len = runs[i].len;
+        for (uint32_t p = 0; p < len; p++) {
+            out[j++] = start + p;
+            kvt__folds_add(&f, 4ull << 40 | (start + p));
+        }
+    }
+    kvt__folds_end(c, f);
     c->l2_free -= n;
-    kvt__cache_fold_ids(c, 4ull << 40, out, n);
     return n;
 }
 
