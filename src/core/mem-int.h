@@ -18,6 +18,7 @@ void kvt__free(void *p, size_t size);              /* NULL is a no-op */
  * engine's) aligns only to 16 bytes, so the block is asked for with the
  * alignment as slack, at the caller's allocation site; the slack is never
  * touched. *raw is what kvt__free_huge takes back, with the same n. */
+#define KVT__HUGE_PAGE ((size_t)2 << 20)
 void *kvt__malloc_huge(size_t n, void **raw);
 void kvt__free_huge(void *raw, size_t n); /* NULL is a no-op */
 

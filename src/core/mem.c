@@ -105,9 +105,7 @@ static void *malloc_at(size_t size, const void *site) {
 
 void *kvt__malloc(size_t size) { return malloc_at(size, __builtin_return_address(0)); }
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
-static size_t huge_align(size_t n) { return n >= HUGE_PAGE ? HUGE_PAGE : 64; }
+static size_t huge_align(size_t n) { return n >= KVT__HUGE_PAGE ? KVT__HUGE_PAGE : 64; }
 
 void *kvt__malloc_huge(size_t n, void **raw) {
     size_t align = huge_align(n);
@@ -115,7 +113,7 @@ void *kvt__malloc_huge(size_t n, void **raw) {
     if (*raw == NULL) return NULL;
     void *p = (void *)(((uintptr_t)*raw + align - 1) & ~(uintptr_t)(align - 1));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (align == HUGE_PAGE) (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
+    if (align == KVT__HUGE_PAGE) (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
 #endif
     return p;
 }

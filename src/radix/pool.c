@@ -60,7 +60,6 @@
 #else
 #define POOL_MAX (4u << 20)
 #endif
-#define HUGE_PAGE (2u << 20)
 
 /* The class of an n-byte array (n > 0), and the class's block size. */
 static unsigned class_of(size_t n, size_t *size) {
@@ -126,7 +125,7 @@ static bool new_chunk(kvt_radix_t *r, size_t need) {
         p->chunk_cap = cap;
     }
     size_t size = p->nchunks < 3 ? (size_t)POOL_FIRST << p->nchunks : POOL_LAST;
-    if (size < need) size = (need + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    if (size < need) size = (need + KVT__HUGE_PAGE - 1) & ~(KVT__HUGE_PAGE - 1);
     void *raw;
     char *at = kvt__malloc_huge(size, &raw);
     if (at == NULL) return false;
