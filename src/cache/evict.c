@@ -142,18 +142,12 @@ uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
         c->st.l2_alloc_failures++;
         return 0;
     }
-    /* the ids, folded as they are written (kvt__cache_fold_ids of out, in one pass); a run's bounds
-     * in locals, since the stores to out could alias runs[] */
     uint64_t j = 0;
-    kvt__folds_t f = kvt__folds_begin(c);
-    for (size_t i = 0; i < k; i++) {
+    for (size_t i = 0; i < k; i++) { /* a run's bounds in locals: the stores to out could alias runs[] */
         uint32_t start = runs[i].start, len = runs[i].len;
-        for (uint32_t p = 0; p < len; p++) {
-            out[j++] = start + p;
-            kvt__folds_add(&f, 4ull << 40 | (start + p));
-        }
+        for (uint32_t p = 0; p < len; p++) out[j++] = start + p;
     }
-    kvt__folds_end(c, f);
+    kvt__cache_fold_ids(c, 4ull << 40, out, n);
     c->l2_free -= n;
     return n;
 }
