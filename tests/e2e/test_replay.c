@@ -96,6 +96,11 @@ Test(replay, json_has_the_documented_fields, .timeout = 60) {
     /* the driver's share of the loop's time is a part of it */
     double wall = cJSON_GetObjectItem(o, "wall_s")->valuedouble, tok = cJSON_GetObjectItem(o, "tokens_s")->valuedouble;
     cr_assert(tok > 0 && tok <= wall, "tokens_s %g, wall_s %g", tok, wall);
+    /* the CPU time is the loop's, not the process's (the trace was read before it): at most its
+     * wall time, this replay being one thread (less 5 ms for the clocks' granularity) */
+    double user = num(o, "user_s"), sys = num(o, "sys_s");
+    cr_assert(user >= 0 && sys >= 0 && user + sys <= wall + 0.005, "user_s %g, sys_s %g, wall_s %g", user, sys, wall);
+    cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(o, "page_faults")) && num(o, "page_faults") >= 0);
     const char *pairs[] = {"hit_tokens", "evict_calls", "evicted_pages"};
     for (size_t i = 0; i < 3; i++) {
         sub(o, pairs[i], "l1");

@@ -1,6 +1,7 @@
 /* kvtier replay — replays a request trace through the cache and reports what
  * each tier would have served. */
 #include <dirent.h>
+#include <sys/resource.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,6 +162,8 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
         rc = KVT_ENOMEM;
     }
     bool show = isatty(2) && !o->json && reqs == NULL && o->soak_s <= 0;
+    struct rusage u0;
+    getrusage(RUSAGE_SELF, &u0);
     double t0 = now_s();
     /* --soak: pass after pass of the same n requests (request i is i mod n of the trace) */
     uint64_t total = n;
@@ -210,6 +213,11 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     kvt_cache_sync(c); /* the copies and store calls in flight */
     if (data) replay_data_result(data, c, &res->data);
     res->wall_s = now_s() - t0;
+    struct rusage u1;
+    getrusage(RUSAGE_SELF, &u1);
+    res->wall_faults = (uint64_t)(u1.ru_minflt - u0.ru_minflt) + (uint64_t)(u1.ru_majflt - u0.ru_majflt);
+    res->wall_user_s = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec) + (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec) / 1e6;
+    res->wall_sys_s = (double)(u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) + (double)(u1.ru_stime.tv_usec - u0.ru_stime.tv_usec) / 1e6;
     res->l1_pages = cfg.l1_pages;
     res->nreq = total;
     res->cs.size = sizeof(res->cs);
@@ -372,6 +380,9 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
     cJSON_AddNumberToObject(x, "tokens_s", r->tokens_s); /* the part of wall_s that made the token arrays */
+    cJSON_AddNumberToObject(x, "user_s", r->wall_user_s); /* the process's CPU time during wall_s: user ... */
+    cJSON_AddNumberToObject(x, "sys_s", r->wall_sys_s);   /* ... and kernel (mostly first touches of memory) */
+    cJSON_AddNumberToObject(x, "page_faults", (double)r->wall_faults); /* page faults during wall_s */
     if (o->data) data_json(x, r, o);
     if (replay_l3_on(l)) l3_json(x, r, l);
     if (o->soak_s > 0) soak_json(x, r, o);

@@ -29,6 +29,8 @@ typedef struct result {
     kvt_radix_stats_t rs;
     uint64_t digest; /* kvt_cache_digest at the end: the cache's decisions, in order */
     double wall_s;
+    double wall_user_s, wall_sys_s; /* the process's CPU time during wall_s (getrusage): user, kernel */
+    uint64_t wall_faults;  /* page faults during wall_s (minor + major) */
     double tokens_s;    /* of it, the driver's: building the requests' token arrays (trace_block_tokens) */
     data_result_t data; /* --data */
     l3_result_t l3;     /* --l3 URL */
