@@ -268,9 +268,9 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
 void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2) {
     KVT_ASSERT(kvt__cache_backups_at_once(c) && k > 0);
     if (c->ndone) apply_done(c); /* completions queued before them land first, as a poll would apply them */
-    kvt__folds_t f = kvt__folds_begin(c); /* fold_copy of each, tail first */
-    for (uint32_t p = lo + k; p-- > lo;) kvt__folds_add(&f, copy_value(OP_BACKUP, n->pages[p].l1, l2[p - lo]));
-    kvt__folds_end(c, f);
+    /* fold_copy of each, tail first: copy_value(OP_BACKUP, l1, l2) = tag ^ l1 << 20 ^ l2 (fold.c) */
+    c->digest += kvt__fold_backups_sum(copy_value(OP_BACKUP, 0, 0), n->pages + lo, l2, k, c->folds);
+    c->folds += k;
     kvt__radix_backups_done(c->tree, n, lo, k, l2);
 }
 

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvtier/radix.h"
+
 #define KVT__FOLD_PLACE 0x9e3779b97f4a7c15ull /* the place's multiplier (odd: places map one to one) */
 #define KVT__FOLD_MUL 0xbf58476d1ce4e5b9ull   /* splitmix64's first multiplier */
 
@@ -27,5 +29,11 @@ typedef enum { KVT__FOLD_SCALAR, KVT__FOLD_AVX512 } kvt__fold_way_t;
 uint64_t kvt__fold_ids_sum(uint64_t tag, const uint32_t *ids, size_t k, uint64_t n);
 /* The same, the way asked for (tests): false, *sum untouched, when this CPU lacks it. */
 bool kvt__fold_ids_sum_way(kvt__fold_way_t way, uint64_t tag, const uint32_t *ids, size_t k, uint64_t n, uint64_t *sum);
+
+/* A run of backups, the last page first (copies.c): the sum of the terms of
+ * tag ^ pages[p].l1 << 20 ^ l2[p] at place n + k - 1 - p, p < k (mod 2^64). */
+uint64_t kvt__fold_backups_sum(uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k, uint64_t n);
+bool kvt__fold_backups_sum_way(kvt__fold_way_t way, uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k,
+                               uint64_t n, uint64_t *sum);
 
 #endif

@@ -14,6 +14,8 @@
  * all); this way took it to 0.076 from 0.084 s in alternating runs
  * (docs/benchmarks.md, sixteenth round). Where there is no AVX-512, the scalar
  * loop runs. */
+#include <stddef.h>
+
 #include "fold-int.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -27,7 +29,23 @@ static uint64_t sum_scalar(uint64_t tag, const uint32_t *ids, size_t k, uint64_t
     return s;
 }
 
+static uint64_t backups_scalar(uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k, uint64_t n) {
+    uint64_t s = 0;
+    for (size_t p = 0; p < k; p++) s += kvt__fold_term(tag ^ (uint64_t)pages[p].l1 << 20 ^ l2[p], n + (k - 1 - p));
+    return s;
+}
+
 #ifdef KVT__FOLD_X86
+/* The eight lanes' sum, mod 2^64. (Not _mm512_reduce_add_epi64: gcc 12 adds
+ * the lanes as signed long long, and a sum past 2^63 is undefined behaviour
+ * there, which UndefinedBehaviorSanitizer reports.) */
+__attribute__((target("avx512f"))) static inline uint64_t lanes_sum(__m512i v) {
+    uint64_t lane[8], s = 0;
+    _mm512_storeu_si512((void *)lane, v);
+    for (int j = 0; j < 8; j++) s += lane[j];
+    return s;
+}
+
 __attribute__((target("avx512f,avx512dq"))) static uint64_t sum_avx512(uint64_t tag, const uint32_t *ids, size_t k,
                                                                         uint64_t n) {
     const __m512i mul = _mm512_set1_epi64((long long)KVT__FOLD_MUL), t = _mm512_set1_epi64((long long)tag);
@@ -42,7 +60,34 @@ __attribute__((target("avx512f,avx512dq"))) static uint64_t sum_avx512(uint64_t 
         sum = _mm512_add_epi64(sum, _mm512_xor_si512(x, _mm512_srli_epi64(x, 31)));
         place = _mm512_add_epi64(place, step);
     }
-    return (uint64_t)_mm512_reduce_add_epi64(sum) + sum_scalar(tag, ids + i, k - i, n + i);
+    return lanes_sum(sum) + sum_scalar(tag, ids + i, k - i, n + i);
+}
+
+/* A backup run's terms eight pages at a time: the pages' l1 fields, every
+ * third word of the 24 that eight pages are, picked from two loads by one
+ * permute; the places count down from the run's last page. */
+__attribute__((target("avx512f,avx512dq"))) static uint64_t backups_avx512(uint64_t tag, const kvt_page_t *pages,
+                                                                            const uint32_t *l2, size_t k, uint64_t n) {
+    _Static_assert(sizeof(kvt_page_t) == 12 && offsetof(kvt_page_t, l1) == 0, "a page is three words, l1 first");
+    const __m512i mul = _mm512_set1_epi64((long long)KVT__FOLD_MUL), t = _mm512_set1_epi64((long long)tag);
+    const __m512i every3 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 21, 18, 15, 12, 9, 6, 3, 0);
+    const __m512i step = _mm512_set1_epi64((long long)(8 * KVT__FOLD_PLACE));
+    /* page p's place is n + k - 1 - p: lane j of the first eight, n + k - 1 - j */
+    __m512i place = _mm512_mullo_epi64(_mm512_sub_epi64(_mm512_set1_epi64((long long)(n + k - 1)), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0)),
+                                       _mm512_set1_epi64((long long)KVT__FOLD_PLACE));
+    __m512i sum = _mm512_setzero_si512();
+    size_t p = 0;
+    for (; p + 8 <= k; p += 8) {
+        const uint32_t *w = &pages[p].l1; /* the 24 words of pages p .. p + 7 */
+        __m512i lo16 = _mm512_loadu_si512((const void *)w), hi8 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(w + 16)));
+        __m512i l1 = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(_mm512_permutex2var_epi32(lo16, every3, hi8)));
+        __m512i v = _mm512_xor_si512(_mm512_xor_si512(t, _mm512_slli_epi64(l1, 20)),
+                                     _mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)(const void *)(l2 + p))));
+        __m512i x = _mm512_mullo_epi64(_mm512_xor_si512(v, place), mul);
+        sum = _mm512_add_epi64(sum, _mm512_xor_si512(x, _mm512_srli_epi64(x, 31)));
+        place = _mm512_sub_epi64(place, step);
+    }
+    return lanes_sum(sum) + backups_scalar(tag, pages + p, l2 + p, k - p, n);
 }
 
 static bool have_avx512;
@@ -61,12 +106,32 @@ uint64_t kvt__fold_ids_sum(uint64_t tag, const uint32_t *ids, size_t k, uint64_t
     return sum_scalar(tag, ids, k, n);
 }
 
+uint64_t kvt__fold_backups_sum(uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k, uint64_t n) {
+#ifdef KVT__FOLD_X86
+    if (have_avx512 && k >= 8) return backups_avx512(tag, pages, l2, k, n);
+#endif
+    return backups_scalar(tag, pages, l2, k, n);
+}
+
 bool kvt__fold_ids_sum_way(kvt__fold_way_t way, uint64_t tag, const uint32_t *ids, size_t k, uint64_t n, uint64_t *sum) {
     switch (way) {
     case KVT__FOLD_SCALAR: *sum = sum_scalar(tag, ids, k, n); return true;
 #ifdef KVT__FOLD_X86
     case KVT__FOLD_AVX512:
         if (have_avx512) *sum = sum_avx512(tag, ids, k, n);
+        return have_avx512;
+#endif
+    default: return false;
+    }
+}
+
+bool kvt__fold_backups_sum_way(kvt__fold_way_t way, uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k,
+                               uint64_t n, uint64_t *sum) {
+    switch (way) {
+    case KVT__FOLD_SCALAR: *sum = backups_scalar(tag, pages, l2, k, n); return true;
+#ifdef KVT__FOLD_X86
+    case KVT__FOLD_AVX512:
+        if (have_avx512) *sum = backups_avx512(tag, pages, l2, k, n);
         return have_avx512;
 #endif
     default: return false;

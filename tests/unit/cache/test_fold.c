@@ -3,7 +3,9 @@
  * value v at place i is x ^ (x >> 31), x = (v ^ i G) M mod 2^64, and an
  * array's fold the sum of its terms mod 2^64. The wide way must give the same
  * 64 bits as the definition for every length (whole groups of eight, and the
- * rest), place (the places' products wrap past 2^64) and alignment. */
+ * rest), place (the places' products wrap past 2^64) and alignment. A run
+ * of backups folds tag ^ l1 << 20 ^ l2 of its pages, the last page first
+ * (its l1 from the tree's page states, three words a page). */
 #include <criterion/criterion.h>
 #include <stdint.h>
 
@@ -46,6 +48,52 @@ Test(fold, every_way_sums_as_the_definition) {
                     }
     cr_assert_gt(ran[KVT__FOLD_SCALAR], 0);
     cr_log_info("fold ways run: scalar %u, avx512 %u (0: this CPU lacks AVX-512DQ)", ran[0], ran[1]);
+}
+
+static uint64_t backups_model(uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k, uint64_t n) {
+    uint64_t sum = 0;
+    for (size_t j = 0; j < k; j++) { /* the j-th term is page k - 1 - j's */
+        size_t p = k - 1 - j;
+        uint64_t v = tag ^ (uint64_t)pages[p].l1 << 20 ^ l2[p];
+        uint64_t x = (v ^ (n + j) * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+        sum += x ^ (x >> 31);
+    }
+    return sum;
+}
+
+Test(fold, backups_every_way_sum_as_the_definition) {
+    enum { CAP = 300 };
+    kvt_page_t pages[CAP + 3];
+    uint32_t l2[CAP + 3];
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, 12);
+    for (size_t i = 0; i < CAP + 3; i++) {
+        uint64_t r = kvt_rng_next(&rng);
+        pages[i] = (kvt_page_t){(uint32_t)r, (uint32_t)(r >> 32), (uint32_t)i}; /* l2 and flags are not folded */
+        l2[i] = (uint32_t)kvt_rng_next(&rng);
+    }
+    pages[4].l1 = UINT32_MAX;
+    l2[4] = UINT32_MAX;
+    const uint64_t tags[] = {0, 3ull << 40, 4ull << 40};
+    const uint64_t places[] = {0, 9, UINT64_MAX - 20, (uint64_t)1 << 63};
+    unsigned ran[2] = {0, 0};
+    for (int way = KVT__FOLD_SCALAR; way <= KVT__FOLD_AVX512; way++)
+        for (size_t t = 0; t < sizeof(tags) / sizeof(tags[0]); t++)
+            for (size_t p = 0; p < sizeof(places) / sizeof(places[0]); p++)
+                for (size_t off = 0; off < 4; off++)
+                    for (size_t k = 0; k <= CAP; k += k < 40 ? 1 : 37) {
+                        uint64_t want = backups_model(tags[t], pages + off, l2 + (3 - off), k, places[p]), got = ~want;
+                        if (!kvt__fold_backups_sum_way((kvt__fold_way_t)way, tags[t], pages + off, l2 + (3 - off), k,
+                                                       places[p], &got)) {
+                            cr_assert_eq(got, ~want);
+                            continue;
+                        }
+                        ran[way]++;
+                        cr_assert_eq(got, want, "way %d, tag %zu, place %zu, offset %zu, %zu pages", way, t, p, off, k);
+                        cr_assert_eq(kvt__fold_backups_sum(tags[t], pages + off, l2 + (3 - off), k, places[p]), want);
+                    }
+    cr_assert_gt(ran[KVT__FOLD_SCALAR], 0);
+    cr_log_info("backup fold ways run: scalar %u, avx512 %u", ran[0], ran[1]);
 }
 
 Test(fold, the_sum_splits_at_any_point) {
