@@ -12,8 +12,9 @@
  * by G (gcc makes that strength reduction there too). On the default two-tier
  * replay the folds were ~10 % of the run (0.075 s, 0.068 s with none made at
  * all); this way took it to 0.076 from 0.084 s in alternating runs
- * (docs/benchmarks.md, sixteenth round). Where there is no AVX-512, the scalar
- * loop runs. */
+ * (docs/benchmarks.md, sixteenth round). A run of backups made at once
+ * (copies.c) folds its copies the same way, its l1 ids read from the tree's
+ * page states. Where there is no AVX-512, the scalar loops run. */
 #include <stddef.h>
 
 #include "fold-int.h"
@@ -46,18 +47,22 @@ __attribute__((target("avx512f"))) static inline uint64_t lanes_sum(__m512i v) {
     return s;
 }
 
+/* Eight terms: of the values v at the places whose products with G are gp. */
+__attribute__((target("avx512f,avx512dq"))) static inline __m512i terms8(__m512i v, __m512i gp) {
+    __m512i x = _mm512_mullo_epi64(_mm512_xor_si512(v, gp), _mm512_set1_epi64((long long)KVT__FOLD_MUL));
+    return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+}
+
 __attribute__((target("avx512f,avx512dq"))) static uint64_t sum_avx512(uint64_t tag, const uint32_t *ids, size_t k,
                                                                         uint64_t n) {
-    const __m512i mul = _mm512_set1_epi64((long long)KVT__FOLD_MUL), t = _mm512_set1_epi64((long long)tag);
-    const __m512i step = _mm512_set1_epi64((long long)(8 * KVT__FOLD_PLACE));
+    const __m512i t = _mm512_set1_epi64((long long)tag), step = _mm512_set1_epi64((long long)(8 * KVT__FOLD_PLACE));
     __m512i place = _mm512_mullo_epi64(_mm512_add_epi64(_mm512_set1_epi64((long long)n), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0)),
                                        _mm512_set1_epi64((long long)KVT__FOLD_PLACE));
     __m512i sum = _mm512_setzero_si512();
     size_t i = 0;
     for (; i + 8 <= k; i += 8) {
         __m512i v = _mm512_or_si512(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)(const void *)(ids + i))), t);
-        __m512i x = _mm512_mullo_epi64(_mm512_xor_si512(v, place), mul);
-        sum = _mm512_add_epi64(sum, _mm512_xor_si512(x, _mm512_srli_epi64(x, 31)));
+        sum = _mm512_add_epi64(sum, terms8(v, place));
         place = _mm512_add_epi64(place, step);
     }
     return lanes_sum(sum) + sum_scalar(tag, ids + i, k - i, n + i);
@@ -69,7 +74,7 @@ __attribute__((target("avx512f,avx512dq"))) static uint64_t sum_avx512(uint64_t 
 __attribute__((target("avx512f,avx512dq"))) static uint64_t backups_avx512(uint64_t tag, const kvt_page_t *pages,
                                                                             const uint32_t *l2, size_t k, uint64_t n) {
     _Static_assert(sizeof(kvt_page_t) == 12 && offsetof(kvt_page_t, l1) == 0, "a page is three words, l1 first");
-    const __m512i mul = _mm512_set1_epi64((long long)KVT__FOLD_MUL), t = _mm512_set1_epi64((long long)tag);
+    const __m512i t = _mm512_set1_epi64((long long)tag);
     const __m512i every3 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 21, 18, 15, 12, 9, 6, 3, 0);
     const __m512i step = _mm512_set1_epi64((long long)(8 * KVT__FOLD_PLACE));
     /* page p's place is n + k - 1 - p: lane j of the first eight, n + k - 1 - j */
@@ -83,8 +88,7 @@ __attribute__((target("avx512f,avx512dq"))) static uint64_t backups_avx512(uint6
         __m512i l1 = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(_mm512_permutex2var_epi32(lo16, every3, hi8)));
         __m512i v = _mm512_xor_si512(_mm512_xor_si512(t, _mm512_slli_epi64(l1, 20)),
                                      _mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)(const void *)(l2 + p))));
-        __m512i x = _mm512_mullo_epi64(_mm512_xor_si512(v, place), mul);
-        sum = _mm512_add_epi64(sum, _mm512_xor_si512(x, _mm512_srli_epi64(x, 31)));
+        sum = _mm512_add_epi64(sum, terms8(v, place));
         place = _mm512_sub_epi64(place, step);
     }
     return lanes_sum(sum) + backups_scalar(tag, pages + p, l2 + p, k - p, n);

@@ -1,11 +1,11 @@
 /* kvtier replay — replays a request trace through the cache and reports what
  * each tier would have served. */
 #include <dirent.h>
-#include <sys/resource.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
