@@ -36,6 +36,8 @@ static uint64_t backups_scalar(uint64_t tag, const kvt_page_t *pages, const uint
     return s;
 }
 
+static bool have_avx512; /* set before main (pick_way); false where there is no x86 */
+
 #ifdef KVT__FOLD_X86
 /* The eight lanes' sum, mod 2^64. (Not _mm512_reduce_add_epi64: gcc 12 adds
  * the lanes as signed long long, and a sum past 2^63 is undefined behaviour
@@ -94,8 +96,6 @@ __attribute__((target("avx512f,avx512dq"))) static uint64_t backups_avx512(uint6
     return lanes_sum(sum) + backups_scalar(tag, pages + p, l2 + p, k - p, n);
 }
 
-static bool have_avx512;
-
 /* before main, one thread: whether this machine has the wide way */
 __attribute__((constructor)) static void pick_way(void) {
     __builtin_cpu_init();
@@ -103,41 +103,42 @@ __attribute__((constructor)) static void pick_way(void) {
 }
 #endif
 
-uint64_t kvt__fold_ids_sum(uint64_t tag, const uint32_t *ids, size_t k, uint64_t n) {
+/* The two sums by the way asked for: wide (AVX-512), where compiled in, or scalar. */
+static uint64_t ids_sum(bool wide, uint64_t tag, const uint32_t *ids, size_t k, uint64_t n) {
 #ifdef KVT__FOLD_X86
-    if (have_avx512 && k >= 8) return sum_avx512(tag, ids, k, n);
+    if (wide) return sum_avx512(tag, ids, k, n);
 #endif
+    (void)wide;
     return sum_scalar(tag, ids, k, n);
 }
-
-uint64_t kvt__fold_backups_sum(uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k, uint64_t n) {
+static uint64_t backups_sum(bool wide, uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k, uint64_t n) {
 #ifdef KVT__FOLD_X86
-    if (have_avx512 && k >= 8) return backups_avx512(tag, pages, l2, k, n);
+    if (wide) return backups_avx512(tag, pages, l2, k, n);
 #endif
+    (void)wide;
     return backups_scalar(tag, pages, l2, k, n);
 }
 
+/* Whether this CPU has the way (the scalar one, always). */
+static bool has(kvt__fold_way_t way) { return way == KVT__FOLD_SCALAR || (way == KVT__FOLD_AVX512 && have_avx512); }
+
+uint64_t kvt__fold_ids_sum(uint64_t tag, const uint32_t *ids, size_t k, uint64_t n) {
+    return ids_sum(have_avx512 && k >= 8, tag, ids, k, n);
+}
+
+uint64_t kvt__fold_backups_sum(uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k, uint64_t n) {
+    return backups_sum(have_avx512 && k >= 8, tag, pages, l2, k, n);
+}
+
 bool kvt__fold_ids_sum_way(kvt__fold_way_t way, uint64_t tag, const uint32_t *ids, size_t k, uint64_t n, uint64_t *sum) {
-    switch (way) {
-    case KVT__FOLD_SCALAR: *sum = sum_scalar(tag, ids, k, n); return true;
-#ifdef KVT__FOLD_X86
-    case KVT__FOLD_AVX512:
-        if (have_avx512) *sum = sum_avx512(tag, ids, k, n);
-        return have_avx512;
-#endif
-    default: return false;
-    }
+    if (!has(way)) return false;
+    *sum = ids_sum(way == KVT__FOLD_AVX512, tag, ids, k, n);
+    return true;
 }
 
 bool kvt__fold_backups_sum_way(kvt__fold_way_t way, uint64_t tag, const kvt_page_t *pages, const uint32_t *l2, size_t k,
                                uint64_t n, uint64_t *sum) {
-    switch (way) {
-    case KVT__FOLD_SCALAR: *sum = backups_scalar(tag, pages, l2, k, n); return true;
-#ifdef KVT__FOLD_X86
-    case KVT__FOLD_AVX512:
-        if (have_avx512) *sum = backups_avx512(tag, pages, l2, k, n);
-        return have_avx512;
-#endif
-    default: return false;
-    }
+    if (!has(way)) return false;
+    *sum = backups_sum(way == KVT__FOLD_AVX512, tag, pages, l2, k, n);
+    return true;
 }

@@ -35,6 +35,9 @@ static const char *const FORMATS[] = {"none", "table", "json", "prom", NULL}; /*
 static const char *const LAYOUTS[] = {"page_first", "layer_first", NULL};     /* index = kvt_layout_t */
 
 static double now_s(void) { return (double)kvt_now_ns() / 1e9; }
+static double seconds_between(struct timeval a, struct timeval b) {
+    return (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_usec - a.tv_usec) / 1e6;
+}
 
 static void progress(uint64_t done, uint64_t total, bool show) {
     if (!show || (done % 64 != 0 && done != total)) return;
@@ -216,8 +219,8 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     struct rusage u1;
     getrusage(RUSAGE_SELF, &u1);
     res->wall_faults = (uint64_t)(u1.ru_minflt - u0.ru_minflt) + (uint64_t)(u1.ru_majflt - u0.ru_majflt);
-    res->wall_user_s = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec) + (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec) / 1e6;
-    res->wall_sys_s = (double)(u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) + (double)(u1.ru_stime.tv_usec - u0.ru_stime.tv_usec) / 1e6;
+    res->wall_user_s = seconds_between(u0.ru_utime, u1.ru_utime);
+    res->wall_sys_s = seconds_between(u0.ru_stime, u1.ru_stime);
     res->l1_pages = cfg.l1_pages;
     res->nreq = total;
     res->cs.size = sizeof(res->cs);
