@@ -93,37 +93,55 @@ static void selective_backups(kvt_cache_t *c, kvt_rnode_t *end) {
     }
 }
 
+/* The last m pages of x that lack an L2 copy. */
+static uint64_t lacking_copies(const kvt_rnode_t *x, uint32_t m) {
+    uint64_t k = 0;
+    for (uint32_t i = x->npages - m; i < x->npages; i++) k += x->pages[i].l2 == KVT_NO_PAGE;
+    return k;
+}
+
 /* write_through: backs up the `count` pages that end at node `last` (the
  * new pages of one admission, in one or two nodes) that lack a copy. When L2
- * has room for only some, the leading ones get it. */
+ * has room for only some, the leading ones get it. Pages go tail first, the
+ * q-th from the top of those lacking a copy taking l2[q]; a node's pages
+ * that lack one lie in runs (nearly always one: new pages have no copy),
+ * found by a second read only when some page has a copy, and, made at once,
+ * backed up a run a call. */
 static void write_through(kvt_cache_t *c, kvt_rnode_t *last, uint64_t count) {
     uint64_t need = 0, j = count;
-    for (kvt_rnode_t *x = last; j > 0; x = x->parent)
-        for (uint32_t i = x->npages; i-- > 0 && j > 0; j--) need += x->pages[i].l2 == KVT_NO_PAGE;
+    for (kvt_rnode_t *x = last; j > 0; x = x->parent) {
+        uint32_t m = j < x->npages ? (uint32_t)j : x->npages;
+        need += lacking_copies(x, m);
+        j -= m;
+    }
     uint32_t *l2 = c->scratch + c->scratch_cap / 2;
     uint64_t got = kvt__cache_take_l2(c, need, l2);
-    bool at_once = kvt__cache_backups_at_once(c); /* page ids only: each backup is done as it is made */
+    bool at_once = kvt__cache_backups_at_once(c), /* page ids only: each backup is done as it is made */
+        none = need == count; /* none has a copy: each node's part is one run, not read again */
     j = count;
-    for (kvt_rnode_t *x = last; j > 0; x = x->parent) {
-        /* at once, x's pages go in runs: lo .. lo + run - 1 to l2[at ..], one call (pages come tail
-         * first, each taking the next id down) */
-        uint32_t lo = 0, run = 0;
-        uint64_t at = 0;
-        for (uint32_t i = x->npages; i-- > 0 && j > 0; j--) {
-            bool backs_up = x->pages[i].l2 == KVT_NO_PAGE && --need < got; /* else it has a copy, or L2 had no room */
-            if (backs_up && at_once) {
-                lo = i;
-                at = need;
-                run++;
+    for (kvt_rnode_t *x = last; j > 0 && need > 0; x = x->parent) {
+        uint32_t m = j < x->npages ? (uint32_t)j : x->npages, end = x->npages - m, i = x->npages;
+        j -= m;
+        while (i > end) {
+            if (!none && x->pages[i - 1].l2 != KVT_NO_PAGE) { /* has a copy */
+                i--;
                 continue;
             }
-            if (run) kvt__cache_back_up_run_at_once(c, x, lo, run, l2 + at);
-            run = 0;
-            if (!backs_up) continue;
-            kvt__radix_begin_backup(c->tree, x, i, l2[need]);
-            kvt__cache_submit(c, OP_BACKUP, x->pages[i].l1, l2[need]);
+            uint32_t hi = i;
+            if (none) i = end;
+            while (i > end && x->pages[i - 1].l2 == KVT_NO_PAGE) i--;
+            need -= hi - i; /* pages i .. hi - 1 lack a copy: page p is the (need + p - i)-th, backed up below got */
+            if (need >= got) continue;
+            uint32_t top = got - need < hi - i ? i + (uint32_t)(got - need) : hi;
+            if (at_once) {
+                kvt__cache_back_up_run_at_once(c, x, i, top - i, l2 + need);
+                continue;
+            }
+            for (uint32_t p = top; p-- > i;) {
+                kvt__radix_begin_backup(c->tree, x, p, l2[need + (p - i)]);
+                kvt__cache_submit(c, OP_BACKUP, x->pages[p].l1, l2[need + (p - i)]);
+            }
         }
-        if (run) kvt__cache_back_up_run_at_once(c, x, lo, run, l2 + at);
     }
     c->st.backups += got;
 }

@@ -398,6 +398,50 @@ Test(cache, eviction_to_l2_and_load_back) {
     kvt_cache_destroy(c);
 }
 
+/* write_through at commit when L2 cannot hold every new page (the rest of L2
+ * belongs to a held request, which nothing evicts), and two of the new pages
+ * already have a copy (backed up before the commit): the pages that lack one
+ * get L2 pages in order from the root until L2 has none left, the rest stay
+ * without, and the two keep theirs. Made at once and queued alike. */
+Test(cache, write_through_short_of_l2_backs_up_the_leading_pages) {
+    enum { NA = 40, NB = 30, L2 = 48 };
+    int32_t a[NA * PT], b[NB * PT];
+    for (int j = 0; j < NA * PT; j++) a[j] = j;
+    for (int j = 0; j < NB * PT; j++) b[j] = 5000 + j;
+    for (int queued = 0; queued < 2; queued++) {
+        kvt_cache_t *c = make_cache(200, L2, 0.05, 0.05, KVT_POLICY_LRU, KVT_WRITE_THROUGH);
+        if (queued) kvt__cache_fail_copies(c, UINT64_MAX);
+        kvt_cache_req_t ra, rb;
+        cr_assert_eq(kvt_cache_admit(c, 0, a, NA * PT, 0, NULL, &ra), KVT_OK);
+        cr_assert_eq(kvt_cache_commit(c, &ra), KVT_OK); /* a's pages take 40 of L2's 48; a stays held */
+        cr_assert_eq(kvt_cache_admit(c, 0, b, NB * PT, 0, NULL, &rb), KVT_OK);
+        cr_assert_eq(rb.new_pages, NB);
+        kvt_rnode_t *n = rb.node;
+        cr_assert_eq(n->npages, NB, "b's pages are one node");
+        cr_assert(kvt__cache_backup(c, n, 5) && kvt__cache_backup(c, n, 6));
+        cr_assert_geq(kvt_cache_poll(c), 0);
+        kvt_cache_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+        kvt_cache_stats(c, &before);
+        cr_assert_eq(kvt_cache_commit(c, &rb), KVT_OK);
+        cr_assert_geq(kvt_cache_poll(c), 0);
+        kvt_cache_stats(c, &after);
+        uint64_t got = after.backups - before.backups;
+        cr_assert(got > 0 && got < NB - 2, "%s: %" PRIu64 " of %d backed up: L2 is short, not full", queued ? "queued" : "at once",
+                  got, NB - 2);
+        uint64_t lacking = 0; /* the model: pages 5 and 6 had copies; of the others, the first `got` from the root get one */
+        for (uint32_t i = 0; i < NB; i++) {
+            bool had = i == 5 || i == 6, want = had || lacking++ < got;
+            cr_assert_eq(n->pages[i].l2 != KVT_NO_PAGE, want, "%s: page %u %s an L2 copy", queued ? "queued" : "at once", i,
+                         want ? "lacks" : "has");
+        }
+        const char *why;
+        cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
+        kvt_cache_release(c, &ra);
+        kvt_cache_release(c, &rb);
+        kvt_cache_destroy(c);
+    }
+}
+
 /* Memory failures during admission: the request fails or is admitted with
  * what fit; the cache stays consistent either way. */
 Test(cache, failed_allocations_leave_it_consistent, .timeout = 120) {
