@@ -28,6 +28,7 @@ extern "C" {
 /* Page flags */
 #define KVT_PAGE_D2H 0x1 /* an L1 -> L2 backup is in flight: l2 is reserved, not yet valid */
 #define KVT_PAGE_H2D 0x2 /* an L2 -> L1 load is in flight: l1 is reserved, l2 is pinned */
+#define KVT_PAGE_SUSPECT 0x4 /* a load found the L2 copy corrupt: it stays findable by its id until it is dropped */
 
 typedef struct kvt_page {
     uint32_t l1;   /* L1 page id or KVT_NO_PAGE */

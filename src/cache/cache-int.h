@@ -252,7 +252,7 @@ uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out);
 /* Backs up page idx of n (and the pages before it lacking a copy); false when L2 has no room. */
 bool kvt__cache_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx);
 /* L2 copies found corrupt: noted at load, dropped when nothing holds them. */
-void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l2);
+void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l1, uint32_t l2); /* the load into l1 found l2 corrupt */
 void kvt__cache_forget_corrupt(kvt_cache_t *c, uint32_t l2);
 void kvt__cache_purge_corrupt(kvt_cache_t *c);
 

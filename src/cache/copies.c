@@ -179,7 +179,9 @@ static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
         if (d[b].user != xfer_tag(c, kind)) continue;
         if (d[b].status == KVT_ECORRUPT) {
             c->st.integrity_failures++;
-            if (kind == OP_LOAD) kvt__cache_note_corrupt(c, (uint32_t)d[b].bad_page);
+            for (size_t i = 0; kind == OP_LOAD && i < d[b].n; i++) /* the load that read it */
+                if (d[b].copies[i].src_page == d[b].bad_page)
+                    kvt__cache_note_corrupt(c, l1_cache_page(c, d[b].copies[i].dst_page), (uint32_t)d[b].bad_page);
         }
         for (size_t i = 0; i < d[b].n; i++, applied++) {
             const kvt_xfer_copy_t *cp = &d[b].copies[i];

@@ -56,7 +56,7 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
 static uint32_t l2_only_tail(const kvt_rnode_t *v, uint32_t limit) {
     uint32_t m = 0, most = v->npages - v->n_l1 < limit ? v->npages - v->n_l1 : limit;
     const kvt_page_t *last = v->pages + v->npages - 1; /* (bounds in locals: a page a compare and a step) */
-    while (m < most && last[-(ptrdiff_t)m].l1 == KVT_NO_PAGE && last[-(ptrdiff_t)m].flags == 0) m++;
+    while (m < most && last[-(ptrdiff_t)m].l1 == KVT_NO_PAGE && !(last[-(ptrdiff_t)m].flags & KVT__PAGE_IN_FLIGHT)) m++;
     return m;
 }
 
@@ -187,10 +187,15 @@ static uint64_t backup_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
  * leave the cache at the next admission or restore_room that finds none of
  * them held, pinned or in flight. Until then loads through it keep failing
  * (and are counted), so it is never served. */
-void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l2) {
-    for (size_t i = 0; i < c->ncorrupt; i++)
-        if (c->corrupt[i] == l2) return;
-    if (c->ncorrupt < KVT__CORRUPT_MAX) c->corrupt[c->ncorrupt++] = l2;
+void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l1, uint32_t l2) {
+    kvt_rnode_t *n;
+    uint32_t idx;
+    bool found = kvt__radix_locate_l1(c->tree, l1, &n, &idx); /* (its load is still in flight) */
+    KVT_ASSERT(found && n->pages[idx].l2 == l2);
+    if (!found || n->pages[idx].l2 != l2 || (n->pages[idx].flags & KVT_PAGE_SUSPECT)) return; /* (noted before) */
+    if (c->ncorrupt == KVT__CORRUPT_MAX) return;
+    kvt__radix_suspect(c->tree, n, idx); /* found by its L2 id from now on, through splits */
+    c->corrupt[c->ncorrupt++] = l2;
 }
 
 void kvt__cache_forget_corrupt(kvt_cache_t *c, uint32_t l2) {
@@ -205,7 +210,7 @@ void kvt__cache_forget_corrupt(kvt_cache_t *c, uint32_t l2) {
 static bool free_below(const kvt_rnode_t *x, uint32_t idx) {
     if (x->lock || x->pin) return false;
     for (uint32_t i = idx; i < x->npages; i++)
-        if (x->pages[i].flags) return false;
+        if (x->pages[i].flags & KVT__PAGE_IN_FLIGHT) return false;
     for (const kvt_rnode_t *ch = x->first_child; ch; ch = ch->next_sibling)
         if (!free_below(ch, 0)) return false;
     return true;

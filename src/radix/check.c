@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include "../core/abi-int.h"
+#include "../core/mem-int.h"
 #include "kvtier/error.h"
 #include "radix-impl.h"
 
@@ -12,8 +13,17 @@
 
 typedef struct walk {
     const kvt_radix_t *r;
-    uint64_t nodes, l1_refs, l2_refs;
+    uint64_t nodes, l1_refs, l2_refs; /* pages the reverse maps track */
+    uint64_t *held[2];                /* bitmaps: the L1 and L2 ids pages hold (each once) */
 } walk_t;
+
+/* Marks id held in bitmap b; false when it already was. */
+static bool hold(uint64_t *b, uint32_t id) {
+    uint64_t bit = 1ull << (id % 64);
+    if (b[id / 64] & bit) return false;
+    b[id / 64] |= bit;
+    return true;
+}
 
 /* Checks one node against its pages and children; returns the sum of the
  * lock counts its own holders contribute (lock - sum of children's locks). */
@@ -42,17 +52,19 @@ static int check_node(walk_t *w, const kvt_rnode_t *n, const char **why) {
          * pages above it to finish loading. */
         if (i >= n_l1 && !in_l2) FAIL("page below the L1 prefix without an L2 copy");
         (void)in_l1;
-        if (pg->l1 != KVT_NO_PAGE) {
-            if (pg->l1 >= r->l1_pages || r->l1map[pg->l1].node != n || r->l1map[pg->l1].idx != i)
-                FAIL("L1 reverse map does not give the page back");
+        if (pg->l1 != KVT_NO_PAGE && (pg->l1 >= r->l1_pages || !hold(w->held[0], pg->l1))) FAIL("L1 page id out of range or held twice");
+        if (pg->l2 != KVT_NO_PAGE && (pg->l2 >= r->l2_pages || !hold(w->held[1], pg->l2))) FAIL("L2 page id out of range or held twice");
+        if (pg->flags & KVT_PAGE_H2D) { /* tracked: found by its L1 id */
+            if (r->l1map[pg->l1].node != n || r->l1map[pg->l1].idx != i) FAIL("L1 reverse map does not give a loading page back");
             w->l1_refs++;
         }
-        if (pg->l2 != KVT_NO_PAGE) {
-            if (pg->l2 >= r->l2_pages || r->l2map[pg->l2].node != n || r->l2map[pg->l2].idx != i)
-                FAIL("L2 reverse map does not give the page back");
+        if ((pg->flags & KVT_PAGE_SUSPECT) && (pg->l2 == KVT_NO_PAGE || (pg->flags & KVT_PAGE_D2H))) FAIL("a suspect page without an L2 copy");
+        if (pg->flags & (KVT_PAGE_D2H | KVT_PAGE_SUSPECT)) { /* tracked: found by its L2 id */
+            if (r->l2map[pg->l2].node != n || r->l2map[pg->l2].idx != i)
+                FAIL("L2 reverse map does not give a page being backed up, or a suspect one, back");
             w->l2_refs++;
         }
-        if (pg->flags & ~(uint32_t)(KVT_PAGE_D2H | KVT_PAGE_H2D)) FAIL("unknown page flag");
+        if (pg->flags & ~(uint32_t)(KVT__PAGE_IN_FLIGHT | KVT_PAGE_SUSPECT)) FAIL("unknown page flag");
     }
     if (shadow != n->n_shadow) FAIL("n_shadow differs from the pages");
     if (pin != n->pin) FAIL("pin differs from the loads in flight");
@@ -99,13 +111,28 @@ static int check_node(walk_t *w, const kvt_rnode_t *n, const char **why) {
     return KVT_OK;
 }
 
+static int check_tree(walk_t *w, const char **why);
+
 int kvt_radix_check(const kvt_radix_t *r, const char **why) {
     if (r) kvt__vheap_settle(r);
     const char *dummy;
     if (why == NULL) why = &dummy;
     *why = NULL;
     if (r == NULL) return KVT_EINVAL;
-    walk_t w = {r, 0, 0, 0};
+    walk_t w = {r, 0, 0, 0, {NULL, NULL}};
+    size_t words[2] = {(r->l1_pages + 63) / 64 + 1, (r->l2_pages + 63) / 64 + 1};
+    w.held[0] = kvt__calloc(words[0], sizeof(uint64_t));
+    w.held[1] = kvt__calloc(words[1], sizeof(uint64_t));
+    int rc = w.held[0] && w.held[1] ? check_tree(&w, why) : KVT_ENOMEM;
+    kvt__free(w.held[0], words[0] * sizeof(uint64_t));
+    kvt__free(w.held[1], words[1] * sizeof(uint64_t));
+    return rc;
+}
+
+/* kvt_radix_check's walk (w's bitmaps allocated). */
+static int check_tree(walk_t *wp, const char **why) {
+    walk_t w = *wp;
+    const kvt_radix_t *r = w.r;
     /* iterative pre-order walk */
     const kvt_rnode_t *n = r->root.first_child;
     uint32_t root_children = 0, root_l1 = 0;
@@ -129,7 +156,7 @@ int kvt_radix_check(const kvt_radix_t *r, const char **why) {
     uint64_t l1_refs = 0, l2_refs = 0;
     for (uint64_t i = 0; i < r->l1_pages; i++) l1_refs += r->l1map[i].node != NULL;
     for (uint64_t i = 0; i < r->l2_pages; i++) l2_refs += r->l2map[i].node != NULL;
-    if (l1_refs != w.l1_refs || l2_refs != w.l2_refs) FAIL("reverse maps hold pages the tree does not");
+    if (l1_refs != w.l1_refs || l2_refs != w.l2_refs) FAIL("reverse maps hold pages the tree does not track");
     for (int s = 0; s < KVT_VSET_COUNT; s++)
         for (size_t i = 0; i < r->heap[s].n; i++)
             if (r->heap[s].a[i]->heap_pos[s] != (int32_t)i) FAIL("heap entry with a wrong back-pointer");

@@ -183,9 +183,21 @@ kvt_rnode_t *kvt__radix_victim(const kvt_radix_t *r, kvt__vset_t set);
 kvt_rnode_t *kvt__radix_first(kvt_radix_t *r);
 kvt_rnode_t *kvt__radix_next(kvt_radix_t *r, kvt_rnode_t *n);
 
-/* Where L1 page / L2 page `id` sits in the tree; false when it is in none. */
+/* Where L1 page / L2 page `id` sits in the tree, in O(1), for the pages the
+ * reverse maps track: an L1 page being loaded, an L2 page being backed up or
+ * suspect. False for any other id (in the tree or not). */
 bool kvt__radix_locate_l1(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx);
 bool kvt__radix_locate_l2(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx);
+
+/* The same for any page: a walk of the whole tree, O(pages) (checks, tests).
+ * tier 1 or 2. */
+bool kvt__radix_search(kvt_radix_t *r, int tier, uint32_t id, kvt_rnode_t **n, uint32_t *idx);
+
+/* The L2 copy of page idx of n failed an integrity check: it is kept findable
+ * by its L2 id (kvt__radix_locate_l2), through splits, until it is dropped. */
+void kvt__radix_suspect(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx);
+
+#define KVT__PAGE_IN_FLIGHT (KVT_PAGE_D2H | KVT_PAGE_H2D)
 
 static inline bool kvt__page_in_l1(const kvt_page_t *p) {
     return p->l1 != KVT_NO_PAGE && !(p->flags & KVT_PAGE_H2D);

@@ -193,10 +193,16 @@ static void unlink_child(kvt_rnode_t *c) {
     p->nchildren--;
 }
 
-static void map_page(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
+/* The reverse maps hold the pages that must be found by id: an L1 id while
+ * its page loads (H2D), an L2 id while its page backs up (D2H) or while its
+ * copy is suspect (a load found it corrupt); every other entry is empty.
+ * (Page ids are found by id only for those: a copy's completion, a suspect
+ * copy's purge. Keeping every page in them cost a random store per page on
+ * every insert, drop, trim, backup and load.) */
+static void track(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     const kvt_page_t *p = &n->pages[idx];
-    if (p->l1 != KVT_NO_PAGE) r->l1map[p->l1] = (kvt__pageref_t){n, idx};
-    if (p->l2 != KVT_NO_PAGE) r->l2map[p->l2] = (kvt__pageref_t){n, idx};
+    if (p->flags & KVT_PAGE_H2D) r->l1map[p->l1] = (kvt__pageref_t){n, idx};
+    if (p->flags & (KVT_PAGE_D2H | KVT_PAGE_SUSPECT)) r->l2map[p->l2] = (kvt__pageref_t){n, idx};
 }
 
 /* ---- create / destroy ---------------------------------------------------- */
@@ -317,8 +323,10 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     h->l1_children = c->n_l1 > 0;
     kvt__cm_replace(r, old_h, c, h);
     kvt__cm_insert(r, kvt__cm_hash(h, c->ns, c->digest), c);
-    for (uint32_t i = 0; i < h->npages; i++) map_page(r, h, i);
-    for (uint32_t i = 0; i < c->npages; i++) map_page(r, c, i);
+    for (uint32_t i = 0; i < h->npages; i++)
+        if (h->pages[i].flags) track(r, h, i);
+    for (uint32_t i = 0; i < c->npages; i++)
+        if (c->pages[i].flags) track(r, c, i);
     r->nodes++;
     r->splits++;
     kvt__vheap_refresh(r, h);
@@ -413,8 +421,7 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     n->seq = r->next_seq++;
     link_child(at, n);
     if (l1_ids) at->l1_children++;
-    kvt__cm_insert(r, h, n);
-    for (uint32_t i = 0; i < n->npages; i++) map_page(r, n, i);
+    kvt__cm_insert(r, h, n); /* (new pages have nothing in flight: none is tracked) */
     r->nodes++;
     kvt__vheap_refresh(r, n);
     kvt__vheap_refresh(r, at);
@@ -463,11 +470,9 @@ uint32_t kvt__radix_drop_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, u
     /* in locals: the stores below could alias n and r, which would otherwise be read again each page */
     uint32_t k = 0, lim = max < n->n_l1 ? max : n->n_l1;
     kvt_page_t *last = n->pages + n->n_l1 - 1;
-    kvt__pageref_t *map = r->l1map;
     for (; k < lim; k++) {
         kvt_page_t *p = last - k;
         if (!kvt__page_in_l2(p)) break;
-        map[p->l1].node = NULL;
         l1[k] = p->l1;
         p->l1 = KVT_NO_PAGE;
     }
@@ -501,8 +506,7 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     KVT_ASSERT(n->nchildren == 0 && n->npages > 0 && !(n->pages[n->npages - 1].flags & (KVT_PAGE_D2H | KVT_PAGE_H2D)));
     uint32_t idx = n->npages - 1;
     kvt_page_t pg = n->pages[idx];
-    if (pg.l1 != KVT_NO_PAGE) r->l1map[pg.l1].node = NULL;
-    if (pg.l2 != KVT_NO_PAGE) r->l2map[pg.l2].node = NULL;
+    if (pg.flags & KVT_PAGE_SUSPECT) r->l2map[pg.l2].node = NULL;
     if (idx < n->n_l1) {
         if (kvt__page_in_l2(&pg)) n->n_shadow--;
         n->n_l1--;
@@ -539,7 +543,6 @@ uint32_t kvt__radix_trim_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uin
     for (uint32_t i = 0; i < k; i++) {
         const kvt_page_t *p = &n->pages[n->npages - 1 - i];
         KVT_ASSERT(p->l2 == KVT_NO_PAGE && p->flags == 0);
-        r->l1map[p->l1].node = NULL;
         l1[i] = p->l1;
     }
     n->n_l1 -= k;
@@ -552,19 +555,33 @@ uint32_t kvt__radix_trim_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uin
     KVT_ASSERT(n->nchildren == 0 && k > 0 && k <= n->npages - n->n_l1);
     for (uint32_t i = 0; i < k; i++) {
         const kvt_page_t *p = &n->pages[n->npages - 1 - i];
-        KVT_ASSERT(p->l1 == KVT_NO_PAGE && p->l2 != KVT_NO_PAGE && p->flags == 0);
-        r->l2map[p->l2].node = NULL;
+        KVT_ASSERT(p->l1 == KVT_NO_PAGE && p->l2 != KVT_NO_PAGE && !(p->flags & KVT__PAGE_IN_FLIGHT));
+        if (p->flags) r->l2map[p->l2].node = NULL; /* suspect */
         l2[i] = p->l2;
     }
     cut_tail(r, n, k);
     return k;
 }
 
+/* p's L2 copy goes: if it was suspect, it is no longer tracked. */
+static inline void untrack_l2(kvt_radix_t *r, kvt_page_t *p) {
+    if (!(p->flags & KVT_PAGE_SUSPECT)) return;
+    r->l2map[p->l2].node = NULL;
+    p->flags &= ~(uint32_t)KVT_PAGE_SUSPECT;
+}
+
+void kvt__radix_suspect(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
+    kvt_page_t *p = &n->pages[idx];
+    KVT_ASSERT(p->l2 != KVT_NO_PAGE && !(p->flags & KVT_PAGE_D2H));
+    p->flags |= KVT_PAGE_SUSPECT;
+    track(r, n, idx);
+}
+
 uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     kvt_page_t *p = &n->pages[idx];
     KVT_ASSERT(idx < n->n_l1 && kvt__page_in_l2(p));
     uint32_t id = p->l2;
-    r->l2map[id].node = NULL;
+    untrack_l2(r, p);
     p->l2 = KVT_NO_PAGE;
     n->n_shadow--;
     kvt__vheap_membership(r, n);
@@ -593,7 +610,7 @@ uint32_t kvt__radix_drop_shadows(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, u
         idx = shadow_below(n, idx);
         KVT_ASSERT(idx > 0);
         kvt_page_t *p = &n->pages[--idx];
-        r->l2map[p->l2].node = NULL;
+        untrack_l2(r, p);
         l2[k] = p->l2;
         p->l2 = KVT_NO_PAGE;
         n->n_shadow--;
@@ -607,9 +624,9 @@ uint32_t kvt__radix_drop_shadows(kvt_radix_t *r, kvt_rnode_t *n, uint32_t max, u
  * the page's copy in L2 has landed. */
 static inline kvt_page_t *give_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
     kvt_page_t *p = &n->pages[idx];
-    KVT_ASSERT(idx < n->n_l1 && p->l2 == KVT_NO_PAGE && l2 < r->l2_pages);
+    KVT_ASSERT(idx < n->n_l1 && p->l2 == KVT_NO_PAGE && l2 < r->l2_pages && r->l2map[l2].node == NULL);
+    (void)r;
     p->l2 = l2;
-    r->l2map[l2] = (kvt__pageref_t){n, idx};
     return p;
 }
 static inline void shadows_landed(kvt_rnode_t *n, uint32_t lo, uint32_t k) { /* pages lo .. lo + k - 1 */
@@ -619,6 +636,7 @@ static inline void shadows_landed(kvt_rnode_t *n, uint32_t lo, uint32_t k) { /* 
 
 void kvt__radix_begin_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_t l2) {
     give_l2(r, n, idx, l2)->flags |= KVT_PAGE_D2H;
+    track(r, n, idx);
     kvt__vheap_membership(r, n);
 }
 
@@ -626,12 +644,9 @@ void kvt__radix_end_backup(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok
     kvt_page_t *p = &n->pages[idx];
     KVT_ASSERT(p->flags & KVT_PAGE_D2H);
     p->flags &= ~(uint32_t)KVT_PAGE_D2H;
-    if (ok) {
-        shadows_landed(n, idx, 1);
-    } else {
-        r->l2map[p->l2].node = NULL;
-        p->l2 = KVT_NO_PAGE;
-    }
+    r->l2map[p->l2].node = NULL; /* landed or not, no longer in flight */
+    if (ok) shadows_landed(n, idx, 1);
+    else p->l2 = KVT_NO_PAGE;
     kvt__vheap_membership(r, n);
 }
 
@@ -679,8 +694,7 @@ uint32_t kvt__radix_loads_done(kvt_radix_t *r, kvt_rnode_t *n, const uint32_t *l
         kvt_page_t *p = &n->pages[i];
         if (p->l1 != KVT_NO_PAGE) continue; /* loaded before, stranded below a page not in L1 then */
         KVT_ASSERT(kvt__page_in_l2(p) && !(p->flags & KVT_PAGE_H2D) && l1[j] < r->l1_pages && r->l1map[l1[j]].node == NULL);
-        p->l1 = l1[j];
-        r->l1map[l1[j++]] = (kvt__pageref_t){n, i};
+        p->l1 = l1[j++];
     }
     if (j == 0) return 0;
     advance_l1(r, n);
@@ -693,10 +707,8 @@ void kvt__radix_end_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, bool ok) 
     KVT_ASSERT(p->flags & KVT_PAGE_H2D);
     p->flags &= ~(uint32_t)KVT_PAGE_H2D;
     n->pin--;
-    if (!ok) {
-        r->l1map[p->l1].node = NULL;
-        p->l1 = KVT_NO_PAGE;
-    }
+    r->l1map[p->l1].node = NULL; /* loaded or not, no longer in flight */
+    if (!ok) p->l1 = KVT_NO_PAGE;
     advance_l1(r, n);
     kvt__vheap_membership(r, n);
 }
@@ -705,7 +717,7 @@ uint32_t kvt__radix_unload(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     kvt_page_t *p = &n->pages[idx];
     KVT_ASSERT(idx >= n->n_l1 && p->l1 != KVT_NO_PAGE && !(p->flags & KVT_PAGE_H2D));
     uint32_t id = p->l1;
-    r->l1map[id].node = NULL;
+    (void)r; /* (not tracked: nothing in flight) */
     p->l1 = KVT_NO_PAGE;
     return id; /* n_l1, the counters and the victim sets do not depend on it */
 }
@@ -732,6 +744,17 @@ bool kvt__radix_locate_l2(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, ui
     *n = r->l2map[id].node;
     *idx = r->l2map[id].idx;
     return true;
+}
+
+bool kvt__radix_search(kvt_radix_t *r, int tier, uint32_t id, kvt_rnode_t **n, uint32_t *idx) {
+    for (kvt_rnode_t *x = kvt__radix_first(r); x; x = kvt__radix_next(r, x))
+        for (uint32_t i = 0; i < x->npages; i++)
+            if ((tier == 1 ? x->pages[i].l1 : x->pages[i].l2) == id) {
+                *n = x;
+                *idx = i;
+                return true;
+            }
+    return false;
 }
 
 /* ---- page keys and hashes -------------------------------------------------- */

@@ -302,7 +302,7 @@ Test(cache, held_requests_keep_their_pages) {
         for (uint32_t i = 0; i < n; i++) { /* each page still in L1, same place, same tokens */
             kvt_rnode_t *x;
             uint32_t idx;
-            cr_assert(kvt__radix_locate_l1(kvt_cache_tree(c), ids[i], &x, &idx), "request %d: held page %u evicted", t, i);
+            cr_assert(kvt__radix_search(kvt_cache_tree(c), 1, ids[i], &x, &idx), "request %d: held page %u evicted", t, i);
             cr_assert(idx < x->n_l1 && memcmp(x->tokens + idx * PT, first + i * PT, PT * sizeof(int32_t)) == 0);
         }
     }
@@ -514,7 +514,7 @@ Test(cache, page_hash_is_the_documented_chain) {
         XXH128_hash_t want = XXH3_128bits(buf, sizeof(buf));
         kvt_rnode_t *x;
         uint32_t idx;
-        cr_assert(kvt__radix_locate_l1(kvt_cache_tree(c), ids[i], &x, &idx));
+        cr_assert(kvt__radix_search(kvt_cache_tree(c), 1, ids[i], &x, &idx));
         kvt_hash128_t got;
         cr_assert_eq(kvt_radix_page_hash(kvt_cache_tree(c), x, idx, &got), KVT_OK);
         cr_assert(got.lo == want.low64 && got.hi == want.high64, "page %d", i);

@@ -123,27 +123,39 @@ static uint64_t mkey(const mpage_t *p) {
     return k;
 }
 
+/* Every tree page is the model page of its prefix, in the same state, once;
+ * the reverse maps find a page by id exactly while a copy of it is in flight
+ * (a load: its L1 id; a backup: its L2 id), and give no other. */
 static void compare(model_t *m, kvt_radix_t *r, const char *ctx) {
     const char *why = NULL;
     cr_assert_eq(kvt_radix_check(r, &why), KVT_OK, "%s: check: %s", ctx, why);
     kvt_radix_stats_t st = {.size = sizeof(st)};
     kvt_radix_stats(r, &st);
-    uint32_t pages = 0;
-    for (uint32_t i = 0; i < m->n; i++) {
-        mpage_t *p = &m->p[i];
-        if (!p->used) continue;
-        pages++;
-        kvt_rnode_t *n = NULL;
-        uint32_t idx = 0;
-        bool found = p->st.l1 != KVT_NO_PAGE ? kvt__radix_locate_l1(r, p->st.l1, &n, &idx)
-                                              : kvt__radix_locate_l2(r, p->st.l2, &n, &idx);
-        cr_assert(found, "%s: a model page is not in the tree", ctx);
-        cr_assert_eq(model_of(m, r, n, idx), p, "%s: the tree page has another prefix", ctx);
-        const kvt_page_t *t = &n->pages[idx];
-        cr_assert(t->l1 == p->st.l1 && t->l2 == p->st.l2 && t->flags == p->st.flags,
-                  "%s: page state (%u,%u,%u), model (%u,%u,%u)", ctx, t->l1, t->l2, t->flags, p->st.l1, p->st.l2, p->st.flags);
-        if (n->key) cr_assert_eq(kvt__radix_page_key(n, idx), mkey(p), "%s: a page key is not its prefix's", ctx);
-    }
+    uint32_t pages = 0, tree_pages = 0;
+    for (uint32_t i = 0; i < m->n; i++) pages += m->p[i].used;
+    static bool seen[IDS];
+    cr_assert_leq(m->n, sizeof(seen));
+    memset(seen, 0, m->n);
+    for (kvt_rnode_t *n = kvt__radix_first(r); n; n = kvt__radix_next(r, n))
+        for (uint32_t idx = 0; idx < n->npages; idx++, tree_pages++) {
+            mpage_t *p = model_of(m, r, n, idx);
+            cr_assert(p && p->used && !seen[p - m->p], "%s: a tree page is not a model page, or is one twice", ctx);
+            seen[p - m->p] = true;
+            const kvt_page_t *t = &n->pages[idx];
+            cr_assert(t->l1 == p->st.l1 && t->l2 == p->st.l2 && t->flags == p->st.flags,
+                      "%s: page state (%u,%u,%u), model (%u,%u,%u)", ctx, t->l1, t->l2, t->flags, p->st.l1, p->st.l2, p->st.flags);
+            if (n->key) cr_assert_eq(kvt__radix_page_key(n, idx), mkey(p), "%s: a page key is not its prefix's", ctx);
+            kvt_rnode_t *x;
+            uint32_t xi;
+            bool loading = p->st.flags & KVT_PAGE_H2D, backing_up = p->st.flags & KVT_PAGE_D2H;
+            cr_assert_eq(p->st.l1 != KVT_NO_PAGE && kvt__radix_locate_l1(r, p->st.l1, &x, &xi), loading,
+                         "%s: the L1 map %s a page %s loading", ctx, loading ? "lost" : "keeps", loading ? "" : "not");
+            if (loading) cr_assert(x == n && xi == idx, "%s: the L1 map gives another place", ctx);
+            cr_assert_eq(p->st.l2 != KVT_NO_PAGE && kvt__radix_locate_l2(r, p->st.l2, &x, &xi), backing_up,
+                         "%s: the L2 map %s a page %s backed up", ctx, backing_up ? "lost" : "keeps", backing_up ? "" : "not");
+            if (backing_up) cr_assert(x == n && xi == idx, "%s: the L2 map gives another place", ctx);
+        }
+    cr_assert_eq(tree_pages, pages, "%s: %u pages in the tree, %u in the model", ctx, tree_pages, pages);
     cr_assert_eq(st.pages, pages, "%s: %" PRIu64 " pages in the tree, %u in the model", ctx, st.pages, pages);
 }
 
@@ -333,7 +345,7 @@ static void radix_fuzz(uint64_t seed, int steps) {
             kvt_rnode_t *n;
             uint32_t idx;
             if (in_l1(&p->st) && p->st.l2 == KVT_NO_PAGE) {
-                cr_assert(kvt__radix_locate_l1(r, p->st.l1, &n, &idx));
+                cr_assert(kvt__radix_search(r, 1, p->st.l1, &n, &idx));
                 if (idx >= n->n_l1) continue; /* loaded but not yet part of the L1 prefix */
                 p->st.l2 = take_id(m.l2_used, &rng);
                 p->st.flags |= KVT_PAGE_D2H;
@@ -341,7 +353,7 @@ static void radix_fuzz(uint64_t seed, int steps) {
                 inflight[nin++] = (op_t){false, p->st.l2};
                 cnt[5]++;
             } else if (p->st.l1 == KVT_NO_PAGE && p->st.l2 != KVT_NO_PAGE && !(p->st.flags & KVT_PAGE_D2H)) {
-                cr_assert(kvt__radix_locate_l2(r, p->st.l2, &n, &idx));
+                cr_assert(kvt__radix_search(r, 2, p->st.l2, &n, &idx));
                 p->st.l1 = take_id(m.l1_used, &rng);
                 p->st.flags |= KVT_PAGE_H2D;
                 kvt__radix_begin_load(r, n, idx, p->st.l1);
@@ -470,6 +482,8 @@ Test(radix, splits_keep_page_state) {
         kvt__radix_begin_backup(r, n, i, 63 - i);
         kvt__radix_end_backup(r, n, i, true);
     }
+    kvt__radix_suspect(r, n, 3); /* two copies found corrupt: found by their L2 ids through every split */
+    kvt__radix_suspect(r, n, 9);
     kvt_hash128_t before[16];
     uint64_t key[16];
     for (uint32_t i = 0; i < 16; i++) cr_assert_eq(kvt_radix_page_hash(r, n, i, &before[i]), KVT_OK);
@@ -482,20 +496,35 @@ Test(radix, splits_keep_page_state) {
         for (uint32_t i = 0; i < 16; i++) {
             kvt_rnode_t *x;
             uint32_t idx;
-            cr_assert(kvt__radix_locate_l1(r, 40 - i, &x, &idx));
+            cr_assert(kvt__radix_search(r, 1, 40 - i, &x, &idx));
             cr_assert_eq(x->tokens[idx * 4], (int32_t)(i * 4), "page %u moved", i);
             cr_assert_eq(x->pages[idx].l2, i % 3 == 0 ? 63 - i : KVT_NO_PAGE, "page %u lost its L2 copy", i);
             kvt_hash128_t h;
             cr_assert_eq(kvt_radix_page_hash(r, x, idx, &h), KVT_OK);
             cr_assert(h.lo == before[i].lo && h.hi == before[i].hi, "page %u hash changed by a split", i);
             cr_assert_eq(kvt__radix_page_key(x, idx), key[i], "page %u key changed by a split", i);
+            kvt_rnode_t *y;
+            uint32_t yi;
+            bool suspect = i == 3 || i == 9;
+            cr_assert_eq(kvt__radix_locate_l2(r, 63 - i, &y, &yi), suspect, "page %u: the L2 map %s it", i, suspect ? "lost" : "keeps");
+            cr_assert(!suspect || (y == x && yi == idx), "page %u: the L2 map gives another place", i);
+            cr_assert_eq((x->pages[idx].flags & KVT_PAGE_SUSPECT) != 0, suspect);
         }
     }
+    /* a suspect copy that goes (here as a shadow reclaimed) is no longer found, nor marked */
+    kvt_rnode_t *x;
+    uint32_t idx, l2[16];
+    cr_assert(kvt__radix_search(r, 1, 40 - 9, &x, &idx));
+    cr_assert_eq(kvt__radix_drop_shadows(r, x, 1, l2), 1);
+    cr_assert_eq(l2[0], 63 - 9);
+    cr_assert(!(x->pages[idx].flags & KVT_PAGE_SUSPECT) && !kvt__radix_locate_l2(r, 63 - 9, &x, &idx));
+    cr_assert(kvt__radix_locate_l2(r, 63 - 3, &x, &idx));
+    cr_assert_eq(kvt_radix_check(r, NULL), KVT_OK);
     kvt_radix_stats_t st = {.size = sizeof(st)};
     kvt_radix_stats(r, &st);
     cr_assert_eq(st.nodes, 8);
     cr_assert_eq(st.splits, 7);
-    cr_assert_eq(st.shadow_pages, 6);
+    cr_assert_eq(st.shadow_pages, 5);
     kvt__radix_destroy(r);
 }
 
