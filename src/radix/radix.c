@@ -29,8 +29,10 @@
  * l1_children equal what the pages and children say; residency is as above;
  * a child holds L1 pages only if its parent's pages are all in L1; lock counts
  * are at least the sum of the children's; the child map holds exactly the
- * tree's edges; the reverse maps give back every page's (node, index); every
- * eligible node is in its victim heap, at a valid heap position.
+ * tree's edges; the reverse maps give back the (node, index) of every page
+ * they track (track(): a copy in flight, a suspect copy) and hold no other;
+ * no page id is held twice; every eligible node is in its victim heap, at a
+ * valid heap position.
  *
  * Cost: a match is O(pages matched) token comparisons plus one child-map
  * lookup per node; insert O(pages inserted); a split O(pages of the split
@@ -523,7 +525,7 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n) {
     return pg;
 }
 
-/* n's last k pages have left it (their reverse maps cleared; L1 residency
+/* n's last k pages have left it (none tracked any more; L1 residency
  * already counted): n keeps the rest, in the arrays k kvt__radix_trim calls
  * would leave it (each halving where one would have shrunk them), or is freed. */
 static void cut_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k) {
@@ -665,7 +667,7 @@ void kvt__radix_begin_load(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, uint32_
     p->l1 = l1;
     p->flags |= KVT_PAGE_H2D;
     n->pin++;
-    r->l1map[l1] = (kvt__pageref_t){n, idx};
+    track(r, n, idx);
     kvt__vheap_membership(r, n);
 }
 
