@@ -200,13 +200,14 @@ typedef struct {
 } walk_t;
 
 static uint64_t walk_key(walk_t *w, uint64_t j) {
-    for (; w->n <= j; w->n++) {
-        w->last = kvt__radix_key_next(w->tree, w->last, w->tokens + w->n * w->pt);
-        if (w->n < w->room)
-            w->kept[w->n] = w->last;
-        else
-            w->ring[w->n % KVT__GHOST_RUN_MAX] = w->last;
+    if (w->n <= j && w->n < w->room) { /* the keys kept: in one loop of the tree's (kvt__radix_keys) */
+        uint64_t m = (j < w->room ? j + 1 : w->room) - w->n;
+        kvt__radix_keys(w->tree, w->last, w->tokens + w->n * w->pt, m, w->kept + w->n);
+        w->n += m;
+        w->last = w->kept[w->n - 1];
     }
+    for (; w->n <= j; w->n++) /* past the room: a key at a time into the ring */
+        w->ring[w->n % KVT__GHOST_RUN_MAX] = w->last = kvt__radix_key_next(w->tree, w->last, w->tokens + w->n * w->pt);
     return j < w->room ? w->kept[j] : w->ring[j % KVT__GHOST_RUN_MAX];
 }
 

@@ -92,6 +92,9 @@ static inline uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx) {
  * one keyed `prev`. */
 uint64_t kvt__radix_key_below(const kvt_radix_t *r, const kvt_rnode_t *at, uint32_t ns);
 uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t *page);
+/* The keys of n pages of tokens in a row, the page before them keyed prev:
+ * out[i] is page i's (kvt__radix_key_next page by page, in one loop). */
+void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out);
 void kvt__radix_destroy(kvt_radix_t *r);
 kvt_rnode_t *kvt__radix_root(kvt_radix_t *r);
 

@@ -402,8 +402,8 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
         KVT_ASSERT(nkeys == 0 || keys[0] == n->key[0]); /* the same chain */
         uint32_t known = nkeys < npages ? (uint32_t)nkeys : (uint32_t)npages; /* copied; the rest hashed */
         if (known > 1) memcpy(n->key + 1, keys + 1, (size_t)(known - 1) * sizeof(uint64_t));
-        for (uint32_t i = known > 1 ? known : 1; i < npages; i++)
-            n->key[i] = kvt__radix_key_next(r, n->key[i - 1], tokens + (size_t)i * r->page_tokens);
+        uint32_t from = known > 1 ? known : 1;
+        kvt__radix_keys(r, n->key[from - 1], tokens + (size_t)from * r->page_tokens, npages - from, n->key + from);
     }
     for (uint32_t i = 0; i < npages; i++) {
         if (l1_ids) {
@@ -767,6 +767,21 @@ uint64_t kvt__radix_key_below(const kvt_radix_t *r, const kvt_rnode_t *at, uint3
 
 uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t *page) {
     return key_step(prev, page_digest(r, page));
+}
+
+/* kvt__radix_keys for pages of 16 tokens (the default): with XXH3's length a
+ * constant and the calls flattened into the loop, only XXH3's straight-line
+ * 17-128 byte path is left, and the chain is a multiply-add a page. */
+__attribute__((flatten)) static void keys_of_64_byte_pages(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
+    for (size_t i = 0; i < n; i++) out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
+}
+
+void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
+    if (r->page_tokens == 16) {
+        keys_of_64_byte_pages(prev, tokens, n, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) out[i] = prev = kvt__radix_key_next(r, prev, tokens + i * r->page_tokens);
 }
 
 /* Hashes of n's pages up to and including `upto`. */
