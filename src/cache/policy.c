@@ -53,7 +53,7 @@
 #define ARC_GHOST_FACTOR 2       /* arc: entries per cached page, each ghost */
 #define GHOST_MAX (1u << 22)
 #define ARC_RUN_PAGES 16        /* arc: pages a ghost entry at most (a run of a node's pages; s2lru: 1) */
-#define PREFETCH_PAGES 8        /* pages whose ghost lookups the protected-prefix walk prefetches ahead */
+#define PREFETCH_PAGES 64       /* pages whose ghost lookups the walk prefetches ahead (4 runs of 16: hashing one run hides less than a miss) */
 #define WALK_KEYS_MAX 16384     /* page keys the walk keeps for the insert (more are hashed again) */
 
 static const char *const NAMES[] = {
