@@ -158,24 +158,19 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
     kvt_laneal_stats_t ls = {.size = sizeof(ls)};
     kvt_laneal_stats(c->l1, &ls);
     if (kvt_laneal_check(c->l1, why) != KVT_OK) return KVT_ECORRUPT;
-    /* every L1 id the tree holds is reserved, and nothing else is (the tree holds each id once:
-     * kvt_radix_check); freed ids wait in l1_back, marked here to find one the tree still holds */
-    size_t words = (c->cfg.l1_pages + 63) / 64 + 1;
-    uint64_t *freed = kvt__calloc(words, sizeof(uint64_t)), l1_held = 0, l2_held = 0;
-    if (freed == NULL) return *why = "no memory to check", KVT_ENOMEM;
-    for (size_t i = 0; i < c->l1_back.n; i++) freed[c->l1_back.id[i] / 64] |= 1ull << (c->l1_back.id[i] % 64);
-    const char *bad = NULL;
-    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x && !bad; x = kvt__radix_next(c->tree, x))
-        for (uint32_t i = 0; i < x->npages && !bad; i++) {
-            uint32_t l1 = x->pages[i].l1, l2 = x->pages[i].l2;
-            l1_held += l1 != KVT_NO_PAGE;
+    /* every L1 id the tree holds is reserved, and nothing else is (the tree holds each id once, and
+     * which it holds, kvt_radix_check found: kvt__radix_held); freed ids wait in l1_back */
+    uint64_t l1_held = 0, l2_held = 0;
+    for (size_t i = 0; i < c->l1_back.n; i++)
+        if (kvt__radix_held(c->tree, 1, c->l1_back.id[i])) return *why = "a freed L1 page is in the tree", KVT_ECORRUPT;
+    for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x))
+        for (uint32_t i = 0; i < x->npages; i++) {
+            uint32_t l2 = x->pages[i].l2;
+            l1_held += x->pages[i].l1 != KVT_NO_PAGE;
             l2_held += l2 != KVT_NO_PAGE;
-            if (l1 != KVT_NO_PAGE && (freed[l1 / 64] >> (l1 % 64) & 1)) bad = "a freed L1 page is in the tree";
-            else if (l2 != KVT_NO_PAGE && (c->l2 == NULL || kvt_extalloc_is_free(c->l2, l2)))
-                bad = "an L2 page in the tree is free in its allocator, or there is no L2";
+            if (l2 != KVT_NO_PAGE && (c->l2 == NULL || kvt_extalloc_is_free(c->l2, l2)))
+                return *why = "an L2 page in the tree is free in its allocator, or there is no L2", KVT_ECORRUPT;
         }
-    kvt__free(freed, words * sizeof(uint64_t));
-    if (bad) return *why = bad, KVT_ECORRUPT;
     if (ls.free_pages + c->l1_back.n + l1_held != c->cfg.l1_pages) return *why = "L1 pages leaked or double-held", KVT_ECORRUPT;
     if (ls.free_pages + c->l1_back.n != c->l1_free) return *why = "L1 free count differs", KVT_ECORRUPT;
     if (c->l2) {

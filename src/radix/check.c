@@ -5,7 +5,6 @@
 #include <xxhash.h>
 
 #include "../core/abi-int.h"
-#include "../core/mem-int.h"
 #include "kvtier/error.h"
 #include "radix-impl.h"
 
@@ -14,7 +13,7 @@
 typedef struct walk {
     const kvt_radix_t *r;
     uint64_t nodes, l1_refs, l2_refs; /* pages the reverse maps track */
-    uint64_t *held[2];                /* bitmaps: the L1 and L2 ids pages hold (each once) */
+    uint64_t *held[2];                /* bitmaps (the tree's r->held): the L1 and L2 ids pages hold (each once) */
 } walk_t;
 
 /* Marks id held in bitmap b; false when it already was. */
@@ -111,7 +110,10 @@ static int check_node(walk_t *w, const kvt_rnode_t *n, const char **why) {
     return KVT_OK;
 }
 
-static int check_tree(walk_t *w, const char **why);
+bool kvt__radix_held(const kvt_radix_t *r, int tier, uint32_t id) {
+    const uint64_t *b = r->held + (tier == 1 ? 0 : r->l1_pages / 64 + 1);
+    return id < (tier == 1 ? r->l1_pages : r->l2_pages) && (b[id / 64] >> (id % 64) & 1);
+}
 
 int kvt_radix_check(const kvt_radix_t *r, const char **why) {
     if (r) kvt__vheap_settle(r);
@@ -119,20 +121,11 @@ int kvt_radix_check(const kvt_radix_t *r, const char **why) {
     if (why == NULL) why = &dummy;
     *why = NULL;
     if (r == NULL) return KVT_EINVAL;
-    walk_t w = {r, 0, 0, 0, {NULL, NULL}};
-    size_t words[2] = {(r->l1_pages + 63) / 64 + 1, (r->l2_pages + 63) / 64 + 1};
-    w.held[0] = kvt__calloc(words[0], sizeof(uint64_t));
-    w.held[1] = kvt__calloc(words[1], sizeof(uint64_t));
-    int rc = w.held[0] && w.held[1] ? check_tree(&w, why) : KVT_ENOMEM;
-    kvt__free(w.held[0], words[0] * sizeof(uint64_t));
-    kvt__free(w.held[1], words[1] * sizeof(uint64_t));
-    return rc;
-}
-
-/* kvt_radix_check's walk (w's bitmaps allocated). */
-static int check_tree(walk_t *wp, const char **why) {
-    walk_t w = *wp;
-    const kvt_radix_t *r = w.r;
+    /* the bitmaps are the tree's (a check allocates nothing: it runs where memory is short too);
+     * what they hold is not the tree's state, which the check leaves as it was */
+    uint64_t *held = ((kvt_radix_t *)r)->held;
+    memset(held, 0, kvt__radix_held_words(r) * sizeof(uint64_t));
+    walk_t w = {r, 0, 0, 0, {held, held + r->l1_pages / 64 + 1}};
     /* iterative pre-order walk */
     const kvt_rnode_t *n = r->root.first_child;
     uint32_t root_children = 0, root_l1 = 0;

@@ -58,12 +58,17 @@ struct kvt_radix {
     kvt__vheap_t heap[KVT_VSET_COUNT];
     kvt__pageref_t *l1map, *l2map;
     uint64_t l1_pages, l2_pages;
+    uint64_t *held; /* kvt_radix_check's bitmaps of the L1 and L2 ids pages hold (each once), allocated
+                     * with the tree so that a check needs no memory (kvt__radix_held reads them) */
     kvt__score_fn score;
     void *score_ctx;
     kvt__pool_t pool;
     kvt_rnode_t *vpend; /* a node whose victim-set membership is still to be brought up to date (see
                          * kvt__vheap_membership): a run of page changes on one node updates it once */
 };
+
+/* The words of r->held: L1's bits, then L2's from word l1_pages / 64 + 1. */
+static inline size_t kvt__radix_held_words(const kvt_radix_t *r) { return (r->l1_pages + 63) / 64 + (r->l2_pages + 63) / 64 + 2; }
 
 /* Memory through the hook, counted in r->bytes. */
 void *kvt__radix_alloc(kvt_radix_t *r, size_t size);

@@ -192,6 +192,11 @@ kvt_rnode_t *kvt__radix_next(kvt_radix_t *r, kvt_rnode_t *n);
 bool kvt__radix_locate_l1(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx);
 bool kvt__radix_locate_l2(const kvt_radix_t *r, uint32_t id, kvt_rnode_t **n, uint32_t *idx);
 
+/* Whether L1 (tier 1) or L2 (tier 2) page id is held by a page of the tree,
+ * as the last kvt_radix_check found: valid after it returned KVT_OK, until
+ * the tree changes. */
+bool kvt__radix_held(const kvt_radix_t *r, int tier, uint32_t id);
+
 /* The same for any page: a walk of the whole tree, O(pages) (checks, tests).
  * tier 1 or 2. */
 bool kvt__radix_search(kvt_radix_t *r, int tier, uint32_t id, kvt_rnode_t **n, uint32_t *idx);

@@ -226,7 +226,8 @@ int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg) {
     for (int s = 0; s < KVT_VSET_COUNT; s++) r->root.heap_pos[s] = -1;
     r->l1map = kvt__radix_alloc(r, r->l1_pages * sizeof(kvt__pageref_t));
     r->l2map = kvt__radix_alloc(r, (r->l2_pages ? r->l2_pages : 1) * sizeof(kvt__pageref_t));
-    if (r->l1map == NULL || r->l2map == NULL || kvt__cm_reserve(r, 1) != KVT_OK) {
+    r->held = kvt__radix_alloc(r, kvt__radix_held_words(r) * sizeof(uint64_t));
+    if (r->l1map == NULL || r->l2map == NULL || r->held == NULL || kvt__cm_reserve(r, 1) != KVT_OK) {
         kvt__radix_destroy(r);
         return KVT_ENOMEM;
     }
@@ -255,6 +256,7 @@ void kvt__radix_destroy(kvt_radix_t *r) {
     kvt__pool_fini(r);
     kvt__radix_free(r, r->l1map, r->l1_pages * sizeof(kvt__pageref_t));
     kvt__radix_free(r, r->l2map, (r->l2_pages ? r->l2_pages : 1) * sizeof(kvt__pageref_t));
+    kvt__radix_free(r, r->held, kvt__radix_held_words(r) * sizeof(uint64_t));
     KVT_DELETE(r);
 }
 

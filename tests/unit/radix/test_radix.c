@@ -692,3 +692,31 @@ Test(radix, page_keys_are_the_chain_at_every_page_size) {
         kvt__radix_destroy(r);
     }
 }
+
+/* kvt_radix_check finds a page id held twice (the reverse maps no longer
+ * hold every page, so its walk's bitmaps do), in L1 and in L2, and a check
+ * leaves the tree as it was. */
+Test(radix, check_finds_an_id_held_twice) {
+    kvt_radix_t *r;
+    kvt__radix_config_t cfg = {4, 64, 64, lru, NULL, false};
+    cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
+    int32_t tok[8 * 4];
+    for (int i = 0; i < 8 * 4; i++) tok[i] = i;
+    uint32_t ids[8] = {3, 9, 4, 60, 61, 0, 7, 12};
+    kvt_rnode_t *n;
+    cr_assert_eq(kvt__radix_insert(r, kvt__radix_root(r), 1, tok, 8, ids, 1, 0, &n), KVT_OK);
+    kvt__radix_backups_done(r, n, 2, 3, (uint32_t[]){40, 41, 42});
+    const char *why = NULL;
+    cr_assert_eq(kvt_radix_check(r, &why), KVT_OK, "%s", why);
+    cr_assert(kvt__radix_held(r, 1, 61) && !kvt__radix_held(r, 1, 62) && kvt__radix_held(r, 2, 42) && !kvt__radix_held(r, 2, 43));
+    n->pages[6].l1 = 9; /* page 1's */
+    cr_assert_eq(kvt_radix_check(r, &why), KVT_ECORRUPT);
+    cr_assert_str_eq(why, "L1 page id out of range or held twice");
+    n->pages[6].l1 = 7;
+    n->pages[3].l2 = 40; /* page 2's */
+    cr_assert_eq(kvt_radix_check(r, &why), KVT_ECORRUPT);
+    cr_assert_str_eq(why, "L2 page id out of range or held twice");
+    n->pages[3].l2 = 41;
+    cr_assert_eq(kvt_radix_check(r, &why), KVT_OK, "%s", why);
+    kvt__radix_destroy(r);
+}
