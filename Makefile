@@ -13,6 +13,8 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
 RUN_ARGS   ?=
+# make bench's one-worker copy line runs pinned to this CPU (docs/benchmarks.md, *Which core copies*)
+BENCH_CPU  ?= $(shell python3 -c 'import os; print(min(os.sched_getaffinity(0)))' 2>/dev/null || echo 0)
 , := ,
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -119,6 +121,7 @@ bench: build
 	$(BUILD)/kvtier bench alloc --pattern mixed $(RUN_ARGS)
 	$(BUILD)/kvtier bench alloc --pattern churn $(RUN_ARGS)
 	$(BUILD)/kvtier bench xfer --layout both $(RUN_ARGS)
+	$(BUILD)/kvtier bench xfer --l1 arena --layout page_first --pattern contiguous --page-bytes 16384,65536,1048576 --reps 7 --total-mb 256 --cpus $(BENCH_CPU) --json
 	$(BUILD)/kvtier bench pd $(RUN_ARGS)
 	scripts/bench-alloc $(BUILD)/kvtier
 	scripts/bench-replay $(BUILD)/kvtier

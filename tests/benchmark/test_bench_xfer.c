@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <sched.h>
 
 #include "common/run.h"
 
@@ -56,5 +57,34 @@ Test(bench_xfer, bad_flags) {
     r = run_argv((const char *const[]){NULL, "bench", "xfer", "--layout", "layer_first", "--page-bytes", "4100", NULL});
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "not a multiple of --layers"), "%s", r.err);
+    run_free(&r);
+}
+
+/* --cpus pins the run to CPUs this process may use, says so in the JSON, and
+ * refuses one it may not use, before any copy. */
+Test(bench_xfer, cpus_pin_the_run, .timeout = 120) {
+    cpu_set_t allowed;
+    cr_assert_eq(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    int first = -1, outside = -1;
+    for (int c = 0; c < CPU_SETSIZE && (first < 0 || outside < 0); c++) {
+        if (CPU_ISSET(c, &allowed) && first < 0) first = c;
+        if (!CPU_ISSET(c, &allowed) && outside < 0) outside = c;
+    }
+    char one[16], bad[16];
+    snprintf(one, sizeof(one), "%d", first);
+    snprintf(bad, sizeof(bad), "%d", outside);
+    run_result_t r = run_argv((const char *const[]){NULL, "bench", "xfer", "--total-mb", "4", "--reps", "1", "--l1", "arena",
+                                                    "--pattern", "contiguous", "--page-bytes", "65536", "--cpus", one,
+                                                    "--json", NULL});
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cJSON *o = cJSON_Parse(r.out), *pinned = cJSON_GetObjectItem(o, "pinned_cpus");
+    cr_assert(cJSON_IsArray(pinned) && cJSON_GetArraySize(pinned) == 1, "%s", r.out);
+    cr_assert_eq(cJSON_GetArrayItem(pinned, 0)->valueint, first);
+    cJSON_Delete(o);
+    run_free(&r);
+    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--cpus", bad, NULL});
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "is not one this process may run on"), "%s", r.err);
+    cr_assert_eq(r.out[0], '\0', "nothing measured: %s", r.out);
     run_free(&r);
 }

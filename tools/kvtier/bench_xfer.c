@@ -22,8 +22,15 @@
  * `best_ratio_paired` is the median over repetitions of the engine against
  * the better reference of the same repetition (the three copies run back to
  * back): on a shared machine a burst of someone else's memory traffic then
- * slows both sides of a ratio, where it moves only one of three medians. */
+ * slows both sides of a ratio, where it moves only one of three medians.
+ *
+ * --cpus pins the bench to those CPUs before any worker starts (workers
+ * inherit the mask). With one CPU the engine's worker copies on the core the
+ * references copied on while the submitting thread sleeps in poll: on a VM
+ * whose virtual CPUs the host serves unevenly, that takes the difference
+ * between two cores out of a one-worker ratio (docs/benchmarks.md). */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +53,7 @@
 
 #define MAX_SIZES 16
 #define MAX_REPS 64
+#define MAX_CPUS 64
 
 static const char *const LAYOUTS[] = {"page_first", "layer_first", "both", NULL};
 static const char *const PATTERNS[] = {"contiguous", "scattered", "both", NULL};
@@ -57,6 +65,8 @@ typedef struct params {
     uint64_t sizes[MAX_SIZES];
     size_t nsizes;
     uint64_t total_mb, threads, reps, layers, seed;
+    uint64_t cpus[MAX_CPUS]; /* --cpus; ncpus 0: not pinned */
+    size_t ncpus;
     int layout, pattern; /* indices; 2 = both */
     int l1;              /* index of L1S; NL1 = all */
     bool json, checksum;
@@ -258,13 +268,15 @@ static const char USAGE[] =
     "usage: kvtier bench xfer [--page-bytes 4096,16384,65536,1048576] [--total-mb 1024]\n"
     "                         [--layout page_first|layer_first|both] [--pattern contiguous|scattered|both]\n"
     "                         [--l1 arena|engine_kv|engine_mla|all]\n"
-    "                         [--threads 1] [--layers 8] [--reps 5] [--checksum] [--seed 42] [--json]\n"
+    "                         [--threads 1] [--layers 8] [--reps 5] [--checksum] [--seed 42]\n"
+    "                         [--cpus 0,1] [--json]\n"
     "\n"
     "L1 <-> L2 (host) copies through the transfer engine against one memcpy and one\n"
     "streaming-store copy of the same bytes; ratio = engine GB/s / memcpy GB/s, vs best =\n"
     "engine GB/s / the better of the two, medians of --reps runs. L1 is an arena\n"
     "tier or an engine tier over the bench's own buffer: engine_kv like SGLang's K and V\n"
-    "pools (two planes), engine_mla like an MLA latent pool (one plane).\n";
+    "pools (two planes), engine_mla like an MLA latent pool (one plane). --cpus pins\n"
+    "the bench and its workers to those CPUs (default: not pinned).\n";
 
 static int parse(int argc, char **argv, params_t *p) {
     *p = (params_t){.sizes = {4096, 16384, 65536, 1048576}, .nsizes = 4, .total_mb = 1024, .threads = 1,
@@ -284,6 +296,7 @@ static int parse(int argc, char **argv, params_t *p) {
         else if (cli_is(&c, "--layers")) rc = cli_u64(&c, 1, 1024, &p->layers);
         else if (cli_is(&c, "--reps")) rc = cli_u64(&c, 1, MAX_REPS, &p->reps);
         else if (cli_is(&c, "--seed")) rc = cli_u64(&c, 0, UINT64_MAX, &p->seed);
+        else if (cli_is(&c, "--cpus")) rc = cli_u64_list(&c, 0, CPU_SETSIZE - 1, p->cpus, MAX_CPUS, &p->ncpus);
         else if (cli_is(&c, "--checksum")) p->checksum = true;
         else if (cli_is(&c, "--json")) p->json = true;
         else rc = cli_unknown(&c);
@@ -305,6 +318,26 @@ static int parse(int argc, char **argv, params_t *p) {
     return 0;
 }
 
+/* Pins this thread, and so the workers it starts, to --cpus: each must be
+ * one this process may run on now. */
+static int pin(const params_t *p) {
+    if (p->ncpus == 0) return 0;
+    cpu_set_t allowed, set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) CPU_ZERO(&allowed);
+    for (size_t i = 0; i < p->ncpus; i++) {
+        if (!CPU_ISSET((int)p->cpus[i], &allowed)) {
+            fprintf(stderr, "kvtier bench xfer: --cpus: CPU %" PRIu64 " is not one this process may run on (%d allowed)\n",
+                    p->cpus[i], CPU_COUNT(&allowed));
+            return 2;
+        }
+        CPU_SET((int)p->cpus[i], &set);
+    }
+    if (sched_setaffinity(0, sizeof(set), &set) == 0) return 0;
+    perror("kvtier bench xfer: --cpus");
+    return 2;
+}
+
 /* The machine's single-thread copy limit for these bytes: the better reference. */
 static double best_of(const result_t *r) { return r->memcpy_gbps > r->stream_gbps ? r->memcpy_gbps : r->stream_gbps; }
 
@@ -317,6 +350,8 @@ static void print(const params_t *p, const result_t *r, size_t n) {
         cJSON_AddNumberToObject(o, "layers", (double)p->layers);
         cJSON_AddBoolToObject(o, "checksum", p->checksum);
         cJSON_AddNumberToObject(o, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+        cJSON *pinned = cJSON_AddArrayToObject(o, "pinned_cpus"); /* empty: not pinned */
+        for (size_t i = 0; i < p->ncpus; i++) cJSON_AddItemToArray(pinned, cJSON_CreateNumber((double)p->cpus[i]));
         cJSON *arr = cJSON_AddArrayToObject(o, "results");
         for (size_t i = 0; i < n; i++) {
             cJSON *x = cJSON_CreateObject();
@@ -344,8 +379,8 @@ static void print(const params_t *p, const result_t *r, size_t n) {
         return;
     }
     printf("kvtier bench xfer: %" PRIu64 " MiB per run, %" PRIu64 " worker(s) per destination, median of %" PRIu64
-           " runs%s\n",
-           p->total_mb, p->threads, p->reps, p->checksum ? ", checksums on" : "");
+           " runs%s%s\n",
+           p->total_mb, p->threads, p->reps, p->checksum ? ", checksums on" : "", p->ncpus ? ", pinned (--cpus)" : "");
     printf("%10s %-10s %-11s %-10s %-4s %9s %9s %9s %7s %7s %10s\n", "page B", "l1", "layout", "pattern", "dir", "GB/s",
            "memcpy", "stream", "ratio", "vs best", "runs/page");
     for (size_t i = 0; i < n; i++)
@@ -360,6 +395,7 @@ int cmd_bench_xfer(int argc, char **argv) {
     int rc = parse(argc, argv, &p);
     if (rc) return rc > 0 ? 0 : 2;
     if (cli_parse_only) return 0;
+    if ((rc = pin(&p)) != 0) return rc;
     result_t *res = calloc(p.nsizes * NL1 * 2 * 2 * 2, sizeof(result_t));
     if (res == NULL) return 1;
     size_t n = 0;
