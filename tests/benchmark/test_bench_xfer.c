@@ -60,7 +60,8 @@ Test(bench_xfer, bad_flags) {
     run_free(&r);
 }
 
-/* --cpus pins the run to CPUs this process may use, says so in the JSON, and
+/* --cpus pins the run to CPUs this process may use (the JSON gives the mask
+ * read back after pinning: one CPU, where the process may use more), and
  * refuses one it may not use, before any copy. */
 Test(bench_xfer, cpus_pin_the_run, .timeout = 120) {
     cpu_set_t allowed;

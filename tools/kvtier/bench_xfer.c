@@ -350,8 +350,11 @@ static void print(const params_t *p, const result_t *r, size_t n) {
         cJSON_AddNumberToObject(o, "layers", (double)p->layers);
         cJSON_AddBoolToObject(o, "checksum", p->checksum);
         cJSON_AddNumberToObject(o, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
-        cJSON *pinned = cJSON_AddArrayToObject(o, "pinned_cpus"); /* empty: not pinned */
-        for (size_t i = 0; i < p->ncpus; i++) cJSON_AddItemToArray(pinned, cJSON_CreateNumber((double)p->cpus[i]));
+        cJSON *pinned = cJSON_AddArrayToObject(o, "pinned_cpus"); /* the mask read back; empty: not pinned */
+        cpu_set_t set;
+        if (p->ncpus && sched_getaffinity(0, sizeof(set), &set) == 0)
+            for (int c = 0; c < CPU_SETSIZE; c++)
+                if (CPU_ISSET(c, &set)) cJSON_AddItemToArray(pinned, cJSON_CreateNumber(c));
         cJSON *arr = cJSON_AddArrayToObject(o, "results");
         for (size_t i = 0; i < n; i++) {
             cJSON *x = cJSON_CreateObject();
