@@ -327,8 +327,12 @@ static int pin(const params_t *p) {
     if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) CPU_ZERO(&allowed);
     for (size_t i = 0; i < p->ncpus; i++) {
         if (!CPU_ISSET((int)p->cpus[i], &allowed)) {
-            fprintf(stderr, "kvtier bench xfer: --cpus: CPU %" PRIu64 " is not one this process may run on (%d allowed)\n",
-                    p->cpus[i], CPU_COUNT(&allowed));
+            char list[256] = "";
+            size_t at = 0;
+            for (int c = 0; c < CPU_SETSIZE && at < sizeof(list) - 16; c++)
+                if (CPU_ISSET(c, &allowed)) at += (size_t)snprintf(list + at, sizeof(list) - at, at ? ",%d" : "%d", c);
+            fprintf(stderr, "kvtier bench xfer: --cpus: CPU %" PRIu64 " is not one this process may run on (allowed: %s)\n",
+                    p->cpus[i], list);
             return 2;
         }
         CPU_SET((int)p->cpus[i], &set);
