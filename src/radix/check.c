@@ -111,8 +111,7 @@ static int check_node(walk_t *w, const kvt_rnode_t *n, const char **why) {
 }
 
 bool kvt__radix_held(const kvt_radix_t *r, int tier, uint32_t id) {
-    const uint64_t *b = r->held + (tier == 1 ? 0 : r->l1_pages / 64 + 1);
-    return id < (tier == 1 ? r->l1_pages : r->l2_pages) && (b[id / 64] >> (id % 64) & 1);
+    return id < (tier == 1 ? r->l1_pages : r->l2_pages) && (kvt__radix_held_map(r, tier)[id / 64] >> (id % 64) & 1);
 }
 
 int kvt_radix_check(const kvt_radix_t *r, const char **why) {
@@ -123,9 +122,8 @@ int kvt_radix_check(const kvt_radix_t *r, const char **why) {
     if (r == NULL) return KVT_EINVAL;
     /* the bitmaps are the tree's (a check allocates nothing: it runs where memory is short too);
      * what they hold is not the tree's state, which the check leaves as it was */
-    uint64_t *held = ((kvt_radix_t *)r)->held;
-    memset(held, 0, kvt__radix_held_words(r) * sizeof(uint64_t));
-    walk_t w = {r, 0, 0, 0, {held, held + r->l1_pages / 64 + 1}};
+    memset(r->held, 0, kvt__radix_held_words(r) * sizeof(uint64_t));
+    walk_t w = {r, 0, 0, 0, {kvt__radix_held_map(r, 1), kvt__radix_held_map(r, 2)}};
     /* iterative pre-order walk */
     const kvt_rnode_t *n = r->root.first_child;
     uint32_t root_children = 0, root_l1 = 0;

@@ -69,6 +69,8 @@ struct kvt_radix {
 
 /* The words of r->held: L1's bits, then L2's from word l1_pages / 64 + 1. */
 static inline size_t kvt__radix_held_words(const kvt_radix_t *r) { return (r->l1_pages + 63) / 64 + (r->l2_pages + 63) / 64 + 2; }
+/* The bitmap of tier 1 (L1) or 2 (L2) in r->held. */
+static inline uint64_t *kvt__radix_held_map(const kvt_radix_t *r, int tier) { return r->held + (tier == 1 ? 0 : r->l1_pages / 64 + 1); }
 
 /* Memory through the hook, counted in r->bytes. */
 void *kvt__radix_alloc(kvt_radix_t *r, size_t size);
