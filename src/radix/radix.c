@@ -98,6 +98,8 @@ kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_
 /* A step of the page-key chain (radix-int.h): the key before, times G (odd), plus the page's digest. */
 static inline uint64_t key_step(uint64_t prev, uint64_t digest) { return prev * 0x9e3779b97f4a7c15ull + digest; }
 
+static void keys_and_copy(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, int32_t *to, size_t n, uint64_t *out);
+
 static uint64_t page_digest(const kvt_radix_t *r, const int32_t *page) {
     return XXH3_64bits(page, r->page_tokens * sizeof(int32_t));
 }
@@ -398,14 +400,17 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     if (kvt__cm_reserve(r, 1) != KVT_OK) return KVT_ENOMEM;
     kvt_rnode_t *n = node_new(r, (uint32_t)npages);
     if (n == NULL) return KVT_ENOMEM;
-    memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     if (n->key) { /* the first page's digest is the child map's */
         n->key[0] = key_step(kvt__radix_key_below(r, at, ns), digest);
         KVT_ASSERT(nkeys == 0 || keys[0] == n->key[0]); /* the same chain */
         uint32_t known = nkeys < npages ? (uint32_t)nkeys : (uint32_t)npages; /* copied; the rest hashed */
         if (known > 1) memcpy(n->key + 1, keys + 1, (size_t)(known - 1) * sizeof(uint64_t));
         uint32_t from = known > 1 ? known : 1;
-        kvt__radix_keys(r, n->key[from - 1], tokens + (size_t)from * r->page_tokens, npages - from, n->key + from);
+        size_t at_from = (size_t)from * r->page_tokens;
+        memcpy(n->tokens, tokens, at_from * sizeof(int32_t));
+        keys_and_copy(r, n->key[from - 1], tokens + at_from, n->tokens + at_from, npages - from, n->key + from);
+    } else {
+        memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     }
     for (uint32_t i = 0; i < npages; i++) {
         if (l1_ids) {
@@ -776,6 +781,26 @@ uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t 
  * 17-128 byte path is left, and the chain is a multiply-add a page. */
 __attribute__((flatten)) static void keys_of_64_byte_pages(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
     for (size_t i = 0; i < n; i++) out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
+}
+
+/* kvt__radix_keys that also copies the pages to `to` (a new node's tokens),
+ * in the same loop: each page is read once, and the copy's stores overlap
+ * the hashing instead of running as a memcpy of their own before it. */
+__attribute__((flatten)) static void keys_and_copy_64_byte_pages(uint64_t prev, const int32_t *tokens, int32_t *to,
+                                                                  size_t n, uint64_t *out) {
+    for (size_t i = 0; i < n; i++) {
+        memcpy(to + 16 * i, tokens + 16 * i, 64);
+        out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
+    }
+}
+
+static void keys_and_copy(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, int32_t *to, size_t n, uint64_t *out) {
+    if (r->page_tokens == 16) {
+        keys_and_copy_64_byte_pages(prev, tokens, to, n, out);
+        return;
+    }
+    memcpy(to, tokens, n * r->page_tokens * sizeof(int32_t));
+    kvt__radix_keys(r, prev, tokens, n, out);
 }
 
 void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
