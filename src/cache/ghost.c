@@ -124,6 +124,7 @@
 #define ALL_WAYS ((1u << WAYS) - 1)
 #define GROW_LEVELS 2          /* a large table starts at a quarter of its size and doubles twice ... */
 #define GROW_MIN_BUCKETS 4096  /* ... when it is 256 KiB or more (a smaller one is allocated whole) */
+#define KEYS_AHEAD_RUNS 4      /* an add of runs fetches the keys of the run this many ahead */
 #define CHECK_BITS 11          /* an entry's aux: its run's length - 1 above 11 bits of its last page's key */
 #define CHECK_MASK ((1u << CHECK_BITS) - 1)
 _Static_assert(KVT__GHOST_RUN_MAX << CHECK_BITS <= 0x10000, "a run's length and check fit 16 bits");
@@ -524,8 +525,13 @@ void kvt__ghost_add(kvt__ghost_t *g, uint64_t key) { kvt__ghost_add_keys(g, &key
 /* (In a ghost of pages, run_max 1, the runs are the pages, last first; their aux, length 1, is not kept.) */
 void kvt__ghost_add_keys(kvt__ghost_t *g, const uint64_t *keys, size_t k) {
     if (g->cap == 0 || k == 0) return;
+    size_t ahead = KEYS_AHEAD_RUNS * g->run_max; /* a node's keys leaving are cold: fetched runs ahead (both ends) */
     for (size_t at = (k - 1) / g->run_max * g->run_max;; at -= g->run_max) { /* the last run first */
         size_t n = k - at < g->run_max ? k - at : g->run_max;
+        if (at >= ahead) {
+            __builtin_prefetch(keys + at - ahead);
+            __builtin_prefetch(keys + at - ahead + g->run_max - 1);
+        }
         add_one(g, keys[at], aux_of((uint32_t)n, keys[at + n - 1]));
         if (at == 0) break;
     }
