@@ -177,14 +177,22 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
  * what is left after it): the target p moves as it would for each of them
  * taken alone, toward the class that lost it, by max(1, |other ghost| /
  * (|from| + 1)) a page, within [0, cap]. The walk keeps p in a register while
- * it takes runs (nothing reads it there). */
+ * it takes runs (nothing reads it there). The steps do not depend on p: they
+ * are divided out first, so that the divisions overlap, and the sum that
+ * follows is a chain of adds, in the same order (the same p to the bit), each
+ * kept within the one bound it moves toward (p starts within both). */
 static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_t pages, double cap) {
     double left = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
-    for (uint32_t i = pages; i-- > 0;) { /* after the run's page pages - i is taken, from holds left + i */
-        double mine = left + (double)i + 1, step = other / mine > 1 ? other / mine : 1;
-        p += from == 0 ? step : -step;
-        p = p < 0 ? 0 : p > cap ? cap : p;
+    double step[KVT__GHOST_RUN_MAX];
+    KVT_ASSERT(pages <= KVT__GHOST_RUN_MAX && p >= 0 && p <= cap);
+    for (uint32_t j = 0; j < pages; j++) { /* after the run's page j + 1 is taken, from holds left + pages - 1 - j */
+        double mine = left + (double)(pages - 1 - j) + 1, s = other / mine;
+        step[j] = s > 1 ? s : 1;
     }
+    if (from == 0)
+        for (uint32_t j = 0; j < pages; j++) p = p + step[j] > cap ? cap : p + step[j];
+    else
+        for (uint32_t j = 0; j < pages; j++) p = p - step[j] < 0 ? 0 : p - step[j];
     return p;
 }
 
