@@ -85,7 +85,15 @@
  * never fills (a short run; a cache larger than its traffic's pages) touches
  * a quarter or a half of the memory, and keeps its lines in fewer caches: on
  * the page-16 replay, `arc`'s two ghosts went from 16.5 MB to 6.2 MB touched
- * (7.2 MB at 12 keys a bucket).
+ * (7.2 MB at 12 keys a bucket). A ghost of runs starts at a sixteenth and
+ * may double four times (RUN_GROW_LEVELS): sized for a page an entry, it
+ * holds ~16 pages an entry at the defaults, so that a quarter was four times
+ * the lines it fills; at a sixteenth, `arc`'s two tables with their aux are
+ * 0.65 MB in all instead of 2.6 (3,414 buckets each, ~7 entries a bucket at
+ * the end, never doubled), and an add on cold caches took 48 ns instead of
+ * 63 (docs/benchmarks.md, nineteenth round). Its grow bits are four, so a
+ * full table's chance of a false "present" is 16, not 4, times the one
+ * below; one that has not doubled (the defaults') keeps the one below.
  *
  * Fingerprints are 24 bits of the key, odd (a free entry's low part is 0), so
  * a lookup of an absent key at full load answers "present" (a page taken for
@@ -123,6 +131,7 @@
 #define KICKS_MAX 256
 #define ALL_WAYS ((1u << WAYS) - 1)
 #define GROW_LEVELS 2          /* a large table starts at a quarter of its size and doubles twice ... */
+#define RUN_GROW_LEVELS 4      /* (a ghost of runs: at a sixteenth, four times) */
 #define GROW_MIN_BUCKETS 4096  /* ... when it is 256 KiB or more (a smaller one is allocated whole) */
 #define KEYS_AHEAD_RUNS 4      /* an add of runs fetches the keys of the run this many ahead */
 #define CHECK_BITS 11          /* an entry's aux: its run's length - 1 above 11 bits of its last page's key */
@@ -259,7 +268,7 @@ int kvt__ghost_init(kvt__ghost_t *g, size_t cap, unsigned run_max) {
     if (nb < 2) nb = 2;
     g->cap = cap;
     g->run_max = run_max < 1 ? 1 : run_max > KVT__GHOST_RUN_MAX ? KVT__GHOST_RUN_MAX : run_max;
-    g->levels = nb >= GROW_MIN_BUCKETS ? GROW_LEVELS : 0;
+    g->levels = nb < GROW_MIN_BUCKETS ? 0 : g->run_max > 1 ? RUN_GROW_LEVELS : GROW_LEVELS;
     g->n0 = (nb + (1u << g->levels) - 1) >> g->levels;
     g->nb_max = g->n0 << g->levels; /* set first: kvt__ghost_fini frees by these sizes */
     g->nb = g->n0;
