@@ -168,7 +168,10 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
     /* what kvt__policy_l1_first would say after each page: it reads class 0's page count (kept
      * here as the pages go) and arc's target (which they do not move) */
     uint64_t drop0 = two_classes(c) && !(n->policy[0] & PROTECTED), k = 1, c0 = c->cls_pages[0] - drop0;
-    for (; k < m && l1_first_with(c, c0) == first; k++) c0 -= drop0;
+    if (drop0 == 0) /* (lru and the others; a protected node) nothing the answer reads moves: it holds for all m or none */
+        k = m > 1 && l1_first_with(c, c0) == first ? m : 1;
+    else
+        for (; k < m && l1_first_with(c, c0) == first; k++) c0 -= drop0;
     kvt__policy_on_trim(c, n, (uint32_t)k);
     return (uint32_t)k;
 }
