@@ -779,24 +779,27 @@ uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t 
 /* kvt__radix_keys for pages of 16 tokens (the default): with XXH3's length a
  * constant and the calls flattened into the loop, only XXH3's straight-line
  * 17-128 byte path is left, and the chain is a multiply-add a page. */
-__attribute__((flatten)) static void keys_of_64_byte_pages(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
-    for (size_t i = 0; i < n; i++) out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
+static inline __attribute__((always_inline)) void keys_of_64_byte_pages(uint64_t prev, const int32_t *tokens, int32_t *to,
+                                                                        size_t n, uint64_t *out) {
+    for (size_t i = 0; i < n; i++) {
+        if (to) memcpy(to + 16 * i, tokens + 16 * i, 64); /* (to is a constant where this is inlined) */
+        out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
+    }
+}
+__attribute__((flatten)) static void keys_64(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
+    keys_of_64_byte_pages(prev, tokens, NULL, n, out);
+}
+__attribute__((flatten)) static void keys_and_copy_64(uint64_t prev, const int32_t *tokens, int32_t *to, size_t n,
+                                                      uint64_t *out) {
+    keys_of_64_byte_pages(prev, tokens, to, n, out);
 }
 
 /* kvt__radix_keys that also copies the pages to `to` (a new node's tokens),
  * in the same loop: each page is read once, and the copy's stores overlap
  * the hashing instead of running as a memcpy of their own before it. */
-__attribute__((flatten)) static void keys_and_copy_64_byte_pages(uint64_t prev, const int32_t *tokens, int32_t *to,
-                                                                  size_t n, uint64_t *out) {
-    for (size_t i = 0; i < n; i++) {
-        memcpy(to + 16 * i, tokens + 16 * i, 64);
-        out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
-    }
-}
-
 static void keys_and_copy(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, int32_t *to, size_t n, uint64_t *out) {
     if (r->page_tokens == 16) {
-        keys_and_copy_64_byte_pages(prev, tokens, to, n, out);
+        keys_and_copy_64(prev, tokens, to, n, out);
         return;
     }
     memcpy(to, tokens, n * r->page_tokens * sizeof(int32_t));
@@ -805,7 +808,7 @@ static void keys_and_copy(const kvt_radix_t *r, uint64_t prev, const int32_t *to
 
 void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
     if (r->page_tokens == 16) {
-        keys_of_64_byte_pages(prev, tokens, n, out);
+        keys_64(prev, tokens, n, out);
         return;
     }
     for (size_t i = 0; i < n; i++) out[i] = prev = kvt__radix_key_next(r, prev, tokens + i * r->page_tokens);
