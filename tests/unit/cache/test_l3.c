@@ -10,6 +10,7 @@
  * byte for byte. Then: two caches sharing a store, the prefetch policies on a
  * slow store, pages held while a store call is in flight, bad calls. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,7 +238,12 @@ static void rm_root(void) {
     cr_assert_eq(system(cmd), 0);
 }
 
-static void setup_root(void) { snprintf(root_dir, sizeof(root_dir), "/tmp/kvt-l3-%d", (int)getpid()); }
+/* A directory of this test's own: a name from the process id could be one a
+ * failed test left behind (ids wrap at 32768 on many machines). */
+static void setup_root(void) {
+    snprintf(root_dir, sizeof(root_dir), "/tmp/kvt-l3-XXXXXX");
+    cr_assert_not_null(mkdtemp(root_dir), "mkdtemp: %s", strerror(errno));
+}
 
 static void quiet(void *arg, const char *msg) { (void)arg, (void)msg; }
 

@@ -142,13 +142,11 @@ Test(store_redis, store_down) {
     cr_assert_eq(r.count, 0u);
     cr_assert_eq(r.status, KVT_EIO);
     for (int i = 0; i < 4; i++) cr_assert_eq(r.r[i], KVT_STORE_FAILED);
-    /* found down: the next batches fail at once, not after their retries */
-    uint64_t t0 = kvt_now_ns();
+    /* found down: the next batches fail at once, not after their retries (the message names the
+     * path taken: "the store is down", not "failed after 2 retries"; no clock in the check) */
     r = run_op(E.store, kvt_store_put, p, 4);
     cr_assert_eq(r.count, 0u);
-    cr_assert_lt(kvt_now_ns() - t0, 200000000ull, "a put on a store known down took %llu ms",
-                 (unsigned long long)((kvt_now_ns() - t0) / 1000000));
-    cr_assert(strstr(kvt_store_last_error(E.store), "down") != NULL, "%s", kvt_store_last_error(E.store));
+    cr_assert(strstr(kvt_store_last_error(E.store), "the store is down") != NULL, "%s", kvt_store_last_error(E.store));
     r = run_op(E.store, kvt_store_exists, p, 4);
     cr_assert_eq(r.count, 0u);
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).failures, 4u);

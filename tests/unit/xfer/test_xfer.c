@@ -518,10 +518,15 @@ Test(xfer, fault_fail_nth_fails_one_batch, .timeout = 10) {
     env_fini(&e);
 }
 
+/* A batch held in flight by an injected delay: long enough that no stall of
+ * a loaded machine between the submit and the next check lets it complete
+ * first (20 ms was not, on a shared 2-core VM). */
+#define HOLD_NS (250 * MS)
+
 Test(xfer, fault_delay_nth_holds_completion, .timeout = 10) {
     env_t e;
     two_tiers(&e, 1);
-    kvt_xfer_faults_t f = {.delay_nth = 1, .delay_ns = 20 * MS};
+    kvt_xfer_faults_t f = {.delay_nth = 1, .delay_ns = HOLD_NS};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_OK);
     tbatch_t *b = calloc(1, sizeof(*b));
     one_batch(b, 3, 7, 4);
@@ -533,11 +538,11 @@ Test(xfer, fault_delay_nth_holds_completion, .timeout = 10) {
     collect(&e, b, 1);
     uint64_t elapsed = now_ns() - t0;
     cr_assert_eq(b->status, KVT_OK);
-    cr_assert_geq(elapsed, 20 * MS, "completed after %" PRIu64 " ns", elapsed);
+    cr_assert_geq(elapsed, HOLD_NS, "completed after %" PRIu64 " ns", elapsed);
     kvt_xfer_stats_t st = {.size = sizeof(st)};
     kvt_xfer_stats(e.x, 0, 1, &st);
-    cr_assert_geq(st.e2e_ns.max, 20 * MS);
-    cr_assert_geq(st.copy_ns.max, 20 * MS);
+    cr_assert_geq(st.e2e_ns.max, HOLD_NS);
+    cr_assert_geq(st.copy_ns.max, HOLD_NS);
     cr_assert_eq(kvt_xfer_pending(e.x), 0);
     env_apply(&e, b);
     env_verify(&e, 1, "delayed batch");
@@ -744,7 +749,7 @@ Test(xfer, submit_errors_change_nothing, .timeout = 10) {
     env_fill(&e, 0, 1);
     env_fill(&e, 1, 2);
     /* one batch held in flight, so pending is not trivially zero */
-    kvt_xfer_faults_t f = {.delay_nth = 1, .delay_ns = 30 * MS};
+    kvt_xfer_faults_t f = {.delay_nth = 1, .delay_ns = HOLD_NS};
     kvt_xfer_set_faults(e.x, &f);
     tbatch_t *b = calloc(1, sizeof(*b));
     one_batch(b, 0, 0, 2);
