@@ -78,10 +78,17 @@ Test(kernels, cuda_tier_copies_in_every_layout, .timeout = 120) {
         for (int b = 0; b < 2; b++) roundtrip((kvt_layout_t)a, (kvt_layout_t)b, 1 + (uint32_t)a);
 }
 
-Test(kernels, cache_with_a_cuda_l1, .timeout = 120) {
-    enum { L1 = 64, L2 = 96, PT = 4 };
+/* The cache's data plane over an L1 of kind `l1_kind`: 400 requests of 9
+ * families of 4-15 pages (a footprint of up to 135 pages: over L1's 64, within
+ * L1 + L2's 160, so pages leave L1 for L2 and come back). Every page a request
+ * finds is checked byte for byte in L1 (from the GPU, for a cuda L1); the hits
+ * in each tier are returned. */
+typedef struct { uint64_t l1_hits, l2_loads; } cache_run_t;
+
+static cache_run_t cache_run(kvt_tier_kind_t l1_kind) {
+    enum { L1 = 64, L2 = 96, PT = 4, FAMILIES = 9 };
     kvt_tier_t *t[2];
-    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "l1", .geom = {L1, 2, 256, KVT_LAYOUT_LAYER_FIRST}};
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = l1_kind, .name = "l1", .geom = {L1, 2, 256, KVT_LAYOUT_LAYER_FIRST}};
     cr_assert_eq(kvt_tier_create(&t[0], &c), KVT_OK);
     c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_HOST, .name = "l2", .flags = KVT_TIER_CHECKSUM,
                             .geom = {L2, 2, 256, KVT_LAYOUT_PAGE_FIRST}};
@@ -101,9 +108,9 @@ Test(kernels, cache_with_a_cuda_l1, .timeout = 120) {
     int32_t tok[16 * PT];
     uint32_t ids[16];
     uint8_t buf[256];
-    uint64_t loads = 0;
+    cache_run_t out = {0, 0};
     for (int r = 0; r < 400; r++) {
-        uint32_t fam = (uint32_t)(r * 7 % 23), n = 4 + (uint32_t)(r % 12);
+        uint32_t fam = (uint32_t)(r * 7 % FAMILIES), n = 4 + (uint32_t)(r % 12);
         for (uint32_t i = 0; i < n * PT; i++) tok[i] = (int32_t)(fam * 1000 + i);
         kvt_cache_req_t req;
         cr_assert_eq(kvt_cache_admit(cache, 0, tok, n * PT, 0, ids, &req), KVT_OK);
@@ -111,20 +118,36 @@ Test(kernels, cache_with_a_cuda_l1, .timeout = 120) {
         kvt_page_hash_chain(0, tok, req.pages, PT, h);
         for (uint64_t j = 0; j < req.pages; j++) {
             if (j < req.pages - req.new_pages)
-                cr_assert(kvt_tier_pattern_check(t[0], ids[j], h[j].lo, h[j].hi, buf), "request %d page %" PRIu64, r, j);
+                cr_assert(kvt_tier_pattern_check(t[0], ids[j], h[j].lo, h[j].hi, buf), "%s L1: request %d page %" PRIu64,
+                          kvt_tier_kind_name(l1_kind), r, j);
             else
                 cr_assert_eq(kvt_tier_pattern_fill(t[0], ids[j], h[j].lo, h[j].hi, buf), KVT_OK);
         }
-        loads += req.l2_hit_pages;
+        out.l2_loads += req.l2_hit_pages;
+        out.l1_hits += req.pages - req.new_pages - req.l2_hit_pages;
         cr_assert_eq(kvt_cache_release(cache, &req), KVT_OK);
     }
     const char *why;
     cr_assert_eq(kvt_cache_check(cache, &why), KVT_OK, "%s", why);
-    cr_assert_gt(loads, 0, "some pages came back from L2 through the GPU copies");
     kvt_cache_destroy(cache);
     kvt_xfer_destroy(x);
     kvt_tier_destroy(t[0]);
     kvt_tier_destroy(t[1]);
+    return out;
+}
+
+/* The model: the same requests over a host (arena) L1. Where a page lives is
+ * the cache's decision, not the tier's: a cuda L1 hits and loads exactly as
+ * often, and pages do come back from L2 through the GPU copies. */
+Test(kernels, cache_with_a_cuda_l1, .timeout = 120) {
+    cache_run_t gpu = cache_run(KVT_TIER_CUDA), host = cache_run(KVT_TIER_ARENA);
+    fprintf(stderr, "cache with a cuda L1: %" PRIu64 " L1 hits, %" PRIu64 " pages loaded from L2 (arena L1: %" PRIu64
+                    ", %" PRIu64 ")\n", gpu.l1_hits, gpu.l2_loads, host.l1_hits, host.l2_loads);
+    cr_assert_gt(gpu.l2_loads, 0, "some pages came back from L2 through the GPU copies");
+    cr_assert_eq(gpu.l2_loads, host.l2_loads, "L2 loads: a cuda L1 %" PRIu64 ", an arena L1 %" PRIu64, gpu.l2_loads,
+                 host.l2_loads);
+    cr_assert_eq(gpu.l1_hits, host.l1_hits, "L1 hits: a cuda L1 %" PRIu64 ", an arena L1 %" PRIu64, gpu.l1_hits,
+                 host.l1_hits);
 }
 
 /* An engine tier on device memory: GPU memory the "engine" owns (here a cuda
