@@ -58,8 +58,9 @@
 static const char *const LAYOUTS[] = {"page_first", "layer_first", "both", NULL};
 static const char *const PATTERNS[] = {"contiguous", "scattered", "both", NULL};
 static const char *const DIRS[] = {"d2h", "h2d"};
-static const char *const L1S[] = {"arena", "engine_kv", "engine_mla", "all", NULL};
-#define NL1 3
+static const char *const L1S[] = {"arena", "engine_kv", "engine_mla", "all", "cuda", NULL};
+#define NL1 3     /* "all": the three host L1s */
+#define L1_CUDA 4 /* GPU memory (a build with CUDA, a machine with a GPU): only when asked for by name */
 
 typedef struct params {
     uint64_t sizes[MAX_SIZES];
@@ -185,7 +186,11 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout,
     xc.checksum = p->checksum;
     xc.max_batch_copies = xc.max_batch_copies < layers ? layers : xc.max_batch_copies;
     int rc = KVT_OK;
-    if (l1 > 0) {
+    bool device = l1 == L1_CUDA;
+    kvt_tier_t *rt[2] = {NULL, NULL}; /* a device L1's reference: one page of every byte, one span */
+    kvt_xfer_t *rx = NULL;
+    if (device) c1.kind = KVT_TIER_CUDA;
+    else if (l1 > 0) {
         rc = engine_buf_make(&eb, l1, &g);
         c1.kind = KVT_TIER_ENGINE;
         c1.engine = &eb.e;
@@ -193,17 +198,32 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout,
     if (rc == KVT_OK) rc = kvt_tier_create(&t[0], &c1);
     if (rc == KVT_OK) rc = kvt_tier_create(&t[1], &c2);
     if (rc == KVT_OK) rc = kvt_xfer_create(&x, &xc, t, 2);
+    if (rc == KVT_OK && device) {
+        kvt_tier_config_t r1 = c1, r2 = c2;
+        r1.geom = r2.geom = (kvt_geom_t){1, 1, pages * page_bytes, KVT_LAYOUT_PAGE_FIRST};
+        r1.name = "ref_l1";
+        r2.name = "ref_l2";
+        r2.flags &= ~(uint32_t)KVT_TIER_CHECKSUM;
+        kvt_xfer_config_t rc1 = xc;
+        rc1.threads = 1;
+        rc1.checksum = false;
+        rc = kvt_tier_create(&rt[0], &r1);
+        if (rc == KVT_OK) rc = kvt_tier_create(&rt[1], &r2);
+        if (rc == KVT_OK) rc = kvt_xfer_create(&rx, &rc1, rt, 2);
+    }
     kvt_xfer_copy_t *copies = malloc(pages * sizeof(*copies));
     if (rc == KVT_OK && copies == NULL) rc = KVT_ENOMEM;
     if (rc != KVT_OK) {
-        fprintf(stderr, "kvtier bench xfer: cannot set up %" PRIu64 " pages of %" PRIu64 " B: %s\n", pages, page_bytes,
-                kvt_strerror(rc));
+        fprintf(stderr, "kvtier bench xfer: cannot set up %" PRIu64 " pages of %" PRIu64 " B%s: %s\n", pages, page_bytes,
+                device ? " in GPU memory (a build with CUDA and a GPU)" : "", kvt_strerror(rc));
         goto out;
     }
-    uint8_t *b1 = l1 > 0 ? eb.mem : kvt_tier_addr(t[0], 0, 0), *b2 = kvt_tier_addr(t[1], 0, 0); /* the baseline: one memcpy */
+    uint8_t *b1 = device ? NULL : l1 > 0 ? eb.mem : kvt_tier_addr(t[0], 0, 0), *b2 = kvt_tier_addr(t[1], 0, 0); /* the baseline: one memcpy */
     uint64_t bytes = pages * page_bytes;
-    memset(b1, 0x5a, bytes); /* fault every page in before timing */
+    if (b1) memset(b1, 0x5a, bytes); /* fault every page in before timing (GPU memory is resident) */
     memset(b2, 0xa5, bytes);
+    if (device) memset(kvt_tier_addr(rt[1], 0, 0), 0xa5, bytes);
+    const kvt_xfer_copy_t one = {0, 0};
     for (uint64_t i = 0; i < pages; i++) copies[i] = (kvt_xfer_copy_t){(uint32_t)i, (uint32_t)i};
     if (pattern == 1) { /* a random permutation of destinations: no runs */
         uint64_t s = p->seed ^ page_bytes;
@@ -221,12 +241,19 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout,
         if (dir == 1 && p->checksum) /* h2d verifies sums: make them valid first */
             if (engine_run(x, 0, 1, copies, pages) < 0) rc = KVT_EIO;
         for (uint64_t r = 0; r < p->reps && rc == KVT_OK; r++) {
-            uint64_t t0 = now_ns();
-            memcpy(dir == 0 ? b2 : b1, dir == 0 ? b1 : b2, bytes);
-            mc[r] = (double)bytes / (double)(now_ns() - t0);
-            t0 = now_ns();
-            stream_copy(dir == 0 ? b2 : b1, dir == 0 ? b1 : b2, bytes);
-            nt[r] = (double)bytes / (double)(now_ns() - t0);
+            if (device) { /* the same bytes as one block, one span, through the same CUDA copy */
+                double s = engine_run(rx, src, dst, &one, 1);
+                if (s < 0) rc = KVT_EIO;
+                mc[r] = (double)bytes / s / 1e9;
+                nt[r] = 0;
+            } else {
+                uint64_t t0 = now_ns();
+                memcpy(dir == 0 ? b2 : b1, dir == 0 ? b1 : b2, bytes);
+                mc[r] = (double)bytes / (double)(now_ns() - t0);
+                t0 = now_ns();
+                stream_copy(dir == 0 ? b2 : b1, dir == 0 ? b1 : b2, bytes);
+                nt[r] = (double)bytes / (double)(now_ns() - t0);
+            }
             double s = engine_run(x, src, dst, copies, pages);
             if (s < 0) rc = KVT_EIO;
             eng[r] = (double)bytes / s / 1e9;
@@ -258,8 +285,8 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout,
 out:
     free(copies);
     kvt_xfer_destroy(x);
-    kvt_tier_destroy(t[0]);
-    kvt_tier_destroy(t[1]);
+    kvt_xfer_destroy(rx);
+    for (int i = 0; i < 2; i++) kvt_tier_destroy(t[i]), kvt_tier_destroy(rt[i]);
     engine_buf_free(&eb); /* after the tier: the buffer is the bench's, as an engine's is */
     return rc == KVT_OK ? 0 : -1;
 }
@@ -267,7 +294,7 @@ out:
 static const char USAGE[] =
     "usage: kvtier bench xfer [--page-bytes 4096,16384,65536,1048576] [--total-mb 1024]\n"
     "                         [--layout page_first|layer_first|both] [--pattern contiguous|scattered|both]\n"
-    "                         [--l1 arena|engine_kv|engine_mla|all]\n"
+    "                         [--l1 arena|engine_kv|engine_mla|all|cuda]\n"
     "                         [--threads 1] [--layers 8] [--reps 5] [--checksum] [--seed 42]\n"
     "                         [--cpus 0,1] [--json]\n"
     "\n"
@@ -275,8 +302,11 @@ static const char USAGE[] =
     "streaming-store copy of the same bytes; ratio = engine GB/s / memcpy GB/s, vs best =\n"
     "engine GB/s / the better of the two, medians of --reps runs. L1 is an arena\n"
     "tier or an engine tier over the bench's own buffer: engine_kv like SGLang's K and V\n"
-    "pools (two planes), engine_mla like an MLA latent pool (one plane). --cpus pins\n"
-    "the bench and its workers to those CPUs (default: not pinned).\n";
+    "pools (two planes), engine_mla like an MLA latent pool (one plane); all: those\n"
+    "three. cuda: GPU memory (cudaMalloc), the copies DMA; its reference is the same\n"
+    "bytes as one block through the same CUDA copy, the GPU link's limit (memcpy\n"
+    "column; stream 0). --cpus pins the bench and its workers to those CPUs (default:\n"
+    "not pinned).\n";
 
 static int parse(int argc, char **argv, params_t *p) {
     *p = (params_t){.sizes = {4096, 16384, 65536, 1048576}, .nsizes = 4, .total_mb = 1024, .threads = 1,
@@ -411,8 +441,8 @@ int cmd_bench_xfer(int argc, char **argv) {
         for (int pat = 0; pat < 2 && rc == 0; pat++) {
             if (p.pattern != 2 && p.pattern != pat) continue;
             for (size_t i = 0; i < p.nsizes && rc == 0; i++)
-                for (int k = 0; k < NL1 && rc == 0; k++) {
-                    if (p.l1 != NL1 && p.l1 != k) continue;
+                for (int k = 0; L1S[k] && rc == 0; k++) {
+                    if (k == NL1 || (p.l1 == NL1 ? k > NL1 : p.l1 != k)) continue; /* all: the host L1s */
                     rc = bench_one(&p, p.sizes[i], k, l, pat, &res[n]);
                     n += 2;
                 }
