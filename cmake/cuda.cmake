@@ -1,6 +1,7 @@
 # KVT_CUDA: off (never), auto (when a CUDA compiler is found), on (required).
 # Sets KVT_CUDA_ENABLED: the L1 cuda tier (src/tier/cuda.c, C against the
-# CUDA runtime) and the kernels suite are then built.
+# CUDA runtime, and its copy kernel, cuda_copy.cu) and the kernels suite are
+# then built.
 set(KVT_CUDA_ENABLED OFF)
 if(KVT_CUDA STREQUAL "on" OR KVT_CUDA STREQUAL "auto")
   include(CheckLanguage)
@@ -9,6 +10,10 @@ if(KVT_CUDA STREQUAL "on" OR KVT_CUDA STREQUAL "auto")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # Turing, Ampere as machine code; Hopper as machine code and PTX (what later GPUs compile at load)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES "75-real;80-real;90")
+    endif()
     enable_language(CUDA)
     set(KVT_CUDA_ENABLED ON)
   elseif(KVT_CUDA STREQUAL "on")

@@ -136,6 +136,15 @@ KVT_API const char *kvt_tier_kind_name(kvt_tier_kind_t k);
 #define KVT_TIER_REGISTER 0x20 /* engine (host memory): a transfer engine with a device tier registers the
                                  planes' memory for DMA, as it does host tiers (memory already pinned by
                                  the caller is left as it is) */
+/* cuda, and engine tiers on device memory: how the transfer engine copies a batch of spans
+ * between the GPU and host memory. Neither flag (the default): the SMs' copy kernel for a batch
+ * of two or more spans averaging at most 256 KiB, the copy engines (DMA, cudaMemcpyBatchAsync)
+ * for the rest; a copy engine spends ~2 us a span, so scattered pages of a few KiB reach a few
+ * percent of the link by DMA and most of it by the kernel (docs/benchmarks.md). The kernel only
+ * ever touches host memory a transfer engine registered itself (KVT_TIER_REGISTER, host tiers):
+ * a batch with any other host span goes by DMA. Both flags together: KVT_EINVAL. */
+#define KVT_TIER_COPY_DMA 0x40    /* every batch by the copy engines */
+#define KVT_TIER_COPY_KERNEL 0x80 /* every batch of two or more spans by the kernel, where it may */
 
 /* Engine tiers: the caller's own memory, described plane by plane (see the
  * essay above). Planes must not overlap one another or themselves (not
@@ -177,7 +186,8 @@ typedef struct kvt_tier kvt_tier_t;
  * layer pointer, both or neither of layer_base and base, a zero piece, a
  * page stride below the piece, a zero layer stride over several layers, an
  * address range or byte count that overflows, layer_bytes neither 0 nor the
- * sum of the pieces, KVT_TIER_REGISTER on device memory), KVT_ENOMEM,
+ * sum of the pieces, KVT_TIER_REGISTER on device memory; a KVT_TIER_COPY_ flag on a tier not
+ * on device memory, or both of them), KVT_ENOMEM,
  * KVT_ENOTSUP (cuda, or an engine tier on device memory, in a build without
  * CUDA, or no device), KVT_EEXIST (shm:
  * the segment belongs to a live process), KVT_ENOENT (shm attach: no such

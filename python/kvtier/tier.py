@@ -16,6 +16,16 @@ LAYOUTS = ("page_first", "layer_first")
 KINDS = enum_names(lib.kvt_tier_kind_name, 7)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 HUGE, LOCK, CHECKSUM, ATTACH, SHARED, REGISTER = 0x1, 0x2, 0x4, 0x8, 0x10, 0x20
+COPY_DMA, COPY_KERNEL = 0x40, 0x80
+_COPY = {"auto": 0, "dma": COPY_DMA, "kernel": COPY_KERNEL}  # device memory: how batches are copied (tier.h)
+
+
+def _copy_flag(copy: str, device: Optional[int]) -> int:
+    if copy not in _COPY:
+        raise ValueError(f"copy={copy!r}: expected one of {', '.join(_COPY)}")
+    if copy != "auto" and device is None:
+        raise ValueError(f"copy={copy!r} is for device memory: these tensors are host memory")
+    return _COPY[copy]
 
 
 class Plane(NamedTuple):
@@ -136,12 +146,15 @@ class Tier(Handle):
 
     @classmethod
     def engine(cls, planes: Sequence[Plane], pages: int, layers: int, keep: Sequence[Any] = (),
-               device: Optional[int] = None, register: bool = False, name: Optional[str] = None) -> "Tier":
+               device: Optional[int] = None, register: bool = False, name: Optional[str] = None,
+               copy: str = "auto") -> "Tier":
         """An engine tier over memory the caller owns, described by address
         (:class:`Plane`; at most 4). ``keep``: objects that own the memory,
         kept alive while the tier is open. ``device``: a CUDA ordinal for
-        device memory (None: host memory). Prefer :meth:`from_tensors`, which
-        derives the planes from tensors and checks them."""
+        device memory (None: host memory). ``copy`` (device memory): "auto"
+        (batches of small spans by the SMs' copy kernel, the rest by DMA),
+        "dma" or "kernel". Prefer :meth:`from_tensors`, which derives the
+        planes from tensors and checks them."""
         if not 1 <= len(planes) <= KVT_TIER_MAX_PLANES:
             raise ValueError(f"engine: {len(planes)} planes (expected 1..{KVT_TIER_MAX_PLANES})")
         if not isinstance(layers, int) or layers < 1 or not isinstance(pages, int) or pages < 1:
@@ -159,14 +172,15 @@ class Tier(Handle):
                 pl.layer_base = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
             else:
                 pl.base, pl.layer_stride = p.base, p.layer_stride
+        flags = (REGISTER if register else 0) | _copy_flag(copy, device)
         cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0), name=c_str(name), device=device or 0,
-                         flags=REGISTER if register else 0)
+                         flags=flags)
         cfg.engine = ctypes.pointer(eng)
         return cls(cfg, hold, what="Tier.engine")
 
     @classmethod
     def from_tensors(cls, *planes: Any, pages: Optional[int] = None, dtype: Any = None, register: bool = False,
-                     name: Optional[str] = None) -> "Tier":
+                     name: Optional[str] = None, copy: str = "auto") -> "Tier":
         """An engine tier over the engine's own KV tensors, one argument per
         plane (K, V; one latent plane for MLA; at most 4). A plane is either a
         list of per-layer tensors shaped [pages, ...] or one tensor shaped
@@ -175,6 +189,8 @@ class Tier(Handle):
         them is never touched). Every tensor must hold at least ``pages``
         pages (default: the smallest count), have ``dtype`` when given, and be
         of one device. The tier keeps the tensors alive until it is closed.
+        ``copy``: for CUDA tensors, how the transfer engine copies a batch
+        ("auto", "dma" or "kernel"; see :meth:`engine`).
 
         Example (SGLang's MHA pool: per-layer k_buffer and v_buffer of
         [tokens, heads, head_dim], viewed as pages of 16 tokens)::
@@ -245,7 +261,7 @@ class Tier(Handle):
                              "(the tensor is too small for the geometry)")
         if pages < 1:
             raise ValueError("from_tensors: no pages")
-        return cls.engine(described, pages, layers, keep, device=device, register=register, name=name)
+        return cls.engine(described, pages, layers, keep, device=device, register=register, name=name, copy=copy)
 
     # -- queries -------------------------------------------------------------
 

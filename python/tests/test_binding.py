@@ -199,6 +199,16 @@ def test_engine_tier_from_a_stacked_array_and_bad_tensors():
         kvtier.Tier.from_tensors(["nope"])
 
 
+def test_a_copy_way_is_for_device_memory():
+    kv = np.zeros((2, 10, 16, 8), dtype=np.float16)
+    with pytest.raises(ValueError, match="copy='kernel' is for device memory"):
+        kvtier.Tier.from_tensors(kv, copy="kernel")
+    with pytest.raises(ValueError, match="copy='fast': expected one of auto, dma, kernel"):
+        kvtier.Tier.from_tensors(kv, copy="fast")
+    with kvtier.Tier.from_tensors(kv, copy="auto") as t:  # the default, valid anywhere
+        assert t.pages == 10
+
+
 def test_transfer_copies_bytes_and_catches_corruption():
     with kvtier.Tier.host(16, 2, 256) as a, kvtier.Tier.host(16, 2, 256, checksum=True) as b:
         with kvtier.Transfer([a, b], threads=2) as x:

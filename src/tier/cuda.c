@@ -8,9 +8,23 @@
  * unified addressing (cudaMemcpyDefault). Host memory the engine copies to or
  * from is registered (cudaHostRegister) so copies are true DMA.
  *
+ * Or by the SMs: a copy engine spends ~2 us a span, so a batch of many small
+ * spans (scattered pages, or a layer_first tier's pieces) goes to the copy
+ * kernel (cuda_copy.cu) instead: its spans are written to a page-locked
+ * staging array, copied to the device in one DMA, and the kernel copies them,
+ * one warp a span, reading and writing the registered host memory directly.
+ * The kernel may only touch host memory this process registered and has not
+ * unregistered since: the ranges are kept here (host_ranges), and a batch with
+ * a span whose host side is outside them goes by DMA. Which way a batch goes:
+ * KVT_TIER_COPY_DMA, KVT_TIER_COPY_KERNEL, or by its average span
+ * (CUDA_COPY_MAX_AVG) where neither flag is set.
+ *
  * Built when CMake finds the CUDA toolkit (KVT_CUDA=auto|on); without it the
  * ops below report KVT_ENOTSUP. Run by the kernels suite when a GPU exists.
  */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kvtier/error.h"
@@ -20,7 +34,29 @@
 #ifdef KVT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda-copy-int.h"
+
 bool kvt_tier_cuda_built(void) { return true; }
+
+/* A batch whose spans average at most this goes to the kernel (neither flag
+ * set). On an H200 (PCIe gen 5, 54 GB/s as one block): scattered 64 KiB spans
+ * by DMA 30-32 GB/s, by the kernel 44-45; 128 KiB pieces 44-45 by DMA, 48-49
+ * by the kernel; at 1 MiB both ~50. A few large spans are the kernel's worst
+ * case (a warp a span: whole layer_first runs by the kernel ran at 11-33 GB/s),
+ * so past this average the copy engines take them (docs/benchmarks.md, "A GPU
+ * L1"). */
+#define CUDA_COPY_MAX_AVG (256u << 10)
+
+/* The host memory this process registered (cuda_register_host), which the
+ * kernel may read and write through the same pointers (unified addressing).
+ * Process-wide, as registration is; a copy snapshots it under the lock. */
+#define MAX_HOST_RANGES 64
+static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvt__region_t host_ranges[MAX_HOST_RANGES];
+static size_t nhost_ranges;
+static _Atomic uint64_t kernel_spans; /* spans the kernel copied, for the tests */
+
+uint64_t kvt__cuda_kernel_spans(void) { return atomic_load(&kernel_spans); }
 
 typedef struct cuda_ctx {
     cudaStream_t stream;
@@ -29,6 +65,10 @@ typedef struct cuda_ctx {
     const void **srcs;
     size_t *sizes;
     size_t cap;
+    bool kernel_ok;              /* the device reads registered host memory through the host's pointers */
+    kvt__cuda_span_t *kspans;    /* the kernel's spans: page-locked staging ... */
+    kvt__cuda_span_t *dev_spans; /* ... and their copy on the device */
+    size_t kcap;
 } cuda_ctx_t;
 
 static int cuda_open(kvt_tier_t *t) {
@@ -69,6 +109,10 @@ static int cuda_ctx_open(kvt_tier_t *t, void **out) {
         KVT_DELETE(x);
         return KVT_EIO;
     }
+    int direct = 0;
+    x->kernel_ok = !(t->cfg.flags & KVT_TIER_COPY_DMA) &&
+                   cudaDeviceGetAttribute(&direct, cudaDevAttrCanUseHostPointerForRegisteredMem, t->cfg.device) == cudaSuccess &&
+                   direct;
     *out = x;
     return KVT_OK;
 }
@@ -81,9 +125,61 @@ static void cuda_ctx_close(kvt_tier_t *t, void *ctx) {
     kvt__free(x->dsts, x->cap * sizeof(void *));
     kvt__free(x->srcs, x->cap * sizeof(void *));
     kvt__free(x->sizes, x->cap * sizeof(size_t));
+    cudaFreeHost(x->kspans);
+    cudaFree(x->dev_spans);
     KVT_DELETE(x);
 }
 
+/* Room for n kernel spans (the previous batch is done: every copy ends synchronized). */
+static bool kgrow(cuda_ctx_t *x, size_t n) {
+    if (n <= x->kcap) return true;
+    size_t cap = x->kcap ? x->kcap : 1024;
+    while (cap < n) cap *= 2;
+    kvt__cuda_span_t *h = NULL, *d = NULL;
+    if (cudaMallocHost((void **)&h, cap * sizeof(*h)) != cudaSuccess) return false;
+    if (cudaMalloc((void **)&d, cap * sizeof(*d)) != cudaSuccess) {
+        cudaFreeHost(h);
+        return false;
+    }
+    cudaFreeHost(x->kspans);
+    cudaFree(x->dev_spans);
+    x->kspans = h;
+    x->dev_spans = d;
+    x->kcap = cap;
+    return true;
+}
+
+static bool in_ranges(const kvt__region_t *r, size_t nr, const void *p, size_t len) {
+    uintptr_t a = (uintptr_t)p;
+    for (size_t i = 0; i < nr; i++)
+        if (a >= (uintptr_t)r[i].p && a - (uintptr_t)r[i].p <= r[i].len && len <= r[i].len - (a - (uintptr_t)r[i].p)) return true;
+    return false;
+}
+
+/* The kernel's way, where the batch may take it: every span with exactly one
+ * side in registered host memory (the other is the GPU's), staged. */
+static bool kernel_stage(cuda_ctx_t *x, const kvt__span_t *spans, size_t n) {
+    kvt__region_t r[MAX_HOST_RANGES];
+    pthread_mutex_lock(&host_mu);
+    size_t nr = nhost_ranges;
+    memcpy(r, host_ranges, nr * sizeof(r[0]));
+    pthread_mutex_unlock(&host_mu);
+    if (nr == 0 || !kgrow(x, n)) return false;
+    for (size_t i = 0; i < n; i++) {
+        bool s = in_ranges(r, nr, spans[i].src, spans[i].len), d = in_ranges(r, nr, spans[i].dst, spans[i].len);
+        if (s == d) return false;
+        x->kspans[i] = (kvt__cuda_span_t){spans[i].dst, spans[i].src, spans[i].len};
+    }
+    return true;
+}
+
+static bool wants_kernel(const kvt_tier_t *t, const kvt__span_t *spans, size_t n) {
+    if (n < 2) return false;
+    if (t->cfg.flags & KVT_TIER_COPY_KERNEL) return true;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += spans[i].len;
+    return total / n <= CUDA_COPY_MAX_AVG;
+}
 #if CUDART_VERSION >= 13000
 static int grow(cuda_ctx_t *x, size_t n) {
     if (n <= x->cap) return KVT_OK;
@@ -111,8 +207,15 @@ static int cuda_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t 
     cuda_ctx_t *x = ctx;
     if (cudaSetDevice(t->cfg.device) != cudaSuccess) return KVT_EIO;
     cudaError_t e = cudaSuccess;
+    size_t by_kernel = 0;
+    if (x->kernel_ok && wants_kernel(t, spans, n) && kernel_stage(x, spans, n)) {
+        e = cudaMemcpyAsync(x->dev_spans, x->kspans, n * sizeof(kvt__cuda_span_t), cudaMemcpyHostToDevice, x->stream);
+        if (e == cudaSuccess && kvt__cuda_copy_spans(x->dev_spans, n, (void *)x->stream) != 0) e = cudaErrorLaunchFailure;
+        by_kernel = n;
+        n = 0; /* issued */
+    }
 #if CUDART_VERSION >= 13000
-    if (n > 1 && grow(x, n) == KVT_OK) {
+    if (e == cudaSuccess && n > 1 && grow(x, n) == KVT_OK) {
         for (size_t i = 0; i < n; i++) {
             x->dsts[i] = spans[i].dst;
             x->srcs[i] = spans[i].src;
@@ -134,6 +237,7 @@ static int cuda_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t 
         cudaStreamSynchronize(x->stream); /* nothing may still be writing when we report */
         return KVT_EIO;
     }
+    atomic_fetch_add(&kernel_spans, by_kernel);
     return KVT_OK;
 }
 
@@ -141,10 +245,21 @@ static int cuda_register_host(kvt_tier_t *t, void *p, size_t len) {
     if (cudaSetDevice(t->cfg.device) != cudaSuccess) return KVT_EIO;
     cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterDefault);
     if (e == cudaErrorHostMemoryAlreadyRegistered) return KVT_EEXIST; /* someone else's: not ours to unregister */
-    return e == cudaSuccess ? KVT_OK : KVT_EIO;
+    if (e != cudaSuccess) return KVT_EIO;
+    pthread_mutex_lock(&host_mu);
+    if (nhost_ranges < MAX_HOST_RANGES) host_ranges[nhost_ranges++] = (kvt__region_t){p, len}; /* else: DMA for it */
+    pthread_mutex_unlock(&host_mu);
+    return KVT_OK;
 }
 
 static void cuda_unregister_host(kvt_tier_t *t, void *p) {
+    pthread_mutex_lock(&host_mu); /* out of the kernel's reach before it is unpinned */
+    for (size_t i = 0; i < nhost_ranges; i++)
+        if (host_ranges[i].p == p) {
+            host_ranges[i] = host_ranges[--nhost_ranges];
+            break;
+        }
+    pthread_mutex_unlock(&host_mu);
     cudaSetDevice(t->cfg.device);
     cudaHostUnregister(p);
 }

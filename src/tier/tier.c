@@ -98,13 +98,15 @@ int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *user) {
     kvt_geom_t geom = cfg->geom;
     if (cfg->kind == KVT_TIER_ENGINE && kvt__engine_check(cfg, &geom.layer_bytes) != KVT_OK) return KVT_EINVAL;
     if (!geom_ok(&geom)) return KVT_EINVAL;
-    uint32_t host_flags = KVT_TIER_HUGE | KVT_TIER_LOCK | KVT_TIER_CHECKSUM;
+    uint32_t host_flags = KVT_TIER_HUGE | KVT_TIER_LOCK | KVT_TIER_CHECKSUM, copy_flags = KVT_TIER_COPY_DMA | KVT_TIER_COPY_KERNEL;
     uint32_t allowed = cfg->kind == KVT_TIER_SHM      ? host_flags | KVT_TIER_ATTACH
                        : cfg->kind == KVT_TIER_HOST   ? host_flags
                        : cfg->kind == KVT_TIER_ARENA  ? KVT_TIER_SHARED
-                       : cfg->kind == KVT_TIER_ENGINE ? KVT_TIER_REGISTER
+                       : cfg->kind == KVT_TIER_CUDA   ? copy_flags
+                       : cfg->kind == KVT_TIER_ENGINE ? KVT_TIER_REGISTER | (cfg->engine->device ? copy_flags : 0)
                                                       : 0;
     if (cfg->flags & ~allowed) return KVT_EINVAL;
+    if ((cfg->flags & copy_flags) == copy_flags) return KVT_EINVAL; /* one way or the other */
     if ((cfg->kind == KVT_TIER_TCP || cfg->kind == KVT_TIER_UCX) && (cfg->name == NULL || strchr(cfg->name, ':') == NULL || strlen(cfg->name) > 60))
         return KVT_EINVAL;
     if (cfg->kind == KVT_TIER_SHM && (cfg->name == NULL || cfg->name[0] != '/' || strlen(cfg->name) > 60 ||

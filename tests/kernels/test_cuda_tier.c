@@ -10,14 +10,18 @@
 #include "kvtier/error.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
+#include "tier/cuda-copy-int.h" /* kvt__cuda_kernel_spans */
 
 #define PAGES 256
 #define LAYERS 4
 #define LB 4096
 
-static void roundtrip(kvt_layout_t l1_layout, kvt_layout_t l2_layout, uint32_t threads) {
+/* flags: the L1's copy way (0: by the spans' sizes; KVT_TIER_COPY_DMA; KVT_TIER_COPY_KERNEL). */
+static void roundtrip(kvt_layout_t l1_layout, kvt_layout_t l2_layout, uint32_t threads, uint32_t flags) {
     kvt_tier_t *t[3];
-    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "gpu", .geom = {PAGES, LAYERS, LB, l1_layout}};
+    uint64_t kernel0 = kvt__cuda_kernel_spans();
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "gpu", .flags = flags,
+                           .geom = {PAGES, LAYERS, LB, l1_layout}};
     cr_assert_eq(kvt_tier_create(&t[0], &c), KVT_OK, "cudaMalloc");
     c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_HOST, .name = "host", .flags = KVT_TIER_CHECKSUM,
                             .geom = {PAGES, LAYERS, LB, l2_layout}};
@@ -65,17 +69,85 @@ static void roundtrip(kvt_layout_t l1_layout, kvt_layout_t l2_layout, uint32_t t
     kvt_xfer_stats_t st = {.size = sizeof(st)};
     cr_assert_eq(kvt_xfer_stats(x, 1, 0, &st), KVT_OK);
     cr_assert_eq(st.pages, PAGES);
-    fprintf(stderr, "cuda tier %s/%s: H2D %.2f GB/s, %" PRIu64 " runs for %d pages\n", kvt_layout_name(l1_layout),
-            kvt_layout_name(l2_layout), st.gbps, st.runs, PAGES);
+    uint64_t by_kernel = kvt__cuda_kernel_spans() - kernel0;
+    fprintf(stderr, "cuda tier %s/%s, %s: H2D %.2f GB/s, %" PRIu64 " runs for %d pages, %" PRIu64 " spans by the kernel\n",
+            kvt_layout_name(l1_layout), kvt_layout_name(l2_layout),
+            flags & KVT_TIER_COPY_DMA ? "dma" : flags & KVT_TIER_COPY_KERNEL ? "kernel" : "auto", st.gbps, st.runs, PAGES,
+            by_kernel);
+    if (flags & KVT_TIER_COPY_DMA) cr_assert_eq(by_kernel, 0, "KVT_TIER_COPY_DMA: no span by the kernel");
+    else cr_assert_gt(by_kernel, 0, "batches of 4 KiB spans go to the kernel");
     free(buf);
     kvt_xfer_destroy(x);
     for (int i = 0; i < 3; i++) kvt_tier_destroy(t[i]);
 }
 
+/* Every pair of layouts, each of the three copy ways: the same bytes. */
 Test(kernels, cuda_tier_copies_in_every_layout, .timeout = 120) {
     cr_assert(kvt_tier_cuda_built());
-    for (int a = 0; a < 2; a++)
-        for (int b = 0; b < 2; b++) roundtrip((kvt_layout_t)a, (kvt_layout_t)b, 1 + (uint32_t)a);
+    const uint32_t ways[] = {0, KVT_TIER_COPY_DMA, KVT_TIER_COPY_KERNEL};
+    for (int w = 0; w < 3; w++)
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) roundtrip((kvt_layout_t)a, (kvt_layout_t)b, 1 + (uint32_t)a, ways[w]);
+}
+
+/* Spans the kernel's 16-byte path cannot take (odd lengths and offsets):
+ * copied a byte a lane, the same bytes as by DMA, the guards around each left
+ * alone. An engine-style tier over a cuda tier's memory, pieces of 4,099
+ * bytes at odd strides, to and from a host tier. */
+Test(kernels, unaligned_spans_by_the_kernel, .timeout = 120) {
+    enum { N = 64, PIECE = 4099, STRIDE = 4099 + 13 };
+    for (int way = 0; way < 2; way++) {
+        kvt_tier_t *owner;
+        kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "owner", .geom = {1, 1, 8 + (uint64_t)N * STRIDE, KVT_LAYOUT_PAGE_FIRST}};
+        cr_assert_eq(kvt_tier_create(&owner, &c), KVT_OK, "cudaMalloc");
+        uint8_t *dev = kvt_tier_addr(owner, 0, 0);
+        kvt_tier_engine_t e = {.planes = 1, .device = true,
+                               .plane = {{.base = dev + 3, .piece_bytes = PIECE, .page_stride = STRIDE}}};
+        kvt_tier_t *t[2];
+        c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_ENGINE, .name = "engine", .engine = &e,
+                                .flags = way ? KVT_TIER_COPY_KERNEL : KVT_TIER_COPY_DMA, .geom = {N, 1, 0, KVT_LAYOUT_PAGE_FIRST}};
+        cr_assert_eq(kvt_tier_create(&t[0], &c), KVT_OK);
+        c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_HOST, .name = "host", .geom = {N, 1, PIECE, KVT_LAYOUT_PAGE_FIRST}};
+        cr_assert_eq(kvt_tier_create(&t[1], &c), KVT_OK);
+        kvt_xfer_config_t xc;
+        kvt_xfer_config_default(&xc);
+        kvt_xfer_t *x;
+        cr_assert_eq(kvt_xfer_create(&x, &xc, t, 2), KVT_OK);
+        uint8_t *zero = calloc(1, 8 + (size_t)N * STRIDE), *back = malloc(8 + (size_t)N * STRIDE), buf[PIECE];
+        cr_assert_eq(kvt_tier_write(owner, 0, 0, zero), KVT_OK); /* guards and gaps: zero */
+        for (uint32_t p = 0; p < N; p++) kvt_pattern_fill(kvt_tier_addr(t[1], p, 0), PIECE, p, 9, 0);
+        kvt_xfer_copy_t cp[N];
+        for (uint32_t p = 0; p < N; p++) cp[p] = (kvt_xfer_copy_t){p, (p * 37) % N}; /* scattered */
+        uint64_t k0 = kvt__cuda_kernel_spans();
+        kvt_xfer_done_t d;
+        cr_assert_eq(kvt_xfer_submit(x, 1, 0, cp, N, 1, NULL), KVT_OK);
+        cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+        cr_assert_eq(d.status, KVT_OK);
+        cr_assert_eq(kvt__cuda_kernel_spans() - k0, way ? (uint64_t)N : 0, "the way asked for");
+        cr_assert_eq(kvt_tier_read(owner, 0, 0, back), KVT_OK);
+        for (uint32_t p = 0; p < N; p++) {
+            uint32_t at = (p * 37) % N;
+            cr_assert(kvt_pattern_check(back + 3 + (size_t)at * STRIDE, PIECE, p, 9, 0), "%s: piece %u", way ? "kernel" : "dma", at);
+            for (uint32_t g = PIECE; g < STRIDE && 3 + (size_t)at * STRIDE + g < 8 + (size_t)N * STRIDE; g++)
+                cr_assert_eq(back[3 + (size_t)at * STRIDE + g], 0, "%s: a gap byte after piece %u written", way ? "kernel" : "dma", at);
+        }
+        cr_assert_eq(back[0] | back[1] | back[2], 0, "the guard before the first piece");
+        /* and back: device -> host, into a cleared host tier */
+        memset(kvt_tier_addr(t[1], 0, 0), 0, (size_t)N * PIECE);
+        for (uint32_t p = 0; p < N; p++) cp[p] = (kvt_xfer_copy_t){(p * 37) % N, p};
+        cr_assert_eq(kvt_xfer_submit(x, 0, 1, cp, N, 2, NULL), KVT_OK);
+        cr_assert_eq(kvt_xfer_poll(x, &d, 1, 10000000000ull), 1);
+        cr_assert_eq(d.status, KVT_OK);
+        for (uint32_t p = 0; p < N; p++)
+            cr_assert(kvt_pattern_check(kvt_tier_addr(t[1], p, 0), PIECE, p, 9, 0), "%s: back, page %u", way ? "kernel" : "dma", p);
+        (void)buf;
+        free(zero);
+        free(back);
+        kvt_xfer_destroy(x);
+        kvt_tier_destroy(t[0]);
+        kvt_tier_destroy(t[1]);
+        kvt_tier_destroy(owner);
+    }
 }
 
 /* The cache's data plane over an L1 of kind `l1_kind`: 400 requests of 9

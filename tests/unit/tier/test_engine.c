@@ -283,6 +283,9 @@ Test(engine, bad_descriptions_einval) {
     EXPECT_BAD(c.flags = KVT_TIER_CHECKSUM);
     EXPECT_BAD(c.flags = KVT_TIER_HUGE);
     EXPECT_BAD((e.device = true, c.flags = KVT_TIER_REGISTER));   /* registering is for host memory */
+    EXPECT_BAD(c.flags = KVT_TIER_COPY_KERNEL);                    /* a copy way is for device memory */
+    EXPECT_BAD(c.flags = KVT_TIER_COPY_DMA);
+    EXPECT_BAD((e.device = true, c.flags = KVT_TIER_COPY_DMA | KVT_TIER_COPY_KERNEL)); /* one way or the other */
     /* the one-base form */
     EXPECT_BAD((e.plane[0].layer_base = NULL, e.plane[0].base = m.buf[0], e.plane[0].layer_stride = 0)); /* layers alias */
     EXPECT_BAD((e.plane[0].layer_base = NULL, e.plane[0].base = m.buf[0], e.plane[0].layer_stride = UINT64_MAX / 2));
@@ -318,6 +321,8 @@ Test(engine, device_memory_without_cuda_enotsup) {
     c.engine = &e;
     kvt_tier_t *t = (kvt_tier_t *)(uintptr_t)0x1234;
     uint64_t before = live_bytes();
+    cr_assert_eq(kvt_tier_create(&t, &c), KVT_ENOTSUP);
+    c.flags = KVT_TIER_COPY_KERNEL; /* a valid way: still no device */
     cr_assert_eq(kvt_tier_create(&t, &c), KVT_ENOTSUP);
     cr_assert_eq(t, (kvt_tier_t *)(uintptr_t)0x1234);
     cr_assert_eq(live_bytes(), before);

@@ -324,6 +324,9 @@ Test(tier, bad_configs_einval) {
     EXPECT_BAD((c.kind = KVT_TIER_ARENA, c.flags = KVT_TIER_HUGE));
     EXPECT_BAD((c.kind = KVT_TIER_ARENA, c.flags = KVT_TIER_LOCK));
     EXPECT_BAD((c.kind = KVT_TIER_CUDA, c.flags = KVT_TIER_CHECKSUM));
+    EXPECT_BAD(c.flags = KVT_TIER_COPY_DMA); /* host memory: no copy way to choose */
+    EXPECT_BAD((c.kind = KVT_TIER_ARENA, c.flags = KVT_TIER_COPY_KERNEL));
+    EXPECT_BAD((c.kind = KVT_TIER_CUDA, c.flags = KVT_TIER_COPY_DMA | KVT_TIER_COPY_KERNEL)); /* one way or the other */
     EXPECT_BAD((c.kind = KVT_TIER_SHM, c.name = NULL));
     EXPECT_BAD((c.kind = KVT_TIER_SHM, c.name = "kvtier-no-slash"));
     EXPECT_BAD((c.kind = KVT_TIER_SHM, c.name = "/kvtier/inner"));
