@@ -60,6 +60,36 @@ Test(bench_xfer, bad_flags) {
     run_free(&r);
 }
 
+/* --l1 cuda: where a GPU and a CUDA build are, rows of the cuda L1 against the
+ * one-block reference (no streaming reference: 0), runs per page a property of
+ * the pattern as for the host L1s; elsewhere exit 1 before any copy, naming GPU
+ * memory (not a bad flag: 2). */
+Test(bench_xfer, cuda_l1_runs_or_says_why, .timeout = 120) {
+    run_result_t r = run_argv((const char *const[]){NULL, "bench", "xfer", "--l1", "cuda", "--total-mb", "8", "--reps", "2",
+                                                    "--page-bytes", "65536", "--json", NULL});
+    if (r.status != 0) {
+        cr_assert_eq(r.status, 1, "%s", r.err);
+        cr_assert(strstr(r.err, "in GPU memory (a build with CUDA and a GPU)"), "%s", r.err);
+        cr_assert_eq(r.out[0], 0, "no results printed: %s", r.out);
+        run_free(&r);
+        return;
+    }
+    cJSON *o = cJSON_Parse(r.out), *x;
+    cr_assert_not_null(o, "%s", r.out);
+    cJSON *res = cJSON_GetObjectItem(o, "results");
+    cr_assert_eq(cJSON_GetArraySize(res), 2 * 2, "patterns x directions");
+    cJSON_ArrayForEach(x, res) {
+        cr_assert_str_eq(cJSON_GetObjectItem(x, "l1")->valuestring, "cuda");
+        cr_assert_gt(cJSON_GetObjectItem(x, "memcpy_gbps")->valuedouble, 0, "the one-block reference ran");
+        cr_assert_eq(cJSON_GetObjectItem(x, "stream_gbps")->valuedouble, 0);
+        double rpp = cJSON_GetObjectItem(x, "runs_per_page")->valuedouble;
+        if (strcmp(cJSON_GetObjectItem(x, "pattern")->valuestring, "contiguous") == 0) cr_assert_eq(rpp, 1.0 / 128);
+        else cr_assert_geq(rpp, 0.98);
+    }
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
 /* --cpus pins the run to CPUs this process may use (the JSON gives the mask
  * read back after pinning: one CPU, where the process may use more), and
  * refuses one it may not use, before any copy. */

@@ -58,6 +58,8 @@
 static const char *const LAYOUTS[] = {"page_first", "layer_first", "both", NULL};
 static const char *const PATTERNS[] = {"contiguous", "scattered", "both", NULL};
 static const char *const DIRS[] = {"d2h", "h2d"};
+static const char *const CUDA_COPIES[] = {"auto", "dma", "kernel", NULL};
+static const uint32_t CUDA_COPY_FLAGS[] = {0, KVT_TIER_COPY_DMA, KVT_TIER_COPY_KERNEL};
 static const char *const L1S[] = {"arena", "engine_kv", "engine_mla", "all", "cuda", NULL};
 #define NL1 3     /* "all": the three host L1s */
 #define L1_CUDA 4 /* GPU memory (a build with CUDA, a machine with a GPU): only when asked for by name */
@@ -70,6 +72,7 @@ typedef struct params {
     size_t ncpus;
     int layout, pattern; /* indices; 2 = both */
     int l1;              /* index of L1S; NL1 = all */
+    int cuda_copy;       /* index of CUDA_COPIES: a cuda L1's copy way */
     bool json, checksum;
 } params_t;
 
@@ -189,7 +192,7 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout,
     bool device = l1 == L1_CUDA;
     kvt_tier_t *rt[2] = {NULL, NULL}; /* a device L1's reference: one page of every byte, one span */
     kvt_xfer_t *rx = NULL;
-    if (device) c1.kind = KVT_TIER_CUDA;
+    if (device) c1.kind = KVT_TIER_CUDA, c1.flags = CUDA_COPY_FLAGS[p->cuda_copy];
     else if (l1 > 0) {
         rc = engine_buf_make(&eb, l1, &g);
         c1.kind = KVT_TIER_ENGINE;
@@ -202,6 +205,7 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout,
         kvt_tier_config_t r1 = c1, r2 = c2;
         r1.geom = r2.geom = (kvt_geom_t){1, 1, pages * page_bytes, KVT_LAYOUT_PAGE_FIRST};
         r1.name = "ref_l1";
+        r1.flags = KVT_TIER_COPY_DMA; /* one span: the copy engines */
         r2.name = "ref_l2";
         r2.flags &= ~(uint32_t)KVT_TIER_CHECKSUM;
         kvt_xfer_config_t rc1 = xc;
@@ -294,7 +298,7 @@ out:
 static const char USAGE[] =
     "usage: kvtier bench xfer [--page-bytes 4096,16384,65536,1048576] [--total-mb 1024]\n"
     "                         [--layout page_first|layer_first|both] [--pattern contiguous|scattered|both]\n"
-    "                         [--l1 arena|engine_kv|engine_mla|all|cuda]\n"
+    "                         [--l1 arena|engine_kv|engine_mla|all|cuda] [--cuda-copy auto|dma|kernel]\n"
     "                         [--threads 1] [--layers 8] [--reps 5] [--checksum] [--seed 42]\n"
     "                         [--cpus 0,1] [--json]\n"
     "\n"
@@ -305,8 +309,9 @@ static const char USAGE[] =
     "pools (two planes), engine_mla like an MLA latent pool (one plane); all: those\n"
     "three. cuda: GPU memory (cudaMalloc), the copies DMA; its reference is the same\n"
     "bytes as one block through the same CUDA copy, the GPU link's limit (memcpy\n"
-    "column; stream 0). --cpus pins the bench and its workers to those CPUs (default:\n"
-    "not pinned).\n";
+    "column; stream 0); --cuda-copy: its copies by the copy engines (dma), by the\n"
+    "SMs' copy kernel (kernel), or by the spans' sizes (auto, the default). --cpus\n"
+    "pins the bench and its workers to those CPUs (default: not pinned).\n";
 
 static int parse(int argc, char **argv, params_t *p) {
     *p = (params_t){.sizes = {4096, 16384, 65536, 1048576}, .nsizes = 4, .total_mb = 1024, .threads = 1,
@@ -322,6 +327,7 @@ static int parse(int argc, char **argv, params_t *p) {
         else if (cli_is(&c, "--layout")) rc = cli_choice(&c, LAYOUTS, &p->layout);
         else if (cli_is(&c, "--pattern")) rc = cli_choice(&c, PATTERNS, &p->pattern);
         else if (cli_is(&c, "--l1")) rc = cli_choice(&c, L1S, &p->l1);
+        else if (cli_is(&c, "--cuda-copy")) rc = cli_choice(&c, CUDA_COPIES, &p->cuda_copy);
         else if (cli_is(&c, "--threads")) rc = cli_u64(&c, 1, 64, &p->threads);
         else if (cli_is(&c, "--layers")) rc = cli_u64(&c, 1, 1024, &p->layers);
         else if (cli_is(&c, "--reps")) rc = cli_u64(&c, 1, MAX_REPS, &p->reps);
@@ -382,6 +388,7 @@ static void print(const params_t *p, const result_t *r, size_t n) {
         cJSON_AddNumberToObject(o, "threads", (double)p->threads);
         cJSON_AddNumberToObject(o, "reps", (double)p->reps);
         cJSON_AddNumberToObject(o, "layers", (double)p->layers);
+        cJSON_AddStringToObject(o, "cuda_copy", CUDA_COPIES[p->cuda_copy]);
         cJSON_AddBoolToObject(o, "checksum", p->checksum);
         cJSON_AddNumberToObject(o, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
         cJSON *pinned = cJSON_AddArrayToObject(o, "pinned_cpus"); /* the mask read back; empty: not pinned */
