@@ -15,7 +15,10 @@
  * one warp a span, reading and writing the registered host memory directly.
  * The kernel may only touch host memory this process registered and has not
  * unregistered since: the ranges are kept here (host_ranges), and a batch with
- * a span whose host side is outside them goes by DMA. Which way a batch goes:
+ * a span whose host side is outside them (memory someone else pinned, say)
+ * goes by DMA, as does every batch on a device that cannot use the host's
+ * pointers for registered memory (cudaDevAttrCanUseHostPointerForRegisteredMem;
+ * Pascal and later on 64-bit Linux can). Which way a batch goes:
  * KVT_TIER_COPY_DMA, KVT_TIER_COPY_KERNEL, or by its average span
  * (CUDA_COPY_MAX_AVG) where neither flag is set.
  *
