@@ -18,7 +18,7 @@
  * a span whose host side is outside them (memory someone else pinned, say)
  * goes by DMA, as does every batch on a device that cannot use the host's
  * pointers for registered memory (cudaDevAttrCanUseHostPointerForRegisteredMem;
- * Pascal and later on 64-bit Linux can). Which way a batch goes:
+ * the H200 this was measured on can). Which way a batch goes:
  * KVT_TIER_COPY_DMA, KVT_TIER_COPY_KERNEL, or by its average span
  * (CUDA_COPY_MAX_AVG) where neither flag is set.
  *
