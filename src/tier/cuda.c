@@ -183,6 +183,7 @@ static bool wants_kernel(const kvt_tier_t *t, const kvt__span_t *spans, size_t n
     for (size_t i = 0; i < n; i++) total += spans[i].len;
     return total / n <= CUDA_COPY_MAX_AVG;
 }
+
 #if CUDART_VERSION >= 13000
 static int grow(cuda_ctx_t *x, size_t n) {
     if (n <= x->cap) return KVT_OK;

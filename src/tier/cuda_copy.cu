@@ -7,7 +7,8 @@
  * 2-30 % of the PCIe link through cudaMemcpyBatchAsync (docs/benchmarks.md,
  * "A GPU L1"); SM threads keep thousands of loads and stores in flight at
  * once across the link, whatever the spans' sizes. cuda.c decides which path
- * a batch takes (CUDA_COPY_MAX_AVG, KVTIER_CUDA_COPY).
+ * a batch takes (CUDA_COPY_MAX_AVG; the tier flags KVT_TIER_COPY_DMA and
+ * KVT_TIER_COPY_KERNEL).
  *
  * One warp a span, spans strided over the grid. A span whose ends and length
  * are 16-byte aligned moves 16 bytes a lane, four loads in flight before the

@@ -113,7 +113,7 @@ Test(kernels, unaligned_spans_by_the_kernel, .timeout = 120) {
         kvt_xfer_config_default(&xc);
         kvt_xfer_t *x;
         cr_assert_eq(kvt_xfer_create(&x, &xc, t, 2), KVT_OK);
-        uint8_t *zero = calloc(1, 8 + (size_t)N * STRIDE), *back = malloc(8 + (size_t)N * STRIDE), buf[PIECE];
+        uint8_t *zero = calloc(1, 8 + (size_t)N * STRIDE), *back = malloc(8 + (size_t)N * STRIDE);
         cr_assert_eq(kvt_tier_write(owner, 0, 0, zero), KVT_OK); /* guards and gaps: zero */
         for (uint32_t p = 0; p < N; p++) kvt_pattern_fill(kvt_tier_addr(t[1], p, 0), PIECE, p, 9, 0);
         kvt_xfer_copy_t cp[N];
@@ -140,7 +140,6 @@ Test(kernels, unaligned_spans_by_the_kernel, .timeout = 120) {
         cr_assert_eq(d.status, KVT_OK);
         for (uint32_t p = 0; p < N; p++)
             cr_assert(kvt_pattern_check(kvt_tier_addr(t[1], p, 0), PIECE, p, 9, 0), "%s: back, page %u", way ? "kernel" : "dma", p);
-        (void)buf;
         free(zero);
         free(back);
         kvt_xfer_destroy(x);
