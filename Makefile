@@ -20,7 +20,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
 
-.PHONY: all build bootstrap python test test-release test-san test-tsan test-cuda fuzz fuzz-smoke faults faults-san soak bench run install clean help
+.PHONY: all build bootstrap python test test-release test-san test-tsan test-cuda bench-cuda fuzz fuzz-smoke faults faults-san soak bench run install clean help
 
 all: build
 
@@ -37,6 +37,7 @@ help:
 	@echo "make faults-san the allocation-failure campaign under ASan + UBSan ($(SAN_BUILD)/)"
 	@echo "make soak       replay with real bytes, copy faults and a disturbed Redis L3 for SOAK_SECONDS=$(SOAK_SECONDS) s; memory and descriptors must stay flat"
 	@echo "make bench      the benchmarks at full size"
+	@echo "make bench-cuda the cuda tier's copies, each way, where a GPU is (test-cuda first)"
 	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
 	@echo "make python     make \`import kvtier\` work in python3 for this build (python/, docs/python.md)"
 	@echo "make install    install into PREFIX=$(PREFIX)"
@@ -125,6 +126,15 @@ bench: build
 	$(BUILD)/kvtier bench pd $(RUN_ARGS)
 	scripts/bench-alloc $(BUILD)/kvtier
 	scripts/bench-replay $(BUILD)/kvtier
+
+# The cuda tier's copies (docs/benchmarks.md, "A GPU L1"): built as test-cuda
+# builds, run where a GPU is, each copy way (DMA, the copy kernel by the spans'
+# sizes) against one block through the same CUDA copy, a JSON object each.
+bench-cuda: test-cuda
+	@if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then echo "== bench-cuda: skipped: no GPU"; exit 0; fi; \
+	for way in dma auto; do for lay in page_first layer_first; do \
+	  $(CUDA_BUILD)/kvtier bench xfer --l1 cuda --cuda-copy $$way --layout $$lay --layers 8 --pattern both \
+	    --page-bytes 16384,65536,1048576 --total-mb 256 --reps 5 --json || exit 1; done; done
 
 # The main job: replay the built-in synthetic workload over all three tiers,
 # L3 a dir store under the build folder that outlives the run, so that a
