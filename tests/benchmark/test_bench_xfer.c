@@ -54,6 +54,14 @@ Test(bench_xfer, bad_flags) {
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "arena|engine_kv|engine_mla|all"), "%s", r.err);
     run_free(&r);
+    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--cuda-copy", "kernel", NULL}); /* a host L1 */
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "--cuda-copy: is for --l1 cuda"), "%s", r.err);
+    run_free(&r);
+    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--cuda-copy", "sideways", "--l1", "cuda", NULL});
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "auto|dma|kernel"), "%s", r.err);
+    run_free(&r);
     r = run_argv((const char *const[]){NULL, "bench", "xfer", "--layout", "layer_first", "--page-bytes", "4100", NULL});
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "not a multiple of --layers"), "%s", r.err);

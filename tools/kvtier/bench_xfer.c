@@ -307,9 +307,9 @@ static const char USAGE[] =
     "engine GB/s / the better of the two, medians of --reps runs. L1 is an arena\n"
     "tier or an engine tier over the bench's own buffer: engine_kv like SGLang's K and V\n"
     "pools (two planes), engine_mla like an MLA latent pool (one plane); all: those\n"
-    "three. cuda: GPU memory (cudaMalloc), the copies DMA; its reference is the same\n"
-    "bytes as one block through the same CUDA copy, the GPU link's limit (memcpy\n"
-    "column; stream 0); --cuda-copy: its copies by the copy engines (dma), by the\n"
+    "three. cuda: GPU memory (cudaMalloc); its reference is the same bytes as one\n"
+    "block through the same CUDA copy, the GPU link's limit (memcpy column; stream\n"
+    "0); --cuda-copy (--l1 cuda only): its copies by the copy engines (dma), by the\n"
     "SMs' copy kernel (kernel), or by the spans' sizes (auto, the default). --cpus\n"
     "pins the bench and its workers to those CPUs (default: not pinned).\n";
 
@@ -338,6 +338,10 @@ static int parse(int argc, char **argv, params_t *p) {
         else rc = cli_unknown(&c);
     }
     if (rc) return -1;
+    if (p->cuda_copy != 0 && p->l1 != L1_CUDA) {
+        c.flag = "--cuda-copy";
+        return cli_error(&c, "is for --l1 cuda (a GPU L1): the host L1s copy with the CPU");
+    }
     c.flag = "--page-bytes";
     for (size_t i = 0; i < p->nsizes; i++) {
         if (p->sizes[i] > p->total_mb * 1048576ull)
