@@ -266,27 +266,59 @@ kvt_rnode_t *kvt__radix_root(kvt_radix_t *r) { return &r->root; }
 
 /* ---- split ----------------------------------------------------------------- */
 
-/* Splits c after its first k pages (0 < k < npages); *head is the new node. */
+/* Splits c after its first k pages (0 < k < npages); *head is the new node.
+ *
+ * The smaller part is what is copied. A head longer than the tail keeps c's
+ * arrays, where its pages already lie, and the tail goes to new blocks of
+ * its size, which become c's; a shorter head is copied into new blocks and
+ * the tail stays in c's (moved down, or to blocks of its size where that
+ * halves its arrays). On the shipped trace the heads are the long side:
+ * copying them was 630 K pages (48 MB of tokens and states) a two-tier
+ * replay, against 13 K pages of tails. A head left in arrays it fills half
+ * or less moves to blocks of its size (shrink's rule). */
 static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head) {
     uint32_t pt = r->page_tokens, tail = c->npages - k;
+    bool head_stays = tail < k; /* the head keeps c's arrays */
+    uint32_t hk = c->nhash < k ? c->nhash : k, tk = c->nhash > k ? c->nhash - k : 0; /* hashes of each part */
+    uint32_t nh = head_stays ? tk : hk; /* of them, copied to h's new blocks */
     if (kvt__cm_reserve(r, 1) != KVT_OK) return KVT_ENOMEM;
-    kvt_rnode_t *h = node_new(r, k);
+    kvt_rnode_t *h = node_new(r, head_stays ? tail : k);
     if (h == NULL) return KVT_ENOMEM;
-    uint32_t hk = c->nhash < k ? c->nhash : k;
-    if (hk > 0) {
-        h->hash = kvt__pool_alloc(r, (size_t)k * sizeof(kvt_hash128_t));
+    if (nh > 0) {
+        h->hash = kvt__pool_alloc(r, (size_t)h->cap * sizeof(kvt_hash128_t));
         if (h->hash == NULL) {
             node_free(r, h);
             return KVT_ENOMEM;
         }
-        memcpy(h->hash, c->hash, hk * sizeof(kvt_hash128_t));
     }
-    /* the head: first k pages */
-    memcpy(h->tokens, c->tokens, (size_t)k * pt * sizeof(int32_t));
-    memcpy(h->pages, c->pages, k * sizeof(kvt_page_t));
-    if (c->key) memcpy(h->key, c->key, k * sizeof(uint64_t));
+    if (head_stays) { /* the tail into the new blocks, which then trade places with c's */
+        memcpy(h->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
+        memcpy(h->pages, c->pages + k, tail * sizeof(kvt_page_t));
+        if (c->key) memcpy(h->key, c->key + k, tail * sizeof(uint64_t));
+        if (nh > 0) memcpy(h->hash, c->hash + k, nh * sizeof(kvt_hash128_t));
+        int32_t *t = h->tokens;
+        kvt_page_t *p = h->pages;
+        uint64_t *key = h->key;
+        kvt_hash128_t *hash = h->hash;
+        uint32_t cap = h->cap;
+        h->tokens = c->tokens, h->pages = c->pages, h->key = c->key, h->hash = hk > 0 ? c->hash : NULL, h->cap = c->cap;
+        if (hk == 0 && c->hash) kvt__pool_free(r, c->hash, (size_t)c->cap * sizeof(kvt_hash128_t)); /* none computed */
+        c->tokens = t, c->pages = p, c->key = key, c->hash = hash, c->cap = cap;
+    } else {
+        if (nh > 0) memcpy(h->hash, c->hash, nh * sizeof(kvt_hash128_t));
+        memcpy(h->tokens, c->tokens, (size_t)k * pt * sizeof(int32_t));
+        memcpy(h->pages, c->pages, k * sizeof(kvt_page_t));
+        if (c->key) memcpy(h->key, c->key, k * sizeof(uint64_t));
+        if (tail > c->cap / 2 || !move_arrays(r, c, k, tail)) {
+            memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
+            memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
+            if (c->key) memmove(c->key, c->key + k, tail * sizeof(uint64_t));
+            if (tk > 0) memmove(c->hash, c->hash + k, tk * sizeof(kvt_hash128_t));
+        }
+    }
     h->npages = k;
     h->nhash = hk;
+    if (head_stays) shrink(r, h);
     h->n_l1 = c->n_l1 < k ? c->n_l1 : k;
     h->shadow_top = c->shadow_top < k ? c->shadow_top : k;
     for (uint32_t i = 0; i < k; i++) {
@@ -305,15 +337,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     h->vclass = c->vclass;
     h->digest = c->digest;
     h->seq = r->next_seq++;
-    /* the tail stays in c: in blocks of its size where that halves its arrays (shrink's rule, the
-     * tail copied once), else moved down in its own */
-    if (tail > c->cap / 2 || !move_arrays(r, c, k, tail)) {
-        memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
-        memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
-        if (c->key) memmove(c->key, c->key + k, tail * sizeof(uint64_t));
-        if (c->nhash > k) memmove(c->hash, c->hash + k, (c->nhash - k) * sizeof(kvt_hash128_t));
-    }
-    c->nhash = c->nhash > k ? c->nhash - k : 0;
+    c->nhash = tk;
     c->npages = tail;
     c->n_l1 = c->n_l1 > k ? c->n_l1 - k : 0;
     c->shadow_top = c->shadow_top > k ? c->shadow_top - k : 0;

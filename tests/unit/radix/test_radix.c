@@ -528,6 +528,75 @@ Test(radix, splits_keep_page_state) {
     kvt__radix_destroy(r);
 }
 
+/* A split copies the smaller part: a head longer than the tail keeps the
+ * node's arrays and the tail moves, a shorter head moves and the tail stays.
+ * Every cut of a node of 40 pages, and of one trimmed from 40 to 24 (its
+ * arrays still of 40, so that a head that keeps them may fill half or less),
+ * with some pages backed up and hashes computed for the first h pages (h =
+ * 0, 1, 17, all), each on a fresh tree, against the node's pages as they
+ * were: tokens, states, keys and the hashes computed so far stay with their
+ * pages, both nodes' arrays hold at most twice their pages, and check()
+ * passes. */
+Test(radix, a_split_moves_the_smaller_part) {
+    enum { N = 40, T = 4 };
+    static int32_t tok[N * T];
+    for (int i = 0; i < N * T; i++) tok[i] = 1000 + i * 3;
+    uint32_t ids[N];
+    for (uint32_t i = 0; i < N; i++) ids[i] = N - 1 - i;
+    for (uint32_t M = N; M >= 24; M -= 16) {
+        const uint32_t computed[] = {0, 1, 17, M};
+        for (size_t hc = 0; hc < sizeof(computed) / sizeof(computed[0]); hc++)
+            for (uint32_t cut = 1; cut < M; cut++) {
+                kvt_radix_t *r;
+                kvt__radix_config_t cfg = {T, N, N, lru, NULL, true};
+                cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
+                kvt_rnode_t *n;
+                cr_assert_eq(kvt__radix_insert(r, kvt__radix_root(r), 0, tok, N, ids, 1, 0, &n), KVT_OK);
+                while (n->npages > M) (void)kvt__radix_trim(r, n);
+                cr_assert_eq(n->cap, N);
+                for (uint32_t i = 0; i < M; i += 4) {
+                    kvt__radix_begin_backup(r, n, i, i);
+                    kvt__radix_end_backup(r, n, i, true);
+                }
+                kvt_hash128_t want[N];
+                kvt_page_hash_chain(0, tok, M, T, want);
+                uint64_t key[N];
+                for (uint32_t i = 0; i < M; i++) key[i] = kvt__radix_page_key(n, i);
+                kvt_hash128_t h;
+                if (computed[hc]) cr_assert_eq(kvt_radix_page_hash(r, n, computed[hc] - 1, &h), KVT_OK);
+                kvt__match_t mt;
+                cr_assert_eq(kvt__radix_match(r, 0, tok, cut, 2, &mt), KVT_OK);
+                cr_assert_eq(mt.pages, cut);
+                const char *why = NULL;
+                cr_assert_eq(kvt_radix_check(r, &why), KVT_OK, "cut %u, %u hashes: %s", cut, computed[hc], why);
+                kvt_rnode_t *head = mt.node, *tail = head->first_child;
+                cr_assert(head->npages == cut && tail != NULL && tail->npages == M - cut && tail->parent == head);
+                uint32_t hashed[2] = {computed[hc] < cut ? computed[hc] : cut, computed[hc] > cut ? computed[hc] - cut : 0};
+                cr_assert(head->nhash == hashed[0] && tail->nhash == hashed[1], "cut %u, %u hashes: %u and %u kept", cut,
+                          computed[hc], head->nhash, tail->nhash);
+                for (int side = 0; side < 2; side++) {
+                    kvt_rnode_t *x = side ? tail : head;
+                    cr_assert(x->cap < 2 * x->npages || x->cap == x->npages, "cut %u: %u pages in arrays of %u", cut,
+                              x->npages, x->cap);
+                    for (uint32_t idx = 0; idx < x->npages; idx++) {
+                        uint32_t i = side ? cut + idx : idx;
+                        cr_assert_eq(memcmp(x->tokens + idx * T, tok + i * T, sizeof(int32_t) * T), 0,
+                                     "cut %u: page %u's tokens", cut, i);
+                        cr_assert(x->pages[idx].l1 == N - 1 - i && x->pages[idx].l2 == (i % 4 ? KVT_NO_PAGE : i),
+                                  "cut %u: page %u's state", cut, i);
+                        cr_assert_eq(kvt__radix_page_key(x, idx), key[i], "cut %u: page %u's key", cut, i);
+                        if (idx < x->nhash)
+                            cr_assert(x->hash[idx].lo == want[i].lo && x->hash[idx].hi == want[i].hi,
+                                      "cut %u: page %u's hash", cut, i);
+                    }
+                }
+                cr_assert_eq(kvt_radix_page_hash(r, tail, M - cut - 1, &h), KVT_OK); /* the rest, computed after */
+                cr_assert(h.lo == want[M - 1].lo && h.hi == want[M - 1].hi);
+                kvt__radix_destroy(r);
+            }
+    }
+}
+
 /* A node trimmed to half its pages or fewer (or split so) moves its arrays to
  * blocks of its size: trim a 1,000-page node to 1 page, one page at a time,
  * and its capacity follows (at most twice its pages), every page left keeps
