@@ -50,16 +50,6 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
     c->st.dropped_pages++;
 }
 
-/* How many of v's last pages, up to limit, live only in L2 and may go in
- * one call: below its L1 prefix, not loaded (a stranded load has an L1
- * copy), no copy in flight. */
-static uint32_t l2_only_tail(const kvt_rnode_t *v, uint32_t limit) {
-    uint32_t m = 0, most = v->npages - v->n_l1 < limit ? v->npages - v->n_l1 : limit;
-    const kvt_page_t *last = v->pages + v->npages - 1; /* (bounds in locals: a page a compare and a step) */
-    while (m < most && last[-(ptrdiff_t)m].l1 == KVT_NO_PAGE && !(last[-(ptrdiff_t)m].flags & KVT__PAGE_IN_FLIGHT)) m++;
-    return m;
-}
-
 /* Evicts up to max (>= 1) L2 pages: the host-only tail pages of the first
  * host victim (one at a time when each goes on to L3 first), else shadows of
  * the first shadow victim, tail first, as many as it has (the same pages, in
@@ -74,13 +64,16 @@ static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
     uint32_t most = max < UINT32_MAX ? (uint32_t)max : UINT32_MAX;
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
-        uint32_t m = put ? 0 : l2_only_tail(v, most);
+        /* the pages that may go in one call: below its L1 prefix, not loaded (a stranded load has an L1
+         * copy), no copy in flight; their ids read in the same pass, straight into the give-back buffer */
+        bool suspect = false;
+        uint32_t m = put ? 0 : kvt__radix_l2_tail(v, most, kvt__cache_l2_back_end(c), &suspect);
         if (m == 0) { /* each goes on to L3 first, or the tail page is a stranded load */
             trim_l2_tail(c, v, true);
             return 1;
         }
         kvt__policy_on_trim(c, v, m);
-        kvt__radix_trim_l2_tail(c->tree, v, m, kvt__cache_l2_back_end(c)); /* (v may be gone) */
+        kvt__radix_cut_l2_tail(c->tree, v, m, suspect); /* (v may be gone) */
         kvt__cache_gave_back_l2(c, m);
         c->st.dropped_pages += m;
         return m;

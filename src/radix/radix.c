@@ -584,15 +584,36 @@ uint32_t kvt__radix_trim_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uin
     return k;
 }
 
-uint32_t kvt__radix_trim_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l2) {
+uint32_t kvt__radix_l2_tail(const kvt_rnode_t *n, uint32_t max, uint32_t *l2, bool *suspect) {
+    uint32_t m = 0, most = n->npages - n->n_l1 < max ? n->npages - n->n_l1 : max;
+    const kvt_page_t *last = n->pages + n->npages - 1; /* (bounds in locals: the stores to l2 could alias n) */
+    uint32_t flags = 0;
+    for (; m < most; m++) {
+        const kvt_page_t *p = last - m;
+        if (p->l1 != KVT_NO_PAGE || (p->flags & KVT__PAGE_IN_FLIGHT)) break;
+        KVT_ASSERT(p->l2 != KVT_NO_PAGE);
+        flags |= p->flags;
+        l2[m] = p->l2;
+    }
+    *suspect = flags != 0;
+    return m;
+}
+
+void kvt__radix_cut_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, bool suspect) {
     KVT_ASSERT(n->nchildren == 0 && k > 0 && k <= n->npages - n->n_l1);
-    for (uint32_t i = 0; i < k; i++) {
+    for (uint32_t i = 0; suspect && i < k; i++) {
         const kvt_page_t *p = &n->pages[n->npages - 1 - i];
-        KVT_ASSERT(p->l1 == KVT_NO_PAGE && p->l2 != KVT_NO_PAGE && !(p->flags & KVT__PAGE_IN_FLIGHT));
-        if (p->flags) r->l2map[p->l2].node = NULL; /* suspect */
-        l2[i] = p->l2;
+        if (p->flags) r->l2map[p->l2].node = NULL; /* suspect: no longer tracked */
     }
     cut_tail(r, n, k);
+}
+
+uint32_t kvt__radix_trim_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l2) {
+    bool suspect;
+    uint32_t m = kvt__radix_l2_tail(n, k, l2, &suspect);
+    KVT_ASSERT(m == k);
+    (void)m;
+    kvt__radix_cut_l2_tail(r, n, k, suspect);
     return k;
 }
 
