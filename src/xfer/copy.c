@@ -3,13 +3,23 @@
  *
  * Streaming copy of n bytes:
  *
- *   dst  |head|====== 128-byte iterations, dst 64-aligned =====|tail|
- *         memcpy   loadu x4 from src, stream x4 to dst            memcpy
- *                                                           then sfence
+ *   dst  |head|  q  |  q  |  q  |  q  |rest|tail|     dst 64-aligned after head
+ *         memcpy  \    \    \    \   lines  memcpy, then sfence
+ *                  line k of each quarter in turn, k = 0, 1, ...
  *
- * Loads are unaligned (src keeps whatever offset it has against dst); the
- * stores are aligned, whole cache lines, so each line leaves the
- * write-combining buffer once. */
+ * A body of 16 KiB or more goes as four quarters side by side: a 64-byte
+ * line of the first, of the second, the third, the fourth, then the next
+ * line of each, so that four streams of loads and of stores are in flight
+ * instead of one (a body under 16 KiB, and the few lines past the quarters,
+ * go one line after the other). Loads are unaligned (src keeps whatever
+ * offset it has against dst); the stores are aligned, whole cache lines, so
+ * each line leaves the write-combining buffer once. Why four: one core
+ * copying one stream waits on one sequence of DRAM rows. On the AMD EPYC VM
+ * of docs/benchmarks.md (twenty-first round) one stream streamed 9.6-9.9
+ * GB/s, four 12.0-12.5 (two 11.4-12.0, six or eight no better than four
+ * below 1 MiB), glibc's memcpy of one large block (its own non-temporal
+ * loop, which interleaves four pages) 11.1-11.3, and memcpy of chunks up to
+ * 64 MiB 6.9. */
 #include <stdint.h>
 #include <string.h>
 
@@ -19,24 +29,42 @@
 #include <immintrin.h>
 #define KVT__HAVE_STREAM 1
 
+#define QUARTERS_MIN (16u << 10) /* a body this long goes as four quarters */
+
+/* One 64-byte line, dst 64-aligned. */
+__attribute__((target("avx"))) static inline void line_avx(uint8_t *d, const uint8_t *s) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)s), b = _mm256_loadu_si256((const __m256i *)(s + 32));
+    _mm256_stream_si256((__m256i *)d, a);
+    _mm256_stream_si256((__m256i *)(d + 32), b);
+}
+
+/* n a multiple of 64. */
 __attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t *s, size_t n) {
-    for (; n >= 128; n -= 128, s += 128, d += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)s), b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64)), e = _mm256_loadu_si256((const __m256i *)(s + 96));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-        _mm256_stream_si256((__m256i *)(d + 64), c);
-        _mm256_stream_si256((__m256i *)(d + 96), e);
+    size_t q = n >= QUARTERS_MIN ? n / 4 & ~(size_t)63 : 0, i = 4 * q;
+    for (size_t k = 0; k < q; k += 64) {
+        line_avx(d + k, s + k);
+        line_avx(d + q + k, s + q + k);
+        line_avx(d + 2 * q + k, s + 2 * q + k);
+        line_avx(d + 3 * q + k, s + 3 * q + k);
+    }
+    for (; i < n; i += 64) line_avx(d + i, s + i);
+}
+
+/* One 64-byte line, dst 64-aligned. */
+static inline void line_sse2(uint8_t *d, const uint8_t *s) {
+    for (int k = 0; k < 64; k += 32) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + k)), b = _mm_loadu_si128((const __m128i *)(s + k + 16));
+        _mm_stream_si128((__m128i *)(d + k), a);
+        _mm_stream_si128((__m128i *)(d + k + 16), b);
     }
 }
 
+/* n a multiple of 64. */
 static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n) {
-    for (; n >= 128; n -= 128, s += 128, d += 128)
-        for (int k = 0; k < 128; k += 32) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(s + k)), b = _mm_loadu_si128((const __m128i *)(s + k + 16));
-            _mm_stream_si128((__m128i *)(d + k), a);
-            _mm_stream_si128((__m128i *)(d + k + 16), b);
-        }
+    size_t q = n >= QUARTERS_MIN ? n / 4 & ~(size_t)63 : 0, i = 4 * q;
+    for (size_t k = 0; k < q; k += 64)
+        for (size_t w = 0; w < 4; w++) line_sse2(d + w * q + k, s + w * q + k);
+    for (; i < n; i += 64) line_sse2(d + i, s + i);
 }
 #endif
 
@@ -51,7 +79,7 @@ static void stream_unfenced(uint8_t *d, const uint8_t *s, size_t n) {
     }
     memcpy(d, s, head);
     d += head, s += head, n -= head;
-    size_t body = n & ~(size_t)127;
+    size_t body = n & ~(size_t)63;
     if (__builtin_cpu_supports("avx")) stream_avx(d, s, body);
     else stream_sse2(d, s, body);
     memcpy(d + body, s + body, n - body);

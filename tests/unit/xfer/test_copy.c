@@ -30,8 +30,11 @@ static void fill(kvt_rng_t *r, uint8_t *p, size_t n) {
 }
 
 /* Sizes around every edge the copy has: the 128-byte body, the 64-byte
- * head, KVT__SUM_BLOCK, KVT__STREAM_MIN and KVT__STREAM_HUGE. */
+ * head, a body long enough to go as four quarters (16 KiB, with and without
+ * a head, quarters of whole lines with lines left past them),
+ * KVT__SUM_BLOCK, KVT__STREAM_MIN and KVT__STREAM_HUGE. */
 static const size_t SIZES[] = {0, 1, 63, 64, 65, 127, 128, 129, 191, 255, 256, 1000, 4095, 4096, 16383, 16385,
+                               16384 + 63, 16384 + 64 + 128, 16384 + 3 * 64 + 5, 2 * 16384 + 4096 + 200,
                                KVT__SUM_BLOCK * 3 + 17, KVT__STREAM_MIN - 1, KVT__STREAM_MIN, KVT__STREAM_MIN + 1,
                                KVT__STREAM_MIN + 4099, (1u << 20) + 77, KVT__STREAM_HUGE - 3, KVT__STREAM_HUGE + 129};
 #define NSIZES (sizeof(SIZES) / sizeof(SIZES[0]))
