@@ -85,29 +85,31 @@ typedef struct result {
 } result_t;
 
 #ifdef STREAM_X86
-/* n a multiple of 64, as w ways of n / w bytes (whole lines) side by side: a
- * line of each way in turn, then the lines past the ways one by one. */
-__attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t *s, size_t n, size_t w) {
-    size_t way = n / w / 64 * 64;
+#define WAYS 4
+
+/* n a multiple of 64, as WAYS ways of n / WAYS bytes (whole lines) side by
+ * side: a line of each way in turn, then the lines past the ways one by one. */
+__attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t *s, size_t n) {
+    size_t way = n / WAYS / 64 * 64;
     for (size_t i = 0; i < way; i += 64)
-        for (size_t j = 0; j < w; j++) {
+        for (size_t j = 0; j < WAYS; j++) {
             size_t o = j * way + i;
             _mm256_stream_si256((__m256i *)(d + o), _mm256_loadu_si256((const __m256i *)(s + o)));
             _mm256_stream_si256((__m256i *)(d + o + 32), _mm256_loadu_si256((const __m256i *)(s + o + 32)));
         }
-    for (size_t o = w * way; o < n; o += 64) {
+    for (size_t o = WAYS * way; o < n; o += 64) {
         _mm256_stream_si256((__m256i *)(d + o), _mm256_loadu_si256((const __m256i *)(s + o)));
         _mm256_stream_si256((__m256i *)(d + o + 32), _mm256_loadu_si256((const __m256i *)(s + o + 32)));
     }
 }
 
-static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n, size_t w) {
-    size_t way = n / w / 64 * 64;
+static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n) {
+    size_t way = n / WAYS / 64 * 64;
     for (size_t i = 0; i < way; i += 64)
-        for (size_t j = 0; j < w; j++)
+        for (size_t j = 0; j < WAYS; j++)
             for (size_t o = j * way + i, k = 0; k < 64; k += 16)
                 _mm_stream_si128((__m128i *)(d + o + k), _mm_loadu_si128((const __m128i *)(s + o + k)));
-    for (size_t o = w * way; o < n; o += 16) _mm_stream_si128((__m128i *)(d + o), _mm_loadu_si128((const __m128i *)(s + o)));
+    for (size_t o = WAYS * way; o < n; o += 16) _mm_stream_si128((__m128i *)(d + o), _mm_loadu_si128((const __m128i *)(s + o)));
 }
 #endif
 
@@ -127,8 +129,8 @@ static void stream_copy(void *dst, const void *src, size_t n) {
     }
     memcpy(d, s, head);
     size_t body = (n - head) & ~(size_t)63;
-    if (__builtin_cpu_supports("avx")) stream_avx(d + head, s + head, body, 4);
-    else stream_sse2(d + head, s + head, body, 4);
+    if (__builtin_cpu_supports("avx")) stream_avx(d + head, s + head, body);
+    else stream_sse2(d + head, s + head, body);
     memcpy(d + head + body, s + head + body, n - head - body);
     _mm_sfence();
 #else
