@@ -67,12 +67,8 @@ Test(bench_store, bad_input) {
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "--l3") && strstr(r.err, "required"), "%s", r.err);
     run_free(&r);
-    r = run_argv((const char *const[]){NULL, "bench", "store", "--l3", "redis://nohostport", NULL});
-    cr_assert_eq(r.status, 1);
-    cr_assert(strstr(r.err, "not HOST:PORT"), "%s", r.err);
-    run_free(&r);
-    r = run_argv((const char *const[]){NULL, "bench", "store", "--l3", "dir:/tmp/x", "--page-bytes", "12x", NULL});
-    cr_assert_eq(r.status, 2);
-    cr_assert(strstr(r.err, "not a page size"), "%s", r.err);
-    run_free(&r);
+    expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "redis://nohostport", NULL},
+                   1, "not HOST:PORT");
+    expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "dir:/tmp/x", "--page-bytes", "12x", NULL},
+                   2, "not a page size");
 }

@@ -46,26 +46,16 @@ Test(bench_xfer, smoke, .timeout = 300) {
 }
 
 Test(bench_xfer, bad_flags) {
-    run_result_t r = run_argv((const char *const[]){NULL, "bench", "xfer", "--pattern", "zigzag", NULL});
-    cr_assert_eq(r.status, 2);
-    cr_assert(strstr(r.err, "contiguous|scattered|both"), "%s", r.err);
-    run_free(&r);
-    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--l1", "gpu", NULL});
-    cr_assert_eq(r.status, 2);
-    cr_assert(strstr(r.err, "arena|engine_kv|engine_mla|all"), "%s", r.err);
-    run_free(&r);
-    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--cuda-copy", "kernel", NULL}); /* a host L1 */
-    cr_assert_eq(r.status, 2);
-    cr_assert(strstr(r.err, "--cuda-copy: is for --l1 cuda"), "%s", r.err);
-    run_free(&r);
-    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--cuda-copy", "sideways", "--l1", "cuda", NULL});
-    cr_assert_eq(r.status, 2);
-    cr_assert(strstr(r.err, "auto|dma|kernel"), "%s", r.err);
-    run_free(&r);
-    r = run_argv((const char *const[]){NULL, "bench", "xfer", "--layout", "layer_first", "--page-bytes", "4100", NULL});
-    cr_assert_eq(r.status, 2);
-    cr_assert(strstr(r.err, "not a multiple of --layers"), "%s", r.err);
-    run_free(&r);
+    expect_refused((const char *const[]){NULL, "bench", "xfer", "--pattern", "zigzag", NULL},
+                   2, "contiguous|scattered|both");
+    expect_refused((const char *const[]){NULL, "bench", "xfer", "--l1", "gpu", NULL},
+                   2, "arena|engine_kv|engine_mla|all");
+    expect_refused((const char *const[]){NULL, "bench", "xfer", "--cuda-copy", "kernel", NULL}, /* a host L1 */
+                   2, "--cuda-copy: is for --l1 cuda");
+    expect_refused((const char *const[]){NULL, "bench", "xfer", "--cuda-copy", "sideways", "--l1", "cuda", NULL},
+                   2, "auto|dma|kernel");
+    expect_refused((const char *const[]){NULL, "bench", "xfer", "--layout", "layer_first", "--page-bytes", "4100", NULL},
+                   2, "not a multiple of --layers");
 }
 
 /* --l1 cuda: where a GPU and a CUDA build are, rows of the cuda L1 against the

@@ -75,4 +75,15 @@ static void run_free(run_result_t *r) {
     free(r->err);
 }
 
+#ifdef CRITERION_H_
+/* Runs argv (as run_argv) and asserts that it exits with `status` (2: a flag
+ * or value refused, 1: a failure) and says `needle` on stderr. */
+static inline void expect_refused(const char *const *argv, int status, const char *needle) {
+    run_result_t r = run_argv(argv);
+    cr_assert_eq(r.status, status, "%s %s: exit %d, not %d: %s", argv[1], argv[2] ? argv[2] : "", r.status, status, r.err);
+    cr_assert(strstr(r.err, needle), "%s %s: no \"%s\" in: %s", argv[1], argv[2] ? argv[2] : "", needle, r.err);
+    run_free(&r);
+}
+#endif
+
 #endif
