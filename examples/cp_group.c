@@ -54,6 +54,7 @@ static int rank_main(const char *name, uint32_t r) {
     kvt_cache_config_t cc;
     kvt_cache_config_default(&cc);
     cc.page_tokens = PAGE, cc.l1_pages = L1_PAGES, cc.l2_pages = L2_PAGES, cc.l1_lanes = RANKS;
+    cc.decision_digest = true; /* the ranks compare it */
     kvt_xfer_config_t xc;
     kvt_xfer_config_default(&xc);
     if (rc == KVT_OK) rc = kvt_cp_group_open_tier(g, "l1", &l1c, &l1);

@@ -158,6 +158,10 @@ typedef struct kvt_cache_config {
     uint64_t l3_known;           /* page hashes of this cache's acknowledged puts remembered (FIFO), so a
                                   * prefix known to be in L3 needs no exists call; 0: 4 x l2_pages, at
                                   * least 65536 */
+    bool decision_digest;        /* keep kvt_cache_digest, a running hash of every decision: for CP groups
+                                  * (their ranks compare it) and for checks that two runs decided alike.
+                                  * Default off: it folds every page id taken or given back and every copy,
+                                  * 6-11 % of a two-tier replay (docs/benchmarks.md, twenty-second round) */
 } kvt_cache_config_t;
 
 /* Fills the defaults: 16-token pages, 65536 L1 pages and 262144 L2 pages (a
@@ -297,7 +301,9 @@ KVT_API uint64_t kvt_cache_prefetches(const kvt_cache_t *c);
 
 /* A running hash of every page id the cache took or gave back and every copy
  * it started, in order: caches fed the same calls agree on it exactly when
- * they made the same decisions. */
+ * they made the same decisions. Kept only by a cache made with
+ * cfg.decision_digest; 0 for any other (and for one that has decided
+ * nothing yet). */
 KVT_API uint64_t kvt_cache_digest(const kvt_cache_t *c);
 /* One owner lane's L1 pages: in use now, and dealt to it by every
  * allocation so far (0 for a lane out of range). */

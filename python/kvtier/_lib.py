@@ -119,7 +119,7 @@ class CacheConfig(Structure):
                 ("l3_pages", c_uint64), ("l3_write_policy", c_enum), ("l3_write_hits", c_uint32),
                 ("prefetch_policy", c_enum), ("prefetch_threshold", c_uint32), ("prefetch_timeout_s", c_double),
                 ("prefetch_timeout_per_1024_s", c_double), ("prefetch_timeout_max_s", c_double),
-                ("l3_known", c_uint64)]
+                ("l3_known", c_uint64), ("decision_digest", c_bool)]
 
 
 class CacheReq(Structure):

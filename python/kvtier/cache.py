@@ -288,7 +288,9 @@ class Cache(Handle):
 
     @property
     def digest(self) -> int:
-        """A running hash of the cache's decisions (equal for caches fed the same calls)."""
+        """A running hash of the cache's decisions: caches fed the same calls agree on it
+        exactly when they decided alike. Kept only by a cache made with
+        ``decision_digest=True`` (CP groups compare it); 0 otherwise."""
         return lib.kvt_cache_digest(self._ptr)
 
     def __repr__(self) -> str:

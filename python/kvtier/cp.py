@@ -115,7 +115,8 @@ class CpGroup(Handle):
         self._check(lib.kvt_cp_group_filled(self._ptr, i), "filled")
 
     def step(self, i: int, digest: int) -> None:
-        """Request i is done here; digest goes into the table the ranks agree through."""
+        """Request i is done here; digest (``Cache.digest`` of a cache made with
+        ``decision_digest=True``, or a hash of it) goes into the table the ranks agree through."""
         self._check(lib.kvt_cp_group_step(self._ptr, i, digest & (2 ** 64 - 1)), "step")
 
     def check_digests(self, n: int) -> int:

@@ -363,7 +363,7 @@ l1 = g.open_tier("l1", L1, 1, 64)
 l2 = g.open_tier("l2", L2, 1, 64, checksum=True)
 g.wait_joined()
 x = g.transfer([l1, l2])
-c = kvtier.Cache(l1_pages=L1, l2_pages=L2, page_tokens=PT, l1_lanes=C)
+c = kvtier.Cache(l1_pages=L1, l2_pages=L2, page_tokens=PT, l1_lanes=C, decision_digest=True)
 g.attach(c, x, l1, l2)
 bad = 0
 for i in range(30):

@@ -189,8 +189,13 @@ void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
  * place in the sequence (fold-int.h): the place keeps the order, and no term
  * waits on the one before (a chain through a multiply a fold, as (d ^ v) x P
  * + C is, was 7-9 % of the two-tier replay: docs/benchmarks.md, twelfth
- * round). */
-static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) { c->digest += kvt__fold_term(v, c->folds++); }
+ * round). Only a cache made with cfg.decision_digest folds: even so the folds
+ * were 6-11 % of a two-tier replay, paid by every cache for a check that only
+ * CP groups and tests make (docs/benchmarks.md, twenty-second round). */
+static inline bool kvt__cache_folds(const kvt_cache_t *c) { return c->cfg.decision_digest; }
+static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) {
+    if (kvt__cache_folds(c)) c->digest += kvt__fold_term(v, c->folds++);
+}
 /* A run of folds with the sums in registers: begin, fold each value in order, end. */
 typedef struct {
     uint64_t sum, n;
@@ -203,6 +208,7 @@ static inline void kvt__folds_end(kvt_cache_t *c, kvt__folds_t f) {
 }
 /* Folds tag | ids[i] for each of k ids, in order (fold.c: eight at a time where it can). */
 static inline void kvt__cache_fold_ids(kvt_cache_t *c, uint64_t tag, const uint32_t *ids, size_t k) {
+    if (!kvt__cache_folds(c)) return;
     c->digest += kvt__fold_ids_sum(tag, ids, k, c->folds);
     c->folds += k;
 }

@@ -286,19 +286,22 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
 void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2) {
     KVT_ASSERT(kvt__cache_backups_at_once(c) && k > 0);
     if (c->ndone) apply_done(c); /* completions queued before them land first, as a poll would apply them */
-    /* fold_copy of each, tail first: copy_value(OP_BACKUP, l1, l2) = tag ^ l1 << 20 ^ l2 (fold.c) */
-    c->digest += kvt__fold_backups_sum(copy_value(OP_BACKUP, 0, 0), n->pages + lo, l2, k, c->folds);
-    c->folds += k;
+    if (kvt__cache_folds(c)) { /* fold_copy of each, tail first: copy_value(OP_BACKUP, l1, l2) = tag ^ l1 << 20 ^ l2 (fold.c) */
+        c->digest += kvt__fold_backups_sum(copy_value(OP_BACKUP, 0, 0), n->pages + lo, l2, k, c->folds);
+        c->folds += k;
+    }
     kvt__radix_backups_done(c->tree, n, lo, k, l2);
 }
 
 uint32_t kvt__cache_load_node_at_once(kvt_cache_t *c, kvt_rnode_t *n, const uint32_t *l1) {
     KVT_ASSERT(kvt__cache_backups_at_once(c) && c->ndone == 0);
-    uint32_t j = 0;
-    kvt__folds_t f = kvt__folds_begin(c); /* fold_copy of each, in page order */
-    for (uint32_t i = n->n_l1; i < n->npages; i++)
-        if (n->pages[i].l1 == KVT_NO_PAGE) kvt__folds_add(&f, copy_value(OP_LOAD, l1[j++], n->pages[i].l2));
-    kvt__folds_end(c, f);
+    if (kvt__cache_folds(c)) {
+        uint32_t j = 0;
+        kvt__folds_t f = kvt__folds_begin(c); /* fold_copy of each, in page order */
+        for (uint32_t i = n->n_l1; i < n->npages; i++)
+            if (n->pages[i].l1 == KVT_NO_PAGE) kvt__folds_add(&f, copy_value(OP_LOAD, l1[j++], n->pages[i].l2));
+        kvt__folds_end(c, f);
+    }
     return kvt__radix_loads_done(c->tree, n, l1);
 }
 

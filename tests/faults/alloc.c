@@ -258,6 +258,7 @@ static int stack_create(rig_t *s) {
         cc.l2_pages = L2_PAGES;
         cc.prefetch_policy = KVT_PREFETCH_WAIT_COMPLETE;
         cc.l3_write_policy = KVT_WRITE_THROUGH;
+        cc.decision_digest = true; /* a failed call must leave it as it was */
         rc = kvt_cache_create(&s->c, &cc);
     }
     if (rc == KVT_OK) rc = kvt_cache_attach(s->c, s->xf, s->tier[0], 0, s->tier[1], 1);

@@ -90,6 +90,7 @@ static int setup(rank_t *k, uint64_t timeout_ms) {
     kvt_cache_config_t cfg;
     replay_cache_config(o, o->l1_pages, &cfg);
     cfg.l1_lanes = k->C;
+    cfg.decision_digest = true; /* the ranks compare it */
     if ((rc = kvt_cache_create(&k->c, &cfg)) != KVT_OK || !o->data) return rc;
     kvt_xfer_config_t xc;
     kvt_xfer_config_default(&xc);

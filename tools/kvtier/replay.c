@@ -377,9 +377,11 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     cJSON_AddNumberToObject(x, "l2_free_room", o->l2_room);
     cJSON_AddNumberToObject(x, "tree_nodes", (double)r->rs.nodes);
     cJSON_AddNumberToObject(x, "tree_pages", (double)r->rs.pages);
-    char digest[17];
-    snprintf(digest, sizeof(digest), "%016" PRIx64, r->digest);
-    cJSON_AddStringToObject(x, "decision_digest", digest); /* equal in two runs only if every page id went the same way */
+    if (o->digest) {
+        char digest[17];
+        snprintf(digest, sizeof(digest), "%016" PRIx64, r->digest);
+        cJSON_AddStringToObject(x, "decision_digest", digest); /* equal in two runs only if every page id went the same way */
+    }
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     cJSON_AddNumberToObject(x, "requests_per_s", r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
     cJSON_AddNumberToObject(x, "tokens_s", r->tokens_s); /* the part of wall_s that made the token arrays */
@@ -627,6 +629,7 @@ void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t 
     cfg->policy = (kvt_policy_t)o->policy;
     cfg->write_policy = (kvt_write_policy_t)o->write_policy;
     cfg->write_through_hits = (uint32_t)o->write_hits;
+    cfg->decision_digest = o->digest;
 }
 
 int cmd_replay(int argc, char **argv) {
@@ -636,6 +639,8 @@ int cmd_replay(int argc, char **argv) {
     replay_l3_default(&l3);
     cli_opt_t table[MAX_ROWS];
     size_t nrows = replay_option_rows(&o, table);
+    table[nrows++] = (cli_opt_t){"digest", OPT_FLAG, &o.digest, 0, 0, 0, 0, NULL, NULL, 0,
+                                 "keep the cache's decision digest and print it (decision_digest): two runs decided alike exactly when they agree on it"};
     nrows += replay_l3_rows(&l3, table + nrows);
     table[nrows] = (cli_opt_t){NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL};
     cli_t c;

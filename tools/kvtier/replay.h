@@ -17,7 +17,7 @@ typedef struct opts {
     double l1_room, l2_room;
     int model, policy, write_policy;
     const char *sweep, *plot;
-    bool json, data, verify;
+    bool json, data, verify, digest;
     int stats; /* -1: none; else a kvt_fmt_t */
     int layout;
     uint64_t threads, layers_opt;

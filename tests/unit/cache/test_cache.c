@@ -115,6 +115,7 @@ static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t
 }
 
 static uint32_t g_lanes = 1; /* L1 owner lanes of the caches make_cache builds */
+static bool g_digest = true;  /* whether they keep the decision digest */
 
 static kvt_cache_t *make_cache(uint64_t l1, uint64_t l2, double room1, double room2, kvt_policy_t pol,
                                kvt_write_policy_t wp) {
@@ -128,6 +129,7 @@ static kvt_cache_t *make_cache(uint64_t l1, uint64_t l2, double room1, double ro
     cfg.l2_free_room = room2;
     cfg.policy = pol;
     cfg.write_policy = wp;
+    cfg.decision_digest = g_digest;
     kvt_cache_t *c;
     cr_assert_eq(kvt_cache_create(&c, &cfg), KVT_OK);
     return c;
@@ -282,6 +284,54 @@ Test(cache, copies_at_once_decide_as_the_queued_path, .timeout = 300) {
     }
     fprintf(stderr, "copies at once: %" PRIu64 " loads, %" PRIu64 " backups, decided as queued\n", loads, backups);
     cr_assert_gt(loads, 1000);
+    cr_assert_gt(backups, 1000);
+}
+
+/* The decision digest is kept only by a cache made with decision_digest, and
+ * keeping it changes no decision: under every policy and write policy, a
+ * cache without it hands out the same L1 pages, hits and counters as one
+ * with it, request by request, and reports 0; two with it agree. */
+Test(cache, the_decision_digest_is_kept_only_when_asked_and_decides_nothing, .timeout = 300) {
+    static stream_t s;
+    static int32_t q[MAXP * PT];
+    uint64_t loads = 0, backups = 0;
+    for (int pol = 0; pol < KVT_POLICY_COUNT_; pol++) {
+        for (int wp = 0; wp < KVT_WRITE_POLICY_COUNT_; wp++) {
+            kvt_cache_t *c[3]; /* with, without, with */
+            for (int i = 0; i < 3; i++) {
+                g_digest = i != 1;
+                c[i] = make_cache(120, 300, 0.05, 0.05, (kvt_policy_t)pol, (kvt_write_policy_t)wp);
+            }
+            stream_reset(&s, (uint64_t)(pol * 10 + wp) + 500);
+            const char *ctx = kvt_policy_name((kvt_policy_t)pol), *w = kvt_write_policy_name((kvt_write_policy_t)wp);
+            for (int t = 0; t < 400; t++) {
+                uint32_t n = next_request(&s, q), ids[3][MAXP];
+                kvt_cache_req_t req[3];
+                kvt_cache_stats_t st[3];
+                for (int i = 0; i < 3; i++) {
+                    cr_assert_eq(kvt_cache_admit(c[i], 0, q, (uint64_t)n * PT, 0, ids[i], &req[i]), KVT_OK);
+                    cr_assert_eq(kvt_cache_release(c[i], &req[i]), KVT_OK);
+                    st[i] = (kvt_cache_stats_t){.size = sizeof(st[i])};
+                    kvt_cache_stats(c[i], &st[i]);
+                }
+                cr_assert(req[0].pages == req[1].pages && req[0].l1_hit_pages == req[1].l1_hit_pages &&
+                              req[0].l2_hit_pages == req[1].l2_hit_pages &&
+                              memcmp(ids[0], ids[1], req[0].pages * sizeof(uint32_t)) == 0,
+                          "%s/%s request %d: the pages differ without the digest", ctx, w, t);
+                cr_assert(st[0].loads == st[1].loads && st[0].backups == st[1].backups &&
+                              st[0].l1_evicted_pages == st[1].l1_evicted_pages && st[0].l2_evicted_pages == st[1].l2_evicted_pages,
+                          "%s/%s request %d: counters differ without the digest", ctx, w, t);
+                cr_assert_eq(kvt_cache_digest(c[1]), 0, "%s/%s request %d: a digest without decision_digest", ctx, w, t);
+                cr_assert_eq(kvt_cache_digest(c[0]), kvt_cache_digest(c[2]), "%s/%s request %d: digests differ", ctx, w, t);
+            }
+            cr_assert_neq(kvt_cache_digest(c[0]), 0, "%s/%s: no digest kept", ctx, w);
+            kvt_cache_stats_t st = {.size = sizeof(st)};
+            kvt_cache_stats(c[1], &st);
+            loads += st.loads, backups += st.backups;
+            for (int i = 0; i < 3; i++) kvt_cache_destroy(c[i]);
+        }
+    }
+    cr_assert_gt(loads, 1000); /* the second tier's decisions were made, and matched */
     cr_assert_gt(backups, 1000);
 }
 
