@@ -95,10 +95,6 @@ uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t 
 /* The keys of n pages of tokens in a row, the page before them keyed prev:
  * out[i] is page i's (kvt__radix_key_next page by page, in one loop). */
 void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out);
-/* Test hook: the 16-token pages' keys from now on by the loop built for BMI2
- * (the default where the CPU has it) or by the x86-64 baseline's. False (and
- * nothing changed) when this CPU or build has no BMI2 way. */
-bool kvt__radix_keys_way(bool bmi2);
 void kvt__radix_destroy(kvt_radix_t *r);
 kvt_rnode_t *kvt__radix_root(kvt_radix_t *r);
 

@@ -831,67 +831,12 @@ static inline __attribute__((always_inline)) void keys_of_64_byte_pages(uint64_t
         out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
     }
 }
-__attribute__((flatten)) static void keys_64_base(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
+__attribute__((flatten)) static void keys_64(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
     keys_of_64_byte_pages(prev, tokens, NULL, n, out);
 }
-__attribute__((flatten)) static void keys_and_copy_64_base(uint64_t prev, const int32_t *tokens, int32_t *to, size_t n,
-                                                           uint64_t *out) {
+__attribute__((flatten)) static void keys_and_copy_64(uint64_t prev, const int32_t *tokens, int32_t *to, size_t n,
+                                                      uint64_t *out) {
     keys_of_64_byte_pages(prev, tokens, to, n, out);
-}
-
-/* The same loops built for BMI2, taken where the CPU has it (x86-64 since
- * 2013): XXH3's 64 x 64 -> 128-bit multiplies, four of a 64-byte page's five,
- * become mulx, which leaves the flags alone and names its outputs, and a page
- * hashes in ~2.9 ns where the x86-64 baseline's mul takes ~4.1 (one core of
- * this machine class). On the default replay (`arc`) the keys of every page
- * inserted are ~10 % of the run; this takes ~3 ms off it (docs/benchmarks.md,
- * twenty-second round). The keys are the same numbers either way
- * (tests/unit/radix: page_keys_are_the_chain_at_every_page_size, both ways). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVT__KEYS_BMI2 1
-__attribute__((flatten, target("bmi2"))) static void keys_64_bmi2(uint64_t prev, const int32_t *tokens, size_t n,
-                                                                   uint64_t *out) {
-    keys_of_64_byte_pages(prev, tokens, NULL, n, out);
-}
-__attribute__((flatten, target("bmi2"))) static void keys_and_copy_64_bmi2(uint64_t prev, const int32_t *tokens, int32_t *to,
-                                                                            size_t n, uint64_t *out) {
-    keys_of_64_byte_pages(prev, tokens, to, n, out);
-}
-static bool have_bmi2;
-static bool use_bmi2; /* have_bmi2, unless a test asked for the baseline (kvt__radix_keys_way) */
-__attribute__((constructor)) static void pick_keys_way(void) { /* before main, one thread */
-    __builtin_cpu_init();
-    use_bmi2 = have_bmi2 = __builtin_cpu_supports("bmi2");
-}
-#endif
-
-bool kvt__radix_keys_way(bool bmi2) {
-#ifdef KVT__KEYS_BMI2
-    if (bmi2 && !have_bmi2) return false;
-    use_bmi2 = bmi2;
-    return true;
-#else
-    return !bmi2;
-#endif
-}
-
-static void keys_64(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
-#ifdef KVT__KEYS_BMI2
-    if (use_bmi2) {
-        keys_64_bmi2(prev, tokens, n, out);
-        return;
-    }
-#endif
-    keys_64_base(prev, tokens, n, out);
-}
-static void keys_and_copy_64(uint64_t prev, const int32_t *tokens, int32_t *to, size_t n, uint64_t *out) {
-#ifdef KVT__KEYS_BMI2
-    if (use_bmi2) {
-        keys_and_copy_64_bmi2(prev, tokens, to, n, out);
-        return;
-    }
-#endif
-    keys_and_copy_64_base(prev, tokens, to, n, out);
 }
 
 /* kvt__radix_keys that also copies the pages to `to` (a new node's tokens),

@@ -729,48 +729,37 @@ Test(radix, trim_runs_are_single_trims) {
 }
 
 /* Page keys at every page size, the 16-token pages' flattened loop among them
- * (the model fuzz above uses pages of PT tokens), built both ways (for BMI2
- * and for the x86-64 baseline, where the CPU has both): the keys an insert
- * stores and those kvt__radix_keys gives, from any page on, are the chain
- * written out (mkey's), for a node under the root and one under it. */
+ * (the model fuzz above uses pages of PT tokens): the keys an insert stores
+ * and those kvt__radix_keys gives, from any page on, are the chain written
+ * out (mkey's), for a node under the root and one under it. */
 Test(radix, page_keys_are_the_chain_at_every_page_size) {
     static int32_t tok[80 * 32];
     kvt_rng_t rng;
     kvt_rng_seed(&rng, 5);
     for (size_t i = 0; i < sizeof(tok) / sizeof(tok[0]); i++) tok[i] = (int32_t)kvt_rng_next(&rng);
     const uint32_t sizes[] = {1, 4, 15, 16, 17, 32};
-    int ways = 0;
-    for (int bmi2 = 0; bmi2 < 2; bmi2++) {
-        if (!kvt__radix_keys_way(bmi2)) {
-            fprintf(stderr, "page keys: no BMI2 way on this CPU or build\n");
-            continue;
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        uint32_t pt = sizes[s], ns = 3;
+        kvt_radix_t *r;
+        kvt__radix_config_t cfg = {pt, 256, 0, lru, NULL, true};
+        cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
+        uint32_t ids[80];
+        for (uint32_t i = 0; i < 80; i++) ids[i] = i;
+        kvt_rnode_t *top, *below;
+        cr_assert_eq(kvt__radix_insert(r, kvt__radix_root(r), ns, tok, 50, ids, 1, 0, &top), KVT_OK);
+        cr_assert_eq(kvt__radix_insert(r, top, ns, tok + 50 * pt, 30, ids + 50, 1, 0, &below), KVT_OK);
+        uint64_t want[80], k = splitmix(ns + 0x6b767469657231ull);
+        for (uint32_t i = 0; i < 80; i++) want[i] = k = k * 0x9e3779b97f4a7c15ull + XXH3_64bits(tok + i * pt, pt * sizeof(int32_t));
+        for (uint32_t i = 0; i < 80; i++)
+            cr_assert_eq(i < 50 ? top->key[i] : below->key[i - 50], want[i], "page %u of %u tokens", i, pt);
+        for (uint32_t from = 0; from < 80; from += 7) {
+            uint64_t got[80];
+            kvt__radix_keys(r, from ? want[from - 1] : splitmix(ns + 0x6b767469657231ull), tok + from * pt, 80 - from, got);
+            cr_assert_eq(memcmp(got, want + from, (80 - from) * sizeof(uint64_t)), 0, "keys from page %u, %u tokens", from, pt);
         }
-        ways++;
-        for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
-            uint32_t pt = sizes[s], ns = 3;
-            kvt_radix_t *r;
-            kvt__radix_config_t cfg = {pt, 256, 0, lru, NULL, true};
-            cr_assert_eq(kvt__radix_create(&r, &cfg), KVT_OK);
-            uint32_t ids[80];
-            for (uint32_t i = 0; i < 80; i++) ids[i] = i;
-            kvt_rnode_t *top, *below;
-            cr_assert_eq(kvt__radix_insert(r, kvt__radix_root(r), ns, tok, 50, ids, 1, 0, &top), KVT_OK);
-            cr_assert_eq(kvt__radix_insert(r, top, ns, tok + 50 * pt, 30, ids + 50, 1, 0, &below), KVT_OK);
-            uint64_t want[80], k = splitmix(ns + 0x6b767469657231ull);
-            for (uint32_t i = 0; i < 80; i++) want[i] = k = k * 0x9e3779b97f4a7c15ull + XXH3_64bits(tok + i * pt, pt * sizeof(int32_t));
-            for (uint32_t i = 0; i < 80; i++)
-                cr_assert_eq(i < 50 ? top->key[i] : below->key[i - 50], want[i], "page %u of %u tokens%s", i, pt, bmi2 ? " (BMI2)" : "");
-            for (uint32_t from = 0; from < 80; from += 7) {
-                uint64_t got[80];
-                kvt__radix_keys(r, from ? want[from - 1] : splitmix(ns + 0x6b767469657231ull), tok + from * pt, 80 - from, got);
-                cr_assert_eq(memcmp(got, want + from, (80 - from) * sizeof(uint64_t)), 0, "keys from page %u, %u tokens%s", from,
-                             pt, bmi2 ? " (BMI2)" : "");
-            }
-            cr_assert_eq(kvt_radix_check(r, NULL), KVT_OK);
-            kvt__radix_destroy(r);
-        }
+        cr_assert_eq(kvt_radix_check(r, NULL), KVT_OK);
+        kvt__radix_destroy(r);
     }
-    cr_assert_geq(ways, 1); /* the baseline always */
 }
 
 /* kvt_radix_check finds a page id held twice (the reverse maps no longer
