@@ -198,9 +198,10 @@ KVT_API int kvt_cp_group_admitted(kvt_cp_group_t *g, const kvt_cache_req_t *req,
 KVT_API int kvt_cp_group_filled(kvt_cp_group_t *g, uint64_t i);
 /* Request i (0, 1, 2 ... in order) is done here; digest goes into the
  * table (row i < requests): kvt_cache_digest of a cache made with
- * cfg.decision_digest (one made without it reports 0, and ranks that all
- * report 0 agree whatever they decide), or a hash of it. KVT_EIO once the group has stopped (a dead rank
- * is found here too), KVT_EINVAL out of order; nothing changed on failure. */
+ * cfg.decision_digest, or a hash of it (a cache made without it reports 0,
+ * and ranks that all report 0 agree whatever they decide). KVT_EIO once the
+ * group has stopped (a dead rank is found here too), KVT_EINVAL out of
+ * order; nothing changed on failure. */
 KVT_API int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest);
 /* Waits until every rank has done the first n requests and compares their
  * digests: *first_divergence = the first request (1-based) at which some

@@ -190,7 +190,7 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
  * And p, once at the bound, stays there (a step is at least 1, and p + 1 > p
  * this far under 2^53), so the chain stops there, and its adds need no clamp
  * each: one add's latency a page, not an add's and a min's. (On the default
- * replay these loops were ~2 % of arc's run, most of it the clamped chain.) */
+ * replay, 1-2 % of arc's run: docs/benchmarks.md, twenty-second round.) */
 static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_t pages, double cap) {
     double left = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
     double step[KVT__GHOST_RUN_MAX];
