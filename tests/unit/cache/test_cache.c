@@ -115,7 +115,7 @@ static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t
 }
 
 static uint32_t g_lanes = 1; /* L1 owner lanes of the caches make_cache builds */
-static bool g_digest = true;  /* whether they keep the decision digest */
+static bool g_digest = true;  /* whether they keep the decision digest (decide_alike sets it) */
 
 static kvt_cache_t *make_cache(uint64_t l1, uint64_t l2, double room1, double room2, kvt_policy_t pol,
                                kvt_write_policy_t wp) {
@@ -234,107 +234,107 @@ Test(cache, two_tiers_keep_their_invariants, .timeout = 300) {
     for (int i = 0; i < 5; i++) cr_assert_gt(fired[i], 0, "path %d never ran", i);
 }
 
-/* Pages of a request that is still admitted are never evicted, however
- * much the others need. */
+/* The same stream of requests (seeded by policy and write policy) through k
+ * caches of 120 L1 and 300 L2 pages, under every policy and write policy:
+ * cache i is made with the decision digest when digest[i], and then given
+ * to prepare (may be NULL). Every cache must decide as cache 0, request by
+ * request: the same pages and L1 ids, the same hits, the same counters, no
+ * failed copy; then `agree` (may be NULL) checks the digests. A full check
+ * of each cache at the end. Returns cache 0's loads and backups, summed. */
+typedef void (*prepare_fn)(kvt_cache_t *c, int i);
+typedef void (*agree_fn)(kvt_cache_t **c, const char *ctx, const char *w, int t);
+static void decide_alike(int k, const bool *digest, int requests, uint64_t seed, prepare_fn prepare, agree_fn agree,
+                         uint64_t *loads, uint64_t *backups) {
+    static stream_t s;
+    static int32_t q[MAXP * PT];
+    *loads = *backups = 0;
+    for (int pol = 0; pol < KVT_POLICY_COUNT_; pol++) {
+        for (int wp = 0; wp < KVT_WRITE_POLICY_COUNT_; wp++) {
+            kvt_cache_t *c[4];
+            cr_assert(k >= 2 && k <= 4);
+            for (int i = 0; i < k; i++) {
+                g_digest = digest[i];
+                c[i] = make_cache(120, 300, 0.05, 0.05, (kvt_policy_t)pol, (kvt_write_policy_t)wp);
+                if (prepare) prepare(c[i], i);
+            }
+            g_digest = true;
+            stream_reset(&s, seed + (uint64_t)(pol * 10 + wp));
+            const char *ctx = kvt_policy_name((kvt_policy_t)pol), *w = kvt_write_policy_name((kvt_write_policy_t)wp);
+            for (int t = 0; t < requests; t++) {
+                uint32_t n = next_request(&s, q), ids[4][MAXP];
+                kvt_cache_req_t req[4];
+                kvt_cache_stats_t st[4];
+                for (int i = 0; i < k; i++) {
+                    cr_assert_eq(kvt_cache_admit(c[i], 0, q, (uint64_t)n * PT, 0, ids[i], &req[i]), KVT_OK);
+                    cr_assert_eq(kvt_cache_release(c[i], &req[i]), KVT_OK);
+                    cr_assert_eq(kvt_cache_poll(c[i]) >= 0, true);
+                    st[i] = (kvt_cache_stats_t){.size = sizeof(st[i])};
+                    kvt_cache_stats(c[i], &st[i]);
+                }
+                for (int i = 1; i < k; i++) {
+                    cr_assert(req[0].pages == req[i].pages && req[0].l1_hit_pages == req[i].l1_hit_pages &&
+                                  req[0].l2_hit_pages == req[i].l2_hit_pages &&
+                                  memcmp(ids[0], ids[i], req[0].pages * sizeof(uint32_t)) == 0,
+                              "%s/%s request %d: cache %d's pages or hits (%" PRIu64 "+%" PRIu64 ") differ from cache 0's (%" PRIu64
+                              "+%" PRIu64 ")",
+                              ctx, w, t, i, req[i].l1_hit_pages, req[i].l2_hit_pages, req[0].l1_hit_pages, req[0].l2_hit_pages);
+                    cr_assert(st[0].loads == st[i].loads && st[0].backups == st[i].backups &&
+                                  st[0].l1_evicted_pages == st[i].l1_evicted_pages &&
+                                  st[0].l2_evicted_pages == st[i].l2_evicted_pages && st[i].failed_copies == 0,
+                              "%s/%s request %d: cache %d's counters differ from cache 0's", ctx, w, t, i);
+                }
+                if (agree) agree(c, ctx, w, t);
+            }
+            const char *why;
+            for (int i = 0; i < k; i++) {
+                cr_assert_eq(kvt_cache_check(c[i], &why), KVT_OK, "%s", why);
+                if (i == 0) {
+                    kvt_cache_stats_t st = {.size = sizeof(st)};
+                    kvt_cache_stats(c[i], &st);
+                    *loads += st.loads, *backups += st.backups;
+                }
+                kvt_cache_destroy(c[i]);
+            }
+        }
+    }
+    cr_assert_gt(*loads, 1000); /* the second tier's decisions were made, and compared */
+    cr_assert_gt(*backups, 1000);
+}
+
 /* Without a data plane, copies are made at once (a commit's backups, an
  * admission's loads: kvt__cache_back_up_run_at_once, kvt__cache_load_node_at_once).
  * The queued path (submit, then apply at the next poll or wait) is the
  * reference: a cache that fails one copy in 2^64 takes it for every copy and
  * must decide the same, request by request, under every policy and write
- * policy: the same hits, the same counters, the same decision digest. */
+ * policy: the same pages, hits and counters, the same decision digest. */
+static void queued(kvt_cache_t *c, int i) {
+    if (i == 1) kvt__cache_fail_copies(c, UINT64_MAX);
+}
+static void same_digest(kvt_cache_t **c, const char *ctx, const char *w, int t) {
+    cr_assert_eq(kvt_cache_digest(c[0]), kvt_cache_digest(c[1]), "%s/%s request %d: decisions differ", ctx, w, t);
+}
 Test(cache, copies_at_once_decide_as_the_queued_path, .timeout = 300) {
-    static stream_t s;
-    static int32_t q[MAXP * PT];
-    uint64_t loads = 0, backups = 0;
-    for (int pol = 0; pol < KVT_POLICY_COUNT_; pol++) {
-        for (int wp = 0; wp < KVT_WRITE_POLICY_COUNT_; wp++) {
-            kvt_cache_t *c[2];
-            for (int i = 0; i < 2; i++) c[i] = make_cache(120, 300, 0.05, 0.05, (kvt_policy_t)pol, (kvt_write_policy_t)wp);
-            kvt__cache_fail_copies(c[1], UINT64_MAX);
-            stream_reset(&s, (uint64_t)(pol * 10 + wp));
-            for (int t = 0; t < 600; t++) {
-                uint32_t n = next_request(&s, q);
-                kvt_cache_req_t req[2];
-                kvt_cache_stats_t st[2] = {{.size = sizeof(st[0])}, {.size = sizeof(st[1])}};
-                for (int i = 0; i < 2; i++) {
-                    cr_assert_eq(kvt_cache_admit(c[i], 0, q, (uint64_t)n * PT, 0, NULL, &req[i]), KVT_OK);
-                    cr_assert_eq(kvt_cache_release(c[i], &req[i]), KVT_OK);
-                    cr_assert_eq(kvt_cache_poll(c[i]) >= 0, true);
-                    kvt_cache_stats(c[i], &st[i]);
-                }
-                const char *ctx = kvt_policy_name((kvt_policy_t)pol), *w = kvt_write_policy_name((kvt_write_policy_t)wp);
-                cr_assert(req[0].l1_hit_pages == req[1].l1_hit_pages && req[0].l2_hit_pages == req[1].l2_hit_pages,
-                          "%s/%s request %d: hits %" PRIu64 "+%" PRIu64 " at once, %" PRIu64 "+%" PRIu64 " queued", ctx, w, t,
-                          req[0].l1_hit_pages, req[0].l2_hit_pages, req[1].l1_hit_pages, req[1].l2_hit_pages);
-                cr_assert(st[0].loads == st[1].loads && st[0].backups == st[1].backups &&
-                              st[0].l1_evicted_pages == st[1].l1_evicted_pages && st[0].l2_evicted_pages == st[1].l2_evicted_pages &&
-                              st[1].failed_copies == 0,
-                          "%s/%s request %d: counters differ", ctx, w, t);
-                cr_assert_eq(kvt_cache_digest(c[0]), kvt_cache_digest(c[1]), "%s/%s request %d: decisions differ", ctx, w, t);
-            }
-            const char *why;
-            for (int i = 0; i < 2; i++) {
-                cr_assert_eq(kvt_cache_check(c[i], &why), KVT_OK, "%s", why);
-                kvt_cache_stats_t st = {.size = sizeof(st)};
-                kvt_cache_stats(c[i], &st);
-                if (i == 0) loads += st.loads, backups += st.backups;
-                kvt_cache_destroy(c[i]);
-            }
-        }
-    }
+    uint64_t loads, backups;
+    decide_alike(2, (const bool[]){true, true}, 600, 0, queued, same_digest, &loads, &backups);
     fprintf(stderr, "copies at once: %" PRIu64 " loads, %" PRIu64 " backups, decided as queued\n", loads, backups);
-    cr_assert_gt(loads, 1000);
-    cr_assert_gt(backups, 1000);
 }
 
 /* The decision digest is kept only by a cache made with decision_digest, and
  * keeping it changes no decision: under every policy and write policy, a
- * cache without it hands out the same L1 pages, hits and counters as one
- * with it, request by request, and reports 0; two with it agree. */
+ * cache without it (cache 1) hands out the same L1 pages, hits and counters
+ * as one with it, request by request, and reports 0; two with it agree. */
+static void kept_only_when_asked(kvt_cache_t **c, const char *ctx, const char *w, int t) {
+    cr_assert_eq(kvt_cache_digest(c[1]), 0, "%s/%s request %d: a digest without decision_digest", ctx, w, t);
+    cr_assert_eq(kvt_cache_digest(c[0]), kvt_cache_digest(c[2]), "%s/%s request %d: digests differ", ctx, w, t);
+    cr_assert(t < 10 || kvt_cache_digest(c[0]) != 0, "%s/%s request %d: no digest kept", ctx, w, t);
+}
 Test(cache, the_decision_digest_is_kept_only_when_asked_and_decides_nothing, .timeout = 300) {
-    static stream_t s;
-    static int32_t q[MAXP * PT];
-    uint64_t loads = 0, backups = 0;
-    for (int pol = 0; pol < KVT_POLICY_COUNT_; pol++) {
-        for (int wp = 0; wp < KVT_WRITE_POLICY_COUNT_; wp++) {
-            kvt_cache_t *c[3]; /* with, without, with */
-            for (int i = 0; i < 3; i++) {
-                g_digest = i != 1;
-                c[i] = make_cache(120, 300, 0.05, 0.05, (kvt_policy_t)pol, (kvt_write_policy_t)wp);
-            }
-            stream_reset(&s, (uint64_t)(pol * 10 + wp) + 500);
-            const char *ctx = kvt_policy_name((kvt_policy_t)pol), *w = kvt_write_policy_name((kvt_write_policy_t)wp);
-            for (int t = 0; t < 400; t++) {
-                uint32_t n = next_request(&s, q), ids[3][MAXP];
-                kvt_cache_req_t req[3];
-                kvt_cache_stats_t st[3];
-                for (int i = 0; i < 3; i++) {
-                    cr_assert_eq(kvt_cache_admit(c[i], 0, q, (uint64_t)n * PT, 0, ids[i], &req[i]), KVT_OK);
-                    cr_assert_eq(kvt_cache_release(c[i], &req[i]), KVT_OK);
-                    st[i] = (kvt_cache_stats_t){.size = sizeof(st[i])};
-                    kvt_cache_stats(c[i], &st[i]);
-                }
-                cr_assert(req[0].pages == req[1].pages && req[0].l1_hit_pages == req[1].l1_hit_pages &&
-                              req[0].l2_hit_pages == req[1].l2_hit_pages &&
-                              memcmp(ids[0], ids[1], req[0].pages * sizeof(uint32_t)) == 0,
-                          "%s/%s request %d: the pages differ without the digest", ctx, w, t);
-                cr_assert(st[0].loads == st[1].loads && st[0].backups == st[1].backups &&
-                              st[0].l1_evicted_pages == st[1].l1_evicted_pages && st[0].l2_evicted_pages == st[1].l2_evicted_pages,
-                          "%s/%s request %d: counters differ without the digest", ctx, w, t);
-                cr_assert_eq(kvt_cache_digest(c[1]), 0, "%s/%s request %d: a digest without decision_digest", ctx, w, t);
-                cr_assert_eq(kvt_cache_digest(c[0]), kvt_cache_digest(c[2]), "%s/%s request %d: digests differ", ctx, w, t);
-            }
-            cr_assert_neq(kvt_cache_digest(c[0]), 0, "%s/%s: no digest kept", ctx, w);
-            kvt_cache_stats_t st = {.size = sizeof(st)};
-            kvt_cache_stats(c[1], &st);
-            loads += st.loads, backups += st.backups;
-            for (int i = 0; i < 3; i++) kvt_cache_destroy(c[i]);
-        }
-    }
-    cr_assert_gt(loads, 1000); /* the second tier's decisions were made, and matched */
-    cr_assert_gt(backups, 1000);
+    uint64_t loads, backups;
+    decide_alike(3, (const bool[]){true, false, true}, 400, 500, NULL, kept_only_when_asked, &loads, &backups);
 }
 
+/* Pages of a request that is still admitted are never evicted, however
+ * much the others need. */
 Test(cache, held_requests_keep_their_pages) {
     static stream_t s;
     static int32_t q[MAXP * PT], first[MAXP * PT];
