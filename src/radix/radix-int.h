@@ -149,16 +149,12 @@ kvt_page_t kvt__radix_trim(kvt_radix_t *r, kvt_rnode_t *n);            /* tail p
  * last k pages are in L1 only, with nothing in flight: their L1 ids to l1,
  * tail first; returns k. n is freed with its last page. */
 uint32_t kvt__radix_trim_l1_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l1);
-/* As k kvt__radix_trim calls, for a leaf n whose last k pages live only in L2
- * (no L1 page, nothing in flight): their L2 ids to l2, tail first; returns k.
- * n is freed with its last page. */
-uint32_t kvt__radix_trim_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l2);
-/* The same in two steps, so that the pages are read once and the caller may
- * act between the count and the trim: how many of n's last pages, up to max,
- * live only in L2 (below its L1 prefix, not loaded, nothing in flight), their
- * L2 ids to l2, tail first, and *suspect whether any is marked suspect; then
- * the trim of k of them, given that answer (a leaf's; n is freed with its
- * last page). */
+/* As k kvt__radix_trim calls for a leaf n whose last k pages live only in
+ * L2, in two steps, so that the pages are read once and the caller may act
+ * between the count and the trim: how many of n's last pages, up to max, live
+ * only in L2 (below its L1 prefix, not loaded, nothing in flight), their L2
+ * ids to l2, tail first, and *suspect whether any is marked suspect; then the
+ * trim of k of them, given that answer (n is freed with its last page). */
 uint32_t kvt__radix_l2_tail(const kvt_rnode_t *n, uint32_t max, uint32_t *l2, bool *suspect);
 void kvt__radix_cut_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, bool suspect);
 uint32_t kvt__radix_drop_l2(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx); /* the page's L2 copy goes */

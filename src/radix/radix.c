@@ -608,15 +608,6 @@ void kvt__radix_cut_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, bool sus
     cut_tail(r, n, k);
 }
 
-uint32_t kvt__radix_trim_l2_tail(kvt_radix_t *r, kvt_rnode_t *n, uint32_t k, uint32_t *l2) {
-    bool suspect;
-    uint32_t m = kvt__radix_l2_tail(n, k, l2, &suspect);
-    KVT_ASSERT(m == k);
-    (void)m;
-    kvt__radix_cut_l2_tail(r, n, k, suspect);
-    return k;
-}
-
 /* p's L2 copy goes: if it was suspect, it is no longer tracked. */
 static inline void untrack_l2(kvt_radix_t *r, kvt_page_t *p) {
     if (!(p->flags & KVT_PAGE_SUSPECT)) return;

@@ -309,7 +309,10 @@ static void radix_fuzz(uint64_t seed, int steps) {
                     model_run(&m, r, v, v->npages - 1, k, mp, ctx);
                     cr_assert(mleaf(&m, mp[0]), "%s: trimming a page others extend", ctx);
                     for (uint32_t i = 0; i < k; i++) cr_assert(mp[i]->st.l1 == KVT_NO_PAGE, "%s", ctx);
-                    cr_assert_eq(kvt__radix_trim_l2_tail(r, v, k, got), k);
+                    bool suspect = true;
+                    cr_assert_eq(kvt__radix_l2_tail(v, k, got, &suspect), k);
+                    cr_assert(!suspect, "%s: a page of the run marked suspect", ctx);
+                    kvt__radix_cut_l2_tail(r, v, k, suspect);
                     for (uint32_t i = 0; i < k; i++) {
                         cr_assert_eq(got[i], mp[i]->st.l2, "%s: trimmed page %u of %u", ctx, i, k);
                         m.l2_used[got[i]] = false;

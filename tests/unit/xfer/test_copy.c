@@ -29,8 +29,8 @@ static void fill(kvt_rng_t *r, uint8_t *p, size_t n) {
     for (; i < n; i++) p[i] = (uint8_t)kvt_rng_next(r);
 }
 
-/* Sizes around every edge the copy has: the 128-byte body, the 64-byte
- * head, a body long enough to go as four quarters (16 KiB, with and without
+/* Sizes around every edge the copy has: the body's 64-byte lines, the
+ * 64-byte head, a body long enough to go as four quarters (16 KiB, with and without
  * a head, quarters of whole lines with lines left past them),
  * KVT__SUM_BLOCK, KVT__STREAM_MIN and KVT__STREAM_HUGE. */
 static const size_t SIZES[] = {0, 1, 63, 64, 65, 127, 128, 129, 191, 255, 256, 1000, 4095, 4096, 16383, 16385,
