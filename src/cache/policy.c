@@ -179,30 +179,53 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
 /* arc: a run of `pages` pages came back through ghost `from` (which holds
  * what is left after it): the target p moves as it would for each of them
  * taken alone, toward the class that lost it, by max(1, |other ghost| /
- * (|from| + 1)) a page, within [0, cap]. The walk keeps p in a register while
- * it takes runs (nothing reads it there). The steps do not depend on p: they
- * are divided out first, so that the divisions overlap, and the sum that
- * follows is a chain of adds, in the same order (the same p to the bit), each
- * kept within the one bound it moves toward (p starts within both). Two
- * shortcuts keep every bit. When the other ghost holds no more than this one's
- * smallest divisor, left + 1, every quotient is at most 1 (division rounds
- * monotonically, and 1 is exact), so every step is 1 and none is divided out.
- * And p, once at the bound, stays there (a step is at least 1, and p + 1 > p
- * this far under 2^53), so the chain stops there, and its adds need no clamp
- * each: one add's latency a page, not an add's and a min's. (On the default
- * replay, 1-2 % of arc's run: docs/benchmarks.md, twenty-second round.) */
+ * (|from| + 1)) a page, within [0, cap]. The steps do not depend on p: they
+ * are divided out first, so that the divisions overlap, and kvt__arc_move
+ * adds them up. When the other ghost holds no more than this one's smallest
+ * divisor, left + 1, every quotient is at most 1 (division rounds
+ * monotonically, and 1 is exact), so every step is 1 and none is divided out
+ * (on the default replay, 57 % of the runs taken). */
 static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_t pages, double cap) {
     double left = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
+    KVT_ASSERT(pages <= KVT__GHOST_RUN_MAX);
+    if (other <= left + 1) return kvt__arc_move(p, from, NULL, pages, cap); /* (left + 1: page pages - 1's divisor) */
     double step[KVT__GHOST_RUN_MAX];
-    KVT_ASSERT(pages <= KVT__GHOST_RUN_MAX && p >= 0 && p <= cap && cap < 0x1p52);
-    bool unit = other <= left + 1; /* (left + 1: page pages - 1's divisor, the smallest) */
     for (uint32_t j = 0; j < pages; j++) { /* after the run's page j + 1 is taken, from holds left + pages - 1 - j */
-        double mine = left + (double)(pages - 1 - j) + 1, s = unit ? 1 : other / mine;
+        double s = other / (left + (double)(pages - 1 - j) + 1);
         step[j] = s > 1 ? s : 1;
+    }
+    return kvt__arc_move(p, from, step, pages, cap);
+}
+
+/* The sum is a chain of adds in page order (the same p to the bit as one
+ * page at a time), each kept within the one bound it moves toward (p starts
+ * within both), and p, once at the bound, stays there (a step is at least 1,
+ * and p + 1 > p this far under 2^53): the chain stops there. Not inlined:
+ * inlined into the walk, p lived in the walk's stack slot (every xmm register
+ * is lost across the walk's calls) and each add waited on a store and a load.
+ * Unit steps need no chain where it is exact, and then it is one add:
+ *  - down: p <= cap < 2^52 is a multiple of its ulp u <= 1/2, and u divides 1,
+ *    so each p - j >= 0 is a multiple of u no larger than p: exact. The chain
+ *    is p - pages, or 0 where it goes below (a negative p - j stays negative);
+ *  - up: where p + pages is exact (its ulp is at most 1, below 2^53), so is
+ *    each p + j on the way (a multiple of that ulp, no larger), and the chain
+ *    is p + pages, or cap where it passes cap. p + pages is exact exactly when
+ *    subtracting pages gives p back: a rounding error would be a nonzero
+ *    multiple of p's ulp, and p plus such a multiple never rounds back to p.
+ * (tests/unit/cache/test_cache.c checks both against the chain, bit for bit.) */
+__attribute__((noinline)) double kvt__arc_move(double p, unsigned from, const double *step, uint32_t pages, double cap) {
+    KVT_ASSERT(p >= 0 && p <= cap && cap < 0x1p52);
+    if (step == NULL && from == 1) {
+        double q = p - (double)pages;
+        return q < 0 ? 0 : q;
+    }
+    if (step == NULL) {
+        double q = p + (double)pages;
+        if (q - (double)pages == p) return q > cap ? cap : q;
     }
     if (from == 0) {
         for (uint32_t j = 0; j < pages; j++)
-            if ((p += step[j]) > cap) return cap;
+            if ((p += step ? step[j] : 1) > cap) return cap;
     } else {
         for (uint32_t j = 0; j < pages; j++)
             if ((p -= step[j]) < 0) return 0;

@@ -573,3 +573,44 @@ Test(cache, page_hash_is_the_documented_chain) {
     kvt_cache_release(c, &r);
     kvt_cache_destroy(c);
 }
+
+/* arc's target after a run, against its definition: page by page, each step
+ * added (from ghost 0) or taken off (ghost 1) and the result held within
+ * [0, cap], bit for bit; p from everywhere in [0, cap], including just above
+ * powers of two with low bits set, where a sum of unit steps taken at once
+ * would round differently from the chain. */
+Test(cache, arc_target_moves_as_page_by_page) {
+    kvt_rng_t rng;
+    kvt_rng_seed(&rng, 77);
+    double step[KVT__GHOST_RUN_MAX];
+    for (int it = 0; it < 2000000; it++) {
+        int shape = (int)kvt_rng_below(&rng, 4);
+        double cap = shape == 0 ? (double)(1 + kvt_rng_below(&rng, 64))
+                                : ldexp(1.0, 1 + (int)kvt_rng_below(&rng, 51)) * (1 + kvt_rng_unit(&rng)) - 1;
+        if (cap >= 0x1p52) cap = 0x1p52 - 1;
+        double p;
+        switch ((int)kvt_rng_below(&rng, 4)) {
+        case 0: p = kvt_rng_unit(&rng) * cap; break;
+        case 1: p = floor(kvt_rng_unit(&rng) * cap); break;
+        case 2: p = cap - (double)kvt_rng_below(&rng, 20); break; /* near the bound */
+        default: /* a power of two, or a little over, with a low bit or two of its ulp set */
+            p = ldexp(1.0, (int)kvt_rng_below(&rng, 53) - 1) * (1 + ldexp((double)kvt_rng_below(&rng, 8), -52));
+        }
+        if (!(p >= 0 && p <= cap)) p = cap;
+        uint32_t pages = 1 + (uint32_t)kvt_rng_below(&rng, KVT__GHOST_RUN_MAX);
+        unsigned from = (unsigned)kvt_rng_below(&rng, 2);
+        bool unit = kvt_rng_below(&rng, 2);
+        for (uint32_t j = 0; j < pages; j++) {
+            double s = (double)(1 + kvt_rng_below(&rng, 1000)) / (double)(1 + kvt_rng_below(&rng, 300));
+            step[j] = unit ? 1 : s > 1 ? s : 1;
+        }
+        double want = p;
+        for (uint32_t j = 0; j < pages; j++) {
+            want = from == 0 ? want + step[j] : want - step[j];
+            want = want > cap ? cap : want < 0 ? 0 : want;
+        }
+        double got = kvt__arc_move(p, from, unit ? NULL : step, pages, cap);
+        cr_assert(memcmp(&got, &want, sizeof(got)) == 0, "p %a cap %a pages %u from %u unit %d: %a, want %a", p, cap,
+                  pages, from, unit, got, want);
+    }
+}
