@@ -19,6 +19,8 @@
  * and the page is untouched (deliver) or zeroed (in place) — never served.
  * The size parser of dir:PATH,max=SIZE is checked against a model too. */
 #include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <sys/uio.h>
 #include <xxhash.h>
 
@@ -72,14 +74,25 @@ static void make_env(env_t *e, kvt_layout_t layout, const char *dir) {
     free(req.scratch);
 }
 
+static char DIRS[2][128];
+
+/* At the run's end: the stores closed, their (empty) directories gone. */
+static void remove_envs(void) {
+    for (int i = 0; i < 2; i++) {
+        kvt_store_close(E[i].s);
+        kvt_tier_destroy(E[i].tier);
+        (void)rmdir(DIRS[i]);
+    }
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     fuzz_quiet();
-    char dir[2][128];
     for (int i = 0; i < 2; i++) {
-        snprintf(dir[i], sizeof(dir[i]), "/tmp/kvt-fuzz-store-%d-%d", (int)getpid(), i);
-        make_env(&E[i], i ? KVT_LAYOUT_LAYER_FIRST : KVT_LAYOUT_PAGE_FIRST, dir[i]);
+        snprintf(DIRS[i], sizeof(DIRS[i]), "/tmp/kvt-fuzz-store-%d-%d", (int)getpid(), i);
+        make_env(&E[i], i ? KVT_LAYOUT_LAYER_FIRST : KVT_LAYOUT_PAGE_FIRST, DIRS[i]);
     }
+    atexit(remove_envs);
     return 0;
 }
 
