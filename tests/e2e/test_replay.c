@@ -301,7 +301,8 @@ Test(replay, bad_flags_say_what_is_allowed) {
 
 /* --sweep with --plot draws the curve with gnuplot. */
 Test(replay, sweep_plot_png, .timeout = 60) {
-    const char *png = "/tmp/kvt-sweep-test.png";
+    char png[64]; /* this run's own: suites may run side by side */
+    snprintf(png, sizeof(png), "/tmp/kvt-sweep-test-%d.png", (int)getpid());
     unlink(png);
     run_result_t r = RUN(TRACE, "--page-tokens", "512", "--sweep", "1000,4000", "--l2-pages", "0", "--limit", "1000",
                          "--plot", png);
@@ -316,6 +317,7 @@ Test(replay, sweep_plot_png, .timeout = 60) {
         cr_assert_eq(fread(magic, 1, 4, f), 4);
         fclose(f);
         cr_assert(magic[1] == 'P' && magic[2] == 'N' && magic[3] == 'G');
+        unlink(png);
     }
     cr_assert_not_null(strstr(r.out, "L1 pages"), "the sweep table: %s", r.out);
     run_free(&r);
