@@ -99,6 +99,7 @@ KVT_API size_t kvt_cp_select_backups(const kvt_cp_layout_t *l, const kvt_cp_pair
  *   kvt_cp_group_join          rank 0 creates, the others attach (waiting
  *                              for rank 0 up to timeout_ms); parameters
  *                              that differ from the group's are refused
+ *                              (and stop the group)
  *   kvt_cp_group_open_tier     the shared tiers: rank 0 creates
  *                              /dev/shm/<name>-<suffix>, the others attach
  *   kvt_cp_group_wait_joined   every rank has joined (names those that did not)
@@ -167,9 +168,13 @@ typedef struct kvt_cp_group_info {
  * kvtier segment, is left alone: KVT_EEXIST); the others attach it, waiting
  * up to timeout_ms for rank 0 (KVT_ETIMEDOUT), and are refused when a
  * parameter differs from the group's (KVT_EINVAL) or their rank is taken
- * (KVT_EEXIST). KVT_EINVAL for a bad config, KVT_ENOMEM. *why (optional)
- * says what failed in words, valid until this thread's next join or leave.
- * Nothing is changed or left behind on failure. */
+ * (KVT_EEXIST). A rank refused for a parameter also stops the group with
+ * that reason, so the ranks already joined fail at once (KVT_EIO from their
+ * next wait) instead of at their join timeout: a launch with mismatched
+ * ranks cannot finish. KVT_EINVAL for a bad config, KVT_ENOMEM. *why
+ * (optional) says what failed in words, valid until this thread's next join
+ * or leave. Apart from that stop, nothing is changed or left behind on
+ * failure. */
 KVT_API int kvt_cp_group_join(kvt_cp_group_t **out, const kvt_cp_group_config_t *cfg, const char **why);
 /* Waits up to timeout_ms (from join) for every rank to join; KVT_ETIMEDOUT
  * names the ranks that did not, KVT_EIO when the group stopped. */

@@ -119,6 +119,7 @@ Test(cp, bad_flags) {
         {(const char *const[]){NULL, "cp", "--l1-pages", "unbounded", NULL}, "needs a bound"},
         {(const char *const[]){NULL, "cp", "--sweep", "1,2", NULL}, "--sweep"},
         {(const char *const[]){NULL, "cp", "--verify", NULL}, "--verify: needs --data"},
+        {(const char *const[]){NULL, "cp", "--ranks", "2", "--rank", "1", "--group", "a/b", NULL}, "--group: 'a/b' is not a group name"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         run_result_t r = run_argv(cases[i].argv);
@@ -302,4 +303,29 @@ Test(cp, independent_missing_or_dead_rank_is_named, .timeout = 120) {
         run_free(&res);
     }
     cr_assert_eq(group_segments(name), 0, "rank 0 removed the segments");
+}
+
+/* A rank started with other parameters than the group's fails the whole
+ * group at once, on every rank, naming the field: not after the join timeout
+ * (a minute here; the test's own timeout is far below it). */
+Test(cp, independent_mismatched_rank_fails_every_rank_at_once, .timeout = 30) {
+    char name[64];
+    snprintf(name, sizeof(name), "kvt-e2e-%d-odd", (int)getpid());
+    const char *const args[] = {TRACE, "--page-tokens", "64", "--l1-pages", "513", "--l2-pages", "300", "--data",
+                                "--bytes-per-token", "64", "--limit", "50", "--join-timeout-ms", "60000", NULL};
+    const char *const odd[] = {TRACE, "--page-tokens", "64", "--l1-pages", "513", "--l2-pages", "400", "--data",
+                               "--bytes-per-token", "64", "--limit", "50", "--join-timeout-ms", "60000", NULL};
+    spawned_t s[3];
+    s[0] = spawn_rank(3, 0, name, args);
+    usleep(200000); /* rank 0 has made the group: rank 2 is refused, not left waiting for it */
+    s[2] = spawn_rank(3, 2, name, odd);
+    s[1] = spawn_rank(3, 1, name, args);
+    for (uint32_t r = 0; r < 3; r++) {
+        run_result_t res = wait_rank(&s[r]);
+        cr_assert_eq(res.status, 1, "rank %u: exit %d: %s", r, res.status, res.err);
+        cr_assert(strstr(res.err, "refused by group") && strstr(res.err, "its l2_pages is 300, this rank's 400"),
+                  "rank %u: %s", r, res.err);
+        run_free(&res);
+    }
+    cr_assert_eq(group_segments(name), 0, "no segment left in /dev/shm");
 }

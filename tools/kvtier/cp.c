@@ -279,6 +279,7 @@ int cmd_cp(int argc, char **argv) {
     if ((rank == UINT64_MAX) != (gname == NULL)) return cli_error(&c, "--rank and --group go together"), 2;
     if (rank != UINT64_MAX && rank >= ranks) return cli_error(&c, "%" PRIu64 " is not below --ranks %" PRIu64, rank, ranks), 2;
     char seg[96]; /* a valid name makes valid segment names */
+    c.flag = "--group";
     if (gname && kvt_cp_group_segment(gname, "ctl", seg, sizeof(seg)) != KVT_OK)
         return cli_error(&c, "'%s' is not a group name: 1 to %d of [A-Za-z0-9._-]", gname, KVT_CP_NAME_MAX), 2;
     if (o.data && replay_check_data_size(&c, &o, &o.l1_pages, 1) != 0) return 2;

@@ -104,13 +104,15 @@ Test(cp_group, ranks_in_their_own_processes_join_by_name) {
     cr_assert_not(segment_exists(name, "ctl"), "the creator unlinked the control segment");
 }
 
-/* Every parameter that must agree is refused by name when it does not. */
+/* Every parameter that must agree is refused by name when it does not, and
+ * the refusal stops the group: rank 0, waiting for the others, fails at once
+ * with the reason instead of with KVT_ETIMEDOUT at its join timeout. */
 Test(cp_group, a_parameter_that_differs_is_refused_naming_the_field) {
-    const char *name = group_name("param");
-    kvt_cp_group_config_t c0 = config(name, 0, 2);
-    kvt_cp_group_t *g0 = join_ok(&c0);
     const char *fields[] = {"ranks", "l1_pages", "l2_pages", "page_tokens", "layers", "layer_bytes", "layout", "requests", "tag"};
     for (size_t f = 0; f < sizeof(fields) / sizeof(fields[0]); f++) {
+        const char *name = group_name(fields[f]);
+        kvt_cp_group_config_t c0 = config(name, 0, 2);
+        kvt_cp_group_t *g0 = join_ok(&c0);
         kvt_cp_group_config_t c = config(name, 1, 2);
         switch (f) {
         case 0: c.ranks = 3, c.l1_pages = 48; break;
@@ -131,16 +133,25 @@ Test(cp_group, a_parameter_that_differs_is_refused_naming_the_field) {
         char want[64];
         snprintf(want, sizeof(want), "its %s is ", fields[f]);
         cr_assert(why && strstr(why, want), "%s: %s", fields[f], why ? why : "(none)");
+        /* rank 0 hears it from its wait, naming the field (not KVT_ETIMEDOUT at its timeout) */
+        cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_EIO, "%s", fields[f]);
+        const char *said = kvt_cp_group_why(g0);
+        cr_assert(said && strstr(said, want) && strstr(said, "refused by group"), "%s: %s", fields[f], said ? said : "(none)");
+        kvt_cp_group_info_t info = {.size = sizeof(info)};
+        kvt_cp_group_info(g0, &info);
+        cr_assert(info.stopped, "%s", fields[f]);
+        kvt_cp_group_leave(g0, NULL);
+        cr_assert_not(segment_exists(name, "ctl"));
     }
-    /* the refused ranks took no slot: the real rank 1 still joins */
-    kvt_cp_group_config_t c1 = config(name, 1, 2);
-    kvt_cp_group_t *g1 = join_ok(&c1);
-    cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_OK);
-    /* and a second rank 1 is refused */
-    kvt_cp_group_t *g = NULL;
+    /* a rank whose number is taken is refused and stops nothing: the group goes on */
+    const char *name = group_name("taken");
+    kvt_cp_group_config_t c0 = config(name, 0, 2), c1 = config(name, 1, 2);
+    kvt_cp_group_t *g0 = join_ok(&c0), *g1 = join_ok(&c1), *g = NULL;
     const char *why = NULL;
     cr_assert_eq(kvt_cp_group_join(&g, &c1, &why), KVT_EEXIST);
     cr_assert(strstr(why, "is taken by pid"), "%s", why);
+    cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_OK);
+    cr_assert_eq(kvt_cp_group_wait_joined(g1), KVT_OK);
     cr_assert_eq(kvt_cp_group_leave(g1, NULL), KVT_OK);
     cr_assert_eq(kvt_cp_group_leave(g0, NULL), KVT_OK);
     cr_assert_not(segment_exists(name, "ctl"));
