@@ -1,8 +1,15 @@
 /* Test fixture: real Redis servers on 127.0.0.1, started and always stopped.
  *
  *   redis_start(&srv, extra)     one server on a free port (no persistence)
+ *   redis_prepare + redis_launch the same in two steps, for a cluster node
+ *                                whose nodes.conf the test writes
  *   cluster_start(&c)            six nodes, three masters + three replicas,
  *                                joined by `redis-cli --cluster create`
+ *   cluster_start_opts(&c, m, r, extra, password)
+ *                                m masters with r replicas each, extra
+ *                                arguments for every node, and a password
+ *                                (requirepass and masterauth) or NULL
+ *   redis_cmd_as(port, user, password, fmt, ...)  a command after AUTH
  *   redis_stop / cluster_stop    SIGKILL, reap, remove the data directory
  *
  * A free port is found by binding port 0 (redis has no --port 0), checking
@@ -88,6 +95,38 @@ static inline redisReply *redis_cmd(int port, const char *fmt, ...) {
     return r;
 }
 
+/* The same after AUTH [user] password (user NULL: the default user). */
+static inline redisReply *redis_cmd_as(int port, const char *user, const char *pass, const char *fmt, ...) {
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == NULL || c->err) {
+        if (c) redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *a = user ? redisCommand(c, "AUTH %s %s", user, pass) : redisCommand(c, "AUTH %s", pass);
+    bool ok = a && a->type == REDIS_REPLY_STATUS;
+    if (a) freeReplyObject(a);
+    redisReply *r = NULL;
+    if (ok) {
+        va_list ap;
+        va_start(ap, fmt);
+        r = redisvCommand(c, fmt, ap);
+        va_end(ap);
+    }
+    redisFree(c);
+    return r;
+}
+
+/* Up: PONG, or NOAUTH from a server that wants a password. */
+static inline bool redis_up_(int port) {
+    redisReply *r = redis_cmd(port, "PING");
+    bool ok = r && ((r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0) ||
+                    (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0));
+    if (r) freeReplyObject(r);
+    return ok;
+}
+
 static inline bool redis_reply_has_(int port, const char *cmd, const char *want) {
     redisReply *r = redis_cmd(port, cmd);
     bool ok = r && (r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_STRING) && strstr(r->str, want) != NULL;
@@ -108,13 +147,19 @@ static inline void redis_rmrf_(const char *dir) {
     rmdir(dir);
 }
 
-/* extra: NULL-terminated further arguments (e.g. "--maxmemory", "2mb"). */
-static inline int redis_start_args(redis_srv_t *s, bool cluster, const char *const *extra) {
+/* A data directory and a free port for s (redis_launch starts it). */
+static inline int redis_prepare(redis_srv_t *s) {
     memset(s, 0, sizeof(*s));
     snprintf(s->dir, sizeof(s->dir), "/tmp/kvt-redis-XXXXXX");
     if (mkdtemp(s->dir) == NULL) return -1;
     s->port = redis_free_port();
-    if (s->port < 0) return -1;
+    return s->port < 0 ? -1 : 0;
+}
+
+/* Starts the server of a prepared s (a cluster node reads s->dir/nodes.conf,
+ * which the caller may have written); extra: NULL-terminated further
+ * arguments (e.g. "--maxmemory", "2mb"). */
+static inline int redis_launch(redis_srv_t *s, bool cluster, const char *const *extra) {
     char port[16], log[200], conf[200];
     snprintf(port, sizeof(port), "%d", s->port);
     snprintf(log, sizeof(log), "%s/redis.log", s->dir);
@@ -141,7 +186,7 @@ static inline int redis_start_args(redis_srv_t *s, bool cluster, const char *con
     }
     s->pid = pid;
     for (int i = 0; i < 500; i++) { /* up to 5 s */
-        if (redis_reply_has_(s->port, "PING", "PONG")) return 0;
+        if (redis_up_(s->port)) return 0;
         if (waitpid(pid, NULL, WNOHANG) == pid) {
             s->pid = 0;
             return -1;
@@ -149,6 +194,10 @@ static inline int redis_start_args(redis_srv_t *s, bool cluster, const char *con
         redis_sleep_ms(10);
     }
     return -1;
+}
+
+static inline int redis_start_args(redis_srv_t *s, bool cluster, const char *const *extra) {
+    return redis_prepare(s) == 0 ? redis_launch(s, cluster, extra) : -1;
 }
 
 static inline int redis_start(redis_srv_t *s, const char *const *extra) { return redis_start_args(s, false, extra); }
@@ -182,30 +231,39 @@ static inline void cluster_stop(redis_cluster_t *c) {
     for (int i = 0; i < CLUSTER_NODES; i++) redis_stop(&c->n[i]);
 }
 
-static inline bool cluster_ok_(int port) {
-    redisReply *r = redis_cmd(port, "CLUSTER INFO");
+static inline bool cluster_ok_(int port, const char *pass) {
+    redisReply *r = pass ? redis_cmd_as(port, NULL, pass, "CLUSTER INFO") : redis_cmd(port, "CLUSTER INFO");
     bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok") != NULL;
     if (r) freeReplyObject(r);
     return ok;
 }
 
-static inline int cluster_start(redis_cluster_t *c) {
+static inline int cluster_start_opts(redis_cluster_t *c, int masters, int replicas, const char *const *extra, const char *pass) {
     memset(c, 0, sizeof(*c));
-    for (int i = 0; i < CLUSTER_NODES; i++)
-        if (redis_start_args(&c->n[i], true, NULL) != 0) return -1;
+    int nodes = masters * (1 + replicas);
+    if (masters < 1 || nodes > CLUSTER_NODES) return -1;
+    const char *args[24];
+    int na = 0;
+    if (pass) args[na++] = "--requirepass", args[na++] = pass, args[na++] = "--masterauth", args[na++] = pass;
+    for (int i = 0; extra && extra[i] && na < 23; i++) args[na++] = extra[i];
+    args[na] = NULL;
+    for (int i = 0; i < nodes; i++)
+        if (redis_start_args(&c->n[i], true, args) != 0) return -1;
     char cmd[1024];
-    int k = snprintf(cmd, sizeof(cmd), "redis-cli --cluster create");
-    for (int i = 0; i < CLUSTER_NODES; i++) k += snprintf(cmd + k, sizeof(cmd) - (size_t)k, " 127.0.0.1:%d", c->n[i].port);
-    snprintf(cmd + k, sizeof(cmd) - (size_t)k, " --cluster-replicas 1 --cluster-yes >%s/create.log 2>&1", c->n[0].dir);
+    int k = snprintf(cmd, sizeof(cmd), "%s%s redis-cli --cluster create", pass ? "REDISCLI_AUTH=" : "", pass ? pass : "");
+    for (int i = 0; i < nodes; i++) k += snprintf(cmd + k, sizeof(cmd) - (size_t)k, " 127.0.0.1:%d", c->n[i].port);
+    snprintf(cmd + k, sizeof(cmd) - (size_t)k, " --cluster-replicas %d --cluster-yes >%s/create.log 2>&1", replicas, c->n[0].dir);
     if (system(cmd) != 0) return -1;
-    k = snprintf(c->url, sizeof(c->url), "redis-cluster://127.0.0.1:%d,127.0.0.1:%d", c->n[0].port, c->n[1].port);
+    k = snprintf(c->url, sizeof(c->url), "redis-cluster://127.0.0.1:%d,127.0.0.1:%d", c->n[0].port, c->n[nodes > 1].port);
     for (int t = 0; t < 1000; t++) { /* up to 10 s: every node agrees the cluster is up */
         bool all = true;
-        for (int i = 0; i < CLUSTER_NODES && all; i++) all = cluster_ok_(c->n[i].port);
+        for (int i = 0; i < nodes && all; i++) all = cluster_ok_(c->n[i].port, pass);
         if (all) return 0;
         redis_sleep_ms(10);
     }
     return -1;
 }
+
+static inline int cluster_start(redis_cluster_t *c) { return cluster_start_opts(c, 3, 1, NULL, NULL); }
 
 #endif
