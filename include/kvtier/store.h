@@ -4,9 +4,11 @@
  * A store is opened from a URL:
  *
  *   dir:PATH[,max=SIZE]              one file per page under PATH (the embedded
- *                                    default); SIZE: digits, in bytes, with an
- *                                    optional K/M/G/T (powers of 1024: "64G");
- *                                    0 or absent: no limit
+ *                                    default; PATH holds no ','); SIZE: digits,
+ *                                    in bytes, with an optional K/M/G/T (powers
+ *                                    of 1024: "64G"), counted as the filesystem
+ *                                    charges (each file's blocks, at least its
+ *                                    length); 0 or absent: no limit
  *   redis://HOST:PORT                one Redis server
  *   redis-cluster://H:P[,H:P...]     a Redis Cluster, found from any seed node
  *
@@ -237,7 +239,8 @@ typedef struct kvt_store_stats {
 #define KVT_STATS_FIELD_(name, kind, help) uint64_t name;
     KVT_STORE_STATS_FIELDS(KVT_STATS_FIELD_)
 #undef KVT_STATS_FIELD_
-    uint64_t stored_bytes;   /* dir: bytes of objects this process knows of (all ops report it) */
+    uint64_t stored_bytes;   /* dir: what the filesystem charges for the objects this process knows of
+                              * (each file's blocks, at least its length; what max= bounds; all ops report it) */
     uint64_t stored_objects; /* dir: objects this process knows of */
     kvt_hist_t latency_ns;   /* submit -> the batch completes */
 } kvt_store_stats_t;

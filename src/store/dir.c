@@ -11,23 +11,28 @@
  * mid-write leaves only a temporary file, which no reader opens (and which
  * the next open removes once its pid is gone). Any number of processes may
  * share a root. What survives anyway (a file truncated or overwritten behind
- * our back) fails the object checks of store.c.
+ * our back) fails the object checks of store.c. Only a regular file is an
+ * object: anything else at an object's path (a FIFO, a directory, a socket,
+ * a device, a link to one) is opened non-blocking and refused after an
+ * fstat, so no get waits on it; a put renames over what rename replaces (a
+ * FIFO, a link) and fails, counted, on a directory it cannot.
  *
  * Capacity (max=SIZE): this process keeps an index of the objects it knows
- * (key -> bytes, in LRU order), rebuilt at open from the files' times (a get
- * sets the file's access time, so the order survives restarts); a put that
- * takes the known bytes over max evicts least recently used objects (unlink)
- * until they fit. With several processes on one root each enforces the limit
- * over what it has seen (its own puts and gets, and the files present at its
- * open), so the root may exceed max by what the others wrote since.
+ * (key -> the bytes the filesystem charges for the file: its blocks, at
+ * least its length; in LRU order), rebuilt at open from the files' times
+ * (a get sets the file's access time, so the order survives restarts); a
+ * put that takes the known bytes over max evicts least recently used
+ * objects (unlink) until they fit; the fan-out directories are not counted.
+ * With several processes on one root each enforces the limit over what it
+ * has seen (its own puts and gets, and the files present at its open), so
+ * the root may exceed max by what the others wrote since.
  *
- * Cost: exists is a stat, get an open+readv (the page straight into the
- * tier from file offset 0, page-aligned on both sides, then the header;
- * checked there; the read's length is the file's: no fstat) + a futimens
- * on the first get after a put and then at most once a second (written
- * once the batch is reported: dir_after), put a create+writev (the page
- * from the tier's memory, then the header) + rename, remove an unlink; the
- * index is a hash table with O(1) updates. */
+ * Cost: exists is a stat, get an open+fstat+readv (the page straight into
+ * the tier from file offset 0, page-aligned on both sides, then the header;
+ * checked there) + a futimens on the first get after a put and then at
+ * most once a second (written once the batch is reported: dir_after), put
+ * a create+writev (the page from the tier's memory, then the header)+fstat
+ * + rename, remove an unlink; the index is a hash table with O(1) updates. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -195,6 +200,18 @@ static bool is_hex32(const char *n) {
     return n[32] == 0;
 }
 
+/* What max= counts for a file: the blocks the filesystem charges for it
+ * (an object of 1104 bytes takes 4 KiB on ext4 or tmpfs), at least its
+ * length (a filesystem that stores small files inline reports none). */
+static uint64_t charge(const struct stat *st) {
+    uint64_t b = (uint64_t)st->st_blocks * 512;
+    return b > (uint64_t)st->st_size ? b : (uint64_t)st->st_size;
+}
+
+static const char *kind_of(mode_t m) {
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a file";
+}
+
 /* ".tmp.<pid>.<n>.<hex>": the pid that writes it. */
 static long tmp_pid(const char *n) { return strncmp(n, ".tmp.", 5) == 0 ? strtol(n + 5, NULL, 10) : -1; }
 
@@ -248,7 +265,7 @@ static int scan(dirbe_t *d) {
                     cv = nc;
                 }
                 memcpy(v[nv].hex, c->d_name, 33);
-                v[nv].bytes = (uint64_t)st.st_size;
+                v[nv].bytes = charge(&st);
                 uint64_t ta = (uint64_t)st.st_atim.tv_sec * 1000000000ull + (uint64_t)st.st_atim.tv_nsec;
                 uint64_t tm = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
                 v[nv].t = ta > tm ? ta : tm;
@@ -293,18 +310,33 @@ static void evict(dirbe_t *d, const char *keep, kvt__sreq_t *req) {
 
 /* ---- open / close ---------------------------------------------------------------------- */
 
-static int dir_open(kvt_store_t *s, const char *spec, void **out) {
-    const char *opt = strstr(spec, ",max=");
-    size_t plen = opt ? (size_t)(opt - spec) : strlen(spec);
-    uint64_t max = 0;
-    if (plen == 0) return kvt__store_error("malformed store URL 'dir:%.200s': no path (expected dir:PATH[,max=SIZE])", spec), KVT_EINVAL;
-    if (plen >= 880) return kvt__store_error("malformed store URL: dir path longer than 879 characters"), KVT_EINVAL;
-    if (opt) {
-        const char *v = opt + 5, *why = NULL;
-        if (kvt__store_parse_size(v, strlen(v), &max, &why) != KVT_OK) return kvt__store_error("malformed store URL 'dir:%.200s': bad max= '%.40s': %s", spec, v, why), KVT_EINVAL;
-    } else if (memchr(spec, ',', plen) && strchr(spec, '=')) {
-        return kvt__store_error("malformed store URL 'dir:%.200s': unknown option (the only one is max=SIZE)", spec), KVT_EINVAL;
+/* "PATH[,max=SIZE]": the path ends at the first ','; each option after it
+ * is max=SIZE. KVT_EINVAL with the open error set. */
+static int parse_spec(const char *spec, size_t *plen, uint64_t *max) {
+    const char *comma = strchr(spec, ',');
+    *plen = comma ? (size_t)(comma - spec) : strlen(spec);
+    *max = 0;
+    if (*plen == 0) return kvt__store_error("malformed store URL 'dir:%.200s': no path (expected dir:PATH[,max=SIZE])", spec), KVT_EINVAL;
+    if (*plen >= 880) return kvt__store_error("malformed store URL: dir path longer than 879 characters"), KVT_EINVAL;
+    for (const char *o = comma; o; o = strchr(o + 1, ',')) {
+        const char *v = o + 1, *next = strchr(v, ','), *why = NULL;
+        size_t len = next ? (size_t)(next - v) : strlen(v);
+        if (len == 0) return kvt__store_error("malformed store URL 'dir:%.200s': empty option (a ',' with nothing after it)", spec), KVT_EINVAL;
+        if (len < 4 || strncmp(v, "max=", 4) != 0)
+            return kvt__store_error("malformed store URL 'dir:%.200s': unknown option '%.*s' (the only one is max=SIZE; a path "
+                                    "holds no ',')", spec, (int)(len > 40 ? 40 : len), v),
+                   KVT_EINVAL;
+        if (kvt__store_parse_size(v + 4, len - 4, max, &why) != KVT_OK)
+            return kvt__store_error("malformed store URL 'dir:%.200s': bad max= '%.*s': %s", spec, (int)(len - 4 > 40 ? 40 : len - 4), v + 4, why),
+                   KVT_EINVAL;
     }
+    return KVT_OK;
+}
+
+static int dir_open(kvt_store_t *s, const char *spec, void **out) {
+    size_t plen;
+    uint64_t max;
+    if (parse_spec(spec, &plen, &max) != KVT_OK) return KVT_EINVAL;
     dirbe_t *d = KVT_NEW(dirbe_t);
     if (d == NULL) return kvt__store_error("out of memory"), KVT_ENOMEM;
     d->s = s;
@@ -444,42 +476,65 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         return KVT_STORE_FAILED;
     }
     int err = writev_all(fd, v, nv) != 0 ? errno : 0;
+    struct stat st;
+    if (err == 0 && fstat(fd, &st) != 0) err = errno;
     if (close(fd) != 0 && err == 0) err = errno;
     if (err == 0 && rename(tmp, fin) != 0) err = errno;
     if (err) {
         unlink(tmp);
-        kvt__store_log(s, "put %s: write failed: %s", hex, strerror(err ? err : EIO));
+        if (err == EISDIR) /* rename replaces anything but a directory */
+            kvt__store_log(s, "put %s: a directory is at '%s': not replaced", hex, fin);
+        else
+            kvt__store_log(s, "put %s: write failed: %s", hex, strerror(err));
         return KVT_STORE_FAILED;
     }
     req->cnt.bytes += ob;
     pthread_mutex_lock(&d->mu);
     uint32_t k;
-    if (idx_touch(d, hex, ob, &k) == KVT_OK) d->e[k].atime_s = 0; /* a new file: not read since */
+    if (idx_touch(d, hex, charge(&st), &k) == KVT_OK) d->e[k].atime_s = 0; /* a new file: not read since */
     evict(d, hex, req);
     pthread_mutex_unlock(&d->mu);
     return KVT_STORE_OK;
+}
+
+/* Opens what is at path for a get and fstats it: the fd, or -1 with *err.
+ * O_NOATIME: the LRU time is set by the get; the kernel's own atime update
+ * (relatime: the first read after a write) would be a second inode write
+ * for the same get (EPERM on a file of another user: without). O_NONBLOCK:
+ * a FIFO opens at once (to be refused) instead of waiting for a writer for
+ * ever; a regular file's reads ignore it. */
+static int open_object(const char *path, struct stat *st, int *err) {
+    const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    int fd = open(path, flags | O_NOATIME);
+    if (fd < 0 && errno == EPERM) fd = open(path, flags);
+    if (fd >= 0 && fstat(fd, st) != 0) {
+        *err = errno;
+        close(fd);
+        return -1;
+    }
+    if (fd < 0) *err = errno;
+    return fd;
 }
 
 static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     const char *hex = req->hex[i];
     char path[1100];
     obj_path(d, hex, path, sizeof(path));
-    /* O_NOATIME: the LRU time is set below; the kernel's own atime update
-     * (relatime: the first read after a write) would be a second inode
-     * write for the same get (EPERM on a file of another user: without) */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOATIME);
-    if (fd < 0 && errno == EPERM) fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        if (err != ENOENT) kvt__store_log(req->s, "get %s: %s", hex, strerror(err));
-        req->results[i] = err == ENOENT ? KVT_STORE_MISS : KVT_STORE_FAILED;
+    struct stat st;
+    int err = 0, fd = open_object(path, &st, &err);
+    const char *odd = fd >= 0 ? (S_ISREG(st.st_mode) ? NULL : kind_of(st.st_mode)) : err == ENXIO ? "a socket" : NULL;
+    if (fd < 0 || odd) {
+        if (odd) kvt__store_log(req->s, "bad object for key %s: not a regular file (%s); refused, counted as a miss", hex, odd);
+        else if (err != ENOENT) kvt__store_log(req->s, "get %s: %s", hex, strerror(err));
+        req->results[i] = odd ? KVT_STORE_BAD : err == ENOENT ? KVT_STORE_MISS : KVT_STORE_FAILED;
+        if (fd >= 0) close(fd);
         pthread_mutex_lock(&d->mu);
-        idx_drop(d, hex); /* evicted or removed, maybe by another process */
+        idx_drop(d, hex); /* evicted or removed, maybe by another process; or never an object */
         pthread_mutex_unlock(&d->mu);
         return;
     }
-    /* No fstat: the read says the length. One byte past an object's length
-     * is asked for, so that a longer file shows as one. */
+    /* The read says the length: one byte past an object's length is asked
+     * for, so that a longer file shows as one. */
     uint64_t ob = kvt__store_object_bytes(req->s);
     uint8_t spare;
     struct iovec *v, one[2] = {{.iov_base = req->scratch, .iov_len = (size_t)ob}, {.iov_base = &spare, .iov_len = 1}};
@@ -506,7 +561,7 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
          * is reported (dir_after) */
         uint32_t now_s = (uint32_t)time(NULL), k;
         pthread_mutex_lock(&d->mu);
-        set = idx_touch(d, hex, ob, &k) != KVT_OK || d->e[k].atime_s != now_s;
+        set = idx_touch(d, hex, charge(&st), &k) != KVT_OK || d->e[k].atime_s != now_s;
         if (set && k != NIL) d->e[k].atime_s = now_s;
         pthread_mutex_unlock(&d->mu);
     }
@@ -528,8 +583,8 @@ static void dir_run(void *be, void *w, kvt__sreq_t *req) {
         switch (req->op) {
         case KVT_STORE_EXISTS: {
             obj_path(d, hex, path, sizeof(path));
-            struct stat st;
-            req->results[i] = stat(path, &st) == 0 ? KVT_STORE_OK : KVT_STORE_MISS;
+            struct stat st; /* only a regular file is an object */
+            req->results[i] = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? KVT_STORE_OK : KVT_STORE_MISS;
             break;
         }
         case KVT_STORE_GET: do_get(d, w, req, i); break;

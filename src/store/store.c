@@ -791,7 +791,7 @@ void kvt_store_emit(kvt_store_t *s, kvt_emitter_t *e) {
         snprintf(name, sizeof(name), "store_%s", kvt_store_op_name((kvt_store_op_t)op));
         kvt_emit_begin(e, name);
         KVT_EMIT_STATS(e, &st, KVT_STORE_STATS_FIELDS);
-        kvt_emit_gauge(e, "stored_bytes", (double)st.stored_bytes, "bytes of objects this process knows of (dir)");
+        kvt_emit_gauge(e, "stored_bytes", (double)st.stored_bytes, "bytes the filesystem charges for the objects this process knows of (dir)");
         kvt_emit_gauge(e, "stored_objects", (double)st.stored_objects, "objects this process knows of (dir)");
         kvt_emit_hist(e, "latency_ns", &st.latency_ns, "submit to batch completion");
         kvt_emit_end(e);

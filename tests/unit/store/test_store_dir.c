@@ -384,10 +384,10 @@ Test(store_dir, other_geometry_is_another_key) {
 static void touch_order(void) { usleep(20000); } /* distinct file times */
 
 Test(store_dir, lru_eviction_and_rebuild) {
-    senv_init(&E, 32, 1, 4000, KVT_LAYOUT_PAGE_FIRST);
+    senv_init(&E, 32, 1, 4016, KVT_LAYOUT_PAGE_FIRST); /* objects of 4096 bytes: one 4 KiB block each */
     char u[200];
-    /* room for 5 objects of 4080 bytes */
-    snprintf(u, sizeof(u), "%s,max=%d", url, 5 * 4080 + 100);
+    /* room for 5 objects */
+    snprintf(u, sizeof(u), "%s,max=%d", url, 5 * 4096 + 100);
     cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
     kvt_store_page_t p[8];
     pages_of(p, 8, 50, 0);
@@ -413,7 +413,7 @@ Test(store_dir, lru_eviction_and_rebuild) {
     cr_assert_eq(senv_open(&E, u), KVT_OK);
     st = sstats(E.store, KVT_STORE_PUT);
     cr_assert_eq(st.stored_objects, 5u);
-    cr_assert_eq(st.stored_bytes, 5u * 4080);
+    cr_assert_eq(st.stored_bytes, 5u * 4096);
     touch_order();
     cr_assert_eq(run_op(E.store, kvt_store_put, &p[6], 1).count, 1u);
     r = run_op(E.store, kvt_store_exists, p, 7);
@@ -422,7 +422,7 @@ Test(store_dir, lru_eviction_and_rebuild) {
     /* a smaller max at open evicts down to it */
     kvt_store_close(E.store);
     E.store = NULL;
-    snprintf(u, sizeof(u), "%s,max=%d", url, 2 * 4080);
+    snprintf(u, sizeof(u), "%s,max=%d", url, 2 * 4096);
     cr_assert_eq(senv_open(&E, u), KVT_OK);
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 2u);
     r = run_op(E.store, kvt_store_exists, &p[5], 2);
@@ -494,22 +494,22 @@ Test(store_dir, access_times_under_each_mount_mode) {
     }
 }
 
-/* max= with a suffix is that many KiB: 3K holds two objects of 1080 bytes
- * (2160 <= 3072), not three (3240). */
+/* max= with a suffix is that many KiB: 12K holds three objects of 4096
+ * bytes (a 4 KiB block each: 12288 <= 12288), not four. */
 Test(store_dir, max_with_suffix) {
-    senv_init(&E, 8, 1, 1000, KVT_LAYOUT_PAGE_FIRST);
+    senv_init(&E, 8, 1, 4016, KVT_LAYOUT_PAGE_FIRST);
     char u[200];
-    snprintf(u, sizeof(u), "%s,max=3K", url);
+    snprintf(u, sizeof(u), "%s,max=12K", url);
     cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
-    kvt_store_page_t p[4];
-    pages_of(p, 4, 60, 0);
-    fill(&E, 60, 0, 4);
-    for (int i = 0; i < 4; i++) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+    kvt_store_page_t p[5];
+    pages_of(p, 5, 60, 0);
+    fill(&E, 60, 0, 5);
+    for (int i = 0; i < 5; i++) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
     kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
-    cr_assert_eq(st.stored_objects, 2u);
-    cr_assert_eq(st.stored_bytes, 2160u);
+    cr_assert_eq(st.stored_objects, 3u);
+    cr_assert_eq(st.stored_bytes, 12288u);
     cr_assert_eq(st.evictions, 2u);
-    cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 2).count, 2u, "the two last puts are kept");
+    cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 3).count, 3u, "the three last puts are kept");
 }
 
 /* A put that died mid-write: a temporary file, never an object. */
@@ -750,10 +750,10 @@ Test(store_dir, random_against_lru_model) {
     fprintf(stderr, "store_dir random_against_lru_model: seed %u (KVT_TEST_SEED=%u runs it again)\n", seed, seed);
     kvt_rng_t rng; /* the project's generator: the same stream for a seed on every libc */
     kvt_rng_seed(&rng, seed);
-    senv_init(&E, 32, 1, 1000, KVT_LAYOUT_PAGE_FIRST);
+    senv_init(&E, 32, 1, 4016, KVT_LAYOUT_PAGE_FIRST); /* objects of 4096 bytes: one 4 KiB block each */
     E.cfg.threads = 1; /* one batch at a time: the model's order is the store's */
     char u[200];
-    snprintf(u, sizeof(u), "%s,max=%d", url, CAP * 1080);
+    snprintf(u, sizeof(u), "%s,max=%d", url, CAP * 4096);
     cr_assert_eq(senv_open(&E, u), KVT_OK);
     fill(&E, 0, 0, KEYS); /* tier page k holds key k's content */
     uint64_t last[KEYS] = {0}, clock = 0; /* 0: absent */
