@@ -12,6 +12,14 @@
  *   redis://HOST:PORT                one Redis server
  *   redis-cluster://H:P[,H:P...]     a Redis Cluster, found from any seed node
  *
+ * Either Redis form may put credentials before the nodes, percent-encoded:
+ * redis://USER:PASSWORD@HOST:PORT (an ACL user), redis://:PASSWORD@... (the
+ * default user, requirepass); without them the environment's
+ * KVT_REDIS_USER and KVT_REDIS_PASSWORD are used (a URL with USER@ and no
+ * password takes KVT_REDIS_PASSWORD). Every connection, to a seed, a node
+ * of the slot map or a redirection's, sends AUTH first. The password is
+ * never printed: messages and kvt_store_url show the URL with *** for it.
+ *
  * Keys. A page's key is 16 bytes, XXH3-128 over, in this order:
  *
  *   identity digest (16)   XXH3-128 of the text "kvtier-l3-id/1;model=<name>;
@@ -135,7 +143,9 @@ typedef struct kvt_store_config {
     /* Mechanism. */
     uint32_t threads;         /* worker threads, 1..64 (default 2); each has its own connections */
     uint32_t timeout_ms;      /* every network call: connect, send, receive (default 2000) */
-    uint32_t retries;         /* per key: redirections, TRYAGAIN, CLUSTERDOWN, reconnects (default 8) */
+    uint32_t retries;         /* per key: redirections, TRYAGAIN, reconnects (default 8); a node that
+                               * cannot be reached or says it is down is not retried: it is left
+                               * alone for a second, its keys failing at once */
     /* Latency injected before every batch a worker runs, microseconds (0:
      * none; at most 10 s): a store far away, for tests and benchmarks of
      * what waits on it (the prefetch policies). */
@@ -148,15 +158,17 @@ typedef struct kvt_store_config {
 
 KVT_API void kvt_store_config_default(kvt_store_config_t *cfg);
 
-/* Opens the store at url (see the top) and connects to it (redis: a PING;
- * redis-cluster: the slot map from CLUSTER SHARDS of the first seed that
- * answers; dir: creates PATH if needed and rebuilds the LRU index from the
- * files there). Errors, nothing left behind (and kvt_store_last_error(NULL)
- * names what was wrong): KVT_EINVAL (a malformed URL: unknown scheme, no
- * path, a bad host:port, a bad max=; a bad config: no model, zero
- * page_tokens, geometry that differs from the tier's, a tier that is not a
- * page-addressable one), KVT_EIO (unreachable: connection refused or timed
- * out, not a cluster, a directory that cannot be created), KVT_ENOMEM. */
+/* Opens the store at url (see the top) and connects to it (redis: AUTH when
+ * credentials are given, then a PING; redis-cluster: the slot map from
+ * CLUSTER SHARDS of the first seed that answers; dir: creates PATH if
+ * needed and rebuilds the LRU index from the files there). Errors, nothing
+ * left behind (and kvt_store_last_error(NULL) names what was wrong):
+ * KVT_EINVAL (a malformed URL: unknown scheme, no path, an unknown dir
+ * option, a bad host:port, a bad max=, bad credentials; a bad config: no
+ * model, zero page_tokens, geometry that differs from the tier's, a tier
+ * that is not a page-addressable one), KVT_EIO (unreachable: connection
+ * refused or timed out, AUTH failed or wanted, not a cluster, a directory
+ * that cannot be created), KVT_ENOMEM. */
 KVT_API int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t *cfg);
 /* Waits for the batches in flight, then closes. Completions not polled are
  * dropped. */
@@ -166,9 +178,14 @@ KVT_API void kvt_store_close(kvt_store_t *s);
  * open) or the store's last logged message; "" when none. The text stays
  * valid until the next call on the same thread. */
 KVT_API const char *kvt_store_last_error(const kvt_store_t *s);
-/* The scheme-normalised URL the store was opened with, and the backend name
- * ("dir", "redis", "redis-cluster"). */
+/* The URL the store was opened with, its password replaced by *** (see
+ * kvt_store_url_redact), and the backend name ("dir", "redis",
+ * "redis-cluster"). */
 KVT_API const char *kvt_store_url(const kvt_store_t *s);
+/* url with the password of its credentials (redis://USER:PASSWORD@...)
+ * replaced by ***, into out (cap bytes, NUL-terminated, cut short if it
+ * must be: never into the password); any other URL as it is. Returns out. */
+KVT_API char *kvt_store_url_redact(const char *url, char *out, size_t cap);
 KVT_API const char *kvt_store_backend(const kvt_store_t *s);
 /* The host tier get writes into and put reads from (NULL: none). */
 KVT_API kvt_tier_t *kvt_store_tier(const kvt_store_t *s);

@@ -1,24 +1,44 @@
 /* The redis backend: Redis standalone (redis://HOST:PORT) and Redis Cluster
- * (redis-cluster://H:P[,H:P...]) through hiredis, one code path.
+ * (redis-cluster://H:P[,H:P...]) through hiredis, one code path; either with
+ * [USER[:PASSWORD]@] before the nodes (or KVT_REDIS_USER, KVT_REDIS_PASSWORD)
+ * for an AUTH on every connection.
  *
  *   batch of n keys
  *     round: group the pending keys by target node (cluster: the slot map;
  *            after a redirection: the node it named, with ASKING for ASK)
+ *            a key whose node is down (below) or whose slot has no node is
+ *            held back: it fails at once unless a reloaded map sends it to
+ *            a node that is up
  *            append every command to its node's connection  (pipelining)
  *            read every reply, node by node          (one round trip each)
  *              value / OK / integer   -> the key's result
  *              MOVED                  -> retry there; reload the slot map
  *              ASK                    -> retry there after ASKING
- *              TRYAGAIN, CLUSTERDOWN, LOADING, a lost connection
+ *                                        (standalone: neither is followed,
+ *                                        the key FAILED)
+ *              TRYAGAIN, a lost connection
  *                                     -> retry after a backoff (map reloaded)
+ *              CLUSTERDOWN (the cluster is down), LOADING, MASTERDOWN,
+ *              a connect that fails, a reply that times out
+ *                                     -> the node is down; its keys held back
  *              other errors (OOM ...) -> FAILED, logged
- *     up to cfg.retries rounds; keys still pending then are FAILED
+ *     up to cfg.retries rounds; keys still pending then are FAILED and their
+ *     nodes marked down
+ *
+ * A node down (shared by the workers, by host:port) is not contacted for
+ * DOWN_NS: its keys fail at once, so a dead master, or one a MOVED names
+ * that cannot be reached, costs a batch nothing beyond the first; the
+ * first batch after DOWN_NS tries it again (one connect) and marks it down
+ * again if it still fails. The slot map is reloaded at most once every
+ * REFRESH_NS, which is how a failover is followed.
  *
  * Each worker thread has its own connections (hiredis contexts are not
  * thread-safe), opened on first use and dropped on any I/O error or timeout
  * (every connect, send and receive has cfg.timeout_ms). The slot map is
  * shared and replaced whole under a mutex, by whichever worker saw it stale.
- * Keys are "kvt:<32 hex>"; objects are the store's bytes as the value. */
+ * Keys are "kvt:<32 hex>"; objects are the store's bytes as the value.
+ * The password is never printed: messages name the store by its redacted
+ * URL (kvt_store_url_redact) and a node by host:port. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,26 +59,45 @@
 #define MAX_SEEDS 16
 #define KEYLEN 36 /* "kvt:" + 32 hex */
 
+#define MAX_HEALTH (KVT__MAX_NODES + MAX_SEEDS)
+
+/* A node's state, shared by the workers: down (for reads, for writes)
+ * until a time (ns; 0: up). */
+typedef struct health {
+    char host[256];
+    int port;
+    _Atomic uint64_t down_until[2];
+} health_t;
+
 typedef struct rbe {
     kvt_store_t *s;
     bool cluster;
     kvt__rnode_t seeds[MAX_SEEDS];
     unsigned nseeds;
+    char user[256], pass[512]; /* AUTH [user] pass on every connection; pass "": none */
     pthread_mutex_t mu;
     kvt__slotmap_t *map; /* cluster: under mu */
     uint64_t map_gen;
+    _Atomic uint64_t map_at; /* when the map was last reloaded (ns) */
+    health_t health[MAX_HEALTH]; /* entries added under mu, never removed */
+    _Atomic unsigned nhealth;
     _Atomic uint64_t down_until; /* a store found down: batches fail at once until then (ns) */
 } rbe_t;
 
-/* A batch that reached no node at all marks the store down for DOWN_NS:
- * the batches meanwhile fail at once instead of each spending its retries
- * (a cache keeps serving from L1/L2 without a queue of doomed calls); the
- * first batch after it probes again. */
+/* A node found down (or a batch that reached no node at all: the whole
+ * store) is left alone for DOWN_NS: the batches meanwhile fail its keys at
+ * once instead of each spending its retries (a cache keeps serving from
+ * L1/L2 without a queue of doomed calls); the first batch after it tries
+ * again. */
 #define DOWN_NS 1000000000ull
+/* The slot map is reloaded at most this often (a MOVED, a node down, a
+ * slot with no node all ask for it; a failover is followed within it). */
+#define REFRESH_NS 250000000ull
 
 typedef struct rconn {
     char host[256];
     int port;
+    int h; /* its entry in rbe_t.health, or -1 (the table is full) */
     redisContext *c;
     size_t unflushed; /* bytes of puts appended since the output buffer was last written out */
 } rconn_t;
@@ -92,8 +131,10 @@ typedef struct rworker {
 
 static struct timeval tv_of(uint32_t ms) { return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000}; }
 
-static redisContext *connect_to(const char *host, int port, uint32_t ms, char *why, size_t cap) {
-    struct timeval tv = tv_of(ms);
+/* Connects and, with a password, authenticates; NULL with the reason in why
+ * (the password never in it). */
+static redisContext *connect_to(const rbe_t *b, const char *host, int port, char *why, size_t cap) {
+    struct timeval tv = tv_of(kvt__store_timeout_ms(b->s));
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     if (c && c->reader) kvt__redis_cap_reader(c->reader);
     if (c == NULL || c->err) {
@@ -102,27 +143,87 @@ static redisContext *connect_to(const char *host, int port, uint32_t ms, char *w
         return NULL;
     }
     redisSetTimeout(c, tv);
+    if (b->pass[0] == 0) return c;
+    redisReply *r = b->user[0] ? redisCommand(c, "AUTH %s %s", b->user, b->pass) : redisCommand(c, "AUTH %s", b->pass);
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+        snprintf(why, cap, "%.120s:%d: AUTH%s%.60s%s failed: %.150s", host, port, b->user[0] ? " as user '" : "", b->user,
+                 b->user[0] ? "'" : "", r ? r->str : c->errstr);
+        if (r) freeReplyObject(r);
+        redisFree(c);
+        return NULL;
+    }
+    freeReplyObject(r);
     return c;
 }
+
+/* What to add to a NOAUTH reply: how a password is given. */
+static const char *noauth_hint(const char *reply) {
+    return strncmp(reply, "NOAUTH", 6) == 0 ? " (the server wants a password: [USER]:PASSWORD@ before the nodes in the URL, or "
+                                              "KVT_REDIS_USER and KVT_REDIS_PASSWORD)"
+                                            : "";
+}
+
+/* ---- nodes up and down -------------------------------------------------------------- */
+
+/* The health entry of host:port, added if new; -1 when the table is full. */
+static int health_of(rbe_t *b, const char *host, int port) {
+    unsigned n = atomic_load(&b->nhealth);
+    for (unsigned i = 0; i < n; i++)
+        if (b->health[i].port == port && strcmp(b->health[i].host, host) == 0) return (int)i;
+    pthread_mutex_lock(&b->mu);
+    int at = -1;
+    n = atomic_load(&b->nhealth);
+    for (unsigned i = 0; i < n && at < 0; i++)
+        if (b->health[i].port == port && strcmp(b->health[i].host, host) == 0) at = (int)i;
+    if (at < 0 && n < MAX_HEALTH) {
+        health_t *e = &b->health[n];
+        snprintf(e->host, sizeof(e->host), "%s", host);
+        e->port = port;
+        atomic_store(&e->down_until[0], 0);
+        atomic_store(&e->down_until[1], 0);
+        atomic_store(&b->nhealth, n + 1); /* published after its fields */
+        at = (int)n;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return at;
+}
+
+static bool is_down(rbe_t *b, int h, bool write, uint64_t now) {
+    return h >= 0 && now < atomic_load(&b->health[h].down_until[write]);
+}
+
+static void mark_down(rbe_t *b, int h, bool reads, bool writes) {
+    if (h < 0) return;
+    uint64_t until = kvt_now_ns() + DOWN_NS;
+    if (reads) atomic_store(&b->health[h].down_until[0], until);
+    if (writes) atomic_store(&b->health[h].down_until[1], until);
+}
+
+static bool is_write(kvt_store_op_t op) { return op == KVT_STORE_PUT || op == KVT_STORE_REMOVE; }
 
 /* ---- the slot map ---------------------------------------------------------------- */
 
 /* CLUSTER SHARDS from the first node that answers (the map's nodes, then the
  * seeds). KVT_OK with *out set; else the reason in why. */
 static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, char *why, size_t cap) {
-    kvt__rnode_t cand[KVT__MAX_NODES + MAX_SEEDS];
-    unsigned nc = 0;
-    for (unsigned i = 0; old && i < old->nnodes; i++) cand[nc++] = old->nodes[i];
-    for (unsigned i = 0; i < b->nseeds; i++) cand[nc++] = b->seeds[i];
+    kvt__rnode_t all[MAX_HEALTH], cand[MAX_HEALTH];
+    unsigned na = 0, nc = 0;
+    for (unsigned i = 0; old && i < old->nnodes; i++) all[na++] = old->nodes[i];
+    for (unsigned i = 0; i < b->nseeds; i++) all[na++] = b->seeds[i];
+    uint64_t now = kvt_now_ns();
+    for (int pass = 0; pass < 2; pass++) /* the nodes that are up first, those down last */
+        for (unsigned i = 0; i < na; i++)
+            if (is_down(b, health_of(b, all[i].host, all[i].port), false, now) == (pass == 1)) cand[nc++] = all[i];
     snprintf(why, cap, "no node answered");
     for (unsigned i = 0; i < nc; i++) {
-        redisContext *c = connect_to(cand[i].host, cand[i].port, kvt__store_timeout_ms(b->s), why, cap);
+        redisContext *c = connect_to(b, cand[i].host, cand[i].port, why, cap);
         if (c == NULL) continue;
         redisReply *r = redisCommand(c, "CLUSTER SHARDS");
         int rc = KVT_EIO;
         if (r == NULL) snprintf(why, cap, "%.200s:%d: %s", cand[i].host, cand[i].port, c->errstr);
         else if (r->type == REDIS_REPLY_ERROR)
-            snprintf(why, cap, "%.200s:%d: CLUSTER SHARDS: %.200s (not a Redis 7 cluster node?)", cand[i].host, cand[i].port, r->str);
+            snprintf(why, cap, "%.120s:%d: CLUSTER SHARDS: %.150s%s", cand[i].host, cand[i].port, r->str,
+                     noauth_hint(r->str)[0] ? noauth_hint(r->str) : " (not a Redis 7 cluster node?)");
         else if (kvt__slotmap_parse(r, out) != KVT_OK)
             snprintf(why, cap, "%.200s:%d: CLUSTER SHARDS: no slot served by an online master", cand[i].host, cand[i].port);
         else rc = KVT_OK;
@@ -133,15 +234,20 @@ static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, ch
     return KVT_EIO;
 }
 
-static void refresh_map(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
+/* Reloads the shared map unless it was tried less than REFRESH_NS ago (by
+ * any worker): 1 reloaded, 0 not tried, -1 no node answered. */
+static int refresh_map(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
+    uint64_t now = kvt_now_ns(), at = atomic_load(&b->map_at);
+    if (at && now - at < REFRESH_NS) return 0;
+    if (!atomic_compare_exchange_strong(&b->map_at, &at, now)) return 0; /* another worker is at it */
     kvt__slotmap_t *nm = kvt__malloc(sizeof(*nm));
-    if (nm == NULL) return;
+    if (nm == NULL) return 0;
     char why[512];
     req->cnt.map_refreshes++;
     if (load_map(b, w->map, nm, why, sizeof(why)) != KVT_OK) {
         kvt__store_log(b->s, "cluster slot map reload failed: %s", why);
         kvt__free(nm, sizeof(*nm));
-        return;
+        return -1;
     }
     pthread_mutex_lock(&b->mu);
     kvt__slotmap_t *old = b->map;
@@ -149,6 +255,7 @@ static void refresh_map(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
     b->map_gen++;
     pthread_mutex_unlock(&b->mu);
     kvt__free(old, sizeof(*old));
+    return 1;
 }
 
 /* The worker's copy of the shared map, when it changed. */
@@ -163,23 +270,22 @@ static void sync_map(rbe_t *b, rworker_t *w) {
 
 /* ---- connections ---------------------------------------------------------------------- */
 
-static int conn_index(rworker_t *w, const char *host, int port) {
+static int conn_index(rbe_t *b, rworker_t *w, const char *host, int port) {
     for (unsigned i = 0; i < w->n; i++)
         if (w->conn[i].port == port && strcmp(w->conn[i].host, host) == 0) return (int)i;
+    rconn_t *c = NULL;
     if (w->n == sizeof(w->conn) / sizeof(w->conn[0])) { /* full: reuse a closed slot */
-        for (unsigned i = 0; i < w->n; i++)
-            if (w->conn[i].c == NULL) {
-                snprintf(w->conn[i].host, sizeof(w->conn[i].host), "%s", host);
-                w->conn[i].port = port;
-                return (int)i;
-            }
-        return -1;
+        for (unsigned i = 0; i < w->n && c == NULL; i++)
+            if (w->conn[i].c == NULL) c = &w->conn[i];
+        if (c == NULL) return -1;
+    } else {
+        c = &w->conn[w->n++];
+        c->c = NULL;
     }
-    rconn_t *c = &w->conn[w->n];
     snprintf(c->host, sizeof(c->host), "%s", host);
     c->port = port;
-    c->c = NULL;
-    return (int)w->n++;
+    c->h = health_of(b, host, port);
+    return (int)(c - w->conn);
 }
 
 static void drop(rconn_t *c) {
@@ -211,12 +317,12 @@ static void key_name(const kvt__sreq_t *req, size_t i, char out[KEYLEN + 1]) {
 
 /* Where key i goes when no redirection names a node: -1 when nowhere. */
 static int route(rbe_t *b, rworker_t *w, const kvt__sreq_t *req, size_t i) {
-    if (!b->cluster) return conn_index(w, b->seeds[0].host, b->seeds[0].port);
+    if (!b->cluster) return conn_index(b, w, b->seeds[0].host, b->seeds[0].port);
     char k[KEYLEN + 1];
     key_name(req, i, k);
     uint16_t n = w->map->slot[kvt_store_cluster_slot(k, KEYLEN)];
     if (n == KVT__NO_NODE) return -1;
-    return conn_index(w, w->map->nodes[n].host, w->map->nodes[n].port);
+    return conn_index(b, w, w->map->nodes[n].host, w->map->nodes[n].port);
 }
 
 /* SET key object, the object appended piece by piece to the connection's
@@ -249,9 +355,33 @@ static int append(rworker_t *w, kvt__sreq_t *req, size_t i, redisContext *c) {
     }
 }
 
-enum { R_DONE, R_RETRY, R_RETRY_REFRESH };
+/* What a reply asks for: done; sent again (after a backoff unless it is a
+ * redirection; with the map reloaded); held back (its node is down). */
+enum { R_DONE, R_RETRY, R_RETRY_REFRESH, R_HELD };
+/* A key's state within a batch (rworker_t.pending). */
+enum { K_DONE, K_SEND, K_SENT, K_HELD };
 
 static bool prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+/* A redirection to host:port for key i: followed (cluster, a node not down)
+ * or not (standalone: one server is the whole store; a node known down). */
+static int redirect(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, bool ask, const char *host, int port, const rconn_t *from,
+                    const char *reply) {
+    if (!b->cluster) {
+        req->results[i] = KVT_STORE_FAILED;
+        kvt__store_log(b->s, "%s %s at %s:%d: %s: not followed (a redis:// store is that one server; a cluster wants "
+                             "redis-cluster://)", kvt_store_op_name(req->op), req->hex[i], from->host, from->port, reply);
+        return R_DONE;
+    }
+    int ci = conn_index(b, w, host, port);
+    if (ci < 0) return R_RETRY_REFRESH;
+    w->tnode[i] = (uint16_t)ci;
+    if (is_down(b, w->conn[ci].h, is_write(req->op), kvt_now_ns())) return R_HELD;
+    w->asking[i] = ask ? 1 : 2;
+    if (ask) req->cnt.ask++;
+    else req->cnt.moved++;
+    return ask ? R_RETRY : R_RETRY_REFRESH;
+}
 
 /* One reply for key i; returns what to do with it. */
 static int handle(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, redisReply *r, const rconn_t *from) {
@@ -260,22 +390,20 @@ static int handle(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, redisReply
         unsigned slot;
         char host[256];
         int port;
-        if (kvt_store_parse_redirect(r->str, &ask, &slot, host, sizeof(host), &port) == KVT_OK) {
-            int ci = conn_index(w, host, port);
-            if (ci < 0) return R_RETRY_REFRESH;
-            w->tnode[i] = (uint16_t)ci;
-            w->asking[i] = ask ? 1 : 2;
-            if (ask) req->cnt.ask++;
-            else req->cnt.moved++;
-            return ask ? R_RETRY : R_RETRY_REFRESH;
-        }
-        if (prefix(r->str, "TRYAGAIN") || prefix(r->str, "LOADING") || prefix(r->str, "MASTERDOWN")) {
+        if (kvt_store_parse_redirect(r->str, &ask, &slot, host, sizeof(host), &port) == KVT_OK)
+            return redirect(b, w, req, i, ask, host, port, from, r->str);
+        if (prefix(r->str, "TRYAGAIN")) {
             req->cnt.tryagain++;
             return R_RETRY;
         }
-        if (prefix(r->str, "CLUSTERDOWN")) {
-            req->cnt.tryagain++;
-            return R_RETRY_REFRESH;
+        if (prefix(r->str, "CLUSTERDOWN Hash slot not served")) return R_HELD; /* the map may know a node for it */
+        if (prefix(r->str, "CLUSTERDOWN") || prefix(r->str, "LOADING") || prefix(r->str, "MASTERDOWN")) {
+            /* the node serves nothing now (reads still, when it says so) */
+            bool reads = strstr(r->str, "only accepts read commands") == NULL;
+            mark_down(b, from->h, reads, true);
+            kvt__store_log(b->s, "%s:%d is down for %s (next try in %llu ms): %s", from->host, from->port,
+                           reads ? "reads and writes" : "writes", DOWN_NS / 1000000, r->str);
+            return R_HELD;
         }
         req->results[i] = KVT_STORE_FAILED;
         kvt__store_log(b->s, "%s %s at %s:%d: %s", kvt_store_op_name(req->op), req->hex[i], from->host, from->port, r->str);
@@ -309,6 +437,123 @@ static void sleep_ms(unsigned ms) {
     }
 }
 
+/* A receive that ran out of time (the node is there but silent), as
+ * opposed to a connection the node closed. */
+static bool timed_out(const redisContext *c) {
+#ifdef REDIS_ERR_TIMEOUT
+    if (c->err == REDIS_ERR_TIMEOUT) return true;
+#endif
+    return c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+/* Sends every key in K_SEND to its node (connecting first where needed: a
+ * node that cannot be reached is marked down); a key whose node is down or
+ * unknown is held. sent[ci]: node ci got some; tried[ci]: it was connected
+ * to (once a round, also when it has no health entry). */
+static void send_round(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool *sent, bool *tried, bool *retry, char *why, size_t cap) {
+    bool write = is_write(req->op);
+    uint64_t now = kvt_now_ns();
+    for (size_t i = 0; i < req->n; i++) {
+        if (w->pending[i] != K_SEND) continue;
+        if (w->tnode[i] == UINT16_MAX) { /* no node serves its slot now */
+            w->pending[i] = K_HELD;
+            continue;
+        }
+        rconn_t *c = &w->conn[w->tnode[i]];
+        if (is_down(b, c->h, write, now)) {
+            w->pending[i] = K_HELD;
+            continue;
+        }
+        if (c->c == NULL && !tried[w->tnode[i]]) {
+            tried[w->tnode[i]] = true;
+            if ((c->c = connect_to(b, c->host, c->port, why, cap)) == NULL) mark_down(b, c->h, true, true);
+        }
+        if (c->c == NULL) {
+            w->pending[i] = K_HELD;
+            continue;
+        }
+        int a = append(w, req, i, c->c);
+        if (a == -2) { /* logged */
+            req->results[i] = KVT_STORE_FAILED;
+            w->pending[i] = K_DONE;
+            continue;
+        }
+        if (a != 0) {
+            snprintf(why, cap, "%.200s:%d: %s", c->host, c->port, c->c->errstr);
+            drop(c);
+            *retry = true;
+            continue;
+        }
+        w->pending[i] = K_SENT;
+        sent[w->tnode[i]] = true;
+        if (req->op == KVT_STORE_PUT && (c->unflushed += (size_t)kvt__store_object_bytes(req->s)) >= FLUSH_BYTES) flush_out(c);
+    }
+}
+
+/* Reads node ci's replies, in the order sent. */
+static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, bool *answered, bool *refresh, bool *backoff,
+                         char *why, size_t cap) {
+    rconn_t *c = &w->conn[ci];
+    req->cnt.round_trips++;
+    for (size_t i = 0; i < req->n; i++) {
+        if (w->pending[i] != K_SENT || w->tnode[i] != ci) continue;
+        redisReply *r = NULL;
+        if (c->c && w->asking[i] == 1) { /* the ASKING reply */
+            if (redisGetReply(c->c, (void **)&r) != REDIS_OK) r = NULL;
+            if (r) freeReplyObject(r);
+            r = NULL;
+        }
+        if (c->c == NULL || redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
+            if (c->c) {
+                bool silent = timed_out(c->c);
+                snprintf(why, cap, "%.200s:%d: %s", c->host, c->port, silent ? "no reply in time" : c->c->errstr);
+                drop(c);
+                req->cnt.reconnects++;
+                if (silent) mark_down(b, c->h, true, true); /* another try would wait as long again */
+            }
+            w->pending[i] = K_SEND;
+            w->asking[i] = 0;
+            *refresh = *backoff = true;
+            continue;
+        }
+        *answered = true;
+        w->asking[i] = 0;
+        int what = handle(b, w, req, i, r, c); /* a redirection followed sets asking: 1 ASK, 2 MOVED */
+        freeReplyObject(r);
+        if (what == R_DONE) w->pending[i] = K_DONE;
+        else if (what == R_HELD) w->pending[i] = K_HELD, *refresh = true;
+        else {
+            w->pending[i] = K_SEND;
+            if (what == R_RETRY_REFRESH) *refresh = true;
+            if (w->asking[i] == 0) *backoff = true; /* TRYAGAIN, a lost connection: give it time */
+        }
+    }
+}
+
+/* Keys held back: where a map reloaded this round (refreshed) sends them to
+ * a node that is up, they are sent again; the others fail now. Returns
+ * how many failed; *last names a node they were held for. */
+static size_t settle_held(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool refreshed, int *last) {
+    size_t failed = 0;
+    uint64_t now = kvt_now_ns();
+    for (size_t i = 0; i < req->n; i++) {
+        if (w->pending[i] != K_HELD) continue;
+        if (refreshed) {
+            int ci = route(b, w, req, i);
+            if (ci >= 0 && !is_down(b, w->conn[ci].h, is_write(req->op), now) && (unsigned)ci != w->tnode[i]) {
+                w->tnode[i] = (uint16_t)ci;
+                w->pending[i] = K_SEND;
+                continue;
+            }
+        }
+        if (w->tnode[i] != UINT16_MAX) *last = w->tnode[i];
+        req->results[i] = KVT_STORE_FAILED;
+        w->pending[i] = K_DONE;
+        failed++;
+    }
+    return failed;
+}
+
 static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
     rbe_t *b = be;
     rworker_t *w = wp;
@@ -325,172 +570,172 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
         return;
     }
     if (b->cluster) sync_map(b, w);
-    bool answered = false;
     for (size_t i = 0; i < n; i++) {
-        w->pending[i] = 1;
+        w->pending[i] = K_SEND;
         w->asking[i] = 0;
         int ci = route(b, w, req, i);
         w->tnode[i] = ci < 0 ? UINT16_MAX : (uint16_t)ci;
     }
     char why[512] = "";
     uint32_t retries = kvt__store_retries(req->s);
+    bool answered = false, no_map = false, exhausted = false;
+    size_t held = 0;
+    int held_at = -1;
     for (uint32_t round = 0;; round++) {
-        bool any = false, refresh = false, backoff = false;
-        bool sent[KVT__MAX_NODES + MAX_SEEDS] = {false}, tried[KVT__MAX_NODES + MAX_SEEDS] = {false};
-        /* send: every pending key to its node */
-        for (size_t i = 0; i < n; i++) {
-            if (!w->pending[i]) continue;
-            any = true;
-            if (w->tnode[i] == UINT16_MAX) { /* no node serves its slot now */
-                refresh = backoff = true;
-                continue;
-            }
-            rconn_t *c = &w->conn[w->tnode[i]];
-            if (c->c == NULL && !tried[w->tnode[i]]) {
-                tried[w->tnode[i]] = true; /* one connect per node per round */
-                c->c = connect_to(c->host, c->port, kvt__store_timeout_ms(req->s), why, sizeof(why));
-            }
-            if (c->c == NULL) { /* down: retry (a failover may move its slots) */
-                refresh = backoff = true;
-                continue;
-            }
-            int a = append(w, req, i, c->c);
-            if (a == -2) { /* logged */
-                req->results[i] = KVT_STORE_FAILED;
-                w->pending[i] = 0;
-                continue;
-            }
-            if (a != 0) {
-                snprintf(why, sizeof(why), "%.200s:%d: %s", c->host, c->port, c->c->errstr);
-                drop(c);
-                refresh = backoff = true;
-                continue;
-            }
-            w->pending[i] = 2; /* sent this round */
-            sent[w->tnode[i]] = true;
-            if (req->op == KVT_STORE_PUT && (c->unflushed += (size_t)kvt__store_object_bytes(req->s)) >= FLUSH_BYTES) flush_out(c);
+        bool refresh = false, backoff = false, sent[KVT__MAX_NODES + MAX_SEEDS] = {false}, tried[KVT__MAX_NODES + MAX_SEEDS] = {false};
+        send_round(b, w, req, sent, tried, &backoff, why, sizeof(why));
+        refresh = backoff; /* a connection lost while sending */
+        for (unsigned ci = 0; ci < w->n; ci++)
+            if (sent[ci]) receive_node(b, w, req, ci, &answered, &refresh, &backoff, why, sizeof(why));
+        bool any_held = false;
+        for (size_t i = 0; i < n; i++) any_held |= w->pending[i] == K_HELD;
+        uint64_t gen = w->map_gen;
+        if ((refresh || any_held) && b->cluster) { /* the map may know better: a failover, a reshard */
+            no_map |= refresh_map(b, w, req) < 0;
+            sync_map(b, w);
         }
-        if (!any) break;
-        /* receive: node by node, replies in the order sent */
-        for (unsigned ci = 0; ci < w->n; ci++) {
-            if (!sent[ci]) continue;
-            rconn_t *c = &w->conn[ci];
-            req->cnt.round_trips++;
-            for (size_t i = 0; i < n; i++) {
-                if (w->pending[i] != 2 || w->tnode[i] != ci) continue;
-                redisReply *r = NULL;
-                if (c->c && w->asking[i] == 1) { /* the ASKING reply */
-                    if (redisGetReply(c->c, (void **)&r) != REDIS_OK) r = NULL;
-                    if (r) freeReplyObject(r);
-                    r = NULL;
-                }
-                if (c->c == NULL || redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
-                    if (c->c) {
-                        snprintf(why, sizeof(why), "%.200s:%d: %s", c->host, c->port, c->c->errstr);
-                        drop(c);
-                        req->cnt.reconnects++;
-                    }
-                    w->pending[i] = 1;
-                    w->asking[i] = 0;
-                    refresh = backoff = true;
-                    continue;
-                }
-                answered = true;
-                w->asking[i] = 0;
-                int what = handle(b, w, req, i, r, c); /* a redirection sets asking: 1 ASK, 2 MOVED */
-                freeReplyObject(r);
-                if (what == R_DONE) w->pending[i] = 0;
-                else {
-                    w->pending[i] = 1;
-                    if (what == R_RETRY_REFRESH) refresh = true;
-                    if (w->asking[i] == 0) backoff = true; /* TRYAGAIN, CLUSTERDOWN: give it time */
-                }
-            }
-        }
+        if (any_held) held += settle_held(b, w, req, w->map_gen != gen, &held_at);
         bool left = false;
-        for (size_t i = 0; i < n; i++) left |= w->pending[i] != 0;
+        for (size_t i = 0; i < n; i++) left |= w->pending[i] != K_DONE;
         if (!left) break;
         if (round >= retries) {
             size_t failed = 0;
             for (size_t i = 0; i < n; i++)
-                if (w->pending[i]) req->results[i] = KVT_STORE_FAILED, failed++;
+                if (w->pending[i] != K_DONE) {
+                    req->results[i] = KVT_STORE_FAILED, failed++;
+                    if (w->tnode[i] != UINT16_MAX) mark_down(b, w->conn[w->tnode[i]].h, true, true); /* retried enough */
+                }
             kvt__store_log(req->s, "%s: %zu of %zu keys failed after %u retries%s%s", kvt_store_op_name(req->op), failed, n,
                            retries, why[0] ? ": " : "", why);
-            if (!answered) atomic_store(&b->down_until, kvt_now_ns() + DOWN_NS);
+            exhausted = true;
             break;
         }
         if (backoff) sleep_ms(round < 5 ? 10u << round : 200u);
-        if (refresh && b->cluster) {
-            refresh_map(b, w, req);
-            sync_map(b, w);
-        }
         /* keys not redirected go where the (new) map says */
-        for (size_t i = 0; i < n; i++) {
-            if (w->pending[i] != 1 || w->asking[i]) continue;
-            if (w->tnode[i] != UINT16_MAX && !refresh) continue;
-            if (!b->cluster) continue;
+        for (size_t i = 0; b->cluster && i < n; i++) {
+            if (w->pending[i] != K_SEND || w->asking[i]) continue;
+            if (w->tnode[i] != UINT16_MAX && w->map_gen == gen) continue;
             int ci = route(b, w, req, i);
             w->tnode[i] = ci < 0 ? UINT16_MAX : (uint16_t)ci;
         }
     }
+    if (held) {
+        const rconn_t *c = held_at >= 0 ? &w->conn[held_at] : NULL;
+        if (c) kvt__store_log(req->s, "%s: %zu of %zu keys failed at once: %s:%d is down%s%s", kvt_store_op_name(req->op), held, n,
+                              c->host, c->port, why[0] ? ": " : "", why);
+        else kvt__store_log(req->s, "%s: %zu of %zu keys failed at once: no node serves their slots", kvt_store_op_name(req->op), held, n);
+    }
+    /* nothing answered and nothing else to ask (standalone, or a cluster
+     * whose every node failed a map reload): the whole store is down */
+    if (!answered && (held || exhausted) && (!b->cluster || no_map)) atomic_store(&b->down_until, kvt_now_ns() + DOWN_NS);
 }
 
 /* ---- open / close ---------------------------------------------------------------------- */
 
-static int parse_nodes(rbe_t *b, const char *spec, const char *url_scheme) {
+/* A malformed URL, named by its redacted form (kvt_store_url). */
+#define URL_ERROR(b, fmt, ...) (kvt__store_error("malformed store URL '%.300s': " fmt, kvt_store_url((b)->s), __VA_ARGS__), KVT_EINVAL)
+
+static int parse_nodes(rbe_t *b, const char *spec) {
     const char *p = spec;
-    if (*p == 0) return kvt__store_error("malformed store URL '%s%s': no HOST:PORT", url_scheme, spec), KVT_EINVAL;
+    if (*p == 0) return URL_ERROR(b, "%s", "no HOST:PORT");
     while (*p) {
         size_t len = strcspn(p, ",");
-        if (b->nseeds == MAX_SEEDS) return kvt__store_error("malformed store URL: more than %d nodes", MAX_SEEDS), KVT_EINVAL;
+        if (b->nseeds == MAX_SEEDS) return URL_ERROR(b, "more than %d nodes", MAX_SEEDS);
         kvt__rnode_t *nd = &b->seeds[b->nseeds];
         if (kvt__parse_hostport(p, len, nd->host, sizeof(nd->host), &nd->port) != KVT_OK)
-            return kvt__store_error("malformed store URL '%s%.300s': '%.*s' is not HOST:PORT (port 1..65535)", url_scheme, spec,
-                                    (int)(len > 200 ? 200 : len), p),
-                   KVT_EINVAL;
+            return URL_ERROR(b, "'%.*s' is not HOST:PORT (port 1..65535)", (int)(len > 200 ? 200 : len), p);
         b->nseeds++;
         p += len;
         if (*p == ',') {
             p++;
-            if (*p == 0) return kvt__store_error("malformed store URL '%s%s': trailing ','", url_scheme, spec), KVT_EINVAL;
+            if (*p == 0) return URL_ERROR(b, "%s", "trailing ','");
         }
     }
-    if (!b->cluster && b->nseeds != 1)
-        return kvt__store_error("malformed store URL 'redis://%s': one HOST:PORT (use redis-cluster:// for several)", spec), KVT_EINVAL;
+    if (!b->cluster && b->nseeds != 1) return URL_ERROR(b, "%s", "one HOST:PORT (use redis-cluster:// for several)");
+    return KVT_OK;
+}
+
+static int hexval(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
+
+/* Percent-decodes len bytes into out (cap bytes, NUL-terminated); -1 for
+ * a '%' without two hex digits, an encoded NUL, or no room. */
+static int pct_decode(const char *s, size_t len, char *out, size_t cap) {
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            int hi = i + 2 < len ? hexval(s[i + 1]) : -1, lo = i + 2 < len ? hexval(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0 || (hi | lo) == 0) return -1;
+            c = hi << 4 | lo;
+            i += 2;
+        }
+        if (k + 1 >= cap) return -1;
+        out[k++] = (char)c;
+    }
+    out[k] = 0;
+    return 0;
+}
+
+/* [USER[:PASSWORD]@] before the nodes (percent-encoded; the last '@' ends
+ * it: a host holds none); *nodes gets what follows. Without it, the
+ * environment's KVT_REDIS_USER and KVT_REDIS_PASSWORD; a user given
+ * without a password takes KVT_REDIS_PASSWORD. */
+static int parse_creds(rbe_t *b, const char *spec, const char **nodes) {
+    const char *at = strrchr(spec, '@'), *eu = getenv("KVT_REDIS_USER"), *ep = getenv("KVT_REDIS_PASSWORD");
+    *nodes = at ? at + 1 : spec;
+    if (at == spec) return URL_ERROR(b, "%s", "nothing before '@' (USER:PASSWORD@ or :PASSWORD@)");
+    if (at) {
+        const char *colon = memchr(spec, ':', (size_t)(at - spec));
+        size_t ulen = colon ? (size_t)(colon - spec) : (size_t)(at - spec);
+        if (pct_decode(spec, ulen, b->user, sizeof(b->user)) != 0 ||
+            (colon && pct_decode(colon + 1, (size_t)(at - colon - 1), b->pass, sizeof(b->pass)) != 0))
+            return URL_ERROR(b, "%s", "bad credentials (a '%' not followed by two hex digits, an encoded NUL, or too long)");
+        if (colon && b->pass[0] == 0) return URL_ERROR(b, "%s", "an empty password");
+    } else if (eu && eu[0] && snprintf(b->user, sizeof(b->user), "%s", eu) >= (int)sizeof(b->user)) {
+        return kvt__store_error("KVT_REDIS_USER is longer than %zu bytes", sizeof(b->user) - 1), KVT_EINVAL;
+    }
+    if (b->pass[0] == 0 && (b->user[0] || !at) && ep && ep[0] && snprintf(b->pass, sizeof(b->pass), "%s", ep) >= (int)sizeof(b->pass))
+        return kvt__store_error("KVT_REDIS_PASSWORD is longer than %zu bytes", sizeof(b->pass) - 1), KVT_EINVAL;
+    if (b->user[0] && b->pass[0] == 0 && !at) return kvt__store_error("KVT_REDIS_USER is set, KVT_REDIS_PASSWORD is not"), KVT_EINVAL;
+    if (b->user[0] && b->pass[0] == 0)
+        return URL_ERROR(b, "user '%.100s' without a password (USER:PASSWORD@, or KVT_REDIS_PASSWORD)", b->user);
     return KVT_OK;
 }
 
 static void close_be(void *be) {
     rbe_t *b = be;
+    explicit_bzero(b->pass, sizeof(b->pass));
     pthread_mutex_destroy(&b->mu);
     kvt__free(b->map, sizeof(*b->map));
     KVT_DELETE(b);
 }
 
 static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluster) {
-    const char *scheme = cluster ? "redis-cluster://" : "redis://";
     rbe_t *b = KVT_NEW(rbe_t);
     if (b == NULL) return kvt__store_error("out of memory"), KVT_ENOMEM;
     b->s = s;
     b->cluster = cluster;
     pthread_mutex_init(&b->mu, NULL);
-    int rc = parse_nodes(b, spec, scheme);
+    const char *nodes = spec;
+    int rc = parse_creds(b, spec, &nodes);
+    if (rc == KVT_OK) rc = parse_nodes(b, nodes);
     char why[512];
     kvt__sigpipe_t sp; /* the caller's thread talks to Redis here: a peer gone is an error, not a signal */
     kvt__sigpipe_hold(&sp);
     if (rc == KVT_OK && !cluster) {
-        redisContext *c = connect_to(b->seeds[0].host, b->seeds[0].port, kvt__store_timeout_ms(s), why, sizeof(why));
+        const kvt__rnode_t *n = &b->seeds[0];
+        redisContext *c = connect_to(b, n->host, n->port, why, sizeof(why));
         redisReply *r = c ? redisCommand(c, "PING") : NULL;
-        if (c && r == NULL) snprintf(why, sizeof(why), "%.200s:%d: %s", b->seeds[0].host, b->seeds[0].port, c->errstr);
-        else if (r && r->type == REDIS_REPLY_ERROR) snprintf(why, sizeof(why), "%.200s:%d: PING: %s", b->seeds[0].host, b->seeds[0].port, r->str);
-        if (r == NULL || r->type == REDIS_REPLY_ERROR) rc = KVT_EIO, kvt__store_error("store %s%s: %s", scheme, spec, why);
+        if (c && r == NULL) snprintf(why, sizeof(why), "%.200s:%d: %s", n->host, n->port, c->errstr);
+        else if (r && r->type == REDIS_REPLY_ERROR) snprintf(why, sizeof(why), "%.200s:%d: PING: %.100s%s", n->host, n->port, r->str, noauth_hint(r->str));
+        if (r == NULL || r->type == REDIS_REPLY_ERROR) rc = KVT_EIO, kvt__store_error("store %s: %s", kvt_store_url(s), why);
         if (r) freeReplyObject(r);
         if (c) redisFree(c);
     }
     if (rc == KVT_OK && cluster) {
         b->map = kvt__malloc(sizeof(*b->map));
         if (b->map == NULL) rc = KVT_ENOMEM, kvt__store_error("out of memory");
-        else if (load_map(b, NULL, b->map, why, sizeof(why)) != KVT_OK) rc = KVT_EIO, kvt__store_error("store %s%s: %s", scheme, spec, why);
+        else if (load_map(b, NULL, b->map, why, sizeof(why)) != KVT_OK) rc = KVT_EIO, kvt__store_error("store %s: %s", kvt_store_url(s), why);
         else b->map_gen = 1;
     }
     kvt__sigpipe_release(&sp);

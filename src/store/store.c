@@ -115,6 +115,18 @@ const char *kvt_store_last_error(const kvt_store_t *s) {
 }
 
 const char *kvt_store_url(const kvt_store_t *s) { return s ? s->url : ""; }
+
+char *kvt_store_url_redact(const char *url, char *out, size_t cap) {
+    if (out == NULL || cap == 0) return out;
+    out[0] = 0;
+    if (url == NULL) return out;
+    const char *rest = strncmp(url, "redis://", 8) == 0 ? url + 8 : strncmp(url, "redis-cluster://", 16) == 0 ? url + 16 : NULL;
+    const char *at = rest ? strrchr(rest, '@') : NULL; /* a host holds no '@': the last one ends the credentials */
+    const char *colon = at ? memchr(rest, ':', (size_t)(at - rest)) : NULL;
+    if (colon == NULL) snprintf(out, cap, "%s", url); /* no password in it */
+    else snprintf(out, cap, "%.*s:***%s", (int)(colon - url), url, at);
+    return out;
+}
 const char *kvt_store_backend(const kvt_store_t *s) { return s ? s->ops->name : ""; }
 kvt_tier_t *kvt_store_tier(const kvt_store_t *s) { return s ? s->cfg.tier : NULL; }
 
@@ -731,7 +743,7 @@ int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t 
     if (rc == KVT_OK && strlen(url) >= sizeof(s->url)) rc = KVT_EINVAL, kvt__store_error("store URL longer than 1023 characters");
     if (rc == KVT_OK) rc = pick_backend(url, &s->ops, &spec);
     if (rc == KVT_OK) {
-        snprintf(s->url, sizeof(s->url), "%s", url);
+        kvt_store_url_redact(url, s->url, sizeof(s->url)); /* what messages and kvt_store_url show */
         rc = s->ops->open(s, spec, &s->be);
     }
     if (rc != KVT_OK) {

@@ -144,6 +144,29 @@ Test(replay_l3, the_store_down_from_the_start_leaves_l1_and_l2_serving) {
     run_free(&a), run_free(&b);
 }
 
+/* A Redis password in the URL opens the store and is never printed: not in
+ * --json, not in --stats prom, not in a message (a wrong one names AUTH). */
+Test(replay_l3, a_redis_password_is_never_printed) {
+    const char *extra[] = {"--requirepass", "kvt-s3cret-pw", NULL};
+    cr_assert_eq(redis_start(&S, extra), 0);
+    char good[96], wrong[96];
+    snprintf(good, sizeof(good), "redis://:kvt-s3cret-pw@127.0.0.1:%d", S.port);
+    snprintf(wrong, sizeof(wrong), "redis://:kvt-wrong-pw@127.0.0.1:%d", S.port);
+    run_result_t a, b;
+    cJSON *ja = replay(&a, (const char *const[]){NULL, "replay", TRACE, "--limit", "100", SHAPE, SHARE, "--stats", "prom", "--l3", good, NULL});
+    cr_assert(!strstr(a.out, "s3cret") && !strstr(a.err, "s3cret"), "the password was printed:\n%s\n%s", a.out, a.err);
+    const cJSON *st = obj(obj(ja, "l3"), "store");
+    cr_assert(strstr(cJSON_GetStringValue(obj(st, "url")), ":***@") != NULL, "%s", cJSON_GetStringValue(obj(st, "url")));
+    cr_assert_gt(num(obj(st, "put"), "hits"), 0);
+    all_right(ja);
+    cJSON *jb = replay(&b, (const char *const[]){NULL, "replay", TRACE, "--limit", "20", SHAPE, "--l3", wrong, NULL});
+    cr_assert(strstr(b.err, "AUTH") && strstr(b.err, "going on without L3"), "%s", b.err);
+    cr_assert(!strstr(b.out, "wrong-pw") && !strstr(b.err, "wrong-pw"), "the password was printed:\n%s\n%s", b.out, b.err);
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(obj(jb, "l3"), "down")));
+    cJSON_Delete(ja), cJSON_Delete(jb);
+    run_free(&a), run_free(&b);
+}
+
 Test(replay_l3, bad_urls_are_refused_and_nothing_is_written) {
     char sized[200];
     snprintf(sized, sizeof(sized), "%s,max=12Q", url_);

@@ -2,7 +2,8 @@
  * the store (include/kvtier/store.h), against a plain baseline of the same
  * bytes in the same run:
  *
- *   redis://   a pipelined hiredis SET / GET loop on one connection, batch
+ *   redis://   a pipelined hiredis SET / GET loop on one connection
+ *              (authenticated as the store's are), batch
  *              by batch, values of the object's size (header + page); the
  *              SETs written out every MiB as they are appended, as the
  *              store does (hiredis moves the rest of its output buffer down
@@ -82,22 +83,60 @@ static const char *base_what(int kind) {
     }
 }
 
+/* %XX decoded into out (cap bytes); -1 for a bad escape or no room. */
+static int unescape(const char *p, size_t len, char *out, size_t cap) {
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++, k++) {
+        unsigned v;
+        if (k + 1 >= cap) return -1;
+        if (p[i] != '%') out[k] = p[i];
+        else if (i + 2 < len && sscanf(p + i + 1, "%2x", &v) == 1 && v) out[k] = (char)v, i += 2;
+        else return -1;
+    }
+    out[k] = 0;
+    return 0;
+}
+
+/* The baseline's connection to redis://[USER[:PASSWORD]@]HOST:PORT,
+ * authenticated as the store's are (the URL's credentials, else
+ * KVT_REDIS_USER and KVT_REDIS_PASSWORD). */
+static redisContext *base_connect(const char *url) {
+    char host[256], user[256] = "", pass[512] = "";
+    const char *hp = url + 8, *at = strrchr(hp, '@');
+    if (at) {
+        const char *colon = memchr(hp, ':', (size_t)(at - hp));
+        size_t ulen = colon ? (size_t)(colon - hp) : (size_t)(at - hp);
+        if (unescape(hp, ulen, user, sizeof(user)) || (colon && unescape(colon + 1, (size_t)(at - colon - 1), pass, sizeof(pass)))) return NULL;
+        hp = at + 1;
+    } else if (getenv("KVT_REDIS_USER")) {
+        snprintf(user, sizeof(user), "%s", getenv("KVT_REDIS_USER"));
+    }
+    if (!pass[0] && (user[0] || !at) && getenv("KVT_REDIS_PASSWORD")) snprintf(pass, sizeof(pass), "%s", getenv("KVT_REDIS_PASSWORD"));
+    const char *colon = strrchr(hp, ':');
+    uint64_t port;
+    if (colon == NULL || (size_t)(colon - hp) >= sizeof(host) || cli_parse_u64(colon + 1, &port) != 0 || port == 0 || port > 65535) return NULL;
+    memcpy(host, hp, (size_t)(colon - hp));
+    host[colon - hp] = 0;
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout(host, (int)port, tv);
+    if (c == NULL || c->err) {
+        if (c) redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *r = !pass[0] ? NULL : user[0] ? redisCommand(c, "AUTH %s %s", user, pass) : redisCommand(c, "AUTH %s", pass);
+    bool ok = !pass[0] || (r && r->type == REDIS_REPLY_STATUS);
+    if (r) freeReplyObject(r);
+    if (!ok) redisFree(c);
+    return ok ? c : NULL;
+}
+
 static int base_open(base_t *b, const char *url, kvt_store_t *s) {
     memset(b, 0, sizeof(*b));
     b->dirfd = -1;
     b->s = s;
     if (base_kind(url) == 1) {
-        char host[256];
-        const char *hp = url + 8, *colon = strrchr(hp, ':');
-        if (colon == NULL || (size_t)(colon - hp) >= sizeof(host)) return -1;
-        memcpy(host, hp, (size_t)(colon - hp));
-        host[colon - hp] = 0;
-        struct timeval tv = {5, 0};
-        uint64_t port;
-        if (cli_parse_u64(colon + 1, &port) != 0 || port == 0 || port > 65535) return -1;
-        b->rc = redisConnectWithTimeout(host, (int)port, tv);
-        if (b->rc == NULL || b->rc->err) return -1;
-        redisSetTimeout(b->rc, tv);
+        if ((b->rc = base_connect(url)) == NULL) return -1;
         b->kind = 1;
     } else if (base_kind(url) == 2) {
         const char *p = url + 4, *comma = strstr(p, ",max=");
@@ -255,7 +294,8 @@ static int run_size(const char *url, uint64_t pb, uint64_t total_mb, uint32_t ba
     buf = aligned_alloc(4096, stride * batch);
     void *scratch = malloc(pb);
     int ret = buf && scratch && base_open(&b, url, s) == 0 ? 0 : -1;
-    if (ret) snprintf(err, ecap, "baseline: cannot reach %s", url);
+    char shown[1024];
+    if (ret) snprintf(err, ecap, "baseline: cannot reach %s", kvt_store_url_redact(url, shown, sizeof(shown)));
     for (uint32_t i = 0; ret == 0 && i < batch; i++) kvt_tier_pattern_fill(t, i, hash_of(i).lo, hash_of(i).hi, scratch);
     if (buf) memset(buf, 0x5a, stride * batch);
     double g[2][MAX_REPS], bg[2][MAX_REPS];
@@ -310,7 +350,7 @@ int cmd_bench_store(int argc, char **argv) {
     uint64_t total_mb = 64, batch = 32, reps = 3;
     bool json = false;
     const cli_opt_t table[] = {
-        {"l3", OPT_TEXT, &url, 0, 0, 0, 0, NULL, NULL, 0, "the store: dir:PATH[,max=SIZE] | redis://HOST:PORT | redis-cluster://H:P[,H:P...]"},
+        {"l3", OPT_TEXT, &url, 0, 0, 0, 0, NULL, NULL, 0, "the store: dir:PATH[,max=SIZE] | redis://[USER:PASSWORD@]HOST:PORT | redis-cluster://[USER:PASSWORD@]H:P[,H:P...]"},
         {"page-bytes", OPT_TEXT, &sizes_s, 0, 0, 0, 0, NULL, NULL, 0, "page sizes, comma-separated (bytes)"},
         {"total-mb", OPT_U64, &total_mb, 1, 1 << 14, 0, 0, NULL, NULL, 0, "MiB per operation per run"},
         {"batch", OPT_U64, &batch, 1, 1024, 0, 0, NULL, NULL, 0, "pages per batch call"},
@@ -348,9 +388,11 @@ int cmd_bench_store(int argc, char **argv) {
             fprintf(stderr, "kvtier bench store: %s\n", err);
             return 1;
         }
+    char shown[1024]; /* the URL as printed: never its password */
+    kvt_store_url_redact(url, shown, sizeof(shown));
     if (json) {
         cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "results");
-        cJSON_AddStringToObject(o, "l3", url);
+        cJSON_AddStringToObject(o, "l3", shown);
         cJSON_AddStringToObject(o, "baseline", base_what(base_kind(url)));
         cJSON_AddNumberToObject(o, "total_mb", (double)total_mb);
         cJSON_AddNumberToObject(o, "batch", (double)batch);
@@ -369,7 +411,7 @@ int cmd_bench_store(int argc, char **argv) {
         }
         cli_print_json(o);
     } else {
-        printf("kvtier bench store: %s, %" PRIu64 " MiB per op, batches of %" PRIu64 ", median of %" PRIu64 "\n", url, total_mb, batch, reps);
+        printf("kvtier bench store: %s, %" PRIu64 " MiB per op, batches of %" PRIu64 ", median of %" PRIu64 "\n", shown, total_mb, batch, reps);
         printf("baseline: %s\n", base_what(base_kind(url)));
         printf("%12s %4s %10s %14s %7s %12s %12s\n", "page_bytes", "op", "GB/s", "baseline GB/s", "ratio", "batch p50 ms", "batch p99 ms");
         for (size_t i = 0; i < 2 * ns; i++)

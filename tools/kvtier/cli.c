@@ -1,5 +1,7 @@
 #include "cli.h"
 
+#include "kvtier/store.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -272,7 +274,9 @@ void cli_print_table(FILE *f, const cli_opt_t *opts) {
             snprintf(def, sizeof(def), "%s", o->choices[*(int *)o->dst]);
             join_choices(o->choices, allowed, sizeof(allowed));
             break;
-        case OPT_TEXT: snprintf(def, sizeof(def), "%s", *(const char **)o->dst ? *(const char **)o->dst : "none"); break;
+        case OPT_TEXT: /* a store URL from the environment: never its password */
+            kvt_store_url_redact(*(const char **)o->dst ? *(const char **)o->dst : "none", def, sizeof(def));
+            break;
         }
         fprintf(f, "  --%s (%s%s%s; %s)\n      %s\n", o->name, def, allowed[0] ? "; " : "", allowed, env, o->help);
     }

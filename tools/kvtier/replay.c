@@ -722,8 +722,10 @@ int cmd_replay(int argc, char **argv) {
         printf("kvtier replay: %s: %zu requests, %" PRIu64 " input tokens (read in %.3f s)\n", name, t.n,
                t.input_tokens, parse_s);
         if (nfleet) {
+            char shown[1024]; /* the store's URL, never its password */
+            kvt_store_url_redact(l3.url, shown, sizeof(shown));
             printf("  %zu instances %s%s; requests dealt by session (a turn that extends an earlier request "
-                   "follows it), round robin\n", nfleet, l3.url ? "sharing " : "with no shared store", l3.url ? l3.url : "");
+                   "follows it), round robin\n", nfleet, l3.url ? "sharing " : "with no shared store", shown);
             for (size_t i = 0; i < nfleet; i++) {
                 const kvt_cache_stats_t *s = &each[i].cs;
                 printf("  instance %zu: %" PRIu64 " requests, hit rate %.4f (L1 %.4f, L2 %.4f, L3 %.4f), %" PRIu64

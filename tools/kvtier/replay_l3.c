@@ -30,7 +30,7 @@ size_t replay_l3_rows(l3_opts_t *l, cli_opt_t *t) {
     for (int i = 0; i < KVT_PREFETCH_POLICY_COUNT_; i++) prefetch_policies[i] = kvt_prefetch_policy_name((kvt_prefetch_policy_t)i);
     const cli_opt_t rows[] = {
         {"l3", OPT_TEXT, &l->url, 0, 0, 0, 0, NULL, NULL, 0,
-         "L3 store: dir:PATH[,max=SIZE] | redis://HOST:PORT | redis-cluster://H:P[,H:P...]"},
+         "L3 store: dir:PATH[,max=SIZE] | redis://[USER:PASSWORD@]HOST:PORT | redis-cluster://[USER:PASSWORD@]H:P[,H:P...]"},
         {"l3-pages", OPT_U64, &l->pages, 0, UINT32_MAX - 1, 0, 0, NULL, NULL, 0,
          "a modeled L3 of N pages (an LRU in this process; metadata only, for fast sweeps)"},
         {"l3-write-policy", OPT_CHOICE, &l->write_policy, 0, 0, 0, 0, write_policies, NULL, 0,
@@ -115,16 +115,18 @@ int replay_l3_open(replay_l3_t **out, const l3_opts_t *l, kvt_cache_t *c, kvt_ti
     sc.threads = (uint32_t)l->threads;
     sc.delay_us = (uint32_t)(l->delay_ms * 1000);
     rc = kvt_store_open(&r->store, l->url, &sc);
+    char shown[1024]; /* the URL as printed: never its password */
+    kvt_store_url_redact(l->url, shown, sizeof(shown));
     if (rc == KVT_EIO) { /* down: the cache serves from L1 and L2 */
         down->down = true;
-        snprintf(down->url, sizeof(down->url), "%s", l->url);
+        kvt_store_url_redact(l->url, down->url, sizeof(down->url));
         snprintf(down->why, sizeof(down->why), "%s", kvt_store_last_error(NULL));
-        fprintf(stderr, "kvtier replay: --l3 %s: %s; going on without L3 (L1 and L2 serve)\n", l->url, down->why);
+        fprintf(stderr, "kvtier replay: --l3 %s: %s; going on without L3 (L1 and L2 serve)\n", shown, down->why);
         replay_l3_close(r);
         return 0;
     }
     if (rc != KVT_OK) {
-        fprintf(stderr, "kvtier replay: --l3 %s: %s\n", l->url, kvt_store_last_error(NULL));
+        fprintf(stderr, "kvtier replay: --l3 %s: %s\n", shown, kvt_store_last_error(NULL));
         replay_l3_close(r);
         return rc == KVT_EINVAL ? -2 : -1; /* a malformed URL is a bad flag */
     }
