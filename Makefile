@@ -39,7 +39,7 @@ help:
 	@echo "make bench      the benchmarks at full size"
 	@echo "make bench-cuda the cuda tier's copies, each way, where a GPU is (test-cuda first)"
 	@echo "make run        the main job: kvtier replay on the built-in workload (RUN_ARGS=...)"
-	@echo "make python     make \`import kvtier\` work in python3 for this build (python/, docs/python.md)"
+	@echo "make python     make \`import kvtier\` work in .venv/bin/python for this build (python/, docs/python.md)"
 	@echo "make install    install into PREFIX=$(PREFIX)"
 
 bootstrap:
@@ -56,7 +56,7 @@ build: bootstrap
 	$(call configure,$(BUILD),,RelWithDebInfo)
 	@scripts/install-python $(BUILD)
 
-# The Python package (python/): `import kvtier` in Debian's python3 finds this build.
+# The Python package (python/): `import kvtier` in .venv/bin/python finds this build.
 python: build
 
 test: build

@@ -8,9 +8,9 @@ from a Mooncake trace; kvtier decides what is reused (an L1 hit), loaded back
 every request the logits of its last token are compared with those of a full
 recompute without any cache.
 
-    python3 examples/tiny_engine.py                 # the default scenario, all three tiers
-    python3 examples/tiny_engine.py --json          # one JSON object
-    python3 examples/tiny_engine.py --l3 redis://127.0.0.1:6379 --rounds 1
+    .venv/bin/python examples/tiny_engine.py                 # the default scenario, all three tiers
+    .venv/bin/python examples/tiny_engine.py --json          # one JSON object
+    .venv/bin/python examples/tiny_engine.py --l3 redis://127.0.0.1:6379 --rounds 1
 
 The default scenario serves the first --requests requests of the trace
 --rounds times over an L1 and an L2 too small to keep them all, so later

@@ -5,6 +5,7 @@ import ctypes
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -47,5 +48,5 @@ def test_structures_match_the_headers(tmp_path):
 
 
 def test_fields_generated_from_the_headers():
-    rc = subprocess.run(["python3", str(ROOT / "python" / "gen_fields.py"), "--check"]).returncode
+    rc = subprocess.run([sys.executable, str(ROOT / "python" / "gen_fields.py"), "--check"]).returncode
     assert rc == 0
