@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import array
 import ctypes
+import threading
 import weakref
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
+from . import _args as _a
 from . import _fields
 from ._lib import Hash128, lib
 
@@ -91,26 +93,137 @@ def error_class(name: str):
 # ---- handles -----------------------------------------------------------------
 
 
+class _Shared:
+    """A call that may run on several threads at once: ``with h._use as ptr``
+    gives the C pointer and counts the call in flight until the block ends
+    (close waits for the count to drop to zero). With a lock, the block
+    also holds it (polls, one at a time). Built once per handle; it refers
+    to the handle weakly, so a dropped handle is still freed at once."""
+
+    __slots__ = ("_ref", "_lock")
+
+    def __init__(self, o: "Handle", lock: Any = None) -> None:
+        self._ref, self._lock = weakref.ref(o), lock
+
+    def __enter__(self) -> int:
+        o, lock = self._ref(), self._lock
+        if lock is not None:
+            lock.acquire()
+        with o._mu:
+            h = o._h
+            if h is not None and not o._closing:
+                o._busy += 1
+                return h
+        if lock is not None:
+            lock.release()
+        raise ClosedError(type(o).__name__)
+
+    def __exit__(self, *exc: Any) -> None:
+        o = self._ref()
+        with o._mu:
+            o._busy -= 1
+            if o._closing and not o._busy:
+                o._cv.notify_all()
+        if self._lock is not None:
+            self._lock.release()
+
+
+class _Serial:
+    """A call on a C object that belongs to one thread: the block holds the
+    handle's lock, so calls from several threads take turns (and close,
+    which takes the same lock, waits for the one in flight)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, o: "Handle") -> None:
+        self._ref = weakref.ref(o)
+
+    def __enter__(self) -> int:
+        o = self._ref()
+        o._serial.acquire()
+        h = o._h
+        if h is None or o._closing:
+            o._serial.release()
+            raise ClosedError(type(o).__name__)
+        return h
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ref()._serial.release()
+
+
+class _UseAll:
+    """Several handles' calls at once (an object built over others): their
+    pointers, each kept open until the block ends."""
+
+    __slots__ = ("_uses", "_in")
+
+    def __init__(self, handles: Iterable["Handle"]) -> None:
+        self._uses = [h._use for h in handles]
+        self._in: list = []
+
+    def __enter__(self) -> list:
+        ptrs = []
+        try:
+            for u in self._uses:
+                ptrs.append(u.__enter__())
+                self._in.append(u)
+        except BaseException:
+            self.__exit__()
+            raise
+        return ptrs
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._in:
+            self._in.pop().__exit__()
+
+
+def using(*handles: "Handle") -> _UseAll:
+    return _UseAll(handles)
+
+
 class Handle:
     """A Python object owning one C object. ``close()`` frees it (also on
     leaving a ``with`` block, and as a last resort when collected); every
     call after that raises ClosedError. Objects that others use (a tier
     under a transfer engine, a store under a cache) refuse to close while a
-    user is open: close the users first (nested ``with`` blocks do)."""
+    user is open: close the users first (nested ``with`` blocks do).
+
+    Threads: every call is made inside ``with self._use as ptr``. A class
+    whose C object belongs to one thread (``_SERIAL``) serialises its calls
+    with a lock of its own; the others let calls run at once, as their C
+    side allows, and count them. ``_use_any`` is a call the C side allows
+    from any thread even on a serial object; ``_use_poll`` one that runs on
+    one thread at a time. Close waits for the calls in flight, and calls
+    after it raise ClosedError."""
 
     _h: Optional[int] = None
+    _SERIAL = False
 
     def __init__(self) -> None:
         self._h = None
         self._deps: list = []  # objects this one uses: kept alive while it is open
         self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+        self._mu = threading.Lock()  # guards _h, _busy, _closing, _users
+        self._cv = threading.Condition(self._mu)
+        self._busy = 0  # shared calls in flight
+        self._closing = False
+        self._serial = threading.RLock() if self._SERIAL else None
+        self._use_any = _Shared(self)
+        self._use = _Serial(self) if self._SERIAL else self._use_any
+        self._use_poll = self._use if self._SERIAL else _Shared(self, threading.Lock())
 
     def _own(self, h: int, deps: Iterable["Handle"] = ()) -> None:
-        self._h = h
+        """Takes ownership of h; deps become this object's (hold their _use while calling this)."""
+        with self._mu:
+            self._h = h
         for d in deps:
-            d._ptr  # raises if closed
-            d._users.add(self)
+            with d._mu:
+                d._users.add(self)
             self._deps.append(d)
+
+    def _add_user(self, u: "Handle") -> None:
+        with self._mu:
+            self._users.add(u)
 
     @property
     def _ptr(self) -> int:
@@ -125,19 +238,71 @@ class Handle:
     def _destroy(self, h: int) -> None:  # pragma: no cover - every subclass overrides it
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Frees the C object (idempotent)."""
-        if self._h is None:
-            return
+    def _close_refused(self) -> str:
+        """Why close must refuse now ("" when it may go ahead); called with _mu held."""
         users = [u for u in self._users if not u.closed]
         if users:
-            raise error(-7, f"{type(self).__name__}.close",
-                        "still used by " + ", ".join(type(u).__name__ for u in users) + ": close it first")
-        h, self._h = self._h, None
-        self._destroy(h)
+            return "still used by " + ", ".join(type(u).__name__ for u in users) + ": close it first"
+        return ""
+
+    def close(self) -> None:
+        """Frees the C object (idempotent). Waits for calls in flight on other
+        threads; Busy while another object still uses this one."""
+        self._close(True)
+
+    def _close(self, wait: bool) -> None:
+        serial = self._serial
+        if serial is not None and not serial.acquire(wait):  # the serial call in flight ends first
+            return
+        try:
+            h = self._close_begin(wait)
+            if h is None:
+                return
+            done = False
+            try:
+                self._destroy(h)
+                done = True
+            finally:
+                with self._mu:
+                    if done:
+                        self._h = None
+                    self._closing = False
+                    self._cv.notify_all()
+        finally:
+            if serial is not None:
+                serial.release()
         for d in self._deps:
-            d._users.discard(self)
+            with d._mu:
+                d._users.discard(self)
         self._deps = []
+
+    def _close_begin(self, wait: bool) -> Optional[int]:
+        """Marks the object closing once no shared call is in flight: its
+        handle, or None when there is nothing to do (closed; or busy and not
+        waiting). Busy while a user is open."""
+        with self._mu:
+            while self._closing:  # another thread is closing it
+                if not wait:
+                    return None
+                self._cv.wait()
+            if self._h is None:
+                return None
+            why = self._close_refused()
+            if why:
+                raise error(-7, f"{type(self).__name__}.close", why)
+            self._closing = True
+            while self._busy:
+                if not wait:
+                    self._closing = False
+                    self._cv.notify_all()
+                    return None
+                self._cv.wait()
+            why = self._close_refused()  # a call that just ended may have made a user
+            if why:
+                self._closing = False
+                self._cv.notify_all()
+                raise error(-7, f"{type(self).__name__}.close", why)
+            return self._h
 
     def __enter__(self):
         return self
@@ -147,19 +312,15 @@ class Handle:
 
     def __del__(self) -> None:
         if self._h is not None:
-            try:
+            try:  # never blocks: a collected object has no call in flight, a user may (then it stays open)
                 for u in list(self._users):  # collected together: users go first
-                    u.close()
-                self.close()
+                    u._close(False)
+                self._close(False)
             except Exception:
                 pass
 
 
 # ---- conversions -------------------------------------------------------------
-
-
-def c_str(s: Optional[str]) -> Optional[bytes]:
-    return None if s is None else s.encode()
 
 
 def tokens_arg(tokens: Any) -> Tuple[int, int, Any]:
@@ -195,20 +356,19 @@ def tokens_arg(tokens: Any) -> Tuple[int, int, Any]:
     return addr, n, a
 
 
-def hash_arg(h: Any) -> Hash128:
-    """A page hash: a Hash128, a (lo, hi) pair or 16 bytes (lo then hi, little-endian)."""
+def hash_arg(h: Any, what: str = "page hash") -> Hash128:
+    """A page hash: a Hash128, a (lo, hi) pair of uint64 or 16 bytes (lo then hi, little-endian)."""
     if isinstance(h, Hash128):
         return h
     if isinstance(h, (bytes, bytearray, memoryview)):
         b = bytes(h)
         if len(b) != 16:
-            raise ValueError(f"page hash: {len(b)} bytes, expected 16")
+            raise ValueError(f"{what}: {len(b)} bytes, expected 16")
         return Hash128(int.from_bytes(b[:8], "little"), int.from_bytes(b[8:], "little"))
-    try:
-        lo, hi = h
-        return Hash128(lo, hi)
-    except (TypeError, ValueError):
-        raise TypeError(f"page hash: expected (lo, hi), 16 bytes or Hash128, not {type(h).__name__}") from None
+    if isinstance(h, (str, dict)) or not hasattr(h, "__len__") or len(h) != 2:
+        raise TypeError(f"{what}: expected (lo, hi), 16 bytes or Hash128, not {type(h).__name__}")
+    lo, hi = h
+    return Hash128(_a.u64(lo, f"{what} lo"), _a.u64(hi, f"{what} hi"))
 
 
 def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str):
@@ -216,6 +376,7 @@ def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str):
     engine): results polled meanwhile for other tickets are kept in `done`
     for their own wait. TimedOut after `timeout` seconds."""
     import time
+    timeout = _a.number(timeout, f"{what} timeout")
     end = time.monotonic() + timeout
     while ticket not in done:
         left = end - time.monotonic()
@@ -229,9 +390,9 @@ def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str):
 def page_hashes(tokens: Any, page_tokens: int, ns: int = 0) -> list:
     """The chained hashes (lo, hi) of the whole pages of a token sequence, as
     the cache and the store key them (radix.h: kvt_page_hash_chain)."""
+    page_tokens = _a.u32(page_tokens, "page_hashes page_tokens", 1)
+    ns = _a.u32(ns, "page_hashes ns")
     addr, n, keep = tokens_arg(tokens)
-    if page_tokens < 1:
-        raise ValueError("page_tokens: must be >= 1")
     npages = n // page_tokens
     out = (Hash128 * max(npages, 1))()
     if npages:
@@ -246,8 +407,10 @@ def enum_arg(value: Any, parse, what: str, names: Sequence[str]) -> int:
         if not 0 <= value < len(names):
             raise ValueError(f"{what}: {value} is out of range (choose from {', '.join(names)})")
         return value
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected a name ({', '.join(names)}), not {type(value).__name__}")
     v = ctypes.c_int()
-    if parse(str(value).encode(), ctypes.byref(v)) != 0:
+    if "\0" in value or parse(value.encode(), ctypes.byref(v)) != 0:
         raise ValueError(f"{what}: unknown {value!r} (choose from {', '.join(names)})")
     return v.value
 

@@ -51,9 +51,14 @@ def _load():
             tried.append(f"{path} (missing)")
             continue
         try:
-            return ctypes.CDLL(path), path
+            found = ctypes.CDLL(path)
         except OSError as e:
             tried.append(f"{path} ({e})")
+            continue
+        if not hasattr(found, "kvt_version"):
+            tried.append(f"{path} (loads, but is not libkvtier: it has no kvt_version)")
+            continue
+        return found, path
     raise ImportError("kvtier: cannot find libkvtier.so (build it with `make`, or set KVTIER_LIB); tried: "
                       + "; ".join(tried or ["nothing"]))
 
@@ -382,8 +387,13 @@ _PROTOS = {
     "kvt_cp_group_remove_stale": (c_int, [c_char_p, P(c_char_p)]),
 }
 
+_missing = [_name for _name in _PROTOS if not hasattr(lib, _name)]
+if _missing:
+    raise ImportError(f"kvtier: {LIBRARY} lacks {', '.join(_missing[:5])}"
+                      f"{f' and {len(_missing) - 5} more' if len(_missing) > 5 else ''}: "
+                      "it is another version of libkvtier than this package's (rebuild it, or set KVTIER_LIB)")
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
     _f.restype = _res
     _f.argtypes = _args
-del _name, _res, _args, _f
+del _name, _res, _args, _f, _missing

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import array
 import ctypes
+import math
 import weakref
 from typing import Any, Dict, Optional
 
+from . import _args as _a
 from . import _fields
-from ._core import Handle, check, enum_arg, enum_names, error, tokens_arg
+from ._core import ClosedError, Handle, check, enum_arg, enum_names, error, tokens_arg, using
 from ._lib import CacheConfig, CacheReq, CacheStats, RadixStats, lib
 
 __all__ = ["Cache", "Request", "Prefetch", "POLICIES", "WRITE_POLICIES", "PREFETCH_POLICIES"]
@@ -27,6 +29,20 @@ _ENUMS = {
     "prefetch_policy": (lib.kvt_prefetch_policy_parse, PREFETCH_POLICIES),
 }
 CONFIG_FIELDS = tuple(n for n, _ in CacheConfig._fields_ if n != "size")
+_FIELD_TYPE = dict(CacheConfig._fields_)
+_INT_MAX = {ctypes.c_uint32: _a.U32_MAX, ctypes.c_uint64: _a.U64_MAX}
+
+
+def _config_value(k: str, v: Any) -> Any:
+    """A Cache() keyword checked against its C field's type."""
+    if k in _ENUMS:
+        return enum_arg(v, _ENUMS[k][0], k, _ENUMS[k][1])
+    t = _FIELD_TYPE[k]
+    if t is ctypes.c_bool:
+        return _a.flag(v, f"Cache: {k}")
+    if t is ctypes.c_double:
+        return _a.number(v, f"Cache: {k}", -math.inf)
+    return _a.integer(v, f"Cache: {k}", 0, _INT_MAX[t])
 
 
 def _default_config() -> CacheConfig:
@@ -81,24 +97,32 @@ class Request:
 
     def commit(self) -> None:
         """The request's new pages now hold their KV (write_through backs them up)."""
-        if self.released:
-            raise error(-1, "Request.commit", "the request was released")
-        check(lib.kvt_cache_commit(self._cache._ptr, ctypes.byref(self._req)), "Request.commit")
+        with self._cache._use as h:
+            if self.released:
+                raise error(-1, "Request.commit", "the request was released")
+            self._cache._check_memory()
+            check(lib.kvt_cache_commit(h, ctypes.byref(self._req)), "Request.commit")
 
     def release(self) -> None:
         """Lets go of the request's pages (they stay cached); commits first."""
-        if self.released:
-            raise error(-1, "Request.release", "the request was released already")
-        check(lib.kvt_cache_release(self._cache._ptr, ctypes.byref(self._req)), "Request.release")
-        self.released = True
-        self._cache._live.discard(self)
+        with self._cache._use as h:
+            if self.released:
+                raise error(-1, "Request.release", "the request was released already")
+            if self._cache._tiers:
+                self._cache._check_memory()
+            check(lib.kvt_cache_release(h, ctypes.byref(self._req)), "Request.release")
+            self.released = True
+            self._cache._live.discard(self)
 
     def __enter__(self) -> "Request":
         return self
 
     def __exit__(self, *exc) -> None:
         if not self.released and not self._cache.closed:
-            self.release()
+            try:
+                self.release()
+            except ClosedError:  # the cache closed meanwhile, on another thread: it released the request
+                pass
 
     def __repr__(self) -> str:
         r = self._req
@@ -117,9 +141,10 @@ class Prefetch:
         self._cache, self.id, self._tokens, self.done = cache, pid, tokens, pid == 0
 
     def cancel(self) -> None:
-        if not self.done:
-            check(lib.kvt_cache_prefetch_cancel(self._cache._ptr, self.id), "Prefetch.cancel")
-            self.done = True
+        with self._cache._use as h:
+            if not self.done:
+                check(lib.kvt_cache_prefetch_cancel(h, self.id), "Prefetch.cancel")
+                self.done = True
 
 
 class Cache(Handle):
@@ -135,12 +160,15 @@ class Cache(Handle):
 
     Without :meth:`attach` the cache manages page ids only (no bytes move);
     with it, loads and backups copy bytes between the tiers on a transfer
-    engine. A cache belongs to one thread: call it from the engine's
-    scheduler thread only.
+    engine. The C cache belongs to one thread; this object serialises the
+    calls made on it (and on its requests) from several threads with a lock
+    of its own, so any thread may call it, one call at a time.
 
     Options and the library's defaults:
 
 """ + "\n".join(f"        {k} = {v!r}" for k, v in default_config().items()) + "\n"
+
+    _SERIAL = True
 
     def __init__(self, **config: Any) -> None:
         """Creates the cache; every keyword is a kvt_cache_config_t field (see the
@@ -151,14 +179,7 @@ class Cache(Handle):
         for k, v in config.items():
             if k not in CONFIG_FIELDS:
                 raise TypeError(f"Cache: unknown option {k!r} (options: {', '.join(CONFIG_FIELDS)})")
-            if k in _ENUMS:
-                v = enum_arg(v, _ENUMS[k][0], k, _ENUMS[k][1])
-            try:
-                setattr(cfg, k, v)
-            except TypeError:
-                raise TypeError(f"Cache: {k}: {v!r} is not a number") from None
-            if isinstance(v, int) and getattr(cfg, k) != v:
-                raise ValueError(f"Cache: {k}: {v} does not fit the field")
+            setattr(cfg, k, _config_value(k, v))
         h = ctypes.c_void_p()
         rc = lib.kvt_cache_create(ctypes.byref(h), ctypes.byref(cfg))
         if rc < 0:
@@ -168,6 +189,11 @@ class Cache(Handle):
         self._live: "weakref.WeakSet[Request]" = weakref.WeakSet()
         self._ids = array.array("I", bytes(4 * 64))
         self._store = None
+        self._tiers: list = []  # attached engine tiers whose memory is checked before each call that copies
+
+    def _check_memory(self) -> None:
+        for t in self._tiers:
+            t._check_memory()
 
     def _destroy(self, h: int) -> None:
         for r in list(self._live):  # every admitted request is released once
@@ -193,18 +219,29 @@ class Cache(Handle):
         transfer engine ``xfer`` (indices default to the tiers' places in it).
         Before the first admission; the engine and tiers stay open while the
         cache is."""
-        l1_index = xfer.index(l1) if l1_index is None else l1_index
-        l2_index = xfer.index(l2) if l2_index is None else l2_index
-        check(lib.kvt_cache_attach(self._ptr, xfer._ptr, l1._ptr, l1_index, l2._ptr, l2_index), "Cache.attach",
-              "no L2 in the cache, tiers too small, or requests admitted already")
-        self._own(self._h, (xfer, l1, l2))
+        from .tier import Tier
+        from .xfer import Transfer
+        _a.instance(xfer, Transfer, "Cache.attach xfer")
+        _a.instance(l1, Tier, "Cache.attach l1")
+        _a.instance(l2, Tier, "Cache.attach l2")
+        n = len(xfer._tiers)
+        l1_index = xfer.index(l1) if l1_index is None else _a.index(l1_index, "Cache.attach l1_index", n, "tiers:")
+        l2_index = xfer.index(l2) if l2_index is None else _a.index(l2_index, "Cache.attach l2_index", n, "tiers:")
+        with self._use as h, using(xfer, l1, l2) as (xp, p1, p2):
+            check(lib.kvt_cache_attach(h, xp, p1, l1_index, p2, l2_index), "Cache.attach",
+                  "no L2 in the cache, tiers too small, or requests admitted already")
+            self._own(h, (xfer, l1, l2))
+            self._tiers = [t for t in (l1, l2) if t._probes]
 
     def attach_store(self, store: Any) -> None:
         """The store becomes the third tier (its tier is the cache's L2)."""
-        check(lib.kvt_cache_attach_store(self._ptr, store._ptr), "Cache.attach_store",
-              "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
-        self._own(self._h, (store,))
-        self._store = store
+        from .store import Store
+        _a.instance(store, Store, "Cache.attach_store store")
+        with self._use as h, store._use as sp:
+            check(lib.kvt_cache_attach_store(h, sp), "Cache.attach_store",
+                  "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
+            self._own(h, (store,))
+            self._store = store
 
     @property
     def has_l3(self) -> bool:
@@ -217,81 +254,99 @@ class Cache(Handle):
         """Admits a request: its longest cached prefix is matched and locked
         (the part only in L2, or prefetched from L3, is loaded into L1 first),
         pages for the rest are allocated. Only whole pages are cached."""
+        ns = _a.u32(ns, "Cache.admit ns")
+        priority = _a.i32(priority, "Cache.admit priority")
+        if prefetch is not None:
+            _a.instance(prefetch, Prefetch, "Cache.admit prefetch", optional=True)
         addr, n, keep = tokens_arg(tokens)
-        need = n // self._cfg.page_tokens + 1
-        if len(self._ids) < need:
-            self._ids = array.array("I", bytes(4 * max(need, 2 * len(self._ids))))
-        ids_addr = self._ids.buffer_info()[0]
         req = CacheReq()
-        if prefetch is None:
-            rc = lib.kvt_cache_admit(self._ptr, ns, addr, n, priority, ids_addr, ctypes.byref(req))
-        else:
-            if prefetch._cache is not self or prefetch.done and prefetch.id:
-                raise error(-1, "Cache.admit", "the prefetch is not this cache's, or is over")
-            rc = lib.kvt_cache_admit_prefetched(self._ptr, prefetch.id, ns, addr, n, priority, ids_addr,
-                                                ctypes.byref(req))
-            if rc == 0:
-                prefetch.done = True
-        del keep
-        if rc < 0:
-            raise error(rc, "Cache.admit")
-        r = Request(self, req, self._ids[:req.pages], n)
-        self._live.add(r)
+        with self._use as h:
+            if self._tiers:
+                self._check_memory()
+            need = n // self._cfg.page_tokens + 1
+            if len(self._ids) < need:
+                self._ids = array.array("I", bytes(4 * max(need, 2 * len(self._ids))))
+            ids_addr = self._ids.buffer_info()[0]
+            if prefetch is None:
+                rc = lib.kvt_cache_admit(h, ns, addr, n, priority, ids_addr, ctypes.byref(req))
+            else:
+                if prefetch._cache is not self or prefetch.done and prefetch.id:
+                    raise error(-1, "Cache.admit", "the prefetch is not this cache's, or is over")
+                rc = lib.kvt_cache_admit_prefetched(h, prefetch.id, ns, addr, n, priority, ids_addr,
+                                                    ctypes.byref(req))
+                if rc == 0:
+                    prefetch.done = True
+            del keep
+            if rc < 0:
+                raise error(rc, "Cache.admit")
+            r = Request(self, req, self._ids[:req.pages], n)
+            self._live.add(r)
         return r
 
     def prefetch(self, tokens: Any, ns: int = 0) -> Prefetch:
         """Starts the L3 prefetch of a request that just arrived (pass the
         result to its admit). A no-op prefetch (id 0) when there is no L3,
         the request is below the threshold, or nothing of it is in L3."""
+        ns = _a.u32(ns, "Cache.prefetch ns")
         addr, n, keep = tokens_arg(tokens)
         pid = ctypes.c_uint64()
-        check(lib.kvt_cache_prefetch(self._ptr, ns, addr, n, ctypes.byref(pid)), "Cache.prefetch")
+        with self._use as h:
+            check(lib.kvt_cache_prefetch(h, ns, addr, n, ctypes.byref(pid)), "Cache.prefetch")
         return Prefetch(self, pid.value, keep)
 
     @property
     def prefetches(self) -> int:
-        return lib.kvt_cache_prefetches(self._ptr)
+        with self._use as h:
+            return lib.kvt_cache_prefetches(h)
 
     def poll(self) -> int:
         """Applies the copies that completed; how many."""
-        return check(lib.kvt_cache_poll(self._ptr), "Cache.poll")
+        with self._use as h:
+            return check(lib.kvt_cache_poll(h), "Cache.poll")
 
     def sync(self) -> None:
         """Waits for every copy and store call in flight."""
-        check(lib.kvt_cache_sync(self._ptr), "Cache.sync")
+        with self._use as h:
+            check(lib.kvt_cache_sync(h), "Cache.sync")
 
     def restore_room(self) -> int:
         """Evicts until every tier's free-room target holds; pages evicted."""
-        return lib.kvt_cache_restore_room(self._ptr)
+        with self._use as h:
+            self._check_memory()
+            return lib.kvt_cache_restore_room(h)
 
     # -- introspection -------------------------------------------------------
 
     def stats(self) -> Dict[str, int]:
         """kvt_cache_stats_t as a dict (the fields of KVT_CACHE_STATS_FIELDS)."""
         st = CacheStats(size=ctypes.sizeof(CacheStats))
-        check(lib.kvt_cache_stats(self._ptr, ctypes.byref(st)), "Cache.stats")
+        with self._use as h:
+            check(lib.kvt_cache_stats(h, ctypes.byref(st)), "Cache.stats")
         return {n: getattr(st, n) for n in CACHE_STATS}
 
     def tree_stats(self) -> Dict[str, int]:
         """The radix tree's kvt_radix_stats_t (nodes, pages per tier, metadata bytes...)."""
         st = RadixStats(size=ctypes.sizeof(RadixStats))
-        check(lib.kvt_radix_stats(lib.kvt_cache_tree(self._ptr), ctypes.byref(st)), "Cache.tree_stats")
+        with self._use as h:
+            check(lib.kvt_radix_stats(lib.kvt_cache_tree(h), ctypes.byref(st)), "Cache.tree_stats")
         return {n: getattr(st, n) for n in RADIX_STATS}
 
     def check(self) -> None:
         """Recomputes every invariant of the tree and the allocators; raises
         CorruptError naming the first violation."""
         why = ctypes.c_char_p()
-        rc = lib.kvt_cache_check(self._ptr, ctypes.byref(why))
-        if rc < 0:
-            raise error(rc, "Cache.check", why.value.decode() if why.value else "")
+        with self._use as h:
+            rc = lib.kvt_cache_check(h, ctypes.byref(why))
+            if rc < 0:
+                raise error(rc, "Cache.check", why.value.decode() if why.value else "")
 
     @property
     def digest(self) -> int:
         """A running hash of the cache's decisions: caches fed the same calls agree on it
         exactly when they decided alike. Kept only by a cache made with
         ``decision_digest=True`` (CP groups compare it); 0 otherwise."""
-        return lib.kvt_cache_digest(self._ptr)
+        with self._use as h:
+            return lib.kvt_cache_digest(h)
 
     def __repr__(self) -> str:
         if self.closed:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, Sequence
 
-from ._core import Handle, c_str, error
+from . import _args as _a
+from ._core import Handle, error, using
 from ._lib import KVT_CP_RESULT_BYTES, CpGroupConfig, CpGroupInfo, TierConfig, lib
 from .tier import CHECKSUM, Tier, _geom
 from .xfer import Transfer
@@ -37,16 +38,23 @@ class CpGroup(Handle):
     write this rank's pages -> :meth:`filled` -> commit, release ->
     :meth:`step`; then :meth:`finish` and :meth:`close` (leave)."""
 
+    _SERIAL = True  # one thread of each rank makes the calls (fail: any thread)
+
     def __init__(self, name: str, rank: int, ranks: int, l1_pages: int, l2_pages: int, page_tokens: int = 16,
                  layers: int = 1, layer_bytes: int = 0, layout: str = "page_first", requests: int = 0, tag: int = 0,
                  timeout_ms: int = 0, wait_ms: int = 0) -> None:
         super().__init__()
-        self._name = c_str(name)
-        g = _geom(max(l1_pages, 1), layers, layer_bytes, layout)
-        cfg = CpGroupConfig(size=ctypes.sizeof(CpGroupConfig), name=self._name, rank=rank, ranks=ranks,
-                            l1_pages=l1_pages, l2_pages=l2_pages, page_tokens=page_tokens, layers=layers,
-                            layer_bytes=layer_bytes, layout=g.layout, requests=requests, tag=tag,
-                            timeout_ms=timeout_ms, wait_ms=wait_ms)
+        w = "CpGroup"
+        self._name = _a.text(name, f"{w} name")
+        l1_pages = _a.u64(l1_pages, f"{w} l1_pages")
+        g = _geom(max(l1_pages, 1), layers, layer_bytes, layout, w)
+        cfg = CpGroupConfig(size=ctypes.sizeof(CpGroupConfig), name=self._name, rank=_a.u32(rank, f"{w} rank"),
+                            ranks=_a.u32(ranks, f"{w} ranks"), l1_pages=l1_pages,
+                            l2_pages=_a.u64(l2_pages, f"{w} l2_pages"),
+                            page_tokens=_a.u32(page_tokens, f"{w} page_tokens"), layers=g.layers,
+                            layer_bytes=g.layer_bytes, layout=g.layout, requests=_a.u64(requests, f"{w} requests"),
+                            tag=_a.u64(tag, f"{w} tag"), timeout_ms=_a.u32(timeout_ms, f"{w} timeout_ms"),
+                            wait_ms=_a.u32(wait_ms, f"{w} wait_ms"))
         h = ctypes.c_void_p()
         why = ctypes.c_char_p()
         rc = lib.kvt_cp_group_join(ctypes.byref(h), ctypes.byref(cfg), ctypes.byref(why))
@@ -54,95 +62,126 @@ class CpGroup(Handle):
             raise error(rc, f"CpGroup({name!r}, rank {rank})", why.value.decode() if why.value else "")
         self._own(h.value)
         self.rank, self.ranks, self.l1_pages = rank, ranks, l1_pages
-        self._left = False
 
     def _destroy(self, h: int) -> None:
         why = ctypes.c_char_p()
         lib.kvt_cp_group_leave(h, ctypes.byref(why))
 
-    def _check(self, rc: int, what: str) -> int:
+    @staticmethod
+    def _why(h: int) -> str:
+        w = lib.kvt_cp_group_why(h)
+        return w.decode() if w else ""
+
+    def _check(self, rc: int, what: str, h: int) -> int:
         if rc < 0:
-            raise error(rc, f"CpGroup.{what}", self.why)
+            raise error(rc, f"CpGroup.{what}", self._why(h))
         return rc
 
     @property
     def why(self) -> str:
         """Why the group stopped ("" while it runs)."""
-        w = lib.kvt_cp_group_why(self._ptr)
-        return w.decode() if w else ""
+        with self._use_any as h:
+            return self._why(h)
 
     def open_tier(self, suffix: str, pages: int, layers: int, layer_bytes: int, layout: str = "page_first",
                   checksum: bool = False) -> Tier:
         """The shared tier /dev/shm/<name>-<suffix>: rank 0 creates it, the others attach."""
-        cfg = TierConfig(size=ctypes.sizeof(TierConfig), geom=_geom(pages, layers, layer_bytes, layout),
-                         flags=CHECKSUM if checksum else 0)
-        h = ctypes.c_void_p()
-        self._check(lib.kvt_cp_group_open_tier(self._ptr, suffix.encode(), ctypes.byref(cfg), ctypes.byref(h)),
-                    "open_tier")
-        t = Tier.__new__(Tier)
-        Handle.__init__(t)
-        t._keep = []
-        t._own(h.value)
-        self._users.add(t)  # the group is left after its tiers are closed
+        sfx = _a.text(suffix, "CpGroup.open_tier suffix")
+        cfg = TierConfig(size=ctypes.sizeof(TierConfig), geom=_geom(pages, layers, layer_bytes, layout, "open_tier"),
+                         flags=CHECKSUM if _a.flag(checksum, "CpGroup.open_tier checksum") else 0)
+        th = ctypes.c_void_p()
+        with self._use as h:
+            self._check(lib.kvt_cp_group_open_tier(h, sfx, ctypes.byref(cfg), ctypes.byref(th)), "open_tier", h)
+            t = Tier._from_handle(th.value)
+            self._add_user(t)  # the group is left after its tiers are closed
         return t
 
     def wait_joined(self) -> None:
         """Waits for every rank to join (KVT_ETIMEDOUT names those that did not)."""
-        self._check(lib.kvt_cp_group_wait_joined(self._ptr), "wait_joined")
+        with self._use as h:
+            self._check(lib.kvt_cp_group_wait_joined(h), "wait_joined", h)
 
     def transfer(self, tiers: Sequence[Any], l1_index: int = 0, threads: int = 1) -> Transfer:
         """A transfer engine whose rank-0 backups out of tier l1_index publish when they land."""
-        x = Transfer(tiers, threads=threads,
-                     _configure=lambda cfg: lib.kvt_cp_group_xfer_config(self._ptr, ctypes.byref(cfg), l1_index))
-        self._users.add(x)
+        l1_index = _a.index(l1_index, "CpGroup.transfer l1_index", len(_a.sequence(tiers, "CpGroup.transfer tiers")),
+                            "tiers:")
+        with self._use as h:
+            x = Transfer(tiers, threads=threads,
+                         _configure=lambda cfg: lib.kvt_cp_group_xfer_config(h, ctypes.byref(cfg), l1_index))
+            self._add_user(x)
         return x
 
     def attach(self, cache: Any, xfer: Any, l1: Any, l2: Any) -> None:
         """kvt_cache_attach_cp with the group's hooks."""
-        self._check(lib.kvt_cp_group_attach(self._ptr, cache._ptr, xfer._ptr, l1._ptr, xfer.index(l1), l2._ptr,
-                                            xfer.index(l2)), "attach")
-        cache._own(cache._h, (xfer, l1, l2))
-        self._users.add(cache)
+        from .cache import Cache
+        _a.instance(cache, Cache, "CpGroup.attach cache")
+        _a.instance(xfer, Transfer, "CpGroup.attach xfer")
+        _a.instance(l1, Tier, "CpGroup.attach l1")
+        _a.instance(l2, Tier, "CpGroup.attach l2")
+        i1, i2 = xfer.index(l1), xfer.index(l2)
+        with self._use as h, using(cache, xfer, l1, l2) as (cp, xp, p1, p2):
+            self._check(lib.kvt_cp_group_attach(h, cp, xp, p1, i1, p2, i2), "attach", h)
+            cache._own(cp, (xfer, l1, l2))
+            self._add_user(cache)
 
     def admitted(self, req: Any) -> None:
         """After the current request's admission: waits until rank 0 has copied
         out the old content of the pages this rank writes."""
+        from .cache import Request
+        _a.instance(req, Request, "CpGroup.admitted req")
         ids = (ctypes.c_uint32 * max(len(req.l1_ids), 1))(*req.l1_ids)
-        self._check(lib.kvt_cp_group_admitted(self._ptr, ctypes.byref(req._req), ids), "admitted")
+        with self._use as h:
+            self._check(lib.kvt_cp_group_admitted(h, ctypes.byref(req._req), ids), "admitted", h)
 
     def filled(self, i: int) -> None:
         """This rank has written its pages of request i."""
-        self._check(lib.kvt_cp_group_filled(self._ptr, i), "filled")
+        i = _a.u64(i, "CpGroup.filled i")
+        with self._use as h:
+            self._check(lib.kvt_cp_group_filled(h, i), "filled", h)
 
     def step(self, i: int, digest: int) -> None:
         """Request i is done here; digest (``Cache.digest`` of a cache made with
         ``decision_digest=True``, or a hash of it) goes into the table the ranks agree through."""
-        self._check(lib.kvt_cp_group_step(self._ptr, i, digest & (2 ** 64 - 1)), "step")
+        i = _a.u64(i, "CpGroup.step i")
+        digest = _a.integer(digest, "CpGroup.step digest", -(1 << 63), _a.U64_MAX) & _a.U64_MAX
+        with self._use as h:
+            self._check(lib.kvt_cp_group_step(h, i, digest), "step", h)
 
     def check_digests(self, n: int) -> int:
         """The first request (1-based) of the first n whose digests differ across ranks; 0: none."""
+        n = _a.u64(n, "CpGroup.check_digests n")
         out = ctypes.c_uint64()
-        self._check(lib.kvt_cp_group_check_digests(self._ptr, n, ctypes.byref(out)), "check_digests")
+        with self._use as h:
+            self._check(lib.kvt_cp_group_check_digests(h, n, ctypes.byref(out)), "check_digests", h)
         return out.value
 
     def fail(self, why: str) -> None:
-        """Stops the group with a reason every rank sees."""
-        lib.kvt_cp_group_fail(self._ptr, why.encode())
+        """Stops the group with a reason every rank sees (any thread)."""
+        why_b = _a.text(why, "CpGroup.fail why")
+        with self._use_any as h:
+            lib.kvt_cp_group_fail(h, why_b)
 
     def finish(self, result: bytes = b"") -> None:
         """Publishes this rank's result (<= 256 bytes); rank 0 waits for every rank's."""
+        if not isinstance(result, (bytes, bytearray, memoryview)):
+            raise TypeError(f"CpGroup.finish result: expected bytes, not {type(result).__name__}")
         if len(result) > KVT_CP_RESULT_BYTES:
             raise ValueError(f"finish: {len(result)} bytes, at most {KVT_CP_RESULT_BYTES}")
         buf = ctypes.create_string_buffer(bytes(result), max(len(result), 1))
-        self._check(lib.kvt_cp_group_finish(self._ptr, buf, len(result)), "finish")
+        with self._use as h:
+            self._check(lib.kvt_cp_group_finish(h, buf, len(result)), "finish", h)
 
     def result(self, rank: int, size: int = KVT_CP_RESULT_BYTES) -> bytes:
-        buf = ctypes.create_string_buffer(size)
         """A finished rank's published result (``size`` bytes)."""
-        self._check(lib.kvt_cp_group_result(self._ptr, rank, buf, size), "result")
+        rank = _a.u32(rank, "CpGroup.result rank")
+        size = _a.integer(size, "CpGroup.result size", 1, KVT_CP_RESULT_BYTES)
+        buf = ctypes.create_string_buffer(size)
+        with self._use as h:
+            self._check(lib.kvt_cp_group_result(h, rank, buf, size), "result", h)
         return buf.raw
 
     def info(self) -> Dict[str, Any]:
         st = CpGroupInfo(size=ctypes.sizeof(CpGroupInfo))
-        self._check(lib.kvt_cp_group_info(self._ptr, ctypes.byref(st)), "info")
+        with self._use as h:
+            self._check(lib.kvt_cp_group_info(h, ctypes.byref(st)), "info", h)
         return {n: getattr(st, n) for n, _ in CpGroupInfo._fields_ if n != "size"}

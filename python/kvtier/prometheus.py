@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, Optional
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import _fields
+from ._core import ClosedError
 from .store import OPS
 
 __all__ = ["KvtierCollector"]
@@ -47,16 +48,29 @@ class KvtierCollector:
         return []  # collected at scrape time only (the objects may close)
 
     def collect(self) -> Iterator[Any]:
+        # a scrape runs on the HTTP server's thread: an object may close meanwhile (ClosedError: skipped)
         p, lb = self.prefix, self.labels
-        if self.cache is not None and not self.cache.closed:
-            yield from _families(f"{p}_cache", _fields.CACHE_STATS, self.cache.stats(), lb)
-            yield from _families(f"{p}_tree", _fields.RADIX_STATS, self.cache.tree_stats(), lb)
-        if self.store is not None and not self.store.closed:
-            for op in OPS:
-                st = self.store.stats(op)
-                if st["calls"] or st["inflight"]:
-                    yield from _families(f"{p}_store_{op}", _fields.STORE_STATS, st, lb)
-        if self.xfer is not None and not self.xfer.closed:
-            for src, dst in self.xfer_pairs:
-                st = self.xfer.stats(src, dst)
-                yield from _families(f"{p}_xfer", _fields.XFER_STATS, st, dict(lb, src=str(src), dst=str(dst)))
+        fams: list = []
+        if self.cache is not None:
+            try:
+                cache, tree = self.cache.stats(), self.cache.tree_stats()
+                fams += _families(f"{p}_cache", _fields.CACHE_STATS, cache, lb)
+                fams += _families(f"{p}_tree", _fields.RADIX_STATS, tree, lb)
+            except ClosedError:
+                pass
+        if self.store is not None:
+            try:
+                for op in OPS:
+                    st = self.store.stats(op)
+                    if st["calls"] or st["inflight"]:
+                        fams += _families(f"{p}_store_{op}", _fields.STORE_STATS, st, lb)
+            except ClosedError:
+                pass
+        if self.xfer is not None:
+            try:
+                for src, dst in self.xfer_pairs:
+                    st = self.xfer.stats(src, dst)
+                    fams += _families(f"{p}_xfer", _fields.XFER_STATS, st, dict(lb, src=str(src), dst=str(dst)))
+            except ClosedError:
+                pass
+        yield from fams

@@ -6,8 +6,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from . import _args as _a
 from . import _fields
-from ._core import Handle, c_str, check, error, hash_arg, wait_ticket
+from ._core import ClosedError, Handle, check, error, hash_arg, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -33,6 +34,9 @@ class StoreResult(NamedTuple):
 
 
 def _pages(items: Iterable[Any], with_page: bool) -> Tuple[Any, int]:
+    if isinstance(items, (str, bytes)):
+        raise TypeError(f"keys: expected a list of {'(page_hash, tier_page)' if with_page else 'page hashes'}, "
+                        f"not {type(items).__name__}")
     items = list(items)
     arr = (StorePage * max(len(items), 1))()
     for i, it in enumerate(items):
@@ -41,12 +45,13 @@ def _pages(items: Iterable[Any], with_page: bool) -> Tuple[Any, int]:
                 h, p = it
             except (TypeError, ValueError):
                 raise TypeError(f"key {i}: expected (page_hash, tier_page)") from None
-            if not isinstance(p, int) or not 0 <= p < 1 << 32:
-                raise ValueError(f"key {i}: tier page {p!r} out of range")
-            arr[i].page = p
+            try:
+                arr[i].page = _a.u32(p, f"key {i}: tier page")
+            except ValueError:
+                raise ValueError(f"key {i}: tier page {p!r} out of range") from None
         else:
             h = it
-        arr[i].hash = hash_arg(h)
+        arr[i].hash = hash_arg(h, f"key {i}: page hash")
     return arr, len(items)
 
 
@@ -61,32 +66,46 @@ class Store(Handle):
     shard, the namespace ``ns``) make the model identity in every key, so two
     models or shards never share an object. Calls are batches that complete
     asynchronously (``poll``/``wait``); ``exists_sync`` and friends submit and
-    wait in one call. The store can be used from any thread; poll from one."""
+    wait in one call. Any thread may call it, concurrently; polls (and the
+    waits that poll) take turns; ``close`` waits for the calls in flight."""
 
     def __init__(self, url: str, tier: Any = None, model: str = "", page_tokens: int = 0, layers: int = 0,
                  layer_bytes: int = 0, dtype_bytes: int = 2, tp: Tuple[int, int] = (0, 1),
                  cp: Tuple[int, int] = (0, 1), ns: str = "default", threads: int = 2, timeout_ms: int = 2000,
                  retries: int = 8, delay_us: int = 0, log: Optional[Any] = None) -> None:
         super().__init__()
+        from .tier import Tier
+        w = "Store"
+        url_b = _a.text(url, f"{w} url")
+        _a.instance(tier, Tier, f"{w} tier", optional=True)
         cfg = StoreConfig()
         lib.kvt_store_config_default(ctypes.byref(cfg))
-        cfg.tier = tier._ptr if tier is not None else None
-        self._model = c_str(model) if model else None
-        self._ns = c_str(ns)
-        cfg.model, cfg.page_tokens, cfg.layers, cfg.layer_bytes = self._model, page_tokens, layers, layer_bytes
-        cfg.dtype_bytes = dtype_bytes
-        cfg.tp_rank, cfg.tp_size = tp
-        cfg.cp_rank, cfg.cp_size = cp
-        cfg.ns, cfg.threads, cfg.timeout_ms, cfg.retries, cfg.delay_us = self._ns, threads, timeout_ms, retries, delay_us
+        self._model = _a.text(model, f"{w} model") or None
+        self._ns = _a.text(ns, f"{w} ns")
+        cfg.model, cfg.ns = self._model, self._ns
+        cfg.page_tokens = _a.u32(page_tokens, f"{w} page_tokens")
+        cfg.layers = _a.u32(layers, f"{w} layers")
+        cfg.layer_bytes = _a.u64(layer_bytes, f"{w} layer_bytes")
+        cfg.dtype_bytes = _a.u32(dtype_bytes, f"{w} dtype_bytes")
+        cfg.tp_rank, cfg.tp_size = _a.u32_pair(tp, f"{w} tp")
+        cfg.cp_rank, cfg.cp_size = _a.u32_pair(cp, f"{w} cp")
+        cfg.threads = _a.u32(threads, f"{w} threads")
+        cfg.timeout_ms = _a.u32(timeout_ms, f"{w} timeout_ms")
+        cfg.retries = _a.u32(retries, f"{w} retries")
+        cfg.delay_us = _a.u32(delay_us, f"{w} delay_us")
         self._log = None
         if log is not None:  # called on a worker thread with each message
+            if not callable(log):
+                raise TypeError(f"{w} log: expected a callable taking a str, not {type(log).__name__}")
             self._log = STORE_LOG(lambda _arg, msg: log(msg.decode(errors="replace")))
             cfg.log = ctypes.cast(self._log, ctypes.c_void_p)
         h = ctypes.c_void_p()
-        rc = lib.kvt_store_open(ctypes.byref(h), url.encode(), ctypes.byref(cfg))
-        if rc < 0:
-            raise error(rc, f"Store({url!r})", lib.kvt_store_last_error(None).decode())
-        self._own(h.value, (tier,) if tier is not None else ())
+        with (tier._use if tier is not None else _NoUse()) as tp_ptr:
+            cfg.tier = tp_ptr
+            rc = lib.kvt_store_open(ctypes.byref(h), url_b, ctypes.byref(cfg))
+            if rc < 0:
+                raise error(rc, f"Store({url!r})", lib.kvt_store_last_error(None).decode())
+            self._own(h.value, (tier,) if tier is not None else ())
         self.tier = tier
         self._done: Dict[int, StoreResult] = {}
 
@@ -95,35 +114,44 @@ class Store(Handle):
 
     @property
     def url(self) -> str:
-        return lib.kvt_store_url(self._ptr).decode()
+        with self._use as h:
+            return lib.kvt_store_url(h).decode()
 
     @property
     def backend(self) -> str:
         """"dir", "redis" or "redis-cluster"."""
-        return lib.kvt_store_backend(self._ptr).decode()
+        with self._use as h:
+            return lib.kvt_store_backend(h).decode()
 
     @property
     def last_error(self) -> str:
-        return lib.kvt_store_last_error(self._ptr).decode()
+        with self._use as h:
+            return lib.kvt_store_last_error(h).decode()
 
     @property
     def object_bytes(self) -> int:
-        return lib.kvt_store_object_bytes(self._ptr)
+        with self._use as h:
+            return lib.kvt_store_object_bytes(h)
 
     def key(self, page_hash: Any) -> str:
         """The 32-hex-digit key of a page hash under this store's identity."""
         buf = ctypes.create_string_buffer(33)
-        h = hash_arg(page_hash)
-        lib.kvt_store_key(self._ptr, ctypes.byref(h), buf)
+        ph = hash_arg(page_hash)
+        with self._use as h:
+            lib.kvt_store_key(h, ctypes.byref(ph), buf)
         return buf.value.decode()
 
     # -- batches ---------------------------------------------------------------
 
     def _submit(self, fn, op: str, items: Iterable[Any], with_page: bool, user: int) -> int:
+        user = _a.u64(user, f"Store.{op} user")
         arr, n = _pages(items, with_page)
         t = ctypes.c_uint64()
-        check(fn(self._ptr, arr, n, user, ctypes.byref(t)), f"Store.{op}",
-              "no keys, a tier page out of range or twice, or no tier" if with_page else "no keys")
+        with self._use as h:
+            if with_page and self.tier is not None:
+                self.tier._check_memory()
+            check(fn(h, arr, n, user, ctypes.byref(t)), f"Store.{op}",
+                  "no keys, a tier page out of range or twice, or no tier" if with_page else "no keys")
         return t.value
 
     def exists(self, hashes: Iterable[Any], user: int = 0) -> int:
@@ -144,13 +172,16 @@ class Store(Handle):
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[StoreResult]:
         """Batches answered (waiting up to ``timeout`` seconds for the first)."""
+        timeout = _a.number(timeout, "Store.poll timeout", 0.0, 1e9)
+        max = _a.integer(max, "Store.poll max", 1, 1 << 16)
         out = (StoreDone * max)()
-        got = check(lib.kvt_store_poll(self._ptr, out, max, int(timeout * 1e9)), "Store.poll")
         res = []
-        for d in out[:got]:
-            res.append(StoreResult(d.ticket, d.user, OPS[d.op], lib.kvt_err_name(d.status).decode(),
-                                   tuple(RESULTS[d.results[i]] for i in range(d.n)),
-                                   tuple(d.pages[i].page for i in range(d.n)), d.count, d.latency_ns))
+        with self._use_poll as h:  # the results point into the store until its next poll
+            got = check(lib.kvt_store_poll(h, out, max, int(timeout * 1e9)), "Store.poll")
+            for d in out[:got]:
+                res.append(StoreResult(d.ticket, d.user, OPS[d.op], lib.kvt_err_name(d.status).decode(),
+                                       tuple(RESULTS[d.results[i]] for i in range(d.n)),
+                                       tuple(d.pages[i].page for i in range(d.n)), d.count, d.latency_ns))
         return res
 
     def wait(self, ticket: int, timeout: float = 60.0) -> StoreResult:
@@ -171,14 +202,16 @@ class Store(Handle):
 
     @property
     def pending(self) -> int:
-        return lib.kvt_store_pending(self._ptr)
+        with self._use as h:
+            return lib.kvt_store_pending(h)
 
     def stats(self, op: str) -> Dict[str, Any]:
         """One operation's counters, with latency percentiles (ns)."""
         if op not in OPS:
             raise ValueError(f"Store.stats: unknown op {op!r} (choose from {', '.join(OPS)})")
         st = StoreStats(size=ctypes.sizeof(StoreStats))
-        check(lib.kvt_store_stats(self._ptr, OPS.index(op), ctypes.byref(st)), "Store.stats")
+        with self._use as h:
+            check(lib.kvt_store_stats(h, OPS.index(op), ctypes.byref(st)), "Store.stats")
         out: Dict[str, Any] = {n: getattr(st, n) for n in STORE_STATS}
         out["stored_bytes"], out["stored_objects"] = st.stored_bytes, st.stored_objects
         h = st.latency_ns
@@ -187,5 +220,18 @@ class Store(Handle):
         return out
 
     def __repr__(self) -> str:
-        return "<kvtier.Store closed>" if self.closed else f"<kvtier.Store {self.url}>"
+        try:
+            return f"<kvtier.Store {self.url}>"
+        except ClosedError:
+            return "<kvtier.Store closed>"
+
+
+class _NoUse:
+    """A stand-in for a handle's _use() where there is no handle (a store without a tier)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
 

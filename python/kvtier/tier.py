@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, List, NamedTuple, Optional, Sequence, Union
+import sys
+import weakref
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from ._core import Handle, c_str, check, enum_arg, enum_names
+from . import _args as _a
+from ._core import Handle, check, enum_arg, enum_names, error
 from ._lib import (KVT_TIER_MAX_PLANES, Geom, TierConfig, TierEngine, TierInfo, lib)
 
 __all__ = ["Tier", "Plane", "TensorInfo", "LAYOUTS", "KINDS"]
@@ -21,6 +24,8 @@ _COPY = {"auto": 0, "dma": COPY_DMA, "kernel": COPY_KERNEL}  # device memory: ho
 
 
 def _copy_flag(copy: str, device: Optional[int]) -> int:
+    if not isinstance(copy, str):
+        raise TypeError(f"copy: expected a str ({', '.join(_COPY)}), not {type(copy).__name__}")
     if copy not in _COPY:
         raise ValueError(f"copy={copy!r}: expected one of {', '.join(_COPY)}")
     if copy != "auto" and device is None:
@@ -42,7 +47,8 @@ class Plane(NamedTuple):
 
 class TensorInfo(NamedTuple):
     """What a tier needs to know of a tensor or array: its address, shape,
-    strides in bytes, element size, dtype name and whether it is CUDA memory."""
+    strides in bytes, element size, dtype name, whether it is CUDA memory and
+    whether it is read-only."""
     ptr: int
     shape: tuple
     strides: tuple  # bytes
@@ -50,16 +56,21 @@ class TensorInfo(NamedTuple):
     dtype: str
     device: Optional[int]  # CUDA ordinal, or None for host memory
     obj: Any
+    readonly: bool = False
 
     @staticmethod
-    def of(t: Any) -> "TensorInfo":
+    def of(t: Any, what: str = "tensor") -> "TensorInfo":
         """A torch tensor, a numpy array, or anything with __array_interface__ /
-        __cuda_array_interface__."""
+        __cuda_array_interface__. TypeError for what holds no plain bytes
+        (Python objects, a sparse tensor, a meta tensor), naming ``what``."""
         if type(t).__module__.startswith("torch"):
+            import torch
+            if t.layout != torch.strided:
+                raise TypeError(f"{what}: a {t.layout} tensor: only dense (strided) tensors")
+            if t.device.type not in ("cpu", "cuda"):
+                raise TypeError(f"{what}: a tensor on {t.device}: only CPU and CUDA memory")
             itemsize = t.element_size()
             dev = t.device.index or 0 if t.device.type == "cuda" else None
-            if t.device.type not in ("cpu", "cuda"):
-                raise TypeError(f"tensor on {t.device}: only CPU and CUDA memory")
             return TensorInfo(t.data_ptr(), tuple(t.shape), tuple(s * itemsize for s in t.stride()), itemsize,
                               str(t.dtype).replace("torch.", ""), dev, t)
         for attr, dev in (("__cuda_array_interface__", 0), ("__array_interface__", None)):
@@ -68,6 +79,10 @@ class TensorInfo(NamedTuple):
                 continue
             import numpy as np  # the typestr's element size
             dt = np.dtype(ai["typestr"])
+            if dt.kind == "V" and ai.get("descr"):
+                dt = np.dtype(ai["descr"])  # a structured dtype: its fields
+            if dt.hasobject:
+                raise TypeError(f"{what}: dtype {dt} holds Python objects (pointers), not KV bytes")
             shape = tuple(ai["shape"])
             strides = ai.get("strides")
             if strides is None:  # C-contiguous
@@ -75,8 +90,9 @@ class TensorInfo(NamedTuple):
                 for d in reversed(shape):
                     strides.insert(0, acc)
                     acc *= d
-            return TensorInfo(ai["data"][0], shape, tuple(strides), dt.itemsize, dt.name, dev, t)
-        raise TypeError(f"expected a torch tensor or a numpy array, not {type(t).__name__}")
+            return TensorInfo(ai["data"][0], shape, tuple(strides), dt.itemsize, dt.name, dev, t,
+                              bool(ai["data"][1]))
+        raise TypeError(f"{what}: expected a torch tensor or a numpy array, not {type(t).__name__}")
 
     def inner_contiguous(self, skip: int) -> bool:
         """Are the dimensions after the first `skip` row-major contiguous?"""
@@ -88,11 +104,34 @@ class TensorInfo(NamedTuple):
         return True
 
 
-def _geom(pages: int, layers: int, layer_bytes: int, layout: Union[str, int]) -> Geom:
-    for what, v in (("pages", pages), ("layers", layers), ("layer_bytes", layer_bytes)):
-        if not isinstance(v, int) or v < (0 if what == "layer_bytes" else 1):
-            raise ValueError(f"{what}: {v!r} (expected an integer >= 1)")
-    return Geom(pages, layers, layer_bytes, enum_arg(layout, lib.kvt_layout_parse, "layout", LAYOUTS))
+def _geom(pages: int, layers: int, layer_bytes: int, layout: Union[str, int], what: str = "Tier") -> Geom:
+    return Geom(_a.u64(pages, f"{what} pages", 1), _a.u32(layers, f"{what} layers", 1),
+                _a.u64(layer_bytes, f"{what} layer_bytes"),
+                enum_arg(layout, lib.kvt_layout_parse, f"{what} layout", LAYOUTS))
+
+
+Probe = Tuple[str, Callable[[], Tuple[int, int]], Tuple[int, int]]
+
+
+def _memory_probe(obj: Any, where: str) -> Optional[Probe]:
+    """(where, read, what read gives now) for the allocation obj's elements
+    live in: a torch storage or the numpy array that owns the data. A probe
+    that reads differently later means the memory was resized or freed under
+    the tier. None when nothing can resize it (or it cannot be known)."""
+    if type(obj).__module__.startswith("torch"):
+        st = obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage().untyped()
+        read = lambda: (st.data_ptr(), st.nbytes())  # noqa: E731
+        return where, read, read()
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
+        root = obj
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if root.base is not None:  # another object's memory (bytes, mmap): numpy cannot resize it
+            return None
+        read = lambda: (root.__array_interface__["data"][0], root.nbytes)  # noqa: E731
+        return where, read, read()
+    return None
 
 
 class Tier(Handle):
@@ -100,19 +139,66 @@ class Tier(Handle):
 
     Build one with a class method: :meth:`host`, :meth:`shm`, :meth:`arena`
     (kvtier's memory) or :meth:`from_tensors` / :meth:`engine` (the engine's
-    own KV memory, kept alive by the tier and never freed by it)."""
+    own KV memory, kept alive by the tier and never freed by it).
 
-    def __init__(self, cfg: TierConfig, keep: Sequence[Any] = (), what: str = "Tier") -> None:
+    Views (:meth:`view`, :meth:`checksums`) point into the tier's memory:
+    while one is alive the tier refuses to close (Busy); release it first
+    (``v.release()``, ``del v``, or ``with t.view(p) as v:``)."""
+
+    def __init__(self, cfg: TierConfig, keep: Sequence[Any] = (), what: str = "Tier",
+                 probes: Sequence[Probe] = ()) -> None:
         super().__init__()
         cfg.size = ctypes.sizeof(TierConfig)
         h = ctypes.c_void_p()
         check(lib.kvt_tier_create(ctypes.byref(h), ctypes.byref(cfg)), what)
-        self._own(h.value)
+        self._adopt(h.value, keep, probes)
+
+    def _adopt(self, h: int, keep: Sequence[Any] = (), probes: Sequence[Probe] = ()) -> None:
+        """Owns a created tier; what never changes is read once."""
+        g = lib.kvt_tier_geom(h).contents
+        self._geom = Geom(g.pages, g.layers, g.layer_bytes, g.layout)
+        self._kind = KINDS[lib.kvt_tier_kind(h)]
+        name = lib.kvt_tier_name(h)
+        self._name = name.decode() if name else ""
+        self._host_visible = bool(lib.kvt_tier_host_visible(h))
+        self._planes = lib.kvt_tier_planes(h)
         self._keep = list(keep)  # the tensors an engine tier points into
+        self._probes = list(probes)  # their memory, checked before each use
+        self._views: List[weakref.ref] = []
+        self._own(h)
+
+    @classmethod
+    def _from_handle(cls, h: int) -> "Tier":
+        t = cls.__new__(cls)
+        Handle.__init__(t)
+        t._adopt(h)
+        return t
 
     def _destroy(self, h: int) -> None:
         lib.kvt_tier_destroy(h)
         self._keep = []
+        self._probes = []
+
+    def _close_refused(self) -> str:
+        why = super()._close_refused()
+        if why:
+            return why
+        live = sum(1 for r in self._views if r() is not None)
+        if live:
+            return (f"{live} view{'s' if live > 1 else ''} of its memory (view(), checksums()) still alive: "
+                    "release them first (v.release(), del v, or `with t.view(p) as v:`)")
+        return ""
+
+    def _check_memory(self) -> None:
+        """Raises InvalidArgument when memory under an engine tier was resized
+        or freed since the tier was made (a storage resized to 0, an array
+        resized with refcheck=False): using it would write into freed memory."""
+        for where, read, want in self._probes:
+            got = read()
+            if got != want:
+                raise error(-1, "Tier", f"{where}: the memory under the tier was resized or freed "
+                            f"(0x{want[0]:x}, {want[1]} bytes; now 0x{got[0]:x}, {got[1]} bytes): "
+                            "this tier can no longer be used; close it and make another")
 
     # -- constructors --------------------------------------------------------
 
@@ -121,33 +207,39 @@ class Tier(Handle):
              checksum: bool = False, huge: bool = False, lock: bool = False, name: Optional[str] = None) -> "Tier":
         """Private host memory (an L2 tier): anonymous pages, huge pages when
         ``huge`` and the system has them; an XXH3-64 per page with ``checksum``."""
-        cfg = TierConfig(kind=_KIND["host"], geom=_geom(pages, layers, layer_bytes, layout),
-                         flags=(CHECKSUM if checksum else 0) | (HUGE if huge else 0) | (LOCK if lock else 0),
-                         name=c_str(name))
-        return cls(cfg, what="Tier.host")
+        w = "Tier.host"
+        cfg = TierConfig(kind=_KIND["host"], geom=_geom(pages, layers, layer_bytes, layout, w),
+                         flags=(CHECKSUM if _a.flag(checksum, f"{w} checksum") else 0)
+                         | (HUGE if _a.flag(huge, f"{w} huge") else 0) | (LOCK if _a.flag(lock, f"{w} lock") else 0),
+                         name=_a.text(name, f"{w} name", optional=True))
+        return cls(cfg, what=w)
 
     @classmethod
     def shm(cls, name: str, pages: int, layers: int, layer_bytes: int, layout: Union[str, int] = "page_first",
             attach: bool = False, checksum: bool = False, lock: bool = False) -> "Tier":
         """POSIX shared memory a node's processes share ("/kvtier-l2"): created
         (and unlinked on close) by one, attached by name by the others."""
-        cfg = TierConfig(kind=_KIND["shm"], geom=_geom(pages, layers, layer_bytes, layout),
-                         flags=(ATTACH if attach else 0) | (CHECKSUM if checksum else 0) | (LOCK if lock else 0),
-                         name=c_str(name))
-        return cls(cfg, what="Tier.shm")
+        w = "Tier.shm"
+        cfg = TierConfig(kind=_KIND["shm"], geom=_geom(pages, layers, layer_bytes, layout, w),
+                         flags=(ATTACH if _a.flag(attach, f"{w} attach") else 0)
+                         | (CHECKSUM if _a.flag(checksum, f"{w} checksum") else 0)
+                         | (LOCK if _a.flag(lock, f"{w} lock") else 0),
+                         name=_a.text(name, f"{w} name"))
+        return cls(cfg, what=w)
 
     @classmethod
     def arena(cls, pages: int, layers: int, layer_bytes: int, layout: Union[str, int] = "page_first",
               shared: bool = False) -> "Tier":
         """Host memory standing in for GPU memory (an L1 tier on any machine)."""
-        cfg = TierConfig(kind=_KIND["arena"], geom=_geom(pages, layers, layer_bytes, layout),
-                         flags=SHARED if shared else 0)
-        return cls(cfg, what="Tier.arena")
+        w = "Tier.arena"
+        cfg = TierConfig(kind=_KIND["arena"], geom=_geom(pages, layers, layer_bytes, layout, w),
+                         flags=SHARED if _a.flag(shared, f"{w} shared") else 0)
+        return cls(cfg, what=w)
 
     @classmethod
     def engine(cls, planes: Sequence[Plane], pages: int, layers: int, keep: Sequence[Any] = (),
                device: Optional[int] = None, register: bool = False, name: Optional[str] = None,
-               copy: str = "auto") -> "Tier":
+               copy: str = "auto", _probes: Sequence[Probe] = ()) -> "Tier":
         """An engine tier over memory the caller owns, described by address
         (:class:`Plane`; at most 4). ``keep``: objects that own the memory,
         kept alive while the tier is open. ``device``: a CUDA ordinal for
@@ -155,28 +247,37 @@ class Tier(Handle):
         (batches of small spans by the SMs' copy kernel, the rest by DMA),
         "dma" or "kernel". Prefer :meth:`from_tensors`, which derives the
         planes from tensors and checks them."""
+        w = "Tier.engine"
+        _a.sequence(planes, f"{w} planes")
         if not 1 <= len(planes) <= KVT_TIER_MAX_PLANES:
-            raise ValueError(f"engine: {len(planes)} planes (expected 1..{KVT_TIER_MAX_PLANES})")
-        if not isinstance(layers, int) or layers < 1 or not isinstance(pages, int) or pages < 1:
-            raise ValueError(f"engine: pages {pages!r} and layers {layers!r} must be integers >= 1")
+            raise ValueError(f"{w}: {len(planes)} planes (expected 1..{KVT_TIER_MAX_PLANES})")
+        pages = _a.u64(pages, f"{w} pages", 1)
+        layers = _a.u32(layers, f"{w} layers", 1)
+        if device is not None:
+            device = _a.integer(device, f"{w} device", 0, _a.I32_MAX)
         eng = TierEngine(planes=len(planes), device=device is not None)
         hold: List[Any] = list(keep)
         for i, p in enumerate(planes):
+            _a.instance(p, Plane, f"{w} planes[{i}]")
             pl = eng.plane[i]
-            pl.piece_bytes, pl.page_stride = p.piece_bytes, p.page_stride
+            pl.piece_bytes = _a.u64(p.piece_bytes, f"{w} plane {i} piece_bytes", 1)
+            pl.page_stride = _a.u64(p.page_stride, f"{w} plane {i} page_stride")
             if p.layer_bases is not None:
-                if len(p.layer_bases) != layers:
-                    raise ValueError(f"engine: plane {i}: {len(p.layer_bases)} layer bases for {layers} layers")
-                arr = (ctypes.c_void_p * layers)(*p.layer_bases)
+                bases = _a.sequence(p.layer_bases, f"{w} plane {i} layer_bases")
+                if len(bases) != layers:
+                    raise ValueError(f"{w}: plane {i}: {len(bases)} layer bases for {layers} layers")
+                arr = (ctypes.c_void_p * layers)(*[_a.u64(b, f"{w} plane {i} layer_bases[{j}]")
+                                                   for j, b in enumerate(bases)])
                 hold.append(arr)
                 pl.layer_base = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
             else:
-                pl.base, pl.layer_stride = p.base, p.layer_stride
-        flags = (REGISTER if register else 0) | _copy_flag(copy, device)
-        cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0), name=c_str(name), device=device or 0,
-                         flags=flags)
+                pl.base = _a.u64(p.base, f"{w} plane {i} base")
+                pl.layer_stride = _a.u64(p.layer_stride, f"{w} plane {i} layer_stride")
+        flags = (REGISTER if _a.flag(register, f"{w} register") else 0) | _copy_flag(copy, device)
+        cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0),
+                         name=_a.text(name, f"{w} name", optional=True), device=device or 0, flags=flags)
         cfg.engine = ctypes.pointer(eng)
-        return cls(cfg, hold, what="Tier.engine")
+        return cls(cfg, hold, what=w, probes=_probes)
 
     @classmethod
     def from_tensors(cls, *planes: Any, pages: Optional[int] = None, dtype: Any = None, register: bool = False,
@@ -187,10 +288,12 @@ class Tier(Handle):
         [layers, pages, ...]; within a page the elements must be contiguous
         (a page's piece is one block), pages may be strided (padding between
         them is never touched). Every tensor must hold at least ``pages``
-        pages (default: the smallest count), have ``dtype`` when given, and be
-        of one device. The tier keeps the tensors alive until it is closed.
-        ``copy``: for CUDA tensors, how the transfer engine copies a batch
-        ("auto", "dma" or "kernel"; see :meth:`engine`).
+        pages (default: the smallest count), have ``dtype`` when given, be
+        writable plain numbers (not read-only, not Python objects), and be
+        of one device. The tier keeps the tensors alive until it is closed,
+        and checks before each use that their memory was not resized or
+        freed under it. ``copy``: for CUDA tensors, how the transfer engine
+        copies a batch ("auto", "dma" or "kernel"; see :meth:`engine`).
 
         Example (SGLang's MHA pool: per-layer k_buffer and v_buffer of
         [tokens, heads, head_dim], viewed as pages of 16 tokens)::
@@ -201,15 +304,19 @@ class Tier(Handle):
         """
         if not 1 <= len(planes) <= KVT_TIER_MAX_PLANES:
             raise ValueError(f"from_tensors: {len(planes)} planes (expected 1..{KVT_TIER_MAX_PLANES})")
+        if pages is not None:
+            pages = _a.u64(pages, "from_tensors pages", 1)
         want = None if dtype is None else str(dtype).replace("torch.", "")
         described: List[Plane] = []
         keep: List[Any] = []
+        probes: dict = {}
         layers = None
         counts = []
         devices = set()
         for p, plane in enumerate(planes):
             per_layer = isinstance(plane, (list, tuple))
-            infos = [TensorInfo.of(t) for t in plane] if per_layer else [TensorInfo.of(plane)]
+            infos = ([TensorInfo.of(t, f"plane {p} layer {i}") for i, t in enumerate(plane)] if per_layer
+                     else [TensorInfo.of(plane, f"plane {p}")])
             if per_layer and not infos:
                 raise ValueError(f"plane {p}: no layers")
             nl = len(infos) if per_layer else (infos[0].shape[0] if infos[0].shape else 0)
@@ -221,6 +328,8 @@ class Tier(Handle):
             piece = None
             for i, ti in enumerate(infos):
                 where = f"plane {p}" + (f" layer {i}" if per_layer else "")
+                if ti.readonly:
+                    raise ValueError(f"{where}: read-only memory (the tier writes into it: loads, gets)")
                 if len(ti.shape) < skip:
                     raise ValueError(f"{where}: shape {ti.shape} has no page dimension")
                 if want is not None and ti.dtype != want:
@@ -240,9 +349,14 @@ class Tier(Handle):
                 if ti.strides[skip - 1] < pb:
                     raise ValueError(f"{where}: page stride {ti.strides[skip - 1]} bytes is below the page's "
                                      f"{pb} bytes (pages overlap)")
+                if ti.ptr == 0:
+                    raise ValueError(f"{where}: no memory (address 0)")
                 counts.append((where, ti.shape[skip - 1]))
                 devices.add(ti.device)
                 keep.append(ti.obj)
+                probe = _memory_probe(ti.obj, where)
+                if probe is not None:
+                    probes.setdefault(probe[2], probe)  # one per allocation
             if per_layer:
                 if len({ti.strides[0] for ti in infos}) != 1:
                     raise ValueError(f"plane {p}: layers have different page strides")
@@ -261,111 +375,142 @@ class Tier(Handle):
                              "(the tensor is too small for the geometry)")
         if pages < 1:
             raise ValueError("from_tensors: no pages")
-        return cls.engine(described, pages, layers, keep, device=device, register=register, name=name, copy=copy)
+        return cls.engine(described, pages, layers, keep, device=device, register=register, name=name, copy=copy,
+                          _probes=list(probes.values()))
 
     # -- queries -------------------------------------------------------------
 
     @property
     def geom(self) -> Geom:
-        return lib.kvt_tier_geom(self._ptr).contents
+        g = self._open_geom()
+        return Geom(g.pages, g.layers, g.layer_bytes, g.layout)
+
+    def _open_geom(self) -> Geom:
+        self._ptr  # raises once closed
+        return self._geom
 
     @property
     def pages(self) -> int:
-        return self.geom.pages
+        return self._open_geom().pages
 
     @property
     def layers(self) -> int:
-        return self.geom.layers
+        return self._open_geom().layers
 
     @property
     def layer_bytes(self) -> int:
-        return self.geom.layer_bytes
+        return self._open_geom().layer_bytes
 
     @property
     def page_bytes(self) -> int:
-        g = self.geom
+        g = self._open_geom()
         return g.layers * g.layer_bytes
 
     @property
     def kind(self) -> str:
-        return KINDS[lib.kvt_tier_kind(self._ptr)]
+        self._ptr
+        return self._kind
 
     @property
     def name(self) -> str:
-        n = lib.kvt_tier_name(self._ptr)
-        return n.decode() if n else ""
+        self._ptr
+        return self._name
 
     @property
     def host_visible(self) -> bool:
-        return bool(lib.kvt_tier_host_visible(self._ptr))
-
-    def info(self) -> dict:
-        st = TierInfo(size=ctypes.sizeof(TierInfo))
-        check(lib.kvt_tier_info(self._ptr, ctypes.byref(st)), "Tier.info")
-        return {n: getattr(st, n) for n, _ in TierInfo._fields_ if n != "size"}
-
-    def _page(self, page: int) -> int:
-        if not isinstance(page, int) or not 0 <= page < self.pages:
-            raise IndexError(f"page {page!r} is out of range (the tier has {self.pages} pages)")
-        return page
-
-    def plane_addr(self, plane: int, page: int, layer: int) -> int:
-        """The address of plane ``plane``'s piece of (page, layer) (0 when out of range)."""
-        return lib.kvt_tier_plane_addr(self._ptr, plane, page, layer) or 0
+        self._ptr
+        return self._host_visible
 
     @property
     def planes(self) -> int:
         """Planes of the tier (an engine tier's count; 1 for a local one-plane tier; 0 remote)."""
-        return lib.kvt_tier_planes(self._ptr)
+        self._ptr
+        return self._planes
+
+    def info(self) -> dict:
+        st = TierInfo(size=ctypes.sizeof(TierInfo))
+        with self._use as h:
+            check(lib.kvt_tier_info(h, ctypes.byref(st)), "Tier.info")
+        return {n: getattr(st, n) for n, _ in TierInfo._fields_ if n != "size"}
+
+    def _page(self, page: int) -> int:
+        return _a.index(page, "page", self._geom.pages, "the tier has pages:")
+
+    def plane_addr(self, plane: int, page: int, layer: int) -> int:
+        """The address of plane ``plane``'s piece of (page, layer)."""
+        g = self._open_geom()
+        plane = _a.index(plane, "plane", self._planes, "the tier has planes:")
+        page = self._page(page)
+        layer = _a.index(layer, "layer", g.layers, "the tier has layers:")
+        with self._use as h:
+            self._check_memory()
+            return lib.kvt_tier_plane_addr(h, plane, page, layer) or 0
 
     def read_page(self, page: int) -> bytes:
         """The page's bytes in logical order (layer 0, layer 1, ...; planes in order within a layer)."""
-        g = self.geom
-        self._page(page)
+        g = self._open_geom()
+        page = self._page(page)
         buf = ctypes.create_string_buffer(g.layers * g.layer_bytes)
-        for layer in range(g.layers):
-            check(lib.kvt_tier_read(self._ptr, page, layer, ctypes.byref(buf, layer * g.layer_bytes)),
-                  "Tier.read_page")
+        with self._use as h:
+            self._check_memory()
+            for layer in range(g.layers):
+                check(lib.kvt_tier_read(h, page, layer, ctypes.byref(buf, layer * g.layer_bytes)), "Tier.read_page")
         return buf.raw
 
     def write_page(self, page: int, data: bytes) -> None:
         """Writes a page's bytes (logical order, as read_page gives them)."""
-        g = self.geom
-        self._page(page)
+        g = self._open_geom()
+        page = self._page(page)
         data = bytes(data)
         if len(data) != g.layers * g.layer_bytes:
             raise ValueError(f"write_page: {len(data)} bytes, a page is {g.layers * g.layer_bytes}")
         buf = ctypes.create_string_buffer(data, len(data))
-        for layer in range(g.layers):
-            check(lib.kvt_tier_write(self._ptr, page, layer, ctypes.byref(buf, layer * g.layer_bytes)),
-                  "Tier.write_page")
+        with self._use as h:
+            self._check_memory()
+            for layer in range(g.layers):
+                check(lib.kvt_tier_write(h, page, layer, ctypes.byref(buf, layer * g.layer_bytes)),
+                      "Tier.write_page")
 
     def page_sum(self, page: int) -> int:
         """XXH3-64 of the page (host-visible tiers; 0 for others)."""
-        return lib.kvt_tier_page_sum(self._ptr, self._page(page))
+        page = self._page(page)
+        with self._use as h:
+            self._check_memory()
+            return lib.kvt_tier_page_sum(h, page)
+
+    def _export(self, addr: int, n: int) -> memoryview:
+        """A byte view of n bytes at addr that the tier tracks (close refuses while it lives)."""
+        arr = (ctypes.c_char * n).from_address(addr)
+        arr._tier = self  # a view keeps its tier alive
+        with self._mu:  # close reads the list under the same lock
+            self._views = [r for r in self._views if r() is not None]
+            self._views.append(weakref.ref(arr))
+        return memoryview(arr).cast("B")
 
     def checksums(self) -> Optional[memoryview]:
         """The per-page XXH3-64 a checksummed host tier keeps (a live uint64
-        view, ``pages`` long, valid while the tier is open), or None."""
-        p = lib.kvt_tier_sums(self._ptr)
-        if not p:
-            return None
-        return memoryview((ctypes.c_uint64 * self.pages).from_address(ctypes.addressof(p.contents))).cast("B").cast("Q")
+        view, ``pages`` long), or None. The tier refuses to close while the view lives."""
+        with self._use as h:
+            p = lib.kvt_tier_sums(h)
+            if not p:
+                return None
+            return self._export(ctypes.addressof(p.contents), 8 * self._geom.pages).cast("Q")
 
     def view(self, page: int) -> memoryview:
         """A writable view of a page of a one-plane host tier (host, shm, arena),
         for tests and tools that poke at bytes (a page_first page is one block;
-        for layer_first, layer 0's bytes only). The view is valid while the tier
-        is open."""
-        if self.kind == "engine" or not self.host_visible:
-            raise ValueError(f"view: a {self.kind} tier has no single host block per page")
-        addr = lib.kvt_tier_addr(self._ptr, self._page(page), 0)
-        g = self.geom
+        for layer_first, layer 0's bytes only). The tier refuses to close
+        while the view lives: release it first (``with t.view(p) as v:``)."""
+        if self.kind == "engine" or not self._host_visible:
+            raise ValueError(f"view: a {self._kind} tier has no single host block per page")
+        page = self._page(page)
+        g = self._geom
         n = g.layers * g.layer_bytes if g.layout == 0 else g.layer_bytes
-        return memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+        with self._use as h:
+            return self._export(lib.kvt_tier_addr(h, page, 0), n)
 
     def __repr__(self) -> str:
         if self.closed:
             return "<kvtier.Tier closed>"
-        g = self.geom
-        return f"<kvtier.Tier {self.kind} {g.pages} pages x {g.layers} layers x {g.layer_bytes} B>"
+        g = self._geom
+        return f"<kvtier.Tier {self._kind} {g.pages} pages x {g.layers} layers x {g.layer_bytes} B>"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, List, NamedTuple, Sequence
 
+from . import _args as _a
 from . import _fields
-from ._core import Handle, check, wait_ticket
+from ._core import Handle, check, using, wait_ticket
 from ._lib import XferConfig, XferCopy, XferDone, XferStats, lib
 
 __all__ = ["Transfer", "XferResult"]
@@ -31,14 +32,20 @@ class XferResult(NamedTuple):
 def copies_arg(copies: Any):
     """(array, n) of XferCopy from (src_page, dst_page) pairs or an [n, 2] integer array."""
     if hasattr(copies, "__array_interface__") or type(copies).__module__.startswith("torch"):
-        pairs = [(int(a), int(b)) for a, b in copies.tolist()]
+        pairs = copies.tolist()
+    elif isinstance(copies, (str, bytes)) or not hasattr(copies, "__iter__"):
+        raise TypeError(f"copies: expected (src_page, dst_page) pairs, not {type(copies).__name__}")
     else:
         pairs = list(copies)
     arr = (XferCopy * max(len(pairs), 1))()
-    for i, (s, d) in enumerate(pairs):
-        if not (0 <= s < 1 << 32 and 0 <= d < 1 << 32):
-            raise ValueError(f"copy {i}: pages ({s}, {d}) out of range")
-        arr[i].src_page, arr[i].dst_page = s, d
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise TypeError(f"copy {i}: expected a (src_page, dst_page) pair, not {pair!r}")
+        s, d = pair
+        try:
+            arr[i].src_page, arr[i].dst_page = _a.u32(s, f"copy {i} src_page"), _a.u32(d, f"copy {i} dst_page")
+        except ValueError:
+            raise ValueError(f"copy {i}: pages ({s}, {d}) out of range") from None
     return arr, len(pairs)
 
 
@@ -47,27 +54,33 @@ class Transfer(Handle):
 
     ``threads`` workers per destination; ``checksum`` records a page's XXH3
     when it lands in a checksummed host tier and verifies it when it is read
-    back. The tiers stay open while the engine is."""
+    back. The tiers stay open while the engine is. Any thread may submit,
+    concurrently; polls (and the waits that poll) take turns; ``close`` waits
+    for the calls in flight."""
 
     def __init__(self, tiers: Sequence[Any], threads: int = 1, checksum: bool = True,
                  max_batch_bytes: int = 0, max_batch_copies: int = 0, _configure: Any = None) -> None:
         super().__init__()
+        from .tier import Tier
+        for i, t in enumerate(_a.sequence(tiers, "Transfer tiers")):
+            _a.instance(t, Tier, f"Transfer tiers[{i}]")
         cfg = XferConfig()
         lib.kvt_xfer_config_default(ctypes.byref(cfg))
         if _configure is not None:  # a CP group's completion hook (CpGroup.transfer)
             _configure(cfg)
-        cfg.threads = threads
-        cfg.checksum = checksum
-        if max_batch_bytes:
+        cfg.threads = _a.u32(threads, "Transfer threads")
+        cfg.checksum = _a.flag(checksum, "Transfer checksum")
+        if _a.u64(max_batch_bytes, "Transfer max_batch_bytes"):
             cfg.max_batch_bytes = max_batch_bytes
-        if max_batch_copies:
+        if _a.u32(max_batch_copies, "Transfer max_batch_copies"):
             cfg.max_batch_copies = max_batch_copies
         self._tiers = list(tiers)
-        arr = (ctypes.c_void_p * max(len(self._tiers), 1))(*[t._ptr for t in self._tiers])
         h = ctypes.c_void_p()
-        check(lib.kvt_xfer_create(ctypes.byref(h), ctypes.byref(cfg), arr, len(self._tiers)), "Transfer",
-              f"{len(self._tiers)} tiers, threads={threads} (1..64)")
-        self._own(h.value, self._tiers)
+        with using(*self._tiers) as ptrs:
+            arr = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+            check(lib.kvt_xfer_create(ctypes.byref(h), ctypes.byref(cfg), arr, len(self._tiers)), "Transfer",
+                  f"{len(self._tiers)} tiers, threads={threads} (1..64)")
+            self._own(h.value, self._tiers)
         self._results: Dict[int, XferResult] = {}
 
     def _destroy(self, h: int) -> None:
@@ -82,16 +95,25 @@ class Transfer(Handle):
 
     def submit(self, src: int, dst: int, copies: Any, user: int = 0) -> int:
         """Queues copies (src_page, dst_page) from tier src to tier dst; the ticket."""
+        src = _a.index(src, "Transfer.submit src", len(self._tiers), "tiers:")
+        dst = _a.index(dst, "Transfer.submit dst", len(self._tiers), "tiers:")
+        user = _a.u64(user, "Transfer.submit user")
         arr, n = copies_arg(copies)
         t = ctypes.c_uint64()
-        check(lib.kvt_xfer_submit(self._ptr, src, dst, arr, n, user, ctypes.byref(t)), "Transfer.submit",
-              "a tier index or page out of range, a destination page twice, or no copies")
+        with self._use as h:
+            self._tiers[src]._check_memory()
+            self._tiers[dst]._check_memory()
+            check(lib.kvt_xfer_submit(h, src, dst, arr, n, user, ctypes.byref(t)), "Transfer.submit",
+                  "a tier index or page out of range, a destination page twice, or no copies")
         return t.value
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[XferResult]:
         """Completed batches (waiting up to ``timeout`` seconds for the first)."""
+        timeout = _a.number(timeout, "Transfer.poll timeout", 0.0, 1e9)
+        max = _a.integer(max, "Transfer.poll max", 1, 1 << 16)
         out = (XferDone * max)()
-        got = check(lib.kvt_xfer_poll(self._ptr, out, max, int(timeout * 1e9)), "Transfer.poll")
+        with self._use_poll as h:
+            got = check(lib.kvt_xfer_poll(h, out, max, int(timeout * 1e9)), "Transfer.poll")
         return [XferResult(d.ticket, d.user, lib.kvt_err_name(d.status).decode(), d.src, d.dst, d.n, d.bad_page)
                 for d in out[:got]]
 
@@ -101,12 +123,16 @@ class Transfer(Handle):
 
     @property
     def pending(self) -> int:
-        return lib.kvt_xfer_pending(self._ptr)
+        with self._use as h:
+            return lib.kvt_xfer_pending(h)
 
     def stats(self, src: int, dst: int) -> Dict[str, Any]:
         """Counters for copies src -> dst, with gbps and latency percentiles (ns)."""
+        src = _a.index(src, "Transfer.stats src", len(self._tiers), "tiers:")
+        dst = _a.index(dst, "Transfer.stats dst", len(self._tiers), "tiers:")
         st = XferStats(size=ctypes.sizeof(XferStats))
-        check(lib.kvt_xfer_stats(self._ptr, src, dst, ctypes.byref(st)), "Transfer.stats")
+        with self._use as h:
+            check(lib.kvt_xfer_stats(h, src, dst, ctypes.byref(st)), "Transfer.stats")
         out: Dict[str, Any] = {n: getattr(st, n) for n in XFER_STATS}
         out["gbps"] = st.gbps
         for h in ("queue_ns", "copy_ns", "e2e_ns"):

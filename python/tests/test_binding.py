@@ -33,7 +33,7 @@ def test_version_and_errors():
         kvtier.Cache(l1_page=4)
     with pytest.raises(ValueError, match="choose from lru"):
         kvtier.Cache(policy="random")
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match=r"l1_pages: -1 is out of range"):
         kvtier.Cache(l1_pages=-1)
 
 

@@ -1,0 +1,142 @@
+"""Every argument bound for C is checked before it gets there: ctypes would
+otherwise truncate an int (-1 in a uint32_t is 4294967295), cut a string at
+its first NUL, or fail with an AttributeError from deep inside. A wrong type
+raises TypeError, a value out of range or a NUL ValueError, an index out of
+range IndexError, and the message names the argument."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvtier
+
+PKG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+@pytest.fixture(scope="module")
+def objs(tmp_path_factory):
+    """A one-plane host tier, a transfer engine, a store and a cache to call."""
+    d = tmp_path_factory.mktemp("args")
+    t = kvtier.Tier.host(4, 1, 64)
+    t2 = kvtier.Tier.host(4, 1, 64)
+    x = kvtier.Transfer([t, t2])
+    s = kvtier.Store(f"dir:{d}/l3", tier=t, model="m", page_tokens=16)
+    c = kvtier.Cache(l1_pages=16, l2_pages=0, page_tokens=4)
+    yield dict(t=t, x=x, s=s, c=c, url=f"dir:{d}/l3")
+    for o in (c, s, x, t2, t):
+        o.close()
+
+
+def store(url, **kw):
+    return kvtier.Store(url, model="m", page_tokens=16, layers=1, layer_bytes=64, **kw)
+
+
+# (id, call, exception, message)
+CASES = [
+    # the issue's cases
+    ("store-url-none", lambda o: kvtier.Store(None), TypeError, r"Store url: expected a str"),
+    ("store-url-bytes", lambda o: kvtier.Store(b"dir:/x"), TypeError, r"Store url: expected a str, not bytes"),
+    ("transfer-not-tiers", lambda o: kvtier.Transfer([1, 2]), TypeError,
+     r"Transfer tiers\[0\]: expected a kvtier.Tier, not int"),
+    ("store-page-tokens-negative", lambda o: kvtier.Store(o["url"], model="m", page_tokens=-1, layers=1,
+                                                          layer_bytes=64), ValueError,
+     r"Store page_tokens: -1 is out of range \(expected 0..2\*\*32-1\)"),
+    ("hash-negative", lambda o: o["s"].exists_sync([(-1, 0)]), ValueError, r"key 0: page hash lo: -1 is out of range"),
+    ("hash-too-big", lambda o: o["s"].key((2 ** 200, 0)), ValueError, r"page hash lo: \d+ is out of range"),
+    ("admit-priority", lambda o: o["c"].admit([1, 2, 3, 4], priority=2 ** 70), ValueError,
+     r"Cache.admit priority: \d+ is out of range \(expected -2\*\*31..2\*\*31-1\)"),
+    ("plane-addr-plane", lambda o: o["t"].plane_addr(5, 0, 0), IndexError, r"plane 5 is out of range"),
+    ("store-url-nul", lambda o: kvtier.Store("dir:/x\x00/etc"), ValueError, r"Store url: .* holds a NUL"),
+    # the same classes of fault elsewhere
+    ("cache-float", lambda o: kvtier.Cache(l1_pages=1.5), TypeError, r"Cache: l1_pages: expected an integer"),
+    ("cache-bool-field", lambda o: kvtier.Cache(decision_digest="yes"), TypeError,
+     r"Cache: decision_digest: expected True or False"),
+    ("cache-u32-wrap", lambda o: kvtier.Cache(page_tokens=2 ** 32 + 16), ValueError,
+     r"Cache: page_tokens: .*out of range"),
+    ("cache-policy-nul", lambda o: kvtier.Cache(policy="lru\x00x"), ValueError, r"policy: unknown"),
+    ("cache-policy-type", lambda o: kvtier.Cache(policy=None), TypeError, r"policy: expected a name"),
+    ("admit-ns", lambda o: o["c"].admit([1, 2, 3, 4], ns=-1), ValueError, r"Cache.admit ns: -1 is out of range"),
+    ("admit-prefetch-type", lambda o: o["c"].admit([1, 2, 3, 4], prefetch=3), TypeError,
+     r"Cache.admit prefetch: expected a kvtier.Prefetch or None"),
+    ("page-hashes-ns", lambda o: kvtier.page_hashes(list(range(16)), 4, ns=2 ** 32), ValueError,
+     r"page_hashes ns: .*out of range"),
+    ("page-hashes-page-tokens", lambda o: kvtier.page_hashes(list(range(16)), 0), ValueError,
+     r"page_hashes page_tokens: 0 is out of range"),
+    ("tier-pages-wrap", lambda o: kvtier.Tier.host(2 ** 64 + 4, 1, 64), ValueError, r"Tier.host pages: .*out of range"),
+    ("tier-layers-float", lambda o: kvtier.Tier.host(4, 1.0, 64), TypeError, r"Tier.host layers: expected an integer"),
+    ("tier-name-nul", lambda o: kvtier.Tier.host(4, 1, 64, name="a\x00b"), ValueError, r"Tier.host name: .* NUL"),
+    ("tier-shm-name-type", lambda o: kvtier.Tier.shm(None, 4, 1, 64), TypeError, r"Tier.shm name: expected a str"),
+    ("tier-flag", lambda o: kvtier.Tier.host(4, 1, 64, checksum="no"), TypeError, r"Tier.host checksum: expected True"),
+    ("plane-addr-layer", lambda o: o["t"].plane_addr(0, 0, 1), IndexError, r"layer 1 is out of range"),
+    ("read-page-negative", lambda o: o["t"].read_page(-1), IndexError, r"page -1 is out of range"),
+    ("engine-plane-type", lambda o: kvtier.Tier.engine([(64, 64)], 1, 1), TypeError,
+     r"planes\[0\]: expected a kvtier.Plane"),
+    ("engine-piece-negative", lambda o: kvtier.Tier.engine([kvtier.tier.Plane(-64, 64, base=4096)], 1, 1), ValueError,
+     r"plane 0 piece_bytes: -64 is out of range"),
+    ("submit-index", lambda o: o["x"].submit(2, 0, [(0, 0)]), IndexError, r"Transfer.submit src 2 is out of range"),
+    ("submit-page-type", lambda o: o["x"].submit(0, 1, [(0, "1")]), TypeError, r"copy 0 dst_page: expected an integer"),
+    ("submit-page-wrap", lambda o: o["x"].submit(0, 1, [(0, 2 ** 32)]), ValueError, r"copy 0: pages .* out of range"),
+    ("submit-user", lambda o: o["x"].submit(0, 1, [(0, 0)], user=-1), ValueError, r"Transfer.submit user: -1"),
+    ("transfer-threads", lambda o: kvtier.Transfer([o["t"]], threads=-1), ValueError, r"Transfer threads: -1"),
+    ("transfer-tiers-type", lambda o: kvtier.Transfer(o["t"]), TypeError, r"Transfer tiers: expected a list"),
+    ("xfer-poll-max", lambda o: o["x"].poll(max=0), ValueError, r"Transfer.poll max: 0 is out of range"),
+    ("xfer-poll-timeout", lambda o: o["x"].poll(timeout="1"), TypeError, r"Transfer.poll timeout: expected a number"),
+    ("store-tier-type", lambda o: kvtier.Store(o["url"], tier=o["x"]), TypeError,
+     r"Store tier: expected a kvtier.Tier"),
+    ("store-model-nul", lambda o: kvtier.Store(o["url"], model="m\x00x", page_tokens=16), ValueError,
+     r"Store model: .* NUL"),
+    ("store-tp", lambda o: store(o["url"], tp=(0, -1)), ValueError, r"Store tp size: -1 is out of range"),
+    ("store-tp-type", lambda o: store(o["url"], tp=1), TypeError, r"Store tp: expected \(rank, size\)"),
+    ("store-threads", lambda o: store(o["url"], threads=2 ** 32 + 2), ValueError, r"Store threads: .*out of range"),
+    ("store-log", lambda o: store(o["url"], log="stderr"), TypeError, r"Store log: expected a callable"),
+    ("store-page-wrap", lambda o: o["s"].put([((1, 2), 2 ** 32)]), ValueError, r"key 0: tier page .* out of range"),
+    ("store-hash-type", lambda o: o["s"].exists(["abc"]), TypeError, r"key 0: page hash: expected \(lo, hi\)"),
+    ("store-hash-float", lambda o: o["s"].key((1.5, 0)), TypeError, r"page hash lo: expected an integer"),
+    ("store-keys-str", lambda o: o["s"].exists("abc"), TypeError, r"keys: expected a list"),
+    ("store-user", lambda o: o["s"].exists([(1, 2)], user=2 ** 64), ValueError, r"Store.exists user: .*out of range"),
+    ("store-poll-max", lambda o: o["s"].poll(max=-1), ValueError, r"Store.poll max: -1"),
+    ("pd-receiver-pool", lambda o: kvtier.PdReceiver("pool", 1, 1), TypeError,
+     r"PdReceiver pool: expected a kvtier.Tier"),
+    ("pd-receiver-token", lambda o: kvtier.PdReceiver(o["t"], 1, -1), ValueError, r"PdReceiver token: -1"),
+    ("pd-receiver-port", lambda o: kvtier.PdReceiver(o["t"], 1, 1, data_port=70000), ValueError,
+     r"PdReceiver data_port: 70000 is out of range \(expected 0..2\*\*16-1\)"),
+    ("pd-receiver-host-nul", lambda o: kvtier.PdReceiver(o["t"], 1, 1, host="127.0.0.1\x00x"), ValueError,
+     r"PdReceiver host: .* NUL"),
+    ("pd-sender-rank", lambda o: kvtier.PdSender(o["t"], -1, 1, 1, 1, 1), ValueError, r"PdSender rank: -1"),
+    ("pd-transport-type", lambda o: kvtier.PdSender(o["t"], 0, 1, 1, 1, 1, transport=1), TypeError,
+     r"transport: expected a str"),
+    ("cp-name-nul", lambda o: kvtier.CpGroup("a\x00b", 0, 1, 8, 8), ValueError, r"CpGroup name: .* NUL"),
+    ("cp-rank", lambda o: kvtier.CpGroup("kvtier-pytest-args", -1, 1, 8, 8), ValueError, r"CpGroup rank: -1"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_argument_raises_naming_it(objs, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call(objs)
+
+
+def test_good_arguments_still_pass(objs):
+    """The checks accept what they must: bools and numpy integers as integers,
+    the full unsigned ranges, hashes as pairs and as bytes."""
+    c, s, t = objs["c"], objs["s"], objs["t"]
+    c.admit(np.arange(8, dtype=np.int32), ns=np.uint32(2 ** 32 - 1), priority=-2 ** 31).release()
+    c.admit([1, 2, 3, 4], priority=True).release()
+    assert s.key((2 ** 64 - 1, 0)) != s.key((0, 0))
+    assert s.key(bytes(16)) == s.key((0, 0))
+    assert t.plane_addr(0, np.int64(3), 0) == t.plane_addr(0, 0, 0) + 3 * 64
+    with kvtier.Cache(l1_pages=np.int64(8), l2_pages=0, page_tokens=4, decision_digest=1) as c2:
+        assert c2.config["decision_digest"] is True
+
+
+def test_a_library_that_is_not_libkvtier_is_an_import_error():
+    """KVTIER_LIB naming another library: ImportError saying so, at import."""
+    env = dict(os.environ, KVTIER_LIB="libc.so.6", PYTHONPATH=PKG)
+    p = subprocess.run([sys.executable, "-c", "import kvtier"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ") and "libc.so.6" in last and "not libkvtier" in last, p.stderr

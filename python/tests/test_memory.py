@@ -1,0 +1,125 @@
+"""Memory a tier points into stays valid while anything can reach it: a
+view keeps its tier from closing, an engine tier refuses memory it must not
+write (Python objects, read-only buffers) and notices memory resized or
+freed under it. Each check compares with bytes the test wrote itself."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvtier
+
+PKG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+# ---- views -------------------------------------------------------------------
+
+
+def test_a_tier_refuses_to_close_while_a_view_lives():
+    t = kvtier.Tier.host(4, 1, 64)
+    t.write_page(0, bytes(range(64)))
+    v = t.view(0)
+    with pytest.raises(kvtier.Busy, match="view"):
+        t.close()
+    assert not t.closed and bytes(v[:4]) == bytes(range(4))  # still the tier's memory
+    part = v[8:12]  # a slice holds the memory too
+    v.release()
+    with pytest.raises(kvtier.Busy, match="1 view"):
+        t.close()
+    assert bytes(part) == bytes(range(8, 12))
+    del part
+    t.close()
+    assert t.closed
+
+
+def test_views_in_with_blocks_and_checksums():
+    with kvtier.Tier.host(4, 1, 64, checksum=True) as t:
+        with t.view(2) as v:
+            v[0] = 7
+        assert t.read_page(2)[0] == 7
+        sums = t.checksums()
+        assert len(sums) == 4
+        with pytest.raises(kvtier.Busy, match="checksums"):
+            t.close()
+        sums.release()
+        t.view(1)[3] = 9  # a temporary view is gone at once
+    assert t.closed
+
+
+def test_a_view_keeps_its_tier_alive():
+    """The tier object dropped while its view lives (in a child: a view of
+    freed memory would crash the interpreter)."""
+    code = ("import gc, kvtier\n"
+            "v = kvtier.Tier.host(2, 1, 1 << 20).view(1)\n"  # 1 MiB pages: freed memory is unmapped
+            "gc.collect()\n"
+            "v[:3] = b'abc'\n"
+            "assert bytes(v[:3]) == b'abc'\n"
+            "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == "ok\n", f"exit {p.returncode}: {p.stderr[-2000:]}"
+
+
+# ---- from_tensors: what it must refuse -----------------------------------------
+
+
+def test_from_tensors_refuses_python_objects():
+    with pytest.raises(TypeError, match="plane 0: dtype object holds Python objects"):
+        kvtier.Tier.from_tensors(np.empty((2, 4, 8), dtype=object))
+    with pytest.raises(TypeError, match="plane 1 layer 0: dtype .* holds Python objects"):
+        kvtier.Tier.from_tensors([np.zeros((4, 8))], [np.zeros((4, 2), dtype=[("a", "<f8"), ("b", "O")])])
+
+
+def test_from_tensors_refuses_read_only_memory():
+    ro = np.zeros((2, 4, 8), dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="plane 0: read-only memory"):
+        kvtier.Tier.from_tensors(ro)
+    layers = [np.zeros((4, 8), np.float16), np.frombuffer(bytes(64), np.float16).reshape(4, 8)]
+    with pytest.raises(ValueError, match="plane 0 layer 1: read-only memory"):
+        kvtier.Tier.from_tensors(layers)
+
+
+def test_an_engine_tier_notices_its_storage_resized():
+    torch = pytest.importorskip("torch")
+    k = torch.arange(64, dtype=torch.float32).reshape(4, 16)  # 4 pages of 64 bytes
+    v = torch.zeros(4, 16)
+    t = kvtier.Tier.from_tensors([k], [v])
+    assert t.read_page(1)[:64] == np.arange(16, 32, dtype=np.float32).tobytes()  # (no .numpy(): it pins the storage)
+    storage = k.untyped_storage() if hasattr(k, "untyped_storage") else k.storage()
+    storage.resize_(0)  # the engine frees the memory (torch_memory_saver, an RL weight update ...)
+    with pytest.raises(kvtier.InvalidArgument, match="plane 0 layer 0: the memory under the tier was resized"):
+        t.read_page(1)
+    with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
+        t.write_page(0, bytes(t.page_bytes))
+    with kvtier.Tier.host(4, 1, t.layer_bytes) as h, kvtier.Transfer([t, h]) as x:
+        with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
+            x.submit(1, 0, [(0, 0)])
+    t.close()
+
+
+def test_an_engine_tier_notices_a_numpy_array_resized():
+    a = np.zeros((4, 16), dtype=np.float32)
+    t = kvtier.Tier.from_tensors([a])
+    a.resize((1024, 16), refcheck=False)  # numpy reallocates: the tier's address is freed memory
+    with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
+        t.write_page(0, bytes(t.page_bytes))
+    t.close()
+
+
+def test_a_cache_checks_its_engine_tier_before_copying():
+    torch = pytest.importorskip("torch")
+    pt = 4
+    k = torch.zeros(8, pt, 8)
+    l1 = kvtier.Tier.from_tensors([k])
+    with kvtier.Tier.host(16, 1, l1.layer_bytes) as l2, kvtier.Transfer([l1, l2]) as x, \
+            kvtier.Cache(l1_pages=8, l2_pages=16, page_tokens=pt) as c:
+        c.attach(x, l1, l2)
+        c.admit(list(range(4 * pt))).release()
+        (k.untyped_storage() if hasattr(k, "untyped_storage") else k.storage()).resize_(0)
+        with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
+            c.admit(list(range(100, 100 + 4 * pt)))
+    l1.close()
