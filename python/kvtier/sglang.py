@@ -54,29 +54,30 @@ that read straight into it.
 Threads: SGLang calls from its prefetch, prefetch-IO and backup threads at
 once. Each store has a read lane and a write lane (a Store handle and a
 lock each), so backups do not queue behind loads; a staging tier belongs to
-one lane.
+one lane. A registered pool (its engine tier and lanes) is one object,
+built whole and swapped in by register_mem_pool_host: a call runs on the
+pool it started on, and an old pool closes when its last call is done.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
+import operator
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._core import Error
-from ._lib import KVT_TIER_MAX_PLANES
+from ._sglang_pool import STORAGE_BATCH_SIZE, _meta, _Registration
 from .store import Store
-from .tier import Plane, Tier, TensorInfo
+from .tier import TensorInfo
 
 __all__ = ["KvtierStorage", "HiCacheStorage", "key_hash", "STORAGE_BATCH_SIZE"]
 
 logger = logging.getLogger("kvtier.sglang")
 
-STORAGE_BATCH_SIZE = 128  # SGLang's pages per storage call
-_STAGING_BYTES = 64 << 20  # a staging tier holds at most this much (and at most one batch)
-_WAIT_S = 300.0  # a batch's answer; the store bounds every network call long before this
 
 try:  # SGLang's factory requires a subclass of its abstract class
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage  # type: ignore
@@ -151,6 +152,14 @@ def _cfg(storage_config: Any, name: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
+_KVTIER_KEYS = frozenset({"l3", "namespace", "model", "interface_v1", "threads", "timeout_ms", "retries"})
+# what SGLang itself reads from the same JSON: the dynamic loader's, the controller's, the scheduler's
+_SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+                          "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+                          "hicache_storage_pass_prefix_keys", "canonical_dcp_size"})
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
 def _int_option(extra: dict, name: str, default: int, lo: int, hi: int) -> int:
     v = extra.get(name, default)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -158,111 +167,43 @@ def _int_option(extra: dict, name: str, default: int, lo: int, hi: int) -> int:
     return v
 
 
-def _dtype_name(dtype: Any) -> Tuple[str, int]:
-    """(name, bytes per element) of a torch dtype."""
-    import torch
-    return str(dtype).replace("torch.", ""), torch.empty((), dtype=dtype).element_size()
+def _bool_option(v: Any, name: str) -> bool:
+    """A boolean: True/False, 1/0, or true/false, yes/no, on/off (any case); None is False."""
+    if v is None:
+        return False
+    if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
+        return v.strip().lower() in _TRUE
+    raise ValueError(f"KvtierStorage: {name} = {v!r} (expected true/false, 1/0, yes/no or on/off)")
 
 
-# ---- the pool's pages -------------------------------------------------------
+def _interface_v1(v: Any) -> bool:
+    """interface_v1, parsed strictly, and refused where SGLang would read it
+    otherwise: its controller takes bool(value), so the string "false" turns
+    its zero-copy calls on while meaning off."""
+    on = _bool_option(v, "extra_config 'interface_v1'")
+    if on != bool(v):
+        raise ValueError(f"KvtierStorage: extra_config 'interface_v1' = {v!r}: SGLang reads it as bool(), "
+                         f"which is {bool(v)} for this value: write JSON {str(on).lower()} or {int(on)}, "
+                         "not a string")
+    return on
 
 
-class _Plan(NamedTuple):
-    """How the host pool's pages map onto an engine tier (planes, layers)."""
-    pages: int
-    planes: int
-    layers: int
-    bases: Tuple[int, ...]  # page 0's pointer of each slot
-    sizes: Tuple[int, ...]
-    strides: Tuple[int, ...]
-
-
-def _meta(pool: Any, indices: Any) -> Tuple[List[int], List[int]]:
-    """The pool's (pointers, sizes) of a run of token indices, as plain ints."""
-    got = pool.get_page_buffer_meta(indices)
-    if got is None:
-        raise ValueError(f"{type(pool).__name__}.get_page_buffer_meta gave nothing: the pool has no KV buffers")
-    ptrs, sizes = got
-    ptrs = [int(p) for p in ptrs]
-    sizes = [int(sizes)] * len(ptrs) if isinstance(sizes, int) else [int(s) for s in sizes]
-    if not ptrs or len(sizes) != len(ptrs) or min(sizes) < 1 or min(ptrs) <= 0:
-        raise ValueError(f"{type(pool).__name__}.get_page_buffer_meta: {len(ptrs)} pointers, {len(sizes)} sizes "
-                         "(expected as many of each, all positive)")
-    return ptrs, sizes
-
-
-def _page_indices(pool: Any, page: int) -> Any:
-    import torch
-    ps = pool.page_size
-    return torch.arange(page * ps, (page + 1) * ps, dtype=torch.int64)
-
-
-def _plan(pool: Any, pages: int) -> Tuple[Optional[_Plan], str, List[int]]:
-    """The engine-tier description of the pool, or None and why not; and the
-    sizes of one page's buffers (what every path's objects hold)."""
-    base, sizes = _meta(pool, _page_indices(pool, 0))
-    n = len(base)
-    if pages == 1:
-        strides = list(sizes)
-    else:
-        nxt, s1 = _meta(pool, _page_indices(pool, 1))
-        if len(nxt) != n or s1 != sizes:
-            return None, "pages report different buffer lists", sizes
-        strides = [b - a for a, b in zip(base, nxt)]
-    for probe in sorted({pages // 2, pages - 1} - {0, 1}):
-        ptrs, sz = _meta(pool, _page_indices(pool, probe))
-        if sz != sizes or ptrs != [b + probe * s for b, s in zip(base, strides)]:
-            return None, f"page {probe}'s buffers are not page 0's plus {probe} strides", sizes
-    if any(st < sz for st, sz in zip(strides, sizes)):
-        return None, "pages overlap or run backwards (a stride below the buffer size)", sizes
-    for planes in range(1, KVT_TIER_MAX_PLANES + 1):
-        if n % planes:
-            continue
-        if all(len({sizes[j] for j in range(q, n, planes)}) == 1 and len({strides[j] for j in range(q, n, planes)}) == 1
-               for q in range(planes)):
-            return _Plan(pages, planes, n // planes, tuple(base), tuple(sizes), tuple(strides)), "", sizes
-    return None, f"{n} buffers per page do not group into 1..{KVT_TIER_MAX_PLANES} planes of equal layers", sizes
-
-
-def _engine_tier(plan: _Plan, pool: Any) -> Tier:
-    """An engine tier over the pool's memory (never copied or freed by it)."""
-    planes = [Plane(plan.sizes[q], plan.strides[q], layer_bases=plan.bases[q::plan.planes]) for q in range(plan.planes)]
-    # HiCache host pools are host memory
-    return Tier.engine(planes, plan.pages, plan.layers, keep=[pool], name="sglang-host-pool")
-
-
-# ---- lanes: one Store handle, one caller at a time ----------------------------
-
-
-class _Lane:
-    """A Store (and, for staging, the host tier it reads and writes) used by
-    one thread at a time: submit, then wait for that batch."""
-
-    def __init__(self, name: str, url: str, tier: Optional[Tier], ident: dict, opts: dict, own_tier: bool) -> None:
-        self.name = name
-        self.tier = tier
-        self.own_tier = own_tier
-        self.lock = threading.Lock()
-        self.store = Store(url, tier=tier, log=lambda msg: logger.warning("kvtier L3 (%s): %s", name, msg),
-                           **ident, **opts)
-
-    def run(self, op: str, items: Sequence[Any]) -> Optional[Tuple[str, ...]]:
-        """Per-key results ("ok", "miss", "bad", "failed"), or None when the
-        batch got no answer in time. Call with the lock held."""
-        ticket = getattr(self.store, op)(items)
+def _int_field(storage_config: Any, name: str, default: int) -> int:
+    """An integer field of the storage config (an int, or a str of one)."""
+    v = _cfg(storage_config, name, default)
+    if isinstance(v, str):
         try:
-            return self.store.wait(ticket, _WAIT_S).results
-        except Error as e:
-            logger.warning("kvtier L3 (%s): %s: %s", self.name, op, e)
-            return None
-
-    def page_addr(self, page: int) -> int:
-        return self.tier.plane_addr(0, page, 0)
-
-    def close(self) -> None:
-        self.store.close()
-        if self.own_tier and self.tier is not None:
-            self.tier.close()
+            return int(v.strip())
+        except ValueError:
+            raise ValueError(f"KvtierStorage: {name} = {v!r} (expected an integer)") from None
+    if isinstance(v, bool):
+        raise TypeError(f"KvtierStorage: {name} = {v!r} (expected an integer)")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"KvtierStorage: {name} = {v!r} (expected an integer)") from None
 
 
 # ---- the backend ----------------------------------------------------------------
@@ -285,33 +226,47 @@ class KvtierStorage(HiCacheStorage):
                       which object format exists/batch_exists look for
     ``threads``, ``timeout_ms``, ``retries``: the store's mechanism
 
+    Other keys are SGLang's own (ignored) or unknown (a warning names them).
     ``kwargs`` (a dict) may hold ``mem_pool_host``; SGLang registers the host
     pool with :meth:`register_mem_pool_host` right after construction, and
     nothing but construction and close works before that."""
 
     def __init__(self, storage_config: Any = None, kwargs: Optional[dict] = None, *,
                  mem_pool_host: Any = None) -> None:
+        self._reg: Optional[_Registration] = None
+        self._closed = False
         extra = _cfg(storage_config, "extra_config", {})
         if not isinstance(extra, dict):
             raise TypeError(f"KvtierStorage: extra_config is a {type(extra).__name__}, expected a dict")
+        unknown = sorted(str(k) for k in extra if k not in _KVTIER_KEYS and k not in _SGLANG_KEYS)
+        if unknown:
+            logger.warning("KvtierStorage: extra_config key%s %s mean%s nothing to kvtier or SGLang: ignored "
+                           "(kvtier's keys: %s)", "s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
+                           "" if len(unknown) > 1 else "s", ", ".join(sorted(_KVTIER_KEYS)))
         url = extra.get("l3")
-        if not isinstance(url, str) or not url:
+        if not isinstance(url, str) or not url or "\0" in url:
             raise ValueError('KvtierStorage: --hicache-storage-backend-extra-config has no "l3" store URL '
-                             '(dir:PATH, redis://HOST:PORT or redis-cluster://H:P[,H:P...])')
-        model = extra.get("model") or _cfg(storage_config, "model_name", "")
-        if not isinstance(model, str) or not model:
+                             f'(dir:PATH, redis://HOST:PORT or redis-cluster://H:P[,H:P...]): {url!r}')
+        model = extra.get("model")
+        if model is None:
+            model = _cfg(storage_config, "model_name", "")
+            if not isinstance(model, str):
+                raise TypeError(f"KvtierStorage: model_name = {model!r} (expected a str)")
+        elif not isinstance(model, str) or "\0" in model:
+            raise ValueError(f"KvtierStorage: extra_config 'model' = {model!r} (expected a str)")
+        if not model or "\0" in model:
             raise ValueError('KvtierStorage: no model identity: SGLang passes none (set --served-model-name) '
-                             'and extra_config has no "model"')
+                             f'and extra_config has no "model" ({model!r})')
         ns = extra.get("namespace", "sglang")
-        if not isinstance(ns, str) or not ns:
+        if not isinstance(ns, str) or not ns or "\0" in ns:
             raise ValueError(f"KvtierStorage: extra_config 'namespace' = {ns!r} (expected a non-empty string)")
         self._opts = dict(threads=_int_option(extra, "threads", 2, 1, 64),
                           timeout_ms=_int_option(extra, "timeout_ms", 2000, 1, 600000),
                           retries=_int_option(extra, "retries", 8, 0, 1000))
-        self.is_mla = bool(_cfg(storage_config, "is_mla_model", False))
-        tp = (int(_cfg(storage_config, "tp_rank", 0)), int(_cfg(storage_config, "tp_size", 1)))
-        cp = (int(_cfg(storage_config, "attn_cp_rank", 0)), int(_cfg(storage_config, "attn_cp_size", 1)))
-        pp = (int(_cfg(storage_config, "pp_rank", 0)), int(_cfg(storage_config, "pp_size", 1)))
+        self.is_mla = _bool_option(_cfg(storage_config, "is_mla_model", False), "is_mla_model")
+        tp = (_int_field(storage_config, "tp_rank", 0), _int_field(storage_config, "tp_size", 1))
+        cp = (_int_field(storage_config, "attn_cp_rank", 0), _int_field(storage_config, "attn_cp_size", 1))
+        pp = (_int_field(storage_config, "pp_rank", 0), _int_field(storage_config, "pp_size", 1))
         for what, (r, s) in (("tp", tp), ("attn_cp", cp), ("pp", pp)):
             if not 0 <= r < s:
                 raise ValueError(f"KvtierStorage: {what} rank {r} of {s}")
@@ -319,7 +274,7 @@ class KvtierStorage(HiCacheStorage):
         self.tp = (0, 1) if self.is_mla else tp  # MLA: every rank holds the same latents
         self.cp = cp
         self.namespace = ns + (f"/pp{pp[0]}of{pp[1]}" if pp[1] > 1 else "")
-        self.interface_v1 = bool(extra.get("interface_v1", 0))
+        self.interface_v1 = _interface_v1(extra.get("interface_v1"))
         try:  # the URL and the store's reachability, checked now rather than at the first page
             with Store(url, model=model, page_tokens=1, layers=1, layer_bytes=1, ns=ns, **self._opts) as probe:
                 self.url, self.backend = probe.url, probe.backend
@@ -327,11 +282,7 @@ class KvtierStorage(HiCacheStorage):
             kind = ConnectionError if e.name == "KVT_EIO" else ValueError
             raise kind(f"KvtierStorage: cannot open the L3 store \"l3\": {url!r}: {e}") from e
         self.mem_pool_host = None
-        self._lock = threading.Lock()  # opening lanes
-        self._lanes: Dict[Any, _Lane] = {}
-        self._plan: Optional[_Plan] = None
-        self._engine: Optional[Tier] = None
-        self.staging_reason = ""
+        self._reg_lock = threading.Lock()  # registrations and close, one at a time
         pool = mem_pool_host if mem_pool_host is not None else (kwargs or {}).get("mem_pool_host")
         if pool is not None:
             self.register_mem_pool_host(pool)
@@ -341,56 +292,77 @@ class KvtierStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Registers SGLang's host pool: its geometry fixes the store identity
         and, where the pool's pointers allow, an engine tier over its memory.
-        A failure (a pool without buffers, the store down) raises and leaves
-        no pool registered."""
-        pool = mem_pool_host
-        for attr in ("page_size", "size", "get_page_buffer_meta", "dtype"):
-            if not hasattr(pool, attr):
-                raise TypeError(f"KvtierStorage.register_mem_pool_host: {type(pool).__name__} has no {attr!r} "
-                                "(expected SGLang's HostKVCache)")
-        ps, size = int(pool.page_size), int(pool.size)
-        if ps < 1 or size < ps:
-            raise ValueError(f"KvtierStorage.register_mem_pool_host: page_size {ps}, size {size} tokens")
-        self._close_lanes()
-        pages = int(getattr(pool, "page_num", 0) or size // ps)
-        plan, why, sizes = _plan(pool, pages)
-        dtype, dtype_bytes = _dtype_name(pool.dtype)
-        self.page_size, self.pages, self.page_bytes = ps, pages, sum(sizes)
-        self.layout = str(getattr(pool, "layout", "unknown"))
-        self._dtype_bytes = dtype_bytes
-        self._ns = {fmt: f"{self.namespace}/sglang-{fmt}/{self.layout}/{dtype}" for fmt in ("v1", "flat")}
-        # v1 objects: the pool's buffers in order, as layers of the engine tier when there is one
-        self._v1_geom = (plan.layers, self.page_bytes // plan.layers) if plan else (1, self.page_bytes)
-        self._plan, self.staging_reason = plan, why
-        super().register_mem_pool_host(pool)
-        self.mem_pool_host = pool
+        Calling it again replaces the pool: the new one is set up whole first,
+        then swapped in; calls already running finish on the old one, which
+        closes after them. A failure (a pool without buffers or of two sizes,
+        the store down) raises and changes nothing."""
+        with self._reg_lock:
+            self._check_open()
+            new = _Registration(mem_pool_host, dict(model=self.model, tp=self.tp, cp=self.cp, ns=self.namespace),
+                                self.url, self._opts, self.interface_v1)
+            try:
+                super().register_mem_pool_host(mem_pool_host)  # SGLang's base records it
+            except BaseException:
+                new.retire()
+                raise
+            old, self._reg = self._reg, new
+            self.mem_pool_host = mem_pool_host
+            if old is not None:
+                old.retire()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("KvtierStorage is closed (close() was called): make a new one")
+
+    @contextlib.contextmanager
+    def _registered(self) -> Iterator[_Registration]:
+        """The current registration, kept open for the call (a re-registration meanwhile waits for it)."""
+        while True:
+            reg = self._reg
+            if reg is None:
+                self._check_open()
+                raise RuntimeError("KvtierStorage: no host pool registered (call register_mem_pool_host first)")
+            if reg.enter():
+                break
         try:
-            if plan is not None:
-                self._engine = _engine_tier(plan, pool)
-                self._lane("zc-read")
-                self._lane("zc-write")
-            else:
-                logger.info("kvtier.sglang: the %s pool goes through staging: %s", self.layout, why)
-            self._exists_lane()  # the store exists calls use: an outage now is an error now
-        except BaseException:  # nothing registered, nothing left open
-            self._close_lanes()
-            self.mem_pool_host = None
-            raise
+            yield reg
+        finally:
+            reg.leave()
 
     @property
     def zero_copy(self) -> bool:
         """batch_get_v1/batch_set_v1 move pages straight between the store and the pool."""
-        return self._engine is not None
+        reg = self._reg
+        return reg is not None and reg.plan is not None
+
+    page_size = property(lambda self: self._current().page_size, doc="the registered pool's tokens per page")
+    pages = property(lambda self: self._current().pages, doc="the registered pool's pages")
+    page_bytes = property(lambda self: self._current().page_bytes, doc="the bytes of one page (every buffer)")
+    layout = property(lambda self: self._current().layout, doc="the registered pool's layout name")
+
+    @property
+    def staging_reason(self) -> str:
+        """Why the registered pool goes through staging ("" when it does not)."""
+        reg = self._reg
+        return reg.staging_reason if reg is not None else ""
+
+    def _current(self) -> _Registration:
+        reg = self._reg
+        if reg is None:
+            self._check_open()
+            raise RuntimeError("KvtierStorage: no host pool registered (call register_mem_pool_host first)")
+        return reg
 
     def page_addresses(self, page: int) -> List[int]:
         """The addresses the engine tier uses for a host page, in the order of
         the pool's get_page_buffer_meta (for checks against it)."""
-        if self._plan is None:
-            raise ValueError(f"page_addresses: no engine tier ({self.staging_reason or 'no host pool registered'})")
-        if not isinstance(page, int) or not 0 <= page < self.pages:
-            raise IndexError(f"page {page!r} out of range (the pool has {self.pages} pages)")
-        p = self._plan
-        return [self._engine.plane_addr(q, page, layer) for layer in range(p.layers) for q in range(p.planes)]
+        with self._registered() as reg:
+            if reg.plan is None:
+                raise ValueError(f"page_addresses: no engine tier ({reg.staging_reason})")
+            if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < reg.pages:
+                raise IndexError(f"page {page!r} out of range (the pool has {reg.pages} pages)")
+            p = reg.plan
+            return [reg.engine.plane_addr(q, page, layer) for layer in range(p.layers) for q in range(p.planes)]
 
     def store_key(self, key: str, fmt: Optional[str] = None) -> str:
         """The store's 32-hex-digit key of an SGLang key (the Redis key is
@@ -399,70 +371,20 @@ class KvtierStorage(HiCacheStorage):
         fmt = fmt or ("v1" if self.interface_v1 else "flat")
         if fmt not in ("v1", "flat"):
             raise ValueError(f"store_key: format {fmt!r} (choose v1 or flat)")
-        lane = self._lane("flat-stage-read" if fmt == "flat" else "zc-read" if self._plan else "v1-stage-read")
-        return lane.store.key(key_hash(key))
-
-    # -- lanes -------------------------------------------------------------------
-
-    def _pool(self) -> Any:
-        if self.mem_pool_host is None:
-            raise RuntimeError("KvtierStorage: no host pool registered (call register_mem_pool_host first)")
-        return self.mem_pool_host
-
-    def _lane(self, name: str, soft: bool = False) -> Optional[_Lane]:
-        """The lane, opened on first use. soft: a store that cannot be reached
-        now gives None (the caller's keys are misses) and is tried again on
-        the next call."""
-        lane = self._lanes.get(name)
-        if lane is not None:
-            return lane
-        self._pool()
-        with self._lock:
-            lane = self._lanes.get(name)
-            if lane is None:
-                try:
-                    lane = self._lanes[name] = self._open_lane(name)
-                except Error as e:
-                    if not soft or e.name != "KVT_EIO":
-                        raise
-                    logger.warning("kvtier L3 (%s): %s", name, e)
-                    return None
-        return lane
-
-    def _open_lane(self, name: str) -> _Lane:
-        fmt = "flat" if name.startswith("flat") else "v1"
-        layers, layer_bytes = self._v1_geom if fmt == "v1" else (1, self.page_bytes)
-        ident = dict(model=self.model, page_tokens=self.page_size, layers=layers, layer_bytes=layer_bytes,
-                     dtype_bytes=self._dtype_bytes, tp=self.tp, cp=self.cp, ns=self._ns[fmt])
-        if name.startswith("zc"):
-            return _Lane(name, self.url, self._engine, ident, self._opts, own_tier=False)
-        pages = max(1, min(STORAGE_BATCH_SIZE, _STAGING_BYTES // self.page_bytes))
-        tier = Tier.host(pages, layers, layer_bytes, name=f"kvtier-sglang-{name}")
-        try:
-            return _Lane(name, self.url, tier, ident, self._opts, own_tier=True)
-        except BaseException:
-            tier.close()
-            raise
-
-    def _exists_lane(self, soft: bool = False) -> Optional[_Lane]:
-        if not self.interface_v1:
-            return self._lane("flat-stage-read", soft)
-        return self._lane("zc-read" if self._plan is not None else "v1-stage-read", soft)
-
-    def _close_lanes(self) -> None:
-        with self._lock:
-            lanes, self._lanes = self._lanes, {}
-            for lane in lanes.values():
-                with lane.lock:
-                    lane.close()
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+        with self._registered() as reg:
+            lane = reg.lane("flat-stage-read" if fmt == "flat" else "zc-read" if reg.plan else "v1-stage-read")
+            return lane.store.key(key_hash(key))
 
     def close(self) -> None:
-        """Closes the stores and tiers (SGLang calls it on detach); idempotent."""
-        self.mem_pool_host = None  # first: no call opens a lane again
-        self._close_lanes()
+        """Closes the stores and tiers (SGLang calls it on detach); idempotent.
+        Calls running on other threads finish first; later calls raise
+        RuntimeError ("KvtierStorage is closed")."""
+        with self._reg_lock:
+            self._closed = True
+            old, self._reg = self._reg, None
+            self.mem_pool_host = None
+        if old is not None:
+            old.retire()
 
     def __enter__(self) -> "KvtierStorage":
         return self
@@ -475,14 +397,15 @@ class KvtierStorage(HiCacheStorage):
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many keys, from the first, the store holds (0 when it is down)."""
         keys = _keys(keys)
-        if not keys:
-            return 0
-        hashes = [key_hash(k) for k in keys]
-        lane = self._exists_lane(soft=True)
-        if lane is None:
-            return 0
-        with lane.lock:
-            results = lane.run("exists", hashes)
+        with self._registered() as reg:
+            if not keys:
+                return 0
+            hashes = [key_hash(k) for k in keys]
+            lane = reg.exists_lane(self.interface_v1, soft=True)
+            if lane is None:
+                return 0
+            with lane.lock:
+                results = lane.run("exists", hashes)
         if results is None:
             return 0
         n = 0
@@ -495,11 +418,11 @@ class KvtierStorage(HiCacheStorage):
 
     # -- zero copy: host pages by index ------------------------------------------
 
-    def _host_pages(self, keys: List[str], host_indices: Any) -> Tuple[List[int], bool, List[int]]:
+    @staticmethod
+    def _host_pages(reg: _Registration, keys: List[str], host_indices: Any) -> Tuple[List[int], bool, List[int]]:
         """Each key's first token index in the pool, whether all are
         page-aligned, and the indices as a list."""
-        pool = self._pool()
-        ps = self.page_size
+        ps = reg.page_size
         try:
             n = len(host_indices)
         except TypeError:
@@ -511,8 +434,8 @@ class KvtierStorage(HiCacheStorage):
         flat = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
         starts = flat[::ps]
         for i, t in enumerate(starts):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= pool.size - ps:
-                raise IndexError(f"host_indices[{i * ps}] = {t!r}: not a page of the pool ({pool.size} tokens)")
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= reg.size - ps:
+                raise IndexError(f"host_indices[{i * ps}] = {t!r}: not a page of the pool ({reg.size} tokens)")
         return starts, all(t % ps == 0 for t in starts), flat
 
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
@@ -520,40 +443,44 @@ class KvtierStorage(HiCacheStorage):
         at host_indices[i * page_size]); True per page served, False for a
         miss, an object that failed its checks, or a store that is down."""
         keys = _keys(keys)
-        starts, aligned, flat = self._host_pages(keys, host_indices)
-        if not keys:
-            return []
-        pages = [t // self.page_size for t in starts]
-        if len(set(pages if aligned else starts)) != len(pages):
-            raise ValueError("batch_get_v1: a host page appears twice (two keys cannot load into one page)")
-        if self._plan is not None and aligned:
-            return self._direct("zc-read", "get", keys, pages)
-        return self._staged_v1("get", keys, flat)
+        with self._registered() as reg:
+            starts, aligned, flat = self._host_pages(reg, keys, host_indices)
+            if not keys:
+                return []
+            pages = [t // reg.page_size for t in starts]
+            if len(set(pages if aligned else starts)) != len(pages):
+                raise ValueError("batch_get_v1: a host page appears twice (two keys cannot load into one page)")
+            if reg.plan is not None and aligned:
+                return self._direct(reg, "zc-read", "get", keys, pages)
+            return self._staged_v1(reg, "get", keys, flat)
 
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """Stores each host page under its key; True per page stored."""
         keys = _keys(keys)
-        starts, aligned, flat = self._host_pages(keys, host_indices)
-        if not keys:
-            return []
-        if self._plan is not None and aligned:
-            return self._direct("zc-write", "put", keys, [t // self.page_size for t in starts])
-        return self._staged_v1("put", keys, flat)
+        with self._registered() as reg:
+            starts, aligned, flat = self._host_pages(reg, keys, host_indices)
+            if not keys:
+                return []
+            if reg.plan is not None and aligned:
+                return self._direct(reg, "zc-write", "put", keys, [t // reg.page_size for t in starts])
+            return self._staged_v1(reg, "put", keys, flat)
 
-    def _direct(self, name: str, op: str, keys: List[str], pages: List[int]) -> List[bool]:
+    @staticmethod
+    def _direct(reg: _Registration, name: str, op: str, keys: List[str], pages: List[int]) -> List[bool]:
         items = [(key_hash(k), p) for k, p in zip(keys, pages)]
-        lane = self._lane(name, soft=True)
+        lane = reg.lane(name, soft=True)
         if lane is None:
             return [False] * len(keys)
         with lane.lock:
             results = lane.run(op, items)
         return [r == "ok" for r in results] if results is not None else [False] * len(keys)
 
-    def _staged_v1(self, op: str, keys: List[str], flat: List[int]) -> List[bool]:
+    @classmethod
+    def _staged_v1(cls, reg: _Registration, op: str, keys: List[str], flat: List[int]) -> List[bool]:
         """Pages copied between the pool's buffers and a staging tier."""
         import torch
-        pool, ps = self._pool(), self.page_size
-        lane = self._lane("v1-stage-read" if op == "get" else "v1-stage-write", soft=True)
+        pool, ps = reg.pool, reg.page_size
+        lane = reg.lane("v1-stage-read" if op == "get" else "v1-stage-write", soft=True)
         if lane is None:
             return [False] * len(keys)
         out: List[bool] = []
@@ -564,18 +491,18 @@ class KvtierStorage(HiCacheStorage):
                 metas = [_meta(pool, torch.tensor(flat[(c + i) * ps:(c + i + 1) * ps], dtype=torch.int64))
                          for i in range(len(chunk))]
                 for ptrs, sizes in metas:
-                    if sum(sizes) != self.page_bytes:
+                    if sum(sizes) != reg.page_bytes:
                         raise ValueError(f"get_page_buffer_meta: {sum(sizes)} bytes for a page, "
-                                         f"registered pages hold {self.page_bytes}")
+                                         f"registered pages hold {reg.page_bytes}")
                 if op == "put":
                     for i, (ptrs, sizes) in enumerate(metas):
-                        self._gather(lane.page_addr(i), ptrs, sizes)
+                        cls._gather(lane.page_addr(i), ptrs, sizes)
                 results = lane.run(op, [(key_hash(k), i) for i, k in enumerate(chunk)])
                 ok = [r == "ok" for r in results] if results is not None else [False] * len(chunk)
                 if op == "get":
                     for i, (ptrs, sizes) in enumerate(metas):
                         if ok[i]:
-                            self._scatter(lane.page_addr(i), ptrs, sizes)
+                            cls._scatter(lane.page_addr(i), ptrs, sizes)
                 out += ok
         return out
 
@@ -593,31 +520,31 @@ class KvtierStorage(HiCacheStorage):
 
     # -- tensors: SGLang's generic path (flat pages) --------------------------------
 
-    def _flat(self, t: Any, what: str) -> int:
+    @staticmethod
+    def _flat(reg: _Registration, t: Any, what: str, write: bool) -> int:
         """The address of a flat page tensor (contiguous host memory of one page)."""
-        try:
-            ti = TensorInfo.of(t)
-        except TypeError as e:
-            raise TypeError(f"{what}: {e}") from None
+        ti = TensorInfo.of(t, what)
         nbytes = ti.itemsize
         for d in ti.shape:
             nbytes *= d
         if ti.device is not None or not ti.inner_contiguous(0):
             raise ValueError(f"{what}: expected a contiguous CPU tensor")
-        if nbytes != self.page_bytes:
-            raise ValueError(f"{what}: {nbytes} bytes, a page of the registered pool is {self.page_bytes}")
+        if write and ti.readonly:
+            raise ValueError(f"{what}: read-only memory (a get writes the page into it)")
+        if nbytes != reg.page_bytes:
+            raise ValueError(f"{what}: {nbytes} bytes, a page of the registered pool is {reg.page_bytes}")
         return ti.ptr
 
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         """Stores flat pages (get_data_page tensors); True when all were stored."""
         keys = _keys(keys)
-        self._pool()
-        if values is None or len(values) != len(keys):
-            raise ValueError(f"batch_set: {len(keys)} keys and "
-                             f"{'no' if values is None else len(values)} values")
-        addrs = [self._flat(v, f"values[{i}]") for i, v in enumerate(values)]
-        ok = self._staged_flat("put", keys, addrs)
+        with self._registered() as reg:
+            if values is None or len(values) != len(keys):
+                raise ValueError(f"batch_set: {len(keys)} keys and "
+                                 f"{'no' if values is None else len(values)} values")
+            addrs = [self._flat(reg, v, f"values[{i}]", False) for i, v in enumerate(values)]
+            ok = self._staged_flat(reg, "put", keys, addrs)
         return bool(keys) and all(ok)
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
@@ -627,27 +554,29 @@ class KvtierStorage(HiCacheStorage):
         """Flat pages, into target_locations when given (else new tensors of
         the pool's dtype); None for each key not served."""
         keys = _keys(keys)
-        pool = self._pool()
-        if target_locations is None:
-            import torch
-            target_locations = [torch.empty(self.page_bytes // self._dtype_bytes, dtype=pool.dtype) for _ in keys]
-        elif len(target_locations) != len(keys):
-            raise ValueError(f"batch_get: {len(keys)} keys and {len(target_locations)} target locations")
-        addrs = [self._flat(t, f"target_locations[{i}]") for i, t in enumerate(target_locations)]
-        ok = self._staged_flat("get", keys, addrs)
+        with self._registered() as reg:
+            if target_locations is None:
+                import torch
+                target_locations = [torch.empty(reg.page_bytes // reg.dtype_bytes, dtype=reg.pool.dtype)
+                                    for _ in keys]
+            elif len(target_locations) != len(keys):
+                raise ValueError(f"batch_get: {len(keys)} keys and {len(target_locations)} target locations")
+            addrs = [self._flat(reg, t, f"target_locations[{i}]", True) for i, t in enumerate(target_locations)]
+            ok = self._staged_flat(reg, "get", keys, addrs)
         return [t if k else None for t, k in zip(target_locations, ok)]
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         return self.batch_get([key], None if target_location is None else [target_location])[0]
 
-    def _staged_flat(self, op: str, keys: List[str], addrs: List[int]) -> List[bool]:
+    @staticmethod
+    def _staged_flat(reg: _Registration, op: str, keys: List[str], addrs: List[int]) -> List[bool]:
         if not keys:
             return []
-        lane = self._lane("flat-stage-read" if op == "get" else "flat-stage-write", soft=True)
+        lane = reg.lane("flat-stage-read" if op == "get" else "flat-stage-write", soft=True)
         if lane is None:
             return [False] * len(keys)
         out: List[bool] = []
-        n = self.page_bytes
+        n = reg.page_bytes
         with lane.lock:
             cap = lane.tier.pages
             for c in range(0, len(keys), cap):
@@ -674,14 +603,18 @@ class KvtierStorage(HiCacheStorage):
         return None
 
     def stats(self) -> Dict[str, Dict[str, Any]]:
-        """Each open lane's store counters for its operations."""
+        """Each open lane's store counters for its operations ({} with no pool registered)."""
+        if self._reg is None:
+            return {}
         out = {}
-        for name, lane in list(self._lanes.items()):
-            ops = ("exists", "get") if name.endswith("read") else ("put",)
-            out[name] = {op: lane.store.stats(op) for op in ops}
+        with self._registered() as reg:
+            for name, lane in list(reg.lanes.items()):
+                ops = ("exists", "get") if name.endswith("read") else ("put",)
+                out[name] = {op: lane.store.stats(op) for op in ops}
         return out
 
     def __repr__(self) -> str:
-        path = "zero-copy" if self.zero_copy else ("staging" if self.mem_pool_host is not None else "no pool")
+        reg = self._reg
+        path = "closed" if self._closed else "no pool" if reg is None else \
+            "zero-copy" if reg.plan is not None else "staging"
         return f"<kvtier.sglang.KvtierStorage {getattr(self, 'url', '?')} {path}>"
-

@@ -636,3 +636,133 @@ def test_subclasses_sglang_when_importable(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), pkg]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+# ---- re-registration and configuration ------------------------------------------------
+
+
+def test_re_registering_the_pool_while_threads_do_io(dir_store_url):
+    """register_mem_pool_host again (a new pool of the same geometry, then the
+    old one, 30 times) while three threads back up, load and query: every
+    call completes on one pool or the other, none fails, and the final pool
+    round-trips byte for byte."""
+    import threading
+    pools = [make_pool("mha", "page_first", pages=32) for _ in range(2)]
+    keys, host, content = stored_pages(pools[0], 6, 31)
+    assert stored_pages(pools[1], 6, 31)[0] == keys  # the same pages in both pools
+    dst = pools[0].alloc(2 * pools[0].page_size)
+    assert torch.equal(pools[1].alloc(2 * pools[1].page_size), dst)
+    with ks.KvtierStorage(config(dir_store_url), {"mem_pool_host": pools[0]}) as backend:
+        assert backend.batch_set_v1(keys, host) == [True] * 6
+        stop, errors, calls = threading.Event(), [], [0]
+
+        def loop(fn):
+            while not stop.is_set():
+                try:
+                    fn()
+                    calls[0] += 1
+                except BaseException as e:  # reported below
+                    errors.append(e)
+                    return
+
+        def put():
+            assert backend.batch_set_v1(keys, host) == [True] * 6
+
+        def get():
+            assert backend.batch_get_v1(keys[:2], dst) == [True, True]
+
+        def exists():
+            assert backend.batch_exists(keys) == 6
+
+        threads = [threading.Thread(target=loop, args=(f,)) for f in (put, get, exists)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(30):
+                backend.register_mem_pool_host(pools[(i + 1) % 2])
+                assert backend.mem_pool_host is pools[(i + 1) % 2] and backend.zero_copy
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert errors == [], errors[:3]
+        assert calls[0] > 0
+        final = pools[0]  # the 30th registration (i = 29) put pool 0 back
+        assert backend.mem_pool_host is final
+        new = final.alloc(6 * final.page_size)
+        assert backend.batch_get_v1(keys, new) == [True] * 6
+        assert [final.page_content(f) for f in new.tolist()[::final.page_size]] == content
+
+
+def test_boolean_options_are_parsed_strictly(dir_store_url):
+    def v1(value):
+        with ks.KvtierStorage(config(dir_store_url, extra={"interface_v1": value}), {}) as b:
+            return b.interface_v1
+
+    for yes in (True, 1, "true", "Yes", "ON", "1"):
+        assert v1(yes) is True, yes
+    for no in (False, 0, None):
+        assert v1(no) is False, no
+    for bad in ("false", "0", "Off", "no"):  # SGLang reads bool(value): a string is on, whatever it says
+        with pytest.raises(ValueError, match=r"interface_v1.*SGLang reads it as bool\(\)"):
+            v1(bad)
+    for bad in ("maybe", "", 2, 0.5):
+        with pytest.raises(ValueError, match=r"interface_v1' = .*expected true/false"):
+            v1(bad)
+    with ks.KvtierStorage(config(dir_store_url, is_mla_model="False"), {}) as b:
+        assert b.is_mla is False
+    with pytest.raises(ValueError, match=r"is_mla_model = 'sure'"):
+        ks.KvtierStorage(config(dir_store_url, is_mla_model="sure"), {})
+
+
+def test_unknown_extra_config_keys_are_named_in_a_warning(dir_store_url, caplog):
+    import logging
+    with caplog.at_level(logging.WARNING, logger="kvtier.sglang"):
+        ks.KvtierStorage(config(dir_store_url, extra={"thread": 4, "prefetch_threshold": 256,
+                                                      "tp_lcm_size": 8}), {}).close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "kvtier.sglang"]
+    assert len(warned) == 1 and "'thread'" in warned[0] and "threads" in warned[0], warned  # SGLang's keys pass
+
+
+def test_every_bad_value_names_its_field(dir_store_url):
+    cases = [(dict(tp_rank="x"), ValueError, r"tp_rank = 'x'"),
+             (dict(tp_size=[2]), TypeError, r"tp_size = \[2\]"),
+             (dict(attn_cp_rank=-1), ValueError, r"attn_cp rank -1 of 1"),
+             (dict(pp_size=0), ValueError, r"pp rank 0 of 0"),
+             (dict(model_name=5), TypeError, r"model_name"),
+             (dict(extra={"namespace": 5}), ValueError, r"'namespace' = 5"),
+             (dict(extra={"namespace": "a\x00b"}), ValueError, r"'namespace'"),
+             (dict(extra={"l3": dir_store_url + "\x00x"}), ValueError, r'"l3"'),
+             (dict(extra={"model": "m\x00"}), ValueError, r"'model'"),
+             (dict(extra={"retries": "8"}), ValueError, r"'retries' = '8'"),
+             (dict(extra={"threads": True}), ValueError, r"'threads' = True")]
+    for over, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            ks.KvtierStorage(config(dir_store_url, **over), {})
+
+
+def test_a_closed_backend_says_it_is_closed(dir_store_url):
+    pool = make_pool("mha", "page_first", pages=8)
+    backend = ks.KvtierStorage(config(dir_store_url), {"mem_pool_host": pool})
+    backend.close()
+    for call in (lambda: backend.batch_exists(["a"]), lambda: backend.batch_get_v1(["a"], torch.arange(4)),
+                 lambda: backend.set("a", torch.zeros(8)), lambda: backend.register_mem_pool_host(pool)):
+        with pytest.raises(RuntimeError, match="KvtierStorage is closed"):
+            call()
+
+
+def test_a_pool_with_fewer_pages_than_its_size_is_refused_at_registration(dir_store_url):
+    pool = make_pool("mha", "page_first", pages=16)
+    pool.page_num = 8  # size says 16 pages
+    with ks.KvtierStorage(config(dir_store_url), {}) as backend:
+        with pytest.raises(ValueError, match=r"page_num 8 .*size 64 // page_size 4 = 16"):
+            backend.register_mem_pool_host(pool)
+        with pytest.raises(RuntimeError, match="register_mem_pool_host first"):
+            backend.batch_exists(["a"])  # nothing registered
+        good = make_pool("mha", "page_first", pages=16)
+        backend.register_mem_pool_host(good)
+        with pytest.raises(ValueError, match="page_num"):
+            backend.register_mem_pool_host(pool)
+        assert backend.mem_pool_host is good  # a failed registration changes nothing
+        keys, host, content = stored_pages(good, 2, 3)
+        assert backend.batch_set_v1(keys, host) == [True, True]
