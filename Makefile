@@ -13,7 +13,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX     ?= /usr/local
 CMAKE_ARGS ?=
 RUN_ARGS   ?=
-# make bench's one-worker copy line runs pinned to this CPU (docs/benchmarks.md, *Which core copies*)
+# make bench's one-worker copy line runs pinned to this CPU (docs/performance.md, *Which core copies*)
 BENCH_CPU  ?= $(shell python3 -c 'import os; print(min(os.sched_getaffinity(0)))' 2>/dev/null || echo 0)
 , := ,
 SHELL := /bin/bash
@@ -127,7 +127,7 @@ bench: build
 	scripts/bench-alloc $(BUILD)/kvtier
 	scripts/bench-replay $(BUILD)/kvtier
 
-# The cuda tier's copies (docs/benchmarks.md, "A GPU L1"): built as test-cuda
+# The cuda tier's copies (docs/performance.md, *A GPU L1*): built as test-cuda
 # builds, run where a GPU is, each copy way (DMA, the copy kernel by the spans'
 # sizes) against one block through the same CUDA copy, a JSON object each.
 bench-cuda: test-cuda
