@@ -161,7 +161,7 @@ typedef struct kvt_cache_config {
     bool decision_digest;        /* keep kvt_cache_digest, a running hash of every decision: for CP groups
                                   * (their ranks compare it) and for checks that two runs decided alike.
                                   * Default off: it folds every page id taken or given back and every copy,
-                                  * 6-11 % of a two-tier replay (docs/benchmarks.md, twenty-second round) */
+                                  * work a cache that nobody compares need not do */
 } kvt_cache_config_t;
 
 /* Fills the defaults: 16-token pages, 65536 L1 pages and 262144 L2 pages (a
@@ -212,7 +212,7 @@ KVT_API int kvt_cache_poll(kvt_cache_t *c);
 /* Waits for every copy in flight and applies it. */
 KVT_API int kvt_cache_sync(kvt_cache_t *c);
 
-/* A member of a CP process group (DESIGN.md §6): every rank runs its own
+/* A member of a CP process group (docs/cp.md): every rank runs its own
  * cache on the same calls, so all make the same decisions; the I/O rank
  * makes every backup of the group, each rank the loads into its own lane
  * (L1 page p is on lane p mod l1_lanes); the copies another rank makes

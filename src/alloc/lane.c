@@ -41,7 +41,7 @@ struct kvt_laneal {
     uint64_t *dealt; /* pages each lane has been dealt, ever */
     uint64_t reserves, reserve_failures, frees;
     void *scratch; /* the work arrays of reserve and free, kept between calls up to SCRATCH_KEEP (a free */
-    size_t scratch_bytes; /* of an eviction round's pages needs ~40 B a page: allocated afresh each time, it was faulted in anew) */
+    size_t scratch_bytes; /* of an eviction round's pages needs ~40 B a page: kept, it is not faulted in anew each call) */
 };
 
 /* Scratch is kept up to this size between calls; a larger call's goes back
@@ -207,12 +207,12 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
     if (rc == KVT_OK) {
         memset(first, 0, (2 * (size_t)lanes + 1) * sizeof(size_t)); /* first and merged */
         for (uint32_t l = 0; l < lanes; l++) open[l] = SIZE_MAX;
-        bool pow2 = (lanes & (lanes - 1)) == 0; /* 1, 2, 4, ...: a mask and a shift (a division was most of a free's time) */
+        bool pow2 = (lanes & (lanes - 1)) == 0; /* 1, 2, 4, ...: a mask and a shift, not a division a page */
         unsigned shift = kvt__bits_of(lanes - 1);
         size_t nr = 0;
         /* The run of the last page's lane is held in locals (cl, cs, clen; cr its slot): a run of
-         * one lane's pages grows in registers, without a store and a reload per page (that chain
-         * through memory was half a free's time); it goes to runs[] when another lane's page comes. */
+         * one lane's pages grows in registers, without a store and a reload per page (a chain
+         * through memory); it goes to runs[] when another lane's page comes. */
         uint32_t cl = UINT32_MAX, cs = 0, clen = 0;
         size_t cr = 0;
         for (size_t i = 0; i < n; i++) { /* (page ids are 32-bit: a 32-bit division, not kvt_lane_of's 64-bit one) */

@@ -187,11 +187,10 @@ void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
  * compare it). Inline: a fold per page id taken or given back. The digest is
  * the sum of one term per value, a multiply-xorshift of the value and its
  * place in the sequence (fold-int.h): the place keeps the order, and no term
- * waits on the one before (a chain through a multiply a fold, as (d ^ v) x P
- * + C is, was 7-9 % of the two-tier replay: docs/benchmarks.md, twelfth
- * round). Only a cache made with cfg.decision_digest folds: even so the folds
- * were 6-11 % of a two-tier replay, paid by every cache for a check that only
- * CP groups and tests make (docs/benchmarks.md, twenty-second round). */
+ * waits on the one before (a chain such as (d ^ v) x P + C would put a
+ * multiply's latency on every page id). Only a cache made with
+ * cfg.decision_digest folds: the folds are a term per page id, and only CP
+ * groups and tests read the digest. */
 static inline bool kvt__cache_folds(const kvt_cache_t *c) { return c->cfg.decision_digest; }
 static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) {
     if (kvt__cache_folds(c)) c->digest += kvt__fold_term(v, c->folds++);

@@ -93,8 +93,7 @@ int kvt__cache_flush(kvt_cache_t *c) {
     if (c->l2_back.n && rc == KVT_OK) {
         /* ids as they came make runs: a node's pages leave tail first, its L2 ids mostly one run, so
          * an id extends the run before it at either end (one linear pass; the allocator sorts the
-         * runs and merges neighbours: on the Mooncake replay, 1.34 M ids in 3,213 runs where sorting
-         * them first made 2,392, and the sort was 3 % of the two-tier replay). A run that grows one
+         * runs and merges neighbours, so no sort of the ids is needed first). A run that grows one
          * way goes on growing that way: its ids are found by run_end, not an id a three-way branch. */
         const uint32_t *id = c->l2_back.id;
         size_t n = c->l2_back.n, k = 0, i = 1;

@@ -9,10 +9,9 @@
  * Addition mod 2^64 is associative, so the sum is the scalar loop's, bit for
  * bit (tests/unit/cache/test_fold.c checks both ways against the definition).
  * The places' products (n + i + j) G advance by 8 G a step, as the scalar loop's
- * by G (gcc makes that strength reduction there too). On the default two-tier
- * replay the folds were ~10 % of the run (0.075 s, 0.068 s with none made at
- * all); this way took it to 0.076 from 0.084 s in alternating runs
- * (docs/benchmarks.md, sixteenth round). A run of backups made at once
+ * by G (gcc makes that strength reduction there too). What it buys: eight
+ * terms a multiply instruction, where a digest-keeping cache folds every
+ * page id it takes or gives back. A run of backups made at once
  * (copies.c) folds its copies the same way, its l1 ids read from the tree's
  * page states. Where there is no AVX-512, the scalar loops run. */
 #include <stddef.h>

@@ -19,11 +19,11 @@
  *        a request back:        its walk finds [40 ..] at page 40, checks page 55's key,
  *                               takes 16 pages; then [56 ..] at 56, and so on
  *
- * On arc's ghosts this takes the adds and lookups of the default replay
- * from 2.0 M and 1.25 M to ~130 K and ~85 K (docs/benchmarks.md, fourteenth
- * round); a request that ends or diverges inside a run takes none of it,
- * where a ghost of pages would take its leading pages (docs/policies.md: the
- * hit rates that moves).
+ * On the default replay arc's ghosts make ~130 K adds and ~85 K lookups
+ * where ghosts of pages would make 2.0 M and 1.25 M. The price: a request
+ * that ends or diverges inside a run takes none of it, where a ghost of
+ * pages would take its leading pages (docs/policies.md: the hit rates that
+ * moves).
  *
  * Age is counted in epochs, a clock instead of a FIFO of full keys. Pages
  * added are numbered from 0 and page i falls in epoch i / len; after n pages,
@@ -60,15 +60,13 @@
  * caches). While b1's bit is clear its keys are all in b1, so a lookup or an
  * add reads one line; with the bit set, both (the two loads issued at once,
  * about one miss). Nothing clears a bit, so the load a table is sized for
- * sets how many read two lines: at 14 keys a bucket, 37 % of `arc`'s ghost 0
- * buckets had spilled by the end of the page-16 replay (54 % with 200,000 L1
- * and 400,000 L2 pages), and the adds' second lines and add_spilled were a
- * quarter of the ghosts' time; at 12, 13 % (21 %), and the ghosts' share of
- * the replay went from 0.17 to 0.14 (docs/benchmarks.md, eleventh round; at
- * 10, 3 % for 20 % more memory, and no faster there). In a long run nearly
- * every bucket spills in the end (exact counts instead of the bit cost more
- * than the lines they save: the same round). An add prefetches its lines and
- * goes in 16 adds later (a ring of pending adds), so that an eviction round's
+ * sets how many read two lines: sized for 12 keys a bucket, about an eighth
+ * of `arc`'s ghost-0 buckets have spilled by the end of the page-16 replay,
+ * against over a third at 14; at 10 almost none spill, for a fifth more
+ * memory and no gain in time. In a long run nearly every bucket spills in the
+ * end; an exact count of the keys away from their b1, instead of the bit,
+ * costs more bookkeeping than the lines it saves. An add prefetches its lines
+ * and goes in 16 adds later (a ring of pending adds), so that an eviction round's
  * adds overlap their misses; any read applies the ring first. An add takes a free or expired entry of b1,
  * else of b2; with both full of live keys it moves a live key to its other
  * bucket (cuckoo), at most 256 moves; the table is sized for 12 keys a bucket
@@ -83,17 +81,14 @@
  * doubling sends each entry from bucket b to 2b or 2b + 1 by its next grow
  * bit, a pass down the table with no key needed (grow()). So a ghost that
  * never fills (a short run; a cache larger than its traffic's pages) touches
- * a quarter or a half of the memory, and keeps its lines in fewer caches: on
- * the page-16 replay, `arc`'s two ghosts went from 16.5 MB to 6.2 MB touched
- * (7.2 MB at 12 keys a bucket). A ghost of runs starts at a sixteenth and
- * may double four times (RUN_GROW_LEVELS): sized for a page an entry, it
- * holds ~16 pages an entry at the defaults, so that a quarter was four times
- * the lines it fills; at a sixteenth, `arc`'s two tables with their aux are
- * 0.65 MB in all instead of 2.6 (3,414 buckets each, ~7 entries a bucket at
- * the end, never doubled), and an add on cold caches took 48 ns instead of
- * 63 (docs/benchmarks.md, nineteenth round). Its grow bits are four, so a
- * full table's chance of a false "present" is 16, not 4, times the one
- * below; one that has not doubled (the defaults') keeps the one below.
+ * a quarter or a half of the memory, and keeps its lines in fewer caches. A
+ * ghost of runs starts at a sixteenth and may double four times
+ * (RUN_GROW_LEVELS): sized for a page an entry, it holds ~16 pages an entry
+ * at the defaults, so a quarter would be four times the lines it fills; at a
+ * sixteenth `arc`'s tables end the default replay at ~7 entries a bucket,
+ * never doubled, and an add on cold caches misses fewer lines. Its grow bits
+ * are four, so a full table's chance of a false "present" is 16, not 4, times
+ * the one below; one that has not doubled (the defaults') keeps the one below.
  *
  * Fingerprints are 24 bits of the key, odd (a free entry's low part is 0), so
  * a lookup of an absent key at full load answers "present" (a page taken for
@@ -101,18 +96,17 @@
  * not grow. In one that has doubled j times, the entries of a bucket share
  * its j grow bits with the keys looked up there (their place implies them):
  * 2^j x that, 1.1e-5 at full size; less, as a lookup reads the second bucket
- * only where the first has spilled (6.7e-6 measured; 1.0e-5 at 14 a bucket).
+ * only where the first has spilled (ghost/false_presents_are_rare counts them).
  *
  * Memory: a bucket (64 bytes) per 12 entries, 5.3 bytes an entry, on huge
  * pages (every access is random: 4 KiB pages would miss the TLB too), plus
  * 2 KiB of counts; a ghost of runs, 2.7 bytes more an entry for aux. The
  * table is sized for cap entries (a run can be one page), reserves its full
  * size and faults in what it uses: arc's ghosts at the defaults, ~16 pages a
- * run, stay in their first quarter.
- * The exact FIFO of (32-bit fingerprint, 32-bit add number) entries and a
- * bit per add it replaced took 9.1 bytes a key; on the page-16 replay,
- * halving the tables (4.6 bytes a key, at 14 a bucket) took `arc` from 1.43
- * to ~1.3 x `lru` (docs/benchmarks.md).
+ * run, stay in their first quarter. An exact FIFO of (32-bit fingerprint,
+ * 32-bit add number) entries with a bit per add would take 9.1 bytes a key:
+ * the epoch tags halve the table, and the ghosts' adds and lookups wait on
+ * its lines (docs/performance.md, *Where the time goes*).
  */
 #include <string.h>
 #if defined(__SSE2__)

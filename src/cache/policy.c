@@ -200,9 +200,10 @@ static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, 
 /* The sum is a chain of adds in page order (the same p to the bit as one
  * page at a time), each kept within the one bound it moves toward (p starts
  * within both), and p, once at the bound, stays there (a step is at least 1,
- * and p + 1 > p this far under 2^53): the chain stops there. Not inlined:
- * inlined into the walk, p lived in the walk's stack slot (every xmm register
- * is lost across the walk's calls) and each add waited on a store and a load.
+ * and p + 1 > p this far under 2^53): the chain stops there. Not inlined, so
+ * that p stays in a register: inlined into the walk, p would live in the
+ * walk's stack slot (every xmm register is lost across the walk's calls) and
+ * each add would wait on a store and a load.
  * Unit steps need no chain where it is exact, and then it is one add:
  *  - down: p <= cap < 2^52 is a multiple of its ulp u <= 1/2, and u divides 1,
  *    so each p - j >= 0 is a multiple of u no larger than p: exact. The chain

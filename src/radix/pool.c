@@ -4,8 +4,8 @@
  * Each node has arrays sized by its page count, and a replay makes and drops
  * them by the million (an insert, a split, a trim to nothing). Straight from
  * malloc, arrays of 128 KiB and more are mmap'd one by one and unmapped on
- * free, so every insert of a long request faults its memory in afresh, 4 KiB
- * at a time: at 16 tokens a page that was a quarter of a replay. The pool
+ * free, so every insert of a long request would fault its memory in afresh,
+ * 4 KiB at a time. The pool
  * carves arrays out of chunks (2 MiB, doubling to 16 MiB) and keeps freed
  * ones on a free list per size class for the next node:
  *
@@ -18,20 +18,18 @@
  * takes the smallest free block of a larger class (a bitmap of the lists
  * that hold one) and splits it: the rest goes onto the lists in the largest
  * pieces it holds (under 16 bytes is lost); only when no list can
- * serve it is a new block carved. (The first pool took from the next two
- * classes only and never split: a long soak, its node sizes drifting, left
- * blocks of classes no longer asked for on their lists and carved new ones,
- * 16 MiB a chunk, without end: 51 -> 115 MiB of live metadata in 600 s for a
- * tree of 16,000 pages.) A block on list c is at least class c's size.
+ * serve it is a new block carved. (Without the split, a long run whose node
+ * sizes drift would leave blocks of classes no longer asked for on the lists
+ * and carve new chunks without end: radix/pool_reuses_what_it_holds.) A
+ * block on list c is at least class c's size.
  *
  * A chunk is a whole number of 2 MiB from a 2 MiB boundary, asked for
  * transparent huge pages (kvt__malloc_huge): the tree's memory comes in one
  * fault per 2 MiB. Its slack is address space never touched, and is not
- * counted in the tree's bytes. (Chunks of 1 and 2 MiB from malloc, used from
- * their first byte, had no aligned 2 MiB inside, and the ends of the larger
- * ones none either: a replay of the shipped trace faulted ~9 MiB of them in
- * 4 KiB at a time, ~2,300 faults, while its tree grew; on a VM a fault costs
- * microseconds.)
+ * counted in the tree's bytes. (A chunk from plain malloc starts just past a
+ * page boundary, so a 1 or 2 MiB one holds no aligned 2 MiB and a larger
+ * one's ends none either: those would fault in 4 KiB at a time as the tree
+ * grows.)
  *
  * Invariants: every block on a free list lies in a chunk, and is at least
  * its class's size; bit c of `nonempty` is set exactly when list c has a

@@ -42,10 +42,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* xxHash inline here: a page's digest hashes 64 bytes at 16 tokens a page,
- * where the library call's PLT hop and length dispatch were a third of its
- * cost, and the digests of a node's pages, inlined, overlap one another
- * (docs/benchmarks.md, eleventh round). Same values as the library's. */
+/* xxHash inline here: a page's digest hashes only 64 bytes at 16 tokens a
+ * page, so the library call's PLT hop and length dispatch would be a large
+ * part of it; inlined, the digests of a node's pages also overlap one
+ * another. Same values as the library's. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -73,8 +73,8 @@ kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_
     size_t tb = (size_t)page_tokens * sizeof(int32_t);
     XXH128_hash_t h;
     /* The same bytes either way (XXH3's streaming and one-shot forms agree): pages of up to 256
-     * tokens are laid out once and hashed in one call, which is several times faster than the
-     * streaming state (576 bytes to reset and two updates) for a 64-byte page. */
+     * tokens are laid out once and hashed in one call, not through the streaming state (576
+     * bytes to reset and two updates for a 64-byte page). */
     uint8_t buf[20 + 256 * sizeof(int32_t)];
     if (page_tokens <= 256) {
         memcpy(buf, &p.lo, 8);
@@ -272,10 +272,10 @@ kvt_rnode_t *kvt__radix_root(kvt_radix_t *r) { return &r->root; }
  * arrays, where its pages already lie, and the tail goes to new blocks of
  * its size, which become c's; a shorter head is copied into new blocks and
  * the tail stays in c's (moved down, or to blocks of its size where that
- * halves its arrays). On the shipped trace the heads are the long side:
- * copying them was 630 K pages (48 MB of tokens and states) a two-tier
- * replay, against 13 K pages of tails. A head left in arrays it fills half
- * or less moves to blocks of its size (shrink's rule). */
+ * halves its arrays). On the shipped trace the heads are nearly always the
+ * long side, so the tails copied are a small fraction of the pages the heads
+ * would be. A head left in arrays it fills half or less moves to blocks of
+ * its size (shrink's rule). */
 static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head) {
     uint32_t pt = r->page_tokens, tail = c->npages - k;
     bool head_stays = tail < k; /* the head keeps c's arrays */
