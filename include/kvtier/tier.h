@@ -139,8 +139,8 @@ KVT_API const char *kvt_tier_kind_name(kvt_tier_kind_t k);
 /* cuda, and engine tiers on device memory: how the transfer engine copies a batch of spans
  * between the GPU and host memory. Neither flag (the default): the SMs' copy kernel for a batch
  * of two or more spans averaging at most 256 KiB, the copy engines (DMA, cudaMemcpyBatchAsync)
- * for the rest; a copy engine spends ~2 us a span, so scattered pages of a few KiB reach a few
- * percent of the link by DMA and most of it by the kernel (docs/benchmarks.md). The kernel only
+ * for the rest; a copy engine pays a fixed cost a span, so scattered pages of a few KiB reach a
+ * small part of the link by DMA and most of it by the kernel (docs/performance.md). The kernel only
  * ever touches host memory a transfer engine registered itself (KVT_TIER_REGISTER, host tiers):
  * a batch with any other host span goes by DMA. Both flags together: KVT_EINVAL. */
 #define KVT_TIER_COPY_DMA 0x40    /* every batch by the copy engines */

@@ -3,8 +3,9 @@
  * CMakeLists.txt). The dispatcher runs the widest kernel the CPU has
  * (AVX-512, AVX2, else SSE2); the plain XXH3_64bits of Debian's libxxhash is
  * its SSE2 build. Same values either way (XXH3 does not depend on the vector
- * width). On Zen 5, with AVX-512, a fused copy + checksum of 16 KiB pages into
- * L2 went from 7.6 to 15.4 GB/s (docs/benchmarks.md, ninth round).
+ * width). What it buys: the checksum of a fused copy + checksum keeps up with
+ * the copy on a CPU with wide vector units, where the SSE2 kernel halves it
+ * (docs/performance.md, *Checksums*).
  *
  * For bulk bytes only: a short key (a page's 64 bytes of tokens) gains
  * nothing from the wide kernels and would pay the dispatch's indirect call,

@@ -8,7 +8,7 @@
  * unified addressing (cudaMemcpyDefault). Host memory the engine copies to or
  * from is registered (cudaHostRegister) so copies are true DMA.
  *
- * Or by the SMs: a copy engine spends ~2 us a span, so a batch of many small
+ * Or by the SMs: a copy engine pays a fixed cost a span, so a batch of many small
  * spans (scattered pages, or a layer_first tier's pieces) goes to the copy
  * kernel (cuda_copy.cu) instead: its spans are written to a page-locked
  * staging array, copied to the device in one DMA, and the kernel copies them,
@@ -17,8 +17,8 @@
  * unregistered since: the ranges are kept here (host_ranges), and a batch with
  * a span whose host side is outside them (memory someone else pinned, say)
  * goes by DMA, as does every batch on a device that cannot use the host's
- * pointers for registered memory (cudaDevAttrCanUseHostPointerForRegisteredMem;
- * the H200 this was measured on can). Which way a batch goes:
+ * pointers for registered memory (cudaDevAttrCanUseHostPointerForRegisteredMem).
+ * Which way a batch goes:
  * KVT_TIER_COPY_DMA, KVT_TIER_COPY_KERNEL, or by its average span
  * (CUDA_COPY_MAX_AVG) where neither flag is set.
  *
@@ -42,12 +42,10 @@
 bool kvt_tier_cuda_built(void) { return true; }
 
 /* A batch whose spans average at most this goes to the kernel (neither flag
- * set). On an H200 (PCIe gen 5, 54 GB/s as one block): scattered 64 KiB spans
- * by DMA 30-32 GB/s, by the kernel 44-45; 128 KiB pieces 44-45 by DMA, 48-49
- * by the kernel; at 1 MiB both ~50. A few large spans are the kernel's worst
- * case (a warp a span: whole layer_first runs by the kernel ran at 11-33 GB/s),
- * so past this average the copy engines take them (docs/benchmarks.md, "A GPU
- * L1"). */
+ * set). Below it the kernel reaches more of the link than the copy engines;
+ * at 1 MiB spans the two are level. A few large spans are the kernel's worst
+ * case (a warp a span), so past this average the copy engines take them
+ * (docs/performance.md, *A GPU L1*). */
 #define CUDA_COPY_MAX_AVG (256u << 10)
 
 /* The host memory this process registered (cuda_register_host), which the

@@ -3,12 +3,12 @@
  * cudaHostRegister: under unified addressing the host pointer is the device
  * one), copied by the SMs instead of the copy engines.
  *
- * Why: a copy engine takes ~2 us a span, so scattered 2-16 KiB pieces reach
- * 2-30 % of the PCIe link through cudaMemcpyBatchAsync (docs/benchmarks.md,
- * "A GPU L1"); SM threads keep thousands of loads and stores in flight at
- * once across the link, whatever the spans' sizes. cuda.c decides which path
- * a batch takes (CUDA_COPY_MAX_AVG; the tier flags KVT_TIER_COPY_DMA and
- * KVT_TIER_COPY_KERNEL).
+ * Why: a copy engine pays a fixed cost a span, so scattered pieces of a few
+ * KiB reach a small part of the PCIe link through cudaMemcpyBatchAsync
+ * (docs/performance.md, *A GPU L1*); SM threads keep thousands of loads and
+ * stores in flight at once across the link, whatever the spans' sizes.
+ * cuda.c decides which path a batch takes (CUDA_COPY_MAX_AVG; the tier flags
+ * KVT_TIER_COPY_DMA and KVT_TIER_COPY_KERNEL).
  *
  * One warp a span, spans strided over the grid. A span whose ends and length
  * are 16-byte aligned moves 16 bytes a lane, four loads in flight before the

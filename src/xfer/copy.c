@@ -14,12 +14,11 @@
  * go one line after the other). Loads are unaligned (src keeps whatever
  * offset it has against dst); the stores are aligned, whole cache lines, so
  * each line leaves the write-combining buffer once. Why four: one core
- * copying one stream waits on one sequence of DRAM rows. On the AMD EPYC VM
- * of docs/benchmarks.md (twenty-first round) one stream streamed 9.6-9.9
- * GB/s, four 12.0-12.5 (two 11.4-12.0, six or eight no better than four
- * below 1 MiB), glibc's memcpy of one large block (its own non-temporal
- * loop, which interleaves four pages) 11.1-11.3, and memcpy of chunks up to
- * 64 MiB 6.9. */
+ * copying one stream waits on one sequence of DRAM rows, and four keep more
+ * rows busy (glibc's own non-temporal memcpy of a large block interleaves
+ * four pages for the same reason); two streams are not enough, and six or
+ * eight are no better than four below 1 MiB. The figures are in
+ * docs/performance.md, *Four streams of lines*. */
 #include <stdint.h>
 #include <string.h>
 

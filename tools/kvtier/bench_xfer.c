@@ -28,7 +28,8 @@
  * inherit the mask). With one CPU the engine's worker copies on the core the
  * references copied on while the submitting thread sleeps in poll: on a VM
  * whose virtual CPUs the host serves unevenly, that takes the difference
- * between two cores out of a one-worker ratio (docs/benchmarks.md). */
+ * between two cores out of a one-worker ratio (docs/performance.md, *Which
+ * core copies*). */
 #include <inttypes.h>
 #include <sched.h>
 #include <stdio.h>
@@ -115,9 +116,9 @@ static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n) {
 
 /* The streaming reference: the destination 64-aligned, whole lines streamed
  * as four ways side by side (one core streaming four sequences of lines
- * keeps more DRAM rows busy than one: on the AMD EPYC VM of
- * docs/benchmarks.md 12.0-12.5 GB/s against 9.6-9.9 one way), the ragged
- * ends by memcpy; memcpy where there are no streaming stores. */
+ * keeps more DRAM rows busy than one, as the library's own copy does:
+ * src/xfer/copy.c), the ragged ends by memcpy; memcpy where there are no
+ * streaming stores. */
 static void stream_copy(void *dst, const void *src, size_t n) {
 #ifdef STREAM_X86
     uint8_t *d = dst;

@@ -21,23 +21,14 @@
  *   multiply (vpmullq) for the second round. Eight tokens from a low value
  *   L with L % 8 == 0 take table entries ((L ^ hl) & ~7) + (i ^ (hl & 7)),
  *   i = 0..7: one aligned 64-byte load, permuted (vpermq) by i ^ (hl & 7).
- *   On a Xeon with AVX-512 (2026-12-02), 121,877 blocks: 0.30 ns a token,
- *   where the plain loop vectorised the same way (two vpmullq) took
- *   0.47-0.52.
+ *   One vpmullq a token where the plain loop vectorised the same way takes
+ *   two.
  *
  * A machine without AVX-512 has no vector 64-bit multiply: AVX2's is three
- * 32-bit ones. Per token on Zen 1 (128-bit vector units), 121,877 blocks:
- *
- *   | way                       | ns a token |
- *   |---------------------------|------------|
- *   | the plain loop, AVX2      | 2.4        |
- *   | the plain loop, scalar    | 1.9        |
- *   | the split                 | 1.5        |
- *   | the split with SSE4.1     | 1.0        |
- *   | the split with AVX2       | 1.2        |
- *
- * The AVX2 split was slower here, where 256-bit operations are split in two,
- * so it is not kept. */
+ * 32-bit ones, so there the plain loop vectorised with AVX2 loses to the
+ * scalar one, and the split with SSE4.1 is the fastest way. There is no AVX2
+ * split: on CPUs that split 256-bit operations in two (Zen 1) it loses to
+ * SSE4.1's. */
 #include <stdbool.h>
 #include <stdint.h>
 
