@@ -1,4 +1,4 @@
-/* The layering the design states (DESIGN.md §3), checked from the sources'
+/* The layering of README.md's Layout, checked from the sources'
  * #include lines by scripts/check-layers: no module uses one above it, tier
  * and net form no cycle (tier uses the socket layer, net uses tier through
  * its public header only), and the command includes public headers only (it

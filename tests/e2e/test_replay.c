@@ -12,7 +12,7 @@
 #define RUN(...) run_argv((const char *const[]){NULL, "replay", __VA_ARGS__, NULL})
 
 
-/* The second row of the reference table (../shared/traces/README.md). */
+/* The second row of the reference table (data/README.md). */
 Test(replay, reference_lru_hit_rates, .timeout = 120) {
     run_result_t r = RUN(TRACE, "--page-tokens", "512", "--sweep", "2000,6000,20000,unbounded", "--l2-pages", "0",
                          "--policy", "lru", "--l1-free-room", "0", "--json");

@@ -1,5 +1,5 @@
 /* kvtier cp — a context-parallel group of C rank processes sharing one
- * node's KV (DESIGN.md §6, docs/cp.md), over the library's CP group
+ * node's KV (docs/cp.md), over the library's CP group
  * (include/kvtier/cp.h), which does every cross-process step:
  *
  *   kvtier cp --ranks C ...                     forks C ranks of the group

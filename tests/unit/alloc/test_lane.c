@@ -146,7 +146,7 @@ Test(lane, model_fuzz, .timeout = 300) {
     lane_fuzz(4096, 8, 10000, 15);
 }
 
-/* C = 4, pages 0..: page p on lane p % 4 at local p / 4 (DESIGN.md §6). */
+/* C = 4, pages 0..: page p on lane p % 4 at local p / 4 (docs/cp.md, Layout). */
 Test(lane, rotation_example) {
     kvt_laneal_t *la;
     cr_assert_eq(kvt_laneal_create(&la, 64, 4), KVT_OK);

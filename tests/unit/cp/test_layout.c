@@ -1,6 +1,7 @@
-/* CP slot translation against the formulas of DESIGN.md §6, exhaustively for
- * small C, P, R, and against a brute-force picture of the views: the read
- * view is every lane's shard laid out rank-major, the write view one shard. */
+/* CP slot translation against the formulas of docs/cp.md (Layout),
+ * exhaustively for small C, P, R, and against a brute-force picture of the
+ * views: the read view is every lane's shard laid out rank-major, the write
+ * view one shard. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
