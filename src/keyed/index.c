@@ -1,0 +1,179 @@
+/* The keyed cache's two indexes over its dense entry array (keyed.c's essay
+ * draws them): a hash table from key to entry, and the eviction heap.
+ *
+ * Table: open addressing with linear probing over a power-of-two array of
+ * uint32 slots (entry index + 1; 0 is empty), at most half full, so a probe
+ * sequence is short. A key sits in the first free slot at or after its home;
+ * deletion shifts the later members of its cluster back (no tombstones), so
+ * the invariant is plain: from a key's home to its slot no slot is empty.
+ *
+ * Heap: a binary min-heap of entry indexes by (score, hi, lo), each entry
+ * holding its position (entry.heap), so that a pinned or re-scored entry is
+ * erased or moved in O(log E) without a search.
+ */
+#include <string.h>
+
+#include "kvtier/error.h"
+#include "../core/check-int.h"
+#include "../core/mem-int.h"
+#include "../core/mix-int.h"
+#include "keyed-int.h"
+
+int kvt__keyed_grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return KVT_OK;
+    size_t n = *cap < 16 ? 16 : *cap;
+    while (n < need) {
+        if (n > SIZE_MAX / 2) return KVT_ENOMEM;
+        n *= 2;
+    }
+    if (n > SIZE_MAX / elem) return KVT_ENOMEM;
+    void *q = kvt__realloc(*p, *cap * elem, n * elem);
+    if (q == NULL) return KVT_ENOMEM;
+    *p = q;
+    *cap = n;
+    return KVT_OK;
+}
+
+size_t kvt__keyed_home(const kvt_keyed_t *c, kvt_key128_t key) {
+    return (size_t)kvt__mix64(key.lo ^ kvt__splitmix64(key.hi)) & (c->tcap - 1);
+}
+
+size_t kvt__keyed_slot(const kvt_keyed_t *c, kvt_key128_t key) {
+    if (c->tcap == 0) return SIZE_MAX;
+    size_t mask = c->tcap - 1;
+    for (size_t s = kvt__keyed_home(c, key);; s = (s + 1) & mask) {
+        uint32_t v = c->slots[s];
+        if (v == 0) return SIZE_MAX;
+        if (kvt__key_eq(c->ents[v - 1].key, key)) return s;
+    }
+}
+
+uint32_t kvt__keyed_find(const kvt_keyed_t *c, kvt_key128_t key) {
+    size_t s = kvt__keyed_slot(c, key);
+    return s == SIZE_MAX ? UINT32_MAX : c->slots[s] - 1;
+}
+
+static void table_put(kvt_keyed_t *c, uint32_t i) {
+    size_t mask = c->tcap - 1, s = kvt__keyed_home(c, c->ents[i].key);
+    while (c->slots[s] != 0) s = (s + 1) & mask;
+    c->slots[s] = i + 1;
+}
+
+/* A table of tcap slots holding every entry; the old one is freed. */
+static int table_rebuild(kvt_keyed_t *c, size_t tcap) {
+    uint32_t *slots = kvt__calloc(tcap, sizeof(uint32_t));
+    if (slots == NULL) return KVT_ENOMEM;
+    kvt__free(c->slots, c->tcap * sizeof(uint32_t));
+    c->slots = slots;
+    c->tcap = tcap;
+    for (size_t i = 0; i < c->nents; i++) table_put(c, (uint32_t)i);
+    return KVT_OK;
+}
+
+int kvt__keyed_reserve_keys(kvt_keyed_t *c, size_t keys) {
+    if (keys >= UINT32_MAX) return KVT_ENOMEM; /* entry indexes are uint32, UINT32_MAX is "none" */
+    if (kvt__keyed_grow((void **)&c->ents, &c->ecap, keys, sizeof(kvt__kentry_t)) != KVT_OK) return KVT_ENOMEM;
+    if (c->hcap < c->ecap) { /* the heap may hold every entry */
+        uint32_t *h = kvt__realloc(c->heap, c->hcap * sizeof(uint32_t), c->ecap * sizeof(uint32_t));
+        if (h == NULL) return KVT_ENOMEM;
+        c->heap = h;
+        c->hcap = c->ecap;
+    }
+    size_t tcap = c->tcap < 16 ? 16 : c->tcap;
+    while (tcap / 2 < keys) tcap *= 2;
+    return tcap == c->tcap ? KVT_OK : table_rebuild(c, tcap);
+}
+
+uint32_t kvt__keyed_add(kvt_keyed_t *c, kvt_key128_t key, uint64_t score) {
+    KVT_ASSERT(c->nents < c->ecap && (c->nents + 1) * 2 <= c->tcap);
+    uint32_t i = (uint32_t)c->nents++;
+    c->ents[i] = (kvt__kentry_t){.key = key, .score = score, .heap = KVT__KEYED_NOWHERE, .state = KVT__KEYED_PENDING};
+    table_put(c, i);
+    return i;
+}
+
+/* Empties slot s, shifting back the later members of its cluster that may
+ * live there (their home is not in (s, j]). */
+static void table_delete(kvt_keyed_t *c, size_t s) {
+    size_t mask = c->tcap - 1;
+    for (size_t j = (s + 1) & mask; c->slots[j] != 0; j = (j + 1) & mask) {
+        size_t home = kvt__keyed_home(c, c->ents[c->slots[j] - 1].key);
+        if (((j - home) & mask) >= ((j - s) & mask)) {
+            c->slots[s] = c->slots[j];
+            s = j;
+        }
+    }
+    c->slots[s] = 0;
+}
+
+void kvt__keyed_remove(kvt_keyed_t *c, uint32_t i) {
+    KVT_ASSERT(i < c->nents && c->ents[i].heap == KVT__KEYED_NOWHERE);
+    table_delete(c, kvt__keyed_slot(c, c->ents[i].key));
+    uint32_t last = (uint32_t)--c->nents;
+    if (i == last) return;
+    c->ents[i] = c->ents[last];
+    c->slots[kvt__keyed_slot(c, c->ents[i].key)] = i + 1;
+    if (c->ents[i].heap != KVT__KEYED_NOWHERE) c->heap[c->ents[i].heap] = i;
+}
+
+/* ---- heap ---- */
+
+static int heap_less(const kvt_keyed_t *c, size_t a, size_t b) {
+    return kvt__kentry_less(&c->ents[c->heap[a]], &c->ents[c->heap[b]]);
+}
+
+static void heap_set(kvt_keyed_t *c, size_t pos, uint32_t i) {
+    c->heap[pos] = i;
+    c->ents[i].heap = (uint32_t)pos;
+}
+
+static void sift_up(kvt_keyed_t *c, size_t pos) {
+    uint32_t i = c->heap[pos];
+    while (pos > 0) {
+        size_t up = (pos - 1) / 2;
+        if (!kvt__kentry_less(&c->ents[i], &c->ents[c->heap[up]])) break;
+        heap_set(c, pos, c->heap[up]);
+        pos = up;
+    }
+    heap_set(c, pos, i);
+}
+
+static void sift_down(kvt_keyed_t *c, size_t pos) {
+    uint32_t i = c->heap[pos];
+    for (;;) {
+        size_t l = 2 * pos + 1, m = pos;
+        if (l >= c->nheap) break;
+        m = l + 1 < c->nheap && heap_less(c, l + 1, l) ? l + 1 : l;
+        if (!kvt__kentry_less(&c->ents[c->heap[m]], &c->ents[i])) break;
+        heap_set(c, pos, c->heap[m]);
+        pos = m;
+    }
+    heap_set(c, pos, i);
+}
+
+void kvt__heap_push(kvt_keyed_t *c, uint32_t i) {
+    KVT_ASSERT(c->nheap < c->hcap && c->ents[i].heap == KVT__KEYED_NOWHERE);
+    c->heap[c->nheap] = i;
+    sift_up(c, c->nheap++);
+}
+
+void kvt__heap_erase(kvt_keyed_t *c, uint32_t i) {
+    size_t pos = c->ents[i].heap, last = --c->nheap;
+    c->ents[i].heap = KVT__KEYED_NOWHERE;
+    if (pos == last) return;
+    c->heap[pos] = c->heap[last];
+    c->ents[c->heap[pos]].heap = (uint32_t)pos;
+    kvt__heap_fix(c, c->heap[pos]);
+}
+
+uint32_t kvt__heap_pop(kvt_keyed_t *c) {
+    uint32_t i = c->heap[0];
+    kvt__heap_erase(c, i);
+    return i;
+}
+
+void kvt__heap_fix(kvt_keyed_t *c, uint32_t i) {
+    size_t pos = c->ents[i].heap;
+    if (pos > 0 && heap_less(c, pos, (pos - 1) / 2)) sift_up(c, pos);
+    else sift_down(c, pos);
+}

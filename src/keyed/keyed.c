@@ -1,0 +1,397 @@
+/* The keyed page cache: host pages found by a 128-bit key (kvtier/keyed.h
+ * gives the contract; this is the structure behind it).
+ *
+ * Every present key is one entry of a dense array; two indexes point into it,
+ * and an extent allocator owns the page space:
+ *
+ *   slots: entry index + 1, 0 empty    ents: dense, one per key
+ *   +---+---+---+---+---+---+          +--------------------------------+
+ *   | 0 | 3 | 0 | 1 | 4 | 2 | ...      | 0  key A  PENDING       page 7 |
+ *   +---+---+---+---+---+---+          | 1  key B  READY  s=5  heap 1   |
+ *                                      | 2  key C  READY  s=2  heap 0   |
+ *   heap: evictable entries, min first | 3  key D  READY  pins 2        |
+ *   +---+---+                          +--------------------------------+
+ *   | 2 | 1 |   C before B; A (pending) and D (pinned) are not in it
+ *   +---+---+
+ *
+ *   extent allocator: pages [0, N); a page is reserved iff a key or the
+ *   loose list (pages of failed stores not yet given back) holds it.
+ *
+ * A failed store does not give its page to the allocator at once: a free may
+ * need memory, and complete_store cannot fail; the page waits on the loose
+ * list for the next prepare_store (or reset). Removing an entry moves the
+ * last one into its place, and that one's slot and heap position follow.
+ *
+ * Invariants (kvt_keyed_check recomputes them): the table holds exactly the
+ * entries, each reachable from its home slot; an entry is in the heap iff it
+ * is READY with no pins, and heap[e.heap] is e; the heap is ordered; the
+ * counters (pending, pinned) match the entries; the pages of the entries and
+ * the loose list are distinct and reserved, and the allocator's free pages
+ * are N - keys - loose. The work arrays have room for what the calls that
+ * cannot fail will add: the heap for every entry, the loose list for a failed
+ * store of every pending key, the event array for a store event per pending
+ * key and a removal per key.
+ *
+ * prepare_store does all that can fail before it changes anything: it grows
+ * the arrays, adds the new keys to the table (taken out again on failure),
+ * marks the protected entries, pops the keys to evict (pushed back on
+ * failure), and makes one allocator call, which is all or nothing itself. To
+ * make it one call, the new keys take the recycled pages first (the loose
+ * list, then the evicted keys' pages) and only the rest from the allocator
+ * (a reserve), or the recycled pages they do not need go back (a free).
+ *
+ * Cost: lookup, page, touch, pin, unpin and complete_store are O(1) expected
+ * per key (one probe), plus O(log E) when a key enters or leaves the heap;
+ * prepare_store is O(n + p + (k + p) log E + allocator) for n keys, p
+ * protected and k evicted; reset is O(K log K).
+ */
+#include <string.h>
+
+#include "kvtier/error.h"
+#include "kvtier/keyed.h"
+#include "../core/abi-int.h"
+#include "../core/check-int.h"
+#include "../core/mem-int.h"
+#include "keyed-int.h"
+
+enum { WHY_EVICTED = 0, WHY_FAILED = 1, WHY_RESET = 2 };
+
+int kvt_keyed_create(kvt_keyed_t **out, const kvt_keyed_config_t *cfg) {
+    if (out == NULL || cfg == NULL) return KVT_EINVAL;
+    kvt_keyed_config_t k = {.size = sizeof(k)};
+    if (kvt__abi_in(&k, sizeof(k), cfg) != KVT_OK) return KVT_EINVAL;
+    if (k.pages == 0 || k.pages > KVT_ALLOC_MAX_PAGES || !(k.free_room >= 0 && k.free_room < 1)) return KVT_EINVAL;
+    kvt_keyed_t *c = KVT_NEW(kvt_keyed_t);
+    if (c == NULL) return KVT_ENOMEM;
+    if (kvt_extalloc_create(&c->alloc, k.pages) != KVT_OK) {
+        KVT_DELETE(c);
+        return KVT_ENOMEM;
+    }
+    c->pages = k.pages;
+    double room = k.free_room * (double)k.pages; /* ceil, as Python's math.ceil(free_room * pages) */
+    c->room = (uint64_t)room;
+    if ((double)c->room < room) c->room++;
+    c->events_on = k.events != 0;
+    *out = c;
+    return KVT_OK;
+}
+
+void kvt_keyed_destroy(kvt_keyed_t *c) {
+    if (c == NULL) return;
+    kvt_extalloc_destroy(c->alloc);
+    kvt__free(c->ents, c->ecap * sizeof(*c->ents));
+    kvt__free(c->heap, c->hcap * sizeof(*c->heap));
+    kvt__free(c->slots, c->tcap * sizeof(*c->slots));
+    kvt__free(c->loose, c->lcap * sizeof(*c->loose));
+    kvt__free(c->ev, c->evcap * sizeof(*c->ev));
+    kvt__free(c->pops, c->popcap * sizeof(*c->pops));
+    kvt__free(c->runs, c->runcap * sizeof(*c->runs));
+    KVT_DELETE(c);
+}
+
+int kvt_keyed_lookup(kvt_keyed_t *c, kvt_key128_t key) {
+    if (c == NULL) return KVT_EINVAL;
+    c->lookups++;
+    uint32_t i = kvt__keyed_find(c, key);
+    if (i == UINT32_MAX) return KVT_KEYED_MISS;
+    if (c->ents[i].state == KVT__KEYED_PENDING) return KVT_KEYED_PENDING;
+    c->hits++;
+    return KVT_KEYED_HIT;
+}
+
+int kvt_keyed_page(const kvt_keyed_t *c, kvt_key128_t key, uint64_t *page) {
+    if (c == NULL || page == NULL) return KVT_EINVAL;
+    uint32_t i = kvt__keyed_find(c, key);
+    if (i == UINT32_MAX) return KVT_ENOENT;
+    *page = c->ents[i].page;
+    return KVT_OK;
+}
+
+static void record(kvt_keyed_t *c, kvt_key128_t key, uint32_t kind, uint32_t why) {
+    if (!c->events_on) return;
+    KVT_ASSERT(c->nev < c->evcap);
+    c->ev[c->nev++] = (kvt_keyed_event_t){.key = key, .kind = kind, .why = why};
+}
+
+/* ---- prepare_store ---- */
+
+/* What one prepare_store does, worked out before it changes anything. */
+typedef struct plan {
+    size_t base;  /* the first new entry (the new keys are ents[base..base+m)) */
+    size_t m;     /* new keys */
+    size_t k;     /* keys to evict */
+    size_t nprot; /* evictable entries marked protected */
+    size_t aside; /* protected entries popped on the way to the k-th */
+    size_t popped; /* entries out of the heap, in pops[0..popped) */
+} plan_t;
+
+static size_t count_absent(const kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++) u += kvt__keyed_find(c, keys[i]) == UINT32_MAX;
+    return u;
+}
+
+/* Adds the absent keys of keys[] as PENDING entries, at most `limit`;
+ * pages[i] is the new key's ordinal or UINT64_MAX. KVT_ENOSPC past limit. */
+static int add_new(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n, size_t limit,
+                   uint64_t *pages, plan_t *p) {
+    for (size_t i = 0; i < n; i++) {
+        pages[i] = UINT64_MAX;
+        if (kvt__keyed_find(c, keys[i]) != UINT32_MAX) continue;
+        if (p->m == limit) return KVT_ENOSPC;
+        kvt__keyed_add(c, keys[i], scores[i]);
+        pages[i] = p->m++;
+    }
+    return KVT_OK;
+}
+
+/* Marks (on) or unmarks the protected entries; returns how many evictable
+ * ones it newly marked. */
+static size_t mark_protect(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, int on) {
+    size_t marked = 0;
+    for (size_t j = 0; j < np; j++) {
+        uint32_t i = kvt__keyed_find(c, protect[j]);
+        if (i == UINT32_MAX) continue;
+        kvt__kentry_t *e = &c->ents[i];
+        if (!on) e->mark = 0;
+        else if (e->heap != KVT__KEYED_NOWHERE && !e->mark) {
+            e->mark = 1;
+            marked++;
+        }
+    }
+    return marked;
+}
+
+/* Takes back what prepare_store did: popped entries, marks, new entries. */
+static void undo(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const plan_t *p, uint64_t *pages, size_t n) {
+    for (size_t j = 0; j < p->popped; j++) kvt__heap_push(c, c->pops[j]);
+    mark_protect(c, protect, np, 0);
+    while (c->nents > p->base) kvt__keyed_remove(c, (uint32_t)c->nents - 1);
+    for (size_t i = 0; i < n; i++) pages[i] = UINT64_MAX;
+}
+
+/* Room for everything the commit and later calls that cannot fail will add. */
+static int grow_work(kvt_keyed_t *c, const plan_t *p) {
+    size_t recycled = c->nloose + p->k, moved = p->m > recycled ? p->m - recycled : recycled - p->m;
+    if (c->events_on &&
+        kvt__keyed_grow((void **)&c->ev, &c->evcap, c->nev + c->pending + c->nents + p->m, sizeof(*c->ev)))
+        return KVT_ENOMEM;
+    if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->pending + p->m, sizeof(*c->loose)) ||
+        kvt__keyed_grow((void **)&c->pops, &c->popcap, p->k ? p->k + p->nprot : 0, sizeof(*c->pops)) ||
+        kvt__keyed_grow((void **)&c->runs, &c->runcap, moved, sizeof(*c->runs)))
+        return KVT_ENOMEM;
+    return KVT_OK;
+}
+
+/* Pops the k smallest unprotected evictable entries into pops[0..k), and the
+ * protected ones met on the way after them. */
+static void pop_victims(kvt_keyed_t *c, plan_t *p) {
+    for (size_t j = 0; j < p->k;) {
+        uint32_t i = kvt__heap_pop(c);
+        if (c->ents[i].mark) c->pops[p->k + p->aside++] = i;
+        else c->pops[j++] = i;
+    }
+    p->popped = p->k + p->aside;
+}
+
+/* The j-th recycled page: the loose list, then the evicted keys' pages. */
+static uint32_t recycled_page(const kvt_keyed_t *c, size_t j) {
+    return j < c->nloose ? c->loose[j] : c->ents[c->pops[j - c->nloose]].page;
+}
+
+/* The one allocator call: reserve what the recycled pages do not cover, or
+ * free the recycled pages the new keys do not take. All or nothing. */
+static int move_pages(kvt_keyed_t *c, const plan_t *p, size_t *nruns) {
+    size_t recycled = c->nloose + p->k;
+    *nruns = 0;
+    if (p->m > recycled) return kvt_extalloc_reserve(c->alloc, p->m - recycled, c->runs, p->m - recycled, nruns);
+    if (p->m == recycled) return KVT_OK;
+    for (size_t j = p->m; j < recycled; j++) c->runs[j - p->m] = (kvt_run_t){recycled_page(c, j), 1};
+    return kvt_extalloc_free(c->alloc, c->runs, recycled - p->m);
+}
+
+static void commit(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const plan_t *p, size_t nruns,
+                   uint64_t *pages, size_t n, kvt_key128_t *evicted) {
+    for (size_t j = p->k; j < p->k + p->aside; j++) kvt__heap_push(c, c->pops[j]);
+    mark_protect(c, protect, np, 0);
+    size_t recycled = c->nloose + p->k, j = 0;
+    for (; j < p->m && j < recycled; j++) c->ents[p->base + j].page = recycled_page(c, j);
+    for (size_t r = 0; r < nruns; r++)
+        for (uint32_t q = 0; q < c->runs[r].len; q++) c->ents[p->base + j++].page = c->runs[r].start + q;
+    for (size_t i = 0; i < n; i++)
+        if (pages[i] != UINT64_MAX) pages[i] = c->ents[p->base + pages[i]].page;
+    for (size_t v = 0; v < p->k; v++) {
+        evicted[v] = c->ents[c->pops[v]].key;
+        record(c, evicted[v], KVT_KEYED_REMOVED, WHY_EVICTED);
+    }
+    for (size_t v = 0; v < p->k; v++) kvt__keyed_remove(c, kvt__keyed_find(c, evicted[v]));
+    c->nloose = 0;
+    c->pending += p->m;
+    c->stores_prepared += p->m;
+    c->evictions += p->k;
+}
+
+/* Counts, limits and refusals; then the steps that can fail, then commit. */
+static int prepare(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                   const kvt_key128_t *protect, size_t np, uint64_t *pages, kvt_key128_t *evicted, size_t capacity,
+                   size_t *nevicted) {
+    size_t u = count_absent(c, keys, n), freep = c->pages - c->nents; /* held by no key */
+    size_t limit = freep + c->nheap; /* more new keys than this can never fit */
+    plan_t p = {.base = c->nents};
+    if (u > limit) u = limit;
+    if (u > 0 && kvt__keyed_reserve_keys(c, c->nents + u) != KVT_OK) return KVT_ENOMEM;
+    int rc = add_new(c, keys, scores, n, limit, pages, &p);
+    p.nprot = mark_protect(c, protect, np, 1);
+    size_t need = p.m > freep ? p.m - freep : 0, avail = c->nheap - p.nprot;
+    if (rc == KVT_OK && need > avail) rc = KVT_ENOSPC;
+    if (rc == KVT_ENOSPC) c->store_refusals++;
+    if (rc == KVT_OK) {
+        p.k = need == 0 ? 0 : need + (c->room < avail - need ? c->room : avail - need);
+        if (p.k > capacity) rc = KVT_ERANGE;
+    }
+    if (rc == KVT_OK) rc = grow_work(c, &p);
+    size_t nruns = 0;
+    if (rc == KVT_OK) {
+        pop_victims(c, &p);
+        rc = move_pages(c, &p, &nruns);
+    }
+    if (rc != KVT_OK) {
+        undo(c, protect, np, &p, pages, n);
+        return rc;
+    }
+    commit(c, protect, np, &p, nruns, pages, n, evicted);
+    *nevicted = p.k;
+    return KVT_OK;
+}
+
+int kvt_keyed_prepare_store(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                            const kvt_key128_t *protect, size_t nprotect, uint64_t *pages, kvt_key128_t *evicted,
+                            size_t capacity, size_t *nevicted) {
+    if (c == NULL || nevicted == NULL || (n > 0 && (keys == NULL || scores == NULL || pages == NULL)) ||
+        (nprotect > 0 && protect == NULL) || (capacity > 0 && evicted == NULL))
+        return KVT_EINVAL;
+    *nevicted = 0;
+    return prepare(c, keys, scores, n, protect, nprotect, pages, evicted, capacity, nevicted);
+}
+
+/* ---- the rest of a key's life ---- */
+
+void kvt_keyed_complete_store(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, int ok) {
+    if (c == NULL || keys == NULL) return;
+    for (size_t j = 0; j < n; j++) {
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (i == UINT32_MAX || c->ents[i].state != KVT__KEYED_PENDING) continue;
+        c->pending--;
+        if (ok) {
+            c->ents[i].state = KVT__KEYED_READY;
+            kvt__heap_push(c, i);
+            record(c, keys[j], KVT_KEYED_STORED, 0);
+            c->stores_completed++;
+            continue;
+        }
+        KVT_ASSERT(c->nloose < c->lcap);
+        c->loose[c->nloose++] = c->ents[i].page;
+        kvt__keyed_remove(c, i);
+        record(c, keys[j], KVT_KEYED_REMOVED, WHY_FAILED);
+        c->stores_failed++;
+    }
+}
+
+int kvt_keyed_pin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, uint64_t *pages) {
+    if (c == NULL || (n > 0 && keys == NULL)) return KVT_EINVAL;
+    for (size_t j = 0; j < n; j++) {
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (i == UINT32_MAX) return KVT_ENOENT;
+        if (c->ents[i].state != KVT__KEYED_READY) return KVT_EBUSY;
+    }
+    for (size_t j = 0; j < n; j++) {
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        kvt__kentry_t *e = &c->ents[i];
+        if (e->pins++ == 0) {
+            kvt__heap_erase(c, i);
+            c->pinned++;
+        }
+        if (pages) pages[j] = e->page;
+    }
+    c->loads += n;
+    return KVT_OK;
+}
+
+int kvt_keyed_unpin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
+    if (c == NULL || (n > 0 && keys == NULL)) return KVT_EINVAL;
+    for (size_t j = 0; j < n; j++) { /* drop the pins, or put back those dropped */
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (i != UINT32_MAX && c->ents[i].pins > 0) {
+            c->ents[i].pins--;
+            continue;
+        }
+        while (j-- > 0) c->ents[kvt__keyed_find(c, keys[j])].pins++;
+        return KVT_EINVAL;
+    }
+    for (size_t j = 0; j < n; j++) { /* then make the unpinned evictable */
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (c->ents[i].pins == 0 && c->ents[i].heap == KVT__KEYED_NOWHERE) {
+            kvt__heap_push(c, i);
+            c->pinned--;
+        }
+    }
+    return KVT_OK;
+}
+
+void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n) {
+    if (c == NULL || keys == NULL || scores == NULL) return;
+    for (size_t j = 0; j < n; j++) {
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (i == UINT32_MAX) continue;
+        c->ents[i].score = scores[j];
+        if (c->ents[i].heap != KVT__KEYED_NOWHERE) kvt__heap_fix(c, i);
+    }
+}
+
+int kvt_keyed_reset(kvt_keyed_t *c) {
+    if (c == NULL) return KVT_EINVAL;
+    if (c->pending > 0 || c->pinned > 0) return KVT_EBUSY;
+    size_t nfree = c->nents + c->nloose;
+    if (nfree > 0) { /* every key is in the heap: free its page and the loose ones */
+        if (kvt__keyed_grow((void **)&c->runs, &c->runcap, nfree, sizeof(*c->runs))) return KVT_ENOMEM;
+        for (size_t j = 0; j < c->nents; j++) c->runs[j] = (kvt_run_t){c->ents[j].page, 1};
+        for (size_t j = 0; j < c->nloose; j++) c->runs[c->nents + j] = (kvt_run_t){c->loose[j], 1};
+        if (kvt_extalloc_free(c->alloc, c->runs, nfree) != KVT_OK) return KVT_ENOMEM;
+    }
+    while (c->nheap > 0) record(c, c->ents[kvt__heap_pop(c)].key, KVT_KEYED_REMOVED, WHY_RESET);
+    if (c->tcap) memset(c->slots, 0, c->tcap * sizeof(*c->slots));
+    c->nents = 0;
+    c->nloose = 0;
+    return KVT_OK;
+}
+
+size_t kvt_keyed_take_events(kvt_keyed_t *c, kvt_keyed_event_t *out, size_t cap) {
+    if (c == NULL || out == NULL) return 0;
+    size_t k = cap < c->nev ? cap : c->nev;
+    if (k == 0) return 0;
+    memcpy(out, c->ev, k * sizeof(*out));
+    memmove(c->ev, c->ev + k, (c->nev - k) * sizeof(*c->ev));
+    c->nev -= k;
+    return k;
+}
+
+int kvt_keyed_stats(const kvt_keyed_t *c, kvt_keyed_stats_t *out) {
+    if (c == NULL || out == NULL) return KVT_EINVAL;
+    kvt_keyed_stats_t st = {
+        .size = sizeof(st),
+        .pages = c->pages,
+        .free_pages = c->pages - c->nents,
+        .keys = c->nents,
+        .pending = c->pending,
+        .pinned = c->pinned,
+        .lookups = c->lookups,
+        .hits = c->hits,
+        .stores_prepared = c->stores_prepared,
+        .stores_completed = c->stores_completed,
+        .stores_failed = c->stores_failed,
+        .store_refusals = c->store_refusals,
+        .evictions = c->evictions,
+        .loads = c->loads,
+    };
+    return kvt__abi_out(out, &st, sizeof(st));
+}
