@@ -1,0 +1,246 @@
+/* The independent model of the keyed page cache: plain arrays indexed by a
+ * small key number (state, score, pins, page of each key), eviction by a
+ * linear scan for the smallest (score, hi, lo), and the extent allocator's
+ * page rule from the allocator tests' brute-force model. It follows
+ * kvtier/keyed.h's text, not src/keyed. */
+#ifndef KVTIER_TESTS_KEYED_MODEL_H
+#define KVTIER_TESTS_KEYED_MODEL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier/error.h"
+#include "kvtier/keyed.h"
+#include "unit/alloc/model.h"
+
+#define KM_KEYS 64
+enum { KM_ABSENT = 0, KM_PENDING = 1, KM_READY = 2 };
+
+typedef struct km {
+    uint64_t pages, room;
+    int events;
+    size_t nk; /* keys 0..nk) */
+    kvt_key128_t key[KM_KEYS];
+    int state[KM_KEYS];
+    uint64_t score[KM_KEYS];
+    uint32_t pins[KM_KEYS];
+    uint32_t page[KM_KEYS];
+    model_t al;      /* the allocator's free pages */
+    uint32_t *loose; /* pages of failed stores, in order */
+    size_t nloose;
+    kvt_keyed_event_t *ev; /* events not yet taken */
+    size_t nev;
+    kvt_keyed_stats_t st; /* the counters; gauges are computed */
+} km_t;
+
+/* Key i: hi from three values (two far apart, so that the unsigned order
+ * matters), lo scrambled, so ties on score are broken by hi, then lo. */
+static inline kvt_key128_t km_key_of(size_t i) {
+    static const uint64_t his[3] = {0, 5, 0xF000000000000000ull};
+    return (kvt_key128_t){his[i % 3], (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull};
+}
+
+static inline void km_init(km_t *m, uint64_t pages, double free_room, int events, size_t nk) {
+    memset(m, 0, sizeof(*m));
+    m->pages = pages;
+    double r = free_room * (double)pages;
+    m->room = (uint64_t)r + ((double)(uint64_t)r < r);
+    m->events = events;
+    m->nk = nk;
+    for (size_t i = 0; i < nk; i++) m->key[i] = km_key_of(i);
+    model_init(&m->al, pages);
+    m->loose = malloc((pages + 1) * sizeof(uint32_t));
+    m->ev = malloc(64 * sizeof(kvt_keyed_event_t));
+}
+
+static inline void km_fini(km_t *m) {
+    model_fini(&m->al);
+    free(m->loose);
+    free(m->ev);
+}
+
+static inline void km_event(km_t *m, size_t k, uint32_t kind, uint32_t why) {
+    if (!m->events) return;
+    if ((m->nev & (m->nev - 1)) == 0 && m->nev >= 64) m->ev = realloc(m->ev, 2 * m->nev * sizeof(*m->ev));
+    m->ev[m->nev++] = (kvt_keyed_event_t){m->key[k], kind, why};
+}
+
+static inline int km_less(const km_t *m, size_t a, size_t b) {
+    if (m->score[a] != m->score[b]) return m->score[a] < m->score[b];
+    if (m->key[a].hi != m->key[b].hi) return m->key[a].hi < m->key[b].hi;
+    return m->key[a].lo < m->key[b].lo;
+}
+
+static inline size_t km_present(const km_t *m) {
+    size_t n = 0;
+    for (size_t k = 0; k < m->nk; k++) n += m->state[k] != KM_ABSENT;
+    return n;
+}
+
+static inline kvt_keyed_stats_t km_stats(const km_t *m) {
+    kvt_keyed_stats_t s = m->st;
+    s.size = sizeof(s);
+    s.pages = m->pages;
+    s.keys = km_present(m);
+    s.free_pages = m->pages - s.keys;
+    s.pending = s.pinned = 0;
+    for (size_t k = 0; k < m->nk; k++) {
+        s.pending += m->state[k] == KM_PENDING;
+        s.pinned += m->state[k] == KM_READY && m->pins[k] > 0;
+    }
+    return s;
+}
+
+/* The smallest evictable key not yet chosen nor protected, or SIZE_MAX. */
+static inline size_t km_min_evictable(const km_t *m, const uint8_t *skip) {
+    size_t best = SIZE_MAX;
+    for (size_t k = 0; k < m->nk; k++)
+        if (m->state[k] == KM_READY && m->pins[k] == 0 && !skip[k] && (best == SIZE_MAX || km_less(m, k, best)))
+            best = k;
+    return best;
+}
+
+/* prepare_store over key numbers; out: pages[n], victims[*nv]. */
+static inline int km_prepare(km_t *m, const size_t *ks, const uint64_t *sc, size_t n, const size_t *prot,
+                             size_t np, size_t cap, uint64_t *pages, size_t *victims, size_t *nv) {
+    size_t newk[KM_KEYS], newpos[64], nnew = 0;
+    uint8_t skip[KM_KEYS] = {0};
+    *nv = 0;
+    for (size_t i = 0; i < n; i++) {
+        pages[i] = UINT64_MAX;
+        newpos[i] = SIZE_MAX;
+        int seen = m->state[ks[i]] != KM_ABSENT;
+        for (size_t j = 0; j < nnew && !seen; j++) seen = newk[j] == ks[i];
+        if (!seen) newpos[i] = nnew, newk[nnew++] = ks[i];
+    }
+    size_t freep = m->pages - km_present(m), need = nnew > freep ? nnew - freep : 0, avail = 0;
+    for (size_t j = 0; j < np; j++) skip[prot[j]] = 1;
+    for (size_t k = 0; k < m->nk; k++) avail += m->state[k] == KM_READY && m->pins[k] == 0 && !skip[k];
+    if (need > avail) {
+        m->st.store_refusals++;
+        return KVT_ENOSPC;
+    }
+    size_t kk = need == 0 ? 0 : need + (m->room < avail - need ? m->room : avail - need);
+    if (kk > cap) return KVT_ERANGE;
+    uint32_t *got = malloc((m->nloose + kk + nnew + 1) * sizeof(uint32_t));
+    size_t ng = 0;
+    for (size_t j = 0; j < m->nloose; j++) got[ng++] = m->loose[j];
+    for (size_t v = 0; v < kk; v++) {
+        size_t k = km_min_evictable(m, skip);
+        victims[v] = k;
+        skip[k] = 1;
+        got[ng++] = m->page[k];
+    }
+    if (nnew > ng) { /* the rest from one reserve, runs in order */
+        kvt_run_t *runs = malloc((nnew - ng) * sizeof(kvt_run_t));
+        size_t nr = 0;
+        if (model_reserve(&m->al, nnew - ng, runs, nnew - ng, &nr) != KVT_OK) abort();
+        for (size_t r = 0; r < nr; r++)
+            for (uint32_t q = 0; q < runs[r].len; q++) got[ng++] = runs[r].start + q;
+        free(runs);
+    } else if (ng > nnew) { /* the recycled pages not taken go back */
+        kvt_run_t *runs = malloc((ng - nnew) * sizeof(kvt_run_t));
+        for (size_t j = nnew; j < ng; j++) runs[j - nnew] = (kvt_run_t){got[j], 1};
+        if (model_free(&m->al, runs, ng - nnew) != KVT_OK) abort();
+        free(runs);
+    }
+    for (size_t v = 0; v < kk; v++) {
+        m->state[victims[v]] = KM_ABSENT;
+        km_event(m, victims[v], KVT_KEYED_REMOVED, 0);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (newpos[i] == SIZE_MAX) continue;
+        size_t k = ks[i];
+        m->state[k] = KM_PENDING;
+        m->score[k] = sc[i];
+        m->pins[k] = 0;
+        m->page[k] = got[newpos[i]];
+        pages[i] = got[newpos[i]];
+    }
+    free(got);
+    m->nloose = 0;
+    m->st.stores_prepared += nnew;
+    m->st.evictions += kk;
+    *nv = kk;
+    return KVT_OK;
+}
+
+static inline void km_complete(km_t *m, const size_t *ks, size_t n, int ok) {
+    for (size_t i = 0; i < n; i++) {
+        size_t k = ks[i];
+        if (m->state[k] != KM_PENDING) continue;
+        if (ok) {
+            m->state[k] = KM_READY;
+            km_event(m, k, KVT_KEYED_STORED, 0);
+            m->st.stores_completed++;
+        } else {
+            m->state[k] = KM_ABSENT;
+            m->loose[m->nloose++] = m->page[k];
+            km_event(m, k, KVT_KEYED_REMOVED, 1);
+            m->st.stores_failed++;
+        }
+    }
+}
+
+static inline int km_pin(km_t *m, const size_t *ks, size_t n, uint64_t *pages) {
+    for (size_t i = 0; i < n; i++) {
+        if (m->state[ks[i]] == KM_ABSENT) return KVT_ENOENT;
+        if (m->state[ks[i]] == KM_PENDING) return KVT_EBUSY;
+    }
+    for (size_t i = 0; i < n; i++) {
+        m->pins[ks[i]]++;
+        pages[i] = m->page[ks[i]];
+    }
+    m->st.loads += n;
+    return KVT_OK;
+}
+
+static inline int km_unpin(km_t *m, const size_t *ks, size_t n) {
+    uint32_t want[KM_KEYS] = {0};
+    for (size_t i = 0; i < n; i++)
+        if (m->state[ks[i]] != KM_READY || ++want[ks[i]] > m->pins[ks[i]]) return KVT_EINVAL;
+    for (size_t i = 0; i < n; i++) m->pins[ks[i]]--;
+    return KVT_OK;
+}
+
+static inline void km_touch(km_t *m, const size_t *ks, const uint64_t *sc, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (m->state[ks[i]] != KM_ABSENT) m->score[ks[i]] = sc[i];
+}
+
+static inline int km_reset(km_t *m) {
+    for (size_t k = 0; k < m->nk; k++)
+        if (m->state[k] == KM_PENDING || (m->state[k] == KM_READY && m->pins[k] > 0)) return KVT_EBUSY;
+    kvt_run_t *runs = malloc((m->nk + m->nloose + 1) * sizeof(kvt_run_t));
+    size_t nr = 0;
+    uint8_t skip[KM_KEYS] = {0};
+    for (size_t k; (k = km_min_evictable(m, skip)) != SIZE_MAX;) {
+        skip[k] = 1;
+        m->state[k] = KM_ABSENT;
+        runs[nr++] = (kvt_run_t){m->page[k], 1};
+        km_event(m, k, KVT_KEYED_REMOVED, 2);
+    }
+    for (size_t j = 0; j < m->nloose; j++) runs[nr++] = (kvt_run_t){m->loose[j], 1};
+    if (nr > 0 && model_free(&m->al, runs, nr) != KVT_OK) abort();
+    free(runs);
+    m->nloose = 0;
+    return KVT_OK;
+}
+
+static inline int km_lookup(km_t *m, size_t k) {
+    m->st.lookups++;
+    if (m->state[k] == KM_READY) m->st.hits++;
+    return m->state[k] == KM_READY ? KVT_KEYED_HIT : m->state[k] == KM_PENDING ? KVT_KEYED_PENDING : KVT_KEYED_MISS;
+}
+
+/* Takes up to cap events, oldest first. */
+static inline size_t km_take(km_t *m, kvt_keyed_event_t *out, size_t cap) {
+    size_t k = cap < m->nev ? cap : m->nev;
+    memcpy(out, m->ev, k * sizeof(*out));
+    memmove(m->ev, m->ev + k, (m->nev - k) * sizeof(*m->ev));
+    m->nev -= k;
+    return k;
+}
+
+#endif
