@@ -22,6 +22,7 @@ LISTS = [
     ("xfer.h", "KVT_XFER_STATS_FIELDS", "XFER_STATS"),
     ("pd.h", "KVT_PD_RANK_STATS_FIELDS", "PD_RANK_STATS"),
     ("pd.h", "KVT_PD_STATS_FIELDS", "PD_STATS"),
+    ("keyed.h", "KVT_KEYED_STATS_FIELDS", "KEYED_STATS"),
 ]
 
 

@@ -160,3 +160,20 @@ PD_STATS = (
     ('data_silent_peers', 'GAUGE', 'data port: connections without a hello'),
     ('control_bad_peers', 'COUNTER', 'control port: peers dropped (no hello in time, no token, garbage)'),
 )
+
+# KVT_KEYED_STATS_FIELDS (keyed.h): (field, kind, help)
+KEYED_STATS = (
+    ('pages', 'GAUGE', 'host pages the cache hands out'),
+    ('free_pages', 'GAUGE', 'pages held by no key'),
+    ('keys', 'GAUGE', 'keys present (pending or ready)'),
+    ('pending', 'GAUGE', 'keys whose store has not completed'),
+    ('pinned', 'GAUGE', 'ready keys with at least one pin'),
+    ('lookups', 'COUNTER', 'lookup calls'),
+    ('hits', 'COUNTER', 'lookups that found a ready key'),
+    ('stores_prepared', 'COUNTER', 'keys given pages by prepare_store'),
+    ('stores_completed', 'COUNTER', 'keys made ready by complete_store'),
+    ('stores_failed', 'COUNTER', 'keys dropped by a failed complete_store'),
+    ('store_refusals', 'COUNTER', 'prepare_store calls refused for room'),
+    ('evictions', 'COUNTER', 'keys evicted'),
+    ('loads', 'COUNTER', 'keys pinned for a load'),
+)

@@ -242,6 +242,22 @@ class CpGroupInfo(Structure):
                 ("wait_ns", c_uint64), ("waits", c_uint64)]
 
 
+class Key128(Structure):
+    _fields_ = [("hi", c_uint64), ("lo", c_uint64)]
+
+
+class KeyedConfig(Structure):
+    _fields_ = [("size", c_uint32), ("events", c_uint32), ("pages", c_uint64), ("free_room", c_double)]
+
+
+class KeyedEvent(Structure):
+    _fields_ = [("key", Key128), ("kind", c_uint32), ("why", c_uint32)]
+
+
+class KeyedStats(Structure):
+    _fields_ = [("size", c_uint32)] + _u64_fields(_fields.KEYED_STATS)
+
+
 class MemStats(Structure):
     _fields_ = [("size", c_uint32), ("allocs", c_uint64), ("frees", c_uint64), ("failed", c_uint64),
                 ("live_bytes", c_int64), ("peak_bytes", c_int64)]
@@ -258,7 +274,8 @@ STRUCTS = {
     StoreDone: "kvt_store_done_t", StoreStats: "kvt_store_stats_t", PdRankStats: "kvt_pd_rank_stats_t",
     PdStats: "kvt_pd_stats_t", PdReceiverConfig: "kvt_pd_receiver_config_t", PdEvent: "kvt_pd_event_t",
     PdSenderConfig: "kvt_pd_sender_config_t", CpGroupConfig: "kvt_cp_group_config_t",
-    CpGroupInfo: "kvt_cp_group_info_t", MemStats: "kvt_mem_stats_t",
+    CpGroupInfo: "kvt_cp_group_info_t", MemStats: "kvt_mem_stats_t", Key128: "kvt_key128_t",
+    KeyedConfig: "kvt_keyed_config_t", KeyedEvent: "kvt_keyed_event_t", KeyedStats: "kvt_keyed_stats_t",
 }
 
 # ---- functions -------------------------------------------------------------
@@ -342,6 +359,7 @@ _PROTOS = {
     "kvt_store_close": (None, [vp]),
     "kvt_store_last_error": (c_char_p, [vp]),
     "kvt_store_url": (c_char_p, [vp]),
+    "kvt_store_url_redact": (c_char_p, [c_char_p, c_char_p, c_size_t]),
     "kvt_store_backend": (c_char_p, [vp]),
     "kvt_store_key": (Hash128, [vp, P(Hash128), c_char_p]),
     "kvt_store_object_bytes": (u64, [vp]),
@@ -385,6 +403,21 @@ _PROTOS = {
     "kvt_cp_group_why": (c_char_p, [vp]),
     "kvt_cp_group_info": (c_int, [vp, P(CpGroupInfo)]),
     "kvt_cp_group_remove_stale": (c_int, [c_char_p, P(c_char_p)]),
+    # the keyed page cache
+    "kvt_keyed_create": (c_int, [P(vp), P(KeyedConfig)]),
+    "kvt_keyed_destroy": (None, [vp]),
+    "kvt_keyed_lookup": (c_int, [vp, Key128]),
+    "kvt_keyed_page": (c_int, [vp, Key128, P(u64)]),
+    "kvt_keyed_prepare_store": (c_int, [vp, P(Key128), P(u64), c_size_t, P(Key128), c_size_t, P(u64), P(Key128),
+                                        c_size_t, P(c_size_t)]),
+    "kvt_keyed_complete_store": (None, [vp, P(Key128), c_size_t, c_int]),
+    "kvt_keyed_pin": (c_int, [vp, P(Key128), c_size_t, P(u64)]),
+    "kvt_keyed_unpin": (c_int, [vp, P(Key128), c_size_t]),
+    "kvt_keyed_touch": (None, [vp, P(Key128), P(u64), c_size_t]),
+    "kvt_keyed_reset": (c_int, [vp]),
+    "kvt_keyed_take_events": (c_size_t, [vp, P(KeyedEvent), c_size_t]),
+    "kvt_keyed_stats": (c_int, [vp, P(KeyedStats)]),
+    "kvt_keyed_check": (c_int, [vp, P(c_char_p)]),
 }
 
 _missing = [_name for _name in _PROTOS if not hasattr(lib, _name)]

@@ -1,0 +1,365 @@
+"""kvtier under vLLM's OffloadingConnector: the scheduler-side manager.
+
+vLLM keeps its GPU prefix cache as L1 and asks an OffloadingManager, in the
+scheduler process, which blocks the tier below holds, where to store new ones
+and what to evict. ``KvtierOffloadingManager`` answers from kvtier's keyed
+page cache (``kvtier.keyed``, C): each vLLM block key (its block hash and
+group index, vLLM's ``OffloadKey``) owns one page of a host tier, the C side
+keeps each key's state (store in flight, ready, pinned by loads), hands out
+pages, picks victims and can keep free room ahead of stores.
+
+Eviction order follows vLLM's own LRU (``vllm.v1.kv_offload.cpu.policies.lru``)
+exactly, so that with free_room 0 the manager makes the decisions vLLM's
+``CPUOffloadingManager(cache_policy="lru")`` makes at the same capacity: a key
+is ranked by the request that last used it and its position in that request
+(a prefix's tail goes before its head), and a touch outside a request ranks it
+newest. The ranks are computed here and handed to the C side as scores (the
+request's rank in the high 32 bits, the position below), so eviction, pins and
+pages stay in C. ``tests: python/tests/test_vllm.py`` drives both managers with
+the same calls and compares every answer.
+
+Supported: vLLM 0.33.0 (pinned in python/requirements-dev.txt); the import
+fails loudly, naming what changed, when vLLM's base class differs. Not yet:
+the worker (copies between vLLM's KV tensors and the host tier), an L3 store
+below the host tier, and vLLM's store_threshold >= 2."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+from .keyed import KeyedCache, key_of_bytes
+
+try:
+    from vllm.v1.kv_offload import base as _vbase
+    from vllm.v1.kv_offload.base import (LoadStoreSpec, LookupResult, Medium, OffloadingEvent, OffloadingManager,
+                                         OffloadKey, PrepareStoreOutput, ReqContext, RequestOffloadingContext,
+                                         get_offload_group_idx)
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.policies.base import order_request_keys
+except ImportError as e:  # pragma: no cover - the suite runs with vLLM installed
+    raise ImportError(f"kvtier.vllm needs vLLM 0.33.0's offloading modules ({e}); "
+                      "pip install --no-deps vllm==0.33.0 (see docs/python.md)") from e
+
+__all__ = ["KvtierOffloadingManager", "VLLM_VERSION", "check_vllm_interface"]
+
+VLLM_VERSION = "0.33.0"
+
+# What this module implements of vLLM's OffloadingManager, as vLLM 0.33.0
+# declares it: a method whose parameters differ is an interface change.
+_MANAGER_SIGNATURES = {
+    "lookup": ["self", "key", "req_context"],
+    "prepare_load": ["self", "keys", "req_context"],
+    "touch": ["self", "keys", "req_context"],
+    "complete_load": ["self", "keys", "req_context"],
+    "prepare_store": ["self", "keys", "req_context"],
+    "complete_store": ["self", "keys", "req_context", "success"],
+    "on_new_request": ["self", "req_context"],
+    "on_request_finished": ["self", "req_context"],
+    "take_events": ["self"],
+    "reset_cache": ["self"],
+}
+
+
+def check_vllm_interface() -> List[str]:
+    """The differences between vLLM's OffloadingManager and what kvtier
+    implements (empty: none). Run at import; a test keeps it empty."""
+    diffs = []
+    abstract = set(getattr(OffloadingManager, "__abstractmethods__", ()))
+    for name in sorted(abstract - set(_MANAGER_SIGNATURES)):
+        diffs.append(f"OffloadingManager.{name} is abstract in this vLLM and kvtier does not implement it")
+    for name, want in _MANAGER_SIGNATURES.items():
+        fn = getattr(OffloadingManager, name, None)
+        if fn is None:
+            diffs.append(f"OffloadingManager.{name} is gone")
+            continue
+        got = list(inspect.signature(fn).parameters)
+        if got != want:
+            diffs.append(f"OffloadingManager.{name}{tuple(got)}: kvtier implements {tuple(want)}")
+    for name in ("LookupResult", "PrepareStoreOutput", "OffloadingEvent", "ReqContext"):
+        if not hasattr(_vbase, name):
+            diffs.append(f"vllm.v1.kv_offload.base.{name} is gone")
+    return diffs
+
+
+_DIFFS = check_vllm_interface()
+if _DIFFS:
+    raise ImportError("kvtier.vllm implements vLLM 0.33.0's offloading interface, and this vLLM's differs: "
+                      + "; ".join(_DIFFS))
+
+_POS_BIAS = 1 << 31  # a rank's second part, -position .. 0, as an unsigned score
+
+
+def _score(rank: Tuple[int, int]) -> int:
+    a, b = rank
+    if not (0 <= a < 1 << 32 and -_POS_BIAS < b <= 0):
+        raise OverflowError(f"rank {rank} does not fit a score (request rank below 2**32, position below 2**31)")
+    return (a << 32) | (b + _POS_BIAS)
+
+
+@dataclass
+class _Access:
+    """The keys one request has seen, as vLLM's manager records them."""
+    owner: object
+    generation: int
+    key_groups: Dict[int, List[OffloadKey]] = field(default_factory=dict)
+    seen: Set[OffloadKey] = field(default_factory=set)
+    inserted: Set[OffloadKey] = field(default_factory=set)
+    reused: Set[OffloadKey] = field(default_factory=set)
+    store_misses: Set[OffloadKey] = field(default_factory=set)
+    finished: bool = False
+
+
+@dataclass
+class _Rank:
+    owner: object
+    generation: int
+    rank: int
+
+
+class KvtierOffloadingManager(OffloadingManager):
+    """``KvtierOffloadingManager(num_blocks, enable_events=False, free_room=0.0)``:
+    a host tier of num_blocks blocks. free_room > 0 evicts ahead, down to
+    that fraction free, so that later stores do not wait on an eviction (the
+    decisions then differ from vLLM's manager, which evicts only on demand)."""
+
+    medium = Medium.CPU
+
+    def __init__(self, num_blocks: int, enable_events: bool = False, free_room: float = 0.0) -> None:
+        self._blocks, self._free_room = num_blocks, free_room
+        self._cache = KeyedCache(num_blocks, free_room=free_room)
+        self.events: Optional[List[OffloadingEvent]] = [] if enable_events else None
+        self._ranks: Dict[OffloadKey, Tuple[int, int]] = {}  # the keys present, and their ranks
+        self._names: Dict[Tuple[int, int], OffloadKey] = {}  # the C side's key of each, back to vLLM's
+        self._ids: Dict[OffloadKey, Tuple[int, int]] = {}  # ... and the other way
+        self._pending: Set[OffloadKey] = set()  # keys whose store is in flight (the C side's PENDING)
+        self._next_rank = 0
+        self._generation = 0
+
+    # ---- ranks (vLLM's LRU order) ----------------------------------------------
+
+    def _request_rank(self, ctx: ReqContext) -> int:
+        st = ctx.get_state(_Rank)
+        if st is None or st.owner is not self or st.generation != self._generation:
+            self._next_rank += 1
+            st = _Rank(self, self._generation, self._next_rank)
+            ctx.set_state(st)
+        return st.rank
+
+    def _store_ranks(self, keys: List[OffloadKey], ctx: ReqContext):
+        """The ranks new keys get, in vLLM's order: a key with a position takes
+        the request's rank (given to the request on first need), one without
+        the next rank. Returns them with the rank counter after them and the
+        request's new rank state (None: it had one), committed only when the
+        store goes ahead."""
+        nxt = self._next_rank
+        st = ctx.get_state(_Rank)
+        new_rank = None
+        if st is None or st.owner is not self or st.generation != self._generation:
+            st = None
+        ranks = []
+        for k in keys:
+            pos = ctx.get_offload_key_position(k)
+            if pos is None:
+                nxt += 1
+                ranks.append((nxt, 0))
+                continue
+            if st is None:
+                nxt += 1
+                st = new_rank = _Rank(self, self._generation, nxt)
+            ranks.append((st.rank, -pos))
+        return ranks, nxt, new_rank
+
+    def _rerank(self, keys: Iterable[OffloadKey], ranks: Iterable[Tuple[int, int]]) -> None:
+        keys, ranks = list(keys), list(ranks)
+        for k, r in zip(keys, ranks):
+            self._ranks[k] = r
+        if keys:
+            self._cache.touch([self._id(k) for k in keys], [_score(r) for r in ranks])
+
+    def _touch_newest(self, keys: Iterable[OffloadKey]) -> None:
+        """Each present key ranked newest, in the given order."""
+        moved, ranks = [], []
+        for k in keys:
+            if k in self._ranks:
+                self._next_rank += 1
+                moved.append(k)
+                ranks.append((self._next_rank, 0))
+        self._rerank(moved, ranks)
+
+    def _on_request_access(self, keys: List[OffloadKey], ctx: ReqContext) -> None:
+        rank = self._request_rank(ctx)
+        moved, ranks = [], []
+        for k in keys:
+            pos = ctx.get_offload_key_position(k)
+            if pos is None or k not in self._ranks:
+                continue
+            r = (rank, -pos)
+            if self._ranks[k] >= r:
+                continue
+            moved.append(k)
+            ranks.append(r)
+        self._rerank(moved, ranks)
+
+    # ---- what each request saw --------------------------------------------------
+
+    def _access(self, ctx: ReqContext) -> _Access:
+        st = ctx.get_state(_Access)
+        if st is None or st.owner is not self or st.generation != self._generation:
+            st = _Access(self, self._generation)
+            ctx.set_state(st)
+        return st
+
+    def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext, reused: Iterable[OffloadKey] = ()) -> None:
+        st = self._access(ctx)
+        new = []
+        for k in keys:
+            if k in st.seen:
+                continue
+            assert not st.finished, "new keys seen after the request finished"
+            st.key_groups.setdefault(get_offload_group_idx(k), []).append(k)
+            st.seen.add(k)
+            new.append(k)
+        if new:
+            self._on_request_access(new, ctx)
+        st.reused.update(k for k in reused if k not in st.inserted)
+
+    # ---- events ---------------------------------------------------------------
+
+    def _emit(self, keys: List[OffloadKey], removed: bool, metadata_only: bool = False) -> None:
+        if keys and self.events is not None:
+            self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=removed,
+                                               metadata_only=metadata_only))
+
+    # ---- OffloadingManager -----------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._access(req_context)
+        return RequestOffloadingContext()
+
+    def _id(self, key: OffloadKey) -> Tuple[int, int]:
+        kid = self._ids.get(key)
+        return kid if kid is not None else key_of_bytes(key)
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if key not in self._ids:
+            return LookupResult.MISS
+        return LookupResult.HIT_PENDING if key in self._pending else LookupResult.HIT
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        keys = list(keys)
+        pages = self._cache.pin([self._id(k) for k in keys])
+        self._record(keys, req_context, reused=keys)
+        return CPULoadStoreSpec(pages)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._touch_newest(reversed(list(keys)))
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._cache.unpin([self._id(k) for k in keys])
+
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
+        keys = list(keys)
+        ids, pending = self._ids, self._pending
+        # a key twice in one call is stored once (vLLM's chained block hashes never repeat in a request)
+        to_store = list(dict.fromkeys(k for k in keys if k not in ids))
+        ready = [k for k in keys if k in ids and k not in pending]
+        st = self._access(req_context)
+        st.store_misses.update(to_store)  # vLLM's LRU treats a store miss as a touch of absent keys: nothing
+        recorded = set(to_store) | set(ready)
+        self._record((k for k in keys if k in recorded), req_context, reused=ready)
+        if not to_store:
+            return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
+        ranks, next_rank, new_rank = self._store_ranks(to_store, req_context)
+        new_ids = [key_of_bytes(k) for k in to_store]
+        # only present keys can be evicted: they are the ones to protect
+        out = self._cache.prepare_store(new_ids, [_score(r) for r in ranks], [ids[k] for k in keys if k in ids])
+        if out is None:  # nothing changed, as in vLLM's manager: no rank was spent
+            return None
+        self._next_rank = next_rank
+        if new_rank is not None:
+            req_context.set_state(new_rank)
+        pages, evicted_ids = out
+        evicted = [self._names.pop(i) for i in evicted_ids]
+        for k in evicted:
+            del self._ranks[k], self._ids[k]
+        self._emit(evicted, removed=True)
+        for k, r, kid in zip(to_store, ranks, new_ids):
+            self._ranks[k] = r
+            self._names[kid] = k
+            self._ids[k] = kid
+        pending.update(to_store)
+        st.inserted.update(to_store)
+        return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(pages), evicted_keys=evicted)
+
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        done = [k for k in keys if k in self._pending]
+        self._cache.complete_store([self._ids[k] for k in done], ok=success)
+        self._pending.difference_update(done)
+        if success:
+            self._emit(done, removed=False)
+            return
+        for k in done:
+            del self._ranks[k]
+            del self._names[self._ids.pop(k)]
+        self._emit(done, removed=True, metadata_only=True)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        st = req_context.get_state(_Access)
+        if st is None or st.owner is not self or st.generation != self._generation or st.finished:
+            return
+        st.finished = True
+        groups = []
+        for g in sorted(st.key_groups):
+            ks = st.key_groups[g]
+            pos = {k: p for k in ks if (p := req_context.get_offload_key_position(k)) is not None}
+            if len(pos) == len(ks):
+                ks = sorted(ks, key=pos.__getitem__)
+            groups.append(tuple(ks))
+        self._touch_newest(reversed(order_request_keys(tuple(groups), req_context)))
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self.events is None:
+            return
+        events, self.events = self.events, []
+        for ev in events:
+            if ev.metadata_only:  # a key a later store brought back is not removed
+                keys = [k for k in ev.keys if k not in self._ranks]
+                if not keys:
+                    continue
+                ev = OffloadingEvent(keys=keys, medium=ev.medium, removed=ev.removed, metadata_only=True)
+            yield ev
+
+    def reset_cache(self) -> None:
+        """Forgets every block, in flight or pinned included (vLLM's scheduler
+        completes no job from before a reset)."""
+        self._cache.close()
+        self._cache = KeyedCache(self._blocks, free_room=self._free_room)
+        self._ranks.clear()
+        self._names.clear()
+        self._ids.clear()
+        self._pending.clear()
+        self._next_rank = 0
+        self._generation += 1
+
+    def shutdown(self) -> None:
+        self._cache.close()
+
+    # ---- kvtier's own -------------------------------------------------------------
+
+    def stats(self) -> Dict[str, int]:
+        """The keyed cache's counters and gauges (kvtier.keyed)."""
+        return self._cache.stats()
+
+    def check(self) -> None:
+        """Every invariant of the C side, and the keys this side knows against it."""
+        self._cache.check()
+        st = self._cache.stats()
+        mine = (len(self._ranks), len(self._ids), len(self._names), len(self._pending))
+        if mine != (st["keys"],) * 3 + (st["pending"],):
+            raise AssertionError(f"keys ranked, ids, names, pending here {mine}; in the cache "
+                                 f"{st['keys']} keys, {st['pending']} pending")
+        for k in self._pending:
+            if self._cache.lookup(self._ids[k]) != "pending":
+                raise AssertionError(f"{k!r} is pending here, not in the cache")

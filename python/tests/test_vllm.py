@@ -1,0 +1,197 @@
+"""kvtier.vllm against vLLM 0.33.0's own code: its CPUOffloadingManager with
+the LRU policy is the oracle. Both managers get the same calls, in the order
+vLLM's OffloadingConnectorScheduler makes them (lookups of a request's block
+chain, loads of the hits, stores of the new blocks with their end-token
+positions, completions that succeed or fail, touches, finished requests,
+resets), and every answer is compared: lookups, stores (the keys stored and
+the keys evicted, or a refusal), and the events."""
+import os
+import random
+
+import pytest
+
+vllm_base = pytest.importorskip("vllm.v1.kv_offload.base")
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  # noqa: E402
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
+
+import kvtier.vllm as kv  # noqa: E402
+from kvtier.keyed import key_of_bytes  # noqa: E402
+
+
+def test_vllm_interface_is_the_one_kvtier_implements():
+    """The drift check: empty with the pinned vLLM; it names the method when vLLM's change."""
+    assert kv.check_vllm_interface() == []
+    orig = kv._MANAGER_SIGNATURES["prepare_store"]
+    kv._MANAGER_SIGNATURES["prepare_store"] = ["self", "keys", "req_context", "extra"]
+    try:
+        assert any("prepare_store" in d for d in kv.check_vllm_interface())
+    finally:
+        kv._MANAGER_SIGNATURES["prepare_store"] = orig
+
+
+def test_keys_are_distinct_and_order_by_group_within_a_block():
+    """Block hashes of any shape (here small integers, all but their last bytes zero) give
+    distinct keys; the keys of one block order by group index, as vLLM's bytes do (ties
+    between equal ranks go to the smaller key)."""
+    keys = [make_offload_key(i.to_bytes(32, "big"), g) for i in range(3000) for g in range(3)]
+    assert len({key_of_bytes(k) for k in keys}) == len(keys)
+    for i in range(0, len(keys), 3):
+        assert key_of_bytes(keys[i]) < key_of_bytes(keys[i + 1]) < key_of_bytes(keys[i + 2])
+
+
+class _Pair:
+    """One request seen by both managers: a context each, the same positions."""
+
+    def __init__(self, rid, keys_positions):
+        self.ctx = [ReqContext(req_id=rid), ReqContext(req_id=rid)]
+        for c in self.ctx:
+            for k, p in keys_positions:
+                c.set_offload_key_position(k, p)
+
+
+def _events(m):
+    return [(tuple(e.keys), e.removed, e.metadata_only) for e in m.take_events()]
+
+
+def _drive(seed, blocks, ops, groups=1, fail_rate=0.1):
+    rng = random.Random(seed)
+    ref = CPUOffloadingManager(num_chunks=blocks, cache_policy="lru", enable_events=True)
+    ours = kv.KvtierOffloadingManager(blocks, enable_events=True)
+    managers = (ref, ours)
+    prompts = [[rng.randbytes(32) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
+    live = []  # (pair, pending stores, pending loads)
+    counts = {"hits": 0, "stores": 0, "refused": 0, "evicted": 0, "failed": 0, "resets": 0}
+    for step in range(ops):
+        r = rng.random()
+        if r < 0.35 or not live:  # a new request: a prompt's prefix, maybe extended
+            base = rng.choice(prompts)
+            chain = base[:rng.randrange(1, len(base) + 1)] + [rng.randbytes(32) for _ in range(rng.randrange(0, 4))]
+            if rng.random() < 0.2:
+                prompts[rng.randrange(len(prompts))] = chain
+            kp = [(make_offload_key(h, g), (i + 1) * 16) for i, h in enumerate(chain) for g in range(groups)]
+            pair = _Pair(f"r{step}", kp)
+            for m, c in zip(managers, pair.ctx):
+                m.on_new_request(c)
+            # the scheduler looks up the chain until the first miss, then loads the hits
+            hits = []
+            for k, _ in kp:
+                res = [m.lookup(k, c) for m, c in zip(managers, pair.ctx)]
+                assert res[0] == res[1], f"seed {seed} step {step}: lookup {res}"
+                if res[0] != LookupResult.HIT:
+                    break
+                hits.append(k)
+            loads = []
+            if hits:
+                for m, c in zip(managers, pair.ctx):
+                    m.prepare_load(hits, c)
+                loads = hits
+                counts["hits"] += len(hits)
+            new = [k for k, _ in kp[len(hits):]]
+            live.append([pair, [], loads, new])
+        elif r < 0.55:  # a store of some of a request's new blocks
+            item = rng.choice(live)
+            pair, pend, loads, new = item
+            if not new:
+                continue
+            n = rng.randrange(1, len(new) + 1)
+            batch, item[3] = new[:n], new[n:]
+            outs = [m.prepare_store(batch, c) for m, c in zip(managers, pair.ctx)]
+            if outs[0] is None or outs[1] is None:
+                assert outs[0] is None and outs[1] is None, f"seed {seed} step {step}: refusal {outs}"
+                counts["refused"] += 1
+                continue
+            assert outs[0].keys_to_store == outs[1].keys_to_store, f"seed {seed} step {step}: keys to store"
+            assert outs[0].evicted_keys == outs[1].evicted_keys, f"seed {seed} step {step}: evicted"
+            assert len(set(outs[1].store_spec.block_ids.tolist())) == len(outs[1].keys_to_store)
+            counts["stores"] += len(outs[0].keys_to_store)
+            counts["evicted"] += len(outs[0].evicted_keys)
+            pend.append(outs[0].keys_to_store)
+        elif r < 0.75:  # a transfer finishes: a store (maybe failed) or the loads
+            item = rng.choice(live)
+            pair, pend, loads, _ = item
+            if pend:
+                keys = pend.pop(0)
+                ok = rng.random() >= fail_rate
+                counts["failed"] += not ok
+                for m, c in zip(managers, pair.ctx):
+                    m.complete_store(keys, c, success=ok)
+            elif loads:
+                for m, c in zip(managers, pair.ctx):
+                    m.complete_load(loads, c)
+                item[2] = []
+        elif r < 0.85:  # the scheduler touches a request's blocks
+            pair = rng.choice(live)[0]
+            keys = list(pair.ctx[0]._offload_key_positions)
+            keys = keys[:rng.randrange(1, len(keys) + 1)]
+            for m, c in zip(managers, pair.ctx):
+                m.touch(keys, c)
+        elif r < 0.997:  # a request ends, its transfers done
+            item = live.pop(rng.randrange(len(live)))
+            pair, pend, loads, _ = item
+            for keys in pend:
+                for m, c in zip(managers, pair.ctx):
+                    m.complete_store(keys, c, success=True)
+            if loads:
+                for m, c in zip(managers, pair.ctx):
+                    m.complete_load(loads, c)
+            for m, c in zip(managers, pair.ctx):
+                m.on_request_finished(c)
+        else:  # a reset, between requests
+            for item in live:
+                for m, c in zip(managers, item[0].ctx):
+                    m.on_request_finished(c)
+            live.clear()
+            for m in managers:
+                m.reset_cache()
+            counts["resets"] += 1
+        ev = [_events(m) for m in managers]
+        assert ev[0] == ev[1], f"seed {seed} step {step}: events\n{ev[0]}\n{ev[1]}"
+        if step % 97 == 0:
+            ours.check()
+    ours.check()
+    return counts
+
+
+@pytest.mark.parametrize("blocks,groups", [(1, 1), (7, 1), (40, 1), (24, 3), (200, 2)])
+def test_decisions_match_vllms_lru_manager(blocks, groups):
+    seed = int(os.environ.get("KVTIER_TEST_SEED", "0")) or (blocks * 31 + groups)
+    total = {}
+    for s in range(seed, seed + 3):
+        c = _drive(s, blocks, 1500, groups)
+        total = {k: total.get(k, 0) + v for k, v in c.items()}
+    print(f"vllm lru equivalence: blocks={blocks} groups={groups} seeds={seed}..{seed + 2} {total}")
+    # the sequences reach every path the comparison means to cover
+    assert total["hits"] and total["stores"] and total["failed"]
+    if blocks <= 40:
+        assert total["evicted"] and total["refused"]
+
+
+def test_a_refused_store_changes_nothing():
+    m = kv.KvtierOffloadingManager(2, enable_events=True)
+    ctx = ReqContext(req_id="a")
+    ka, kb, kc = (make_offload_key(bytes([i]) * 32, 0) for i in range(3))
+    for i, k in enumerate((ka, kb, kc)):
+        ctx.set_offload_key_position(k, 16 * (i + 1))
+    m.on_new_request(ctx)
+    out = m.prepare_store([ka, kb], ctx)
+    assert out.keys_to_store == [ka, kb] and out.evicted_keys == []
+    before = (m.stats(), dict(m._ranks), m._next_rank)
+    assert m.prepare_store([kc], ctx) is None  # both blocks are in flight: nothing to evict
+    assert (m.stats(), dict(m._ranks), m._next_rank) == (before[0] | {"store_refusals": 1}, before[1], before[2])
+    m.complete_store([ka, kb], ctx)
+    assert [e.keys for e in m.take_events()] == [[ka, kb]]
+    m.check()
+
+
+def test_the_side_by_side_benchmark_runs_and_agrees():
+    """A smoke run of `python -m kvtier.bench_vllm`: JSON, both managers timed, the same decisions."""
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "kvtier.bench_vllm", "--requests", "60", "--blocks", "300",
+                        "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["same_decisions"] and out["requests"] == 60 and out["ratio_kvtier_over_vllm"] > 0
+    hits, stores, evictions = out["hits_stores_evictions"]["kvtier"]
+    assert stores > 0 and evictions > 0
