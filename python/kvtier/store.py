@@ -18,6 +18,12 @@ RESULTS = ("ok", "miss", "bad", "failed")
 STORE_STATS = tuple(f for f, _, _ in _fields.STORE_STATS)
 
 
+def _redacted(url: bytes) -> str:
+    """The URL with the password of its credentials replaced by ***: errors never show it."""
+    buf = ctypes.create_string_buffer(len(url) + 8)
+    return lib.kvt_store_url_redact(url, buf, len(buf)).decode(errors="replace")
+
+
 class StoreResult(NamedTuple):
     """A batch the store has answered: a result per key ("ok", "miss", "bad":
     an object that failed its checks, never served; "failed": the store was
@@ -104,7 +110,7 @@ class Store(Handle):
             cfg.tier = tp_ptr
             rc = lib.kvt_store_open(ctypes.byref(h), url_b, ctypes.byref(cfg))
             if rc < 0:
-                raise error(rc, f"Store({url!r})", lib.kvt_store_last_error(None).decode())
+                raise error(rc, f"Store({_redacted(url_b)!r})", lib.kvt_store_last_error(None).decode())
             self._own(h.value, (tier,) if tier is not None else ())
         self.tier = tier
         self._done: Dict[int, StoreResult] = {}

@@ -440,3 +440,14 @@ def test_shm_tier_is_shared_by_name():
             kvtier.Tier.shm(name, 4, 1, 128)  # a live process's segment is left alone
     with pytest.raises(kvtier.NotFound):
         kvtier.Tier.shm(name, 4, 1, 128, attach=True)  # unlinked by its creator
+
+
+def test_a_store_error_never_shows_the_redis_password():
+    """A Redis URL's password stays out of every error text (the open fails: nothing listens)."""
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(kvtier.Error) as e:
+        kvtier.Store(f"redis://alice:s3cr3t-pw@127.0.0.1:{port}", timeout_ms=200, retries=0)
+    assert "s3cr3t-pw" not in str(e.value) and "alice" in str(e.value), str(e.value)
