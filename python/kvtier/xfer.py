@@ -31,6 +31,8 @@ class XferResult(NamedTuple):
 
 def copies_arg(copies: Any):
     """(array, n) of XferCopy from (src_page, dst_page) pairs or an [n, 2] integer array."""
+    if type(copies).__module__ == "numpy" and copies.ndim == 2 and copies.shape[1] == 2 and copies.dtype.kind in "iu":
+        return _copies_of_array(copies)
     if hasattr(copies, "__array_interface__") or type(copies).__module__.startswith("torch"):
         pairs = copies.tolist()
     elif isinstance(copies, (str, bytes)) or not hasattr(copies, "__iter__"):
@@ -47,6 +49,22 @@ def copies_arg(copies: Any):
         except ValueError:
             raise ValueError(f"copy {i}: pages ({s}, {d}) out of range") from None
     return arr, len(pairs)
+
+
+def _copies_of_array(a: Any):
+    """copies_arg of an [n, 2] numpy integer array, checked and converted
+    whole: per pair in Python it costs microseconds, with the GIL held."""
+    import numpy as np
+    bad = np.flatnonzero(((a < 0) | (a > 0xFFFFFFFF)).any(axis=1))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"copy {i}: pages ({a[i, 0]}, {a[i, 1]}) out of range")
+    n = len(a)
+    arr = (XferCopy * max(n, 1))()
+    if n:  # XferCopy is two uint32, so an [n, 2] uint32 array is its bytes
+        u32 = np.ascontiguousarray(a, dtype=np.uint32)
+        ctypes.memmove(arr, u32.ctypes.data, 8 * n)
+    return arr, n
 
 
 class Transfer(Handle):
