@@ -305,6 +305,17 @@ Test(cp, independent_missing_or_dead_rank_is_named, .timeout = 120) {
     cr_assert_eq(group_segments(name), 0, "rank 0 removed the segments");
 }
 
+/* Whether process pid maps a segment of group name. */
+static bool maps_segment(pid_t pid, const char *name) {
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    bool found = false;
+    while (f && !found && fgets(line, sizeof(line), f)) found = strstr(line, name) != NULL;
+    if (f) fclose(f);
+    return found;
+}
+
 /* A rank started with other parameters than the group's fails the whole
  * group at once, on every rank, naming the field: not after the join timeout
  * (a minute here; the test's own timeout is far below it). */
@@ -317,9 +328,14 @@ Test(cp, independent_mismatched_rank_fails_every_rank_at_once, .timeout = 30) {
                                "--bytes-per-token", "64", "--limit", "50", "--join-timeout-ms", "60000", NULL};
     spawned_t s[3];
     s[0] = spawn_rank(3, 0, name, args);
-    usleep(200000); /* rank 0 has made the group: rank 2 is refused, not left waiting for it */
-    s[2] = spawn_rank(3, 2, name, odd);
     s[1] = spawn_rank(3, 1, name, args);
+    /* rank 2 comes once rank 1 has attached the group (it maps the control
+     * segment): a rank that arrives after the group has gone waits out its
+     * join timeout, as it must, since nothing is left to tell it */
+    bool attached = false;
+    for (int i = 0; i < 2000 && !attached; i++, usleep(10000)) attached = maps_segment(s[1].pid, name);
+    cr_assert(attached, "rank 1 never attached group %s", name);
+    s[2] = spawn_rank(3, 2, name, odd);
     for (uint32_t r = 0; r < 3; r++) {
         run_result_t res = wait_rank(&s[r]);
         cr_assert_eq(res.status, 1, "rank %u: exit %d: %s", r, res.status, res.err);
