@@ -18,10 +18,15 @@ request's rank in the high 32 bits, the position below), so eviction, pins and
 pages stay in C. ``tests: python/tests/test_vllm.py`` drives both managers with
 the same calls and compares every answer.
 
+``KvtierOffloadingSpec`` is what vLLM loads by name
+(``"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm"``):
+this manager in the scheduler, ``kvtier.vllm_worker.KvtierOffloadingWorker``
+in each worker process.
+
 Supported: vLLM 0.33.0 (pinned in python/requirements-dev.txt); the import
 fails loudly, naming what changed, when vLLM's base class differs. Not yet:
-the worker (copies between vLLM's KV tensors and the host tier), an L3 store
-below the host tier, and vLLM's store_threshold >= 2."""
+an L3 store below the host tier, policies other than vLLM's LRU, and vLLM's
+store_threshold >= 2 (docs/vllm.md)."""
 from __future__ import annotations
 
 import inspect
@@ -33,8 +38,9 @@ from .keyed import KeyedCache, key_of_bytes
 
 try:
     from vllm.v1.kv_offload import base as _vbase
-    from vllm.v1.kv_offload.base import (LoadStoreSpec, LookupResult, Medium, OffloadingEvent, OffloadingManager,
-                                         OffloadKey, PrepareStoreOutput, ReqContext, RequestOffloadingContext,
+    from vllm.v1.kv_offload.base import (CanonicalKVCaches, LoadStoreSpec, LookupResult, Medium, OffloadingEvent,
+                                         OffloadingManager, OffloadingSpec, OffloadingWorker, OffloadKey,
+                                         PrepareStoreOutput, ReqContext, RequestOffloadingContext,
                                          get_offload_group_idx)
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.policies.base import order_request_keys
@@ -42,7 +48,7 @@ except ImportError as e:  # pragma: no cover - the suite runs with vLLM installe
     raise ImportError(f"kvtier.vllm needs vLLM 0.33.0's offloading modules ({e}); "
                       "pip install --no-deps vllm==0.33.0 (see docs/python.md)") from e
 
-__all__ = ["KvtierOffloadingManager", "VLLM_VERSION", "check_vllm_interface"]
+__all__ = ["KvtierOffloadingManager", "KvtierOffloadingSpec", "VLLM_VERSION", "check_vllm_interface"]
 
 VLLM_VERSION = "0.33.0"
 
@@ -363,3 +369,69 @@ class KvtierOffloadingManager(OffloadingManager):
         for k in self._pending:
             if self._cache.lookup(self._ids[k]) != "pending":
                 raise AssertionError(f"{k!r} is pending here, not in the cache")
+
+
+# kv_connector_extra_config keys the spec reads (vLLM's own: spec_name, spec_module_path, ...).
+_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "l2_free_room", "l3", "threads", "checksum")
+
+
+class KvtierOffloadingSpec(OffloadingSpec):
+    """vLLM's OffloadingSpec over kvtier. Options (``kv_connector_extra_config``):
+
+    ``host_bytes``     host memory for offloaded blocks, all workers together
+                       (vLLM's ``cpu_bytes_to_use`` is read when it is absent);
+    ``policy``         eviction order: ``lru`` (vLLM's own order, the default);
+    ``l2_free_room``   fraction of the host tier kept free ahead of stores (0);
+    ``threads``        copy threads per worker (1);
+    ``checksum``       per-page checksums, a corrupt page never loaded (true).
+
+    An ``l3`` store below the host tier is not supported yet: it is refused."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        x = self.extra_config
+        host = x.get("host_bytes", x.get("cpu_bytes_to_use"))
+        try:
+            host = int(host)
+        except (TypeError, ValueError):
+            raise ValueError(f"kvtier: host_bytes: expected a byte count, not {host!r}") from None
+        if host <= 0:
+            raise ValueError(f"kvtier: host_bytes: {host} (expected > 0)")
+        policy = x.get("policy", "lru")
+        if policy != "lru":
+            raise ValueError(f"kvtier: policy: {policy!r} (supported: 'lru', vLLM's own order)")
+        if x.get("l3"):
+            raise ValueError("kvtier: l3: an L3 store below the host tier is not supported under vLLM yet")
+        self.free_room = float(x.get("l2_free_room", 0.0))
+        if not 0.0 <= self.free_room < 1.0:
+            raise ValueError(f"kvtier: l2_free_room: {self.free_room} (expected 0 <= l2_free_room < 1)")
+        self.threads = int(x.get("threads", 1))
+        if self.threads < 1:
+            raise ValueError(f"kvtier: threads: {self.threads} (expected >= 1)")
+        cs = x.get("checksum", True)
+        if isinstance(cs, str):
+            if cs.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"kvtier: checksum: {cs!r} (expected true or false)")
+            cs = cs.lower() in ("true", "1")
+        self.checksum = bool(cs)
+        # every worker keeps its own copy of a block's bytes, as vLLM's CPU spec counts them
+        per_chunk = config.worker_kv_bytes_per_block * config.parallel.world_size * self.blocks_per_chunk
+        self.num_chunks = host // per_chunk if per_chunk > 0 else 0
+        self._manager: Optional[KvtierOffloadingManager] = None
+        self._worker = None
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            if self.num_chunks < 1:
+                raise ValueError(f"kvtier: host_bytes holds no chunk of {self.blocks_per_chunk} blocks")
+            self._manager = KvtierOffloadingManager(self.num_chunks,
+                                                    enable_events=self.kv_events_config.enable_kv_cache_events,
+                                                    free_room=self.free_room)
+        return self._manager
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            from .vllm_worker import KvtierOffloadingWorker
+            self._worker = KvtierOffloadingWorker(kv_caches, self.num_chunks, self.blocks_per_chunk,
+                                                  threads=self.threads, checksum=self.checksum)
+        return self._worker

@@ -195,3 +195,68 @@ def test_the_side_by_side_benchmark_runs_and_agrees():
     assert out["same_decisions"] and out["requests"] == 60 and out["ratio_kvtier_over_vllm"] > 0
     hits, stores, evictions = out["hits_stores_evictions"]["kvtier"]
     assert stores > 0 and evictions > 0
+
+
+def _offloading_config(extra, blocks_per_chunk=1, worker_bytes=96 * 2 + 160):
+    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+                                           OffloadingModelConfig, OffloadingParallelConfig)
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0", "l1", "l2"), group_id=0),),
+        worker_kv_bytes_per_block=worker_bytes, enable_kv_cache_events=True, extra_config=extra, engine_id="e0",
+        model=OffloadingModelConfig(name="tiny", dtype="int8"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
+        parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                                          data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+                                          is_parallelism_agnostic=True))
+
+
+def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back():
+    """vLLM's own factory loads KvtierOffloadingSpec from kv_connector_extra_config; its manager
+    and worker then store blocks of vLLM-shaped KV tensors and load them back into other blocks."""
+    import numpy as np
+    import torch
+    from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
+                                         GPULoadStoreSpec)
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    page = 96 * 2 + 160
+    spec = OffloadingSpecFactory.create_spec(_offloading_config(
+        {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm", "host_bytes": 10 * page}))
+    assert isinstance(spec, kv.KvtierOffloadingSpec) and spec.num_chunks == 10
+    nb = 16
+    tensors = [torch.randint(-128, 128, (nb, p), dtype=torch.int8) for p in (96, 96, 160)]
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in tensors],
+                               [[CanonicalKVCacheRef(i, t.shape[1]) for i, t in enumerate(tensors)]])
+    m, w = spec.get_manager(), spec.get_worker(caches)
+    ctx = ReqContext(req_id="r")
+    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(4)]
+    for i, k in enumerate(keys):
+        ctx.set_offload_key_position(k, 16 * (i + 1))
+    m.on_new_request(ctx)
+    out = m.prepare_store(keys, ctx)
+    assert out.keys_to_store == keys
+    w.submit_store(1, GPULoadStoreSpec([0, 1, 2, 3], [4], [0]), out.store_spec)
+    w.wait({1})
+    assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, True)]
+    m.complete_store(keys, ctx)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 4
+    before = [t[:4].clone() for t in tensors]
+    load = m.prepare_load(keys[1:3], ctx)
+    w.submit_load(2, load, GPULoadStoreSpec([9, 10], [2], [1]))
+    w.wait({2})
+    assert [(r.job_id, r.success) for r in w.get_finished()] == [(2, True)]
+    m.complete_load(keys[1:3], ctx)
+    for t, b in zip(tensors, before):
+        assert np.array_equal(t[9:11].numpy(), b[1:3].numpy())
+    m.check()
+    w.shutdown()
+    m.shutdown()
+
+
+@pytest.mark.parametrize("extra,msg", [({}, "host_bytes"), ({"host_bytes": "x"}, "host_bytes"),
+                                       ({"host_bytes": 4096, "policy": "arc"}, "policy"),
+                                       ({"host_bytes": 4096, "l3": "dir:/tmp/x"}, "l3"),
+                                       ({"host_bytes": 4096, "l2_free_room": 1.5}, "l2_free_room"),
+                                       ({"host_bytes": 4096, "checksum": "maybe"}, "checksum")])
+def test_the_spec_refuses_bad_options_naming_them(extra, msg):
+    with pytest.raises(ValueError, match=msg):
+        kv.KvtierOffloadingSpec(_offloading_config(extra))
