@@ -106,14 +106,13 @@ def _score(rank: Tuple[int, int]) -> int:
 
 @dataclass
 class _Access:
-    """The keys one request has seen, as vLLM's manager records them."""
+    """The keys one request has seen, by group, in the order it saw them
+    (vLLM's manager also sorts them into inserted and reused keys, which only
+    its ARC policy reads)."""
     owner: object
     generation: int
     key_groups: Dict[int, List[OffloadKey]] = field(default_factory=dict)
     seen: Set[OffloadKey] = field(default_factory=set)
-    inserted: Set[OffloadKey] = field(default_factory=set)
-    reused: Set[OffloadKey] = field(default_factory=set)
-    store_misses: Set[OffloadKey] = field(default_factory=set)
     finished: bool = False
 
 
@@ -217,7 +216,7 @@ class KvtierOffloadingManager(OffloadingManager):
             ctx.set_state(st)
         return st
 
-    def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext, reused: Iterable[OffloadKey] = ()) -> None:
+    def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         st = self._access(ctx)
         new = []
         for k in keys:
@@ -229,7 +228,6 @@ class KvtierOffloadingManager(OffloadingManager):
             new.append(k)
         if new:
             self._on_request_access(new, ctx)
-        st.reused.update(k for k in reused if k not in st.inserted)
 
     # ---- events ---------------------------------------------------------------
 
@@ -256,7 +254,7 @@ class KvtierOffloadingManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
         pages = self._cache.pin([self._id(k) for k in keys])
-        self._record(keys, req_context, reused=keys)
+        self._record(keys, req_context)
         return CPULoadStoreSpec(pages)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -271,10 +269,9 @@ class KvtierOffloadingManager(OffloadingManager):
         # a key twice in one call is stored once (vLLM's chained block hashes never repeat in a request)
         to_store = list(dict.fromkeys(k for k in keys if k not in ids))
         ready = [k for k in keys if k in ids and k not in pending]
-        st = self._access(req_context)
-        st.store_misses.update(to_store)  # vLLM's LRU treats a store miss as a touch of absent keys: nothing
+        # (vLLM's LRU takes a store miss as a touch of keys that are absent: it changes nothing)
         recorded = set(to_store) | set(ready)
-        self._record((k for k in keys if k in recorded), req_context, reused=ready)
+        self._record((k for k in keys if k in recorded), req_context)
         if not to_store:
             return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
         ranks, next_rank, new_rank = self._store_ranks(to_store, req_context)
@@ -296,7 +293,6 @@ class KvtierOffloadingManager(OffloadingManager):
             self._names[kid] = k
             self._ids[k] = kid
         pending.update(to_store)
-        st.inserted.update(to_store)
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(pages), evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
