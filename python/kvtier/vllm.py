@@ -68,21 +68,26 @@ _MANAGER_SIGNATURES = {
 }
 
 
-def check_vllm_interface() -> List[str]:
-    """The differences between vLLM's OffloadingManager and what kvtier
-    implements (empty: none). Run at import; a test keeps it empty."""
-    diffs = []
-    abstract = set(getattr(OffloadingManager, "__abstractmethods__", ()))
-    for name in sorted(abstract - set(_MANAGER_SIGNATURES)):
-        diffs.append(f"OffloadingManager.{name} is abstract in this vLLM and kvtier does not implement it")
-    for name, want in _MANAGER_SIGNATURES.items():
-        fn = getattr(OffloadingManager, name, None)
+def method_diffs(cls: type, wanted: Dict[str, List[str]]) -> List[str]:
+    """How cls's methods differ from the parameters kvtier implements them
+    with (empty: not at all); an abstract method kvtier lacks is a difference."""
+    diffs = [f"{cls.__name__}.{n} is abstract in this vLLM and kvtier does not implement it"
+             for n in sorted(set(getattr(cls, "__abstractmethods__", ())) - set(wanted))]
+    for n, want in wanted.items():
+        fn = getattr(cls, n, None)
         if fn is None:
-            diffs.append(f"OffloadingManager.{name} is gone")
+            diffs.append(f"{cls.__name__}.{n} is gone")
             continue
         got = list(inspect.signature(fn).parameters)
         if got != want:
-            diffs.append(f"OffloadingManager.{name}{tuple(got)}: kvtier implements {tuple(want)}")
+            diffs.append(f"{cls.__name__}.{n}{tuple(got)}: kvtier implements {tuple(want)}")
+    return diffs
+
+
+def check_vllm_interface() -> List[str]:
+    """The differences between vLLM's OffloadingManager and what kvtier
+    implements (empty: none). Run at import; a test keeps it empty."""
+    diffs = method_diffs(OffloadingManager, _MANAGER_SIGNATURES)
     for name in ("LookupResult", "PrepareStoreOutput", "OffloadingEvent", "ReqContext"):
         if not hasattr(_vbase, name):
             diffs.append(f"vllm.v1.kv_offload.base.{name} is gone")

@@ -103,6 +103,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from .tier import Plane, Tier
+from .vllm import method_diffs
 from .xfer import Transfer
 
 try:
@@ -137,14 +138,7 @@ _FIELDS = {
 def check_worker_interface() -> List[str]:
     """The differences between vLLM's OffloadingWorker (and the structures it
     is handed) and what this worker implements (empty: none)."""
-    diffs = []
-    for name in sorted(set(getattr(OffloadingWorker, "__abstractmethods__", ())) - set(_WORKER_SIGNATURES)):
-        diffs.append(f"OffloadingWorker.{name} is abstract in this vLLM and kvtier does not implement it")
-    for name, want in _WORKER_SIGNATURES.items():
-        fn = getattr(OffloadingWorker, name, None)
-        got = list(inspect.signature(fn).parameters) if fn is not None else None
-        if got != want:
-            diffs.append(f"OffloadingWorker.{name}{tuple(got) if got else ' is gone'}: kvtier implements {tuple(want)}")
+    diffs = method_diffs(OffloadingWorker, _WORKER_SIGNATURES)
     for cls, want in _FIELDS.items():
         have = getattr(getattr(_vbase, cls, None), "__dataclass_fields__", {})
         missing = [f for f in want if f not in have]
