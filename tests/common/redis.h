@@ -118,6 +118,18 @@ static inline redisReply *redis_cmd_as(int port, const char *user, const char *p
     return r;
 }
 
+/* The port of slot's master, from a CLUSTER SLOTS reply (reply freed), or -1. */
+static inline int redis_slot_port(redisReply *slots, unsigned slot) {
+    int port = -1;
+    for (size_t k = 0; slots && slots->type == REDIS_REPLY_ARRAY && k < slots->elements; k++) {
+        redisReply *e = slots->element[k];
+        if ((unsigned)e->element[0]->integer <= slot && slot <= (unsigned)e->element[1]->integer)
+            port = (int)e->element[2]->element[1]->integer;
+    }
+    if (slots) freeReplyObject(slots);
+    return port;
+}
+
 /* Up: PONG, or NOAUTH from a server that wants a password. */
 static inline bool redis_up_(int port) {
     redisReply *r = redis_cmd(port, "PING");

@@ -163,15 +163,8 @@ static void node_id(int port, char id[64]) {
 
 /* The master of slot, by index into C.n. */
 static int owner(unsigned slot) {
-    redisReply *r = redis_cmd_as(C.n[0].port, NULL, "s3cret", "CLUSTER SLOTS");
-    cr_assert(r && r->type == REDIS_REPLY_ARRAY);
-    int port = -1;
-    for (size_t k = 0; k < r->elements; k++) {
-        redisReply *e = r->element[k];
-        if ((unsigned)e->element[0]->integer <= slot && slot <= (unsigned)e->element[1]->integer)
-            port = (int)e->element[2]->element[1]->integer;
-    }
-    freeReplyObject(r);
+    int port = redis_slot_port(redis_cmd_as(C.n[0].port, NULL, "s3cret", "CLUSTER SLOTS"), slot);
+    cr_assert_neq(port, -1, "no master for slot %u", slot);
     for (int i = 0; i < 3; i++)
         if (C.n[i].port == port) return i;
     return -1;

@@ -162,15 +162,8 @@ Test(store_down, moved_to_an_unreachable_node) {
 
 /* Three masters, no replicas: the master of some keys is killed. */
 static int owner_port(int live, unsigned slot) {
-    redisReply *r = redis_cmd(live, "CLUSTER SLOTS");
-    cr_assert(r && r->type == REDIS_REPLY_ARRAY);
-    int port = -1;
-    for (size_t k = 0; k < r->elements; k++) {
-        redisReply *e = r->element[k];
-        if ((unsigned)e->element[0]->integer <= slot && slot <= (unsigned)e->element[1]->integer)
-            port = (int)e->element[2]->element[1]->integer;
-    }
-    freeReplyObject(r);
+    int port = redis_slot_port(redis_cmd(live, "CLUSTER SLOTS"), slot);
+    cr_assert_neq(port, -1, "no master for slot %u", slot);
     return port;
 }
 
