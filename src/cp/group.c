@@ -550,12 +550,13 @@ static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
     g->h = g->seg.base;
     uint64_t a, b, c;
     /* the offsets too: every slot, landed and digest access goes through them */
-    if ((rc = check_params(g, cfg, why)) == KVT_OK &&
-        (g->seg.total != segment_bytes(cfg, &a, &b, &c) || g->h->slots_off != a || g->h->landed_off != b || g->h->digests_off != c))
-        rc = say(KVT_EINVAL, why, "rank %u: group %s's control segment has the wrong size or layout", cfg->rank, g->name);
     /* A rank started with other parameters means the launch is wrong: the
-     * group cannot finish, so every rank hears it now, not at its join timeout. */
-    if (rc != KVT_OK) stop_group(g, cfg->rank, t_why);
+     * group cannot finish, so every rank hears it now, not at its join timeout.
+     * (A segment of the wrong size or layout is not written to at all.) */
+    if ((rc = check_params(g, cfg, why)) != KVT_OK) stop_group(g, cfg->rank, t_why);
+    else if (g->seg.total != segment_bytes(cfg, &a, &b, &c) || g->h->slots_off != a || g->h->landed_off != b ||
+             g->h->digests_off != c)
+        rc = say(KVT_EINVAL, why, "rank %u: group %s's control segment has the wrong size or layout", cfg->rank, g->name);
     if (rc == KVT_OK) rc = claim_slot(g, why);
     if (rc != KVT_OK) kvt__seg_close(&g->seg);
     return rc;
