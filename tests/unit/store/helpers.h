@@ -4,6 +4,8 @@
 #define KVTIER_TESTS_STORE_HELPERS_H
 
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvtier/error.h"
@@ -28,6 +30,13 @@ typedef struct sres {
 
 /* Messages are checked through kvt_store_last_error, not printed. */
 static inline void quiet_log(void *arg, const char *msg) { (void)arg, (void)msg; }
+
+/* Removes a test's directory tree. */
+static inline void rmtree(const char *p) {
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", p);
+    if (system(cmd) != 0) fprintf(stderr, "rm -rf %s failed\n", p);
+}
 
 static inline kvt_tier_t *make_tier(uint64_t pages, uint32_t layers, uint64_t layer_bytes, kvt_layout_t layout) {
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST,

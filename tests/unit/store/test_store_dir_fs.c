@@ -18,12 +18,6 @@ static senv_t E;
 static char root[64];
 static char url[160];
 
-static void rmtree(const char *p) {
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", p);
-    if (system(cmd) != 0) fprintf(stderr, "rm -rf %s failed\n", p);
-}
-
 static void setup(void) {
     snprintf(root, sizeof(root), "/tmp/kvt-store-dirfs-XXXXXX");
     cr_assert_not_null(mkdtemp(root));
