@@ -18,7 +18,7 @@ __all__ = ["KeyedCache", "KeyedEvent", "LOOKUP", "key_of_bytes"]
 LOOKUP = ("miss", "hit", "pending")
 _WHY = ("evicted", "failed store", "reset")
 _NO_PAGE = (1 << 64) - 1
-_ENOSPC = -3
+_ENOSPC = dict(_fields.ERRORS)["ENOSPC"]
 
 Key = Tuple[int, int]
 
@@ -82,9 +82,8 @@ class KeyedCache(Handle):
         super().__init__()
         cfg = KeyedConfig(size=ctypes.sizeof(KeyedConfig), events=1 if events else 0,
                           pages=_a.integer(pages, "pages", 1, (1 << 32) - 1),
-                          free_room=_a.fraction(free_room, "free_room") if hasattr(_a, "fraction")
-                          else float(free_room))
-        if not 0.0 <= cfg.free_room < 1.0:
+                          free_room=_a.number(free_room, "free_room", 0.0, 1.0))
+        if cfg.free_room == 1.0:
             raise ValueError(f"free_room: {free_room!r} is out of range (expected 0 <= free_room < 1)")
         h = ctypes.c_void_p()
         check(lib.kvt_keyed_create(ctypes.byref(h), ctypes.byref(cfg)), "KeyedCache")

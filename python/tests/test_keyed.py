@@ -62,3 +62,8 @@ def test_bad_configs_are_refused(kw):
 def test_key_of_bytes_refuses_a_key_without_its_group():
     with pytest.raises(ValueError):
         key_of_bytes(b"ab")
+
+
+def test_free_room_must_be_a_number():
+    with pytest.raises(TypeError, match="free_room"):
+        KeyedCache(4, free_room="0.5")
