@@ -78,8 +78,8 @@ static inline void redis_sleep_ms(unsigned ms) {
     nanosleep(&ts, NULL);
 }
 
-/* A command on the server, its reply (caller frees), or NULL. */
-static inline redisReply *redis_cmd(int port, const char *fmt, ...) {
+/* A connection to the server with a 2 s timeout, or NULL. */
+static inline redisContext *redis_connect_(int port) {
     struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
     if (c == NULL || c->err) {
@@ -87,6 +87,13 @@ static inline redisReply *redis_cmd(int port, const char *fmt, ...) {
         return NULL;
     }
     redisSetTimeout(c, tv);
+    return c;
+}
+
+/* A command on the server, its reply (caller frees), or NULL. */
+static inline redisReply *redis_cmd(int port, const char *fmt, ...) {
+    redisContext *c = redis_connect_(port);
+    if (c == NULL) return NULL;
     va_list ap;
     va_start(ap, fmt);
     redisReply *r = redisvCommand(c, fmt, ap);
@@ -97,13 +104,8 @@ static inline redisReply *redis_cmd(int port, const char *fmt, ...) {
 
 /* The same after AUTH [user] password (user NULL: the default user). */
 static inline redisReply *redis_cmd_as(int port, const char *user, const char *pass, const char *fmt, ...) {
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (c == NULL || c->err) {
-        if (c) redisFree(c);
-        return NULL;
-    }
-    redisSetTimeout(c, tv);
+    redisContext *c = redis_connect_(port);
+    if (c == NULL) return NULL;
     redisReply *a = user ? redisCommand(c, "AUTH %s %s", user, pass) : redisCommand(c, "AUTH %s", pass);
     bool ok = a && a->type == REDIS_REPLY_STATUS;
     if (a) freeReplyObject(a);
