@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _args as _a
 from . import _fields
