@@ -7,6 +7,18 @@ include/kvtier/*.h field by field; the statistics lists come from the headers
 themselves (_fields.py, generated), and tests/test_layout.py compiles a C
 program that prints every structure's size and field offsets and compares
 them with these, so a header change that is not made here fails the suite.
+
+Which library: the first of
+  1. the one shipped inside the package, kvtier/lib/libkvtier.so: a wheel
+     (`pip install ./python`) has it, and then it is the only candidate (the
+     structures below are those of the library built with them);
+  2. $KVTIER_LIB, and then nothing else: a checkout's package run against a
+     chosen build (the test suites, a sanitized build);
+  3. the build recorded by scripts/install-python (kvtier/_build.py: `make`
+     writes it for the project's .venv);
+  4. build/ or build-rel/ of the checkout this package sits in;
+  5. the system's libkvtier.so (`make install`).
+LIBRARY says which was loaded.
 """
 from __future__ import annotations
 
@@ -25,11 +37,15 @@ __all__ = ["lib", "LIBRARY"]
 
 
 def _candidates():
+    here = pathlib.Path(__file__).resolve().parent
+    bundled = here / "lib" / "libkvtier.so"
+    if bundled.exists():
+        yield str(bundled)
+        return
     env = os.environ.get("KVTIER_LIB")
     if env:
         yield env
         return
-    here = pathlib.Path(__file__).resolve().parent
     try:  # written by `make python`: the library this package was built with
         from . import _build  # type: ignore[attr-defined]
         yield _build.LIBRARY
@@ -59,7 +75,8 @@ def _load():
             tried.append(f"{path} (loads, but is not libkvtier: it has no kvt_version)")
             continue
         return found, path
-    raise ImportError("kvtier: cannot find libkvtier.so (build it with `make`, or set KVTIER_LIB); tried: "
+    raise ImportError("kvtier: cannot load libkvtier.so (`pip install ./python` ships it in the package;"
+                      " in a checkout, build it with `make` or set KVTIER_LIB); tried: "
                       + "; ".join(tried or ["nothing"]))
 
 
