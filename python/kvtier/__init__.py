@@ -17,8 +17,9 @@ pd (PdReceiver, PdSender), cp (CpGroup), prometheus (the statistics as a
 prometheus_client collector), trace (Mooncake traces), sglang (an SGLang
 HiCache storage backend).
 """
-from ._core import ClosedError, Error, error_class, page_hashes
-from . import _core as _c
+from ._core import (AlreadyExists, AlreadyReserved, Busy, ClosedError, Corrupt, Error, Fragmented, InvalidArgument,
+                    IOFailure, NoSpace, NotFound, NotReserved, NotSupported, OutOfMemory, OutOfRange, ParseError,
+                    TimedOut, TryAgain, error_class, page_hashes)
 from ._lib import LIBRARY, lib as _clib
 from .cache import POLICIES, PREFETCH_POLICIES, WRITE_POLICIES, Cache, Prefetch, Request, default_config
 from .store import Store, StoreResult
@@ -26,12 +27,6 @@ from .tier import Tier, TensorInfo
 from .xfer import Transfer, XferResult
 from .pd import PdReceiver, PdSender
 from .cp import CpGroup
-
-# The error classes: kvtier.InvalidArgument is KVT_EINVAL, etc. (_core.ERROR_CLASSES)
-for _name in dir(_c):
-    if _name in _c.ERROR_CLASSES.values():
-        globals()[_name] = getattr(_c, _name)
-del _name
 
 
 def version() -> str:
@@ -53,4 +48,8 @@ def version_number() -> int:
 __version__ = version()
 __all__ = ["Cache", "ClosedError", "CpGroup", "PdReceiver", "PdSender", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
            "Store", "StoreResult", "TensorInfo", "Tier", "Transfer", "WRITE_POLICIES", "XferResult",
-           "build_info", "default_config", "error_class", "page_hashes", "version", "version_number"]
+           "build_info", "default_config", "error_class", "page_hashes", "version", "version_number",
+           # one exception class per C error (include/kvtier/error.h)
+           "AlreadyExists", "AlreadyReserved", "Busy", "Corrupt", "Fragmented", "InvalidArgument", "IOFailure",
+           "NoSpace", "NotFound", "NotReserved", "NotSupported", "OutOfMemory", "OutOfRange", "ParseError",
+           "TimedOut", "TryAgain"]

@@ -9,7 +9,6 @@ import weakref
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
 from . import _args as _a
-from . import _fields
 from ._lib import Hash128, lib
 
 # ---- errors ------------------------------------------------------------------
@@ -47,26 +46,116 @@ class ClosedError(Error, ValueError):
 ClosedError.__module__ = "kvtier"
 
 
-# One subclass per C error, also a subclass of the matching builtin where
-# there is one, so `except ValueError` works for KVT_EINVAL.
-_BUILTIN = {"EINVAL": ValueError, "ENOMEM": MemoryError, "ERANGE": IndexError, "ENOENT": LookupError,
-            "EIO": OSError, "ETIMEDOUT": TimeoutError, "ENOTSUP": NotImplementedError, "EPARSE": ValueError}
-ERROR_CLASSES = {"EINVAL": "InvalidArgument", "ENOMEM": "OutOfMemory", "ENOSPC": "NoSpace", "EFRAG": "Fragmented",
-                 "ERANGE": "OutOfRange", "ENOTRESV": "NotReserved", "EBUSY": "Busy", "ENOENT": "NotFound",
-                 "EEXIST": "AlreadyExists", "EIO": "IOFailure", "ECORRUPT": "Corrupt", "EPARSE": "ParseError",
-                 "ENOTSUP": "NotSupported", "ETIMEDOUT": "TimedOut", "EAGAIN": "TryAgain",
-                 "ERESERVED": "AlreadyReserved"}
+# One subclass per C error (include/kvtier/error.h), written out so that a type
+# checker sees each one; also a subclass of the matching builtin where there is
+# one, so `except ValueError` works for KVT_EINVAL. test_binding holds them to
+# the header's list (_fields.ERRORS) and its messages.
+
+
+class InvalidArgument(Error, ValueError):
+    """KVT_EINVAL: invalid argument"""
+    code = -1
+    name = "KVT_EINVAL"
+
+
+class OutOfMemory(Error, MemoryError):
+    """KVT_ENOMEM: out of memory"""
+    code = -2
+    name = "KVT_ENOMEM"
+
+
+class NoSpace(Error):
+    """KVT_ENOSPC: not enough free pages"""
+    code = -3
+    name = "KVT_ENOSPC"
+
+
+class Fragmented(Error):
+    """KVT_EFRAG: free pages too fragmented for the allowed number of runs"""
+    code = -4
+    name = "KVT_EFRAG"
+
+
+class OutOfRange(Error, IndexError):
+    """KVT_ERANGE: page or size out of range"""
+    code = -5
+    name = "KVT_ERANGE"
+
+
+class NotReserved(Error):
+    """KVT_ENOTRESV: page is not reserved"""
+    code = -6
+    name = "KVT_ENOTRESV"
+
+
+class Busy(Error):
+    """KVT_EBUSY: locked, pinned or in flight"""
+    code = -7
+    name = "KVT_EBUSY"
+
+
+class NotFound(Error, LookupError):
+    """KVT_ENOENT: not found"""
+    code = -8
+    name = "KVT_ENOENT"
+
+
+class AlreadyExists(Error):
+    """KVT_EEXIST: already exists"""
+    code = -9
+    name = "KVT_EEXIST"
+
+
+class IOFailure(Error, OSError):
+    """KVT_EIO: input/output error"""
+    code = -10
+    name = "KVT_EIO"
+
+
+class Corrupt(Error):
+    """KVT_ECORRUPT: internal invariant violated"""
+    code = -11
+    name = "KVT_ECORRUPT"
+
+
+class ParseError(Error, ValueError):
+    """KVT_EPARSE: malformed input"""
+    code = -12
+    name = "KVT_EPARSE"
+
+
+class NotSupported(Error, NotImplementedError):
+    """KVT_ENOTSUP: not supported"""
+    code = -13
+    name = "KVT_ENOTSUP"
+
+
+class TimedOut(Error, TimeoutError):
+    """KVT_ETIMEDOUT: timed out"""
+    code = -14
+    name = "KVT_ETIMEDOUT"
+
+
+class TryAgain(Error):
+    """KVT_EAGAIN: resource temporarily unavailable"""
+    code = -15
+    name = "KVT_EAGAIN"
+
+
+class AlreadyReserved(Error):
+    """KVT_ERESERVED: page is already reserved"""
+    code = -16
+    name = "KVT_ERESERVED"
+
+
+ERROR_TYPES: Tuple[type, ...] = (InvalidArgument, OutOfMemory, NoSpace, Fragmented, OutOfRange, NotReserved, Busy,
+                                 NotFound, AlreadyExists, IOFailure, Corrupt, ParseError, NotSupported, TimedOut,
+                                 TryAgain, AlreadyReserved)
 _BY_CODE = {}
-for _n, _v in _fields.ERRORS:
-    if _v == 0:
-        continue
-    _bases = (Error, _BUILTIN[_n]) if _n in _BUILTIN else (Error,)
-    _cls = type(ERROR_CLASSES.get(_n, "Error" + _n), _bases,
-                {"code": _v, "name": f"KVT_{_n}", "__doc__": f"KVT_{_n}: {lib.kvt_strerror(_v).decode()}"})
+for _cls in ERROR_TYPES:
     _cls.__module__ = "kvtier"
-    _BY_CODE[_v] = _cls
-    globals()[_cls.__name__] = _cls
-del _n, _v, _bases, _cls
+    _BY_CODE[_cls.code] = _cls
+del _cls
 
 
 def error(code: int, what: str, detail: str = "") -> Error:
@@ -81,7 +170,7 @@ def check(rc: int, what: str, detail: str = "") -> int:
     return rc
 
 
-def error_class(name: str):
+def error_class(name: str) -> type:
     """The exception class of a C error name ("KVT_EINVAL" or "EINVAL")."""
     name = name[4:] if name.startswith("KVT_") else name
     for code, cls in _BY_CODE.items():

@@ -37,6 +37,24 @@ def test_version_and_errors():
         kvtier.Cache(l1_pages=-1)
 
 
+def test_every_c_error_has_its_class():
+    """The classes are written out in _core.py; the header's list (_fields.ERRORS,
+    generated from error.h) and the library's names and messages are the model."""
+    from kvtier import _core, _fields
+    from kvtier._lib import lib
+    want = {code: name for name, code in _fields.ERRORS if code != 0}
+    got = {cls.code: cls for cls in _core.ERROR_TYPES}
+    assert sorted(got) == sorted(want) and len(_core.ERROR_TYPES) == len(want)
+    for code, cls in got.items():
+        assert cls.name == "KVT_" + want[code] == lib.kvt_err_name(code).decode()
+        assert cls.__doc__ == f"{cls.name}: {lib.kvt_strerror(code).decode()}"
+        assert issubclass(cls, kvtier.Error) and getattr(kvtier, cls.__name__) is cls
+        e = _core.error(code, "call")
+        assert type(e) is cls and e.code == code and e.name == cls.name and str(e).startswith(f"call: {cls.name}: ")
+        assert kvtier.error_class(cls.name) is cls and kvtier.error_class(want[code]) is cls
+    assert type(_core.error(-99, "call")) is kvtier.Error
+
+
 def common_pages(a, b, pt):
     n = 0
     while (n + 1) * pt <= min(len(a), len(b)) and a[n * pt:(n + 1) * pt] == b[n * pt:(n + 1) * pt]:
