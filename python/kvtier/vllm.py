@@ -403,6 +403,8 @@ class KvtierOffloadingSpec(OffloadingSpec):
             raise ValueError(f"kvtier: policy: {policy!r} (supported: 'lru', vLLM's own order)")
         if x.get("l3"):
             raise ValueError("kvtier: l3: an L3 store below the host tier is not supported under vLLM yet")
+        if self.config.canonical_layout:
+            raise ValueError("kvtier: vLLM's canonical_layout is not supported: host pages keep the direct layout")
         self.free_room = float(x.get("l2_free_room", 0.0))
         if not 0.0 <= self.free_room < 1.0:
             raise ValueError(f"kvtier: l2_free_room: {self.free_room} (expected 0 <= l2_free_room < 1)")

@@ -261,9 +261,8 @@ class KvtierOffloadingWorker(OffloadingWorker):
                     raise ValueError(f"group {g}: a ref to tensor {t} (there are {len(self._P)})")
                 if not 0 < s <= self._P[t]:
                     raise ValueError(f"group {g}: a ref of {s} bytes on tensor {t} of {self._P[t]}-byte pages")
-                if r.mapping is not None:
-                    raise ValueError(f"group {g}: a ref with a canonical page mapping (vLLM's canonical layout) "
-                                     "is not supported: kvtier keeps the direct layout")
+                # a ref's canonical page mapping (r.mapping) is for vLLM's canonical layout, which the
+                # spec refuses: pages keep the direct layout, as vLLM's CPU worker keeps them by default
                 ts = by_size.setdefault((s, self._P[t]), [])
                 if t not in ts:  # a ref twice on one tensor moves the same bytes twice in vLLM: once here
                     ts.append(t)

@@ -346,10 +346,11 @@ def test_malformed_specs_raise_and_queue_nothing():
         assert w.get_finished() == []
     finally:
         w.shutdown()
+    # vLLM's register_kv_caches gives refs a canonical page mapping; pages keep the direct layout
+    # all the same (the spec refuses vLLM's canonical_layout), as vLLM's CPU worker does by default
     kv, _ = caches(1)
     kv.group_data_refs[0][0].mapping = CanonicalPageMapping(96, 96, (), 1, 0, True)
-    with pytest.raises(ValueError, match="canonical"):
-        KvtierOffloadingWorker(kv, NC, 1)
+    KvtierOffloadingWorker(kv, NC, 1).shutdown()
 
 
 def test_a_corrupt_host_page_fails_its_load_and_copies_nothing():
