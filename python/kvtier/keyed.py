@@ -1,11 +1,18 @@
 """The keyed page cache (keyed.h): host pages found by a 128-bit key, for
 engines that name their KV blocks themselves (vLLM's offloading manager,
 SGLang's storage keys). A key is a pair of ints ``(hi, lo)``, each below
-2**64; a score is an int below 2**64 (smaller goes first when evicting)."""
+2**64; a score is an int below 2**64 (smaller goes first when evicting).
+
+Every call hands its keys to C packed, as kvt_key128_t lies in memory (16
+bytes a key, ``pack_keys``); the ``*_packed`` methods take them so, for a
+caller that keeps its keys packed (kvtier.vllm) and so converts nothing per
+call."""
 from __future__ import annotations
 
+import array
 import ctypes
 import hashlib
+import math
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _args as _a
@@ -13,14 +20,31 @@ from . import _fields
 from ._core import Handle, check, error
 from ._lib import Key128, KeyedConfig, KeyedEvent, KeyedStats, lib
 
-__all__ = ["KeyedCache", "KeyedEvent", "LOOKUP", "key_of_bytes"]
+__all__ = ["KeyedCache", "KeyedEvent", "LOOKUP", "key_of_bytes", "pack_keys", "unpack_keys"]
 
 LOOKUP = ("miss", "hit", "pending")
 _WHY = ("evicted", "failed store", "reset")
 _NO_PAGE = (1 << 64) - 1
 _ENOSPC = dict(_fields.ERRORS)["ENOSPC"]
+KEY_BYTES = 16  # sizeof(kvt_key128_t): hi, then lo, native uint64s
 
 Key = Tuple[int, int]
+
+
+def _raw(name: str, res, args):
+    """Another entry point to a C function, taking packed bytes: bytes pass
+    as const pointers, where _lib's prototypes want ctypes structures."""
+    f = lib[name]  # a fresh function object: _lib's prototype stays as it is
+    f.restype, f.argtypes = res, args
+    return f
+
+
+_vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+_prepare = _raw("kvt_keyed_prepare_store", _int, [_vp, _vp, _vp, _sz, _vp, _sz, _vp, _vp, _sz, _vp])
+_complete = _raw("kvt_keyed_complete_store", None, [_vp, _vp, _sz, _int])
+_pin = _raw("kvt_keyed_pin", _int, [_vp, _vp, _sz, _vp])
+_unpin = _raw("kvt_keyed_unpin", _int, [_vp, _vp, _sz])
+_touch = _raw("kvt_keyed_touch", None, [_vp, _vp, _vp, _sz])
 
 
 class Event(NamedTuple):
@@ -32,9 +56,10 @@ class Event(NamedTuple):
 
 
 def key_of_bytes(b: bytes) -> Key:
-    """The 128-bit key of vLLM's OffloadKey (a block hash, then its group
-    index in 4 big-endian bytes): 96 bits of BLAKE2b over the block hash,
-    then the group. Distinct keys collide only as the hash does (2**-96 for
+    """A 128-bit key for vLLM's OffloadKey (a block hash, then its group
+    index in 4 big-endian bytes) from its bytes alone, the same in every
+    process (kvtier.vllm's manager numbers its keys per cache instead): 96
+    bits of BLAKE2b over the block hash, then the group. Distinct keys collide only as the hash does (2**-96 for
     a pair), whatever the block hashes look like, and the keys of one block
     hash order by group, as their bytes do."""
     if len(b) < 4:
@@ -43,32 +68,40 @@ def key_of_bytes(b: bytes) -> Key:
     return int.from_bytes(h[:8], "big"), int.from_bytes(h[8:] + b[-4:], "big")
 
 
-def _keys(keys: Sequence[Key], what: str = "keys") -> Tuple[ctypes.Array, int]:
-    """keys as a C array; checked in bulk (the manager passes thousands a call)."""
-    n = len(keys)
+def pack_keys(keys: Sequence[Key], what: str = "keys") -> bytes:
+    """keys as C lays out an array of kvt_key128_t; checked in bulk (the
+    manager passes thousands a call)."""
     try:
-        arr = (Key128 * max(n, 1))(*keys)
-        flat = [x for k in keys for x in k]
-    except (TypeError, ValueError, RuntimeError):  # ctypes wraps a bad initializer in RuntimeError
+        flat = array.array("Q", [x for hi, lo in keys for x in (hi, lo)])
+    except (TypeError, ValueError, OverflowError):
         for i, k in enumerate(keys):  # name the culprit
-            if not (isinstance(k, tuple) and len(k) == 2):
+            if not (isinstance(k, (tuple, list)) and len(k) == 2):
                 raise TypeError(f"{what}[{i}]: expected a key (hi, lo), not {type(k).__name__}") from None
-            _a.u64(k[0], f"{what}[{i}] hi"), _a.u64(k[1], f"{what}[{i}] lo")
+            try:
+                _a.u64(k[0], f"{what}[{i}] hi"), _a.u64(k[1], f"{what}[{i}] lo")
+            except ValueError:
+                raise ValueError(f"{what}[{i}]: {tuple(k)} is out of range (each half 0..2**64-1)") from None
         raise TypeError(f"{what}: expected a list of keys (hi, lo)") from None
-    if len(flat) != 2 * n:
-        raise TypeError(f"{what}: every key is a pair (hi, lo)")
-    if flat and (min(flat) < 0 or max(flat) > _a.U64_MAX):
-        i = next(i for i, (hi, lo) in enumerate(keys) if not (0 <= hi <= _a.U64_MAX and 0 <= lo <= _a.U64_MAX))
-        raise ValueError(f"{what}[{i}]: {keys[i]} is out of range (each half 0..2**64-1)")
-    return arr, n
+    return flat.tobytes()
 
 
-def _scores(scores: Sequence[int], n: int) -> ctypes.Array:
+def unpack_keys(b: bytes) -> List[Key]:
+    """The keys of a packed array (pack_keys' inverse)."""
+    flat = array.array("Q", b).tolist()
+    return list(zip(flat[::2], flat[1::2]))
+
+
+def pack_scores(scores: Sequence[int], n: int) -> bytes:
     if len(scores) != n:
         raise ValueError(f"scores: {len(scores)} scores for {n} keys")
-    if scores and (min(scores) < 0 or max(scores) > _a.U64_MAX):
-        raise ValueError(f"scores: out of range (0..2**64-1)")
-    return (ctypes.c_uint64 * max(n, 1))(*scores)
+    try:
+        return array.array("Q", scores).tobytes()
+    except OverflowError:
+        raise ValueError("scores: out of range (0..2**64-1)") from None
+
+
+def _one(key: Key, what: str = "key") -> Key128:
+    return Key128(*array.array("Q", pack_keys([key], what)))
 
 
 class KeyedCache(Handle):
@@ -89,6 +122,8 @@ class KeyedCache(Handle):
         check(lib.kvt_keyed_create(ctypes.byref(h), ctypes.byref(cfg)), "KeyedCache")
         self._own(h.value)
         self.pages = cfg.pages
+        # the most keys a prepare_store evicts beyond its new keys (keyed.h: capacity n + T)
+        self._room = math.ceil(cfg.free_room * cfg.pages)
 
     def _destroy(self, h: int) -> None:
         lib.kvt_keyed_destroy(h)
@@ -101,13 +136,13 @@ class KeyedCache(Handle):
 
     def lookup(self, key: Key) -> str:
         """"miss", "hit" (ready) or "pending" (its store is in flight)."""
-        (k,), _ = _keys([key], "key")
+        k = _one(key)
         with self._use as h:
             return LOOKUP[lib.kvt_keyed_lookup(h, k)]
 
     def page(self, key: Key) -> Optional[int]:
         """The page of a present key, or None."""
-        (k,), _ = _keys([key], "key")
+        k = _one(key)
         out = ctypes.c_uint64()
         with self._use as h:
             rc = lib.kvt_keyed_page(h, k, ctypes.byref(out))
@@ -118,46 +153,72 @@ class KeyedCache(Handle):
         """Pages for the absent keys (None for keys already present), and the
         keys evicted to make room; None, with nothing changed, when they do
         not fit."""
-        karr, n = _keys(keys)
-        sarr = _scores(scores, n)
-        parr, np_ = _keys(protect, "protect")
+        kb, pb = pack_keys(keys), pack_keys(protect, "protect")
+        out = self.prepare_store_packed(kb, pack_scores(scores, len(keys)), pb)
+        if out is None:
+            return None
+        pages, evicted = out
+        return [None if p == _NO_PAGE else p for p in pages], unpack_keys(b"".join(evicted))
+
+    def prepare_store_packed(self, keys: bytes, scores: bytes, protect: bytes = b""
+                             ) -> Optional[Tuple[List[int], List[bytes]]]:
+        """prepare_store on packed keys and scores (uint64s, native order):
+        the pages (2**64-1 for a key already present) and the evicted keys,
+        16 bytes each; None, with nothing changed, when they do not fit."""
+        n = _count(keys, "keys")
+        np_ = _count(protect, "protect")
+        if not isinstance(scores, bytes) or len(scores) != 8 * n:
+            raise ValueError(f"scores: expected {8 * n} bytes (a uint64 per key)")
         pages = (ctypes.c_uint64 * max(n, 1))()
-        cap = n + self.pages
-        evicted = (Key128 * max(cap, 1))()
+        cap = n + self._room
+        evicted = ctypes.create_string_buffer(KEY_BYTES * max(cap, 1))
         nev = ctypes.c_size_t()
         with self._use as h:
-            rc = lib.kvt_keyed_prepare_store(h, karr, sarr, n, parr, np_, pages, evicted, cap, ctypes.byref(nev))
+            rc = _prepare(h, keys, scores, n, protect, np_, pages, evicted, cap, ctypes.byref(nev))
         if rc == _ENOSPC:
             return None
         check(rc, "KeyedCache.prepare_store")
-        return ([None if pages[i] == _NO_PAGE else pages[i] for i in range(n)],
-                [(evicted[i].hi, evicted[i].lo) for i in range(nev.value)])
+        raw = evicted.raw
+        return pages[:n], [raw[i:i + KEY_BYTES] for i in range(0, KEY_BYTES * nev.value, KEY_BYTES)]
 
     def complete_store(self, keys: Sequence[Key], ok: bool = True) -> None:
         """The pending keys become ready (ok) or are dropped, their pages freed."""
-        karr, n = _keys(keys)
+        self.complete_store_packed(pack_keys(keys), ok)
+
+    def complete_store_packed(self, keys: bytes, ok: bool = True) -> None:
+        n = _count(keys, "keys")
         with self._use as h:
-            lib.kvt_keyed_complete_store(h, karr, n, 1 if ok else 0)
+            _complete(h, keys, n, 1 if ok else 0)
 
     def pin(self, keys: Sequence[Key]) -> List[int]:
         """Pins ready keys for a load and returns their pages (NotFound: one is
         absent; Busy: one is pending; nothing pinned then)."""
-        karr, n = _keys(keys)
+        return self.pin_packed(pack_keys(keys))
+
+    def pin_packed(self, keys: bytes) -> List[int]:
+        n = _count(keys, "keys")
         pages = (ctypes.c_uint64 * max(n, 1))()
         with self._use as h:
-            check(lib.kvt_keyed_pin(h, karr, n, pages), "KeyedCache.pin")
-        return list(pages[:n])
+            check(_pin(h, keys, n, pages), "KeyedCache.pin")
+        return pages[:n]
 
     def unpin(self, keys: Sequence[Key]) -> None:
-        karr, n = _keys(keys)
+        self.unpin_packed(pack_keys(keys))
+
+    def unpin_packed(self, keys: bytes) -> None:
+        n = _count(keys, "keys")
         with self._use as h:
-            check(lib.kvt_keyed_unpin(h, karr, n), "KeyedCache.unpin")
+            check(_unpin(h, keys, n), "KeyedCache.unpin")
 
     def touch(self, keys: Sequence[Key], scores: Sequence[int]) -> None:
-        karr, n = _keys(keys)
-        sarr = _scores(scores, n)
+        self.touch_packed(pack_keys(keys), pack_scores(scores, len(keys)))
+
+    def touch_packed(self, keys: bytes, scores: bytes) -> None:
+        n = _count(keys, "keys")
+        if not isinstance(scores, bytes) or len(scores) != 8 * n:
+            raise ValueError(f"scores: expected {8 * n} bytes (a uint64 per key)")
         with self._use as h:
-            lib.kvt_keyed_touch(h, karr, sarr, n)
+            _touch(h, keys, scores, n)
 
     def reset(self) -> None:
         """Removes every ready, unpinned key (Busy while any is pending or pinned)."""
@@ -188,3 +249,12 @@ class KeyedCache(Handle):
             rc = lib.kvt_keyed_check(h, ctypes.byref(why))
         if rc:
             raise error(rc, "KeyedCache.check", (why.value or b"").decode())
+
+
+def _count(b: bytes, what: str) -> int:
+    """How many keys a packed array holds (the C side reads exactly that many)."""
+    if not isinstance(b, bytes):
+        raise TypeError(f"{what}: expected packed keys (bytes), not {type(b).__name__}")
+    if len(b) % KEY_BYTES:
+        raise ValueError(f"{what}: {len(b)} bytes is not a whole number of {KEY_BYTES}-byte keys")
+    return len(b) // KEY_BYTES

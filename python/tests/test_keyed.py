@@ -2,9 +2,11 @@
 dictionary model on a short scripted life, and every bad argument refused
 with the error a Python caller expects (the C side's own model test is
 tests/unit/keyed)."""
+import array
+
 import pytest
 
-from kvtier.keyed import KeyedCache, key_of_bytes
+from kvtier.keyed import KeyedCache, key_of_bytes, pack_keys, unpack_keys
 import kvtier
 
 
@@ -67,3 +69,50 @@ def test_key_of_bytes_refuses_a_key_without_its_group():
 def test_free_room_must_be_a_number():
     with pytest.raises(TypeError, match="free_room"):
         KeyedCache(4, free_room="0.5")
+
+
+def test_packed_calls_give_the_answers_of_the_tuple_calls():
+    """The packed forms (what kvtier.vllm uses) against the tuple forms on a twin cache."""
+    import random
+    rng = random.Random(7)
+    keys = [(rng.getrandbits(64), rng.getrandbits(64)) for _ in range(40)]
+    assert unpack_keys(pack_keys(keys)) == keys
+    a, b = KeyedCache(16, events=True), KeyedCache(16, events=True)
+    for i in range(0, 40, 8):
+        batch, scores = keys[i:i + 8], [rng.getrandbits(64) for _ in range(8)]
+        protect = keys[max(0, i - 4):i]
+        pa = a.prepare_store(batch, scores, protect)
+        pb = b.prepare_store_packed(pack_keys(batch), array.array("Q", scores).tobytes(), pack_keys(protect))
+        assert pa == (pb[0], unpack_keys(b"".join(pb[1])))
+        half = batch[:4]
+        a.complete_store(half)
+        b.complete_store_packed(pack_keys(half))
+        a.complete_store(batch[4:], ok=False)
+        b.complete_store_packed(pack_keys(batch[4:]), ok=False)
+        assert a.pin(half[:2]) == b.pin_packed(pack_keys(half[:2]))
+        a.unpin(half[:1])
+        b.unpin_packed(pack_keys(half[:1]))
+        new = [rng.getrandbits(64) for _ in range(4)]
+        a.touch(half, new)
+        b.touch_packed(pack_keys(half), array.array("Q", new).tobytes())
+    assert a.take_events() == b.take_events() and a.stats() == b.stats()
+    a.check(), b.check()
+
+
+@pytest.mark.parametrize("call,exc", [
+    (lambda c: c.pin_packed(bytes(15)), ValueError),
+    (lambda c: c.pin_packed([(1, 1)]), TypeError),
+    (lambda c: c.unpin_packed(bytearray(16)), TypeError),
+    (lambda c: c.touch_packed(bytes(32), bytes(8)), ValueError),
+    (lambda c: c.prepare_store_packed(bytes(16), bytes(7)), ValueError),
+    (lambda c: c.prepare_store_packed(bytes(16), bytes(8), bytes(17)), ValueError),
+    (lambda c: c.complete_store_packed("0123456789abcdef"), TypeError),
+])
+def test_bad_packed_arguments_are_refused_and_change_nothing(call, exc):
+    with KeyedCache(4) as c:
+        c.prepare_store([(1, 1)], [1])
+        before = c.stats()
+        with pytest.raises(exc):
+            call(c)
+        assert c.stats() == before
+        c.check()
