@@ -18,6 +18,13 @@ request's rank in the high 32 bits, the position below), so eviction, pins and
 pages stay in C. ``tests: python/tests/test_vllm.py`` drives both managers with
 the same calls and compares every answer.
 
+Cost: the manager must cost the scheduler no more than vLLM's own. A lookup
+is one dict probe of a mirror of the C side's key states; the other calls
+cross into C once each, with the keys' C keys kept packed (16 bytes each,
+joined per call) and scores packed by ``array``, so a call converts nothing
+per key (``python -m kvtier.bench_vllm`` measures it beside vLLM's manager;
+figures in docs/performance.md).
+
 ``KvtierOffloadingSpec`` is what vLLM loads by name
 (``"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm"``):
 this manager in the scheduler, ``kvtier.vllm_worker.KvtierOffloadingWorker``
@@ -29,12 +36,16 @@ an L3 store below the host tier, policies other than vLLM's LRU, and vLLM's
 store_threshold >= 2 (docs/vllm.md)."""
 from __future__ import annotations
 
+import array
 import inspect
+import struct
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
-from .keyed import KeyedCache, key_of_bytes
+from . import _fields
+from ._core import error
+from .keyed import KeyedCache, unpack_keys
 
 try:
     from vllm.v1.kv_offload import base as _vbase
@@ -51,6 +62,7 @@ except ImportError as e:  # pragma: no cover - the suite runs with vLLM installe
 __all__ = ["KvtierOffloadingManager", "KvtierOffloadingSpec", "VLLM_VERSION", "check_vllm_interface"]
 
 VLLM_VERSION = "0.33.0"
+_ENOENT, _EINVAL = (dict(_fields.ERRORS)[n] for n in ("ENOENT", "EINVAL"))
 
 # What this module implements of vLLM's OffloadingManager, as vLLM 0.33.0
 # declares it: a method whose parameters differ is an interface change.
@@ -99,14 +111,14 @@ if _DIFFS:
     raise ImportError("kvtier.vllm implements vLLM 0.33.0's offloading interface, and this vLLM's differs: "
                       + "; ".join(_DIFFS))
 
-_POS_BIAS = 1 << 31  # a rank's second part, -position .. 0, as an unsigned score
+_POS_BIAS = 1 << 31  # a rank's second part, -position .. 0, as an unsigned score: BIAS - position
+_RANKS = 1 << 32  # request ranks below this fit a score's high half
+_MISS, _HIT, _PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
+_pack_id = struct.Struct("=QQ").pack  # kvt_key128_t as it lies in memory (kvtier.keyed.pack_keys)
 
 
-def _score(rank: Tuple[int, int]) -> int:
-    a, b = rank
-    if not (0 <= a < 1 << 32 and -_POS_BIAS < b <= 0):
-        raise OverflowError(f"rank {rank} does not fit a score (request rank below 2**32, position below 2**31)")
-    return (a << 32) | (b + _POS_BIAS)
+def _rank_error(what: object) -> OverflowError:
+    return OverflowError(f"{what} does not fit a score (request rank below 2**32, position 0 .. 2**31-1)")
 
 
 @dataclass
@@ -132,7 +144,10 @@ class KvtierOffloadingManager(OffloadingManager):
     """``KvtierOffloadingManager(num_blocks, enable_events=False, free_room=0.0)``:
     a host tier of num_blocks blocks. free_room > 0 evicts ahead, down to
     that fraction free, so that later stores do not wait on an eviction (the
-    decisions then differ from vLLM's manager, which evicts only on demand)."""
+    decisions then differ from vLLM's manager, which evicts only on demand).
+
+    Like vLLM's own manager it is called by one thread, the scheduler's: the
+    Python mirrors below are not locked (the C cache under them is)."""
 
     medium = Medium.CPU
 
@@ -140,25 +155,55 @@ class KvtierOffloadingManager(OffloadingManager):
         self._blocks, self._free_room = num_blocks, free_room
         self._cache = KeyedCache(num_blocks, free_room=free_room)
         self.events: Optional[List[OffloadingEvent]] = [] if enable_events else None
-        self._ranks: Dict[OffloadKey, Tuple[int, int]] = {}  # the keys present, and their ranks
-        self._names: Dict[Tuple[int, int], OffloadKey] = {}  # the C side's key of each, back to vLLM's
-        self._ids: Dict[OffloadKey, Tuple[int, int]] = {}  # ... and the other way
-        self._pending: Set[OffloadKey] = set()  # keys whose store is in flight (the C side's PENDING)
+        # Mirrors of the C side, so that lookups and rank comparisons cost no call:
+        self._look: Dict[OffloadKey, LookupResult] = {}  # the keys present: HIT, or HIT_PENDING (store in flight)
+        self._scores: Dict[OffloadKey, int] = {}  # ... their scores (vLLM's LRU rank, packed)
+        self._ids: Dict[OffloadKey, bytes] = {}  # ... the C side's key of each, packed (16 bytes)
+        self._names: Dict[bytes, OffloadKey] = {}  # ... and back
+        self._spill = 0  # the last tag given to a key whose plain C key was taken
         self._next_rank = 0
         self._generation = 0
+
+    # ---- C keys ----------------------------------------------------------------
+
+    def _new_ids(self, keys: List[OffloadKey]) -> List[bytes]:
+        """A C key for each new key, entered in _names: the block hash's first 8
+        bytes, then the group index, then a tag, 0 unless that key is taken.
+        Distinct by construction; equal scores go to the smaller C key, and this
+        one orders as vLLM's key bytes do unless two block hashes share their
+        first 8 bytes (the keys of one block hash order by group, as in vLLM)."""
+        names, out = self._names, []
+        for k in keys:
+            hi, lo = int.from_bytes(k[:8], "big"), int.from_bytes(k[-4:], "big") << 32
+            kid = _pack_id(hi, lo)
+            while kid in names:  # a tag from a counter: taken again only after 2**32 - 1 others
+                self._spill = self._spill % 0xFFFFFFFF + 1
+                kid = _pack_id(hi, lo | self._spill)
+            names[kid] = k
+            out.append(kid)
+        return out
+
+    def _packed(self, keys: Iterable[OffloadKey], code: int, what: str) -> bytes:
+        """The C keys of present keys, packed; the error code when one is absent."""
+        try:
+            return b"".join(map(self._ids.__getitem__, keys))
+        except KeyError as e:
+            raise error(code, f"KvtierOffloadingManager.{what}", f"{e.args[0]!r} is not offloaded") from None
 
     # ---- ranks (vLLM's LRU order) ----------------------------------------------
 
     def _request_rank(self, ctx: ReqContext) -> int:
         st = ctx.get_state(_Rank)
         if st is None or st.owner is not self or st.generation != self._generation:
+            if self._next_rank + 1 >= _RANKS:
+                raise _rank_error(f"request rank {self._next_rank + 1}")
             self._next_rank += 1
             st = _Rank(self, self._generation, self._next_rank)
             ctx.set_state(st)
         return st.rank
 
-    def _store_ranks(self, keys: List[OffloadKey], ctx: ReqContext):
-        """The ranks new keys get, in vLLM's order: a key with a position takes
+    def _store_scores(self, keys: List[OffloadKey], ctx: ReqContext):
+        """The scores new keys get, in vLLM's order: a key with a position takes
         the request's rank (given to the request on first need), one without
         the next rank. Returns them with the rank counter after them and the
         request's new rank state (None: it had one), committed only when the
@@ -168,49 +213,59 @@ class KvtierOffloadingManager(OffloadingManager):
         new_rank = None
         if st is None or st.owner is not self or st.generation != self._generation:
             st = None
-        ranks = []
+        getpos = ctx.get_offload_key_position
+        scores = []
         for k in keys:
-            pos = ctx.get_offload_key_position(k)
+            pos = getpos(k)
             if pos is None:
                 nxt += 1
-                ranks.append((nxt, 0))
+                scores.append((nxt << 32) | _POS_BIAS)
                 continue
             if st is None:
                 nxt += 1
                 st = new_rank = _Rank(self, self._generation, nxt)
-            ranks.append((st.rank, -pos))
-        return ranks, nxt, new_rank
+            if not 0 <= pos < _POS_BIAS:
+                raise _rank_error(f"position {pos}")
+            scores.append((st.rank << 32) | (_POS_BIAS - pos))
+        if nxt >= _RANKS:
+            raise _rank_error(f"rank {nxt}")
+        return scores, nxt, new_rank
 
-    def _rerank(self, keys: Iterable[OffloadKey], ranks: Iterable[Tuple[int, int]]) -> None:
-        keys, ranks = list(keys), list(ranks)
-        for k, r in zip(keys, ranks):
-            self._ranks[k] = r
-        if keys:
-            self._cache.touch([self._id(k) for k in keys], [_score(r) for r in ranks])
+    def _rescore(self, keys: List[OffloadKey], scores) -> None:
+        self._scores.update(zip(keys, scores))
+        self._cache.touch_packed(b"".join(map(self._ids.__getitem__, keys)), array.array("Q", scores).tobytes())
 
     def _touch_newest(self, keys: Iterable[OffloadKey]) -> None:
         """Each present key ranked newest, in the given order."""
-        moved, ranks = [], []
-        for k in keys:
-            if k in self._ranks:
-                self._next_rank += 1
-                moved.append(k)
-                ranks.append((self._next_rank, 0))
-        self._rerank(moved, ranks)
+        ids = self._ids
+        moved = [k for k in keys if k in ids]
+        if not moved:
+            return
+        first, end = self._next_rank + 1, self._next_rank + 1 + len(moved)
+        if end > _RANKS:
+            raise _rank_error(f"rank {end - 1}")
+        self._next_rank = end - 1
+        self._rescore(moved, range((first << 32) | _POS_BIAS, (end << 32) | _POS_BIAS, 1 << 32))
 
     def _on_request_access(self, keys: List[OffloadKey], ctx: ReqContext) -> None:
-        rank = self._request_rank(ctx)
-        moved, ranks = [], []
+        rank = self._request_rank(ctx) << 32
+        scores, getpos = self._scores, ctx.get_offload_key_position
+        moved, new = [], []
         for k in keys:
-            pos = ctx.get_offload_key_position(k)
-            if pos is None or k not in self._ranks:
+            pos = getpos(k)
+            if pos is None:
                 continue
-            r = (rank, -pos)
-            if self._ranks[k] >= r:
+            s = scores.get(k)
+            if s is None:
                 continue
-            moved.append(k)
-            ranks.append(r)
-        self._rerank(moved, ranks)
+            if not 0 <= pos < _POS_BIAS:
+                raise _rank_error(f"position {pos}")
+            ns = rank | (_POS_BIAS - pos)
+            if s < ns:  # a request's use only moves a key up (vLLM's rank comparison)
+                moved.append(k)
+                new.append(ns)
+        if moved:
+            self._rescore(moved, new)
 
     # ---- what each request saw --------------------------------------------------
 
@@ -223,13 +278,14 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         st = self._access(ctx)
+        seen, groups = st.seen, st.key_groups
         new = []
         for k in keys:
-            if k in st.seen:
+            if k in seen:
                 continue
             assert not st.finished, "new keys seen after the request finished"
-            st.key_groups.setdefault(get_offload_group_idx(k), []).append(k)
-            st.seen.add(k)
+            groups.setdefault(get_offload_group_idx(k), []).append(k)
+            seen.add(k)
             new.append(k)
         if new:
             self._on_request_access(new, ctx)
@@ -247,18 +303,12 @@ class KvtierOffloadingManager(OffloadingManager):
         self._access(req_context)
         return RequestOffloadingContext()
 
-    def _id(self, key: OffloadKey) -> Tuple[int, int]:
-        kid = self._ids.get(key)
-        return kid if kid is not None else key_of_bytes(key)
-
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if key not in self._ids:
-            return LookupResult.MISS
-        return LookupResult.HIT_PENDING if key in self._pending else LookupResult.HIT
+        return self._look.get(key, _MISS)
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
-        pages = self._cache.pin([self._id(k) for k in keys])
+        pages = self._cache.pin_packed(self._packed(keys, _ENOENT, "prepare_load"))
         self._record(keys, req_context)
         return CPULoadStoreSpec(pages)
 
@@ -266,50 +316,62 @@ class KvtierOffloadingManager(OffloadingManager):
         self._touch_newest(reversed(list(keys)))
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self._cache.unpin([self._id(k) for k in keys])
+        self._cache.unpin_packed(self._packed(keys, _EINVAL, "complete_load"))
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
-        keys = list(keys)
-        ids, pending = self._ids, self._pending
-        # a key twice in one call is stored once (vLLM's chained block hashes never repeat in a request)
-        to_store = list(dict.fromkeys(k for k in keys if k not in ids))
-        ready = [k for k in keys if k in ids and k not in pending]
+        look, ids, names = self._look, self._ids, self._names
+        to_store, recorded, protect = [], [], []
+        for k in keys:
+            state = look.get(k)
+            if state is None:
+                to_store.append(k)
+                recorded.append(k)
+            elif state is _HIT:
+                recorded.append(k)
+                protect.append(ids[k])  # only ready keys can be evicted: they are the ones to protect
         # (vLLM's LRU takes a store miss as a touch of keys that are absent: it changes nothing)
-        recorded = set(to_store) | set(ready)
-        self._record((k for k in keys if k in recorded), req_context)
+        self._record(recorded, req_context)
         if not to_store:
             return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
-        ranks, next_rank, new_rank = self._store_ranks(to_store, req_context)
-        new_ids = [key_of_bytes(k) for k in to_store]
-        # only present keys can be evicted: they are the ones to protect
-        out = self._cache.prepare_store(new_ids, [_score(r) for r in ranks], [ids[k] for k in keys if k in ids])
-        if out is None:  # nothing changed, as in vLLM's manager: no rank was spent
+        if len(to_store) > 1:  # a key twice in one call is stored once
+            to_store = list(dict.fromkeys(to_store))
+        scores, next_rank, new_rank = self._store_scores(to_store, req_context)
+        new_ids = self._new_ids(to_store)
+        out = None
+        try:
+            out = self._cache.prepare_store_packed(b"".join(new_ids), array.array("Q", scores).tobytes(),
+                                                   b"".join(protect))
+        finally:
+            if out is None:  # refused or failed: nothing changed, as in vLLM's manager (no rank was spent)
+                for kid in new_ids:
+                    del names[kid]
+        if out is None:
             return None
         self._next_rank = next_rank
         if new_rank is not None:
             req_context.set_state(new_rank)
         pages, evicted_ids = out
-        evicted = [self._names.pop(i) for i in evicted_ids]
+        evicted = [names.pop(i) for i in evicted_ids]
+        scores_of = self._scores
         for k in evicted:
-            del self._ranks[k], self._ids[k]
+            del look[k], scores_of[k], ids[k]
         self._emit(evicted, removed=True)
-        for k, r, kid in zip(to_store, ranks, new_ids):
-            self._ranks[k] = r
-            self._names[kid] = k
-            self._ids[k] = kid
-        pending.update(to_store)
+        look.update(dict.fromkeys(to_store, _PENDING))
+        scores_of.update(zip(to_store, scores))
+        ids.update(zip(to_store, new_ids))
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(pages), evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        done = [k for k in keys if k in self._pending]
-        self._cache.complete_store([self._ids[k] for k in done], ok=success)
-        self._pending.difference_update(done)
+        look, ids = self._look, self._ids
+        done = [k for k in dict.fromkeys(keys) if look.get(k) is _PENDING]
+        self._cache.complete_store_packed(b"".join(map(ids.__getitem__, done)), ok=success)
         if success:
+            look.update(dict.fromkeys(done, _HIT))
             self._emit(done, removed=False)
             return
         for k in done:
-            del self._ranks[k]
-            del self._names[self._ids.pop(k)]
+            del look[k], self._scores[k]
+            del self._names[ids.pop(k)]
         self._emit(done, removed=True, metadata_only=True)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -332,7 +394,7 @@ class KvtierOffloadingManager(OffloadingManager):
         events, self.events = self.events, []
         for ev in events:
             if ev.metadata_only:  # a key a later store brought back is not removed
-                keys = [k for k in ev.keys if k not in self._ranks]
+                keys = [k for k in ev.keys if k not in self._look]
                 if not keys:
                     continue
                 ev = OffloadingEvent(keys=keys, medium=ev.medium, removed=ev.removed, metadata_only=True)
@@ -343,10 +405,9 @@ class KvtierOffloadingManager(OffloadingManager):
         completes no job from before a reset)."""
         self._cache.close()
         self._cache = KeyedCache(self._blocks, free_room=self._free_room)
-        self._ranks.clear()
-        self._names.clear()
-        self._ids.clear()
-        self._pending.clear()
+        for d in (self._look, self._scores, self._ids, self._names):
+            d.clear()
+        self._spill = 0
         self._next_rank = 0
         self._generation += 1
 
@@ -363,13 +424,17 @@ class KvtierOffloadingManager(OffloadingManager):
         """Every invariant of the C side, and the keys this side knows against it."""
         self._cache.check()
         st = self._cache.stats()
-        mine = (len(self._ranks), len(self._ids), len(self._names), len(self._pending))
-        if mine != (st["keys"],) * 3 + (st["pending"],):
-            raise AssertionError(f"keys ranked, ids, names, pending here {mine}; in the cache "
+        pending = [k for k, v in self._look.items() if v is _PENDING]
+        mine = (len(self._look), len(self._scores), len(self._ids), len(self._names), len(pending))
+        if mine != (st["keys"],) * 4 + (st["pending"],):
+            raise AssertionError(f"keys present, scored, ids, names, pending here {mine}; in the cache "
                                  f"{st['keys']} keys, {st['pending']} pending")
-        for k in self._pending:
-            if self._cache.lookup(self._ids[k]) != "pending":
-                raise AssertionError(f"{k!r} is pending here, not in the cache")
+        for k, kid in self._ids.items():
+            if self._names.get(kid) is not k or k not in self._scores:
+                raise AssertionError(f"{k!r}: its C key does not name it back, or it has no score")
+            want = "pending" if self._look.get(k) is _PENDING else "hit"
+            if self._cache.lookup(unpack_keys(kid)[0]) != want:
+                raise AssertionError(f"{k!r} is {want} here, not in the cache")
 
 
 # kv_connector_extra_config keys the spec reads (vLLM's own: spec_name, spec_module_path, ...).

@@ -15,7 +15,7 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 
 import kvtier.vllm as kv  # noqa: E402
-from kvtier.keyed import key_of_bytes  # noqa: E402
+from kvtier.keyed import unpack_keys  # noqa: E402
 
 
 def test_vllm_interface_is_the_one_kvtier_implements():
@@ -29,14 +29,25 @@ def test_vllm_interface_is_the_one_kvtier_implements():
         kv._MANAGER_SIGNATURES["prepare_store"] = orig
 
 
-def test_keys_are_distinct_and_order_by_group_within_a_block():
-    """Block hashes of any shape (here small integers, all but their last bytes zero) give
-    distinct keys; the keys of one block order by group index, as vLLM's bytes do (ties
-    between equal ranks go to the smaller key)."""
-    keys = [make_offload_key(i.to_bytes(32, "big"), g) for i in range(3000) for g in range(3)]
-    assert len({key_of_bytes(k) for k in keys}) == len(keys)
-    for i in range(0, len(keys), 3):
-        assert key_of_bytes(keys[i]) < key_of_bytes(keys[i + 1]) < key_of_bytes(keys[i + 2])
+def test_c_keys_are_distinct_and_order_as_vllms_key_bytes():
+    """The C key the manager gives each block key: distinct also for block hashes that share
+    their first bytes (small integers: the manager tags them), the keys of one block ordered by
+    group index, and keys of random block hashes ordered as their bytes are (vLLM's tie-break
+    between equal ranks, which the C side's smaller-key rule then follows)."""
+    rng = random.Random(5)
+    for hashes in ([i.to_bytes(32, "big") for i in range(1500)], [rng.randbytes(32) for _ in range(1500)]):
+        m = kv.KvtierOffloadingManager(5000)
+        ctx = ReqContext(req_id="a")
+        m.on_new_request(ctx)
+        keys = [make_offload_key(h, g) for h in hashes for g in range(3)]
+        assert m.prepare_store(keys, ctx).keys_to_store == keys
+        cks = [unpack_keys(m._ids[k])[0] for k in keys]
+        assert len(set(cks)) == len(keys)
+        for i in range(0, len(keys), 3):
+            assert cks[i] < cks[i + 1] < cks[i + 2]
+        if hashes[0] != bytes(32):
+            assert sorted(keys) == sorted(keys, key=lambda k: unpack_keys(m._ids[k])[0])
+        m.check()
 
 
 class _Pair:
@@ -53,22 +64,35 @@ def _events(m):
     return [(tuple(e.keys), e.removed, e.metadata_only) for e in m.take_events()]
 
 
-def _drive(seed, blocks, ops, groups=1, fail_rate=0.1):
+def _block_hashes(rng, hashes, groups):
+    """One block's hash per group: random 32 bytes shared by the groups ("random"), one of
+    each group's own ("per_group": keys of different hashes tie at a position, and vLLM
+    orders them by their bytes), or small integers, all but the last bytes zero
+    ("small": every key's plain C key is taken, the manager tags them)."""
+    if hashes == "random":
+        return (rng.randbytes(32),) * groups
+    if hashes == "per_group":
+        return tuple(rng.randbytes(32) for _ in range(groups))
+    return (rng.randrange(1 << 20).to_bytes(32, "big"),) * groups
+
+
+def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random"):
     rng = random.Random(seed)
     ref = CPUOffloadingManager(num_chunks=blocks, cache_policy="lru", enable_events=True)
     ours = kv.KvtierOffloadingManager(blocks, enable_events=True)
     managers = (ref, ours)
-    prompts = [[rng.randbytes(32) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
+    prompts = [[_block_hashes(rng, hashes, groups) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
     live = []  # (pair, pending stores, pending loads)
     counts = {"hits": 0, "stores": 0, "refused": 0, "evicted": 0, "failed": 0, "resets": 0}
     for step in range(ops):
         r = rng.random()
         if r < 0.35 or not live:  # a new request: a prompt's prefix, maybe extended
             base = rng.choice(prompts)
-            chain = base[:rng.randrange(1, len(base) + 1)] + [rng.randbytes(32) for _ in range(rng.randrange(0, 4))]
+            chain = base[:rng.randrange(1, len(base) + 1)] + [_block_hashes(rng, hashes, groups)
+                                                              for _ in range(rng.randrange(0, 4))]
             if rng.random() < 0.2:
                 prompts[rng.randrange(len(prompts))] = chain
-            kp = [(make_offload_key(h, g), (i + 1) * 16) for i, h in enumerate(chain) for g in range(groups)]
+            kp = [(make_offload_key(hs[g], g), (i + 1) * 16) for i, hs in enumerate(chain) for g in range(groups)]
             pair = _Pair(f"r{step}", kp)
             for m, c in zip(managers, pair.ctx):
                 m.on_new_request(c)
@@ -152,14 +176,16 @@ def _drive(seed, blocks, ops, groups=1, fail_rate=0.1):
     return counts
 
 
-@pytest.mark.parametrize("blocks,groups", [(1, 1), (7, 1), (40, 1), (24, 3), (200, 2)])
-def test_decisions_match_vllms_lru_manager(blocks, groups):
+@pytest.mark.parametrize("blocks,groups,hashes", [(1, 1, "random"), (7, 1, "random"), (40, 1, "random"),
+                                                  (24, 3, "random"), (200, 2, "random"), (24, 3, "per_group"),
+                                                  (40, 1, "small"), (24, 3, "small")])
+def test_decisions_match_vllms_lru_manager(blocks, groups, hashes):
     seed = int(os.environ.get("KVTIER_TEST_SEED", "0")) or (blocks * 31 + groups)
     total = {}
     for s in range(seed, seed + 3):
-        c = _drive(s, blocks, 1500, groups)
+        c = _drive(s, blocks, 1500, groups, hashes=hashes)
         total = {k: total.get(k, 0) + v for k, v in c.items()}
-    print(f"vllm lru equivalence: blocks={blocks} groups={groups} seeds={seed}..{seed + 2} {total}")
+    print(f"vllm lru equivalence: blocks={blocks} groups={groups} hashes={hashes} seeds={seed}..{seed + 2} {total}")
     # the sequences reach every path the comparison means to cover
     assert total["hits"] and total["stores"] and total["failed"]
     if blocks <= 40:
@@ -175,11 +201,36 @@ def test_a_refused_store_changes_nothing():
     m.on_new_request(ctx)
     out = m.prepare_store([ka, kb], ctx)
     assert out.keys_to_store == [ka, kb] and out.evicted_keys == []
-    before = (m.stats(), dict(m._ranks), m._next_rank)
+    before = (m.stats(), dict(m._scores), m._next_rank)
     assert m.prepare_store([kc], ctx) is None  # both blocks are in flight: nothing to evict
-    assert (m.stats(), dict(m._ranks), m._next_rank) == (before[0] | {"store_refusals": 1}, before[1], before[2])
+    assert (m.stats(), dict(m._scores), m._next_rank) == (before[0] | {"store_refusals": 1}, before[1], before[2])
     m.complete_store([ka, kb], ctx)
     assert [e.keys for e in m.take_events()] == [[ka, kb]]
+    m.check()
+
+
+def test_bad_calls_raise_and_change_nothing():
+    """A load of a block that is not offloaded, a completion of a load never made, and a position
+    that does not fit a score: each an exception, the manager as it was (check() agrees)."""
+    import kvtier
+    m = kv.KvtierOffloadingManager(4, enable_events=True)
+    ctx = ReqContext(req_id="a")
+    ka, kb, kc = (make_offload_key(bytes([i]) * 32, 0) for i in range(3))
+    ctx.set_offload_key_position(ka, 16)
+    ctx.set_offload_key_position(kc, 2 ** 31)
+    m.on_new_request(ctx)
+    m.complete_store(m.prepare_store([ka], ctx).keys_to_store, ctx)
+    state = lambda: (m.stats(), dict(m._scores), dict(m._look), m._next_rank)  # noqa: E731
+    before = state()
+    with pytest.raises(kvtier.NotFound, match="prepare_load"):
+        m.prepare_load([ka, kb], ctx)
+    with pytest.raises(kvtier.InvalidArgument, match="complete_load"):
+        m.complete_load([kb], ctx)
+    with pytest.raises(kvtier.InvalidArgument):  # present, but not loading
+        m.complete_load([ka], ctx)
+    with pytest.raises(OverflowError, match="position"):
+        m.prepare_store([kc], ctx)
+    assert state() == before
     m.check()
 
 
