@@ -9,7 +9,7 @@ completion, the request's end. The same calls go to vLLM's
 CPUOffloadingManager (lru) and to kvtier.vllm.KvtierOffloadingManager of the
 same capacity, alternately, ``--repeat`` times each; the JSON gives the
 medians and ranges of the cost per request and per lookup, their
-ratio, and checks that both made the same decisions (hits, stores,
+ratios, and checks that both made the same decisions (hits, stores,
 evictions)."""
 from __future__ import annotations
 
@@ -98,14 +98,18 @@ def main(argv=None) -> int:
 
     def summary(name):
         ts, tl = times[name], lookups[name]
+        per_req, per_look = 1e6 / len(reqs), 1e6 / looked
         return {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
-                "us_per_request": statistics.median(ts) / len(reqs) * 1e6,
-                "us_per_lookup": statistics.median(tl) / looked * 1e6}
+                "us_per_request": statistics.median(ts) * per_req,
+                "us_per_request_range": [min(ts) * per_req, max(ts) * per_req],
+                "us_per_lookup": statistics.median(tl) * per_look,
+                "us_per_lookup_range": [min(tl) * per_look, max(tl) * per_look]}
 
     out = {"bench": "vllm_manager", "machine": platform.machine(), "cpu": platform.processor() or "unknown",
            "trace": a.trace, "requests": len(reqs), "blocks": a.blocks, "repeat": a.repeat, "keys_looked_up": looked,
            "vllm": summary("vllm"), "kvtier": summary("kvtier"),
            "ratio_kvtier_over_vllm": statistics.median(times["kvtier"]) / statistics.median(times["vllm"]),
+           "lookup_ratio_kvtier_over_vllm": statistics.median(lookups["kvtier"]) / statistics.median(lookups["vllm"]),
            "hits_stores_evictions": {"vllm": decisions["vllm"], "kvtier": decisions["kvtier"]},
            "same_decisions": decisions["vllm"] == decisions["kvtier"]}
     print(json.dumps(out, indent=2))
