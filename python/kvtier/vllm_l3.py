@@ -1,0 +1,219 @@
+"""kvtier's L3 store under vLLM's CPU tier: a secondary tier of vLLM's tiering.
+
+vLLM 0.33.0 tiers its offloaded KV with ``TieringOffloadingSpec``: a CPU
+primary tier that the GPU copies to and from, and secondary tiers below it
+that only ever exchange chunks with the primary (a store cascades GPU -> CPU
+-> secondary; a hit below is promoted secondary -> CPU -> GPU). A secondary
+tier is loaded by name, with no patch to vLLM::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": 68719476736,
+        "secondary_tiers": [{"type": "KvtierStoreTier", "module_path": "kvtier.vllm_l3",
+                             "url": "redis-cluster://10.0.0.5:7000,10.0.0.6:7000"}]}}'
+
+``KvtierStoreTier`` puts each chunk the primary holds into kvtier's L3 store
+(``url``: ``dir:PATH[,max=SIZE]``, ``redis://[USER[:PASSWORD]@]HOST:PORT``,
+``redis-cluster://H:P[,H:P...]``, as ``kvtier replay --l3``) and brings
+chunks back into the primary on a hit: every instance pointed at the same
+store reuses every other's chunks. Each object carries the model's identity
+and its own checksum; an object that fails its checks is a miss, never
+served (the promotion fails, vLLM recomputes those tokens).
+
+Lookups never block the scheduler: a key the tier has not seen answers
+``RETRY`` and joins one ``exists`` batch per scheduler step; the answer
+(``HIT`` or ``MISS``) is kept for the requests that asked until they finish.
+Stores and loads are asynchronous batches on the store's threads, read
+from and written into the primary's memory in place (an engine tier over
+vLLM's shared offload region, no staging copy); ``get_finished_jobs``
+reports each with its bytes and time.
+
+Options (beside vLLM's ``type`` and ``module_path``): ``url`` (required),
+``ns`` (a namespace inside the store, "default"), ``threads`` (2),
+``timeout_ms`` (2000)."""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Iterable
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+try:
+    from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadKey, ReqContext, RequestOffloadingContext,
+                                         ScheduleEndContext)
+    from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+except ImportError as e:  # pragma: no cover - the suite runs with vLLM installed
+    raise ImportError(f"kvtier.vllm_l3 needs vLLM 0.33.0's tiering modules ({e}); "
+                      "pip install --no-deps vllm==0.33.0 (see docs/vllm.md)") from e
+
+from .store import Store
+from .tier import Tier
+
+__all__ = ["KvtierStoreTier", "page_hash"]
+
+_OPTIONS = ("url", "ns", "threads", "timeout_ms")
+
+
+def page_hash(key: OffloadKey) -> bytes:
+    """The store's 128-bit page hash of a vLLM key (its block hash and group
+    index): the same key gives the same hash in every instance."""
+    return hashlib.blake2b(bytes(key), digest_size=16, person=b"kvtier-vllm").digest()
+
+
+class KvtierStoreTier(SecondaryTierManager):
+    """A vLLM secondary tier over a kvtier L3 store (see the module's doc)."""
+
+    medium = Medium.STORAGE
+
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
+                 backpressure_detector: Any = None, **options: Any) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        unknown = sorted(set(options) - set(_OPTIONS) - {"locality"})
+        if unknown:
+            raise ValueError(f"{tier_type}: unknown option(s) {', '.join(unknown)} (known: {', '.join(_OPTIONS)})")
+        url = options.get("url")
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"{tier_type}: url: a store URL is required (dir:PATH, redis://H:P, "
+                             "redis-cluster://H:P[,H:P...])")
+        import torch  # the engine tier describes the primary's memory as a tensor
+
+        view = primary_kv_view
+        if view.ndim != 2 or view.readonly:
+            raise ValueError(f"{tier_type}: the primary tier's view must be a writable (chunks, bytes) "
+                             f"memoryview, not {view.ndim}-d{' read-only' if view.readonly else ''}")
+        self._chunks, self._row = view.shape
+        rows = torch.frombuffer(view.cast("B"), dtype=torch.uint8).view(self._chunks, self._row)
+        self._tier = Tier.from_tensors([rows], name="vllm-primary")
+        cfg = offloading_spec.config
+        identity = (f"vllm:{cfg.model.name}:{cfg.model.dtype}:{cfg.kv_cache_layout}:"
+                    f"tp{cfg.parallel.tp_size}x{cfg.parallel.world_size}:{self._row}B")
+        try:
+            self._store = Store(url, tier=self._tier, model=identity,
+                                page_tokens=cfg.cache.tokens_per_hash * cfg.cache.blocks_per_chunk,
+                                layers=1, layer_bytes=self._row, dtype_bytes=1, ns=str(options.get("ns", "default")),
+                                threads=int(options.get("threads", 2)), timeout_ms=int(options.get("timeout_ms", 2000)))
+        except BaseException:
+            self._tier.close()
+            raise
+        self._known: Dict[OffloadKey, bool] = {}       # exists answers, kept while a request asked for them
+        self._askers: Dict[OffloadKey, int] = {}       # ... and how many unfinished requests asked
+        self._asked: Dict[str, Set[OffloadKey]] = {}    # request -> the keys it asked about
+        self._batch: List[OffloadKey] = []              # keys to ask about at the step's end
+        self._asking: Dict[int, List[OffloadKey]] = {}  # exists ticket -> its keys
+        self._jobs: Dict[int, Tuple[TransferJob, List[OffloadKey], bool]] = {}  # ticket -> job, keys, is load
+        self._removing: Dict[int, List[OffloadKey]] = {}  # remove ticket -> its keys
+        self._done: List[JobResult] = []
+
+    # ---- lookups ----------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        self._poll()
+        if key not in self._asked.setdefault(req_context.req_id, set()):
+            self._asked[req_context.req_id].add(key)
+            self._askers[key] = self._askers.get(key, 0) + 1
+        known = self._known.get(key)
+        if known is not None:
+            return LookupResult.HIT if known else LookupResult.MISS
+        if key not in self._batch and not any(key in ks for ks in self._asking.values()):
+            self._batch.append(key)
+        return LookupResult.RETRY
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        if self._batch:
+            keys, self._batch = self._batch, []
+            self._asking[self._store.exists([page_hash(k) for k in keys], user=0)] = keys
+        self._poll()
+
+    # ---- stores and loads ------------------------------------------------------------
+
+    def _chunks_of(self, job: TransferJob) -> List[int]:
+        ids = [int(c) for c in job.chunk_ids]
+        if len(ids) != len(job.keys) or not all(0 <= c < self._chunks for c in ids):
+            raise ValueError(f"job {job.job_id}: {len(job.keys)} keys, chunks {ids} (the primary has "
+                             f"{self._chunks})")
+        return ids
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        keys = list(job_metadata.keys)
+        pages = list(zip((page_hash(k) for k in keys), self._chunks_of(job_metadata)))
+        todo = [(k, p) for k, p in zip(keys, pages) if self._known.get(k) is not True]
+        if not todo:
+            self._done.append(JobResult(job_metadata.job_id, True, transfer_time=0.0, transfer_bytes=0))
+            return
+        t = self._store.put([p for _, p in todo], user=job_metadata.job_id)
+        self._jobs[t] = (job_metadata, [k for k, _ in todo], False)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        keys = list(job_metadata.keys)
+        pages = list(zip((page_hash(k) for k in keys), self._chunks_of(job_metadata)))
+        t = self._store.get(pages, user=job_metadata.job_id)
+        self._jobs[t] = (job_metadata, keys, True)
+
+    def _poll(self, timeout: float = 0.0) -> None:
+        for r in self._store.poll(timeout):
+            asked = self._asking.pop(r.ticket, None)
+            if asked is not None:
+                for k, res in zip(asked, r.results):
+                    if self._askers.get(k):  # someone still wants the answer
+                        self._known[k] = res == "ok"
+                continue
+            if self._removing.pop(r.ticket, None) is not None:
+                continue
+            job, keys, is_load = self._jobs.pop(r.ticket)
+            ok = [k for k, res in zip(keys, r.results) if res == "ok"]
+            if is_load:
+                bad = [k for k, res in zip(keys, r.results) if res == "bad"]
+                if bad:  # an object that failed its checks goes, for every instance
+                    self._removing[self._store.remove([page_hash(k) for k in bad])] = bad
+                for k, res in zip(keys, r.results):
+                    if res != "ok":  # a miss for the requests that asked (no promotion again), unknown after
+                        if self._askers.get(k):
+                            self._known[k] = False
+                        else:
+                            self._known.pop(k, None)
+            else:
+                for k in ok:
+                    if self._askers.get(k):
+                        self._known[k] = True
+            self._done.append(JobResult(job.job_id, success=len(ok) == len(keys),
+                                        successful_keys=ok if is_load and len(ok) != len(keys) else None,
+                                        transfer_time=r.latency_ns / 1e9, transfer_bytes=len(ok) * self._row))
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        self._poll()
+        done, self._done = self._done, []
+        return done
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs or self._asking or self._batch or self._removing)
+
+    def drain_jobs(self) -> None:
+        while self._jobs or self._asking or self._removing:
+            self._poll(timeout=0.05)
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        for k in self._asked.pop(req_context.req_id, ()):
+            self._askers[k] -= 1
+            if not self._askers[k]:  # the next request asks the store afresh
+                del self._askers[k]
+                self._known.pop(k, None)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        return
+
+    # ---- kvtier's own ----------------------------------------------------------------
+
+    def stats(self) -> Dict[str, Any]:
+        """The store's counters per operation (kvtier.Store.stats)."""
+        return {op: self._store.stats(op) for op in ("exists", "get", "put")}
+
+    def shutdown(self) -> None:
+        if self._store is not None:
+            self.drain_jobs()
+            self._store.close()
+            self._tier.close()
+            self._store = None
