@@ -58,10 +58,11 @@ class Event(NamedTuple):
 def key_of_bytes(b: bytes) -> Key:
     """A 128-bit key for vLLM's OffloadKey (a block hash, then its group
     index in 4 big-endian bytes) from its bytes alone, the same in every
-    process (kvtier.vllm's manager numbers its keys per cache instead): 96
-    bits of BLAKE2b over the block hash, then the group. Distinct keys collide only as the hash does (2**-96 for
-    a pair), whatever the block hashes look like, and the keys of one block
-    hash order by group, as their bytes do."""
+    process (kvtier.vllm's manager gives its keys C keys of its own): 96
+    bits of BLAKE2b over the block hash, then the group. Distinct keys
+    collide only as the hash does (2**-96 for a pair), whatever the block
+    hashes look like, and the keys of one block hash order by group, as
+    their bytes do."""
     if len(b) < 4:
         raise ValueError(f"key: {len(b)} bytes; expected a block hash and a 4-byte group index")
     h = hashlib.blake2b(b[:-4], digest_size=12).digest()
@@ -167,8 +168,7 @@ class KeyedCache(Handle):
         16 bytes each; None, with nothing changed, when they do not fit."""
         n = _count(keys, "keys")
         np_ = _count(protect, "protect")
-        if not isinstance(scores, bytes) or len(scores) != 8 * n:
-            raise ValueError(f"scores: expected {8 * n} bytes (a uint64 per key)")
+        _check_scores(scores, n)
         pages = (ctypes.c_uint64 * max(n, 1))()
         cap = n + self._room
         evicted = ctypes.create_string_buffer(KEY_BYTES * max(cap, 1))
@@ -215,8 +215,7 @@ class KeyedCache(Handle):
 
     def touch_packed(self, keys: bytes, scores: bytes) -> None:
         n = _count(keys, "keys")
-        if not isinstance(scores, bytes) or len(scores) != 8 * n:
-            raise ValueError(f"scores: expected {8 * n} bytes (a uint64 per key)")
+        _check_scores(scores, n)
         with self._use as h:
             _touch(h, keys, scores, n)
 
@@ -258,3 +257,11 @@ def _count(b: bytes, what: str) -> int:
     if len(b) % KEY_BYTES:
         raise ValueError(f"{what}: {len(b)} bytes is not a whole number of {KEY_BYTES}-byte keys")
     return len(b) // KEY_BYTES
+
+
+def _check_scores(b: bytes, n: int) -> None:
+    """Packed scores: exactly a uint64 per key (the C side reads n of them)."""
+    if not isinstance(b, bytes):
+        raise TypeError(f"scores: expected packed scores (bytes), not {type(b).__name__}")
+    if len(b) != 8 * n:
+        raise ValueError(f"scores: {len(b)} bytes for {n} keys (a uint64 per key)")

@@ -107,6 +107,7 @@ def test_packed_calls_give_the_answers_of_the_tuple_calls():
     (lambda c: c.prepare_store_packed(bytes(16), bytes(7)), ValueError),
     (lambda c: c.prepare_store_packed(bytes(16), bytes(8), bytes(17)), ValueError),
     (lambda c: c.complete_store_packed("0123456789abcdef"), TypeError),
+    (lambda c: c.touch_packed(bytes(16), [7]), TypeError),
 ])
 def test_bad_packed_arguments_are_refused_and_change_nothing(call, exc):
     with KeyedCache(4) as c:
