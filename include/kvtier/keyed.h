@@ -93,7 +93,7 @@ enum { KVT_KEYED_STORED = 0, KVT_KEYED_REMOVED = 1 };
 typedef struct kvt_keyed_event {
     kvt_key128_t key;
     uint32_t kind; /* KVT_KEYED_STORED or KVT_KEYED_REMOVED */
-    uint32_t why;  /* removed: 0 evicted, 1 failed store, 2 reset */
+    uint32_t why;  /* removed: 0 evicted, 1 failed store, 2 reset, 3 kvt_keyed_remove */
 } kvt_keyed_event_t;
 
 #define KVT_KEYED_STATS_FIELDS(X)                                        \
@@ -109,7 +109,8 @@ typedef struct kvt_keyed_event {
     X(stores_failed, COUNTER, "keys dropped by a failed complete_store") \
     X(store_refusals, COUNTER, "prepare_store calls refused for room")   \
     X(evictions, COUNTER, "keys evicted")                                \
-    X(loads, COUNTER, "keys pinned for a load")
+    X(loads, COUNTER, "keys pinned for a load")                          \
+    X(removed, COUNTER, "keys removed by the caller (kvt_keyed_remove)")
 
 typedef struct kvt_keyed_stats {
     uint32_t size; /* sizeof(kvt_keyed_stats_t), set by the caller */
@@ -165,6 +166,14 @@ KVT_API int kvt_keyed_unpin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n);
  * skipped; a key listed twice keeps the later score). A pending or pinned
  * key keeps it for when it becomes evictable. */
 KVT_API void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n);
+
+/* Removes the ready, unpinned keys of keys[0..n) and frees their pages (a
+ * removed event each, why 3, in the order of keys[]); absent, pending and
+ * pinned keys, and repeats, are skipped. What a caller does with a key whose
+ * page it found bad. *nremoved (NULL: not written) counts the keys removed,
+ * also in the removed stat. KVT_EINVAL (a NULL pointer with a nonzero
+ * count), KVT_ENOMEM; nothing changed then. */
+KVT_API int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nremoved);
 
 /* Removes every key (a removed event each, in eviction order) and gives
  * every page back. KVT_EBUSY, nothing changed, while a key is pending or

@@ -176,4 +176,5 @@ KEYED_STATS = (
     ('store_refusals', 'COUNTER', 'prepare_store calls refused for room'),
     ('evictions', 'COUNTER', 'keys evicted'),
     ('loads', 'COUNTER', 'keys pinned for a load'),
+    ('removed', 'COUNTER', 'keys removed by the caller (kvt_keyed_remove)'),
 )

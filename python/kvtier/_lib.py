@@ -431,6 +431,7 @@ _PROTOS = {
     "kvt_keyed_pin": (c_int, [vp, P(Key128), c_size_t, P(u64)]),
     "kvt_keyed_unpin": (c_int, [vp, P(Key128), c_size_t]),
     "kvt_keyed_touch": (None, [vp, P(Key128), P(u64), c_size_t]),
+    "kvt_keyed_remove": (c_int, [vp, P(Key128), c_size_t, P(c_size_t)]),
     "kvt_keyed_reset": (c_int, [vp]),
     "kvt_keyed_take_events": (c_size_t, [vp, P(KeyedEvent), c_size_t]),
     "kvt_keyed_stats": (c_int, [vp, P(KeyedStats)]),

@@ -23,7 +23,7 @@ from ._lib import Key128, KeyedConfig, KeyedEvent, KeyedStats, lib
 __all__ = ["KeyedCache", "KeyedEvent", "LOOKUP", "key_of_bytes", "pack_keys", "unpack_keys"]
 
 LOOKUP = ("miss", "hit", "pending")
-_WHY = ("evicted", "failed store", "reset")
+_WHY = ("evicted", "failed store", "reset", "removed")
 _NO_PAGE = (1 << 64) - 1
 _ENOSPC = dict(_fields.ERRORS)["ENOSPC"]
 KEY_BYTES = 16  # sizeof(kvt_key128_t): hi, then lo, native uint64s
@@ -45,6 +45,7 @@ _complete = _raw("kvt_keyed_complete_store", None, [_vp, _vp, _sz, _int])
 _pin = _raw("kvt_keyed_pin", _int, [_vp, _vp, _sz, _vp])
 _unpin = _raw("kvt_keyed_unpin", _int, [_vp, _vp, _sz])
 _touch = _raw("kvt_keyed_touch", None, [_vp, _vp, _vp, _sz])
+_remove = _raw("kvt_keyed_remove", _int, [_vp, _vp, _sz, _vp])
 
 
 class Event(NamedTuple):
@@ -218,6 +219,19 @@ class KeyedCache(Handle):
         _check_scores(scores, n)
         with self._use as h:
             _touch(h, keys, scores, n)
+
+    def remove(self, keys: Sequence[Key]) -> int:
+        """Removes the ready, unpinned keys among keys and frees their pages
+        (absent, pending and pinned keys are skipped); returns how many went.
+        For a key whose page was found bad."""
+        return self.remove_packed(pack_keys(keys))
+
+    def remove_packed(self, keys: bytes) -> int:
+        n = _count(keys, "keys")
+        gone = ctypes.c_size_t()
+        with self._use as h:
+            check(_remove(h, keys, n, ctypes.byref(gone)), "KeyedCache.remove")
+        return gone.value
 
     def reset(self) -> None:
         """Removes every ready, unpinned key (Busy while any is pending or pinned)."""

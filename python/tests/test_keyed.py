@@ -31,6 +31,12 @@ def test_a_keys_life_against_a_plain_model():
     st = c.stats()
     assert (st["keys"], st["pending"], st["store_refusals"], st["evictions"]) == (2, 0, 1, 1)
     c.check()
+    c.pin([a])  # remove: b (ready) goes; a (pinned) and d (absent) stay as they are
+    assert c.remove([a, b, d, b]) == 1 and c.lookup(b) == "miss" and c.lookup(a) == "hit"
+    assert [(k, r, why) for k, r, why in c.take_events()] == [(b, True, "removed")]
+    assert c.stats()["removed"] == 1 and c.stats()["free_pages"] == 2
+    c.unpin([a])
+    c.check()
     c.close()
     with pytest.raises(kvtier.ClosedError):
         c.lookup(a)

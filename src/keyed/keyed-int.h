@@ -56,7 +56,7 @@ struct kvt_keyed {
     size_t runcap;
 
     uint64_t pending, pinned;
-    uint64_t lookups, hits, stores_prepared, stores_completed, stores_failed, store_refusals, evictions, loads;
+    uint64_t lookups, hits, stores_prepared, stores_completed, stores_failed, store_refusals, evictions, loads, removed;
 };
 
 /* The eviction order: (score, hi, lo) ascending. */

@@ -54,7 +54,7 @@
 #include "../core/mem-int.h"
 #include "keyed-int.h"
 
-enum { WHY_EVICTED = 0, WHY_FAILED = 1, WHY_RESET = 2 };
+enum { WHY_EVICTED = 0, WHY_FAILED = 1, WHY_RESET = 2, WHY_REMOVED = 3 };
 
 int kvt_keyed_create(kvt_keyed_t **out, const kvt_keyed_config_t *cfg) {
     if (out == NULL || cfg == NULL) return KVT_EINVAL;
@@ -348,6 +348,26 @@ void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *s
     }
 }
 
+int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nremoved) {
+    if (nremoved) *nremoved = 0;
+    if (c == NULL || (n > 0 && keys == NULL)) return KVT_EINVAL;
+    /* the pages wait on the loose list, as a failed store's do: its room is the only memory this needs */
+    if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + n, sizeof(*c->loose))) return KVT_ENOMEM;
+    size_t k = 0;
+    for (size_t j = 0; j < n; j++) {
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (i == UINT32_MAX || c->ents[i].state != KVT__KEYED_READY || c->ents[i].pins > 0) continue;
+        kvt__heap_erase(c, i);
+        c->loose[c->nloose++] = c->ents[i].page;
+        kvt__keyed_remove(c, i);
+        record(c, keys[j], KVT_KEYED_REMOVED, WHY_REMOVED);
+        k++;
+    }
+    c->removed += k;
+    if (nremoved) *nremoved = k;
+    return KVT_OK;
+}
+
 int kvt_keyed_reset(kvt_keyed_t *c) {
     if (c == NULL) return KVT_EINVAL;
     if (c->pending > 0 || c->pinned > 0) return KVT_EBUSY;
@@ -392,6 +412,7 @@ int kvt_keyed_stats(const kvt_keyed_t *c, kvt_keyed_stats_t *out) {
         .store_refusals = c->store_refusals,
         .evictions = c->evictions,
         .loads = c->loads,
+        .removed = c->removed,
     };
     return kvt__abi_out(out, &st, sizeof(st));
 }

@@ -183,6 +183,21 @@ static inline void km_complete(km_t *m, const size_t *ks, size_t n, int ok) {
     }
 }
 
+/* keyed.h: ready, unpinned keys go (their pages to the loose list, as a failed store's), the rest are skipped. */
+static inline size_t km_remove(km_t *m, const size_t *ks, size_t n) {
+    size_t gone = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = ks[i];
+        if (m->state[k] != KM_READY || m->pins[k] > 0) continue;
+        m->state[k] = KM_ABSENT;
+        m->loose[m->nloose++] = m->page[k];
+        km_event(m, k, KVT_KEYED_REMOVED, 3);
+        gone++;
+    }
+    m->st.removed += gone;
+    return gone;
+}
+
 static inline int km_pin(km_t *m, const size_t *ks, size_t n, uint64_t *pages) {
     for (size_t i = 0; i < n; i++) {
         if (m->state[ks[i]] == KM_ABSENT) return KVT_ENOENT;

@@ -150,6 +150,16 @@ static void op_touch(fz_t *f) {
     kvt_keyed_touch(f->c, keys, sc, n);
 }
 
+static void op_remove(fz_t *f) {
+    size_t ks[5], n = 1 + kvt_rng_below(&f->rng, 4), got;
+    kvt_key128_t keys[5];
+    for (size_t i = 0; i < n; i++) ks[i] = kvt_rng_below(&f->rng, 3) ? pick(f, KM_READY) : kvt_rng_below(&f->rng, f->m.nk);
+    keys_of(f, ks, n, keys);
+    size_t want = km_remove(&f->m, ks, n);
+    cr_assert_eq(kvt_keyed_remove(f->c, keys, n, &got), KVT_OK, "%s", f->ctx);
+    cr_assert_eq(got, want, "%s: %zu keys removed, want %zu", f->ctx, got, want);
+}
+
 static void op_take(fz_t *f, size_t cap) {
     kvt_keyed_event_t got[16], want[16];
     size_t nw = km_take(&f->m, want, cap), ng = kvt_keyed_take_events(f->c, got, cap);
@@ -192,7 +202,8 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
         else if (r < 550) op_complete(&f);
         else if (r < 660) op_pin(&f);
         else if (r < 780) op_unpin(&f);
-        else if (r < 880) op_touch(&f);
+        else if (r < 850) op_touch(&f);
+        else if (r < 880) op_remove(&f);
         else if (r < 990) op_take(&f, kvt_rng_below(&f.rng, 10));
         else op_reset(&f);
         tally[r < 320 ? 0 : r < 550 ? 1 : r < 660 ? 2 : r < 780 ? 3 : r < 880 ? 4 : r < 990 ? 5 : 6]++;
@@ -207,7 +218,7 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
             " loads, %" PRIu64 " resets tried\n",
             pages, nk, room, events, ops, seed, st.stores_prepared, st.store_refusals, st.evictions, st.stores_failed,
             st.loads, tally[6]);
-    cr_assert(st.store_refusals > 0 && st.evictions > 0 && st.stores_failed > 0 && st.loads > 0,
+    cr_assert(st.store_refusals > 0 && st.evictions > 0 && st.stores_failed > 0 && st.loads > 0 && st.removed > 0,
               "seed %" PRIu64 ": the run missed a path", seed);
     km_fini(&f.m);
     kvt_keyed_destroy(f.c);
@@ -604,6 +615,25 @@ static void op_evict(kvt_keyed_t *c, res_t *r) { prepare_new(c, 1000, 60, r); }
 /* 150 new keys into a cache of 20: table, entries and events grow; a reserve. */
 static void op_grow(kvt_keyed_t *c, res_t *r) { prepare_new(c, 1000, 150, r); }
 static void op_reset_all(kvt_keyed_t *c, res_t *r) { r->rc = kvt_keyed_reset(c); }
+/* 20 keys stored one call each: the loose list kept room for one page */
+static kvt_keyed_t *setup_one_by_one(void) {
+    kvt_keyed_t *c = make(200, 0, 1);
+    for (size_t i = 0; i < 20; i++) {
+        kvt_key128_t k = K(i);
+        uint64_t sc = i, page;
+        size_t nv;
+        cr_assert_eq(kvt_keyed_prepare_store(c, &k, &sc, 1, NULL, 0, &page, NULL, 0, &nv), KVT_OK);
+        kvt_keyed_complete_store(c, &k, 1, 1);
+    }
+    return c;
+}
+
+/* all 20 and some absent keys: their pages need a loose list longer than it is */
+static void op_remove_all(kvt_keyed_t *c, res_t *r) {
+    kvt_key128_t k[30];
+    for (size_t i = 0; i < 30; i++) k[i] = K(i);
+    r->rc = kvt_keyed_remove(c, k, 30, &r->nv);
+}
 
 static void assert_same_result(const res_t *a, const res_t *b, const char *ctx) {
     cr_assert_eq(a->rc, b->rc, "%s", ctx);
@@ -664,6 +694,7 @@ Test(keyed, failed_allocation_changes_nothing, .timeout = 120) {
     each_failure_point(setup_full, op_evict, "evicting prepare_store");
     each_failure_point(setup_few, op_grow, "growing prepare_store");
     each_failure_point(setup_settled, op_reset_all, "reset");
+    each_failure_point(setup_one_by_one, op_remove_all, "remove");
     for (uint64_t nth = 1; nth < 8; nth++) {
         kvt_keyed_t *c = NULL;
         kvt_keyed_config_t cfg = {.size = sizeof(cfg), .pages = 100};
@@ -705,5 +736,39 @@ Test(keyed, calls_that_cannot_fail_do_not_allocate) {
     kvt__mem_fail_nth(0);
     cr_assert_not(fired);
     assert_check(c, "no allocation");
+    kvt_keyed_destroy(c);
+}
+
+/* remove: only ready, unpinned keys go, each with a removed event (why 3),
+ * and their pages serve the next store. */
+Test(keyed, remove_takes_ready_unpinned_keys) {
+    kvt_keyed_t *c = make(4, 0, 1);
+    kvt_key128_t k[4] = {K(0), K(1), K(2), K(3)};
+    uint64_t sc[4] = {1, 2, 3, 4}, pages[4];
+    size_t nv, n;
+    cr_assert_eq(kvt_keyed_prepare_store(c, k, sc, 4, NULL, 0, pages, NULL, 0, &nv), KVT_OK);
+    kvt_keyed_complete_store(c, k, 2, 1); /* K0, K1 ready; K2, K3 pending */
+    cr_assert_eq(kvt_keyed_pin(c, &k[1], 1, NULL), KVT_OK);
+    kvt_keyed_event_t ev[8];
+    kvt_keyed_take_events(c, ev, 8);
+    kvt_key128_t gone[5] = {K(3), K(1), K(0), K(0), K(9)}; /* pending, pinned, ready (twice), absent */
+    cr_assert_eq(kvt_keyed_remove(c, gone, 5, &n), KVT_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(kvt_keyed_lookup(c, K(0)), KVT_KEYED_MISS);
+    cr_assert_eq(kvt_keyed_lookup(c, K(1)), KVT_KEYED_HIT);
+    cr_assert_eq(kvt_keyed_take_events(c, ev, 8), 1);
+    cr_assert(key_eq(ev[0].key, K(0)) && ev[0].kind == KVT_KEYED_REMOVED && ev[0].why == 3);
+    kvt_keyed_stats_t st = {.size = sizeof(st)};
+    kvt_keyed_stats(c, &st);
+    cr_assert(st.removed == 1 && st.keys == 3 && st.free_pages == 1 && st.evictions == 0);
+    uint64_t p;
+    kvt_key128_t k5 = K(5);
+    cr_assert_eq(kvt_keyed_prepare_store(c, &k5, sc, 1, NULL, 0, &p, NULL, 0, &nv), KVT_OK);
+    cr_assert_eq(p, pages[0], "the removed key's page is reused");
+    cr_assert_eq(nv, 0);
+    cr_assert_eq(kvt_keyed_remove(NULL, gone, 1, &n), KVT_EINVAL);
+    cr_assert_eq(kvt_keyed_remove(c, NULL, 1, &n), KVT_EINVAL);
+    cr_assert_eq(kvt_keyed_remove(c, NULL, 0, NULL), KVT_OK);
+    assert_check(c, "after remove");
     kvt_keyed_destroy(c);
 }
