@@ -11,10 +11,16 @@
  *              a tier that is not read back soon (backups into host L2): up to
  *              twice memcpy's bandwidth there. Elsewhere it is memcpy.
  *
- * A span of KVT__STREAM_HUGE or more streams whatever the pair: ordinary
- * stores of it would keep only its last few MiB in cache (the rest is
- * evicted by the copy itself before anyone reads it), so they buy nothing
- * and cost the read-for-ownership of every line.
+ * A span of KVT__STREAM_HUGE or more streams whatever the pair, and so does
+ * every span of a batch of KVT__STREAM_HUGE bytes or more (the transfer
+ * engine decides that, xfer.c): ordinary stores of it would keep only its
+ * last few MiB in cache (the rest is evicted by the copy itself before
+ * anyone reads it), so they buy nothing and cost the read-for-ownership of
+ * every line.
+ *
+ * The engine fences once after the last span of a work item, not after each
+ * span: a batch of many short spans streams as cheaply per byte as one long
+ * one.
  *
  * A copy that also hashes (tiers with checksums) hashes the source block by
  * block right after copying it, while the block is still in L1: the
@@ -29,8 +35,12 @@
 #include "../core/sum-int.h" /* XXH3_state_t, kvt__sum_update */
 
 /* Spans shorter than this are copied with memcpy even when streaming: the
- * aligned head and tail and the fence cost more than the cache saves. */
-#define KVT__STREAM_MIN (64u << 10)
+ * aligned head and tail cost more than the read-for-ownership saves. */
+#define KVT__STREAM_MIN (4u << 10)
+
+/* Streaming spans shorter than this go two at a time (kvt__copy_pair_unfenced);
+ * longer ones are long enough to keep their own four quarters in flight. */
+#define KVT__PAIR_MAX (64u << 10)
 
 /* Spans this long stream into any tier (see above): well past a core's
  * private cache and a fair share of a shared L3. */
@@ -52,6 +62,21 @@ static inline bool kvt__copy_streams(size_t n, bool stream) {
 
 /* kvt__copy_stream where kvt__copy_streams(n, stream), else memcpy. */
 void kvt__copy(void *dst, const void *src, size_t n, bool stream);
+
+/* kvt__copy without the fence; returns whether it streamed (then the caller
+ * fences once after its last span: kvt__copy_fence). */
+bool kvt__copy_unfenced(void *dst, const void *src, size_t n, bool stream);
+
+/* Whether two spans of n bytes each go side by side: they stream and are
+ * shorter than KVT__PAIR_MAX. */
+static inline bool kvt__copy_pairs(size_t n, bool stream) { return kvt__copy_streams(n, stream) && n < KVT__PAIR_MAX; }
+
+/* Two copies of n bytes each (src0 -> dst0, src1 -> dst1; none of the four
+ * ranges overlapping another's destination), as kvt__copy_unfenced would make
+ * them one after the other; where kvt__copy_pairs(n, stream) and both
+ * destinations sit alike against a 64-byte line, side by side, a line of each
+ * in turn. Returns whether it streamed (the caller fences). */
+bool kvt__copy_pair_unfenced(void *dst0, const void *src0, void *dst1, const void *src1, size_t n, bool stream);
 
 /* n bytes src -> dst that also feeds them to st, in KVT__SUM_BLOCK blocks
  * hashed from the source just after each block is copied. With stream the

@@ -18,7 +18,18 @@
  * rows busy (glibc's own non-temporal memcpy of a large block interleaves
  * four pages for the same reason); two streams are not enough, and six or
  * eight are no better than four below 1 MiB. The figures are in
- * docs/performance.md, *Four streams of lines*. */
+ * docs/performance.md, *Four streams of lines*.
+ *
+ * Short spans from scattered places (the pieces of a page of separate K and
+ * V planes, a block of each of a model's layers) go two at a time, a line of
+ * one span, then of the other:
+ *
+ *   dst0 |head| line 0 | line 1 | ... |tail|      two streams, each a span
+ *   dst1 |head| line 0 | line 1 | ... |tail|      long (whole lines, both heads equal)
+ *
+ * Each span starts a sequence of loads on a page of its own, cold; two in
+ * flight overlap one's start with the other's lines (docs/performance.md,
+ * *Short spans two at a time*). */
 #include <stdint.h>
 #include <string.h>
 
@@ -49,6 +60,16 @@ __attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t 
     for (; i < n; i += 64) line_avx(d + i, s + i);
 }
 
+/* Two bodies of n bytes side by side, a line of each in turn (n a multiple
+ * of 64, both destinations 64-aligned). */
+__attribute__((target("avx"))) static void stream2_avx(uint8_t *d0, const uint8_t *s0, uint8_t *d1, const uint8_t *s1,
+                                                       size_t n) {
+    for (size_t k = 0; k < n; k += 64) {
+        line_avx(d0 + k, s0 + k);
+        line_avx(d1 + k, s1 + k);
+    }
+}
+
 /* One 64-byte line, dst 64-aligned. */
 static inline void line_sse2(uint8_t *d, const uint8_t *s) {
     for (int k = 0; k < 64; k += 32) {
@@ -64,6 +85,13 @@ static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n) {
     for (size_t k = 0; k < q; k += 64)
         for (size_t w = 0; w < 4; w++) line_sse2(d + w * q + k, s + w * q + k);
     for (; i < n; i += 64) line_sse2(d + i, s + i);
+}
+
+static void stream2_sse2(uint8_t *d0, const uint8_t *s0, uint8_t *d1, const uint8_t *s1, size_t n) {
+    for (size_t k = 0; k < n; k += 64) {
+        line_sse2(d0 + k, s0 + k);
+        line_sse2(d1 + k, s1 + k);
+    }
 }
 #endif
 
@@ -101,6 +129,35 @@ void kvt__copy_stream(void *dst, const void *src, size_t n) {
 void kvt__copy(void *dst, const void *src, size_t n, bool stream) {
     if (kvt__copy_streams(n, stream)) kvt__copy_stream(dst, src, n);
     else memcpy(dst, src, n);
+}
+
+bool kvt__copy_unfenced(void *dst, const void *src, size_t n, bool stream) {
+    if (!kvt__copy_streams(n, stream)) {
+        memcpy(dst, src, n);
+        return false;
+    }
+    stream_unfenced(dst, src, n);
+    return true;
+}
+
+bool kvt__copy_pair_unfenced(void *dst0, const void *src0, void *dst1, const void *src1, size_t n, bool stream) {
+#ifdef KVT__HAVE_STREAM
+    uint8_t *d0 = dst0, *d1 = dst1;
+    const uint8_t *s0 = src0, *s1 = src1;
+    size_t head = (size_t)(-(uintptr_t)d0 & 63);
+    if (kvt__copy_pairs(n, stream) && head == (size_t)(-(uintptr_t)d1 & 63) && n >= head + 128) {
+        memcpy(d0, s0, head);
+        memcpy(d1, s1, head);
+        size_t body = (n - head) & ~(size_t)63, tail = head + body;
+        if (__builtin_cpu_supports("avx")) stream2_avx(d0 + head, s0 + head, d1 + head, s1 + head, body);
+        else stream2_sse2(d0 + head, s0 + head, d1 + head, s1 + head, body);
+        memcpy(d0 + tail, s0 + tail, n - tail);
+        memcpy(d1 + tail, s1 + tail, n - tail);
+        return true;
+    }
+#endif
+    bool a = kvt__copy_unfenced(dst0, src0, n, stream);
+    return kvt__copy_unfenced(dst1, src1, n, stream) || a;
 }
 
 void kvt__copy_sum(void *dst, const void *src, size_t n, bool stream, XXH3_state_t *st) {

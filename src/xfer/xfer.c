@@ -213,23 +213,47 @@ static void copy_and_sum(kvt_tier_t *d, const batch_t *b, const kvt__span_t *sp,
     if (stream) kvt__copy_fence();
 }
 
+/* The injected fault (if any) for the next span, after its delay. */
+static int fault_before(kvt_xfer_t *x) {
+    uint64_t delay;
+    int f = next_fault(x, &delay);
+    if (delay) sleep_ns(delay);
+    return f;
+}
+
+/* The host copies of an item's spans, streaming ones fenced once at the end;
+ * streaming spans of one length go two at a time (copy.c). */
+static int host_copies(kvt_xfer_t *x, const kvt__span_t *sp, size_t n, bool stream) {
+    bool fence = false;
+    int f = KVT_OK;
+    for (size_t i = 0; i < n && f == KVT_OK; i++) {
+        if ((f = fault_before(x)) != KVT_OK) break;
+        bool two = i + 1 < n && sp[i + 1].len == sp[i].len && kvt__copy_pairs(sp[i].len, stream);
+        if (two && (f = fault_before(x)) != KVT_OK) two = false; /* the second's fault: the first lands alone */
+        if (two) fence |= kvt__copy_pair_unfenced(sp[i].dst, sp[i].src, sp[i + 1].dst, sp[i + 1].src, sp[i].len, stream);
+        else fence |= kvt__copy_unfenced(sp[i].dst, sp[i].src, sp[i].len, stream);
+        i += two;
+    }
+    if (fence) kvt__copy_fence();
+    return f; /* a fault: the copies before it may have landed, and the batch fails as a whole */
+}
+
 static int run_item(kvt_xfer_t *x, worker_t *w, batch_t *b, const item_t *it) {
     int rc;
     size_t n = make_spans(x, w, b, it);
     unsigned di = 0;
     kvt_tier_t *drv = driver(x, b, &di), *d = x->tiers[b->done.dst];
-    bool stream = x->stream[b->done.src][b->done.dst];
+    /* a batch past the cache streams wherever it goes, as a span past it does (copy-int.h) */
+    bool stream = x->stream[b->done.src][b->done.dst] || b->bytes >= KVT__STREAM_HUGE;
     bool fused = drv == NULL && x->cfg.checksum && d->sums != NULL &&
                  x->plans[b->done.src][b->done.dst].kind != KVT__PLAN_CHUNKS; /* spans are whole pages */
     cursor_t cur = {it->run_lo, 0};
     if (drv && w->ctx[di] == NULL && (rc = drv->ops->ctx_open(drv, &w->ctx[di])) != KVT_OK) return rc;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t delay;
-        int f = next_fault(x, &delay);
-        if (delay) sleep_ns(delay);
+    if (!drv && !fused && (rc = host_copies(x, w->spans, n, stream)) != KVT_OK) return rc;
+    for (size_t i = 0; (drv || fused) && i < n; i++) {
+        int f = fault_before(x);
         if (f != KVT_OK) return f; /* the copies before it may have landed: the batch fails as a whole */
         if (fused) copy_and_sum(d, b, &w->spans[i], stream, &cur);
-        else if (!drv) kvt__copy(w->spans[i].dst, w->spans[i].src, w->spans[i].len, stream);
     }
     if (drv && (rc = drv->ops->copy(drv, w->ctx[di], w->spans, n)) != KVT_OK) return rc;
     if (!fused) record_sums(x, b, it);

@@ -98,12 +98,55 @@ Test(xfer_copy, stream_matches_memcpy, .timeout = 60) {
     }
 }
 
+/* Two copies side by side against two memcpys: both destinations checked
+ * whole (guards too), at every size and offset pair; equal offsets against a
+ * line take the side-by-side loop, unequal ones the copies one by one. The
+ * two spans' bytes sit in one buffer each, the second GUARD + n past the
+ * first. */
+static void pair_case(kvt_rng_t *r, bufs_t *b, size_t n, size_t so, size_t dof0, size_t dof1, bool stream) {
+    size_t gap = GUARD + n + 64;
+    uint8_t *s0 = b->src + GUARD + so, *s1 = s0 + gap, *d0 = b->dst + GUARD + dof0, *d1 = b->dst + GUARD + gap + dof1;
+    fill(r, b->src, b->cap);
+    fill(r, b->dst, b->cap);
+    memcpy(b->want, b->dst, b->cap);
+    memcpy(b->want + GUARD + dof0, s0, n); /* the model: two memcpys */
+    memcpy(b->want + GUARD + gap + dof1, s1, n);
+    bool streamed = kvt__copy_pair_unfenced(d0, s0, d1, s1, n, stream);
+    kvt__copy_fence();
+    cr_assert_eq(streamed, kvt__copy_streams(n, stream), "n %zu, stream %d: streamed %d", n, stream, streamed);
+    check_same(b, n, so, dof0, stream ? "kvt__copy_pair_unfenced, streaming" : "kvt__copy_pair_unfenced");
+}
+
+Test(xfer_copy, pair_matches_two_memcpys, .timeout = 60) {
+    uint64_t seed = 0x5eed0003;
+    fprintf(stderr, "xfer_copy/pair_matches_two_memcpys seed %" PRIu64 "\n", seed);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
+    static const size_t sizes[] = {0, 1, 100, 4095, KVT__STREAM_MIN, KVT__STREAM_MIN + 1, 8192, 8192 + 63, 16384,
+                                   16384 + 129, KVT__PAIR_MAX - 1, KVT__PAIR_MAX, KVT__PAIR_MAX + 65};
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        bufs_t b;
+        bufs_init(&b, 2 * (sizes[k] + GUARD + 64));
+        for (size_t i = 0; i < NOFFS; i++)
+            for (size_t j = 0; j < NOFFS; j++)
+                for (int stream = 0; stream < 2; stream++) {
+                    pair_case(&r, &b, sizes[k], OFFS[i], OFFS[j], OFFS[j], stream); /* side by side */
+                    pair_case(&r, &b, sizes[k], OFFS[i], OFFS[j], OFFS[NOFFS - 1 - j], stream);
+                }
+        bufs_fini(&b);
+    }
+}
+
 Test(xfer_copy, streams_by_the_thresholds) {
     cr_assert(!kvt__copy_streams(KVT__STREAM_MIN - 1, true));
     cr_assert(kvt__copy_streams(KVT__STREAM_MIN, true));
     cr_assert(!kvt__copy_streams(KVT__STREAM_MIN, false), "a pair that does not stream keeps memcpy");
     cr_assert(!kvt__copy_streams(KVT__STREAM_HUGE - 1, false));
     cr_assert(kvt__copy_streams(KVT__STREAM_HUGE, false), "a span past the cache streams anywhere");
+    cr_assert(kvt__copy_pairs(KVT__STREAM_MIN, true));
+    cr_assert(!kvt__copy_pairs(KVT__STREAM_MIN - 1, true), "too short to stream: one by one");
+    cr_assert(!kvt__copy_pairs(KVT__PAIR_MAX, true), "long enough for its own quarters");
+    cr_assert(!kvt__copy_pairs(8192, false), "a pair that does not stream keeps memcpy");
 }
 
 Test(xfer_copy, copy_sum_is_the_hash_of_the_destination, .timeout = 60) {
@@ -222,3 +265,76 @@ static void engine_case(uint64_t pb, uint64_t pages, uint64_t seed) {
 Test(xfer_copy, engine_runs_of_small_pages_stream, .timeout = 60) { engine_case(16384, 64, 11); }
 Test(xfer_copy, engine_odd_pages_past_the_threshold, .timeout = 60) { engine_case(KVT__STREAM_MIN + 192, 16, 12); }
 Test(xfer_copy, engine_a_span_past_huge, .timeout = 60) { engine_case(1u << 20, 40, 13); }
+
+/* ---- through the engine: separate K and V planes <-> a host tier, no checksums ---- */
+
+/* An engine tier over kv (K plane: pages x k bytes, then V plane: pages x v)
+ * and a page_first host tier of k + v bytes a page: a page is two spans each
+ * way, never a run on the host side. A batch of pages copies in both
+ * directions, checked byte for byte against the planes' arithmetic: every
+ * span of a big batch streams (past KVT__STREAM_HUGE), spans of one length go
+ * two at a time, and odd lengths put the two destinations of a pair at
+ * different offsets against a line. */
+static void kv_case(uint64_t k, uint64_t v, uint32_t pages, uint32_t ncopies, uint64_t seed) {
+    fprintf(stderr, "xfer_copy kv: %u pages of K %" PRIu64 " + V %" PRIu64 " B, %u copies, seed %" PRIu64 "\n", pages, k,
+            v, ncopies, seed);
+    uint64_t pb = k + v;
+    uint8_t *kv = malloc((size_t)pages * pb);
+    cr_assert(kv);
+    kvt_tier_engine_t e = {.planes = 2};
+    e.plane[0] = (kvt_tier_plane_t){.base = kv, .piece_bytes = k, .page_stride = k};
+    e.plane[1] = (kvt_tier_plane_t){.base = kv + (size_t)pages * k, .piece_bytes = v, .page_stride = v};
+    kvt_tier_config_t ce = {.size = sizeof(ce), .kind = KVT_TIER_ENGINE, .geom = {pages, 1, 0, KVT_LAYOUT_PAGE_FIRST},
+                            .name = "kv", .engine = &e};
+    kvt_tier_t *t[2] = {NULL, tier(KVT_TIER_HOST, pages, pb, 0, "l2")};
+    cr_assert_eq(kvt_tier_create(&t[0], &ce), KVT_OK);
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.checksum = false;
+    kvt_xfer_t *x = NULL;
+    cr_assert_eq(kvt_xfer_create(&x, &xc, t, 2), KVT_OK);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
+    uint8_t *host = kvt_tier_addr(t[1], 0, 0);
+    kvt_xfer_copy_t *c = calloc(ncopies, sizeof(*c));
+    uint32_t *perm = malloc(pages * sizeof(*perm));
+    for (int dir = 0; dir < 2; dir++) {
+        fill(&r, kv, (size_t)pages * pb);
+        fill(&r, host, (size_t)pages * pb);
+        for (uint32_t i = 0; i < pages; i++) perm[i] = i;
+        for (uint32_t i = pages; i > 10; i--) { /* destinations: pages 0..8 in place (a run), the rest shuffled */
+            uint32_t j = 9 + (uint32_t)(kvt_rng_next(&r) % (i - 9)), tmp = perm[i - 1];
+            perm[i - 1] = perm[j];
+            perm[j] = tmp;
+        }
+        for (uint32_t i = 0; i < ncopies; i++) c[i] = (kvt_xfer_copy_t){i, perm[i]};
+        uint8_t *want_kv = malloc((size_t)pages * pb), *want_host = malloc((size_t)pages * pb);
+        memcpy(want_kv, kv, (size_t)pages * pb);
+        memcpy(want_host, host, (size_t)pages * pb);
+        for (uint32_t i = 0; i < ncopies; i++) { /* the model: page p is K at kv + p k, V at kv + pages k + p v */
+            uint32_t sp = c[i].src_page, dp = c[i].dst_page;
+            if (dir == 0) {
+                memcpy(want_host + (size_t)dp * pb, kv + (size_t)sp * k, k);
+                memcpy(want_host + (size_t)dp * pb + k, kv + (size_t)pages * k + (size_t)sp * v, v);
+            } else {
+                memcpy(want_kv + (size_t)dp * k, host + (size_t)sp * pb, k);
+                memcpy(want_kv + (size_t)pages * k + (size_t)dp * v, host + (size_t)sp * pb + k, v);
+            }
+        }
+        one(x, dir == 0 ? 0 : 1, dir == 0 ? 1 : 0, c, ncopies);
+        cr_assert_eq(memcmp(host, want_host, (size_t)pages * pb), 0, "dir %d: the host tier", dir);
+        cr_assert_eq(memcmp(kv, want_kv, (size_t)pages * pb), 0, "dir %d: the K and V planes", dir);
+        free(want_kv);
+        free(want_host);
+    }
+    free(perm);
+    free(c);
+    kvt_xfer_destroy(x);
+    kvt_tier_destroy(t[0]);
+    kvt_tier_destroy(t[1]);
+    free(kv);
+}
+
+Test(xfer_copy, kv_planes_big_batch_streams_in_pairs, .timeout = 60) { kv_case(8192, 8192, 1100, 1100, 21); }
+Test(xfer_copy, kv_planes_odd_halves_big_batch, .timeout = 60) { kv_case(8192 + 40, 8192 - 40 + 7, 1100, 1100, 22); }
+Test(xfer_copy, kv_planes_small_batch, .timeout = 60) { kv_case(8192, 8192, 300, 200, 23); }
