@@ -446,3 +446,20 @@ def test_memory_freed_under_the_worker_fails_the_job():
         assert not r.success and r.transfer_size == 96 + 96 + 128
     finally:
         w.shutdown()
+
+
+def test_bench_worker_runs_every_layout(capsys):
+    """The worker benchmark's smallest run: every layout's shape as the
+    docstring describes it, the bytes it moves, and blocks that come back as
+    they were stored (the bench checks that itself)."""
+    import json
+
+    from kvtier import bench_vllm_worker as bench
+    assert bench.main(["--mb", "2", "--reps", "1", "--layers", "4", "--block-bytes", "16384"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    got = {r["layout"]: (r["tensors"], r["groups"], r["blocks"], r["bytes"]) for r in out["results"]}
+    assert got == {"per_layer": (4, 1, 32, 2 << 20), "kv_split": (8, 1, 32, 2 << 20), "packed": (1, 1, 32, 2 << 20),
+                   "groups": (4, 2, 32, 2 << 20)}
+    for r in out["results"]:
+        assert set(r["ratio"]) == {"store_wall", "store_copy", "load_wall", "load_copy"}
+        assert all(v["min"] > 0 for v in r["gbps"].values())
