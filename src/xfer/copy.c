@@ -127,8 +127,7 @@ void kvt__copy_stream(void *dst, const void *src, size_t n) {
 }
 
 void kvt__copy(void *dst, const void *src, size_t n, bool stream) {
-    if (kvt__copy_streams(n, stream)) kvt__copy_stream(dst, src, n);
-    else memcpy(dst, src, n);
+    if (kvt__copy_unfenced(dst, src, n, stream)) kvt__copy_fence();
 }
 
 bool kvt__copy_unfenced(void *dst, const void *src, size_t n, bool stream) {
