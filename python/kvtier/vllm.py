@@ -59,7 +59,8 @@ except ImportError as e:  # pragma: no cover - the suite runs with vLLM installe
     raise ImportError(f"kvtier.vllm needs vLLM 0.33.0's offloading modules ({e}); "
                       "pip install --no-deps vllm==0.33.0 (see docs/python.md)") from e
 
-__all__ = ["KvtierOffloadingManager", "KvtierOffloadingSpec", "VLLM_VERSION", "check_vllm_interface"]
+__all__ = ["KvtierOffloadingConnector", "KvtierOffloadingManager", "KvtierOffloadingSpec", "VLLM_VERSION",
+           "check_vllm_interface"]
 
 VLLM_VERSION = "0.33.0"
 _ENOENT, _EINVAL = (dict(_fields.ERRORS)[n] for n in ("ENOENT", "EINVAL"))
@@ -416,6 +417,22 @@ class KvtierOffloadingManager(OffloadingManager):
 
     # ---- kvtier's own -------------------------------------------------------------
 
+    def forget(self, keys: Iterable[OffloadKey]) -> List[OffloadKey]:
+        """Drops the ready, unpinned keys among keys (a worker found their pages
+        bad); absent, pending and pinned ones stay as they are. Returns the keys
+        dropped, announced as removed events."""
+        look = self._look
+        gone = [k for k in dict.fromkeys(keys) if look.get(k) is _HIT]
+        if not gone:
+            return []
+        if self._cache.remove_packed(b"".join(map(self._ids.__getitem__, gone))) != len(gone):
+            gone = [k for k in gone if self._cache.page(unpack_keys(self._ids[k])[0]) is None]  # pinned ones stay
+        for k in gone:
+            del look[k], self._scores[k]
+            del self._names[self._ids.pop(k)]
+        self._emit(gone, removed=True)
+        return gone
+
     def stats(self) -> Dict[str, int]:
         """The keyed cache's counters and gauges (kvtier.keyed)."""
         return self._cache.stats()
@@ -503,3 +520,12 @@ class KvtierOffloadingSpec(OffloadingSpec):
             self._worker = KvtierOffloadingWorker(kv_caches, self.num_chunks, self.blocks_per_chunk,
                                                   threads=self.threads, checksum=self.checksum)
         return self._worker
+
+
+def __getattr__(name: str):
+    # The connector imports vLLM's connector modules (seconds): only when asked for,
+    # as vLLM asks for it by "kv_connector_module_path": "kvtier.vllm".
+    if name == "KvtierOffloadingConnector":
+        from .vllm_connector import KvtierOffloadingConnector
+        return KvtierOffloadingConnector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

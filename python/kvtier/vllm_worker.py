@@ -72,16 +72,23 @@ chunk belongs to one key and one store at a time, so nothing else changes
 them meanwhile). Cost: one XXH3 pass over each chunk a job touches, on the
 worker's thread, not the caller's.
 
-Not supported: vLLM's canonical layout (refs with a CanonicalPageMapping,
-refused at construction). CUDA tensors make device engine tiers (a build
+Not supported: vLLM's canonical layout (the spec refuses it; the refs'
+canonical page mappings are ignored, as vLLM's CPU worker ignores them in
+the direct layout). CUDA tensors make device engine tiers (a build
 with CUDA); the host memory is registered with the device through the
 per-class views; that path is not exercised by the suite.
 
 Failures: a malformed spec (lengths that do not add up, an id out of range)
 raises at submit, as vLLM's own worker asserts. A copy that fails, a
 checksum that does not match, or memory under a tier resized since it was
-made reports the job with success=False. (vLLM 0.33.0's connector asserts
-success; this worker reports what happened.)
+made reports the job with success=False. vLLM 0.33.0's stock connector
+asserts success (it has no failure path for a transfer), so a failure
+stops it rather than serving blocks that were not loaded. Under
+``kvtier.vllm.KvtierOffloadingConnector`` (``report_load_errors``) a load
+that fails instead reports success and hands its GPU blocks to
+``take_load_errors``: the connector gives them to vLLM's scheduler as
+blocks with load errors, which it recomputes, and tells the manager which
+keys to forget.
 
 ``transfer_size`` counts bytes as vLLM's worker does (per block, the sum of
 its group's ref sizes); ``transfer_time`` is seconds from the batches'
@@ -185,6 +192,7 @@ class _Job:
     why: str = ""
     t0: float = 0.0
     seq: int = 0
+    gpu_blocks: Any = None  # a load's destination blocks (what a load error names)
 
 
 class KvtierOffloadingWorker(OffloadingWorker):
@@ -220,6 +228,11 @@ class KvtierOffloadingWorker(OffloadingWorker):
         self._running: Dict[int, _Job] = {}  # by seq: batches in flight
         self._inflight: Set[int] = set()  # job ids submitted, not yet finished
         self._finished: List[TransferResult] = []
+        self._load_errors: Dict[int, List[int]] = {}  # failed loads reported as done (report_load_errors) ...
+        self._told_errors: Dict[int, List[int]] = {}  # ... once get_finished has returned them
+        # a failed load: success=False (vLLM's stock connector then stops), or, set by
+        # kvtier.vllm.KvtierOffloadingConnector, success=True with its blocks in take_load_errors
+        self.report_load_errors = False
         self._stopping = False
         self._dead = ""  # why the thread stopped, if not by shutdown
         self._seq = 0
@@ -368,7 +381,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
             gb = np.concatenate([p[0] for p in parts])
             hs = np.concatenate([p[1] for p in parts])
             batches.append((k, np.stack([hs, gb] if load else [gb, hs], axis=1)))
-        return _Job(job_id, load, expedited, batches, np.unique(chunks), size)
+        return _Job(job_id, load, expedited, batches, np.unique(chunks), size, gpu_blocks=blocks if load else None)
 
     def _submit(self, job: _Job) -> bool:
         if self._device is not None:  # copy after what vLLM's stream has queued: the model's writes, zeroing
@@ -465,8 +478,12 @@ class KvtierOffloadingWorker(OffloadingWorker):
                 self._sums[p] = self._host.page_sum(p)
         if not job.ok:
             log.warning("kvtier worker: %s job %d failed: %s", "load" if job.load else "store", job.job_id, job.why)
-        result = TransferResult(job_id=job.job_id, success=job.ok, transfer_size=job.size, transfer_time=seconds)
+        as_error = not job.ok and job.load and self.report_load_errors
+        result = TransferResult(job_id=job.job_id, success=job.ok or as_error, transfer_size=job.size,
+                                transfer_time=seconds)
         with self._cv:
+            if as_error:
+                self._load_errors[job.job_id] = job.gpu_blocks.tolist()
             self._finished.append(result)
             self._inflight.discard(job.job_id)
             self._cv.notify_all()
@@ -477,6 +494,18 @@ class KvtierOffloadingWorker(OffloadingWorker):
         """The jobs finished since the last call, each reported once."""
         with self._cv:
             out, self._finished = self._finished, []
+            for r in out:  # a failed load's blocks are told once its result has been
+                blocks = self._load_errors.pop(r.job_id, None)
+                if blocks is not None:
+                    self._told_errors[r.job_id] = blocks
+        return out
+
+    def take_load_errors(self) -> Dict[int, List[int]]:
+        """The failed loads among the jobs get_finished has returned (as
+        successes, ``report_load_errors``) since the last call: job id -> its
+        GPU blocks, none of which the job wrote."""
+        with self._cv:
+            out, self._told_errors = self._told_errors, {}
         return out
 
     def wait(self, job_ids: Set[int]) -> None:

@@ -1,0 +1,116 @@
+"""kvtier under vLLM's OffloadingConnector: the connector, for loads that fail.
+
+``KvtierOffloadingConnector`` (``"kv_connector": "KvtierOffloadingConnector",
+"kv_connector_module_path": "kvtier.vllm"``, with ``KvtierOffloadingSpec``
+as the spec) is vLLM 0.33.0's ``OffloadingConnector`` plus a path for a load
+kvtier's worker refuses (a host page that fails its checksum, a failed copy).
+The stock connector asserts that every transfer succeeded, so such a load
+would stop the worker; under this one the worker reports the job done and
+names its GPU blocks, which reach vLLM's scheduler as blocks with load
+errors: the scheduler recomputes those tokens (vLLM's
+``kv_load_failure_policy`` decides), and the manager forgets the keys of
+the refused pages, so a later request stores them afresh. Everything else is
+vLLM's connector. Tested through vLLM's own scheduler in
+python/tests/test_vllm_scheduler.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Set
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+from vllm.v1.kv_offload.base import OffloadKey
+
+from .vllm import method_diffs
+
+__all__ = ["KvtierOffloadingConnector", "check_connector_interface"]
+
+# What this module overrides of vLLM 0.33.0's OffloadingConnector, as it declares them.
+_CONNECTOR_SIGNATURES = {
+    "register_kv_caches": ["self", "kv_caches"],
+    "get_finished": ["self", "finished_req_ids"],
+    "get_block_ids_with_load_errors": ["self"],
+    "build_connector_worker_meta": ["self"],
+    "update_connector_output": ["self", "connector_output"],
+}
+
+
+def check_connector_interface() -> List[str]:
+    """The differences between vLLM's OffloadingConnector (and its worker
+    metadata) and what this module builds on (empty: none)."""
+    diffs = [d for d in method_diffs(OffloadingConnector, _CONNECTOR_SIGNATURES) if "is abstract" not in d]
+    fields = set(getattr(OffloadingWorkerMetadata, "__dataclass_fields__", ()))
+    if not {"completed_jobs", "transfer_stats"} <= fields:
+        diffs.append(f"OffloadingWorkerMetadata has fields {sorted(fields)}, not completed_jobs and transfer_stats")
+    return diffs
+
+
+_DIFFS = check_connector_interface()
+if _DIFFS:
+    raise ImportError("kvtier.vllm_connector builds on vLLM 0.33.0's OffloadingConnector, and this vLLM's "
+                      "differs: " + "; ".join(_DIFFS))
+
+@dataclass
+class _WorkerMeta(OffloadingWorkerMetadata):
+    """vLLM's worker-to-scheduler metadata, and the load jobs whose host pages
+    kvtier's worker refused (job id -> workers that refused it)."""
+    refused_jobs: Dict[int, int] = field(default_factory=dict)
+
+    def aggregate(self, other):
+        base = super().aggregate(other)
+        refused = dict(self.refused_jobs)
+        for j, n in getattr(other, "refused_jobs", {}).items():
+            refused[j] = refused.get(j, 0) + n
+        return _WorkerMeta(completed_jobs=base.completed_jobs, transfer_stats=base.transfer_stats,
+                           refused_jobs=refused)
+
+
+class KvtierOffloadingConnector(OffloadingConnector):
+    """vLLM's OffloadingConnector, and a refused load reported as load errors (the module's doc)."""
+
+    def register_kv_caches(self, kv_caches) -> None:
+        super().register_kv_caches(kv_caches)
+        self._bad_blocks: Set[int] = set()
+        self._refused: Dict[int, int] = {}
+        worker = self.connector_worker.worker
+        if hasattr(worker, "report_load_errors"):  # kvtier's worker; another spec's keeps its own behaviour
+            worker.report_load_errors = True
+
+    def get_finished(self, finished_req_ids: Set[str]):
+        out = super().get_finished(finished_req_ids)
+        take = getattr(self.connector_worker.worker, "take_load_errors", None)
+        if take is not None:
+            for job_id, blocks in take().items():
+                self._refused[job_id] = 1
+                self._bad_blocks.update(blocks)
+        return out
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        if self.connector_worker is None:
+            return set()
+        bad, self._bad_blocks = self._bad_blocks, set()
+        return bad
+
+    def build_connector_worker_meta(self):
+        meta = super().build_connector_worker_meta()
+        refused = getattr(self, "_refused", None)
+        if not refused:
+            return meta
+        self._refused = {}
+        base = meta if meta is not None else OffloadingWorkerMetadata()
+        return _WorkerMeta(completed_jobs=base.completed_jobs, transfer_stats=base.transfer_stats,
+                           refused_jobs=refused)
+
+    def update_connector_output(self, connector_output) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        sched = self.connector_scheduler
+        keys: List[OffloadKey] = []
+        if isinstance(meta, _WorkerMeta):
+            for job_id in meta.refused_jobs:  # the scheduler's job table (job id -> its keys) ends with the job
+                st = sched._jobs.get(job_id)
+                if st is not None:
+                    keys.extend(st.keys)
+        super().update_connector_output(connector_output)
+        forget = getattr(sched.manager, "forget", None)
+        if keys and forget is not None:
+            forget(keys)
