@@ -48,7 +48,7 @@ except ImportError as e:  # pragma: no cover - the suite runs with vLLM installe
 from .store import Store
 from .tier import Tier
 
-__all__ = ["KvtierStoreTier", "page_hash"]
+__all__ = ["ExistsCache", "KvtierStoreTier", "page_hash"]
 
 _OPTIONS = ("url", "ns", "threads", "timeout_ms")
 
@@ -57,6 +57,83 @@ def page_hash(key: OffloadKey) -> bytes:
     """The store's 128-bit page hash of a vLLM key (its block hash and group
     index): the same key gives the same hash in every instance."""
     return hashlib.blake2b(bytes(key), digest_size=16, person=b"kvtier-vllm").digest()
+
+
+class ExistsCache:
+    """What a store holds, asked without blocking the scheduler: ``lookup``
+    answers True or False when the store has said, None while it is being
+    asked; the keys asked during a step go to the store as one ``exists``
+    batch at ``flush`` (the step's end). An answer is kept while a request
+    that asked for it is unfinished (``finish``), so that a request sees one
+    answer per key and the next request asks afresh. ``take`` consumes the
+    store's results that are this cache's (the store may carry other batches)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._known: Dict[OffloadKey, bool] = {}        # answers, kept while a request that asked is unfinished
+        self._askers: Dict[OffloadKey, int] = {}        # ... how many unfinished requests asked
+        self._asked: Dict[str, Set[OffloadKey]] = {}    # request -> the keys it asked about
+        self._batch: Dict[OffloadKey, None] = {}        # keys to ask about at the step's end
+        self._asking: Dict[int, List[OffloadKey]] = {}  # exists ticket -> its keys
+        self._in_flight: Set[OffloadKey] = set()
+
+    def lookup(self, key: OffloadKey, req_id: str) -> Optional[bool]:
+        asked = self._asked.setdefault(req_id, set())
+        if key not in asked:
+            asked.add(key)
+            self._askers[key] = self._askers.get(key, 0) + 1
+        known = self._known.get(key)
+        if known is None and key not in self._in_flight:
+            self._batch[key] = None
+        return known
+
+    def known(self, key: OffloadKey) -> Optional[bool]:
+        """The answer kept for key, asking nothing."""
+        return self._known.get(key)
+
+    def in_flight(self) -> bool:
+        return bool(self._asking)
+
+    def set(self, key: OffloadKey, present: bool) -> None:
+        """What this process learnt otherwise (a put landed, a get failed), kept for the requests that asked."""
+        if self._askers.get(key):
+            self._known[key] = present
+        else:
+            self._known.pop(key, None)
+
+    def flush(self) -> None:
+        if self._batch:
+            keys = list(self._batch)
+            self._batch.clear()
+            self._asking[self._store.exists([page_hash(k) for k in keys], user=0)] = keys
+            self._in_flight.update(keys)
+
+    def take(self, r: Any) -> bool:
+        keys = self._asking.pop(r.ticket, None)
+        if keys is None:
+            return False
+        self._in_flight.difference_update(keys)
+        for k, res in zip(keys, r.results):
+            if self._askers.get(k):  # someone still wants the answer
+                self._known[k] = res == "ok"
+        return True
+
+    def finish(self, req_id: str) -> None:
+        for k in self._asked.pop(req_id, ()):
+            self._askers[k] -= 1
+            if not self._askers[k]:
+                del self._askers[k]
+                self._known.pop(k, None)
+
+    def pending(self) -> bool:
+        return bool(self._batch or self._asking)
+
+    def clear(self) -> None:
+        """Forgets every answer and request (a cache reset); batches in flight are still taken."""
+        self._known.clear()
+        self._askers.clear()
+        self._asked.clear()
+        self._batch.clear()
 
 
 class KvtierStoreTier(SecondaryTierManager):
@@ -94,11 +171,7 @@ class KvtierStoreTier(SecondaryTierManager):
         except BaseException:
             self._tier.close()
             raise
-        self._known: Dict[OffloadKey, bool] = {}       # exists answers, kept while a request asked for them
-        self._askers: Dict[OffloadKey, int] = {}       # ... and how many unfinished requests asked
-        self._asked: Dict[str, Set[OffloadKey]] = {}    # request -> the keys it asked about
-        self._batch: List[OffloadKey] = []              # keys to ask about at the step's end
-        self._asking: Dict[int, List[OffloadKey]] = {}  # exists ticket -> its keys
+        self._exists = ExistsCache(self._store)
         self._jobs: Dict[int, Tuple[TransferJob, List[OffloadKey], bool]] = {}  # ticket -> job, keys, is load
         self._removing: Dict[int, List[OffloadKey]] = {}  # remove ticket -> its keys
         self._done: List[JobResult] = []
@@ -107,20 +180,13 @@ class KvtierStoreTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         self._poll()
-        if key not in self._asked.setdefault(req_context.req_id, set()):
-            self._asked[req_context.req_id].add(key)
-            self._askers[key] = self._askers.get(key, 0) + 1
-        known = self._known.get(key)
-        if known is not None:
-            return LookupResult.HIT if known else LookupResult.MISS
-        if key not in self._batch and not any(key in ks for ks in self._asking.values()):
-            self._batch.append(key)
-        return LookupResult.RETRY
+        known = self._exists.lookup(key, req_context.req_id)
+        if known is None:
+            return LookupResult.RETRY
+        return LookupResult.HIT if known else LookupResult.MISS
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        if self._batch:
-            keys, self._batch = self._batch, []
-            self._asking[self._store.exists([page_hash(k) for k in keys], user=0)] = keys
+        self._exists.flush()
         self._poll()
 
     # ---- stores and loads ------------------------------------------------------------
@@ -135,7 +201,7 @@ class KvtierStoreTier(SecondaryTierManager):
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
         pages = list(zip((page_hash(k) for k in keys), self._chunks_of(job_metadata)))
-        todo = [(k, p) for k, p in zip(keys, pages) if self._known.get(k) is not True]
+        todo = [(k, p) for k, p in zip(keys, pages) if self._exists.known(k) is not True]
         if not todo:
             self._done.append(JobResult(job_metadata.job_id, True, transfer_time=0.0, transfer_bytes=0))
             return
@@ -150,13 +216,7 @@ class KvtierStoreTier(SecondaryTierManager):
 
     def _poll(self, timeout: float = 0.0) -> None:
         for r in self._store.poll(timeout):
-            asked = self._asking.pop(r.ticket, None)
-            if asked is not None:
-                for k, res in zip(asked, r.results):
-                    if self._askers.get(k):  # someone still wants the answer
-                        self._known[k] = res == "ok"
-                continue
-            if self._removing.pop(r.ticket, None) is not None:
+            if self._exists.take(r) or self._removing.pop(r.ticket, None) is not None:
                 continue
             job, keys, is_load = self._jobs.pop(r.ticket)
             ok = [k for k, res in zip(keys, r.results) if res == "ok"]
@@ -165,15 +225,11 @@ class KvtierStoreTier(SecondaryTierManager):
                 if bad:  # an object that failed its checks goes, for every instance
                     self._removing[self._store.remove([page_hash(k) for k in bad])] = bad
                 for k, res in zip(keys, r.results):
-                    if res != "ok":  # a miss for the requests that asked (no promotion again), unknown after
-                        if self._askers.get(k):
-                            self._known[k] = False
-                        else:
-                            self._known.pop(k, None)
+                    if res != "ok":  # a miss for the requests that asked (no promotion again)
+                        self._exists.set(k, False)
             else:
                 for k in ok:
-                    if self._askers.get(k):
-                        self._known[k] = True
+                    self._exists.set(k, True)
             self._done.append(JobResult(job.job_id, success=len(ok) == len(keys),
                                         successful_keys=ok if is_load and len(ok) != len(keys) else None,
                                         transfer_time=r.latency_ns / 1e9, transfer_bytes=len(ok) * self._row))
@@ -184,10 +240,10 @@ class KvtierStoreTier(SecondaryTierManager):
         return done
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs or self._asking or self._batch or self._removing)
+        return bool(self._jobs or self._exists.pending() or self._removing)
 
     def drain_jobs(self) -> None:
-        while self._jobs or self._asking or self._removing:
+        while self._jobs or self._exists.in_flight() or self._removing:
             self._poll(timeout=0.05)
 
     # ---- requests ---------------------------------------------------------------------
@@ -196,11 +252,7 @@ class KvtierStoreTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        for k in self._asked.pop(req_context.req_id, ()):
-            self._askers[k] -= 1
-            if not self._askers[k]:  # the next request asks the store afresh
-                del self._askers[k]
-                self._known.pop(k, None)
+        self._exists.finish(req_context.req_id)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         return
