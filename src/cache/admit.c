@@ -193,7 +193,7 @@ static int match_and_lock(kvt_cache_t *c, admission_t *a) {
     int rc = kvt__radix_match(c->tree, a->ns, a->tokens, a->npages, c->clock + 1, &a->m);
     if (rc != KVT_OK) return rc;
     c->clock++;
-    for (kvt_rnode_t *x = a->m.node; x != kvt__radix_root(c->tree); x = x->parent) kvt__policy_on_hit(c, x);
+    for (kvt_rnode_t *x = a->m.node; x != kvt__radix_root(c->tree); x = x->parent) kvt__policy_on_hit(c, x, a->priority);
     kvt__radix_lock(c->tree, a->m.node, +1);
     a->children = a->m.node->nchildren;
     a->held = a->m.node;

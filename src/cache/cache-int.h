@@ -295,8 +295,8 @@ int kvt__l3_check(kvt_cache_t *c, uint64_t *held, uint64_t *deferred, const char
 /* The policy's ghosts are keyed by page keys: the tree keeps them (radix-int.h). */
 bool kvt__policy_needs_keys(kvt_policy_t p);
 uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
-/* A node was matched (its hits and last access are already updated). */
-void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n);
+/* A node was matched by a request of this priority (its hits and last access are already updated). */
+void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n, int32_t priority);
 /* n is about to lose its last k pages, the last first (and, with its last, to be freed). */
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k);
 /* n's last pages are about to leave, the last first: up to m (>= 1) of them,

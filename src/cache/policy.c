@@ -5,7 +5,8 @@
  *   lru       last access
  *   lfu       hits, then last access
  *   fifo      creation
- *   priority  request priority, then last access
+ *   priority  the highest priority of the requests that made or matched
+ *             the node, then last access
  *   slru      segment (probation before protected), then last access. A node
  *             matched a second time is promoted to the protected segment;
  *             protected nodes hold at most 80 % of the cache's pages, and a
@@ -138,7 +139,11 @@ void kvt__policy_on_insert(kvt_cache_t *c, kvt_rnode_t *n, bool protected_) {
     if (protected_) protect(c, n);
 }
 
-void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n) {
+void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n, int32_t priority) {
+    if (priority > n->priority) { /* a prefix is worth what its most important user needs */
+        n->priority = priority;
+        if (c->cfg.policy == KVT_POLICY_PRIORITY) kvt__radix_rescore(c->tree, n);
+    }
     if (two_classes(c)) {
         protect(c, n);
         return;

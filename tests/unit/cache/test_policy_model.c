@@ -350,8 +350,13 @@ static uint32_t model_admit(model_t *m, const int32_t *q, uint32_t n, int32_t pr
         }
     }
     for (uint32_t i = 0; i < hit; i++) m->p[path[i]].lock++;
-    for (uint32_t i = 0; i < hit; i++) /* each matched node once */
-        if (i == 0 || m->p[path[i]].node != m->p[path[i - 1]].node) m->node[m->p[path[i]].node].hits++, m->node[m->p[path[i]].node].last = t;
+    for (uint32_t i = 0; i < hit; i++) { /* each matched node once; it has the highest priority of its requests */
+        mnode_t *x = &m->node[m->p[path[i]].node];
+        if (i > 0 && m->p[path[i]].node == m->p[path[i - 1]].node) continue;
+        x->hits++;
+        x->last = t;
+        x->prio = x->prio > prio ? x->prio : prio;
+    }
     for (uint32_t i = hit; i-- > 0;) { /* the policy hears of each hit node, deepest first */
         if (i > 0 && m->p[path[i]].node == m->p[path[i - 1]].node) continue;
         mnode_t *x = &m->node[m->p[path[i]].node];
@@ -641,6 +646,40 @@ static void matches_its_model(kvt_policy_t pol) {
         cr_assert_gt(g_ran.p_max, 10, "p moved");
     }
     if (pol == KVT_POLICY_SLRU) cr_assert_gt(g_ran.demoted, 100, "protected nodes were demoted");
+}
+
+/* priority: a prefix created by a low-priority request and used since by a
+ * high-priority one is kept as the high-priority one's: once the
+ * low-priority continuation below it has gone, a low-priority leaf goes
+ * before it. */
+Test(policy_model, a_shared_prefix_has_its_highest_priority) {
+    kvt_cache_config_t cfg;
+    kvt_cache_config_default(&cfg);
+    cfg.page_tokens = PT;
+    cfg.l1_pages = 8;
+    cfg.l2_pages = 0;
+    cfg.l1_free_room = 0;
+    cfg.policy = KVT_POLICY_PRIORITY;
+    kvt_cache_t *c;
+    cr_assert_eq(kvt_cache_create(&c, &cfg), KVT_OK);
+    int32_t pa[4 * PT], x[4 * PT], y[2 * PT], z[2 * PT];
+    for (int j = 0; j < 4 * PT; j++) pa[j] = j, x[j] = 100 + j;
+    for (int j = 0; j < 2 * PT; j++) y[j] = 200 + j, z[j] = 300 + j;
+    const struct { const int32_t *tok; uint32_t pages; int32_t prio; uint64_t hit; } steps[] = {
+        {pa, 4, 0, 0}, /* the prefix P (pages 0-1) and its low-priority continuation (2-3) */
+        {pa, 2, 5, 2}, /* P, for a high-priority request */
+        {x, 4, 1, 0},  /* the cache is full */
+        {y, 2, 1, 0},  /* the continuation goes, the lowest priority */
+        {z, 2, 1, 0},  /* now x's tail, not P */
+        {pa, 2, 5, 2}, /* P is still there */
+    };
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        kvt_cache_req_t r;
+        cr_assert_eq(kvt_cache_admit(c, 0, steps[i].tok, steps[i].pages * PT, steps[i].prio, NULL, &r), KVT_OK);
+        cr_assert_eq(r.l1_hit_pages, steps[i].hit, "step %zu: %" PRIu64 " hit pages, want %" PRIu64, i, r.l1_hit_pages, steps[i].hit);
+        cr_assert_eq(kvt_cache_release(c, &r), KVT_OK);
+    }
+    kvt_cache_destroy(c);
 }
 
 Test(policy_model, lru, .timeout = 120) { matches_its_model(KVT_POLICY_LRU); }
