@@ -15,8 +15,8 @@
  * in epochs of `len` pages, the window `epochs` epochs. Not modelled: the
  * table's 24-bit fingerprints and its cuckoo overflows, whose rare false
  * presents and early forgets would show here as a disagreement. Two streams:
- * random requests that share prefixes, come back whole and continue each
- * other; and the Mooncake trace (data/), each hash id a page.
+ * random requests in two namespaces that share prefixes, come back whole and
+ * continue each other; and the Mooncake trace (data/), each hash id a page.
  *
  * Where the published algorithms leave a choice or arc departs from Megiddo
  * and Modha's, the model does what the documentation states: ties go to the
@@ -61,6 +61,7 @@ typedef struct mnode {
 typedef struct mpage {
     int32_t tok[PT];
     int32_t parent;         /* the page before it; -1 for a first page */
+    uint32_t ns;            /* its namespace (a LoRA, a cache salt): a path of its own */
     uint32_t kids;          /* cached pages that extend it by one */
     uint32_t node;
     uint64_t key;           /* its page key (radix-int.h): what the ghosts remember */
@@ -182,9 +183,13 @@ static void model_reset(model_t *m, kvt_policy_t pol, uint64_t cap, double room)
 
 static uint64_t path_step(uint64_t before, const int32_t *tok) { return XXH3_64bits_withSeed(tok, PT * sizeof(int32_t), before); }
 
-static int32_t find_child(const model_t *m, int32_t parent, const int32_t *tok) {
+/* The key before a namespace's first page (radix-int.h). */
+static uint64_t key_seed(uint32_t ns) { return kvt__splitmix64((uint64_t)ns + 0x6b767469657231ull); }
+
+static int32_t find_child(const model_t *m, uint32_t ns, int32_t parent, const int32_t *tok) {
     for (uint32_t i = 0; i < m->np; i++)
-        if (m->p[i].used && m->p[i].parent == parent && memcmp(m->p[i].tok, tok, sizeof(m->p[i].tok)) == 0) return (int32_t)i;
+        if (m->p[i].used && m->p[i].ns == ns && m->p[i].parent == parent && memcmp(m->p[i].tok, tok, sizeof(m->p[i].tok)) == 0)
+            return (int32_t)i;
     return -1;
 }
 
@@ -306,10 +311,10 @@ static void arc_adapt(model_t *m, int from, uint32_t n) {
 /* Pages of the new ones that come back protected: s2lru's continuation of a
  * sequence end that had no children, else the leading runs the ghosts
  * remember (ghost 0 asked first). */
-static uint64_t protected_prefix(model_t *m, int32_t at, uint32_t at_kids, const int32_t *q, uint64_t ins) {
+static uint64_t protected_prefix(model_t *m, uint32_t ns, int32_t at, uint32_t at_kids, const int32_t *q, uint64_t ins) {
     if (!two_classes(m)) return 0;
     if (m->pol == KVT_POLICY_S2LRU && at >= 0 && at_kids == 0) return m->cont += ins, ins;
-    uint64_t key[MAXP], before = at >= 0 ? m->p[at].key : kvt__splitmix64(0 + 0x6b767469657231ull);
+    uint64_t key[MAXP], before = at >= 0 ? m->p[at].key : key_seed(ns);
     for (uint64_t i = 0; i < ins; i++) key[i] = before = before * 0x9e3779b97f4a7c15ull + XXH3_64bits(q + i * PT, PT * sizeof(int32_t));
     uint64_t k = 0;
     while (k < ins) {
@@ -330,10 +335,11 @@ static uint64_t protected_prefix(model_t *m, int32_t at, uint32_t at_kids, const
 /* One request of n pages at time t: returns its hit pages, and in *ins the
  * pages it added; got[] receives its pages cached now, root first (hit +
  * *ins of them). */
-static uint32_t model_admit(model_t *m, const int32_t *q, uint32_t n, int32_t prio, uint64_t t, uint64_t *ins, int32_t *got) {
+static uint32_t model_admit(model_t *m, uint32_t ns, const int32_t *q, uint32_t n, int32_t prio, uint64_t t, uint64_t *ins,
+                            int32_t *got) {
     int32_t path[MAXP];
     uint32_t hit = 0;
-    for (int32_t at = -1; hit < n && (at = find_child(m, at, q + hit * PT)) >= 0;) path[hit++] = at;
+    for (int32_t at = -1; hit < n && (at = find_child(m, ns, at, q + hit * PT)) >= 0;) path[hit++] = at;
     int32_t end = hit ? path[hit - 1] : -1;
     if (hit) { /* a match ending inside a node splits it: the head is a new node */
         uint32_t old = m->p[end].node;
@@ -380,7 +386,7 @@ static uint32_t model_admit(model_t *m, const int32_t *q, uint32_t n, int32_t pr
     }
     uint64_t room = m->cap - m->present;
     *ins = need < room ? need : room;
-    uint64_t prot = protected_prefix(m, end, at_kids, q + hit * PT, *ins);
+    uint64_t prot = protected_prefix(m, ns, end, at_kids, q + hit * PT, *ins);
     int32_t parent = end;
     uint32_t node = 0;
     for (uint64_t i = 0; i < *ins; i++) {
@@ -390,11 +396,11 @@ static uint32_t model_admit(model_t *m, const int32_t *q, uint32_t n, int32_t pr
         if (j == m->np) m->np++;
         cr_assert_leq(m->np, POOL);
         mpage_t *pg = &m->p[j];
-        *pg = (mpage_t){.parent = parent, .node = node, .used = true};
+        *pg = (mpage_t){.parent = parent, .ns = ns, .node = node, .used = true};
         memcpy(pg->tok, q + (hit + i) * PT, sizeof(pg->tok));
         const mpage_t *up = parent >= 0 ? &m->p[parent] : NULL;
-        pg->key = (up ? up->key : kvt__splitmix64(0 + 0x6b767469657231ull)) * 0x9e3779b97f4a7c15ull + XXH3_64bits(pg->tok, sizeof(pg->tok));
-        pg->path = path_step(up ? up->path : 0, pg->tok);
+        pg->key = (up ? up->key : key_seed(ns)) * 0x9e3779b97f4a7c15ull + XXH3_64bits(pg->tok, sizeof(pg->tok));
+        pg->path = path_step(up ? up->path : ns, pg->tok);
         if (up) m->p[parent].kids++;
         m->node[node].npages++;
         m->present++;
@@ -426,7 +432,7 @@ static size_t cache_recs(kvt_cache_t *c, rec_t *out) {
         const kvt_rnode_t *up[MAXP];
         size_t d = 0;
         for (const kvt_rnode_t *a = x->parent; a && a != kvt__radix_root(tree); a = a->parent) up[d++] = a;
-        uint64_t h = 0;
+        uint64_t h = x->ns;
         while (d-- > 0)
             for (uint32_t i = 0; i < up[d]->npages; i++) h = path_step(h, up[d]->tokens + i * PT);
         cr_assert_eq(x->n_l1, x->npages, "one tier: every page in L1");
@@ -473,19 +479,21 @@ static void same_pages(kvt_cache_t *c, const model_t *m, const char *ctx, uint64
  * again whole; or a fresh one. */
 typedef struct stream {
     int32_t seq[256][MAXP * PT];
-    uint32_t len[256];
+    uint32_t len[256], ns[256];
     uint32_t n, window;
     kvt_rng_t rng;
 } stream_t;
 
-static uint32_t random_request(stream_t *s, int32_t *out, int32_t *prio) {
+static uint32_t random_request(stream_t *s, int32_t *out, int32_t *prio, uint32_t *ns) {
     uint32_t n = 1 + (uint32_t)kvt_rng_below(&s->rng, 48), keep = 0;
     *prio = (int32_t)kvt_rng_below(&s->rng, 4) - 1;
+    *ns = kvt_rng_below(&s->rng, 4) == 0; /* the same tokens may come in another namespace */
     if (s->n > 0 && kvt_rng_below(&s->rng, 4) != 0) {
         uint32_t j = (s->n - 1 - (uint32_t)kvt_rng_below(&s->rng, s->n < s->window ? s->n : s->window)) % 256,
                  how = (uint32_t)kvt_rng_below(&s->rng, 4);
         keep = how == 0 ? s->len[j] : (uint32_t)kvt_rng_below(&s->rng, s->len[j] + 1);
         if (how == 1) n = s->len[j]; /* back whole */
+        if (kvt_rng_below(&s->rng, 8) != 0) *ns = s->ns[j];
         if (keep > n) n = keep;
         memcpy(out, s->seq[j], keep * PT * sizeof(int32_t));
     }
@@ -493,6 +501,7 @@ static uint32_t random_request(stream_t *s, int32_t *out, int32_t *prio) {
     uint32_t slot = s->n % 256;
     memcpy(s->seq[slot], out, n * PT * sizeof(int32_t));
     s->len[slot] = n;
+    s->ns[slot] = *ns;
     s->n++;
     return n;
 }
@@ -579,12 +588,12 @@ static uint64_t run_case(kvt_policy_t pol, uint64_t cap, double room, uint32_t w
     } held[2]; /* every 5th request stays admitted for 10 more: nothing it holds may go */
     for (uint64_t t = 1; t <= requests; t++) {
         int32_t prio;
-        uint32_t n = tr ? trace_request(tr, (uint32_t)(t - 1), q, &prio) : random_request(&s, q, &prio);
+        uint32_t ns = 0, n = tr ? trace_request(tr, (uint32_t)(t - 1), q, &prio) : random_request(&s, q, &prio, &ns);
         kvt_cache_req_t req;
-        cr_assert_eq(kvt_cache_admit(c, 0, q, (uint64_t)n * PT + kvt_rng_below(&s.rng, PT), prio, NULL, &req), KVT_OK);
+        cr_assert_eq(kvt_cache_admit(c, ns, q, (uint64_t)n * PT + kvt_rng_below(&s.rng, PT), prio, NULL, &req), KVT_OK);
         uint64_t ins, before = m->g[0].added + m->g[1].added;
         int32_t got[MAXP];
-        uint32_t want = model_admit(m, q, n, prio, t, &ins, got);
+        uint32_t want = model_admit(m, ns, q, n, prio, t, &ins, got);
         cr_assert_eq(req.l1_hit_pages, want, "%s request %" PRIu64 ": %" PRIu64 " hit pages, model %u", ctx, t, req.l1_hit_pages, want);
         cr_assert_eq(req.new_pages, ins, "%s request %" PRIu64 ": %" PRIu64 " new pages, model %" PRIu64, ctx, t, req.new_pages, ins);
         if (t % 5 == 0) {
