@@ -20,7 +20,8 @@
  *
  * Where the published algorithms leave a choice or arc departs from Megiddo
  * and Modha's, the model does what the documentation states: ties go to the
- * node created (or split off) first (src/radix/vset.c); and arc's departures
+ * node created (or split off) first (src/radix/vset.c); a node slru demotes
+ * keeps its last access (docs/policies.md's table); and arc's departures
  * listed in docs/policies.md, "Where arc departs from the paper". */
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
