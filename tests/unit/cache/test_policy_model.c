@@ -103,8 +103,8 @@ typedef struct model {
     int call_first, call_next;
     uint64_t call_key[POOL];
     uint32_t ncall;
-    /* what the run exercised: pages back through a ghost (of them, in runs of more than one
-     * page), pages of s2lru continuations, slru demotions, arc's largest p */
+    /* what the run exercised: pages back through a ghost (of them, through ghost 1, and in
+     * runs of more than one page), pages of s2lru continuations, slru demotions, arc's largest p */
     uint64_t back, back1, back_runs, cont, demoted;
     double p_max;
 } model_t;
