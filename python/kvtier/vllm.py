@@ -46,13 +46,15 @@ from typing import Dict, List, Optional, Set
 from . import _fields
 from ._core import error
 from .keyed import KeyedCache, unpack_keys
+from .store import Store
+from .vllm_l3 import ExistsCache, page_hash
 
 try:
     from vllm.v1.kv_offload import base as _vbase
     from vllm.v1.kv_offload.base import (CanonicalKVCaches, LoadStoreSpec, LookupResult, Medium, OffloadingEvent,
                                          OffloadingManager, OffloadingSpec, OffloadingWorker, OffloadKey,
                                          PrepareStoreOutput, ReqContext, RequestOffloadingContext,
-                                         get_offload_group_idx)
+                                         ScheduleEndContext, get_offload_group_idx)
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.policies.base import order_request_keys
 except ImportError as e:  # pragma: no cover - the suite runs with vLLM installed
@@ -122,6 +124,24 @@ def _rank_error(what: object) -> OverflowError:
     return OverflowError(f"{what} does not fit a score (request rank below 2**32, position 0 .. 2**31-1)")
 
 
+class KvtierLoadSpec(CPULoadStoreSpec):
+    """A load's host pages (``block_ids``), and the ones the worker first
+    fetches from the L3 store: ``fetch``, (index into block_ids, page hash)."""
+
+    def __init__(self, block_ids, fetch=()) -> None:
+        super().__init__(block_ids)
+        self.fetch = list(fetch)
+
+
+class KvtierStoreSpec(CPULoadStoreSpec):
+    """A store's host pages (``block_ids``) and their page hashes in the L3
+    store (``hashes``), which the worker writes them through to."""
+
+    def __init__(self, block_ids, hashes=()) -> None:
+        super().__init__(block_ids)
+        self.hashes = list(hashes)
+
+
 @dataclass
 class _Access:
     """The keys one request has seen, by group, in the order it saw them
@@ -152,7 +172,8 @@ class KvtierOffloadingManager(OffloadingManager):
 
     medium = Medium.CPU
 
-    def __init__(self, num_blocks: int, enable_events: bool = False, free_room: float = 0.0) -> None:
+    def __init__(self, num_blocks: int, enable_events: bool = False, free_room: float = 0.0,
+                 l3: Optional[Store] = None) -> None:
         self._blocks, self._free_room = num_blocks, free_room
         self._cache = KeyedCache(num_blocks, free_room=free_room)
         self.events: Optional[List[OffloadingEvent]] = [] if enable_events else None
@@ -164,6 +185,18 @@ class KvtierOffloadingManager(OffloadingManager):
         self._spill = 0  # the last tag given to a key whose plain C key was taken
         self._next_rank = 0
         self._generation = 0
+        # Below the host tier, an L3 store (the spec's "l3"): a key the host tier lacks is asked of
+        # the store without blocking (RETRY meanwhile); a hit reserves a host page (the key pending
+        # in C), which the request's load fills from the store on its way to the GPU.
+        self._l3_store = l3
+        self._l3: Optional[ExistsCache] = ExistsCache(l3) if l3 is not None else None
+        self._promoting: Dict[OffloadKey, str] = {}  # a reserved page, not yet loaded: key -> the request
+        self._fetching: Set[OffloadKey] = set()  # ... whose load (store -> host -> GPU) is in flight
+        self._host_hits: Dict[str, Set[OffloadKey]] = {}  # request -> host keys it was told HIT (kept)
+        if l3 is not None:
+            self.lookup = self._lookup_l3  # type: ignore[method-assign]
+            self.prepare_load = self._prepare_load_l3  # type: ignore[method-assign]
+            self.complete_load = self._complete_load_l3  # type: ignore[method-assign]
 
     # ---- C keys ----------------------------------------------------------------
 
@@ -313,14 +346,48 @@ class KvtierOffloadingManager(OffloadingManager):
         self._record(keys, req_context)
         return CPULoadStoreSpec(pages)
 
+    _prepare_load_host = prepare_load
+
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._touch_newest(reversed(list(keys)))
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._cache.unpin_packed(self._packed(keys, _EINVAL, "complete_load"))
 
-    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
+    _complete_load_host = complete_load
+
+    def _take_pages(self, keys: List[OffloadKey], req_context: ReqContext, protect: bytes):
+        """Pages for new keys (pending in C), evicting as vLLM's LRU would and
+        never a key of protect (packed C keys): (pages, evicted keys), or None
+        with nothing changed when they do not fit."""
         look, ids, names = self._look, self._ids, self._names
+        scores, next_rank, new_rank = self._store_scores(keys, req_context)
+        new_ids = self._new_ids(keys)
+        out = None
+        try:
+            out = self._cache.prepare_store_packed(b"".join(new_ids), array.array("Q", scores).tobytes(), protect)
+        finally:
+            if out is None:
+                for kid in new_ids:
+                    del names[kid]
+        if out is None:
+            return None
+        self._next_rank = next_rank
+        if new_rank is not None:
+            req_context.set_state(new_rank)
+        pages, evicted_ids = out
+        evicted = [names.pop(i) for i in evicted_ids]
+        scores_of = self._scores
+        for k in evicted:
+            del look[k], scores_of[k], ids[k]
+        self._emit(evicted, removed=True)
+        look.update(dict.fromkeys(keys, _PENDING))
+        scores_of.update(zip(keys, scores))
+        ids.update(zip(keys, new_ids))
+        return pages, evicted
+
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
+        look, ids = self._look, self._ids
         to_store, recorded, protect = [], [], []
         for k in keys:
             state = look.get(k)
@@ -336,30 +403,13 @@ class KvtierOffloadingManager(OffloadingManager):
             return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
         if len(to_store) > 1:  # a key twice in one call is stored once
             to_store = list(dict.fromkeys(to_store))
-        scores, next_rank, new_rank = self._store_scores(to_store, req_context)
-        new_ids = self._new_ids(to_store)
-        out = None
-        try:
-            out = self._cache.prepare_store_packed(b"".join(new_ids), array.array("Q", scores).tobytes(),
-                                                   b"".join(protect))
-        finally:
-            if out is None:  # refused or failed: nothing changed, as in vLLM's manager (no rank was spent)
-                for kid in new_ids:
-                    del names[kid]
-        if out is None:
+        got = self._take_pages(to_store, req_context, b"".join(protect))
+        if got is None:  # refused or failed: nothing changed, as in vLLM's manager (no rank was spent)
             return None
-        self._next_rank = next_rank
-        if new_rank is not None:
-            req_context.set_state(new_rank)
-        pages, evicted_ids = out
-        evicted = [names.pop(i) for i in evicted_ids]
-        scores_of = self._scores
-        for k in evicted:
-            del look[k], scores_of[k], ids[k]
-        self._emit(evicted, removed=True)
-        look.update(dict.fromkeys(to_store, _PENDING))
-        scores_of.update(zip(to_store, scores))
-        ids.update(zip(to_store, new_ids))
+        pages, evicted = got
+        if self._l3 is not None:  # written through to the L3 store by the worker
+            return PrepareStoreOutput(keys_to_store=to_store, store_spec=KvtierStoreSpec(
+                pages, [page_hash(k) for k in to_store]), evicted_keys=evicted)
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(pages), evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
@@ -375,7 +425,86 @@ class KvtierOffloadingManager(OffloadingManager):
             del self._names[ids.pop(k)]
         self._emit(done, removed=True, metadata_only=True)
 
+    # ---- the L3 store below (the spec's "l3") ----------------------------------------
+
+    def _lookup_l3(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        state = self._look.get(key)
+        rid = req_context.req_id
+        if state is _HIT:
+            self._host_hits.setdefault(rid, set()).add(key)  # kept from the reservations of its own L3 hits
+            return _HIT
+        if state is not None:  # pending: a store in flight, or a page reserved for an L3 hit
+            return _HIT if self._promoting.get(key) == rid else _PENDING
+        for r in self._l3_store.poll(0.0):
+            self._l3.take(r)
+        known = self._l3.lookup(key, rid)
+        if known is None:
+            return LookupResult.RETRY
+        if not known or not self._reserve(key, req_context):
+            return _MISS
+        return _HIT
+
+    def _reserve(self, key: OffloadKey, req_context: ReqContext) -> bool:
+        """A host page for an L3 hit, pending until the request's load fills it
+        (as vLLM's tiering takes a primary page for a promotion); False when
+        none is free without evicting what the request was told it holds."""
+        rid = req_context.req_id
+        held = [k for k in self._host_hits.get(rid, ()) if self._look.get(k) is _HIT]
+        if self._take_pages([key], req_context, b"".join(map(self._ids.__getitem__, held))) is None:
+            return False
+        self._promoting[key] = rid
+        return True
+
+    def _prepare_load_l3(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        keys = list(keys)
+        rid = req_context.req_id
+        fetch = [i for i, k in enumerate(keys) if self._promoting.get(k) == rid]
+        if not fetch:
+            return self._prepare_load_host(keys, req_context)
+        fetched = {keys[i] for i in fetch}
+        host = [k for k in keys if k not in fetched]
+        host_pages = iter(self._cache.pin_packed(self._packed(host, _ENOENT, "prepare_load")))
+        pages = [self._cache.page(unpack_keys(self._ids[k])[0]) if k in fetched else next(host_pages) for k in keys]
+        for k in fetched:
+            del self._promoting[k]
+        self._fetching |= fetched
+        self._record(keys, req_context)
+        return KvtierLoadSpec(pages, [(i, page_hash(keys[i])) for i in fetch])
+
+    def _complete_load_l3(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        keys = list(keys)
+        fetched = [k for k in keys if k in self._fetching]
+        if not fetched:
+            return self._complete_load_host(keys, req_context)
+        self._complete_load_host([k for k in keys if k not in self._fetching], req_context)
+        self._fetching.difference_update(fetched)
+        self._cache.complete_store_packed(b"".join(map(self._ids.__getitem__, fetched)), ok=True)
+        self._look.update(dict.fromkeys(fetched, _HIT))
+        self._emit(fetched, removed=False)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        if self._l3 is not None:
+            self._l3.flush()
+            for r in self._l3_store.poll(0.0):
+                self._l3.take(r)
+
+    def has_pending_work(self) -> bool:
+        return self._l3 is not None and self._l3.pending()
+
+    def _release(self, rid: str) -> None:
+        """A finished request's reserved pages it never loaded go back."""
+        mine = [k for k, r in self._promoting.items() if r == rid]
+        if mine:
+            self._cache.complete_store_packed(b"".join(map(self._ids.__getitem__, mine)), ok=False)
+            for k in mine:
+                del self._promoting[k], self._look[k], self._scores[k]
+                del self._names[self._ids.pop(k)]
+        self._host_hits.pop(rid, None)
+        self._l3.finish(rid)
+
     def on_request_finished(self, req_context: ReqContext) -> None:
+        if self._l3 is not None:
+            self._release(req_context.req_id)
         st = req_context.get_state(_Access)
         if st is None or st.owner is not self or st.generation != self._generation or st.finished:
             return
@@ -411,18 +540,31 @@ class KvtierOffloadingManager(OffloadingManager):
         self._spill = 0
         self._next_rank = 0
         self._generation += 1
+        if self._l3 is not None:
+            self._promoting.clear()
+            self._fetching.clear()
+            self._host_hits.clear()
+            self._l3.clear()
 
     def shutdown(self) -> None:
         self._cache.close()
+        if self._l3_store is not None:
+            self._l3_store.close()
 
     # ---- kvtier's own -------------------------------------------------------------
 
     def forget(self, keys: Iterable[OffloadKey]) -> List[OffloadKey]:
         """Drops the ready, unpinned keys among keys (a worker found their pages
         bad); absent, pending and pinned ones stay as they are. Returns the keys
-        dropped, announced as removed events."""
+        dropped, announced as removed events. With an L3 store, the keys are
+        also missing there for the requests that asked (a bad page may have
+        come from it): they are not fetched again for them."""
         look = self._look
-        gone = [k for k in dict.fromkeys(keys) if look.get(k) is _HIT]
+        keys = list(dict.fromkeys(keys))
+        if self._l3 is not None:
+            for k in keys:
+                self._l3.set(k, False)
+        gone = [k for k in keys if look.get(k) is _HIT]
         if not gone:
             return []
         if self._cache.remove_packed(b"".join(map(self._ids.__getitem__, gone))) != len(gone):
@@ -446,6 +588,9 @@ class KvtierOffloadingManager(OffloadingManager):
         if mine != (st["keys"],) * 4 + (st["pending"],):
             raise AssertionError(f"keys present, scored, ids, names, pending here {mine}; in the cache "
                                  f"{st['keys']} keys, {st['pending']} pending")
+        for k in (*self._promoting, *self._fetching):
+            if self._look.get(k) is not _PENDING:
+                raise AssertionError(f"{k!r} is reserved for an L3 load and not pending")
         for k, kid in self._ids.items():
             if self._names.get(kid) is not k or k not in self._scores:
                 raise AssertionError(f"{k!r}: its C key does not name it back, or it has no score")
@@ -455,7 +600,8 @@ class KvtierOffloadingManager(OffloadingManager):
 
 
 # kv_connector_extra_config keys the spec reads (vLLM's own: spec_name, spec_module_path, ...).
-_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "l2_free_room", "l3", "threads", "checksum")
+_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "l2_free_room", "l3", "l3_write_policy", "l3_threads",
+            "l3_ns", "threads", "checksum")
 
 
 class KvtierOffloadingSpec(OffloadingSpec):
@@ -466,9 +612,14 @@ class KvtierOffloadingSpec(OffloadingSpec):
     ``policy``         eviction order: ``lru`` (vLLM's own order, the default);
     ``l2_free_room``   fraction of the host tier kept free ahead of stores (0);
     ``threads``        copy threads per worker (1);
-    ``checksum``       per-page checksums, a corrupt page never loaded (true).
-
-    An ``l3`` store below the host tier is not supported yet: it is refused."""
+    ``checksum``       per-page checksums, a corrupt page never loaded (true);
+    ``l3``             an L3 store below the host tier, by URL as ``kvtier replay
+                       --l3`` takes it (dir:PATH, redis://H:P, redis-cluster://...);
+                       every instance pointed at it reuses every other's blocks;
+    ``l3_write_policy`` ``write_through`` (the only one: a block goes to the
+                       store when its host store completes);
+    ``l3_threads``     store threads per process (2); ``l3_ns`` a namespace in
+                       the store ("default")."""
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -483,8 +634,17 @@ class KvtierOffloadingSpec(OffloadingSpec):
         policy = x.get("policy", "lru")
         if policy != "lru":
             raise ValueError(f"kvtier: policy: {policy!r} (supported: 'lru', vLLM's own order)")
-        if x.get("l3"):
-            raise ValueError("kvtier: l3: an L3 store below the host tier is not supported under vLLM yet")
+        self.l3 = x.get("l3") or None
+        if self.l3 is not None and not isinstance(self.l3, str):
+            raise ValueError(f"kvtier: l3: expected a store URL, not {self.l3!r}")
+        wp = x.get("l3_write_policy", "write_through")
+        if wp != "write_through":
+            raise ValueError(f"kvtier: l3_write_policy: {wp!r} (supported: 'write_through'; the host tier's "
+                             "evictions are decided in the scheduler, away from the bytes, so write_back cannot be)")
+        self.l3_threads = int(x.get("l3_threads", 2))
+        if not 1 <= self.l3_threads <= 64:
+            raise ValueError(f"kvtier: l3_threads: {self.l3_threads} (expected 1..64)")
+        self.l3_ns = str(x.get("l3_ns", "default"))
         if self.config.canonical_layout:
             raise ValueError("kvtier: vLLM's canonical_layout is not supported: host pages keep the direct layout")
         self.free_room = float(x.get("l2_free_room", 0.0))
@@ -509,16 +669,39 @@ class KvtierOffloadingSpec(OffloadingSpec):
         if self._manager is None:
             if self.num_chunks < 1:
                 raise ValueError(f"kvtier: host_bytes holds no chunk of {self.blocks_per_chunk} blocks")
-            self._manager = KvtierOffloadingManager(self.num_chunks,
-                                                    enable_events=self.kv_events_config.enable_kv_cache_events,
-                                                    free_room=self.free_room)
+            store = self._l3_store(rank=0) if self.l3 else None  # exists only: rank 0's objects stand for all
+            try:
+                self._manager = KvtierOffloadingManager(self.num_chunks,
+                                                        enable_events=self.kv_events_config.enable_kv_cache_events,
+                                                        free_room=self.free_room, l3=store)
+            except BaseException:
+                if store is not None:
+                    store.close()
+                raise
         return self._manager
+
+    def l3_identity(self) -> dict:
+        """What names a chunk's object in the L3 store besides its page hash:
+        the model, its KV layout and one worker's chunk geometry, the same in
+        the scheduler (exists) and in every worker (get, put)."""
+        c = self.config
+        return dict(model=f"vllm:{c.model.name}:{c.model.dtype}:{c.kv_cache_layout}",
+                    page_tokens=c.groups[0].tokens_per_block * self.blocks_per_chunk if c.groups else 0,
+                    layers=1, layer_bytes=c.worker_kv_bytes_per_block * self.blocks_per_chunk, dtype_bytes=1,
+                    ns=self.l3_ns, threads=self.l3_threads)
+
+    def _l3_store(self, rank: int, tier=None) -> Store:
+        ident = self.l3_identity()
+        return Store(self.l3, tier=tier, tp=(rank, self.config.parallel.world_size), **ident)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
             from .vllm_worker import KvtierOffloadingWorker
+            l3 = None
+            if self.l3:  # the worker opens it over its host tier: a function of that tier
+                l3 = lambda tier: self._l3_store(self.config.parallel.rank, tier)  # noqa: E731
             self._worker = KvtierOffloadingWorker(kv_caches, self.num_chunks, self.blocks_per_chunk,
-                                                  threads=self.threads, checksum=self.checksum)
+                                                  threads=self.threads, checksum=self.checksum, l3=l3)
         return self._worker
 
 

@@ -28,7 +28,7 @@ import struct
 import sys
 import tempfile
 import time
-from typing import Callable, List, Set
+from typing import Callable, List, Optional, Set
 
 import torch
 
@@ -91,7 +91,7 @@ class Engine:
     real tensors, and a model stand-in that writes and checks KV bytes."""
 
     def __init__(self, model: str, spec: str, gpu_blocks: int, host_blocks: int, max_batched: int = 256,
-                 connector: str = "OffloadingConnector") -> None:
+                 connector: str = "OffloadingConnector", extra: Optional[dict] = None) -> None:
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_batched, max_model_len=2048,
                              enable_chunked_prefill=True, is_encoder_decoder=False)
         mc = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", seed=0)
@@ -100,7 +100,8 @@ class Engine:
         kt = KVTransferConfig(kv_connector=connector, kv_connector_module_path="kvtier.vllm" if ours else None,
                               kv_load_failure_policy="recompute", kv_role="kv_both", kv_connector_extra_config={
             "spec_name": spec,
-            "spec_module_path": "kvtier.vllm" if spec == "KvtierOffloadingSpec" else __name__, "host_bytes": host_blocks * PAGE * len(LAYERS)})
+            "spec_module_path": "kvtier.vllm" if spec == "KvtierOffloadingSpec" else __name__, "host_bytes": host_blocks * PAGE * len(LAYERS),
+            **(extra or {})})
         self.vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc, kv_transfer_config=kt,
                              device_config=DeviceConfig("cpu"))
         kcc = KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[

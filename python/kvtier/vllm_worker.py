@@ -104,8 +104,8 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -193,6 +193,8 @@ class _Job:
     t0: float = 0.0
     seq: int = 0
     gpu_blocks: Any = None  # a load's destination blocks (what a load error names)
+    fetch: List[Tuple[int, bytes]] = field(default_factory=list)  # a load's pages to get from L3 first: (page, hash)
+    put: List[Tuple[bytes, int]] = field(default_factory=list)  # a store's pages to write through: (hash, page)
 
 
 class KvtierOffloadingWorker(OffloadingWorker):
@@ -201,7 +203,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
     transfer engine (module docstring: the layout and what moves)."""
 
     def __init__(self, kv_caches: CanonicalKVCaches, num_chunks: int, blocks_per_chunk: int, threads: int = 1,
-                 checksum: bool = True, huge: bool = True) -> None:
+                 checksum: bool = True, huge: bool = True, l3: Optional[Callable[[Tier], Any]] = None) -> None:
         if not isinstance(kv_caches, CanonicalKVCaches):
             raise TypeError(f"kv_caches: expected vLLM's CanonicalKVCaches, not {type(kv_caches).__name__}")
         for what, v in (("num_chunks", num_chunks), ("blocks_per_chunk", blocks_per_chunk)):
@@ -216,11 +218,16 @@ class KvtierOffloadingWorker(OffloadingWorker):
         self._classes: List[_Class] = []
         self._host: Optional[Tier] = None
         self._sums = None
+        self._l3 = None
         try:
             self._build(kv_caches, threads, huge)
+            if l3 is not None:  # the L3 store over the host tier: gets fill its pages, puts read them
+                self._l3 = l3(self._host)
         except BaseException:
             self._free()
             raise
+        self._l3_wait: Dict[int, _Job] = {}  # store ticket -> the job waiting on it
+        self.l3_counts = {"pages_fetched": 0, "fetches_failed": 0, "pages_put": 0, "puts_failed": 0}
         self._mu = threading.Lock()
         self._cv = threading.Condition(self._mu)
         self._todo: deque = deque()  # jobs to start, in submission order
@@ -308,6 +315,9 @@ class KvtierOffloadingWorker(OffloadingWorker):
             c.xfer = Transfer([c.gpu, c.host, c.gpu_fast], threads=threads, checksum=False)
 
     def _free(self) -> None:
+        if self._l3 is not None:
+            self._l3.close()
+            self._l3 = None
         for c in self._classes:
             for name in ("xfer", "gpu", "gpu_fast", "host"):
                 obj = getattr(c, name)
@@ -381,7 +391,17 @@ class KvtierOffloadingWorker(OffloadingWorker):
             gb = np.concatenate([p[0] for p in parts])
             hs = np.concatenate([p[1] for p in parts])
             batches.append((k, np.stack([hs, gb] if load else [gb, hs], axis=1)))
-        return _Job(job_id, load, expedited, batches, np.unique(chunks), size, gpu_blocks=blocks if load else None)
+        job = _Job(job_id, load, expedited, batches, np.unique(chunks), size, gpu_blocks=blocks if load else None)
+        if self._l3 is not None:
+            if load:
+                job.fetch = [(int(chunks[i]), h) for i, h in getattr(host, "fetch", ())]
+            elif getattr(host, "hashes", None):
+                if len(host.hashes) != len(chunks):
+                    raise ValueError(f"job {job_id}: {len(host.hashes)} page hashes for {len(chunks)} chunks")
+                job.put = list(zip(host.hashes, chunks.tolist()))
+        elif getattr(host, "fetch", None):
+            raise ValueError(f"job {job_id}: a load from the L3 store, and this worker has none")
+        return job
 
     def _submit(self, job: _Job) -> bool:
         if self._device is not None:  # copy after what vLLM's stream has queued: the model's writes, zeroing
@@ -423,9 +443,9 @@ class KvtierOffloadingWorker(OffloadingWorker):
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not (self._todo_fast or self._todo or self._running or self._stopping):
+                while not (self._todo_fast or self._todo or self._running or self._l3_wait or self._stopping):
                     self._cv.wait()
-                if self._stopping and not (self._todo_fast or self._todo or self._running):
+                if self._stopping and not (self._todo_fast or self._todo or self._running or self._l3_wait):
                     return
                 todo = list(self._todo_fast) + list(self._todo)
                 self._todo_fast.clear()
@@ -435,6 +455,31 @@ class KvtierOffloadingWorker(OffloadingWorker):
             self._reap()
 
     def _start(self, job: _Job) -> None:
+        if job.fetch and job.ok:  # the L3 store fills the reserved host pages first; then the copies
+            try:
+                self._l3_wait[self._l3.get([(h, p) for p, h in job.fetch], user=job.seq)] = job
+                return
+            except Exception as e:
+                job.ok, job.why = False, f"L3 get: {type(e).__name__}: {e}"
+        self._copy(job)
+
+    def _fetched(self, job: _Job, r: Any) -> None:
+        """A load's L3 get answered: its pages' sums recorded, then its copies."""
+        bad = [h for (p, h), res in zip(job.fetch, r.results) if res != "ok"]
+        if bad:
+            self.l3_counts["fetches_failed"] += 1
+            job.ok, job.why = False, f"L3 get: {len(bad)} of {len(job.fetch)} pages {set(r.results) - {'ok'}}"
+            gone = [h for (p, h), res in zip(job.fetch, r.results) if res == "bad"]
+            if gone:  # an object that failed its checks: removed for every instance
+                self._l3.remove(gone, user=0)
+        else:
+            self.l3_counts["pages_fetched"] += len(job.fetch)
+            if self._sums is not None:
+                for p, _ in job.fetch:
+                    self._sums[p] = self._host.page_sum(p)
+        self._copy(job)
+
+    def _copy(self, job: _Job) -> None:
         try:
             if job.ready is not None:
                 job.ready.synchronize()
@@ -456,7 +501,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
         if job.pending:
             self._running[job.seq] = job
         else:
-            self._finish(job)
+            self._copied(job)
 
     def _reap(self) -> None:
         busy = [c for c in self._classes if c.busy]
@@ -469,13 +514,38 @@ class KvtierOffloadingWorker(OffloadingWorker):
                     job.ok, job.why = False, f"copy failed: {r.status}"
                 if job.pending == 0:
                     del self._running[r.user]
-                    self._finish(job)
+                    self._copied(job)
+        if self._l3_wait:
+            for r in self._l3.poll(timeout=0.0 if busy else 0.001):
+                job = self._l3_wait.pop(r.ticket, None)
+                if job is None:  # a removal of bad objects
+                    continue
+                if job.load:
+                    self._fetched(job, r)
+                    continue
+                ok = sum(res == "ok" for res in r.results)
+                self.l3_counts["pages_put"] += ok
+                self.l3_counts["puts_failed"] += ok != len(r.results)  # the L3 copy is best effort
+                self._finish(job)
+
+    def _copied(self, job: _Job) -> None:
+        """A job's copies are done. A store written through to L3 reports when
+        the put has read its pages: the manager keeps them pending until then,
+        so they cannot be handed to another key meanwhile."""
+        if job.ok and not job.load and self._sums is not None:  # a store's pages: their sums (a put checks them)
+            for p in job.pages.tolist():
+                self._sums[p] = self._host.page_sum(p)
+        if job.ok and job.put:
+            try:
+                self._l3_wait[self._l3.put(job.put, user=job.seq)] = job
+                return
+            except Exception as e:
+                log.warning("kvtier worker: L3 put of job %d: %s: %s", job.job_id, type(e).__name__, e)
+                self.l3_counts["puts_failed"] += 1
+        self._finish(job)
 
     def _finish(self, job: _Job) -> None:
         seconds = time.monotonic() - job.t0 if job.t0 else 0.0
-        if job.ok and not job.load and self._sums is not None:
-            for p in job.pages.tolist():
-                self._sums[p] = self._host.page_sum(p)
         if not job.ok:
             log.warning("kvtier worker: %s job %d failed: %s", "load" if job.load else "store", job.job_id, job.why)
         as_error = not job.ok and job.load and self.report_load_errors

@@ -305,7 +305,10 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back():
 
 @pytest.mark.parametrize("extra,msg", [({}, "host_bytes"), ({"host_bytes": "x"}, "host_bytes"),
                                        ({"host_bytes": 4096, "policy": "arc"}, "policy"),
-                                       ({"host_bytes": 4096, "l3": "dir:/tmp/x"}, "l3"),
+                                       ({"host_bytes": 4096, "l3": 5}, "l3"),
+                                       ({"host_bytes": 4096, "l3": "dir:/tmp/x", "l3_write_policy": "write_back"},
+                                        "l3_write_policy"),
+                                       ({"host_bytes": 4096, "l3_threads": 0}, "l3_threads"),
                                        ({"host_bytes": 4096, "l2_free_room": 1.5}, "l2_free_room"),
                                        ({"host_bytes": 4096, "checksum": "maybe"}, "checksum")])
 def test_the_spec_refuses_bad_options_naming_them(extra, msg):

@@ -199,6 +199,63 @@ def test_under_vllms_stock_connector_a_corrupt_page_stops_the_worker(model_dir):
         e.close()
 
 
+def test_two_instances_share_blocks_through_an_l3_redis(model_dir, redis_server, redis_server_handle):
+    """Instance a writes its blocks through to a real Redis (the spec's l3);
+    instance b, whose host tier has never seen them, finds them there (RETRY
+    while it asks), loads them through its host tier, and its stand-in model
+    finds the exact bytes a computed. A corrupt object in Redis is then a
+    load error, recomputed, and removed from the store."""
+    import uuid
+
+    from conftest import redis_command
+
+    extra = {"l3": redis_server, "l3_ns": f"test-{uuid.uuid4().hex[:8]}"}
+    kw = dict(gpu_blocks=24, host_blocks=64, connector="KvtierOffloadingConnector", extra=extra)
+    a = Engine(model_dir, "KvtierOffloadingSpec", **kw)
+    try:
+        a.add("a", SHARED + tokens(2, 40), 4)
+        a.run()
+        put = dict(a.offload.l3_counts)
+    finally:
+        a.close()
+    assert put["pages_put"] >= len(SHARED) // BLOCK and put["puts_failed"] == 0, put
+
+    b = Engine(model_dir, "KvtierOffloadingSpec", **kw)
+    try:
+        b.add("b", SHARED + tokens(3, 50), 4)
+        b.run()
+        got = dict(b.offload.l3_counts)
+        b.manager.check()
+    finally:
+        b.close()
+    news = {x[1]: x[2] for x in b.log if x[0] == "new"}
+    assert news["b"] >= len(SHARED) and [x[1] for x in b.log if x[0] == "load"] == ["b"], b.log
+    assert got["pages_fetched"] >= len(SHARED) // BLOCK and got["fetches_failed"] == 0, got
+
+    port = redis_server_handle.port  # every object in the server, corrupted (this test's are among them)
+    names = [n for n in redis_command(port, b"KEYS", b"kvt:*").split(b"\r\n") if n.startswith(b"kvt:")]
+    assert len(names) >= len(SHARED) // BLOCK
+    for n in names:
+        redis_command(port, b"SETRANGE", n, b"100", b"garbage")
+    c = Engine(model_dir, "KvtierOffloadingSpec", **kw)
+    try:
+        c.add("c", SHARED + tokens(4, 50), 4)  # its fetch finds them bad: recomputed, removed, stored again
+        c.run()
+        failed, gets, rm = dict(c.offload.l3_counts), c.offload._l3.stats("get"), c.offload._l3.stats("remove")
+        c.manager.check()
+    finally:
+        c.close()
+    assert failed["fetches_failed"] >= 1 and gets["bad_objects"] >= 1 and rm["hits"] >= 1, (failed, gets, rm, c.log)
+    d = Engine(model_dir, "KvtierOffloadingSpec", **kw)
+    try:
+        d.add("d", SHARED + tokens(5, 50), 4)  # c's recompute wrote the prefix through again
+        d.run()
+        again = dict(d.offload.l3_counts)
+    finally:
+        d.close()
+    assert again["pages_fetched"] >= len(SHARED) // BLOCK and again["fetches_failed"] == 0, (again, d.log)
+
+
 def test_the_spec_refuses_vllms_canonical_layout(model_dir):
     with pytest.raises(ValueError, match="canonical_layout"):
         e = Engine.__new__(Engine)
