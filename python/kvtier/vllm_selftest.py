@@ -41,7 +41,7 @@ from vllm.forward_context import ForwardContext
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
@@ -91,7 +91,8 @@ class Engine:
     real tensors, and a model stand-in that writes and checks KV bytes."""
 
     def __init__(self, model: str, spec: str, gpu_blocks: int, host_blocks: int, max_batched: int = 256,
-                 connector: str = "OffloadingConnector", extra: Optional[dict] = None) -> None:
+                 connector: str = "OffloadingConnector", extra: Optional[dict] = None,
+                 window: Optional[int] = None) -> None:
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_batched, max_model_len=2048,
                              enable_chunked_prefill=True, is_encoder_decoder=False)
         mc = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", seed=0)
@@ -104,9 +105,15 @@ class Engine:
             **(extra or {})})
         self.vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc, kv_transfer_config=kt,
                              device_config=DeviceConfig("cpu"))
-        kcc = KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(list(LAYERS), FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
-                                                             dtype=torch.float32))])
+        full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float32)
+        if window is None:  # every layer full attention: one KV cache group
+            groups = [KVCacheGroupSpec(list(LAYERS), full)]
+        else:  # a hybrid model: layer 0 full attention, layer 1 sliding window, a group each
+            groups = [KVCacheGroupSpec([LAYERS[0]], full), KVCacheGroupSpec([LAYERS[1]], SlidingWindowSpec(
+                block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float32, sliding_window=window))]
+        self.window = window
+        self.group_of = [0, 0] if window is None else [0, 1]
+        kcc = KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
         self.vc.cache_config.num_gpu_blocks = gpu_blocks
         self.sched = Scheduler(vllm_config=self.vc, kv_cache_config=kcc, log_stats=True,
                                structured_output_manager=StructuredOutputManager(self.vc), block_size=BLOCK)
@@ -124,6 +131,7 @@ class Engine:
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(BLOCK, sha256)
         self.log: List[tuple] = []
+        self.added: List[str] = []
         self.held: Set[int] = set()         # jobs whose completion the worker keeps back
         self._held_results: list = []
         self._deferred_stores: Set[int] = set()
@@ -142,6 +150,7 @@ class Engine:
     def add(self, rid: str, tokens: List[int], max_tokens: int) -> None:
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         sp.update_from_generation_config({}, EOS)
+        self.added.append(rid)
         self.sched.add_request(Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp,
                                        pooling_params=None, block_hasher=self.hasher))
 
@@ -151,14 +160,18 @@ class Engine:
 
     # ---- the model stand-in ----------------------------------------------------------
 
-    def _slots(self, rid: str, start: int, end: int):
-        blocks = self.sched.kv_cache_manager.get_block_ids(rid)[0]
+    def _slots(self, rid: str, group: int, start: int, end: int):
+        blocks = self.sched.kv_cache_manager.get_block_ids(rid)[group]
         return [(blocks[p // BLOCK], p % BLOCK) for p in range(start, end)]
 
     def _check_computed(self, req: Request, upto: int) -> None:
+        """Every token the next one attends to holds its bytes: all of them for
+        full attention, the last `window` for the sliding-window layer."""
         toks = req.all_token_ids
-        for p, (b, off) in enumerate(self._slots(req.request_id, 0, upto)):
-            for li, n in enumerate(LAYERS):
+        for li, n in enumerate(LAYERS):
+            g = self.group_of[li]
+            first = 0 if g == 0 else max(0, upto - self.window + 1)
+            for p, (b, off) in enumerate(self._slots(req.request_id, g, first, upto), first):
                 want = _prefix_value(toks[:p + 1], li)
                 got = self.kv[n][b, :, off]
                 assert bool((got == want).all()), (f"{req.request_id}: token {p} (block {b}, slot {off}) of {n} "
@@ -166,8 +179,8 @@ class Engine:
 
     def _compute(self, req: Request, start: int, n: int) -> None:
         toks = req.all_token_ids
-        for i, (b, off) in enumerate(self._slots(req.request_id, start, start + n)):
-            for li, name in enumerate(LAYERS):
+        for li, name in enumerate(LAYERS):
+            for i, (b, off) in enumerate(self._slots(req.request_id, self.group_of[li], start, start + n)):
                 self.kv[name][b, :, off] = _prefix_value(toks[:start + i + 1], li)
 
     # ---- one engine step -----------------------------------------------------------------
@@ -191,10 +204,12 @@ class Engine:
             self.log.append(("new", nr.req_id, nr.num_computed_tokens))
         for jid, job in sorted(md.load_jobs.items()):
             self.loads += 1
-            self.log.append(("load", job.req_id, tuple(int(b) for b in job.dst_spec.block_ids)))
+            self.log.append(("load", job.req_id, tuple(int(b) for b in job.dst_spec.block_ids),
+                             tuple(int(n) for n in job.dst_spec.group_sizes)))
         for jid, job in sorted(md.store_jobs.items()):
             self.stores += 1
-            self.log.append(("store", job.req_id, tuple(int(b) for b in job.src_spec.block_ids)))
+            self.log.append(("store", job.req_id, tuple(int(b) for b in job.src_spec.block_ids),
+                             tuple(int(n) for n in job.src_spec.group_sizes)))
         if md.jobs_to_flush:
             self.log.append(("flush", len(md.jobs_to_flush)))
 
@@ -254,6 +269,8 @@ def both(model_dir, scenario, **kw):
     for i, (a, b) in enumerate(zip(kv.log, ref.log)):
         assert a == b, f"entry {i} differs: kvtier {a}, vLLM {b}\n(kvtier {kv.log[max(0, i - 5):i + 3]})"
     assert len(kv.log) == len(ref.log)
+    ran = {x[1] for x in kv.log if x[0] in ("new", "abort")}
+    assert set(kv.added) <= ran, f"requests neither scheduled nor aborted: {sorted(set(kv.added) - ran)}"
     return kv, ref
 
 

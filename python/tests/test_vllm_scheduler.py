@@ -48,6 +48,29 @@ def test_prefix_sharing_loads_from_the_host_tier(model_dir):
     assert kv.stats["loads"] >= 1
 
 
+def test_a_hybrid_model_with_a_sliding_window_group(model_dir):
+    """Two KV cache groups, full attention and a 32-token sliding window: vLLM
+    keys the blocks of each group apart (the group index in the key), loads
+    only the window's blocks of the window group, and kvtier's manager and
+    worker make vLLM's decisions and move the right bytes for both."""
+    def scenario(e: Engine) -> None:
+        prompt = SHARED + tokens(2, 32)  # a's prompt ends on a chunk boundary: its window's chunks are stored
+        e.add("a", prompt, 4)
+        e.run()
+        for i in range(4):
+            e.add(f"x{i}", tokens(10 + i, 200), 4)
+            e.run()
+        e.add("b", prompt + tokens(3, 50), 4)
+        e.run()
+
+    kv, _ = both(model_dir, scenario, gpu_blocks=30, host_blocks=96, window=32)
+    loads = [x for x in kv.log if x[0] == "load"]
+    assert loads and all(len(x[3]) == 2 for x in loads), kv.log
+    assert any(x[3][1] < x[3][0] for x in loads), "the window group loads fewer blocks than the full one"
+    news = {x[1]: x[2] for x in kv.log if x[0] == "new"}
+    assert news["b"] >= len(SHARED), kv.log
+
+
 def test_preemption(model_dir):
     """Long decodes on a small GPU: vLLM preempts, flushes the stores in
     flight, and the preempted requests come back with what was offloaded."""
