@@ -29,6 +29,7 @@ __all__ = ["KvtierOffloadingConnector", "check_connector_interface"]
 _CONNECTOR_SIGNATURES = {
     "register_kv_caches": ["self", "kv_caches"],
     "get_finished": ["self", "finished_req_ids"],
+    "get_transfer_results": ["self", "finished_req_ids"],
     "get_block_ids_with_load_errors": ["self"],
     "build_connector_worker_meta": ["self"],
     "update_connector_output": ["self", "connector_output"],
@@ -71,19 +72,37 @@ class KvtierOffloadingConnector(OffloadingConnector):
     def register_kv_caches(self, kv_caches) -> None:
         super().register_kv_caches(kv_caches)
         self._bad_blocks: Set[int] = set()
+        self._failed_reqs: Set[str] = set()
         self._refused: Dict[int, int] = {}
+        self._many_groups = len(self._kv_cache_config.kv_cache_groups) > 1
         worker = self.connector_worker.worker
         if hasattr(worker, "report_load_errors"):  # kvtier's worker; another spec's keeps its own behaviour
             worker.report_load_errors = True
 
     def get_finished(self, finished_req_ids: Set[str]):
+        # which request each asynchronous load is for (vLLM's worker forgets it as the load ends)
+        waiting = dict(self.connector_worker._load_jobs)
         out = super().get_finished(finished_req_ids)
         take = getattr(self.connector_worker.worker, "take_load_errors", None)
         if take is not None:
             for job_id, blocks in take().items():
                 self._refused[job_id] = 1
-                self._bad_blocks.update(blocks)
+                req = waiting.get(job_id)
+                if self._many_groups and req is not None:
+                    self._failed_reqs.add(req)
+                else:
+                    self._bad_blocks.update(blocks)
         return out
+
+    def get_transfer_results(self, finished_req_ids: Set[str]):
+        """vLLM's results, and the asynchronous loads refused as failed
+        receives: with several KV cache groups, block ids are not unique across
+        groups and vLLM's scheduler takes a failed load only as a request."""
+        res = super().get_transfer_results(finished_req_ids)
+        if self._failed_reqs:
+            res.failed_recving |= self._failed_reqs
+            self._failed_reqs = set()
+        return res
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         if self.connector_worker is None:

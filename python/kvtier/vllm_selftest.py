@@ -228,8 +228,8 @@ class Engine:
             self._compute(req, start, n)
         w.wait_for_save()
         self._deferred_stores = set(md.store_jobs)  # vLLM's worker submits them at the next step's start
-        finished_sending, finished_recving = w.get_finished(so.finished_req_ids)
-        invalid = w.get_block_ids_with_load_errors()  # in the order vLLM's model runner asks
+        results = w.get_transfer_results(so.finished_req_ids)  # as vLLM's model runner asks, in its order
+        invalid = w.get_block_ids_with_load_errors()
         meta = w.build_connector_worker_meta()
         w.clear_connector_metadata()
         reqs = list(so.num_scheduled_tokens)
@@ -237,8 +237,10 @@ class Engine:
                                 sampled_token_ids=[[10 + (len(self.sched.requests[r].all_token_ids) % 7)]
                                                    for r in reqs],
                                 kv_connector_output=KVConnectorOutput(
-                                    finished_sending=finished_sending, finished_recving=finished_recving,
-                                    invalid_block_ids=invalid, kv_connector_worker_meta=meta))
+                                    finished_sending=results.finished_sending,
+                                    finished_recving=results.finished_recving,
+                                    failed_recving=results.failed_recving, invalid_block_ids=invalid,
+                                    kv_connector_worker_meta=meta))
         self.sched.update_from_output(so, out)
 
     def run(self, max_steps: int = 400) -> None:

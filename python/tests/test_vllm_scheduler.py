@@ -176,18 +176,19 @@ def corrupt_every_page(e: Engine) -> int:
 
 
 def corrupted_prefix(e: Engine) -> None:
-    e.add("a", SHARED + tokens(2, 40), 4)
+    prompt = SHARED + tokens(2, 32)  # on a chunk boundary, so that a hybrid model's window chunks are stored too
+    e.add("a", prompt, 4)
     e.run()
     for i in range(4):
         e.add(f"x{i}", tokens(10 + i, 200), 4)
         e.run()
     corrupt_every_page(e)
-    e.add("b", SHARED + tokens(3, 50), 4)  # its load from the host tier finds every page bad
+    e.add("b", prompt + tokens(3, 50), 4)  # its load from the host tier finds every page bad
     e.run()
     for i in range(4, 8):
         e.add(f"x{i}", tokens(10 + i, 200), 4)
         e.run()
-    e.add("c", SHARED + tokens(4, 50), 4)  # b's recompute stored the prefix afresh: c loads good pages
+    e.add("c", prompt + tokens(4, 50), 4)  # b's recompute stored the prefix afresh: c loads good pages
     e.run()
 
 
@@ -209,6 +210,24 @@ def test_a_corrupt_host_page_is_recomputed_under_kvtiers_connector(model_dir):
     assert st["removed"] >= len(SHARED) // BLOCK, st  # b's refused prefix, forgotten
     news = {x[1]: x[2] for x in e.log if x[0] == "new"}
     assert news["c"] >= len(SHARED), e.log
+
+
+def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):
+    """With two KV cache groups vLLM's scheduler takes a failed load only as a
+    failed receive of the request (block ids repeat across groups): the
+    connector reports it so, and the request is recomputed all the same."""
+    e = Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=40, host_blocks=96, connector="KvtierOffloadingConnector",
+               window=32)
+    try:
+        corrupted_prefix(e)
+        st = e.manager.stats()
+        e.manager.check()
+    finally:
+        e.close()
+    assert [x[1] for x in e.log if x[0] == "load"][:1] == ["b"], e.log
+    assert st["removed"] >= 1, st
+    news = {x[1]: x[2] for x in e.log if x[0] == "new"}
+    assert "b" in news and "c" in news, e.log
 
 
 def test_under_vllms_stock_connector_a_corrupt_page_stops_the_worker(model_dir):
