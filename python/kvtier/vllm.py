@@ -28,12 +28,16 @@ figures in docs/performance.md).
 ``KvtierOffloadingSpec`` is what vLLM loads by name
 (``"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm"``):
 this manager in the scheduler, ``kvtier.vllm_worker.KvtierOffloadingWorker``
-in each worker process.
+in each worker process, and with ``l3`` an L3 store below the host tier (the
+manager asks it without blocking; hits are fetched by the load that needs
+them; stores are written through). ``KvtierOffloadingConnector`` (from
+``kvtier.vllm_connector``, also reachable here) is vLLM's connector with a
+path for a load kvtier refuses.
 
 Supported: vLLM 0.33.0 (pinned in python/requirements-dev.txt); the import
 fails loudly, naming what changed, when vLLM's base class differs. Not yet:
-an L3 store below the host tier, policies other than vLLM's LRU, and vLLM's
-store_threshold >= 2 (docs/vllm.md)."""
+policies other than vLLM's LRU and vLLM's store_threshold >= 2
+(docs/vllm.md)."""
 from __future__ import annotations
 
 import array
