@@ -4,6 +4,7 @@ object checked on get."""
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _args as _a
@@ -39,11 +40,35 @@ class StoreResult(NamedTuple):
     latency_ns: int
 
 
+_PAGE_SIZE = ctypes.sizeof(StorePage)
+_PAGE_PAD = bytes(_PAGE_SIZE - 20)  # after the hash (16 bytes) and the page (4)
+_NO_PAGE = bytes(_PAGE_SIZE - 16)
+_PAGE_AT = struct.Struct(f"<{StorePage.page.offset}xI{_PAGE_SIZE - StorePage.page.offset - 4}x")
+
+
+def _packed(items: List[Any], with_page: bool) -> Optional[bytes]:
+    """The items as the C array's bytes when every hash is 16 bytes (and every
+    page a u32), the form SGLang's backend passes: one join instead of a
+    field by field fill, which costs microseconds a key. None otherwise."""
+    try:
+        if with_page:
+            if all(type(h) is bytes and len(h) == 16 and type(p) is int and 0 <= p <= 0xFFFFFFFF for h, p in items):
+                return b"".join([h + p.to_bytes(4, "little") + _PAGE_PAD for h, p in items])
+        elif all(type(h) is bytes and len(h) == 16 for h in items):
+            return b"".join([h + _NO_PAGE for h in items])
+    except (TypeError, ValueError):  # not pairs: the slow path names the item
+        pass
+    return None
+
+
 def _pages(items: Iterable[Any], with_page: bool) -> Tuple[Any, int]:
     if isinstance(items, (str, bytes)):
         raise TypeError(f"keys: expected a list of {'(page_hash, tier_page)' if with_page else 'page hashes'}, "
                         f"not {type(items).__name__}")
     items = list(items)
+    packed = _packed(items, with_page) if items else None
+    if packed is not None:  # 16-byte hashes are (lo, hi) little-endian, as hash_arg reads them
+        return (StorePage * len(items)).from_buffer_copy(packed), len(items)
     arr = (StorePage * max(len(items), 1))()
     for i, it in enumerate(items):
         if with_page:
@@ -78,7 +103,7 @@ class Store(Handle):
     def __init__(self, url: str, tier: Any = None, model: str = "", page_tokens: int = 0, layers: int = 0,
                  layer_bytes: int = 0, dtype_bytes: int = 2, tp: Tuple[int, int] = (0, 1),
                  cp: Tuple[int, int] = (0, 1), ns: str = "default", threads: int = 2, timeout_ms: int = 2000,
-                 retries: int = 8, delay_us: int = 0, log: Optional[Any] = None) -> None:
+                 retries: int = 8, log: Optional[Any] = None) -> None:
         super().__init__()
         from .tier import Tier
         w = "Store"
@@ -98,7 +123,6 @@ class Store(Handle):
         cfg.threads = _a.u32(threads, f"{w} threads")
         cfg.timeout_ms = _a.u32(timeout_ms, f"{w} timeout_ms")
         cfg.retries = _a.u32(retries, f"{w} retries")
-        cfg.delay_us = _a.u32(delay_us, f"{w} delay_us")
         self._log = None
         if log is not None:  # called on a worker thread with each message
             if not callable(log):
@@ -185,9 +209,12 @@ class Store(Handle):
         with self._use_poll as h:  # the results point into the store until its next poll
             got = check(lib.kvt_store_poll(h, out, max, int(timeout * 1e9)), "Store.poll")
             for d in out[:got]:
+                # each array read whole (one copy), not element by element through ctypes
+                results = tuple(RESULTS[r] for r in ctypes.string_at(d.results, d.n)) if d.n else ()
+                pages = tuple(p for (p,) in _PAGE_AT.iter_unpack(ctypes.string_at(d.pages, d.n * _PAGE_SIZE))) \
+                    if d.n else ()
                 res.append(StoreResult(d.ticket, d.user, OPS[d.op], lib.kvt_err_name(d.status).decode(),
-                                       tuple(RESULTS[d.results[i]] for i in range(d.n)),
-                                       tuple(d.pages[i].page for i in range(d.n)), d.count, d.latency_ns))
+                                       results, pages, d.count, d.latency_ns))
         return res
 
     def wait(self, ticket: int, timeout: float = 60.0) -> StoreResult:
