@@ -34,14 +34,16 @@ same object format, so either path reads what the other wrote.
 The tensor calls (get, set, batch_get, batch_set: SGLang's generic path,
 without ``interface_v1``) copy flat pages (``get_data_page`` tensors)
 through a staging tier. They keep their own object format: a flat page's
-byte order differs from the pointer order for layer_first pools.
+byte order differs from the pointer order for layer_first pools. Before a
+pool is registered, they (and exists, batch_exists) store any tensor's
+bytes whole, as SGLang's file backend does (_sglang_objects.py).
 
 Keys: an SGLang key (any string) becomes the 16-byte page hash
 BLAKE2b-128(key) (lo, hi little-endian). The store's identity digest adds
 the model (``model_name``), the TP shard (none for MLA, whose KV every rank
 holds alike), the CP shard, the page size, the geometry, the dtype and a
-namespace ``<namespace>/sglang-<v1|flat>/<layout>/<dtype>[/pp<r>of<n>]``, so
-objects of two models, shards, layouts or formats never meet.
+namespace ``<namespace>[/pp<r>of<n>][/mla[/dcp<r>of<n>/tp<n>/page<n>]]/sglang-<v1|flat>/<layout>/<dtype>``,
+so objects of two models, shards, layouts or formats never meet.
 
 Failures: a bad configuration (no "l3", a malformed URL, an unreachable
 store, no model name, a pool without buffers) raises at construction or
@@ -70,6 +72,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._core import Error
+from ._sglang_objects import Objects, tensor_bytes
 from ._sglang_pool import STORAGE_BATCH_SIZE, _meta, _Registration
 from .store import Store
 from .tier import TensorInfo
@@ -228,8 +231,10 @@ class KvtierStorage(HiCacheStorage):
 
     Other keys are SGLang's own (ignored) or unknown (a warning names them).
     ``kwargs`` (a dict) may hold ``mem_pool_host``; SGLang registers the host
-    pool with :meth:`register_mem_pool_host` right after construction, and
-    nothing but construction and close works before that."""
+    pool with :meth:`register_mem_pool_host` right after construction.
+    Before that, the tensor calls (get, set, their batch forms, exists,
+    batch_exists) store tensors whole as objects, as SGLang's file backend
+    does; batch_get_v1/batch_set_v1 need the pool."""
 
     def __init__(self, storage_config: Any = None, kwargs: Optional[dict] = None, *,
                  mem_pool_host: Any = None) -> None:
@@ -267,13 +272,16 @@ class KvtierStorage(HiCacheStorage):
         tp = (_int_field(storage_config, "tp_rank", 0), _int_field(storage_config, "tp_size", 1))
         cp = (_int_field(storage_config, "attn_cp_rank", 0), _int_field(storage_config, "attn_cp_size", 1))
         pp = (_int_field(storage_config, "pp_rank", 0), _int_field(storage_config, "pp_size", 1))
-        for what, (r, s) in (("tp", tp), ("attn_cp", cp), ("pp", pp)):
+        dcp = (_int_field(storage_config, "dcp_rank", 0), _int_field(storage_config, "dcp_size", 1))
+        for what, (r, s) in (("tp", tp), ("attn_cp", cp), ("pp", pp), ("dcp", dcp)):
             if not 0 <= r < s:
                 raise ValueError(f"KvtierStorage: {what} rank {r} of {s}")
         self.model = model
         self.tp = (0, 1) if self.is_mla else tp  # MLA: every rank holds the same latents
         self.cp = cp
-        self.namespace = ns + (f"/pp{pp[0]}of{pp[1]}" if pp[1] > 1 else "")
+        # MLA's shared latents are not TP shard 0 of 1: "/mla" keeps them apart from a one-rank MHA instance
+        self.namespace = ns + (f"/pp{pp[0]}of{pp[1]}" if pp[1] > 1 else "") + ("/mla" if self.is_mla else "") + \
+            self._dcp_ns(storage_config, tp, dcp)
         self.interface_v1 = _interface_v1(extra.get("interface_v1"))
         try:  # the URL and the store's reachability, checked now rather than at the first page
             with Store(url, model=model, page_tokens=1, layers=1, layer_bytes=1, ns=ns, **self._opts) as probe:
@@ -283,9 +291,25 @@ class KvtierStorage(HiCacheStorage):
             raise kind(f"KvtierStorage: cannot open the L3 store \"l3\": {url!r}: {e}") from e
         self.mem_pool_host = None
         self._reg_lock = threading.Lock()  # registrations and close, one at a time
+        self._objects = Objects(url, dict(model=model, tp=self.tp, cp=self.cp, ns=self.namespace), self._opts)
         pool = mem_pool_host if mem_pool_host is not None else (kwargs or {}).get("mem_pool_host")
         if pool is not None:
             self.register_mem_pool_host(pool)
+
+    def _dcp_ns(self, storage_config: Any, tp: Tuple[int, int], dcp: Tuple[int, int]) -> str:
+        """The namespace part of an MLA DCP shard: under decode context
+        parallelism each DCP rank holds a slice of every logical page, so
+        the shard, the TP width and the logical page size are identity."""
+        if dcp[1] == 1:
+            return ""
+        if not self.is_mla:
+            raise ValueError(f"KvtierStorage: dcp_size {dcp[1]} without is_mla_model (DCP shards MLA latents only)")
+        page = _int_field(storage_config, "logical_page_size", 0)
+        if page < 1 or page % dcp[1] or tp[0] % dcp[1] != dcp[0]:
+            raise ValueError(f"KvtierStorage: DCP rank {dcp[0]} of {dcp[1]} with tp rank {tp[0]} of {tp[1]} and "
+                             f"logical_page_size {page} (expected a page divisible by dcp_size, "
+                             "and tp_rank % dcp_size == dcp_rank)")
+        return f"/dcp{dcp[0]}of{dcp[1]}/tp{tp[1]}/page{page}"
 
     # -- the host pool ---------------------------------------------------------
 
@@ -385,6 +409,7 @@ class KvtierStorage(HiCacheStorage):
             self.mem_pool_host = None
         if old is not None:
             old.retire()
+        self._objects.close()
 
     def __enter__(self) -> "KvtierStorage":
         return self
@@ -397,6 +422,8 @@ class KvtierStorage(HiCacheStorage):
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many keys, from the first, the store holds (0 when it is down)."""
         keys = _keys(keys)
+        if self._pool_less():
+            return self._objects.exists([key_hash(k) for k in keys]) if keys else 0
         with self._registered() as reg:
             if not keys:
                 return 0
@@ -539,10 +566,12 @@ class KvtierStorage(HiCacheStorage):
                   target_sizes: Any = None) -> bool:
         """Stores flat pages (get_data_page tensors); True when all were stored."""
         keys = _keys(keys)
+        if values is None or len(values) != len(keys):
+            raise ValueError(f"batch_set: {len(keys)} keys and {'no' if values is None else len(values)} values")
+        if self._pool_less():
+            got = [tensor_bytes(v, f"values[{i}]", False) for i, v in enumerate(values)]
+            return all(self._objects.put([key_hash(k) for k in keys], [a for a, _ in got], [n for _, n in got]))
         with self._registered() as reg:
-            if values is None or len(values) != len(keys):
-                raise ValueError(f"batch_set: {len(keys)} keys and "
-                                 f"{'no' if values is None else len(values)} values")
             addrs = [self._flat(reg, v, f"values[{i}]", False) for i, v in enumerate(values)]
             ok = self._staged_flat(reg, "put", keys, addrs)
         return bool(keys) and all(ok)
@@ -554,6 +583,10 @@ class KvtierStorage(HiCacheStorage):
         """Flat pages, into target_locations when given (else new tensors of
         the pool's dtype); None for each key not served."""
         keys = _keys(keys)
+        if target_locations is not None and len(target_locations) != len(keys):
+            raise ValueError(f"batch_get: {len(keys)} keys and {len(target_locations)} target locations")
+        if self._pool_less():
+            return self._get_objects(keys, target_locations)
         with self._registered() as reg:
             if target_locations is None:
                 import torch
@@ -567,6 +600,28 @@ class KvtierStorage(HiCacheStorage):
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         return self.batch_get([key], None if target_location is None else [target_location])[0]
+
+    def _pool_less(self) -> bool:
+        """No host pool registered (and not closed): the tensor calls store objects."""
+        if self._reg is not None:
+            return False
+        self._check_open()
+        return True
+
+    def _get_objects(self, keys: List[str], targets: Any) -> List[Any]:
+        """Objects into the targets, or into new uint8 tensors of each object's recorded size."""
+        hashes = [key_hash(k) for k in keys]
+        if targets is None:
+            import torch
+            sizes = self._objects.sizes(hashes)
+            targets = [torch.empty(n, dtype=torch.uint8) if n else None for n in sizes]
+            live = [i for i, t in enumerate(targets) if t is not None]
+        else:
+            live = list(range(len(keys)))
+        got = {i: tensor_bytes(targets[i], f"target_locations[{i}]", True) for i in live}
+        ok = self._objects.get([hashes[i] for i in live], [got[i][0] for i in live], [got[i][1] for i in live])
+        served = {i for i, g in zip(live, ok) if g}
+        return [targets[i] if i in served else None for i in range(len(keys))]
 
     @staticmethod
     def _staged_flat(reg: _Registration, op: str, keys: List[str], addrs: List[int]) -> List[bool]:

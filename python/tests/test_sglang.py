@@ -1,21 +1,26 @@
 """kvtier.sglang.KvtierStorage, called the way SGLang's HiCache controller
-calls a storage backend, over a dir store and a real Redis server.
+calls a storage backend, over a dir store and a real Redis server: round
+trips, corrupt and foreign objects, outages, threads, re-registration.
 
-The doubles below are written from SGLang's documented behaviour, not its
-code: a host pool (MHA: one kv_buffer tensor, K half then V half; MLA: one
-latent buffer) in the layouts SGLang names, whose get_page_buffer_meta
-lists, per page, pointers and sizes computed from the layout by hand; and a
-controller that registers the pool, keys pages by chained SHA-256 hex of
-their tokens, asks batch_exists over chains of 128 keys, backs pages up
-with batch_set_v1 and loads them with batch_get_v1 into other host pages.
-Every check compares against the pool's own tensors read by plain torch
-indexing (the model), never against the backend's output."""
+The host pools are SGLang 0.5.23's own (MHATokenToKVPoolHost and
+MLATokenToKVPoolHost, built on the CPU by sglang_cpu.host_pool). Doubles,
+written from SGLang's documented behaviour, stand in only where SGLang's
+code cannot serve here: a "scattered" pool whose pages lie in page-table
+order (no SGLang pool does that; it forces kvtier's staging path), and a
+small controller loop (register, chained SHA-256 keys, batch_exists over
+128 keys, batch_set_v1, batch_get_v1) that lets these tests aim at Redis,
+faults and threads; SGLang's real HiCacheController drives the backend in
+test_sglang_real.py, which also says why device <-> host copies (sgl_kernel,
+CUDA/HIP only) are not run. Every check compares against the pool's own
+tensors read by plain torch indexing (the model), never against the
+backend's output."""
 from __future__ import annotations
 
 import hashlib
 import importlib
 import os
 import random
+import types
 import uuid
 from typing import List, Tuple
 
@@ -27,7 +32,7 @@ from kvtier import sglang as ks
 BATCH = 128  # SGLang's STORAGE_BATCH_SIZE
 
 
-# ---- the host pool double ------------------------------------------------------
+# ---- the host pool model (and the scattered double) ------------------------------
 
 
 class FakeHostPool:
@@ -160,8 +165,20 @@ POOLS = [("mha", "layer_first"), ("mha", "page_first"), ("mha", "page_first_dire
          ("mla", "layer_first"), ("mla", "page_first"), ("mla", "page_first_direct"), ("mha", "scattered")]
 
 
-def make_pool(kind: str, layout: str, **kw) -> FakeHostPool:
-    return ScatteredHostPool(**kw) if layout == "scattered" else FakeHostPool(kind, layout, **kw)
+def make_pool(kind: str, layout: str, pages: int = 48, page_size: int = 4, **kw):
+    """SGLang's own host pool (MHATokenToKVPoolHost, MLATokenToKVPoolHost:
+    pages + 1 pages, SGLang keeps one more than twice the device's), given
+    the double's model methods (page_content, fill_page, set_page_value:
+    plain indexing of its kv_buffer, whose shapes are the double's); the
+    scattered pool is a double, since no SGLang pool lays pages out that way."""
+    if layout == "scattered":
+        return ScatteredHostPool(pages=pages, page_size=page_size, **kw)
+    import sglang_cpu
+    _, pool = sglang_cpu.host_pool(kind, layout, pages * page_size // 2, page_size, dtype=torch.float16, **kw)
+    pool.kind = kind
+    for name in ("_slices", "page_content", "fill_page", "set_page_value"):
+        setattr(pool, name, types.MethodType(getattr(FakeHostPool, name), pool))
+    return pool
 
 
 # ---- the controller double -------------------------------------------------------
@@ -520,7 +537,8 @@ def test_bad_arguments_raise(dir_store_url):
         with pytest.raises(RuntimeError, match="register_mem_pool_host"):
             backend.batch_get_v1(["a"], torch.arange(4))
         with pytest.raises(RuntimeError, match="register_mem_pool_host"):
-            backend.batch_exists(["a"])
+            backend.batch_set_v1(["a"], torch.arange(4))
+        assert backend.batch_exists(["a"]) == 0  # before a pool: the objects of the tensor calls
         with pytest.raises(TypeError, match="HostKVCache"):
             backend.register_mem_pool_host(object())
         backend.register_mem_pool_host(pool)
@@ -753,12 +771,13 @@ def test_a_closed_backend_says_it_is_closed(dir_store_url):
 
 def test_a_pool_with_fewer_pages_than_its_size_is_refused_at_registration(dir_store_url):
     pool = make_pool("mha", "page_first", pages=16)
-    pool.page_num = 8  # size says 16 pages
+    pages = pool.size // pool.page_size
+    pool.page_num = 8  # size says `pages` pages
     with ks.KvtierStorage(config(dir_store_url), {}) as backend:
-        with pytest.raises(ValueError, match=r"page_num 8 .*size 64 // page_size 4 = 16"):
+        with pytest.raises(ValueError, match=rf"page_num 8 .*size {pool.size} // page_size 4 = {pages}"):
             backend.register_mem_pool_host(pool)
         with pytest.raises(RuntimeError, match="register_mem_pool_host first"):
-            backend.batch_exists(["a"])  # nothing registered
+            backend.batch_get_v1(["a"], torch.arange(4))  # nothing registered
         good = make_pool("mha", "page_first", pages=16)
         backend.register_mem_pool_host(good)
         with pytest.raises(ValueError, match="page_num"):
