@@ -200,6 +200,31 @@ def test_generic_calls_without_a_pool_match_hicachefile(tmp_path):
     assert checks >= 30
 
 
+def test_generic_calls_without_a_pool_refuse_bad_tensors_and_change_nothing(store_dir):
+    with ks.KvtierStorage(config({"l3": f"dir:{store_dir}"})) as k:
+        good = torch.arange(8, dtype=torch.int32)
+        bad = [(torch.arange(16, dtype=torch.int32)[::2], "contiguous"), (torch.empty(0), "empty"),
+               ("not a tensor", "values\\[1\\]")]
+        for value, why in bad:
+            with pytest.raises((TypeError, ValueError), match=why):
+                k.batch_set(["a", "b"], [good, value])
+            assert k.batch_exists(["a", "b"]) == 0  # the good one beside it was not stored either
+        with pytest.raises(ValueError, match="2 keys and 1 values"):
+            k.batch_set(["a", "b"], [good])
+        with pytest.raises(TypeError, match="keys"):
+            k.set(b"a", good)
+        assert k.set("a", good) and k.batch_exists(["a", "b"]) == 1
+        with pytest.raises(ValueError, match="contiguous"):
+            k.get("a", torch.empty(16, dtype=torch.int32)[::2])
+        with pytest.raises(ValueError, match="1 keys and 2 target"):
+            k.batch_get(["a"], [torch.empty(8, dtype=torch.int32)] * 2)
+        with pytest.raises(RuntimeError, match="register_mem_pool_host"):
+            k.batch_get_v1(["a"], torch.arange(4))
+        assert same(k.get("a", torch.empty(8, dtype=torch.int32)), good)
+    with pytest.raises(RuntimeError, match="closed"):
+        k.exists("a")
+
+
 # ---- identity: what SGLang's own storage-identity tests expect ----------------------------
 
 
