@@ -285,24 +285,6 @@ SHARED = tokens(1, 160)
 
 
 def prefix_sharing(e: Engine) -> None:
-    e.add("a", SHARED + tokens(2, 40), 4)
-    e.run()
-    for i in range(4):  # unrelated requests that take every GPU block in turn
-        e.add(f"x{i}", tokens(10 + i, 200), 4)
-        e.run()
-    e.add("b", SHARED + tokens(3, 50), 4)
-    e.run()
-
-
-def tokens(seed: int, n: int) -> List[int]:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randint(100, 900, (n,), generator=g)).tolist()
-
-
-SHARED = tokens(1, 160)
-
-
-def prefix_sharing(e: Engine) -> None:
     """A finished request's blocks leave the GPU under other requests; a later
     request sharing its prefix loads that prefix from the host tier."""
     e.add("a", SHARED + tokens(2, 40), 4)

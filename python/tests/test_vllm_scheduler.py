@@ -175,6 +175,18 @@ def corrupt_every_page(e: Engine) -> int:
     return n
 
 
+def run_checked(model_dir, scenario, **kw):
+    """The scenario on one engine with kvtier's spec: the engine (closed) and its manager's stats, checked."""
+    e = Engine(model_dir, "KvtierOffloadingSpec", **kw)
+    try:
+        scenario(e)
+        st = e.manager.stats()
+        e.manager.check()
+    finally:
+        e.close()
+    return e, st
+
+
 def corrupted_prefix(e: Engine) -> None:
     prompt = SHARED + tokens(2, 32)  # on a chunk boundary, so that a hybrid model's window chunks are stored too
     e.add("a", prompt, 4)
@@ -198,13 +210,8 @@ def test_a_corrupt_host_page_is_recomputed_under_kvtiers_connector(model_dir):
     bytes of every computed token, so a served bad page fails the test), the
     manager forgets the bad pages' keys, and the next request loads the
     prefix that the recompute stored again."""
-    e = Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=24, host_blocks=64, connector="KvtierOffloadingConnector")
-    try:
-        corrupted_prefix(e)
-        st = e.manager.stats()
-        e.manager.check()
-    finally:
-        e.close()
+    e, st = run_checked(model_dir, corrupted_prefix, gpu_blocks=24, host_blocks=64,
+                        connector="KvtierOffloadingConnector")
     loads = [x for x in e.log if x[0] == "load"]
     assert [x[1] for x in loads] == ["b", "c"], e.log
     assert st["removed"] >= len(SHARED) // BLOCK, st  # b's refused prefix, forgotten
@@ -216,14 +223,8 @@ def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):
     """With two KV cache groups vLLM's scheduler takes a failed load only as a
     failed receive of the request (block ids repeat across groups): the
     connector reports it so, and the request is recomputed all the same."""
-    e = Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=40, host_blocks=96, connector="KvtierOffloadingConnector",
-               window=32)
-    try:
-        corrupted_prefix(e)
-        st = e.manager.stats()
-        e.manager.check()
-    finally:
-        e.close()
+    e, st = run_checked(model_dir, corrupted_prefix, gpu_blocks=40, host_blocks=96,
+                        connector="KvtierOffloadingConnector", window=32)
     assert [x[1] for x in e.log if x[0] == "load"][:1] == ["b"], e.log
     assert st["removed"] >= 1, st
     news = {x[1]: x[2] for x in e.log if x[0] == "new"}
