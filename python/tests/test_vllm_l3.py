@@ -58,15 +58,13 @@ def payload(i: int) -> bytes:
     return (i.to_bytes(4, "little") + os.urandom(60)) * (ROW // 64)
 
 
-def settle(m, until=lambda: False, limit=5.0):
-    """Scheduler steps until the manager has nothing in flight (or `until` holds)."""
+def settle(m, limit=5.0):
+    """Scheduler steps until the manager has nothing in flight."""
     end = time.monotonic() + limit
-    while (m.has_pending_work() or not until()) and time.monotonic() < end:
+    while m.has_pending_work() and time.monotonic() < end:
         m.on_schedule_end(END)
-        if until():
-            return
         time.sleep(0.005)
-    assert not m.has_pending_work() or until(), "the manager still has work in flight"
+    assert not m.has_pending_work(), "the manager still has work in flight"
 
 
 def store(m, rid: str, keys, data):
