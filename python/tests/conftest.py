@@ -8,10 +8,16 @@
 
 Servers persist nothing (save "", appendonly no), work in a temporary
 directory, die with the test process (PR_SET_PDEATHSIG) and are stopped at
-the end, also when a test fails. Only a missing redis-server skips."""
+the end, also when a test fails. Only a missing redis-server skips.
+
+Every test ends within KVTIER_TEST_TIMEOUT seconds (300 unless set), as
+libuv's runner bounds each test: a test that hangs fails with a TimeoutError,
+and one stuck inside C dumps every thread's stack and ends the run, rather
+than holding CI until its own limit."""
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import shutil
 import signal
@@ -27,6 +33,29 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the kvtier package
 
 REDIS_SERVER = "/usr/bin/redis-server"
+TEST_TIMEOUT = float(os.environ.get("KVTIER_TEST_TIMEOUT", "300"))
+
+
+_STDERR = os.fdopen(os.dup(2), "w")  # the terminal's, before pytest captures it: the last resort writes here
+
+
+def _timed_out(signum, frame):
+    raise TimeoutError(f"the test ran over {TEST_TIMEOUT:g} s (KVTIER_TEST_TIMEOUT)")
+
+
+@pytest.fixture(autouse=True)
+def _default_timeout():
+    # Python code or a wait: the test fails with a TimeoutError where it stands. Stuck in C
+    # (the alarm's handler cannot run): 30 s later every thread's stack is dumped and the run ends.
+    old = signal.signal(signal.SIGALRM, _timed_out)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
+    faulthandler.dump_traceback_later(TEST_TIMEOUT + 30, exit=True, file=_STDERR)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def _free_port() -> int:
