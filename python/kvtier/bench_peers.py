@@ -450,7 +450,11 @@ class Peers:
                 st = MooncakeStore(storage_config(mc.extra_config(seg)), pool)
                 st.register_mem_pool_host(pool)
                 return st
-            return Backend(name, pool, True, mooncake, lambda st: st.clear())  # clear: remove_all
+            def empty(st: Any) -> None:
+                # forced: a read leases its objects for 10 s, and SGLang's clear() (remove_all) spares them
+                if st.store.remove_all(True) < 0:
+                    raise RuntimeError(f"{name}: remove_all failed")
+            return Backend(name, pool, True, mooncake, empty)
         raise ValueError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
 
 
@@ -625,7 +629,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.manual_seed(0)
     iters = {(pb, b): max(a.min_iters, min(a.max_iters, (a.budget * MIB) // (pb * b))) for pb in pages for b in batches}
     most = max(pb * b * n for (pb, b), n in iters.items())
-    segment = max(64 * MIB, 2 * most + 128 * MIB * 2)  # Mooncake's segment: a cell's keys with room to spare
+    # Mooncake's segment: a cell's keys, or the exists chain, twice over (it evicts from 90 % full)
+    segment = 2 * max(most, 128 * pages[0]) + 128 * MIB
     work = tempfile.mkdtemp(prefix="kvtier-bench-peers-", dir=a.dir)
     samples: Dict[tuple, List[dict]] = {}
     exists: Dict[str, List[dict]] = {}
