@@ -88,14 +88,14 @@ class Objects:
             except BaseException:
                 tier.close()
                 raise
+            lane.retired = False
             self.lanes[key] = lane
             old = None
             payloads = [k for k in self.lanes if not k[0].startswith("record")]
             if len(payloads) > 2 * _SIZES_OPEN:
                 old = self.lanes.pop(payloads[0])
         if old is not None:
-            with old.lock:
-                old.close()
+            _retire(old)
         return lane
 
     def close(self) -> None:
@@ -103,42 +103,50 @@ class Objects:
             self.closed = True
             lanes, self.lanes = list(self.lanes.values()), OrderedDict()
         for lane in lanes:
+            _retire(lane)
+
+    def _run(self, which: Tuple[str, int, bool], op: str, hashes: Sequence[bytes], before=None,
+             after=None) -> List[bool]:
+        """op over hashes in chunks of the staging tier of lane `which` (its
+        op, size, record); before(i, page) fills a staging page for key i,
+        after(i, page) reads one that was served. A lane retired meanwhile
+        (another size took its place) is opened again."""
+        while True:
+            lane = self._lane(*which)
+            if lane is None:
+                return [False] * len(hashes)
             with lane.lock:
-                lane.close()
+                if not lane.retired:
+                    return self._run_locked(lane, op, hashes, before, after)
 
     @staticmethod
-    def _run(lane: Optional[_Lane], op: str, hashes: Sequence[bytes], before=None, after=None) -> List[bool]:
-        """op over hashes in chunks of the lane's staging tier; before(i, page)
-        fills a staging page for key i, after(i, page) reads one that was served."""
-        if lane is None:
-            return [False] * len(hashes)
+    def _run_locked(lane: _Lane, op: str, hashes: Sequence[bytes], before, after) -> List[bool]:
         out: List[bool] = []
-        with lane.lock:
-            cap = lane.tier.pages
-            for c in range(0, len(hashes), cap):
-                chunk = hashes[c:c + cap]
-                if before is not None:
-                    for i in range(len(chunk)):
-                        before(c + i, lane.page_addr(i))
-                results = lane.run(op, [(h, i) for i, h in enumerate(chunk)])
-                ok = [r == "ok" for r in results] if results is not None else [False] * len(chunk)
-                if after is not None:
-                    for i in range(len(chunk)):
-                        if ok[i]:
-                            after(c + i, lane.page_addr(i))
-                out += ok
+        cap = lane.tier.pages
+        for c in range(0, len(hashes), cap):
+            chunk = hashes[c:c + cap]
+            if before is not None:
+                for i in range(len(chunk)):
+                    before(c + i, lane.page_addr(i))
+            results = lane.run(op, [(h, i) for i, h in enumerate(chunk)])
+            ok = [r == "ok" for r in results] if results is not None else [False] * len(chunk)
+            if after is not None:
+                for i in range(len(chunk)):
+                    if ok[i]:
+                        after(c + i, lane.page_addr(i))
+            out += ok
         return out
 
     def put(self, hashes: List[bytes], addrs: List[int], sizes: List[int]) -> List[bool]:
         ok = [False] * len(hashes)
         for n, idx in _by_size(sizes).items():
-            got = self._run(self._lane("put", n), "put", [hashes[i] for i in idx],
+            got = self._run(("put", n, False), "put", [hashes[i] for i in idx],
                             before=lambda j, page, idx=idx, n=n: ctypes.memmove(page, addrs[idx[j]], n))
             for i, g in zip(idx, got):
                 ok[i] = g
         done = [i for i, g in enumerate(ok) if g]
         if done:
-            recs = self._run(self._lane("put", _RECORD, record=True), "put", [hashes[i] for i in done],
+            recs = self._run(("put", _RECORD, True), "put", [hashes[i] for i in done],
                              before=lambda j, page: ctypes.memmove(page, struct.pack("<Q", sizes[done[j]]), _RECORD))
             for i, g in zip(done, recs):
                 ok[i] = g
@@ -147,7 +155,7 @@ class Objects:
     def get(self, hashes: List[bytes], addrs: List[int], sizes: List[int]) -> List[bool]:
         ok = [False] * len(hashes)
         for n, idx in _by_size(sizes).items():
-            got = self._run(self._lane("get", n), "get", [hashes[i] for i in idx],
+            got = self._run(("get", n, False), "get", [hashes[i] for i in idx],
                             after=lambda j, page, idx=idx, n=n: ctypes.memmove(addrs[idx[j]], page, n))
             for i, g in zip(idx, got):
                 ok[i] = g
@@ -159,20 +167,31 @@ class Objects:
 
         def read(j: int, page: int) -> None:
             found[j] = struct.unpack("<Q", ctypes.string_at(page, _RECORD))[0]
-        self._run(self._lane("get", _RECORD, record=True), "get", hashes, after=read)
+        self._run(("get", _RECORD, True), "get", hashes, after=read)
         return [found.get(j) or None for j in range(len(hashes))]
 
     def exists(self, hashes: List[bytes]) -> int:
         """How many keys, from the first, have a size record."""
-        lane = self._lane("get", _RECORD, record=True)
-        if lane is None:
-            return 0
-        with lane.lock:
-            results = lane.run("exists", list(hashes))
+        while True:
+            lane = self._lane("get", _RECORD, True)
+            if lane is None:
+                return 0
+            with lane.lock:
+                if lane.retired:
+                    continue
+                results = lane.run("exists", list(hashes))
+                break
         n = 0
         while results is not None and n < len(results) and results[n] == "ok":
             n += 1
         return n
+
+
+def _retire(lane: _Lane) -> None:
+    """Closes a lane once its current caller is done; a caller that finds it retired takes a new one."""
+    with lane.lock:
+        lane.retired = True
+        lane.close()
 
 
 def _by_size(sizes: List[int]) -> Dict[int, List[int]]:

@@ -225,6 +225,31 @@ def test_generic_calls_without_a_pool_refuse_bad_tensors_and_change_nothing(stor
         k.exists("a")
 
 
+def test_generic_calls_of_many_sizes_from_threads_at_once(store_dir):
+    """More tensor sizes than stay open, from four threads: lanes retire and
+    reopen under the callers, and every object still comes back whole."""
+    sizes = [8 * (i + 1) for i in range(24)]
+    errors = []
+    with ks.KvtierStorage(config({"l3": f"dir:{store_dir}"})) as k:
+        def worker(t):
+            try:
+                for rnd in range(3):
+                    for i, n in enumerate(sizes[t::2] if t % 2 else sizes):
+                        key = f"t{t}-r{rnd}-{n}"
+                        v = random_bytes((n,), torch.uint8, hash(key) & 0xffff)
+                        assert k.set(key, v), key
+                        assert same(k.get(key, torch.empty(n, dtype=torch.uint8)), v), key
+                        assert same(k.get(key), v), key
+            except BaseException as e:  # reported below, with the thread's name
+                errors.append((t, repr(e)))
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert not errors, errors
+
+
 # ---- identity: what SGLang's own storage-identity tests expect ----------------------------
 
 
