@@ -463,3 +463,62 @@ def test_bench_worker_runs_every_layout(capsys):
     for r in out["results"]:
         assert set(r["ratio"]) == {"store_wall", "store_copy", "load_wall", "load_copy"}
         assert all(v["min"] > 0 for v in r["gbps"].values())
+
+
+def test_write_through_to_a_dir_l3_and_fetch_into_another_worker(dir_store_url):
+    """The L3 path of the worker: a store job naming page hashes (KvtierStoreSpec)
+    writes its chunks through to the store before it reports; another worker,
+    with another host tier, fetches them (KvtierLoadSpec) on its way to its
+    GPU blocks, byte for byte; an object that fails its checks fails the load,
+    copies nothing and is removed."""
+    from kvtier.store import Store
+    from kvtier.vllm import KvtierLoadSpec, KvtierStoreSpec
+
+    def opener(tier):
+        return Store(dir_store_url, tier=tier, model="test-vllm-worker", page_tokens=32, layers=1,
+                     layer_bytes=2 * sum(PAGES), dtype_bytes=1)
+
+    hashes = [bytes([i]) * 16 for i in range(1, 4)]
+    kv_a, _ = caches(11)
+    a = KvtierOffloadingWorker(kv_a, NC, 2, l3=opener)
+    try:
+        a.submit_store(1, GPULoadStoreSpec(list(range(6)), [6, 0, 0], [0, 0, 0]), KvtierStoreSpec([5, 6, 7], hashes))
+        assert drain(a, [1])[1].success
+        assert a.l3_counts == {"pages_fetched": 0, "fetches_failed": 0, "pages_put": 3, "puts_failed": 0}
+        sent = gpu_bytes(kv_a)
+    finally:
+        a.shutdown()
+    kv_b, _ = caches(12)
+    b = KvtierOffloadingWorker(kv_b, NC, 2, l3=opener)
+    try:
+        before = gpu_bytes(kv_b)
+        b.submit_load(2, KvtierLoadSpec([9, 3], [(0, hashes[0])]),  # chunk 3 never filled
+                      GPULoadStoreSpec([20, 21, 24, 25], [4, 0, 0], [0, 0, 0]))
+        assert not drain(b, [2])[2].success  # chunk 3 holds no sum of a store: refused whole
+        assert [np.array_equal(x, y) for x, y in zip(gpu_bytes(kv_b), before)] == [True] * len(PAGES)
+        b.submit_load(3, KvtierLoadSpec([9, 3, 4], [(0, hashes[0]), (1, hashes[1]), (2, hashes[2])]),
+                      GPULoadStoreSpec([20, 21, 22, 23, 24, 25], [6, 0, 0], [0, 0, 0]))
+        assert drain(b, [3])[3].success
+        got = gpu_bytes(kv_b)
+        for t, P in enumerate(PAGES):  # group 0's refs move their first s bytes of each block
+            s = dict(GROUPS[0]).get(t)
+            if s is not None:
+                assert np.array_equal(got[t][20:26, :s], sent[t][0:6, :s]), t
+        # a corrupt object: the load fails and copies nothing; the object goes
+        path = dir_store_url[4:]
+        names = [os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs]
+        victim = max(names, key=os.path.getmtime)
+        with open(victim, "r+b") as f:
+            f.seek(200)
+            f.write(b"garbage")
+        before = gpu_bytes(kv_b)
+        b.submit_load(4, KvtierLoadSpec([10, 11, 12], [(0, hashes[0]), (1, hashes[1]), (2, hashes[2])]),
+                      GPULoadStoreSpec([30, 31, 32, 33, 34, 35], [6, 0, 0], [0, 0, 0]))
+        assert not drain(b, [4])[4].success
+        assert [np.array_equal(x, y) for x, y in zip(gpu_bytes(kv_b), before)] == [True] * len(PAGES)
+        assert b.l3_counts["fetches_failed"] == 1 and b.l3_counts["pages_fetched"] == 4
+        b.wait(set())
+    finally:
+        b.shutdown()
+    left = [os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs]
+    assert victim not in left and len(left) == 2, left
