@@ -77,7 +77,7 @@ test-san: bootstrap
 # UCX: its memory hooks (libucm) crash TSan-instrumented programs at start-up.
 test-tsan: bootstrap
 	@mkdir -p $(TSAN_BUILD) && cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread -DKVT_CHECK_LEVEL=2 -DKVT_UCX=off $(CMAKE_ARGS) >$(TSAN_BUILD)/configure.log 2>&1 || { cat $(TSAN_BUILD)/configure.log; exit 1; }
-	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan-stress tsan-pd tsan-store kvtier-cli 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
+	@env -u MAKEFLAGS -u MAKELEVEL cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan-stress tsan-pd tsan-store kvtier-cli kvtier-test-cli 2>&1 | { grep -vE '^\[ *[0-9]+%\]|^-- ' || true; }
 	@tests/run_tsan $(TSAN_BUILD)
 
 # The cuda backend and the kernels suite: compiled and linked wherever the CUDA

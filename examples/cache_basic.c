@@ -12,6 +12,8 @@
 
 #include <kvtier/kvtier.h>
 
+#include "content.h"
+
 #define PAGE_TOKENS 16
 #define L1_PAGES 64
 #define L2_PAGES 256
@@ -63,7 +65,7 @@ int main(void) {
         if ((rc = kvt_cache_admit(c, 0, tok, NTOK, 0, ids, &req)) != KVT_OK) return fail("admit", rc);
         kvt_page_hash_chain(0, tok, req.pages, PAGE_TOKENS, h);
         for (uint64_t j = req.l1_hit_pages + req.l2_hit_pages; j < req.pages; j++) /* the forward pass */
-            kvt_tier_pattern_fill(l1, ids[j], h[j].lo, h[j].hi, scratch);
+            content_fill(l1, ids[j], h[j].lo, h[j].hi, scratch);
         kvt_cache_commit(c, &req);
         kvt_cache_release(c, &req);
     }
@@ -72,7 +74,7 @@ int main(void) {
     if ((rc = kvt_cache_admit(c, 0, tok, NTOK, 0, ids, &req)) != KVT_OK) return fail("admit", rc);
     kvt_page_hash_chain(0, tok, req.pages, PAGE_TOKENS, h);
     for (uint64_t j = 0; j < req.l1_hit_pages + req.l2_hit_pages; j++)
-        bad += !kvt_tier_pattern_check(l1, ids[j], h[j].lo, h[j].hi, scratch);
+        bad += !content_check(l1, ids[j], h[j].lo, h[j].hi, scratch);
     uint64_t hits = req.l1_hit_pages + req.l2_hit_pages, from_l2 = req.l2_hit_pages;
     kvt_cache_release(c, &req);
     kvt_cache_sync(c);

@@ -22,6 +22,8 @@
 
 #include <kvtier/kvtier.h>
 
+#include "content.h"
+
 #define RANKS 2
 #define PAGE 16
 #define L1_PAGES 32 /* both lanes */
@@ -80,9 +82,9 @@ static int rank_main(const char *name, uint32_t r) {
             if (kvt_cp_owner(&lay, ids[j]) != r) continue; /* another rank's lane */
             uint64_t p = kvt_cp_read_page(&lay, ids[j]);
             if (j >= req.l1_hit_pages && j < req.pages - req.new_pages) /* loaded back into our lane */
-                loads++, wrong += !kvt_tier_pattern_check(l1, p, h[j].lo, h[j].hi, scratch);
+                loads++, wrong += !content_check(l1, p, h[j].lo, h[j].hi, scratch);
             else if (j >= req.pages - req.new_pages) /* the forward pass: our new pages */
-                kvt_tier_pattern_fill(l1, p, h[j].lo, h[j].hi, scratch);
+                content_fill(l1, p, h[j].lo, h[j].hi, scratch);
         }
         if (rc == KVT_OK) rc = kvt_cp_group_filled(g, i);
         if (rc == KVT_OK) rc = kvt_cache_commit(c, &req);

@@ -72,6 +72,7 @@ int main(void) {
     void *kp[LAYERS], *vp[LAYERS];
     for (int l = 0; l < LAYERS; l++) kp[l] = k_buf[l], vp[l] = v_buf[l];
     kvt_tier_engine_t pool = {
+        .size = sizeof(pool),
         .planes = 2,
         .plane = {{.layer_base = kp, .piece_bytes = KP, .page_stride = KP},
                   {.layer_base = vp, .piece_bytes = VP, .page_stride = VP}},

@@ -20,6 +20,8 @@
 
 #include <kvtier/kvtier.h>
 
+#include "content.h"
+
 #define RANKS 2
 #define HANDOFFS 20
 #define PAGES 8 /* per hand-off */
@@ -48,7 +50,7 @@ static void *rank_main(void *arg) {
         size_t n = 0;
         for (uint64_t j = r; j < PAGES; j += RANKS, n++) { /* our pages, into our tier */
             kvt_hash128_t ph = page_hash(h, j);
-            kvt_tier_pattern_fill(src, n, ph.lo, ph.hi, scratch);
+            content_fill(src, n, ph.lo, ph.hi, scratch);
         }
         if ((rc = kvt_pd_sender_begin(s, h, PAGES, dst)) != KVT_OK) break;
         n = 0;
@@ -93,7 +95,7 @@ int main(void) {
                 complete++;
                 for (uint64_t j = 0; j < ev[i].npages; j++) {
                     kvt_hash128_t ph = page_hash(ev[i].handoff, j);
-                    wrong += !kvt_tier_pattern_check(pool, ev[i].pages[j], ph.lo, ph.hi, scratch);
+                    wrong += !content_check(pool, ev[i].pages[j], ph.lo, ph.hi, scratch);
                 }
             } else {
                 failed++;

@@ -22,6 +22,7 @@ extern "C" {
 #endif
 
 typedef struct kvt_allocator {
+    uint32_t size; /* sizeof(kvt_allocator_t) */
     void *(*malloc_fn)(void *ctx, size_t size);
     void *(*realloc_fn)(void *ctx, void *ptr, size_t old_size, size_t new_size);
     void (*free_fn)(void *ctx, void *ptr, size_t size);
@@ -31,7 +32,7 @@ typedef struct kvt_allocator {
 /* Installs `a` (copied) for all later allocations; NULL restores libc.
  * Install before creating any kvtier object: memory is returned to the
  * allocator that gave it. Returns KVT_EINVAL (nothing changed) when a function
- * pointer is missing. */
+ * pointer is missing or the size is not one this library reads. */
 KVT_API int kvt_set_allocator(const kvt_allocator_t *a);
 
 typedef struct kvt_mem_stats {

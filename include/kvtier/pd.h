@@ -33,8 +33,8 @@
  *
  * Threads. The receiver runs its control loop on a thread of its own. poll
  * is called from one thread at a time; release, stats and the port queries
- * may be called from any thread, concurrently with poll; create, destroy and
- * test_peers on the owning thread, not concurrently with the others. A
+ * may be called from any thread, concurrently with poll; create and destroy
+ * on the owning thread, not concurrently with the others. A
  * sender is used by one thread at a time (its calls block: begin until decode
  * answers, send until decode acknowledged every byte).
  */
@@ -192,15 +192,6 @@ KVT_API int kvt_pd_receiver_poll(kvt_pd_receiver_t *r, kvt_pd_event_t *ev, size_
 KVT_API int kvt_pd_receiver_release(kvt_pd_receiver_t *r, uint64_t handoff);
 /* A snapshot (st->size set by the caller). KVT_EINVAL. */
 KVT_API int kvt_pd_receiver_stats(kvt_pd_receiver_t *r, kvt_pd_stats_t *st);
-
-/* Tests only: opens bad peers against the receiver's own two ports, before
- * the caller tells any rank the ports (so they are first in line), as spec
- * says: "stall:N,rank0,garbage,data-garbage,data-geometry,data-huge,
- * data-outside,data-wrap,data-stall:N,hold:MS" (docs/pd.md); waits until the
- * page server has judged the data-port ones. *hold_ms gets MS (0 without
- * hold): how long the caller should hold the ports back. The peers stay
- * open until destroy. KVT_EINVAL (a bad word; peers opened so far stay). */
-KVT_API int kvt_pd_receiver_test_peers(kvt_pd_receiver_t *r, const char *spec, uint64_t *hold_ms);
 
 /* ---- the prefill side: sender (one per rank) -------------------------------------- */
 

@@ -146,10 +146,6 @@ typedef struct kvt_store_config {
     uint32_t retries;         /* per key: redirections, TRYAGAIN, reconnects (default 8); a node that
                                * cannot be reached or says it is down is not retried: it is left
                                * alone for a second, its keys failing at once */
-    /* Latency injected before every batch a worker runs, microseconds (0:
-     * none; at most 10 s): a store far away, for tests and benchmarks of
-     * what waits on it (the prefetch policies). */
-    uint32_t delay_us;
     /* Messages (bad objects, a node lost, a store down): called on a worker
      * thread; NULL: the first 16 go to stderr, the rest are only counted. */
     void (*log)(void *arg, const char *msg);

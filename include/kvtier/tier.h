@@ -160,6 +160,7 @@ typedef struct kvt_tier_plane {
 } kvt_tier_plane_t;
 
 typedef struct kvt_tier_engine {
+    uint32_t size;           /* sizeof(kvt_tier_engine_t) */
     uint32_t planes;         /* 1..KVT_TIER_MAX_PLANES */
     kvt_tier_plane_t plane[KVT_TIER_MAX_PLANES];
     bool device;             /* CUDA device pointers of device cfg.device (else host memory) */
@@ -237,19 +238,6 @@ typedef struct kvt_tier_info {
 } kvt_tier_info_t;
 
 KVT_API int kvt_tier_info(const kvt_tier_t *t, kvt_tier_info_t *info);
-
-/* Page content derived from a page hash and a layer: what `replay --data`
- * and the tests write into new pages and expect to read back. Word i (8
- * bytes, little-endian; a short tail takes the low bytes) is
- * splitmix64(hash.lo ^ rotl(hash.hi, 17) ^ layer << 48 ^ i). */
-KVT_API void kvt_pattern_fill(void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
-/* True when buf holds exactly that content. */
-KVT_API bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer);
-/* The same for a whole page of a tier, every layer, through kvt_tier_write
- * and kvt_tier_read (so for every kind of tier); scratch holds layer_bytes.
- * fill: KVT_OK or kvt_tier_write's error; check: true when it matches. */
-KVT_API int kvt_tier_pattern_fill(kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
-KVT_API bool kvt_tier_pattern_check(const kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch);
 
 /* True when this build has the cuda backend. */
 KVT_API bool kvt_tier_cuda_built(void);

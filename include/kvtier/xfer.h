@@ -105,21 +105,6 @@ KVT_API int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint6
 /* Batches submitted and not yet taken by poll. */
 KVT_API uint64_t kvt_xfer_pending(kvt_xfer_t *x);
 
-/* Fault injection, for tests. Copies are counted from the call on, in the
- * order workers start them; the nth fails (KVT_EIO) or is delayed. With
- * fail_p / delay_p, each copy fails / is delayed by a uniform time up to
- * delay_max_ns with that probability, drawn from seed and its number. NULL
- * clears. */
-typedef struct kvt_xfer_faults {
-    uint64_t fail_nth;
-    uint64_t delay_nth, delay_ns;
-    double fail_p, delay_p;
-    uint64_t delay_max_ns;
-    uint64_t seed;
-} kvt_xfer_faults_t;
-
-KVT_API int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f);
-
 /* Statistics per (source, destination) tier pair. */
 #define KVT_XFER_STATS_FIELDS(X)                                                    \
     X(batches, COUNTER, "batches completed")                                      \

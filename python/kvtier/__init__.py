@@ -30,13 +30,13 @@ from .cp import CpGroup
 
 
 def version() -> str:
-    """The library's version, "MAJOR.MINOR.PATCH" ("0.3.0")."""
+    """The library's version, "MAJOR.MINOR.PATCH" ("0.4.0")."""
     v = _clib.kvt_version()
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
 def build_info() -> str:
-    """The library's version with what it was built with ("0.3.0 (cuda: no, ucx: yes)")."""
+    """The library's version with what it was built with ("0.4.0 (cuda: no, ucx: yes)")."""
     return _clib.kvt_version_string().decode()
 
 

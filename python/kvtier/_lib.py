@@ -120,7 +120,7 @@ class TierPlane(Structure):
 
 
 class TierEngine(Structure):
-    _fields_ = [("planes", c_uint32), ("plane", TierPlane * KVT_TIER_MAX_PLANES), ("device", c_bool)]
+    _fields_ = [("size", c_uint32), ("planes", c_uint32), ("plane", TierPlane * KVT_TIER_MAX_PLANES), ("device", c_bool)]
 
 
 class TierConfig(Structure):
@@ -195,7 +195,7 @@ class StoreConfig(Structure):
     _fields_ = [("size", c_uint32), ("tier", c_void_p), ("model", c_char_p), ("page_tokens", c_uint32),
                 ("layers", c_uint32), ("layer_bytes", c_uint64), ("dtype_bytes", c_uint32), ("tp_rank", c_uint32),
                 ("tp_size", c_uint32), ("cp_rank", c_uint32), ("cp_size", c_uint32), ("ns", c_char_p),
-                ("threads", c_uint32), ("timeout_ms", c_uint32), ("retries", c_uint32), ("delay_us", c_uint32),
+                ("threads", c_uint32), ("timeout_ms", c_uint32), ("retries", c_uint32),
                 ("log", c_void_p), ("log_arg", c_void_p)]
 
 
@@ -360,8 +360,6 @@ _PROTOS = {
     "kvt_tier_page_sum": (u64, [vp, u64]),
     "kvt_tier_info": (c_int, [vp, P(TierInfo)]),
     "kvt_tier_cuda_built": (c_bool, []),
-    "kvt_tier_pattern_fill": (c_int, [vp, u64, u64, u64, vp]),
-    "kvt_tier_pattern_check": (c_bool, [vp, u64, u64, u64, vp]),
     # transfer engine
     "kvt_xfer_config_default": (None, [P(XferConfig)]),
     "kvt_xfer_create": (c_int, [P(vp), P(XferConfig), P(vp), c_uint]),

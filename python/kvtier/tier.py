@@ -255,7 +255,7 @@ class Tier(Handle):
         layers = _a.u32(layers, f"{w} layers", 1)
         if device is not None:
             device = _a.integer(device, f"{w} device", 0, _a.I32_MAX)
-        eng = TierEngine(planes=len(planes), device=device is not None)
+        eng = TierEngine(size=ctypes.sizeof(TierEngine), planes=len(planes), device=device is not None)
         hold: List[Any] = list(keep)
         for i, p in enumerate(planes):
             _a.instance(p, Plane, f"{w} planes[{i}]")

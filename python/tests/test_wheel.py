@@ -29,7 +29,10 @@ import importlib.metadata, json, os, sys
 import kvtier, kvtier.sglang
 print(kvtier.__version__)
 maps = [l.split(None, 5)[5] for l in open("/proc/self/maps") if l.count(" ") >= 5 and "libkvtier" in l]
-print(json.dumps({"version": kvtier.__version__, "dist": importlib.metadata.version("kvtier"),
+import ctypes
+hooks = [n for n in ("kvt_xfer_set_faults", "kvt_store_set_delay", "kvt_pd_receiver_test_peers", "kvt_pattern_fill")
+         if hasattr(ctypes.CDLL(kvtier.LIBRARY), n)]
+print(json.dumps({"version": kvtier.__version__, "dist": importlib.metadata.version("kvtier"), "hooks": hooks,
                   "library": kvtier.LIBRARY, "file": kvtier.__file__, "maps": sorted(set(m.strip() for m in maps)),
                   "sys_path": sys.path, "build_info": kvtier.build_info()}))
 """
@@ -89,6 +92,7 @@ def test_the_wheel_holds_the_library_and_no_build_path(installed):
     wheel, _venv, _ = installed
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvtier/lib/libkvtier.so" in names and "kvtier/py.typed" in names
+    assert not [n for n in names if "testing" in n], names  # the testing library stays in the checkout
     assert "kvtier/__init__.py" in names and "kvtier/sglang.py" in names
     assert not [n for n in names if n.endswith("_build.py") or n.endswith(".pth") or "__pycache__" in n], names
     assert wheel.name.startswith(f"kvtier-{header_version()}-")
@@ -99,6 +103,7 @@ def test_import_in_a_fresh_venv_uses_the_bundled_library(installed, tmp_path):
     got = probe(venv, tmp_path)
     want = header_version()
     assert got["version"] == want and got["dist"] == want and got["build_info"].startswith(want)
+    assert got["hooks"] == [], "the wheel's library carries no test hooks"
     venv_real = venv.resolve()
     lib = pathlib.Path(got["library"]).resolve()
     assert venv_real in lib.parents and lib.name == "libkvtier.so", got["library"]

@@ -15,7 +15,7 @@ static void *libc_malloc(void *ctx, size_t size) { (void)ctx; return malloc(size
 static void *libc_realloc(void *ctx, void *p, size_t o, size_t n) { (void)ctx; (void)o; return realloc(p, n); }
 static void libc_free(void *ctx, void *p, size_t size) { (void)ctx; (void)size; free(p); }
 
-static kvt_allocator_t g_alloc = {libc_malloc, libc_realloc, libc_free, NULL};
+static kvt_allocator_t g_alloc = {sizeof(kvt_allocator_t), libc_malloc, libc_realloc, libc_free, NULL};
 
 static _Atomic uint64_t g_allocs, g_frees, g_failed;
 static _Atomic int64_t g_live, g_peak;
@@ -28,11 +28,13 @@ static void *g_hook_arg;
 
 int kvt_set_allocator(const kvt_allocator_t *a) {
     if (a == NULL) {
-        g_alloc = (kvt_allocator_t){libc_malloc, libc_realloc, libc_free, NULL};
+        g_alloc = (kvt_allocator_t){sizeof(kvt_allocator_t), libc_malloc, libc_realloc, libc_free, NULL};
         return KVT_OK;
     }
-    if (!a->malloc_fn || !a->realloc_fn || !a->free_fn) return KVT_EINVAL;
-    g_alloc = *a;
+    kvt_allocator_t full = {.size = sizeof(full)};
+    if (kvt__abi_in(&full, sizeof(full), a) != KVT_OK || !full.malloc_fn || !full.realloc_fn || !full.free_fn)
+        return KVT_EINVAL;
+    g_alloc = full;
     return KVT_OK;
 }
 

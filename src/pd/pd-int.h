@@ -1,5 +1,6 @@
-/* Private to src/pd: the receiver's state (receiver.c; testpeers.c opens
- * its bad peers against it) and the statistics helpers (stats.c). */
+/* Private to src/pd: the receiver's state (receiver.c; the testing
+ * library's src/testing/testpeers.c opens its bad peers against it) and the
+ * statistics helpers (stats.c). */
 #ifndef KVTIER_PD_INT_H
 #define KVTIER_PD_INT_H
 
@@ -52,7 +53,7 @@ struct kvt_pd_receiver {
     uint64_t *lat; /* [rank][window]: rings of per-rank hand-off latencies */
     uint64_t nlat;
     kvt_pd_stats_t st;
-    int peers[KVT_PD_MAX_TEST_PEERS]; /* kvt_pd_receiver_test_peers' sockets */
+    int peers[KVT_PD_MAX_TEST_PEERS]; /* the testing library's bad peers (kvtier/testing.h), closed at destroy */
     uint32_t npeers;
 };
 

@@ -97,6 +97,10 @@ const char *kvt__store_check_object(const kvt_store_t *s, const uint8_t key[16],
 uint64_t kvt__store_object_bytes(const kvt_store_t *s);
 uint32_t kvt__store_timeout_ms(const kvt_store_t *s);
 uint32_t kvt__store_retries(const kvt_store_t *s);
+/* Latency before every batch a worker runs from now on, microseconds (0:
+ * none; at most 10 s, else KVT_EINVAL and nothing changed): a store far
+ * away, for the testing library's kvt_store_set_delay (kvtier/testing.h). */
+int kvt__store_set_delay(kvt_store_t *s, uint32_t us);
 
 /* Sets the open error text (thread-local) — printf style. */
 void kvt__store_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -54,6 +54,7 @@ typedef struct opstats {
 
 struct kvt_store {
     kvt_store_config_t cfg;
+    _Atomic uint32_t delay_us; /* before every batch a worker runs (kvt__store_set_delay) */
     char model[128], ns[128];
     char url[1024];
     const kvt__store_ops_t *ops;
@@ -139,6 +140,12 @@ uint64_t kvt__store_object_bytes(const kvt_store_t *s) { return s->object_bytes;
 uint64_t kvt_store_object_bytes(const kvt_store_t *s) { return s ? s->object_bytes : 0; }
 uint32_t kvt__store_timeout_ms(const kvt_store_t *s) { return s->cfg.timeout_ms; }
 uint32_t kvt__store_retries(const kvt_store_t *s) { return s->cfg.retries; }
+
+int kvt__store_set_delay(kvt_store_t *s, uint32_t us) {
+    if (s == NULL || us > 10000000) return KVT_EINVAL;
+    atomic_store_explicit(&s->delay_us, us, memory_order_relaxed);
+    return KVT_OK;
+}
 
 int kvt__store_parse_size(const char *p, size_t len, uint64_t *out, const char **why) {
     static const char *form = "digits, then K, M, G or T (powers of 1024)", *big = "more than 2^64-1 bytes";
@@ -464,8 +471,9 @@ static void *worker_main(void *arg) {
         }
         pthread_mutex_unlock(&s->mu);
 
-        if (s->cfg.delay_us) { /* a store far away (kvt_store_config_t.delay_us) */
-            struct timespec ts = {s->cfg.delay_us / 1000000, (long)(s->cfg.delay_us % 1000000) * 1000};
+        uint32_t delay_us = atomic_load_explicit(&s->delay_us, memory_order_relaxed);
+        if (delay_us) { /* a store far away (kvt__store_set_delay) */
+            struct timespec ts = {delay_us / 1000000, (long)(delay_us % 1000000) * 1000};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
         }
         int rc = wctx_ready(s, &k);
@@ -635,7 +643,6 @@ void kvt_store_config_default(kvt_store_config_t *cfg) {
 
 static int check_config(kvt_store_t *s) {
     kvt_store_config_t *c = &s->cfg;
-    if (c->delay_us > 10000000) return kvt__store_error("config: delay_us %u is more than 10 s", c->delay_us), KVT_EINVAL;
     if (c->model == NULL || c->model[0] == 0 || strlen(c->model) >= sizeof(s->model))
         return kvt__store_error("config: a model name (1..127 characters) is required"), KVT_EINVAL;
     const char *ns = c->ns ? c->ns : "default";

@@ -8,7 +8,6 @@
 #include "kvtier/error.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
-#include "../core/mix-int.h"
 
 static const char *const LAYOUTS[] = {"page_first", "layer_first"};
 static const char *const KINDS[] = {"arena", "cuda", "host", "shm", "tcp", "ucx", "engine"};
@@ -91,9 +90,12 @@ static void derive(kvt_tier_t *t) {
 
 int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *user) {
     kvt_tier_config_t full = {.size = sizeof(full)};
+    kvt_tier_engine_t engine = {.size = sizeof(engine)}; /* the caller's, at this library's size (open copies it) */
     const kvt_tier_config_t *cfg = &full;
-    if (out == NULL || user == NULL || kvt__abi_in(&full, sizeof(full), user) != KVT_OK || ops_of(cfg) == NULL)
-        return KVT_EINVAL;
+    if (out == NULL || user == NULL || kvt__abi_in(&full, sizeof(full), user) != KVT_OK) return KVT_EINVAL;
+    if (full.engine != NULL && kvt__abi_in(&engine, sizeof(engine), full.engine) != KVT_OK) return KVT_EINVAL;
+    if (full.engine != NULL) full.engine = &engine;
+    if (ops_of(cfg) == NULL) return KVT_EINVAL;
     if ((cfg->kind == KVT_TIER_ENGINE) != (cfg->engine != NULL)) return KVT_EINVAL;
     kvt_geom_t geom = cfg->geom;
     if (cfg->kind == KVT_TIER_ENGINE && kvt__engine_check(cfg, &geom.layer_bytes) != KVT_OK) return KVT_EINVAL;
@@ -206,57 +208,4 @@ int kvt__host_read(const kvt_tier_t *t, void *dst, const void *src, size_t len) 
     (void)t;
     memcpy(dst, src, len);
     return KVT_OK;
-}
-
-/* ---- test pattern --------------------------------------------------------------- */
-
-static inline uint64_t pattern_seed(uint64_t lo, uint64_t hi, uint32_t layer) {
-    return lo ^ ((hi << 17) | (hi >> 47)) ^ ((uint64_t)layer << 48);
-}
-
-void kvt_pattern_fill(void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer) {
-    uint64_t seed = pattern_seed(hash_lo, hash_hi, layer);
-    uint8_t *p = buf;
-    size_t words = len / 8;
-    for (size_t i = 0; i < words; i++) {
-        uint64_t w = kvt__splitmix64(seed ^ i);
-        memcpy(p + 8 * i, &w, 8);
-    }
-    if (len % 8) {
-        uint64_t w = kvt__splitmix64(seed ^ words);
-        memcpy(p + 8 * words, &w, len % 8);
-    }
-}
-
-bool kvt_pattern_check(const void *buf, size_t len, uint64_t hash_lo, uint64_t hash_hi, uint32_t layer) {
-    uint64_t seed = pattern_seed(hash_lo, hash_hi, layer);
-    const uint8_t *p = buf;
-    size_t words = len / 8;
-    for (size_t i = 0; i < words; i++) {
-        uint64_t w;
-        memcpy(&w, p + 8 * i, 8);
-        if (w != kvt__splitmix64(seed ^ i)) return false;
-    }
-    if (len % 8) {
-        uint64_t w = kvt__splitmix64(seed ^ words);
-        return memcmp(&w, p + 8 * words, len % 8) == 0;
-    }
-    return true;
-}
-
-int kvt_tier_pattern_fill(kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch) {
-    int rc = KVT_OK;
-    for (uint32_t l = 0; t && l < t->cfg.geom.layers && rc == KVT_OK; l++) {
-        kvt_pattern_fill(scratch, t->cfg.geom.layer_bytes, hash_lo, hash_hi, l);
-        rc = kvt_tier_write(t, page, l, scratch);
-    }
-    return t ? rc : KVT_EINVAL;
-}
-
-bool kvt_tier_pattern_check(const kvt_tier_t *t, uint64_t page, uint64_t hash_lo, uint64_t hash_hi, void *scratch) {
-    for (uint32_t l = 0; t && l < t->cfg.geom.layers; l++)
-        if (kvt_tier_read(t, page, l, scratch) != KVT_OK ||
-            !kvt_pattern_check(scratch, t->cfg.geom.layer_bytes, hash_lo, hash_hi, l))
-            return false;
-    return t != NULL;
 }

@@ -24,6 +24,22 @@
 #define KVTIER_XFER_INT_H
 
 #include "../tier/tier-int.h"
+#include "kvtier/xfer.h"
+
+/* Copy faults (the testing library's kvt_xfer_set_faults, kvtier/testing.h,
+ * documents them): the nth copy counted from the call fails or is delayed,
+ * and each copy fails or is delayed with a probability drawn from seed. */
+typedef struct kvt__xfer_faults {
+    uint64_t fail_nth;
+    uint64_t delay_nth, delay_ns;
+    double fail_p, delay_p;
+    uint64_t delay_max_ns;
+    uint64_t seed;
+} kvt__xfer_faults_t;
+
+/* Arms f (NULL disarms) and restarts the copy count. KVT_EINVAL for a
+ * probability outside [0, 1], nothing changed. */
+int kvt__xfer_set_faults(kvt_xfer_t *x, const kvt__xfer_faults_t *f);
 
 #define KVT__MAX_CHUNKS (2 * KVT_TIER_MAX_PLANES)
 

@@ -103,7 +103,7 @@ struct kvt_xfer {
     _Atomic uint64_t next_ticket;
     pthread_mutex_t fault_mu;
     _Atomic bool faults_on; /* fast path: no lock per copy when no fault is armed */
-    kvt_xfer_faults_t faults;
+    kvt__xfer_faults_t faults;
     uint64_t fault_count;
     kvt_tier_t *device; /* a device tier host tiers were registered with, or NULL */
     bool *registered[KVT_XFER_MAX_TIERS]; /* per region of each host tier: this engine registered it (and unregisters) */
@@ -128,7 +128,7 @@ static int next_fault(kvt_xfer_t *x, uint64_t *delay) {
     *delay = 0;
     if (!atomic_load_explicit(&x->faults_on, memory_order_relaxed)) return KVT_OK;
     pthread_mutex_lock(&x->fault_mu);
-    const kvt_xfer_faults_t *f = &x->faults;
+    const kvt__xfer_faults_t *f = &x->faults;
     uint64_t k = ++x->fault_count;
     int rc = KVT_OK;
     if (f->fail_nth && k == f->fail_nth) rc = KVT_EIO;
@@ -561,7 +561,7 @@ uint64_t kvt_xfer_pending(kvt_xfer_t *x) {
     return n;
 }
 
-int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f) {
+int kvt__xfer_set_faults(kvt_xfer_t *x, const kvt__xfer_faults_t *f) {
     if (x == NULL || (f && !(f->fail_p >= 0 && f->fail_p <= 1 && f->delay_p >= 0 && f->delay_p <= 1))) return KVT_EINVAL;
     pthread_mutex_lock(&x->fault_mu);
     if (f) x->faults = *f;

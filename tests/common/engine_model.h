@@ -195,6 +195,7 @@ typedef struct em_ptrs {
 /* The description an integrator writes for each engine (docs/engine.md). */
 static inline void describe(const em_shape_t *sh, em_mem_t *m, em_ptrs_t *pp, kvt_tier_engine_t *e) {
     memset(e, 0, sizeof(*e));
+    e->size = sizeof(*e);
     size_t k = em_piece(sh, 0), v = em_has_v(sh) ? em_piece(sh, 1) : 0;
     for (uint32_t l = 0; l < sh->layers; l++) {
         switch (sh->kind) {

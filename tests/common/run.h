@@ -37,6 +37,14 @@ static const char *kvtier_bin(void) {
     return b && *b ? b : KVT_CLI_PATH;
 }
 
+/* kvtier-test: the command with its test-only options and environment hooks
+ * (--copy-faults, --l3-delay, KVT_PD_*, KVT_CP_*), linked with the testing
+ * library; $KVTIER_TEST_BIN, else the one built with the tests. */
+static inline const char *kvtier_test_bin(void) {
+    const char *b = getenv("KVTIER_TEST_BIN");
+    return b && *b ? b : KVT_CLI_TEST_PATH;
+}
+
 /* Runs argv (argv[0] == NULL means the kvtier binary). */
 static run_result_t run_argv(const char *const *argv) {
     run_result_t res = {0};

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "cache/cache-int.h"
+#include "kvtier/testing.h"
 #include "kvtier/rng.h"
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
@@ -185,7 +186,7 @@ static int stress_run(uint64_t seed, int steps, stress_counts_t *n, char *err, s
     xc.threads = 2;
     xc.max_batch_bytes = (1 + kvt_rng_below(&s->rng, 4)) * s->layers * s->layer_bytes; /* items of 1-4 pages */
     if (rc == KVT_OK) rc = kvt_xfer_create(&s->xf, &xc, s->tier, 2);
-    kvt_xfer_faults_t f = {.fail_p = 0.04, .delay_p = 0.3, .delay_max_ns = 300000, .seed = seed};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .fail_p = 0.04, .delay_p = 0.3, .delay_max_ns = 300000, .seed = seed};
     if (rc == KVT_OK) rc = kvt_xfer_set_faults(s->xf, &f);
     kvt_cache_config_t cfg;
     kvt_cache_config_default(&cfg);

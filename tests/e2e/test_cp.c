@@ -81,7 +81,7 @@ static double seconds(void) {
 Test(cp, killed_rank, .timeout = 120) {
     setenv("KVT_CP_KILL", "2:400", 1);
     double t0 = seconds();
-    run_result_t g = run_argv((const char *const[]){NULL, "cp", "--ranks", "4", TRACE, SHAPE, "--data", "--bytes-per-token",
+    run_result_t g = run_argv((const char *const[]){kvtier_test_bin(), "cp", "--ranks", "4", TRACE, SHAPE, "--data", "--bytes-per-token",
                                                     "64", "--limit", "3217", NULL});
     double took = seconds() - t0;
     unsetenv("KVT_CP_KILL");
@@ -96,8 +96,8 @@ Test(cp, killed_rank, .timeout = 120) {
 /* A rank whose decisions part from the others' is caught, with the request. */
 Test(cp, diverging_rank, .timeout = 120) {
     setenv("KVT_CP_DIVERGE", "3:250", 1);
-    run_result_t end = run_argv((const char *const[]){NULL, "cp", "--ranks", "4", TRACE, SHAPE, "--limit", "600", NULL});
-    run_result_t early = run_argv((const char *const[]){NULL, "cp", "--ranks", "4", TRACE, SHAPE, "--limit", "600",
+    run_result_t end = run_argv((const char *const[]){kvtier_test_bin(), "cp", "--ranks", "4", TRACE, SHAPE, "--limit", "600", NULL});
+    run_result_t early = run_argv((const char *const[]){kvtier_test_bin(), "cp", "--ranks", "4", TRACE, SHAPE, "--limit", "600",
                                                         "--digest-every", "50", NULL});
     unsetenv("KVT_CP_DIVERGE");
     cr_assert_eq(end.status, 1);
@@ -183,15 +183,16 @@ typedef struct spawned {
     int ofd, efd;
 } spawned_t;
 
-/* Starts `kvtier cp --ranks C --rank r --group name` + args without waiting. */
-static spawned_t spawn_rank(uint32_t C, uint32_t r, const char *name, const char *const *args) {
+/* Starts `bin cp --ranks C --rank r --group name` + args without waiting (bin: kvtier or
+ * kvtier-test, for the environment's test hooks). */
+static spawned_t spawn_rank_of(const char *bin, uint32_t C, uint32_t r, const char *name, const char *const *args) {
     char outp[] = "/tmp/kvt-out-XXXXXX", errp[] = "/tmp/kvt-err-XXXXXX", ranks[16], rank[16];
     spawned_t s = {.ofd = mkstemp(outp), .efd = mkstemp(errp)};
     unlink(outp);
     unlink(errp);
     snprintf(ranks, sizeof(ranks), "%u", C);
     snprintf(rank, sizeof(rank), "%u", r);
-    const char *argv[64] = {kvtier_bin(), "cp", "--ranks", ranks, "--rank", rank, "--group", name};
+    const char *argv[64] = {bin, "cp", "--ranks", ranks, "--rank", rank, "--group", name};
     int n = 8;
     for (int i = 0; args[i] && n < 63; i++) argv[n++] = args[i];
     argv[n] = NULL;
@@ -202,6 +203,10 @@ static spawned_t spawn_rank(uint32_t C, uint32_t r, const char *name, const char
     cr_assert_eq(posix_spawn(&s.pid, argv[0], &fa, NULL, (char *const *)argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
     return s;
+}
+
+static spawned_t spawn_rank(uint32_t C, uint32_t r, const char *name, const char *const *args) {
+    return spawn_rank_of(kvtier_bin(), C, r, name, args);
 }
 
 static run_result_t wait_rank(spawned_t *s) {
@@ -294,7 +299,7 @@ Test(cp, independent_missing_or_dead_rank_is_named, .timeout = 120) {
     const char *const args2[] = {TRACE, SHAPE, "--data", "--bytes-per-token", "64", "--limit", "3217", NULL};
     setenv("KVT_CP_KILL", "2:400", 1);
     spawned_t d[4];
-    for (uint32_t r = 0; r < 4; r++) d[r] = spawn_rank(4, r, name, args2);
+    for (uint32_t r = 0; r < 4; r++) d[r] = spawn_rank_of(kvtier_test_bin(), 4, r, name, args2);
     unsetenv("KVT_CP_KILL");
     for (uint32_t r = 0; r < 4; r++) {
         run_result_t res = wait_rank(&d[r]);

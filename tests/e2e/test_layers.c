@@ -30,3 +30,18 @@ Test(layers, a_planted_upward_edge_is_refused, .timeout = 60) {
     cr_assert(strstr(r.out, "exit 1"), "%s", r.out);
     run_free(&r);
 }
+
+/* No library module may include the testing library's header: its hooks
+ * stay out of libkvtier (a planted include in the transfer engine). */
+Test(layers, the_library_including_the_testing_header_is_refused, .timeout = 60) {
+    char dir[] = "/tmp/kvt-layers-XXXXXX", cmd[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd),
+             "set -e; mkdir -p '%s/scripts' '%s/src'; cp '%s/scripts/check-layers' '%s/scripts/'; cp -r '%s/src/.' '%s/src/'; "
+             "echo '#include \"kvtier/testing.h\"' >> '%s/src/xfer/xfer.c'; '%s/scripts/check-layers' || echo \"exit $?\"; rm -rf '%s'",
+             dir, dir, KVT_SOURCE_DIR, dir, KVT_SOURCE_DIR, dir, dir, dir, dir);
+    run_result_t r = run_argv((const char *const[]){"/bin/sh", "-c", cmd, NULL});
+    cr_assert(strstr(r.out, "xfer -> testing (kvtier/testing.h)"), "%s%s", r.out, r.err);
+    cr_assert(strstr(r.out, "exit 1"), "%s", r.out);
+    run_free(&r);
+}

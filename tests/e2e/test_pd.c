@@ -86,7 +86,7 @@ Test(pd, delayed_rank_is_the_straggler_over_ucx, .timeout = 120) {
 
 static void killed(const char *transport, const char *marker) {
     setenv("KVT_PD_KILL", "2:20", 1);
-    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", "--transport", transport, TRACE, "--requests",
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "4", "--transport", transport, TRACE, "--requests",
                                                     marker, NULL});
     unsetenv("KVT_PD_KILL");
     cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
@@ -137,7 +137,7 @@ Test(pd, bad_flags) {
  * hand-offs lost with it, reconnect, and the hand-offs after it complete. */
 Test(pd, decode_restart, .timeout = 120) {
     setenv("KVT_PD_DECODE_KILL", "10", 1);
-    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "65",
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "4", TRACE, "--requests", "65",
                                                     "--decode-restarts", "1", "--json", NULL});
     unsetenv("KVT_PD_DECODE_KILL");
     cr_assert_eq(r.status, 1, "lost hand-offs make the run fail: exit %d: %s", r.status, r.err);
@@ -175,8 +175,8 @@ Test(pd, stats_as_prometheus_text, .timeout = 60) {
  * on stderr, in --json and in --stats. */
 Test(pd, bad_peers_are_turned_away_and_shown, .timeout = 60) {
     setenv("KVT_PD_TEST_PEERS", "stall:50,rank0,garbage,data-garbage,data-geometry,data-huge,data-outside,data-wrap,data-stall:5", 1);
-    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "40", "--json", NULL});
-    run_result_t s = run_argv((const char *const[]){NULL, "pd", "--ranks", "2", TRACE, "--requests", "10", "--stats", "json", NULL});
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "4", TRACE, "--requests", "40", "--json", NULL});
+    run_result_t s = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "2", TRACE, "--requests", "10", "--stats", "json", NULL});
     unsetenv("KVT_PD_TEST_PEERS");
     cJSON *o = json_of(&r);
     cr_assert_eq(num(o, "failed"), 0, "%s", r.err);
@@ -206,7 +206,7 @@ Test(pd, bad_peers_are_turned_away_and_shown, .timeout = 60) {
  * (found by tests/faults/run stall: 1 page mismatched in 25 runs). */
 Test(pd, half_messages_do_not_stop_the_handoffs, .timeout = 60) {
     setenv("KVT_PD_TEST_PEERS", "half:3,data-half-hello:2,data-half:2", 1);
-    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "3", TRACE, "--requests", "40", "--json", NULL});
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "3", TRACE, "--requests", "40", "--json", NULL});
     unsetenv("KVT_PD_TEST_PEERS");
     cJSON *o = json_of(&r);
     cr_assert_eq(num(o, "failed"), 0, "%s", r.err);
@@ -224,7 +224,7 @@ Test(pd, half_messages_do_not_stop_the_handoffs, .timeout = 60) {
  * forms: decode holds its ports back from the ranks for 2.5 s. */
 Test(pd, silent_control_peers_time_out, .timeout = 60) {
     setenv("KVT_PD_TEST_PEERS", "stall:3,hold:2500", 1);
-    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "2", TRACE, "--requests", "10", "--json", NULL});
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "2", TRACE, "--requests", "10", "--json", NULL});
     unsetenv("KVT_PD_TEST_PEERS");
     cJSON *o = json_of(&r);
     cJSON *bp = cJSON_GetObjectItem(o, "bad_peers");
@@ -243,7 +243,7 @@ Test(pd, dead_decode_without_restart_ends_fast_and_counts_right, .timeout = 60) 
     setenv("KVT_PD_DECODE_KILL", "10", 1);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "66", NULL});
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "4", TRACE, "--requests", "66", NULL});
     clock_gettime(CLOCK_MONOTONIC, &t1);
     unsetenv("KVT_PD_DECODE_KILL");
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -265,7 +265,7 @@ Test(pd, dead_decode_without_restart_ends_fast_and_counts_right, .timeout = 60) 
 /* With --decode-restarts, a run that lost hand-offs ends saying why it failed. */
 Test(pd, a_failed_run_says_why_last, .timeout = 60) {
     setenv("KVT_PD_DECODE_KILL", "10", 1);
-    run_result_t r = run_argv((const char *const[]){NULL, "pd", "--ranks", "4", TRACE, "--requests", "67",
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "pd", "--ranks", "4", TRACE, "--requests", "67",
                                                     "--decode-restarts", "1", NULL});
     unsetenv("KVT_PD_DECODE_KILL");
     cr_assert_eq(r.status, 1, "%s", r.err);

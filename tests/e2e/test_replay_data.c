@@ -98,8 +98,10 @@ Test(replay_data, bad_flags) {
         {(const char *const[]){NULL, "replay", "--data", "--threads", "0", NULL}, "--threads"},
         {(const char *const[]){NULL, "replay", "--data", "--bytes-per-token", "100", "--layers", "8", NULL},
          "--layers: 100 bytes per token do not split into 8 layers"},
-        {(const char *const[]){NULL, "replay", "--copy-faults", "0.01", NULL}, "--copy-faults: needs --data"},
-        {(const char *const[]){NULL, "replay", "--data", "--copy-faults", "0.9", NULL}, "--copy-faults"},
+        {(const char *const[]){kvtier_test_bin(), "replay", "--copy-faults", "0.01", NULL}, "--copy-faults: needs --data"},
+        {(const char *const[]){kvtier_test_bin(), "replay", "--data", "--copy-faults", "0.9", NULL}, "--copy-faults"},
+        /* the installed command has no fault injection */
+        {(const char *const[]){NULL, "replay", "--data", "--copy-faults", "0.01", NULL}, "--copy-faults"},
         {(const char *const[]){NULL, "replay", "--soak", "5", "--sweep", "100,200", NULL}, "--soak: one cache only"},
         {(const char *const[]){NULL, "replay", "--soak", "-1", NULL}, "--soak"},
     };
@@ -119,7 +121,7 @@ Test(replay_data, bad_flags) {
  * flight); the pool itself at most a chunk more. Before the node pool split larger free blocks, they
  * grew by a 16 MiB chunk now and then without end. */
 Test(replay_data, soak_passes_with_copy_faults, .timeout = 300) {
-    run_result_t r = run_argv((const char *const[]){NULL, "replay", TRACE, SHAPE, "--limit", "300", "--data", "--verify",
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "replay", TRACE, SHAPE, "--limit", "300", "--data", "--verify",
                                                     "--bytes-per-token", "16", "--copy-faults", "0.01", "--soak", "3",
                                                     "--json", NULL});
     cJSON *o = json_of(&r);

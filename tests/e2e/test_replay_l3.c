@@ -258,7 +258,7 @@ static void bg_start(bg_t *b, const char *const *argv) {
     if (b->pid == 0) {
         int o = open(b->out, O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(b->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(o, 1), dup2(e, 2);
-        execv(kvtier_bin(), (char *const *)argv);
+        execv(argv[0], (char *const *)argv);
         _exit(127);
     }
 }
@@ -295,7 +295,7 @@ static int a_master(void) {
 }
 
 #define BG_ARGS(url) \
-    (const char *const[]){kvtier_bin(), "replay", TRACE, "--limit", "400", SHAPE, SHARE, "--l3-delay", "2", "--l3", url, NULL}
+    (const char *const[]){kvtier_test_bin(), "replay", TRACE, "--limit", "400", SHAPE, SHARE, "--l3-delay", "2", "--l3", url, NULL}
 
 Test(replay_l3, a_master_killed_mid_run) {
     cr_assert_eq(cluster_start(&C), 0);

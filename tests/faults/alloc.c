@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "core/mem-int.h"
+#include "kvtier/testing.h"
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
@@ -482,7 +483,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     g_trace = &t;
-    kvt_allocator_t a = {count_malloc, count_realloc, count_free, NULL};
+    kvt_allocator_t a = {sizeof(a), count_malloc, count_realloc, count_free, NULL};
     if (kvt_set_allocator(&a) != KVT_OK) return 2;
     kvt__mem_set_hook(hook, NULL);
 

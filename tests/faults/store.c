@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/store.h"
 #include "kvtier/tier.h"

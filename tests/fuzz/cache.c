@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     xc.threads = 2;
     xc.max_batch_bytes = (1 + (g2 >> 2) % 4) * s->layers * s->layer_bytes;
     FZ_ASSERT(kvt_xfer_create(&s->xf, &xc, s->tier, 2) == KVT_OK, "xfer");
-    kvt_xfer_faults_t fl = {.fail_p = (g3 & 3) * 0.05, .delay_p = ((g3 >> 2) & 3) * 0.2, .delay_max_ns = 50000, .seed = seed};
+    kvt_xfer_faults_t fl = {.size = sizeof(kvt_xfer_faults_t), .fail_p = (g3 & 3) * 0.05, .delay_p = ((g3 >> 2) & 3) * 0.2, .delay_max_ns = 50000, .seed = seed};
     FZ_ASSERT(kvt_xfer_set_faults(s->xf, &fl) == KVT_OK, "faults");
     kvt_cache_config_t cfg;
     kvt_cache_config_default(&cfg);

@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+#include "kvtier/testing.h"
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
 #include "kvtier/tier.h"
@@ -101,7 +102,7 @@ Test(kernels, unaligned_spans_by_the_kernel, .timeout = 120) {
         kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_CUDA, .name = "owner", .geom = {1, 1, 8 + (uint64_t)N * STRIDE, KVT_LAYOUT_PAGE_FIRST}};
         cr_assert_eq(kvt_tier_create(&owner, &c), KVT_OK, "cudaMalloc");
         uint8_t *dev = kvt_tier_addr(owner, 0, 0);
-        kvt_tier_engine_t e = {.planes = 1, .device = true,
+        kvt_tier_engine_t e = {.size = sizeof(e), .planes = 1, .device = true,
                                .plane = {{.base = dev + 3, .piece_bytes = PIECE, .page_stride = STRIDE}}};
         kvt_tier_t *t[2];
         c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_ENGINE, .name = "engine", .engine = &e,
@@ -238,7 +239,7 @@ Test(kernels, engine_tier_on_device_memory, .timeout = 120) {
         k[l] = dev + (size_t)l * 2 * BLOCKS * PIECE;
         v[l] = (uint8_t *)k[l] + (size_t)BLOCKS * PIECE;
     }
-    kvt_tier_engine_t e = {.planes = 2, .device = true,
+    kvt_tier_engine_t e = {.size = sizeof(e), .planes = 2, .device = true,
                            .plane = {{.layer_base = k, .piece_bytes = PIECE, .page_stride = PIECE},
                                      {.layer_base = v, .piece_bytes = PIECE, .page_stride = PIECE}}};
     for (int lay = 0; lay < 2; lay++) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/pd.h"
 

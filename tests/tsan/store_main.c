@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/stats.h"
 #include "kvtier/store.h"

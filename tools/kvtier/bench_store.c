@@ -51,6 +51,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "kvtier/error.h"
+#include "kvtier/testing.h"
 #include "kvtier/store.h"
 #include "kvtier/tier.h"
 #include "util.h"

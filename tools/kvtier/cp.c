@@ -25,6 +25,7 @@
 #include "group.h"
 #include "kvtier/cp.h"
 #include "kvtier/error.h"
+#include "kvtier/testing.h"
 #include "kvtier/radix.h"
 #include "replay.h"
 #include "util.h"
@@ -124,9 +125,13 @@ static void own_pages(rank_t *k, uint64_t i, const kvt_cache_req_t *req) {
     }
 }
 
-/* Test hooks: KVT_CP_KILL="R:N" kills rank R at request N; KVT_CP_DIVERGE="R:N" makes rank R
- * admit one extra request before request N (its decisions, and digest, part from the others'). */
+/* Test hooks, read by kvtier-test only (KVT_TESTING): KVT_CP_KILL="R:N" kills rank R at
+ * request N; KVT_CP_DIVERGE="R:N" makes rank R admit one extra request before request N (its
+ * decisions, and digest, part from the others'). */
 static void test_hooks(rank_t *k, uint64_t i) {
+#ifndef KVT_TESTING
+    (void)k, (void)i;
+#else
     static int read; /* the environment is read once, not per request */
     static uint64_t kill_r = UINT64_MAX, kill_at, div_r = UINT64_MAX, div_at;
     if (!read) {
@@ -141,6 +146,7 @@ static void test_hooks(rank_t *k, uint64_t i) {
         kvt_cache_req_t extra;
         if (kvt_cache_admit(k->c, 0, odd, 64, 0, NULL, &extra) == KVT_OK) kvt_cache_release(k->c, &extra);
     }
+#endif
 }
 
 static int request(rank_t *k, uint64_t i) {

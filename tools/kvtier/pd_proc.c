@@ -9,9 +9,10 @@
  * request it fills the pages it owns, asks for their destinations and sends
  * them; when decode goes away it releases them and waits for a new decode.
  *
- * Test hooks: KVT_PD_KILL=R:N (rank R dies in hand-off N, after decode
- * answered it), KVT_PD_DECODE_KILL=N (the first decode dies once N hand-offs
- * completed), KVT_PD_TEST_PEERS (bad peers: kvt_pd_receiver_test_peers). */
+ * Test hooks, read by kvtier-test only (KVT_TESTING): KVT_PD_KILL=R:N (rank
+ * R dies in hand-off N, after decode answered it), KVT_PD_DECODE_KILL=N (the
+ * first decode dies once N hand-offs completed), KVT_PD_TEST_PEERS (bad
+ * peers: the testing library's kvt_pd_receiver_test_peers). */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "kvtier/error.h"
+#include "kvtier/testing.h"
 #include "kvtier/radix.h"
 #include "kvtier/tier.h"
 #include "cli.h"
@@ -73,7 +75,8 @@ static bool on_event(decode_t *d, const kvt_pd_event_t *ev) {
         d->ctl->checked++;
         d->mine++;
     }
-    static int read; /* tests: KVT_PD_DECODE_KILL=N, the first decode dies after N hand-offs; read once */
+#ifdef KVT_TESTING
+    static int read; /* KVT_PD_DECODE_KILL=N, the first decode dies after N hand-offs; read once */
     static uint64_t kill_after = UINT64_MAX;
     const char *kill = read ? NULL : getenv("KVT_PD_DECODE_KILL");
     if (kill && cli_parse_u64(kill, &kill_after) != 0) kill_after = UINT64_MAX;
@@ -82,15 +85,18 @@ static bool on_event(decode_t *d, const kvt_pd_event_t *ev) {
         kvt_pd_receiver_stats(d->rx, &d->ctl->cur); /* what the coordinator reads of a decode about to die */
         raise(SIGKILL);
     }
+#endif
     kvt_pd_receiver_release(d->rx, ev->handoff); /* served and let go */
     return true;
 }
 
 static int serve(decode_t *d) {
+#ifdef KVT_TESTING
     const char *spec = getenv("KVT_PD_TEST_PEERS");
     uint64_t hold_ms = 0;
     if (spec) kvt_pd_receiver_test_peers(d->rx, spec, &hold_ms); /* bad peers, queued before any rank */
     if (hold_ms) usleep((useconds_t)(hold_ms * 1000)); /* silent peers time out while the group forms */
+#endif
     atomic_store(&d->ctl->data_port, kvt_pd_receiver_data_port(d->rx));
     atomic_store(&d->ctl->ctl_port, kvt_pd_receiver_control_port(d->rx));
     kvt_pd_event_t ev[16];
@@ -157,11 +163,13 @@ static int hand_off(kvt_pd_sender_t *s, uint32_t r, uint64_t i, uint64_t n, cons
     uint64_t np = 0;
     for (uint64_t j = r; j < n; j += o->ranks, np++) cp[np] = (kvt_xfer_copy_t){(uint32_t)np, dst[j]};
     if (r == o->delay_rank && o->delay_ms) usleep((useconds_t)(o->delay_ms * 1000));
-    static int read; /* tests: KVT_PD_KILL="R:N" kills rank R in hand-off N; read once */
+#ifdef KVT_TESTING
+    static int read; /* KVT_PD_KILL="R:N" kills rank R in hand-off N; read once */
     static uint64_t kill_rank = UINT64_MAX, kill_at;
     if (!read && !cli_env_pair("KVT_PD_KILL", &kill_rank, &kill_at)) kill_rank = UINT64_MAX;
     read = 1;
     if (r == kill_rank && i + 1 == kill_at) raise(SIGKILL);
+#endif
     return kvt_pd_sender_send(s, i, cp, np);
 }
 

@@ -570,8 +570,10 @@ size_t replay_option_rows(opts_t *o, cli_opt_t *t) {
         {"stats", OPT_CHOICE, &o->stats, 0, 0, 0, 0, FORMATS, NULL, 0, "also write the cache's and the tree's counters to stderr"},
         {"soak", OPT_DOUBLE, &o->soak_s, 0, 0, 0, 864000, NULL, NULL, 0,
          "replay the trace again and again on the same cache for this many seconds (a burn-in); memory, descriptors and threads are sampled after the first pass, the first past half the time, and the last"},
+#ifdef KVT_TESTING /* kvtier-test only: the testing library's copy faults */
         {"copy-faults", OPT_DOUBLE, &o->copy_faults, 0, 0, 0, 0.5, NULL, NULL, 0,
          "with --data: each copy fails with this probability, and is delayed (up to 1 ms) with it (fault injection)"},
+#endif
     };
     size_t n = sizeof(rows) / sizeof(rows[0]);
     memcpy(t, rows, sizeof(rows));
@@ -590,10 +592,12 @@ int replay_opts_finish(cli_t *c, opts_t *o) {
         c->flag = "--verify";
         return cli_error(c, "needs --data");
     }
+#ifdef KVT_TESTING
     if (o->copy_faults > 0 && !o->data) {
         c->flag = "--copy-faults";
         return cli_error(c, "needs --data");
     }
+#endif
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "kvtier/error.h"
+#include "kvtier/testing.h"
 #include "kvtier/radix.h"
 
 #define L1 0
@@ -46,11 +47,13 @@ int replay_data_open(replay_data_t **out, kvt_cache_t *c, const data_opts_t *o) 
         rc = kvt_xfer_create(&d->xf, &xc, d->tier, 2);
         what = "the transfer engine";
     }
+#ifdef KVT_TESTING /* --copy-faults */
     if (rc == KVT_OK && o->faults > 0) {
-        kvt_xfer_faults_t f = {.fail_p = o->faults, .delay_p = o->faults, .delay_max_ns = 1000000, .seed = 1};
+        kvt_xfer_faults_t f = {.size = sizeof(f), .fail_p = o->faults, .delay_p = o->faults, .delay_max_ns = 1000000, .seed = 1};
         rc = kvt_xfer_set_faults(d->xf, &f);
         what = "the fault injection";
     }
+#endif
     if (rc == KVT_OK) {
         rc = kvt_cache_attach(c, d->xf, d->tier[L1], L1, d->tier[L2], L2);
         what = "the data plane";

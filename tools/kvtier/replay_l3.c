@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kvtier/error.h"
+#include "kvtier/testing.h"
 
 /* the choices, from the library's own names */
 static const char *write_policies[KVT_WRITE_POLICY_COUNT_ + 1], *prefetch_policies[KVT_PREFETCH_POLICY_COUNT_ + 1];
@@ -46,7 +47,9 @@ size_t replay_l3_rows(l3_opts_t *l, cli_opt_t *t) {
          "tokens past the L1+L2 match below which no prefetch starts"},
         {"prefetch-ahead", OPT_U64, &l->ahead, 0, 1024, 0, 0, NULL, NULL, 0,
          "prefetch the next N requests while one is admitted (the time prefetches get)"},
+#ifdef KVT_TESTING /* kvtier-test only: the testing library's store delay */
         {"l3-delay", OPT_U64, &l->delay_ms, 0, 10000, 0, 0, NULL, NULL, 0, "latency injected into every store batch, ms"},
+#endif
         {"l3-threads", OPT_U64, &l->threads, 1, 64, 0, 0, NULL, NULL, 0, "store worker threads"},
         {"instances", OPT_U64, &l->instances, 1, 64, 0, 0, NULL, NULL, 0,
          "run N instances (processes, each its own L1 and L2) sharing the L3 store"},
@@ -70,10 +73,12 @@ int replay_l3_finish(cli_t *c, const l3_opts_t *l, bool sweep) {
         c->flag = "--instances";
         return cli_error(c, "not with --sweep");
     }
+#ifdef KVT_TESTING
     if (l->delay_ms && l->url == NULL) {
         c->flag = "--l3-delay";
         return cli_error(c, "needs a store (--l3)");
     }
+#endif
     return 0;
 }
 
@@ -113,8 +118,10 @@ int replay_l3_open(replay_l3_t **out, const l3_opts_t *l, kvt_cache_t *c, kvt_ti
     sc.model = model;
     sc.page_tokens = (uint32_t)page_tokens;
     sc.threads = (uint32_t)l->threads;
-    sc.delay_us = (uint32_t)(l->delay_ms * 1000);
     rc = kvt_store_open(&r->store, l->url, &sc);
+#ifdef KVT_TESTING /* --l3-delay */
+    if (rc == KVT_OK) rc = kvt_store_set_delay(r->store, (uint32_t)(l->delay_ms * 1000));
+#endif
     char shown[1024]; /* the URL as printed: never its password */
     kvt_store_url_redact(l->url, shown, sizeof(shown));
     if (rc == KVT_EIO) { /* down: the cache serves from L1 and L2 */

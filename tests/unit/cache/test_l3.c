@@ -22,6 +22,7 @@
 #include "kvtier/error.h"
 #include "kvtier/rng.h"
 #include "kvtier/store.h"
+#include "kvtier/testing.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
 #include "cache/cache-int.h"
@@ -263,11 +264,11 @@ static void denv_open(denv_t *e, const kvt_cache_config_t *cfg, uint32_t delay_u
     sc.tier = e->tier[1];
     sc.model = "l3-test";
     sc.page_tokens = PT;
-    sc.delay_us = delay_us;
     sc.log = quiet;
     char url[128];
     snprintf(url, sizeof(url), "dir:%s", root_dir);
     cr_assert_eq(kvt_store_open(&e->store, url, &sc), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_eq(kvt_store_set_delay(e->store, delay_us), KVT_OK);
     cr_assert_eq(kvt_cache_create(&e->c, cfg), KVT_OK);
     cr_assert_eq(kvt_cache_attach(e->c, e->xf, e->tier[0], 0, e->tier[1], 1), KVT_OK);
     cr_assert_eq(kvt_cache_attach_store(e->c, e->store), KVT_OK);

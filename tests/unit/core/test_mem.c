@@ -37,9 +37,11 @@ static void *my_realloc(void *ctx, void *p, size_t o, size_t n) { (void)ctx; g_c
 static void my_free(void *ctx, void *p, size_t n) { (void)ctx; g_custom -= n; free(p); }
 
 Test(mem, custom_allocator) {
-    kvt_allocator_t bad = {my_malloc, NULL, my_free, NULL};
+    kvt_allocator_t bad = {sizeof(bad), my_malloc, NULL, my_free, NULL};
     cr_assert_eq(kvt_set_allocator(&bad), KVT_EINVAL);
-    kvt_allocator_t good = {my_malloc, my_realloc, my_free, NULL};
+    kvt_allocator_t unsized = {0, my_malloc, my_realloc, my_free, NULL};
+    cr_assert_eq(kvt_set_allocator(&unsized), KVT_EINVAL, "no size");
+    kvt_allocator_t good = {sizeof(good), my_malloc, my_realloc, my_free, NULL};
     cr_assert_eq(kvt_set_allocator(&good), KVT_OK);
     void *p = kvt__malloc(64);
     cr_assert_eq(g_custom, 64);

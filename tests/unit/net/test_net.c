@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvtier/testing.h"
 #include "kvtier/rng.h"
 #include "kvtier/error.h"
 #include "kvtier/net.h"
@@ -313,7 +314,7 @@ Test(net, serves_only_one_host_visible_region) {
     cr_assert_eq(kvt_tier_create(&remote, &rc), KVT_OK);
     static uint8_t k[8 * 256], v[8 * 256];
     void *kl[1] = {k}, *vl[1] = {v};
-    kvt_tier_engine_t e = {.planes = 2,
+    kvt_tier_engine_t e = {.size = sizeof(e), .planes = 2,
                            .plane = {{.layer_base = kl, .piece_bytes = 256, .page_stride = 256},
                                      {.layer_base = vl, .piece_bytes = 256, .page_stride = 256}}};
     kvt_tier_config_t ec = {.size = sizeof(ec), .kind = KVT_TIER_ENGINE, .engine = &e, .geom = {8, 1, 0, KVT_LAYOUT_PAGE_FIRST}};

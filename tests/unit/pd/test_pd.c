@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/pd.h"
 #include "kvtier/tier.h"

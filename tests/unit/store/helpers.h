@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/store.h"
 #include "kvtier/tier.h"

@@ -19,6 +19,7 @@
 #include "common/engine_model.h"
 #include "core/mem-int.h"
 #include "helpers.h"
+#include "kvtier/testing.h"
 #include "kvtier/rng.h"
 
 static senv_t E;

@@ -12,6 +12,7 @@
 
 #include "common/engine_model.h"
 #include "core/mem-int.h"
+#include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
 #include "kvtier/tier.h"
@@ -267,6 +268,8 @@ Test(engine, bad_descriptions_einval) {
     } while (0)
     EXPECT_BAD(c.engine = NULL);
     EXPECT_BAD(c.kind = KVT_TIER_HOST); /* a description for another kind */
+    EXPECT_BAD(e.size = 0); /* no size: not a description this library can read */
+    EXPECT_BAD(e.size = 2);
     EXPECT_BAD(e.planes = 0);
     EXPECT_BAD(e.planes = KVT_TIER_MAX_PLANES + 1);
     EXPECT_BAD(e.plane[0].layer_base = NULL);                    /* neither base nor per-layer pointers */
@@ -300,7 +303,7 @@ Test(engine, bad_descriptions_einval) {
     c.geom.layer_bytes = em_layer_bytes(sh);
     cr_assert_eq(kvt_tier_create(&t, &c), KVT_OK);
     kvt_tier_destroy(t);
-    e = (kvt_tier_engine_t){.planes = 1, .plane = {{.base = m.buf[0], .piece_bytes = 64, .page_stride = 64}}};
+    e = (kvt_tier_engine_t){.size = sizeof(e), .planes = 1, .plane = {{.base = m.buf[0], .piece_bytes = 64, .page_stride = 64}}};
     c = em_config(sh, &e);
     c.geom.layers = 1;
     cr_assert_eq(kvt_tier_create(&t, &c), KVT_OK);
@@ -312,7 +315,7 @@ Test(engine, bad_descriptions_einval) {
 Test(engine, device_memory_without_cuda_enotsup) {
     if (kvt_tier_cuda_built()) cr_skip_test("built with CUDA: the kernels suite covers device engine tiers");
     uint8_t buf[256];
-    kvt_tier_engine_t e = {.planes = 1, .device = true, .plane = {{.base = buf, .layer_stride = 64, .piece_bytes = 16, .page_stride = 16}}};
+    kvt_tier_engine_t e = {.size = sizeof(e), .planes = 1, .device = true, .plane = {{.base = buf, .layer_stride = 64, .piece_bytes = 16, .page_stride = 16}}};
     kvt_tier_config_t c;
     memset(&c, 0, sizeof(c));
     c.size = sizeof(c);

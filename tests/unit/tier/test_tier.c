@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "core/mem-int.h"
+#include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
 #include "kvtier/model.h"

@@ -281,7 +281,7 @@ static void kv_case(uint64_t k, uint64_t v, uint32_t pages, uint32_t ncopies, ui
     uint64_t pb = k + v;
     uint8_t *kv = malloc((size_t)pages * pb);
     cr_assert(kv);
-    kvt_tier_engine_t e = {.planes = 2};
+    kvt_tier_engine_t e = {.size = sizeof(e), .planes = 2};
     e.plane[0] = (kvt_tier_plane_t){.base = kv, .piece_bytes = k, .page_stride = k};
     e.plane[1] = (kvt_tier_plane_t){.base = kv + (size_t)pages * k, .piece_bytes = v, .page_stride = v};
     kvt_tier_config_t ce = {.size = sizeof(ce), .kind = KVT_TIER_ENGINE, .geom = {pages, 1, 0, KVT_LAYOUT_PAGE_FIRST},

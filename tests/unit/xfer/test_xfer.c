@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "core/mem-int.h"
+#include "kvtier/testing.h"
 #include "kvtier/rng.h"
 #include "kvtier/error.h"
 #include "kvtier/mem.h"
@@ -488,7 +489,7 @@ static void one_batch(tbatch_t *b, uint32_t src0, uint32_t dst0, uint32_t n) {
 Test(xfer, fault_fail_nth_fails_one_batch, .timeout = 10) {
     env_t e;
     two_tiers(&e, 1);
-    kvt_xfer_faults_t f = {.fail_nth = 1};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .fail_nth = 1};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_OK);
     tbatch_t *b = calloc(2, sizeof(*b));
     one_batch(&b[0], 0, 4, 3);
@@ -526,7 +527,7 @@ Test(xfer, fault_fail_nth_fails_one_batch, .timeout = 10) {
 Test(xfer, fault_delay_nth_holds_completion, .timeout = 10) {
     env_t e;
     two_tiers(&e, 1);
-    kvt_xfer_faults_t f = {.delay_nth = 1, .delay_ns = HOLD_NS};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .delay_nth = 1, .delay_ns = HOLD_NS};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_OK);
     tbatch_t *b = calloc(1, sizeof(*b));
     one_batch(b, 3, 7, 4);
@@ -553,7 +554,7 @@ Test(xfer, fault_delay_nth_holds_completion, .timeout = 10) {
 Test(xfer, fault_fail_p_one_fails_every_batch, .timeout = 10) {
     env_t e;
     two_tiers(&e, 2);
-    kvt_xfer_faults_t f = {.fail_p = 1.0, .seed = 3};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .fail_p = 1.0, .seed = 3};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_OK);
     tbatch_t *b = calloc(6, sizeof(*b));
     for (uint32_t i = 0; i < 5; i++) {
@@ -587,12 +588,21 @@ Test(xfer, fault_fail_p_one_fails_every_batch, .timeout = 10) {
 Test(xfer, set_faults_einval) {
     env_t e;
     two_tiers(&e, 1);
-    kvt_xfer_faults_t f = {.fail_p = 1.5};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .fail_p = 1.5};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_EINVAL);
-    f = (kvt_xfer_faults_t){.delay_p = -0.1};
+    f = (kvt_xfer_faults_t){.size = sizeof(kvt_xfer_faults_t), .delay_p = -0.1};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_EINVAL);
-    f = (kvt_xfer_faults_t){.fail_p = NAN};
+    f = (kvt_xfer_faults_t){.size = sizeof(kvt_xfer_faults_t), .fail_p = NAN};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_EINVAL);
+    f = (kvt_xfer_faults_t){.fail_nth = 1};
+    cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_EINVAL, "no size");
+    struct {
+        kvt_xfer_faults_t f;
+        uint64_t newer;
+    } big = {{.size = sizeof(big), .fail_nth = 1}, 1};
+    cr_assert_eq(kvt_xfer_set_faults(e.x, &big.f), KVT_EINVAL, "a field this library does not know, set");
+    big.newer = 0;
+    cr_assert_eq(kvt_xfer_set_faults(e.x, &big.f), KVT_OK, "a larger struct, zero past what this library knows");
     cr_assert_eq(kvt_xfer_set_faults(NULL, NULL), KVT_EINVAL);
     env_fini(&e);
 }
@@ -749,7 +759,7 @@ Test(xfer, submit_errors_change_nothing, .timeout = 10) {
     env_fill(&e, 0, 1);
     env_fill(&e, 1, 2);
     /* one batch held in flight, so pending is not trivially zero */
-    kvt_xfer_faults_t f = {.delay_nth = 1, .delay_ns = HOLD_NS};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .delay_nth = 1, .delay_ns = HOLD_NS};
     kvt_xfer_set_faults(e.x, &f);
     tbatch_t *b = calloc(1, sizeof(*b));
     one_batch(b, 0, 0, 2);
@@ -888,7 +898,7 @@ Test(xfer, many_threads_each_batch_once, .timeout = 20) {
     env_fill(&e, 0, seed);
     env_fill(&e, 1, seed + 1);
     env_fill(&e, 2, seed + 2);
-    kvt_xfer_faults_t f = {.delay_p = 0.5, .delay_max_ns = 200000, .seed = seed};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .delay_p = 0.5, .delay_max_ns = 200000, .seed = seed};
     cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_OK);
     kvt_rng_t r;
     kvt_rng_seed(&r, seed);
@@ -938,7 +948,7 @@ Test(xfer, destroy_waits_for_batches_in_flight, .timeout = 10) {
     e.cfg.threads = 2;
     env_start(&e);
     env_fill(&e, 0, 4);
-    kvt_xfer_faults_t f = {.delay_p = 1, .delay_max_ns = 2 * MS, .seed = 5};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .delay_p = 1, .delay_max_ns = 2 * MS, .seed = 5};
     kvt_xfer_set_faults(e.x, &f);
     tbatch_t *b = calloc(8, sizeof(*b));
     for (uint32_t i = 0; i < 8; i++) {
@@ -988,7 +998,7 @@ Test(xfer, callback_once_per_batch, .timeout = 10) {
     e.cfg.max_batch_bytes = 2 * e.pb;
     env_start(&e);
     env_fill(&e, 0, 8);
-    kvt_xfer_faults_t f = {.fail_nth = 9, .delay_p = 0.3, .delay_max_ns = 100000, .seed = 2};
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .fail_nth = 9, .delay_p = 0.3, .delay_max_ns = 100000, .seed = 2};
     kvt_xfer_set_faults(e.x, &f);
     enum { NB = 40 };
     tbatch_t *b = calloc(NB, sizeof(*b));

@@ -1,4 +1,4 @@
-/* Tests only: bad peers a receiver opens against its own two ports
+/* Bad peers a receiver opens against its own two ports
  * (kvt_pd_receiver_test_peers), so that they are first in line before any
  * rank knows the ports — no race to win.
  *
@@ -26,8 +26,9 @@
 
 #include "kvtier/stats.h"
 #include "kvtier/error.h"
+#include "kvtier/testing.h"
 #include "../sock/wire.h"
-#include "pd-int.h"
+#include "../pd/pd-int.h"
 
 static int peer(kvt_pd_receiver_t *r, uint16_t port) {
     char addr[32];
