@@ -258,64 +258,6 @@ class Mooncake:
             proc.stop()
 
 
-def _torchvision_for_sglang() -> None:
-    """SGLang's model-config package imports torchvision at module level for
-    image preprocessing, which the storage path never runs; PyPI has only
-    CUDA builds of it for Linux, which cannot load under the CPU torch. When
-    no working torchvision imports, SGLang's modules (and only they) get a
-    stand-in whose every function raises."""
-    import importlib.abc
-    import importlib.machinery
-    import types
-    try:
-        import torchvision  # noqa: F401
-        return
-    except Exception:  # absent, or a CUDA build that cannot load its ops
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-
-    class Absent:
-        def __init__(self, name: str) -> None:
-            self._name = name
-
-        def __getattr__(self, attr: str) -> Any:
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return Absent(f"{self._name}.{attr}")
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError(f"{self._name}: torchvision is not installed")
-
-    class Module(types.ModuleType):
-        def __getattr__(self, attr: str) -> Any:
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return Absent(f"{self.__name__}.{attr}")
-
-    def by_sglang() -> bool:
-        f = sys._getframe(2)
-        while f is not None:
-            name = f.f_globals.get("__name__", "")
-            if not name.startswith("importlib") and name != __name__:
-                return name == "sglang" or name.startswith("sglang.")
-            f = f.f_back
-        return False
-
-    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-            if (name == "torchvision" or name.startswith("torchvision.")) and by_sglang():
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-            return None
-
-        def create_module(self, spec: Any) -> Any:
-            return Module(spec.name)
-
-        def exec_module(self, module: Any) -> None:
-            module.__path__ = []
-
-    sys.meta_path.insert(0, Finder())
-
-
 # ---- SGLang's side: the host pool, the storage config, the controller's calls ------------
 
 
@@ -625,7 +567,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     import torch
     from . import _lib
-    _torchvision_for_sglang()
+    from ._sglang_cpu import torchvision_for_sglang
+    torchvision_for_sglang()
     torch.manual_seed(0)
     iters = {(pb, b): max(a.min_iters, min(a.max_iters, (a.budget * MIB) // (pb * b))) for pb in pages for b in batches}
     most = max(pb * b * n for (pb, b), n in iters.items())

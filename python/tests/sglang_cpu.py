@@ -2,77 +2,17 @@
 drive kvtier.sglang with them (test_sglang_real.py, test_sglang.py), and
 its host pools built on the CPU.
 
-torchvision: SGLang's model-config package imports it at module level for
-multimodal image preprocessing, which the storage path never runs. PyPI has
-only CUDA builds of it for Linux, which cannot load under the CPU torch;
-when no working torchvision is importable, a stand-in whose every function
-raises answers the imports made by SGLang's modules, and only those:
-transformers and everything else still find no torchvision, as is true."""
+torchvision: see kvtier._sglang_cpu (a stand-in for SGLang's imports only,
+when no working torchvision imports)."""
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.machinery
 import sys
-import types
 
 import torch
 
+from kvtier._sglang_cpu import torchvision_for_sglang
 
-def _stand_in_for_torchvision() -> None:
-    try:
-        import torchvision  # noqa: F401
-        return
-    except Exception:  # absent, or a CUDA build that cannot load its ops
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-    # transformers caches whether torchvision exists: it must see the truth (absent), not the stand-in
-    from transformers.utils import import_utils
-    assert not import_utils.is_torchvision_available()
-
-    class Absent:
-        def __init__(self, name):
-            self._name = name
-
-        def __getattr__(self, attr):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return Absent(f"{self._name}.{attr}")
-
-        def __call__(self, *args, **kwargs):
-            raise RuntimeError(f"{self._name}: torchvision is not installed (a test stand-in)")
-
-    class Module(types.ModuleType):
-        def __getattr__(self, attr):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return Absent(f"{self.__name__}.{attr}")
-
-    def imported_by_sglang() -> bool:
-        f = sys._getframe(2)
-        while f is not None:
-            name = f.f_globals.get("__name__", "")
-            if not name.startswith("importlib") and name != __name__:
-                return name == "sglang" or name.startswith("sglang.")
-            f = f.f_back
-        return False
-
-    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path, target=None):
-            if (name == "torchvision" or name.startswith("torchvision.")) and imported_by_sglang():
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-            return None
-
-        def create_module(self, spec):
-            return Module(spec.name)
-
-        def exec_module(self, module):
-            module.__path__ = []
-
-    sys.meta_path.insert(0, Finder())
-
-
-_stand_in_for_torchvision()
+torchvision_for_sglang()
 
 import torch.distributed as dist  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
