@@ -24,7 +24,7 @@ typedef struct opts {
     uint64_t bpt;     /* bytes per token, from --bytes-per-token or the model */
     uint32_t layers;  /* the model's layers (1 with --bytes-per-token) */
     double soak_s;      /* --soak: repeat the trace on the same cache this long */
-    double copy_faults; /* --copy-faults: probability a copy fails, and that one is delayed */
+    double copy_faults; /* --copy-faults (kvtier-test): probability a copy fails, and that one is delayed */
 } opts_t;
 
 void replay_opts_default(opts_t *o);

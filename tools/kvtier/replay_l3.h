@@ -32,7 +32,7 @@ typedef struct l3_opts {
     double timeout_s, per_1024_s, max_s;
     uint64_t threshold;     /* --prefetch-threshold, tokens */
     uint64_t ahead;         /* --prefetch-ahead, requests */
-    uint64_t delay_ms;      /* --l3-delay: injected per store batch */
+    uint64_t delay_ms;      /* --l3-delay (kvtier-test): injected per store batch */
     uint64_t threads;       /* --l3-threads: store workers */
     uint64_t instances;     /* --instances */
 } l3_opts_t;
