@@ -163,10 +163,10 @@ typedef struct engine_buf {
 
 static int engine_buf_make(engine_buf_t *eb, int kind, const kvt_geom_t *g) {
     memset(eb, 0, sizeof(*eb));
+    eb->e.size = sizeof(eb->e);
     eb->bytes = g->pages * g->layers * g->layer_bytes;
     if (posix_memalign((void **)&eb->mem, 2u << 20, eb->bytes) != 0) return KVT_ENOMEM;
     if (kind == 2) { /* [layers, pages, page_tokens, latent + rope] */
-        eb->e.size = sizeof(eb->e);
         eb->e.planes = 1;
         eb->e.plane[0] = (kvt_tier_plane_t){.base = eb->mem, .layer_stride = g->pages * g->layer_bytes,
                                             .piece_bytes = g->layer_bytes, .page_stride = g->layer_bytes};
