@@ -435,7 +435,7 @@ class KvtierOffloadingManager(OffloadingManager):
         state = self._look.get(key)
         rid = req_context.req_id
         if state is _HIT:
-            self._host_hits.setdefault(rid, set()).add(key)  # kept from the reservations of its own L3 hits
+            self._host_hits.setdefault(rid, set()).add(key)  # not evicted for this request's own L3 hits
             return _HIT
         if state is not None:  # pending: a store in flight, or a page reserved for an L3 hit
             return _HIT if self._promoting.get(key) == rid else _PENDING
