@@ -75,7 +75,6 @@ from ._core import Error
 from ._sglang_objects import Objects, tensor_bytes
 from ._sglang_pool import STORAGE_BATCH_SIZE, _meta, _Registration
 from .store import Store
-from .tier import TensorInfo
 
 __all__ = ["KvtierStorage", "HiCacheStorage", "key_hash", "STORAGE_BATCH_SIZE"]
 
@@ -550,17 +549,10 @@ class KvtierStorage(HiCacheStorage):
     @staticmethod
     def _flat(reg: _Registration, t: Any, what: str, write: bool) -> int:
         """The address of a flat page tensor (contiguous host memory of one page)."""
-        ti = TensorInfo.of(t, what)
-        nbytes = ti.itemsize
-        for d in ti.shape:
-            nbytes *= d
-        if ti.device is not None or not ti.inner_contiguous(0):
-            raise ValueError(f"{what}: expected a contiguous CPU tensor")
-        if write and ti.readonly:
-            raise ValueError(f"{what}: read-only memory (a get writes the page into it)")
+        ptr, nbytes = tensor_bytes(t, what, write)
         if nbytes != reg.page_bytes:
             raise ValueError(f"{what}: {nbytes} bytes, a page of the registered pool is {reg.page_bytes}")
-        return ti.ptr
+        return ptr
 
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
