@@ -301,7 +301,6 @@ def test_two_instances_share_blocks_through_an_l3_redis(model_dir, redis_server,
 
 def test_the_spec_refuses_vllms_canonical_layout(model_dir):
     with pytest.raises(ValueError, match="canonical_layout"):
-        e = Engine.__new__(Engine)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=2048,
                              enable_chunked_prefill=True, is_encoder_decoder=False)
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0)
