@@ -6,6 +6,7 @@
 #include "kvtier/cache.h"
 #include "kvtier/cp.h"
 #include "kvtier/error.h"
+#include "kvtier/hybrid.h"
 #include "kvtier/keyed.h"
 #include "kvtier/mem.h"
 #include "kvtier/model.h"

@@ -1,0 +1,186 @@
+/* kvtier — the hybrid cache: prefix reuse for models whose layers keep
+ * different things (model.h, layer groups; docs/hybrid.md).
+ *
+ * The full groups' pages live in a radix cache (cache.h) with all its tiers,
+ * policies and free-room planning. Each window group and each state group
+ * has slots of its own in each tier: window pages (its bytes per token x
+ * page_tokens) and state checkpoints (its checkpoint bytes), found by key —
+ * the chained page hash (radix.h) of the page, or of the last page before
+ * the checkpoint — in a keyed cache per group and tier (keyed.h), which
+ * gives the slot ids, the eviction order and the free room.
+ *
+ * The match rule. With page_tokens P, a request whose full groups match m
+ * pages can continue every group from n pages when
+ *
+ *   n <= m,
+ *   each window group (window W) has the pages covering [nP - W, nP):
+ *     pages floor(max(0, nP - W) / P) .. n - 1, each in some tier, and
+ *   each state group has a checkpoint at exactly n (n = 0 needs none).
+ *
+ * The cache serves the longest such n, searching back from m:
+ *
+ *   page       0    1    2    3    4    5    6          P = 16, W = 32
+ *   full      [##] [##] [##] [##] [##] [##] [##]        m = 7
+ *   window         [##] [##]      [##] [##]            n = 6 needs pages 4, 5: yes
+ *   state          ^1             ^4                   ... and a checkpoint at 6: no
+ *                                                       n = 4 needs 2, 3: no (3 absent)
+ *   n = 3? window 1, 2: yes; checkpoint at 3: no. n = 1: page 0 absent... n = 0.
+ *
+ * What a request leaves behind (kvt_hybrid_release). The points where a later
+ * request's hit can stop are its end (its last whole page), its branch point
+ * (m, where it left the pages the tree had, when it ran past it) and every
+ * checkpoint_every pages. Each state group keeps a checkpoint at each such
+ * point the request ran through. Each window group keeps every page the
+ * request computed; the pages within W tokens before a point are the
+ * needed class, the rest the spare class, which every tier evicts first (a
+ * hit that stops elsewhere can still load them while they last).
+ *
+ * Tiers. A group's slots have the full groups' tiers: L1 and, with
+ * cache.l2_pages, L2 and, with cache.l3_pages (the modeled store), L3. A
+ * piece goes down as the cache's write policy says: write_through stores it
+ * in L2 when it is stored in L1, write_back when L1 evicts it; likewise L2 to
+ * L3 by l3_write_policy (write_through_selective is refused for the hybrid
+ * slots: a window page or a checkpoint has no hit count). A hit loads the
+ * pieces it needs into L1 (from the shallowest tier holding each); while the
+ * request runs they are pinned there.
+ *
+ * This cache keeps metadata (slot ids, keys, residency): the engine owns
+ * the bytes and copies them as the calls say, as with the keyed cache.
+ *
+ * Threads: one owner thread, as the radix cache.
+ */
+#ifndef KVTIER_HYBRID_H
+#define KVTIER_HYBRID_H
+
+#include "kvtier/export.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvtier/cache.h"
+#include "kvtier/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_hybrid kvt_hybrid_t;
+
+typedef struct kvt_hybrid_config {
+    uint32_t size;          /* sizeof(kvt_hybrid_config_t), set by the caller */
+    uint32_t ngroups;       /* 1 .. KVT_MODEL_MAX_GROUPS */
+    kvt_layer_group_t groups[KVT_MODEL_MAX_GROUPS]; /* at least one full; full groups share the radix pages */
+    kvt_cache_config_t cache; /* the full groups' cache; l1/l2/l3_pages count full pages */
+    /* Slots of group g (window or state; 0 for full groups) per tier: L1
+     * >= 1; L2 when cache.l2_pages, L3 when cache.l3_pages (>= 1), else 0. */
+    uint64_t l1_slots[KVT_MODEL_MAX_GROUPS];
+    uint64_t l2_slots[KVT_MODEL_MAX_GROUPS];
+    uint64_t l3_slots[KVT_MODEL_MAX_GROUPS];
+    uint32_t checkpoint_every; /* a kept point every this many pages; 0: none */
+    bool checkpoint_ends;      /* a request's end is a kept point (default true) */
+    bool checkpoint_branches;  /* its branch point is a kept point (default true) */
+} kvt_hybrid_config_t;
+
+/* Fills cfg for groups[0..ngroups) with the radix cache's defaults
+ * (kvt_cache_config_default) at page_tokens, and splits each tier's bytes
+ * (l1_bytes, l2_bytes, l3_bytes; 0: no such tier, L1 > 0) between the
+ * groups: the state groups take a quarter (in proportion to their
+ * checkpoint bytes), the full and window groups the rest, in proportion to
+ * their bytes per token, a window group's counted at half (it needs only
+ * the pages before kept points). checkpoint_every 64, ends and branches on.
+ * KVT_EINVAL for bad groups (kvt_hybrid_create's checks) or a tier too small
+ * for one page or slot of each group. */
+KVT_API int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t *groups, uint32_t ngroups,
+                                      uint32_t page_tokens, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes);
+
+/* KVT_EINVAL, nothing allocated, for a bad config: groups (a kind out of
+ * range, layers or bytes 0, a window group's window 0, another's nonzero,
+ * reserved_ set, no full group), slots against the tiers, a write policy
+ * the slots refuse; and whatever kvt_cache_create refuses. KVT_ENOMEM. */
+KVT_API int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg);
+KVT_API void kvt_hybrid_destroy(kvt_hybrid_t *h);
+
+/* An admitted request (frozen: docs/abi.md). */
+typedef struct kvt_hybrid_req {
+    kvt_cache_req_t full;    /* the full groups' request (cache.h) */
+    uint64_t hit_pages;      /* n: pages every group continues from */
+    uint64_t full_hit_pages; /* m: pages the full groups matched (>= n) */
+    uint32_t hit_tier;       /* the deepest tier a piece of the hit came from: 1, 2, 3; 0: no hit */
+    uint32_t short_by;       /* n < m because of: 0 nothing, 1 a window page, 2 a checkpoint, 3 room in L1 */
+    void *priv_;             /* the cache's: the pieces pinned for the request */
+} kvt_hybrid_req_t;
+
+/* Admits a request (kvt_cache_admit's arguments): the full groups' match m,
+ * then the longest n <= m the match rule allows; the window pages and the
+ * checkpoint n needs are loaded into L1 (stored there from the shallowest
+ * tier that has each) and pinned. When they cannot all be had in L1 (its
+ * slots pinned by running requests), n is 0 (short_by 3). l1_ids: as
+ * kvt_cache_admit. A failure changes nothing but the evictions made:
+ * KVT_EINVAL, KVT_ENOMEM. */
+KVT_API int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
+                             uint32_t *l1_ids, kvt_hybrid_req_t *req);
+/* The request ran over tokens [nP, ntokens) (the same tokens as admitted):
+ * releases the full groups' request, unpins its pieces and stores what it
+ * leaves behind (above). KVT_EINVAL for a request not admitted here or
+ * tokens that are not its own (nothing changed); KVT_ENOMEM (the request
+ * is released, some pieces may not be stored). */
+KVT_API int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
+                               kvt_hybrid_req_t *req);
+
+/* The full groups' cache (for its stats, tree and checks). */
+KVT_API kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h);
+
+#define KVT_HYBRID_STATS_FIELDS(X)                                                                     \
+    X(requests, COUNTER, "requests admitted")                                                           \
+    X(tokens, COUNTER, "tokens of the admitted requests")                                               \
+    X(hit_tokens, COUNTER, "tokens every group continued from (n pages)")                               \
+    X(l1_hit_tokens, COUNTER, "hit tokens whose every piece was in L1")                                 \
+    X(l2_hit_tokens, COUNTER, "hit tokens with a piece from L2 and none from L3")                       \
+    X(l3_hit_tokens, COUNTER, "hit tokens with a piece from L3")                                        \
+    X(full_hit_tokens, COUNTER, "tokens the full groups matched (m pages)")                            \
+    X(window_short_tokens, COUNTER, "full-group hit tokens lost because a window page was missing")    \
+    X(state_short_tokens, COUNTER, "full-group hit tokens lost because no checkpoint was at the point") \
+    X(room_short_tokens, COUNTER, "hit tokens lost because L1 had no room for the pieces to load")     \
+    X(pieces_loaded, COUNTER, "window pages and checkpoints loaded into L1 for a hit")                 \
+    X(window_pages_stored, COUNTER, "window pages stored in L1 by requests that ran")                   \
+    X(checkpoints_stored, COUNTER, "checkpoints stored in L1 by requests that ran")                    \
+    X(pieces_refused, COUNTER, "pieces a tier had no room for (pinned slots)")                          \
+    X(l1_bytes, GAUGE, "bytes held in L1: full pages, window pages and checkpoints")                    \
+    X(l2_bytes, GAUGE, "bytes held in L2")                                                              \
+    X(l3_bytes, GAUGE, "bytes held in L3 (the model)")                                                  \
+    X(cached_tokens, GAUGE, "tokens of the full pages held in some tier (the tree's pages, or L3's)")
+
+typedef struct kvt_hybrid_stats {
+    uint32_t size; /* sizeof(kvt_hybrid_stats_t), set by the caller */
+#define KVT_STATS_FIELD_(name, kind, help) uint64_t name;
+    KVT_HYBRID_STATS_FIELDS(KVT_STATS_FIELD_)
+#undef KVT_STATS_FIELD_
+} kvt_hybrid_stats_t;
+
+KVT_API int kvt_hybrid_stats(const kvt_hybrid_t *h, kvt_hybrid_stats_t *st);
+
+/* What group g holds in each tier (frozen). For a full group: its share of
+ * the radix pages' bytes. */
+typedef struct kvt_hybrid_group_bytes {
+    uint64_t bytes[3]; /* L1, L2, L3 */
+    uint64_t slots[3]; /* slots (pages or checkpoints) in use; full groups: the radix pages */
+} kvt_hybrid_group_bytes_t;
+
+/* KVT_EINVAL for g out of range. */
+KVT_API int kvt_hybrid_group_bytes(const kvt_hybrid_t *h, uint32_t g, kvt_hybrid_group_bytes_t *out);
+
+/* The full cache's check, each keyed cache's, and the hybrid's own: every
+ * pinned piece belongs to a live request and is in L1. */
+KVT_API int kvt_hybrid_check(kvt_hybrid_t *h, const char **why);
+
+/* The match rule alone, for engines with their own residency. m: the full
+ * groups' match in pages; present[g] for a window group: m bytes, page i
+ * present (nonzero) or not; for a state group: m + 1 bytes, a checkpoint
+ * after i pages; NULL for a full group. Returns the longest n <= m. */
+KVT_API uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ngroups, uint32_t page_tokens,
+                                    uint64_t m, const uint8_t *const *present);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

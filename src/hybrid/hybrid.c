@@ -1,0 +1,680 @@
+/* The hybrid cache (kvtier/hybrid.h gives the contract and the match rule):
+ * a radix cache for the full groups and, for each window or state group, one
+ * keyed cache per tier whose pages are the group's slots in that tier.
+ *
+ *   group      L1              L2              L3 (model)
+ *   full       radix cache: its own L1, L2 and L3 (cache.h)
+ *   window g   keyed [g][0]    keyed [g][1]    keyed [g][2]     key: H(page)
+ *   state  g   keyed [g][0]    keyed [g][1]    keyed [g][2]     key: H(last page before the point)
+ *
+ * A piece (window page or checkpoint) may sit in several tiers at once, as a
+ * radix page may have an L1 copy and an L2 copy. Scores order each keyed
+ * cache's evictions: the clock of the request that stored or used the
+ * piece, with the top bit set for the needed class, so that spare window
+ * pages go first in every tier.
+ *
+ * Cost: an admission looks up at most m pieces per window group (each page
+ * once, memoised) and m + 1 per state group, per tier; a release stores the
+ * pages it ran over and its kept points' checkpoints. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/abi-int.h"
+#include "../core/mem-int.h"
+#include "kvtier/alloc.h"
+#include "kvtier/error.h"
+#include "kvtier/hybrid.h"
+#include "kvtier/keyed.h"
+#include "kvtier/radix.h"
+
+#define NEEDED (1ull << 63)
+#define G KVT_MODEL_MAX_GROUPS
+
+enum { SHORT_NONE = 0, SHORT_WINDOW = 1, SHORT_STATE = 2, SHORT_ROOM = 3 };
+
+/* What an admitted request holds: its pinned L1 pieces, and what release
+ * checks the tokens against. */
+typedef struct pins {
+    uint64_t npages, n, m;
+    uint32_t ns;
+    kvt_hash128_t last; /* the chained hash of its last whole page */
+    uint32_t count[G];
+    kvt_key128_t *keys[G];
+    size_t bytes; /* of this allocation */
+} pins_t;
+
+struct kvt_hybrid {
+    kvt_hybrid_config_t cfg;
+    kvt_cache_t *cache;
+    uint32_t P;
+    uint64_t full_bytes_per_token;
+    uint64_t slot_bytes[G];
+    kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
+    uint64_t room[G][3];   /* each keyed cache's free-room target, pages */
+    uint64_t clock, live;
+    kvt_hybrid_stats_t st;
+
+    /* scratch, grown as needed */
+    kvt_hash128_t *hash;
+    size_t hcap;
+    int8_t *memo; /* [g * mstride + i]: window page i -1 unknown, 0 absent, 1 present */
+    size_t mcap, mstride;
+    kvt_key128_t *keys, *prot, *evicted[3];
+    uint64_t *scores, *pages;
+    size_t kcap, prcap, scap, pcap, ecap[3];
+};
+
+/* ---- the match rule ------------------------------------------------------------ */
+
+static uint64_t first_needed(const kvt_layer_group_t *g, uint32_t P, uint64_t n) {
+    uint64_t end = n * P;
+    return end > g->window ? (end - g->window) / P : 0;
+}
+
+typedef int (*have_fn)(void *ctx, uint32_t g, uint64_t i);
+
+/* The longest n <= m, and why it is shorter than m (the first check that
+ * failed at m's level). have(g, i): window page i, or a checkpoint after i
+ * pages, is present. Each window page is asked about at most once per n
+ * reached from above, and a page found absent bounds n at once. */
+static uint64_t longest(const kvt_layer_group_t *groups, uint32_t ngroups, uint32_t P, uint64_t m, have_fn have,
+                        void *ctx, uint32_t *why) {
+    uint64_t n = m;
+    *why = SHORT_NONE;
+    while (n > 0) {
+        int ok = 1;
+        for (uint32_t g = 0; g < ngroups && ok; g++) {
+            if (groups[g].kind != KVT_GROUP_WINDOW) continue;
+            for (uint64_t i = n; i-- > first_needed(&groups[g], P, n);)
+                if (!have(ctx, g, i)) { /* every n' > i needs page i: n' <= i */
+                    n = i;
+                    ok = 0;
+                    if (*why == SHORT_NONE) *why = SHORT_WINDOW;
+                    break;
+                }
+        }
+        if (!ok) continue;
+        for (uint32_t g = 0; g < ngroups && ok; g++)
+            if (groups[g].kind == KVT_GROUP_STATE && !have(ctx, g, n)) {
+                n--;
+                ok = 0;
+                if (*why == SHORT_NONE) *why = SHORT_STATE;
+            }
+        if (ok) break;
+    }
+    return n;
+}
+
+typedef struct {
+    const kvt_layer_group_t *groups;
+    const uint8_t *const *present;
+} arrays_t;
+
+static int have_array(void *ctx, uint32_t g, uint64_t i) {
+    const arrays_t *a = ctx;
+    return a->present[g] && a->present[g][i] != 0;
+}
+
+uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ngroups, uint32_t page_tokens, uint64_t m,
+                            const uint8_t *const *present) {
+    if (groups == NULL || present == NULL || page_tokens == 0 || ngroups > G) return 0;
+    arrays_t a = {groups, present};
+    uint32_t why;
+    return longest(groups, ngroups, page_tokens, m, have_array, &a, &why);
+}
+
+/* ---- config -------------------------------------------------------------------- */
+
+static int groups_ok(const kvt_layer_group_t *g, uint32_t n) {
+    if (g == NULL || n == 0 || n > G) return 0;
+    uint32_t full = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (g[i].kind >= KVT_GROUP_KIND_COUNT_ || g[i].layers == 0 || g[i].bytes == 0 || g[i].reserved_ != 0) return 0;
+        if ((g[i].kind == KVT_GROUP_WINDOW) != (g[i].window != 0)) return 0;
+        full += g[i].kind == KVT_GROUP_FULL;
+    }
+    return full > 0;
+}
+
+static uint64_t full_bytes(const kvt_layer_group_t *g, uint32_t n) {
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (g[i].kind == KVT_GROUP_FULL) b += g[i].bytes;
+    return b;
+}
+
+static uint64_t slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
+    return g->kind == KVT_GROUP_STATE ? g->bytes : g->bytes * P;
+}
+
+/* Splits one tier's bytes: state groups a quarter, by checkpoint bytes;
+ * full and window groups the rest, by bytes per token (a window group's
+ * halved). Full groups get one radix page count. */
+static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t bytes, uint64_t *full_pages,
+                 uint64_t *slots) {
+    double state_w = 0, token_w = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (g[i].kind == KVT_GROUP_STATE) state_w += (double)g[i].bytes;
+        else token_w += (double)g[i].bytes * (g[i].kind == KVT_GROUP_WINDOW ? 0.5 : 1.0);
+    }
+    double token_share = state_w > 0 ? 0.75 : 1.0, b = (double)bytes;
+    double fb = (double)full_bytes(g, n);
+    *full_pages = (uint64_t)(b * token_share * (fb / token_w) / (fb * P));
+    if (*full_pages == 0) return KVT_EINVAL;
+    if (*full_pages > KVT_ALLOC_MAX_PAGES) *full_pages = KVT_ALLOC_MAX_PAGES;
+    for (uint32_t i = 0; i < n; i++) {
+        slots[i] = 0;
+        if (g[i].kind == KVT_GROUP_FULL) continue;
+        double share = g[i].kind == KVT_GROUP_STATE ? (1 - token_share) * (double)g[i].bytes / state_w
+                                                    : token_share * 0.5 * (double)g[i].bytes / token_w;
+        double s = b * share / (double)slot_bytes(&g[i], P);
+        if (s < 1) return KVT_EINVAL;
+        slots[i] = s > KVT_ALLOC_MAX_PAGES ? KVT_ALLOC_MAX_PAGES : (uint64_t)s;
+    }
+    return KVT_OK;
+}
+
+int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t *groups, uint32_t ngroups,
+                              uint32_t page_tokens, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes) {
+    if (cfg == NULL || !groups_ok(groups, ngroups) || page_tokens == 0 || l1_bytes == 0) return KVT_EINVAL;
+    kvt_hybrid_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.size = sizeof(c);
+    c.ngroups = ngroups;
+    memcpy(c.groups, groups, ngroups * sizeof(*groups));
+    kvt_cache_config_default(&c.cache);
+    c.cache.page_tokens = page_tokens;
+    if (split(groups, ngroups, page_tokens, l1_bytes, &c.cache.l1_pages, c.l1_slots) != KVT_OK) return KVT_EINVAL;
+    c.cache.l2_pages = 0;
+    if (l2_bytes && split(groups, ngroups, page_tokens, l2_bytes, &c.cache.l2_pages, c.l2_slots) != KVT_OK)
+        return KVT_EINVAL;
+    if (l3_bytes && (!l2_bytes || split(groups, ngroups, page_tokens, l3_bytes, &c.cache.l3_pages, c.l3_slots) != KVT_OK))
+        return KVT_EINVAL;
+    c.checkpoint_every = 64;
+    c.checkpoint_ends = true;
+    c.checkpoint_branches = true;
+    *cfg = c;
+    return KVT_OK;
+}
+
+static int config_ok(const kvt_hybrid_config_t *c) {
+    if (!groups_ok(c->groups, c->ngroups)) return 0;
+    if (c->cache.write_policy == KVT_WRITE_THROUGH_SELECTIVE ||
+        (c->cache.l3_pages && c->cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE))
+        return 0;
+    for (uint32_t g = 0; g < G; g++) {
+        int full = g >= c->ngroups || c->groups[g].kind == KVT_GROUP_FULL;
+        if (full && (c->l1_slots[g] | c->l2_slots[g] | c->l3_slots[g])) return 0;
+        if (full) continue;
+        if (c->l1_slots[g] == 0 || (c->l2_slots[g] != 0) != (c->cache.l2_pages != 0) ||
+            (c->l3_slots[g] != 0) != (c->cache.l3_pages != 0))
+            return 0;
+    }
+    return 1;
+}
+
+/* ---- create / destroy ---------------------------------------------------------- */
+
+void kvt_hybrid_destroy(kvt_hybrid_t *h) {
+    if (h == NULL) return;
+    kvt_cache_destroy(h->cache);
+    for (uint32_t g = 0; g < G; g++)
+        for (int t = 0; t < 3; t++) kvt_keyed_destroy(h->kc[g][t]);
+    kvt__free(h->hash, h->hcap * sizeof(*h->hash));
+    kvt__free(h->memo, h->mcap);
+    kvt__free(h->keys, h->kcap * sizeof(*h->keys));
+    kvt__free(h->prot, h->prcap * sizeof(*h->prot));
+    kvt__free(h->scores, h->scap * sizeof(*h->scores));
+    kvt__free(h->pages, h->pcap * sizeof(*h->pages));
+    for (int t = 0; t < 3; t++) kvt__free(h->evicted[t], h->ecap[t] * sizeof(*h->evicted[t]));
+    KVT_DELETE(h);
+}
+
+int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
+    if (out == NULL || cfg == NULL) return KVT_EINVAL;
+    kvt_hybrid_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.checkpoint_ends = c.checkpoint_branches = true;
+    if (kvt__abi_in(&c, sizeof(c), cfg) != KVT_OK || !config_ok(&c)) return KVT_EINVAL;
+    kvt_hybrid_t *h = KVT_NEW(kvt_hybrid_t);
+    if (h == NULL) return KVT_ENOMEM;
+    h->cfg = c;
+    int rc = kvt_cache_create(&h->cache, &c.cache);
+    if (rc != KVT_OK) {
+        KVT_DELETE(h);
+        return rc;
+    }
+    h->P = c.cache.page_tokens ? c.cache.page_tokens : 16;
+    h->full_bytes_per_token = full_bytes(c.groups, c.ngroups);
+    const uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots};
+    const double room[3] = {c.cache.l1_free_room, c.cache.l2_free_room, 0};
+    for (uint32_t g = 0; g < c.ngroups && rc == KVT_OK; g++) {
+        if (c.groups[g].kind == KVT_GROUP_FULL) continue;
+        h->slot_bytes[g] = slot_bytes(&c.groups[g], h->P);
+        for (int t = 0; t < 3 && rc == KVT_OK; t++) {
+            if (slots[t][g] == 0) continue;
+            kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = room[t]};
+            rc = kvt_keyed_create(&h->kc[g][t], &kc);
+            double r = room[t] * (double)slots[t][g];
+            h->room[g][t] = (uint64_t)r + ((double)(uint64_t)r < r);
+        }
+    }
+    if (rc != KVT_OK) {
+        kvt_hybrid_destroy(h);
+        return rc;
+    }
+    h->st.size = sizeof(h->st);
+    *out = h;
+    return KVT_OK;
+}
+
+kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h) { return h ? h->cache : NULL; }
+
+/* ---- scratch ------------------------------------------------------------------- */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return KVT_OK;
+    size_t n = *cap ? *cap : 64;
+    while (n < need) n *= 2;
+    void *q = kvt__realloc(*p, *cap * elem, n * elem);
+    if (q == NULL) return KVT_ENOMEM;
+    *p = q;
+    *cap = n;
+    return KVT_OK;
+}
+
+/* Room for n keys in keys, prot and scores. */
+static int keys_room(kvt_hybrid_t *h, size_t n) {
+    if (grow((void **)&h->keys, &h->kcap, n, sizeof(*h->keys)) != KVT_OK ||
+        grow((void **)&h->prot, &h->prcap, n, sizeof(*h->prot)) != KVT_OK ||
+        grow((void **)&h->scores, &h->scap, n, sizeof(*h->scores)) != KVT_OK)
+        return KVT_ENOMEM;
+    return KVT_OK;
+}
+
+static kvt_key128_t key_of(kvt_hash128_t x) { return (kvt_key128_t){x.hi, x.lo}; }
+
+/* ---- moving pieces between tiers ----------------------------------------------- */
+
+static kvt_write_policy_t down_policy(const kvt_hybrid_t *h, int t) {
+    return t == 0 ? h->cfg.cache.write_policy : h->cfg.cache.l3_write_policy;
+}
+
+/* Stores keys[0..n) (scored) in tier t of group g, never evicting prot[0..np).
+ * What tier t evicts goes down under write_back; what it stores goes down
+ * under write_through. KVT_ENOSPC / KVT_ENOMEM with tier t unchanged. keys
+ * and scores may be the caller's scratch: they are read before any call
+ * below reuses it. */
+static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                    const kvt_key128_t *prot, size_t np) {
+    kvt_keyed_t *k = h->kc[g][t];
+    if (k == NULL || n == 0) return KVT_OK;
+    size_t cap = n + (size_t)h->room[g][t]; /* always suffices (keyed.h) */
+    if (grow((void **)&h->evicted[t], &h->ecap[t], cap, sizeof(kvt_key128_t)) != KVT_OK ||
+        grow((void **)&h->pages, &h->pcap, n, sizeof(uint64_t)) != KVT_OK)
+        return KVT_ENOMEM;
+    size_t nev = 0;
+    int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, h->pages, h->evicted[t], cap, &nev);
+    if (rc != KVT_OK) return rc;
+    kvt_keyed_complete_store(k, keys, n, 1);
+    int below = t + 1 < 3 && h->kc[g][t + 1] != NULL;
+    if (!below) return KVT_OK;
+    if (down_policy(h, t) == KVT_WRITE_THROUGH) {
+        /* the caller's arrays may be this function's scratch one level up: copy what goes down */
+        kvt_key128_t *dk = kvt__malloc(n * sizeof(*dk));
+        uint64_t *ds = kvt__malloc(n * sizeof(*ds));
+        if (dk == NULL || ds == NULL) {
+            kvt__free(dk, n * sizeof(*dk));
+            kvt__free(ds, n * sizeof(*ds));
+            return KVT_OK; /* stored here; the copy below is lost, as a failed put would be */
+        }
+        memcpy(dk, keys, n * sizeof(*dk));
+        memcpy(ds, scores, n * sizeof(*ds));
+        if (store_in(h, g, t + 1, dk, ds, n, NULL, 0) != KVT_OK) h->st.pieces_refused += n;
+        kvt__free(dk, n * sizeof(*dk));
+        kvt__free(ds, n * sizeof(*ds));
+    } else if (nev) { /* write_back: what leaves tier t goes down, as the least recent there */
+        uint64_t *ds = kvt__malloc(nev * sizeof(*ds));
+        if (ds == NULL) return KVT_OK;
+        for (size_t i = 0; i < nev; i++) ds[i] = h->clock;
+        kvt_key128_t *dk = kvt__malloc(nev * sizeof(*dk));
+        if (dk) {
+            memcpy(dk, h->evicted[t], nev * sizeof(*dk));
+            if (store_in(h, g, t + 1, dk, ds, nev, NULL, 0) != KVT_OK) h->st.pieces_refused += nev;
+        }
+        kvt__free(dk, nev * sizeof(*dk));
+        kvt__free(ds, nev * sizeof(*ds));
+    }
+    return KVT_OK;
+}
+
+/* The shallowest tier (0, 1, 2) holding key in group g, or -1. */
+static int tier_of(kvt_hybrid_t *h, uint32_t g, kvt_key128_t key) {
+    for (int t = 0; t < 3; t++)
+        if (h->kc[g][t] && kvt_keyed_lookup(h->kc[g][t], key) == KVT_KEYED_HIT) return t;
+    return -1;
+}
+
+typedef struct {
+    kvt_hybrid_t *h;
+} have_ctx_t;
+
+static int have_cache(void *ctx, uint32_t g, uint64_t i) {
+    kvt_hybrid_t *h = ((have_ctx_t *)ctx)->h;
+    if (h->cfg.groups[g].kind == KVT_GROUP_STATE) return i == 0 || tier_of(h, g, key_of(h->hash[i - 1])) >= 0;
+    int8_t *m = &h->memo[(size_t)g * h->mstride + i];
+    if (*m < 0) *m = (int8_t)(tier_of(h, g, key_of(h->hash[i])) >= 0);
+    return *m;
+}
+
+/* The keys group g needs to continue from n pages, into h->keys; returns
+ * how many. */
+static size_t needed_keys(kvt_hybrid_t *h, uint32_t g, uint64_t n, kvt_key128_t *out) {
+    const kvt_layer_group_t *gr = &h->cfg.groups[g];
+    if (n == 0) return 0;
+    if (gr->kind == KVT_GROUP_STATE) {
+        out[0] = key_of(h->hash[n - 1]);
+        return 1;
+    }
+    size_t k = 0;
+    for (uint64_t i = first_needed(gr, h->P, n); i < n; i++) out[k++] = key_of(h->hash[i]);
+    return k;
+}
+
+/* ---- admit --------------------------------------------------------------------- */
+
+static int hashes(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t npages) {
+    if (grow((void **)&h->hash, &h->hcap, npages + 1, sizeof(*h->hash)) != KVT_OK) return KVT_ENOMEM;
+    kvt_page_hash_chain(ns, tokens, npages, h->P, h->hash);
+    return KVT_OK;
+}
+
+static void free_pins(pins_t *p) {
+    if (p) kvt__free(p, p->bytes);
+}
+
+/* Loads the pieces n needs into L1 and pins them there, recording them in
+ * *pins. The deepest tier a piece came from goes to *tier (0-based, -1 none).
+ * KVT_ENOSPC when L1 cannot hold them: nothing pinned then. */
+/* Most pieces a request of npages pages can pin in group g. */
+static size_t pin_bound(const kvt_hybrid_t *h, uint32_t g, uint64_t npages) {
+    const kvt_layer_group_t *gr = &h->cfg.groups[g];
+    if (gr->kind == KVT_GROUP_FULL) return 0;
+    if (gr->kind == KVT_GROUP_STATE) return 1;
+    uint64_t w = gr->window / h->P + 1;
+    return (size_t)(w < npages ? w : npages);
+}
+
+/* A request's record, with room for whatever it may pin; NULL: no memory. */
+static pins_t *new_pins(kvt_hybrid_t *h, uint64_t npages) {
+    size_t total = 0;
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) total += pin_bound(h, g, npages);
+    size_t bytes = sizeof(pins_t) + total * sizeof(kvt_key128_t);
+    pins_t *p = kvt__calloc(1, bytes);
+    if (p == NULL || keys_room(h, total + 1) != KVT_OK) {
+        kvt__free(p, bytes);
+        return NULL;
+    }
+    p->bytes = bytes;
+    kvt_key128_t *next = (kvt_key128_t *)(p + 1);
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
+        p->keys[g] = next;
+        next += pin_bound(h, g, npages);
+    }
+    return p;
+}
+
+/* Loads the pieces n needs into L1 and pins them there, recording them in
+ * p. The deepest tier a piece came from goes to *tier (0-based, -1 none).
+ * KVT_ENOSPC (or KVT_ENOMEM) when L1 cannot take them: nothing pinned then.
+ * With n = 0 it cannot fail. */
+static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
+    uint64_t score = NEEDED | h->clock;
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
+        if (!h->kc[g][0]) continue;
+        size_t k = needed_keys(h, g, n, p->keys[g]), nl = 0;
+        for (size_t i = 0; i < k; i++) {
+            int t = tier_of(h, g, p->keys[g][i]);
+            if (t > *tier) *tier = t;
+            if (t > 0) {
+                h->keys[nl] = p->keys[g][i];
+                h->scores[nl++] = score;
+            }
+        }
+        int rc = store_in(h, g, 0, h->keys, h->scores, nl, p->keys[g], k);
+        if (rc != KVT_OK) { /* unpin the groups done */
+            for (uint32_t d = 0; d < g; d++)
+                if (p->count[d]) kvt_keyed_unpin(h->kc[d][0], p->keys[d], p->count[d]);
+            memset(p->count, 0, sizeof(p->count));
+            return rc;
+        }
+        h->st.pieces_loaded += nl;
+        for (size_t i = 0; i < k; i++) h->scores[i] = score;
+        kvt_keyed_touch(h->kc[g][0], p->keys[g], h->scores, k);
+        if (k && kvt_keyed_pin(h->kc[g][0], p->keys[g], k, NULL) != KVT_OK) abort(); /* just stored, protected */
+        p->count[g] = (uint32_t)k;
+    }
+    return KVT_OK;
+}
+
+int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
+                     uint32_t *l1_ids, kvt_hybrid_req_t *req) {
+    if (h == NULL || req == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
+    uint64_t npages = ntokens / h->P;
+    if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM;
+    h->mstride = (size_t)npages + 1;
+    if (grow((void **)&h->memo, &h->mcap, h->mstride * G, 1) != KVT_OK) return KVT_ENOMEM;
+    pins_t *p = new_pins(h, npages);
+    if (p == NULL) return KVT_ENOMEM;
+    kvt_hybrid_req_t r;
+    memset(&r, 0, sizeof(r));
+    int rc = kvt_cache_admit(h->cache, ns, tokens, ntokens, priority, l1_ids, &r.full);
+    if (rc != KVT_OK) {
+        free_pins(p);
+        return rc;
+    }
+    h->clock++;
+    uint64_t m = r.full.l1_hit_pages + r.full.l2_hit_pages + r.full.l3_hit_pages;
+    memset(h->memo, -1, h->mstride * G);
+    have_ctx_t ctx = {h};
+    uint64_t n = longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, &ctx, &r.short_by);
+    int tier = -1;
+    if (load_and_pin(h, n, p, &tier) != KVT_OK) { /* the pieces do not fit in L1 beside the pinned ones */
+        h->st.room_short_tokens += n * h->P;
+        n = 0;
+        r.short_by = SHORT_ROOM;
+        tier = -1;
+        load_and_pin(h, 0, p, &tier);
+    }
+    if (n > 0) { /* the full groups' part: L1 pages first, then L2's, then L3's */
+        int ft = n <= r.full.l1_hit_pages ? 0 : n <= r.full.l1_hit_pages + r.full.l2_hit_pages ? 1 : 2;
+        if (ft > tier) tier = ft;
+    }
+    p->npages = npages;
+    p->n = n;
+    p->m = m;
+    p->ns = ns;
+    if (npages) p->last = h->hash[npages - 1];
+    r.hit_pages = n;
+    r.full_hit_pages = m;
+    r.hit_tier = n ? (uint32_t)tier + 1 : 0;
+    r.priv_ = p;
+    h->live++;
+    h->st.requests++;
+    h->st.tokens += ntokens;
+    h->st.hit_tokens += n * h->P;
+    h->st.full_hit_tokens += m * h->P;
+    if (n) *(tier == 0 ? &h->st.l1_hit_tokens : tier == 1 ? &h->st.l2_hit_tokens : &h->st.l3_hit_tokens) += n * h->P;
+    if (r.short_by == SHORT_WINDOW) h->st.window_short_tokens += (m - n) * h->P;
+    if (r.short_by == SHORT_STATE) h->st.state_short_tokens += (m - n) * h->P;
+    *req = r;
+    return KVT_OK;
+}
+
+/* ---- release ------------------------------------------------------------------- */
+
+/* The kept points of a request that ran from n over npages, ascending, into
+ * pts; returns how many. */
+static size_t kept_points(const kvt_hybrid_t *h, const pins_t *p, uint64_t *pts) {
+    size_t k = 0;
+    uint64_t every = h->cfg.checkpoint_every, branch = h->cfg.checkpoint_branches && p->n < p->m ? p->m : 0;
+    for (uint64_t c = p->n + 1; c <= p->npages; c++)
+        if ((every && c % every == 0) || (h->cfg.checkpoint_ends && c == p->npages) || c == branch) pts[k++] = c;
+    return k;
+}
+
+/* Stores, for window group g, pages [n, npages) (needed: within W tokens of
+ * a kept point) and touches the needed ones it did not compute. */
+static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint64_t *pts, size_t npts) {
+    const kvt_layer_group_t *gr = &h->cfg.groups[g];
+    uint64_t lo = npts ? first_needed(gr, h->P, pts[0]) : p->n;
+    if (lo > p->n) lo = p->n;
+    size_t span = (size_t)(p->npages - lo);
+    uint8_t *need = kvt__calloc(span ? span : 1, 1);
+    if (need == NULL || keys_room(h, span + 1) != KVT_OK) {
+        kvt__free(need, span ? span : 1);
+        h->st.pieces_refused += p->npages - p->n;
+        return;
+    }
+    for (size_t j = 0; j < npts; j++)
+        for (uint64_t i = first_needed(gr, h->P, pts[j]); i < pts[j]; i++) need[i - lo] = 1;
+    size_t n = 0;
+    for (uint64_t i = p->n; i < p->npages; i++) { /* needed ones first: kept when room runs short */
+        if (!need[i - lo]) continue;
+        h->keys[n] = key_of(h->hash[i]);
+        h->scores[n++] = NEEDED | h->clock;
+    }
+    size_t nneed = n;
+    for (uint64_t i = p->n; i < p->npages; i++) {
+        if (need[i - lo]) continue;
+        h->keys[n] = key_of(h->hash[i]);
+        h->scores[n++] = h->clock;
+    }
+    memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
+    size_t stored = n;
+    int rc = store_in(h, g, 0, h->keys, h->scores, n, h->prot, nneed);
+    if (rc != KVT_OK) { /* no room for the spare pages: the needed ones alone */
+        h->st.pieces_refused += n - nneed;
+        stored = nneed;
+        rc = store_in(h, g, 0, h->prot, h->scores, nneed, h->prot, nneed);
+    }
+    if (rc == KVT_OK) h->st.window_pages_stored += stored;
+    else h->st.pieces_refused += nneed;
+    /* the needed pages before n (pinned by this request) and those it recomputed keep the needed class */
+    size_t t = 0;
+    for (uint64_t i = lo; i < p->npages; i++)
+        if (need[i - lo]) {
+            h->keys[t] = key_of(h->hash[i]);
+            h->scores[t++] = NEEDED | h->clock;
+        }
+    for (int tier = 0; tier < 3; tier++)
+        if (h->kc[g][tier]) kvt_keyed_touch(h->kc[g][tier], h->keys, h->scores, t);
+    kvt__free(need, span ? span : 1);
+}
+
+static void leave_state(kvt_hybrid_t *h, uint32_t g, const uint64_t *pts, size_t npts) {
+    for (size_t j = 0; j < npts; j++) {
+        h->keys[j] = key_of(h->hash[pts[j] - 1]);
+        h->scores[j] = NEEDED | h->clock;
+    }
+    size_t stored = npts;
+    int rc = store_in(h, g, 0, h->keys, h->scores, npts, NULL, 0);
+    if (rc != KVT_OK && npts > 1) { /* no room for them all: the last point alone */
+        h->st.pieces_refused += npts - 1;
+        stored = 1;
+        rc = store_in(h, g, 0, h->keys + npts - 1, h->scores + npts - 1, 1, NULL, 0);
+    }
+    if (rc == KVT_OK) h->st.checkpoints_stored += stored;
+    else h->st.pieces_refused += stored;
+}
+
+int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, kvt_hybrid_req_t *req) {
+    if (h == NULL || req == NULL || req->priv_ == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
+    pins_t *p = req->priv_;
+    uint64_t npages = ntokens / h->P;
+    if (npages != p->npages || ns != p->ns) return KVT_EINVAL;
+    if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM;
+    if (npages && memcmp(&h->hash[npages - 1], &p->last, sizeof(p->last)) != 0) return KVT_EINVAL;
+    int rc = kvt_cache_release(h->cache, &req->full);
+    if (rc != KVT_OK) return rc;
+    h->clock++;
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++)
+        if (p->count[g]) kvt_keyed_unpin(h->kc[g][0], p->keys[g], p->count[g]);
+    uint64_t *pts = kvt__malloc((size_t)(npages + 1) * sizeof(*pts));
+    if (pts == NULL) rc = KVT_ENOMEM;
+    size_t npts = pts ? kept_points(h, p, pts) : 0;
+    for (uint32_t g = 0; g < h->cfg.ngroups && pts; g++) {
+        if (h->kc[g][0] == NULL) continue;
+        if (h->cfg.groups[g].kind == KVT_GROUP_WINDOW) leave_window(h, g, p, pts, npts);
+        else if (keys_room(h, npts + 1) == KVT_OK) leave_state(h, g, pts, npts);
+        else rc = KVT_ENOMEM;
+    }
+    kvt__free(pts, (size_t)(npages + 1) * sizeof(*pts));
+    free_pins(p);
+    req->priv_ = NULL;
+    h->live--;
+    return rc;
+}
+
+/* ---- stats and checks ---------------------------------------------------------- */
+
+static void keyed_used(const kvt_keyed_t *k, uint64_t *used) {
+    kvt_keyed_stats_t ks = {.size = sizeof(ks)};
+    *used = k && kvt_keyed_stats(k, &ks) == KVT_OK ? ks.pages - ks.free_pages : 0;
+}
+
+int kvt_hybrid_group_bytes(const kvt_hybrid_t *h, uint32_t g, kvt_hybrid_group_bytes_t *out) {
+    if (h == NULL || out == NULL || g >= h->cfg.ngroups) return KVT_EINVAL;
+    memset(out, 0, sizeof(*out));
+    const kvt_layer_group_t *gr = &h->cfg.groups[g];
+    if (gr->kind != KVT_GROUP_FULL) {
+        for (int t = 0; t < 3; t++) {
+            keyed_used(h->kc[g][t], &out->slots[t]);
+            out->bytes[t] = out->slots[t] * h->slot_bytes[g];
+        }
+        return KVT_OK;
+    }
+    kvt_cache_stats_t cs = {.size = sizeof(cs)};
+    kvt_cache_stats(h->cache, &cs);
+    out->slots[0] = h->cfg.cache.l1_pages - cs.l1_free;
+    out->slots[1] = h->cfg.cache.l2_pages ? h->cfg.cache.l2_pages - cs.l2_free : 0;
+    out->slots[2] = h->cfg.cache.l3_pages ? cs.l3_known_pages : 0;
+    for (int t = 0; t < 3; t++) out->bytes[t] = out->slots[t] * gr->bytes * h->P;
+    return KVT_OK;
+}
+
+int kvt_hybrid_stats(const kvt_hybrid_t *h, kvt_hybrid_stats_t *st) {
+    if (h == NULL || st == NULL) return KVT_EINVAL;
+    kvt_hybrid_stats_t s = h->st;
+    s.l1_bytes = s.l2_bytes = s.l3_bytes = 0;
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
+        kvt_hybrid_group_bytes_t b;
+        kvt_hybrid_group_bytes(h, g, &b);
+        s.l1_bytes += b.bytes[0];
+        s.l2_bytes += b.bytes[1];
+        s.l3_bytes += b.bytes[2];
+    }
+    kvt_radix_stats_t rs = {.size = sizeof(rs)};
+    kvt_radix_stats(kvt_cache_tree(h->cache), &rs);
+    s.cached_tokens = rs.pages * h->P;
+    return kvt__abi_out(st, &s, sizeof(s));
+}
+
+int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
+    const char *w = NULL;
+    if (why) *why = NULL;
+    if (h == NULL) return KVT_EINVAL;
+    int rc = kvt_cache_check(h->cache, &w);
+    for (uint32_t g = 0; g < G && rc == KVT_OK; g++)
+        for (int t = 0; t < 3 && rc == KVT_OK; t++) {
+            if (h->kc[g][t] == NULL) continue;
+            rc = kvt_keyed_check(h->kc[g][t], &w);
+            kvt_keyed_stats_t ks = {.size = sizeof(ks)};
+            kvt_keyed_stats(h->kc[g][t], &ks);
+            if (rc == KVT_OK && ks.pending) rc = KVT_ECORRUPT, w = "a hybrid piece is pending outside a call";
+            if (rc == KVT_OK && t > 0 && ks.pinned) rc = KVT_ECORRUPT, w = "a piece is pinned below L1";
+            if (rc == KVT_OK && h->live == 0 && ks.pinned) rc = KVT_ECORRUPT, w = "a piece is pinned with no live request";
+        }
+    if (why) *why = w;
+    return rc;
+}

@@ -1,0 +1,403 @@
+/* The hybrid cache against independent models: the match rule against a
+ * brute-force scan of every n, and the cache's hits over a random workload
+ * against a model that keeps plain sets of what each request left behind
+ * (hybrid.h's rules, written out again), with the cache's check after every
+ * call. Also the layer-group descriptions (model.h) and bad configurations. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier/error.h"
+#include "kvtier/hybrid.h"
+#include "kvtier/radix.h"
+#include "kvtier/rng.h"
+
+/* ---- the match rule, brute force ------------------------------------------------ */
+
+/* n continues every group: each condition of hybrid.h checked directly. */
+static int continues(const kvt_layer_group_t *g, uint32_t ng, uint32_t P, uint64_t n, const uint8_t *const *present) {
+    for (uint32_t k = 0; k < ng; k++) {
+        if (g[k].kind == KVT_GROUP_STATE && n > 0 && !present[k][n]) return 0;
+        if (g[k].kind != KVT_GROUP_WINDOW) continue;
+        for (uint64_t tok = 0; tok < n * P; tok++) /* every token of the last W before nP: its page */
+            if (tok + g[k].window >= n * P && !present[k][tok / P]) return 0;
+    }
+    return 1;
+}
+
+static uint64_t brute(const kvt_layer_group_t *g, uint32_t ng, uint32_t P, uint64_t m, const uint8_t *const *present) {
+    for (uint64_t n = m;; n--)
+        if (continues(g, ng, P, n, present) || n == 0) return n;
+}
+
+Test(hybrid_rule, longest_is_the_brute_force_scan) {
+    kvt_rng_t r;
+    uint64_t seed = 0x5eed1;
+    kvt_rng_seed(&r, seed);
+    for (int trial = 0; trial < 4000; trial++) {
+        uint32_t P = 1 + (uint32_t)kvt_rng_below(&r, 8), ng = 1 + (uint32_t)kvt_rng_below(&r, 4);
+        uint64_t m = kvt_rng_below(&r, 40);
+        kvt_layer_group_t g[4];
+        uint8_t bits[4][48];
+        const uint8_t *present[4];
+        double p = 0.5 + 0.5 * kvt_rng_unit(&r);
+        for (uint32_t k = 0; k < ng; k++) {
+            uint32_t kind = k == 0 ? KVT_GROUP_FULL : (uint32_t)kvt_rng_below(&r, 3);
+            g[k] = (kvt_layer_group_t){kind, 1, kind == KVT_GROUP_WINDOW ? 1 + (uint32_t)kvt_rng_below(&r, 4 * P + 3) : 0, 0, 1};
+            for (int i = 0; i < 48; i++) bits[k][i] = kvt_rng_unit(&r) < p;
+            present[k] = kind == KVT_GROUP_FULL ? NULL : bits[k];
+        }
+        uint64_t want = brute(g, ng, P, m, present), got = kvt_hybrid_longest(g, ng, P, m, present);
+        cr_assert_eq(got, want, "seed %" PRIx64 " trial %d: longest %" PRIu64 ", brute force %" PRIu64, seed, trial, got,
+                     want);
+    }
+}
+
+/* ---- the cache against a model of what requests leave behind --------------------- */
+
+#define MAXSET 20000
+typedef struct {
+    kvt_hash128_t h[MAXSET];
+    size_t n;
+} set_t;
+
+static int set_has(const set_t *s, kvt_hash128_t x) {
+    for (size_t i = 0; i < s->n; i++)
+        if (s->h[i].lo == x.lo && s->h[i].hi == x.hi) return 1;
+    return 0;
+}
+
+static void set_add(set_t *s, kvt_hash128_t x) {
+    if (set_has(s, x)) return;
+    cr_assert_lt(s->n, MAXSET);
+    s->h[s->n++] = x;
+}
+
+typedef struct {
+    set_t full, piece[KVT_MODEL_MAX_GROUPS];
+} model_t;
+
+typedef struct {
+    uint32_t P, every;
+    int policy; /* write policy L1 -> L2 */
+    uint64_t l1_slots; /* small: pieces must reach L2 and come back */
+} setup_t;
+
+static kvt_hybrid_t *make(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su) {
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, g, ng, su->P, 1 << 30, 1 << 30, 0), KVT_OK);
+    cfg.cache.l1_pages = 1 << 14; /* the full pages never leave the tree: the model's m is every page seen */
+    cfg.cache.l2_pages = 1 << 14;
+    cfg.cache.write_policy = (kvt_write_policy_t)su->policy;
+    cfg.checkpoint_every = su->every;
+    for (uint32_t k = 0; k < ng; k++)
+        if (g[k].kind != KVT_GROUP_FULL) {
+            cfg.l1_slots[k] = su->l1_slots;
+            cfg.l2_slots[k] = 1 << 16; /* never evicts */
+        }
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    return h;
+}
+
+static void check(kvt_hybrid_t *h, const char *ctx) {
+    const char *why = NULL;
+    int rc = kvt_hybrid_check(h, &why);
+    cr_assert_eq(rc, KVT_OK, "%s: check: %s (%s)", ctx, kvt_err_name(rc), why ? why : "-");
+}
+
+/* Requests over a few shared roots: a root's prefix cut anywhere, then a
+ * tail of its own; some extend the previous request (a next turn). */
+static uint64_t next_request(kvt_rng_t *r, int32_t *tok, const int32_t *prev, uint64_t nprev, uint32_t P) {
+    uint64_t n = 0;
+    if (nprev && kvt_rng_below(r, 3) == 0) {
+        memcpy(tok, prev, nprev * sizeof(*tok));
+        n = nprev;
+    } else {
+        uint64_t root = kvt_rng_below(r, 4), cut = kvt_rng_below(r, 12 * P);
+        for (; n < cut; n++) tok[n] = (int32_t)(root * 100000 + n);
+    }
+    uint64_t tail = 1 + kvt_rng_below(r, 6 * P);
+    for (uint64_t i = 0; i < tail; i++) tok[n++] = (int32_t)(1000000 + kvt_rng_below(r, 1 << 20));
+    return n;
+}
+
+static void run_model(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su, uint64_t seed, int requests) {
+    kvt_hybrid_t *h = make(g, ng, su);
+    model_t *mo = calloc(1, sizeof(*mo));
+    int32_t *tok = malloc(64 * 1024 * sizeof(*tok)), *prev = malloc(64 * 1024 * sizeof(*prev));
+    kvt_hash128_t *hash = malloc(4096 * sizeof(*hash));
+    uint8_t *bits[KVT_MODEL_MAX_GROUPS];
+    for (uint32_t k = 0; k < ng; k++) bits[k] = calloc(4096, 1);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
+    uint64_t nprev = 0, hits = 0;
+    const uint32_t P = su->P;
+    for (int q = 0; q < requests; q++) {
+        uint64_t nt = next_request(&r, tok, prev, nprev, P), np = nt / P;
+        kvt_page_hash_chain(0, tok, np, P, hash);
+        uint64_t m = 0;
+        while (m < np && set_has(&mo->full, hash[m])) m++;
+        const uint8_t *present[KVT_MODEL_MAX_GROUPS];
+        for (uint32_t k = 0; k < ng; k++) {
+            present[k] = g[k].kind == KVT_GROUP_FULL ? NULL : bits[k];
+            for (uint64_t i = 0; i <= np; i++) {
+                if (g[k].kind == KVT_GROUP_WINDOW) bits[k][i] = i < np && set_has(&mo->piece[k], hash[i]);
+                if (g[k].kind == KVT_GROUP_STATE) bits[k][i] = i > 0 && set_has(&mo->piece[k], hash[i - 1]);
+            }
+        }
+        uint64_t want = brute(g, ng, P, m, present);
+
+        kvt_hybrid_req_t req;
+        cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+        cr_assert_eq(req.full_hit_pages, m, "seed %" PRIx64 " request %d: full match %" PRIu64 ", model %" PRIu64, seed,
+                     q, req.full_hit_pages, m);
+        cr_assert_eq(req.hit_pages, want, "seed %" PRIx64 " request %d: hit %" PRIu64 " pages, model %" PRIu64 " (m %" PRIu64 ")",
+                     seed, q, req.hit_pages, want, m);
+        cr_assert_eq(req.hit_tier == 0, want == 0);
+        hits += want;
+        check(h, "admit");
+        cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
+        check(h, "release");
+
+        /* what the request left behind, as hybrid.h says */
+        for (uint64_t i = 0; i < np; i++) set_add(&mo->full, hash[i]);
+        for (uint32_t k = 0; k < ng; k++) {
+            if (g[k].kind == KVT_GROUP_WINDOW)
+                for (uint64_t i = want; i < np; i++) set_add(&mo->piece[k], hash[i]);
+            if (g[k].kind == KVT_GROUP_STATE)
+                for (uint64_t c = want + 1; c <= np; c++)
+                    if ((su->every && c % su->every == 0) || c == np || (want < m && c == m))
+                        set_add(&mo->piece[k], hash[c - 1]);
+        }
+        memcpy(prev, tok, nt * sizeof(*tok));
+        nprev = nt;
+    }
+    kvt_hybrid_stats_t st = {.size = sizeof(st)};
+    cr_assert_eq(kvt_hybrid_stats(h, &st), KVT_OK);
+    cr_assert_eq(st.hit_tokens, hits * P);
+    cr_assert_eq(st.l1_hit_tokens + st.l2_hit_tokens + st.l3_hit_tokens, st.hit_tokens);
+    cr_assert_gt(hits, 0, "seed %" PRIx64 ": the workload never hit", seed);
+    for (uint32_t k = 0; k < ng; k++) free(bits[k]);
+    free(hash);
+    free(prev);
+    free(tok);
+    free(mo);
+    kvt_hybrid_destroy(h);
+}
+
+static const kvt_layer_group_t WINDOW_ONLY[] = {{KVT_GROUP_FULL, 2, 0, 0, 64}, {KVT_GROUP_WINDOW, 4, 24, 0, 128}};
+static const kvt_layer_group_t STATE_ONLY[] = {{KVT_GROUP_FULL, 1, 0, 0, 64}, {KVT_GROUP_STATE, 3, 0, 0, 4096}};
+static const kvt_layer_group_t ALL_THREE[] = {
+    {KVT_GROUP_FULL, 1, 0, 0, 64}, {KVT_GROUP_WINDOW, 2, 9, 0, 64}, {KVT_GROUP_STATE, 2, 0, 0, 1000},
+    {KVT_GROUP_WINDOW, 1, 40, 0, 32}};
+
+Test(hybrid_model, window_groups_match_the_model) {
+    setup_t su = {.P = 4, .every = 0, .policy = KVT_WRITE_THROUGH, .l1_slots = 1 << 16};
+    run_model(WINDOW_ONLY, 2, &su, 11, 300);
+}
+
+Test(hybrid_model, state_groups_match_the_model) {
+    setup_t su = {.P = 4, .every = 3, .policy = KVT_WRITE_THROUGH, .l1_slots = 1 << 16};
+    run_model(STATE_ONLY, 2, &su, 12, 300);
+    su.every = 0; /* ends and branch points only */
+    run_model(STATE_ONLY, 2, &su, 13, 300);
+}
+
+Test(hybrid_model, every_kind_at_once_matches_the_model) {
+    setup_t su = {.P = 8, .every = 2, .policy = KVT_WRITE_THROUGH, .l1_slots = 1 << 16};
+    run_model(ALL_THREE, 4, &su, 14, 300);
+}
+
+/* L1 slots so few that pieces must leave L1 and be loaded back: a piece
+ * that reaches L2 (at store under write_through, at eviction under
+ * write_back) is never lost, so the model still holds. */
+Test(hybrid_model, pieces_evicted_from_l1_come_back_from_l2) {
+    for (int policy = KVT_WRITE_THROUGH; policy <= KVT_WRITE_BACK; policy += KVT_WRITE_BACK) {
+        setup_t su = {.P = 4, .every = 3, .policy = policy, .l1_slots = 40};
+        run_model(ALL_THREE, 4, &su, 15 + (uint64_t)policy, 300);
+    }
+}
+
+/* ---- bounded tiers: the check holds, and hits come from the tier that has them ---- */
+
+Test(hybrid_bounded, small_tiers_keep_every_invariant) {
+    kvt_hybrid_config_t cfg;
+    const uint32_t P = 4;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, P, 64 * 1024, 256 * 1024, 0), KVT_OK);
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    int32_t *tok = malloc(64 * 1024 * sizeof(*tok)), *prev = malloc(64 * 1024 * sizeof(*prev));
+    kvt_rng_t r;
+    kvt_rng_seed(&r, 21);
+    uint64_t nprev = 0;
+    kvt_hybrid_req_t live[3];
+    uint64_t livelen[3];
+    int32_t *livetok[3];
+    for (int i = 0; i < 3; i++) livetok[i] = malloc(64 * 1024 * sizeof(int32_t));
+    int nlive = 0;
+    for (int q = 0; q < 600; q++) {
+        uint64_t nt = next_request(&r, tok, prev, nprev, P);
+        kvt_hybrid_req_t req;
+        cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+        cr_assert_leq(req.hit_pages, req.full_hit_pages);
+        check(h, "admit");
+        if (nlive == 3) { /* up to three requests run at once: their pieces stay pinned */
+            int v = (int)kvt_rng_below(&r, 3);
+            cr_assert_eq(kvt_hybrid_release(h, 0, livetok[v], livelen[v], &live[v]), KVT_OK);
+            check(h, "release");
+            live[v] = req;
+            memcpy(livetok[v], tok, nt * sizeof(*tok));
+            livelen[v] = nt;
+        } else {
+            live[nlive] = req;
+            memcpy(livetok[nlive], tok, nt * sizeof(*tok));
+            livelen[nlive++] = nt;
+        }
+        memcpy(prev, tok, nt * sizeof(*tok));
+        nprev = nt;
+    }
+    for (int i = 0; i < nlive; i++) cr_assert_eq(kvt_hybrid_release(h, 0, livetok[i], livelen[i], &live[i]), KVT_OK);
+    check(h, "end");
+    kvt_hybrid_stats_t st = {.size = sizeof(st)};
+    kvt_hybrid_stats(h, &st);
+    cr_assert_gt(st.l2_hit_tokens, 0, "no hit needed L2: the tiers are not small enough to test it");
+    cr_assert_gt(st.hit_tokens, 0);
+    cr_assert_eq(st.l1_hit_tokens + st.l2_hit_tokens + st.l3_hit_tokens, st.hit_tokens);
+    for (int i = 0; i < 3; i++) free(livetok[i]);
+    free(tok);
+    free(prev);
+    kvt_hybrid_destroy(h);
+}
+
+/* Without hybrid groups the hybrid cache is the radix cache: n = m. */
+Test(hybrid_bounded, one_full_group_is_the_radix_cache) {
+    static const kvt_layer_group_t FULL[] = {{KVT_GROUP_FULL, 4, 0, 0, 256}};
+    setup_t su = {.P = 4, .every = 0, .policy = KVT_WRITE_THROUGH, .l1_slots = 0};
+    kvt_hybrid_t *h = make(FULL, 1, &su);
+    int32_t *tok = malloc(64 * 1024 * sizeof(*tok)), *prev = malloc(64 * 1024 * sizeof(*prev));
+    kvt_rng_t r;
+    kvt_rng_seed(&r, 31);
+    uint64_t nprev = 0;
+    for (int q = 0; q < 200; q++) {
+        uint64_t nt = next_request(&r, tok, prev, nprev, 4);
+        kvt_hybrid_req_t req;
+        cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+        cr_assert_eq(req.hit_pages, req.full_hit_pages);
+        cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
+        memcpy(prev, tok, nt * sizeof(*tok));
+        nprev = nt;
+    }
+    free(tok);
+    free(prev);
+    kvt_hybrid_destroy(h);
+}
+
+Test(hybrid_bounded, release_with_other_tokens_is_refused_and_changes_nothing) {
+    setup_t su = {.P = 4, .every = 0, .policy = KVT_WRITE_THROUGH, .l1_slots = 1 << 10};
+    kvt_hybrid_t *h = make(ALL_THREE, 4, &su);
+    int32_t a[40], b[40];
+    for (int i = 0; i < 40; i++) a[i] = i, b[i] = i + (i == 39);
+    kvt_hybrid_req_t req;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, a, 40, 0, NULL, &req), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(h, 0, b, 40, &req), KVT_EINVAL);
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 36, &req), KVT_EINVAL);
+    cr_assert_eq(kvt_hybrid_release(h, 1, a, 40, &req), KVT_EINVAL);
+    check(h, "refused release");
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &req), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &req), KVT_EINVAL, "released twice");
+    check(h, "end");
+    kvt_hybrid_destroy(h);
+}
+
+/* ---- configurations and model descriptions ---------------------------------------- */
+
+Test(hybrid_config, bad_configurations_are_refused) {
+    kvt_hybrid_config_t good, c;
+    cr_assert_eq(kvt_hybrid_config_default(&good, ALL_THREE, 4, 16, 1 << 30, 1 << 30, 0), KVT_OK);
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &good), KVT_OK);
+    kvt_hybrid_destroy(h);
+    h = NULL;
+    c = good, c.groups[0].kind = KVT_GROUP_WINDOW; /* a window without a window, and no full group */
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.groups[1].window = 0;
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.groups[2].bytes = 0;
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.l1_slots[0] = 5; /* slots for a full group */
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.l2_slots[1] = 0; /* L2 present, the group has none */
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.l3_slots[1] = 7; /* no L3 */
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.cache.write_policy = KVT_WRITE_THROUGH_SELECTIVE;
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.ngroups = 0;
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    cr_assert_null(h);
+    cr_assert_eq(kvt_hybrid_config_default(&c, ALL_THREE, 4, 16, 1024, 0, 0), KVT_EINVAL, "1 KiB holds no checkpoint");
+}
+
+Test(hybrid_config, the_default_split_spends_each_tier_once) {
+    const kvt_model_t *m = kvt_model_find("qwen3-next-like");
+    kvt_layer_group_t g[KVT_MODEL_MAX_GROUPS];
+    uint32_t n;
+    cr_assert_eq(kvt_model_groups(m, g, KVT_MODEL_MAX_GROUPS, &n), KVT_OK);
+    const uint64_t bytes = 80ull << 30;
+    kvt_hybrid_config_t c;
+    cr_assert_eq(kvt_hybrid_config_default(&c, g, n, 16, bytes, 0, 0), KVT_OK);
+    double used = (double)c.cache.l1_pages * (double)g[0].bytes * 16 + (double)c.l1_slots[1] * (double)g[1].bytes;
+    cr_assert(used <= (double)bytes && used > 0.99 * (double)bytes, "the split uses %.0f of %" PRIu64 " bytes", used,
+              bytes);
+    cr_assert(c.l1_slots[1] * g[1].bytes <= bytes / 4 + g[1].bytes, "state takes a quarter");
+}
+
+Test(model_groups, presets_and_descriptions) {
+    kvt_layer_group_t g[KVT_MODEL_MAX_GROUPS];
+    uint32_t n = 0, bad = 99;
+    const kvt_model_t *gemma = kvt_model_find("gemma-3-like");
+    cr_assert_not_null(gemma);
+    cr_assert_eq(kvt_model_groups(gemma, g, KVT_MODEL_MAX_GROUPS, &n), KVT_OK);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(g[0].kind, KVT_GROUP_FULL);
+    cr_assert_eq(g[0].layers + g[1].layers, gemma->layers, "the groups hold every layer");
+    cr_assert_eq(g[1].window, 1024);
+    cr_assert_eq(g[0].bytes + g[1].bytes, gemma->bytes_per_token, "as all-full: the same bytes per token");
+    for (unsigned i = 0; kvt_model_at(i); i++) { /* every preset's groups hold its layers */
+        const kvt_model_t *m = kvt_model_at(i);
+        cr_assert_eq(kvt_model_groups(m, g, KVT_MODEL_MAX_GROUPS, &n), KVT_OK);
+        uint32_t layers = 0;
+        for (uint32_t k = 0; k < n; k++) layers += g[k].layers;
+        cr_assert_eq(layers, m->layers, "%s", m->name);
+    }
+    cr_assert_eq(kvt_model_groups(gemma, g, 1, &n), KVT_ERANGE);
+    cr_assert_eq(n, 2);
+    kvt_model_t copy = *gemma;
+    cr_assert_eq(kvt_model_groups(&copy, g, 8, &n), KVT_EINVAL, "not a preset");
+
+    cr_assert_eq(kvt_model_parse_groups("full:10:8192,window:1024:52:8192,state:3:100", g, 8, &n, &bad), KVT_OK);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(g[1].kind, KVT_GROUP_WINDOW);
+    cr_assert_eq(g[1].window, 1024);
+    cr_assert_eq(g[1].bytes, 52ull * 8192);
+    cr_assert_eq(g[2].bytes, 300);
+    cr_assert_eq(kvt_model_parse_groups("nemotron-h-like", g, 8, &n, &bad), KVT_OK);
+    cr_assert_eq(g[1].kind, KVT_GROUP_STATE);
+    static const struct {
+        const char *text;
+        uint32_t bad;
+    } BAD[] = {{"", 0}, {"llama", 0}, {"full:10", 0}, {"full:0:5", 0}, {"full:1:5,window:0:1:5", 1},
+               {"full:1:5,window:8:1:5:", 1}, {"full:1:5,", 1}, {"window:8:1:5", 1}, {"full:1:5,state:1:x", 1},
+               {"full:1:99999999999999999999999", 0}, {"full:1:5,,state:1:1", 1}};
+    for (size_t i = 0; i < sizeof(BAD) / sizeof(BAD[0]); i++) {
+        kvt_layer_group_t keep = g[0];
+        cr_assert_eq(kvt_model_parse_groups(BAD[i].text, g, 8, &n, &bad), KVT_EINVAL, "'%s' accepted", BAD[i].text);
+        cr_assert_eq(bad, BAD[i].bad, "'%s': group %u named, want %u", BAD[i].text, bad, BAD[i].bad);
+        cr_assert_eq(memcmp(&keep, &g[0], sizeof(keep)), 0, "'%s' wrote out", BAD[i].text);
+    }
+    cr_assert_eq(kvt_model_parse_groups("full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1",
+                                        g, 8, &n, &bad), KVT_ERANGE);
+}
