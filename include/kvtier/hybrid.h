@@ -86,8 +86,10 @@ typedef struct kvt_hybrid_config {
  * (l1_bytes, l2_bytes, l3_bytes; 0: no such tier, L1 > 0) between the
  * groups: the state groups take a quarter (in proportion to their
  * checkpoint bytes), the full and window groups the rest, in proportion to
- * their bytes per token, a window group's counted at half (it needs only
- * the pages before kept points). checkpoint_every 64, ends and branches on.
+ * their bytes per token, a window group's counted at a quarter (it needs
+ * only the pages before kept points). Kept points at ends and branch points
+ * (checkpoint_every 0). The split and the points are what measured best on
+ * the Mooncake trace (docs/hybrid.md).
  * KVT_EINVAL for bad groups (kvt_hybrid_create's checks) or a tier too small
  * for one page or slot of each group. */
 KVT_API int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t *groups, uint32_t ngroups,

@@ -9,9 +9,10 @@
  *
  * A piece (window page or checkpoint) may sit in several tiers at once, as a
  * radix page may have an L1 copy and an L2 copy. Scores order each keyed
- * cache's evictions: the clock of the request that stored or used the
- * piece, with the top bit set for the needed class, so that spare window
- * pages go first in every tier.
+ * cache's evictions (score_of): the needed class above the spare one, then
+ * the clock of the request that stored or used the piece (a hit refreshes
+ * its whole path, as the radix cache refreshes a matched prefix), then the
+ * shallower piece above the deeper.
  *
  * Cost: an admission looks up at most m pieces per window group (each page
  * once, memoised) and m + 1 per state group, per tier; a release stores the
@@ -28,6 +29,8 @@
 #include "kvtier/radix.h"
 
 #define NEEDED (1ull << 63)
+#define DEPTH_BITS 24
+
 #define G KVT_MODEL_MAX_GROUPS
 
 enum { SHORT_NONE = 0, SHORT_WINDOW = 1, SHORT_STATE = 2, SHORT_ROOM = 3 };
@@ -63,6 +66,15 @@ struct kvt_hybrid {
     uint64_t *scores, *pages;
     size_t kcap, prcap, scap, pcap, ecap[3];
 };
+
+/* A piece's eviction score: its class, then the clock of the request that
+ * last stored or used it, then deeper pieces first (as the radix cache takes
+ * a path's tail pages first), so that a path's pieces go from its end and
+ * the windows before its branch points stay whole. */
+static uint64_t score_of(const kvt_hybrid_t *h, int needed, uint64_t page) {
+    uint64_t depth = (1ull << DEPTH_BITS) - 1;
+    return (needed ? NEEDED : 0) | h->clock << DEPTH_BITS | (depth - (page < depth ? page : depth));
+}
 
 /* ---- the match rule ------------------------------------------------------------ */
 
@@ -147,17 +159,23 @@ static uint64_t slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
     return g->kind == KVT_GROUP_STATE ? g->bytes : g->bytes * P;
 }
 
-/* Splits one tier's bytes: state groups a quarter, by checkpoint bytes;
- * full and window groups the rest, by bytes per token (a window group's
- * halved). Full groups get one radix page count. */
+/* The default split of a tier's bytes (docs/hybrid.md has the sweeps that
+ * chose it): state groups take STATE_SHARE, by checkpoint bytes; full and
+ * window groups the rest, by bytes per token, a window group's weighed by
+ * WINDOW_WEIGHT (it needs only the pages before the kept points). */
+#define STATE_SHARE 0.25
+#define WINDOW_WEIGHT 0.25
+
+/* Splits one tier's bytes as above; the full groups get one radix page
+ * count. */
 static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t bytes, uint64_t *full_pages,
                  uint64_t *slots) {
     double state_w = 0, token_w = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (g[i].kind == KVT_GROUP_STATE) state_w += (double)g[i].bytes;
-        else token_w += (double)g[i].bytes * (g[i].kind == KVT_GROUP_WINDOW ? 0.5 : 1.0);
+        else token_w += (double)g[i].bytes * (g[i].kind == KVT_GROUP_WINDOW ? WINDOW_WEIGHT : 1.0);
     }
-    double token_share = state_w > 0 ? 0.75 : 1.0, b = (double)bytes;
+    double token_share = state_w > 0 ? 1 - STATE_SHARE : 1.0, b = (double)bytes;
     double fb = (double)full_bytes(g, n);
     *full_pages = (uint64_t)(b * token_share * (fb / token_w) / (fb * P));
     if (*full_pages == 0) return KVT_EINVAL;
@@ -166,7 +184,7 @@ static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t by
         slots[i] = 0;
         if (g[i].kind == KVT_GROUP_FULL) continue;
         double share = g[i].kind == KVT_GROUP_STATE ? (1 - token_share) * (double)g[i].bytes / state_w
-                                                    : token_share * 0.5 * (double)g[i].bytes / token_w;
+                                                    : token_share * WINDOW_WEIGHT * (double)g[i].bytes / token_w;
         double s = b * share / (double)slot_bytes(&g[i], P);
         if (s < 1) return KVT_EINVAL;
         slots[i] = s > KVT_ALLOC_MAX_PAGES ? KVT_ALLOC_MAX_PAGES : (uint64_t)s;
@@ -190,7 +208,7 @@ int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t 
         return KVT_EINVAL;
     if (l3_bytes && (!l2_bytes || split(groups, ngroups, page_tokens, l3_bytes, &c.cache.l3_pages, c.l3_slots) != KVT_OK))
         return KVT_EINVAL;
-    c.checkpoint_every = 64;
+    c.checkpoint_every = 0;
     c.checkpoint_ends = true;
     c.checkpoint_branches = true;
     *cfg = c;
@@ -336,7 +354,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     } else if (nev) { /* write_back: what leaves tier t goes down, as the least recent there */
         uint64_t *ds = kvt__malloc(nev * sizeof(*ds));
         if (ds == NULL) return KVT_OK;
-        for (size_t i = 0; i < nev; i++) ds[i] = h->clock;
+        for (size_t i = 0; i < nev; i++) ds[i] = h->clock << DEPTH_BITS;
         kvt_key128_t *dk = kvt__malloc(nev * sizeof(*dk));
         if (dk) {
             memcpy(dk, h->evicted[t], nev * sizeof(*dk));
@@ -429,16 +447,16 @@ static pins_t *new_pins(kvt_hybrid_t *h, uint64_t npages) {
  * KVT_ENOSPC (or KVT_ENOMEM) when L1 cannot take them: nothing pinned then.
  * With n = 0 it cannot fail. */
 static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
-    uint64_t score = NEEDED | h->clock;
     for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
         if (!h->kc[g][0]) continue;
         size_t k = needed_keys(h, g, n, p->keys[g]), nl = 0;
+        uint64_t first = h->cfg.groups[g].kind == KVT_GROUP_STATE ? n : first_needed(&h->cfg.groups[g], h->P, n);
         for (size_t i = 0; i < k; i++) {
             int t = tier_of(h, g, p->keys[g][i]);
             if (t > *tier) *tier = t;
             if (t > 0) {
                 h->keys[nl] = p->keys[g][i];
-                h->scores[nl++] = score;
+                h->scores[nl++] = score_of(h, 1, first + i);
             }
         }
         int rc = store_in(h, g, 0, h->keys, h->scores, nl, p->keys[g], k);
@@ -449,12 +467,26 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
             return rc;
         }
         h->st.pieces_loaded += nl;
-        for (size_t i = 0; i < k; i++) h->scores[i] = score;
+        for (size_t i = 0; i < k; i++) h->scores[i] = score_of(h, 1, first + i);
         kvt_keyed_touch(h->kc[g][0], p->keys[g], h->scores, k);
         if (k && kvt_keyed_pin(h->kc[g][0], p->keys[g], k, NULL) != KVT_OK) abort(); /* just stored, protected */
         p->count[g] = (uint32_t)k;
     }
     return KVT_OK;
+}
+
+/* A hit refreshes every piece of its path in every tier, as the radix cache
+ * refreshes the whole matched prefix: the pieces below n serve the other
+ * requests that branch off this path. */
+static void touch_path(kvt_hybrid_t *h, uint64_t n) {
+    if (n == 0 || keys_room(h, (size_t)n) != KVT_OK) return;
+    for (uint64_t i = 0; i < n; i++) {
+        h->keys[i] = key_of(h->hash[i]);
+        h->scores[i] = score_of(h, 1, i + 1); /* window page i; the checkpoint after i + 1 pages */
+    }
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++)
+        for (int t = 0; t < 3; t++)
+            if (h->kc[g][t]) kvt_keyed_touch(h->kc[g][t], h->keys, h->scores, (size_t)n);
 }
 
 int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
@@ -486,6 +518,7 @@ int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64
         tier = -1;
         load_and_pin(h, 0, p, &tier);
     }
+    touch_path(h, n);
     if (n > 0) { /* the full groups' part: L1 pages first, then L2's, then L3's */
         int ft = n <= r.full.l1_hit_pages ? 0 : n <= r.full.l1_hit_pages + r.full.l2_hit_pages ? 1 : 2;
         if (ft > tier) tier = ft;
@@ -542,13 +575,13 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     for (uint64_t i = p->n; i < p->npages; i++) { /* needed ones first: kept when room runs short */
         if (!need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
-        h->scores[n++] = NEEDED | h->clock;
+        h->scores[n++] = score_of(h, 1, i);
     }
     size_t nneed = n;
     for (uint64_t i = p->n; i < p->npages; i++) {
         if (need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
-        h->scores[n++] = h->clock;
+        h->scores[n++] = score_of(h, 0, i);
     }
     memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
     size_t stored = n;
@@ -565,7 +598,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     for (uint64_t i = lo; i < p->npages; i++)
         if (need[i - lo]) {
             h->keys[t] = key_of(h->hash[i]);
-            h->scores[t++] = NEEDED | h->clock;
+            h->scores[t++] = score_of(h, 1, i);
         }
     for (int tier = 0; tier < 3; tier++)
         if (h->kc[g][tier]) kvt_keyed_touch(h->kc[g][tier], h->keys, h->scores, t);
@@ -575,7 +608,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
 static void leave_state(kvt_hybrid_t *h, uint32_t g, const uint64_t *pts, size_t npts) {
     for (size_t j = 0; j < npts; j++) {
         h->keys[j] = key_of(h->hash[pts[j] - 1]);
-        h->scores[j] = NEEDED | h->clock;
+        h->scores[j] = score_of(h, 1, pts[j]);
     }
     size_t stored = npts;
     int rc = store_in(h, g, 0, h->keys, h->scores, npts, NULL, 0);

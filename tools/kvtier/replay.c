@@ -22,6 +22,7 @@
 #include "kvtier/stats.h"
 #include "replay.h"
 #include "replay_data.h"
+#include "replay_hybrid.h"
 #include "replay_l3.h"
 #include "replay_run.h"
 #include "trace.h"
@@ -636,6 +637,57 @@ void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t 
     cfg->decision_digest = o->digest;
 }
 
+static bool hybrid_on(const hybrid_opts_t *h) {
+    for (uint32_t g = 0; g < h->ngroups; g++)
+        if (h->groups[g].kind != KVT_GROUP_FULL) return true;
+    return false;
+}
+
+/* The layer groups: --groups, else the preset's. A hybrid model's replay is
+ * metadata only, on one instance, and holds the model as all-full attention
+ * at o->bpt for the comparison: the groups' all-full bytes per token (each
+ * state layer at its full groups' per-layer width) unless
+ * --bytes-per-token says otherwise. -1 after printing why. */
+static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *text, size_t nsweep, hybrid_opts_t *h) {
+    uint32_t bad = 0;
+    int rc = text ? kvt_model_parse_groups(text, h->groups, KVT_MODEL_MAX_GROUPS, &h->ngroups, &bad)
+                  : kvt_model_groups(kvt_model_at((unsigned)o->model), h->groups, KVT_MODEL_MAX_GROUPS, &h->ngroups);
+    c->flag = "--groups";
+    if (rc == KVT_ERANGE) return cli_error(c, "at most %d groups", KVT_MODEL_MAX_GROUPS);
+    if (rc != KVT_OK) {
+        if (bad >= 1 && strchr(text, ':')) {
+            const char *s = text;
+            for (uint32_t i = 0; i < bad && s; i++) s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL;
+            if (s == NULL || *s == '\0')
+                return cli_error(c, "'%s' has no full group (the prefix tree holds the full groups' pages)", text);
+            return cli_error(c, "group %u ('%.*s') is not full:LAYERS:BYTES, window:W:LAYERS:BYTES or state:LAYERS:BYTES "
+                                "(every number at least 1)", bad + 1, (int)strcspn(s, ","), s);
+        }
+        if (strchr(text, ':'))
+            return cli_error(c, "group 1 ('%.*s') is not full:LAYERS:BYTES, window:W:LAYERS:BYTES or state:LAYERS:BYTES "
+                                "(every number at least 1)", (int)strcspn(text, ","), text);
+        return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
+    }
+    if (!hybrid_on(h)) return 0;
+    const char *why = o->data ? "--data" : replay_l3_on(l3) ? "--l3" : l3->instances > 1 ? "--instances"
+                    : o->soak_s > 0 ? "--soak" : o->digest ? "--digest" : NULL;
+    if (why) {
+        c->flag = why;
+        return cli_error(c, "not with a hybrid model (window or state groups): its replay is metadata only, one instance");
+    }
+    (void)nsweep;
+    if (text && !o->bytes_per_token) {
+        uint64_t per_token = 0, full_layers = 0, full_bytes = 0, state_layers = 0;
+        for (uint32_t g = 0; g < h->ngroups; g++) {
+            if (h->groups[g].kind != KVT_GROUP_STATE) per_token += h->groups[g].bytes;
+            else state_layers += h->groups[g].layers;
+            if (h->groups[g].kind == KVT_GROUP_FULL) full_layers += h->groups[g].layers, full_bytes += h->groups[g].bytes;
+        }
+        o->bpt = per_token + state_layers * (full_bytes / full_layers);
+    }
+    return 0;
+}
+
 int cmd_replay(int argc, char **argv) {
     opts_t o;
     replay_opts_default(&o);
@@ -645,6 +697,15 @@ int cmd_replay(int argc, char **argv) {
     size_t nrows = replay_option_rows(&o, table);
     table[nrows++] = (cli_opt_t){"digest", OPT_FLAG, &o.digest, 0, 0, 0, 0, NULL, NULL, 0,
                                  "keep the cache's decision digest and print it (decision_digest): two runs decided alike exactly when they agree on it"};
+    const char *groups_text = NULL;
+    uint64_t every = 0;
+    table[nrows++] = (cli_opt_t){"groups", OPT_TEXT, &groups_text, 0, 0, 0, 0, NULL, NULL, 0,
+                                 "the model's layer groups: a preset's name, or full:LAYERS:BYTES,window:W:LAYERS:BYTES,"
+                                 "state:LAYERS:BYTES (BYTES per token per layer; per layer for state); default: --model's. "
+                                 "With window or state groups the replay runs the hybrid cache (docs/hybrid.md)"};
+    table[nrows++] = (cli_opt_t){"checkpoint-every", OPT_U64, &every, 0, 1u << 20, 0, 0, NULL, NULL, 0,
+                                 "hybrid models: a kept point (state checkpoint) every N pages, beside request ends and "
+                                 "branch points; 0: none"};
     nrows += replay_l3_rows(&l3, table + nrows);
     table[nrows] = (cli_opt_t){NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL};
     cli_t c;
@@ -686,6 +747,8 @@ int cmd_replay(int argc, char **argv) {
         c.flag = "--soak";
         return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
     }
+    hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every};
+    if (replay_groups(&c, &o, &l3, groups_text, nsweep, &hyb) != 0) return 2;
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;
     if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
@@ -696,6 +759,11 @@ int cmd_replay(int argc, char **argv) {
     if (replay_load("kvtier replay", path, &o, &t, &parse_s) != 0) return 1;
     const char *name = path ? path : "built-in synthetic workload";
 
+    if (hybrid_on(&hyb)) {
+        int hrc = replay_hybrid(&t, &o, &l3, &hyb, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1, name, parse_s);
+        trace_free(&t);
+        return hrc == 0 ? 0 : 1;
+    }
     size_t nrun = nsweep ? nsweep : 1, nfleet = l3.instances > 1 ? l3.instances : 0;
     result_t *res = calloc(nrun + nfleet, sizeof(result_t)), *each = res + 1;
     int rc = res ? 0 : -1;

@@ -1,0 +1,206 @@
+/* kvtier replay on a hybrid model (--model with window or state groups, or
+ * --groups): the trace through kvt_hybrid at each L1 size, beside the two
+ * ways a cache that knows no groups could hold the same model in the same
+ * bytes — every layer kept as full attention (the radix cache, the model's
+ * all-full bytes per token), and state checkpoints at request ends only. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "kvtier/error.h"
+#include "kvtier/hybrid.h"
+#include "kvtier/radix.h"
+#include "kvtier/stats.h"
+#include "replay_hybrid.h"
+#include "replay_run.h"
+
+typedef struct {
+    kvt_hybrid_stats_t st;
+    kvt_hybrid_group_bytes_t gb[KVT_MODEL_MAX_GROUPS];
+    double wall_s;
+} hyb_result_t;
+
+static double frac(uint64_t x, uint64_t of) { return of ? (double)x / (double)of : 0; }
+
+/* The bytes of one tier: pages of the all-full model. */
+static uint64_t tier_bytes(const opts_t *o, uint64_t pages) { return pages * o->page_tokens * o->bpt; }
+
+/* --l1-pages unbounded: every page of the trace. */
+static uint64_t l1_of(const trace_t *t, const opts_t *o, uint64_t l1) {
+    if (l1 != UNBOUNDED) return l1;
+    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n, p = 0;
+    for (uint64_t i = 0; i < n; i++) p += t->req[i].input_length / o->page_tokens;
+    return p ? p : 1;
+}
+
+static int run_hybrid(const trace_t *t, const opts_t *o, const hybrid_opts_t *h, uint64_t l1_pages, uint32_t every,
+                      bool branches, hyb_result_t *out) {
+    kvt_hybrid_config_t cfg;
+    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens, tier_bytes(o, l1_pages),
+                                       tier_bytes(o, o->l2_pages), 0);
+    if (rc != KVT_OK) {
+        fprintf(stderr, "kvtier replay: L1 %" PRIu64 " pages (%.2f GB) cannot hold one page or checkpoint of each group\n",
+                l1_pages, (double)tier_bytes(o, l1_pages) / 1e9);
+        return -1;
+    }
+    kvt_cache_config_t base;
+    replay_cache_config(o, cfg.cache.l1_pages, &base);
+    base.l2_pages = cfg.cache.l2_pages;
+    cfg.cache = base;
+    if (cfg.cache.write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.write_policy = KVT_WRITE_THROUGH;
+    cfg.checkpoint_every = every;
+    cfg.checkpoint_branches = branches;
+    kvt_hybrid_t *c;
+    if ((rc = kvt_hybrid_create(&c, &cfg)) != KVT_OK) {
+        fprintf(stderr, "kvtier replay: cannot create the hybrid cache: %s\n", kvt_strerror(rc));
+        return -1;
+    }
+    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
+    int32_t *tok = malloc((size_t)t->max_blocks * TRACE_BLOCK_TOKENS * sizeof(int32_t));
+    rc = tok ? KVT_OK : KVT_ENOMEM;
+    double t0 = (double)kvt_now_ns() / 1e9;
+    for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
+        const trace_req_t *r = &t->req[i];
+        for (uint32_t b = 0; b < r->nblocks; b++) trace_block_tokens(r->hash_ids[b], tok + (size_t)b * TRACE_BLOCK_TOKENS);
+        kvt_hybrid_req_t req;
+        rc = kvt_hybrid_admit(c, 0, tok, r->input_length, 0, NULL, &req);
+        if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, r->input_length, &req);
+        if (rc == KVT_OK && o->check_every && (i + 1) % o->check_every == 0) {
+            const char *why;
+            if (kvt_hybrid_check(c, &why) != KVT_OK) {
+                fprintf(stderr, "kvtier replay: check failed after request %" PRIu64 ": %s\n", i + 1, why);
+                rc = KVT_ECORRUPT;
+            }
+        }
+        if (rc != KVT_OK && rc != KVT_ECORRUPT)
+            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", i + 1, kvt_strerror(rc));
+    }
+    out->wall_s = (double)kvt_now_ns() / 1e9 - t0;
+    out->st.size = sizeof(out->st);
+    kvt_hybrid_stats(c, &out->st);
+    for (uint32_t g = 0; g < h->ngroups; g++) kvt_hybrid_group_bytes(c, g, &out->gb[g]);
+    free(tok);
+    kvt_hybrid_destroy(c);
+    return rc == KVT_OK ? 0 : -1;
+}
+
+static double hyb_rate(const hyb_result_t *r) { return frac(r->st.hit_tokens, r->st.tokens); }
+static double hyb_bpt(const hyb_result_t *r) { return frac(r->st.l1_bytes + r->st.l2_bytes, r->st.cached_tokens); }
+static double full_rate(const result_t *r) {
+    return frac(r->cs.l1_hit_tokens + r->cs.l2_hit_tokens + r->cs.l3_hit_tokens, r->cs.tokens);
+}
+static double full_bpt(const result_t *r, const opts_t *o) {
+    uint64_t used = (r->l1_pages - r->cs.l1_free) + (o->l2_pages ? o->l2_pages - r->cs.l2_free : 0);
+    return frac(used * o->page_tokens * o->bpt, r->rs.pages * o->page_tokens);
+}
+
+static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h) {
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "hit_rate", hyb_rate(r));
+    cJSON_AddNumberToObject(x, "l1_hit_rate", frac(r->st.l1_hit_tokens, r->st.tokens));
+    cJSON_AddNumberToObject(x, "l2_hit_rate", frac(r->st.l2_hit_tokens, r->st.tokens));
+    cJSON_AddNumberToObject(x, "full_groups_hit_rate", frac(r->st.full_hit_tokens, r->st.tokens));
+    cJSON_AddNumberToObject(x, "bytes_per_cached_token", hyb_bpt(r));
+    cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
+    cJSON *st = cJSON_AddObjectToObject(x, "stats");
+#define J_(name, kind, help) cJSON_AddNumberToObject(st, #name, (double)r->st.name);
+    KVT_HYBRID_STATS_FIELDS(J_)
+#undef J_
+    cJSON *groups = cJSON_AddArrayToObject(x, "groups");
+    for (uint32_t g = 0; g < h->ngroups; g++) {
+        cJSON *y = cJSON_CreateObject();
+        cJSON_AddStringToObject(y, "kind", kvt_group_kind_name((kvt_group_kind_t)h->groups[g].kind));
+        cJSON_AddNumberToObject(y, "l1_bytes", (double)r->gb[g].bytes[0]);
+        cJSON_AddNumberToObject(y, "l2_bytes", (double)r->gb[g].bytes[1]);
+        cJSON_AddItemToArray(groups, y);
+    }
+    return x;
+}
+
+static cJSON *full_json(const result_t *r, const opts_t *o) {
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "hit_rate", full_rate(r));
+    cJSON_AddNumberToObject(x, "bytes_per_cached_token", full_bpt(r, o));
+    cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
+    return x;
+}
+
+static int plot(const char *path, const char *model, const uint64_t *l1, const hyb_result_t *hy, const hyb_result_t *ends,
+                const result_t *full, size_t n, const opts_t *o) {
+    FILE *g = popen("gnuplot 2>&1", "w");
+    if (g == NULL) return -1;
+    fprintf(g, "set terminal png size 900,560\nset output '%s'\n", path);
+    fprintf(g, "set title 'kvtier replay, %s: token hit rate vs L1 bytes'\n", model);
+    fprintf(g, "set xlabel 'L1 GB (log scale)'\nset logscale x\nset ylabel 'token hit rate'\nset yrange [0:1]\nset grid\n"
+               "set key left top\n");
+    fputs("plot '-' using 1:2 with linespoints title 'hybrid (kvtier)', '-' using 1:2 with linespoints title "
+          "'state at request ends only', '-' using 1:2 with linespoints title 'every layer as full attention'\n", g);
+    for (int pass = 0; pass < 3; pass++) {
+        for (size_t i = 0; i < n; i++)
+            fprintf(g, "%.3f %.6f\n", (double)tier_bytes(o, l1[i]) / 1e9,
+                    pass == 0 ? hyb_rate(&hy[i]) : pass == 1 ? hyb_rate(&ends[i]) : full_rate(&full[i]));
+        fputs("e\n", g);
+    }
+    return pclose(g) == 0 ? 0 : -1;
+}
+
+int replay_hybrid(const trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, const uint64_t *l1,
+                  size_t n, const char *trace_name, double parse_s) {
+    bool has_state = false;
+    for (uint32_t g = 0; g < h->ngroups; g++) has_state |= h->groups[g].kind == KVT_GROUP_STATE;
+    hyb_result_t *hy = calloc(n, sizeof(*hy)), *ends = calloc(n, sizeof(*ends));
+    result_t *full = calloc(n, sizeof(*full));
+    int rc = hy && ends && full ? 0 : -1;
+    uint64_t *l1b = malloc(n * sizeof(*l1b));
+    for (size_t i = 0; l1b && i < n; i++) l1b[i] = l1_of(t, o, l1[i]);
+    if (l1b == NULL) rc = -1;
+    l1 = l1b;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = run_hybrid(t, o, h, l1[i], h->every, true, &hy[i]);
+        if (rc == 0 && has_state) rc = run_hybrid(t, o, h, l1[i], 0, false, &ends[i]);
+        if (rc == 0) rc = replay_run_one(t, o, l3, l1[i], NULL, 0, &full[i]);
+    }
+    if (rc == 0 && o->json) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "trace", trace_name);
+        cJSON_AddNumberToObject(root, "parse_s", parse_s);
+        cJSON_AddStringToObject(root, "model", h->name);
+        cJSON_AddNumberToObject(root, "page_tokens", (double)o->page_tokens);
+        cJSON_AddNumberToObject(root, "checkpoint_every", h->every);
+        cJSON_AddNumberToObject(root, "all_full_bytes_per_token", (double)o->bpt);
+        cJSON *arr = cJSON_AddArrayToObject(root, "runs");
+        for (size_t i = 0; i < n; i++) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddNumberToObject(x, "l1_pages_all_full", (double)l1[i]);
+            cJSON_AddNumberToObject(x, "l1_bytes", (double)tier_bytes(o, l1[i]));
+            cJSON_AddNumberToObject(x, "l2_bytes", (double)tier_bytes(o, o->l2_pages));
+            cJSON_AddItemToObject(x, "hybrid", hyb_json(&hy[i], h));
+            if (has_state) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h));
+            cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
+            cJSON_AddItemToArray(arr, x);
+        }
+        cli_print_json(root);
+    } else if (rc == 0) {
+        printf("kvtier replay: %s: %zu requests, model %s, page %" PRIu64 " tokens, checkpoints every %u pages\n",
+               trace_name, t->n, h->name, o->page_tokens, h->every);
+        printf("%10s %10s | %9s %9s %11s | %9s %11s | %9s %11s\n", "L1 GB", "L2 GB", "hybrid", "(full)", "B/token",
+               "ends only", "B/token", "all full", "B/token");
+        for (size_t i = 0; i < n; i++)
+            printf("%10.1f %10.1f | %9.4f %9.4f %11.0f | %9.4f %11.0f | %9.4f %11.0f\n",
+                   (double)tier_bytes(o, l1[i]) / 1e9, (double)tier_bytes(o, o->l2_pages) / 1e9, hyb_rate(&hy[i]),
+                   frac(hy[i].st.full_hit_tokens, hy[i].st.tokens), hyb_bpt(&hy[i]), has_state ? hyb_rate(&ends[i]) : 0,
+                   has_state ? hyb_bpt(&ends[i]) : 0, full_rate(&full[i]), full_bpt(&full[i], o));
+    }
+    if (rc == 0 && o->plot && plot(o->plot, h->name, l1, hy, has_state ? ends : hy, full, n, o) != 0) {
+        fprintf(stderr, "kvtier replay: --plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)\n");
+        rc = -1;
+    }
+    free(l1b);
+    free(hy);
+    free(ends);
+    free(full);
+    return rc;
+}

@@ -1,0 +1,28 @@
+/* kvtier replay on a hybrid model (replay_hybrid.c). */
+#ifndef KVTIER_TOOLS_REPLAY_HYBRID_H
+#define KVTIER_TOOLS_REPLAY_HYBRID_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/model.h"
+#include "replay.h"
+#include "replay_l3.h"
+#include "trace.h"
+
+typedef struct hybrid_opts {
+    const char *name; /* the preset, or the --groups text */
+    kvt_layer_group_t groups[KVT_MODEL_MAX_GROUPS];
+    uint32_t ngroups;
+    uint32_t every; /* --checkpoint-every */
+} hybrid_opts_t;
+
+/* Replays t at each L1 size l1[0..n) (pages of the model held as all-full
+ * attention, o->bpt bytes per token; UNBOUNDED: every page of the trace)
+ * through the hybrid cache, the same with state checkpoints at request ends
+ * only, and the radix cache at o->bpt; prints a table or JSON (and
+ * --plot). -1 after printing why. */
+int replay_hybrid(const trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, const uint64_t *l1,
+                  size_t n, const char *trace_name, double parse_s);
+
+#endif
