@@ -36,11 +36,14 @@ static uint64_t l1_of(const trace_t *t, const opts_t *o, uint64_t l1) {
     return p ? p : 1;
 }
 
+/* l1_pages UNBOUNDED: every group's L1 holds every page (and checkpoint) of
+ * the trace. */
 static int run_hybrid(const trace_t *t, const opts_t *o, const hybrid_opts_t *h, uint64_t l1_pages, uint32_t every,
                       bool branches, hyb_result_t *out) {
     kvt_hybrid_config_t cfg;
-    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens, tier_bytes(o, l1_pages),
-                                       tier_bytes(o, o->l2_pages), 0);
+    uint64_t all = l1_of(t, o, UNBOUNDED);
+    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens,
+                                       tier_bytes(o, l1_of(t, o, l1_pages)), tier_bytes(o, o->l2_pages), 0);
     if (rc != KVT_OK) {
         fprintf(stderr, "kvtier replay: L1 %" PRIu64 " pages (%.2f GB) cannot hold one page or checkpoint of each group\n",
                 l1_pages, (double)tier_bytes(o, l1_pages) / 1e9);
@@ -53,6 +56,11 @@ static int run_hybrid(const trace_t *t, const opts_t *o, const hybrid_opts_t *h,
     if (cfg.cache.write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.write_policy = KVT_WRITE_THROUGH;
     cfg.checkpoint_every = every;
     cfg.checkpoint_branches = branches;
+    if (l1_pages == UNBOUNDED) {
+        cfg.cache.l1_pages = all;
+        for (uint32_t g = 0; g < h->ngroups; g++)
+            if (h->groups[g].kind != KVT_GROUP_FULL) cfg.l1_slots[g] = all;
+    }
     kvt_hybrid_t *c;
     if ((rc = kvt_hybrid_create(&c, &cfg)) != KVT_OK) {
         fprintf(stderr, "kvtier replay: cannot create the hybrid cache: %s\n", kvt_strerror(rc));
@@ -154,15 +162,15 @@ int replay_hybrid(const trace_t *t, const opts_t *o, const l3_opts_t *l3, const 
     hyb_result_t *hy = calloc(n, sizeof(*hy)), *ends = calloc(n, sizeof(*ends));
     result_t *full = calloc(n, sizeof(*full));
     int rc = hy && ends && full ? 0 : -1;
-    uint64_t *l1b = malloc(n * sizeof(*l1b));
-    for (size_t i = 0; l1b && i < n; i++) l1b[i] = l1_of(t, o, l1[i]);
-    if (l1b == NULL) rc = -1;
-    l1 = l1b;
     for (size_t i = 0; i < n && rc == 0; i++) {
         rc = run_hybrid(t, o, h, l1[i], h->every, true, &hy[i]);
         if (rc == 0 && has_state) rc = run_hybrid(t, o, h, l1[i], 0, false, &ends[i]);
         if (rc == 0) rc = replay_run_one(t, o, l3, l1[i], NULL, 0, &full[i]);
     }
+    uint64_t *l1b = malloc(n * sizeof(*l1b)); /* the sizes shown: unbounded as the trace's pages */
+    for (size_t i = 0; l1b && i < n; i++) l1b[i] = l1_of(t, o, l1[i]);
+    if (l1b == NULL) rc = -1;
+    l1 = l1b;
     if (rc == 0 && o->json) {
         cJSON *root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "trace", trace_name);

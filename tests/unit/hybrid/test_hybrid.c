@@ -83,19 +83,22 @@ typedef struct {
     uint32_t P, every;
     int policy; /* write policy L1 -> L2 */
     uint64_t l1_slots; /* small: pieces must reach L2 and come back */
+    uint64_t l2_slots, l3_slots; /* 0: L2 never evicts, no L3 */
 } setup_t;
 
 static kvt_hybrid_t *make(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su) {
     kvt_hybrid_config_t cfg;
-    cr_assert_eq(kvt_hybrid_config_default(&cfg, g, ng, su->P, 1 << 30, 1 << 30, 0), KVT_OK);
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, g, ng, su->P, 1 << 30, 1 << 30, su->l3_slots ? 1 << 30 : 0), KVT_OK);
     cfg.cache.l1_pages = 1 << 14; /* the full pages never leave the tree: the model's m is every page seen */
     cfg.cache.l2_pages = 1 << 14;
     cfg.cache.write_policy = (kvt_write_policy_t)su->policy;
+    cfg.cache.l3_write_policy = (kvt_write_policy_t)su->policy;
     cfg.checkpoint_every = su->every;
     for (uint32_t k = 0; k < ng; k++)
         if (g[k].kind != KVT_GROUP_FULL) {
             cfg.l1_slots[k] = su->l1_slots;
-            cfg.l2_slots[k] = 1 << 16; /* never evicts */
+            cfg.l2_slots[k] = su->l2_slots ? su->l2_slots : 1 << 16; /* never evicts */
+            cfg.l3_slots[k] = su->l3_slots;
         }
     kvt_hybrid_t *h = NULL;
     cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
@@ -178,6 +181,8 @@ static void run_model(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su
     kvt_hybrid_stats_t st = {.size = sizeof(st)};
     cr_assert_eq(kvt_hybrid_stats(h, &st), KVT_OK);
     cr_assert_eq(st.hit_tokens, hits * P);
+    if (su->l3_slots) cr_assert_gt(st.l3_hit_tokens, 0, "seed %" PRIx64 ": no hit needed L3", seed);
+    else cr_assert_eq(st.l3_hit_tokens, 0);
     cr_assert_eq(st.l1_hit_tokens + st.l2_hit_tokens + st.l3_hit_tokens, st.hit_tokens);
     cr_assert_gt(hits, 0, "seed %" PRIx64 ": the workload never hit", seed);
     for (uint32_t k = 0; k < ng; k++) free(bits[k]);
@@ -218,6 +223,15 @@ Test(hybrid_model, pieces_evicted_from_l1_come_back_from_l2) {
     for (int policy = KVT_WRITE_THROUGH; policy <= KVT_WRITE_BACK; policy += KVT_WRITE_BACK) {
         setup_t su = {.P = 4, .every = 3, .policy = policy, .l1_slots = 40};
         run_model(ALL_THREE, 4, &su, 15 + (uint64_t)policy, 300);
+    }
+}
+
+/* L1 and L2 slots so few that pieces reach L3 (under either L3 write
+ * policy) and come back from it: still the model. */
+Test(hybrid_model, pieces_evicted_from_l2_come_back_from_l3) {
+    for (int policy = KVT_WRITE_THROUGH; policy <= KVT_WRITE_BACK; policy += KVT_WRITE_BACK) {
+        setup_t su = {.P = 4, .every = 3, .policy = policy, .l1_slots = 30, .l2_slots = 50, .l3_slots = 1 << 16};
+        run_model(ALL_THREE, 4, &su, 17 + (uint64_t)policy, 300);
     }
 }
 

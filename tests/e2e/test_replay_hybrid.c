@@ -1,0 +1,111 @@
+/* kvtier replay on hybrid models (docs/hybrid.md), on the shipped trace:
+ * known figures where the answer is known (an unbounded cache keeps every
+ * window page, so the hybrid cache is the all-full cache), the documented
+ * orderings, and the flags' errors. */
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "common/json.h"
+#include "common/run.h"
+
+#define TRACE KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl"
+#define RUN(...) run_argv((const char *const[]){NULL, "replay", __VA_ARGS__, NULL})
+
+static cJSON *run_of(cJSON *o, int i, const char *what) {
+    cJSON *x = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "runs"), i), what);
+    cr_assert_not_null(x, "runs[%d].%s", i, what);
+    return x;
+}
+
+/* Nothing evicted: every window page a request ran over is kept, so every
+ * full-group match continues the window group too: the same hits as the
+ * radix cache holding every layer, and the same bytes per token. */
+Test(replay_hybrid, unbounded_window_model_is_the_all_full_cache, .timeout = 120) {
+    run_result_t r = RUN(TRACE, "--model", "gemma-3-like", "--l1-pages", "unbounded", "--l2-pages", "0", "--limit",
+                         "1500", "--json");
+    cJSON *o = json_of(&r);
+    cJSON *h = run_of(o, 0, "hybrid"), *f = run_of(o, 0, "every_layer_full");
+    cr_assert_gt(num(h, "hit_rate"), 0.2);
+    cr_assert_eq(num(h, "hit_rate"), num(f, "hit_rate"), "hybrid %.6f, all full %.6f", num(h, "hit_rate"),
+                 num(f, "hit_rate"));
+    cr_assert_eq(num(h, "bytes_per_cached_token"), 507904, "10 x 8 KiB full + 52 x 8 KiB window per token");
+    cr_assert_eq(num(o, "all_full_bytes_per_token"), 507904);
+    cr_assert_eq(num(cJSON_GetObjectItem(h, "stats"), "window_short_tokens"), 0);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
+/* At the same bytes the hybrid cache holds more of the trace than a cache
+ * that keeps every layer as full attention (the figures of docs/hybrid.md). */
+Test(replay_hybrid, hybrid_presets_beat_every_layer_full_at_the_same_bytes, .timeout = 300) {
+    static const char *const MODELS[] = {"gemma-3-like", "qwen3-next-like", "nemotron-h-like"};
+    for (int m = 0; m < 3; m++) {
+        run_result_t r = RUN(TRACE, "--model", MODELS[m], "--l1-pages", "16384", "--l2-pages", "0", "--json");
+        cJSON *o = json_of(&r);
+        cJSON *h = run_of(o, 0, "hybrid"), *f = run_of(o, 0, "every_layer_full");
+        double hr = num(h, "hit_rate"), fr = num(f, "hit_rate");
+        cr_assert_geq(hr, 1.1 * fr, "%s: hybrid %.4f, all full %.4f", MODELS[m], hr, fr);
+        cr_assert_lt(num(h, "bytes_per_cached_token"), 0.5 * num(f, "bytes_per_cached_token"), "%s", MODELS[m]);
+        cr_assert_leq(hr, num(h, "full_groups_hit_rate"), "%s: n <= m", MODELS[m]);
+        if (m > 0) { /* state at request ends only finds far fewer points to continue from */
+            double ends = num(run_of(o, 0, "state_at_ends_only"), "hit_rate");
+            cr_assert_lt(ends, 0.5 * hr, "%s: ends only %.4f, hybrid %.4f", MODELS[m], ends, hr);
+        }
+        cJSON_Delete(o);
+        run_free(&r);
+    }
+}
+
+Test(replay_hybrid, groups_from_text_and_their_errors, .timeout = 60) {
+    run_result_t r = RUN(TRACE, "--groups", "full:4:4096,state:24:2158592", "--l1-pages", "4096", "--limit", "300",
+                         "--json");
+    cJSON *o = json_of(&r);
+    cr_assert_str_eq(cJSON_GetObjectItem(o, "model")->valuestring, "full:4:4096,state:24:2158592");
+    cr_assert_eq(num(o, "all_full_bytes_per_token"), 4 * 4096 + 24 * 4096, "each state layer at the full layers' width");
+    cJSON_Delete(o);
+    run_free(&r);
+    static const struct { const char *args[4]; const char *msg; } cases[] = {
+        {{"--groups", "full:1:5,window:0:1:5"}, "--groups: group 2 ('window:0:1:5') is not full:LAYERS:BYTES"},
+        {{"--groups", "window:3:1:5"}, "--groups: 'window:3:1:5' has no full group"},
+        {{"--groups", "llama"}, "--groups: 'llama' is neither a preset"},
+        {{"--groups", "full:x"}, "--groups: group 1 ('full:x') is not"},
+        {{"--model", "gemma-3-like", "--data"}, "--data: not with a hybrid model"},
+        {{"--model", "qwen3-next-like", "--soak", "1"}, "--soak: not with a hybrid model"},
+        {{"--checkpoint-every", "-1"}, "--checkpoint-every: '-1' is not an integer in"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *argv[8] = {NULL, "replay"};
+        int n = 2;
+        for (int j = 0; j < 4 && cases[i].args[j]; j++) argv[n++] = cases[i].args[j];
+        argv[n] = NULL;
+        run_result_t e = run_argv(argv);
+        cr_assert_eq(e.status, 2, "case %zu: exit %d", i, e.status);
+        cr_assert_not_null(strstr(e.err, cases[i].msg), "case %zu: stderr: %s", i, e.err);
+        run_free(&e);
+    }
+}
+
+Test(replay_hybrid, sweep_table_and_plot, .timeout = 120) {
+    char png[64];
+    snprintf(png, sizeof(png), "/tmp/kvt-hybrid-test-%d.png", (int)getpid());
+    unlink(png);
+    run_result_t r = RUN(TRACE, "--model", "qwen3-next-like", "--sweep", "1024,4096", "--l2-pages", "0", "--limit",
+                         "800", "--plot", png);
+    if (access("/usr/bin/gnuplot", X_OK) != 0) {
+        cr_assert_eq(r.status, 1);
+    } else {
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        FILE *f = fopen(png, "rb");
+        cr_assert_not_null(f, "the PNG was written");
+        unsigned char magic[4] = {0};
+        cr_assert_eq(fread(magic, 1, 4, f), 4);
+        fclose(f);
+        cr_assert(magic[1] == 'P' && magic[2] == 'N' && magic[3] == 'G');
+        unlink(png);
+    }
+    cr_assert_not_null(strstr(r.out, "ends only"), "the table: %s", r.out);
+    run_free(&r);
+}
