@@ -86,7 +86,7 @@ typedef struct kvt_hybrid_config {
  * (l1_bytes, l2_bytes, l3_bytes; 0: no such tier, L1 > 0) between the
  * groups: the state groups take a quarter (in proportion to their
  * checkpoint bytes), the full and window groups the rest, in proportion to
- * their bytes per token, a window group's counted at a quarter (it needs
+ * their bytes per token, a window group's counted at an eighth (it needs
  * only the pages before kept points). Kept points at ends and branch points
  * (checkpoint_every 0). The split and the points are what measured best on
  * the Mooncake trace (docs/hybrid.md).
@@ -94,6 +94,14 @@ typedef struct kvt_hybrid_config {
  * for one page or slot of each group. */
 KVT_API int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t *groups, uint32_t ngroups,
                                       uint32_t page_tokens, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes);
+/* Splits each tier's bytes again, for cfg's groups and page_tokens: the
+ * state groups take state_share (0, 1) when there are any, the others the
+ * rest in proportion to bytes per token, a window group's weighed by
+ * window_weight (0, 16]. Sets cache.l1/l2/l3_pages and the slots (a tier of
+ * 0 bytes: none; L3 needs L2). KVT_EINVAL, cfg unchanged, for bad values or
+ * a tier too small for one page or slot of each group. */
+KVT_API int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes,
+                                    double state_share, double window_weight);
 
 /* KVT_EINVAL, nothing allocated, for a bad config: groups (a kind out of
  * range, layers or bytes 0, a window group's window 0, another's nonzero,

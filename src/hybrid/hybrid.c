@@ -160,22 +160,20 @@ static uint64_t slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
 }
 
 /* The default split of a tier's bytes (docs/hybrid.md has the sweeps that
- * chose it): state groups take STATE_SHARE, by checkpoint bytes; full and
- * window groups the rest, by bytes per token, a window group's weighed by
- * WINDOW_WEIGHT (it needs only the pages before the kept points). */
+ * chose it). */
 #define STATE_SHARE 0.25
-#define WINDOW_WEIGHT 0.25
+#define WINDOW_WEIGHT 0.125
 
-/* Splits one tier's bytes as above; the full groups get one radix page
- * count. */
-static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t bytes, uint64_t *full_pages,
-                 uint64_t *slots) {
+/* Splits one tier's bytes (kvt_hybrid_config_split); the full groups get one
+ * radix page count. */
+static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t bytes, double state_share,
+                 double window_weight, uint64_t *full_pages, uint64_t *slots) {
     double state_w = 0, token_w = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (g[i].kind == KVT_GROUP_STATE) state_w += (double)g[i].bytes;
-        else token_w += (double)g[i].bytes * (g[i].kind == KVT_GROUP_WINDOW ? WINDOW_WEIGHT : 1.0);
+        else token_w += (double)g[i].bytes * (g[i].kind == KVT_GROUP_WINDOW ? window_weight : 1.0);
     }
-    double token_share = state_w > 0 ? 1 - STATE_SHARE : 1.0, b = (double)bytes;
+    double token_share = state_w > 0 ? 1 - state_share : 1.0, b = (double)bytes;
     double fb = (double)full_bytes(g, n);
     *full_pages = (uint64_t)(b * token_share * (fb / token_w) / (fb * P));
     if (*full_pages == 0) return KVT_EINVAL;
@@ -184,11 +182,30 @@ static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t by
         slots[i] = 0;
         if (g[i].kind == KVT_GROUP_FULL) continue;
         double share = g[i].kind == KVT_GROUP_STATE ? (1 - token_share) * (double)g[i].bytes / state_w
-                                                    : token_share * WINDOW_WEIGHT * (double)g[i].bytes / token_w;
+                                                    : token_share * window_weight * (double)g[i].bytes / token_w;
         double s = b * share / (double)slot_bytes(&g[i], P);
         if (s < 1) return KVT_EINVAL;
         slots[i] = s > KVT_ALLOC_MAX_PAGES ? KVT_ALLOC_MAX_PAGES : (uint64_t)s;
     }
+    return KVT_OK;
+}
+
+int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes,
+                            double state_share, double window_weight) {
+    if (cfg == NULL || !groups_ok(cfg->groups, cfg->ngroups) || l1_bytes == 0 || (l3_bytes && !l2_bytes) ||
+        !(state_share > 0 && state_share < 1) || !(window_weight > 0 && window_weight <= 16))
+        return KVT_EINVAL;
+    kvt_hybrid_config_t c = *cfg;
+    uint32_t P = c.cache.page_tokens ? c.cache.page_tokens : 16;
+    uint64_t *pages[3] = {&c.cache.l1_pages, &c.cache.l2_pages, &c.cache.l3_pages};
+    uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots}, bytes[3] = {l1_bytes, l2_bytes, l3_bytes};
+    for (int t = 0; t < 3; t++) {
+        *pages[t] = 0;
+        memset(slots[t], 0, sizeof(c.l1_slots));
+        if (bytes[t] && split(c.groups, c.ngroups, P, bytes[t], state_share, window_weight, pages[t], slots[t]) != KVT_OK)
+            return KVT_EINVAL;
+    }
+    *cfg = c;
     return KVT_OK;
 }
 
@@ -202,11 +219,7 @@ int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t 
     memcpy(c.groups, groups, ngroups * sizeof(*groups));
     kvt_cache_config_default(&c.cache);
     c.cache.page_tokens = page_tokens;
-    if (split(groups, ngroups, page_tokens, l1_bytes, &c.cache.l1_pages, c.l1_slots) != KVT_OK) return KVT_EINVAL;
-    c.cache.l2_pages = 0;
-    if (l2_bytes && split(groups, ngroups, page_tokens, l2_bytes, &c.cache.l2_pages, c.l2_slots) != KVT_OK)
-        return KVT_EINVAL;
-    if (l3_bytes && (!l2_bytes || split(groups, ngroups, page_tokens, l3_bytes, &c.cache.l3_pages, c.l3_slots) != KVT_OK))
+    if (kvt_hybrid_config_split(&c, l1_bytes, l2_bytes, l3_bytes, STATE_SHARE, WINDOW_WEIGHT) != KVT_OK)
         return KVT_EINVAL;
     c.checkpoint_every = 0;
     c.checkpoint_ends = true;

@@ -699,6 +699,7 @@ int cmd_replay(int argc, char **argv) {
                                  "keep the cache's decision digest and print it (decision_digest): two runs decided alike exactly when they agree on it"};
     const char *groups_text = NULL;
     uint64_t every = 0;
+    double state_share = 0.25, window_weight = 0.125;
     table[nrows++] = (cli_opt_t){"groups", OPT_TEXT, &groups_text, 0, 0, 0, 0, NULL, NULL, 0,
                                  "the model's layer groups: a preset's name, or full:LAYERS:BYTES,window:W:LAYERS:BYTES,"
                                  "state:LAYERS:BYTES (BYTES per token per layer; per layer for state); default: --model's. "
@@ -706,6 +707,10 @@ int cmd_replay(int argc, char **argv) {
     table[nrows++] = (cli_opt_t){"checkpoint-every", OPT_U64, &every, 0, 1u << 20, 0, 0, NULL, NULL, 0,
                                  "hybrid models: a kept point (state checkpoint) every N pages, beside request ends and "
                                  "branch points; 0: none"};
+    table[nrows++] = (cli_opt_t){"state-share", OPT_DOUBLE, &state_share, 0, 0, 0.01, 0.99, NULL, NULL, 0,
+                                 "hybrid models: the fraction of each tier's bytes for state checkpoints"};
+    table[nrows++] = (cli_opt_t){"window-weight", OPT_DOUBLE, &window_weight, 0, 0, 0.01, 16, NULL, NULL, 0,
+                                 "hybrid models: a window group's bytes per token count this much in the split"};
     nrows += replay_l3_rows(&l3, table + nrows);
     table[nrows] = (cli_opt_t){NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL};
     cli_t c;
@@ -747,7 +752,8 @@ int cmd_replay(int argc, char **argv) {
         c.flag = "--soak";
         return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
     }
-    hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every};
+    hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every,
+                         .state_share = state_share, .window_weight = window_weight};
     if (replay_groups(&c, &o, &l3, groups_text, nsweep, &hyb) != 0) return 2;
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;

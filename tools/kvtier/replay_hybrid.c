@@ -42,8 +42,9 @@ static int run_hybrid(const trace_t *t, const opts_t *o, const hybrid_opts_t *h,
                       bool branches, hyb_result_t *out) {
     kvt_hybrid_config_t cfg;
     uint64_t all = l1_of(t, o, UNBOUNDED);
-    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens,
-                                       tier_bytes(o, l1_of(t, o, l1_pages)), tier_bytes(o, o->l2_pages), 0);
+    uint64_t b1 = tier_bytes(o, l1_of(t, o, l1_pages)), b2 = tier_bytes(o, o->l2_pages);
+    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens, b1, b2, 0);
+    if (rc == KVT_OK) rc = kvt_hybrid_config_split(&cfg, b1, b2, 0, h->state_share, h->window_weight);
     if (rc != KVT_OK) {
         fprintf(stderr, "kvtier replay: L1 %" PRIu64 " pages (%.2f GB) cannot hold one page or checkpoint of each group\n",
                 l1_pages, (double)tier_bytes(o, l1_pages) / 1e9);
@@ -178,6 +179,8 @@ int replay_hybrid(const trace_t *t, const opts_t *o, const l3_opts_t *l3, const 
         cJSON_AddStringToObject(root, "model", h->name);
         cJSON_AddNumberToObject(root, "page_tokens", (double)o->page_tokens);
         cJSON_AddNumberToObject(root, "checkpoint_every", h->every);
+        cJSON_AddNumberToObject(root, "state_share", h->state_share);
+        cJSON_AddNumberToObject(root, "window_weight", h->window_weight);
         cJSON_AddNumberToObject(root, "all_full_bytes_per_token", (double)o->bpt);
         cJSON *arr = cJSON_AddArrayToObject(root, "runs");
         for (size_t i = 0; i < n; i++) {
@@ -192,8 +195,11 @@ int replay_hybrid(const trace_t *t, const opts_t *o, const l3_opts_t *l3, const 
         }
         cli_print_json(root);
     } else if (rc == 0) {
-        printf("kvtier replay: %s: %zu requests, model %s, page %" PRIu64 " tokens, checkpoints every %u pages\n",
-               trace_name, t->n, h->name, o->page_tokens, h->every);
+        char every[48] = "";
+        if (h->every) snprintf(every, sizeof(every), " and every %u pages", h->every);
+        printf("kvtier replay: %s: %zu requests, model %s, page %" PRIu64 " tokens, kept points at ends, branch points%s; "
+               "state share %.3g, window weight %.3g\n",
+               trace_name, t->n, h->name, o->page_tokens, every, h->state_share, h->window_weight);
         printf("%10s %10s | %9s %9s %11s | %9s %11s | %9s %11s\n", "L1 GB", "L2 GB", "hybrid", "(full)", "B/token",
                "ends only", "B/token", "all full", "B/token");
         for (size_t i = 0; i < n; i++)

@@ -15,6 +15,7 @@ typedef struct hybrid_opts {
     kvt_layer_group_t groups[KVT_MODEL_MAX_GROUPS];
     uint32_t ngroups;
     uint32_t every; /* --checkpoint-every */
+    double state_share, window_weight; /* --state-share, --window-weight: kvt_hybrid_config_split */
 } hybrid_opts_t;
 
 /* Replays t at each L1 size l1[0..n) (pages of the model held as all-full
