@@ -415,3 +415,72 @@ Test(model_groups, presets_and_descriptions) {
     cr_assert_eq(kvt_model_parse_groups("full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1,full:1:1",
                                         g, 8, &n, &bad), KVT_ERANGE);
 }
+
+/* ---- failed allocations ------------------------------------------------------------ */
+
+#include "core/mem-int.h"
+
+/* Each allocation of create, admit and release failed in turn: create
+ * leaves nothing behind; admit fails with nothing changed or serves a hit
+ * with its pieces in L1 (never a piece it could not pin); release lets the
+ * request go whatever fails; the check holds after every call, and the cache
+ * serves the next requests. */
+Test(hybrid_alloc, every_allocation_failure_leaves_a_consistent_cache) {
+    setup_t su = {.P = 4, .every = 2, .policy = KVT_WRITE_BACK, .l1_slots = 24, .l2_slots = 40, .l3_slots = 1 << 10};
+    for (uint64_t nth = 1;; nth++) {
+        kvt__mem_fail_nth(nth);
+        kvt_hybrid_config_t cfg;
+        kvt_hybrid_t *h = NULL;
+        cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
+        int rc = kvt_hybrid_create(&h, &cfg);
+        int fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        if (!fired) {
+            kvt_hybrid_destroy(h);
+            break;
+        }
+        cr_assert(rc == KVT_ENOMEM && h == NULL, "create, allocation %" PRIu64 ": %s", nth, kvt_err_name(rc));
+    }
+    int32_t *tok = malloc(4096 * sizeof(*tok)), *prev = malloc(4096 * sizeof(*prev));
+    int failures = 0;
+    for (uint64_t nth = 1; nth < 400; nth++) {
+        kvt_hybrid_t *h = make(ALL_THREE, 4, &su);
+        kvt_rng_t r;
+        kvt_rng_seed(&r, 41);
+        uint64_t nprev = 0;
+        for (int q = 0; q < 30; q++) { /* warm: pieces in every tier */
+            uint64_t nt = next_request(&r, tok, prev, nprev, 4);
+            kvt_hybrid_req_t req;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+            cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
+            memcpy(prev, tok, nt * sizeof(*tok));
+            nprev = nt;
+        }
+        uint64_t nt = next_request(&r, tok, prev, nprev, 4);
+        kvt_hybrid_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+        kvt_hybrid_stats(h, &before);
+        kvt_hybrid_req_t req;
+        kvt__mem_fail_nth(nth);
+        int rc = kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req);
+        if (rc == KVT_OK) rc = kvt_hybrid_release(h, 0, tok, nt, &req) == KVT_OK ? KVT_OK : 1;
+        int fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        failures += fired;
+        if (rc == KVT_ENOMEM) { /* admit refused: nothing counted */
+            kvt_hybrid_stats(h, &after);
+            cr_assert_eq(after.requests, before.requests, "allocation %" PRIu64, nth);
+        }
+        check(h, "after the failure");
+        for (int q = 0; q < 5; q++) { /* and it goes on */
+            kvt_hybrid_req_t more;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &more), KVT_OK);
+            cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &more), KVT_OK);
+        }
+        check(h, "after more requests");
+        kvt_hybrid_destroy(h);
+        if (!fired) break;
+    }
+    cr_assert_gt(failures, 3, "the admission and release allocate");
+    free(tok);
+    free(prev);
+}
