@@ -23,6 +23,7 @@ LISTS = [
     ("pd.h", "KVT_PD_RANK_STATS_FIELDS", "PD_RANK_STATS"),
     ("pd.h", "KVT_PD_STATS_FIELDS", "PD_STATS"),
     ("keyed.h", "KVT_KEYED_STATS_FIELDS", "KEYED_STATS"),
+    ("hybrid.h", "KVT_HYBRID_STATS_FIELDS", "HYBRID_STATS"),
 ]
 
 

@@ -13,7 +13,8 @@ carry kvtier's error name and message.
         req.release()
 
 Modules: cache (Cache, Request), tier (Tier), xfer (Transfer), store (Store),
-pd (PdReceiver, PdSender), cp (CpGroup), prometheus (the statistics as a
+pd (PdReceiver, PdSender), cp (CpGroup), hybrid (Hybrid: the cache for models
+with sliding-window and state-space layers), prometheus (the statistics as a
 prometheus_client collector), trace (Mooncake traces), sglang (an SGLang
 HiCache storage backend).
 """
@@ -27,6 +28,7 @@ from .tier import Tier, TensorInfo
 from .xfer import Transfer, XferResult
 from .pd import PdReceiver, PdSender
 from .cp import CpGroup
+from .hybrid import Hybrid, HybridRequest, LayerGroup, hybrid_longest, layer_groups
 
 
 def version() -> str:
@@ -49,6 +51,7 @@ __version__ = version()
 __all__ = ["Cache", "ClosedError", "CpGroup", "PdReceiver", "PdSender", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
            "Store", "StoreResult", "TensorInfo", "Tier", "Transfer", "WRITE_POLICIES", "XferResult",
            "build_info", "default_config", "error_class", "page_hashes", "version", "version_number",
+           "Hybrid", "HybridRequest", "LayerGroup", "hybrid_longest", "layer_groups",
            # one exception class per C error (include/kvtier/error.h)
            "AlreadyExists", "AlreadyReserved", "Busy", "Corrupt", "Fragmented", "InvalidArgument", "IOFailure",
            "NoSpace", "NotFound", "NotReserved", "NotSupported", "OutOfMemory", "OutOfRange", "ParseError",

@@ -178,3 +178,25 @@ KEYED_STATS = (
     ('loads', 'COUNTER', 'keys pinned for a load'),
     ('removed', 'COUNTER', 'keys removed by the caller (kvt_keyed_remove)'),
 )
+
+# KVT_HYBRID_STATS_FIELDS (hybrid.h): (field, kind, help)
+HYBRID_STATS = (
+    ('requests', 'COUNTER', 'requests admitted'),
+    ('tokens', 'COUNTER', 'tokens of the admitted requests'),
+    ('hit_tokens', 'COUNTER', 'tokens every group continued from (n pages)'),
+    ('l1_hit_tokens', 'COUNTER', 'hit tokens whose every piece was in L1'),
+    ('l2_hit_tokens', 'COUNTER', 'hit tokens with a piece from L2 and none from L3'),
+    ('l3_hit_tokens', 'COUNTER', 'hit tokens with a piece from L3'),
+    ('full_hit_tokens', 'COUNTER', 'tokens the full groups matched (m pages)'),
+    ('window_short_tokens', 'COUNTER', 'full-group hit tokens lost because a window page was missing'),
+    ('state_short_tokens', 'COUNTER', 'full-group hit tokens lost because no checkpoint was at the point'),
+    ('room_short_tokens', 'COUNTER', 'hit tokens lost because L1 had no room for the pieces to load'),
+    ('pieces_loaded', 'COUNTER', 'window pages and checkpoints loaded into L1 for a hit'),
+    ('window_pages_stored', 'COUNTER', 'window pages stored in L1 by requests that ran'),
+    ('checkpoints_stored', 'COUNTER', 'checkpoints stored in L1 by requests that ran'),
+    ('pieces_refused', 'COUNTER', 'pieces a tier had no room for (pinned slots)'),
+    ('l1_bytes', 'GAUGE', 'bytes held in L1: full pages, window pages and checkpoints'),
+    ('l2_bytes', 'GAUGE', 'bytes held in L2'),
+    ('l3_bytes', 'GAUGE', 'bytes held in L3 (the model)'),
+    ('cached_tokens', 'GAUGE', "tokens of the full pages held in some tier (the tree's pages, or L3's)"),
+)

@@ -280,6 +280,34 @@ class MemStats(Structure):
                 ("live_bytes", c_int64), ("peak_bytes", c_int64)]
 
 
+class LayerGroup(Structure):
+    _fields_ = [("kind", c_uint32), ("layers", c_uint32), ("window", c_uint32), ("reserved_", c_uint32),
+                ("bytes", c_uint64)]
+
+
+KVT_MODEL_MAX_GROUPS = 8
+
+
+class HybridConfig(Structure):
+    _fields_ = [("size", c_uint32), ("ngroups", c_uint32), ("groups", LayerGroup * KVT_MODEL_MAX_GROUPS),
+                ("cache", CacheConfig), ("l1_slots", c_uint64 * KVT_MODEL_MAX_GROUPS),
+                ("l2_slots", c_uint64 * KVT_MODEL_MAX_GROUPS), ("l3_slots", c_uint64 * KVT_MODEL_MAX_GROUPS),
+                ("checkpoint_every", c_uint32), ("checkpoint_ends", c_bool), ("checkpoint_branches", c_bool)]
+
+
+class HybridReq(Structure):
+    _fields_ = [("full", CacheReq), ("hit_pages", c_uint64), ("full_hit_pages", c_uint64), ("hit_tier", c_uint32),
+                ("short_by", c_uint32), ("priv_", c_void_p)]
+
+
+class HybridStats(Structure):
+    _fields_ = [("size", c_uint32)] + _u64_fields(_fields.HYBRID_STATS)
+
+
+class HybridGroupBytes(Structure):
+    _fields_ = [("bytes", c_uint64 * 3), ("slots", c_uint64 * 3)]
+
+
 # Every structure the layout test checks against the C compiler: Python class -> C type.
 STRUCTS = {
     Hash128: "kvt_hash128_t", Hist: "kvt_hist_t", Model: "kvt_model_t", Geom: "kvt_geom_t",
@@ -293,6 +321,8 @@ STRUCTS = {
     PdSenderConfig: "kvt_pd_sender_config_t", CpGroupConfig: "kvt_cp_group_config_t",
     CpGroupInfo: "kvt_cp_group_info_t", MemStats: "kvt_mem_stats_t", Key128: "kvt_key128_t",
     KeyedConfig: "kvt_keyed_config_t", KeyedEvent: "kvt_keyed_event_t", KeyedStats: "kvt_keyed_stats_t",
+    LayerGroup: "kvt_layer_group_t", HybridConfig: "kvt_hybrid_config_t", HybridReq: "kvt_hybrid_req_t",
+    HybridStats: "kvt_hybrid_stats_t", HybridGroupBytes: "kvt_hybrid_group_bytes_t",
 }
 
 # ---- functions -------------------------------------------------------------
@@ -434,6 +464,21 @@ _PROTOS = {
     "kvt_keyed_take_events": (c_size_t, [vp, P(KeyedEvent), c_size_t]),
     "kvt_keyed_stats": (c_int, [vp, P(KeyedStats)]),
     "kvt_keyed_check": (c_int, [vp, P(c_char_p)]),
+    # model layer groups and the hybrid cache
+    "kvt_group_kind_name": (c_char_p, [c_enum]),
+    "kvt_model_groups": (c_int, [P(Model), P(LayerGroup), u32, P(u32)]),
+    "kvt_model_parse_groups": (c_int, [c_char_p, P(LayerGroup), u32, P(u32), P(u32)]),
+    "kvt_hybrid_config_default": (c_int, [P(HybridConfig), P(LayerGroup), u32, u32, u64, u64, u64]),
+    "kvt_hybrid_config_split": (c_int, [P(HybridConfig), u64, u64, u64, c_double, c_double]),
+    "kvt_hybrid_create": (c_int, [P(vp), P(HybridConfig)]),
+    "kvt_hybrid_destroy": (None, [vp]),
+    "kvt_hybrid_admit": (c_int, [vp, u32, vp, u64, i32, vp, P(HybridReq)]),
+    "kvt_hybrid_release": (c_int, [vp, u32, vp, u64, P(HybridReq)]),
+    "kvt_hybrid_cache": (vp, [vp]),
+    "kvt_hybrid_stats": (c_int, [vp, P(HybridStats)]),
+    "kvt_hybrid_group_bytes": (c_int, [vp, u32, P(HybridGroupBytes)]),
+    "kvt_hybrid_check": (c_int, [vp, P(c_char_p)]),
+    "kvt_hybrid_longest": (u64, [P(LayerGroup), u32, u32, u64, P(P(c_uint8))]),
 }
 
 _missing = [_name for _name in _PROTOS if not hasattr(lib, _name)]

@@ -1,0 +1,369 @@
+"""The hybrid cache (hybrid.h): prefix reuse for models whose layers keep
+different things (model.h's layer groups): full attention (pages, in the
+radix cache), sliding-window attention (pages, of which a prefix of n tokens
+needs those covering [n - W, n)) and recurrent state (checkpoints at page
+boundaries). ``admit`` says from how many pages every group can continue
+(the match rule, hybrid.h); the engine owns the bytes.
+
+    with kvtier.Hybrid("gemma-3-like", page_tokens=16, l1_bytes=8 << 30) as h:
+        req = h.admit(tokens)
+        ...  # resume every group from req.hit_pages pages, compute the rest
+        h.release(req, tokens)
+"""
+from __future__ import annotations
+
+import array
+import ctypes
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _args as _a
+from . import _fields
+from ._core import ClosedError, Handle, check, error, tokens_arg
+from ._lib import KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, HybridReq, HybridStats, lib
+from ._lib import LayerGroup as _CGroup
+from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, _config_value
+
+__all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HYBRID_STATS", "SHORT_BY", "STATE_SHARE", "WINDOW_WEIGHT",
+           "layer_groups", "hybrid_longest"]
+
+KINDS = tuple(lib.kvt_group_kind_name(i).decode() for i in range(3))  # full, window, state
+SHORT_BY = ("none", "window", "state", "room")  # kvt_hybrid_req_t.short_by by number
+HYBRID_STATS = tuple(f for f, _, _ in _fields.HYBRID_STATS)
+# Cache options a Hybrid takes beside its own: page_tokens is its own argument
+_OPTIONS = tuple(f for f in _CACHE_FIELDS if f != "page_tokens")
+# kvt_hybrid_config_default's split (hybrid.h): the state groups a quarter, a window group's bytes weighed an eighth
+STATE_SHARE, WINDOW_WEIGHT = 0.25, 0.125
+
+
+class LayerGroup(NamedTuple):
+    """One layer group (kvt_layer_group_t): kind "full", "window" or "state";
+    ``bytes`` is KV bytes per token over the group's layers (full, window)
+    or the bytes of one checkpoint (state); ``window`` is W for a window
+    group, else 0."""
+    kind: str
+    layers: int
+    window: int
+    bytes: int
+
+
+GroupsArg = Union[str, Sequence[Any]]
+
+
+def layer_groups(text: str) -> List[LayerGroup]:
+    """The layer groups of a preset name ("gemma-3-like") or of a description
+    ("full:10:8192,window:1024:52:8192,state:4:65536": per-layer bytes, see
+    model.h). InvalidArgument naming the first group refused."""
+    b = _a.text(text, "layer_groups text")
+    out = (_CGroup * KVT_MODEL_MAX_GROUPS)()
+    n, bad = ctypes.c_uint32(), ctypes.c_uint32()
+    rc = lib.kvt_model_parse_groups(b, out, KVT_MODEL_MAX_GROUPS, ctypes.byref(n), ctypes.byref(bad))
+    if rc < 0:
+        why = (f"more than {KVT_MODEL_MAX_GROUPS} groups" if rc == -5 else
+               "no full group" if bad.value and bad.value == text.count(",") + 1 else
+               f"group {bad.value} ({text.split(',')[bad.value]!r}) is refused, or no such preset")
+        raise error(rc, "layer_groups", f"{text!r}: {why}")
+    return [LayerGroup(KINDS[g.kind], g.layers, g.window, g.bytes) for g in out[:n.value]]
+
+
+def _group(g: Any, i: int) -> _CGroup:
+    what = f"groups[{i}]"
+    if isinstance(g, Mapping):
+        g = LayerGroup(**{k: g.get(k, 0) for k in LayerGroup._fields})
+    if not isinstance(g, (tuple, list)) or len(g) != 4:
+        raise TypeError(f"{what}: expected a LayerGroup (kind, layers, window, bytes), not {g!r}")
+    kind, layers, window, nbytes = g
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"{what}: kind {kind!r} (choose from {', '.join(KINDS)})")
+    return _CGroup(KINDS.index(kind), _a.u32(layers, f"{what} layers", 1), _a.u32(window, f"{what} window"), 0,
+                   _a.u64(nbytes, f"{what} bytes", 1))
+
+
+def _groups_arg(groups: GroupsArg) -> Tuple[Any, int]:
+    """(C group array, count) of a preset name, a description or a list of LayerGroups."""
+    if isinstance(groups, str):
+        groups = layer_groups(groups)
+    groups = _a.sequence(groups, "groups")
+    if not 1 <= len(groups) <= KVT_MODEL_MAX_GROUPS:
+        raise ValueError(f"groups: {len(groups)} groups (expected 1..{KVT_MODEL_MAX_GROUPS})")
+    arr = (_CGroup * KVT_MODEL_MAX_GROUPS)()
+    for i, g in enumerate(groups):
+        arr[i] = _group(g, i)
+        if (arr[i].kind == 1) != (arr[i].window != 0):
+            raise ValueError(f"groups[{i}]: a window group needs a window >= 1, and only a window group has one")
+    if not any(arr[i].kind == 0 for i in range(len(groups))):
+        raise ValueError("groups: at least one must be full (the prefix tree holds its pages)")
+    return arr, len(groups)
+
+
+def hybrid_longest(groups: GroupsArg, page_tokens: int, m: int, present: Sequence[Any]) -> int:
+    """The match rule alone (kvt_hybrid_longest): the longest n <= m from
+    which every group can continue, for full groups that matched m pages.
+    ``present[g]``: None for a full group; for a window group m flags (page
+    i present); for a state group m + 1 flags (a checkpoint after i pages)."""
+    arr, n = _groups_arg(groups)
+    page_tokens = _a.u32(page_tokens, "hybrid_longest page_tokens", 1)
+    m = _a.u64(m, "hybrid_longest m")
+    present = _a.sequence(present, "hybrid_longest present")
+    if len(present) != n:
+        raise ValueError(f"hybrid_longest present: {len(present)} entries for {n} groups")
+    ptrs = (ctypes.POINTER(ctypes.c_uint8) * n)()
+    keep = []
+    for g in range(n):
+        kind, p = arr[g].kind, present[g]
+        if kind == 0:
+            if p is not None:
+                raise ValueError(f"hybrid_longest present[{g}]: a full group takes None")
+            continue
+        want = m + (kind == 2)
+        if not isinstance(p, (list, tuple)) and not hasattr(p, "__array_interface__"):
+            raise TypeError(f"hybrid_longest present[{g}]: expected {want} flags, not {type(p).__name__}")
+        if len(p) != want:
+            raise ValueError(f"hybrid_longest present[{g}]: {len(p)} flags, expected {want} "
+                             f"({'m + 1 for a state group' if kind == 2 else 'm for a window group'})")
+        buf = (ctypes.c_uint8 * max(want, 1))(*[_a.flag(x, f"hybrid_longest present[{g}][{i}]")
+                                                for i, x in enumerate(p)])
+        keep.append(buf)
+        ptrs[g] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8))
+    return lib.kvt_hybrid_longest(arr, n, page_tokens, m, ptrs)
+
+
+class HybridRequest:
+    """An admitted request: every group continues from ``hit_pages`` pages
+    (n) of the ``full_hit_pages`` (m) its full groups matched; ``short_by``
+    says why n < m ("none", "window", "state", "room"), ``hit_tier`` the
+    deepest tier a piece of the hit came from (1, 2, 3; 0: no hit).
+    ``l1_ids``: the L1 page of each of the full groups' first ``pages``
+    pages. Release it once, with the tokens it was admitted with."""
+
+    __slots__ = ("_hybrid", "_req", "_ns", "_tokens", "l1_ids", "tokens", "released", "__weakref__")
+
+    def __init__(self, hybrid: "Hybrid", req: HybridReq, ns: int, keep: Any, l1_ids: array.array, n: int) -> None:
+        self._hybrid, self._req, self._ns, self._tokens = hybrid, req, ns, keep
+        self.l1_ids = l1_ids
+        self.tokens = n
+        self.released = False
+
+    hit_pages = property(lambda self: self._req.hit_pages, doc="n: pages every group continues from")
+    full_hit_pages = property(lambda self: self._req.full_hit_pages, doc="m: pages the full groups matched")
+    hit_tier = property(lambda self: self._req.hit_tier)
+    short_by = property(lambda self: SHORT_BY[self._req.short_by] if self._req.short_by < 4 else "?")
+    pages = property(lambda self: self._req.full.pages, doc="the full groups' pages of the request now cached")
+    new_pages = property(lambda self: self._req.full.new_pages, doc="full-group pages allocated past the match")
+    l1_hit_pages = property(lambda self: self._req.full.l1_hit_pages)
+    l2_hit_pages = property(lambda self: self._req.full.l2_hit_pages)
+    l3_hit_pages = property(lambda self: self._req.full.l3_hit_pages)
+
+    def release(self, tokens: Any = None) -> None:
+        """``Hybrid.release(self, tokens)``."""
+        self._hybrid.release(self, tokens)
+
+    def __enter__(self) -> "HybridRequest":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.released and not self._hybrid.closed:
+            try:
+                self.release()
+            except ClosedError:
+                pass
+
+    def __repr__(self) -> str:
+        r = self._req
+        return (f"<kvtier.HybridRequest n={r.hit_pages} m={r.full_hit_pages} tier={r.hit_tier} "
+                f"short_by={self.short_by}{' released' if self.released else ''}>")
+
+
+def _slots_arg(v: Any, what: str, ngroups: int) -> Dict[int, int]:
+    """Slot overrides: {group index: slots} or a list with one entry per group (None: the default)."""
+    if isinstance(v, Mapping):
+        items = list(v.items())
+    elif isinstance(v, (list, tuple)):
+        if len(v) != ngroups:
+            raise ValueError(f"Hybrid: {what}: {len(v)} entries for {ngroups} groups")
+        items = [(g, s) for g, s in enumerate(v) if s is not None]
+    else:
+        raise TypeError(f"Hybrid: {what}: expected a dict {{group: slots}} or a list per group, not {type(v).__name__}")
+    out = {}
+    for g, s in items:
+        g = _a.index(g, f"Hybrid: {what} group", ngroups, "groups:")
+        out[g] = _a.u64(s, f"Hybrid: {what}[{g}]")
+    return out
+
+
+class Hybrid(Handle):
+    """``Hybrid(groups, page_tokens=16, l1_bytes=..., l2_bytes=0, l3_bytes=0, **options)``.
+
+    ``groups``: a preset name, a description (:func:`layer_groups`) or a list
+    of :class:`LayerGroup`. The tiers' bytes are split between the groups as
+    kvt_hybrid_config_default says, or with ``state_share`` (0, 1) and
+    ``window_weight`` (0, 16] as kvt_hybrid_config_split does (either one
+    given: the other at its default, STATE_SHARE or WINDOW_WEIGHT); then the
+    options override it:
+    ``l1_slots``, ``l2_slots``, ``l3_slots`` ({group: slots} or a list per
+    group), ``checkpoint_every``, ``checkpoint_ends``,
+    ``checkpoint_branches``, and any Cache option for the full groups'
+    cache (``write_policy``, ``l1_pages``, ...). TypeError for an unknown
+    option, ValueError for a value out of range, InvalidArgument for a
+    config the library refuses. Its calls run one at a time."""
+
+    _SERIAL = True
+
+    def __init__(self, groups: GroupsArg, *, page_tokens: int = 16, l1_bytes: int, l2_bytes: int = 0,
+                 l3_bytes: int = 0, state_share: Optional[float] = None, window_weight: Optional[float] = None,
+                 l1_slots: Any = None, l2_slots: Any = None, l3_slots: Any = None,
+                 checkpoint_every: Optional[int] = None, checkpoint_ends: Optional[bool] = None,
+                 checkpoint_branches: Optional[bool] = None, **options: Any) -> None:
+        super().__init__()
+        arr, n = _groups_arg(groups)
+        page_tokens = _a.u32(page_tokens, "Hybrid page_tokens", 1)
+        l1 = _a.u64(l1_bytes, "Hybrid l1_bytes", 1)
+        l2, l3 = _a.u64(l2_bytes, "Hybrid l2_bytes"), _a.u64(l3_bytes, "Hybrid l3_bytes")
+        for k in options:
+            if k not in _OPTIONS:
+                raise TypeError(f"Hybrid: unknown option {k!r} (Cache options: {', '.join(_OPTIONS)})")
+        cache_opts = {k: _config_value(k, v) for k, v in options.items()}
+        overrides = [(name, _slots_arg(v, name, n)) for name, v in
+                     (("l1_slots", l1_slots), ("l2_slots", l2_slots), ("l3_slots", l3_slots)) if v is not None]
+        split = None
+        if state_share is not None or window_weight is not None:
+            ss = STATE_SHARE if state_share is None else _a.number(state_share, "Hybrid state_share", 0, 1)
+            ww = WINDOW_WEIGHT if window_weight is None else _a.number(window_weight, "Hybrid window_weight", 0, 16)
+            if not (0 < ss < 1 and ww > 0):
+                raise ValueError(f"Hybrid: state_share {ss!r} must be in (0, 1), window_weight {ww!r} in (0, 16]")
+            split = (ss, ww)
+        cfg = HybridConfig()
+        too_small = "a tier too small for a page or a slot of each group (or an L3 without an L2)"
+        check(lib.kvt_hybrid_config_default(ctypes.byref(cfg), arr, n, page_tokens, l1, l2, l3), "Hybrid", too_small)
+        if split is not None:
+            check(lib.kvt_hybrid_config_split(ctypes.byref(cfg), l1, l2, l3, *split), "Hybrid", too_small)
+        for k, v in cache_opts.items():
+            setattr(cfg.cache, k, v)
+        for name, slots in overrides:
+            for g, s in slots.items():
+                getattr(cfg, name)[g] = s
+        if checkpoint_every is not None:
+            cfg.checkpoint_every = _a.u32(checkpoint_every, "Hybrid checkpoint_every")
+        if checkpoint_ends is not None:
+            cfg.checkpoint_ends = _a.flag(checkpoint_ends, "Hybrid checkpoint_ends")
+        if checkpoint_branches is not None:
+            cfg.checkpoint_branches = _a.flag(checkpoint_branches, "Hybrid checkpoint_branches")
+        h = ctypes.c_void_p()
+        check(lib.kvt_hybrid_create(ctypes.byref(h), ctypes.byref(cfg)), "Hybrid",
+              "slots against the tiers (a window or state group needs L1 slots, and L2/L3 slots exactly when the"
+              " cache has that tier; full groups none), a write policy the slots refuse, or a cache field")
+        self._own(h.value)
+        self._cfg = cfg
+        self._live: Dict[int, HybridRequest] = {}
+        self._ids = array.array("I", bytes(4 * 64))
+
+    def _destroy(self, h: int) -> None:
+        for r in list(self._live.values()):  # pinned pieces and the full request go back with the request
+            addr, n, _ = tokens_arg(r._tokens)
+            lib.kvt_hybrid_release(h, r._ns, addr, n, ctypes.byref(r._req))
+            r.released = True
+        self._live.clear()
+        lib.kvt_hybrid_destroy(h)
+
+    # -- what it was made with ----------------------------------------------
+
+    @property
+    def groups(self) -> List[LayerGroup]:
+        c = self._cfg
+        return [LayerGroup(KINDS[g.kind], g.layers, g.window, g.bytes) for g in c.groups[:c.ngroups]]
+
+    @property
+    def page_tokens(self) -> int:
+        return self._cfg.cache.page_tokens
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The config it was created with: slots per group and tier, the
+        checkpoint options and the full groups' cache options."""
+        c, n = self._cfg, self._cfg.ngroups
+        out: Dict[str, Any] = {"groups": self.groups}
+        for name in ("l1_slots", "l2_slots", "l3_slots"):
+            out[name] = list(getattr(c, name)[:n])
+        out.update(checkpoint_every=c.checkpoint_every, checkpoint_ends=bool(c.checkpoint_ends),
+                   checkpoint_branches=bool(c.checkpoint_branches))
+        for k in _CACHE_FIELDS:
+            v = getattr(c.cache, k)
+            out[k] = _CACHE_ENUMS[k][1][v] if k in _CACHE_ENUMS else v
+        return out
+
+    # -- requests ------------------------------------------------------------
+
+    def admit(self, tokens: Any, ns: int = 0, priority: int = 0) -> HybridRequest:
+        """Admits a request: the full groups' match m, then the longest n <= m
+        the match rule allows; the pieces n needs are loaded into L1 and pinned."""
+        ns = _a.u32(ns, "Hybrid.admit ns")
+        priority = _a.i32(priority, "Hybrid.admit priority")
+        addr, n, keep = tokens_arg(tokens)
+        req = HybridReq()
+        with self._use as h:
+            need = n // self._cfg.cache.page_tokens + 1
+            if len(self._ids) < need:
+                self._ids = array.array("I", bytes(4 * max(need, 2 * len(self._ids))))
+            rc = lib.kvt_hybrid_admit(h, ns, addr, n, priority, self._ids.buffer_info()[0], ctypes.byref(req))
+            if rc < 0:
+                raise error(rc, "Hybrid.admit")
+            r = HybridRequest(self, req, ns, keep, self._ids[:req.full.pages], n)
+            self._live[id(r)] = r
+        return r
+
+    def release(self, req: HybridRequest, tokens: Any = None) -> None:
+        """The request ran over its tokens from ``hit_pages`` on: lets go of it
+        and keeps what it leaves behind (hybrid.h). ``tokens``: the tokens it
+        was admitted with (None: those, as given to admit). InvalidArgument
+        for a request not admitted here, released already, or other tokens."""
+        _a.instance(req, HybridRequest, "Hybrid.release req")
+        addr, n, keep = tokens_arg(req._tokens if tokens is None else tokens)
+        with self._use as h:
+            if req._hybrid is not self or self._live.get(id(req)) is not req:
+                raise error(-1, "Hybrid.release", "the request is not live here (another cache's, or released)")
+            rc = lib.kvt_hybrid_release(h, req._ns, addr, n, ctypes.byref(req._req))
+            del keep
+            if rc == -1:  # nothing changed: the tokens are not the request's
+                raise error(rc, "Hybrid.release", "the tokens are not those the request was admitted with")
+            req.released = True
+            del self._live[id(req)]
+            check(rc, "Hybrid.release")
+
+    # -- introspection -------------------------------------------------------
+
+    def stats(self) -> Dict[str, int]:
+        """kvt_hybrid_stats_t as a dict (the fields of KVT_HYBRID_STATS_FIELDS)."""
+        st = HybridStats(size=ctypes.sizeof(HybridStats))
+        with self._use as h:
+            check(lib.kvt_hybrid_stats(h, ctypes.byref(st)), "Hybrid.stats")
+        return {k: getattr(st, k) for k in HYBRID_STATS}
+
+    def cache_stats(self) -> Dict[str, int]:
+        """The full groups' radix cache's statistics (Cache.stats)."""
+        st = CacheStats(size=ctypes.sizeof(CacheStats))
+        with self._use as h:
+            check(lib.kvt_cache_stats(lib.kvt_hybrid_cache(h), ctypes.byref(st)), "Hybrid.cache_stats")
+        return {k: getattr(st, k) for k, _, _ in _fields.CACHE_STATS}
+
+    def group_bytes(self, g: int) -> Dict[str, Tuple[int, int, int]]:
+        """What group g holds in L1, L2, L3: {"bytes": (...), "slots": (...)}
+        (a full group: its share of the radix pages)."""
+        g = _a.index(g, "Hybrid.group_bytes group", self._cfg.ngroups, "groups:")
+        out = HybridGroupBytes()
+        with self._use as h:
+            check(lib.kvt_hybrid_group_bytes(h, g, ctypes.byref(out)), "Hybrid.group_bytes")
+        return {"bytes": tuple(out.bytes), "slots": tuple(out.slots)}
+
+    def check(self) -> None:
+        """Recomputes every invariant (the full cache's, each keyed cache's,
+        the pins'); Corrupt naming the first broken one."""
+        why = ctypes.c_char_p()
+        with self._use as h:
+            rc = lib.kvt_hybrid_check(h, ctypes.byref(why))
+        if rc < 0:
+            raise error(rc, "Hybrid.check", (why.value or b"").decode())
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<kvtier.Hybrid closed>"
+        kinds = ",".join(g.kind + (f":{g.window}" if g.window else "") for g in self.groups)
+        return f"<kvtier.Hybrid {kinds} L1 {self._cfg.cache.l1_pages} full pages of {self.page_tokens} tokens>"

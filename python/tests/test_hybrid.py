@@ -1,0 +1,412 @@
+"""kvtier.Hybrid, the binding of hybrid.h: the match rule against a
+brute-force scan written from the header's text, the cache's answers
+against a model of what requests leave behind (sets of token prefixes, no
+hashing), and every bad argument refused with the error a Python caller
+expects (the C side's own tests are tests/unit/hybrid)."""
+import os
+import random
+
+import numpy as np
+import pytest
+
+import kvtier
+
+P = 16
+GROUPS = "full:2:256,window:24:2:256,state:2:4096"  # W = 24: n needs pages n-2, n-1
+
+
+def new_seed():
+    """A random seed, printed (KVTIER_TEST_SEED replays one)."""
+    seed = int(os.environ.get("KVTIER_TEST_SEED", random.randrange(1 << 30)))
+    print("seed", seed)
+    return seed
+
+
+# ---- the independent model -----------------------------------------------------
+
+
+def needed_pages(window, n):
+    """Window pages a continuation from n pages needs: those covering [nP - W, nP)."""
+    return range(max(0, n * P - window) // P, n)
+
+
+def brute_longest(groups, m, have):
+    """The longest n <= m with every window page and the checkpoint it needs:
+    each n tried from m down, every condition checked afresh."""
+    for n in range(m, -1, -1):
+        ok = True
+        for g, gr in enumerate(groups):
+            if gr.kind == "window":
+                ok &= all(have(g, i) for i in needed_pages(gr.window, n))
+            elif gr.kind == "state":
+                ok &= n == 0 or have(g, n)
+        if ok:
+            return n
+    return 0
+
+
+class Model:
+    """What the cache holds when nothing is evicted: the full pages of every
+    admitted request, the window pages every released request computed, the
+    checkpoints at each point it ran through (its end, its branch point,
+    every ``every`` pages). A page is named by its namespace and tokens up
+    to its end."""
+
+    def __init__(self, groups, every):
+        self.groups, self.every = groups, every
+        self.full = set()
+        self.pieces = [set() for _ in groups]
+
+    @staticmethod
+    def key(ns, tokens, i):
+        return ns, tokens[:(i + 1) * P].tobytes()
+
+    def admit(self, ns, tokens):
+        npages = len(tokens) // P
+        m = 0
+        while m < npages and self.key(ns, tokens, m) in self.full:
+            m += 1
+        self.full.update(self.key(ns, tokens, i) for i in range(npages))
+
+        def have(g, i):  # window page i, or the checkpoint after i pages
+            return self.key(ns, tokens, i if self.groups[g].kind == "window" else i - 1) in self.pieces[g]
+
+        n = brute_longest(self.groups, m, have)
+        why = "none"
+        if n < m:
+            windows_ok = all(have(g, i) for g, gr in enumerate(self.groups) if gr.kind == "window"
+                             for i in needed_pages(gr.window, m))
+            why = "state" if windows_ok else "window"
+        return n, m, why
+
+    def release(self, ns, tokens, n, m):
+        npages = len(tokens) // P
+        points = [c for c in range(n + 1, npages + 1)
+                  if (self.every and c % self.every == 0) or c == npages or (n < m and c == m)]
+        for g, gr in enumerate(self.groups):
+            if gr.kind == "window":
+                self.pieces[g].update(self.key(ns, tokens, i) for i in range(n, npages))
+            elif gr.kind == "state":
+                self.pieces[g].update(self.key(ns, tokens, c - 1) for c in points)
+
+
+def requests(rng, count):
+    """Token sequences that share prefixes: each continues an earlier one
+    (cut anywhere, a page boundary or not; often one of the last few, which
+    may still be running) or starts afresh."""
+    done = []
+    for _ in range(count):
+        if done and rng.random() < 0.8:
+            base = rng.choice(done[-3:] if rng.random() < 0.5 else done)
+            base = base[:rng.randrange(len(base) + 1)]
+        else:
+            base = np.zeros(0, np.int32)
+        t = np.concatenate([base, np.array([rng.randrange(1000) for _ in range(rng.randrange(1, 90))], np.int32)])
+        done.append(t)
+        yield t
+
+
+# ---- the match rule alone ------------------------------------------------------------
+
+
+def test_hybrid_longest_against_brute_force():
+    seed = new_seed()
+    rng = random.Random(seed)
+    kinds = [kvtier.LayerGroup("full", 1, 0, 64), kvtier.LayerGroup("window", 1, 24, 64),
+             kvtier.LayerGroup("window", 1, 40, 64), kvtier.LayerGroup("state", 1, 0, 512),
+             kvtier.LayerGroup("window", 1, 1, 64)]
+    for _ in range(3000):
+        groups = [kinds[0]] + rng.sample(kinds[1:], rng.randrange(4))
+        m = rng.randrange(12)
+        dens = rng.random()
+        present = [None if g.kind == "full" else [rng.random() < dens for _ in range(m + (g.kind == "state"))]
+                   for g in groups]
+        want = brute_longest(groups, m, lambda g, i: present[g][i])
+        assert kvtier.hybrid_longest(groups, P, m, present) == want, (groups, m, present)
+
+
+def test_hybrid_longest_the_headers_picture():
+    """hybrid.h's example: P = 16, W = 32, m = 7; n = 3 would do for the
+    window, but only the checkpoints at 1 and 4 exist: n = 0 (page 0 absent)."""
+    groups = "full:1:64,window:32:1:64,state:1:512"
+    window = [0, 1, 1, 0, 1, 1, 0]
+    state = [0, 1, 0, 0, 1, 0, 0, 0]
+    assert kvtier.hybrid_longest(groups, 16, 7, [None, window, state]) == 0
+    assert kvtier.hybrid_longest(groups, 16, 7, [None, window, [0, 1, 0, 1, 0, 0, 0, 0]]) == 3
+    assert kvtier.hybrid_longest(groups, 16, 0, [None, [], [0]]) == 0
+
+
+# ---- the cache against the model ------------------------------------------------------
+
+
+def test_admit_and_release_against_the_model():
+    """With room for everything, every answer is the model's: n, m, why n < m,
+    the pieces held per group, and the statistics summed."""
+    seed = new_seed()
+    rng = random.Random(seed)
+    every = 4
+    room = 1 << 16  # more pages and slots than the requests below can fill
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=64 << 20, l1_pages=room, l1_slots={1: room, 2: room},
+                       checkpoint_every=every) as h:
+        groups = h.groups
+        model = Model(groups, every)
+        live, seen, sums = [], set(), {"hit": 0, "full": 0, "window": 0, "state": 0}
+        for i, t in enumerate(requests(rng, 400)):
+            ns = 1 if i % 7 == 0 else 0
+            n, m, why = model.admit(ns, t)
+            req = h.admit(t, ns=ns)
+            assert (req.hit_pages, req.full_hit_pages, req.short_by) == (n, m, why), (i, seed)
+            assert req.hit_tier == (1 if n else 0) and req.pages == len(t) // P == len(req.l1_ids)
+            assert len(set(req.l1_ids)) == len(req.l1_ids)
+            seen.add(why if n < m else "n=m>0" if n else "0")
+            sums["hit"] += n * P
+            sums["full"] += m * P
+            if why in ("window", "state"):
+                sums[why] += (m - n) * P
+            live.append((ns, t, req, n, m))
+            while live and (len(live) > 3 or rng.random() < 0.4):  # up to four requests at once
+                ns2, t2, r2, n2, m2 = live.pop(rng.randrange(len(live)))
+                h.release(r2, t2)
+                model.release(ns2, t2, n2, m2)
+            if i % 50 == 0:
+                h.check()
+        for ns2, t2, r2, n2, m2 in live:
+            r2.release()
+            model.release(ns2, t2, n2, m2)
+        h.check()
+        assert {"window", "state", "n=m>0", "0"} <= seen  # each outcome was met
+        st = h.stats()
+        assert (st["hit_tokens"], st["full_hit_tokens"]) == (sums["hit"], sums["full"])
+        assert (st["window_short_tokens"], st["state_short_tokens"]) == (sums["window"], sums["state"])
+        assert st["l1_hit_tokens"] == sums["hit"] and st["room_short_tokens"] == 0 and st["requests"] == 400
+        assert h.group_bytes(0)["slots"] == (len(model.full), 0, 0)
+        for g in (1, 2):
+            b = h.group_bytes(g)
+            assert b["slots"] == (len(model.pieces[g]), 0, 0)
+            assert b["bytes"][0] == len(model.pieces[g]) * (groups[g].bytes * (P if g == 1 else 1))
+        assert st["cached_tokens"] == len(model.full) * P
+
+
+def test_small_tiers_claim_only_what_was_left_behind():
+    """With tiers too small to keep everything, the cache forgets (n below the
+    model's) but never claims a piece no request left behind, and pieces come
+    back from L2."""
+    seed = new_seed()
+    rng = random.Random(seed)
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=400 << 10, l2_bytes=2 << 20, checkpoint_every=3,
+                       write_policy="write_through") as h:
+        cfg = h.config
+        assert cfg["l2_pages"] > 0 and all(s > 0 for s in cfg["l2_slots"][1:])
+        model = Model(h.groups, 3)
+        tiers, shorter = set(), 0
+        for i, t in enumerate(requests(rng, 300)):
+            n_model, m_model, _ = model.admit(0, t)
+            req = h.admit(t)
+            n, m = req.hit_pages, req.full_hit_pages
+            assert n <= m <= m_model and n <= n_model
+            # every piece n needs, and every full page below m, was left behind by some request
+            assert all(model.key(0, t, i) in model.full for i in range(m))
+            assert all(model.key(0, t, i) in model.pieces[1] for i in needed_pages(24, n))
+            assert n == 0 or model.key(0, t, n - 1) in model.pieces[2]
+            tiers.add(req.hit_tier)
+            shorter += n < n_model
+            h.release(req, t)
+            model.release(0, t, n, m)
+            for g in range(3):
+                b = h.group_bytes(g)
+                assert b["slots"][0] <= (cfg["l1_pages"] if g == 0 else cfg["l1_slots"][g])
+            if i % 25 == 0:
+                h.check()
+        h.check()
+        assert {1, 2} <= tiers and shorter > 0
+        st = h.stats()
+        assert st["l2_hit_tokens"] > 0 and st["pieces_loaded"] > 0 and st["l2_bytes"] > 0
+
+
+def test_room_in_l1_runs_out_while_pieces_are_pinned():
+    """Two window slots in L1: a request pinning two window pages leaves no
+    room for another's, whose hit falls to 0 (short_by "room")."""
+    with kvtier.Hybrid("full:1:64,window:24:1:64", page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                       l1_slots={1: 2}, checkpoint_every=0) as h:
+        a = np.arange(64, dtype=np.int32)
+        b = np.arange(1000, 1064, dtype=np.int32)
+        for t in (a, b):  # each leaves pages 2, 3 (needed at its end) in L2
+            h.release(h.admit(t), t)
+        ra = h.admit(np.concatenate([a, [7]]).astype(np.int32))
+        assert (ra.hit_pages, ra.short_by) == (4, "none")
+        rb = h.admit(np.concatenate([b, [7]]).astype(np.int32))
+        assert (rb.hit_pages, rb.full_hit_pages, rb.short_by) == (0, 4, "room")
+        h.check()
+        rb.release()
+        ra.release()
+        assert h.stats()["room_short_tokens"] == 4 * P
+        h.check()
+
+
+# ---- the binding's surface -----------------------------------------------------------
+
+
+def test_layer_groups_and_presets():
+    assert kvtier.layer_groups("full:10:8192,window:1024:52:8192") == [
+        ("full", 10, 0, 10 * 8192), ("window", 52, 1024, 52 * 8192)]
+    assert [g.kind for g in kvtier.layer_groups("gemma-3-like")] == ["full", "window"]
+    assert [g.kind for g in kvtier.layer_groups("qwen3-next-like")] == ["full", "state"]
+    for i in range(64):  # every preset: its layers in its groups; one without hybrid layers is one full group
+        m = kvtier._clib.kvt_model_at(i)
+        if not m:
+            break
+        m = m.contents
+        groups = kvtier.layer_groups(m.name.decode())
+        assert sum(g.layers for g in groups) == m.layers
+        if len(groups) == 1:
+            assert groups == [("full", m.layers, 0, m.bytes_per_token)]
+    assert i >= 8
+    with pytest.raises(kvtier.InvalidArgument, match="KVT_EINVAL.*group 1"):
+        kvtier.layer_groups("full:1:64,window:0:1:64")
+    with pytest.raises(kvtier.InvalidArgument, match="no full group"):
+        kvtier.layer_groups("state:1:64")
+    with pytest.raises(kvtier.InvalidArgument):
+        kvtier.layer_groups("no-such-model")
+    with pytest.raises(kvtier.OutOfRange):
+        kvtier.layer_groups(",".join(["full:1:64"] * 9))
+    with pytest.raises(TypeError):
+        kvtier.layer_groups(None)
+    with pytest.raises(ValueError, match="NUL"):
+        kvtier.layer_groups("full:1:64\0,state:1:1")
+
+
+def test_config_overrides_reach_the_cache():
+    with kvtier.Hybrid(GROUPS, page_tokens=8, l1_bytes=1 << 20, l2_bytes=2 << 20, l1_slots=[None, 5, 6],
+                       l2_slots={2: 9}, checkpoint_every=7, checkpoint_ends=False, checkpoint_branches=False,
+                       write_policy="write_back", policy="lru", l1_pages=33) as h:
+        c = h.config
+        assert c["l1_slots"] == [0, 5, 6] and c["l2_slots"][2] == 9 and c["l2_slots"][1] > 0
+        assert (c["checkpoint_every"], c["checkpoint_ends"], c["checkpoint_branches"]) == (7, False, False)
+        assert (c["write_policy"], c["policy"], c["l1_pages"], c["page_tokens"]) == ("write_back", "lru", 33, 8)
+        assert h.page_tokens == 8 and "window:24" in repr(h)
+        assert set(h.cache_stats()) >= {"requests", "l1_free"}
+
+
+@pytest.mark.parametrize("state_share,window_weight", [(None, None), (0.5, 2.0), (0.1, None), (None, 16)])
+def test_the_split_of_each_tiers_bytes(state_share, window_weight):
+    """Each tier's bytes as hybrid.h splits them: the state group its share,
+    the full and window groups the rest by bytes per token (the window
+    group's weighed)."""
+    ss = 0.25 if state_share is None else state_share
+    ww = 0.125 if window_weight is None else window_weight
+    fb, wb, sb = 512, 512, 8192  # GROUPS: bytes per token, per token, per checkpoint
+    tiers = (3 << 20, 7 << 20)
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=tiers[0], l2_bytes=tiers[1], state_share=state_share,
+                       window_weight=window_weight) as h:
+        c = h.config
+        for b, pages, slots in zip(tiers, (c["l1_pages"], c["l2_pages"]), (c["l1_slots"], c["l2_slots"])):
+            token_w = fb + ww * wb
+            want = (b * (1 - ss) * fb / token_w / (fb * P), b * (1 - ss) * ww * wb / token_w / (wb * P), b * ss / sb)
+            got = (pages, slots[1], slots[2])
+            assert all(abs(g - int(w)) <= 1 for g, w in zip(got, want)), (got, want)
+        assert (c["checkpoint_every"], c["checkpoint_ends"], c["checkpoint_branches"]) == (0, True, True)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(TypeError, match="l1_bytes"):
+        kvtier.Hybrid(GROUPS)
+    with pytest.raises(ValueError, match="l1_bytes"):
+        kvtier.Hybrid(GROUPS, l1_bytes=0)
+    with pytest.raises(kvtier.InvalidArgument, match="KVT_EINVAL"):
+        kvtier.Hybrid(GROUPS, l1_bytes=1000)  # too small for a page of each group
+    with pytest.raises(kvtier.InvalidArgument, match="KVT_EINVAL"):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, l1_slots={1: 0})
+    with pytest.raises(kvtier.InvalidArgument):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, l1_slots={0: 4})  # a full group has no slots
+    with pytest.raises(kvtier.InvalidArgument):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, l2_slots={1: 4})  # no L2
+    with pytest.raises(kvtier.InvalidArgument):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, l2_bytes=1 << 20, write_policy="write_through_selective")
+    with pytest.raises(IndexError):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, l1_slots={3: 4})
+    with pytest.raises(ValueError, match="entries"):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, l1_slots=[1, 2])
+    with pytest.raises(ValueError):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, l1_slots={1: -1})
+    with pytest.raises(TypeError, match="unknown option"):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, page_size=4)
+    with pytest.raises(ValueError):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, write_policy="sometimes")
+    with pytest.raises(TypeError):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, checkpoint_ends="yes")
+    with pytest.raises(ValueError):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, page_tokens=0)
+    for share, weight in ((0, None), (1, None), (1.5, None), (None, 0), (None, 17), (None, float("nan"))):
+        with pytest.raises(ValueError):
+            kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, state_share=share, window_weight=weight)
+    with pytest.raises(TypeError):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, state_share="a quarter")
+    with pytest.raises(kvtier.InvalidArgument):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 14, state_share=0.999)  # too little left for a full page
+    with pytest.raises(ValueError, match="kind"):
+        kvtier.Hybrid([("full", 1, 0, 64), ("sliding", 1, 8, 64)], l1_bytes=1 << 20)
+    with pytest.raises(ValueError, match="full"):
+        kvtier.Hybrid([("state", 1, 0, 64)], l1_bytes=1 << 20)
+    with pytest.raises(ValueError, match="window"):
+        kvtier.Hybrid([("full", 1, 0, 64), ("window", 1, 0, 64)], l1_bytes=1 << 20)
+    with pytest.raises(TypeError):
+        kvtier.Hybrid([("full", 1, 0)], l1_bytes=1 << 20)
+    with pytest.raises(ValueError):
+        kvtier.Hybrid([("full", 0, 0, 64)], l1_bytes=1 << 20)
+
+    g = kvtier.layer_groups(GROUPS)
+    with pytest.raises(ValueError, match="m \\+ 1"):
+        kvtier.hybrid_longest(g, P, 3, [None, [1, 1, 1], [1, 1, 1]])  # a state group takes m + 1 flags
+    with pytest.raises(ValueError, match="3 entries|entries"):
+        kvtier.hybrid_longest(g, P, 3, [None, [1, 1, 1]])
+    with pytest.raises(ValueError, match="None"):
+        kvtier.hybrid_longest(g, P, 0, [[], [], [0]])
+    with pytest.raises(TypeError):
+        kvtier.hybrid_longest(g, P, 3, [None, "111", [1, 1, 1, 1]])
+    with pytest.raises(TypeError):
+        kvtier.hybrid_longest(g, P, 1, [None, [0.5], [1, 1]])
+    with pytest.raises(ValueError):
+        kvtier.hybrid_longest(g, 0, 0, [None, [], [0]])
+    with pytest.raises(ValueError):
+        kvtier.hybrid_longest(g, P, -1, [None, [], [0]])
+
+    h = kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20)
+    other = kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20)
+    t = np.arange(40, dtype=np.int32)
+    with pytest.raises(TypeError):
+        h.admit(t.astype(np.int64))
+    with pytest.raises(TypeError):
+        h.admit(["a"])
+    with pytest.raises(ValueError):
+        h.admit(t, ns=-1)
+    with pytest.raises(TypeError):
+        h.admit(t, ns=1.5)
+    with pytest.raises(ValueError):
+        h.admit(t, priority=1 << 40)
+    r = h.admit(t)
+    with pytest.raises(kvtier.InvalidArgument, match="not live here"):
+        other.release(r, t)
+    with pytest.raises(kvtier.InvalidArgument, match="KVT_EINVAL.*tokens"):
+        h.release(r, t[::-1].copy())  # other tokens: nothing changed, the request still live
+    with pytest.raises(TypeError):
+        h.release("request", t)
+    h.release(r, list(t))
+    assert r.released
+    with pytest.raises(kvtier.InvalidArgument, match="not live"):
+        h.release(r, t)
+    with pytest.raises(IndexError):
+        h.group_bytes(3)
+    with pytest.raises(TypeError):
+        h.group_bytes("0")
+    with h.admit(t) as r2:  # a with block releases it, with the tokens it was admitted with
+        assert r2.hit_pages == 2
+    assert r2.released
+    live = h.admit(t)
+    h.check()
+    h.close()  # releases the live request
+    assert live.released
+    for call in (lambda: h.admit(t), h.stats, h.check, lambda: h.group_bytes(0)):
+        with pytest.raises(kvtier.ClosedError):
+            call()
+    assert repr(h) == "<kvtier.Hybrid closed>"
+    other.close()
