@@ -1,0 +1,116 @@
+"""The tiny hybrid engine (examples/tiny_hybrid.py): resuming full,
+sliding-window and recurrent layers from the n pages kvtier.Hybrid allows
+gives the logits a full recompute gives; and the check can fail: a
+checkpoint stored one page early, a window page lost from the engine's
+store, and the match rule bypassed are each caught by the logits."""
+import json
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import tiny_hybrid  # noqa: E402
+
+TOL = 1e-5  # the engine's tolerance on the relative logits difference
+
+
+def run(capsys, *args):
+    rc = tiny_hybrid.main(["--json", *args])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == (1 if res["mismatches"] else 0)
+    return res
+
+
+# ---- the model alone: what a continuation needs, and no more --------------------------
+
+
+def test_the_model_resumes_from_exactly_the_window_and_the_state():
+    """A continuation from s tokens given the full layers' K and V of [0, s),
+    the window layers' of [s - W, s) and the state after s gives the logits
+    of the whole run; one window token short, or the state one token
+    early, does not (by more than the tolerance the engine checks with)."""
+    torch.set_num_threads(1)
+    m = tiny_hybrid.TinyHybridModel()
+    ids = torch.randint(0, m.vocab, (90,), generator=torch.Generator().manual_seed(1))
+    splits = (0, 7, 24, 25, 64, 89)
+    ref, kv = m.forward(ids, snap_at=[s for s in splits if s] + [s - 1 for s in splits if s > 1])
+    for s in splits:
+        def past(window_from=max(0, s - m.W), state_at=s):
+            if s == 0:
+                return None
+            out = []
+            for l, kind in enumerate(m.kinds):
+                if kind == "full":
+                    out.append((kv[l][0][:s], kv[l][1][:s]))
+                elif kind == "window":
+                    out.append((kv[l][0][window_from:s], kv[l][1][window_from:s]))
+                else:
+                    out.append(kv[l][state_at])
+            return out
+
+        got, _ = m.forward(ids[s:], s, past())
+        assert float((got - ref).abs().max() / ref.abs().max()) <= TOL, s
+        if s > m.W:
+            short, _ = m.forward(ids[s:], s, past(window_from=s - m.W + 1))
+            assert float((short - ref).abs().max() / ref.abs().max()) > TOL, s
+        if s > 1:
+            early, _ = m.forward(ids[s:], s, past(state_at=s - 1))
+            assert float((early - ref).abs().max() / ref.abs().max()) > TOL, s
+
+
+# ---- the engine over kvtier.Hybrid ------------------------------------------------------
+
+
+def test_resumed_runs_agree_with_recompute(capsys):
+    r = run(capsys)
+    assert r["requests"] == 102 and r["mismatches"] == 0 and r["max_rel_err"] <= TOL
+    assert r["hits"] > 0  # requests resumed from n > 0 pages
+    assert r["cut_hits"] > 0  # 0 < n < m: the rule cut a full-attention match short, and the rest was reused
+    assert r["short_hits"] >= r["cut_hits"]
+    assert r["branch_hits"] > 0  # resumed from a checkpoint kept only because a request branched there
+    # every piece kvtier claimed was in the engine's store: its decisions alone were used
+    assert r["guard_cuts"] == 0
+    assert r["cache"]["hit_tokens"] == r["recompute_tokens"] - r["computed_tokens"]
+    assert r["computed_tokens"] < r["recompute_tokens"]
+
+
+def test_a_checkpoint_stored_one_page_early_is_caught(capsys):
+    """Plant (a): the state after n - 1 pages stored as the checkpoint at n.
+    The store holds a checkpoint under (nearly) every key kvtier names, so
+    nothing but the logits can tell: every resumed request disagrees."""
+    r = run(capsys, "--plant", "checkpoint")
+    assert r["planted"] > 0 and r["guard_cuts"] <= 1  # one point lies where the early state was not computed
+    assert r["mismatches"] == r["mismatch_resumed"] == r["hits"] > 0
+
+
+def test_a_window_page_lost_from_the_store_is_caught_by_the_guard(capsys):
+    """Plant (b): the engine's store loses a window page the cache still
+    claims. With the store's check the engine continues from a shorter n
+    (kvtier.hybrid_longest over what it holds) and agrees; without it, it
+    computes with an empty slot and the logits disagree."""
+    guarded = run(capsys, "--plant", "window")
+    assert guarded["planted"] == 1 and guarded["guard_cuts"] == 1
+    assert guarded["mismatches"] == 0
+    bare = run(capsys, "--plant", "window", "--no-guard")
+    assert bare["planted"] == 1 and bare["guard_cuts"] == 0
+    assert bare["mismatches"] >= 1 and bare["mismatch_resumed"] == bare["mismatches"]
+
+
+def test_the_match_rule_is_what_keeps_the_logits_right(capsys):
+    """Resuming from the full groups' match m instead of n (the same
+    requests as the run above, which agrees): where a window page or a
+    checkpoint is missing for m, the logits disagree."""
+    r = run(capsys, "--trust-full", "--no-guard")
+    assert r["cut_hits"] > 0 and r["mismatches"] >= 1 and r["mismatch_resumed"] == r["mismatches"]
+
+
+def test_bad_arguments_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        tiny_hybrid.main(["--block-tokens", "0"])
+    assert e.value.code == 2 and "--block-tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tiny_hybrid.main(["--plant", "everything"])
