@@ -144,14 +144,14 @@ static uint64_t now_ns(void) {
 }
 
 /* Polls until every batch of b[0..nb) (user = index) has completed, each
- * exactly once, with its ticket, tiers and its copies sorted by destination. */
+ * exactly once, with its ticket, tiers and its copies sorted by destination.
+ * A batch that never completes fails the test by its timeout
+ * (tests/common/main.c), not by a bound on the clock here. */
 static void collect(env_t *e, tbatch_t *b, size_t nb) {
     size_t left = 0;
     for (size_t i = 0; i < nb; i++) left += !b[i].done;
-    uint64_t deadline = now_ns() + 8000 * MS;
     kvt_xfer_copy_t *want = malloc(MAXC * sizeof(*want));
     while (left > 0) {
-        cr_assert_lt(now_ns(), deadline, "%zu batches never completed", left);
         kvt_xfer_done_t d[8];
         int k = kvt_xfer_poll(e->x, d, 8, 100 * MS);
         cr_assert_geq(k, 0);
@@ -813,8 +813,7 @@ Test(xfer, submit_errors_change_nothing, .timeout = 10) {
     size_t nb = 1 + (size_t)extra;
     kvt_xfer_done_t d[4];
     size_t got = 0;
-    uint64_t deadline = now_ns() + 5000 * MS;
-    while (got < nb && now_ns() < deadline) {
+    while (got < nb) { /* a batch that never completes: the test's timeout */
         int k = kvt_xfer_poll(e.x, d, 4, 100 * MS);
         cr_assert_geq(k, 0);
         for (int j = 0; j < k; j++) cr_assert_eq(d[j].status, KVT_OK);
