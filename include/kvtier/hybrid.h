@@ -58,6 +58,7 @@
 #include <stdint.h>
 
 #include "kvtier/cache.h"
+#include "kvtier/keyed.h"
 #include "kvtier/model.h"
 
 #ifdef __cplusplus
@@ -79,6 +80,7 @@ typedef struct kvt_hybrid_config {
     uint32_t checkpoint_every; /* a kept point every this many pages; 0: none */
     bool checkpoint_ends;      /* a request's end is a kept point (default true) */
     bool checkpoint_branches;  /* its branch point is a kept point (default true) */
+    bool moves;                /* record the copies the engine owes (kvt_hybrid_take_moves); default off */
 } kvt_hybrid_config_t;
 
 /* Fills cfg for groups[0..ngroups) with the radix cache's defaults
@@ -136,6 +138,41 @@ KVT_API int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens
  * is released, some pieces may not be stored). */
 KVT_API int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
                                kvt_hybrid_req_t *req);
+
+/* The bytes. The engine owns every slot's bytes (one buffer per group and
+ * tier, slot-indexed) and makes them follow the metadata by running, in
+ * order, the moves each call records (cfg.moves): a piece copied from a
+ * slot of one tier to a slot of another, or written by the engine from
+ * what the request computed. The order is safe as given: a slot's old piece
+ * leaves before its new one arrives, and a piece is in a tier before it is
+ * copied on from there. After an admission's moves, the pieces its hit
+ * needs are at kvt_hybrid_slots in L1; after a release's, what it left
+ * behind is where the cache says. Slots are given back the deficit only
+ * (free room 0), since a slot's reuse is what the order encodes. */
+#define KVT_HYBRID_ENGINE 0 /* a move's source: the request itself */
+
+typedef struct kvt_hybrid_move { /* frozen */
+    uint32_t group;
+    uint32_t src_tier; /* KVT_HYBRID_ENGINE, or 1 (L1), 2 (L2), 3 (L3) */
+    uint32_t dst_tier; /* 1, 2, 3 */
+    uint32_t reserved_;
+    uint64_t src_slot; /* a slot of src_tier; from the engine: the window page's index in the request,
+                        * or the checkpoint's point (the state after that many pages) */
+    uint64_t dst_slot;
+    kvt_key128_t key; /* the piece: its chained page hash */
+} kvt_hybrid_move_t;
+
+/* Copies up to cap of the moves recorded, oldest first, into out and
+ * forgets them; returns how many. */
+KVT_API size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap);
+/* Moves recorded and not yet taken. */
+KVT_API size_t kvt_hybrid_moves(const kvt_hybrid_t *h);
+/* The L1 slots of the pieces group g needs for req's hit, pinned until it
+ * is released: window pages floor(max(0, nP - W) / P) .. n - 1 in order, or
+ * the checkpoint at n; *n their number (0 for a full group or no hit).
+ * KVT_ERANGE when cap is short (*n set), KVT_EINVAL. */
+KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_t g, uint64_t *slots,
+                             size_t cap, size_t *n);
 
 /* The full groups' cache (for its stats, tree and checks). */
 KVT_API kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h);

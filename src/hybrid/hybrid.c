@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../core/abi-int.h"
+#include "../core/check-int.h"
 #include "../core/mem-int.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
@@ -34,6 +35,14 @@
 #define G KVT_MODEL_MAX_GROUPS
 
 enum { SHORT_NONE = 0, SHORT_WINDOW = 1, SHORT_STATE = 2, SHORT_ROOM = 3 };
+
+/* Where a piece stored in a tier comes from: the engine (the request
+ * computed it: slot is the page index, or the point of a checkpoint), or a
+ * tier's slot. */
+typedef struct src {
+    uint32_t tier; /* KVT_HYBRID_ENGINE, or 1, 2, 3 */
+    uint64_t slot;
+} src_t;
 
 /* What an admitted request holds: its pinned L1 pieces, and what release
  * checks the tokens against. */
@@ -53,9 +62,10 @@ struct kvt_hybrid {
     uint64_t full_bytes_per_token;
     uint64_t slot_bytes[G];
     kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
-    uint64_t room[G][3];   /* each keyed cache's free-room target, pages */
     uint64_t clock, live;
     kvt_hybrid_stats_t st;
+    kvt_hybrid_move_t *moves; /* cfg.moves: the copies the engine owes, in order, until taken */
+    size_t nmoves, mvcap;
 
     /* scratch, grown as needed */
     kvt_hash128_t *hash;
@@ -64,7 +74,8 @@ struct kvt_hybrid {
     size_t mcap, mstride;
     kvt_key128_t *keys, *prot, *evicted[3];
     uint64_t *scores, *pages;
-    size_t kcap, prcap, scap, pcap, ecap[3];
+    src_t *srcs;
+    size_t kcap, prcap, scap, srcap, pcap, ecap[3];
 };
 
 /* A piece's eviction score: its class, then the clock of the request that
@@ -256,8 +267,10 @@ void kvt_hybrid_destroy(kvt_hybrid_t *h) {
     kvt__free(h->keys, h->kcap * sizeof(*h->keys));
     kvt__free(h->prot, h->prcap * sizeof(*h->prot));
     kvt__free(h->scores, h->scap * sizeof(*h->scores));
+    kvt__free(h->srcs, h->srcap * sizeof(*h->srcs));
     kvt__free(h->pages, h->pcap * sizeof(*h->pages));
     for (int t = 0; t < 3; t++) kvt__free(h->evicted[t], h->ecap[t] * sizeof(*h->evicted[t]));
+    kvt__free(h->moves, h->mvcap * sizeof(*h->moves));
     KVT_DELETE(h);
 }
 
@@ -278,16 +291,15 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
     h->P = c.cache.page_tokens ? c.cache.page_tokens : 16;
     h->full_bytes_per_token = full_bytes(c.groups, c.ngroups);
     const uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots};
-    const double room[3] = {c.cache.l1_free_room, c.cache.l2_free_room, 0};
     for (uint32_t g = 0; g < c.ngroups && rc == KVT_OK; g++) {
         if (c.groups[g].kind == KVT_GROUP_FULL) continue;
         h->slot_bytes[g] = slot_bytes(&c.groups[g], h->P);
         for (int t = 0; t < 3 && rc == KVT_OK; t++) {
             if (slots[t][g] == 0) continue;
-            kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = room[t]};
+            /* free room 0: a store evicts the deficit only, so each slot it frees is the slot of
+             * one of its new keys (keyed.h, Pages), which is what orders the moves (record_store) */
+            kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = 0};
             rc = kvt_keyed_create(&h->kc[g][t], &kc);
-            double r = room[t] * (double)slots[t][g];
-            h->room[g][t] = (uint64_t)r + ((double)(uint64_t)r < r);
         }
     }
     if (rc != KVT_OK) {
@@ -314,11 +326,12 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
     return KVT_OK;
 }
 
-/* Room for n keys in keys, prot and scores. */
+/* Room for n keys in keys, prot, scores and srcs. */
 static int keys_room(kvt_hybrid_t *h, size_t n) {
     if (grow((void **)&h->keys, &h->kcap, n, sizeof(*h->keys)) != KVT_OK ||
         grow((void **)&h->prot, &h->prcap, n, sizeof(*h->prot)) != KVT_OK ||
-        grow((void **)&h->scores, &h->scap, n, sizeof(*h->scores)) != KVT_OK)
+        grow((void **)&h->scores, &h->scap, n, sizeof(*h->scores)) != KVT_OK ||
+        grow((void **)&h->srcs, &h->srcap, n, sizeof(*h->srcs)) != KVT_OK)
         return KVT_ENOMEM;
     return KVT_OK;
 }
@@ -331,51 +344,77 @@ static kvt_write_policy_t down_policy(const kvt_hybrid_t *h, int t) {
     return t == 0 ? h->cfg.cache.write_policy : h->cfg.cache.l3_write_policy;
 }
 
-/* Stores keys[0..n) (scored) in tier t of group g, never evicting prot[0..np).
- * What tier t evicts goes down under write_back; what it stores goes down
- * under write_through. KVT_ENOSPC / KVT_ENOMEM with tier t unchanged. keys
- * and scores may be the caller's scratch: they are read before any call
- * below reuses it. */
-static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
-                    const kvt_key128_t *prot, size_t np) {
+
+static void record(kvt_hybrid_t *h, uint32_t g, src_t from, int t, uint64_t slot, kvt_key128_t key) {
+    if (!h->cfg.moves) return;
+    KVT_ASSERT(h->nmoves < h->mvcap); /* reserved by the outermost store (moves_room) */
+    h->moves[h->nmoves++] = (kvt_hybrid_move_t){g, from.tier, (uint32_t)t + 1, 0, from.slot, slot, key};
+}
+
+/* Room for the moves one store of n pieces can make: each tier a fill per
+ * piece and a demotion per piece it evicts, write-through or write-back. */
+static int moves_room(kvt_hybrid_t *h, size_t n) {
+    if (!h->cfg.moves) return KVT_OK;
+    return grow((void **)&h->moves, &h->mvcap, h->nmoves + 6 * n + 6, sizeof(*h->moves));
+}
+
+/* Stores keys[0..n) (scored, from src[0..n)) in tier t of group g, never
+ * evicting prot[0..np). What tier t evicts goes down under write_back,
+ * what it stores under write_through. The moves come out in the order the
+ * engine must run them: a slot's old piece leaves (and, below, whatever
+ * its arrival evicts) before its new piece arrives; a piece arrives in tier
+ * t before it is copied to t + 1. KVT_ENOSPC / KVT_ENOMEM with tier t
+ * unchanged. keys, scores and src may be the caller's scratch: they are
+ * read before any call below reuses it. */
+static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *scores,
+                    const src_t *src, size_t n, const kvt_key128_t *prot, size_t np) {
     kvt_keyed_t *k = h->kc[g][t];
     if (k == NULL || n == 0) return KVT_OK;
-    size_t cap = n + (size_t)h->room[g][t]; /* always suffices (keyed.h) */
-    if (grow((void **)&h->evicted[t], &h->ecap[t], cap, sizeof(kvt_key128_t)) != KVT_OK ||
+    if (grow((void **)&h->evicted[t], &h->ecap[t], n, sizeof(kvt_key128_t)) != KVT_OK ||
         grow((void **)&h->pages, &h->pcap, n, sizeof(uint64_t)) != KVT_OK)
         return KVT_ENOMEM;
+    /* what goes down, copied out of the scratch the calls below reuse */
+    size_t bytes = n * (sizeof(kvt_key128_t) + sizeof(uint64_t) + sizeof(src_t) + sizeof(uint64_t));
+    unsigned char *work = kvt__malloc(bytes);
+    if (work == NULL) return KVT_ENOMEM;
+    kvt_key128_t *dk = (kvt_key128_t *)work;
+    uint64_t *ds = (uint64_t *)(dk + n), *pages = ds + n;
+    src_t *dsrc = (src_t *)(pages + n);
     size_t nev = 0;
-    int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, h->pages, h->evicted[t], cap, &nev);
-    if (rc != KVT_OK) return rc;
+    int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, h->pages, h->evicted[t], n, &nev);
+    if (rc != KVT_OK) {
+        kvt__free(work, bytes);
+        return rc;
+    }
+    memcpy(pages, h->pages, n * sizeof(*pages));
     kvt_keyed_complete_store(k, keys, n, 1);
     int below = t + 1 < 3 && h->kc[g][t + 1] != NULL;
-    if (!below) return KVT_OK;
-    if (down_policy(h, t) == KVT_WRITE_THROUGH) {
-        /* the caller's arrays may be this function's scratch one level up: copy what goes down */
-        kvt_key128_t *dk = kvt__malloc(n * sizeof(*dk));
-        uint64_t *ds = kvt__malloc(n * sizeof(*ds));
-        if (dk == NULL || ds == NULL) {
-            kvt__free(dk, n * sizeof(*dk));
-            kvt__free(ds, n * sizeof(*ds));
-            return KVT_OK; /* stored here; the copy below is lost, as a failed put would be */
-        }
-        memcpy(dk, keys, n * sizeof(*dk));
-        memcpy(ds, scores, n * sizeof(*ds));
-        if (store_in(h, g, t + 1, dk, ds, n, NULL, 0) != KVT_OK) h->st.pieces_refused += n;
-        kvt__free(dk, n * sizeof(*dk));
-        kvt__free(ds, n * sizeof(*ds));
-    } else if (nev) { /* write_back: what leaves tier t goes down, as the least recent there */
-        uint64_t *ds = kvt__malloc(nev * sizeof(*ds));
-        if (ds == NULL) return KVT_OK;
-        for (size_t i = 0; i < nev; i++) ds[i] = h->clock << DEPTH_BITS;
-        kvt_key128_t *dk = kvt__malloc(nev * sizeof(*dk));
-        if (dk) {
-            memcpy(dk, h->evicted[t], nev * sizeof(*dk));
-            if (store_in(h, g, t + 1, dk, ds, nev, NULL, 0) != KVT_OK) h->st.pieces_refused += nev;
-        }
-        kvt__free(dk, nev * sizeof(*dk));
-        kvt__free(ds, nev * sizeof(*ds));
+    if (nev && below && down_policy(h, t) == KVT_WRITE_BACK) {
+        /* the j-th victim's slot is the j-th new key's (free room 0): it leaves before that key arrives */
+        size_t j = 0;
+        for (size_t i = 0; i < n && j < nev; i++)
+            if (pages[i] != UINT64_MAX) {
+                dk[j] = h->evicted[t][j];
+                ds[j] = h->clock << DEPTH_BITS; /* the least recent below */
+                dsrc[j++] = (src_t){(uint32_t)t + 1, pages[i]};
+            }
+        KVT_ASSERT(j == nev);
+        if (store_in(h, g, t + 1, dk, ds, dsrc, nev, NULL, 0) != KVT_OK) h->st.pieces_refused += nev;
     }
+    for (size_t i = 0; i < n; i++)
+        if (pages[i] != UINT64_MAX) record(h, g, src[i], t, pages[i], keys[i]);
+    if (below && down_policy(h, t) == KVT_WRITE_THROUGH) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t slot = pages[i];
+            if (slot == UINT64_MAX && kvt_keyed_page(k, keys[i], &slot) != KVT_OK) continue;
+            dk[m] = keys[i];
+            ds[m] = scores[i];
+            dsrc[m++] = (src_t){(uint32_t)t + 1, slot};
+        }
+        if (store_in(h, g, t + 1, dk, ds, dsrc, m, NULL, 0) != KVT_OK) h->st.pieces_refused += m;
+    }
+    kvt__free(work, bytes);
     return KVT_OK;
 }
 
@@ -467,12 +506,17 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
         for (size_t i = 0; i < k; i++) {
             int t = tier_of(h, g, p->keys[g][i]);
             if (t > *tier) *tier = t;
-            if (t > 0) {
+            if (t > 0) { /* from below; pinned there while it is copied up, so that nothing this load
+                          * pushes down takes its slot first */
                 h->keys[nl] = p->keys[g][i];
-                h->scores[nl++] = score_of(h, 1, first + i);
+                h->scores[nl] = score_of(h, 1, first + i);
+                h->srcs[nl++] = (src_t){(uint32_t)t + 1, 0};
+                if (kvt_keyed_pin(h->kc[g][t], &p->keys[g][i], 1, &h->srcs[nl - 1].slot) != KVT_OK) abort();
             }
         }
-        int rc = store_in(h, g, 0, h->keys, h->scores, nl, p->keys[g], k);
+        int rc = moves_room(h, nl);
+        if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, nl, p->keys[g], k);
+        for (size_t i = 0; i < nl; i++) kvt_keyed_unpin(h->kc[g][h->srcs[i].tier - 1], &h->keys[i], 1);
         if (rc != KVT_OK) { /* unpin the groups done */
             for (uint32_t d = 0; d < g; d++)
                 if (p->count[d]) kvt_keyed_unpin(h->kc[d][0], p->keys[d], p->count[d]);
@@ -588,21 +632,24 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     for (uint64_t i = p->n; i < p->npages; i++) { /* needed ones first: kept when room runs short */
         if (!need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
+        h->srcs[n] = (src_t){KVT_HYBRID_ENGINE, i};
         h->scores[n++] = score_of(h, 1, i);
     }
     size_t nneed = n;
     for (uint64_t i = p->n; i < p->npages; i++) {
         if (need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
+        h->srcs[n] = (src_t){KVT_HYBRID_ENGINE, i};
         h->scores[n++] = score_of(h, 0, i);
     }
     memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
     size_t stored = n;
-    int rc = store_in(h, g, 0, h->keys, h->scores, n, h->prot, nneed);
+    int rc = moves_room(h, n);
+    if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, n, h->prot, nneed);
     if (rc != KVT_OK) { /* no room for the spare pages: the needed ones alone */
         h->st.pieces_refused += n - nneed;
         stored = nneed;
-        rc = store_in(h, g, 0, h->prot, h->scores, nneed, h->prot, nneed);
+        rc = store_in(h, g, 0, h->prot, h->scores, h->srcs, nneed, h->prot, nneed);
     }
     if (rc == KVT_OK) h->st.window_pages_stored += stored;
     else h->st.pieces_refused += nneed;
@@ -621,14 +668,16 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
 static void leave_state(kvt_hybrid_t *h, uint32_t g, const uint64_t *pts, size_t npts) {
     for (size_t j = 0; j < npts; j++) {
         h->keys[j] = key_of(h->hash[pts[j] - 1]);
+        h->srcs[j] = (src_t){KVT_HYBRID_ENGINE, pts[j]};
         h->scores[j] = score_of(h, 1, pts[j]);
     }
     size_t stored = npts;
-    int rc = store_in(h, g, 0, h->keys, h->scores, npts, NULL, 0);
+    int rc = moves_room(h, npts);
+    if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, npts, NULL, 0);
     if (rc != KVT_OK && npts > 1) { /* no room for them all: the last point alone */
         h->st.pieces_refused += npts - 1;
         stored = 1;
-        rc = store_in(h, g, 0, h->keys + npts - 1, h->scores + npts - 1, 1, NULL, 0);
+        rc = store_in(h, g, 0, h->keys + npts - 1, h->scores + npts - 1, h->srcs + npts - 1, 1, NULL, 0);
     }
     if (rc == KVT_OK) h->st.checkpoints_stored += stored;
     else h->st.pieces_refused += stored;
@@ -660,6 +709,31 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
     req->priv_ = NULL;
     h->live--;
     return rc;
+}
+
+/* ---- what the engine copies ------------------------------------------------------ */
+
+size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap) {
+    if (h == NULL || (out == NULL && cap)) return 0;
+    size_t k = h->nmoves < cap ? h->nmoves : cap;
+    memcpy(out, h->moves, k * sizeof(*out));
+    memmove(h->moves, h->moves + k, (h->nmoves - k) * sizeof(*h->moves));
+    h->nmoves -= k;
+    return k;
+}
+
+size_t kvt_hybrid_moves(const kvt_hybrid_t *h) { return h ? h->nmoves : 0; }
+
+int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_t g, uint64_t *slots, size_t cap,
+                     size_t *n) {
+    if (h == NULL || req == NULL || req->priv_ == NULL || n == NULL || g >= h->cfg.ngroups || (slots == NULL && cap))
+        return KVT_EINVAL;
+    const pins_t *p = req->priv_;
+    *n = p->count[g];
+    if (p->count[g] > cap) return KVT_ERANGE;
+    for (uint32_t i = 0; i < p->count[g]; i++)
+        if (kvt_keyed_page(h->kc[g][0], p->keys[g][i], &slots[i]) != KVT_OK) return KVT_ECORRUPT;
+    return KVT_OK;
 }
 
 /* ---- stats and checks ---------------------------------------------------------- */

@@ -484,3 +484,102 @@ Test(hybrid_alloc, every_allocation_failure_leaves_a_consistent_cache) {
     free(tok);
     free(prev);
 }
+
+/* ---- the bytes: the engine runs the moves ------------------------------------------- */
+
+/* The first page of the window before n pages, as hybrid.h says it. */
+static uint64_t first_needed(const kvt_layer_group_t *g, uint32_t P, uint64_t n) {
+    return n * P > g->window ? (n * P - g->window) / P : 0;
+}
+
+/* What a slot holds: the tag of the piece written there (0: nothing yet). */
+static uint64_t tag_of(kvt_key128_t k) { return (k.hi ^ (k.lo * 0x9E3779B97F4A7C15ull)) | 1; }
+
+typedef struct {
+    uint64_t *slot[KVT_MODEL_MAX_GROUPS][3];
+    uint64_t loads_from[4]; /* moves into L1 by source tier */
+} bytes_t;
+
+/* Runs the moves as an engine would, checking each source holds the piece the
+ * move names (a move run out of order would copy another piece's bytes). */
+static void run_moves(kvt_hybrid_t *h, bytes_t *b, const kvt_hash128_t *hash, uint64_t np) {
+    kvt_hybrid_move_t mv[64];
+    for (size_t k; (k = kvt_hybrid_take_moves(h, mv, 64)) > 0;)
+        for (size_t i = 0; i < k; i++) {
+            const kvt_hybrid_move_t *m = &mv[i];
+            cr_assert(m->dst_tier >= 1 && m->dst_tier <= 3 && m->src_tier <= 3);
+            uint64_t v;
+            if (m->src_tier == KVT_HYBRID_ENGINE) { /* the request's own page or point: its key is its hash */
+                uint64_t page = ALL_THREE[m->group].kind == KVT_GROUP_STATE ? m->src_slot - 1 : m->src_slot;
+                cr_assert_lt(page, np);
+                cr_assert(m->key.hi == hash[page].hi && m->key.lo == hash[page].lo, "an engine move names another key");
+                v = tag_of(m->key);
+            } else {
+                v = b->slot[m->group][m->src_tier - 1][m->src_slot];
+                cr_assert_eq(v, tag_of(m->key), "group %u: L%u slot %" PRIu64 " does not hold the piece moved from it",
+                             m->group, m->src_tier, m->src_slot);
+            }
+            if (m->dst_tier == 1) b->loads_from[m->src_tier]++;
+            b->slot[m->group][m->dst_tier - 1][m->dst_slot] = v;
+        }
+}
+
+Test(hybrid_bytes, the_moves_put_every_needed_piece_in_its_l1_slot) {
+    for (int policy = KVT_WRITE_THROUGH; policy <= KVT_WRITE_BACK; policy += KVT_WRITE_BACK) {
+        const uint32_t P = 4;
+        kvt_hybrid_config_t cfg;
+        cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, P, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
+        cfg.cache.l1_pages = cfg.cache.l2_pages = cfg.cache.l3_pages = 1 << 14;
+        cfg.cache.write_policy = cfg.cache.l3_write_policy = (kvt_write_policy_t)policy;
+        cfg.checkpoint_every = 3;
+        cfg.moves = true;
+        const uint64_t slots[3] = {40, 60, 120};
+        bytes_t b = {0};
+        for (uint32_t g = 1; g < 4; g++)
+            for (int t = 0; t < 3; t++) {
+                (t == 0 ? cfg.l1_slots : t == 1 ? cfg.l2_slots : cfg.l3_slots)[g] = slots[t];
+                b.slot[g][t] = calloc(slots[t], sizeof(uint64_t));
+            }
+        kvt_hybrid_t *h = NULL;
+        cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+        int32_t *tok = malloc(64 * 1024 * sizeof(*tok)), *prev = malloc(64 * 1024 * sizeof(*prev));
+        kvt_hash128_t *hash = malloc(4096 * sizeof(*hash));
+        kvt_rng_t r;
+        kvt_rng_seed(&r, 51 + (uint64_t)policy);
+        uint64_t nprev = 0, hits = 0;
+        for (int q = 0; q < 400; q++) {
+            uint64_t nt = next_request(&r, tok, prev, nprev, P), np = nt / P;
+            kvt_page_hash_chain(0, tok, np, P, hash);
+            kvt_hybrid_req_t req;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+            run_moves(h, &b, hash, np);
+            uint64_t n = req.hit_pages;
+            hits += n > 0;
+            for (uint32_t g = 1; g < 4; g++) { /* each piece the hit needs, in its L1 slot */
+                uint64_t s[64];
+                size_t k;
+                cr_assert_eq(kvt_hybrid_slots(h, &req, g, s, 64, &k), KVT_OK);
+                uint64_t first = ALL_THREE[g].kind == KVT_GROUP_STATE ? n - 1 : first_needed(&ALL_THREE[g], P, n);
+                cr_assert_eq(k, n == 0 ? 0 : ALL_THREE[g].kind == KVT_GROUP_STATE ? 1 : n - first);
+                for (size_t i = 0; i < k; i++)
+                    cr_assert_eq(b.slot[g][0][s[i]], tag_of((kvt_key128_t){hash[first + i].hi, hash[first + i].lo}),
+                                 "policy %d request %d group %u: piece %zu of the hit is not in its L1 slot", policy, q,
+                                 g, i);
+            }
+            cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
+            run_moves(h, &b, hash, np);
+            check(h, "release");
+            memcpy(prev, tok, nt * sizeof(*tok));
+            nprev = nt;
+        }
+        cr_assert_gt(hits, 20);
+        cr_assert_gt(b.loads_from[2], 0, "policy %d: no piece came back from L2", policy);
+        cr_assert_gt(b.loads_from[3], 0, "policy %d: no piece came back from L3", policy);
+        kvt_hybrid_destroy(h);
+        for (uint32_t g = 1; g < 4; g++)
+            for (int t = 0; t < 3; t++) free(b.slot[g][t]);
+        free(hash);
+        free(tok);
+        free(prev);
+    }
+}
