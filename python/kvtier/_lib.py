@@ -292,7 +292,8 @@ class HybridConfig(Structure):
     _fields_ = [("size", c_uint32), ("ngroups", c_uint32), ("groups", LayerGroup * KVT_MODEL_MAX_GROUPS),
                 ("cache", CacheConfig), ("l1_slots", c_uint64 * KVT_MODEL_MAX_GROUPS),
                 ("l2_slots", c_uint64 * KVT_MODEL_MAX_GROUPS), ("l3_slots", c_uint64 * KVT_MODEL_MAX_GROUPS),
-                ("checkpoint_every", c_uint32), ("checkpoint_ends", c_bool), ("checkpoint_branches", c_bool)]
+                ("checkpoint_every", c_uint32), ("checkpoint_ends", c_bool), ("checkpoint_branches", c_bool),
+                ("moves", c_bool)]
 
 
 class HybridReq(Structure):
@@ -306,6 +307,11 @@ class HybridStats(Structure):
 
 class HybridGroupBytes(Structure):
     _fields_ = [("bytes", c_uint64 * 3), ("slots", c_uint64 * 3)]
+
+
+class HybridMove(Structure):
+    _fields_ = [("group", c_uint32), ("src_tier", c_uint32), ("dst_tier", c_uint32), ("reserved_", c_uint32),
+                ("src_slot", c_uint64), ("dst_slot", c_uint64), ("key", Key128)]
 
 
 # Every structure the layout test checks against the C compiler: Python class -> C type.
@@ -322,7 +328,7 @@ STRUCTS = {
     CpGroupInfo: "kvt_cp_group_info_t", MemStats: "kvt_mem_stats_t", Key128: "kvt_key128_t",
     KeyedConfig: "kvt_keyed_config_t", KeyedEvent: "kvt_keyed_event_t", KeyedStats: "kvt_keyed_stats_t",
     LayerGroup: "kvt_layer_group_t", HybridConfig: "kvt_hybrid_config_t", HybridReq: "kvt_hybrid_req_t",
-    HybridStats: "kvt_hybrid_stats_t", HybridGroupBytes: "kvt_hybrid_group_bytes_t",
+    HybridStats: "kvt_hybrid_stats_t", HybridGroupBytes: "kvt_hybrid_group_bytes_t", HybridMove: "kvt_hybrid_move_t",
 }
 
 # ---- functions -------------------------------------------------------------
@@ -478,6 +484,9 @@ _PROTOS = {
     "kvt_hybrid_stats": (c_int, [vp, P(HybridStats)]),
     "kvt_hybrid_group_bytes": (c_int, [vp, u32, P(HybridGroupBytes)]),
     "kvt_hybrid_check": (c_int, [vp, P(c_char_p)]),
+    "kvt_hybrid_take_moves": (c_size_t, [vp, P(HybridMove), c_size_t]),
+    "kvt_hybrid_moves": (c_size_t, [vp]),
+    "kvt_hybrid_slots": (c_int, [vp, P(HybridReq), u32, P(u64), c_size_t, P(c_size_t)]),
     "kvt_hybrid_longest": (u64, [P(LayerGroup), u32, u32, u64, P(P(c_uint8))]),
 }
 

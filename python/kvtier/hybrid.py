@@ -3,12 +3,19 @@ different things (model.h's layer groups): full attention (pages, in the
 radix cache), sliding-window attention (pages, of which a prefix of n tokens
 needs those covering [n - W, n)) and recurrent state (checkpoints at page
 boundaries). ``admit`` says from how many pages every group can continue
-(the match rule, hybrid.h); the engine owns the bytes.
+(the match rule, hybrid.h); the engine owns the bytes. With ``moves=True``
+the cache also says which copies make the bytes follow it (hybrid.h, "The
+bytes"): the engine keeps one slot-indexed buffer per window or state group
+and tier, runs ``take_moves()`` in order after every admit and release, and
+reads a hit's pieces from the L1 slots ``req.slots(g)`` names.
 
-    with kvtier.Hybrid("gemma-3-like", page_tokens=16, l1_bytes=8 << 30) as h:
+    with kvtier.Hybrid("gemma-3-like", page_tokens=16, l1_bytes=8 << 30, moves=True) as h:
         req = h.admit(tokens)
-        ...  # resume every group from req.hit_pages pages, compute the rest
+        run(h.take_moves())  # loads into L1 (and what they push down)
+        ...  # resume every group from req.hit_pages pages: full pages at req.l1_ids,
+             # window pages and the checkpoint at req.slots(g); compute the rest
         h.release(req, tokens)
+        run(h.take_moves())  # what the request computed, stored, and what that pushed down
 """
 from __future__ import annotations
 
@@ -20,11 +27,12 @@ from . import _args as _a
 from . import _fields
 from ._core import ClosedError, Handle, check, error, tokens_arg
 from ._lib import KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, HybridReq, HybridStats, lib
+from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
 from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, _config_value
 
-__all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HYBRID_STATS", "SHORT_BY", "STATE_SHARE", "WINDOW_WEIGHT",
-           "layer_groups", "hybrid_longest"]
+__all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HYBRID_STATS", "SHORT_BY", "STATE_SHARE",
+           "WINDOW_WEIGHT", "ENGINE", "layer_groups", "hybrid_longest"]
 
 KINDS = tuple(lib.kvt_group_kind_name(i).decode() for i in range(3))  # full, window, state
 SHORT_BY = ("none", "window", "state", "room")  # kvt_hybrid_req_t.short_by by number
@@ -33,6 +41,7 @@ HYBRID_STATS = tuple(f for f, _, _ in _fields.HYBRID_STATS)
 _OPTIONS = tuple(f for f in _CACHE_FIELDS if f != "page_tokens")
 # kvt_hybrid_config_default's split (hybrid.h): the state groups a quarter, a window group's bytes weighed an eighth
 STATE_SHARE, WINDOW_WEIGHT = 0.25, 0.125
+ENGINE = 0  # KVT_HYBRID_ENGINE: a move's source is the request itself
 
 
 class LayerGroup(NamedTuple):
@@ -44,6 +53,22 @@ class LayerGroup(NamedTuple):
     layers: int
     window: int
     bytes: int
+
+
+class HybridMove(NamedTuple):
+    """One copy the engine owes (kvt_hybrid_move_t), for window or state
+    group ``group``: into slot ``dst_slot`` of tier ``dst_tier`` (1, 2, 3
+    for L1, L2, L3) from slot ``src_slot`` of tier ``src_tier``, or, when
+    ``src_tier`` is ENGINE (0), from what the request computed: window page
+    ``src_slot`` of the request, or the state after ``src_slot`` pages.
+    ``key``: the piece, its chained page hash as (hi, lo) (the keyed
+    cache's order; kvtier.page_hashes gives (lo, hi))."""
+    group: int
+    src_tier: int
+    dst_tier: int
+    src_slot: int
+    dst_slot: int
+    key: Tuple[int, int]
 
 
 GroupsArg = Union[str, Sequence[Any]]
@@ -157,6 +182,10 @@ class HybridRequest:
         """``Hybrid.release(self, tokens)``."""
         self._hybrid.release(self, tokens)
 
+    def slots(self, g: int) -> array.array:
+        """``Hybrid.slots(self, g)``."""
+        return self._hybrid.slots(self, g)
+
     def __enter__(self) -> "HybridRequest":
         return self
 
@@ -201,7 +230,8 @@ class Hybrid(Handle):
     options override it:
     ``l1_slots``, ``l2_slots``, ``l3_slots`` ({group: slots} or a list per
     group), ``checkpoint_every``, ``checkpoint_ends``,
-    ``checkpoint_branches``, and any Cache option for the full groups'
+    ``checkpoint_branches``, ``moves`` (record the copies the engine owes:
+    :meth:`take_moves`), and any Cache option for the full groups'
     cache (``write_policy``, ``l1_pages``, ...). TypeError for an unknown
     option, ValueError for a value out of range, InvalidArgument for a
     config the library refuses. Its calls run one at a time."""
@@ -212,7 +242,7 @@ class Hybrid(Handle):
                  l3_bytes: int = 0, state_share: Optional[float] = None, window_weight: Optional[float] = None,
                  l1_slots: Any = None, l2_slots: Any = None, l3_slots: Any = None,
                  checkpoint_every: Optional[int] = None, checkpoint_ends: Optional[bool] = None,
-                 checkpoint_branches: Optional[bool] = None, **options: Any) -> None:
+                 checkpoint_branches: Optional[bool] = None, moves: bool = False, **options: Any) -> None:
         super().__init__()
         arr, n = _groups_arg(groups)
         page_tokens = _a.u32(page_tokens, "Hybrid page_tokens", 1)
@@ -247,6 +277,7 @@ class Hybrid(Handle):
             cfg.checkpoint_ends = _a.flag(checkpoint_ends, "Hybrid checkpoint_ends")
         if checkpoint_branches is not None:
             cfg.checkpoint_branches = _a.flag(checkpoint_branches, "Hybrid checkpoint_branches")
+        cfg.moves = _a.flag(moves, "Hybrid moves")
         h = ctypes.c_void_p()
         check(lib.kvt_hybrid_create(ctypes.byref(h), ctypes.byref(cfg)), "Hybrid",
               "slots against the tiers (a window or state group needs L1 slots, and L2/L3 slots exactly when the"
@@ -284,7 +315,7 @@ class Hybrid(Handle):
         for name in ("l1_slots", "l2_slots", "l3_slots"):
             out[name] = list(getattr(c, name)[:n])
         out.update(checkpoint_every=c.checkpoint_every, checkpoint_ends=bool(c.checkpoint_ends),
-                   checkpoint_branches=bool(c.checkpoint_branches))
+                   checkpoint_branches=bool(c.checkpoint_branches), moves=bool(c.moves))
         for k in _CACHE_FIELDS:
             v = getattr(c.cache, k)
             out[k] = _CACHE_ENUMS[k][1][v] if k in _CACHE_ENUMS else v
@@ -327,6 +358,59 @@ class Hybrid(Handle):
             req.released = True
             del self._live[id(req)]
             check(rc, "Hybrid.release")
+
+    # -- the bytes -------------------------------------------------------------
+
+    def take_moves(self) -> List[HybridMove]:
+        """The copies recorded since the last call, oldest first, and forgets
+        them. Run them in this order, after every admit (before reading
+        :meth:`slots`) and every release: a slot's old piece leaves before its
+        new one arrives, and a piece is in a tier before it is copied on.
+        InvalidArgument when the cache was made without ``moves=True``."""
+        with self._use as h:
+            if not self._cfg.moves:
+                raise error(-1, "Hybrid.take_moves", "the cache records no moves (made without moves=True)")
+            out: List[HybridMove] = []
+            while True:
+                want = lib.kvt_hybrid_moves(h)
+                if not want:
+                    return out
+                buf = (HybridMove_ * want)()
+                got = lib.kvt_hybrid_take_moves(h, buf, want)
+                out += [HybridMove(m.group, m.src_tier, m.dst_tier, m.src_slot, m.dst_slot, (m.key.hi, m.key.lo))
+                        for m in buf[:got]]
+
+    def pending_moves(self) -> int:
+        """Moves recorded and not yet taken (kvt_hybrid_moves)."""
+        with self._use as h:
+            return lib.kvt_hybrid_moves(h)
+
+    def slots(self, req: HybridRequest, g: int) -> array.array:
+        """The L1 slots (array of uint64) of the pieces group g needs for
+        req's hit, pinned until req is released: for a window group, the
+        pages floor(max(0, nP - W) / P) .. n - 1 in order; for a state group,
+        the checkpoint at n; empty for a full group or no hit. Valid once the
+        admission's moves have run. InvalidArgument for a request not live
+        here, IndexError for g out of range."""
+        _a.instance(req, HybridRequest, "Hybrid.slots req")
+        g = _a.index(g, "Hybrid.slots group", self._cfg.ngroups, "groups:")
+        gr = self._cfg.groups[g]
+        n = req._req.hit_pages
+        cap = 0 if gr.kind == 0 or n == 0 else 1 if gr.kind == 2 else min(n, gr.window // self.page_tokens + 2)
+        with self._use as h:
+            if req._hybrid is not self or self._live.get(id(req)) is not req:
+                raise error(-1, "Hybrid.slots", "the request is not live here (another cache's, or released)")
+            while True:
+                out = array.array("Q", bytes(8 * max(cap, 1)))
+                got = ctypes.c_size_t()
+                rc = lib.kvt_hybrid_slots(h, ctypes.byref(req._req), g,
+                                          ctypes.cast(out.buffer_info()[0], ctypes.POINTER(ctypes.c_uint64)), cap,
+                                          ctypes.byref(got))
+                if rc == -5 and got.value > cap:  # KVT_ERANGE: cap was short, got says how many
+                    cap = got.value
+                    continue
+                check(rc, "Hybrid.slots")
+                return out[:got.value]
 
     # -- introspection -------------------------------------------------------
 

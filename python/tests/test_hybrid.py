@@ -243,6 +243,105 @@ def test_room_in_l1_runs_out_while_pieces_are_pinned():
         h.check()
 
 
+# ---- the bytes: the engine runs the moves -----------------------------------------------
+
+MOVE_GROUPS = GROUPS + ",window:40:1:64"  # W = 40: n needs up to four pages
+
+
+class SlotBytes:
+    """An engine's bytes, reduced to what they must be: per window or state
+    group and tier, a slot-indexed array holding the key (hi, lo) of the
+    piece written there (0, 0: nothing yet)."""
+
+    def __init__(self, groups, slots):
+        self.groups = groups
+        self.slot = {g: [np.zeros((slots[t][g], 2), np.uint64) for t in range(3)]
+                     for g, gr in enumerate(groups) if gr.kind != "full"}
+        self.loads_from = {g: [0, 0, 0, 0] for g in self.slot}  # moves into L1 by source tier
+
+    def run(self, moves, hashes):
+        """Runs the moves in order, checking that each copy's source holds the
+        piece the move names (a move run out of order would copy another
+        piece's bytes) and that an engine move names the request's own piece."""
+        for mv in moves:
+            assert mv.group in self.slot and 1 <= mv.dst_tier <= 3 and 0 <= mv.src_tier <= 3, mv
+            if mv.src_tier == kvtier.hybrid.ENGINE:
+                page = mv.src_slot - (self.groups[mv.group].kind == "state")  # a point is the state after it
+                assert 0 <= page < len(hashes), mv
+                lo, hi = hashes[page]
+                assert mv.key == (hi, lo), f"an engine move names another piece: {mv}"
+                v = mv.key
+            else:
+                v = tuple(int(x) for x in self.slot[mv.group][mv.src_tier - 1][mv.src_slot])
+                assert v == mv.key, f"L{mv.src_tier} slot {mv.src_slot} does not hold the piece moved from it: {mv}"
+            if mv.dst_tier == 1:
+                self.loads_from[mv.group][mv.src_tier] += 1
+            self.slot[mv.group][mv.dst_tier - 1][mv.dst_slot] = v
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_the_moves_put_every_needed_piece_in_its_l1_slot(policy):
+    """An engine that runs every move over slot arrays finds each piece of
+    each hit in the L1 slot ``slots(g)`` names, pieces come back into L1
+    from L2 and from L3, and no copy reads a slot that holds another piece."""
+    seed = new_seed()
+    rng = random.Random(seed)
+    slots = ({1: 8, 2: 4, 3: 8}, {1: 16, 2: 8, 3: 16}, {1: 48, 2: 24, 3: 48})
+    room = 1 << 14  # full pages never leave L1: only the pieces go through the tiers
+    with kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l3_bytes=1 << 20,
+                       l1_pages=room, l2_pages=room, l3_pages=room, l1_slots=slots[0], l2_slots=slots[1],
+                       l3_slots=slots[2], checkpoint_every=3, write_policy=policy, l3_write_policy=policy,
+                       moves=True) as h:
+        groups = h.groups
+        b = SlotBytes(groups, [[s.get(g, 0) for g in range(len(groups))] for s in slots])
+        hits = 0
+        for i, t in enumerate(requests(rng, 400)):
+            hashes = kvtier.page_hashes(t, P)
+            req = h.admit(t)
+            b.run(h.take_moves(), hashes)
+            assert h.pending_moves() == 0
+            n = req.hit_pages
+            hits += n > 0
+            assert len(req.slots(0)) == 0
+            for g, gr in enumerate(groups[1:], 1):
+                want = ([n - 1] if n else []) if gr.kind == "state" else list(needed_pages(gr.window, n))
+                got = req.slots(g)
+                assert len(got) == len(want), (i, g, seed)
+                for s, page in zip(got, want):
+                    lo, hi = hashes[page]
+                    assert tuple(int(x) for x in b.slot[g][0][s]) == (hi, lo), \
+                        f"request {i} group {g}: page {page} is not in its L1 slot {s} (seed {seed})"
+            h.release(req, t)
+            b.run(h.take_moves(), hashes)
+            if i % 50 == 0:
+                h.check()
+        h.check()
+        assert hits > 20
+        for g in b.slot:
+            assert all(b.loads_from[g][t] > 0 for t in (2, 3)), (g, b.loads_from[g], seed)
+
+
+def test_a_move_run_out_of_order_is_seen():
+    """The check above can fail: swapping a release's demotion with the store
+    that reuses its slot (write_back) copies a piece that is no longer there."""
+    with kvtier.Hybrid("full:1:64,window:16:1:64", page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                       l1_pages=1 << 10, l1_slots={1: 2}, l2_slots={1: 8}, checkpoint_every=0,
+                       write_policy="write_back", moves=True) as h:
+        b = SlotBytes(h.groups, [[0, 2], [0, 8], [0, 0]])
+        a = np.arange(40, dtype=np.int32)
+        b.run(h.take_moves(), [])
+        h.release(h.admit(a), a)
+        b.run(h.take_moves(), kvtier.page_hashes(a, P))
+        c = np.arange(1000, 1040, dtype=np.int32)
+        h.release(h.admit(c), c)
+        moves = h.take_moves()
+        down = [i for i, mv in enumerate(moves) if mv.src_tier == 1 and mv.dst_tier == 2]
+        assert down and down[0] < len(moves) - 1  # a's pages leave L1 before c's arrive in their slots
+        swapped = moves[down[0] + 1:] + moves[:down[0] + 1]
+        with pytest.raises(AssertionError, match="does not hold the piece"):
+            b.run(swapped, kvtier.page_hashes(c, P))
+
+
 # ---- the binding's surface -----------------------------------------------------------
 
 
@@ -396,6 +495,23 @@ def test_bad_arguments_are_refused():
         h.release(r, t)
     with pytest.raises(IndexError):
         h.group_bytes(3)
+    with pytest.raises(kvtier.InvalidArgument, match="moves=True"):
+        h.take_moves()  # made without moves: nothing is recorded, and saying so beats an empty list
+    r = h.admit(t)
+    assert (len(r.slots(1)), len(h.slots(r, 2)), len(r.slots(0))) == (2, 1, 0)  # pages 0, 1; the point at 2
+    with pytest.raises(IndexError):
+        r.slots(3)
+    with pytest.raises(TypeError):
+        r.slots("1")
+    with pytest.raises(TypeError):
+        h.slots("request", 1)
+    with pytest.raises(kvtier.InvalidArgument, match="not live"):
+        other.slots(r, 1)
+    r.release()
+    with pytest.raises(kvtier.InvalidArgument, match="not live"):
+        r.slots(1)  # its pins went back with it
+    with pytest.raises(TypeError):
+        kvtier.Hybrid(GROUPS, l1_bytes=1 << 20, moves="yes")
     with pytest.raises(TypeError):
         h.group_bytes("0")
     with h.admit(t) as r2:  # a with block releases it, with the tokens it was admitted with
