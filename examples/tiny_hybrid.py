@@ -12,26 +12,33 @@ serving requests whose token ids come from a Mooncake trace, with
 multi-turn follow-ups. kvtier decides from how many pages n every layer can
 continue (its match rule); the engine resumes from there: the full layers'
 K and V for [0, nP) from its L1 pages (the full groups' l1_ids), the window
-layers' for [nP - W, nP) and the state at nP from its own store, and
-computes the rest. For every request the logits of its last token are
-compared with those of a full recompute without any cache.
+layers' for [nP - W, nP) and the state at nP from the L1 slots the cache
+names (Hybrid.slots), and computes the rest. For every request the logits
+of its last token are compared with those of a full recompute without any
+cache.
 
-The engine keeps the window pages and checkpoints itself, by the chained
-hash of their page (kvtier.page_hashes): the hybrid cache names the pieces
-only inside (hybrid.h), so the store mirrors what the cache keeps (what a
-request leaves behind, hybrid.h) and never evicts; the cache's answer is a
-claim the store can check (--no-guard skips that check). The cache has an
-L1 only: it moves no bytes, so a load-back from L2 would hand the engine an
-L1 page it never filled.
+The engine keeps the window pages and checkpoints as a real one would: per
+group and tier (L1, L2 and L3, the cache's modeled store), one tensor
+indexed by slot, with each slot's header (the key of the piece in it). The
+cache records the copies that make those tensors follow it (moves=True);
+the engine runs them in order after every admit and release: a request's
+computed window pages and states into their slots, pieces between the
+tiers. The slot pools are small, so pieces go down to L2 and L3 and come
+back (--write-policy: write_back or write_through, for L1 -> L2 and
+L2 -> L3 both). The full groups' L1 holds the whole working set: their L2
+and L3 in the hybrid cache are metadata, no bytes to load back. Before it
+uses a hit's piece the engine checks the slot's header against the page
+the hit needs (--no-guard skips that check).
 
     .venv/bin/python examples/tiny_hybrid.py            # the default scenario
     .venv/bin/python examples/tiny_hybrid.py --json     # one JSON object
 
-Plants that the logits check must catch: --plant checkpoint stores the
-state after n - 1 pages as the checkpoint at n; --plant window drops a
-window page from the store that the cache still claims (caught by the
-store's check, or by the logits without it); --trust-full resumes from the
-full groups' match m, not from n (the match rule bypassed).
+Plants that the logits check must catch: --plant checkpoint writes the
+state after n - 1 pages as the checkpoint at n; --plant window zeroes the
+L2 copy of a window page (bytes and header) just before a hit loads it back
+(caught by the header check, or by the logits without it); --trust-full
+resumes from the full groups' match m, not from n (the match rule
+bypassed).
 """
 from __future__ import annotations
 
@@ -62,6 +69,7 @@ class TinyHybridModel:
         g = torch.Generator().manual_seed(seed)
         self.kinds, self.W, self.d, self.h, self.dh, self.vocab = tuple(kinds), window, d_model, heads, \
             d_model // heads, vocab
+        self.seed = seed
 
         def w(*shape):
             return torch.randn(*shape, generator=g) / math.sqrt(shape[0])
@@ -114,7 +122,7 @@ class TinyHybridModel:
         out, snaps = [], {}
         for t in range(n):
             S = a[t][:, None, None] * S + k[t][:, :, None] * v[t][:, None, :]
-            out.append(torch.einsum("hd,hde->he", q[t], S))
+            out.append((q[t][:, None, :] @ S)[:, 0])
             if start + t + 1 in snap_at:
                 snaps[start + t + 1] = S.clone()
         return torch.stack(out).reshape(n, self.d), S, snaps
@@ -169,26 +177,57 @@ def kept_points(n, m, npages, every, ends=True, branches=True):
 
 
 class HybridEngine:
-    """The model over kvtier.Hybrid. Full layers: K and V tensors indexed by
-    the full groups' L1 pages. Window layers: a page's K and V (every window
-    layer's) by the chained hash of the page. State layers: a checkpoint
-    (every state layer's state) by the chained hash of the page before it."""
+    """The model over kvtier.Hybrid, keeping the bytes as a real engine does.
 
-    def __init__(self, model, page_tokens=16, l1_bytes=1 << 20, checkpoint_every=4, window_weight=1.0, guard=True,
-                 trust_full=False, plant=None):
+    Full layers: K and V tensors indexed by the full groups' L1 pages
+    (``l1_ids``); the full groups' L1 is sized to hold the whole working set,
+    since their L2 and L3 in the hybrid cache have no data plane (a full
+    page served from there would be one the engine never filled).
+
+    Window and state layers: per group and tier (L1, L2, L3), one tensor
+    indexed by slot (a window page: every window layer's K and V of P
+    tokens; a checkpoint: every state layer's state), and beside it each
+    slot's header, the key of the piece written there, which travels with
+    the bytes. After every admit and release the engine runs the cache's
+    moves in order; a hit's pieces are read from the L1 slots ``slots(g)``
+    names. The guard checks each piece's header against the page hash the
+    hit needs before using it (--no-guard trusts the slots); a piece that
+    fails is not used (the hit is cut to what the checked pieces allow,
+    kvtier.hybrid_longest) and its L1 slot is rewritten from what the
+    request recomputed."""
+
+    def __init__(self, model, page_tokens=16, checkpoint_every=4, write_policy="write_back", window_slots=(6, 16, 40),
+                 state_slots=(3, 8, 20), full_pages=4096, guard=True, trust_full=False, plant=None):
         self.m, self.P = model, page_tokens
         self.groups = model.groups()
-        self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=l1_bytes,
-                                   window_weight=window_weight, checkpoint_every=checkpoint_every)
+        kinds = [g.kind for g in self.groups]
+        self.gw = kinds.index("window") if "window" in kinds else None
+        self.gs = kinds.index("state") if "state" in kinds else None
+        per_group = {self.gw: window_slots, self.gs: state_slots}
+        slots = [{g: s[t] for g, s in per_group.items() if g is not None} for t in range(3)]
+        # the tiers' bytes only make the tiers exist: the pages and slots are set outright
+        self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                                   l3_bytes=1 << 20, l1_pages=full_pages, l2_pages=full_pages, l3_pages=full_pages,
+                                   l1_slots=slots[0], l2_slots=slots[1], l3_slots=slots[2],
+                                   checkpoint_every=checkpoint_every, write_policy=write_policy,
+                                   l3_write_policy=write_policy, moves=True)
         self.every = checkpoint_every
         self.full, self.win, self.st = (model.layers_of(k) for k in ("full", "window", "state"))
-        shape = (self.cache.config["l1_pages"], page_tokens, model.h, model.dh)
+        shape = (full_pages, page_tokens, model.h, model.dh)
         self.k = {l: torch.zeros(shape) for l in self.full}
         self.v = {l: torch.zeros(shape) for l in self.full}
-        self.window_pages = {}  # hash -> [window layers, 2, P, heads, head_dim]
-        self.checkpoints = {}   # hash of page c - 1 -> [state layers, *state_shape]
+        piece = {self.gw: (len(self.win), 2, page_tokens, model.h, model.dh),
+                 self.gs: (len(self.st), *model.state_shape())}
+        self.pool = {g: [torch.zeros(slots[t][g], *piece[g]) for t in range(3)] for g in piece if g is not None}
+        self.header = {g: [np.zeros((slots[t][g], 2), np.uint64) for t in range(3)] for g in self.pool}
         self.guard, self.trust_full, self.plant = guard, trust_full, plant
         self.planted = 0
+        self.bad_copies = 0  # moves whose source slot did not hold the piece the move names
+        # moves into L1 by group and source tier (0: the request, 2: L2, 3: L3), and the pieces of the hits
+        # (and the hits with at least one such piece) by the tier each came from
+        self.l1_moves = {g: [0, 0, 0, 0] for g in self.pool}
+        self.pieces_from = {g: [0, 0, 0, 0] for g in self.pool}
+        self.hits_from = {g: [0, 0, 0, 0] for g in self.pool}
         self.branch_points = set()  # checkpoints kept only because a request branched there
 
     def close(self):
@@ -197,27 +236,72 @@ class HybridEngine:
     def first_needed(self, n):
         return max(0, n * self.P - self.m.W) // self.P
 
-    def has(self, hashes, n):
-        """The store holds what continuing from n pages needs."""
-        ok = all(hashes[i] in self.window_pages for i in range(self.first_needed(n), n)) if self.win else True
-        return ok and (n == 0 or not self.st or hashes[n - 1] in self.checkpoints)
+    @staticmethod
+    def key(h):
+        """A page hash as kvtier.page_hashes gives it (lo, hi), as a header (hi, lo)."""
+        return h[1], h[0]
 
-    def present(self, hashes, n):
-        """The store's presence as kvtier.hybrid_longest takes it."""
+    def run_moves(self, moves, hashes, computed=None):
+        """Runs the cache's moves in their order: tier to tier, the bytes and
+        the header together; from the engine, ``computed(group, index)``, the
+        request's window page or the state after that many pages."""
+        for mv in moves:
+            g, dst = mv.group, mv.dst_tier - 1
+            if mv.src_tier == kvtier.hybrid.ENGINE:
+                assert computed is not None, f"an admission asked for the request's own piece: {mv}"
+                page = mv.src_slot - (g == self.gs)
+                if self.key(hashes[page]) != mv.key:
+                    self.bad_copies += 1
+                self.pool[g][dst][mv.dst_slot] = computed(g, mv.src_slot)
+                self.header[g][dst][mv.dst_slot] = self.key(hashes[page])  # what was written, not what was asked
+            else:
+                src = mv.src_tier - 1
+                if tuple(int(x) for x in self.header[g][src][mv.src_slot]) != mv.key:
+                    self.bad_copies += 1
+                self.pool[g][dst][mv.dst_slot] = self.pool[g][src][mv.src_slot]
+                self.header[g][dst][mv.dst_slot] = self.header[g][src][mv.src_slot]
+            if dst == 0:
+                self.l1_moves[g][mv.src_tier] += 1
+
+    def plant_lost_page(self, moves):
+        """The planted fault: the L2 copy of a window page is lost (bytes and
+        header zeroed) just before it is loaded back into L1."""
+        for mv in moves:
+            if mv.group == self.gw and mv.src_tier == 2 and mv.dst_tier == 1:
+                self.pool[self.gw][1][mv.src_slot] = 0
+                self.header[self.gw][1][mv.src_slot] = 0
+                self.planted += 1
+                return
+
+    def hit_pieces(self, req, hashes):
+        """{group: {page: L1 slot}} of the hit's pieces (a checkpoint by its
+        page n - 1), and the pages whose slot header names another piece."""
+        n, out, bad = req.hit_pages, {}, {}
+        for g in self.pool:
+            first = n - 1 if g == self.gs else self.first_needed(n)
+            out[g] = {first + i: s for i, s in enumerate(req.slots(g))}
+            bad[g] = {p for p, s in out[g].items()
+                      if tuple(int(x) for x in self.header[g][0][s]) != self.key(hashes[p])}
+        return out, bad
+
+    def present(self, pieces, bad, n):
+        """The checked pieces as kvtier.hybrid_longest takes them."""
         out = []
-        for gr in self.groups:
+        for g, gr in enumerate(self.groups):
             if gr.kind == "window":
-                out.append([h in self.window_pages for h in hashes[:n]])
+                out.append([p in pieces[g] and p not in bad[g] for p in range(n)])
             elif gr.kind == "state":
-                out.append([True] + [h in self.checkpoints for h in hashes[:n]])
+                out.append([True] + [p in pieces[g] and p not in bad[g] for p in range(n)])
             else:
                 out.append(None)
         return out
 
-    def past(self, req, hashes, use):
-        """Each layer's past for continuing from ``use`` pages, from the
-        engine's stores; a piece the store lacks reads as zeros (an empty
-        slot), which is what an engine that trusts a wrong claim computes with."""
+    def past(self, req, pieces, use):
+        """Each layer's past for continuing from ``use`` pages: the full
+        layers' from the request's L1 pages, the window and state layers'
+        from the L1 slots of the hit's pieces; a piece the hit does not
+        include reads as zeros (only a resume past n, the rule bypassed,
+        asks for one)."""
         P, m = self.P, self.m
         if use == 0:
             return None
@@ -227,13 +311,16 @@ class HybridEngine:
             past[l] = (self.k[l][pages].reshape(-1, m.h, m.dh), self.v[l][pages].reshape(-1, m.h, m.dh))
         if self.win:
             lo = self.first_needed(use)
-            empty = torch.zeros(len(self.win), 2, P, m.h, m.dh)
-            kv = torch.cat([self.window_pages.get(hashes[i], empty) for i in range(lo, use)], dim=2)
+            pool, have = self.pool[self.gw][0], pieces[self.gw]
+            kv = torch.cat([pool[have[i]] if i in have else torch.zeros(pool.shape[1:]) for i in range(lo, use)],
+                           dim=2)
             skip = max(0, use * P - m.W) - lo * P  # [nP - W, nP) exactly
             for j, l in enumerate(self.win):
                 past[l] = (kv[j, 0, skip:], kv[j, 1, skip:])
         if self.st:
-            s = self.checkpoints.get(hashes[use - 1], torch.zeros(len(self.st), *m.state_shape()))
+            have = pieces[self.gs]
+            s = self.pool[self.gs][0][have[use - 1]] if use - 1 in have else \
+                torch.zeros(len(self.st), *m.state_shape())
             for j, l in enumerate(self.st):
                 past[l] = s[j]
         return past
@@ -241,25 +328,43 @@ class HybridEngine:
     def serve(self, tokens, ns=0):
         """One request: (logits, what happened)."""
         P, m = self.P, self.m
-        req = self.cache.admit(tokens, ns=ns)
-        n, full_m = req.hit_pages, req.full_hit_pages
         hashes = kvtier.page_hashes(tokens, P, ns)
         npages = len(hashes)
-        if self.plant == "window" and not self.planted and self.win and n > 0:
-            self.window_pages.pop(hashes[n - 1], None)  # the store loses a page the cache still claims
-            self.planted += 1
+        req = self.cache.admit(tokens, ns=ns)
+        n, full_m = req.hit_pages, req.full_hit_pages
+        assert req.l2_hit_pages == req.l3_hit_pages == 0, "a full page came from a tier with no bytes"
+        moves = self.cache.take_moves()
+        loaded = {}  # (group, L1 slot) -> the tier the admission loaded it from
+        for mv in moves:
+            if mv.dst_tier == 1:
+                loaded[mv.group, mv.dst_slot] = mv.src_tier
+        if self.plant == "window" and not self.planted:
+            self.plant_lost_page(moves)
+        self.run_moves(moves, hashes)
+        pieces, bad = self.hit_pieces(req, hashes)
         use = full_m if self.trust_full else n
         cut = 0
-        if self.guard and not self.has(hashes, use):
-            new_use = kvtier.hybrid_longest(self.groups, P, use, self.present(hashes, use))
+        if self.guard and any(bad.values()):
+            new_use = kvtier.hybrid_longest(self.groups, P, use, self.present(pieces, bad, use))
             cut, use = use - new_use, new_use
+        if n and not cut:
+            for g in self.pool:
+                tiers = {loaded.get((g, s), 1) for s in pieces[g].values()}
+                for s in pieces[g].values():
+                    self.pieces_from[g][loaded.get((g, s), 1)] += 1
+                for t in tiers:
+                    self.hits_from[g][t] += 1
         assert use * P < len(tokens), "a request ends inside a page: its last token is always computed"
         ids = torch.from_numpy(tokens.astype(np.int64) % m.vocab)
         points = kept_points(n, full_m, npages, self.every)
+        if cut and self.gs is not None and n - 1 in bad[self.gs]:
+            points.append(n)  # to rewrite the bad checkpoint
         shift = P if self.plant == "checkpoint" else 0  # the planted bug: the state one page early
-        logits, new = m.forward(ids[use * P:], use * P, self.past(req, hashes, use),
-                                snap_at=[c * P - shift for c in points])
+        past = self.past(req, pieces, use)
+        logits, new = m.forward(ids[use * P:], use * P, past, snap_at=[c * P - shift for c in points])
         base = use * P  # the position of new[...][0]
+        for j, l in enumerate(self.st):  # the state it started from is the state at base
+            new[l][base] = past[l] if past else torch.zeros(m.state_shape())
         if req.pages > full_m:  # the full layers' new pages: their KV goes to L1
             dst = torch.tensor(list(req.l1_ids[full_m:req.pages]), dtype=torch.int64)
             off = (full_m - use) * P
@@ -268,21 +373,29 @@ class HybridEngine:
                 k, v = new[l]
                 self.k[l][dst] = k[off: off + cnt * P].reshape(cnt, P, m.h, m.dh)
                 self.v[l][dst] = v[off: off + cnt * P].reshape(cnt, P, m.h, m.dh)
-        if self.win:  # every window page it computed: those the cache keeps, [n, npages), and any below n
-            for i in range(use, npages):
-                o = i * P - base
-                self.window_pages[hashes[i]] = torch.stack(
-                    [torch.stack([new[l][0][o:o + P], new[l][1][o:o + P]]) for l in self.win])
-        if self.st:
-            for c in points:
-                if c * P - shift > base:
-                    self.checkpoints[hashes[c - 1]] = torch.stack([new[l][c * P - shift] for l in self.st])
-                    if c != npages and c % self.every:
-                        self.branch_points.add(hashes[c - 1])
-                    else:
-                        self.branch_points.discard(hashes[c - 1])
-                    self.planted += shift > 0
+
+        def computed(g, i):
+            o = i * P - (shift if g == self.gs else 0) - base
+            if o < 0:  # a piece it did not compute: only a resume past n skips one
+                return torch.zeros(self.pool[g][0].shape[1:])
+            if g == self.gs:
+                self.planted += shift > 0
+                return torch.stack([new[l][base + o] for l in self.st])
+            return torch.stack([torch.stack([new[l][0][o:o + P], new[l][1][o:o + P]]) for l in self.win])
+
+        for g in bad:  # a piece that failed its check, recomputed: its L1 slot holds it again
+            for p in bad[g]:
+                if p >= use:
+                    self.pool[g][0][pieces[g][p]] = computed(g, p + (g == self.gs))
+                    self.header[g][0][pieces[g][p]] = self.key(hashes[p])
+        for c in points:
+            if self.st and c > n:
+                if c != npages and c % self.every:
+                    self.branch_points.add(hashes[c - 1])
+                else:
+                    self.branch_points.discard(hashes[c - 1])
         self.cache.release(req, tokens)
+        self.run_moves(self.cache.take_moves(), hashes, computed)
         return logits, {"n": n, "m": full_m, "use": use, "cut": cut, "short_by": req.short_by,
                         "at_branch": use > 0 and hashes[use - 1] in self.branch_points}
 
@@ -330,11 +443,22 @@ def prompts(trace, requests, block_tokens, max_blocks, page_tokens, seed):
     return out
 
 
+_REFERENCE = {}  # (model, tokens) -> the full recompute's logits: the runs of one process share them
+
+
+def reference(model, tokens):
+    key = (model.seed, model.kinds, model.W, model.d, model.h, model.vocab, tokens.tobytes())
+    if key not in _REFERENCE:
+        _REFERENCE[key], _ = model.forward(torch.from_numpy(tokens.astype(np.int64) % model.vocab))
+    return _REFERENCE[key]
+
+
 def run(args):
     torch.manual_seed(args.seed)
     model = TinyHybridModel(KINDS, args.window, args.d_model, args.heads, args.vocab, args.seed)
-    eng = HybridEngine(model, args.page_tokens, args.l1_kib << 10, args.checkpoint_every, args.window_weight,
-                       guard=not args.no_guard, trust_full=args.trust_full, plant=args.plant)
+    eng = HybridEngine(model, args.page_tokens, args.checkpoint_every, args.write_policy, args.window_slots,
+                       args.state_slots, args.full_pages, guard=not args.no_guard, trust_full=args.trust_full,
+                       plant=args.plant)
     res = {"requests": 0, "hits": 0, "short_hits": 0, "cut_hits": 0, "branch_hits": 0, "short_by": {}, "guard_cuts": 0,
            "computed_tokens": 0, "recompute_tokens": 0, "max_rel_err": 0.0, "mismatches": 0,
            "mismatch_resumed": 0, "planted": 0}
@@ -342,7 +466,7 @@ def run(args):
         for tokens in prompts(args.trace, args.requests, args.block_tokens, args.max_blocks, args.page_tokens,
                               args.seed):
             logits, info = eng.serve(tokens)
-            ref, _ = model.forward(torch.from_numpy(tokens.astype(np.int64) % model.vocab))
+            ref = reference(model, tokens)
             err = float((logits - ref).abs().max() / ref.abs().max())
             res["max_rel_err"] = max(res["max_rel_err"], err)
             if err > args.tolerance:
@@ -360,10 +484,27 @@ def run(args):
             res["recompute_tokens"] += len(tokens)
         eng.cache.check()
         res["planted"] = eng.planted
+        res["bad_copies"] = eng.bad_copies
+        tiers = ("engine", "l1", "l2", "l3")
+        for name, counts in (("l1_moves_from", eng.l1_moves), ("hit_pieces_from", eng.pieces_from),
+                             ("hits_from", eng.hits_from)):
+            res[name] = {eng.groups[g].kind: {t: c[i] for i, t in enumerate(tiers) if c[i] or name != "l1_moves_from"
+                                               and i} for g, c in counts.items()}
         res["cache"] = {k: v for k, v in eng.cache.stats().items() if v}
     finally:
         eng.close()
     return res
+
+
+def slots(text):
+    """L1,L2,L3 slot counts."""
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if len(out) != 3 or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected three counts >= 1, L1,L2,L3")
+    return out
 
 
 def main(argv=None):
@@ -376,9 +517,13 @@ def main(argv=None):
     p.add_argument("--page-tokens", type=int, default=16)
     p.add_argument("--window", type=int, default=24, help="W of the window layers (24)")
     p.add_argument("--checkpoint-every", type=int, default=4, help="a kept point every this many pages (4)")
-    p.add_argument("--l1-kib", type=int, default=1024, help="the hybrid cache's L1 bytes, KiB (1024)")
-    p.add_argument("--window-weight", type=float, default=1.0,
-                   help="a window group's bytes per token weighed so in L1's split (1; kvt_hybrid_config_split)")
+    p.add_argument("--write-policy", choices=("write_through", "write_back"), default="write_back",
+                   help="L1 -> L2 and L2 -> L3 (write_back)")
+    p.add_argument("--window-slots", type=slots, default=(6, 16, 40),
+                   help="window pages the L1, L2 and L3 slots hold (6,16,40)")
+    p.add_argument("--state-slots", type=slots, default=(3, 8, 20), help="checkpoints per tier (3,8,20)")
+    p.add_argument("--full-pages", type=int, default=4096,
+                   help="full pages in L1 (4096): enough that none leaves it (their L2 and L3 hold no bytes)")
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=512)

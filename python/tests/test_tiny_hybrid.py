@@ -1,8 +1,10 @@
 """The tiny hybrid engine (examples/tiny_hybrid.py): resuming full,
-sliding-window and recurrent layers from the n pages kvtier.Hybrid allows
-gives the logits a full recompute gives; and the check can fail: a
-checkpoint stored one page early, a window page lost from the engine's
-store, and the match rule bypassed are each caught by the logits."""
+sliding-window and recurrent layers from the n pages kvtier.Hybrid allows,
+with the window pages and checkpoints in slot-indexed tensors per tier that
+the cache's moves keep, gives the logits a full recompute gives; and the
+check can fail: a checkpoint stored one page early, a window page lost in
+L2 before it is loaded back, and the match rule bypassed are each caught by
+the logits."""
 import json
 import pathlib
 import sys
@@ -65,45 +67,64 @@ def test_the_model_resumes_from_exactly_the_window_and_the_state():
 # ---- the engine over kvtier.Hybrid ------------------------------------------------------
 
 
-def test_resumed_runs_agree_with_recompute(capsys):
-    r = run(capsys)
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_resumed_runs_agree_with_recompute(capsys, policy):
+    """Every request's logits agree with a full recompute, its window pages
+    and checkpoint read from the L1 slots the cache names after the moves
+    ran; with slots this few, hits take pieces from L1, from L2 and from L3
+    in each of the window and state groups."""
+    r = run(capsys, "--write-policy", policy)
+    print(policy, "hits", r["hits"], "pieces by tier", r["hit_pieces_from"], "hits by tier", r["hits_from"],
+          "moves into L1", r["l1_moves_from"])
     assert r["requests"] == 102 and r["mismatches"] == 0 and r["max_rel_err"] <= TOL
     assert r["hits"] > 0  # requests resumed from n > 0 pages
     assert r["cut_hits"] > 0  # 0 < n < m: the rule cut a full-attention match short, and the rest was reused
     assert r["short_hits"] >= r["cut_hits"]
     assert r["branch_hits"] > 0  # resumed from a checkpoint kept only because a request branched there
-    # every piece kvtier claimed was in the engine's store: its decisions alone were used
-    assert r["guard_cuts"] == 0
+    # every slot held what the cache said: each copy's source, and each piece of each hit (the guard's check)
+    assert r["bad_copies"] == 0 and r["guard_cuts"] == 0
     assert r["cache"]["hit_tokens"] == r["recompute_tokens"] - r["computed_tokens"]
     assert r["computed_tokens"] < r["recompute_tokens"]
+    for kind in ("window", "state"):
+        assert all(r["hits_from"][kind][t] > 0 for t in ("l1", "l2", "l3")), (kind, r["hits_from"])
+        moves = r["l1_moves_from"][kind]
+        assert moves["engine"] > 0  # what requests computed, stored from the engine
+        for t in ("l2", "l3"):  # every load into L1 was a piece of the hit that asked for it
+            assert moves[t] == r["hit_pieces_from"][kind][t] > 0, (kind, t, r)
+        assert "l1" not in moves
+    assert r["cache"]["l2_hit_tokens"] > 0 and r["cache"]["l3_hit_tokens"] > 0
 
 
 def test_a_checkpoint_stored_one_page_early_is_caught(capsys):
-    """Plant (a): the state after n - 1 pages stored as the checkpoint at n.
-    The store holds a checkpoint under (nearly) every key kvtier names, so
-    nothing but the logits can tell: every resumed request disagrees."""
+    """Plant (a): the state after n - 1 pages written as the checkpoint at n
+    (by the engine's moves that store the request's checkpoints). Every slot
+    header names the right piece, so nothing but the logits can tell: every
+    resumed request disagrees."""
     r = run(capsys, "--plant", "checkpoint")
-    assert r["planted"] > 0 and r["guard_cuts"] <= 1  # one point lies where the early state was not computed
+    assert r["planted"] > 0 and r["guard_cuts"] == 0 and r["bad_copies"] == 0
     assert r["mismatches"] == r["mismatch_resumed"] == r["hits"] > 0
 
 
-def test_a_window_page_lost_from_the_store_is_caught_by_the_guard(capsys):
-    """Plant (b): the engine's store loses a window page the cache still
-    claims. With the store's check the engine continues from a shorter n
-    (kvtier.hybrid_longest over what it holds) and agrees; without it, it
-    computes with an empty slot and the logits disagree."""
-    guarded = run(capsys, "--plant", "window")
-    assert guarded["planted"] == 1 and guarded["guard_cuts"] == 1
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_a_window_page_lost_in_l2_is_caught_by_the_guard(capsys, policy):
+    """Plant (b): the L2 copy of a window page is lost (its bytes and header
+    zeroed) just before a hit loads it back into L1. With the guard (each
+    piece's header checked against the page the hit needs) the engine
+    continues from a shorter n and agrees; without it, it computes with the
+    empty page and the logits disagree."""
+    guarded = run(capsys, "--plant", "window", "--write-policy", policy)
+    assert guarded["planted"] == 1 and guarded["guard_cuts"] == 1 and guarded["bad_copies"] >= 1
     assert guarded["mismatches"] == 0
-    bare = run(capsys, "--plant", "window", "--no-guard")
+    bare = run(capsys, "--plant", "window", "--no-guard", "--write-policy", policy)
     assert bare["planted"] == 1 and bare["guard_cuts"] == 0
     assert bare["mismatches"] >= 1 and bare["mismatch_resumed"] == bare["mismatches"]
 
 
 def test_the_match_rule_is_what_keeps_the_logits_right(capsys):
     """Resuming from the full groups' match m instead of n (the same
-    requests as the run above, which agrees): where a window page or a
-    checkpoint is missing for m, the logits disagree."""
+    requests as the run above, which agrees): the window pages and the
+    checkpoint m needs are not among the hit's slots, and the logits
+    disagree."""
     r = run(capsys, "--trust-full", "--no-guard")
     assert r["cut_hits"] > 0 and r["mismatches"] >= 1 and r["mismatch_resumed"] == r["mismatches"]
 
@@ -114,3 +135,6 @@ def test_bad_arguments_are_refused(capsys):
     assert e.value.code == 2 and "--block-tokens" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         tiny_hybrid.main(["--plant", "everything"])
+    with pytest.raises(SystemExit) as e:
+        tiny_hybrid.main(["--window-slots", "6,0,40"])
+    assert e.value.code == 2 and "--window-slots" in capsys.readouterr().err
