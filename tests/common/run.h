@@ -40,6 +40,10 @@ static const char *kvtier_bin(void) {
 /* kvtier-test: the command with its test-only options and environment hooks
  * (--copy-faults, --l3-delay, KVT_PD_*, KVT_CP_*), linked with the testing
  * library; $KVTIER_TEST_BIN, else the one built with the tests. */
+/* Under tests/run_suite --sanitize: a test that only measures a figure on
+ * the whole trace skips itself there (its paths run sanitized elsewhere). */
+static inline int kvt_sanitized_run(void) { return getenv("KVTIER_SANITIZED") != NULL; }
+
 static inline const char *kvtier_test_bin(void) {
     const char *b = getenv("KVTIER_TEST_BIN");
     return b && *b ? b : KVT_CLI_TEST_PATH;

@@ -25,10 +25,10 @@ static cJSON *run_of(cJSON *o, int i, const char *what) {
  * radix cache holding every layer, and the same bytes per token. */
 Test(replay_hybrid, unbounded_window_model_is_the_all_full_cache, .timeout = 120) {
     run_result_t r = RUN(TRACE, "--model", "gemma-3-like", "--l1-pages", "unbounded", "--l2-pages", "0", "--limit",
-                         "1500", "--json");
+                         "600", "--json");
     cJSON *o = json_of(&r);
     cJSON *h = run_of(o, 0, "hybrid"), *f = run_of(o, 0, "every_layer_full");
-    cr_assert_gt(num(h, "hit_rate"), 0.2);
+    cr_assert_gt(num(h, "hit_rate"), 0.1);
     cr_assert_eq(num(h, "hit_rate"), num(f, "hit_rate"), "hybrid %.6f, all full %.6f", num(h, "hit_rate"),
                  num(f, "hit_rate"));
     cr_assert_eq(num(h, "bytes_per_cached_token"), 507904, "10 x 8 KiB full + 52 x 8 KiB window per token");
@@ -41,6 +41,7 @@ Test(replay_hybrid, unbounded_window_model_is_the_all_full_cache, .timeout = 120
 /* At the same bytes the hybrid cache holds more of the trace than a cache
  * that keeps every layer as full attention (the figures of docs/hybrid.md). */
 Test(replay_hybrid, hybrid_presets_beat_every_layer_full_at_the_same_bytes, .timeout = 300) {
+    if (kvt_sanitized_run()) cr_skip_test("a figure on the whole trace: the plain run holds it");
     static const char *const MODELS[] = {"gemma-3-like", "qwen3-next-like", "nemotron-h-like"};
     for (int m = 0; m < 3; m++) {
         run_result_t r = RUN(TRACE, "--model", MODELS[m], "--l1-pages", "16384", "--l2-pages", "0", "--json");
@@ -92,8 +93,8 @@ Test(replay_hybrid, sweep_table_and_plot, .timeout = 120) {
     char png[64];
     snprintf(png, sizeof(png), "/tmp/kvt-hybrid-test-%d.png", (int)getpid());
     unlink(png);
-    run_result_t r = RUN(TRACE, "--model", "qwen3-next-like", "--sweep", "1024,4096", "--l2-pages", "0", "--limit",
-                         "800", "--plot", png);
+    run_result_t r = RUN(TRACE, "--model", "qwen3-next-like", "--sweep", "256,1024", "--l2-pages", "0", "--limit",
+                         "200", "--plot", png);
     if (access("/usr/bin/gnuplot", X_OK) != 0) {
         cr_assert_eq(r.status, 1);
     } else {
