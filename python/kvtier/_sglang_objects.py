@@ -22,7 +22,7 @@ import ctypes
 import struct
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._core import Error
 from ._sglang_pool import STORAGE_BATCH_SIZE, _Lane, logger
@@ -170,8 +170,8 @@ class Objects:
         self._run(("get", _RECORD, True), "get", hashes, after=read)
         return [found.get(j) or None for j in range(len(hashes))]
 
-    def exists(self, hashes: List[bytes]) -> int:
-        """How many keys, from the first, have a size record."""
+    def exists(self, keys: List[Any], key_hash: Callable[[Any], bytes]) -> int:
+        """How many keys (hashed by key_hash), from the first, have a size record."""
         while True:
             lane = self._lane("get", _RECORD, True)
             if lane is None:
@@ -179,12 +179,7 @@ class Objects:
             with lane.lock:
                 if lane.retired:
                     continue
-                results = lane.run("exists", list(hashes))
-                break
-        n = 0
-        while results is not None and n < len(results) and results[n] == "ok":
-            n += 1
-        return n
+                return lane.leading_of(list(keys), key_hash)
 
 
 def _retire(lane: _Lane) -> None:

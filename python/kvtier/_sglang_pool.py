@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import operator
 import threading
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._core import Error
 from ._lib import KVT_TIER_MAX_PLANES
@@ -108,6 +108,9 @@ class _Lane:
         self.lock = threading.Lock()
         self.store = Store(url, tier=tier, log=lambda msg: logger.warning("kvtier L3 (%s): %s", name, msg),
                            **ident, **opts)
+        # a dir's exists is a stat on this thread (Store.exists_leading): a prefix is checked in
+        # growing chunks, so that a miss early spares hashing the keys after it
+        self.local_exists = self.store.backend == "dir"
 
     def run(self, op: str, items: Sequence[Any]) -> Optional[Tuple[str, ...]]:
         """Per-key results ("ok", "miss", "bad", "failed"), or None when the
@@ -118,6 +121,40 @@ class _Lane:
         except Error as e:
             logger.warning("kvtier L3 (%s): %s: %s", self.name, op, e)
             return None
+
+    def leading(self, hashes: Sequence[Any]) -> int:
+        """How many keys, from the first, the store holds: checked on this
+        thread where that is a local check (dir:), stopping at the first
+        miss; else one exists batch. 0 when no answer came. Call with the
+        lock held."""
+        try:
+            n = self.store.exists_leading(hashes)
+        except Error as e:
+            logger.warning("kvtier L3 (%s): exists: %s", self.name, e)
+            return 0
+        if n is not None:
+            return n
+        results = self.run("exists", hashes)
+        n = 0
+        while results is not None and n < len(results) and results[n] == "ok":
+            n += 1
+        return n
+
+    def leading_of(self, keys: Sequence[Any], key_hash: Callable[[Any], Any]) -> int:
+        """leading() over keys, each hashed by key_hash: for a local store
+        in chunks of 1, 4, 16 ... keys, stopping at the chunk with the first
+        miss; else all of them in one batch. Call with the lock held."""
+        if not self.local_exists:
+            return self.leading([key_hash(k) for k in keys])
+        n, step = 0, 1
+        while n < len(keys):
+            chunk = keys[n:n + step]
+            got = self.leading([key_hash(k) for k in chunk])
+            n += got
+            if got < len(chunk):
+                break
+            step *= 4
+        return n
 
     def page_addr(self, page: int) -> int:
         return self.tier.plane_addr(0, page, 0)

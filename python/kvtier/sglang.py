@@ -422,22 +422,15 @@ class KvtierStorage(HiCacheStorage):
         """How many keys, from the first, the store holds (0 when it is down)."""
         keys = _keys(keys)
         if self._pool_less():
-            return self._objects.exists([key_hash(k) for k in keys]) if keys else 0
+            return self._objects.exists(keys, key_hash) if keys else 0
         with self._registered() as reg:
             if not keys:
                 return 0
-            hashes = [key_hash(k) for k in keys]
             lane = reg.exists_lane(self.interface_v1, soft=True)
             if lane is None:
                 return 0
             with lane.lock:
-                results = lane.run("exists", hashes)
-        if results is None:
-            return 0
-        n = 0
-        while n < len(results) and results[n] == "ok":
-            n += 1
-        return n
+                return lane.leading_of(keys, key_hash)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, check, error, hash_arg, wait_ticket
+from ._core import ClosedError, Handle, NotSupported, check, error, hash_arg, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -187,6 +187,21 @@ class Store(Handle):
     def exists(self, hashes: Iterable[Any], user: int = 0) -> int:
         """Queues an exists batch of page hashes; the ticket."""
         return self._submit(lib.kvt_store_exists, "exists", hashes, False, user)
+
+    def exists_leading(self, hashes: Iterable[Any]) -> Optional[int]:
+        """How many keys, from the first, are present, checked on the
+        caller's thread and stopping at the first absent one; None for a
+        backend that must ask a server (redis, redis-cluster: use exists)."""
+        arr, n = _pages(hashes, False)
+        if n == 0:
+            return 0
+        count = ctypes.c_size_t()
+        with self._use as h:
+            rc = lib.kvt_store_exists_leading(h, arr, n, ctypes.byref(count))
+        if rc == NotSupported.code:
+            return None
+        check(rc, "Store.exists_leading", "no keys")
+        return count.value
 
     def get(self, pages: Iterable[Tuple[Any, int]], user: int = 0) -> int:
         """Queues gets of (page_hash, tier_page): each object checked, then

@@ -277,6 +277,10 @@ def test_store_dir_round_trip_and_bad_objects(tmp_path):
             assert s.put_sync([(h, i) for i, h in enumerate(hs)]).count == 4
             r = s.exists_sync(hs[:2] + [(1, 2)] + hs[2:])
             assert r.results == ("ok", "ok", "miss", "ok", "ok") and r.count == 2
+            # on the caller's thread, stopping at the first miss: the same leading count
+            chain = hs[:2] + [(1, 2)] + hs[2:]
+            assert [s.exists_leading(chain[i:]) for i in range(5)] == [2, 1, 0, 2, 1]
+            assert s.exists_leading([]) == 0
             r = s.get_sync([(h, 4 + i) for i, h in enumerate(hs)])
             assert r.results == ("ok",) * 4
             assert all(t.read_page(4 + i) == bytes([i + 1]) * 256 for i in range(4))
@@ -307,6 +311,7 @@ def test_store_on_a_real_redis(redis_server):
         want = [t.read_page(i) for i in range(4)]
         assert s.put_sync([(h, i) for i, h in enumerate(hs)]).count == 4
         assert s.exists_sync(hs).count == 4
+        assert s.exists_leading(hs) is None  # a server's exists is one batch on a worker: exists()
         assert s.get_sync([(h, 3 - i) for i, h in enumerate(hs)]).count == 4
         assert [t.read_page(3 - i) for i in range(4)] == want
         assert s.stats("put")["round_trips"] >= 1

@@ -575,18 +575,21 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     close(fd);
 }
 
+/* Only a regular file is an object. */
+static bool dir_exists(void *be, const char *hex) {
+    char path[1100];
+    struct stat st;
+    obj_path(be, hex, path, sizeof(path));
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 static void dir_run(void *be, void *w, kvt__sreq_t *req) {
     dirbe_t *d = be;
     char path[1100];
     for (size_t i = 0; i < req->n; i++) {
         const char *hex = req->hex[i];
         switch (req->op) {
-        case KVT_STORE_EXISTS: {
-            obj_path(d, hex, path, sizeof(path));
-            struct stat st; /* only a regular file is an object */
-            req->results[i] = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? KVT_STORE_OK : KVT_STORE_MISS;
-            break;
-        }
+        case KVT_STORE_EXISTS: req->results[i] = dir_exists(d, hex) ? KVT_STORE_OK : KVT_STORE_MISS; break;
         case KVT_STORE_GET: do_get(d, w, req, i); break;
         case KVT_STORE_PUT: req->results[i] = do_put(d, req, i); break;
         case KVT_STORE_REMOVE:
@@ -608,6 +611,7 @@ const kvt__store_ops_t kvt__store_dir_ops = {
     .worker_open = dir_worker_open,
     .worker_close = dir_worker_close,
     .run = dir_run,
+    .exists_here = dir_exists,
     .after = dir_after,
     .usage = dir_usage,
 };

@@ -58,6 +58,9 @@ typedef struct kvt__store_ops {
     void (*after)(void *be, void *w);
     /* stored bytes and objects, when the backend knows (may be NULL) */
     void (*usage)(void *be, uint64_t *bytes, uint64_t *objects);
+    /* the object named hex is present, checked on the caller's thread; NULL
+     * for a backend whose exists must ask a server (kvt_store_exists_leading) */
+    bool (*exists_here)(void *be, const char *hex);
 } kvt__store_ops_t;
 
 extern const kvt__store_ops_t kvt__store_dir_ops;

@@ -583,6 +583,30 @@ static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pag
 int kvt_store_exists(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64_t user, uint64_t *ticket) {
     return submit(s, KVT_STORE_EXISTS, p, n, user, ticket);
 }
+
+int kvt_store_exists_leading(kvt_store_t *s, const kvt_store_page_t *p, size_t n, size_t *count) {
+    if (s == NULL || p == NULL || n == 0 || count == NULL) return KVT_EINVAL;
+    if (s->ops->exists_here == NULL) return KVT_ENOTSUP;
+    uint64_t t0 = kvt_now_ns();
+    size_t lead = 0;
+    for (; lead < n; lead++) {
+        uint8_t key[16];
+        char hex[33];
+        key_bytes(s, &p[lead].hash, key);
+        to_hex(key, hex);
+        if (!s->ops->exists_here(s->be, hex)) break;
+    }
+    *count = lead;
+    opstats_t *o = &s->ops_st[KVT_STORE_EXISTS];
+    pthread_mutex_lock(&o->mu);
+    o->st.calls++;
+    o->st.keys += lead + (lead < n);
+    o->st.hits += lead;
+    o->st.misses += lead < n;
+    kvt_hist_record(&o->st.latency_ns, kvt_now_ns() - t0);
+    pthread_mutex_unlock(&o->mu);
+    return KVT_OK;
+}
 int kvt_store_get(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64_t user, uint64_t *ticket) {
     return submit(s, KVT_STORE_GET, p, n, user, ticket);
 }

@@ -872,3 +872,41 @@ Test(store_dir, concurrent_submitters_one_poller) {
     kvt_store_close(E.store);
     E.store = NULL;
 }
+
+/* exists on the caller's thread against the worker's exists (the leading
+ * count) over every prefix of a chain with holes, and against a plain scan
+ * for the first absent key; a directory or FIFO is no object there either. */
+Test(store_dir, exists_leading_is_the_batch_exists_count) {
+    senv_init(&E, 32, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[24];
+    pages_of(p, 24, 900, 0);
+    fill(&E, 900, 0, 24);
+    bool stored[24];
+    for (int i = 0; i < 24; i++) {
+        stored[i] = i % 7 != 5 && i != 12;
+        if (stored[i]) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+    }
+    char path[300];
+    obj_path(&p[12].hash, path, sizeof(path));
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(path, '/') - path), path);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s && mkdir %s", dir, path); /* a directory where object 12 would be */
+    cr_assert_eq(system(cmd), 0);
+    for (size_t from = 0; from < 24; from++)
+        for (size_t n = 1; from + n <= 24; n++) {
+            size_t want = 0;
+            while (want < n && stored[from + want]) want++;
+            size_t got = 99;
+            cr_assert_eq(kvt_store_exists_leading(E.store, &p[from], n, &got), KVT_OK);
+            cr_assert_eq(got, want, "keys %zu..%zu: %zu leading, a scan says %zu", from, from + n, got, want);
+            cr_assert_eq(run_op(E.store, kvt_store_exists, &p[from], n).count, want);
+        }
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_EXISTS);
+    cr_assert_eq(st.calls, 2u * 300, "each counted as one exists call");
+    size_t c;
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 0, &c), KVT_EINVAL);
+    cr_assert_eq(kvt_store_exists_leading(E.store, NULL, 1, &c), KVT_EINVAL);
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 1, NULL), KVT_EINVAL);
+}

@@ -38,6 +38,10 @@ Test(store_redis, roundtrip) {
     cr_assert_eq(st.calls, 1u);
     cr_assert_eq(st.round_trips, 1u, "one pipelined round trip for a batch on one node");
     cr_assert_gt(st.latency_ns.count, 0u);
+    size_t c = 7;
+    cr_assert_eq(kvt_store_exists_leading(E.store, &(kvt_store_page_t){.hash = {1, 2}}, 1, &c), KVT_ENOTSUP,
+                 "a server's exists is never asked on the caller's thread");
+    cr_assert_eq(c, 7u);
 }
 
 /* A batch of puts of several MiB (written out as it is appended, a MiB at a
