@@ -380,6 +380,7 @@ static void dir_close(void *be) {
 typedef struct dwork {
     int fd[LATER_MAX];
     bool touch[LATER_MAX];
+    struct timespec when[LATER_MAX]; /* the access time to set: the store's clock at the get */
     size_t n;
 } dwork_t;
 
@@ -392,8 +393,8 @@ static int dir_worker_open(void *be, void **w) {
 static void dir_after(void *be, void *w) {
     (void)be;
     dwork_t *k = w;
-    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
     for (size_t i = 0; i < k->n; i++) {
+        struct timespec ts[2] = {k->when[i], {0, UTIME_OMIT}};
         if (k->touch[i]) futimens(k->fd[i], ts);
         close(k->fd[i]);
     }
@@ -476,6 +477,10 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         return KVT_STORE_FAILED;
     }
     int err = writev_all(fd, v, nv) != 0 ? errno : 0;
+    if (err == 0 && kvt__store_clock_set(s)) { /* a stepped clock: the file's times are its, not the kernel's */
+        struct timespec now = kvt__store_now(s), ts[2] = {now, now};
+        if (futimens(fd, ts) != 0) err = errno;
+    }
     struct stat st;
     if (err == 0 && fstat(fd, &st) != 0) err = errno;
     if (close(fd) != 0 && err == 0) err = errno;
@@ -553,13 +558,15 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
         }
     }
     bool set = false;
+    struct timespec now = {0, 0};
     if (req->results[i] == KVT_STORE_OK) {
         /* the LRU order, for the next open: the file's access time set on
          * the first read since the object was written (as relatime would),
          * then at most once a second, which spares an inode write per get
          * of a page read again and again; the write itself once the batch
          * is reported (dir_after) */
-        uint32_t now_s = (uint32_t)time(NULL), k;
+        now = kvt__store_now(req->s);
+        uint32_t now_s = (uint32_t)now.tv_sec, k;
         pthread_mutex_lock(&d->mu);
         set = idx_touch(d, hex, charge(&st), &k) != KVT_OK || d->e[k].atime_s != now_s;
         if (set && k != NIL) d->e[k].atime_s = now_s;
@@ -567,10 +574,11 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     }
     if (set && w->n < LATER_MAX) {
         w->fd[w->n] = fd;
+        w->when[w->n] = now;
         w->touch[w->n++] = true;
         return;
     }
-    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    struct timespec ts[2] = {now, {0, UTIME_OMIT}};
     if (set) futimens(fd, ts); /* more gets than the list holds: now */
     close(fd);
 }

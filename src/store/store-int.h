@@ -104,6 +104,15 @@ uint32_t kvt__store_retries(const kvt_store_t *s);
  * none; at most 10 s, else KVT_EINVAL and nothing changed): a store far
  * away, for the testing library's kvt_store_set_delay (kvtier/testing.h). */
 int kvt__store_set_delay(kvt_store_t *s, uint32_t us);
+/* The wall clock the store keeps recency by (the dir store's file times):
+ * CLOCK_REALTIME, or the function the testing library's kvt_store_set_clock
+ * gave (nanoseconds since the epoch), so that a test of recency steps a
+ * clock instead of sleeping across seconds. Set it before the store's
+ * first call. */
+typedef uint64_t (*kvt__store_clock_fn)(void *arg);
+void kvt__store_set_clock(kvt_store_t *s, kvt__store_clock_fn fn, void *arg);
+struct timespec kvt__store_now(const kvt_store_t *s);
+bool kvt__store_clock_set(const kvt_store_t *s);
 
 /* Sets the open error text (thread-local) — printf style. */
 void kvt__store_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -55,6 +55,8 @@ typedef struct opstats {
 struct kvt_store {
     kvt_store_config_t cfg;
     _Atomic uint32_t delay_us; /* before every batch a worker runs (kvt__store_set_delay) */
+    kvt__store_clock_fn clock; /* NULL: CLOCK_REALTIME (kvt__store_set_clock) */
+    void *clock_arg;
     char model[128], ns[128];
     char url[1024];
     const kvt__store_ops_t *ops;
@@ -145,6 +147,23 @@ int kvt__store_set_delay(kvt_store_t *s, uint32_t us) {
     if (s == NULL || us > 10000000) return KVT_EINVAL;
     atomic_store_explicit(&s->delay_us, us, memory_order_relaxed);
     return KVT_OK;
+}
+
+void kvt__store_set_clock(kvt_store_t *s, kvt__store_clock_fn fn, void *arg) {
+    s->clock = fn;
+    s->clock_arg = arg;
+}
+
+bool kvt__store_clock_set(const kvt_store_t *s) { return s->clock != NULL; }
+
+struct timespec kvt__store_now(const kvt_store_t *s) {
+    struct timespec ts;
+    if (s->clock == NULL) {
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return ts;
+    }
+    uint64_t ns = s->clock(s->clock_arg);
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
 }
 
 int kvt__store_parse_size(const char *p, size_t len, uint64_t *out, const char **why) {

@@ -21,3 +21,9 @@ int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *user) {
 }
 
 int kvt_store_set_delay(kvt_store_t *s, uint32_t delay_us) { return kvt__store_set_delay(s, delay_us); }
+
+int kvt_store_set_clock(kvt_store_t *s, uint64_t (*now_ns)(void *arg), void *arg) {
+    if (s == NULL) return KVT_EINVAL;
+    kvt__store_set_clock(s, now_ns, arg);
+    return KVT_OK;
+}

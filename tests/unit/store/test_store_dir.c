@@ -376,14 +376,27 @@ Test(store_dir, other_geometry_is_another_key) {
     kvt_tier_destroy(t2);
 }
 
-static void touch_order(void) { usleep(20000); } /* distinct file times */
+/* The store's clock, stepped by the tests of recency (kvt_store_set_clock):
+ * file times that differ by whole seconds, with no sleep. */
+static _Atomic uint64_t clock_ns = 1700000000ull * 1000000000ull;
+static uint64_t stepped_clock(void *arg) {
+    (void)arg;
+    return atomic_load(&clock_ns);
+}
+static void touch_order(void) { atomic_fetch_add(&clock_ns, 1000000000ull); } /* a second on */
+
+static int open_clocked(const char *u) {
+    int rc = senv_open(&E, u);
+    if (rc == KVT_OK) cr_assert_eq(kvt_store_set_clock(E.store, stepped_clock, NULL), KVT_OK);
+    return rc;
+}
 
 Test(store_dir, lru_eviction_and_rebuild) {
     senv_init(&E, 32, 1, 4016, KVT_LAYOUT_PAGE_FIRST); /* objects of 4096 bytes: one 4 KiB block each */
     char u[200];
     /* room for 5 objects */
     snprintf(u, sizeof(u), "%s,max=%d", url, 5 * 4096 + 100);
-    cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_eq(open_clocked(u), KVT_OK, "%s", kvt_store_last_error(NULL));
     kvt_store_page_t p[8];
     pages_of(p, 8, 50, 0);
     fill(&E, 50, 0, 8);
@@ -405,7 +418,7 @@ Test(store_dir, lru_eviction_and_rebuild) {
     /* reopen: the order comes back from the file times (3 is oldest now) */
     kvt_store_close(E.store);
     E.store = NULL;
-    cr_assert_eq(senv_open(&E, u), KVT_OK);
+    cr_assert_eq(open_clocked(u), KVT_OK);
     st = sstats(E.store, KVT_STORE_PUT);
     cr_assert_eq(st.stored_objects, 5u);
     cr_assert_eq(st.stored_bytes, 5u * 4096);
@@ -430,12 +443,6 @@ static uint64_t atime_ns(const char *path) {
     return (uint64_t)st.st_atim.tv_sec * 1000000000ull + (uint64_t)st.st_atim.tv_nsec;
 }
 
-static void to_next_second(void) { /* then what follows within ~100 ms shares one second */
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    usleep((useconds_t)((1000000000L - now.tv_nsec) / 1000 + 20000));
-}
-
 /* The LRU time a get leaves in the file's access time, the same under each
  * of the kernel's atime modes (a tmpfs mounted with it; skipped where
  * mounting is not allowed), since the store sets it itself and reads with
@@ -456,8 +463,8 @@ Test(store_dir, access_times_under_each_mount_mode) {
         E.cfg.threads = 1;
         char u[200], hex[33], path[300];
         snprintf(u, sizeof(u), "dir:%s", mnt);
-        int rc = senv_open(&E, u);
-        uint64_t t[4] = {0}, served = 0;
+        int rc = open_clocked(u);
+        uint64_t t[4] = {0}, served = 0, at[4] = {0};
         if (rc == KVT_OK) {
             kvt_store_page_t p = {.hash = hkey(70), .page = 0}, q = {.hash = hkey(70), .page = 1};
             fill(&E, 70, 0, 1);
@@ -465,27 +472,31 @@ Test(store_dir, access_times_under_each_mount_mode) {
             kvt_store_key(E.store, &p.hash, hex);
             snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", mnt, hex, hex + 2, hex);
             t[0] = atime_ns(path);
-            to_next_second();
+            at[0] = atomic_load(&clock_ns);
+            atomic_store(&clock_ns, (at[0] / 1000000000ull + 1) * 1000000000ull); /* the start of a second */
             served += run_op(E.store, kvt_store_get, &q, 1).count;
             run_op(E.store, kvt_store_exists, &p, 1);
             t[1] = atime_ns(path);
-            usleep(20000); /* past the kernel's clock tick, still within the second */
+            at[1] = atomic_load(&clock_ns);
+            atomic_fetch_add(&clock_ns, 400000000ull); /* still within the second */
             served += run_op(E.store, kvt_store_get, &q, 1).count;
             run_op(E.store, kvt_store_exists, &p, 1);
             t[2] = atime_ns(path);
-            to_next_second();
+            touch_order();
             served += run_op(E.store, kvt_store_get, &q, 1).count;
             run_op(E.store, kvt_store_exists, &p, 1);
             t[3] = atime_ns(path);
+            at[3] = atomic_load(&clock_ns);
         }
         senv_fini(&E);
         snprintf(cmd, sizeof(cmd), "umount %s", mnt);
         cr_assert_eq(system(cmd), 0);
         cr_assert_eq(rc, KVT_OK);
         cr_assert_eq(served, 4u);
-        cr_assert_gt(t[1], t[0], "%s: the first get after a put left the access time", modes[m]);
+        cr_assert_eq(t[0], at[0], "%s: a put's file has the store's time", modes[m]);
+        cr_assert_eq(t[1], at[1], "%s: the first get after a put did not set the access time", modes[m]);
         cr_assert_eq(t[2], t[1], "%s: a get again in the same second moved the access time", modes[m]);
-        cr_assert_gt(t[3], t[2], "%s: a get a second later left the access time", modes[m]);
+        cr_assert_eq(t[3], at[3], "%s: a get a second later did not set the access time", modes[m]);
     }
 }
 

@@ -58,6 +58,13 @@ KVT_API int kvt_xfer_set_faults(kvt_xfer_t *x, const kvt_xfer_faults_t *f);
  * under a slow store. KVT_EINVAL (NULL, more than 10 s): nothing changed. */
 KVT_API int kvt_store_set_delay(kvt_store_t *s, uint32_t delay_us);
 
+/* The wall clock a dir store keeps recency by (the access times its gets
+ * set, at most one a second per object, and the times its puts give new
+ * files), nanoseconds since the epoch; NULL: the real one. A test of the
+ * order steps the clock instead of sleeping. Set it before the store's
+ * first call. KVT_EINVAL for a NULL store. */
+KVT_API int kvt_store_set_clock(kvt_store_t *s, uint64_t (*now_ns)(void *arg), void *arg);
+
 /* ---- bad peers at a PD receiver ------------------------------------------------- */
 
 /* Opens bad peers against the receiver's own two ports, before the caller
