@@ -174,6 +174,30 @@ KVT_API size_t kvt_hybrid_moves(const kvt_hybrid_t *h);
 KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_t g, uint64_t *slots,
                              size_t cap, size_t *n);
 
+/* An L3 outside the cache: the engine's own store (a kvtier store over
+ * Redis, a shared directory), which other instances put pieces in too. The
+ * cache asks probe which of keys[0..n) of group g it holds (present[i]
+ * nonzero; a nonzero return: none), when a piece is in neither L1 nor L2,
+ * and records the moves to and from it by key: a piece put (dst_tier 3,
+ * dst_slot UINT64_MAX) under l3_write_policy, and a piece of a hit loaded
+ * from it (src_tier 3, src_slot UINT64_MAX). The store keeps its own room.
+ * A piece a load does not find after all (evicted, refused by its
+ * checksum) leaves the engine a hit it cannot use: it cuts it back with
+ * kvt_hybrid_longest, as for any piece it finds bad. The full groups'
+ * pages reach other instances through the radix cache's own L3
+ * (kvt_cache_attach_store on kvt_hybrid_cache, and
+ * kvt_hybrid_admit_prefetched). Needs an L2 and no modeled L3 for the
+ * pieces (l3_slots 0), and no request admitted; KVT_EINVAL otherwise. NULL
+ * probe: no L3 for the pieces. */
+typedef int (*kvt_hybrid_probe_fn)(void *arg, uint32_t group, const kvt_key128_t *keys, size_t n, uint8_t *present);
+KVT_API int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg);
+
+/* kvt_hybrid_admit, finishing the full groups' prefetch id first
+ * (kvt_cache_prefetch on kvt_hybrid_cache; 0: none): their L3 pages count
+ * in the match. */
+KVT_API int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const int32_t *tokens,
+                                        uint64_t ntokens, int32_t priority, uint32_t *l1_ids, kvt_hybrid_req_t *req);
+
 /* The full groups' cache (for its stats, tree and checks). */
 KVT_API kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h);
 

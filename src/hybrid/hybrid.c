@@ -66,6 +66,8 @@ struct kvt_hybrid {
     kvt_hybrid_stats_t st;
     kvt_hybrid_move_t *moves; /* cfg.moves: the copies the engine owes, in order, until taken */
     size_t nmoves, mvcap;
+    kvt_hybrid_probe_fn probe; /* an L3 outside the cache (kvt_hybrid_set_l3): asked what it holds */
+    void *probe_arg;
 
     /* scratch, grown as needed */
     kvt_hash128_t *hash;
@@ -345,6 +347,11 @@ static kvt_write_policy_t down_policy(const kvt_hybrid_t *h, int t) {
 }
 
 
+/* Pieces go below tier t: to a keyed tier, or to the outside L3. */
+static int has_below(const kvt_hybrid_t *h, uint32_t g, int t) {
+    return t + 1 < 3 && (h->kc[g][t + 1] != NULL || (t + 1 == 2 && h->probe != NULL));
+}
+
 static void record(kvt_hybrid_t *h, uint32_t g, src_t from, int t, uint64_t slot, kvt_key128_t key) {
     if (!h->cfg.moves) return;
     KVT_ASSERT(h->nmoves < h->mvcap); /* reserved by the outermost store (moves_room) */
@@ -369,6 +376,10 @@ static int moves_room(kvt_hybrid_t *h, size_t n) {
 static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *scores,
                     const src_t *src, size_t n, const kvt_key128_t *prot, size_t np) {
     kvt_keyed_t *k = h->kc[g][t];
+    if (n && k == NULL && t == 2 && h->probe) { /* the outside L3: the engine puts, the store keeps its own room */
+        for (size_t i = 0; i < n; i++) record(h, g, src[i], t, UINT64_MAX, keys[i]);
+        return KVT_OK;
+    }
     if (k == NULL || n == 0) return KVT_OK;
     if (grow((void **)&h->evicted[t], &h->ecap[t], n, sizeof(kvt_key128_t)) != KVT_OK ||
         grow((void **)&h->pages, &h->pcap, n, sizeof(uint64_t)) != KVT_OK)
@@ -388,7 +399,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     }
     memcpy(pages, h->pages, n * sizeof(*pages));
     kvt_keyed_complete_store(k, keys, n, 1);
-    int below = t + 1 < 3 && h->kc[g][t + 1] != NULL;
+    int below = has_below(h, g, t);
     if (nev && below && down_policy(h, t) == KVT_WRITE_BACK) {
         /* the j-th victim's slot is the j-th new key's (free room 0): it leaves before that key arrives */
         size_t j = 0;
@@ -422,8 +433,11 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
 static int tier_of(kvt_hybrid_t *h, uint32_t g, kvt_key128_t key) {
     for (int t = 0; t < 3; t++)
         if (h->kc[g][t] && kvt_keyed_lookup(h->kc[g][t], key) == KVT_KEYED_HIT) return t;
+    uint8_t there = 0;
+    if (h->probe && h->probe(h->probe_arg, g, &key, 1, &there) == 0 && there) return 2;
     return -1;
 }
+
 
 typedef struct {
     kvt_hybrid_t *h;
@@ -510,13 +524,15 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
                           * pushes down takes its slot first */
                 h->keys[nl] = p->keys[g][i];
                 h->scores[nl] = score_of(h, 1, first + i);
-                h->srcs[nl++] = (src_t){(uint32_t)t + 1, 0};
-                if (kvt_keyed_pin(h->kc[g][t], &p->keys[g][i], 1, &h->srcs[nl - 1].slot) != KVT_OK) abort();
+                h->srcs[nl++] = (src_t){(uint32_t)t + 1, UINT64_MAX}; /* the outside L3: by key */
+                if (h->kc[g][t] && kvt_keyed_pin(h->kc[g][t], &p->keys[g][i], 1, &h->srcs[nl - 1].slot) != KVT_OK)
+                    abort();
             }
         }
         int rc = moves_room(h, nl);
         if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, nl, p->keys[g], k);
-        for (size_t i = 0; i < nl; i++) kvt_keyed_unpin(h->kc[g][h->srcs[i].tier - 1], &h->keys[i], 1);
+        for (size_t i = 0; i < nl; i++)
+            if (h->kc[g][h->srcs[i].tier - 1]) kvt_keyed_unpin(h->kc[g][h->srcs[i].tier - 1], &h->keys[i], 1);
         if (rc != KVT_OK) { /* unpin the groups done */
             for (uint32_t d = 0; d < g; d++)
                 if (p->count[d]) kvt_keyed_unpin(h->kc[d][0], p->keys[d], p->count[d]);
@@ -548,6 +564,20 @@ static void touch_path(kvt_hybrid_t *h, uint64_t n) {
 
 int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
                      uint32_t *l1_ids, kvt_hybrid_req_t *req) {
+    return kvt_hybrid_admit_prefetched(h, 0, ns, tokens, ntokens, priority, l1_ids, req);
+}
+
+int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg) {
+    if (h == NULL || h->live || h->cfg.cache.l2_pages == 0) return KVT_EINVAL;
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++)
+        if (h->kc[g][2]) return KVT_EINVAL; /* a modeled L3 already */
+    h->probe = probe;
+    h->probe_arg = arg;
+    return KVT_OK;
+}
+
+int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
+                                int32_t priority, uint32_t *l1_ids, kvt_hybrid_req_t *req) {
     if (h == NULL || req == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
     uint64_t npages = ntokens / h->P;
     if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM;
@@ -557,7 +587,7 @@ int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64
     if (p == NULL) return KVT_ENOMEM;
     kvt_hybrid_req_t r;
     memset(&r, 0, sizeof(r));
-    int rc = kvt_cache_admit(h->cache, ns, tokens, ntokens, priority, l1_ids, &r.full);
+    int rc = kvt_cache_admit_prefetched(h->cache, id, ns, tokens, ntokens, priority, l1_ids, &r.full);
     if (rc != KVT_OK) {
         free_pins(p);
         return rc;

@@ -583,3 +583,157 @@ Test(hybrid_bytes, the_moves_put_every_needed_piece_in_its_l1_slot) {
         free(prev);
     }
 }
+
+/* ---- an L3 outside the cache ----------------------------------------------------- */
+
+/* The engine's store: what it was given, by group and key (a plain list). */
+typedef struct {
+    struct {
+        uint32_t g;
+        kvt_key128_t k;
+        uint64_t tag;
+    } e[8192];
+    size_t n;
+    uint64_t probes;
+} outside_t;
+
+static uint64_t *outside_find(outside_t *o, uint32_t g, kvt_key128_t k) {
+    for (size_t i = 0; i < o->n; i++)
+        if (o->e[i].g == g && o->e[i].k.hi == k.hi && o->e[i].k.lo == k.lo) return &o->e[i].tag;
+    return NULL;
+}
+
+static int outside_probe(void *arg, uint32_t g, const kvt_key128_t *keys, size_t n, uint8_t *present) {
+    outside_t *o = arg;
+    o->probes += n;
+    for (size_t i = 0; i < n; i++) present[i] = outside_find(o, g, keys[i]) != NULL;
+    return 0;
+}
+
+/* L1 and L2 slots so few that a hit's pieces must come back from the store
+ * outside; every piece a load names was put there first, and every hit's
+ * pieces land in their L1 slots. */
+Test(hybrid_outside, pieces_come_back_from_the_engines_store) {
+    for (int policy = KVT_WRITE_THROUGH; policy <= KVT_WRITE_BACK; policy += KVT_WRITE_BACK) {
+        const uint32_t P = 4;
+        kvt_hybrid_config_t cfg;
+        cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, P, 1 << 30, 1 << 30, 0), KVT_OK);
+        cfg.cache.l1_pages = cfg.cache.l2_pages = 1 << 14;
+        cfg.cache.write_policy = cfg.cache.l3_write_policy = (kvt_write_policy_t)policy;
+        cfg.checkpoint_every = 3;
+        cfg.moves = true;
+        bytes_t b = {0};
+        for (uint32_t g = 1; g < 4; g++) {
+            cfg.l1_slots[g] = 30;
+            cfg.l2_slots[g] = 40;
+            b.slot[g][0] = calloc(30, sizeof(uint64_t));
+            b.slot[g][1] = calloc(40, sizeof(uint64_t));
+        }
+        kvt_hybrid_t *h = NULL;
+        cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+        outside_t *o = calloc(1, sizeof(*o));
+        cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_OK);
+        int32_t *tok = malloc(64 * 1024 * sizeof(*tok)), *prev = malloc(64 * 1024 * sizeof(*prev));
+        kvt_hash128_t *hash = malloc(4096 * sizeof(*hash));
+        kvt_rng_t r;
+        kvt_rng_seed(&r, 61 + (uint64_t)policy);
+        uint64_t nprev = 0, from_outside = 0, puts = 0;
+        for (int q = 0; q < 400; q++) {
+            uint64_t nt = next_request(&r, tok, prev, nprev, P), np = nt / P;
+            kvt_page_hash_chain(0, tok, np, P, hash);
+            kvt_hybrid_req_t req;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+            for (int phase = 0; phase < 2; phase++) {
+                kvt_hybrid_move_t mv[64];
+                for (size_t k; (k = kvt_hybrid_take_moves(h, mv, 64)) > 0;)
+                    for (size_t i = 0; i < k; i++) {
+                        const kvt_hybrid_move_t *m = &mv[i];
+                        uint64_t v;
+                        if (m->src_tier == 3) { /* a get by key */
+                            cr_assert_eq(m->src_slot, UINT64_MAX);
+                            uint64_t *t = outside_find(o, m->group, m->key);
+                            cr_assert_not_null(t, "group %u: a load from a store that never had the piece", m->group);
+                            v = *t;
+                            from_outside++;
+                        } else if (m->src_tier == KVT_HYBRID_ENGINE) {
+                            v = tag_of(m->key);
+                        } else {
+                            v = b.slot[m->group][m->src_tier - 1][m->src_slot];
+                            cr_assert_eq(v, tag_of(m->key), "L%u slot %" PRIu64 " does not hold its piece", m->src_tier,
+                                         m->src_slot);
+                        }
+                        if (m->dst_tier == 3) { /* a put by key */
+                            cr_assert_eq(m->dst_slot, UINT64_MAX);
+                            uint64_t *t = outside_find(o, m->group, m->key);
+                            if (t == NULL) {
+                                cr_assert_lt(o->n, 8192);
+                                o->e[o->n].g = m->group;
+                                o->e[o->n].k = m->key;
+                                t = &o->e[o->n++].tag;
+                            }
+                            *t = v;
+                            puts++;
+                        } else {
+                            b.slot[m->group][m->dst_tier - 1][m->dst_slot] = v;
+                        }
+                    }
+                if (phase == 0) {
+                    uint64_t n = req.hit_pages;
+                    for (uint32_t g = 1; g < 4; g++) {
+                        uint64_t s[64];
+                        size_t k;
+                        cr_assert_eq(kvt_hybrid_slots(h, &req, g, s, 64, &k), KVT_OK);
+                        uint64_t first = ALL_THREE[g].kind == KVT_GROUP_STATE ? n - 1 : first_needed(&ALL_THREE[g], P, n);
+                        for (size_t i = 0; i < k; i++)
+                            cr_assert_eq(b.slot[g][0][s[i]],
+                                         tag_of((kvt_key128_t){hash[first + i].hi, hash[first + i].lo}),
+                                         "request %d group %u: piece %zu not in its L1 slot", q, g, i);
+                    }
+                    cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
+                }
+            }
+            check(h, "release");
+            memcpy(prev, tok, nt * sizeof(*tok));
+            nprev = nt;
+        }
+        cr_assert_gt(puts, 0);
+        cr_assert_gt(from_outside, 0, "policy %d: no piece came back from the store outside", policy);
+        cr_assert_gt(o->probes, 0);
+        kvt_hybrid_stats_t st = {.size = sizeof(st)};
+        kvt_hybrid_stats(h, &st);
+        cr_assert_gt(st.l3_hit_tokens, 0);
+        kvt_hybrid_destroy(h);
+        for (uint32_t g = 1; g < 4; g++) {
+            free(b.slot[g][0]);
+            free(b.slot[g][1]);
+        }
+        free(o);
+        free(hash);
+        free(tok);
+        free(prev);
+    }
+}
+
+Test(hybrid_outside, set_l3_is_refused_where_it_cannot_be) {
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    outside_t *o = calloc(1, sizeof(*o));
+    cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_EINVAL, "a modeled L3 already");
+    kvt_hybrid_destroy(h);
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 0, 0), KVT_OK);
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_EINVAL, "no L2 to put from");
+    kvt_hybrid_destroy(h);
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 0), KVT_OK);
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    int32_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvt_hybrid_req_t req;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, t, 8, 0, NULL, &req), KVT_OK);
+    cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_EINVAL, "a request is live");
+    cr_assert_eq(kvt_hybrid_release(h, 0, t, 8, &req), KVT_OK);
+    cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_OK);
+    kvt_hybrid_destroy(h);
+    free(o);
+}
