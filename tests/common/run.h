@@ -2,6 +2,7 @@
 #ifndef KVTIER_TESTS_RUN_H
 #define KVTIER_TESTS_RUN_H
 
+#include <criterion/criterion.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -40,6 +41,17 @@ static const char *kvtier_bin(void) {
 /* kvtier-test: the command with its test-only options and environment hooks
  * (--copy-faults, --l3-delay, KVT_PD_*, KVT_CP_*), linked with the testing
  * library; $KVTIER_TEST_BIN, else the one built with the tests. */
+/* The file at path is a PNG (what --plot writes); removes it. */
+static inline void assert_png_and_remove(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "the PNG was written");
+    unsigned char magic[4] = {0};
+    cr_assert_eq(fread(magic, 1, 4, f), 4);
+    fclose(f);
+    cr_assert(magic[1] == 'P' && magic[2] == 'N' && magic[3] == 'G', "%s is not a PNG", path);
+    unlink(path);
+}
+
 /* Under tests/run_suite --sanitize: a test that only measures a figure on
  * the whole trace skips itself there (its paths run sanitized elsewhere). */
 static inline int kvt_sanitized_run(void) { return getenv("KVTIER_SANITIZED") != NULL; }

@@ -311,13 +311,7 @@ Test(replay, sweep_plot_png, .timeout = 60) {
         cr_assert_not_null(strstr(r.err, "gnuplot"));
     } else {
         cr_assert_eq(r.status, 0, "%s", r.err);
-        FILE *f = fopen(png, "rb");
-        cr_assert_not_null(f, "the PNG was written");
-        unsigned char magic[4] = {0};
-        cr_assert_eq(fread(magic, 1, 4, f), 4);
-        fclose(f);
-        cr_assert(magic[1] == 'P' && magic[2] == 'N' && magic[3] == 'G');
-        unlink(png);
+        assert_png_and_remove(png);
     }
     cr_assert_not_null(strstr(r.out, "L1 pages"), "the sweep table: %s", r.out);
     run_free(&r);
