@@ -33,6 +33,19 @@ the hit needs (--no-guard skips that check).
     .venv/bin/python examples/tiny_hybrid.py            # the default scenario
     .venv/bin/python examples/tiny_hybrid.py --json     # one JSON object
 
+Across processes (--l3 URL, a Redis server or a dir store that other
+engine processes use too): the full layers' pages move as bytes through the
+inner radix cache's data plane (L1 an engine tier over their K and V
+tensors, L2 a host tier) and its store (put write_through, fetched by a
+prefetch when a request arrives); the window pages and checkpoints go to a
+store per group on the same URL (Hybrid.set_l3: the cache asks it what it
+holds, the engine puts and gets them by key, through a one-page host tier
+with the slot's header beside the bytes). A piece the store does not serve
+is a piece the guard finds bad. Two processes on one Redis:
+
+    .venv/bin/python examples/tiny_hybrid.py --l3 redis://127.0.0.1:6379 --turns first
+    .venv/bin/python examples/tiny_hybrid.py --l3 redis://127.0.0.1:6379 --turns next
+
 Plants that the logits check must catch: --plant checkpoint writes the
 state after n - 1 pages as the checkpoint at n; --plant window zeroes the
 L2 copy of a window page (bytes and header) just before a hit loads it back
@@ -182,7 +195,9 @@ class HybridEngine:
     Full layers: K and V tensors indexed by the full groups' L1 pages
     (``l1_ids``); the full groups' L1 is sized to hold the whole working set,
     since their L2 and L3 in the hybrid cache have no data plane (a full
-    page served from there would be one the engine never filled).
+    page served from there would be one the engine never filled). Shared
+    (``l3``, :meth:`share`): those tensors are the inner cache's L1 tier,
+    and pages come back from L2 and the store as bytes.
 
     Window and state layers: per group and tier (L1, L2, L3), one tensor
     indexed by slot (a window page: every window layer's K and V of P
@@ -194,10 +209,12 @@ class HybridEngine:
     hit needs before using it (--no-guard trusts the slots); a piece that
     fails is not used (the hit is cut to what the checked pieces allow,
     kvtier.hybrid_longest) and its L1 slot is rewritten from what the
-    request recomputed."""
+    request recomputed. Shared, L3 is the store (by key, no slots here): a
+    piece it does not serve is loaded as an empty header, which the guard
+    finds bad as any other."""
 
     def __init__(self, model, page_tokens=16, checkpoint_every=4, write_policy="write_back", window_slots=(6, 16, 40),
-                 state_slots=(3, 8, 20), full_pages=4096, guard=True, trust_full=False, plant=None):
+                 state_slots=(3, 8, 20), full_pages=4096, guard=True, trust_full=False, plant=None, l3=None):
         self.m, self.P = model, page_tokens
         self.groups = model.groups()
         kinds = [g.kind for g in self.groups]
@@ -205,21 +222,46 @@ class HybridEngine:
         self.gs = kinds.index("state") if "state" in kinds else None
         per_group = {self.gw: window_slots, self.gs: state_slots}
         slots = [{g: s[t] for g, s in per_group.items() if g is not None} for t in range(3)]
-        # the tiers' bytes only make the tiers exist: the pages and slots are set outright
-        self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
-                                   l3_bytes=1 << 20, l1_pages=full_pages, l2_pages=full_pages, l3_pages=full_pages,
-                                   l1_slots=slots[0], l2_slots=slots[1], l3_slots=slots[2],
-                                   checkpoint_every=checkpoint_every, write_policy=write_policy,
-                                   l3_write_policy=write_policy, moves=True)
-        self.every = checkpoint_every
         self.full, self.win, self.st = (model.layers_of(k) for k in ("full", "window", "state"))
         shape = (full_pages, page_tokens, model.h, model.dh)
         self.k = {l: torch.zeros(shape) for l in self.full}
         self.v = {l: torch.zeros(shape) for l in self.full}
+        self.shared = l3 is not None
+        # the tiers' bytes only make the tiers exist: the pages and slots are set outright
+        if self.shared:  # L3 is the store: the full pages' through the inner cache, the pieces' through ours
+            self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                                       l1_pages=full_pages, l2_pages=full_pages, l1_slots=slots[0],
+                                       l2_slots=slots[1], checkpoint_every=checkpoint_every,
+                                       write_policy=write_policy, l3_write_policy="write_through",
+                                       prefetch_policy="wait_complete", prefetch_threshold=page_tokens, moves=True)
+        else:
+            self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                                       l3_bytes=1 << 20, l1_pages=full_pages, l2_pages=full_pages,
+                                       l3_pages=full_pages, l1_slots=slots[0], l2_slots=slots[1], l3_slots=slots[2],
+                                       checkpoint_every=checkpoint_every, write_policy=write_policy,
+                                       l3_write_policy=write_policy, moves=True)
+        self.every = checkpoint_every
         piece = {self.gw: (len(self.win), 2, page_tokens, model.h, model.dh),
                  self.gs: (len(self.st), *model.state_shape())}
-        self.pool = {g: [torch.zeros(slots[t][g], *piece[g]) for t in range(3)] for g in piece if g is not None}
-        self.header = {g: [np.zeros((slots[t][g], 2), np.uint64) for t in range(3)] for g in self.pool}
+        tiers = 2 if self.shared else 3  # a shared L3 is the store, by key: no slots of ours
+        self.pool = {g: [torch.zeros(slots[t][g], *piece[g]) for t in range(tiers)] for g in piece if g is not None}
+        self.header = {g: [np.zeros((slots[t][g], 2), np.uint64) for t in range(tiers)] for g in self.pool}
+        self.l1 = self.l2 = self.xfer = self.store = None
+        self.piece_store, self.staging = {}, {}
+        # pieces to and from the shared store by group: put, loaded ("ok"), loaded and not served, loaded
+        # that this process never put (another instance's)
+        self.l3_puts = {g: 0 for g in self.pool}
+        self.l3_puts_skipped = {g: 0 for g in self.pool}
+        self.l3_gets = {g: 0 for g in self.pool}
+        self.l3_get_misses = {g: 0 for g in self.pool}
+        self.l3_foreign = {g: 0 for g in self.pool}
+        self.put_keys = {g: set() for g in self.pool}
+        if self.shared:
+            try:
+                self.share(l3, full_pages)
+            except BaseException:
+                self.close()
+                raise
         self.guard, self.trust_full, self.plant = guard, trust_full, plant
         self.planted = 0
         self.bad_copies = 0  # moves whose source slot did not hold the piece the move names
@@ -230,8 +272,71 @@ class HybridEngine:
         self.hits_from = {g: [0, 0, 0, 0] for g in self.pool}
         self.branch_points = set()  # checkpoints kept only because a request branched there
 
+    def identity(self):
+        """The model's identity in the store's keys: two models never share an object."""
+        m = self.m
+        return f"tiny-hybrid-{''.join(k[0] for k in m.kinds)}-w{m.W}-d{m.d}-h{m.h}-v{m.vocab}-s{m.seed}"
+
+    def share(self, url, full_pages):
+        """Shares what this engine computes through the store at ``url`` (a
+        Redis server other engine processes use too). The full layers' pages:
+        the inner cache's data plane, L1 = an engine tier over the K and V
+        tensors (a request's pages at its l1_ids), L2 = a host tier, and the
+        store behind it (put write_through, fetched by prefetch). The window
+        pages and checkpoints: a store per group (its own identity, so a
+        window page and a checkpoint of one page hash are two objects), put
+        and got through a one-page host tier that stages a piece's bytes and
+        header; the cache asks it what it holds (set_l3)."""
+        m, P = self.m, self.P
+        piece = P * m.h * m.dh * 4  # one full layer's K (or V) of a page
+        self.l1 = kvtier.Tier.from_tensors([self.k[l] for l in self.full], [self.v[l] for l in self.full],
+                                           dtype=torch.float32)
+        self.l2 = kvtier.Tier.host(full_pages, len(self.full), 2 * piece, checksum=True)
+        self.xfer = kvtier.Transfer([self.l1, self.l2], threads=1)
+        self.cache.attach(self.xfer, self.l1, self.l2)
+        self.store = kvtier.Store(url, tier=self.l2, page_tokens=P, dtype_bytes=4, model=f"{self.identity()}/full")
+        self.cache.attach_store(self.store)
+        for g, pools in self.pool.items():
+            nbytes = pools[0][0].numel() * 4 + 16  # the piece, then its header (the key, hi and lo)
+            self.staging[g] = kvtier.Tier.host(1, 1, nbytes)
+            self.piece_store[g] = kvtier.Store(url, tier=self.staging[g], page_tokens=P, dtype_bytes=4,
+                                               model=f"{self.identity()}/{g}-{self.groups[g].kind}")
+        self.cache.set_l3(self.probe)
+
+    def probe(self, group, keys):
+        """The cache's question: which of these pieces does the store hold."""
+        res = self.piece_store[group].exists_sync([(lo, hi) for hi, lo in keys])
+        return [r == "ok" for r in res.results]
+
+    def put_piece(self, g, key, data, header):
+        """A piece into the shared store: bytes and header through the staging page."""
+        self.staging[g].write_page(0, data.contiguous().numpy().tobytes() + np.asarray(header, np.uint64).tobytes())
+        res = self.piece_store[g].put_sync([((key[1], key[0]), 0)])
+        self.l3_puts[g] += res.results[0] == "ok"
+        self.put_keys[g].add(key)
+
+    def get_piece(self, g, key):
+        """A piece from the shared store: (bytes, header), or zeros and an
+        empty header when the store does not serve it (gone, refused by its
+        checks, unreachable): the guard then finds the piece bad."""
+        res = self.piece_store[g].get_sync([((key[1], key[0]), 0)])
+        shape = self.pool[g][0].shape[1:]
+        if res.results[0] != "ok":
+            self.l3_get_misses[g] += 1
+            return torch.zeros(shape), np.zeros(2, np.uint64)
+        self.l3_gets[g] += 1
+        self.l3_foreign[g] += key not in self.put_keys[g]
+        raw = self.staging[g].read_page(0)
+        n = len(raw) - 16
+        return torch.frombuffer(bytearray(raw[:n]), dtype=torch.float32).view(shape), np.frombuffer(raw[n:], np.uint64)
+
     def close(self):
+        if self.shared and not self.cache.closed:
+            self.cache.sync()  # the full pages' puts land before the store closes
         self.cache.close()
+        for o in (self.store, *self.piece_store.values(), *self.staging.values(), self.xfer, self.l2, self.l1):
+            if o is not None:
+                o.close()
 
     def first_needed(self, n):
         return max(0, n * self.P - self.m.W) // self.P
@@ -252,14 +357,24 @@ class HybridEngine:
                 page = mv.src_slot - (g == self.gs)
                 if self.key(hashes[page]) != mv.key:
                     self.bad_copies += 1
-                self.pool[g][dst][mv.dst_slot] = computed(g, mv.src_slot)
-                self.header[g][dst][mv.dst_slot] = self.key(hashes[page])  # what was written, not what was asked
+                data, header = computed(g, mv.src_slot), self.key(hashes[page])  # what was written, not asked
+            elif mv.src_tier == 3 and self.shared:  # a load from the shared store, by key
+                data, header = self.get_piece(g, mv.key)
+                if tuple(int(x) for x in header) != mv.key:
+                    self.bad_copies += 1
             else:
                 src = mv.src_tier - 1
                 if tuple(int(x) for x in self.header[g][src][mv.src_slot]) != mv.key:
                     self.bad_copies += 1
-                self.pool[g][dst][mv.dst_slot] = self.pool[g][src][mv.src_slot]
-                self.header[g][dst][mv.dst_slot] = self.header[g][src][mv.src_slot]
+                data, header = self.pool[g][src][mv.src_slot], self.header[g][src][mv.src_slot]
+            if dst == 2 and self.shared:  # a put to the shared store, by key
+                if tuple(int(x) for x in header) == mv.key:  # never one known bad: others would load it
+                    self.put_piece(g, mv.key, data, header)
+                else:
+                    self.l3_puts_skipped[g] += 1
+            else:
+                self.pool[g][dst][mv.dst_slot] = data
+                self.header[g][dst][mv.dst_slot] = header
             if dst == 0:
                 self.l1_moves[g][mv.src_tier] += 1
 
@@ -330,9 +445,12 @@ class HybridEngine:
         P, m = self.P, self.m
         hashes = kvtier.page_hashes(tokens, P, ns)
         npages = len(hashes)
-        req = self.cache.admit(tokens, ns=ns)
+        if self.shared:  # the full pages another engine put: fetched into L2, loaded into L1 by admit
+            req = self.cache.admit(tokens, ns=ns, prefetch=self.cache.prefetch(tokens, ns=ns))
+        else:
+            req = self.cache.admit(tokens, ns=ns)
         n, full_m = req.hit_pages, req.full_hit_pages
-        assert req.l2_hit_pages == req.l3_hit_pages == 0, "a full page came from a tier with no bytes"
+        assert self.shared or req.l2_hit_pages == req.l3_hit_pages == 0, "a full page came from a tier with no bytes"
         moves = self.cache.take_moves()
         loaded = {}  # (group, L1 slot) -> the tier the admission loaded it from
         for mv in moves:
@@ -347,8 +465,10 @@ class HybridEngine:
         if self.guard and any(bad.values()):
             new_use = kvtier.hybrid_longest(self.groups, P, use, self.present(pieces, bad, use))
             cut, use = use - new_use, new_use
+        l3_pieces = {g: 0 for g in self.pool}  # pieces of the hit used that were loaded from L3
         if n and not cut:
             for g in self.pool:
+                l3_pieces[g] = sum(loaded.get((g, s), 1) == 3 for s in pieces[g].values())
                 tiers = {loaded.get((g, s), 1) for s in pieces[g].values()}
                 for s in pieces[g].values():
                     self.pieces_from[g][loaded.get((g, s), 1)] += 1
@@ -397,10 +517,13 @@ class HybridEngine:
         self.cache.release(req, tokens)
         self.run_moves(self.cache.take_moves(), hashes, computed)
         return logits, {"n": n, "m": full_m, "use": use, "cut": cut, "short_by": req.short_by,
-                        "at_branch": use > 0 and hashes[use - 1] in self.branch_points}
+                        "at_branch": use > 0 and hashes[use - 1] in self.branch_points,
+                        # full pages of the resume that came from L3 (they come after the L1 and L2 hits)
+                        "full_l3": max(0, min(use, full_m) - req.l1_hit_pages - req.l2_hit_pages),
+                        "full_l3_foreign": req.l3_foreign_pages, "l3_pieces": l3_pieces}
 
 
-def prompts(trace, requests, block_tokens, max_blocks, page_tokens, seed):
+def prompts(trace, requests, block_tokens, max_blocks, page_tokens, seed, turns="all"):
     """Token sequences of three kinds:
 
       first turns   the trace's requests that share a first block with
@@ -415,7 +538,10 @@ def prompts(trace, requests, block_tokens, max_blocks, page_tokens, seed):
                     the first branches off mid-page, the second from the
                     same point
 
-    No sequence ends on a page boundary, so its last token is computed."""
+    No sequence ends on a page boundary, so its last token is computed.
+    ``turns``: "all" of them in that order; "first" the first turns alone;
+    "next" the others alone (the same sequences: two engines serving
+    "first" and "next" serve together what one serving "all" does)."""
     rng = random.Random(seed)
     reqs = ktrace.load(trace)
     first = {}
@@ -432,15 +558,16 @@ def prompts(trace, requests, block_tokens, max_blocks, page_tokens, seed):
 
     firsts = [tail(ktrace.block_tokens(r.hash_ids[:rng.randrange(1, max_blocks + 1)], block_tokens), 1, page_tokens)
               for r in reqs]
-    out = []
+    out = []  # (first turn?, tokens)
     for i, t in enumerate(firsts):
-        out.append(t)
+        out.append((True, t))
         if i >= 2:
-            out.append(tail(firsts[i - 2], 2 * page_tokens, 4 * page_tokens))
+            out.append((False, tail(firsts[i - 2], 2 * page_tokens, 4 * page_tokens)))
         if i >= 4 and i % 3 == 0 and len(firsts[i - 4]) > 2 * page_tokens:
             doc = firsts[i - 4][:rng.randrange(2 * page_tokens, len(firsts[i - 4]))]
-            out += [tail(doc, 2 * page_tokens, 4 * page_tokens), tail(doc, 2 * page_tokens, 4 * page_tokens)]
-    return out
+            out += [(False, tail(doc, 2 * page_tokens, 4 * page_tokens)),
+                    (False, tail(doc, 2 * page_tokens, 4 * page_tokens))]
+    return [t for first, t in out if turns == "all" or first == (turns == "first")]
 
 
 _REFERENCE = {}  # (model, tokens) -> the full recompute's logits: the runs of one process share them
@@ -456,16 +583,27 @@ def reference(model, tokens):
 def run(args):
     torch.manual_seed(args.seed)
     model = TinyHybridModel(KINDS, args.window, args.d_model, args.heads, args.vocab, args.seed)
-    eng = HybridEngine(model, args.page_tokens, args.checkpoint_every, args.write_policy, args.window_slots,
+    policy = args.write_policy or ("write_through" if args.l3 else "write_back")
+    eng = HybridEngine(model, args.page_tokens, args.checkpoint_every, policy, args.window_slots,
                        args.state_slots, args.full_pages, guard=not args.no_guard, trust_full=args.trust_full,
-                       plant=args.plant)
+                       plant=args.plant, l3=args.l3)
     res = {"requests": 0, "hits": 0, "short_hits": 0, "cut_hits": 0, "branch_hits": 0, "short_by": {}, "guard_cuts": 0,
            "computed_tokens": 0, "recompute_tokens": 0, "max_rel_err": 0.0, "mismatches": 0,
-           "mismatch_resumed": 0, "planted": 0}
+           "mismatch_resumed": 0, "planted": 0, "write_policy": policy}
+    if args.l3:
+        # hits that resumed from full pages out of L3 and pieces out of L3 in every group; their tokens;
+        # the full pages' tokens resumed from L3
+        res.update(l3_hits=0, l3_hit_tokens=0, l3_full_hit_tokens=0, l3_full_foreign_pages=0)
     try:
         for tokens in prompts(args.trace, args.requests, args.block_tokens, args.max_blocks, args.page_tokens,
-                              args.seed):
+                              args.seed, args.turns):
             logits, info = eng.serve(tokens)
+            if args.l3:
+                res["l3_full_hit_tokens"] += info["full_l3"] * args.page_tokens
+                res["l3_full_foreign_pages"] += info["full_l3_foreign"]
+                if info["full_l3"] and all(info["l3_pieces"].values()):
+                    res["l3_hits"] += 1
+                    res["l3_hit_tokens"] += info["use"] * args.page_tokens
             ref = reference(model, tokens)
             err = float((logits - ref).abs().max() / ref.abs().max())
             res["max_rel_err"] = max(res["max_rel_err"], err)
@@ -491,6 +629,16 @@ def run(args):
             res[name] = {eng.groups[g].kind: {t: c[i] for i, t in enumerate(tiers) if c[i] or name != "l1_moves_from"
                                                and i} for g, c in counts.items()}
         res["cache"] = {k: v for k, v in eng.cache.stats().items() if v}
+        if args.l3:
+            eng.cache.sync()
+            st = eng.cache.cache_stats()
+            res["l3_full"] = {k: st[k] for k in ("l3_hit_tokens", "l3_foreign_hit_tokens", "l3_puts",
+                                                 "l3_put_failures", "l3_misses")}
+            res["l3_full"]["bad_objects"] = eng.store.stats("get")["bad_objects"]
+            res["l3_pieces"] = {eng.groups[g].kind: {"put": eng.l3_puts[g], "put_skipped": eng.l3_puts_skipped[g],
+                                                     "loaded": eng.l3_gets[g], "foreign": eng.l3_foreign[g],
+                                                     "not_served": eng.l3_get_misses[g]} for g in eng.pool}
+            res["probe_errors"] = eng.cache.probe_errors
     finally:
         eng.close()
     return res
@@ -517,13 +665,21 @@ def main(argv=None):
     p.add_argument("--page-tokens", type=int, default=16)
     p.add_argument("--window", type=int, default=24, help="W of the window layers (24)")
     p.add_argument("--checkpoint-every", type=int, default=4, help="a kept point every this many pages (4)")
-    p.add_argument("--write-policy", choices=("write_through", "write_back"), default="write_back",
-                   help="L1 -> L2 and L2 -> L3 (write_back)")
+    p.add_argument("--write-policy", choices=("write_through", "write_back"), default=None,
+                   help="L1 -> L2 and L2 -> L3 (write_back; with --l3 write_through, and L2 -> L3 always"
+                        " write_through)")
+    p.add_argument("--l3", metavar="URL", default=None,
+                   help="share through this store (redis://HOST:PORT, dir:PATH) with other engines: the full"
+                        " layers' pages and the window pages and checkpoints (default: a modeled L3, no bytes"
+                        " shared)")
+    p.add_argument("--turns", choices=("all", "first", "next"), default="all",
+                   help="serve all the prompts, only the first turns, or only the others (all)")
     p.add_argument("--window-slots", type=slots, default=(6, 16, 40),
                    help="window pages the L1, L2 and L3 slots hold (6,16,40)")
     p.add_argument("--state-slots", type=slots, default=(3, 8, 20), help="checkpoints per tier (3,8,20)")
     p.add_argument("--full-pages", type=int, default=4096,
-                   help="full pages in L1 (4096): enough that none leaves it (their L2 and L3 hold no bytes)")
+                   help="full pages in L1 and L2 (4096): enough that none leaves L1 (without --l3 their L2 and"
+                        " L3 hold no bytes)")
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=512)

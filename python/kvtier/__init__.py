@@ -28,7 +28,7 @@ from .tier import Tier, TensorInfo
 from .xfer import Transfer, XferResult
 from .pd import PdReceiver, PdSender
 from .cp import CpGroup
-from .hybrid import Hybrid, HybridMove, HybridRequest, LayerGroup, hybrid_longest, layer_groups
+from .hybrid import Hybrid, HybridMove, HybridPrefetch, HybridRequest, LayerGroup, hybrid_longest, layer_groups
 
 
 def version() -> str:
@@ -51,7 +51,7 @@ __version__ = version()
 __all__ = ["Cache", "ClosedError", "CpGroup", "PdReceiver", "PdSender", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
            "Store", "StoreResult", "TensorInfo", "Tier", "Transfer", "WRITE_POLICIES", "XferResult",
            "build_info", "default_config", "error_class", "page_hashes", "version", "version_number",
-           "Hybrid", "HybridMove", "HybridRequest", "LayerGroup", "hybrid_longest", "layer_groups",
+           "Hybrid", "HybridMove", "HybridPrefetch", "HybridRequest", "LayerGroup", "hybrid_longest", "layer_groups",
            # one exception class per C error (include/kvtier/error.h)
            "AlreadyExists", "AlreadyReserved", "Busy", "Corrupt", "Fragmented", "InvalidArgument", "IOFailure",
            "NoSpace", "NotFound", "NotReserved", "NotSupported", "OutOfMemory", "OutOfRange", "ParseError",

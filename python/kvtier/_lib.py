@@ -314,6 +314,9 @@ class HybridMove(Structure):
                 ("src_slot", c_uint64), ("dst_slot", c_uint64), ("key", Key128)]
 
 
+# kvt_hybrid_probe_fn: which of n keys of a group the engine's store holds (present[i]); nonzero: none
+HYBRID_PROBE = CFUNCTYPE(c_int, c_void_p, c_uint32, POINTER(Key128), c_size_t, POINTER(c_uint8))
+
 # Every structure the layout test checks against the C compiler: Python class -> C type.
 STRUCTS = {
     Hash128: "kvt_hash128_t", Hist: "kvt_hist_t", Model: "kvt_model_t", Geom: "kvt_geom_t",
@@ -480,6 +483,8 @@ _PROTOS = {
     "kvt_hybrid_create": (c_int, [P(vp), P(HybridConfig)]),
     "kvt_hybrid_destroy": (None, [vp]),
     "kvt_hybrid_admit": (c_int, [vp, u32, vp, u64, i32, vp, P(HybridReq)]),
+    "kvt_hybrid_admit_prefetched": (c_int, [vp, u64, u32, vp, u64, i32, vp, P(HybridReq)]),
+    "kvt_hybrid_set_l3": (c_int, [vp, HYBRID_PROBE, vp]),
     "kvt_hybrid_release": (c_int, [vp, u32, vp, u64, P(HybridReq)]),
     "kvt_hybrid_cache": (vp, [vp]),
     "kvt_hybrid_stats": (c_int, [vp, P(HybridStats)]),

@@ -61,6 +61,38 @@ def default_config() -> Dict[str, Any]:
     return out
 
 
+def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any, l1_index: Optional[int],
+                      l2_index: Optional[int]) -> list:
+    """kvt_cache_attach on cache pointer ``c`` (owner's, held by the caller):
+    the engine and tiers become owner's dependencies. The attached tiers
+    whose memory is checked before each call that copies."""
+    from .tier import Tier
+    from .xfer import Transfer
+    _a.instance(xfer, Transfer, f"{what} xfer")
+    _a.instance(l1, Tier, f"{what} l1")
+    _a.instance(l2, Tier, f"{what} l2")
+    n = len(xfer._tiers)
+    l1_index = xfer.index(l1) if l1_index is None else _a.index(l1_index, f"{what} l1_index", n, "tiers:")
+    l2_index = xfer.index(l2) if l2_index is None else _a.index(l2_index, f"{what} l2_index", n, "tiers:")
+    with using(xfer, l1, l2) as (xp, p1, p2):
+        check(lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index), what,
+              "no L2 in the cache, tiers too small, or requests admitted already")
+        owner._own(owner._h, (xfer, l1, l2))
+    return [t for t in (l1, l2) if t._probes]
+
+
+def attach_store(owner: Any, c: int, what: str, store: Any) -> Any:
+    """kvt_cache_attach_store on cache pointer ``c`` (owner's, held by the
+    caller): the store becomes owner's dependency, and is returned."""
+    from .store import Store
+    _a.instance(store, Store, f"{what} store")
+    with store._use as sp:
+        check(lib.kvt_cache_attach_store(c, sp), what,
+              "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
+        owner._own(owner._h, (store,))
+    return store
+
+
 class Request:
     """An admitted request: which of its pages were hits where, and the L1
     page of each of its first ``pages`` pages (``l1_ids``). Release it once
@@ -219,29 +251,13 @@ class Cache(Handle):
         transfer engine ``xfer`` (indices default to the tiers' places in it).
         Before the first admission; the engine and tiers stay open while the
         cache is."""
-        from .tier import Tier
-        from .xfer import Transfer
-        _a.instance(xfer, Transfer, "Cache.attach xfer")
-        _a.instance(l1, Tier, "Cache.attach l1")
-        _a.instance(l2, Tier, "Cache.attach l2")
-        n = len(xfer._tiers)
-        l1_index = xfer.index(l1) if l1_index is None else _a.index(l1_index, "Cache.attach l1_index", n, "tiers:")
-        l2_index = xfer.index(l2) if l2_index is None else _a.index(l2_index, "Cache.attach l2_index", n, "tiers:")
-        with self._use as h, using(xfer, l1, l2) as (xp, p1, p2):
-            check(lib.kvt_cache_attach(h, xp, p1, l1_index, p2, l2_index), "Cache.attach",
-                  "no L2 in the cache, tiers too small, or requests admitted already")
-            self._own(h, (xfer, l1, l2))
-            self._tiers = [t for t in (l1, l2) if t._probes]
+        with self._use as h:
+            self._tiers = attach_data_plane(self, h, "Cache.attach", xfer, l1, l2, l1_index, l2_index)
 
     def attach_store(self, store: Any) -> None:
         """The store becomes the third tier (its tier is the cache's L2)."""
-        from .store import Store
-        _a.instance(store, Store, "Cache.attach_store store")
-        with self._use as h, store._use as sp:
-            check(lib.kvt_cache_attach_store(h, sp), "Cache.attach_store",
-                  "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
-            self._own(h, (store,))
-            self._store = store
+        with self._use as h:
+            self._store = attach_store(self, h, "Cache.attach_store", store)
 
     @property
     def has_l3(self) -> bool:

@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import array
 import ctypes
+import weakref
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _args as _a
 from . import _fields
 from ._core import ClosedError, Handle, check, error, tokens_arg
-from ._lib import KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, HybridReq, HybridStats, lib
+from ._lib import HYBRID_PROBE, KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, HybridReq, \
+    HybridStats, lib
 from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
-from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, _config_value
+from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, \
+    attach_data_plane, attach_store
 
-__all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HYBRID_STATS", "SHORT_BY", "STATE_SHARE",
-           "WINDOW_WEIGHT", "ENGINE", "layer_groups", "hybrid_longest"]
+__all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS", "SHORT_BY",
+           "STATE_SHARE", "WINDOW_WEIGHT", "ENGINE", "layer_groups", "hybrid_longest"]
 
 KINDS = tuple(lib.kvt_group_kind_name(i).decode() for i in range(3))  # full, window, state
 SHORT_BY = ("none", "window", "state", "room")  # kvt_hybrid_req_t.short_by by number
@@ -152,6 +155,44 @@ def hybrid_longest(groups: GroupsArg, page_tokens: int, m: int, present: Sequenc
     return lib.kvt_hybrid_longest(arr, n, page_tokens, m, ptrs)
 
 
+class HybridPrefetch(Prefetch):
+    """The full groups' L3 prefetch of a request that just arrived
+    (:meth:`Hybrid.prefetch`), finished by its admission
+    (``Hybrid.admit(tokens, prefetch=p)``) or dropped by ``cancel()``."""
+
+    __slots__ = ()
+
+    def cancel(self) -> None:
+        with self._cache._use as h:
+            if not self.done:
+                check(lib.kvt_cache_prefetch_cancel(lib.kvt_hybrid_cache(h), self.id), "HybridPrefetch.cancel")
+                self.done = True
+
+
+def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
+    """probe(group, keys) -> flags, as the C probe: keys (hi, lo) as
+    HybridMove.key. Nothing raised gets into C: an exception, or flags of the
+    wrong count, answers "none held" (nonzero) and is kept on the Hybrid."""
+    ref = weakref.ref(hybrid)  # the Hybrid holds the callback: no cycle through it
+
+    def call(_arg: Any, group: int, keys: Any, n: int, present: Any) -> int:
+        try:
+            got = list(probe(group, [(keys[i].hi, keys[i].lo) for i in range(n)]))
+            if len(got) != n:
+                raise ValueError(f"the probe answered {len(got)} flags for {n} keys")
+            for i, x in enumerate(got):
+                present[i] = 1 if x else 0
+            return 0
+        except BaseException as e:  # noqa: B036 - an exception must not unwind through C
+            h = ref()
+            if h is not None:
+                h.probe_errors += 1
+                h.last_probe_error = e
+            return -1
+
+    return HYBRID_PROBE(call)
+
+
 class HybridRequest:
     """An admitted request: every group continues from ``hit_pages`` pages
     (n) of the ``full_hit_pages`` (m) its full groups matched; ``short_by``
@@ -176,7 +217,9 @@ class HybridRequest:
     new_pages = property(lambda self: self._req.full.new_pages, doc="full-group pages allocated past the match")
     l1_hit_pages = property(lambda self: self._req.full.l1_hit_pages)
     l2_hit_pages = property(lambda self: self._req.full.l2_hit_pages)
-    l3_hit_pages = property(lambda self: self._req.full.l3_hit_pages)
+    l3_hit_pages = property(lambda self: self._req.full.l3_hit_pages, doc="full-group pages that came from L3")
+    l3_foreign_pages = property(lambda self: self._req.full.l3_foreign_pages,
+                                doc="full-group L3 hit pages another instance put")
 
     def release(self, tokens: Any = None) -> None:
         """``Hybrid.release(self, tokens)``."""
@@ -286,6 +329,11 @@ class Hybrid(Handle):
         self._cfg = cfg
         self._live: Dict[int, HybridRequest] = {}
         self._ids = array.array("I", bytes(4 * 64))
+        self._tiers: list = []  # attached engine tiers whose memory is checked before each call that copies
+        self._store: Any = None
+        self._probe: Any = None  # the C callback of set_l3, alive while the cache may call it
+        self.probe_errors = 0  # probe calls that raised (each answered "none held")
+        self.last_probe_error: Optional[BaseException] = None
 
     def _destroy(self, h: int) -> None:
         for r in list(self._live.values()):  # pinned pieces and the full request go back with the request
@@ -321,22 +369,115 @@ class Hybrid(Handle):
             out[k] = _CACHE_ENUMS[k][1][v] if k in _CACHE_ENUMS else v
         return out
 
+    # -- the full groups' data plane, and the L3 shared with other instances -----
+
+    def _check_memory(self) -> None:
+        for t in self._tiers:
+            t._check_memory()
+
+    def attach(self, xfer: Any, l1: Any, l2: Any, l1_index: Optional[int] = None,
+               l2_index: Optional[int] = None) -> None:
+        """The full groups' pages move as bytes from now on (Cache.attach on
+        the inner radix cache, kvt_hybrid_cache): L1 page i is page i of tier
+        ``l1`` (the engine's full layers' K and V: a request's pages are its
+        ``l1_ids``), L2 page i of tier ``l2``, copied on transfer engine
+        ``xfer``. Before the first admission; the engine and tiers stay open
+        while the cache is. The window and state pieces stay the engine's to
+        move (:meth:`take_moves`)."""
+        with self._use as h:
+            self._tiers = attach_data_plane(self, lib.kvt_hybrid_cache(h), "Hybrid.attach", xfer, l1, l2, l1_index,
+                                            l2_index)
+
+    def attach_store(self, store: Any) -> None:
+        """The full groups' L3 (Cache.attach_store on the inner radix cache):
+        their pages are put to ``store`` under l3_write_policy and fetched by
+        :meth:`prefetch`; its tier is the attached L2. Needs no modeled L3
+        (l3_bytes 0, l3_pages 0). The store stays open while the cache is."""
+        with self._use as h:
+            self._store = attach_store(self, lib.kvt_hybrid_cache(h), "Hybrid.attach_store", store)
+
+    def set_l3(self, probe: Any) -> None:
+        """The window and state pieces' L3, outside the cache
+        (kvt_hybrid_set_l3): the engine's own store, which other instances
+        fill too. ``probe(group, keys)`` answers, for keys ((hi, lo), as
+        HybridMove.key) of window or state group ``group``, a flag per key:
+        does the store hold that piece. An exception in it (or a wrong count
+        of flags) answers "none held": counted in ``probe_errors``, kept in
+        ``last_probe_error``. From then on moves with ``dst_tier`` 3 are puts
+        and with ``src_tier`` 3 loads, by key (the slot UINT64_MAX). None: no
+        L3 for the pieces. Needs an L2 (l2_bytes), no modeled L3 (l3_bytes 0)
+        and no request admitted: InvalidArgument otherwise."""
+        if probe is not None and not callable(probe):
+            raise TypeError(f"Hybrid.set_l3 probe: expected a callable probe(group, keys) or None, "
+                            f"not {type(probe).__name__}")
+        fn = _probe_callback(self, probe) if probe is not None else HYBRID_PROBE()
+        with self._use as h:
+            check(lib.kvt_hybrid_set_l3(h, fn, None), "Hybrid.set_l3",
+                  "needs an L2, no modeled L3 (l3_bytes 0) and no request admitted")
+            self._probe = fn if probe is not None else None
+
+    @property
+    def has_l3(self) -> bool:
+        """An L3 behind L2: the modeled one (l3_bytes), or a store for the
+        full groups (attach_store) or the pieces (set_l3)."""
+        return self._probe is not None or self._store is not None or self._cfg.cache.l3_pages > 0 or \
+            any(self._cfg.l3_slots[:self._cfg.ngroups])
+
+    def prefetch(self, tokens: Any, ns: int = 0) -> HybridPrefetch:
+        """Starts the full groups' L3 prefetch of a request that just arrived
+        (Cache.prefetch on the inner cache); pass it to the request's admit.
+        A no-op prefetch (id 0) without an attached store, below the
+        threshold, or with nothing of it in L3."""
+        ns = _a.u32(ns, "Hybrid.prefetch ns")
+        addr, n, keep = tokens_arg(tokens)
+        pid = ctypes.c_uint64()
+        with self._use as h:
+            check(lib.kvt_cache_prefetch(lib.kvt_hybrid_cache(h), ns, addr, n, ctypes.byref(pid)), "Hybrid.prefetch")
+        return HybridPrefetch(self, pid.value, keep)
+
+    def poll(self) -> int:
+        """Applies the full groups' copies that completed; how many."""
+        with self._use as h:
+            return check(lib.kvt_cache_poll(lib.kvt_hybrid_cache(h)), "Hybrid.poll")
+
+    def sync(self) -> None:
+        """Waits for every copy and store call of the full groups in flight
+        (their puts to L3 included): before reading what other instances
+        find in the store."""
+        with self._use as h:
+            check(lib.kvt_cache_sync(lib.kvt_hybrid_cache(h)), "Hybrid.sync")
+
     # -- requests ------------------------------------------------------------
 
-    def admit(self, tokens: Any, ns: int = 0, priority: int = 0) -> HybridRequest:
+    def admit(self, tokens: Any, ns: int = 0, priority: int = 0,
+              prefetch: Optional[HybridPrefetch] = None) -> HybridRequest:
         """Admits a request: the full groups' match m, then the longest n <= m
-        the match rule allows; the pieces n needs are loaded into L1 and pinned."""
+        the match rule allows; the pieces n needs are loaded into L1 and pinned.
+        ``prefetch``: the request's :meth:`prefetch`, finished first (the
+        full groups' pages it fetched from L3 count in m)."""
         ns = _a.u32(ns, "Hybrid.admit ns")
         priority = _a.i32(priority, "Hybrid.admit priority")
+        if prefetch is not None:
+            _a.instance(prefetch, HybridPrefetch, "Hybrid.admit prefetch", optional=True)
         addr, n, keep = tokens_arg(tokens)
         req = HybridReq()
         with self._use as h:
+            self._check_memory()
             need = n // self._cfg.cache.page_tokens + 1
             if len(self._ids) < need:
                 self._ids = array.array("I", bytes(4 * max(need, 2 * len(self._ids))))
-            rc = lib.kvt_hybrid_admit(h, ns, addr, n, priority, self._ids.buffer_info()[0], ctypes.byref(req))
+            pid = 0
+            if prefetch is not None:
+                if prefetch._cache is not self or prefetch.done and prefetch.id:
+                    raise error(-1, "Hybrid.admit", "the prefetch is not this cache's, or is over")
+                pid = prefetch.id
+            rc = lib.kvt_hybrid_admit_prefetched(h, pid, ns, addr, n, priority, self._ids.buffer_info()[0],
+                                                 ctypes.byref(req))
             if rc < 0:
-                raise error(rc, "Hybrid.admit")
+                raise error(rc, "Hybrid.admit", "the tokens are not those the prefetch was started with, or an"
+                            " unknown prefetch" if pid and rc == -1 else "")
+            if prefetch is not None:
+                prefetch.done = True
             r = HybridRequest(self, req, ns, keep, self._ids[:req.full.pages], n)
             self._live[id(r)] = r
         return r
@@ -351,6 +492,7 @@ class Hybrid(Handle):
         with self._use as h:
             if req._hybrid is not self or self._live.get(id(req)) is not req:
                 raise error(-1, "Hybrid.release", "the request is not live here (another cache's, or released)")
+            self._check_memory()
             rc = lib.kvt_hybrid_release(h, req._ns, addr, n, ctypes.byref(req._req))
             del keep
             if rc == -1:  # nothing changed: the tokens are not the request's

@@ -245,7 +245,8 @@ def test_room_in_l1_runs_out_while_pieces_are_pinned():
 
 # ---- the bytes: the engine runs the moves -----------------------------------------------
 
-MOVE_GROUPS = GROUPS + ",window:40:1:64"  # W = 40: n needs up to four pages
+MOVE_GROUPS = GROUPS + ",window:40:1:64"
+NO_SLOT = (1 << 64) - 1  # a move to or from the outside L3: by key, no slot  # W = 40: n needs up to four pages
 
 
 class SlotBytes:
@@ -253,11 +254,12 @@ class SlotBytes:
     group and tier, a slot-indexed array holding the key (hi, lo) of the
     piece written there (0, 0: nothing yet)."""
 
-    def __init__(self, groups, slots):
+    def __init__(self, groups, slots, outside=None):
         self.groups = groups
         self.slot = {g: [np.zeros((slots[t][g], 2), np.uint64) for t in range(3)]
                      for g, gr in enumerate(groups) if gr.kind != "full"}
         self.loads_from = {g: [0, 0, 0, 0] for g in self.slot}  # moves into L1 by source tier
+        self.outside = outside  # an L3 outside the cache (set_l3): {(group, key): piece}, by key
 
     def run(self, moves, hashes):
         """Runs the moves in order, checking that each copy's source holds the
@@ -271,12 +273,20 @@ class SlotBytes:
                 lo, hi = hashes[page]
                 assert mv.key == (hi, lo), f"an engine move names another piece: {mv}"
                 v = mv.key
+            elif mv.src_tier == 3 and self.outside is not None:
+                assert mv.src_slot == NO_SLOT, f"a load from the outside L3 is by key: {mv}"
+                assert (mv.group, mv.key) in self.outside, f"a load of a piece never put: {mv}"
+                v = self.outside[mv.group, mv.key]
             else:
                 v = tuple(int(x) for x in self.slot[mv.group][mv.src_tier - 1][mv.src_slot])
                 assert v == mv.key, f"L{mv.src_tier} slot {mv.src_slot} does not hold the piece moved from it: {mv}"
             if mv.dst_tier == 1:
                 self.loads_from[mv.group][mv.src_tier] += 1
-            self.slot[mv.group][mv.dst_tier - 1][mv.dst_slot] = v
+            if mv.dst_tier == 3 and self.outside is not None:
+                assert mv.dst_slot == NO_SLOT, f"a put to the outside L3 is by key: {mv}"
+                self.outside[mv.group, mv.key] = v
+            else:
+                self.slot[mv.group][mv.dst_tier - 1][mv.dst_slot] = v
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
@@ -340,6 +350,254 @@ def test_a_move_run_out_of_order_is_seen():
         swapped = moves[down[0] + 1:] + moves[:down[0] + 1]
         with pytest.raises(AssertionError, match="does not hold the piece"):
             b.run(swapped, kvtier.page_hashes(c, P))
+
+
+# ---- an L3 outside the cache, and the full groups' data plane and store ----------------
+
+OUTSIDE_SLOTS = ({1: 8, 2: 4, 3: 8}, {1: 16, 2: 8, 3: 16})
+
+
+def outside_hybrid(policy="write_through"):
+    """L1 and L2 slots so few that hits need pieces from the L3 outside."""
+    room = 1 << 14
+    return kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room,
+                         l2_pages=room, l1_slots=OUTSIDE_SLOTS[0], l2_slots=OUTSIDE_SLOTS[1], checkpoint_every=3,
+                         write_policy=policy, l3_write_policy=policy, moves=True)
+
+
+def outside_bytes(h, outside):
+    return SlotBytes(h.groups, [[s.get(g, 0) for g in range(len(h.groups))] for s in OUTSIDE_SLOTS + ({},)],
+                     outside)
+
+
+def serve(h, b, t):
+    """One request, its moves run; every piece of its hit checked in its L1 slot."""
+    hashes = kvtier.page_hashes(t, P)
+    req = h.admit(t)
+    b.run(h.take_moves(), hashes)
+    n = req.hit_pages
+    for g, gr in enumerate(h.groups[1:], 1):
+        want = ([n - 1] if n else []) if gr.kind == "state" else list(needed_pages(gr.window, n))
+        for s, page in zip(req.slots(g), want):
+            lo, hi = hashes[page]
+            assert tuple(int(x) for x in b.slot[g][0][s]) == (hi, lo), (g, page)
+    h.release(req, t)
+    b.run(h.take_moves(), hashes)
+    return n
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_pieces_come_back_from_an_l3_outside_the_cache(policy):
+    """set_l3: the cache asks the engine's store what it holds; the pieces
+    it puts there (moves to tier 3 by key) are the ones later hits load
+    back from it (moves from tier 3 by key), into their L1 slots."""
+    seed = new_seed()
+    outside, asked = {}, []
+
+    def probe(group, keys):
+        asked.append((group, len(keys)))
+        return [(group, k) in outside for k in keys]
+
+    with outside_hybrid(policy) as h:
+        assert not h.has_l3
+        h.set_l3(probe)
+        assert h.has_l3
+        b = outside_bytes(h, outside)
+        hits = sum(serve(h, b, t) > 0 for t in requests(random.Random(seed), 300))
+        h.check()
+        assert hits > 20 and asked and h.probe_errors == 0
+        assert {g for g, _ in outside} == set(b.slot)
+        for g in b.slot:
+            assert b.loads_from[g][3] > 0, (g, b.loads_from[g], seed)
+        assert h.stats()["l3_hit_tokens"] > 0
+
+
+def test_a_probe_that_fails_counts_as_absent():
+    """A probe that raises, or answers the wrong number of flags, answers
+    "none held" (nothing reaches C): no piece is loaded from the store, and
+    the error is counted and kept."""
+    outside = {}
+    with outside_hybrid() as h:
+        h.set_l3(lambda g, keys: [(g, k) in outside for k in keys])
+        b = outside_bytes(h, outside)
+        reqs = list(requests(random.Random(5), 150))
+        for t in reqs:
+            serve(h, b, t)
+        from_l3 = sum(b.loads_from[g][3] for g in b.slot)
+        assert from_l3 > 0
+
+        def broken(g, keys):
+            raise RuntimeError("the store is unreachable")
+
+        for bad, err in ((broken, RuntimeError), (lambda g, keys: [True] * (len(keys) + 1), ValueError),
+                         (lambda g, keys: 7, TypeError)):
+            h.set_l3(bad)
+            l3_tokens = h.stats()["l3_hit_tokens"]
+            for t in reqs:
+                serve(h, b, t)
+            assert sum(b.loads_from[g][3] for g in b.slot) == from_l3
+            assert h.stats()["l3_hit_tokens"] == l3_tokens
+            assert h.probe_errors > 0 and isinstance(h.last_probe_error, err), h.last_probe_error
+            h.probe_errors = 0
+        h.set_l3(None)  # no L3 for the pieces: nothing is put or asked
+        assert not h.has_l3
+        for t in reqs[:20]:
+            hashes = kvtier.page_hashes(t, P)
+            r = h.admit(t)
+            moves = h.take_moves()
+            h.release(r, t)
+            moves += h.take_moves()
+            assert all(3 not in (mv.src_tier, mv.dst_tier) for mv in moves)
+            b.run(moves, hashes)
+        assert h.probe_errors == 0
+        h.check()
+
+
+class FullPlane:
+    """The full groups' bytes: an L1 tier (arena) and a checksummed L2 tier
+    on a transfer engine, a store over the L2 tier; closed in order."""
+
+    def __init__(self, h, url, pages=64, layer_bytes=P * 64):
+        self.l1 = kvtier.Tier.arena(pages, 1, layer_bytes)
+        self.l2 = kvtier.Tier.host(pages, 1, layer_bytes, checksum=True)
+        self.xfer = kvtier.Transfer([self.l1, self.l2])
+        self.store = kvtier.Store(url, tier=self.l2, page_tokens=P, model="test-hybrid-full")
+        h.attach(self.xfer, self.l1, self.l2)
+        h.attach_store(self.store)
+
+    def close(self):
+        for o in (self.store, self.xfer, self.l2, self.l1):
+            o.close()
+
+
+def outside_bytes_of(h, outside):
+    return SlotBytes(h.groups, [[0, 8], [0, 8], [0, 0]], outside)
+
+
+def full_hybrid():
+    return kvtier.Hybrid("full:1:64,window:24:1:64", page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                         l1_pages=64, l2_pages=64, l1_slots={1: 8}, l2_slots={1: 8}, checkpoint_every=0,
+                         write_policy="write_through", l3_write_policy="write_through",
+                         prefetch_policy="wait_complete", prefetch_threshold=P, moves=True)
+
+
+def test_two_caches_share_full_pages_and_pieces_through_stores(dir_store_url):
+    """attach, attach_store, prefetch: what one cache wrote into its L1
+    pages reaches another's L1 through the store (the full groups' pages,
+    prefetched), and the window pieces through the engine's store outside
+    (set_l3): the second continues from every page the first left."""
+    outside = {}
+    t = np.arange(72, dtype=np.int32)  # 4 pages and a half
+    payload = [bytes([i + 1]) * (P * 64) for i in range(4)]
+    caches = []
+    for _ in range(2):
+        h = full_hybrid()
+        h.set_l3(lambda g, keys: [(g, k) in outside for k in keys])
+        caches.append((h, FullPlane(h, dir_store_url), outside_bytes_of(h, outside)))
+    try:
+        (a, pa, ba), (b, pb, bb) = caches
+        r = a.admit(t, prefetch=a.prefetch(t))  # nothing in the store yet: an empty prefetch
+        assert (r.hit_pages, r.pages, r.new_pages) == (0, 4, 4)
+        for i, page in enumerate(r.l1_ids):
+            pa.l1.write_page(page, payload[i])
+        ba.run(a.take_moves(), kvtier.page_hashes(t, P))
+        a.release(r, t)
+        ba.run(a.take_moves(), kvtier.page_hashes(t, P))
+        a.sync()  # the backups and puts land
+        assert len(outside) == 4
+        pf = b.prefetch(t)
+        assert pf.id != 0
+        r = b.admit(t, prefetch=pf)
+        assert pf.done and (r.full_hit_pages, r.l3_hit_pages, r.l3_foreign_pages) == (4, 4, 4)
+        bb.run(b.take_moves(), kvtier.page_hashes(t, P))
+        assert (r.hit_pages, r.hit_tier) == (4, 3)
+        assert bb.loads_from[1][3] == 2  # window pages 2 and 3, from the store outside
+        assert [pb.l1.read_page(p) for p in r.l1_ids] == payload
+        b.release(r, t)
+        bb.run(b.take_moves(), kvtier.page_hashes(t, P))
+        st = b.cache_stats()
+        assert st["l3_hit_tokens"] == st["l3_foreign_hit_tokens"] == 4 * P
+        assert a.cache_stats()["l3_puts"] == 4
+        with pytest.raises(kvtier.Busy):
+            pb.store.close()  # the cache uses it: close the cache first
+        a.check()
+        b.check()
+    finally:
+        for h, plane, _ in caches:
+            h.close()
+            plane.close()
+
+
+def test_the_l3_calls_refuse_bad_arguments(dir_store_url):
+    t = np.arange(40, dtype=np.int32)
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l3_bytes=1 << 20) as h:
+        with pytest.raises(kvtier.InvalidArgument, match="modeled L3"):
+            h.set_l3(lambda g, keys: [False] * len(keys))  # the modeled L3 holds the pieces already
+        with kvtier.Tier.host(64, 1, 64) as l2, kvtier.Store(dir_store_url, tier=l2, page_tokens=P, model="m") as st:
+            with pytest.raises(kvtier.InvalidArgument):
+                h.attach_store(st)  # l3_pages set too
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20) as h:
+        with pytest.raises(kvtier.InvalidArgument, match="needs an L2"):
+            h.set_l3(lambda g, keys: [False] * len(keys))
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20) as h:
+        with pytest.raises(TypeError, match="callable"):
+            h.set_l3("redis://")
+        r = h.admit(t)
+        with pytest.raises(kvtier.InvalidArgument, match="no request admitted"):
+            h.set_l3(lambda g, keys: [False] * len(keys))
+        r.release()
+        h.set_l3(lambda g, keys: [False] * len(keys))
+        pf = h.prefetch(t)  # no store: nothing to prefetch
+        assert pf.id == 0 and pf.done
+        h.admit(t, prefetch=pf).release()
+        with pytest.raises(TypeError, match="HybridPrefetch"):
+            h.admit(t, prefetch="soon")
+        with pytest.raises(TypeError):
+            h.prefetch(t.astype(np.int64))
+        with pytest.raises(ValueError):
+            h.prefetch(t, ns=-1)
+        l1, l2 = kvtier.Tier.arena(8, 1, 64), kvtier.Tier.host(8, 1, 64)
+        x = kvtier.Transfer([l1, l2])
+        with pytest.raises(TypeError, match="xfer"):
+            h.attach(None, l1, l2)
+        with pytest.raises(TypeError, match="l2"):
+            h.attach(x, l1, "l2")
+        with pytest.raises(IndexError):
+            h.attach(x, l1, l2, l1_index=5)
+        with pytest.raises(kvtier.InvalidArgument):
+            h.attach(x, l1, l2)  # 8 pages for the cache's many
+        with pytest.raises(TypeError, match="Store"):
+            h.attach_store("redis://127.0.0.1:1")
+        x.close()
+        l1.close()
+        l2.close()
+    with full_hybrid() as h, full_hybrid() as other:
+        plane = FullPlane(h, dir_store_url)
+        other_plane = FullPlane(other, dir_store_url)
+        try:
+            t = np.arange(72, dtype=np.int32)
+            with pytest.raises(kvtier.InvalidArgument, match="not this cache's"):
+                h.admit(t, prefetch=other.prefetch(t))
+            r = other.admit(t)
+            other_plane.l1.write_page(r.l1_ids[0], b"x" * other_plane.l1.page_bytes)
+            r.release()
+            other.sync()
+            pf = h.prefetch(t)
+            assert pf.id != 0  # other's pages are in the store
+            with pytest.raises(kvtier.InvalidArgument, match="prefetch was started with"):
+                h.admit(t + 1, prefetch=pf)
+            pf.cancel()
+            assert pf.done
+            h.admit(t).release()
+            with pytest.raises(kvtier.Busy):
+                h.attach_store(plane.store)  # requests admitted already
+        finally:
+            h.close()
+            other.close()
+            plane.close()
+            other_plane.close()
+    with pytest.raises(kvtier.ClosedError):
+        h.prefetch(t)
 
 
 # ---- the binding's surface -----------------------------------------------------------

@@ -1,12 +1,14 @@
 """The tiny hybrid engine (examples/tiny_hybrid.py): resuming full,
 sliding-window and recurrent layers from the n pages kvtier.Hybrid allows,
 with the window pages and checkpoints in slot-indexed tensors per tier that
-the cache's moves keep, gives the logits a full recompute gives; and the
-check can fail: a checkpoint stored one page early, a window page lost in
+the cache's moves keep, gives the logits a full recompute gives, also in a
+second process that takes the full pages and the pieces a first one put in
+one Redis; and the check can fail: a checkpoint stored one page early, a window page lost in
 L2 before it is loaded back, and the match rule bypassed are each caught by
 the logits."""
 import json
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -127,6 +129,70 @@ def test_the_match_rule_is_what_keeps_the_logits_right(capsys):
     disagree."""
     r = run(capsys, "--trust-full", "--no-guard")
     assert r["cut_hits"] > 0 and r["mismatches"] >= 1 and r["mismatch_resumed"] == r["mismatches"]
+
+
+def corrupt_pieces(srv, full_object_bytes):
+    """Overwrites the first two floats of every object in the server but the
+    full pages' (told apart by their length), the window pages and
+    checkpoints, with NaNs: no piece holds those, so each is refused by its
+    checksum, and doing it again corrupts whatever was put since."""
+    n = 0
+    for name in srv.command(b"KEYS", b"kvt:*").split(b"\r\n")[2::2]:
+        size = int(srv.command(b"STRLEN", name)[1:].split(b"\r\n")[0])
+        if size != full_object_bytes:
+            assert srv.command(b"SETRANGE", name, b"0", b"\xff" * 8).startswith(b":")
+            n += 1
+    return n
+
+
+def test_two_processes_share_one_redis(capsys, redis_factory):
+    """Issue #44 item 4: a hybrid run across two processes sharing Redis.
+    Process A serves the first turns and puts the full layers' pages (the
+    inner radix cache's store) and the window pages and checkpoints (a
+    store per group, asked through set_l3) in one Redis; process B, started
+    cold, serves the turns that continue them: its hits resume from full
+    pages and from window pages and checkpoints that A put, and every one of
+    its requests' logits agrees with a full recompute. Then every piece in
+    Redis is corrupted: B's gets of them are refused, the guard cuts those
+    hits, and the logits still agree; without the guard, B computes with
+    the pieces it did not get, and the logits disagree (what B took from
+    Redis is what its logits rest on)."""
+    srv = redis_factory()
+    a = run(capsys, "--l3", srv.url, "--turns", "first")
+    assert a["mismatches"] == 0 and a["l3_full"]["l3_puts"] > 0 and a["l3_full"]["l3_foreign_hit_tokens"] == 0
+    assert all(a["l3_pieces"][k]["put"] > 0 for k in ("window", "state"))
+
+    def b(*more):
+        p = subprocess.run([sys.executable, str(ROOT / "examples" / "tiny_hybrid.py"), "--json", "--l3", srv.url,
+                            "--turns", "next", *more], capture_output=True, text=True, timeout=120)
+        res = json.loads(p.stdout)
+        assert p.returncode == (1 if res["mismatches"] else 0), p.stderr
+        return res
+
+    r = b()
+    print("B: L3 hits", r["l3_hits"], "of", r["requests"], "requests,", r["l3_hit_tokens"], "tokens; full-page tokens"
+          " from L3", r["l3_full_hit_tokens"], "(cache:", r["l3_full"], "); pieces", r["l3_pieces"],
+          "; max rel err", r["max_rel_err"])
+    assert r["mismatches"] == 0 and r["max_rel_err"] <= TOL
+    assert r["l3_full_hit_tokens"] > 0 and r["l3_full"]["l3_foreign_hit_tokens"] > 0
+    for kind in ("window", "state"):  # pieces B loaded that B never put: A's
+        assert r["l3_pieces"][kind]["foreign"] > 0 and r["l3_pieces"][kind]["not_served"] == 0, r["l3_pieces"]
+        assert r["hit_pieces_from"][kind]["l3"] > 0
+    assert r["l3_hits"] > 0 and r["l3_hit_tokens"] > 0  # full pages and every group's pieces from L3
+    assert r["bad_copies"] == 0 and r["guard_cuts"] == 0 and r["probe_errors"] == 0
+    assert r["computed_tokens"] < r["recompute_tokens"]
+
+    m = tiny_hybrid.TinyHybridModel()
+    full_object = 2 * 2 * 16 * m.d * 4 + 80  # two full layers' K and V of a page, and the store's header
+    assert corrupt_pieces(srv, full_object) > 0
+    r = b()
+    assert r["mismatches"] == 0 and r["max_rel_err"] <= TOL
+    assert r["guard_cuts"] > 0 and sum(r["l3_pieces"][k]["not_served"] for k in ("window", "state")) > 0
+    assert r["l3_full"]["bad_objects"] == 0
+    assert corrupt_pieces(srv, full_object) > 0  # again: B put pieces of its own meanwhile
+    r = b("--no-guard")
+    assert sum(r["l3_pieces"][k]["not_served"] for k in ("window", "state")) > 0
+    assert r["mismatches"] > 0 and r["mismatch_resumed"] == r["mismatches"]
 
 
 def test_bad_arguments_are_refused(capsys):
