@@ -2,7 +2,7 @@
  * a radix cache for the full groups and, for each window or state group, one
  * keyed cache per tier whose pages are the group's slots in that tier.
  *
- *   group      L1              L2              L3 (model)
+ *   group      L1              L2              L3 (modeled; or the engine's store, kvt_hybrid_set_l3)
  *   full       radix cache: its own L1, L2 and L3 (cache.h)
  *   window g   keyed [g][0]    keyed [g][1]    keyed [g][2]     key: H(page)
  *   state  g   keyed [g][0]    keyed [g][1]    keyed [g][2]     key: H(last page before the point)
@@ -59,7 +59,6 @@ struct kvt_hybrid {
     kvt_hybrid_config_t cfg;
     kvt_cache_t *cache;
     uint32_t P;
-    uint64_t full_bytes_per_token;
     uint64_t slot_bytes[G];
     kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
     uint64_t clock, live;
@@ -291,7 +290,6 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
         return rc;
     }
     h->P = c.cache.page_tokens ? c.cache.page_tokens : 16;
-    h->full_bytes_per_token = full_bytes(c.groups, c.ngroups);
     const uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots};
     for (uint32_t g = 0; g < c.ngroups && rc == KVT_OK; g++) {
         if (c.groups[g].kind == KVT_GROUP_FULL) continue;
