@@ -43,13 +43,12 @@ static const kvt_model_t MODELS[] = {
 #define NMODELS (sizeof(MODELS) / sizeof(MODELS[0]))
 
 typedef struct {
-    uint32_t n;
+    uint32_t n; /* 0: one full group of every layer */
     kvt_layer_group_t g[3];
 } groups_t;
 
-#define FULL_OF(i) {1, {{KVT_GROUP_FULL, MODELS[i].layers, 0, 0, MODELS[i].bytes_per_token}}}
 static const groups_t GROUPS[NMODELS] = {
-    FULL_OF(0), FULL_OF(1), FULL_OF(2), FULL_OF(3), FULL_OF(4),
+    {0, {{0}}}, {0, {{0}}}, {0, {{0}}}, {0, {{0}}}, {0, {{0}}},
     {2, {{KVT_GROUP_FULL, 10, 0, 0, 10 * GEMMA_LAYER}, {KVT_GROUP_WINDOW, 52, 1024, 0, 52 * GEMMA_LAYER}}},
     {2, {{KVT_GROUP_FULL, 12, 0, 0, 12 * QNEXT_LAYER}, {KVT_GROUP_STATE, 36, 0, 0, 36 * QNEXT_STATE}}},
     {2, {{KVT_GROUP_FULL, 4, 0, 0, 4 * NEMO_LAYER}, {KVT_GROUP_STATE, 24, 0, 0, 24 * NEMO_STATE}}},
@@ -70,10 +69,11 @@ const kvt_model_t *kvt_model_at(unsigned i) { return i < NMODELS ? &MODELS[i] : 
 int kvt_model_groups(const kvt_model_t *m, kvt_layer_group_t *out, uint32_t cap, uint32_t *n) {
     if (m == NULL || n == NULL || m < MODELS || m >= MODELS + NMODELS) return KVT_EINVAL;
     const groups_t *g = &GROUPS[m - MODELS];
-    *n = g->n;
-    if (g->n > cap) return KVT_ERANGE;
+    *n = g->n ? g->n : 1;
+    if (*n > cap) return KVT_ERANGE;
     if (out == NULL) return KVT_EINVAL;
-    memcpy(out, g->g, g->n * sizeof(*out));
+    if (g->n == 0) out[0] = (kvt_layer_group_t){KVT_GROUP_FULL, m->layers, 0, 0, m->bytes_per_token};
+    else memcpy(out, g->g, g->n * sizeof(*out));
     return KVT_OK;
 }
 
