@@ -7,7 +7,8 @@
  * page_tokens) and state checkpoints (its checkpoint bytes), found by key —
  * the chained page hash (radix.h) of the page, or of the last page before
  * the checkpoint — in a keyed cache per group and tier (keyed.h), which
- * gives the slot ids, the eviction order and the free room.
+ * gives the slot ids and the eviction order (pieces are evicted for the
+ * deficit only: see The bytes, below).
  *
  * The match rule. With page_tokens P, a request whose full groups match m
  * pages can continue every group from n pages when
@@ -24,7 +25,8 @@
  *   window         [##] [##]      [##] [##]            n = 6 needs pages 4, 5: yes
  *   state          ^1             ^4                   ... and a checkpoint at 6: no
  *                                                       n = 4 needs 2, 3: no (3 absent)
- *   n = 3? window 1, 2: yes; checkpoint at 3: no. n = 1: page 0 absent... n = 0.
+ *   n = 3? window 1, 2: yes; checkpoint at 3: no. n = 2 needs 0, 1: no (0 absent): n = 0
+ *   (the checkpoint at 1 is no use: its window needs page 0).
  *
  * What a request leaves behind (kvt_hybrid_release). The points where a later
  * request's hit can stop are its end (its last whole page), its branch point
@@ -36,7 +38,8 @@
  * hit that stops elsewhere can still load them while they last).
  *
  * Tiers. A group's slots have the full groups' tiers: L1 and, with
- * cache.l2_pages, L2 and, with cache.l3_pages (the modeled store), L3. A
+ * cache.l2_pages, L2 and, with cache.l3_pages (the modeled store), L3, or
+ * the engine's own store as L3 (kvt_hybrid_set_l3). A
  * piece goes down as the cache's write policy says: write_through stores it
  * in L2 when it is stored in L1, write_back when L1 evicts it; likewise L2 to
  * L3 by l3_write_policy (write_through_selective is refused for the hybrid
