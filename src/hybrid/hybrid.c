@@ -28,13 +28,12 @@
 #include "kvtier/hybrid.h"
 #include "kvtier/keyed.h"
 #include "kvtier/radix.h"
+#include "hybrid-int.h"
 
 #define NEEDED (1ull << 63)
 #define DEPTH_BITS 24
 
 #define G KVT_MODEL_MAX_GROUPS
-
-enum { SHORT_NONE = 0, SHORT_WINDOW = 1, SHORT_STATE = 2, SHORT_ROOM = 3 };
 
 /* Where a piece stored in a tier comes from: the engine (the request
  * computed it: slot is the page index, or the point of a checkpoint), or a
@@ -88,174 +87,6 @@ static uint64_t score_of(const kvt_hybrid_t *h, int needed, uint64_t page) {
     return (needed ? NEEDED : 0) | h->clock << DEPTH_BITS | (depth - (page < depth ? page : depth));
 }
 
-/* ---- the match rule ------------------------------------------------------------ */
-
-static uint64_t first_needed(const kvt_layer_group_t *g, uint32_t P, uint64_t n) {
-    uint64_t end = n * P;
-    return end > g->window ? (end - g->window) / P : 0;
-}
-
-typedef int (*have_fn)(void *ctx, uint32_t g, uint64_t i);
-
-/* The longest n <= m, and why it is shorter than m (the first check that
- * failed at m's level). have(g, i): window page i, or a checkpoint after i
- * pages, is present. Each window page is asked about at most once per n
- * reached from above, and a page found absent bounds n at once. */
-static uint64_t longest(const kvt_layer_group_t *groups, uint32_t ngroups, uint32_t P, uint64_t m, have_fn have,
-                        void *ctx, uint32_t *why) {
-    uint64_t n = m;
-    *why = SHORT_NONE;
-    while (n > 0) {
-        int ok = 1;
-        for (uint32_t g = 0; g < ngroups && ok; g++) {
-            if (groups[g].kind != KVT_GROUP_WINDOW) continue;
-            for (uint64_t i = n; i-- > first_needed(&groups[g], P, n);)
-                if (!have(ctx, g, i)) { /* every n' > i needs page i: n' <= i */
-                    n = i;
-                    ok = 0;
-                    if (*why == SHORT_NONE) *why = SHORT_WINDOW;
-                    break;
-                }
-        }
-        if (!ok) continue;
-        for (uint32_t g = 0; g < ngroups && ok; g++)
-            if (groups[g].kind == KVT_GROUP_STATE && !have(ctx, g, n)) {
-                n--;
-                ok = 0;
-                if (*why == SHORT_NONE) *why = SHORT_STATE;
-            }
-        if (ok) break;
-    }
-    return n;
-}
-
-typedef struct {
-    const kvt_layer_group_t *groups;
-    const uint8_t *const *present;
-} arrays_t;
-
-static int have_array(void *ctx, uint32_t g, uint64_t i) {
-    const arrays_t *a = ctx;
-    return a->present[g] && a->present[g][i] != 0;
-}
-
-uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ngroups, uint32_t page_tokens, uint64_t m,
-                            const uint8_t *const *present) {
-    if (groups == NULL || present == NULL || page_tokens == 0 || ngroups > G) return 0;
-    arrays_t a = {groups, present};
-    uint32_t why;
-    return longest(groups, ngroups, page_tokens, m, have_array, &a, &why);
-}
-
-/* ---- config -------------------------------------------------------------------- */
-
-static int groups_ok(const kvt_layer_group_t *g, uint32_t n) {
-    if (g == NULL || n == 0 || n > G) return 0;
-    uint32_t full = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (g[i].kind >= KVT_GROUP_KIND_COUNT_ || g[i].layers == 0 || g[i].bytes == 0 || g[i].reserved_ != 0) return 0;
-        if ((g[i].kind == KVT_GROUP_WINDOW) != (g[i].window != 0)) return 0;
-        full += g[i].kind == KVT_GROUP_FULL;
-    }
-    return full > 0;
-}
-
-static uint64_t full_bytes(const kvt_layer_group_t *g, uint32_t n) {
-    uint64_t b = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (g[i].kind == KVT_GROUP_FULL) b += g[i].bytes;
-    return b;
-}
-
-static uint64_t slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
-    return g->kind == KVT_GROUP_STATE ? g->bytes : g->bytes * P;
-}
-
-/* The default split of a tier's bytes (docs/hybrid.md has the sweeps that
- * chose it). */
-#define STATE_SHARE 0.25
-#define WINDOW_WEIGHT 0.125
-
-/* Splits one tier's bytes (kvt_hybrid_config_split); the full groups get one
- * radix page count. */
-static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t bytes, double state_share,
-                 double window_weight, uint64_t *full_pages, uint64_t *slots) {
-    double state_w = 0, token_w = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (g[i].kind == KVT_GROUP_STATE) state_w += (double)g[i].bytes;
-        else token_w += (double)g[i].bytes * (g[i].kind == KVT_GROUP_WINDOW ? window_weight : 1.0);
-    }
-    double token_share = state_w > 0 ? 1 - state_share : 1.0, b = (double)bytes;
-    double fb = (double)full_bytes(g, n);
-    *full_pages = (uint64_t)(b * token_share * (fb / token_w) / (fb * P));
-    if (*full_pages == 0) return KVT_EINVAL;
-    if (*full_pages > KVT_ALLOC_MAX_PAGES) *full_pages = KVT_ALLOC_MAX_PAGES;
-    for (uint32_t i = 0; i < n; i++) {
-        slots[i] = 0;
-        if (g[i].kind == KVT_GROUP_FULL) continue;
-        double share = g[i].kind == KVT_GROUP_STATE ? (1 - token_share) * (double)g[i].bytes / state_w
-                                                    : token_share * window_weight * (double)g[i].bytes / token_w;
-        double s = b * share / (double)slot_bytes(&g[i], P);
-        if (s < 1) return KVT_EINVAL;
-        slots[i] = s > KVT_ALLOC_MAX_PAGES ? KVT_ALLOC_MAX_PAGES : (uint64_t)s;
-    }
-    return KVT_OK;
-}
-
-int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes,
-                            double state_share, double window_weight) {
-    if (cfg == NULL || !groups_ok(cfg->groups, cfg->ngroups) || l1_bytes == 0 || (l3_bytes && !l2_bytes) ||
-        !(state_share > 0 && state_share < 1) || !(window_weight > 0 && window_weight <= 16))
-        return KVT_EINVAL;
-    kvt_hybrid_config_t c = *cfg;
-    uint32_t P = c.cache.page_tokens ? c.cache.page_tokens : 16;
-    uint64_t *pages[3] = {&c.cache.l1_pages, &c.cache.l2_pages, &c.cache.l3_pages};
-    uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots}, bytes[3] = {l1_bytes, l2_bytes, l3_bytes};
-    for (int t = 0; t < 3; t++) {
-        *pages[t] = 0;
-        memset(slots[t], 0, sizeof(c.l1_slots));
-        if (bytes[t] && split(c.groups, c.ngroups, P, bytes[t], state_share, window_weight, pages[t], slots[t]) != KVT_OK)
-            return KVT_EINVAL;
-    }
-    *cfg = c;
-    return KVT_OK;
-}
-
-int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t *groups, uint32_t ngroups,
-                              uint32_t page_tokens, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes) {
-    if (cfg == NULL || !groups_ok(groups, ngroups) || page_tokens == 0 || l1_bytes == 0) return KVT_EINVAL;
-    kvt_hybrid_config_t c;
-    memset(&c, 0, sizeof(c));
-    c.size = sizeof(c);
-    c.ngroups = ngroups;
-    memcpy(c.groups, groups, ngroups * sizeof(*groups));
-    kvt_cache_config_default(&c.cache);
-    c.cache.page_tokens = page_tokens;
-    if (kvt_hybrid_config_split(&c, l1_bytes, l2_bytes, l3_bytes, STATE_SHARE, WINDOW_WEIGHT) != KVT_OK)
-        return KVT_EINVAL;
-    c.checkpoint_every = 0;
-    c.checkpoint_ends = true;
-    c.checkpoint_branches = true;
-    *cfg = c;
-    return KVT_OK;
-}
-
-static int config_ok(const kvt_hybrid_config_t *c) {
-    if (!groups_ok(c->groups, c->ngroups)) return 0;
-    if (c->cache.write_policy == KVT_WRITE_THROUGH_SELECTIVE ||
-        (c->cache.l3_pages && c->cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE))
-        return 0;
-    for (uint32_t g = 0; g < G; g++) {
-        int full = g >= c->ngroups || c->groups[g].kind == KVT_GROUP_FULL;
-        if (full && (c->l1_slots[g] | c->l2_slots[g] | c->l3_slots[g])) return 0;
-        if (full) continue;
-        if (c->l1_slots[g] == 0 || (c->l2_slots[g] != 0) != (c->cache.l2_pages != 0) ||
-            (c->l3_slots[g] != 0) != (c->cache.l3_pages != 0))
-            return 0;
-    }
-    return 1;
-}
-
 /* ---- create / destroy ---------------------------------------------------------- */
 
 void kvt_hybrid_destroy(kvt_hybrid_t *h) {
@@ -280,7 +111,7 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
     kvt_hybrid_config_t c;
     memset(&c, 0, sizeof(c));
     c.checkpoint_ends = c.checkpoint_branches = true;
-    if (kvt__abi_in(&c, sizeof(c), cfg) != KVT_OK || !config_ok(&c)) return KVT_EINVAL;
+    if (kvt__abi_in(&c, sizeof(c), cfg) != KVT_OK || !kvt__hybrid_config_ok(&c)) return KVT_EINVAL;
     kvt_hybrid_t *h = KVT_NEW(kvt_hybrid_t);
     if (h == NULL) return KVT_ENOMEM;
     h->cfg = c;
@@ -293,7 +124,7 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
     const uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots};
     for (uint32_t g = 0; g < c.ngroups && rc == KVT_OK; g++) {
         if (c.groups[g].kind == KVT_GROUP_FULL) continue;
-        h->slot_bytes[g] = slot_bytes(&c.groups[g], h->P);
+        h->slot_bytes[g] = kvt__hybrid_slot_bytes(&c.groups[g], h->P);
         for (int t = 0; t < 3 && rc == KVT_OK; t++) {
             if (slots[t][g] == 0) continue;
             /* free room 0: a store evicts the deficit only, so each slot it frees is the slot of
@@ -459,7 +290,7 @@ static size_t needed_keys(kvt_hybrid_t *h, uint32_t g, uint64_t n, kvt_key128_t 
         return 1;
     }
     size_t k = 0;
-    for (uint64_t i = first_needed(gr, h->P, n); i < n; i++) out[k++] = key_of(h->hash[i]);
+    for (uint64_t i = kvt__hybrid_first_needed(gr, h->P, n); i < n; i++) out[k++] = key_of(h->hash[i]);
     return k;
 }
 
@@ -514,7 +345,7 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
     for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
         if (!h->kc[g][0]) continue;
         size_t k = needed_keys(h, g, n, p->keys[g]), nl = 0;
-        uint64_t first = h->cfg.groups[g].kind == KVT_GROUP_STATE ? n : first_needed(&h->cfg.groups[g], h->P, n);
+        uint64_t first = h->cfg.groups[g].kind == KVT_GROUP_STATE ? n : kvt__hybrid_first_needed(&h->cfg.groups[g], h->P, n);
         for (size_t i = 0; i < k; i++) {
             int t = tier_of(h, g, p->keys[g][i]);
             if (t > *tier) *tier = t;
@@ -594,7 +425,7 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     uint64_t m = r.full.l1_hit_pages + r.full.l2_hit_pages + r.full.l3_hit_pages;
     memset(h->memo, -1, h->mstride * G);
     have_ctx_t ctx = {h};
-    uint64_t n = longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, &ctx, &r.short_by);
+    uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, &ctx, &r.short_by);
     int tier = -1;
     if (load_and_pin(h, n, p, &tier) != KVT_OK) { /* the pieces do not fit in L1 beside the pinned ones */
         h->st.room_short_tokens += n * h->P;
@@ -645,7 +476,7 @@ static size_t kept_points(const kvt_hybrid_t *h, const pins_t *p, uint64_t *pts)
  * a kept point) and touches the needed ones it did not compute. */
 static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint64_t *pts, size_t npts) {
     const kvt_layer_group_t *gr = &h->cfg.groups[g];
-    uint64_t lo = npts ? first_needed(gr, h->P, pts[0]) : p->n;
+    uint64_t lo = npts ? kvt__hybrid_first_needed(gr, h->P, pts[0]) : p->n;
     if (lo > p->n) lo = p->n;
     size_t span = (size_t)(p->npages - lo);
     uint8_t *need = kvt__calloc(span ? span : 1, 1);
@@ -655,7 +486,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
         return;
     }
     for (size_t j = 0; j < npts; j++)
-        for (uint64_t i = first_needed(gr, h->P, pts[j]); i < pts[j]; i++) need[i - lo] = 1;
+        for (uint64_t i = kvt__hybrid_first_needed(gr, h->P, pts[j]); i < pts[j]; i++) need[i - lo] = 1;
     size_t n = 0;
     for (uint64_t i = p->n; i < p->npages; i++) { /* needed ones first: kept when room runs short */
         if (!need[i - lo]) continue;
