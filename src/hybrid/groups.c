@@ -78,13 +78,6 @@ static int groups_ok(const kvt_layer_group_t *g, uint32_t n) {
     return full > 0;
 }
 
-static uint64_t full_bytes(const kvt_layer_group_t *g, uint32_t n) {
-    uint64_t b = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (g[i].kind == KVT_GROUP_FULL) b += g[i].bytes;
-    return b;
-}
-
 uint64_t kvt__hybrid_slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
     return g->kind == KVT_GROUP_STATE ? g->bytes : g->bytes * P;
 }
@@ -104,8 +97,8 @@ static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t by
         else token_w += (double)g[i].bytes * (g[i].kind == KVT_GROUP_WINDOW ? window_weight : 1.0);
     }
     double token_share = state_w > 0 ? 1 - state_share : 1.0, b = (double)bytes;
-    double fb = (double)full_bytes(g, n);
-    *full_pages = (uint64_t)(b * token_share * (fb / token_w) / (fb * P));
+    /* the full groups' share, fb / token_w of the per-token bytes, in pages of fb x P bytes */
+    *full_pages = (uint64_t)(b * token_share / (token_w * P));
     if (*full_pages == 0) return KVT_EINVAL;
     if (*full_pages > KVT_ALLOC_MAX_PAGES) *full_pages = KVT_ALLOC_MAX_PAGES;
     for (uint32_t i = 0; i < n; i++) {

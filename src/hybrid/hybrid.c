@@ -34,6 +34,7 @@
 #define DEPTH_BITS 24
 
 #define G KVT_MODEL_MAX_GROUPS
+#define MEMO_UNKNOWN (-2)
 
 /* Where a piece stored in a tier comes from: the engine (the request
  * computed it: slot is the page index, or the point of a checkpoint), or a
@@ -70,12 +71,12 @@ struct kvt_hybrid {
     /* scratch, grown as needed */
     kvt_hash128_t *hash;
     size_t hcap;
-    int8_t *memo; /* [g * mstride + i]: window page i -1 unknown, 0 absent, 1 present */
+    int8_t *memo; /* [g * mstride + i]: piece_tier of group g's piece i, or MEMO_UNKNOWN */
     size_t mcap, mstride;
-    kvt_key128_t *keys, *prot, *evicted[3];
-    uint64_t *scores, *pages;
+    kvt_key128_t *keys, *prot;
+    uint64_t *scores;
     src_t *srcs;
-    size_t kcap, prcap, scap, srcap, pcap, ecap[3];
+    size_t kcap, prcap, scap, srcap;
 };
 
 /* A piece's eviction score: its class, then the clock of the request that
@@ -100,8 +101,6 @@ void kvt_hybrid_destroy(kvt_hybrid_t *h) {
     kvt__free(h->prot, h->prcap * sizeof(*h->prot));
     kvt__free(h->scores, h->scap * sizeof(*h->scores));
     kvt__free(h->srcs, h->srcap * sizeof(*h->srcs));
-    kvt__free(h->pages, h->pcap * sizeof(*h->pages));
-    for (int t = 0; t < 3; t++) kvt__free(h->evicted[t], h->ecap[t] * sizeof(*h->evicted[t]));
     kvt__free(h->moves, h->mvcap * sizeof(*h->moves));
     KVT_DELETE(h);
 }
@@ -128,7 +127,7 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
         for (int t = 0; t < 3 && rc == KVT_OK; t++) {
             if (slots[t][g] == 0) continue;
             /* free room 0: a store evicts the deficit only, so each slot it frees is the slot of
-             * one of its new keys (keyed.h, Pages), which is what orders the moves (record_store) */
+             * one of its new keys (keyed.h, Pages), which is what orders the moves (store_in) */
             kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = 0};
             rc = kvt_keyed_create(&h->kc[g][t], &kc);
         }
@@ -175,7 +174,6 @@ static kvt_write_policy_t down_policy(const kvt_hybrid_t *h, int t) {
     return t == 0 ? h->cfg.cache.write_policy : h->cfg.cache.l3_write_policy;
 }
 
-
 /* Pieces go below tier t: to a keyed tier, or to the outside L3. */
 static int has_below(const kvt_hybrid_t *h, uint32_t g, int t) {
     return t + 1 < 3 && (h->kc[g][t + 1] != NULL || (t + 1 == 2 && h->probe != NULL));
@@ -210,23 +208,19 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
         return KVT_OK;
     }
     if (k == NULL || n == 0) return KVT_OK;
-    if (grow((void **)&h->evicted[t], &h->ecap[t], n, sizeof(kvt_key128_t)) != KVT_OK ||
-        grow((void **)&h->pages, &h->pcap, n, sizeof(uint64_t)) != KVT_OK)
-        return KVT_ENOMEM;
-    /* what goes down, copied out of the scratch the calls below reuse */
-    size_t bytes = n * (sizeof(kvt_key128_t) + sizeof(uint64_t) + sizeof(src_t) + sizeof(uint64_t));
+    /* this call's own: the pages and victims, and what goes down (the calls below reuse the scratch) */
+    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 2 * sizeof(uint64_t) + sizeof(src_t));
     unsigned char *work = kvt__malloc(bytes);
     if (work == NULL) return KVT_ENOMEM;
-    kvt_key128_t *dk = (kvt_key128_t *)work;
-    uint64_t *ds = (uint64_t *)(dk + n), *pages = ds + n;
+    kvt_key128_t *dk = (kvt_key128_t *)work, *evicted = dk + n;
+    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n;
     src_t *dsrc = (src_t *)(pages + n);
-    size_t nev = 0;
-    int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, h->pages, h->evicted[t], n, &nev);
+    size_t nev = 0; /* free room 0: at most one victim per new key */
+    int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, pages, evicted, n, &nev);
     if (rc != KVT_OK) {
         kvt__free(work, bytes);
         return rc;
     }
-    memcpy(pages, h->pages, n * sizeof(*pages));
     kvt_keyed_complete_store(k, keys, n, 1);
     int below = has_below(h, g, t);
     if (nev && below && down_policy(h, t) == KVT_WRITE_BACK) {
@@ -234,7 +228,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
         size_t j = 0;
         for (size_t i = 0; i < n && j < nev; i++)
             if (pages[i] != UINT64_MAX) {
-                dk[j] = h->evicted[t][j];
+                dk[j] = evicted[j];
                 ds[j] = h->clock << DEPTH_BITS; /* the least recent below */
                 dsrc[j++] = (src_t){(uint32_t)t + 1, pages[i]};
             }
@@ -258,7 +252,8 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     return KVT_OK;
 }
 
-/* The shallowest tier (0, 1, 2) holding key in group g, or -1. */
+/* The shallowest tier (0, 1, 2) holding key in group g, or -1 (asks the
+ * outside L3 last). */
 static int tier_of(kvt_hybrid_t *h, uint32_t g, kvt_key128_t key) {
     for (int t = 0; t < 3; t++)
         if (h->kc[g][t] && kvt_keyed_lookup(h->kc[g][t], key) == KVT_KEYED_HIT) return t;
@@ -267,18 +262,19 @@ static int tier_of(kvt_hybrid_t *h, uint32_t g, kvt_key128_t key) {
     return -1;
 }
 
-
-typedef struct {
-    kvt_hybrid_t *h;
-} have_ctx_t;
-
-static int have_cache(void *ctx, uint32_t g, uint64_t i) {
-    kvt_hybrid_t *h = ((have_ctx_t *)ctx)->h;
-    if (h->cfg.groups[g].kind == KVT_GROUP_STATE) return i == 0 || tier_of(h, g, key_of(h->hash[i - 1])) >= 0;
+/* The tier of group g's piece i (window page i, or the checkpoint after i
+ * pages), asked once per admission: the match rule and the loads ask for
+ * the same pieces, and the outside L3's probe is a round trip. */
+static int piece_tier(kvt_hybrid_t *h, uint32_t g, uint64_t i) {
     int8_t *m = &h->memo[(size_t)g * h->mstride + i];
-    if (*m < 0) *m = (int8_t)(tier_of(h, g, key_of(h->hash[i])) >= 0);
+    if (*m == MEMO_UNKNOWN) {
+        int state = h->cfg.groups[g].kind == KVT_GROUP_STATE;
+        *m = (int8_t)(state && i == 0 ? 0 : tier_of(h, g, key_of(h->hash[state ? i - 1 : i])));
+    }
     return *m;
 }
+
+static int have_cache(void *ctx, uint32_t g, uint64_t i) { return piece_tier(ctx, g, i) >= 0; }
 
 /* The keys group g needs to continue from n pages, into h->keys; returns
  * how many. */
@@ -306,9 +302,6 @@ static void free_pins(pins_t *p) {
     if (p) kvt__free(p, p->bytes);
 }
 
-/* Loads the pieces n needs into L1 and pins them there, recording them in
- * *pins. The deepest tier a piece came from goes to *tier (0-based, -1 none).
- * KVT_ENOSPC when L1 cannot hold them: nothing pinned then. */
 /* Most pieces a request of npages pages can pin in group g. */
 static size_t pin_bound(const kvt_hybrid_t *h, uint32_t g, uint64_t npages) {
     const kvt_layer_group_t *gr = &h->cfg.groups[g];
@@ -345,9 +338,10 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
     for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
         if (!h->kc[g][0]) continue;
         size_t k = needed_keys(h, g, n, p->keys[g]), nl = 0;
-        uint64_t first = h->cfg.groups[g].kind == KVT_GROUP_STATE ? n : kvt__hybrid_first_needed(&h->cfg.groups[g], h->P, n);
+        int state = h->cfg.groups[g].kind == KVT_GROUP_STATE;
+        uint64_t first = state ? n : kvt__hybrid_first_needed(&h->cfg.groups[g], h->P, n);
         for (size_t i = 0; i < k; i++) {
-            int t = tier_of(h, g, p->keys[g][i]);
+            int t = piece_tier(h, g, first + i); /* the state group's one piece: the checkpoint at n */
             if (t > *tier) *tier = t;
             if (t > 0) { /* from below; pinned there while it is copied up, so that nothing this load
                           * pushes down takes its slot first */
@@ -423,9 +417,8 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     }
     h->clock++;
     uint64_t m = r.full.l1_hit_pages + r.full.l2_hit_pages + r.full.l3_hit_pages;
-    memset(h->memo, -1, h->mstride * G);
-    have_ctx_t ctx = {h};
-    uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, &ctx, &r.short_by);
+    memset(h->memo, MEMO_UNKNOWN, h->mstride * G);
+    uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, h, &r.short_by);
     int tier = -1;
     if (load_and_pin(h, n, p, &tier) != KVT_OK) { /* the pieces do not fit in L1 beside the pinned ones */
         h->st.room_short_tokens += n * h->P;
