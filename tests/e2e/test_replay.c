@@ -268,6 +268,13 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--model", "gpt-9"}, "--model: 'gpt-9' is not one of llama-3-70b|"},
         {{"--frobnicate"}, "--frobnicate: unknown flag"},
         {{"a.jsonl", "b.jsonl"}, "unexpected argument 'b.jsonl'"},
+        {{"--groups", "full:1:5,window:0:1:5"}, "--groups: group 2 ('window:0:1:5') is not full:LAYERS:BYTES"},
+        {{"--groups", "window:3:1:5"}, "--groups: 'window:3:1:5' has no full group"},
+        {{"--groups", "llama"}, "--groups: 'llama' is neither a preset"},
+        {{"--groups", "full:x"}, "--groups: group 1 ('full:x') is not"},
+        {{"--model", "gemma-3-like", "--data"}, "--data: not with a hybrid model"},
+        {{"--model", "qwen3-next-like", "--soak", "1"}, "--soak: not with a hybrid model"},
+        {{"--checkpoint-every", "-1"}, "--checkpoint-every: '-1' is not an integer in"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *argv[8] = {NULL, "replay"};
