@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, check, error, tokens_arg
+from ._core import ClosedError, Handle, OutOfRange, check, error, tokens_arg
 from ._lib import HYBRID_PROBE, KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, HybridReq, \
     HybridStats, lib
 from ._lib import HybridMove as HybridMove_
@@ -548,7 +548,7 @@ class Hybrid(Handle):
                 rc = lib.kvt_hybrid_slots(h, ctypes.byref(req._req), g,
                                           ctypes.cast(out.buffer_info()[0], ctypes.POINTER(ctypes.c_uint64)), cap,
                                           ctypes.byref(got))
-                if rc == -5 and got.value > cap:  # KVT_ERANGE: cap was short, got says how many
+                if rc == OutOfRange.code and got.value > cap:  # cap was short: got says how many
                     cap = got.value
                     continue
                 check(rc, "Hybrid.slots")

@@ -484,13 +484,21 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
 
 /* Each tier's hit rate, and all of them together, over the L1 capacities
  * of a sweep (a log-scaled axis). */
-static int plot(const char *path, const result_t *res, size_t n, const char *policy, bool l3) {
+FILE *replay_plot_open(const char *path, const char *title, const char *xlabel, const char *ylabel) {
     FILE *g = popen("gnuplot 2>&1", "w");
-    if (g == NULL) return -1;
+    if (g == NULL) return NULL;
     fprintf(g, "set terminal png size 900,560\nset output '%s'\n", path);
-    fprintf(g, "set title 'kvtier replay, policy %s: hit rate by tier vs L1 capacity'\n", policy);
-    fprintf(g, "set xlabel 'L1 pages (log scale)'\nset logscale x\nset ylabel 'hit rate'\nset yrange [0:1]\nset grid\n"
-               "set key left top\n");
+    fprintf(g, "set title '%s'\n", title);
+    fprintf(g, "set xlabel '%s (log scale)'\nset logscale x\nset ylabel '%s'\nset yrange [0:1]\nset grid\n"
+               "set key left top\n", xlabel, ylabel);
+    return g;
+}
+
+static int plot(const char *path, const result_t *res, size_t n, const char *policy, bool l3) {
+    char head[160];
+    snprintf(head, sizeof(head), "kvtier replay, policy %s: hit rate by tier vs L1 capacity", policy);
+    FILE *g = replay_plot_open(path, head, "L1 pages", "hit rate");
+    if (g == NULL) return -1;
     const char *title[] = {"all tiers", "L1", "L2", "L3"};
     int lines = l3 ? 4 : 3;
     fputs("plot", g);

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
 #include "kvtier/cache.h"
@@ -38,6 +39,10 @@ int replay_check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t
 /* The trace at path, or the built-in workload; prints why on failure (-1). */
 int replay_load(const char *cmd, const char *path, const opts_t *o, trace_t *t, double *parse_s);
 void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t *cfg);
+/* gnuplot drawing a PNG at path: title, a log-scaled x axis, y in [0, 1];
+ * the caller writes the plot command and its data, then pcloses. NULL when
+ * gnuplot cannot be started. */
+FILE *replay_plot_open(const char *path, const char *title, const char *xlabel, const char *ylabel);
 /* The model identity's name (the preset, or "bpt-N" with --bytes-per-token). */
 const char *replay_model_name(const opts_t *o, char *buf, size_t cap);
 

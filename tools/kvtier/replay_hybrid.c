@@ -139,12 +139,10 @@ static cJSON *full_json(const result_t *r, const opts_t *o) {
 
 static int plot(const char *path, const char *model, const uint64_t *l1, const hyb_result_t *hy, const hyb_result_t *ends,
                 const result_t *full, size_t n, const opts_t *o) {
-    FILE *g = popen("gnuplot 2>&1", "w");
+    char title[200];
+    snprintf(title, sizeof(title), "kvtier replay, %s: token hit rate vs L1 bytes", model);
+    FILE *g = replay_plot_open(path, title, "L1 GB", "token hit rate");
     if (g == NULL) return -1;
-    fprintf(g, "set terminal png size 900,560\nset output '%s'\n", path);
-    fprintf(g, "set title 'kvtier replay, %s: token hit rate vs L1 bytes'\n", model);
-    fprintf(g, "set xlabel 'L1 GB (log scale)'\nset logscale x\nset ylabel 'token hit rate'\nset yrange [0:1]\nset grid\n"
-               "set key left top\n");
     fputs("plot '-' using 1:2 with linespoints title 'hybrid (kvtier)', '-' using 1:2 with linespoints title "
           "'state at request ends only', '-' using 1:2 with linespoints title 'every layer as full attention'\n", g);
     for (int pass = 0; pass < 3; pass++) {
