@@ -311,10 +311,6 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
                                       const int32_t *tokens, uint64_t npages, const uint64_t **keys, uint64_t *nkeys);
 /* A new node's class (1: protected, seen again). */
 void kvt__policy_on_insert(kvt_cache_t *c, kvt_rnode_t *n, bool protected_);
-/* arc's target p after a run of `pages` pages came back through ghost `from`:
- * moved by step[j] a page, in order (step NULL: 1 each), up from ghost 0 and
- * down from ghost 1, and held at the bound it reaches (cap or 0). */
-double kvt__arc_move(double p, unsigned from, const double *step, uint32_t pages, double cap);
 /* The next L1 victim, or NULL. */
 kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c);
 kvt__vset_t kvt__policy_l1_first(const kvt_cache_t *c); /* the L1 victim set looked in first */

@@ -54,7 +54,6 @@
 #define ARC_GHOST_FACTOR 2       /* arc: entries per cached page, each ghost */
 #define GHOST_MAX (1u << 22)
 #define ARC_RUN_PAGES 16        /* arc: pages a ghost entry at most (a run of a node's pages; s2lru: 1) */
-#define PREFETCH_PAGES 64       /* pages whose ghost lookups the walk prefetches ahead (4 runs of 16: hashing one run hides less than a miss) */
 #define WALK_KEYS_MAX 16384     /* page keys the walk keeps for the insert (more are hashed again) */
 
 static const char *const NAMES[] = {
@@ -184,57 +183,14 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
 /* arc: a run of `pages` pages came back through ghost `from` (which holds
  * what is left after it): the target p moves as it would for each of them
  * taken alone, toward the class that lost it, by max(1, |other ghost| /
- * (|from| + 1)) a page, within [0, cap]. The steps do not depend on p: they
- * are divided out first, so that the divisions overlap, and kvt__arc_move
- * adds them up. When the other ghost holds no more than this one's smallest
- * divisor, left + 1, every quotient is at most 1 (division rounds
- * monotonically, and 1 is exact), so every step is 1 and none is divided out
- * (on the default replay, 57 % of the runs taken). */
-static inline double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_t pages, double cap) {
+ * (|from| + 1)) a page, held within [0, cap]. */
+static double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_t pages, double cap) {
     double left = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
-    KVT_ASSERT(pages <= KVT__GHOST_RUN_MAX);
-    if (other <= left + 1) return kvt__arc_move(p, from, NULL, pages, cap); /* (left + 1: page pages - 1's divisor) */
-    double step[KVT__GHOST_RUN_MAX];
     for (uint32_t j = 0; j < pages; j++) { /* after the run's page j + 1 is taken, from holds left + pages - 1 - j */
         double s = other / (left + (double)(pages - 1 - j) + 1);
-        step[j] = s > 1 ? s : 1;
-    }
-    return kvt__arc_move(p, from, step, pages, cap);
-}
-
-/* The sum is a chain of adds in page order (the same p to the bit as one
- * page at a time), each kept within the one bound it moves toward (p starts
- * within both), and p, once at the bound, stays there (a step is at least 1,
- * and p + 1 > p this far under 2^53): the chain stops there. Not inlined, so
- * that p stays in a register: inlined into the walk, p would live in the
- * walk's stack slot (every xmm register is lost across the walk's calls) and
- * each add would wait on a store and a load.
- * Unit steps need no chain where it is exact, and then it is one add:
- *  - down: p <= cap < 2^52 is a multiple of its ulp u <= 1/2, and u divides 1,
- *    so each p - j >= 0 is a multiple of u no larger than p: exact. The chain
- *    is p - pages, or 0 where it goes below (a negative p - j stays negative);
- *  - up: where p + pages is exact (its ulp is at most 1, below 2^53), so is
- *    each p + j on the way (a multiple of that ulp, no larger), and the chain
- *    is p + pages, or cap where it passes cap. p + pages is exact exactly when
- *    subtracting pages gives p back: a rounding error would be a nonzero
- *    multiple of p's ulp, and p plus such a multiple never rounds back to p.
- * (tests/unit/cache/test_cache.c checks both against the chain, bit for bit.) */
-__attribute__((noinline)) double kvt__arc_move(double p, unsigned from, const double *step, uint32_t pages, double cap) {
-    KVT_ASSERT(p >= 0 && p <= cap && cap < 0x1p52);
-    if (step == NULL && from == 1) {
-        double q = p - (double)pages;
-        return q < 0 ? 0 : q;
-    }
-    if (step == NULL) {
-        double q = p + (double)pages;
-        if (q - (double)pages == p) return q > cap ? cap : q;
-    }
-    if (from == 0) {
-        for (uint32_t j = 0; j < pages; j++)
-            if ((p += step ? step[j] : 1) > cap) return cap;
-    } else {
-        for (uint32_t j = 0; j < pages; j++)
-            if ((p -= step[j]) < 0) return 0;
+        if (s < 1) s = 1;
+        if (from == 0) p = p + s > cap ? cap : p + s;
+        else p = p - s < 0 ? 0 : p - s;
     }
     return p;
 }
@@ -262,22 +218,6 @@ static uint64_t walk_key(walk_t *w, uint64_t j) {
     return j < w->room ? w->kept[j] : w->ring[j % KVT__GHOST_RUN_MAX];
 }
 
-/* A run the walk may find ahead: the page it would start at, and its probes
- * of ghost 0 and (when in1) of ghost 1, their buckets fetched now. */
-typedef struct {
-    uint64_t at;
-    bool in1;
-    kvt__ghost_probe_t p[2];
-} ahead_t;
-
-static void probe_at(kvt_cache_t *c, walk_t *w, ahead_t *a, uint64_t at, bool in1) {
-    uint64_t key = walk_key(w, at);
-    a->at = at;
-    a->in1 = in1;
-    kvt__ghost_probe(&c->ghost[0], key, &a->p[0]);
-    if (in1) kvt__ghost_probe(&c->ghost[1], key, &a->p[1]);
-}
-
 /* The run of ghost g that the new pages k .. npages - 1 begin with, taken
  * out when they hold all of it and their key at its end passes its check:
  * its length, or 0. */
@@ -297,39 +237,29 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     if (c->cfg.policy == KVT_POLICY_S2LRU && at != root && children == 0) return npages;
     bool arc = c->cfg.policy == KVT_POLICY_ARC;
     /* Evicted pages left tail first: the remembered ones lead, run after run
-     * (a document coming back). The runs' first pages are probed ahead, in a
-     * ring, each `step` (a whole run) after the last, so that the walk's
-     * misses overlap; a shorter run than that starts the ring again where it
-     * ends. Each run's keys, computed for its check (and for the insert),
-     * hide its probe's miss. */
+     * (a document coming back). A run's probe fetches its ghost buckets, and
+     * the run's keys (for its check, and for the insert) are computed while
+     * they come: that overlap is worth ~5 % of the default replay
+     * (docs/performance.md). */
     kvt__ghost_settle(&c->ghost[0]); /* the probes need the ghosts' queued adds made */
     if (arc) kvt__ghost_settle(&c->ghost[1]);
     walk_t w = {.tree = c->tree, .tokens = tokens, .pt = c->cfg.page_tokens, .room = c->walk_cap, .kept = c->walk_keys,
                 .last = kvt__radix_key_below(c->tree, at, ns)};
-    unsigned step = c->ghost[0].run_max, depth = step < PREFETCH_PAGES ? PREFETCH_PAGES / step : 1, head = 0, nring = 0;
-    ahead_t ring[PREFETCH_PAGES];
-    /* A run of remembered pages is mostly one ghost's (a document's pages left from one class):
-     * ghost 1's buckets are prefetched only while the walk last found a run there (on the page-16
-     * replay, 95 % of the pages found are ghost 0's) */
-    bool ahead_in_1 = arc;
-    uint64_t k = 0, next = 0; /* the page the next probe ahead is of */
+    uint64_t step = c->ghost[0].run_max, k = 0;
     double p = c->arc_p, cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
     while (k < npages) {
-        if (nring == 0 || ring[head].at != k) nring = 0, next = k; /* the last run was shorter than a step */
-        for (; nring < depth && next < npages; next += step) probe_at(c, &w, &ring[(head + nring++) % depth], next, ahead_in_1);
-        walk_key(&w, (npages - k < step ? npages : k + step) - 1); /* a whole run's keys while its probe's lines come */
-        ahead_t cur = ring[head];
-        head = (head + 1) % depth;
-        nring--;
-        uint32_t n = take_run(&c->ghost[0], &cur.p[0], &w, k, npages), from = 0;
+        kvt__ghost_probe_t probe;
+        uint64_t key = walk_key(&w, k);
+        kvt__ghost_probe(&c->ghost[0], key, &probe);
+        walk_key(&w, (npages - k < step ? npages : k + step) - 1);
+        uint32_t n = take_run(&c->ghost[0], &probe, &w, k, npages), from = 0;
         if (n == 0 && arc) {
-            if (!cur.in1) kvt__ghost_probe(&c->ghost[1], walk_key(&w, k), &cur.p[1]);
-            n = take_run(&c->ghost[1], &cur.p[1], &w, k, npages);
+            kvt__ghost_probe(&c->ghost[1], key, &probe);
+            n = take_run(&c->ghost[1], &probe, &w, k, npages);
             from = 1;
         }
         if (n == 0) break;
         if (arc) p = arc_adapted(c, p, from, n, cap);
-        ahead_in_1 = from == 1;
         k += n;
     }
     if (arc) c->arc_p = p;
