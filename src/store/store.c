@@ -15,18 +15,21 @@
  * `results` stay valid until the next poll), or by close.
  *
  * Invariants: a batch is on exactly one of {the queue, a worker, the done
- * queue, the retired list}; `pending` counts batches submitted and not yet
- * polled; the op's inflight gauge counts those not yet completed. */
+ * queue, the retired list}; the done queue (core/doneq-int.h) counts batches
+ * submitted and not yet polled; the op's inflight gauge counts those not yet
+ * completed. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "../core/clock-int.h"
+#include "../core/doneq-int.h"
 #include "../core/abi-int.h"
 #include "../core/mem-int.h"
 #include "../core/sigpipe-int.h"
@@ -38,7 +41,8 @@
 typedef struct sbatch sbatch_t;
 struct sbatch {
     kvt_store_done_t done;
-    sbatch_t *next;
+    sbatch_t *next;          /* its work queue */
+    kvt__doneq_link_t link;  /* the done queue, then the retired list */
     kvt_store_page_t *pages;
     char (*hex)[33];
     uint8_t (*key)[16];
@@ -67,12 +71,12 @@ struct kvt_store {
     uint8_t ident[16];
     /* queue */
     pthread_mutex_t mu;
-    pthread_cond_t cv, done_cv;
+    pthread_cond_t cv;
     /* two queues: reads (exists, get) before writes (put, remove), so that
      * what an admission waits for never queues behind backups */
-    sbatch_t *head, *tail, *whead, *wtail, *done_head, *done_tail, *retired;
+    sbatch_t *head, *tail, *whead, *wtail;
     bool stop;
-    uint64_t pending;
+    kvt__doneq_t done; /* finished batches, to poll */
     _Atomic uint64_t next_ticket;
     pthread_t *th;
     unsigned nth;
@@ -506,13 +510,7 @@ static void *worker_main(void *arg) {
             s->ops->run(s->be, k.w, &req);
         }
         account(s, b, &req, kvt_now_ns());
-        pthread_mutex_lock(&s->mu);
-        b->next = NULL;
-        if (s->done_tail) s->done_tail->next = b;
-        else s->done_head = b;
-        s->done_tail = b;
-        pthread_cond_broadcast(&s->done_cv);
-        pthread_mutex_unlock(&s->mu);
+        kvt__doneq_push(&s->done, b);
         if (rc == KVT_OK && s->ops->after) s->ops->after(s->be, k.w); /* off the caller's wait */
         kvt__sigpipe_drain(&sp);
     }
@@ -525,7 +523,10 @@ static void *worker_main(void *arg) {
 
 /* ---- submit and poll ------------------------------------------------------------------ */
 
-static void batch_free(sbatch_t *b) { kvt__free(b, b->alloc_bytes); }
+static void batch_free(void *p) {
+    sbatch_t *b = p;
+    kvt__free(b, b->alloc_bytes);
+}
 
 static int cmp_u32(const void *a, const void *b) {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -587,13 +588,13 @@ static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pag
     pthread_mutex_lock(&s->ops_st[op].mu);
     s->ops_st[op].st.inflight++;
     pthread_mutex_unlock(&s->ops_st[op].mu);
+    kvt__doneq_submitted(&s->done);
     pthread_mutex_lock(&s->mu);
     sbatch_t **head = op == KVT_STORE_EXISTS || op == KVT_STORE_GET ? &s->head : &s->whead;
     sbatch_t **tail = head == &s->head ? &s->tail : &s->wtail;
     if (*tail) (*tail)->next = b;
     else *head = b;
     *tail = b;
-    s->pending++;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return KVT_OK;
@@ -638,38 +639,10 @@ int kvt_store_remove(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64
 
 int kvt_store_poll(kvt_store_t *s, kvt_store_done_t *out, size_t max, uint64_t timeout_ns) {
     if (s == NULL || (out == NULL && max > 0)) return KVT_EINVAL;
-    pthread_mutex_lock(&s->mu);
-    while (s->retired) {
-        sbatch_t *b = s->retired;
-        s->retired = b->next;
-        batch_free(b);
-    }
-    if (s->done_head == NULL && timeout_ns > 0 && max > 0) {
-        struct timespec ts = kvt__deadline(timeout_ns);
-        while (s->done_head == NULL)
-            if (pthread_cond_timedwait(&s->done_cv, &s->mu, &ts) != 0) break;
-    }
-    size_t k = 0;
-    while (k < max && s->done_head) {
-        sbatch_t *b = s->done_head;
-        s->done_head = b->next;
-        if (s->done_head == NULL) s->done_tail = NULL;
-        out[k++] = b->done;
-        b->next = s->retired;
-        s->retired = b;
-        s->pending--;
-    }
-    pthread_mutex_unlock(&s->mu);
-    return (int)k;
+    return (int)kvt__doneq_poll(&s->done, out, max, timeout_ns);
 }
 
-uint64_t kvt_store_pending(kvt_store_t *s) {
-    if (s == NULL) return 0;
-    pthread_mutex_lock(&s->mu);
-    uint64_t n = s->pending;
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
+uint64_t kvt_store_pending(kvt_store_t *s) { return s ? kvt__doneq_pending(&s->done) : 0; }
 
 /* ---- open and close ------------------------------------------------------------------ */
 
@@ -748,7 +721,7 @@ static int pick_backend(const char *url, const kvt__store_ops_t **ops, const cha
 static void destroy(kvt_store_t *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    pthread_cond_destroy(&s->done_cv);
+    kvt__doneq_fini(&s->done);
     pthread_mutex_destroy(&s->log_mu);
     for (int i = 0; i < KVT_STORE_OP_COUNT_; i++) pthread_mutex_destroy(&s->ops_st[i].mu);
     KVT_DELETE(s);
@@ -772,11 +745,7 @@ int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t 
     kvt_store_t *s = KVT_NEW(kvt_store_t);
     if (s == NULL) return kvt__store_error("out of memory"), KVT_ENOMEM;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->done_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    kvt__doneq_init(&s->done, offsetof(sbatch_t, link), offsetof(sbatch_t, done), sizeof(kvt_store_done_t), batch_free);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->log_mu, NULL);
     for (int i = 0; i < KVT_STORE_OP_COUNT_; i++) {
@@ -821,8 +790,8 @@ void kvt_store_close(kvt_store_t *s) {
     if (s == NULL) return;
     stop_workers(s); /* workers drain the queue before they exit */
     s->ops->close(s->be);
-    sbatch_t *lists[] = {s->head, s->whead, s->done_head, s->retired};
-    for (int i = 0; i < 4; i++)
+    sbatch_t *lists[] = {s->head, s->whead}; /* (the done queue's: destroy) */
+    for (int i = 0; i < 2; i++)
         while (lists[i]) {
             sbatch_t *b = lists[i];
             lists[i] = b->next;

@@ -24,11 +24,13 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "../core/clock-int.h"
+#include "../core/doneq-int.h"
 #include "../core/abi-int.h"
 #include "kvtier/stats.h"
 #include "kvtier/error.h"
@@ -54,7 +56,7 @@ typedef struct item {
 
 struct batch {
     kvt_xfer_done_t done;
-    batch_t *next; /* done queue / retired list */
+    kvt__doneq_link_t link; /* the done queue, then the retired list */
     kvt_xfer_copy_t *copies;
     run_t *runs;
     item_t *items;
@@ -96,10 +98,7 @@ struct kvt_xfer {
     worker_t *workers;
     unsigned nworkers;
     pair_t pairs[KVT_XFER_MAX_TIERS][KVT_XFER_MAX_TIERS];
-    pthread_mutex_t done_mu;
-    pthread_cond_t done_cv;
-    batch_t *done_head, *done_tail, *retired;
-    uint64_t pending; /* submitted, not yet polled (done_mu) */
+    kvt__doneq_t done; /* finished batches, to poll */
     _Atomic uint64_t next_ticket;
     pthread_mutex_t fault_mu;
     _Atomic bool faults_on; /* fast path: no lock per copy when no fault is armed */
@@ -283,13 +282,7 @@ static void finish_batch(kvt_xfer_t *x, batch_t *b) {
     kvt_hist_record(&st->e2e_ns, t - b->t_submit);
     pthread_mutex_unlock(&p->mu);
     if (x->cfg.on_done) x->cfg.on_done(x->cfg.arg, &b->done);
-    pthread_mutex_lock(&x->done_mu);
-    b->next = NULL;
-    if (x->done_tail) x->done_tail->next = b;
-    else x->done_head = b;
-    x->done_tail = b;
-    pthread_cond_broadcast(&x->done_cv);
-    pthread_mutex_unlock(&x->done_mu);
+    kvt__doneq_push(&x->done, b);
 }
 
 static void enqueue(kvt_xfer_t *x, item_t *first, size_t n) {
@@ -408,7 +401,10 @@ static size_t group_items(batch_t *b, uint64_t page_bytes, const kvt__plan_t *pl
     return k;
 }
 
-static void batch_free(batch_t *b) { kvt__free(b, b->alloc_bytes); }
+static void batch_free(void *p) {
+    batch_t *b = p;
+    kvt__free(b, b->alloc_bytes);
+}
 
 /* Submit, step 1: the arguments, every page in range. */
 static int validate(const kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n) {
@@ -498,9 +494,7 @@ static void publish(kvt_xfer_t *x, batch_t *b, uint64_t *ticket) {
     p->st.inflight_batches++;
     p->st.inflight_bytes += b->bytes;
     pthread_mutex_unlock(&p->mu);
-    pthread_mutex_lock(&x->done_mu);
-    x->pending++;
-    pthread_mutex_unlock(&x->done_mu);
+    kvt__doneq_submitted(&x->done);
     for (size_t i = 0; i <= b->nitems; i++) b->items[i].t_submit = b->t_submit;
     if (verify) {
         item_t *v = &b->items[b->nitems];
@@ -528,38 +522,10 @@ int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_co
 
 int kvt_xfer_poll(kvt_xfer_t *x, kvt_xfer_done_t *out, size_t max, uint64_t timeout_ns) {
     if (x == NULL || (out == NULL && max > 0)) return KVT_EINVAL;
-    pthread_mutex_lock(&x->done_mu);
-    while (x->retired) { /* the batches the previous poll returned */
-        batch_t *b = x->retired;
-        x->retired = b->next;
-        batch_free(b);
-    }
-    if (x->done_head == NULL && timeout_ns > 0 && max > 0) {
-        struct timespec ts = kvt__deadline(timeout_ns); /* done_cv waits on the monotonic clock */
-        while (x->done_head == NULL)
-            if (pthread_cond_timedwait(&x->done_cv, &x->done_mu, &ts) != 0) break;
-    }
-    size_t k = 0;
-    while (k < max && x->done_head) {
-        batch_t *b = x->done_head;
-        x->done_head = b->next;
-        if (x->done_head == NULL) x->done_tail = NULL;
-        out[k++] = b->done;
-        b->next = x->retired;
-        x->retired = b;
-        x->pending--;
-    }
-    pthread_mutex_unlock(&x->done_mu);
-    return (int)k;
+    return (int)kvt__doneq_poll(&x->done, out, max, timeout_ns);
 }
 
-uint64_t kvt_xfer_pending(kvt_xfer_t *x) {
-    if (x == NULL) return 0;
-    pthread_mutex_lock(&x->done_mu);
-    uint64_t n = x->pending;
-    pthread_mutex_unlock(&x->done_mu);
-    return n;
-}
+uint64_t kvt_xfer_pending(kvt_xfer_t *x) { return x ? kvt__doneq_pending(&x->done) : 0; }
 
 int kvt__xfer_set_faults(kvt_xfer_t *x, const kvt__xfer_faults_t *f) {
     if (x == NULL || (f && !(f->fail_p >= 0 && f->fail_p <= 1 && f->delay_p >= 0 && f->delay_p <= 1))) return KVT_EINVAL;
@@ -601,8 +567,7 @@ static void free_engine(kvt_xfer_t *x) {
             if (x->registered[t][r]) x->device->ops->unregister_host(x->device, x->tiers[t]->regions[r].p);
         kvt__free(x->registered[t], x->registered[t] ? x->tiers[t]->nregions * sizeof(bool) : 0);
     }
-    pthread_mutex_destroy(&x->done_mu);
-    pthread_cond_destroy(&x->done_cv);
+    kvt__doneq_fini(&x->done);
     pthread_mutex_destroy(&x->fault_mu);
     kvt__free(x->workers, (size_t)x->nworkers * sizeof(worker_t));
     KVT_DELETE(x);
@@ -657,12 +622,7 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t 
             kvt_hist_init(&st->e2e_ns);
         }
     }
-    pthread_mutex_init(&x->done_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&x->done_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    kvt__doneq_init(&x->done, offsetof(batch_t, link), offsetof(batch_t, done), sizeof(kvt_xfer_done_t), batch_free);
     pthread_mutex_init(&x->fault_mu, NULL);
     x->nworkers = ntiers * cfg->threads;
     x->workers = kvt__calloc(x->nworkers, sizeof(worker_t));
@@ -707,26 +667,9 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t 
 
 void kvt_xfer_destroy(kvt_xfer_t *x) {
     if (x == NULL) return;
-    pthread_mutex_lock(&x->done_mu); /* wait for every batch in flight to land */
-    for (;;) {
-        uint64_t landed = 0;
-        for (batch_t *b = x->done_head; b; b = b->next) landed++;
-        if (landed == x->pending) break;
-        pthread_cond_wait(&x->done_cv, &x->done_mu);
-    }
-    pthread_mutex_unlock(&x->done_mu);
+    kvt__doneq_wait_landed(&x->done); /* every batch in flight */
     stop_workers(x, x->nworkers);
-    while (x->done_head) {
-        batch_t *b = x->done_head;
-        x->done_head = b->next;
-        batch_free(b);
-    }
-    while (x->retired) {
-        batch_t *b = x->retired;
-        x->retired = b->next;
-        batch_free(b);
-    }
-    free_engine(x);
+    free_engine(x); /* and the batches on the done queue or retired */
 }
 
 /* ---- statistics ----------------------------------------------------------------- */
