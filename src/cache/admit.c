@@ -50,7 +50,7 @@ static void load_path(kvt_cache_t *c, kvt_rnode_t *x, const uint32_t *ids, uint6
     load_path(c, x->parent, ids, j, from_l3);
     for (uint32_t i = x->n_l1; i < x->npages; i++) {
         if (x->pages[i].l1 != KVT_NO_PAGE) continue;
-        if (c->l3f) { /* a page prefetched from L3, served for the first time */
+        if (c->l3.flags) { /* a page prefetched from L3, served for the first time */
             unsigned f = kvt__l3_served(c, x->pages[i].l2);
             from_l3[0] += (f & KVT__L3_FRESH) != 0;
             from_l3[1] += (f & KVT__L3_FOREIGN) != 0;
@@ -317,7 +317,7 @@ int kvt_cache_admit_prefetched(kvt_cache_t *c, uint64_t id, uint32_t ns, const i
     load(c, &a);
     insert(c, &a);
     if (c->cfg.write_policy == KVT_WRITE_THROUGH_SELECTIVE && c->l2) selective_backups(c, a.m.node);
-    if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) kvt__l3_selective(c, a.m.node);
+    if (c->l3.flags && c->cfg.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) kvt__l3_selective(c, a.m.node);
     kvt_cache_poll(c);
     kvt__cache_flush(c);
     fill_result(c, &a, ntokens, l1_ids, req);

@@ -107,7 +107,7 @@ bool kvt__lru_touch(kvt__lru_t *l, uint64_t key);  /* true (and now most recent)
 bool kvt__lru_put(kvt__lru_t *l, uint64_t key);    /* true when it evicted a key to make room */
 bool kvt__lru_remove(kvt__lru_t *l, uint64_t key);
 
-/* Per L2 page, what the third tier knows of it (kvt_cache.l3f). */
+/* Per L2 page, what the third tier knows of it (kvt_cache.l3.flags). */
 #define KVT__L3_FRESH 0x1   /* arrived from L3 and not yet served: an L3 hit when first loaded */
 #define KVT__L3_FOREIGN 0x2 /* ... and this cache did not put it */
 #define KVT__L3_BUSY 0x4    /* a store call reads or writes the page */
@@ -125,56 +125,76 @@ typedef struct kvt__idbuf {
     size_t n, cap;
 } kvt__idbuf_t;
 
+/* The cache's policy state (policy.c): what the eviction policy keeps
+ * beyond each node's own fields. */
+typedef struct kvt__cache_policy {
+    uint64_t slru_pages;   /* pages of SLRU-protected nodes */
+    kvt__ghost_t ghost[2]; /* s2lru: [0] pages that left the cache; arc: [c] left from class c */
+    uint64_t *walk_keys;   /* the first page keys the protected-prefix walk computed ... */
+    size_t walk_cap;       /* ... room for them (fixed at creation: the cache's memory does not creep) */
+    uint64_t cls_pages[2]; /* s2lru, arc: pages in the tree by class (0: seen once) */
+    double arc_p;          /* arc: the target share of class 0, in pages */
+} kvt__cache_policy_t;
+
+/* The data plane (copies.c, kvt_cache_attach): the copies the cache's
+ * decisions make, handed to a transfer engine; without one (xf NULL) they
+ * complete at once. */
+typedef struct kvt__cache_copies {
+    kvt_xfer_t *xf;
+    unsigned xf_l1, xf_l2;         /* the engine's indices of the L1 and L2 tiers */
+    kvt_tier_t *l2_tier;           /* the L2 tier */
+    kvt_xfer_copy_t *pend[2];      /* copies not yet handed to the engine, by op_kind_t (tier pages) */
+    size_t npend[2], pend_cap;
+    kvt__op_t *done;               /* completed copies not yet applied */
+    size_t ndone, done_cap;
+    uint64_t inflight[2];          /* copies submitted and not applied, by op_kind_t */
+    uint64_t backup_seq;           /* backups started */
+    uint64_t fail_every, submitted; /* test hook: every fail_every-th copy fails */
+} kvt__cache_copies_t;
+
+/* The third tier (l3.c): a store (kvt_cache_attach_store) or a model. */
+typedef struct kvt__cache_l3 {
+    kvt_store_t *store;
+    kvt__lru_t model;              /* cfg.l3_pages > 0: the modeled store */
+    kvt__ghost_t own;              /* store: hashes of this cache's acknowledged puts */
+    uint8_t *flags;                /* per L2 page: KVT__L3_* (NULL without L3) */
+    uint64_t l2_deferred;          /* L2 pages given back while a store call holds them */
+    kvt_store_page_t *q;           /* puts not yet handed to the store */
+    size_t nq;
+    kvt__pf_t **pf;                /* prefetches started and not finished */
+    size_t npf, pf_cap;
+    uint64_t next_pf;
+    uint64_t calls;                /* store calls in flight */
+    bool no_wait;                  /* taking L2 pages for prefetches: what is free now, no waiting */
+} kvt__cache_l3_t;
+
+/* The cache: the tree and the tiers' page ids with their free-room planning
+ * (evict.c) here; each other concern in its own part. */
 struct kvt_cache {
     kvt_cache_config_t cfg;
     kvt_radix_t *tree;
     kvt_laneal_t *l1;
     kvt_extalloc_t *l2; /* NULL without an L2 tier */
     uint64_t clock;
+    uint64_t held;                 /* requests admitted and not released */
     uint64_t l1_free, l2_free;     /* free pages, counting those in the buffers below */
     uint64_t l1_target, l2_target; /* free-room targets, pages: a round evicts back to n + target */
     uint64_t l1_floor, l2_floor;   /* ... and starts when an allocation would leave fewer free */
     kvt__idbuf_t l1_back, l2_back;
     kvt_run_t *l2_runs;            /* room for l2_back as runs */
-    kvt__op_t *done;               /* completed copies not yet applied */
-    size_t ndone, done_cap;
     uint32_t *scratch;             /* page ids for one admission */
     size_t scratch_cap;
-    uint64_t slru_pages;           /* pages of SLRU-protected nodes */
-    kvt__ghost_t ghost[2];         /* s2lru: [0] pages that left the cache; arc: [c] left from class c */
-    uint64_t *walk_keys;           /* the first page keys the protected-prefix walk computed (policy.c) ... */
-    size_t walk_cap;               /* ... room for them (fixed at creation: the cache's memory does not creep) */
-    uint64_t cls_pages[2];         /* s2lru, arc: pages in the tree by class (0: seen once) */
-    double arc_p;                  /* arc: the target share of class 0, in pages */
-    uint64_t held;                 /* requests admitted and not released */
-    uint64_t fail_every, submitted; /* test hook: every fail_every-th copy fails */
-    uint64_t inflight[2];          /* copies submitted and not applied, by op_kind_t */
-    /* the data plane (kvt_cache_attach); NULL: copies complete at once */
-    kvt_xfer_t *xf;
-    unsigned xf_l1, xf_l2;
-    kvt_xfer_copy_t *pend[2];      /* copies not yet handed to the engine, by op_kind_t (tier pages) */
-    size_t npend[2], pend_cap;
-    kvt_cache_cp_t cp;             /* CP group member (kvt_cache_attach_cp); cp.size 0: a single process */
     uint64_t lane_pages;           /* L1 pages per lane (R) */
-    uint64_t backup_seq;           /* backups started */
-    uint64_t digest;               /* running hash of ids taken, given back and copied ... */
-    uint64_t folds;                /* ... and how many values it has folded */
     uint32_t corrupt[KVT__CORRUPT_MAX]; /* L2 pages a load found corrupt, to drop (evict.c) */
     size_t ncorrupt;
-    /* the third tier (l3.c): a store (kvt_cache_attach_store) or a model */
-    kvt_store_t *store;
-    kvt_tier_t *l2_tier;           /* the L2 tier of the data plane (kvt_cache_attach) */
-    kvt__lru_t l3model;            /* cfg.l3_pages > 0: the modeled store */
-    kvt__ghost_t l3own;            /* store: hashes of this cache's acknowledged puts */
-    uint8_t *l3f;                  /* per L2 page: KVT__L3_* (NULL without L3) */
-    uint64_t l2_deferred;          /* L2 pages given back while a store call holds them */
-    kvt_store_page_t *l3q;         /* puts not yet handed to the store */
-    size_t nl3q;
-    kvt__pf_t **pf;                /* prefetches started and not finished */
-    size_t npf, pf_cap;
-    uint64_t next_pf;
-    uint64_t l3_calls;             /* store calls in flight */
-    bool l3_no_wait;               /* taking L2 pages for prefetches: what is free now, no waiting */
+    kvt__cache_policy_t pol;
+    kvt__cache_copies_t dp;
+    kvt_cache_cp_t cp;             /* CP group member (kvt_cache_attach_cp); cp.size 0: a single process */
+    kvt__cache_l3_t l3;
+    struct {
+        uint64_t sum; /* the decision digest: a running hash of ids taken, given back and copied ... */
+        uint64_t n;   /* ... and how many values it has folded (copies.c) */
+    } dg;
     kvt_cache_stats_t st;
 };
 
@@ -193,23 +213,23 @@ void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n);
  * groups and tests read the digest. */
 static inline bool kvt__cache_folds(const kvt_cache_t *c) { return c->cfg.decision_digest; }
 static inline void kvt__cache_fold(kvt_cache_t *c, uint64_t v) {
-    if (kvt__cache_folds(c)) c->digest += kvt__fold_term(v, c->folds++);
+    if (kvt__cache_folds(c)) c->dg.sum += kvt__fold_term(v, c->dg.n++);
 }
 /* A run of folds with the sums in registers: begin, fold each value in order, end. */
 typedef struct {
     uint64_t sum, n;
 } kvt__folds_t;
-static inline kvt__folds_t kvt__folds_begin(const kvt_cache_t *c) { return (kvt__folds_t){0, c->folds}; }
+static inline kvt__folds_t kvt__folds_begin(const kvt_cache_t *c) { return (kvt__folds_t){0, c->dg.n}; }
 static inline void kvt__folds_add(kvt__folds_t *f, uint64_t v) { f->sum += kvt__fold_term(v, f->n++); }
 static inline void kvt__folds_end(kvt_cache_t *c, kvt__folds_t f) {
-    c->digest += f.sum;
-    c->folds = f.n;
+    c->dg.sum += f.sum;
+    c->dg.n = f.n;
 }
 /* Folds tag | ids[i] for each of k ids, in order (fold.c: eight at a time where it can). */
 static inline void kvt__cache_fold_ids(kvt_cache_t *c, uint64_t tag, const uint32_t *ids, size_t k) {
     if (!kvt__cache_folds(c)) return;
-    c->digest += kvt__fold_ids_sum(tag, ids, k, c->folds);
-    c->folds += k;
+    c->dg.sum += kvt__fold_ids_sum(tag, ids, k, c->dg.n);
+    c->dg.n += k;
 }
 /* A page id goes back to its allocator at the next flush. */
 void kvt__cache_give_back_l1(kvt_cache_t *c, uint32_t id);
@@ -230,7 +250,7 @@ void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2)
 /* Whether a backup completes as it is made, nothing to see in between: no
  * data plane (page ids only), no injected copy failures, no L3 to put to. */
 static inline bool kvt__cache_backups_at_once(const kvt_cache_t *c) {
-    return c->xf == NULL && c->fail_every == 0 && c->l3f == NULL;
+    return c->dp.xf == NULL && c->dp.fail_every == 0 && c->l3.flags == NULL;
 }
 /* Backs up n's pages lo .. lo + k - 1 (k >= 1) into L2 pages l2[0 .. k - 1]
  * when kvt__cache_backups_at_once: what begin, submit and the completion's
@@ -264,7 +284,7 @@ void kvt__cache_purge_corrupt(kvt_cache_t *c);
 /* l3.c */
 int kvt__l3_init(kvt_cache_t *c);     /* the model, at create (cfg.l3_pages) */
 void kvt__l3_fini(kvt_cache_t *c);    /* waits for the store calls in flight */
-static inline bool kvt__l3_on(const kvt_cache_t *c) { return c->l3f != NULL; }
+static inline bool kvt__l3_on(const kvt_cache_t *c) { return c->l3.flags != NULL; }
 /* Puts page idx of n (valid in L2) unless L3 is known to hold it. */
 void kvt__l3_put(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx);
 /* write_through_selective: puts the L2 pages of the nodes on the path to

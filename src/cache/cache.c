@@ -92,14 +92,14 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
     c->st.size = sizeof(c->st);
     kvt__radix_config_t rc = {cfg->page_tokens, cfg->l1_pages, cfg->l2_pages, kvt__policy_score, c,
                               kvt__policy_needs_keys(cfg->policy)};
-    c->done_cap = KVT__CACHE_DONE_CAP;
+    c->dp.done_cap = KVT__CACHE_DONE_CAP;
     c->scratch_cap = 2 * (cfg->l1_pages > cfg->l2_pages ? cfg->l1_pages : cfg->l2_pages);
     int err = kvt__radix_create(&c->tree, &rc);
     if (err == KVT_OK) err = kvt_laneal_create(&c->l1, cfg->l1_pages, cfg->l1_lanes);
     if (err == KVT_OK && cfg->l2_pages) err = kvt_extalloc_create(&c->l2, cfg->l2_pages);
     if (err == KVT_OK) err = idbuf_init(&c->l1_back, cfg->l1_pages);
     if (err == KVT_OK) err = idbuf_init(&c->l2_back, cfg->l2_pages);
-    if (err == KVT_OK && (c->done = kvt__malloc(c->done_cap * sizeof(kvt__op_t))) == NULL) err = KVT_ENOMEM;
+    if (err == KVT_OK && (c->dp.done = kvt__malloc(c->dp.done_cap * sizeof(kvt__op_t))) == NULL) err = KVT_ENOMEM;
     if (err == KVT_OK && (c->scratch = kvt__malloc(c->scratch_cap * sizeof(uint32_t))) == NULL) err = KVT_ENOMEM;
     if (err == KVT_OK && (c->l2_runs = kvt__malloc((cfg->l2_pages + 1) * sizeof(kvt_run_t))) == NULL) err = KVT_ENOMEM;
     if (err == KVT_OK) err = kvt__policy_init(c);
@@ -114,18 +114,18 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
 
 void kvt_cache_destroy(kvt_cache_t *c) {
     if (c == NULL) return;
-    if (c->xf) kvt_cache_sync(c); /* the engine owns the pages in flight until they land */
+    if (c->dp.xf) kvt_cache_sync(c); /* the engine owns the pages in flight until they land */
     kvt__l3_fini(c);              /* ... and the store those of its calls */
     kvt__radix_destroy(c->tree);
     kvt_laneal_destroy(c->l1);
     kvt_extalloc_destroy(c->l2);
     idbuf_fini(&c->l1_back);
     idbuf_fini(&c->l2_back);
-    kvt__free(c->done, c->done_cap * sizeof(kvt__op_t));
+    kvt__free(c->dp.done, c->dp.done_cap * sizeof(kvt__op_t));
     kvt__free(c->scratch, c->scratch_cap * sizeof(uint32_t));
     kvt__free(c->l2_runs, (c->cfg.l2_pages + 1) * sizeof(kvt_run_t));
     kvt__policy_fini(c);
-    for (int k = 0; k < 2; k++) kvt__free(c->pend[k], c->pend_cap * sizeof(kvt_xfer_copy_t));
+    for (int k = 0; k < 2; k++) kvt__free(c->dp.pend[k], c->dp.pend_cap * sizeof(kvt_xfer_copy_t));
     KVT_DELETE(c);
 }
 
@@ -142,7 +142,7 @@ int kvt_cache_stats(const kvt_cache_t *c, kvt_cache_stats_t *st) {
     full.l2_target = c->l2_target;
     full.l1_floor = c->l1_floor;
     full.l2_floor = c->l2_floor;
-    full.l3_known_pages = c->store ? kvt__ghost_live(&c->l3own) : c->l3model.n;
+    full.l3_known_pages = c->l3.store ? kvt__ghost_live(&c->l3.own) : c->l3.model.n;
     return kvt__abi_out(st, &full, sizeof(full));
 }
 
@@ -202,7 +202,7 @@ int kvt_cache_check(kvt_cache_t *c, const char **why) {
         }
     }
     /* every copy in flight is a page marked in flight, and the reverse */
-    if (flagged[OP_BACKUP] != c->inflight[OP_BACKUP] || flagged[OP_LOAD] != c->inflight[OP_LOAD])
+    if (flagged[OP_BACKUP] != c->dp.inflight[OP_BACKUP] || flagged[OP_LOAD] != c->dp.inflight[OP_LOAD])
         return *why = "copies in flight differ from the pages marked in flight", KVT_ECORRUPT;
     return kvt__policy_check(c, why);
 }

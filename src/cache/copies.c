@@ -46,7 +46,7 @@ uint32_t *kvt__cache_l2_back_end(kvt_cache_t *c) { return &c->l2_back.id[c->l2_b
 
 void kvt__cache_gave_back_l2(kvt_cache_t *c, uint32_t k) {
     uint32_t *ids = kvt__cache_l2_back_end(c);
-    if (c->ncorrupt == 0 && c->cp.l2_freed == NULL && c->l3f == NULL) { /* the loop below, with no hook to call */
+    if (c->ncorrupt == 0 && c->cp.l2_freed == NULL && c->l3.flags == NULL) { /* the loop below, with no hook to call */
         kvt__cache_fold_ids(c, 2ull << 40, ids, k);
         c->l2_back.n += k;
         c->l2_free += k;
@@ -59,7 +59,7 @@ void kvt__cache_gave_back_l2(kvt_cache_t *c, uint32_t k) {
         if (c->ncorrupt) kvt__cache_forget_corrupt(c, id);
         if (c->cp.l2_freed) c->cp.l2_freed(c->cp.arg, id);
         c->l2_free++;
-        if (c->l3f && kvt__l3_hold(c, id)) continue; /* a store call reads or writes it: back when it completes */
+        if (c->l3.flags && kvt__l3_hold(c, id)) continue; /* a store call reads or writes it: back when it completes */
         ids[kept++] = id;
     }
     c->l2_back.n += kept;
@@ -119,7 +119,7 @@ int kvt__cache_flush(kvt_cache_t *c) {
 static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool ok) {
     kvt_rnode_t *n;
     uint32_t idx;
-    c->inflight[kind]--;
+    c->dp.inflight[kind]--;
     if (!ok) c->st.failed_copies++;
     /* the page is still in the tree: nothing in flight leaves it */
     if (kind == OP_BACKUP) {
@@ -128,7 +128,7 @@ static void apply(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2, bool
         if (!found) return;
         kvt__radix_end_backup(c->tree, n, idx, ok);
         if (!ok) kvt__cache_give_back_l2(c, l2);
-        else if (c->l3f && c->cfg.l3_write_policy == KVT_WRITE_THROUGH) kvt__l3_put(c, n, idx); /* landed in L2 */
+        else if (c->l3.flags && c->cfg.l3_write_policy == KVT_WRITE_THROUGH) kvt__l3_put(c, n, idx); /* landed in L2 */
     } else {
         bool found = kvt__radix_locate_l1(c->tree, l1, &n, &idx);
         KVT_ASSERT(found);
@@ -155,23 +155,23 @@ static uint64_t xfer_tag(const kvt_cache_t *c, op_kind_t k) { return (uint64_t)(
 /* Hands the pending copies to the engine, one batch per direction. A batch
  * the engine refuses fails at once (its pages stay where they were). */
 static void flush_copies(kvt_cache_t *c) {
-    for (int k = 0; c->xf && k < 2; k++) {
-        if (c->npend[k] == 0) continue;
-        unsigned src = k == OP_BACKUP ? c->xf_l1 : c->xf_l2, dst = k == OP_BACKUP ? c->xf_l2 : c->xf_l1;
-        if (kvt_xfer_submit(c->xf, src, dst, c->pend[k], c->npend[k], xfer_tag(c, (op_kind_t)k), NULL) != KVT_OK)
-            for (size_t i = 0; i < c->npend[k]; i++) {
-                const kvt_xfer_copy_t *cp = &c->pend[k][i];
+    for (int k = 0; c->dp.xf && k < 2; k++) {
+        if (c->dp.npend[k] == 0) continue;
+        unsigned src = k == OP_BACKUP ? c->dp.xf_l1 : c->dp.xf_l2, dst = k == OP_BACKUP ? c->dp.xf_l2 : c->dp.xf_l1;
+        if (kvt_xfer_submit(c->dp.xf, src, dst, c->dp.pend[k], c->dp.npend[k], xfer_tag(c, (op_kind_t)k), NULL) != KVT_OK)
+            for (size_t i = 0; i < c->dp.npend[k]; i++) {
+                const kvt_xfer_copy_t *cp = &c->dp.pend[k][i];
                 apply(c, (op_kind_t)k, l1_cache_page(c, k == OP_BACKUP ? cp->src_page : cp->dst_page),
                       k == OP_BACKUP ? cp->dst_page : cp->src_page, false);
             }
-        c->npend[k] = 0;
+        c->dp.npend[k] = 0;
     }
 }
 
 /* Applies the engine's completed batches, waiting up to timeout_ns for one. */
 static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
     kvt_xfer_done_t d[16];
-    int k = kvt_xfer_poll(c->xf, d, 16, timeout_ns), applied = 0;
+    int k = kvt_xfer_poll(c->dp.xf, d, 16, timeout_ns), applied = 0;
     for (int b = 0; b < k; b++) {
         op_kind_t kind = (op_kind_t)(d[b].user & 1);
         KVT_ASSERT(d[b].user == xfer_tag(c, kind));
@@ -197,29 +197,29 @@ static int poll_engine(kvt_cache_t *c, uint64_t timeout_ns) {
  * another process of the CP group makes). */
 static int apply_done(kvt_cache_t *c) {
     int applied = 0;
-    for (size_t i = 0; i < c->ndone; i++, applied++)
-        apply(c, (op_kind_t)c->done[i].kind, c->done[i].l1, c->done[i].l2, c->done[i].ok);
-    c->ndone = 0;
+    for (size_t i = 0; i < c->dp.ndone; i++, applied++)
+        apply(c, (op_kind_t)c->dp.done[i].kind, c->dp.done[i].l1, c->dp.done[i].l2, c->dp.done[i].ok);
+    c->dp.ndone = 0;
     return applied;
 }
 
 int kvt_cache_poll(kvt_cache_t *c) {
     if (c == NULL) return KVT_EINVAL;
     int applied = apply_done(c);
-    if (c->xf) {
+    if (c->dp.xf) {
         flush_copies(c);
         for (int k; (k = poll_engine(c, 0)) > 0;) applied += k;
     }
-    if (c->store) kvt__l3_poll(c, 0, true);
+    if (c->l3.store) kvt__l3_poll(c, 0, true);
     return applied;
 }
 
 /* Waits until no copy of this kind is in flight (others land meanwhile). */
 void kvt__cache_wait_kind(kvt_cache_t *c, op_kind_t kind) {
     apply_done(c);
-    if (c->xf == NULL) return;
+    if (c->dp.xf == NULL) return;
     flush_copies(c);
-    while (c->inflight[kind] > 0) poll_engine(c, WAIT_NS);
+    while (c->dp.inflight[kind] > 0) poll_engine(c, WAIT_NS);
 }
 
 /* Waits for the backups of pages [0, idx] of n (and applies whatever lands):
@@ -227,7 +227,7 @@ void kvt__cache_wait_kind(kvt_cache_t *c, op_kind_t kind) {
  * landed whatever the copy timing. */
 void kvt__cache_wait_backups_upto(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
     apply_done(c);
-    if (c->xf == NULL) return;
+    if (c->dp.xf == NULL) return;
     flush_copies(c);
     for (uint32_t i = 0; i <= idx; i++)
         while (n->pages[i].flags & KVT_PAGE_D2H) poll_engine(c, WAIT_NS);
@@ -245,7 +245,7 @@ int kvt_cache_sync(kvt_cache_t *c) {
  * where the I/O rank makes every backup and each rank the loads into its own
  * lane; the others complete at once here (their owner makes them). */
 static bool makes(const kvt_cache_t *c, op_kind_t kind, uint32_t l1) {
-    if (c->xf == NULL) return false;
+    if (c->dp.xf == NULL) return false;
     if (c->cp.size == 0) return true;
     return kind == OP_BACKUP ? c->cp.io_rank : l1 % c->cfg.l1_lanes == c->cp.rank;
 }
@@ -259,41 +259,41 @@ static void fold_copy(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) 
 }
 
 void kvt__cache_submit(kvt_cache_t *c, op_kind_t kind, uint32_t l1, uint32_t l2) {
-    c->inflight[kind]++;
+    c->dp.inflight[kind]++;
     fold_copy(c, kind, l1, l2);
-    if (kind == OP_BACKUP && c->cp.backup_started) c->cp.backup_started(c->cp.arg, l1, l2, ++c->backup_seq);
+    if (kind == OP_BACKUP && c->cp.backup_started) c->cp.backup_started(c->cp.arg, l1, l2, ++c->dp.backup_seq);
     if (makes(c, kind, l1)) {
         if (c->cp.before_copy && c->cp.before_copy(c->cp.arg, kind == OP_LOAD, l1, l2, false) != KVT_OK) {
             flush_copies(c); /* nothing of ours may wait behind the hook's wait */
             int rc = c->cp.before_copy(c->cp.arg, kind == OP_LOAD, l1, l2, true);
             if (rc != KVT_OK) { /* the group failed: the copy fails here */
-                if (c->ndone == c->done_cap) apply_done(c);
-                c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, false, l1, l2};
+                if (c->dp.ndone == c->dp.done_cap) apply_done(c);
+                c->dp.done[c->dp.ndone++] = (kvt__op_t){(uint8_t)kind, false, l1, l2};
                 return;
             }
         }
-        if (c->npend[kind] == c->pend_cap) flush_copies(c);
+        if (c->dp.npend[kind] == c->dp.pend_cap) flush_copies(c);
         uint32_t t1 = l1_tier_page(c, l1);
-        c->pend[kind][c->npend[kind]++] = kind == OP_BACKUP ? (kvt_xfer_copy_t){t1, l2} : (kvt_xfer_copy_t){l2, t1};
+        c->dp.pend[kind][c->dp.npend[kind]++] = kind == OP_BACKUP ? (kvt_xfer_copy_t){t1, l2} : (kvt_xfer_copy_t){l2, t1};
         return;
     }
-    if (c->ndone == c->done_cap) apply_done(c);
-    bool ok = !(c->fail_every && ++c->submitted % c->fail_every == 0);
-    c->done[c->ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
+    if (c->dp.ndone == c->dp.done_cap) apply_done(c);
+    bool ok = !(c->dp.fail_every && ++c->dp.submitted % c->dp.fail_every == 0);
+    c->dp.done[c->dp.ndone++] = (kvt__op_t){(uint8_t)kind, ok, l1, l2};
 }
 
 void kvt__cache_back_up_run_at_once(kvt_cache_t *c, kvt_rnode_t *n, uint32_t lo, uint32_t k, const uint32_t *l2) {
     KVT_ASSERT(kvt__cache_backups_at_once(c) && k > 0);
-    if (c->ndone) apply_done(c); /* completions queued before them land first, as a poll would apply them */
+    if (c->dp.ndone) apply_done(c); /* completions queued before them land first, as a poll would apply them */
     if (kvt__cache_folds(c)) { /* fold_copy of each, tail first: copy_value(OP_BACKUP, l1, l2) = tag ^ l1 << 20 ^ l2 (fold.c) */
-        c->digest += kvt__fold_backups_sum(copy_value(OP_BACKUP, 0, 0), n->pages + lo, l2, k, c->folds);
-        c->folds += k;
+        c->dg.sum += kvt__fold_backups_sum(copy_value(OP_BACKUP, 0, 0), n->pages + lo, l2, k, c->dg.n);
+        c->dg.n += k;
     }
     kvt__radix_backups_done(c->tree, n, lo, k, l2);
 }
 
 uint32_t kvt__cache_load_node_at_once(kvt_cache_t *c, kvt_rnode_t *n, const uint32_t *l1) {
-    KVT_ASSERT(kvt__cache_backups_at_once(c) && c->ndone == 0);
+    KVT_ASSERT(kvt__cache_backups_at_once(c) && c->dp.ndone == 0);
     if (kvt__cache_folds(c)) {
         uint32_t j = 0;
         kvt__folds_t f = kvt__folds_begin(c); /* fold_copy of each, in page order */
@@ -305,8 +305,8 @@ uint32_t kvt__cache_load_node_at_once(kvt_cache_t *c, kvt_rnode_t *n, const uint
 }
 
 void kvt__cache_fail_copies(kvt_cache_t *c, uint64_t n) {
-    c->fail_every = n;
-    c->submitted = 0;
+    c->dp.fail_every = n;
+    c->dp.submitted = 0;
 }
 
 int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
@@ -317,20 +317,20 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
         kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages) ||
         c->cfg.l1_pages % c->cfg.l1_lanes != 0 || (cp && cp->rank >= c->cfg.l1_lanes))
         return KVT_EINVAL;
-    if (c->xf || c->st.requests || c->inflight[0] || c->inflight[1]) return KVT_EBUSY;
+    if (c->dp.xf || c->st.requests || c->dp.inflight[0] || c->dp.inflight[1]) return KVT_EBUSY;
     if (c->l2 == NULL) return KVT_EINVAL; /* without L2 there is nothing to copy */
     size_t cap = c->cfg.l1_pages < c->cfg.l2_pages ? c->cfg.l1_pages : c->cfg.l2_pages;
     for (int k = 0; k < 2; k++)
-        if ((c->pend[k] = kvt__malloc(cap * sizeof(kvt_xfer_copy_t))) == NULL) {
-            kvt__free(c->pend[0], cap * sizeof(kvt_xfer_copy_t));
-            c->pend[0] = NULL;
+        if ((c->dp.pend[k] = kvt__malloc(cap * sizeof(kvt_xfer_copy_t))) == NULL) {
+            kvt__free(c->dp.pend[0], cap * sizeof(kvt_xfer_copy_t));
+            c->dp.pend[0] = NULL;
             return KVT_ENOMEM;
         }
-    c->pend_cap = cap;
-    c->xf = x;
-    c->l2_tier = l2;
-    c->xf_l1 = l1_index;
-    c->xf_l2 = l2_index;
+    c->dp.pend_cap = cap;
+    c->dp.xf = x;
+    c->dp.l2_tier = l2;
+    c->dp.xf_l1 = l1_index;
+    c->dp.xf_l2 = l2_index;
     c->lane_pages = c->cfg.l1_pages / c->cfg.l1_lanes;
     if (cp) {
         c->cp = *cp;
@@ -344,7 +344,7 @@ int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_
     return kvt_cache_attach_cp(c, x, l1, l1_index, l2, l2_index, NULL);
 }
 
-uint64_t kvt_cache_digest(const kvt_cache_t *c) { return c ? c->digest : 0; }
+uint64_t kvt_cache_digest(const kvt_cache_t *c) { return c ? c->dg.sum : 0; }
 
 uint64_t kvt_cache_lane_dealt(const kvt_cache_t *c, uint32_t lane) { return c ? kvt_laneal_lane_dealt(c->l1, lane) : 0; }
 

@@ -42,7 +42,7 @@
 /* The last page of leaf v, living only in L2, leaves the cache (v is freed
  * with its last page). */
 static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
-    if (may_put && c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, v->npages - 1); /* on to L3 */
+    if (may_put && c->l3.flags && c->cfg.l3_write_policy == KVT_WRITE_BACK) kvt__l3_put(c, v, v->npages - 1); /* on to L3 */
     kvt__policy_on_trim(c, v, 1);
     kvt_page_t pg = kvt__radix_trim(c->tree, v);
     kvt__cache_give_back_l2(c, pg.l2);
@@ -60,7 +60,7 @@ static void trim_l2_tail(kvt_cache_t *c, kvt_rnode_t *v, bool may_put) {
  * the give-back buffer: a node's arrays shrink once for the run, not once
  * for every part of it. Returns how many; 0 when nothing in L2 may go. */
 static uint64_t evict_l2(kvt_cache_t *c, uint64_t max) {
-    bool put = c->l3f && c->cfg.l3_write_policy == KVT_WRITE_BACK; /* each goes on to L3 first: its only copy */
+    bool put = c->l3.flags && c->cfg.l3_write_policy == KVT_WRITE_BACK; /* each goes on to L3 first: its only copy */
     uint32_t most = max < UINT32_MAX ? (uint32_t)max : UINT32_MAX;
     kvt_rnode_t *v = kvt__radix_victim(c->tree, KVT_VSET_L2_HOST);
     if (v) { /* a leaf's page that lives only in L2 leaves the cache */
@@ -124,8 +124,8 @@ uint64_t kvt__cache_take_l2(kvt_cache_t *c, uint64_t n, uint32_t *out) {
     if (c->l2 == NULL || n == 0) return 0;
     plan_l2(c, n);
     if (kvt__cache_flush(c) != KVT_OK) return 0;
-    if (c->l2_deferred && !c->l3_no_wait) kvt__l3_wait_room(c, n); /* pages a store call holds come back soon */
-    if (n > c->l2_free - c->l2_deferred) n = c->l2_free - c->l2_deferred;
+    if (c->l3.l2_deferred && !c->l3.no_wait) kvt__l3_wait_room(c, n); /* pages a store call holds come back soon */
+    if (n > c->l2_free - c->l3.l2_deferred) n = c->l2_free - c->l3.l2_deferred;
     if (n == 0) return 0;
     kvt_run_t *runs = c->l2_runs; /* flush is done with it; room for every L2 page */
     size_t k = 0;

@@ -9,7 +9,7 @@
  *   put        a page valid in L2 is queued (its L2 page marked busy) and
  *              handed to the store at the next poll; the store's answer
  *              clears busy and, when acknowledged, remembers the hash as
- *              known to be in L3 (l3own, FIFO). An L2 page given back while
+ *              known to be in L3 (l3.own, FIFO). An L2 page given back while
  *              busy (evicted, or write_back: evicted, hence the put) is
  *              deferred: it returns to the allocator when the answer comes.
  *
@@ -79,33 +79,33 @@ static uint64_t key_of(const kvt_hash128_t *h) { return h->lo; }
 /* Whether L3 is known to hold the page: the model's own set, or this cache's
  * acknowledged puts. */
 static bool known(const kvt_cache_t *c, const kvt_hash128_t *h) {
-    return c->store ? kvt__ghost_has(&c->l3own, key_of(h)) : kvt__lru_has(&c->l3model, key_of(h));
+    return c->l3.store ? kvt__ghost_has(&c->l3.own, key_of(h)) : kvt__lru_has(&c->l3.model, key_of(h));
 }
 
 bool kvt__l3_hold(kvt_cache_t *c, uint32_t l2) {
-    if (c->l3f[l2] & KVT__L3_BUSY) {
-        KVT_ASSERT(!(c->l3f[l2] & KVT__L3_DEFER));
-        c->l3f[l2] = KVT__L3_BUSY | KVT__L3_DEFER;
-        c->l2_deferred++;
+    if (c->l3.flags[l2] & KVT__L3_BUSY) {
+        KVT_ASSERT(!(c->l3.flags[l2] & KVT__L3_DEFER));
+        c->l3.flags[l2] = KVT__L3_BUSY | KVT__L3_DEFER;
+        c->l3.l2_deferred++;
         return true;
     }
-    c->l3f[l2] = 0;
+    c->l3.flags[l2] = 0;
     return false;
 }
 
 unsigned kvt__l3_served(kvt_cache_t *c, uint32_t l2) {
-    unsigned f = c->l3f[l2] & (KVT__L3_FRESH | KVT__L3_FOREIGN);
-    c->l3f[l2] &= (uint8_t)~(KVT__L3_FRESH | KVT__L3_FOREIGN);
+    unsigned f = c->l3.flags[l2] & (KVT__L3_FRESH | KVT__L3_FOREIGN);
+    c->l3.flags[l2] &= (uint8_t)~(KVT__L3_FRESH | KVT__L3_FOREIGN);
     return f;
 }
 
 /* A store call let go of an L2 page: a deferred one goes back now. */
 static void release(kvt_cache_t *c, uint32_t l2) {
-    KVT_ASSERT(c->l3f[l2] & KVT__L3_BUSY);
-    c->l3f[l2] &= (uint8_t)~KVT__L3_BUSY;
-    if (c->l3f[l2] & KVT__L3_DEFER) {
-        c->l3f[l2] = 0;
-        c->l2_deferred--;
+    KVT_ASSERT(c->l3.flags[l2] & KVT__L3_BUSY);
+    c->l3.flags[l2] &= (uint8_t)~KVT__L3_BUSY;
+    if (c->l3.flags[l2] & KVT__L3_DEFER) {
+        c->l3.flags[l2] = 0;
+        c->l3.l2_deferred--;
         c->l2_back.id[c->l2_back.n++] = l2; /* counted free when it was given back */
     }
 }
@@ -113,14 +113,14 @@ static void release(kvt_cache_t *c, uint32_t l2) {
 /* ---- puts ---------------------------------------------------------------------------- */
 
 static void flush_puts(kvt_cache_t *c) {
-    if (c->nl3q == 0) return;
-    if (kvt_store_put(c->store, c->l3q, c->nl3q, 0, NULL) == KVT_OK) {
-        c->l3_calls++;
+    if (c->l3.nq == 0) return;
+    if (kvt_store_put(c->l3.store, c->l3.q, c->l3.nq, 0, NULL) == KVT_OK) {
+        c->l3.calls++;
     } else { /* refused (no memory): nothing was queued, so nothing is held */
-        for (size_t i = 0; i < c->nl3q; i++) release(c, c->l3q[i].page);
-        c->st.l3_put_failures += c->nl3q;
+        for (size_t i = 0; i < c->l3.nq; i++) release(c, c->l3.q[i].page);
+        c->st.l3_put_failures += c->l3.nq;
     }
-    c->nl3q = 0;
+    c->l3.nq = 0;
 }
 
 void kvt__l3_put(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
@@ -128,18 +128,18 @@ void kvt__l3_put(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
     KVT_ASSERT(kvt__page_in_l2(pg));
     kvt_hash128_t h;
     if (kvt_radix_page_hash(c->tree, n, idx, &h) != KVT_OK) return; /* no memory for the hashes: not put */
-    if ((c->l3f[pg->l2] & (KVT__L3_BUSY | KVT__L3_STORED)) || known(c, &h)) {
+    if ((c->l3.flags[pg->l2] & (KVT__L3_BUSY | KVT__L3_STORED)) || known(c, &h)) {
         c->st.l3_puts_skipped++;
         return;
     }
-    if (c->store == NULL) { /* the model: stored at once */
-        c->st.l3_evictions += kvt__lru_put(&c->l3model, key_of(&h));
+    if (c->l3.store == NULL) { /* the model: stored at once */
+        c->st.l3_evictions += kvt__lru_put(&c->l3.model, key_of(&h));
         c->st.l3_puts++;
         return;
     }
-    c->l3f[pg->l2] |= KVT__L3_BUSY;
-    c->l3q[c->nl3q++] = (kvt_store_page_t){h, pg->l2};
-    if (c->nl3q == PUTQ_CAP) flush_puts(c);
+    c->l3.flags[pg->l2] |= KVT__L3_BUSY;
+    c->l3.q[c->l3.nq++] = (kvt_store_page_t){h, pg->l2};
+    if (c->l3.nq == PUTQ_CAP) flush_puts(c);
 }
 
 void kvt__l3_selective(kvt_cache_t *c, kvt_rnode_t *end) {
@@ -153,21 +153,21 @@ void kvt__l3_selective(kvt_cache_t *c, kvt_rnode_t *end) {
 /* ---- prefetches ----------------------------------------------------------------------- */
 
 static kvt__pf_t *pf_find(kvt_cache_t *c, uint64_t id, size_t *at) {
-    for (size_t i = 0; i < c->npf; i++)
-        if (c->pf[i]->id == id) {
+    for (size_t i = 0; i < c->l3.npf; i++)
+        if (c->l3.pf[i]->id == id) {
             if (at) *at = i;
-            return c->pf[i];
+            return c->l3.pf[i];
         }
     return NULL;
 }
 
 static kvt__pf_t *pf_new(kvt_cache_t *c, uint64_t want) {
-    if (c->npf == c->pf_cap) {
-        size_t cap = c->pf_cap ? 2 * c->pf_cap : 16;
-        kvt__pf_t **p = kvt__realloc(c->pf, c->pf_cap * sizeof(*p), cap * sizeof(*p));
+    if (c->l3.npf == c->l3.pf_cap) {
+        size_t cap = c->l3.pf_cap ? 2 * c->l3.pf_cap : 16;
+        kvt__pf_t **p = kvt__realloc(c->l3.pf, c->l3.pf_cap * sizeof(*p), cap * sizeof(*p));
         if (p == NULL) return NULL;
-        c->pf = p;
-        c->pf_cap = cap;
+        c->l3.pf = p;
+        c->l3.pf_cap = cap;
     }
     size_t bytes = sizeof(kvt__pf_t) + want * (sizeof(kvt_hash128_t) + sizeof(uint32_t) + 1);
     kvt__pf_t *pf = kvt__calloc(1, bytes);
@@ -178,8 +178,8 @@ static kvt__pf_t *pf_new(kvt_cache_t *c, uint64_t want) {
     pf->res = (uint8_t *)(pf->l2 + want);
     for (uint64_t j = 0; j < want; j++) pf->l2[j] = KVT_NO_PAGE;
     pf->want = want;
-    pf->id = ++c->next_pf;
-    c->pf[c->npf++] = pf;
+    pf->id = ++c->l3.next_pf;
+    c->l3.pf[c->l3.npf++] = pf;
     return pf;
 }
 
@@ -195,16 +195,16 @@ static void pf_drop_pages(kvt_cache_t *c, kvt__pf_t *pf, uint64_t from) {
 static void pf_free(kvt_cache_t *c, kvt__pf_t *pf) {
     size_t at;
     if (pf->node) kvt__radix_lock(c->tree, pf->node, -1);
-    if (pf_find(c, pf->id, &at)) c->pf[at] = c->pf[--c->npf];
+    if (pf_find(c, pf->id, &at)) c->l3.pf[at] = c->l3.pf[--c->l3.npf];
     kvt__free(pf, pf->bytes);
 }
 
 /* READY: L2 pages for the pages the store has, then their gets, in batches. */
 static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
     pf->phase = PF_FETCHING;
-    c->l3_no_wait = true; /* a prefetch takes the room there is: it never waits for the store's writes */
+    c->l3.no_wait = true; /* a prefetch takes the room there is: it never waits for the store's writes */
     uint64_t got = pf->found ? kvt__cache_take_l2(c, pf->found, pf->l2) : 0;
-    c->l3_no_wait = false;
+    c->l3.no_wait = false;
     pf->found = got;
     c->st.prefetch_pages += got;
     kvt_store_page_t batch[PF_CHUNK];
@@ -212,11 +212,11 @@ static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
         size_t k = got - j0 < PF_CHUNK ? (size_t)(got - j0) : PF_CHUNK;
         for (size_t i = 0; i < k; i++) {
             batch[i] = (kvt_store_page_t){pf->hash[j0 + i], pf->l2[j0 + i]};
-            c->l3f[pf->l2[j0 + i]] |= KVT__L3_BUSY;
+            c->l3.flags[pf->l2[j0 + i]] |= KVT__L3_BUSY;
         }
-        if (kvt_store_get(c->store, batch, k, pf->id << PF_USER_SHIFT | j0, NULL) == KVT_OK) {
+        if (kvt_store_get(c->l3.store, batch, k, pf->id << PF_USER_SHIFT | j0, NULL) == KVT_OK) {
             pf->out++;
-            c->l3_calls++;
+            c->l3.calls++;
             c->st.l3_get_calls++;
             continue;
         }
@@ -229,8 +229,8 @@ static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
 }
 
 static void advance(kvt_cache_t *c) {
-    for (size_t i = 0; i < c->npf; i++)
-        if (c->pf[i]->phase == PF_READY) pf_fetch(c, c->pf[i]);
+    for (size_t i = 0; i < c->l3.npf; i++)
+        if (c->l3.pf[i]->phase == PF_READY) pf_fetch(c, c->l3.pf[i]);
 }
 
 /* ---- store answers -------------------------------------------------------------------- */
@@ -238,10 +238,10 @@ static void advance(kvt_cache_t *c) {
 static void on_put(kvt_cache_t *c, const kvt_store_done_t *d) {
     for (size_t i = 0; i < d->n; i++) {
         uint32_t l2 = d->pages[i].page;
-        if (d->results[i] == KVT_STORE_OK && !(c->l3f[l2] & KVT__L3_DEFER)) c->l3f[l2] |= KVT__L3_STORED;
+        if (d->results[i] == KVT_STORE_OK && !(c->l3.flags[l2] & KVT__L3_DEFER)) c->l3.flags[l2] |= KVT__L3_STORED;
         release(c, l2);
         if (d->results[i] == KVT_STORE_OK) {
-            kvt__ghost_add(&c->l3own, key_of(&d->pages[i].hash));
+            kvt__ghost_add(&c->l3.own, key_of(&d->pages[i].hash));
             c->st.l3_puts++;
         } else {
             c->st.l3_put_failures++;
@@ -256,10 +256,10 @@ static void on_put(kvt_cache_t *c, const kvt_store_done_t *d) {
 static bool probe(kvt_cache_t *c, kvt__pf_t *pf, uint64_t from, uint64_t n) {
     kvt_store_page_t q[PF_PROBE_MAX];
     for (uint64_t j = 0; j < n; j++) q[j] = (kvt_store_page_t){pf->hash[from + j], 0};
-    if (kvt_store_exists(c->store, q, n, pf->id << PF_USER_SHIFT | from, NULL) != KVT_OK) return false;
+    if (kvt_store_exists(c->l3.store, q, n, pf->id << PF_USER_SHIFT | from, NULL) != KVT_OK) return false;
     pf->probe = from + n;
     pf->out++;
-    c->l3_calls++;
+    c->l3.calls++;
     c->st.l3_exists_calls++;
     return true;
 }
@@ -282,14 +282,14 @@ static void on_get(kvt_cache_t *c, const kvt_store_done_t *d) {
     for (size_t i = 0; i < d->n; i++) {
         uint32_t l2 = d->pages[i].page;
         bool ok = d->results[i] == KVT_STORE_OK;
-        if (pf && !(c->l3f[l2] & KVT__L3_DEFER)) { /* still the prefetch's page */
+        if (pf && !(c->l3.flags[l2] & KVT__L3_DEFER)) { /* still the prefetch's page */
             pf->res[j0 + i] = ok ? RES_OK : RES_GONE;
             if (ok)
-                c->l3f[l2] |= KVT__L3_FRESH | KVT__L3_STORED | (known(c, &d->pages[i].hash) ? 0 : KVT__L3_FOREIGN);
+                c->l3.flags[l2] |= KVT__L3_FRESH | KVT__L3_STORED | (known(c, &d->pages[i].hash) ? 0 : KVT__L3_FOREIGN);
         }
         if (!ok) {
             c->st.l3_misses++;
-            if (kvt__ghost_take(&c->l3own, key_of(&d->pages[i].hash))) c->st.l3_stale_marks++; /* the store lost it */
+            if (kvt__ghost_take(&c->l3.own, key_of(&d->pages[i].hash))) c->st.l3_stale_marks++; /* the store lost it */
         }
         release(c, l2);
     }
@@ -300,11 +300,11 @@ static void on_get(kvt_cache_t *c, const kvt_store_done_t *d) {
 
 /* Applies the store's answers, waiting up to timeout_ns for the first. */
 static int reap(kvt_cache_t *c, uint64_t timeout_ns) {
-    if (c->store == NULL || c->l3_calls == 0) return 0;
+    if (c->l3.store == NULL || c->l3.calls == 0) return 0;
     kvt_store_done_t d[16];
-    int k = kvt_store_poll(c->store, d, 16, timeout_ns);
+    int k = kvt_store_poll(c->l3.store, d, 16, timeout_ns);
     for (int i = 0; i < k; i++) {
-        c->l3_calls--;
+        c->l3.calls--;
         if (d[i].op == KVT_STORE_PUT) on_put(c, &d[i]);
         else if (d[i].op == KVT_STORE_EXISTS) on_exists(c, &d[i]);
         else if (d[i].op == KVT_STORE_GET) on_get(c, &d[i]);
@@ -313,7 +313,7 @@ static int reap(kvt_cache_t *c, uint64_t timeout_ns) {
 }
 
 void kvt__l3_poll(kvt_cache_t *c, uint64_t timeout_ns, bool advance_) {
-    if (c->store == NULL) return;
+    if (c->l3.store == NULL) return;
     flush_puts(c);
     if (reap(c, timeout_ns) > 0)
         while (reap(c, 0) > 0) {}
@@ -321,7 +321,7 @@ void kvt__l3_poll(kvt_cache_t *c, uint64_t timeout_ns, bool advance_) {
 }
 
 void kvt__l3_wait_room(kvt_cache_t *c, uint64_t n) {
-    while (c->l2_deferred > 0 && c->l2_free - c->l2_deferred < n && (c->nl3q || c->l3_calls)) {
+    while (c->l3.l2_deferred > 0 && c->l2_free - c->l3.l2_deferred < n && (c->l3.nq || c->l3.calls)) {
         flush_puts(c);
         reap(c, WAIT_NS);
         if (kvt__cache_flush(c) != KVT_OK) return;
@@ -329,9 +329,9 @@ void kvt__l3_wait_room(kvt_cache_t *c, uint64_t n) {
 }
 
 void kvt__l3_sync(kvt_cache_t *c) {
-    if (c->store == NULL) return;
+    if (c->l3.store == NULL) return;
     flush_puts(c);
-    while (c->l3_calls) reap(c, WAIT_NS);
+    while (c->l3.calls) reap(c, WAIT_NS);
     kvt__cache_flush(c);
 }
 
@@ -373,15 +373,15 @@ int kvt_cache_prefetch(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint6
     uint64_t k = 0;
     while (k < want && known(c, &pf->hash[k])) k++;
     c->st.l3_known_hits += k;
-    if (c->store == NULL) { /* the model answers at once: a get of the leading pages it holds */
-        for (uint64_t j = 0; j < k; j++) kvt__lru_touch(&c->l3model, key_of(&pf->hash[j]));
+    if (c->l3.store == NULL) { /* the model answers at once: a get of the leading pages it holds */
+        for (uint64_t j = 0; j < k; j++) kvt__lru_touch(&c->l3.model, key_of(&pf->hash[j]));
         if (k == 0) {
             pf_free(c, pf);
             return KVT_OK;
         }
         pf->found = kvt__cache_take_l2(c, k, pf->l2);
         for (uint64_t j = 0; j < pf->found; j++) {
-            c->l3f[pf->l2[j]] |= KVT__L3_FRESH | KVT__L3_STORED;
+            c->l3.flags[pf->l2[j]] |= KVT__L3_FRESH | KVT__L3_STORED;
             pf->res[j] = RES_OK;
         }
         c->st.prefetch_pages += pf->found;
@@ -477,7 +477,7 @@ int kvt_cache_prefetch_cancel(kvt_cache_t *c, uint64_t id) {
     return KVT_OK;
 }
 
-uint64_t kvt_cache_prefetches(const kvt_cache_t *c) { return c ? c->npf : 0; }
+uint64_t kvt_cache_prefetches(const kvt_cache_t *c) { return c ? c->l3.npf : 0; }
 
 /* ---- names ------------------------------------------------------------------------------ */
 
@@ -508,53 +508,53 @@ static uint64_t known_cap(const kvt_cache_t *c) {
 
 int kvt__l3_init(kvt_cache_t *c) {
     if (c->cfg.l3_pages == 0) return KVT_OK;
-    int rc = kvt__lru_init(&c->l3model, c->cfg.l3_pages);
-    if (rc == KVT_OK && (c->l3f = kvt__calloc(c->cfg.l2_pages, 1)) == NULL) rc = KVT_ENOMEM;
+    int rc = kvt__lru_init(&c->l3.model, c->cfg.l3_pages);
+    if (rc == KVT_OK && (c->l3.flags = kvt__calloc(c->cfg.l2_pages, 1)) == NULL) rc = KVT_ENOMEM;
     return rc;
 }
 
 int kvt_cache_attach_store(kvt_cache_t *c, kvt_store_t *s) {
     if (c == NULL || s == NULL || c->l2 == NULL || c->cfg.l3_pages || c->cp.size) return KVT_EINVAL;
     kvt_tier_t *t = kvt_store_tier(s);
-    if (t == NULL || kvt_tier_geom(t)->pages < c->cfg.l2_pages || (c->l2_tier && t != c->l2_tier)) return KVT_EINVAL;
-    if (c->store || c->st.requests || c->npf) return KVT_EBUSY;
+    if (t == NULL || kvt_tier_geom(t)->pages < c->cfg.l2_pages || (c->dp.l2_tier && t != c->dp.l2_tier)) return KVT_EINVAL;
+    if (c->l3.store || c->st.requests || c->l3.npf) return KVT_EBUSY;
     uint8_t *f = kvt__calloc(c->cfg.l2_pages, 1);
     kvt_store_page_t *q = kvt__malloc(PUTQ_CAP * sizeof(*q));
-    int rc = f && q ? kvt__ghost_init(&c->l3own, known_cap(c), 1) : KVT_ENOMEM;
+    int rc = f && q ? kvt__ghost_init(&c->l3.own, known_cap(c), 1) : KVT_ENOMEM;
     if (rc != KVT_OK) {
         kvt__free(f, c->cfg.l2_pages);
         kvt__free(q, PUTQ_CAP * sizeof(*q));
         return rc;
     }
-    c->l3f = f;
-    c->l3q = q;
-    c->store = s;
+    c->l3.flags = f;
+    c->l3.q = q;
+    c->l3.store = s;
     return KVT_OK;
 }
 
 void kvt__l3_fini(kvt_cache_t *c) {
     kvt__l3_sync(c);
-    while (c->npf) pf_free(c, c->pf[0]);
-    kvt__free(c->pf, c->pf_cap * sizeof(*c->pf));
-    kvt__free(c->l3q, c->store ? PUTQ_CAP * sizeof(*c->l3q) : 0);
-    if (c->l3f) kvt__free(c->l3f, c->cfg.l2_pages);
-    kvt__ghost_fini(&c->l3own);
-    kvt__lru_fini(&c->l3model);
+    while (c->l3.npf) pf_free(c, c->l3.pf[0]);
+    kvt__free(c->l3.pf, c->l3.pf_cap * sizeof(*c->l3.pf));
+    kvt__free(c->l3.q, c->l3.store ? PUTQ_CAP * sizeof(*c->l3.q) : 0);
+    if (c->l3.flags) kvt__free(c->l3.flags, c->cfg.l2_pages);
+    kvt__ghost_fini(&c->l3.own);
+    kvt__lru_fini(&c->l3.model);
 }
 
 int kvt__l3_check(kvt_cache_t *c, uint64_t *held, uint64_t *deferred, const char **why) {
     *held = *deferred = 0;
-    if (c->l3f == NULL) return KVT_OK;
-    for (size_t i = 0; i < c->npf; i++)
-        for (uint64_t j = 0; j < c->pf[i]->want; j++) *held += c->pf[i]->l2[j] != KVT_NO_PAGE;
+    if (c->l3.flags == NULL) return KVT_OK;
+    for (size_t i = 0; i < c->l3.npf; i++)
+        for (uint64_t j = 0; j < c->l3.pf[i]->want; j++) *held += c->l3.pf[i]->l2[j] != KVT_NO_PAGE;
     uint64_t busy = 0;
     for (uint64_t id = 0; id < c->cfg.l2_pages; id++) {
-        *deferred += (c->l3f[id] & KVT__L3_DEFER) != 0;
-        busy += (c->l3f[id] & KVT__L3_BUSY) != 0;
-        if ((c->l3f[id] & KVT__L3_DEFER) && !(c->l3f[id] & KVT__L3_BUSY))
+        *deferred += (c->l3.flags[id] & KVT__L3_DEFER) != 0;
+        busy += (c->l3.flags[id] & KVT__L3_BUSY) != 0;
+        if ((c->l3.flags[id] & KVT__L3_DEFER) && !(c->l3.flags[id] & KVT__L3_BUSY))
             return *why = "an L2 page deferred with no store call holding it", KVT_ECORRUPT;
     }
-    if (*deferred != c->l2_deferred) return *why = "deferred L2 pages differ from the count", KVT_ECORRUPT;
-    if (busy && c->l3_calls == 0 && c->nl3q == 0) return *why = "L2 pages busy with no store call", KVT_ECORRUPT;
+    if (*deferred != c->l3.l2_deferred) return *why = "deferred L2 pages differ from the count", KVT_ECORRUPT;
+    if (busy && c->l3.calls == 0 && c->l3.nq == 0) return *why = "L2 pages busy with no store call", KVT_ECORRUPT;
     return KVT_OK;
 }

@@ -112,9 +112,9 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set) {
 static void slru_demote_overflow(kvt_cache_t *c) {
     uint64_t cap = (uint64_t)(SLRU_PROTECTED_SHARE * (double)(c->cfg.l1_pages + c->cfg.l2_pages));
     kvt_rnode_t *v;
-    while (c->slru_pages > cap && (v = kvt__radix_victim(c->tree, KVT_VSET_POLICY)) != NULL) {
+    while (c->pol.slru_pages > cap && (v = kvt__radix_victim(c->tree, KVT_VSET_POLICY)) != NULL) {
         v->policy_set = 0;
-        c->slru_pages -= v->npages;
+        c->pol.slru_pages -= v->npages;
         kvt__radix_rescore(c->tree, v);
     }
 }
@@ -127,14 +127,14 @@ static void protect(kvt_cache_t *c, kvt_rnode_t *n) {
     if (n->policy[0] & PROTECTED) return;
     n->policy[0] |= PROTECTED;
     n->vclass = c->cfg.policy == KVT_POLICY_ARC;
-    c->cls_pages[0] -= n->npages;
-    c->cls_pages[1] += n->npages;
+    c->pol.cls_pages[0] -= n->npages;
+    c->pol.cls_pages[1] += n->npages;
     kvt__radix_rescore(c->tree, n);
 }
 
 void kvt__policy_on_insert(kvt_cache_t *c, kvt_rnode_t *n, bool protected_) {
     if (!two_classes(c)) return;
-    c->cls_pages[0] += n->npages;
+    c->pol.cls_pages[0] += n->npages;
     if (protected_) protect(c, n);
 }
 
@@ -149,7 +149,7 @@ void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n, int32_t priority) {
     }
     if (c->cfg.policy != KVT_POLICY_SLRU || n->policy_set || n->hits < 2) return;
     n->policy_set = 1;
-    c->slru_pages += n->npages;
+    c->pol.slru_pages += n->npages;
     kvt__radix_rescore(c->tree, n);
     slru_demote_overflow(c);
 }
@@ -157,21 +157,21 @@ void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n, int32_t priority) {
 /* The L1 victim set looked in first were class 0 to hold cls0 pages (arc: class 0 while it holds
  * more than its target). */
 static kvt__vset_t l1_first_with(const kvt_cache_t *c, uint64_t cls0) {
-    return c->cfg.policy == KVT_POLICY_ARC && (double)cls0 <= c->arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1;
+    return c->cfg.policy == KVT_POLICY_ARC && (double)cls0 <= c->pol.arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1;
 }
 
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k) {
-    if (n->policy_set) c->slru_pages -= k;
+    if (n->policy_set) c->pol.slru_pages -= k;
     if (!two_classes(c)) return;
     unsigned cls = (n->policy[0] & PROTECTED) != 0;
-    c->cls_pages[cls] -= k;
-    kvt__ghost_add_keys(&c->ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], n->key + n->npages - k, k); /* tail first */
+    c->pol.cls_pages[cls] -= k;
+    kvt__ghost_add_keys(&c->pol.ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], n->key + n->npages - k, k); /* tail first */
 }
 
 uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first) {
     /* what kvt__policy_l1_first would say after each page: it reads class 0's page count (kept
      * here as the pages go) and arc's target (which they do not move) */
-    uint64_t drop0 = two_classes(c) && !(n->policy[0] & PROTECTED), k = 1, c0 = c->cls_pages[0] - drop0;
+    uint64_t drop0 = two_classes(c) && !(n->policy[0] & PROTECTED), k = 1, c0 = c->pol.cls_pages[0] - drop0;
     if (drop0 == 0) /* (lru and the others; a protected node) nothing the answer reads moves: it holds for all m or none */
         k = m > 1 && l1_first_with(c, c0) == first ? m : 1;
     else
@@ -185,7 +185,7 @@ uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kv
  * taken alone, toward the class that lost it, by max(1, |other ghost| /
  * (|from| + 1)) a page, held within [0, cap]. */
 static double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_t pages, double cap) {
-    double left = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
+    double left = (double)kvt__ghost_live(&c->pol.ghost[from]), other = (double)kvt__ghost_live(&c->pol.ghost[!from]);
     for (uint32_t j = 0; j < pages; j++) { /* after the run's page j + 1 is taken, from holds left + pages - 1 - j */
         double s = other / (left + (double)(pages - 1 - j) + 1);
         if (s < 1) s = 1;
@@ -241,34 +241,34 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
      * the run's keys (for its check, and for the insert) are computed while
      * they come: that overlap is worth ~5 % of the default replay
      * (docs/performance.md). */
-    kvt__ghost_settle(&c->ghost[0]); /* the probes need the ghosts' queued adds made */
-    if (arc) kvt__ghost_settle(&c->ghost[1]);
-    walk_t w = {.tree = c->tree, .tokens = tokens, .pt = c->cfg.page_tokens, .room = c->walk_cap, .kept = c->walk_keys,
+    kvt__ghost_settle(&c->pol.ghost[0]); /* the probes need the ghosts' queued adds made */
+    if (arc) kvt__ghost_settle(&c->pol.ghost[1]);
+    walk_t w = {.tree = c->tree, .tokens = tokens, .pt = c->cfg.page_tokens, .room = c->pol.walk_cap, .kept = c->pol.walk_keys,
                 .last = kvt__radix_key_below(c->tree, at, ns)};
-    uint64_t step = c->ghost[0].run_max, k = 0;
-    double p = c->arc_p, cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
+    uint64_t step = c->pol.ghost[0].run_max, k = 0;
+    double p = c->pol.arc_p, cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
     while (k < npages) {
         kvt__ghost_probe_t probe;
         uint64_t key = walk_key(&w, k);
-        kvt__ghost_probe(&c->ghost[0], key, &probe);
+        kvt__ghost_probe(&c->pol.ghost[0], key, &probe);
         walk_key(&w, (npages - k < step ? npages : k + step) - 1);
-        uint32_t n = take_run(&c->ghost[0], &probe, &w, k, npages), from = 0;
+        uint32_t n = take_run(&c->pol.ghost[0], &probe, &w, k, npages), from = 0;
         if (n == 0 && arc) {
-            kvt__ghost_probe(&c->ghost[1], key, &probe);
-            n = take_run(&c->ghost[1], &probe, &w, k, npages);
+            kvt__ghost_probe(&c->pol.ghost[1], key, &probe);
+            n = take_run(&c->pol.ghost[1], &probe, &w, k, npages);
             from = 1;
         }
         if (n == 0) break;
         if (arc) p = arc_adapted(c, p, from, n, cap);
         k += n;
     }
-    if (arc) c->arc_p = p;
+    if (arc) c->pol.arc_p = p;
     *keys = w.kept;
     *nkeys = w.n < w.room ? w.n : w.room;
     return k;
 }
 
-kvt__vset_t kvt__policy_l1_first(const kvt_cache_t *c) { return l1_first_with(c, c->cls_pages[0]); }
+kvt__vset_t kvt__policy_l1_first(const kvt_cache_t *c) { return l1_first_with(c, c->pol.cls_pages[0]); }
 
 kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c) {
     kvt__vset_t first = kvt__policy_l1_first(c), second = first == KVT_VSET_L1 ? KVT_VSET_L1_HI : KVT_VSET_L1;
@@ -284,8 +284,8 @@ int kvt__policy_check(kvt_cache_t *c, const char **why) {
         if (x->vclass != (c->cfg.policy == KVT_POLICY_ARC && (x->policy[0] & PROTECTED)))
             return *why = "a node in the wrong L1 victim class", KVT_ECORRUPT;
     }
-    if (prot != c->slru_pages) return *why = "SLRU protected page count differs", KVT_ECORRUPT;
-    if (two_classes(c) && (cls[0] != c->cls_pages[0] || cls[1] != c->cls_pages[1]))
+    if (prot != c->pol.slru_pages) return *why = "SLRU protected page count differs", KVT_ECORRUPT;
+    if (two_classes(c) && (cls[0] != c->pol.cls_pages[0] || cls[1] != c->pol.cls_pages[1]))
         return *why = "class page counts differ", KVT_ECORRUPT;
     return KVT_OK;
 }
@@ -297,21 +297,21 @@ int kvt__policy_init(kvt_cache_t *c) {
     unsigned run = c->cfg.policy == KVT_POLICY_ARC ? ARC_RUN_PAGES : 1;
     for (int i = 0; i < 2; i++) {
         if (cap[i] > GHOST_MAX) cap[i] = GHOST_MAX;
-        int rc = kvt__ghost_init(&c->ghost[i], (size_t)cap[i], run);
+        int rc = kvt__ghost_init(&c->pol.ghost[i], (size_t)cap[i], run);
         if (rc != KVT_OK) return rc;
     }
     if (two_classes(c)) { /* sized once: an admission's new pages are at most L1's */
         size_t room = c->cfg.l1_pages < WALK_KEYS_MAX ? (size_t)c->cfg.l1_pages : WALK_KEYS_MAX;
-        if ((c->walk_keys = kvt__malloc(room * sizeof(uint64_t))) == NULL) return KVT_ENOMEM;
-        c->walk_cap = room;
+        if ((c->pol.walk_keys = kvt__malloc(room * sizeof(uint64_t))) == NULL) return KVT_ENOMEM;
+        c->pol.walk_cap = room;
     }
     return KVT_OK;
 }
 
 void kvt__policy_fini(kvt_cache_t *c) {
-    kvt__free(c->walk_keys, c->walk_cap * sizeof(uint64_t));
-    c->walk_keys = NULL;
-    c->walk_cap = 0;
-    kvt__ghost_fini(&c->ghost[0]);
-    kvt__ghost_fini(&c->ghost[1]);
+    kvt__free(c->pol.walk_keys, c->pol.walk_cap * sizeof(uint64_t));
+    c->pol.walk_keys = NULL;
+    c->pol.walk_cap = 0;
+    kvt__ghost_fini(&c->pol.ghost[0]);
+    kvt__ghost_fini(&c->pol.ghost[1]);
 }

@@ -419,7 +419,7 @@ static void slow_prefetch(kvt_prefetch_policy_t policy, double timeout_s, uint32
     check(e.c);
     st->size = sizeof(*st);
     kvt_cache_stats(e.c, st);
-    cr_assert_eq(e.c->l2_deferred, 0, "every page a store call held came back");
+    cr_assert_eq(e.c->l3.l2_deferred, 0, "every page a store call held came back");
     denv_close(&e);
 }
 
@@ -477,13 +477,13 @@ Test(l3, cancel_holds_pages_until_the_store_answers) {
     cr_assert_eq(e.c->l2_free, cfg.l2_pages - 32, "the prefetch took L2 pages for the get");
     cr_assert_eq(kvt_cache_prefetch_cancel(e.c, id), KVT_OK);
     cr_assert_eq(kvt_cache_prefetch_cancel(e.c, id), KVT_EINVAL);
-    cr_assert_eq(e.c->l2_deferred, 32, "the get still writes them: they wait for its answer");
+    cr_assert_eq(e.c->l3.l2_deferred, 32, "the get still writes them: they wait for its answer");
     check(e.c);
     kvt_extalloc_stats_t es = {.size = sizeof(es)};
     kvt_extalloc_stats(e.c->l2, &es);
     cr_assert_eq(es.free_pages, cfg.l2_pages - 32, "not back in the allocator yet");
     kvt_cache_sync(e.c);
-    cr_assert_eq(e.c->l2_deferred, 0);
+    cr_assert_eq(e.c->l3.l2_deferred, 0);
     kvt_extalloc_stats(e.c->l2, &es);
     cr_assert_eq(es.free_pages, cfg.l2_pages);
     check(e.c);

@@ -613,11 +613,11 @@ static uint64_t run_case(kvt_policy_t pol, uint64_t cap, double room, uint32_t w
         hits += want;
         taken += m->g[0].added + m->g[1].added - before;
         if (pol == KVT_POLICY_ARC)
-            cr_assert(memcmp(&c->arc_p, &m->arc_p, sizeof(double)) == 0, "%s request %" PRIu64 ": p %a, model %a", ctx, t, c->arc_p,
+            cr_assert(memcmp(&c->pol.arc_p, &m->arc_p, sizeof(double)) == 0, "%s request %" PRIu64 ": p %a, model %a", ctx, t, c->pol.arc_p,
                       m->arc_p);
         for (int i = 0; i < 2; i++)
-            cr_assert_eq(kvt__ghost_live(&c->ghost[i]), ghost_pages(&m->g[i]), "%s request %" PRIu64 ": ghost %d holds %zu pages, model %" PRIu64,
-                         ctx, t, i, kvt__ghost_live(&c->ghost[i]), ghost_pages(&m->g[i]));
+            cr_assert_eq(kvt__ghost_live(&c->pol.ghost[i]), ghost_pages(&m->g[i]), "%s request %" PRIu64 ": ghost %d holds %zu pages, model %" PRIu64,
+                         ctx, t, i, kvt__ghost_live(&c->pol.ghost[i]), ghost_pages(&m->g[i]));
         if (t % 16 == 0 || t == requests) same_pages(c, m, ctx, t);
     }
     for (uint64_t t = requests - requests % 5; t > requests - 10 && t > 0 && t % 5 == 0; t -= 5)
