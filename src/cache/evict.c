@@ -313,7 +313,7 @@ bool kvt__cache_plan_l1_to(kvt_cache_t *c, uint64_t n, uint64_t floor) {
             c->st.l1_room_misses++;
             break;
         }
-        kvt__vset_t first = kvt__policy_l1_first(c), set = v->vclass ? KVT_VSET_L1_HI : KVT_VSET_L1;
+        kvt__vset_t first = kvt__policy_l1_first(c), set = v->policy.vclass ? KVT_VSET_L1_HI : KVT_VSET_L1;
         uint64_t want = n + c->l1_target - c->l1_free, got = drop_tail_run_l1(c, v, want, first);
         if (got == 0) got = drop_l1_run(c, v, want);
         if (got > 0) {

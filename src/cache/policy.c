@@ -100,10 +100,10 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set) {
         p = p < -(1 << 23) ? -(1 << 23) : p > (1 << 23) - 1 ? (1 << 23) - 1 : p;
         return with_recency((uint64_t)(p + (1 << 23)), n);
     }
-    case KVT_POLICY_SLRU: return with_recency(n->policy_set ? 1 : 0, n);
-    case KVT_POLICY_S2LRU: return with_recency(n->policy[0] & PROTECTED, n);
+    case KVT_POLICY_SLRU: return with_recency(n->policy.set ? 1 : 0, n);
+    case KVT_POLICY_S2LRU: return with_recency(n->policy.word[0] & PROTECTED, n);
     case KVT_POLICY_ARC: /* classes apart in L1 (two sets); L2 as s2lru */
-        return set == KVT_VSET_L1 || set == KVT_VSET_L1_HI ? n->last_access : with_recency(n->policy[0] & PROTECTED, n);
+        return set == KVT_VSET_L1 || set == KVT_VSET_L1_HI ? n->last_access : with_recency(n->policy.word[0] & PROTECTED, n);
     case KVT_POLICY_LRU:
     default: return n->last_access;
     }
@@ -113,7 +113,7 @@ static void slru_demote_overflow(kvt_cache_t *c) {
     uint64_t cap = (uint64_t)(SLRU_PROTECTED_SHARE * (double)(c->cfg.l1_pages + c->cfg.l2_pages));
     kvt_rnode_t *v;
     while (c->pol.slru_pages > cap && (v = kvt__radix_victim(c->tree, KVT_VSET_POLICY)) != NULL) {
-        v->policy_set = 0;
+        v->policy.set = 0;
         c->pol.slru_pages -= v->npages;
         kvt__radix_rescore(c->tree, v);
     }
@@ -124,9 +124,9 @@ bool kvt__policy_needs_keys(kvt_policy_t p) { return p == KVT_POLICY_S2LRU || p 
 static bool two_classes(const kvt_cache_t *c) { return kvt__policy_needs_keys(c->cfg.policy); }
 
 static void protect(kvt_cache_t *c, kvt_rnode_t *n) {
-    if (n->policy[0] & PROTECTED) return;
-    n->policy[0] |= PROTECTED;
-    n->vclass = c->cfg.policy == KVT_POLICY_ARC;
+    if (n->policy.word[0] & PROTECTED) return;
+    n->policy.word[0] |= PROTECTED;
+    n->policy.vclass = c->cfg.policy == KVT_POLICY_ARC;
     c->pol.cls_pages[0] -= n->npages;
     c->pol.cls_pages[1] += n->npages;
     kvt__radix_rescore(c->tree, n);
@@ -147,8 +147,8 @@ void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n, int32_t priority) {
         protect(c, n);
         return;
     }
-    if (c->cfg.policy != KVT_POLICY_SLRU || n->policy_set || n->hits < 2) return;
-    n->policy_set = 1;
+    if (c->cfg.policy != KVT_POLICY_SLRU || n->policy.set || n->hits < 2) return;
+    n->policy.set = 1;
     c->pol.slru_pages += n->npages;
     kvt__radix_rescore(c->tree, n);
     slru_demote_overflow(c);
@@ -161,9 +161,9 @@ static kvt__vset_t l1_first_with(const kvt_cache_t *c, uint64_t cls0) {
 }
 
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k) {
-    if (n->policy_set) c->pol.slru_pages -= k;
+    if (n->policy.set) c->pol.slru_pages -= k;
     if (!two_classes(c)) return;
-    unsigned cls = (n->policy[0] & PROTECTED) != 0;
+    unsigned cls = (n->policy.word[0] & PROTECTED) != 0;
     c->pol.cls_pages[cls] -= k;
     kvt__ghost_add_keys(&c->pol.ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], n->key + n->npages - k, k); /* tail first */
 }
@@ -171,7 +171,7 @@ void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k) {
 uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first) {
     /* what kvt__policy_l1_first would say after each page: it reads class 0's page count (kept
      * here as the pages go) and arc's target (which they do not move) */
-    uint64_t drop0 = two_classes(c) && !(n->policy[0] & PROTECTED), k = 1, c0 = c->pol.cls_pages[0] - drop0;
+    uint64_t drop0 = two_classes(c) && !(n->policy.word[0] & PROTECTED), k = 1, c0 = c->pol.cls_pages[0] - drop0;
     if (drop0 == 0) /* (lru and the others; a protected node) nothing the answer reads moves: it holds for all m or none */
         k = m > 1 && l1_first_with(c, c0) == first ? m : 1;
     else
@@ -279,9 +279,9 @@ kvt_rnode_t *kvt__policy_l1_victim(kvt_cache_t *c) {
 int kvt__policy_check(kvt_cache_t *c, const char **why) {
     uint64_t prot = 0, cls[2] = {0, 0};
     for (kvt_rnode_t *x = kvt__radix_first(c->tree); x; x = kvt__radix_next(c->tree, x)) {
-        if (x->policy_set) prot += x->npages;
-        cls[(x->policy[0] & PROTECTED) != 0] += x->npages;
-        if (x->vclass != (c->cfg.policy == KVT_POLICY_ARC && (x->policy[0] & PROTECTED)))
+        if (x->policy.set) prot += x->npages;
+        cls[(x->policy.word[0] & PROTECTED) != 0] += x->npages;
+        if (x->policy.vclass != (c->cfg.policy == KVT_POLICY_ARC && (x->policy.word[0] & PROTECTED)))
             return *why = "a node in the wrong L1 victim class", KVT_ECORRUPT;
     }
     if (prot != c->pol.slru_pages) return *why = "SLRU protected page count differs", KVT_ECORRUPT;

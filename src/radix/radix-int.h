@@ -21,6 +21,15 @@ typedef enum kvt__vset {
     KVT_VSET_COUNT
 } kvt__vset_t;
 
+/* What the eviction policy keeps in a node (src/cache/policy.c): the tree
+ * stores it and copies it to the head on a split, and reads only `set` and
+ * `vclass` (which victim sets the node joins). */
+typedef struct kvt__rnode_policy {
+    uint64_t word[2]; /* the policy's own state (class bits, SLRU segment) */
+    uint8_t set;      /* the node belongs to KVT_VSET_POLICY */
+    uint8_t vclass;   /* which L1 victim set the node joins */
+} kvt__rnode_policy_t;
+
 struct kvt_rnode {
     kvt_rnode_t *parent;
     kvt_rnode_t *first_child, *next_sibling, *prev_sibling;
@@ -48,9 +57,7 @@ struct kvt_rnode {
     uint64_t seq;             /* unique creation number: the deterministic tie-break */
     int32_t heap_pos[KVT_VSET_COUNT];
     uint64_t score[KVT_VSET_COUNT];
-    uint64_t policy[2];       /* owned by the cache's policy; copied to the head on a split */
-    uint8_t policy_set;       /* set by the policy: the node belongs to KVT_VSET_POLICY */
-    uint8_t vclass;           /* set by the policy: which L1 victim set the node joins */
+    kvt__rnode_policy_t policy; /* the eviction policy's; the tree copies it to the head on a split */
 };
 
 /* Scores a node for a victim set (lower = evicted first). Called whenever a

@@ -331,10 +331,7 @@ static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head)
     h->hits = c->hits;
     h->last_access = c->last_access;
     h->created = c->created;
-    h->policy[0] = c->policy[0];
-    h->policy[1] = c->policy[1];
-    h->policy_set = c->policy_set;
-    h->vclass = c->vclass;
+    h->policy = c->policy;
     h->digest = c->digest;
     h->seq = r->next_seq++;
     c->nhash = tk;

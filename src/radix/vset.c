@@ -24,7 +24,7 @@ bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set) {
     case KVT_VSET_L1:
     case KVT_VSET_L1_HI:
         return n->n_l1 > 0 && n->l1_children == 0 && !(n->pages[n->n_l1 - 1].flags & KVT_PAGE_D2H) &&
-               (n->vclass != 0) == (set == KVT_VSET_L1_HI);
+               (n->policy.vclass != 0) == (set == KVT_VSET_L1_HI);
     case KVT_VSET_L2_HOST: return n->nchildren == 0 && n->npages > n->n_l1;
     case KVT_VSET_L2_SHADOW: return n->n_shadow > 0;
     default: return false;
@@ -32,7 +32,7 @@ bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set) {
 }
 
 bool kvt__vset_member(const kvt_rnode_t *n, kvt__vset_t set) {
-    if (set == KVT_VSET_POLICY) return n->npages > 0 && n->policy_set;
+    if (set == KVT_VSET_POLICY) return n->npages > 0 && n->policy.set;
     return kvt__vset_eligible(n, set);
 }
 

@@ -440,7 +440,7 @@ static size_t cache_recs(kvt_cache_t *c, rec_t *out) {
         for (uint32_t i = 0; i < x->npages; i++) {
             h = path_step(h, x->tokens + i * PT);
             cr_assert_lt(k, POOL);
-            out[k++] = (rec_t){h, x->hits, x->last_access, x->created, x->priority, (uint8_t)(x->policy[0] & 1), x->policy_set};
+            out[k++] = (rec_t){h, x->hits, x->last_access, x->created, x->priority, (uint8_t)(x->policy.word[0] & 1), x->policy.set};
         }
     }
     qsort(out, k, sizeof(rec_t), rec_cmp);
