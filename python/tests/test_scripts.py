@@ -31,3 +31,5 @@ def test_bench_ab_refuses_bad_usage_and_names_a_failed_replay():
     assert out.returncode != 0 and "ROUNDS >= 2" in out.stderr
     out = run(KVTIER, KVTIER, "2", "--policy", "nope")
     assert out.returncode != 0 and "replay failed" in out.stderr and "policy" in out.stderr
+    out = run(KVTIER, "/nonexistent/kvtier", "2")
+    assert out.returncode != 0 and "/nonexistent/kvtier: cannot run it" in out.stderr

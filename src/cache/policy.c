@@ -237,21 +237,18 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
     if (c->cfg.policy == KVT_POLICY_S2LRU && at != root && children == 0) return npages;
     bool arc = c->cfg.policy == KVT_POLICY_ARC;
     /* Evicted pages left tail first: the remembered ones lead, run after run
-     * (a document coming back). A run's probe fetches its ghost buckets, and
-     * the run's keys (for its check, and for the insert) are computed while
-     * they come: that overlap is worth ~5 % of the default replay
-     * (docs/performance.md). */
+     * (a document coming back): each is looked up in ghost 0, then (arc) in
+     * ghost 1, and taken out when the new pages hold all of it. */
     kvt__ghost_settle(&c->pol.ghost[0]); /* the probes need the ghosts' queued adds made */
     if (arc) kvt__ghost_settle(&c->pol.ghost[1]);
     walk_t w = {.tree = c->tree, .tokens = tokens, .pt = c->cfg.page_tokens, .room = c->pol.walk_cap, .kept = c->pol.walk_keys,
                 .last = kvt__radix_key_below(c->tree, at, ns)};
-    uint64_t step = c->pol.ghost[0].run_max, k = 0;
+    uint64_t k = 0;
     double p = c->pol.arc_p, cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
     while (k < npages) {
         kvt__ghost_probe_t probe;
         uint64_t key = walk_key(&w, k);
         kvt__ghost_probe(&c->pol.ghost[0], key, &probe);
-        walk_key(&w, (npages - k < step ? npages : k + step) - 1);
         uint32_t n = take_run(&c->pol.ghost[0], &probe, &w, k, npages), from = 0;
         if (n == 0 && arc) {
             kvt__ghost_probe(&c->pol.ghost[1], key, &probe);
