@@ -9,9 +9,9 @@
  */
 #include <string.h>
 
-#include "cache-int.h"
+#include "lru-int.h"
 #include "kvtier/error.h"
-#include "../core/mem-int.h"
+#include "mem-int.h"
 
 #define NIL UINT32_MAX
 

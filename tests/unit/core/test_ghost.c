@@ -1,4 +1,4 @@
-/* The ghost (src/cache/ghost.c) against the window it stands for: an array of
+/* The ghost (src/core/ghost.c) against the window it stands for: an array of
  * every entry in add order (a page, or a run of pages: its first key, its
  * length and its last key), an entry remembered while it was not taken out or
  * replaced by a later add of its first key, and while fewer than E epochs of
@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cache/cache-int.h"
+#include "core/ghost-int.h"
 #include "kvtier/error.h"
 #include "kvtier/rng.h"
 

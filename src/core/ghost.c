@@ -113,9 +113,10 @@
 #include <emmintrin.h>
 #endif
 
-#include "cache-int.h"
+#include "ghost-int.h"
 #include "kvtier/error.h"
-#include "../core/mem-int.h"
+#include "check-int.h"
+#include "mem-int.h"
 
 #define WAYS 16
 #define KEYS_PER_BUCKET 12 /* the table's load when full: 12 of 16 entries */
