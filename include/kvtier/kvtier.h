@@ -17,6 +17,7 @@
 #include "kvtier/stats.h"
 #include "kvtier/store.h"
 #include "kvtier/tier.h"
+#include "kvtier/trace.h"
 #include "kvtier/version.h"
 #include "kvtier/xfer.h"
 

@@ -288,6 +288,16 @@ class LayerGroup(Structure):
 KVT_MODEL_MAX_GROUPS = 8
 
 
+class TraceReq(Structure):
+    _fields_ = [("timestamp_ms", c_uint64), ("input_length", c_uint64), ("output_length", c_uint64),
+                ("hash_ids", POINTER(c_uint32)), ("nblocks", c_uint32)]
+
+
+class Trace(Structure):
+    _fields_ = [("req", POINTER(TraceReq)), ("n", c_size_t), ("cap", c_size_t), ("input_tokens", c_uint64),
+                ("max_blocks", c_uint32)]
+
+
 class HybridConfig(Structure):
     _fields_ = [("size", c_uint32), ("ngroups", c_uint32), ("groups", LayerGroup * KVT_MODEL_MAX_GROUPS),
                 ("cache", CacheConfig), ("l1_slots", c_uint64 * KVT_MODEL_MAX_GROUPS),
@@ -332,6 +342,7 @@ STRUCTS = {
     KeyedConfig: "kvt_keyed_config_t", KeyedEvent: "kvt_keyed_event_t", KeyedStats: "kvt_keyed_stats_t",
     LayerGroup: "kvt_layer_group_t", HybridConfig: "kvt_hybrid_config_t", HybridReq: "kvt_hybrid_req_t",
     HybridStats: "kvt_hybrid_stats_t", HybridGroupBytes: "kvt_hybrid_group_bytes_t", HybridMove: "kvt_hybrid_move_t",
+    TraceReq: "kvt_trace_req_t", Trace: "kvt_trace_t",
 }
 
 # ---- functions -------------------------------------------------------------
@@ -494,6 +505,11 @@ _PROTOS = {
     "kvt_hybrid_moves": (c_size_t, [vp]),
     "kvt_hybrid_slots": (c_int, [vp, P(HybridReq), u32, P(u64), c_size_t, P(c_size_t)]),
     "kvt_hybrid_longest": (u64, [P(LayerGroup), u32, u32, u64, P(P(c_uint8))]),
+    # traces
+    "kvt_trace_load": (c_int, [c_char_p, P(Trace), c_char_p, c_size_t]),
+    "kvt_trace_free": (None, [P(Trace)]),
+    "kvt_trace_block_tokens": (None, [u32, P(i32)]),
+    "kvt_trace_request_tokens": (None, [P(TraceReq), P(i32)]),
 }
 
 _missing = [_name for _name in _PROTOS if not hasattr(lib, _name)]

@@ -3,13 +3,19 @@ hash_ids), their token ids as `kvtier replay` builds them, and a replay
 through the binding that makes the calls an engine makes per request."""
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import time
 from typing import Any, Dict, List, NamedTuple
 
 import numpy as np
 
-BLOCK_TOKENS = 512  # tokens a Mooncake hash id stands for
+from . import _args
+from ._core import check
+from ._lib import Trace, TraceReq, lib
+
+BLOCK_TOKENS = 512  # tokens a Mooncake hash id stands for (KVT_TRACE_BLOCK_TOKENS)
 
 __all__ = ["TraceRequest", "load", "block_tokens", "request_tokens", "replay"]
 
@@ -21,57 +27,51 @@ class TraceRequest(NamedTuple):
     hash_ids: tuple
 
 
-def load(path: str, limit: int = 0) -> List[TraceRequest]:
-    """Parses a Mooncake trace; a malformed line raises ValueError naming
-    ``path:line`` and what is wrong."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                o = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-            if not isinstance(o, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            for k in ("input_length", "hash_ids"):
-                if k not in o:
-                    raise ValueError(f"{path}:{lineno}: no \"{k}\"")
-            il, ids = o["input_length"], o["hash_ids"]
-            if not isinstance(il, int) or il < 0:
-                raise ValueError(f"{path}:{lineno}: input_length {il!r} is not a whole number >= 0")
-            if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < 1 << 32 for i in ids):
-                raise ValueError(f"{path}:{lineno}: hash_ids must be a list of 32-bit ids")
-            need = -(-il // BLOCK_TOKENS)
-            if len(ids) < need:
-                raise ValueError(f"{path}:{lineno}: {len(ids)} hash_ids cover fewer than input_length {il} tokens")
-            out.append(TraceRequest(int(o.get("timestamp", 0)), il, int(o.get("output_length", 0)),
-                                    tuple(ids[:need])))
-            if limit and len(out) == limit:
-                break
-    return out
-
-
-_J = np.arange(BLOCK_TOKENS, dtype=np.uint64)
+def load(path: Any, limit: int = 0) -> List[TraceRequest]:
+    """Parses a Mooncake trace with the library's parser (kvtier/trace.h, the
+    one `kvtier replay` uses): a malformed line raises ParseError (a
+    ValueError) naming ``path:line`` and what is wrong; a file that cannot be
+    read, IOFailure (an OSError). ``limit``: the first requests only (0: all)."""
+    name = _args.text(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
+    limit = _args.u64(limit, "limit")
+    t = Trace()
+    err = ctypes.create_string_buffer(512)
+    rc = lib.kvt_trace_load(name, ctypes.byref(t), err, len(err))
+    check(rc, "kvtier.trace.load", err.value.decode(errors="replace"))
+    try:
+        n = t.n if limit == 0 else min(limit, t.n)
+        return [TraceRequest(r.timestamp_ms, r.input_length, r.output_length, tuple(r.hash_ids[:r.nblocks]))
+                for r in (t.req[i] for i in range(n))]
+    finally:
+        lib.kvt_trace_free(ctypes.byref(t))
 
 
 def block_tokens(ids: Any, block: int = BLOCK_TOKENS) -> np.ndarray:
     """The tokens of hash-id blocks, concatenated: token j of block id is
-    splitmix64(id << 9 | j) & 0x7fffffff (the function `kvtier replay` uses),
-    the first ``block`` of each block's 512."""
-    x = (np.asarray(ids, dtype=np.uint64)[:, None] << np.uint64(9)) | _J[None, :block]
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z & np.uint64(0x7FFFFFFF)).astype(np.int32).reshape(-1)
+    splitmix64(id << 9 | j) & 0x7fffffff (kvt_trace_block_tokens, as
+    `kvtier replay` builds them), the first ``block`` of each block's 512."""
+    block = _args.integer(block, "block", 0, BLOCK_TOKENS)
+    if isinstance(ids, np.ndarray):
+        ids = ids.tolist()
+    ids = [_args.u32(i, "ids[]") for i in _args.sequence(ids, "ids")]
+    out = np.empty((len(ids), BLOCK_TOKENS), dtype=np.int32)
+    base = out.ctypes.data
+    for k, i in enumerate(ids):
+        lib.kvt_trace_block_tokens(i, ctypes.cast(base + k * BLOCK_TOKENS * 4, ctypes.POINTER(ctypes.c_int32)))
+    return out[:, :block].reshape(-1)
 
 
 def request_tokens(r: TraceRequest) -> np.ndarray:
-    """A request's int32 token ids, exactly as `kvtier replay` builds them."""
-    return block_tokens(r.hash_ids)[: r.input_length]
+    """A request's int32 token ids, exactly as `kvtier replay` builds them
+    (kvt_trace_request_tokens)."""
+    n = len(r.hash_ids)
+    if not 0 < r.input_length <= n * BLOCK_TOKENS or r.input_length <= (n - 1) * BLOCK_TOKENS:
+        raise ValueError(f"input_length {r.input_length} does not fit {n} blocks of {BLOCK_TOKENS} tokens")
+    ids = (ctypes.c_uint32 * n)(*r.hash_ids)
+    req = TraceReq(r.timestamp_ms, r.input_length, r.output_length, ids, n)
+    out = np.empty(r.input_length, dtype=np.int32)
+    lib.kvt_trace_request_tokens(ctypes.byref(req), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+    return out
 
 
 def replay(cache: Any, reqs: List[TraceRequest], prefetch_ahead: int = 4) -> Dict[str, Any]:

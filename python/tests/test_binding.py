@@ -143,8 +143,17 @@ def test_replay_through_the_binding_matches_the_command():
 def test_trace_errors_name_the_line(tmp_path):
     bad = tmp_path / "t.jsonl"
     bad.write_text('{"input_length": 10, "hash_ids": [1]}\n{"input_length": 10}\n')
-    with pytest.raises(ValueError, match=r"t.jsonl:2: no \"hash_ids\""):
+    with pytest.raises(ValueError, match=r"t.jsonl:2: missing \"hash_ids\""):
         ktrace.load(str(bad))
+    with pytest.raises(kvtier.ParseError, match="no requests"):
+        (tmp_path / "empty.jsonl").write_text("\n")
+        ktrace.load(tmp_path / "empty.jsonl")
+    with pytest.raises(OSError, match="No such file"):
+        ktrace.load(str(tmp_path / "absent.jsonl"))
+    with pytest.raises(ValueError, match="NUL"):
+        ktrace.load("a\0b")
+    with pytest.raises(TypeError):
+        ktrace.load(7)
 
 
 def test_block_tokens_match_the_command():
@@ -154,6 +163,22 @@ def test_block_tokens_match_the_command():
     z ^= z >> 31
     assert ktrace.block_tokens([0])[0] == z & 0x7FFFFFFF
     assert len(ktrace.block_tokens([3, 4], 16)) == 32
+    # every token of some blocks against the definition written out in numpy
+    ids = np.array([0, 1, 511, 512, 77777, 2**31, 2**32 - 1], dtype=np.uint64)
+    x = (ids[:, None] << np.uint64(9)) | np.arange(512, dtype=np.uint64)[None, :]
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    want = (z & np.uint64(0x7FFFFFFF)).astype(np.int32).reshape(-1)
+    assert np.array_equal(ktrace.block_tokens(ids), want)
+    r = ktrace.TraceRequest(0, 1000, 0, (int(ids[2]), int(ids[3])))
+    assert np.array_equal(ktrace.request_tokens(r), want[1024:2024])  # blocks 2 and 3 of ids, cut to 1000
+    with pytest.raises(ValueError, match="does not fit"):
+        ktrace.request_tokens(ktrace.TraceRequest(0, 1025, 0, (1, 2)))
+    with pytest.raises(ValueError):
+        ktrace.block_tokens([-1])
 
 
 def test_host_tier_bytes_and_bad_pages():

@@ -58,11 +58,11 @@
 #include "kvtier/store.h"
 #include "kvtier/tier.h"
 #include "kvtier/xfer.h"
-#include "trace.h"
+#include "kvtier/trace.h"
 
 #define PT 256        /* tokens per page */
 #define MAX_BLOCKS 24 /* a request's first 24 blocks of 512 tokens: 48 pages */
-#define MAX_PAGES (MAX_BLOCKS * TRACE_BLOCK_TOKENS / PT)
+#define MAX_PAGES (MAX_BLOCKS * KVT_TRACE_BLOCK_TOKENS / PT)
 #define L1_PAGES 128
 #define L2_PAGES 512
 #define LAYERS 2
@@ -180,7 +180,7 @@ typedef struct outcome {
     uint64_t hits, loads, l3_hits, served_checked;
 } outcome_t;
 
-static const trace_t *g_trace;
+static const kvt_trace_t *g_trace;
 static uint64_t g_requests = 200;
 static int g_verbose;
 static char g_ctx[160]; /* the run, for messages */
@@ -337,10 +337,10 @@ static void check(outcome_t *o, rig_t *s, const char *after) {
     } while (0)
 
 static uint32_t request_tokens(uint64_t i, int32_t *tok) {
-    const trace_req_t *r = &g_trace->req[i % g_trace->n];
+    const kvt_trace_req_t *r = &g_trace->req[i % g_trace->n];
     uint32_t nb = r->nblocks < MAX_BLOCKS ? r->nblocks : MAX_BLOCKS;
-    for (uint32_t b = 0; b < nb; b++) trace_block_tokens(r->hash_ids[b], tok + (size_t)b * TRACE_BLOCK_TOKENS);
-    return nb * TRACE_BLOCK_TOKENS;
+    for (uint32_t b = 0; b < nb; b++) kvt_trace_block_tokens(r->hash_ids[b], tok + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
+    return nb * KVT_TRACE_BLOCK_TOKENS;
 }
 
 typedef struct held {
@@ -375,7 +375,7 @@ static void scenario(outcome_t *out) {
         *out = o;
         return;
     }
-    static int32_t tok[MAX_BLOCKS * TRACE_BLOCK_TOKENS];
+    static int32_t tok[MAX_BLOCKS * KVT_TRACE_BLOCK_TOKENS];
     static held_t held[HELD];
     static uint8_t buf[LAYER_BYTES];
     int nheld = 0;
@@ -433,6 +433,30 @@ static void run_one(const void *addr, uint64_t occ, outcome_t *o) {
                   atomic_load(&g_bytes));
 }
 
+/* The trace, in this program's own memory: kvtier's must hold nothing live
+ * between runs (its count is checked after each), and the allocator is set
+ * only while it holds nothing. */
+static int load_trace(const char *path, kvt_trace_t *out) {
+    kvt_trace_t t;
+    char err[256];
+    if (kvt_trace_load(path, &t, err, sizeof(err)) != KVT_OK) {
+        fprintf(stderr, "faults-alloc: %s\n", err);
+        return -1;
+    }
+    *out = t;
+    out->req = malloc(t.n * sizeof(kvt_trace_req_t));
+    for (size_t i = 0; out->req && i < t.n; i++) {
+        out->req[i] = t.req[i];
+        out->req[i].hash_ids = malloc(t.req[i].nblocks * sizeof(uint32_t));
+        if (out->req[i].hash_ids == NULL) abort();
+        memcpy(out->req[i].hash_ids, t.req[i].hash_ids, t.req[i].nblocks * sizeof(uint32_t));
+    }
+    if (out->req == NULL) abort();
+    out->cap = t.n;
+    kvt_trace_free(&t);
+    return 0;
+}
+
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -476,12 +500,8 @@ int main(int argc, char **argv) {
         }
     }
     if (optind != argc) { usage(stderr); return 2; }
-    static trace_t t;
-    char err[256];
-    if (trace_load(path, &t, err, sizeof(err)) != 0) {
-        fprintf(stderr, "faults-alloc: %s\n", err);
-        return 2;
-    }
+    static kvt_trace_t t;
+    if (load_trace(path, &t) != 0) return 2;
     g_trace = &t;
     kvt_allocator_t a = {sizeof(a), count_malloc, count_realloc, count_free, NULL};
     if (kvt_set_allocator(&a) != KVT_OK) return 2;
@@ -548,6 +568,7 @@ int main(int argc, char **argv) {
            " refused while building the stack (nothing left), %" PRIu64 " absorbed (%" PRIu64
            " store messages); %" PRIu64 " violations\n",
            nsites, runs, fired, refused, setup, absorbed, atomic_load(&g_store_msgs), violations);
-    trace_free(&t);
+    for (size_t i = 0; i < t.n; i++) free(t.req[i].hash_ids);
+    free(t.req);
     return violations ? 1 : 0;
 }

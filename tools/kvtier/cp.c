@@ -34,7 +34,7 @@
 
 typedef struct rank {
     const opts_t *o;
-    const trace_t *t;
+    const kvt_trace_t *t;
     const char *name; /* the group */
     uint32_t r, C;
     bool forked;
@@ -59,7 +59,7 @@ static void on_signal(int sig) {
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull; }
 
 /* What else the ranks must agree on: the options that steer decisions, the requests. */
-static uint64_t options_tag(const opts_t *o, const trace_t *t, uint64_t n) {
+static uint64_t options_tag(const opts_t *o, const kvt_trace_t *t, uint64_t n) {
     uint64_t h = mix(mix(mix(mix(0, (uint64_t)o->policy), (uint64_t)o->write_policy), o->write_hits), o->seed);
     h = mix(mix(h, (uint64_t)(o->l1_room * 1e9)), (uint64_t)(o->l2_room * 1e9));
     for (uint64_t i = 0; i < n; i++)
@@ -150,8 +150,8 @@ static void test_hooks(rank_t *k, uint64_t i) {
 }
 
 static int request(rank_t *k, uint64_t i) {
-    const trace_req_t *q = &k->t->req[i];
-    for (uint32_t b = 0; b < q->nblocks; b++) trace_block_tokens(q->hash_ids[b], k->tok + (size_t)b * TRACE_BLOCK_TOKENS);
+    const kvt_trace_req_t *q = &k->t->req[i];
+    for (uint32_t b = 0; b < q->nblocks; b++) kvt_trace_block_tokens(q->hash_ids[b], k->tok + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
     kvt_cache_req_t req;
     int rc = kvt_cache_admit(k->c, 0, k->tok, q->input_length, 0, k->ids, &req);
     if (rc != KVT_OK) return rc;
@@ -164,7 +164,7 @@ static int request(rank_t *k, uint64_t i) {
 }
 
 static int replay_requests(rank_t *k, uint64_t *divergence) {
-    size_t max_tokens = (size_t)k->t->max_blocks * TRACE_BLOCK_TOKENS, pages = max_tokens / k->o->page_tokens + 1;
+    size_t max_tokens = (size_t)k->t->max_blocks * KVT_TRACE_BLOCK_TOKENS, pages = max_tokens / k->o->page_tokens + 1;
     k->tok = malloc(max_tokens * sizeof(int32_t)), k->ids = malloc(pages * sizeof(uint32_t));
     k->h = malloc(pages * sizeof(kvt_hash128_t)), k->buf = malloc(k->o->bpt / k->o->layers * k->o->page_tokens + 1);
     if (!k->tok || !k->ids || !k->h || !k->buf) return KVT_ENOMEM;
@@ -290,12 +290,12 @@ int cmd_cp(int argc, char **argv) {
         return cli_error(&c, "'%s' is not a group name: 1 to %d of [A-Za-z0-9._-]", gname, KVT_CP_NAME_MAX), 2;
     if (o.data && replay_check_data_size(&c, &o, &o.l1_pages, 1) != 0) return 2;
     if (cli_parse_only) return 0;
-    trace_t t;
+    kvt_trace_t t;
     double parse_s;
     if (replay_load("kvtier cp", path, &o, &t, &parse_s) != 0) return 1;
     rank_t k = {.o = &o, .t = &t, .C = (uint32_t)ranks, .n = o.limit && o.limit < t.n ? o.limit : t.n, .digest_every = digest_every};
     k.name = gname, k.r = gname ? (uint32_t)rank : 0, k.forked = gname == NULL;
     int code = gname ? run_rank(&k, timeout_ms) : fork_group(&k, timeout_ms);
-    trace_free(&t);
+    kvt_trace_free(&t);
     return code;
 }

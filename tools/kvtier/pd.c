@@ -109,7 +109,7 @@ static int parse(int argc, char **argv, pd_opts_t *out, const char **path) {
 
 typedef struct pd_run {
     const pd_opts_t *o;
-    const trace_t *t;
+    const kvt_trace_t *t;
     ctl_t *ctl;
     uint64_t nreq, restarts_left;
 } pd_run_t;
@@ -164,7 +164,7 @@ static bool restart_decode(void *arg, uint32_t idx, int status) {
 /* The run's figures: every generation and every rank merged; hand-offs some
  * rank started (up to the furthest rank's position) that did not complete
  * are failed, the others were never attempted (not the same thing). */
-static void result(pd_result_t *res, ctl_t *c, const trace_t *t, const pd_opts_t *o, uint64_t nreq) {
+static void result(pd_result_t *res, ctl_t *c, const kvt_trace_t *t, const pd_opts_t *o, uint64_t nreq) {
     res->all = c->past;
     kvt_pd_stats_merge(&res->all, &c->cur);
     uint64_t furthest = 0, attempted = 0;
@@ -185,7 +185,7 @@ static void result(pd_result_t *res, ctl_t *c, const trace_t *t, const pd_opts_t
 }
 
 /* Starts decode and the ranks and watches them; the summary's exit code. */
-static int run_group(ctl_t *ctl, const pd_opts_t *o, const trace_t *t, uint64_t nreq) {
+static int run_group(ctl_t *ctl, const pd_opts_t *o, const kvt_trace_t *t, uint64_t nreq) {
     static child_t ch[MAX_RANKS + 1];
     memset(ch, 0, sizeof(ch));
     uint32_t nproc = (uint32_t)o->ranks + 1, started = 0; /* [0]: decode, [1 + r]: rank r */
@@ -232,13 +232,13 @@ int cmd_pd(int argc, char **argv) {
     replay_opts_default(&ro);
     ro.requests = o.requests;
     ro.seed = o.seed;
-    trace_t t;
+    kvt_trace_t t;
     double parse_s;
     if (replay_load("kvtier pd", path, &ro, &t, &parse_s) != 0) return 1;
     uint64_t nreq = o.requests < t.n ? o.requests : t.n;
     ctl_t *ctl = mmap(NULL, sizeof(ctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (ctl == MAP_FAILED) {
-        trace_free(&t);
+        kvt_trace_free(&t);
         return 1;
     }
     if (getrandom(&ctl->token, sizeof(ctl->token), 0) != sizeof(ctl->token))
@@ -251,6 +251,6 @@ int cmd_pd(int argc, char **argv) {
     group_catch_signals();
     int code = run_group(ctl, &o, &t, nreq);
     munmap(ctl, sizeof(ctl_t));
-    trace_free(&t);
+    kvt_trace_free(&t);
     return code;
 }

@@ -64,9 +64,9 @@ typedef struct pd_result {
 extern const char *const PD_TRANSPORTS[];
 
 /* Pages of request i that are handed off. */
-uint64_t pd_handoff_pages(const trace_t *t, uint64_t i, const pd_opts_t *o);
-int pd_decode(const pd_opts_t *o, const trace_t *t, ctl_t *ctl);
-int pd_rank(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *ctl, uint64_t nreq);
+uint64_t pd_handoff_pages(const kvt_trace_t *t, uint64_t i, const pd_opts_t *o);
+int pd_decode(const pd_opts_t *o, const kvt_trace_t *t, ctl_t *ctl);
+int pd_rank(uint32_t r, const pd_opts_t *o, const kvt_trace_t *t, ctl_t *ctl, uint64_t nreq);
 void pd_print(const pd_result_t *res, const ctl_t *c, const pd_opts_t *o);
 void pd_emit(const pd_result_t *res, const ctl_t *c, const pd_opts_t *o);
 /* Bad peers decode turned away, on stderr (nothing when there were none). */

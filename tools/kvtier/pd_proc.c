@@ -28,14 +28,14 @@
 #include "pd_cmd.h"
 #include "util.h"
 
-uint64_t pd_handoff_pages(const trace_t *t, uint64_t i, const pd_opts_t *o) {
+uint64_t pd_handoff_pages(const kvt_trace_t *t, uint64_t i, const pd_opts_t *o) {
     uint64_t n = t->req[i].input_length / o->page_tokens;
     return n < o->max_pages ? n : o->max_pages;
 }
 
-static void page_hashes(const trace_t *t, uint64_t i, const pd_opts_t *o, int32_t *tok, kvt_hash128_t *h, uint64_t n) {
-    const trace_req_t *q = &t->req[i];
-    for (uint32_t b = 0; b < q->nblocks; b++) trace_block_tokens(q->hash_ids[b], tok + (size_t)b * TRACE_BLOCK_TOKENS);
+static void page_hashes(const kvt_trace_t *t, uint64_t i, const pd_opts_t *o, int32_t *tok, kvt_hash128_t *h, uint64_t n) {
+    const kvt_trace_req_t *q = &t->req[i];
+    for (uint32_t b = 0; b < q->nblocks; b++) kvt_trace_block_tokens(q->hash_ids[b], tok + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
     kvt_page_hash_chain(0, tok, n, (uint32_t)o->page_tokens, h);
 }
 
@@ -50,7 +50,7 @@ static kvt_tier_t *arena(const char *name, uint64_t pages, const pd_opts_t *o) {
 
 typedef struct decode {
     const pd_opts_t *o;
-    const trace_t *t;
+    const kvt_trace_t *t;
     ctl_t *ctl;
     kvt_tier_t *pool;
     kvt_pd_receiver_t *rx;
@@ -113,11 +113,11 @@ static int serve(decode_t *d) {
     return status == KVT_OK ? 0 : 1;
 }
 
-int pd_decode(const pd_opts_t *o, const trace_t *t, ctl_t *ctl) {
+int pd_decode(const pd_opts_t *o, const kvt_trace_t *t, ctl_t *ctl) {
     static decode_t d;
     d = (decode_t){.o = o, .t = t, .ctl = ctl};
     d.pool = arena("decode", o->decode_pages, o);
-    d.tok = malloc((size_t)t->max_blocks * TRACE_BLOCK_TOKENS * sizeof(int32_t));
+    d.tok = malloc((size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS * sizeof(int32_t));
     d.h = malloc((o->max_pages + 1) * sizeof(kvt_hash128_t));
     d.buf = malloc(o->bytes_per_token * o->page_tokens);
     kvt_pd_receiver_config_t rc = {.size = sizeof(rc), .pool = d.pool, .transport = (kvt_net_transport_t)o->transport,
@@ -173,9 +173,9 @@ static int hand_off(kvt_pd_sender_t *s, uint32_t r, uint64_t i, uint64_t n, cons
     return kvt_pd_sender_send(s, i, cp, np);
 }
 
-static int rank_loop(kvt_pd_sender_t *s, uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *ctl, uint64_t nreq, kvt_tier_t *lane) {
+static int rank_loop(kvt_pd_sender_t *s, uint32_t r, const pd_opts_t *o, const kvt_trace_t *t, ctl_t *ctl, uint64_t nreq, kvt_tier_t *lane) {
     uint64_t pb = o->bytes_per_token * o->page_tokens;
-    int32_t *tok = malloc((size_t)t->max_blocks * TRACE_BLOCK_TOKENS * sizeof(int32_t));
+    int32_t *tok = malloc((size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS * sizeof(int32_t));
     kvt_hash128_t *h = malloc((o->max_pages + 1) * sizeof(kvt_hash128_t));
     uint32_t *dst = malloc((o->max_pages + 1) * sizeof(uint32_t));
     kvt_xfer_copy_t *cp = malloc((o->max_pages / o->ranks + 2) * sizeof(kvt_xfer_copy_t));
@@ -203,7 +203,7 @@ static int rank_loop(kvt_pd_sender_t *s, uint32_t r, const pd_opts_t *o, const t
     return code;
 }
 
-int pd_rank(uint32_t r, const pd_opts_t *o, const trace_t *t, ctl_t *ctl, uint64_t nreq) {
+int pd_rank(uint32_t r, const pd_opts_t *o, const kvt_trace_t *t, ctl_t *ctl, uint64_t nreq) {
     kvt_tier_t *lane = arena("lane", o->max_pages / o->ranks + 1, o);
     kvt_pd_sender_t *s = lane ? join_decode(r, o, ctl, lane) : NULL;
     if (s == NULL) {

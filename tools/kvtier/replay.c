@@ -49,7 +49,7 @@ static void progress(uint64_t done, uint64_t total, bool show) {
 }
 
 /* Pages the whole trace could occupy: an L1 of this size never evicts. */
-static uint64_t trace_pages(const trace_t *t, uint64_t n, uint64_t pt) {
+static uint64_t trace_pages(const kvt_trace_t *t, uint64_t n, uint64_t pt) {
     uint64_t p = 0;
     for (uint64_t i = 0; i < n; i++) p += t->req[i].input_length / pt;
     return p ? p : 1;
@@ -110,13 +110,13 @@ static void soak_sample(soak_sample_t *s, kvt_cache_t *c, uint64_t pass, uint64_
 }
 
 /* Request k's tokens into buf; its token count. */
-static uint64_t request_tokens(const trace_t *t, uint32_t k, int32_t *buf) {
-    const trace_req_t *r = &t->req[k];
-    for (uint32_t b = 0; b < r->nblocks; b++) trace_block_tokens(r->hash_ids[b], buf + (size_t)b * TRACE_BLOCK_TOKENS);
+static uint64_t request_tokens(const kvt_trace_t *t, uint32_t k, int32_t *buf) {
+    const kvt_trace_req_t *r = &t->req[k];
+    for (uint32_t b = 0; b < r->nblocks; b++) kvt_trace_block_tokens(r->hash_ids[b], buf + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
     return r->input_length;
 }
 
-int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64_t l1_pages, const uint32_t *reqs,
+int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, uint64_t l1_pages, const uint32_t *reqs,
                    uint64_t nreqs, result_t *res) {
     uint64_t n = reqs ? nreqs : o->limit && o->limit < t->n ? o->limit : t->n;
     kvt_cache_config_t cfg;
@@ -154,7 +154,7 @@ int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64
     }
     /* prefetches: the next `ahead` requests are prefetched while one is admitted */
     uint64_t ahead = replay_l3_on(l) ? l->ahead : 0, next = 0;
-    size_t max_tokens = (size_t)t->max_blocks * TRACE_BLOCK_TOKENS;
+    size_t max_tokens = (size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS;
     /* a request's tokens are built once, when it is prefetched (or admitted without L3), and kept in a
      * ring of ahead + 1 buffers until its admission */
     size_t ring = (size_t)ahead + 1;
@@ -610,11 +610,11 @@ int replay_opts_finish(cli_t *c, opts_t *o) {
     return 0;
 }
 
-int replay_load(const char *cmd, const char *path, const opts_t *o, trace_t *t, double *parse_s) {
+int replay_load(const char *cmd, const char *path, const opts_t *o, kvt_trace_t *t, double *parse_s) {
     char err[512];
     double t0 = now_s();
     if (path) {
-        if (trace_load(path, t, err, sizeof(err)) != 0) {
+        if (kvt_trace_load(path, t, err, sizeof(err)) != 0) {
             fprintf(stderr, "%s: %s\n", cmd, err);
             return -1;
         }
@@ -768,14 +768,14 @@ int cmd_replay(int argc, char **argv) {
     if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
     if (cli_parse_only) return 0;
 
-    trace_t t;
+    kvt_trace_t t;
     double parse_s;
     if (replay_load("kvtier replay", path, &o, &t, &parse_s) != 0) return 1;
     const char *name = path ? path : "built-in synthetic workload";
 
     if (hybrid_on(&hyb)) {
         int hrc = replay_hybrid(&t, &o, &l3, &hyb, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1, name, parse_s);
-        trace_free(&t);
+        kvt_trace_free(&t);
         return hrc == 0 ? 0 : 1;
     }
     size_t nrun = nsweep ? nsweep : 1, nfleet = l3.instances > 1 ? l3.instances : 0;
@@ -842,6 +842,6 @@ int cmd_replay(int argc, char **argv) {
         rc = -1;
     }
     free(res);
-    trace_free(&t);
+    kvt_trace_free(&t);
     return rc == 0 ? 0 : rc == -2 ? 2 : 1;
 }

@@ -37,7 +37,7 @@ int replay_opts_finish(cli_t *c, opts_t *o);
 /* --data on these L1 sizes fits this machine (-1 after printing why not). */
 int replay_check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t n);
 /* The trace at path, or the built-in workload; prints why on failure (-1). */
-int replay_load(const char *cmd, const char *path, const opts_t *o, trace_t *t, double *parse_s);
+int replay_load(const char *cmd, const char *path, const opts_t *o, kvt_trace_t *t, double *parse_s);
 void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t *cfg);
 /* gnuplot drawing a PNG at path: title, a log-scaled x axis, y in [0, 1];
  * the caller writes the plot command and its data, then pcloses. NULL when

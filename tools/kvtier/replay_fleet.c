@@ -38,12 +38,12 @@ static int by_first(const void *a, const void *b) {
 }
 
 /* Whether request p's blocks are a prefix of request r's. */
-static bool extends(const trace_req_t *r, const trace_req_t *p) {
+static bool extends(const kvt_trace_req_t *r, const kvt_trace_req_t *p) {
     if (p->nblocks > r->nblocks) return false;
     return memcmp(r->hash_ids, p->hash_ids, p->nblocks * sizeof(r->hash_ids[0])) == 0;
 }
 
-uint64_t replay_route(const trace_t *t, uint64_t n, uint32_t instances, uint32_t *route) {
+uint64_t replay_route(const kvt_trace_t *t, uint64_t n, uint32_t instances, uint32_t *route) {
     first_t *f = malloc((n ? n : 1) * sizeof(*f));
     uint32_t *session = malloc((n ? n : 1) * sizeof(*session));
     if (f == NULL || session == NULL) {
@@ -125,7 +125,7 @@ static int pipe_all(int fd, void *buf, size_t len, bool out) {
 }
 
 /* An instance: its share of the requests, its result down the pipe. */
-static void instance_main(const trace_t *t, const opts_t *o, const l3_opts_t *l, const uint32_t *route, uint64_t n,
+static void instance_main(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, const uint32_t *route, uint64_t n,
                           uint32_t me, int fd) {
     group_child_signals();
     uint32_t *reqs = malloc((n ? n : 1) * sizeof(*reqs));
@@ -139,7 +139,7 @@ static void instance_main(const trace_t *t, const opts_t *o, const l3_opts_t *l,
     _exit(rc == 0 ? 0 : 1);
 }
 
-int replay_fleet(const trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total) {
+int replay_fleet(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total) {
     uint32_t ni = (uint32_t)l->instances;
     uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
     uint32_t *route = malloc((n ? n : 1) * sizeof(*route));

@@ -29,7 +29,7 @@ static double frac(uint64_t x, uint64_t of) { return of ? (double)x / (double)of
 static uint64_t tier_bytes(const opts_t *o, uint64_t pages) { return pages * o->page_tokens * o->bpt; }
 
 /* --l1-pages unbounded: every page of the trace. */
-static uint64_t l1_of(const trace_t *t, const opts_t *o, uint64_t l1) {
+static uint64_t l1_of(const kvt_trace_t *t, const opts_t *o, uint64_t l1) {
     if (l1 != UNBOUNDED) return l1;
     uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n, p = 0;
     for (uint64_t i = 0; i < n; i++) p += t->req[i].input_length / o->page_tokens;
@@ -38,7 +38,7 @@ static uint64_t l1_of(const trace_t *t, const opts_t *o, uint64_t l1) {
 
 /* l1_pages UNBOUNDED: every group's L1 holds every page (and checkpoint) of
  * the trace. */
-static int run_hybrid(const trace_t *t, const opts_t *o, const hybrid_opts_t *h, uint64_t l1_pages, uint32_t every,
+static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const hybrid_opts_t *h, uint64_t l1_pages, uint32_t every,
                       bool branches, hyb_result_t *out) {
     kvt_hybrid_config_t cfg;
     uint64_t all = l1_of(t, o, UNBOUNDED);
@@ -68,12 +68,12 @@ static int run_hybrid(const trace_t *t, const opts_t *o, const hybrid_opts_t *h,
         return -1;
     }
     uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
-    int32_t *tok = malloc((size_t)t->max_blocks * TRACE_BLOCK_TOKENS * sizeof(int32_t));
+    int32_t *tok = malloc((size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS * sizeof(int32_t));
     rc = tok ? KVT_OK : KVT_ENOMEM;
     double t0 = (double)kvt_now_ns() / 1e9;
     for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
-        const trace_req_t *r = &t->req[i];
-        for (uint32_t b = 0; b < r->nblocks; b++) trace_block_tokens(r->hash_ids[b], tok + (size_t)b * TRACE_BLOCK_TOKENS);
+        const kvt_trace_req_t *r = &t->req[i];
+        for (uint32_t b = 0; b < r->nblocks; b++) kvt_trace_block_tokens(r->hash_ids[b], tok + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
         kvt_hybrid_req_t req;
         rc = kvt_hybrid_admit(c, 0, tok, r->input_length, 0, NULL, &req);
         if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, r->input_length, &req);
@@ -154,7 +154,7 @@ static int plot(const char *path, const char *model, const uint64_t *l1, const h
     return pclose(g) == 0 ? 0 : -1;
 }
 
-int replay_hybrid(const trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, const uint64_t *l1,
+int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, const uint64_t *l1,
                   size_t n, const char *trace_name, double parse_s) {
     bool has_state = false;
     for (uint32_t g = 0; g < h->ngroups; g++) has_state |= h->groups[g].kind == KVT_GROUP_STATE;

@@ -23,7 +23,7 @@ typedef struct hybrid_opts {
  * through the hybrid cache, the same with state checkpoints at request ends
  * only, and the radix cache at o->bpt; prints a table or JSON (and
  * --plot). -1 after printing why. */
-int replay_hybrid(const trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, const uint64_t *l1,
+int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, const uint64_t *l1,
                   size_t n, const char *trace_name, double parse_s);
 
 #endif

@@ -43,15 +43,15 @@ typedef struct result {
 /* Replays the requests reqs[0..nreqs) of t (all of them, up to --limit,
  * when reqs is NULL) on a fresh cache of l1_pages L1 pages. -1 after
  * printing why; -2 for a bad --l3 URL. */
-int replay_run_one(const trace_t *t, const opts_t *o, const l3_opts_t *l, uint64_t l1_pages, const uint32_t *reqs,
+int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, uint64_t l1_pages, const uint32_t *reqs,
                    uint64_t nreqs, result_t *res);
 
 /* --instances N: N processes, each a replay_run_one over its share of the
  * trace, all on the one --l3 store. each[N] gets every instance's result,
  * *total their sum. -1 after printing why. */
-int replay_fleet(const trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total);
+int replay_fleet(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total);
 /* The instance request i goes to (the documented rule: sessions, dealt round
  * robin). route[n]; returns the number of sessions. */
-uint64_t replay_route(const trace_t *t, uint64_t n, uint32_t instances, uint32_t *route);
+uint64_t replay_route(const kvt_trace_t *t, uint64_t n, uint32_t instances, uint32_t *route);
 
 #endif

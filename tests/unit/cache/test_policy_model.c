@@ -514,9 +514,9 @@ static uint32_t random_request(stream_t *s, int32_t *out, int32_t *prio, uint32_
 typedef struct trace {
     uint32_t *ids, *len;
     uint32_t n;
-} trace_t;
+} model_trace_t;
 
-static void trace_load(trace_t *tr, uint32_t limit) {
+static void load_trace(model_trace_t *tr, uint32_t limit) {
     FILE *f = fopen(KVT_SOURCE_DIR "/data/mooncake_synthetic_trace.jsonl", "r");
     cr_assert_not_null(f, "data/mooncake_synthetic_trace.jsonl");
     tr->ids = malloc((size_t)limit * TRACE_PAGES * sizeof(uint32_t));
@@ -537,7 +537,7 @@ static void trace_load(trace_t *tr, uint32_t limit) {
     cr_assert_eq(tr->n, limit);
 }
 
-static uint32_t trace_request(const trace_t *tr, uint32_t i, int32_t *out, int32_t *prio) {
+static uint32_t trace_request(const model_trace_t *tr, uint32_t i, int32_t *out, int32_t *prio) {
     uint32_t n = tr->len[i];
     for (uint32_t k = 0; k < n; k++)
         for (uint32_t j = 0; j < PT; j++) out[k * PT + j] = (int32_t)(tr->ids[(size_t)i * TRACE_PAGES + k] * PT + j);
@@ -557,7 +557,7 @@ static struct {
 
 /* Requests through a cache of `cap` pages and the model, compared as they go.
  * Returns the hit pages. */
-static uint64_t run_case(kvt_policy_t pol, uint64_t cap, double room, uint32_t window, uint64_t seed, const trace_t *tr,
+static uint64_t run_case(kvt_policy_t pol, uint64_t cap, double room, uint32_t window, uint64_t seed, const model_trace_t *tr,
                          uint32_t requests) {
     static stream_t s;
     static int32_t q[MAXP * PT];
@@ -645,8 +645,8 @@ static void matches_its_model(kvt_policy_t pol) {
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         run_case(pol, cases[i].cap, cases[i].room, cases[i].window, 700 + i, NULL, 1000);
     cr_assert_gt(g_ran.hits, 5000, "the stream shares prefixes");
-    static trace_t tr;
-    if (tr.n == 0) trace_load(&tr, TRACE_REQS);
+    static model_trace_t tr;
+    if (tr.n == 0) load_trace(&tr, TRACE_REQS);
     uint64_t hits = run_case(pol, 300, 0, 0, 0, &tr, tr.n) + run_case(pol, 600, 0.05, 0, 0, &tr, tr.n);
     cr_assert_gt(hits, 2000, "the trace shares prefixes");
     if (pol == KVT_POLICY_S2LRU || pol == KVT_POLICY_ARC) cr_assert_gt(g_ran.back, 1000, "pages came back through a ghost");

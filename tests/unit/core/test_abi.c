@@ -122,6 +122,8 @@ static const struct {
     F(kvt_tier_plane_t, 40),
     F(kvt_xfer_copy_t, 8),
     F(kvt_xfer_done_t, 56),
+    F(kvt_trace_req_t, 40),
+    F(kvt_trace_t, 40),
 };
 #define NFROZEN (sizeof(FROZEN) / sizeof(FROZEN[0]))
 

@@ -1,23 +1,23 @@
 /* A trace block's tokens: token j of block id is
- * splitmix64(id << 9 | j) & 0x7fffffff (trace.h).
+ * splitmix64(id << 9 | j) & 0x7fffffff (kvtier/trace.h).
  *
  * Every token a replay hands the cache passes through here (61 M for the
  * shipped trace), so the definition is computed the fastest way the machine
  * has, with the same values every way:
  *
- * - TRACE_TOKENS_SPLIT: one multiply a token instead of two. splitmix64's
+ * - KVT__TRACE_TOKENS_SPLIT: one multiply a token instead of two. splitmix64's
  *   first round multiplies y = z ^ (z >> 30) by C1, with
  *   z = (id << 9) + G + j. Over a run of j in which z's bits from 10 up stay
  *   the same (a block has one run, or two when the low bits wrap), y is a
  *   constant `hi` whose low 10 bits are (z & 1023) ^ ((z >> 30) & 1023). So
  *   y * C1 is hi * C1 + MUL_C1[those bits]: one load and one add.
- * - TRACE_TOKENS_SSE41: the split, 4 tokens at a time. The second multiply
+ * - KVT__TRACE_TOKENS_SSE41: the split, 4 tokens at a time. The second multiply
  *   needs only the low 62 bits of x * C2, and those come from 32-bit
  *   pieces. With x = xh 2^32 + xl, and P = xl * C2l as a 64-bit product, and
  *   Q = xh * C2l + xl * C2h mod 2^32, the low 31 bits of z ^ (z >> 31) are
  *   those of P ^ ((P >> 31) + 2Q). That takes one pmuludq and one pmulld a
  *   pair of tokens.
- * - TRACE_TOKENS_AVX512: the split, 8 tokens at a time with AVX-512's 64-bit
+ * - KVT__TRACE_TOKENS_AVX512: the split, 8 tokens at a time with AVX-512's 64-bit
  *   multiply (vpmullq) for the second round. Eight tokens from a low value
  *   L with L % 8 == 0 take table entries ((L ^ hl) & ~7) + (i ^ (hl & 7)),
  *   i = 0..7: one aligned 64-byte load, permuted (vpermq) by i ^ (hl & 7).
@@ -32,10 +32,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "trace.h"
+#include "kvtier/trace.h"
+#include "trace-int.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define TRACE_TOKENS_X86 1 /* (gcc's target("arch=...") names) */
+#define KVT__TRACE_TOKENS_X86 1 /* (gcc's target("arch=...") names) */
 #include <immintrin.h>
 #endif
 
@@ -62,7 +63,7 @@ static inline run_t run_at(uint64_t z0, int j) {
     uint64_t z = z0 + (uint64_t)j, h = z >> 30, low = z & 1023;
     int end = j + (int)(1024 - low); /* until z's low 10 bits wrap */
     return (run_t){(((z & ~(uint64_t)1023) ^ h) & ~(uint64_t)1023) * C1, h & 1023, low,
-                   end < TRACE_BLOCK_TOKENS ? end : TRACE_BLOCK_TOKENS};
+                   end < KVT_TRACE_BLOCK_TOKENS ? end : KVT_TRACE_BLOCK_TOKENS};
 }
 
 /* The token whose first-round product is hi * C1 + MUL_C1[idx]. */
@@ -74,13 +75,13 @@ static inline int32_t split_token(uint64_t hi_c1, uint64_t idx) {
 
 static void block_split(uint32_t id, int32_t *out) {
     uint64_t z0 = ((uint64_t)id << 9) + G; /* splitmix64's first add, at j = 0 */
-    for (int j = 0; j < TRACE_BLOCK_TOKENS;) {
+    for (int j = 0; j < KVT_TRACE_BLOCK_TOKENS;) {
         run_t r = run_at(z0, j);
         for (; j < r.end; j++, r.low++) out[j] = split_token(r.hi_c1, r.low ^ r.hl);
     }
 }
 
-#ifdef TRACE_TOKENS_X86
+#ifdef KVT__TRACE_TOKENS_X86
 /* The eight tokens whose first-round products are hi * C1 (each lane of
  * hi_c1) plus tab[perm[i]]: tab 64-byte aligned, perm a permutation of 0..7. */
 __attribute__((target("arch=x86-64-v4"))) static inline __m256i split8(__m512i hi_c1, __m512i perm, const uint64_t *tab) {
@@ -93,7 +94,7 @@ __attribute__((target("arch=x86-64-v4"))) static inline __m256i split8(__m512i h
 __attribute__((target("arch=x86-64-v4"))) static void block_avx512(uint32_t id, int32_t *out) {
     const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
     uint64_t z0 = ((uint64_t)id << 9) + G;
-    for (int j = 0; j < TRACE_BLOCK_TOKENS;) {
+    for (int j = 0; j < KVT_TRACE_BLOCK_TOKENS;) {
         run_t r = run_at(z0, j);
         for (; j < r.end && (r.low & 7); j++, r.low++) out[j] = split_token(r.hi_c1, r.low ^ r.hl); /* to L % 8 == 0 */
         __m512i hi = _mm512_set1_epi64((long long)r.hi_c1), perm = _mm512_xor_si512(iota, _mm512_set1_epi64((long long)(r.hl & 7)));
@@ -125,7 +126,7 @@ __attribute__((target("sse4.1"))) static inline __m128i pair_tokens(__m128i x) {
 __attribute__((target("sse4.1"))) static void block_sse41(uint32_t id, int32_t *out) {
     const __m128i m31 = _mm_set1_epi32(0x7fffffff);
     uint64_t z0 = ((uint64_t)id << 9) + G;
-    for (int j = 0; j < TRACE_BLOCK_TOKENS;) {
+    for (int j = 0; j < KVT_TRACE_BLOCK_TOKENS;) {
         run_t r = run_at(z0, j);
         for (; j + 4 <= r.end; j += 4, r.low += 4) { /* r.low + 3 < 1024: inside the run */
             __m128i a = pair_tokens(pair_at(&r, r.low)), b = pair_tokens(pair_at(&r, r.low + 2));
@@ -146,14 +147,14 @@ __attribute__((constructor)) static void pick_ways(void) {
 }
 #endif
 
-bool trace_block_tokens_way(trace_tokens_way_t way, uint32_t id, int32_t *out) {
+bool kvt__trace_block_tokens_way(kvt__trace_tokens_way_t way, uint32_t id, int32_t *out) {
     switch (way) {
-    case TRACE_TOKENS_SPLIT: block_split(id, out); return true;
-#ifdef TRACE_TOKENS_X86
-    case TRACE_TOKENS_SSE41:
+    case KVT__TRACE_TOKENS_SPLIT: block_split(id, out); return true;
+#ifdef KVT__TRACE_TOKENS_X86
+    case KVT__TRACE_TOKENS_SSE41:
         if (have_sse41) block_sse41(id, out);
         return have_sse41;
-    case TRACE_TOKENS_AVX512:
+    case KVT__TRACE_TOKENS_AVX512:
         if (have_avx512) block_avx512(id, out);
         return have_avx512;
 #endif
@@ -161,8 +162,8 @@ bool trace_block_tokens_way(trace_tokens_way_t way, uint32_t id, int32_t *out) {
     }
 }
 
-void trace_block_tokens(uint32_t id, int32_t *out) {
-#ifdef TRACE_TOKENS_X86
+void kvt_trace_block_tokens(uint32_t id, int32_t *out) {
+#ifdef KVT__TRACE_TOKENS_X86
     if (have_avx512) block_avx512(id, out);
     else if (have_sse41) block_sse41(id, out);
     else block_split(id, out);

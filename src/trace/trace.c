@@ -1,0 +1,240 @@
+/* Mooncake traces (kvtier/trace.h): the strict JSONL parser and the trace's
+ * storage. cJSON reads each line; what it accepts that a trace must not have
+ * (nesting past its limit, content after the object, duplicate keys) is
+ * refused here, each with its own message. */
+#include "kvtier/trace.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include <cjson/cJSON.h>
+
+#include "kvtier/error.h"
+#include "../core/mem-int.h"
+
+void kvt_trace_free(kvt_trace_t *t) {
+    if (t == NULL) return;
+    for (size_t i = 0; i < t->n; i++) kvt__free(t->req[i].hash_ids, t->req[i].nblocks * sizeof(uint32_t));
+    kvt__free(t->req, t->cap * sizeof(kvt_trace_req_t));
+    memset(t, 0, sizeof(*t));
+}
+
+/* Takes r (its ids the trace's from now on), or KVT_ENOMEM with t unchanged. */
+static int push(kvt_trace_t *t, const kvt_trace_req_t *r) {
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 1024;
+        kvt_trace_req_t *nr = kvt__realloc(t->req, t->cap * sizeof(*nr), cap * sizeof(*nr));
+        if (nr == NULL) return KVT_ENOMEM;
+        t->req = nr;
+        t->cap = cap;
+    }
+    t->req[t->n++] = *r;
+    t->input_tokens += r->input_length;
+    if (r->nblocks > t->max_blocks) t->max_blocks = r->nblocks;
+    return KVT_OK;
+}
+
+static bool fits(uint64_t length, uint32_t nblocks) {
+    return nblocks > 0 && length > (uint64_t)(nblocks - 1) * KVT_TRACE_BLOCK_TOKENS &&
+           length <= (uint64_t)nblocks * KVT_TRACE_BLOCK_TOKENS;
+}
+
+int kvt_trace_append(kvt_trace_t *t, const kvt_trace_req_t *r) {
+    if (t == NULL || r == NULL || r->hash_ids == NULL || !fits(r->input_length, r->nblocks)) return KVT_EINVAL;
+    kvt_trace_req_t c = *r;
+    if ((c.hash_ids = kvt__malloc(r->nblocks * sizeof(uint32_t))) == NULL) return KVT_ENOMEM;
+    memcpy(c.hash_ids, r->hash_ids, r->nblocks * sizeof(uint32_t));
+    int rc = push(t, &c);
+    if (rc != KVT_OK) kvt__free(c.hash_ids, r->nblocks * sizeof(uint32_t));
+    return rc;
+}
+
+/* ---- one line ---- */
+
+static int line_error(char *err, size_t errlen, int rc, const char *name, size_t line, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static int line_error(char *err, size_t errlen, int rc, const char *name, size_t line, const char *fmt, ...) {
+    int n = snprintf(err, errlen, "%s:%zu: ", name, line);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < errlen) vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* A JSON number that is a whole number in [0, max]. */
+static int whole(const cJSON *v, double max, uint64_t *out) {
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    if (!(d >= 0 && d <= max) || floor(d) != d) return -1;
+    *out = (uint64_t)d;
+    return 0;
+}
+
+/* The deepest nesting of arrays and objects in text, strings skipped: cJSON
+ * refuses past CJSON_NESTING_LIMIT, and "not valid JSON" would be wrong. */
+static size_t nesting(const char *text, size_t len) {
+    size_t depth = 0, deepest = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = text[i];
+        if (in_string) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in_string = false;
+        } else if (ch == '"') {
+            in_string = true;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > deepest) deepest = depth;
+        } else if ((ch == ']' || ch == '}') && depth > 0) {
+            depth--;
+        }
+    }
+    return deepest;
+}
+
+/* The first key of object o that appears twice, or NULL. Objects of a trace
+ * have a handful of keys: a quadratic look is cheapest. */
+static const char *duplicate_key(const cJSON *o) {
+    for (const cJSON *a = o->child; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (a->string && b->string && strcmp(a->string, b->string) == 0) return a->string;
+    return NULL;
+}
+
+/* The request of object o into *r (its ids allocated): KVT_OK, or an error
+ * with err set and nothing allocated. */
+static int request_of(const cJSON *o, const char *name, size_t lineno, kvt_trace_req_t *r, char *err, size_t errlen) {
+    memset(r, 0, sizeof(*r));
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "hash_ids");
+    const cJSON *il = cJSON_GetObjectItemCaseSensitive(o, "input_length");
+    const cJSON *ol = cJSON_GetObjectItemCaseSensitive(o, "output_length");
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "timestamp");
+    if (!cJSON_IsObject(o)) return line_error(err, errlen, KVT_EPARSE, name, lineno, "expected a JSON object");
+    if (ids == NULL) return line_error(err, errlen, KVT_EPARSE, name, lineno, "missing \"hash_ids\"");
+    if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) == 0)
+        return line_error(err, errlen, KVT_EPARSE, name, lineno, "\"hash_ids\" must be a non-empty array of block ids");
+    if (il == NULL) return line_error(err, errlen, KVT_EPARSE, name, lineno, "missing \"input_length\"");
+    if (whole(il, 1e12, &r->input_length) || r->input_length == 0)
+        return line_error(err, errlen, KVT_EPARSE, name, lineno, "\"input_length\" must be a positive integer");
+    if (ol && whole(ol, 1e12, &r->output_length))
+        return line_error(err, errlen, KVT_EPARSE, name, lineno, "\"output_length\" must be a non-negative integer");
+    if (ts && whole(ts, 1e15, &r->timestamp_ms))
+        return line_error(err, errlen, KVT_EPARSE, name, lineno, "\"timestamp\" must be a non-negative integer (ms)");
+    int n = cJSON_GetArraySize(ids);
+    if (!fits(r->input_length, (uint32_t)n))
+        return line_error(err, errlen, KVT_EPARSE, name, lineno,
+                          "\"input_length\" %llu does not fit %d blocks of %d tokens (needs %llu < length <= %llu)",
+                          (unsigned long long)r->input_length, n, KVT_TRACE_BLOCK_TOKENS,
+                          (unsigned long long)(n - 1) * KVT_TRACE_BLOCK_TOKENS,
+                          (unsigned long long)n * KVT_TRACE_BLOCK_TOKENS);
+    if ((r->hash_ids = kvt__malloc((size_t)n * sizeof(uint32_t))) == NULL)
+        return line_error(err, errlen, KVT_ENOMEM, name, lineno, "out of memory");
+    r->nblocks = (uint32_t)n;
+    int i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, ids) {
+        uint64_t id;
+        if (whole(v, 4294967295.0, &id)) {
+            kvt__free(r->hash_ids, (size_t)n * sizeof(uint32_t));
+            r->hash_ids = NULL;
+            return line_error(err, errlen, KVT_EPARSE, name, lineno, "\"hash_ids\"[%d] must be an integer in [0, 4294967295]", i);
+        }
+        r->hash_ids[i++] = (uint32_t)id;
+    }
+    return KVT_OK;
+}
+
+int kvt_trace_parse_line(kvt_trace_t *t, const char *name, size_t lineno, const char *text, size_t len, char *err,
+                         size_t errlen) {
+    if (t == NULL || name == NULL || (text == NULL && len > 0)) return KVT_EINVAL;
+    while (len > 0 && (text[0] == ' ' || text[0] == '\t')) text++, len--;
+    size_t depth = nesting(text, len);
+    if (depth > CJSON_NESTING_LIMIT)
+        return line_error(err, errlen, KVT_EPARSE, name, lineno, "JSON nested %zu levels deep; at most %d are read",
+                          depth, CJSON_NESTING_LIMIT);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (o == NULL) {
+        size_t col = end && end >= text ? (size_t)(end - text) + 1 : 1;
+        return line_error(err, errlen, KVT_EPARSE, name, lineno, "not valid JSON (near column %zu)", col);
+    }
+    /* One object a line: anything after it (a second object of a trace that
+     * lost its newlines, garbage, a NUL byte) would otherwise be dropped. */
+    size_t used = end && end >= text ? (size_t)(end - text) : len;
+    while (used < len && (text[used] == ' ' || text[used] == '\t')) used++;
+    int rc = KVT_OK;
+    const char *dup = used == len && cJSON_IsObject(o) ? duplicate_key(o) : NULL;
+    kvt_trace_req_t r;
+    if (used < len && text[used] == 0)
+        rc = line_error(err, errlen, KVT_EPARSE, name, lineno, "a NUL byte at column %zu", used + 1);
+    else if (used < len)
+        rc = line_error(err, errlen, KVT_EPARSE, name, lineno,
+                        "content after the JSON object at column %zu (one object a line)", used + 1);
+    else if (dup)
+        rc = line_error(err, errlen, KVT_EPARSE, name, lineno, "duplicate key \"%.40s\"", dup);
+    else if ((rc = request_of(o, name, lineno, &r, err, errlen)) == KVT_OK && (rc = push(t, &r)) != KVT_OK) {
+        kvt__free(r.hash_ids, r.nblocks * sizeof(uint32_t));
+        line_error(err, errlen, rc, name, lineno, "out of memory");
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* ---- a file ---- */
+
+int kvt_trace_load(const char *path, kvt_trace_t *t, char *err, size_t errlen) {
+    if (path == NULL || t == NULL) return KVT_EINVAL;
+    memset(t, 0, sizeof(*t));
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return KVT_EIO;
+    }
+    int rc = kvt_trace_load_stream(f, path, t, err, errlen);
+    fclose(f);
+    return rc;
+}
+
+int kvt_trace_load_stream(FILE *f, const char *name, kvt_trace_t *t, char *err, size_t errlen) {
+    if (f == NULL || name == NULL || t == NULL) return KVT_EINVAL;
+    memset(t, 0, sizeof(*t));
+    char *line = NULL;
+    size_t cap = 0, lineno = 0;
+    ssize_t len;
+    int rc = KVT_OK;
+    while (rc == KVT_OK && (len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        size_t k = (size_t)len;
+        while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' ' || line[k - 1] == '\t')) k--;
+        size_t s = 0;
+        while (s < k && (line[s] == ' ' || line[s] == '\t')) s++;
+        if (s == k) continue; /* blank line */
+        rc = kvt_trace_parse_line(t, name, lineno, line + s, k - s, err, errlen);
+    }
+    if (rc == KVT_OK && ferror(f)) rc = KVT_EIO, snprintf(err, errlen, "%s: read error", name);
+    if (rc == KVT_OK && t->n == 0) rc = KVT_EPARSE, snprintf(err, errlen, "%s: no requests in the file", name);
+    free(line); /* (getline's, malloc'd) */
+    if (rc != KVT_OK) kvt_trace_free(t);
+    return rc;
+}
+
+void kvt_trace_request_tokens(const kvt_trace_req_t *r, int32_t *out) {
+    int32_t block[KVT_TRACE_BLOCK_TOKENS];
+    uint64_t left = r->input_length;
+    for (uint32_t b = 0; b < r->nblocks && left > 0; b++) {
+        uint64_t k = left < KVT_TRACE_BLOCK_TOKENS ? left : KVT_TRACE_BLOCK_TOKENS;
+        if (k == KVT_TRACE_BLOCK_TOKENS) {
+            kvt_trace_block_tokens(r->hash_ids[b], out);
+        } else {
+            kvt_trace_block_tokens(r->hash_ids[b], block);
+            memcpy(out, block, k * sizeof(int32_t));
+        }
+        out += k;
+        left -= k;
+    }
+}
