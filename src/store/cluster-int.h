@@ -25,9 +25,10 @@ typedef struct kvt__slotmap {
 int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m);
 /* Arrays longer than this in a reply are refused (an out-of-memory error of
  * the reader, which fails the connection): hiredis 0.14 (Debian 12) takes an
- * array's declared length on trust, and "*2000000000" from a server made it
- * calloc 16 GB before one element arrived (found by the redis fuzz target).
- * kvtier's largest reply is a CLUSTER SHARDS of at most a few thousand items. */
+ * array's declared length on trust, so "*2000000000" from a server would
+ * have it calloc 16 GB before one element arrived (the redis fuzz target
+ * sends such replies). kvtier's largest reply is a CLUSTER SHARDS of at most
+ * a few thousand items. */
 #define KVT__REDIS_MAX_ELEMENTS (1 << 20)
 struct redisReader;
 /* Puts the cap on a reader (a connection's c->reader). */
