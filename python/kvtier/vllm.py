@@ -35,14 +35,16 @@ them; stores are written through). ``KvtierOffloadingConnector`` (from
 path for a load kvtier refuses.
 
 Supported: vLLM 0.33.0 (pinned in python/requirements-dev.txt); the import
-fails loudly, naming what changed, when vLLM's base class differs. Not yet:
-policies other than vLLM's LRU and vLLM's store_threshold >= 2
+fails loudly, naming what changed, when vLLM's base class differs.
+``KvtierArcOffloadingManager`` makes the decisions of vLLM's ARC policy instead
+(the spec's ``"policy": "arc"``). Not yet: vLLM's store_threshold >= 2
 (docs/vllm.md)."""
 from __future__ import annotations
 
 import array
 import inspect
 import struct
+from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
@@ -65,8 +67,8 @@ except ImportError as e:  # pragma: no cover - the suite runs with vLLM installe
     raise ImportError(f"kvtier.vllm needs vLLM 0.33.0's offloading modules ({e}); "
                       "pip install --no-deps vllm==0.33.0 (see docs/python.md)") from e
 
-__all__ = ["KvtierOffloadingConnector", "KvtierOffloadingManager", "KvtierOffloadingSpec", "VLLM_VERSION",
-           "check_vllm_interface"]
+__all__ = ["KvtierArcOffloadingManager", "KvtierOffloadingConnector", "KvtierOffloadingManager",
+           "KvtierOffloadingSpec", "VLLM_VERSION", "check_vllm_interface"]
 
 VLLM_VERSION = "0.33.0"
 _ENOENT, _EINVAL = (dict(_fields.ERRORS)[n] for n in ("ENOENT", "EINVAL"))
@@ -520,7 +522,12 @@ class KvtierOffloadingManager(OffloadingManager):
             if len(pos) == len(ks):
                 ks = sorted(ks, key=pos.__getitem__)
             groups.append(tuple(ks))
-        self._touch_newest(reversed(order_request_keys(tuple(groups), req_context)))
+        self._request_done(tuple(groups), req_context)
+
+    def _request_done(self, groups, req_context: ReqContext) -> None:
+        """A finished request's keys, by group in prefix order: each ranked
+        newest, head last (vLLM's LRU)."""
+        self._touch_newest(reversed(order_request_keys(groups, req_context)))
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is None:
@@ -603,6 +610,256 @@ class KvtierOffloadingManager(OffloadingManager):
                 raise AssertionError(f"{k!r} is {want} here, not in the cache")
 
 
+@dataclass
+class _ArcSeen:
+    """What vLLM's manager sorts one request's keys into for its ARC policy:
+    the keys it inserted, the ready keys it reused, its store misses."""
+    owner: object
+    generation: int
+    inserted: Set[OffloadKey] = field(default_factory=set)
+    reused: Set[OffloadKey] = field(default_factory=set)
+    store_miss: Set[OffloadKey] = field(default_factory=set)
+
+
+class KvtierArcOffloadingManager(KvtierOffloadingManager):
+    """``KvtierArcOffloadingManager(num_blocks, enable_events=False)``: the
+    decisions of vLLM's ``CPUOffloadingManager(cache_policy="arc")``
+    (``vllm.v1.kv_offload.cpu.policies.arc``) over kvtier's keyed cache.
+
+    ARC's choice of victim depends on its adaptive target at the moment of
+    the eviction, which no static score expresses, so the order lives here:
+    T1 (keys used once) and T2 (used again) in recency order, the ghosts B1
+    and B2 of keys that left each, and the target size of T1. A store picks
+    its victims by ARC, takes them out of the keyed cache, and then gets its
+    pages there, with room to spare: the C side keeps the pages, the states
+    (store in flight, ready, pinned by loads) and the checks. No free room
+    (an eviction ahead of demand would not be ARC's), and no L3 store below
+    (its reservations are ranked by the LRU order)."""
+
+    def __init__(self, num_blocks: int, enable_events: bool = False) -> None:
+        super().__init__(num_blocks, enable_events=enable_events)
+        self._t1: OrderedDict = OrderedDict()
+        self._t2: OrderedDict = OrderedDict()
+        self._b1: OrderedDict = OrderedDict()
+        self._b2: OrderedDict = OrderedDict()
+        self._target = 0.0
+        self._pins: Dict[OffloadKey, int] = {}
+        self._evicted = self._refused = 0  # (the keyed cache counts ARC's victims as removals)
+
+    # ---- the order (vLLM's ARCCachePolicy, step for step) -----------------------------
+
+    def _seen(self, ctx: ReqContext) -> _ArcSeen:
+        st = ctx.get_state(_ArcSeen)
+        if st is None or st.owner is not self or st.generation != self._generation:
+            st = _ArcSeen(self, self._generation)
+            ctx.set_state(st)
+        return st
+
+    def _on_request_access(self, keys: List[OffloadKey], ctx: ReqContext) -> None:
+        pass  # (ARC learns at a request's end, not at first sight)
+
+    def _adapt(self, key: OffloadKey) -> None:
+        """A key found in a ghost moves the target toward that ghost's list."""
+        if key in self._b1:
+            self._target = min(self._target + max(1, len(self._b2) / len(self._b1)), self._blocks)
+            self._b1.move_to_end(key)
+        elif key in self._b2:
+            self._target = max(self._target - max(1, len(self._b1) / len(self._b2)), 0)
+            self._b2.move_to_end(key)
+
+    def _victims(self, n: int, protected: Set[OffloadKey]) -> Optional[List[OffloadKey]]:
+        """n keys to evict, or None (nothing changed) when there are not n
+        ready, unpinned keys outside protected. T1's least recent while T1
+        (as the choice so far leaves it) holds at least the target, else T2's;
+        each list the other's fallback. The victims join their ghosts, which
+        are then cut to the capacity, oldest first."""
+        look, pins = self._look, self._pins
+
+        def free(keys):
+            return (k for k in keys if look[k] is _HIT and not pins.get(k) and k not in protected)
+
+        t1, t2 = free(self._t1), free(self._t2)
+        size1, target = len(self._t1), int(self._target)
+        picked = []
+        for _ in range(n):
+            k = next(t1, None) if size1 >= target else None
+            from_t1 = k is not None
+            if k is None:
+                k = next(t2, None)
+            if k is None:
+                k = next(t1, None)
+                from_t1 = k is not None
+            if k is None:
+                return None
+            size1 -= from_t1
+            picked.append((k, from_t1))
+        for k, from_t1 in picked:
+            if from_t1:
+                del self._t1[k]
+                self._b1[k] = None
+            else:
+                del self._t2[k]
+                self._b2[k] = None
+        for ghost in (self._b1, self._b2):
+            for _ in range(len(ghost) - self._blocks):
+                ghost.popitem(last=False)
+        return [k for k, _ in picked]
+
+    # ---- OffloadingManager -------------------------------------------------------------
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        keys = list(keys)
+        spec = super().prepare_load(keys, req_context)
+        pins = self._pins
+        for k in keys:
+            pins[k] = pins.get(k, 0) + 1
+        seen = self._seen(req_context)
+        seen.reused.update(k for k in keys if k not in seen.inserted)
+        return spec
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        keys = list(keys)
+        super().complete_load(keys, req_context)
+        pins = self._pins
+        for k in keys:
+            if pins[k] == 1:
+                del pins[k]
+            else:
+                pins[k] -= 1
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        t1, t2 = self._t1, self._t2
+        for k in reversed(list(keys)):
+            if k in t1:
+                del t1[k]
+                if self._look[k] is _HIT:
+                    t2[k] = None
+                else:  # a store in flight is not a second use: most recent in T1
+                    t1[k] = None
+            elif k in t2:
+                t2.move_to_end(k)
+            else:
+                self._adapt(k)
+
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
+        keys = list(keys)
+        look, ids, names = self._look, self._ids, self._names
+        to_store, ready = [], []
+        for k in keys:
+            state = look.get(k)
+            if state is None:
+                to_store.append(k)
+            elif state is _HIT:
+                ready.append(k)
+        seen = self._seen(req_context)
+        misses = [k for k in to_store if k not in seen.store_miss]
+        if misses:  # ARC learns from a ghost before the store takes the key out of it
+            for k in reversed(misses):
+                self._adapt(k)
+            seen.store_miss.update(misses)
+        recorded = set(to_store) | set(ready)
+        self._record([k for k in keys if k in recorded], req_context)
+        seen.reused.update(k for k in ready if k not in seen.inserted)
+        if not to_store:
+            return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
+        if len(to_store) > 1:
+            to_store = list(dict.fromkeys(to_store))
+        evicted: List[OffloadKey] = []
+        n = len(to_store) - (self._blocks - len(look))
+        if n > 0:
+            got = self._victims(n, set(keys))
+            if got is None:
+                self._refused += 1
+                return None
+            evicted = got
+            self._evicted += len(evicted)
+            gone = self._cache.remove_packed(b"".join(map(ids.__getitem__, evicted)))
+            assert gone == len(evicted), f"ARC's victims were not all evictable in the keyed cache ({gone} of {len(evicted)})"
+            for k in evicted:
+                del look[k], self._scores[k]
+                del names[ids.pop(k)]
+            self._emit(evicted, removed=True)
+        new_ids = self._new_ids(to_store)
+        zeros = bytes(8 * len(to_store))  # (scores: the C side never chooses a victim here)
+        out = None
+        try:
+            out = self._cache.prepare_store_packed(b"".join(new_ids), zeros, b"")
+        finally:
+            if out is None:
+                for kid in new_ids:
+                    del names[kid]
+        if out is None:
+            raise AssertionError("the keyed cache refused a store ARC made room for")
+        pages, evicted_ids = out
+        assert not evicted_ids, "the keyed cache evicted although ARC made room"
+        look.update(dict.fromkeys(to_store, _PENDING))
+        self._scores.update(dict.fromkeys(to_store, 0))
+        ids.update(zip(to_store, new_ids))
+        for k in to_store:
+            self._t1[k] = None
+            self._b1.pop(k, None)
+            self._b2.pop(k, None)
+        seen.inserted.update(to_store)
+        return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(pages), evicted_keys=evicted)
+
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        keys = list(keys)
+        super().complete_store(keys, req_context, success)
+        if not success:
+            for k in keys:
+                if k not in self._look:
+                    self._t1.pop(k, None)
+                    self._t2.pop(k, None)
+
+    def _request_done(self, groups, req_context: ReqContext) -> None:
+        seen = self._seen(req_context)
+        once = seen.inserted - seen.reused
+        t1, t2 = self._t1, self._t2
+        for k in reversed(order_request_keys(groups, req_context)):
+            if k in once:  # a store is not a use: its place in its list renewed only
+                if k in t1:
+                    t1.move_to_end(k)
+                elif k in t2:
+                    t2.move_to_end(k)
+            elif k in seen.reused and k in t1:
+                t2[k] = None
+                del t1[k]
+            elif k in seen.reused and k in t2:
+                t2.move_to_end(k)
+
+    def reset_cache(self) -> None:
+        super().reset_cache()
+        for d in (self._t1, self._t2, self._b1, self._b2, self._pins):
+            d.clear()
+        self._target = 0.0
+        self._evicted = self._refused = 0  # (a new keyed cache: its counters start again)
+
+    def forget(self, keys: Iterable[OffloadKey]) -> List[OffloadKey]:
+        gone = super().forget(keys)
+        for k in gone:
+            self._t1.pop(k, None)
+            self._t2.pop(k, None)
+        return gone
+
+    def stats(self) -> Dict[str, int]:
+        """The keyed cache's counters, ARC's victims counted as evictions and
+        its refusals as refusals (not as the caller's removals)."""
+        st = super().stats()
+        st["evictions"] += self._evicted
+        st["removed"] -= self._evicted
+        st["store_refusals"] += self._refused
+        return st
+
+    def check(self) -> None:
+        super().check()
+        t1, t2 = set(self._t1), set(self._t2)
+        if t1 & t2 or t1 | t2 != set(self._look):
+            raise AssertionError(f"ARC's lists hold {len(t1)} + {len(t2)} keys ({len(t1 & t2)} in both), "
+                                 f"the cache {len(self._look)}")
+        if len(self._b1) > self._blocks or len(self._b2) > self._blocks or not 0 <= self._target <= self._blocks:
+            raise AssertionError("ARC's ghosts or target out of bounds")
+
+
 # kv_connector_extra_config keys the spec reads (vLLM's own: spec_name, spec_module_path, ...).
 _OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "l2_free_room", "l3", "l3_write_policy", "l3_threads",
             "l3_ns", "threads", "checksum")
@@ -613,7 +870,8 @@ class KvtierOffloadingSpec(OffloadingSpec):
 
     ``host_bytes``     host memory for offloaded blocks, all workers together
                        (vLLM's ``cpu_bytes_to_use`` is read when it is absent);
-    ``policy``         eviction order: ``lru`` (vLLM's own order, the default);
+    ``policy``         eviction order: ``lru`` (vLLM's LRU, the default) or
+                       ``arc`` (vLLM's ARC; no free room, no L3);
     ``l2_free_room``   fraction of the host tier kept free ahead of stores (0);
     ``threads``        copy threads per worker (1);
     ``checksum``       per-page checksums, a corrupt page never loaded (true);
@@ -635,9 +893,9 @@ class KvtierOffloadingSpec(OffloadingSpec):
             raise ValueError(f"kvtier: host_bytes: expected a byte count, not {host!r}") from None
         if host <= 0:
             raise ValueError(f"kvtier: host_bytes: {host} (expected > 0)")
-        policy = x.get("policy", "lru")
-        if policy != "lru":
-            raise ValueError(f"kvtier: policy: {policy!r} (supported: 'lru', vLLM's own order)")
+        self.policy = x.get("policy", "lru")
+        if self.policy not in ("lru", "arc"):
+            raise ValueError(f"kvtier: policy: {self.policy!r} (supported: 'lru' and 'arc', vLLM's own orders)")
         self.l3 = x.get("l3") or None
         if self.l3 is not None and not isinstance(self.l3, str):
             raise ValueError(f"kvtier: l3: expected a store URL, not {self.l3!r}")
@@ -654,6 +912,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
         self.free_room = float(x.get("l2_free_room", 0.0))
         if not 0.0 <= self.free_room < 1.0:
             raise ValueError(f"kvtier: l2_free_room: {self.free_room} (expected 0 <= l2_free_room < 1)")
+        if self.policy == "arc" and self.free_room > 0:
+            raise ValueError("kvtier: policy 'arc' evicts on demand only: l2_free_room must be 0")
+        if self.policy == "arc" and self.l3 is not None:
+            raise ValueError("kvtier: policy 'arc' is for the host tier alone: an l3 store needs policy 'lru'")
         self.threads = int(x.get("threads", 1))
         if self.threads < 1:
             raise ValueError(f"kvtier: threads: {self.threads} (expected >= 1)")
@@ -674,10 +936,13 @@ class KvtierOffloadingSpec(OffloadingSpec):
             if self.num_chunks < 1:
                 raise ValueError(f"kvtier: host_bytes holds no chunk of {self.blocks_per_chunk} blocks")
             store = self._l3_store(rank=0) if self.l3 else None  # exists only: rank 0's objects stand for all
+            events = self.kv_events_config.enable_kv_cache_events
             try:
-                self._manager = KvtierOffloadingManager(self.num_chunks,
-                                                        enable_events=self.kv_events_config.enable_kv_cache_events,
-                                                        free_room=self.free_room, l3=store)
+                if self.policy == "arc":
+                    self._manager = KvtierArcOffloadingManager(self.num_chunks, enable_events=events)
+                else:
+                    self._manager = KvtierOffloadingManager(self.num_chunks, enable_events=events,
+                                                            free_room=self.free_room, l3=store)
             except BaseException:
                 if store is not None:
                     store.close()

@@ -60,11 +60,11 @@ EOS = 2
 
 
 class VllmManagerSpec(KvtierOffloadingSpec):
-    """kvtier's spec with vLLM's own manager in the scheduler (the reference)."""
+    """kvtier's spec with vLLM's own manager in the scheduler (the reference), of the spec's policy."""
 
     def get_manager(self):
         if self._manager is None:
-            self._manager = CPUOffloadingManager(num_chunks=self.num_chunks, cache_policy="lru",
+            self._manager = CPUOffloadingManager(num_chunks=self.num_chunks, cache_policy=self.policy,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events)
         return self._manager
 

@@ -76,10 +76,10 @@ def _block_hashes(rng, hashes, groups):
     return (rng.randrange(1 << 20).to_bytes(32, "big"),) * groups
 
 
-def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random"):
+def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random", policy="lru"):
     rng = random.Random(seed)
-    ref = CPUOffloadingManager(num_chunks=blocks, cache_policy="lru", enable_events=True)
-    ours = kv.KvtierOffloadingManager(blocks, enable_events=True)
+    ref = CPUOffloadingManager(num_chunks=blocks, cache_policy=policy, enable_events=True)
+    ours = (kv.KvtierArcOffloadingManager if policy == "arc" else kv.KvtierOffloadingManager)(blocks, enable_events=True)
     managers = (ref, ours)
     prompts = [[_block_hashes(rng, hashes, groups) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
     live = []  # (pair, pending stores, pending loads)
@@ -192,6 +192,24 @@ def test_decisions_match_vllms_lru_manager(blocks, groups, hashes):
         assert total["evicted"] and total["refused"]
 
 
+@pytest.mark.parametrize("blocks,groups,hashes", [(1, 1, "random"), (7, 1, "random"), (40, 1, "random"),
+                                                  (24, 3, "random"), (200, 2, "random"), (24, 3, "per_group"),
+                                                  (40, 1, "small")])
+def test_decisions_match_vllms_arc_manager(blocks, groups, hashes):
+    """The same calls to vLLM's CPUOffloadingManager(cache_policy="arc") and to
+    KvtierArcOffloadingManager: every lookup, key stored, key evicted (in
+    order), refusal and event equal."""
+    seed = int(os.environ.get("KVTIER_TEST_SEED", "0")) or (blocks * 37 + groups)
+    total = {}
+    for s in range(seed, seed + 3):
+        c = _drive(s, blocks, 1500, groups, hashes=hashes, policy="arc")
+        total = {k: total.get(k, 0) + v for k, v in c.items()}
+    print(f"vllm arc equivalence: blocks={blocks} groups={groups} hashes={hashes} seeds={seed}..{seed + 2} {total}")
+    assert total["hits"] and total["stores"] and total["failed"]
+    if blocks <= 40:
+        assert total["evicted"] and total["refused"]
+
+
 def test_a_refused_store_changes_nothing():
     m = kv.KvtierOffloadingManager(2, enable_events=True)
     ctx = ReqContext(req_id="a")
@@ -261,9 +279,11 @@ def _offloading_config(extra, blocks_per_chunk=1, worker_bytes=96 * 2 + 160):
                                           is_parallelism_agnostic=True))
 
 
-def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back():
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back(policy):
     """vLLM's own factory loads KvtierOffloadingSpec from kv_connector_extra_config; its manager
-    and worker then store blocks of vLLM-shaped KV tensors and load them back into other blocks."""
+    (of the policy asked for) and worker then store blocks of vLLM-shaped KV tensors and load them
+    back into other blocks."""
     import numpy as np
     import torch
     from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
@@ -271,13 +291,15 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back():
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
     page = 96 * 2 + 160
     spec = OffloadingSpecFactory.create_spec(_offloading_config(
-        {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm", "host_bytes": 10 * page}))
+        {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm", "host_bytes": 10 * page,
+         "policy": policy}))
     assert isinstance(spec, kv.KvtierOffloadingSpec) and spec.num_chunks == 10
     nb = 16
     tensors = [torch.randint(-128, 128, (nb, p), dtype=torch.int8) for p in (96, 96, 160)]
     caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in tensors],
                                [[CanonicalKVCacheRef(i, t.shape[1]) for i, t in enumerate(tensors)]])
     m, w = spec.get_manager(), spec.get_worker(caches)
+    assert isinstance(m, kv.KvtierArcOffloadingManager) == (policy == "arc")
     ctx = ReqContext(req_id="r")
     keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(4)]
     for i, k in enumerate(keys):
@@ -304,7 +326,9 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back():
 
 
 @pytest.mark.parametrize("extra,msg", [({}, "host_bytes"), ({"host_bytes": "x"}, "host_bytes"),
-                                       ({"host_bytes": 4096, "policy": "arc"}, "policy"),
+                                       ({"host_bytes": 4096, "policy": "lfu"}, "policy"),
+                                       ({"host_bytes": 4096, "policy": "arc", "l2_free_room": 0.1}, "l2_free_room"),
+                                       ({"host_bytes": 4096, "policy": "arc", "l3": "dir:/tmp/x"}, "l3"),
                                        ({"host_bytes": 4096, "l3": 5}, "l3"),
                                        ({"host_bytes": 4096, "l3": "dir:/tmp/x", "l3_write_policy": "write_back"},
                                         "l3_write_policy"),

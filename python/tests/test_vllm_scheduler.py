@@ -117,6 +117,18 @@ def test_a_full_host_tier_evicts_as_vllm_does(model_dir):
     assert kv.stats["evictions"] > 0 and kv.loads >= 5, (kv.stats, kv.log)
 
 
+def test_under_arc_a_full_host_tier_evicts_as_vllms_arc_does(model_dir):
+    """The spec's "policy": "arc": kvtier's ARC manager and vLLM's ARC manager,
+    each in vLLM's scheduler, agree step by step (prefix sharing and a full tier),
+    and on the full tier ARC decides otherwise than LRU (the scenario tells them apart)."""
+    kv, _ = both(model_dir, full_tier, gpu_blocks=10, host_blocks=30, extra={"policy": "arc"})
+    assert kv.stats["evictions"] > 0 and kv.loads >= 5, (kv.stats, kv.log)
+    lru, _ = both(model_dir, full_tier, gpu_blocks=10, host_blocks=30)
+    assert kv.log != lru.log
+    kv, _ = both(model_dir, prefix_sharing, gpu_blocks=24, host_blocks=64, extra={"policy": "arc"})
+    assert kv.loads >= 1, kv.log
+
+
 def test_the_full_tier_scenario_tells_eviction_orders_apart(model_dir, monkeypatch):
     """The scenario above can fail: vLLM's own LRU with either half of its
     order changed (older requests first, or a request's head before its tail)
