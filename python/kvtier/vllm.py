@@ -37,7 +37,8 @@ path for a load kvtier refuses.
 Supported: vLLM 0.33.0 (pinned in python/requirements-dev.txt); the import
 fails loudly, naming what changed, when vLLM's base class differs.
 ``KvtierArcOffloadingManager`` makes the decisions of vLLM's ARC policy instead
-(the spec's ``"policy": "arc"``). Not yet: vLLM's store_threshold >= 2
+(the spec's ``"policy": "arc"``); both take vLLM's store_threshold (a block
+stored only once offered that many times). Not yet: vLLM's get_stats metrics
 (docs/vllm.md)."""
 from __future__ import annotations
 
@@ -179,8 +180,17 @@ class KvtierOffloadingManager(OffloadingManager):
     medium = Medium.CPU
 
     def __init__(self, num_blocks: int, enable_events: bool = False, free_room: float = 0.0,
-                 l3: Optional[Store] = None) -> None:
+                 l3: Optional[Store] = None, store_threshold: int = 1, max_tracker_size: int = 64_000) -> None:
+        if not isinstance(store_threshold, int) or store_threshold < 0:
+            raise ValueError(f"store_threshold: {store_threshold!r} (expected an integer >= 0; below 2: every block stored)")
+        if not isinstance(max_tracker_size, int) or max_tracker_size < 1:
+            raise ValueError(f"max_tracker_size: {max_tracker_size!r} (expected an integer >= 1)")
         self._blocks, self._free_room = num_blocks, free_room
+        # vLLM's store_threshold: a block is stored only once offered that many times, counted in
+        # an LRU table of at most max_tracker_size keys (vLLM's CPUOffloadingManager, the same rules)
+        self._threshold, self._tracker_max = store_threshold, max_tracker_size
+        self._offers: Optional[OrderedDict] = OrderedDict() if store_threshold >= 2 else None
+        self._skipped = 0
         self._cache = KeyedCache(num_blocks, free_room=free_room)
         self.events: Optional[List[OffloadingEvent]] = [] if enable_events else None
         # Mirrors of the C side, so that lookups and rank comparisons cost no call:
@@ -330,6 +340,36 @@ class KvtierOffloadingManager(OffloadingManager):
         if new:
             self._on_request_access(new, ctx)
 
+    # ---- vLLM's store threshold ---------------------------------------------------
+
+    def _count_offers(self, keys: List[OffloadKey]) -> None:
+        """One more offer of each key: a counted key moves to the table's
+        recent end; a new one enters with 1, making room by dropping the
+        least recent key not offered in this call (none: it is not counted)."""
+        offers = self._offers
+        again = set()
+        for k in keys:
+            if k in offers:
+                offers.move_to_end(k)
+                offers[k] += 1
+                again.add(k)
+        droppable = len(offers) - len(again)
+        for k in keys:
+            if k in offers:
+                continue
+            if len(offers) >= self._tracker_max:
+                if droppable == 0:
+                    continue
+                offers.popitem(last=False)
+                droppable -= 1
+            offers[k] = 1
+
+    def _offered_enough(self, to_store: List[OffloadKey]) -> List[OffloadKey]:
+        """The new keys offered at least store_threshold times; the others skipped."""
+        kept = [k for k in to_store if self._offers.get(k, 0) >= self._threshold]
+        self._skipped += len(to_store) - len(kept)
+        return kept
+
     # ---- events ---------------------------------------------------------------
 
     def _emit(self, keys: List[OffloadKey], removed: bool, metadata_only: bool = False) -> None:
@@ -394,6 +434,9 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         look, ids = self._look, self._ids
+        if self._offers is not None:
+            keys = list(keys)
+            self._count_offers(keys)
         to_store, recorded, protect = [], [], []
         for k in keys:
             state = look.get(k)
@@ -403,6 +446,12 @@ class KvtierOffloadingManager(OffloadingManager):
             elif state is _HIT:
                 recorded.append(k)
                 protect.append(ids[k])  # only ready keys can be evicted: they are the ones to protect
+        if self._offers is not None and to_store:
+            kept = self._offered_enough(to_store)
+            if len(kept) < len(to_store):  # a skipped key is not recorded as the request's
+                skipped = set(to_store) - set(kept)
+                recorded = [k for k in recorded if k not in skipped]
+                to_store = kept
         # (vLLM's LRU takes a store miss as a touch of keys that are absent: it changes nothing)
         self._record(recorded, req_context)
         if not to_store:
@@ -587,8 +636,11 @@ class KvtierOffloadingManager(OffloadingManager):
         return gone
 
     def stats(self) -> Dict[str, int]:
-        """The keyed cache's counters and gauges (kvtier.keyed)."""
-        return self._cache.stats()
+        """The keyed cache's counters and gauges (kvtier.keyed), and
+        stores_skipped: new keys not stored for the store threshold."""
+        st = self._cache.stats()
+        st["stores_skipped"] = self._skipped
+        return st
 
     def check(self) -> None:
         """Every invariant of the C side, and the keys this side knows against it."""
@@ -636,8 +688,10 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
     (an eviction ahead of demand would not be ARC's), and no L3 store below
     (its reservations are ranked by the LRU order)."""
 
-    def __init__(self, num_blocks: int, enable_events: bool = False) -> None:
-        super().__init__(num_blocks, enable_events=enable_events)
+    def __init__(self, num_blocks: int, enable_events: bool = False, store_threshold: int = 1,
+                 max_tracker_size: int = 64_000) -> None:
+        super().__init__(num_blocks, enable_events=enable_events, store_threshold=store_threshold,
+                         max_tracker_size=max_tracker_size)
         self._t1: OrderedDict = OrderedDict()
         self._t2: OrderedDict = OrderedDict()
         self._b1: OrderedDict = OrderedDict()
@@ -744,6 +798,8 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         keys = list(keys)
         look, ids, names = self._look, self._ids, self._names
+        if self._offers is not None:
+            self._count_offers(keys)
         to_store, ready = [], []
         for k in keys:
             state = look.get(k)
@@ -751,6 +807,8 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
                 to_store.append(k)
             elif state is _HIT:
                 ready.append(k)
+        if self._offers is not None and to_store:
+            to_store = self._offered_enough(to_store)
         seen = self._seen(req_context)
         misses = [k for k in to_store if k not in seen.store_miss]
         if misses:  # ARC learns from a ghost before the store takes the key out of it
@@ -862,7 +920,7 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
 
 # kv_connector_extra_config keys the spec reads (vLLM's own: spec_name, spec_module_path, ...).
 _OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "l2_free_room", "l3", "l3_write_policy", "l3_threads",
-            "l3_ns", "threads", "checksum")
+            "l3_ns", "threads", "checksum", "store_threshold", "max_tracker_size")
 
 
 class KvtierOffloadingSpec(OffloadingSpec):
@@ -881,7 +939,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
     ``l3_write_policy`` ``write_through`` (the only one: a block goes to the
                        store when its host store completes);
     ``l3_threads``     store threads per process (2); ``l3_ns`` a namespace in
-                       the store ("default")."""
+                       the store ("default");
+    ``store_threshold`` vLLM's: a block is stored only once offered this many
+                       times (0 or 1: every block), counted in a table of
+                       ``max_tracker_size`` keys (64000), as vLLM's CPU spec does."""
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -916,6 +977,15 @@ class KvtierOffloadingSpec(OffloadingSpec):
             raise ValueError("kvtier: policy 'arc' evicts on demand only: l2_free_room must be 0")
         if self.policy == "arc" and self.l3 is not None:
             raise ValueError("kvtier: policy 'arc' is for the host tier alone: an l3 store needs policy 'lru'")
+        try:
+            self.store_threshold = int(x.get("store_threshold", 0))
+            self.max_tracker_size = int(x.get("max_tracker_size", 64_000))
+        except (TypeError, ValueError):
+            raise ValueError(f"kvtier: store_threshold and max_tracker_size are counts, not "
+                             f"{x.get('store_threshold')!r} and {x.get('max_tracker_size')!r}") from None
+        if self.store_threshold < 0 or self.max_tracker_size < 1:
+            raise ValueError(f"kvtier: store_threshold {self.store_threshold} (expected >= 0) or max_tracker_size "
+                             f"{self.max_tracker_size} (expected >= 1) out of range")
         self.threads = int(x.get("threads", 1))
         if self.threads < 1:
             raise ValueError(f"kvtier: threads: {self.threads} (expected >= 1)")
@@ -938,11 +1008,12 @@ class KvtierOffloadingSpec(OffloadingSpec):
             store = self._l3_store(rank=0) if self.l3 else None  # exists only: rank 0's objects stand for all
             events = self.kv_events_config.enable_kv_cache_events
             try:
+                threshold = dict(store_threshold=self.store_threshold, max_tracker_size=self.max_tracker_size)
                 if self.policy == "arc":
-                    self._manager = KvtierArcOffloadingManager(self.num_chunks, enable_events=events)
+                    self._manager = KvtierArcOffloadingManager(self.num_chunks, enable_events=events, **threshold)
                 else:
                     self._manager = KvtierOffloadingManager(self.num_chunks, enable_events=events,
-                                                            free_room=self.free_room, l3=store)
+                                                            free_room=self.free_room, l3=store, **threshold)
             except BaseException:
                 if store is not None:
                     store.close()

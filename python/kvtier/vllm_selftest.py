@@ -65,6 +65,8 @@ class VllmManagerSpec(KvtierOffloadingSpec):
     def get_manager(self):
         if self._manager is None:
             self._manager = CPUOffloadingManager(num_chunks=self.num_chunks, cache_policy=self.policy,
+                                                 store_threshold=self.store_threshold,
+                                                 max_tracker_size=self.max_tracker_size,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events)
         return self._manager
 

@@ -76,10 +76,12 @@ def _block_hashes(rng, hashes, groups):
     return (rng.randrange(1 << 20).to_bytes(32, "big"),) * groups
 
 
-def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random", policy="lru"):
+def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random", policy="lru", threshold=1, tracker=64_000):
     rng = random.Random(seed)
-    ref = CPUOffloadingManager(num_chunks=blocks, cache_policy=policy, enable_events=True)
-    ours = (kv.KvtierArcOffloadingManager if policy == "arc" else kv.KvtierOffloadingManager)(blocks, enable_events=True)
+    ref = CPUOffloadingManager(num_chunks=blocks, cache_policy=policy, enable_events=True, store_threshold=threshold,
+                               max_tracker_size=tracker)
+    ours = (kv.KvtierArcOffloadingManager if policy == "arc" else kv.KvtierOffloadingManager)(
+        blocks, enable_events=True, store_threshold=threshold, max_tracker_size=tracker)
     managers = (ref, ours)
     prompts = [[_block_hashes(rng, hashes, groups) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
     live = []  # (pair, pending stores, pending loads)
@@ -173,6 +175,8 @@ def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random", policy="
         if step % 97 == 0:
             ours.check()
     ours.check()
+    counts["skipped"] = ours.stats()["stores_skipped"]
+    assert counts["skipped"] == ref.stores_skipped_in_current_batch, "stores skipped for the threshold"
     return counts
 
 
@@ -208,6 +212,23 @@ def test_decisions_match_vllms_arc_manager(blocks, groups, hashes):
     assert total["hits"] and total["stores"] and total["failed"]
     if blocks <= 40:
         assert total["evicted"] and total["refused"]
+
+
+@pytest.mark.parametrize("policy,blocks,threshold,tracker", [("lru", 7, 2, 64_000), ("lru", 40, 3, 64_000),
+                                                                ("lru", 24, 2, 5), ("arc", 7, 2, 64_000),
+                                                                ("arc", 24, 2, 5), ("arc", 40, 3, 16)])
+def test_decisions_match_vllm_with_a_store_threshold(policy, blocks, threshold, tracker):
+    """vLLM's store_threshold: a block stored only once offered that many
+    times, offers counted in an LRU table (a small table drops counts): the
+    same calls to vLLM's manager and kvtier's, every answer equal, and the
+    threshold skips stores."""
+    seed = int(os.environ.get("KVTIER_TEST_SEED", "0")) or (blocks * 41 + threshold + tracker)
+    total = {}
+    for s in range(seed, seed + 3):
+        c = _drive(s, blocks, 1500, 1, policy=policy, threshold=threshold, tracker=tracker)
+        total = {k: total.get(k, 0) + v for k, v in c.items()}
+    print(f"vllm {policy} store_threshold={threshold} tracker={tracker}: blocks={blocks} {total}")
+    assert total["hits"] and total["stores"] and total["skipped"]
 
 
 def test_a_refused_store_changes_nothing():
@@ -334,7 +355,10 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back(policy):
                                         "l3_write_policy"),
                                        ({"host_bytes": 4096, "l3_threads": 0}, "l3_threads"),
                                        ({"host_bytes": 4096, "l2_free_room": 1.5}, "l2_free_room"),
-                                       ({"host_bytes": 4096, "checksum": "maybe"}, "checksum")])
+                                       ({"host_bytes": 4096, "checksum": "maybe"}, "checksum"),
+                                       ({"host_bytes": 4096, "store_threshold": "x"}, "store_threshold"),
+                                       ({"host_bytes": 4096, "store_threshold": -1}, "store_threshold"),
+                                       ({"host_bytes": 4096, "max_tracker_size": 0}, "max_tracker_size")])
 def test_the_spec_refuses_bad_options_naming_them(extra, msg):
     with pytest.raises(ValueError, match=msg):
         kv.KvtierOffloadingSpec(_offloading_config(extra))

@@ -129,6 +129,15 @@ def test_under_arc_a_full_host_tier_evicts_as_vllms_arc_does(model_dir):
     assert kv.loads >= 1, kv.log
 
 
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_store_threshold_stores_a_block_only_when_offered_again(model_dir, policy):
+    """vLLM's store_threshold 2 on both sides: the first offer of a block is
+    skipped, the next stores it; kvtier's run and vLLM's agree step by step."""
+    kv, _ = both(model_dir, full_tier, gpu_blocks=10, host_blocks=30,
+                 extra={"policy": policy, "store_threshold": 2})
+    assert kv.stats["stores_skipped"] > 0 and kv.stats["stores_prepared"] > 0, kv.stats
+
+
 def test_the_full_tier_scenario_tells_eviction_orders_apart(model_dir, monkeypatch):
     """The scenario above can fail: vLLM's own LRU with either half of its
     order changed (older requests first, or a request's head before its tail)
