@@ -38,8 +38,8 @@ Supported: vLLM 0.33.0 (pinned in python/requirements-dev.txt); the import
 fails loudly, naming what changed, when vLLM's base class differs.
 ``KvtierArcOffloadingManager`` makes the decisions of vLLM's ARC policy instead
 (the spec's ``"policy": "arc"``); both take vLLM's store_threshold (a block
-stored only once offered that many times). Not yet: vLLM's get_stats metrics
-(docs/vllm.md)."""
+stored only once offered that many times) and report vLLM's CPU offloading
+metrics (get_stats)."""
 from __future__ import annotations
 
 import array
@@ -191,6 +191,9 @@ class KvtierOffloadingManager(OffloadingManager):
         self._threshold, self._tracker_max = store_threshold, max_tracker_size
         self._offers: Optional[OrderedDict] = OrderedDict() if store_threshold >= 2 else None
         self._skipped = 0
+        # vLLM's metrics (get_stats): each store's size since the last call, the skips reported
+        self._alloc_sizes: List[int] = []
+        self._skipped_reported = 0
         self._cache = KeyedCache(num_blocks, free_room=free_room)
         self.events: Optional[List[OffloadingEvent]] = [] if enable_events else None
         # Mirrors of the C side, so that lookups and rank comparisons cost no call:
@@ -452,6 +455,8 @@ class KvtierOffloadingManager(OffloadingManager):
                 skipped = set(to_store) - set(kept)
                 recorded = [k for k in recorded if k not in skipped]
                 to_store = kept
+        if to_store:
+            self._alloc_sizes.append(len(to_store))
         # (vLLM's LRU takes a store miss as a touch of keys that are absent: it changes nothing)
         self._record(recorded, req_context)
         if not to_store:
@@ -635,6 +640,28 @@ class KvtierOffloadingManager(OffloadingManager):
         self._emit(gone, removed=True)
         return gone
 
+    def get_stats(self):
+        """vLLM's CPU offloading metrics since the last call, computed as
+        vLLM's CPUOffloadingManager computes them: the share of blocks held by
+        transfers (stores in flight, loads), each store's size, and with a
+        store threshold the stores skipped."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+        from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics as M
+        st = self._cache.stats()
+        out = OffloadingConnectorStats()
+        usage = (st["pending"] + st["pinned"]) / self._blocks
+        out.set_gauge(M.CPU_CACHE_USAGE_PERC, usage)
+        for n in self._alloc_sizes:
+            out.observe_histogram(M.CPU_ALLOCATION_SIZE, n)
+        self._alloc_sizes.clear()
+        write = st["pending"] / self._blocks
+        out.set_gauge(M.CPU_CACHE_WRITE_USAGE_PERC, write)
+        out.set_gauge(M.CPU_CACHE_READ_USAGE_PERC, max(usage - write, 0.0))
+        if self._threshold >= 2:
+            out.increase_counter(M.STORES_SKIPPED, self._skipped - self._skipped_reported)
+            self._skipped_reported = self._skipped
+        return out
+
     def stats(self) -> Dict[str, int]:
         """The keyed cache's counters and gauges (kvtier.keyed), and
         stores_skipped: new keys not stored for the store threshold."""
@@ -809,6 +836,8 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
                 ready.append(k)
         if self._offers is not None and to_store:
             to_store = self._offered_enough(to_store)
+        if to_store:
+            self._alloc_sizes.append(len(to_store))
         seen = self._seen(req_context)
         misses = [k for k in to_store if k not in seen.store_miss]
         if misses:  # ARC learns from a ghost before the store takes the key out of it
@@ -943,6 +972,12 @@ class KvtierOffloadingSpec(OffloadingSpec):
     ``store_threshold`` vLLM's: a block is stored only once offered this many
                        times (0 or 1: every block), counted in a table of
                        ``max_tracker_size`` keys (64000), as vLLM's CPU spec does."""
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config):
+        """vLLM's CPU offloading metrics: the managers report the same ones (get_stats)."""
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+        return CPUOffloadingSpec.build_metric_definitions(extra_config)
 
     def __init__(self, config) -> None:
         super().__init__(config)
