@@ -124,6 +124,9 @@ if _DIFFS:
 _POS_BIAS = 1 << 31  # a rank's second part, -position .. 0, as an unsigned score: BIAS - position
 _RANKS = 1 << 32  # request ranks below this fit a score's high half
 _MISS, _HIT, _PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
+# Store sizes kept for get_stats between two calls (vLLM's scheduler calls it every step when it logs
+# stats; without a call the samples past this many are dropped rather than kept for ever)
+_SAMPLES_MAX = 4096
 _pack_id = struct.Struct("=QQ").pack  # kvt_key128_t as it lies in memory (kvtier.keyed.pack_keys)
 
 
@@ -455,7 +458,7 @@ class KvtierOffloadingManager(OffloadingManager):
                 skipped = set(to_store) - set(kept)
                 recorded = [k for k in recorded if k not in skipped]
                 to_store = kept
-        if to_store:
+        if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
             self._alloc_sizes.append(len(to_store))
         # (vLLM's LRU takes a store miss as a touch of keys that are absent: it changes nothing)
         self._record(recorded, req_context)
@@ -836,7 +839,7 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
                 ready.append(k)
         if self._offers is not None and to_store:
             to_store = self._offered_enough(to_store)
-        if to_store:
+        if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
             self._alloc_sizes.append(len(to_store))
         seen = self._seen(req_context)
         misses = [k for k in to_store if k not in seen.store_miss]
