@@ -1,13 +1,13 @@
 """The scheduler side of vLLM's offloading, kvtier's manager beside vLLM's own:
-``.venv/bin/python -m kvtier.bench_vllm [TRACE] [--requests N] [--blocks N] [--repeat N]``.
+``.venv/bin/python -m kvtier.bench_vllm [TRACE] [--requests N] [--blocks N] [--repeat N] [--policy lru|arc]``.
 
 Each request of a Mooncake trace (its hash ids are its blocks, one group)
 makes the calls vLLM's OffloadingConnectorScheduler makes: a new request,
 lookups along its block chain up to the first miss, a load of the hits and its
 completion, a store of the rest (with each block's end-token position) and its
 completion, the request's end. The same calls go to vLLM's
-CPUOffloadingManager (lru) and to kvtier.vllm.KvtierOffloadingManager of the
-same capacity, alternately, ``--repeat`` times each; the JSON gives the
+CPUOffloadingManager and to kvtier's manager of the same policy (lru:
+KvtierOffloadingManager; arc: KvtierArcOffloadingManager) and capacity, alternately, ``--repeat`` times each; the JSON gives the
 medians and ranges of the cost per request and per lookup, their
 ratios, and checks that both made the same decisions (hits, stores,
 evictions)."""
@@ -23,7 +23,7 @@ import time
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-from .vllm import KvtierOffloadingManager
+from .vllm import KvtierArcOffloadingManager, KvtierOffloadingManager
 
 TRACE = pathlib.Path(__file__).resolve().parents[2] / "data" / "mooncake_synthetic_trace.jsonl"
 BLOCK_TOKENS = 512  # the trace's hash ids each stand for 512 tokens
@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=4000)
     p.add_argument("--blocks", type=int, default=6000, help="host tier capacity in blocks")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--policy", choices=("lru", "arc"), default="lru", help="both managers' eviction order")
     a = p.parse_args(argv)
     if a.requests < 1 or a.blocks < 1 or a.repeat < 1:
         p.error("--requests, --blocks and --repeat must be at least 1")
@@ -88,8 +89,9 @@ def main(argv=None) -> int:
     looked = 0
     for _ in range(a.repeat):
         for name in ("vllm", "kvtier"):
-            m = (CPUOffloadingManager(num_chunks=a.blocks, cache_policy="lru") if name == "vllm"
-                 else KvtierOffloadingManager(a.blocks))
+            ours = KvtierArcOffloadingManager if a.policy == "arc" else KvtierOffloadingManager
+            m = (CPUOffloadingManager(num_chunks=a.blocks, cache_policy=a.policy) if name == "vllm"
+                 else ours(a.blocks))
             t, tl, looked, d = run(m, reqs)
             times[name].append(t)
             lookups[name].append(tl)
@@ -106,7 +108,8 @@ def main(argv=None) -> int:
                 "us_per_lookup_range": [min(tl) * per_look, max(tl) * per_look]}
 
     out = {"bench": "vllm_manager", "machine": platform.machine(), "cpu": platform.processor() or "unknown",
-           "trace": a.trace, "requests": len(reqs), "blocks": a.blocks, "repeat": a.repeat, "keys_looked_up": looked,
+           "trace": a.trace, "requests": len(reqs), "blocks": a.blocks, "repeat": a.repeat, "policy": a.policy,
+           "keys_looked_up": looked,
            "vllm": summary("vllm"), "kvtier": summary("kvtier"),
            "ratio_kvtier_over_vllm": statistics.median(times["kvtier"]) / statistics.median(times["vllm"]),
            "lookup_ratio_kvtier_over_vllm": statistics.median(lookups["kvtier"]) / statistics.median(lookups["vllm"]),
