@@ -72,6 +72,7 @@ struct kvt_hybrid {
     kvt_hash128_t *hash;
     size_t hcap;
     int8_t *memo; /* [g * mstride + i]: piece_tier of group g's piece i, or MEMO_UNKNOWN */
+    bool searching; /* the match rule is asking (piece_tier asks the outside L3 ahead) */
     size_t mcap, mstride;
     kvt_key128_t *keys, *prot;
     uint64_t *scores;
@@ -252,24 +253,58 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     return KVT_OK;
 }
 
-/* The shallowest tier (0, 1, 2) holding key in group g, or -1 (asks the
- * outside L3 last). */
-static int tier_of(kvt_hybrid_t *h, uint32_t g, kvt_key128_t key) {
+/* The shallowest of the cache's own tiers (0, 1, 2) holding key in group
+ * g, or -1. */
+static int own_tier(const kvt_hybrid_t *h, uint32_t g, kvt_key128_t key) {
     for (int t = 0; t < 3; t++)
         if (h->kc[g][t] && kvt_keyed_lookup(h->kc[g][t], key) == KVT_KEYED_HIT) return t;
-    uint8_t there = 0;
-    if (h->probe && h->probe(h->probe_arg, g, &key, 1, &there) == 0 && there) return 2;
     return -1;
+}
+
+/* Group g's piece i's key (window page i, or the checkpoint after i pages). */
+static kvt_key128_t piece_key(const kvt_hybrid_t *h, uint32_t g, uint64_t i) {
+    return key_of(h->hash[h->cfg.groups[g].kind == KVT_GROUP_STATE ? i - 1 : i]);
+}
+
+/* The outside L3 is a round trip a call, and the match rule walks down from
+ * its first question (a window's pages from the top, a state group's
+ * checkpoints from m): so the pieces at i and up to PROBE_BATCH - 1 below it
+ * that no own tier holds are asked in one call. */
+#define PROBE_BATCH 64
+static void probe_down(kvt_hybrid_t *h, uint32_t g, uint64_t i) {
+    uint64_t lo = h->cfg.groups[g].kind == KVT_GROUP_STATE ? 1 : 0, end = i + 1 > PROBE_BATCH ? i + 1 - PROBE_BATCH : 0;
+    if (end < lo) end = lo;
+    kvt_key128_t keys[PROBE_BATCH];
+    uint64_t at[PROBE_BATCH];
+    uint8_t there[PROBE_BATCH];
+    size_t k = 0;
+    for (uint64_t j = i + 1; j-- > end;) {
+        int8_t *m = &h->memo[(size_t)g * h->mstride + j];
+        if (*m != MEMO_UNKNOWN) continue;
+        kvt_key128_t key = piece_key(h, g, j);
+        if ((*m = (int8_t)own_tier(h, g, key)) >= 0) continue;
+        keys[k] = key;
+        at[k++] = j;
+    }
+    memset(there, 0, k);
+    if (k && h->probe(h->probe_arg, g, keys, k, there) != 0) memset(there, 0, k);
+    for (size_t x = 0; x < k; x++) h->memo[(size_t)g * h->mstride + at[x]] = there[x] ? 2 : -1;
 }
 
 /* The tier of group g's piece i (window page i, or the checkpoint after i
  * pages), asked once per admission: the match rule and the loads ask for
- * the same pieces, and the outside L3's probe is a round trip. */
+ * the same pieces. -1: in no tier. */
 static int piece_tier(kvt_hybrid_t *h, uint32_t g, uint64_t i) {
     int8_t *m = &h->memo[(size_t)g * h->mstride + i];
     if (*m == MEMO_UNKNOWN) {
-        int state = h->cfg.groups[g].kind == KVT_GROUP_STATE;
-        *m = (int8_t)(state && i == 0 ? 0 : tier_of(h, g, key_of(h->hash[state ? i - 1 : i])));
+        if (h->cfg.groups[g].kind == KVT_GROUP_STATE && i == 0) *m = 0; /* (the empty prefix's state) */
+        else if (h->probe && h->searching) probe_down(h, g, i);
+        else {
+            kvt_key128_t key = piece_key(h, g, i);
+            uint8_t there = 0;
+            int t = own_tier(h, g, key);
+            *m = (int8_t)(t >= 0 ? t : h->probe && h->probe(h->probe_arg, g, &key, 1, &there) == 0 && there ? 2 : -1);
+        }
     }
     return *m;
 }
@@ -418,7 +453,9 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     h->clock++;
     uint64_t m = r.full.l1_hit_pages + r.full.l2_hit_pages + r.full.l3_hit_pages;
     memset(h->memo, MEMO_UNKNOWN, h->mstride * G);
+    h->searching = true; /* (its questions walk down: the outside L3 is asked ahead, probe_down) */
     uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, h, &r.short_by);
+    h->searching = false;
     int tier = -1;
     if (load_and_pin(h, n, p, &tier) != KVT_OK) { /* the pieces do not fit in L1 beside the pinned ones */
         h->st.room_short_tokens += n * h->P;

@@ -594,7 +594,7 @@ typedef struct {
         uint64_t tag;
     } e[8192];
     size_t n;
-    uint64_t probes;
+    uint64_t probes, calls; /* keys asked; calls */
 } outside_t;
 
 static uint64_t *outside_find(outside_t *o, uint32_t g, kvt_key128_t k) {
@@ -606,6 +606,8 @@ static uint64_t *outside_find(outside_t *o, uint32_t g, kvt_key128_t k) {
 static int outside_probe(void *arg, uint32_t g, const kvt_key128_t *keys, size_t n, uint8_t *present) {
     outside_t *o = arg;
     o->probes += n;
+    o->calls++;
+    cr_assert(n >= 1 && n <= 64, "a probe of %zu keys", n);
     for (size_t i = 0; i < n; i++) present[i] = outside_find(o, g, keys[i]) != NULL;
     return 0;
 }
@@ -699,6 +701,9 @@ Test(hybrid_outside, pieces_come_back_from_the_engines_store) {
         cr_assert_gt(puts, 0);
         cr_assert_gt(from_outside, 0, "policy %d: no piece came back from the store outside", policy);
         cr_assert_gt(o->probes, 0);
+        fprintf(stderr, "hybrid outside L3, policy %d: %" PRIu64 " pieces asked in %" PRIu64 " calls, %" PRIu64
+                " loaded from it\n", policy, o->probes, o->calls, from_outside);
+        cr_assert_lt(o->calls * 2, o->probes, "the pieces an admission asks for go in few calls");
         kvt_hybrid_stats_t st = {.size = sizeof(st)};
         kvt_hybrid_stats(h, &st);
         cr_assert_gt(st.l3_hit_tokens, 0);
