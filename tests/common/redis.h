@@ -252,6 +252,31 @@ static inline bool cluster_ok_(int port, const char *pass) {
     return ok;
 }
 
+/* How many nodes answer ROLE as masters, and node 0's CLUSTER NODES counts as many masters: a
+ * replica just created reads "master" until its REPLICATE takes hold, and a test that picks a
+ * master by either view must not pick it (-1 when the two views differ). */
+static inline int cluster_masters_(const redis_cluster_t *c, int nodes, const char *pass) {
+    int roles = 0, listed = 0;
+    for (int i = 0; i < nodes; i++) {
+        redisReply *r = pass ? redis_cmd_as(c->n[i].port, NULL, pass, "ROLE") : redis_cmd(c->n[i].port, "ROLE");
+        roles += r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING &&
+                 strcmp(r->element[0]->str, "master") == 0;
+        if (r) freeReplyObject(r);
+    }
+    redisReply *r = pass ? redis_cmd_as(c->n[0].port, NULL, pass, "CLUSTER NODES") : redis_cmd(c->n[0].port, "CLUSTER NODES");
+    for (const char *l = r && r->type == REDIS_REPLY_STRING ? r->str : NULL; l && *l;) {
+        const char *end = strchr(l, '\n');
+        size_t n = end ? (size_t)(end - l) : strlen(l);
+        char line[512];
+        snprintf(line, sizeof(line), "%.*s", (int)(n < sizeof(line) - 1 ? n : sizeof(line) - 1), l);
+        char id[64], addr[128], flags[128];
+        if (sscanf(line, "%63s %127s %127s", id, addr, flags) == 3 && strstr(flags, "master")) listed++;
+        l = end ? end + 1 : NULL;
+    }
+    if (r) freeReplyObject(r);
+    return roles == listed ? roles : -1;
+}
+
 static inline int cluster_start_opts(redis_cluster_t *c, int masters, int replicas, const char *const *extra, const char *pass) {
     memset(c, 0, sizeof(*c));
     int nodes = masters * (1 + replicas);
@@ -269,10 +294,10 @@ static inline int cluster_start_opts(redis_cluster_t *c, int masters, int replic
     snprintf(cmd + k, sizeof(cmd) - (size_t)k, " --cluster-replicas %d --cluster-yes >%s/create.log 2>&1", replicas, c->n[0].dir);
     if (system(cmd) != 0) return -1;
     k = snprintf(c->url, sizeof(c->url), "redis-cluster://127.0.0.1:%d,127.0.0.1:%d", c->n[0].port, c->n[nodes > 1].port);
-    for (int t = 0; t < 1000; t++) { /* up to 10 s: every node agrees the cluster is up */
+    for (int t = 0; t < 1000; t++) { /* up to 10 s: every node agrees the cluster is up, and the roles settled */
         bool all = true;
         for (int i = 0; i < nodes && all; i++) all = cluster_ok_(c->n[i].port, pass);
-        if (all) return 0;
+        if (all && cluster_masters_(c, nodes, pass) == masters) return 0;
         redis_sleep_ms(10);
     }
     return -1;
