@@ -182,7 +182,7 @@ KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req,
  * cache asks probe which of keys[0..n) of group g it holds (present[i]
  * nonzero; a nonzero return: none), when a piece is in neither L1 nor L2
  * (n at most 64: while the match rule searches, with the pieces below the
- * one it asks about, which it is about to ask about),
+ * one it asks about, which it may ask about next),
  * and records the moves to and from it by key: a piece put (dst_tier 3,
  * dst_slot UINT64_MAX) under l3_write_policy, and a piece of a hit loaded
  * from it (src_tier 3, src_slot UINT64_MAX). The store keeps its own room.

@@ -31,7 +31,9 @@ def load(path: Any, limit: int = 0) -> List[TraceRequest]:
     """Parses a Mooncake trace with the library's parser (kvtier/trace.h, the
     one `kvtier replay` uses): a malformed line raises ParseError (a
     ValueError) naming ``path:line`` and what is wrong; a file that cannot be
-    read, IOFailure (an OSError). ``limit``: the first requests only (0: all)."""
+    read, IOFailure (an OSError). ``limit``: the first requests only (0: all);
+    the whole file is parsed first, as `kvtier replay --limit` parses it, so a
+    malformed line past them is an error too."""
     name = _args.text(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
     limit = _args.u64(limit, "limit")
     t = Trace()
@@ -102,7 +104,7 @@ def replay(cache: Any, reqs: List[TraceRequest], prefetch_ahead: int = 4) -> Dic
     st = cache.stats()
     hits = st["l1_hit_tokens"] + st["l2_hit_tokens"] + st["l3_hit_tokens"]
     st.update(hit_rate=hits / st["tokens"] if st["tokens"] else 0.0, wall_s=wall, requests_per_s=n / wall,
-              tokens_s=build_s)  # of wall_s: building the requests' tokens (numpy)
+              tokens_s=build_s)  # of wall_s: building the requests' tokens
     return st
 
 

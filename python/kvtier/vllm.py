@@ -869,6 +869,8 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
                 del look[k], self._scores[k]
                 del names[ids.pop(k)]
             self._emit(evicted, removed=True)
+        # The victims are gone now, as in vLLM's manager, which cannot fail past this point; the keyed
+        # cache can only for memory (OutOfMemory raised, the victims staying gone, as any eviction does).
         new_ids = self._new_ids(to_store)
         zeros = bytes(8 * len(to_store))  # (scores: the C side never chooses a victim here)
         out = None
@@ -950,9 +952,20 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
             raise AssertionError("ARC's ghosts or target out of bounds")
 
 
+def _count_option(x: dict, name: str, default: int, lo: int) -> int:
+    v = x.get(name, default)
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"kvtier: {name}: expected a count, not {v!r}") from None
+    if n < lo:
+        raise ValueError(f"kvtier: {name}: {n} (expected >= {lo})")
+    return n
+
+
 # kv_connector_extra_config keys the spec reads (vLLM's own: spec_name, spec_module_path, ...).
-_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "l2_free_room", "l3", "l3_write_policy", "l3_threads",
-            "l3_ns", "threads", "checksum", "store_threshold", "max_tracker_size")
+_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "eviction_policy", "l2_free_room", "l3", "l3_write_policy",
+            "l3_threads", "l3_ns", "threads", "checksum", "store_threshold", "max_tracker_size")
 
 
 class KvtierOffloadingSpec(OffloadingSpec):
@@ -961,7 +974,8 @@ class KvtierOffloadingSpec(OffloadingSpec):
     ``host_bytes``     host memory for offloaded blocks, all workers together
                        (vLLM's ``cpu_bytes_to_use`` is read when it is absent);
     ``policy``         eviction order: ``lru`` (vLLM's LRU, the default) or
-                       ``arc`` (vLLM's ARC; no free room, no L3);
+                       ``arc`` (vLLM's ARC; no free room, no L3); vLLM's name
+                       for it, ``eviction_policy``, is read too;
     ``l2_free_room``   fraction of the host tier kept free ahead of stores (0);
     ``threads``        copy threads per worker (1);
     ``checksum``       per-page checksums, a corrupt page never loaded (true);
@@ -992,7 +1006,9 @@ class KvtierOffloadingSpec(OffloadingSpec):
             raise ValueError(f"kvtier: host_bytes: expected a byte count, not {host!r}") from None
         if host <= 0:
             raise ValueError(f"kvtier: host_bytes: {host} (expected > 0)")
-        self.policy = x.get("policy", "lru")
+        self.policy = x.get("policy", x.get("eviction_policy", "lru"))  # (vLLM's CPU spec calls it eviction_policy)
+        if "policy" in x and "eviction_policy" in x and x["policy"] != x["eviction_policy"]:
+            raise ValueError(f"kvtier: policy {x['policy']!r} and eviction_policy {x['eviction_policy']!r} differ")
         if self.policy not in ("lru", "arc"):
             raise ValueError(f"kvtier: policy: {self.policy!r} (supported: 'lru' and 'arc', vLLM's own orders)")
         self.l3 = x.get("l3") or None
@@ -1015,15 +1031,8 @@ class KvtierOffloadingSpec(OffloadingSpec):
             raise ValueError("kvtier: policy 'arc' evicts on demand only: l2_free_room must be 0")
         if self.policy == "arc" and self.l3 is not None:
             raise ValueError("kvtier: policy 'arc' is for the host tier alone: an l3 store needs policy 'lru'")
-        try:
-            self.store_threshold = int(x.get("store_threshold", 0))
-            self.max_tracker_size = int(x.get("max_tracker_size", 64_000))
-        except (TypeError, ValueError):
-            raise ValueError(f"kvtier: store_threshold and max_tracker_size are counts, not "
-                             f"{x.get('store_threshold')!r} and {x.get('max_tracker_size')!r}") from None
-        if self.store_threshold < 0 or self.max_tracker_size < 1:
-            raise ValueError(f"kvtier: store_threshold {self.store_threshold} (expected >= 0) or max_tracker_size "
-                             f"{self.max_tracker_size} (expected >= 1) out of range")
+        self.store_threshold = _count_option(x, "store_threshold", 0, 0)
+        self.max_tracker_size = _count_option(x, "max_tracker_size", 64_000, 1)
         self.threads = int(x.get("threads", 1))
         if self.threads < 1:
             raise ValueError(f"kvtier: threads: {self.threads} (expected >= 1)")

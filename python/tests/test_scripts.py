@@ -20,10 +20,11 @@ def test_bench_ab_compares_two_builds_on_one_configuration():
     o = json.loads(out.stdout)
     assert o["rounds"] == 3 and o["args"] == "--limit 300 --policy lru"
     assert o["hit_rates_equal"] is True
-    for k in ("base_wall_s", "new_wall_s", "speedup_wall", "pairwise_wall_median", "speedup_user"):
+    for k in ("base_wall_s", "new_wall_s", "speedup_wall", "pairwise_wall_median"):
         assert o[k] > 0, k
     lo, hi = o["pairwise_wall_q1_q3"]
     assert lo <= o["pairwise_wall_median"] <= hi
+    assert o["speedup_user"] is None or o["speedup_user"] > 0  # (user time can read 0 on a run this short)
 
 
 def test_bench_ab_refuses_bad_usage_and_names_a_failed_replay():

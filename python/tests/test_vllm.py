@@ -367,7 +367,18 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back(policy):
                                        ({"host_bytes": 4096, "checksum": "maybe"}, "checksum"),
                                        ({"host_bytes": 4096, "store_threshold": "x"}, "store_threshold"),
                                        ({"host_bytes": 4096, "store_threshold": -1}, "store_threshold"),
-                                       ({"host_bytes": 4096, "max_tracker_size": 0}, "max_tracker_size")])
+                                       ({"host_bytes": 4096, "max_tracker_size": 0}, "max_tracker_size"),
+                                       ({"host_bytes": 4096, "max_tracker_size": "many"}, "max_tracker_size"),
+                                       ({"host_bytes": 4096, "policy": "arc", "eviction_policy": "lru"},
+                                        "eviction_policy")])
 def test_the_spec_refuses_bad_options_naming_them(extra, msg):
     with pytest.raises(ValueError, match=msg):
         kv.KvtierOffloadingSpec(_offloading_config(extra))
+
+
+def test_vllms_own_name_for_the_policy_is_read():
+    """vLLM's CPU spec takes the order as "eviction_policy": kvtier's spec reads it too."""
+    spec = kv.KvtierOffloadingSpec(_offloading_config({"host_bytes": 4096, "eviction_policy": "arc"}))
+    assert spec.policy == "arc"
+    spec = kv.KvtierOffloadingSpec(_offloading_config({"host_bytes": 4096, "eviction_policy": "arc", "policy": "arc"}))
+    assert spec.policy == "arc"

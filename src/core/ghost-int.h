@@ -62,10 +62,10 @@ static inline size_t kvt__ghost_live(const kvt__ghost_t *g) { /* pages remembere
     if (g->npend) kvt__ghost_settle((kvt__ghost_t *)g); /* (the representation changes, not what it holds) */
     return g->live;
 }
-/* A lookup to come, its buckets found and fetched now: a run of lookups
- * (the protected-prefix walk) probes ahead and looks and takes by the
- * probes, each key's place computed once. A probe is good until the next add
- * (asserted), on a ghost with no add queued (kvt__ghost_settle). */
+/* A lookup, its key's place (fingerprint and buckets) computed once: the
+ * protected-prefix walk looks a run up and takes it out by the same probe.
+ * A probe is good until the next add (asserted), on a ghost with no add
+ * queued (kvt__ghost_settle). */
 typedef struct kvt__ghost_probe {
     uint64_t added;      /* g->added when it was made */
     uint32_t fp, b1, b2; /* fingerprint, first bucket, second (when the first has spilled; else UINT32_MAX) */

@@ -188,8 +188,8 @@ int kvt_trace_parse_line(kvt_trace_t *t, const char *name, size_t lineno, const 
 /* ---- a file ---- */
 
 int kvt_trace_load(const char *path, kvt_trace_t *t, char *err, size_t errlen) {
+    if (t) memset(t, 0, sizeof(*t));
     if (path == NULL || t == NULL) return KVT_EINVAL;
-    memset(t, 0, sizeof(*t));
     FILE *f = fopen(path, "r");
     if (f == NULL) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
@@ -201,8 +201,8 @@ int kvt_trace_load(const char *path, kvt_trace_t *t, char *err, size_t errlen) {
 }
 
 int kvt_trace_load_stream(FILE *f, const char *name, kvt_trace_t *t, char *err, size_t errlen) {
+    if (t) memset(t, 0, sizeof(*t));
     if (f == NULL || name == NULL || t == NULL) return KVT_EINVAL;
-    memset(t, 0, sizeof(*t));
     char *line = NULL;
     size_t cap = 0, lineno = 0;
     ssize_t len;

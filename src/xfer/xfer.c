@@ -29,7 +29,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/clock-int.h"
 #include "../core/doneq-int.h"
 #include "../core/abi-int.h"
 #include "kvtier/stats.h"

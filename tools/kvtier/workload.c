@@ -8,7 +8,6 @@
 #include "kvtier/error.h"
 #include "kvtier/rng.h"
 
-
 void workload_default(workload_params_t *p) {
     p->requests = 4000;
     p->seed = 42;
@@ -93,9 +92,9 @@ int workload_generate(const workload_params_t *p, kvt_trace_t *t) {
         r.output_length = 16 + kvt_rng_below(&rng, 1024);
         clock_ms += kvt_rng_below(&rng, 200);
         r.timestamp_ms = clock_ms;
-        int arc = kvt_trace_append(t, &r); /* (copies the ids) */
+        int added = kvt_trace_append(t, &r); /* (copies the ids) */
         free(r.hash_ids);
-        if (arc != KVT_OK) {
+        if (added != KVT_OK) {
             rc = -1;
             break;
         }
