@@ -325,12 +325,17 @@ class KvtierOffloadingManager(OffloadingManager):
 
     # ---- what each request saw --------------------------------------------------
 
-    def _access(self, ctx: ReqContext) -> _Access:
-        st = ctx.get_state(_Access)
+    def _state(self, ctx: ReqContext, cls):
+        """The request's state of class cls kept by this manager since its
+        last reset: a fresh one when it has none, or an older one."""
+        st = ctx.get_state(cls)
         if st is None or st.owner is not self or st.generation != self._generation:
-            st = _Access(self, self._generation)
+            st = cls(self, self._generation)
             ctx.set_state(st)
         return st
+
+    def _access(self, ctx: ReqContext) -> _Access:
+        return self._state(ctx, _Access)
 
     def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         st = self._access(ctx)
@@ -733,11 +738,7 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
     # ---- the order (vLLM's ARCCachePolicy, step for step) -----------------------------
 
     def _seen(self, ctx: ReqContext) -> _ArcSeen:
-        st = ctx.get_state(_ArcSeen)
-        if st is None or st.owner is not self or st.generation != self._generation:
-            st = _ArcSeen(self, self._generation)
-            ctx.set_state(st)
-        return st
+        return self._state(ctx, _ArcSeen)
 
     def _on_request_access(self, keys: List[OffloadKey], ctx: ReqContext) -> None:
         pass  # (ARC learns at a request's end, not at first sight)
