@@ -79,28 +79,18 @@ int workload_generate(const workload_params_t *p, kvt_trace_t *t) {
             s = &live[kvt_rng_below(&rng, nlive)];
         }
         uint32_t user = 1 + (uint32_t)kvt_rng_below(&rng, 4);
-        kvt_trace_req_t r = {0};
-        r.nblocks = s->n + user;
-        r.hash_ids = malloc(r.nblocks * sizeof(uint32_t));
-        if (r.hash_ids == NULL) {
-            rc = -1;
-            break;
-        }
-        memcpy(r.hash_ids, s->ids, s->n * sizeof(uint32_t));
-        for (uint32_t j = 0; j < user; j++) r.hash_ids[s->n + j] = next_id++;
+        for (uint32_t j = 0; j < user && rc == 0; j++) rc = sess_push(s, next_id++); /* the turn: history + new blocks */
+        if (rc) break;
+        kvt_trace_req_t r = {.hash_ids = s->ids, .nblocks = s->n};
         r.input_length = (uint64_t)r.nblocks * KVT_TRACE_BLOCK_TOKENS - kvt_rng_below(&rng, KVT_TRACE_BLOCK_TOKENS);
         r.output_length = 16 + kvt_rng_below(&rng, 1024);
         clock_ms += kvt_rng_below(&rng, 200);
         r.timestamp_ms = clock_ms;
-        int added = kvt_trace_append(t, &r); /* (copies the ids) */
-        free(r.hash_ids);
-        if (added != KVT_OK) {
+        if (kvt_trace_append(t, &r) != KVT_OK) { /* (copies the ids) */
             rc = -1;
             break;
         }
-        const uint32_t *ids = t->req[t->n - 1].hash_ids;
-        /* the turn's full blocks and the answer join the history */
-        for (uint32_t j = s->n; j < r.nblocks - 1 && rc == 0; j++) rc = sess_push(s, ids[j]);
+        s->n--; /* the turn's full blocks and the answer join the history; its last, partial one does not */
         uint32_t answer = (uint32_t)kvt_rng_below(&rng, 3);
         for (uint32_t j = 0; j < answer && rc == 0; j++) rc = sess_push(s, next_id++);
         if (--s->turns_left == 0) {
