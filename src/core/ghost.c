@@ -417,9 +417,6 @@ void kvt__ghost_probe(const kvt__ghost_t *g, uint64_t key, kvt__ghost_probe_t *p
     p->fp = fp_of(key);
     p->b1 = (uint32_t)b1_of(g, key, p->fp);
     p->b2 = spilled(g, p->b1) ? (uint32_t)alt_of(g, p->b1, p->fp) : UINT32_MAX;
-    __builtin_prefetch(bucket(g, p->b1));
-    if (p->b2 != UINT32_MAX) __builtin_prefetch(bucket(g, p->b2));
-    if (g->aux) __builtin_prefetch(g->aux + (size_t)p->b1 * WAYS); /* (a match in b2 is rarer: fetched when read) */
 }
 
 uint32_t kvt__ghost_run(const kvt__ghost_t *g, kvt__ghost_probe_t *p) {
