@@ -266,13 +266,15 @@ static kvt_key128_t piece_key(const kvt_hybrid_t *h, uint32_t g, uint64_t i) {
     return key_of(h->hash[h->cfg.groups[g].kind == KVT_GROUP_STATE ? i - 1 : i]);
 }
 
-/* The outside L3 is a round trip a call, and the match rule walks down from
- * its first question (a window's pages from the top, a state group's
- * checkpoints from m): so the pieces at i and up to PROBE_BATCH - 1 below it
- * that no own tier holds are asked in one call. */
+/* Fills the memo of group g's pieces from i down to span of them: each one
+ * not known yet gets its own tier, else the outside L3's answer, all of
+ * these asked in one call (a round trip). While the match rule searches,
+ * span is PROBE_BATCH: it walks down (a window's pages from the top, a state
+ * group's checkpoints from m), so the pieces below the one it asks about are
+ * the ones it may ask about next. */
 #define PROBE_BATCH 64
-static void probe_down(kvt_hybrid_t *h, uint32_t g, uint64_t i) {
-    uint64_t lo = h->cfg.groups[g].kind == KVT_GROUP_STATE ? 1 : 0, end = i + 1 > PROBE_BATCH ? i + 1 - PROBE_BATCH : 0;
+static void resolve_down(kvt_hybrid_t *h, uint32_t g, uint64_t i, uint64_t span) {
+    uint64_t lo = h->cfg.groups[g].kind == KVT_GROUP_STATE ? 1 : 0, end = i + 1 > span ? i + 1 - span : 0;
     if (end < lo) end = lo;
     kvt_key128_t keys[PROBE_BATCH];
     uint64_t at[PROBE_BATCH];
@@ -287,7 +289,7 @@ static void probe_down(kvt_hybrid_t *h, uint32_t g, uint64_t i) {
         at[k++] = j;
     }
     memset(there, 0, k);
-    if (k && h->probe(h->probe_arg, g, keys, k, there) != 0) memset(there, 0, k);
+    if (k && h->probe && h->probe(h->probe_arg, g, keys, k, there) != 0) memset(there, 0, k);
     for (size_t x = 0; x < k; x++) h->memo[(size_t)g * h->mstride + at[x]] = there[x] ? 2 : -1;
 }
 
@@ -298,13 +300,7 @@ static int piece_tier(kvt_hybrid_t *h, uint32_t g, uint64_t i) {
     int8_t *m = &h->memo[(size_t)g * h->mstride + i];
     if (*m == MEMO_UNKNOWN) {
         if (h->cfg.groups[g].kind == KVT_GROUP_STATE && i == 0) *m = 0; /* (the empty prefix's state) */
-        else if (h->probe && h->searching) probe_down(h, g, i);
-        else {
-            kvt_key128_t key = piece_key(h, g, i);
-            uint8_t there = 0;
-            int t = own_tier(h, g, key);
-            *m = (int8_t)(t >= 0 ? t : h->probe && h->probe(h->probe_arg, g, &key, 1, &there) == 0 && there ? 2 : -1);
-        }
+        else resolve_down(h, g, i, h->searching ? PROBE_BATCH : 1);
     }
     return *m;
 }
@@ -453,7 +449,7 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     h->clock++;
     uint64_t m = r.full.l1_hit_pages + r.full.l2_hit_pages + r.full.l3_hit_pages;
     memset(h->memo, MEMO_UNKNOWN, h->mstride * G);
-    h->searching = true; /* (its questions walk down: the outside L3 is asked ahead, probe_down) */
+    h->searching = true; /* (its questions walk down: the outside L3 is asked ahead, resolve_down) */
     uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, h, &r.short_by);
     h->searching = false;
     int tier = -1;
