@@ -220,13 +220,16 @@ KVT_API int kvt_store_get(kvt_store_t *s, const kvt_store_page_t *pages, size_t 
 KVT_API int kvt_store_put(kvt_store_t *s, const kvt_store_page_t *pages, size_t n, uint64_t user, uint64_t *ticket);
 KVT_API int kvt_store_remove(kvt_store_t *s, const kvt_store_page_t *pages, size_t n, uint64_t user, uint64_t *ticket);
 
-/* exists on the caller's thread, stopping at the first key not present:
- * *count is the number of leading keys present (what a prefix match
- * needs). For a backend whose exists is a local check (dir:), where a
- * worker's wake-up would cost more than the check; counted in the exists
- * stats as one call. KVT_ENOTSUP for a backend that must ask a server
- * (redis:, redis-cluster:: use kvt_store_exists); KVT_EINVAL (n == 0, a
- * NULL pointer). */
+/* exists on the caller's thread: *count is the number of leading keys
+ * present (what a prefix match needs), without a worker's wake-up and the
+ * caller's, which cost more than a local check or a round trip to a
+ * server. dir: a check per key, stopping at the first key not present.
+ * redis:, redis-cluster:: every key asked in one pipelined round trip per
+ * node, through the store's own connection for callers (one caller at a
+ * time; the workers keep theirs), with the workers' retries and
+ * redirections. Counted in the exists stats as one call. KVT_OK (a store
+ * that is down counts nothing present), KVT_EINVAL (n == 0, a NULL
+ * pointer), KVT_ENOMEM. */
 KVT_API int kvt_store_exists_leading(kvt_store_t *s, const kvt_store_page_t *pages, size_t n, size_t *count);
 
 /* Takes up to max completed batches into out, waiting up to timeout_ns for

@@ -109,7 +109,8 @@ class _Lane:
         self.store = Store(url, tier=tier, log=lambda msg: logger.warning("kvtier L3 (%s): %s", name, msg),
                            **ident, **opts)
         # a dir's exists is a stat on this thread (Store.exists_leading): a prefix is checked in
-        # growing chunks, so that a miss early spares hashing the keys after it
+        # growing chunks, so that a miss early spares hashing the keys after it; a server is
+        # asked every key at once (one round trip)
         self.local_exists = self.store.backend == "dir"
 
     def run(self, op: str, items: Sequence[Any]) -> Optional[Tuple[str, ...]]:

@@ -189,9 +189,10 @@ class Store(Handle):
         return self._submit(lib.kvt_store_exists, "exists", hashes, False, user)
 
     def exists_leading(self, hashes: Iterable[Any]) -> Optional[int]:
-        """How many keys, from the first, are present, checked on the
-        caller's thread and stopping at the first absent one; None for a
-        backend that must ask a server (redis, redis-cluster: use exists)."""
+        """How many keys, from the first, are present, asked on the caller's
+        thread (no worker's wake-up): a directory checks key by key up to
+        the first absent one, Redis answers every key in one pipelined
+        round trip per node. None for a backend that cannot (none today)."""
         arr, n = _pages(hashes, False)
         if n == 0:
             return 0

@@ -336,7 +336,8 @@ def test_store_on_a_real_redis(redis_server):
         want = [t.read_page(i) for i in range(4)]
         assert s.put_sync([(h, i) for i, h in enumerate(hs)]).count == 4
         assert s.exists_sync(hs).count == 4
-        assert s.exists_leading(hs) is None  # a server's exists is one batch on a worker: exists()
+        assert s.exists_leading(hs) == 4  # one round trip on the caller's thread
+        assert s.exists_leading([hs[0], kvtier.page_hashes(list(range(100, 108)), 8)[0], hs[1]]) == 1
         assert s.get_sync([(h, 3 - i) for i, h in enumerate(hs)]).count == 4
         assert [t.read_page(3 - i) for i in range(4)] == want
         assert s.stats("put")["round_trips"] >= 1

@@ -416,48 +416,6 @@ static void dir_usage(void *be, uint64_t *bytes, uint64_t *objects) {
 
 /* ---- the calls ------------------------------------------------------------------------- */
 
-/* Past the first k bytes of the n pieces at *v; returns the pieces left. */
-static size_t iov_advance(struct iovec **v, size_t n, size_t k) {
-    while (k) {
-        size_t step = k < (*v)->iov_len ? k : (*v)->iov_len;
-        (*v)->iov_base = (uint8_t *)(*v)->iov_base + step;
-        (*v)->iov_len -= step;
-        k -= step;
-        if ((*v)->iov_len == 0) (*v)++, n--;
-    }
-    return n;
-}
-
-/* Writes every piece (IOV_MAX at a time, a partial write resumed; the
- * pieces are consumed). 0, or -1 with errno set. */
-static int writev_all(int fd, struct iovec *v, size_t n) {
-    while (n) {
-        ssize_t k = writev(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            if (k == 0) errno = EIO;
-            return -1;
-        }
-        n = iov_advance(&v, n, (size_t)k);
-    }
-    return 0;
-}
-
-/* Fills the pieces until they are full or the file ends (consuming them).
- * The bytes read, or -1 with errno set. */
-static ssize_t readv_all(int fd, struct iovec *v, size_t n) {
-    size_t got = 0;
-    while (n) {
-        ssize_t k = readv(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) break;
-        got += (size_t)k;
-        n = iov_advance(&v, n, (size_t)k);
-    }
-    return (ssize_t)got;
-}
-
 static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     kvt_store_t *s = req->s;
     const char *hex = req->hex[i];
@@ -476,7 +434,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         kvt__store_log(s, "put %s: cannot create '%s': %s", hex, tmp, strerror(errno));
         return KVT_STORE_FAILED;
     }
-    int err = writev_all(fd, v, nv) != 0 ? errno : 0;
+    int err = kvt__writev_all(fd, v, nv) != 0 ? errno : 0;
     if (err == 0 && kvt__store_clock_set(s)) { /* a stepped clock: the file's times are its, not the kernel's */
         struct timespec now = kvt__store_now(s), ts[2] = {now, now};
         if (futimens(fd, ts) != 0) err = errno;
@@ -546,10 +504,10 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     size_t nv = kvt__store_get_iov(req, i, &v);
     if (nv > 0) { /* a tier with addresses: read straight into the page, checked there */
         v[nv++] = one[1];
-        ssize_t got = readv_all(fd, v, nv);
+        ssize_t got = kvt__readv_all(fd, v, nv);
         kvt__store_deliver_in_place(req, i, got < 0 ? 0 : (size_t)got, got < 0 ? errno : 0);
     } else { /* through scratch, checked before a byte reaches the tier */
-        ssize_t got = readv_all(fd, one, 2);
+        ssize_t got = kvt__readv_all(fd, one, 2);
         if (got < 0) {
             kvt__store_log(req->s, "get %s: read failed: %s", hex, strerror(errno));
             req->results[i] = KVT_STORE_FAILED;

@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -99,15 +100,18 @@ typedef struct rconn {
     int port;
     int h; /* its entry in rbe_t.health, or -1 (the table is full) */
     redisContext *c;
-    size_t unflushed; /* bytes of puts appended since the output buffer was last written out */
+    bool silent; /* c's error is one of ours (set_io_error): the peer said nothing in time */
+    /* a get batch's window on this connection, this round: values asked and
+     * not yet read, and where the keys waiting for room start */
+    size_t asked, wait_from;
 } rconn_t;
 
-/* A batch of puts is written out every FLUSH_BYTES as it is appended, not
- * all at once when the replies are read: hiredis writes its output buffer
- * from the front and moves the rest down after every partial write, so one
- * buffer of a whole batch (32 MiB for 32 pages of 1 MiB) costs copies
- * quadratic in its size. */
-#define FLUSH_BYTES (1u << 20)
+/* A get batch keeps at most this many bytes of values asked and not yet
+ * read on a connection (and at least two values): Redis builds every reply
+ * to a pipeline it has read in its own memory before the socket takes it,
+ * so 128 pipelined 1 MiB GETs cost it 128 MiB of buffers to allocate and
+ * copy; a window keeps the pipe full with a few. */
+#define GET_WINDOW_BYTES (4u << 20)
 
 /* Writes out what is appended. An error stays in the context and is met by
  * the next redisGetReply, which drops the connection and retries the keys. */
@@ -115,7 +119,6 @@ static void flush_out(rconn_t *c) {
     int done = 0;
     while (!done && redisBufferWrite(c->c, &done) == REDIS_OK) {
     }
-    c->unflushed = 0;
 }
 
 typedef struct rworker {
@@ -281,6 +284,7 @@ static int conn_index(rbe_t *b, rworker_t *w, const char *host, int port) {
     } else {
         c = &w->conn[w->n++];
         c->c = NULL;
+        c->silent = false;
     }
     snprintf(c->host, sizeof(c->host), "%s", host);
     c->port = port;
@@ -291,7 +295,7 @@ static int conn_index(rbe_t *b, rworker_t *w, const char *host, int port) {
 static void drop(rconn_t *c) {
     if (c->c) redisFree(c->c);
     c->c = NULL;
-    c->unflushed = 0;
+    c->silent = false;
 }
 
 /* ---- one batch ------------------------------------------------------------------------- */
@@ -325,41 +329,157 @@ static int route(rbe_t *b, rworker_t *w, const kvt__sreq_t *req, size_t i) {
     return conn_index(b, w, w->map->nodes[n].host, w->map->nodes[n].port);
 }
 
-/* SET key object, the object appended piece by piece to the connection's
- * output buffer (the RESP bulk string written out here): the page is copied
- * once, from the tier into hiredis's buffer, never into an object first. */
-static int append_set(redisContext *c, const char k[KEYLEN + 1], const struct iovec *v, size_t nv, size_t ob) {
-    char pre[96];
-    int len = snprintf(pre, sizeof(pre), "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%zu\r\n", KEYLEN, k, ob);
-    if (redisAppendFormattedCommand(c, pre, (size_t)len) != REDIS_OK) return -1;
-    for (size_t j = 0; j < nv; j++)
-        if (redisAppendFormattedCommand(c, v[j].iov_base, v[j].iov_len) != REDIS_OK) return -1;
-    return redisAppendFormattedCommand(c, "\r\n", 2) == REDIS_OK ? 0 : -1;
+/* ---- a page's bytes straight between the socket and the tier -------------------------- */
+
+/* Through hiredis a 1 MiB GET reply is copied three times before it reaches
+ * the tier page (into hiredis's read buffer, into a reply object, then by
+ * kvt__store_deliver) and a SET's page once more into its output buffer;
+ * at that size the copies are most of what the client does, on cores it
+ * shares with the server. So the page's bytes bypass hiredis: a SET writes
+ * the tier page with writev after whatever hiredis holds, and a GET whose
+ * reply is a bulk string of the object's size is read from the socket into
+ * the tier page and the header, then checked in place. hiredis still sends
+ * every other command and parses every other reply (misses, errors,
+ * redirections, a value of another size, a tier without host addresses). */
+
+/* Marks the connection broken the way hiredis marks its own I/O errors, so
+ * that the next redisGetReply fails and the usual path (timed_out, errstr,
+ * drop, the keys sent again) takes it: err 0 is the peer's close. */
+static void set_io_error(rconn_t *c, int err) {
+    c->c->err = err ? REDIS_ERR_IO : REDIS_ERR_EOF;
+    snprintf(c->c->errstr, sizeof(c->c->errstr), "%s", err ? strerror(err) : "Server closed the connection");
+    c->silent = err == EAGAIN || err == EWOULDBLOCK;
 }
 
-/* 0, -1 (the connection is unusable: drop it), -2 (the tier page could not
- * be read: nothing was appended). */
-static int append(rworker_t *w, kvt__sreq_t *req, size_t i, redisContext *c) {
+/* SET key object: the command's head, then the tier page and the header
+ * (v, nv pieces from kvt__store_put_iov, room for two more), then CRLF, in
+ * one writev after what hiredis holds. A write that fails leaves its error
+ * in the context, as hiredis's own writes do: the key's reply is then
+ * never read and every key sent on the connection goes again. */
+static void put_direct(rconn_t *c, const char k[KEYLEN + 1], struct iovec *v, size_t nv, size_t ob) {
+    char pre[96];
+    int len = snprintf(pre, sizeof(pre), "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%zu\r\n", KEYLEN, k, ob);
+    flush_out(c);
+    if (c->c->err) return;
+    memmove(v + 1, v, nv * sizeof(*v));
+    v[0] = (struct iovec){.iov_base = pre, .iov_len = (size_t)len};
+    v[nv + 1] = (struct iovec){.iov_base = (void *)"\r\n", .iov_len = 2};
+    if (kvt__writev_all(c->c->fd, v, nv + 2) != 0) set_io_error(c, errno);
+}
+
+/* The length of a bulk string's first line "$<digits>\r\n" at the start of
+ * p (k bytes) and the value's length in *vlen; 0 when p does not start
+ * with a whole one (a null "$-1", another reply, a line cut short). */
+static size_t bulk_head(const char *p, size_t k, uint64_t *vlen) {
+    size_t at = 1;
+    uint64_t v = 0;
+    if (k == 0 || p[0] != '$') return 0;
+    for (; at < k && at <= 19 && p[at] >= '0' && p[at] <= '9'; at++) v = v * 10 + (uint64_t)(p[at] - '0');
+    if (at == 1 || at + 1 >= k || p[at] != '\r' || p[at + 1] != '\n') return 0;
+    *vlen = v;
+    return at + 2;
+}
+
+/* Copies k bytes of src into the pieces at *v (n of them, consumed). */
+static size_t iov_fill(struct iovec **v, size_t n, const char *src, size_t k) {
+    for (size_t off = 0; off < k;) {
+        size_t step = k - off < (*v)->iov_len ? k - off : (*v)->iov_len;
+        memcpy((*v)->iov_base, src + off, step);
+        off += step;
+        n = kvt__iov_advance(v, n, step);
+    }
+    return n;
+}
+
+enum { D_NOT_TAKEN, D_DONE, D_LOST };
+
+/* Reads key i's GET reply into the tier page when it is a value of the
+ * object's size: D_DONE (results[i] set by kvt__store_deliver_in_place);
+ * D_NOT_TAKEN, nothing consumed (hiredis reads it); D_LOST, the connection
+ * broke or lost step within the reply (its error set, the page zeroed).
+ * The reply starts in what hiredis read ahead, if anything, then the
+ * socket; the first line is peeked at, so a reply not taken is left whole. */
+static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i) {
+    redisContext *rc = c->c;
+    redisReader *rd = rc->reader;
+    uint64_t ob = kvt__store_object_bytes(req->s), vlen = 0;
+    flush_out(c); /* the GETs themselves */
+    if (rc->err || rd->err) return D_NOT_TAKEN;
+    char line[32];
+    size_t ahead = rd->len - rd->pos, k;
+    if (ahead) {
+        k = ahead < sizeof(line) ? ahead : sizeof(line);
+        memcpy(line, rd->buf + rd->pos, k);
+    } else {
+        ssize_t got;
+        do got = recv(rc->fd, line, sizeof(line), MSG_PEEK);
+        while (got < 0 && errno == EINTR);
+        if (got <= 0) {
+            set_io_error(c, got < 0 ? errno : 0);
+            return D_LOST;
+        }
+        k = (size_t)got;
+    }
+    size_t head = bulk_head(line, k, &vlen);
+    struct iovec *v;
+    size_t nv;
+    if (head == 0 || vlen != ob || (nv = kvt__store_get_iov(req, i, &v)) == 0) return D_NOT_TAKEN;
+    char crlf[2];
+    v[nv++] = (struct iovec){.iov_base = crlf, .iov_len = 2};
+    size_t want = ob + 2;
+    int err = 0;
+    if (ahead) { /* hiredis's read-ahead first, consumed from its buffer */
+        size_t take = ahead - head < want ? ahead - head : want;
+        nv = iov_fill(&v, nv, rd->buf + rd->pos + head, take);
+        rd->pos += head + take;
+        want -= take;
+    } else {
+        struct iovec h = {.iov_base = line, .iov_len = head};
+        if (kvt__readv_all(rc->fd, &h, 1) != (ssize_t)head) err = errno ? errno : EIO; /* peeked: there */
+    }
+    if (err == 0 && want) {
+        ssize_t got = kvt__readv_all(rc->fd, v, nv);
+        if (got < 0) err = errno;
+        else if ((size_t)got != want) err = EPIPE; /* closed within the reply */
+    }
+    if (err == 0 && memcmp(crlf, "\r\n", 2) != 0) err = EPROTO;
+    if (err) {
+        kvt__store_deliver_in_place(req, i, 0, err); /* zeroes the page; the key is sent again */
+        set_io_error(c, err == EPIPE ? 0 : err);
+        return D_LOST;
+    }
+    kvt__store_deliver_in_place(req, i, ob, 0);
+    return D_DONE;
+}
+
+/* Appends key i's command (and ASKING before it, when asked); 0, or -1 when
+ * the tier page of a put could not be read (logged; nothing appended). A
+ * command hiredis fails to append (out of memory) or a page write that
+ * fails leaves its error in the context: the first reply read on the
+ * connection fails, and every key sent on it goes again. */
+static int append(rworker_t *w, kvt__sreq_t *req, size_t i, rconn_t *c) {
     char k[KEYLEN + 1];
     key_name(req, i, k);
     struct iovec *v = NULL;
     size_t nv = 0;
-    if (req->op == KVT_STORE_PUT && (nv = kvt__store_put_iov(req, i, &v)) == 0) return -2; /* before ASKING: nothing half-sent */
-    if (w->asking[i] == 1 && redisAppendCommand(c, "ASKING") != REDIS_OK) return -1;
+    if (req->op == KVT_STORE_PUT && (nv = kvt__store_put_iov(req, i, &v)) == 0) return -1; /* before ASKING: nothing half-sent */
+    if (w->asking[i] == 1) redisAppendCommand(c->c, "ASKING");
     switch (req->op) {
-    case KVT_STORE_EXISTS: return redisAppendCommand(c, "EXISTS %b", k, (size_t)KEYLEN) == REDIS_OK ? 0 : -1;
-    case KVT_STORE_GET: return redisAppendCommand(c, "GET %b", k, (size_t)KEYLEN) == REDIS_OK ? 0 : -1;
-    case KVT_STORE_REMOVE: return redisAppendCommand(c, "DEL %b", k, (size_t)KEYLEN) == REDIS_OK ? 0 : -1;
-    case KVT_STORE_PUT: return append_set(c, k, v, nv, (size_t)kvt__store_object_bytes(req->s));
-    default: return -1;
+    case KVT_STORE_EXISTS: redisAppendCommand(c->c, "EXISTS %b", k, (size_t)KEYLEN); break;
+    case KVT_STORE_GET: redisAppendCommand(c->c, "GET %b", k, (size_t)KEYLEN); break;
+    case KVT_STORE_REMOVE: redisAppendCommand(c->c, "DEL %b", k, (size_t)KEYLEN); break;
+    case KVT_STORE_PUT: put_direct(c, k, v, nv, (size_t)kvt__store_object_bytes(req->s)); break;
+    default: break;
     }
+    return 0;
 }
 
 /* What a reply asks for: done; sent again (after a backoff unless it is a
  * redirection; with the map reloaded); held back (its node is down). */
 enum { R_DONE, R_RETRY, R_RETRY_REFRESH, R_HELD };
-/* A key's state within a batch (rworker_t.pending). */
-enum { K_DONE, K_SEND, K_SENT, K_HELD };
+/* A key's state within a batch (rworker_t.pending); K_WAIT: a get routed
+ * to a connection whose window is full, sent as replies are read. */
+enum { K_DONE, K_SEND, K_SENT, K_HELD, K_WAIT };
 
 static bool prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
 
@@ -439,20 +559,22 @@ static void sleep_ms(unsigned ms) {
 
 /* A receive that ran out of time (the node is there but silent), as
  * opposed to a connection the node closed. */
-static bool timed_out(const redisContext *c) {
+static bool timed_out(const rconn_t *c) {
+    if (c->silent) return true;
 #ifdef REDIS_ERR_TIMEOUT
-    if (c->err == REDIS_ERR_TIMEOUT) return true;
+    if (c->c->err == REDIS_ERR_TIMEOUT) return true;
 #endif
-    return c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+    return c->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
 /* Sends every key in K_SEND to its node (connecting first where needed: a
  * node that cannot be reached is marked down); a key whose node is down or
  * unknown is held. sent[ci]: node ci got some; tried[ci]: it was connected
  * to (once a round, also when it has no health entry). */
-static void send_round(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool *sent, bool *tried, bool *retry, char *why, size_t cap) {
+static void send_round(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool *sent, bool *tried, char *why, size_t cap) {
     bool write = is_write(req->op);
-    uint64_t now = kvt_now_ns();
+    uint64_t now = kvt_now_ns(), ob = kvt__store_object_bytes(req->s);
+    size_t window = ob >= GET_WINDOW_BYTES / 2 ? 2 : (size_t)(GET_WINDOW_BYTES / ob);
     for (size_t i = 0; i < req->n; i++) {
         if (w->pending[i] != K_SEND) continue;
         if (w->tnode[i] == UINT16_MAX) { /* no node serves its slot now */
@@ -472,25 +594,41 @@ static void send_round(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool *sent, boo
             w->pending[i] = K_HELD;
             continue;
         }
-        int a = append(w, req, i, c->c);
-        if (a == -2) { /* logged */
+        if (!sent[w->tnode[i]]) c->asked = 0, c->wait_from = SIZE_MAX;
+        if (req->op == KVT_STORE_GET && c->asked >= window) {
+            w->pending[i] = K_WAIT;
+            if (c->wait_from == SIZE_MAX) c->wait_from = i;
+            sent[w->tnode[i]] = true;
+            continue;
+        }
+        c->asked++;
+        if (append(w, req, i, c) != 0) { /* the tier page could not be read (logged) */
             req->results[i] = KVT_STORE_FAILED;
             w->pending[i] = K_DONE;
             continue;
         }
-        if (a != 0) {
-            snprintf(why, cap, "%.200s:%d: %s", c->host, c->port, c->c->errstr);
-            drop(c);
-            *retry = true;
-            continue;
-        }
         w->pending[i] = K_SENT;
         sent[w->tnode[i]] = true;
-        if (req->op == KVT_STORE_PUT && (c->unflushed += (size_t)kvt__store_object_bytes(req->s)) >= FLUSH_BYTES) flush_out(c);
     }
 }
 
-/* Reads node ci's replies, in the order sent. */
+/* A reply read on c: the next get waiting for room there is sent. */
+static void refill(rworker_t *w, kvt__sreq_t *req, unsigned ci) {
+    rconn_t *c = &w->conn[ci];
+    c->asked--;
+    for (; c->c && c->wait_from < req->n; c->wait_from++) {
+        size_t j = c->wait_from;
+        if (w->pending[j] != K_WAIT || w->tnode[j] != ci) continue;
+        append(w, req, j, c); /* a get: nothing to fail before the send */
+        w->pending[j] = K_SENT;
+        c->asked++;
+        c->wait_from++;
+        return;
+    }
+}
+
+/* Reads node ci's replies, in the order sent (a get's window refilled as
+ * they come); what waited for a window on a connection lost goes again. */
 static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, bool *answered, bool *refresh, bool *backoff,
                          char *why, size_t cap) {
     rconn_t *c = &w->conn[ci];
@@ -503,9 +641,17 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
             if (r) freeReplyObject(r);
             r = NULL;
         }
-        if (c->c == NULL || redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
+        int direct = c->c && req->op == KVT_STORE_GET ? get_direct(c, req, i) : D_NOT_TAKEN;
+        if (direct == D_DONE) {
+            *answered = true;
+            w->asking[i] = 0;
+            w->pending[i] = K_DONE;
+            refill(w, req, ci);
+            continue;
+        }
+        if (c->c == NULL || direct == D_LOST || redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
             if (c->c) {
-                bool silent = timed_out(c->c);
+                bool silent = timed_out(c);
                 snprintf(why, cap, "%.200s:%d: %s", c->host, c->port, silent ? "no reply in time" : c->c->errstr);
                 drop(c);
                 req->cnt.reconnects++;
@@ -520,6 +666,7 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
         w->asking[i] = 0;
         int what = handle(b, w, req, i, r, c); /* a redirection followed sets asking: 1 ASK, 2 MOVED */
         freeReplyObject(r);
+        if (req->op == KVT_STORE_GET) refill(w, req, ci);
         if (what == R_DONE) w->pending[i] = K_DONE;
         else if (what == R_HELD) w->pending[i] = K_HELD, *refresh = true;
         else {
@@ -528,6 +675,8 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
             if (w->asking[i] == 0) *backoff = true; /* TRYAGAIN, a lost connection: give it time */
         }
     }
+    for (size_t i = 0; i < req->n; i++)
+        if (w->pending[i] == K_WAIT && w->tnode[i] == ci) w->pending[i] = K_SEND;
 }
 
 /* Keys held back: where a map reloaded this round (refreshed) sends them to
@@ -583,8 +732,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
     int held_at = -1;
     for (uint32_t round = 0;; round++) {
         bool refresh = false, backoff = false, sent[KVT__MAX_NODES + MAX_SEEDS] = {false}, tried[KVT__MAX_NODES + MAX_SEEDS] = {false};
-        send_round(b, w, req, sent, tried, &backoff, why, sizeof(why));
-        refresh = backoff; /* a connection lost while sending */
+        send_round(b, w, req, sent, tried, why, sizeof(why));
         for (unsigned ci = 0; ci < w->n; ci++)
             if (sent[ci]) receive_node(b, w, req, ci, &answered, &refresh, &backoff, why, sizeof(why));
         bool any_held = false;

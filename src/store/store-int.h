@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "kvtier/store.h"
@@ -39,7 +40,7 @@ typedef struct kvt__sreq {
     uint8_t *results;        /* n kvt_store_result_t, to fill */
     kvt__scount_t cnt;       /* the backend's counters for this batch */
     void *scratch;           /* object_bytes of worker memory */
-    struct iovec *iov;       /* layers + 2 entries of worker memory (the pieces below, and one for the backend) */
+    struct iovec *iov;       /* layers + 3 entries of worker memory (the pieces below, and two for the backend) */
     uint8_t hdr[KVT__STORE_HDR]; /* the header of the object being moved */
     const kvt_store_page_t *pages;
 } kvt__sreq_t;
@@ -72,8 +73,9 @@ extern const kvt__store_ops_t kvt__store_cluster_ops;
  * or, for a tier without host addresses, gathered into scratch; then
  * req->hdr (the header, its payload checksum computed over the tier's
  * memory).
- * *iov (req->iov: the caller may consume it, e.g. on a partial write) gets
- * the pieces; returns their number (>= 2), or 0, logged, when the tier
+ * *iov (req->iov: the caller may consume it, e.g. on a partial write,
+ * and has room for two more pieces, e.g. a protocol's framing before and
+ * after) gets the pieces; returns their number (>= 2), or 0, logged, when the tier
  * page could not be read or failed the tier's own checksum
  * (KVT_TIER_CHECKSUM: a corrupt host page never reaches L3). */
 size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
@@ -82,7 +84,7 @@ size_t kvt__store_put_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
  * logging why) and counts its bytes. */
 void kvt__store_deliver(kvt__sreq_t *req, size_t i, const void *obj, size_t len);
 /* Where object i of a get can be read to in place: *iov (req->iov, the
- * caller's to consume, with room for one more piece) gets the tier page's
+ * caller's to consume, with room for one more piece after) gets the tier page's
  * pieces page-first, then req->hdr for the header, object_bytes in all.
  * Returns the number of pieces, or
  * 0 when the tier has no host addresses (read into scratch, then
@@ -94,6 +96,17 @@ size_t kvt__store_get_iov(kvt__sreq_t *req, size_t i, struct iovec **iov);
  * page whose object is refused is zeroed, so a refused object is never
  * served. */
 void kvt__store_deliver_in_place(kvt__sreq_t *req, size_t i, size_t len, int err);
+/* Pieces of memory moved by a backend's system calls; each consumes the
+ * pieces it was given. kvt__iov_advance: past the first k bytes of the n
+ * pieces at *v, returning the pieces left. kvt__writev_all: every piece
+ * written (IOV_MAX at a time, a partial write resumed), 0 or -1 with errno
+ * set. kvt__readv_all: the pieces filled until they are full or the file
+ * or connection ends; the bytes read, or -1 with errno set (EAGAIN: a
+ * socket's receive timeout ran out). */
+size_t kvt__iov_advance(struct iovec **v, size_t n, size_t k);
+int kvt__writev_all(int fd, struct iovec *v, size_t n);
+ssize_t kvt__readv_all(int fd, struct iovec *v, size_t n);
+
 /* Why an object is refused, or NULL when it is valid for key. */
 const char *kvt__store_check_object(const kvt_store_t *s, const uint8_t key[16], const void *obj, size_t len);
 

@@ -26,7 +26,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../core/clock-int.h"
 #include "../core/doneq-int.h"
@@ -56,6 +59,18 @@ typedef struct opstats {
     kvt_store_stats_t st;
 } opstats_t;
 
+/* What a worker needs for a batch: its backend context and two buffers.
+ * Whatever it lacks (an allocation or a connection that failed) it asks for
+ * again before each batch, so one failure fails the batch at hand, not the
+ * worker's every later one. */
+typedef struct wctx {
+    void *w;
+    int wrc; /* worker_open's result: w is valid when KVT_OK */
+    void *scratch;
+    struct iovec *iov;
+    size_t iov_bytes;
+} wctx_t;
+
 struct kvt_store {
     kvt_store_config_t cfg;
     _Atomic uint32_t delay_us; /* before every batch a worker runs (kvt__store_set_delay) */
@@ -81,6 +96,10 @@ struct kvt_store {
     pthread_t *th;
     unsigned nth;
     opstats_t ops_st[KVT_STORE_OP_COUNT_];
+    /* the caller's own backend context, for kvt_store_exists_leading on a
+     * backend that asks a server: one caller at a time */
+    pthread_mutex_t here_mu;
+    wctx_t here;
     /* messages */
     pthread_mutex_t log_mu;
     char last[512];
@@ -410,30 +429,68 @@ void kvt__store_deliver_in_place(kvt__sreq_t *req, size_t i, size_t len, int err
     }
 }
 
+/* ---- pieces ------------------------------------------------------------------------ */
+
+size_t kvt__iov_advance(struct iovec **v, size_t n, size_t k) {
+    while (k) {
+        size_t step = k < (*v)->iov_len ? k : (*v)->iov_len;
+        (*v)->iov_base = (uint8_t *)(*v)->iov_base + step;
+        (*v)->iov_len -= step;
+        k -= step;
+        if ((*v)->iov_len == 0) (*v)++, n--;
+    }
+    return n;
+}
+
+int kvt__writev_all(int fd, struct iovec *v, size_t n) {
+    while (n) {
+        ssize_t k = writev(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            if (k == 0) errno = EIO;
+            return -1;
+        }
+        n = kvt__iov_advance(&v, n, (size_t)k);
+    }
+    return 0;
+}
+
+ssize_t kvt__readv_all(int fd, struct iovec *v, size_t n) {
+    size_t got = 0;
+    while (n) {
+        ssize_t k = readv(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += (size_t)k;
+        n = kvt__iov_advance(&v, n, (size_t)k);
+    }
+    return (ssize_t)got;
+}
+
 /* ---- workers ------------------------------------------------------------------------ */
 
-static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_t t_end) {
-    kvt_store_done_t *d = &b->done;
+/* A batch's results in the op's statistics: *lead gets the leading keys
+ * present, the return value the keys that were OK; queued: it went through
+ * the queue (and counted as in flight). */
+static uint64_t record(kvt_store_t *s, const kvt__sreq_t *req, uint64_t latency_ns, bool queued, size_t *lead) {
     uint64_t hits = 0, misses = 0, bad = 0, failed = 0;
-    size_t lead = 0;
     bool leading = true;
-    for (size_t i = 0; i < d->n; i++) {
-        uint8_t r = b->results[i];
+    *lead = 0;
+    for (size_t i = 0; i < req->n; i++) {
+        uint8_t r = req->results[i];
         hits += r == KVT_STORE_OK;
         misses += r == KVT_STORE_MISS;
         bad += r == KVT_STORE_BAD;
         failed += r == KVT_STORE_FAILED;
-        if (leading && r == KVT_STORE_OK) lead++;
+        if (leading && r == KVT_STORE_OK) ++*lead;
         else leading = false;
     }
-    d->count = d->op == KVT_STORE_EXISTS ? lead : hits;
-    d->status = failed ? KVT_EIO : KVT_OK;
-    d->latency_ns = t_end - b->t_submit;
-    opstats_t *o = &s->ops_st[d->op];
+    opstats_t *o = &s->ops_st[req->op];
     pthread_mutex_lock(&o->mu);
     kvt_store_stats_t *st = &o->st;
     st->calls++;
-    st->keys += d->n;
+    st->keys += req->n;
     st->hits += hits;
     st->misses += misses;
     st->bad_objects += bad;
@@ -446,22 +503,24 @@ static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_
     st->reconnects += req->cnt.reconnects;
     st->map_refreshes += req->cnt.map_refreshes;
     st->evictions += req->cnt.evictions;
-    st->inflight--;
-    kvt_hist_record(&st->latency_ns, d->latency_ns);
+    if (queued) st->inflight--;
+    kvt_hist_record(&st->latency_ns, latency_ns);
     pthread_mutex_unlock(&o->mu);
+    return hits;
 }
 
-/* What a worker needs for a batch: its backend context and two buffers.
- * Whatever it lacks (an allocation or a connection that failed) it asks for
- * again before each batch, so one failure fails the batch at hand, not the
- * worker's every later one. */
-typedef struct wctx {
-    void *w;
-    int wrc; /* worker_open's result: w is valid when KVT_OK */
-    void *scratch;
-    struct iovec *iov;
-    size_t iov_bytes;
-} wctx_t;
+static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_t t_end) {
+    kvt_store_done_t *d = &b->done;
+    size_t lead;
+    uint64_t hits = record(s, req, t_end - b->t_submit, true, &lead);
+    bool failed = memchr(b->results, KVT_STORE_FAILED, d->n) != NULL;
+    d->count = d->op == KVT_STORE_EXISTS ? lead : hits;
+    d->status = failed ? KVT_EIO : KVT_OK;
+    d->latency_ns = t_end - b->t_submit;
+}
+
+/* The pieces of a page, a header and two for the backend (kvt__sreq_t.iov). */
+static size_t wctx_iov_bytes(const kvt_store_t *s) { return ((size_t)s->layers + 3) * sizeof(struct iovec); }
 
 static int wctx_ready(kvt_store_t *s, wctx_t *k) {
     if (k->wrc != KVT_OK) k->wrc = s->ops->worker_open(s->be, &k->w);
@@ -471,9 +530,24 @@ static int wctx_ready(kvt_store_t *s, wctx_t *k) {
     return k->scratch && k->iov ? KVT_OK : KVT_ENOMEM;
 }
 
+/* A store far away (kvt__store_set_delay): its latency, before a batch. */
+static void far_away(kvt_store_t *s) {
+    uint32_t delay_us = atomic_load_explicit(&s->delay_us, memory_order_relaxed);
+    if (delay_us == 0) return;
+    struct timespec ts = {delay_us / 1000000, (long)(delay_us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static void wctx_close(kvt_store_t *s, wctx_t *k) {
+    kvt__free(k->scratch, s->object_bytes);
+    kvt__free(k->iov, k->iov_bytes);
+    if (k->wrc == KVT_OK) s->ops->worker_close(s->be, k->w);
+    *k = (wctx_t){.wrc = KVT_EIO, .iov_bytes = k->iov_bytes};
+}
+
 static void *worker_main(void *arg) {
     kvt_store_t *s = arg;
-    wctx_t k = {.wrc = KVT_EIO, .iov_bytes = ((size_t)s->layers + 2) * sizeof(struct iovec)};
+    wctx_t k = {.wrc = KVT_EIO, .iov_bytes = wctx_iov_bytes(s)};
     kvt__sigpipe_t sp; /* hiredis writes with write(2): a peer gone is EPIPE, not the process's end */
     kvt__sigpipe_hold(&sp);
     for (;;) {
@@ -494,11 +568,7 @@ static void *worker_main(void *arg) {
         }
         pthread_mutex_unlock(&s->mu);
 
-        uint32_t delay_us = atomic_load_explicit(&s->delay_us, memory_order_relaxed);
-        if (delay_us) { /* a store far away (kvt__store_set_delay) */
-            struct timespec ts = {delay_us / 1000000, (long)(delay_us % 1000000) * 1000};
-            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-        }
+        far_away(s);
         int rc = wctx_ready(s, &k);
         kvt__sreq_t req = {.s = s, .op = b->done.op, .n = b->done.n, .hex = (const char(*)[33])b->hex,
                            .key = (const uint8_t(*)[16])b->key, .results = b->results, .scratch = k.scratch,
@@ -514,9 +584,7 @@ static void *worker_main(void *arg) {
         if (rc == KVT_OK && s->ops->after) s->ops->after(s->be, k.w); /* off the caller's wait */
         kvt__sigpipe_drain(&sp);
     }
-    kvt__free(k.scratch, s->object_bytes);
-    kvt__free(k.iov, k.iov_bytes);
-    if (k.wrc == KVT_OK) s->ops->worker_close(s->be, k.w);
+    wctx_close(s, &k);
     kvt__sigpipe_release(&sp);
     return NULL;
 }
@@ -604,9 +672,45 @@ int kvt_store_exists(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64
     return submit(s, KVT_STORE_EXISTS, p, n, user, ticket);
 }
 
+/* exists as one batch through the backend's run, on the caller's thread
+ * with the store's own context for it: a server's round trip without a
+ * worker's wake-up and the caller's. *lead: the leading keys present. */
+static int exists_here_batch(kvt_store_t *s, const kvt_store_page_t *p, size_t n, size_t *lead) {
+    size_t bytes = n * (33 + 16 + 1);
+    uint8_t *mem = kvt__malloc(bytes);
+    if (mem == NULL) return KVT_ENOMEM;
+    char(*hex)[33] = (char(*)[33])mem;
+    uint8_t(*key)[16] = (uint8_t(*)[16])(mem + n * 33);
+    uint8_t *results = mem + n * 49;
+    for (size_t i = 0; i < n; i++) {
+        key_bytes(s, &p[i].hash, key[i]);
+        to_hex(key[i], hex[i]);
+    }
+    memset(results, KVT_STORE_FAILED, n); /* what a backend leaves unset */
+    uint64_t t0 = kvt_now_ns();
+    pthread_mutex_lock(&s->here_mu);
+    int rc = wctx_ready(s, &s->here);
+    kvt__sreq_t req = {.s = s, .op = KVT_STORE_EXISTS, .n = n, .hex = (const char(*)[33])hex, .key = (const uint8_t(*)[16])key,
+                       .results = results, .scratch = s->here.scratch, .iov = s->here.iov, .pages = p};
+    if (rc == KVT_OK) {
+        kvt__sigpipe_t sp; /* as a worker: a peer gone is EPIPE */
+        kvt__sigpipe_hold(&sp);
+        far_away(s);
+        s->ops->run(s->be, s->here.w, &req);
+        if (s->ops->after) s->ops->after(s->be, s->here.w);
+        kvt__sigpipe_release(&sp);
+    } else {
+        kvt__store_log(s, "exists on the caller's thread has no backend context (%s): %zu keys failed", kvt_err_name(rc), n);
+    }
+    pthread_mutex_unlock(&s->here_mu);
+    record(s, &req, kvt_now_ns() - t0, false, lead);
+    kvt__free(mem, bytes);
+    return KVT_OK;
+}
+
 int kvt_store_exists_leading(kvt_store_t *s, const kvt_store_page_t *p, size_t n, size_t *count) {
-    if (s == NULL || p == NULL || n == 0 || count == NULL) return KVT_EINVAL;
-    if (s->ops->exists_here == NULL) return KVT_ENOTSUP;
+    if (s == NULL || p == NULL || n == 0 || n > SIZE_MAX / 64 || count == NULL) return KVT_EINVAL;
+    if (s->ops->exists_here == NULL) return exists_here_batch(s, p, n, count);
     uint64_t t0 = kvt_now_ns();
     size_t lead = 0;
     for (; lead < n; lead++) {
@@ -723,6 +827,7 @@ static void destroy(kvt_store_t *s) {
     pthread_cond_destroy(&s->cv);
     kvt__doneq_fini(&s->done);
     pthread_mutex_destroy(&s->log_mu);
+    pthread_mutex_destroy(&s->here_mu);
     for (int i = 0; i < KVT_STORE_OP_COUNT_; i++) pthread_mutex_destroy(&s->ops_st[i].mu);
     KVT_DELETE(s);
 }
@@ -748,6 +853,7 @@ int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t 
     kvt__doneq_init(&s->done, offsetof(sbatch_t, link), offsetof(sbatch_t, done), sizeof(kvt_store_done_t), batch_free);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->log_mu, NULL);
+    pthread_mutex_init(&s->here_mu, NULL);
     for (int i = 0; i < KVT_STORE_OP_COUNT_; i++) {
         pthread_mutex_init(&s->ops_st[i].mu, NULL);
         s->ops_st[i].st.size = sizeof(kvt_store_stats_t);
@@ -769,6 +875,7 @@ int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t 
         destroy(s);
         return rc;
     }
+    s->here = (wctx_t){.wrc = KVT_EIO, .iov_bytes = wctx_iov_bytes(s)};
     s->th = kvt__calloc(s->cfg.threads, sizeof(pthread_t));
     if (s->th == NULL) rc = KVT_ENOMEM;
     for (unsigned i = 0; rc == KVT_OK && i < s->cfg.threads; i++) {
@@ -789,6 +896,7 @@ int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t 
 void kvt_store_close(kvt_store_t *s) {
     if (s == NULL) return;
     stop_workers(s); /* workers drain the queue before they exit */
+    wctx_close(s, &s->here);
     s->ops->close(s->be);
     sbatch_t *lists[] = {s->head, s->whead}; /* (the done queue's: destroy) */
     for (int i = 0; i < 2; i++)

@@ -129,6 +129,24 @@ static inline kvt_store_stats_t sstats(kvt_store_t *s, kvt_store_op_t op) {
     return st;
 }
 
+/* kvt_store_exists_leading on every sub-range of the n keys at p (stored[i]:
+ * key i is in the store) against a plain scan for the first absent key and
+ * against the workers' exists batch (its leading count); each call counted
+ * as one exists call. */
+static inline void exists_leading_matches(senv_t *e, const kvt_store_page_t *p, const bool *stored, size_t n) {
+    uint64_t calls0 = sstats(e->store, KVT_STORE_EXISTS).calls;
+    for (size_t from = 0; from < n; from++)
+        for (size_t k = 1; from + k <= n; k++) {
+            size_t want = 0;
+            while (want < k && stored[from + want]) want++;
+            size_t got = 99;
+            cr_assert_eq(kvt_store_exists_leading(e->store, &p[from], k, &got), KVT_OK);
+            cr_assert_eq(got, want, "keys %zu..%zu: %zu leading, a scan says %zu", from, from + k, got, want);
+            cr_assert_eq(run_op(e->store, kvt_store_exists, &p[from], k).count, want);
+        }
+    cr_assert_eq(sstats(e->store, KVT_STORE_EXISTS).calls - calls0, (uint64_t)n * (n + 1), "each counted as one exists call");
+}
+
 /* Put n pages, get them back into other pages, byte for byte; exists and remove. */
 static inline void roundtrip(senv_t *e, size_t n) {
     kvt_store_page_t p[MAXK], q[MAXK];

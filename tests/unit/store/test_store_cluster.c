@@ -95,6 +95,22 @@ Test(store_cluster, batches_split_across_nodes) {
     kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
     cr_assert_eq(st.round_trips, 3u, "one pipelined round trip per master");
     cr_assert_eq(st.moved + st.ask, 0u);
+    /* exists on the caller's thread: a round trip per master, the workers' count */
+    bool stored[24];
+    for (int i = 0; i < 24; i++) stored[i] = true;
+    fill(&E, 1000, 0, 64);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 64).count, 64u);
+    uint64_t rt = sstats(E.store, KVT_STORE_EXISTS).round_trips;
+    size_t c = 0;
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 64, &c), KVT_OK);
+    cr_assert_eq(c, 64u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_EXISTS).round_trips - rt, 3u);
+    kvt_store_page_t chain[24];
+    for (int i = 0; i < 24; i++) {
+        chain[i] = p[i];
+        if (i % 5 == 3) chain[i].hash.hi ^= 1, stored[i] = false; /* a key never put */
+    }
+    exists_leading_matches(&E, chain, stored, 24);
     /* every key is on the master its slot names (the independent model) */
     fill(&E, 1000, 0, 8);
     cr_assert_eq(run_op(E.store, kvt_store_put, p, 8).count, 8u);

@@ -38,14 +38,82 @@ Test(store_redis, roundtrip) {
     cr_assert_eq(st.calls, 1u);
     cr_assert_eq(st.round_trips, 1u, "one pipelined round trip for a batch on one node");
     cr_assert_gt(st.latency_ns.count, 0u);
-    size_t c = 7;
-    cr_assert_eq(kvt_store_exists_leading(E.store, &(kvt_store_page_t){.hash = {1, 2}}, 1, &c), KVT_ENOTSUP,
-                 "a server's exists is never asked on the caller's thread");
-    cr_assert_eq(c, 7u);
 }
 
-/* A batch of puts of several MiB (written out as it is appended, a MiB at a
- * time), still one round trip, served back byte for byte. */
+/* exists on the caller's thread (its own connection, one pipelined round
+ * trip) counts what the workers' exists counts, over every sub-range of a
+ * chain with holes; with the server gone it counts nothing and says why. */
+Test(store_redis, exists_leading_is_the_batch_exists_count) {
+    start(NULL);
+    senv_init(&E, 32, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.retries = 1;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[24];
+    pages_of(p, 24, 900, 0);
+    fill(&E, 900, 0, 24);
+    bool stored[24];
+    for (int i = 0; i < 24; i++) {
+        stored[i] = i % 7 != 5 && i != 12;
+        if (stored[i]) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+    }
+    exists_leading_matches(&E, p, stored, 24);
+    uint64_t rt = sstats(E.store, KVT_STORE_EXISTS).round_trips;
+    size_t c = 99;
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 24, &c), KVT_OK);
+    cr_assert_eq(c, 5u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_EXISTS).round_trips - rt, 1u, "24 keys, one round trip");
+    redis_stop(&S);
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 4, &c), KVT_OK);
+    cr_assert_eq(c, 0u, "a store that is down holds nothing");
+    cr_assert(strstr(kvt_store_last_error(E.store), "failed") != NULL, "%s", kvt_store_last_error(E.store));
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 0, &c), KVT_EINVAL);
+}
+
+/* A get batch whose replies mix values with misses and wrong-sized objects:
+ * hiredis parses those, reading ahead into the next values, which then
+ * start in its buffer and end on the socket. Pages larger than hiredis's
+ * read size, pieces per layer (a layer-first tier) and more bytes than the
+ * window of values asked at once, so that every way a value is split is
+ * met; each page against the model. */
+Test(store_redis, values_misses_and_wrong_sizes_in_one_get) {
+    start(NULL);
+    senv_init(&E, 96, 4, 32768, KVT_LAYOUT_LAYER_FIRST); /* 128 KiB pages in 4 pieces, more than a get's window */
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    enum { N = 40 };
+    kvt_store_page_t p[N], q[N];
+    pages_of(p, N, 700, 0);
+    pages_of(q, N, 700, 48);
+    fill(&E, 700, 0, N);
+    uint8_t want[N];
+    for (int i = 0; i < N; i++) {
+        want[i] = i % 5 == 1 ? KVT_STORE_MISS : i % 7 == 3 ? KVT_STORE_BAD : KVT_STORE_OK;
+        if (want[i] == KVT_STORE_MISS) continue;
+        cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+        if (want[i] == KVT_STORE_BAD) { /* a short object (hiredis) or the right size, garbled (in place) */
+            char hex[33];
+            kvt_store_key(E.store, &p[i].hash, hex);
+            size_t n = i % 2 ? 100 : kvt_store_object_bytes(E.store);
+            char *junk = calloc(1, n);
+            redisReply *r = redis_cmd(S.port, "SET kvt:%s %b", hex, junk, n);
+            cr_assert(r && r->type == REDIS_REPLY_STATUS);
+            freeReplyObject(r);
+            free(junk);
+        }
+    }
+    for (int round = 0; round < 3; round++) {
+        fill(&E, 99, 48, N); /* not what any key holds */
+        sres_t r = run_op(E.store, kvt_store_get, q, N);
+        for (int i = 0; i < N; i++) {
+            cr_assert_eq(r.r[i], want[i], "key %d: result %d, expected %d", i, r.r[i], want[i]);
+            if (want[i] == KVT_STORE_OK) cr_assert(check(&E, 700 + (uint64_t)i, 48 + (uint32_t)i), "key %d: page differs", i);
+            if (want[i] == KVT_STORE_BAD) cr_assert(!check(&E, 700 + (uint64_t)i, 48 + (uint32_t)i));
+        }
+    }
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).reconnects, 0u, "the replies were read in step");
+}
+
+/* A batch of puts of several MiB (each page written from the tier as it is
+ * appended), still one round trip, served back byte for byte. */
 Test(store_redis, batch_of_mebibytes) {
     start(NULL);
     senv_init(&E, 96, 4, 16384, KVT_LAYOUT_LAYER_FIRST); /* 64 KiB pages */
@@ -217,22 +285,32 @@ static void *client_killer(void *arg) {
 Test(store_redis, a_dropped_connection_is_no_sigpipe, .timeout = 120) {
     signal(SIGPIPE, SIG_DFL);
     start(NULL);
-    senv_init(&E, 64, 1, 65536, KVT_LAYOUT_PAGE_FIRST);
+    senv_init(&E, 128, 1, 98304, KVT_LAYOUT_PAGE_FIRST); /* 6 MiB a batch: gets through their window */
     E.cfg.threads = 1;
     cr_assert_eq(senv_open(&E, url), KVT_OK);
-    kvt_store_page_t p[64];
+    kvt_store_page_t p[64], q[64];
     put_filled(&E, p, 64, 1);
-    uint64_t stored = 0;
+    pages_of(q, 64, 1, 64);
+    uint64_t stored = 0, served = 0;
     atomic_store(&killing, true);
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, client_killer, &S.port), 0);
-    for (int k = 0; k < 100; k++) stored += run_op(E.store, kvt_store_put, p, 64).count; /* 4 MiB a batch */
+    for (int k = 0; k < 100; k++) {
+        stored += run_op(E.store, kvt_store_put, p, 64).count;
+        wipe(&E, 64, 64);
+        sres_t g = run_op(E.store, kvt_store_get, q, 64); /* cut within a value, too: what is served is whole */
+        for (uint32_t i = 0; i < 64; i++)
+            if (g.r[i] == KVT_STORE_OK) {
+                cr_assert(check(&E, 1 + i, 64 + i), "page %u served torn", i);
+                served++;
+            }
+    }
     atomic_store(&killing, false);
     pthread_join(th, NULL);
     kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
     cr_assert_gt(st.reconnects, 0u, "the connection was dropped under the writes");
-    fprintf(stderr, "store_redis: %" PRIu64 " of 6400 puts stored while the connection was dropped every 3 ms, %" PRIu64
-                    " reconnects\n", stored, st.reconnects); /* (slow builds may store none: the store is known down meanwhile) */
+    fprintf(stderr, "store_redis: %" PRIu64 " of 6400 puts stored and %" PRIu64 " gets served while the connection was dropped "
+                    "every 3 ms, %" PRIu64 " reconnects\n", stored, served, st.reconnects + sstats(E.store, KVT_STORE_GET).reconnects); /* (slow builds may store none: the store is known down meanwhile) */
     wipe(&E, 0, 64);
     /* dropped often enough, the store is known down for a second (failing at once): then served again */
     uint64_t t0 = kvt_now_ns();
