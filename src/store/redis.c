@@ -83,6 +83,7 @@ typedef struct rbe {
     health_t health[MAX_HEALTH]; /* entries added under mu, never removed */
     _Atomic unsigned nhealth;
     _Atomic uint64_t down_until; /* a store found down: batches fail at once until then (ns) */
+    _Atomic bool no_script;      /* the server refused LEADING_SCRIPT (an ACL without EVAL, scripts off) */
 } rbe_t;
 
 /* A node found down (or a batch that reached no node at all: the whole
@@ -703,6 +704,84 @@ static size_t settle_held(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool refresh
     return failed;
 }
 
+/* ---- a leading count in one command per node --------------------------------------------- */
+
+/* The leading keys present, counted by the servers: one command per node
+ * whose reply is one integer (its keys, in chain order, present before its
+ * first absent one), where 128 pipelined EXISTS are 128 commands through a
+ * server's one thread and 128 replies to parse, and keys after a miss are
+ * not looked at. The chain's count is where the first node's first absent
+ * key lies. The keys are the script's arguments, not declared keys: a
+ * cluster node refuses declared keys of several slots, and a script may
+ * touch any key its node serves (a key of a slot the node does not serve is
+ * an error: the pipelined path then answers). EVAL rather than EVALSHA:
+ * Redis keeps the script compiled by its digest, and no NOSCRIPT answer is
+ * ever to be handled. */
+#define LEADING_SCRIPT "for i, k in ipairs(ARGV) do if redis.call('EXISTS', k) == 0 then return i - 1 end end return #ARGV"
+
+/* true when the batch is answered (results set); false leaves it whole to
+ * the pipelined path, whose retries, redirections and down-marking then
+ * apply: a node down, unknown or unreachable, a connection lost, an error
+ * (a refused script is not asked for again: an ACL without scripting). */
+static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
+    if (atomic_load(&b->no_script)) return false;
+    unsigned used[KVT__MAX_NODES + MAX_SEEDS];
+    size_t nused = 0, count[KVT__MAX_NODES + MAX_SEEDS] = {0};
+    uint64_t now = kvt_now_ns();
+    for (size_t i = 0; i < req->n; i++) {
+        int ci = route(b, w, req, i);
+        if (ci < 0 || is_down(b, w->conn[ci].h, false, now)) return false;
+        w->tnode[i] = (uint16_t)ci;
+        if (count[ci]++ == 0) used[nused++] = (unsigned)ci;
+    }
+    char why[512];
+    for (size_t u = 0; u < nused; u++) {
+        rconn_t *c = &w->conn[used[u]];
+        if (c->c == NULL && (c->c = connect_to(b, c->host, c->port, why, sizeof(why))) == NULL) return false;
+        char head[256];
+        int len = snprintf(head, sizeof(head), "*%zu\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n$1\r\n0\r\n", count[used[u]] + 3,
+                           sizeof(LEADING_SCRIPT) - 1, LEADING_SCRIPT);
+        redisAppendFormattedCommand(c->c, head, (size_t)len);
+        for (size_t i = 0; i < req->n; i++) {
+            if (w->tnode[i] != used[u]) continue;
+            char k[KEYLEN + 16];
+            int kl = snprintf(k, sizeof(k), "$%d\r\nkvt:%s\r\n", KEYLEN, req->hex[i]);
+            redisAppendFormattedCommand(c->c, k, (size_t)kl);
+        }
+        flush_out(c); /* every node at work before the first reply is read */
+    }
+    size_t lead = req->n;
+    bool done = true;
+    for (size_t u = 0; u < nused; u++) {
+        rconn_t *c = &w->conn[used[u]];
+        redisReply *r = NULL;
+        req->cnt.round_trips++;
+        if (redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
+            drop(c);
+            req->cnt.reconnects++;
+            done = false;
+            continue;
+        }
+        if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0 && (unsigned long long)r->integer <= count[used[u]]) {
+            size_t seen = 0; /* the node's first absent key, in the chain */
+            for (size_t i = 0; i < req->n && (long long)seen <= r->integer; i++)
+                if (w->tnode[i] == used[u] && seen++ == (size_t)r->integer && i < lead) lead = i;
+        } else {
+            done = false;
+            if (r->type == REDIS_REPLY_ERROR && (prefix(r->str, "NOPERM") || prefix(r->str, "ERR unknown command"))) {
+                atomic_store(&b->no_script, true);
+                kvt__store_log(b->s, "%s:%d refused the exists script (%s): exists asks key by key from now on", c->host,
+                               c->port, r->str);
+            }
+        }
+        freeReplyObject(r);
+    }
+    if (!done) return false;
+    memset(req->results, KVT_STORE_OK, lead);
+    memset(req->results + lead, KVT_STORE_MISS, req->n - lead);
+    return true;
+}
+
 static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
     rbe_t *b = be;
     rworker_t *w = wp;
@@ -719,6 +798,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
         return;
     }
     if (b->cluster) sync_map(b, w);
+    if (req->leading && req->op == KVT_STORE_EXISTS && leading_by_script(b, w, req)) return;
     for (size_t i = 0; i < n; i++) {
         w->pending[i] = K_SEND;
         w->asking[i] = 0;

@@ -43,6 +43,9 @@ typedef struct kvt__sreq {
     struct iovec *iov;       /* layers + 3 entries of worker memory (the pieces below, and two for the backend) */
     uint8_t hdr[KVT__STORE_HDR]; /* the header of the object being moved */
     const kvt_store_page_t *pages;
+    /* exists for its leading count only (kvt_store_exists_leading): the
+     * results after the first MISS need not be asked, and are left MISS */
+    bool leading;
 } kvt__sreq_t;
 
 typedef struct kvt__store_ops {

@@ -691,7 +691,7 @@ static int exists_here_batch(kvt_store_t *s, const kvt_store_page_t *p, size_t n
     pthread_mutex_lock(&s->here_mu);
     int rc = wctx_ready(s, &s->here);
     kvt__sreq_t req = {.s = s, .op = KVT_STORE_EXISTS, .n = n, .hex = (const char(*)[33])hex, .key = (const uint8_t(*)[16])key,
-                       .results = results, .scratch = s->here.scratch, .iov = s->here.iov, .pages = p};
+                       .results = results, .scratch = s->here.scratch, .iov = s->here.iov, .pages = p, .leading = true};
     if (rc == KVT_OK) {
         kvt__sigpipe_t sp; /* as a worker: a peer gone is EPIPE */
         kvt__sigpipe_hold(&sp);

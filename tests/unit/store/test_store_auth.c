@@ -120,6 +120,32 @@ Test(store_auth, acl_user) {
     roundtrip(&E, 8);
 }
 
+/* A user whose ACL has no scripting: exists on the caller's thread (a
+ * script where the server allows one) says why once and asks key by key,
+ * with the same counts as the workers' exists. */
+Test(store_auth, exists_without_scripts) {
+    cr_assert_eq(redis_start(&S, NULL), 0);
+    redisReply *r = redis_cmd(S.port, "ACL SETUSER kvt on >s3cret ~kvt:* +@all -@scripting");
+    cr_assert(r && r->type == REDIS_REPLY_STATUS, "%s", r ? r->str : "no reply");
+    freeReplyObject(r);
+    senv_init(&E, 32, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.log = keep_log;
+    said[0] = 0;
+    cr_assert_eq(open_url("redis://kvt:s3cret@", S.port), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[12];
+    pages_of(p, 12, 300, 0);
+    fill(&E, 300, 0, 12);
+    bool stored[12];
+    for (int i = 0; i < 12; i++) {
+        stored[i] = i != 4 && i != 9;
+        if (stored[i]) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
+    }
+    exists_leading_matches(&E, p, stored, 12);
+    const char *once = strstr(said, "refused the exists script");
+    cr_assert(once != NULL, "%s", said);
+    cr_assert(strstr(once + 1, "refused the exists script") == NULL, "said more than once: %s", said);
+}
+
 /* Malformed credentials are malformed URLs. */
 Test(store_auth, malformed_credentials) {
     senv_init(&E, 4, 1, 256, KVT_LAYOUT_PAGE_FIRST);
