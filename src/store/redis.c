@@ -436,7 +436,8 @@ static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i) {
         want -= take;
     } else {
         struct iovec h = {.iov_base = line, .iov_len = head};
-        if (kvt__readv_all(rc->fd, &h, 1) != (ssize_t)head) err = errno ? errno : EIO; /* peeked: there */
+        ssize_t got = kvt__readv_all(rc->fd, &h, 1); /* peeked: there */
+        if (got != (ssize_t)head) err = got < 0 ? errno : EPIPE;
     }
     if (err == 0 && want) {
         ssize_t got = kvt__readv_all(rc->fd, v, nv);
@@ -735,9 +736,12 @@ static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
         if (count[ci]++ == 0) used[nused++] = (unsigned)ci;
     }
     char why[512];
-    for (size_t u = 0; u < nused; u++) {
+    for (size_t u = 0; u < nused; u++) { /* every node connected before any is asked: no reply is left unread */
         rconn_t *c = &w->conn[used[u]];
         if (c->c == NULL && (c->c = connect_to(b, c->host, c->port, why, sizeof(why))) == NULL) return false;
+    }
+    for (size_t u = 0; u < nused; u++) {
+        rconn_t *c = &w->conn[used[u]];
         char head[256];
         int len = snprintf(head, sizeof(head), "*%zu\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n$1\r\n0\r\n", count[used[u]] + 3,
                            sizeof(LEADING_SCRIPT) - 1, LEADING_SCRIPT);
