@@ -175,7 +175,7 @@ def corrupt_l3(url, store, hashes):
         key = store.key(h)
         if url.startswith("dir:"):
             root = url[4:].split(",")[0]
-            path = pathlib.Path(root, key[0:2], key[2:4], key)
+            path = pathlib.Path(root, key[0:2], key)
             if path.exists():
                 data = bytearray(path.read_bytes())
                 data[len(data) // 2] ^= 0x5A  # a payload byte (the header is last, format v2)

@@ -33,7 +33,7 @@
  *
  * so two models, geometries, dtypes, shards or namespaces never share an
  * object. Its text form, 32 lower-case hex digits, names the Redis key
- * ("kvt:<hex>") and the file ("PATH/<h0h1>/<h2h3>/<hex>").
+ * ("kvt:<hex>") and the file ("PATH/<h0h1>/<hex>").
  *
  * Objects (format version 2). The page's bytes page-first (layer 0's bytes,
  * layer 1's, ...: the logical order of tier.h, whatever the tier's layout),

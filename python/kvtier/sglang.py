@@ -389,7 +389,7 @@ class KvtierStorage(HiCacheStorage):
 
     def store_key(self, key: str, fmt: Optional[str] = None) -> str:
         """The store's 32-hex-digit key of an SGLang key (the Redis key is
-        "kvt:<hex>", the dir file PATH/<hex[0:2]>/<hex[2:4]>/<hex>), in the v1
+        "kvt:<hex>", the dir file PATH/<hex[0:2]>/<hex>), in the v1
         or the flat format (default: the one exists looks for)."""
         fmt = fmt or ("v1" if self.interface_v1 else "flat")
         if fmt not in ("v1", "flat"):

@@ -311,7 +311,7 @@ def test_store_dir_round_trip_and_bad_objects(tmp_path):
             assert all(t.read_page(4 + i) == bytes([i + 1]) * 256 for i in range(4))
             # corrupt one object behind the store's back: refused, the page is not left with its bytes
             key = s.key(hs[1])
-            f = pathlib.Path(tmp_path, "l3", key[:2], key[2:4], key)
+            f = pathlib.Path(tmp_path, "l3", key[:2], key)
             raw = bytearray(f.read_bytes())
             raw[len(raw) // 3] ^= 0xFF  # a payload byte
             f.write_bytes(bytes(raw))

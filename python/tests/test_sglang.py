@@ -276,7 +276,7 @@ def stored_pages(pool: FakeHostPool, n: int, seed: int) -> Tuple[List[str], torc
 
 def store_file(url: str, hexkey: str) -> str:
     root = url[len("dir:"):].split(",")[0]
-    return os.path.join(root, hexkey[0:2], hexkey[2:4], hexkey)
+    return os.path.join(root, hexkey[0:2], hexkey)
 
 
 # ---- the controller's round trip ---------------------------------------------------------

@@ -10,10 +10,8 @@
  *              after every partial write: a whole batch of 1 MiB values in
  *              one buffer runs at a third of the speed)
  *   dir:       files of the object's size under ROOT/bench-baseline, named
- *              and fanned out as the store's objects are (<h0h1>/<h2h3>/
- *              <hex>: on ext4 a create in a flat folder of a thousand files
- *              costs several times one in a small folder, which is the
- *              store's layout, not its overhead). A put is open/write/close
+ *              and fanned out as the store's objects are (<h0h1>/<hex>:
+ *              the store's layout, not its overhead). A put is open/write/close
  *              of a temporary file and a rename over the final name, a get
  *              open/read/close. The rename is not optional work: it is what
  *              makes a put crash-safe (a reader sees the old object, the
@@ -165,13 +163,13 @@ static void base_quiesce(const base_t *b) {
 
 static kvt_hash128_t hash_of(uint64_t i) { return (kvt_hash128_t){.lo = i * 0x9e3779b97f4a7c15ull + 1, .hi = 0xbe4c5707e5ull ^ i}; }
 
-/* dir: page i's file and its temporary name, ROOT/bench-baseline/<h0h1>/<h2h3>/<hex>. */
+/* dir: page i's file and its temporary name, ROOT/bench-baseline/<h0h1>/<hex>. */
 static void base_path(const base_t *b, uint64_t i, char *path, size_t cap, char *tmp, size_t tcap) {
     char hex[33];
     kvt_hash128_t h = hash_of(i);
     kvt_store_key(b->s, &h, hex);
-    snprintf(path, cap, "%s/%.2s/%.2s/%s", b->dir, hex, hex + 2, hex);
-    snprintf(tmp, tcap, "%s/%.2s/%.2s/.tmp.%s", b->dir, hex, hex + 2, hex);
+    snprintf(path, cap, "%s/%.2s/%s", b->dir, hex, hex);
+    snprintf(tmp, tcap, "%s/%.2s/.tmp.%s", b->dir, hex, hex);
 }
 
 /* One batch of the baseline: n values of len bytes at keys first..first+n,
@@ -209,12 +207,8 @@ static int base_batch(base_t *b, int op, uint64_t first, size_t n, uint8_t *buf,
         char path[1100], tmp[1100];
         base_path(b, first + i, path, sizeof(path), tmp, sizeof(tmp));
         int fd = op == 0 ? open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644) : open(path, O_RDONLY);
-        if (fd < 0 && op == 0 && errno == ENOENT) { /* the fan-out folders, on first use (as the store) */
+        if (fd < 0 && op == 0 && errno == ENOENT) { /* the fan-out folder, on first use (as the store) */
             char d[1100];
-            snprintf(d, sizeof(d), "%s", path);
-            *strrchr(d, '/') = 0;
-            *strrchr(d, '/') = 0;
-            mkdir(d, 0755);
             snprintf(d, sizeof(d), "%s", path);
             *strrchr(d, '/') = 0;
             mkdir(d, 0755);

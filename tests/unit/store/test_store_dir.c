@@ -39,7 +39,7 @@ static void teardown(void) {
 static void obj_path(const kvt_hash128_t *h, char *out, size_t cap) {
     char hex[33];
     kvt_store_key(E.store, h, hex);
-    snprintf(out, cap, "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+    snprintf(out, cap, "%s/%.2s/%s", root, hex, hex);
 }
 
 TestSuite(store_dir, .init = setup, .fini = teardown);
@@ -49,6 +49,40 @@ Test(store_dir, roundtrip_page_first) {
     cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
     cr_assert_str_eq(kvt_store_backend(E.store), "dir");
     roundtrip(&E, 32);
+}
+
+/* Objects are ROOT/<2 hex>/<32 hex>. One in the two-level layout earlier
+ * builds wrote (ROOT/<2 hex>/<2 hex>/<32 hex>) is not read, and the open
+ * says where such objects are, once. */
+static char opened_log[2048];
+static void keep_open_log(void *arg, const char *msg) {
+    (void)arg;
+    size_t n = strlen(opened_log);
+    snprintf(opened_log + n, sizeof(opened_log) - n, "%s\n", msg);
+}
+
+Test(store_dir, objects_of_the_two_level_layout_are_not_read) {
+    senv_init(&E, 8, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[2];
+    put_filled(&E, p, 2, 40);
+    char now[300], old[400], hex[33];
+    obj_path(&p[1].hash, now, sizeof(now));
+    kvt_store_key(E.store, &p[1].hash, hex);
+    kvt_store_close(E.store);
+    E.store = NULL;
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s/%.2s/%.2s", root, hex, hex + 2);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(old, sizeof(old), "%s/%s", dir, hex);
+    cr_assert_eq(rename(now, old), 0);
+    opened_log[0] = 0;
+    E.cfg.log = keep_open_log;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    cr_assert(strstr(opened_log, "two-level layout") && strstr(opened_log, dir), "%s", opened_log);
+    sres_t r = run_op(E.store, kvt_store_exists, p, 2);
+    cr_assert_eq(r.r[0], KVT_STORE_OK);
+    cr_assert_eq(r.r[1], KVT_STORE_MISS, "an object of the old layout was read");
 }
 
 Test(store_dir, roundtrip_layer_first) {
@@ -109,7 +143,7 @@ Test(store_dir, object_format) {
 
     char hex[33], path[256];
     for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
-    snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+    snprintf(path, sizeof(path), "%s/%.2s/%s", root, hex, hex);
     char lib_hex[33];
     kvt_store_key(E.store, &h, lib_hex);
     cr_assert_str_eq(lib_hex, hex, "the key");
@@ -302,7 +336,7 @@ Test(store_dir, checksum_tier) {
 static void store_obj_path(kvt_store_t *s, const kvt_hash128_t *h, char *out, size_t cap) {
     char hex[33];
     kvt_store_key(s, h, hex);
-    snprintf(out, cap, "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+    snprintf(out, cap, "%s/%.2s/%s", root, hex, hex);
 }
 
 /* Every tier makes the same object: an engine tier of each engine's layout
@@ -470,7 +504,7 @@ Test(store_dir, access_times_under_each_mount_mode) {
             fill(&E, 70, 0, 1);
             served += run_op(E.store, kvt_store_put, &p, 1).count;
             kvt_store_key(E.store, &p.hash, hex);
-            snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", mnt, hex, hex + 2, hex);
+            snprintf(path, sizeof(path), "%s/%.2s/%s", mnt, hex, hex);
             t[0] = atime_ns(path);
             at[0] = atomic_load(&clock_ns);
             atomic_store(&clock_ns, (at[0] / 1000000000ull + 1) * 1000000000ull); /* the start of a second */

@@ -38,7 +38,7 @@ TestSuite(store_dir_fs, .init = setup, .fini = teardown, .timeout = 30);
 static void path_of(const kvt_hash128_t *h, char *out, size_t cap) {
     char hex[33];
     kvt_store_key(E.store, h, hex);
-    snprintf(out, cap, "%s/%.2s/%.2s/%s", root, hex, hex + 2, hex);
+    snprintf(out, cap, "%s/%.2s/%s", root, hex, hex);
 }
 
 /* What the filesystem charges for a file: its blocks, at least its length. */
@@ -144,7 +144,7 @@ Test(store_dir_fs, max_counts_filesystem_blocks) {
     put_filled(&E, p, 1, 700); /* in a root of its own: one object's charge, from stat(2) */
     char hex[33];
     kvt_store_key(E.store, &p[0].hash, hex);
-    snprintf(path, sizeof(path), "%s/%.2s/%.2s/%s", sub, hex, hex + 2, hex);
+    snprintf(path, sizeof(path), "%s/%.2s/%s", sub, hex, hex);
     uint64_t one = charged(path);
     uint64_t ob = kvt_store_object_bytes(E.store);
     fprintf(stderr, "store_dir_fs: an object of %llu bytes is charged %llu\n", (unsigned long long)ob, (unsigned long long)one);
