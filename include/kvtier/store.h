@@ -220,6 +220,19 @@ KVT_API int kvt_store_get(kvt_store_t *s, const kvt_store_page_t *pages, size_t 
 KVT_API int kvt_store_put(kvt_store_t *s, const kvt_store_page_t *pages, size_t n, uint64_t user, uint64_t *ticket);
 KVT_API int kvt_store_remove(kvt_store_t *s, const kvt_store_page_t *pages, size_t n, uint64_t user, uint64_t *ticket);
 
+/* A batch on the caller's thread, returned when it is done: results (n
+ * bytes, the caller's) get a kvt_store_result_t per key, *count (may be
+ * NULL) what kvt_store_done_t.count says. Through a backend context the
+ * store keeps for callers, one caller at a time (the workers keep theirs):
+ * no worker's wake-up and no poll, which on a small batch (a page or two
+ * from a local directory, a round trip to Redis) cost as much as the
+ * batch. The tier pages are the store's until it returns. KVT_OK; KVT_EIO
+ * when a key FAILED (its result says so); KVT_EINVAL for what the
+ * asynchronous calls refuse (and results NULL), nothing done; KVT_ENOMEM.
+ * Counted in the op's stats like a queued batch. */
+KVT_API int kvt_store_run(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pages, size_t n, uint8_t *results,
+                          size_t *count);
+
 /* exists on the caller's thread: *count is the number of leading keys
  * present (what a prefix match needs), without a worker's wake-up and the
  * caller's, which cost more than a local check or a round trip to a

@@ -430,6 +430,7 @@ _PROTOS = {
     "kvt_store_object_bytes": (u64, [vp]),
     "kvt_store_exists": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),
     "kvt_store_exists_leading": (c_int, [vp, P(StorePage), c_size_t, P(c_size_t)]),
+    "kvt_store_run": (c_int, [vp, c_int, P(StorePage), c_size_t, c_char_p, P(c_size_t)]),
     "kvt_store_get": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),
     "kvt_store_put": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),
     "kvt_store_remove": (c_int, [vp, P(StorePage), c_size_t, u64, P(u64)]),

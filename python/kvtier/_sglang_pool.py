@@ -18,7 +18,6 @@ logger = logging.getLogger("kvtier.sglang")
 
 STORAGE_BATCH_SIZE = 128  # SGLang's pages per storage call
 _STAGING_BYTES = 64 << 20  # a staging tier holds at most this much (and at most one batch)
-_WAIT_S = 300.0  # a batch's answer; the store bounds every network call long before this
 
 
 def _dtype_name(dtype: Any) -> Tuple[str, int]:
@@ -115,10 +114,11 @@ class _Lane:
 
     def run(self, op: str, items: Sequence[Any]) -> Optional[Tuple[str, ...]]:
         """Per-key results ("ok", "miss", "bad", "failed"), or None when the
-        batch got no answer in time. Call with the lock held."""
-        ticket = getattr(self.store, op)(items)
+        batch could not be run. On this thread (Store.run): the caller waits
+        for the answer anyway, and a worker's wake-up and the poll cost as
+        much as a batch of a page or two. Call with the lock held."""
         try:
-            return self.store.wait(ticket, _WAIT_S).results
+            return self.store.run(op, items)[0]
         except Error as e:
             logger.warning("kvtier L3 (%s): %s: %s", self.name, op, e)
             return None

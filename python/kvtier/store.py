@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, NotSupported, check, error, hash_arg, wait_ticket
+from ._core import ClosedError, Handle, IOFailure, NotSupported, check, error, hash_arg, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -215,6 +215,27 @@ class Store(Handle):
 
     def remove(self, hashes: Iterable[Any], user: int = 0) -> int:
         return self._submit(lib.kvt_store_remove, "remove", hashes, False, user)
+
+    def run(self, op: str, items: Iterable[Any]) -> Tuple[Tuple[str, ...], int]:
+        """A batch on the caller's thread, returned when it is done (no
+        worker's wake-up, no poll: what a small batch costs most): per-key
+        results and the count (exists: the leading keys present; others:
+        the keys "ok"). ``items`` as the op's asynchronous call takes them.
+        One caller at a time goes through the store's context for callers."""
+        if op not in OPS:
+            raise ValueError(f"Store.run: op {op!r}: expected one of {', '.join(OPS)}")
+        with_page = op in ("get", "put")
+        arr, n = _pages(items, with_page)
+        results = ctypes.create_string_buffer(max(n, 1))
+        count = ctypes.c_size_t()
+        with self._use as h:
+            if with_page and self.tier is not None:
+                self.tier._check_memory()
+            rc = lib.kvt_store_run(h, OPS.index(op), arr, n, results, ctypes.byref(count))
+        if rc != IOFailure.code:  # a key that failed says so in its result
+            check(rc, f"Store.run({op})",
+                  "no keys, a tier page out of range or twice, or no tier" if with_page else "no keys")
+        return tuple(RESULTS[r] for r in results.raw[:n]), count.value
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[StoreResult]:
         """Batches answered (waiting up to ``timeout`` seconds for the first)."""

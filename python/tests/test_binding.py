@@ -337,6 +337,13 @@ def test_store_on_a_real_redis(redis_server):
         assert s.put_sync([(h, i) for i, h in enumerate(hs)]).count == 4
         assert s.exists_sync(hs).count == 4
         assert s.exists_leading(hs) == 4  # one round trip on the caller's thread
+        assert s.run("get", [(h, 3 - i) for i, h in enumerate(hs)]) == (("ok",) * 4, 4)  # on this thread
+        assert [t.read_page(3 - i) for i in range(4)] == want
+        assert s.run("exists", hs + kvtier.page_hashes(list(range(200, 208)), 8)) == (("ok",) * 4 + ("miss",), 4)
+        with pytest.raises(ValueError, match="expected one of"):
+            s.run("fetch", hs)
+        with pytest.raises(kvtier.InvalidArgument):
+            s.run("get", [(hs[0], 1), (hs[1], 1)])  # one page twice
         assert s.exists_leading([hs[0], kvtier.page_hashes(list(range(100, 108)), 8)[0], hs[1]]) == 1
         assert s.get_sync([(h, 3 - i) for i, h in enumerate(hs)]).count == 4
         assert [t.read_page(3 - i) for i in range(4)] == want

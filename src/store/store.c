@@ -613,18 +613,22 @@ static int distinct_pages(const kvt_store_page_t *pages, size_t n) {
     return rc;
 }
 
-static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pages, size_t n, uint64_t user,
-                  uint64_t *ticket) {
-    if (s == NULL || pages == NULL || n == 0 || n > (SIZE_MAX / 128)) return KVT_EINVAL;
+/* What every batch must be, queued or run on the caller's thread. */
+static int check_batch(const kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pages, size_t n) {
+    if (s == NULL || pages == NULL || n == 0 || n > (SIZE_MAX / 128) || (unsigned)op >= KVT_STORE_OP_COUNT_) return KVT_EINVAL;
     if (op == KVT_STORE_GET || op == KVT_STORE_PUT) {
         if (s->cfg.tier == NULL) return KVT_EINVAL;
         for (size_t i = 0; i < n; i++)
             if (pages[i].page >= s->tier_pages) return KVT_EINVAL;
     }
-    if (op == KVT_STORE_GET && n > 1) { /* a page twice: two writers of one tier page */
-        int rc = distinct_pages(pages, n);
-        if (rc != KVT_OK) return rc;
-    }
+    if (op == KVT_STORE_GET && n > 1) return distinct_pages(pages, n); /* a page twice: two writers of one tier page */
+    return KVT_OK;
+}
+
+static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pages, size_t n, uint64_t user,
+                  uint64_t *ticket) {
+    int crc = check_batch(s, op, pages, n);
+    if (crc != KVT_OK) return crc;
     size_t off_pages = (sizeof(sbatch_t) + 15) & ~(size_t)15;
     size_t off_hex = off_pages + n * sizeof(kvt_store_page_t);
     size_t off_key = off_hex + n * 33;
@@ -672,16 +676,18 @@ int kvt_store_exists(kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint64
     return submit(s, KVT_STORE_EXISTS, p, n, user, ticket);
 }
 
-/* exists as one batch through the backend's run, on the caller's thread
- * with the store's own context for it: a server's round trip without a
- * worker's wake-up and the caller's. *lead: the leading keys present. */
-static int exists_here_batch(kvt_store_t *s, const kvt_store_page_t *p, size_t n, size_t *lead) {
-    size_t bytes = n * (33 + 16 + 1);
+/* A batch through the backend's run on the caller's thread, with the
+ * store's own context for callers (one caller at a time): a local check or
+ * a round trip without a worker's wake-up and the caller's. results: n
+ * bytes; *count as kvt_store_done_t's (leading: an exists for its leading
+ * count only). */
+static int run_here(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *p, size_t n, uint8_t *results, size_t *count,
+                    bool leading) {
+    size_t bytes = n * (33 + 16);
     uint8_t *mem = kvt__malloc(bytes);
     if (mem == NULL) return KVT_ENOMEM;
     char(*hex)[33] = (char(*)[33])mem;
     uint8_t(*key)[16] = (uint8_t(*)[16])(mem + n * 33);
-    uint8_t *results = mem + n * 49;
     for (size_t i = 0; i < n; i++) {
         key_bytes(s, &p[i].hash, key[i]);
         to_hex(key[i], hex[i]);
@@ -690,8 +696,8 @@ static int exists_here_batch(kvt_store_t *s, const kvt_store_page_t *p, size_t n
     uint64_t t0 = kvt_now_ns();
     pthread_mutex_lock(&s->here_mu);
     int rc = wctx_ready(s, &s->here);
-    kvt__sreq_t req = {.s = s, .op = KVT_STORE_EXISTS, .n = n, .hex = (const char(*)[33])hex, .key = (const uint8_t(*)[16])key,
-                       .results = results, .scratch = s->here.scratch, .iov = s->here.iov, .pages = p, .leading = true};
+    kvt__sreq_t req = {.s = s, .op = op, .n = n, .hex = (const char(*)[33])hex, .key = (const uint8_t(*)[16])key,
+                       .results = results, .scratch = s->here.scratch, .iov = s->here.iov, .pages = p, .leading = leading};
     if (rc == KVT_OK) {
         kvt__sigpipe_t sp; /* as a worker: a peer gone is EPIPE */
         kvt__sigpipe_hold(&sp);
@@ -700,17 +706,32 @@ static int exists_here_batch(kvt_store_t *s, const kvt_store_page_t *p, size_t n
         if (s->ops->after) s->ops->after(s->be, s->here.w);
         kvt__sigpipe_release(&sp);
     } else {
-        kvt__store_log(s, "exists on the caller's thread has no backend context (%s): %zu keys failed", kvt_err_name(rc), n);
+        kvt__store_log(s, "%s on the caller's thread has no backend context (%s): %zu keys failed", kvt_store_op_name(op),
+                       kvt_err_name(rc), n);
     }
     pthread_mutex_unlock(&s->here_mu);
-    record(s, &req, kvt_now_ns() - t0, false, lead);
+    size_t lead;
+    uint64_t hits = record(s, &req, kvt_now_ns() - t0, false, &lead);
+    if (count) *count = op == KVT_STORE_EXISTS ? lead : (size_t)hits;
     kvt__free(mem, bytes);
-    return KVT_OK;
+    return memchr(results, KVT_STORE_FAILED, n) ? KVT_EIO : KVT_OK;
+}
+
+int kvt_store_run(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *p, size_t n, uint8_t *results, size_t *count) {
+    int rc = check_batch(s, op, p, n);
+    if (rc != KVT_OK || results == NULL) return rc != KVT_OK ? rc : KVT_EINVAL;
+    return run_here(s, op, p, n, results, count, false);
 }
 
 int kvt_store_exists_leading(kvt_store_t *s, const kvt_store_page_t *p, size_t n, size_t *count) {
     if (s == NULL || p == NULL || n == 0 || n > SIZE_MAX / 64 || count == NULL) return KVT_EINVAL;
-    if (s->ops->exists_here == NULL) return exists_here_batch(s, p, n, count);
+    if (s->ops->exists_here == NULL) {
+        uint8_t stack[256], *results = n <= sizeof(stack) ? stack : kvt__malloc(n);
+        if (results == NULL) return KVT_ENOMEM;
+        int rc = run_here(s, KVT_STORE_EXISTS, p, n, results, count, true);
+        if (results != stack) kvt__free(results, n);
+        return rc == KVT_ENOMEM ? rc : KVT_OK; /* keys that failed are not present */
+    }
     uint64_t t0 = kvt_now_ns();
     size_t lead = 0;
     for (; lead < n; lead++) {

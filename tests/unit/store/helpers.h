@@ -129,6 +129,56 @@ static inline kvt_store_stats_t sstats(kvt_store_t *s, kvt_store_op_t op) {
     return st;
 }
 
+/* kvt_store_run (the caller's thread) against the queued calls: put 12
+ * pages from tier pages 0.., every other one by each; exists over them and
+ * 4 never put; get each way into two other page ranges, byte for byte;
+ * remove through run; a get of a page twice or out of range refused with
+ * nothing done. Each run counted as one call of its op. */
+static inline void run_matches_queued(senv_t *e, uint64_t h0) {
+    kvt_store_page_t p[16], q[16], r2[16];
+    pages_of(p, 16, h0, 0);
+    fill(e, h0, 0, 16);
+    uint64_t calls0 = sstats(e->store, KVT_STORE_PUT).calls;
+    uint8_t res[16];
+    size_t count = 99;
+    for (int i = 0; i < 12; i += 2) {
+        cr_assert_eq(kvt_store_run(e->store, KVT_STORE_PUT, &p[i], 1, res, &count), KVT_OK);
+        cr_assert_eq(res[0], KVT_STORE_OK);
+        cr_assert_eq(count, 1u);
+        cr_assert_eq(run_op(e->store, kvt_store_put, &p[i + 1], 1).count, 1u);
+    }
+    cr_assert_eq(sstats(e->store, KVT_STORE_PUT).calls - calls0, 12u);
+    memset(res, 0xee, sizeof(res));
+    cr_assert_eq(kvt_store_run(e->store, KVT_STORE_EXISTS, p, 16, res, &count), KVT_OK);
+    sres_t ex = run_op(e->store, kvt_store_exists, p, 16);
+    cr_assert_eq(count, ex.count);
+    cr_assert_eq(count, 12u);
+    cr_assert_eq(memcmp(res, ex.r, 16), 0, "per-key results differ from the queued exists");
+    pages_of(q, 12, h0, 16);
+    pages_of(r2, 12, h0, 28);
+    wipe(e, 16, 24);
+    cr_assert_eq(kvt_store_run(e->store, KVT_STORE_GET, q, 12, res, &count), KVT_OK);
+    cr_assert_eq(count, 12u);
+    cr_assert_eq(run_op(e->store, kvt_store_get, r2, 12).count, 12u);
+    for (uint32_t i = 0; i < 12; i++) {
+        cr_assert(check(e, h0 + i, 16 + i), "page %u, got on the caller's thread, differs", i);
+        cr_assert(check(e, h0 + i, 28 + i), "page %u, got by a worker, differs", i);
+    }
+    kvt_store_page_t twice[2] = {q[0], q[1]};
+    twice[1].page = twice[0].page;
+    memset(res, 0xee, sizeof(res));
+    cr_assert_eq(kvt_store_run(e->store, KVT_STORE_GET, twice, 2, res, &count), KVT_EINVAL);
+    kvt_store_page_t out = {.hash = q[0].hash, .page = 1u << 30};
+    cr_assert_eq(kvt_store_run(e->store, KVT_STORE_GET, &out, 1, res, &count), KVT_EINVAL);
+    cr_assert_eq(kvt_store_run(e->store, KVT_STORE_GET, q, 1, NULL, &count), KVT_EINVAL);
+    cr_assert_eq(kvt_store_run(e->store, KVT_STORE_OP_COUNT_, q, 1, res, &count), KVT_EINVAL);
+    cr_assert_eq(res[0], 0xee, "a refused call wrote a result");
+    cr_assert_eq(kvt_store_run(e->store, KVT_STORE_REMOVE, p, 3, res, &count), KVT_OK);
+    cr_assert_eq(count, 3u);
+    cr_assert_eq(run_op(e->store, kvt_store_exists, p, 16).count, 0u);
+    cr_assert_eq(run_op(e->store, kvt_store_exists, p + 3, 9).count, 9u);
+}
+
 /* kvt_store_exists_leading on every sub-range of the n keys at p (stored[i]:
  * key i is in the store) against a plain scan for the first absent key and
  * against the workers' exists batch (its leading count); each call counted

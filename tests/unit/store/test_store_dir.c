@@ -945,3 +945,10 @@ Test(store_dir, exists_leading_is_the_batch_exists_count) {
     cr_assert_eq(kvt_store_exists_leading(E.store, NULL, 1, &c), KVT_EINVAL);
     cr_assert_eq(kvt_store_exists_leading(E.store, p, 1, NULL), KVT_EINVAL);
 }
+
+/* A batch on the caller's thread (kvt_store_run) does what a queued one does. */
+Test(store_dir, run_on_the_callers_thread) {
+    senv_init(&E, 48, 2, 512, KVT_LAYOUT_LAYER_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    run_matches_queued(&E, 4000);
+}

@@ -338,3 +338,11 @@ Test(store_redis, cluster_url_on_a_standalone_server) {
     cr_assert_eq(kvt_store_open(&s, u, &E.cfg), KVT_EIO);
     cr_assert(strstr(kvt_store_last_error(NULL), "CLUSTER SHARDS") != NULL, "%s", kvt_store_last_error(NULL));
 }
+
+/* A batch on the caller's thread (kvt_store_run) does what a queued one does. */
+Test(store_redis, run_on_the_callers_thread) {
+    start(NULL);
+    senv_init(&E, 48, 2, 512, KVT_LAYOUT_LAYER_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    run_matches_queued(&E, 4000);
+}
