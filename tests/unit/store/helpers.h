@@ -129,6 +129,17 @@ static inline kvt_store_stats_t sstats(kvt_store_t *s, kvt_store_op_t op) {
     return st;
 }
 
+/* Keys hkey(h0 + i) on tier pages 0..n, filled; each put on its own except
+ * the holes (every 7th from the 6th, and the 13th): stored[i] says which. */
+static inline void put_with_holes(senv_t *e, kvt_store_page_t *p, size_t n, uint64_t h0, bool *stored) {
+    pages_of(p, n, h0, 0);
+    fill(e, h0, 0, n);
+    for (size_t i = 0; i < n; i++) {
+        stored[i] = i % 7 != 5 && i != 12;
+        if (stored[i]) cr_assert_eq(run_op(e->store, kvt_store_put, &p[i], 1).count, 1u);
+    }
+}
+
 /* kvt_store_run (the caller's thread) against the queued calls: put 12
  * pages from tier pages 0.., every other one by each; exists over them and
  * 4 never put; get each way into two other page ranges, byte for byte;

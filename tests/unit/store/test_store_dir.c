@@ -925,13 +925,8 @@ Test(store_dir, exists_leading_is_the_batch_exists_count) {
     senv_init(&E, 32, 1, 256, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[24];
-    pages_of(p, 24, 900, 0);
-    fill(&E, 900, 0, 24);
     bool stored[24];
-    for (int i = 0; i < 24; i++) {
-        stored[i] = i % 7 != 5 && i != 12;
-        if (stored[i]) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
-    }
+    put_with_holes(&E, p, 24, 900, stored);
     char path[300];
     obj_path(&p[12].hash, path, sizeof(path));
     char dir[300];

@@ -49,13 +49,8 @@ Test(store_redis, exists_leading_is_the_batch_exists_count) {
     E.cfg.retries = 1;
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     kvt_store_page_t p[24];
-    pages_of(p, 24, 900, 0);
-    fill(&E, 900, 0, 24);
     bool stored[24];
-    for (int i = 0; i < 24; i++) {
-        stored[i] = i % 7 != 5 && i != 12;
-        if (stored[i]) cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
-    }
+    put_with_holes(&E, p, 24, 900, stored);
     exists_leading_matches(&E, p, stored, 24);
     uint64_t rt = sstats(E.store, KVT_STORE_EXISTS).round_trips;
     size_t c = 99;
