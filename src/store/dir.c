@@ -4,12 +4,12 @@
  *   ROOT/3f/.tmp.<pid>.<n>.<hex>     a put in progress
  *
  * Fan-out: 256 directories by the key's first byte, created on first use.
- * One level, not two: a fresh store's first puts each paid for one or two
- * mkdirs (two levels: up to 65,536 folders to create, most puts of a new
- * store paying for them), which took a 256 KiB put from about 0.1 ms to
- * 0.6 ms on ext4, while a create in a folder of 65,536 files costs what it
- * costs in an empty one (ext4's hashed directories); 16 M objects are
- * 65,536 a folder. A put writes a temporary file in the object's directory
+ * One level: two levels make 65,536 folders, which a new store's puts
+ * create one or two at a time for as long as most puts land in a new
+ * folder, and a mkdir costs several puts; while a create in a folder of
+ * 65,536 files costs what it costs in an empty one (ext4's directories are
+ * hashed), and 16 M objects are 65,536 a folder (docs/store.md has the
+ * figures). A put writes a temporary file in the object's directory
  * and renames it over the final name: rename is atomic, so a reader sees the
  * old object, the new one or none, never part of one; a process that dies
  * mid-write leaves only a temporary file, which no reader opens (and which
