@@ -10,6 +10,10 @@
  *   poll (one thread)                   stats, done queue
  *   <-- done queue <------------------
  *
+ *   kvt_store_run (any thread): the same checks, then the backend's run on
+ *   the caller's thread with the store's context for callers (here_mu: one
+ *   caller at a time), stats; no queue, no done queue.
+ *
  * A batch is one allocation (the struct, its pages, keys and results);
  * it is freed by the poll after the one that returned it (so `pages` and
  * `results` stay valid until the next poll), or by close.
@@ -19,6 +23,7 @@
  * submitted and not yet polled; the op's inflight gauge counts those not yet
  * completed. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -26,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -96,8 +100,8 @@ struct kvt_store {
     pthread_t *th;
     unsigned nth;
     opstats_t ops_st[KVT_STORE_OP_COUNT_];
-    /* the caller's own backend context, for kvt_store_exists_leading on a
-     * backend that asks a server: one caller at a time */
+    /* the backend context for batches on the caller's thread (kvt_store_run,
+     * kvt_store_exists_leading on a server): one caller at a time */
     pthread_mutex_t here_mu;
     wctx_t here;
     /* messages */
