@@ -251,7 +251,7 @@ Test(replay, trace_lines_hold_one_object_only) {
 }
 
 Test(replay, bad_flags_say_what_is_allowed) {
-    static const struct { const char *args[4]; const char *msg; } cases[] = {
+    static const struct { const char *args[6]; const char *msg; } cases[] = {
         {{"--policy", "mru"}, "--policy: 'mru' is not one of lru|lfu|fifo|priority|slru|s2lru|arc"},
         {{"--write-policy", "sometimes"}, "--write-policy: 'sometimes' is not one of write_through|write_through_selective|write_back"},
         {{"--l1-free-room", "0.9"}, "--l1-free-room: '0.9' is not a number in [0, 0.5]"},
@@ -274,12 +274,14 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--groups", "full:x"}, "--groups: group 1 ('full:x') is not"},
         {{"--model", "gemma-3-like", "--data"}, "--data: not with a hybrid model"},
         {{"--model", "qwen3-next-like", "--soak", "1"}, "--soak: not with a hybrid model"},
+        {{"--model", "qwen3-next-like", "--l3", "dir:/tmp"}, "--l3: not with a hybrid model"},
+        {{"--model", "qwen3-next-like", "--l2-pages", "0", "--l3-pages", "64"}, "--l3-pages: needs an L2 tier"},
         {{"--checkpoint-every", "-1"}, "--checkpoint-every: '-1' is not an integer in"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        const char *argv[8] = {NULL, "replay"};
+        const char *argv[9] = {NULL, "replay"};
         int n = 2;
-        for (int j = 0; j < 4 && cases[i].args[j]; j++) argv[n++] = cases[i].args[j];
+        for (int j = 0; j < 6 && cases[i].args[j]; j++) argv[n++] = cases[i].args[j];
         argv[n] = NULL;
         run_result_t r = run_argv(argv);
         cr_assert_eq(r.status, 2, "case %zu: exit %d", i, r.status);

@@ -652,7 +652,7 @@ static bool hybrid_on(const hybrid_opts_t *h) {
 }
 
 /* The layer groups: --groups, else the preset's. A hybrid model's replay is
- * metadata only, on one instance, and holds the model as all-full attention
+ * metadata only (a modeled L3 at most), on one instance, and holds the model as all-full attention
  * at o->bpt for the comparison: the groups' all-full bytes per token (each
  * state layer at its full groups' per-layer width) unless
  * --bytes-per-token says otherwise. -1 after printing why. */
@@ -677,11 +677,16 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
     }
     if (!hybrid_on(h)) return 0;
-    const char *why = o->data ? "--data" : replay_l3_on(l3) ? "--l3" : l3->instances > 1 ? "--instances"
+    const char *why = o->data ? "--data" : l3->url ? "--l3" : l3->instances > 1 ? "--instances"
                     : o->soak_s > 0 ? "--soak" : o->digest ? "--digest" : NULL;
     if (why) {
         c->flag = why;
-        return cli_error(c, "not with a hybrid model (window or state groups): its replay is metadata only, one instance");
+        return cli_error(c, "not with a hybrid model (window or state groups): its replay is metadata only, one instance "
+                            "(a modeled L3: --l3-pages)");
+    }
+    if (l3->pages && o->l2_pages == 0) {
+        c->flag = "--l3-pages";
+        return cli_error(c, "needs an L2 tier (--l2-pages > 0): pieces reach L3 through L2");
     }
     (void)nsweep;
     if (text && !o->bytes_per_token) {

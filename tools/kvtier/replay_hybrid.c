@@ -38,23 +38,27 @@ static uint64_t l1_of(const kvt_trace_t *t, const opts_t *o, uint64_t l1) {
 
 /* l1_pages UNBOUNDED: every group's L1 holds every page (and checkpoint) of
  * the trace. */
-static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const hybrid_opts_t *h, uint64_t l1_pages, uint32_t every,
-                      bool branches, hyb_result_t *out) {
+static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, uint64_t l1_pages,
+                      uint32_t every, bool branches, hyb_result_t *out) {
     kvt_hybrid_config_t cfg;
     uint64_t all = l1_of(t, o, UNBOUNDED);
-    uint64_t b1 = tier_bytes(o, l1_of(t, o, l1_pages)), b2 = tier_bytes(o, o->l2_pages);
-    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens, b1, b2, 0);
-    if (rc == KVT_OK) rc = kvt_hybrid_config_split(&cfg, b1, b2, 0, h->state_share, h->window_weight);
+    uint64_t b1 = tier_bytes(o, l1_of(t, o, l1_pages)), b2 = tier_bytes(o, o->l2_pages), b3 = tier_bytes(o, l3->pages);
+    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens, b1, b2, b3);
+    if (rc == KVT_OK) rc = kvt_hybrid_config_split(&cfg, b1, b2, b3, h->state_share, h->window_weight);
     if (rc != KVT_OK) {
-        fprintf(stderr, "kvtier replay: L1 %" PRIu64 " pages (%.2f GB) cannot hold one page or checkpoint of each group\n",
-                l1_pages, (double)tier_bytes(o, l1_pages) / 1e9);
+        fprintf(stderr, "kvtier replay: L1 %.2f GB, L2 %.2f GB, L3 %.2f GB: a tier cannot hold one page or checkpoint of each "
+                        "group\n", (double)b1 / 1e9, (double)b2 / 1e9, (double)b3 / 1e9);
         return -1;
     }
     kvt_cache_config_t base;
     replay_cache_config(o, cfg.cache.l1_pages, &base);
+    replay_l3_config(l3, &base);
     base.l2_pages = cfg.cache.l2_pages;
+    base.l3_pages = cfg.cache.l3_pages;
     cfg.cache = base;
+    /* the slots have no hit counts: a selective write is a plain one for them */
     if (cfg.cache.write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.write_policy = KVT_WRITE_THROUGH;
+    if (cfg.cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.l3_write_policy = KVT_WRITE_THROUGH;
     cfg.checkpoint_every = every;
     cfg.checkpoint_branches = branches;
     if (l1_pages == UNBOUNDED) {
@@ -75,7 +79,9 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const hybrid_opts_t
         const kvt_trace_req_t *r = &t->req[i];
         for (uint32_t b = 0; b < r->nblocks; b++) kvt_trace_block_tokens(r->hash_ids[b], tok + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
         kvt_hybrid_req_t req;
-        rc = kvt_hybrid_admit(c, 0, tok, r->input_length, 0, NULL, &req);
+        uint64_t pf = 0; /* a modeled L3: the full groups' pages there are prefetched, as the radix replay's are */
+        if (l3->pages) rc = kvt_cache_prefetch(kvt_hybrid_cache(c), 0, tok, r->input_length, &pf);
+        if (rc == KVT_OK) rc = kvt_hybrid_admit_prefetched(c, pf, 0, tok, r->input_length, 0, NULL, &req);
         if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, r->input_length, &req);
         if (rc == KVT_OK && o->check_every && (i + 1) % o->check_every == 0) {
             const char *why;
@@ -111,6 +117,7 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h) {
     cJSON_AddNumberToObject(x, "hit_rate", hyb_rate(r));
     cJSON_AddNumberToObject(x, "l1_hit_rate", frac(r->st.l1_hit_tokens, r->st.tokens));
     cJSON_AddNumberToObject(x, "l2_hit_rate", frac(r->st.l2_hit_tokens, r->st.tokens));
+    cJSON_AddNumberToObject(x, "l3_hit_rate", frac(r->st.l3_hit_tokens, r->st.tokens));
     cJSON_AddNumberToObject(x, "full_groups_hit_rate", frac(r->st.full_hit_tokens, r->st.tokens));
     cJSON_AddNumberToObject(x, "bytes_per_cached_token", hyb_bpt(r));
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
@@ -124,6 +131,7 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h) {
         cJSON_AddStringToObject(y, "kind", kvt_group_kind_name((kvt_group_kind_t)h->groups[g].kind));
         cJSON_AddNumberToObject(y, "l1_bytes", (double)r->gb[g].bytes[0]);
         cJSON_AddNumberToObject(y, "l2_bytes", (double)r->gb[g].bytes[1]);
+        cJSON_AddNumberToObject(y, "l3_bytes", (double)r->gb[g].bytes[2]);
         cJSON_AddItemToArray(groups, y);
     }
     return x;
@@ -162,8 +170,8 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
     result_t *full = calloc(n, sizeof(*full));
     int rc = hy && ends && full ? 0 : -1;
     for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = run_hybrid(t, o, h, l1[i], h->every, true, &hy[i]);
-        if (rc == 0 && has_state) rc = run_hybrid(t, o, h, l1[i], 0, false, &ends[i]);
+        rc = run_hybrid(t, o, l3, h, l1[i], h->every, true, &hy[i]);
+        if (rc == 0 && has_state) rc = run_hybrid(t, o, l3, h, l1[i], 0, false, &ends[i]);
         if (rc == 0) rc = replay_run_one(t, o, l3, l1[i], NULL, 0, &full[i]);
     }
     uint64_t *l1b = malloc(n * sizeof(*l1b)); /* the sizes shown: unbounded as the trace's pages */
@@ -186,6 +194,7 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             cJSON_AddNumberToObject(x, "l1_pages_all_full", (double)l1[i]);
             cJSON_AddNumberToObject(x, "l1_bytes", (double)tier_bytes(o, l1[i]));
             cJSON_AddNumberToObject(x, "l2_bytes", (double)tier_bytes(o, o->l2_pages));
+            cJSON_AddNumberToObject(x, "l3_bytes", (double)tier_bytes(o, l3->pages));
             cJSON_AddItemToObject(x, "hybrid", hyb_json(&hy[i], h));
             if (has_state) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h));
             cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
