@@ -62,15 +62,15 @@ Test(replay_hybrid, hybrid_presets_beat_every_layer_full_at_the_same_bytes, .tim
 
 /* A modeled L3 below small L1 and L2 tiers: both groups' pieces and the
  * full pages go down to it and come back (the hits it serves are counted
- * apart, and add up with L1's and L2's to the hits), every check of the
- * cache holds along the way, and the L3 serves most of what the same L1
- * and L2 alone cannot. An L1 that holds everything never asks it. */
+ * apart, and add up with L1's and L2's to the hits; the full groups match
+ * far more than the same L1 and L2 alone hold), every check of the cache
+ * holds along the way. An L1 that holds everything never asks it. */
 Test(replay_hybrid, a_modeled_l3_below_small_tiers, .timeout = 120) {
     run_result_t r = RUN(TRACE, "--model", "qwen3-next-like", "--l1-pages", "2048", "--l2-pages", "4096", "--l3-pages",
-                         "4000000", "--limit", "1500", "--check-every", "100", "--json");
+                         "400000", "--limit", "600", "--check-every", "100", "--json");
     cJSON *o = json_of(&r);
     cJSON *h = run_of(o, 0, "hybrid");
-    double hit = num(h, "hit_rate"), l3 = num(h, "l3_hit_rate");
+    double hit = num(h, "hit_rate"), l3 = num(h, "l3_hit_rate"), full = num(h, "full_groups_hit_rate");
     cr_assert_gt(l3, 0.5 * hit, "L3 served %.4f of %.4f", l3, hit);
     cr_assert(fabs(num(h, "l1_hit_rate") + num(h, "l2_hit_rate") + l3 - hit) < 1e-9);
     cJSON *g;
@@ -78,11 +78,14 @@ Test(replay_hybrid, a_modeled_l3_below_small_tiers, .timeout = 120) {
     cr_assert_gt(num(run_of(o, 0, "every_layer_full"), "hit_rate"), 0, "the all-full cache has the same L3");
     cJSON_Delete(o);
     run_free(&r);
-    run_result_t n = RUN(TRACE, "--model", "qwen3-next-like", "--l1-pages", "2048", "--l2-pages", "4096", "--limit", "1500",
+    run_result_t n = RUN(TRACE, "--model", "qwen3-next-like", "--l1-pages", "2048", "--l2-pages", "4096", "--limit", "600",
                          "--json");
     o = json_of(&n);
     double without = num(run_of(o, 0, "hybrid"), "hit_rate");
     cr_assert_gt(hit, 5 * without, "with L3 %.4f, without %.4f", hit, without);
+    double full_without = num(run_of(o, 0, "hybrid"), "full_groups_hit_rate");
+    cr_assert_gt(full, 5 * full_without, "the full pages came back from L3: matched %.4f with it, %.4f without", full,
+                 full_without);
     cJSON_Delete(o);
     run_free(&n);
     run_result_t u = RUN(TRACE, "--model", "qwen3-next-like", "--l1-pages", "unbounded", "--l2-pages", "4096", "--l3-pages",
