@@ -124,22 +124,14 @@ class _Lane:
             return None
 
     def leading(self, hashes: Sequence[Any]) -> int:
-        """How many keys, from the first, the store holds: checked on this
-        thread where that is a local check (dir:), stopping at the first
-        miss; else one exists batch. 0 when no answer came. Call with the
-        lock held."""
+        """How many keys, from the first, the store holds, asked on this
+        thread (Store.exists_leading); 0 when the store failed. Call with
+        the lock held."""
         try:
-            n = self.store.exists_leading(hashes)
+            return self.store.exists_leading(hashes)
         except Error as e:
             logger.warning("kvtier L3 (%s): exists: %s", self.name, e)
             return 0
-        if n is not None:
-            return n
-        results = self.run("exists", hashes)
-        n = 0
-        while results is not None and n < len(results) and results[n] == "ok":
-            n += 1
-        return n
 
     def leading_of(self, keys: Sequence[Any], key_hash: Callable[[Any], Any]) -> int:
         """leading() over keys, each hashed by key_hash: for a local store

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, IOFailure, NotSupported, check, error, hash_arg, wait_ticket
+from ._core import ClosedError, Handle, IOFailure, check, error, hash_arg, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -188,20 +188,17 @@ class Store(Handle):
         """Queues an exists batch of page hashes; the ticket."""
         return self._submit(lib.kvt_store_exists, "exists", hashes, False, user)
 
-    def exists_leading(self, hashes: Iterable[Any]) -> Optional[int]:
+    def exists_leading(self, hashes: Iterable[Any]) -> int:
         """How many keys, from the first, are present, asked on the caller's
         thread (no worker's wake-up): a directory checks key by key up to
-        the first absent one, Redis answers every key in one pipelined
-        round trip per node. None for a backend that cannot (none today)."""
+        the first absent one, Redis counts them in one command per node. A
+        store that fails counts nothing present."""
         arr, n = _pages(hashes, False)
         if n == 0:
             return 0
         count = ctypes.c_size_t()
         with self._use as h:
-            rc = lib.kvt_store_exists_leading(h, arr, n, ctypes.byref(count))
-        if rc == NotSupported.code:
-            return None
-        check(rc, "Store.exists_leading", "no keys")
+            check(lib.kvt_store_exists_leading(h, arr, n, ctypes.byref(count)), "Store.exists_leading", "no keys")
         return count.value
 
     def get(self, pages: Iterable[Tuple[Any, int]], user: int = 0) -> int:

@@ -617,6 +617,17 @@ static int distinct_pages(const kvt_store_page_t *pages, size_t n) {
     return rc;
 }
 
+/* A batch's keys (bytes and hex) and its results before the backend runs:
+ * FAILED, what a backend leaves unset. */
+static void batch_keys(const kvt_store_t *s, const kvt_store_page_t *p, size_t n, uint8_t (*key)[16], char (*hex)[33],
+                       uint8_t *results) {
+    for (size_t i = 0; i < n; i++) {
+        key_bytes(s, &p[i].hash, key[i]);
+        to_hex(key[i], hex[i]);
+    }
+    memset(results, KVT_STORE_FAILED, n);
+}
+
 /* What every batch must be, queued or run on the caller's thread. */
 static int check_batch(const kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pages, size_t n) {
     if (s == NULL || pages == NULL || n == 0 || n > (SIZE_MAX / 128) || (unsigned)op >= KVT_STORE_OP_COUNT_) return KVT_EINVAL;
@@ -648,11 +659,7 @@ static int submit(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *pag
     b->key = (uint8_t(*)[16])(mem + off_key);
     b->results = mem + off_res;
     memcpy(b->pages, pages, n * sizeof(*pages));
-    for (size_t i = 0; i < n; i++) {
-        key_bytes(s, &pages[i].hash, b->key[i]);
-        to_hex(b->key[i], b->hex[i]);
-    }
-    memset(b->results, KVT_STORE_FAILED, n); /* what a backend leaves unset */
+    batch_keys(s, pages, n, b->key, b->hex, b->results);
     b->done.op = op;
     b->done.n = n;
     b->done.user = user;
@@ -692,11 +699,7 @@ static int run_here(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *p
     if (mem == NULL) return KVT_ENOMEM;
     char(*hex)[33] = (char(*)[33])mem;
     uint8_t(*key)[16] = (uint8_t(*)[16])(mem + n * 33);
-    for (size_t i = 0; i < n; i++) {
-        key_bytes(s, &p[i].hash, key[i]);
-        to_hex(key[i], hex[i]);
-    }
-    memset(results, KVT_STORE_FAILED, n); /* what a backend leaves unset */
+    batch_keys(s, p, n, key, hex, results);
     uint64_t t0 = kvt_now_ns();
     pthread_mutex_lock(&s->here_mu);
     int rc = wctx_ready(s, &s->here);
