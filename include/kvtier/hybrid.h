@@ -84,6 +84,8 @@ typedef struct kvt_hybrid_config {
     bool checkpoint_ends;      /* a request's end is a kept point (default true) */
     bool checkpoint_branches;  /* its branch point is a kept point (default true) */
     bool moves;                /* record the copies the engine owes (kvt_hybrid_take_moves); default off */
+    bool async_moves;          /* with moves: the engine runs the moves taken in any order, at once, and
+                                * reports each (kvt_hybrid_moves_done); default off: in order, done when run */
 } kvt_hybrid_config_t;
 
 /* Fills cfg for groups[0..ngroups) with the radix cache's defaults
@@ -111,7 +113,8 @@ KVT_API int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes,
 /* KVT_EINVAL, nothing allocated, for a bad config: groups (a kind out of
  * range, layers or bytes 0, a window group's window 0, another's nonzero,
  * reserved_ set, no full group), slots against the tiers, a write policy
- * the slots refuse; and whatever kvt_cache_create refuses. KVT_ENOMEM. */
+ * the slots refuse, async_moves without moves; and whatever
+ * kvt_cache_create refuses. KVT_ENOMEM. */
 KVT_API int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg);
 KVT_API void kvt_hybrid_destroy(kvt_hybrid_t *h);
 
@@ -165,15 +168,60 @@ typedef struct kvt_hybrid_move { /* frozen */
     kvt_key128_t key; /* the piece: its chained page hash */
 } kvt_hybrid_move_t;
 
+/* Moves that complete out of order (cfg.async_moves), as a transfer engine
+ * with several threads or streams runs them. The pending-backup rules of the
+ * radix cache hold for the pieces:
+ *
+ *  - a piece whose copy into a tier is in flight is pending there: it is no
+ *    source for another copy and is not evicted; a piece pending in L1 counts
+ *    for the match rule (it is on its way), one pending in L2 or L3 does not;
+ *  - a piece a copy reads is pinned in its tier until the copy is reported,
+ *    so its slot is not given to another piece meanwhile;
+ *  - a piece goes on down (write_through) when its copy into the tier above
+ *    is reported done, never before;
+ *  - a piece evicted under write_back is copied down from its slot, and the
+ *    move of the piece that takes the slot is handed out only when that copy
+ *    is reported: kvt_hybrid_take_moves hands out moves that are safe to run
+ *    at the same time, in any order. So a move from the engine (what a
+ *    request computed) can come out after the release that recorded it: the
+ *    engine keeps those bytes while kvt_hybrid_engine_waiting says so;
+ *  - a copy reported failed leaves its piece absent from that tier (a miss,
+ *    never served); an admitted request whose piece failed to reach L1 is
+ *    told so by kvt_hybrid_ready, and the engine recomputes what it cannot
+ *    continue from (kvt_hybrid_longest over the pieces it has).
+ *
+ * The engine reports every move it took, with the move as taken and
+ * ok[i] nonzero for a copy that landed. KVT_EINVAL, nothing changed, for a
+ * cache without async_moves, or a move not taken and not yet reported
+ * (each may appear once); KVT_ENOMEM, nothing changed. Pieces a reported
+ * copy would send on down but no tier below has room for are counted in
+ * pieces_refused. Cost: O(moves outstanding) per move reported. */
+KVT_API int kvt_hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok);
+/* Whether req's pieces are in L1 (cfg.async_moves): KVT_OK, every one
+ * landed and pinned (also with no async moves); KVT_EAGAIN, a copy into L1
+ * is still in flight; KVT_EIO, one was reported failed (the others that
+ * landed stay pinned until release). KVT_EINVAL. */
+KVT_API int kvt_hybrid_ready(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req);
+/* Moves taken and not yet reported, and moves waiting for a slot's copy
+ * down before they are handed out (cfg.async_moves; 0 otherwise). */
+KVT_API size_t kvt_hybrid_moves_outstanding(const kvt_hybrid_t *h);
+/* Moves from the engine, of pieces keyed by keys[0..n) (a released
+ * request's chained page hashes), not handed out yet: while any is, the
+ * engine keeps what that request computed (async_moves; 0 otherwise).
+ * O(n x moves outstanding). */
+KVT_API size_t kvt_hybrid_engine_waiting(const kvt_hybrid_t *h, const kvt_key128_t *keys, size_t n);
+
 /* Copies up to cap of the moves recorded, oldest first, into out and
- * forgets them; returns how many. */
+ * forgets them; returns how many. With async_moves, those that are safe to
+ * run now (above), each to be reported with kvt_hybrid_moves_done. */
 KVT_API size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap);
-/* Moves recorded and not yet taken. */
+/* Moves recorded and not yet taken (with async_moves: ready to be taken). */
 KVT_API size_t kvt_hybrid_moves(const kvt_hybrid_t *h);
 /* The L1 slots of the pieces group g needs for req's hit, pinned until it
  * is released: window pages floor(max(0, nP - W) / P) .. n - 1 in order, or
  * the checkpoint at n; *n their number (0 for a full group or no hit).
- * KVT_ERANGE when cap is short (*n set), KVT_EINVAL. */
+ * KVT_ERANGE when cap is short (*n set), KVT_EIO when one of them failed to
+ * reach L1 (kvt_hybrid_ready), KVT_EINVAL. */
 KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_t g, uint64_t *slots,
                              size_t cap, size_t *n);
 
@@ -224,7 +272,8 @@ KVT_API kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h);
     X(l1_bytes, GAUGE, "bytes held in L1: full pages, window pages and checkpoints")                    \
     X(l2_bytes, GAUGE, "bytes held in L2")                                                              \
     X(l3_bytes, GAUGE, "bytes held in L3 (the model)")                                                  \
-    X(cached_tokens, GAUGE, "tokens of the full pages held in some tier (the tree's pages, or L3's)")
+    X(cached_tokens, GAUGE, "tokens of the full pages held in some tier (the tree's pages, or L3's)")   \
+    X(moves_failed, COUNTER, "copies the engine reported failed (async_moves): the piece absent there")
 
 typedef struct kvt_hybrid_stats {
     uint32_t size; /* sizeof(kvt_hybrid_stats_t), set by the caller */

@@ -199,4 +199,5 @@ HYBRID_STATS = (
     ('l2_bytes', 'GAUGE', 'bytes held in L2'),
     ('l3_bytes', 'GAUGE', 'bytes held in L3 (the model)'),
     ('cached_tokens', 'GAUGE', "tokens of the full pages held in some tier (the tree's pages, or L3's)"),
+    ('moves_failed', 'COUNTER', 'copies the engine reported failed (async_moves): the piece absent there'),
 )

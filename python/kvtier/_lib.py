@@ -303,7 +303,7 @@ class HybridConfig(Structure):
                 ("cache", CacheConfig), ("l1_slots", c_uint64 * KVT_MODEL_MAX_GROUPS),
                 ("l2_slots", c_uint64 * KVT_MODEL_MAX_GROUPS), ("l3_slots", c_uint64 * KVT_MODEL_MAX_GROUPS),
                 ("checkpoint_every", c_uint32), ("checkpoint_ends", c_bool), ("checkpoint_branches", c_bool),
-                ("moves", c_bool)]
+                ("moves", c_bool), ("async_moves", c_bool)]
 
 
 class HybridReq(Structure):
@@ -504,6 +504,10 @@ _PROTOS = {
     "kvt_hybrid_check": (c_int, [vp, P(c_char_p)]),
     "kvt_hybrid_take_moves": (c_size_t, [vp, P(HybridMove), c_size_t]),
     "kvt_hybrid_moves": (c_size_t, [vp]),
+    "kvt_hybrid_moves_done": (c_int, [vp, P(HybridMove), c_size_t, P(c_uint8)]),
+    "kvt_hybrid_moves_outstanding": (c_size_t, [vp]),
+    "kvt_hybrid_engine_waiting": (c_size_t, [vp, P(Key128), c_size_t]),
+    "kvt_hybrid_ready": (c_int, [vp, P(HybridReq)]),
     "kvt_hybrid_slots": (c_int, [vp, P(HybridReq), u32, P(u64), c_size_t, P(c_size_t)]),
     "kvt_hybrid_longest": (u64, [P(LayerGroup), u32, u32, u64, P(P(c_uint8))]),
     # traces

@@ -7,7 +7,11 @@ boundaries). ``admit`` says from how many pages every group can continue
 the cache also says which copies make the bytes follow it (hybrid.h, "The
 bytes"): the engine keeps one slot-indexed buffer per window or state group
 and tier, runs ``take_moves()`` in order after every admit and release, and
-reads a hit's pieces from the L1 slots ``req.slots(g)`` names.
+reads a hit's pieces from the L1 slots ``req.slots(g)`` names. With
+``async_moves=True`` as well, the moves taken may run at once and in any
+order (a transfer engine's threads or streams): report each with
+``moves_done`` when it lands or fails, and use a request's pieces once
+``ready(req)`` says they are all in L1.
 
     with kvtier.Hybrid("gemma-3-like", page_tokens=16, l1_bytes=8 << 30, moves=True) as h:
         req = h.admit(tokens)
@@ -26,9 +30,9 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, OutOfRange, check, error, tokens_arg
+from ._core import ClosedError, Handle, IOFailure, OutOfRange, TryAgain, check, error, page_hashes, tokens_arg
 from ._lib import HYBRID_PROBE, KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, HybridReq, \
-    HybridStats, lib
+    HybridStats, Key128, lib
 from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
 from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, \
@@ -274,7 +278,8 @@ class Hybrid(Handle):
     ``l1_slots``, ``l2_slots``, ``l3_slots`` ({group: slots} or a list per
     group), ``checkpoint_every``, ``checkpoint_ends``,
     ``checkpoint_branches``, ``moves`` (record the copies the engine owes:
-    :meth:`take_moves`), and any Cache option for the full groups'
+    :meth:`take_moves`), ``async_moves`` (with moves: they complete out of
+    order, :meth:`moves_done`), and any Cache option for the full groups'
     cache (``write_policy``, ``l1_pages``, ...). TypeError for an unknown
     option, ValueError for a value out of range, InvalidArgument for a
     config the library refuses. Its calls run one at a time."""
@@ -285,7 +290,8 @@ class Hybrid(Handle):
                  l3_bytes: int = 0, state_share: Optional[float] = None, window_weight: Optional[float] = None,
                  l1_slots: Any = None, l2_slots: Any = None, l3_slots: Any = None,
                  checkpoint_every: Optional[int] = None, checkpoint_ends: Optional[bool] = None,
-                 checkpoint_branches: Optional[bool] = None, moves: bool = False, **options: Any) -> None:
+                 checkpoint_branches: Optional[bool] = None, moves: bool = False, async_moves: bool = False,
+                 **options: Any) -> None:
         super().__init__()
         arr, n = _groups_arg(groups)
         page_tokens = _a.u32(page_tokens, "Hybrid page_tokens", 1)
@@ -321,6 +327,9 @@ class Hybrid(Handle):
         if checkpoint_branches is not None:
             cfg.checkpoint_branches = _a.flag(checkpoint_branches, "Hybrid checkpoint_branches")
         cfg.moves = _a.flag(moves, "Hybrid moves")
+        cfg.async_moves = _a.flag(async_moves, "Hybrid async_moves")
+        if cfg.async_moves and not cfg.moves:
+            raise ValueError("Hybrid: async_moves=True needs moves=True (there is nothing to report without moves)")
         h = ctypes.c_void_p()
         check(lib.kvt_hybrid_create(ctypes.byref(h), ctypes.byref(cfg)), "Hybrid",
               "slots against the tiers (a window or state group needs L1 slots, and L2/L3 slots exactly when the"
@@ -363,7 +372,8 @@ class Hybrid(Handle):
         for name in ("l1_slots", "l2_slots", "l3_slots"):
             out[name] = list(getattr(c, name)[:n])
         out.update(checkpoint_every=c.checkpoint_every, checkpoint_ends=bool(c.checkpoint_ends),
-                   checkpoint_branches=bool(c.checkpoint_branches), moves=bool(c.moves))
+                   checkpoint_branches=bool(c.checkpoint_branches), moves=bool(c.moves),
+                   async_moves=bool(c.async_moves))
         for k in _CACHE_FIELDS:
             v = getattr(c.cache, k)
             out[k] = _CACHE_ENUMS[k][1][v] if k in _CACHE_ENUMS else v
@@ -523,17 +533,73 @@ class Hybrid(Handle):
                         for m in buf[:got]]
 
     def pending_moves(self) -> int:
-        """Moves recorded and not yet taken (kvt_hybrid_moves)."""
+        """Moves recorded and not yet taken (kvt_hybrid_moves); with
+        async_moves, those ready to be taken."""
         with self._use as h:
             return lib.kvt_hybrid_moves(h)
+
+    def moves_done(self, moves: Sequence[HybridMove], ok: Union[bool, Sequence[bool]] = True) -> None:
+        """Reports moves taken (async_moves): each landed (ok true) or failed
+        (its piece then absent from that tier, a miss). ``ok``: one flag for
+        all, or one per move. InvalidArgument, nothing changed, for a cache
+        without async_moves or a move not taken, or reported already (each
+        once); TypeError / ValueError for what is not a list of HybridMove
+        or a flag count that differs."""
+        if not isinstance(moves, (list, tuple)) or not all(isinstance(m, HybridMove) for m in moves):
+            raise TypeError("Hybrid.moves_done moves: expected a list of HybridMove (as take_moves returns)")
+        flags = [ok] * len(moves) if isinstance(ok, bool) else list(ok)
+        if len(flags) != len(moves) or not all(isinstance(f, bool) for f in flags):
+            raise ValueError(f"Hybrid.moves_done ok: expected a bool or {len(moves)} bools, one per move")
+        buf = (HybridMove_ * max(len(moves), 1))()
+        for i, m in enumerate(moves):
+            buf[i].group, buf[i].src_tier, buf[i].dst_tier = m.group, m.src_tier, m.dst_tier
+            buf[i].src_slot, buf[i].dst_slot = m.src_slot, m.dst_slot
+            buf[i].key.hi, buf[i].key.lo = m.key
+        okb = (ctypes.c_uint8 * max(len(moves), 1))(*[int(f) for f in flags])
+        with self._use as h:
+            check(lib.kvt_hybrid_moves_done(h, buf, len(moves), okb), "Hybrid.moves_done",
+                  "a cache without async_moves, or a move not taken here or reported already")
+
+    def outstanding_moves(self) -> int:
+        """Moves taken and not yet reported, and moves waiting for a slot's
+        copy down before they are handed out (async_moves)."""
+        with self._use as h:
+            return lib.kvt_hybrid_moves_outstanding(h)
+
+    def engine_waiting(self, tokens: Any, ns: int = 0) -> int:
+        """Moves from the engine of a released request's pieces (its tokens,
+        its namespace) not handed out yet, waiting for a slot's copy down
+        (async_moves): while any is, keep what the request computed."""
+        hashes = page_hashes(tokens, self.page_tokens, ns)
+        keys = (Key128 * max(len(hashes), 1))(*[Key128(hi, lo) for lo, hi in hashes])
+        with self._use as h:
+            return lib.kvt_hybrid_engine_waiting(h, keys, len(hashes))
+
+    def ready(self, req: HybridRequest) -> Optional[bool]:
+        """Whether req's pieces are all in L1 (async_moves; always True
+        without): True, False while a copy into L1 is in flight, None when
+        one failed (recompute what the pieces it has cannot continue:
+        hybrid_longest). InvalidArgument for a request not live here."""
+        _a.instance(req, HybridRequest, "Hybrid.ready req")
+        with self._use as h:
+            if req._hybrid is not self or self._live.get(id(req)) is not req:
+                raise error(-1, "Hybrid.ready", "the request is not live here (another cache's, or released)")
+            rc = lib.kvt_hybrid_ready(h, ctypes.byref(req._req))
+        if rc == TryAgain.code:
+            return False
+        if rc == IOFailure.code:
+            return None
+        check(rc, "Hybrid.ready")
+        return True
 
     def slots(self, req: HybridRequest, g: int) -> array.array:
         """The L1 slots (array of uint64) of the pieces group g needs for
         req's hit, pinned until req is released: for a window group, the
         pages floor(max(0, nP - W) / P) .. n - 1 in order; for a state group,
         the checkpoint at n; empty for a full group or no hit. Valid once the
-        admission's moves have run. InvalidArgument for a request not live
-        here, IndexError for g out of range."""
+        admission's moves have run (with async_moves: once :meth:`ready`).
+        InvalidArgument for a request not live here, IOFailure when one of
+        them failed to reach L1, IndexError for g out of range."""
         _a.instance(req, HybridRequest, "Hybrid.slots req")
         g = _a.index(g, "Hybrid.slots group", self._cfg.ngroups, "groups:")
         gr = self._cfg.groups[g]

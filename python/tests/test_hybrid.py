@@ -331,6 +331,134 @@ def test_the_moves_put_every_needed_piece_in_its_l1_slot(policy):
             assert all(b.loads_from[g][t] > 0 for t in (2, 3)), (g, b.loads_from[g], seed)
 
 
+def _slots_touched(mv):
+    """The (group, tier, slot) a move reads and the one it writes (None: the
+    request itself, or the outside L3 by key)."""
+    read = (mv.group, mv.src_tier, mv.src_slot) if mv.src_tier != kvtier.hybrid.ENGINE and \
+        mv.src_slot != NO_SLOT else None
+    written = (mv.group, mv.dst_tier, mv.dst_slot) if mv.dst_slot != NO_SLOT else None
+    return read, written
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_moves_reported_out_of_order(policy):
+    """async_moves: the engine runs about half the moves it took at a time,
+    in a random order, about one in seven failing (garbage left in the slot), and
+    reports them. No move handed out touches a slot another outstanding move
+    writes, every ready hit finds its pieces in its L1 slots, and a hit whose
+    piece failed is told so (ready() None, slots IOFailure)."""
+    seed = new_seed()
+    rng = random.Random(seed)
+    slots = ({1: 8, 2: 4, 3: 8}, {1: 16, 2: 8, 3: 16}, {1: 48, 2: 24, 3: 48})
+    room = 1 << 14
+    with kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l3_bytes=1 << 20,
+                       l1_pages=room, l2_pages=room, l3_pages=room, l1_slots=slots[0], l2_slots=slots[1],
+                       l3_slots=slots[2], checkpoint_every=3, write_policy=policy, l3_write_policy=policy,
+                       moves=True, async_moves=True) as h:
+        groups = h.groups
+        b = SlotBytes(groups, [[s.get(g, 0) for g in range(len(groups))] for s in slots])
+        out = []  # (move, the hashes of the request it came from)
+        kept = []  # (tokens, hashes) of released requests the engine keeps: a move from them waits for a slot
+
+        def take(hashes):
+            for mv in h.take_moves():
+                if mv.src_tier == kvtier.hybrid.ENGINE:  # the request's own, or one the engine kept
+                    hashes = next((hs for hs in [hashes] + [hs for _, hs in kept]
+                                   if any((hi, lo) == mv.key for lo, hi in hs)), None)
+                    assert hashes is not None, f"{mv}: from a request the engine let go of (seed {seed})"
+                read, written = _slots_touched(mv)
+                for other, _ in out:
+                    o_read, o_written = _slots_touched(other)
+                    assert written is None or written not in (o_read, o_written), \
+                        f"{mv} writes a slot {other} touches (seed {seed})"
+                    assert read is None or read != o_written, f"{mv} reads a slot {other} writes (seed {seed})"
+                out.append((mv, hashes))
+
+        def run_some(everything=False):
+            picked = [x for x in out if everything or rng.random() < 0.5]
+            rng.shuffle(picked)
+            for x in picked:
+                out.remove(x)
+            oks = []
+            for mv, hashes in picked:
+                good = rng.random() >= 0.15
+                b.run([mv], hashes)
+                if not good and mv.dst_slot != NO_SLOT:
+                    b.slot[mv.group][mv.dst_tier - 1][mv.dst_slot] = (1, 1)  # garbage
+                oks.append(good)
+            h.moves_done([mv for mv, _ in picked], oks)
+
+        counts = {"ready": 0, "waited": 0, "failed": 0, "kept": 0}
+        for i, t in enumerate(requests(rng, 500)):
+            hashes = kvtier.page_hashes(t, P)
+            req = h.admit(t)
+            take(hashes)
+            while h.ready(req) is False:
+                counts["waited"] += 1
+                run_some()
+                take(hashes)
+            n = req.hit_pages
+            if h.ready(req) is None:
+                counts["failed"] += 1
+                with pytest.raises(kvtier.IOFailure):
+                    req.slots(1)
+            else:
+                counts["ready"] += n > 0
+                for g, gr in enumerate(groups[1:], 1):
+                    want = ([n - 1] if n else []) if gr.kind == "state" else list(needed_pages(gr.window, n))
+                    for s, page in zip(req.slots(g), want):
+                        lo, hi = hashes[page]
+                        assert tuple(int(x) for x in b.slot[g][0][s]) == (hi, lo), \
+                            f"request {i} group {g}: page {page} is not in its L1 slot {s} (seed {seed})"
+            h.release(req, t)
+            take(hashes)
+            if h.engine_waiting(t):
+                kept.append((t, hashes))
+                counts["kept"] += 1
+            run_some(everything=rng.random() < 0.5)  # the engine goes on copying between requests too
+            take([])
+            kept[:] = [(kt, hs) for kt, hs in kept if h.engine_waiting(kt)]
+            if i % 25 == 0:
+                h.check()
+        while out or h.outstanding_moves() or h.pending_moves():
+            take([])
+            run_some(everything=True)
+        h.check()
+        st = h.stats()
+        assert counts["ready"] > 10 and counts["waited"] > 10 and counts["failed"] > 0, (counts, seed)
+        assert st["moves_failed"] > 0
+        assert counts["kept"] > 0 or policy == "write_through", (counts, seed)  # a move waited past its release
+
+
+def test_moves_done_refuses_bad_reports():
+    with kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, moves=True,
+                       async_moves=True) as h:
+        t = list(range(3 * P))
+        h.release(h.admit(t), t)
+        moves = h.take_moves()
+        assert moves and h.outstanding_moves() == len(moves) and h.pending_moves() == 0
+        with pytest.raises(TypeError, match="HybridMove"):
+            h.moves_done([tuple(moves[0])])
+        with pytest.raises(ValueError, match="one per move"):
+            h.moves_done(moves, [True])
+        with pytest.raises(kvtier.InvalidArgument, match="not taken"):
+            h.moves_done([moves[0], moves[0]])
+        with pytest.raises(kvtier.InvalidArgument, match="not taken"):
+            h.moves_done([moves[0]._replace(dst_slot=moves[0].dst_slot + 1000)])
+        assert h.outstanding_moves() == len(moves)  # nothing changed
+        h.moves_done(moves, False)
+        assert h.outstanding_moves() == 0 and h.stats()["moves_failed"] == len(moves)
+        h.check()
+        req = h.admit(t)  # what the failed copies would have left is not there
+        assert req.hit_pages == 0 and h.ready(req) is True
+        h.release(req, t)
+    with pytest.raises(ValueError, match="needs moves=True"):
+        kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, async_moves=True)
+    with kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, moves=True) as h:
+        with pytest.raises(kvtier.InvalidArgument, match="without async_moves"):
+            h.moves_done([])
+
+
 def test_a_move_run_out_of_order_is_seen():
     """The check above can fail: swapping a release's demotion with the store
     that reuses its slot (write_back) copies a piece that is no longer there."""

@@ -156,6 +156,7 @@ int kvt__hybrid_config_ok(const kvt_hybrid_config_t *c) {
     if (c->cache.write_policy == KVT_WRITE_THROUGH_SELECTIVE ||
         (c->cache.l3_pages && c->cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE))
         return 0;
+    if (c->async_moves && !c->moves) return 0; /* nothing to report without moves */
     for (uint32_t g = 0; g < G; g++) {
         int full = g >= c->ngroups || c->groups[g].kind == KVT_GROUP_FULL;
         if (full && (c->l1_slots[g] | c->l2_slots[g] | c->l3_slots[g])) return 0;

@@ -28,6 +28,7 @@
 #include "kvtier/hybrid.h"
 #include "kvtier/keyed.h"
 #include "kvtier/radix.h"
+#include "../keyed/keyed-int.h"
 #include "hybrid-int.h"
 
 #define NEEDED (1ull << 63)
@@ -41,19 +42,36 @@
  * tier's slot. */
 typedef struct src {
     uint32_t tier; /* KVT_HYBRID_ENGINE, or 1, 2, 3 */
+    uint32_t pinned; /* async_moves: the piece is pinned in tier until the copy is reported */
     uint64_t slot;
 } src_t;
 
-/* What an admitted request holds: its pinned L1 pieces, and what release
- * checks the tokens against. */
+/* What an admitted request holds: its L1 pieces (pinned, or with
+ * async_moves waiting for their copy to land), and what release checks the
+ * tokens against. */
 typedef struct pins {
     uint64_t npages, n, m;
     uint32_t ns;
     kvt_hash128_t last; /* the chained hash of its last whole page */
     uint32_t count[G];
     kvt_key128_t *keys[G];
-    size_t bytes; /* of this allocation */
+    uint8_t *wait[G]; /* wait[g][i]: keys[g][i] is still on its way to L1 (not pinned yet) */
+    uint32_t nwait;   /* pieces waiting */
+    int failed;       /* a piece's copy into L1 was reported failed */
+    struct pins *prev, *next; /* the live requests (async_moves: a landing piece finds its waiters) */
+    size_t bytes;     /* of this allocation */
 } pins_t;
+
+/* A move recorded with async_moves, until the engine reports it: its
+ * destination is pending in its tier; its source, when src.pinned, is pinned
+ * there; after, when nonzero, is the seq of the copy down out of the slot
+ * this move fills, which must land first. */
+enum { PEND_WAITING = 0, PEND_QUEUED = 1, PEND_TAKEN = 2, PEND_DONE = 3 };
+typedef struct pend {
+    kvt_hybrid_move_t m;
+    uint64_t seq, after;
+    uint8_t state, src_pinned, seen;
+} pend_t;
 
 struct kvt_hybrid {
     kvt_hybrid_config_t cfg;
@@ -65,6 +83,10 @@ struct kvt_hybrid {
     kvt_hybrid_stats_t st;
     kvt_hybrid_move_t *moves; /* cfg.moves: the copies the engine owes, in order, until taken */
     size_t nmoves, mvcap;
+    pend_t *pend; /* async_moves: every move recorded and not yet reported, by seq */
+    size_t npend, pcap, nqueued;
+    uint64_t seq;
+    pins_t *live_reqs;
     kvt_hybrid_probe_fn probe; /* an L3 outside the cache (kvt_hybrid_set_l3): asked what it holds */
     void *probe_arg;
 
@@ -103,6 +125,7 @@ void kvt_hybrid_destroy(kvt_hybrid_t *h) {
     kvt__free(h->scores, h->scap * sizeof(*h->scores));
     kvt__free(h->srcs, h->srcap * sizeof(*h->srcs));
     kvt__free(h->moves, h->mvcap * sizeof(*h->moves));
+    kvt__free(h->pend, h->pcap * sizeof(*h->pend));
     KVT_DELETE(h);
 }
 
@@ -180,74 +203,121 @@ static int has_below(const kvt_hybrid_t *h, uint32_t g, int t) {
     return t + 1 < 3 && (h->kc[g][t + 1] != NULL || (t + 1 == 2 && h->probe != NULL));
 }
 
-static void record(kvt_hybrid_t *h, uint32_t g, src_t from, int t, uint64_t slot, kvt_key128_t key) {
-    if (!h->cfg.moves) return;
-    KVT_ASSERT(h->nmoves < h->mvcap); /* reserved by the outermost store (moves_room) */
-    h->moves[h->nmoves++] = (kvt_hybrid_move_t){g, from.tier, (uint32_t)t + 1, 0, from.slot, slot, key};
+/* Records a copy of key from `from` into slot of tier t; with async_moves
+ * it waits for the copy `after` (a seq; 0: none) before it is handed out.
+ * Returns its seq (async_moves), else 0. */
+static uint64_t record(kvt_hybrid_t *h, uint32_t g, src_t from, int t, uint64_t slot, kvt_key128_t key,
+                       uint64_t after) {
+    if (!h->cfg.moves) return 0;
+    kvt_hybrid_move_t m = {g, from.tier, (uint32_t)t + 1, 0, from.slot, slot, key};
+    if (!h->cfg.async_moves) {
+        KVT_ASSERT(h->nmoves < h->mvcap); /* reserved by the outermost store (moves_room) */
+        h->moves[h->nmoves++] = m;
+        return 0;
+    }
+    KVT_ASSERT(h->npend < h->pcap);
+    pend_t *e = &h->pend[h->npend++];
+    *e = (pend_t){.m = m, .seq = ++h->seq, .after = after, .state = after ? PEND_WAITING : PEND_QUEUED,
+                  .src_pinned = (uint8_t)from.pinned};
+    h->nqueued += !after;
+    return e->seq;
 }
 
 /* Room for the moves one store of n pieces can make: each tier a fill per
  * piece and a demotion per piece it evicts, write-through or write-back. */
 static int moves_room(kvt_hybrid_t *h, size_t n) {
     if (!h->cfg.moves) return KVT_OK;
+    if (h->cfg.async_moves) return grow((void **)&h->pend, &h->pcap, h->npend + 6 * n + 6, sizeof(*h->pend));
     return grow((void **)&h->moves, &h->mvcap, h->nmoves + 6 * n + 6, sizeof(*h->moves));
+}
+
+/* The outstanding move into tier t (0-based) of group g's key, or NULL. */
+static pend_t *pend_into(kvt_hybrid_t *h, uint32_t g, int t, kvt_key128_t key) {
+    for (size_t i = h->npend; i-- > 0;) {
+        pend_t *e = &h->pend[i];
+        if (e->state != PEND_DONE && e->m.group == g && e->m.dst_tier == (uint32_t)t + 1 && kvt__key_eq(e->m.key, key))
+            return e;
+    }
+    return NULL;
 }
 
 /* Stores keys[0..n) (scored, from src[0..n)) in tier t of group g, never
  * evicting prot[0..np). What tier t evicts goes down under write_back,
- * what it stores under write_through. The moves come out in the order the
+ * what it stores under write_through. In order, the moves come out as the
  * engine must run them: a slot's old piece leaves (and, below, whatever
  * its arrival evicts) before its new piece arrives; a piece arrives in tier
- * t before it is copied to t + 1. KVT_ENOSPC / KVT_ENOMEM with tier t
- * unchanged. keys, scores and src may be the caller's scratch: they are
- * read before any call below reuses it. */
+ * t before it is copied to t + 1. With async_moves the same order is kept
+ * by waiting instead (hybrid.h): a new piece's move waits for the copy out
+ * of its slot, and a new piece goes down when its copy lands
+ * (kvt_hybrid_moves_done). KVT_ENOSPC / KVT_ENOMEM with tier t unchanged
+ * (the caller unpins the sources it pinned). keys, scores and src may be
+ * the caller's scratch: they are read before any call below reuses it. */
 static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *scores,
                     const src_t *src, size_t n, const kvt_key128_t *prot, size_t np) {
     kvt_keyed_t *k = h->kc[g][t];
     if (n && k == NULL && t == 2 && h->probe) { /* the outside L3: the engine puts, the store keeps its own room */
-        for (size_t i = 0; i < n; i++) record(h, g, src[i], t, UINT64_MAX, keys[i]);
+        for (size_t i = 0; i < n; i++) record(h, g, src[i], t, UINT64_MAX, keys[i], 0);
         return KVT_OK;
     }
     if (k == NULL || n == 0) return KVT_OK;
-    /* this call's own: the pages and victims, and what goes down (the calls below reuse the scratch) */
-    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 2 * sizeof(uint64_t) + sizeof(src_t));
+    /* this call's own: the pages and victims, what goes down, and what each new key waits for */
+    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 3 * sizeof(uint64_t) + sizeof(src_t) + sizeof(size_t));
     unsigned char *work = kvt__malloc(bytes);
     if (work == NULL) return KVT_ENOMEM;
     kvt_key128_t *dk = (kvt_key128_t *)work, *evicted = dk + n;
-    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n;
-    src_t *dsrc = (src_t *)(pages + n);
-    size_t nev = 0; /* free room 0: at most one victim per new key */
+    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n, *after = pages + n;
+    src_t *dsrc = (src_t *)(after + n);
+    size_t *taker = (size_t *)(dsrc + n);
+    size_t nev = 0, loose = kvt__keyed_loose(k); /* free room 0: at most one victim per new key */
     int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, pages, evicted, n, &nev);
     if (rc != KVT_OK) {
         kvt__free(work, bytes);
         return rc;
     }
-    kvt_keyed_complete_store(k, keys, n, 1);
-    int below = has_below(h, g, t);
+    int async = h->cfg.async_moves, below = has_below(h, g, t);
+    if (!async) kvt_keyed_complete_store(k, keys, n, 1);
+    memset(after, 0, n * sizeof(*after));
     if (nev && below && down_policy(h, t) == KVT_WRITE_BACK) {
-        /* the j-th victim's slot is the j-th new key's (free room 0): it leaves before that key arrives */
-        size_t j = 0;
+        /* the new keys take the failed stores' pages first, then the victims' in eviction order
+         * (keyed.h, Pages): victim j leaves the slot of new key taker[j] before that key arrives */
+        size_t j = 0, x = 0;
         for (size_t i = 0; i < n && j < nev; i++)
-            if (pages[i] != UINT64_MAX) {
+            if (pages[i] != UINT64_MAX && x++ >= loose) {
                 dk[j] = evicted[j];
                 ds[j] = h->clock << DEPTH_BITS; /* the least recent below */
-                dsrc[j++] = (src_t){(uint32_t)t + 1, pages[i]};
+                dsrc[j] = (src_t){(uint32_t)t + 1, 0, pages[i]};
+                taker[j++] = i;
             }
         KVT_ASSERT(j == nev);
         if (store_in(h, g, t + 1, dk, ds, dsrc, nev, NULL, 0) != KVT_OK) h->st.pieces_refused += nev;
+        else if (async)
+            for (j = 0; j < nev; j++) {
+                const pend_t *e = pend_into(h, g, t + 1, dk[j]);
+                if (e && e->m.src_tier == (uint32_t)t + 1 && e->m.src_slot == pages[taker[j]]) after[taker[j]] = e->seq;
+            }
     }
     for (size_t i = 0; i < n; i++)
-        if (pages[i] != UINT64_MAX) record(h, g, src[i], t, pages[i], keys[i]);
+        if (pages[i] != UINT64_MAX) record(h, g, src[i], t, pages[i], keys[i], after[i]);
     if (below && down_policy(h, t) == KVT_WRITE_THROUGH) {
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             uint64_t slot = pages[i];
-            if (slot == UINT64_MAX && kvt_keyed_page(k, keys[i], &slot) != KVT_OK) continue;
+            if (async) { /* a new key goes down when it lands; a ready one not below goes now, pinned */
+                uint32_t e = kvt__keyed_find(k, keys[i]);
+                if (slot != UINT64_MAX || e == UINT32_MAX || k->ents[e].state != KVT__KEYED_READY) continue;
+                if (h->kc[g][t + 1] && kvt__keyed_find(h->kc[g][t + 1], keys[i]) != UINT32_MAX) continue;
+                if (kvt_keyed_pin(k, &keys[i], 1, &slot) != KVT_OK) abort(); /* ready: cannot fail */
+            } else if (slot == UINT64_MAX && kvt_keyed_page(k, keys[i], &slot) != KVT_OK) {
+                continue;
+            }
             dk[m] = keys[i];
             ds[m] = scores[i];
-            dsrc[m++] = (src_t){(uint32_t)t + 1, slot};
+            dsrc[m++] = (src_t){(uint32_t)t + 1, (uint32_t)async, slot};
         }
-        if (store_in(h, g, t + 1, dk, ds, dsrc, m, NULL, 0) != KVT_OK) h->st.pieces_refused += m;
+        if (store_in(h, g, t + 1, dk, ds, dsrc, m, NULL, 0) != KVT_OK) {
+            h->st.pieces_refused += m;
+            if (async && m && kvt_keyed_unpin(k, dk, m) != KVT_OK) abort();
+        }
     }
     kvt__free(work, bytes);
     return KVT_OK;
@@ -256,8 +326,11 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
 /* The shallowest of the cache's own tiers (0, 1, 2) holding key in group
  * g, or -1. */
 static int own_tier(const kvt_hybrid_t *h, uint32_t g, kvt_key128_t key) {
-    for (int t = 0; t < 3; t++)
-        if (h->kc[g][t] && kvt_keyed_lookup(h->kc[g][t], key) == KVT_KEYED_HIT) return t;
+    for (int t = 0; t < 3; t++) {
+        if (h->kc[g][t] == NULL) continue;
+        int r = kvt_keyed_lookup(h->kc[g][t], key); /* pending in L1: on its way (async_moves) */
+        if (r == KVT_KEYED_HIT || (t == 0 && r == KVT_KEYED_PENDING)) return t;
+    }
     return -1;
 }
 
@@ -346,7 +419,7 @@ static size_t pin_bound(const kvt_hybrid_t *h, uint32_t g, uint64_t npages) {
 static pins_t *new_pins(kvt_hybrid_t *h, uint64_t npages) {
     size_t total = 0;
     for (uint32_t g = 0; g < h->cfg.ngroups; g++) total += pin_bound(h, g, npages);
-    size_t bytes = sizeof(pins_t) + total * sizeof(kvt_key128_t);
+    size_t bytes = sizeof(pins_t) + total * (sizeof(kvt_key128_t) + 1);
     pins_t *p = kvt__calloc(1, bytes);
     if (p == NULL || keys_room(h, total + 1) != KVT_OK) {
         kvt__free(p, bytes);
@@ -354,11 +427,39 @@ static pins_t *new_pins(kvt_hybrid_t *h, uint64_t npages) {
     }
     p->bytes = bytes;
     kvt_key128_t *next = (kvt_key128_t *)(p + 1);
+    uint8_t *wait = (uint8_t *)(next + total);
     for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
         p->keys[g] = next;
+        p->wait[g] = wait;
         next += pin_bound(h, g, npages);
+        wait += pin_bound(h, g, npages);
     }
     return p;
+}
+
+/* A request's piece in L1 (pins_t.wait). */
+enum { PIECE_PINNED = 0, PIECE_WAITING = 1, PIECE_FAILED = 2 };
+
+/* Drops what request p holds in group g's L1: the pins of its pieces that
+ * landed; those still on their way are no longer waited for. */
+static void unpin_request(kvt_hybrid_t *h, pins_t *p, uint32_t g) {
+    for (uint32_t i = 0; i < p->count[g]; i++) {
+        if (p->wait[g][i] == PIECE_PINNED && kvt_keyed_unpin(h->kc[g][0], &p->keys[g][i], 1) != KVT_OK) abort();
+        p->nwait -= p->wait[g][i] == PIECE_WAITING;
+    }
+    p->count[g] = 0;
+}
+
+/* Pins request p's group g pieces keys[g][0..count) in L1: those there now;
+ * those whose copy into L1 is in flight (async_moves) when they land
+ * (landed). */
+static void pin_request(kvt_hybrid_t *h, pins_t *p, uint32_t g) {
+    for (uint32_t i = 0; i < p->count[g]; i++) {
+        int ready = kvt_keyed_pin(h->kc[g][0], &p->keys[g][i], 1, NULL) == KVT_OK;
+        KVT_ASSERT(ready || h->cfg.async_moves); /* stored just now, protected */
+        p->wait[g][i] = ready ? PIECE_PINNED : PIECE_WAITING;
+        p->nwait += !ready;
+    }
 }
 
 /* Loads the pieces n needs into L1 and pins them there, recording them in
@@ -378,26 +479,26 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
                           * pushes down takes its slot first */
                 h->keys[nl] = p->keys[g][i];
                 h->scores[nl] = score_of(h, 1, first + i);
-                h->srcs[nl++] = (src_t){(uint32_t)t + 1, UINT64_MAX}; /* the outside L3: by key */
+                /* pinned while copied (async_moves: until the copy is reported); the outside L3: by key */
+                h->srcs[nl++] = (src_t){(uint32_t)t + 1, h->cfg.async_moves && h->kc[g][t], UINT64_MAX};
                 if (h->kc[g][t] && kvt_keyed_pin(h->kc[g][t], &p->keys[g][i], 1, &h->srcs[nl - 1].slot) != KVT_OK)
                     abort();
             }
         }
         int rc = moves_room(h, nl);
         if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, nl, p->keys[g], k);
-        for (size_t i = 0; i < nl; i++)
-            if (h->kc[g][h->srcs[i].tier - 1]) kvt_keyed_unpin(h->kc[g][h->srcs[i].tier - 1], &h->keys[i], 1);
+        for (size_t i = 0; i < nl; i++) /* recorded with async_moves: pinned until reported */
+            if (h->kc[g][h->srcs[i].tier - 1] && (rc != KVT_OK || !h->srcs[i].pinned))
+                kvt_keyed_unpin(h->kc[g][h->srcs[i].tier - 1], &h->keys[i], 1);
         if (rc != KVT_OK) { /* unpin the groups done */
-            for (uint32_t d = 0; d < g; d++)
-                if (p->count[d]) kvt_keyed_unpin(h->kc[d][0], p->keys[d], p->count[d]);
-            memset(p->count, 0, sizeof(p->count));
+            for (uint32_t d = 0; d < g; d++) unpin_request(h, p, d);
             return rc;
         }
         h->st.pieces_loaded += nl;
         for (size_t i = 0; i < k; i++) h->scores[i] = score_of(h, 1, first + i);
         kvt_keyed_touch(h->kc[g][0], p->keys[g], h->scores, k);
-        if (k && kvt_keyed_pin(h->kc[g][0], p->keys[g], k, NULL) != KVT_OK) abort(); /* just stored, protected */
         p->count[g] = (uint32_t)k;
+        pin_request(h, p, g);
     }
     return KVT_OK;
 }
@@ -474,6 +575,9 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     r.full_hit_pages = m;
     r.hit_tier = n ? (uint32_t)tier + 1 : 0;
     r.priv_ = p;
+    p->next = h->live_reqs;
+    if (p->next) p->next->prev = p;
+    h->live_reqs = p;
     h->live++;
     h->st.requests++;
     h->st.tokens += ntokens;
@@ -517,14 +621,14 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     for (uint64_t i = p->n; i < p->npages; i++) { /* needed ones first: kept when room runs short */
         if (!need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
-        h->srcs[n] = (src_t){KVT_HYBRID_ENGINE, i};
+        h->srcs[n] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = i};
         h->scores[n++] = score_of(h, 1, i);
     }
     size_t nneed = n;
     for (uint64_t i = p->n; i < p->npages; i++) {
         if (need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
-        h->srcs[n] = (src_t){KVT_HYBRID_ENGINE, i};
+        h->srcs[n] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = i};
         h->scores[n++] = score_of(h, 0, i);
     }
     memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
@@ -553,7 +657,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
 static void leave_state(kvt_hybrid_t *h, uint32_t g, const uint64_t *pts, size_t npts) {
     for (size_t j = 0; j < npts; j++) {
         h->keys[j] = key_of(h->hash[pts[j] - 1]);
-        h->srcs[j] = (src_t){KVT_HYBRID_ENGINE, pts[j]};
+        h->srcs[j] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = pts[j]};
         h->scores[j] = score_of(h, 1, pts[j]);
     }
     size_t stored = npts;
@@ -578,8 +682,9 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
     int rc = kvt_cache_release(h->cache, &req->full);
     if (rc != KVT_OK) return rc;
     h->clock++;
-    for (uint32_t g = 0; g < h->cfg.ngroups; g++)
-        if (p->count[g]) kvt_keyed_unpin(h->kc[g][0], p->keys[g], p->count[g]);
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) unpin_request(h, p, g);
+    *(p->prev ? &p->prev->next : &h->live_reqs) = p->next;
+    if (p->next) p->next->prev = p->prev;
     uint64_t *pts = kvt__malloc((size_t)(npages + 1) * sizeof(*pts));
     if (pts == NULL) rc = KVT_ENOMEM;
     size_t npts = pts ? kept_points(h, p, pts) : 0;
@@ -600,6 +705,16 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
 
 size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap) {
     if (h == NULL || (out == NULL && cap)) return 0;
+    if (h->cfg.async_moves) {
+        size_t k = 0;
+        for (size_t i = 0; i < h->npend && k < cap; i++)
+            if (h->pend[i].state == PEND_QUEUED) {
+                out[k++] = h->pend[i].m;
+                h->pend[i].state = PEND_TAKEN;
+                h->nqueued--;
+            }
+        return k;
+    }
     size_t k = h->nmoves < cap ? h->nmoves : cap;
     memcpy(out, h->moves, k * sizeof(*out));
     memmove(h->moves, h->moves + k, (h->nmoves - k) * sizeof(*h->moves));
@@ -607,7 +722,112 @@ size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap
     return k;
 }
 
-size_t kvt_hybrid_moves(const kvt_hybrid_t *h) { return h ? h->nmoves : 0; }
+size_t kvt_hybrid_moves(const kvt_hybrid_t *h) { return h == NULL ? 0 : h->cfg.async_moves ? h->nqueued : h->nmoves; }
+
+size_t kvt_hybrid_moves_outstanding(const kvt_hybrid_t *h) { return h ? h->npend - h->nqueued : 0; }
+
+size_t kvt_hybrid_engine_waiting(const kvt_hybrid_t *h, const kvt_key128_t *keys, size_t n) {
+    if (h == NULL || keys == NULL) return 0;
+    size_t k = 0;
+    for (size_t i = 0; i < h->npend; i++) {
+        const pend_t *e = &h->pend[i];
+        if (e->state > PEND_QUEUED || e->m.src_tier != KVT_HYBRID_ENGINE) continue;
+        for (size_t j = 0; j < n; j++)
+            if (kvt__key_eq(e->m.key, keys[j])) {
+                k++;
+                break;
+            }
+    }
+    return k;
+}
+
+/* The requests waiting for group g's key to land in L1 pin it, or learn
+ * that it will not. */
+static void meet_waiters(kvt_hybrid_t *h, uint32_t g, kvt_key128_t key, int ok) {
+    for (pins_t *p = h->live_reqs; p; p = p->next)
+        for (uint32_t i = 0; i < p->count[g]; i++) {
+            if (p->wait[g][i] != PIECE_WAITING || !kvt__key_eq(p->keys[g][i], key)) continue;
+            if (ok && kvt_keyed_pin(h->kc[g][0], &key, 1, NULL) != KVT_OK) abort(); /* just made ready */
+            p->wait[g][i] = ok ? PIECE_PINNED : PIECE_FAILED;
+            p->failed |= !ok;
+            p->nwait--;
+        }
+}
+
+/* Move m was reported: its piece is ready in its tier or absent there. In
+ * L1 it meets the requests waiting for it; under write_through it goes on
+ * down now, pinned here while it is copied. */
+static void landed(kvt_hybrid_t *h, const kvt_hybrid_move_t *m, int ok) {
+    uint32_t g = m->group;
+    int t = (int)m->dst_tier - 1;
+    kvt_keyed_t *k = h->kc[g][t];
+    h->st.moves_failed += !ok;
+    if (k == NULL || m->dst_slot == UINT64_MAX) return; /* a put into the outside L3 */
+    kvt_keyed_complete_store(k, &m->key, 1, ok);
+    if (t == 0) meet_waiters(h, g, m->key, ok);
+    if (!ok || !has_below(h, g, t) || down_policy(h, t) != KVT_WRITE_THROUGH) return;
+    if (h->kc[g][t + 1] && kvt__keyed_find(h->kc[g][t + 1], m->key) != UINT32_MAX) return; /* there, or on its way */
+    src_t from = {(uint32_t)t + 1, 1, 0};
+    if (kvt_keyed_pin(k, &m->key, 1, &from.slot) != KVT_OK) abort(); /* just made ready */
+    uint64_t score = k->ents[kvt__keyed_find(k, m->key)].score;
+    if (store_in(h, g, t + 1, &m->key, &score, &from, 1, NULL, 0) != KVT_OK) {
+        h->st.pieces_refused++;
+        kvt_keyed_unpin(k, &m->key, 1);
+    }
+}
+
+static int same_move(const kvt_hybrid_move_t *a, const kvt_hybrid_move_t *b) {
+    return a->group == b->group && a->src_tier == b->src_tier && a->dst_tier == b->dst_tier &&
+           a->src_slot == b->src_slot && a->dst_slot == b->dst_slot && kvt__key_eq(a->key, b->key);
+}
+
+/* The taken move m, seen (marked by the first pass of moves_done) or not. */
+static pend_t *taken(kvt_hybrid_t *h, const kvt_hybrid_move_t *m, int seen) {
+    for (size_t i = 0; i < h->npend; i++)
+        if (h->pend[i].state == PEND_TAKEN && h->pend[i].seen == seen && same_move(&h->pend[i].m, m))
+            return &h->pend[i];
+    return NULL;
+}
+
+int kvt_hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok) {
+    if (h == NULL || !h->cfg.async_moves || ((moves == NULL || ok == NULL) && n)) return KVT_EINVAL;
+    for (size_t i = 0; i < n; i++) { /* every one taken and not reported, once */
+        pend_t *e = taken(h, &moves[i], 0);
+        if (e == NULL) {
+            for (size_t j = 0; j < h->npend; j++) h->pend[j].seen = 0;
+            return KVT_EINVAL;
+        }
+        e->seen = 1;
+    }
+    if (moves_room(h, n) != KVT_OK) { /* (what the pieces going on down record: no growing below) */
+        for (size_t j = 0; j < h->npend; j++) h->pend[j].seen = 0;
+        return KVT_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        pend_t *e = taken(h, &moves[i], 1);
+        e->state = PEND_DONE;
+        e->seen = 0;
+        if (e->src_pinned && kvt_keyed_unpin(h->kc[e->m.group][e->m.src_tier - 1], &e->m.key, 1) != KVT_OK) abort();
+        uint64_t seq = e->seq;
+        landed(h, &moves[i], ok[i] != 0);
+        for (size_t j = 0; j < h->npend; j++) /* the move into the slot it left may run now */
+            if (h->pend[j].state == PEND_WAITING && h->pend[j].after == seq) {
+                h->pend[j].state = PEND_QUEUED;
+                h->nqueued++;
+            }
+    }
+    size_t w = 0;
+    for (size_t i = 0; i < h->npend; i++)
+        if (h->pend[i].state != PEND_DONE) h->pend[w++] = h->pend[i];
+    h->npend = w;
+    return KVT_OK;
+}
+
+int kvt_hybrid_ready(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req) {
+    if (h == NULL || req == NULL || req->priv_ == NULL) return KVT_EINVAL;
+    const pins_t *p = req->priv_;
+    return p->failed ? KVT_EIO : p->nwait ? KVT_EAGAIN : KVT_OK;
+}
 
 int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_t g, uint64_t *slots, size_t cap,
                      size_t *n) {
@@ -616,6 +836,7 @@ int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_
     const pins_t *p = req->priv_;
     *n = p->count[g];
     if (p->count[g] > cap) return KVT_ERANGE;
+    if (p->failed) return KVT_EIO;
     for (uint32_t i = 0; i < p->count[g]; i++)
         if (kvt_keyed_page(h->kc[g][0], p->keys[g][i], &slots[i]) != KVT_OK) return KVT_ECORRUPT;
     return KVT_OK;
@@ -665,6 +886,46 @@ int kvt_hybrid_stats(const kvt_hybrid_t *h, kvt_hybrid_stats_t *st) {
     return kvt__abi_out(st, &s, sizeof(s));
 }
 
+/* With async_moves: every pending piece is the destination of an
+ * outstanding move, every pinned piece below L1 the source of one, and in
+ * L1 the pins are the live requests' and the copies'. */
+static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const kvt_keyed_stats_t *ks) {
+    const kvt_keyed_t *k = h->kc[g][t];
+    uint64_t arriving = 0, reading = 0;
+    for (size_t i = 0; i < h->npend; i++) {
+        const pend_t *e = &h->pend[i];
+        if (e->m.group != g) continue;
+        if (e->m.dst_tier == (uint32_t)t + 1 && e->m.dst_slot != UINT64_MAX) {
+            arriving++;
+            uint32_t x = kvt__keyed_find(k, e->m.key);
+            if (x == UINT32_MAX || k->ents[x].state != KVT__KEYED_PENDING || k->ents[x].page != e->m.dst_slot)
+                return "a move's destination is not pending in its slot";
+        }
+        if (e->src_pinned && e->m.src_tier == (uint32_t)t + 1) {
+            reading++;
+            uint32_t x = kvt__keyed_find(k, e->m.key);
+            if (x == UINT32_MAX || k->ents[x].pins == 0 || k->ents[x].page != e->m.src_slot)
+                return "a move's source is not pinned in its slot";
+        }
+        if (e->state == PEND_WAITING && e->after == 0) return "a move waits for nothing";
+    }
+    if (arriving != ks->pending) return "a piece is pending with no move into it";
+    uint64_t held = reading;
+    for (const pins_t *p = h->live_reqs; p && t == 0; p = p->next)
+        for (uint32_t i = 0; i < p->count[g]; i++) {
+            uint32_t x = kvt__keyed_find(k, p->keys[g][i]);
+            int state = x == UINT32_MAX ? 0 : k->ents[x].state;
+            if (p->wait[g][i] == PIECE_WAITING && state != KVT__KEYED_PENDING)
+                return "a request waits for a piece not on its way";
+            if (p->wait[g][i] == PIECE_PINNED && (state != KVT__KEYED_READY || k->ents[x].pins == 0))
+                return "a request's piece is not pinned in L1";
+            held += p->wait[g][i] == PIECE_PINNED;
+        }
+    if (ks->pinned > held)
+        return t ? "a piece is pinned below L1 with no copy reading it" : "a piece is pinned with no request or copy";
+    return NULL;
+}
+
 int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
     const char *w = NULL;
     if (why) *why = NULL;
@@ -676,10 +937,27 @@ int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
             rc = kvt_keyed_check(h->kc[g][t], &w);
             kvt_keyed_stats_t ks = {.size = sizeof(ks)};
             kvt_keyed_stats(h->kc[g][t], &ks);
-            if (rc == KVT_OK && ks.pending) rc = KVT_ECORRUPT, w = "a hybrid piece is pending outside a call";
+            if (rc != KVT_OK) break;
+            if (h->cfg.async_moves) {
+                if ((w = check_pending(h, g, t, &ks)) != NULL) rc = KVT_ECORRUPT;
+                continue;
+            }
+            if (ks.pending) rc = KVT_ECORRUPT, w = "a hybrid piece is pending outside a call";
             if (rc == KVT_OK && t > 0 && ks.pinned) rc = KVT_ECORRUPT, w = "a piece is pinned below L1";
-            if (rc == KVT_OK && h->live == 0 && ks.pinned) rc = KVT_ECORRUPT, w = "a piece is pinned with no live request";
+            if (rc == KVT_OK && h->live == 0 && ks.pinned)
+                rc = KVT_ECORRUPT, w = "a piece is pinned with no live request";
         }
+    uint64_t waiting = 0, queued = 0;
+    for (const pins_t *p = h->live_reqs; p && rc == KVT_OK; p = p->next) {
+        uint32_t nw = 0;
+        for (uint32_t g = 0; g < h->cfg.ngroups; g++)
+            for (uint32_t i = 0; i < p->count[g]; i++) nw += p->wait[g][i] == PIECE_WAITING;
+        if (nw != p->nwait) rc = KVT_ECORRUPT, w = "a request's count of pieces on their way is wrong";
+        waiting += nw;
+    }
+    for (size_t i = 0; i < h->npend; i++) queued += h->pend[i].state == PEND_QUEUED;
+    if (rc == KVT_OK && queued != h->nqueued) rc = KVT_ECORRUPT, w = "the count of moves to hand out is wrong";
+    if (rc == KVT_OK && !h->cfg.async_moves && waiting) rc = KVT_ECORRUPT, w = "a request waits for a piece";
     if (why) *why = w;
     return rc;
 }

@@ -71,6 +71,11 @@ static inline int kvt__key_eq(kvt_key128_t a, kvt_key128_t b) { return a.hi == b
 /* Capacity, grown by doubling; contents kept. KVT_ENOMEM changes nothing. */
 int kvt__keyed_grow(void **p, size_t *cap, size_t need, size_t elem);
 
+/* Pages of failed stores the next prepare_store's new keys take before the
+ * evicted keys' pages (keyed.h, Pages): with it a caller tells which new key
+ * took which victim's page. */
+static inline size_t kvt__keyed_loose(const kvt_keyed_t *c) { return c->nloose; }
+
 /* ---- hash table ---- */
 /* Room for `keys` keys (entries, heap and table); KVT_ENOMEM changes nothing. */
 int kvt__keyed_reserve_keys(kvt_keyed_t *c, size_t keys);

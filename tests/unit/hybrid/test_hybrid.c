@@ -742,3 +742,405 @@ Test(hybrid_outside, set_l3_is_refused_where_it_cannot_be) {
     kvt_hybrid_destroy(h);
     free(o);
 }
+
+/* ---- moves that complete out of order (async_moves) ------------------------------- */
+
+#define POISON 0xBADull
+
+/* The engine: slot arrays per group and tier, the moves it took and has not
+ * reported, and what it saw. A move runs when it is reported, which is the
+ * same as at any time since it was taken only if no two outstanding moves
+ * touch one slot in a way that conflicts: take_all checks that. */
+/* A released request whose computed bytes the engine keeps: some of its
+ * moves from the engine wait for a slot (kvt_hybrid_engine_waiting). */
+typedef struct {
+    kvt_key128_t keys[1024];
+    size_t n;
+} held_t;
+
+typedef struct {
+    bytes_t b;
+    outside_t *o; /* the store outside, or NULL */
+    kvt_hybrid_move_t out[4096];
+    size_t nout;
+    uint64_t ran, failed, waited_most, held_most;
+    held_t held[64]; /* released requests kept */
+    size_t nheld;
+    const held_t *releasing; /* the request being released: its bytes are still there */
+    int keeps_all;           /* the engine never lets go of what requests computed */
+} engine_t;
+
+static int holds(const held_t *r, kvt_key128_t k) {
+    for (size_t i = 0; r && i < r->n; i++)
+        if (r->keys[i].hi == k.hi && r->keys[i].lo == k.lo) return 1;
+    return 0;
+}
+
+static int slot_read(const kvt_hybrid_move_t *m, uint32_t *t, uint64_t *s) {
+    *t = m->src_tier;
+    *s = m->src_slot;
+    return m->src_tier != KVT_HYBRID_ENGINE && m->src_slot != UINT64_MAX;
+}
+
+static int slot_written(const kvt_hybrid_move_t *m, uint32_t *t, uint64_t *s) {
+    *t = m->dst_tier;
+    *s = m->dst_slot;
+    return m->dst_slot != UINT64_MAX;
+}
+
+static void take_all(kvt_hybrid_t *h, engine_t *e) {
+    kvt_hybrid_move_t mv[64];
+    for (size_t k; (k = kvt_hybrid_take_moves(h, mv, 64)) > 0;)
+        for (size_t i = 0; i < k; i++) {
+            const kvt_hybrid_move_t *x = &mv[i];
+            if (x->src_tier == KVT_HYBRID_ENGINE && !e->keeps_all) { /* what a request computed: still there */
+                int kept = holds(e->releasing, x->key);
+                for (size_t j = 0; j < e->nheld && !kept; j++) kept = holds(&e->held[j], x->key);
+                cr_assert(kept, "group %u: a move from a request whose bytes the engine let go", x->group);
+            }
+            uint32_t xt, yt;
+            uint64_t xs, ys;
+            int xw = slot_written(x, &xt, &xs);
+            for (size_t j = 0; j < e->nout && xw; j++) {
+                const kvt_hybrid_move_t *y = &e->out[j];
+                if (y->group != x->group) continue;
+                cr_assert(!(slot_written(y, &yt, &ys) && yt == xt && ys == xs),
+                          "two moves outstanding write group %u L%u slot %" PRIu64, x->group, xt, xs);
+                cr_assert(!(slot_read(y, &yt, &ys) && yt == xt && ys == xs),
+                          "a move writes group %u L%u slot %" PRIu64 " while another reads it", x->group, xt, xs);
+            }
+            int xr = slot_read(x, &xt, &xs);
+            for (size_t j = 0; j < e->nout && xr; j++) {
+                const kvt_hybrid_move_t *y = &e->out[j];
+                cr_assert(!(y->group == x->group && slot_written(y, &yt, &ys) && yt == xt && ys == xs),
+                          "a move reads group %u L%u slot %" PRIu64 " while another writes it", x->group, xt, xs);
+            }
+            cr_assert_lt(e->nout, 4096);
+            e->out[e->nout++] = *x;
+        }
+    uint64_t waiting = kvt_hybrid_moves_outstanding(h) - e->nout;
+    if (waiting > e->waited_most) e->waited_most = waiting;
+    for (size_t j = 0; j < e->nheld;) /* let go of what no move waits for */
+        if (kvt_hybrid_engine_waiting(h, e->held[j].keys, e->held[j].n) == 0) e->held[j] = e->held[--e->nheld];
+        else j++;
+}
+
+/* Runs one copy as the engine would: its source must hold the piece it
+ * names; a failed copy into a slot leaves garbage there. Returns whether it
+ * landed (a get of what the store outside does not hold fails). */
+static int run_one(engine_t *e, const kvt_hybrid_move_t *m, int good) {
+    uint64_t v = tag_of(m->key);
+    if (m->src_tier == 3 && m->src_slot == UINT64_MAX) { /* a get from the store outside */
+        uint64_t *t = outside_find(e->o, m->group, m->key);
+        good = good && t != NULL; /* put failed, or not reported yet when it was probed */
+        if (t) v = *t;
+    } else if (m->src_tier != KVT_HYBRID_ENGINE) {
+        v = e->b.slot[m->group][m->src_tier - 1][m->src_slot];
+        cr_assert_eq(v, tag_of(m->key), "group %u: L%u slot %" PRIu64 " does not hold the piece moved from it",
+                     m->group, m->src_tier, m->src_slot);
+    }
+    if (m->dst_slot != UINT64_MAX) {
+        e->b.slot[m->group][m->dst_tier - 1][m->dst_slot] = good ? v : POISON;
+    } else if (good) { /* a put by key */
+        uint64_t *t = outside_find(e->o, m->group, m->key);
+        if (t == NULL) {
+            cr_assert_lt(e->o->n, 8192);
+            e->o->e[e->o->n].g = m->group;
+            e->o->e[e->o->n].k = m->key;
+            t = &e->o->e[e->o->n++].tag;
+        }
+        *t = v;
+    }
+    e->ran++;
+    e->failed += !good;
+    return good;
+}
+
+/* Runs about half the outstanding moves (all with everything), in a random
+ * order, one in fail_in failing, and reports them in one call. */
+static void run_some(kvt_hybrid_t *h, engine_t *e, kvt_rng_t *r, int everything, uint32_t fail_in) {
+    kvt_hybrid_move_t done[4096];
+    uint8_t ok[4096];
+    size_t nd = 0;
+    for (size_t i = 0; i < e->nout;) {
+        if (!everything && kvt_rng_below(r, 2)) {
+            i++;
+            continue;
+        }
+        size_t pick = i + kvt_rng_below(r, e->nout - i); /* a random one of the rest */
+        done[nd] = e->out[pick];
+        e->out[pick] = e->out[--e->nout];
+        ok[nd] = (uint8_t)run_one(e, &done[nd], kvt_rng_below(r, fail_in) != 0);
+        nd++;
+    }
+    cr_assert_eq(kvt_hybrid_moves_done(h, done, nd, ok), KVT_OK);
+}
+
+typedef struct {
+    int32_t tok[4096];
+    kvt_hash128_t hash[1024];
+    uint64_t nt, np;
+    kvt_hybrid_req_t req;
+    int live;
+} live_t;
+
+/* Releases request x and takes its moves; the engine keeps what x computed
+ * while a move from it waits for a slot. */
+static void release_kept(kvt_hybrid_t *h, engine_t *e, live_t *x) {
+    cr_assert_eq(kvt_hybrid_release(h, 0, x->tok, x->nt, &x->req), KVT_OK);
+    x->live = 0;
+    held_t *mine = calloc(1, sizeof(*mine));
+    for (uint64_t i = 0; i < x->np; i++) mine->keys[mine->n++] = (kvt_key128_t){x->hash[i].hi, x->hash[i].lo};
+    e->releasing = mine;
+    take_all(h, e);
+    e->releasing = NULL;
+    if (kvt_hybrid_engine_waiting(h, mine->keys, mine->n)) {
+        cr_assert_lt(e->nheld, 64);
+        e->held[e->nheld++] = *mine;
+        if (e->nheld > e->held_most) e->held_most = e->nheld;
+    }
+    free(mine);
+}
+
+/* Every piece of a ready request's hit holds its own bytes in its L1 slot. */
+static void pieces_in_place(kvt_hybrid_t *h, engine_t *e, live_t *q, uint32_t P, const char *ctx) {
+    uint64_t n = q->req.hit_pages;
+    for (uint32_t g = 1; g < 4; g++) {
+        uint64_t s[64];
+        size_t k;
+        cr_assert_eq(kvt_hybrid_slots(h, &q->req, g, s, 64, &k), KVT_OK);
+        uint64_t first = ALL_THREE[g].kind == KVT_GROUP_STATE ? n - 1 : first_needed(&ALL_THREE[g], P, n);
+        for (size_t i = 0; i < k; i++)
+            cr_assert_eq(e->b.slot[g][0][s[i]], tag_of((kvt_key128_t){q->hash[first + i].hi, q->hash[first + i].lo}),
+                         "%s group %u: piece %zu of a ready hit is not in its L1 slot", ctx, g, i);
+    }
+}
+
+/* Up to three requests live at once, the engine running half its moves at
+ * a time in a random order, some failing: every move handed out is safe
+ * beside the others outstanding, every ready hit finds its pieces in its L1
+ * slots, a hit whose piece failed is told so, and the cache's check holds
+ * after every call. */
+static void run_async(int policy, int outside, uint64_t seed) {
+    const uint32_t P = 4;
+    char ctx[64];
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, P, 1 << 30, 1 << 30, outside ? 0 : 1 << 30), KVT_OK);
+    cfg.cache.l1_pages = cfg.cache.l2_pages = 1 << 14;
+    if (!outside) cfg.cache.l3_pages = 1 << 14;
+    cfg.cache.write_policy = cfg.cache.l3_write_policy = (kvt_write_policy_t)policy;
+    cfg.checkpoint_every = 3;
+    cfg.moves = cfg.async_moves = true;
+    const uint64_t slots[3] = {40, 60, 120};
+    engine_t *e = calloc(1, sizeof(*e));
+    for (uint32_t g = 1; g < 4; g++)
+        for (int t = 0; t < (outside ? 2 : 3); t++) {
+            (t == 0 ? cfg.l1_slots : t == 1 ? cfg.l2_slots : cfg.l3_slots)[g] = slots[t];
+            e->b.slot[g][t] = calloc(slots[t], sizeof(uint64_t));
+        }
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    if (outside) {
+        e->o = calloc(1, sizeof(*e->o));
+        cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, e->o), KVT_OK);
+    }
+    live_t *q = calloc(3, sizeof(*q));
+    int32_t *prev = malloc(4096 * sizeof(*prev));
+    kvt_rng_t r;
+    kvt_rng_seed(&r, seed);
+    uint64_t nprev = 0, admitted = 0, waited = 0, failed_hits = 0, ready_hits = 0, aborted = 0;
+    for (int step = 0; step < 1500; step++) {
+        snprintf(ctx, sizeof(ctx), "policy %d outside %d step %d", policy, outside, step);
+        uint32_t slot = (uint32_t)kvt_rng_below(&r, 3);
+        live_t *x = &q[slot];
+        if (!x->live) { /* admit */
+            do x->nt = next_request(&r, x->tok, prev, nprev, P);
+            while (x->nt > 4096 - 64);
+            x->np = x->nt / P;
+            kvt_page_hash_chain(0, x->tok, x->np, P, x->hash);
+            cr_assert_eq(kvt_hybrid_admit(h, 0, x->tok, x->nt, 0, NULL, &x->req), KVT_OK);
+            x->live = 1;
+            admitted++;
+            memcpy(prev, x->tok, x->nt * sizeof(*prev));
+            nprev = x->nt;
+            take_all(h, e);
+            check(h, ctx);
+            continue;
+        }
+        int rc = kvt_hybrid_ready(h, &x->req);
+        if (rc == KVT_EAGAIN) {
+            waited++;
+            if (kvt_rng_below(&r, 20) != 0) { /* mostly: the engine runs some copies; now and then the request goes */
+                run_some(h, e, &r, 0, 12);
+                take_all(h, e);
+                check(h, ctx);
+                continue;
+            }
+            aborted++;
+        } else if (rc == KVT_EIO) {
+            size_t k;
+            uint64_t s[64];
+            cr_assert_eq(kvt_hybrid_slots(h, &x->req, 2, s, 64, &k), KVT_EIO);
+            failed_hits++;
+        } else {
+            cr_assert_eq(rc, KVT_OK, "%s: ready %s", ctx, kvt_err_name(rc));
+            pieces_in_place(h, e, x, P, ctx);
+            ready_hits += x->req.hit_pages > 0;
+        }
+        release_kept(h, e, x);
+        check(h, ctx);
+    }
+    for (int i = 0; i < 3; i++)
+        if (q[i].live) release_kept(h, e, &q[i]);
+    for (int round = 0; kvt_hybrid_moves_outstanding(h) || kvt_hybrid_moves(h); round++) {
+        cr_assert_lt(round, 64, "the moves never drain");
+        take_all(h, e);
+        run_some(h, e, &r, 1, 12);
+        check(h, "drain");
+    }
+    kvt_hybrid_stats_t st = {.size = sizeof(st)};
+    kvt_hybrid_stats(h, &st);
+    fprintf(stderr, "hybrid async, policy %d outside %d: %" PRIu64 " requests, %" PRIu64 " hits ready, %" PRIu64
+            " waited, %" PRIu64 " failed, %" PRIu64 " aborted waiting; %" PRIu64 " moves run, %" PRIu64
+            " failed, up to %" PRIu64 " waiting for a slot, up to %" PRIu64 " released requests kept\n", policy,
+            outside, admitted, ready_hits, waited, failed_hits, aborted, e->ran, e->failed, e->waited_most,
+            e->held_most);
+    cr_assert_gt(ready_hits, 50);
+    cr_assert_gt(waited, 50, "requests waited for their pieces");
+    cr_assert_gt(failed_hits, 0, "a failed copy reached a request");
+    cr_assert_eq(st.moves_failed, e->failed);
+    cr_assert_gt(e->b.loads_from[2] + st.l2_hit_tokens, 0);
+    if (policy == KVT_WRITE_BACK) {
+        cr_assert_gt(e->waited_most, 0, "a move waited for its slot's copy down");
+        cr_assert_gt(e->held_most, 0, "a released request's move waited");
+    }
+    kvt_hybrid_destroy(h);
+    for (uint32_t g = 1; g < 4; g++)
+        for (int t = 0; t < 3; t++) free(e->b.slot[g][t]);
+    free(e->o);
+    free(e);
+    free(q);
+    free(prev);
+}
+
+Test(hybrid_async, out_of_order_moves_keep_every_slot_safe) {
+    run_async(KVT_WRITE_THROUGH, 0, 71);
+    run_async(KVT_WRITE_BACK, 0, 72);
+}
+
+Test(hybrid_async, out_of_order_moves_with_the_engines_store) {
+    run_async(KVT_WRITE_THROUGH, 1, 73);
+    run_async(KVT_WRITE_BACK, 1, 74);
+}
+
+Test(hybrid_async, bad_reports_are_refused_and_change_nothing) {
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 0), KVT_OK);
+    cfg.async_moves = true;
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_EINVAL, "async_moves without moves");
+    cfg.moves = true;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    int32_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = i;
+    kvt_hybrid_req_t req;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, t, 16, 0, NULL, &req), KVT_OK);
+    cr_assert_eq(kvt_hybrid_ready(h, &req), KVT_OK, "no hit: nothing to wait for");
+    cr_assert_eq(kvt_hybrid_release(h, 0, t, 16, &req), KVT_OK);
+    size_t queued = kvt_hybrid_moves(h);
+    cr_assert_gt(queued, 0);
+    kvt_hybrid_move_t mv[64];
+    uint8_t ok[64] = {1, 1};
+    cr_assert_eq(kvt_hybrid_moves_done(h, mv, 0, ok), KVT_OK);
+    size_t k = kvt_hybrid_take_moves(h, mv, 1);
+    cr_assert_eq(k, 1);
+    kvt_hybrid_move_t twice[2] = {mv[0], mv[0]};
+    cr_assert_eq(kvt_hybrid_moves_done(h, twice, 2, ok), KVT_EINVAL, "one move reported twice");
+    kvt_hybrid_move_t other = mv[0];
+    other.dst_slot ^= 1;
+    kvt_hybrid_move_t mixed[2] = {mv[0], other};
+    cr_assert_eq(kvt_hybrid_moves_done(h, mixed, 2, ok), KVT_EINVAL, "a move never taken");
+    cr_assert_eq(kvt_hybrid_moves_done(h, mv, 1, NULL), KVT_EINVAL);
+    cr_assert_eq(kvt_hybrid_moves_outstanding(h), 1, "nothing changed");
+    check(h, "after refusals");
+    cr_assert_eq(kvt_hybrid_moves_done(h, mv, 1, ok), KVT_OK);
+    cr_assert_eq(kvt_hybrid_moves_done(h, mv, 1, ok), KVT_EINVAL, "reported already");
+    cr_assert_eq(kvt_hybrid_moves_outstanding(h), 0);
+    check(h, "after the report");
+    kvt_hybrid_destroy(h);
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 0), KVT_OK);
+    cfg.moves = true;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    cr_assert_eq(kvt_hybrid_moves_done(h, mv, 0, ok), KVT_EINVAL, "in-order moves are not reported");
+    kvt_hybrid_destroy(h);
+}
+
+/* A report whose pieces go on down (write_through) allocates: each failure
+ * there leaves the report refused with nothing changed, or taken with the
+ * pieces that found no room counted; the check holds and the moves drain. */
+Test(hybrid_alloc, every_allocation_failure_in_a_report_leaves_a_consistent_cache) {
+    int refused = 0, fired_any = 0;
+    for (uint64_t nth = 1; nth < 200; nth++) {
+        kvt_hybrid_config_t cfg;
+        cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
+        cfg.cache.l1_pages = cfg.cache.l2_pages = cfg.cache.l3_pages = 1 << 12;
+        cfg.moves = cfg.async_moves = true;
+        for (uint32_t g = 1; g < 4; g++) cfg.l1_slots[g] = 16, cfg.l2_slots[g] = 24, cfg.l3_slots[g] = 64;
+        kvt_hybrid_t *h = NULL;
+        cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+        engine_t *e = calloc(1, sizeof(*e));
+        e->keeps_all = 1;
+        for (uint32_t g = 1; g < 4; g++)
+            for (int t = 0; t < 3; t++) e->b.slot[g][t] = calloc(64, sizeof(uint64_t));
+        int32_t *tok = malloc(4096 * sizeof(*tok)), *prev = malloc(4096 * sizeof(*prev));
+        kvt_rng_t r;
+        kvt_rng_seed(&r, 43);
+        uint64_t nprev = 0;
+        for (int q = 0; q < 20; q++) {
+            uint64_t nt = next_request(&r, tok, prev, nprev, 4);
+            kvt_hybrid_req_t req;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+            take_all(h, e);
+            run_some(h, e, &r, 1, 1u << 30);
+            cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
+            take_all(h, e);
+            if (q < 19) run_some(h, e, &r, 1, 1u << 30);
+            memcpy(prev, tok, nt * sizeof(*tok));
+            nprev = nt;
+        }
+        cr_assert_gt(e->nout, 0);
+        size_t before = kvt_hybrid_moves_outstanding(h);
+        uint8_t ok[4096];
+        for (size_t i = 0; i < e->nout; i++) ok[i] = (uint8_t)run_one(e, &e->out[i], 1);
+        kvt__mem_fail_nth(nth);
+        int rc = kvt_hybrid_moves_done(h, e->out, e->nout, ok);
+        int fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        fired_any |= fired;
+        if (rc == KVT_ENOMEM) {
+            refused++;
+            cr_assert_eq(kvt_hybrid_moves_outstanding(h), before, "a refused report changed nothing");
+            check(h, "after a refused report");
+            cr_assert_eq(kvt_hybrid_moves_done(h, e->out, e->nout, ok), KVT_OK);
+        } else {
+            cr_assert_eq(rc, KVT_OK);
+        }
+        e->nout = 0;
+        check(h, "after the report");
+        for (int round = 0; kvt_hybrid_moves_outstanding(h) || kvt_hybrid_moves(h); round++) {
+            cr_assert_lt(round, 64);
+            take_all(h, e);
+            run_some(h, e, &r, 1, 1u << 30);
+        }
+        check(h, "drained");
+        kvt_hybrid_destroy(h);
+        for (uint32_t g = 1; g < 4; g++)
+            for (int t = 0; t < 3; t++) free(e->b.slot[g][t]);
+        free(e);
+        free(tok);
+        free(prev);
+        if (!fired) break;
+    }
+    fprintf(stderr, "hybrid async report: %d refused for memory\n", refused);
+    cr_assert(fired_any, "the report allocates");
+}
