@@ -46,6 +46,17 @@ is a piece the guard finds bad. Two processes on one Redis:
     .venv/bin/python examples/tiny_hybrid.py --l3 redis://127.0.0.1:6379 --turns first
     .venv/bin/python examples/tiny_hybrid.py --l3 redis://127.0.0.1:6379 --turns next
 
+Copies out of order (--async-moves): the engine takes the moves and runs
+about half of those outstanding at a time, in a random order, reporting
+each (Hybrid.moves_done), as a transfer engine with several threads or
+streams would; --fail-copies F makes that share of the copies fail. A
+request uses its pieces once the cache says they all landed
+(Hybrid.ready); one whose piece failed recomputes from the start. A
+released request's computed pieces are kept while a move from them waits
+for a slot (Hybrid.engine_waiting).
+
+    .venv/bin/python examples/tiny_hybrid.py --async-moves --fail-copies 0.05
+
 Plants that the logits check must catch: --plant checkpoint writes the
 state after n - 1 pages as the checkpoint at n; --plant window zeroes the
 L2 copy of a window page (bytes and header) just before a hit loads it back
@@ -214,7 +225,8 @@ class HybridEngine:
     finds bad as any other."""
 
     def __init__(self, model, page_tokens=16, checkpoint_every=4, write_policy="write_back", window_slots=(6, 16, 40),
-                 state_slots=(3, 8, 20), full_pages=4096, guard=True, trust_full=False, plant=None, l3=None):
+                 state_slots=(3, 8, 20), full_pages=4096, guard=True, trust_full=False, plant=None, l3=None,
+                 async_moves=False, fail_copies=0.0, seed=0):
         self.m, self.P = model, page_tokens
         self.groups = model.groups()
         kinds = [g.kind for g in self.groups]
@@ -233,13 +245,14 @@ class HybridEngine:
                                        l1_pages=full_pages, l2_pages=full_pages, l1_slots=slots[0],
                                        l2_slots=slots[1], checkpoint_every=checkpoint_every,
                                        write_policy=write_policy, l3_write_policy="write_through",
-                                       prefetch_policy="wait_complete", prefetch_threshold=page_tokens, moves=True)
+                                       prefetch_policy="wait_complete", prefetch_threshold=page_tokens, moves=True,
+                                       async_moves=async_moves)
         else:
             self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
                                        l3_bytes=1 << 20, l1_pages=full_pages, l2_pages=full_pages,
                                        l3_pages=full_pages, l1_slots=slots[0], l2_slots=slots[1], l3_slots=slots[2],
                                        checkpoint_every=checkpoint_every, write_policy=write_policy,
-                                       l3_write_policy=write_policy, moves=True)
+                                       l3_write_policy=write_policy, moves=True, async_moves=async_moves)
         self.every = checkpoint_every
         piece = {self.gw: (len(self.win), 2, page_tokens, model.h, model.dh),
                  self.gs: (len(self.st), *model.state_shape())}
@@ -271,6 +284,11 @@ class HybridEngine:
         self.pieces_from = {g: [0, 0, 0, 0] for g in self.pool}
         self.hits_from = {g: [0, 0, 0, 0] for g in self.pool}
         self.branch_points = set()  # checkpoints kept only because a request branched there
+        # --async-moves: the moves taken and not reported, each with the request it came from; released
+        # requests whose computed pieces a waiting move still needs; what happened
+        self.async_moves, self.fail_copies, self.rng = async_moves, fail_copies, random.Random(seed)
+        self.outstanding, self.kept = [], []
+        self.copies = {"run": 0, "failed": 0, "waits": 0, "failed_hits": 0, "kept_most": 0}
 
     def identity(self):
         """The model's identity in the store's keys: two models never share an object."""
@@ -378,6 +396,54 @@ class HybridEngine:
             if dst == 0:
                 self.l1_moves[g][mv.src_tier] += 1
 
+    def take(self, hashes, computed=None):
+        """--async-moves: the moves handed out join those outstanding, each
+        with the request whose pieces it copies (a move from the engine may
+        be a released request's, kept for it); returns them."""
+        moves = self.cache.take_moves()
+        mine = [(hashes, computed)] if computed else []
+        for mv in moves:
+            ctx = (hashes, computed)
+            if mv.src_tier == kvtier.hybrid.ENGINE:  # the request that computed this piece (others share its key)
+                page = mv.src_slot - (mv.group == self.gs)
+                ctx = next(((hs, c) for hs, c in mine + [k[2:] for k in reversed(self.kept)]
+                            if page < len(hs) and self.key(hs[page]) == mv.key and c.has(mv.group, mv.src_slot)),
+                           None)
+                assert ctx is not None, f"a move from a request the engine let go of: {mv}"
+            self.outstanding.append((mv, ctx))
+        return moves
+
+    def progress(self, everything=False):
+        """--async-moves: runs about half the outstanding moves (all with
+        everything) in a random order and reports them; a share
+        (--fail-copies) fails, leaving an empty slot, and a get the shared
+        store does not serve fails too."""
+        picked = [x for x in self.outstanding if everything or self.rng.random() < 0.5]
+        self.rng.shuffle(picked)
+        for x in picked:
+            self.outstanding.remove(x)
+        oks = []
+        for mv, (hashes, computed) in picked:
+            ok = self.rng.random() >= self.fail_copies
+            if ok:
+                self.run_moves([mv], hashes, computed)
+                dst = mv.dst_tier - 1
+                if not (dst == 2 and self.shared):  # a piece that did not come: its header says so
+                    ok = tuple(int(x) for x in self.header[mv.group][dst][mv.dst_slot]) == mv.key
+            elif not (mv.dst_tier == 3 and self.shared):
+                self.pool[mv.group][mv.dst_tier - 1][mv.dst_slot] = 0
+                self.header[mv.group][mv.dst_tier - 1][mv.dst_slot] = 0
+            oks.append(ok)
+        self.copies["run"] += len(oks)
+        self.copies["failed"] += oks.count(False)
+        self.cache.moves_done([mv for mv, _ in picked], oks)
+
+    def drain(self):
+        """--async-moves: runs every move, those waiting for a slot too."""
+        while self.outstanding or self.cache.outstanding_moves() or self.cache.pending_moves():
+            self.take([])
+            self.progress(everything=True)
+
     def plant_lost_page(self, moves):
         """The planted fault: the L2 copy of a window page is lost (bytes and
         header zeroed) just before it is loaded back into L1."""
@@ -451,22 +517,31 @@ class HybridEngine:
             req = self.cache.admit(tokens, ns=ns)
         n, full_m = req.hit_pages, req.full_hit_pages
         assert self.shared or req.l2_hit_pages == req.l3_hit_pages == 0, "a full page came from a tier with no bytes"
-        moves = self.cache.take_moves()
+        moves = self.take(hashes) if self.async_moves else self.cache.take_moves()
+        if self.plant == "window" and not self.planted:
+            self.plant_lost_page(moves)
+        if self.async_moves:  # its loads, run with the other moves outstanding, until they all landed
+            while self.cache.ready(req) is False:
+                self.copies["waits"] += 1
+                self.progress()
+                moves += self.take(hashes)
+        else:
+            self.run_moves(moves, hashes)
         loaded = {}  # (group, L1 slot) -> the tier the admission loaded it from
         for mv in moves:
             if mv.dst_tier == 1:
                 loaded[mv.group, mv.dst_slot] = mv.src_tier
-        if self.plant == "window" and not self.planted:
-            self.plant_lost_page(moves)
-        self.run_moves(moves, hashes)
-        pieces, bad = self.hit_pieces(req, hashes)
-        use = full_m if self.trust_full else n
+        failed = self.async_moves and self.cache.ready(req) is None
+        self.copies["failed_hits"] += failed
+        pieces, bad = ({g: {} for g in self.pool}, {g: set() for g in self.pool}) if failed else \
+            self.hit_pieces(req, hashes)
+        use = 0 if failed else full_m if self.trust_full else n  # a piece that failed: recompute it all
         cut = 0
         if self.guard and any(bad.values()):
             new_use = kvtier.hybrid_longest(self.groups, P, use, self.present(pieces, bad, use))
             cut, use = use - new_use, new_use
         l3_pieces = {g: 0 for g in self.pool}  # pieces of the hit used that were loaded from L3
-        if n and not cut:
+        if use and not cut:
             for g in self.pool:
                 l3_pieces[g] = sum(loaded.get((g, s), 1) == 3 for s in pieces[g].values())
                 tiers = {loaded.get((g, s), 1) for s in pieces[g].values()}
@@ -503,6 +578,11 @@ class HybridEngine:
                 return torch.stack([new[l][base + o] for l in self.st])
             return torch.stack([torch.stack([new[l][0][o:o + P], new[l][1][o:o + P]]) for l in self.win])
 
+        def has(g, i):  # the piece is among what it computed: a window page past base, a state it kept
+            o = i * P - (shift if g == self.gs else 0) - base
+            return o >= 0 and (base + o in new[self.st[0]] if g == self.gs else o + P <= len(new[self.win[0]][0]))
+        computed.has = has
+
         for g in bad:  # a piece that failed its check, recomputed: its L1 slot holds it again
             for p in bad[g]:
                 if p >= use:
@@ -515,7 +595,19 @@ class HybridEngine:
                 else:
                     self.branch_points.discard(hashes[c - 1])
         self.cache.release(req, tokens)
-        self.run_moves(self.cache.take_moves(), hashes, computed)
+        if self.async_moves:
+            self.take(hashes, computed)
+            if self.cache.engine_waiting(tokens, ns):  # its pieces stay until the moves from them are handed out
+                self.kept.append((tokens, ns, hashes, computed))
+                self.copies["kept_most"] = max(self.copies["kept_most"], len(self.kept))
+            if self.rng.random() < 0.5:  # copies go on between requests: now all of them, now half
+                self.drain()
+            else:
+                self.progress()
+            self.take([])
+            self.kept = [k for k in self.kept if self.cache.engine_waiting(k[0], k[1])]
+        else:
+            self.run_moves(self.cache.take_moves(), hashes, computed)
         return logits, {"n": n, "m": full_m, "use": use, "cut": cut, "short_by": req.short_by,
                         "at_branch": use > 0 and hashes[use - 1] in self.branch_points,
                         # full pages of the resume that came from L3 (they come after the L1 and L2 hits)
@@ -586,7 +678,8 @@ def run(args):
     policy = args.write_policy or ("write_through" if args.l3 else "write_back")
     eng = HybridEngine(model, args.page_tokens, args.checkpoint_every, policy, args.window_slots,
                        args.state_slots, args.full_pages, guard=not args.no_guard, trust_full=args.trust_full,
-                       plant=args.plant, l3=args.l3)
+                       plant=args.plant, l3=args.l3, async_moves=args.async_moves, fail_copies=args.fail_copies,
+                       seed=args.seed)
     res = {"requests": 0, "hits": 0, "short_hits": 0, "cut_hits": 0, "branch_hits": 0, "short_by": {}, "guard_cuts": 0,
            "computed_tokens": 0, "recompute_tokens": 0, "max_rel_err": 0.0, "mismatches": 0,
            "mismatch_resumed": 0, "planted": 0, "write_policy": policy}
@@ -620,6 +713,9 @@ def run(args):
             res["branch_hits"] += info["at_branch"]
             res["computed_tokens"] += len(tokens) - info["use"] * args.page_tokens
             res["recompute_tokens"] += len(tokens)
+        if args.async_moves:
+            eng.drain()
+            res["copies"] = eng.copies
         eng.cache.check()
         res["planted"] = eng.planted
         res["bad_copies"] = eng.bad_copies
@@ -688,8 +784,14 @@ def main(argv=None):
     p.add_argument("--no-guard", action="store_true", help="trust the cache's claim without checking the store")
     p.add_argument("--trust-full", action="store_true", help="resume from the full groups' match m (bypass the rule)")
     p.add_argument("--plant", choices=("checkpoint", "window"), help="a bug the logits check must catch")
+    p.add_argument("--async-moves", action="store_true",
+                   help="run the cache's moves out of order, about half of those outstanding at a time")
+    p.add_argument("--fail-copies", type=float, default=0.0, metavar="F",
+                   help="with --async-moves: the share of copies that fail (0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
+    if not 0 <= a.fail_copies < 1 or (a.fail_copies and not a.async_moves):
+        p.error("--fail-copies: a share in [0, 1), with --async-moves")
     if not 1 <= a.block_tokens <= 512:
         p.error("--block-tokens: must be in 1..512")
     if a.d_model % a.heads:

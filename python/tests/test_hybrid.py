@@ -452,6 +452,15 @@ def test_moves_done_refuses_bad_reports():
         req = h.admit(t)  # what the failed copies would have left is not there
         assert req.hit_pages == 0 and h.ready(req) is True
         h.release(req, t)
+        with pytest.raises(kvtier.InvalidArgument, match="not live"):
+            h.ready(req)
+        with pytest.raises(TypeError, match="Hybrid.ready req"):
+            h.ready("a request")
+        with pytest.raises(TypeError):
+            h.engine_waiting("tokens")
+        assert h.engine_waiting(t) > 0  # the release's moves from the engine, not taken yet
+        h.take_moves()
+        assert h.engine_waiting(t) == 0
     with pytest.raises(ValueError, match="needs moves=True"):
         kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, async_moves=True)
     with kvtier.Hybrid(MOVE_GROUPS, page_tokens=P, l1_bytes=1 << 20, moves=True) as h:

@@ -3,7 +3,8 @@ sliding-window and recurrent layers from the n pages kvtier.Hybrid allows,
 with the window pages and checkpoints in slot-indexed tensors per tier that
 the cache's moves keep, gives the logits a full recompute gives, also in a
 second process that takes the full pages and the pieces a first one put in
-one Redis; and the check can fail: a checkpoint stored one page early, a window page lost in
+one Redis, and with the copies run out of order, some failing; and the
+check can fail: a checkpoint stored one page early, a window page lost in
 L2 before it is loaded back, and the match rule bypassed are each caught by
 the logits."""
 import json
@@ -95,6 +96,27 @@ def test_resumed_runs_agree_with_recompute(capsys, policy):
             assert moves[t] == r["hit_pieces_from"][kind][t] > 0, (kind, t, r)
         assert "l1" not in moves
     assert r["cache"]["l2_hit_tokens"] > 0 and r["cache"]["l3_hit_tokens"] > 0
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_copies_out_of_order_and_failing_keep_the_logits_right(capsys, policy):
+    """The moves run out of order (--async-moves: about half of those
+    outstanding at a time, in a random order, reported as they land), one
+    copy in twenty failing: every request's logits still agree. Every copy's
+    source held its piece when it ran, every piece a ready hit used held what
+    its header says (the guard cut nothing), hits still take pieces from L1,
+    L2 and L3, and a hit whose piece failed was told so and recomputed."""
+    r = run(capsys, "--write-policy", policy, "--async-moves", "--fail-copies", "0.05")
+    print(policy, r["copies"], "hits", r["hits"], "by tier", r["hits_from"])
+    assert r["requests"] == 102 and r["mismatches"] == 0 and r["max_rel_err"] <= TOL
+    assert r["bad_copies"] == 0 and r["guard_cuts"] == 0
+    assert r["copies"]["failed"] > 0 and r["copies"]["failed_hits"] > 0 and r["copies"]["waits"] > 0
+    assert r["cache"]["moves_failed"] == r["copies"]["failed"]
+    assert r["hits"] > 10
+    for kind in ("window", "state"):
+        assert all(r["hits_from"][kind][t] > 0 for t in ("l1", "l2", "l3")), (kind, r["hits_from"])
+    if policy == "write_back":  # a release's piece waited for its slot's copy down, its bytes kept for it
+        assert r["copies"]["kept_most"] > 0
 
 
 def test_a_checkpoint_stored_one_page_early_is_caught(capsys):
