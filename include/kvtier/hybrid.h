@@ -109,6 +109,13 @@ KVT_API int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_
  * a tier too small for one page or slot of each group. */
 KVT_API int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes,
                                     double state_share, double window_weight);
+/* kvt_hybrid_config_split for one tier (1: L1, 2: L2, 3: L3) alone, the
+ * others as they are: a tier may weigh the window groups otherwise (a large
+ * L3 keeps the window pages that the smaller tiers above let go). Bytes 0:
+ * no such tier (not for L1; an L3 needs an L2). KVT_EINVAL, cfg unchanged,
+ * as kvt_hybrid_config_split. */
+KVT_API int kvt_hybrid_config_split_tier(kvt_hybrid_config_t *cfg, uint32_t tier, uint64_t bytes, double state_share,
+                                         double window_weight);
 
 /* KVT_EINVAL, nothing allocated, for a bad config: groups (a kind out of
  * range, layers or bytes 0, a window group's window 0, another's nonzero,

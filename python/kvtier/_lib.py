@@ -492,6 +492,7 @@ _PROTOS = {
     "kvt_model_parse_groups": (c_int, [c_char_p, P(LayerGroup), u32, P(u32), P(u32)]),
     "kvt_hybrid_config_default": (c_int, [P(HybridConfig), P(LayerGroup), u32, u32, u64, u64, u64]),
     "kvt_hybrid_config_split": (c_int, [P(HybridConfig), u64, u64, u64, c_double, c_double]),
+    "kvt_hybrid_config_split_tier": (c_int, [P(HybridConfig), u32, u64, c_double, c_double]),
     "kvt_hybrid_create": (c_int, [P(vp), P(HybridConfig)]),
     "kvt_hybrid_destroy": (None, [vp]),
     "kvt_hybrid_admit": (c_int, [vp, u32, vp, u64, i32, vp, P(HybridReq)]),

@@ -273,8 +273,9 @@ class Hybrid(Handle):
     of :class:`LayerGroup`. The tiers' bytes are split between the groups as
     kvt_hybrid_config_default says, or with ``state_share`` (0, 1) and
     ``window_weight`` (0, 16] as kvt_hybrid_config_split does (either one
-    given: the other at its default, STATE_SHARE or WINDOW_WEIGHT); then the
-    options override it:
+    given: the other at its default, STATE_SHARE or WINDOW_WEIGHT), the L3's
+    window groups weighed by ``l3_window_weight`` when given
+    (kvt_hybrid_config_split_tier); then the options override it:
     ``l1_slots``, ``l2_slots``, ``l3_slots`` ({group: slots} or a list per
     group), ``checkpoint_every``, ``checkpoint_ends``,
     ``checkpoint_branches``, ``moves`` (record the copies the engine owes:
@@ -288,6 +289,7 @@ class Hybrid(Handle):
 
     def __init__(self, groups: GroupsArg, *, page_tokens: int = 16, l1_bytes: int, l2_bytes: int = 0,
                  l3_bytes: int = 0, state_share: Optional[float] = None, window_weight: Optional[float] = None,
+                 l3_window_weight: Optional[float] = None,
                  l1_slots: Any = None, l2_slots: Any = None, l3_slots: Any = None,
                  checkpoint_every: Optional[int] = None, checkpoint_ends: Optional[bool] = None,
                  checkpoint_branches: Optional[bool] = None, moves: bool = False, async_moves: bool = False,
@@ -310,11 +312,19 @@ class Hybrid(Handle):
             if not (0 < ss < 1 and ww > 0):
                 raise ValueError(f"Hybrid: state_share {ss!r} must be in (0, 1), window_weight {ww!r} in (0, 16]")
             split = (ss, ww)
+        l3_split = None
+        if l3_window_weight is not None:
+            w3 = _a.number(l3_window_weight, "Hybrid l3_window_weight", 0, 16)
+            if not w3 > 0 or not l3:
+                raise ValueError(f"Hybrid: l3_window_weight {w3!r} must be in (0, 16], with l3_bytes")
+            l3_split = (STATE_SHARE if split is None else split[0], w3)
         cfg = HybridConfig()
         too_small = "a tier too small for a page or a slot of each group (or an L3 without an L2)"
         check(lib.kvt_hybrid_config_default(ctypes.byref(cfg), arr, n, page_tokens, l1, l2, l3), "Hybrid", too_small)
         if split is not None:
             check(lib.kvt_hybrid_config_split(ctypes.byref(cfg), l1, l2, l3, *split), "Hybrid", too_small)
+        if l3_split is not None:
+            check(lib.kvt_hybrid_config_split_tier(ctypes.byref(cfg), 3, l3, *l3_split), "Hybrid", too_small)
         for k, v in cache_opts.items():
             setattr(cfg.cache, k, v)
         for name, slots in overrides:

@@ -801,6 +801,26 @@ def test_the_split_of_each_tiers_bytes(state_share, window_weight):
         assert (c["checkpoint_every"], c["checkpoint_ends"], c["checkpoint_branches"]) == (0, True, True)
 
 
+def test_the_l3_weighs_the_window_groups_on_its_own():
+    """l3_window_weight splits L3 alone: its slots are those of a whole split
+    at that weight, L1's and L2's those of the default split."""
+    tiers = dict(l1_bytes=3 << 20, l2_bytes=7 << 20, l3_bytes=64 << 20)
+    with kvtier.Hybrid(GROUPS, page_tokens=P, **tiers) as base, \
+            kvtier.Hybrid(GROUPS, page_tokens=P, window_weight=0.5, **tiers) as heavy, \
+            kvtier.Hybrid(GROUPS, page_tokens=P, l3_window_weight=0.5, **tiers) as mixed:
+        b, w, m = base.config, heavy.config, mixed.config
+        assert (m["l1_slots"], m["l2_slots"], m["l1_pages"], m["l2_pages"]) == \
+            (b["l1_slots"], b["l2_slots"], b["l1_pages"], b["l2_pages"])
+        assert (m["l3_slots"], m["l3_pages"]) == (w["l3_slots"], w["l3_pages"])
+        assert m["l3_slots"][1] > b["l3_slots"][1]
+    with pytest.raises(ValueError, match="with l3_bytes"):
+        kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=3 << 20, l3_window_weight=0.5)
+    with pytest.raises(ValueError, match="l3_window_weight"):
+        kvtier.Hybrid(GROUPS, page_tokens=P, l3_window_weight=0, **tiers)
+    with pytest.raises(TypeError, match="l3_window_weight"):
+        kvtier.Hybrid(GROUPS, page_tokens=P, l3_window_weight="x", **tiers)
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match="l1_bytes"):
         kvtier.Hybrid(GROUPS)

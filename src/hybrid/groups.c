@@ -113,21 +113,32 @@ static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t by
     return KVT_OK;
 }
 
-int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes,
-                            double state_share, double window_weight) {
-    if (cfg == NULL || !groups_ok(cfg->groups, cfg->ngroups) || l1_bytes == 0 || (l3_bytes && !l2_bytes) ||
+int kvt_hybrid_config_split_tier(kvt_hybrid_config_t *cfg, uint32_t tier, uint64_t bytes, double state_share,
+                                 double window_weight) {
+    if (cfg == NULL || !groups_ok(cfg->groups, cfg->ngroups) || tier < 1 || tier > 3 || (tier == 1 && bytes == 0) ||
         !(state_share > 0 && state_share < 1) || !(window_weight > 0 && window_weight <= 16))
         return KVT_EINVAL;
     kvt_hybrid_config_t c = *cfg;
     uint32_t P = c.cache.page_tokens ? c.cache.page_tokens : 16;
-    uint64_t *pages[3] = {&c.cache.l1_pages, &c.cache.l2_pages, &c.cache.l3_pages};
-    uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots}, bytes[3] = {l1_bytes, l2_bytes, l3_bytes};
-    for (int t = 0; t < 3; t++) {
-        *pages[t] = 0;
-        memset(slots[t], 0, sizeof(c.l1_slots));
-        if (bytes[t] && split(c.groups, c.ngroups, P, bytes[t], state_share, window_weight, pages[t], slots[t]) != KVT_OK)
-            return KVT_EINVAL;
-    }
+    uint64_t *pages = tier == 1 ? &c.cache.l1_pages : tier == 2 ? &c.cache.l2_pages : &c.cache.l3_pages;
+    uint64_t *slots = tier == 1 ? c.l1_slots : tier == 2 ? c.l2_slots : c.l3_slots;
+    *pages = 0;
+    memset(slots, 0, sizeof(c.l1_slots));
+    if (bytes && split(c.groups, c.ngroups, P, bytes, state_share, window_weight, pages, slots) != KVT_OK)
+        return KVT_EINVAL;
+    if (c.cache.l3_pages && !c.cache.l2_pages) return KVT_EINVAL; /* an L3 needs an L2 */
+    *cfg = c;
+    return KVT_OK;
+}
+
+int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes,
+                            double state_share, double window_weight) {
+    if (cfg == NULL || (l3_bytes && !l2_bytes)) return KVT_EINVAL;
+    kvt_hybrid_config_t c = *cfg;
+    c.cache.l3_pages = 0; /* (split L2 first, so that an L3 left from before does not refuse L2 of 0) */
+    const uint64_t bytes[3] = {l1_bytes, l2_bytes, l3_bytes};
+    for (uint32_t t = 1; t <= 3; t++)
+        if (kvt_hybrid_config_split_tier(&c, t, bytes[t - 1], state_share, window_weight) != KVT_OK) return KVT_EINVAL;
     *cfg = c;
     return KVT_OK;
 }

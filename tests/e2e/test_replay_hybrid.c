@@ -6,6 +6,8 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/json.h"
@@ -94,6 +96,32 @@ Test(replay_hybrid, a_modeled_l3_below_small_tiers, .timeout = 120) {
     cr_assert_eq(num(run_of(o, 0, "hybrid"), "l3_hit_rate"), 0);
     cJSON_Delete(o);
     run_free(&u);
+}
+
+/* --l3-window-weight splits the L3 alone: in an L3 the trace fills, the
+ * window group holds more with it, L1 the same; without an L3 it is
+ * refused. */
+Test(replay_hybrid, the_l3_splits_with_its_own_window_weight, .timeout = 120) {
+    double l1_window[2], l3_window[2];
+    const char *weights[2] = {"0.125", "0.5"};
+    for (int i = 0; i < 2; i++) {
+        run_result_t r = RUN(TRACE, "--model", "gemma-3-like", "--l1-pages", "512", "--l2-pages", "1024", "--l3-pages",
+                             "4096", "--l3-window-weight", weights[i], "--limit", "300", "--json");
+        cJSON *o = json_of(&r);
+        cr_assert_eq(num(o, "l3_window_weight"), atof(weights[i]));
+        cJSON *window = cJSON_GetArrayItem(cJSON_GetObjectItem(run_of(o, 0, "hybrid"), "groups"), 1);
+        l1_window[i] = num(window, "l1_bytes");
+        l3_window[i] = num(window, "l3_bytes");
+        cJSON_Delete(o);
+        run_free(&r);
+    }
+    cr_assert_eq(l1_window[0], l1_window[1], "L1's split does not change");
+    cr_assert_gt(l3_window[1], 1.5 * l3_window[0], "the window group's L3 bytes: %.0f at 0.125, %.0f at 0.5", l3_window[0],
+                 l3_window[1]);
+    run_result_t bad = RUN(TRACE, "--model", "gemma-3-like", "--l3-window-weight", "0.5", "--limit", "10");
+    cr_assert_eq(bad.status, 2);
+    cr_assert(strstr(bad.err, "--l3-window-weight: needs an L3") != NULL, "%s", bad.err);
+    run_free(&bad);
 }
 
 Test(replay_hybrid, groups_from_text_and_their_errors, .timeout = 60) {

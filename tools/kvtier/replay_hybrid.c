@@ -45,6 +45,7 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
     uint64_t b1 = tier_bytes(o, l1_of(t, o, l1_pages)), b2 = tier_bytes(o, o->l2_pages), b3 = tier_bytes(o, l3->pages);
     int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens, b1, b2, b3);
     if (rc == KVT_OK) rc = kvt_hybrid_config_split(&cfg, b1, b2, b3, h->state_share, h->window_weight);
+    if (rc == KVT_OK && b3) rc = kvt_hybrid_config_split_tier(&cfg, 3, b3, h->state_share, h->l3_window_weight);
     if (rc != KVT_OK) {
         fprintf(stderr, "kvtier replay: L1 %.2f GB, L2 %.2f GB, L3 %.2f GB: a tier cannot hold one page or checkpoint of each "
                         "group\n", (double)b1 / 1e9, (double)b2 / 1e9, (double)b3 / 1e9);
@@ -187,6 +188,7 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
         cJSON_AddNumberToObject(root, "checkpoint_every", h->every);
         cJSON_AddNumberToObject(root, "state_share", h->state_share);
         cJSON_AddNumberToObject(root, "window_weight", h->window_weight);
+        cJSON_AddNumberToObject(root, "l3_window_weight", h->l3_window_weight);
         cJSON_AddNumberToObject(root, "all_full_bytes_per_token", (double)o->bpt);
         cJSON *arr = cJSON_AddArrayToObject(root, "runs");
         for (size_t i = 0; i < n; i++) {

@@ -16,6 +16,7 @@ typedef struct hybrid_opts {
     uint32_t ngroups;
     uint32_t every; /* --checkpoint-every */
     double state_share, window_weight; /* --state-share, --window-weight: kvt_hybrid_config_split */
+    double l3_window_weight;           /* --l3-window-weight: the L3's alone (kvt_hybrid_config_split_tier) */
 } hybrid_opts_t;
 
 /* Replays t at each L1 size l1[0..n) (pages of the model held as all-full

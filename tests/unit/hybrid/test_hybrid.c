@@ -369,6 +369,40 @@ Test(hybrid_config, the_default_split_spends_each_tier_once) {
     cr_assert(c.l1_slots[1] * g[1].bytes <= bytes / 4 + g[1].bytes, "state takes a quarter");
 }
 
+/* One tier split again leaves the others as they were and gives that tier
+ * what a whole split at its weight gives it; a bad call changes nothing. */
+Test(hybrid_config, one_tier_split_alone) {
+    const kvt_model_t *m = kvt_model_find("gemma-3-like");
+    kvt_layer_group_t g[KVT_MODEL_MAX_GROUPS];
+    uint32_t n;
+    cr_assert_eq(kvt_model_groups(m, g, KVT_MODEL_MAX_GROUPS, &n), KVT_OK);
+    const uint64_t b1 = 8ull << 30, b2 = 32ull << 30, b3 = 512ull << 30;
+    kvt_hybrid_config_t c, whole, before;
+    cr_assert_eq(kvt_hybrid_config_default(&c, g, n, 16, b1, b2, b3), KVT_OK);
+    whole = c;
+    cr_assert_eq(kvt_hybrid_config_split(&whole, b1, b2, b3, 0.25, 0.5), KVT_OK);
+    before = c;
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 3, b3, 0.25, 0.5), KVT_OK);
+    cr_assert_eq(c.cache.l3_pages, whole.cache.l3_pages);
+    cr_assert_eq(memcmp(c.l3_slots, whole.l3_slots, sizeof(c.l3_slots)), 0);
+    cr_assert_eq(c.cache.l1_pages, before.cache.l1_pages);
+    cr_assert_eq(c.cache.l2_pages, before.cache.l2_pages);
+    cr_assert_eq(memcmp(c.l1_slots, before.l1_slots, sizeof(c.l1_slots)), 0);
+    cr_assert_eq(memcmp(c.l2_slots, before.l2_slots, sizeof(c.l2_slots)), 0);
+    cr_assert_gt(c.l3_slots[1], before.l3_slots[1], "a heavier window weight gives the window group more of L3");
+    before = c;
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 0, b1, 0.25, 0.5), KVT_EINVAL, "no tier 0");
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 4, b1, 0.25, 0.5), KVT_EINVAL, "no tier 4");
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 1, 0, 0.25, 0.5), KVT_EINVAL, "an L1 of no bytes");
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 2, 0, 0.25, 0.5), KVT_EINVAL, "L3 left without an L2");
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 3, b3, 0.25, 0), KVT_EINVAL, "a weight of 0");
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 3, 1024, 0.25, 0.5), KVT_EINVAL, "1 KiB holds no page");
+    cr_assert_eq(memcmp(&c, &before, sizeof(c)), 0, "a refused split changes nothing");
+    cr_assert_eq(kvt_hybrid_config_split_tier(&c, 3, 0, 0.25, 0.5), KVT_OK, "L3 of no bytes: none");
+    cr_assert_eq(c.cache.l3_pages, 0);
+    cr_assert_eq(c.l3_slots[1], 0);
+}
+
 Test(model_groups, presets_and_descriptions) {
     kvt_layer_group_t g[KVT_MODEL_MAX_GROUPS];
     uint32_t n = 0, bad = 99;
