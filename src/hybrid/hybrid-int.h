@@ -3,6 +3,7 @@
 #ifndef KVTIER_HYBRID_INT_H
 #define KVTIER_HYBRID_INT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvtier/hybrid.h"
@@ -24,5 +25,44 @@ uint64_t kvt__hybrid_longest(const kvt_layer_group_t *groups, uint32_t ngroups, 
 uint64_t kvt__hybrid_slot_bytes(const kvt_layer_group_t *g, uint32_t P);
 /* The groups, slots and write policies of a configuration hold together. */
 int kvt__hybrid_config_ok(const kvt_hybrid_config_t *c);
+
+/* The moves outstanding with async_moves (pending.c), from their record to
+ * the engine's report: entries with stable indexes, found by destination
+ * (group, dst_tier, key) through hash chains, and a ring of those ready to
+ * hand out, in the order they became ready. */
+enum { PEND_FREE = 0, PEND_WAITING = 1, PEND_QUEUED = 2, PEND_TAKEN = 3 };
+#define PEND_NONE UINT32_MAX
+
+typedef struct kvt__pend {
+    kvt_hybrid_move_t m;
+    uint32_t next;   /* the next entry of its chain (of the free list when free) */
+    uint32_t waiter; /* the move into the slot this one copies out of, waiting for it to land; PEND_NONE */
+    uint8_t state, src_pinned, seen;
+} kvt__pend_t;
+
+typedef struct kvt__pendtab {
+    kvt__pend_t *e;
+    uint32_t cap, live, free;
+    uint32_t *bucket, nb;        /* chain heads; nb a power of two, at least 2 x cap */
+    uint32_t *queue, qhead, qn; /* the ring of PEND_QUEUED entries, cap long */
+} kvt__pendtab_t;
+
+void kvt__pend_free(kvt__pendtab_t *t);
+/* Room for `more` entries beside those live: KVT_ENOMEM changes nothing. */
+int kvt__pend_reserve(kvt__pendtab_t *t, size_t more);
+/* Adds m (room reserved): waiting, or queued to hand out. Its index. */
+uint32_t kvt__pend_add(kvt__pendtab_t *t, const kvt_hybrid_move_t *m, int src_pinned, int waiting);
+/* A waiting entry becomes ready to hand out. */
+void kvt__pend_ready(kvt__pendtab_t *t, uint32_t i);
+/* Hands out up to cap queued moves, oldest first; they become taken. */
+size_t kvt__pend_take(kvt__pendtab_t *t, kvt_hybrid_move_t *out, size_t cap);
+/* The entry of move m in that state with that seen mark, or PEND_NONE. */
+uint32_t kvt__pend_find(const kvt__pendtab_t *t, const kvt_hybrid_move_t *m, int state, int seen);
+/* The first entry of the chain that holds the moves into (group, dst_tier,
+ * key) (others may share it: compare), or PEND_NONE; then e[i].next. */
+uint32_t kvt__pend_chain(const kvt__pendtab_t *t, uint32_t group, uint32_t dst_tier, kvt_key128_t key);
+void kvt__pend_remove(kvt__pendtab_t *t, uint32_t i);
+/* The table's own invariants: NULL, or the first one broken. */
+const char *kvt__pend_check(const kvt__pendtab_t *t);
 
 #endif

@@ -62,16 +62,6 @@ typedef struct pins {
     size_t bytes;     /* of this allocation */
 } pins_t;
 
-/* A move recorded with async_moves, until the engine reports it: its
- * destination is pending in its tier; its source, when src.pinned, is pinned
- * there; after, when nonzero, is the seq of the copy down out of the slot
- * this move fills, which must land first. */
-enum { PEND_WAITING = 0, PEND_QUEUED = 1, PEND_TAKEN = 2, PEND_DONE = 3 };
-typedef struct pend {
-    kvt_hybrid_move_t m;
-    uint64_t seq, after;
-    uint8_t state, src_pinned, seen;
-} pend_t;
 
 struct kvt_hybrid {
     kvt_hybrid_config_t cfg;
@@ -83,9 +73,10 @@ struct kvt_hybrid {
     kvt_hybrid_stats_t st;
     kvt_hybrid_move_t *moves; /* cfg.moves: the copies the engine owes, in order, until taken */
     size_t nmoves, mvcap;
-    pend_t *pend; /* async_moves: every move recorded and not yet reported, by seq */
-    size_t npend, pcap, nqueued;
-    uint64_t seq;
+    /* async_moves: every move recorded and not yet reported. Until then its
+     * destination is pending in its tier, its source (src_pinned) pinned in
+     * its own, and a move into a slot a copy down still reads waits for it. */
+    kvt__pendtab_t pt;
     pins_t *live_reqs;
     kvt_hybrid_probe_fn probe; /* an L3 outside the cache (kvt_hybrid_set_l3): asked what it holds */
     void *probe_arg;
@@ -125,7 +116,7 @@ void kvt_hybrid_destroy(kvt_hybrid_t *h) {
     kvt__free(h->scores, h->scap * sizeof(*h->scores));
     kvt__free(h->srcs, h->srcap * sizeof(*h->srcs));
     kvt__free(h->moves, h->mvcap * sizeof(*h->moves));
-    kvt__free(h->pend, h->pcap * sizeof(*h->pend));
+    kvt__pend_free(&h->pt);
     KVT_DELETE(h);
 }
 
@@ -204,41 +195,38 @@ static int has_below(const kvt_hybrid_t *h, uint32_t g, int t) {
 }
 
 /* Records a copy of key from `from` into slot of tier t; with async_moves
- * it waits for the copy `after` (a seq; 0: none) before it is handed out.
- * Returns its seq (async_moves), else 0. */
-static uint64_t record(kvt_hybrid_t *h, uint32_t g, src_t from, int t, uint64_t slot, kvt_key128_t key,
-                       uint64_t after) {
-    if (!h->cfg.moves) return 0;
+ * it waits for the outstanding move `after` (PEND_NONE: none) to land
+ * before it is handed out. */
+static void record(kvt_hybrid_t *h, uint32_t g, src_t from, int t, uint64_t slot, kvt_key128_t key, uint32_t after) {
+    if (!h->cfg.moves) return;
     kvt_hybrid_move_t m = {g, from.tier, (uint32_t)t + 1, 0, from.slot, slot, key};
     if (!h->cfg.async_moves) {
         KVT_ASSERT(h->nmoves < h->mvcap); /* reserved by the outermost store (moves_room) */
         h->moves[h->nmoves++] = m;
-        return 0;
+        return;
     }
-    KVT_ASSERT(h->npend < h->pcap);
-    pend_t *e = &h->pend[h->npend++];
-    *e = (pend_t){.m = m, .seq = ++h->seq, .after = after, .state = after ? PEND_WAITING : PEND_QUEUED,
-                  .src_pinned = (uint8_t)from.pinned};
-    h->nqueued += !after;
-    return e->seq;
+    uint32_t i = kvt__pend_add(&h->pt, &m, (int)from.pinned, after != PEND_NONE);
+    if (after != PEND_NONE) h->pt.e[after].waiter = i;
 }
 
 /* Room for the moves one store of n pieces can make: each tier a fill per
  * piece and a demotion per piece it evicts, write-through or write-back. */
 static int moves_room(kvt_hybrid_t *h, size_t n) {
     if (!h->cfg.moves) return KVT_OK;
-    if (h->cfg.async_moves) return grow((void **)&h->pend, &h->pcap, h->npend + 6 * n + 6, sizeof(*h->pend));
+    if (h->cfg.async_moves) return kvt__pend_reserve(&h->pt, 6 * n + 6);
     return grow((void **)&h->moves, &h->mvcap, h->nmoves + 6 * n + 6, sizeof(*h->moves));
 }
 
-/* The outstanding move into tier t (0-based) of group g's key, or NULL. */
-static pend_t *pend_into(kvt_hybrid_t *h, uint32_t g, int t, kvt_key128_t key) {
-    for (size_t i = h->npend; i-- > 0;) {
-        pend_t *e = &h->pend[i];
-        if (e->state != PEND_DONE && e->m.group == g && e->m.dst_tier == (uint32_t)t + 1 && kvt__key_eq(e->m.key, key))
-            return e;
+/* The outstanding copy of group g's key out of slot `slot` of tier t
+ * (0-based) into the tier below, or PEND_NONE. */
+static uint32_t copy_down(const kvt_hybrid_t *h, uint32_t g, int t, uint64_t slot, kvt_key128_t key) {
+    for (uint32_t i = kvt__pend_chain(&h->pt, g, (uint32_t)t + 2, key); i != PEND_NONE; i = h->pt.e[i].next) {
+        const kvt_hybrid_move_t *m = &h->pt.e[i].m;
+        if (m->group == g && m->dst_tier == (uint32_t)t + 2 && kvt__key_eq(m->key, key) &&
+            m->src_tier == (uint32_t)t + 1 && m->src_slot == slot)
+            return i;
     }
-    return NULL;
+    return PEND_NONE;
 }
 
 /* Stores keys[0..n) (scored, from src[0..n)) in tier t of group g, never
@@ -256,18 +244,20 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
                     const src_t *src, size_t n, const kvt_key128_t *prot, size_t np) {
     kvt_keyed_t *k = h->kc[g][t];
     if (n && k == NULL && t == 2 && h->probe) { /* the outside L3: the engine puts, the store keeps its own room */
-        for (size_t i = 0; i < n; i++) record(h, g, src[i], t, UINT64_MAX, keys[i], 0);
+        for (size_t i = 0; i < n; i++) record(h, g, src[i], t, UINT64_MAX, keys[i], PEND_NONE);
         return KVT_OK;
     }
     if (k == NULL || n == 0) return KVT_OK;
     /* this call's own: the pages and victims, what goes down, and what each new key waits for */
-    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 3 * sizeof(uint64_t) + sizeof(src_t) + sizeof(size_t));
+    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 2 * sizeof(uint64_t) + sizeof(src_t) + sizeof(size_t) +
+                        sizeof(uint32_t));
     unsigned char *work = kvt__malloc(bytes);
     if (work == NULL) return KVT_ENOMEM;
     kvt_key128_t *dk = (kvt_key128_t *)work, *evicted = dk + n;
-    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n, *after = pages + n;
-    src_t *dsrc = (src_t *)(after + n);
+    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n;
+    src_t *dsrc = (src_t *)(pages + n);
     size_t *taker = (size_t *)(dsrc + n);
+    uint32_t *after = (uint32_t *)(taker + n);
     size_t nev = 0, loose = kvt__keyed_loose(k); /* free room 0: at most one victim per new key */
     int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, pages, evicted, n, &nev);
     if (rc != KVT_OK) {
@@ -276,7 +266,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     }
     int async = h->cfg.async_moves, below = has_below(h, g, t);
     if (!async) kvt_keyed_complete_store(k, keys, n, 1);
-    memset(after, 0, n * sizeof(*after));
+    for (size_t i = 0; i < n; i++) after[i] = PEND_NONE;
     if (nev && below && down_policy(h, t) == KVT_WRITE_BACK) {
         /* the new keys take the failed stores' pages first, then the victims' in eviction order
          * (keyed.h, Pages): victim j leaves the slot of new key taker[j] before that key arrives */
@@ -291,10 +281,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
         KVT_ASSERT(j == nev);
         if (store_in(h, g, t + 1, dk, ds, dsrc, nev, NULL, 0) != KVT_OK) h->st.pieces_refused += nev;
         else if (async)
-            for (j = 0; j < nev; j++) {
-                const pend_t *e = pend_into(h, g, t + 1, dk[j]);
-                if (e && e->m.src_tier == (uint32_t)t + 1 && e->m.src_slot == pages[taker[j]]) after[taker[j]] = e->seq;
-            }
+            for (j = 0; j < nev; j++) after[taker[j]] = copy_down(h, g, t, pages[taker[j]], dk[j]);
     }
     for (size_t i = 0; i < n; i++)
         if (pages[i] != UINT64_MAX) record(h, g, src[i], t, pages[i], keys[i], after[i]);
@@ -705,16 +692,7 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
 
 size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap) {
     if (h == NULL || (out == NULL && cap)) return 0;
-    if (h->cfg.async_moves) {
-        size_t k = 0;
-        for (size_t i = 0; i < h->npend && k < cap; i++)
-            if (h->pend[i].state == PEND_QUEUED) {
-                out[k++] = h->pend[i].m;
-                h->pend[i].state = PEND_TAKEN;
-                h->nqueued--;
-            }
-        return k;
-    }
+    if (h->cfg.async_moves) return kvt__pend_take(&h->pt, out, cap);
     size_t k = h->nmoves < cap ? h->nmoves : cap;
     memcpy(out, h->moves, k * sizeof(*out));
     memmove(h->moves, h->moves + k, (h->nmoves - k) * sizeof(*h->moves));
@@ -722,22 +700,20 @@ size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap
     return k;
 }
 
-size_t kvt_hybrid_moves(const kvt_hybrid_t *h) { return h == NULL ? 0 : h->cfg.async_moves ? h->nqueued : h->nmoves; }
+size_t kvt_hybrid_moves(const kvt_hybrid_t *h) { return h == NULL ? 0 : h->cfg.async_moves ? h->pt.qn : h->nmoves; }
 
-size_t kvt_hybrid_moves_outstanding(const kvt_hybrid_t *h) { return h ? h->npend - h->nqueued : 0; }
+size_t kvt_hybrid_moves_outstanding(const kvt_hybrid_t *h) { return h ? h->pt.live - h->pt.qn : 0; }
 
 size_t kvt_hybrid_engine_waiting(const kvt_hybrid_t *h, const kvt_key128_t *keys, size_t n) {
     if (h == NULL || keys == NULL) return 0;
     size_t k = 0;
-    for (size_t i = 0; i < h->npend; i++) {
-        const pend_t *e = &h->pend[i];
-        if (e->state > PEND_QUEUED || e->m.src_tier != KVT_HYBRID_ENGINE) continue;
-        for (size_t j = 0; j < n; j++)
-            if (kvt__key_eq(e->m.key, keys[j])) {
-                k++;
-                break;
+    for (size_t j = 0; j < n; j++)
+        for (uint32_t g = 0; g < h->cfg.ngroups; g++) /* what the engine writes goes to L1 */
+            for (uint32_t i = kvt__pend_chain(&h->pt, g, 1, keys[j]); i != PEND_NONE; i = h->pt.e[i].next) {
+                const kvt__pend_t *e = &h->pt.e[i];
+                k += e->m.group == g && e->m.dst_tier == 1 && e->m.src_tier == KVT_HYBRID_ENGINE &&
+                     kvt__key_eq(e->m.key, keys[j]) && (e->state == PEND_WAITING || e->state == PEND_QUEUED);
             }
-    }
     return k;
 }
 
@@ -776,50 +752,36 @@ static void landed(kvt_hybrid_t *h, const kvt_hybrid_move_t *m, int ok) {
     }
 }
 
-static int same_move(const kvt_hybrid_move_t *a, const kvt_hybrid_move_t *b) {
-    return a->group == b->group && a->src_tier == b->src_tier && a->dst_tier == b->dst_tier &&
-           a->src_slot == b->src_slot && a->dst_slot == b->dst_slot && kvt__key_eq(a->key, b->key);
-}
-
-/* The taken move m, seen (marked by the first pass of moves_done) or not. */
-static pend_t *taken(kvt_hybrid_t *h, const kvt_hybrid_move_t *m, int seen) {
-    for (size_t i = 0; i < h->npend; i++)
-        if (h->pend[i].state == PEND_TAKEN && h->pend[i].seen == seen && same_move(&h->pend[i].m, m))
-            return &h->pend[i];
-    return NULL;
+/* Clears the marks of moves[0..n) that the first pass of moves_done set. */
+static void unsee(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = kvt__pend_find(&h->pt, &moves[i], PEND_TAKEN, 1);
+        if (e != PEND_NONE) h->pt.e[e].seen = 0;
+    }
 }
 
 int kvt_hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok) {
     if (h == NULL || !h->cfg.async_moves || ((moves == NULL || ok == NULL) && n)) return KVT_EINVAL;
     for (size_t i = 0; i < n; i++) { /* every one taken and not reported, once */
-        pend_t *e = taken(h, &moves[i], 0);
-        if (e == NULL) {
-            for (size_t j = 0; j < h->npend; j++) h->pend[j].seen = 0;
+        uint32_t e = kvt__pend_find(&h->pt, &moves[i], PEND_TAKEN, 0);
+        if (e == PEND_NONE) {
+            unsee(h, moves, i);
             return KVT_EINVAL;
         }
-        e->seen = 1;
+        h->pt.e[e].seen = 1;
     }
-    if (moves_room(h, n) != KVT_OK) { /* (what the pieces going on down record: no growing below) */
-        for (size_t j = 0; j < h->npend; j++) h->pend[j].seen = 0;
+    if (moves_room(h, n) != KVT_OK) { /* what the pieces going on down record: no growing below */
+        unsee(h, moves, n);
         return KVT_ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
-        pend_t *e = taken(h, &moves[i], 1);
-        e->state = PEND_DONE;
-        e->seen = 0;
-        if (e->src_pinned && kvt_keyed_unpin(h->kc[e->m.group][e->m.src_tier - 1], &e->m.key, 1) != KVT_OK) abort();
-        uint64_t seq = e->seq;
-        landed(h, &moves[i], ok[i] != 0);
-        for (size_t j = 0; j < h->npend; j++) /* the move into the slot it left may run now */
-            if (h->pend[j].state == PEND_WAITING && h->pend[j].after == seq) {
-                h->pend[j].state = PEND_QUEUED;
-                h->nqueued++;
-            }
+        uint32_t e = kvt__pend_find(&h->pt, &moves[i], PEND_TAKEN, 1);
+        kvt__pend_t d = h->pt.e[e];
+        kvt__pend_remove(&h->pt, e);
+        if (d.src_pinned && kvt_keyed_unpin(h->kc[d.m.group][d.m.src_tier - 1], &d.m.key, 1) != KVT_OK) abort();
+        landed(h, &d.m, ok[i] != 0);
+        if (d.waiter != PEND_NONE) kvt__pend_ready(&h->pt, d.waiter); /* the move into the slot it left */
     }
-    size_t w = 0;
-    for (size_t i = 0; i < h->npend; i++)
-        if (h->pend[i].state != PEND_DONE) h->pend[w++] = h->pend[i];
-    h->npend = w;
     return KVT_OK;
 }
 
@@ -892,9 +854,9 @@ int kvt_hybrid_stats(const kvt_hybrid_t *h, kvt_hybrid_stats_t *st) {
 static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const kvt_keyed_stats_t *ks) {
     const kvt_keyed_t *k = h->kc[g][t];
     uint64_t arriving = 0, reading = 0;
-    for (size_t i = 0; i < h->npend; i++) {
-        const pend_t *e = &h->pend[i];
-        if (e->m.group != g) continue;
+    for (uint32_t i = 0; i < h->pt.cap; i++) {
+        const kvt__pend_t *e = &h->pt.e[i];
+        if (e->state == PEND_FREE || e->m.group != g) continue;
         if (e->m.dst_tier == (uint32_t)t + 1 && e->m.dst_slot != UINT64_MAX) {
             arriving++;
             uint32_t x = kvt__keyed_find(k, e->m.key);
@@ -907,7 +869,6 @@ static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const
             if (x == UINT32_MAX || k->ents[x].pins == 0 || k->ents[x].page != e->m.src_slot)
                 return "a move's source is not pinned in its slot";
         }
-        if (e->state == PEND_WAITING && e->after == 0) return "a move waits for nothing";
     }
     if (arriving != ks->pending) return "a piece is pending with no move into it";
     uint64_t held = reading;
@@ -947,7 +908,7 @@ int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
             if (rc == KVT_OK && h->live == 0 && ks.pinned)
                 rc = KVT_ECORRUPT, w = "a piece is pinned with no live request";
         }
-    uint64_t waiting = 0, queued = 0;
+    uint64_t waiting = 0;
     for (const pins_t *p = h->live_reqs; p && rc == KVT_OK; p = p->next) {
         uint32_t nw = 0;
         for (uint32_t g = 0; g < h->cfg.ngroups; g++)
@@ -955,8 +916,7 @@ int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
         if (nw != p->nwait) rc = KVT_ECORRUPT, w = "a request's count of pieces on their way is wrong";
         waiting += nw;
     }
-    for (size_t i = 0; i < h->npend; i++) queued += h->pend[i].state == PEND_QUEUED;
-    if (rc == KVT_OK && queued != h->nqueued) rc = KVT_ECORRUPT, w = "the count of moves to hand out is wrong";
+    if (rc == KVT_OK && (w = kvt__pend_check(&h->pt)) != NULL) rc = KVT_ECORRUPT;
     if (rc == KVT_OK && !h->cfg.async_moves && waiting) rc = KVT_ECORRUPT, w = "a request waits for a piece";
     if (why) *why = w;
     return rc;

@@ -124,6 +124,22 @@ Test(replay_hybrid, the_l3_splits_with_its_own_window_weight, .timeout = 120) {
     run_free(&bad);
 }
 
+/* --copy-lag: the pieces' copies are moves reported a few requests late
+ * (async_moves), the cache's check holding every 50 requests, and every
+ * move handed out reported by the end. */
+Test(replay_hybrid, copies_that_land_late, .timeout = 120) {
+    run_result_t r = RUN(TRACE, "--model", "gemma-3-like", "--l1-pages", "2048", "--l2-pages", "4096", "--copy-lag", "3",
+                         "--limit", "400", "--check-every", "50", "--json");
+    cJSON *o = json_of(&r);
+    cr_assert_eq(num(o, "copy_lag"), 3);
+    cJSON *h = run_of(o, 0, "hybrid");
+    cr_assert_gt(num(h, "moves"), 1000);
+    cr_assert_gt(num(h, "moves_outstanding_most"), 0);
+    cr_assert_gt(num(h, "hit_rate"), 0);
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
 Test(replay_hybrid, groups_from_text_and_their_errors, .timeout = 60) {
     run_result_t r = RUN(TRACE, "--groups", "full:4:4096,state:24:2158592", "--l1-pages", "4096", "--limit", "300",
                          "--json");

@@ -715,7 +715,7 @@ int cmd_replay(int argc, char **argv) {
     table[nrows++] = (cli_opt_t){"digest", OPT_FLAG, &o.digest, 0, 0, 0, 0, NULL, NULL, 0,
                                  "keep the cache's decision digest and print it (decision_digest): two runs decided alike exactly when they agree on it"};
     const char *groups_text = NULL;
-    uint64_t every = 0;
+    uint64_t every = 0, copy_lag = 0;
     double state_share = 0.25, window_weight = 0.125, l3_window_weight = 0;
     table[nrows++] = (cli_opt_t){"groups", OPT_TEXT, &groups_text, 0, 0, 0, 0, NULL, NULL, 0,
                                  "the model's layer groups: a preset's name, or full:LAYERS:BYTES,window:W:LAYERS:BYTES,"
@@ -730,6 +730,9 @@ int cmd_replay(int argc, char **argv) {
                                  "hybrid models: a window group's bytes per token count this much in the split"};
     table[nrows++] = (cli_opt_t){"l3-window-weight", OPT_DOUBLE, &l3_window_weight, 0, 0, 0, 16, NULL, NULL, 0,
                                  "hybrid models: --window-weight for the L3's split alone; 0: --window-weight"};
+    table[nrows++] = (cli_opt_t){"copy-lag", OPT_U64, &copy_lag, 0, 1u << 20, 0, 0, NULL, NULL, 0,
+                                 "hybrid models: the window pages' and checkpoints' copies land this many requests "
+                                 "after they are handed out (a request waits for its own loads); 0: at once"};
     nrows += replay_l3_rows(&l3, table + nrows);
     table[nrows] = (cli_opt_t){NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL};
     cli_t c;
@@ -773,7 +776,8 @@ int cmd_replay(int argc, char **argv) {
     }
     hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every,
                          .state_share = state_share, .window_weight = window_weight,
-                         .l3_window_weight = l3_window_weight > 0 ? l3_window_weight : window_weight};
+                         .l3_window_weight = l3_window_weight > 0 ? l3_window_weight : window_weight,
+                         .copy_lag = copy_lag};
     if (replay_groups(&c, &o, &l3, groups_text, nsweep, &hyb) != 0) return 2;
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;

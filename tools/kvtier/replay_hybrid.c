@@ -21,7 +21,58 @@ typedef struct {
     kvt_hybrid_stats_t st;
     kvt_hybrid_group_bytes_t gb[KVT_MODEL_MAX_GROUPS];
     double wall_s;
+    uint64_t moves, outstanding_most; /* --copy-lag: moves run, and most outstanding at once */
 } hyb_result_t;
+
+/* --copy-lag: the engine's copies (async_moves), each reported landed lag
+ * requests after it was handed out; an admission's own loads are waited
+ * for, the oldest copies first, as an engine waits before it computes. */
+typedef struct {
+    kvt_hybrid_move_t *mv;
+    uint64_t *at; /* the request that took it */
+    size_t head, n, cap;
+    uint8_t *ok;
+} lag_t;
+
+static void lag_free(lag_t *q) {
+    free(q->mv);
+    free(q->at);
+    free(q->ok);
+}
+
+static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now) {
+    for (size_t want; (want = kvt_hybrid_moves(c)) > 0;) {
+        if (q->head > 0 && q->head == q->n) q->head = q->n = 0;
+        if (q->n + want > q->cap) {
+            size_t cap = q->cap ? q->cap : 1024;
+            while (cap < q->n + want) cap *= 2;
+            kvt_hybrid_move_t *mv = realloc(q->mv, cap * sizeof(*mv));
+            if (mv) q->mv = mv;
+            uint64_t *at = realloc(q->at, cap * sizeof(*at));
+            if (at) q->at = at;
+            uint8_t *ok = realloc(q->ok, cap);
+            if (ok) q->ok = ok;
+            if (!mv || !at || !ok) return KVT_ENOMEM;
+            memset(q->ok, 1, cap);
+            q->cap = cap;
+        }
+        size_t got = kvt_hybrid_take_moves(c, q->mv + q->n, want);
+        for (size_t i = 0; i < got; i++) q->at[q->n + i] = now;
+        q->n += got;
+    }
+    return KVT_OK;
+}
+
+/* Reports the oldest copies, those taken by request upto or before. */
+static int lag_report(kvt_hybrid_t *c, lag_t *q, uint64_t upto, hyb_result_t *out) {
+    size_t k = q->head;
+    while (k < q->n && q->at[k] <= upto) k++;
+    if (k == q->head) return KVT_OK;
+    int rc = kvt_hybrid_moves_done(c, q->mv + q->head, k - q->head, q->ok);
+    out->moves += k - q->head;
+    q->head = k;
+    return rc;
+}
 
 static double frac(uint64_t x, uint64_t of) { return of ? (double)x / (double)of : 0; }
 
@@ -62,6 +113,7 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
     if (cfg.cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.l3_write_policy = KVT_WRITE_THROUGH;
     cfg.checkpoint_every = every;
     cfg.checkpoint_branches = branches;
+    cfg.moves = cfg.async_moves = h->copy_lag > 0;
     if (l1_pages == UNBOUNDED) {
         cfg.cache.l1_pages = all;
         for (uint32_t g = 0; g < h->ngroups; g++)
@@ -72,9 +124,11 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
         fprintf(stderr, "kvtier replay: cannot create the hybrid cache: %s\n", kvt_strerror(rc));
         return -1;
     }
-    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
+    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n, lag = h->copy_lag;
     int32_t *tok = malloc((size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS * sizeof(int32_t));
     rc = tok ? KVT_OK : KVT_ENOMEM;
+    lag_t q = {0};
+    memset(out, 0, sizeof(*out));
     double t0 = (double)kvt_now_ns() / 1e9;
     for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
         const kvt_trace_req_t *r = &t->req[i];
@@ -83,7 +137,19 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
         uint64_t pf = 0; /* a modeled L3: the full groups' pages there are prefetched, as the radix replay's are */
         if (l3->pages) rc = kvt_cache_prefetch(kvt_hybrid_cache(c), 0, tok, r->input_length, &pf);
         if (rc == KVT_OK) rc = kvt_hybrid_admit_prefetched(c, pf, 0, tok, r->input_length, 0, NULL, &req);
+        if (rc == KVT_OK && lag) rc = lag_take(c, &q, i);
+        while (rc == KVT_OK && lag && kvt_hybrid_ready(c, &req) == KVT_EAGAIN) { /* its loads, and what is before them */
+            rc = lag_report(c, &q, q.at[q.head], out);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i);
+        }
         if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, r->input_length, &req);
+        if (rc == KVT_OK && lag) {
+            rc = lag_take(c, &q, i);
+            if (rc == KVT_OK && i >= lag) rc = lag_report(c, &q, i - lag, out);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i);
+            size_t now = kvt_hybrid_moves_outstanding(c);
+            if (now > out->outstanding_most) out->outstanding_most = now;
+        }
         if (rc == KVT_OK && o->check_every && (i + 1) % o->check_every == 0) {
             const char *why;
             if (kvt_hybrid_check(c, &why) != KVT_OK) {
@@ -94,6 +160,11 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
         if (rc != KVT_OK && rc != KVT_ECORRUPT)
             fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", i + 1, kvt_strerror(rc));
     }
+    while (rc == KVT_OK && lag && (q.head < q.n || kvt_hybrid_moves(c))) { /* the copies still in flight land */
+        rc = lag_report(c, &q, UINT64_MAX, out);
+        if (rc == KVT_OK) rc = lag_take(c, &q, n);
+    }
+    lag_free(&q);
     out->wall_s = (double)kvt_now_ns() / 1e9 - t0;
     out->st.size = sizeof(out->st);
     kvt_hybrid_stats(c, &out->st);
@@ -122,6 +193,10 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h) {
     cJSON_AddNumberToObject(x, "full_groups_hit_rate", frac(r->st.full_hit_tokens, r->st.tokens));
     cJSON_AddNumberToObject(x, "bytes_per_cached_token", hyb_bpt(r));
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
+    if (h->copy_lag) {
+        cJSON_AddNumberToObject(x, "moves", (double)r->moves);
+        cJSON_AddNumberToObject(x, "moves_outstanding_most", (double)r->outstanding_most);
+    }
     cJSON *st = cJSON_AddObjectToObject(x, "stats");
 #define J_(name, kind, help) cJSON_AddNumberToObject(st, #name, (double)r->st.name);
     KVT_HYBRID_STATS_FIELDS(J_)
@@ -189,6 +264,7 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
         cJSON_AddNumberToObject(root, "state_share", h->state_share);
         cJSON_AddNumberToObject(root, "window_weight", h->window_weight);
         cJSON_AddNumberToObject(root, "l3_window_weight", h->l3_window_weight);
+        cJSON_AddNumberToObject(root, "copy_lag", (double)h->copy_lag);
         cJSON_AddNumberToObject(root, "all_full_bytes_per_token", (double)o->bpt);
         cJSON *arr = cJSON_AddArrayToObject(root, "runs");
         for (size_t i = 0; i < n; i++) {

@@ -17,6 +17,7 @@ typedef struct hybrid_opts {
     uint32_t every; /* --checkpoint-every */
     double state_share, window_weight; /* --state-share, --window-weight: kvt_hybrid_config_split */
     double l3_window_weight;           /* --l3-window-weight: the L3's alone (kvt_hybrid_config_split_tier) */
+    uint64_t copy_lag;                 /* --copy-lag: the pieces' copies land this many requests late; 0: none */
 } hybrid_opts_t;
 
 /* Replays t at each L1 size l1[0..n) (pages of the model held as all-full
