@@ -1109,6 +1109,99 @@ Test(hybrid_async, bad_reports_are_refused_and_change_nothing) {
     kvt_hybrid_destroy(h);
 }
 
+/* The same with async_moves, an engine reporting every move after each
+ * call: admissions and releases that fail for memory leave the pending
+ * pieces, the pinned sources and the outstanding moves consistent. */
+Test(hybrid_alloc, every_allocation_failure_with_async_moves_leaves_a_consistent_cache) {
+    int failures[2] = {0, 0};
+    int32_t *tok = malloc(4096 * sizeof(*tok)), *prev = malloc(4096 * sizeof(*prev));
+    for (uint64_t nth = 1, phase = 0; phase < 2 && nth < 400; nth++) { /* the nth allocation of admit, then release */
+        kvt_hybrid_config_t cfg;
+        cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
+        cfg.cache.l1_pages = cfg.cache.l2_pages = cfg.cache.l3_pages = 1 << 12;
+        cfg.cache.write_policy = cfg.cache.l3_write_policy = KVT_WRITE_BACK;
+        cfg.checkpoint_every = 2;
+        cfg.moves = cfg.async_moves = true;
+        for (uint32_t g = 1; g < 4; g++) cfg.l1_slots[g] = 16, cfg.l2_slots[g] = 24, cfg.l3_slots[g] = 64;
+        kvt_hybrid_t *h = NULL;
+        cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+        engine_t *e = calloc(1, sizeof(*e));
+        e->keeps_all = 1;
+        for (uint32_t g = 1; g < 4; g++)
+            for (int t = 0; t < 3; t++) e->b.slot[g][t] = calloc(64, sizeof(uint64_t));
+        kvt_rng_t r;
+        kvt_rng_seed(&r, 47);
+        uint64_t nprev = 0;
+        for (int q = 0; q < 30; q++) { /* warm: pieces in every tier, some copies left in flight */
+            uint64_t nt = next_request(&r, tok, prev, nprev, 4);
+            kvt_hybrid_req_t req;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+            take_all(h, e);
+            while (kvt_hybrid_ready(h, &req) == KVT_EAGAIN) {
+                run_some(h, e, &r, 1, 1u << 30);
+                take_all(h, e);
+            }
+            cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
+            take_all(h, e);
+            run_some(h, e, &r, 0, 1u << 30);
+            take_all(h, e);
+            memcpy(prev, tok, nt * sizeof(*tok));
+            nprev = nt;
+        }
+        uint64_t nt = next_request(&r, tok, prev, nprev, 4);
+        kvt_hybrid_req_t req;
+        kvt__mem_fail_nth(phase == 0 ? nth : 0);
+        int rc = kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        if (rc == KVT_OK) { /* its loads land, then it goes (a release short of memory still lets it go) */
+            take_all(h, e);
+            for (int round = 0; kvt_hybrid_ready(h, &req) == KVT_EAGAIN; round++) {
+                cr_assert_lt(round, 64);
+                run_some(h, e, &r, 1, 1u << 30);
+                take_all(h, e);
+            }
+            kvt__mem_fail_nth(phase == 1 ? nth : 0);
+            rc = kvt_hybrid_release(h, 0, tok, nt, &req);
+            fired |= kvt__mem_fail_fired();
+            kvt__mem_fail_nth(0);
+        }
+        failures[phase] += fired;
+        cr_assert(rc == KVT_OK || rc == KVT_ENOMEM, "phase %d allocation %" PRIu64 ": %s", (int)phase, nth,
+                  kvt_err_name(rc));
+        check(h, "after the failure");
+        for (int round = 0; kvt_hybrid_moves_outstanding(h) || kvt_hybrid_moves(h); round++) {
+            cr_assert_lt(round, 64, "the moves never drain");
+            take_all(h, e);
+            run_some(h, e, &r, 1, 1u << 30);
+        }
+        check(h, "drained");
+        for (int q = 0; q < 5; q++) { /* and it goes on */
+            kvt_hybrid_req_t more;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &more), KVT_OK);
+            take_all(h, e);
+            for (int round = 0; kvt_hybrid_ready(h, &more) == KVT_EAGAIN; round++) {
+                cr_assert_lt(round, 64);
+                run_some(h, e, &r, 1, 1u << 30);
+                take_all(h, e);
+            }
+            cr_assert_eq(kvt_hybrid_ready(h, &more), KVT_OK);
+            cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &more), KVT_OK);
+            take_all(h, e);
+            run_some(h, e, &r, 1, 1u << 30);
+        }
+        check(h, "after more requests");
+        kvt_hybrid_destroy(h);
+        for (uint32_t g = 1; g < 4; g++)
+            for (int t = 0; t < 3; t++) free(e->b.slot[g][t]);
+        free(e);
+        if (!fired) phase++, nth = 0;
+    }
+    cr_assert(failures[0] > 3 && failures[1] > 3, "the admission and the release allocate: %d, %d", failures[0],
+              failures[1]);
+    free(tok);
+    free(prev);
+}
+
 /* A report whose pieces go on down (write_through) allocates: each failure
  * there leaves the report refused with nothing changed, or taken with the
  * pieces that found no room counted; the check holds and the moves drain. */
