@@ -910,6 +910,44 @@ static void run_some(kvt_hybrid_t *h, engine_t *e, kvt_rng_t *r, int everything,
     cr_assert_eq(kvt_hybrid_moves_done(h, done, nd, ok), KVT_OK);
 }
 
+/* A small cache with async_moves (write policy `policy` both ways) and an
+ * engine over 64-slot arrays that keeps what requests computed. */
+static kvt_hybrid_t *small_async(int policy, engine_t **out) {
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
+    cfg.cache.l1_pages = cfg.cache.l2_pages = cfg.cache.l3_pages = 1 << 12;
+    cfg.cache.write_policy = cfg.cache.l3_write_policy = (kvt_write_policy_t)policy;
+    cfg.checkpoint_every = 2;
+    cfg.moves = cfg.async_moves = true;
+    for (uint32_t g = 1; g < 4; g++) cfg.l1_slots[g] = 16, cfg.l2_slots[g] = 24, cfg.l3_slots[g] = 64;
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    engine_t *e = calloc(1, sizeof(*e));
+    e->keeps_all = 1;
+    for (uint32_t g = 1; g < 4; g++)
+        for (int t = 0; t < 3; t++) e->b.slot[g][t] = calloc(64, sizeof(uint64_t));
+    *out = e;
+    return h;
+}
+
+static void free_engine(engine_t *e) {
+    for (uint32_t g = 1; g < 4; g++)
+        for (int t = 0; t < 3; t++) free(e->b.slot[g][t]);
+    free(e->o);
+    free(e);
+}
+
+/* The engine runs every move until req's pieces are in L1 (req NULL: until
+ * none is outstanding). */
+static void settle(kvt_hybrid_t *h, engine_t *e, kvt_rng_t *r, const kvt_hybrid_req_t *req) {
+    take_all(h, e);
+    for (int round = 0; req ? kvt_hybrid_ready(h, req) == KVT_EAGAIN : kvt_hybrid_moves_outstanding(h) > 0; round++) {
+        cr_assert_lt(round, 64, "the moves never drain");
+        run_some(h, e, r, 1, 1u << 30);
+        take_all(h, e);
+    }
+}
+
 typedef struct {
     int32_t tok[4096];
     kvt_hash128_t hash[1024];
@@ -1049,10 +1087,7 @@ static void run_async(int policy, int outside, uint64_t seed) {
         cr_assert_gt(e->held_most, 0, "a released request's move waited");
     }
     kvt_hybrid_destroy(h);
-    for (uint32_t g = 1; g < 4; g++)
-        for (int t = 0; t < 3; t++) free(e->b.slot[g][t]);
-    free(e->o);
-    free(e);
+    free_engine(e);
     free(q);
     free(prev);
 }
@@ -1116,19 +1151,8 @@ Test(hybrid_alloc, every_allocation_failure_with_async_moves_leaves_a_consistent
     int failures[2] = {0, 0};
     int32_t *tok = malloc(4096 * sizeof(*tok)), *prev = malloc(4096 * sizeof(*prev));
     for (uint64_t nth = 1, phase = 0; phase < 2 && nth < 400; nth++) { /* the nth allocation of admit, then release */
-        kvt_hybrid_config_t cfg;
-        cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
-        cfg.cache.l1_pages = cfg.cache.l2_pages = cfg.cache.l3_pages = 1 << 12;
-        cfg.cache.write_policy = cfg.cache.l3_write_policy = KVT_WRITE_BACK;
-        cfg.checkpoint_every = 2;
-        cfg.moves = cfg.async_moves = true;
-        for (uint32_t g = 1; g < 4; g++) cfg.l1_slots[g] = 16, cfg.l2_slots[g] = 24, cfg.l3_slots[g] = 64;
-        kvt_hybrid_t *h = NULL;
-        cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
-        engine_t *e = calloc(1, sizeof(*e));
-        e->keeps_all = 1;
-        for (uint32_t g = 1; g < 4; g++)
-            for (int t = 0; t < 3; t++) e->b.slot[g][t] = calloc(64, sizeof(uint64_t));
+        engine_t *e;
+        kvt_hybrid_t *h = small_async(KVT_WRITE_BACK, &e);
         kvt_rng_t r;
         kvt_rng_seed(&r, 47);
         uint64_t nprev = 0;
@@ -1136,11 +1160,7 @@ Test(hybrid_alloc, every_allocation_failure_with_async_moves_leaves_a_consistent
             uint64_t nt = next_request(&r, tok, prev, nprev, 4);
             kvt_hybrid_req_t req;
             cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), KVT_OK);
-            take_all(h, e);
-            while (kvt_hybrid_ready(h, &req) == KVT_EAGAIN) {
-                run_some(h, e, &r, 1, 1u << 30);
-                take_all(h, e);
-            }
+            settle(h, e, &r, &req);
             cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
             take_all(h, e);
             run_some(h, e, &r, 0, 1u << 30);
@@ -1154,12 +1174,7 @@ Test(hybrid_alloc, every_allocation_failure_with_async_moves_leaves_a_consistent
         int rc = kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req), fired = kvt__mem_fail_fired();
         kvt__mem_fail_nth(0);
         if (rc == KVT_OK) { /* its loads land, then it goes (a release short of memory still lets it go) */
-            take_all(h, e);
-            for (int round = 0; kvt_hybrid_ready(h, &req) == KVT_EAGAIN; round++) {
-                cr_assert_lt(round, 64);
-                run_some(h, e, &r, 1, 1u << 30);
-                take_all(h, e);
-            }
+            settle(h, e, &r, &req);
             kvt__mem_fail_nth(phase == 1 ? nth : 0);
             rc = kvt_hybrid_release(h, 0, tok, nt, &req);
             fired |= kvt__mem_fail_fired();
@@ -1169,31 +1184,19 @@ Test(hybrid_alloc, every_allocation_failure_with_async_moves_leaves_a_consistent
         cr_assert(rc == KVT_OK || rc == KVT_ENOMEM, "phase %d allocation %" PRIu64 ": %s", (int)phase, nth,
                   kvt_err_name(rc));
         check(h, "after the failure");
-        for (int round = 0; kvt_hybrid_moves_outstanding(h) || kvt_hybrid_moves(h); round++) {
-            cr_assert_lt(round, 64, "the moves never drain");
-            take_all(h, e);
-            run_some(h, e, &r, 1, 1u << 30);
-        }
+        settle(h, e, &r, NULL);
         check(h, "drained");
         for (int q = 0; q < 5; q++) { /* and it goes on */
             kvt_hybrid_req_t more;
             cr_assert_eq(kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &more), KVT_OK);
-            take_all(h, e);
-            for (int round = 0; kvt_hybrid_ready(h, &more) == KVT_EAGAIN; round++) {
-                cr_assert_lt(round, 64);
-                run_some(h, e, &r, 1, 1u << 30);
-                take_all(h, e);
-            }
+            settle(h, e, &r, &more);
             cr_assert_eq(kvt_hybrid_ready(h, &more), KVT_OK);
             cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &more), KVT_OK);
-            take_all(h, e);
-            run_some(h, e, &r, 1, 1u << 30);
+            settle(h, e, &r, NULL);
         }
         check(h, "after more requests");
         kvt_hybrid_destroy(h);
-        for (uint32_t g = 1; g < 4; g++)
-            for (int t = 0; t < 3; t++) free(e->b.slot[g][t]);
-        free(e);
+        free_engine(e);
         if (!fired) phase++, nth = 0;
     }
     cr_assert(failures[0] > 3 && failures[1] > 3, "the admission and the release allocate: %d, %d", failures[0],
@@ -1208,17 +1211,8 @@ Test(hybrid_alloc, every_allocation_failure_with_async_moves_leaves_a_consistent
 Test(hybrid_alloc, every_allocation_failure_in_a_report_leaves_a_consistent_cache) {
     int refused = 0, fired_any = 0;
     for (uint64_t nth = 1; nth < 200; nth++) {
-        kvt_hybrid_config_t cfg;
-        cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 30, 1 << 30, 1 << 30), KVT_OK);
-        cfg.cache.l1_pages = cfg.cache.l2_pages = cfg.cache.l3_pages = 1 << 12;
-        cfg.moves = cfg.async_moves = true;
-        for (uint32_t g = 1; g < 4; g++) cfg.l1_slots[g] = 16, cfg.l2_slots[g] = 24, cfg.l3_slots[g] = 64;
-        kvt_hybrid_t *h = NULL;
-        cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
-        engine_t *e = calloc(1, sizeof(*e));
-        e->keeps_all = 1;
-        for (uint32_t g = 1; g < 4; g++)
-            for (int t = 0; t < 3; t++) e->b.slot[g][t] = calloc(64, sizeof(uint64_t));
+        engine_t *e;
+        kvt_hybrid_t *h = small_async(KVT_WRITE_THROUGH, &e);
         int32_t *tok = malloc(4096 * sizeof(*tok)), *prev = malloc(4096 * sizeof(*prev));
         kvt_rng_t r;
         kvt_rng_seed(&r, 43);
@@ -1254,16 +1248,10 @@ Test(hybrid_alloc, every_allocation_failure_in_a_report_leaves_a_consistent_cach
         }
         e->nout = 0;
         check(h, "after the report");
-        for (int round = 0; kvt_hybrid_moves_outstanding(h) || kvt_hybrid_moves(h); round++) {
-            cr_assert_lt(round, 64);
-            take_all(h, e);
-            run_some(h, e, &r, 1, 1u << 30);
-        }
+        settle(h, e, &r, NULL);
         check(h, "drained");
         kvt_hybrid_destroy(h);
-        for (uint32_t g = 1; g < 4; g++)
-            for (int t = 0; t < 3; t++) free(e->b.slot[g][t]);
-        free(e);
+        free_engine(e);
         free(tok);
         free(prev);
         if (!fired) break;
