@@ -62,7 +62,6 @@ typedef struct pins {
     size_t bytes;     /* of this allocation */
 } pins_t;
 
-
 struct kvt_hybrid {
     kvt_hybrid_config_t cfg;
     kvt_cache_t *cache;
@@ -721,7 +720,7 @@ size_t kvt_hybrid_engine_waiting(const kvt_hybrid_t *h, const kvt_key128_t *keys
  * that it will not. */
 static void meet_waiters(kvt_hybrid_t *h, uint32_t g, kvt_key128_t key, int ok) {
     for (pins_t *p = h->live_reqs; p; p = p->next)
-        for (uint32_t i = 0; i < p->count[g]; i++) {
+        for (uint32_t i = 0; i < p->count[g] && p->nwait; i++) {
             if (p->wait[g][i] != PIECE_WAITING || !kvt__key_eq(p->keys[g][i], key)) continue;
             if (ok && kvt_keyed_pin(h->kc[g][0], &key, 1, NULL) != KVT_OK) abort(); /* just made ready */
             p->wait[g][i] = ok ? PIECE_PINNED : PIECE_FAILED;
