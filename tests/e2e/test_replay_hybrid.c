@@ -106,7 +106,7 @@ Test(replay_hybrid, the_l3_splits_with_its_own_window_weight, .timeout = 120) {
     const char *weights[2] = {"0.125", "0.5"};
     for (int i = 0; i < 2; i++) {
         run_result_t r = RUN(TRACE, "--model", "gemma-3-like", "--l1-pages", "512", "--l2-pages", "1024", "--l3-pages",
-                             "4096", "--l3-window-weight", weights[i], "--limit", "300", "--json");
+                             "4096", "--l3-window-weight", weights[i], "--limit", "150", "--json");
         cJSON *o = json_of(&r);
         cr_assert_eq(num(o, "l3_window_weight"), atof(weights[i]));
         cJSON *window = cJSON_GetArrayItem(cJSON_GetObjectItem(run_of(o, 0, "hybrid"), "groups"), 1);
