@@ -198,7 +198,8 @@ typedef struct kvt_hybrid_move { /* frozen */
  *    continue from (kvt_hybrid_longest over the pieces it has).
  *
  * The engine reports every move it took, with the move as taken and
- * ok[i] nonzero for a copy that landed. KVT_EINVAL, nothing changed, for a
+ * ok[i] nonzero for a copy that landed, on the cache's thread as every call
+ * (its copy threads or stream callbacks hand the reports over). KVT_EINVAL, nothing changed, for a
  * cache without async_moves, or a move not taken and not yet reported
  * (each may appear once); KVT_ENOMEM, nothing changed. Pieces a reported
  * copy would send on down but no tier below has room for are counted in
