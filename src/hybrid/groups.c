@@ -135,7 +135,7 @@ int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_
                             double state_share, double window_weight) {
     if (cfg == NULL || (l3_bytes && !l2_bytes)) return KVT_EINVAL;
     kvt_hybrid_config_t c = *cfg;
-    c.cache.l3_pages = 0; /* (split L2 first, so that an L3 left from before does not refuse L2 of 0) */
+    c.cache.l3_pages = 0; /* the old L3 would refuse an L2 of 0 bytes, split before the new L3 is */
     const uint64_t bytes[3] = {l1_bytes, l2_bytes, l3_bytes};
     for (uint32_t t = 1; t <= 3; t++)
         if (kvt_hybrid_config_split_tier(&c, t, bytes[t - 1], state_share, window_weight) != KVT_OK) return KVT_EINVAL;

@@ -42,7 +42,12 @@ static void lag_free(lag_t *q) {
 
 static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now) {
     for (size_t want; (want = kvt_hybrid_moves(c)) > 0;) {
-        if (q->head > 0 && q->head == q->n) q->head = q->n = 0;
+        if (q->head > 0 && q->head >= q->n / 2) { /* the reported half goes: the queue holds what is in flight */
+            memmove(q->mv, q->mv + q->head, (q->n - q->head) * sizeof(*q->mv));
+            memmove(q->at, q->at + q->head, (q->n - q->head) * sizeof(*q->at));
+            q->n -= q->head;
+            q->head = 0;
+        }
         if (q->n + want > q->cap) {
             size_t cap = q->cap ? q->cap : 1024;
             while (cap < q->n + want) cap *= 2;
