@@ -228,6 +228,9 @@ static uint32_t copy_down(const kvt_hybrid_t *h, uint32_t g, int t, uint64_t slo
     return PEND_NONE;
 }
 
+static void send_down(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                      kvt_key128_t *dk, uint64_t *ds, src_t *dsrc);
+
 /* Stores keys[0..n) (scored, from src[0..n)) in tier t of group g, never
  * evicting prot[0..np). What tier t evicts goes down under write_back,
  * what it stores under write_through. In order, the moves come out as the
@@ -284,29 +287,43 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     }
     for (size_t i = 0; i < n; i++)
         if (pages[i] != UINT64_MAX) record(h, g, src[i], t, pages[i], keys[i], after[i]);
-    if (below && down_policy(h, t) == KVT_WRITE_THROUGH) {
+    if (below && down_policy(h, t) == KVT_WRITE_THROUGH && async) {
+        send_down(h, g, t, keys, scores, n, dk, ds, dsrc); /* the new keys go when they land */
+    } else if (below && down_policy(h, t) == KVT_WRITE_THROUGH) {
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             uint64_t slot = pages[i];
-            if (async) { /* a new key goes down when it lands; a ready one not below goes now, pinned */
-                uint32_t e = kvt__keyed_find(k, keys[i]);
-                if (slot != UINT64_MAX || e == UINT32_MAX || k->ents[e].state != KVT__KEYED_READY) continue;
-                if (h->kc[g][t + 1] && kvt__keyed_find(h->kc[g][t + 1], keys[i]) != UINT32_MAX) continue;
-                if (kvt_keyed_pin(k, &keys[i], 1, &slot) != KVT_OK) abort(); /* ready: cannot fail */
-            } else if (slot == UINT64_MAX && kvt_keyed_page(k, keys[i], &slot) != KVT_OK) {
-                continue;
-            }
+            if (slot == UINT64_MAX && kvt_keyed_page(k, keys[i], &slot) != KVT_OK) continue;
             dk[m] = keys[i];
             ds[m] = scores[i];
-            dsrc[m++] = (src_t){(uint32_t)t + 1, (uint32_t)async, slot};
+            dsrc[m++] = (src_t){(uint32_t)t + 1, 0, slot};
         }
-        if (store_in(h, g, t + 1, dk, ds, dsrc, m, NULL, 0) != KVT_OK) {
-            h->st.pieces_refused += m;
-            if (async && m && kvt_keyed_unpin(k, dk, m) != KVT_OK) abort();
-        }
+        if (store_in(h, g, t + 1, dk, ds, dsrc, m, NULL, 0) != KVT_OK) h->st.pieces_refused += m;
     }
     kvt__free(work, bytes);
     return KVT_OK;
+}
+
+/* async_moves: the pieces of keys[0..n) ready in tier t of group g that the
+ * tier below lacks go down now, each pinned here while it is copied (a
+ * pending one goes when it lands). dk, ds, dsrc: scratch for n. */
+static void send_down(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                      kvt_key128_t *dk, uint64_t *ds, src_t *dsrc) {
+    kvt_keyed_t *k = h->kc[g][t], *below = h->kc[g][t + 1];
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = kvt__keyed_find(k, keys[i]);
+        if (e == UINT32_MAX || k->ents[e].state != KVT__KEYED_READY) continue;
+        if (below && kvt__keyed_find(below, keys[i]) != UINT32_MAX) continue; /* there, or on its way */
+        dsrc[m] = (src_t){(uint32_t)t + 1, 1, 0};
+        if (kvt_keyed_pin(k, &keys[i], 1, &dsrc[m].slot) != KVT_OK) abort(); /* ready: cannot fail */
+        dk[m] = keys[i];
+        ds[m++] = scores[i];
+    }
+    if (store_in(h, g, t + 1, dk, ds, dsrc, m, NULL, 0) != KVT_OK) {
+        h->st.pieces_refused += m;
+        if (m && kvt_keyed_unpin(k, dk, m) != KVT_OK) abort();
+    }
 }
 
 /* The shallowest of the cache's own tiers (0, 1, 2) holding key in group
@@ -741,14 +758,10 @@ static void landed(kvt_hybrid_t *h, const kvt_hybrid_move_t *m, int ok) {
     kvt_keyed_complete_store(k, &m->key, 1, ok);
     if (t == 0) meet_waiters(h, g, m->key, ok);
     if (!ok || !has_below(h, g, t) || down_policy(h, t) != KVT_WRITE_THROUGH) return;
-    if (h->kc[g][t + 1] && kvt__keyed_find(h->kc[g][t + 1], m->key) != UINT32_MAX) return; /* there, or on its way */
-    src_t from = {(uint32_t)t + 1, 1, 0};
-    if (kvt_keyed_pin(k, &m->key, 1, &from.slot) != KVT_OK) abort(); /* just made ready */
-    uint64_t score = k->ents[kvt__keyed_find(k, m->key)].score;
-    if (store_in(h, g, t + 1, &m->key, &score, &from, 1, NULL, 0) != KVT_OK) {
-        h->st.pieces_refused++;
-        kvt_keyed_unpin(k, &m->key, 1);
-    }
+    uint64_t score = k->ents[kvt__keyed_find(k, m->key)].score, ds;
+    kvt_key128_t dk;
+    src_t dsrc;
+    send_down(h, g, t, &m->key, &score, 1, &dk, &ds, &dsrc);
 }
 
 /* Clears the marks of moves[0..n) that the first pass of moves_done set. */
