@@ -9,10 +9,11 @@
  *
  * A piece (window page or checkpoint) may sit in several tiers at once, as a
  * radix page may have an L1 copy and an L2 copy. Scores order each keyed
- * cache's evictions (score_of): the needed class above the spare one, then
- * the clock of the request that stored or used the piece (a hit refreshes
- * its whole path, as the radix cache refreshes a matched prefix), then the
- * shallower piece above the deeper.
+ * cache's evictions (score_of): the needed class above the spare one; under
+ * s2lru, a piece a hit has used above one never used; then the clock of the
+ * request that stored or used the piece (a hit refreshes its whole path, as
+ * the radix cache refreshes a matched prefix), then the shallower piece
+ * above the deeper.
  *
  * Cost: an admission looks up at most m pieces per window group (each page
  * once, memoised) and m + 1 per state group, per tier; a release stores the
@@ -32,6 +33,7 @@
 #include "hybrid-int.h"
 
 #define NEEDED (1ull << 63)
+#define SEEN (1ull << 62) /* below it the clock (38 bits: 2^37 requests) and the depth */
 #define DEPTH_BITS 24
 
 #define G KVT_MODEL_MAX_GROUPS
@@ -67,6 +69,7 @@ struct kvt_hybrid {
     kvt_cache_t *cache;
     uint32_t P;
     uint64_t slot_bytes[G];
+    uint64_t seen;   /* SEEN under s2lru, else 0 */
     kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
     uint64_t clock, live;
     kvt_hybrid_stats_t st;
@@ -95,7 +98,9 @@ struct kvt_hybrid {
 /* A piece's eviction score: its class, then the clock of the request that
  * last stored or used it, then deeper pieces first (as the radix cache takes
  * a path's tail pages first), so that a path's pieces go from its end and
- * the windows before its branch points stay whole. */
+ * the windows before its branch points stay whole. The seen-again bit
+ * (h->seen) is added where a hit uses the piece and kept by every later
+ * touch (touch_keep), as the tree's protected pages stay protected. */
 static uint64_t score_of(const kvt_hybrid_t *h, int needed, uint64_t page) {
     uint64_t depth = (1ull << DEPTH_BITS) - 1;
     return (needed ? NEEDED : 0) | h->clock << DEPTH_BITS | (depth - (page < depth ? page : depth));
@@ -134,6 +139,13 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
         return rc;
     }
     h->P = c.cache.page_tokens ? c.cache.page_tokens : 16;
+    /* s2lru's rule for pages, for pieces: one a hit has used is seen again,
+     * for good, and goes after every piece never used (no ghost brings an
+     * evicted piece back seen). arc learns how much room its seen-once class
+     * gets; pieces given s2lru's fixed order under arc lose most of their
+     * hits where once-seen pieces come back soon (docs/hybrid.md), so there
+     * they stay in recency order. */
+    h->seen = c.cache.policy == KVT_POLICY_S2LRU ? SEEN : 0;
     const uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots};
     for (uint32_t g = 0; g < c.ngroups && rc == KVT_OK; g++) {
         if (c.groups[g].kind == KVT_GROUP_FULL) continue;
@@ -181,6 +193,12 @@ static int keys_room(kvt_hybrid_t *h, size_t n) {
 }
 
 static kvt_key128_t key_of(kvt_hash128_t x) { return (kvt_key128_t){x.hi, x.lo}; }
+
+/* kvt_keyed_touch that leaves a piece seen again once it is. */
+static void touch_keep(const kvt_hybrid_t *h, kvt_keyed_t *k, const kvt_key128_t *keys, const uint64_t *scores,
+                       size_t n) {
+    kvt__keyed_touch_keep(k, keys, scores, n, h->seen);
+}
 
 /* ---- moving pieces between tiers ----------------------------------------------- */
 
@@ -481,7 +499,7 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
             if (t > 0) { /* from below; pinned there while it is copied up, so that nothing this load
                           * pushes down takes its slot first */
                 h->keys[nl] = p->keys[g][i];
-                h->scores[nl] = score_of(h, 1, first + i);
+                h->scores[nl] = score_of(h, 1, first + i) | h->seen;
                 /* pinned while copied (async_moves: until the copy is reported); the outside L3: by key */
                 h->srcs[nl++] = (src_t){(uint32_t)t + 1, h->cfg.async_moves && h->kc[g][t], UINT64_MAX};
                 if (h->kc[g][t] && kvt_keyed_pin(h->kc[g][t], &p->keys[g][i], 1, &h->srcs[nl - 1].slot) != KVT_OK)
@@ -498,8 +516,9 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
             return rc;
         }
         h->st.pieces_loaded += nl;
-        for (size_t i = 0; i < k; i++) h->scores[i] = score_of(h, 1, first + i);
-        kvt_keyed_touch(h->kc[g][0], p->keys[g], h->scores, k);
+        for (size_t i = 0; i < k; i++) h->scores[i] = score_of(h, 1, first + i) | h->seen; /* used: seen again */
+        for (int t = 0; t < 3; t++)
+            if (h->kc[g][t]) touch_keep(h, h->kc[g][t], p->keys[g], h->scores, k);
         p->count[g] = (uint32_t)k;
         pin_request(h, p, g);
     }
@@ -517,7 +536,7 @@ static void touch_path(kvt_hybrid_t *h, uint64_t n) {
     }
     for (uint32_t g = 0; g < h->cfg.ngroups; g++)
         for (int t = 0; t < 3; t++)
-            if (h->kc[g][t]) kvt_keyed_touch(h->kc[g][t], h->keys, h->scores, (size_t)n);
+            if (h->kc[g][t]) touch_keep(h, h->kc[g][t], h->keys, h->scores, (size_t)n);
 }
 
 int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
@@ -653,7 +672,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
             h->scores[t++] = score_of(h, 1, i);
         }
     for (int tier = 0; tier < 3; tier++)
-        if (h->kc[g][tier]) kvt_keyed_touch(h->kc[g][tier], h->keys, h->scores, t);
+        if (h->kc[g][tier]) touch_keep(h, h->kc[g][tier], h->keys, h->scores, t);
     kvt__free(need, span ? span : 1);
 }
 

@@ -76,6 +76,12 @@ int kvt__keyed_grow(void **p, size_t *cap, size_t need, size_t elem);
  * took which victim's page. */
 static inline size_t kvt__keyed_loose(const kvt_keyed_t *c) { return c->nloose; }
 
+/* kvt_keyed_touch, but the bits of `keep` a key's score has stay set: a
+ * caller's class that a refresh must not take away (the hybrid cache's
+ * seen-again pieces). */
+void kvt__keyed_touch_keep(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                           uint64_t keep);
+
 /* ---- hash table ---- */
 /* Room for `keys` keys (entries, heap and table); KVT_ENOMEM changes nothing. */
 int kvt__keyed_reserve_keys(kvt_keyed_t *c, size_t keys);

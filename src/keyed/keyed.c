@@ -338,14 +338,19 @@ int kvt_keyed_unpin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
     return KVT_OK;
 }
 
-void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n) {
+void kvt__keyed_touch_keep(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                           uint64_t keep) {
     if (c == NULL || keys == NULL || scores == NULL) return;
     for (size_t j = 0; j < n; j++) {
         uint32_t i = kvt__keyed_find(c, keys[j]);
         if (i == UINT32_MAX) continue;
-        c->ents[i].score = scores[j];
+        c->ents[i].score = scores[j] | (c->ents[i].score & keep);
         if (c->ents[i].heap != KVT__KEYED_NOWHERE) kvt__heap_fix(c, i);
     }
+}
+
+void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n) {
+    kvt__keyed_touch_keep(c, keys, scores, n, 0);
 }
 
 int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nremoved) {

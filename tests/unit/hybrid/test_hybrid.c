@@ -403,6 +403,49 @@ Test(hybrid_config, one_tier_split_alone) {
     cr_assert_eq(c.l3_slots[1], 0);
 }
 
+/* ---- the pieces' eviction order under the cache's policy ------------------------- */
+
+/* Requests of two pages whose window (two pages) needs both: A, A again (a
+ * hit that uses A's pieces), B, then C, which must evict two of the four
+ * L1 window slots. Under s2lru the pieces B never had a hit use go first,
+ * so A still hits and B does not; under lru (and arc, whose learnt split
+ * stays the tree's) the least recent go: A's. Whether each hits says
+ * which pieces are left. */
+static uint64_t hit_pages(kvt_hybrid_t *h, int32_t root) {
+    int32_t tok[8];
+    for (int i = 0; i < 8; i++) tok[i] = root * 100 + i;
+    kvt_hybrid_req_t rq;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 8, 0, NULL, &rq), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(h, 0, tok, 8, &rq), KVT_OK);
+    check(h, "two-page request");
+    return rq.hit_pages;
+}
+
+static void seen_again_order(kvt_policy_t policy, int a_kept) {
+    static const kvt_layer_group_t g[] = {{KVT_GROUP_FULL, 1, 0, 0, 64}, {KVT_GROUP_WINDOW, 1, 8, 0, 64}};
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, g, 2, 4, 1 << 20, 0, 0), KVT_OK);
+    cfg.cache.l1_pages = 1 << 10; /* the full pages all stay */
+    cfg.cache.policy = policy;
+    cfg.l1_slots[1] = 4;
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    cr_assert_eq(hit_pages(h, 1), 0);
+    cr_assert_eq(hit_pages(h, 1), 2, "A's pieces are there and used");
+    cr_assert_eq(hit_pages(h, 2), 0);
+    cr_assert_eq(hit_pages(h, 3), 0);
+    const char *name = kvt_policy_name(policy);
+    cr_assert_eq(hit_pages(h, 2), a_kept ? 0 : 2, "%s: B's pieces %s", name, a_kept ? "evicted" : "kept");
+    cr_assert_eq(hit_pages(h, 1), a_kept ? 2 : 0, "%s: A's pieces %s", name, a_kept ? "kept" : "evicted");
+    kvt_hybrid_destroy(h);
+}
+
+Test(hybrid_policy, s2lru_evicts_the_pieces_no_hit_used_first) {
+    seen_again_order(KVT_POLICY_S2LRU, 1);
+    seen_again_order(KVT_POLICY_LRU, 0);
+    seen_again_order(KVT_POLICY_ARC, 0);
+}
+
 Test(model_groups, presets_and_descriptions) {
     kvt_layer_group_t g[KVT_MODEL_MAX_GROUPS];
     uint32_t n = 0, bad = 99;
