@@ -37,6 +37,17 @@
  * needed class, the rest the spare class, which every tier evicts first (a
  * hit that stops elsewhere can still load them while they last).
  *
+ * Eviction order, beyond the spare class. Under cache.policy s2lru and arc
+ * L1's pieces have those policies' two classes: a piece a hit has used (the
+ * window pages before n, the checkpoint at n) is seen again, for good, and
+ * the pieces never used go first while they hold more than a share of L1's
+ * slots: none under s2lru; under arc a share learnt as ARC learns it, from
+ * the pieces a hit of the full groups' m needed and found in no tier that
+ * L1's ghosts remember losing (more room for the class that lost them).
+ * Within a class, in L2 and L3, and under the other policies, the least
+ * recently stored or used piece goes first (a hit refreshes every piece of
+ * its path), the deeper before the shallower.
+ *
  * Tiers. A group's slots have the full groups' tiers: L1 and, with
  * cache.l2_pages, L2 and, with cache.l3_pages (the modeled store), L3, or
  * the engine's own store as L3 (kvt_hybrid_set_l3). A

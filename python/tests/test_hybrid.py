@@ -243,21 +243,22 @@ def test_room_in_l1_runs_out_while_pieces_are_pinned():
         h.check()
 
 
-def test_s2lru_evicts_the_pieces_no_hit_used_first():
+def test_the_pieces_follow_the_caches_policy():
     """Four L1 window slots, requests of two pages whose window needs both:
-    A, A again (a hit uses its pieces), B, C. Under s2lru C evicts B's pieces
-    (no hit used them), under lru A's (the least recent)."""
+    A, A again (a hit uses its pieces), B, C, then B, C, A. lru keeps the
+    most recent; s2lru the pieces a hit used (A); arc does until B misses
+    pieces its seen-once ghost remembers, then gives seen-once pieces room."""
     def hit(h, root):
         t = np.arange(root * 100, root * 100 + 8, dtype=np.int32)
         r = h.admit(t)
         h.release(r, t)
         return r.hit_pages
 
-    for policy, a_kept in (("s2lru", True), ("lru", False)):
+    for policy, want in (("lru", (2, 2, 0)), ("s2lru", (0, 0, 2)), ("arc", (0, 2, 0))):
         with kvtier.Hybrid("full:1:64,window:8:1:64", page_tokens=4, l1_bytes=1 << 20, l1_slots={1: 4},
                            policy=policy) as h:
             assert [hit(h, root) for root in (1, 1, 2, 3)] == [0, 2, 0, 0]
-            assert (hit(h, 2), hit(h, 1)) == ((0, 2) if a_kept else (2, 0)), policy
+            assert tuple(hit(h, root) for root in (2, 3, 1)) == want, policy
             h.check()
 
 

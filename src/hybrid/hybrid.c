@@ -9,11 +9,13 @@
  *
  * A piece (window page or checkpoint) may sit in several tiers at once, as a
  * radix page may have an L1 copy and an L2 copy. Scores order each keyed
- * cache's evictions (score_of): the needed class above the spare one; under
- * s2lru, a piece a hit has used above one never used; then the clock of the
- * request that stored or used the piece (a hit refreshes its whole path, as
- * the radix cache refreshes a matched prefix), then the shallower piece
- * above the deeper.
+ * cache's evictions (score_of): the needed class above the spare one, then
+ * the clock of the request that stored or used the piece (a hit refreshes
+ * its whole path, as the radix cache refreshes a matched prefix), then the
+ * shallower piece above the deeper. Under s2lru and arc the pieces in L1 a
+ * hit has used are a second class (seen again), which the pieces never used
+ * go before: always under s2lru; under arc while they hold more than a share
+ * learnt from the pieces' own misses (missed), as the tree learns its own.
  *
  * Cost: an admission looks up at most m pieces per window group (each page
  * once, memoised) and m + 1 per state group, per tier; a release stores the
@@ -33,7 +35,7 @@
 #include "hybrid-int.h"
 
 #define NEEDED (1ull << 63)
-#define SEEN (1ull << 62) /* below it the clock (38 bits: 2^37 requests) and the depth */
+#define SEEN (1ull << 62) /* L1's seen-again class; below it the clock (38 bits: 2^37 requests) and the depth */
 #define DEPTH_BITS 24
 
 #define G KVT_MODEL_MAX_GROUPS
@@ -69,7 +71,7 @@ struct kvt_hybrid {
     kvt_cache_t *cache;
     uint32_t P;
     uint64_t slot_bytes[G];
-    uint64_t seen;   /* SEEN under s2lru, else 0 */
+    uint64_t seen;   /* SEEN under s2lru and arc (L1's second class of pieces), else 0 */
     kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
     uint64_t clock, live;
     kvt_hybrid_stats_t st;
@@ -139,13 +141,13 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
         return rc;
     }
     h->P = c.cache.page_tokens ? c.cache.page_tokens : 16;
-    /* s2lru's rule for pages, for pieces: one a hit has used is seen again,
-     * for good, and goes after every piece never used (no ghost brings an
-     * evicted piece back seen). arc learns how much room its seen-once class
-     * gets; pieces given s2lru's fixed order under arc lose most of their
-     * hits where once-seen pieces come back soon (docs/hybrid.md), so there
-     * they stay in recency order. */
-    h->seen = c.cache.policy == KVT_POLICY_S2LRU ? SEEN : 0;
+    /* The two classes of s2lru and arc, for L1's pieces: one a hit has used
+     * is seen again, for good; one evicted and stored again comes back seen
+     * once (missed says why); under arc L1 learns how much room the seen-once
+     * get. L2 and L3 keep the pieces in recency order alone: they hold what
+     * L1 let go and the long tail, and classes there (fixed, or learnt as in
+     * L1) lost hits wherever an L3 was below (docs/hybrid.md). */
+    h->seen = c.cache.policy == KVT_POLICY_S2LRU || c.cache.policy == KVT_POLICY_ARC ? SEEN : 0;
     const uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots};
     for (uint32_t g = 0; g < c.ngroups && rc == KVT_OK; g++) {
         if (c.groups[g].kind == KVT_GROUP_FULL) continue;
@@ -156,6 +158,8 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
              * one of its new keys (keyed.h, Pages), which is what orders the moves (store_in) */
             kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = 0};
             rc = kvt_keyed_create(&h->kc[g][t], &kc);
+            if (rc == KVT_OK && h->seen && t == 0)
+                rc = kvt__keyed_set_classes(h->kc[g][t], SEEN, c.cache.policy == KVT_POLICY_ARC);
         }
     }
     if (rc != KVT_OK) {
@@ -194,10 +198,10 @@ static int keys_room(kvt_hybrid_t *h, size_t n) {
 
 static kvt_key128_t key_of(kvt_hash128_t x) { return (kvt_key128_t){x.hi, x.lo}; }
 
-/* kvt_keyed_touch that leaves a piece seen again once it is. */
-static void touch_keep(const kvt_hybrid_t *h, kvt_keyed_t *k, const kvt_key128_t *keys, const uint64_t *scores,
-                       size_t n) {
-    kvt__keyed_touch_keep(k, keys, scores, n, h->seen);
+/* kvt_keyed_touch that leaves a piece seen again once it is (L1 under s2lru
+ * and arc: below, scores never carry SEEN). */
+static void touch_keep(kvt_keyed_t *k, const kvt_key128_t *keys, const uint64_t *scores, size_t n) {
+    kvt__keyed_touch_keep(k, keys, scores, n, k->class_bit);
 }
 
 /* ---- moving pieces between tiers ----------------------------------------------- */
@@ -269,16 +273,20 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     }
     if (k == NULL || n == 0) return KVT_OK;
     /* this call's own: the pages and victims, what goes down, and what each new key waits for */
-    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 2 * sizeof(uint64_t) + sizeof(src_t) + sizeof(size_t) +
+    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 3 * sizeof(uint64_t) + sizeof(src_t) + sizeof(size_t) +
                         sizeof(uint32_t));
     unsigned char *work = kvt__malloc(bytes);
     if (work == NULL) return KVT_ENOMEM;
     kvt_key128_t *dk = (kvt_key128_t *)work, *evicted = dk + n;
-    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n;
-    src_t *dsrc = (src_t *)(pages + n);
+    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n, *own = pages + n;
+    src_t *dsrc = (src_t *)(own + n);
     size_t *taker = (size_t *)(dsrc + n);
     uint32_t *after = (uint32_t *)(taker + n);
     size_t nev = 0, loose = kvt__keyed_loose(k); /* free room 0: at most one victim per new key */
+    if (t > 0) { /* below L1, recency alone */
+        for (size_t i = 0; i < n; i++) own[i] = scores[i] & ~SEEN;
+        scores = own;
+    }
     int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, pages, evicted, n, &nev);
     if (rc != KVT_OK) {
         kvt__free(work, bytes);
@@ -517,8 +525,7 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
         }
         h->st.pieces_loaded += nl;
         for (size_t i = 0; i < k; i++) h->scores[i] = score_of(h, 1, first + i) | h->seen; /* used: seen again */
-        for (int t = 0; t < 3; t++)
-            if (h->kc[g][t]) touch_keep(h, h->kc[g][t], p->keys[g], h->scores, k);
+        touch_keep(h->kc[g][0], p->keys[g], h->scores, k);
         p->count[g] = (uint32_t)k;
         pin_request(h, p, g);
     }
@@ -536,7 +543,26 @@ static void touch_path(kvt_hybrid_t *h, uint64_t n) {
     }
     for (uint32_t g = 0; g < h->cfg.ngroups; g++)
         for (int t = 0; t < 3; t++)
-            if (h->kc[g][t]) touch_keep(h, h->kc[g][t], h->keys, h->scores, (size_t)n);
+            if (h->kc[g][t]) touch_keep(h->kc[g][t], h->keys, h->scores, (size_t)n);
+}
+
+/* arc's misses for L1's pieces: those a hit of all m full pages needed (a
+ * window's pages before m, the checkpoint at m) that the search found in no
+ * tier. When L1's ghosts remember losing one, the class that lost it should
+ * have held more: the hit would have been longer. (A piece a request
+ * recomputes and stores again is not taken as a miss, nor promoted as ARC
+ * promotes a page that comes back: most are pages no hit will need, and
+ * counting them moved the share the wrong way; nor is a piece only L2 or L3
+ * holds, which lost hits with an L3 below: docs/hybrid.md.) */
+static void missed(kvt_hybrid_t *h, uint64_t m) {
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) {
+        if (!h->kc[g][0]) continue;
+        int state = h->cfg.groups[g].kind == KVT_GROUP_STATE;
+        uint64_t lo = state ? m : kvt__hybrid_first_needed(&h->cfg.groups[g], h->P, m), hi = state ? m + 1 : m;
+        for (uint64_t i = lo; i < hi; i++)
+            if (h->memo[(size_t)g * h->mstride + i] == -1) /* asked, and in no tier */
+                kvt__keyed_missed(h->kc[g][0], piece_key(h, g, i));
+    }
 }
 
 int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, int32_t priority,
@@ -575,6 +601,7 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     h->searching = true; /* (its questions walk down: the outside L3 is asked ahead, resolve_down) */
     uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, h, &r.short_by);
     h->searching = false;
+    if (n < m && h->seen) missed(h, m);
     int tier = -1;
     if (load_and_pin(h, n, p, &tier) != KVT_OK) { /* the pieces do not fit in L1 beside the pinned ones */
         h->st.room_short_tokens += n * h->P;
@@ -672,7 +699,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
             h->scores[t++] = score_of(h, 1, i);
         }
     for (int tier = 0; tier < 3; tier++)
-        if (h->kc[g][tier]) touch_keep(h, h->kc[g][tier], h->keys, h->scores, t);
+        if (h->kc[g][tier]) touch_keep(h->kc[g][tier], h->keys, h->scores, t);
     kvt__free(need, span ? span : 1);
 }
 
@@ -929,6 +956,12 @@ int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
             rc = kvt_keyed_check(h->kc[g][t], &w);
             kvt_keyed_stats_t ks = {.size = sizeof(ks)};
             kvt_keyed_stats(h->kc[g][t], &ks);
+            if (rc != KVT_OK) break;
+            const kvt_keyed_t *k = h->kc[g][t];
+            if (k->class_bit != (t == 0 ? h->seen : 0)) rc = KVT_ECORRUPT, w = "a tier's pieces have the wrong classes";
+            for (size_t i = 0; i < k->nents && rc == KVT_OK; i++) /* the class is L1's, under s2lru and arc */
+                if ((k->ents[i].score & SEEN) && (t > 0 || !h->seen))
+                    rc = KVT_ECORRUPT, w = "a piece outside L1's classes is marked seen again";
             if (rc != KVT_OK) break;
             if (h->cfg.async_moves) {
                 if ((w = check_pending(h, g, t, &ks)) != NULL) rc = KVT_ECORRUPT;

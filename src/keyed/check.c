@@ -9,10 +9,13 @@
 #define BROKEN(what) return (why ? *why = (what) : 0), KVT_ECORRUPT
 
 static int check_entries(const kvt_keyed_t *c, const char **why) {
-    if (c->nents > c->ecap || c->nents > c->hcap) BROKEN("more entries than room");
-    uint64_t pending = 0, pinned = 0, evictable = 0;
+    if (c->nents > c->ecap || c->nents > c->hcap[0] || (c->class_bit && c->nents > c->hcap[1]))
+        BROKEN("more entries than room");
+    uint64_t pending = 0, pinned = 0, evictable[2] = {0, 0}, cls1 = 0;
     for (size_t i = 0; i < c->nents; i++) {
         const kvt__kentry_t *e = &c->ents[i];
+        unsigned k = kvt__kentry_class(c, e);
+        cls1 += k;
         if (e->mark) BROKEN("an entry is still marked protected");
         if (e->page >= c->pages) BROKEN("an entry's page is outside the pool");
         if (e->state == KVT__KEYED_PENDING) {
@@ -24,20 +27,25 @@ static int check_entries(const kvt_keyed_t *c, const char **why) {
         pinned += e->pins > 0;
         if ((e->pins == 0) != (e->heap != KVT__KEYED_NOWHERE)) BROKEN("an entry's heap membership disagrees with its pins");
         if (e->heap == KVT__KEYED_NOWHERE) continue;
-        if (e->heap >= c->nheap || c->heap[e->heap] != i) BROKEN("an entry's heap position is wrong");
-        evictable++;
+        if (e->heap >= c->nheap[k] || c->heap[k][e->heap] != i) BROKEN("an entry's heap position is wrong");
+        evictable[k]++;
     }
     if (pending != c->pending) BROKEN("the pending count differs from the entries");
     if (pinned != c->pinned) BROKEN("the pinned count differs from the entries");
-    if (evictable != c->nheap) BROKEN("the heap does not hold exactly the evictable entries");
+    if (cls1 != c->ncls1) BROKEN("the class-1 count differs from the entries");
+    if (evictable[0] != c->nheap[0] || evictable[1] != c->nheap[1])
+        BROKEN("the heaps do not hold exactly the evictable entries of their classes");
     return KVT_OK;
 }
 
 static int check_heap(const kvt_keyed_t *c, const char **why) {
-    for (size_t pos = 0; pos < c->nheap; pos++) {
-        uint32_t i = c->heap[pos];
-        if (i >= c->nents || c->ents[i].heap != pos) BROKEN("a heap slot's entry points elsewhere");
-        if (pos > 0 && kvt__kentry_less(&c->ents[i], &c->ents[c->heap[(pos - 1) / 2]])) BROKEN("the heap is out of order");
+    for (unsigned k = 0; k < 2; k++) {
+        const uint32_t *h = c->heap[k];
+        for (size_t pos = 0; pos < c->nheap[k]; pos++) {
+            uint32_t i = h[pos];
+            if (i >= c->nents || c->ents[i].heap != pos) BROKEN("a heap slot's entry points elsewhere");
+            if (pos > 0 && kvt__kentry_less(&c->ents[i], &c->ents[h[(pos - 1) / 2]])) BROKEN("the heap is out of order");
+        }
     }
     return KVT_OK;
 }

@@ -7,9 +7,10 @@
  * deletion shifts the later members of its cluster back (no tombstones), so
  * the invariant is plain: from a key's home to its slot no slot is empty.
  *
- * Heap: a binary min-heap of entry indexes by (score, hi, lo), each entry
- * holding its position (entry.heap), so that a pinned or re-scored entry is
- * erased or moved in O(log E) without a search.
+ * Heaps: a binary min-heap of entry indexes by (score, hi, lo) per class
+ * (one unless kvt__keyed_set_classes), each entry holding its position in
+ * its class's (entry.heap), so that a pinned or re-scored entry is erased or
+ * moved in O(log E) without a search.
  */
 #include <string.h>
 
@@ -73,12 +74,13 @@ static int table_rebuild(kvt_keyed_t *c, size_t tcap) {
 int kvt__keyed_reserve_keys(kvt_keyed_t *c, size_t keys) {
     if (keys >= UINT32_MAX) return KVT_ENOMEM; /* entry indexes are uint32, UINT32_MAX is "none" */
     if (kvt__keyed_grow((void **)&c->ents, &c->ecap, keys, sizeof(kvt__kentry_t)) != KVT_OK) return KVT_ENOMEM;
-    if (c->hcap < c->ecap) { /* the heap may hold every entry */
-        uint32_t *h = kvt__realloc(c->heap, c->hcap * sizeof(uint32_t), c->ecap * sizeof(uint32_t));
-        if (h == NULL) return KVT_ENOMEM;
-        c->heap = h;
-        c->hcap = c->ecap;
-    }
+    for (unsigned k = 0; k < (c->class_bit ? 2u : 1u); k++) /* either heap may hold every entry */
+        if (c->hcap[k] < c->ecap) {
+            uint32_t *h = kvt__realloc(c->heap[k], c->hcap[k] * sizeof(uint32_t), c->ecap * sizeof(uint32_t));
+            if (h == NULL) return KVT_ENOMEM; /* (a heap grown before stays grown: room to spare) */
+            c->heap[k] = h;
+            c->hcap[k] = c->ecap;
+        }
     size_t tcap = c->tcap < 16 ? 16 : c->tcap;
     while (tcap / 2 < keys) tcap *= 2;
     return tcap == c->tcap ? KVT_OK : table_rebuild(c, tcap);
@@ -88,6 +90,7 @@ uint32_t kvt__keyed_add(kvt_keyed_t *c, kvt_key128_t key, uint64_t score) {
     KVT_ASSERT(c->nents < c->ecap && (c->nents + 1) * 2 <= c->tcap);
     uint32_t i = (uint32_t)c->nents++;
     c->ents[i] = (kvt__kentry_t){.key = key, .score = score, .heap = KVT__KEYED_NOWHERE, .state = KVT__KEYED_PENDING};
+    c->ncls1 += kvt__kentry_class(c, &c->ents[i]);
     table_put(c, i);
     return i;
 }
@@ -109,71 +112,76 @@ static void table_delete(kvt_keyed_t *c, size_t s) {
 void kvt__keyed_remove(kvt_keyed_t *c, uint32_t i) {
     KVT_ASSERT(i < c->nents && c->ents[i].heap == KVT__KEYED_NOWHERE);
     table_delete(c, kvt__keyed_slot(c, c->ents[i].key));
+    c->ncls1 -= kvt__kentry_class(c, &c->ents[i]);
     uint32_t last = (uint32_t)--c->nents;
     if (i == last) return;
     c->ents[i] = c->ents[last];
     c->slots[kvt__keyed_slot(c, c->ents[i].key)] = i + 1;
-    if (c->ents[i].heap != KVT__KEYED_NOWHERE) c->heap[c->ents[i].heap] = i;
+    if (c->ents[i].heap != KVT__KEYED_NOWHERE) c->heap[kvt__kentry_class(c, &c->ents[i])][c->ents[i].heap] = i;
 }
 
-/* ---- heap ---- */
+/* ---- heaps ---- */
 
-static int heap_less(const kvt_keyed_t *c, size_t a, size_t b) {
-    return kvt__kentry_less(&c->ents[c->heap[a]], &c->ents[c->heap[b]]);
+static int heap_less(const kvt_keyed_t *c, const uint32_t *h, size_t a, size_t b) {
+    return kvt__kentry_less(&c->ents[h[a]], &c->ents[h[b]]);
 }
 
-static void heap_set(kvt_keyed_t *c, size_t pos, uint32_t i) {
-    c->heap[pos] = i;
+static void heap_set(kvt_keyed_t *c, uint32_t *h, size_t pos, uint32_t i) {
+    h[pos] = i;
     c->ents[i].heap = (uint32_t)pos;
 }
 
-static void sift_up(kvt_keyed_t *c, size_t pos) {
-    uint32_t i = c->heap[pos];
+static void sift_up(kvt_keyed_t *c, unsigned k, size_t pos) {
+    uint32_t *h = c->heap[k], i = h[pos];
     while (pos > 0) {
         size_t up = (pos - 1) / 2;
-        if (!kvt__kentry_less(&c->ents[i], &c->ents[c->heap[up]])) break;
-        heap_set(c, pos, c->heap[up]);
+        if (!kvt__kentry_less(&c->ents[i], &c->ents[h[up]])) break;
+        heap_set(c, h, pos, h[up]);
         pos = up;
     }
-    heap_set(c, pos, i);
+    heap_set(c, h, pos, i);
 }
 
-static void sift_down(kvt_keyed_t *c, size_t pos) {
-    uint32_t i = c->heap[pos];
+static void sift_down(kvt_keyed_t *c, unsigned k, size_t pos) {
+    uint32_t *h = c->heap[k], i = h[pos];
+    size_t n = c->nheap[k];
     for (;;) {
         size_t l = 2 * pos + 1, m = pos;
-        if (l >= c->nheap) break;
-        m = l + 1 < c->nheap && heap_less(c, l + 1, l) ? l + 1 : l;
-        if (!kvt__kentry_less(&c->ents[c->heap[m]], &c->ents[i])) break;
-        heap_set(c, pos, c->heap[m]);
+        if (l >= n) break;
+        m = l + 1 < n && heap_less(c, h, l + 1, l) ? l + 1 : l;
+        if (!kvt__kentry_less(&c->ents[h[m]], &c->ents[i])) break;
+        heap_set(c, h, pos, h[m]);
         pos = m;
     }
-    heap_set(c, pos, i);
+    heap_set(c, h, pos, i);
+}
+
+static void fix(kvt_keyed_t *c, unsigned k, size_t pos) {
+    if (pos > 0 && heap_less(c, c->heap[k], pos, (pos - 1) / 2)) sift_up(c, k, pos);
+    else sift_down(c, k, pos);
 }
 
 void kvt__heap_push(kvt_keyed_t *c, uint32_t i) {
-    KVT_ASSERT(c->nheap < c->hcap && c->ents[i].heap == KVT__KEYED_NOWHERE);
-    c->heap[c->nheap] = i;
-    sift_up(c, c->nheap++);
+    unsigned k = kvt__kentry_class(c, &c->ents[i]);
+    KVT_ASSERT(c->nheap[k] < c->hcap[k] && c->ents[i].heap == KVT__KEYED_NOWHERE);
+    c->heap[k][c->nheap[k]] = i;
+    sift_up(c, k, c->nheap[k]++);
 }
 
 void kvt__heap_erase(kvt_keyed_t *c, uint32_t i) {
-    size_t pos = c->ents[i].heap, last = --c->nheap;
+    unsigned k = kvt__kentry_class(c, &c->ents[i]);
+    uint32_t *h = c->heap[k];
+    size_t pos = c->ents[i].heap, last = --c->nheap[k];
     c->ents[i].heap = KVT__KEYED_NOWHERE;
     if (pos == last) return;
-    c->heap[pos] = c->heap[last];
-    c->ents[c->heap[pos]].heap = (uint32_t)pos;
-    kvt__heap_fix(c, c->heap[pos]);
+    heap_set(c, h, pos, h[last]);
+    fix(c, k, pos);
 }
 
-uint32_t kvt__heap_pop(kvt_keyed_t *c) {
-    uint32_t i = c->heap[0];
+uint32_t kvt__heap_pop(kvt_keyed_t *c, unsigned k) {
+    uint32_t i = c->heap[k][0];
     kvt__heap_erase(c, i);
     return i;
 }
 
-void kvt__heap_fix(kvt_keyed_t *c, uint32_t i) {
-    size_t pos = c->ents[i].heap;
-    if (pos > 0 && heap_less(c, pos, (pos - 1) / 2)) sift_up(c, pos);
-    else sift_down(c, pos);
-}
+void kvt__heap_fix(kvt_keyed_t *c, uint32_t i) { fix(c, kvt__kentry_class(c, &c->ents[i]), c->ents[i].heap); }

@@ -9,6 +9,7 @@
 
 #include "kvtier/alloc.h"
 #include "kvtier/keyed.h"
+#include "../core/ghost-int.h"
 
 #define KVT__KEYED_NOWHERE UINT32_MAX /* entry.heap of an entry not in the heap */
 
@@ -32,8 +33,17 @@ struct kvt_keyed {
     kvt_extalloc_t *alloc;
 
     kvt__kentry_t *ents; /* ents[0..nents): the keys; capacity ecap */
-    uint32_t *heap;      /* heap[0..nheap): evictable entries, a min-heap by (score, hi, lo) */
-    size_t nents, ecap, nheap, hcap; /* hcap >= ecap: a key made evictable never needs room */
+    /* heap[k][0..nheap[k]): the evictable entries of class k, a min-heap by
+     * (score, hi, lo). One class (heap 0) unless class_bit is set
+     * (kvt__keyed_set_classes). */
+    uint32_t *heap[2];
+    size_t nents, ecap, nheap[2], hcap[2]; /* hcap[k] >= ecap for each class in use: a key made
+                                            * evictable never needs room */
+    uint64_t class_bit; /* a score with this bit is class 1; 0: one class */
+    double target0;     /* two classes: class 0 goes first while it holds more keys than this */
+    size_t ncls1;       /* keys of class 1 */
+    kvt__ghost_t *ghost; /* adaptive: [k] the keys class k lost to eviction, from which target0 is
+                          * learnt as ARC learns p; NULL: target0 stays 0 */
 
     uint32_t *slots; /* open addressing, linear probing: entry index + 1, 0 empty */
     size_t tcap;     /* a power of two; load at most 1/2 */
@@ -59,7 +69,14 @@ struct kvt_keyed {
     uint64_t lookups, hits, stores_prepared, stores_completed, stores_failed, store_refusals, evictions, loads, removed;
 };
 
-/* The eviction order: (score, hi, lo) ascending. */
+/* An entry's class: its heap. */
+static inline unsigned kvt__kentry_class(const kvt_keyed_t *c, const kvt__kentry_t *e) {
+    return (e->score & c->class_bit) != 0;
+}
+
+static inline size_t kvt__keyed_evictable(const kvt_keyed_t *c) { return c->nheap[0] + c->nheap[1]; }
+
+/* The eviction order within a class: (score, hi, lo) ascending. */
 static inline int kvt__kentry_less(const kvt__kentry_t *a, const kvt__kentry_t *b) {
     if (a->score != b->score) return a->score < b->score;
     if (a->key.hi != b->key.hi) return a->key.hi < b->key.hi;
@@ -75,6 +92,24 @@ int kvt__keyed_grow(void **p, size_t *cap, size_t need, size_t elem);
  * evicted keys' pages (keyed.h, Pages): with it a caller tells which new key
  * took which victim's page. */
 static inline size_t kvt__keyed_loose(const kvt_keyed_t *c) { return c->nloose; }
+
+/* Two classes, as s2lru and ARC keep them (the hybrid cache's pieces): a key
+ * whose score has class_bit set is class 1 (seen again), the others class 0.
+ * Each class is evicted in its own order; an eviction takes class 0 while
+ * the class-0 keys present (before the store's new ones) outnumber target0,
+ * else class 1 (the other class when the one chosen has no evictable key).
+ * target0 is 0 (s2lru: seen once always first) unless `adaptive`: then it is
+ * learnt as ARC learns p (Megiddo & Modha, FAST'03), from two ghosts of
+ * 2 x pages keys that remember the keys each class lost to eviction, and
+ * the caller's misses (kvt__keyed_missed). class_bit 0: one class, the
+ * order of keyed.h. Set on an empty cache only: KVT_EBUSY otherwise,
+ * KVT_ENOMEM; nothing changed then. */
+int kvt__keyed_set_classes(kvt_keyed_t *c, uint64_t class_bit, int adaptive);
+/* The caller wanted key and it was absent. A ghost that remembers it moves
+ * the target toward the class that lost it, by max(1, |other ghost| / |its
+ * ghost|) keys within [0, pages], as ARC moves p on a hit in B1 or B2, and
+ * forgets it. Not adaptive: nothing. */
+void kvt__keyed_missed(kvt_keyed_t *c, kvt_key128_t key);
 
 /* kvt_keyed_touch, but the bits of `keep` a key's score has stay set: a
  * caller's class that a refresh must not take away (the hybrid cache's
@@ -97,8 +132,10 @@ void kvt__keyed_remove(kvt_keyed_t *c, uint32_t i);
 size_t kvt__keyed_home(const kvt_keyed_t *c, kvt_key128_t key);
 
 /* ---- eviction heap ---- */
+/* Entry i goes into, or leaves, the heap of its class (its score's). */
 void kvt__heap_push(kvt_keyed_t *c, uint32_t i);
-uint32_t kvt__heap_pop(kvt_keyed_t *c);
+/* The smallest entry of class k's heap (not empty), taken out. */
+uint32_t kvt__heap_pop(kvt_keyed_t *c, unsigned k);
 void kvt__heap_erase(kvt_keyed_t *c, uint32_t i);
 /* Restores the order around entry i after its score changed. */
 void kvt__heap_fix(kvt_keyed_t *c, uint32_t i);

@@ -52,9 +52,18 @@
 #include "../core/abi-int.h"
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
+#include "../core/mix-int.h"
 #include "keyed-int.h"
 
 enum { WHY_EVICTED = 0, WHY_FAILED = 1, WHY_RESET = 2, WHY_REMOVED = 3 };
+
+static uint64_t ghost_key(kvt_key128_t k) { return k.hi ^ kvt__mix64(k.lo); }
+
+static void free_ghosts(kvt__ghost_t *g) {
+    if (g == NULL) return;
+    for (int k = 0; k < 2; k++) kvt__ghost_fini(&g[k]);
+    kvt__free(g, 2 * sizeof(*g));
+}
 
 int kvt_keyed_create(kvt_keyed_t **out, const kvt_keyed_config_t *cfg) {
     if (out == NULL || cfg == NULL) return KVT_EINVAL;
@@ -80,7 +89,8 @@ void kvt_keyed_destroy(kvt_keyed_t *c) {
     if (c == NULL) return;
     kvt_extalloc_destroy(c->alloc);
     kvt__free(c->ents, c->ecap * sizeof(*c->ents));
-    kvt__free(c->heap, c->hcap * sizeof(*c->heap));
+    for (int k = 0; k < 2; k++) kvt__free(c->heap[k], c->hcap[k] * sizeof(uint32_t));
+    free_ghosts(c->ghost);
     kvt__free(c->slots, c->tcap * sizeof(*c->slots));
     kvt__free(c->loose, c->lcap * sizeof(*c->loose));
     kvt__free(c->ev, c->evcap * sizeof(*c->ev));
@@ -124,6 +134,7 @@ typedef struct plan {
     size_t aside; /* protected entries popped on the way to the k-th */
     size_t popped; /* entries out of the heap, in pops[0..popped) */
 } plan_t;
+
 
 static size_t count_absent(const kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
     size_t u = 0;
@@ -183,13 +194,27 @@ static int grow_work(kvt_keyed_t *c, const plan_t *p) {
     return KVT_OK;
 }
 
-/* Pops the k smallest unprotected evictable entries into pops[0..k), and the
+/* The next evictable entry in eviction order, taken out of its heap; cnt0:
+ * the class-0 keys present, which the target weighs (two classes only). */
+static uint32_t pop_next(kvt_keyed_t *c, size_t cnt0) {
+    unsigned k = 0;
+    if (c->class_bit) k = c->nheap[1] > 0 && (c->nheap[0] == 0 || cnt0 <= c->target0);
+    return kvt__heap_pop(c, k);
+}
+
+/* Pops the k first unprotected evictable entries into pops[0..k), and the
  * protected ones met on the way after them. */
 static void pop_victims(kvt_keyed_t *c, plan_t *p) {
+    size_t cnt0 = c->nents - c->ncls1; /* the class-0 keys before this store's new ones */
+    for (size_t j = p->base; j < c->nents; j++) cnt0 -= kvt__kentry_class(c, &c->ents[j]) == 0;
     for (size_t j = 0; j < p->k;) {
-        uint32_t i = kvt__heap_pop(c);
-        if (c->ents[i].mark) c->pops[p->k + p->aside++] = i;
-        else c->pops[j++] = i;
+        uint32_t i = pop_next(c, cnt0);
+        if (c->ents[i].mark) {
+            c->pops[p->k + p->aside++] = i;
+            continue;
+        }
+        c->pops[j++] = i;
+        cnt0 -= kvt__kentry_class(c, &c->ents[i]) == 0;
     }
     p->popped = p->k + p->aside;
 }
@@ -221,8 +246,10 @@ static void commit(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const
     for (size_t i = 0; i < n; i++)
         if (pages[i] != UINT64_MAX) pages[i] = c->ents[p->base + pages[i]].page;
     for (size_t v = 0; v < p->k; v++) {
-        evicted[v] = c->ents[c->pops[v]].key;
+        const kvt__kentry_t *e = &c->ents[c->pops[v]];
+        evicted[v] = e->key;
         record(c, evicted[v], KVT_KEYED_REMOVED, WHY_EVICTED);
+        if (c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, e)], ghost_key(e->key));
     }
     for (size_t v = 0; v < p->k; v++) kvt__keyed_remove(c, kvt__keyed_find(c, evicted[v]));
     c->nloose = 0;
@@ -236,13 +263,13 @@ static int prepare(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *sco
                    const kvt_key128_t *protect, size_t np, uint64_t *pages, kvt_key128_t *evicted, size_t capacity,
                    size_t *nevicted) {
     size_t u = count_absent(c, keys, n), freep = c->pages - c->nents; /* held by no key */
-    size_t limit = freep + c->nheap; /* more new keys than this can never fit */
+    size_t limit = freep + kvt__keyed_evictable(c); /* more new keys than this can never fit */
     plan_t p = {.base = c->nents};
     if (u > limit) u = limit;
     if (u > 0 && kvt__keyed_reserve_keys(c, c->nents + u) != KVT_OK) return KVT_ENOMEM;
     int rc = add_new(c, keys, scores, n, limit, pages, &p);
     p.nprot = mark_protect(c, protect, np, 1);
-    size_t need = p.m > freep ? p.m - freep : 0, avail = c->nheap - p.nprot;
+    size_t need = p.m > freep ? p.m - freep : 0, avail = kvt__keyed_evictable(c) - p.nprot;
     if (rc == KVT_OK && need > avail) rc = KVT_ENOSPC;
     if (rc == KVT_ENOSPC) c->store_refusals++;
     if (rc == KVT_OK) {
@@ -344,8 +371,19 @@ void kvt__keyed_touch_keep(kvt_keyed_t *c, const kvt_key128_t *keys, const uint6
     for (size_t j = 0; j < n; j++) {
         uint32_t i = kvt__keyed_find(c, keys[j]);
         if (i == UINT32_MAX) continue;
-        c->ents[i].score = scores[j] | (c->ents[i].score & keep);
-        if (c->ents[i].heap != KVT__KEYED_NOWHERE) kvt__heap_fix(c, i);
+        kvt__kentry_t *e = &c->ents[i];
+        uint64_t s = scores[j] | (e->score & keep);
+        unsigned from = kvt__kentry_class(c, e), heaped = e->heap != KVT__KEYED_NOWHERE;
+        if (heaped && ((s & c->class_bit) != 0) != from) { /* to the other class's heap */
+            kvt__heap_erase(c, i);
+            e->score = s;
+            kvt__heap_push(c, i);
+        } else {
+            e->score = s;
+            if (heaped) kvt__heap_fix(c, i);
+        }
+        c->ncls1 += kvt__kentry_class(c, e);
+        c->ncls1 -= from;
     }
 }
 
@@ -383,10 +421,52 @@ int kvt_keyed_reset(kvt_keyed_t *c) {
         for (size_t j = 0; j < c->nloose; j++) c->runs[c->nents + j] = (kvt_run_t){c->loose[j], 1};
         if (kvt_extalloc_free(c->alloc, c->runs, nfree) != KVT_OK) return KVT_ENOMEM;
     }
-    while (c->nheap > 0) record(c, c->ents[kvt__heap_pop(c)].key, KVT_KEYED_REMOVED, WHY_RESET);
+    for (size_t cnt0 = c->nents - c->ncls1; kvt__keyed_evictable(c) > 0;) {
+        uint32_t i = pop_next(c, cnt0);
+        cnt0 -= kvt__kentry_class(c, &c->ents[i]) == 0;
+        record(c, c->ents[i].key, KVT_KEYED_REMOVED, WHY_RESET);
+    }
+    c->ncls1 = 0;
     if (c->tcap) memset(c->slots, 0, c->tcap * sizeof(*c->slots));
     c->nents = 0;
     c->nloose = 0;
+    return KVT_OK;
+}
+
+void kvt__keyed_missed(kvt_keyed_t *c, kvt_key128_t key) {
+    if (c->ghost == NULL) return;
+    uint64_t g = ghost_key(key);
+    unsigned from = kvt__ghost_has(&c->ghost[0], g) ? 0 : kvt__ghost_has(&c->ghost[1], g) ? 1 : 2;
+    if (from == 2) return;
+    double mine = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
+    double d = mine > 0 && other > mine ? other / mine : 1;
+    double t = from == 0 ? c->target0 + d : c->target0 - d;
+    c->target0 = t < 0 ? 0 : t > (double)c->pages ? (double)c->pages : t;
+    kvt__ghost_take(&c->ghost[from], g);
+}
+
+int kvt__keyed_set_classes(kvt_keyed_t *c, uint64_t class_bit, int adaptive) {
+    if (c->nents > 0 || c->nloose > 0) return KVT_EBUSY;
+    if (class_bit && c->hcap[1] < c->hcap[0]) { /* heap 1 gets the room heap 0 has */
+        uint32_t *h = kvt__realloc(c->heap[1], c->hcap[1] * sizeof(uint32_t), c->hcap[0] * sizeof(uint32_t));
+        if (h == NULL) return KVT_ENOMEM;
+        c->heap[1] = h;
+        c->hcap[1] = c->hcap[0];
+    }
+    kvt__ghost_t *g = NULL;
+    if (class_bit && adaptive) {
+        g = kvt__calloc(2, sizeof(*g));
+        if (g == NULL) return KVT_ENOMEM;
+        for (int k = 0; k < 2; k++)
+            if (kvt__ghost_init(&g[k], (size_t)(2 * c->pages), 1) != KVT_OK) {
+                free_ghosts(g);
+                return KVT_ENOMEM;
+            }
+    }
+    free_ghosts(c->ghost);
+    c->ghost = g;
+    c->class_bit = class_bit;
+    c->target0 = 0;
     return KVT_OK;
 }
 

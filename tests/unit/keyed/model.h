@@ -2,7 +2,9 @@
  * small key number (state, score, pins, page of each key), eviction by a
  * linear scan for the smallest (score, hi, lo), and the extent allocator's
  * page rule from the allocator tests' brute-force model. It follows
- * kvtier/keyed.h's text, not src/keyed. */
+ * kvtier/keyed.h's text, not src/keyed; with two classes (class_bit, the
+ * hybrid cache's, keyed-int.h's text) the scan is over the class the target
+ * picks. */
 #ifndef KVTIER_TESTS_KEYED_MODEL_H
 #define KVTIER_TESTS_KEYED_MODEL_H
 
@@ -32,6 +34,8 @@ typedef struct km {
     kvt_keyed_event_t *ev; /* events not yet taken */
     size_t nev;
     kvt_keyed_stats_t st; /* the counters; gauges are computed */
+    uint64_t class_bit;   /* two classes: a score with this bit is class 1 */
+    double target0;       /* class 0 goes first while it holds more keys than this */
 } km_t;
 
 /* Key i: hi from three values (two far apart, so that the unsigned order
@@ -92,13 +96,36 @@ static inline kvt_keyed_stats_t km_stats(const km_t *m) {
     return s;
 }
 
-/* The smallest evictable key not yet chosen nor protected, or SIZE_MAX. */
-static inline size_t km_min_evictable(const km_t *m, const uint8_t *skip) {
+static inline int km_class(const km_t *m, size_t k) { return (m->score[k] & m->class_bit) != 0; }
+
+/* The smallest evictable key of class cls (-1: any) not yet chosen nor
+ * protected, or SIZE_MAX. */
+static inline size_t km_min_of(const km_t *m, const uint8_t *skip, int cls) {
     size_t best = SIZE_MAX;
     for (size_t k = 0; k < m->nk; k++)
-        if (m->state[k] == KM_READY && m->pins[k] == 0 && !skip[k] && (best == SIZE_MAX || km_less(m, k, best)))
+        if (m->state[k] == KM_READY && m->pins[k] == 0 && !skip[k] && (cls < 0 || km_class(m, k) == cls) &&
+            (best == SIZE_MAX || km_less(m, k, best)))
             best = k;
     return best;
+}
+
+static inline size_t km_min_evictable(const km_t *m, const uint8_t *skip) { return km_min_of(m, skip, -1); }
+
+/* The present keys of class 0. */
+static inline size_t km_class0(const km_t *m) {
+    size_t n = 0;
+    for (size_t k = 0; k < m->nk; k++) n += m->state[k] != KM_ABSENT && !km_class(m, k);
+    return n;
+}
+
+/* The next victim: one class (the smallest evictable), or with two the
+ * class the target picks while cnt0 class-0 keys are present, else the
+ * other. */
+static inline size_t km_next_victim(const km_t *m, const uint8_t *skip, size_t cnt0) {
+    if (!m->class_bit) return km_min_evictable(m, skip);
+    int want = (double)cnt0 <= m->target0;
+    size_t k = km_min_of(m, skip, want);
+    return k != SIZE_MAX ? k : km_min_of(m, skip, !want);
 }
 
 /* prepare_store over key numbers; out: pages[n], victims[*nv]. */
@@ -124,10 +151,11 @@ static inline int km_prepare(km_t *m, const size_t *ks, const uint64_t *sc, size
     size_t kk = need == 0 ? 0 : need + (m->room < avail - need ? m->room : avail - need);
     if (kk > cap) return KVT_ERANGE;
     uint32_t *got = malloc((m->nloose + kk + nnew + 1) * sizeof(uint32_t));
-    size_t ng = 0;
+    size_t ng = 0, cnt0 = km_class0(m);
     for (size_t j = 0; j < m->nloose; j++) got[ng++] = m->loose[j];
     for (size_t v = 0; v < kk; v++) {
-        size_t k = km_min_evictable(m, skip);
+        size_t k = km_next_victim(m, skip, cnt0);
+        cnt0 -= !km_class(m, k);
         victims[v] = k;
         skip[k] = 1;
         got[ng++] = m->page[k];
@@ -230,7 +258,9 @@ static inline int km_reset(km_t *m) {
     kvt_run_t *runs = malloc((m->nk + m->nloose + 1) * sizeof(kvt_run_t));
     size_t nr = 0;
     uint8_t skip[KM_KEYS] = {0};
-    for (size_t k; (k = km_min_evictable(m, skip)) != SIZE_MAX;) {
+    size_t cnt0 = km_class0(m);
+    for (size_t k; (k = km_next_victim(m, skip, cnt0)) != SIZE_MAX;) {
+        cnt0 -= !km_class(m, k);
         skip[k] = 1;
         m->state[k] = KM_ABSENT;
         runs[nr++] = (kvt_run_t){m->page[k], 1};

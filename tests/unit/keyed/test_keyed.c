@@ -11,7 +11,10 @@
 #include "kvtier/error.h"
 #include "kvtier/keyed.h"
 #include "kvtier/rng.h"
+#include "keyed/keyed-int.h"
 #include "model.h"
+
+#define CLASS_BIT (1ull << 62) /* the hybrid cache's: below the top bit, so that scores order across it too */
 
 static kvt_keyed_t *make(uint64_t pages, double free_room, int events) {
     kvt_keyed_config_t cfg = {.size = sizeof(cfg), .events = (uint32_t)events, .pages = pages, .free_room = free_room};
@@ -42,6 +45,7 @@ typedef struct fz {
     km_t m;
     kvt_rng_t rng;
     char ctx[160];
+    uint64_t grew; /* misses that moved the target up */
 } fz_t;
 
 /* Everything observable: each key's state and page (the lookups are counted
@@ -80,7 +84,9 @@ static size_t pick(fz_t *f, int state) { /* a key in that state if there is one,
 
 static uint64_t score(fz_t *f) {
     uint64_t r = kvt_rng_below(&f->rng, 16);
-    return r < 12 ? r : UINT64_MAX - (r - 12); /* many ties, and the top of the range */
+    uint64_t s = r < 12 ? r : UINT64_MAX - (r - 12); /* many ties, and the top of the range */
+    if (f->m.class_bit && s < 12 && kvt_rng_below(&f->rng, 2)) s |= f->m.class_bit; /* both classes, each with ties */
+    return s;
 }
 
 static void keys_of(const fz_t *f, const size_t *ks, size_t n, kvt_key128_t *out) {
@@ -169,6 +175,18 @@ static void op_take(fz_t *f, size_t cap) {
                   "%s: event %zu is (%u, %u), want (%u, %u)", f->ctx, i, got[i].kind, got[i].why, want[i].kind, want[i].why);
 }
 
+/* Adaptive classes: a miss of a key (one recently evicted, or any). The
+ * target it learns is the cache's (kvt__keyed_missed's arithmetic has its
+ * own test); the model then evicts by it. */
+static void op_missed(fz_t *f) {
+    size_t k = pick(f, KM_ABSENT);
+    double before = f->c->target0;
+    kvt__keyed_missed(f->c, f->m.key[k]);
+    f->grew += f->c->target0 > before;
+    cr_assert(f->c->target0 >= 0 && f->c->target0 <= (double)f->m.pages, "%s: target %g", f->ctx, f->c->target0);
+    f->m.target0 = f->c->target0;
+}
+
 /* Settles everything in flight (so that a reset can succeed), then resets. */
 static void op_reset(fz_t *f) {
     if (kvt_rng_below(&f->rng, 2)) {
@@ -188,12 +206,17 @@ static void op_reset(fz_t *f) {
     cr_assert_eq(got, want, "%s: reset returned %s, want %s", f->ctx, kvt_err_name(got), kvt_err_name(want));
 }
 
-static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t seed) {
-    fz_t f;
+/* classes: 0 one class, 1 two with target 0 (s2lru), 2 two learning it (arc). */
+static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t seed, int classes) {
+    fz_t f = {.grew = 0};
     kvt_rng_seed(&f.rng, seed);
     int events = seed % 4 != 3;
     f.c = make(pages, room, events);
     km_init(&f.m, pages, room, events, nk);
+    if (classes) {
+        cr_assert_eq(kvt__keyed_set_classes(f.c, CLASS_BIT, classes == 2), KVT_OK);
+        f.m.class_bit = CLASS_BIT;
+    }
     uint64_t tally[8] = {0};
     for (uint64_t op = 0; op < ops; op++) {
         uint64_t r = kvt_rng_below(&f.rng, 1000);
@@ -202,6 +225,7 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
         else if (r < 550) op_complete(&f);
         else if (r < 660) op_pin(&f);
         else if (r < 780) op_unpin(&f);
+        else if (r < 850 && classes == 2 && r % 2) op_missed(&f);
         else if (r < 850) op_touch(&f);
         else if (r < 880) op_remove(&f);
         else if (r < 990) op_take(&f, kvt_rng_below(&f.rng, 10));
@@ -213,11 +237,16 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
     kvt_keyed_stats_t st = {.size = sizeof(st)};
     kvt_keyed_stats(f.c, &st);
     fprintf(stderr,
-            "keyed fuzz: pages=%" PRIu64 " keys=%zu free_room=%.2f events=%d ops=%" PRIu64 " seed=%" PRIu64
+            "keyed fuzz: classes=%d pages=%" PRIu64 " keys=%zu free_room=%.2f events=%d ops=%" PRIu64 " seed=%" PRIu64
             ": %" PRIu64 " prepared, %" PRIu64 " refusals, %" PRIu64 " evictions, %" PRIu64 " failed stores, %" PRIu64
             " loads, %" PRIu64 " resets tried\n",
-            pages, nk, room, events, ops, seed, st.stores_prepared, st.store_refusals, st.evictions, st.stores_failed,
+            classes, pages, nk, room, events, ops, seed, st.stores_prepared, st.store_refusals, st.evictions, st.stores_failed,
             st.loads, tally[6]);
+    if (classes == 2) {
+        fprintf(stderr, "  learnt target %.2f of %" PRIu64 " pages, %" PRIu64 " class-0 misses taken\n", f.c->target0,
+                pages, f.grew);
+        cr_assert_gt(f.grew, 0, "seed %" PRIu64 ": no miss moved the target up", seed);
+    }
     cr_assert(st.store_refusals > 0 && st.evictions > 0 && st.stores_failed > 0 && st.loads > 0 && st.removed > 0,
               "seed %" PRIu64 ": the run missed a path", seed);
     km_fini(&f.m);
@@ -237,7 +266,21 @@ Test(keyed, model_fuzz, .timeout = 300) {
     } cfgs[] = {{1, 5, 0}, {2, 7, 0}, {3, 9, 0.5}, {5, 12, 0.25}, {8, 20, 0.3}, {16, 40, 0.1}, {37, 64, 0.7}};
     uint64_t seed = base_seed();
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++)
-        fuzz(cfgs[i].pages, cfgs[i].nk, cfgs[i].room, 20000, seed + i);
+        fuzz(cfgs[i].pages, cfgs[i].nk, cfgs[i].room, 20000, seed + i, 0);
+}
+
+/* Two classes (keyed-int.h): the target 0 of s2lru, and one learnt from
+ * misses, which the model takes from the cache after each. */
+Test(keyed, model_fuzz_two_classes, .timeout = 300) {
+    static const struct {
+        uint64_t pages;
+        size_t nk;
+        double room;
+    } cfgs[] = {{2, 7, 0}, {5, 12, 0.25}, {8, 20, 0}, {16, 40, 0.1}, {30, 64, 0.5}};
+    uint64_t seed = base_seed() + 100;
+    for (int classes = 1; classes <= 2; classes++)
+        for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++)
+            fuzz(cfgs[i].pages, cfgs[i].nk, cfgs[i].room, 20000, seed + 10 * (uint64_t)classes + i, classes);
 }
 
 /* ---- targeted tests ---- */
@@ -330,6 +373,54 @@ static kvt_keyed_t *six_ready(void) {
     kvt_key128_t pin[3] = {K(1), K(3), K(3)};
     cr_assert_eq(kvt_keyed_pin(c, pin, 3, NULL), KVT_OK);
     return c;
+}
+
+/* ARC's arithmetic for the learnt target (keyed-int.h): evictions fill the
+ * ghost of the class each key left, a miss a ghost remembers moves the
+ * target by max(1, |other ghost| / |its ghost|) toward that class and
+ * forgets the key, and the eviction order follows the target. */
+Test(keyed, two_classes_learn_the_target_as_arc) {
+    kvt_keyed_t *c = make(4, 0, 1);
+    cr_assert_eq(kvt__keyed_set_classes(c, CLASS_BIT, 1), KVT_OK);
+    size_t old[4] = {0, 1, 2, 3}, fresh[4] = {4, 5, 6, 7};
+    uint64_t olds[4] = {1, CLASS_BIT | 2, CLASS_BIT | 3, CLASS_BIT | 4}, fresh_s[4] = {5, 6, 7, 8};
+    store_ready(c, old, olds, 4);
+    kvt_key128_t keys[4], ev[8];
+    uint64_t pages[4];
+    size_t nv;
+    for (size_t i = 0; i < 4; i++) keys[i] = K(fresh[i]);
+    cr_assert_eq(kvt_keyed_prepare_store(c, keys, fresh_s, 4, NULL, 0, pages, ev, 8, &nv), KVT_OK);
+    kvt_keyed_complete_store(c, keys, 4, 1);
+    /* target 0: the one class-0 key first (1 > 0), then class 1 in its order */
+    cr_assert_eq(nv, 4);
+    for (size_t v = 0; v < 4; v++) cr_assert(key_eq(ev[v], K(v)), "eviction %zu is not key %zu", v, v);
+    cr_assert_eq(c->target0, 0);
+    kvt__keyed_missed(c, K(0)); /* in class 0's ghost (1 key), class 1's holds 3: up by 3 */
+    cr_assert_eq(c->target0, 3);
+    kvt__keyed_missed(c, K(0)); /* forgotten: no move */
+    cr_assert_eq(c->target0, 3);
+    kvt__keyed_missed(c, K(1)); /* class 1's ghost (3 keys), class 0's now empty: down by 1 */
+    cr_assert_eq(c->target0, 2);
+    kvt__keyed_missed(c, K(9)); /* never seen */
+    cr_assert_eq(c->target0, 2);
+    /* keys 4..7 present, all class 0: two class-1 keys evict two of them (class 1 has none to give) */
+    uint64_t two_s[2] = {CLASS_BIT | 1, CLASS_BIT | 2}, ten_s[1] = {9};
+    keys[0] = K(8), keys[1] = K(9);
+    cr_assert_eq(kvt_keyed_prepare_store(c, keys, two_s, 2, NULL, 0, pages, ev, 8, &nv), KVT_OK);
+    cr_assert(nv == 2 && key_eq(ev[0], K(4)) && key_eq(ev[1], K(5)));
+    kvt_keyed_complete_store(c, keys, 2, 1);
+    /* two class-0 keys present, not more than the target 2: class 1 gives way (s2lru would take key 6) */
+    keys[0] = K(10);
+    cr_assert_eq(kvt_keyed_prepare_store(c, keys, ten_s, 1, NULL, 0, pages, ev, 8, &nv), KVT_OK);
+    cr_assert(nv == 1 && key_eq(ev[0], K(8)), "the target let class 0 keep its two");
+    kvt_keyed_complete_store(c, keys, 1, 1);
+    /* ghosts: class 0 {4, 5}, class 1 {2, 3, 8}: up by 3/2, then by 3/1, held at 4 pages */
+    kvt__keyed_missed(c, K(4));
+    cr_assert_eq(c->target0, 3.5);
+    kvt__keyed_missed(c, K(5));
+    cr_assert_eq(c->target0, 4, "the target stays within [0, pages]");
+    assert_check(c, "two classes");
+    kvt_keyed_destroy(c);
 }
 
 Test(keyed, refusal_changes_nothing) {
