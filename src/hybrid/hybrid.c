@@ -601,7 +601,7 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     h->searching = true; /* (its questions walk down: the outside L3 is asked ahead, resolve_down) */
     uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, h, &r.short_by);
     h->searching = false;
-    if (n < m && h->seen) missed(h, m);
+    if (n < m && h->cfg.cache.policy == KVT_POLICY_ARC) missed(h, m); /* (s2lru's share is fixed) */
     int tier = -1;
     if (load_and_pin(h, n, p, &tier) != KVT_OK) { /* the pieces do not fit in L1 beside the pinned ones */
         h->st.room_short_tokens += n * h->P;

@@ -135,7 +135,6 @@ typedef struct plan {
     size_t popped; /* entries out of the heap, in pops[0..popped) */
 } plan_t;
 
-
 static size_t count_absent(const kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
     size_t u = 0;
     for (size_t i = 0; i < n; i++) u += kvt__keyed_find(c, keys[i]) == UINT32_MAX;
@@ -436,13 +435,13 @@ int kvt_keyed_reset(kvt_keyed_t *c) {
 void kvt__keyed_missed(kvt_keyed_t *c, kvt_key128_t key) {
     if (c->ghost == NULL) return;
     uint64_t g = ghost_key(key);
-    unsigned from = kvt__ghost_has(&c->ghost[0], g) ? 0 : kvt__ghost_has(&c->ghost[1], g) ? 1 : 2;
+    unsigned from = kvt__ghost_take(&c->ghost[0], g) ? 0 : kvt__ghost_take(&c->ghost[1], g) ? 1 : 2;
     if (from == 2) return;
-    double mine = (double)kvt__ghost_live(&c->ghost[from]), other = (double)kvt__ghost_live(&c->ghost[!from]);
-    double d = mine > 0 && other > mine ? other / mine : 1;
+    /* ARC weighs the ghosts as they were with the key still in */
+    double mine = (double)kvt__ghost_live(&c->ghost[from]) + 1, other = (double)kvt__ghost_live(&c->ghost[!from]);
+    double d = other > mine ? other / mine : 1;
     double t = from == 0 ? c->target0 + d : c->target0 - d;
     c->target0 = t < 0 ? 0 : t > (double)c->pages ? (double)c->pages : t;
-    kvt__ghost_take(&c->ghost[from], g);
 }
 
 int kvt__keyed_set_classes(kvt_keyed_t *c, uint64_t class_bit, int adaptive) {
