@@ -37,16 +37,31 @@
  * needed class, the rest the spare class, which every tier evicts first (a
  * hit that stops elsewhere can still load them while they last).
  *
- * Eviction order, beyond the spare class. Under cache.policy s2lru and arc
- * L1's pieces have those policies' two classes: a piece a hit has used (the
- * window pages before n, the checkpoint at n) is seen again, for good, and
- * the pieces never used go first while they hold more than a share of L1's
- * slots: none under s2lru; under arc a share learnt as ARC learns it, from
- * the pieces a hit of the full groups' m needed and found in no tier that
- * L1's ghosts remember losing (more room for the class that lost them).
- * Within a class, in L2 and L3, and under the other policies, the least
- * recently stored or used piece goes first (a hit refreshes every piece of
- * its path), the deeper before the shallower.
+ * Eviction order, beyond the spare class: cache.policy's, as the tree
+ * orders its pages. A hit counts for every piece of its path (the window
+ * pages and checkpoints below n), as for every node of a matched prefix.
+ *   lru       the least recently stored or used piece first (a hit
+ *             refreshes every piece of its path)
+ *   lfu       the fewest hits first (counted to 255), then lru
+ *   fifo      the first stored first: a refresh does not move a piece
+ *   priority  the lowest priority first: the highest of the requests that
+ *             stored the piece or hit its path, within [-128, 127] (the
+ *             tree keeps 24 bits); then lru
+ *   s2lru, arc  in L1, two classes: a piece a hit has used (the window
+ *             pages before n, the checkpoint at n) is seen again, for good,
+ *             and the pieces never used go first while they hold more than
+ *             a share of L1's slots: none under s2lru; under arc a share
+ *             learnt as ARC learns it, from the pieces a hit of the full
+ *             groups' m needed and found in no tier that L1's ghosts
+ *             remember losing (more room for the class that lost them);
+ *             lru within a class, and in L2
+ *   slru      in L1, a piece whose path two hits have counted is seen
+ *             again; the pieces seen once go first; the seen-again ones
+ *             hold at most 80 % of L1's slots, the least recent of them
+ *             seen once again past it; lru within a class, and in L2
+ * A piece's hit count, priority and (fifo) first store go with it between
+ * L1 and L2. L3 keeps its pieces in lru order under every policy, as the
+ * tree's L3 keeps its pages. Among equals the deeper piece goes first.
  *
  * Tiers. A group's slots have the full groups' tiers: L1 and, with
  * cache.l2_pages, L2 and, with cache.l3_pages (the modeled store), L3, or

@@ -243,22 +243,44 @@ def test_room_in_l1_runs_out_while_pieces_are_pinned():
         h.check()
 
 
-def test_the_pieces_follow_the_caches_policy():
+# (warm requests, probes): (root, priority) each; then each policy's hit pages for the probes
+ORDER_CASES = (
+    # A hit once, B, C: lru, fifo, priority, slru evict A's (the oldest); s2lru and lfu B's
+    # (seen once, no hits); arc as s2lru until B misses pieces its seen-once ghost remembers
+    (((1, 0), (1, 0), (2, 0), (3, 0)), ((2, 0), (3, 0), (1, 0)),
+     dict(lru=(2, 2, 0), s2lru=(0, 0, 2), arc=(0, 2, 0), lfu=(0, 0, 2), fifo=(2, 2, 0), priority=(2, 2, 0),
+          slru=(2, 2, 0))),
+    # A at priority 5 (raised by its hit), B hit twice: priority alone evicts B's
+    (((1, 0), (1, 5), (2, 0), (2, 0), (2, 0), (3, 0)), ((2, 0), (1, 0)),
+     dict(lru=(2, 0), s2lru=(2, 0), arc=(2, 0), lfu=(2, 0), fifo=(2, 0), priority=(0, 2), slru=(2, 0))),
+    # A hit twice, B once: lfu (fewer hits) and slru (A protected) evict B's
+    (((1, 0), (1, 0), (1, 0), (2, 0), (2, 0), (3, 0)), ((2, 0), (1, 0)),
+     dict(lru=(2, 0), s2lru=(2, 0), arc=(2, 0), lfu=(0, 2), fifo=(2, 0), priority=(2, 0), slru=(0, 2))),
+    # A hit after B is stored: fifo alone evicts A's (stored first)
+    (((1, 0), (2, 0), (1, 0), (3, 0)), ((1, 0), (2, 0)),
+     dict(lru=(2, 0), s2lru=(2, 0), arc=(2, 0), lfu=(2, 0), fifo=(0, 0), priority=(2, 0), slru=(2, 0))),
+)
+
+
+@pytest.mark.parametrize("case", range(len(ORDER_CASES)))
+def test_the_pieces_follow_the_caches_policy(case):
     """Four L1 window slots, requests of two pages whose window needs both:
-    A, A again (a hit uses its pieces), B, C, then B, C, A. lru keeps the
-    most recent; s2lru the pieces a hit used (A); arc does until B misses
-    pieces its seen-once ghost remembers, then gives seen-once pieces room."""
-    def hit(h, root):
+    whether each probe hits says which pieces the policy kept (worked out
+    from each policy's rule, as the C unit test's table is)."""
+    def hit(h, root, priority):
         t = np.arange(root * 100, root * 100 + 8, dtype=np.int32)
-        r = h.admit(t)
+        r = h.admit(t, priority=priority)
         h.release(r, t)
         return r.hit_pages
 
-    for policy, want in (("lru", (2, 2, 0)), ("s2lru", (0, 0, 2)), ("arc", (0, 2, 0))):
+    warm, probes, wants = ORDER_CASES[case]
+    assert sorted(wants) == sorted(kvtier.POLICIES)  # every policy
+    for policy, want in wants.items():
         with kvtier.Hybrid("full:1:64,window:8:1:64", page_tokens=4, l1_bytes=1 << 20, l1_slots={1: 4},
                            policy=policy) as h:
-            assert [hit(h, root) for root in (1, 1, 2, 3)] == [0, 2, 0, 0]
-            assert tuple(hit(h, root) for root in (2, 3, 1)) == want, policy
+            for root, prio in warm:
+                hit(h, root, prio)
+            assert tuple(hit(h, root, prio) for root, prio in probes) == want, policy
             h.check()
 
 

@@ -10,12 +10,16 @@
  * A piece (window page or checkpoint) may sit in several tiers at once, as a
  * radix page may have an L1 copy and an L2 copy. Scores order each keyed
  * cache's evictions (score_of): the needed class above the spare one, then
- * the clock of the request that stored or used the piece (a hit refreshes
- * its whole path, as the radix cache refreshes a matched prefix), then the
- * shallower piece above the deeper. Under s2lru and arc the pieces in L1 a
- * hit has used are a second class (seen again), which the pieces never used
- * go before: always under s2lru; under arc while they hold more than a share
- * learnt from the pieces' own misses (missed), as the tree learns its own.
+ * what the cache's policy weighs, then the clock of the request that stored
+ * or used the piece (a hit refreshes its whole path, as the radix cache
+ * refreshes a matched prefix), then the shallower piece above the deeper.
+ * The policy's part follows the tree's (policy.c): lfu the hits on the
+ * piece's path, priority its requests' highest priority, fifo the clock of
+ * its first store; under s2lru and arc the pieces in L1 a hit has used are
+ * a second class (seen again), which the pieces never used go before:
+ * always under s2lru; under arc while they hold more than a share learnt
+ * from the pieces' own misses (missed), as the tree learns its own; under
+ * slru the pieces hit twice, at most 80 % of L1's slots.
  *
  * Cost: an admission looks up at most m pieces per window group (each page
  * once, memoised) and m + 1 per state group, per tier; a release stores the
@@ -34,9 +38,30 @@
 #include "../keyed/keyed-int.h"
 #include "hybrid-int.h"
 
+/* A piece's score, high bits first (score_of, and the policy's part):
+ *   63      NEEDED  within the window of a kept point: the spare pages go first
+ *   62      SEEN    L1's second class: s2lru, arc (a hit used it), slru (two hits)
+ *   54..61  RANK    lfu: hits on its path, to 255; priority: the highest of its
+ *                   requests' priorities, + 128, within [-128, 127]
+ *   16..53  CLOCK   the request that last stored or used it (fifo: first stored)
+ *    2..15  DEPTH   16383 - its page (to 16383): deeper pieces first
+ *    0..1   USES    slru: hits on its path, to 3 (below the depth: orders ties only)
+ * RANK and USES (and under fifo CLOCK and DEPTH) are the piece's own: they
+ * go with it between L1 and L2 and a refresh keeps them (h->carry). L3
+ * orders its pieces by recency alone, as the tree's L3 orders its pages
+ * (l3.c). */
 #define NEEDED (1ull << 63)
-#define SEEN (1ull << 62) /* L1's seen-again class; below it the clock (38 bits: 2^37 requests) and the depth */
-#define DEPTH_BITS 24
+#define SEEN (1ull << 62)
+#define RANK_SHIFT 54
+#define RANK_MAX 255ull
+#define CLOCK_SHIFT 16
+#define DEPTH_SHIFT 2
+#define DEPTH_MAX 16383ull
+#define USES 3ull
+#define RANK (RANK_MAX << RANK_SHIFT)
+#define CLOCK (((1ull << 38) - 1) << CLOCK_SHIFT)
+#define CLOCK_AND_DEPTH (CLOCK | DEPTH_MAX << DEPTH_SHIFT)
+#define SLRU_SHARE 0.8 /* slru: the seen-again pieces' most of L1's slots, as the tree's protected share */
 
 #define G KVT_MODEL_MAX_GROUPS
 #define MEMO_UNKNOWN (-2)
@@ -56,6 +81,7 @@ typedef struct src {
 typedef struct pins {
     uint64_t npages, n, m;
     uint32_t ns;
+    int32_t prio;
     kvt_hash128_t last; /* the chained hash of its last whole page */
     uint32_t count[G];
     kvt_key128_t *keys[G];
@@ -71,7 +97,9 @@ struct kvt_hybrid {
     kvt_cache_t *cache;
     uint32_t P;
     uint64_t slot_bytes[G];
-    uint64_t seen;   /* SEEN under s2lru and arc (L1's second class of pieces), else 0 */
+    uint64_t seen;    /* what a hit's use adds in L1: SEEN under s2lru and arc, else 0 */
+    uint64_t classes; /* L1's class bit: SEEN under s2lru, arc and slru, else 0 */
+    uint64_t carry;   /* the policy's part of a score (above) */
     kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
     uint64_t clock, live;
     kvt_hybrid_stats_t st;
@@ -97,15 +125,50 @@ struct kvt_hybrid {
     size_t kcap, prcap, scap, srcap;
 };
 
-/* A piece's eviction score: its class, then the clock of the request that
- * last stored or used it, then deeper pieces first (as the radix cache takes
- * a path's tail pages first), so that a path's pieces go from its end and
- * the windows before its branch points stay whole. The seen-again bit
- * (h->seen) is added where a hit uses the piece and kept by every later
- * touch (touch_keep), as the tree's protected pages stay protected. */
+/* A piece's eviction score but the policy's part: its class, then the clock
+ * of the request that last stored or used it, then deeper pieces first (as
+ * the radix cache takes a path's tail pages first), so that a path's pieces
+ * go from its end and the windows before its branch points stay whole. */
 static uint64_t score_of(const kvt_hybrid_t *h, int needed, uint64_t page) {
-    uint64_t depth = (1ull << DEPTH_BITS) - 1;
-    return (needed ? NEEDED : 0) | h->clock << DEPTH_BITS | (depth - (page < depth ? page : depth));
+    uint64_t depth = DEPTH_MAX - (page < DEPTH_MAX ? page : DEPTH_MAX);
+    return (needed ? NEEDED : 0) | h->clock << CLOCK_SHIFT | depth << DEPTH_SHIFT;
+}
+
+/* The policy's part of a piece a request of priority prio computes. */
+static uint64_t born(const kvt_hybrid_t *h, int32_t prio) {
+    if (h->cfg.cache.policy != KVT_POLICY_PRIORITY) return 0;
+    int64_t r = (int64_t)prio + 128;
+    return (uint64_t)(r < 0 ? 0 : r > (int64_t)RANK_MAX ? (int64_t)RANK_MAX : r) << RANK_SHIFT;
+}
+
+/* A score computed now (score_of, and SEEN where a hit uses the piece in
+ * L1) with the policy's part the piece already has (old). */
+static uint64_t carried(const kvt_hybrid_t *h, uint64_t fresh, uint64_t old) {
+    return (fresh & ~h->carry) | (old & h->carry);
+}
+
+/* What L3 keeps of score s: no class, no rank, the clock of now under fifo. */
+static uint64_t recency_only(const kvt_hybrid_t *h, uint64_t s) {
+    s &= ~(SEEN | RANK | USES);
+    return h->cfg.cache.policy == KVT_POLICY_FIFO ? (s & ~CLOCK) | h->clock << CLOCK_SHIFT : s;
+}
+
+/* Score s after a hit on the piece's path by a request of priority prio,
+ * as the tree's on_hit counts a matched node's (class_bit: its tier's). */
+static uint64_t hit(const kvt_hybrid_t *h, uint64_t s, int32_t prio, uint64_t class_bit) {
+    switch (h->cfg.cache.policy) {
+    case KVT_POLICY_LFU:
+        return (s & RANK) == RANK ? s : s + (1ull << RANK_SHIFT);
+    case KVT_POLICY_PRIORITY: {
+        uint64_t r = born(h, prio);
+        return r > (s & RANK) ? (s & ~RANK) | r : s;
+    }
+    case KVT_POLICY_SLRU:
+        if ((s & USES) != USES) s++;
+        return (s & USES) >= 2 ? s | class_bit : s;
+    default:
+        return s;
+    }
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
@@ -141,13 +204,17 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
         return rc;
     }
     h->P = c.cache.page_tokens ? c.cache.page_tokens : 16;
-    /* The two classes of s2lru and arc, for L1's pieces: one a hit has used
-     * is seen again, for good; one evicted and stored again comes back seen
-     * once (missed says why); under arc L1 learns how much room the seen-once
-     * get. L2 and L3 keep the pieces in recency order alone: they hold what
-     * L1 let go and the long tail, and classes there (fixed, or learnt as in
-     * L1) lost hits wherever an L3 was below (docs/hybrid.md). */
+    /* The two classes of s2lru, arc and slru, for L1's pieces: one a hit has
+     * used (slru: twice) is seen again, for good (slru: while the share
+     * holds); one evicted and stored again comes back seen once (missed says
+     * why); under arc L1 learns how much room the seen-once get. L2 and L3
+     * have no classes, only the ranks of lfu and priority and fifo's order:
+     * they hold what L1 let go and the long tail, and classes there (fixed,
+     * or learnt as in L1) lost hits wherever an L3 was below
+     * (docs/hybrid.md). */
     h->seen = c.cache.policy == KVT_POLICY_S2LRU || c.cache.policy == KVT_POLICY_ARC ? SEEN : 0;
+    h->classes = h->seen || c.cache.policy == KVT_POLICY_SLRU ? SEEN : 0;
+    h->carry = RANK | USES | (c.cache.policy == KVT_POLICY_FIFO ? CLOCK_AND_DEPTH : 0);
     const uint64_t *slots[3] = {c.l1_slots, c.l2_slots, c.l3_slots};
     for (uint32_t g = 0; g < c.ngroups && rc == KVT_OK; g++) {
         if (c.groups[g].kind == KVT_GROUP_FULL) continue;
@@ -158,8 +225,10 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
              * one of its new keys (keyed.h, Pages), which is what orders the moves (store_in) */
             kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = 0};
             rc = kvt_keyed_create(&h->kc[g][t], &kc);
-            if (rc == KVT_OK && h->seen && t == 0)
+            if (rc == KVT_OK && h->classes && t == 0)
                 rc = kvt__keyed_set_classes(h->kc[g][t], SEEN, c.cache.policy == KVT_POLICY_ARC);
+            if (rc == KVT_OK && c.cache.policy == KVT_POLICY_SLRU && t == 0)
+                kvt__keyed_set_class1_cap(h->kc[g][t], (size_t)(SLRU_SHARE * (double)slots[t][g]));
         }
     }
     if (rc != KVT_OK) {
@@ -198,10 +267,25 @@ static int keys_room(kvt_hybrid_t *h, size_t n) {
 
 static kvt_key128_t key_of(kvt_hash128_t x) { return (kvt_key128_t){x.hi, x.lo}; }
 
-/* kvt_keyed_touch that leaves a piece seen again once it is (L1 under s2lru
- * and arc: below, scores never carry SEEN). */
-static void touch_keep(kvt_keyed_t *k, const kvt_key128_t *keys, const uint64_t *scores, size_t n) {
-    kvt__keyed_touch_keep(k, keys, scores, n, k->class_bit);
+/* Refreshes the pieces of keys[0..n) that tier t of group g holds: each
+ * takes its score computed now (fresh) with its own policy part and class
+ * (a piece seen again stays so, as the tree's protected pages do), and,
+ * when the refresh is a hit on its path by a request of priority prio, what
+ * the policy counts for a hit. */
+static void refresh(const kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys, const uint64_t *fresh,
+                    size_t n, int on_hit, int32_t prio) {
+    kvt_keyed_t *k = h->kc[g][t];
+    for (size_t j = 0; j < n; j++) {
+        uint32_t i = kvt__keyed_find(k, keys[j]);
+        if (i == UINT32_MAX) continue;
+        if (t == 2) { /* recency alone */
+            kvt__keyed_rescore(k, i, recency_only(h, fresh[j]));
+            continue;
+        }
+        uint64_t old = k->ents[i].score, s = carried(h, fresh[j], old) | (old & k->class_bit);
+        kvt__keyed_rescore(k, i, on_hit ? hit(h, s, prio, k->class_bit) : s);
+    }
+    kvt__keyed_demote(k); /* slru: past the share, the least recent seen-again pieces are seen once again */
 }
 
 /* ---- moving pieces between tiers ----------------------------------------------- */
@@ -273,21 +357,21 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     }
     if (k == NULL || n == 0) return KVT_OK;
     /* this call's own: the pages and victims, what goes down, and what each new key waits for */
-    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 3 * sizeof(uint64_t) + sizeof(src_t) + sizeof(size_t) +
+    size_t bytes = n * (2 * sizeof(kvt_key128_t) + 4 * sizeof(uint64_t) + sizeof(src_t) + sizeof(size_t) +
                         sizeof(uint32_t));
     unsigned char *work = kvt__malloc(bytes);
     if (work == NULL) return KVT_ENOMEM;
     kvt_key128_t *dk = (kvt_key128_t *)work, *evicted = dk + n;
-    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n, *own = pages + n;
-    src_t *dsrc = (src_t *)(own + n);
+    uint64_t *ds = (uint64_t *)(evicted + n), *pages = ds + n, *own = pages + n, *evs = own + n;
+    src_t *dsrc = (src_t *)(evs + n);
     size_t *taker = (size_t *)(dsrc + n);
     uint32_t *after = (uint32_t *)(taker + n);
     size_t nev = 0, loose = kvt__keyed_loose(k); /* free room 0: at most one victim per new key */
-    if (t > 0) { /* below L1, recency alone */
-        for (size_t i = 0; i < n; i++) own[i] = scores[i] & ~SEEN;
+    if (t > 0) { /* below L1, no classes; L3 recency alone */
+        for (size_t i = 0; i < n; i++) own[i] = t == 2 ? recency_only(h, scores[i]) : scores[i] & ~SEEN;
         scores = own;
     }
-    int rc = kvt_keyed_prepare_store(k, keys, scores, n, prot, np, pages, evicted, n, &nev);
+    int rc = kvt__keyed_prepare_scored(k, keys, scores, n, prot, np, pages, evicted, evs, n, &nev);
     if (rc != KVT_OK) {
         kvt__free(work, bytes);
         return rc;
@@ -302,7 +386,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
         for (size_t i = 0; i < n && j < nev; i++)
             if (pages[i] != UINT64_MAX && x++ >= loose) {
                 dk[j] = evicted[j];
-                ds[j] = h->clock << DEPTH_BITS; /* the least recent below */
+                ds[j] = carried(h, h->clock << CLOCK_SHIFT, evs[j]); /* the least recent below */
                 dsrc[j] = (src_t){(uint32_t)t + 1, 0, pages[i]};
                 taker[j++] = i;
             }
@@ -507,7 +591,9 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
             if (t > 0) { /* from below; pinned there while it is copied up, so that nothing this load
                           * pushes down takes its slot first */
                 h->keys[nl] = p->keys[g][i];
-                h->scores[nl] = score_of(h, 1, first + i) | h->seen;
+                uint32_t e = t == 1 ? kvt__keyed_find(h->kc[g][t], p->keys[g][i]) : UINT32_MAX;
+                uint64_t own = e != UINT32_MAX ? h->kc[g][t]->ents[e].score : born(h, p->prio); /* L3: as new */
+                h->scores[nl] = carried(h, score_of(h, 1, first + i) | h->seen, own);
                 /* pinned while copied (async_moves: until the copy is reported); the outside L3: by key */
                 h->srcs[nl++] = (src_t){(uint32_t)t + 1, h->cfg.async_moves && h->kc[g][t], UINT64_MAX};
                 if (h->kc[g][t] && kvt_keyed_pin(h->kc[g][t], &p->keys[g][i], 1, &h->srcs[nl - 1].slot) != KVT_OK)
@@ -525,7 +611,7 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
         }
         h->st.pieces_loaded += nl;
         for (size_t i = 0; i < k; i++) h->scores[i] = score_of(h, 1, first + i) | h->seen; /* used: seen again */
-        touch_keep(h->kc[g][0], p->keys[g], h->scores, k);
+        refresh(h, g, 0, p->keys[g], h->scores, k, 0, p->prio);
         p->count[g] = (uint32_t)k;
         pin_request(h, p, g);
     }
@@ -534,8 +620,9 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
 
 /* A hit refreshes every piece of its path in every tier, as the radix cache
  * refreshes the whole matched prefix: the pieces below n serve the other
- * requests that branch off this path. */
-static void touch_path(kvt_hybrid_t *h, uint64_t n) {
+ * requests that branch off this path. Each counts the hit, as each node of
+ * a matched prefix does. */
+static void touch_path(kvt_hybrid_t *h, uint64_t n, int32_t prio) {
     if (n == 0 || keys_room(h, (size_t)n) != KVT_OK) return;
     for (uint64_t i = 0; i < n; i++) {
         h->keys[i] = key_of(h->hash[i]);
@@ -543,7 +630,7 @@ static void touch_path(kvt_hybrid_t *h, uint64_t n) {
     }
     for (uint32_t g = 0; g < h->cfg.ngroups; g++)
         for (int t = 0; t < 3; t++)
-            if (h->kc[g][t]) touch_keep(h->kc[g][t], h->keys, h->scores, (size_t)n);
+            if (h->kc[g][t]) refresh(h, g, t, h->keys, h->scores, (size_t)n, 1, prio);
 }
 
 /* arc's misses for L1's pieces: those a hit of all m full pages needed (a
@@ -603,6 +690,7 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     h->searching = false;
     if (n < m && h->cfg.cache.policy == KVT_POLICY_ARC) missed(h, m); /* (s2lru's share is fixed) */
     int tier = -1;
+    p->prio = priority;
     if (load_and_pin(h, n, p, &tier) != KVT_OK) { /* the pieces do not fit in L1 beside the pinned ones */
         h->st.room_short_tokens += n * h->P;
         n = 0;
@@ -610,7 +698,7 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
         tier = -1;
         load_and_pin(h, 0, p, &tier);
     }
-    touch_path(h, n);
+    touch_path(h, n, priority);
     if (n > 0) { /* the full groups' part: L1 pages first, then L2's, then L3's */
         int ft = n <= r.full.l1_hit_pages ? 0 : n <= r.full.l1_hit_pages + r.full.l2_hit_pages ? 1 : 2;
         if (ft > tier) tier = ft;
@@ -671,14 +759,14 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
         if (!need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
         h->srcs[n] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = i};
-        h->scores[n++] = score_of(h, 1, i);
+        h->scores[n++] = score_of(h, 1, i) | born(h, p->prio);
     }
     size_t nneed = n;
     for (uint64_t i = p->n; i < p->npages; i++) {
         if (need[i - lo]) continue;
         h->keys[n] = key_of(h->hash[i]);
         h->srcs[n] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = i};
-        h->scores[n++] = score_of(h, 0, i);
+        h->scores[n++] = score_of(h, 0, i) | born(h, p->prio);
     }
     memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
     size_t stored = n;
@@ -699,15 +787,15 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
             h->scores[t++] = score_of(h, 1, i);
         }
     for (int tier = 0; tier < 3; tier++)
-        if (h->kc[g][tier]) touch_keep(h->kc[g][tier], h->keys, h->scores, t);
+        if (h->kc[g][tier]) refresh(h, g, tier, h->keys, h->scores, t, 0, p->prio);
     kvt__free(need, span ? span : 1);
 }
 
-static void leave_state(kvt_hybrid_t *h, uint32_t g, const uint64_t *pts, size_t npts) {
+static void leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint64_t *pts, size_t npts) {
     for (size_t j = 0; j < npts; j++) {
         h->keys[j] = key_of(h->hash[pts[j] - 1]);
         h->srcs[j] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = pts[j]};
-        h->scores[j] = score_of(h, 1, pts[j]);
+        h->scores[j] = score_of(h, 1, pts[j]) | born(h, p->prio);
     }
     size_t stored = npts;
     int rc = moves_room(h, npts);
@@ -740,7 +828,7 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
     for (uint32_t g = 0; g < h->cfg.ngroups && pts; g++) {
         if (h->kc[g][0] == NULL) continue;
         if (h->cfg.groups[g].kind == KVT_GROUP_WINDOW) leave_window(h, g, p, pts, npts);
-        else if (keys_room(h, npts + 1) == KVT_OK) leave_state(h, g, pts, npts);
+        else if (keys_room(h, npts + 1) == KVT_OK) leave_state(h, g, p, pts, npts);
         else rc = KVT_ENOMEM;
     }
     kvt__free(pts, (size_t)(npages + 1) * sizeof(*pts));
@@ -958,9 +1046,9 @@ int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
             kvt_keyed_stats(h->kc[g][t], &ks);
             if (rc != KVT_OK) break;
             const kvt_keyed_t *k = h->kc[g][t];
-            if (k->class_bit != (t == 0 ? h->seen : 0)) rc = KVT_ECORRUPT, w = "a tier's pieces have the wrong classes";
+            if (k->class_bit != (t == 0 ? h->classes : 0)) rc = KVT_ECORRUPT, w = "a tier's pieces have the wrong classes";
             for (size_t i = 0; i < k->nents && rc == KVT_OK; i++) /* the class is L1's, under s2lru and arc */
-                if ((k->ents[i].score & SEEN) && (t > 0 || !h->seen))
+                if ((k->ents[i].score & SEEN) && (t > 0 || !h->classes))
                     rc = KVT_ECORRUPT, w = "a piece outside L1's classes is marked seen again";
             if (rc != KVT_OK) break;
             if (h->cfg.async_moves) {

@@ -42,6 +42,7 @@ struct kvt_keyed {
     uint64_t class_bit; /* a score with this bit is class 1; 0: one class */
     double target0;     /* two classes: class 0 goes first while it holds more keys than this */
     size_t ncls1;       /* keys of class 1 */
+    size_t cap1;        /* two classes: past this many class-1 keys a refresh demotes the first (SIZE_MAX: none) */
     kvt__ghost_t *ghost; /* adaptive: [k] the keys class k lost to eviction, from which target0 is
                           * learnt as ARC learns p; NULL: target0 stays 0 */
 
@@ -111,11 +112,27 @@ int kvt__keyed_set_classes(kvt_keyed_t *c, uint64_t class_bit, int adaptive);
  * forgets it. Not adaptive: nothing. */
 void kvt__keyed_missed(kvt_keyed_t *c, kvt_key128_t key);
 
-/* kvt_keyed_touch, but the bits of `keep` a key's score has stay set: a
- * caller's class that a refresh must not take away (the hybrid cache's
- * seen-again pieces). */
-void kvt__keyed_touch_keep(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
-                           uint64_t keep);
+/* Segmented LRU's cap on class 1 (two classes set): when refreshes leave
+ * more than cap1 keys in class 1, kvt__keyed_demote moves its first
+ * evictable keys to class 0, where they go by their score, as SLRU's
+ * protected segment overflows into probation. SIZE_MAX: no cap. */
+void kvt__keyed_set_class1_cap(kvt_keyed_t *c, size_t cap1);
+
+/* Entry i's score becomes s (its class and heap position follow): the body
+ * of kvt_keyed_touch, for a caller that computes a key's new score from its
+ * old one (the hybrid cache's policies). Call kvt__keyed_demote after a
+ * batch of them. */
+void kvt__keyed_rescore(kvt_keyed_t *c, uint32_t i, uint64_t s);
+/* With a class-1 cap: class 1's first evictable keys go to class 0 until it
+ * holds at most cap1 keys or has no evictable one. */
+void kvt__keyed_demote(kvt_keyed_t *c);
+
+/* kvt_keyed_prepare_store that also gives the evicted keys' scores
+ * (evscores[0..*nevicted), NULL: not wanted): a caller that moves them to
+ * another tier carries what the scores say about them. */
+int kvt__keyed_prepare_scored(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                              const kvt_key128_t *protect, size_t nprotect, uint64_t *pages, kvt_key128_t *evicted,
+                              uint64_t *evscores, size_t capacity, size_t *nevicted);
 
 /* ---- hash table ---- */
 /* Room for `keys` keys (entries, heap and table); KVT_ENOMEM changes nothing. */

@@ -81,6 +81,7 @@ int kvt_keyed_create(kvt_keyed_t **out, const kvt_keyed_config_t *cfg) {
     c->room = (uint64_t)room;
     if ((double)c->room < room) c->room++;
     c->events_on = k.events != 0;
+    c->cap1 = SIZE_MAX;
     *out = c;
     return KVT_OK;
 }
@@ -235,7 +236,7 @@ static int move_pages(kvt_keyed_t *c, const plan_t *p, size_t *nruns) {
 }
 
 static void commit(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const plan_t *p, size_t nruns,
-                   uint64_t *pages, size_t n, kvt_key128_t *evicted) {
+                   uint64_t *pages, size_t n, kvt_key128_t *evicted, uint64_t *evscores) {
     for (size_t j = p->k; j < p->k + p->aside; j++) kvt__heap_push(c, c->pops[j]);
     mark_protect(c, protect, np, 0);
     size_t recycled = c->nloose + p->k, j = 0;
@@ -247,6 +248,7 @@ static void commit(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const
     for (size_t v = 0; v < p->k; v++) {
         const kvt__kentry_t *e = &c->ents[c->pops[v]];
         evicted[v] = e->key;
+        if (evscores) evscores[v] = e->score;
         record(c, evicted[v], KVT_KEYED_REMOVED, WHY_EVICTED);
         if (c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, e)], ghost_key(e->key));
     }
@@ -259,8 +261,8 @@ static void commit(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const
 
 /* Counts, limits and refusals; then the steps that can fail, then commit. */
 static int prepare(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
-                   const kvt_key128_t *protect, size_t np, uint64_t *pages, kvt_key128_t *evicted, size_t capacity,
-                   size_t *nevicted) {
+                   const kvt_key128_t *protect, size_t np, uint64_t *pages, kvt_key128_t *evicted, uint64_t *evscores,
+                   size_t capacity, size_t *nevicted) {
     size_t u = count_absent(c, keys, n), freep = c->pages - c->nents; /* held by no key */
     size_t limit = freep + kvt__keyed_evictable(c); /* more new keys than this can never fit */
     plan_t p = {.base = c->nents};
@@ -285,19 +287,25 @@ static int prepare(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *sco
         undo(c, protect, np, &p, pages, n);
         return rc;
     }
-    commit(c, protect, np, &p, nruns, pages, n, evicted);
+    commit(c, protect, np, &p, nruns, pages, n, evicted, evscores);
     *nevicted = p.k;
     return KVT_OK;
+}
+
+int kvt__keyed_prepare_scored(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
+                              const kvt_key128_t *protect, size_t nprotect, uint64_t *pages, kvt_key128_t *evicted,
+                              uint64_t *evscores, size_t capacity, size_t *nevicted) {
+    if (c == NULL || nevicted == NULL || (n > 0 && (keys == NULL || scores == NULL || pages == NULL)) ||
+        (nprotect > 0 && protect == NULL) || (capacity > 0 && evicted == NULL))
+        return KVT_EINVAL;
+    *nevicted = 0;
+    return prepare(c, keys, scores, n, protect, nprotect, pages, evicted, evscores, capacity, nevicted);
 }
 
 int kvt_keyed_prepare_store(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
                             const kvt_key128_t *protect, size_t nprotect, uint64_t *pages, kvt_key128_t *evicted,
                             size_t capacity, size_t *nevicted) {
-    if (c == NULL || nevicted == NULL || (n > 0 && (keys == NULL || scores == NULL || pages == NULL)) ||
-        (nprotect > 0 && protect == NULL) || (capacity > 0 && evicted == NULL))
-        return KVT_EINVAL;
-    *nevicted = 0;
-    return prepare(c, keys, scores, n, protect, nprotect, pages, evicted, capacity, nevicted);
+    return kvt__keyed_prepare_scored(c, keys, scores, n, protect, nprotect, pages, evicted, NULL, capacity, nevicted);
 }
 
 /* ---- the rest of a key's life ---- */
@@ -364,30 +372,39 @@ int kvt_keyed_unpin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
     return KVT_OK;
 }
 
-void kvt__keyed_touch_keep(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
-                           uint64_t keep) {
-    if (c == NULL || keys == NULL || scores == NULL) return;
-    for (size_t j = 0; j < n; j++) {
-        uint32_t i = kvt__keyed_find(c, keys[j]);
-        if (i == UINT32_MAX) continue;
-        kvt__kentry_t *e = &c->ents[i];
-        uint64_t s = scores[j] | (e->score & keep);
-        unsigned from = kvt__kentry_class(c, e), heaped = e->heap != KVT__KEYED_NOWHERE;
-        if (heaped && ((s & c->class_bit) != 0) != from) { /* to the other class's heap */
-            kvt__heap_erase(c, i);
-            e->score = s;
-            kvt__heap_push(c, i);
-        } else {
-            e->score = s;
-            if (heaped) kvt__heap_fix(c, i);
-        }
-        c->ncls1 += kvt__kentry_class(c, e);
-        c->ncls1 -= from;
+void kvt__keyed_rescore(kvt_keyed_t *c, uint32_t i, uint64_t s) {
+    kvt__kentry_t *e = &c->ents[i];
+    unsigned from = kvt__kentry_class(c, e), heaped = e->heap != KVT__KEYED_NOWHERE;
+    if (heaped && ((s & c->class_bit) != 0) != from) { /* to the other class's heap */
+        kvt__heap_erase(c, i);
+        e->score = s;
+        kvt__heap_push(c, i);
+    } else {
+        e->score = s;
+        if (heaped) kvt__heap_fix(c, i);
+    }
+    c->ncls1 += kvt__kentry_class(c, e);
+    c->ncls1 -= from;
+}
+
+void kvt__keyed_demote(kvt_keyed_t *c) {
+    while (c->ncls1 > c->cap1 && c->nheap[1] > 0) {
+        uint32_t i = kvt__heap_pop(c, 1);
+        c->ents[i].score &= ~c->class_bit;
+        c->ncls1--;
+        kvt__heap_push(c, i);
     }
 }
 
+void kvt__keyed_set_class1_cap(kvt_keyed_t *c, size_t cap1) { c->cap1 = cap1; }
+
 void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n) {
-    kvt__keyed_touch_keep(c, keys, scores, n, 0);
+    if (c == NULL || keys == NULL || scores == NULL) return;
+    for (size_t j = 0; j < n; j++) {
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (i != UINT32_MAX) kvt__keyed_rescore(c, i, scores[j]);
+    }
+    kvt__keyed_demote(c);
 }
 
 int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nremoved) {

@@ -405,75 +405,113 @@ Test(hybrid_config, one_tier_split_alone) {
 
 /* ---- the pieces' eviction order under the cache's policy ------------------------- */
 
-/* Requests of two pages whose window (two pages) needs both, four L1 window
- * slots: A, A again (a hit uses A's pieces: seen again), B, C (which must
- * evict two pieces), B again, then C and A. Whether each hits says which
- * pieces were kept:
- *   lru    C evicts the least recent, A's: B hits, then C, and A misses;
- *   s2lru  C evicts B's (seen once) and B's return evicts C's: A stays;
- *   arc    as s2lru until B misses pieces its class-0 ghost remembers: the
- *          seen-once share grows to B's two, and B's return evicts A's. */
-static uint64_t hit_pages(kvt_hybrid_t *h, int32_t root) {
+/* Requests of two pages (one root each, at a priority) whose window (two
+ * pages) needs both; the full pages all stay, so whether a request hits
+ * says whether its window pieces were kept. */
+typedef struct {
+    int32_t root, prio;
+} rq_t;
+
+static uint64_t hit_pages(kvt_hybrid_t *h, rq_t q, uint32_t *tier) {
     int32_t tok[8];
-    for (int i = 0; i < 8; i++) tok[i] = root * 100 + i;
+    for (int i = 0; i < 8; i++) tok[i] = q.root * 100 + i;
     kvt_hybrid_req_t rq;
-    cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 8, 0, NULL, &rq), KVT_OK);
+    cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 8, q.prio, NULL, &rq), KVT_OK);
     cr_assert_eq(kvt_hybrid_release(h, 0, tok, 8, &rq), KVT_OK);
     check(h, "two-page request");
+    if (tier) *tier = rq.hit_tier;
     return rq.hit_pages;
 }
 
-static void pieces_order(kvt_policy_t policy, const uint64_t want[3]) {
-    static const kvt_layer_group_t g[] = {{KVT_GROUP_FULL, 1, 0, 0, 64}, {KVT_GROUP_WINDOW, 1, 8, 0, 64}};
-    kvt_hybrid_config_t cfg;
-    cr_assert_eq(kvt_hybrid_config_default(&cfg, g, 2, 4, 1 << 20, 0, 0), KVT_OK);
-    cfg.cache.l1_pages = 1 << 10; /* the full pages all stay */
-    cfg.cache.policy = policy;
-    cfg.l1_slots[1] = 4;
-    kvt_hybrid_t *h = NULL;
-    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
-    cr_assert_eq(hit_pages(h, 1), 0);
-    cr_assert_eq(hit_pages(h, 1), 2, "A's pieces are there and used");
-    cr_assert_eq(hit_pages(h, 2), 0);
-    cr_assert_eq(hit_pages(h, 3), 0);
-    const char *name = kvt_policy_name(policy);
-    uint64_t b = hit_pages(h, 2), c = hit_pages(h, 3), a = hit_pages(h, 1);
-    cr_assert(b == want[0] && c == want[1] && a == want[2],
-              "%s: B, C, A hit %" PRIu64 ", %" PRIu64 ", %" PRIu64 " pages; want %" PRIu64 ", %" PRIu64 ", %" PRIu64,
-              name, b, c, a, want[0], want[1], want[2]);
-    kvt_hybrid_destroy(h);
-}
+#define A(p) {1, p}
+#define B(p) {2, p}
+#define C(p) {3, p}
+#define D(p) {4, p}
+#define ANY UINT64_MAX
+enum { NPOL = 7 };
+static const kvt_policy_t POLICIES[NPOL] = {KVT_POLICY_LRU, KVT_POLICY_S2LRU, KVT_POLICY_ARC, KVT_POLICY_LFU,
+                                            KVT_POLICY_FIFO, KVT_POLICY_PRIORITY, KVT_POLICY_SLRU};
 
-/* L2 keeps its pieces in recency order whatever L1's classes say: two L1
- * window slots, four in L2 (write-through), A, A again (its pieces seen
- * again in L1), B, C. C's store evicts from L2 the least recent pieces,
- * A's, though a hit used them: A misses, B hits from L2. */
-static void below_l1_by_recency(kvt_policy_t policy) {
+/* A sequence run under every policy: the warm requests, then the probes,
+ * whose hit pages (or with `tiers` the tier they hit from) each policy must
+ * give (want[policy][probe], in POLICIES' order; ANY: not checked), worked
+ * out by hand from the policy's rule (policy.c's, which hybrid.c follows
+ * for the pieces). */
+typedef struct {
+    const char *what;
+    int tiers;
+    uint64_t l1, l2;            /* window slots; l2 > 0: an L2 below */
+    kvt_write_policy_t write;   /* L1's write policy, with an L2 */
+    rq_t warm[8], probe[3];
+    size_t nwarm, nprobe;
+    uint64_t want[NPOL][3];
+} order_case_t;
+
+static const order_case_t ORDER_CASES[] = {
+    /* four L1 slots: A twice (a hit uses A's pieces), B, then C evicts two pieces.
+     *   lru, fifo, priority (all 0), slru (A hit once)  C evicts A's, the oldest; A's return evicts B's
+     *   s2lru, lfu  C evicts B's (seen once, no hits) and B's return evicts C's: A stays
+     *   arc  as s2lru until B misses pieces its class-0 ghost remembers: the seen-once
+     *        share grows to B's two, and B's return evicts A's */
+    {"A A B C | B C A", 0, 4, 0, KVT_WRITE_THROUGH, {A(0), A(0), B(0), C(0)}, {B(0), C(0), A(0)}, 4, 3,
+     {{2, 2, 0}, {0, 0, 2}, {0, 2, 0}, {0, 0, 2}, {2, 2, 0}, {2, 2, 0}, {2, 2, 0}}},
+    /* A at priority 5, B hit twice: only priority has C evict B's (the lower priority) */
+    {"A5 B B B C | B A", 0, 4, 0, KVT_WRITE_THROUGH, {A(5), B(0), B(0), B(0), C(0)}, {B(0), A(0)}, 5, 2,
+     {{2, 0}, {2, 0}, {2, 0}, {2, 0}, {2, 0}, {0, 2}, {2, 0}}},
+    /* the same, A's priority raised by a hit */
+    {"A A5 B B B C | B A", 0, 4, 0, KVT_WRITE_THROUGH, {A(0), A(5), B(0), B(0), B(0), C(0)}, {B(0), A(0)}, 6, 2,
+     {{2, 0}, {2, 0}, {2, 0}, {2, 0}, {2, 0}, {0, 2}, {2, 0}}},
+    /* A hit twice, B once: lfu (fewer hits) and slru (A protected at its second hit) have C
+     * evict B's; the others A's, the older (s2lru and arc: both seen again) */
+    {"A A A B B C | B A", 0, 4, 0, KVT_WRITE_THROUGH, {A(0), A(0), A(0), B(0), B(0), C(0)}, {B(0), A(0)}, 6, 2,
+     {{2, 0}, {2, 0}, {2, 0}, {0, 2}, {2, 0}, {2, 0}, {0, 2}}},
+    /* A hit after B is stored: fifo alone has C evict A's (stored first), and A's return B's */
+    {"A B A C | A B", 0, 4, 0, KVT_WRITE_THROUGH, {A(0), B(0), A(0), C(0)}, {A(0), B(0)}, 4, 2,
+     {{2, 0}, {2, 0}, {2, 0}, {2, 0}, {0, 0}, {2, 0}, {2, 0}}},
+    /* two L1 slots over four in L2 (write-through): A twice, B, then C's store evicts from
+     * L2. No classes below L1: A's pieces leave L2 first (the oldest), though a hit used
+     * them, but under lfu, whose hit count goes down with them (B's go: no hits) */
+    {"L2 write_through: A A B C | B A", 0, 2, 4, KVT_WRITE_THROUGH, {A(0), A(0), B(0), C(0)}, {B(0), A(0)}, 4, 2,
+     {{2, 0}, {2, 0}, {2, 0}, {0, 2}, {2, 0}, {2, 0}, {2, 0}}},
+    /* the same, write-back: what L1 evicts goes down with its hit count (A's, at B's
+     * store); C and D push B's and C's down, and L2 evicts A's, the first down, but under
+     * lfu B's (no hits) */
+    {"L2 write_back: A A B C D | B A", 0, 2, 4, KVT_WRITE_BACK, {A(0), A(0), B(0), C(0), D(0)}, {B(0), A(0)}, 5, 2,
+     {{2, 0}, {2, 0}, {2, 0}, {0, 2}, {2, 0}, {2, 0}, {2, 0}}},
+    /* lfu, the tier A hits from: A hit once, B twice; C evicts A's from L1; A hits from L2
+     * and comes up with its count (now 2, as B's); D evicts B's, the older: A hits in L1 */
+    {"lfu, L1 4, L2 8: A A B B B C A D | A", 1, 4, 8, KVT_WRITE_THROUGH,
+     {A(0), A(0), B(0), B(0), B(0), C(0), A(0), D(0)}, {A(0)}, 8, 1,
+     {{ANY}, {ANY}, {ANY}, {1}, {ANY}, {ANY}, {ANY}}},
+};
+
+static void order_case(const order_case_t *oc, int pol) {
     static const kvt_layer_group_t g[] = {{KVT_GROUP_FULL, 1, 0, 0, 64}, {KVT_GROUP_WINDOW, 1, 8, 0, 64}};
     kvt_hybrid_config_t cfg;
-    cr_assert_eq(kvt_hybrid_config_default(&cfg, g, 2, 4, 1 << 20, 1 << 20, 0), KVT_OK);
-    cfg.cache.l1_pages = cfg.cache.l2_pages = 1 << 10;
-    cfg.cache.policy = policy;
-    cfg.l1_slots[1] = 2;
-    cfg.l2_slots[1] = 4;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, g, 2, 4, 1 << 20, oc->l2 ? 1 << 20 : 0, 0), KVT_OK);
+    cfg.cache.l1_pages = 1 << 10; /* the full pages all stay */
+    if (oc->l2) cfg.cache.l2_pages = 1 << 10;
+    cfg.cache.policy = POLICIES[pol];
+    cfg.cache.write_policy = oc->write;
+    cfg.l1_slots[1] = oc->l1;
+    cfg.l2_slots[1] = oc->l2;
     kvt_hybrid_t *h = NULL;
     cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
-    cr_assert_eq(hit_pages(h, 1), 0);
-    cr_assert_eq(hit_pages(h, 1), 2);
-    cr_assert_eq(hit_pages(h, 2), 0);
-    cr_assert_eq(hit_pages(h, 3), 0);
-    const char *name = kvt_policy_name(policy);
-    cr_assert_eq(hit_pages(h, 2), 2, "%s: B's pieces are in L2", name);
-    cr_assert_eq(hit_pages(h, 1), 0, "%s: A's pieces left L2 first (least recent)", name);
+    for (size_t i = 0; i < oc->nwarm; i++) hit_pages(h, oc->warm[i], NULL);
+    for (size_t i = 0; i < oc->nprobe; i++) {
+        uint32_t tier;
+        uint64_t got = hit_pages(h, oc->probe[i], &tier);
+        if (oc->tiers) got = tier;
+        if (oc->want[pol][i] == ANY) continue;
+        cr_assert_eq(got, oc->want[pol][i], "%s under %s: probe %zu hit %" PRIu64 " %s, want %" PRIu64, oc->what,
+                     kvt_policy_name(POLICIES[pol]), i, got, oc->tiers ? "(tier)" : "pages", oc->want[pol][i]);
+    }
     kvt_hybrid_destroy(h);
 }
 
 Test(hybrid_policy, the_pieces_follow_the_caches_policy) {
-    below_l1_by_recency(KVT_POLICY_ARC);
-    below_l1_by_recency(KVT_POLICY_S2LRU);
-    pieces_order(KVT_POLICY_LRU, (const uint64_t[3]){2, 2, 0});
-    pieces_order(KVT_POLICY_S2LRU, (const uint64_t[3]){0, 0, 2});
-    pieces_order(KVT_POLICY_ARC, (const uint64_t[3]){0, 2, 0});
+    for (size_t c = 0; c < sizeof(ORDER_CASES) / sizeof(ORDER_CASES[0]); c++)
+        for (int pol = 0; pol < NPOL; pol++) order_case(&ORDER_CASES[c], pol);
 }
 
 Test(model_groups, presets_and_descriptions) {

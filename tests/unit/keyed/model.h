@@ -36,6 +36,8 @@ typedef struct km {
     kvt_keyed_stats_t st; /* the counters; gauges are computed */
     uint64_t class_bit;   /* two classes: a score with this bit is class 1 */
     double target0;       /* class 0 goes first while it holds more keys than this */
+    size_t cap1;          /* two classes: a touch leaving more class-1 keys demotes the first (SIZE_MAX: none) */
+    uint64_t demoted;     /* keys the cap moved to class 0 */
 } km_t;
 
 /* Key i: hi from three values (two far apart, so that the unsigned order
@@ -52,6 +54,7 @@ static inline void km_init(km_t *m, uint64_t pages, double free_room, int events
     m->room = (uint64_t)r + ((double)(uint64_t)r < r);
     m->events = events;
     m->nk = nk;
+    m->cap1 = SIZE_MAX;
     for (size_t i = 0; i < nk; i++) m->key[i] = km_key_of(i);
     model_init(&m->al, pages);
     m->loose = malloc((pages + 1) * sizeof(uint32_t));
@@ -247,9 +250,16 @@ static inline int km_unpin(km_t *m, const size_t *ks, size_t n) {
     return KVT_OK;
 }
 
+/* Then, with a class-1 cap (SLRU's protected segment), class 1's smallest
+ * evictable keys lose the class bit while it holds more than cap1 keys. */
 static inline void km_touch(km_t *m, const size_t *ks, const uint64_t *sc, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (m->state[ks[i]] != KM_ABSENT) m->score[ks[i]] = sc[i];
+    size_t cnt1 = 0;
+    for (size_t k = 0; k < m->nk; k++) cnt1 += m->state[k] != KM_ABSENT && km_class(m, k);
+    uint8_t none[KM_KEYS] = {0};
+    for (size_t k; cnt1 > m->cap1 && (k = km_min_of(m, none, 1)) != SIZE_MAX; cnt1--, m->demoted++)
+        m->score[k] &= ~m->class_bit;
 }
 
 static inline int km_reset(km_t *m) {

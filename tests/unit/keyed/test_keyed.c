@@ -154,6 +154,9 @@ static void op_touch(fz_t *f) {
     keys_of(f, ks, n, keys);
     km_touch(&f->m, ks, sc, n);
     kvt_keyed_touch(f->c, keys, sc, n);
+    size_t cnt1 = 0;
+    for (size_t k = 0; k < f->m.nk; k++) cnt1 += f->m.state[k] != KM_ABSENT && km_class(&f->m, k);
+    cr_assert_eq(f->c->ncls1, cnt1, "%s: %zu keys of class 1, want %zu", f->ctx, f->c->ncls1, cnt1);
 }
 
 static void op_remove(fz_t *f) {
@@ -206,7 +209,8 @@ static void op_reset(fz_t *f) {
     cr_assert_eq(got, want, "%s: reset returned %s, want %s", f->ctx, kvt_err_name(got), kvt_err_name(want));
 }
 
-/* classes: 0 one class, 1 two with target 0 (s2lru), 2 two learning it (arc). */
+/* classes: 0 one class, 1 two with target 0 (s2lru), 2 two learning it
+ * (arc), 3 two with target 0 and class 1 capped at half the pages (slru). */
 static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t seed, int classes) {
     fz_t f = {.grew = 0};
     kvt_rng_seed(&f.rng, seed);
@@ -216,6 +220,10 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
     if (classes) {
         cr_assert_eq(kvt__keyed_set_classes(f.c, CLASS_BIT, classes == 2), KVT_OK);
         f.m.class_bit = CLASS_BIT;
+    }
+    if (classes == 3) {
+        f.m.cap1 = (size_t)(pages / 2);
+        kvt__keyed_set_class1_cap(f.c, f.m.cap1);
     }
     uint64_t tally[8] = {0};
     for (uint64_t op = 0; op < ops; op++) {
@@ -247,6 +255,7 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
                 pages, f.grew);
         cr_assert_gt(f.grew, 0, "seed %" PRIu64 ": no miss moved the target up", seed);
     }
+    if (classes == 3) cr_assert_gt(f.m.demoted, 0, "seed %" PRIu64 ": the cap on class 1 never demoted", seed);
     cr_assert(st.store_refusals > 0 && st.evictions > 0 && st.stores_failed > 0 && st.loads > 0 && st.removed > 0,
               "seed %" PRIu64 ": the run missed a path", seed);
     km_fini(&f.m);
@@ -269,8 +278,9 @@ Test(keyed, model_fuzz, .timeout = 300) {
         fuzz(cfgs[i].pages, cfgs[i].nk, cfgs[i].room, 20000, seed + i, 0);
 }
 
-/* Two classes (keyed-int.h): the target 0 of s2lru, and one learnt from
- * misses, which the model takes from the cache after each. */
+/* Two classes (keyed-int.h): the target 0 of s2lru, one learnt from
+ * misses, which the model takes from the cache after each, and slru's cap
+ * on class 1. */
 Test(keyed, model_fuzz_two_classes, .timeout = 300) {
     static const struct {
         uint64_t pages;
@@ -278,7 +288,7 @@ Test(keyed, model_fuzz_two_classes, .timeout = 300) {
         double room;
     } cfgs[] = {{2, 7, 0}, {5, 12, 0.25}, {8, 20, 0}, {16, 40, 0.1}, {30, 64, 0.5}};
     uint64_t seed = base_seed() + 100;
-    for (int classes = 1; classes <= 2; classes++)
+    for (int classes = 1; classes <= 3; classes++)
         for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++)
             fuzz(cfgs[i].pages, cfgs[i].nk, cfgs[i].room, 20000, seed + 10 * (uint64_t)classes + i, classes);
 }
