@@ -7,8 +7,19 @@
  * page_tokens) and state checkpoints (its checkpoint bytes), found by key —
  * the chained page hash (radix.h) of the page, or of the last page before
  * the checkpoint — in a keyed cache per group and tier (keyed.h), which
- * gives the slot ids and the eviction order (pieces are evicted for the
- * deficit only: see The bytes, below).
+ * gives the slot ids and the eviction order, and the same free-room
+ * planning (below).
+ *
+ * Free room. L1's and L2's pieces keep cache.l1_free_room and l2_free_room
+ * of their slots free, as the tree keeps its pages (cache.h, Free room):
+ * when a tier's free slots fall below half its target, a round evicts back
+ * to the target, in the policy's order. The rounds run at release, between
+ * requests, so that the next admissions' loads find free slots: under
+ * write_back, the copies down of what L1 evicts are then off the hits'
+ * path (stats: round_evictions, and admit_evictions for what an admission
+ * still had to evict). A store that finds too few free slots evicts its
+ * deficit. A round's victim the tier below lacks goes down first under
+ * write_back (with async_moves it keeps its slot until the copy lands).
  *
  * The match rule. With page_tokens P, a request whose full groups match m
  * pages can continue every group from n pages when
@@ -186,8 +197,8 @@ KVT_API int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *toke
  * leaves before its new one arrives, and a piece is in a tier before it is
  * copied on from there. After an admission's moves, the pieces its hit
  * needs are at kvt_hybrid_slots in L1; after a release's, what it left
- * behind is where the cache says. Slots are given back the deficit only
- * (free room 0), since a slot's reuse is what the order encodes. */
+ * behind is where the cache says: a slot a store or a round frees is written
+ * again only by a move that comes after the copy out of it. */
 #define KVT_HYBRID_ENGINE 0 /* a move's source: the request itself */
 
 typedef struct kvt_hybrid_move { /* frozen */
@@ -307,7 +318,9 @@ KVT_API kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h);
     X(l2_bytes, GAUGE, "bytes held in L2")                                                              \
     X(l3_bytes, GAUGE, "bytes held in L3 (the model)")                                                  \
     X(cached_tokens, GAUGE, "tokens of the full pages held in some tier (the tree's pages, or L3's)")   \
-    X(moves_failed, COUNTER, "copies the engine reported failed (async_moves): the piece absent there")
+    X(moves_failed, COUNTER, "copies the engine reported failed (async_moves): the piece absent there")            \
+    X(round_evictions, COUNTER, "pieces evicted by free-room rounds, at release")                                    \
+    X(admit_evictions, COUNTER, "pieces L1 evicted for an admission's loads (write_back: copies the hit waits for)")
 
 typedef struct kvt_hybrid_stats {
     uint32_t size; /* sizeof(kvt_hybrid_stats_t), set by the caller */

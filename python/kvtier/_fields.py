@@ -200,4 +200,6 @@ HYBRID_STATS = (
     ('l3_bytes', 'GAUGE', 'bytes held in L3 (the model)'),
     ('cached_tokens', 'GAUGE', "tokens of the full pages held in some tier (the tree's pages, or L3's)"),
     ('moves_failed', 'COUNTER', 'copies the engine reported failed (async_moves): the piece absent there'),
+    ('round_evictions', 'COUNTER', 'pieces evicted by free-room rounds, at release'),
+    ('admit_evictions', 'COUNTER', "pieces L1 evicted for an admission's loads (write_back: copies the hit waits for)"),
 )

@@ -38,6 +38,7 @@ typedef struct kvt__pend {
     uint32_t next;   /* the next entry of its chain (of the free list when free) */
     uint32_t waiter; /* the move into the slot this one copies out of, waiting for it to land; PEND_NONE */
     uint8_t state, src_pinned, seen;
+    uint8_t evict_src; /* a round's copy down: the source leaves its tier when the copy lands */
 } kvt__pend_t;
 
 typedef struct kvt__pendtab {

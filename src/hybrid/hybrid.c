@@ -101,6 +101,9 @@ struct kvt_hybrid {
     uint64_t classes; /* L1's class bit: SEEN under s2lru, arc and slru, else 0 */
     uint64_t carry;   /* the policy's part of a score (above) */
     kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
+    uint64_t room[G][2];     /* L1's and L2's free-room targets in slots (restore_room) */
+    uint64_t leaving[G][2];  /* async_moves: a round's victims whose copy down is in flight */
+    bool admitting;          /* an admission's loads are being stored (admit_evictions) */
     uint64_t clock, live;
     kvt_hybrid_stats_t st;
     kvt_hybrid_move_t *moves; /* cfg.moves: the copies the engine owes, in order, until taken */
@@ -221,12 +224,15 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
         h->slot_bytes[g] = kvt__hybrid_slot_bytes(&c.groups[g], h->P);
         for (int t = 0; t < 3 && rc == KVT_OK; t++) {
             if (slots[t][g] == 0) continue;
-            /* free room 0: a store evicts the deficit only, so each slot it frees is the slot of
-             * one of its new keys (keyed.h, Pages), which is what orders the moves (store_in) */
+            /* free room 0 in the keyed cache: a store evicts the deficit only, so each slot it frees
+             * is the slot of one of its new keys (keyed.h, Pages), which is what orders the moves
+             * (store_in); the free-room target is kept by rounds instead (restore_room) */
             kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = 0};
             rc = kvt_keyed_create(&h->kc[g][t], &kc);
             if (rc == KVT_OK && h->classes && t == 0)
                 rc = kvt__keyed_set_classes(h->kc[g][t], SEEN, c.cache.policy == KVT_POLICY_ARC);
+            double room = t == 0 ? c.cache.l1_free_room : c.cache.l2_free_room;
+            if (t < 2) h->room[g][t] = (uint64_t)(room * (double)slots[t][g]);
             if (rc == KVT_OK && c.cache.policy == KVT_POLICY_SLRU && t == 0)
                 kvt__keyed_set_class1_cap(h->kc[g][t], (size_t)(SLRU_SHARE * (double)slots[t][g]));
         }
@@ -378,6 +384,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     }
     int async = h->cfg.async_moves, below = has_below(h, g, t);
     if (!async) kvt_keyed_complete_store(k, keys, n, 1);
+    if (t == 0 && h->admitting) h->st.admit_evictions += nev;
     for (size_t i = 0; i < n; i++) after[i] = PEND_NONE;
     if (nev && below && down_policy(h, t) == KVT_WRITE_BACK) {
         /* the new keys take the failed stores' pages first, then the victims' in eviction order
@@ -434,6 +441,78 @@ static void send_down(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *ke
         h->st.pieces_refused += m;
         if (m && kvt_keyed_unpin(k, dk, m) != KVT_OK) abort();
     }
+}
+
+/* Whether a round's victim in tier t of group g goes down first: under
+ * write_back, when the tier below lacks it (neither there nor on its way). */
+typedef struct {
+    const kvt_hybrid_t *h;
+    uint32_t g;
+    int t;
+} round_t;
+
+static int goes_down(const round_t *r, kvt_key128_t key) {
+    const kvt_keyed_t *below = r->h->kc[r->g][r->t + 1];
+    return has_below(r->h, r->g, r->t) && down_policy(r->h, r->t) == KVT_WRITE_BACK &&
+           (below == NULL || kvt__keyed_find(below, key) == UINT32_MAX);
+}
+
+/* async_moves: such a victim stays until its copy lands. */
+static int stays_for_copy(void *arg, kvt_key128_t key) { return goes_down(arg, key); }
+
+/* Free-room planning for the pieces, as the cache's for its pages (cache.h,
+ * Free room): when tier t of group g (L1 or L2) has fewer free slots than
+ * half its target (cache.l1_free_room or l2_free_room of its slots), a
+ * round evicts back to the target, in the policy's order. It runs at
+ * release, between requests, so that the next admissions' loads find their
+ * slots free: under write_back the copies down are then off the hit's
+ * path. A victim the tier below lacks goes down first under write_back: in
+ * order, its copy is recorded before its slot can be written again; with
+ * async_moves it stays, pinned, until the copy lands (landed evicts it
+ * then; leaving counts those, so that the next round does not take more
+ * for them). A victim the tier below cannot take is evicted anyway, as a
+ * store's would be. Out of memory, the round is skipped: a store evicts
+ * for its deficit. */
+static void restore_room(kvt_hybrid_t *h, uint32_t g, int t) {
+    kvt_keyed_t *k = h->kc[g][t];
+    uint64_t target = h->room[g][t], free = k ? k->pages - k->nents + h->leaving[g][t] : 0;
+    if (k == NULL || 2 * free >= target) return;
+    size_t want = (size_t)(target - free), nd = 0;
+    size_t bytes = want * (2 * sizeof(kvt_key128_t) + 3 * sizeof(uint64_t) + sizeof(src_t) + 1);
+    unsigned char *work = kvt__malloc(bytes);
+    if (work == NULL || moves_room(h, want) != KVT_OK) {
+        kvt__free(work, bytes);
+        return;
+    }
+    kvt_key128_t *vk = (kvt_key128_t *)work, *dk = vk + want;
+    uint64_t *vs = (uint64_t *)(dk + want), *ds = vs + want, *pages = ds + want;
+    src_t *dsrc = (src_t *)(pages + want);
+    uint8_t *kept = (uint8_t *)(dsrc + want);
+    int async = h->cfg.async_moves;
+    round_t r = {h, g, t};
+    size_t n = kvt__keyed_evict_next(k, want, async ? stays_for_copy : NULL, &r, vk, vs, pages, kept);
+    for (size_t i = 0; i < n; i++) {
+        h->st.round_evictions += !kept[i];
+        if (!kept[i] && !goes_down(&r, vk[i])) continue;
+        dk[nd] = vk[i];
+        ds[nd] = carried(h, h->clock << CLOCK_SHIFT, vs[i]); /* the least recent below, as a store's victim */
+        dsrc[nd++] = (src_t){(uint32_t)t + 1, kept[i], pages[i]};
+    }
+    int rc = store_in(h, g, t + 1, dk, ds, dsrc, nd, NULL, 0); /* (touches no tier above t + 1) */
+    if (rc != KVT_OK) h->st.pieces_refused += nd;
+    for (size_t i = 0; i < nd && async; i++) { /* the kept: pinned until the copy lands, or out now */
+        size_t gone = 0;
+        if (rc != KVT_OK) {
+            if (kvt__keyed_evict(k, &dk[i], 1, &gone) == KVT_OK) h->st.round_evictions += gone;
+            continue;
+        }
+        if (kvt_keyed_pin(k, &dk[i], 1, NULL) != KVT_OK) abort(); /* the copy's (src_pinned): kept ready */
+        uint32_t e = copy_down(h, g, t, dsrc[i].slot, dk[i]);
+        KVT_ASSERT(e != PEND_NONE);
+        h->pt.e[e].evict_src = 1;
+        h->leaving[g][t]++;
+    }
+    kvt__free(work, bytes);
 }
 
 /* The shallowest of the cache's own tiers (0, 1, 2) holding key in group
@@ -601,7 +680,9 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
             }
         }
         int rc = moves_room(h, nl);
+        h->admitting = true;
         if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, nl, p->keys[g], k);
+        h->admitting = false;
         for (size_t i = 0; i < nl; i++) /* recorded with async_moves: pinned until reported */
             if (h->kc[g][h->srcs[i].tier - 1] && (rc != KVT_OK || !h->srcs[i].pinned))
                 kvt_keyed_unpin(h->kc[g][h->srcs[i].tier - 1], &h->keys[i], 1);
@@ -830,6 +911,7 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
         if (h->cfg.groups[g].kind == KVT_GROUP_WINDOW) leave_window(h, g, p, pts, npts);
         else if (keys_room(h, npts + 1) == KVT_OK) leave_state(h, g, p, pts, npts);
         else rc = KVT_ENOMEM;
+        for (int t = 0; t < 2; t++) restore_room(h, g, t);
     }
     kvt__free(pts, (size_t)(npages + 1) * sizeof(*pts));
     free_pins(p);
@@ -925,6 +1007,12 @@ int kvt_hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_
         kvt__pend_t d = h->pt.e[e];
         kvt__pend_remove(&h->pt, e);
         if (d.src_pinned && kvt_keyed_unpin(h->kc[d.m.group][d.m.src_tier - 1], &d.m.key, 1) != KVT_OK) abort();
+        if (d.evict_src) { /* a round's victim, copied down, leaves now (unless the copy failed or it is held) */
+            size_t gone = 0;
+            h->leaving[d.m.group][d.m.src_tier - 1]--;
+            if (ok[i] && kvt__keyed_evict(h->kc[d.m.group][d.m.src_tier - 1], &d.m.key, 1, &gone) == KVT_OK)
+                h->st.round_evictions += gone;
+        }
         landed(h, &d.m, ok[i] != 0);
         if (d.waiter != PEND_NONE) kvt__pend_ready(&h->pt, d.waiter); /* the move into the slot it left */
     }
@@ -1017,6 +1105,12 @@ static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const
         }
     }
     if (arriving != ks->pending) return "a piece is pending with no move into it";
+    uint64_t leaving = 0;
+    for (uint32_t i = 0; i < h->pt.cap; i++) {
+        const kvt__pend_t *e = &h->pt.e[i];
+        if (e->state != PEND_FREE && e->evict_src && e->m.group == g && e->m.src_tier == (uint32_t)t + 1) leaving++;
+    }
+    if (t < 2 && leaving != h->leaving[g][t]) return "the count of a round's pieces leaving is wrong";
     uint64_t held = reading;
     for (const pins_t *p = h->live_reqs; p && t == 0; p = p->next)
         for (uint32_t i = 0; i < p->count[g]; i++) {

@@ -127,6 +127,19 @@ void kvt__keyed_rescore(kvt_keyed_t *c, uint32_t i, uint64_t s);
  * holds at most cap1 keys or has no evictable one. */
 void kvt__keyed_demote(kvt_keyed_t *c);
 
+/* Free-room planning by the caller (the hybrid cache's rounds): takes the
+ * first k evictable keys in the order the next evictions would take them,
+ * into keys, scores and pages[0..k), and evicts them (counted, remembered
+ * and reported as prepare_store's evictions; their pages wait on the loose
+ * list, as a removed key's do) but those `keep` says to keep (kept[j] set),
+ * which stay. Returns k, or fewer when fewer are evictable; 0 when out of
+ * memory, with nothing changed. */
+size_t kvt__keyed_evict_next(kvt_keyed_t *c, size_t k, int (*keep)(void *arg, kvt_key128_t key), void *arg,
+                             kvt_key128_t *keys, uint64_t *scores, uint64_t *pages, uint8_t *kept);
+/* kvt_keyed_remove, counted and remembered (the ghosts) as evictions, with
+ * removal events that say evicted. KVT_ENOMEM changes nothing. */
+int kvt__keyed_evict(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nevicted);
+
 /* kvt_keyed_prepare_store that also gives the evicted keys' scores
  * (evscores[0..*nevicted), NULL: not wanted): a caller that moves them to
  * another tier carries what the scores say about them. */

@@ -407,24 +407,64 @@ void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *s
     kvt__keyed_demote(c);
 }
 
-int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nremoved) {
-    if (nremoved) *nremoved = 0;
-    if (c == NULL || (n > 0 && keys == NULL)) return KVT_EINVAL;
-    /* the pages wait on the loose list, as a failed store's do: its room is the only memory this needs */
+/* Takes the ready, unpinned ones of keys[0..n) out; their pages wait on the
+ * loose list, as a failed store's do: its room is the only memory this
+ * needs. An eviction (why WHY_EVICTED) is counted and remembered as
+ * prepare_store's are. */
+static int drop(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, uint32_t why, size_t *ndropped) {
     if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + n, sizeof(*c->loose))) return KVT_ENOMEM;
     size_t k = 0;
     for (size_t j = 0; j < n; j++) {
         uint32_t i = kvt__keyed_find(c, keys[j]);
         if (i == UINT32_MAX || c->ents[i].state != KVT__KEYED_READY || c->ents[i].pins > 0) continue;
+        if (why == WHY_EVICTED && c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, &c->ents[i])], ghost_key(keys[j]));
         kvt__heap_erase(c, i);
         c->loose[c->nloose++] = c->ents[i].page;
         kvt__keyed_remove(c, i);
-        record(c, keys[j], KVT_KEYED_REMOVED, WHY_REMOVED);
+        record(c, keys[j], KVT_KEYED_REMOVED, why);
         k++;
     }
+    *ndropped = k;
+    return KVT_OK;
+}
+
+int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nremoved) {
+    size_t k = 0;
+    if (nremoved) *nremoved = 0;
+    if (c == NULL || (n > 0 && keys == NULL)) return KVT_EINVAL;
+    int rc = drop(c, keys, n, WHY_REMOVED, &k);
     c->removed += k;
     if (nremoved) *nremoved = k;
-    return KVT_OK;
+    return rc;
+}
+
+int kvt__keyed_evict(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nevicted) {
+    int rc = drop(c, keys, n, WHY_EVICTED, nevicted);
+    c->evictions += *nevicted;
+    return rc;
+}
+
+size_t kvt__keyed_evict_next(kvt_keyed_t *c, size_t k, int (*keep)(void *arg, kvt_key128_t key), void *arg,
+                             kvt_key128_t *keys, uint64_t *scores, uint64_t *pages, uint8_t *kept) {
+    if (k > kvt__keyed_evictable(c)) k = kvt__keyed_evictable(c);
+    if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + k, sizeof(*c->loose))) return 0;
+    size_t cnt0 = c->nents - c->ncls1;
+    for (size_t j = 0; j < k; j++) { /* in order, as prepare_store's victims */
+        uint32_t i = pop_next(c, cnt0);
+        kvt__kentry_t *e = &c->ents[i];
+        cnt0 -= kvt__kentry_class(c, e) == 0;
+        keys[j] = e->key, scores[j] = e->score, pages[j] = e->page;
+        kept[j] = keep != NULL && keep(arg, e->key);
+        if (kept[j]) continue; /* out of the heap until the others are taken */
+        if (c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, e)], ghost_key(e->key));
+        c->loose[c->nloose++] = e->page;
+        record(c, e->key, KVT_KEYED_REMOVED, WHY_EVICTED);
+        c->evictions++;
+        kvt__keyed_remove(c, i);
+    }
+    for (size_t j = 0; j < k; j++) /* (found again: a removal moves the last entry) */
+        if (kept[j]) kvt__heap_push(c, kvt__keyed_find(c, keys[j]));
+    return k;
 }
 
 int kvt_keyed_reset(kvt_keyed_t *c) {

@@ -678,6 +678,7 @@ Test(hybrid_bytes, the_moves_put_every_needed_piece_in_its_l1_slot) {
         cfg.cache.write_policy = cfg.cache.l3_write_policy = (kvt_write_policy_t)policy;
         cfg.checkpoint_every = 3;
         cfg.moves = true;
+        cfg.cache.l1_free_room = cfg.cache.l2_free_room = 0.2; /* rounds of 8 and 12 slots */
         const uint64_t slots[3] = {40, 60, 120};
         bytes_t b = {0};
         for (uint32_t g = 1; g < 4; g++)
@@ -720,6 +721,9 @@ Test(hybrid_bytes, the_moves_put_every_needed_piece_in_its_l1_slot) {
         cr_assert_gt(hits, 20);
         cr_assert_gt(b.loads_from[2], 0, "policy %d: no piece came back from L2", policy);
         cr_assert_gt(b.loads_from[3], 0, "policy %d: no piece came back from L3", policy);
+        kvt_hybrid_stats_t st = {.size = sizeof(st)};
+        kvt_hybrid_stats(h, &st);
+        cr_assert_gt(st.round_evictions, 0, "policy %d: free-room rounds ran", policy);
         kvt_hybrid_destroy(h);
         for (uint32_t g = 1; g < 4; g++)
             for (int t = 0; t < 3; t++) free(b.slot[g][t]);
@@ -1114,6 +1118,7 @@ static void run_async(int policy, int outside, uint64_t seed) {
     cfg.cache.write_policy = cfg.cache.l3_write_policy = (kvt_write_policy_t)policy;
     cfg.checkpoint_every = 3;
     cfg.moves = cfg.async_moves = true;
+    cfg.cache.l1_free_room = cfg.cache.l2_free_room = 0.2; /* rounds of 8 and 12 slots: their copies in flight */
     const uint64_t slots[3] = {40, 60, 120};
     engine_t *e = calloc(1, sizeof(*e));
     for (uint32_t g = 1; g < 4; g++)
@@ -1187,9 +1192,11 @@ static void run_async(int policy, int outside, uint64_t seed) {
     kvt_hybrid_stats(h, &st);
     fprintf(stderr, "hybrid async, policy %d outside %d: %" PRIu64 " requests, %" PRIu64 " hits ready, %" PRIu64
             " waited, %" PRIu64 " failed, %" PRIu64 " aborted waiting; %" PRIu64 " moves run, %" PRIu64
-            " failed, up to %" PRIu64 " waiting for a slot, up to %" PRIu64 " released requests kept\n", policy,
+            " failed, up to %" PRIu64 " waiting for a slot, up to %" PRIu64 " released requests kept; %" PRIu64
+            " pieces evicted by rounds, %" PRIu64 " for admissions\n", policy,
             outside, admitted, ready_hits, waited, failed_hits, aborted, e->ran, e->failed, e->waited_most,
-            e->held_most);
+            e->held_most, st.round_evictions, st.admit_evictions);
+    cr_assert_gt(st.round_evictions, 0, "free-room rounds ran");
     cr_assert_gt(ready_hits, 50);
     cr_assert_gt(waited, 50, "requests waited for their pieces");
     cr_assert_gt(failed_hits, 0, "a failed copy reached a request");

@@ -229,6 +229,34 @@ static inline size_t km_remove(km_t *m, const size_t *ks, size_t n) {
     return gone;
 }
 
+/* The first k victims in eviction order (the rounds of a caller's
+ * free-room planning); returns how many. */
+static inline size_t km_next_victims(const km_t *m, size_t k, size_t *out) {
+    uint8_t skip[KM_KEYS] = {0};
+    size_t n = 0, cnt0 = km_class0(m);
+    for (size_t v; n < k && (v = km_next_victim(m, skip, cnt0)) != SIZE_MAX; n++) {
+        cnt0 -= !km_class(m, v);
+        skip[v] = 1;
+        out[n] = v;
+    }
+    return n;
+}
+
+/* km_remove, counted as evictions, with eviction events. */
+static inline size_t km_evict(km_t *m, const size_t *ks, size_t n) {
+    size_t gone = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = ks[i];
+        if (m->state[k] != KM_READY || m->pins[k] > 0) continue;
+        m->state[k] = KM_ABSENT;
+        m->loose[m->nloose++] = m->page[k];
+        km_event(m, k, KVT_KEYED_REMOVED, 0);
+        gone++;
+    }
+    m->st.evictions += gone;
+    return gone;
+}
+
 static inline int km_pin(km_t *m, const size_t *ks, size_t n, uint64_t *pages) {
     for (size_t i = 0; i < n; i++) {
         if (m->state[ks[i]] == KM_ABSENT) return KVT_ENOENT;

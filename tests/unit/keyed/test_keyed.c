@@ -169,6 +169,32 @@ static void op_remove(fz_t *f) {
     cr_assert_eq(got, want, "%s: %zu keys removed, want %zu", f->ctx, got, want);
 }
 
+/* A round of a caller's free-room planning: the next victims evicted but
+ * those the caller keeps (here: by a bit of the key, on or off per round). */
+static int keep_odd(void *arg, kvt_key128_t key) { return arg != NULL && (key.lo >> 7 & 1); }
+
+static void op_round(fz_t *f) {
+    size_t k = kvt_rng_below(&f->rng, 5), want[4], n = 0, gone[4];
+    int keeping = (int)kvt_rng_below(&f->rng, 2);
+    kvt_key128_t got[4];
+    uint64_t sc[4], pages[4];
+    uint8_t kept[4];
+    size_t nw = km_next_victims(&f->m, k, want);
+    uint64_t wsc[4], wpages[4];
+    for (size_t i = 0; i < nw; i++) {
+        wsc[i] = f->m.score[want[i]], wpages[i] = f->m.page[want[i]];
+        if (!keep_odd(keeping ? f : NULL, f->m.key[want[i]])) gone[n++] = want[i];
+    }
+    km_evict(&f->m, gone, n);
+    size_t ng = kvt__keyed_evict_next(f->c, k, keep_odd, keeping ? f : NULL, got, sc, pages, kept);
+    cr_assert_eq(ng, nw, "%s: %zu victims, want %zu", f->ctx, ng, nw);
+    for (size_t i = 0; i < ng; i++) {
+        cr_assert(key_eq(got[i], f->m.key[want[i]]), "%s: victim %zu is not key %zu", f->ctx, i, want[i]);
+        cr_assert(sc[i] == wsc[i] && pages[i] == wpages[i], "%s: victim %zu's score or page", f->ctx, i);
+        cr_assert_eq(kept[i], keep_odd(keeping ? f : NULL, got[i]), "%s: victim %zu kept", f->ctx, i);
+    }
+}
+
 static void op_take(fz_t *f, size_t cap) {
     kvt_keyed_event_t got[16], want[16];
     size_t nw = km_take(&f->m, want, cap), ng = kvt_keyed_take_events(f->c, got, cap);
@@ -236,6 +262,7 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
         else if (r < 850 && classes == 2 && r % 2) op_missed(&f);
         else if (r < 850) op_touch(&f);
         else if (r < 880) op_remove(&f);
+        else if (r < 900) op_round(&f);
         else if (r < 990) op_take(&f, kvt_rng_below(&f.rng, 10));
         else op_reset(&f);
         tally[r < 320 ? 0 : r < 550 ? 1 : r < 660 ? 2 : r < 780 ? 3 : r < 880 ? 4 : r < 990 ? 5 : 6]++;
@@ -272,7 +299,7 @@ Test(keyed, model_fuzz, .timeout = 300) {
         uint64_t pages;
         size_t nk;
         double room;
-    } cfgs[] = {{1, 5, 0}, {2, 7, 0}, {3, 9, 0.5}, {5, 12, 0.25}, {8, 20, 0.3}, {16, 40, 0.1}, {37, 64, 0.7}};
+    } cfgs[] = {{1, 5, 0}, {2, 7, 0}, {3, 9, 0.5}, {5, 12, 0.25}, {8, 20, 0.3}, {16, 40, 0.1}, {31, 64, 0.7}};
     uint64_t seed = base_seed();
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++)
         fuzz(cfgs[i].pages, cfgs[i].nk, cfgs[i].room, 20000, seed + i, 0);
