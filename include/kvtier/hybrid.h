@@ -125,15 +125,27 @@ typedef struct kvt_hybrid_config {
                                 * reports each (kvt_hybrid_moves_done); default off: in order, done when run */
 } kvt_hybrid_config_t;
 
+/* The default split (kvt_hybrid_config_default): the state groups' share
+ * of each tier, and the weight of a window group's bytes per token: an
+ * eighth without an L3; with one, the whole in L1 and L2 and a quarter in
+ * L3. What measured best on the Mooncake trace (docs/hybrid.md). */
+#define KVT_HYBRID_STATE_SHARE 0.25
+#define KVT_HYBRID_WINDOW_WEIGHT 0.125
+#define KVT_HYBRID_WINDOW_WEIGHT_OVER_L3 1.0
+#define KVT_HYBRID_L3_WINDOW_WEIGHT 0.25
+
 /* Fills cfg for groups[0..ngroups) with the radix cache's defaults
  * (kvt_cache_config_default) at page_tokens, and splits each tier's bytes
  * (l1_bytes, l2_bytes, l3_bytes; 0: no such tier, L1 > 0) between the
- * groups: the state groups take a quarter (in proportion to their
- * checkpoint bytes), the full and window groups the rest, in proportion to
- * their bytes per token, a window group's counted at an eighth (it needs
- * only the pages before kept points). Kept points at ends and branch points
- * (checkpoint_every 0). The split and the points are what measured best on
- * the Mooncake trace (docs/hybrid.md).
+ * groups: the state groups take KVT_HYBRID_STATE_SHARE (in proportion to
+ * their checkpoint bytes), the full and window groups the rest, in
+ * proportion to their bytes per token, a window group's weighed by
+ * KVT_HYBRID_WINDOW_WEIGHT (it needs only the pages before kept points),
+ * or with an L3 by KVT_HYBRID_WINDOW_WEIGHT_OVER_L3 in L1 and L2 and
+ * KVT_HYBRID_L3_WINDOW_WEIGHT in L3 (the long tail's full pages come back
+ * from L3, and L1 and L2 hold the window pages that continue them). Kept
+ * points at ends and branch points (checkpoint_every 0). The split and the
+ * points are what measured best on the Mooncake trace (docs/hybrid.md).
  * KVT_EINVAL for bad groups (kvt_hybrid_create's checks) or a tier too small
  * for one page or slot of each group. */
 KVT_API int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t *groups, uint32_t ngroups,

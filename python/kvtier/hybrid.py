@@ -39,7 +39,7 @@ from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefe
     attach_data_plane, attach_store
 
 __all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS", "SHORT_BY",
-           "STATE_SHARE", "WINDOW_WEIGHT", "ENGINE", "layer_groups", "hybrid_longest"]
+           "STATE_SHARE", "WINDOW_WEIGHT", "WINDOW_WEIGHT_OVER_L3", "L3_WINDOW_WEIGHT", "ENGINE", "layer_groups", "hybrid_longest"]
 
 KINDS = tuple(lib.kvt_group_kind_name(i).decode() for i in range(3))  # full, window, state
 SHORT_BY = ("none", "window", "state", "room")  # kvt_hybrid_req_t.short_by by number
@@ -47,7 +47,8 @@ HYBRID_STATS = tuple(f for f, _, _ in _fields.HYBRID_STATS)
 # Cache options a Hybrid takes beside its own: page_tokens is its own argument
 _OPTIONS = tuple(f for f in _CACHE_FIELDS if f != "page_tokens")
 # kvt_hybrid_config_default's split (hybrid.h): the state groups a quarter, a window group's bytes weighed an eighth
-STATE_SHARE, WINDOW_WEIGHT = 0.25, 0.125
+# hybrid.h's default split: a window group weighs an eighth, or with an L3 the whole in L1 and L2, a quarter in L3
+STATE_SHARE, WINDOW_WEIGHT, WINDOW_WEIGHT_OVER_L3, L3_WINDOW_WEIGHT = 0.25, 0.125, 1.0, 0.25
 ENGINE = 0  # KVT_HYBRID_ENGINE: a move's source is the request itself
 
 
@@ -273,9 +274,11 @@ class Hybrid(Handle):
     of :class:`LayerGroup`. The tiers' bytes are split between the groups as
     kvt_hybrid_config_default says, or with ``state_share`` (0, 1) and
     ``window_weight`` (0, 16] as kvt_hybrid_config_split does (either one
-    given: the other at its default, STATE_SHARE or WINDOW_WEIGHT), the L3's
-    window groups weighed by ``l3_window_weight`` when given
-    (kvt_hybrid_config_split_tier); then the options override it:
+    given: the other at its default, STATE_SHARE, and WINDOW_WEIGHT or with
+    an L3 WINDOW_WEIGHT_OVER_L3), the L3's window groups weighed by
+    ``l3_window_weight`` when given (kvt_hybrid_config_split_tier), else
+    by ``window_weight`` when given, else by L3_WINDOW_WEIGHT; then the
+    options override it:
     ``l1_slots``, ``l2_slots``, ``l3_slots`` ({group: slots} or a list per
     group), ``checkpoint_every``, ``checkpoint_ends``,
     ``checkpoint_branches``, ``moves`` (record the copies the engine owes:
@@ -308,7 +311,8 @@ class Hybrid(Handle):
         split = None
         if state_share is not None or window_weight is not None:
             ss = STATE_SHARE if state_share is None else _a.number(state_share, "Hybrid state_share", 0, 1)
-            ww = WINDOW_WEIGHT if window_weight is None else _a.number(window_weight, "Hybrid window_weight", 0, 16)
+            ww = (WINDOW_WEIGHT_OVER_L3 if l3 else WINDOW_WEIGHT) if window_weight is None else \
+                _a.number(window_weight, "Hybrid window_weight", 0, 16)
             if not (0 < ss < 1 and ww > 0):
                 raise ValueError(f"Hybrid: state_share {ss!r} must be in (0, 1), window_weight {ww!r} in (0, 16]")
             split = (ss, ww)
@@ -318,6 +322,8 @@ class Hybrid(Handle):
             if not w3 > 0 or not l3:
                 raise ValueError(f"Hybrid: l3_window_weight {w3!r} must be in (0, 16], with l3_bytes")
             l3_split = (STATE_SHARE if split is None else split[0], w3)
+        elif split is not None and l3 and window_weight is None:  # the split gave L3 the weight of L1 and L2
+            l3_split = (split[0], L3_WINDOW_WEIGHT)
         cfg = HybridConfig()
         too_small = "a tier too small for a page or a slot of each group (or an L3 without an L2)"
         check(lib.kvt_hybrid_config_default(ctypes.byref(cfg), arr, n, page_tokens, l1, l2, l3), "Hybrid", too_small)

@@ -842,6 +842,23 @@ def test_the_split_of_each_tiers_bytes(state_share, window_weight):
         assert (c["checkpoint_every"], c["checkpoint_ends"], c["checkpoint_branches"]) == (0, True, True)
 
 
+def test_the_default_weights_depend_on_an_l3():
+    """With an L3 the default split weighs a window group as a full one in
+    L1 and L2 and by a quarter in L3; a window_weight given applies to every
+    tier, as before."""
+    tiers = dict(l1_bytes=3 << 20, l2_bytes=7 << 20, l3_bytes=64 << 20)
+    with kvtier.Hybrid(GROUPS, page_tokens=P, **tiers) as d, \
+            kvtier.Hybrid(GROUPS, page_tokens=P, window_weight=1.0, l3_window_weight=0.25, **tiers) as e, \
+            kvtier.Hybrid(GROUPS, page_tokens=P, state_share=0.25, **tiers) as s, \
+            kvtier.Hybrid(GROUPS, page_tokens=P, window_weight=0.125, **tiers) as w, \
+            kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=3 << 20, l2_bytes=7 << 20) as no_l3:
+        assert d.config == e.config == s.config
+        assert kvtier.hybrid.WINDOW_WEIGHT_OVER_L3 == 1.0 and kvtier.hybrid.L3_WINDOW_WEIGHT == 0.25
+        assert w.config["l1_slots"][1] < d.config["l1_slots"][1]  # an eighth, in every tier
+        assert w.config["l3_slots"][1] < d.config["l3_slots"][1]
+        assert no_l3.config["l1_slots"] == w.config["l1_slots"]
+
+
 def test_the_l3_weighs_the_window_groups_on_its_own():
     """l3_window_weight splits L3 alone: its slots are those of a whole split
     at that weight, L1's and L2's those of the default split."""

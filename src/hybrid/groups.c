@@ -82,10 +82,6 @@ uint64_t kvt__hybrid_slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
     return g->kind == KVT_GROUP_STATE ? g->bytes : g->bytes * P;
 }
 
-/* The default split of a tier's bytes (docs/hybrid.md has the sweeps that
- * chose it). */
-#define STATE_SHARE 0.25
-#define WINDOW_WEIGHT 0.125
 
 /* Splits one tier's bytes (kvt_hybrid_config_split); the full groups get one
  * radix page count. */
@@ -153,7 +149,9 @@ int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t 
     memcpy(c.groups, groups, ngroups * sizeof(*groups));
     kvt_cache_config_default(&c.cache);
     c.cache.page_tokens = page_tokens;
-    if (kvt_hybrid_config_split(&c, l1_bytes, l2_bytes, l3_bytes, STATE_SHARE, WINDOW_WEIGHT) != KVT_OK)
+    double ww = l3_bytes ? KVT_HYBRID_WINDOW_WEIGHT_OVER_L3 : KVT_HYBRID_WINDOW_WEIGHT;
+    if (kvt_hybrid_config_split(&c, l1_bytes, l2_bytes, l3_bytes, KVT_HYBRID_STATE_SHARE, ww) != KVT_OK ||
+        (l3_bytes && kvt_hybrid_config_split_tier(&c, 3, l3_bytes, KVT_HYBRID_STATE_SHARE, KVT_HYBRID_L3_WINDOW_WEIGHT)))
         return KVT_EINVAL;
     c.checkpoint_every = 0;
     c.checkpoint_ends = true;

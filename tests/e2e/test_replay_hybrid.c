@@ -100,7 +100,7 @@ Test(replay_hybrid, a_modeled_l3_below_small_tiers, .timeout = 120) {
 
 /* --l3-window-weight splits the L3 alone: in an L3 the trace fills, the
  * window group holds more with it, L1 the same; without an L3 it is
- * refused. */
+ * refused. The defaults depend on an L3. */
 Test(replay_hybrid, the_l3_splits_with_its_own_window_weight, .timeout = 120) {
     double l1_window[2], l3_window[2];
     const char *weights[2] = {"0.125", "0.5"};
@@ -118,6 +118,16 @@ Test(replay_hybrid, the_l3_splits_with_its_own_window_weight, .timeout = 120) {
     cr_assert_eq(l1_window[0], l1_window[1], "L1's split does not change");
     cr_assert_gt(l3_window[1], 1.5 * l3_window[0], "the window group's L3 bytes: %.0f at 0.125, %.0f at 0.5", l3_window[0],
                  l3_window[1]);
+    /* by default (hybrid.h): an eighth without an L3; with one, the whole above it and a quarter in it */
+    run_result_t d3 = RUN(TRACE, "--model", "gemma-3-like", "--l1-pages", "512", "--l2-pages", "1024", "--l3-pages",
+                          "4096", "--limit", "20", "--json"),
+                 d0 = RUN(TRACE, "--model", "gemma-3-like", "--l1-pages", "512", "--l2-pages", "1024", "--limit", "20",
+                          "--json");
+    cJSON *o3 = json_of(&d3), *o0 = json_of(&d0);
+    cr_assert(num(o3, "window_weight") == 1.0 && num(o3, "l3_window_weight") == 0.25);
+    cr_assert(num(o0, "window_weight") == 0.125 && num(o0, "l3_window_weight") == 0.125);
+    cJSON_Delete(o3), cJSON_Delete(o0);
+    run_free(&d3), run_free(&d0);
     run_result_t bad = RUN(TRACE, "--model", "gemma-3-like", "--l3-window-weight", "0.5", "--limit", "10");
     cr_assert_eq(bad.status, 2);
     cr_assert(strstr(bad.err, "--l3-window-weight: needs an L3") != NULL, "%s", bad.err);

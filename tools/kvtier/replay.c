@@ -16,6 +16,7 @@
 #include "kvtier/alloc.h"
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
+#include "kvtier/hybrid.h"
 #include "kvtier/mem.h"
 #include "kvtier/model.h"
 #include "kvtier/radix.h"
@@ -688,10 +689,6 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         c->flag = "--l3-pages";
         return cli_error(c, "needs an L2 tier (--l2-pages > 0): pieces reach L3 through L2");
     }
-    if (h->l3_window_weight != h->window_weight && l3->pages == 0) {
-        c->flag = "--l3-window-weight";
-        return cli_error(c, "needs an L3 (--l3-pages) to split");
-    }
     (void)nsweep;
     if (text && !o->bytes_per_token) {
         uint64_t per_token = 0, full_layers = 0, full_bytes = 0, state_layers = 0;
@@ -716,7 +713,7 @@ int cmd_replay(int argc, char **argv) {
                                  "keep the cache's decision digest and print it (decision_digest): two runs decided alike exactly when they agree on it"};
     const char *groups_text = NULL;
     uint64_t every = 0, copy_lag = 0;
-    double state_share = 0.25, window_weight = 0.125, l3_window_weight = 0;
+    double state_share = KVT_HYBRID_STATE_SHARE, window_weight = 0, l3_window_weight = 0;
     table[nrows++] = (cli_opt_t){"groups", OPT_TEXT, &groups_text, 0, 0, 0, 0, NULL, NULL, 0,
                                  "the model's layer groups: a preset's name, or full:LAYERS:BYTES,window:W:LAYERS:BYTES,"
                                  "state:LAYERS:BYTES (BYTES per token per layer; per layer for state); default: --model's. "
@@ -726,10 +723,12 @@ int cmd_replay(int argc, char **argv) {
                                  "branch points; 0: none"};
     table[nrows++] = (cli_opt_t){"state-share", OPT_DOUBLE, &state_share, 0, 0, 0.01, 0.99, NULL, NULL, 0,
                                  "hybrid models: the fraction of each tier's bytes for state checkpoints"};
-    table[nrows++] = (cli_opt_t){"window-weight", OPT_DOUBLE, &window_weight, 0, 0, 0.01, 16, NULL, NULL, 0,
-                                 "hybrid models: a window group's bytes per token count this much in the split"};
+    table[nrows++] = (cli_opt_t){"window-weight", OPT_DOUBLE, &window_weight, 0, 0, 0, 16, NULL, NULL, 0,
+                                 "hybrid models: a window group's bytes per token count this much in the split; "
+                                 "0: 0.125, or 1 with an L3 (hybrid.h)"};
     table[nrows++] = (cli_opt_t){"l3-window-weight", OPT_DOUBLE, &l3_window_weight, 0, 0, 0, 16, NULL, NULL, 0,
-                                 "hybrid models: --window-weight for the L3's split alone; 0: --window-weight"};
+                                 "hybrid models: --window-weight for the L3's split alone; 0: --window-weight if "
+                                 "given, else 0.25"};
     table[nrows++] = (cli_opt_t){"copy-lag", OPT_U64, &copy_lag, 0, 1u << 20, 0, 0, NULL, NULL, 0,
                                  "hybrid models: the window pages' and checkpoints' copies land this many requests "
                                  "after they are handed out (a request waits for its own loads); 0: at once"};
@@ -774,10 +773,15 @@ int cmd_replay(int argc, char **argv) {
         c.flag = "--soak";
         return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
     }
+    if (l3_window_weight > 0 && l3.pages == 0) {
+        c.flag = "--l3-window-weight";
+        return cli_error(&c, "needs an L3 (--l3-pages) to split") ? 2 : 2;
+    }
+    /* the weights 0 stand for hybrid.h's defaults, which depend on an L3 */
+    double ww = window_weight > 0 ? window_weight : l3.pages ? KVT_HYBRID_WINDOW_WEIGHT_OVER_L3 : KVT_HYBRID_WINDOW_WEIGHT;
+    double w3 = l3_window_weight > 0 ? l3_window_weight : window_weight > 0 || !l3.pages ? ww : KVT_HYBRID_L3_WINDOW_WEIGHT;
     hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every,
-                         .state_share = state_share, .window_weight = window_weight,
-                         .l3_window_weight = l3_window_weight > 0 ? l3_window_weight : window_weight,
-                         .copy_lag = copy_lag};
+                         .state_share = state_share, .window_weight = ww, .l3_window_weight = w3, .copy_lag = copy_lag};
     if (replay_groups(&c, &o, &l3, groups_text, nsweep, &hyb) != 0) return 2;
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;

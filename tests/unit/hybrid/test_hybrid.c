@@ -369,6 +369,29 @@ Test(hybrid_config, the_default_split_spends_each_tier_once) {
     cr_assert(c.l1_slots[1] * g[1].bytes <= bytes / 4 + g[1].bytes, "state takes a quarter");
 }
 
+/* The default weighs a window group by an eighth without an L3, and with
+ * one by the whole in L1 and L2 and a quarter in L3 (hybrid.h): the slots
+ * of explicit splits at those weights. */
+Test(hybrid_config, the_default_window_weight_depends_on_an_l3) {
+    kvt_layer_group_t g[KVT_MODEL_MAX_GROUPS];
+    uint32_t n;
+    cr_assert_eq(kvt_model_groups(kvt_model_find("gemma-3-like"), g, KVT_MODEL_MAX_GROUPS, &n), KVT_OK);
+    const uint64_t b1 = 40ull << 30, b2 = 80ull << 30, b3 = 1ull << 40;
+    kvt_hybrid_config_t d, want;
+    cr_assert_eq(kvt_hybrid_config_default(&d, g, n, 16, b1, b2, 0), KVT_OK);
+    want = d;
+    cr_assert_eq(kvt_hybrid_config_split(&want, b1, b2, 0, 0.25, 0.125), KVT_OK);
+    cr_assert(d.l1_slots[1] == want.l1_slots[1] && d.l2_slots[1] == want.l2_slots[1] && d.l1_slots[1] > 0);
+    cr_assert_eq(kvt_hybrid_config_default(&d, g, n, 16, b1, b2, b3), KVT_OK);
+    want = d;
+    cr_assert_eq(kvt_hybrid_config_split(&want, b1, b2, b3, 0.25, 1.0), KVT_OK);
+    cr_assert(d.l1_slots[1] == want.l1_slots[1] && d.l2_slots[1] == want.l2_slots[1] &&
+                  d.cache.l1_pages == want.cache.l1_pages,
+              "with an L3, L1 and L2 weigh the window group as much as the full one");
+    cr_assert_eq(kvt_hybrid_config_split_tier(&want, 3, b3, 0.25, 0.25), KVT_OK);
+    cr_assert(d.l3_slots[1] == want.l3_slots[1] && d.cache.l3_pages == want.cache.l3_pages, "and L3 by a quarter");
+}
+
 /* One tier split again leaves the others as they were and gives that tier
  * what a whole split at its weight gives it; a bad call changes nothing. */
 Test(hybrid_config, one_tier_split_alone) {
