@@ -214,17 +214,24 @@ static inline void km_complete(km_t *m, const size_t *ks, size_t n, int ok) {
     }
 }
 
-/* keyed.h: ready, unpinned keys go (their pages to the loose list, as a failed store's), the rest are skipped. */
-static inline size_t km_remove(km_t *m, const size_t *ks, size_t n) {
+/* keyed.h: ready, unpinned keys go (their pages to the loose list, as a
+ * failed store's), the rest are skipped; the event says why (3 removed, 0
+ * evicted). */
+static inline size_t km_drop(km_t *m, const size_t *ks, size_t n, uint32_t why) {
     size_t gone = 0;
     for (size_t i = 0; i < n; i++) {
         size_t k = ks[i];
         if (m->state[k] != KM_READY || m->pins[k] > 0) continue;
         m->state[k] = KM_ABSENT;
         m->loose[m->nloose++] = m->page[k];
-        km_event(m, k, KVT_KEYED_REMOVED, 3);
+        km_event(m, k, KVT_KEYED_REMOVED, why);
         gone++;
     }
+    return gone;
+}
+
+static inline size_t km_remove(km_t *m, const size_t *ks, size_t n) {
+    size_t gone = km_drop(m, ks, n, 3);
     m->st.removed += gone;
     return gone;
 }
@@ -244,15 +251,7 @@ static inline size_t km_next_victims(const km_t *m, size_t k, size_t *out) {
 
 /* km_remove, counted as evictions, with eviction events. */
 static inline size_t km_evict(km_t *m, const size_t *ks, size_t n) {
-    size_t gone = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t k = ks[i];
-        if (m->state[k] != KM_READY || m->pins[k] > 0) continue;
-        m->state[k] = KM_ABSENT;
-        m->loose[m->nloose++] = m->page[k];
-        km_event(m, k, KVT_KEYED_REMOVED, 0);
-        gone++;
-    }
+    size_t gone = km_drop(m, ks, n, 0);
     m->st.evictions += gone;
     return gone;
 }
