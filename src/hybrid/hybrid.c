@@ -468,9 +468,9 @@ static int stays_for_copy(void *arg, kvt_key128_t key) { return goes_down(arg, k
  * slots free: under write_back the copies down are then off the hit's
  * path. A victim the tier below lacks goes down first under write_back: in
  * order, its copy is recorded before its slot can be written again; with
- * async_moves it stays, pinned, until the copy lands (landed evicts it
- * then; leaving counts those, so that the next round does not take more
- * for them). A victim the tier below cannot take is evicted anyway, as a
+ * async_moves it stays, pinned, until the copy lands (kvt_hybrid_moves_done
+ * evicts it then; leaving counts those, so that the next round does not
+ * take more for them). A victim the tier below cannot take is evicted anyway, as a
  * store's would be. Out of memory, the round is skipped: a store evicts
  * for its deficit. */
 static void restore_room(kvt_hybrid_t *h, uint32_t g, int t) {
