@@ -443,15 +443,16 @@ static void send_down(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *ke
     }
 }
 
-/* Whether a round's victim in tier t of group g goes down first: under
- * write_back, when the tier below lacks it (neither there nor on its way). */
+/* Tier t of group g (a round's, for kvt__keyed_evict_next's keep). */
 typedef struct {
     const kvt_hybrid_t *h;
     uint32_t g;
     int t;
-} round_t;
+} tier_ref_t;
 
-static int goes_down(const round_t *r, kvt_key128_t key) {
+/* Whether a round's victim in tier r goes down first: under write_back,
+ * when the tier below lacks it (neither there nor on its way). */
+static int goes_down(const tier_ref_t *r, kvt_key128_t key) {
     const kvt_keyed_t *below = r->h->kc[r->g][r->t + 1];
     return has_below(r->h, r->g, r->t) && down_policy(r->h, r->t) == KVT_WRITE_BACK &&
            (below == NULL || kvt__keyed_find(below, key) == UINT32_MAX);
@@ -489,7 +490,7 @@ static void restore_room(kvt_hybrid_t *h, uint32_t g, int t) {
     src_t *dsrc = (src_t *)(pages + want);
     uint8_t *kept = (uint8_t *)(dsrc + want);
     int async = h->cfg.async_moves;
-    round_t r = {h, g, t};
+    tier_ref_t r = {h, g, t};
     size_t n = kvt__keyed_evict_next(k, want, async ? stays_for_copy : NULL, &r, vk, vs, pages, kept);
     for (size_t i = 0; i < n; i++) {
         h->st.round_evictions += !kept[i];
