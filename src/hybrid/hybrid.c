@@ -103,7 +103,6 @@ struct kvt_hybrid {
     kvt_keyed_t *kc[G][3]; /* NULL for full groups and absent tiers */
     uint64_t room[G][2];     /* L1's and L2's free-room targets in slots (restore_room) */
     uint64_t leaving[G][2];  /* async_moves: a round's victims whose copy down is in flight */
-    bool admitting;          /* an admission's loads are being stored (admit_evictions) */
     uint64_t clock, live;
     kvt_hybrid_stats_t st;
     kvt_hybrid_move_t *moves; /* cfg.moves: the copies the engine owes, in order, until taken */
@@ -155,6 +154,10 @@ static uint64_t recency_only(const kvt_hybrid_t *h, uint64_t s) {
     s &= ~(SEEN | RANK | USES);
     return h->cfg.cache.policy == KVT_POLICY_FIFO ? (s & ~CLOCK) | h->clock << CLOCK_SHIFT : s;
 }
+
+/* The score of a piece evicted with score old, in the tier below: the
+ * least recent there (not needed, the deepest), its policy part kept. */
+static uint64_t down_score(const kvt_hybrid_t *h, uint64_t old) { return carried(h, h->clock << CLOCK_SHIFT, old); }
 
 /* Score s after a hit on the piece's path by a request of priority prio,
  * as the tree's on_hit counts a matched node's (class_bit: its tier's). */
@@ -384,7 +387,6 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
     }
     int async = h->cfg.async_moves, below = has_below(h, g, t);
     if (!async) kvt_keyed_complete_store(k, keys, n, 1);
-    if (t == 0 && h->admitting) h->st.admit_evictions += nev;
     for (size_t i = 0; i < n; i++) after[i] = PEND_NONE;
     if (nev && below && down_policy(h, t) == KVT_WRITE_BACK) {
         /* the new keys take the failed stores' pages first, then the victims' in eviction order
@@ -393,7 +395,7 @@ static int store_in(kvt_hybrid_t *h, uint32_t g, int t, const kvt_key128_t *keys
         for (size_t i = 0; i < n && j < nev; i++)
             if (pages[i] != UINT64_MAX && x++ >= loose) {
                 dk[j] = evicted[j];
-                ds[j] = carried(h, h->clock << CLOCK_SHIFT, evs[j]); /* the least recent below */
+                ds[j] = down_score(h, evs[j]);
                 dsrc[j] = (src_t){(uint32_t)t + 1, 0, pages[i]};
                 taker[j++] = i;
             }
@@ -471,9 +473,9 @@ static int stays_for_copy(void *arg, kvt_key128_t key) { return goes_down(arg, k
  * order, its copy is recorded before its slot can be written again; with
  * async_moves it stays, pinned, until the copy lands (kvt_hybrid_moves_done
  * evicts it then; leaving counts those, so that the next round does not
- * take more for them). A victim the tier below cannot take is evicted anyway, as a
- * store's would be. Out of memory, the round is skipped: a store evicts
- * for its deficit. */
+ * take more for them). A victim the tier below cannot take is evicted
+ * anyway, as a store's would be. Out of memory, the round is skipped: a
+ * store evicts for its deficit. */
 static void restore_room(kvt_hybrid_t *h, uint32_t g, int t) {
     kvt_keyed_t *k = h->kc[g][t];
     uint64_t target = h->room[g][t], free = k ? k->pages - k->nents + h->leaving[g][t] : 0;
@@ -496,7 +498,7 @@ static void restore_room(kvt_hybrid_t *h, uint32_t g, int t) {
         h->st.round_evictions += !kept[i];
         if (!kept[i] && !goes_down(&r, vk[i])) continue;
         dk[nd] = vk[i];
-        ds[nd] = carried(h, h->clock << CLOCK_SHIFT, vs[i]); /* the least recent below, as a store's victim */
+        ds[nd] = down_score(h, vs[i]);
         dsrc[nd++] = (src_t){(uint32_t)t + 1, kept[i], pages[i]};
     }
     int rc = store_in(h, g, t + 1, dk, ds, dsrc, nd, NULL, 0); /* (touches no tier above t + 1) */
@@ -681,9 +683,9 @@ static int load_and_pin(kvt_hybrid_t *h, uint64_t n, pins_t *p, int *tier) {
             }
         }
         int rc = moves_room(h, nl);
-        h->admitting = true;
+        uint64_t evicted = h->kc[g][0]->evictions;
         if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, nl, p->keys[g], k);
-        h->admitting = false;
+        h->st.admit_evictions += h->kc[g][0]->evictions - evicted;
         for (size_t i = 0; i < nl; i++) /* recorded with async_moves: pinned until reported */
             if (h->kc[g][h->srcs[i].tier - 1] && (rc != KVT_OK || !h->srcs[i].pinned))
                 kvt_keyed_unpin(h->kc[g][h->srcs[i].tier - 1], &h->keys[i], 1);
@@ -1088,10 +1090,11 @@ int kvt_hybrid_stats(const kvt_hybrid_t *h, kvt_hybrid_stats_t *st) {
  * L1 the pins are the live requests' and the copies'. */
 static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const kvt_keyed_stats_t *ks) {
     const kvt_keyed_t *k = h->kc[g][t];
-    uint64_t arriving = 0, reading = 0;
+    uint64_t arriving = 0, reading = 0, leaving = 0;
     for (uint32_t i = 0; i < h->pt.cap; i++) {
         const kvt__pend_t *e = &h->pt.e[i];
         if (e->state == PEND_FREE || e->m.group != g) continue;
+        leaving += e->evict_src && e->m.src_tier == (uint32_t)t + 1;
         if (e->m.dst_tier == (uint32_t)t + 1 && e->m.dst_slot != UINT64_MAX) {
             arriving++;
             uint32_t x = kvt__keyed_find(k, e->m.key);
@@ -1106,11 +1109,6 @@ static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const
         }
     }
     if (arriving != ks->pending) return "a piece is pending with no move into it";
-    uint64_t leaving = 0;
-    for (uint32_t i = 0; i < h->pt.cap; i++) {
-        const kvt__pend_t *e = &h->pt.e[i];
-        if (e->state != PEND_FREE && e->evict_src && e->m.group == g && e->m.src_tier == (uint32_t)t + 1) leaving++;
-    }
     if (t < 2 && leaving != h->leaving[g][t]) return "the count of a round's pieces leaving is wrong";
     uint64_t held = reading;
     for (const pins_t *p = h->live_reqs; p && t == 0; p = p->next)
@@ -1142,7 +1140,7 @@ int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
             if (rc != KVT_OK) break;
             const kvt_keyed_t *k = h->kc[g][t];
             if (k->class_bit != (t == 0 ? h->classes : 0)) rc = KVT_ECORRUPT, w = "a tier's pieces have the wrong classes";
-            for (size_t i = 0; i < k->nents && rc == KVT_OK; i++) /* the class is L1's, under s2lru and arc */
+            for (size_t i = 0; i < k->nents && rc == KVT_OK; i++) /* the class is L1's, under s2lru, arc and slru */
                 if ((k->ents[i].score & SEEN) && (t > 0 || !h->classes))
                     rc = KVT_ECORRUPT, w = "a piece outside L1's classes is marked seen again";
             if (rc != KVT_OK) break;

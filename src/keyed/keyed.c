@@ -407,21 +407,31 @@ void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *s
     kvt__keyed_demote(c);
 }
 
-/* Takes the ready, unpinned ones of keys[0..n) out; their pages wait on the
- * loose list, as a failed store's do: its room is the only memory this
- * needs. An eviction (why WHY_EVICTED) is counted and remembered as
- * prepare_store's are. */
+/* Entry i (ready, out of the heap) leaves: its page waits on the loose
+ * list (room reserved), as a failed store's does; an eviction (why
+ * WHY_EVICTED) is counted and remembered as prepare_store's are. */
+static void take_out(kvt_keyed_t *c, uint32_t i, uint32_t why) {
+    kvt_key128_t key = c->ents[i].key;
+    if (why == WHY_EVICTED) {
+        if (c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, &c->ents[i])], ghost_key(key));
+        c->evictions++;
+    }
+    KVT_ASSERT(c->nloose < c->lcap);
+    c->loose[c->nloose++] = c->ents[i].page;
+    kvt__keyed_remove(c, i);
+    record(c, key, KVT_KEYED_REMOVED, why);
+}
+
+/* Takes the ready, unpinned ones of keys[0..n) out (take_out); the loose
+ * list's room is the only memory this needs. */
 static int drop(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, uint32_t why, size_t *ndropped) {
     if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + n, sizeof(*c->loose))) return KVT_ENOMEM;
     size_t k = 0;
     for (size_t j = 0; j < n; j++) {
         uint32_t i = kvt__keyed_find(c, keys[j]);
         if (i == UINT32_MAX || c->ents[i].state != KVT__KEYED_READY || c->ents[i].pins > 0) continue;
-        if (why == WHY_EVICTED && c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, &c->ents[i])], ghost_key(keys[j]));
         kvt__heap_erase(c, i);
-        c->loose[c->nloose++] = c->ents[i].page;
-        kvt__keyed_remove(c, i);
-        record(c, keys[j], KVT_KEYED_REMOVED, why);
+        take_out(c, i, why);
         k++;
     }
     *ndropped = k;
@@ -439,9 +449,7 @@ int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t 
 }
 
 int kvt__keyed_evict(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t *nevicted) {
-    int rc = drop(c, keys, n, WHY_EVICTED, nevicted);
-    c->evictions += *nevicted;
-    return rc;
+    return drop(c, keys, n, WHY_EVICTED, nevicted);
 }
 
 size_t kvt__keyed_evict_next(kvt_keyed_t *c, size_t k, int (*keep)(void *arg, kvt_key128_t key), void *arg,
@@ -455,12 +463,7 @@ size_t kvt__keyed_evict_next(kvt_keyed_t *c, size_t k, int (*keep)(void *arg, kv
         cnt0 -= kvt__kentry_class(c, e) == 0;
         keys[j] = e->key, scores[j] = e->score, pages[j] = e->page;
         kept[j] = keep != NULL && keep(arg, e->key);
-        if (kept[j]) continue; /* out of the heap until the others are taken */
-        if (c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, e)], ghost_key(e->key));
-        c->loose[c->nloose++] = e->page;
-        record(c, e->key, KVT_KEYED_REMOVED, WHY_EVICTED);
-        c->evictions++;
-        kvt__keyed_remove(c, i);
+        if (!kept[j]) take_out(c, i, WHY_EVICTED); /* (a kept one: out of the heap until the others are taken) */
     }
     for (size_t j = 0; j < k; j++) /* (found again: a removal moves the last entry) */
         if (kept[j]) kvt__heap_push(c, kvt__keyed_find(c, keys[j]));
