@@ -49,8 +49,7 @@ static void progress(uint64_t done, uint64_t total, bool show) {
     if (done == total) fputs("\r\033[K", stderr);
 }
 
-/* Pages the whole trace could occupy: an L1 of this size never evicts. */
-static uint64_t trace_pages(const kvt_trace_t *t, uint64_t n, uint64_t pt) {
+uint64_t replay_trace_pages(const kvt_trace_t *t, uint64_t n, uint64_t pt) {
     uint64_t p = 0;
     for (uint64_t i = 0; i < n; i++) p += t->req[i].input_length / pt;
     return p ? p : 1;
@@ -121,10 +120,10 @@ int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, ui
                    uint64_t nreqs, result_t *res) {
     uint64_t n = reqs ? nreqs : o->limit && o->limit < t->n ? o->limit : t->n;
     kvt_cache_config_t cfg;
-    replay_cache_config(o, l1_pages == UNBOUNDED ? trace_pages(t, reqs ? t->n : n, o->page_tokens) : l1_pages, &cfg);
+    replay_cache_config(o, l1_pages == UNBOUNDED ? replay_trace_pages(t, reqs ? t->n : n, o->page_tokens) : l1_pages, &cfg);
     replay_l3_config(l, &cfg);
     /* remember every put: then "from another instance" is exact (a page this instance never put) */
-    if (l->url) cfg.l3_known = trace_pages(t, t->n, o->page_tokens);
+    if (l->url) cfg.l3_known = replay_trace_pages(t, t->n, o->page_tokens);
     if (cfg.l1_pages > KVT_ALLOC_MAX_PAGES) {
         fprintf(stderr, "kvtier replay: --l1-pages: %" PRIu64 " pages is more than %u\n", cfg.l1_pages, KVT_ALLOC_MAX_PAGES);
         return -1;
@@ -315,8 +314,8 @@ static void soak_json(cJSON *x, const result_t *r, const opts_t *o) {
 
 /* The store's figures: per operation calls, keys, hits, misses, bad
  * objects, failures, redirections, latency percentiles. */
-static void store_json(cJSON *x, const l3_result_t *l) {
-    cJSON *d = cJSON_AddObjectToObject(x, "store");
+void replay_store_json(cJSON *x, const char *name, const l3_result_t *l) {
+    cJSON *d = cJSON_AddObjectToObject(x, name);
     cJSON_AddStringToObject(d, "url", l->url);
     cJSON_AddStringToObject(d, "backend", l->backend);
     static const double q[] = {0.5, 0.9, 0.99, 0.999, 1};
@@ -351,7 +350,7 @@ static void l3_json(cJSON *x, const result_t *r, const l3_opts_t *l) {
     cJSON_AddNumberToObject(p, "revoked", (double)s->prefetch_revoked);
     cJSON_AddNumberToObject(p, "wait_ms", (double)s->prefetch_wait_micros / 1e3);
     cJSON_AddNumberToObject(p, "wait_max_ms", (double)s->prefetch_wait_max_micros / 1e3);
-    if (r->l3.store) store_json(d, &r->l3);
+    if (r->l3.store) replay_store_json(d, "store", &r->l3);
     if (r->l3.down) {
         cJSON_AddBoolToObject(d, "down", true);
         cJSON_AddStringToObject(d, "error", r->l3.why);
@@ -653,7 +652,7 @@ static bool hybrid_on(const hybrid_opts_t *h) {
 }
 
 /* The layer groups: --groups, else the preset's. A hybrid model's replay is
- * metadata only (a modeled L3 at most), on one instance, and holds the model as all-full attention
+ * metadata only (a store's objects are stand-ins), and holds the model as all-full attention
  * at o->bpt for the comparison: the groups' all-full bytes per token (each
  * state layer at its full groups' per-layer width) unless
  * --bytes-per-token says otherwise. -1 after printing why. */
@@ -678,15 +677,13 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
     }
     if (!hybrid_on(h)) return 0;
-    const char *why = o->data ? "--data" : l3->url ? "--l3" : l3->instances > 1 ? "--instances"
-                    : o->soak_s > 0 ? "--soak" : o->digest ? "--digest" : NULL;
+    const char *why = o->data ? "--data" : o->soak_s > 0 ? "--soak" : o->digest ? "--digest" : NULL;
     if (why) {
         c->flag = why;
-        return cli_error(c, "not with a hybrid model (window or state groups): its replay is metadata only, one instance "
-                            "(a modeled L3: --l3-pages)");
+        return cli_error(c, "not with a hybrid model (window or state groups): its replay is metadata only");
     }
-    if (l3->pages && o->l2_pages == 0) {
-        c->flag = "--l3-pages";
+    if ((l3->pages || l3->url) && o->l2_pages == 0) {
+        c->flag = l3->url ? "--l3" : "--l3-pages";
         return cli_error(c, "needs an L2 tier (--l2-pages > 0): pieces reach L3 through L2");
     }
     (void)nsweep;
@@ -778,7 +775,9 @@ int cmd_replay(int argc, char **argv) {
         return cli_error(&c, "needs an L3 (--l3-pages) to split") ? 2 : 2;
     }
     /* the weights 0 stand for hybrid.h's defaults, which depend on an L3 */
-    double ww = window_weight > 0 ? window_weight : l3.pages ? KVT_HYBRID_WINDOW_WEIGHT_OVER_L3 : KVT_HYBRID_WINDOW_WEIGHT;
+    double ww = window_weight > 0             ? window_weight
+              : l3.pages || l3.url ? KVT_HYBRID_WINDOW_WEIGHT_OVER_L3
+                                   : KVT_HYBRID_WINDOW_WEIGHT;
     double w3 = l3_window_weight > 0 ? l3_window_weight : window_weight > 0 || !l3.pages ? ww : KVT_HYBRID_L3_WINDOW_WEIGHT;
     hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every,
                          .state_share = state_share, .window_weight = ww, .l3_window_weight = w3, .copy_lag = copy_lag};

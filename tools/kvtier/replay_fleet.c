@@ -81,7 +81,7 @@ uint64_t replay_route(const kvt_trace_t *t, uint64_t n, uint32_t instances, uint
 
 /* ---- adding up ---- */
 
-static void add_store(kvt_store_stats_t *d, const kvt_store_stats_t *s) {
+void replay_store_add(kvt_store_stats_t *d, const kvt_store_stats_t *s) {
 #define ADD_(name, kind, help) d->name += s->name;
     KVT_STORE_STATS_FIELDS(ADD_)
 #undef ADD_
@@ -106,7 +106,7 @@ static void add_result(result_t *d, const result_t *s, bool first) {
     d->data.verified_hits += s->data.verified_hits;
     d->data.verified_loads += s->data.verified_loads;
     d->data.mismatches += s->data.mismatches;
-    for (int op = 0; op < KVT_STORE_OP_COUNT_; op++) add_store(&d->l3.op[op], &s->l3.op[op]);
+    for (int op = 0; op < KVT_STORE_OP_COUNT_; op++) replay_store_add(&d->l3.op[op], &s->l3.op[op]);
 }
 
 /* ---- the fleet ---- */
@@ -125,23 +125,21 @@ static int pipe_all(int fd, void *buf, size_t len, bool out) {
 }
 
 /* An instance: its share of the requests, its result down the pipe. */
-static void instance_main(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, const uint32_t *route, uint64_t n,
-                          uint32_t me, int fd) {
+static void instance_main(const uint32_t *route, uint64_t n, uint32_t me, replay_instance_fn run, void *arg, void *res,
+                          size_t size, int fd) {
     group_child_signals();
     uint32_t *reqs = malloc((n ? n : 1) * sizeof(*reqs));
     uint64_t k = 0;
     for (uint64_t i = 0; reqs && i < n; i++)
         if (route[i] == me) reqs[k++] = (uint32_t)i;
-    result_t res;
-    memset(&res, 0, sizeof(res));
-    int rc = reqs ? replay_run_one(t, o, l, o->l1_pages, reqs, k, &res) : -1;
-    if (rc == 0 && pipe_all(fd, &res, sizeof(res), true) != 0) rc = -1;
+    memset(res, 0, size);
+    int rc = reqs ? run(arg, reqs, k, res) : -1;
+    if (rc == 0 && pipe_all(fd, res, size, true) != 0) rc = -1;
     _exit(rc == 0 ? 0 : 1);
 }
 
-int replay_fleet(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total) {
-    uint32_t ni = (uint32_t)l->instances;
-    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
+int replay_instances(const kvt_trace_t *t, uint64_t n, uint32_t ni, replay_instance_fn run, void *arg, void *each,
+                     size_t size) {
     uint32_t *route = malloc((n ? n : 1) * sizeof(*route));
     if (route == NULL) return fprintf(stderr, "kvtier replay: out of memory\n"), -1;
     replay_route(t, n, ni, route);
@@ -169,14 +167,14 @@ int replay_fleet(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, resu
         if (pid == 0) {
             close(p[0]);
             for (uint32_t j = 0; j < started; j++) close(fds[j]);
-            instance_main(t, o, l, route, n, started, p[1]);
+            instance_main(route, n, started, run, arg, (char *)each + started * size, size, p[1]);
         }
         close(p[1]);
         fds[started] = p[0];
         pids[started] = pid;
     }
     for (uint32_t i = 0; i < started; i++) {
-        if (rc == 0 && pipe_all(fds[i], &each[i], sizeof(each[i]), false) != 0) {
+        if (rc == 0 && pipe_all(fds[i], (char *)each + i * size, size, false) != 0) {
             fprintf(stderr, "kvtier replay: instance %u stopped before it reported\n", i);
             rc = -1;
         }
@@ -193,7 +191,25 @@ int replay_fleet(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, resu
         }
     }
     free(route);
-    if (rc != 0) return -1;
+    return rc;
+}
+
+typedef struct {
+    const kvt_trace_t *t;
+    const opts_t *o;
+    const l3_opts_t *l;
+} radix_arg_t;
+
+static int radix_instance(void *arg, const uint32_t *reqs, uint64_t n, void *res) {
+    const radix_arg_t *a = arg;
+    return replay_run_one(a->t, a->o, a->l, a->o->l1_pages, reqs, n, res);
+}
+
+int replay_fleet(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total) {
+    uint32_t ni = (uint32_t)l->instances;
+    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n;
+    radix_arg_t a = {t, o, l};
+    if (replay_instances(t, n, ni, radix_instance, &a, each, sizeof(*each)) != 0) return -1;
     uint64_t wait_max = 0; /* a maximum, not a sum */
     for (uint32_t i = 0; i < ni; i++) {
         add_result(total, &each[i], i == 0);

@@ -2,7 +2,13 @@
  * --groups): the trace through kvt_hybrid at each L1 size, beside the two
  * ways a cache that knows no groups could hold the same model in the same
  * bytes — every layer kept as full attention (the radix cache, the model's
- * all-full bytes per token), and state checkpoints at request ends only. */
+ * all-full bytes per token), and state checkpoints at request ends only.
+ *
+ * With a store (--l3 URL) the full groups' pages go to it through the radix
+ * cache's own L3 (replay_l3.c), and each window or state group's pieces as
+ * objects of their own (kvt_hybrid_set_l3), put and got on this thread as
+ * the cache's moves say; --instances N runs N such processes on the one
+ * store (replay_fleet.c). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +27,123 @@ typedef struct {
     kvt_hybrid_stats_t st;
     kvt_hybrid_group_bytes_t gb[KVT_MODEL_MAX_GROUPS];
     double wall_s;
+    uint64_t nreq;
     uint64_t moves, outstanding_most; /* --copy-lag: moves run, and most outstanding at once */
+    /* --l3 URL: hits a piece of which the store did not serve (gone, refused by its checksum), counted
+     * as none, and their tokens; the full groups' L3 hit tokens that another instance put */
+    uint64_t hits_unserved, unserved_tokens, cross_instance_hit_tokens;
+    l3_result_t full_store, piece_store; /* the full groups' store, and the pieces' (their groups' summed) */
 } hyb_result_t;
+
+/* --l3 URL: the pieces' side of the store. Each window or state group's
+ * pieces are objects under a model identity of their own (a group's piece
+ * never answers for another's), stand-ins of L3_STANDIN_BYTES as the full
+ * pages are (replay_l3.h). */
+#define PIECE_BATCH 64 /* keys per store call; the stand-in tier's pages (a get's pages are distinct) */
+typedef struct {
+    kvt_store_t *s[KVT_MODEL_MAX_GROUPS];
+    kvt_tier_t *standin;
+} pieces_t;
+
+static kvt_hash128_t hash_of(kvt_key128_t k) { return (kvt_hash128_t){k.lo, k.hi}; }
+
+/* kvt_hybrid_probe_fn: which of the pieces the store holds. */
+static int pieces_probe(void *arg, uint32_t g, const kvt_key128_t *keys, size_t n, uint8_t *present) {
+    pieces_t *p = arg;
+    kvt_store_page_t pg[PIECE_BATCH];
+    uint8_t res[PIECE_BATCH];
+    for (size_t at = 0; at < n; at += PIECE_BATCH) {
+        size_t k = n - at < PIECE_BATCH ? n - at : PIECE_BATCH;
+        for (size_t i = 0; i < k; i++) pg[i] = (kvt_store_page_t){hash_of(keys[at + i]), 0};
+        int rc = kvt_store_run(p->s[g], KVT_STORE_EXISTS, pg, k, res, NULL);
+        if (rc != KVT_OK && rc != KVT_EIO) return -1;
+        for (size_t i = 0; i < k; i++) present[at + i] = res[i] == KVT_STORE_OK;
+    }
+    return 0;
+}
+
+/* Runs the puts into and gets from the store among mv[0..n), in order, a
+ * run of the same group and direction in one call; ok[i] whether each
+ * landed (a move between the cache's own tiers moves no bytes here). */
+static void pieces_run(pieces_t *p, const kvt_hybrid_move_t *mv, size_t n, uint8_t *ok) {
+    kvt_store_page_t pg[PIECE_BATCH];
+    uint8_t res[PIECE_BATCH];
+    size_t at[PIECE_BATCH], k = 0;
+    for (size_t i = 0; i <= n; i++) {
+        bool get = i < n && mv[i].src_tier == 3, put = i < n && mv[i].dst_tier == 3;
+        if (i < n) ok[i] = 1;
+        if (i < n && !get && !put) continue;
+        const kvt_hybrid_move_t *f = k ? &mv[at[0]] : NULL;
+        if (f && (i == n || k == PIECE_BATCH || mv[i].group != f->group || get != (f->src_tier == 3))) {
+            int rc = kvt_store_run(p->s[f->group], f->src_tier == 3 ? KVT_STORE_GET : KVT_STORE_PUT, pg, k, res, NULL);
+            for (size_t j = 0; j < k; j++) ok[at[j]] = (rc == KVT_OK || rc == KVT_EIO) && res[j] == KVT_STORE_OK;
+            k = 0;
+        }
+        if (i < n) {
+            pg[k] = (kvt_store_page_t){hash_of(mv[i].key), (uint32_t)k};
+            at[k++] = i;
+        }
+    }
+}
+
+/* The model identity of a run's objects: the preset or a hash of the
+ * --groups text, the run's kept points (runs that keep other checkpoints
+ * never see each other's objects), and whose: the full groups' (g < 0) or
+ * group g's pieces. */
+static void identity(char *buf, size_t cap, const hybrid_opts_t *h, uint32_t every, bool branches, int g) {
+    char name[40], whose[24] = "full";
+    if (strlen(h->name) < 24 && !strchr(h->name, ':')) snprintf(name, sizeof(name), "%s", h->name);
+    else {
+        uint64_t x = 1469598103934665603ull; /* FNV-1a */
+        for (const char *c = h->name; *c; c++) x = (x ^ (unsigned char)*c) * 1099511628211ull;
+        snprintf(name, sizeof(name), "groups-%016" PRIx64, x);
+    }
+    if (g >= 0) snprintf(whose, sizeof(whose), "group-%d", g);
+    snprintf(buf, cap, "%s/kept-every-%u%s/%s", name, every, branches ? "-branches" : "", whose);
+}
+
+/* Opens group g's store for every window or state group; -1 after printing why. */
+static int pieces_open(pieces_t *p, const l3_opts_t *l3, const hybrid_opts_t *h, uint32_t every, bool branches,
+                       uint32_t page_tokens) {
+    kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST, .name = "l3-pieces-standin",
+                            .geom = {PIECE_BATCH, 1, L3_STANDIN_BYTES, KVT_LAYOUT_PAGE_FIRST}};
+    int rc = kvt_tier_create(&p->standin, &tc);
+    for (uint32_t g = 0; g < h->ngroups && rc == KVT_OK; g++) {
+        if (h->groups[g].kind == KVT_GROUP_FULL) continue;
+        char model[128];
+        identity(model, sizeof(model), h, every, branches, (int)g);
+        kvt_store_config_t sc;
+        kvt_store_config_default(&sc);
+        sc.tier = p->standin;
+        sc.model = model;
+        sc.page_tokens = page_tokens;
+        sc.threads = 1; /* every call runs on this thread: kvt_store_run */
+        rc = kvt_store_open(&p->s[g], l3->url, &sc);
+    }
+    if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --l3: the pieces' store: %s\n", kvt_store_last_error(NULL));
+    return rc == KVT_OK ? 0 : -1;
+}
+
+/* The pieces' stores' figures, their groups' summed. */
+static void pieces_result(const pieces_t *p, l3_result_t *res) {
+    memset(res, 0, sizeof(*res));
+    for (uint32_t g = 0; g < KVT_MODEL_MAX_GROUPS; g++) {
+        if (p->s[g] == NULL) continue;
+        res->store = true;
+        snprintf(res->url, sizeof(res->url), "%s", kvt_store_url(p->s[g]));
+        snprintf(res->backend, sizeof(res->backend), "%s", kvt_store_backend(p->s[g]));
+        for (int op = 0; op < KVT_STORE_OP_COUNT_; op++) {
+            kvt_store_stats_t st = {.size = sizeof(st)};
+            kvt_store_stats(p->s[g], (kvt_store_op_t)op, &st);
+            replay_store_add(&res->op[op], &st);
+        }
+    }
+}
+
+static void pieces_close(pieces_t *p) {
+    for (uint32_t g = 0; g < KVT_MODEL_MAX_GROUPS; g++) kvt_store_close(p->s[g]);
+    kvt_tier_destroy(p->standin);
+}
 
 /* --copy-lag: the engine's copies (async_moves), each reported landed lag
  * requests after it was handed out; an admission's own loads are waited
@@ -40,11 +161,14 @@ static void lag_free(lag_t *q) {
     free(q->ok);
 }
 
-static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now) {
+/* Takes the moves ready; those to and from a store (pieces, NULL: none) run
+ * now, the others land when reported. */
+static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now, pieces_t *pieces) {
     for (size_t want; (want = kvt_hybrid_moves(c)) > 0;) {
         if (q->head > 0 && q->head >= q->n / 2) { /* the reported half goes: the queue holds what is in flight */
             memmove(q->mv, q->mv + q->head, (q->n - q->head) * sizeof(*q->mv));
             memmove(q->at, q->at + q->head, (q->n - q->head) * sizeof(*q->at));
+            memmove(q->ok, q->ok + q->head, q->n - q->head);
             q->n -= q->head;
             q->head = 0;
         }
@@ -58,11 +182,12 @@ static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now) {
             uint8_t *ok = realloc(q->ok, cap);
             if (ok) q->ok = ok;
             if (!mv || !at || !ok) return KVT_ENOMEM;
-            memset(q->ok, 1, cap);
             q->cap = cap;
         }
         size_t got = kvt_hybrid_take_moves(c, q->mv + q->n, want);
         for (size_t i = 0; i < got; i++) q->at[q->n + i] = now;
+        if (pieces) pieces_run(pieces, q->mv + q->n, got, q->ok + q->n);
+        else memset(q->ok + q->n, 1, got);
         q->n += got;
     }
     return KVT_OK;
@@ -73,7 +198,7 @@ static int lag_report(kvt_hybrid_t *c, lag_t *q, uint64_t upto, hyb_result_t *ou
     size_t k = q->head;
     while (k < q->n && q->at[k] <= upto) k++;
     if (k == q->head) return KVT_OK;
-    int rc = kvt_hybrid_moves_done(c, q->mv + q->head, k - q->head, q->ok);
+    int rc = kvt_hybrid_moves_done(c, q->mv + q->head, k - q->head, q->ok + q->head);
     out->moves += k - q->head;
     q->head = k;
     return rc;
@@ -87,19 +212,34 @@ static uint64_t tier_bytes(const opts_t *o, uint64_t pages) { return pages * o->
 /* --l1-pages unbounded: every page of the trace. */
 static uint64_t l1_of(const kvt_trace_t *t, const opts_t *o, uint64_t l1) {
     if (l1 != UNBOUNDED) return l1;
-    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n, p = 0;
-    for (uint64_t i = 0; i < n; i++) p += t->req[i].input_length / o->page_tokens;
-    return p ? p : 1;
+    return replay_trace_pages(t, o->limit && o->limit < t->n ? o->limit : t->n, o->page_tokens);
 }
 
-/* l1_pages UNBOUNDED: every group's L1 holds every page (and checkpoint) of
- * the trace. */
-static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, const hybrid_opts_t *h, uint64_t l1_pages,
-                      uint32_t every, bool branches, hyb_result_t *out) {
+/* One run's setting: the sizes, and the kept points (every N pages, and
+ * branch points: both off for the ends-only run). */
+typedef struct {
+    const kvt_trace_t *t;
+    const opts_t *o;
+    const l3_opts_t *l3;
+    const hybrid_opts_t *h;
+    uint64_t l1_pages; /* UNBOUNDED: every group's L1 holds every page (and checkpoint) of the trace */
+    uint32_t every;
+    bool branches;
+} hyb_run_t;
+
+/* The requests reqs[0..nreqs) of the trace (all of them, up to --limit, for
+ * reqs NULL) through a fresh hybrid cache. -1 after printing why. */
+static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, hyb_result_t *out) {
+    const kvt_trace_t *t = a->t;
+    const opts_t *o = a->o;
+    const l3_opts_t *l3 = a->l3;
+    const hybrid_opts_t *h = a->h;
+    bool store = l3->url != NULL;
     kvt_hybrid_config_t cfg;
-    uint64_t all = l1_of(t, o, UNBOUNDED);
-    uint64_t b1 = tier_bytes(o, l1_of(t, o, l1_pages)), b2 = tier_bytes(o, o->l2_pages), b3 = tier_bytes(o, l3->pages);
-    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)o->page_tokens, b1, b2, b3);
+    uint64_t all = l1_of(t, o, UNBOUNDED), P = o->page_tokens;
+    uint64_t b1 = tier_bytes(o, l1_of(t, o, a->l1_pages)), b2 = tier_bytes(o, o->l2_pages),
+             b3 = store ? 0 : tier_bytes(o, l3->pages); /* a store keeps its own room */
+    int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)P, b1, b2, b3);
     if (rc == KVT_OK) rc = kvt_hybrid_config_split(&cfg, b1, b2, b3, h->state_share, h->window_weight);
     if (rc == KVT_OK && b3) rc = kvt_hybrid_config_split_tier(&cfg, 3, b3, h->state_share, h->l3_window_weight);
     if (rc != KVT_OK) {
@@ -112,14 +252,18 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
     replay_l3_config(l3, &base);
     base.l2_pages = cfg.cache.l2_pages;
     base.l3_pages = cfg.cache.l3_pages;
+    /* remember every put: then "from another instance" is exact (a page this instance never put) */
+    if (store) base.l3_known = replay_trace_pages(t, t->n, P);
     cfg.cache = base;
     /* the slots have no hit counts: a selective write is a plain one for them */
     if (cfg.cache.write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.write_policy = KVT_WRITE_THROUGH;
     if (cfg.cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.l3_write_policy = KVT_WRITE_THROUGH;
-    cfg.checkpoint_every = every;
-    cfg.checkpoint_branches = branches;
-    cfg.moves = cfg.async_moves = h->copy_lag > 0;
-    if (l1_pages == UNBOUNDED) {
+    cfg.checkpoint_every = a->every;
+    cfg.checkpoint_branches = a->branches;
+    /* a store's gets can fail: the moves are reported, as an engine's copies are */
+    bool moving = h->copy_lag > 0 || store;
+    cfg.moves = cfg.async_moves = moving;
+    if (a->l1_pages == UNBOUNDED) {
         cfg.cache.l1_pages = all;
         for (uint32_t g = 0; g < h->ngroups; g++)
             if (h->groups[g].kind != KVT_GROUP_FULL) cfg.l1_slots[g] = all;
@@ -129,29 +273,63 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
         fprintf(stderr, "kvtier replay: cannot create the hybrid cache: %s\n", kvt_strerror(rc));
         return -1;
     }
-    uint64_t n = o->limit && o->limit < t->n ? o->limit : t->n, lag = h->copy_lag;
-    int32_t *tok = malloc((size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS * sizeof(int32_t));
-    rc = tok ? KVT_OK : KVT_ENOMEM;
-    lag_t q = {0};
     memset(out, 0, sizeof(*out));
+    replay_l3_t *full_store = NULL;
+    pieces_t pieces = {0}, *ps = NULL;
+    if (store) {
+        char model[128];
+        identity(model, sizeof(model), h, a->every, a->branches, -1);
+        int orc = replay_l3_open(&full_store, l3, kvt_hybrid_cache(c), NULL, cfg.cache.l2_pages, P, model, &out->full_store);
+        if (orc == 0 && full_store) { /* (a store down from the start: L1 and L2 serve, as the radix replay's) */
+            ps = &pieces;
+            orc = pieces_open(ps, l3, h, a->every, a->branches, (uint32_t)P);
+            if (orc == 0 && kvt_hybrid_set_l3(c, pieces_probe, ps) != KVT_OK) orc = -1;
+        }
+        if (orc != 0) {
+            kvt_hybrid_destroy(c);
+            pieces_close(&pieces);
+            replay_l3_close(full_store);
+            return -1;
+        }
+    }
+    uint64_t n = reqs ? nreqs : o->limit && o->limit < t->n ? o->limit : t->n, lag = h->copy_lag;
+    /* the full groups' prefetches: with a store the next --prefetch-ahead requests are prefetched while
+     * one is admitted (the radix replay's rule); a modeled L3 prefetches at admission */
+    uint64_t ahead = store ? l3->ahead : 0, next = 0;
+    size_t ring = (size_t)ahead + 1, max_tokens = (size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS;
+    int32_t *tokens = malloc(ring * max_tokens * sizeof(int32_t));
+    uint64_t *pf = calloc(ring, sizeof(uint64_t)), *len = calloc(ring, sizeof(uint64_t));
+    rc = tokens && pf && len ? KVT_OK : KVT_ENOMEM;
+    lag_t q = {0};
     double t0 = (double)kvt_now_ns() / 1e9;
     for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
-        const kvt_trace_req_t *r = &t->req[i];
-        for (uint32_t b = 0; b < r->nblocks; b++) kvt_trace_block_tokens(r->hash_ids[b], tok + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
-        kvt_hybrid_req_t req;
-        uint64_t pf = 0; /* a modeled L3: the full groups' pages there are prefetched, as the radix replay's are */
-        if (l3->pages) rc = kvt_cache_prefetch(kvt_hybrid_cache(c), 0, tok, r->input_length, &pf);
-        if (rc == KVT_OK) rc = kvt_hybrid_admit_prefetched(c, pf, 0, tok, r->input_length, 0, NULL, &req);
-        if (rc == KVT_OK && lag) rc = lag_take(c, &q, i);
-        while (rc == KVT_OK && lag && kvt_hybrid_ready(c, &req) == KVT_EAGAIN) { /* its loads, and what is before them */
-            rc = lag_report(c, &q, q.at[q.head], out);
-            if (rc == KVT_OK) rc = lag_take(c, &q, i);
+        for (; next < n && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving */
+            const kvt_trace_req_t *r = &t->req[reqs ? reqs[next] : next];
+            size_t k = next % ring;
+            for (uint32_t b = 0; b < r->nblocks; b++)
+                kvt_trace_block_tokens(r->hash_ids[b], tokens + k * max_tokens + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
+            len[k] = r->input_length;
+            pf[k] = 0;
+            if (replay_l3_on(l3)) rc = kvt_cache_prefetch(kvt_hybrid_cache(c), 0, tokens + k * max_tokens, len[k], &pf[k]);
         }
-        if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, r->input_length, &req);
-        if (rc == KVT_OK && lag) {
-            rc = lag_take(c, &q, i);
+        size_t k = i % ring;
+        const int32_t *tok = tokens + k * max_tokens;
+        kvt_hybrid_req_t req;
+        if (rc == KVT_OK) rc = kvt_hybrid_admit_prefetched(c, pf[k], 0, tok, len[k], 0, NULL, &req);
+        if (rc == KVT_OK && moving) rc = lag_take(c, &q, i, ps);
+        while (rc == KVT_OK && moving && kvt_hybrid_ready(c, &req) == KVT_EAGAIN) { /* its loads, and what is before them */
+            rc = lag_report(c, &q, q.at[q.head], out);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
+        }
+        if (rc == KVT_OK && kvt_hybrid_ready(c, &req) == KVT_EIO) { /* a piece the store did not serve: recomputed */
+            out->hits_unserved++;
+            out->unserved_tokens += req.hit_pages * P;
+        }
+        if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, len[k], &req);
+        if (rc == KVT_OK && moving) {
+            rc = lag_take(c, &q, i, ps);
             if (rc == KVT_OK && i >= lag) rc = lag_report(c, &q, i - lag, out);
-            if (rc == KVT_OK) rc = lag_take(c, &q, i);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
             size_t now = kvt_hybrid_moves_outstanding(c);
             if (now > out->outstanding_most) out->outstanding_most = now;
         }
@@ -163,23 +341,68 @@ static int run_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3
             }
         }
         if (rc != KVT_OK && rc != KVT_ECORRUPT)
-            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", i + 1, kvt_strerror(rc));
+            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
     }
-    while (rc == KVT_OK && lag && (q.head < q.n || kvt_hybrid_moves(c))) { /* the copies still in flight land */
+    while (rc == KVT_OK && moving && (q.head < q.n || kvt_hybrid_moves(c))) { /* the copies still in flight land */
         rc = lag_report(c, &q, UINT64_MAX, out);
-        if (rc == KVT_OK) rc = lag_take(c, &q, n);
+        if (rc == KVT_OK) rc = lag_take(c, &q, n, ps);
     }
+    kvt_cache_sync(kvt_hybrid_cache(c)); /* the full pages' store calls in flight */
     lag_free(&q);
     out->wall_s = (double)kvt_now_ns() / 1e9 - t0;
+    out->nreq = n;
     out->st.size = sizeof(out->st);
     kvt_hybrid_stats(c, &out->st);
     for (uint32_t g = 0; g < h->ngroups; g++) kvt_hybrid_group_bytes(c, g, &out->gb[g]);
-    free(tok);
+    kvt_cache_stats_t cs = {.size = sizeof(cs)};
+    kvt_cache_stats(kvt_hybrid_cache(c), &cs);
+    out->cross_instance_hit_tokens = cs.l3_foreign_hit_tokens;
+    replay_l3_result(full_store, &out->full_store);
+    if (ps) pieces_result(ps, &out->piece_store);
+    free(tokens);
+    free(pf);
+    free(len);
     kvt_hybrid_destroy(c);
+    pieces_close(&pieces);
+    replay_l3_close(full_store);
     return rc == KVT_OK ? 0 : -1;
 }
 
-static double hyb_rate(const hyb_result_t *r) { return frac(r->st.hit_tokens, r->st.tokens); }
+static int hyb_instance(void *arg, const uint32_t *reqs, uint64_t n, void *res) { return run_hybrid(arg, reqs, n, res); }
+
+/* d += s: the instances of a fleet added up (wall: the longest). */
+static void hyb_add(hyb_result_t *d, const hyb_result_t *s, uint32_t ngroups) {
+#define ADD_(name, kind, help) d->st.name += s->st.name;
+    KVT_HYBRID_STATS_FIELDS(ADD_)
+#undef ADD_
+    for (uint32_t g = 0; g < ngroups; g++)
+        for (int t = 0; t < 3; t++) d->gb[g].bytes[t] += s->gb[g].bytes[t], d->gb[g].slots[t] += s->gb[g].slots[t];
+    if (s->wall_s > d->wall_s) d->wall_s = s->wall_s;
+    d->nreq += s->nreq;
+    d->moves += s->moves;
+    d->outstanding_most += s->outstanding_most;
+    d->hits_unserved += s->hits_unserved;
+    d->unserved_tokens += s->unserved_tokens;
+    d->cross_instance_hit_tokens += s->cross_instance_hit_tokens;
+    for (int op = 0; op < KVT_STORE_OP_COUNT_; op++) {
+        replay_store_add(&d->full_store.op[op], &s->full_store.op[op]);
+        replay_store_add(&d->piece_store.op[op], &s->piece_store.op[op]);
+    }
+}
+
+/* A run alone, or (--instances N) as N processes whose results each[N] gets, total their sum. */
+static int run_fleet(const hyb_run_t *a, hyb_result_t *total, hyb_result_t *each) {
+    uint32_t ni = (uint32_t)a->l3->instances;
+    if (ni <= 1) return run_hybrid(a, NULL, 0, total);
+    uint64_t n = a->o->limit && a->o->limit < a->t->n ? a->o->limit : a->t->n;
+    if (replay_instances(a->t, n, ni, hyb_instance, (void *)a, each, sizeof(*each)) != 0) return -1;
+    *total = each[0];
+    for (uint32_t i = 1; i < ni; i++) hyb_add(total, &each[i], a->h->ngroups);
+    return 0;
+}
+
+/* A hit whose piece the store did not serve is none: the engine recomputes it. */
+static double hyb_rate(const hyb_result_t *r) { return frac(r->st.hit_tokens - r->unserved_tokens, r->st.tokens); }
 static double hyb_bpt(const hyb_result_t *r) { return frac(r->st.l1_bytes + r->st.l2_bytes, r->st.cached_tokens); }
 static double full_rate(const result_t *r) {
     return frac(r->cs.l1_hit_tokens + r->cs.l2_hit_tokens + r->cs.l3_hit_tokens, r->cs.tokens);
@@ -201,6 +424,16 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h) {
     if (h->copy_lag) {
         cJSON_AddNumberToObject(x, "moves", (double)r->moves);
         cJSON_AddNumberToObject(x, "moves_outstanding_most", (double)r->outstanding_most);
+    }
+    if (r->full_store.store || r->full_store.down) {
+        cJSON *d = cJSON_AddObjectToObject(x, "l3");
+        cJSON_AddBoolToObject(d, "down", r->full_store.down);
+        if (r->full_store.down) cJSON_AddStringToObject(d, "why", r->full_store.why);
+        cJSON_AddNumberToObject(d, "hits_unserved", (double)r->hits_unserved);
+        cJSON_AddNumberToObject(d, "unserved_hit_tokens", (double)r->unserved_tokens);
+        cJSON_AddNumberToObject(d, "cross_instance_hit_tokens", (double)r->cross_instance_hit_tokens);
+        if (r->full_store.store) replay_store_json(d, "full_pages", &r->full_store);
+        if (r->piece_store.store) replay_store_json(d, "pieces", &r->piece_store);
     }
     cJSON *st = cJSON_AddObjectToObject(x, "stats");
 #define J_(name, kind, help) cJSON_AddNumberToObject(st, #name, (double)r->st.name);
@@ -247,13 +480,16 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
                   size_t n, const char *trace_name, double parse_s) {
     bool has_state = false;
     for (uint32_t g = 0; g < h->ngroups; g++) has_state |= h->groups[g].kind == KVT_GROUP_STATE;
-    hyb_result_t *hy = calloc(n, sizeof(*hy)), *ends = calloc(n, sizeof(*ends));
-    result_t *full = calloc(n, sizeof(*full));
-    int rc = hy && ends && full ? 0 : -1;
+    size_t ni = l3->instances > 1 ? (size_t)l3->instances : 0; /* --instances: n is 1 (no --sweep) */
+    hyb_result_t *hy = calloc(n, sizeof(*hy)), *ends = calloc(n, sizeof(*ends)), *each = calloc(2 * ni + 1, sizeof(*each));
+    result_t *full = calloc(n + ni, sizeof(*full));
+    int rc = hy && ends && full && each ? 0 : -1;
     for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = run_hybrid(t, o, l3, h, l1[i], h->every, true, &hy[i]);
-        if (rc == 0 && has_state) rc = run_hybrid(t, o, l3, h, l1[i], 0, false, &ends[i]);
-        if (rc == 0) rc = replay_run_one(t, o, l3, l1[i], NULL, 0, &full[i]);
+        hyb_run_t a = {t, o, l3, h, l1[i], h->every, true}, e = {t, o, l3, h, l1[i], 0, false};
+        rc = run_fleet(&a, &hy[i], each);
+        if (rc == 0 && has_state) rc = run_fleet(&e, &ends[i], each + ni);
+        if (rc == 0 && ni) rc = replay_fleet(t, o, l3, full + n, &full[i]);
+        else if (rc == 0) rc = replay_run_one(t, o, l3, l1[i], NULL, 0, &full[i]);
     }
     uint64_t *l1b = malloc(n * sizeof(*l1b)); /* the sizes shown: unbounded as the trace's pages */
     for (size_t i = 0; l1b && i < n; i++) l1b[i] = l1_of(t, o, l1[i]);
@@ -283,6 +519,15 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
             cJSON_AddItemToArray(arr, x);
         }
+        if (ni) { /* the fleet: its totals above, each instance's hybrid run here */
+            cJSON *inst = cJSON_AddArrayToObject(root, "instances");
+            for (size_t i = 0; i < ni; i++) {
+                cJSON *x = hyb_json(&each[i], h);
+                cJSON_AddNumberToObject(x, "instance", (double)i);
+                cJSON_AddNumberToObject(x, "requests_replayed", (double)each[i].nreq);
+                cJSON_AddItemToArray(inst, x);
+            }
+        }
         cli_print_json(root);
     } else if (rc == 0) {
         char every[48] = "";
@@ -297,12 +542,22 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
                    (double)tier_bytes(o, l1[i]) / 1e9, (double)tier_bytes(o, o->l2_pages) / 1e9, hyb_rate(&hy[i]),
                    frac(hy[i].st.full_hit_tokens, hy[i].st.tokens), hyb_bpt(&hy[i]), has_state ? hyb_rate(&ends[i]) : 0,
                    has_state ? hyb_bpt(&ends[i]) : 0, full_rate(&full[i]), full_bpt(&full[i], o));
+        for (size_t i = 0; i < ni; i++)
+            printf("  instance %zu: %" PRIu64 " requests, hybrid hit rate %.4f (L3 %.4f), %" PRIu64
+                   " full-page L3 hit tokens another instance put\n", i, each[i].nreq, hyb_rate(&each[i]),
+                   frac(each[i].st.l3_hit_tokens, each[i].st.tokens), each[i].cross_instance_hit_tokens);
+        const l3_result_t *ps = &hy[0].piece_store;
+        if (ps->store)
+            printf("  L3 %s: pieces put %" PRIu64 ", got %" PRIu64 " (%" PRIu64 " not served: %" PRIu64 " hits recomputed)\n",
+                   ps->url, ps->op[KVT_STORE_PUT].hits, ps->op[KVT_STORE_GET].hits,
+                   ps->op[KVT_STORE_GET].keys - ps->op[KVT_STORE_GET].hits, hy[0].hits_unserved);
     }
     if (rc == 0 && o->plot && plot(o->plot, h->name, l1, hy, has_state ? ends : hy, full, n, o) != 0) {
         fprintf(stderr, "kvtier replay: --plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)\n");
         rc = -1;
     }
     free(l1b);
+    free(each);
     free(hy);
     free(ends);
     free(full);

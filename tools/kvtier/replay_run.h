@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "kvtier/cache.h"
 #include "kvtier/radix.h"
 #include "replay.h"
@@ -50,8 +52,23 @@ int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, ui
  * trace, all on the one --l3 store. each[N] gets every instance's result,
  * *total their sum. -1 after printing why. */
 int replay_fleet(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, result_t *each, result_t *total);
+/* The fleet's mechanism, for any kind of run: N processes (N <= 64), the
+ * n requests of t dealt by replay_route; each runs run(arg, its requests,
+ * their number, its result of size bytes, zeroed) and sends the result back
+ * into each[i] (N x size bytes). -1 after printing why. */
+typedef int (*replay_instance_fn)(void *arg, const uint32_t *reqs, uint64_t n, void *result);
+int replay_instances(const kvt_trace_t *t, uint64_t n, uint32_t instances, replay_instance_fn run, void *arg, void *each,
+                     size_t size);
 /* The instance request i goes to (the documented rule: sessions, dealt round
  * robin). route[n]; returns the number of sessions. */
 uint64_t replay_route(const kvt_trace_t *t, uint64_t n, uint32_t instances, uint32_t *route);
+
+/* s's counts added to d's (latencies merged). */
+void replay_store_add(kvt_store_stats_t *d, const kvt_store_stats_t *s);
+/* A store's figures as x's object name: url, backend, per operation its
+ * counts and latency percentiles. */
+void replay_store_json(cJSON *x, const char *name, const l3_result_t *l);
+/* Pages requests [0, n) of t could occupy: an L1 of this size never evicts. */
+uint64_t replay_trace_pages(const kvt_trace_t *t, uint64_t n, uint64_t page_tokens);
 
 #endif
