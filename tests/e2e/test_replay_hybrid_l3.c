@@ -185,3 +185,25 @@ Test(replay_hybrid_l3, two_instances_share_pieces_through_redis) {
     cJSON_Delete(ja), cJSON_Delete(jb);
     run_free(&a), run_free(&b);
 }
+
+/* A store that cannot be reached from the start: the run says so and goes
+ * on with L1 and L2, deciding exactly as with no store at all (the window
+ * weight given: its default depends on an L3). */
+Test(replay_hybrid_l3, the_store_down_from_the_start_leaves_l1_and_l2_serving) {
+    char url[64];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", redis_free_port());
+#define SMALL "--model", "gemma-3-like", "--l1-pages", "4096", "--l2-pages", "4096", "--limit", "600", "--window-weight", \
+              "1", "--json"
+    run_result_t a, b;
+    cJSON *ja = replay(&a, (const char *const[]){NULL, "replay", TRACE, SMALL, "--l3", url, NULL});
+    cJSON *jb = replay(&b, (const char *const[]){NULL, "replay", TRACE, SMALL, NULL});
+    cr_assert_not_null(strstr(a.err, "going on without L3"), "%s", a.err);
+    const cJSON *ha = hybrid_of(ja), *hb = hybrid_of(jb);
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(ha, "l3"), "down")));
+    cr_assert_gt(sub(hb, "stats", "hit_tokens"), 0);
+    static const char *const same[] = {"hit_tokens", "round_evictions", "pieces_refused", "window_pages_stored"};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(sub(ha, "stats", same[i]), sub(hb, "stats", same[i]), "%s", same[i]);
+    cJSON_Delete(ja), cJSON_Delete(jb);
+    run_free(&a), run_free(&b);
+}

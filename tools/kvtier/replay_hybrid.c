@@ -280,10 +280,15 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
         char model[128];
         identity(model, sizeof(model), h, a->every, a->branches, -1);
         int orc = replay_l3_open(&full_store, l3, kvt_hybrid_cache(c), NULL, cfg.cache.l2_pages, P, model, &out->full_store);
-        if (orc == 0 && full_store) { /* (a store down from the start: L1 and L2 serve, as the radix replay's) */
+        if (orc == 0 && full_store) {
             ps = &pieces;
             orc = pieces_open(ps, l3, h, a->every, a->branches, (uint32_t)P);
             if (orc == 0 && kvt_hybrid_set_l3(c, pieces_probe, ps) != KVT_OK) orc = -1;
+        } else if (orc == 0) { /* a store down from the start: L1 and L2 serve, as with no store (no moves) */
+            kvt_hybrid_destroy(c);
+            moving = h->copy_lag > 0;
+            cfg.moves = cfg.async_moves = moving;
+            if ((rc = kvt_hybrid_create(&c, &cfg)) != KVT_OK) return -1;
         }
         if (orc != 0) {
             kvt_hybrid_destroy(c);
@@ -370,7 +375,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
 
 static int hyb_instance(void *arg, const uint32_t *reqs, uint64_t n, void *res) { return run_hybrid(arg, reqs, n, res); }
 
-/* d += s: the instances of a fleet added up (wall: the longest). */
+/* d += s: the instances of a fleet added up (wall and most outstanding: the largest). */
 static void hyb_add(hyb_result_t *d, const hyb_result_t *s, uint32_t ngroups) {
 #define ADD_(name, kind, help) d->st.name += s->st.name;
     KVT_HYBRID_STATS_FIELDS(ADD_)
@@ -380,7 +385,7 @@ static void hyb_add(hyb_result_t *d, const hyb_result_t *s, uint32_t ngroups) {
     if (s->wall_s > d->wall_s) d->wall_s = s->wall_s;
     d->nreq += s->nreq;
     d->moves += s->moves;
-    d->outstanding_most += s->outstanding_most;
+    if (s->outstanding_most > d->outstanding_most) d->outstanding_most = s->outstanding_most;
     d->hits_unserved += s->hits_unserved;
     d->unserved_tokens += s->unserved_tokens;
     d->cross_instance_hit_tokens += s->cross_instance_hit_tokens;
