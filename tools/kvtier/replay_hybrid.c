@@ -204,6 +204,18 @@ static int lag_report(kvt_hybrid_t *c, lag_t *q, uint64_t upto, hyb_result_t *ou
     return rc;
 }
 
+/* Copies that land at once (a store's, run as they are taken): every move
+ * reported, and those it lets out (a slot's new piece after its old one's
+ * copy down, a piece going on down), until none is outstanding. */
+static int lag_drain(kvt_hybrid_t *c, lag_t *q, uint64_t now, pieces_t *pieces, hyb_result_t *out) {
+    int rc = KVT_OK;
+    while (rc == KVT_OK && q->head < q->n) {
+        rc = lag_report(c, q, UINT64_MAX, out);
+        if (rc == KVT_OK) rc = lag_take(c, q, now, pieces);
+    }
+    return rc;
+}
+
 static double frac(uint64_t x, uint64_t of) { return of ? (double)x / (double)of : 0; }
 
 /* The bytes of one tier: pages of the all-full model. */
@@ -326,6 +338,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
             rc = lag_report(c, &q, q.at[q.head], out);
             if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
         }
+        if (rc == KVT_OK && moving && lag == 0) rc = lag_drain(c, &q, i, ps, out);
         if (rc == KVT_OK && kvt_hybrid_ready(c, &req) == KVT_EIO) { /* a piece the store did not serve: recomputed */
             out->hits_unserved++;
             out->unserved_tokens += req.hit_pages * P;
@@ -335,6 +348,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
             rc = lag_take(c, &q, i, ps);
             if (rc == KVT_OK && i >= lag) rc = lag_report(c, &q, i - lag, out);
             if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
+            if (rc == KVT_OK && lag == 0) rc = lag_drain(c, &q, i, ps, out);
             size_t now = kvt_hybrid_moves_outstanding(c);
             if (now > out->outstanding_most) out->outstanding_most = now;
         }
