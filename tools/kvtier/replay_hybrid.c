@@ -556,11 +556,13 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
                trace_name, t->n, h->name, o->page_tokens, every, h->state_share, h->window_weight);
         printf("%10s %10s | %9s %9s %11s | %9s %11s | %9s %11s\n", "L1 GB", "L2 GB", "hybrid", "(full)", "B/token",
                "ends only", "B/token", "all full", "B/token");
-        for (size_t i = 0; i < n; i++)
-            printf("%10.1f %10.1f | %9.4f %9.4f %11.0f | %9.4f %11.0f | %9.4f %11.0f\n",
-                   (double)tier_bytes(o, l1[i]) / 1e9, (double)tier_bytes(o, o->l2_pages) / 1e9, hyb_rate(&hy[i]),
-                   frac(hy[i].st.full_hit_tokens, hy[i].st.tokens), hyb_bpt(&hy[i]), has_state ? hyb_rate(&ends[i]) : 0,
-                   has_state ? hyb_bpt(&ends[i]) : 0, full_rate(&full[i]), full_bpt(&full[i], o));
+        for (size_t i = 0; i < n; i++) {
+            char ends_cols[32] = "        -           -"; /* no state group: no ends-only run */
+            if (has_state) snprintf(ends_cols, sizeof(ends_cols), "%9.4f %11.0f", hyb_rate(&ends[i]), hyb_bpt(&ends[i]));
+            printf("%10.1f %10.1f | %9.4f %9.4f %11.0f | %s | %9.4f %11.0f\n", (double)tier_bytes(o, l1[i]) / 1e9,
+                   (double)tier_bytes(o, o->l2_pages) / 1e9, hyb_rate(&hy[i]), frac(hy[i].st.full_hit_tokens, hy[i].st.tokens),
+                   hyb_bpt(&hy[i]), ends_cols, full_rate(&full[i]), full_bpt(&full[i], o));
+        }
         for (size_t i = 0; i < ni; i++)
             printf("  instance %zu: %" PRIu64 " requests, hybrid hit rate %.4f (L3 %.4f), %" PRIu64
                    " full-page L3 hit tokens another instance put\n", i, each[i].nreq, hyb_rate(&each[i]),
