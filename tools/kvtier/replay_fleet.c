@@ -11,8 +11,9 @@
  * the store once another has put it. That is the fleet-level effect the
  * shared L3 is for (the instances' L1 and L2 cannot see each other).
  *
- * Each instance runs replay_run_one over its requests, in trace order, at
- * the same time as the others, and writes its result_t to a pipe; the
+ * Each instance runs its share of the requests, in trace order, at the same
+ * time as the others (replay_instances: replay_run_one here, the hybrid
+ * cache's run in replay_hybrid.c), and writes its result to a pipe; the
  * coordinator adds them up. */
 #include <errno.h>
 #include <inttypes.h>

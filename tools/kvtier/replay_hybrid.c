@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <xxhash.h>
 
 #include "kvtier/error.h"
 #include "kvtier/hybrid.h"
@@ -94,9 +95,7 @@ static void identity(char *buf, size_t cap, const hybrid_opts_t *h, uint32_t eve
     char name[40], whose[24] = "full";
     if (strlen(h->name) < 24 && !strchr(h->name, ':')) snprintf(name, sizeof(name), "%s", h->name);
     else {
-        uint64_t x = 1469598103934665603ull; /* FNV-1a */
-        for (const char *c = h->name; *c; c++) x = (x ^ (unsigned char)*c) * 1099511628211ull;
-        snprintf(name, sizeof(name), "groups-%016" PRIx64, x);
+        snprintf(name, sizeof(name), "groups-%016llx", (unsigned long long)XXH3_64bits(h->name, strlen(h->name)));
     }
     if (g >= 0) snprintf(whose, sizeof(whose), "group-%d", g);
     snprintf(buf, cap, "%s/kept-every-%u%s/%s", name, every, branches ? "-branches" : "", whose);
@@ -204,11 +203,12 @@ static int lag_report(kvt_hybrid_t *c, lag_t *q, uint64_t upto, hyb_result_t *ou
     return rc;
 }
 
-/* Copies that land at once (a store's, run as they are taken): every move
- * reported, and those it lets out (a slot's new piece after its old one's
- * copy down, a piece going on down), until none is outstanding. */
+/* Copies that land at once (a store's, run as they are taken; and at the
+ * end of a run, those still in flight): every move taken and reported, and
+ * those it lets out (a slot's new piece after its old one's copy down, a
+ * piece going on down), until none is outstanding. */
 static int lag_drain(kvt_hybrid_t *c, lag_t *q, uint64_t now, pieces_t *pieces, hyb_result_t *out) {
-    int rc = KVT_OK;
+    int rc = lag_take(c, q, now, pieces);
     while (rc == KVT_OK && q->head < q->n) {
         rc = lag_report(c, q, UINT64_MAX, out);
         if (rc == KVT_OK) rc = lag_take(c, q, now, pieces);
@@ -362,10 +362,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
         if (rc != KVT_OK && rc != KVT_ECORRUPT)
             fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
     }
-    while (rc == KVT_OK && moving && (q.head < q.n || kvt_hybrid_moves(c))) { /* the copies still in flight land */
-        rc = lag_report(c, &q, UINT64_MAX, out);
-        if (rc == KVT_OK) rc = lag_take(c, &q, n, ps);
-    }
+    if (rc == KVT_OK && moving) rc = lag_drain(c, &q, n, ps, out); /* the copies still in flight land */
     kvt_cache_sync(kvt_hybrid_cache(c)); /* the full pages' store calls in flight */
     lag_free(&q);
     out->wall_s = (double)kvt_now_ns() / 1e9 - t0;
