@@ -19,7 +19,12 @@
  *              while every key is present (32, 64, ... 1024: a miss costs one
  *              small call); then L2 pages are taken for what the store has and
  *              fetched in batches of PF_CHUNK (get: the store checks every
- *              object before it lands; a failure is a miss):
+ *              object before it lands; a failure is a miss). L2 pages whose
+ *              puts are in flight come back when the store answers: a
+ *              prefetch that found too little room takes more at each poll
+ *              while such pages are out, and gives up the rest only when
+ *              none is (under write_back into L3 the room a prefetch makes
+ *              by evicting L2 pages is exactly such pages):
  *
  *                  LOOKUP --exists answered--> READY --L2 pages, gets--> FETCHING --last get--> DONE
  *
@@ -58,7 +63,8 @@ struct kvt__pf {
     uint32_t ns;
     uint64_t first;        /* the request's page index of the first page wanted (the match then) */
     uint64_t want;         /* pages past the match */
-    uint64_t found;        /* leading pages the store has (known + exists), then: given an L2 page */
+    uint64_t found;        /* leading pages the store has (known + exists); cut to `taken` when no more L2 room comes */
+    uint64_t taken;        /* leading pages given an L2 page and asked for, <= found */
     uint64_t arrived;      /* leading pages that landed in L2 */
     uint64_t ntokens;      /* the request's tokens (the timeout) */
     uint64_t start_ns;
@@ -199,17 +205,21 @@ static void pf_free(kvt_cache_t *c, kvt__pf_t *pf) {
     kvt__free(pf, pf->bytes);
 }
 
-/* READY: L2 pages for the pages the store has, then their gets, in batches. */
+/* READY, or FETCHING short of room: L2 pages for the next pages the store
+ * has, then their gets, in batches. Never waits: what the store's puts still
+ * hold comes back at a later poll, and the prefetch takes it then. */
 static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
     pf->phase = PF_FETCHING;
-    c->l3.no_wait = true; /* a prefetch takes the room there is: it never waits for the store's writes */
-    uint64_t got = pf->found ? kvt__cache_take_l2(c, pf->found, pf->l2) : 0;
+    uint64_t from = pf->taken;
+    c->l3.no_wait = true;
+    uint64_t got = pf->found > from ? kvt__cache_take_l2(c, pf->found - from, pf->l2 + from) : 0;
     c->l3.no_wait = false;
-    pf->found = got;
+    pf->taken += got;
+    if (pf->taken < pf->found && c->l3.l2_deferred == 0) pf->found = pf->taken; /* no room is on its way */
     c->st.prefetch_pages += got;
     kvt_store_page_t batch[PF_CHUNK];
-    for (uint64_t j0 = 0; j0 < got; j0 += PF_CHUNK) {
-        size_t k = got - j0 < PF_CHUNK ? (size_t)(got - j0) : PF_CHUNK;
+    for (uint64_t j0 = from; j0 < pf->taken; j0 += PF_CHUNK) {
+        size_t k = pf->taken - j0 < PF_CHUNK ? (size_t)(pf->taken - j0) : PF_CHUNK;
         for (size_t i = 0; i < k; i++) {
             batch[i] = (kvt_store_page_t){pf->hash[j0 + i], pf->l2[j0 + i]};
             c->l3.flags[pf->l2[j0 + i]] |= KVT__L3_BUSY;
@@ -225,12 +235,13 @@ static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
             pf->res[j0 + i] = RES_GONE;
         }
     }
-    if (pf->out == 0) pf->phase = PF_DONE;
+    if (pf->out == 0 && pf->taken == pf->found) pf->phase = PF_DONE;
 }
 
 static void advance(kvt_cache_t *c) {
     for (size_t i = 0; i < c->l3.npf; i++)
-        if (c->l3.pf[i]->phase == PF_READY) pf_fetch(c, c->l3.pf[i]);
+        if (c->l3.pf[i]->phase == PF_READY || (c->l3.pf[i]->phase == PF_FETCHING && c->l3.pf[i]->taken < c->l3.pf[i]->found))
+            pf_fetch(c, c->l3.pf[i]);
 }
 
 /* ---- store answers -------------------------------------------------------------------- */
@@ -294,8 +305,8 @@ static void on_get(kvt_cache_t *c, const kvt_store_done_t *d) {
         release(c, l2);
     }
     if (pf == NULL) return;
-    while (pf->arrived < pf->found && pf->res[pf->arrived] == RES_OK) pf->arrived++;
-    if (--pf->out == 0) pf->phase = PF_DONE;
+    while (pf->arrived < pf->taken && pf->res[pf->arrived] == RES_OK) pf->arrived++;
+    if (--pf->out == 0 && pf->taken == pf->found) pf->phase = PF_DONE;
 }
 
 /* Applies the store's answers, waiting up to timeout_ns for the first. */
@@ -379,7 +390,7 @@ int kvt_cache_prefetch(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint6
             pf_free(c, pf);
             return KVT_OK;
         }
-        pf->found = kvt__cache_take_l2(c, k, pf->l2);
+        pf->found = pf->taken = kvt__cache_take_l2(c, k, pf->l2);
         for (uint64_t j = 0; j < pf->found; j++) {
             c->l3.flags[pf->l2[j]] |= KVT__L3_FRESH | KVT__L3_STORED;
             pf->res[j] = RES_OK;

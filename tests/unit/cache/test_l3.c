@@ -491,6 +491,62 @@ Test(l3, cancel_holds_pages_until_the_store_answers) {
     rm_root();
 }
 
+/* Under write_back into L3, the room a prefetch makes in a full L2 is pages
+ * whose puts are in flight: they come back when the store answers, and the
+ * prefetch takes them then. Waiting for it (wait_complete) gets every page
+ * the store has, as with the model, where a put lands at once. */
+Test(l3, a_prefetch_gets_the_room_its_evictions_free_once_their_puts_land) {
+    setup_root();
+    kvt_cache_config_t cfg;
+    small_config(&cfg);
+    cfg.l1_pages = 160;
+    cfg.l2_pages = 130; /* a prefetch takes at most half */
+    int32_t a[64 * PT], b[120 * PT];
+    for (int i = 0; i < 64 * PT; i++) a[i] = 7000 + i;
+    for (int i = 0; i < 120 * PT; i++) b[i] = 900000 + i;
+    gen_t g;
+    gen_init(&g, 1);
+    memcpy(g.tok, a, sizeof(a));
+    g.npages = 64;
+    uint32_t l1_ids[64];
+    kvt_cache_req_t req;
+    { /* the store holds a's 64 pages */
+        denv_t w;
+        denv_open(&w, &cfg, 0);
+        cr_assert_eq(kvt_cache_admit(w.c, 0, a, 64 * PT, 0, l1_ids, &req), KVT_OK);
+        cr_assert_eq(forward(&w, &g, &req, l1_ids), 0);
+        kvt_cache_release(w.c, &req);
+        kvt_cache_sync(w.c);
+        denv_close(&w);
+    }
+    cfg.l3_write_policy = KVT_WRITE_BACK;
+    cfg.prefetch_policy = KVT_PREFETCH_WAIT_COMPLETE;
+    denv_t e;
+    denv_open(&e, &cfg, 20000); /* 20 ms a store batch: the puts are still out when the prefetch asks */
+    cr_assert_eq(kvt_cache_admit(e.c, 0, b, 120 * PT, 0, NULL, &req), KVT_OK); /* b fills L2; none of it put */
+    kvt_cache_release(e.c, &req);
+    kvt_cache_sync(e.c);
+    kvt_cache_stats_t st = {.size = sizeof(st)};
+    kvt_cache_stats(e.c, &st);
+    cr_assert_eq(st.l3_puts, 0);
+    uint64_t id;
+    cr_assert_eq(kvt_cache_prefetch(e.c, 0, a, 64 * PT, &id), KVT_OK);
+    cr_assert_eq(kvt_cache_admit_prefetched(e.c, id, 0, a, 64 * PT, 0, l1_ids, &req), KVT_OK);
+    cr_assert_eq(req.prefetch, KVT_PREFETCH_COMPLETE);
+    cr_assert_eq(req.l3_hit_pages, 64, "%" PRIu64 " of the 64 pages the store has", req.l3_hit_pages);
+    cr_assert_eq(forward(&e, &g, &req, l1_ids), 0);
+    check(e.c);
+    kvt_cache_release(e.c, &req);
+    kvt_cache_sync(e.c);
+    check(e.c);
+    kvt_cache_stats(e.c, &st);
+    cr_assert_geq(st.l3_puts, 54, "the room was b's pages, put on their way out");
+    cr_assert_eq(st.prefetch_pages, 64);
+    cr_assert_eq(e.c->l3.l2_deferred, 0);
+    denv_close(&e);
+    rm_root();
+}
+
 Test(l3, bad_calls_change_nothing) {
     kvt_cache_config_t cfg;
     small_config(&cfg);
