@@ -75,9 +75,10 @@ typedef struct kvt__cache_l3 {
     kvt__ghost_t own;              /* store: hashes of this cache's acknowledged puts */
     uint8_t *flags;                /* per L2 page: KVT__L3_* (NULL without L3) */
     uint64_t l2_deferred;          /* L2 pages given back while a store call holds them */
+    uint64_t l2_returned;          /* deferred L2 pages that have gone back: a short prefetch looks again */
     kvt_store_page_t *q;           /* puts not yet handed to the store */
     size_t nq;
-    kvt__pf_t **pf;                /* prefetches started and not finished */
+    kvt__pf_t **pf;                /* prefetches started and not finished, oldest first */
     size_t npf, pf_cap;
     uint64_t next_pf;
     uint64_t calls;                /* store calls in flight */

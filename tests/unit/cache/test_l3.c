@@ -491,6 +491,62 @@ Test(l3, cancel_holds_pages_until_the_store_answers) {
     rm_root();
 }
 
+/* The store holds the npages pages of tok (put by a cache of its own). */
+static void store_holds(const kvt_cache_config_t *cfg, const int32_t *tok, uint64_t npages) {
+    gen_t g;
+    gen_init(&g, 1);
+    memcpy(g.tok, tok, npages * PT * sizeof(int32_t));
+    g.npages = npages;
+    denv_t w;
+    denv_open(&w, cfg, 0);
+    uint32_t l1_ids[64];
+    kvt_cache_req_t req;
+    cr_assert_eq(kvt_cache_admit(w.c, 0, tok, npages * PT, 0, l1_ids, &req), KVT_OK);
+    cr_assert_eq(forward(&w, &g, &req, l1_ids), 0);
+    kvt_cache_release(w.c, &req);
+    kvt_cache_sync(w.c);
+    denv_close(&w);
+}
+
+/* A cache whose L2 (130 pages) holds the 120 pages of a request b, none of
+ * them put yet (write_back into L3, wait_complete), on a store that takes
+ * 20 ms a batch: the puts are still out when a prefetch asks for room. */
+static void full_l2_open(denv_t *e, kvt_cache_config_t *cfg) {
+    int32_t b[120 * PT];
+    for (int i = 0; i < 120 * PT; i++) b[i] = 900000 + i;
+    cfg->l3_write_policy = KVT_WRITE_BACK;
+    cfg->prefetch_policy = KVT_PREFETCH_WAIT_COMPLETE;
+    denv_open(e, cfg, 20000);
+    kvt_cache_req_t req;
+    cr_assert_eq(kvt_cache_admit(e->c, 0, b, 120 * PT, 0, NULL, &req), KVT_OK);
+    kvt_cache_release(e->c, &req);
+    kvt_cache_sync(e->c);
+    kvt_cache_stats_t st = {.size = sizeof(st)};
+    kvt_cache_stats(e->c, &st);
+    cr_assert_eq(st.l3_puts, 0);
+}
+
+static void room_config(kvt_cache_config_t *cfg) {
+    small_config(cfg);
+    cfg->l1_pages = 160;
+    cfg->l2_pages = 130; /* a prefetch takes at most half */
+}
+
+/* Admits the prefetch of tok's npages pages, checks the bytes of what
+ * came; the L3 hit pages. */
+static uint64_t admit_checked(denv_t *e, uint64_t id, const int32_t *tok, uint64_t npages, kvt_cache_req_t *req) {
+    gen_t g;
+    gen_init(&g, 1);
+    memcpy(g.tok, tok, npages * PT * sizeof(int32_t));
+    g.npages = npages;
+    uint32_t l1_ids[64];
+    cr_assert_eq(kvt_cache_admit_prefetched(e->c, id, 0, tok, npages * PT, 0, l1_ids, req), KVT_OK);
+    cr_assert_eq(req->prefetch, KVT_PREFETCH_COMPLETE);
+    cr_assert_eq(forward(e, &g, req, l1_ids), 0);
+    check(e->c);
+    return req->l3_hit_pages;
+}
+
 /* Under write_back into L3, the room a prefetch makes in a full L2 is pages
  * whose puts are in flight: they come back when the store answers, and the
  * prefetch takes them then. Waiting for it (wait_complete) gets every page
@@ -498,50 +554,69 @@ Test(l3, cancel_holds_pages_until_the_store_answers) {
 Test(l3, a_prefetch_gets_the_room_its_evictions_free_once_their_puts_land) {
     setup_root();
     kvt_cache_config_t cfg;
-    small_config(&cfg);
-    cfg.l1_pages = 160;
-    cfg.l2_pages = 130; /* a prefetch takes at most half */
-    int32_t a[64 * PT], b[120 * PT];
+    room_config(&cfg);
+    int32_t a[64 * PT];
     for (int i = 0; i < 64 * PT; i++) a[i] = 7000 + i;
-    for (int i = 0; i < 120 * PT; i++) b[i] = 900000 + i;
-    gen_t g;
-    gen_init(&g, 1);
-    memcpy(g.tok, a, sizeof(a));
-    g.npages = 64;
-    uint32_t l1_ids[64];
-    kvt_cache_req_t req;
-    { /* the store holds a's 64 pages */
-        denv_t w;
-        denv_open(&w, &cfg, 0);
-        cr_assert_eq(kvt_cache_admit(w.c, 0, a, 64 * PT, 0, l1_ids, &req), KVT_OK);
-        cr_assert_eq(forward(&w, &g, &req, l1_ids), 0);
-        kvt_cache_release(w.c, &req);
-        kvt_cache_sync(w.c);
-        denv_close(&w);
-    }
-    cfg.l3_write_policy = KVT_WRITE_BACK;
-    cfg.prefetch_policy = KVT_PREFETCH_WAIT_COMPLETE;
+    store_holds(&cfg, a, 64);
     denv_t e;
-    denv_open(&e, &cfg, 20000); /* 20 ms a store batch: the puts are still out when the prefetch asks */
-    cr_assert_eq(kvt_cache_admit(e.c, 0, b, 120 * PT, 0, NULL, &req), KVT_OK); /* b fills L2; none of it put */
-    kvt_cache_release(e.c, &req);
-    kvt_cache_sync(e.c);
-    kvt_cache_stats_t st = {.size = sizeof(st)};
-    kvt_cache_stats(e.c, &st);
-    cr_assert_eq(st.l3_puts, 0);
+    full_l2_open(&e, &cfg);
     uint64_t id;
+    kvt_cache_req_t req;
     cr_assert_eq(kvt_cache_prefetch(e.c, 0, a, 64 * PT, &id), KVT_OK);
-    cr_assert_eq(kvt_cache_admit_prefetched(e.c, id, 0, a, 64 * PT, 0, l1_ids, &req), KVT_OK);
-    cr_assert_eq(req.prefetch, KVT_PREFETCH_COMPLETE);
-    cr_assert_eq(req.l3_hit_pages, 64, "%" PRIu64 " of the 64 pages the store has", req.l3_hit_pages);
-    cr_assert_eq(forward(&e, &g, &req, l1_ids), 0);
-    check(e.c);
+    uint64_t hit = admit_checked(&e, id, a, 64, &req);
+    cr_assert_eq(hit, 64, "%" PRIu64 " of the 64 pages the store has", hit);
     kvt_cache_release(e.c, &req);
     kvt_cache_sync(e.c);
     check(e.c);
+    kvt_cache_stats_t st = {.size = sizeof(st)};
     kvt_cache_stats(e.c, &st);
     cr_assert_geq(st.l3_puts, 54, "the room was b's pages, put on their way out");
     cr_assert_eq(st.prefetch_pages, 64);
+    cr_assert_eq(e.c->l3.l2_deferred, 0);
+    denv_close(&e);
+    rm_root();
+}
+
+/* Three prefetches short of room at once (each may take half of L2, so it
+ * takes three to want more than L2 has): what comes back goes to the older
+ * ones first; the youngest takes the rest and, once no page is behind a put
+ * any more and L2 has no more to give (the others hold theirs), stops
+ * there: complete, short. */
+Test(l3, prefetches_short_of_room_are_served_oldest_first_and_stop_when_none_comes) {
+    setup_root();
+    kvt_cache_config_t cfg;
+    room_config(&cfg);
+    enum { N = 48 };
+    int32_t a[3][N * PT];
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < N * PT; i++) a[k][i] = 100000 * (k + 1) + i;
+        store_holds(&cfg, a[k], N);
+    }
+    denv_t e;
+    full_l2_open(&e, &cfg);
+    uint64_t id[3];
+    for (int k = 0; k < 3; k++) cr_assert_eq(kvt_cache_prefetch(e.c, 0, a[k], N * PT, &id[k]), KVT_OK);
+    for (int i = 0; i < 1000 && (e.c->l3.l2_deferred || e.c->l3.calls || e.c->l3.nq); i++) {
+        usleep(2000);
+        kvt_cache_poll(e.c); /* answers; then the prefetches take what came back */
+    }
+    cr_assert_eq(e.c->l3.calls, 0, "the store answered everything");
+    check(e.c);
+    kvt_cache_req_t r[3];
+    uint64_t h[3];
+    for (int k = 0; k < 3; k++) h[k] = admit_checked(&e, id[k], a[k], N, &r[k]);
+    cr_assert_eq(h[0], N, "the oldest prefetch got %" PRIu64 " of %d", h[0], N);
+    cr_assert_eq(h[1], N, "the next one got %" PRIu64 " of %d", h[1], N);
+    cr_assert_gt(h[2], 0);
+    cr_assert_lt(h[2], N, "130 L2 pages cannot hold all three");
+    kvt_cache_stats_t st = {.size = sizeof(st)};
+    kvt_cache_stats(e.c, &st);
+    cr_assert_eq(st.prefetch_pages, 2 * N + h[2], "what the youngest took is what it served");
+    cr_assert_eq(st.prefetch_complete, 3);
+    cr_assert_geq(st.l3_puts, 2 * N + h[2] - 10, "their room was b's pages, behind puts");
+    for (int k = 0; k < 3; k++) kvt_cache_release(e.c, &r[k]);
+    kvt_cache_sync(e.c);
+    check(e.c);
     cr_assert_eq(e.c->l3.l2_deferred, 0);
     denv_close(&e);
     rm_root();
