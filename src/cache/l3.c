@@ -22,9 +22,10 @@
  *              object before it lands; a failure is a miss). L2 pages whose
  *              puts are in flight come back when the store answers: a
  *              prefetch that found too little room takes more as they do
- *              (oldest prefetch first), and gives up the rest only when none
- *              is out (under write_back into L3 the room a prefetch makes by
- *              evicting L2 pages is exactly such pages):
+ *              (in an order set by the prefetch policy: advance()), and gives
+ *              up the rest only when none is out (under write_back into L3
+ *              the room a prefetch makes by evicting L2 pages is exactly
+ *              such pages):
  *
  *                  LOOKUP --exists answered--> READY --L2 pages, gets--> FETCHING --last get--> DONE
  *
@@ -244,13 +245,19 @@ static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
     if (pf->out == 0 && pf->taken == pf->found) pf->phase = PF_DONE;
 }
 
-/* Oldest first: the room that comes back goes to the request admitted
- * soonest. A prefetch short of room looks again only when a deferred page
- * has gone back since it last took some (the last one going back is also
- * when it learns that no more will). */
+/* Who gets the room that comes back first depends on what admission will
+ * do with it. Under wait_complete the oldest prefetch: its request is
+ * admitted next and waits for every page, so a younger one taking the room
+ * would only cut the head short. Under best_effort and timeout the youngest:
+ * the head is admitted before gets started now can land, and what has not
+ * landed is dropped, while the younger ones have the lead time (docs/store.md
+ * has the figures). A prefetch short of room looks again only when a
+ * deferred page has gone back since it last took some (the last one going
+ * back is also when it learns that no more will). */
 static void advance(kvt_cache_t *c) {
-    for (size_t i = 0; i < c->l3.npf; i++) {
-        kvt__pf_t *pf = c->l3.pf[i];
+    bool oldest = c->cfg.prefetch_policy == KVT_PREFETCH_WAIT_COMPLETE;
+    for (size_t j = 0; j < c->l3.npf; j++) {
+        kvt__pf_t *pf = c->l3.pf[oldest ? j : c->l3.npf - 1 - j];
         if (pf->phase == PF_READY ||
             (pf->phase == PF_FETCHING && pf->taken < pf->found && pf->returned != c->l3.l2_returned))
             pf_fetch(c, pf);

@@ -578,24 +578,27 @@ Test(l3, a_prefetch_gets_the_room_its_evictions_free_once_their_puts_land) {
 }
 
 /* Three prefetches short of room at once (each may take half of L2, so it
- * takes three to want more than L2 has): what comes back goes to the older
- * ones first; the youngest takes the rest and, once no page is behind a put
+ * takes three to want more than L2 has), run until the store has answered
+ * everything, then admitted in order: the L3 hit pages of each. Two get all
+ * they asked for; the third takes the rest and, once no page is behind a put
  * any more and L2 has no more to give (the others hold theirs), stops
  * there: complete, short. */
-Test(l3, prefetches_short_of_room_are_served_oldest_first_and_stop_when_none_comes) {
+enum { SHORT_N = 48 };
+
+static void three_short_of_room(kvt_prefetch_policy_t policy, uint64_t h[3]) {
     setup_root();
     kvt_cache_config_t cfg;
     room_config(&cfg);
-    enum { N = 48 };
-    int32_t a[3][N * PT];
+    int32_t a[3][SHORT_N * PT];
     for (int k = 0; k < 3; k++) {
-        for (int i = 0; i < N * PT; i++) a[k][i] = 100000 * (k + 1) + i;
-        store_holds(&cfg, a[k], N);
+        for (int i = 0; i < SHORT_N * PT; i++) a[k][i] = 100000 * (k + 1) + i;
+        store_holds(&cfg, a[k], SHORT_N);
     }
     denv_t e;
     full_l2_open(&e, &cfg);
+    e.c->cfg.prefetch_policy = policy; /* full_l2_open's is wait_complete; the order is the policy's */
     uint64_t id[3];
-    for (int k = 0; k < 3; k++) cr_assert_eq(kvt_cache_prefetch(e.c, 0, a[k], N * PT, &id[k]), KVT_OK);
+    for (int k = 0; k < 3; k++) cr_assert_eq(kvt_cache_prefetch(e.c, 0, a[k], SHORT_N * PT, &id[k]), KVT_OK);
     for (int i = 0; i < 1000 && (e.c->l3.l2_deferred || e.c->l3.calls || e.c->l3.nq); i++) {
         usleep(2000);
         kvt_cache_poll(e.c); /* answers; then the prefetches take what came back */
@@ -603,23 +606,39 @@ Test(l3, prefetches_short_of_room_are_served_oldest_first_and_stop_when_none_com
     cr_assert_eq(e.c->l3.calls, 0, "the store answered everything");
     check(e.c);
     kvt_cache_req_t r[3];
-    uint64_t h[3];
-    for (int k = 0; k < 3; k++) h[k] = admit_checked(&e, id[k], a[k], N, &r[k]);
-    cr_assert_eq(h[0], N, "the oldest prefetch got %" PRIu64 " of %d", h[0], N);
-    cr_assert_eq(h[1], N, "the next one got %" PRIu64 " of %d", h[1], N);
-    cr_assert_gt(h[2], 0);
-    cr_assert_lt(h[2], N, "130 L2 pages cannot hold all three");
+    for (int k = 0; k < 3; k++) h[k] = admit_checked(&e, id[k], a[k], SHORT_N, &r[k]);
+    uint64_t sum = h[0] + h[1] + h[2];
+    cr_assert_lt(sum, 3 * SHORT_N, "130 L2 pages cannot hold all three");
     kvt_cache_stats_t st = {.size = sizeof(st)};
     kvt_cache_stats(e.c, &st);
-    cr_assert_eq(st.prefetch_pages, 2 * N + h[2], "what the youngest took is what it served");
+    cr_assert_eq(st.prefetch_pages, sum, "what each took is what it served");
     cr_assert_eq(st.prefetch_complete, 3);
-    cr_assert_geq(st.l3_puts, 2 * N + h[2] - 10, "their room was b's pages, behind puts");
+    cr_assert_geq(st.l3_puts, sum - 10, "their room was b's pages, behind puts");
     for (int k = 0; k < 3; k++) kvt_cache_release(e.c, &r[k]);
     kvt_cache_sync(e.c);
     check(e.c);
     cr_assert_eq(e.c->l3.l2_deferred, 0);
     denv_close(&e);
     rm_root();
+}
+
+/* wait_complete: the oldest first (its request is admitted next and waits). */
+Test(l3, under_wait_complete_the_room_goes_to_the_oldest_prefetch_first) {
+    uint64_t h[3];
+    three_short_of_room(KVT_PREFETCH_WAIT_COMPLETE, h);
+    cr_assert_eq(h[0], SHORT_N, "the oldest prefetch got %" PRIu64 " of %d", h[0], SHORT_N);
+    cr_assert_eq(h[1], SHORT_N, "the next one got %" PRIu64 " of %d", h[1], SHORT_N);
+    cr_assert(h[2] > 0 && h[2] < SHORT_N, "the youngest got %" PRIu64, h[2]);
+}
+
+/* best_effort: the youngest first (the head is admitted before a get
+ * started now could land; the younger ones have the lead time). */
+Test(l3, under_best_effort_the_room_goes_to_the_youngest_prefetch_first) {
+    uint64_t h[3];
+    three_short_of_room(KVT_PREFETCH_BEST_EFFORT, h);
+    cr_assert_eq(h[2], SHORT_N, "the youngest prefetch got %" PRIu64 " of %d", h[2], SHORT_N);
+    cr_assert_eq(h[1], SHORT_N, "the next one got %" PRIu64 " of %d", h[1], SHORT_N);
+    cr_assert(h[0] > 0 && h[0] < SHORT_N, "the oldest got %" PRIu64, h[0]);
 }
 
 Test(l3, bad_calls_change_nothing) {
