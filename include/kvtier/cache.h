@@ -269,7 +269,12 @@ KVT_API int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, u
  *              L1+L2 match, if at least prefetch_threshold tokens, are looked
  *              up (known pages need no exists call), given L2 pages and
  *              fetched (get) in batches; the store checks each object and
- *              never serves one that fails (store.h)
+ *              never serves one that fails (store.h). A prefetch never
+ *              waits for room: it takes the L2 pages free now and, while
+ *              pages it evicted are held by their puts, the rest as they
+ *              come back (at kvt_cache_poll and admissions; under
+ *              wait_complete to the oldest prefetch first, else to the
+ *              youngest, which has the most time for its gets to land)
  *   admission  kvt_cache_admit_prefetched finishes it under prefetch_policy:
  *              the leading pages that arrived join the tree as pages in L2
  *              (then load into L1 like any L2 hit, counted as L3 hits); the
