@@ -371,6 +371,23 @@ Test(l3, two_caches_share_one_store) {
     rm_root();
 }
 
+/* The store holds the npages pages of tok (put by a cache of its own). */
+static void store_holds(const kvt_cache_config_t *cfg, const int32_t *tok, uint64_t npages) {
+    gen_t g;
+    gen_init(&g, 1);
+    memcpy(g.tok, tok, npages * PT * sizeof(int32_t));
+    g.npages = npages;
+    denv_t w;
+    denv_open(&w, cfg, 0);
+    uint32_t l1_ids[64];
+    kvt_cache_req_t req;
+    cr_assert_eq(kvt_cache_admit(w.c, 0, tok, npages * PT, 0, l1_ids, &req), KVT_OK);
+    cr_assert_eq(forward(&w, &g, &req, l1_ids), 0);
+    kvt_cache_release(w.c, &req);
+    kvt_cache_sync(w.c);
+    denv_close(&w);
+}
+
 /* ---- prefetch policies on a slow store --------------------------------------------------------- */
 
 /* Fills the store with one request of 64 pages, then admits it in a fresh
@@ -387,21 +404,7 @@ static void slow_prefetch(kvt_prefetch_policy_t policy, double timeout_s, uint32
     for (int i = 0; i < 64 * PT; i++) tok[i] = 1000000 + i;
     memcpy(g.tok, tok, sizeof(tok));
     g.npages = 64;
-    {
-        denv_t w;
-        denv_open(&w, &cfg, 0);
-        kvt_cache_req_t req;
-        uint32_t l1_ids[64];
-        uint64_t id;
-        cr_assert_eq(kvt_cache_prefetch(w.c, 0, tok, 64 * PT, &id), KVT_OK);
-        cr_assert_eq(kvt_cache_admit_prefetched(w.c, id, 0, tok, 64 * PT, 0, l1_ids, &req), KVT_OK);
-        kvt_hash128_t h[64];
-        kvt_page_hash_chain(0, tok, 64, PT, h);
-        for (int j = 0; j < 64; j++) kvt_tier_pattern_fill(w.tier[0], l1_ids[j], h[j].lo, h[j].hi, w.buf);
-        kvt_cache_release(w.c, &req);
-        kvt_cache_sync(w.c);
-        denv_close(&w);
-    }
+    store_holds(&cfg, tok, 64);
     cfg.prefetch_policy = policy;
     cfg.prefetch_timeout_s = timeout_s;
     cfg.prefetch_timeout_per_1024_s = 0;
@@ -456,15 +459,7 @@ Test(l3, cancel_holds_pages_until_the_store_answers) {
     small_config(&cfg);
     int32_t tok[32 * PT];
     for (int i = 0; i < 32 * PT; i++) tok[i] = 5000 + i;
-    {
-        denv_t w;
-        denv_open(&w, &cfg, 0);
-        kvt_cache_req_t req;
-        cr_assert_eq(kvt_cache_admit(w.c, 0, tok, 32 * PT, 0, NULL, &req), KVT_OK);
-        kvt_cache_release(w.c, &req);
-        kvt_cache_sync(w.c);
-        denv_close(&w);
-    }
+    store_holds(&cfg, tok, 32);
     denv_t e;
     denv_open(&e, &cfg, 200000);
     uint64_t id;
@@ -489,23 +484,6 @@ Test(l3, cancel_holds_pages_until_the_store_answers) {
     check(e.c);
     denv_close(&e);
     rm_root();
-}
-
-/* The store holds the npages pages of tok (put by a cache of its own). */
-static void store_holds(const kvt_cache_config_t *cfg, const int32_t *tok, uint64_t npages) {
-    gen_t g;
-    gen_init(&g, 1);
-    memcpy(g.tok, tok, npages * PT * sizeof(int32_t));
-    g.npages = npages;
-    denv_t w;
-    denv_open(&w, cfg, 0);
-    uint32_t l1_ids[64];
-    kvt_cache_req_t req;
-    cr_assert_eq(kvt_cache_admit(w.c, 0, tok, npages * PT, 0, l1_ids, &req), KVT_OK);
-    cr_assert_eq(forward(&w, &g, &req, l1_ids), 0);
-    kvt_cache_release(w.c, &req);
-    kvt_cache_sync(w.c);
-    denv_close(&w);
 }
 
 /* A cache whose L2 (130 pages) holds the 120 pages of a request b, none of
@@ -579,13 +557,13 @@ Test(l3, a_prefetch_gets_the_room_its_evictions_free_once_their_puts_land) {
 
 /* Three prefetches short of room at once (each may take half of L2, so it
  * takes three to want more than L2 has), run until the store has answered
- * everything, then admitted in order: the L3 hit pages of each. Two get all
- * they asked for; the third takes the rest and, once no page is behind a put
- * any more and L2 has no more to give (the others hold theirs), stops
- * there: complete, short. */
+ * everything, then admitted oldest first. The two the room goes to first
+ * (order[0], order[1]: 0 is the oldest) get all they asked for; the last
+ * takes the rest and, once no page is behind a put any more and L2 has no
+ * more to give (the others hold theirs), stops there: complete, short. */
 enum { SHORT_N = 48 };
 
-static void three_short_of_room(kvt_prefetch_policy_t policy, uint64_t h[3]) {
+static void three_short_of_room(kvt_prefetch_policy_t policy, const int order[3]) {
     setup_root();
     kvt_cache_config_t cfg;
     room_config(&cfg);
@@ -606,7 +584,11 @@ static void three_short_of_room(kvt_prefetch_policy_t policy, uint64_t h[3]) {
     cr_assert_eq(e.c->l3.calls, 0, "the store answered everything");
     check(e.c);
     kvt_cache_req_t r[3];
+    uint64_t h[3];
     for (int k = 0; k < 3; k++) h[k] = admit_checked(&e, id[k], a[k], SHORT_N, &r[k]);
+    cr_assert_eq(h[order[0]], SHORT_N, "prefetch %d, served first, got %" PRIu64 " of %d", order[0], h[order[0]], SHORT_N);
+    cr_assert_eq(h[order[1]], SHORT_N, "prefetch %d, served next, got %" PRIu64 " of %d", order[1], h[order[1]], SHORT_N);
+    cr_assert(h[order[2]] > 0 && h[order[2]] < SHORT_N, "prefetch %d, served last, got %" PRIu64, order[2], h[order[2]]);
     uint64_t sum = h[0] + h[1] + h[2];
     cr_assert_lt(sum, 3 * SHORT_N, "130 L2 pages cannot hold all three");
     kvt_cache_stats_t st = {.size = sizeof(st)};
@@ -624,21 +606,13 @@ static void three_short_of_room(kvt_prefetch_policy_t policy, uint64_t h[3]) {
 
 /* wait_complete: the oldest first (its request is admitted next and waits). */
 Test(l3, under_wait_complete_the_room_goes_to_the_oldest_prefetch_first) {
-    uint64_t h[3];
-    three_short_of_room(KVT_PREFETCH_WAIT_COMPLETE, h);
-    cr_assert_eq(h[0], SHORT_N, "the oldest prefetch got %" PRIu64 " of %d", h[0], SHORT_N);
-    cr_assert_eq(h[1], SHORT_N, "the next one got %" PRIu64 " of %d", h[1], SHORT_N);
-    cr_assert(h[2] > 0 && h[2] < SHORT_N, "the youngest got %" PRIu64, h[2]);
+    three_short_of_room(KVT_PREFETCH_WAIT_COMPLETE, (int[]){0, 1, 2});
 }
 
 /* best_effort: the youngest first (the head is admitted before a get
  * started now could land; the younger ones have the lead time). */
 Test(l3, under_best_effort_the_room_goes_to_the_youngest_prefetch_first) {
-    uint64_t h[3];
-    three_short_of_room(KVT_PREFETCH_BEST_EFFORT, h);
-    cr_assert_eq(h[2], SHORT_N, "the youngest prefetch got %" PRIu64 " of %d", h[2], SHORT_N);
-    cr_assert_eq(h[1], SHORT_N, "the next one got %" PRIu64 " of %d", h[1], SHORT_N);
-    cr_assert(h[0] > 0 && h[0] < SHORT_N, "the oldest got %" PRIu64, h[0]);
+    three_short_of_room(KVT_PREFETCH_BEST_EFFORT, (int[]){2, 1, 0});
 }
 
 Test(l3, bad_calls_change_nothing) {
