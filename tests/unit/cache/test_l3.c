@@ -487,13 +487,13 @@ Test(l3, cancel_holds_pages_until_the_store_answers) {
 }
 
 /* A cache whose L2 (130 pages) holds the 120 pages of a request b, none of
- * them put yet (write_back into L3, wait_complete), on a store that takes
- * 20 ms a batch: the puts are still out when a prefetch asks for room. */
-static void full_l2_open(denv_t *e, kvt_cache_config_t *cfg) {
+ * them put yet (write_back into L3), on a store that takes 20 ms a batch:
+ * the puts are still out when a prefetch asks for room. */
+static void full_l2_open(denv_t *e, kvt_cache_config_t *cfg, kvt_prefetch_policy_t policy) {
     int32_t b[120 * PT];
     for (int i = 0; i < 120 * PT; i++) b[i] = 900000 + i;
     cfg->l3_write_policy = KVT_WRITE_BACK;
-    cfg->prefetch_policy = KVT_PREFETCH_WAIT_COMPLETE;
+    cfg->prefetch_policy = policy;
     denv_open(e, cfg, 20000);
     kvt_cache_req_t req;
     cr_assert_eq(kvt_cache_admit(e->c, 0, b, 120 * PT, 0, NULL, &req), KVT_OK);
@@ -537,7 +537,7 @@ Test(l3, a_prefetch_gets_the_room_its_evictions_free_once_their_puts_land) {
     for (int i = 0; i < 64 * PT; i++) a[i] = 7000 + i;
     store_holds(&cfg, a, 64);
     denv_t e;
-    full_l2_open(&e, &cfg);
+    full_l2_open(&e, &cfg, KVT_PREFETCH_WAIT_COMPLETE);
     uint64_t id;
     kvt_cache_req_t req;
     cr_assert_eq(kvt_cache_prefetch(e.c, 0, a, 64 * PT, &id), KVT_OK);
@@ -573,11 +573,10 @@ static void three_short_of_room(kvt_prefetch_policy_t policy, const int order[3]
         store_holds(&cfg, a[k], SHORT_N);
     }
     denv_t e;
-    full_l2_open(&e, &cfg);
-    e.c->cfg.prefetch_policy = policy; /* full_l2_open's is wait_complete; the order is the policy's */
+    full_l2_open(&e, &cfg, policy);
     uint64_t id[3];
     for (int k = 0; k < 3; k++) cr_assert_eq(kvt_cache_prefetch(e.c, 0, a[k], SHORT_N * PT, &id[k]), KVT_OK);
-    for (int i = 0; i < 1000 && (e.c->l3.l2_deferred || e.c->l3.calls || e.c->l3.nq); i++) {
+    for (int i = 0; i < 5000 && (e.c->l3.l2_deferred || e.c->l3.calls || e.c->l3.nq); i++) {
         usleep(2000);
         kvt_cache_poll(e.c); /* answers; then the prefetches take what came back */
     }
