@@ -211,6 +211,12 @@ static void pf_free(kvt_cache_t *c, kvt__pf_t *pf) {
     kvt__free(pf, pf->bytes);
 }
 
+/* A prefetch is over when no get is out and every page the store has has
+ * been asked for (or the room for the rest will not come). */
+static void pf_settle(kvt__pf_t *pf) {
+    if (pf->out == 0 && pf->taken == pf->found) pf->phase = PF_DONE;
+}
+
 /* READY, or FETCHING short of room: L2 pages for the next pages the store
  * has, then their gets, in batches. Never waits: what the store's puts still
  * hold comes back at a later poll, and the prefetch takes it then. */
@@ -242,7 +248,7 @@ static void pf_fetch(kvt_cache_t *c, kvt__pf_t *pf) {
             pf->res[j0 + i] = RES_GONE;
         }
     }
-    if (pf->out == 0 && pf->taken == pf->found) pf->phase = PF_DONE;
+    pf_settle(pf);
 }
 
 /* Who gets the room that comes back first depends on what admission will
@@ -326,7 +332,8 @@ static void on_get(kvt_cache_t *c, const kvt_store_done_t *d) {
     }
     if (pf == NULL) return;
     while (pf->arrived < pf->taken && pf->res[pf->arrived] == RES_OK) pf->arrived++;
-    if (--pf->out == 0 && pf->taken == pf->found) pf->phase = PF_DONE;
+    pf->out--;
+    pf_settle(pf);
 }
 
 /* Applies the store's answers, waiting up to timeout_ns for the first. */
