@@ -65,14 +65,15 @@ static double store_stat(const cJSON *h, const char *what, const char *op, const
     return x ? num(x, field) : 0;
 }
 
-/* Flips a payload byte of every object in the dir store whose header names
- * the model identity `model` (docs/store.md: the identity digest is XXH3-128
- * of the identity text, at offset P + 32). Returns how many. */
-static int corrupt_identity(const char *root, const char *model) {
+/* Flips a payload byte of every object in the dir store of `payload` bytes
+ * whose header names the model identity `model` (docs/store.md: the
+ * identity digest is XXH3-128 of the identity text, at offset P + 32).
+ * Returns how many. */
+static int corrupt_identity(const char *root, const char *model, int payload) {
     char id[512];
     snprintf(id, sizeof(id),
              "kvtier-l3-id/1;model=%s;page_tokens=16;layers=1;layer_bytes=%d;dtype_bytes=2;tp=0/1;cp=0/1;ns=default", model,
-             PAYLOAD);
+             payload);
     XXH128_hash_t want = XXH3_128bits(id, strlen(id));
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "find %s -type f -name '[0-9a-f]*'", root);
@@ -84,14 +85,22 @@ static int corrupt_identity(const char *root, const char *model) {
         path[strcspn(path, "\n")] = 0;
         int fd = open(path, O_RDWR);
         cr_assert_geq(fd, 0, "%s", path);
-        uint8_t obj[PAYLOAD + 80];
-        cr_assert_eq(pread(fd, obj, sizeof(obj), 0), (ssize_t)sizeof(obj), "%s", path);
+        struct stat st;
+        cr_assert_eq(fstat(fd, &st), 0);
+        if (st.st_size != payload + 80) { /* another geometry's object */
+            close(fd);
+            continue;
+        }
+        uint8_t head[16];
+        cr_assert_eq(pread(fd, head, sizeof(head), payload + 32), (ssize_t)sizeof(head), "%s", path);
         uint64_t lo, hi;
-        memcpy(&lo, obj + PAYLOAD + 32, 8);
-        memcpy(&hi, obj + PAYLOAD + 40, 8);
+        memcpy(&lo, head, 8);
+        memcpy(&hi, head + 8, 8);
         if (lo == want.low64 && hi == want.high64) {
-            obj[7] ^= 0x5a;
-            cr_assert_eq(pwrite(fd, obj + 7, 1, 7), 1);
+            uint8_t b;
+            cr_assert_eq(pread(fd, &b, 1, 7), 1);
+            b ^= 0x5a;
+            cr_assert_eq(pwrite(fd, &b, 1, 7), 1);
             n++;
         }
         close(fd);
@@ -105,19 +114,23 @@ static int corrupt_identity(const char *root, const char *model) {
  * pieces its end needs from the store (gemma-3-like: the W / P = 1024 / 16
  * window pages before it; qwen3-next-like: the checkpoint at it). With those
  * pieces' objects damaged, B's gets are refused and it recomputes: no hit
- * served. */
-static void second_process(const char *model, double pieces) {
+ * served. model: a preset, or groups (--groups) whose pieces are payload
+ * bytes; with data, the objects are the pages' and pieces' real bytes, and
+ * B checks every one it reads (--data --verify). */
+static void second_process(const char *model, double pieces, int payload, int data) {
+    const char *flag = strchr(model, ':') ? "--groups" : "--model", *bytes = data ? "--data" : "--json",
+               *verify = data ? "--verify" : "--json";
     run_result_t a, b, c;
-    cJSON *ja = replay(&a, (const char *const[]){NULL, "replay", TRACE, "--model", model, "--limit", "1", SHAPE, "--l3",
-                                                 url_, NULL});
+    cJSON *ja = replay(&a, (const char *const[]){NULL, "replay", TRACE, flag, model, "--limit", "1", SHAPE, "--l3", url_,
+                                                 bytes, NULL});
     const cJSON *ha = hybrid_of(ja);
     cr_assert_eq(num(ha, "hit_rate"), 0, "a cold cache and an empty store");
     double whole = num(cJSON_GetObjectItem(ha, "stats"), "tokens"); /* request 1 is whole pages */
     cr_assert_eq(whole, 40160);
     cr_assert_geq(store_stat(ha, "pieces", "put", "hits"), pieces, "the pieces its end needs are put");
 
-    cJSON *jb = replay(&b, (const char *const[]){NULL, "replay", TRACE, "--model", model, "--limit", "1", SHAPE, "--l3",
-                                                 url_, NULL});
+    cJSON *jb = replay(&b, (const char *const[]){NULL, "replay", TRACE, flag, model, "--limit", "1", SHAPE, "--l3", url_,
+                                                 bytes, verify, NULL});
     const cJSON *hb = hybrid_of(jb);
     cr_assert_eq(num(hb, "hit_rate"), 1, "%s: every whole page: %.4f", model, num(hb, "hit_rate"));
     cr_assert_eq(num(hb, "l3_hit_rate"), 1, "all of it through the store");
@@ -125,13 +138,23 @@ static void second_process(const char *model, double pieces) {
     cr_assert_eq(store_stat(hb, "pieces", "get", "hits"), pieces, "%s: the pieces n needs", model);
     cr_assert_eq(store_stat(hb, "full_pages", "get", "hits"), whole / 16);
     cr_assert_eq(sub(hb, "l3", "hits_unserved"), 0);
+    if (data) { /* what B read came from A's objects, byte for byte */
+        const cJSON *d = cJSON_GetObjectItem(hb, "data");
+        cr_assert_eq(sub(d, "pieces", "verified"), pieces, "%s: the pieces n needs, checked in L1", model);
+        cr_assert_eq(sub(d, "pieces", "mismatches"), 0);
+        cr_assert_eq(sub(d, "full_pages", "verified_hits") + sub(d, "full_pages", "verified_loads"), whole / 16);
+        cr_assert_eq(sub(d, "full_pages", "mismatches"), 0);
+    }
 
-    char identity[128];
-    snprintf(identity, sizeof(identity), "%s/kept-every-0-branches/group-1", model);
-    cr_assert_eq(corrupt_identity(dir_, identity), store_stat(ha, "pieces", "put", "hits"),
+    char identity[128], name[40];
+    if (strchr(model, ':'))
+        snprintf(name, sizeof(name), "groups-%016llx", (unsigned long long)XXH3_64bits(model, strlen(model)));
+    else snprintf(name, sizeof(name), "%s", model);
+    snprintf(identity, sizeof(identity), "%s/kept-every-0-branches/group-1", name);
+    cr_assert_eq(corrupt_identity(dir_, identity, payload), store_stat(ha, "pieces", "put", "hits"),
                  "every piece object A put, and only those");
-    cJSON *jc = replay(&c, (const char *const[]){NULL, "replay", TRACE, "--model", model, "--limit", "1", SHAPE, "--l3",
-                                                 url_, NULL});
+    cJSON *jc = replay(&c, (const char *const[]){NULL, "replay", TRACE, flag, model, "--limit", "1", SHAPE, "--l3", url_,
+                                                 bytes, verify, NULL});
     const cJSON *hc = hybrid_of(jc);
     cr_assert_eq(store_stat(hc, "full_pages", "get", "hits"), whole / 16, "the full pages are whole");
     cr_assert_eq(store_stat(hc, "pieces", "get", "bad_objects"), pieces, "each damaged piece refused");
@@ -143,11 +166,18 @@ static void second_process(const char *model, double pieces) {
 }
 
 Test(replay_hybrid_l3, a_second_process_continues_from_the_first_ones_window_pages) {
-    second_process("gemma-3-like", 1024 / 16);
+    second_process("gemma-3-like", 1024 / 16, PAYLOAD, 0);
 }
 
 Test(replay_hybrid_l3, a_second_process_continues_from_the_first_ones_checkpoint) {
-    second_process("qwen3-next-like", 1);
+    second_process("qwen3-next-like", 1, PAYLOAD, 0);
+}
+
+/* The same with real bytes (--data): the store's objects are the window
+ * pages (4 layers x 64 bytes x 16 tokens) and the checkpoint (4 x 1024). */
+Test(replay_hybrid_l3, a_second_process_continues_from_the_first_ones_bytes) {
+    second_process("full:2:64,window:1024:4:64", 1024 / 16, 4096, 1);
+    second_process("full:2:64,state:4:1024", 1, 4096, 1);
 }
 
 /* Two instances on one real Redis, against the same two with no store: the

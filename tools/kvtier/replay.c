@@ -651,9 +651,8 @@ static bool hybrid_on(const hybrid_opts_t *h) {
     return false;
 }
 
-/* The layer groups: --groups, else the preset's. A hybrid model's replay is
- * metadata only (a store's objects are stand-ins), and holds the model as all-full attention
- * at o->bpt for the comparison: the groups' all-full bytes per token (each
+/* The layer groups: --groups, else the preset's. A hybrid model's replay
+ * holds the model as all-full attention at o->bpt for the comparison: the groups' all-full bytes per token (each
  * state layer at its full groups' per-layer width) unless
  * --bytes-per-token says otherwise. -1 after printing why. */
 static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *text, size_t nsweep, hybrid_opts_t *h) {
@@ -677,10 +676,10 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
     }
     if (!hybrid_on(h)) return 0;
-    const char *why = o->data ? "--data" : o->soak_s > 0 ? "--soak" : o->digest ? "--digest" : NULL;
+    const char *why = o->soak_s > 0 ? "--soak" : o->digest ? "--digest" : NULL;
     if (why) {
         c->flag = why;
-        return cli_error(c, "not with a hybrid model (window or state groups): its replay is metadata only");
+        return cli_error(c, "not with a hybrid model (window or state groups)");
     }
     if ((l3->pages || l3->url) && o->l2_pages == 0) {
         c->flag = l3->url ? "--l3" : "--l3-pages";
@@ -770,6 +769,10 @@ int cmd_replay(int argc, char **argv) {
         c.flag = "--soak";
         return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
     }
+    if (o.data && l3.pages) {
+        c.flag = "--l3-pages";
+        return cli_error(&c, "not with --data: a modeled L3 holds no bytes (--l3 URL: a real store)") ? 2 : 2;
+    }
     if (l3_window_weight > 0 && l3.pages == 0) {
         c.flag = "--l3-window-weight";
         return cli_error(&c, "needs an L3 (--l3-pages) to split") ? 2 : 2;
@@ -856,6 +859,11 @@ int cmd_replay(int argc, char **argv) {
             }
         }
     }
+    for (size_t i = 0; rc == 0 && o.verify && i < nrun; i++) /* the output is whole; the run failed */
+        if (res[i].data.mismatches) {
+            fprintf(stderr, "kvtier replay: --verify: %" PRIu64 " pages differed from their content\n", res[i].data.mismatches);
+            rc = -1;
+        }
     if (rc == 0 && o.plot && plot(o.plot, res, nsweep, kvt_policy_name((kvt_policy_t)o.policy), replay_l3_on(&l3)) != 0) {
         fprintf(stderr, "kvtier replay: --plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)\n");
         rc = -1;

@@ -8,7 +8,12 @@
  * cache's own L3 (replay_l3.c), and each window or state group's pieces as
  * objects of their own (kvt_hybrid_set_l3), put and got on this thread as
  * the cache's moves say; --instances N runs N such processes on the one
- * store (replay_fleet.c). */
+ * store (replay_fleet.c).
+ *
+ * With --data the full groups' pages are real bytes (replay_data.c, on the
+ * hybrid cache's radix cache) and so are the pieces (replay_pieces.c): the
+ * moves run as they are handed out, and the store's objects are the
+ * pages' and pieces' bytes instead of stand-ins. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +26,9 @@
 #include "kvtier/hybrid.h"
 #include "kvtier/radix.h"
 #include "kvtier/stats.h"
+#include "replay_data.h"
 #include "replay_hybrid.h"
+#include "replay_pieces.h"
 #include "replay_run.h"
 
 typedef struct {
@@ -34,16 +41,25 @@ typedef struct {
      * as none, and their tokens; the full groups' L3 hit tokens that another instance put */
     uint64_t hits_unserved, unserved_tokens, cross_instance_hit_tokens;
     l3_result_t full_store, piece_store; /* the full groups' store, and the pieces' (their groups' summed) */
+    data_result_t full_data;             /* --data: the full groups' pages */
+    pieces_data_result_t piece_data;     /* and the pieces' */
 } hyb_result_t;
 
-/* --l3 URL: the pieces' side of the store. Each window or state group's
- * pieces are objects under a model identity of their own (a group's piece
- * never answers for another's), stand-ins of L3_STANDIN_BYTES as the full
- * pages are (replay_l3.h). */
+/* Who runs the pieces' moves: with --l3 URL, the pieces' side of the
+ * store: each window or state group's pieces are objects under a model
+ * identity of their own (a group's piece never answers for another's),
+ * stand-ins of L3_STANDIN_BYTES as the full pages are (replay_l3.h), or
+ * with --data the pieces' bytes, put from their L2 slots and got into their
+ * L1 slots (hybrid.h: a hit loads a piece from L3 straight into L1), through
+ * a store handle on each tier; with --data, the data plane
+ * (replay_pieces.c). */
 #define PIECE_BATCH 64 /* keys per store call; the stand-in tier's pages (a get's pages are distinct) */
 typedef struct {
-    kvt_store_t *s[KVT_MODEL_MAX_GROUPS];
+    kvt_store_t *s[KVT_MODEL_MAX_GROUPS];   /* exists, put; and get without --data */
+    kvt_store_t *get[KVT_MODEL_MAX_GROUPS]; /* --data: gets, into the L1 tier */
     kvt_tier_t *standin;
+    bool store;
+    pieces_data_t *data;
 } pieces_t;
 
 static kvt_hash128_t hash_of(kvt_key128_t k) { return (kvt_hash128_t){k.lo, k.hi}; }
@@ -66,7 +82,7 @@ static int pieces_probe(void *arg, uint32_t g, const kvt_key128_t *keys, size_t 
 /* Runs the puts into and gets from the store among mv[0..n), in order, a
  * run of the same group and direction in one call; ok[i] whether each
  * landed (a move between the cache's own tiers moves no bytes here). */
-static void pieces_run(pieces_t *p, const kvt_hybrid_move_t *mv, size_t n, uint8_t *ok) {
+static void store_run(pieces_t *p, const kvt_hybrid_move_t *mv, size_t n, uint8_t *ok) {
     kvt_store_page_t pg[PIECE_BATCH];
     uint8_t res[PIECE_BATCH];
     size_t at[PIECE_BATCH], k = 0;
@@ -76,12 +92,15 @@ static void pieces_run(pieces_t *p, const kvt_hybrid_move_t *mv, size_t n, uint8
         if (i < n && !get && !put) continue;
         const kvt_hybrid_move_t *f = k ? &mv[at[0]] : NULL;
         if (f && (i == n || k == PIECE_BATCH || mv[i].group != f->group || get != (f->src_tier == 3))) {
-            int rc = kvt_store_run(p->s[f->group], f->src_tier == 3 ? KVT_STORE_GET : KVT_STORE_PUT, pg, k, res, NULL);
+            bool g3 = f->src_tier == 3;
+            kvt_store_t *s = g3 && p->data ? p->get[f->group] : p->s[f->group];
+            int rc = kvt_store_run(s, g3 ? KVT_STORE_GET : KVT_STORE_PUT, pg, k, res, NULL);
             for (size_t j = 0; j < k; j++) ok[at[j]] = (rc == KVT_OK || rc == KVT_EIO) && res[j] == KVT_STORE_OK;
             k = 0;
         }
-        if (i < n) {
-            pg[k] = (kvt_store_page_t){hash_of(mv[i].key), (uint32_t)k};
+        if (i < n) { /* --data: a get lands in its L1 slot, a put leaves from its L2 slot */
+            uint64_t page = !p->data ? k : get ? mv[i].dst_slot : mv[i].src_slot;
+            pg[k] = (kvt_store_page_t){hash_of(mv[i].key), (uint32_t)page};
             at[k++] = i;
         }
     }
@@ -106,20 +125,25 @@ static int pieces_open(pieces_t *p, const l3_opts_t *l3, const hybrid_opts_t *h,
                        uint32_t page_tokens) {
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST, .name = "l3-pieces-standin",
                             .geom = {PIECE_BATCH, 1, L3_STANDIN_BYTES, KVT_LAYOUT_PAGE_FIRST}};
-    int rc = kvt_tier_create(&p->standin, &tc);
+    int rc = p->data ? KVT_OK : kvt_tier_create(&p->standin, &tc);
     for (uint32_t g = 0; g < h->ngroups && rc == KVT_OK; g++) {
         if (h->groups[g].kind == KVT_GROUP_FULL) continue;
         char model[128];
         identity(model, sizeof(model), h, every, branches, (int)g);
         kvt_store_config_t sc;
         kvt_store_config_default(&sc);
-        sc.tier = p->standin;
+        sc.tier = p->data ? pieces_data_tier(p->data, g, 2) : p->standin;
         sc.model = model;
         sc.page_tokens = page_tokens;
         sc.threads = 1; /* every call runs on this thread: kvt_store_run */
         rc = kvt_store_open(&p->s[g], l3->url, &sc);
+        if (rc == KVT_OK && p->data) {
+            sc.tier = pieces_data_tier(p->data, g, 1);
+            rc = kvt_store_open(&p->get[g], l3->url, &sc);
+        }
     }
     if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --l3: the pieces' store: %s\n", kvt_store_last_error(NULL));
+    p->store = rc == KVT_OK;
     return rc == KVT_OK ? 0 : -1;
 }
 
@@ -131,17 +155,31 @@ static void pieces_result(const pieces_t *p, l3_result_t *res) {
         res->store = true;
         snprintf(res->url, sizeof(res->url), "%s", kvt_store_url(p->s[g]));
         snprintf(res->backend, sizeof(res->backend), "%s", kvt_store_backend(p->s[g]));
-        for (int op = 0; op < KVT_STORE_OP_COUNT_; op++) {
-            kvt_store_stats_t st = {.size = sizeof(st)};
-            kvt_store_stats(p->s[g], (kvt_store_op_t)op, &st);
-            replay_store_add(&res->op[op], &st);
-        }
+        for (int op = 0; op < KVT_STORE_OP_COUNT_; op++)
+            for (int i = 0; i < 2; i++) {
+                kvt_store_t *s = i ? p->get[g] : p->s[g];
+                kvt_store_stats_t st = {.size = sizeof(st)};
+                if (s && kvt_store_stats(s, (kvt_store_op_t)op, &st) == KVT_OK) replay_store_add(&res->op[op], &st);
+            }
     }
 }
 
+/* After the cache is destroyed. */
 static void pieces_close(pieces_t *p) {
-    for (uint32_t g = 0; g < KVT_MODEL_MAX_GROUPS; g++) kvt_store_close(p->s[g]);
+    for (uint32_t g = 0; g < KVT_MODEL_MAX_GROUPS; g++) {
+        kvt_store_close(p->s[g]);
+        kvt_store_close(p->get[g]);
+    }
     kvt_tier_destroy(p->standin);
+    pieces_data_close(p->data);
+}
+
+/* Runs the moves mv[0..n) taken together (safe to run at once): the store's
+ * and, with --data, the bytes of the others; ok[i] whether each landed. */
+static void pieces_run(pieces_t *p, const kvt_hybrid_move_t *mv, size_t n, uint8_t *ok) {
+    memset(ok, 1, n);
+    if (p->store) store_run(p, mv, n, ok);
+    if (p->data) pieces_data_run(p->data, mv, n, ok);
 }
 
 /* --copy-lag: the engine's copies (async_moves), each reported landed lag
@@ -160,8 +198,8 @@ static void lag_free(lag_t *q) {
     free(q->ok);
 }
 
-/* Takes the moves ready; those to and from a store (pieces, NULL: none) run
- * now, the others land when reported. */
+/* Takes the moves ready and runs them now (pieces_run); they land when
+ * reported. */
 static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now, pieces_t *pieces) {
     for (size_t want; (want = kvt_hybrid_moves(c)) > 0;) {
         if (q->head > 0 && q->head >= q->n / 2) { /* the reported half goes: the queue holds what is in flight */
@@ -185,8 +223,7 @@ static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now, pieces_t *pieces) {
         }
         size_t got = kvt_hybrid_take_moves(c, q->mv + q->n, want);
         for (size_t i = 0; i < got; i++) q->at[q->n + i] = now;
-        if (pieces) pieces_run(pieces, q->mv + q->n, got, q->ok + q->n);
-        else memset(q->ok + q->n, 1, got);
+        pieces_run(pieces, q->mv + q->n, got, q->ok + q->n);
         q->n += got;
     }
     return KVT_OK;
@@ -272,8 +309,8 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     if (cfg.cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) cfg.cache.l3_write_policy = KVT_WRITE_THROUGH;
     cfg.checkpoint_every = a->every;
     cfg.checkpoint_branches = a->branches;
-    /* a store's gets can fail: the moves are reported, as an engine's copies are */
-    bool moving = h->copy_lag > 0 || store;
+    /* a store's gets can fail, and so can --data's copies: the moves are reported, as an engine's copies are */
+    bool moving = h->copy_lag > 0 || store || o->data;
     cfg.moves = cfg.async_moves = moving;
     if (a->l1_pages == UNBOUNDED) {
         cfg.cache.l1_pages = all;
@@ -287,27 +324,40 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     }
     memset(out, 0, sizeof(*out));
     replay_l3_t *full_store = NULL;
-    pieces_t pieces = {0}, *ps = NULL;
-    if (store) {
+    replay_data_t *data = NULL;
+    pieces_t pieces = {0};
+    int orc = 0;
+    if (o->data) {
+        uint64_t full_bpt = 0; /* the full groups' bytes per token: their pages' */
+        for (uint32_t g = 0; g < h->ngroups; g++)
+            if (h->groups[g].kind == KVT_GROUP_FULL) full_bpt += h->groups[g].bytes;
+        data_opts_t dopt = {P, cfg.cache.l1_pages, cfg.cache.l2_pages, 1, full_bpt * P, KVT_LAYOUT_PAGE_FIRST,
+                            (uint32_t)o->threads, o->verify, o->copy_faults};
+        orc = replay_data_open(&data, kvt_hybrid_cache(c), &dopt);
+        if (orc == 0) orc = pieces_data_open(&pieces.data, &cfg, (uint32_t)P, (uint32_t)o->threads, o->copy_faults);
+    }
+    if (store && orc == 0) {
         char model[128];
         identity(model, sizeof(model), h, a->every, a->branches, -1);
-        int orc = replay_l3_open(&full_store, l3, kvt_hybrid_cache(c), NULL, cfg.cache.l2_pages, P, model, &out->full_store);
+        orc = replay_l3_open(&full_store, l3, kvt_hybrid_cache(c), data ? replay_data_l2(data) : NULL, cfg.cache.l2_pages, P,
+                             model, &out->full_store);
         if (orc == 0 && full_store) {
-            ps = &pieces;
-            orc = pieces_open(ps, l3, h, a->every, a->branches, (uint32_t)P);
-            if (orc == 0 && kvt_hybrid_set_l3(c, pieces_probe, ps) != KVT_OK) orc = -1;
-        } else if (orc == 0) { /* a store down from the start: L1 and L2 serve, as with no store (no moves) */
+            orc = pieces_open(&pieces, l3, h, a->every, a->branches, (uint32_t)P);
+            if (orc == 0 && kvt_hybrid_set_l3(c, pieces_probe, &pieces) != KVT_OK) orc = -1;
+        } else if (orc == 0 && !(h->copy_lag > 0 || o->data)) { /* a store down from the start: L1 and L2 serve, as
+                                                                  * with no store (no moves) */
             kvt_hybrid_destroy(c);
-            moving = h->copy_lag > 0;
-            cfg.moves = cfg.async_moves = moving;
+            moving = false;
+            cfg.moves = cfg.async_moves = false;
             if ((rc = kvt_hybrid_create(&c, &cfg)) != KVT_OK) return -1;
         }
-        if (orc != 0) {
-            kvt_hybrid_destroy(c);
-            pieces_close(&pieces);
-            replay_l3_close(full_store);
-            return -1;
-        }
+    }
+    if (orc != 0) {
+        kvt_hybrid_destroy(c);
+        pieces_close(&pieces);
+        replay_l3_close(full_store);
+        replay_data_close(data);
+        return -1;
     }
     uint64_t n = reqs ? nreqs : o->limit && o->limit < t->n ? o->limit : t->n, lag = h->copy_lag;
     /* the full groups' prefetches: with a store the next --prefetch-ahead requests are prefetched while
@@ -316,7 +366,10 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     size_t ring = (size_t)ahead + 1, max_tokens = (size_t)t->max_blocks * KVT_TRACE_BLOCK_TOKENS;
     int32_t *tokens = malloc(ring * max_tokens * sizeof(int32_t));
     uint64_t *pf = calloc(ring, sizeof(uint64_t)), *len = calloc(ring, sizeof(uint64_t));
-    rc = tokens && pf && len ? KVT_OK : KVT_ENOMEM;
+    /* --data: the request's L1 pages and page hashes (the pieces' keys) */
+    uint32_t *l1_ids = data ? malloc((max_tokens / P + 1) * sizeof(uint32_t)) : NULL;
+    kvt_hash128_t *hash = data ? malloc((max_tokens / P + 1) * sizeof(kvt_hash128_t)) : NULL;
+    rc = tokens && pf && len && (!data || (l1_ids && hash)) ? KVT_OK : KVT_ENOMEM;
     lag_t q = {0};
     double t0 = (double)kvt_now_ns() / 1e9;
     for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
@@ -332,23 +385,29 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
         size_t k = i % ring;
         const int32_t *tok = tokens + k * max_tokens;
         kvt_hybrid_req_t req;
-        if (rc == KVT_OK) rc = kvt_hybrid_admit_prefetched(c, pf[k], 0, tok, len[k], 0, NULL, &req);
-        if (rc == KVT_OK && moving) rc = lag_take(c, &q, i, ps);
+        if (rc == KVT_OK) rc = kvt_hybrid_admit_prefetched(c, pf[k], 0, tok, len[k], 0, l1_ids, &req);
+        if (rc == KVT_OK && moving) rc = lag_take(c, &q, i, &pieces);
         while (rc == KVT_OK && moving && kvt_hybrid_ready(c, &req) == KVT_EAGAIN) { /* its loads, and what is before them */
             rc = lag_report(c, &q, q.at[q.head], out);
-            if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i, &pieces);
         }
-        if (rc == KVT_OK && moving && lag == 0) rc = lag_drain(c, &q, i, ps, out);
-        if (rc == KVT_OK && kvt_hybrid_ready(c, &req) == KVT_EIO) { /* a piece the store did not serve: recomputed */
+        if (rc == KVT_OK && moving && lag == 0) rc = lag_drain(c, &q, i, &pieces, out);
+        bool served = rc == KVT_OK && kvt_hybrid_ready(c, &req) == KVT_OK;
+        if (rc == KVT_OK && !served) { /* a piece the store or a copy did not deliver: recomputed */
             out->hits_unserved++;
             out->unserved_tokens += req.hit_pages * P;
         }
+        if (rc == KVT_OK && data) { /* the forward pass: what it reads is checked, what it computes written */
+            kvt_page_hash_chain(0, tok, len[k] / P, (uint32_t)P, hash);
+            if (served && o->verify) pieces_data_verify(pieces.data, c, &req, hash);
+            replay_data_request(data, tok, &req.full, l1_ids);
+        }
         if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, len[k], &req);
         if (rc == KVT_OK && moving) {
-            rc = lag_take(c, &q, i, ps);
+            rc = lag_take(c, &q, i, &pieces);
             if (rc == KVT_OK && i >= lag) rc = lag_report(c, &q, i - lag, out);
-            if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
-            if (rc == KVT_OK && lag == 0) rc = lag_drain(c, &q, i, ps, out);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i, &pieces);
+            if (rc == KVT_OK && lag == 0) rc = lag_drain(c, &q, i, &pieces, out);
             size_t now = kvt_hybrid_moves_outstanding(c);
             if (now > out->outstanding_most) out->outstanding_most = now;
         }
@@ -362,7 +421,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
         if (rc != KVT_OK && rc != KVT_ECORRUPT)
             fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
     }
-    if (rc == KVT_OK && moving) rc = lag_drain(c, &q, n, ps, out); /* the copies still in flight land */
+    if (rc == KVT_OK && moving) rc = lag_drain(c, &q, n, &pieces, out); /* the copies still in flight land */
     kvt_cache_sync(kvt_hybrid_cache(c)); /* the full pages' store calls in flight */
     lag_free(&q);
     out->wall_s = (double)kvt_now_ns() / 1e9 - t0;
@@ -374,13 +433,20 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     kvt_cache_stats(kvt_hybrid_cache(c), &cs);
     out->cross_instance_hit_tokens = cs.l3_foreign_hit_tokens;
     replay_l3_result(full_store, &out->full_store);
-    if (ps) pieces_result(ps, &out->piece_store);
+    if (pieces.store) pieces_result(&pieces, &out->piece_store);
+    if (data) {
+        replay_data_result(data, kvt_hybrid_cache(c), &out->full_data);
+        pieces_data_result(pieces.data, &out->piece_data);
+    }
     free(tokens);
     free(pf);
     free(len);
+    free(l1_ids);
+    free(hash);
     kvt_hybrid_destroy(c);
     pieces_close(&pieces);
     replay_l3_close(full_store);
+    replay_data_close(data);
     return rc == KVT_OK ? 0 : -1;
 }
 
@@ -404,6 +470,15 @@ static void hyb_add(hyb_result_t *d, const hyb_result_t *s, uint32_t ngroups) {
         replay_store_add(&d->full_store.op[op], &s->full_store.op[op]);
         replay_store_add(&d->piece_store.op[op], &s->piece_store.op[op]);
     }
+    data_result_t *fd = &d->full_data;
+    const data_result_t *fs = &s->full_data;
+    fd->page_bytes = fs->page_bytes;
+    fd->filled_pages += fs->filled_pages, fd->verified_hits += fs->verified_hits;
+    fd->verified_loads += fs->verified_loads, fd->mismatches += fs->mismatches;
+    pieces_data_result_t *pd = &d->piece_data;
+    const pieces_data_result_t *pe = &s->piece_data;
+    pd->filled += pe->filled, pd->verified += pe->verified, pd->mismatches += pe->mismatches;
+    pd->failed += pe->failed, pd->corrupt += pe->corrupt, pd->down_bytes += pe->down_bytes, pd->up_bytes += pe->up_bytes;
 }
 
 /* A run alone, or (--instances N) as N processes whose results each[N] gets, total their sum. */
@@ -428,7 +503,7 @@ static double full_bpt(const result_t *r, const opts_t *o) {
     return frac(used * o->page_tokens * o->bpt, r->rs.pages * o->page_tokens);
 }
 
-static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h) {
+static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts_t *o) {
     cJSON *x = cJSON_CreateObject();
     cJSON_AddNumberToObject(x, "hit_rate", hyb_rate(r));
     cJSON_AddNumberToObject(x, "l1_hit_rate", frac(r->st.l1_hit_tokens, r->st.tokens));
@@ -440,6 +515,26 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h) {
     if (h->copy_lag) {
         cJSON_AddNumberToObject(x, "moves", (double)r->moves);
         cJSON_AddNumberToObject(x, "moves_outstanding_most", (double)r->outstanding_most);
+    }
+    if (o->data) {
+        cJSON *d = cJSON_AddObjectToObject(x, "data");
+        const data_result_t *f = &r->full_data;
+        cJSON *fp = cJSON_AddObjectToObject(d, "full_pages");
+        cJSON_AddNumberToObject(fp, "page_bytes", (double)f->page_bytes);
+        cJSON_AddNumberToObject(fp, "filled", (double)f->filled_pages);
+        cJSON_AddNumberToObject(fp, "verified_hits", (double)f->verified_hits);
+        cJSON_AddNumberToObject(fp, "verified_loads", (double)f->verified_loads);
+        cJSON_AddNumberToObject(fp, "mismatches", (double)f->mismatches);
+        const pieces_data_result_t *p = &r->piece_data;
+        cJSON *pp = cJSON_AddObjectToObject(d, "pieces");
+        cJSON_AddNumberToObject(pp, "filled", (double)p->filled);
+        cJSON_AddNumberToObject(pp, "verified", (double)p->verified);
+        cJSON_AddNumberToObject(pp, "mismatches", (double)p->mismatches);
+        cJSON_AddNumberToObject(pp, "copies_failed", (double)p->failed);
+        cJSON_AddNumberToObject(pp, "batches_corrupt", (double)p->corrupt);
+        cJSON_AddNumberToObject(pp, "l1_to_l2_bytes", (double)p->down_bytes);
+        cJSON_AddNumberToObject(pp, "l2_to_l1_bytes", (double)p->up_bytes);
+        cJSON_AddNumberToObject(d, "hits_unserved", (double)r->hits_unserved);
     }
     if (r->full_store.store || r->full_store.down) {
         cJSON *d = cJSON_AddObjectToObject(x, "l3");
@@ -530,15 +625,15 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             cJSON_AddNumberToObject(x, "l1_bytes", (double)tier_bytes(o, l1[i]));
             cJSON_AddNumberToObject(x, "l2_bytes", (double)tier_bytes(o, o->l2_pages));
             cJSON_AddNumberToObject(x, "l3_bytes", (double)tier_bytes(o, l3->pages));
-            cJSON_AddItemToObject(x, "hybrid", hyb_json(&hy[i], h));
-            if (has_state) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h));
+            cJSON_AddItemToObject(x, "hybrid", hyb_json(&hy[i], h, o));
+            if (has_state) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h, o));
             cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
             cJSON_AddItemToArray(arr, x);
         }
         if (ni) { /* the fleet: its totals above, each instance's hybrid run here */
             cJSON *inst = cJSON_AddArrayToObject(root, "instances");
             for (size_t i = 0; i < ni; i++) {
-                cJSON *x = hyb_json(&each[i], h);
+                cJSON *x = hyb_json(&each[i], h, o);
                 cJSON_AddNumberToObject(x, "instance", (double)i);
                 cJSON_AddNumberToObject(x, "requests_replayed", (double)each[i].nreq);
                 cJSON_AddItemToArray(inst, x);
@@ -564,11 +659,27 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             printf("  instance %zu: %" PRIu64 " requests, hybrid hit rate %.4f (L3 %.4f), %" PRIu64
                    " full-page L3 hit tokens another instance put\n", i, each[i].nreq, hyb_rate(&each[i]),
                    frac(each[i].st.l3_hit_tokens, each[i].st.tokens), each[i].cross_instance_hit_tokens);
+        if (o->data) {
+            const pieces_data_result_t *p = &hy[0].piece_data;
+            const data_result_t *f = &hy[0].full_data;
+            printf("  data: full pages %" PRIu64 " filled, %" PRIu64 " verified, %" PRIu64 " mismatches; pieces %" PRIu64
+                   " filled, %" PRIu64 " verified, %" PRIu64 " mismatches, %" PRIu64 " copies failed\n",
+                   f->filled_pages, f->verified_hits + f->verified_loads, f->mismatches, p->filled, p->verified,
+                   p->mismatches, p->failed);
+        }
         const l3_result_t *ps = &hy[0].piece_store;
         if (ps->store)
             printf("  L3 %s: pieces put %" PRIu64 ", got %" PRIu64 " (%" PRIu64 " not served: %" PRIu64 " hits recomputed)\n",
                    ps->url, ps->op[KVT_STORE_PUT].hits, ps->op[KVT_STORE_GET].hits,
                    ps->op[KVT_STORE_GET].keys - ps->op[KVT_STORE_GET].hits, hy[0].hits_unserved);
+    }
+    for (size_t i = 0; rc == 0 && o->verify && i < n; i++) { /* the output is whole; the run failed */
+        uint64_t bad = hy[i].full_data.mismatches + hy[i].piece_data.mismatches + ends[i].full_data.mismatches +
+                       ends[i].piece_data.mismatches + full[i].data.mismatches;
+        if (bad) {
+            fprintf(stderr, "kvtier replay: --verify: %" PRIu64 " pages or pieces differed from their content\n", bad);
+            rc = -1;
+        }
     }
     if (rc == 0 && o->plot && plot(o->plot, h->name, l1, hy, has_state ? ends : hy, full, n, o) != 0) {
         fprintf(stderr, "kvtier replay: --plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)\n");
