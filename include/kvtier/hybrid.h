@@ -85,7 +85,8 @@
  * request runs they are pinned there.
  *
  * This cache keeps metadata (slot ids, keys, residency): the engine owns
- * the bytes and copies them as the calls say, as with the keyed cache.
+ * the bytes and copies them as the calls say, as with the keyed cache, or
+ * kvtier's data plane does (kvt_hybrid_plane, at the end).
  *
  * Threads: one owner thread, as the radix cache.
  */
@@ -100,6 +101,9 @@
 #include "kvtier/cache.h"
 #include "kvtier/keyed.h"
 #include "kvtier/model.h"
+#include "kvtier/store.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -363,6 +367,106 @@ KVT_API int kvt_hybrid_check(kvt_hybrid_t *h, const char **why);
  * after i pages; NULL for a full group. Returns the longest n <= m. */
 KVT_API uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ngroups, uint32_t page_tokens,
                                     uint64_t m, const uint8_t *const *present);
+
+/* ---- kvtier's data plane for the pieces ----------------------------------------
+ *
+ * kvt_hybrid_plane runs a cache's moves (cfg.moves and cfg.async_moves) on
+ * kvtier's own parts, so that the engine only writes what its requests
+ * compute and reads its hits in L1 (kvt_hybrid_slots). Each window or state
+ * group g has:
+ *
+ *   tiers   l1 and l2 on a transfer engine (xfer.h) that is the plane's
+ *           alone (no one else submits to or polls it); page i of a tier is
+ *           slot i of that tier of the group, a page one piece
+ *           (kvt_hybrid_piece_bytes), the tiers at least the cache's slots.
+ *           An l2 with KVT_TIER_CHECKSUM (and the engine's checksum option)
+ *           checks every piece read back from it: a piece that fails is a
+ *           failed copy (KVT_ECORRUPT), a miss, never served.
+ *   store   optionally, the cache's L3 (the plane sets it: kvt_hybrid_set_l3):
+ *           `put`, a store over l2 (exists and put: what L2 sends down), and
+ *           `get`, a store over l1 (get: a hit loads a piece from L3 straight
+ *           into L1), opened on the same URL with the same identity, one
+ *           identity per group so that no group's object answers for
+ *           another's. The store checks each object it serves (store.h).
+ *
+ * What the engine computed: for each move from it (src_tier
+ * KVT_HYBRID_ENGINE: window page src_slot of the request, or the checkpoint
+ * after src_slot pages, into L1 slot dst_slot) the plane calls write(arg,
+ * move), which returns 0 once the piece is in place there, nonzero when it
+ * could not be written. Such a move can come after the request's release
+ * (kvt_hybrid_engine_waiting says until when its bytes are needed).
+ *
+ * Copies run on the engines' and the stores' workers; kvt_hybrid_plane_poll
+ * (and wait, sync) takes the moves the cache hands out, starts them, and
+ * reports each batch to the cache as it completes (kvt_hybrid_moves_done),
+ * on the cache's thread: every plane call runs there. */
+typedef struct kvt_hybrid_plane kvt_hybrid_plane_t;
+
+/* Bytes of one piece of group g: a window page (bytes per token x
+ * page_tokens) or a checkpoint; 0 for a full group. */
+KVT_API uint64_t kvt_hybrid_piece_bytes(const kvt_layer_group_t *g, uint32_t page_tokens);
+
+typedef int (*kvt_hybrid_write_fn)(void *arg, const kvt_hybrid_move_t *m);
+
+typedef struct kvt_hybrid_plane_group {
+    kvt_xfer_t *xfer;           /* NULL for a full group; required for the others */
+    kvt_tier_t *l1, *l2;        /* tiers of xfer, at indexes l1_index and l2_index */
+    unsigned l1_index, l2_index;
+    kvt_store_t *put, *get;     /* the L3: both or neither, for every window or state group alike */
+} kvt_hybrid_plane_group_t;
+
+typedef struct kvt_hybrid_plane_config {
+    uint32_t size; /* sizeof(kvt_hybrid_plane_config_t), set by the caller */
+    kvt_hybrid_plane_group_t groups[KVT_MODEL_MAX_GROUPS];
+    kvt_hybrid_write_fn write; /* required */
+    void *arg;
+} kvt_hybrid_plane_config_t;
+
+/* A plane for h, before its first admission; the engines, tiers and stores
+ * outlive the plane, the plane outlives nothing of h's (destroy it first).
+ * KVT_EINVAL (h without moves and async_moves, or with a modeled L3 for the
+ * pieces when stores are given; requests admitted; a group's tiers too small
+ * or of another piece size; a store not over its tier, or given for some
+ * groups only; no write), KVT_ENOMEM; nothing changed on failure. */
+KVT_API int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *cfg);
+/* Waits for the copies in flight and reports them; h stays usable. */
+KVT_API void kvt_hybrid_plane_destroy(kvt_hybrid_plane_t *p);
+/* Takes the moves ready and starts them; reports the batches that have
+ * completed, waiting up to timeout_ns for one while some is in flight and
+ * none has; again until nothing more is ready. KVT_OK; KVT_ENOMEM (what
+ * was started goes on; call again). */
+KVT_API int kvt_hybrid_plane_poll(kvt_hybrid_plane_t *p, uint64_t timeout_ns);
+/* Polls until req's pieces are in L1 or one of them failed:
+ * kvt_hybrid_ready's answer, KVT_OK or KVT_EIO (KVT_ENOMEM). */
+KVT_API int kvt_hybrid_plane_wait(kvt_hybrid_plane_t *p, const kvt_hybrid_req_t *req);
+/* Polls until no move is outstanding: every copy landed and reported. */
+KVT_API int kvt_hybrid_plane_sync(kvt_hybrid_plane_t *p);
+/* Moves started and not yet reported. */
+KVT_API size_t kvt_hybrid_plane_in_flight(const kvt_hybrid_plane_t *p);
+
+#define KVT_HYBRID_PLANE_STATS_FIELDS(X)                                                            \
+    X(written, COUNTER, "pieces the engine wrote into L1 (moves from a request)")                   \
+    X(write_failures, COUNTER, "pieces the engine could not write")                                 \
+    X(copied_down, COUNTER, "pieces copied L1 -> L2")                                               \
+    X(copied_up, COUNTER, "pieces copied L2 -> L1")                                                 \
+    X(copy_failures, COUNTER, "pieces whose copy between L1 and L2 failed")                         \
+    X(corrupt_batches, COUNTER, "batches refused because a piece read from L2 failed its checksum") \
+    X(bytes_down, COUNTER, "bytes copied L1 -> L2")                                                 \
+    X(bytes_up, COUNTER, "bytes copied L2 -> L1")                                                   \
+    X(put, COUNTER, "pieces put to the store")                                                      \
+    X(put_failures, COUNTER, "puts the store failed")                                               \
+    X(got, COUNTER, "pieces got from the store into L1")                                            \
+    X(get_misses, COUNTER, "gets the store did not serve (gone, refused by its checks, failed)")    \
+    X(batches, COUNTER, "batches started (copies, store calls, the engine's writes)")
+
+typedef struct kvt_hybrid_plane_stats {
+    uint32_t size; /* sizeof(kvt_hybrid_plane_stats_t), set by the caller */
+#define KVT_STATS_FIELD_(name, kind, help) uint64_t name;
+    KVT_HYBRID_PLANE_STATS_FIELDS(KVT_STATS_FIELD_)
+#undef KVT_STATS_FIELD_
+} kvt_hybrid_plane_stats_t;
+
+KVT_API int kvt_hybrid_plane_stats(const kvt_hybrid_plane_t *p, kvt_hybrid_plane_stats_t *st);
 
 #ifdef __cplusplus
 }

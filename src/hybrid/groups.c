@@ -82,6 +82,10 @@ uint64_t kvt__hybrid_slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
     return g->kind == KVT_GROUP_STATE ? g->bytes : g->bytes * P;
 }
 
+uint64_t kvt_hybrid_piece_bytes(const kvt_layer_group_t *g, uint32_t page_tokens) {
+    return g == NULL || g->kind == KVT_GROUP_FULL ? 0 : kvt__hybrid_slot_bytes(g, page_tokens);
+}
+
 
 /* Splits one tier's bytes (kvt_hybrid_config_split); the full groups get one
  * radix page count. */

@@ -26,6 +26,14 @@ uint64_t kvt__hybrid_slot_bytes(const kvt_layer_group_t *g, uint32_t P);
 /* The groups, slots and write policies of a configuration hold together. */
 int kvt__hybrid_config_ok(const kvt_hybrid_config_t *c);
 
+/* For the data plane (plane.c): the cache's configuration, and whether a
+ * request is admitted. */
+const kvt_hybrid_config_t *kvt__hybrid_cfg(const kvt_hybrid_t *h);
+int kvt__hybrid_live(const kvt_hybrid_t *h);
+/* The outside L3 goes (its probe with the plane that set it): pieces are no
+ * longer looked for there. */
+void kvt__hybrid_drop_l3(kvt_hybrid_t *h);
+
 /* The moves outstanding with async_moves (pending.c), from their record to
  * the engine's report: entries with stable indexes, found by destination
  * (group, dst_tier, key) through hash chains, and a ring of those ready to

@@ -251,6 +251,13 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
 
 kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h) { return h ? h->cache : NULL; }
 
+const kvt_hybrid_config_t *kvt__hybrid_cfg(const kvt_hybrid_t *h) { return &h->cfg; }
+int kvt__hybrid_live(const kvt_hybrid_t *h) { return h->live != 0; }
+void kvt__hybrid_drop_l3(kvt_hybrid_t *h) {
+    h->probe = NULL;
+    h->probe_arg = NULL;
+}
+
 /* ---- scratch ------------------------------------------------------------------- */
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {

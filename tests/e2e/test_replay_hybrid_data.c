@@ -41,10 +41,10 @@ Test(replay_hybrid_data, the_bytes_follow_the_moves_through_l1_and_l2, .timeout 
         cr_assert_gt(data_of(h, "pieces", "verified"), 1000, "%s: pieces of hits checked", POLICIES[p]);
         double loaded = sub(h, "stats", "pieces_loaded");
         cr_assert_gt(loaded, 50, "%s: pieces loaded back from L2", POLICIES[p]);
-        cr_assert_geq(data_of(h, "pieces", "l2_to_l1_bytes"), loaded * 2048, "%s: each load copied", POLICIES[p]);
-        cr_assert_leq(data_of(h, "pieces", "l2_to_l1_bytes"), loaded * WINDOW_PIECE, "%s", POLICIES[p]);
-        cr_assert_gt(data_of(h, "pieces", "l1_to_l2_bytes"), 0);
-        cr_assert_eq(data_of(h, "pieces", "copies_failed"), 0);
+        cr_assert_geq(data_of(h, "pieces", "bytes_up"), loaded * 2048, "%s: each load copied", POLICIES[p]);
+        cr_assert_leq(data_of(h, "pieces", "bytes_up"), loaded * WINDOW_PIECE, "%s", POLICIES[p]);
+        cr_assert_gt(data_of(h, "pieces", "bytes_down"), 0);
+        cr_assert_eq(data_of(h, "pieces", "copy_failures"), 0);
 
         /* the copies' timing steers nothing: three workers per engine decide as one does */
         run_result_t t = run_argv((const char *const[]){NULL, "replay", WORKLOAD, "--write-policy", POLICIES[p], "--data",
@@ -72,7 +72,7 @@ Test(replay_hybrid_data, copies_that_fail_cost_hits_never_bytes, .timeout = 120)
                                                     "--copy-faults", "0.05", NULL});
     cJSON *o = json_of(&r);
     const cJSON *h = hybrid_of(o);
-    cr_assert_gt(data_of(h, "pieces", "copies_failed"), 0);
+    cr_assert_gt(data_of(h, "pieces", "copy_failures"), 0);
     cr_assert_gt(sub(h, "data", "hits_unserved"), 0, "a hit whose piece failed to reach L1");
     cr_assert_gt(data_of(h, "pieces", "verified"), 500);
     cr_assert_eq(data_of(h, "pieces", "mismatches"), 0);

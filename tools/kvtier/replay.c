@@ -769,6 +769,10 @@ int cmd_replay(int argc, char **argv) {
         c.flag = "--soak";
         return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
     }
+    if (o.data && copy_lag) {
+        c.flag = "--copy-lag";
+        return cli_error(&c, "not with --data: the copies land when they do") ? 2 : 2;
+    }
     if (o.data && l3.pages) {
         c.flag = "--l3-pages";
         return cli_error(&c, "not with --data: a modeled L3 holds no bytes (--l3 URL: a real store)") ? 2 : 2;

@@ -45,21 +45,19 @@ typedef struct {
     pieces_data_result_t piece_data;     /* and the pieces' */
 } hyb_result_t;
 
-/* Who runs the pieces' moves: with --l3 URL, the pieces' side of the
- * store: each window or state group's pieces are objects under a model
- * identity of their own (a group's piece never answers for another's),
- * stand-ins of L3_STANDIN_BYTES as the full pages are (replay_l3.h), or
- * with --data the pieces' bytes, put from their L2 slots and got into their
- * L1 slots (hybrid.h: a hit loads a piece from L3 straight into L1), through
- * a store handle on each tier; with --data, the data plane
- * (replay_pieces.c). */
+/* --l3 URL: the pieces' side of the store. Each window or state group's
+ * pieces are objects under a model identity of their own (a group's piece
+ * never answers for another's): stand-ins of L3_STANDIN_BYTES as the full
+ * pages are (replay_l3.h), put and got here; or with --data the pieces'
+ * bytes, which kvtier's data plane (replay_pieces.c) puts from their L2
+ * slots and gets straight into their L1 slots, through a store on each tier. */
 #define PIECE_BATCH 64 /* keys per store call; the stand-in tier's pages (a get's pages are distinct) */
 typedef struct {
-    kvt_store_t *s[KVT_MODEL_MAX_GROUPS];   /* exists, put; and get without --data */
-    kvt_store_t *get[KVT_MODEL_MAX_GROUPS]; /* --data: gets, into the L1 tier */
+    kvt_store_t *s[KVT_MODEL_MAX_GROUPS];   /* exists and put; without --data, get too */
+    kvt_store_t *get[KVT_MODEL_MAX_GROUPS]; /* --data: get, into the L1 tier */
     kvt_tier_t *standin;
-    bool store;
-    pieces_data_t *data;
+    bool open;                              /* the stores are */
+    pieces_data_t *data;                    /* --data */
 } pieces_t;
 
 static kvt_hash128_t hash_of(kvt_key128_t k) { return (kvt_hash128_t){k.lo, k.hi}; }
@@ -92,15 +90,12 @@ static void store_run(pieces_t *p, const kvt_hybrid_move_t *mv, size_t n, uint8_
         if (i < n && !get && !put) continue;
         const kvt_hybrid_move_t *f = k ? &mv[at[0]] : NULL;
         if (f && (i == n || k == PIECE_BATCH || mv[i].group != f->group || get != (f->src_tier == 3))) {
-            bool g3 = f->src_tier == 3;
-            kvt_store_t *s = g3 && p->data ? p->get[f->group] : p->s[f->group];
-            int rc = kvt_store_run(s, g3 ? KVT_STORE_GET : KVT_STORE_PUT, pg, k, res, NULL);
+            int rc = kvt_store_run(p->s[f->group], f->src_tier == 3 ? KVT_STORE_GET : KVT_STORE_PUT, pg, k, res, NULL);
             for (size_t j = 0; j < k; j++) ok[at[j]] = (rc == KVT_OK || rc == KVT_EIO) && res[j] == KVT_STORE_OK;
             k = 0;
         }
-        if (i < n) { /* --data: a get lands in its L1 slot, a put leaves from its L2 slot */
-            uint64_t page = !p->data ? k : get ? mv[i].dst_slot : mv[i].src_slot;
-            pg[k] = (kvt_store_page_t){hash_of(mv[i].key), (uint32_t)page};
+        if (i < n) {
+            pg[k] = (kvt_store_page_t){hash_of(mv[i].key), (uint32_t)k};
             at[k++] = i;
         }
     }
@@ -135,7 +130,7 @@ static int pieces_open(pieces_t *p, const l3_opts_t *l3, const hybrid_opts_t *h,
         sc.tier = p->data ? pieces_data_tier(p->data, g, 2) : p->standin;
         sc.model = model;
         sc.page_tokens = page_tokens;
-        sc.threads = 1; /* every call runs on this thread: kvt_store_run */
+        if (!p->data) sc.threads = 1; /* every call runs on this thread: kvt_store_run */
         rc = kvt_store_open(&p->s[g], l3->url, &sc);
         if (rc == KVT_OK && p->data) {
             sc.tier = pieces_data_tier(p->data, g, 1);
@@ -143,7 +138,7 @@ static int pieces_open(pieces_t *p, const l3_opts_t *l3, const hybrid_opts_t *h,
         }
     }
     if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --l3: the pieces' store: %s\n", kvt_store_last_error(NULL));
-    p->store = rc == KVT_OK;
+    p->open = rc == KVT_OK;
     return rc == KVT_OK ? 0 : -1;
 }
 
@@ -164,7 +159,7 @@ static void pieces_result(const pieces_t *p, l3_result_t *res) {
     }
 }
 
-/* After the cache is destroyed. */
+/* After the cache is destroyed: the stores, then the tiers they read. */
 static void pieces_close(pieces_t *p) {
     for (uint32_t g = 0; g < KVT_MODEL_MAX_GROUPS; g++) {
         kvt_store_close(p->s[g]);
@@ -172,14 +167,6 @@ static void pieces_close(pieces_t *p) {
     }
     kvt_tier_destroy(p->standin);
     pieces_data_close(p->data);
-}
-
-/* Runs the moves mv[0..n) taken together (safe to run at once): the store's
- * and, with --data, the bytes of the others; ok[i] whether each landed. */
-static void pieces_run(pieces_t *p, const kvt_hybrid_move_t *mv, size_t n, uint8_t *ok) {
-    memset(ok, 1, n);
-    if (p->store) store_run(p, mv, n, ok);
-    if (p->data) pieces_data_run(p->data, mv, n, ok);
 }
 
 /* --copy-lag: the engine's copies (async_moves), each reported landed lag
@@ -198,8 +185,8 @@ static void lag_free(lag_t *q) {
     free(q->ok);
 }
 
-/* Takes the moves ready and runs them now (pieces_run); they land when
- * reported. */
+/* Takes the moves ready; those to and from a store (pieces, NULL: none) run
+ * now, the others land when reported. */
 static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now, pieces_t *pieces) {
     for (size_t want; (want = kvt_hybrid_moves(c)) > 0;) {
         if (q->head > 0 && q->head >= q->n / 2) { /* the reported half goes: the queue holds what is in flight */
@@ -223,7 +210,8 @@ static int lag_take(kvt_hybrid_t *c, lag_t *q, uint64_t now, pieces_t *pieces) {
         }
         size_t got = kvt_hybrid_take_moves(c, q->mv + q->n, want);
         for (size_t i = 0; i < got; i++) q->at[q->n + i] = now;
-        pieces_run(pieces, q->mv + q->n, got, q->ok + q->n);
+        memset(q->ok + q->n, 1, got);
+        if (pieces) store_run(pieces, q->mv + q->n, got, q->ok + q->n);
         q->n += got;
     }
     return KVT_OK;
@@ -343,7 +331,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
                              model, &out->full_store);
         if (orc == 0 && full_store) {
             orc = pieces_open(&pieces, l3, h, a->every, a->branches, (uint32_t)P);
-            if (orc == 0 && kvt_hybrid_set_l3(c, pieces_probe, &pieces) != KVT_OK) orc = -1;
+            if (orc == 0 && !pieces.data && kvt_hybrid_set_l3(c, pieces_probe, &pieces) != KVT_OK) orc = -1;
         } else if (orc == 0 && !(h->copy_lag > 0 || o->data)) { /* a store down from the start: L1 and L2 serve, as
                                                                   * with no store (no moves) */
             kvt_hybrid_destroy(c);
@@ -352,7 +340,13 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
             if ((rc = kvt_hybrid_create(&c, &cfg)) != KVT_OK) return -1;
         }
     }
+    /* --data: the plane runs the moves, the store's too (it asks the store what it holds) */
+    if (orc == 0 && pieces.data) orc = pieces_data_attach(pieces.data, c, pieces.s, pieces.get);
+    kvt_hybrid_plane_t *plane = pieces.data ? pieces_data_plane(pieces.data) : NULL;
+    pieces_t *ps = pieces.open ? &pieces : NULL; /* the pieces' stores (for the moves run here: stand-ins) */
+    bool by_hand = moving && plane == NULL; /* the moves run here (stand-ins, --copy-lag) */
     if (orc != 0) {
+        pieces_data_detach(pieces.data);
         kvt_hybrid_destroy(c);
         pieces_close(&pieces);
         replay_l3_close(full_store);
@@ -386,13 +380,15 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
         const int32_t *tok = tokens + k * max_tokens;
         kvt_hybrid_req_t req;
         if (rc == KVT_OK) rc = kvt_hybrid_admit_prefetched(c, pf[k], 0, tok, len[k], 0, l1_ids, &req);
-        if (rc == KVT_OK && moving) rc = lag_take(c, &q, i, &pieces);
-        while (rc == KVT_OK && moving && kvt_hybrid_ready(c, &req) == KVT_EAGAIN) { /* its loads, and what is before them */
+        if (rc == KVT_OK && by_hand) rc = lag_take(c, &q, i, ps);
+        while (rc == KVT_OK && by_hand && kvt_hybrid_ready(c, &req) == KVT_EAGAIN) { /* its loads, and what is before them */
             rc = lag_report(c, &q, q.at[q.head], out);
-            if (rc == KVT_OK) rc = lag_take(c, &q, i, &pieces);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
         }
-        if (rc == KVT_OK && moving && lag == 0) rc = lag_drain(c, &q, i, &pieces, out);
-        bool served = rc == KVT_OK && kvt_hybrid_ready(c, &req) == KVT_OK;
+        if (rc == KVT_OK && by_hand && lag == 0) rc = lag_drain(c, &q, i, ps, out);
+        int ready = rc == KVT_OK ? plane ? kvt_hybrid_plane_wait(plane, &req) : kvt_hybrid_ready(c, &req) : rc;
+        if (rc == KVT_OK && ready != KVT_OK && ready != KVT_EIO) rc = ready;
+        bool served = rc == KVT_OK && ready == KVT_OK;
         if (rc == KVT_OK && !served) { /* a piece the store or a copy did not deliver: recomputed */
             out->hits_unserved++;
             out->unserved_tokens += req.hit_pages * P;
@@ -403,11 +399,12 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
             replay_data_request(data, tok, &req.full, l1_ids);
         }
         if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, len[k], &req);
-        if (rc == KVT_OK && moving) {
-            rc = lag_take(c, &q, i, &pieces);
+        if (rc == KVT_OK && plane) rc = kvt_hybrid_plane_sync(plane); /* the decisions never wait on copy timing */
+        if (rc == KVT_OK && by_hand) {
+            rc = lag_take(c, &q, i, ps);
             if (rc == KVT_OK && i >= lag) rc = lag_report(c, &q, i - lag, out);
-            if (rc == KVT_OK) rc = lag_take(c, &q, i, &pieces);
-            if (rc == KVT_OK && lag == 0) rc = lag_drain(c, &q, i, &pieces, out);
+            if (rc == KVT_OK) rc = lag_take(c, &q, i, ps);
+            if (rc == KVT_OK && lag == 0) rc = lag_drain(c, &q, i, ps, out);
             size_t now = kvt_hybrid_moves_outstanding(c);
             if (now > out->outstanding_most) out->outstanding_most = now;
         }
@@ -421,7 +418,8 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
         if (rc != KVT_OK && rc != KVT_ECORRUPT)
             fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
     }
-    if (rc == KVT_OK && moving) rc = lag_drain(c, &q, n, &pieces, out); /* the copies still in flight land */
+    if (rc == KVT_OK && by_hand) rc = lag_drain(c, &q, n, ps, out); /* the copies still in flight land */
+    if (rc == KVT_OK && plane) rc = kvt_hybrid_plane_sync(plane);
     kvt_cache_sync(kvt_hybrid_cache(c)); /* the full pages' store calls in flight */
     lag_free(&q);
     out->wall_s = (double)kvt_now_ns() / 1e9 - t0;
@@ -433,11 +431,12 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     kvt_cache_stats(kvt_hybrid_cache(c), &cs);
     out->cross_instance_hit_tokens = cs.l3_foreign_hit_tokens;
     replay_l3_result(full_store, &out->full_store);
-    if (pieces.store) pieces_result(&pieces, &out->piece_store);
+    if (ps) pieces_result(ps, &out->piece_store);
     if (data) {
         replay_data_result(data, kvt_hybrid_cache(c), &out->full_data);
         pieces_data_result(pieces.data, &out->piece_data);
     }
+    pieces_data_detach(pieces.data);
     free(tokens);
     free(pf);
     free(len);
@@ -477,8 +476,10 @@ static void hyb_add(hyb_result_t *d, const hyb_result_t *s, uint32_t ngroups) {
     fd->verified_loads += fs->verified_loads, fd->mismatches += fs->mismatches;
     pieces_data_result_t *pd = &d->piece_data;
     const pieces_data_result_t *pe = &s->piece_data;
-    pd->filled += pe->filled, pd->verified += pe->verified, pd->mismatches += pe->mismatches;
-    pd->failed += pe->failed, pd->corrupt += pe->corrupt, pd->down_bytes += pe->down_bytes, pd->up_bytes += pe->up_bytes;
+    pd->verified += pe->verified, pd->mismatches += pe->mismatches;
+#define ADD_PLANE_(name, kind, help) pd->plane.name += pe->plane.name;
+    KVT_HYBRID_PLANE_STATS_FIELDS(ADD_PLANE_)
+#undef ADD_PLANE_
 }
 
 /* A run alone, or (--instances N) as N processes whose results each[N] gets, total their sum. */
@@ -527,13 +528,11 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts
         cJSON_AddNumberToObject(fp, "mismatches", (double)f->mismatches);
         const pieces_data_result_t *p = &r->piece_data;
         cJSON *pp = cJSON_AddObjectToObject(d, "pieces");
-        cJSON_AddNumberToObject(pp, "filled", (double)p->filled);
         cJSON_AddNumberToObject(pp, "verified", (double)p->verified);
         cJSON_AddNumberToObject(pp, "mismatches", (double)p->mismatches);
-        cJSON_AddNumberToObject(pp, "copies_failed", (double)p->failed);
-        cJSON_AddNumberToObject(pp, "batches_corrupt", (double)p->corrupt);
-        cJSON_AddNumberToObject(pp, "l1_to_l2_bytes", (double)p->down_bytes);
-        cJSON_AddNumberToObject(pp, "l2_to_l1_bytes", (double)p->up_bytes);
+#define J_PLANE_(name, kind, help) cJSON_AddNumberToObject(pp, #name, (double)p->plane.name);
+        KVT_HYBRID_PLANE_STATS_FIELDS(J_PLANE_)
+#undef J_PLANE_
         cJSON_AddNumberToObject(d, "hits_unserved", (double)r->hits_unserved);
     }
     if (r->full_store.store || r->full_store.down) {
@@ -663,9 +662,9 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             const pieces_data_result_t *p = &hy[0].piece_data;
             const data_result_t *f = &hy[0].full_data;
             printf("  data: full pages %" PRIu64 " filled, %" PRIu64 " verified, %" PRIu64 " mismatches; pieces %" PRIu64
-                   " filled, %" PRIu64 " verified, %" PRIu64 " mismatches, %" PRIu64 " copies failed\n",
-                   f->filled_pages, f->verified_hits + f->verified_loads, f->mismatches, p->filled, p->verified,
-                   p->mismatches, p->failed);
+                   " written, %" PRIu64 " verified, %" PRIu64 " mismatches, %" PRIu64 " copies failed\n",
+                   f->filled_pages, f->verified_hits + f->verified_loads, f->mismatches, p->plane.written, p->verified,
+                   p->mismatches, p->plane.copy_failures + p->plane.write_failures);
         }
         const l3_result_t *ps = &hy[0].piece_store;
         if (ps->store)

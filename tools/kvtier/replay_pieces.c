@@ -15,20 +15,17 @@
 typedef struct {
     kvt_tier_t *tier[2]; /* NULL for a full group */
     kvt_xfer_t *xf;
-    uint64_t bytes;      /* one piece */
 } group_data_t;
 
 struct pieces_data {
     group_data_t g[KVT_MODEL_MAX_GROUPS];
     kvt_layer_group_t groups[KVT_MODEL_MAX_GROUPS];
     uint32_t ngroups, P;
-    uint8_t *buf; /* the largest piece */
-    kvt_xfer_copy_t *copies;
-    size_t *at;   /* copies[i] is the move at[i] */
-    size_t cap;
+    kvt_hybrid_plane_t *plane;
+    uint8_t *buf;    /* the largest piece */
     uint64_t *slots; /* a hit's pieces of one group */
     size_t slots_cap;
-    pieces_data_result_t r;
+    uint64_t verified, mismatches;
 };
 
 /* A piece's content: the pattern of its key, told apart by group. */
@@ -51,16 +48,16 @@ int pieces_data_open(pieces_data_t **out, const kvt_hybrid_config_t *cfg, uint32
         const kvt_layer_group_t *gr = &cfg->groups[g];
         if (gr->kind == KVT_GROUP_FULL) continue;
         group_data_t *x = &d->g[g];
-        x->bytes = gr->kind == KVT_GROUP_STATE ? gr->bytes : gr->bytes * page_tokens;
-        if (x->bytes > most) most = x->bytes;
+        uint64_t bytes = kvt_hybrid_piece_bytes(gr, page_tokens);
+        if (bytes > most) most = bytes;
         kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .name = "pieces-l1",
-                                .geom = {cfg->l1_slots[g], 1, x->bytes, KVT_LAYOUT_PAGE_FIRST}};
+                                .geom = {cfg->l1_slots[g], 1, bytes, KVT_LAYOUT_PAGE_FIRST}};
         what = "an L1 tier (arena)";
         rc = kvt_tier_create(&x->tier[L1], &tc);
         if (rc == KVT_OK) {
             tc = (kvt_tier_config_t){.size = sizeof(tc), .kind = KVT_TIER_HOST, .name = "pieces-l2",
                                      .flags = KVT_TIER_HUGE | KVT_TIER_CHECKSUM,
-                                     .geom = {cfg->l2_slots[g], 1, x->bytes, KVT_LAYOUT_PAGE_FIRST}};
+                                     .geom = {cfg->l2_slots[g], 1, bytes, KVT_LAYOUT_PAGE_FIRST}};
             what = "an L2 tier (host)";
             rc = kvt_tier_create(&x->tier[L2], &tc);
         }
@@ -98,60 +95,25 @@ int pieces_data_open(pieces_data_t **out, const kvt_hybrid_config_t *cfg, uint32
 
 kvt_tier_t *pieces_data_tier(pieces_data_t *d, uint32_t g, int t) { return d->g[g].tier[t - 1]; }
 
-static bool grow(pieces_data_t *d, size_t n) {
-    if (n <= d->cap) return true;
-    kvt_xfer_copy_t *c = realloc(d->copies, n * sizeof(*c));
-    if (c) d->copies = c;
-    size_t *at = realloc(d->at, n * sizeof(*at));
-    if (at) d->at = at;
-    if (c && at) d->cap = n;
-    return c && at;
+/* kvt_hybrid_write_fn: the forward pass's piece, into its L1 slot. */
+static int write_piece(void *arg, const kvt_hybrid_move_t *m) {
+    pieces_data_t *d = arg;
+    return kvt_tier_pattern_fill(d->g[m->group].tier[L1], m->dst_slot, seed_lo(m->key.lo, m->group), m->key.hi, d->buf);
 }
 
-/* The moves of group g from tier src to dst (0-based) as one batch on the
- * group's engine, waited for; ok[] of each set by the batch's status. */
-static void copy_batch(pieces_data_t *d, uint32_t g, int src, int dst, const kvt_hybrid_move_t *mv, size_t n,
-                       uint8_t *ok) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (mv[i].group == g && mv[i].src_tier == (uint32_t)src + 1 && mv[i].dst_tier == (uint32_t)dst + 1) {
-            d->copies[k] = (kvt_xfer_copy_t){(uint32_t)mv[i].src_slot, (uint32_t)mv[i].dst_slot};
-            d->at[k++] = i;
-        }
-    if (k == 0) return;
-    group_data_t *x = &d->g[g];
-    int status = kvt_xfer_submit(x->xf, (unsigned)src, (unsigned)dst, d->copies, k, 0, NULL);
-    if (status == KVT_OK) {
-        kvt_xfer_done_t done;
-        while (kvt_xfer_poll(x->xf, &done, 1, UINT64_MAX) != 1) {}
-        status = done.status;
-    }
-    if (status == KVT_ECORRUPT) d->r.corrupt++;
-    for (size_t j = 0; j < k; j++) {
-        ok[d->at[j]] = status == KVT_OK;
-        if (status != KVT_OK) d->r.failed++;
-        else if (dst == L2) d->r.down_bytes += x->bytes;
-        else d->r.up_bytes += x->bytes;
-    }
-}
-
-void pieces_data_run(pieces_data_t *d, const kvt_hybrid_move_t *mv, size_t n, uint8_t *ok) {
-    if (!grow(d, n)) abort(); /* a few bytes per move handed out */
-    for (size_t i = 0; i < n; i++) {
-        const kvt_hybrid_move_t *m = &mv[i];
-        if (m->src_tier != KVT_HYBRID_ENGINE) continue;
-        /* what the request computed goes to L1 (hybrid.h) */
-        ok[i] = m->dst_tier == 1 &&
-                kvt_tier_pattern_fill(d->g[m->group].tier[L1], m->dst_slot, seed_lo(m->key.lo, m->group), m->key.hi,
-                                      d->buf) == KVT_OK;
-        d->r.filled += ok[i];
-    }
+int pieces_data_attach(pieces_data_t *d, kvt_hybrid_t *c, kvt_store_t *const *put, kvt_store_t *const *get) {
+    kvt_hybrid_plane_config_t pc = {.size = sizeof(pc), .write = write_piece, .arg = d};
     for (uint32_t g = 0; g < d->ngroups; g++) {
         if (d->g[g].xf == NULL) continue;
-        copy_batch(d, g, L1, L2, mv, n, ok);
-        copy_batch(d, g, L2, L1, mv, n, ok);
+        pc.groups[g] = (kvt_hybrid_plane_group_t){d->g[g].xf, d->g[g].tier[L1], d->g[g].tier[L2], L1, L2,
+                                                  put ? put[g] : NULL, get ? get[g] : NULL};
     }
+    int rc = kvt_hybrid_plane_create(&d->plane, c, &pc);
+    if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --data: cannot create the pieces' data plane: %s\n", kvt_strerror(rc));
+    return rc == KVT_OK ? 0 : -1;
 }
+
+kvt_hybrid_plane_t *pieces_data_plane(pieces_data_t *d) { return d->plane; }
 
 void pieces_data_verify(pieces_data_t *d, const kvt_hybrid_t *c, const kvt_hybrid_req_t *req, const kvt_hash128_t *hash) {
     uint64_t n = req->hit_pages;
@@ -172,28 +134,38 @@ void pieces_data_verify(pieces_data_t *d, const kvt_hybrid_t *c, const kvt_hybri
             rc = kvt_hybrid_slots(c, req, g, d->slots, d->slots_cap, &k);
         }
         if (rc != KVT_OK) continue; /* a piece that did not reach L1: the hit is recomputed */
-        for (size_t i = 0; i < k; i++, d->r.verified++) {
+        for (size_t i = 0; i < k; i++, d->verified++) {
             const kvt_hash128_t *h = &hash[first + i];
             if (kvt_tier_pattern_check(d->g[g].tier[L1], d->slots[i], seed_lo(h->lo, g), h->hi, d->buf)) continue;
-            if (d->r.mismatches++ < 5)
+            if (d->mismatches++ < 5)
                 fprintf(stderr, "kvtier replay: --verify: group %u's %s (L1 slot %" PRIu64 ") differs from its content\n",
                         g, gr->kind == KVT_GROUP_STATE ? "checkpoint" : "window page", d->slots[i]);
         }
     }
 }
 
-void pieces_data_result(pieces_data_t *d, pieces_data_result_t *r) { *r = d->r; }
+void pieces_data_result(pieces_data_t *d, pieces_data_result_t *r) {
+    r->verified = d->verified;
+    r->mismatches = d->mismatches;
+    r->plane.size = sizeof(r->plane);
+    kvt_hybrid_plane_stats(d->plane, &r->plane);
+}
+
+void pieces_data_detach(pieces_data_t *d) {
+    if (d == NULL) return;
+    kvt_hybrid_plane_destroy(d->plane);
+    d->plane = NULL;
+}
 
 void pieces_data_close(pieces_data_t *d) {
     if (d == NULL) return;
+    pieces_data_detach(d);
     for (uint32_t g = 0; g < KVT_MODEL_MAX_GROUPS; g++) {
         kvt_xfer_destroy(d->g[g].xf);
         kvt_tier_destroy(d->g[g].tier[L1]);
         kvt_tier_destroy(d->g[g].tier[L2]);
     }
     free(d->buf);
-    free(d->copies);
-    free(d->at);
     free(d->slots);
     free(d);
 }

@@ -110,6 +110,7 @@ static const struct {
     F(kvt_hybrid_req_t, 120),
     F(kvt_hybrid_group_bytes_t, 48),
     F(kvt_hybrid_move_t, 48),
+    F(kvt_hybrid_plane_group_t, 48),
     F(kvt_pd_rank_stats_t, 18056),
     F(kvt_pd_event_t, 48),
     F(kvt_page_t, 12),
