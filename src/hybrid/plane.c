@@ -229,6 +229,10 @@ static int take(kvt_hybrid_plane_t *p, int *did) {
         take_t *t;
         if (reserve(p) != KVT_OK || (t = take_new(k)) == NULL) return KVT_ENOMEM;
         t->n = kvt_hybrid_take_moves(p->h, t->mv, k);
+        if (t->n == 0) { /* kvt_hybrid_moves counted none ready after all */
+            take_free(t);
+            break;
+        }
         qsort(t->mv, t->n, sizeof(*t->mv), by_batch);
         uint32_t ids[G * K_COUNT], nids = 0;
         for (size_t at = 0, end; at < t->n; at = end) {
@@ -240,7 +244,6 @@ static int take(kvt_hybrid_plane_t *p, int *did) {
         }
         t->open = nids;
         for (uint32_t i = 0; i < nids; i++) start(p, ids[i]);
-        if (nids == 0) take_free(t);
         *did = 1;
     }
     return KVT_OK;

@@ -46,6 +46,11 @@ Test(replay_hybrid_data, the_bytes_follow_the_moves_through_l1_and_l2, .timeout 
         cr_assert_gt(data_of(h, "pieces", "bytes_down"), 0);
         cr_assert_eq(data_of(h, "pieces", "copy_failures"), 0);
 
+        if (kvt_sanitized_run()) { /* the comparisons are figures: the plain run holds them */
+            cJSON_Delete(o);
+            run_free(&r);
+            continue;
+        }
         /* the copies' timing steers nothing: three workers per engine decide as one does */
         run_result_t t = run_argv((const char *const[]){NULL, "replay", WORKLOAD, "--write-policy", POLICIES[p], "--data",
                                                         "--threads", "3", NULL});
