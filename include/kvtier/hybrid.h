@@ -305,6 +305,11 @@ KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req,
  * probe: no L3 for the pieces. */
 typedef int (*kvt_hybrid_probe_fn)(void *arg, uint32_t group, const kvt_key128_t *keys, size_t n, uint8_t *present);
 KVT_API int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg);
+/* A probe over kvtier stores (store.h), one per group: arg is a
+ * kvt_store_t *[KVT_MODEL_MAX_GROUPS], asked with exists on the caller's
+ * thread (kvt_store_run), the keys as page hashes; nonzero when the store
+ * fails the call. */
+KVT_API int kvt_hybrid_store_probe(void *stores, uint32_t group, const kvt_key128_t *keys, size_t n, uint8_t *present);
 
 /* kvt_hybrid_admit, finishing the full groups' prefetch id first
  * (kvt_cache_prefetch on kvt_hybrid_cache; 0: none): their L3 pages count

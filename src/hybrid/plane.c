@@ -50,6 +50,7 @@ struct kvt_hybrid_plane {
     uint64_t bytes[G]; /* a piece of group g */
     uint32_t ngroups;
     bool store;
+    kvt_store_t *put[G]; /* the probe's stores */
     batch_t *b;
     uint32_t nb, cap;
     size_t flight;            /* moves in batches started and not landed */
@@ -92,15 +93,15 @@ static int by_batch(const void *a, const void *b) {
 
 static kvt_hash128_t hash_of(kvt_key128_t k) { return (kvt_hash128_t){k.lo, k.hi}; }
 
-/* kvt_hybrid_probe_fn: which of the pieces the store holds. */
-static int probe(void *arg, uint32_t g, const kvt_key128_t *keys, size_t n, uint8_t *present) {
-    kvt_hybrid_plane_t *p = arg;
+int kvt_hybrid_store_probe(void *stores, uint32_t g, const kvt_key128_t *keys, size_t n, uint8_t *present) {
+    kvt_store_t *const *s = stores;
+    if (s == NULL || g >= G || s[g] == NULL || (n && (keys == NULL || present == NULL))) return -1;
     kvt_store_page_t pg[PROBE_BATCH];
     uint8_t res[PROBE_BATCH];
     for (size_t at = 0; at < n; at += PROBE_BATCH) {
         size_t k = n - at < PROBE_BATCH ? n - at : PROBE_BATCH;
         for (size_t i = 0; i < k; i++) pg[i] = (kvt_store_page_t){hash_of(keys[at + i]), 0};
-        int rc = kvt_store_run(p->cfg.groups[g].put, KVT_STORE_EXISTS, pg, k, res, NULL);
+        int rc = kvt_store_run(s[g], KVT_STORE_EXISTS, pg, k, res, NULL);
         if (rc != KVT_OK && rc != KVT_EIO) return -1;
         for (size_t i = 0; i < k; i++) present[at + i] = res[i] == KVT_STORE_OK;
     }
@@ -138,7 +139,8 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
     p->ngroups = hc->ngroups;
     p->store = store;
     for (uint32_t g = 0; g < hc->ngroups; g++) p->bytes[g] = kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens);
-    int rc = store ? kvt_hybrid_set_l3(h, probe, p) : KVT_OK;
+    for (uint32_t g = 0; g < hc->ngroups; g++) p->put[g] = c.groups[g].put;
+    int rc = store ? kvt_hybrid_set_l3(h, kvt_hybrid_store_probe, p->put) : KVT_OK;
     if (rc != KVT_OK) {
         kvt__free(p, sizeof(*p));
         return rc;

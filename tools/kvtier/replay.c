@@ -277,12 +277,8 @@ static void xfer_json(cJSON *x, const char *name, const kvt_xfer_stats_t *st) {
 
 static void data_json(cJSON *x, const result_t *r, const opts_t *o) {
     cJSON *d = cJSON_AddObjectToObject(x, "data");
-    cJSON_AddNumberToObject(d, "page_bytes", (double)r->data.page_bytes);
+    replay_data_json(d, &r->data);
     cJSON_AddStringToObject(d, "layout", LAYOUTS[o->layout]);
-    cJSON_AddNumberToObject(d, "filled_pages", (double)r->data.filled_pages);
-    cJSON_AddNumberToObject(d, "verified_hits", (double)r->data.verified_hits);
-    cJSON_AddNumberToObject(d, "verified_loads", (double)r->data.verified_loads);
-    cJSON_AddNumberToObject(d, "mismatches", (double)r->data.mismatches);
     cJSON_AddNumberToObject(d, "failed_copies", (double)r->cs.failed_copies);
     cJSON_AddNumberToObject(d, "integrity_failures", (double)r->cs.integrity_failures);
     xfer_json(d, "d2h", &r->data.d2h);

@@ -102,6 +102,14 @@ void replay_data_result(replay_data_t *d, kvt_cache_t *c, data_result_t *r) {
     kvt_xfer_stats(d->xf, L2, L1, &r->h2d);
 }
 
+void replay_data_json(cJSON *d, const data_result_t *r) {
+    cJSON_AddNumberToObject(d, "page_bytes", (double)r->page_bytes);
+    cJSON_AddNumberToObject(d, "filled_pages", (double)r->filled_pages);
+    cJSON_AddNumberToObject(d, "verified_hits", (double)r->verified_hits);
+    cJSON_AddNumberToObject(d, "verified_loads", (double)r->verified_loads);
+    cJSON_AddNumberToObject(d, "mismatches", (double)r->mismatches);
+}
+
 void replay_data_emit(replay_data_t *d, kvt_emitter_t *e) {
     kvt_emit_begin(e, "xfer");
     kvt_xfer_emit(d->xf, e);

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "kvtier/cache.h"
 #include "kvtier/stats.h"
 #include "kvtier/tier.h"
@@ -43,6 +45,9 @@ void replay_data_request(replay_data_t *d, const int32_t *tokens, const kvt_cach
 /* Waits for the copies in flight, then reads the figures. */
 void replay_data_result(replay_data_t *d, kvt_cache_t *c, data_result_t *r);
 void replay_data_emit(replay_data_t *d, kvt_emitter_t *e);
+/* r's pages into the JSON object d: page_bytes, filled_pages, verified_hits,
+ * verified_loads, mismatches. */
+void replay_data_json(cJSON *d, const data_result_t *r);
 /* The L2 tier (the L3 store reads and writes its pages). */
 kvt_tier_t *replay_data_l2(replay_data_t *d);
 /* Call after the cache is destroyed. */

@@ -62,21 +62,6 @@ typedef struct {
 
 static kvt_hash128_t hash_of(kvt_key128_t k) { return (kvt_hash128_t){k.lo, k.hi}; }
 
-/* kvt_hybrid_probe_fn: which of the pieces the store holds. */
-static int pieces_probe(void *arg, uint32_t g, const kvt_key128_t *keys, size_t n, uint8_t *present) {
-    pieces_t *p = arg;
-    kvt_store_page_t pg[PIECE_BATCH];
-    uint8_t res[PIECE_BATCH];
-    for (size_t at = 0; at < n; at += PIECE_BATCH) {
-        size_t k = n - at < PIECE_BATCH ? n - at : PIECE_BATCH;
-        for (size_t i = 0; i < k; i++) pg[i] = (kvt_store_page_t){hash_of(keys[at + i]), 0};
-        int rc = kvt_store_run(p->s[g], KVT_STORE_EXISTS, pg, k, res, NULL);
-        if (rc != KVT_OK && rc != KVT_EIO) return -1;
-        for (size_t i = 0; i < k; i++) present[at + i] = res[i] == KVT_STORE_OK;
-    }
-    return 0;
-}
-
 /* Runs the puts into and gets from the store among mv[0..n), in order, a
  * run of the same group and direction in one call; ok[i] whether each
  * landed (a move between the cache's own tiers moves no bytes here). */
@@ -331,7 +316,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
                              model, &out->full_store);
         if (orc == 0 && full_store) {
             orc = pieces_open(&pieces, l3, h, a->every, a->branches, (uint32_t)P);
-            if (orc == 0 && !pieces.data && kvt_hybrid_set_l3(c, pieces_probe, &pieces) != KVT_OK) orc = -1;
+            if (orc == 0 && !pieces.data && kvt_hybrid_set_l3(c, kvt_hybrid_store_probe, pieces.s) != KVT_OK) orc = -1;
         } else if (orc == 0 && !(h->copy_lag > 0 || o->data)) { /* a store down from the start: L1 and L2 serve, as
                                                                   * with no store (no moves) */
             kvt_hybrid_destroy(c);
@@ -519,13 +504,7 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts
     }
     if (o->data) {
         cJSON *d = cJSON_AddObjectToObject(x, "data");
-        const data_result_t *f = &r->full_data;
-        cJSON *fp = cJSON_AddObjectToObject(d, "full_pages");
-        cJSON_AddNumberToObject(fp, "page_bytes", (double)f->page_bytes);
-        cJSON_AddNumberToObject(fp, "filled", (double)f->filled_pages);
-        cJSON_AddNumberToObject(fp, "verified_hits", (double)f->verified_hits);
-        cJSON_AddNumberToObject(fp, "verified_loads", (double)f->verified_loads);
-        cJSON_AddNumberToObject(fp, "mismatches", (double)f->mismatches);
+        replay_data_json(cJSON_AddObjectToObject(d, "full_pages"), &r->full_data);
         const pieces_data_result_t *p = &r->piece_data;
         cJSON *pp = cJSON_AddObjectToObject(d, "pieces");
         cJSON_AddNumberToObject(pp, "verified", (double)p->verified);

@@ -21,6 +21,7 @@
 #include "kvtier/radix.h"
 #include "kvtier/rng.h"
 #include "kvtier/testing.h"
+#include "unit/hybrid/requests.h"
 
 #define P 4
 #define NG 4
@@ -113,22 +114,6 @@ static void rig_close(rig_t *r) {
     }
 }
 
-/* Requests over a few shared roots: a root's prefix cut anywhere, then a
- * tail of its own; some extend the previous request (a next turn). */
-static uint64_t next_request(kvt_rng_t *r, int32_t *tok, const int32_t *prev, uint64_t nprev) {
-    uint64_t n = 0;
-    if (nprev && nprev < 200 && kvt_rng_below(r, 3) == 0) {
-        memcpy(tok, prev, nprev * sizeof(*tok));
-        n = nprev;
-    } else {
-        uint64_t root = kvt_rng_below(r, 4), cut = kvt_rng_below(r, 12 * P);
-        for (; n < cut; n++) tok[n] = (int32_t)(root * 100000 + n);
-    }
-    uint64_t tail = 1 + kvt_rng_below(r, 6 * P);
-    for (uint64_t i = 0; i < tail; i++) tok[n++] = (int32_t)(1000000 + kvt_rng_below(r, 1 << 20));
-    return n;
-}
-
 /* The first page of window group g's window before n pages (hybrid.h). */
 static uint64_t first_needed(const kvt_layer_group_t *g, uint64_t n) {
     uint64_t nP = n * P;
@@ -178,7 +163,8 @@ static void workload(rig_t *r, uint64_t seed, int steps, int corrupt, tally_t *t
         snprintf(ctx, sizeof(ctx), "seed %" PRIu64 " step %d", seed, step);
         live_t *x = &q[kvt_rng_below(&rng, 2)];
         if (!x->live) {
-            x->nt = next_request(&rng, x->tok, prev, nprev);
+            do x->nt = next_request(&rng, x->tok, prev, nprev, P); /* a next turn past the buffer: another request */
+            while (x->nt > 512 - 6 * P);
             kvt_page_hash_chain(0, x->tok, x->nt / P, P, x->hash);
             cr_assert_eq(kvt_hybrid_admit(r->h, 0, x->tok, x->nt, 0, NULL, &x->req), KVT_OK, "%s", ctx);
             x->live = 1;
