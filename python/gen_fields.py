@@ -24,6 +24,7 @@ LISTS = [
     ("pd.h", "KVT_PD_STATS_FIELDS", "PD_STATS"),
     ("keyed.h", "KVT_KEYED_STATS_FIELDS", "KEYED_STATS"),
     ("hybrid.h", "KVT_HYBRID_STATS_FIELDS", "HYBRID_STATS"),
+    ("hybrid.h", "KVT_HYBRID_PLANE_STATS_FIELDS", "HYBRID_PLANE_STATS"),
 ]
 
 

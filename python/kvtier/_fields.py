@@ -203,3 +203,20 @@ HYBRID_STATS = (
     ('round_evictions', 'COUNTER', 'pieces evicted by free-room rounds, at release'),
     ('admit_evictions', 'COUNTER', "pieces L1 evicted for an admission's loads (write_back: copies the hit waits for)"),
 )
+
+# KVT_HYBRID_PLANE_STATS_FIELDS (hybrid.h): (field, kind, help)
+HYBRID_PLANE_STATS = (
+    ('written', 'COUNTER', 'pieces the engine wrote into L1 (moves from a request)'),
+    ('write_failures', 'COUNTER', 'pieces the engine could not write'),
+    ('copied_down', 'COUNTER', 'pieces copied L1 -> L2'),
+    ('copied_up', 'COUNTER', 'pieces copied L2 -> L1'),
+    ('copy_failures', 'COUNTER', 'pieces whose copy between L1 and L2 failed'),
+    ('corrupt_batches', 'COUNTER', 'batches refused because a piece read from L2 failed its checksum'),
+    ('bytes_down', 'COUNTER', 'bytes copied L1 -> L2'),
+    ('bytes_up', 'COUNTER', 'bytes copied L2 -> L1'),
+    ('put', 'COUNTER', 'pieces put to the store'),
+    ('put_failures', 'COUNTER', 'puts the store failed'),
+    ('got', 'COUNTER', 'pieces got from the store into L1'),
+    ('get_misses', 'COUNTER', 'gets the store did not serve (gone, refused by its checks, failed)'),
+    ('batches', 'COUNTER', "batches started (copies, store calls, the engine's writes)"),
+)

@@ -326,6 +326,22 @@ class HybridMove(Structure):
 
 # kvt_hybrid_probe_fn: which of n keys of a group the engine's store holds (present[i]); nonzero: none
 HYBRID_PROBE = CFUNCTYPE(c_int, c_void_p, c_uint32, POINTER(Key128), c_size_t, POINTER(c_uint8))
+# kvt_hybrid_write_fn: the engine writes the piece a move from a request names into its L1 slot; nonzero: failed
+HYBRID_WRITE = CFUNCTYPE(c_int, c_void_p, POINTER(HybridMove))
+
+
+class HybridPlaneGroup(Structure):
+    _fields_ = [("xfer", c_void_p), ("l1", c_void_p), ("l2", c_void_p), ("l1_index", c_uint), ("l2_index", c_uint),
+                ("put", c_void_p), ("get", c_void_p)]
+
+
+class HybridPlaneConfig(Structure):
+    _fields_ = [("size", c_uint32), ("groups", HybridPlaneGroup * KVT_MODEL_MAX_GROUPS), ("write", HYBRID_WRITE),
+                ("arg", c_void_p)]
+
+
+class HybridPlaneStats(Structure):
+    _fields_ = [("size", c_uint32)] + _u64_fields(_fields.HYBRID_PLANE_STATS)
 
 # Every structure the layout test checks against the C compiler: Python class -> C type.
 STRUCTS = {
@@ -342,6 +358,8 @@ STRUCTS = {
     KeyedConfig: "kvt_keyed_config_t", KeyedEvent: "kvt_keyed_event_t", KeyedStats: "kvt_keyed_stats_t",
     LayerGroup: "kvt_layer_group_t", HybridConfig: "kvt_hybrid_config_t", HybridReq: "kvt_hybrid_req_t",
     HybridStats: "kvt_hybrid_stats_t", HybridGroupBytes: "kvt_hybrid_group_bytes_t", HybridMove: "kvt_hybrid_move_t",
+    HybridPlaneGroup: "kvt_hybrid_plane_group_t", HybridPlaneConfig: "kvt_hybrid_plane_config_t",
+    HybridPlaneStats: "kvt_hybrid_plane_stats_t",
     TraceReq: "kvt_trace_req_t", Trace: "kvt_trace_t",
 }
 
@@ -511,6 +529,15 @@ _PROTOS = {
     "kvt_hybrid_ready": (c_int, [vp, P(HybridReq)]),
     "kvt_hybrid_slots": (c_int, [vp, P(HybridReq), u32, P(u64), c_size_t, P(c_size_t)]),
     "kvt_hybrid_longest": (u64, [P(LayerGroup), u32, u32, u64, P(P(c_uint8))]),
+    "kvt_hybrid_piece_bytes": (u64, [P(LayerGroup), u32]),
+    "kvt_hybrid_store_probe": (c_int, [vp, u32, P(Key128), c_size_t, P(c_uint8)]),
+    "kvt_hybrid_plane_create": (c_int, [P(vp), vp, P(HybridPlaneConfig)]),
+    "kvt_hybrid_plane_destroy": (None, [vp]),
+    "kvt_hybrid_plane_poll": (c_int, [vp, u64]),
+    "kvt_hybrid_plane_wait": (c_int, [vp, P(HybridReq)]),
+    "kvt_hybrid_plane_sync": (c_int, [vp]),
+    "kvt_hybrid_plane_in_flight": (c_size_t, [vp]),
+    "kvt_hybrid_plane_stats": (c_int, [vp, P(HybridPlaneStats)]),
     # traces
     "kvt_trace_load": (c_int, [c_char_p, P(Trace), c_char_p, c_size_t]),
     "kvt_trace_free": (None, [P(Trace)]),

@@ -30,20 +30,23 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, IOFailure, OutOfRange, TryAgain, check, error, page_hashes, tokens_arg
-from ._lib import HYBRID_PROBE, KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, HybridReq, \
-    HybridStats, Key128, lib
+from ._core import ClosedError, Handle, IOFailure, OutOfRange, TryAgain, check, error, page_hashes, tokens_arg, \
+    using
+from ._lib import HYBRID_PROBE, HYBRID_WRITE, KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, \
+    HybridPlaneConfig, HybridPlaneGroup, HybridPlaneStats, HybridReq, HybridStats, Key128, lib
 from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
 from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, \
     attach_data_plane, attach_store
 
-__all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS", "SHORT_BY",
+__all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS",
+           "HYBRID_PLANE_STATS", "SHORT_BY", "piece_bytes",
            "STATE_SHARE", "WINDOW_WEIGHT", "WINDOW_WEIGHT_OVER_L3", "L3_WINDOW_WEIGHT", "ENGINE", "layer_groups", "hybrid_longest"]
 
 KINDS = tuple(lib.kvt_group_kind_name(i).decode() for i in range(3))  # full, window, state
 SHORT_BY = ("none", "window", "state", "room")  # kvt_hybrid_req_t.short_by by number
 HYBRID_STATS = tuple(f for f, _, _ in _fields.HYBRID_STATS)
+HYBRID_PLANE_STATS = tuple(f for f, _, _ in _fields.HYBRID_PLANE_STATS)
 # Cache options a Hybrid takes beside its own: page_tokens is its own argument
 _OPTIONS = tuple(f for f in _CACHE_FIELDS if f != "page_tokens")
 # kvt_hybrid_config_default's split (hybrid.h): the state groups a quarter, a window group's bytes weighed an eighth
@@ -172,6 +175,34 @@ class HybridPrefetch(Prefetch):
             if not self.done:
                 check(lib.kvt_cache_prefetch_cancel(lib.kvt_hybrid_cache(h), self.id), "HybridPrefetch.cancel")
                 self.done = True
+
+
+def piece_bytes(group: Any, page_tokens: int) -> int:
+    """Bytes of one piece of a layer group (kvt_hybrid_piece_bytes): a
+    window page (its bytes per token x page_tokens) or a checkpoint; 0 for a
+    full group. What a tier of :meth:`Hybrid.attach_pieces` holds a page."""
+    g = _group(group, 0)
+    return lib.kvt_hybrid_piece_bytes(ctypes.byref(g), _a.u32(page_tokens, "piece_bytes page_tokens", 1))
+
+
+def _write_callback(hybrid: "Hybrid", write: Any) -> Any:
+    """write(move) for the data plane, as the C write: a return is success;
+    nothing raised gets into C: an exception is a write that failed
+    (nonzero: the piece absent from L1, a miss), kept on the Hybrid."""
+    ref = weakref.ref(hybrid)
+
+    def call(_arg: Any, m: Any) -> int:
+        try:
+            x = m[0]
+            write(HybridMove(x.group, x.src_tier, x.dst_tier, x.src_slot, x.dst_slot, (x.key.hi, x.key.lo)))
+            return 0
+        except BaseException as e:  # noqa: B036 - an exception must not unwind through C
+            h = ref()
+            if h is not None:
+                h.last_write_error = e
+            return -1
+
+    return HYBRID_WRITE(call)
 
 
 def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
@@ -359,8 +390,14 @@ class Hybrid(Handle):
         self._probe: Any = None  # the C callback of set_l3, alive while the cache may call it
         self.probe_errors = 0  # probe calls that raised (each answered "none held")
         self.last_probe_error: Optional[BaseException] = None
+        self._plane: Optional[int] = None  # kvt_hybrid_plane_t (attach_pieces)
+        self._plane_keep: Any = None  # its write callback and config, alive while the plane may call them
+        self.last_write_error: Optional[BaseException] = None
 
     def _destroy(self, h: int) -> None:
+        if self._plane is not None:  # the copies in flight land and are reported to the cache first
+            lib.kvt_hybrid_plane_destroy(self._plane)
+            self._plane = None
         for r in list(self._live.values()):  # pinned pieces and the full request go back with the request
             addr, n, _ = tokens_arg(r._tokens)
             lib.kvt_hybrid_release(h, r._ns, addr, n, ctypes.byref(r._req))
@@ -445,9 +482,132 @@ class Hybrid(Handle):
     @property
     def has_l3(self) -> bool:
         """An L3 behind L2: the modeled one (l3_bytes), or a store for the
-        full groups (attach_store) or the pieces (set_l3)."""
+        full groups (attach_store) or the pieces (set_l3, attach_pieces)."""
         return self._probe is not None or self._store is not None or self._cfg.cache.l3_pages > 0 or \
-            any(self._cfg.l3_slots[:self._cfg.ngroups])
+            any(self._cfg.l3_slots[:self._cfg.ngroups]) or (self._plane_keep is not None and self._plane_keep[2])
+
+    # -- kvtier's data plane for the pieces ------------------------------------
+
+    def attach_pieces(self, tiers: Mapping[int, Tuple[Any, Any, Any]], write: Any,
+                      stores: Optional[Mapping[int, Tuple[Any, Any]]] = None) -> None:
+        """kvtier moves the window and state pieces from now on
+        (kvt_hybrid_plane, hybrid.h): ``tiers[g] = (xfer, l1, l2)`` for each
+        window or state group g, two Tiers of a piece a page
+        (:func:`piece_bytes`; at least the group's slots) on a Transfer that
+        is this cache's alone; ``stores[g] = (put, get)``, optionally for
+        every such group, the pieces' L3: two Stores on one URL under the
+        group's own model identity, ``put``'s tier l2, ``get``'s tier l1.
+        ``write(move)`` writes what a request computed (a HybridMove from
+        ENGINE: window page ``src_slot`` of the request, or the state after
+        ``src_slot`` pages) into L1 slot ``dst_slot`` of group ``move.group``
+        and returns; an exception is a failed write (the piece a miss), kept
+        in ``last_write_error``. It is called inside the calls below, on
+        their thread, and must not call this Hybrid. Then
+        :meth:`pieces_wait` before reading a hit's pieces at :meth:`slots`,
+        and :meth:`pieces_poll` or :meth:`pieces_sync` after a release; no
+        :meth:`take_moves`. Needs ``moves=True, async_moves=True``, no
+        modeled L3 for the pieces and no request admitted: InvalidArgument
+        otherwise (nothing changed)."""
+        from .store import Store
+        from .tier import Tier
+        from .xfer import Transfer
+        if not callable(write):
+            raise TypeError(f"Hybrid.attach_pieces write: expected a callable write(move), not {type(write).__name__}")
+        if not isinstance(tiers, Mapping) or (stores is not None and not isinstance(stores, Mapping)):
+            raise TypeError("Hybrid.attach_pieces: tiers (and stores) map a group to its (xfer, l1, l2) "
+                            "(and (put, get))")
+        n = self._cfg.ngroups
+        deps: list = []
+        plan: Dict[int, Tuple[Any, Any, Any, int, int, Any, Any]] = {}
+        for g, t in tiers.items():
+            g = _a.index(g, "Hybrid.attach_pieces group", n, "groups:")
+            t = _a.sequence(t, f"Hybrid.attach_pieces tiers[{g}]")
+            if len(t) != 3:
+                raise TypeError(f"Hybrid.attach_pieces tiers[{g}]: expected (xfer, l1, l2), not {len(t)} items")
+            xfer, l1, l2 = t
+            _a.instance(xfer, Transfer, f"Hybrid.attach_pieces tiers[{g}] xfer")
+            _a.instance(l1, Tier, f"Hybrid.attach_pieces tiers[{g}] l1")
+            _a.instance(l2, Tier, f"Hybrid.attach_pieces tiers[{g}] l2")
+            put = get = None
+            if stores is not None and g in stores:
+                s = _a.sequence(stores[g], f"Hybrid.attach_pieces stores[{g}]")
+                if len(s) != 2:
+                    raise TypeError(f"Hybrid.attach_pieces stores[{g}]: expected (put, get), not {len(s)} items")
+                put, get = s
+                _a.instance(put, Store, f"Hybrid.attach_pieces stores[{g}] put")
+                _a.instance(get, Store, f"Hybrid.attach_pieces stores[{g}] get")
+            plan[g] = (xfer, l1, l2, xfer.index(l1), xfer.index(l2), put, get)
+            deps += [d for d in (xfer, l1, l2, put, get) if d is not None and all(d is not e for e in deps)]
+        if stores is not None:
+            for g in stores:
+                if g not in plan:
+                    raise ValueError(f"Hybrid.attach_pieces: stores[{g!r}] without tiers[{g!r}]")
+        cfg = HybridPlaneConfig(size=ctypes.sizeof(HybridPlaneConfig))
+        fn = _write_callback(self, write)
+        cfg.write = fn
+        plane = ctypes.c_void_p()
+        with self._use as h, using(*deps) as ptrs:
+            at = {id(d): p for d, p in zip(deps, ptrs)}
+            for g, (xfer, l1, l2, i1, i2, put, get) in plan.items():
+                cfg.groups[g] = HybridPlaneGroup(at[id(xfer)], at[id(l1)], at[id(l2)], i1, i2,
+                                                 at[id(put)] if put is not None else None,
+                                                 at[id(get)] if get is not None else None)
+            if self._plane is not None:
+                raise error(-1, "Hybrid.attach_pieces", "the pieces have a data plane already")
+            check(lib.kvt_hybrid_plane_create(ctypes.byref(plane), h, ctypes.byref(cfg)), "Hybrid.attach_pieces",
+                  "needs moves=True and async_moves=True, no modeled L3 for the pieces, no request admitted, every "
+                  "window and state group's tiers (a piece a page, at least its slots), and stores for every such "
+                  "group or none (put over l2, get over l1)")
+            self._plane = plane.value
+            self._plane_keep = (fn, cfg, bool(stores))
+            self._own(h, deps)
+            self._tiers += [t for t in deps if isinstance(t, Tier) and t._probes]
+
+    def _plane_of(self, what: str) -> int:
+        if self._plane is None:
+            raise error(-1, what, "no data plane for the pieces (attach_pieces)")
+        return self._plane
+
+    def pieces_poll(self, timeout: float = 0.0) -> None:
+        """Starts the pieces' moves the cache hands out and reports those
+        that completed, waiting up to ``timeout`` seconds for one while
+        some is in flight (kvt_hybrid_plane_poll)."""
+        t = _a.number(timeout, "Hybrid.pieces_poll timeout", 0, 3600)
+        self._check_memory()
+        with self._use as h:
+            check(lib.kvt_hybrid_plane_poll(self._plane_of("Hybrid.pieces_poll"), int(t * 1e9)), "Hybrid.pieces_poll")
+
+    def pieces_wait(self, req: HybridRequest) -> bool:
+        """Runs the pieces' moves until req's pieces are in L1: True, or
+        False when one of them failed (recompute what the others cannot
+        continue: hybrid_longest). InvalidArgument for a request not live here."""
+        _a.instance(req, HybridRequest, "Hybrid.pieces_wait req")
+        self._check_memory()
+        with self._use as h:
+            if req._hybrid is not self or self._live.get(id(req)) is not req:
+                raise error(-1, "Hybrid.pieces_wait", "the request is not live here (another cache's, or released)")
+            rc = lib.kvt_hybrid_plane_wait(self._plane_of("Hybrid.pieces_wait"), ctypes.byref(req._req))
+        if rc == IOFailure.code:
+            return False
+        check(rc, "Hybrid.pieces_wait")
+        return True
+
+    def pieces_sync(self) -> None:
+        """Runs the pieces' moves until none is outstanding."""
+        self._check_memory()
+        with self._use as h:
+            check(lib.kvt_hybrid_plane_sync(self._plane_of("Hybrid.pieces_sync")), "Hybrid.pieces_sync")
+
+    def pieces_stats(self) -> Dict[str, int]:
+        """The data plane's counters (KVT_HYBRID_PLANE_STATS_FIELDS), and
+        ``in_flight``: moves started and not yet reported."""
+        st = HybridPlaneStats(size=ctypes.sizeof(HybridPlaneStats))
+        with self._use as h:
+            p = self._plane_of("Hybrid.pieces_stats")
+            check(lib.kvt_hybrid_plane_stats(p, ctypes.byref(st)), "Hybrid.pieces_stats")
+            out = {k: getattr(st, k) for k in HYBRID_PLANE_STATS}
+            out["in_flight"] = lib.kvt_hybrid_plane_in_flight(p)
+        return out
 
     def prefetch(self, tokens: Any, ns: int = 0) -> HybridPrefetch:
         """Starts the full groups' L3 prefetch of a request that just arrived

@@ -999,3 +999,176 @@ def test_bad_arguments_are_refused():
             call()
     assert repr(h) == "<kvtier.Hybrid closed>"
     other.close()
+
+
+# ---- kvtier's data plane for the pieces (attach_pieces) ------------------------------
+
+
+def piece_content(g, key, size):
+    """What a piece of group g holds: a function of its key (hi, lo) and group alone."""
+    import hashlib
+    d = hashlib.blake2b(f"{g}:{key[0]}:{key[1]}".encode(), digest_size=64).digest()
+    return (d * (size // 64 + 1))[:size]
+
+
+class Plane:
+    """A Hybrid with kvtier's data plane: per window or state group an arena
+    L1 and a checksummed host L2 of a piece a page on a Transfer of its own,
+    optionally a dir store; the write callback writes each piece's content."""
+
+    def __init__(self, h, slots, store=None, fail_every=0):
+        self.h, self.tiers, self.stores, self.written, self.refused = h, {}, {}, 0, 0
+        self.fail_every = fail_every
+        for g, gr in enumerate(h.groups):
+            if gr.kind == "full":
+                continue
+            size = kvtier.hybrid.piece_bytes(gr, P)
+            l1, l2 = kvtier.Tier.arena(slots[0][g], 1, size), kvtier.Tier.host(slots[1][g], 1, size, checksum=True)
+            self.tiers[g] = (kvtier.Transfer([l1, l2], threads=2), l1, l2)
+            if store:
+                ident = dict(model=f"plane-test/group-{g}", page_tokens=P)
+                self.stores[g] = (kvtier.Store(store, tier=l2, **ident), kvtier.Store(store, tier=l1, **ident))
+        h.attach_pieces(self.tiers, self.write, self.stores or None)
+
+    def write(self, mv):
+        assert mv.src_tier == kvtier.hybrid.ENGINE and mv.dst_tier == 1
+        self.written += 1
+        if self.fail_every and self.written % self.fail_every == 0:
+            self.refused += 1
+            raise RuntimeError("the engine could not write this piece")
+        l1 = self.tiers[mv.group][1]
+        l1.write_page(mv.dst_slot, piece_content(mv.group, mv.key, l1.page_bytes))
+
+    def check_hit(self, req, tokens, what):
+        """Every piece of req's hit holds its own content in its L1 slot."""
+        hashes = kvtier.page_hashes(tokens, P)
+        n = req.hit_pages
+        for g, gr in enumerate(self.h.groups[1:], 1):
+            want = ([n - 1] if n else []) if gr.kind == "state" else list(needed_pages(gr.window, n))
+            got = self.h.slots(req, g)
+            assert len(got) == len(want), what
+            l1 = self.tiers[g][1]
+            for s, page in zip(got, want):
+                lo, hi = hashes[page]
+                assert l1.read_page(s) == piece_content(g, (hi, lo), l1.page_bytes), \
+                    f"{what}: group {g}'s piece for page {page} (L1 slot {s}) is not its own"
+        return n > 0
+
+    def close(self):
+        for put, get in self.stores.values():  # a store's tier outlives it
+            put.close(), get.close()
+        for xfer, l1, l2 in self.tiers.values():
+            for x in (xfer, l1, l2):
+                x.close()
+
+
+PLANE_SLOTS = ({1: 8, 2: 4}, {1: 16, 2: 8})
+
+
+def run_plane(h, plane, rng, count, seed):
+    hits = failed = 0
+    for i, t in enumerate(requests(rng, count)):
+        req = h.admit(t)
+        if h.pieces_wait(req):
+            hits += plane.check_hit(req, t, f"request {i} (seed {seed})")
+        else:
+            failed += 1
+        h.release(req, t)
+        h.pieces_poll()  # copies stay in flight into the next admission
+        if i % 50 == 0:
+            h.check()
+    h.pieces_sync()
+    h.check()
+    assert h.pieces_stats()["in_flight"] == 0
+    return hits, failed
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_the_data_plane_puts_every_piece_of_every_hit_in_its_l1_slot(policy):
+    """attach_pieces: kvtier runs the moves (copies between the tiers on
+    each group's Transfer), the engine only writes what requests computed;
+    every piece of every hit is its own, byte for byte, and pieces come back
+    from L2."""
+    seed = new_seed()
+    rng = random.Random(seed)
+    room = 1 << 14
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+                       l1_slots=PLANE_SLOTS[0], l2_slots=PLANE_SLOTS[1], write_policy=policy, moves=True,
+                       async_moves=True) as h:
+        plane = Plane(h, PLANE_SLOTS)
+        hits, failed = run_plane(h, plane, rng, 300, seed)
+        st = h.pieces_stats()
+        assert hits > 30 and failed == 0, (hits, failed, seed)
+        assert st["written"] == plane.written > 0
+        assert st["copied_up"] == h.stats()["pieces_loaded"] > 0, (st, seed)
+        assert st["copy_failures"] == st["write_failures"] == 0
+        with pytest.raises(kvtier.InvalidArgument, match="data plane already"):
+            h.attach_pieces(plane.tiers, plane.write)
+    plane.close()
+
+
+def test_a_write_that_fails_costs_the_hit_never_the_bytes():
+    """The engine's write raising (every fifth piece): the piece is a miss,
+    kept in last_write_error; a hit that needed it is told so (pieces_wait
+    False) and every hit served is right."""
+    seed = new_seed()
+    rng = random.Random(seed)
+    room = 1 << 14
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+                       l1_slots=PLANE_SLOTS[0], l2_slots=PLANE_SLOTS[1], moves=True, async_moves=True) as h:
+        plane = Plane(h, PLANE_SLOTS, fail_every=5)
+        hits, _ = run_plane(h, plane, rng, 300, seed)
+        st = h.pieces_stats()
+        assert st["write_failures"] == plane.refused > 0
+        assert isinstance(h.last_write_error, RuntimeError)
+        assert hits > 10, seed
+    plane.close()
+
+
+def test_two_caches_share_pieces_through_a_store(tmp_path):
+    """attach_pieces with stores: the second cache, cold, gets the first
+    one's pieces from the dir store straight into L1, each one its own."""
+    seed = new_seed()
+    room = 1 << 14
+    url = f"dir:{tmp_path}/l3"
+    got = []
+    for run in range(2):
+        with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+                           l1_slots=PLANE_SLOTS[0], l2_slots=PLANE_SLOTS[1], write_policy="write_through",
+                           l3_write_policy="write_through", moves=True, async_moves=True) as h:
+            plane = Plane(h, PLANE_SLOTS, store=url)
+            assert h.has_l3
+            run_plane(h, plane, random.Random(seed), 200, seed)
+            got.append(h.pieces_stats()["got"])
+        plane.close()
+    assert got[1] > got[0], (got, seed)
+
+
+def test_attach_pieces_refuses_what_it_cannot_run():
+    room = 1 << 14
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+              l1_slots=PLANE_SLOTS[0], l2_slots=PLANE_SLOTS[1], moves=True)
+    with kvtier.Hybrid(GROUPS, **kw) as h:  # moves in order: the engine runs them
+        with pytest.raises(kvtier.InvalidArgument, match="async_moves"):
+            Plane(h, PLANE_SLOTS)
+        with pytest.raises(kvtier.InvalidArgument, match="no data plane"):
+            h.pieces_sync()
+    with kvtier.Hybrid(GROUPS, async_moves=True, **kw) as h:
+        size = kvtier.hybrid.piece_bytes(h.groups[1], P)
+        l1, l2, small = kvtier.Tier.arena(8, 1, size), kvtier.Tier.host(16, 1, size), kvtier.Tier.host(2, 1, size)
+        x, xs = kvtier.Transfer([l1, l2]), kvtier.Transfer([l1, small])
+        with pytest.raises(TypeError, match="callable"):
+            h.attach_pieces({1: (x, l1, l2)}, None)
+        with pytest.raises(TypeError, match="map a group"):
+            h.attach_pieces([(x, l1, l2)], print)
+        with pytest.raises(TypeError, match=r"expected \(xfer, l1, l2\)"):
+            h.attach_pieces({1: (x, l1)}, print)
+        with pytest.raises(IndexError):
+            h.attach_pieces({7: (x, l1, l2)}, print)
+        with pytest.raises(kvtier.InvalidArgument):  # group 2 (state) has no tiers
+            h.attach_pieces({1: (x, l1, l2)}, print)
+        with pytest.raises(kvtier.InvalidArgument):  # an L2 smaller than the group's slots
+            h.attach_pieces({1: (xs, l1, small), 2: (x, l1, l2)}, print)
+        assert kvtier.hybrid.piece_bytes(h.groups[0], P) == 0
+        for t in (x, xs, l1, l2, small):
+            t.close()
