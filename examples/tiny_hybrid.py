@@ -57,6 +57,17 @@ for a slot (Hybrid.engine_waiting).
 
     .venv/bin/python examples/tiny_hybrid.py --async-moves --fail-copies 0.05
 
+kvtier's data plane (--plane, Hybrid.attach_pieces): kvtier moves the
+pieces itself, the engine only writes what a request computed into its L1
+slot. Each group's L1 slots are an engine tier over the engine's slot
+tensor, L2 a checksummed host tier, copied on a transfer engine per group;
+with --l3 the pieces' store is the plane's too (put from L2, got straight
+into the L1 tensor). No headers travel: the plane's checksums (L2's, the
+store's) are the guard, and the logits the proof.
+
+    .venv/bin/python examples/tiny_hybrid.py --plane
+    .venv/bin/python examples/tiny_hybrid.py --plane --l3 redis://127.0.0.1:6379 --turns first
+
 Plants that the logits check must catch: --plant checkpoint writes the
 state after n - 1 pages as the checkpoint at n; --plant window zeroes the
 L2 copy of a window page (bytes and header) just before a hit loads it back
@@ -226,7 +237,7 @@ class HybridEngine:
 
     def __init__(self, model, page_tokens=16, checkpoint_every=4, write_policy="write_back", window_slots=(6, 16, 40),
                  state_slots=(3, 8, 20), full_pages=4096, guard=True, trust_full=False, plant=None, l3=None,
-                 async_moves=False, fail_copies=0.0, seed=0):
+                 async_moves=False, fail_copies=0.0, seed=0, plane=False):
         self.m, self.P = model, page_tokens
         self.groups = model.groups()
         kinds = [g.kind for g in self.groups]
@@ -239,14 +250,20 @@ class HybridEngine:
         self.k = {l: torch.zeros(shape) for l in self.full}
         self.v = {l: torch.zeros(shape) for l in self.full}
         self.shared = l3 is not None
+        self.plane = plane
         # the tiers' bytes only make the tiers exist: the pages and slots are set outright
-        if self.shared:  # L3 is the store: the full pages' through the inner cache, the pieces' through ours
+        if plane and not self.shared:  # kvtier moves the pieces between L1 and L2 (no modeled L3: no bytes there)
+            self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                                       l1_pages=full_pages, l2_pages=full_pages, l1_slots=slots[0],
+                                       l2_slots=slots[1], checkpoint_every=checkpoint_every,
+                                       write_policy=write_policy, moves=True, async_moves=True)
+        elif self.shared:  # L3 is the store: the full pages' through the inner cache, the pieces' through ours
             self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
                                        l1_pages=full_pages, l2_pages=full_pages, l1_slots=slots[0],
                                        l2_slots=slots[1], checkpoint_every=checkpoint_every,
                                        write_policy=write_policy, l3_write_policy="write_through",
                                        prefetch_policy="wait_complete", prefetch_threshold=page_tokens, moves=True,
-                                       async_moves=async_moves)
+                                       async_moves=async_moves or plane)
         else:
             self.cache = kvtier.Hybrid(self.groups, page_tokens=page_tokens, l1_bytes=1 << 20, l2_bytes=1 << 20,
                                        l3_bytes=1 << 20, l1_pages=full_pages, l2_pages=full_pages,
@@ -256,11 +273,13 @@ class HybridEngine:
         self.every = checkpoint_every
         piece = {self.gw: (len(self.win), 2, page_tokens, model.h, model.dh),
                  self.gs: (len(self.st), *model.state_shape())}
-        tiers = 2 if self.shared else 3  # a shared L3 is the store, by key: no slots of ours
+        tiers = 2 if self.shared or plane else 3  # a shared L3 is the store, by key: no slots of ours
         self.pool = {g: [torch.zeros(slots[t][g], *piece[g]) for t in range(tiers)] for g in piece if g is not None}
         self.header = {g: [np.zeros((slots[t][g], 2), np.uint64) for t in range(tiers)] for g in self.pool}
         self.l1 = self.l2 = self.xfer = self.store = None
         self.piece_store, self.staging = {}, {}
+        self.plane_tiers, self.computing = {}, None  # --plane: (xfer, l1, l2) per group; the request's pieces
+        self.plane_failed = False
         # pieces to and from the shared store by group: put, loaded ("ok"), loaded and not served, loaded
         # that this process never put (another instance's)
         self.l3_puts = {g: 0 for g in self.pool}
@@ -269,12 +288,14 @@ class HybridEngine:
         self.l3_get_misses = {g: 0 for g in self.pool}
         self.l3_foreign = {g: 0 for g in self.pool}
         self.put_keys = {g: set() for g in self.pool}
-        if self.shared:
-            try:
+        try:
+            if self.shared:
                 self.share(l3, full_pages)
-            except BaseException:
-                self.close()
-                raise
+            elif plane:
+                self.attach_plane()
+        except BaseException:
+            self.close()
+            raise
         self.guard, self.trust_full, self.plant = guard, trust_full, plant
         self.planted = 0
         self.bad_copies = 0  # moves whose source slot did not hold the piece the move names
@@ -314,12 +335,39 @@ class HybridEngine:
         self.cache.attach(self.xfer, self.l1, self.l2)
         self.store = kvtier.Store(url, tier=self.l2, page_tokens=P, dtype_bytes=4, model=f"{self.identity()}/full")
         self.cache.attach_store(self.store)
+        if self.plane:
+            self.attach_plane(url)
+            return
         for g, pools in self.pool.items():
             nbytes = pools[0][0].numel() * 4 + 16  # the piece, then its header (the key, hi and lo)
             self.staging[g] = kvtier.Tier.host(1, 1, nbytes)
             self.piece_store[g] = kvtier.Store(url, tier=self.staging[g], page_tokens=P, dtype_bytes=4,
                                                model=f"{self.identity()}/{g}-{self.groups[g].kind}")
         self.cache.set_l3(self.probe)
+
+    def attach_plane(self, url=None):
+        """--plane: kvtier runs the pieces' moves (Hybrid.attach_pieces). L1:
+        an engine tier over the group's L1 slot tensor; L2: a checksummed host
+        tier; with ``url``, a store per group under its own identity, over L2
+        (puts) and over the L1 tensor (gets)."""
+        stores = {}
+        for g, pools in self.pool.items():
+            l1 = kvtier.Tier.from_tensors([pools[0]], dtype=torch.float32)
+            nbytes = pools[0][0].numel() * 4
+            l2 = kvtier.Tier.host(pools[1].shape[0], 1, nbytes, checksum=True)
+            self.plane_tiers[g] = (kvtier.Transfer([l1, l2], threads=2), l1, l2)
+            if url:
+                ident = dict(page_tokens=self.P, dtype_bytes=4, model=f"{self.identity()}/{g}-{self.groups[g].kind}-plane")
+                stores[g] = (kvtier.Store(url, tier=l2, **ident), kvtier.Store(url, tier=l1, **ident))
+        self.piece_store = {g: s[0] for g, s in stores.items()}
+        self.plane_stores = stores
+        self.cache.attach_pieces(self.plane_tiers, self.write_piece, stores or None)
+
+    def write_piece(self, mv):
+        """--plane: the piece a move from the request names, into its L1 slot."""
+        assert self.computing is not None, f"a move from a request that is not being released: {mv}"
+        self.pool[mv.group][0][mv.dst_slot] = self.computing(mv.group, mv.src_slot)
+        self.l1_moves[mv.group][0] += 1
 
     def probe(self, group, keys):
         """The cache's question: which of these pieces does the store hold."""
@@ -352,8 +400,11 @@ class HybridEngine:
         if self.shared and not self.cache.closed:
             self.cache.sync()  # the full pages' puts land before the store closes
         self.cache.close()
-        for o in (self.store, *self.piece_store.values(), *self.staging.values(), self.xfer, self.l2, self.l1):
-            if o is not None:
+        planes = [s for pair in getattr(self, "plane_stores", {}).values() for s in pair] + \
+            [t for trio in self.plane_tiers.values() for t in trio]
+        for o in (self.store, *self.piece_store.values(), *self.staging.values(), *planes, self.xfer, self.l2,
+                  self.l1):
+            if o is not None and not o.closed:
                 o.close()
 
     def first_needed(self, n):
@@ -517,10 +568,12 @@ class HybridEngine:
             req = self.cache.admit(tokens, ns=ns)
         n, full_m = req.hit_pages, req.full_hit_pages
         assert self.shared or req.l2_hit_pages == req.l3_hit_pages == 0, "a full page came from a tier with no bytes"
-        moves = self.take(hashes) if self.async_moves else self.cache.take_moves()
+        moves = [] if self.plane else self.take(hashes) if self.async_moves else self.cache.take_moves()
         if self.plant == "window" and not self.planted:
             self.plant_lost_page(moves)
-        if self.async_moves:  # its loads, run with the other moves outstanding, until they all landed
+        if self.plane:  # kvtier loads the hit's pieces; a piece that failed: recompute it all
+            self.plane_failed = not self.cache.pieces_wait(req)
+        elif self.async_moves:  # its loads, run with the other moves outstanding, until they all landed
             while self.cache.ready(req) is False:
                 self.copies["waits"] += 1
                 self.progress()
@@ -531,10 +584,12 @@ class HybridEngine:
         for mv in moves:
             if mv.dst_tier == 1:
                 loaded[mv.group, mv.dst_slot] = mv.src_tier
-        failed = self.async_moves and self.cache.ready(req) is None
+        failed = self.plane_failed if self.plane else self.async_moves and self.cache.ready(req) is None
         self.copies["failed_hits"] += failed
         pieces, bad = ({g: {} for g in self.pool}, {g: set() for g in self.pool}) if failed else \
             self.hit_pieces(req, hashes)
+        if self.plane:  # no headers travel: the plane's checksums are the guard
+            bad = {g: set() for g in self.pool}
         use = 0 if failed else full_m if self.trust_full else n  # a piece that failed: recompute it all
         cut = 0
         if self.guard and any(bad.values()):
@@ -595,7 +650,13 @@ class HybridEngine:
                 else:
                     self.branch_points.discard(hashes[c - 1])
         self.cache.release(req, tokens)
-        if self.async_moves:
+        if self.plane:  # what it computed goes in (write_piece), and every copy it starts lands
+            self.computing = computed
+            try:
+                self.cache.pieces_sync()
+            finally:
+                self.computing = None
+        elif self.async_moves:
             self.take(hashes, computed)
             if self.cache.engine_waiting(tokens, ns):  # its pieces stay until the moves from them are handed out
                 self.kept.append((tokens, ns, hashes, computed))
@@ -679,7 +740,7 @@ def run(args):
     eng = HybridEngine(model, args.page_tokens, args.checkpoint_every, policy, args.window_slots,
                        args.state_slots, args.full_pages, guard=not args.no_guard, trust_full=args.trust_full,
                        plant=args.plant, l3=args.l3, async_moves=args.async_moves, fail_copies=args.fail_copies,
-                       seed=args.seed)
+                       seed=args.seed, plane=args.plane)
     res = {"requests": 0, "hits": 0, "short_hits": 0, "cut_hits": 0, "branch_hits": 0, "short_by": {}, "guard_cuts": 0,
            "computed_tokens": 0, "recompute_tokens": 0, "max_rel_err": 0.0, "mismatches": 0,
            "mismatch_resumed": 0, "planted": 0, "write_policy": policy}
@@ -716,6 +777,10 @@ def run(args):
         if args.async_moves:
             eng.drain()
             res["copies"] = eng.copies
+        if args.plane:
+            eng.cache.pieces_sync()
+            res["plane"] = eng.cache.pieces_stats()
+            res["plane"]["failed_hits"] = eng.copies["failed_hits"]  # a piece that did not come: recomputed
         eng.cache.check()
         res["planted"] = eng.planted
         res["bad_copies"] = eng.bad_copies
@@ -731,9 +796,10 @@ def run(args):
             res["l3_full"] = {k: st[k] for k in ("l3_hit_tokens", "l3_foreign_hit_tokens", "l3_puts",
                                                  "l3_put_failures", "l3_misses")}
             res["l3_full"]["bad_objects"] = eng.store.stats("get")["bad_objects"]
-            res["l3_pieces"] = {eng.groups[g].kind: {"put": eng.l3_puts[g], "put_skipped": eng.l3_puts_skipped[g],
-                                                     "loaded": eng.l3_gets[g], "foreign": eng.l3_foreign[g],
-                                                     "not_served": eng.l3_get_misses[g]} for g in eng.pool}
+            if not args.plane:  # with the plane, its counters (put, got, get_misses) say what the store did
+                res["l3_pieces"] = {eng.groups[g].kind: {"put": eng.l3_puts[g], "put_skipped": eng.l3_puts_skipped[g],
+                                                         "loaded": eng.l3_gets[g], "foreign": eng.l3_foreign[g],
+                                                         "not_served": eng.l3_get_misses[g]} for g in eng.pool}
             res["probe_errors"] = eng.cache.probe_errors
     finally:
         eng.close()
@@ -788,6 +854,8 @@ def main(argv=None):
                    help="run the cache's moves out of order, about half of those outstanding at a time")
     p.add_argument("--fail-copies", type=float, default=0.0, metavar="F",
                    help="with --async-moves: the share of copies that fail (0)")
+    p.add_argument("--plane", action="store_true",
+                   help="kvtier moves the pieces (Hybrid.attach_pieces): the engine only writes what it computed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
     if not 0 <= a.fail_copies < 1 or (a.fail_copies and not a.async_moves):
@@ -796,6 +864,8 @@ def main(argv=None):
         p.error("--block-tokens: must be in 1..512")
     if a.d_model % a.heads:
         p.error("--d-model must be a multiple of --heads")
+    if a.plane and (a.async_moves or a.plant == "window"):
+        p.error("--plane: kvtier runs the moves (not with --async-moves or --plant window, which run them here)")
     torch.set_num_threads(1)
     res = run(a)
     if a.json:

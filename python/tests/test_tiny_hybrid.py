@@ -167,6 +167,15 @@ def corrupt_pieces(srv, full_object_bytes):
     return n
 
 
+def second(srv, *more):
+    """Process B: the turns that continue A's, in a process of its own."""
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "tiny_hybrid.py"), "--json", "--l3", srv.url,
+                        "--turns", "next", *more], capture_output=True, text=True, timeout=120)
+    res = json.loads(p.stdout)
+    assert p.returncode == (1 if res["mismatches"] else 0), p.stderr
+    return res
+
+
 def test_two_processes_share_one_redis(capsys, redis_factory):
     """Issue #44 item 4: a hybrid run across two processes sharing Redis.
     Process A serves the first turns and puts the full layers' pages (the
@@ -185,11 +194,7 @@ def test_two_processes_share_one_redis(capsys, redis_factory):
     assert all(a["l3_pieces"][k]["put"] > 0 for k in ("window", "state"))
 
     def b(*more):
-        p = subprocess.run([sys.executable, str(ROOT / "examples" / "tiny_hybrid.py"), "--json", "--l3", srv.url,
-                            "--turns", "next", *more], capture_output=True, text=True, timeout=120)
-        res = json.loads(p.stdout)
-        assert p.returncode == (1 if res["mismatches"] else 0), p.stderr
-        return res
+        return second(srv, *more)
 
     r = b()
     print("B: L3 hits", r["l3_hits"], "of", r["requests"], "requests,", r["l3_hit_tokens"], "tokens; full-page tokens"
@@ -217,6 +222,45 @@ def test_two_processes_share_one_redis(capsys, redis_factory):
     assert r["mismatches"] > 0 and r["mismatch_resumed"] == r["mismatches"]
 
 
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_kvtiers_data_plane_keeps_the_logits_right(capsys, policy):
+    """--plane: kvtier moves the pieces itself (Hybrid.attach_pieces: L1 an
+    engine tier over the engine's slot tensor, L2 a checksummed host tier, a
+    transfer engine per group); the engine only writes what each request
+    computed. Every request's logits agree with a full recompute, and hits
+    took pieces that had gone down to L2 and come back."""
+    r = run(capsys, "--plane", "--write-policy", policy)
+    p = r["plane"]
+    print(policy, "hits", r["hits"], "plane", p)
+    assert r["requests"] == 102 and r["mismatches"] == 0 and r["max_rel_err"] <= TOL
+    assert r["hits"] > 10 and r["computed_tokens"] < r["recompute_tokens"]
+    assert p["copied_up"] == r["cache"]["pieces_loaded"] > 0 and p["copied_down"] > 0
+    assert p["written"] == sum(r["l1_moves_from"][k]["engine"] for k in ("window", "state")) > 0
+    assert p["copy_failures"] == p["write_failures"] == p["in_flight"] == 0
+
+
+def test_two_processes_share_pieces_through_kvtiers_plane(capsys, redis_factory):
+    """--plane --l3: the pieces' store is the plane's (put from L2, got
+    straight into the L1 slot tensor). Process B, cold, resumes from the
+    window pages and checkpoints A put, every logits right; with every piece
+    in Redis corrupted, B's gets are refused (the store's checksum), the
+    hits that needed them are recomputed, and the logits still agree."""
+    srv = redis_factory()
+    a = run(capsys, "--plane", "--l3", srv.url, "--turns", "first")
+    assert a["mismatches"] == 0 and a["plane"]["put"] > 0
+    r = second(srv, "--plane")
+    print("B with the plane:", r["hits"], "hits of", r["requests"], "plane", r["plane"])
+    assert r["mismatches"] == 0 and r["max_rel_err"] <= TOL
+    assert r["plane"]["got"] > 0 and r["plane"]["get_misses"] == 0
+    assert r["l3_full"]["l3_foreign_hit_tokens"] > 0 and r["hits"] > 30
+    m = tiny_hybrid.TinyHybridModel()
+    assert corrupt_pieces(srv, 2 * 2 * 16 * m.d * 4 + 80) > 0
+    c = second(srv, "--plane")
+    assert c["mismatches"] == 0 and c["max_rel_err"] <= TOL
+    assert c["plane"]["get_misses"] > 0 and c["plane"]["failed_hits"] > 0, c["plane"]
+    assert r["plane"]["failed_hits"] == 0
+
+
 def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit) as e:
         tiny_hybrid.main(["--block-tokens", "0"])
@@ -226,3 +270,6 @@ def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit) as e:
         tiny_hybrid.main(["--window-slots", "6,0,40"])
     assert e.value.code == 2 and "--window-slots" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        tiny_hybrid.main(["--plane", "--async-moves"])
+    assert e.value.code == 2 and "--plane" in capsys.readouterr().err
