@@ -13,11 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/abi-int.h"
-#include "core/mem-int.h"
-#include "hybrid/hybrid-int.h"
+#include "../core/abi-int.h"
+#include "../core/mem-int.h"
+#include "hybrid-int.h"
 #include "kvtier/error.h"
+#include "kvtier/hybrid.h"
 #include "kvtier/stats.h"
+#include "kvtier/store.h"
+#include "kvtier/tier.h"
+#include "kvtier/xfer.h"
 
 #define G KVT_MODEL_MAX_GROUPS
 #define TAKE_MAX 1024   /* moves per take */
