@@ -350,3 +350,61 @@ Test(hybrid_plane, what_it_cannot_run_is_refused) {
     cr_assert_gt(t.pieces, 0);
     rig_close(&r);
 }
+
+/* ---- failed allocations ------------------------------------------------------------ */
+
+#include "core/mem-int.h"
+
+/* Each allocation while the plane waits for an admission's pieces, and
+ * while it syncs after a release, failed in turn (the plane's own, the
+ * cache's in a report, a transfer engine's or a store's at submit): the
+ * call says KVT_ENOMEM or goes on, a copy that could not start fails
+ * cleanly, the check holds, and once memory is back the moves drain and
+ * every piece of every later hit is its own. */
+Test(hybrid_plane, every_allocation_failure_leaves_the_cache_and_the_plane_whole) {
+    kvt_hybrid_config_t cfg;
+    config(&cfg, KVT_WRITE_BACK);
+    int fired_at[2] = {0, 0}, enomem = 0;
+    for (uint64_t nth = 1, phase = 0; phase < 2 && nth < 300; nth++) {
+        rig_t r;
+        rig_open(&r, &cfg, NULL);
+        tally_t t = {0};
+        workload(&r, 51, 120, 0, &t); /* warm: pieces in both tiers */
+        kvt_rng_t rng;
+        kvt_rng_seed(&rng, 52);
+        int32_t tok[512];
+        kvt_hash128_t hash[128];
+        uint64_t nt;
+        do nt = next_request(&rng, tok, NULL, 0, P);
+        while (nt > 400);
+        kvt_page_hash_chain(0, tok, nt / P, P, hash);
+        kvt_hybrid_req_t req;
+        cr_assert_eq(kvt_hybrid_admit(r.h, 0, tok, nt, 0, NULL, &req), KVT_OK);
+        kvt__mem_fail_nth(phase == 0 ? nth : 0);
+        int rc = kvt_hybrid_plane_wait(r.p, &req), fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        cr_assert(rc == KVT_OK || rc == KVT_EIO || rc == KVT_ENOMEM, "wait, allocation %" PRIu64 ": %s", nth,
+                  kvt_err_name(rc));
+        enomem += rc == KVT_ENOMEM;
+        if (rc == KVT_ENOMEM) rc = kvt_hybrid_plane_wait(r.p, &req); /* memory is back: it goes on */
+        if (rc == KVT_OK) pieces_in_place(&r, &req, hash, "after a failed allocation");
+        cr_assert_eq(kvt_hybrid_release(r.h, 0, tok, nt, &req), KVT_OK);
+        kvt__mem_fail_nth(phase == 1 ? nth : 0);
+        rc = kvt_hybrid_plane_sync(r.p);
+        fired |= kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        cr_assert(rc == KVT_OK || rc == KVT_ENOMEM, "sync, allocation %" PRIu64 ": %s", nth, kvt_err_name(rc));
+        enomem += rc == KVT_ENOMEM;
+        check(r.h, "after the failure");
+        cr_assert_eq(kvt_hybrid_plane_sync(r.p), KVT_OK);
+        cr_assert_eq(kvt_hybrid_moves_outstanding(r.h), 0);
+        workload(&r, 53, 60, 0, &t); /* and it goes on, every piece checked */
+        rig_close(&r);
+        fired_at[phase] += fired;
+        if (!fired) phase++, nth = 0;
+    }
+    fprintf(stderr, "plane, failed allocations: %d while waiting, %d while syncing, %d calls said ENOMEM\n",
+            fired_at[0], fired_at[1], enomem);
+    cr_assert(fired_at[0] > 0 && fired_at[1] > 0, "the wait and the sync allocate: %d, %d", fired_at[0], fired_at[1]);
+    cr_assert_gt(enomem, 0);
+}
