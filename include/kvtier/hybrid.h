@@ -398,13 +398,16 @@ KVT_API uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ng
  * KVT_HYBRID_ENGINE: window page src_slot of the request, or the checkpoint
  * after src_slot pages, into L1 slot dst_slot) the plane calls write(arg,
  * move), which returns 0 once the piece is in place there, nonzero when it
- * could not be written. Such a move can come after the request's release
+ * could not be written; it runs inside the plane's calls and must not call
+ * the cache. Such a move can come after the request's release
  * (kvt_hybrid_engine_waiting says until when its bytes are needed).
  *
  * Copies run on the engines' and the stores' workers; kvt_hybrid_plane_poll
  * (and wait, sync) takes the moves the cache hands out, starts them, and
  * reports each batch to the cache as it completes (kvt_hybrid_moves_done),
- * on the cache's thread: every plane call runs there. */
+ * on the cache's thread: every plane call runs there. While a plane is on
+ * a cache no one else takes its moves (wait and sync answer KVT_EIO when
+ * they would wait for a move the plane does not hold). */
 typedef struct kvt_hybrid_plane kvt_hybrid_plane_t;
 
 /* Bytes of one piece of group g: a window page (bytes per token x
@@ -430,11 +433,14 @@ typedef struct kvt_hybrid_plane_config {
 /* A plane for h, before its first admission; the engines, tiers and stores
  * outlive the plane, the plane outlives nothing of h's (destroy it first).
  * KVT_EINVAL (h without moves and async_moves, or with a modeled L3 for the
- * pieces when stores are given; requests admitted; a group's tiers too small
+ * pieces, which holds no bytes; requests admitted; a group's tiers too small
  * or of another piece size; a store not over its tier, or given for some
- * groups only; no write), KVT_ENOMEM; nothing changed on failure. */
+ * groups only; no stores on a cache that has the engine's own L3
+ * (kvt_hybrid_set_l3); no write), KVT_ENOMEM; nothing changed on failure. */
 KVT_API int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *cfg);
-/* Waits for the copies in flight and reports them; h stays usable. */
+/* Waits for the copies in flight and reports them. h stays usable, its
+ * moves the engine's again (kvt_hybrid_take_moves) and its L3 gone with the
+ * plane's stores. */
 KVT_API void kvt_hybrid_plane_destroy(kvt_hybrid_plane_t *p);
 /* Takes the moves ready and starts them; reports the batches that have
  * completed, waiting up to timeout_ns for one while some is in flight and

@@ -33,6 +33,8 @@ int kvt__hybrid_live(const kvt_hybrid_t *h);
 /* The outside L3 goes (its probe with the plane that set it): pieces are no
  * longer looked for there. */
 void kvt__hybrid_drop_l3(kvt_hybrid_t *h);
+/* Whether it has one (kvt_hybrid_set_l3). */
+int kvt__hybrid_has_l3(const kvt_hybrid_t *h);
 
 /* The moves outstanding with async_moves (pending.c), from their record to
  * the engine's report: entries with stable indexes, found by destination

@@ -253,6 +253,7 @@ kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h) { return h ? h->cache : NULL; }
 
 const kvt_hybrid_config_t *kvt__hybrid_cfg(const kvt_hybrid_t *h) { return &h->cfg; }
 int kvt__hybrid_live(const kvt_hybrid_t *h) { return h->live != 0; }
+int kvt__hybrid_has_l3(const kvt_hybrid_t *h) { return h->probe != NULL; }
 void kvt__hybrid_drop_l3(kvt_hybrid_t *h) {
     h->probe = NULL;
     h->probe_arg = NULL;

@@ -132,6 +132,7 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
     if (!hc->moves || !hc->async_moves || kvt__hybrid_live(h)) return KVT_EINVAL;
     bool store = false;
     for (uint32_t g = 0; g < hc->ngroups; g++) store |= cfg->groups[g].put || cfg->groups[g].get;
+    if (!store && kvt__hybrid_has_l3(h)) return KVT_EINVAL; /* the engine's own L3: its moves would have no runner */
     for (uint32_t g = 0; g < hc->ngroups; g++) {
         uint64_t bytes = kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens);
         if (bytes && !group_ok(hc, g, &cfg->groups[g], bytes, store)) return KVT_EINVAL;

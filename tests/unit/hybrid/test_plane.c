@@ -331,6 +331,10 @@ Test(hybrid_plane, what_it_cannot_run_is_refused) {
     cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &big.c), KVT_EINVAL, "a set field past what the library knows");
     cr_assert_null(p);
 
+    cr_assert_eq(kvt_hybrid_set_l3(r.h, kvt_hybrid_store_probe, r.put), KVT_OK); /* the engine's own L3 */
+    cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &good), KVT_EINVAL, "an L3 whose moves no one would run");
+    cr_assert_eq(kvt_hybrid_set_l3(r.h, NULL, NULL), KVT_OK);
+
     kvt_hybrid_config_t sync_cfg = cfg;
     sync_cfg.async_moves = false;
     kvt_hybrid_t *h2 = NULL;
