@@ -8,6 +8,7 @@ check can fail: a checkpoint stored one page early, a window page lost in
 L2 before it is loaded back, and the match rule bypassed are each caught by
 the logits."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -21,6 +22,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 import tiny_hybrid  # noqa: E402
 
 TOL = 1e-5  # the engine's tolerance on the relative logits difference
+# the plane's runs are torch's time, not the library's: its memory is checked by the sanitized C suites
+plain_only = pytest.mark.skipif(bool(os.environ.get("KVTIER_SANITIZED")), reason="the plain run holds the logits")
 
 
 def run(capsys, *args):
@@ -222,6 +225,7 @@ def test_two_processes_share_one_redis(capsys, redis_factory):
     assert r["mismatches"] > 0 and r["mismatch_resumed"] == r["mismatches"]
 
 
+@plain_only
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 def test_kvtiers_data_plane_keeps_the_logits_right(capsys, policy):
     """--plane: kvtier moves the pieces itself (Hybrid.attach_pieces: L1 an
@@ -239,6 +243,7 @@ def test_kvtiers_data_plane_keeps_the_logits_right(capsys, policy):
     assert p["copy_failures"] == p["write_failures"] == p["in_flight"] == 0
 
 
+@plain_only
 def test_two_processes_share_pieces_through_kvtiers_plane(capsys, redis_factory):
     """--plane --l3: the pieces' store is the plane's (put from L2, got
     straight into the L1 slot tensor). Process B, cold, resumes from the
