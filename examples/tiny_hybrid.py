@@ -278,7 +278,8 @@ class HybridEngine:
         self.header = {g: [np.zeros((slots[t][g], 2), np.uint64) for t in range(tiers)] for g in self.pool}
         self.l1 = self.l2 = self.xfer = self.store = None
         self.piece_store, self.staging = {}, {}
-        self.plane_tiers, self.computing = {}, None  # --plane: (xfer, l1, l2) per group; the request's pieces
+        self.plane_tiers, self.plane_stores, self.computing = {}, {}, None  # --plane: (xfer, l1, l2) and
+        # (put, get) per group; the pieces of the request being released
         self.plane_failed = False
         # pieces to and from the shared store by group: put, loaded ("ok"), loaded and not served, loaded
         # that this process never put (another instance's)
@@ -359,7 +360,6 @@ class HybridEngine:
             if url:
                 ident = dict(page_tokens=self.P, dtype_bytes=4, model=f"{self.identity()}/{g}-{self.groups[g].kind}-plane")
                 stores[g] = (kvtier.Store(url, tier=l2, **ident), kvtier.Store(url, tier=l1, **ident))
-        self.piece_store = {g: s[0] for g, s in stores.items()}
         self.plane_stores = stores
         self.cache.attach_pieces(self.plane_tiers, self.write_piece, stores or None)
 
@@ -400,11 +400,11 @@ class HybridEngine:
         if self.shared and not self.cache.closed:
             self.cache.sync()  # the full pages' puts land before the store closes
         self.cache.close()
-        planes = [s for pair in getattr(self, "plane_stores", {}).values() for s in pair] + \
-            [t for trio in self.plane_tiers.values() for t in trio]
+        planes = [s for pair in self.plane_stores.values() for s in pair] + \
+            [t for trio in self.plane_tiers.values() for t in trio]  # a store before the tier it reads
         for o in (self.store, *self.piece_store.values(), *self.staging.values(), *planes, self.xfer, self.l2,
                   self.l1):
-            if o is not None and not o.closed:
+            if o is not None:
                 o.close()
 
     def first_needed(self, n):

@@ -144,7 +144,7 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
     p->ngroups = hc->ngroups;
     p->store = store;
     for (uint32_t g = 0; g < hc->ngroups; g++) p->bytes[g] = kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens);
-    for (uint32_t g = 0; g < hc->ngroups; g++) p->put[g] = c.groups[g].put;
+    for (uint32_t g = 0; g < hc->ngroups; g++) p->put[g] = cfg->groups[g].put;
     int rc = store ? kvt_hybrid_set_l3(h, kvt_hybrid_store_probe, p->put) : KVT_OK;
     if (rc != KVT_OK) {
         kvt__free(p, sizeof(*p));

@@ -379,8 +379,10 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
             out->unserved_tokens += req.hit_pages * P;
         }
         if (rc == KVT_OK && data) { /* the forward pass: what it reads is checked, what it computes written */
-            kvt_page_hash_chain(0, tok, len[k] / P, (uint32_t)P, hash);
-            if (served && o->verify) pieces_data_verify(pieces.data, c, &req, hash);
+            if (served && o->verify && req.hit_pages) { /* the pieces' keys: the hit's page hashes */
+                kvt_page_hash_chain(0, tok, req.hit_pages, (uint32_t)P, hash);
+                pieces_data_verify(pieces.data, c, &req, hash);
+            }
             replay_data_request(data, tok, &req.full, l1_ids);
         }
         if (rc == KVT_OK) rc = kvt_hybrid_release(c, 0, tok, len[k], &req);

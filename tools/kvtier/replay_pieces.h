@@ -42,7 +42,7 @@ kvt_tier_t *pieces_data_tier(pieces_data_t *d, uint32_t g, int t);
 int pieces_data_attach(pieces_data_t *d, kvt_hybrid_t *c, kvt_store_t *const *put, kvt_store_t *const *get);
 kvt_hybrid_plane_t *pieces_data_plane(pieces_data_t *d);
 /* --verify: compares the pieces req's hit has in L1 with their content;
- * hash: the chained page hashes of the request's pages. */
+ * hash: the chained page hashes of the hit's pages (req->hit_pages). */
 void pieces_data_verify(pieces_data_t *d, const kvt_hybrid_t *c, const kvt_hybrid_req_t *req, const kvt_hash128_t *hash);
 void pieces_data_result(pieces_data_t *d, pieces_data_result_t *r);
 /* The plane goes (before the cache and the stores), then, with close, the
