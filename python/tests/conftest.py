@@ -83,7 +83,7 @@ def _die_with_parent() -> None:
 
 
 class RedisServer:
-    """A redis-server process on 127.0.0.1, started and answering PING."""
+    """A redis-server process on 127.0.0.1, started and answering as itself."""
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="kvtier-redis-")
@@ -121,7 +121,9 @@ class RedisServer:
                 self.proc = None
                 return False
             try:
-                if redis_command(port, b"PING", timeout=0.5).startswith(b"+PONG"):
+                # this server, not another process's that took the port first (then ours exits)
+                info = redis_command(port, b"INFO", b"server", timeout=0.5)
+                if b"process_id:%d\r\n" % self.proc.pid in info:
                     return True
             except OSError:
                 pass
