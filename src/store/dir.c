@@ -27,9 +27,13 @@
  * (a get sets the file's access time, so the order survives restarts); a
  * put that takes the known bytes over max evicts least recently used
  * objects (unlink) until they fit; the fan-out directories are not counted.
- * With several processes on one root each enforces the limit over what it
- * has seen (its own puts and gets, and the files present at its open), so
- * the root may exceed max by what the others wrote since.
+ * One index a root and process: every store the process opens on a root
+ * (the same directory, however spelled: a store for each model, a put store
+ * beside a get store) shares it, so their puts count against one limit, the
+ * smallest max they were opened with, and a get through one keeps an object
+ * another put. With several processes on one root each enforces the limit
+ * over what it has seen (its own puts and gets, and the files present at its
+ * first open), so the root may exceed max by what the others wrote since.
  *
  * Cost: exists is a stat, get an open+fstat+readv (the page straight into
  * the tier from file offset 0, page-aligned on both sides, then the header;
@@ -65,10 +69,16 @@ typedef struct ent {
     uint32_t atime_s;           /* the second the file's access time was last set to; 0: not since it was written */
 } ent_t;
 
-typedef struct dirbe {
-    kvt_store_t *s;
-    char root[900];
-    uint64_t max;
+typedef struct dirbe dirbe_t;
+
+/* A root's index, shared by the process's stores on it (roots, below). */
+typedef struct dirroot {
+    struct dirroot *next; /* the registry's list */
+    dev_t dev;
+    ino_t ino;
+    pid_t pid;
+    dirbe_t *stores;      /* the stores open on it, linked by their next */
+    uint64_t max;         /* the smallest nonzero max of those stores; 0: no limit */
     pthread_mutex_t mu;
     ent_t *e;
     uint32_t n, cap, free_head;
@@ -76,8 +86,21 @@ typedef struct dirbe {
     uint32_t nbuckets;
     uint32_t head, tail, live;
     uint64_t bytes;
-    _Atomic uint64_t tmpseq;
-} dirbe_t;
+    _Atomic uint64_t tmpseq; /* temporary files' names: one sequence for every store writing the root */
+} dirroot_t;
+
+struct dirbe {
+    kvt_store_t *s;
+    char root[900];
+    uint64_t max; /* as this store was opened with */
+    dirroot_t *r;
+    dirbe_t *next; /* the root's other stores */
+};
+
+/* The process's roots, by device and inode; under roots_mu, which is taken
+ * only at open and close. */
+static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
+static dirroot_t *roots;
 
 /* ---- the index --------------------------------------------------------------------- */
 
@@ -87,13 +110,13 @@ static uint32_t hash_hex(const char *hex, uint32_t nb) {
     return h & (nb - 1);
 }
 
-static uint32_t idx_find(dirbe_t *d, const char *hex) {
+static uint32_t idx_find(dirroot_t *d, const char *hex) {
     for (uint32_t i = d->bucket[hash_hex(hex, d->nbuckets)]; i != NIL; i = d->e[i].hnext)
         if (memcmp(d->e[i].hex, hex, 32) == 0) return i;
     return NIL;
 }
 
-static void lru_unlink(dirbe_t *d, uint32_t i) {
+static void lru_unlink(dirroot_t *d, uint32_t i) {
     ent_t *x = &d->e[i];
     if (x->prev != NIL) d->e[x->prev].next = x->next;
     else d->head = x->next;
@@ -101,7 +124,7 @@ static void lru_unlink(dirbe_t *d, uint32_t i) {
     else d->tail = x->prev;
 }
 
-static void lru_front(dirbe_t *d, uint32_t i) {
+static void lru_front(dirroot_t *d, uint32_t i) {
     ent_t *x = &d->e[i];
     x->prev = NIL;
     x->next = d->head;
@@ -110,7 +133,7 @@ static void lru_front(dirbe_t *d, uint32_t i) {
     if (d->tail == NIL) d->tail = i;
 }
 
-static int idx_grow(dirbe_t *d) {
+static int idx_grow(dirroot_t *d) {
     uint32_t ncap = d->cap ? d->cap * 2 : 1024;
     ent_t *ne = kvt__realloc(d->e, (size_t)d->cap * sizeof(ent_t), (size_t)ncap * sizeof(ent_t));
     if (ne == NULL) return KVT_ENOMEM;
@@ -136,7 +159,7 @@ static int idx_grow(dirbe_t *d) {
 
 /* Insert or refresh (to the front); bytes updated; *slot (optional) gets
  * the entry (NIL when it could not be inserted). */
-static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes, uint32_t *slot) {
+static int idx_touch(dirroot_t *d, const char *hex, uint64_t bytes, uint32_t *slot) {
     uint32_t i = idx_find(d, hex);
     if (slot) *slot = i;
     if (i != NIL) {
@@ -167,7 +190,7 @@ static int idx_touch(dirbe_t *d, const char *hex, uint64_t bytes, uint32_t *slot
     return KVT_OK;
 }
 
-static void idx_drop(dirbe_t *d, const char *hex) {
+static void idx_drop(dirroot_t *d, const char *hex) {
     uint32_t h = hash_hex(hex, d->nbuckets), *pp = &d->bucket[h];
     while (*pp != NIL && memcmp(d->e[*pp].hex, hex, 32) != 0) pp = &d->e[*pp].hnext;
     if (*pp == NIL) return;
@@ -183,8 +206,8 @@ static void idx_drop(dirbe_t *d, const char *hex) {
 
 /* ---- paths ---------------------------------------------------------------------------- */
 
-static void obj_path(const dirbe_t *d, const char *hex, char *out, size_t cap) {
-    snprintf(out, cap, "%s/%.2s/%s", d->root, hex, hex);
+static void obj_path(const char *root, const char *hex, char *out, size_t cap) {
+    snprintf(out, cap, "%s/%.2s/%s", root, hex, hex);
 }
 
 static int mkdir_p(char *path) {
@@ -233,7 +256,7 @@ static int cmp_time(const void *a, const void *b) {
 /* Rebuilds the index from the files under the root, oldest first. A
  * folder inside a fan-out folder is the two-level layout earlier builds
  * wrote: its objects are not read, and the open says so once. */
-static int scan(dirbe_t *d) {
+static int scan(dirroot_t *x, const dirbe_t *d) {
     scanned_t *v = NULL;
     size_t nv = 0, cv = 0;
     int rc = KVT_OK;
@@ -285,29 +308,30 @@ static int scan(dirbe_t *d) {
         qsort(v, nv, sizeof(*v), cmp_time);
         for (size_t i = 0; i < nv && rc == KVT_OK; i++) { /* oldest first: the last touched heads the LRU list */
             uint32_t k;
-            rc = idx_touch(d, v[i].hex, v[i].bytes, &k);
-            if (rc == KVT_OK) d->e[k].atime_s = v[i].atime_s;
+            rc = idx_touch(x, v[i].hex, v[i].bytes, &k);
+            if (rc == KVT_OK) x->e[k].atime_s = v[i].atime_s;
         }
     }
     kvt__free(v, cv * sizeof(*v));
     return rc;
 }
 
-/* Unlinks least recently used objects until the known bytes fit max
- * (keeping `keep`, the object just written). Under mu. */
-static void evict(dirbe_t *d, const char *keep, kvt__sreq_t *req) {
+/* Unlinks least recently used objects until the known bytes fit the root's
+ * max (keeping `keep`, the object just written). Under the root's mu. */
+static void evict(const dirbe_t *d, const char *keep, kvt__sreq_t *req) {
+    dirroot_t *x = d->r;
     char path[1100];
-    while (d->max && d->bytes > d->max && d->tail != NIL) {
-        uint32_t i = d->tail;
-        if (keep && memcmp(d->e[i].hex, keep, 32) == 0) {
-            if (d->e[i].prev == NIL) break;
-            i = d->e[i].prev;
+    while (x->max && x->bytes > x->max && x->tail != NIL) {
+        uint32_t i = x->tail;
+        if (keep && memcmp(x->e[i].hex, keep, 32) == 0) {
+            if (x->e[i].prev == NIL) break;
+            i = x->e[i].prev;
         }
         char hex[33];
-        memcpy(hex, d->e[i].hex, 33);
-        obj_path(d, hex, path, sizeof(path));
+        memcpy(hex, x->e[i].hex, 33);
+        obj_path(d->root, hex, path, sizeof(path));
         unlink(path);
-        idx_drop(d, hex);
+        idx_drop(x, hex);
         if (req) req->cnt.evictions++;
     }
 }
@@ -337,6 +361,79 @@ static int parse_spec(const char *spec, size_t *plen, uint64_t *max) {
     return KVT_OK;
 }
 
+static void root_free(dirroot_t *x) {
+    pthread_mutex_destroy(&x->mu);
+    kvt__free(x->e, (size_t)x->cap * sizeof(ent_t));
+    kvt__free(x->bucket, (size_t)x->nbuckets * sizeof(uint32_t));
+    KVT_DELETE(x);
+}
+
+/* The smallest nonzero max of the root's stores. Under roots_mu. */
+static void root_limit(dirroot_t *x) {
+    uint64_t m = 0;
+    for (const dirbe_t *o = x->stores; o; o = o->next)
+        if (o->max && (m == 0 || o->max < m)) m = o->max;
+    pthread_mutex_lock(&x->mu);
+    x->max = m;
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* d joins its root's index, which the first store on the root in this
+ * process builds (scan). A root is this process's only: a child forked after
+ * an open builds its own (what it inherited may be mid-update). */
+static int root_join(dirbe_t *d, const struct stat *st) {
+    pthread_mutex_lock(&roots_mu);
+    dirroot_t *x = roots;
+    while (x && !(x->dev == st->st_dev && x->ino == st->st_ino && x->pid == getpid())) x = x->next;
+    int rc = KVT_OK;
+    if (x == NULL && (x = KVT_NEW(dirroot_t)) == NULL) {
+        rc = KVT_ENOMEM;
+        kvt__store_error("out of memory");
+    } else if (x->stores == NULL) { /* new */
+        x->dev = st->st_dev;
+        x->ino = st->st_ino;
+        x->pid = getpid();
+        x->head = x->tail = x->free_head = NIL;
+        pthread_mutex_init(&x->mu, NULL);
+        if ((rc = idx_grow(x)) == KVT_OK) rc = scan(x, d);
+        if (rc != KVT_OK) {
+            kvt__store_error("dir store: cannot read '%s' (%s)", d->root, kvt_err_name(rc));
+            root_free(x);
+        } else {
+            x->next = roots;
+            roots = x;
+        }
+    }
+    if (rc == KVT_OK) {
+        d->r = x;
+        d->next = x->stores;
+        x->stores = d;
+        root_limit(x);
+        pthread_mutex_lock(&x->mu);
+        evict(d, NULL, NULL); /* an open with a smaller max evicts down to it */
+        pthread_mutex_unlock(&x->mu);
+    }
+    pthread_mutex_unlock(&roots_mu);
+    return rc;
+}
+
+static void root_leave(dirbe_t *d) {
+    dirroot_t *x = d->r;
+    pthread_mutex_lock(&roots_mu);
+    dirbe_t **pp = &x->stores;
+    while (*pp != d) pp = &(*pp)->next;
+    *pp = d->next;
+    if (x->stores) {
+        root_limit(x);
+    } else {
+        dirroot_t **rp = &roots;
+        while (*rp != x) rp = &(*rp)->next;
+        *rp = x->next;
+        root_free(x);
+    }
+    pthread_mutex_unlock(&roots_mu);
+}
+
 static int dir_open(kvt_store_t *s, const char *spec, void **out) {
     size_t plen;
     uint64_t max;
@@ -348,20 +445,17 @@ static int dir_open(kvt_store_t *s, const char *spec, void **out) {
     d->root[plen] = 0;
     while (plen > 1 && d->root[plen - 1] == '/') d->root[--plen] = 0;
     d->max = max;
-    d->head = d->tail = d->free_head = NIL;
-    pthread_mutex_init(&d->mu, NULL);
-    int rc = KVT_OK;
     char tmp[900];
     memcpy(tmp, d->root, plen + 1);
-    if (mkdir_p(tmp) != 0) {
+    struct stat st;
+    int rc = KVT_OK;
+    if (mkdir_p(tmp) != 0 || stat(d->root, &st) != 0) {
         kvt__store_error("dir store: cannot create '%s': %s", d->root, strerror(errno));
         rc = KVT_EIO;
     }
-    if (rc == KVT_OK) rc = idx_grow(d);
-    if (rc == KVT_OK && (rc = scan(d)) != KVT_OK) kvt__store_error("dir store: cannot read '%s' (%s)", d->root, kvt_err_name(rc));
-    if (rc == KVT_OK) evict(d, NULL, NULL);
+    if (rc == KVT_OK) rc = root_join(d, &st);
     if (rc != KVT_OK) {
-        kvt__store_dir_ops.close(d);
+        KVT_DELETE(d);
         return rc;
     }
     *out = d;
@@ -370,9 +464,7 @@ static int dir_open(kvt_store_t *s, const char *spec, void **out) {
 
 static void dir_close(void *be) {
     dirbe_t *d = be;
-    pthread_mutex_destroy(&d->mu);
-    kvt__free(d->e, (size_t)d->cap * sizeof(ent_t));
-    kvt__free(d->bucket, (size_t)d->nbuckets * sizeof(uint32_t));
+    root_leave(d);
     KVT_DELETE(d);
 }
 
@@ -411,11 +503,11 @@ static void dir_worker_close(void *be, void *w) {
 }
 
 static void dir_usage(void *be, uint64_t *bytes, uint64_t *objects) {
-    dirbe_t *d = be;
-    pthread_mutex_lock(&d->mu);
-    *bytes = d->bytes;
-    *objects = d->live;
-    pthread_mutex_unlock(&d->mu);
+    dirroot_t *x = ((dirbe_t *)be)->r;
+    pthread_mutex_lock(&x->mu);
+    *bytes = x->bytes;
+    *objects = x->live;
+    pthread_mutex_unlock(&x->mu);
 }
 
 /* ---- the calls ------------------------------------------------------------------------- */
@@ -430,8 +522,8 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     char dirp[1000], tmp[1100], fin[1100];
     snprintf(dirp, sizeof(dirp), "%s/%.2s", d->root, hex);
     snprintf(tmp, sizeof(tmp), "%s/.tmp.%ld.%llu.%s", dirp, (long)getpid(),
-             (unsigned long long)atomic_fetch_add(&d->tmpseq, 1), hex);
-    obj_path(d, hex, fin, sizeof(fin));
+             (unsigned long long)atomic_fetch_add(&d->r->tmpseq, 1), hex);
+    obj_path(d->root, hex, fin, sizeof(fin));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno == ENOENT && mkdir_p(dirp) == 0) fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -456,11 +548,12 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         return KVT_STORE_FAILED;
     }
     req->cnt.bytes += ob;
-    pthread_mutex_lock(&d->mu);
+    dirroot_t *x = d->r;
+    pthread_mutex_lock(&x->mu);
     uint32_t k;
-    if (idx_touch(d, hex, charge(&st), &k) == KVT_OK) d->e[k].atime_s = 0; /* a new file: not read since */
+    if (idx_touch(x, hex, charge(&st), &k) == KVT_OK) x->e[k].atime_s = 0; /* a new file: not read since */
     evict(d, hex, req);
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_unlock(&x->mu);
     return KVT_STORE_OK;
 }
 
@@ -486,7 +579,8 @@ static int open_object(const char *path, struct stat *st, int *err) {
 static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     const char *hex = req->hex[i];
     char path[1100];
-    obj_path(d, hex, path, sizeof(path));
+    dirroot_t *x = d->r;
+    obj_path(d->root, hex, path, sizeof(path));
     struct stat st;
     int err = 0, fd = open_object(path, &st, &err);
     const char *odd = fd >= 0 ? (S_ISREG(st.st_mode) ? NULL : kind_of(st.st_mode)) : err == ENXIO ? "a socket" : NULL;
@@ -495,9 +589,9 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
         else if (err != ENOENT) kvt__store_log(req->s, "get %s: %s", hex, strerror(err));
         req->results[i] = odd ? KVT_STORE_BAD : err == ENOENT ? KVT_STORE_MISS : KVT_STORE_FAILED;
         if (fd >= 0) close(fd);
-        pthread_mutex_lock(&d->mu);
-        idx_drop(d, hex); /* evicted or removed, maybe by another process; or never an object */
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_lock(&x->mu);
+        idx_drop(x, hex); /* evicted or removed, maybe by another process; or never an object */
+        pthread_mutex_unlock(&x->mu);
         return;
     }
     /* The read says the length: one byte past an object's length is asked
@@ -529,10 +623,10 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
          * is reported (dir_after) */
         now = kvt__store_now(req->s);
         uint32_t now_s = (uint32_t)now.tv_sec, k;
-        pthread_mutex_lock(&d->mu);
-        set = idx_touch(d, hex, charge(&st), &k) != KVT_OK || d->e[k].atime_s != now_s;
-        if (set && k != NIL) d->e[k].atime_s = now_s;
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_lock(&x->mu);
+        set = idx_touch(x, hex, charge(&st), &k) != KVT_OK || x->e[k].atime_s != now_s;
+        if (set && k != NIL) x->e[k].atime_s = now_s;
+        pthread_mutex_unlock(&x->mu);
     }
     if (set && w->n < LATER_MAX) {
         w->fd[w->n] = fd;
@@ -549,7 +643,7 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
 static bool dir_exists(void *be, const char *hex) {
     char path[1100];
     struct stat st;
-    obj_path(be, hex, path, sizeof(path));
+    obj_path(((const dirbe_t *)be)->root, hex, path, sizeof(path));
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
@@ -563,11 +657,11 @@ static void dir_run(void *be, void *w, kvt__sreq_t *req) {
         case KVT_STORE_GET: do_get(d, w, req, i); break;
         case KVT_STORE_PUT: req->results[i] = do_put(d, req, i); break;
         case KVT_STORE_REMOVE:
-            obj_path(d, hex, path, sizeof(path));
+            obj_path(d->root, hex, path, sizeof(path));
             req->results[i] = unlink(path) == 0 ? KVT_STORE_OK : errno == ENOENT ? KVT_STORE_MISS : KVT_STORE_FAILED;
-            pthread_mutex_lock(&d->mu);
-            idx_drop(d, hex);
-            pthread_mutex_unlock(&d->mu);
+            pthread_mutex_lock(&d->r->mu);
+            idx_drop(d->r, hex);
+            pthread_mutex_unlock(&d->r->mu);
             break;
         default: req->results[i] = KVT_STORE_FAILED;
         }

@@ -552,6 +552,51 @@ Test(store_dir, max_with_suffix) {
     cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 3).count, 3u, "the three last puts are kept");
 }
 
+/* The stores a process opens on one root share what it knows of it (a put
+ * store beside a get store, a store a model, the root however spelled):
+ * their puts count against one limit, the smallest max they were opened
+ * with, and a get through one keeps an object another put. Each on its own
+ * index, the root held every object here (16K, then 20K, over max=12K) and
+ * evicted the one just read. */
+Test(store_dir, stores_on_one_root_share_its_limit) {
+    senv_init(&E, 8, 1, 4016, KVT_LAYOUT_PAGE_FIRST);
+    senv_t F, G;
+    senv_init(&F, 8, 1, 4016, KVT_LAYOUT_PAGE_FIRST);
+    senv_init(&G, 8, 1, 4016, KVT_LAYOUT_PAGE_FIRST);
+    G.cfg.model = "another-model";
+    char u[200], v[200];
+    snprintf(u, sizeof(u), "%s,max=16K", url);
+    snprintf(v, sizeof(v), "dir:%s/,max=12K", root);
+    cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_eq(senv_open(&F, v), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_eq(senv_open(&G, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[4], g[2];
+    pages_of(p, 4, 60, 0);
+    fill(&E, 60, 0, 4);
+    pages_of(g, 2, 90, 0);
+    fill(&G, 90, 0, 2);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 3).count, 3u);
+    kvt_store_page_t first = {.hash = p[0].hash, .page = 5};
+    cr_assert_eq(run_op(F.store, kvt_store_get, &first, 1).count, 1u, "F gets what E put");
+    cr_assert(check(&F, 60, 5));
+    cr_assert_eq(run_op(E.store, kvt_store_put, &p[3], 1).count, 1u);
+    cr_assert_eq(run_op(E.store, kvt_store_exists, p, 4).r[1], KVT_STORE_MISS, "the least recently used goes");
+    cr_assert_eq(run_op(E.store, kvt_store_exists, &p[0], 1).count, 1u, "the object F read was evicted");
+    cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 2).count, 2u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_PUT).stored_bytes, 12288u);
+    cr_assert_eq(sstats(F.store, KVT_STORE_PUT).stored_objects, 3u, "one index: every store sees the root's");
+    /* another model's puts count against the same limit */
+    cr_assert_eq(run_op(G.store, kvt_store_put, g, 1).count, 1u);
+    cr_assert_eq(sstats(G.store, KVT_STORE_PUT).stored_objects, 3u);
+    cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 1).count, 0u);
+    /* F closed: the limit is E's 16K */
+    senv_fini(&F);
+    cr_assert_eq(run_op(G.store, kvt_store_put, &g[1], 1).count, 1u);
+    cr_assert_eq(sstats(E.store, KVT_STORE_PUT).stored_objects, 4u);
+    cr_assert_eq(sstats(G.store, KVT_STORE_PUT).evictions, 1u);
+    senv_fini(&G);
+}
+
 /* A put that died mid-write: a temporary file, never an object. */
 Test(store_dir, crash_mid_write_invisible) {
     senv_init(&E, 8, 2, 1024, KVT_LAYOUT_PAGE_FIRST);
