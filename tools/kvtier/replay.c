@@ -171,7 +171,7 @@ int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, ui
     double t0 = now_s();
     /* --soak: pass after pass of the same n requests (request i is i mod n of the trace) */
     uint64_t total = n;
-    res->passes = 0;
+    res->soak.passes = 0;
     res->tokens_s = 0;
     for (uint64_t i = 0; i < total && rc == KVT_OK; i++) {
         for (; next < total && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving: built, prefetched */
@@ -202,17 +202,7 @@ int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, ui
             }
         }
         progress(i + 1, n, show);
-        if ((i + 1) % n == 0 && rc == KVT_OK) { /* a pass is over */
-            res->passes++;
-            if (o->soak_s > 0) { /* what the process holds, and another pass while there is time */
-                soak_sample_t s;
-                soak_sample(&s, c, res->passes, i + 1, now_s() - t0);
-                if (res->passes == 1) res->soak_first = s;
-                if (res->passes == 1 || res->soak_middle.at_s < o->soak_s / 2) res->soak_middle = s;
-                res->soak_last = s;
-                if (now_s() - t0 < o->soak_s) total += n;
-            }
-        }
+        if ((i + 1) % n == 0 && rc == KVT_OK && replay_soak_pass(&res->soak, o, c, i + 1, now_s() - t0)) total += n;
     }
     kvt_cache_sync(c); /* the copies and store calls in flight */
     if (data) replay_data_result(data, c, &res->data);
@@ -297,15 +287,35 @@ static void sample_json(cJSON *x, const char *name, const soak_sample_t *s) {
     cJSON_AddNumberToObject(d, "pool_idle_bytes", (double)s->pool_idle_bytes);
 }
 
-/* --soak: the passes, and what the process held after the first, the middle one and the last. */
-static void soak_json(cJSON *x, const result_t *r, const opts_t *o) {
+bool replay_soak_pass(soak_t *s, const opts_t *o, kvt_cache_t *c, uint64_t requests, double at_s) {
+    s->passes++;
+    if (o->soak_s <= 0) return false;
+    soak_sample_t x; /* what the process holds, and another pass while there is time */
+    soak_sample(&x, c, s->passes, requests, at_s);
+    if (s->passes == 1) s->first = x;
+    if (s->passes == 1 || s->middle.at_s < o->soak_s / 2) s->middle = x;
+    s->last = x;
+    return at_s < o->soak_s;
+}
+
+void replay_soak_json(cJSON *x, const soak_t *s, const opts_t *o) {
     cJSON *d = cJSON_AddObjectToObject(x, "soak");
     cJSON_AddNumberToObject(d, "seconds", o->soak_s);
-    cJSON_AddNumberToObject(d, "passes", (double)r->passes);
+    cJSON_AddNumberToObject(d, "passes", (double)s->passes);
     cJSON_AddNumberToObject(d, "copy_faults", o->copy_faults);
-    sample_json(d, "first", &r->soak_first);
-    sample_json(d, "middle", &r->soak_middle);
-    sample_json(d, "last", &r->soak_last);
+    sample_json(d, "first", &s->first);
+    sample_json(d, "middle", &s->middle);
+    sample_json(d, "last", &s->last);
+}
+
+void replay_soak_print(const soak_t *s) {
+    printf("  soak: %" PRIu64 " passes; after pass:", s->passes);
+    const soak_sample_t *at[3] = {&s->first, &s->middle, &s->last};
+    for (int k = 0; k < 3 && (k == 0 || at[k]->pass > at[k - 1]->pass); k++)
+        printf("%s %" PRIu64 " (%.1f s) resident %.1f MiB, %" PRIu64 " descriptors, %" PRIu64 " threads, kvtier %.1f MiB (%.1f in use)",
+               k ? ";" : "", at[k]->pass, at[k]->at_s, (double)at[k]->rss_kb / 1024, at[k]->fds, at[k]->threads,
+               (double)at[k]->live_bytes / 1048576, (double)(at[k]->live_bytes - (int64_t)at[k]->pool_idle_bytes) / 1048576);
+    putchar('\n');
 }
 
 /* The store's figures: per operation calls, keys, hits, misses, bad
@@ -387,7 +397,7 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     cJSON_AddNumberToObject(x, "page_faults", (double)r->wall_faults); /* page faults during wall_s */
     if (o->data) data_json(x, r, o);
     if (replay_l3_on(l)) l3_json(x, r, l);
-    if (o->soak_s > 0) soak_json(x, r, o);
+    if (o->soak_s > 0) replay_soak_json(x, &r->soak, o);
     return x;
 }
 
@@ -452,16 +462,7 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
            (double)r->rs.metadata_bytes / 1e6);
     printf("  %" PRIu64 " requests in %.3f s: %.0f requests/s\n", s->requests, r->wall_s,
            r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
-    if (o->soak_s > 0) {
-        printf("  soak: %" PRIu64 " passes; after pass:", r->passes);
-        const soak_sample_t *at[3] = {&r->soak_first, &r->soak_middle, &r->soak_last};
-        for (int k = 0; k < 3 && (k == 0 || at[k]->pass > at[k - 1]->pass); k++)
-            printf("%s %" PRIu64 " (%.1f s) resident %.1f MiB, %" PRIu64 " descriptors, %" PRIu64 " threads, kvtier %.1f MiB (%.1f in use)",
-                   k ? ";" : "", at[k]->pass, at[k]->at_s, (double)at[k]->rss_kb / 1024, at[k]->fds, at[k]->threads,
-                   (double)at[k]->live_bytes / 1048576,
-                   (double)(at[k]->live_bytes - (int64_t)at[k]->pool_idle_bytes) / 1048576);
-        putchar('\n');
-    }
+    if (o->soak_s > 0) replay_soak_print(&r->soak);
     if (!o->data) return;
     const data_result_t *d = &r->data;
     printf("  data: %.1f KiB pages (%s), %" PRIu64 " filled; verified %" PRIu64 " L1 hits and %" PRIu64
@@ -672,9 +673,8 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
     }
     if (!hybrid_on(h)) return 0;
-    const char *why = o->soak_s > 0 ? "--soak" : o->digest ? "--digest" : NULL;
-    if (why) {
-        c->flag = why;
+    if (o->digest) {
+        c->flag = "--digest";
         return cli_error(c, "not with a hybrid model (window or state groups)");
     }
     if ((l3->pages || l3->url) && o->l2_pages == 0) {

@@ -43,6 +43,7 @@ typedef struct {
     l3_result_t full_store, piece_store; /* the full groups' store, and the pieces' (their groups' summed) */
     data_result_t full_data;             /* --data: the full groups' pages */
     pieces_data_result_t piece_data;     /* and the pieces' */
+    soak_t soak;
 } hyb_result_t;
 
 /* --l3 URL: the pieces' side of the store. Each window or state group's
@@ -351,9 +352,11 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     rc = tokens && pf && len && (!data || (l1_ids && hash)) ? KVT_OK : KVT_ENOMEM;
     lag_t q = {0};
     double t0 = (double)kvt_now_ns() / 1e9;
-    for (uint64_t i = 0; i < n && rc == KVT_OK; i++) {
-        for (; next < n && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving */
-            const kvt_trace_req_t *r = &t->req[reqs ? reqs[next] : next];
+    /* --soak: pass after pass of the same n requests (request i is i mod n of them) */
+    uint64_t total = n;
+    for (uint64_t i = 0; i < total && rc == KVT_OK; i++) {
+        for (; next < total && next <= i + ahead && rc == KVT_OK; next++) { /* requests arriving */
+            const kvt_trace_req_t *r = &t->req[reqs ? reqs[next % n] : next % n];
             size_t k = next % ring;
             for (uint32_t b = 0; b < r->nblocks; b++)
                 kvt_trace_block_tokens(r->hash_ids[b], tokens + k * max_tokens + (size_t)b * KVT_TRACE_BLOCK_TOKENS);
@@ -403,14 +406,17 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
             }
         }
         if (rc != KVT_OK && rc != KVT_ECORRUPT)
-            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i] : i) + 1, kvt_strerror(rc));
+            fprintf(stderr, "kvtier replay: request %" PRIu64 ": %s\n", (reqs ? reqs[i % n] : i % n) + 1, kvt_strerror(rc));
+        if (rc == KVT_OK && (i + 1) % n == 0 &&
+            replay_soak_pass(&out->soak, o, kvt_hybrid_cache(c), i + 1, (double)kvt_now_ns() / 1e9 - t0))
+            total += n;
     }
-    if (rc == KVT_OK && by_hand) rc = lag_drain(c, &q, n, ps, out); /* the copies still in flight land */
+    if (rc == KVT_OK && by_hand) rc = lag_drain(c, &q, total, ps, out); /* the copies still in flight land */
     if (rc == KVT_OK && plane) rc = kvt_hybrid_plane_sync(plane);
     kvt_cache_sync(kvt_hybrid_cache(c)); /* the full pages' store calls in flight */
     lag_free(&q);
     out->wall_s = (double)kvt_now_ns() / 1e9 - t0;
-    out->nreq = n;
+    out->nreq = total;
     out->st.size = sizeof(out->st);
     kvt_hybrid_stats(c, &out->st);
     for (uint32_t g = 0; g < h->ngroups; g++) kvt_hybrid_group_bytes(c, g, &out->gb[g]);
@@ -500,6 +506,8 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts
     cJSON_AddNumberToObject(x, "full_groups_hit_rate", frac(r->st.full_hit_tokens, r->st.tokens));
     cJSON_AddNumberToObject(x, "bytes_per_cached_token", hyb_bpt(r));
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
+    cJSON_AddNumberToObject(x, "requests", (double)r->nreq);
+    if (o->soak_s > 0) replay_soak_json(x, &r->soak, o);
     if (h->copy_lag) {
         cJSON_AddNumberToObject(x, "moves", (double)r->moves);
         cJSON_AddNumberToObject(x, "moves_outstanding_most", (double)r->outstanding_most);
@@ -572,15 +580,17 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
     bool has_state = false;
     for (uint32_t g = 0; g < h->ngroups; g++) has_state |= h->groups[g].kind == KVT_GROUP_STATE;
     size_t ni = l3->instances > 1 ? (size_t)l3->instances : 0; /* --instances: n is 1 (no --sweep) */
+    /* --soak: the hybrid cache alone (one cache: n is 1, ni 0), not the single-pass comparisons */
+    bool compare = o->soak_s <= 0;
     hyb_result_t *hy = calloc(n, sizeof(*hy)), *ends = calloc(n, sizeof(*ends)), *each = calloc(2 * ni + 1, sizeof(*each));
     result_t *full = calloc(n + ni, sizeof(*full));
     int rc = hy && ends && full && each ? 0 : -1;
     for (size_t i = 0; i < n && rc == 0; i++) {
         hyb_run_t a = {t, o, l3, h, l1[i], h->every, true}, e = {t, o, l3, h, l1[i], 0, false};
         rc = run_fleet(&a, &hy[i], each);
-        if (rc == 0 && has_state) rc = run_fleet(&e, &ends[i], each + ni);
+        if (rc == 0 && has_state && compare) rc = run_fleet(&e, &ends[i], each + ni);
         if (rc == 0 && ni) rc = replay_fleet(t, o, l3, full + n, &full[i]);
-        else if (rc == 0) rc = replay_run_one(t, o, l3, l1[i], NULL, 0, &full[i]);
+        else if (rc == 0 && compare) rc = replay_run_one(t, o, l3, l1[i], NULL, 0, &full[i]);
     }
     uint64_t *l1b = malloc(n * sizeof(*l1b)); /* the sizes shown: unbounded as the trace's pages */
     for (size_t i = 0; l1b && i < n; i++) l1b[i] = l1_of(t, o, l1[i]);
@@ -606,8 +616,8 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             cJSON_AddNumberToObject(x, "l2_bytes", (double)tier_bytes(o, o->l2_pages));
             cJSON_AddNumberToObject(x, "l3_bytes", (double)tier_bytes(o, l3->pages));
             cJSON_AddItemToObject(x, "hybrid", hyb_json(&hy[i], h, o));
-            if (has_state) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h, o));
-            cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
+            if (has_state && compare) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h, o));
+            if (compare) cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
             cJSON_AddItemToArray(arr, x);
         }
         if (ni) { /* the fleet: its totals above, each instance's hybrid run here */
@@ -629,12 +639,15 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
         printf("%10s %10s | %9s %9s %11s | %9s %11s | %9s %11s\n", "L1 GB", "L2 GB", "hybrid", "(full)", "B/token",
                "ends only", "B/token", "all full", "B/token");
         for (size_t i = 0; i < n; i++) {
-            char ends_cols[32] = "        -           -"; /* no state group: no ends-only run */
-            if (has_state) snprintf(ends_cols, sizeof(ends_cols), "%9.4f %11.0f", hyb_rate(&ends[i]), hyb_bpt(&ends[i]));
-            printf("%10.1f %10.1f | %9.4f %9.4f %11.0f | %s | %9.4f %11.0f\n", (double)tier_bytes(o, l1[i]) / 1e9,
+            /* no state group: no ends-only run; --soak: neither comparison */
+            char ends_cols[32] = "        -           -", full_cols[32] = "        -           -";
+            if (has_state && compare) snprintf(ends_cols, sizeof(ends_cols), "%9.4f %11.0f", hyb_rate(&ends[i]), hyb_bpt(&ends[i]));
+            if (compare) snprintf(full_cols, sizeof(full_cols), "%9.4f %11.0f", full_rate(&full[i]), full_bpt(&full[i], o));
+            printf("%10.1f %10.1f | %9.4f %9.4f %11.0f | %s | %s\n", (double)tier_bytes(o, l1[i]) / 1e9,
                    (double)tier_bytes(o, o->l2_pages) / 1e9, hyb_rate(&hy[i]), frac(hy[i].st.full_hit_tokens, hy[i].st.tokens),
-                   hyb_bpt(&hy[i]), ends_cols, full_rate(&full[i]), full_bpt(&full[i], o));
+                   hyb_bpt(&hy[i]), ends_cols, full_cols);
         }
+        if (!compare) replay_soak_print(&hy[0].soak);
         for (size_t i = 0; i < ni; i++)
             printf("  instance %zu: %" PRIu64 " requests, hybrid hit rate %.4f (L3 %.4f), %" PRIu64
                    " full-page L3 hit tokens another instance put\n", i, each[i].nreq, hyb_rate(&each[i]),

@@ -24,6 +24,14 @@ typedef struct soak_sample {
     uint64_t pool_idle_bytes; /* of them, held by the tree's node pool and not in use (it keeps its peak) */
 } soak_sample_t;
 
+/* The passes of a replay, and (--soak) what the process held after the
+ * first, the first to end past half the soak's time (by then the tree's node
+ * pool has met its peak: it keeps what it held) and the last. */
+typedef struct soak {
+    uint64_t passes; /* times the trace was replayed (1 without --soak) */
+    soak_sample_t first, middle, last;
+} soak_t;
+
 typedef struct result {
     uint64_t l1_pages;
     uint64_t nreq;      /* requests replayed */
@@ -36,10 +44,7 @@ typedef struct result {
     double tokens_s;    /* of it, the driver's: building the requests' token arrays (trace_block_tokens) */
     data_result_t data; /* --data */
     l3_result_t l3;     /* --l3 URL */
-    uint64_t passes;    /* times the trace was replayed (1 without --soak) */
-    /* after the first pass, the first to end past half the soak's time (by then the tree's node
-     * pool has met its peak: it keeps what it held) and the last */
-    soak_sample_t soak_first, soak_middle, soak_last;
+    soak_t soak;
 } result_t;
 
 /* Replays the requests reqs[0..nreqs) of t (all of them, up to --limit,
@@ -62,6 +67,16 @@ int replay_instances(const kvt_trace_t *t, uint64_t n, uint32_t instances, repla
 /* The instance request i goes to (the documented rule: sessions, dealt round
  * robin). route[n]; returns the number of sessions. */
 uint64_t replay_route(const kvt_trace_t *t, uint64_t n, uint32_t instances, uint32_t *route);
+
+/* A pass of the trace is over after `requests` requests, `at_s` seconds
+ * into the run, on the cache c (the hybrid cache's radix cache for a hybrid
+ * model): counted, and with --soak sampled. True when --soak's time asks
+ * for another pass. */
+bool replay_soak_pass(soak_t *s, const opts_t *o, kvt_cache_t *c, uint64_t requests, double at_s);
+/* --soak's figures: x's object "soak". */
+void replay_soak_json(cJSON *x, const soak_t *s, const opts_t *o);
+/* --soak's figures: a line of the table. */
+void replay_soak_print(const soak_t *s);
 
 /* s's counts added to d's (latencies merged). */
 void replay_store_add(kvt_store_stats_t *d, const kvt_store_stats_t *s);
