@@ -254,7 +254,8 @@ typedef struct kvt_hybrid_move { /* frozen */
  * ok[i] nonzero for a copy that landed, on the cache's thread as every call
  * (its copy threads or stream callbacks hand the reports over). KVT_EINVAL, nothing changed, for a
  * cache without async_moves, or a move not taken and not yet reported
- * (each may appear once); KVT_ENOMEM, nothing changed. Pieces a reported
+ * (each may appear once), or while a data plane runs the moves
+ * (kvt_hybrid_plane_create); KVT_ENOMEM, nothing changed. Pieces a reported
  * copy would send on down but no tier below has room for are counted in
  * pieces_refused. Cost: O(moves outstanding) per move reported. */
 KVT_API int kvt_hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok);
@@ -274,7 +275,8 @@ KVT_API size_t kvt_hybrid_engine_waiting(const kvt_hybrid_t *h, const kvt_key128
 
 /* Copies up to cap of the moves recorded, oldest first, into out and
  * forgets them; returns how many. With async_moves, those that are safe to
- * run now (above), each to be reported with kvt_hybrid_moves_done. */
+ * run now (above), each to be reported with kvt_hybrid_moves_done. None
+ * while a data plane runs the moves (kvt_hybrid_plane_create). */
 KVT_API size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap);
 /* Moves recorded and not yet taken (with async_moves: ready to be taken). */
 KVT_API size_t kvt_hybrid_moves(const kvt_hybrid_t *h);
@@ -301,8 +303,8 @@ KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req,
  * pages reach other instances through the radix cache's own L3
  * (kvt_cache_attach_store on kvt_hybrid_cache, and
  * kvt_hybrid_admit_prefetched). Needs an L2 and no modeled L3 for the
- * pieces (l3_slots 0), and no request admitted; KVT_EINVAL otherwise. NULL
- * probe: no L3 for the pieces. */
+ * pieces (l3_slots 0), no request admitted and no data plane (which sets
+ * its own); KVT_EINVAL otherwise. NULL probe: no L3 for the pieces. */
 typedef int (*kvt_hybrid_probe_fn)(void *arg, uint32_t group, const kvt_key128_t *keys, size_t n, uint8_t *present);
 KVT_API int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg);
 /* A probe over kvtier stores (store.h), one per group: arg is a
@@ -381,7 +383,7 @@ KVT_API uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ng
  * group g has:
  *
  *   tiers   l1 and l2 on a transfer engine (xfer.h) that is the plane's
- *           alone (no one else submits to or polls it); page i of a tier is
+ *           alone (no one else submits to or polls it; groups may share one); page i of a tier is
  *           slot i of that tier of the group, a page one piece
  *           (kvt_hybrid_piece_bytes), the tiers at least the cache's slots.
  *           An l2 with KVT_TIER_CHECKSUM (and the engine's checksum option)
@@ -432,11 +434,18 @@ typedef struct kvt_hybrid_plane_config {
 
 /* A plane for h, before its first admission; the engines, tiers and stores
  * outlive the plane, the plane outlives nothing of h's (destroy it first).
- * KVT_EINVAL (h without moves and async_moves, or with a modeled L3 for the
- * pieces, which holds no bytes; requests admitted; a group's tiers too small
- * or of another piece size; a store not over its tier, or given for some
- * groups only; no stores on a cache that has the engine's own L3
- * (kvt_hybrid_set_l3); no write), KVT_ENOMEM; nothing changed on failure. */
+ * From then on the plane alone takes and reports h's moves
+ * (kvt_hybrid_take_moves hands out none, kvt_hybrid_moves_done and
+ * kvt_hybrid_set_l3 refuse) until it is destroyed. Groups may share an
+ * engine, never a tier or a store identity. KVT_EINVAL (h without moves and
+ * async_moves, or with a modeled L3 for the pieces, which holds no bytes;
+ * requests admitted; moves the engine took and has not reported; a group's
+ * tiers too small or of another piece size, l1 and l2 one tier, or a tier
+ * another group's too; anything given for a full group; a store not over its
+ * tier, put and get under two identities, a group's identity another's, or
+ * stores given for some groups only; no stores on a cache that has the
+ * engine's own L3 (kvt_hybrid_set_l3); no write), KVT_ENOMEM; nothing
+ * changed on failure. */
 KVT_API int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *cfg);
 /* Waits for the copies in flight and reports them. h stays usable, its
  * moves the engine's again (kvt_hybrid_take_moves) and its L3 gone with the

@@ -234,6 +234,9 @@ class _Serial:
         if h is None or o._closing:
             o._serial.release()
             raise ClosedError(type(o).__name__)
+        if o._in_callback == threading.get_ident():
+            o._serial.release()
+            raise o._reentered()
         return h
 
     def __exit__(self, *exc: Any) -> None:
@@ -277,6 +280,15 @@ class Handle:
     under a transfer engine, a store under a cache) refuse to close while a
     user is open: close the users first (nested ``with`` blocks do).
 
+    A Transfer or Store a cache or data plane polls is that driver's alone
+    (:meth:`_drive`): a completion taken by anyone else would never reach
+    it, and a batch submitted by anyone else would be taken for one of its
+    own. While the driver is open, the calls that submit or poll refuse.
+
+    A C call that runs a Python callback (a write, a probe) is not done
+    while the callback runs: a call into the same object from inside it
+    (``_in_callback``, the callback's thread) is refused.
+
     Threads: every call is made inside ``with self._use as ptr``. A class
     whose C object belongs to one thread (``_SERIAL``) serialises its calls
     with a lock of its own; the others let calls run at once, as their C
@@ -300,6 +312,36 @@ class Handle:
         self._use_any = _Shared(self)
         self._use = _Serial(self) if self._SERIAL else self._use_any
         self._use_poll = self._use if self._SERIAL else _Shared(self, threading.Lock())
+        self._driver: Optional[weakref.ref] = None  # the cache or plane that submits and polls alone
+        self._driver_role = ""  # which of its parts does (an object may hold a cache and a plane)
+        self._in_callback: Optional[int] = None  # the thread running one of this object's callbacks
+
+    def _reentered(self) -> Error:
+        return error(-1, type(self).__name__, "called from inside its own callback (a write or probe it runs): "
+                                              "return from the callback first")
+
+    def _driven_by(self) -> Optional["Handle"]:
+        d = self._driver() if self._driver is not None else None
+        return d if d is not None and not d.closed else None
+
+    def _may_drive(self, by: "Handle", role: str, what: str) -> None:
+        """Raises unless ``by``'s part ``role`` may become this object's driver (no other is)."""
+        d = self._driven_by()
+        if d is not None and (d is not by or self._driver_role != role):
+            raise error(-1, what, f"this {type(self).__name__} is driven already (by {type(d).__name__}'s "
+                                  f"{self._driver_role}): the one that submits to it polls it, and a completion "
+                                  "another took would never reach it")
+
+    def _drive(self, by: "Handle", role: str) -> None:
+        """From now on ``by``'s part ``role`` alone submits to and polls this object (while ``by`` is open)."""
+        self._driver, self._driver_role = weakref.ref(by), role
+
+    def _undriven(self, what: str) -> None:
+        """Raises while a driver is open: this call would take its completions or mix in batches."""
+        d = self._driven_by()
+        if d is not None:
+            raise error(-1, what, f"{type(d).__name__} submits to and polls this {type(self).__name__} alone "
+                                  f"while it is open: close it first")
 
     def _own(self, h: int, deps: Iterable["Handle"] = ()) -> None:
         """Takes ownership of h; deps become this object's (hold their _use while calling this)."""
@@ -340,6 +382,8 @@ class Handle:
         self._close(True)
 
     def _close(self, wait: bool) -> None:
+        if self._in_callback == threading.get_ident():
+            raise self._reentered()
         serial = self._serial
         if serial is not None and not serial.acquire(wait):  # the serial call in flight ends first
             return

@@ -64,8 +64,9 @@ def default_config() -> Dict[str, Any]:
 def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any, l1_index: Optional[int],
                       l2_index: Optional[int]) -> list:
     """kvt_cache_attach on cache pointer ``c`` (owner's, held by the caller):
-    the engine and tiers become owner's dependencies. The attached tiers
-    whose memory is checked before each call that copies."""
+    the engine and tiers become owner's dependencies, and the engine owner's
+    alone to submit to and poll. The attached tiers whose memory is checked
+    before each call that copies."""
     from .tier import Tier
     from .xfer import Transfer
     _a.instance(xfer, Transfer, f"{what} xfer")
@@ -74,22 +75,27 @@ def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any
     n = len(xfer._tiers)
     l1_index = xfer.index(l1) if l1_index is None else _a.index(l1_index, f"{what} l1_index", n, "tiers:")
     l2_index = xfer.index(l2) if l2_index is None else _a.index(l2_index, f"{what} l2_index", n, "tiers:")
+    xfer._may_drive(owner, "cache", f"{what} xfer")
     with using(xfer, l1, l2) as (xp, p1, p2):
         check(lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index), what,
               "no L2 in the cache, tiers too small, or requests admitted already")
         owner._own(owner._h, (xfer, l1, l2))
+        xfer._drive(owner, "cache")
     return [t for t in (l1, l2) if t._probes]
 
 
 def attach_store(owner: Any, c: int, what: str, store: Any) -> Any:
     """kvt_cache_attach_store on cache pointer ``c`` (owner's, held by the
-    caller): the store becomes owner's dependency, and is returned."""
+    caller): the store becomes owner's dependency, owner's alone to submit
+    to and poll, and is returned."""
     from .store import Store
     _a.instance(store, Store, f"{what} store")
+    store._may_drive(owner, "cache", f"{what} store")
     with store._use as sp:
         check(lib.kvt_cache_attach_store(c, sp), what,
               "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
         owner._own(owner._h, (store,))
+        store._drive(owner, "cache")
     return store
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import threading
 import weakref
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -185,6 +186,14 @@ def piece_bytes(group: Any, page_tokens: int) -> int:
     return lib.kvt_hybrid_piece_bytes(ctypes.byref(g), _a.u32(page_tokens, "piece_bytes page_tokens", 1))
 
 
+def _tier_index(xfer: Any, tier: Any, what: str) -> int:
+    try:
+        return xfer.index(tier)
+    except ValueError:
+        raise ValueError(f"{what}: not a tier of that Transfer (tiers[g] = (xfer, l1, l2), l1 and l2 among "
+                         "xfer's tiers)") from None
+
+
 def _write_callback(hybrid: "Hybrid", write: Any) -> Any:
     """write(move) for the data plane, as the C write: a return is success;
     nothing raised gets into C: an exception is a write that failed
@@ -192,15 +201,21 @@ def _write_callback(hybrid: "Hybrid", write: Any) -> Any:
     ref = weakref.ref(hybrid)
 
     def call(_arg: Any, m: Any) -> int:
+        h = ref()
+        prev = h._in_callback if h is not None else None
         try:
+            if h is not None:
+                h._in_callback = threading.get_ident()
             x = m[0]
             write(HybridMove(x.group, x.src_tier, x.dst_tier, x.src_slot, x.dst_slot, (x.key.hi, x.key.lo)))
             return 0
         except BaseException as e:  # noqa: B036 - an exception must not unwind through C
-            h = ref()
             if h is not None:
                 h.last_write_error = e
             return -1
+        finally:
+            if h is not None:
+                h._in_callback = prev
 
     return HYBRID_WRITE(call)
 
@@ -212,7 +227,11 @@ def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
     ref = weakref.ref(hybrid)  # the Hybrid holds the callback: no cycle through it
 
     def call(_arg: Any, group: int, keys: Any, n: int, present: Any) -> int:
+        h = ref()
+        prev = h._in_callback if h is not None else None
         try:
+            if h is not None:
+                h._in_callback = threading.get_ident()
             got = list(probe(group, [(keys[i].hi, keys[i].lo) for i in range(n)]))
             if len(got) != n:
                 raise ValueError(f"the probe answered {len(got)} flags for {n} keys")
@@ -220,11 +239,13 @@ def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
                 present[i] = 1 if x else 0
             return 0
         except BaseException as e:  # noqa: B036 - an exception must not unwind through C
-            h = ref()
             if h is not None:
                 h.probe_errors += 1
                 h.last_probe_error = e
             return -1
+        finally:
+            if h is not None:
+                h._in_callback = prev
 
     return HYBRID_PROBE(call)
 
@@ -475,6 +496,8 @@ class Hybrid(Handle):
                             f"not {type(probe).__name__}")
         fn = _probe_callback(self, probe) if probe is not None else HYBRID_PROBE()
         with self._use as h:
+            if self._plane is not None:
+                raise error(-1, "Hybrid.set_l3", "the data plane's stores are the pieces' L3 (attach_pieces)")
             check(lib.kvt_hybrid_set_l3(h, fn, None), "Hybrid.set_l3",
                   "needs an L2, no modeled L3 (l3_bytes 0) and no request admitted")
             self._probe = fn if probe is not None else None
@@ -502,12 +525,16 @@ class Hybrid(Handle):
         ``src_slot`` pages) into L1 slot ``dst_slot`` of group ``move.group``
         and returns; an exception is a failed write (the piece a miss), kept
         in ``last_write_error``. It is called inside the calls below, on
-        their thread, and must not call this Hybrid. Then
-        :meth:`pieces_wait` before reading a hit's pieces at :meth:`slots`,
-        and :meth:`pieces_poll` or :meth:`pieces_sync` after a release; no
-        :meth:`take_moves`. Needs ``moves=True, async_moves=True``, no
-        modeled L3 for the pieces and no request admitted: InvalidArgument
-        otherwise (nothing changed)."""
+        their thread; a call into this Hybrid from it raises InvalidArgument.
+        Then :meth:`pieces_wait` before reading a hit's pieces at
+        :meth:`slots`, and :meth:`pieces_poll` or :meth:`pieces_sync` after a
+        release. The plane alone takes and reports the moves from then on
+        (:meth:`take_moves`, :meth:`moves_done` and :meth:`set_l3` refuse),
+        and alone submits to and polls its Transfers and Stores (theirs
+        refuse while this Hybrid is open); groups may share a Transfer, never
+        a tier or a store identity. Needs ``moves=True, async_moves=True``,
+        no modeled L3 for the pieces, no request admitted and no move taken
+        and not reported: InvalidArgument otherwise (nothing changed)."""
         from .store import Store
         from .tier import Tier
         from .xfer import Transfer
@@ -521,6 +548,9 @@ class Hybrid(Handle):
         plan: Dict[int, Tuple[Any, Any, Any, int, int, Any, Any]] = {}
         for g, t in tiers.items():
             g = _a.index(g, "Hybrid.attach_pieces group", n, "groups:")
+            if self._cfg.groups[g].kind == KINDS.index("full"):
+                raise ValueError(f"Hybrid.attach_pieces tiers[{g}]: group {g} is full attention: its pages are the "
+                                 "prefix tree's (Hybrid.attach), only window and state groups have pieces")
             t = _a.sequence(t, f"Hybrid.attach_pieces tiers[{g}]")
             if len(t) != 3:
                 raise TypeError(f"Hybrid.attach_pieces tiers[{g}]: expected (xfer, l1, l2), not {len(t)} items")
@@ -536,7 +566,12 @@ class Hybrid(Handle):
                 put, get = s
                 _a.instance(put, Store, f"Hybrid.attach_pieces stores[{g}] put")
                 _a.instance(get, Store, f"Hybrid.attach_pieces stores[{g}] get")
-            plan[g] = (xfer, l1, l2, xfer.index(l1), xfer.index(l2), put, get)
+            for d, name in ((xfer, "xfer"), (put, "put"), (get, "get")):
+                if d is not None:
+                    d._may_drive(self, "data plane", f"Hybrid.attach_pieces tiers[{g}] {name}" if name == "xfer"
+                                 else f"Hybrid.attach_pieces stores[{g}] {name}")
+            plan[g] = (xfer, l1, l2, _tier_index(xfer, l1, f"Hybrid.attach_pieces tiers[{g}] l1"),
+                       _tier_index(xfer, l2, f"Hybrid.attach_pieces tiers[{g}] l2"), put, get)
             deps += [d for d in (xfer, l1, l2, put, get) if d is not None and all(d is not e for e in deps)]
         if stores is not None:
             for g in stores:
@@ -555,12 +590,16 @@ class Hybrid(Handle):
             if self._plane is not None:
                 raise error(-1, "Hybrid.attach_pieces", "the pieces have a data plane already")
             check(lib.kvt_hybrid_plane_create(ctypes.byref(plane), h, ctypes.byref(cfg)), "Hybrid.attach_pieces",
-                  "needs moves=True and async_moves=True, no modeled L3 for the pieces, no request admitted, every "
-                  "window and state group's tiers (a piece a page, at least its slots), and stores for every such "
-                  "group or none (put over l2, get over l1)")
+                  "needs moves=True and async_moves=True, no modeled L3 for the pieces, no request admitted, no move "
+                  "taken and not reported, every window and state group's tiers (a piece a page, at least its "
+                  "slots; l1 not l2, no tier another group's), and stores for every such group or none (put over "
+                  "l2, get over l1, one model identity a group)")
             self._plane = plane.value
             self._plane_keep = (fn, cfg, bool(stores))
             self._own(h, deps)
+            for d in deps:
+                if not isinstance(d, Tier):
+                    d._drive(self, "data plane")
             self._tiers += [t for t in deps if isinstance(t, Tier) and t._probes]
 
     def _plane_of(self, what: str) -> int:
@@ -698,6 +737,8 @@ class Hybrid(Handle):
         with self._use as h:
             if not self._cfg.moves:
                 raise error(-1, "Hybrid.take_moves", "the cache records no moves (made without moves=True)")
+            if self._plane is not None:
+                raise error(-1, "Hybrid.take_moves", "the data plane takes the moves (attach_pieces)")
             out: List[HybridMove] = []
             while True:
                 want = lib.kvt_hybrid_moves(h)
@@ -733,6 +774,8 @@ class Hybrid(Handle):
             buf[i].key.hi, buf[i].key.lo = m.key
         okb = (ctypes.c_uint8 * max(len(moves), 1))(*[int(f) for f in flags])
         with self._use as h:
+            if self._plane is not None:
+                raise error(-1, "Hybrid.moves_done", "the data plane reports the moves (attach_pieces)")
             check(lib.kvt_hybrid_moves_done(h, buf, len(moves), okb), "Hybrid.moves_done",
                   "a cache without async_moves, or a move not taken here or reported already")
 

@@ -175,6 +175,7 @@ class Store(Handle):
 
     def _submit(self, fn, op: str, items: Iterable[Any], with_page: bool, user: int) -> int:
         user = _a.u64(user, f"Store.{op} user")
+        self._undriven(f"Store.{op}")
         arr, n = _pages(items, with_page)
         t = ctypes.c_uint64()
         with self._use as h:
@@ -222,6 +223,7 @@ class Store(Handle):
         if op not in OPS:
             raise ValueError(f"Store.run: op {op!r}: expected one of {', '.join(OPS)}")
         with_page = op in ("get", "put")
+        self._undriven(f"Store.run({op})")
         arr, n = _pages(items, with_page)
         results = ctypes.create_string_buffer(max(n, 1))
         count = ctypes.c_size_t()
@@ -238,6 +240,7 @@ class Store(Handle):
         """Batches answered (waiting up to ``timeout`` seconds for the first)."""
         timeout = _a.number(timeout, "Store.poll timeout", 0.0, 1e9)
         max = _a.integer(max, "Store.poll max", 1, 1 << 16)
+        self._undriven("Store.poll")
         out = (StoreDone * max)()
         res = []
         with self._use_poll as h:  # the results point into the store until its next poll

@@ -116,6 +116,7 @@ class Transfer(Handle):
         src = _a.index(src, "Transfer.submit src", len(self._tiers), "tiers:")
         dst = _a.index(dst, "Transfer.submit dst", len(self._tiers), "tiers:")
         user = _a.u64(user, "Transfer.submit user")
+        self._undriven("Transfer.submit")
         arr, n = copies_arg(copies)
         t = ctypes.c_uint64()
         with self._use as h:
@@ -129,6 +130,7 @@ class Transfer(Handle):
         """Completed batches (waiting up to ``timeout`` seconds for the first)."""
         timeout = _a.number(timeout, "Transfer.poll timeout", 0.0, 1e9)
         max = _a.integer(max, "Transfer.poll max", 1, 1 << 16)
+        self._undriven("Transfer.poll")
         out = (XferDone * max)()
         with self._use_poll as h:
             got = check(lib.kvt_xfer_poll(h, out, max, int(timeout * 1e9)), "Transfer.poll")

@@ -1172,3 +1172,84 @@ def test_attach_pieces_refuses_what_it_cannot_run():
         assert kvtier.hybrid.piece_bytes(h.groups[0], P) == 0
         for t in (x, xs, l1, l2, small):
             t.close()
+
+
+def test_the_planes_transfers_stores_and_moves_are_its_alone(tmp_path):
+    """While a data plane runs, nothing else may take its completions (a
+    poll of its Transfer or Store hung its sync), submit to them (a foreign
+    batch crashed its poll), or take, report or reroute the cache's moves
+    (its sync then failed): each is refused with nothing changed, and the
+    plane goes on serving every piece right. Closed, it gives them back."""
+    seed = new_seed()
+    room = 1 << 14
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+              l1_slots=PLANE_SLOTS[0], l2_slots=PLANE_SLOTS[1], moves=True, async_moves=True)
+    with kvtier.Hybrid(GROUPS, **kw) as h:
+        plane = Plane(h, PLANE_SLOTS, store=f"dir:{tmp_path}/l3")
+        x, _, _ = plane.tiers[1]
+        put, get = plane.stores[1]
+        for call in (lambda: x.submit(0, 1, [(0, 0)], user=10 ** 9), lambda: x.poll(0.01),
+                     lambda: put.put([((1, 2), 0)], user=10 ** 9), lambda: get.poll(0.01),
+                     lambda: get.run("get", [((1, 2), 0)])):
+            with pytest.raises(kvtier.InvalidArgument, match="alone while it is open"):
+                call()
+        for call in (h.take_moves, lambda: h.moves_done([]), lambda: h.set_l3(None)):
+            with pytest.raises(kvtier.InvalidArgument, match="data plane"):
+                call()
+        with kvtier.Hybrid(GROUPS, **kw) as other:
+            with pytest.raises(kvtier.InvalidArgument, match="driven already"):
+                other.attach_pieces(plane.tiers, plane.write)
+        hits, failed = run_plane(h, plane, random.Random(seed), 150, seed)  # each hit's pieces checked
+        assert hits > 0 and failed == 0, (hits, failed, seed)
+    assert x.poll(0) == [] and get.poll(0) == []
+    plane.close()
+
+
+def test_a_call_into_the_cache_from_its_write_is_refused():
+    seed = new_seed()
+    room = 1 << 14
+    calls = {}
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+                       l1_slots=PLANE_SLOTS[0], l2_slots=PLANE_SLOTS[1], moves=True, async_moves=True) as h:
+
+        class Reentering(Plane):
+            def write(self, mv):
+                for name, call in (("close", h.close), ("sync", h.pieces_sync), ("stats", h.pieces_stats)):
+                    try:
+                        call()
+                    except kvtier.InvalidArgument as e:
+                        calls[name] = str(e)
+                Plane.write(self, mv)
+
+        plane = Reentering(h, PLANE_SLOTS)
+        hits, failed = run_plane(h, plane, random.Random(seed), 150, seed)  # each hit's pieces checked
+        assert hits > 0 and failed == 0, (hits, failed, seed)
+        assert h.pieces_stats()["write_failures"] == 0
+    assert set(calls) == {"close", "sync", "stats"} and all("inside its own callback" in m for m in calls.values())
+    plane.close()
+
+
+def test_tiers_two_groups_share_and_one_transfer_for_two_drivers_are_refused():
+    room = 1 << 14
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+              moves=True, async_moves=True)
+    twins = "full:2:256,window:24:2:256,window:24:2:256"
+    slots = ({1: 8, 2: 8}, {1: 16, 2: 16})
+    with kvtier.Hybrid(twins, l1_slots=slots[0], l2_slots=slots[1], **kw) as h:
+        size = kvtier.hybrid.piece_bytes(h.groups[1], P)
+        a1, a2, b1, b2 = (kvtier.Tier.arena(16, 1, size) for _ in range(4))
+        x = kvtier.Transfer([a1, a2, b1, b2])
+        with pytest.raises(kvtier.InvalidArgument, match="no tier another group's"):
+            h.attach_pieces({1: (x, a1, a2), 2: (x, a1, b2)}, print)
+        with pytest.raises(kvtier.InvalidArgument, match="l1 not l2"):
+            h.attach_pieces({1: (x, a1, a1), 2: (x, b1, b2)}, print)
+        with pytest.raises(ValueError, match="full attention"):
+            h.attach_pieces({0: (x, a1, a2), 1: (x, a1, a2), 2: (x, b1, b2)}, print)
+        fl1, fl2 = kvtier.Tier.host(room, 1, h.groups[0].bytes * P), kvtier.Tier.host(room, 1, h.groups[0].bytes * P)
+        y = kvtier.Transfer([fl1, fl2, a1, a2])
+        h.attach(y, fl1, fl2)  # the full pages' copies on y: the cache polls it
+        with pytest.raises(kvtier.InvalidArgument, match="driven already"):
+            h.attach_pieces({1: (y, a1, a2), 2: (x, b1, b2)}, print)
+        h.attach_pieces({1: (x, a1, a2), 2: (x, b1, b2)}, print)  # one Transfer for both groups: the plane's
+    for o in (x, y, a1, a2, b1, b2, fl1, fl2):
+        o.close()

@@ -35,6 +35,13 @@ int kvt__hybrid_live(const kvt_hybrid_t *h);
 void kvt__hybrid_drop_l3(kvt_hybrid_t *h);
 /* Whether it has one (kvt_hybrid_set_l3). */
 int kvt__hybrid_has_l3(const kvt_hybrid_t *h);
+/* The plane runs the moves from now on (on) or no more: while it does,
+ * kvt_hybrid_take_moves hands out none, and kvt_hybrid_moves_done and
+ * kvt_hybrid_set_l3 refuse, so that a move is never taken, reported or
+ * rerouted behind its back; the plane takes and reports through these. */
+void kvt__hybrid_drive(kvt_hybrid_t *h, bool on);
+size_t kvt__hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap);
+int kvt__hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok);
 
 /* The moves outstanding with async_moves (pending.c), from their record to
  * the engine's report: entries with stable indexes, found by destination

@@ -114,6 +114,7 @@ struct kvt_hybrid {
     pins_t *live_reqs;
     kvt_hybrid_probe_fn probe; /* an L3 outside the cache (kvt_hybrid_set_l3): asked what it holds */
     void *probe_arg;
+    bool driven; /* a data plane runs the moves (kvt__hybrid_drive) */
 
     /* scratch, grown as needed */
     kvt_hash128_t *hash;
@@ -254,6 +255,7 @@ kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h) { return h ? h->cache : NULL; }
 const kvt_hybrid_config_t *kvt__hybrid_cfg(const kvt_hybrid_t *h) { return &h->cfg; }
 int kvt__hybrid_live(const kvt_hybrid_t *h) { return h->live != 0; }
 int kvt__hybrid_has_l3(const kvt_hybrid_t *h) { return h->probe != NULL; }
+void kvt__hybrid_drive(kvt_hybrid_t *h, bool on) { h->driven = on; }
 void kvt__hybrid_drop_l3(kvt_hybrid_t *h) {
     h->probe = NULL;
     h->probe_arg = NULL;
@@ -750,7 +752,7 @@ int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64
 }
 
 int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg) {
-    if (h == NULL || h->live || h->cfg.cache.l2_pages == 0) return KVT_EINVAL;
+    if (h == NULL || h->live || h->driven || h->cfg.cache.l2_pages == 0) return KVT_EINVAL;
     for (uint32_t g = 0; g < h->cfg.ngroups; g++)
         if (h->kc[g][2]) return KVT_EINVAL; /* a modeled L3 already */
     h->probe = probe;
@@ -934,6 +936,10 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
 /* ---- what the engine copies ------------------------------------------------------ */
 
 size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap) {
+    return h == NULL || h->driven ? 0 : kvt__hybrid_take_moves(h, out, cap);
+}
+
+size_t kvt__hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap) {
     if (h == NULL || (out == NULL && cap)) return 0;
     if (h->cfg.async_moves) return kvt__pend_take(&h->pt, out, cap);
     size_t k = h->nmoves < cap ? h->nmoves : cap;
@@ -1000,6 +1006,10 @@ static void unsee(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n) {
 }
 
 int kvt_hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok) {
+    return h == NULL || h->driven ? KVT_EINVAL : kvt__hybrid_moves_done(h, moves, n, ok);
+}
+
+int kvt__hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok) {
     if (h == NULL || !h->cfg.async_moves || ((moves == NULL || ok == NULL) && n)) return KVT_EINVAL;
     for (size_t i = 0; i < n; i++) { /* every one taken and not reported, once */
         uint32_t e = kvt__pend_find(&h->pt, &moves[i], PEND_TAKEN, 0);

@@ -114,14 +114,49 @@ int kvt_hybrid_store_probe(void *stores, uint32_t g, const kvt_key128_t *keys, s
 
 /* ---- create, destroy -------------------------------------------------------- */
 
+/* The object key a store gives one fixed page hash: equal exactly when two
+ * stores share a model identity (and geometry: store.h). */
+static void identity_of(kvt_store_t *s, char hex[33]) {
+    const kvt_hash128_t h = {0x6b767469657221ull, 0x706c616e65ull};
+    kvt_store_key(s, &h, hex);
+}
+
 static int group_ok(const kvt_hybrid_config_t *hc, uint32_t g, const kvt_hybrid_plane_group_t *x, uint64_t bytes,
                     bool store) {
-    if (x->xfer == NULL || x->l1 == NULL || hc->l3_slots[g]) return 0;
+    if (x->xfer == NULL || x->l1 == NULL || x->l1 == x->l2 || hc->l3_slots[g]) return 0;
     const kvt_geom_t *g1 = kvt_tier_geom(x->l1), *g2 = x->l2 ? kvt_tier_geom(x->l2) : NULL;
     if (g1->pages < hc->l1_slots[g] || kvt_geom_page_bytes(g1) != bytes) return 0;
     if (hc->l2_slots[g] && (g2 == NULL || g2->pages < hc->l2_slots[g] || kvt_geom_page_bytes(g2) != bytes)) return 0;
     if (store != (x->put != NULL) || store != (x->get != NULL)) return 0;
-    return !store || (kvt_store_tier(x->put) == x->l2 && kvt_store_tier(x->get) == x->l1);
+    if (!store) return 1;
+    char a[33], b[33];
+    identity_of(x->put, a);
+    identity_of(x->get, b);
+    return kvt_store_tier(x->put) == x->l2 && kvt_store_tier(x->get) == x->l1 && strcmp(a, b) == 0;
+}
+
+/* No two groups share a tier (a slot of one group would be another's) or a
+ * store identity (a group's object would answer for another's); a full
+ * group is given nothing (its pages are the radix cache's). */
+static int groups_apart(const kvt_hybrid_config_t *hc, const kvt_hybrid_plane_config_t *cfg) {
+    for (uint32_t g = 0; g < hc->ngroups; g++) {
+        const kvt_hybrid_plane_group_t *x = &cfg->groups[g];
+        if (kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens) == 0) {
+            if (x->xfer || x->l1 || x->l2 || x->put || x->get) return 0;
+            continue;
+        }
+        for (uint32_t k = 0; k < g; k++) {
+            const kvt_hybrid_plane_group_t *y = &cfg->groups[k];
+            if (y->l1 == NULL) continue; /* a full group */
+            if (x->l1 == y->l1 || x->l1 == y->l2 || (x->l2 && (x->l2 == y->l1 || x->l2 == y->l2))) return 0;
+            if (x->put == NULL) continue;
+            char a[33], b[33];
+            identity_of(x->put, a);
+            identity_of(y->put, b);
+            if (strcmp(a, b) == 0) return 0;
+        }
+    }
+    return 1;
 }
 
 int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *given) {
@@ -129,7 +164,8 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
     if (out == NULL || h == NULL || given == NULL || kvt__abi_in(&c, sizeof(c), given) != KVT_OK || c.write == NULL)
         return KVT_EINVAL;
     const kvt_hybrid_config_t *hc = kvt__hybrid_cfg(h);
-    if (!hc->moves || !hc->async_moves || kvt__hybrid_live(h)) return KVT_EINVAL;
+    /* a move the engine took and has not reported would never be */
+    if (!hc->moves || !hc->async_moves || kvt__hybrid_live(h) || kvt_hybrid_moves_outstanding(h)) return KVT_EINVAL;
     bool store = false;
     for (uint32_t g = 0; g < hc->ngroups; g++) store |= cfg->groups[g].put || cfg->groups[g].get;
     if (!store && kvt__hybrid_has_l3(h)) return KVT_EINVAL; /* the engine's own L3: its moves would have no runner */
@@ -137,6 +173,7 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
         uint64_t bytes = kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens);
         if (bytes && !group_ok(hc, g, &cfg->groups[g], bytes, store)) return KVT_EINVAL;
     }
+    if (!groups_apart(hc, cfg)) return KVT_EINVAL;
     kvt_hybrid_plane_t *p = kvt__calloc(1, sizeof(*p));
     if (p == NULL) return KVT_ENOMEM;
     p->h = h;
@@ -150,6 +187,7 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
         kvt__free(p, sizeof(*p));
         return rc;
     }
+    kvt__hybrid_drive(h, true);
     *out = p;
     return KVT_OK;
 }
@@ -235,7 +273,7 @@ static int take(kvt_hybrid_plane_t *p, int *did) {
         if (k > TAKE_MAX) k = TAKE_MAX;
         take_t *t;
         if (reserve(p) != KVT_OK || (t = take_new(k)) == NULL) return KVT_ENOMEM;
-        t->n = kvt_hybrid_take_moves(p->h, t->mv, k);
+        t->n = kvt__hybrid_take_moves(p->h, t->mv, k);
         if (t->n == 0) { /* kvt_hybrid_moves counted none ready after all */
             take_free(t);
             break;
@@ -261,7 +299,7 @@ static int report(kvt_hybrid_plane_t *p, int *did) {
     for (uint32_t i = 0; i < p->nb; i++) {
         batch_t *b = &p->b[i];
         if (b->state != B_LANDED) continue;
-        int rc = kvt_hybrid_moves_done(p->h, b->t->mv + b->at, b->n, b->t->ok + b->at);
+        int rc = kvt__hybrid_moves_done(p->h, b->t->mv + b->at, b->n, b->t->ok + b->at);
         if (rc != KVT_OK) return rc; /* KVT_ENOMEM: it stays landed, reported next time */
         b->state = B_FREE;
         if (--b->t->open == 0) take_free(b->t);
@@ -271,12 +309,27 @@ static int report(kvt_hybrid_plane_t *p, int *did) {
     return KVT_OK;
 }
 
-/* Completions of group g's engine, waiting up to timeout_ns for one. */
+/* Batch id, in flight on source `src` (an engine or a store) of its group:
+ * what a completion from src names; NULL for an id that is none of ours (a
+ * caller that broke the rule of hybrid.h and used the source too). */
+static batch_t *ours(kvt_hybrid_plane_t *p, uint64_t id, const void *src) {
+    if (id >= p->nb || p->b[id].state != B_FLIGHT) return NULL;
+    batch_t *b = &p->b[id];
+    const kvt_hybrid_plane_group_t *x = &p->cfg.groups[b->group];
+    int copy = b->kind == K_DOWN || b->kind == K_UP;
+    return (copy ? (const void *)x->xfer : b->kind == K_PUT ? (const void *)x->put : (const void *)x->get) == src ? b : NULL;
+}
+
+/* Completions of group g's engine, waiting up to timeout_ns for one. An
+ * engine two groups share reports both's batches here. */
 static int reap_xfer(kvt_hybrid_plane_t *p, uint32_t g, uint64_t timeout_ns) {
     kvt_xfer_done_t d[POLL_MAX];
-    int n = kvt_xfer_poll(p->cfg.groups[g].xfer, d, POLL_MAX, timeout_ns);
+    kvt_xfer_t *x = p->cfg.groups[g].xfer;
+    int n = kvt_xfer_poll(x, d, POLL_MAX, timeout_ns);
     for (int j = 0; j < n; j++) {
-        batch_t *b = &p->b[d[j].user];
+        batch_t *b = ours(p, d[j].user, x);
+        if (b == NULL) continue;
+        g = b->group;
         int good = d[j].status == KVT_OK;
         memset(b->t->ok + b->at, good, b->n);
         uint64_t bytes = good ? b->n * p->bytes[g] : 0;
@@ -293,9 +346,11 @@ static int reap_xfer(kvt_hybrid_plane_t *p, uint32_t g, uint64_t timeout_ns) {
 static int reap_store(kvt_hybrid_plane_t *p, uint32_t g, int get, uint64_t timeout_ns) {
     kvt_store_done_t d[POLL_MAX];
     const kvt_hybrid_plane_group_t *x = &p->cfg.groups[g];
-    int n = kvt_store_poll(get ? x->get : x->put, d, POLL_MAX, timeout_ns);
+    kvt_store_t *s = get ? x->get : x->put;
+    int n = kvt_store_poll(s, d, POLL_MAX, timeout_ns);
     for (int j = 0; j < n; j++) {
-        batch_t *b = &p->b[d[j].user];
+        batch_t *b = ours(p, d[j].user, s);
+        if (b == NULL) continue;
         for (size_t i = 0; i < b->n; i++) {
             int good = d[j].results[i] == KVT_STORE_OK;
             b->t->ok[b->at + i] = (uint8_t)good;
@@ -380,6 +435,7 @@ void kvt_hybrid_plane_destroy(kvt_hybrid_plane_t *p) {
             p->b[i].state = B_FREE;
             if (--t->open == 0) take_free(t);
         }
+    kvt__hybrid_drive(p->h, false);
     if (p->store) kvt__hybrid_drop_l3(p->h); /* its probe is this plane's */
     kvt__free(p->b, p->cap * sizeof(*p->b));
     kvt__free(p, sizeof(*p));
