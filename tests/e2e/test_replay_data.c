@@ -126,19 +126,10 @@ Test(replay_data, soak_passes_with_copy_faults, .timeout = 300) {
                                                     "--json", NULL});
     cJSON *o = json_of(&r);
     const cJSON *s = cJSON_GetObjectItem(o, "soak"), *d = cJSON_GetObjectItem(o, "data");
-    double passes = num(s, "passes");
-    cr_assert_geq(passes, 3, "%s", r.out);
+    double passes = soak_held_flat(s, 3, r.out);
     cr_assert_eq(num(o, "requests"), 300 * passes, "every pass replays the 300 requests");
-    cr_assert_eq(sub(s, "first", "pass"), 1);
     cr_assert_gt(sub(s, "middle", "pass"), 1);
     cr_assert_geq(sub(s, "middle", "at_s"), 0.75, "the first pass past half the time");
-    cr_assert_eq(sub(s, "last", "pass"), passes);
-    cr_assert_eq(sub(s, "last", "fds"), sub(s, "middle", "fds"));
-    cr_assert_eq(sub(s, "last", "threads"), sub(s, "middle", "threads"));
-    /* the same but for the batches in flight when a sample is taken (a few KiB come and go) */
-    double use_mid = sub(s, "middle", "live_bytes") - sub(s, "middle", "pool_idle_bytes"),
-           use_end = sub(s, "last", "live_bytes") - sub(s, "last", "pool_idle_bytes");
-    cr_assert_leq(use_end, use_mid + 65536, "kvtier's bytes in use grew: %.0f -> %.0f", use_mid, use_end);
     cr_assert_leq(sub(s, "last", "live_bytes"), sub(s, "middle", "live_bytes") + (16 << 20), "more than a pool chunk");
     cr_assert_gt(sub(s, "first", "rss_kb"), 0);
     cr_assert_gt(num(d, "failed_copies"), 0, "the faults were on");

@@ -101,17 +101,8 @@ Test(replay_hybrid_data, soak_passes_with_copy_faults, .timeout = 120) {
     const cJSON *run = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "runs"), 0), *h = hybrid_of(o);
     cr_assert_null(cJSON_GetObjectItem(run, "every_layer_full"), "a soak runs one cache");
     cr_assert_null(cJSON_GetObjectItem(run, "state_at_ends_only"), "a soak runs one cache");
-    const cJSON *s = cJSON_GetObjectItem(h, "soak");
-    double passes = num(s, "passes");
-    cr_assert_geq(passes, 2, "%s", r.out);
+    double passes = soak_held_flat(cJSON_GetObjectItem(h, "soak"), 2, r.out);
     cr_assert_eq(num(h, "requests"), 200 * passes, "every pass replays the 200 requests");
-    cr_assert_eq(sub(s, "first", "pass"), 1);
-    cr_assert_eq(sub(s, "last", "pass"), passes);
-    cr_assert_eq(sub(s, "last", "fds"), sub(s, "middle", "fds"));
-    cr_assert_eq(sub(s, "last", "threads"), sub(s, "middle", "threads"));
-    double use_mid = sub(s, "middle", "live_bytes") - sub(s, "middle", "pool_idle_bytes"),
-           use_end = sub(s, "last", "live_bytes") - sub(s, "last", "pool_idle_bytes");
-    cr_assert_leq(use_end, use_mid + 65536, "kvtier's bytes in use grew: %.0f -> %.0f", use_mid, use_end);
     cr_assert_gt(data_of(h, "pieces", "copy_failures"), 0, "the faults were on");
     cr_assert_gt(data_of(h, "pieces", "verified"), 0);
     cr_assert_eq(data_of(h, "pieces", "mismatches"), 0);
