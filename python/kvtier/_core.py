@@ -234,7 +234,7 @@ class _Serial:
         if h is None or o._closing:
             o._serial.release()
             raise ClosedError(type(o).__name__)
-        if o._in_callback == threading.get_ident():
+        if o._in_callback is not None and o._in_callback == threading.get_ident():
             o._serial.release()
             raise o._reentered()
         return h

@@ -378,31 +378,37 @@ static void root_limit(dirroot_t *x) {
     pthread_mutex_unlock(&x->mu);
 }
 
-/* d joins its root's index, which the first store on the root in this
- * process builds (scan). A root is this process's only: a child forked after
- * an open builds its own (what it inherited may be mid-update). */
+/* A root's index, built from its files (scan) for its first store, d. */
+static int root_new(dirroot_t **out, const dirbe_t *d, const struct stat *st) {
+    dirroot_t *x = KVT_NEW(dirroot_t);
+    if (x == NULL) return kvt__store_error("out of memory"), KVT_ENOMEM;
+    x->dev = st->st_dev;
+    x->ino = st->st_ino;
+    x->pid = getpid();
+    x->head = x->tail = x->free_head = NIL;
+    pthread_mutex_init(&x->mu, NULL);
+    int rc = idx_grow(x);
+    if (rc == KVT_OK) rc = scan(x, d);
+    if (rc != KVT_OK) {
+        kvt__store_error("dir store: cannot read '%s' (%s)", d->root, kvt_err_name(rc));
+        root_free(x);
+        return rc;
+    }
+    *out = x;
+    return KVT_OK;
+}
+
+/* d joins its root's index, made by the first store on the root in this
+ * process. A root is this process's only: a child forked after an open
+ * builds its own (what it inherited may be mid-update). */
 static int root_join(dirbe_t *d, const struct stat *st) {
     pthread_mutex_lock(&roots_mu);
     dirroot_t *x = roots;
     while (x && !(x->dev == st->st_dev && x->ino == st->st_ino && x->pid == getpid())) x = x->next;
     int rc = KVT_OK;
-    if (x == NULL && (x = KVT_NEW(dirroot_t)) == NULL) {
-        rc = KVT_ENOMEM;
-        kvt__store_error("out of memory");
-    } else if (x->stores == NULL) { /* new */
-        x->dev = st->st_dev;
-        x->ino = st->st_ino;
-        x->pid = getpid();
-        x->head = x->tail = x->free_head = NIL;
-        pthread_mutex_init(&x->mu, NULL);
-        if ((rc = idx_grow(x)) == KVT_OK) rc = scan(x, d);
-        if (rc != KVT_OK) {
-            kvt__store_error("dir store: cannot read '%s' (%s)", d->root, kvt_err_name(rc));
-            root_free(x);
-        } else {
-            x->next = roots;
-            roots = x;
-        }
+    if (x == NULL && (rc = root_new(&x, d, st)) == KVT_OK) {
+        x->next = roots;
+        roots = x;
     }
     if (rc == KVT_OK) {
         d->r = x;
