@@ -273,6 +273,26 @@ def using(*handles: "Handle") -> _UseAll:
     return _UseAll(handles)
 
 
+class in_callback:
+    """``with in_callback(o):`` around a Python callback that a C call of
+    handle ``o`` (None: gone) runs: calls into ``o`` from it, on its thread,
+    are refused meanwhile (Handle)."""
+
+    __slots__ = ("_o", "_prev")
+
+    def __init__(self, o: Optional["Handle"]) -> None:
+        self._o = o
+
+    def __enter__(self) -> None:
+        o = self._o
+        if o is not None:
+            self._prev, o._in_callback = o._in_callback, threading.get_ident()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._o is not None:
+            self._o._in_callback = self._prev
+
+
 class Handle:
     """A Python object owning one C object. ``close()`` frees it (also on
     leaving a ``with`` block, and as a last resort when collected); every

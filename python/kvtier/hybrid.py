@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import array
 import ctypes
-import threading
 import weakref
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, IOFailure, OutOfRange, TryAgain, check, error, page_hashes, tokens_arg, \
-    using
+from ._core import ClosedError, Handle, IOFailure, OutOfRange, TryAgain, check, error, in_callback, page_hashes, \
+    tokens_arg, using
 from ._lib import HYBRID_PROBE, HYBRID_WRITE, KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, \
     HybridPlaneConfig, HybridPlaneGroup, HybridPlaneStats, HybridReq, HybridStats, Key128, lib
 from ._lib import HybridMove as HybridMove_
@@ -202,20 +201,15 @@ def _write_callback(hybrid: "Hybrid", write: Any) -> Any:
 
     def call(_arg: Any, m: Any) -> int:
         h = ref()
-        prev = h._in_callback if h is not None else None
         try:
-            if h is not None:
-                h._in_callback = threading.get_ident()
-            x = m[0]
-            write(HybridMove(x.group, x.src_tier, x.dst_tier, x.src_slot, x.dst_slot, (x.key.hi, x.key.lo)))
+            with in_callback(h):
+                x = m[0]
+                write(HybridMove(x.group, x.src_tier, x.dst_tier, x.src_slot, x.dst_slot, (x.key.hi, x.key.lo)))
             return 0
         except BaseException as e:  # noqa: B036 - an exception must not unwind through C
             if h is not None:
                 h.last_write_error = e
             return -1
-        finally:
-            if h is not None:
-                h._in_callback = prev
 
     return HYBRID_WRITE(call)
 
@@ -228,11 +222,9 @@ def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
 
     def call(_arg: Any, group: int, keys: Any, n: int, present: Any) -> int:
         h = ref()
-        prev = h._in_callback if h is not None else None
         try:
-            if h is not None:
-                h._in_callback = threading.get_ident()
-            got = list(probe(group, [(keys[i].hi, keys[i].lo) for i in range(n)]))
+            with in_callback(h):
+                got = list(probe(group, [(keys[i].hi, keys[i].lo) for i in range(n)]))
             if len(got) != n:
                 raise ValueError(f"the probe answered {len(got)} flags for {n} keys")
             for i, x in enumerate(got):
@@ -243,9 +235,6 @@ def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
                 h.probe_errors += 1
                 h.last_probe_error = e
             return -1
-        finally:
-            if h is not None:
-                h._in_callback = prev
 
     return HYBRID_PROBE(call)
 
