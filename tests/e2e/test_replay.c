@@ -3,6 +3,9 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/json.h"
 #include "common/run.h"
@@ -278,6 +281,13 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--model", "qwen3-next-like", "--l2-pages", "0", "--l3", "dir:/tmp"}, "--l3: needs an L2 tier"},
         {{"--model", "qwen3-next-like", "--l2-pages", "0", "--l3-pages", "64"}, "--l3-pages: needs an L2 tier"},
         {{"--checkpoint-every", "-1"}, "--checkpoint-every: '-1' is not an integer in"},
+        {{"--groups", "full:1:64,window:4:1:64,"}, "--groups: 'full:1:64,window:4:1:64,' ends with ',': group 3 is empty"},
+        {{"--groups", "full:65536:1099511627776,state:65536:1099511627776", "--page-tokens", "512"},
+         "--groups: 'full:65536:1099511627776,state:65536:1099511627776': a page of 512 tokens would hold more than 2^64"},
+        {{"--model", "gemma-3-like", "--stats", "table"}, "--stats: not with a hybrid model"},
+        {{"--sweep", "64,128", "--plot", "/nonexistent-dir/p.png"}, "--plot: cannot write in '/nonexistent-dir'"},
+        {{"--sweep", "64,128", "--plot", "/tmp"}, "--plot: '/tmp' is a directory"},
+        {{"--sweep", "64,128", "--plot", "/tmp/a\nb.png"}, "--plot: the path holds a control character"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *argv[9] = {NULL, "replay"};
@@ -324,6 +334,33 @@ Test(replay, sweep_plot_png, .timeout = 60) {
         assert_png_and_remove(png);
     }
     cr_assert_not_null(strstr(r.out, "L1 pages"), "the sweep table: %s", r.out);
+    run_free(&r);
+}
+
+/* The --plot path is only ever a file name to gnuplot (it was pasted into
+ * gnuplot's script: a quote in it ran system()), gnuplot writes nothing to
+ * stdout (--json stays JSON), and a --sweep longer than the command reads
+ * is refused, not cut short. */
+Test(replay, plot_path_is_a_name_and_json_stays_json, .timeout = 60) {
+    if (access("/usr/bin/gnuplot", X_OK) != 0) cr_skip_test("no gnuplot (apt-get install gnuplot-nox)");
+    char dir[64], png[256], planted[64];
+    snprintf(dir, sizeof(dir), "/tmp/kvt-plot-test-%d", (int)getpid());
+    snprintf(planted, sizeof(planted), "kvt-planted-%d", (int)getpid()); /* where gnuplot runs: this cwd */
+    mkdir(dir, 0755);
+    snprintf(png, sizeof(png), "%s/q'; system('touch %s'); set output 'x.png", dir, planted);
+    run_result_t r = RUN(TRACE, "--sweep", "1000,4000", "--limit", "300", "--plot", png, "--json");
+    cJSON_Delete(json_of(&r));
+    run_free(&r);
+    bool ran = access(planted, F_OK) == 0;
+    unlink(planted);
+    cr_assert_not(ran, "the path ran as gnuplot commands");
+    assert_png_and_remove(png);
+    rmdir(dir);
+    char sweep[700] = "1000";
+    while (strlen(sweep) < 600) strcat(sweep, ",1000");
+    r = RUN(TRACE, "--sweep", sweep);
+    cr_assert_eq(r.status, 2);
+    cr_assert_not_null(strstr(r.err, "--sweep: a list of"), "%s", r.err);
     run_free(&r);
 }
 

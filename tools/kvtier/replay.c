@@ -1,11 +1,13 @@
 /* kvtier replay — replays a request trace through the cache and reports what
  * each tier would have served. */
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -481,14 +483,48 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
 
 /* Each tier's hit rate, and all of them together, over the L1 capacities
  * of a sweep (a log-scaled axis). */
+/* s as a gnuplot string: single-quoted, a quote in it doubled (gnuplot's
+ * rule; nothing else is special there), so that a path or title is only
+ * ever text. Control characters were refused with the path. */
+static void gp_string(FILE *g, const char *s) {
+    fputc('\'', g);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', g);
+        fputc(*s, g);
+    }
+    fputc('\'', g);
+}
+
+/* gnuplot's own output goes nowhere: it draws to the file, and on stdout
+ * (where it would put the image when the file cannot be written) it would
+ * break --json; its messages still reach stderr. */
 FILE *replay_plot_open(const char *path, const char *title, const char *xlabel, const char *ylabel) {
-    FILE *g = popen("gnuplot 2>&1", "w");
+    FILE *g = popen("gnuplot >/dev/null", "w");
     if (g == NULL) return NULL;
-    fprintf(g, "set terminal png size 900,560\nset output '%s'\n", path);
-    fprintf(g, "set title '%s'\n", title);
-    fprintf(g, "set xlabel '%s (log scale)'\nset logscale x\nset ylabel '%s'\nset yrange [0:1]\nset grid\n"
+    fputs("set terminal png size 900,560\nset output ", g);
+    gp_string(g, path);
+    fputs("\nset title ", g);
+    gp_string(g, title);
+    fprintf(g, "\nset xlabel '%s (log scale)'\nset logscale x\nset ylabel '%s'\nset yrange [0:1]\nset grid\n"
                "set key left top\n", xlabel, ylabel);
     return g;
+}
+
+/* --plot PATH: a file that can be written, checked before the run (which
+ * may take long) and without creating it. */
+static int plot_path_ok(cli_t *c, const char *path) {
+    c->flag = "--plot";
+    for (const char *p = path; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) return cli_error(c, "the path holds a control character");
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
+    struct stat st;
+    if (*path == 0 || (slash && slash[1] == 0) || (stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
+        return cli_error(c, "'%s' is a directory, not a PNG file's path", path);
+    if (access(dir, W_OK | X_OK) != 0) return cli_error(c, "cannot write in '%s': %s", dir, strerror(errno));
+    if (stat(path, &st) == 0 && access(path, W_OK) != 0) return cli_error(c, "cannot write '%s': %s", path, strerror(errno));
+    return 0;
 }
 
 static int plot(const char *path, const result_t *res, size_t n, const char *policy, bool l3) {
@@ -662,6 +698,8 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         if (bad >= 1 && strchr(text, ':')) {
             const char *s = text;
             for (uint32_t i = 0; i < bad && s; i++) s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL;
+            if (s != NULL && *s == '\0' && bad > 0)
+                return cli_error(c, "'%s' ends with ',': group %u is empty", text, bad + 1);
             if (s == NULL || *s == '\0')
                 return cli_error(c, "'%s' has no full group (the prefix tree holds the full groups' pages)", text);
             return cli_error(c, "group %u ('%.*s') is not full:LAYERS:BYTES, window:W:LAYERS:BYTES or state:LAYERS:BYTES "
@@ -672,25 +710,32 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
                                 "(every number at least 1)", (int)strcspn(text, ","), text);
         return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
     }
+    if (text && !o->bytes_per_token) { /* the model's bytes per token as all-full attention, as a preset's */
+        uint64_t per_token = 0, full_layers = 0, full_bytes = 0, state_layers = 0, state_as_full = 0;
+        bool over = false;
+        for (uint32_t g = 0; g < h->ngroups; g++) {
+            if (h->groups[g].kind != KVT_GROUP_STATE) over |= __builtin_add_overflow(per_token, h->groups[g].bytes, &per_token);
+            else state_layers += h->groups[g].layers;
+            if (h->groups[g].kind == KVT_GROUP_FULL) full_layers += h->groups[g].layers, full_bytes += h->groups[g].bytes;
+        }
+        over |= __builtin_mul_overflow(state_layers, full_bytes / full_layers, &state_as_full) ||
+                __builtin_add_overflow(per_token, state_as_full, &o->bpt) || o->bpt > UINT64_MAX / o->page_tokens;
+        if (over) return cli_error(c, "'%s': a page of %" PRIu64 " tokens would hold more than 2^64 bytes", text, o->page_tokens);
+    }
     if (!hybrid_on(h)) return 0;
     if (o->digest) {
         c->flag = "--digest";
         return cli_error(c, "not with a hybrid model (window or state groups)");
+    }
+    if (o->stats) { /* it would write the all-full comparison's counters, unlabelled */
+        c->flag = "--stats";
+        return cli_error(c, "not with a hybrid model: its counters are in --json (runs[].hybrid.stats)");
     }
     if ((l3->pages || l3->url) && o->l2_pages == 0) {
         c->flag = l3->url ? "--l3" : "--l3-pages";
         return cli_error(c, "needs an L2 tier (--l2-pages > 0): pieces reach L3 through L2");
     }
     (void)nsweep;
-    if (text && !o->bytes_per_token) {
-        uint64_t per_token = 0, full_layers = 0, full_bytes = 0, state_layers = 0;
-        for (uint32_t g = 0; g < h->ngroups; g++) {
-            if (h->groups[g].kind != KVT_GROUP_STATE) per_token += h->groups[g].bytes;
-            else state_layers += h->groups[g].layers;
-            if (h->groups[g].kind == KVT_GROUP_FULL) full_layers += h->groups[g].layers, full_bytes += h->groups[g].bytes;
-        }
-        o->bpt = per_token + state_layers * (full_bytes / full_layers);
-    }
     return 0;
 }
 
@@ -741,8 +786,10 @@ int cmd_replay(int argc, char **argv) {
     size_t nsweep = 0;
     if (o.sweep) {
         char buf[512];
-        snprintf(buf, sizeof(buf), "%s", o.sweep);
         c.flag = "--sweep";
+        if (strlen(o.sweep) >= sizeof(buf))
+            return cli_error(&c, "a list of %zu characters: at most %zu", strlen(o.sweep), sizeof(buf) - 1) ? 2 : 2;
+        snprintf(buf, sizeof(buf), "%s", o.sweep);
         for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             uint64_t v = 0;
             bool bad = cli_parse_u64(tok, &v) != 0;
@@ -759,6 +806,7 @@ int cmd_replay(int argc, char **argv) {
         cli_error(&c, "needs --sweep");
         return 2;
     }
+    if (o.plot && plot_path_ok(&c, o.plot) != 0) return 2;
 
     if (replay_opts_finish(&c, &o) != 0 || replay_l3_finish(&c, &l3, nsweep > 0) != 0) return 2;
     if (o.soak_s > 0 && (nsweep || l3.instances > 1)) {
@@ -775,7 +823,8 @@ int cmd_replay(int argc, char **argv) {
     }
     if (l3_window_weight > 0 && l3.pages == 0) {
         c.flag = "--l3-window-weight";
-        return cli_error(&c, "needs an L3 (--l3-pages) to split") ? 2 : 2;
+        return cli_error(&c, "splits a modeled L3 (--l3-pages) between the groups; a store (--l3 URL) keeps its own "
+                             "room") ? 2 : 2;
     }
     /* the weights 0 stand for hybrid.h's defaults, which depend on an L3 */
     double ww = window_weight > 0             ? window_weight

@@ -231,6 +231,11 @@ static double frac(uint64_t x, uint64_t of) { return of ? (double)x / (double)of
 
 /* The bytes of one tier: pages of the all-full model. */
 static uint64_t tier_bytes(const opts_t *o, uint64_t pages) { return pages * o->page_tokens * o->bpt; }
+/* Whether tier_bytes of pages fits 64 bits (checked once per run, before any use). */
+static bool tier_fits(const opts_t *o, uint64_t pages) {
+    uint64_t b;
+    return !__builtin_mul_overflow(pages, o->page_tokens, &b) && !__builtin_mul_overflow(b, o->bpt, &b);
+}
 
 /* --l1-pages unbounded: every page of the trace. */
 static uint64_t l1_of(const kvt_trace_t *t, const opts_t *o, uint64_t l1) {
@@ -260,6 +265,13 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     bool store = l3->url != NULL;
     kvt_hybrid_config_t cfg;
     uint64_t all = l1_of(t, o, UNBOUNDED), P = o->page_tokens;
+    if (!tier_fits(o, all) || !tier_fits(o, l1_of(t, o, a->l1_pages)) || !tier_fits(o, o->l2_pages) ||
+        !tier_fits(o, l3->pages)) {
+        fprintf(stderr, "kvtier replay: --l1-pages, --l2-pages or --l3-pages: a tier of pages of %" PRIu64 " bytes "
+                        "(the model's, --groups or --bytes-per-token, x --page-tokens) would hold more than 2^64 bytes\n",
+                o->bpt * P);
+        return -1;
+    }
     uint64_t b1 = tier_bytes(o, l1_of(t, o, a->l1_pages)), b2 = tier_bytes(o, o->l2_pages),
              b3 = store ? 0 : tier_bytes(o, l3->pages); /* a store keeps its own room */
     int rc = kvt_hybrid_config_default(&cfg, h->groups, h->ngroups, (uint32_t)P, b1, b2, b3);
@@ -267,7 +279,8 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     if (rc == KVT_OK && b3) rc = kvt_hybrid_config_split_tier(&cfg, 3, b3, h->state_share, h->l3_window_weight);
     if (rc != KVT_OK) {
         fprintf(stderr, "kvtier replay: L1 %.2f GB, L2 %.2f GB, L3 %.2f GB: a tier cannot hold one page or checkpoint of each "
-                        "group\n", (double)b1 / 1e9, (double)b2 / 1e9, (double)b3 / 1e9);
+                        "group (more --l1-pages, --l2-pages or --l3-pages, or another --state-share or --window-weight)\n",
+                (double)b1 / 1e9, (double)b2 / 1e9, (double)b3 / 1e9);
         return -1;
     }
     kvt_cache_config_t base;
