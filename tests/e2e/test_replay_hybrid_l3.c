@@ -212,6 +212,11 @@ Test(replay_hybrid_l3, two_instances_share_pieces_through_redis) {
     cr_assert_gt(l3, 0);
     double with = num(h, "hit_rate"), without = num(hybrid_of(jb), "hit_rate");
     cr_assert_gt(with, without, "the shared store must add hits: %.4f with, %.4f without", with, without);
+    /* the fleet's all-full comparison without a store: each cached token's pages in L1, L2 or both of
+     * its instance's (the L2's free pages summed over both instances once put it below the model's) */
+    const cJSON *full = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(jb, "runs"), 0), "every_layer_full");
+    double bpt = num(jb, "all_full_bytes_per_token"), fb = num(full, "bytes_per_cached_token");
+    cr_assert(fb >= bpt && fb <= 2 * bpt, "all-full bytes per cached token %.0f for a model of %.0f", fb, bpt);
     cJSON_Delete(ja), cJSON_Delete(jb);
     run_free(&a), run_free(&b);
 }

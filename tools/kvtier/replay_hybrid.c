@@ -505,8 +505,9 @@ static double hyb_bpt(const hyb_result_t *r) { return frac(r->st.l1_bytes + r->s
 static double full_rate(const result_t *r) {
     return frac(r->cs.l1_hit_tokens + r->cs.l2_hit_tokens + r->cs.l3_hit_tokens, r->cs.tokens);
 }
-static double full_bpt(const result_t *r, const opts_t *o) {
-    uint64_t used = (r->l1_pages - r->cs.l1_free) + (o->l2_pages ? o->l2_pages - r->cs.l2_free : 0);
+/* r of `caches` caches (a fleet's sum: its L1 pages and free counts summed, each its own L2). */
+static double full_bpt(const result_t *r, const opts_t *o, uint64_t caches) {
+    uint64_t used = (r->l1_pages - r->cs.l1_free) + (o->l2_pages ? o->l2_pages * caches - r->cs.l2_free : 0);
     return frac(used * o->page_tokens * o->bpt, r->rs.pages * o->page_tokens);
 }
 
@@ -563,10 +564,10 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts
     return x;
 }
 
-static cJSON *full_json(const result_t *r, const opts_t *o) {
+static cJSON *full_json(const result_t *r, const opts_t *o, uint64_t caches) {
     cJSON *x = cJSON_CreateObject();
     cJSON_AddNumberToObject(x, "hit_rate", full_rate(r));
-    cJSON_AddNumberToObject(x, "bytes_per_cached_token", full_bpt(r, o));
+    cJSON_AddNumberToObject(x, "bytes_per_cached_token", full_bpt(r, o, caches));
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     return x;
 }
@@ -630,7 +631,7 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             cJSON_AddNumberToObject(x, "l3_bytes", (double)tier_bytes(o, l3->pages));
             cJSON_AddItemToObject(x, "hybrid", hyb_json(&hy[i], h, o));
             if (has_state && compare) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h, o));
-            if (compare) cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
+            if (compare) cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o, ni ? ni : 1));
             cJSON_AddItemToArray(arr, x);
         }
         if (ni) { /* the fleet: its totals above, each instance's hybrid run here */
@@ -655,7 +656,7 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             /* no state group: no ends-only run; --soak: neither comparison */
             char ends_cols[32] = "        -           -", full_cols[32] = "        -           -";
             if (has_state && compare) snprintf(ends_cols, sizeof(ends_cols), "%9.4f %11.0f", hyb_rate(&ends[i]), hyb_bpt(&ends[i]));
-            if (compare) snprintf(full_cols, sizeof(full_cols), "%9.4f %11.0f", full_rate(&full[i]), full_bpt(&full[i], o));
+            if (compare) snprintf(full_cols, sizeof(full_cols), "%9.4f %11.0f", full_rate(&full[i]), full_bpt(&full[i], o, ni ? ni : 1));
             printf("%10.1f %10.1f | %9.4f %9.4f %11.0f | %s | %s\n", (double)tier_bytes(o, l1[i]) / 1e9,
                    (double)tier_bytes(o, o->l2_pages) / 1e9, hyb_rate(&hy[i]), frac(hy[i].st.full_hit_tokens, hy[i].st.tokens),
                    hyb_bpt(&hy[i]), ends_cols, full_cols);
