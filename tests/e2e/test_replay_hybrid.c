@@ -130,7 +130,7 @@ Test(replay_hybrid, the_l3_splits_with_its_own_window_weight, .timeout = 120) {
     run_free(&d3), run_free(&d0);
     run_result_t bad = RUN(TRACE, "--model", "gemma-3-like", "--l3-window-weight", "0.5", "--limit", "10");
     cr_assert_eq(bad.status, 2);
-    cr_assert(strstr(bad.err, "--l3-window-weight: needs an L3") != NULL, "%s", bad.err);
+    cr_assert(strstr(bad.err, "--l3-window-weight: needs a modeled L3") != NULL, "%s", bad.err);
     run_free(&bad);
 }
 

@@ -688,6 +688,10 @@ static bool hybrid_on(const hybrid_opts_t *h) {
  * holds the model as all-full attention at o->bpt for the comparison: the groups' all-full bytes per token (each
  * state layer at its full groups' per-layer width) unless
  * --bytes-per-token says otherwise. -1 after printing why. */
+#define GROUP_FORMS                                                                                                    \
+    "full:LAYERS:BYTES, window:W:LAYERS:BYTES or state:LAYERS:BYTES (W 1..4294967295 tokens, LAYERS 1..65536, "       \
+    "BYTES a layer and token 1..2^40)"
+
 static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *text, size_t nsweep, hybrid_opts_t *h) {
     uint32_t bad = 0;
     int rc = text ? kvt_model_parse_groups(text, h->groups, KVT_MODEL_MAX_GROUPS, &h->ngroups, &bad)
@@ -702,12 +706,9 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
                 return cli_error(c, "'%s' ends with ',': group %u is empty", text, bad + 1);
             if (s == NULL || *s == '\0')
                 return cli_error(c, "'%s' has no full group (the prefix tree holds the full groups' pages)", text);
-            return cli_error(c, "group %u ('%.*s') is not full:LAYERS:BYTES, window:W:LAYERS:BYTES or state:LAYERS:BYTES "
-                                "(every number at least 1)", bad + 1, (int)strcspn(s, ","), s);
+            return cli_error(c, "group %u ('%.*s') is not %s", bad + 1, (int)strcspn(s, ","), s, GROUP_FORMS);
         }
-        if (strchr(text, ':'))
-            return cli_error(c, "group 1 ('%.*s') is not full:LAYERS:BYTES, window:W:LAYERS:BYTES or state:LAYERS:BYTES "
-                                "(every number at least 1)", (int)strcspn(text, ","), text);
+        if (strchr(text, ':')) return cli_error(c, "group 1 ('%.*s') is not %s", (int)strcspn(text, ","), text, GROUP_FORMS);
         return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
     }
     if (text && !o->bytes_per_token) { /* the model's bytes per token as all-full attention, as a preset's */
@@ -823,8 +824,8 @@ int cmd_replay(int argc, char **argv) {
     }
     if (l3_window_weight > 0 && l3.pages == 0) {
         c.flag = "--l3-window-weight";
-        return cli_error(&c, "splits a modeled L3 (--l3-pages) between the groups; a store (--l3 URL) keeps its own "
-                             "room") ? 2 : 2;
+        return cli_error(&c, "needs a modeled L3 (--l3-pages) to split between the groups; a store (--l3 URL) keeps "
+                             "its own room") ? 2 : 2;
     }
     /* the weights 0 stand for hybrid.h's defaults, which depend on an L3 */
     double ww = window_weight > 0             ? window_weight

@@ -649,7 +649,8 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
         if (h->every) snprintf(every, sizeof(every), " and every %u pages", h->every);
         printf("kvtier replay: %s: %zu requests, model %s, page %" PRIu64 " tokens, kept points at ends, branch points%s; "
                "state share %.3g, window weight %.3g\n",
-               trace_name, t->n, h->name, o->page_tokens, every, h->state_share, h->window_weight);
+               trace_name, (size_t)(o->limit && o->limit < t->n ? o->limit : t->n), h->name, o->page_tokens, every,
+               h->state_share, h->window_weight);
         printf("%10s %10s | %9s %9s %11s | %9s %11s | %9s %11s\n", "L1 GB", "L2 GB", "hybrid", "(full)", "B/token",
                "ends only", "B/token", "all full", "B/token");
         for (size_t i = 0; i < n; i++) {
