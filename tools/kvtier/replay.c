@@ -481,8 +481,6 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
                (double)kvt_hist_percentile(&x[i]->e2e_ns, 0.999) / 1e3, (double)kvt_hist_percentile(&x[i]->e2e_ns, 1) / 1e3);
 }
 
-/* Each tier's hit rate, and all of them together, over the L1 capacities
- * of a sweep (a log-scaled axis). */
 /* s as a gnuplot string: single-quoted, a quote in it doubled (gnuplot's
  * rule; nothing else is special there), so that a path or title is only
  * ever text. Control characters were refused with the path. */
@@ -527,6 +525,8 @@ static int plot_path_ok(cli_t *c, const char *path) {
     return 0;
 }
 
+/* Each tier's hit rate, and all of them together, over the L1 capacities
+ * of a sweep (a log-scaled axis). */
 static int plot(const char *path, const result_t *res, size_t n, const char *policy, bool l3) {
     char head[160];
     snprintf(head, sizeof(head), "kvtier replay, policy %s: hit rate by tier vs L1 capacity", policy);
