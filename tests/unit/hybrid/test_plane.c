@@ -359,7 +359,7 @@ Test(hybrid_plane, what_it_cannot_run_is_refused) {
     cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &good), KVT_EINVAL, "a request admitted");
     cr_assert_eq(kvt_hybrid_release(r.h, 0, tok, 64, &req), KVT_OK);
     kvt_hybrid_move_t mv[2];
-    uint8_t ok[2] = {1, 1};
+    uint8_t ok[2] = {0, 0}; /* the move taken is not run: reported failed, its piece a miss */
     cr_assert_eq(kvt_hybrid_take_moves(r.h, mv, 1), 1u, "the release's writes");
     cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &good), KVT_EINVAL, "a move the engine took and did not report");
     cr_assert_eq(kvt_hybrid_moves_done(r.h, mv, 1, ok), KVT_OK);
