@@ -235,6 +235,7 @@ Test(replay_hybrid_l3, the_store_down_from_the_start_leaves_l1_and_l2_serving) {
     cr_assert_not_null(strstr(a.err, "going on without L3"), "%s", a.err);
     const cJSON *ha = hybrid_of(ja), *hb = hybrid_of(jb);
     cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(ha, "l3"), "down")));
+    cr_assert(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetObjectItem(ha, "l3"), "error")), "why, under the radix replay's key");
     cr_assert_gt(sub(hb, "stats", "hit_tokens"), 0);
     static const char *const same[] = {"hit_tokens", "round_evictions", "pieces_refused", "window_pages_stored"};
     for (int i = 0; i < 4; i++)

@@ -835,6 +835,19 @@ int cmd_replay(int argc, char **argv) {
     hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every,
                          .state_share = state_share, .window_weight = ww, .l3_window_weight = w3, .copy_lag = copy_lag};
     if (replay_groups(&c, &o, &l3, groups_text, nsweep, &hyb) != 0) return 2;
+    if (!hybrid_on(&hyb)) { /* the options that only a hybrid model's replay reads */
+        const struct { const char *flag; bool set; } only[] = {
+            {"--checkpoint-every", every != 0},     {"--state-share", state_share != KVT_HYBRID_STATE_SHARE},
+            {"--window-weight", window_weight != 0}, {"--l3-window-weight", l3_window_weight != 0},
+            {"--copy-lag", copy_lag != 0},
+        };
+        for (size_t i = 0; i < sizeof(only) / sizeof(only[0]); i++)
+            if (only[i].set) {
+                c.flag = only[i].flag;
+                return cli_error(&c, "only with a hybrid model (window or state groups: --groups, or a hybrid --model); "
+                                     "'%s' has full groups only", hyb.name) ? 2 : 2;
+            }
+    }
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;
     if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;

@@ -541,7 +541,7 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts
     if (r->full_store.store || r->full_store.down) {
         cJSON *d = cJSON_AddObjectToObject(x, "l3");
         cJSON_AddBoolToObject(d, "down", r->full_store.down);
-        if (r->full_store.down) cJSON_AddStringToObject(d, "why", r->full_store.why);
+        if (r->full_store.down) cJSON_AddStringToObject(d, "error", r->full_store.why); /* as the radix replay's */
         cJSON_AddNumberToObject(d, "hits_unserved", (double)r->hits_unserved);
         cJSON_AddNumberToObject(d, "unserved_hit_tokens", (double)r->unserved_tokens);
         cJSON_AddNumberToObject(d, "cross_instance_hit_tokens", (double)r->cross_instance_hit_tokens);
