@@ -26,7 +26,9 @@
  * least its length; in LRU order), rebuilt at open from the files' times
  * (a get sets the file's access time, so the order survives restarts); a
  * put that takes the known bytes over max evicts least recently used
- * objects (unlink) until they fit; the fan-out directories are not counted.
+ * objects (unlink) until they fit, and an object over max alone fails its
+ * put (kept, it would leave the root over max); the fan-out directories are
+ * not counted.
  * One index a root and process: every store the process opens on a root
  * (the same directory, however spelled: a store for each model, a put store
  * beside a get store) shares it, so their puts count against one limit, the
@@ -44,6 +46,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -544,11 +547,21 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     struct stat st;
     if (err == 0 && fstat(fd, &st) != 0) err = errno;
     if (close(fd) != 0 && err == 0) err = errno;
+    uint64_t max = 0;
+    if (err == 0) { /* an object over max alone would evict every other and still not fit */
+        pthread_mutex_lock(&d->r->mu);
+        max = d->r->max;
+        pthread_mutex_unlock(&d->r->mu);
+        if (max && charge(&st) > max) err = EFBIG;
+    }
     if (err == 0 && rename(tmp, fin) != 0) err = errno;
     if (err) {
         unlink(tmp);
         if (err == EISDIR) /* rename replaces anything but a directory */
             kvt__store_log(s, "put %s: a directory is at '%s': not replaced", hex, fin);
+        else if (err == EFBIG)
+            kvt__store_log(s, "put %s: the object takes %" PRIu64 " bytes on disk, over the root's max=%" PRIu64 ": not kept",
+                           hex, charge(&st), max);
         else
             kvt__store_log(s, "put %s: write failed: %s", hex, strerror(err));
         return KVT_STORE_FAILED;

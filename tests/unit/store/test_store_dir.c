@@ -552,6 +552,24 @@ Test(store_dir, max_with_suffix) {
     cr_assert_eq(run_op(E.store, kvt_store_exists, &p[2], 3).count, 3u, "the three last puts are kept");
 }
 
+/* An object larger than max alone is not kept: the root would stay over
+ * max however much else went (the put fails, counted; nothing evicted). */
+Test(store_dir, an_object_over_max_is_not_kept) {
+    senv_init(&E, 8, 1, 4016, KVT_LAYOUT_PAGE_FIRST);
+    char u[200];
+    snprintf(u, sizeof(u), "%s,max=1K", url);
+    cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[2];
+    pages_of(p, 2, 70, 0);
+    fill(&E, 70, 0, 2);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 2).count, 0u);
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_PUT);
+    cr_assert_eq(st.failures, 2u);
+    cr_assert_eq(st.evictions, 0u);
+    cr_assert_eq(st.stored_objects, 0u);
+    cr_assert_eq(run_op(E.store, kvt_store_exists, p, 2).count, 0u, "not kept");
+}
+
 /* The stores a process opens on one root share what it knows of it (a put
  * store beside a get store, a store a model, the root however spelled):
  * their puts count against one limit, the smallest max they were opened
