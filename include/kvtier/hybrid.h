@@ -321,6 +321,13 @@ KVT_API int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t n
 
 /* The full groups' cache (for its stats, tree and checks). */
 KVT_API kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h);
+/* The decision digest (kvt_cache_digest's, for the whole model): the full
+ * groups' cache's, and for each window and state group and tier a running
+ * hash of every slot a piece got and every piece stored or let go (and
+ * why), in order. Hybrid caches fed the same calls agree on it exactly when
+ * they made the same decisions. Kept only by a cache made with
+ * cfg.cache.decision_digest; 0 for any other. */
+KVT_API uint64_t kvt_hybrid_digest(const kvt_hybrid_t *h);
 
 #define KVT_HYBRID_STATS_FIELDS(X)                                                                     \
     X(requests, COUNTER, "requests admitted")                                                           \

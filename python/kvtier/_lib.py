@@ -518,6 +518,7 @@ _PROTOS = {
     "kvt_hybrid_set_l3": (c_int, [vp, HYBRID_PROBE, vp]),
     "kvt_hybrid_release": (c_int, [vp, u32, vp, u64, P(HybridReq)]),
     "kvt_hybrid_cache": (vp, [vp]),
+    "kvt_hybrid_digest": (u64, [vp]),
     "kvt_hybrid_stats": (c_int, [vp, P(HybridStats)]),
     "kvt_hybrid_group_bytes": (c_int, [vp, u32, P(HybridGroupBytes)]),
     "kvt_hybrid_check": (c_int, [vp, P(c_char_p)]),

@@ -853,6 +853,15 @@ class Hybrid(Handle):
             check(lib.kvt_hybrid_group_bytes(h, g, ctypes.byref(out)), "Hybrid.group_bytes")
         return {"bytes": tuple(out.bytes), "slots": tuple(out.slots)}
 
+    @property
+    def digest(self) -> int:
+        """A running hash of the cache's decisions, the full pages' and every
+        group's pieces' (kvt_hybrid_digest): caches fed the same calls agree on
+        it exactly when they decided alike. Kept only by a cache made with
+        ``decision_digest=True``; 0 otherwise."""
+        with self._use as h:
+            return lib.kvt_hybrid_digest(h)
+
     def check(self) -> None:
         """Recomputes every invariant (the full cache's, each keyed cache's,
         the pins'); Corrupt naming the first broken one."""

@@ -223,6 +223,27 @@ def test_small_tiers_claim_only_what_was_left_behind():
         assert st["l2_hit_tokens"] > 0 and st["pieces_loaded"] > 0 and st["l2_bytes"] > 0
 
 
+def test_the_decision_digest_follows_the_pieces():
+    """Two caches fed the same requests agree on the digest after each; one
+    whose checkpoints differ agrees on its full pages' digest only; none is
+    kept without decision_digest."""
+    rng = random.Random(new_seed())
+    opts = dict(page_tokens=P, l1_bytes=400 << 10, l2_bytes=2 << 20, write_policy="write_back")
+    with kvtier.Hybrid(GROUPS, decision_digest=True, **opts) as a, \
+            kvtier.Hybrid(GROUPS, decision_digest=True, **opts) as b, \
+            kvtier.Hybrid(GROUPS, decision_digest=True, checkpoint_every=2, **opts) as c, \
+            kvtier.Hybrid(GROUPS, **opts) as d:
+        seen = set()
+        for t in requests(rng, 120):
+            for h in (a, b, c, d):
+                h.release(h.admit(t), t)
+            assert a.digest == b.digest and d.digest == 0
+            seen.add(a.digest)
+        assert len(seen) > 100
+        assert a.cache_stats()["requests"] == 120 and a.stats() == d.stats()
+        assert a.digest != c.digest
+
+
 def test_room_in_l1_runs_out_while_pieces_are_pinned():
     """Two window slots in L1: a request pinning two window pages leaves no
     room for another's, whose hit falls to 0 (short_by "room")."""

@@ -30,6 +30,7 @@
 #include "../core/abi-int.h"
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
+#include "../core/mix-int.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "kvtier/hybrid.h"
@@ -233,6 +234,7 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
              * (store_in); the free-room target is kept by rounds instead (restore_room) */
             kvt_keyed_config_t kc = {.size = sizeof(kc), .pages = slots[t][g], .free_room = 0};
             rc = kvt_keyed_create(&h->kc[g][t], &kc);
+            if (rc == KVT_OK && c.cache.decision_digest) kvt__keyed_keep_digest(h->kc[g][t]);
             if (rc == KVT_OK && h->classes && t == 0)
                 rc = kvt__keyed_set_classes(h->kc[g][t], SEEN, c.cache.policy == KVT_POLICY_ARC);
             double room = t == 0 ? c.cache.l1_free_room : c.cache.l2_free_room;
@@ -251,6 +253,15 @@ int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg) {
 }
 
 kvt_cache_t *kvt_hybrid_cache(kvt_hybrid_t *h) { return h ? h->cache : NULL; }
+
+uint64_t kvt_hybrid_digest(const kvt_hybrid_t *h) {
+    if (h == NULL || !h->cfg.cache.decision_digest) return 0;
+    uint64_t d = kvt_cache_digest(h->cache);
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++)
+        for (int t = 0; t < 3; t++)
+            if (h->kc[g][t]) d = kvt__mix64(d ^ kvt__mix64(kvt__keyed_digest(h->kc[g][t]) + (uint64_t)(g * 3 + t)));
+    return d;
+}
 
 const kvt_hybrid_config_t *kvt__hybrid_cfg(const kvt_hybrid_t *h) { return &h->cfg; }
 int kvt__hybrid_live(const kvt_hybrid_t *h) { return h->live != 0; }

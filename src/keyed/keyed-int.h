@@ -68,6 +68,8 @@ struct kvt_keyed {
 
     uint64_t pending, pinned;
     uint64_t lookups, hits, stores_prepared, stores_completed, stores_failed, store_refusals, evictions, loads, removed;
+    int digest_on;   /* kvt__keyed_keep_digest */
+    uint64_t digest; /* every key stored or taken out (and why), and the page each new key got, in order */
 };
 
 /* An entry's class: its heap. */
@@ -85,6 +87,13 @@ static inline int kvt__kentry_less(const kvt__kentry_t *a, const kvt__kentry_t *
 }
 
 static inline int kvt__key_eq(kvt_key128_t a, kvt_key128_t b) { return a.hi == b.hi && a.lo == b.lo; }
+
+/* A running hash of the cache's decisions (the hybrid cache's decision
+ * digest, kvt_hybrid_digest): every page a new key got, every key stored or
+ * taken out and why, in order. Kept from this call on (an empty cache: the
+ * hybrid cache calls it at create); 0 while not kept. */
+void kvt__keyed_keep_digest(kvt_keyed_t *c);
+static inline uint64_t kvt__keyed_digest(const kvt_keyed_t *c) { return c->digest; }
 
 /* Capacity, grown by doubling; contents kept. KVT_ENOMEM changes nothing. */
 int kvt__keyed_grow(void **p, size_t *cap, size_t need, size_t elem);

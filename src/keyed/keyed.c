@@ -118,7 +118,15 @@ int kvt_keyed_page(const kvt_keyed_t *c, kvt_key128_t key, uint64_t *page) {
     return KVT_OK;
 }
 
+/* One decision into the digest: a key and a word (its event, or its page). */
+static inline void fold(kvt_keyed_t *c, kvt_key128_t key, uint64_t word) {
+    c->digest = kvt__mix64(c->digest ^ kvt__mix64(key.hi ^ kvt__mix64(key.lo ^ word)));
+}
+
+void kvt__keyed_keep_digest(kvt_keyed_t *c) { c->digest_on = true; }
+
 static void record(kvt_keyed_t *c, kvt_key128_t key, uint32_t kind, uint32_t why) {
+    if (c->digest_on) fold(c, key, (uint64_t)kind << 32 | why);
     if (!c->events_on) return;
     KVT_ASSERT(c->nev < c->evcap);
     c->ev[c->nev++] = (kvt_keyed_event_t){.key = key, .kind = kind, .why = why};
@@ -245,6 +253,8 @@ static void commit(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const
         for (uint32_t q = 0; q < c->runs[r].len; q++) c->ents[p->base + j++].page = c->runs[r].start + q;
     for (size_t i = 0; i < n; i++)
         if (pages[i] != UINT64_MAX) pages[i] = c->ents[p->base + pages[i]].page;
+    if (c->digest_on)
+        for (size_t i = 0; i < p->m; i++) fold(c, c->ents[p->base + i].key, UINT64_C(1) << 63 | c->ents[p->base + i].page);
     for (size_t v = 0; v < p->k; v++) {
         const kvt__kentry_t *e = &c->ents[c->pops[v]];
         evicted[v] = e->key;

@@ -175,3 +175,25 @@ Test(replay_hybrid, sweep_table_and_plot, .timeout = 120) {
     cr_assert_not_null(strstr(r.out, "ends only"), "the table: %s", r.out);
     run_free(&r);
 }
+
+/* --digest: two runs of one configuration agree on the hybrid cache's
+ * decision digest, another policy's run does not, and without the flag
+ * there is none. */
+Test(replay_hybrid, the_decision_digest_names_the_runs_decisions, .timeout = 120) {
+#define SMALL TRACE, "--model", "nemotron-h-like", "--l1-pages", "512", "--l2-pages", "1024", "--limit", "400", "--json"
+    run_result_t r[4] = {RUN(SMALL, "--digest"), RUN(SMALL, "--digest"), RUN(SMALL, "--digest", "--policy", "lru"),
+                         RUN(SMALL)};
+#undef SMALL
+    const char *d[4];
+    cJSON *o[4];
+    for (int i = 0; i < 4; i++) {
+        o[i] = json_of(&r[i]);
+        const cJSON *x = cJSON_GetObjectItem(run_of(o[i], 0, "hybrid"), "decision_digest");
+        cr_assert_eq(x != NULL, i < 3, "run %d: %s", i, x ? "a digest" : "none");
+        d[i] = x ? cJSON_GetStringValue(x) : NULL;
+    }
+    cr_assert_eq(strlen(d[0]), 16u, "%s", d[0]);
+    cr_assert_str_eq(d[0], d[1]);
+    cr_assert_str_neq(d[0], d[2], "arc and lru decided alike?");
+    for (int i = 0; i < 4; i++) cJSON_Delete(o[i]), run_free(&r[i]);
+}

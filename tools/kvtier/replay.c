@@ -724,10 +724,6 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         if (over) return cli_error(c, "'%s': a page of %" PRIu64 " tokens would hold more than 2^64 bytes", text, o->page_tokens);
     }
     if (!hybrid_on(h)) return 0;
-    if (o->digest) {
-        c->flag = "--digest";
-        return cli_error(c, "not with a hybrid model (window or state groups)");
-    }
     if (o->stats) { /* it would write the all-full comparison's counters, unlabelled */
         c->flag = "--stats";
         return cli_error(c, "not with a hybrid model: its counters are in --json (runs[].hybrid.stats)");

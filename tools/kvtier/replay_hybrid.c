@@ -44,6 +44,7 @@ typedef struct {
     data_result_t full_data;             /* --data: the full groups' pages */
     pieces_data_result_t piece_data;     /* and the pieces' */
     soak_t soak;
+    uint64_t digest; /* --digest: kvt_hybrid_digest at the end */
 } hyb_result_t;
 
 /* --l3 URL: the pieces' side of the store. Each window or state group's
@@ -432,6 +433,7 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     out->nreq = total;
     out->st.size = sizeof(out->st);
     kvt_hybrid_stats(c, &out->st);
+    out->digest = kvt_hybrid_digest(c);
     for (uint32_t g = 0; g < h->ngroups; g++) kvt_hybrid_group_bytes(c, g, &out->gb[g]);
     kvt_cache_stats_t cs = {.size = sizeof(cs)};
     kvt_cache_stats(kvt_hybrid_cache(c), &cs);
@@ -521,6 +523,11 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts
     cJSON_AddNumberToObject(x, "bytes_per_cached_token", hyb_bpt(r));
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     cJSON_AddNumberToObject(x, "requests", (double)r->nreq);
+    if (o->digest) {
+        char digest[17];
+        snprintf(digest, sizeof(digest), "%016" PRIx64, r->digest);
+        cJSON_AddStringToObject(x, "decision_digest", digest); /* as the radix replay's: every slot and page alike */
+    }
     if (o->soak_s > 0) replay_soak_json(x, &r->soak, o);
     if (h->copy_lag) {
         cJSON_AddNumberToObject(x, "moves", (double)r->moves);

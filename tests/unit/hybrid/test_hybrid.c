@@ -95,6 +95,7 @@ static kvt_hybrid_t *make(const kvt_layer_group_t *g, uint32_t ng, const setup_t
     cfg.cache.write_policy = (kvt_write_policy_t)su->policy;
     cfg.cache.l3_write_policy = (kvt_write_policy_t)su->policy;
     cfg.checkpoint_every = su->every;
+    cfg.cache.decision_digest = true; /* kept everywhere: a failed call must leave it as it was */
     for (uint32_t k = 0; k < ng; k++)
         if (g[k].kind != KVT_GROUP_FULL) {
             cfg.l1_slots[k] = su->l1_slots;
@@ -293,6 +294,58 @@ Test(hybrid_bounded, one_full_group_is_the_radix_cache) {
     free(tok);
     free(prev);
     kvt_hybrid_destroy(h);
+}
+
+/* The decision digest: caches fed the same calls agree on it after every
+ * call; one whose pieces went otherwise (checkpoints every 2 pages) differs
+ * although its full groups decided alike (their radix digest is the same:
+ * the pieces' decisions are in the digest); none is kept without
+ * cache.decision_digest, and keeping it changes no counter. */
+Test(hybrid_bounded, the_digest_follows_every_pieces_decision) {
+    const uint32_t P = 4;
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, P, 1 << 30, 1 << 30, 0), KVT_OK);
+    kvt_hybrid_t *h[4];
+    for (int i = 0; i < 4; i++) {
+        cfg.cache.l1_pages = cfg.cache.l2_pages = 1 << 14;
+        cfg.cache.write_policy = KVT_WRITE_BACK;
+        cfg.cache.decision_digest = i < 3;
+        cfg.checkpoint_every = i == 2 ? 2 : 0;
+        for (uint32_t k = 1; k < 4; k++) cfg.l1_slots[k] = 24, cfg.l2_slots[k] = 64, cfg.l3_slots[k] = 0; /* small: L2 serves too */
+        cr_assert_eq(kvt_hybrid_create(&h[i], &cfg), KVT_OK);
+    }
+    int32_t *tok = malloc(64 * 1024 * sizeof(*tok)), *prev = malloc(64 * 1024 * sizeof(*prev));
+    kvt_rng_t r;
+    kvt_rng_seed(&r, 41);
+    uint64_t nprev = 0, changes = 0, last = 0;
+    for (int q = 0; q < 300; q++) {
+        uint64_t nt = next_request(&r, tok, prev, nprev, P);
+        for (int i = 0; i < 4; i++) {
+            kvt_hybrid_req_t req;
+            cr_assert_eq(kvt_hybrid_admit(h[i], 0, tok, nt, 0, NULL, &req), KVT_OK);
+            cr_assert_eq(kvt_hybrid_release(h[i], 0, tok, nt, &req), KVT_OK);
+        }
+        cr_assert_eq(kvt_hybrid_digest(h[0]), kvt_hybrid_digest(h[1]), "request %d", q);
+        cr_assert_eq(kvt_hybrid_digest(h[3]), 0u, "not kept");
+        changes += kvt_hybrid_digest(h[0]) != last;
+        last = kvt_hybrid_digest(h[0]);
+        memcpy(prev, tok, nt * sizeof(*tok));
+        nprev = nt;
+    }
+    cr_assert_gt(changes, 250u, "every request stores pieces: %" PRIu64 " of 300 changed it", changes);
+    cr_assert_eq(kvt_cache_digest(kvt_hybrid_cache(h[0])), kvt_cache_digest(kvt_hybrid_cache(h[2])), "the full groups alike");
+    cr_assert_neq(kvt_hybrid_digest(h[0]), kvt_hybrid_digest(h[2]), "the pieces not");
+    kvt_hybrid_stats_t a = {.size = sizeof(a)};
+    kvt_hybrid_stats(h[0], &a);
+    cr_assert_gt(a.l2_hit_tokens, 0, "pieces went to L2 and back: their slots in the digest were reused");
+    kvt_hybrid_stats_t d = {.size = sizeof(d)};
+    kvt_hybrid_stats(h[3], &d);
+#define SAME_(f, kind, help) cr_assert_eq(a.f, d.f, "keeping the digest decides nothing: " #f);
+    KVT_HYBRID_STATS_FIELDS(SAME_)
+#undef SAME_
+    for (int i = 0; i < 4; i++) kvt_hybrid_destroy(h[i]);
+    free(tok);
+    free(prev);
 }
 
 Test(hybrid_bounded, release_with_other_tokens_is_refused_and_changes_nothing) {
@@ -613,6 +666,7 @@ Test(hybrid_alloc, every_allocation_failure_leaves_a_consistent_cache) {
         uint64_t nt = next_request(&r, tok, prev, nprev, 4);
         kvt_hybrid_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
         kvt_hybrid_stats(h, &before);
+        uint64_t digest = kvt_hybrid_digest(h);
         kvt_hybrid_req_t req;
         kvt__mem_fail_nth(nth);
         int rc = kvt_hybrid_admit(h, 0, tok, nt, 0, NULL, &req);
@@ -623,6 +677,7 @@ Test(hybrid_alloc, every_allocation_failure_leaves_a_consistent_cache) {
         if (rc == KVT_ENOMEM) { /* admit refused: nothing counted */
             kvt_hybrid_stats(h, &after);
             cr_assert_eq(after.requests, before.requests, "allocation %" PRIu64, nth);
+            cr_assert_eq(kvt_hybrid_digest(h), digest, "allocation %" PRIu64 ": a decision made", nth);
         }
         check(h, "after the failure");
         for (int q = 0; q < 5; q++) { /* and it goes on */
