@@ -26,22 +26,23 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._core import Error
 from ._sglang_pool import STORAGE_BATCH_SIZE, _Lane, logger
-from .tier import TensorInfo, Tier
+from .tier import HostMaps, TensorInfo, Tier
 
 _STAGING_BYTES = 64 << 20  # a staging tier holds at most this much (and at most one batch)
 _SIZES_OPEN = 8  # payload sizes whose lanes stay open
 _RECORD = 8
 
 
-def tensor_bytes(t: Any, what: str, write: bool) -> Tuple[int, int]:
-    """(address, bytes) of a contiguous CPU tensor (writable when write)."""
+def tensor_bytes(t: Any, what: str, write: bool, maps: Optional[HostMaps] = None) -> Tuple[int, int]:
+    """(address, bytes) of a contiguous CPU tensor (writable when write: by
+    the maps given, one snapshot for a batch's tensors, else a new one)."""
     ti = TensorInfo.of(t, what)
     n = ti.itemsize
     for d in ti.shape:
         n *= d
     if ti.device is not None or not ti.inner_contiguous(0):
         raise ValueError(f"{what}: expected a contiguous CPU tensor")
-    if write and ti.readonly:
+    if write and not ti.writable(maps or HostMaps()):
         raise ValueError(f"{what}: read-only memory (a get writes the object into it)")
     if n < 1:
         raise ValueError(f"{what}: an empty tensor (an object holds at least one byte)")

@@ -94,12 +94,18 @@ def unpack_keys(b: bytes) -> List[Key]:
 
 
 def pack_scores(scores: Sequence[int], n: int) -> bytes:
-    if len(scores) != n:
-        raise ValueError(f"scores: {len(scores)} scores for {n} keys")
+    try:
+        m = len(scores)
+    except TypeError:
+        raise TypeError(f"scores: expected a list of integers, not {type(scores).__name__}") from None
+    if m != n:
+        raise ValueError(f"scores: {m} scores for {n} keys")
     try:
         return array.array("Q", scores).tobytes()
-    except OverflowError:
-        raise ValueError("scores: out of range (0..2**64-1)") from None
+    except (TypeError, OverflowError):
+        for i, s in enumerate(scores):  # name the culprit
+            _a.u64(s, f"scores[{i}]")
+        raise TypeError("scores: expected a list of integers 0..2**64-1") from None
 
 
 def _one(key: Key, what: str = "key") -> Key128:
@@ -155,6 +161,7 @@ class KeyedCache(Handle):
         """Pages for the absent keys (None for keys already present), and the
         keys evicted to make room; None, with nothing changed, when they do
         not fit."""
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)  # counted after packing
         kb, pb = pack_keys(keys), pack_keys(protect, "protect")
         out = self.prepare_store_packed(kb, pack_scores(scores, len(keys)), pb)
         if out is None:
@@ -212,6 +219,7 @@ class KeyedCache(Handle):
             check(_unpin(h, keys, n), "KeyedCache.unpin")
 
     def touch(self, keys: Sequence[Key], scores: Sequence[int]) -> None:
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         self.touch_packed(pack_keys(keys), pack_scores(scores, len(keys)))
 
     def touch_packed(self, keys: bytes, scores: bytes) -> None:

@@ -73,6 +73,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._core import Error
 from ._sglang_objects import Objects, tensor_bytes
+from .tier import HostMaps
 from ._sglang_pool import STORAGE_BATCH_SIZE, _meta, _Registration
 from .store import Store
 
@@ -540,9 +541,9 @@ class KvtierStorage(HiCacheStorage):
     # -- tensors: SGLang's generic path (flat pages) --------------------------------
 
     @staticmethod
-    def _flat(reg: _Registration, t: Any, what: str, write: bool) -> int:
+    def _flat(reg: _Registration, t: Any, what: str, write: bool, maps: Optional[HostMaps] = None) -> int:
         """The address of a flat page tensor (contiguous host memory of one page)."""
-        ptr, nbytes = tensor_bytes(t, what, write)
+        ptr, nbytes = tensor_bytes(t, what, write, maps)
         if nbytes != reg.page_bytes:
             raise ValueError(f"{what}: {nbytes} bytes, a page of the registered pool is {reg.page_bytes}")
         return ptr
@@ -579,7 +580,8 @@ class KvtierStorage(HiCacheStorage):
                                     for _ in keys]
             elif len(target_locations) != len(keys):
                 raise ValueError(f"batch_get: {len(keys)} keys and {len(target_locations)} target locations")
-            addrs = [self._flat(reg, t, f"target_locations[{i}]", True) for i, t in enumerate(target_locations)]
+            maps = HostMaps()  # one look at the process's mappings for the batch's targets
+            addrs = [self._flat(reg, t, f"target_locations[{i}]", True, maps) for i, t in enumerate(target_locations)]
             ok = self._staged_flat(reg, "get", keys, addrs)
         return [t if k else None for t, k in zip(target_locations, ok)]
 
@@ -603,7 +605,8 @@ class KvtierStorage(HiCacheStorage):
             live = [i for i, t in enumerate(targets) if t is not None]
         else:
             live = list(range(len(keys)))
-        got = {i: tensor_bytes(targets[i], f"target_locations[{i}]", True) for i in live}
+        maps = HostMaps()
+        got = {i: tensor_bytes(targets[i], f"target_locations[{i}]", True, maps) for i in live}
         ok = self._objects.get([hashes[i] for i in live], [got[i][0] for i in live], [got[i][1] for i in live])
         served = {i for i, g in zip(live, ok) if g}
         return [targets[i] if i in served else None for i in range(len(keys))]

@@ -3,6 +3,7 @@ engine tiers over an engine's KV tensors, described by pointer, shape and
 stride and never copied or freed."""
 from __future__ import annotations
 
+import bisect
 import ctypes
 import math
 import sys
@@ -45,6 +46,55 @@ class Plane(NamedTuple):
     layer_stride: int = 0
 
 
+def _extent(shape: tuple, strides: tuple, itemsize: int) -> int:
+    """The bytes from a tensor's first element to the end of its last (0 when empty)."""
+    if any(d == 0 for d in shape):
+        return 0
+    return sum((d - 1) * abs(st) for d, st in zip(shape, strides)) + itemsize
+
+
+class HostMaps:
+    """Which host memory is mapped writable: /proc/self/maps, read on the
+    first question and kept for the next ones (one snapshot a batch of
+    tensors: reading it costs about a millisecond). torch keeps no read-only
+    flag: a tensor over a PROT_READ mapping (torch.from_numpy of a read-only
+    memmap) is accepted by torch and faults on the first copy into it, on a
+    copy thread."""
+
+    def __init__(self) -> None:
+        self._spans: Optional[List[Tuple[int, int, bool]]] = None
+
+    def writable(self, ptr: int, n: int) -> bool:
+        """Whether every byte of [ptr, ptr + n) is mapped writable (True where
+        the maps cannot be read)."""
+        if n <= 0:
+            return True
+        if self._spans is None:
+            try:
+                with open("/proc/self/maps", "rb") as f:
+                    lines = f.read().split(b"\n")
+            except OSError:
+                return True
+            spans = []
+            for line in lines:
+                if line:
+                    span, perms = line.split(b" ", 2)[:2]
+                    lo, hi = span.split(b"-")
+                    spans.append((int(lo, 16), int(hi, 16), perms[1:2] == b"w"))
+            self._spans = spans
+        at, end = ptr, ptr + n
+        k = bisect.bisect_right(self._spans, (at, 1 << 64, True)) - 1  # the last span starting at or before ptr
+        for lo, hi, w in self._spans[max(k, 0):]:
+            if hi <= at:
+                continue
+            if lo > at or not w:
+                return False
+            at = hi
+            if at >= end:
+                return True
+        return False
+
+
 class TensorInfo(NamedTuple):
     """What a tier needs to know of a tensor or array: its address, shape,
     strides in bytes, element size, dtype name, whether it is CUDA memory and
@@ -56,7 +106,14 @@ class TensorInfo(NamedTuple):
     dtype: str
     device: Optional[int]  # CUDA ordinal, or None for host memory
     obj: Any
-    readonly: bool = False
+    readonly: Optional[bool] = False  # None: host memory whose object does not say (torch): ask writable()
+
+    def writable(self, maps: "HostMaps") -> bool:
+        """Whether the tier may write into it: its flag, or for host memory
+        that keeps none, the process's maps."""
+        if self.readonly is not None:
+            return not self.readonly
+        return maps.writable(self.ptr, _extent(self.shape, self.strides, self.itemsize))
 
     @staticmethod
     def of(t: Any, what: str = "tensor") -> "TensorInfo":
@@ -71,8 +128,9 @@ class TensorInfo(NamedTuple):
                 raise TypeError(f"{what}: a tensor on {t.device}: only CPU and CUDA memory")
             itemsize = t.element_size()
             dev = t.device.index or 0 if t.device.type == "cuda" else None
-            return TensorInfo(t.data_ptr(), tuple(t.shape), tuple(s * itemsize for s in t.stride()), itemsize,
-                              str(t.dtype).replace("torch.", ""), dev, t)
+            shape, strides = tuple(t.shape), tuple(s * itemsize for s in t.stride())
+            return TensorInfo(t.data_ptr(), shape, strides, itemsize, str(t.dtype).replace("torch.", ""), dev, t,
+                              None if dev is None else False)
         for attr, dev in (("__cuda_array_interface__", 0), ("__array_interface__", None)):
             ai = getattr(t, attr, None)
             if ai is None:
@@ -313,6 +371,7 @@ class Tier(Handle):
         layers = None
         counts = []
         devices = set()
+        maps = HostMaps()
         for p, plane in enumerate(planes):
             per_layer = isinstance(plane, (list, tuple))
             infos = ([TensorInfo.of(t, f"plane {p} layer {i}") for i, t in enumerate(plane)] if per_layer
@@ -328,7 +387,7 @@ class Tier(Handle):
             piece = None
             for i, ti in enumerate(infos):
                 where = f"plane {p}" + (f" layer {i}" if per_layer else "")
-                if ti.readonly:
+                if not ti.writable(maps):
                     raise ValueError(f"{where}: read-only memory (the tier writes into it: loads, gets)")
                 if len(ti.shape) < skip:
                     raise ValueError(f"{where}: shape {ti.shape} has no page dimension")

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
 from . import _fields
-from ._core import error
+from ._core import ClosedError, error
 from .keyed import KeyedCache, unpack_keys
 from .store import Store
 from .vllm_l3 import ExistsCache, page_hash
@@ -128,6 +128,18 @@ _MISS, _HIT, _PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PE
 # stats; without a call the samples past this many are dropped rather than kept for ever)
 _SAMPLES_MAX = 4096
 _pack_id = struct.Struct("=QQ").pack  # kvt_key128_t as it lies in memory (kvtier.keyed.pack_keys)
+
+
+# The manager's calls, refused once it is shut down.
+_CALLS = ("on_new_request", "lookup", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store",
+          "on_schedule_end", "has_pending_work", "on_request_finished", "take_events", "reset_cache", "forget",
+          "get_stats", "stats", "check")
+
+
+def _shut(cls: str, name: str):
+    def refused(*args, **kwargs):
+        raise ClosedError(f"{cls}.{name}: the manager")
+    return refused
 
 
 def _rank_error(what: object) -> OverflowError:
@@ -337,19 +349,27 @@ class KvtierOffloadingManager(OffloadingManager):
     def _access(self, ctx: ReqContext) -> _Access:
         return self._state(ctx, _Access)
 
+    def _check_positions(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
+        """Raises before a call changes anything when a key's position in the
+        request does not fit a score (the later steps would raise half-way)."""
+        getpos = ctx.get_offload_key_position
+        for k in keys:
+            pos = getpos(k)
+            if pos is not None and not (isinstance(pos, int) and 0 <= pos < _POS_BIAS):
+                raise _rank_error(f"position {pos!r}")
+
     def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         st = self._access(ctx)
-        seen, groups = st.seen, st.key_groups
-        new = []
-        for k in keys:
-            if k in seen:
-                continue
-            assert not st.finished, "new keys seen after the request finished"
+        seen = st.seen
+        new = list(dict.fromkeys(k for k in keys if k not in seen))
+        if not new:
+            return
+        assert not st.finished, "new keys seen after the request finished"
+        self._on_request_access(new, ctx)  # raises (ranks used up) before it changes anything
+        groups = st.key_groups
+        for k in new:
             groups.setdefault(get_offload_group_idx(k), []).append(k)
-            seen.add(k)
-            new.append(k)
-        if new:
-            self._on_request_access(new, ctx)
+        seen.update(new)
 
     # ---- vLLM's store threshold ---------------------------------------------------
 
@@ -399,8 +419,14 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
-        pages = self._cache.pin_packed(self._packed(keys, _ENOENT, "prepare_load"))
-        self._record(keys, req_context)
+        self._check_positions(keys, req_context)
+        packed = self._packed(keys, _ENOENT, "prepare_load")
+        pages = self._cache.pin_packed(packed)
+        try:
+            self._record(keys, req_context)
+        except BaseException:
+            self._cache.unpin_packed(packed)
+            raise
         return CPULoadStoreSpec(pages)
 
     _prepare_load_host = prepare_load
@@ -445,6 +471,7 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         look, ids = self._look, self._ids
+        self._check_positions(keys, req_context)
         if self._offers is not None:
             keys = list(keys)
             self._count_offers(keys)
@@ -463,10 +490,10 @@ class KvtierOffloadingManager(OffloadingManager):
                 skipped = set(to_store) - set(kept)
                 recorded = [k for k in recorded if k not in skipped]
                 to_store = kept
-        if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
-            self._alloc_sizes.append(len(to_store))
         # (vLLM's LRU takes a store miss as a touch of keys that are absent: it changes nothing)
         self._record(recorded, req_context)
+        if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
+            self._alloc_sizes.append(len(to_store))
         if not to_store:
             return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
         if len(to_store) > 1:  # a key twice in one call is stored once
@@ -531,6 +558,7 @@ class KvtierOffloadingManager(OffloadingManager):
             return self._prepare_load_host(keys, req_context)
         fetched = {keys[i] for i in fetch}
         host = [k for k in keys if k not in fetched]
+        self._check_positions(keys, req_context)
         host_pages = iter(self._cache.pin_packed(self._packed(host, _ENOENT, "prepare_load")))
         pages = [self._cache.page(unpack_keys(self._ids[k])[0]) if k in fetched else next(host_pages) for k in keys]
         for k in fetched:
@@ -620,9 +648,13 @@ class KvtierOffloadingManager(OffloadingManager):
             self._l3.clear()
 
     def shutdown(self) -> None:
+        """Frees the host tier's cache (and closes the L3 store); every call
+        after it but shutdown raises ClosedError."""
         self._cache.close()
         if self._l3_store is not None:
             self._l3_store.close()
+        for name in _CALLS:  # on the instance: the calls themselves check nothing, at no cost
+            setattr(self, name, _shut(type(self).__name__, name))
 
     # ---- kvtier's own -------------------------------------------------------------
 
@@ -742,6 +774,9 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
 
     def _on_request_access(self, keys: List[OffloadKey], ctx: ReqContext) -> None:
         pass  # (ARC learns at a request's end, not at first sight)
+
+    def _check_positions(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
+        pass  # (ARC orders by its lists: a position is never part of a score)
 
     def _adapt(self, key: OffloadKey) -> None:
         """A key found in a ghost moves the target toward that ghost's list."""
@@ -953,20 +988,61 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
             raise AssertionError("ARC's ghosts or target out of bounds")
 
 
-def _count_option(x: dict, name: str, default: int, lo: int) -> int:
+# The options come from JSON (--kv-transfer-config) or from Python: a whole number may be written
+# 64 or 6.4e10 or "64"; a fraction, a bool, null or anything else is refused, naming the option.
+def _count_option(x: dict, name: str, default: int, lo: int, hi: Optional[int] = None) -> int:
     v = x.get(name, default)
-    try:
+    n = None
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    elif isinstance(v, float) and v.is_integer():
         n = int(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"kvtier: {name}: expected a count, not {v!r}") from None
-    if n < lo:
-        raise ValueError(f"kvtier: {name}: {n} (expected >= {lo})")
+    elif isinstance(v, str) and v.isascii() and v.isdigit():
+        n = int(v)
+    if n is None:
+        raise ValueError(f"kvtier: {name}: expected a whole number, not {v!r}")
+    if n < lo or (hi is not None and n > hi):
+        raise ValueError(f"kvtier: {name}: {n} (expected {lo}..{hi})" if hi is not None else
+                         f"kvtier: {name}: {n} (expected >= {lo})")
     return n
 
 
-# kv_connector_extra_config keys the spec reads (vLLM's own: spec_name, spec_module_path, ...).
+def _fraction_option(x: dict, name: str) -> float:
+    v = x.get(name, 0.0)
+    try:
+        f = float(v) if not isinstance(v, bool) and isinstance(v, (int, float, str)) else None
+    except ValueError:
+        f = None
+    if f is None or not 0.0 <= f < 1.0:
+        raise ValueError(f"kvtier: {name}: {v!r} (expected a number, 0 <= {name} < 1)")
+    return f
+
+
+def _flag_option(x: dict, name: str, default: bool) -> bool:
+    v = x.get(name, default)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0"):
+        return v.lower() in ("true", "1")
+    raise ValueError(f"kvtier: {name}: {v!r} (expected true or false)")
+
+
+# kv_connector_extra_config keys the spec reads, and vLLM's own ones it passes over; another key
+# close to one of kvtier's is taken for a misspelling of it and refused.
 _OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "eviction_policy", "l2_free_room", "l3", "l3_write_policy",
             "l3_threads", "l3_ns", "threads", "checksum", "store_threshold", "max_tracker_size")
+_VLLM_OPTIONS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk", "canonical_layout",
+                 "sync_load_budget_bytes", "self_describing_kv_events", "offload_prompt_only")
+
+
+def _check_option_names(x: dict) -> None:
+    import difflib
+    for k in x:
+        if k in _OPTIONS or k in _VLLM_OPTIONS:
+            continue
+        near = difflib.get_close_matches(str(k), _OPTIONS, n=1, cutoff=0.8)
+        if near:
+            raise ValueError(f"kvtier: unknown option {k!r}: did you mean {near[0]!r}? (kvtier's: {', '.join(_OPTIONS)})")
 
 
 class KvtierOffloadingSpec(OffloadingSpec):
@@ -1000,18 +1076,17 @@ class KvtierOffloadingSpec(OffloadingSpec):
     def __init__(self, config) -> None:
         super().__init__(config)
         x = self.extra_config
-        host = x.get("host_bytes", x.get("cpu_bytes_to_use"))
-        try:
-            host = int(host)
-        except (TypeError, ValueError):
-            raise ValueError(f"kvtier: host_bytes: expected a byte count, not {host!r}") from None
-        if host <= 0:
-            raise ValueError(f"kvtier: host_bytes: {host} (expected > 0)")
+        _check_option_names(x)
+        if "host_bytes" not in x and "cpu_bytes_to_use" not in x:
+            raise ValueError("kvtier: host_bytes: required (the host memory for offloaded blocks, in bytes; "
+                             "vLLM's cpu_bytes_to_use is read when it is absent)")
+        host = _count_option(x, "host_bytes" if "host_bytes" in x else "cpu_bytes_to_use", 0, 1)
         self.policy = x.get("policy", x.get("eviction_policy", "lru"))  # (vLLM's CPU spec calls it eviction_policy)
         if "policy" in x and "eviction_policy" in x and x["policy"] != x["eviction_policy"]:
             raise ValueError(f"kvtier: policy {x['policy']!r} and eviction_policy {x['eviction_policy']!r} differ")
         if self.policy not in ("lru", "arc"):
-            raise ValueError(f"kvtier: policy: {self.policy!r} (supported: 'lru' and 'arc', vLLM's own orders)")
+            raise ValueError(f"kvtier: {'policy' if 'policy' in x else 'eviction_policy'}: {self.policy!r} "
+                             "(supported: 'lru' and 'arc', vLLM's own orders)")
         self.l3 = x.get("l3") or None
         if self.l3 is not None and not isinstance(self.l3, str):
             raise ValueError(f"kvtier: l3: expected a store URL, not {self.l3!r}")
@@ -1019,30 +1094,21 @@ class KvtierOffloadingSpec(OffloadingSpec):
         if wp != "write_through":
             raise ValueError(f"kvtier: l3_write_policy: {wp!r} (supported: 'write_through'; the host tier's "
                              "evictions are decided in the scheduler, away from the bytes, so write_back cannot be)")
-        self.l3_threads = int(x.get("l3_threads", 2))
-        if not 1 <= self.l3_threads <= 64:
-            raise ValueError(f"kvtier: l3_threads: {self.l3_threads} (expected 1..64)")
-        self.l3_ns = str(x.get("l3_ns", "default"))
+        self.l3_threads = _count_option(x, "l3_threads", 2, 1, 64)
+        self.l3_ns = x.get("l3_ns", "default")
+        if not isinstance(self.l3_ns, str) or not self.l3_ns:
+            raise ValueError(f"kvtier: l3_ns: expected a namespace (a non-empty string), not {self.l3_ns!r}")
         if self.config.canonical_layout:
             raise ValueError("kvtier: vLLM's canonical_layout is not supported: host pages keep the direct layout")
-        self.free_room = float(x.get("l2_free_room", 0.0))
-        if not 0.0 <= self.free_room < 1.0:
-            raise ValueError(f"kvtier: l2_free_room: {self.free_room} (expected 0 <= l2_free_room < 1)")
+        self.free_room = _fraction_option(x, "l2_free_room")
         if self.policy == "arc" and self.free_room > 0:
             raise ValueError("kvtier: policy 'arc' evicts on demand only: l2_free_room must be 0")
         if self.policy == "arc" and self.l3 is not None:
             raise ValueError("kvtier: policy 'arc' is for the host tier alone: an l3 store needs policy 'lru'")
         self.store_threshold = _count_option(x, "store_threshold", 0, 0)
         self.max_tracker_size = _count_option(x, "max_tracker_size", 64_000, 1)
-        self.threads = int(x.get("threads", 1))
-        if self.threads < 1:
-            raise ValueError(f"kvtier: threads: {self.threads} (expected >= 1)")
-        cs = x.get("checksum", True)
-        if isinstance(cs, str):
-            if cs.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"kvtier: checksum: {cs!r} (expected true or false)")
-            cs = cs.lower() in ("true", "1")
-        self.checksum = bool(cs)
+        self.threads = _count_option(x, "threads", 1, 1, 64)
+        self.checksum = _flag_option(x, "checksum", True)
         # every worker keeps its own copy of a block's bytes, as vLLM's CPU spec counts them
         per_chunk = config.worker_kv_bytes_per_block * config.parallel.world_size * self.blocks_per_chunk
         self.num_chunks = host // per_chunk if per_chunk > 0 else 0

@@ -15,10 +15,11 @@ Construction (what the spec's ``get_worker(kv_caches)`` passes)::
 page count (its ids are 0..num_chunks-1). ``blocks_per_chunk``: GPU blocks
 per chunk (``OffloadingSpec.blocks_per_chunk``), as vLLM's CPUOffloadingSpec
 passes its CPUOffloadingWorker. A chunk takes ``blocks_per_chunk`` x the sum
-of the tensors' (padded) page sizes: ``chunk_bytes``, the same bytes vLLM's
-CPU worker gives a chunk (``worker_kv_bytes_per_block`` x blocks_per_chunk,
-before its alignment padding), so the spec sizes ``num_chunks`` from
-``cpu_bytes_to_use`` as vLLM's does.
+of the tensors' (padded) page sizes: ``chunk_bytes``, the bytes vLLM's CPU
+worker gives a chunk (``worker_kv_bytes_per_block`` x blocks_per_chunk)
+without its padding to the next 4 KiB, so the same ``host_bytes`` (or
+``cpu_bytes_to_use``) can hold more chunks here than under vLLM's CPU spec
+(docs/vllm.md, Options).
 
 Which bytes go where: those vLLM 0.33.0's CPU worker moves (its direct
 layout: ``cpu/gpu_worker.py``, ``SingleDirectionOffloadingHandler``). vLLM
@@ -109,6 +110,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
+from . import _args as _a
 from .tier import Plane, Tier
 from .vllm import method_diffs
 from .xfer import Transfer
@@ -213,7 +215,8 @@ class KvtierOffloadingWorker(OffloadingWorker):
             raise ValueError("kv_caches: no tensors")
         self.num_chunks = int(num_chunks)
         self.blocks_per_chunk = bpc = int(blocks_per_chunk)
-        self.checksum = bool(checksum)
+        self.checksum = _a.flag(checksum, "checksum")
+        huge = _a.flag(huge, "huge")
         self._closed = False
         self._classes: List[_Class] = []
         self._host: Optional[Tier] = None
@@ -394,7 +397,11 @@ class KvtierOffloadingWorker(OffloadingWorker):
         job = _Job(job_id, load, expedited, batches, np.unique(chunks), size, gpu_blocks=blocks if load else None)
         if self._l3 is not None:
             if load:
-                job.fetch = [(int(chunks[i]), h) for i, h in getattr(host, "fetch", ())]
+                fetch = getattr(host, "fetch", ())
+                if any(not 0 <= i < len(chunks) for i, _ in fetch):
+                    raise IndexError(f"job {job_id}: an L3 fetch names block index {[i for i, _ in fetch]}, "
+                                     f"the load has {len(chunks)} blocks")
+                job.fetch = [(int(chunks[i]), h) for i, h in fetch]
             elif getattr(host, "hashes", None):
                 if len(host.hashes) != len(chunks):
                     raise ValueError(f"job {job_id}: {len(host.hashes)} page hashes for {len(chunks)} chunks")

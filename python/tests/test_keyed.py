@@ -42,21 +42,34 @@ def test_a_keys_life_against_a_plain_model():
         c.lookup(a)
 
 
-@pytest.mark.parametrize("call,exc", [
-    (lambda c: c.lookup("ab"), TypeError),
-    (lambda c: c.lookup((-1, 0)), ValueError),
-    (lambda c: c.lookup((2 ** 64, 0)), ValueError),
-    (lambda c: c.lookup((1.5, 0)), TypeError),
-    (lambda c: c.prepare_store([(1, 1)], []), ValueError),
-    (lambda c: c.prepare_store([(1, 1)], [-1]), ValueError),
-    (lambda c: c.touch([(1, 2, 3)], [1]), TypeError),
-    (lambda c: c.pin([(7, 7)]), kvtier.NotFound),
-    (lambda c: c.unpin([(7, 7)]), kvtier.InvalidArgument),
+@pytest.mark.parametrize("call,exc,msg", [
+    (lambda c: c.lookup("ab"), TypeError, "key"),
+    (lambda c: c.lookup((-1, 0)), ValueError, "out of range"),
+    (lambda c: c.lookup((2 ** 64, 0)), ValueError, "out of range"),
+    (lambda c: c.lookup((1.5, 0)), TypeError, "hi: expected an integer, not float"),
+    (lambda c: c.prepare_store([(1, 1)], []), ValueError, "scores: 0 scores for 1 keys"),
+    (lambda c: c.prepare_store([(1, 1)], [-1]), ValueError, r"scores\[0\]: -1 is out of range"),
+    (lambda c: c.prepare_store([(1, 1)], [1.5]), TypeError, r"scores\[0\]: expected an integer, not float"),
+    (lambda c: c.prepare_store([(1, 1), (2, 2)], [1, float("nan")]), TypeError, r"scores\[1\]: expected an integer"),
+    (lambda c: c.prepare_store([(1, 1)], 5), TypeError, "scores: expected a list of integers, not int"),
+    (lambda c: c.touch([(1, 1)], ["3"]), TypeError, r"scores\[0\]: expected an integer, not str"),
+    (lambda c: c.touch([(1, 2, 3)], [1]), TypeError, r"keys\[0\]: expected a key"),
+    (lambda c: c.pin([(7, 7)]), kvtier.NotFound, None),
+    (lambda c: c.unpin([(7, 7)]), kvtier.InvalidArgument, None),
 ])
-def test_bad_arguments_are_refused(call, exc):
+def test_bad_arguments_are_refused(call, exc, msg):
     with KeyedCache(4) as c:
-        with pytest.raises(exc):
+        with pytest.raises(exc, match=msg):
             call(c)
+        c.check()
+        assert c.stats()["keys"] == 0
+
+
+def test_keys_may_come_from_any_iterable():
+    with KeyedCache(4) as c:
+        pages, evicted = c.prepare_store(((i, i) for i in range(2)), [1, 2])
+        assert sorted(pages) == [0, 1] and evicted == []
+        c.touch(iter([(0, 0)]), [5])
         c.check()
 
 

@@ -83,6 +83,30 @@ def test_from_tensors_refuses_read_only_memory():
         kvtier.Tier.from_tensors(layers)
 
 
+def test_from_tensors_refuses_a_torch_tensor_over_a_read_only_mapping(tmp_path):
+    """torch keeps no read-only flag: a tensor over a PROT_READ mapping was
+    taken, and the first copy into it killed the process on a copy thread."""
+    torch = pytest.importorskip("torch")
+    import warnings
+    path = tmp_path / "ro.bin"
+    np.arange(4 * 64, dtype=np.int8).tofile(path)
+    ro = np.memmap(path, dtype=np.int8, mode="r", shape=(4, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "the given NumPy array is not writable"
+        t = torch.from_numpy(ro)
+    assert t.data_ptr() == ro.ctypes.data
+    with pytest.raises(ValueError, match="plane 0: read-only memory"):
+        kvtier.Tier.from_tensors(t)
+    with pytest.raises(ValueError, match="plane 1 layer 0: read-only memory"):
+        kvtier.Tier.from_tensors([torch.zeros(4, 64, dtype=torch.int8)], [t])
+    half = torch.zeros(8, 64, dtype=torch.int8)[4:]  # a view: only its own bytes are asked about
+    kvtier.Tier.from_tensors(half).close()
+    from kvtier.tier import HostMaps
+    maps = HostMaps()
+    assert maps.writable(half.data_ptr(), 256) and not maps.writable(t.data_ptr(), 1)
+    assert not maps.writable(0, 4096), "nothing is mapped at 0"
+
+
 def test_an_engine_tier_notices_its_storage_resized():
     torch = pytest.importorskip("torch")
     k = torch.arange(64, dtype=torch.float32).reshape(4, 16)  # 4 pages of 64 bytes

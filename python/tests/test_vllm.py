@@ -277,6 +277,66 @@ def test_bad_calls_raise_and_change_nothing():
     m.check()
 
 
+@pytest.mark.parametrize("threshold", [1, 2])
+def test_a_position_that_does_not_fit_changes_nothing(threshold):
+    """A load or store naming a key at a position past 2**31-1 raises before
+    anything changes: no pin left behind (the block stays evictable), no rank
+    spent, no store counted for get_stats, no offer counted."""
+    import kvtier
+    m = kv.KvtierOffloadingManager(2, store_threshold=threshold)
+    k, new = make_offload_key(b"\x01" * 32, 0), make_offload_key(b"\x02" * 32, 0)
+    a = ReqContext(req_id="a")
+    a.set_offload_key_position(k, 16)
+    m.on_new_request(a)
+    for _ in range(threshold):
+        out = m.prepare_store([k], a)
+    m.complete_store(out.keys_to_store, a)
+    m.on_request_finished(a)
+    m.get_stats()
+    b = ReqContext(req_id="b")
+    m.on_new_request(b)
+    b.set_offload_key_position(k, 2 ** 31)
+    b.set_offload_key_position(new, 32)
+    state = lambda: (m.stats(), dict(m._scores), m._next_rank, list(m._alloc_sizes),  # noqa: E731
+                     dict(m._offers or {}), b.get_state(kv._Access).seen if b.get_state(kv._Access) else None)
+    before = state()
+    with pytest.raises(OverflowError, match="position 2147483648"):
+        m.prepare_load([k], b)
+    with pytest.raises(OverflowError, match="position 2147483648"):
+        m.prepare_store([k, new], b)
+    assert state() == before and m.stats()["pinned"] == 0
+    m.check()
+    c = ReqContext(req_id="c")
+    m.on_new_request(c)
+    more = [make_offload_key(bytes([i]) * 32, 0) for i in (3, 4)]
+    for _ in range(threshold):
+        out = m.prepare_store(more, c)
+    assert out is not None and out.evicted_keys == [k], "the block was left evictable"
+    with pytest.raises(kvtier.InvalidArgument):
+        m.complete_load([k], b)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_every_call_after_shutdown_is_refused(policy):
+    import kvtier
+    cls = kv.KvtierOffloadingManager if policy == "lru" else kv.KvtierArcOffloadingManager
+    m = cls(4)
+    k = make_offload_key(b"\x01" * 32, 0)
+    c = ReqContext(req_id="a")
+    c.set_offload_key_position(k, 16)
+    m.on_new_request(c)
+    m.complete_store(m.prepare_store([k], c).keys_to_store, c)
+    m.shutdown()
+    calls = [("lookup", (k, c)), ("prepare_load", ([k], c)), ("touch", ([k], c)), ("complete_load", ([k], c)),
+             ("prepare_store", ([k], c)), ("complete_store", ([k], c)), ("on_new_request", (c,)),
+             ("on_request_finished", (c,)), ("reset_cache", ()), ("forget", ([k],)), ("get_stats", ()),
+             ("stats", ()), ("check", ())]
+    for name, args in calls:
+        with pytest.raises(kvtier.ClosedError, match=f"{cls.__name__}.{name}: the manager is closed"):
+            getattr(m, name)(*args)
+    m.shutdown()  # twice: nothing more to do
+
+
 def test_the_side_by_side_benchmark_runs_and_agrees():
     """A smoke run of `python -m kvtier.bench_vllm`: JSON, both managers timed, the same decisions."""
     import json
@@ -373,10 +433,39 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back(policy):
                                        ({"host_bytes": 4096, "max_tracker_size": 0}, "max_tracker_size"),
                                        ({"host_bytes": 4096, "max_tracker_size": "many"}, "max_tracker_size"),
                                        ({"host_bytes": 4096, "policy": "arc", "eviction_policy": "lru"},
-                                        "eviction_policy")])
+                                        "eviction_policy"),
+                                       ({"host_bytes": 4096, "eviction_policy": "lfu"}, "eviction_policy: 'lfu'"),
+                                       ({"host_bytes": 4096.9}, "host_bytes: expected a whole number, not 4096.9"),
+                                       ({"host_bytes": float("inf")}, "host_bytes: expected a whole number"),
+                                       ({"cpu_bytes_to_use": None}, "cpu_bytes_to_use: expected a whole number"),
+                                       ({"host_bytes": 0}, r"host_bytes: 0 \(expected >= 1\)"),
+                                       ({"host_bytes": True}, "host_bytes: expected a whole number, not True"),
+                                       ({"host_bytes": 4096, "threads": 1.7}, "threads: expected a whole number"),
+                                       ({"host_bytes": 4096, "threads": None}, "threads: expected a whole number"),
+                                       ({"host_bytes": 4096, "threads": 65}, r"threads: 65 \(expected 1..64\)"),
+                                       ({"host_bytes": 4096, "l3_threads": "x"}, "l3_threads: expected a whole"),
+                                       ({"host_bytes": 4096, "l3_threads": 2.9}, "l3_threads: expected a whole"),
+                                       ({"host_bytes": 4096, "store_threshold": 1.5}, "store_threshold: expected"),
+                                       ({"host_bytes": 4096, "max_tracker_size": 2.5}, "max_tracker_size: expected"),
+                                       ({"host_bytes": 4096, "l2_free_room": "abc"}, "l2_free_room: 'abc'"),
+                                       ({"host_bytes": 4096, "l2_free_room": None}, "l2_free_room: None"),
+                                       ({"host_bytes": 4096, "checksum": None}, "checksum: None"),
+                                       ({"host_bytes": 4096, "checksum": 2}, "checksum: 2"),
+                                       ({"host_bytes": 4096, "checksum": [0]}, r"checksum: \[0\]"),
+                                       ({"host_bytes": 4096, "l3_ns": None}, "l3_ns: expected a namespace"),
+                                       ({"host_bytes": 4096, "thread": 8}, "unknown option 'thread': did you mean 'threads'"),
+                                       ({"hostbytes": 1, "host_bytes": 4096}, "did you mean 'host_bytes'"),
+                                       ({"host_bytes": 4096, "l3_thread": 8}, "did you mean 'l3_threads'")])
 def test_the_spec_refuses_bad_options_naming_them(extra, msg):
     with pytest.raises(ValueError, match=msg):
         kv.KvtierOffloadingSpec(_offloading_config(extra))
+
+
+def test_whole_numbers_may_be_written_as_json_writes_them():
+    spec = kv.KvtierOffloadingSpec(_offloading_config({"host_bytes": "8192", "threads": 2.0, "l3_threads": "3",
+                                                       "checksum": "false", "l2_free_room": "0.25"}))
+    assert (spec.threads, spec.l3_threads, spec.checksum, spec.free_room) == (2, 3, False, 0.25)
+    assert spec.num_chunks == kv.KvtierOffloadingSpec(_offloading_config({"host_bytes": 8192.0})).num_chunks > 0
 
 
 def test_vllms_own_name_for_the_policy_is_read():
