@@ -170,11 +170,14 @@ static bool stopped(kvt_cp_group_t *g) {
 }
 
 /* A joined rank that is no longer running (one that finished, failed or
- * left may go). */
+ * left may go). The state is read again once the process is found gone: a
+ * rank finishes, leaves and exits between the first read and the check,
+ * and then its last state is what the second read sees. */
 static bool dead(const kvt_cp_group_t *g, uint32_t r) {
     slot_t *s = slot(g, r);
-    return atomic_load_explicit(&s->state, memory_order_acquire) == JOINED &&
-           !kvt__proc_alive(atomic_load(&s->pid), s->start);
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != JOINED) return false;
+    if (kvt__proc_alive(atomic_load(&s->pid), s->start)) return false;
+    return atomic_load_explicit(&s->state, memory_order_acquire) == JOINED;
 }
 
 /* Checks rank watch (or every rank, watch < 0) for death, at most every

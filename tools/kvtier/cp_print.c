@@ -143,5 +143,7 @@ int cp_print_outcome(const child_t *ch, uint32_t n, int dead, int why) {
         fprintf(stderr, "kvtier cp: rank %d died (signal %d, %s); the group stopped\n", dead, WTERMSIG(why), strsignal(WTERMSIG(why)));
     else if (dead >= 0 && WEXITSTATUS(why) != CP_QUIET)
         fprintf(stderr, "kvtier cp: rank %d failed (exit %d); the group stopped\n", dead, WEXITSTATUS(why));
+    else if (dead >= 0) /* every rank left quietly, each taking another for the cause: never exit 1 unexplained */
+        fprintf(stderr, "kvtier cp: the group stopped (rank %d left first) and no rank reported why\n", dead);
     return dead >= 0 ? 1 : 0;
 }
