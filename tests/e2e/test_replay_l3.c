@@ -401,3 +401,87 @@ Test(replay_l3, slots_resharded_during_a_run) {
     fprintf(stderr, "reshard during a replay: moved %.0f, ask %.0f\n", moved, ask);
     cJSON_Delete(j);
 }
+
+/* ---- the fleet's processes ---- */
+
+#include <signal.h>
+#include <spawn.h>
+
+#include "common/proc.h"
+#include "kvtier/stats.h"
+
+extern char **environ;
+
+/* A fleet of two long instances (64 KiB pages, checked: tens of seconds),
+ * started with its stderr in a file: its pid once the coordinator and both
+ * instances run. */
+static pid_t fleet_start(int *efd, const char *marker) {
+    char errp[] = "/tmp/kvt-fleet-err-XXXXXX";
+    *efd = mkstemp(errp);
+    unlink(errp);
+    const char *argv[] = {kvtier_bin(), "replay", TRACE, "--l1-pages", "1024", "--l2-pages", "2048", "--bytes-per-token",
+                          "4096", "--data", "--verify", "--instances", "2", "--limit", marker, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, *efd, 2);
+    pid_t pid;
+    cr_assert_eq(posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    char m[32];
+    snprintf(m, sizeof(m), "--limit %s", marker);
+    for (int i = 0; i < 500 && processes_with(m) < 3; i++) usleep(10000);
+    cr_assert_eq(processes_with(m), 3, "the coordinator and two instances run");
+    return pid;
+}
+
+/* Its exit status once it ends (128 + the signal that killed it), its
+ * stderr in *err; and no instance left running. */
+static int fleet_end(pid_t pid, int efd, const char *marker, char **err) {
+    int st;
+    waitpid(pid, &st, 0);
+    *err = slurp_fd(efd);
+    close(efd);
+    char m[32];
+    snprintf(m, sizeof(m), "--limit %s", marker);
+    int left = 1;
+    for (int i = 0; i < 300 && (left = processes_with(m)) > 0; i++) usleep(10000);
+    cr_assert_eq(left, 0, "no instance runs on");
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* SIGTERM or SIGINT to the coordinator stops the instances and it exits
+ * 128 + the signal, saying so (it went on to the end and exited 0). */
+Test(replay_fleet, a_signal_to_the_coordinator_stops_the_fleet, .timeout = 120) {
+    static const int sigs[] = {SIGTERM, SIGINT};
+    for (int i = 0; i < 2; i++) {
+        int efd;
+        pid_t pid = fleet_start(&efd, "3989");
+        kill(pid, sigs[i]);
+        char *err;
+        int status = fleet_end(pid, efd, "3989", &err);
+        cr_assert_eq(status, 128 + sigs[i], "exit %d: %s", status, err);
+        cr_assert_not_null(strstr(err, "stopped by signal"), "%s", err);
+        free(err);
+    }
+}
+
+/* An instance killed stops the others at once, and the coordinator names
+ * it and the signal (it waited for the instances before it in order). */
+Test(replay_fleet, a_dead_instance_stops_the_fleet_at_once, .timeout = 120) {
+    int efd;
+    pid_t pid = fleet_start(&efd, "3988");
+    char cmd[128], line[64] = {0};
+    snprintf(cmd, sizeof(cmd), "pgrep -P %d | sort -n | tail -1", (int)pid);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(fgets(line, sizeof(line), p));
+    pclose(p);
+    uint64_t t0 = kvt_now_ns();
+    kill((pid_t)atoi(line), SIGKILL);
+    char *err;
+    int status = fleet_end(pid, efd, "3988", &err);
+    cr_assert_eq(status, 1, "exit %d: %s", status, err);
+    cr_assert_not_null(strstr(err, "instance 1 died (signal 9"), "%s", err);
+    cr_assert_lt(kvt_now_ns() - t0, 10000000000ull, "the other instance was stopped, not waited for");
+    free(err);
+}

@@ -13,14 +13,14 @@
  *
  * Each instance runs its share of the requests, in trace order, at the same
  * time as the others (replay_instances: replay_run_one here, the hybrid
- * cache's run in replay_hybrid.c), and writes its result to a pipe; the
- * coordinator adds them up. */
-#include <errno.h>
+ * cache's run in replay_hybrid.c), and writes its result into memory shared
+ * with the coordinator, which adds them up. */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -112,22 +112,10 @@ static void add_result(result_t *d, const result_t *s, bool first) {
 
 /* ---- the fleet ---- */
 
-/* All len bytes through the pipe (out: written, else read); -1 on an error or an early end. */
-static int pipe_all(int fd, void *buf, size_t len, bool out) {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t k = out ? write(fd, p, len) : read(fd, p, len);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        len -= (size_t)k;
-    }
-    return 0;
-}
-
-/* An instance: its share of the requests, its result down the pipe. */
+/* An instance: its share of the requests, its result into its slot of the
+ * shared results; exit 0 once the result is whole. */
 static void instance_main(const uint32_t *route, uint64_t n, uint32_t me, replay_instance_fn run, void *arg, void *res,
-                          size_t size, int fd) {
+                          size_t size, void *shared) {
     group_child_signals();
     uint32_t *reqs = malloc((n ? n : 1) * sizeof(*reqs));
     uint64_t k = 0;
@@ -135,62 +123,55 @@ static void instance_main(const uint32_t *route, uint64_t n, uint32_t me, replay
         if (route[i] == me) reqs[k++] = (uint32_t)i;
     memset(res, 0, size);
     int rc = reqs ? run(arg, reqs, k, res) : -1;
-    if (rc == 0 && pipe_all(fd, res, size, true) != 0) rc = -1;
+    if (rc == 0) memcpy(shared, res, size);
     _exit(rc == 0 ? 0 : 1);
 }
 
 int replay_instances(const kvt_trace_t *t, uint64_t n, uint32_t ni, replay_instance_fn run, void *arg, void *each,
                      size_t size) {
     uint32_t *route = malloc((n ? n : 1) * sizeof(*route));
-    if (route == NULL) return fprintf(stderr, "kvtier replay: out of memory\n"), -1;
+    /* the results come back through memory shared with the instances: the coordinator only watches
+     * them (group_watch: the first to die stops the rest, a signal to it stops them all) */
+    void *shared = mmap(NULL, ni * size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (route == NULL || shared == MAP_FAILED) {
+        free(route);
+        if (shared != MAP_FAILED) munmap(shared, ni * size);
+        return fprintf(stderr, "kvtier replay: --instances: out of memory\n"), -1;
+    }
     replay_route(t, n, ni, route);
     fflush(NULL); /* nothing buffered is written twice */
     group_catch_signals(); /* the instances die with the coordinator, however it dies */
-    int fds[64];
-    pid_t pids[64];
+    child_t ch[64];
     uint32_t started = 0;
     int rc = 0;
     for (; started < ni; started++) {
-        int p[2];
-        if (pipe(p) != 0) {
-            perror("kvtier replay: --instances: pipe");
-            rc = -1;
-            break;
-        }
         pid_t pid = fork();
         if (pid < 0) {
             perror("kvtier replay: --instances: fork");
-            close(p[0]);
-            close(p[1]);
             rc = -1;
             break;
         }
-        if (pid == 0) {
-            close(p[0]);
-            for (uint32_t j = 0; j < started; j++) close(fds[j]);
-            instance_main(route, n, started, run, arg, (char *)each + started * size, size, p[1]);
-        }
-        close(p[1]);
-        fds[started] = p[0];
-        pids[started] = pid;
+        if (pid == 0)
+            instance_main(route, n, started, run, arg, (char *)each + started * size, size, (char *)shared + started * size);
+        ch[started] = (child_t){.pid = pid};
     }
-    for (uint32_t i = 0; i < started; i++) {
-        if (rc == 0 && pipe_all(fds[i], (char *)each + i * size, size, false) != 0) {
-            fprintf(stderr, "kvtier replay: instance %u stopped before it reported\n", i);
-            rc = -1;
-        }
-        close(fds[i]);
-        if (rc != 0) /* the fleet has failed: stop the rest */
-            for (uint32_t j = i + 1; j < started; j++) kill(pids[j], SIGTERM);
+    if (rc != 0)
+        for (uint32_t i = 0; i < started; i++) kill(ch[i].pid, SIGTERM);
+    _Atomic int stop = 0;
+    int why = 0;
+    int dead = group_watch(ch, started, &stop, &why, 0, NULL, NULL);
+    if (dead == -2) {
+        fprintf(stderr, "kvtier replay: stopped by signal %d (%s); the instances were stopped\n", why, strsignal(why));
+        exit(128 + why);
     }
-    for (uint32_t i = 0; i < started; i++) {
-        int st;
-        while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR) {}
-        if (rc == 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-            fprintf(stderr, "kvtier replay: instance %u failed\n", i);
-            rc = -1;
-        }
-    }
+    if (rc == 0 && dead >= 0 && WIFSIGNALED(why))
+        fprintf(stderr, "kvtier replay: instance %d died (signal %d, %s); the others were stopped\n", dead, WTERMSIG(why),
+                strsignal(WTERMSIG(why)));
+    else if (rc == 0 && dead >= 0)
+        fprintf(stderr, "kvtier replay: instance %d failed (exit %d); the others were stopped\n", dead, WEXITSTATUS(why));
+    if (dead >= 0) rc = -1;
+    if (rc == 0) memcpy(each, shared, ni * size);
+    munmap(shared, ni * size);
     free(route);
     return rc;
 }
