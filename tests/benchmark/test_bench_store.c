@@ -68,7 +68,14 @@ Test(bench_store, bad_input) {
     cr_assert(strstr(r.err, "--l3") && strstr(r.err, "required"), "%s", r.err);
     run_free(&r);
     expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "redis://nohostport", NULL},
-                   1, "not HOST:PORT");
+                   2, "--l3: malformed store URL 'redis://nohostport'");
+    expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "http://x", NULL}, 2, "unknown scheme");
+    expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "dir:/tmp/x,max=1x", NULL}, 2, "bad max=");
+    expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "dir:/tmp/x", "--page-bytes", "65536,", NULL},
+                   2, "'65536,' ends with ','");
+    expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "dir:/tmp/x", "--page-bytes", "4194304",
+                                         "--total-mb", "1", NULL},
+                   2, "a page of 4194304 bytes is more than --total-mb 1 MiB");
     expect_refused((const char *const[]){NULL, "bench", "store", "--l3", "dir:/tmp/x", "--page-bytes", "12x", NULL},
                    2, "not a page size");
 }

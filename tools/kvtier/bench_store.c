@@ -25,7 +25,7 @@
  *              a slot per page rounded up to 4 KiB, as the store's tier
  *              pages are: the plain copy at its best.
  *   redis-cluster://  no baseline (a raw cluster client is what the store
- *              is); baseline_gbps and ratio are 0
+ *              is); baseline_gbps and ratio are null ("-" in the table)
  *
  * The store runs with one worker thread and one batch in flight at a time,
  * as the baseline does, so the ratio is the cost of the store's work:
@@ -263,8 +263,7 @@ static double base_run(base_t *b, int op, uint64_t pages, uint32_t batch, uint8_
 }
 
 static int run_size(const char *url, uint64_t pb, uint64_t total_mb, uint32_t batch, uint64_t reps, bres_t out[2], char *err, size_t ecap) {
-    uint64_t pages = total_mb * 1048576ull / pb;
-    if (pages == 0) pages = 1;
+    uint64_t pages = total_mb * 1048576ull / pb; /* >= 1: the options' check */
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST, .geom = {batch, 1, pb, KVT_LAYOUT_PAGE_FIRST}};
     kvt_tier_t *t = NULL;
     kvt_store_t *s = NULL;
@@ -283,7 +282,7 @@ static int run_size(const char *url, uint64_t pb, uint64_t total_mb, uint32_t ba
     if (rc != KVT_OK) {
         snprintf(err, ecap, "%s", kvt_store_last_error(NULL));
         kvt_tier_destroy(t);
-        return -1;
+        return rc == KVT_EINVAL ? -2 : -1; /* a malformed URL is a bad flag */
     }
     size_t ob = (size_t)kvt_store_object_bytes(s), stride = (ob + 4095) & ~(size_t)4095;
     buf = aligned_alloc(4096, stride * batch);
@@ -372,17 +371,23 @@ int cmd_bench_store(int argc, char **argv) {
         tok[len] = 0;
         if (cli_parse_u64(tok, &sizes[ns]) != 0 || sizes[ns] < 64 || sizes[ns] > (256u << 20))
             return cli_error(&c, "'%s' is not a page size in 64..268435456", tok) ? 2 : 2;
+        if (sizes[ns] > total_mb << 20)
+            return cli_error(&c, "a page of %" PRIu64 " bytes is more than --total-mb %" PRIu64 " MiB: no whole page to move", sizes[ns],
+                             total_mb) ? 2 : 2;
         ns++;
         p += len + (p[len] == ',');
+        if (p[-1] == ',' && *p == '\0') return cli_error(&c, "'%s' ends with ','", sizes_s) ? 2 : 2;
     }
     if (cli_parse_only) return 0;
     bres_t res[2 * MAX_SIZES];
     char err[600] = "";
-    for (size_t i = 0; i < ns; i++)
-        if (run_size(url, sizes[i], total_mb, (uint32_t)batch, reps, &res[2 * i], err, sizeof(err)) != 0) {
-            fprintf(stderr, "kvtier bench store: %s\n", err);
-            return 1;
+    for (size_t i = 0; i < ns; i++) {
+        int rc = run_size(url, sizes[i], total_mb, (uint32_t)batch, reps, &res[2 * i], err, sizeof(err));
+        if (rc != 0) {
+            fprintf(stderr, "kvtier bench store: %s%s\n", rc == -2 ? "--l3: " : "", err);
+            return rc == -2 ? 2 : 1;
         }
+    }
     char shown[1024]; /* the URL as printed: never its password */
     kvt_store_url_redact(url, shown, sizeof(shown));
     if (json) {
@@ -398,8 +403,13 @@ int cmd_bench_store(int argc, char **argv) {
             cJSON_AddNumberToObject(x, "page_bytes", (double)res[i].page_bytes);
             cJSON_AddStringToObject(x, "op", res[i].op ? "get" : "put");
             cJSON_AddNumberToObject(x, "gbps", res[i].gbps);
-            cJSON_AddNumberToObject(x, "baseline_gbps", res[i].base_gbps);
-            cJSON_AddNumberToObject(x, "ratio", res[i].base_gbps > 0 ? res[i].gbps / res[i].base_gbps : 0);
+            if (res[i].base_gbps > 0) {
+                cJSON_AddNumberToObject(x, "baseline_gbps", res[i].base_gbps);
+                cJSON_AddNumberToObject(x, "ratio", res[i].gbps / res[i].base_gbps);
+            } else { /* no baseline (redis-cluster): nothing measured, not 0 */
+                cJSON_AddNullToObject(x, "baseline_gbps");
+                cJSON_AddNullToObject(x, "ratio");
+            }
             cJSON_AddNumberToObject(x, "batch_p50_ms", res[i].p50_ms);
             cJSON_AddNumberToObject(x, "batch_p99_ms", res[i].p99_ms);
             cJSON_AddItemToArray(arr, x);
@@ -409,9 +419,15 @@ int cmd_bench_store(int argc, char **argv) {
         printf("kvtier bench store: %s, %" PRIu64 " MiB per op, batches of %" PRIu64 ", median of %" PRIu64 "\n", shown, total_mb, batch, reps);
         printf("baseline: %s\n", base_what(base_kind(url)));
         printf("%12s %4s %10s %14s %7s %12s %12s\n", "page_bytes", "op", "GB/s", "baseline GB/s", "ratio", "batch p50 ms", "batch p99 ms");
-        for (size_t i = 0; i < 2 * ns; i++)
-            printf("%12" PRIu64 " %4s %10.3f %14.3f %7.3f %12.3f %12.3f\n", res[i].page_bytes, res[i].op ? "get" : "put", res[i].gbps,
-                   res[i].base_gbps, res[i].base_gbps > 0 ? res[i].gbps / res[i].base_gbps : 0, res[i].p50_ms, res[i].p99_ms);
+        for (size_t i = 0; i < 2 * ns; i++) {
+            char base[16] = "-", ratio[16] = "-";
+            if (res[i].base_gbps > 0) {
+                snprintf(base, sizeof(base), "%.3f", res[i].base_gbps);
+                snprintf(ratio, sizeof(ratio), "%.3f", res[i].gbps / res[i].base_gbps);
+            }
+            printf("%12" PRIu64 " %4s %10.3f %14s %7s %12.3f %12.3f\n", res[i].page_bytes, res[i].op ? "get" : "put", res[i].gbps,
+                   base, ratio, res[i].p50_ms, res[i].p99_ms);
+        }
     }
     return 0;
 }
