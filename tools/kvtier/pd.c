@@ -85,6 +85,11 @@ static int parse(int argc, char **argv, pd_opts_t *out, const char **path) {
         o.delay_rank = (unsigned)rank;
         o.delay_ms = ms;
     }
+    if (o.max_pages < o.ranks) {
+        c.flag = "--max-pages";
+        return cli_error(&c, "%" PRIu64 " is fewer than --ranks (%" PRIu64 "): a hand-off gives every rank at least one page",
+                         o.max_pages, o.ranks) ? 2 : 2;
+    }
     if (o.max_pages > o.decode_pages) {
         c.flag = "--decode-pages";
         return cli_error(&c, "must hold one hand-off (--max-pages %" PRIu64 ")", o.max_pages) ? 2 : 2;
@@ -206,6 +211,7 @@ static int run_group(ctl_t *ctl, const pd_opts_t *o, const kvt_trace_t *t, uint6
     static pd_result_t res;
     memset(&res, 0, sizeof(res));
     result(&res, ctl, t, o, nreq);
+    res.too_short = nreq - ctl->total;
     res.wall = (double)(now_ns() - t0) / 1e9;
     pd_report_bad_peers(&res.all);
     if (started < nproc) return fprintf(stderr, "kvtier pd: could not start every process\n"), 1;

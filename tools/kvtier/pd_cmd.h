@@ -57,6 +57,7 @@ typedef struct ctl {
 typedef struct pd_result {
     kvt_pd_stats_t all; /* every generation and every rank's sender, merged */
     uint64_t completed, failed, not_attempted, released; /* completed: checked by decode */
+    uint64_t too_short; /* requests of fewer pages than ranks: not handed off */
     uint32_t restarts;
     double wall;
 } pd_result_t;

@@ -61,6 +61,7 @@ static void print_json(const pd_result_t *res, const ctl_t *c, const pd_opts_t *
     cJSON_AddNumberToObject(x, "mismatches", (double)c->mismatches);
     cJSON_AddNumberToObject(x, "failed", (double)res->failed);
     cJSON_AddNumberToObject(x, "not_attempted", (double)res->not_attempted);
+    cJSON_AddNumberToObject(x, "too_short", (double)res->too_short);
     json_bad_peers(x, a);
     cJSON_AddNumberToObject(x, "decode_restarts", res->restarts);
     cJSON_AddNumberToObject(x, "released_pages", (double)res->released);
@@ -76,6 +77,8 @@ void pd_print(const pd_result_t *res, const ctl_t *c, const pd_opts_t *o) {
            "hand-off p50 %.2f ms p99 %.2f ms max %.2f ms; %" PRIu64 " mismatches, %" PRIu64 " failed, %" PRIu64 " not attempted\n",
            (unsigned)o->ranks, PD_TRANSPORTS[o->transport], res->completed, (double)a->bytes / 1e6, gbps, ms(&a->handoff_ns, 0.5),
            ms(&a->handoff_ns, 0.99), ms(&a->handoff_ns, 1), c->mismatches, res->failed, res->not_attempted);
+    if (res->too_short)
+        printf("%" PRIu64 " requests had fewer pages than ranks: not handed off\n", res->too_short);
     if (res->restarts)
         printf("decode restarted %u time(s); the ranks released %" PRIu64 " pinned pages of the hand-offs lost with it\n",
                res->restarts, res->released);
