@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "common/run.h"
 
@@ -35,3 +36,23 @@ static void smoke(const char *pattern) {
 Test(bench_alloc, random, .timeout = 300) { smoke("random"); }
 Test(bench_alloc, mixed, .timeout = 300) { smoke("mixed"); }
 Test(bench_alloc, churn, .timeout = 300) { smoke("churn"); }
+
+/* A size no reservation can take is said in the table (it showed zeros
+ * and a 0x speedup as if measured), and the pool's free fraction is shown. */
+Test(bench_alloc, failed_reservations_are_shown, .timeout = 60) {
+    run_result_t r = run_argv((const char *const[]){NULL, "bench", "alloc", "--pages", "2048", "--fragment", "0.01",
+                                                    "--sizes", "1024", "--ops", "100", "--scan-ops", "2",
+                                                    "--scan-budget-s", "0.1", NULL});
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.out, "every reservation of 1024 pages failed: the pool has 20 free"), "%s", r.out);
+    cr_assert_not_null(strstr(r.out, "fragment 0.01 (0.01 free)"), "%s", r.out);
+    run_free(&r);
+}
+
+/* A pool whose metadata cannot fit is refused up front (64 GiB at 16 bytes a page). */
+Test(bench_alloc, too_large_a_pool_is_refused) {
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (0.6 * mem >= 4294967295.0 * 16) cr_skip_test("this machine holds such a pool");
+    expect_refused((const char *const[]){NULL, "bench", "alloc", "--pages", "4294967295", NULL}, 2,
+                   "--pages: 4294967295 pages need up to 64.0 GiB");
+}

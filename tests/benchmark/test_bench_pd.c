@@ -17,3 +17,10 @@ Test(bench_pd, smoke, .timeout = 120) {
     cJSON_Delete(o);
     run_free(&r);
 }
+
+/* A run that cannot fit is refused up front with the figures (it failed
+ * with "input/output error"). */
+Test(bench_pd, too_large_a_run_is_refused) {
+    expect_refused((const char *const[]){NULL, "bench", "pd", "--total-mb", "65536", NULL}, 2,
+                   "--total-mb: 65536 MiB a run needs 4 x that");
+}

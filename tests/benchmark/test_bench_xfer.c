@@ -56,6 +56,8 @@ Test(bench_xfer, bad_flags) {
                    2, "auto|dma|kernel");
     expect_refused((const char *const[]){NULL, "bench", "xfer", "--layout", "layer_first", "--page-bytes", "4100", NULL},
                    2, "not a multiple of --layers");
+    expect_refused((const char *const[]){NULL, "bench", "xfer", "--layers", "1024", NULL}, /* page_first: one span */
+                   2, "--layers: splits layer_first pages");
 }
 
 /* --l1 cuda: where a GPU and a CUDA build are, rows of the cuda L1 against the

@@ -40,6 +40,7 @@ static const char *const FORMATS[] = {"table", "json", "prom", NULL};
 
 #define MAX_SIZES 16
 #define MAX_HOLE 4096 /* mixed and churn sizes are log-uniform in [1, MAX_HOLE] */
+#define BENCH_BYTES_PER_PAGE 16
 
 typedef struct params {
     uint64_t pages, page_bytes, ops, seed, scan_ops, window;
@@ -138,7 +139,7 @@ static void build_churn(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_
         if (free_pages > target_free || n == 0) {
             uint64_t sz = log_uniform(rng, MAX_HOLE);
             size_t k;
-            if (sz > free_pages) break;
+            if (sz > free_pages) sz = free_pages; /* (>= 1: the pool is not full while it is above the target or empty) */
             die_on(kvt_extalloc_reserve(a, sz, tmp, MAX_HOLE, &k), "reserve");
             if (n == cap) {
                 lv = realloc(lv, (cap *= 2) * sizeof(*lv));
@@ -159,6 +160,16 @@ static void build_churn(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_
             lv[i] = lv[--n];
         }
         if (free_pages <= target_free) done++;
+    }
+    /* The last reserve may have taken up to MAX_HOLE pages below the target (all of a small pool):
+     * give back whole allocations until the target is free again. */
+    while (free_pages < target_free && n > 0) {
+        size_t i = (size_t)kvt_rng_below(rng, n);
+        die_on(kvt_extalloc_free(a, lv[i].runs, lv[i].k), "free");
+        mark(map, lv[i].runs, lv[i].k, 0);
+        for (size_t r = 0; r < lv[i].k; r++) free_pages += lv[i].runs[r].len;
+        free(lv[i].runs);
+        lv[i] = lv[--n];
     }
     for (size_t i = 0; i < n; i++) free(lv[i].runs);
     free(lv);
@@ -418,23 +429,26 @@ static void print_json(const params_t *p, const pool_info_t *pi, const result_t 
 }
 
 static void print_table(const params_t *p, const pool_info_t *pi, const result_t *res) {
-    printf("pool: %" PRIu64 " pages x %" PRIu64 " B = %.1f GB, pattern %s, fragment %.2f, seed %" PRIu64 "\n",
+    printf("pool: %" PRIu64 " pages x %" PRIu64 " B = %.1f GB, pattern %s, fragment %.2f (%.2f free), seed %" PRIu64 "\n",
            p->pages, p->page_bytes, (double)p->pages * (double)p->page_bytes / 1e9, PATTERNS[p->pattern],
-           p->fragment, p->seed);
+           p->fragment, (double)pi->st.free_pages / (double)p->pages, p->seed);
     printf("      %" PRIu64 " free pages in %" PRIu64 " extents, largest %" PRIu64 "; metadata %.2f B/page; built in %.2f s\n",
            pi->st.free_pages, pi->st.free_extents, pi->st.largest_free_run,
            (double)pi->st.metadata_bytes / (double)p->pages, pi->build_s);
-    printf("%8s %10s %10s %10s %10s %10s %8s %12s %12s %10s\n", "size", "resv p50", "resv p99", "resv p999",
-           "free p50", "free p99", "runs", "scan p50", "1st-fit p50", "speedup");
+    printf("%8s %10s %10s %10s %10s %10s %8s %12s %12s %10s %8s\n", "size", "resv p50", "resv p99", "resv p999",
+           "free p50", "free p99", "runs", "scan p50", "1st-fit p50", "speedup", "failed");
     for (size_t i = 0; i < p->nsizes; i++) {
         const result_t *r = &res[i];
         printf("%8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %8.2f %12" PRIu64
-               " %12" PRIu64 " %9.0fx\n",
+               " %12" PRIu64 " %9.0fx %8" PRIu64 "\n",
                r->size, kvt_hist_percentile(&r->reserve, .5), kvt_hist_percentile(&r->reserve, .99),
                kvt_hist_percentile(&r->reserve, .999), kvt_hist_percentile(&r->free_run, .5),
                kvt_hist_percentile(&r->free_run, .99),
                r->reserved_ok ? (double)r->runs_total / (double)r->reserved_ok : 0.0,
-               kvt_hist_percentile(&r->scan, .5), kvt_hist_percentile(&r->ff_scan, .5), speedup(r));
+               kvt_hist_percentile(&r->scan, .5), kvt_hist_percentile(&r->ff_scan, .5), speedup(r), r->failures);
+        if (r->failures == p->ops) /* nothing above was measured */
+            printf("%8s every reservation of %" PRIu64 " pages failed: the pool has %" PRIu64 " free\n", "", r->size,
+                   pi->st.free_pages);
     }
     printf("(ns; free per run; %" PRIu64 " ops per size, window %" PRIu64 "; timer overhead %" PRIu64 " ns)\n",
            p->ops, p->window, pi->timer_ns);
@@ -484,6 +498,15 @@ static int parse(int argc, char **argv, params_t *p) {
     c.flag = "--sizes";
     for (size_t i = 0; i < p->nsizes; i++)
         if (p->sizes[i] > p->pages) return cli_error(&c, "size %" PRIu64 " is larger than the pool (%" PRIu64 " pages)", p->sizes[i], p->pages);
+    /* the scans' byte map and the allocator's extents: about 9 bytes a page together at the worst
+     * (half the pool free in single pages, the resident set measured); BENCH_BYTES_PER_PAGE bounds it */
+    double mem = cli_machine_memory();
+    if ((double)p->pages * BENCH_BYTES_PER_PAGE > 0.6 * mem) {
+        c.flag = "--pages";
+        return cli_error(&c, "%" PRIu64 " pages need up to %.1f GiB (%d bytes a page): more than 60%% of this machine's %.1f GiB",
+                         p->pages, (double)p->pages * BENCH_BYTES_PER_PAGE / 1073741824.0, BENCH_BYTES_PER_PAGE,
+                         mem / 1073741824.0);
+    }
     return 0;
 }
 

@@ -146,6 +146,12 @@ int cmd_bench_pd(int argc, char **argv) {
         c.flag = "--page-bytes";
         return cli_error(&c, "larger than --total-mb") ? 2 : 2;
     }
+    double mem = cli_machine_memory(); /* the sender's pages, the receiver's, the raw loop's buffer and its receiver's */
+    if (4.0 * (double)bytes > 0.6 * mem) {
+        c.flag = "--total-mb";
+        return cli_error(&c, "%" PRIu64 " MiB a run needs 4 x that (both sides of both loops): more than 60%% of this "
+                             "machine's %.1f GiB", total_mb, mem / 1073741824.0) ? 2 : 2;
+    }
     if (cli_parse_only) return 0;
     uint16_t port = 0, raw_port = 0;
     int keep = -1;
@@ -164,6 +170,12 @@ int cmd_bench_pd(int argc, char **argv) {
     uint8_t *buf = malloc(bytes);
     int rfd = raw > 0 ? raw_connect(raw_port) : -1;
     int rc = rx > 0 && raw > 0 && rfd >= 0 && cp && buf ? KVT_OK : KVT_EIO;
+    if (cp == NULL || buf == NULL)
+        fprintf(stderr, "kvtier bench pd: out of memory for %" PRIu64 " MiB of pages\n", total_mb), rc = KVT_ENOMEM;
+    else if (rx <= 0 || raw <= 0)
+        fprintf(stderr, "kvtier bench pd: could not start the receivers\n");
+    else if (rfd < 0)
+        fprintf(stderr, "kvtier bench pd: could not connect to the raw loop's receiver\n");
     if (rc == KVT_OK) rc = kvt_tier_create(&t[0], &sc);
     if (rc == KVT_OK) rc = kvt_tier_create(&t[1], &rc_);
     if (rc == KVT_OK) rc = kvt_xfer_create(&x, &xc, t, 2);

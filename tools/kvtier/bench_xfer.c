@@ -363,6 +363,10 @@ static int parse(int argc, char **argv, params_t *p) {
         c.flag = "--cuda-copy";
         return cli_error(&c, "is for --l1 cuda (a GPU L1): the host L1s copy with the CPU");
     }
+    if (p->layout == 0 && p->layers != 8) { /* (8: the default) */
+        c.flag = "--layers";
+        return cli_error(&c, "splits layer_first pages: with --layout layer_first or both (a page_first page is one span)");
+    }
     c.flag = "--page-bytes";
     for (size_t i = 0; i < p->nsizes; i++) {
         if (p->sizes[i] > p->total_mb * 1048576ull)
@@ -427,6 +431,7 @@ static void print(const params_t *p, const result_t *r, size_t n) {
             cJSON_AddNumberToObject(x, "page_bytes", (double)r[i].page_bytes);
             cJSON_AddStringToObject(x, "l1", L1S[r[i].l1]);
             cJSON_AddStringToObject(x, "layout", LAYOUTS[r[i].layout]);
+            cJSON_AddNumberToObject(x, "layers", r[i].layout == KVT_LAYOUT_LAYER_FIRST ? (double)p->layers : 1);
             cJSON_AddStringToObject(x, "pattern", PATTERNS[r[i].pattern]);
             cJSON_AddStringToObject(x, "direction", DIRS[r[i].dir]);
             cJSON_AddNumberToObject(x, "gbps", r[i].gbps);
