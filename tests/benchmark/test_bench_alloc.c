@@ -56,3 +56,8 @@ Test(bench_alloc, too_large_a_pool_is_refused) {
     expect_refused((const char *const[]){NULL, "bench", "alloc", "--pages", "4294967295", NULL}, 2,
                    "--pages: 4294967295 pages need up to 64.0 GiB");
 }
+
+Test(bench_alloc, an_empty_list_element_is_refused) {
+    expect_refused((const char *const[]){NULL, "bench", "alloc", "--sizes", "1,,8", NULL}, 2, "an element is empty");
+    expect_refused((const char *const[]){NULL, "bench", "alloc", "--sizes", "1,8,", NULL}, 2, "an element is empty");
+}

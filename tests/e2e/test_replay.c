@@ -262,6 +262,8 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--l1-pages", "lots"}, "--l1-pages: 'lots' is not an integer in [1, 4294967295] or 'unbounded'"},
         {{"--sweep", "100,abc"}, "--sweep: 'abc' is not a capacity"},
         {{"--sweep", "100, -1"}, "--sweep: ' -1' is not a capacity"},
+        {{"--sweep", "10,,100"}, "--sweep: '' is not a capacity"},
+        {{"--sweep", "10,"}, "--sweep: '' is not a capacity"},
         {{"--limit", " -1"}, "--limit: ' -1' is not an integer in"},
         {{"--limit", " 5"}, "--limit: ' 5' is not an integer in"},
         {{"--limit", "+5"}, "--limit: '+5' is not an integer in"},

@@ -217,6 +217,7 @@ int cmd_bench_pd(int argc, char **argv) {
         cJSON_AddStringToObject(o, "transport", TRANSPORTS[transport]);
         cJSON_AddNumberToObject(o, "page_bytes", (double)pb);
         cJSON_AddNumberToObject(o, "total_mb", (double)total_mb);
+        cJSON_AddNumberToObject(o, "bytes", (double)bytes); /* a run's: whole pages of --total-mb */
         cJSON_AddNumberToObject(o, "streams", (double)streams);
         cJSON_AddNumberToObject(o, "reps", (double)reps);
         cJSON_AddNumberToObject(o, "gbps", g);
@@ -226,9 +227,9 @@ int cmd_bench_pd(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "gbps_max", eng[reps - 1]);
         cli_print_json(o);
     } else {
-        printf("kvtier bench pd: %s, %" PRIu64 " MiB in %" PRIu64 " B pages, %" PRIu64 " streams, median of %" PRIu64
+        printf("kvtier bench pd: %s, %" PRIu64 " pages of %" PRIu64 " B (%.1f MiB), %" PRIu64 " streams, median of %" PRIu64
                ": hand-off %.2f GB/s, raw socket %.2f GB/s, ratio %.3f\n",
-               TRANSPORTS[transport], total_mb, pb, streams, reps, g, rg, rg > 0 ? g / rg : 0);
+               TRANSPORTS[transport], pages, pb, (double)bytes / 1048576.0, streams, reps, g, rg, rg > 0 ? g / rg : 0);
     }
     return 0;
 }

@@ -174,12 +174,12 @@ int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, 
     if (strlen(s) >= sizeof(buf)) return cli_error(c, "list too long");
     strcpy(buf, s);
     size_t k = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *rest = buf, *tok; (tok = strsep(&rest, ",")) != NULL;) { /* (strtok would skip empty elements) */
+        if (*tok == '\0') return cli_error(c, "'%s': expected a comma-separated list of integers (an element is empty)", s);
         if (k == cap) return cli_error(c, "at most %zu values", cap);
         if (u64_in(c, tok, lo, hi, NULL, 0, &out[k])) return -1;
         k++;
     }
-    if (k == 0) return cli_error(c, "'%s': expected a comma-separated list of integers", s);
     *n = k;
     return 0;
 }

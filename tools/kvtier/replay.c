@@ -787,7 +787,7 @@ int cmd_replay(int argc, char **argv) {
         if (strlen(o.sweep) >= sizeof(buf))
             return cli_error(&c, "a list of %zu characters: at most %zu", strlen(o.sweep), sizeof(buf) - 1) ? 2 : 2;
         snprintf(buf, sizeof(buf), "%s", o.sweep);
-        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        for (char *rest = buf, *tok; (tok = strsep(&rest, ",")) != NULL;) { /* (strtok would skip empty elements) */
             uint64_t v = 0;
             bool bad = cli_parse_u64(tok, &v) != 0;
             if (nsweep == MAX_SWEEP) return cli_error(&c, "at most %d capacities", MAX_SWEEP) ? 2 : 2;
