@@ -133,6 +133,8 @@ Test(cp, bad_flags) {
         {(const char *const[]){NULL, "cp", "--l1-pages", "unbounded", NULL}, "needs a bound"},
         {(const char *const[]){NULL, "cp", "--sweep", "1,2", NULL}, "--sweep"},
         {(const char *const[]){NULL, "cp", "--verify", NULL}, "--verify: needs --data"},
+        {(const char *const[]){NULL, "cp", TRACE, "--requests", "5", NULL}, "--requests: shapes the built-in synthetic workload"},
+        {(const char *const[]){NULL, "cp", "--threads", "4", NULL}, "--threads: needs --data"},
         {(const char *const[]){NULL, "cp", "--ranks", "2", "--rank", "1", "--group", "a/b", NULL}, "--group: 'a/b' is not a group name"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

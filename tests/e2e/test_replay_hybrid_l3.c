@@ -188,10 +188,10 @@ Test(replay_hybrid_l3, two_instances_share_pieces_through_redis) {
     char url[64];
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d", S.port);
 #define FLEET "--model", "gemma-3-like", "--l1-pages", "2048", "--l2-pages", "4096", "--limit", "300", "--instances", \
-              "2", "--check-every", "50", "--write-policy", "write_through", "--l3-write-policy", "write_through", "--json"
+              "2", "--check-every", "50", "--write-policy", "write_through", "--json"
     run_result_t a, b;
-    cJSON *ja = replay(&a, (const char *const[]){NULL, "replay", TRACE, FLEET, "--prefetch-policy", "wait_complete", "--l3",
-                                                 url, NULL});
+    cJSON *ja = replay(&a, (const char *const[]){NULL, "replay", TRACE, FLEET, "--l3-write-policy", "write_through",
+                                                 "--prefetch-policy", "wait_complete", "--l3", url, NULL});
     cJSON *jb = replay(&b, (const char *const[]){NULL, "replay", TRACE, FLEET, NULL});
     const cJSON *h = hybrid_of(ja), *inst = cJSON_GetObjectItem(ja, "instances");
     cr_assert_eq(cJSON_GetArraySize(inst), 2);

@@ -258,6 +258,7 @@ int cmd_cp(int argc, char **argv) {
     opts_t o;
     replay_opts_default(&o);
     o.threads = 1;
+    const opts_t defaults = o;
     uint64_t ranks = 4, digest_every = 0, rank = UINT64_MAX, timeout_ms = 20000;
     const char *gname = NULL;
     cli_opt_t table[40];
@@ -277,7 +278,7 @@ int cmd_cp(int argc, char **argv) {
     const char *path;
     int prc = cli_parse_table(&c, table, USAGE, &path);
     if (prc) return prc > 0 ? 0 : 2;
-    if (replay_opts_finish(&c, &o) != 0) return 2;
+    if (replay_opts_finish(&c, &o, &defaults) != 0 || replay_workload_ok(&c, &o, &defaults, path) != 0) return 2;
     c.flag = "--l1-pages";
     if (o.l1_pages == UNBOUNDED) return cli_error(&c, "needs a bound (the group's L1 pages)"), 2;
     if (o.l1_pages % ranks != 0) return cli_error(&c, "%" PRIu64 " pages do not split into %" PRIu64 " lanes", o.l1_pages, ranks), 2;

@@ -622,7 +622,7 @@ size_t replay_option_rows(opts_t *o, cli_opt_t *t) {
     return n;
 }
 
-int replay_opts_finish(cli_t *c, opts_t *o) {
+int replay_opts_finish(cli_t *c, opts_t *o, const opts_t *d) {
     const kvt_model_t *model = kvt_model_at((unsigned)o->model);
     o->bpt = o->bytes_per_token ? o->bytes_per_token : model->bytes_per_token;
     o->layers = o->layers_opt ? (uint32_t)o->layers_opt : o->bytes_per_token ? 1 : model->layers;
@@ -634,12 +634,32 @@ int replay_opts_finish(cli_t *c, opts_t *o) {
         c->flag = "--verify";
         return cli_error(c, "needs --data");
     }
+    const struct { const char *flag; bool set; const char *why; } idle[] = { /* options that would do nothing */
+        {"--layout", o->layout != d->layout && !o->data, "needs --data (it lays out the tiers' bytes)"},
+        {"--layers", o->layers_opt != 0 && !o->data, "needs --data (it cuts the tiers' pages)"},
+        {"--threads", o->threads != d->threads && !o->data, "needs --data (the transfer engine's workers)"},
+        {"--write-through-hits", o->write_hits != d->write_hits && o->write_policy != KVT_WRITE_THROUGH_SELECTIVE,
+         "only with --write-policy write_through_selective"},
+    };
+    for (size_t i = 0; i < sizeof(idle) / sizeof(idle[0]); i++)
+        if (idle[i].set) {
+            c->flag = idle[i].flag;
+            return cli_error(c, "%s", idle[i].why);
+        }
 #ifdef KVT_TESTING
     if (o->copy_faults > 0 && !o->data) {
         c->flag = "--copy-faults";
         return cli_error(c, "needs --data");
     }
 #endif
+    return 0;
+}
+
+int replay_workload_ok(cli_t *c, const opts_t *o, const opts_t *d, const char *path) {
+    if (path && (o->requests != d->requests || o->seed != d->seed)) {
+        c->flag = o->requests != d->requests ? "--requests" : "--seed";
+        return cli_error(c, "shapes the built-in synthetic workload: not with a trace (--limit takes its first N requests)");
+    }
     return 0;
 }
 
@@ -739,6 +759,7 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
 int cmd_replay(int argc, char **argv) {
     opts_t o;
     replay_opts_default(&o);
+    const opts_t defaults = o;
     l3_opts_t l3;
     replay_l3_default(&l3);
     cli_opt_t table[MAX_ROWS];
@@ -805,7 +826,9 @@ int cmd_replay(int argc, char **argv) {
     }
     if (o.plot && plot_path_ok(&c, o.plot) != 0) return 2;
 
-    if (replay_opts_finish(&c, &o) != 0 || replay_l3_finish(&c, &l3, nsweep > 0) != 0) return 2;
+    if (replay_opts_finish(&c, &o, &defaults) != 0 || replay_l3_finish(&c, &l3, nsweep > 0) != 0 ||
+        replay_workload_ok(&c, &o, &defaults, path) != 0)
+        return 2;
     if (o.soak_s > 0 && (nsweep || l3.instances > 1)) {
         c.flag = "--soak";
         return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;

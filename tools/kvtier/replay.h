@@ -32,8 +32,12 @@ void replay_opts_default(opts_t *o);
 /* The replay options table's rows into t (room for 32); returns how many. */
 size_t replay_option_rows(opts_t *o, cli_opt_t *t);
 /* After parsing: bytes per token and layers from the model; cross-flag
- * checks. -1 after printing an error. */
-int replay_opts_finish(cli_t *c, opts_t *o);
+ * checks, and options changed from the command's defaults that would do
+ * nothing (--threads without --data, ...). -1 after printing an error. */
+int replay_opts_finish(cli_t *c, opts_t *o, const opts_t *defaults);
+/* --requests and --seed shape the built-in workload: refused (-1, message
+ * printed) with a trace at path. */
+int replay_workload_ok(cli_t *c, const opts_t *o, const opts_t *defaults, const char *path);
 /* --data on these L1 sizes fits this machine (-1 after printing why not). */
 int replay_check_data_size(cli_t *c, const opts_t *o, const uint64_t *l1, size_t n);
 /* The trace at path, or the built-in workload; prints why on failure (-1). */

@@ -73,6 +73,31 @@ int replay_l3_finish(cli_t *c, const l3_opts_t *l, bool sweep) {
         c->flag = "--instances";
         return cli_error(c, "not with --sweep");
     }
+    l3_opts_t d;
+    replay_l3_default(&d);
+    bool l3 = l->url || l->pages, timeout = l->prefetch_policy == KVT_PREFETCH_TIMEOUT;
+    const struct { const char *flag; bool set; const char *why; } idle[] = { /* options that would do nothing */
+        {"--l3-write-policy", l->write_policy != d.write_policy && !l3, "needs an L3 (--l3 URL or --l3-pages)"},
+        {"--l3-write-hits", l->write_hits != d.write_hits && l->write_policy != KVT_WRITE_THROUGH_SELECTIVE,
+         "only with --l3-write-policy write_through_selective"},
+        {"--prefetch-policy", l->prefetch_policy != d.prefetch_policy && !l3, "needs an L3 (prefetches come from it)"},
+        {"--prefetch-threshold", l->threshold != d.threshold && !l3, "needs an L3 (prefetches come from it)"},
+        {"--prefetch-ahead", l->ahead != d.ahead && !l3, "needs an L3 (prefetches come from it)"},
+        {"--prefetch-timeout", l->timeout_s != d.timeout_s && !timeout, "only with --prefetch-policy timeout"},
+        {"--prefetch-timeout-per-1024", l->per_1024_s != d.per_1024_s && !timeout, "only with --prefetch-policy timeout"},
+        {"--prefetch-timeout-max", l->max_s != d.max_s && !timeout, "only with --prefetch-policy timeout"},
+        {"--l3-threads", l->threads != d.threads && !l->url, "needs a store (--l3 URL): its workers"},
+    };
+    for (size_t i = 0; i < sizeof(idle) / sizeof(idle[0]); i++)
+        if (idle[i].set) {
+            c->flag = idle[i].flag;
+            return cli_error(c, "%s", idle[i].why);
+        }
+    if (timeout && l->timeout_s > l->max_s) {
+        c->flag = "--prefetch-timeout";
+        return cli_error(c, "%g s is longer than --prefetch-timeout-max (%g s): the wait is capped below its base",
+                         l->timeout_s, l->max_s);
+    }
 #ifdef KVT_TESTING
     if (l->delay_ms && l->url == NULL) {
         c->flag = "--l3-delay";
