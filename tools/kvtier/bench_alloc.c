@@ -128,6 +128,18 @@ typedef struct live {
     size_t k;
 } live_t;
 
+/* Frees one of the n live allocations, at random; the pages it gave back. */
+static uint64_t free_one(kvt_extalloc_t *a, uint8_t *map, live_t *lv, size_t *n, kvt_rng_t *rng) {
+    size_t i = (size_t)kvt_rng_below(rng, *n);
+    uint64_t pages = 0;
+    die_on(kvt_extalloc_free(a, lv[i].runs, lv[i].k), "free");
+    mark(map, lv[i].runs, lv[i].k, 0);
+    for (size_t r = 0; r < lv[i].k; r++) pages += lv[i].runs[r].len;
+    free(lv[i].runs);
+    lv[i] = lv[--*n];
+    return pages;
+}
+
 static void build_churn(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_rng_t *rng) {
     size_t cap = 1024, n = 0;
     live_t *lv = xcalloc(cap, sizeof(*lv));
@@ -152,25 +164,13 @@ static void build_churn(kvt_extalloc_t *a, uint8_t *map, const params_t *p, kvt_
             free_pages -= sz;
             n++;
         } else {
-            size_t i = (size_t)kvt_rng_below(rng, n);
-            die_on(kvt_extalloc_free(a, lv[i].runs, lv[i].k), "free");
-            mark(map, lv[i].runs, lv[i].k, 0);
-            for (size_t r = 0; r < lv[i].k; r++) free_pages += lv[i].runs[r].len;
-            free(lv[i].runs);
-            lv[i] = lv[--n];
+            free_pages += free_one(a, map, lv, &n, rng);
         }
         if (free_pages <= target_free) done++;
     }
     /* The last reserve may have taken up to MAX_HOLE pages below the target (all of a small pool):
      * give back whole allocations until the target is free again. */
-    while (free_pages < target_free && n > 0) {
-        size_t i = (size_t)kvt_rng_below(rng, n);
-        die_on(kvt_extalloc_free(a, lv[i].runs, lv[i].k), "free");
-        mark(map, lv[i].runs, lv[i].k, 0);
-        for (size_t r = 0; r < lv[i].k; r++) free_pages += lv[i].runs[r].len;
-        free(lv[i].runs);
-        lv[i] = lv[--n];
-    }
+    while (free_pages < target_free && n > 0) free_pages += free_one(a, map, lv, &n, rng);
     for (size_t i = 0; i < n; i++) free(lv[i].runs);
     free(lv);
     free(tmp);
