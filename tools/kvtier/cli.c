@@ -184,6 +184,15 @@ int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, 
     return 0;
 }
 
+int cli_refuse_idle(cli_t *c, const cli_idle_t *rows, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].set) {
+            c->flag = rows[i].flag;
+            return cli_error(c, "%s", rows[i].needs);
+        }
+    return 0;
+}
+
 int cli_unknown(const cli_t *c) {
     if (c->flag) return cli_error(c, "unknown flag (see --help)");
     return cli_error(c, "unexpected argument '%s' (see --help)", c->value);

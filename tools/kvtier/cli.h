@@ -79,6 +79,15 @@ int cli_choice(cli_t *c, const char *const *choices, int *out);
 int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, size_t *n);
 /* An unknown flag or an unexpected positional argument. */
 int cli_unknown(const cli_t *c);
+/* An option that would do nothing where it was given (its value changed from
+ * the default, in a combination that never reads it), and what it needs. */
+typedef struct cli_idle {
+    const char *flag;
+    bool set;
+    const char *needs;
+} cli_idle_t;
+/* The first of rows[0..n) set: -1 after "FLAG: NEEDS"; else 0. */
+int cli_refuse_idle(cli_t *c, const cli_idle_t *rows, size_t n);
 
 /* ---- options tables (STYLE.md habit 12) ----
  * One row per option: its flag (--NAME), its environment variable

@@ -634,18 +634,14 @@ int replay_opts_finish(cli_t *c, opts_t *o, const opts_t *d) {
         c->flag = "--verify";
         return cli_error(c, "needs --data");
     }
-    const struct { const char *flag; bool set; const char *why; } idle[] = { /* options that would do nothing */
+    const cli_idle_t idle[] = {
         {"--layout", o->layout != d->layout && !o->data, "needs --data (it lays out the tiers' bytes)"},
         {"--layers", o->layers_opt != 0 && !o->data, "needs --data (it cuts the tiers' pages)"},
         {"--threads", o->threads != d->threads && !o->data, "needs --data (the transfer engine's workers)"},
         {"--write-through-hits", o->write_hits != d->write_hits && o->write_policy != KVT_WRITE_THROUGH_SELECTIVE,
          "only with --write-policy write_through_selective"},
     };
-    for (size_t i = 0; i < sizeof(idle) / sizeof(idle[0]); i++)
-        if (idle[i].set) {
-            c->flag = idle[i].flag;
-            return cli_error(c, "%s", idle[i].why);
-        }
+    if (cli_refuse_idle(c, idle, sizeof(idle) / sizeof(idle[0])) != 0) return -1;
 #ifdef KVT_TESTING
     if (o->copy_faults > 0 && !o->data) {
         c->flag = "--copy-faults";
@@ -855,17 +851,15 @@ int cmd_replay(int argc, char **argv) {
                          .state_share = state_share, .window_weight = ww, .l3_window_weight = w3, .copy_lag = copy_lag};
     if (replay_groups(&c, &o, &l3, groups_text, nsweep, &hyb) != 0) return 2;
     if (!hybrid_on(&hyb)) { /* the options that only a hybrid model's replay reads */
-        const struct { const char *flag; bool set; } only[] = {
-            {"--checkpoint-every", every != 0},     {"--state-share", state_share != KVT_HYBRID_STATE_SHARE},
-            {"--window-weight", window_weight != 0}, {"--l3-window-weight", l3_window_weight != 0},
-            {"--copy-lag", copy_lag != 0},
+        static const char ONLY[] = "only with a hybrid model (window or state groups: --groups, or a hybrid --model)";
+        const cli_idle_t only[] = {
+            {"--checkpoint-every", every != 0, ONLY},
+            {"--state-share", state_share != KVT_HYBRID_STATE_SHARE, ONLY},
+            {"--window-weight", window_weight != 0, ONLY},
+            {"--l3-window-weight", l3_window_weight != 0, ONLY},
+            {"--copy-lag", copy_lag != 0, ONLY},
         };
-        for (size_t i = 0; i < sizeof(only) / sizeof(only[0]); i++)
-            if (only[i].set) {
-                c.flag = only[i].flag;
-                return cli_error(&c, "only with a hybrid model (window or state groups: --groups, or a hybrid --model); "
-                                     "'%s' has full groups only", hyb.name) ? 2 : 2;
-            }
+        if (cli_refuse_idle(&c, only, sizeof(only) / sizeof(only[0])) != 0) return 2;
     }
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;

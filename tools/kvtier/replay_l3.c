@@ -76,7 +76,7 @@ int replay_l3_finish(cli_t *c, const l3_opts_t *l, bool sweep) {
     l3_opts_t d;
     replay_l3_default(&d);
     bool l3 = l->url || l->pages, timeout = l->prefetch_policy == KVT_PREFETCH_TIMEOUT;
-    const struct { const char *flag; bool set; const char *why; } idle[] = { /* options that would do nothing */
+    const cli_idle_t idle[] = {
         {"--l3-write-policy", l->write_policy != d.write_policy && !l3, "needs an L3 (--l3 URL or --l3-pages)"},
         {"--l3-write-hits", l->write_hits != d.write_hits && l->write_policy != KVT_WRITE_THROUGH_SELECTIVE,
          "only with --l3-write-policy write_through_selective"},
@@ -88,11 +88,7 @@ int replay_l3_finish(cli_t *c, const l3_opts_t *l, bool sweep) {
         {"--prefetch-timeout-max", l->max_s != d.max_s && !timeout, "only with --prefetch-policy timeout"},
         {"--l3-threads", l->threads != d.threads && !l->url, "needs a store (--l3 URL): its workers"},
     };
-    for (size_t i = 0; i < sizeof(idle) / sizeof(idle[0]); i++)
-        if (idle[i].set) {
-            c->flag = idle[i].flag;
-            return cli_error(c, "%s", idle[i].why);
-        }
+    if (cli_refuse_idle(c, idle, sizeof(idle) / sizeof(idle[0])) != 0) return -1;
     if (timeout && l->timeout_s > l->max_s) {
         c->flag = "--prefetch-timeout";
         return cli_error(c, "%g s is longer than --prefetch-timeout-max (%g s): the wait is capped below its base",
