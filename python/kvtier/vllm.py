@@ -260,15 +260,16 @@ class KvtierOffloadingManager(OffloadingManager):
 
     # ---- ranks (vLLM's LRU order) ----------------------------------------------
 
-    def _request_rank(self, ctx: ReqContext) -> int:
+    def _request_rank(self, ctx: ReqContext):
+        """The request's rank, and its new rank state to commit (None: it has
+        one); nothing changed yet."""
         st = ctx.get_state(_Rank)
         if st is None or st.owner is not self or st.generation != self._generation:
             if self._next_rank + 1 >= _RANKS:
                 raise _rank_error(f"request rank {self._next_rank + 1}")
-            self._next_rank += 1
-            st = _Rank(self, self._generation, self._next_rank)
-            ctx.set_state(st)
-        return st.rank
+            st = _Rank(self, self._generation, self._next_rank + 1)
+            return st.rank, st
+        return st.rank, None
 
     def _store_scores(self, keys: List[OffloadKey], ctx: ReqContext):
         """The scores new keys get, in vLLM's order: a key with a position takes
@@ -316,7 +317,10 @@ class KvtierOffloadingManager(OffloadingManager):
         self._rescore(moved, range((first << 32) | _POS_BIAS, (end << 32) | _POS_BIAS, 1 << 32))
 
     def _on_request_access(self, keys: List[OffloadKey], ctx: ReqContext) -> None:
-        rank = self._request_rank(ctx) << 32
+        """The request gets its rank (on first need) and moves up each present
+        key it has a position for; raises before it changes anything."""
+        rank, fresh = self._request_rank(ctx)
+        rank <<= 32
         scores, getpos = self._scores, ctx.get_offload_key_position
         moved, new = [], []
         for k in keys:
@@ -332,6 +336,9 @@ class KvtierOffloadingManager(OffloadingManager):
             if s < ns:  # a request's use only moves a key up (vLLM's rank comparison)
                 moved.append(k)
                 new.append(ns)
+        if fresh is not None:
+            self._next_rank = fresh.rank
+            ctx.set_state(fresh)
         if moved:
             self._rescore(moved, new)
 
@@ -352,10 +359,8 @@ class KvtierOffloadingManager(OffloadingManager):
     def _check_positions(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         """Raises before a call changes anything when a key's position in the
         request does not fit a score (the later steps would raise half-way)."""
-        getpos = ctx.get_offload_key_position
-        for k in keys:
-            pos = getpos(k)
-            if pos is not None and not (isinstance(pos, int) and 0 <= pos < _POS_BIAS):
+        for pos in map(ctx.get_offload_key_position, keys):
+            if pos is not None and not (0 <= pos < _POS_BIAS and type(pos) is int):
                 raise _rank_error(f"position {pos!r}")
 
     def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
@@ -419,14 +424,9 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
-        self._check_positions(keys, req_context)
-        packed = self._packed(keys, _ENOENT, "prepare_load")
-        pages = self._cache.pin_packed(packed)
-        try:
-            self._record(keys, req_context)
-        except BaseException:
-            self._cache.unpin_packed(packed)
-            raise
+        self._check_positions(keys, req_context)  # (a pin undone would still count a load)
+        pages = self._cache.pin_packed(self._packed(keys, _ENOENT, "prepare_load"))
+        self._record(keys, req_context)
         return CPULoadStoreSpec(pages)
 
     _prepare_load_host = prepare_load
@@ -471,9 +471,9 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         look, ids = self._look, self._ids
-        self._check_positions(keys, req_context)
         if self._offers is not None:
             keys = list(keys)
+            self._check_positions(keys, req_context)  # before the offers are counted
             self._count_offers(keys)
         to_store, recorded, protect = [], [], []
         for k in keys:
@@ -491,6 +491,8 @@ class KvtierOffloadingManager(OffloadingManager):
                 recorded = [k for k in recorded if k not in skipped]
                 to_store = kept
         # (vLLM's LRU takes a store miss as a touch of keys that are absent: it changes nothing)
+        if self._offers is None:
+            self._check_positions(to_store, req_context)  # the new keys' (_record checks the present ones')
         self._record(recorded, req_context)
         if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
             self._alloc_sizes.append(len(to_store))
