@@ -243,7 +243,8 @@ typedef struct kvt_cache_cp {
  * least l1_pages / l2_pages pages; page i of the cache's L1 and L2 is page i
  * of the tier. Before the first admission; the engine and tiers outlive the
  * cache (kvt_cache_destroy waits for copies in flight). KVT_EINVAL (no L2
- * tier in the cache, tiers too small), KVT_EBUSY (requests admitted
+ * tier in the cache, tiers too small, an index that names another of the
+ * engine's tiers or none), KVT_EBUSY (requests admitted
  * already), KVT_ENOMEM; nothing changed on failure. */
 KVT_API int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
                      unsigned l2_index);

@@ -323,7 +323,11 @@ class Handle:
     def __init__(self) -> None:
         self._h = None
         self._deps: list = []  # objects this one uses: kept alive while it is open
-        self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+        self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # (for messages)
+        # Open users, counted: the collector clears weak references before it runs the finalizers of a
+        # cycle, so the WeakSet may read empty while a user's C object still runs on this one's.
+        self._nusers = 0
+        self._orphan = False  # collected while used: the last user to close closes it
         self._mu = threading.Lock()  # guards _h, _busy, _closing, _users
         self._cv = threading.Condition(self._mu)
         self._busy = 0  # shared calls in flight
@@ -370,11 +374,15 @@ class Handle:
         for d in deps:
             with d._mu:
                 d._users.add(self)
+                d._nusers += 1
             self._deps.append(d)
 
     def _add_user(self, u: "Handle") -> None:
+        """u (open) uses this object: this one closes after it."""
         with self._mu:
             self._users.add(u)
+            self._nusers += 1
+        u._deps.append(self)
 
     @property
     def _ptr(self) -> int:
@@ -391,9 +399,9 @@ class Handle:
 
     def _close_refused(self) -> str:
         """Why close must refuse now ("" when it may go ahead); called with _mu held."""
-        users = [u for u in self._users if not u.closed]
-        if users:
-            return "still used by " + ", ".join(type(u).__name__ for u in users) + ": close it first"
+        if self._nusers:
+            users = [type(u).__name__ for u in self._users if not u.closed]
+            return "still used by " + (", ".join(users) or f"{self._nusers} object(s)") + ": close it first"
         return ""
 
     def close(self) -> None:
@@ -424,10 +432,14 @@ class Handle:
         finally:
             if serial is not None:
                 serial.release()
-        for d in self._deps:
+        deps, self._deps = self._deps, []
+        for d in deps:
             with d._mu:
                 d._users.discard(self)
-        self._deps = []
+                d._nusers -= 1
+                last = d._orphan and d._nusers == 0
+            if last:
+                d._close(False)
 
     def _close_begin(self, wait: bool) -> Optional[int]:
         """Marks the object closing once no shared call is in flight: its
@@ -468,6 +480,9 @@ class Handle:
             try:  # never blocks: a collected object has no call in flight, a user may (then it stays open)
                 for u in list(self._users):  # collected together: users go first
                     u._close(False)
+                if self._nusers:  # a user the collector has not finalized yet: it closes this one
+                    self._orphan = True
+                    return
                 self._close(False)
             except Exception:
                 pass

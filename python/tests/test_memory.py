@@ -148,3 +148,37 @@ def test_a_cache_checks_its_engine_tier_before_copying():
         with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
             c.admit(list(range(100, 100 + 4 * pt)))
     l1.close()
+
+
+def test_a_cycle_of_tiers_and_their_transfer_is_collected_without_a_crash():
+    """The collector clears weak references before it finalizes a cycle: a
+    tier whose transfer engine (copying) was in the same cycle was destroyed
+    first, and the engine's workers faulted (SIGSEGV, every run)."""
+    code = ("import gc, kvtier\n"
+            "gc.disable()\n"
+            "class Engine:\n"
+            "    def __init__(self):\n"
+            "        self.l1 = kvtier.Tier.host(4096, 8, 64 << 10)\n"
+            "        self.l2 = kvtier.Tier.host(4096, 8, 64 << 10)\n"
+            "        self.x = kvtier.Transfer([self.l1, self.l2], threads=4)\n"
+            "        self.me = self\n"
+            "e = Engine()\n"
+            "for k in range(4):\n"
+            "    e.x.submit(0, 1, [(i, i) for i in range(4096)])\n"
+            "del e\n"
+            "gc.collect()\n"
+            "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, os.environ.get("PYTHONPATH", "")]))
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and p.stdout == "ok\n", f"exit {p.returncode}: {p.stderr[-2000:]}"
+
+
+def test_attach_refuses_indices_that_name_other_tiers():
+    l1, l2 = kvtier.Tier.host(16, 2, 64), kvtier.Tier.host(32, 2, 64)
+    x = kvtier.Transfer([l1, l2])
+    c = kvtier.Cache(l1_pages=16, l2_pages=32, page_tokens=4)
+    with pytest.raises(kvtier.InvalidArgument, match="an index naming another of the engine's tiers"):
+        c.attach(x, l1, l2, l1_index=1, l2_index=0)  # copies would have moved L2's bytes over L1, served as hits
+    c.attach(x, l1, l2)  # nothing changed: the right indices still attach
+    c.close(), x.close(), l1.close(), l2.close()

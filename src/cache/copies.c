@@ -27,6 +27,7 @@
 #include "kvtier/error.h"
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
+#include "../xfer/xfer-int.h"
 
 
 uint32_t *kvt__cache_l1_back_end(kvt_cache_t *c) { return &c->l1_back.id[c->l1_back.n]; }
@@ -314,6 +315,7 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
     kvt_cache_cp_t full = {.size = sizeof(full)}, *cp = user_cp ? &full : NULL;
     if (user_cp && kvt__abi_in(&full, sizeof(full), user_cp) != KVT_OK) return KVT_EINVAL;
     if (c == NULL || x == NULL || l1 == NULL || l1_index == l2_index || (c->l2 != NULL) != (l2 != NULL) ||
+        kvt__xfer_tier(x, l1_index) != l1 || (l2 && kvt__xfer_tier(x, l2_index) != l2) || /* the indices name them */
         kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages) ||
         c->cfg.l1_pages % c->cfg.l1_lanes != 0 || (cp && cp->rank >= c->cfg.l1_lanes))
         return KVT_EINVAL;

@@ -41,6 +41,10 @@ typedef struct kvt__xfer_faults {
  * probability outside [0, 1], nothing changed. */
 int kvt__xfer_set_faults(kvt_xfer_t *x, const kvt__xfer_faults_t *f);
 
+/* The engine's tier at index i, or NULL (out of range): for the callers that
+ * name a tier both ways (kvt_cache_attach) to check they agree. */
+kvt_tier_t *kvt__xfer_tier(const kvt_xfer_t *x, unsigned i);
+
 #define KVT__MAX_CHUNKS (2 * KVT_TIER_MAX_PLANES)
 
 typedef struct kvt__chunk {

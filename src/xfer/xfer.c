@@ -712,3 +712,5 @@ void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
             kvt_emit_end(e);
         }
 }
+
+kvt_tier_t *kvt__xfer_tier(const kvt_xfer_t *x, unsigned i) { return i < x->ntiers ? x->tiers[i] : NULL; }

@@ -270,6 +270,9 @@ static void denv_open(denv_t *e, const kvt_cache_config_t *cfg, uint32_t delay_u
     cr_assert_eq(kvt_store_open(&e->store, url, &sc), KVT_OK, "%s", kvt_store_last_error(NULL));
     cr_assert_eq(kvt_store_set_delay(e->store, delay_us), KVT_OK);
     cr_assert_eq(kvt_cache_create(&e->c, cfg), KVT_OK);
+    /* indices that name the other tier, or none, are refused (copies would move L2's bytes over L1), changing nothing */
+    cr_assert_eq(kvt_cache_attach(e->c, e->xf, e->tier[0], 1, e->tier[1], 0), KVT_EINVAL);
+    cr_assert_eq(kvt_cache_attach(e->c, e->xf, e->tier[0], 0, e->tier[1], 5), KVT_EINVAL);
     cr_assert_eq(kvt_cache_attach(e->c, e->xf, e->tier[0], 0, e->tier[1], 1), KVT_OK);
     cr_assert_eq(kvt_cache_attach_store(e->c, e->store), KVT_OK);
 }
