@@ -914,9 +914,19 @@ static void leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint
     else h->st.pieces_refused += stored;
 }
 
+/* The pins of a request admitted here and not released, or NULL: a
+ * request of another cache, or a stale copy of one released, is found in no
+ * list (its pointer is compared, never followed). */
+static pins_t *live_pins(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req) {
+    if (h == NULL || req == NULL || req->priv_ == NULL) return NULL;
+    pins_t *p = h->live_reqs;
+    while (p && p != req->priv_) p = p->next;
+    return p;
+}
+
 int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, kvt_hybrid_req_t *req) {
-    if (h == NULL || req == NULL || req->priv_ == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
-    pins_t *p = req->priv_;
+    pins_t *p = live_pins(h, req);
+    if (p == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
     uint64_t npages = ntokens / h->P;
     if (npages != p->npages || ns != p->ns) return KVT_EINVAL;
     if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM;
@@ -1052,16 +1062,15 @@ int kvt__hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size
 }
 
 int kvt_hybrid_ready(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req) {
-    if (h == NULL || req == NULL || req->priv_ == NULL) return KVT_EINVAL;
-    const pins_t *p = req->priv_;
+    const pins_t *p = live_pins(h, req);
+    if (p == NULL) return KVT_EINVAL;
     return p->failed ? KVT_EIO : p->nwait ? KVT_EAGAIN : KVT_OK;
 }
 
 int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_t g, uint64_t *slots, size_t cap,
                      size_t *n) {
-    if (h == NULL || req == NULL || req->priv_ == NULL || n == NULL || g >= h->cfg.ngroups || (slots == NULL && cap))
-        return KVT_EINVAL;
-    const pins_t *p = req->priv_;
+    const pins_t *p = live_pins(h, req);
+    if (p == NULL || n == NULL || g >= h->cfg.ngroups || (slots == NULL && cap)) return KVT_EINVAL;
     *n = p->count[g];
     if (p->count[g] > cap) return KVT_ERANGE;
     if (p->failed) return KVT_EIO;

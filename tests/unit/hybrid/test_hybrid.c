@@ -359,8 +359,22 @@ Test(hybrid_bounded, release_with_other_tokens_is_refused_and_changes_nothing) {
     cr_assert_eq(kvt_hybrid_release(h, 0, a, 36, &req), KVT_EINVAL);
     cr_assert_eq(kvt_hybrid_release(h, 1, a, 40, &req), KVT_EINVAL);
     check(h, "refused release");
+    /* another cache's request, and a copy of one released, are refused, not followed (they crashed) */
+    kvt_hybrid_t *other = make(ALL_THREE, 4, &su);
+    kvt_hybrid_req_t theirs, copy = req;
+    cr_assert_eq(kvt_hybrid_admit(other, 0, a, 40, 0, NULL, &theirs), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &theirs), KVT_EINVAL, "another cache's request");
+    cr_assert_eq(kvt_hybrid_ready(h, &theirs), KVT_EINVAL);
+    check(h, "another cache's request");
+    cr_assert_eq(kvt_hybrid_release(other, 0, a, 40, &theirs), KVT_OK);
+    kvt_hybrid_destroy(other);
     cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &req), KVT_OK);
     cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &req), KVT_EINVAL, "released twice");
+    size_t n;
+    uint64_t slots[64];
+    cr_assert_eq(kvt_hybrid_ready(h, &copy), KVT_EINVAL, "a copy of a released request");
+    cr_assert_eq(kvt_hybrid_slots(h, &copy, 1, slots, 64, &n), KVT_EINVAL);
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &copy), KVT_EINVAL);
     check(h, "end");
     kvt_hybrid_destroy(h);
 }
