@@ -43,7 +43,7 @@ extern "C" {
 
 typedef struct kvt_hist {
     uint64_t count;
-    uint64_t sum;
+    uint64_t sum; /* saturates at UINT64_MAX (584 years of nanoseconds) */
     uint64_t min; /* UINT64_MAX while empty */
     uint64_t max;
     uint64_t bucket[KVT_HIST_BUCKETS];
@@ -62,7 +62,8 @@ KVT_API void kvt_hist_merge(kvt_hist_t *dst, const kvt_hist_t *src);
 KVT_API uint64_t kvt_hist_percentile(const kvt_hist_t *h, double q);
 KVT_API double kvt_hist_mean(const kvt_hist_t *h);
 
-/* Bucket of a value and the value range [lo, hi] a bucket stands for. */
+/* Bucket of a value and the value range [lo, hi] a bucket stands for (a
+ * bucket past the last: the last's). */
 KVT_API unsigned kvt_hist_bucket_of(uint64_t v);
 KVT_API void kvt_hist_bucket_range(unsigned b, uint64_t *lo, uint64_t *hi);
 

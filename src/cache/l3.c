@@ -527,7 +527,7 @@ const char *kvt_prefetch_policy_name(kvt_prefetch_policy_t p) {
 }
 
 int kvt_prefetch_policy_parse(const char *s, kvt_prefetch_policy_t *p) {
-    for (int i = 0; s && i < KVT_PREFETCH_POLICY_COUNT_; i++)
+    for (int i = 0; s && p && i < KVT_PREFETCH_POLICY_COUNT_; i++)
         if (strcmp(s, PREFETCH_POLICIES[i]) == 0) return *p = (kvt_prefetch_policy_t)i, KVT_OK;
     return KVT_EINVAL;
 }

@@ -72,7 +72,7 @@ const char *kvt_policy_name(kvt_policy_t p) { return (unsigned)p < KVT_POLICY_CO
 const char *kvt_policy_describe(kvt_policy_t p) { return (unsigned)p < KVT_POLICY_COUNT_ ? DESCS[p] : "unknown"; }
 
 int kvt_policy_parse(const char *s, kvt_policy_t *p) {
-    for (int i = 0; s && i < KVT_POLICY_COUNT_; i++)
+    for (int i = 0; s && p && i < KVT_POLICY_COUNT_; i++)
         if (strcmp(s, NAMES[i]) == 0) return *p = (kvt_policy_t)i, KVT_OK;
     return KVT_EINVAL;
 }
@@ -82,7 +82,7 @@ const char *kvt_write_policy_name(kvt_write_policy_t w) {
 }
 
 int kvt_write_policy_parse(const char *s, kvt_write_policy_t *w) {
-    for (int i = 0; s && i < KVT_WRITE_POLICY_COUNT_; i++)
+    for (int i = 0; s && w && i < KVT_WRITE_POLICY_COUNT_; i++)
         if (strcmp(s, WRITE_NAMES[i]) == 0) return *w = (kvt_write_policy_t)i, KVT_OK;
     return KVT_EINVAL;
 }

@@ -84,7 +84,7 @@ struct kvt_emitter {
 
 int kvt_fmt_parse(const char *s, kvt_fmt_t *fmt) {
     static const char *names[] = {"table", "json", "prom"};
-    for (int i = 0; s && i < 3; i++)
+    for (int i = 0; s && fmt && i < 3; i++)
         if (strcmp(s, names[i]) == 0) return *fmt = (kvt_fmt_t)i, KVT_OK;
     return KVT_EINVAL;
 }

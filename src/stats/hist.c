@@ -36,6 +36,7 @@ unsigned kvt_hist_bucket_of(uint64_t v) {
 }
 
 void kvt_hist_bucket_range(unsigned b, uint64_t *lo, uint64_t *hi) {
+    if (b >= KVT_HIST_BUCKETS) b = KVT_HIST_BUCKETS - 1; /* (the last bucket's: a shift past 63 otherwise) */
     if (b < 2 * HALF) {
         *lo = *hi = b;
         return;
@@ -49,7 +50,7 @@ void kvt_hist_bucket_range(unsigned b, uint64_t *lo, uint64_t *hi) {
 void kvt_hist_record(kvt_hist_t *h, uint64_t v) {
     h->bucket[kvt_hist_bucket_of(v)]++;
     h->count++;
-    h->sum += v;
+    h->sum = h->sum > UINT64_MAX - v ? UINT64_MAX : h->sum + v; /* saturates (stats.h) */
     if (v < h->min) h->min = v;
     if (v > h->max) h->max = v;
 }
@@ -57,7 +58,7 @@ void kvt_hist_record(kvt_hist_t *h, uint64_t v) {
 void kvt_hist_merge(kvt_hist_t *dst, const kvt_hist_t *src) {
     for (unsigned i = 0; i < KVT_HIST_BUCKETS; i++) dst->bucket[i] += src->bucket[i];
     dst->count += src->count;
-    dst->sum += src->sum;
+    dst->sum = dst->sum > UINT64_MAX - src->sum ? UINT64_MAX : dst->sum + src->sum;
     if (src->min < dst->min) dst->min = src->min;
     if (src->max > dst->max) dst->max = src->max;
 }

@@ -15,7 +15,7 @@ static const char *const KINDS[] = {"arena", "cuda", "host", "shm", "tcp", "ucx"
 const char *kvt_layout_name(kvt_layout_t l) { return (unsigned)l < 2 ? LAYOUTS[l] : "?"; }
 
 int kvt_layout_parse(const char *s, kvt_layout_t *l) {
-    for (unsigned i = 0; s && i < 2; i++)
+    for (unsigned i = 0; s && l && i < 2; i++)
         if (strcmp(s, LAYOUTS[i]) == 0) return *l = (kvt_layout_t)i, KVT_OK;
     return KVT_EINVAL;
 }

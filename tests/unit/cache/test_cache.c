@@ -541,6 +541,12 @@ Test(cache, bad_config) {
     kvt_policy_t p;
     cr_assert_eq(kvt_policy_parse("lru", &p), KVT_OK);
     cr_assert_eq(kvt_policy_parse("mru", &p), KVT_EINVAL);
+    /* no place to put the answer: refused (each stored through NULL) */
+    cr_assert_eq(kvt_policy_parse("lru", NULL), KVT_EINVAL);
+    cr_assert_eq(kvt_write_policy_parse("write_back", NULL), KVT_EINVAL);
+    cr_assert_eq(kvt_prefetch_policy_parse("timeout", NULL), KVT_EINVAL);
+    cr_assert_eq(kvt_fmt_parse("json", NULL), KVT_EINVAL);
+    cr_assert_eq(kvt_layout_parse("page_first", NULL), KVT_EINVAL);
 }
 
 /* The chained page hash, recomputed from its definition with XXH3 directly. */

@@ -84,3 +84,23 @@ Test(hist, merge_equals_recording_everything) {
     cr_assert_eq(kvt_hist_percentile(&empty, 0.5), 0);
     cr_assert_eq(kvt_hist_mean(&empty), 0.0);
 }
+
+/* A bucket past the last is the last (it shifted past 63 bits); the sum
+ * saturates where it wrapped (UINT64_MAX + 2 read as a sum of 1, a mean of 0.5). */
+Test(hist, a_bucket_past_the_last_and_a_sum_past_64_bits) {
+    uint64_t lo, hi, llo, lhi;
+    kvt_hist_bucket_range(5000, &lo, &hi);
+    kvt_hist_bucket_range(KVT_HIST_BUCKETS - 1, &llo, &lhi);
+    cr_assert(lo == llo && hi == lhi);
+    kvt_hist_t h, g;
+    kvt_hist_init(&h);
+    kvt_hist_init(&g);
+    kvt_hist_record(&h, UINT64_MAX);
+    kvt_hist_record(&h, 2);
+    cr_assert_eq(h.count, 2u);
+    cr_assert_eq(h.sum, UINT64_MAX);
+    kvt_hist_record(&g, 7);
+    kvt_hist_merge(&g, &h);
+    cr_assert_eq(g.sum, UINT64_MAX);
+    cr_assert_eq(g.count, 3u);
+}
