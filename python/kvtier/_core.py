@@ -513,6 +513,9 @@ def tokens_arg(tokens: Any) -> Tuple[int, int, Any]:
         return tokens.data_ptr(), tokens.numel(), tokens
     if isinstance(tokens, array.array) and tokens.typecode == "i" and tokens.itemsize == 4:
         a = tokens
+    elif isinstance(tokens, (bytes, bytearray, memoryview, str)):  # array("i", b) would read raw bytes as int32s
+        raise TypeError(f"tokens: expected int32 token ids (a sequence of ints or an int32 array), "
+                        f"not {type(tokens).__name__}")
     else:
         try:
             a = array.array("i", tokens)

@@ -520,7 +520,11 @@ class Tier(Handle):
         """Writes a page's bytes (logical order, as read_page gives them)."""
         g = self._open_geom()
         page = self._page(page)
-        data = bytes(data)
+        try:  # the buffer protocol only: bytes(128) would be 128 zero bytes
+            data = bytes(memoryview(data))
+        except TypeError:
+            raise TypeError(f"write_page data: expected bytes-like (bytes, bytearray, memoryview, an array), "
+                            f"not {type(data).__name__}") from None
         if len(data) != g.layers * g.layer_bytes:
             raise ValueError(f"write_page: {len(data)} bytes, a page is {g.layers * g.layer_bytes}")
         buf = ctypes.create_string_buffer(data, len(data))

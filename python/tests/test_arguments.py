@@ -50,6 +50,10 @@ CASES = [
     ("admit-priority", lambda o: o["c"].admit([1, 2, 3, 4], priority=2 ** 70), ValueError,
      r"Cache.admit priority: \d+ is out of range \(expected -2\*\*31..2\*\*31-1\)"),
     ("plane-addr-plane", lambda o: o["t"].plane_addr(5, 0, 0), IndexError, r"plane 5 is out of range"),
+    ("write-page-int", lambda o: o["t"].write_page(0, 64), TypeError, r"write_page data: expected bytes-like .* not int"),
+    ("write-page-str", lambda o: o["t"].write_page(0, "x" * 64), TypeError, r"write_page data: .* not str"),
+    ("tokens-bytes", lambda o: o["c"].admit(b"abcd"), TypeError, r"tokens: expected int32 token ids .* not bytes"),
+    ("tokens-bytearray", lambda o: kvtier.page_hashes(bytearray(8), 1), TypeError, r"tokens: .* not bytearray"),
     ("store-url-nul", lambda o: kvtier.Store("dir:/x\x00/etc"), ValueError, r"Store url: .* holds a NUL"),
     # the same classes of fault elsewhere
     ("cache-float", lambda o: kvtier.Cache(l1_pages=1.5), TypeError, r"Cache: l1_pages: expected an integer"),
