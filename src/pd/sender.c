@@ -14,6 +14,7 @@
  * every generation. Calls block; one thread at a time. */
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -35,7 +36,19 @@ struct kvt_pd_sender {
     kvt_tier_t *remote;
     kvt_xfer_t *x;
     kvt_pd_rank_stats_t st; /* the handoffs/failed counters, and every dead link's engine figures */
+    /* The hand-off begun last and not yet sent, and its pages (sorted): a send
+     * names it and only those pages, so it never writes pages decode gave
+     * another hand-off (which may be the caller's already). */
+    bool begun;
+    uint64_t begun_h;
+    uint32_t *begun_dst;
+    size_t begun_n, begun_cap;
 };
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
 
 /* The engine's lane -> pool figures into st. */
 static void add_engine(kvt_pd_rank_stats_t *st, kvt_xfer_t *x) {
@@ -134,6 +147,7 @@ int kvt_pd_sender_create(kvt_pd_sender_t **out, const kvt_pd_sender_config_t *cf
 void kvt_pd_sender_destroy(kvt_pd_sender_t *s) {
     if (s == NULL) return;
     unlink_all(s);
+    kvt__free(s->begun_dst, s->begun_cap * sizeof(uint32_t));
     KVT_DELETE(s);
 }
 
@@ -163,6 +177,14 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
         s->st.failed++;
         return KVT_ENOENT;
     }
+    if (n > s->begun_cap) { /* room to remember the pages, before decode reserves them */
+        uint32_t *d = kvt__malloc(n * sizeof(uint32_t));
+        if (d == NULL) return KVT_ENOMEM;
+        kvt__free(s->begun_dst, s->begun_cap * sizeof(uint32_t));
+        s->begun_dst = d;
+        s->begun_cap = n;
+    }
+    s->begun = false;
     kvt__pd_op_t req = {h, n, 0, 0};
     int32_t status;
     if (kvt__pd_send(s->cfd, KVT_PD_REQ, &req, NULL, 0) != 0 || kvt__pd_recv_dst(s->cfd, h, n, dst, &status) != 0)
@@ -171,14 +193,27 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
         s->st.failed++;
         return status;
     }
+    memcpy(s->begun_dst, dst, n * sizeof(uint32_t));
+    qsort(s->begun_dst, n, sizeof(uint32_t), cmp_u32);
+    s->begun = true, s->begun_h = h, s->begun_n = n;
     return KVT_OK;
+}
+
+/* Whether every copy goes to a page of the hand-off h begun last. */
+static bool to_begun(const kvt_pd_sender_t *s, uint64_t h, const kvt_xfer_copy_t *copies, size_t n) {
+    if (!s->begun || h != s->begun_h) return false;
+    for (size_t i = 0; i < n; i++)
+        if (bsearch(&copies[i].dst_page, s->begun_dst, s->begun_n, sizeof(uint32_t), cmp_u32) == NULL) return false;
+    return true;
 }
 
 int kvt_pd_sender_send(kvt_pd_sender_t *s, uint64_t h, const kvt_xfer_copy_t *copies, size_t n) {
     if (s == NULL || copies == NULL || n == 0) return KVT_EINVAL;
     if (!s->linked) return broken(s, n);
+    if (!to_begun(s, h, copies, n)) return KVT_EINVAL;
     int st = kvt_xfer_submit(s->x, 0, 1, copies, n, h, NULL);
     if (st == KVT_EINVAL) return st;
+    s->begun = false; /* said DONE below, whatever the outcome */
     if (st == KVT_OK) {
         kvt_xfer_done_t dn;
         while (kvt_xfer_poll(s->x, &dn, 1, 1000000000ull) == 0) {

@@ -307,6 +307,23 @@ Test(pd, a_handoff_larger_than_the_pool_is_refused, .timeout = 30) {
     cr_assert_eq(ev.type, KVT_PD_EV_COMPLETE);
     cr_assert_eq(ev.handoff, 1);
     for (uint64_t p = 0; p < n; p++) cr_assert(kvt_tier_pattern_check(e.pool, ev.pages[p], hash_lo(1, p), hash_hi(1), scratch));
+    /* a send for a hand-off not begun (or sent already), or to pages begin did not give it, is refused: it wrote
+     * over hand-off 1's pages, which are the decode caller's now */
+    kvt_xfer_copy_t stray = {0, ev.pages[0]};
+    cr_assert_eq(kvt_pd_sender_send(s, 99, &stray, 1), KVT_EINVAL);
+    cr_assert_eq(kvt_pd_sender_send(s, 1, &stray, 1), KVT_EINVAL, "sent already");
+    static uint32_t dst2[10];
+    cr_assert_eq(kvt_pd_sender_begin(s, 2, n, dst2), KVT_OK);
+    cr_assert_eq(kvt_pd_sender_send(s, 2, &stray, 1), KVT_EINVAL, "a page of hand-off 1");
+    for (uint64_t p = 0; p < n; p++) cr_assert(kvt_tier_pattern_check(e.pool, ev.pages[p], hash_lo(1, p), hash_hi(1), scratch));
+    for (uint64_t p = 0; p < n; p++) kvt_tier_pattern_fill(src, p, hash_lo(2, p), hash_hi(2), scratch);
+    for (uint64_t p = 0; p < n; p++) cp[p] = (kvt_xfer_copy_t){(uint32_t)p, dst2[p]};
+    cr_assert_eq(kvt_pd_sender_send(s, 2, cp, n), KVT_OK, "the hand-off begun still goes");
+    kvt_pd_event_t ev2;
+    cr_assert_eq(kvt_pd_receiver_poll(e.rx, &ev2, 1, 5000000000ull), 1);
+    cr_assert(ev2.type == KVT_PD_EV_COMPLETE && ev2.handoff == 2);
+    for (uint64_t p = 0; p < n; p++) cr_assert(kvt_tier_pattern_check(e.pool, ev2.pages[p], hash_lo(2, p), hash_hi(2), scratch));
+    cr_assert_eq(kvt_pd_receiver_release(e.rx, 2), KVT_OK);
     cr_assert_eq(kvt_pd_receiver_release(e.rx, 1), KVT_OK);
     env_stats(&e);
     cr_assert_eq(e.st->refused, 1, "too large (n == 0 never leaves the sender)");
@@ -314,7 +331,7 @@ Test(pd, a_handoff_larger_than_the_pool_is_refused, .timeout = 30) {
     kvt_pd_rank_stats_t rs;
     cr_assert_eq(kvt_pd_sender_stats(s, &rs), KVT_OK);
     cr_assert_eq(rs.failed, 1);
-    cr_assert_eq(rs.handoffs, 1);
+    cr_assert_eq(rs.handoffs, 2, "hand-offs 1 and 2; the refused sends counted nothing");
     cr_assert_eq(kvt_pd_sender_finish(s), KVT_OK);
     kvt_pd_sender_destroy(s);
     kvt_tier_destroy(src);
