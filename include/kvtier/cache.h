@@ -204,7 +204,10 @@ KVT_API int kvt_cache_admit(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, 
 KVT_API int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req);
 /* Lets go of an admitted request's pages (they stay cached), committing
  * them first if that was not done. Every admitted request is released once;
- * KVT_EINVAL for one already released. */
+ * KVT_EINVAL for one already released (release clears req->node). The
+ * request is the struct admit filled, not a copy of it: a copy of a request
+ * released is a dangling handle, as a freed pointer is (the tree's lock
+ * counts are not per request, so it cannot be told from a live one). */
 KVT_API int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
 /* Applies the copies that have completed (without waiting); returns how
  * many (>= 0). */
