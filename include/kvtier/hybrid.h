@@ -172,7 +172,8 @@ KVT_API int kvt_hybrid_config_split_tier(kvt_hybrid_config_t *cfg, uint32_t tier
 
 /* KVT_EINVAL, nothing allocated, for a bad config: groups (a kind out of
  * range, layers or bytes 0, a window group's window 0, another's nonzero,
- * reserved_ set, no full group), slots against the tiers, a write policy
+ * reserved_ set, no full group, a page or slot or a tier of them past
+ * 2^64 - 1 bytes), slots against the tiers, a write policy
  * the slots refuse, async_moves without moves; and whatever
  * kvt_cache_create refuses. KVT_ENOMEM. */
 KVT_API int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg);
@@ -420,7 +421,8 @@ KVT_API uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ng
 typedef struct kvt_hybrid_plane kvt_hybrid_plane_t;
 
 /* Bytes of one piece of group g: a window page (bytes per token x
- * page_tokens) or a checkpoint; 0 for a full group. */
+ * page_tokens) or a checkpoint; 0 for a full group; UINT64_MAX past 2^64 - 1
+ * (kvt_hybrid_create refuses a group whose pages or tiers do not fit 64 bits). */
 KVT_API uint64_t kvt_hybrid_piece_bytes(const kvt_layer_group_t *g, uint32_t page_tokens);
 
 typedef int (*kvt_hybrid_write_fn)(void *arg, const kvt_hybrid_move_t *m);

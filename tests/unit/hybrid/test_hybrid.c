@@ -404,6 +404,11 @@ Test(hybrid_config, bad_configurations_are_refused) {
     cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
     c = good, c.ngroups = 0;
     cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c = good, c.groups[1].bytes = UINT64_MAX / 8; /* a window page of 16 tokens past 2^64 bytes: the counters wrapped */
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    cr_assert_eq(kvt_hybrid_piece_bytes(&c.groups[1], 16), UINT64_MAX, "saturated, not wrapped");
+    c = good, c.groups[0].bytes = UINT64_MAX / 16 / 2; /* a full page fits; a tier of them does not */
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
     cr_assert_null(h);
     cr_assert_eq(kvt_hybrid_config_default(&c, ALL_THREE, 4, 16, 1024, 0, 0), KVT_EINVAL, "1 KiB holds no checkpoint");
 }
