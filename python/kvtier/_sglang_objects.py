@@ -10,7 +10,8 @@ fixed geometry, which is what exists asks for (it is given no tensor):
 
     set(key, t)   put payload  ns/sglang-obj        layer_bytes = t.nbytes
                   then record  ns/sglang-obj-size   layer_bytes = 8     <- exists, batch_exists
-    get(key, t)   get payload of t.nbytes (another size is another key: a miss)
+    get(key, t)   get the record; the payload of t.nbytes if the record names
+                  that size (another size, or a key set again with another: a miss)
     get(key)      get the record, then the payload of the size it names
 
 The payload goes first, so a record never names a payload that was not
@@ -155,7 +156,12 @@ class Objects:
 
     def get(self, hashes: List[bytes], addrs: List[int], sizes: List[int]) -> List[bool]:
         ok = [False] * len(hashes)
-        for n, idx in _by_size(sizes).items():
+        # only the size the record names: a key set again with another size keeps the old payload
+        # under the old size's lane, which must not be served
+        recorded = self.sizes(hashes)
+        live = [i for i in range(len(hashes)) if recorded[i] == sizes[i]]
+        for n, sub in _by_size([sizes[i] for i in live]).items():
+            idx = [live[k] for k in sub]
             got = self._run(("get", n, False), "get", [hashes[i] for i in idx],
                             after=lambda j, page, idx=idx, n=n: ctypes.memmove(addrs[idx[j]], page, n))
             for i, g in zip(idx, got):
