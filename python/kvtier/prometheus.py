@@ -11,10 +11,11 @@ help texts are the headers' own. Objects that are closed are skipped.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from . import _args as _a
 from . import _fields
 from ._core import ClosedError
 from .store import OPS
@@ -22,14 +23,17 @@ from .store import OPS
 __all__ = ["KvtierCollector"]
 
 
-def _families(prefix: str, spec, values: Dict[str, Any], labels: Dict[str, str]) -> Iterator[Any]:
-    names, vals = list(labels), list(labels.values())
+def _families(prefix: str, spec, samples: List[Tuple[Dict[str, Any], Dict[str, str]]]) -> Iterator[Any]:
+    """One family per field of spec, with a sample per (values, labels) that has it:
+    a family named twice is not valid exposition text."""
     for field, kind, help_text in spec:
-        if field not in values:
+        have = [(v, lb) for v, lb in samples if field in v]
+        if not have:
             continue
         cls = CounterMetricFamily if kind == "COUNTER" else GaugeMetricFamily
-        m = cls(f"{prefix}_{field}", help_text, labels=names)
-        m.add_metric(vals, float(values[field]))
+        m = cls(f"{prefix}_{field}", help_text, labels=list(have[0][1]))
+        for v, lb in have:
+            m.add_metric(list(lb.values()), float(v[field]))
         yield m
 
 
@@ -39,9 +43,25 @@ class KvtierCollector:
 
     def __init__(self, cache: Any = None, store: Any = None, xfer: Any = None, xfer_pairs=(),
                  labels: Optional[Dict[str, str]] = None, prefix: str = "kvtier") -> None:
+        from .cache import Cache
+        from .xfer import Transfer
+        from .store import Store
+        _a.instance(cache, Cache, "KvtierCollector cache", optional=True)
+        _a.instance(store, Store, "KvtierCollector store", optional=True)
+        _a.instance(xfer, Transfer, "KvtierCollector xfer", optional=True)
         self.cache, self.store, self.xfer = cache, store, xfer
-        self.xfer_pairs = list(xfer_pairs)  # (src, dst) tier index pairs to report
+        self.xfer_pairs = []  # (src, dst) tier index pairs to report
+        for pr in xfer_pairs:
+            if not (isinstance(pr, (list, tuple)) and len(pr) == 2 and
+                    all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in pr)):
+                raise ValueError(f"KvtierCollector xfer_pairs: {pr!r} is not a (src, dst) pair of tier indices")
+            self.xfer_pairs.append(tuple(pr))
+        if self.xfer_pairs and xfer is None:
+            raise ValueError("KvtierCollector xfer_pairs: given without an xfer")
         self.labels = dict(labels or {})
+        for k, v in self.labels.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError(f"KvtierCollector labels: {k!r}: {v!r}: names and values are strings")
         self.prefix = prefix
 
     def describe(self):
@@ -54,8 +74,8 @@ class KvtierCollector:
         if self.cache is not None:
             try:
                 cache, tree = self.cache.stats(), self.cache.tree_stats()
-                fams += _families(f"{p}_cache", _fields.CACHE_STATS, cache, lb)
-                fams += _families(f"{p}_tree", _fields.RADIX_STATS, tree, lb)
+                fams += _families(f"{p}_cache", _fields.CACHE_STATS, [(cache, lb)])
+                fams += _families(f"{p}_tree", _fields.RADIX_STATS, [(tree, lb)])
             except ClosedError:
                 pass
         if self.store is not None:
@@ -63,14 +83,13 @@ class KvtierCollector:
                 for op in OPS:
                     st = self.store.stats(op)
                     if st["calls"] or st["inflight"]:
-                        fams += _families(f"{p}_store_{op}", _fields.STORE_STATS, st, lb)
+                        fams += _families(f"{p}_store_{op}", _fields.STORE_STATS, [(st, lb)])
             except ClosedError:
                 pass
         if self.xfer is not None:
             try:
-                for src, dst in self.xfer_pairs:
-                    st = self.xfer.stats(src, dst)
-                    fams += _families(f"{p}_xfer", _fields.XFER_STATS, st, dict(lb, src=str(src), dst=str(dst)))
+                pairs = [(self.xfer.stats(src, dst), dict(lb, src=str(src), dst=str(dst))) for src, dst in self.xfer_pairs]
+                fams += _families(f"{p}_xfer", _fields.XFER_STATS, pairs)  # one family, a sample a pair
             except ClosedError:
                 pass
         yield from fams

@@ -485,6 +485,31 @@ def test_prometheus_collector_reports_the_stats():
     assert prom.generate_latest(reg) == b""  # a closed cache is skipped, not an error
 
 
+def test_prometheus_collector_gives_each_transfer_pair_a_sample_of_one_family():
+    """Two pairs named every xfer family twice (a TYPE line twice: not valid exposition text)."""
+    prom = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    from kvtier.prometheus import KvtierCollector
+    a, b = kvtier.Tier.host(4, 1, 64), kvtier.Tier.host(4, 1, 64)
+    with kvtier.Transfer([a, b]) as x:
+        x.wait(x.submit(0, 1, [(0, 0)]))
+        x.wait(x.submit(1, 0, [(1, 1), (2, 2)]))
+        reg = prom.CollectorRegistry()
+        reg.register(KvtierCollector(xfer=x, xfer_pairs=[(0, 1), (1, 0)]))
+        text = prom.generate_latest(reg).decode()
+        want = {(0, 1): x.stats(0, 1)["pages"], (1, 0): x.stats(1, 0)["pages"]}
+    types = [ln for ln in text.splitlines() if ln.startswith("# TYPE")]
+    assert len(types) == len(set(types))
+    fam = {f.name: f for f in text_string_to_metric_families(text)}["kvtier_xfer_pages"]
+    got = {(int(s.labels["src"]), int(s.labels["dst"])): s.value for s in fam.samples}
+    assert got == want == {(0, 1): 1, (1, 0): 2}
+    for bad, exc in ((dict(cache=5), TypeError), (dict(xfer=x, xfer_pairs=[(0,)]), ValueError),
+                     (dict(xfer_pairs=[(0, 1)]), ValueError), (dict(labels={"a": 1}), TypeError)):
+        with pytest.raises(exc):
+            KvtierCollector(**bad)
+    a.close(), b.close()
+
+
 def test_shm_tier_is_shared_by_name():
     name = f"/kvtier-pytest-{os.getpid()}"
     with kvtier.Tier.shm(name, 4, 1, 128) as a:
