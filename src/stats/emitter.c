@@ -315,22 +315,30 @@ typedef struct names {
     size_t n;
 } names_t;
 
+/* The family's name, and a histogram's series names too (_bucket, _sum,
+ * _count): a gauge named like one of them is a second series of that name. */
 static int collect_name(void *arg, const entry_t *x, const char *family, bool ns) {
-    (void)x, (void)ns;
+    (void)ns;
+    static const char *const SERIES[] = {"", "_bucket", "_sum", "_count"};
     names_t *c = arg;
-    size_t len = strlen(family) + 1;
-    char *s = kvt__malloc(len);
-    if (s == NULL) return KVT_ENOMEM;
-    c->s[c->n++] = memcpy(s, family, len);
+    for (int k = 0; k < (x->kind == ENT_HIST ? 4 : 1); k++) {
+        size_t len = strlen(family) + strlen(SERIES[k]) + 1;
+        char *s = kvt__malloc(len);
+        if (s == NULL) return KVT_ENOMEM;
+        snprintf(s, len, "%s%s", family, SERIES[k]);
+        c->s[c->n++] = s;
+    }
     return KVT_OK;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* A family written twice makes the whole text unparseable (a second TYPE
- * line), and the renaming can make two names one (busy_ns, busy_seconds). */
+ * line), and the renaming can make two names one (busy_ns, busy_seconds); so
+ * does a series of one family named as another family (a gauge lat_count
+ * beside a histogram lat). */
 static int prom_check_unique(const kvt_emitter_t *e) {
-    names_t c = {kvt__calloc(e->n + 1, sizeof(char *)), 0};
+    names_t c = {kvt__calloc(4 * e->n + 1, sizeof(char *)), 0};
     if (c.s == NULL) return KVT_ENOMEM;
     int rc = prom_walk(e, collect_name, &c);
     if (rc == KVT_OK) {
@@ -339,7 +347,7 @@ static int prom_check_unique(const kvt_emitter_t *e) {
             if (strcmp(c.s[i - 1], c.s[i]) == 0) rc = KVT_EINVAL;
     }
     for (size_t i = 0; i < c.n; i++) kvt__free(c.s[i], strlen(c.s[i]) + 1);
-    kvt__free(c.s, (e->n + 1) * sizeof(char *));
+    kvt__free(c.s, (4 * e->n + 1) * sizeof(char *));
     return rc;
 }
 

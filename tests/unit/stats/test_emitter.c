@@ -250,7 +250,22 @@ Test(emitter, prometheus_refuses_a_family_twice) {
         free(buf);
         kvt_emitter_destroy(e);
     }
+    /* a histogram's series named again by a gauge (lat_seconds_count twice: it was written, KVT_OK) */
     kvt_emitter_t *e;
+    cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_PROM, "kvt"), KVT_OK);
+    kvt_hist_t h;
+    kvt_hist_init(&h);
+    kvt_hist_record(&h, 1000);
+    kvt_emit_hist(e, "lat", &h, NULL);
+    kvt_emit_gauge(e, "lat_seconds_count", 3, NULL);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(kvt_emitter_write(e, f), KVT_EINVAL);
+    fclose(f);
+    cr_assert_eq(len, 0, "nothing written");
+    free(buf);
+    kvt_emitter_destroy(e);
     cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_PROM, "9lives"), KVT_EINVAL, "not a metric name");
     cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_JSON, "9lives"), KVT_OK);
     kvt_emitter_destroy(e);
