@@ -132,7 +132,7 @@ typedef struct kvt_store_config {
      * store used only for exists and remove). Must outlive the store. */
     kvt_tier_t *tier;
     /* The model identity (see the key scheme above). */
-    const char *model;        /* model name, required, e.g. "llama-3-70b" */
+    const char *model;        /* model name, required, 1..127 characters without ";", e.g. "llama-3-70b" */
     uint32_t page_tokens;     /* >= 1, required */
     uint32_t layers;          /* 0: the tier's */
     uint64_t layer_bytes;     /* 0: the tier's */

@@ -793,6 +793,8 @@ static int check_config(kvt_store_t *s) {
     kvt_store_config_t *c = &s->cfg;
     if (c->model == NULL || c->model[0] == 0 || strlen(c->model) >= sizeof(s->model))
         return kvt__store_error("config: a model name (1..127 characters) is required"), KVT_EINVAL;
+    if (strchr(c->model, ';')) /* the identity's separator: a model "m;ns=x" could pose as model m's namespace x */
+        return kvt__store_error("config: a model name may not hold ';' (got '%s')", c->model), KVT_EINVAL;
     const char *ns = c->ns ? c->ns : "default";
     if (strlen(ns) >= sizeof(s->ns)) return kvt__store_error("config: namespace longer than 127 characters"), KVT_EINVAL;
     snprintf(s->model, sizeof(s->model), "%s", c->model);

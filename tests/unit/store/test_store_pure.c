@@ -154,6 +154,12 @@ Test(store_pure, bad_configs) {
     e.cfg.model = NULL;
     cr_assert_eq(kvt_store_open(&s, "dir:/tmp/kvt-never", &e.cfg), KVT_EINVAL);
     cr_assert(strstr(kvt_store_last_error(NULL), "model") != NULL);
+    /* the identity's separator: model "m;...;ns=x" would name model m's namespace x, and share its objects */
+    e.cfg.model = "m;page_tokens=16;layers=2;layer_bytes=256;dtype_bytes=2;tp=0/1;cp=0/1;ns=x";
+    e.cfg.ns = "y";
+    cr_assert_eq(kvt_store_open(&s, "dir:/tmp/kvt-never", &e.cfg), KVT_EINVAL);
+    cr_assert(strstr(kvt_store_last_error(NULL), "may not hold ';'") != NULL);
+    e.cfg.ns = NULL;
     e.cfg.model = "m";
     e.cfg.page_tokens = 0;
     cr_assert_eq(kvt_store_open(&s, "dir:/tmp/kvt-never", &e.cfg), KVT_EINVAL);
