@@ -517,7 +517,10 @@ class Tier(Handle):
         return buf.raw
 
     def write_page(self, page: int, data: bytes) -> None:
-        """Writes a page's bytes (logical order, as read_page gives them)."""
+        """Writes a page's bytes (logical order, as read_page gives them). Bytes
+        only: a checksummed tier keeps the page's recorded sum, so a copy out of
+        the page then fails its check (kvt_tier_write; the way tests plant a
+        stray write)."""
         g = self._open_geom()
         page = self._page(page)
         try:  # the buffer protocol only: bytes(128) would be 128 zero bytes
