@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import operator
 import threading
 import weakref
 from typing import Any, Iterable, Optional, Sequence, Tuple
@@ -573,8 +574,9 @@ def page_hashes(tokens: Any, page_tokens: int, ns: int = 0) -> list:
 
 
 def enum_arg(value: Any, parse, what: str, names: Sequence[str]) -> int:
-    """An enum given by name (or by its number)."""
-    if isinstance(value, int):
+    """An enum given by name (or by its number: anything with __index__, a numpy integer too)."""
+    if not isinstance(value, str) and hasattr(value, "__index__"):
+        value = operator.index(value)
         if not 0 <= value < len(names):
             raise ValueError(f"{what}: {value} is out of range (choose from {', '.join(names)})")
         return value
