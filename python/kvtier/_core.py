@@ -439,8 +439,11 @@ class Handle:
                 d._users.discard(self)
                 d._nusers -= 1
                 last = d._orphan and d._nusers == 0
-            if last:
-                d._close(False)
+            if last:  # collected while this one used it: its finalizer left it to this close
+                try:
+                    d._close(False)
+                except Exception:
+                    pass  # (as its finalizer would have: a C object that cannot go now stays)
 
     def _close_begin(self, wait: bool) -> Optional[int]:
         """Marks the object closing once no shared call is in flight: its
