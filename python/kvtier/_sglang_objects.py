@@ -154,11 +154,15 @@ class Objects:
                 ok[i] = g
         return ok
 
-    def get(self, hashes: List[bytes], addrs: List[int], sizes: List[int]) -> List[bool]:
+    def get(self, hashes: List[bytes], addrs: List[int], sizes: List[int],
+            recorded: Optional[List[Optional[int]]] = None) -> List[bool]:
+        """Each payload of its size into its address, only where the size record
+        (``recorded``: read here unless the caller has just read it) names that
+        size: a key set again with another size keeps the old payload under the
+        old size's lane, which must not be served."""
         ok = [False] * len(hashes)
-        # only the size the record names: a key set again with another size keeps the old payload
-        # under the old size's lane, which must not be served
-        recorded = self.sizes(hashes)
+        if recorded is None:
+            recorded = self.sizes(hashes)
         live = [i for i in range(len(hashes)) if recorded[i] == sizes[i]]
         for n, sub in _by_size([sizes[i] for i in live]).items():
             idx = [live[k] for k in sub]

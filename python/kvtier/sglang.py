@@ -598,16 +598,18 @@ class KvtierStorage(HiCacheStorage):
     def _get_objects(self, keys: List[str], targets: Any) -> List[Any]:
         """Objects into the targets, or into new uint8 tensors of each object's recorded size."""
         hashes = [key_hash(k) for k in keys]
-        if targets is None:
+        own = targets is None  # new tensors of the recorded sizes: writable, and the records read already
+        if own:
             import torch
             sizes = self._objects.sizes(hashes)
             targets = [torch.empty(n, dtype=torch.uint8) if n else None for n in sizes]
             live = [i for i, t in enumerate(targets) if t is not None]
         else:
             live = list(range(len(keys)))
-        maps = HostMaps()
-        got = {i: tensor_bytes(targets[i], f"target_locations[{i}]", True, maps) for i in live}
-        ok = self._objects.get([hashes[i] for i in live], [got[i][0] for i in live], [got[i][1] for i in live])
+        maps = None if own else HostMaps()  # one look at the process's mappings for the caller's targets
+        got = {i: tensor_bytes(targets[i], f"target_locations[{i}]", not own, maps) for i in live}
+        ok = self._objects.get([hashes[i] for i in live], [got[i][0] for i in live], [got[i][1] for i in live],
+                               recorded=[sizes[i] for i in live] if own else None)
         served = {i for i, g in zip(live, ok) if g}
         return [targets[i] if i in served else None for i in range(len(keys))]
 

@@ -79,14 +79,13 @@ static int groups_ok(const kvt_layer_group_t *g, uint32_t n) {
 }
 
 uint64_t kvt__hybrid_slot_bytes(const kvt_layer_group_t *g, uint32_t P) {
-    return g->kind == KVT_GROUP_STATE ? g->bytes : g->bytes * P;
+    uint64_t b;
+    if (g->kind == KVT_GROUP_STATE) return g->bytes;
+    return __builtin_mul_overflow(g->bytes, (uint64_t)P, &b) ? UINT64_MAX : b;
 }
 
 uint64_t kvt_hybrid_piece_bytes(const kvt_layer_group_t *g, uint32_t page_tokens) {
-    uint64_t b;
-    if (g == NULL || g->kind == KVT_GROUP_FULL) return 0;
-    if (g->kind == KVT_GROUP_WINDOW && __builtin_mul_overflow(g->bytes, (uint64_t)page_tokens, &b)) return UINT64_MAX;
-    return kvt__hybrid_slot_bytes(g, page_tokens);
+    return g == NULL || g->kind == KVT_GROUP_FULL ? 0 : kvt__hybrid_slot_bytes(g, page_tokens);
 }
 
 
@@ -176,18 +175,15 @@ int kvt__hybrid_config_ok(const kvt_hybrid_config_t *c) {
     uint32_t P = c->cache.page_tokens ? c->cache.page_tokens : 16;
     uint64_t pages = c->cache.l1_pages > c->cache.l2_pages ? c->cache.l1_pages : c->cache.l2_pages, bytes;
     if (c->cache.l3_pages > pages) pages = c->cache.l3_pages;
+    const uint64_t *slots[3] = {c->l1_slots, c->l2_slots, c->l3_slots};
     for (uint32_t g = 0; g < G; g++) {
         int full = g >= c->ngroups || c->groups[g].kind == KVT_GROUP_FULL;
         if (full && (c->l1_slots[g] | c->l2_slots[g] | c->l3_slots[g])) return 0;
         /* a page or slot, and a tier of them, in 64 bits (the byte counters wrapped to 0) */
-        const uint64_t *slots[3] = {c->l1_slots, c->l2_slots, c->l3_slots};
-        for (int t = 0; t < 3 && g < c->ngroups; t++) {
-            uint64_t n = full ? pages : slots[t][g];
-            if (c->groups[g].kind != KVT_GROUP_STATE && __builtin_mul_overflow(c->groups[g].bytes, (uint64_t)P, &bytes))
-                return 0;
-            if (c->groups[g].kind == KVT_GROUP_STATE) bytes = c->groups[g].bytes;
-            if (__builtin_mul_overflow(bytes, n, &bytes)) return 0;
-        }
+        uint64_t one = g < c->ngroups ? kvt__hybrid_slot_bytes(&c->groups[g], P) : 0;
+        if (one == UINT64_MAX) return 0;
+        for (int t = 0; t < 3 && g < c->ngroups; t++)
+            if (__builtin_mul_overflow(one, full ? pages : slots[t][g], &bytes)) return 0;
         if (full) continue;
         if (c->l1_slots[g] == 0 || (c->l2_slots[g] != 0) != (c->cache.l2_pages != 0) ||
             (c->l3_slots[g] != 0) != (c->cache.l3_pages != 0))

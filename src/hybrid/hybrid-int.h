@@ -21,7 +21,8 @@ typedef int (*kvt__hybrid_have_fn)(void *ctx, uint32_t g, uint64_t i);
 uint64_t kvt__hybrid_longest(const kvt_layer_group_t *groups, uint32_t ngroups, uint32_t P, uint64_t m,
                              kvt__hybrid_have_fn have, void *ctx, uint32_t *why);
 
-/* A group's slot: a window page (bytes per token x P) or a checkpoint. */
+/* A group's slot: a window page (bytes per token x P) or a checkpoint;
+ * UINT64_MAX past 2^64 - 1 (a configuration refused by kvt__hybrid_config_ok). */
 uint64_t kvt__hybrid_slot_bytes(const kvt_layer_group_t *g, uint32_t P);
 /* The groups, slots and write policies of a configuration hold together. */
 int kvt__hybrid_config_ok(const kvt_hybrid_config_t *c);
