@@ -281,6 +281,7 @@ Test(hybrid_plane, a_second_cache_gets_the_first_ones_pieces_from_the_store) {
     config(&cfg, KVT_WRITE_THROUGH);
     tally_t t[2] = {{0}};
     kvt_hybrid_plane_stats_t st[2];
+    kvt_hybrid_stats_t hs[2] = {{.size = sizeof(hs[0])}, {.size = sizeof(hs[1])}};
     for (int i = 0; i < 2; i++) {
         rig_t r;
         rig_open(&r, &cfg, dir_);
@@ -290,6 +291,7 @@ Test(hybrid_plane, a_second_cache_gets_the_first_ones_pieces_from_the_store) {
         cr_assert_eq(kvt_store_exists(r.put[1], &stray, 1, UINT64_MAX / 2, NULL), KVT_OK);
         workload(&r, 31, 600, 0, &t[i]);
         st[i] = stats_of(&r);
+        kvt_hybrid_stats(r.h, &hs[i]);
         rig_close(&r);
     }
     nftw(dir_ + 4, rm_one, 16, FTW_DEPTH | FTW_PHYS);
@@ -298,7 +300,10 @@ Test(hybrid_plane, a_second_cache_gets_the_first_ones_pieces_from_the_store) {
     cr_assert_gt(st[0].put, 100);
     cr_assert_eq(st[0].put_failures, 0);
     cr_assert_gt(st[1].got, st[0].got, "the second cache found the first one's pieces");
-    cr_assert_gt(t[1].ready, t[0].ready, "and hit more for it");
+    /* (how many more hits that buys depends on when the gets land: 270 to 283 against the first's 252 to 273
+     * on the 2-core VM, so the count is not compared) */
+    cr_assert_gt(hs[1].l3_hit_tokens, 0, "and its hits used them");
+    cr_assert_gt(t[1].ready, 0);
     cr_assert_eq(t[0].failed + t[1].failed, 0);
 }
 
