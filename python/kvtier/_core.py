@@ -172,7 +172,10 @@ def check(rc: int, what: str, detail: str = "") -> int:
 
 
 def error_class(name: str) -> type:
-    """The exception class of a C error name ("KVT_EINVAL" or "EINVAL")."""
+    """The exception class of a C error name ("KVT_EINVAL" or "EINVAL");
+    KeyError for a name that is none, TypeError for what is not a name."""
+    if not isinstance(name, str):
+        raise TypeError(f"error_class: a name such as 'KVT_EINVAL', not {type(name).__name__}")
     name = name[4:] if name.startswith("KVT_") else name
     for code, cls in _BY_CODE.items():
         if cls.name == f"KVT_{name}":

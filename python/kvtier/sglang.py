@@ -560,7 +560,7 @@ class KvtierStorage(HiCacheStorage):
         with self._registered() as reg:
             addrs = [self._flat(reg, v, f"values[{i}]", False) for i, v in enumerate(values)]
             ok = self._staged_flat(reg, "put", keys, addrs)
-        return bool(keys) and all(ok)
+        return all(ok)  # an empty batch stored all it was given, as HiCacheFile answers
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         return self.batch_set([key], [value])

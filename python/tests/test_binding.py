@@ -29,6 +29,10 @@ def test_version_and_errors():
     assert e.value.name == "KVT_EINVAL" and e.value.code == -1 and "invalid argument" in str(e.value)
     assert isinstance(e.value, ValueError) and isinstance(e.value, kvtier.Error)
     assert kvtier.error_class("KVT_ENOSPC") is kvtier.NoSpace
+    with pytest.raises(KeyError):
+        kvtier.error_class("KVT_NOSUCH")
+    with pytest.raises(TypeError, match="a name such as 'KVT_EINVAL', not int"):
+        kvtier.error_class(-1)
     with pytest.raises(TypeError, match="unknown option 'l1_page'"):
         kvtier.Cache(l1_page=4)
     with pytest.raises(ValueError, match="choose from lru"):

@@ -355,6 +355,7 @@ def test_host_pool_pages_match_hicachefile(tmp_path, kind, layout):
             == [True] * stored
         flat = [src.get_data_page(src_idx[i * PS].item(), flat=True) for i in range(stored)]
         assert kflat.batch_set(keys[:stored], flat) is True
+        assert f.batch_set([], []) is kflat.batch_set([], []) is True
         # exists: the same leading counts
         for probe in (keys, keys[:stored], keys[3:], keys[stored:]):
             assert f.batch_exists(probe) == k.batch_exists(probe)
