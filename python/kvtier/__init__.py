@@ -13,7 +13,8 @@ carry kvtier's error name and message.
         req.release()
 
 Modules: cache (Cache, Request), tier (Tier), xfer (Transfer), store (Store),
-pd (PdReceiver, PdSender), cp (CpGroup), hybrid (Hybrid: the cache for models
+pd (PdReceiver, PdSender), cp (CpGroup), keyed (KeyedCache: pages by 128-bit
+keys, under vLLM's offloading spec), hybrid (Hybrid: the cache for models
 with sliding-window and state-space layers), prometheus (the statistics as a
 prometheus_client collector), trace (Mooncake traces), sglang (an SGLang
 HiCache storage backend).
@@ -28,6 +29,7 @@ from .tier import Tier, TensorInfo
 from .xfer import Transfer, XferResult
 from .pd import PdReceiver, PdSender
 from .cp import CpGroup
+from .keyed import KeyedCache
 from .hybrid import Hybrid, HybridMove, HybridPrefetch, HybridRequest, LayerGroup, hybrid_longest, layer_groups
 
 
@@ -48,7 +50,7 @@ def version_number() -> int:
 
 
 __version__ = version()
-__all__ = ["Cache", "ClosedError", "CpGroup", "PdReceiver", "PdSender", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
+__all__ = ["Cache", "ClosedError", "CpGroup", "KeyedCache", "PdReceiver", "PdSender", "Error", "LIBRARY", "POLICIES", "PREFETCH_POLICIES", "Prefetch", "Request",
            "Store", "StoreResult", "TensorInfo", "Tier", "Transfer", "WRITE_POLICIES", "XferResult",
            "build_info", "default_config", "error_class", "page_hashes", "version", "version_number",
            "Hybrid", "HybridMove", "HybridPrefetch", "HybridRequest", "LayerGroup", "hybrid_longest", "layer_groups",
