@@ -180,7 +180,9 @@ KVT_API const char *kvt_store_last_error(const kvt_store_t *s);
 KVT_API const char *kvt_store_url(const kvt_store_t *s);
 /* url with the password of its credentials (redis://USER:PASSWORD@...)
  * replaced by ***, into out (cap bytes, NUL-terminated, cut short if it
- * must be: never into the password); any other URL as it is. Returns out. */
+ * must be: never into the password); credentials of one word (PASSWORD@)
+ * all replaced. Any scheme but dir: is read so, a mistyped one too
+ * (rediss://, Redis://, redis:/); other URLs as they are. Returns out. */
 KVT_API char *kvt_store_url_redact(const char *url, char *out, size_t cap);
 KVT_API const char *kvt_store_backend(const kvt_store_t *s);
 /* The host tier get writes into and put reads from (NULL: none). */
@@ -237,10 +239,13 @@ KVT_API int kvt_store_run(kvt_store_t *s, kvt_store_op_t op, const kvt_store_pag
  * present (what a prefix match needs), without a worker's wake-up and the
  * caller's, which cost more than a local check or a round trip to a
  * server. dir: a check per key, stopping at the first key not present.
- * redis:, redis-cluster:: every key asked in one pipelined round trip per
- * node, through the store's own connection for callers (one caller at a
- * time; the workers keep theirs), with the workers' retries and
- * redirections. Counted in the exists stats as one call. KVT_OK (a store
+ * redis:, redis-cluster:: one script per node counting its leading keys,
+ * all nodes asked at once (one round trip), through the store's own
+ * connection for callers (one caller at a time; the workers keep theirs);
+ * where the script is refused or a node is in doubt, every key asked in
+ * one pipelined round trip per node, with the workers' retries and
+ * redirections. A node that sends no reply in time is marked down, as a
+ * worker marks it: the call waits one timeout, not two. Counted in the exists stats as one call. KVT_OK (a store
  * that is down counts nothing present), KVT_EINVAL (n == 0, a NULL
  * pointer), KVT_ENOMEM. */
 KVT_API int kvt_store_exists_leading(kvt_store_t *s, const kvt_store_page_t *pages, size_t n, size_t *count);

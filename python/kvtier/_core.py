@@ -7,7 +7,7 @@ import ctypes
 import operator
 import threading
 import weakref
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from . import _args as _a
 from ._lib import Hash128, lib
@@ -200,6 +200,8 @@ class _Shared:
 
     def __enter__(self) -> int:
         o, lock = self._ref(), self._lock
+        if o._in_callback and threading.get_ident() in o._in_callback:
+            raise o._reentered()
         if lock is not None:
             lock.acquire()
         with o._mu:
@@ -238,7 +240,7 @@ class _Serial:
         if h is None or o._closing:
             o._serial.release()
             raise ClosedError(type(o).__name__)
-        if o._in_callback is not None and o._in_callback == threading.get_ident():
+        if o._in_callback and threading.get_ident() in o._in_callback:
             o._serial.release()
             raise o._reentered()
         return h
@@ -280,9 +282,10 @@ def using(*handles: "Handle") -> _UseAll:
 class in_callback:
     """``with in_callback(o):`` around a Python callback that a C call of
     handle ``o`` (None: gone) runs: calls into ``o`` from it, on its thread,
-    are refused meanwhile (Handle)."""
+    are refused meanwhile (Handle). Callbacks may run on several threads at
+    once (a store's workers log), and nest: each thread counts its own."""
 
-    __slots__ = ("_o", "_prev")
+    __slots__ = ("_o", "_tid")
 
     def __init__(self, o: Optional["Handle"]) -> None:
         self._o = o
@@ -290,11 +293,18 @@ class in_callback:
     def __enter__(self) -> None:
         o = self._o
         if o is not None:
-            self._prev, o._in_callback = o._in_callback, threading.get_ident()
+            self._tid = threading.get_ident()
+            with o._mu:
+                o._in_callback[self._tid] = o._in_callback.get(self._tid, 0) + 1
 
     def __exit__(self, *exc: Any) -> None:
-        if self._o is not None:
-            self._o._in_callback = self._prev
+        o = self._o
+        if o is not None:
+            with o._mu:
+                if o._in_callback[self._tid] == 1:
+                    del o._in_callback[self._tid]
+                else:
+                    o._in_callback[self._tid] -= 1
 
 
 class Handle:
@@ -342,10 +352,10 @@ class Handle:
         self._use_poll = self._use if self._SERIAL else _Shared(self, threading.Lock())
         self._driver: Optional[weakref.ref] = None  # the cache or plane that submits and polls alone
         self._driver_role = ""  # which of its parts does (an object may hold a cache and a plane)
-        self._in_callback: Optional[int] = None  # the thread running one of this object's callbacks
+        self._in_callback: Dict[int, int] = {}  # threads running this object's callbacks: how deep
 
     def _reentered(self) -> Error:
-        return error(-1, type(self).__name__, "called from inside its own callback (a write or probe it runs): "
+        return error(-1, type(self).__name__, "called from inside its own callback (a write, probe or log it runs): "
                                               "return from the callback first")
 
     def _driven_by(self) -> Optional["Handle"]:
@@ -414,7 +424,7 @@ class Handle:
         self._close(True)
 
     def _close(self, wait: bool) -> None:
-        if self._in_callback == threading.get_ident():
+        if threading.get_ident() in self._in_callback:
             raise self._reentered()
         serial = self._serial
         if serial is not None and not serial.acquire(wait):  # the serial call in flight ends first

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import weakref
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, IOFailure, check, error, hash_arg, wait_ticket
+from ._core import ClosedError, Handle, IOFailure, check, error, hash_arg, in_callback, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -23,6 +24,22 @@ def _redacted(url: bytes) -> str:
     """The URL with the password of its credentials replaced by ***: errors never show it."""
     buf = ctypes.create_string_buffer(len(url) + 8)
     return lib.kvt_store_url_redact(url, buf, len(buf)).decode(errors="replace")
+
+
+def _log_callback(store: "Store", log: Any) -> Any:
+    """log(message) on a worker thread, as the C log: a call into the store
+    from it (a close, a wait on the worker's own batch) is refused, and
+    nothing it raises gets into C."""
+    ref = weakref.ref(store)  # the store holds the callback: no cycle through it
+
+    def call(_arg: Any, msg: bytes) -> None:
+        try:
+            with in_callback(ref()):
+                log(msg.decode(errors="replace"))
+        except BaseException:  # noqa: B036 - an exception must not unwind through C
+            pass  # (a log that fails loses its line, nothing else)
+
+    return call
 
 
 class StoreResult(NamedTuple):
@@ -127,14 +144,14 @@ class Store(Handle):
         if log is not None:  # called on a worker thread with each message
             if not callable(log):
                 raise TypeError(f"{w} log: expected a callable taking a str, not {type(log).__name__}")
-            self._log = STORE_LOG(lambda _arg, msg: log(msg.decode(errors="replace")))
+            self._log = STORE_LOG(_log_callback(self, log))
             cfg.log = ctypes.cast(self._log, ctypes.c_void_p)
         h = ctypes.c_void_p()
         with (tier._use if tier is not None else _NoUse()) as tp_ptr:
             cfg.tier = tp_ptr
             rc = lib.kvt_store_open(ctypes.byref(h), url_b, ctypes.byref(cfg))
             if rc < 0:
-                raise error(rc, f"Store({_redacted(url_b)!r})", lib.kvt_store_last_error(None).decode())
+                raise error(rc, f"Store({_redacted(url_b)!r})", lib.kvt_store_last_error(None).decode(errors="replace"))
             self._own(h.value, (tier,) if tier is not None else ())
         self.tier = tier
         self._done: Dict[int, StoreResult] = {}
@@ -145,7 +162,7 @@ class Store(Handle):
     @property
     def url(self) -> str:
         with self._use as h:
-            return lib.kvt_store_url(h).decode()
+            return lib.kvt_store_url(h).decode(errors="replace")
 
     @property
     def backend(self) -> str:
@@ -156,7 +173,7 @@ class Store(Handle):
     @property
     def last_error(self) -> str:
         with self._use as h:
-            return lib.kvt_store_last_error(h).decode()
+            return lib.kvt_store_last_error(h).decode(errors="replace")  # (cut at a byte count)
 
     @property
     def object_bytes(self) -> int:

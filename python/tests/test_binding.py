@@ -330,6 +330,36 @@ def test_store_dir_round_trip_and_bad_objects(tmp_path):
         kvtier.Store("ftp://x", model="m", page_tokens=16, layers=1, layer_bytes=64)
     with pytest.raises(kvtier.InvalidArgument, match="model"):
         kvtier.Store(url, model="", page_tokens=16, layers=1, layer_bytes=64)
+    # the library cuts a long URL in its message at a byte count, inside a character here
+    with pytest.raises(kvtier.InvalidArgument, match="malformed"):
+        kvtier.Store(f"dir:{tmp_path}/a" + "\u00e9" * 150 + ",bogus", model="m", page_tokens=16, layers=1, layer_bytes=64)
+
+
+def test_a_store_log_callback_cannot_close_the_store_under_its_worker(tmp_path):
+    """The log runs on a worker thread: a close from it would free the store
+    that worker runs on. It is refused, as a call from a hybrid's write is;
+    the store works on after it."""
+    said, refused = [], []
+
+    def log(msg):
+        said.append(msg)
+        for call in (lambda: s.close(), lambda: s.exists_sync(hs)):
+            try:
+                call()
+            except kvtier.InvalidArgument as e:
+                refused.append(str(e))
+
+    with kvtier.Tier.host(4, 1, 64) as t:
+        s = kvtier.Store(f"dir:{tmp_path}", tier=t, model="m", page_tokens=16, threads=1, log=log)
+        with s:
+            hs = kvtier.page_hashes(list(range(16)), 16)
+            key = s.key(hs[0])
+            os.makedirs(f"{tmp_path}/{key[:2]}")
+            os.mkfifo(f"{tmp_path}/{key[:2]}/{key}")  # an object the store refuses, saying why
+            assert s.get_sync([(hs[0], 0)]).results == ("bad",)
+            assert any("FIFO" in m for m in said), said
+            assert len(refused) == 2 and all("inside its own callback" in m for m in refused), refused
+            assert not s.closed and s.exists_sync(hs).results == ("miss",)  # (not a regular file)
 
 
 def test_store_on_a_real_redis(redis_server):

@@ -357,6 +357,7 @@ static int parse_spec(const char *spec, size_t *plen, uint64_t *max) {
             return kvt__store_error("malformed store URL 'dir:%.200s': unknown option '%.*s' (the only one is max=SIZE; a path "
                                     "holds no ',')", spec, (int)(len > 40 ? 40 : len), v),
                    KVT_EINVAL;
+        if (o != comma) return kvt__store_error("malformed store URL 'dir:%.200s': max= given twice", spec), KVT_EINVAL;
         if (kvt__store_parse_size(v + 4, len - 4, max, &why) != KVT_OK)
             return kvt__store_error("malformed store URL 'dir:%.200s': bad max= '%.*s': %s", spec, (int)(len - 4 > 40 ? 40 : len - 4), v + 4, why),
                    KVT_EINVAL;

@@ -761,8 +761,10 @@ static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
         redisReply *r = NULL;
         req->cnt.round_trips++;
         if (redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
+            bool silent = timed_out(c);
             drop(c);
             req->cnt.reconnects++;
+            if (silent) mark_down(b, c->h, true, true); /* the pipelined path would wait as long again */
             done = false;
             continue;
         }

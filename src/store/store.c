@@ -150,11 +150,17 @@ char *kvt_store_url_redact(const char *url, char *out, size_t cap) {
     if (out == NULL || cap == 0) return out;
     out[0] = 0;
     if (url == NULL) return out;
-    const char *rest = strncmp(url, "redis://", 8) == 0 ? url + 8 : strncmp(url, "redis-cluster://", 16) == 0 ? url + 16 : NULL;
-    const char *at = rest ? strrchr(rest, '@') : NULL; /* a host holds no '@': the last one ends the credentials */
+    /* Any scheme, known or mistyped (rediss://, Redis://, redis:/): a message about a URL the store could not
+     * parse must not print its password either. A dir: path may hold '@' and holds no credentials. */
+    if (strncmp(url, "dir:", 4) == 0) return snprintf(out, cap, "%s", url), out;
+    const char *sep = strstr(url, "://"), *rest = sep ? sep + 3 : url;
+    const char *colon1 = strchr(url, ':'), *at1 = strchr(url, '@');
+    if (sep == NULL && colon1 && (at1 == NULL || colon1 < at1)) rest = colon1 + 1 + strspn(colon1 + 1, "/"); /* SCHEME: */
+    const char *at = strrchr(rest, '@'); /* a host holds no '@': the last one ends the credentials */
     const char *colon = at ? memchr(rest, ':', (size_t)(at - rest)) : NULL;
-    if (colon == NULL) snprintf(out, cap, "%s", url); /* no password in it */
-    else snprintf(out, cap, "%.*s:***%s", (int)(colon - url), url, at);
+    if (at == NULL) snprintf(out, cap, "%s", url);                             /* no credentials in it */
+    else if (colon) snprintf(out, cap, "%.*s:***%s", (int)(colon - url), url, at); /* USER:*** */
+    else snprintf(out, cap, "%.*s***%s", (int)(rest - url), url, at);          /* a bare word may be a password */
     return out;
 }
 const char *kvt_store_backend(const kvt_store_t *s) { return s ? s->ops->name : ""; }
@@ -526,12 +532,16 @@ static void account(kvt_store_t *s, sbatch_t *b, const kvt__sreq_t *req, uint64_
 /* The pieces of a page, a header and two for the backend (kvt__sreq_t.iov). */
 static size_t wctx_iov_bytes(const kvt_store_t *s) { return ((size_t)s->layers + 3) * sizeof(struct iovec); }
 
-static int wctx_ready(kvt_store_t *s, wctx_t *k) {
+/* A worker's backend context, and for an op that moves a page its buffers:
+ * exists and remove need none, so a store of keys alone answers them
+ * whatever its pages' size. */
+static int wctx_ready(kvt_store_t *s, wctx_t *k, kvt_store_op_t op) {
+    bool moves = op == KVT_STORE_GET || op == KVT_STORE_PUT;
     if (k->wrc != KVT_OK) k->wrc = s->ops->worker_open(s->be, &k->w);
-    if (k->scratch == NULL) k->scratch = kvt__malloc(s->object_bytes);
-    if (k->iov == NULL) k->iov = kvt__malloc(k->iov_bytes);
+    if (moves && k->scratch == NULL) k->scratch = kvt__malloc(s->object_bytes);
+    if (moves && k->iov == NULL) k->iov = kvt__malloc(k->iov_bytes);
     if (k->wrc != KVT_OK) return k->wrc;
-    return k->scratch && k->iov ? KVT_OK : KVT_ENOMEM;
+    return !moves || (k->scratch && k->iov) ? KVT_OK : KVT_ENOMEM;
 }
 
 /* A store far away (kvt__store_set_delay): its latency, before a batch. */
@@ -573,13 +583,14 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         far_away(s);
-        int rc = wctx_ready(s, &k);
+        int rc = wctx_ready(s, &k, b->done.op);
         kvt__sreq_t req = {.s = s, .op = b->done.op, .n = b->done.n, .hex = (const char(*)[33])b->hex,
                            .key = (const uint8_t(*)[16])b->key, .results = b->results, .scratch = k.scratch,
                            .iov = k.iov, .pages = b->pages};
         if (rc != KVT_OK) {
             memset(b->results, KVT_STORE_FAILED, b->done.n);
-            kvt__store_log(s, "worker has no backend context (%s): %zu keys failed", kvt_err_name(rc), b->done.n);
+            kvt__store_log(s, "worker has no backend context or no memory for a page of %llu bytes (%s): %zu keys failed",
+                           (unsigned long long)s->object_bytes, kvt_err_name(rc), b->done.n);
         } else {
             s->ops->run(s->be, k.w, &req);
         }
@@ -702,7 +713,7 @@ static int run_here(kvt_store_t *s, kvt_store_op_t op, const kvt_store_page_t *p
     batch_keys(s, p, n, key, hex, results);
     uint64_t t0 = kvt_now_ns();
     pthread_mutex_lock(&s->here_mu);
-    int rc = wctx_ready(s, &s->here);
+    int rc = wctx_ready(s, &s->here, op);
     kvt__sreq_t req = {.s = s, .op = op, .n = n, .hex = (const char(*)[33])hex, .key = (const uint8_t(*)[16])key,
                        .results = results, .scratch = s->here.scratch, .iov = s->here.iov, .pages = p, .leading = leading};
     if (rc == KVT_OK) {
@@ -847,8 +858,9 @@ static int pick_backend(const char *url, const kvt__store_ops_t **ops, const cha
             return KVT_OK;
         }
     }
-    kvt__store_error("malformed store URL '%.200s': unknown scheme (expected dir:PATH[,max=SIZE], redis://HOST:PORT or "
-                     "redis-cluster://H:P[,H:P...])", url);
+    char shown[256];
+    kvt__store_error("malformed store URL '%s': unknown scheme (expected dir:PATH[,max=SIZE], redis://HOST:PORT or "
+                     "redis-cluster://H:P[,H:P...])", kvt_store_url_redact(url, shown, sizeof(shown)));
     return KVT_EINVAL;
 }
 

@@ -150,7 +150,8 @@ Test(store_auth, exists_without_scripts) {
 Test(store_auth, malformed_credentials) {
     senv_init(&E, 4, 1, 256, KVT_LAYOUT_PAGE_FIRST);
     const char *bad[] = {"redis://:pw%4@127.0.0.1:1", "redis://:pw%zz@127.0.0.1:1", "redis://@127.0.0.1:1",
-                         "redis://u:pw@", "redis-cluster://:pw@"};
+                         "redis://u:pw@", "redis-cluster://:pw@", "rediss://:pw@127.0.0.1:1", "Redis://u:pw@h:1",
+                         "redis:/:pw@h:1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         kvt_store_t *s = NULL;
         cr_assert_eq(kvt_store_open(&s, bad[i], &E.cfg), KVT_EINVAL, "%s", bad[i]);
@@ -167,6 +168,12 @@ Test(store_auth, url_redaction) {
     cr_assert_str_eq(kvt_store_url_redact("redis://h:1", out, sizeof(out)), "redis://h:1");
     cr_assert_str_eq(kvt_store_url_redact("dir:/tmp/a@b", out, sizeof(out)), "dir:/tmp/a@b");
     cr_assert_str_eq(kvt_store_url_redact("redis://u:pw@h:1", out, 10), "redis://u", "cut short, never the password");
+    /* mistyped schemes, which the open refuses naming the URL */
+    cr_assert_str_eq(kvt_store_url_redact("rediss://:pw@h:1", out, sizeof(out)), "rediss://:***@h:1");
+    cr_assert_str_eq(kvt_store_url_redact("Redis://u:pw@h:1", out, sizeof(out)), "Redis://u:***@h:1");
+    cr_assert_str_eq(kvt_store_url_redact("redis:/:pw@h:1", out, sizeof(out)), "redis:/:***@h:1");
+    cr_assert_str_eq(kvt_store_url_redact("redis://pw@h:1", out, sizeof(out)), "redis://***@h:1");
+    cr_assert_str_eq(kvt_store_url_redact("pw@h:1", out, sizeof(out)), "***@h:1");
 }
 
 /* The slot of a page's key, from a node (CLUSTER KEYSLOT). */

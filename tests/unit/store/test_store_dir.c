@@ -842,6 +842,30 @@ Test(store_dir, a_worker_out_of_memory_recovers) {
     cr_assert(check(&E, 7, 2) && check(&E, 8, 3), "what the recovered worker put is served byte for byte");
 }
 
+/* A store of keys alone (no tier) whose pages would not fit in memory
+ * (1 TiB): exists and remove move no page and are answered, on the
+ * workers and on the caller's thread. */
+Test(store_dir, keys_of_pages_too_large_for_memory) {
+    kvt_store_config_t c;
+    kvt_store_config_default(&c);
+    c.model = "test-model";
+    c.page_tokens = 16;
+    c.layers = 1u << 20;
+    c.layer_bytes = 1u << 20;
+    c.threads = 1;
+    c.log = quiet_log;
+    cr_assert_eq(kvt_store_open(&E.store, url, &c), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[3];
+    pages_of(p, 3, 40, 0);
+    sres_t r = run_op(E.store, kvt_store_exists, p, 3);
+    cr_assert_eq(r.status, KVT_OK, "%s", kvt_store_last_error(E.store));
+    cr_assert(r.r[0] == KVT_STORE_MISS && r.r[1] == KVT_STORE_MISS && r.r[2] == KVT_STORE_MISS);
+    cr_assert_eq(run_op(E.store, kvt_store_remove, p, 3).status, KVT_OK);
+    size_t n = 9;
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 3, &n), KVT_OK);
+    cr_assert_eq(n, 0u);
+}
+
 /* Random puts, gets, exists and removes against a model: a plain array of
  * keys with their last use, capacity in objects, evicting the least
  * recently used (put and a get hit are uses; exists is not). After every

@@ -117,7 +117,8 @@ Test(store_dir_fs, dir_url_with_an_empty_path_refused) {
     struct {
         const char *url, *says;
     } cases[] = {{"dir:,", "no path"}, {"dir:,,", "no path"}, {"dir:,max=1K", "no path"}, {"dir:sub,", "empty option"},
-                 {"dir:sub,size=1K", "unknown option"}, {"dir:sub,max=1K,", "empty option"}};
+                 {"dir:sub,size=1K", "unknown option"}, {"dir:sub,max=1K,", "empty option"},
+                 {"dir:sub,max=1K,max=1G", "max= given twice"}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         kvt_store_t *s = NULL;
         int rc = kvt_store_open(&s, cases[i].url, &E.cfg);

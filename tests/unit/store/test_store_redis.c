@@ -64,6 +64,29 @@ Test(store_redis, exists_leading_is_the_batch_exists_count) {
     cr_assert_eq(kvt_store_exists_leading(E.store, p, 0, &c), KVT_EINVAL);
 }
 
+/* A server that stops answering (SIGSTOP): the script's wait runs out,
+ * the node is marked down and the call fails without asking again (one
+ * round trip, not the script's and then the pipelined path's: each waits
+ * the whole timeout). */
+Test(store_redis, exists_leading_waits_for_a_silent_server_once) {
+    start(NULL);
+    senv_init(&E, 8, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.timeout_ms = 300;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    kvt_store_page_t p[4];
+    bool stored[4];
+    put_with_holes(&E, p, 4, 100, stored);
+    size_t c = 99;
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 4, &c), KVT_OK); /* connected, the script known */
+    cr_assert_eq(kill(S.pid, SIGSTOP), 0);
+    uint64_t rt = sstats(E.store, KVT_STORE_EXISTS).round_trips;
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 4, &c), KVT_OK);
+    uint64_t asked = sstats(E.store, KVT_STORE_EXISTS).round_trips - rt;
+    cr_assert_eq(kill(S.pid, SIGCONT), 0);
+    cr_assert_eq(c, 0u, "a silent server holds nothing");
+    cr_assert_eq(asked, 1u, "the silent server was asked %llu times", (unsigned long long)asked);
+}
+
 /* A get batch whose replies mix values with misses and wrong-sized objects:
  * hiredis parses those, reading ahead into the next values, which then
  * start in its buffer and end on the socket. Pages larger than hiredis's
