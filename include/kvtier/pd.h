@@ -137,7 +137,8 @@ typedef struct kvt_pd_receiver_config {
     const char *host;              /* listen address, IPv4 (NULL: 127.0.0.1) */
     uint16_t data_port, control_port; /* 0: any free port */
     uint32_t ranks;                /* C, 1..KVT_PD_MAX_RANKS */
-    uint64_t token;                /* the group's secret: hellos without it are dropped, on the control port and the data port */
+    uint64_t token;                /* the group's secret, nonzero: hellos without it are dropped, on the control port and the
+                                    * data port (a page server of token 0 takes any writer) */
     uint32_t generation;           /* decode restarts so far, told to every sender */
     uint64_t resume_from;          /* hand-offs below it are refused (lost with an earlier decode) */
     uint64_t timeout_ms;           /* no control message this long fails the hand-offs in flight (0: 10000) */
@@ -156,7 +157,7 @@ typedef enum kvt_pd_event_type {
 
 typedef enum kvt_pd_fail_reason {
     KVT_PD_FAIL_NONE = 0,
-    KVT_PD_FAIL_VANISHED = 1, /* `rank` vanished before its DONE */
+    KVT_PD_FAIL_VANISHED = 1, /* `rank` vanished, or said goodbye, before its DONE */
     KVT_PD_FAIL_SEND = 2,     /* `rank` said DONE with a failed transfer (`status`) */
     KVT_PD_FAIL_TIMEOUT = 3   /* nothing moved for timeout_ms; `rank` is the first it waited for */
 } kvt_pd_fail_reason_t;

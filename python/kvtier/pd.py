@@ -49,6 +49,13 @@ def _rank_dict(r: PdRankStats) -> Dict[str, Any]:
     return d
 
 
+def _token(token: Any, what: str) -> int:
+    t = _a.u64(token, what)
+    if t == 0:
+        raise ValueError(f"{what}: 0 would let any writer into the pool: the group's secret is a nonzero number")
+    return t
+
+
 class PdReceiver(Handle):
     """Decode's end: listens on a data port (the page server writing into
     ``pool``) and a control port; ``ranks`` senders must join. Any thread
@@ -66,7 +73,7 @@ class PdReceiver(Handle):
         cfg = PdReceiverConfig(size=ctypes.sizeof(PdReceiverConfig), transport=_transport(transport),
                                host=self._host, data_port=_a.u16(data_port, f"{w} data_port"),
                                control_port=_a.u16(control_port, f"{w} control_port"),
-                               ranks=_a.u32(ranks, f"{w} ranks"), token=_a.u64(token, f"{w} token"),
+                               ranks=_a.u32(ranks, f"{w} ranks"), token=_token(token, f"{w} token"),
                                generation=_a.u32(generation, f"{w} generation"),
                                resume_from=_a.u64(resume_from, f"{w} resume_from"),
                                timeout_ms=_a.u64(timeout_ms, f"{w} timeout_ms"),
@@ -118,7 +125,12 @@ class PdReceiver(Handle):
             check(lib.kvt_pd_receiver_stats(h, ctypes.byref(st)), "PdReceiver.stats")
         d: Dict[str, Any] = {n: getattr(st, n) for n in PD_STATS}
         d.update(straggler=st.straggler, straggler_factor=st.straggler_factor, first_vanished=st.first_vanished,
-                 first_failed=st.first_failed, ranks=[_rank_dict(st.rank[i]) for i in range(st.ranks)])
+                 first_failed=st.first_failed, ranks=[_rank_dict(st.rank[i]) for i in range(st.ranks)],
+                 data_last_error=st.data_last_error.decode(errors="replace"),
+                 control_last_error=st.control_last_error.decode(errors="replace"))
+        h = st.handoff_ns  # first REQ to last DONE
+        d["handoff_ns"] = {q: lib.kvt_hist_percentile(ctypes.byref(h), v)
+                           for q, v in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))} if h.count else {}
         return d
 
 

@@ -49,7 +49,7 @@ static void drop(kvt_pd_receiver_t *r, int fd, const char *fmt, ...) {
 static int welcome(kvt_pd_receiver_t *r, int fd) {
     const kvt_geom_t *g = kvt_tier_geom(r->cfg.pool);
     kvt__pd_welcome_t w = {g->pages, g->layer_bytes, g->layers, (uint32_t)g->layout, r->cfg.generation, 0, r->cfg.resume_from};
-    return kvt__pd_send(fd, KVT_PD_WELCOME, &w, NULL, 0);
+    return kvt__pd_send(fd, KVT_PD_WELCOME, &w, NULL, 0, kvt__pd_bound(r));
 }
 
 /* A whole hello from p: a rank's slot, taken once; anything else drops it. */

@@ -9,6 +9,7 @@
 
 #include "kvtier/alloc.h"
 #include "kvtier/pd.h"
+#include "kvtier/stats.h"
 #include "wire.h"
 
 #define KVT_PD_MAX_PENDING 128     /* control connections awaiting their hello at once */
@@ -44,6 +45,7 @@ struct kvt_pd_receiver {
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;  /* an event was posted */
     bool stopping;
+    _Atomic(bool) halt;   /* destroy has begun: a control message being read or written is given up */
     kvt__pd_live_t *live; /* [max_live] */
     kvt_pd_event_t *q;    /* a ring of max_live + 1 */
     size_t qhead, qlen;
@@ -56,6 +58,13 @@ struct kvt_pd_receiver {
     int peers[KVT_PD_MAX_TEST_PEERS]; /* the testing library's bad peers (kvtier/testing.h), closed at destroy */
     uint32_t npeers;
 };
+
+/* How long one control message may take: the group's timeout, and no
+ * longer than destroy waits. A rank that stops mid-message, or stops
+ * reading its answers, is taken for gone by then. */
+static inline kvt__pd_by_t kvt__pd_bound(kvt_pd_receiver_t *r) {
+    return (kvt__pd_by_t){kvt_now_ns() + r->cfg.timeout_ms * 1000000ull, &r->halt};
+}
 
 /* join.c: until every rank joined; KVT_OK, else KVT_ETIMEDOUT (or stopped). */
 int kvt__pd_join(kvt_pd_receiver_t *r);

@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,10 +159,17 @@ static void complete(kvt_pd_receiver_t *r, kvt__pd_live_t *l) {
     post_handoff(r, l, KVT_PD_EV_COMPLETE);
 }
 
+/* An answer that cannot be written in time (the rank stopped reading, or
+ * left) leaves its stream cut mid-message: the connection is shut, and
+ * the next poll finds the rank gone. */
 static int send_dst(kvt_pd_receiver_t *r, uint32_t s, uint64_t id, const kvt__pd_live_t *l, int32_t status) {
     kvt__pd_op_t m = {id, l ? l->npages : 0, status, 0};
     bool pages = l && status == KVT_OK;
-    return kvt__pd_send(r->fd[s], KVT_PD_DST, &m, pages ? l->dst : NULL, pages ? l->npages * sizeof(uint32_t) : 0);
+    if (kvt__pd_send(r->fd[s], KVT_PD_DST, &m, pages ? l->dst : NULL, pages ? l->npages * sizeof(uint32_t) : 0,
+                     kvt__pd_bound(r)) == 0)
+        return 0;
+    shutdown(r->fd[s], SHUT_RDWR);
+    return -1;
 }
 
 static int refuse(kvt_pd_receiver_t *r, uint32_t s, uint64_t id, int status) {
@@ -225,6 +233,7 @@ static int on_req(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
         int rc = open_handoff(r, m, &l);
         if (rc != KVT_OK) return rc == 1 ? 1 : refuse(r, s, m->handoff, rc);
     }
+    if (m->npages != l->npages) return refuse(r, s, m->handoff, KVT_EINVAL); /* the ranks disagree on its size */
     if (l->state != LIVE_OPEN) { /* failed already (or done): this rank need not send */
         l->quiet_mask |= 1ull << s;
         int rc = send_dst(r, s, m->handoff, NULL, KVT_EIO);
@@ -235,14 +244,18 @@ static int on_req(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     return send_dst(r, s, m->handoff, l, KVT_OK);
 }
 
-static void on_done(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
+/* false for a DONE of a hand-off open for which the rank was given no
+ * pages: it cannot have written its share (a rank out of step). */
+static bool on_done(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     kvt__pd_live_t *l = find_live(r, m->handoff);
-    if (l == NULL || l->state == LIVE_POSTED) return;
+    if (l == NULL || l->state == LIVE_POSTED) return true;
+    if (!l->t_req[s] && !(l->quiet_mask & (1ull << s))) return false;
     l->t_done[s] = kvt_now_ns();
     l->done_mask |= 1ull << s;
     if (m->status != KVT_OK) fail_handoff(r, l, s, KVT_PD_FAIL_SEND, KVT_EIO);
     if (l->state == LIVE_FAILED) maybe_post_failed(r, l);
     else if (l->done_mask == all_ranks(r)) complete(r, l);
+    return true;
 }
 
 /* REQs that found no room get another try. */
@@ -252,7 +265,8 @@ static void retry_waiting(kvt_pd_receiver_t *r) {
 }
 
 /* A rank's control connection closed: after a goodbye it is finished; else
- * it vanished, and every hand-off still missing its DONE fails. */
+ * it vanished. Either way every hand-off still missing its DONE fails (a
+ * rank that said goodbye first will not send it either). */
 static void on_gone(kvt_pd_receiver_t *r, uint32_t s, bool finished) {
     close(r->fd[s]);
     r->fd[s] = -1;
@@ -265,7 +279,7 @@ static void on_gone(kvt_pd_receiver_t *r, uint32_t s, bool finished) {
     }
     for (uint32_t i = 0; i < r->cfg.max_live; i++) {
         kvt__pd_live_t *l = &r->live[i];
-        if (!finished && l->state == LIVE_OPEN && !(l->done_mask & (1ull << s))) fail_handoff(r, l, s, KVT_PD_FAIL_VANISHED, KVT_EIO);
+        if (l->state == LIVE_OPEN && !(l->done_mask & (1ull << s))) fail_handoff(r, l, s, KVT_PD_FAIL_VANISHED, KVT_EIO);
         maybe_post_failed(r, l); /* the gone rank writes nothing any more */
     }
     retry_waiting(r);
@@ -283,7 +297,7 @@ static bool on_message(kvt_pd_receiver_t *r, uint32_t s) {
     unsigned type;
     kvt__pd_op_t m;
     unsigned mask = 1u << KVT_PD_REQ | 1u << KVT_PD_DONE | 1u << KVT_PD_BYE;
-    if (kvt__pd_recv(r->fd[s], mask, &type, &m) != 0) {
+    if (kvt__pd_recv(r->fd[s], mask, &type, &m, kvt__pd_bound(r)) != 0) {
         on_gone(r, s, false);
         return false;
     }
@@ -292,7 +306,10 @@ static bool on_message(kvt_pd_receiver_t *r, uint32_t s) {
         return false;
     }
     if (type == KVT_PD_DONE) {
-        on_done(r, s, &m);
+        if (!on_done(r, s, &m)) {
+            on_gone(r, s, false);
+            return false;
+        }
         retry_waiting(r); /* room may have come free */
     } else if (on_req(r, s, &m) == 1) {
         r->waiting[s] = m;
@@ -353,7 +370,7 @@ static int fill_config(kvt_pd_receiver_config_t *c, const kvt_pd_receiver_config
     if (!c->window) c->window = 16;
     if (c->straggler_factor <= 0) c->straggler_factor = 3.0;
     if (!c->max_live) c->max_live = 256;
-    if (c->pool == NULL || !kvt_tier_host_visible(c->pool) || kvt_tier_geom(c->pool)->pages > KVT_ALLOC_MAX_PAGES ||
+    if (c->pool == NULL || c->token == 0 || !kvt_tier_host_visible(c->pool) || kvt_tier_geom(c->pool)->pages > KVT_ALLOC_MAX_PAGES ||
         c->ranks == 0 || c->ranks > KVT_PD_MAX_RANKS || c->window < 2 || c->window > KVT_PD_MAX_WINDOW ||
         c->max_live > 1u << 20 || (unsigned)c->transport > KVT_NET_UCX)
         return KVT_EINVAL;
@@ -440,6 +457,7 @@ static void wake(kvt_pd_receiver_t *r) {
 
 void kvt_pd_receiver_destroy(kvt_pd_receiver_t *r) {
     if (r == NULL) return;
+    atomic_store(&r->halt, true); /* a message in the middle of its bytes holds the lock: give it up */
     pthread_mutex_lock(&r->mu);
     r->stopping = true;
     pthread_mutex_unlock(&r->mu);

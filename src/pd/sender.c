@@ -73,13 +73,21 @@ static void unlink_all(kvt_pd_sender_t *s) {
     s->remote = NULL;
 }
 
-/* The receiver's WELCOME within the timeout. */
+/* How long a control message to decode may take to leave: the welcome's
+ * timeout (a receiver that stops reading is gone by then). */
+static kvt__pd_by_t bound(const kvt_pd_sender_t *s) {
+    return (kvt__pd_by_t){kvt_now_ns() + s->cfg.welcome_timeout_ms * 1000000ull, NULL};
+}
+
+/* The receiver's WELCOME within the timeout: ETIMEDOUT when nothing came,
+ * EIO when it was dropped or left it half sent. */
 static int await_welcome(kvt_pd_sender_t *s, kvt__pd_welcome_t *w) {
+    kvt__pd_by_t by = bound(s);
     struct pollfd pf = {s->cfd, POLLIN, 0};
     int n = poll(&pf, 1, (int)s->cfg.welcome_timeout_ms);
     if (n == 0) return KVT_ETIMEDOUT;
     unsigned type;
-    if (n < 0 || kvt__pd_recv(s->cfd, 1u << KVT_PD_WELCOME, &type, w) != 0) return KVT_EIO; /* dropped */
+    if (n < 0 || kvt__pd_recv(s->cfd, 1u << KVT_PD_WELCOME, &type, w, by) != 0) return KVT_EIO;
     return KVT_OK;
 }
 
@@ -89,7 +97,7 @@ static int link_to(kvt_pd_sender_t *s, uint16_t dport, uint16_t cport, bool newe
     kvt__pd_hello_t h = {s->cfg.rank, s->cfg.ranks, s->cfg.token};
     kvt__pd_welcome_t w;
     s->cfd = kvt__tcp_connect(addr);
-    if (s->cfd < 0 || kvt__pd_send(s->cfd, KVT_PD_HELLO, &h, NULL, 0) != 0) return KVT_EIO;
+    if (s->cfd < 0 || kvt__pd_send(s->cfd, KVT_PD_HELLO, &h, NULL, 0, bound(s)) != 0) return KVT_EIO;
     int rc = await_welcome(s, &w);
     if (rc != KVT_OK) return rc;
     if (newer && w.generation <= s->gen) return KVT_EIO;
@@ -100,6 +108,7 @@ static int link_to(kvt_pd_sender_t *s, uint16_t dport, uint16_t cport, bool newe
                             .name = addr, .streams = s->cfg.streams, .token = s->cfg.token,
                             .geom = {w.pages, w.layers, w.layer_bytes, (kvt_layout_t)w.layout}};
     rc = kvt_tier_create(&s->remote, &tc); /* the tier copies its name */
+    if (rc == KVT_EINVAL) return KVT_EIO; /* a welcome whose geometry no pool has: not a kvtier receiver */
     if (rc != KVT_OK) return rc;
     kvt_xfer_config_t xc;
     kvt_xfer_config_default(&xc);
@@ -187,7 +196,7 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
     s->begun = false;
     kvt__pd_op_t req = {h, n, 0, 0};
     int32_t status;
-    if (kvt__pd_send(s->cfd, KVT_PD_REQ, &req, NULL, 0) != 0 || kvt__pd_recv_dst(s->cfd, h, n, dst, &status) != 0)
+    if (kvt__pd_send(s->cfd, KVT_PD_REQ, &req, NULL, 0, bound(s)) != 0 || kvt__pd_recv_dst(s->cfd, h, n, dst, &status) != 0)
         return broken(s, share(s, n));
     if (status != KVT_OK) { /* decode will not complete it */
         s->st.failed++;
@@ -195,6 +204,8 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
     }
     memcpy(s->begun_dst, dst, n * sizeof(uint32_t));
     qsort(s->begun_dst, n, sizeof(uint32_t), cmp_u32);
+    for (uint64_t i = 0; i < n; i++) /* n distinct pages of the pool, or decode is not speaking the protocol */
+        if (s->begun_dst[i] >= kvt_tier_geom(s->remote)->pages || (i && s->begun_dst[i] == s->begun_dst[i - 1])) return broken(s, share(s, n));
     s->begun = true, s->begun_h = h, s->begun_n = n;
     return KVT_OK;
 }
@@ -221,7 +232,7 @@ int kvt_pd_sender_send(kvt_pd_sender_t *s, uint64_t h, const kvt_xfer_copy_t *co
         st = dn.status;
     }
     kvt__pd_op_t done = {h, n, st, 0};
-    if (kvt__pd_send(s->cfd, KVT_PD_DONE, &done, NULL, 0) != 0) return broken(s, n);
+    if (kvt__pd_send(s->cfd, KVT_PD_DONE, &done, NULL, 0, bound(s)) != 0) return broken(s, n);
     if (st != KVT_OK) {
         s->st.failed++;
         s->st.released_pages += n;
@@ -233,7 +244,7 @@ int kvt_pd_sender_send(kvt_pd_sender_t *s, uint64_t h, const kvt_xfer_copy_t *co
 
 int kvt_pd_sender_finish(kvt_pd_sender_t *s) {
     if (s == NULL) return KVT_EINVAL;
-    if (!s->linked || kvt__pd_send(s->cfd, KVT_PD_BYE, NULL, NULL, 0) != 0) return KVT_EIO;
+    if (!s->linked || kvt__pd_send(s->cfd, KVT_PD_BYE, NULL, NULL, 0, bound(s)) != 0) return KVT_EIO;
     return KVT_OK;
 }
 

@@ -34,14 +34,14 @@ int kvt__pd_header_ok(const kvt__pd_hdr_t *h, unsigned accept_mask) {
     return h->length == want;
 }
 
-int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, size_t extra_len) {
+int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, size_t extra_len, kvt__pd_by_t by) {
     size_t len = kvt__pd_payload(type);
     uint8_t buf[sizeof(kvt__pd_hdr_t) + 64];
     kvt__pd_hdr_t h = kvt__pd_header(type, len + extra_len);
     memcpy(buf, &h, sizeof(h));
     if (len) memcpy(buf + sizeof(h), payload, len);
-    if (kvt__write_full(fd, buf, sizeof(h) + len) != 0) return -1;
-    return extra_len ? kvt__write_full(fd, extra, extra_len) : 0;
+    if (kvt__write_by(fd, buf, sizeof(h) + len, by.deadline_ns, by.halt) != 0) return -1;
+    return extra_len ? kvt__write_by(fd, extra, extra_len, by.deadline_ns, by.halt) : 0;
 }
 
 /* The page list's length is the header's, and must be what npages and the
@@ -65,10 +65,10 @@ int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *sta
     return 0;
 }
 
-int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload) {
+int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload, kvt__pd_by_t by) {
     kvt__pd_hdr_t h;
-    if (kvt__read_full(fd, &h, sizeof(h)) != 0 || !kvt__pd_header_ok(&h, accept_mask)) return -1;
+    if (kvt__read_by(fd, &h, sizeof(h), by.deadline_ns, by.halt) != 0 || !kvt__pd_header_ok(&h, accept_mask)) return -1;
     *type = h.type;
     size_t len = kvt__pd_payload(h.type);
-    return len ? kvt__read_full(fd, payload, len) : 0;
+    return len ? kvt__read_by(fd, payload, len, by.deadline_ns, by.halt) : 0;
 }

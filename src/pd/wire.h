@@ -18,6 +18,7 @@
 #ifndef KVTIER_PD_WIRE_H
 #define KVTIER_PD_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,12 +53,22 @@ typedef struct kvt__pd_op {
 /* Rank r's share of a hand-off of n pages under C ranks: the pages j with
  * j mod C == r. Both ends lay the destination list out by it. */
 static inline uint64_t kvt__pd_share(uint64_t n, uint32_t ranks, uint32_t r) { return n / ranks + (r < n % ranks); }
-/* Writes header + payload (+ extra, extra_len bytes) on a blocking socket. 0 or -1. */
-int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, size_t extra_len);
+/* How long a message may take (kvt__read_by): its last byte by deadline_ns
+ * (0: no bound), given up when *halt turns true (NULL: never). */
+typedef struct kvt__pd_by {
+    uint64_t deadline_ns;
+    const _Atomic(bool) *halt;
+} kvt__pd_by_t;
+#define KVT__PD_UNBOUND ((kvt__pd_by_t){0, NULL})
+
+/* Writes header + payload (+ extra, extra_len bytes). 0 or -1 (an error,
+ * or not all written in time). */
+int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, size_t extra_len, kvt__pd_by_t by);
 /* Reads one message of an expected type set (bit 1 << type) into payload
  * (which holds kvt__pd_payload(type) bytes); *type gets it. A DST's page
- * list is left to the caller. 0, or -1 (EOF, error, or a bad header). */
-int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload);
+ * list is left to the caller. 0, or -1 (EOF, error, a bad header, or not
+ * all read in time). */
+int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload, kvt__pd_by_t by);
 /* The answer to REQ{h, n} (sender side): a DST for hand-off h. 0 with
  * *status set (KVT_OK: its n pages in dst; else a KVT_E* code, no pages),
  * or -1 for a broken link (EOF, an error, a bad header, another hand-off's

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "kvtier/error.h"
+#include "kvtier/stats.h"
 #include "wire.h"
 
 int kvt__read_full(int fd, void *buf, size_t len) {
@@ -24,6 +27,53 @@ int kvt__read_full(int fd, void *buf, size_t len) {
         if (r <= 0) return -1;
         p += r;
         len -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Waits for fd to be ready (events) in slices of at most 100 ms, watching
+ * the deadline and *halt between them: 0 ready, -1 given up. */
+static int wait_ready(int fd, short events, uint64_t deadline_ns, const _Atomic(bool) *halt) {
+    for (;;) {
+        if (halt && atomic_load(halt)) return -1;
+        uint64_t now = kvt_now_ns(), slice = 100000000ull;
+        if (deadline_ns && now >= deadline_ns) return -1;
+        if (deadline_ns && deadline_ns - now < slice) slice = deadline_ns - now;
+        struct pollfd pf = {fd, events, 0};
+        int n = poll(&pf, 1, (int)((slice + 999999) / 1000000));
+        if (n > 0) return 0; /* readable, writable, or an error the next call reports */
+        if (n < 0 && errno != EINTR) return -1;
+    }
+}
+
+int kvt__read_by(int fd, void *buf, size_t len, uint64_t deadline_ns, const _Atomic(bool) *halt) {
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t r = recv(fd, p, len, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (wait_ready(fd, POLLIN, deadline_ns, halt) != 0) return -1;
+            continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        p += r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+int kvt__write_by(int fd, const void *buf, size_t len, uint64_t deadline_ns, const _Atomic(bool) *halt) {
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t w = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (wait_ready(fd, POLLOUT, deadline_ns, halt) != 0) return -1;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        len -= (size_t)w;
     }
     return 0;
 }

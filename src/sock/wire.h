@@ -18,12 +18,14 @@
 #ifndef KVTIER_SOCK_WIRE_H
 #define KVTIER_SOCK_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define KVT_WIRE_MAGIC 0x31307465766b7476ull /* "vtkvet01" little-endian */
 #define KVT_WIRE_VERSION 2 /* 2: the hello carries a token */
 #define KVT_WIRE_MAX_DATA (1ull << 30)
+#define KVT_WIRE_STALL_MS 30000 /* a writer whose peer takes nothing (or answers no hello) this long: it is gone */
 
 typedef struct kvt__wire_hello {
     uint64_t magic;
@@ -48,6 +50,12 @@ typedef struct kvt__wire_data {
 /* Whole reads and writes on a blocking socket; 0 or -1 (EOF or error). */
 int kvt__read_full(int fd, void *buf, size_t len);
 int kvt__write_full(int fd, const void *buf, size_t len);
+/* The same, bounded: every byte moved by deadline_ns (kvt_now_ns's clock;
+ * 0: no bound), given up within 100 ms of *halt turning true (NULL: never).
+ * A peer that stops mid-message, or stops reading, cannot hold the caller
+ * longer. 0, or -1 (EOF, error, the deadline passed, halted). */
+int kvt__read_by(int fd, void *buf, size_t len, uint64_t deadline_ns, const _Atomic(bool) *halt);
+int kvt__write_by(int fd, const void *buf, size_t len, uint64_t deadline_ns, const _Atomic(bool) *halt);
 struct sockaddr_in;
 /* "a.b.c.d:port" -> an IPv4 socket address; 0 or -1. */
 int kvt__parse_addr(const char *addr, struct sockaddr_in *sa);

@@ -57,7 +57,7 @@ static int open_one(kvt_pd_receiver_t *r, const char *w) {
     uint8_t junk[64];
     memset(junk, 0xA5, sizeof(junk));
     kvt__pd_hello_t fake = {0, r->cfg.ranks, r->cfg.token ^ 1};
-    if (strcmp(w, "rank0") == 0) kvt__pd_send(fd, KVT_PD_HELLO, &fake, NULL, 0);
+    if (strcmp(w, "rank0") == 0) kvt__pd_send(fd, KVT_PD_HELLO, &fake, NULL, 0, KVT__PD_UNBOUND);
     if (strcmp(w, "garbage") == 0) kvt__write_full(fd, junk, sizeof(kvt__pd_hdr_t) + sizeof(kvt__pd_hello_t));
     if (strcmp(w, "half") == 0) {
         uint8_t msg[sizeof(kvt__pd_hdr_t) + sizeof(kvt__pd_hello_t)];

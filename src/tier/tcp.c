@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "kvtier/error.h"
+#include "kvtier/stats.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
 #include "../sock/wire.h"
@@ -78,7 +79,8 @@ static int connect_all(kvt_tier_t *t, tcp_ctx_t *x) {
         c->fd = kvt__tcp_connect(t->name);
         kvt__wire_reply_t r;
         int rc = KVT_EIO; /* no connection, or no reply */
-        if (c->fd >= 0 && kvt__write_full(c->fd, &h, sizeof(h)) == 0 && kvt__read_full(c->fd, &r, sizeof(r)) == 0)
+        uint64_t by = kvt_now_ns() + KVT_WIRE_STALL_MS * 1000000ull; /* a port that takes the hello and never answers */
+        if (c->fd >= 0 && kvt__write_by(c->fd, &h, sizeof(h), by, NULL) == 0 && kvt__read_by(c->fd, &r, sizeof(r), by, NULL) == 0)
             rc = r.status <= 0 ? r.status : KVT_EIO; /* the server's verdict */
         if (rc != KVT_OK) {
             if (c->fd >= 0) close(c->fd);
@@ -168,7 +170,7 @@ static int tcp_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n
             busy |= c->next < n || c->unacked > 0;
         }
         if (!busy) return KVT_OK;
-        if (poll(pf, x->n, 30000) <= 0) { /* 30 s without progress: the peer is gone */
+        if (poll(pf, x->n, KVT_WIRE_STALL_MS) <= 0) { /* no progress: the peer is gone */
             close_all(x);
             return KVT_EIO;
         }

@@ -242,7 +242,7 @@ Test(pd, bad_peers_are_dropped_while_the_ranks_join, .timeout = 60) {
     int silent = kvt__tcp_connect(addr), impostor = kvt__tcp_connect(addr);
     cr_assert(silent >= 0 && impostor >= 0);
     kvt__pd_hello_t fake = {0, 2, TOKEN ^ 1};
-    cr_assert_eq(kvt__pd_send(impostor, KVT_PD_HELLO, &fake, NULL, 0), 0);
+    cr_assert_eq(kvt__pd_send(impostor, KVT_PD_HELLO, &fake, NULL, 0, KVT__PD_UNBOUND), 0);
     kvt_tier_t *src = arena(4);
     int rc;
     cr_assert_null(connect_rank(&e, src, 1, TOKEN + 1, &rc));

@@ -1,0 +1,263 @@
+"""The PD hand-off against peers that break the protocol, spoken on raw
+sockets as docs/pd.md lays it out: a rank that stops mid-message or stops
+reading, DONE for pages never asked for, a goodbye with a DONE missing,
+ranks that disagree on a hand-off's size; and a sender against servers
+that are not a receiver. Each must cost the receiver (or sender) that peer
+only, in bounded time, and say so; none may leave pages reserved or a call
+hung. (The wire is the model: its layout is written out here from the
+docs, not taken from kvtier.)"""
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+import kvtier
+
+TOKEN = 0x5EED
+MAGIC, VERSION = 0x6470766B, 3
+HELLO, WELCOME, REQ, DST, DONE, BYE = 1, 2, 3, 4, 5, 6
+HUNG = 30  # seconds: a call still running by then is hung (each case needs about one timeout_ms)
+
+
+def hdr(t, length):
+    return struct.pack("<IHHII", MAGIC, VERSION, t, length, 0)
+
+
+def op(t, h, n, status=0):
+    return hdr(t, 24) + struct.pack("<QQii", h, n, status, 0)
+
+
+def recv_exact(s, n):
+    b = b""
+    while len(b) < n:
+        x = s.recv(n - len(b))
+        if not x:
+            raise EOFError(f"got {len(b)} of {n} bytes")
+        b += x
+    return b
+
+
+def join(port, rank, ranks):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(hdr(HELLO, 16) + struct.pack("<IIQ", rank, ranks, TOKEN))
+    recv_exact(s, 16 + 40)  # the welcome
+    return s
+
+
+def read_dst(s):
+    _, _, t, length, _ = struct.unpack("<IHHII", recv_exact(s, 16))
+    body = recv_exact(s, length)
+    assert t == DST
+    h, n, status, _ = struct.unpack("<QQii", body[:24])
+    return h, n, status, list(struct.unpack(f"<{(length - 24) // 4}I", body[24:]))
+
+
+def within(fn, secs=HUNG):
+    """fn's result (or the exception it raised), failing the test when it is still running after secs."""
+    out = {}
+
+    def run():
+        try:
+            out["v"] = fn()
+        except Exception as e:  # noqa: BLE001 - handed back to the test
+            out["e"] = e
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(secs)
+    assert not th.is_alive(), f"still running after {secs} s"
+    if "e" in out:
+        raise out["e"]
+    return out["v"]
+
+
+def events(rx, until, secs=HUNG):
+    got, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < secs:
+        got += rx.poll(0.2)
+        if until(got):
+            return got
+    raise AssertionError(f"no such events in {secs} s: {got}")
+
+
+@pytest.fixture
+def group():
+    """A receiver for two ranks, both joined on raw sockets."""
+    pool = kvtier.Tier.host(65536, 1, 64)
+    rx = kvtier.PdReceiver(pool, ranks=2, token=TOKEN, timeout_ms=1000)
+    a, b = join(rx.control_port, 0, 2), join(rx.control_port, 1, 2)
+    yield rx, a, b
+    for s in (a, b):
+        s.close()
+    within(rx.close)
+    pool.close()
+
+
+def test_a_rank_stopped_mid_message_is_dropped_and_the_receiver_serves_on(group):
+    rx, a, b = group
+    a.sendall(op(REQ, 1, 4)[:7])  # 7 bytes of a 40-byte REQ, then nothing
+    time.sleep(0.2)
+    assert within(lambda: rx.stats())["joined"] == 2  # not held while the rank says nothing more
+    b.sendall(op(REQ, 2, 4))
+    assert within(lambda: read_dst(b)) == (2, 0, kvtier.IOFailure.code, [])  # rank 0 is gone: nothing new completes
+    st = within(lambda: rx.stats())
+    assert st["vanished"] == 1 and st["first_vanished"] == 0
+
+
+def test_a_rank_that_never_reads_its_answers_is_dropped(group):
+    rx, a, b = group
+    a.sendall(op(REQ, 1, 65536) * 200)  # 200 answers of 256 KiB each, never read
+    b.sendall(op(REQ, 2, 4))
+    assert within(lambda: read_dst(b))[2] in (0, kvtier.IOFailure.code)  # answered (after rank 0 is dropped: refused)
+    assert within(lambda: rx.stats())["vanished"] == 1
+
+
+def test_closing_a_receiver_gives_up_a_message_half_read():
+    pool = kvtier.Tier.host(64, 1, 64)
+    rx = kvtier.PdReceiver(pool, ranks=2, token=TOKEN, timeout_ms=600000)  # no timeout would end it
+    a, b = join(rx.control_port, 0, 2), join(rx.control_port, 1, 2)
+    a.sendall(op(REQ, 1, 4)[:7])
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    within(rx.close)
+    assert time.monotonic() - t0 < HUNG
+    a.close(), b.close(), pool.close()
+
+
+def test_a_done_without_its_pages_drops_the_rank(group):
+    """Rank 1 says DONE for a hand-off it never asked for: it cannot have
+    written its share, so the hand-off must not complete."""
+    rx, a, b = group
+    a.sendall(op(REQ, 1, 4))
+    assert read_dst(a)[2] == 0
+    b.sendall(op(DONE, 1, 4))
+    a.sendall(op(DONE, 1, 4))
+    ev = events(rx, lambda got: any(e.type == "failed" for e in got))
+    assert [e.handoff for e in ev if e.type == "failed"] == [1] and not any(e.type == "complete" for e in ev)
+    st = rx.stats()
+    assert st["handoffs"] == 0 and st["vanished"] == 1 and st["first_vanished"] == 1
+    rx.release(1)
+    assert rx.stats()["free_pages"] == 65536
+
+
+def test_a_goodbye_before_done_fails_the_hand_off_and_frees_its_pages(group):
+    rx, a, b = group
+    for s in (a, b):
+        s.sendall(op(REQ, 1, 4))
+        assert read_dst(s)[2] == 0
+    a.sendall(op(DONE, 1, 4))
+    b.sendall(hdr(BYE, 0))  # without its DONE
+    a.sendall(hdr(BYE, 0))
+    ev = events(rx, lambda got: any(e.type == "end" for e in got))
+    assert [(e.type, e.handoff) for e in ev] == [("failed", 1), ("end", 0)]
+    rx.release(1)
+    st = rx.stats()
+    assert st["failed"] == 1 and st["handoffs"] == 0 and st["free_pages"] == st["pool_pages"]
+
+
+def test_ranks_that_disagree_on_a_hand_offs_size_are_refused_with_the_link_kept():
+    pool, src = kvtier.Tier.host(64, 2, 256), kvtier.Tier.host(16, 2, 256)
+    with pool, src, kvtier.PdReceiver(pool, ranks=2, token=TOKEN) as rx:
+        a = join(rx.control_port, 0, 2)
+        with kvtier.PdSender(src, 1, 2, TOKEN, rx.data_port, rx.control_port) as tx:
+            a.sendall(op(REQ, 1, 4))
+            assert read_dst(a)[:3] == (1, 4, 0)
+            with pytest.raises(kvtier.InvalidArgument):
+                tx.begin(1, 6)
+            assert tx.linked
+            st = rx.stats()
+            assert st["refused"] == 1 and st["vanished"] == 0
+        a.close()
+
+
+def test_the_receiver_needs_its_secret_and_says_what_it_dropped():
+    with kvtier.Tier.host(64, 1, 64) as pool:
+        with pytest.raises(ValueError, match="nonzero"):
+            kvtier.PdReceiver(pool, ranks=1, token=0)
+        with kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
+            s = socket.create_connection(("127.0.0.1", rx.control_port))
+            s.sendall(hdr(HELLO, 16) + struct.pack("<IIQ", 0, 1, TOKEN ^ 1))
+            assert s.recv(64) == b""  # dropped
+            s.close()
+            st = within(lambda: rx.stats())
+            assert "token" in st["control_last_error"] and st["data_last_error"] == "" and st["handoff_ns"] == {}
+
+
+class FakeServer:
+    """A listening socket whose connections run behaviour(conn, stop) on threads."""
+
+    def __init__(self, behaviour):
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.port, self.stop, self.conns = self.ls.getsockname()[1], threading.Event(), []
+        threading.Thread(target=self._accept, args=(behaviour,), daemon=True).start()
+
+    def _accept(self, behaviour):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=behaviour, args=(c, self.stop), daemon=True).start()
+
+    def close(self):
+        self.stop.set()
+        self.ls.close()
+        for c in self.conns:
+            c.close()
+
+
+def welcome(pages=64, layer_bytes=256, layers=2, layout=0, answers=()):
+    """A control peer that welcomes with this geometry, then answers each REQ with the next page list."""
+    def run(c, stop):
+        try:
+            recv_exact(c, 32)
+            c.sendall(hdr(WELCOME, 40) + struct.pack("<QQIIIIQ", pages, layer_bytes, layers, layout, 0, 0, 0))
+            for pg in answers:
+                h, n = struct.unpack("<QQ", recv_exact(c, 40)[16:32])
+                c.sendall(hdr(DST, 24 + 4 * n) + struct.pack("<QQii", h, n, 0, 0) + struct.pack(f"<{n}I", *pg))
+        except OSError:
+            pass
+        stop.wait()
+    return run
+
+
+def page_server(c, stop):
+    """Takes the page hello and answers it (status 0): the data port of a receiver."""
+    try:
+        recv_exact(c, 48)
+        c.sendall(struct.pack("<i", 0) + b"\0" * 124)
+    except OSError:
+        pass
+    stop.wait()
+
+
+def test_a_sender_against_peers_that_are_not_a_receiver():
+    def one_byte(c, stop):
+        c.recv(100)
+        c.sendall(b"k")  # a welcome begun, never ended
+        stop.wait()
+    servers = []
+
+    def server(b):
+        servers.append(FakeServer(b))
+        return servers[-1].port
+    try:
+        with kvtier.Tier.host(16, 2, 256) as src:
+            data = server(page_server)
+            with pytest.raises(kvtier.IOFailure):  # welcome_timeout_ms bounds a welcome half sent
+                within(lambda: kvtier.PdSender(src, 0, 1, TOKEN, data, server(one_byte), welcome_timeout_ms=500))
+            for geometry in (dict(layers=0), dict(layer_bytes=0), dict(pages=0), dict(layout=7)):
+                with pytest.raises(kvtier.IOFailure):  # no pool has it: not a kvtier receiver (not the caller's error)
+                    within(lambda: kvtier.PdSender(src, 0, 1, TOKEN, data, server(welcome(**geometry)),
+                                                   welcome_timeout_ms=500))
+            for pages in ([1000, 4000000000], [5, 5]):  # outside the welcomed pool of 64; one page twice
+                tx = kvtier.PdSender(src, 0, 1, TOKEN, data, server(welcome(answers=[pages])), welcome_timeout_ms=500)
+                with tx, pytest.raises(kvtier.IOFailure):
+                    within(lambda: tx.begin(1, 2))
+    finally:
+        for s in servers:
+            s.close()
