@@ -96,7 +96,7 @@ typedef struct kvt_pd_rank_stats {
     X(free_pages, GAUGE, "pool pages free (neither in flight nor held by the caller)")                \
     X(joined, GAUGE, "ranks that joined")                                                             \
     X(vanished, COUNTER, "ranks whose connection closed without a goodbye")                          \
-    X(data_refused_hellos, COUNTER, "data port: hellos refused (wrong geometry)")                    \
+    X(data_refused_hellos, COUNTER, "data port: hellos refused (wrong version, token or geometry)")  \
     X(data_bad_peers, COUNTER, "data port: peers closed for malformed data or no hello")             \
     X(data_silent_peers, GAUGE, "data port: connections without a hello")                            \
     X(control_bad_peers, COUNTER, "control port: peers dropped (no hello in time, no token, garbage)")

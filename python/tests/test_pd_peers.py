@@ -261,3 +261,76 @@ def test_a_sender_against_peers_that_are_not_a_receiver():
     finally:
         for s in servers:
             s.close()
+
+
+def test_silent_peers_cannot_keep_a_rank_out():
+    """More silent connections on the control port than decode keeps waiting
+    (128): the oldest are dropped, and a rank that comes after them joins."""
+    with kvtier.Tier.host(64, 1, 64) as pool, kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
+        silent = [socket.create_connection(("127.0.0.1", rx.control_port)) for _ in range(140)]
+        time.sleep(0.3)
+        a = within(lambda: join(rx.control_port, 0, 1))
+        st = rx.stats()
+        assert st["joined"] == 1 and st["control_bad_peers"] == 140  # 12 as the oldest, the rest once it joined
+        for s in silent + [a]:
+            s.close()
+
+
+def data_hello(version=2, token=TOKEN, pages=64, layers=1, layer_bytes=64):
+    return struct.pack("<QIIIIQQQ", 0x31307465766B7476, version, 0, layers, 0, pages, layer_bytes, token)
+
+
+def test_the_page_server_tells_another_version_why_and_bounds_a_hello():
+    with kvtier.Tier.host(64, 1, 64) as pool, kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
+        s = socket.create_connection(("127.0.0.1", rx.data_port))
+        s.sendall(data_hello(version=1))
+        status, message = struct.unpack("<i124s", recv_exact(s, 128))
+        assert status == kvtier.InvalidArgument.code and b"wire version 1; this server speaks 2" in message
+        s.close()
+        # a hello sent a byte at a time, slower than 5 s in all: closed by then, though no read waited 5 s
+        s = socket.create_connection(("127.0.0.1", rx.data_port))
+        s.settimeout(HUNG)
+        hello, t0 = data_hello(), time.monotonic()
+        for i in range(len(hello)):
+            try:
+                s.send(hello[i:i + 1])
+                if s.recv(1, socket.MSG_DONTWAIT) == b"":
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                break
+            time.sleep(0.25)
+        assert time.monotonic() - t0 < 0.25 * (len(hello) - 4), "the whole hello was taken"
+        s.close()
+        st = rx.stats()
+        assert st["data_bad_peers"] >= 1 and "hello within 5 s" in st["data_last_error"] and st["data_refused_hellos"] == 1
+
+
+CLOSED_PEERS = """
+import os, socket, sys, time, kvtier
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+with kvtier.Tier.host(64, 1, 64) as pool, kvtier.PdReceiver(pool, ranks=1, token=%d) as rx:
+    before = fds()
+    for _ in range(40):
+        s = socket.create_connection(("127.0.0.1", rx.data_port))
+        s.sendall(b"garbage" * 8)
+        s.close()
+    t0 = time.monotonic()
+    while fds() > before and time.monotonic() - t0 < %d:
+        time.sleep(0.1)
+    print(fds() - before)
+"""
+
+
+def test_the_page_server_gives_back_a_closed_connections_descriptor():
+    """Without another connection coming, within a few seconds (in a process
+    of its own: no other test's sockets come and go meanwhile)."""
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", CLOSED_PEERS % (TOKEN, HUNG)], env=os.environ, capture_output=True,
+                         text=True, timeout=3 * HUNG)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) <= 0, f"{out.stdout.strip()} descriptors still held"

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdatomic.h>
@@ -21,6 +22,7 @@
 #include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "kvtier/net.h"
+#include "kvtier/stats.h"
 #include "../core/mem-int.h"
 #include "net-int.h"
 #include "../sock/wire.h"
@@ -59,11 +61,17 @@ int kvt_net_server_set_token(kvt_net_server_t *s, uint64_t token) {
 int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r) {
     const kvt_geom_t *g = &s->geom;
     *r = (kvt__wire_reply_t){KVT_OK, "ok"};
-    if (len != sizeof(*h) || h->magic != KVT_WIRE_MAGIC || h->version != KVT_WIRE_VERSION) {
+    if (len != sizeof(*h) || h->magic != KVT_WIRE_MAGIC) {
         r->status = KVT_EINVAL;
         snprintf(r->message, sizeof(r->message), "not a kvtier peer");
         kvt__net_note(s, &s->st.bad_peers, "not a kvtier peer (bad hello)");
         return -1;
+    }
+    if (h->version != KVT_WIRE_VERSION) { /* a kvtier of another release: told why */
+        r->status = KVT_EINVAL;
+        snprintf(r->message, sizeof(r->message), "wire version %u; this server speaks %u", h->version, KVT_WIRE_VERSION);
+        kvt__net_note(s, &s->st.refused, "a peer of %s", r->message);
+        return 1;
     }
     uint64_t token = atomic_load(&s->token);
     if (token != 0 && h->token != token) {
@@ -91,7 +99,7 @@ bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d) {
 static bool greet(kvt_net_server_t *s, int fd) {
     kvt__wire_hello_t h;
     kvt__wire_reply_t r;
-    bool heard = kvt__read_full(fd, &h, sizeof(h)) == 0;
+    bool heard = kvt__read_by(fd, &h, sizeof(h), kvt_now_ns() + 5000000000ull, NULL) == 0; /* 5 s for all of it */
     pthread_mutex_lock(&s->mu);
     s->st.awaiting_hello--;
     pthread_mutex_unlock(&s->mu);
@@ -100,7 +108,7 @@ static bool greet(kvt_net_server_t *s, int fd) {
         pthread_mutex_lock(&s->mu);
         stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
-        if (!stopping) kvt__net_note(s, &s->st.bad_peers, "a peer sent no whole hello within 5 s (fd %d): closed", fd);
+        if (!stopping) kvt__net_note(s, &s->st.bad_peers, "a peer closed or sent no whole hello within 5 s (fd %d): closed", fd);
         return false;
     }
     int v = kvt__net_check_hello(s, &h, sizeof(h), &r);
@@ -117,7 +125,9 @@ void kvt__net_serve_conn(kvt_net_server_t *s, int fd) {
         kvt__wire_data_t d;
         if (kvt__read_full(fd, &d, sizeof(d)) != 0) return; /* the writer is done (or gone) */
         if (!kvt__net_run_ok(s, &d)) {
-            kvt__net_note(s, &s->st.bad_peers, "a run outside the tier (fd %d): connection closed", fd);
+            kvt__net_note(s, &s->st.bad_peers, "a run of %llu bytes at %llu (fd %d): %s; connection closed",
+                          (unsigned long long)d.len, (unsigned long long)d.off, fd,
+                          d.len == 0 ? "empty" : d.len > KVT_WIRE_MAX_DATA ? "over 1 GiB" : "past the end of the tier");
             return;
         }
         if (kvt__read_full(fd, s->base + d.off, d.len) != 0) return;
@@ -163,7 +173,10 @@ static void reap(kvt_net_server_t *s, bool all) {
 static void *accept_main(void *arg) {
     kvt_net_server_t *s = arg;
     for (;;) {
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+        struct pollfd pf = {s->lfd, POLLIN, 0};
+        int ready = poll(&pf, 1, 1000); /* with no newcomer, finished connections' fds still go back within a second */
+        int fd = ready > 0 ? accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC) : -1;
+        if (ready == 0 || (ready < 0 && errno == EINTR)) errno = EINTR; /* (not an accept error: go round) */
         pthread_mutex_lock(&s->mu);
         bool stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);

@@ -90,8 +90,13 @@ static bool read_pending(kvt_pd_receiver_t *r, pending_t *p) {
 static void accept_one(kvt_pd_receiver_t *r, pending_t *pend, uint32_t *np, uint64_t now) {
     int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    if (*np == KVT_PD_MAX_PENDING)
-        return drop(r, fd, "control port: more than %d peers awaiting their hello", KVT_PD_MAX_PENDING);
+    if (*np == KVT_PD_MAX_PENDING) { /* the oldest goes, not the newcomer: silent peers cannot keep a rank out */
+        uint32_t old = 0;
+        for (uint32_t i = 1; i < *np; i++)
+            if (pend[i].deadline < pend[old].deadline) old = i;
+        drop(r, pend[old].fd, "control port: more than %d peers awaiting their hello: the oldest dropped", KVT_PD_MAX_PENDING);
+        pend[old] = pend[--*np];
+    }
     pend[(*np)++] = (pending_t){.fd = fd, .deadline = now + KVT_PD_HELLO_TIMEOUT_MS * 1000000ull};
 }
 

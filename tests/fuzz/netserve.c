@@ -7,8 +7,8 @@
  *
  * The model is the protocol read independently: the hello accepted only
  * when magic, version, token (the server asks for TOKEN) and geometry are
- * the tier's (refused with a reply when only the token or the geometry
- * differs, closed without one otherwise), a run
+ * the tier's (refused with a reply when the version, the token or the
+ * geometry differs, closed without one on a wrong magic), a run
  * accepted only when 0 < len <= KVT_WIRE_MAX_DATA and it lies inside the
  * tier, its bytes landing at off (a short last run lands what arrived), one
  * ack of len per whole run. The tier's bytes, the bytes sent back and the
@@ -54,9 +54,9 @@ static size_t expect(const uint8_t *d, size_t n, uint8_t *out, uint64_t *runs, u
     size_t k = 0;
     *runs = *bytes = 0;
     *hello = -1; /* not a peer */
-    if (n < HELLO || le(d, 8) != KVT_WIRE_MAGIC || le(d + 8, 4) != KVT_WIRE_VERSION) return 0;
+    if (n < HELLO || le(d, 8) != KVT_WIRE_MAGIC) return 0;
     kvt__wire_reply_t r = {KVT_OK, "ok"};
-    bool same = le(d + 12, 4) == KVT_LAYOUT_LAYER_FIRST && le(d + 16, 4) == LAYERS && le(d + 24, 8) == PAGES &&
+    bool same = le(d + 8, 4) == KVT_WIRE_VERSION && le(d + 12, 4) == KVT_LAYOUT_LAYER_FIRST && le(d + 16, 4) == LAYERS && le(d + 24, 8) == PAGES &&
                 le(d + 32, 8) == LB && le(d + 40, 8) == TOKEN;
     if (!same) r.status = KVT_EINVAL;
     memcpy(out, &r.status, 4); /* the message is checked apart */

@@ -73,7 +73,7 @@ static void frames(const uint8_t *d, size_t n) {
     for (;;) {
         unsigned type = 99;
         uint8_t payload[64];
-        int rc = kvt__pd_recv(fd, mask, &type, payload);
+        int rc = kvt__pd_recv(fd, mask, &type, payload, KVT__PD_UNBOUND);
         size_t want, extra;
         bool ok = n - at >= 16 && header_ok(d + at, mask, &want, &extra) && n - at - 16 >= want;
         FZ_ASSERT((rc == 0) == ok, "kvt__pd_recv %d, the model %s at byte %zu", rc, ok ? "takes it" : "refuses", at);
