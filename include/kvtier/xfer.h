@@ -86,7 +86,8 @@ KVT_API void kvt_xfer_config_default(kvt_xfer_config_t *cfg);
  * They must outlive the engine. When a device tier is among them, host tiers
  * (and engine tiers on host memory with KVT_TIER_REGISTER) are registered
  * with it for DMA. KVT_EINVAL (also: max_batch_copies below one page's copies
- * between two of the tiers), KVT_ENOMEM, KVT_EIO (threads). */
+ * between two of the tiers; one tier given twice), KVT_ENOMEM, KVT_EIO
+ * (threads). */
 KVT_API int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers);
 /* Waits for every batch in flight, then stops the workers. Completions not
  * polled are dropped. */
@@ -95,7 +96,8 @@ KVT_API void kvt_xfer_destroy(kvt_xfer_t *x);
 /* Queues a batch of n >= 1 copies from tier src to tier dst (src != dst).
  * *ticket (optional) identifies it in the completion. On failure nothing is
  * queued and nothing will complete: KVT_EINVAL (tier or page out of range, a
- * destination page twice), KVT_ENOMEM. The pages belong to the engine until
+ * destination page twice, a source that is a peer's tier: tcp and ucx are
+ * written only), KVT_ENOMEM. The pages belong to the engine until
  * the batch is reported complete. */
 KVT_API int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
                     uint64_t user, uint64_t *ticket);

@@ -155,7 +155,7 @@ PD_STATS = (
     ('free_pages', 'GAUGE', 'pool pages free (neither in flight nor held by the caller)'),
     ('joined', 'GAUGE', 'ranks that joined'),
     ('vanished', 'COUNTER', 'ranks whose connection closed without a goodbye'),
-    ('data_refused_hellos', 'COUNTER', 'data port: hellos refused (wrong geometry)'),
+    ('data_refused_hellos', 'COUNTER', 'data port: hellos refused (wrong version, token or geometry)'),
     ('data_bad_peers', 'COUNTER', 'data port: peers closed for malformed data or no hello'),
     ('data_silent_peers', 'GAUGE', 'data port: connections without a hello'),
     ('control_bad_peers', 'COUNTER', 'control port: peers dropped (no hello in time, no token, garbage)'),

@@ -192,6 +192,43 @@ def _memory_probe(obj: Any, where: str) -> Optional[Probe]:
     return None
 
 
+def _kept_range(obj: Any) -> Optional[Tuple[int, int]]:
+    """[start, end) of the allocation obj's bytes live in (a torch storage,
+    the numpy array owning the data, a buffer); None when it cannot be known."""
+    if type(obj).__module__.startswith("torch"):
+        if obj.device.type != "cpu":
+            return None
+        st = obj.untyped_storage()
+        return st.data_ptr(), st.data_ptr() + st.nbytes()
+    np = sys.modules.get("numpy")
+    try:
+        if np is None:
+            raise TypeError
+        root = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, dtype=np.uint8)
+    except (TypeError, ValueError, BufferError):
+        return None
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    a = root.__array_interface__["data"][0]
+    return a, a + root.nbytes
+
+
+def _check_planes_in(planes: Any, pages: int, layers: int, keep: Sequence[Any], what: str) -> None:
+    """Every byte the engine planes address lies in memory keep holds, when
+    keep's memory can be known: an address off by a page stride would
+    otherwise be read and written wherever it points."""
+    ranges = [_kept_range(k) for k in keep]
+    if not ranges or None in ranges:
+        return
+    for i, pl in enumerate(planes):
+        span = (pages - 1) * pl.page_stride + pl.piece_bytes
+        for j in range(layers):
+            lo = (pl.layer_base[j] or 0) if pl.layer_base else (pl.base or 0) + j * pl.layer_stride
+            if not any(a <= lo and lo + span <= b for a, b in ranges):
+                raise ValueError(f"{what}: plane {i} layer {j}: bytes [{lo:#x}, {lo + span:#x}) are not in the memory "
+                                 "of keep")
+
+
 class Tier(Handle):
     """A tier of ``pages`` pages of ``layers`` x ``layer_bytes`` bytes.
 
@@ -300,7 +337,10 @@ class Tier(Handle):
                copy: str = "auto", _probes: Sequence[Probe] = ()) -> "Tier":
         """An engine tier over memory the caller owns, described by address
         (:class:`Plane`; at most 4). ``keep``: objects that own the memory,
-        kept alive while the tier is open. ``device``: a CUDA ordinal for
+        kept alive while the tier is open; when their memory can be known
+        (torch CPU tensors, numpy arrays, buffers), every byte the planes
+        address must lie in it (ValueError), else the addresses are taken as
+        given, as ctypes takes them. ``device``: a CUDA ordinal for
         device memory (None: host memory). ``copy`` (device memory): "auto"
         (batches of small spans by the SMs' copy kernel, the rest by DMA),
         "dma" or "kernel". Prefer :meth:`from_tensors`, which derives the
@@ -331,6 +371,8 @@ class Tier(Handle):
             else:
                 pl.base = _a.u64(p.base, f"{w} plane {i} base")
                 pl.layer_stride = _a.u64(p.layer_stride, f"{w} plane {i} layer_stride")
+        if device is None:
+            _check_planes_in(eng.plane[:len(planes)], pages, layers, keep, w)
         flags = (REGISTER if _a.flag(register, f"{w} register") else 0) | _copy_flag(copy, device)
         cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0),
                          name=_a.text(name, f"{w} name", optional=True), device=device or 0, flags=flags)

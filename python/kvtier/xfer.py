@@ -82,6 +82,8 @@ class Transfer(Handle):
         from .tier import Tier
         for i, t in enumerate(_a.sequence(tiers, "Transfer tiers")):
             _a.instance(t, Tier, f"Transfer tiers[{i}]")
+            if any(u is t for u in tiers[:i]):  # a copy between its two places would overlap itself
+                raise ValueError(f"Transfer tiers[{i}]: the tier is already tiers[{[u is t for u in tiers].index(True)}]")
         cfg = XferConfig()
         lib.kvt_xfer_config_default(ctypes.byref(cfg))
         if _configure is not None:  # a CP group's completion hook (CpGroup.transfer)
@@ -123,7 +125,8 @@ class Transfer(Handle):
             self._tiers[src]._check_memory()
             self._tiers[dst]._check_memory()
             check(lib.kvt_xfer_submit(h, src, dst, arr, n, user, ctypes.byref(t)), "Transfer.submit",
-                  "a tier index or page out of range, a destination page twice, or no copies")
+                  "a tier index or page out of range, a destination page twice, no copies, or a source that is "
+                  "a peer's tier (tcp, ucx: written only)")
         return t.value
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[XferResult]:

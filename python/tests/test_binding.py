@@ -273,6 +273,33 @@ def test_transfer_copies_bytes_and_catches_corruption():
                 x.submit(0, 1, [(0, 99)])
             with pytest.raises(kvtier.Busy, match="still used by Transfer"):
                 a.close()
+        with pytest.raises(ValueError, match=r"tiers\[2\]: the tier is already tiers\[0\]"):
+            kvtier.Transfer([a, b, a])  # its copies between the two places would overlap themselves
+
+
+def test_an_engine_tier_over_kept_memory_addresses_only_that_memory():
+    """Tier.engine takes addresses; with keep, every byte they reach must be
+    in keep's memory (an extent off by a stride would be read and written
+    wherever it points: a segfault, or another object's bytes)."""
+    import numpy as np
+    from kvtier.tier import Plane
+    z = np.zeros(4 * 2 * 32, dtype=np.uint8)  # 4 pages x 2 layers x 32 B, layer-first
+    a = z.ctypes.data
+    with kvtier.Tier.engine([Plane(32, 32, base=a, layer_stride=128)], 4, 2, keep=[z]) as t:
+        t.write_page(3, b"\x07" * 64)
+        assert z[96:128].tolist() == [7] * 32 and z[224:256].tolist() == [7] * 32
+    for plane, why in ((Plane(64, 2 ** 40, base=a), "plane 0 layer 0"),  # the reviewer's: a page stride of 1 TiB
+                       (Plane(32, 32, base=a, layer_stride=129), "plane 0 layer 1"),  # one byte past the end
+                       (Plane(32, 32, layer_bases=[a, a + 1024]), "plane 0 layer 1"),
+                       (Plane(32, 32, base=a - 1, layer_stride=128), "plane 0 layer 0")):
+        with pytest.raises(ValueError, match=why + r": bytes .* are not in the memory of keep"):
+            kvtier.Tier.engine([plane], 4, 2, keep=[z])
+    import torch
+    t = torch.zeros(256, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="plane 0 layer 1: bytes .* are not in the memory of keep"):
+        kvtier.Tier.engine([Plane(32, 64, base=t.data_ptr(), layer_stride=33)], 4, 2, keep=[t[:8]])
+    # a view keeps its whole storage: the planes may address all of it
+    kvtier.Tier.engine([Plane(32, 64, base=t.data_ptr(), layer_stride=32)], 4, 2, keep=[t[:8]]).close()
 
 
 def test_cache_with_bytes_loads_back_what_it_backed_up():

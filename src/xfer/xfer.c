@@ -407,7 +407,8 @@ static void batch_free(void *p) {
 
 /* Submit, step 1: the arguments, every page in range. */
 static int validate(const kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n) {
-    if (x == NULL || src >= x->ntiers || dst >= x->ntiers || src == dst || copies == NULL || n == 0 || n > UINT32_MAX)
+    if (x == NULL || src >= x->ntiers || dst >= x->ntiers || src == dst || copies == NULL || n == 0 || n > UINT32_MAX ||
+        x->tiers[src]->remote) /* a peer's tier (tcp, ucx) is written, never read */
         return KVT_EINVAL;
     const kvt_geom_t *gs = &x->tiers[src]->cfg.geom, *gd = &x->tiers[dst]->cfg.geom;
     for (size_t i = 0; i < n; i++)
@@ -589,6 +590,9 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t 
         if (tiers[t] == NULL || tiers[t]->cfg.geom.layers != tiers[0]->cfg.geom.layers ||
             tiers[t]->cfg.geom.layer_bytes != tiers[0]->cfg.geom.layer_bytes)
             return KVT_EINVAL; /* pages must be the same shape everywhere */
+    for (unsigned t = 0; t < ntiers; t++)
+        for (unsigned u = 0; u < t; u++)
+            if (tiers[t] == tiers[u]) return KVT_EINVAL; /* a copy between its two indices would overlap itself */
     uint32_t spr = tiers[0]->cfg.geom.layers;
     if (cfg->max_batch_copies < spr) return KVT_EINVAL; /* one run of a layer_first tier must fit an item */
     kvt_xfer_t *x = KVT_NEW(kvt_xfer_t);

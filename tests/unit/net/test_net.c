@@ -137,6 +137,8 @@ static void wrong_geometry(kvt_net_transport_t tr) {
     kvt_xfer_t *x;
     cr_assert_eq(kvt_xfer_create(&x, &xc, tiers, 2), KVT_OK);
     kvt_xfer_copy_t cp = {0, 0};
+    cr_assert_eq(kvt_xfer_submit(x, 1, 0, &cp, 1, 0, NULL), KVT_EINVAL, "a peer's tier is written, never read");
+    cr_assert_eq(kvt_xfer_pending(x), 0u);
     cr_assert_eq(kvt_xfer_submit(x, 0, 1, &cp, 1, 0, NULL), KVT_OK);
     kvt_xfer_done_t d;
     cr_assert_eq(kvt_xfer_poll(x, &d, 1, 30000000000ull), 1);
@@ -222,12 +224,21 @@ Test(net, bad_peers_are_disconnected, .timeout = 30) {
     cr_assert_leq(read(fd, &b, 1), 0, "closed on a run outside the tier");
     close(fd);
 
+    fd = kvt__tcp_connect(e.addr); /* a kvtier of another wire version: refused, told why */
+    h.version = KVT_WIRE_VERSION + 1;
+    cr_assert_eq(kvt__write_full(fd, &h, sizeof(h)), 0);
+    cr_assert_eq(kvt__read_full(fd, &r, sizeof(r)), 0);
+    cr_assert_eq(r.status, KVT_EINVAL);
+    cr_assert(strstr(r.message, "wire version") != NULL, "%s", r.message);
+    close(fd);
+
     kvt_net_server_stats_t st = {.size = sizeof(st)};
     for (int i = 0; i < 100 && st.bad_peers < 2; i++) {
         usleep(10000);
         kvt_net_server_stats(e.srv, &st);
     }
     cr_assert_eq(st.bad_peers, 2, "%s", st.last_error);
+    cr_assert_eq(st.refused, 1, "%s", st.last_error);
     kvt_pattern_fill(kvt_tier_addr(e.src, 1, 0), LB, 9, 9, 0);
     kvt_xfer_copy_t ok = {1, 2};
     cr_assert_eq(one_batch(&e, &ok, 1), KVT_OK);

@@ -845,7 +845,7 @@ Test(xfer, create_bad_config_einval) {
     tc.kind = KVT_TIER_HOST;
     tc.geom = (kvt_geom_t){8, 3, 17, KVT_LAYOUT_PAGE_FIRST}; /* another page shape */
     cr_assert_eq(kvt_tier_create(&odd, &tc), KVT_OK);
-    kvt_tier_t *with_odd[3] = {e.t[0], e.t[1], odd}, *with_null[2] = {e.t[0], NULL};
+    kvt_tier_t *with_odd[3] = {e.t[0], e.t[1], odd}, *with_null[2] = {e.t[0], NULL}, *twice[3] = {e.t[0], e.t[1], e.t[0]};
     kvt_xfer_t *sentinel = (kvt_xfer_t *)(uintptr_t)0x1234, *x;
     kvt_xfer_config_t c;
 #define EXPECT_BAD(mutate, tiers, n)                                            \
@@ -868,6 +868,7 @@ Test(xfer, create_bad_config_einval) {
     EXPECT_BAD((void)0, NULL, 2);
     EXPECT_BAD((void)0, with_null, 2);
     EXPECT_BAD((void)0, with_odd, 3);
+    EXPECT_BAD((void)0, twice, 3); /* its copies between the two indices would overlap themselves */
 #undef EXPECT_BAD
     kvt_xfer_config_default(&c);
     cr_assert_eq(kvt_xfer_create(NULL, &c, e.t, 2), KVT_EINVAL);
