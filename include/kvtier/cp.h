@@ -182,15 +182,19 @@ KVT_API int kvt_cp_group_wait_joined(kvt_cp_group_t *g);
 /* A tier the group shares, the shm tier /dev/shm/<name>-<suffix>: rank 0
  * creates it from cfg (kind and name are the group's), the others attach it,
  * waiting for rank 0 up to timeout_ms. Errors stop the group with the
- * reason (kvt_cp_group_why): kvt_tier_create's, KVT_ETIMEDOUT, KVT_EIO. */
+ * reason (kvt_cp_group_why): kvt_tier_create's, KVT_ETIMEDOUT, KVT_EIO;
+ * except KVT_EINVAL for a suffix that is none (1 to 8 of [A-Za-z0-9._-],
+ * not "ctl", the group's own segment), which changes nothing. */
 KVT_API int kvt_cp_group_open_tier(kvt_cp_group_t *g, const char *suffix, const kvt_tier_config_t *cfg, kvt_tier_t **out);
 /* Sets xc->on_done (keeping a callback already there, called after it) so
  * that rank 0's backups out of tier l1_index publish when they land. */
 KVT_API void kvt_cp_group_xfer_config(kvt_cp_group_t *g, kvt_xfer_config_t *xc, unsigned l1_index);
 /* The cache hooks of this rank (kvt_cache_attach_cp) ... */
 KVT_API void kvt_cp_group_hooks(kvt_cp_group_t *g, kvt_cache_cp_t *hooks);
-/* ... or attaching the cache with them: kvt_cache_attach_cp's errors,
- * nothing changed on failure. */
+/* ... or attaching the cache with them: kvt_cache_attach_cp's errors, and
+ * KVT_EINVAL for a cache whose l1_lanes, l1_pages or l2_pages are not the
+ * group's ranks and pages (kvt_cp_group_why says); nothing changed on
+ * failure. */
 KVT_API int kvt_cp_group_attach(kvt_cp_group_t *g, kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index,
                         kvt_tier_t *l2, unsigned l2_index);
 
@@ -211,7 +215,9 @@ KVT_API int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest);
 /* Waits until every rank has done the first n requests and compares their
  * digests: *first_divergence = the first request (1-based) at which some
  * rank's digest differs from rank 0's, 0 when they agree (also kept for
- * kvt_cp_group_info). KVT_EIO, KVT_ETIMEDOUT, KVT_ERANGE (n > requests). */
+ * kvt_cp_group_info). KVT_EIO, KVT_ETIMEDOUT, KVT_ERANGE (n > requests),
+ * KVT_EINVAL (n > the requests this rank has stepped: it would wait on
+ * itself; nothing changed). */
 KVT_API int kvt_cp_group_check_digests(kvt_cp_group_t *g, uint64_t n, uint64_t *first_divergence);
 /* This rank failed: stops the group with why (the first failure's reason
  * is the group's). Any thread. */
@@ -227,10 +233,13 @@ KVT_API void kvt_cp_group_interrupt(kvt_cp_group_t *g, int sig);
  * KVT_ETIMEDOUT, KVT_EINVAL. */
 KVT_API int kvt_cp_group_finish(kvt_cp_group_t *g, const void *result, size_t len);
 /* A finished rank's result (len bytes). KVT_ENOENT when it has not
- * finished, KVT_EINVAL. */
+ * finished (one that failed, or left without finishing, never will),
+ * KVT_EINVAL. */
 KVT_API int kvt_cp_group_result(const kvt_cp_group_t *g, uint32_t rank, void *buf, size_t len);
-/* Leaves and frees g. Rank 0 first waits (timeout_ms) for every rank that
- * joined to finish, fail, leave or die, then unlinks the control segment
+/* Leaves and frees g. A rank that leaves still at work (neither finished
+ * nor failed) stops the group, named: the others hear it at once rather
+ * than at the end of a wait for it. Rank 0 first waits (timeout_ms) for
+ * every rank that joined to finish, fail, leave or die, then unlinks the control segment
  * (only while the name is still its segment). KVT_ETIMEDOUT when some rank
  * was still running (named in *why); g is freed whatever it returns. */
 KVT_API int kvt_cp_group_leave(kvt_cp_group_t *g, const char **why);

@@ -165,11 +165,12 @@ class CpGroup(Handle):
         """Publishes this rank's result (<= 256 bytes); rank 0 waits for every rank's."""
         if not isinstance(result, (bytes, bytearray, memoryview)):
             raise TypeError(f"CpGroup.finish result: expected bytes, not {type(result).__name__}")
-        if len(result) > KVT_CP_RESULT_BYTES:
-            raise ValueError(f"finish: {len(result)} bytes, at most {KVT_CP_RESULT_BYTES}")
-        buf = ctypes.create_string_buffer(bytes(result), max(len(result), 1))
+        data = bytes(result)  # a memoryview of wider items: its bytes, not its element count
+        if len(data) > KVT_CP_RESULT_BYTES:
+            raise ValueError(f"finish: {len(data)} bytes, at most {KVT_CP_RESULT_BYTES}")
+        buf = ctypes.create_string_buffer(data, max(len(data), 1))
         with self._use as h:
-            self._check(lib.kvt_cp_group_finish(h, buf, len(result)), "finish", h)
+            self._check(lib.kvt_cp_group_finish(h, buf, len(data)), "finish", h)
 
     def result(self, rank: int, size: int = KVT_CP_RESULT_BYTES) -> bytes:
         """A finished rank's published result (``size`` bytes)."""

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -523,6 +524,39 @@ def test_cp_group_of_two_processes(tmp_path):
     results = [tuple(map(int, o.split())) for o, _ in outs]
     assert all(bad == 0 for bad, _ in results)
     assert results[0][1] == results[1][1] > 0  # the same decisions on both ranks
+    assert not list(pathlib.Path("/dev/shm").glob(name + "*"))
+
+
+def test_a_cp_group_refuses_a_cache_of_other_lanes_and_a_commit_before_its_pages():
+    """A cache whose lanes are not the group's ranks would deal the pages
+    otherwise (the ranks then read each other's pages wrong): refused. A
+    request committed before filled() cannot be backed up: the group stops
+    at once, saying so (rank 0 waited out wait_ms on itself)."""
+    from array import array
+    name = f"kvtier-pytest-early-{os.getpid()}"
+    g = kvtier.CpGroup(name, 0, 1, l1_pages=8, l2_pages=16, page_tokens=4, layers=1, layer_bytes=64, requests=4,
+                       timeout_ms=1000, wait_ms=60000)
+    l1, l2 = g.open_tier("l1", 8, 1, 64), g.open_tier("l2", 16, 1, 64)
+    g.wait_joined()
+    x = g.transfer([l1, l2])
+    for other in (dict(l1_lanes=2), dict(l1_pages=16, l1_lanes=1)):
+        with kvtier.Cache(**{"l1_pages": 8, "l2_pages": 16, "page_tokens": 4, **other}) as wrong:
+            with pytest.raises(kvtier.InvalidArgument, match="lanes"):
+                g.attach(wrong, x, l1, l2)
+    c = kvtier.Cache(l1_pages=8, l2_pages=16, page_tokens=4, l1_lanes=1, decision_digest=True)
+    g.attach(c, x, l1, l2)
+    r = c.admit(list(range(8)))
+    g.admitted(r)
+    t0 = time.monotonic()
+    r.commit()  # before g.filled(0)
+    assert time.monotonic() - t0 < 30 and g.info()["stopped"]
+    with pytest.raises(kvtier.IOFailure, match="committed before kvt_cp_group_filled"):
+        g.step(0, c.digest)
+    with pytest.raises(kvtier.IOFailure):
+        g.finish(memoryview(array("I", [1, 2])))  # its 8 bytes: the group is stopped, not a wrong length
+    r.release()
+    for o in (c, x, l1, l2, g):
+        o.close()
     assert not list(pathlib.Path("/dev/shm").glob(name + "*"))
 
 

@@ -58,6 +58,7 @@
 #include "../core/abi-int.h"
 #include "../core/mem-int.h"
 #include "../core/shmseg-int.h"
+#include "../cache/cache-int.h"
 
 #define CP_VERSION 1u
 #define HEADER_BYTES 4096u
@@ -269,6 +270,9 @@ static int before_load(kvt_cp_group_t *g, uint32_t l1, uint32_t l2, bool may_wai
 /* Rank 0's backup: the owner wrote the page; nobody still needs what L2 held. */
 static int before_backup(kvt_cp_group_t *g, uint32_t l1, uint32_t l2, bool may_wait) {
     uint32_t owner = kvt_lane_of(l1, g->C);
+    if (owner == g->rank && !filled_cond(g, owner, g->filled_req[l1])) /* waiting would wait on this thread */
+        return fail_self(g, KVT_EINVAL, "rank %u: request %" PRIu64 " committed before kvt_cp_group_filled: its pages "
+                         "cannot be backed up unwritten", g->rank, g->filled_req[l1]);
     if (!may_wait)
         return filled_cond(g, owner, g->filled_req[l1]) && all_done_cond(g, g->freed_req[l2], 0) ? KVT_OK : KVT_EAGAIN;
     int rc = wait_for(g, filled_cond, owner, g->filled_req[l1], (int)owner, "a rank to write a page to back up");
@@ -314,6 +318,16 @@ void kvt_cp_group_hooks(kvt_cp_group_t *g, kvt_cache_cp_t *hooks) {
 
 int kvt_cp_group_attach(kvt_cp_group_t *g, kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index,
                         kvt_tier_t *l2, unsigned l2_index) {
+    /* The group deals L1 pages to ranks by its rank count and sizes its
+     * tables by its pages; a cache of other lanes or pages would decide
+     * ownership otherwise, and the ranks would read each other's pages wrong. */
+    const kvt_cache_config_t *cc = c ? &c->cfg : NULL;
+    if (cc && (cc->l1_lanes != g->C || cc->l1_pages != g->h->l1_pages || cc->l2_pages != g->h->l2_pages)) {
+        snprintf(g->why, sizeof(g->why), "rank %u: a cache of %u lanes, %" PRIu64 " L1 and %" PRIu64 " L2 pages for group "
+                 "%s of %u ranks, %" PRIu64 " and %" PRIu64 " pages", g->rank, cc->l1_lanes, cc->l1_pages, cc->l2_pages,
+                 g->name, g->C, (uint64_t)g->h->l1_pages, (uint64_t)g->h->l2_pages);
+        return KVT_EINVAL;
+    }
     kvt_cache_cp_t hooks;
     kvt_cp_group_hooks(g, &hooks);
     g->l1_index = l1_index;
@@ -344,6 +358,7 @@ int kvt_cp_group_filled(kvt_cp_group_t *g, uint64_t i) {
 int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest) {
     if (i != g->cur) return KVT_EINVAL;
     if (i >= g->requests) return KVT_ERANGE;
+    if (stopped(g)) return KVT_EIO; /* nothing recorded: the group is over */
     slot_t *me = slot(g, g->rank);
     g->digests[(uint64_t)g->rank * g->requests + i] = digest;
     if (atomic_load(&me->filled) < i + 1) atomic_store_explicit(&me->filled, i + 1, memory_order_release);
@@ -355,6 +370,7 @@ int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest) {
 
 int kvt_cp_group_check_digests(kvt_cp_group_t *g, uint64_t n, uint64_t *first_divergence) {
     if (n > g->requests) return KVT_ERANGE;
+    if (n > g->cur) return KVT_EINVAL; /* this rank has not done them: the wait would be on itself */
     int rc = wait_for(g, all_done_cond, n, 0, -1, "every rank to reach a digest check");
     if (rc != KVT_OK) return rc;
     uint64_t first = 0;
@@ -421,7 +437,7 @@ int kvt_cp_group_result(const kvt_cp_group_t *g, uint32_t rank, void *buf, size_
     if (rank >= g->C || len > KVT_CP_RESULT_BYTES) return KVT_EINVAL;
     const slot_t *s = slot(g, rank);
     uint32_t st = atomic_load_explicit(&((slot_t *)s)->state, memory_order_acquire);
-    if (st != FINISHED && st != LEFT) return KVT_ENOENT;
+    if (st != FINISHED) return KVT_ENOENT;
     memset(buf, 0, len);
     memcpy(buf, s->result, len < s->result_len ? len : s->result_len);
     return KVT_OK;
@@ -561,6 +577,11 @@ static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
              g->h->digests_off != c)
         rc = say(KVT_EINVAL, why, "rank %u: group %s's control segment has the wrong size or layout", cfg->rank, g->name);
     if (rc == KVT_OK) rc = claim_slot(g, why);
+    if (rc == KVT_OK && atomic_load_explicit(&g->h->stop, memory_order_acquire) != 0) { /* it can never finish now */
+        stopped(g);
+        rc = say(KVT_EIO, why, "%s", g->why);
+        atomic_store_explicit(&slot(g, cfg->rank)->state, FAILED, memory_order_release);
+    }
     if (rc != KVT_OK) kvt__seg_close(&g->seg);
     return rc;
 }
@@ -627,8 +648,8 @@ int kvt_cp_group_wait_joined(kvt_cp_group_t *g) {
         for (uint32_t r = 0; r < g->C; r++)
             if (atomic_load_explicit(&slot(g, r)->state, memory_order_acquire) == FREE && len < sizeof(missing) - 16)
                 len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u", n++ ? ", " : "", r);
-        if (n == 0) return KVT_OK;
         if (stopped(g)) return KVT_EIO;
+        if (n == 0) return KVT_OK;
         uint64_t now = kvt_now_ns();
         if (watch_ranks(g, -1, now) != KVT_OK) return KVT_EIO;
         if (now - g->joined_at > g->timeout_ns)
@@ -643,7 +664,15 @@ int kvt_cp_group_wait_joined(kvt_cp_group_t *g) {
 int kvt_cp_group_open_tier(kvt_cp_group_t *g, const char *suffix, const kvt_tier_config_t *cfg, kvt_tier_t **out) {
     *out = NULL;
     char seg[KVT__SEG_NAME_MAX], label[16];
-    if (kvt_cp_group_segment(g->name, suffix, seg, sizeof(seg)) != KVT_OK) return KVT_EINVAL;
+    if (suffix && strcmp(suffix, "ctl") == 0) { /* the group's own control segment */
+        snprintf(g->why, sizeof(g->why), "rank %u: tier suffix \"ctl\" is the group's control segment's", g->rank);
+        return KVT_EINVAL;
+    }
+    if (kvt_cp_group_segment(g->name, suffix, seg, sizeof(seg)) != KVT_OK) {
+        snprintf(g->why, sizeof(g->why), "rank %u: tier suffix \"%.40s\": 1 to 8 of [A-Za-z0-9._-]", g->rank,
+                 suffix ? suffix : "(null)");
+        return KVT_EINVAL;
+    }
     size_t i = 0;
     for (; suffix[i] && i < sizeof(label) - 1; i++) label[i] = (char)(suffix[i] >= 'a' && suffix[i] <= 'z' ? suffix[i] - 32 : suffix[i]);
     label[i] = '\0';
@@ -695,7 +724,14 @@ int kvt_cp_group_leave(kvt_cp_group_t *g, const char **why) {
     if (g == NULL) return KVT_OK;
     int rc = KVT_OK;
     slot_t *me = slot(g, g->rank);
-    atomic_store_explicit(&me->state, LEFT, memory_order_release);
+    uint32_t joined = JOINED; /* finished and failed ranks stay so: only one still at work leaves early */
+    if (atomic_load(&g->h->stop) == 0 && atomic_load_explicit(&me->state, memory_order_acquire) == JOINED) {
+        char text[200];
+        snprintf(text, sizeof(text), "rank %u left group %s without finishing, having done %" PRIu64 " requests", g->rank,
+                 g->name, atomic_load(&me->done));
+        stop_group(g, g->rank, text); /* first: whoever waits on this rank hears why, not a timeout */
+    }
+    atomic_compare_exchange_strong_explicit(&me->state, &joined, LEFT, memory_order_release, memory_order_relaxed);
     if (g->seg.creator) {
         uint64_t t0 = kvt_now_ns();
         uint32_t running = 0;

@@ -371,3 +371,40 @@ Test(cp_group, a_cancelled_join_ends_at_once) {
     cr_assert(strstr(why, "interrupted while joining"), "%s", why);
     cr_assert_null(g);
 }
+
+/* Calls out of step change nothing and stop nothing: a digest check past
+ * this rank's own requests (it would wait on itself), a tier named as the
+ * group's control segment. A rank that leaves without finishing stops the
+ * group, named: the others hear it at once (not at their wait's end), its
+ * result is not there, and a rank that joins the stopped group is refused. */
+Test(cp_group, calls_out_of_step_and_a_rank_that_leaves_early) {
+    const char *name = group_name("early");
+    kvt_cp_group_config_t c0 = config(name, 0, 3), c1 = config(name, 1, 3), c2 = config(name, 2, 3);
+    kvt_cp_group_t *g0 = join_ok(&c0), *g1 = join_ok(&c1);
+    uint64_t first = 99;
+    cr_assert_eq(kvt_cp_group_step(g0, 0, 1), KVT_OK);
+    cr_assert_eq(kvt_cp_group_check_digests(g0, 2, &first), KVT_EINVAL, "rank 0 has done 1 request, not 2");
+    cr_assert_eq(first, 99u);
+    kvt_tier_config_t tc = {.size = sizeof(tc), .geom = {100, 2, 64, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_tier_t *t = NULL;
+    cr_assert_eq(kvt_cp_group_open_tier(g0, "ctl", &tc, &t), KVT_EINVAL);
+    cr_assert(strstr(kvt_cp_group_why(g0), "control segment"), "%s", kvt_cp_group_why(g0));
+    kvt_cp_group_info_t info = {.size = sizeof(info)};
+    kvt_cp_group_info(g0, &info);
+    cr_assert_not(info.stopped, "a refused call stopped the group");
+
+    cr_assert_eq(kvt_cp_group_leave(g1, NULL), KVT_OK); /* without finishing */
+    cr_assert_eq(kvt_cp_group_step(g0, 1, 1), KVT_EIO);
+    cr_assert(strstr(kvt_cp_group_why(g0), "rank 1 left group"), "%s", kvt_cp_group_why(g0));
+    cr_assert_eq(kvt_cp_group_step(g0, 1, 1), KVT_EIO, "nothing recorded by the failed step: the same call fails alike");
+    uint8_t buf[8];
+    cr_assert_eq(kvt_cp_group_result(g0, 1, buf, sizeof(buf)), KVT_ENOENT, "a rank that left early has no result");
+    kvt_cp_group_t *late = NULL;
+    const char *why = NULL;
+    cr_assert_eq(kvt_cp_group_join(&late, &c2, &why), KVT_EIO);
+    cr_assert(why && strstr(why, "rank 1 left group"), "%s", why ? why : "");
+    cr_assert_null(late);
+    cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_EIO);
+    cr_assert_eq(kvt_cp_group_leave(g0, NULL), KVT_OK);
+    cr_assert_not(segment_exists(name, "ctl"));
+}
