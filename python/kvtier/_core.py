@@ -559,14 +559,54 @@ def hash_arg(h: Any, what: str = "page hash") -> Hash128:
     return Hash128(_a.u64(lo, f"{what} lo"), _a.u64(hi, f"{what} hi"))
 
 
-def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str):
+class Tickets:
+    """The batches of an asynchronous engine (store, transfer engine) in
+    flight: issued by a submit, not yet taken by a poll. A wait on another
+    ticket (never issued, or its result taken already) says so at once
+    instead of waiting out its timeout. Another thread's poll may take a
+    completion before its submit has recorded the ticket: it is kept as
+    early, and the submit's record then matches it."""
+
+    __slots__ = ("_mu", "_out", "_early")
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._out: set = set()
+        self._early: set = set()
+
+    def issued(self, t: int) -> int:
+        with self._mu:
+            if t in self._early:
+                self._early.discard(t)
+            else:
+                self._out.add(t)
+        return t
+
+    def taken(self, results: Iterable[Any]) -> None:
+        with self._mu:
+            for r in results:
+                if r.ticket in self._out:
+                    self._out.discard(r.ticket)
+                else:
+                    self._early.add(r.ticket)
+
+    def in_flight(self, t: int) -> bool:
+        with self._mu:
+            return t in self._out
+
+
+def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str, tickets: Optional[Tickets] = None):
     """The result of batch `ticket` of an asynchronous engine (store, transfer
     engine): results polled meanwhile for other tickets are kept in `done`
-    for their own wait. TimedOut after `timeout` seconds."""
+    for their own wait. TimedOut after `timeout` seconds; InvalidArgument
+    at once for a ticket not in flight (per `tickets`)."""
     import time
     timeout = _a.number(timeout, f"{what} timeout")
     end = time.monotonic() + timeout
     while ticket not in done:
+        if tickets is not None and not tickets.in_flight(ticket) and ticket not in done:
+            raise error(-1, what, f"ticket {ticket} is not a batch in flight: never issued, or its result taken "
+                                  "already (by a poll or another wait)")
         left = end - time.monotonic()
         if left <= 0:
             raise error(-14, what, f"ticket {ticket}")

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, IOFailure, check, error, hash_arg, in_callback, wait_ticket
+from ._core import ClosedError, Handle, IOFailure, Tickets, check, error, hash_arg, in_callback, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -155,6 +155,7 @@ class Store(Handle):
             self._own(h.value, (tier,) if tier is not None else ())
         self.tier = tier
         self._done: Dict[int, StoreResult] = {}
+        self._tickets = Tickets()
 
     def _destroy(self, h: int) -> None:
         lib.kvt_store_close(h)
@@ -200,7 +201,7 @@ class Store(Handle):
                 self.tier._check_memory()
             check(fn(h, arr, n, user, ctypes.byref(t)), f"Store.{op}",
                   "no keys, a tier page out of range or twice, or no tier" if with_page else "no keys")
-        return t.value
+        return self._tickets.issued(t.value)
 
     def exists(self, hashes: Iterable[Any], user: int = 0) -> int:
         """Queues an exists batch of page hashes; the ticket."""
@@ -269,11 +270,12 @@ class Store(Handle):
                     if d.n else ()
                 res.append(StoreResult(d.ticket, d.user, OPS[d.op], lib.kvt_err_name(d.status).decode(),
                                        results, pages, d.count, d.latency_ns))
+        self._tickets.taken(res)
         return res
 
     def wait(self, ticket: int, timeout: float = 60.0) -> StoreResult:
         """One batch's answer (others polled meanwhile wait for their own wait())."""
-        return wait_ticket(self._done, ticket, self.poll, timeout, "Store.wait")
+        return wait_ticket(self._done, ticket, self.poll, timeout, "Store.wait", self._tickets)
 
     def exists_sync(self, hashes: Sequence[Any]) -> StoreResult:
         return self.wait(self.exists(hashes))

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, NamedTuple, Sequence
 
 from . import _args as _a
 from . import _fields
-from ._core import Handle, check, using, wait_ticket
+from ._core import Handle, Tickets, check, using, wait_ticket
 from ._lib import XferConfig, XferCopy, XferDone, XferStats, lib
 
 __all__ = ["Transfer", "XferResult"]
@@ -102,6 +102,7 @@ class Transfer(Handle):
                   f"{len(self._tiers)} tiers, threads={threads} (1..64)")
             self._own(h.value, self._tiers)
         self._results: Dict[int, XferResult] = {}
+        self._tickets = Tickets()
 
     def _destroy(self, h: int) -> None:
         lib.kvt_xfer_destroy(h)
@@ -127,7 +128,7 @@ class Transfer(Handle):
             check(lib.kvt_xfer_submit(h, src, dst, arr, n, user, ctypes.byref(t)), "Transfer.submit",
                   "a tier index or page out of range, a destination page twice, no copies, or a source that is "
                   "a peer's tier (tcp, ucx: written only)")
-        return t.value
+        return self._tickets.issued(t.value)
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[XferResult]:
         """Completed batches (waiting up to ``timeout`` seconds for the first)."""
@@ -137,12 +138,14 @@ class Transfer(Handle):
         out = (XferDone * max)()
         with self._use_poll as h:
             got = check(lib.kvt_xfer_poll(h, out, max, int(timeout * 1e9)), "Transfer.poll")
-        return [XferResult(d.ticket, d.user, lib.kvt_err_name(d.status).decode(), d.src, d.dst, d.n, d.bad_page)
-                for d in out[:got]]
+        res = [XferResult(d.ticket, d.user, lib.kvt_err_name(d.status).decode(), d.src, d.dst, d.n, d.bad_page)
+               for d in out[:got]]
+        self._tickets.taken(res)
+        return res
 
     def wait(self, ticket: int, timeout: float = 60.0) -> XferResult:
         """The result of one batch (other batches polled meanwhile are kept for their own wait)."""
-        return wait_ticket(self._results, ticket, self.poll, timeout, "Transfer.wait")
+        return wait_ticket(self._results, ticket, self.poll, timeout, "Transfer.wait", self._tickets)
 
     @property
     def pending(self) -> int:

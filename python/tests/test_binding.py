@@ -272,6 +272,17 @@ def test_transfer_copies_bytes_and_catches_corruption():
             assert st["pages"] == 8 and st["bytes"] == 8 * 512
             with pytest.raises(kvtier.InvalidArgument):
                 x.submit(0, 1, [(0, 99)])
+            # a wait on a batch not in flight says so at once (it waited out its timeout, 60 s)
+            t = x.submit(0, 1, [(1, 2)])
+            assert x.wait(t, timeout=30).ok
+            for gone in (t, t + 1000):  # taken already; never issued
+                with pytest.raises(kvtier.InvalidArgument, match=f"ticket {gone} is not a batch in flight"):
+                    x.wait(gone, timeout=30)
+            t = x.submit(0, 1, [(1, 3)])
+            while not x.poll(1.0):  # taken by a poll
+                pass
+            with pytest.raises(kvtier.InvalidArgument, match="not a batch in flight"):
+                x.wait(t, timeout=30)
             with pytest.raises(kvtier.Busy, match="still used by Transfer"):
                 a.close()
         with pytest.raises(ValueError, match=r"tiers\[2\]: the tier is already tiers\[0\]"):
@@ -388,6 +399,21 @@ def test_a_store_log_callback_cannot_close_the_store_under_its_worker(tmp_path):
             assert any("FIFO" in m for m in said), said
             assert len(refused) == 2 and all("inside its own callback" in m for m in refused), refused
             assert not s.closed and s.exists_sync(hs).results == ("miss",)  # (not a regular file)
+
+
+def test_tickets_polled_before_their_submit_recorded_them():
+    """Another thread's poll may take a completion before the submit that
+    queued it has recorded its ticket: the record then matches it, and the
+    ticket is not in flight (its result was taken)."""
+    from kvtier._core import Tickets
+    from kvtier.xfer import XferResult
+    tk = Tickets()
+    tk.taken([XferResult(7, 0, "KVT_OK", 0, 1, 1, 0)])
+    assert tk.issued(7) == 7 and not tk.in_flight(7)
+    tk.issued(8)
+    assert tk.in_flight(8) and not tk.in_flight(7)
+    tk.taken([XferResult(8, 0, "KVT_OK", 0, 1, 1, 0)])
+    assert not tk.in_flight(8) and not tk._early and not tk._out
 
 
 def test_store_on_a_real_redis(redis_server):
