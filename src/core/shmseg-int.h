@@ -26,7 +26,8 @@
  *            foreign file put there since, is never removed)
  *
  * A creator killed between shm_open and link leaves its .tmp name; the next
- * creator of that name with the same pid removes it.
+ * creator of that name, and kvt__seg_remove_stale, remove it once its pid
+ * runs no process.
  */
 #ifndef KVTIER_SHMSEG_INT_H
 #define KVTIER_SHMSEG_INT_H
@@ -77,8 +78,9 @@ int kvt__seg_attach(kvt__seg_t *s, const char *name, uint32_t kind, uint32_t ver
 /* Unmaps; the creator unlinks the name if it still names its segment. */
 void kvt__seg_close(kvt__seg_t *s);
 /* Unlinks name if it holds a finished kvtier segment of this kind whose
- * creator is dead (what a launcher does after its group crashed). 1 when
- * removed, 0 when left alone (absent, live, or not kvtier's). */
+ * creator is dead (what a launcher does after its group crashed), and the
+ * unfinished ones of creators gone (<name>.<pid>.tmp). How many removed (0:
+ * absent, live, or not kvtier's). */
 int kvt__seg_remove_stale(const char *name, uint32_t kind);
 
 /* The start time of a process (clock ticks since boot), 0 when unknown. */

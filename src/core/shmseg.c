@@ -3,8 +3,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -115,6 +117,31 @@ static int publish(kvt__seg_t *s, const char *tmp, uint32_t kind) {
     return KVT_EEXIST;
 }
 
+/* Removes name's unfinished segments (<name>.<pid>.tmp) whose creator is
+ * gone: one killed between shm_open and link leaves one, which holds its
+ * memory until removed. A pid that runs again (another process took its
+ * number) keeps its file: it may be that process's. Returns how many. */
+static int remove_dead_tmps(const char *name) {
+    DIR *d = opendir("/dev/shm");
+    if (d == NULL) return 0;
+    size_t len = strlen(name + 1);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const char *f = e->d_name, *dot = f + len;
+        if (strncmp(f, name + 1, len) != 0 || *dot != '.') continue;
+        char *end;
+        long pid = strtol(dot + 1, &end, 10);
+        if (end == dot + 1 || strcmp(end, ".tmp") != 0 || pid <= 0 || pid > INT32_MAX) continue;
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+            char seg[sizeof(e->d_name) + 1] = "/";
+            memcpy(seg + 1, f, strlen(f) + 1);
+            n += shm_unlink(seg) == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
 int kvt__seg_create(kvt__seg_t *s, const char *name, uint32_t kind, uint32_t version, uint64_t total,
                     int (*init)(void *base, void *arg), void *arg) {
     if (!name_ok(name) || total < sizeof(kvt__seg_head_t)) return KVT_EINVAL;
@@ -123,6 +150,7 @@ int kvt__seg_create(kvt__seg_t *s, const char *name, uint32_t kind, uint32_t ver
     char tmp[128];
     snprintf(tmp, sizeof(tmp), "%s.%d.tmp", name, (int)getpid());
     shm_unlink(tmp); /* a leftover of a dead process that had our pid */
+    remove_dead_tmps(name);
     int fd = shm_open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) return KVT_EIO;
     struct stat sb;
@@ -198,9 +226,10 @@ int kvt__seg_remove_stale(const char *name, uint32_t kind) {
     if (!name_ok(name)) return 0;
     char path[128];
     snprintf(path, sizeof(path), "/dev/shm%s", name);
+    int n = remove_dead_tmps(name);
     for (int attempt = 0; attempt < 4; attempt++) {
         int rc = under_lock(path, kind, unlink_it, NULL);
-        if (rc != -1) return rc == 1;
+        if (rc != -1) return n + (rc == 1);
     }
-    return 0;
+    return n;
 }
