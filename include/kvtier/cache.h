@@ -93,7 +93,7 @@ typedef enum kvt_policy {
 #define KVT_POLICY_DEFAULT KVT_POLICY_ARC
 
 typedef enum kvt_write_policy {
-    KVT_WRITE_THROUGH = 0,           /* back up every page when it is inserted */
+    KVT_WRITE_THROUGH = 0,           /* back up every page when its request commits (kvt_cache_commit) */
     KVT_WRITE_THROUGH_SELECTIVE = 1, /* back up a node's pages once it has been hit N times */
     KVT_WRITE_BACK = 2,              /* back up a page when L1 evicts it */
     KVT_WRITE_POLICY_COUNT_

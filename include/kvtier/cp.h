@@ -201,7 +201,8 @@ KVT_API int kvt_cp_group_attach(kvt_cp_group_t *g, kvt_cache_t *c, kvt_xfer_t *x
 /* After kvt_cache_admit of the current request (l1_ids as it filled them):
  * records which L1 pages the request writes, and waits until rank 0 has
  * copied out the old content of those this rank writes (its own new pages).
- * KVT_EIO (stopped), KVT_ETIMEDOUT, KVT_ERANGE (a page id out of range). */
+ * KVT_EIO (stopped), KVT_ETIMEDOUT, KVT_ERANGE (a page id out of range),
+ * KVT_EINVAL (no l1_ids for a request with pages to write). */
 KVT_API int kvt_cp_group_admitted(kvt_cp_group_t *g, const kvt_cache_req_t *req, const uint32_t *l1_ids);
 /* This rank has written its pages of request i (the current one). */
 KVT_API int kvt_cp_group_filled(kvt_cp_group_t *g, uint64_t i);
@@ -209,7 +210,8 @@ KVT_API int kvt_cp_group_filled(kvt_cp_group_t *g, uint64_t i);
  * table (row i < requests): kvt_cache_digest of a cache made with
  * cfg.decision_digest, or a hash of it (a cache made without it reports 0,
  * and ranks that all report 0 agree whatever they decide). KVT_EIO once the
- * group has stopped (a dead rank is found here too), KVT_EINVAL out of
+ * group has stopped (a dead rank is found here too), KVT_ERANGE (i >=
+ * requests), KVT_EINVAL out of
  * order; nothing changed on failure. */
 KVT_API int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest);
 /* Waits until every rank has done the first n requests and compares their

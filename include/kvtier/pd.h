@@ -230,7 +230,9 @@ KVT_API int kvt_pd_sender_reconnect(kvt_pd_sender_t *s, uint16_t data_port, uint
  * (kvt_pd_sender_linked stays true): KVT_ERANGE (n is more than the pool
  * holds), KVT_ENOENT (h < the receiver's resume_from: lost with an earlier
  * decode), KVT_EIO (the group is broken, or h failed already); KVT_EIO with
- * the link broken (decode gone). Every failure counts h as failed. */
+ * the link broken (decode gone, or an answer no receiver gives: a page
+ * outside the pool or twice). Each of those counts h as failed; KVT_EINVAL
+ * and KVT_ENOMEM (before decode was asked) count nothing. */
 KVT_API int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *dst);
 /* Sends this rank's pages of h (copies: src page -> dst page from begin)
  * through the transfer engine, waits until decode acknowledged every byte,

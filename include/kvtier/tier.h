@@ -215,12 +215,13 @@ KVT_API uint32_t kvt_tier_planes(const kvt_tier_t *t);
  * tier is kvt_tier_addr). NULL when out of range. */
 KVT_API void *kvt_tier_plane_addr(const kvt_tier_t *t, uint32_t plane, uint64_t page, uint32_t layer);
 /* Copies layer_bytes between the caller's host memory and (page, layer),
- * for every kind of tier (cuda: a synchronous copy). An engine tier gathers
+ * for every kind of tier with local pages (cuda: a synchronous copy; a
+ * peer's tier, tcp or ucx, is KVT_ENOTSUP). An engine tier gathers
  * (read) or scatters (write) its planes' pieces in plane order, the logical
  * order of the essay. A write is bytes only: a checksummed tier keeps the
  * page's recorded sum (kvt_tier_sums), so a copy out of a page written this
  * way fails its check until the sum is set again (kvt_tier_page_sum) — the
- * way tests plant a stray write. KVT_ERANGE, KVT_EIO. */
+ * way tests plant a stray write. KVT_ERANGE, KVT_EIO, KVT_ENOTSUP. */
 KVT_API int kvt_tier_write(kvt_tier_t *t, uint64_t page, uint32_t layer, const void *src);
 KVT_API int kvt_tier_read(const kvt_tier_t *t, uint64_t page, uint32_t layer, void *dst);
 /* The per-page checksums (KVT_TIER_CHECKSUM), or NULL. */
