@@ -227,9 +227,12 @@ static int wait_for(kvt_cp_group_t *g, cond_fn cond, uint64_t a, uint64_t b, int
         if ((spin & 255) != 0) continue;
         uint64_t now = kvt_now_ns();
         if (watch_ranks(g, watch, now) != KVT_OK) return KVT_EIO;
-        if (now - t0 > g->wait_limit_ns)
-            return fail_self(g, KVT_ETIMEDOUT, "rank %u: waited %" PRIu64 " ms for %s (%" PRIu64 ", %" PRIu64 ") at request %" PRIu64,
-                             g->rank, g->wait_limit_ns / 1000000, what, a, b, g->cur + 1);
+        if (now - t0 > g->wait_limit_ns) {
+            char on[24] = "every rank";
+            if (watch >= 0) snprintf(on, sizeof(on), "rank %d", watch);
+            return fail_self(g, KVT_ETIMEDOUT, "rank %u: waited %" PRIu64 " ms on %s for %s (%" PRIu64 ", %" PRIu64
+                             ") at request %" PRIu64, g->rank, g->wait_limit_ns / 1000000, on, what, a, b, g->cur + 1);
+        }
     }
     slot_t *me = slot(g, g->rank);
     atomic_fetch_add(&me->wait_ns, kvt_now_ns() - t0);
