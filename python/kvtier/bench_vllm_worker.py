@@ -124,7 +124,6 @@ def bench_layout(name: str, a: argparse.Namespace) -> dict:
     pa, pb = ra.plane_addr(0, 0, 0), rb.plane_addr(0, 0, 0)
     ctypes.memset(pa, 0x5a, moved)
     ctypes.memset(pb, 0xa5, moved)
-    before = backing[0].clone()
     out = {k: [] for k in ("memmove", "stream", "store_wall", "store_copy", "load_wall", "load_copy")}
     ratios = {k: [] for k in ("store_wall", "store_copy", "load_wall", "load_copy")}
     try:
@@ -146,7 +145,12 @@ def bench_layout(name: str, a: argparse.Namespace) -> dict:
                     gbps = moved / s / 1e9
                     out[f"{d}_{kind}"].append(gbps)
                     ratios[f"{d}_{kind}"].append(gbps / best)
-        if not torch.equal(backing[0], before):  # each load wrote back what its store took
+        # the bytes, outside the clock: stored, overwritten, loaded back (a worker that moved nothing fails)
+        want = backing[0].clone()
+        timed_job(w, 1 + 2 * a.reps, gpu, host, load=False)
+        backing[0].fill_(0)
+        timed_job(w, 2 + 2 * a.reps, gpu, host, load=True)
+        if not torch.equal(backing[0], want):
             raise RuntimeError(f"{name}: the blocks loaded back differ from those stored")
     finally:
         w.shutdown()

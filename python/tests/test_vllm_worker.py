@@ -470,6 +470,37 @@ def test_bench_worker_runs_every_layout(capsys):
         assert all(v["min"] > 0 for v in r["gbps"].values())
 
 
+def test_bench_worker_check_fails_a_worker_that_moves_nothing(monkeypatch):
+    """The benchmark's own check of the bytes can fail: a worker that reports
+    every job done and copies nothing (as fast as can be) is caught."""
+    from collections import namedtuple
+
+    from kvtier import bench_vllm_worker as bench
+    done = namedtuple("done", "job_id success transfer_size transfer_time")
+
+    class Idle:
+        def __init__(self, *args, **kwargs):
+            self.jobs = []
+
+        def submit_store(self, job_id, src, dst):
+            self.jobs.append(job_id)
+            return True
+        submit_load = submit_store
+
+        def wait(self, jobs):
+            pass
+
+        def get_finished(self):
+            out, self.jobs = [done(j, True, 1, 1e-6) for j in self.jobs], []
+            return out
+
+        def shutdown(self):
+            pass
+    monkeypatch.setattr(bench, "KvtierOffloadingWorker", Idle)
+    with pytest.raises(RuntimeError, match="differ from those stored"):
+        bench.main(["--mb", "2", "--reps", "1", "--layers", "4", "--block-bytes", "16384", "--layouts", "packed"])
+
+
 def test_write_through_to_a_dir_l3_and_fetch_into_another_worker(dir_store_url):
     """The L3 path of the worker: a store job naming page hashes (KvtierStoreSpec)
     writes its chunks through to the store before it reports; another worker,

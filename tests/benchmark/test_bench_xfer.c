@@ -45,6 +45,19 @@ Test(bench_xfer, smoke, .timeout = 300) {
     run_free(&r);
 }
 
+/* The bench checks the bytes each direction moved, outside its clock: a
+ * piece spoiled after the check's copy (kvtier-test's hook) fails the run. */
+Test(bench_xfer, a_copy_gone_wrong_fails_the_run, .timeout = 120) {
+    setenv("KVT_BENCH_XFER_SPOIL", "1", 1);
+    run_result_t r = run_argv((const char *const[]){kvtier_test_bin(), "bench", "xfer", "--total-mb", "1", "--reps", "1",
+                                                    "--page-bytes", "4096", "--l1", "arena", "--layout", "page_first",
+                                                    "--pattern", "scattered", NULL});
+    unsetenv("KVT_BENCH_XFER_SPOIL");
+    cr_assert_neq(r.status, 0, "%s", r.out);
+    cr_assert(strstr(r.err, "d2h of 256 pages of 4096 B: pieces came out wrong"), "%s", r.err);
+    run_free(&r);
+}
+
 Test(bench_xfer, bad_flags) {
     expect_refused((const char *const[]){NULL, "bench", "xfer", "--pattern", "zigzag", NULL},
                    2, "contiguous|scattered|both");

@@ -151,6 +151,42 @@ static double engine_run(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xf
     return got == 1 && d.status == KVT_OK ? s : -1;
 }
 
+/* The bytes, outside the clock (a fast copy of the wrong bytes is no
+ * figure): one more run of the copies, then every copy's destination
+ * (page, layer) read back against its source. For d2h the source L1 pages
+ * are first given contents of their own (distinct per page and layer), so
+ * that a page copied to the wrong place is caught; h2d then reads back what
+ * d2h put in L2 (through the engine: checksums valid). The number of
+ * (page, layer) pieces that differ, or -1 when a copy failed. */
+static int64_t verify(kvt_xfer_t *x, kvt_tier_t *const *t, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies,
+                      uint64_t n) {
+    const kvt_geom_t *g = kvt_tier_geom(t[src]);
+    uint64_t *a = malloc(g->layer_bytes + 8), *b = malloc(g->layer_bytes + 8);
+    int64_t bad = a && b ? 0 : -1;
+    for (uint64_t i = 0; i < n && bad == 0 && src == 0; i++)
+        for (uint32_t l = 0; l < g->layers && bad == 0; l++) {
+            for (uint64_t w = 0; w * 8 < g->layer_bytes; w++) a[w] = (copies[i].src_page * 0x9e3779b97f4a7c15ull) ^ (l * 0xbf58476d1ce4e5b9ull) ^ w;
+            if (kvt_tier_write(t[src], copies[i].src_page, l, a) != KVT_OK) bad = -1;
+        }
+    if (bad == 0 && engine_run(x, src, dst, copies, n) < 0) bad = -1;
+#ifdef KVT_TESTING
+    if (bad == 0 && getenv("KVT_BENCH_XFER_SPOIL")) { /* one piece as a copy gone wrong leaves it: the check must see it */
+        memset(b, 0, g->layer_bytes);
+        kvt_tier_write(t[dst], copies[n / 2].dst_page, 0, b);
+    }
+#endif
+    for (uint64_t i = 0; i < n && bad >= 0; i++)
+        for (uint32_t l = 0; l < g->layers && bad >= 0; l++) {
+            if (kvt_tier_read(t[src], copies[i].src_page, l, a) != KVT_OK || kvt_tier_read(t[dst], copies[i].dst_page, l, b) != KVT_OK)
+                bad = -1;
+            else if (memcmp(a, b, g->layer_bytes) != 0)
+                bad++;
+        }
+    free(a);
+    free(b);
+    return bad;
+}
+
 /* The engine's own buffer for an engine L1 (kind 1: K/V planes, 2: one
  * MLA plane), and the description of it. The bench owns the memory; the
  * tier only addresses it. */
@@ -283,6 +319,12 @@ static int bench_one(const params_t *p, uint64_t page_bytes, int l1, int layout,
             if (s < 0) rc = KVT_EIO;
             eng[r] = (double)bytes / s / 1e9;
             pr[r] = eng[r] / (mc[r] > nt[r] ? mc[r] : nt[r]);
+        }
+        int64_t wrong = rc == KVT_OK ? verify(x, t, src, dst, copies, pages) : 0;
+        if (rc == KVT_OK && wrong != 0) {
+            fprintf(stderr, "kvtier bench xfer: %s of %" PRIu64 " pages of %" PRIu64 " B: %s\n", DIRS[dir], pages, page_bytes,
+                    wrong < 0 ? "the check's copy or read failed" : "pieces came out wrong");
+            rc = KVT_ECORRUPT;
         }
         if (rc != KVT_OK) {
             fprintf(stderr, "kvtier bench xfer: a copy failed\n");
