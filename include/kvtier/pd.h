@@ -150,8 +150,8 @@ typedef struct kvt_pd_receiver_config {
 
 typedef enum kvt_pd_event_type {
     KVT_PD_EV_COMPLETE = 1, /* every rank's pages are in; the caller owns the pages until release */
-    KVT_PD_EV_FAILED = 2,   /* it will never complete; no live rank writes its pages any more (a vanished
-                               rank's bytes still in flight may: docs/pd.md); release them */
+    KVT_PD_EV_FAILED = 2,   /* it will never complete; no rank writes its pages any more (a vanished rank's
+                               data connections are cut first: docs/pd.md); release them */
     KVT_PD_EV_END = 3       /* the control loop ended: every rank said goodbye or vanished (status
                                KVT_OK), or not every rank joined in time (KVT_ETIMEDOUT) */
 } kvt_pd_event_type_t;

@@ -334,3 +334,40 @@ def test_the_page_server_gives_back_a_closed_connections_descriptor():
                          text=True, timeout=3 * HUNG)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) <= 0, f"{out.stdout.strip()} descriptors still held"
+
+
+def writer_token(token, rank):
+    """The token rank r of a PD group says on the data port (docs/pd.md): decode knows its connections by it."""
+    return token ^ ((rank + 1) * 0x9E3779B97F4A7C15 % (1 << 64))
+
+
+def test_a_vanished_ranks_bytes_never_land_after_failed():
+    """Rank 0 has a run half sent on its data connection when its control
+    connection goes: before decode reports the hand-off FAILED it cuts that
+    rank's data connections, so the rest of the run never lands in pages
+    the caller may already have given to another hand-off."""
+    with kvtier.Tier.host(8, 2, 256) as pool, kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
+        c = join(rx.control_port, 0, 1)
+        c.sendall(op(REQ, 1, 2))
+        _, _, _, pages = read_dst(c)
+        d = socket.create_connection(("127.0.0.1", rx.data_port))
+        d.sendall(data_hello(token=writer_token(TOKEN, 0), pages=8, layers=2, layer_bytes=256))
+        assert struct.unpack("<i", recv_exact(d, 128)[:4])[0] == 0
+        d.sendall(struct.pack("<QQ", pages[0] * 512, 512) + b"\xaa" * 100)  # a run, partly sent
+        time.sleep(0.2)
+        c.close()
+        ev = events(rx, lambda got: any(e.type == "failed" for e in got))
+        assert [e.handoff for e in ev if e.type == "failed"] == [1]
+        rx.release(1)
+        before = pool.read_page(pages[0])
+        try:
+            d.sendall(b"\xbb" * 412)  # the rest of the run
+        except OSError:
+            pass  # (cut: the send may see it)
+        time.sleep(0.3)
+        assert pool.read_page(pages[0]) == before and b"\xbb" not in before
+        d.close()
+        c2 = socket.create_connection(("127.0.0.1", rx.data_port))  # the page server serves on
+        c2.sendall(data_hello(token=TOKEN ^ 1, pages=8, layers=2, layer_bytes=256))
+        assert struct.unpack("<i", recv_exact(c2, 128)[:4])[0] == kvtier.InvalidArgument.code  # a stranger's token
+        c2.close()

@@ -43,6 +43,7 @@ struct kvt_net_server {
     void *ucx; /* the UCX server's state */
     kvt_net_server_stats_t st;
     _Atomic uint64_t token; /* kvt_net_server_set_token; 0: none asked */
+    _Atomic uint32_t writers; /* kvt__net_set_writers: hellos may name writer 0..writers-1 */
 };
 
 /* Counts (counter may be NULL) and records an error, under s->mu. */
@@ -55,9 +56,18 @@ int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t
 /* One connection, from its hello to its end: the hello checked and
  * answered, then runs received into the tier and acknowledged, until EOF,
  * an error or a malformed run (which closes it: the caller shuts fd down).
- * The tcp server's connection thread; the fuzz target drives it on a
+ * *writer (may be NULL), under s->mu: the writer its hello named, -1 for
+ * none. The tcp server's connection thread; the fuzz target drives it on a
  * socketpair. */
-void kvt__net_serve_conn(kvt_net_server_t *s, int fd);
+void kvt__net_serve_conn(kvt_net_server_t *s, int fd, int *writer);
+/* A group of n writers, each saying kvt__wire_writer_token(token, w) (the
+ * group's token still takes a writer of no name). PD decode: its ranks. */
+void kvt__net_set_writers(kvt_net_server_t *s, uint32_t n);
+/* Cuts writer w's connections and waits (up to 2 s) until none of them
+ * can write another byte into the tier: what a writer that died had in
+ * flight lands before this returns, or never. tcp only (a UCX server's
+ * writers are not told apart). */
+void kvt__net_fence(kvt_net_server_t *s, int w);
 /* A run that lies inside the tier. */
 bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d);
 

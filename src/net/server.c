@@ -33,6 +33,7 @@ typedef struct sconn {
     int fd;
     pthread_t th;
     bool finished; /* under s->mu */
+    int writer;    /* the writer its hello named (-1: none); under s->mu */
 } sconn_t;
 
 void kvt__net_note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, ...) {
@@ -58,6 +59,18 @@ int kvt_net_server_set_token(kvt_net_server_t *s, uint64_t token) {
     return KVT_OK;
 }
 
+void kvt__net_set_writers(kvt_net_server_t *s, uint32_t n) { atomic_store(&s->writers, n); }
+
+/* The writer a token names: 0..writers-1, -1 for the group's own token (or
+ * none asked), -2 for a token the server does not take. */
+static int writer_of(kvt_net_server_t *s, uint64_t t) {
+    uint64_t token = atomic_load(&s->token);
+    if (token == 0 || t == token) return -1;
+    for (uint32_t w = 0, n = atomic_load(&s->writers); w < n; w++)
+        if (t == kvt__wire_writer_token(token, w)) return (int)w;
+    return -2;
+}
+
 int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t len, kvt__wire_reply_t *r) {
     const kvt_geom_t *g = &s->geom;
     *r = (kvt__wire_reply_t){KVT_OK, "ok"};
@@ -73,8 +86,7 @@ int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t
         kvt__net_note(s, &s->st.refused, "a peer of %s", r->message);
         return 1;
     }
-    uint64_t token = atomic_load(&s->token);
-    if (token != 0 && h->token != token) {
+    if (writer_of(s, h->token) == -2) {
         r->status = KVT_EINVAL;
         snprintf(r->message, sizeof(r->message), "refused: not this server's token");
         kvt__net_note(s, &s->st.refused, "a peer without this server's token: refused");
@@ -95,8 +107,8 @@ bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d) {
     return d->len > 0 && d->len <= KVT_WIRE_MAX_DATA && d->off <= s->bytes && d->len <= s->bytes - d->off;
 }
 
-/* The hello: the writer's geometry must be the tier's. */
-static bool greet(kvt_net_server_t *s, int fd) {
+/* The hello: the writer's geometry must be the tier's; *writer its name. */
+static bool greet(kvt_net_server_t *s, int fd, int *writer) {
     kvt__wire_hello_t h;
     kvt__wire_reply_t r;
     bool heard = kvt__read_by(fd, &h, sizeof(h), kvt_now_ns() + 5000000000ull, NULL) == 0; /* 5 s for all of it */
@@ -113,11 +125,16 @@ static bool greet(kvt_net_server_t *s, int fd) {
     }
     int v = kvt__net_check_hello(s, &h, sizeof(h), &r);
     if (v < 0) return false; /* not ours: no reply, just close */
+    if (v == 0 && writer) {
+        pthread_mutex_lock(&s->mu);
+        *writer = writer_of(s, h.token);
+        pthread_mutex_unlock(&s->mu);
+    }
     return kvt__write_full(fd, &r, sizeof(r)) == 0 && v == 0;
 }
 
-void kvt__net_serve_conn(kvt_net_server_t *s, int fd) {
-    bool ok = greet(s, fd);
+void kvt__net_serve_conn(kvt_net_server_t *s, int fd, int *writer) {
+    bool ok = greet(s, fd, writer);
     struct timeval none = {0, 0}; /* greeted: runs may be far apart */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
     if (!ok) return;
@@ -141,13 +158,30 @@ void kvt__net_serve_conn(kvt_net_server_t *s, int fd) {
 
 static void *conn_main(void *arg) {
     sconn_t *c = arg;
-    kvt__net_serve_conn(c->s, c->fd);
+    kvt__net_serve_conn(c->s, c->fd, &c->writer);
     kvt_net_server_t *s = c->s;
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&s->mu);
     c->finished = true;
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+void kvt__net_fence(kvt_net_server_t *s, int w) {
+    if (s->tr != KVT_NET_TCP) return;
+    for (int i = 0; i < 2000; i++) { /* a reading thread sees its socket shut at once: 2 s is far */
+        bool open = false;
+        pthread_mutex_lock(&s->mu);
+        for (sconn_t *c = s->conns; c; c = c->next)
+            if (c->writer == w && !c->finished) {
+                if (i == 0) shutdown(c->fd, SHUT_RDWR); /* the fd stays open until reaped: not reused meanwhile */
+                open = true;
+            }
+        pthread_mutex_unlock(&s->mu);
+        if (!open) return;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
 }
 
 /* Joins and frees finished connections (all of them when stopping). */
@@ -206,6 +240,7 @@ static void *accept_main(void *arg) {
         }
         c->s = s;
         c->fd = fd;
+        c->writer = -1;
         pthread_mutex_lock(&s->mu);
         s->st.connections++;
         s->st.awaiting_hello++;

@@ -48,6 +48,7 @@
 #include "../core/abi-int.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
+#include "../net/net-int.h"
 #include "../sock/wire.h"
 #include "pd-int.h"
 
@@ -273,6 +274,7 @@ static void on_gone(kvt_pd_receiver_t *r, uint32_t s, bool finished) {
     r->has_waiting[s] = false;
     if (finished) r->finished[s] = true;
     else {
+        kvt__net_fence(r->srv, (int)s); /* what it had in flight lands now or never: not after FAILED */
         r->dead[s] = true;
         r->st.vanished++;
         if (r->st.first_vanished < 0) r->st.first_vanished = (int32_t)s;
@@ -436,6 +438,7 @@ int kvt_pd_receiver_create(kvt_pd_receiver_t **out, const kvt_pd_receiver_config
     if (rc == KVT_OK) rc = kvt_net_server_create(&r->srv, c.transport, c.pool, c.host, c.data_port);
     /* the pool takes bytes only from the group's ranks: before anyone knows the port */
     if (rc == KVT_OK) rc = kvt_net_server_set_token(r->srv, c.token);
+    if (rc == KVT_OK) kvt__net_set_writers(r->srv, c.ranks); /* each rank's data connections known as its */
     if (rc == KVT_OK) rc = listen_control(r);
     if (rc == KVT_OK && (r->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) rc = KVT_EIO;
     r->dport = r->srv ? kvt_net_server_port(r->srv) : 0;

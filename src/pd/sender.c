@@ -105,7 +105,8 @@ static int link_to(kvt_pd_sender_t *s, uint16_t dport, uint16_t cport, bool newe
     s->resume_from = w.resume_from;
     snprintf(addr, sizeof(addr), "%s:%u", s->host, dport);
     kvt_tier_config_t tc = {.size = sizeof(tc), .kind = s->cfg.transport == KVT_NET_UCX ? KVT_TIER_UCX : KVT_TIER_TCP,
-                            .name = addr, .streams = s->cfg.streams, .token = s->cfg.token,
+                            .name = addr, .streams = s->cfg.streams,
+                            .token = kvt__wire_writer_token(s->cfg.token, s->cfg.rank), /* decode knows them as ours */
                             .geom = {w.pages, w.layers, w.layer_bytes, (kvt_layout_t)w.layout}};
     rc = kvt_tier_create(&s->remote, &tc); /* the tier copies its name */
     if (rc == KVT_EINVAL) return KVT_EIO; /* a welcome whose geometry no pool has: not a kvtier receiver */

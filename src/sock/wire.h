@@ -47,6 +47,13 @@ typedef struct kvt__wire_data {
     uint64_t off, len;
 } kvt__wire_data_t;
 
+/* The token writer w (0, 1 ...) of a group says in its hello, for a server
+ * that knows the group's writers (kvt__net_set_writers): the group's token
+ * mixed with w, so that the server knows whose each connection is. */
+static inline uint64_t kvt__wire_writer_token(uint64_t token, uint32_t w) {
+    return token ^ ((uint64_t)(w + 1) * 0x9e3779b97f4a7c15ull);
+}
+
 /* Whole reads and writes on a blocking socket; 0 or -1 (EOF or error). */
 int kvt__read_full(int fd, void *buf, size_t len);
 int kvt__write_full(int fd, const void *buf, size_t len);

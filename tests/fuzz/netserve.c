@@ -94,7 +94,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
     FZ_ASSERT(size == 0 || kvt__write_full(sv[1], data, size) == 0, "the peer's bytes do not fit the socket");
     shutdown(sv[1], SHUT_WR);
-    kvt__net_serve_conn(&S, sv[0]);
+    kvt__net_serve_conn(&S, sv[0], NULL);
     shutdown(sv[0], SHUT_RDWR);
     static uint8_t got[1 << 17], want[1 << 17];
     size_t ng = 0;
