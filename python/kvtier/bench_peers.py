@@ -428,35 +428,42 @@ def _summary(xs: Sequence[float]) -> Dict[str, Any]:
 
 
 def run_cell(be: Backend, page_bytes: int, batch: int, iters: int, tag: str) -> Dict[str, Any]:
-    """Writes iters batches of fresh keys from pages [0, batch), reads each back
-    into pages [batch, 2 batch) and checks the bytes; then empties the store."""
+    """Writes iters batches of fresh keys from pages [0, batch), batch i's key
+    j from page (i + j) mod batch, reads each back into pages [batch, 2
+    batch) and checks every batch's bytes (outside the clock: a page served
+    for another key, of this batch or another, is caught); then empties the
+    store."""
     import torch
     ps = be.pool.page_size
     kv = be.pool.kv_buffer
-    src = torch.arange(0, batch * ps, dtype=torch.int64)
+    tok = torch.arange(ps, dtype=torch.int64)
+
+    def rotated(i):  # the token indices of pages (i + j) mod batch, j = 0 ...
+        return ((torch.arange(batch, dtype=torch.int64) + i) % batch)[:, None].mul(ps).add(tok).flatten()
     dst = torch.arange(batch * ps, 2 * batch * ps, dtype=torch.int64)
     chains = [_keys(f"{tag}/{i}", batch) for i in range(iters)]
     clock = time.perf_counter
     set_s, get_s = [], []
     os.sync()  # no backend pays for the writeback of the one before (the file stores share a disk)
-    for keys in chains:
+    for i, keys in enumerate(chains):
+        src = rotated(i)
         t0 = clock()
         ok = be.set(keys, src)
         set_s.append(clock() - t0)
         if not ok:
             raise RuntimeError(f"{be.name}: a set of {batch} pages of {page_bytes} bytes failed")
-    for keys in chains:
+    for i, keys in enumerate(chains):
         kv[:, batch * ps:2 * batch * ps].zero_()
         t0 = clock()
         n = be.get(keys, dst)
         get_s.append(clock() - t0)
         if n != batch:
             raise RuntimeError(f"{be.name}: a get served {n} of {batch} pages of {page_bytes} bytes")
-    # bytes compared as bytes: random fp16 holds NaNs
-    a = kv[:, :batch * ps].contiguous().view(torch.uint8)
-    b = kv[:, batch * ps:2 * batch * ps].contiguous().view(torch.uint8)
-    if not torch.equal(a, b):
-        raise RuntimeError(f"{be.name}: pages read back differ from the pages written")
+        # bytes compared as bytes: random fp16 holds NaNs
+        a = kv[:, rotated(i)].contiguous().view(torch.uint8)
+        b = kv[:, batch * ps:2 * batch * ps].contiguous().view(torch.uint8)
+        if not torch.equal(a, b):
+            raise RuntimeError(f"{be.name}: batch {i}: pages read back differ from the pages written")
     be.reset()
     nbytes = batch * page_bytes
     out = {}

@@ -50,3 +50,38 @@ def test_smoke_run_every_backend(capsys, tmp_path):
     assert os.listdir(tmp_path) == []
     table = bench_peers.table(out)
     assert table.count("\n| batch_set_v1 | 64KiB |") == 2 and "| none |" in table
+
+
+def test_a_page_served_for_another_key_fails_the_cell():
+    """The cell's own check: a store answering a key with the page it holds
+    for another key (of the same batch, or of another batch at the same
+    place) is caught, not timed as a fast get."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvtier import bench_peers
+    ps, batch = 4, 3
+    pool = SimpleNamespace(page_size=ps, kv_buffer=torch.randint(0, 256, (2, 2 * batch * ps, 1, 2), dtype=torch.uint8))
+
+    def backend(wrong):
+        held = {}
+
+        def put(keys, idx):
+            for j, k in enumerate(keys):
+                held[k] = pool.kv_buffer[:, idx[j * ps:(j + 1) * ps]].clone()
+            return True
+
+        def get(keys, idx):
+            for j, k in enumerate(keys):
+                pool.kv_buffer[:, idx[j * ps:(j + 1) * ps]] = held[wrong(keys, j, k)]
+            return len(keys)
+        return SimpleNamespace(name="fake", pool=pool, set=put, get=get, reset=held.clear)
+
+    first = bench_peers._keys("t/0", batch)
+    right = backend(lambda keys, j, k: k)
+    bench_peers.run_cell(right, 16, batch, 2, "t")
+    for wrong in (lambda keys, j, k: keys[(j + 1) % batch],  # another key of the batch
+                  lambda keys, j, k: first[j]):  # the first batch's key at that place
+        with pytest.raises(RuntimeError, match="differ from the pages written"):
+            bench_peers.run_cell(backend(wrong), 16, batch, 2, "t")
