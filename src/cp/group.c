@@ -579,12 +579,11 @@ static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
     else if (g->seg.total != segment_bytes(cfg, &a, &b, &c) || g->h->slots_off != a || g->h->landed_off != b ||
              g->h->digests_off != c)
         rc = say(KVT_EINVAL, why, "rank %u: group %s's control segment has the wrong size or layout", cfg->rank, g->name);
-    if (rc == KVT_OK) rc = claim_slot(g, why);
     if (rc == KVT_OK && atomic_load_explicit(&g->h->stop, memory_order_acquire) != 0) { /* it can never finish now */
         stopped(g);
-        rc = say(KVT_EIO, why, "%s", g->why);
-        atomic_store_explicit(&slot(g, cfg->rank)->state, FAILED, memory_order_release);
+        rc = say(KVT_EIO, why, "%s", g->why); /* refused before its slot is claimed: nothing written */
     }
+    if (rc == KVT_OK) rc = claim_slot(g, why);
     if (rc != KVT_OK) kvt__seg_close(&g->seg);
     return rc;
 }
