@@ -194,7 +194,11 @@ static size_t scan_best_fit(const uint8_t *map, uint64_t npages, uint64_t n, kvt
         while (q < npages && !map[q]) q++;
         uint64_t len = q - pg;
         total += len;
-        if (len >= n) {
+        if (len == n) { /* no fit can be tighter, nor one lower among the tightest: done */
+            out[0] = (kvt_run_t){(uint32_t)pg, (uint32_t)n};
+            return 1;
+        }
+        if (len > n) {
             if (best_len == 0 || len < best_len) best = pg, best_len = len;
         } else {
             hist[len]++;
