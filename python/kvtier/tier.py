@@ -196,9 +196,12 @@ def _kept_range(obj: Any) -> Optional[Tuple[int, int]]:
     """[start, end) of the allocation obj's bytes live in (a torch storage,
     the numpy array owning the data, a buffer); None when it cannot be known."""
     if type(obj).__module__.startswith("torch"):
-        if obj.device.type != "cpu":
+        try:
+            if obj.device.type != "cpu":
+                return None
+            st = obj.untyped_storage()
+        except (AttributeError, RuntimeError):  # a torch object that is no tensor
             return None
-        st = obj.untyped_storage()
         return st.data_ptr(), st.data_ptr() + st.nbytes()
     np = sys.modules.get("numpy")
     try:
