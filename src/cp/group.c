@@ -273,9 +273,11 @@ static int before_load(kvt_cp_group_t *g, uint32_t l1, uint32_t l2, bool may_wai
 /* Rank 0's backup: the owner wrote the page; nobody still needs what L2 held. */
 static int before_backup(kvt_cp_group_t *g, uint32_t l1, uint32_t l2, bool may_wait) {
     uint32_t owner = kvt_lane_of(l1, g->C);
-    if (owner == g->rank && !filled_cond(g, owner, g->filled_req[l1])) /* waiting would wait on this thread */
+    if (owner == g->rank && !filled_cond(g, owner, g->filled_req[l1])) { /* waiting would wait on this thread */
+        if (stopped(g)) return KVT_EIO; /* a request let go after the group stopped: its reason stands */
         return fail_self(g, KVT_EINVAL, "rank %u: request %" PRIu64 " committed before kvt_cp_group_filled: its pages "
                          "cannot be backed up unwritten", g->rank, g->filled_req[l1]);
+    }
     if (!may_wait)
         return filled_cond(g, owner, g->filled_req[l1]) && all_done_cond(g, g->freed_req[l2], 0) ? KVT_OK : KVT_EAGAIN;
     int rc = wait_for(g, filled_cond, owner, g->filled_req[l1], (int)owner, "a rank to write a page to back up");
