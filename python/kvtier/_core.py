@@ -604,6 +604,7 @@ def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str, ticket
     timeout = _a.number(timeout, f"{what} timeout")
     end = time.monotonic() + timeout
     while ticket not in done:
+        # (done again: another thread's wait may have polled it into done since the loop's test)
         if tickets is not None and not tickets.in_flight(ticket) and ticket not in done:
             raise error(-1, what, f"ticket {ticket} is not a batch in flight: never issued, or its result taken "
                                   "already (by a poll or another wait)")
