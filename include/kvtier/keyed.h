@@ -38,9 +38,10 @@
  *
  * Pages. Deterministic: the same calls give the same pages. The new keys of
  * a prepare_store, in the order of keys[], take first the recycled pages:
- * those of keys whose store failed since the last successful prepare_store
- * or reset (in the order they failed), then those of the keys this call
- * evicts (in eviction order); the rest come from one reserve of the extent
+ * those of keys whose store failed or that kvt_keyed_remove took out since
+ * the last successful prepare_store or reset (in the order they left), then
+ * those of the keys this call evicts (in eviction order); the rest come
+ * from one reserve of the extent
  * allocator (kvt_extalloc_reserve, contiguous-preferred, alloc.h), its runs
  * in order, each run's pages ascending. Recycled pages the new keys do not
  * take go back to the allocator, also when there are no new keys. (So a

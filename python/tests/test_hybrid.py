@@ -264,6 +264,45 @@ def test_room_in_l1_runs_out_while_pieces_are_pinned():
         h.check()
 
 
+def test_a_hit_short_by_a_window_and_then_by_room_counts_both():
+    """full_hit_tokens = hit + window_short + state_short + room_short: the
+    tokens the rule lost (a window page missing) stay the rule's when L1's
+    room then loses the rest (they were counted nowhere)."""
+    with kvtier.Hybrid("full:1:64,window:64:1:64", page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 22,
+                       l1_slots={1: 8}, l2_slots={1: 100}, checkpoint_every=5) as h:
+        x, y = list(range(1000, 1000 + 10 * P)), list(range(5000, 5000 + 10 * P))
+        for t in (x, y):
+            h.release(h.admit(t))
+        live = [h.admit(y), h.admit(y[:5 * P] + [7] * (5 * P))]  # pin all eight window slots
+        b = h.admit(x[:9 * P] + [9] * P)  # m = 9, but x's spare page 5 (in no kept point's window) is gone: n = 5
+        assert (b.hit_pages, b.full_hit_pages, b.short_by) == (0, 9, "room")
+        st = h.stats()
+        assert (st["window_short_tokens"], st["room_short_tokens"]) == (4 * P, 5 * P)
+        assert st["full_hit_tokens"] == (st["hit_tokens"] + st["window_short_tokens"] + st["state_short_tokens"]
+                                         + st["room_short_tokens"])
+        h.check()
+        for r in [b] + live:
+            r.release()
+
+
+def test_pieces_stored_count_only_the_new_ones():
+    """window_pages_stored counts the pages a request added to L1, not the
+    ones it found there (the engine was told to write 4 of 12)."""
+    with kvtier.Hybrid("full:1:64,window:32:1:64,state:1:256", page_tokens=P, l1_bytes=1 << 22,
+                       l1_slots={1: 200, 2: 20}, checkpoint_branches=False, moves=True) as h:
+        x = list(range(1000, 1000 + 10 * P))
+        h.release(h.admit(x))
+        assert h.stats()["window_pages_stored"] == 10
+        h.take_moves()
+        b = h.admit(x[:8 * P] + [7] * (4 * P))  # no checkpoint at 8: n = 0, it recomputes all 12 pages
+        assert (b.hit_pages, b.short_by) == (0, "state")
+        h.release(b)
+        writes = sum(1 for m in h.take_moves() if m.group == 1 and m.src_tier == 0)
+        st = h.stats()
+        assert writes == 4 and st["window_pages_stored"] == 10 + 4 and h.group_bytes(1)["slots"][0] == 14
+        assert st["checkpoints_stored"] == 2
+
+
 # (warm requests, probes): (root, priority) each; then each policy's hit pages for the probes
 ORDER_CASES = (
     # A hit once, B, C: lru, fifo, priority, slru evict A's (the oldest); s2lru and lfu B's

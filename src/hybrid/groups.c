@@ -100,9 +100,9 @@ static int split(const kvt_layer_group_t *g, uint32_t n, uint32_t P, uint64_t by
     }
     double token_share = state_w > 0 ? 1 - state_share : 1.0, b = (double)bytes;
     /* the full groups' share, fb / token_w of the per-token bytes, in pages of fb x P bytes */
-    *full_pages = (uint64_t)(b * token_share / (token_w * P));
-    if (*full_pages == 0) return KVT_EINVAL;
-    if (*full_pages > KVT_ALLOC_MAX_PAGES) *full_pages = KVT_ALLOC_MAX_PAGES;
+    double f = b * token_share / (token_w * P);
+    if (f < 1) return KVT_EINVAL;
+    *full_pages = f > KVT_ALLOC_MAX_PAGES ? KVT_ALLOC_MAX_PAGES : (uint64_t)f; /* (clamped before the cast) */
     for (uint32_t i = 0; i < n; i++) {
         slots[i] = 0;
         if (g[i].kind == KVT_GROUP_FULL) continue;
@@ -176,14 +176,18 @@ int kvt__hybrid_config_ok(const kvt_hybrid_config_t *c) {
     uint64_t pages = c->cache.l1_pages > c->cache.l2_pages ? c->cache.l1_pages : c->cache.l2_pages, bytes;
     if (c->cache.l3_pages > pages) pages = c->cache.l3_pages;
     const uint64_t *slots[3] = {c->l1_slots, c->l2_slots, c->l3_slots};
+    uint64_t tier_bytes[3] = {0, 0, 0};
     for (uint32_t g = 0; g < G; g++) {
         int full = g >= c->ngroups || c->groups[g].kind == KVT_GROUP_FULL;
         if (full && (c->l1_slots[g] | c->l2_slots[g] | c->l3_slots[g])) return 0;
-        /* a page or slot, and a tier of them, in 64 bits (the byte counters wrapped to 0) */
+        /* a page or slot, and each tier's bytes over every group, in 64 bits (the byte counters
+         * would wrap) */
         uint64_t one = g < c->ngroups ? kvt__hybrid_slot_bytes(&c->groups[g], P) : 0;
         if (one == UINT64_MAX) return 0;
         for (int t = 0; t < 3 && g < c->ngroups; t++)
-            if (__builtin_mul_overflow(one, full ? pages : slots[t][g], &bytes)) return 0;
+            if (__builtin_mul_overflow(one, full ? pages : slots[t][g], &bytes) ||
+                __builtin_add_overflow(tier_bytes[t], bytes, &tier_bytes[t]))
+                return 0;
         if (full) continue;
         if (c->l1_slots[g] == 0 || (c->l2_slots[g] != 0) != (c->cache.l2_pages != 0) ||
             (c->l3_slots[g] != 0) != (c->cache.l3_pages != 0))

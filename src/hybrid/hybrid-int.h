@@ -43,6 +43,9 @@ int kvt__hybrid_has_l3(const kvt_hybrid_t *h);
 void kvt__hybrid_drive(kvt_hybrid_t *h, bool on);
 size_t kvt__hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap);
 int kvt__hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok);
+/* Group g's keyed cache of tier t (0-based), or NULL: for the unit tests
+ * that plant a fault for kvt_hybrid_check to find. */
+kvt_keyed_t *kvt__hybrid_keyed(kvt_hybrid_t *h, uint32_t g, int t);
 
 /* The moves outstanding with async_moves (pending.c), from their record to
  * the engine's report: entries with stable indexes, found by destination

@@ -265,6 +265,9 @@ uint64_t kvt_hybrid_digest(const kvt_hybrid_t *h) {
 
 const kvt_hybrid_config_t *kvt__hybrid_cfg(const kvt_hybrid_t *h) { return &h->cfg; }
 int kvt__hybrid_live(const kvt_hybrid_t *h) { return h->live != 0; }
+kvt_keyed_t *kvt__hybrid_keyed(kvt_hybrid_t *h, uint32_t g, int t) {
+    return g < h->cfg.ngroups && t >= 0 && t < 3 ? h->kc[g][t] : NULL;
+}
 int kvt__hybrid_has_l3(const kvt_hybrid_t *h) { return h->probe != NULL; }
 void kvt__hybrid_drive(kvt_hybrid_t *h, bool on) { h->driven = on; }
 void kvt__hybrid_drop_l3(kvt_hybrid_t *h) {
@@ -793,6 +796,8 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     h->searching = true; /* (its questions walk down: the outside L3 is asked ahead, resolve_down) */
     uint64_t n = kvt__hybrid_longest(h->cfg.groups, h->cfg.ngroups, h->P, m, have_cache, h, &r.short_by);
     h->searching = false;
+    uint64_t n_rule = n; /* what the rule lost is counted as the rule's, even when room then loses the rest */
+    uint32_t rule_short = r.short_by;
     if (n < m && h->cfg.cache.policy == KVT_POLICY_ARC) missed(h, m); /* (s2lru's share is fixed) */
     int tier = -1;
     p->prio = priority;
@@ -826,8 +831,8 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     h->st.hit_tokens += n * h->P;
     h->st.full_hit_tokens += m * h->P;
     if (n) *(tier == 0 ? &h->st.l1_hit_tokens : tier == 1 ? &h->st.l2_hit_tokens : &h->st.l3_hit_tokens) += n * h->P;
-    if (r.short_by == SHORT_WINDOW) h->st.window_short_tokens += (m - n) * h->P;
-    if (r.short_by == SHORT_STATE) h->st.state_short_tokens += (m - n) * h->P;
+    if (rule_short == SHORT_WINDOW) h->st.window_short_tokens += (m - n_rule) * h->P;
+    if (rule_short == SHORT_STATE) h->st.state_short_tokens += (m - n_rule) * h->P;
     *req = r;
     return KVT_OK;
 }
@@ -842,6 +847,14 @@ static size_t kept_points(const kvt_hybrid_t *h, const pins_t *p, uint64_t *pts)
     for (uint64_t c = p->n + 1; c <= p->npages; c++)
         if ((every && c % every == 0) || (h->cfg.checkpoint_ends && c == p->npages) || c == branch) pts[k++] = c;
     return k;
+}
+
+/* How many of keys[0..n) group g's L1 does not hold: the pieces a store of
+ * them adds (the others it leaves as they are). */
+static size_t absent(const kvt_hybrid_t *h, uint32_t g, const kvt_key128_t *keys, size_t n) {
+    size_t a = 0;
+    for (size_t i = 0; i < n; i++) a += kvt__keyed_find(h->kc[g][0], keys[i]) == UINT32_MAX;
+    return a;
 }
 
 /* Stores, for window group g, pages [n, npages) (needed: within W tokens of
@@ -874,16 +887,16 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
         h->scores[n++] = score_of(h, 0, i) | born(h, p->prio);
     }
     memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
-    size_t stored = n;
+    size_t stored = absent(h, g, h->keys, n), fresh_needed = absent(h, g, h->keys, nneed);
     int rc = moves_room(h, n);
     if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, n, h->prot, nneed);
     if (rc != KVT_OK) { /* no room for the spare pages: the needed ones alone */
-        h->st.pieces_refused += n - nneed;
-        stored = nneed;
+        h->st.pieces_refused += stored - fresh_needed;
+        stored = fresh_needed;
         rc = store_in(h, g, 0, h->prot, h->scores, h->srcs, nneed, h->prot, nneed);
     }
     if (rc == KVT_OK) h->st.window_pages_stored += stored;
-    else h->st.pieces_refused += nneed;
+    else h->st.pieces_refused += fresh_needed;
     /* the needed pages before n (pinned by this request) and those it recomputed keep the needed class */
     size_t t = 0;
     for (uint64_t i = lo; i < p->npages; i++)
@@ -902,12 +915,13 @@ static void leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint
         h->srcs[j] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = pts[j]};
         h->scores[j] = score_of(h, 1, pts[j]) | born(h, p->prio);
     }
-    size_t stored = npts;
+    size_t stored = absent(h, g, h->keys, npts);
     int rc = moves_room(h, npts);
     if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, npts, NULL, 0);
     if (rc != KVT_OK && npts > 1) { /* no room for them all: the last point alone */
-        h->st.pieces_refused += npts - 1;
-        stored = 1;
+        size_t last = absent(h, g, h->keys + npts - 1, 1);
+        h->st.pieces_refused += stored - last;
+        stored = last;
         rc = store_in(h, g, 0, h->keys + npts - 1, h->scores + npts - 1, h->srcs + npts - 1, 1, NULL, 0);
     }
     if (rc == KVT_OK) h->st.checkpoints_stored += stored;
@@ -1123,9 +1137,10 @@ int kvt_hybrid_stats(const kvt_hybrid_t *h, kvt_hybrid_stats_t *st) {
     return kvt__abi_out(st, &s, sizeof(s));
 }
 
-/* With async_moves: every pending piece is the destination of an
- * outstanding move, every pinned piece below L1 the source of one, and in
- * L1 the pins are the live requests' and the copies'. */
+/* Every pending piece is the destination of an outstanding move, every
+ * pinned piece below L1 the source of one, and in L1 the pins are the live
+ * requests' and the copies' (without async_moves no move is outstanding
+ * between calls: the pins are the live requests' alone). */
 static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const kvt_keyed_stats_t *ks) {
     const kvt_keyed_t *k = h->kc[g][t];
     uint64_t arriving = 0, reading = 0, leaving = 0;
@@ -1182,14 +1197,13 @@ int kvt_hybrid_check(kvt_hybrid_t *h, const char **why) {
                 if ((k->ents[i].score & SEEN) && (t > 0 || !h->classes))
                     rc = KVT_ECORRUPT, w = "a piece outside L1's classes is marked seen again";
             if (rc != KVT_OK) break;
-            if (h->cfg.async_moves) {
-                if ((w = check_pending(h, g, t, &ks)) != NULL) rc = KVT_ECORRUPT;
-                continue;
+            if (!h->cfg.async_moves) {
+                if (ks.pending) rc = KVT_ECORRUPT, w = "a hybrid piece is pending outside a call";
+                if (rc == KVT_OK && t > 0 && ks.pinned) rc = KVT_ECORRUPT, w = "a piece is pinned below L1";
+                if (rc == KVT_OK && h->live == 0 && ks.pinned)
+                    rc = KVT_ECORRUPT, w = "a piece is pinned with no live request";
             }
-            if (ks.pending) rc = KVT_ECORRUPT, w = "a hybrid piece is pending outside a call";
-            if (rc == KVT_OK && t > 0 && ks.pinned) rc = KVT_ECORRUPT, w = "a piece is pinned below L1";
-            if (rc == KVT_OK && h->live == 0 && ks.pinned)
-                rc = KVT_ECORRUPT, w = "a piece is pinned with no live request";
+            if (rc == KVT_OK && (w = check_pending(h, g, t, &ks)) != NULL) rc = KVT_ECORRUPT;
         }
     uint64_t waiting = 0;
     for (const pins_t *p = h->live_reqs; p && rc == KVT_OK; p = p->next) {

@@ -277,7 +277,10 @@ static int prepare(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *sco
     size_t limit = freep + kvt__keyed_evictable(c); /* more new keys than this can never fit */
     plan_t p = {.base = c->nents};
     if (u > limit) u = limit;
-    if (u > 0 && kvt__keyed_reserve_keys(c, c->nents + u) != KVT_OK) return KVT_ENOMEM;
+    if (u > 0 && kvt__keyed_reserve_keys(c, c->nents + u) != KVT_OK) {
+        for (size_t i = 0; i < n; i++) pages[i] = UINT64_MAX;
+        return KVT_ENOMEM;
+    }
     int rc = add_new(c, keys, scores, n, limit, pages, &p);
     p.nprot = mark_protect(c, protect, np, 1);
     size_t need = p.m > freep ? p.m - freep : 0, avail = kvt__keyed_evictable(c) - p.nprot;

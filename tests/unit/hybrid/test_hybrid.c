@@ -13,6 +13,8 @@
 #include "kvtier/hybrid.h"
 #include "kvtier/radix.h"
 #include "kvtier/rng.h"
+#include "hybrid/hybrid-int.h"
+#include "keyed/keyed-int.h"
 #include "unit/hybrid/requests.h"
 
 /* ---- the match rule, brute force ------------------------------------------------ */
@@ -409,7 +411,15 @@ Test(hybrid_config, bad_configurations_are_refused) {
     cr_assert_eq(kvt_hybrid_piece_bytes(&c.groups[1], 16), UINT64_MAX, "saturated, not wrapped");
     c = good, c.groups[0].bytes = UINT64_MAX / 16 / 2; /* a full page fits; a tier of them does not */
     cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
-    cr_assert_null(h);
+    /* each group's tier fits in 64 bits, the tier's bytes over the groups do not (stats' l1_bytes wrapped to 0) */
+    c = good, c.ngroups = 2, c.cache.l1_pages = 2, c.cache.l2_pages = 0, c.l1_slots[1] = 2;
+    memset(c.l2_slots, 0, sizeof(c.l2_slots));
+    c.l1_slots[2] = c.l1_slots[3] = 0;
+    c.groups[0].bytes = c.groups[1].bytes = UINT64_C(1) << 58; /* 2 x 2^62-byte pages or slots: 2^63 a group */
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_EINVAL);
+    c.groups[1].bytes = UINT64_C(1) << 57;
+    cr_assert_eq(kvt_hybrid_create(&h, &c), KVT_OK, "2^63 + 2^62 bytes fit");
+    kvt_hybrid_destroy(h);
     cr_assert_eq(kvt_hybrid_config_default(&c, ALL_THREE, 4, 16, 1024, 0, 0), KVT_EINVAL, "1 KiB holds no checkpoint");
 }
 
@@ -1461,4 +1471,31 @@ Test(hybrid_alloc, every_allocation_failure_in_a_report_leaves_a_consistent_cach
     }
     fprintf(stderr, "hybrid async report: %d refused for memory\n", refused);
     cr_assert(fired_any, "the report allocates");
+}
+
+/* check() holds L1's pins to the live requests' pieces while requests are
+ * live too (it saw a stray pin only once none was): a pin that no request
+ * holds, planted beside a live request that pins nothing, is found. */
+Test(hybrid_bounded, check_finds_a_pin_no_live_request_holds) {
+    setup_t su = {.P = 4, .every = 0, .policy = KVT_WRITE_THROUGH, .l1_slots = 1 << 10};
+    kvt_hybrid_t *h = make(ALL_THREE, 4, &su);
+    int32_t a[40], b[40];
+    for (int i = 0; i < 40; i++) a[i] = i, b[i] = 1000 + i;
+    kvt_hybrid_req_t ra, rb;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, a, 40, 0, NULL, &ra), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &ra), KVT_OK); /* leaves its pieces in L1 */
+    cr_assert_eq(kvt_hybrid_admit(h, 0, b, 40, 0, NULL, &rb), KVT_OK);
+    cr_assert_eq(rb.hit_pages, 0, "pins nothing");
+    check(h, "one live request");
+    kvt_keyed_t *k = kvt__hybrid_keyed(h, 1, 0);
+    cr_assert(k != NULL && k->nents > 0);
+    kvt_key128_t key = k->ents[0].key;
+    cr_assert_eq(kvt_keyed_pin(k, &key, 1, NULL), KVT_OK);
+    const char *why = NULL;
+    cr_assert_eq(kvt_hybrid_check(h, &why), KVT_ECORRUPT, "a pin no request holds (%s)", why ? why : "-");
+    cr_assert_eq(kvt_keyed_unpin(k, &key, 1), KVT_OK);
+    check(h, "unpinned");
+    cr_assert_eq(kvt_hybrid_release(h, 0, b, 40, &rb), KVT_OK);
+    check(h, "end");
+    kvt_hybrid_destroy(h);
 }

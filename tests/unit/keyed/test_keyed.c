@@ -724,7 +724,7 @@ static kvt_keyed_t *setup_few(void) {
 
 typedef struct res {
     int rc;
-    size_t nv;
+    size_t nv, n; /* n: the keys of a prepare_store, whose pages[] a failure leaves UINT64_MAX */
     uint64_t pages[200];
     kvt_key128_t ev[200];
 } res_t;
@@ -734,6 +734,7 @@ static void prepare_new(kvt_keyed_t *c, size_t first, size_t n, res_t *r) {
     uint64_t sc[200];
     for (size_t i = 0; i < n; i++) k[i] = K(first + i), sc[i] = i % 5;
     for (size_t j = 0; j < 10; j++) prot[j] = K(30 + j);
+    r->n = n;
     r->rc = kvt_keyed_prepare_store(c, k, sc, n, prot, 10, r->pages, r->ev, 200, &r->nv);
 }
 
@@ -794,6 +795,8 @@ static void each_failure_point(kvt_keyed_t *(*setup)(void), void (*op)(kvt_keyed
         snprintf(ctx, sizeof(ctx), "%s, allocation %" PRIu64 " failed", name, nth);
         if (fired) {
             cr_assert_eq(got.rc, KVT_ENOMEM, "%s: returned %s", ctx, kvt_err_name(got.rc));
+            cr_assert_eq(got.nv, 0, "%s: evicted", ctx);
+            for (size_t i = 0; i < got.n; i++) cr_assert_eq(got.pages[i], UINT64_MAX, "%s: pages[%zu]", ctx, i);
             snap_t b = take_snap(c, 1200);
             assert_unchanged(&a, &b, 0, ctx);
             assert_check(c, ctx);
