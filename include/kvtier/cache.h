@@ -207,7 +207,8 @@ KVT_API int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req);
  * KVT_EINVAL for one already released (release clears req->node). The
  * request is the struct admit filled, not a copy of it: a copy of a request
  * released is a dangling handle, as a freed pointer is (the tree's lock
- * counts are not per request, so it cannot be told from a live one). */
+ * counts are not per request, so it cannot be told from a live one). A
+ * request of another cache is refused (KVT_EINVAL), by commit too. */
 KVT_API int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
 /* Applies the copies that have completed (without waiting); returns how
  * many (>= 0). */
@@ -247,7 +248,8 @@ typedef struct kvt_cache_cp {
  * of the tier. Before the first admission; the engine and tiers outlive the
  * cache (kvt_cache_destroy waits for copies in flight). KVT_EINVAL (no L2
  * tier in the cache, tiers too small, an index that names another of the
- * engine's tiers or none), KVT_EBUSY (requests admitted
+ * engine's tiers or none, a modeled L3 (l3_pages: it holds no bytes), a
+ * store attached whose tier is not l2), KVT_EBUSY (requests admitted
  * already), KVT_ENOMEM; nothing changed on failure. */
 KVT_API int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
                      unsigned l2_index);

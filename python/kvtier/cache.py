@@ -78,8 +78,8 @@ def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any
     xfer._may_drive(owner, "cache", f"{what} xfer")
     with using(xfer, l1, l2) as (xp, p1, p2):
         check(lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index), what,
-              "no L2 in the cache, tiers too small, an index naming another of the engine's tiers, or requests "
-              "admitted already")
+              "no L2 in the cache, tiers too small, an index naming another of the engine's tiers, a modeled L3 "
+              "(l3_pages), a store attached over another tier than l2, or requests admitted already")
         owner._own(owner._h, (xfer, l1, l2))
         xfer._drive(owner, "cache")
     return [t for t in (l1, l2) if t._probes]

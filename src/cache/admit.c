@@ -324,8 +324,17 @@ int kvt_cache_admit_prefetched(kvt_cache_t *c, uint64_t id, uint32_t ns, const i
     return KVT_OK;
 }
 
+/* Whether req's node is in c's tree: another cache's request is refused,
+ * not followed (its lock walk never met this root). O(depth), as the lock
+ * walk that follows. */
+static bool in_tree(kvt_cache_t *c, const kvt_cache_req_t *req) {
+    const kvt_rnode_t *x = req->node;
+    while (x->parent) x = x->parent;
+    return x == kvt__radix_root(c->tree);
+}
+
 int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req) {
-    if (c == NULL || req == NULL || req->node == NULL) return KVT_EINVAL;
+    if (c == NULL || req == NULL || req->node == NULL || !in_tree(c, req)) return KVT_EINVAL;
     if (req->committed) return KVT_OK;
     req->committed = true;
     if (c->cfg.write_policy == KVT_WRITE_THROUGH && c->l2) {
@@ -337,7 +346,7 @@ int kvt_cache_commit(kvt_cache_t *c, kvt_cache_req_t *req) {
 }
 
 int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req) {
-    if (c == NULL || req == NULL || req->node == NULL || c->held == 0) return KVT_EINVAL;
+    if (c == NULL || req == NULL || req->node == NULL || c->held == 0 || !in_tree(c, req)) return KVT_EINVAL;
     kvt_cache_commit(c, req);
     kvt__radix_lock(c->tree, req->node, -1);
     req->node = NULL;

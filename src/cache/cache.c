@@ -87,8 +87,8 @@ int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
     c->l2_free = cfg->l2_pages;
     c->l1_target = (uint64_t)ceil(cfg->l1_free_room * (double)cfg->l1_pages);
     c->l2_target = (uint64_t)ceil(cfg->l2_free_room * (double)cfg->l2_pages);
-    c->l1_floor = c->l1_target / 2;
-    c->l2_floor = c->l2_target / 2;
+    c->l1_floor = (c->l1_target + 1) / 2; /* free < ceil(t/2) is free < t/2: "fewer than half" of an odd target too */
+    c->l2_floor = (c->l2_target + 1) / 2;
     c->st.size = sizeof(c->st);
     kvt__radix_config_t rc = {cfg->page_tokens, cfg->l1_pages, cfg->l2_pages, kvt__policy_score, c,
                               kvt__policy_needs_keys(cfg->policy)};

@@ -319,6 +319,8 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
         kvt_tier_geom(l1)->pages < c->cfg.l1_pages || (l2 && kvt_tier_geom(l2)->pages < c->cfg.l2_pages) ||
         c->cfg.l1_pages % c->cfg.l1_lanes != 0 || (cp && cp->rank >= c->cfg.l1_lanes))
         return KVT_EINVAL;
+    /* a modeled L3 holds no bytes to load; a store reads its own tier, which must be the L2 the copies fill */
+    if (c->cfg.l3_pages || (c->l3.store && kvt_store_tier(c->l3.store) != l2)) return KVT_EINVAL;
     if (c->dp.xf || c->st.requests || c->dp.inflight[0] || c->dp.inflight[1]) return KVT_EBUSY;
     if (c->l2 == NULL) return KVT_EINVAL; /* without L2 there is nothing to copy */
     size_t cap = c->cfg.l1_pages < c->cfg.l2_pages ? c->cfg.l1_pages : c->cfg.l2_pages;

@@ -458,11 +458,22 @@ static uint64_t pf_wait(kvt_cache_t *c, kvt__pf_t *pf) {
     }
 }
 
+/* Whether tokens are those pf was started with: the chained hash of its
+ * last page, over every token before it, is the one it keeps. Checked before
+ * the wait, whatever has arrived (the pages' own check below covers only
+ * those, and only those past the match). */
+static bool pf_same_tokens(const kvt__pf_t *pf, uint32_t ns, const int32_t *tokens, uint32_t pt) {
+    kvt_hash128_t h = {0, 0};
+    for (uint64_t j = 0; j < pf->first + pf->want; j++) h = kvt_page_hash(&h, ns, tokens + j * pt, pt);
+    return h.lo == pf->hash[pf->want - 1].lo && h.hi == pf->hash[pf->want - 1].hi;
+}
+
 int kvt__l3_finish(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
                    int32_t priority, kvt_cache_req_t *req) {
     kvt__pf_t *pf = pf_find(c, id, NULL);
     uint32_t pt = c->cfg.page_tokens;
-    if (pf == NULL || pf->ns != ns || ntokens / pt < pf->first + pf->want) return KVT_EINVAL;
+    if (pf == NULL || pf->ns != ns || ntokens / pt < pf->first + pf->want || !pf_same_tokens(pf, ns, tokens, pt))
+        return KVT_EINVAL;
     uint64_t wait = pf_wait(c, pf);
     kvt_prefetch_outcome_t out = pf->phase == PF_DONE                             ? KVT_PREFETCH_COMPLETE
                                  : c->cfg.prefetch_policy == KVT_PREFETCH_TIMEOUT ? KVT_PREFETCH_TIMED_OUT

@@ -62,7 +62,7 @@ typedef struct lpage {
 typedef struct lru_model {
     lpage_t p[4096];
     uint32_t n, present;
-    uint64_t cap, target, floor, born; /* a round starts below need + floor, stops at need + target */
+    uint64_t cap, target, born; /* a round starts below need + target / 2, stops at need + target */
 } lru_model_t;
 
 static lpage_t *lfind(lru_model_t *m, const int32_t *q, uint32_t k) {
@@ -79,7 +79,7 @@ static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t
     uint32_t hit = 0;
     while (hit < n && lfind(m, q, hit + 1)) lfind(m, q, ++hit)->last = t;
     uint64_t need = n - hit;
-    if (need > 0 && m->cap - m->present < need + m->floor) {
+    if (need > 0 && 2 * (m->cap - m->present) < 2 * need + m->target) { /* would leave under half the target */
         while (m->cap - m->present < need + m->target) {
             lpage_t *v = NULL; /* the least recently used leaf outside the matched prefix */
             for (uint32_t i = 0; i < m->n; i++) {
@@ -149,7 +149,6 @@ Test(cache, lru_matches_an_independent_simulator, .timeout = 300) {
         stream_reset(&s, seed);
         m.cap = cases[ci].cap;
         m.target = (uint64_t)ceil(cases[ci].room * (double)m.cap);
-        m.floor = m.target / 2;
         kvt_cache_t *c = make_cache(m.cap, 0, cases[ci].room, 0, KVT_POLICY_LRU, KVT_WRITE_THROUGH_SELECTIVE);
         uint64_t hits = 0;
         for (uint64_t t = 1; t <= 1500; t++) {
@@ -200,7 +199,7 @@ Test(cache, two_tiers_keep_their_invariants, .timeout = 300) {
                     kvt_cache_stats(c, &after);
                     /* free room holds after each admission (never below the floor, half the
                      * target), unless a round said it could not get there */
-                    cr_assert(after.l1_floor == after.l1_target / 2 && after.l2_floor == after.l2_target / 2);
+                    cr_assert(after.l1_floor == (after.l1_target + 1) / 2 && after.l2_floor == (after.l2_target + 1) / 2);
                     cr_assert(after.l1_free >= after.l1_floor || after.l1_room_misses > before.l1_room_misses ||
                                   after.l1_allocs == before.l1_allocs,
                               "seed %" PRIu64 " request %d: L1 free %" PRIu64 " below floor %" PRIu64, seed, t, after.l1_free, after.l1_floor);
@@ -335,6 +334,32 @@ Test(cache, the_decision_digest_is_kept_only_when_asked_and_decides_nothing, .ti
 
 /* Pages of a request that is still admitted are never evicted, however
  * much the others need. */
+/* An allocation that leaves fewer than half the target free starts a round,
+ * whatever the target: with target 1 (20 pages at 5 %) leaving 0 free, and
+ * with target 3 (60 pages) leaving 1 (< 1.5). (A floor of target / 2
+ * rounded down would be 0, a deficit-only cache, and 1.) */
+Test(cache, an_allocation_below_half_an_odd_target_starts_a_round) {
+    const uint64_t pages[2] = {20, 60}, sizes[2][2] = {{10, 10}, {30, 29}}, want_floor[2] = {1, 2};
+    for (int i = 0; i < 2; i++) {
+        kvt_cache_t *c = make_cache(pages[i], 0, 0.05, 0, KVT_POLICY_LRU, KVT_WRITE_THROUGH);
+        kvt_cache_stats_t st = {.size = sizeof(st)};
+        kvt_cache_stats(c, &st);
+        cr_assert_eq(st.l1_floor, want_floor[i], "target %" PRIu64, st.l1_target);
+        static int32_t q[64 * PT];
+        for (int r = 0, base = 0; r < 2; r++, base += 1000) {
+            for (uint64_t j = 0; j < sizes[i][r] * PT; j++) q[j] = (int32_t)(base + j);
+            kvt_cache_req_t req;
+            cr_assert_eq(kvt_cache_admit(c, 0, q, sizes[i][r] * PT, 0, NULL, &req), KVT_OK);
+            cr_assert_eq(kvt_cache_release(c, &req), KVT_OK);
+        }
+        kvt_cache_stats(c, &st);
+        cr_assert_eq(st.l1_allocs_evicting, 1, "%" PRIu64 " pages, target %" PRIu64 ": the second allocation "
+                     "started a round", pages[i], st.l1_target);
+        cr_assert_geq(st.l1_free, st.l1_target, "the round brought room back to the target");
+        kvt_cache_destroy(c);
+    }
+}
+
 Test(cache, held_requests_keep_their_pages) {
     static stream_t s;
     static int32_t q[MAXP * PT], first[MAXP * PT];
@@ -362,6 +387,30 @@ Test(cache, held_requests_keep_their_pages) {
     kvt_cache_release(c, &keep);
     cr_assert_eq(kvt_cache_release(c, &keep), KVT_EINVAL, "released twice");
     kvt_cache_destroy(c);
+}
+
+/* A request handed to another cache is refused and changes neither: its
+ * release walked past the other tree's root (a crash), its commit backed up
+ * pages into the other cache's L2 (both caches' checks failed). */
+Test(cache, another_caches_request_is_refused) {
+    kvt_cache_t *a = make_cache(64, 64, 0.05, 0.05, KVT_POLICY_LRU, KVT_WRITE_THROUGH);
+    kvt_cache_t *b = make_cache(64, 64, 0.05, 0.05, KVT_POLICY_LRU, KVT_WRITE_THROUGH);
+    int32_t q[8 * PT];
+    for (int i = 0; i < 8 * PT; i++) q[i] = i;
+    kvt_cache_req_t ra, rb;
+    cr_assert_eq(kvt_cache_admit(a, 0, q, 8 * PT, 0, NULL, &ra), KVT_OK);
+    cr_assert_eq(kvt_cache_admit(b, 0, q, 4 * PT, 0, NULL, &rb), KVT_OK); /* b holds one: its held count allows a release */
+    cr_assert_eq(kvt_cache_commit(b, &ra), KVT_EINVAL);
+    cr_assert_eq(kvt_cache_release(b, &ra), KVT_EINVAL);
+    kvt_cache_t *both[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        const char *why;
+        cr_assert_eq(kvt_cache_check(both[i], &why), KVT_OK, "cache %d: %s", i, why);
+    }
+    cr_assert_eq(kvt_cache_release(a, &ra), KVT_OK);
+    cr_assert_eq(kvt_cache_release(b, &rb), KVT_OK);
+    kvt_cache_destroy(a);
+    kvt_cache_destroy(b);
 }
 
 /* A multi-lane L1 (CP owner lanes) drifts out of balance under eviction; an

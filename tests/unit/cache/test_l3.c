@@ -21,6 +21,7 @@
 #include "kvtier/cache.h"
 #include "kvtier/error.h"
 #include "kvtier/rng.h"
+#include "kvtier/stats.h"
 #include "kvtier/store.h"
 #include "kvtier/testing.h"
 #include "kvtier/tier.h"
@@ -285,6 +286,51 @@ static void denv_close(denv_t *e) {
     kvt_tier_destroy(e->tier[1]);
 }
 
+/* A data plane whose L2 is not the attached store's tier is refused (the
+ * store put its own tier's bytes, not those the backups wrote: wrong KV in
+ * L3, served to every instance), as is one beside a modeled L3 (its hits
+ * loaded pages no one had fetched); nothing changes, the right one attaches. */
+Test(l3, a_data_plane_must_agree_with_the_l3) {
+    setup_root();
+    kvt_cache_config_t cfg;
+    small_config(&cfg);
+    denv_t e;
+    memset(&e, 0, sizeof(e));
+    kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .geom = {cfg.l1_pages, 1, 64, KVT_LAYOUT_PAGE_FIRST}};
+    kvt_tier_t *t[3];
+    cr_assert_eq(kvt_tier_create(&t[0], &tc), KVT_OK);
+    tc.kind = KVT_TIER_HOST;
+    tc.geom.pages = cfg.l2_pages;
+    cr_assert_eq(kvt_tier_create(&t[1], &tc), KVT_OK);
+    cr_assert_eq(kvt_tier_create(&t[2], &tc), KVT_OK);
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    xc.threads = 1;
+    cr_assert_eq(kvt_xfer_create(&e.xf, &xc, t, 3), KVT_OK);
+    kvt_store_config_t sc;
+    kvt_store_config_default(&sc);
+    sc.tier = t[1];
+    sc.model = "l3-test";
+    sc.page_tokens = PT;
+    sc.log = quiet;
+    char url[128];
+    snprintf(url, sizeof(url), "dir:%s", root_dir);
+    cr_assert_eq(kvt_store_open(&e.store, url, &sc), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_eq(kvt_cache_create(&e.c, &cfg), KVT_OK);
+    cr_assert_eq(kvt_cache_attach_store(e.c, e.store), KVT_OK);
+    cr_assert_eq(kvt_cache_attach(e.c, e.xf, t[0], 0, t[2], 2), KVT_EINVAL, "L2 is not the store's tier");
+    cr_assert_eq(kvt_cache_attach(e.c, e.xf, t[0], 0, t[1], 1), KVT_OK, "the failed attach changed nothing");
+    kvt_cache_destroy(e.c);
+    cfg.l3_pages = 1000;
+    cr_assert_eq(kvt_cache_create(&e.c, &cfg), KVT_OK);
+    cr_assert_eq(kvt_cache_attach(e.c, e.xf, t[0], 0, t[1], 1), KVT_EINVAL, "a modeled L3 holds no bytes");
+    kvt_cache_destroy(e.c);
+    kvt_store_close(e.store);
+    kvt_xfer_destroy(e.xf);
+    for (int i = 0; i < 3; i++) kvt_tier_destroy(t[i]);
+    rm_root();
+}
+
 /* Fills the new pages, checks the old ones; the number of mismatches. */
 static uint64_t forward(denv_t *e, const gen_t *g, const kvt_cache_req_t *req, const uint32_t *l1_ids) {
     kvt_hash128_t h[64];
@@ -453,6 +499,47 @@ Test(l3, prefetch_policies_on_a_slow_store) {
     cr_assert_geq(wc.l3_hit_pages, be.l3_hit_pages);
     cr_assert_eq(sto.prefetch_timed_out, 1);
     cr_assert_eq(sbe.prefetch_revoked, 1);
+    rm_root();
+}
+
+/* admit_prefetched with tokens other than the prefetch's is refused at
+ * once, the prefetch left as it was: tokens that differ past the match
+ * before any page arrived (they were taken, the prefetch consumed), and
+ * tokens that differ inside the match it followed (read past its hashes),
+ * neither after waiting for the store. Then the right tokens get it all. */
+Test(l3, a_prefetch_is_finished_only_with_its_own_tokens) {
+    setup_root();
+    kvt_cache_config_t cfg;
+    small_config(&cfg);
+    cfg.prefetch_policy = KVT_PREFETCH_WAIT_COMPLETE;
+    int32_t tok[32 * PT], other[32 * PT];
+    for (int i = 0; i < 32 * PT; i++) tok[i] = 7000 + i;
+    store_holds(&cfg, tok, 32);
+    denv_t e;
+    denv_open(&e, &cfg, 200000);
+    kvt_cache_req_t req;
+    cr_assert_eq(kvt_cache_admit(e.c, 0, tok, 8 * PT, 0, NULL, &req), KVT_OK); /* the first 8 pages cached */
+    cr_assert_eq(kvt_cache_release(e.c, &req), KVT_OK);
+    uint64_t id;
+    cr_assert_eq(kvt_cache_prefetch(e.c, 0, tok, 32 * PT, &id), KVT_OK);
+    cr_assert_neq(id, 0);
+    const int differ[2] = {20, 2}; /* a page past the match; one inside it */
+    for (int k = 0; k < 2; k++) {
+        memcpy(other, tok, sizeof(tok));
+        other[differ[k] * PT + 1] = -1;
+        uint64_t t0 = kvt_now_ns();
+        cr_assert_eq(kvt_cache_admit_prefetched(e.c, id, 0, other, 32 * PT, 0, NULL, &req), KVT_EINVAL,
+                     "page %d differs", differ[k]);
+        cr_assert_lt(kvt_now_ns() - t0, 150000000ull, "refused before waiting for the store (200 ms)");
+        cr_assert_eq(kvt_cache_prefetches(e.c), 1, "the prefetch stays");
+        check(e.c);
+    }
+    cr_assert_eq(kvt_cache_admit_prefetched(e.c, id, 0, tok, 32 * PT, 0, NULL, &req), KVT_OK);
+    cr_assert_eq(req.prefetch, KVT_PREFETCH_COMPLETE);
+    cr_assert_eq(req.l3_hit_pages, 24);
+    cr_assert_eq(kvt_cache_release(e.c, &req), KVT_OK);
+    check(e.c);
+    denv_close(&e);
     rm_root();
 }
 

@@ -91,7 +91,7 @@ typedef struct mghost {
 
 typedef struct model {
     kvt_policy_t pol;
-    uint64_t cap, target, floor, present;
+    uint64_t cap, target, present;
     mpage_t p[POOL];
     uint32_t np;
     mnode_t node[NODES];
@@ -176,7 +176,6 @@ static void model_reset(model_t *m, kvt_policy_t pol, uint64_t cap, double room)
     m->pol = pol;
     m->cap = cap;
     m->target = (uint64_t)ceil(room * (double)cap);
-    m->floor = m->target / 2;
     m->call_node = -1;
     ghost_reset(&m->g[0], pol == KVT_POLICY_S2LRU ? 4 * cap : pol == KVT_POLICY_ARC ? 2 * cap : 0);
     ghost_reset(&m->g[1], pol == KVT_POLICY_ARC ? 2 * cap : 0);
@@ -375,7 +374,7 @@ static uint32_t model_admit(model_t *m, uint32_t ns, const int32_t *q, uint32_t 
     }
     uint32_t at_kids = hit ? m->p[end].kids : 0;
     uint64_t need = n - hit;
-    if (need > 0 && m->cap - m->present < need + m->floor) { /* a round, to need + target free */
+    if (need > 0 && 2 * (m->cap - m->present) < 2 * need + m->target) { /* under half the target: a round, to need + target free */
         while (m->cap - m->present < need + m->target) {
             int first = first_class(m);
             int32_t v = victim(m, first);
