@@ -66,11 +66,12 @@ def block_tokens(ids: Any, block: int = BLOCK_TOKENS) -> np.ndarray:
 def request_tokens(r: TraceRequest) -> np.ndarray:
     """A request's int32 token ids, exactly as `kvtier replay` builds them
     (kvt_trace_request_tokens)."""
-    n = len(r.hash_ids)
-    if not 0 < r.input_length <= n * BLOCK_TOKENS or r.input_length <= (n - 1) * BLOCK_TOKENS:
-        raise ValueError(f"input_length {r.input_length} does not fit {n} blocks of {BLOCK_TOKENS} tokens")
-    ids = (ctypes.c_uint32 * n)(*r.hash_ids)
-    req = TraceReq(r.timestamp_ms, r.input_length, r.output_length, ids, n)
+    hash_ids = [_args.u32(i, "request_tokens hash_ids[]") for i in _args.sequence(r.hash_ids, "request_tokens hash_ids")]
+    n, length = len(hash_ids), _args.u64(r.input_length, "request_tokens input_length")
+    if not 0 < length <= n * BLOCK_TOKENS or length <= (n - 1) * BLOCK_TOKENS:
+        raise ValueError(f"input_length {length} does not fit {n} blocks of {BLOCK_TOKENS} tokens")
+    ids = (ctypes.c_uint32 * n)(*hash_ids)
+    req = TraceReq(0, length, 0, ids, n)  # (the times and output length make no tokens)
     out = np.empty(r.input_length, dtype=np.int32)
     lib.kvt_trace_request_tokens(ctypes.byref(req), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
     return out

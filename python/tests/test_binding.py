@@ -184,6 +184,11 @@ def test_block_tokens_match_the_command():
         ktrace.request_tokens(ktrace.TraceRequest(0, 1025, 0, (1, 2)))
     with pytest.raises(ValueError):
         ktrace.block_tokens([-1])
+    for bad in (-1, 2**32):  # wrapped to the tokens of block 2**32 - 1, and of block 0
+        with pytest.raises(ValueError, match="hash_ids"):
+            ktrace.request_tokens(ktrace.TraceRequest(0, 100, 0, (bad,)))
+    with pytest.raises(ValueError, match="input_length"):
+        ktrace.request_tokens(ktrace.TraceRequest(0, -1, 0, (1,)))
 
 
 def test_host_tier_bytes_and_bad_pages():

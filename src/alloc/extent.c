@@ -62,20 +62,9 @@ static inline uint64_t addr_key(uint64_t start, uint64_t len) { return start << 
 static inline uint32_t key_hi(uint64_t k) { return (uint32_t)(k >> 32); }
 static inline uint32_t key_lo(uint64_t k) { return (uint32_t)k; }
 
-/* Nodes that `inserts` inserts into s may need: each splits at most one node
- * per level plus a new root, at the tallest height the set can reach. */
-static size_t insert_bound(const kvt__u64set_t *s, size_t inserts) {
-    if (inserts == 0) return 0;
-    uint64_t keys = s->count + inserts;
-    size_t h = 1;
-    /* a tree of height h+1 holds at least 62 * 16^(h-1) keys (half-full nodes) */
-    for (uint64_t min_keys = 62; min_keys <= keys && h < KVT_U64SET_MAX_HEIGHT; min_keys *= 16) h++;
-    return inserts * (h + 1);
-}
-
 static int reserve_nodes(kvt_extalloc_t *a, size_t size_inserts, size_t addr_inserts) {
-    return kvt__nodepool_reserve(&a->pool, insert_bound(&a->by_size, size_inserts) +
-                                               insert_bound(&a->by_addr, addr_inserts));
+    return kvt__nodepool_reserve(&a->pool, kvt__u64set_insert_bound(&a->by_size, size_inserts) +
+                                               kvt__u64set_insert_bound(&a->by_addr, addr_inserts));
 }
 
 /* The steps below cannot fail: nodes were reserved and keys validated. */

@@ -149,6 +149,12 @@ static bool plan_shares(const kvt_laneal_t *la, uint64_t n, uint64_t *share) {
 
 int kvt_laneal_reserve(kvt_laneal_t *la, uint64_t n, uint32_t *pages) {
     if (la == NULL || pages == NULL || n == 0) return KVT_EINVAL;
+    uint64_t total = 0; /* too few free pages: ENOSPC, before sizing the scratch by n (ENOMEM for a huge n) */
+    for (uint32_t l = 0; l < la->lanes; l++) total += kvt_laneal_lane_free(la, l);
+    if (total < n) {
+        la->reserve_failures++;
+        return KVT_ENOSPC;
+    }
     size_t sbytes = 2 * (size_t)la->lanes * sizeof(uint64_t);
     uint64_t *share = n <= (SIZE_MAX - sbytes) / sizeof(kvt_run_t) ? scratch(la, sbytes + n * sizeof(kvt_run_t)) : NULL;
     uint64_t *first = share ? share + la->lanes : NULL;

@@ -63,6 +63,11 @@ static inline size_t kvt__u64set_insert_nodes(const kvt__u64set_t *s) { return s
 
 /* KVT_EEXIST or KVT_ENOMEM leave the set unchanged. */
 int kvt__u64set_insert(kvt__u64set_t *s, uint64_t key);
+/* Spare nodes that suffice for `inserts` inserts into s, with any erases
+ * between them (erases give nodes back): the smaller of a split at every
+ * level of each insert and every node a tree of count + inserts keys can
+ * have (the first alone would set 6 KB aside a run: 6 GB to free a million). */
+size_t kvt__u64set_insert_bound(const kvt__u64set_t *s, size_t inserts);
 /* KVT_ENOENT when absent. Never allocates. */
 int kvt__u64set_erase(kvt__u64set_t *s, uint64_t key);
 /* Erases the key under a valid cursor of s without a second descent (the

@@ -111,6 +111,21 @@ static void node_give(kvt__nodepool_t *pool, kvt__u64node_t *nd) {
     pool->live--;
 }
 
+size_t kvt__u64set_insert_bound(const kvt__u64set_t *s, size_t inserts) {
+    if (inserts == 0) return 0;
+    uint64_t keys = s->count + inserts;
+    size_t h = 1;
+    /* a tree of height h+1 holds at least 2 * LEAF_MIN * (INNER_MIN + 1)^(h-1) keys */
+    for (uint64_t min_keys = 2 * LEAF_MIN; min_keys <= keys && h < KVT_U64SET_MAX_HEIGHT;
+         min_keys *= INNER_MIN + 1)
+        h++;
+    /* Every node but the root is at least half full, after each insert and erase (splits halve
+     * full nodes, erases borrow or merge): at most keys / LEAF_MIN leaves, and above them a
+     * (INNER_MIN + 1)-th as many a level, h levels. */
+    uint64_t whole = keys / LEAF_MIN + keys / (LEAF_MIN * INNER_MIN) + h + 2, each = (uint64_t)inserts * (h + 1);
+    return (size_t)(each < whole ? each : whole);
+}
+
 /* ---- search helpers ----------------------------------------------------- */
 
 /* First index i in a[0..n) with a[i] >= key. */

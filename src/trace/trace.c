@@ -1,6 +1,7 @@
 /* Mooncake traces (kvtier/trace.h): the strict JSONL parser and the trace's
  * storage. cJSON reads each line; what it accepts that a trace must not have
- * (nesting past its limit, content after the object, duplicate keys) is
+ * (control bytes, bytes that are not UTF-8, \u0000, numbers such as 007,
+ * nesting past its limit, content after the object, duplicate keys) is
  * refused here, each with its own message. */
 #include "kvtier/trace.h"
 
@@ -97,13 +98,116 @@ static size_t nesting(const char *text, size_t len) {
     return deepest;
 }
 
-/* The first key of object o that appears twice, or NULL. Objects of a trace
- * have a handful of keys: a quadratic look is cheapest. */
-static const char *duplicate_key(const cJSON *o) {
-    for (const cJSON *a = o->child; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (a->string && b->string && strcmp(a->string, b->string) == 0) return a->string;
+/* The length of the UTF-8 character at s (at most n bytes), or 0 when it
+ * is not one: an overlong form, a surrogate, past U+10FFFF, cut short. */
+static size_t utf8_char(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+    if (k == 0 || c > 0xF4 || n < k) return 0;
+    for (size_t i = 1; i < k; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] > 0x9F) || (c == 0xF0 && s[1] < 0x90) ||
+        (c == 0xF4 && s[1] > 0x8F))
+        return 0;
+    return k;
+}
+
+/* The length of the JSON number at s (n bytes on), 0 when the run of
+ * number characters there is not one (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?:
+ * cJSON's strtod also takes 007 and 5.). */
+static size_t json_number(const char *s, size_t n) {
+    size_t i = 0, d;
+    if (i < n && s[i] == '-') i++;
+    if (i < n && s[i] == '0') i++;
+    else if (i < n && s[i] >= '1' && s[i] <= '9')
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    else return 0;
+    if (i < n && s[i] == '.') {
+        for (d = ++i; i < n && s[i] >= '0' && s[i] <= '9';) i++;
+        if (i == d) return 0;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        if (++i < n && (s[i] == '+' || s[i] == '-')) i++;
+        for (d = i; i < n && s[i] >= '0' && s[i] <= '9';) i++;
+        if (i == d) return 0;
+    }
+    return i < n && s[i] && strchr("0123456789+-.eE", s[i]) ? 0 : i; /* (more of a number: 01, 1.2.3, 1e5e5) */
+}
+
+/* What strict JSON refuses that cJSON takes, found before it reads the line:
+ * a control byte outside a string (cJSON skips every byte <= 0x20) or a raw
+ * one inside, \u0000 (it cuts a key short: "timestamp\u0000x" read as
+ * "timestamp"), bytes that are not UTF-8, a number outside JSON's grammar,
+ * a byte-order mark (the caller lets the file's first line start with
+ * one). NULL, or what, with its 0-based column in *col. */
+static const char *not_strict(const char *text, size_t len, size_t *col) {
+    const unsigned char *u = (const unsigned char *)text;
+    bool in_string = false;
+    for (size_t i = 0; i < len;) {
+        unsigned c = u[i];
+        *col = i;
+        if (c == 0) return "a NUL byte";
+        if (!in_string && c == 0xEF && i + 2 < len && u[i + 1] == 0xBB && u[i + 2] == 0xBF)
+            return "a byte-order mark (one may start the file, nowhere else)";
+        if (c >= 0x80) {
+            size_t k = utf8_char(u + i, len - i);
+            if (k == 0) return "a byte that is not UTF-8";
+            i += k;
+            continue;
+        }
+        if (in_string) {
+            if (c < 0x20) return "a control character inside a string (escape it)";
+            if (c == '"') in_string = false;
+            if (c == '\\' && i + 1 < len) {
+                if (len - i >= 6 && memcmp(text + i + 1, "u0000", 5) == 0) return "\\u0000 in a string";
+                i++;
+            }
+            i++;
+            continue;
+        }
+        if (c < 0x20 && c != '\t' && c != '\r') return "a control byte";
+        if (c == '"') in_string = true;
+        if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t k = json_number(text + i, len - i);
+            if (k == 0) return "a malformed number";
+            i += k;
+            continue;
+        }
+        i++;
+    }
     return NULL;
+}
+
+static int by_key(const void *a, const void *b) {
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* The first key of object o that appears twice, or NULL (*oom set when the
+ * look ran out of memory). A trace's objects have a handful of keys: up to
+ * 16 a quadratic look is cheapest; more are sorted (80,000 keys on a line
+ * took 12 s to look through pair by pair). */
+static const char *duplicate_key(const cJSON *o, bool *oom) {
+    size_t n = 0;
+    for (const cJSON *a = o->child; a; a = a->next) n++;
+    if (n <= 16) {
+        for (const cJSON *a = o->child; a; a = a->next)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (strcmp(a->string, b->string) == 0) return a->string;
+        return NULL;
+    }
+    const cJSON **k = kvt__malloc(n * sizeof(*k));
+    if (k == NULL) {
+        *oom = true;
+        return NULL;
+    }
+    size_t i = 0;
+    for (const cJSON *a = o->child; a; a = a->next) k[i++] = a;
+    qsort(k, n, sizeof(*k), by_key);
+    const char *dup = NULL;
+    for (i = 1; i < n && dup == NULL; i++)
+        if (strcmp(k[i - 1]->string, k[i]->string) == 0) dup = k[i]->string;
+    kvt__free(k, n * sizeof(*k));
+    return dup;
 }
 
 /* The request of object o into *r (its ids allocated): KVT_OK, or an error
@@ -152,7 +256,12 @@ static int request_of(const cJSON *o, const char *name, size_t lineno, kvt_trace
 int kvt_trace_parse_line(kvt_trace_t *t, const char *name, size_t lineno, const char *text, size_t len, char *err,
                          size_t errlen) {
     if (t == NULL || name == NULL || (text == NULL && len > 0)) return KVT_EINVAL;
-    while (len > 0 && (text[0] == ' ' || text[0] == '\t')) text++, len--;
+    size_t off = 0; /* the blanks skipped: columns count from the line's start */
+    if (lineno <= 1 && len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) text += 3, len -= 3, off += 3;
+    while (len > 0 && (text[0] == ' ' || text[0] == '\t')) text++, len--, off++;
+    size_t col;
+    const char *bad = not_strict(text, len, &col);
+    if (bad) return line_error(err, errlen, KVT_EPARSE, name, lineno, "%s at column %zu", bad, off + col + 1);
     size_t depth = nesting(text, len);
     if (depth > CJSON_NESTING_LIMIT)
         return line_error(err, errlen, KVT_EPARSE, name, lineno, "JSON nested %zu levels deep; at most %d are read",
@@ -160,21 +269,22 @@ int kvt_trace_parse_line(kvt_trace_t *t, const char *name, size_t lineno, const 
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (o == NULL) {
-        size_t col = end && end >= text ? (size_t)(end - text) + 1 : 1;
-        return line_error(err, errlen, KVT_EPARSE, name, lineno, "not valid JSON (near column %zu)", col);
+        col = end && end >= text ? (size_t)(end - text) + 1 : 1;
+        return line_error(err, errlen, KVT_EPARSE, name, lineno, "not valid JSON (near column %zu)", off + col);
     }
     /* One object a line: anything after it (a second object of a trace that
      * lost its newlines, garbage, a NUL byte) would otherwise be dropped. */
     size_t used = end && end >= text ? (size_t)(end - text) : len;
     while (used < len && (text[used] == ' ' || text[used] == '\t')) used++;
     int rc = KVT_OK;
-    const char *dup = used == len && cJSON_IsObject(o) ? duplicate_key(o) : NULL;
+    bool oom = false;
+    const char *dup = used == len && cJSON_IsObject(o) ? duplicate_key(o, &oom) : NULL;
     kvt_trace_req_t r;
-    if (used < len && text[used] == 0)
-        rc = line_error(err, errlen, KVT_EPARSE, name, lineno, "a NUL byte at column %zu", used + 1);
-    else if (used < len)
+    if (used < len)
         rc = line_error(err, errlen, KVT_EPARSE, name, lineno,
-                        "content after the JSON object at column %zu (one object a line)", used + 1);
+                        "content after the JSON object at column %zu (one object a line)", off + used + 1);
+    else if (oom)
+        rc = line_error(err, errlen, KVT_ENOMEM, name, lineno, "out of memory");
     else if (dup)
         rc = line_error(err, errlen, KVT_EPARSE, name, lineno, "duplicate key \"%.40s\"", dup);
     else if ((rc = request_of(o, name, lineno, &r, err, errlen)) == KVT_OK && (rc = push(t, &r)) != KVT_OK) {
@@ -207,6 +317,7 @@ int kvt_trace_load_stream(FILE *f, const char *name, kvt_trace_t *t, char *err, 
     size_t cap = 0, lineno = 0;
     ssize_t len;
     int rc = KVT_OK;
+    errno = 0;
     while (rc == KVT_OK && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         size_t k = (size_t)len;
@@ -214,9 +325,13 @@ int kvt_trace_load_stream(FILE *f, const char *name, kvt_trace_t *t, char *err, 
         size_t s = 0;
         while (s < k && (line[s] == ' ' || line[s] == '\t')) s++;
         if (s == k) continue; /* blank line */
-        rc = kvt_trace_parse_line(t, name, lineno, line + s, k - s, err, errlen);
+        rc = kvt_trace_parse_line(t, name, lineno, line, k, err, errlen); /* (it skips the blanks: columns) */
+        errno = 0;
     }
-    if (rc == KVT_OK && ferror(f)) rc = KVT_EIO, snprintf(err, errlen, "%s: read error", name);
+    /* getline out of memory for a long line returns -1 as at the end, ferror unset: not the end */
+    if (rc == KVT_OK && !feof(f))
+        rc = errno == ENOMEM ? KVT_ENOMEM : KVT_EIO,
+        snprintf(err, errlen, "%s:%zu: %s", name, lineno + 1, errno == ENOMEM ? "line too long to read (out of memory)" : "read error");
     if (rc == KVT_OK && t->n == 0) rc = KVT_EPARSE, snprintf(err, errlen, "%s: no requests in the file", name);
     free(line); /* (getline's, malloc'd) */
     if (rc != KVT_OK) kvt_trace_free(t);

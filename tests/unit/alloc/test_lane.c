@@ -287,6 +287,8 @@ Test(lane, bad_arguments) {
     uint32_t p[32];
     cr_assert_eq(kvt_laneal_reserve(la, 0, p), KVT_EINVAL);
     cr_assert_eq(kvt_laneal_reserve(la, 17, p), KVT_ENOSPC);
+    /* more pages than any pool has: ENOSPC, as for 17 (it sized a scratch by n first: ENOMEM) */
+    cr_assert_eq(kvt_laneal_reserve(la, UINT64_C(1) << 62, p), KVT_ENOSPC);
     cr_assert_eq(kvt_laneal_reserve(la, 16, p), KVT_OK);
     cr_assert_eq(kvt_laneal_reserve(la, 1, p), KVT_ENOSPC);
     cr_assert_eq(kvt_laneal_lane_free(la, 9), 0);

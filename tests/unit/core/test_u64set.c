@@ -190,3 +190,39 @@ Test(u64set, erase_at_follows_the_cursor) {
     kvt__nodepool_fini(&pool);
     free(s.k);
 }
+
+/* kvt__u64set_insert_bound suffices: batches of inserts with erases between
+ * them, as the extent allocator's free makes (an erase and an insert a run
+ * that joins a neighbour), never hold more nodes than the bound set aside
+ * over the nodes live before the batch; and for a large batch it is near
+ * what the tree holds, not a split at every level of every insert (a free of
+ * a million runs set 6 GB aside). */
+Test(u64set, the_insert_bound_suffices_and_is_tight_for_large_batches) {
+    kvt__nodepool_t pool;
+    kvt__nodepool_init(&pool);
+    kvt__u64set_t s;
+    kvt__u64set_init(&s, &pool);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, 5);
+    const size_t batches[] = {1, 7, 100, 5000, 200000};
+    uint64_t next = 0;
+    for (size_t b = 0; b < sizeof(batches) / sizeof(*batches); b++) {
+        size_t n = batches[b], bound = kvt__u64set_insert_bound(&s, n), live0 = pool.live, peak = 0;
+        cr_assert_eq(kvt__nodepool_reserve(&pool, bound), KVT_OK);
+        for (size_t i = 0; i < n; i++) {
+            if (s.count > 0 && kvt_rng_below(&r, 2)) { /* an extent reshaped: its smallest key goes */
+                kvt__u64cur_t cur;
+                cr_assert(kvt__u64set_first(&s, &cur));
+                kvt__u64set_erase_at(&s, &cur);
+            }
+            cr_assert_eq(kvt__u64set_insert(&s, (next += 1 + kvt_rng_below(&r, 3))), KVT_OK);
+            if (pool.live > live0 && pool.live - live0 > peak) peak = pool.live - live0;
+        }
+        cr_assert_leq(peak, bound, "batch of %zu: %zu nodes taken, %zu set aside", n, peak, bound);
+        if (n >= 5000)
+            cr_assert_lt(bound, n / 8, "batch of %zu: %zu nodes set aside (a split a level an insert: %zu)", n, bound,
+                         n * (s.height + 1));
+    }
+    kvt__u64set_fini(&s);
+    kvt__nodepool_fini(&pool);
+}

@@ -141,3 +141,73 @@ Test(trace, a_requests_tokens_are_its_blocks_cut_to_its_length) {
         cr_assert_eq(got[len], 0x7f7f7f7f, "length %lu: wrote past the request", (unsigned long)len);
     }
 }
+
+/* What strict JSON refuses and cJSON took (it skips every byte up to 0x20,
+ * reads 007 and 5., takes any bytes in a string and cuts a key at \u0000):
+ * each line refused, naming what and its column, counted from the line's
+ * first byte, blanks included. Lengths are given: one line holds a NUL. */
+Test(trace, what_strict_json_refuses_is_named_with_its_column) {
+#define L(s) s, sizeof(s) - 1
+    static const struct {
+        const char *line;
+        size_t len;
+        const char *says;
+        size_t col; /* 0: not checked */
+    } bad[] = {
+        {L("{\"input_length\": 5,\x00"" \"hash_ids\": [1]}"), "a NUL byte", 20},
+        {L("\x01""{\"input_length\": 5, \"hash_ids\": [1]}"), "a control byte", 1},
+        {L("{\"input_length\": 5, \"hash_ids\":\x0b""[1]}"), "a control byte", 32},
+        {L("{\"input_length\": 5, \"x\x01""\": 1, \"hash_ids\": [1]}"), "a control character inside a string", 23},
+        {L("{\"input_length\": 5, \"\xff""\": 1, \"hash_ids\": [1]}"), "not UTF-8", 22},
+        {L("{\"input_length\": 5, \"\xc0""\xaf""\": 1, \"hash_ids\": [1]}"), "not UTF-8", 22},       /* overlong */
+        {L("{\"input_length\": 5, \"\xed""\xa0""\x80""\": 1, \"hash_ids\": [1]}"), "not UTF-8", 22}, /* surrogate */
+        {L("{\"input_length\": 005, \"hash_ids\": [1]}"), "a malformed number", 18},
+        {L("{\"input_length\": 5., \"hash_ids\": [1]}"), "a malformed number", 18},
+        {L("{\"input_length\": 5, \"hash_ids\": [1e]}"), "a malformed number", 34},
+        {L("{\"input_length\": 5, \"hash_ids\": [-01]}"), "a malformed number", 34},
+        {L("{\"input_length\": 5, \"timestamp\\u0000x\": 7, \"hash_ids\": [1]}"), "\\u0000 in a string", 31},
+        {L("        {\"input_length\": 005, \"hash_ids\": [1]}"), "a malformed number", 26},
+        {L("  {\"input_length\": 5, \"hash_ids\": [1]} x"), "content after the JSON object", 40},
+        {L("\xef""\xbb""\xbf""{\"input_length\": 5, \"hash_ids\": [1]}"), "a byte-order mark", 1}, /* not line 1 */
+    };
+#undef L
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvt_trace_t t = {0};
+        char err[256] = "", col[32];
+        cr_assert_eq(kvt_trace_parse_line(&t, "x", 2, bad[i].line, bad[i].len, err, sizeof(err)), KVT_EPARSE,
+                     "case %zu", i);
+        cr_assert(strncmp(err, "x:2: ", 5) == 0 && strstr(err, bad[i].says), "case %zu: '%s' does not say '%s'", i,
+                  err, bad[i].says);
+        snprintf(col, sizeof(col), "column %zu", bad[i].col);
+        cr_assert(bad[i].col == 0 || strstr(err, col), "case %zu: '%s' does not say '%s'", i, err, col);
+        cr_assert_eq(t.n, 0);
+    }
+    /* what strict JSON takes: a byte-order mark starting the file, UTF-8 in strings, numbers in any
+     * of JSON's forms */
+    char err[256] = "";
+    kvt_trace_t t;
+    cr_assert_eq(load_text("\xef\xbb\xbf{\"input_length\": 6e2, \"hash_ids\": [1, 2], \"n\xc3\xbc\": \"\xe6\x97\xa5\"}\n"
+                           "{\"input_length\": 1.0E+1, \"timestamp\": 0, \"hash_ids\": [0]}\n",
+                           err, sizeof(err), &t),
+                 KVT_OK, "%s", err);
+    cr_assert(t.n == 2 && t.req[0].input_length == 600 && t.req[1].input_length == 10);
+    kvt_trace_free(&t);
+}
+
+/* Duplicate keys among many: found (sorted, past 16 keys), and 20,000 keys
+ * on a line are looked through at once (pair by pair, 80,000 took 12 s). */
+Test(trace, duplicate_keys_among_many_are_found) {
+    const size_t nkeys = 20000;
+    char *line = malloc(nkeys * 16 + 64), err[256] = "";
+    for (int dup = 0; dup < 2; dup++) {
+        size_t n = (size_t)sprintf(line, "{\"input_length\": 5, \"hash_ids\": [1]");
+        for (size_t k = 0; k < nkeys; k++) n += (size_t)sprintf(line + n, ", \"k%zu\": 0", dup && k == nkeys - 1 ? 7 : k);
+        n += (size_t)sprintf(line + n, "}");
+        kvt_trace_t t = {0};
+        int rc = kvt_trace_parse_line(&t, "x", 1, line, n, err, sizeof(err));
+        if (dup) cr_assert(rc == KVT_EPARSE && strstr(err, "duplicate key \"k7\""), "%s", err);
+        else cr_assert_eq(rc, KVT_OK, "%s", err);
+        kvt_trace_free(&t);
+    }
+    free(line);
+}
