@@ -29,7 +29,8 @@ order the pool lists them, and a get or put is one store batch of
 affine (or need more than 4 planes), and a batch whose host indices do not
 start on a page boundary, go through a small kvtier host tier instead
 (staging: ctypes.memmove to and from the pointers the pool gives) with the
-same object format, so either path reads what the other wrote.
+same object format, so either path reads what the other wrote. (The
+whole-page layouts, page_first_direct and page_head, refuse such a batch.)
 
 The tensor calls (get, set, batch_get, batch_set: SGLang's generic path,
 without ``interface_v1``) copy flat pages (``get_data_page`` tensors)
@@ -155,6 +156,12 @@ def _cfg(storage_config: Any, name: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
+# Host pool layouts whose pages are whole blocks: get_page_buffer_meta of a
+# token index that does not start a page points into the middle of one and
+# gives a whole page's bytes from there (two pages corrupted), where SGLang's
+# own page calls round the index down to its page. SGLang's controller never
+# sends such an index; one is refused.
+_WHOLE_PAGE_LAYOUTS = frozenset({"page_first_direct", "page_head"})
 _KVTIER_KEYS = frozenset({"l3", "namespace", "model", "interface_v1", "threads", "timeout_ms", "retries"})
 # what SGLang itself reads from the same JSON: the dynamic loader's, the controller's, the scheduler's
 _SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
@@ -240,6 +247,8 @@ class KvtierStorage(HiCacheStorage):
                  mem_pool_host: Any = None) -> None:
         self._reg: Optional[_Registration] = None
         self._closed = False
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"KvtierStorage: kwargs is a {type(kwargs).__name__}, expected a dict (SGLang's)")
         extra = _cfg(storage_config, "extra_config", {})
         if not isinstance(extra, dict):
             raise TypeError(f"KvtierStorage: extra_config is a {type(extra).__name__}, expected a dict")
@@ -456,7 +465,13 @@ class KvtierStorage(HiCacheStorage):
         for i, t in enumerate(starts):
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= reg.size - ps:
                 raise IndexError(f"host_indices[{i * ps}] = {t!r}: not a page of the pool ({reg.size} tokens)")
-        return starts, all(t % ps == 0 for t in starts), flat
+        aligned = all(t % ps == 0 for t in starts)
+        layout = getattr(reg.pool, "layout", None)
+        if not aligned and layout in _WHOLE_PAGE_LAYOUTS:
+            i = next(i for i, t in enumerate(starts) if t % ps)
+            raise ValueError(f"host_indices[{i * ps}] = {starts[i]}: not the first token of a page, which a "
+                             f"{layout} pool needs (its pages are whole: a page's buffers start at its first token)")
+        return starts, aligned, flat
 
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """Loads each key's page into the host pool at host_indices (page i

@@ -174,7 +174,8 @@ def make_pool(kind: str, layout: str, pages: int = 48, page_size: int = 4, **kw)
     if layout == "scattered":
         return ScatteredHostPool(pages=pages, page_size=page_size, **kw)
     import sglang_cpu
-    _, pool = sglang_cpu.host_pool(kind, layout, pages * page_size // 2, page_size, dtype=torch.float16, **kw)
+    dtype = kw.pop("dtype", torch.float16)
+    _, pool = sglang_cpu.host_pool(kind, layout, pages * page_size // 2, page_size, dtype=dtype, **kw)
     pool.kind = kind
     for name in ("_slices", "page_content", "fill_page", "set_page_value"):
         setattr(pool, name, types.MethodType(getattr(FakeHostPool, name), pool))
@@ -343,6 +344,23 @@ def test_unaligned_indices_stage_with_the_same_objects(dir_store_url):
         assert pool.page_content(int(dst2[0])) == content[0]
 
 
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_unaligned_indices_into_whole_page_layouts_are_refused(dir_store_url, kind):
+    """page_first_direct holds whole pages: an index one token into page 10
+    wrote a whole page from there (pages 10 and 11 wrong, and True said):
+    refused, both pages as they were."""
+    pool = make_pool(kind, "page_first_direct", pages=16)
+    with ks.KvtierStorage(config(dir_store_url, is_mla_model=kind == "mla"), {"mem_pool_host": pool}) as backend:
+        keys, host, content = stored_pages(pool, 1, 11)
+        assert backend.batch_set_v1(keys, host) == [True]
+        before = [pool.page_content(p * pool.page_size) for p in (10, 11)]
+        dst = torch.arange(10 * pool.page_size + 1, 11 * pool.page_size + 1)
+        for call in (backend.batch_get_v1, backend.batch_set_v1):
+            with pytest.raises(ValueError, match=r"host_indices\[0\] = 41: not the first token of a page"):
+                call(keys, dst)
+        assert [pool.page_content(p * pool.page_size) for p in (10, 11)] == before
+
+
 # ---- batch_exists against a set ---------------------------------------------------------------
 
 
@@ -372,7 +390,7 @@ def test_batch_exists_counts_the_leading_keys(store_url):
 # ---- integrity ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", [81, 40, -1], ids=["payload", "header", "last-byte"])
+@pytest.mark.parametrize("where", [81, -72, -1], ids=["payload", "header", "last-byte"])  # (the header: the last 80 bytes)
 def test_corrupted_dir_object_is_a_miss(dir_store_url, where):
     pool = make_pool("mha", "layer_first", pages=8)
     with ks.KvtierStorage(config(dir_store_url), {"mem_pool_host": pool}) as backend:
@@ -444,10 +462,13 @@ def test_identity_keeps_models_and_shards_apart(dir_store_url):
         e.update(over.pop("extra", {}))
         with ks.KvtierStorage(config(dir_store_url, extra=e, **over), {"mem_pool_host": pool}) as r:
             assert r.batch_exists(keys) == seen, over
-    # another layout of the same geometry is another identity
-    other = make_pool("mha", "page_first_direct", pages=8)
-    with ks.KvtierStorage(config(dir_store_url, extra=ns, tp_rank=0, tp_size=2), {"mem_pool_host": other}) as r:
-        assert r.batch_exists(keys) == 0
+    # another layout of the same geometry is another identity; so is another dtype of the same size
+    # (bf16 bytes read as fp16 are other numbers: only the dtype's name tells the two apart)
+    for other in (make_pool("mha", "page_first_direct", pages=8), make_pool("mha", "page_first", pages=8,
+                                                                           dtype=torch.bfloat16)):
+        with ks.KvtierStorage(config(dir_store_url, extra=ns, tp_rank=0, tp_size=2), {"mem_pool_host": other}) as r:
+            assert r.batch_exists(keys) == 0
+            assert r.batch_get_v1(keys, other.alloc(other.page_size)) == [False]
 
 
 def test_mla_ranks_share_objects(store_url):
@@ -529,6 +550,8 @@ def test_bad_configuration_raises_at_construction(dir_store_url):
         ks.KvtierStorage(config(dir_store_url, tp_rank=2, tp_size=2), {})
     with pytest.raises(TypeError, match="extra_config"):
         ks.KvtierStorage({"model_name": "m", "extra_config": "l3=dir:/tmp"}, {})
+    with pytest.raises(TypeError, match="kwargs is a list"):
+        ks.KvtierStorage(config(dir_store_url), [1])
 
 
 def test_bad_arguments_raise(dir_store_url):

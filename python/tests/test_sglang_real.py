@@ -391,7 +391,7 @@ def test_host_pool_pages_match_hicachefile(tmp_path, kind, layout):
 
 
 def controller(kind, layout, backend, extra, seed):
-    dev, host = pools(kind, layout, tokens=512, seed=seed)
+    dev, host = pools(kind, layout, tokens=1024, seed=seed)  # host: 512 pages, room for two copies of 140
     alloc = PagedTokenToKVPoolAllocator(dev.size, PS, DTYPE, "cpu", dev, False)
     with get_parallel().override(attn_dcp_size=1, attn_dcp_rank=0, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         c = HiCacheController(alloc, host, PS, dist.group.WORLD, threading.Event(), write_policy="write_through",
@@ -415,8 +415,12 @@ def spy(c, names):
 
 
 def run_storage_path(c, host, tokens, stored_pages):
-    """Backup the first stored_pages pages, then prefetch the whole sequence."""
-    src = torch.arange(0, stored_pages * PS)
+    """Backup the first stored_pages pages, then prefetch the whole sequence
+    into other pages of the pool. The backed-up pages come from the pool's
+    allocator, as the controller's own do: taken as the first pages without
+    it, the prefetch was handed those same pages and wrote each onto itself,
+    so that a get moving no bytes passed."""
+    src = host.alloc(stored_pages * PS)
     op = c.write_storage(src, tokens[:stored_pages * PS], hash_value=chain(tokens[:stored_pages * PS]),
                          prefix_keys=[])
     assert c.ack_backup_queue.get(timeout=30).id == op
@@ -432,7 +436,7 @@ def run_storage_path(c, host, tokens, stored_pages):
         acks.append(a.completed_tokens)
         if a.completed_req:
             break
-    return hit.storage_hit_count, acks, hit.host_indices
+    return hit.storage_hit_count, acks, hit.host_indices, src
 
 
 @pytest.mark.parametrize("kind,layout,v1", [("mha", "page_first", 1), ("mha", "layer_first", 0),
@@ -457,10 +461,13 @@ def test_controller_storage_path_matches_hicachefile(tmp_path, kind, layout, v1)
         rk = run_storage_path(ck, hk, tokens, stored)
         assert rk[0] == rf[0] == stored * PS
         assert rk[1] == rf[1] and rk[1][-2] == stored * PS
-        assert torch.equal(rk[2], rf[2])
+        assert torch.equal(rk[2], rf[2]) and torch.equal(rk[3], rf[3])
+        assert not set(rk[2].tolist()) & set(rk[3].tolist()), "the prefetch lands in other pages"
         assert same(hk.kv_buffer, hf.kv_buffer)
         for i in range(stored):  # the model: the prefetched page is the backed-up one
-            assert same(hk.get_data_page(rk[2][i * PS].item(), flat=True), hk.get_data_page(i * PS, flat=True))
+            got, want = (hk.get_data_page(r[i * PS].item(), flat=True) for r in (rk[2], rk[3]))
+            assert same(got, want)
+        assert not same(hk.get_data_page(rk[2][0].item(), flat=True), hk.get_data_page(rk[2][PS].item(), flat=True))
         keys = chain(tokens)
         exists = [c for c in calls if c[0] == "batch_exists"]
         assert [c[1] for c in exists] == [keys[:128], keys[128:]]
