@@ -44,7 +44,8 @@
 
 /* Spare nodes kept between calls, so that calls do not reach malloc: at least
  * SPARE_KEEP, and up to 1/16 of the live nodes (a free of many runs sets
- * aside worst-case room for all its inserts, then uses little of it). */
+ * aside room for all its inserts, then uses little of it; a reserve that
+ * takes many extents gives their nodes back). */
 #define SPARE_KEEP 64
 #define SPARE_KEEP_FRACTION 16
 
@@ -61,6 +62,11 @@ static inline uint64_t size_key(uint64_t start, uint64_t len) { return len << 32
 static inline uint64_t addr_key(uint64_t start, uint64_t len) { return start << 32 | len; }
 static inline uint32_t key_hi(uint64_t k) { return (uint32_t)(k >> 32); }
 static inline uint32_t key_lo(uint64_t k) { return (uint32_t)k; }
+
+static void trim_spare(kvt_extalloc_t *a) {
+    size_t keep = a->pool.live / SPARE_KEEP_FRACTION;
+    kvt__nodepool_trim(&a->pool, keep > SPARE_KEEP ? keep : SPARE_KEEP);
+}
 
 static int reserve_nodes(kvt_extalloc_t *a, size_t size_inserts, size_t addr_inserts) {
     return kvt__nodepool_reserve(&a->pool, kvt__u64set_insert_bound(&a->by_size, size_inserts) +
@@ -170,6 +176,7 @@ int kvt_extalloc_reserve(kvt_extalloc_t *a, uint64_t n, kvt_run_t *runs, size_t 
     a->free_pages -= n;
     a->reserves++;
     a->runs_reserved += k;
+    if (k > 1) trim_spare(a);
     return KVT_OK;
 }
 
@@ -292,8 +299,7 @@ void kvt__extalloc_free_apply(kvt_extalloc_t *a, const kvt__free_plan_t *plan, s
         a->free_pages += r.len;
     }
     a->frees++;
-    size_t keep = a->pool.live / SPARE_KEEP_FRACTION;
-    kvt__nodepool_trim(&a->pool, keep > SPARE_KEEP ? keep : SPARE_KEEP);
+    trim_spare(a);
 }
 
 int kvt__extalloc_prepare_reserve(kvt_extalloc_t *a) {

@@ -401,3 +401,34 @@ Test(extent, metadata_bytes_match_the_allocation_hook) {
     cr_assert_eq(st.free_extents, 33334);
     kvt_extalloc_destroy(a);
 }
+
+/* A free of many runs sets aside about the nodes the trees can hold, not a
+ * split at every level of every run (100,000 runs: some 400 MB), and a
+ * reserve that takes many extents gives their nodes back to the spare
+ * count's bound. */
+Test(extent, many_runs_cost_memory_in_proportion) {
+    const size_t n = 100000;
+    kvt_extalloc_t *a;
+    cr_assert_eq(kvt_extalloc_create(&a, 3 * n), KVT_OK);
+    cr_assert_eq(kvt_extalloc_reserve_at(a, (kvt_run_t){0, (uint32_t)(3 * n)}), KVT_OK);
+    kvt_run_t *runs = malloc(n * sizeof(*runs));
+    for (size_t i = 0; i < n; i++) runs[i] = (kvt_run_t){(uint32_t)(3 * i), 1};
+    kvt_mem_stats_t m0 = {.size = sizeof(m0)}, m1 = {.size = sizeof(m1)};
+    kvt_mem_stats(&m0);
+    cr_assert_lt(m0.peak_bytes, m0.live_bytes + (32 << 20), "the peak below is this test's");
+    cr_assert_eq(kvt_extalloc_free(a, runs, n), KVT_OK);
+    kvt_mem_stats(&m1);
+    cr_assert_lt(m1.peak_bytes - m0.live_bytes, 32 << 20, "%" PRId64 " bytes at the peak of the free",
+                 m1.peak_bytes - m0.live_bytes);
+    kvt_extalloc_stats_t st = {.size = sizeof(st)};
+    kvt_extalloc_stats(a, &st);
+    cr_assert_eq(st.free_extents, n);
+    uint64_t held = st.metadata_bytes;
+    size_t k;
+    cr_assert_eq(kvt_extalloc_reserve(a, n, runs, n, &k), KVT_OK); /* every free extent: the trees empty */
+    cr_assert_eq(k, n);
+    kvt_extalloc_stats(a, &st);
+    cr_assert_lt(st.metadata_bytes, held / 16, "%" PRIu64 " bytes kept of %" PRIu64, st.metadata_bytes, held);
+    free(runs);
+    kvt_extalloc_destroy(a);
+}
