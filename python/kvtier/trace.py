@@ -66,7 +66,8 @@ def block_tokens(ids: Any, block: int = BLOCK_TOKENS) -> np.ndarray:
 def request_tokens(r: TraceRequest) -> np.ndarray:
     """A request's int32 token ids, exactly as `kvtier replay` builds them
     (kvt_trace_request_tokens)."""
-    hash_ids = [_args.u32(i, "request_tokens hash_ids[]") for i in _args.sequence(r.hash_ids, "request_tokens hash_ids")]
+    ids_in = r.hash_ids.tolist() if isinstance(r.hash_ids, np.ndarray) else r.hash_ids
+    hash_ids = [_args.u32(i, "request_tokens hash_ids[]") for i in _args.sequence(ids_in, "request_tokens hash_ids")]
     n, length = len(hash_ids), _args.u64(r.input_length, "request_tokens input_length")
     if not 0 < length <= n * BLOCK_TOKENS or length <= (n - 1) * BLOCK_TOKENS:
         raise ValueError(f"input_length {length} does not fit {n} blocks of {BLOCK_TOKENS} tokens")

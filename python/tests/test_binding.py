@@ -180,6 +180,7 @@ def test_block_tokens_match_the_command():
     assert np.array_equal(ktrace.block_tokens(ids), want)
     r = ktrace.TraceRequest(0, 1000, 0, (int(ids[2]), int(ids[3])))
     assert np.array_equal(ktrace.request_tokens(r), want[1024:2024])  # blocks 2 and 3 of ids, cut to 1000
+    assert np.array_equal(ktrace.request_tokens(r._replace(hash_ids=ids[2:4])), want[1024:2024])  # ids as numpy's
     with pytest.raises(ValueError, match="does not fit"):
         ktrace.request_tokens(ktrace.TraceRequest(0, 1025, 0, (1, 2)))
     with pytest.raises(ValueError):
@@ -624,12 +625,18 @@ def test_prometheus_collector_gives_each_transfer_pair_a_sample_of_one_family():
         reg.register(KvtierCollector(xfer=x, xfer_pairs=[(0, 1), (1, 0)]))
         text = prom.generate_latest(reg).decode()
         want = {(0, 1): x.stats(0, 1)["pages"], (1, 0): x.stats(1, 0)["pages"]}
+        busy = x.stats(1, 0)["busy_ns"]
     types = [ln for ln in text.splitlines() if ln.startswith("# TYPE")]
     assert len(types) == len(set(types))
-    fam = {f.name: f for f in text_string_to_metric_families(text)}["kvtier_xfer_pages"]
-    got = {(int(s.labels["src"]), int(s.labels["dst"])): s.value for s in fam.samples}
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    got = {(int(s.labels["src"]), int(s.labels["dst"])): s.value for s in fams["kvtier_xfer_pages"].samples}
     assert got == want == {(0, 1): 1, (1, 0): 2}
+    # ns in seconds, named so, as --stats prom writes them (promtool: no abbreviated units in names)
+    assert "kvtier_xfer_busy_ns" not in text and busy > 0
+    secs = {s.labels["src"]: s.value for s in fams["kvtier_xfer_busy_seconds"].samples}
+    assert secs["1"] == pytest.approx(busy / 1e9)
     for bad, exc in ((dict(cache=5), TypeError), (dict(xfer=x, xfer_pairs=[(0,)]), ValueError),
+                     (dict(xfer=x, xfer_pairs=[(0, 5)]), ValueError),  # every scrape raised
                      (dict(xfer_pairs=[(0, 1)]), ValueError), (dict(labels={"a": 1}), TypeError)):
         with pytest.raises(exc):
             KvtierCollector(**bad)

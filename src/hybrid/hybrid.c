@@ -1174,7 +1174,9 @@ static const char *check_pending(const kvt_hybrid_t *h, uint32_t g, int t, const
                 return "a request's piece is not pinned in L1";
             held += p->wait[g][i] == PIECE_PINNED;
         }
-    if (ks->pinned > held)
+    uint64_t pins = 0; /* every pin, not the pieces pinned: requests on one path pin its pieces each */
+    for (size_t i = 0; i < k->nents; i++) pins += k->ents[i].pins;
+    if (pins != held)
         return t ? "a piece is pinned below L1 with no copy reading it" : "a piece is pinned with no request or copy";
     return NULL;
 }

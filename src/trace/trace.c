@@ -5,6 +5,7 @@
  * refused here, each with its own message. */
 #include "kvtier/trace.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -136,8 +137,9 @@ static size_t json_number(const char *s, size_t n) {
 
 /* What strict JSON refuses that cJSON takes, found before it reads the line:
  * a control byte outside a string (cJSON skips every byte <= 0x20) or a raw
- * one inside, \u0000 (it cuts a key short: "timestamp\u0000x" read as
- * "timestamp"), bytes that are not UTF-8, a number outside JSON's grammar,
+ * one inside, \u0000 or a \u without four hex digits (it reads both as a
+ * NUL, which cuts a key short: "timestamp\u0000x" read as "timestamp"), an
+ * escape JSON has not, bytes that are not UTF-8, a number outside JSON's grammar,
  * a byte-order mark (the caller lets the file's first line start with
  * one). NULL, or what, with its 0-based column in *col. */
 static const char *not_strict(const char *text, size_t len, size_t *col) {
@@ -158,8 +160,13 @@ static const char *not_strict(const char *text, size_t len, size_t *col) {
         if (in_string) {
             if (c < 0x20) return "a control character inside a string (escape it)";
             if (c == '"') in_string = false;
-            if (c == '\\' && i + 1 < len) {
-                if (len - i >= 6 && memcmp(text + i + 1, "u0000", 5) == 0) return "\\u0000 in a string";
+            if (c == '\\') { /* cJSON reads \u with other than four hex digits as a NUL too */
+                if (i + 1 == len || !text[i + 1] || !strchr("\"\\/bfnrtu", text[i + 1])) return "an invalid escape in a string";
+                if (text[i + 1] == 'u') {
+                    for (size_t h = 2; h < 6; h++)
+                        if (i + h >= len || !isxdigit((unsigned char)text[i + h])) return "an invalid \\u escape in a string";
+                    if (memcmp(text + i + 2, "0000", 4) == 0) return "\\u0000 in a string";
+                }
                 i++;
             }
             i++;

@@ -332,8 +332,6 @@ Test(cache, the_decision_digest_is_kept_only_when_asked_and_decides_nothing, .ti
     decide_alike(3, (const bool[]){true, false, true}, 400, 500, NULL, kept_only_when_asked, &loads, &backups);
 }
 
-/* Pages of a request that is still admitted are never evicted, however
- * much the others need. */
 /* An allocation that leaves fewer than half the target free starts a round,
  * whatever the target: with target 1 (20 pages at 5 %) leaving 0 free, and
  * with target 3 (60 pages) leaving 1 (< 1.5). (A floor of target / 2
@@ -360,6 +358,8 @@ Test(cache, an_allocation_below_half_an_odd_target_starts_a_round) {
     }
 }
 
+/* Pages of a request that is still admitted are never evicted, however
+ * much the others need. */
 Test(cache, held_requests_keep_their_pages) {
     static stream_t s;
     static int32_t q[MAXP * PT], first[MAXP * PT];

@@ -1475,7 +1475,8 @@ Test(hybrid_alloc, every_allocation_failure_in_a_report_leaves_a_consistent_cach
 
 /* check() holds L1's pins to the live requests' pieces while requests are
  * live too (it saw a stray pin only once none was): a pin that no request
- * holds, planted beside a live request that pins nothing, is found. */
+ * holds, planted beside a live request that pins nothing, is found, and one
+ * beside two requests that pin the same pieces. */
 Test(hybrid_bounded, check_finds_a_pin_no_live_request_holds) {
     setup_t su = {.P = 4, .every = 0, .policy = KVT_WRITE_THROUGH, .l1_slots = 1 << 10};
     kvt_hybrid_t *h = make(ALL_THREE, 4, &su);
@@ -1495,6 +1496,22 @@ Test(hybrid_bounded, check_finds_a_pin_no_live_request_holds) {
     cr_assert_eq(kvt_hybrid_check(h, &why), KVT_ECORRUPT, "a pin no request holds (%s)", why ? why : "-");
     cr_assert_eq(kvt_keyed_unpin(k, &key, 1), KVT_OK);
     check(h, "unpinned");
+    /* two live requests on one path pin its pieces twice: a third pin on one of them is found too */
+    kvt_hybrid_req_t r1, r2;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, a, 40, 0, NULL, &r1), KVT_OK);
+    cr_assert_eq(kvt_hybrid_admit(h, 0, a, 40, 0, NULL, &r2), KVT_OK);
+    cr_assert_gt(r1.hit_pages, 0);
+    check(h, "two requests on one path");
+    size_t x = 0;
+    while (x < k->nents && k->ents[x].pins != 2) x++;
+    cr_assert_lt(x, k->nents, "a piece both requests pinned");
+    key = k->ents[x].key;
+    cr_assert_eq(kvt_keyed_pin(k, &key, 1, NULL), KVT_OK);
+    cr_assert_eq(kvt_hybrid_check(h, &why), KVT_ECORRUPT, "a third pin on a shared piece (%s)", why ? why : "-");
+    cr_assert_eq(kvt_keyed_unpin(k, &key, 1), KVT_OK);
+    check(h, "unpinned again");
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &r1), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(h, 0, a, 40, &r2), KVT_OK);
     cr_assert_eq(kvt_hybrid_release(h, 0, b, 40, &rb), KVT_OK);
     check(h, "end");
     kvt_hybrid_destroy(h);
