@@ -87,13 +87,14 @@ KVT_API void kvt_emitter_destroy(kvt_emitter_t *e);
 
 /* Building calls. They record into the emitter; a failure to allocate is
  * remembered and reported by kvt_emitter_write, so callers need not check
- * every call. Names must be [a-z0-9_]. */
+ * every call. Names must be [a-z0-9_], at most 63 characters. */
 KVT_API void kvt_emit_begin(kvt_emitter_t *e, const char *section);
 KVT_API void kvt_emit_end(kvt_emitter_t *e);
 KVT_API void kvt_emit_counter(kvt_emitter_t *e, const char *name, uint64_t v, const char *help);
 KVT_API void kvt_emit_gauge(kvt_emitter_t *e, const char *name, double v, const char *help);
-/* A latency histogram in ns: count, mean, p50, p90, p99, p999, max in the
- * table and JSON; buckets in seconds in Prometheus text (see the top). */
+/* A latency histogram in ns: count, p50, p90, p99, p999, max in the table,
+ * and the mean too in JSON; buckets in seconds in Prometheus text (see the
+ * top). */
 KVT_API void kvt_emit_hist(kvt_emitter_t *e, const char *name, const kvt_hist_t *h, const char *help);
 
 /* Writes everything recorded. KVT_ENOMEM if a building call (or, for JSON

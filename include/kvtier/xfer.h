@@ -135,7 +135,9 @@ typedef struct kvt_xfer_stats {
 
 /* A snapshot of one pair's statistics. KVT_EINVAL. */
 KVT_API int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st);
-/* Emits a section "<src>_to_<dst>" per pair that has seen traffic. */
+/* Emits a section "<src>_to_<dst>" per pair that has seen traffic: each
+ * tier by its name in [a-z0-9_], at most 24 characters, and its index after
+ * it where two tiers' would be the same ("host0_to_host1"). */
 KVT_API void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e);
 
 #ifdef __cplusplus

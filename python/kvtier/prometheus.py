@@ -5,9 +5,13 @@ an engine's own metrics::
     from kvtier.prometheus import KvtierCollector
     REGISTRY.register(KvtierCollector(cache=cache, store=store, labels={"instance": "decode-0"}))
 
-Names follow `kvtier replay --stats prom`: kvtier_cache_<field>,
-kvtier_tree_<field>, kvtier_store_<op>_<field> (counters end in _total);
-help texts are the headers' own. Objects that are closed are skipped.
+Names follow the rules of `kvtier replay --stats prom` (counters end in
+_total, values in ns or µs are written in seconds and named _seconds):
+kvtier_cache_<field>, kvtier_tree_<field>, kvtier_store_<op>_<field>,
+kvtier_xfer_<field>{src=,dst=} (the tier indices as labels, where the
+command names the pair in the family: kvtier_xfer_l1_to_l2_<field>).
+Counters and gauges only: the latency histograms are the command's. Help
+texts are the headers' own. Objects that are closed are skipped.
 """
 from __future__ import annotations
 
@@ -23,6 +27,19 @@ from .store import OPS
 __all__ = ["KvtierCollector"]
 
 
+# A field's unit suffix, and what its value is divided by to be in seconds
+_SECONDS = (("_ns", 1e9), ("_micros", 1e6))
+
+
+def _name_and_scale(field: str) -> Tuple[str, float]:
+    """A field's family name (before _total) and its divisor: busy_ns is
+    busy_seconds, in seconds, as the command writes it."""
+    for suffix, scale in _SECONDS:
+        if field.endswith(suffix):
+            return field[:-len(suffix)] + "_seconds", scale
+    return field, 1.0
+
+
 def _families(prefix: str, spec, samples: List[Tuple[Dict[str, Any], Dict[str, str]]]) -> Iterator[Any]:
     """One family per field of spec, with a sample per (values, labels) that has it:
     a family named twice is not valid exposition text."""
@@ -30,10 +47,11 @@ def _families(prefix: str, spec, samples: List[Tuple[Dict[str, Any], Dict[str, s
         have = [(v, lb) for v, lb in samples if field in v]
         if not have:
             continue
+        name, scale = _name_and_scale(field)
         cls = CounterMetricFamily if kind == "COUNTER" else GaugeMetricFamily
-        m = cls(f"{prefix}_{field}", help_text, labels=list(have[0][1]))
+        m = cls(f"{prefix}_{name}", help_text, labels=list(have[0][1]))
         for v, lb in have:
-            m.add_metric(list(lb.values()), float(v[field]))
+            m.add_metric(list(lb.values()), float(v[field]) / scale)
         yield m
 
 
@@ -58,6 +76,9 @@ class KvtierCollector:
             self.xfer_pairs.append(tuple(pr))
         if self.xfer_pairs and xfer is None:
             raise ValueError("KvtierCollector xfer_pairs: given without an xfer")
+        for pr in self.xfer_pairs:  # (checked now: a scrape that raised would fail the engine's registry too)
+            if max(pr) >= len(xfer._tiers):
+                raise ValueError(f"KvtierCollector xfer_pairs: {pr!r}: the Transfer has {len(xfer._tiers)} tiers")
         self.labels = dict(labels or {})
         for k, v in self.labels.items():
             if not isinstance(k, str) or not isinstance(v, str):

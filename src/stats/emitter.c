@@ -11,6 +11,7 @@
  *   emitted as             table / JSON name     Prometheus family
  *   counter                reserves              kvtier_alloc_reserves_total
  *   counter in ns          busy_ns               kvtier_..._busy_seconds_total (value / 1e9)
+ *   counter in µs          wait_micros           kvtier_..._wait_seconds_total (value / 1e6)
  *   gauge                  free_pages            kvtier_alloc_free_pages
  *   gauge in ns            x_ns                  kvtier_..._x_seconds (value / 1e9)
  *   histogram (ns)         e2e_ns                kvtier_..._e2e_seconds, TYPE histogram
@@ -276,19 +277,25 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* The unit of an entry's values, as the decimal digits of a second it
+ * keeps: written in seconds (Prometheus's base unit), or as they are. */
+enum { UNIT_AS_IS = 0, UNIT_US = 6, UNIT_NS = 9 };
+
 /* The entry's family name under `path` (the table at the top of the file);
- * true when its values are ns, to be written in seconds. */
-static bool prom_family(char *out, size_t cap, const char *path, const entry_t *x) {
-    bool ns = strcmp(x->name, "ns") == 0 || ends_with(x->name, "_ns");
-    int stem = (int)strlen(x->name) - (ns ? 2 : 0); /* keeps the '_' before "ns" */
-    const char *unit = ns ? "seconds" : x->kind == ENT_HIST ? "_seconds" : "";
+ * returns its unit. */
+static int prom_family(char *out, size_t cap, const char *path, const entry_t *x) {
+    int unit = strcmp(x->name, "ns") == 0 || ends_with(x->name, "_ns") ? UNIT_NS
+               : ends_with(x->name, "_micros")                          ? UNIT_US
+                                                                          : UNIT_AS_IS;
+    int stem = (int)strlen(x->name) - (unit == UNIT_NS ? 2 : unit == UNIT_US ? 6 : 0); /* keeps the '_' */
+    const char *suffix = unit != UNIT_AS_IS ? "seconds" : x->kind == ENT_HIST ? "_seconds" : "";
     const char *total = x->kind == ENT_COUNTER && !ends_with(x->name, "_total") ? "_total" : "";
-    snprintf(out, cap, "%s_%.*s%s%s", path, stem, x->name, unit, total);
-    return ns || x->kind == ENT_HIST;
+    snprintf(out, cap, "%s_%.*s%s%s", path, stem, x->name, suffix, total);
+    return x->kind == ENT_HIST ? UNIT_NS : unit;
 }
 
 /* Calls fn on every counter, gauge and histogram with its family name. */
-typedef int (*prom_fn_t)(void *arg, const entry_t *x, const char *family, bool ns);
+typedef int (*prom_fn_t)(void *arg, const entry_t *x, const char *family, int unit);
 
 static int prom_walk(const kvt_emitter_t *e, prom_fn_t fn, void *arg) {
     char path[FULL_MAX], family[FULL_MAX + NAME_MAX_LEN + 16];
@@ -303,8 +310,8 @@ static int prom_walk(const kvt_emitter_t *e, prom_fn_t fn, void *arg) {
             size_t at = len[depth];
             len[++depth] = at + (size_t)snprintf(path + at, sizeof(path) - at, "_%s", x->name);
         } else {
-            bool ns = prom_family(family, sizeof(family), path, x);
-            rc = fn(arg, x, family, ns);
+            int unit = prom_family(family, sizeof(family), path, x);
+            rc = fn(arg, x, family, unit);
         }
     }
     return rc;
@@ -317,8 +324,8 @@ typedef struct names {
 
 /* The family's name, and a histogram's series names too (_bucket, _sum,
  * _count): a gauge named like one of them is a second series of that name. */
-static int collect_name(void *arg, const entry_t *x, const char *family, bool ns) {
-    (void)ns;
+static int collect_name(void *arg, const entry_t *x, const char *family, int unit) {
+    (void)unit;
     static const char *const SERIES[] = {"", "_bucket", "_sum", "_count"};
     names_t *c = arg;
     for (int k = 0; k < (x->kind == ENT_HIST ? 4 : 1); k++) {
@@ -351,10 +358,11 @@ static int prom_check_unique(const kvt_emitter_t *e) {
     return rc;
 }
 
-/* ns as exact decimal seconds: 5050 -> "0.00000505". */
-static void fmt_seconds(char *out, size_t cap, uint64_t ns) {
-    int n = snprintf(out, cap, "%llu.%09llu", (unsigned long long)(ns / 1000000000u),
-                     (unsigned long long)(ns % 1000000000u));
+/* A count of 10^-digits seconds as exact decimal seconds: 5050 ns ->
+ * "0.00000505". */
+static void fmt_seconds(char *out, size_t cap, uint64_t v, int digits) {
+    uint64_t one = digits == UNIT_NS ? 1000000000u : 1000000u;
+    int n = snprintf(out, cap, "%llu.%0*llu", (unsigned long long)(v / one), digits, (unsigned long long)(v % one));
     while (n > 0 && out[n - 1] == '0') out[--n] = 0;
     if (n > 0 && out[n - 1] == '.') out[--n] = 0;
 }
@@ -370,18 +378,18 @@ static void fmt_double(char *out, size_t cap, double v) {
             if (snprintf(out, cap, "%.*g", p, v), strtod(out, NULL) == v) break;
 }
 
-static int prom_write_one(void *arg, const entry_t *x, const char *family, bool ns) {
+static int prom_write_one(void *arg, const entry_t *x, const char *family, int unit) {
     FILE *f = arg;
     char v[48];
     switch (x->kind) {
     case ENT_COUNTER:
-        if (ns) fmt_seconds(v, sizeof(v), x->v.u);
+        if (unit) fmt_seconds(v, sizeof(v), x->v.u, unit);
         else snprintf(v, sizeof(v), "%llu", (unsigned long long)x->v.u);
         prom_header(f, family, x, "counter");
         fprintf(f, "%s %s\n", family, v);
         break;
     case ENT_GAUGE:
-        fmt_double(v, sizeof(v), ns ? x->v.d / 1e9 : x->v.d);
+        fmt_double(v, sizeof(v), unit == UNIT_NS ? x->v.d / 1e9 : unit == UNIT_US ? x->v.d / 1e6 : x->v.d);
         prom_header(f, family, x, "gauge");
         fprintf(f, "%s %s\n", family, v);
         break;
@@ -391,7 +399,7 @@ static int prom_write_one(void *arg, const entry_t *x, const char *family, bool 
         for (size_t k = 0; k < PROM_LE_N; k++)
             fprintf(f, "%s_bucket{le=\"%s\"} %llu\n", family, prom_le[k].le, (unsigned long long)h->le[k]);
         fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", family, (unsigned long long)h->count);
-        fmt_seconds(v, sizeof(v), h->sum);
+        fmt_seconds(v, sizeof(v), h->sum, UNIT_NS);
         fprintf(f, "%s_sum %s\n%s_count %llu\n", family, v, family, (unsigned long long)h->count);
         break;
     }

@@ -689,11 +689,30 @@ int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *
     return kvt__abi_out(out, &st, sizeof(st));
 }
 
-/* Metric names are [a-z0-9_]: other characters of tier names become '_'. */
-static void metric_name(char *out, size_t cap, const char *a, const char *b) {
-    snprintf(out, cap, "%s_to_%s", a, b);
+/* Tier i's name as a metric name: [a-z0-9_] (upper case lowered, other
+ * characters '_'), at most 24 characters, so that a pair's section,
+ * "<src>_to_<dst>", stays within the emitter's 63. */
+static void metric_part(const kvt_xfer_t *x, unsigned i, char out[32]) {
+    size_t n = strnlen(x->tiers[i]->name, 24);
+    memcpy(out, x->tiers[i]->name, n);
+    out[n] = 0;
     for (char *c = out; *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9'))) *c = (*c >= 'A' && *c <= 'Z') ? (char)(*c - 'A' + 'a') : '_';
+}
+
+/* ... with the tier's index after it where another tier's would be the
+ * same (two "host" tiers: host0, host1): each pair's section its own. */
+static void metric_tier(const kvt_xfer_t *x, unsigned i, char out[32]) {
+    char other[32];
+    metric_part(x, i, out);
+    for (unsigned j = 0; j < x->ntiers; j++) {
+        if (j == i) continue;
+        metric_part(x, j, other);
+        if (strcmp(out, other) == 0) {
+            snprintf(out + strlen(out), 8, "%u", i);
+            return;
+        }
+    }
 }
 
 void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
@@ -705,8 +724,10 @@ void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
             if (!seen) continue;
             kvt_xfer_stats_t st = {.size = sizeof(st)};
             kvt_xfer_stats(x, s, d, &st);
-            char name[160];
-            metric_name(name, sizeof(name), x->tiers[s]->name, x->tiers[d]->name);
+            char a[32], b[32], name[72];
+            metric_tier(x, s, a);
+            metric_tier(x, d, b);
+            snprintf(name, sizeof(name), "%s_to_%s", a, b);
             kvt_emit_begin(e, name);
             KVT_EMIT_STATS(e, &st, KVT_XFER_STATS_FIELDS);
             kvt_emit_gauge(e, "gbps", st.gbps, "copy throughput while copying, GB/s");

@@ -279,6 +279,7 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--groups", "full:x"}, "--groups: group 1 ('full:x') is not"},
         {{"--data", "--l3-pages", "64"}, "--l3-pages: not with --data: a modeled L3 holds no bytes"},
         {{"--data", "--copy-lag", "2"}, "--copy-lag: not with --data"},
+        {{"--sweep", "100,200", "--stats", "prom"}, "--stats: one cache only: not with --sweep or --instances"},
         {{"--model", "qwen3-next-like", "--l2-pages", "0", "--l3", "dir:/tmp"}, "--l3: needs an L2 tier"},
         {{"--model", "qwen3-next-like", "--l2-pages", "0", "--l3-pages", "64"}, "--l3-pages: needs an L2 tier"},
         {{"--checkpoint-every", "-1"}, "--checkpoint-every: '-1' is not an integer in"},

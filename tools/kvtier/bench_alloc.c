@@ -407,7 +407,9 @@ static void print_json(const params_t *p, const pool_info_t *pi, const result_t 
     cJSON_AddNumberToObject(o, "free_pages", (double)pi->st.free_pages);
     cJSON_AddNumberToObject(o, "free_extents", (double)pi->st.free_extents);
     cJSON_AddNumberToObject(o, "largest_free_run", (double)pi->st.largest_free_run);
-    cJSON_AddNumberToObject(o, "seed", (double)p->seed);
+    char seed[24]; /* exact: a double keeps 53 bits, and a seed rounded builds another pool */
+    snprintf(seed, sizeof(seed), "%" PRIu64, p->seed);
+    cJSON_AddRawToObject(o, "seed", seed);
     cJSON_AddNumberToObject(o, "ops", (double)p->ops);
     cJSON_AddNumberToObject(o, "window", (double)p->window);
     cJSON_AddNumberToObject(o, "build_s", pi->build_s);
@@ -495,7 +497,7 @@ static int parse(int argc, char **argv, params_t *p) {
         else if (cli_is(&c, "--scan-budget-s")) rc = cli_double(&c, 0, 3600, false, false, &p->scan_budget_s);
         else if (cli_is(&c, "--seed")) rc = cli_u64(&c, 0, UINT64_MAX, &p->seed);
         else if (cli_is(&c, "--stats")) rc = cli_choice(&c, FORMATS, &p->stats_fmt);
-        else if (cli_is(&c, "--json")) p->json = true;
+        else if (cli_is(&c, "--json")) rc = cli_flag(&c, &p->json);
         else rc = cli_unknown(&c);
     }
     if (rc) return -1;

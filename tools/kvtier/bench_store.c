@@ -69,6 +69,7 @@ typedef struct base {
     char dir[900];
     int dirfd; /* dir: the root, for syncfs */
     kvt_store_t *s; /* dir: names files as the store does */
+    char why[512];  /* what the last failed batch met */
 } base_t;
 
 static int base_kind(const char *url) { return strncmp(url, "redis://", 8) == 0 ? 1 : strncmp(url, "dir:", 4) == 0 ? 2 : 0; }
@@ -163,13 +164,21 @@ static void base_quiesce(const base_t *b) {
 
 static kvt_hash128_t hash_of(uint64_t i) { return (kvt_hash128_t){.lo = i * 0x9e3779b97f4a7c15ull + 1, .hi = 0xbe4c5707e5ull ^ i}; }
 
-/* dir: page i's file and its temporary name, ROOT/bench-baseline/<h0h1>/<hex>. */
+/* dir: page i's file and its temporary name, ROOT/bench-baseline/<h0h1>/<hex>
+ * (the process's own, as the store's are: one a killed run left behind
+ * would refuse every later run's O_EXCL). */
 static void base_path(const base_t *b, uint64_t i, char *path, size_t cap, char *tmp, size_t tcap) {
     char hex[33];
     kvt_hash128_t h = hash_of(i);
     kvt_store_key(b->s, &h, hex);
     snprintf(path, cap, "%s/%.2s/%s", b->dir, hex, hex);
-    snprintf(tmp, tcap, "%s/%.2s/.tmp.%s", b->dir, hex, hex);
+    snprintf(tmp, tcap, "%s/%.2s/.tmp.%ld.%s", b->dir, hex, (long)getpid(), hex);
+}
+
+/* Says why a baseline batch failed (-1). */
+static int base_failed(base_t *b, const char *what, const char *detail) {
+    snprintf(b->why, sizeof(b->why), "%.320s: %.180s", what, detail);
+    return -1;
 }
 
 /* One batch of the baseline: n values of len bytes at keys first..first+n,
@@ -185,19 +194,21 @@ static int base_batch(base_t *b, int op, uint64_t first, size_t n, uint8_t *buf,
             int k = snprintf(key, sizeof(key), "kvtbase:%" PRIu64, first + i);
             const char *argv[3] = {op == 0 ? "SET" : "GET", key, (const char *)buf + i * stride};
             size_t lens[3] = {3, (size_t)k, len};
-            if (redisAppendCommandArgv(b->rc, op == 0 ? 3 : 2, argv, lens) != REDIS_OK) return -1;
+            if (redisAppendCommandArgv(b->rc, op == 0 ? 3 : 2, argv, lens) != REDIS_OK)
+                return base_failed(b, "redis", b->rc->errstr);
             if (op == 0 && (unflushed += len) >= (1u << 20)) { /* written out as it goes, as the store does */
                 int done = 0;
                 while (!done)
-                    if (redisBufferWrite(b->rc, &done) != REDIS_OK) return -1;
+                    if (redisBufferWrite(b->rc, &done) != REDIS_OK) return base_failed(b, "redis", b->rc->errstr);
                 unflushed = 0;
             }
         }
         for (size_t i = 0; i < n; i++) {
             redisReply *r;
-            if (redisGetReply(b->rc, (void **)&r) != REDIS_OK) return -1;
+            if (redisGetReply(b->rc, (void **)&r) != REDIS_OK) return base_failed(b, "redis", b->rc->errstr);
             int bad = r->type == REDIS_REPLY_ERROR || (op == 1 && (r->type != REDIS_REPLY_STRING || (size_t)r->len != len));
             if (op == 1 && !bad) memcpy(buf + i * stride, r->str, len); /* the value lands in memory, as the store's does */
+            if (bad) base_failed(b, "redis", r->type == REDIS_REPLY_ERROR ? r->str : "a reply of another size");
             freeReplyObject(r);
             if (bad) return -1;
         }
@@ -214,11 +225,13 @@ static int base_batch(base_t *b, int op, uint64_t first, size_t n, uint8_t *buf,
             mkdir(d, 0755);
             fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
         }
-        if (fd < 0) return -1;
+        if (fd < 0) return base_failed(b, op == 0 ? tmp : path, strerror(errno));
         ssize_t k = op == 0 ? write(fd, buf + i * stride, len) : read(fd, buf + i * stride, len);
+        int e = k < 0 ? errno : 0;
         if (close(fd) != 0 || k != (ssize_t)len || (op == 0 && rename(tmp, path) != 0)) {
+            if (e == 0) e = errno;
             if (op == 0) unlink(tmp);
-            return -1;
+            return base_failed(b, path, k >= 0 && k != (ssize_t)len ? "short read or write" : strerror(e));
         }
     }
     return 0;
@@ -307,7 +320,7 @@ static int run_size(const char *url, uint64_t pb, uint64_t total_mb, uint32_t ba
             }
             if (ts <= 0 || tb < 0) {
                 snprintf(err, ecap, "%s %s failed: %s", op ? "get" : "put", ts <= 0 ? "through the store" : "baseline",
-                         kvt_store_last_error(s));
+                         ts <= 0 ? kvt_store_last_error(s) : b.why);
                 ret = -1;
             }
             g[op][r] = bytes / 1e9 / ts;

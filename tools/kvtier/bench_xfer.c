@@ -396,8 +396,8 @@ static int parse(int argc, char **argv, params_t *p) {
         else if (cli_is(&c, "--reps")) rc = cli_u64(&c, 1, MAX_REPS, &p->reps);
         else if (cli_is(&c, "--seed")) rc = cli_u64(&c, 0, UINT64_MAX, &p->seed);
         else if (cli_is(&c, "--cpus")) rc = cli_u64_list(&c, 0, CPU_SETSIZE - 1, p->cpus, MAX_CPUS, &p->ncpus);
-        else if (cli_is(&c, "--checksum")) p->checksum = true;
-        else if (cli_is(&c, "--json")) p->json = true;
+        else if (cli_is(&c, "--checksum")) rc = cli_flag(&c, &p->checksum);
+        else if (cli_is(&c, "--json")) rc = cli_flag(&c, &p->json);
         else rc = cli_unknown(&c);
     }
     if (rc) return -1;

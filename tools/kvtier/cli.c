@@ -60,6 +60,13 @@ int cli_next(cli_t *c) {
 
 bool cli_is(cli_t *c, const char *name) { return c->flag && strcmp(c->flag, name) == 0; }
 
+int cli_flag(cli_t *c, bool *out) {
+    const char *s = c->inline_value;
+    if (s == NULL || strcmp(s, "1") == 0 || strcmp(s, "true") == 0 || strcmp(s, "yes") == 0) return *out = true, 0;
+    if (strcmp(s, "0") == 0 || strcmp(s, "false") == 0 || strcmp(s, "no") == 0) return *out = false, 0;
+    return cli_error(c, "'%s' is not one of 1|0|true|false|yes|no", s);
+}
+
 int cli_value(cli_t *c, const char **out) {
     if (c->inline_value) {
         c->value = c->inline_value;
@@ -137,7 +144,10 @@ static int double_in(cli_t *c, const char *s, double lo, double hi, bool lo_open
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    bool bad = !(isdigit((unsigned char)*s) || *s == '.' || *s == '-') || errno || *end || !isfinite(v) || (lo_open ? v <= lo : v < lo) || (hi_open ? v >= hi : v > hi);
+    /* decimal only (strtod also reads hex: 0x.8 is 0.5), and no sign where none is allowed (-0) */
+    bool bad = !(isdigit((unsigned char)*s) || *s == '.' || *s == '-') || s[strspn(s, "0123456789.eE+-")] ||
+               (*s == '-' && lo >= 0) || errno || *end || !isfinite(v) || (lo_open ? v <= lo : v < lo) ||
+               (hi_open ? v >= hi : v > hi);
     if (bad)
         return cli_error(c, "'%s' is not a number in %c%g, %g%c", s, lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
     *out = v;

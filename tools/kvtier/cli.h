@@ -26,6 +26,9 @@ void cli_init(cli_t *c, const char *cmd, int argc, char **argv);
 int cli_next(cli_t *c);
 /* True when the current flag is `name` (without a value). */
 bool cli_is(cli_t *c, const char *name);
+/* The current flag as a switch: on alone, or as --flag=1|0|true|false|yes|no;
+ * -1 (message printed) for another value. */
+int cli_flag(cli_t *c, bool *out);
 /* Takes the current flag's value; -1 (message printed) when it is missing. */
 int cli_value(cli_t *c, const char **out);
 

@@ -1,4 +1,5 @@
 /* kvtier — the command-line tool. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,7 +27,15 @@ static void usage(FILE *f) {
           f);
 }
 
-int main(int argc, char **argv) {
+/* Output that could not be written (a full disk, a closed file) fails the
+ * command, whatever it computed. */
+static int written(int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "kvtier: the output could not be written: %s\n", strerror(errno));
+    return rc ? rc : 1;
+}
+
+static int run(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -54,3 +63,5 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kvtier: unknown command '%s' (commands: replay, cp, pd, bench, version, help)\n", cmd);
     return 2;
 }
+
+int main(int argc, char **argv) { return written(run(argc, argv)); }

@@ -58,9 +58,10 @@ uint64_t replay_trace_pages(const kvt_trace_t *t, uint64_t n, uint64_t pt) {
 }
 
 /* The cache's and the tree's counters, through the one emitter, to stderr. */
-static void emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data, replay_l3_t *l3) {
+static int emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data, replay_l3_t *l3) {
     kvt_emitter_t *e;
-    if (kvt_emitter_create(&e, fmt, "kvtier") != KVT_OK) return;
+    int rc = kvt_emitter_create(&e, fmt, "kvtier");
+    if (rc != KVT_OK) return rc;
     kvt_emit_begin(e, "cache");
     KVT_EMIT_STATS(e, &res->cs, KVT_CACHE_STATS_FIELDS);
     kvt_emit_end(e);
@@ -73,9 +74,10 @@ static void emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data, 
         replay_l3_emit(l3, e);
         kvt_emit_end(e);
     }
-    int rc = kvt_emitter_write(e, stderr);
+    rc = kvt_emitter_write(e, stderr);
     if (rc != KVT_OK) fprintf(stderr, "kvtier replay: --stats: %s\n", kvt_strerror(rc));
     kvt_emitter_destroy(e);
+    return rc;
 }
 
 const char *replay_model_name(const opts_t *o, char *buf, size_t cap) {
@@ -222,7 +224,7 @@ int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, ui
     kvt_radix_stats(kvt_cache_tree(c), &res->rs);
     res->digest = kvt_cache_digest(c);
     replay_l3_result(l3, &res->l3);
-    if (o->stats > 0) emit_stats(res, (kvt_fmt_t)(o->stats - 1), data, l3);
+    if (o->stats > 0 && emit_stats(res, (kvt_fmt_t)(o->stats - 1), data, l3) != KVT_OK && rc == KVT_OK) rc = KVT_EIO;
     free(tokens);
     free(pf);
     free(len);
@@ -828,6 +830,10 @@ int cmd_replay(int argc, char **argv) {
     if (o.soak_s > 0 && (nsweep || l3.instances > 1)) {
         c.flag = "--soak";
         return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
+    }
+    if (o.stats && (nsweep || l3.instances > 1)) { /* one exposition a cache: a second HELP for every family */
+        c.flag = "--stats";
+        return cli_error(&c, "one cache only: not with --sweep or --instances (their counters are in --json)") ? 2 : 2;
     }
     if (o.data && copy_lag) {
         c.flag = "--copy-lag";

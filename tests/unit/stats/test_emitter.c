@@ -122,6 +122,8 @@ Test(emitter, prometheus_histogram_and_units) {
     kvt_emit_counter(e, "bytes", 4096, NULL);
     kvt_emit_gauge(e, "wait_ns", 2500, NULL);
     kvt_emit_gauge(e, "pages", 50000, NULL);
+    kvt_emit_counter(e, "wait_micros", 2500001, NULL); /* µs: in seconds too */
+    kvt_emit_gauge(e, "max_micros", 7, NULL);
     kvt_emit_end(e);
     char *s = render_prom(e);
     cr_assert_str_eq(s,
@@ -164,7 +166,11 @@ Test(emitter, prometheus_histogram_and_units) {
                      "# TYPE kvtier_xfer_wait_seconds gauge\n"
                      "kvtier_xfer_wait_seconds 2.5e-06\n"
                      "# TYPE kvtier_xfer_pages gauge\n"
-                     "kvtier_xfer_pages 50000\n");
+                     "kvtier_xfer_pages 50000\n"
+                     "# TYPE kvtier_xfer_wait_seconds_total counter\n"
+                     "kvtier_xfer_wait_seconds_total 2.500001\n"
+                     "# TYPE kvtier_xfer_max_seconds gauge\n"
+                     "kvtier_xfer_max_seconds 7e-06\n");
     free(s);
 }
 

@@ -1029,7 +1029,7 @@ Test(xfer, emit_json_sections) {
     env_init(&e, 2, 16);
     env_tier(&e, KVT_TIER_ARENA, 32, KVT_LAYOUT_PAGE_FIRST, 0, "l1");
     env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_PAGE_FIRST, 0, "L2-Host");
-    env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_PAGE_FIRST, 0, "idle");
+    env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_PAGE_FIRST, 0, "l2.host"); /* idle; l2_host too: both indexed */
     env_start(&e);
     env_fill(&e, 0, 1);
     tbatch_t *b = calloc(3, sizeof(*b));
@@ -1055,7 +1055,7 @@ Test(xfer, emit_json_sections) {
     fclose(f);
     cJSON *o = cJSON_Parse(txt);
     cr_assert_not_null(o, "valid JSON: %s", txt);
-    cJSON *sec = cJSON_GetObjectItem(o, "l1_to_l2_host");
+    cJSON *sec = cJSON_GetObjectItem(o, "l1_to_l2_host1");
     cr_assert_not_null(sec, "a section per pair with traffic: %s", txt);
     cr_assert_eq(cJSON_GetObjectItem(sec, "bytes")->valuedouble, (double)st.bytes);
     cr_assert_eq(cJSON_GetObjectItem(sec, "batches")->valuedouble, 2);
