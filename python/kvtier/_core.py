@@ -492,6 +492,15 @@ class Handle:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __copy__(self) -> Any:
+        raise TypeError(f"{type(self).__name__} owns a C object: it cannot be copied (two copies would free it twice)")
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self.__copy__()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"{type(self).__name__} owns a C object: it cannot be pickled")
+
     def __del__(self) -> None:
         if self._h is not None:
             try:  # never blocks: a collected object has no call in flight, a user may (then it stays open)
@@ -529,7 +538,10 @@ def tokens_arg(tokens: Any) -> Tuple[int, int, Any]:
             raise ValueError("tokens: expected a contiguous one-dimensional CPU tensor")
         return tokens.data_ptr(), tokens.numel(), tokens
     if isinstance(tokens, array.array) and tokens.typecode == "i" and tokens.itemsize == 4:
-        a = tokens
+        if len(tokens) == 0:
+            return 0, 0, tokens
+        view = memoryview(tokens)  # exported while the C call reads it: another thread cannot resize it meanwhile
+        return tokens.buffer_info()[0], len(tokens), view
     elif isinstance(tokens, (bytes, bytearray, memoryview, str)):  # array("i", b) would read raw bytes as int32s
         raise TypeError(f"tokens: expected int32 token ids (a sequence of ints or an int32 array), "
                         f"not {type(tokens).__name__}")

@@ -119,10 +119,12 @@ class CpGroup(Handle):
         _a.instance(l1, Tier, "CpGroup.attach l1")
         _a.instance(l2, Tier, "CpGroup.attach l2")
         i1, i2 = xfer.index(l1), xfer.index(l2)
+        xfer._may_drive(cache, "cache", "CpGroup.attach xfer")  # as Cache.attach: the cache polls it alone
         with self._use as h, using(cache, xfer, l1, l2) as (cp, xp, p1, p2):
             self._check(lib.kvt_cp_group_attach(h, cp, xp, p1, i1, p2, i2), "attach", h)
             cache._own(cp, (xfer, l1, l2))
             self._add_user(cache)
+            xfer._drive(cache, "cache")
 
     def admitted(self, req: Any) -> None:
         """After the current request's admission: waits until rank 0 has copied

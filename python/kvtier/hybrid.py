@@ -692,7 +692,9 @@ class Hybrid(Handle):
                             " unknown prefetch" if pid and rc == -1 else "")
             if prefetch is not None:
                 prefetch.done = True
-            r = HybridRequest(self, req, ns, keep, self._ids[:req.full.pages], n)
+            own = array.array("i")  # a copy: the engine may reuse its buffer before the release
+            own.frombytes(ctypes.string_at(addr, 4 * n) if n else b"")
+            r = HybridRequest(self, req, ns, own, self._ids[:req.full.pages], n)
             self._live[id(r)] = r
         return r
 

@@ -276,14 +276,16 @@ def _count(b: bytes, what: str) -> int:
     """How many keys a packed array holds (the C side reads exactly that many)."""
     if not isinstance(b, bytes):
         raise TypeError(f"{what}: expected packed keys (bytes), not {type(b).__name__}")
-    if len(b) % KEY_BYTES:
-        raise ValueError(f"{what}: {len(b)} bytes is not a whole number of {KEY_BYTES}-byte keys")
-    return len(b) // KEY_BYTES
+    nbytes = memoryview(b).nbytes  # the bytes themselves: a subclass's __len__ may say anything
+    if nbytes % KEY_BYTES:
+        raise ValueError(f"{what}: {nbytes} bytes is not a whole number of {KEY_BYTES}-byte keys")
+    return nbytes // KEY_BYTES
 
 
 def _check_scores(b: bytes, n: int) -> None:
     """Packed scores: exactly a uint64 per key (the C side reads n of them)."""
     if not isinstance(b, bytes):
         raise TypeError(f"scores: expected packed scores (bytes), not {type(b).__name__}")
-    if len(b) != 8 * n:
-        raise ValueError(f"scores: {len(b)} bytes for {n} keys (a uint64 per key)")
+    nbytes = memoryview(b).nbytes
+    if nbytes != 8 * n:
+        raise ValueError(f"scores: {nbytes} bytes for {n} keys (a uint64 per key)")

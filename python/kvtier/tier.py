@@ -194,7 +194,13 @@ def _memory_probe(obj: Any, where: str) -> Optional[Probe]:
 
 def _kept_range(obj: Any) -> Optional[Tuple[int, int]]:
     """[start, end) of the allocation obj's bytes live in (a torch storage,
-    the numpy array owning the data, a buffer); None when it cannot be known."""
+    the numpy array owning the data, a buffer, a one-plane host tier's
+    pages); None when it cannot be known."""
+    if isinstance(obj, Tier):
+        if obj.closed or not obj.host_visible or obj.planes != 1:
+            return None
+        base = obj.plane_addr(0, 0, 0)
+        return base, base + obj.pages * obj.page_bytes
     if type(obj).__module__.startswith("torch"):
         try:
             if obj.device.type != "cpu":
@@ -357,7 +363,14 @@ class Tier(Handle):
         if device is not None:
             device = _a.integer(device, f"{w} device", 0, _a.I32_MAX)
         eng = TierEngine(size=ctypes.sizeof(TierEngine), planes=len(planes), device=device is not None)
+        keep = list(keep)
         hold: List[Any] = list(keep)
+        for k in keep:  # a buffer exported while the tier is open cannot be resized under it (a bytearray grown)
+            if not isinstance(k, Tier) and not type(k).__module__.startswith(("torch", "numpy")):
+                try:
+                    hold.append(memoryview(k))
+                except TypeError:
+                    pass
         for i, p in enumerate(planes):
             _a.instance(p, Plane, f"{w} planes[{i}]")
             pl = eng.plane[i]
@@ -380,7 +393,11 @@ class Tier(Handle):
         cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0),
                          name=_a.text(name, f"{w} name", optional=True), device=device or 0, flags=flags)
         cfg.engine = ctypes.pointer(eng)
-        return cls(cfg, hold, what=w, probes=_probes)
+        t = cls(cfg, hold, what=w, probes=_probes)
+        for k in keep:  # a kept tier refuses to close while this one reads its memory
+            if isinstance(k, Tier):
+                k._add_user(t)
+        return t
 
     @classmethod
     def from_tensors(cls, *planes: Any, pages: Optional[int] = None, dtype: Any = None, register: bool = False,

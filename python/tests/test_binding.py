@@ -665,3 +665,28 @@ def test_a_store_error_never_shows_the_redis_password():
     with pytest.raises(kvtier.Error) as e:
         kvtier.Store(f"redis://alice:s3cr3t-pw@127.0.0.1:{port}", timeout_ms=200, retries=0)
     assert "s3cr3t-pw" not in str(e.value) and "alice" in str(e.value), str(e.value)
+
+
+def test_a_cp_attached_cache_drives_its_transfer_engine_alone():
+    """CpGroup.attach, as Cache.attach: another caller's poll took the cache's
+    completions (its sync then waited for ever), and a second cache attached."""
+    name = f"kvtier-pytest-drive-{os.getpid()}"
+    with kvtier.CpGroup(name, 0, 1, l1_pages=8, l2_pages=16, page_tokens=4, layers=1, layer_bytes=64, requests=8,
+                        timeout_ms=3000, wait_ms=3000) as g:
+        l1, l2 = g.open_tier("l1", 8, 1, 64), g.open_tier("l2", 16, 1, 64)
+        g.wait_joined()
+        x = g.transfer([l1, l2])
+        c = kvtier.Cache(l1_pages=8, l2_pages=16, page_tokens=4, write_policy="write_through")
+        g.attach(c, x, l1, l2)
+        with pytest.raises(kvtier.InvalidArgument, match="submits to and polls this Transfer alone"):
+            x.poll()
+        with kvtier.Cache(l1_pages=8, l2_pages=16, page_tokens=4) as other:
+            with pytest.raises(kvtier.InvalidArgument, match="driven already"):
+                other.attach(x, l1, l2)
+        r = c.admit(list(range(8)))
+        g.admitted(r)
+        g.filled(0)
+        r.release()
+        c.sync()
+        assert c.stats()["backups"] >= 2
+        c.close(), x.close(), l1.close(), l2.close()

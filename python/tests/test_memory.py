@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import kvtier
+from kvtier.tier import Plane
 
 PKG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -182,3 +183,70 @@ def test_attach_refuses_indices_that_name_other_tiers():
         c.attach(x, l1, l2, l1_index=1, l2_index=0)  # copies would have moved L2's bytes over L1, served as hits
     c.attach(x, l1, l2)  # nothing changed: the right indices still attach
     c.close(), x.close(), l1.close(), l2.close()
+
+
+# ---- what keeps a C object's memory and handle its own ---------------------------------------------
+
+
+def test_a_handle_is_neither_copied_nor_pickled():
+    """copy.copy gave a second object over the same C pointer: closing both freed it twice."""
+    import copy
+    import pickle
+    with kvtier.Tier.host(4, 1, 64) as t, kvtier.Cache(l1_pages=8, l2_pages=0, page_tokens=4) as c:
+        for h in (t, c):
+            for how in (copy.copy, copy.deepcopy, pickle.dumps):
+                with pytest.raises(TypeError, match="owns a C object"):
+                    how(h)
+
+
+def test_an_engine_tier_pins_what_it_keeps():
+    """A bytearray kept was grown (reallocated) under the tier, and a host tier kept
+    was closed under it: the next write went to freed memory."""
+    ba = bytearray(4 * 64)
+    addr = np.frombuffer(ba, dtype=np.uint8).__array_interface__["data"][0]
+    with kvtier.Tier.engine([Plane(64, 64, base=addr)], 4, 1, keep=[ba]) as t:
+        with pytest.raises(BufferError):
+            ba.extend(b"x" * (1 << 20))
+        t.write_page(3, bytes(range(64)))
+        assert bytes(ba[192:256]) == bytes(range(64))
+    ba.extend(b"x")  # the tier closed: its own again
+    with kvtier.Tier.host(4, 1, 64) as host:
+        base = host.plane_addr(0, 0, 0)
+        with kvtier.Tier.engine([Plane(64, 64, base=base)], 4, 1, keep=[host]) as t:
+            with pytest.raises(kvtier.Busy, match="still used by Tier"):
+                host.close()
+            t.write_page(1, bytes(64 * [7]))
+            assert host.read_page(1) == bytes(64 * [7])
+        with pytest.raises(ValueError, match="not in the memory of keep"):  # a page past the host tier's
+            kvtier.Tier.engine([Plane(64, 64, base=base)], 5, 1, keep=[host])
+
+
+def test_token_arrays_and_packed_keys_are_read_as_they_are():
+    """An array('i') of tokens is exported while C reads it (another thread
+    shrinking it crashed the read); a bytes subclass's __len__ is not trusted
+    for how many keys C reads."""
+    from array import array
+    from kvtier._core import tokens_arg
+    a = array("i", range(64))
+    addr, n, keep = tokens_arg(a)
+    with pytest.raises(BufferError):
+        del a[:]
+    del keep
+    del a[:]
+
+    class Lying(bytes):
+        def __len__(self):
+            return 50_000_000 * 16
+
+    with kvtier.KeyedCache(pages=8) as k:
+        assert k.remove_packed(Lying(bytes(16))) == 0  # one key, absent (it read 50 M)
+
+
+def test_a_hybrid_request_keeps_its_own_tokens():
+    """An engine that reuses its token buffer after admit can still release the request."""
+    with kvtier.Hybrid("full:1:64", page_tokens=4, l1_bytes=1 << 20) as h:
+        buf = np.arange(64, dtype=np.int32)
+        r = h.admit(buf)
+        buf[:] = 7
+        h.release(r)
+        assert r.released and h.stats()["cached_tokens"] == 64
