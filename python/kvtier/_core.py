@@ -235,14 +235,13 @@ class _Serial:
 
     def __enter__(self) -> int:
         o = self._ref()
+        if o._in_callback and threading.get_ident() in o._in_callback:  # (before the lock: its holder may wait on us)
+            raise o._reentered()
         o._serial.acquire()
         h = o._h
         if h is None or o._closing:
             o._serial.release()
             raise ClosedError(type(o).__name__)
-        if o._in_callback and threading.get_ident() in o._in_callback:
-            o._serial.release()
-            raise o._reentered()
         return h
 
     def __exit__(self, *exc: Any) -> None:
@@ -355,7 +354,8 @@ class Handle:
         self._in_callback: Dict[int, int] = {}  # threads running this object's callbacks: how deep
 
     def _reentered(self) -> Error:
-        return error(-1, type(self).__name__, "called from inside its own callback (a write, probe or log it runs): "
+        return error(-1, type(self).__name__, "called from inside its own callback (a write, probe or log it runs, "
+                                              "or one of an object it drives, which it may be waiting on): "
                                               "return from the callback first")
 
     def _driven_by(self) -> Optional["Handle"]:

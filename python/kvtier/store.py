@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 import weakref
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -28,18 +29,29 @@ def _redacted(url: bytes) -> str:
 
 def _log_callback(store: "Store", log: Any) -> Any:
     """log(message) on a worker thread, as the C log: a call into the store
-    from it (a close, a wait on the worker's own batch) is refused, and
-    nothing it raises gets into C."""
+    from it (a close, a wait on the worker's own batch), or into the cache
+    that drives the store (which may be waiting on this very batch, holding
+    its lock), is refused, and nothing it raises gets into C. The worker is
+    remembered: a store whose last reference goes while its log runs is
+    closed from another thread (a worker cannot wait for itself)."""
     ref = weakref.ref(store)  # the store holds the callback: no cycle through it
 
     def call(_arg: Any, msg: bytes) -> None:
+        _in_log.depth = getattr(_in_log, "depth", 0) + 1
         try:
-            with in_callback(ref()):
+            s = ref()
+            with in_callback(s), in_callback(s._driven_by() if s is not None else None):
+                del s  # (the context managers hold it while the log runs: the last reference may go with them)
                 log(msg.decode(errors="replace"))
         except BaseException:  # noqa: B036 - an exception must not unwind through C
             pass  # (a log that fails loses its line, nothing else)
+        finally:
+            _in_log.depth -= 1
 
     return call
+
+
+_in_log = threading.local()  # depth: the thread runs a store's log (a worker's, or a sync call's)
 
 
 class StoreResult(NamedTuple):
@@ -156,6 +168,15 @@ class Store(Handle):
         self.tier = tier
         self._done: Dict[int, StoreResult] = {}
         self._tickets = Tickets()
+
+    def _close(self, wait: bool) -> None:
+        if getattr(_in_log, "depth", 0) and threading.get_ident() not in self._in_callback:
+            # finalized inside a log (it held the last reference; a close from the log itself is refused),
+            # maybe on one of the store's own workers, which the close joins: another thread makes it,
+            # holding the store (and so its tier) until it is done
+            threading.Thread(target=self._close, args=(True,), name="kvtier-store-close").start()
+            return
+        super()._close(wait)
 
     def _destroy(self, h: int) -> None:
         lib.kvt_store_close(h)

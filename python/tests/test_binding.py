@@ -407,6 +407,62 @@ def test_a_store_log_callback_cannot_close_the_store_under_its_worker(tmp_path):
             assert not s.closed and s.exists_sync(hs).results == ("miss",)  # (not a regular file)
 
 
+def test_a_store_whose_last_reference_goes_in_its_log_is_closed_off_its_worker(tmp_path):
+    """The log holds the store while it runs: dropped by its owner meanwhile,
+    the store was finalized on its own worker, whose close joined that very
+    thread and freed the store under it (ASan: a use after free)."""
+    started = threading.Event()
+
+    def log(msg):
+        started.set()
+        time.sleep(0.3)
+
+    t = kvtier.Tier.host(64, 1, 64)
+    s = kvtier.Store(f"dir:{tmp_path}/l3,max=1", tier=t, model="m", page_tokens=4, threads=1, log=log)
+    hs = kvtier.page_hashes(list(range(16)), 4)
+    s.put([(h, i) for i, h in enumerate(hs)])  # over max=1: the worker logs
+    assert started.wait(10)
+    del s
+    deadline = time.monotonic() + 10
+    while True:  # the store closes (another thread), and its tier with it
+        try:
+            t.close()
+            break
+        except kvtier.Busy:
+            assert time.monotonic() < deadline, "the store never closed"
+            time.sleep(0.05)
+
+
+def test_a_store_log_cannot_call_the_cache_that_drives_the_store(tmp_path):
+    """The cache may be waiting on the very batch whose worker logs, holding
+    its lock: a call into it from the log waited for ever. It is refused."""
+    got = []
+
+    def log(msg):
+        if c is not None and not got:
+            try:
+                got.append(c.stats()["requests"])
+            except kvtier.InvalidArgument as e:
+                got.append(str(e))
+
+    c = None
+    l1, l2 = kvtier.Tier.host(64, 1, 64), kvtier.Tier.host(256, 1, 64)
+    with l1, l2, kvtier.Transfer([l1, l2]) as x:
+        with kvtier.Store(f"dir:{tmp_path}/l3,max=1", tier=l2, model="m", page_tokens=4, threads=1, log=log) as s:
+            with kvtier.Cache(l1_pages=64, l2_pages=256, page_tokens=4, write_policy="write_through",
+                              l3_write_policy="write_through") as cache:
+                cache.attach(x, l1, l2)
+                cache.attach_store(s)
+                c = cache
+                for i in range(4):
+                    cache.admit(list(range(i * 1000, i * 1000 + 32))).release()
+                done = threading.Event()
+                threading.Thread(target=lambda: (cache.sync(), done.set()), daemon=True).start()
+                assert done.wait(20), "sync waited on a log blocked on the cache"
+                c = None
+    assert got and "inside its own callback" in got[0], got
+
+
 def test_tickets_polled_before_their_submit_recorded_them():
     """Another thread's poll may take a completion before the submit that
     queued it has recorded its ticket: the record then matches it, and the
