@@ -6,6 +6,7 @@ import array
 import ctypes
 import operator
 import threading
+import time
 import weakref
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
@@ -276,6 +277,23 @@ class _UseAll:
 
 def using(*handles: "Handle") -> _UseAll:
     return _UseAll(handles)
+
+
+POLL_SLICE_NS = 100_000_000
+
+
+def poll_sliced(use: Any, once: Any, timeout_s: float) -> list:
+    """once(ptr, wait_ns) -> a list, inside ``with use as ptr``, until it
+    returns something or timeout_s has passed: in slices of at most 100 ms,
+    each its own call, so that a close waits for a slice, not the whole
+    timeout (a poll running then raises ClosedError at its next slice)."""
+    deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+    while True:
+        left = max(0, deadline - time.monotonic_ns())
+        with use as h:
+            got = once(h, min(left, POLL_SLICE_NS))
+        if got or left <= POLL_SLICE_NS:
+            return got
 
 
 class in_callback:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 
 from . import _args as _a
 from . import _fields
-from ._core import Handle, check, error
+from ._core import Handle, check, error, poll_sliced
 from ._lib import PdEvent, PdRankStats, PdReceiverConfig, PdSenderConfig, PdStats, lib
 from .xfer import copies_arg
 
@@ -106,12 +106,15 @@ class PdReceiver(Handle):
         timeout = _a.number(timeout, "PdReceiver.poll timeout", 0.0, 1e9)
         max = _a.integer(max, "PdReceiver.poll max", 1, 1 << 16)
         out = (PdEvent * max)()
-        with self._use_poll as h:  # an event's pages point into the receiver until its next poll
-            got = check(lib.kvt_pd_receiver_poll(h, out, max, int(timeout * 1e9)), "PdReceiver.poll")
+
+        def once(h: int, wait_ns: int) -> list:  # (an event's pages point into the receiver until its next poll)
+            got = check(lib.kvt_pd_receiver_poll(h, out, max, wait_ns), "PdReceiver.poll")
             return [PdEventInfo(EVENTS.get(e.type, str(e.type)), e.handoff, lib.kvt_err_name(e.status).decode(),
                                 e.rank, REASONS[e.reason] if 0 <= e.reason < len(REASONS) else str(e.reason),
                                 tuple(e.pages[i] for i in range(e.npages)) if e.pages else ())
                     for e in out[:got]]
+
+        return poll_sliced(self._use_poll, once, timeout)
 
     def release(self, handoff: int) -> None:
         """The caller is done with a hand-off's pool pages."""

@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, IOFailure, Tickets, check, error, hash_arg, in_callback, wait_ticket
+from ._core import ClosedError, Handle, IOFailure, Tickets, check, error, hash_arg, in_callback, poll_sliced, wait_ticket
 from ._lib import STORE_LOG, StoreConfig, StoreDone, StorePage, StoreStats, lib
 
 __all__ = ["Store", "StoreResult", "OPS", "RESULTS"]
@@ -281,9 +281,10 @@ class Store(Handle):
         max = _a.integer(max, "Store.poll max", 1, 1 << 16)
         self._undriven("Store.poll")
         out = (StoreDone * max)()
-        res = []
-        with self._use_poll as h:  # the results point into the store until its next poll
-            got = check(lib.kvt_store_poll(h, out, max, int(timeout * 1e9)), "Store.poll")
+
+        def once(h: int, wait_ns: int) -> list:  # (the results point into the store until its next poll)
+            res = []
+            got = check(lib.kvt_store_poll(h, out, max, wait_ns), "Store.poll")
             for d in out[:got]:
                 # each array read whole (one copy), not element by element through ctypes
                 results = tuple(RESULTS[r] for r in ctypes.string_at(d.results, d.n)) if d.n else ()
@@ -291,6 +292,9 @@ class Store(Handle):
                     if d.n else ()
                 res.append(StoreResult(d.ticket, d.user, OPS[d.op], lib.kvt_err_name(d.status).decode(),
                                        results, pages, d.count, d.latency_ns))
+            return res
+
+        res = poll_sliced(self._use_poll, once, timeout)
         self._tickets.taken(res)
         return res
 

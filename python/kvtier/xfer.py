@@ -7,7 +7,7 @@ from typing import Any, Dict, List, NamedTuple, Sequence
 
 from . import _args as _a
 from . import _fields
-from ._core import Handle, Tickets, check, using, wait_ticket
+from ._core import Handle, Tickets, check, poll_sliced, using, wait_ticket
 from ._lib import XferConfig, XferCopy, XferDone, XferStats, lib
 
 __all__ = ["Transfer", "XferResult"]
@@ -136,10 +136,13 @@ class Transfer(Handle):
         max = _a.integer(max, "Transfer.poll max", 1, 1 << 16)
         self._undriven("Transfer.poll")
         out = (XferDone * max)()
-        with self._use_poll as h:
-            got = check(lib.kvt_xfer_poll(h, out, max, int(timeout * 1e9)), "Transfer.poll")
-        res = [XferResult(d.ticket, d.user, lib.kvt_err_name(d.status).decode(), d.src, d.dst, d.n, d.bad_page)
-               for d in out[:got]]
+
+        def once(h: int, wait_ns: int) -> list:
+            got = check(lib.kvt_xfer_poll(h, out, max, wait_ns), "Transfer.poll")
+            return [XferResult(d.ticket, d.user, lib.kvt_err_name(d.status).decode(), d.src, d.dst, d.n, d.bad_page)
+                    for d in out[:got]]
+
+        res = poll_sliced(self._use_poll, once, timeout)
         self._tickets.taken(res)
         return res
 

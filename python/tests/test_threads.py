@@ -158,3 +158,40 @@ def test_a_cache_call_waits_for_a_call_in_flight():
     th.join(10)
     assert got == [0]
     c.close()
+
+
+def test_a_close_does_not_wait_out_a_long_poll(tmp_path):
+    """A poll waiting 20 s with nothing to come held close for all of it: it
+    waits in slices, and the poll ends with ClosedError once close is made."""
+    for kind in ("xfer", "store"):
+        close_during_a_long_poll(tmp_path, kind)
+
+
+def close_during_a_long_poll(tmp_path, kind):
+    import threading
+    import time
+    import kvtier
+    t = kvtier.Tier.host(4, 1, 64)
+    o = kvtier.Transfer([t, kvtier.Tier.host(4, 1, 64)]) if kind == "xfer" else \
+        kvtier.Store(f"dir:{tmp_path}", tier=t, model="m", page_tokens=4)
+    got = []
+
+    def poll():
+        try:
+            got.append(o.poll(timeout=20))
+        except kvtier.ClosedError as e:
+            got.append(e)
+
+    th = threading.Thread(target=poll)
+    th.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    o.close()
+    assert time.monotonic() - t0 < 5
+    th.join(5)
+    assert not th.is_alive() and isinstance(got[0], kvtier.ClosedError), got
+    if kind == "xfer":
+        for x in o._tiers:
+            x.close()
+    else:
+        t.close()
