@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import ctypes
 import operator
+import os
 import threading
 import time
 import weakref
@@ -186,6 +187,22 @@ def error_class(name: str) -> type:
 
 # ---- handles -----------------------------------------------------------------
 
+# Forks this process has been made by (0 in the first). A C object made before
+# a fork is the parent's: its threads stayed there, its locks may be held by
+# them, so a child that called it hung or crashed (and its interpreter's exit,
+# finalizing it, hung too). In the child it refuses every call and is
+# forgotten, never freed.
+_forks = 0
+
+
+def _forked_child() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
+
 
 class _Shared:
     """A call that may run on several threads at once: ``with h._use as ptr``
@@ -201,6 +218,8 @@ class _Shared:
 
     def __enter__(self) -> int:
         o, lock = self._ref(), self._lock
+        if o._forks != _forks:
+            raise o._forked()
         if o._in_callback and threading.get_ident() in o._in_callback:
             raise o._reentered()
         if lock is not None:
@@ -236,6 +255,8 @@ class _Serial:
 
     def __enter__(self) -> int:
         o = self._ref()
+        if o._forks != _forks:
+            raise o._forked()
         if o._in_callback and threading.get_ident() in o._in_callback:  # (before the lock: its holder may wait on us)
             raise o._reentered()
         o._serial.acquire()
@@ -370,6 +391,11 @@ class Handle:
         self._driver: Optional[weakref.ref] = None  # the cache or plane that submits and polls alone
         self._driver_role = ""  # which of its parts does (an object may hold a cache and a plane)
         self._in_callback: Dict[int, int] = {}  # threads running this object's callbacks: how deep
+        self._forks, self._pid = _forks, os.getpid()  # the process it belongs to
+
+    def _forked(self) -> Error:
+        return error(-1, type(self).__name__, f"made in process {self._pid} before a fork: a child process "
+                                              "cannot use it (its threads stayed in the parent); make one in the child")
 
     def _reentered(self) -> Error:
         return error(-1, type(self).__name__, "called from inside its own callback (a write, probe or log it runs, "
@@ -442,6 +468,9 @@ class Handle:
         self._close(True)
 
     def _close(self, wait: bool) -> None:
+        if self._forks != _forks:  # the parent's: forgotten here, never freed
+            self._h, self._deps = None, []
+            return
         if threading.get_ident() in self._in_callback:
             raise self._reentered()
         serial = self._serial

@@ -195,3 +195,40 @@ def close_during_a_long_poll(tmp_path, kind):
             x.close()
     else:
         t.close()
+
+
+FORKED = """
+import os, sys, tempfile
+import kvtier
+t, t2 = kvtier.Tier.host(4, 1, 64), kvtier.Tier.host(4, 1, 64)
+x = kvtier.Transfer([t, t2])
+x.wait(x.submit(0, 1, [(0, 0)]))
+s = kvtier.Store(f"dir:{tempfile.mkdtemp()}", tier=t2, model="m", page_tokens=4)
+pid = os.fork()
+if pid == 0:
+    for call in (x.poll, lambda: s.exists_sync([(1, 2)]), lambda: t.read_page(0)):
+        try:
+            call()
+            os._exit(3)
+        except kvtier.InvalidArgument as e:
+            if "before a fork" not in str(e):
+                os._exit(4)
+    for o in (s, x, t, t2):
+        o.close()  # forgotten, not freed: the parent's threads are not here
+    sys.exit(0)  # (the interpreter's exit finalizes what is left)
+_, status = os.waitpid(pid, 0)
+assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+x.wait(x.submit(0, 1, [(1, 1)]))  # the parent's objects work on
+assert s.exists_sync([(1, 2)]).results == ("miss",)
+for o in (s, x, t, t2):
+    o.close()
+print("\\nok fork")
+"""
+
+
+def test_objects_made_before_a_fork_are_the_parents():
+    """A child that closed an inherited Transfer crashed, one that closed a
+    Store hung (their threads stayed in the parent), and the child's exit hung
+    finalizing them: in the child every call refuses, and close forgets."""
+    out = run_child(FORKED, timeout=60)
+    assert "\nok fork" in out, out
