@@ -188,10 +188,10 @@ def error_class(name: str) -> type:
 # ---- handles -----------------------------------------------------------------
 
 # Forks this process has been made by (0 in the first). A C object made before
-# a fork is the parent's: its threads stayed there, its locks may be held by
-# them, so a child that called it hung or crashed (and its interpreter's exit,
-# finalizing it, hung too). In the child it refuses every call and is
-# forgotten, never freed.
+# a fork is the parent's: its threads stayed there and its locks may be held
+# by them, so a child that called or freed it would hang or crash (its
+# interpreter's exit too, finalizing it). In the child it refuses every call
+# and is forgotten, never freed.
 _forks = 0
 
 
