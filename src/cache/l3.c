@@ -483,18 +483,10 @@ int kvt__l3_finish(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *toke
     kvt__match_t m;
     int rc = kvt__radix_match(c->tree, ns, tokens, pf->first + pf->arrived, 0, &m);
     KVT_ASSERT(rc != KVT_OK || m.pages >= pf->first); /* what it follows is locked */
-    if (rc == KVT_OK && m.pages < pf->first + pf->arrived) {
-        /* the tokens are those it was started with: their chain matches the pages that arrived */
+    if (rc == KVT_OK && m.pages < pf->first + pf->arrived) { /* (the pages' tokens: pf_same_tokens) */
         uint64_t skip = m.pages - pf->first, k = pf->arrived - skip;
-        kvt_hash128_t h = {0, 0};
-        if (m.pages > 0) rc = kvt_radix_page_hash(c->tree, m.node, m.node->npages - 1, &h);
-        for (uint64_t j = 0; rc == KVT_OK && j < k; j++) {
-            h = kvt_page_hash(&h, ns, tokens + (m.pages + j) * pt, pt);
-            if (h.lo != pf->hash[skip + j].lo || h.hi != pf->hash[skip + j].hi) rc = KVT_EINVAL; /* other tokens */
-        }
         kvt_rnode_t *nn;
-        if (rc == KVT_OK)
-            rc = kvt__radix_insert_l2(c->tree, m.node, ns, tokens + m.pages * pt, k, pf->l2 + skip, c->clock, priority, &nn);
+        rc = kvt__radix_insert_l2(c->tree, m.node, ns, tokens + m.pages * pt, k, pf->l2 + skip, c->clock, priority, &nn);
         if (rc == KVT_OK) {
             kvt__policy_on_insert(c, nn, false);
             for (uint64_t j = skip; j < pf->arrived; j++) pf->l2[j] = KVT_NO_PAGE; /* the tree's now */

@@ -709,7 +709,9 @@ static void metric_tier(const kvt_xfer_t *x, unsigned i, char out[32]) {
         if (j == i) continue;
         metric_part(x, j, other);
         if (strcmp(out, other) == 0) {
-            snprintf(out + strlen(out), 8, "%u", i);
+            _Static_assert(KVT_XFER_MAX_TIERS <= 10, "a tier index is one digit");
+            size_t n = strlen(out);
+            out[n] = (char)('0' + i), out[n + 1] = 0;
             return;
         }
     }
