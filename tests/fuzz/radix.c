@@ -32,7 +32,7 @@ typedef struct lpage {
 typedef struct lru_model {
     lpage_t p[MPAGES];
     uint32_t n, present;
-    uint64_t cap, target, floor, born;
+    uint64_t cap, target, born;
 } lru_model_t;
 
 static lru_model_t M;
@@ -64,7 +64,7 @@ static uint32_t lru_admit(uint32_t ns, const int32_t *q, uint32_t n, uint64_t t)
     uint32_t hit = 0;
     while (hit < n && lfind(ns, q, hit + 1)) lfind(ns, q, ++hit)->last = t;
     uint64_t need = n - hit;
-    if (need > 0 && M.cap - M.present < need + M.floor) {
+    if (need > 0 && 2 * (M.cap - M.present) < 2 * need + M.target) { /* would leave under half the target */
         while (M.cap - M.present < need + M.target) {
             lpage_t *v = NULL; /* the least recently used leaf outside the matched prefix */
             for (uint32_t i = 0; i < M.n; i++) {
@@ -109,7 +109,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     M.cap = 4 + (setup & 31) * 2;
     double room = (setup & 32) ? 0.1 : 0;
     M.target = (uint64_t)ceil(room * (double)M.cap);
-    M.floor = M.target / 2;
     bool two_ns = setup & 64;
     kvt_cache_config_t cfg;
     kvt_cache_config_default(&cfg);
