@@ -887,7 +887,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
         h->scores[n++] = score_of(h, 0, i) | born(h, p->prio);
     }
     memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
-    size_t stored = absent(h, g, h->keys, n), fresh_needed = absent(h, g, h->keys, nneed);
+    size_t fresh_needed = absent(h, g, h->keys, nneed), stored = fresh_needed + absent(h, g, h->keys + nneed, n - nneed);
     int rc = moves_room(h, n);
     if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, n, h->prot, nneed);
     if (rc != KVT_OK) { /* no room for the spare pages: the needed ones alone */
