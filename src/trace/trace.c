@@ -78,27 +78,6 @@ static int whole(const cJSON *v, double max, uint64_t *out) {
     return 0;
 }
 
-/* The deepest nesting of arrays and objects in text, strings skipped: cJSON
- * refuses past CJSON_NESTING_LIMIT, and "not valid JSON" would be wrong. */
-static size_t nesting(const char *text, size_t len) {
-    size_t depth = 0, deepest = 0;
-    bool in_string = false;
-    for (size_t i = 0; i < len; i++) {
-        char ch = text[i];
-        if (in_string) {
-            if (ch == '\\') i++;
-            else if (ch == '"') in_string = false;
-        } else if (ch == '"') {
-            in_string = true;
-        } else if (ch == '[' || ch == '{') {
-            if (++depth > deepest) deepest = depth;
-        } else if ((ch == ']' || ch == '}') && depth > 0) {
-            depth--;
-        }
-    }
-    return deepest;
-}
-
 /* The length of the UTF-8 character at s (at most n bytes), or 0 when it
  * is not one: an overlong form, a surrogate, past U+10FFFF, cut short. */
 static size_t utf8_char(const unsigned char *s, size_t n) {
@@ -141,10 +120,14 @@ static size_t json_number(const char *s, size_t n) {
  * NUL, which cuts a key short: "timestamp\u0000x" read as "timestamp"), an
  * escape JSON has not, bytes that are not UTF-8, a number outside JSON's grammar,
  * a byte-order mark (the caller lets the file's first line start with
- * one). NULL, or what, with its 0-based column in *col. */
-static const char *not_strict(const char *text, size_t len, size_t *col) {
+ * one). NULL, or what, with its 0-based column in *col. Also the deepest
+ * nesting of arrays and objects, strings skipped, into *deepest: cJSON
+ * refuses past CJSON_NESTING_LIMIT, and "not valid JSON" would be wrong. */
+static const char *not_strict(const char *text, size_t len, size_t *col, size_t *deepest) {
     const unsigned char *u = (const unsigned char *)text;
     bool in_string = false;
+    size_t depth = 0;
+    *deepest = 0;
     for (size_t i = 0; i < len;) {
         unsigned c = u[i];
         *col = i;
@@ -174,6 +157,8 @@ static const char *not_strict(const char *text, size_t len, size_t *col) {
         }
         if (c < 0x20 && c != '\t' && c != '\r') return "a control byte";
         if (c == '"') in_string = true;
+        if ((c == '[' || c == '{') && ++depth > *deepest) *deepest = depth;
+        if ((c == ']' || c == '}') && depth > 0) depth--;
         if (c == '-' || (c >= '0' && c <= '9')) {
             size_t k = json_number(text + i, len - i);
             if (k == 0) return "a malformed number";
@@ -266,10 +251,9 @@ int kvt_trace_parse_line(kvt_trace_t *t, const char *name, size_t lineno, const 
     size_t off = 0; /* the blanks skipped: columns count from the line's start */
     if (lineno <= 1 && len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) text += 3, len -= 3, off += 3;
     while (len > 0 && (text[0] == ' ' || text[0] == '\t')) text++, len--, off++;
-    size_t col;
-    const char *bad = not_strict(text, len, &col);
+    size_t col, depth;
+    const char *bad = not_strict(text, len, &col, &depth);
     if (bad) return line_error(err, errlen, KVT_EPARSE, name, lineno, "%s at column %zu", bad, off + col + 1);
-    size_t depth = nesting(text, len);
     if (depth > CJSON_NESTING_LIMIT)
         return line_error(err, errlen, KVT_EPARSE, name, lineno, "JSON nested %zu levels deep; at most %d are read",
                           depth, CJSON_NESTING_LIMIT);
