@@ -659,7 +659,6 @@ def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str, ticket
     engine): results polled meanwhile for other tickets are kept in `done`
     for their own wait. TimedOut after `timeout` seconds; InvalidArgument
     at once for a ticket not in flight (per `tickets`)."""
-    import time
     timeout = _a.number(timeout, f"{what} timeout")
     end = time.monotonic() + timeout
     while ticket not in done:
