@@ -28,7 +28,7 @@ extern "C" {
     X(ENOENT,     -8,  "not found")                                            \
     X(EEXIST,     -9,  "already exists")                                       \
     X(EIO,        -10, "input/output error")                                   \
-    X(ECORRUPT,   -11, "internal invariant violated")                          \
+    X(ECORRUPT,   -11, "corrupt: a checksum or an invariant failed")           \
     X(EPARSE,     -12, "malformed input")                                      \
     X(ENOTSUP,    -13, "not supported")                                        \
     X(ETIMEDOUT,  -14, "timed out")                                            \

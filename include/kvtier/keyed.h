@@ -52,14 +52,15 @@
  * KVT_ENOSPC with the cache exactly as it was, save its store_refusals
  * counter; pin on a key that is absent or pending returns KVT_ENOENT /
  * KVT_EBUSY and pins nothing. KVT_ENOMEM leaves nothing changed either;
- * only prepare_store and reset can run out of memory (the cache keeps room
- * for what complete_store, pin, unpin and touch may need).
+ * only prepare_store, remove and reset can run out of memory (the cache keeps
+ * room for what complete_store, pin, unpin and touch may need).
  *
  * Events. With cfg.events, each key stored (complete_store ok) and each key
- * removed (evicted, a failed store, reset) is recorded in order: evictions
- * inside prepare_store, in eviction order; stores and failed stores at
- * complete_store, in the order of its keys; a reset's removals in eviction
- * order. kvt_keyed_take_events hands them out and forgets them.
+ * removed (evicted, a failed store, kvt_keyed_remove, reset) is recorded in
+ * order: evictions inside prepare_store, in eviction order; stores and failed
+ * stores at complete_store, in the order of its keys; kvt_keyed_remove's in
+ * the order of its keys; a reset's removals in eviction order.
+ * kvt_keyed_take_events hands them out and forgets them.
  *
  * Threads: none inside; one thread at a time calls a cache.
  */

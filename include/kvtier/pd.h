@@ -192,7 +192,7 @@ KVT_API int kvt_pd_receiver_poll(kvt_pd_receiver_t *r, kvt_pd_event_t *ev, size_
  * room may then be answered). KVT_ENOENT (not reported, or released already:
  * nothing changed), KVT_EINVAL. */
 KVT_API int kvt_pd_receiver_release(kvt_pd_receiver_t *r, uint64_t handoff);
-/* A snapshot (st->size set by the caller). KVT_EINVAL. */
+/* A snapshot (st->size set by the caller). KVT_EINVAL, KVT_ENOMEM. */
 KVT_API int kvt_pd_receiver_stats(kvt_pd_receiver_t *r, kvt_pd_stats_t *st);
 
 /* ---- the prefill side: sender (one per rank) -------------------------------------- */

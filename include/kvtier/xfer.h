@@ -61,7 +61,12 @@ typedef struct kvt_xfer_copy {
 typedef struct kvt_xfer_done {
     uint64_t ticket;
     uint64_t user;              /* as given to submit */
-    int status;                 /* KVT_OK, KVT_EIO (a copy failed), KVT_ECORRUPT (checksum mismatch) */
+    /* KVT_OK; KVT_ECORRUPT (a source page's checksum failed: bad_page);
+     * KVT_EIO (a copy failed); KVT_ENOMEM (a worker's copy context or
+     * connection could not be made); with a tcp or ucx tier also KVT_EINVAL
+     * (the peer refused the connection: another version, token or geometry;
+     * or its address does not parse). */
+    int status;
     uint32_t src, dst;          /* tier indices */
     const kvt_xfer_copy_t *copies; /* the batch, sorted by destination page; valid until the next poll */
     size_t n;
@@ -83,11 +88,12 @@ typedef struct kvt_xfer_config {
 KVT_API void kvt_xfer_config_default(kvt_xfer_config_t *cfg);
 
 /* tiers[0..ntiers) are the engine's tiers, named by their index in calls.
- * They must outlive the engine. When a device tier is among them, host tiers
- * (and engine tiers on host memory with KVT_TIER_REGISTER) are registered
- * with it for DMA. KVT_EINVAL (also: max_batch_copies below one page's copies
- * between two of the tiers; one tier given twice), KVT_ENOMEM, KVT_EIO
- * (threads). */
+ * They must outlive the engine, be at least two, and share one geometry
+ * (layers and layer_bytes; their page counts may differ). When a device tier
+ * is among them, host tiers (and engine tiers on host memory with
+ * KVT_TIER_REGISTER) are registered with it for DMA. KVT_EINVAL (also:
+ * max_batch_copies below one page's copies between two of the tiers; one
+ * tier given twice), KVT_ENOMEM, KVT_EIO (threads). */
 KVT_API int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers);
 /* Waits for every batch in flight, then stops the workers. Completions not
  * polled are dropped. */

@@ -116,7 +116,7 @@ class IOFailure(Error, OSError):
 
 
 class Corrupt(Error):
-    """KVT_ECORRUPT: internal invariant violated"""
+    """KVT_ECORRUPT: corrupt: a checksum or an invariant failed"""
     code = -11
     name = "KVT_ECORRUPT"
 
