@@ -363,13 +363,14 @@ int kvt_cp_group_filled(kvt_cp_group_t *g, uint64_t i) {
 int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest) {
     if (i != g->cur) return KVT_EINVAL;
     if (i >= g->requests) return KVT_ERANGE;
-    if (stopped(g)) return KVT_EIO; /* nothing recorded: the group is over */
+    /* the group over or a rank dead: nothing recorded (one stopping after
+     * this test sees the step done, and the next call fails) */
+    if (stopped(g) || watch_ranks(g, -1, kvt_now_ns()) != KVT_OK) return KVT_EIO;
     slot_t *me = slot(g, g->rank);
     g->digests[(uint64_t)g->rank * g->requests + i] = digest;
     if (atomic_load(&me->filled) < i + 1) atomic_store_explicit(&me->filled, i + 1, memory_order_release);
     atomic_store_explicit(&me->done, i + 1, memory_order_release);
     g->cur++;
-    if (stopped(g) || watch_ranks(g, -1, kvt_now_ns()) != KVT_OK) return KVT_EIO;
     return KVT_OK;
 }
 
