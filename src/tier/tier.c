@@ -1,5 +1,6 @@
 /* Tiers: the common part (validation, geometry, addresses, checksums) and
  * dispatch to the backends (one file each). */
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "kvtier/error.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
+#include "../sock/wire.h"
 
 static const char *const LAYOUTS[] = {"page_first", "layer_first"};
 static const char *const KINDS[] = {"arena", "cuda", "host", "shm", "tcp", "ucx", "engine"};
@@ -109,7 +111,9 @@ int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *user) {
                                                       : 0;
     if (cfg->flags & ~allowed) return KVT_EINVAL;
     if ((cfg->flags & copy_flags) == copy_flags) return KVT_EINVAL; /* one way or the other */
-    if ((cfg->kind == KVT_TIER_TCP || cfg->kind == KVT_TIER_UCX) && (cfg->name == NULL || strchr(cfg->name, ':') == NULL || strlen(cfg->name) > 60))
+    struct sockaddr_in peer; /* a peer's address is checked here, not at the first copy */
+    if ((cfg->kind == KVT_TIER_TCP || cfg->kind == KVT_TIER_UCX) &&
+        (cfg->name == NULL || strlen(cfg->name) > 60 || kvt__parse_addr(cfg->name, &peer) != 0))
         return KVT_EINVAL;
     if (cfg->kind == KVT_TIER_SHM && (cfg->name == NULL || cfg->name[0] != '/' || strlen(cfg->name) > 60 ||
                                       strchr(cfg->name + 1, '/') != NULL))

@@ -317,6 +317,21 @@ Test(net, ucx_wrong_geometry_is_refused, .timeout = 60) {
     wrong_geometry(KVT_NET_UCX);
 }
 
+/* A peer's address is checked when its tier is made (IPv4 "a.b.c.d:port"),
+ * not at the first copy, where tcp and ucx would fail it differently. */
+Test(net, peer_tier_names_are_checked_at_create) {
+    static const char *const bad[] = {"localhost:9", "127.0.0.1", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1:65536",
+                                      "127.0.0.1: 9", "[::1]:9", ":9"};
+    for (int tr = 0; tr < 2; tr++)
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            kvt_tier_t *t = NULL;
+            kvt_tier_config_t c = {.size = sizeof(c), .kind = tr ? KVT_TIER_UCX : KVT_TIER_TCP, .name = bad[i],
+                                   .geom = {8, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
+            cr_assert_eq(kvt_tier_create(&t, &c), KVT_EINVAL, "%s", bad[i]);
+            cr_assert_null(t);
+        }
+}
+
 /* The page server takes only a tier the CPU can write as one region: not a
  * network tier, not an engine tier's planes. Through the public tier API. */
 Test(net, serves_only_one_host_visible_region) {
