@@ -659,13 +659,17 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     close(fd);
 }
 
-/* Only a regular file is an object. */
-static bool dir_exists(void *be, const char *hex) {
+/* Only a regular file is an object; a path that cannot be looked at
+ * (EACCES, EIO) is a failure, as a get of it is, not a miss. */
+static uint8_t dir_look(const dirbe_t *d, const char *hex) {
     char path[1100];
     struct stat st;
-    obj_path(((const dirbe_t *)be)->root, hex, path, sizeof(path));
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    obj_path(d->root, hex, path, sizeof(path));
+    if (stat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? KVT_STORE_MISS : KVT_STORE_FAILED;
+    return S_ISREG(st.st_mode) ? KVT_STORE_OK : KVT_STORE_MISS;
 }
+
+static bool dir_exists(void *be, const char *hex) { return dir_look(be, hex) == KVT_STORE_OK; }
 
 static void dir_run(void *be, void *w, kvt__sreq_t *req) {
     dirbe_t *d = be;
@@ -673,7 +677,7 @@ static void dir_run(void *be, void *w, kvt__sreq_t *req) {
     for (size_t i = 0; i < req->n; i++) {
         const char *hex = req->hex[i];
         switch (req->op) {
-        case KVT_STORE_EXISTS: req->results[i] = dir_exists(d, hex) ? KVT_STORE_OK : KVT_STORE_MISS; break;
+        case KVT_STORE_EXISTS: req->results[i] = dir_look(d, hex); break;
         case KVT_STORE_GET: do_get(d, w, req, i); break;
         case KVT_STORE_PUT: req->results[i] = do_put(d, req, i); break;
         case KVT_STORE_REMOVE:

@@ -108,6 +108,30 @@ Test(store_dir_fs, non_regular_files_are_no_objects) {
     cr_assert_eq(r.r[3], KVT_STORE_BAD);
 }
 
+/* An object that cannot be looked at (here a link to itself: ELOOP) is a
+ * failure for exists, as for a get, not a miss: the store cannot say the
+ * key is absent. exists_leading stops at it. */
+Test(store_dir_fs, an_unreadable_path_is_a_failure_not_a_miss) {
+    senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[3];
+    put_filled(&E, p, 3, 400);
+    char path[300];
+    path_of(&p[1].hash, path, sizeof(path));
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(symlink(path, path), 0);
+    sres_t r = run_op(E.store, kvt_store_exists, p, 3);
+    cr_assert_eq(r.r[0], KVT_STORE_OK);
+    cr_assert_eq(r.r[1], KVT_STORE_FAILED, "exists of a path that cannot be looked at: %d", r.r[1]);
+    cr_assert_eq(r.r[2], KVT_STORE_OK);
+    cr_assert_eq(sstats(E.store, KVT_STORE_EXISTS).failures, 1u);
+    r = run_op(E.store, kvt_store_get, p, 3);
+    cr_assert_eq(r.r[1], KVT_STORE_FAILED, "get: %d", r.r[1]);
+    size_t lead = 9;
+    cr_assert_eq(kvt_store_exists_leading(E.store, p, 3, &lead), KVT_OK);
+    cr_assert_eq(lead, 1u);
+}
+
 /* A path is required, and ends at the first ',': what follows is options. */
 Test(store_dir_fs, dir_url_with_an_empty_path_refused) {
     senv_init(&E, 4, 1, 256, KVT_LAYOUT_PAGE_FIRST);
