@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvtier/error.h"
+
 void *kvt__malloc(size_t size);
 void *kvt__calloc(size_t n, size_t size);          /* zeroed; overflow-checked */
 void *kvt__realloc(void *p, size_t old_size, size_t new_size);
@@ -40,6 +42,24 @@ int kvt__mem_fail_fired(void);
  * it, or clear it (NULL), while no other thread allocates. */
 typedef int (*kvt__mem_hook_fn)(void *arg, const void *site);
 void kvt__mem_set_hook(kvt__mem_hook_fn fn, void *arg);
+
+/* *p holds *cap elements of elem bytes: grown, by doubling, to hold need,
+ * the contents kept. KVT_ENOMEM (also when the size would overflow) changes
+ * nothing. Inline, so each caller stays its own allocation site. */
+static inline int kvt__grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return KVT_OK;
+    size_t n = *cap < 16 ? 16 : *cap;
+    while (n < need) {
+        if (n > SIZE_MAX / 2) return KVT_ENOMEM;
+        n *= 2;
+    }
+    if (n > SIZE_MAX / elem) return KVT_ENOMEM;
+    void *q = kvt__realloc(*p, *cap * elem, n * elem);
+    if (q == NULL) return KVT_ENOMEM;
+    *p = q;
+    *cap = n;
+    return KVT_OK;
+}
 
 #define KVT_NEW(type) ((type *)kvt__calloc(1, sizeof(type)))
 #define KVT_DELETE(p) kvt__free((p), sizeof(*(p)))

@@ -277,23 +277,12 @@ void kvt__hybrid_drop_l3(kvt_hybrid_t *h) {
 
 /* ---- scratch ------------------------------------------------------------------- */
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return KVT_OK;
-    size_t n = *cap ? *cap : 64;
-    while (n < need) n *= 2;
-    void *q = kvt__realloc(*p, *cap * elem, n * elem);
-    if (q == NULL) return KVT_ENOMEM;
-    *p = q;
-    *cap = n;
-    return KVT_OK;
-}
-
 /* Room for n keys in keys, prot, scores and srcs. */
 static int keys_room(kvt_hybrid_t *h, size_t n) {
-    if (grow((void **)&h->keys, &h->kcap, n, sizeof(*h->keys)) != KVT_OK ||
-        grow((void **)&h->prot, &h->prcap, n, sizeof(*h->prot)) != KVT_OK ||
-        grow((void **)&h->scores, &h->scap, n, sizeof(*h->scores)) != KVT_OK ||
-        grow((void **)&h->srcs, &h->srcap, n, sizeof(*h->srcs)) != KVT_OK)
+    if (kvt__grow((void **)&h->keys, &h->kcap, n, sizeof(*h->keys)) != KVT_OK ||
+        kvt__grow((void **)&h->prot, &h->prcap, n, sizeof(*h->prot)) != KVT_OK ||
+        kvt__grow((void **)&h->scores, &h->scap, n, sizeof(*h->scores)) != KVT_OK ||
+        kvt__grow((void **)&h->srcs, &h->srcap, n, sizeof(*h->srcs)) != KVT_OK)
         return KVT_ENOMEM;
     return KVT_OK;
 }
@@ -352,7 +341,7 @@ static void record(kvt_hybrid_t *h, uint32_t g, src_t from, int t, uint64_t slot
 static int moves_room(kvt_hybrid_t *h, size_t n) {
     if (!h->cfg.moves) return KVT_OK;
     if (h->cfg.async_moves) return kvt__pend_reserve(&h->pt, 6 * n + 6);
-    return grow((void **)&h->moves, &h->mvcap, h->nmoves + 6 * n + 6, sizeof(*h->moves));
+    return kvt__grow((void **)&h->moves, &h->mvcap, h->nmoves + 6 * n + 6, sizeof(*h->moves));
 }
 
 /* The outstanding copy of group g's key out of slot `slot` of tier t
@@ -616,7 +605,7 @@ static size_t needed_keys(kvt_hybrid_t *h, uint32_t g, uint64_t n, kvt_key128_t 
 /* ---- admit --------------------------------------------------------------------- */
 
 static int hashes(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t npages) {
-    if (grow((void **)&h->hash, &h->hcap, npages + 1, sizeof(*h->hash)) != KVT_OK) return KVT_ENOMEM;
+    if (kvt__grow((void **)&h->hash, &h->hcap, npages + 1, sizeof(*h->hash)) != KVT_OK) return KVT_ENOMEM;
     kvt_page_hash_chain(ns, tokens, npages, h->P, h->hash);
     return KVT_OK;
 }
@@ -780,7 +769,7 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     uint64_t npages = ntokens / h->P;
     if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM;
     h->mstride = (size_t)npages + 1;
-    if (grow((void **)&h->memo, &h->mcap, h->mstride * G, 1) != KVT_OK) return KVT_ENOMEM;
+    if (kvt__grow((void **)&h->memo, &h->mcap, h->mstride * G, 1) != KVT_OK) return KVT_ENOMEM;
     pins_t *p = new_pins(h, npages);
     if (p == NULL) return KVT_ENOMEM;
     kvt_hybrid_req_t r;

@@ -20,21 +20,6 @@
 #include "../core/mix-int.h"
 #include "keyed-int.h"
 
-int kvt__keyed_grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return KVT_OK;
-    size_t n = *cap < 16 ? 16 : *cap;
-    while (n < need) {
-        if (n > SIZE_MAX / 2) return KVT_ENOMEM;
-        n *= 2;
-    }
-    if (n > SIZE_MAX / elem) return KVT_ENOMEM;
-    void *q = kvt__realloc(*p, *cap * elem, n * elem);
-    if (q == NULL) return KVT_ENOMEM;
-    *p = q;
-    *cap = n;
-    return KVT_OK;
-}
-
 size_t kvt__keyed_home(const kvt_keyed_t *c, kvt_key128_t key) {
     return (size_t)kvt__mix64(key.lo ^ kvt__splitmix64(key.hi)) & (c->tcap - 1);
 }
@@ -73,7 +58,7 @@ static int table_rebuild(kvt_keyed_t *c, size_t tcap) {
 
 int kvt__keyed_reserve_keys(kvt_keyed_t *c, size_t keys) {
     if (keys >= UINT32_MAX) return KVT_ENOMEM; /* entry indexes are uint32, UINT32_MAX is "none" */
-    if (kvt__keyed_grow((void **)&c->ents, &c->ecap, keys, sizeof(kvt__kentry_t)) != KVT_OK) return KVT_ENOMEM;
+    if (kvt__grow((void **)&c->ents, &c->ecap, keys, sizeof(kvt__kentry_t)) != KVT_OK) return KVT_ENOMEM;
     for (unsigned k = 0; k < (c->class_bit ? 2u : 1u); k++) /* either heap may hold every entry */
         if (c->hcap[k] < c->ecap) {
             uint32_t *h = kvt__realloc(c->heap[k], c->hcap[k] * sizeof(uint32_t), c->ecap * sizeof(uint32_t));

@@ -95,8 +95,6 @@ static inline int kvt__key_eq(kvt_key128_t a, kvt_key128_t b) { return a.hi == b
 void kvt__keyed_keep_digest(kvt_keyed_t *c);
 static inline uint64_t kvt__keyed_digest(const kvt_keyed_t *c) { return c->digest; }
 
-/* Capacity, grown by doubling; contents kept. KVT_ENOMEM changes nothing. */
-int kvt__keyed_grow(void **p, size_t *cap, size_t need, size_t elem);
 
 /* Pages of failed stores the next prepare_store's new keys take before the
  * evicted keys' pages (keyed.h, Pages): with it a caller tells which new key

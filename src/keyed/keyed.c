@@ -193,11 +193,11 @@ static void undo(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const p
 static int grow_work(kvt_keyed_t *c, const plan_t *p) {
     size_t recycled = c->nloose + p->k, moved = p->m > recycled ? p->m - recycled : recycled - p->m;
     if (c->events_on &&
-        kvt__keyed_grow((void **)&c->ev, &c->evcap, c->nev + c->pending + c->nents + p->m, sizeof(*c->ev)))
+        kvt__grow((void **)&c->ev, &c->evcap, c->nev + c->pending + c->nents + p->m, sizeof(*c->ev)))
         return KVT_ENOMEM;
-    if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->pending + p->m, sizeof(*c->loose)) ||
-        kvt__keyed_grow((void **)&c->pops, &c->popcap, p->k ? p->k + p->nprot : 0, sizeof(*c->pops)) ||
-        kvt__keyed_grow((void **)&c->runs, &c->runcap, moved, sizeof(*c->runs)))
+    if (kvt__grow((void **)&c->loose, &c->lcap, c->pending + p->m, sizeof(*c->loose)) ||
+        kvt__grow((void **)&c->pops, &c->popcap, p->k ? p->k + p->nprot : 0, sizeof(*c->pops)) ||
+        kvt__grow((void **)&c->runs, &c->runcap, moved, sizeof(*c->runs)))
         return KVT_ENOMEM;
     return KVT_OK;
 }
@@ -438,7 +438,7 @@ static void take_out(kvt_keyed_t *c, uint32_t i, uint32_t why) {
 /* Takes the ready, unpinned ones of keys[0..n) out (take_out); the loose
  * list's room is the only memory this needs. */
 static int drop(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, uint32_t why, size_t *ndropped) {
-    if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + n, sizeof(*c->loose))) return KVT_ENOMEM;
+    if (kvt__grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + n, sizeof(*c->loose))) return KVT_ENOMEM;
     size_t k = 0;
     for (size_t j = 0; j < n; j++) {
         uint32_t i = kvt__keyed_find(c, keys[j]);
@@ -468,7 +468,7 @@ int kvt__keyed_evict(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, size_t 
 size_t kvt__keyed_evict_next(kvt_keyed_t *c, size_t k, int (*keep)(void *arg, kvt_key128_t key), void *arg,
                              kvt_key128_t *keys, uint64_t *scores, uint64_t *pages, uint8_t *kept) {
     if (k > kvt__keyed_evictable(c)) k = kvt__keyed_evictable(c);
-    if (kvt__keyed_grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + k, sizeof(*c->loose))) return 0;
+    if (kvt__grow((void **)&c->loose, &c->lcap, c->nloose + c->pending + k, sizeof(*c->loose))) return 0;
     size_t cnt0 = c->nents - c->ncls1;
     for (size_t j = 0; j < k; j++) { /* in order, as prepare_store's victims */
         uint32_t i = pop_next(c, cnt0);
@@ -488,7 +488,7 @@ int kvt_keyed_reset(kvt_keyed_t *c) {
     if (c->pending > 0 || c->pinned > 0) return KVT_EBUSY;
     size_t nfree = c->nents + c->nloose;
     if (nfree > 0) { /* every key is in the heap: free its page and the loose ones */
-        if (kvt__keyed_grow((void **)&c->runs, &c->runcap, nfree, sizeof(*c->runs))) return KVT_ENOMEM;
+        if (kvt__grow((void **)&c->runs, &c->runcap, nfree, sizeof(*c->runs))) return KVT_ENOMEM;
         for (size_t j = 0; j < c->nents; j++) c->runs[j] = (kvt_run_t){c->ents[j].page, 1};
         for (size_t j = 0; j < c->nloose; j++) c->runs[c->nents + j] = (kvt_run_t){c->loose[j], 1};
         if (kvt_extalloc_free(c->alloc, c->runs, nfree) != KVT_OK) return KVT_ENOMEM;
