@@ -251,7 +251,8 @@ typedef struct kvt_cache_cp {
  * tier in the cache, tiers too small, an index that names another of the
  * engine's tiers or none, a modeled L3 (l3_pages: it holds no bytes), a
  * store attached whose tier is not l2), KVT_EBUSY (requests admitted
- * already), KVT_ENOMEM; nothing changed on failure. */
+ * already; an engine with batches in flight or not polled, someone else's),
+ * KVT_ENOMEM; nothing changed on failure. */
 KVT_API int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
                      unsigned l2_index);
 /* The same for a member of a CP group (cp NULL: a single process). The L1
@@ -265,7 +266,9 @@ KVT_API int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, u
  * is a data plane, any host tier otherwise). The cache polls the store (no
  * one else may). Before the first admission; the store outlives the cache.
  * KVT_EINVAL (no L2, l3_pages set too, a CP member, the tier too small or not
- * the attached L2), KVT_EBUSY, KVT_ENOMEM; nothing changed on failure.
+ * the attached L2), KVT_EBUSY (requests admitted or prefetches started; a
+ * store with batches in flight or not polled), KVT_ENOMEM; nothing changed
+ * on failure.
  *
  * What L3 does:
  *   backup     L2 -> L3 under l3_write_policy; a page being put keeps its L2

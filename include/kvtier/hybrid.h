@@ -450,9 +450,11 @@ typedef struct kvt_hybrid_plane_config {
  * async_moves, or with a modeled L3 for the pieces, which holds no bytes;
  * requests admitted; moves the engine took and has not reported; a group's
  * tiers too small or of another piece size, l1 and l2 one tier, or a tier
- * another group's too; anything given for a full group; a store not over its
- * tier, put and get under two identities, a group's identity another's, or
- * stores given for some groups only; no stores on a cache that has the
+ * another group's too or the full groups' (kvt_cache_attach on
+ * kvt_hybrid_cache); an engine or store with batches on it already (someone
+ * else's); anything given for a full group; a store not over its tier, put
+ * and get on two URLs or under two identities, a group's identity another's,
+ * or stores given for some groups only; no stores on a cache that has the
  * engine's own L3 (kvt_hybrid_set_l3); no write), KVT_ENOMEM; nothing
  * changed on failure. */
 KVT_API int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *cfg);

@@ -58,7 +58,7 @@ typedef struct kvt__cache_policy {
 typedef struct kvt__cache_copies {
     kvt_xfer_t *xf;
     unsigned xf_l1, xf_l2;         /* the engine's indices of the L1 and L2 tiers */
-    kvt_tier_t *l2_tier;           /* the L2 tier */
+    kvt_tier_t *l1_tier, *l2_tier; /* the L1 and L2 tiers */
     kvt_xfer_copy_t *pend[2];      /* copies not yet handed to the engine, by op_kind_t (tier pages) */
     size_t npend[2], pend_cap;
     kvt__op_t *done;               /* completed copies not yet applied */

@@ -321,7 +321,8 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
         return KVT_EINVAL;
     /* a modeled L3 holds no bytes to load; a store reads its own tier, which must be the L2 the copies fill */
     if (c->cfg.l3_pages || (c->l3.store && kvt_store_tier(c->l3.store) != l2)) return KVT_EINVAL;
-    if (c->dp.xf || c->st.requests || c->dp.inflight[0] || c->dp.inflight[1]) return KVT_EBUSY;
+    /* busy: an engine with batches of someone else's would hand their completions to the cache */
+    if (c->dp.xf || c->st.requests || c->dp.inflight[0] || c->dp.inflight[1] || kvt_xfer_pending(x)) return KVT_EBUSY;
     if (c->l2 == NULL) return KVT_EINVAL; /* without L2 there is nothing to copy */
     size_t cap = c->cfg.l1_pages < c->cfg.l2_pages ? c->cfg.l1_pages : c->cfg.l2_pages;
     for (int k = 0; k < 2; k++)
@@ -332,6 +333,7 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
         }
     c->dp.pend_cap = cap;
     c->dp.xf = x;
+    c->dp.l1_tier = l1;
     c->dp.l2_tier = l2;
     c->dp.xf_l1 = l1_index;
     c->dp.xf_l2 = l2_index;

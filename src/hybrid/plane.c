@@ -15,6 +15,7 @@
 
 #include "../core/abi-int.h"
 #include "../core/mem-int.h"
+#include "../cache/cache-int.h"
 #include "hybrid-int.h"
 #include "kvtier/error.h"
 #include "kvtier/hybrid.h"
@@ -44,6 +45,7 @@ typedef struct take {
 typedef struct {
     take_t *t;
     size_t at, n; /* its moves: t->mv[at .. at + n) */
+    uint64_t ticket; /* its engine's or store's, with its index as the user: a completion is its by both */
     uint32_t group, kind;
     uint8_t state;
 } batch_t;
@@ -128,23 +130,30 @@ static int group_ok(const kvt_hybrid_config_t *hc, uint32_t g, const kvt_hybrid_
     if (g1->pages < hc->l1_slots[g] || kvt_geom_page_bytes(g1) != bytes) return 0;
     if (hc->l2_slots[g] && (g2 == NULL || g2->pages < hc->l2_slots[g] || kvt_geom_page_bytes(g2) != bytes)) return 0;
     if (store != (x->put != NULL) || store != (x->get != NULL)) return 0;
+    /* batches already on them are someone else's: their completions would be taken for the plane's */
+    if (kvt_xfer_pending(x->xfer) || (store && (kvt_store_pending(x->put) || kvt_store_pending(x->get)))) return 0;
     if (!store) return 1;
     char a[33], b[33];
     identity_of(x->put, a);
     identity_of(x->get, b);
-    return kvt_store_tier(x->put) == x->l2 && kvt_store_tier(x->get) == x->l1 && strcmp(a, b) == 0;
+    return kvt_store_tier(x->put) == x->l2 && kvt_store_tier(x->get) == x->l1 && strcmp(a, b) == 0 &&
+           strcmp(kvt_store_url(x->put), kvt_store_url(x->get)) == 0; /* one L3: what is put is what is got */
 }
 
 /* No two groups share a tier (a slot of one group would be another's) or a
- * store identity (a group's object would answer for another's); a full
- * group is given nothing (its pages are the radix cache's). */
-static int groups_apart(const kvt_hybrid_config_t *hc, const kvt_hybrid_plane_config_t *cfg) {
+ * store identity (a group's object would answer for another's), nor a tier
+ * with the full groups' data plane (kvt_cache_attach: a slot would be a
+ * page); a full group is given nothing (its pages are the radix cache's). */
+static int groups_apart(kvt_hybrid_t *h, const kvt_hybrid_config_t *hc, const kvt_hybrid_plane_config_t *cfg) {
+    const kvt__cache_copies_t *dp = &kvt_hybrid_cache(h)->dp;
     for (uint32_t g = 0; g < hc->ngroups; g++) {
         const kvt_hybrid_plane_group_t *x = &cfg->groups[g];
         if (kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens) == 0) {
             if (x->xfer || x->l1 || x->l2 || x->put || x->get) return 0;
             continue;
         }
+        if (dp->xf && (x->l1 == dp->l1_tier || x->l1 == dp->l2_tier || x->l2 == dp->l1_tier || x->l2 == dp->l2_tier))
+            return 0;
         for (uint32_t k = 0; k < g; k++) {
             const kvt_hybrid_plane_group_t *y = &cfg->groups[k];
             if (y->l1 == NULL) continue; /* a full group */
@@ -173,7 +182,7 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
         uint64_t bytes = kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens);
         if (bytes && !group_ok(hc, g, &cfg->groups[g], bytes, store)) return KVT_EINVAL;
     }
-    if (!groups_apart(hc, cfg)) return KVT_EINVAL;
+    if (!groups_apart(h, hc, cfg)) return KVT_EINVAL;
     kvt_hybrid_plane_t *p = kvt__calloc(1, sizeof(*p));
     if (p == NULL) return KVT_ENOMEM;
     p->h = h;
@@ -245,8 +254,8 @@ static void start(kvt_hybrid_plane_t *p, uint32_t id) {
     case K_DOWN:
     case K_UP:
         for (size_t i = 0; i < b->n; i++) cp[i] = (kvt_xfer_copy_t){(uint32_t)mv[i].src_slot, (uint32_t)mv[i].dst_slot};
-        rc = b->kind == K_DOWN ? kvt_xfer_submit(x->xfer, x->l1_index, x->l2_index, cp, b->n, id, NULL)
-                               : kvt_xfer_submit(x->xfer, x->l2_index, x->l1_index, cp, b->n, id, NULL);
+        rc = b->kind == K_DOWN ? kvt_xfer_submit(x->xfer, x->l1_index, x->l2_index, cp, b->n, id, &b->ticket)
+                               : kvt_xfer_submit(x->xfer, x->l2_index, x->l1_index, cp, b->n, id, &b->ticket);
         break;
     case K_PUT:
     case K_GET:
@@ -254,7 +263,8 @@ static void start(kvt_hybrid_plane_t *p, uint32_t id) {
             uint64_t slot = b->kind == K_PUT ? mv[i].src_slot : mv[i].dst_slot;
             pg[i] = (kvt_store_page_t){hash_of(mv[i].key), (uint32_t)slot};
         }
-        rc = b->kind == K_PUT ? kvt_store_put(x->put, pg, b->n, id, NULL) : kvt_store_get(x->get, pg, b->n, id, NULL);
+        rc = b->kind == K_PUT ? kvt_store_put(x->put, pg, b->n, id, &b->ticket)
+                              : kvt_store_get(x->get, pg, b->n, id, &b->ticket);
         break;
     default:
         break;
@@ -284,7 +294,7 @@ static int take(kvt_hybrid_plane_t *p, int *did) {
             uint32_t g = t->mv[at].group, kind = kind_of(&t->mv[at]);
             for (end = at + 1; end < t->n && t->mv[end].group == g && kind_of(&t->mv[end]) == kind;) end++;
             uint32_t id = batch_new(p);
-            p->b[id] = (batch_t){t, at, end - at, g, kind, B_NEW};
+            p->b[id] = (batch_t){.t = t, .at = at, .n = end - at, .group = g, .kind = kind, .state = B_NEW};
             ids[nids++] = id;
         }
         t->open = nids;
@@ -309,11 +319,12 @@ static int report(kvt_hybrid_plane_t *p, int *did) {
     return KVT_OK;
 }
 
-/* Batch id, in flight on source `src` (an engine or a store) of its group:
- * what a completion from src names; NULL for an id that is none of ours (a
- * caller that broke the rule of hybrid.h and used the source too). */
-static batch_t *ours(kvt_hybrid_plane_t *p, uint64_t id, const void *src) {
-    if (id >= p->nb || p->b[id].state != B_FLIGHT) return NULL;
+/* Batch id, in flight on source `src` (an engine or a store) of its group
+ * with that ticket: what a completion from src names; NULL for one that is
+ * none of ours (a caller that broke the rule of hybrid.h and used the
+ * source too). */
+static batch_t *ours(kvt_hybrid_plane_t *p, uint64_t id, uint64_t ticket, const void *src) {
+    if (id >= p->nb || p->b[id].state != B_FLIGHT || p->b[id].ticket != ticket) return NULL;
     batch_t *b = &p->b[id];
     const kvt_hybrid_plane_group_t *x = &p->cfg.groups[b->group];
     int copy = b->kind == K_DOWN || b->kind == K_UP;
@@ -327,7 +338,7 @@ static int reap_xfer(kvt_hybrid_plane_t *p, uint32_t g, uint64_t timeout_ns) {
     kvt_xfer_t *x = p->cfg.groups[g].xfer;
     int n = kvt_xfer_poll(x, d, POLL_MAX, timeout_ns);
     for (int j = 0; j < n; j++) {
-        batch_t *b = ours(p, d[j].user, x);
+        batch_t *b = ours(p, d[j].user, d[j].ticket, x);
         if (b == NULL) continue;
         g = b->group;
         int good = d[j].status == KVT_OK;
@@ -349,7 +360,7 @@ static int reap_store(kvt_hybrid_plane_t *p, uint32_t g, int get, uint64_t timeo
     kvt_store_t *s = get ? x->get : x->put;
     int n = kvt_store_poll(s, d, POLL_MAX, timeout_ns);
     for (int j = 0; j < n; j++) {
-        batch_t *b = ours(p, d[j].user, s);
+        batch_t *b = ours(p, d[j].user, d[j].ticket, s);
         if (b == NULL) continue;
         for (size_t i = 0; i < b->n; i++) {
             int good = d[j].results[i] == KVT_STORE_OK;
