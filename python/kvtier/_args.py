@@ -74,9 +74,14 @@ def number(v: Any, what: str, lo: float = 0.0, hi: float = math.inf) -> float:
     return f
 
 
+def is_bool(v: Any) -> bool:
+    """True or False, Python's or numpy's (numpy.bool_, named numpy.bool from numpy 2)."""
+    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool_", "bool"))
+
+
 def flag(v: Any, what: str) -> bool:
     """A bool (True, False, 1 or 0; numpy's bool too)."""
-    if isinstance(v, bool) or type(v).__name__ == "bool_":
+    if is_bool(v):
         return bool(v)
     if isinstance(v, int) and v in (0, 1):
         return bool(v)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import array
 import ctypes
 import math
+import warnings
 import weakref
 from typing import Any, Dict, Optional
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Handle, check, enum_arg, enum_names, error, tokens_arg, using
+from ._core import ClosedError, Error, Handle, check, enum_arg, enum_names, error, tokens_arg, using
 from ._lib import CacheConfig, CacheReq, CacheStats, RadixStats, lib
 
 __all__ = ["Cache", "Request", "Prefetch", "POLICIES", "WRITE_POLICIES", "PREFETCH_POLICIES"]
@@ -79,10 +80,25 @@ def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any
     with using(xfer, l1, l2) as (xp, p1, p2):
         check(lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index), what,
               "no L2 in the cache, tiers too small, an index naming another of the engine's tiers, a modeled L3 "
-              "(l3_pages), a store attached over another tier than l2, or requests admitted already")
+              "(l3_pages), a store attached over another tier than l2, requests admitted already, or batches on "
+              "the Transfer already")
         owner._own(owner._h, (xfer, l1, l2))
         xfer._drive(owner, "cache")
     return [t for t in (l1, l2) if t._probes]
+
+
+def memory_intact(owner: Any, what: str) -> bool:
+    """Whether the memory under owner's attached tiers is all there (a Cache
+    or a Hybrid closing with requests live). When it is not, a RuntimeWarning
+    says that the C cache is left as it is, never freed: freeing it releases
+    the live requests, and a release copies, out of memory that is gone."""
+    try:
+        owner._check_memory()
+        return True
+    except Error as e:
+        warnings.warn(f"{what} closed without freeing its C cache (its requests' copies would use freed memory): {e}",
+                      RuntimeWarning, stacklevel=3)
+        return False
 
 
 def attach_store(owner: Any, c: int, what: str, store: Any) -> Any:
@@ -94,7 +110,8 @@ def attach_store(owner: Any, c: int, what: str, store: Any) -> Any:
     store._may_drive(owner, "cache", f"{what} store")
     with store._use as sp:
         check(lib.kvt_cache_attach_store(c, sp), what,
-              "the store's tier must be the cache's L2, with l2_pages pages, before any admission")
+              "the store's tier must be the cache's L2, with l2_pages pages, before any admission or prefetch, "
+              "with no batches on the store")
         owner._own(owner._h, (store,))
         store._drive(owner, "cache")
     return store
@@ -235,6 +252,8 @@ class Cache(Handle):
             t._check_memory()
 
     def _destroy(self, h: int) -> None:
+        if any(not r.released for r in self._live) and not memory_intact(self, "Cache"):
+            return  # releasing would copy out of freed memory: the C cache is left, not freed
         for r in list(self._live):  # every admitted request is released once
             if not r.released:
                 lib.kvt_cache_release(h, ctypes.byref(r._req))
@@ -314,6 +333,7 @@ class Cache(Handle):
         addr, n, keep = tokens_arg(tokens)
         pid = ctypes.c_uint64()
         with self._use as h:
+            self._check_memory()
             check(lib.kvt_cache_prefetch(h, ns, addr, n, ctypes.byref(pid)), "Cache.prefetch")
         return Prefetch(self, pid.value, keep)
 
@@ -325,11 +345,13 @@ class Cache(Handle):
     def poll(self) -> int:
         """Applies the copies that completed; how many."""
         with self._use as h:
+            self._check_memory()
             return check(lib.kvt_cache_poll(h), "Cache.poll")
 
     def sync(self) -> None:
         """Waits for every copy and store call in flight."""
         with self._use as h:
+            self._check_memory()
             check(lib.kvt_cache_sync(h), "Cache.sync")
 
     def restore_room(self) -> int:

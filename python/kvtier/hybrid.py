@@ -36,8 +36,8 @@ from ._lib import HYBRID_PROBE, HYBRID_WRITE, KVT_MODEL_MAX_GROUPS, CacheStats, 
     HybridPlaneConfig, HybridPlaneGroup, HybridPlaneStats, HybridReq, HybridStats, Key128, lib
 from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
-from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, \
-    attach_data_plane, attach_store
+from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Cache, Prefetch, _config_value, \
+    attach_data_plane, attach_store, memory_intact
 
 __all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS",
            "HYBRID_PLANE_STATS", "SHORT_BY", "piece_bytes",
@@ -214,6 +214,16 @@ def _write_callback(hybrid: "Hybrid", write: Any) -> Any:
     return HYBRID_WRITE(call)
 
 
+def _not_anothers(hybrid: "Hybrid", tiers: Sequence[Any], what: str) -> None:
+    """Raises when a tier is another open Hybrid's or Cache's already: its
+    slots or pages would be written by two caches."""
+    for t in tiers:
+        for u in list(getattr(t, "_users", ())):  # what is not a Tier is refused by the caller's checks
+            if u is not hybrid and isinstance(u, (Hybrid, Cache)) and not u.closed:
+                raise error(-1, what, f"a tier another {type(u).__name__} copies into already: its pages would be "
+                            "written by two caches")
+
+
 def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
     """probe(group, keys) -> flags, as the C probe: keys (hi, lo) as
     HybridMove.key. Nothing raised gets into C: an exception, or flags of the
@@ -227,6 +237,9 @@ def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
                 got = list(probe(group, [(keys[i].hi, keys[i].lo) for i in range(n)]))
             if len(got) != n:
                 raise ValueError(f"the probe answered {len(got)} flags for {n} keys")
+            for x in got:  # read by truth, "miss" or [False] would be held
+                if not (_a.is_bool(x) or (type(x) is int and x in (0, 1))):
+                    raise TypeError(f"the probe answered {type(x).__name__} {x!r}: expected True or False a key")
             for i, x in enumerate(got):
                 present[i] = 1 if x else 0
             return 0
@@ -396,6 +409,8 @@ class Hybrid(Handle):
         self._live: Dict[int, HybridRequest] = {}
         self._ids = array.array("I", bytes(4 * 64))
         self._tiers: list = []  # attached engine tiers whose memory is checked before each call that copies
+        self._full_tiers: tuple = ()  # attach's l1 and l2
+        self._piece_tiers: tuple = ()  # attach_pieces' tiers
         self._store: Any = None
         self._probe: Any = None  # the C callback of set_l3, alive while the cache may call it
         self.probe_errors = 0  # probe calls that raised (each answered "none held")
@@ -405,6 +420,8 @@ class Hybrid(Handle):
         self.last_write_error: Optional[BaseException] = None
 
     def _destroy(self, h: int) -> None:
+        if self._live and not memory_intact(self, "Hybrid"):
+            return  # releasing would copy out of freed memory: the C cache is left, not freed
         if self._plane is not None:  # the copies in flight land and are reported to the cache first
             lib.kvt_hybrid_plane_destroy(self._plane)
             self._plane = None
@@ -457,9 +474,15 @@ class Hybrid(Handle):
         ``xfer``. Before the first admission; the engine and tiers stay open
         while the cache is. The window and state pieces stay the engine's to
         move (:meth:`take_moves`)."""
+        for t, name in ((l1, "l1"), (l2, "l2")):
+            if any(t is u for u in self._piece_tiers):
+                raise error(-1, "Hybrid.attach", f"{name} is a window or state group's tier (attach_pieces): a slot "
+                            "would be a page")
+        _not_anothers(self, (l1, l2), "Hybrid.attach")
         with self._use as h:
-            self._tiers = attach_data_plane(self, lib.kvt_hybrid_cache(h), "Hybrid.attach", xfer, l1, l2, l1_index,
-                                            l2_index)
+            self._tiers += attach_data_plane(self, lib.kvt_hybrid_cache(h), "Hybrid.attach", xfer, l1, l2, l1_index,
+                                             l2_index)
+            self._full_tiers = (l1, l2)
 
     def attach_store(self, store: Any) -> None:
         """The full groups' L3 (Cache.attach_store on the inner radix cache):
@@ -566,6 +589,11 @@ class Hybrid(Handle):
             for g in stores:
                 if g not in plan:
                     raise ValueError(f"Hybrid.attach_pieces: stores[{g!r}] without tiers[{g!r}]")
+        for g, (_, l1, l2, *_) in plan.items():
+            if any(t is u for t in (l1, l2) for u in self._full_tiers):
+                raise error(-1, "Hybrid.attach_pieces", f"tiers[{g}]: a tier of the full groups (attach): a slot "
+                            "would be a page")
+            _not_anothers(self, (l1, l2), f"Hybrid.attach_pieces tiers[{g}]")
         cfg = HybridPlaneConfig(size=ctypes.sizeof(HybridPlaneConfig))
         fn = _write_callback(self, write)
         cfg.write = fn
@@ -581,8 +609,9 @@ class Hybrid(Handle):
             check(lib.kvt_hybrid_plane_create(ctypes.byref(plane), h, ctypes.byref(cfg)), "Hybrid.attach_pieces",
                   "needs moves=True and async_moves=True, no modeled L3 for the pieces, no request admitted, no move "
                   "taken and not reported, every window and state group's tiers (a piece a page, at least its "
-                  "slots; l1 not l2, no tier another group's), and stores for every such group or none (put over "
-                  "l2, get over l1, one model identity a group)")
+                  "slots; l1 not l2, no tier another group's), Transfers and Stores with no batches on them, and "
+                  "stores for every such group or none (put over l2, get over l1, both on one URL, one model "
+                  "identity a group)")
             self._plane = plane.value
             self._plane_keep = (fn, cfg, bool(stores))
             self._own(h, deps)
@@ -590,6 +619,7 @@ class Hybrid(Handle):
                 if not isinstance(d, Tier):
                     d._drive(self, "data plane")
             self._tiers += [t for t in deps if isinstance(t, Tier) and t._probes]
+            self._piece_tiers = tuple(d for d in deps if isinstance(d, Tier))
 
     def _plane_of(self, what: str) -> int:
         if self._plane is None:
@@ -646,12 +676,14 @@ class Hybrid(Handle):
         addr, n, keep = tokens_arg(tokens)
         pid = ctypes.c_uint64()
         with self._use as h:
+            self._check_memory()
             check(lib.kvt_cache_prefetch(lib.kvt_hybrid_cache(h), ns, addr, n, ctypes.byref(pid)), "Hybrid.prefetch")
         return HybridPrefetch(self, pid.value, keep)
 
     def poll(self) -> int:
         """Applies the full groups' copies that completed; how many."""
         with self._use as h:
+            self._check_memory()
             return check(lib.kvt_cache_poll(lib.kvt_hybrid_cache(h)), "Hybrid.poll")
 
     def sync(self) -> None:
@@ -659,6 +691,7 @@ class Hybrid(Handle):
         (their puts to L3 included): before reading what other instances
         find in the store."""
         with self._use as h:
+            self._check_memory()
             check(lib.kvt_cache_sync(lib.kvt_hybrid_cache(h)), "Hybrid.sync")
 
     # -- requests ------------------------------------------------------------
@@ -674,6 +707,8 @@ class Hybrid(Handle):
         if prefetch is not None:
             _a.instance(prefetch, HybridPrefetch, "Hybrid.admit prefetch", optional=True)
         addr, n, keep = tokens_arg(tokens)
+        own = array.array("i")  # a copy: the engine may reuse its buffer before the release
+        own.frombytes(ctypes.string_at(addr, 4 * n) if n else b"")  # before the admission: nothing can fail after it
         req = HybridReq()
         with self._use as h:
             self._check_memory()
@@ -692,8 +727,6 @@ class Hybrid(Handle):
                             " unknown prefetch" if pid and rc == -1 else "")
             if prefetch is not None:
                 prefetch.done = True
-            own = array.array("i")  # a copy: the engine may reuse its buffer before the release
-            own.frombytes(ctypes.string_at(addr, 4 * n) if n else b"")
             r = HybridRequest(self, req, ns, own, self._ids[:req.full.pages], n)
             self._live[id(r)] = r
         return r
@@ -755,14 +788,24 @@ class Hybrid(Handle):
         or a flag count that differs."""
         if not isinstance(moves, (list, tuple)) or not all(isinstance(m, HybridMove) for m in moves):
             raise TypeError("Hybrid.moves_done moves: expected a list of HybridMove (as take_moves returns)")
-        flags = [ok] * len(moves) if isinstance(ok, bool) else list(ok)
-        if len(flags) != len(moves) or not all(isinstance(f, bool) for f in flags):
+        one = _a.is_bool(ok)
+        try:
+            flags = [bool(ok)] * len(moves) if one else list(ok)
+        except TypeError:
+            flags = None
+        if flags is None or len(flags) != len(moves) or \
+                not all(_a.is_bool(f) for f in flags):
             raise ValueError(f"Hybrid.moves_done ok: expected a bool or {len(moves)} bools, one per move")
         buf = (HybridMove_ * max(len(moves), 1))()
-        for i, m in enumerate(moves):
-            buf[i].group, buf[i].src_tier, buf[i].dst_tier = m.group, m.src_tier, m.dst_tier
-            buf[i].src_slot, buf[i].dst_slot = m.src_slot, m.dst_slot
-            buf[i].key.hi, buf[i].key.lo = m.key
+        for i, m in enumerate(moves):  # each field checked: ctypes would wrap one out of range into another move
+            w = f"Hybrid.moves_done moves[{i}]"
+            buf[i].group, buf[i].src_tier, buf[i].dst_tier = (_a.u32(m.group, f"{w} group"),
+                                                              _a.u32(m.src_tier, f"{w} src_tier"),
+                                                              _a.u32(m.dst_tier, f"{w} dst_tier"))
+            buf[i].src_slot, buf[i].dst_slot = _a.u64(m.src_slot, f"{w} src_slot"), _a.u64(m.dst_slot, f"{w} dst_slot")
+            if not isinstance(m.key, tuple) or len(m.key) != 2:
+                raise TypeError(f"{w} key: expected (hi, lo), not {m.key!r}")
+            buf[i].key.hi, buf[i].key.lo = _a.u64(m.key[0], f"{w} key hi"), _a.u64(m.key[1], f"{w} key lo")
         okb = (ctypes.c_uint8 * max(len(moves), 1))(*[int(f) for f in flags])
         with self._use as h:
             if self._plane is not None:

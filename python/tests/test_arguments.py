@@ -135,6 +135,8 @@ def test_good_arguments_still_pass(objs):
     assert t.plane_addr(0, np.int64(3), 0) == t.plane_addr(0, 0, 0) + 3 * 64
     with kvtier.Cache(l1_pages=np.int64(8), l2_pages=0, page_tokens=4, decision_digest=1) as c2:
         assert c2.config["decision_digest"] is True
+    with kvtier.Cache(l1_pages=8, l2_pages=0, page_tokens=4, decision_digest=np.bool_(True)) as c2:
+        assert c2.config["decision_digest"] is True  # numpy's bool (numpy.bool from numpy 2) is a bool
     with kvtier.Cache(l1_pages=8, policy=np.int64(1)) as c3, kvtier.Tier.host(2, 2, 64, layout=np.int8(1)) as t3:
         assert c3.config["policy"] == kvtier.POLICIES[1] and t3.geom.layout == 1
 

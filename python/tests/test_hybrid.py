@@ -546,8 +546,15 @@ def test_moves_done_refuses_bad_reports():
             h.moves_done([moves[0], moves[0]])
         with pytest.raises(kvtier.InvalidArgument, match="not taken"):
             h.moves_done([moves[0]._replace(dst_slot=moves[0].dst_slot + 1000)])
+        m = moves[0]  # ctypes would wrap a field out of range into another move's (group 2^32 + g as g)
+        for bad in (m._replace(group=m.group + 2 ** 32), m._replace(src_slot=-1), m._replace(dst_slot=2 ** 64),
+                    m._replace(key=(m.key[0] + 2 ** 64, m.key[1])), m._replace(key=m.key[0])):
+            with pytest.raises((ValueError, TypeError)):
+                h.moves_done([bad])
+        with pytest.raises(ValueError, match="one per move"):
+            h.moves_done(moves, "yes")
         assert h.outstanding_moves() == len(moves)  # nothing changed
-        h.moves_done(moves, False)
+        h.moves_done(moves, np.bool_(False))
         assert h.outstanding_moves() == 0 and h.stats()["moves_failed"] == len(moves)
         h.check()
         req = h.admit(t)  # what the failed copies would have left is not there
@@ -667,8 +674,11 @@ def test_a_probe_that_fails_counts_as_absent():
         def broken(g, keys):
             raise RuntimeError("the store is unreachable")
 
+        # answers read by their truth would say "held": a store's results ("miss"), strings, lists
         for bad, err in ((broken, RuntimeError), (lambda g, keys: [True] * (len(keys) + 1), ValueError),
-                         (lambda g, keys: 7, TypeError)):
+                         (lambda g, keys: 7, TypeError), (lambda g, keys: ["miss"] * len(keys), TypeError),
+                         (lambda g, keys: ["False"] * len(keys), TypeError),
+                         (lambda g, keys: [[False]] * len(keys), TypeError)):
             h.set_l3(bad)
             l3_tokens = h.stats()["l3_hit_tokens"]
             for t in reqs:
@@ -1322,3 +1332,102 @@ def test_tiers_two_groups_share_and_one_transfer_for_two_drivers_are_refused():
         h.attach_pieces({1: (x, a1, a2), 2: (x, b1, b2)}, print)  # one Transfer for both groups: the plane's
     for o in (x, y, a1, a2, b1, b2, fl1, fl2):
         o.close()
+
+
+def test_a_transfer_or_store_with_batches_on_it_is_refused(tmp_path):
+    """The plane knows its completions by the batch and the ticket; batches
+    someone else left on a Transfer or Store would be taken for its own (a
+    copy into L1 reported landed before it ran, a hit's bytes stale): both
+    attach_pieces and attach refuse such a Transfer (a Store likewise),
+    nothing changed, and take it once its batches are polled."""
+    room = 1 << 14
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+              l1_slots=PLANE_SLOTS[0], l2_slots=PLANE_SLOTS[1], moves=True, async_moves=True)
+    with kvtier.Hybrid(GROUPS, **kw) as h:
+        tiers, deps = {}, []
+        for g in (1, 2):
+            size = kvtier.hybrid.piece_bytes(h.groups[g], P)
+            l1, l2 = kvtier.Tier.arena(PLANE_SLOTS[0][g], 1, size), kvtier.Tier.host(PLANE_SLOTS[1][g], 1, size)
+            tiers[g] = (kvtier.Transfer([l1, l2]), l1, l2)
+            deps += [tiers[g][0], l1, l2]
+        x = tiers[1][0]
+        x.submit(0, 1, [(0, 0)], user=0)  # the plane's first batch id
+        with pytest.raises(kvtier.InvalidArgument, match="no batches on them"):
+            h.attach_pieces(tiers, print)
+        assert len(x.poll(10)) == 1 and x.pending == 0
+        ident = dict(model="plane-test/pending", page_tokens=P)
+        put = kvtier.Store(f"dir:{tmp_path}/l3", tier=tiers[1][2], **ident)
+        get = kvtier.Store(f"dir:{tmp_path}/l3", tier=tiers[1][1], **ident)
+        put2 = kvtier.Store(f"dir:{tmp_path}/l3", tier=tiers[2][2], model="plane-test/pending-2", page_tokens=P)
+        get2 = kvtier.Store(f"dir:{tmp_path}/l3", tier=tiers[2][1], model="plane-test/pending-2", page_tokens=P)
+        get.get([((1, 2), 0)], user=0)
+        with pytest.raises(kvtier.InvalidArgument, match="no batches on them"):
+            h.attach_pieces(tiers, print, {1: (put, get), 2: (put2, get2)})
+        get.poll(10)
+        h.attach_pieces(tiers, print, {1: (put, get), 2: (put2, get2)})
+    for o in (put, get, put2, get2, *deps):
+        o.close()
+    l1, l2 = kvtier.Tier.host(8, 1, 64), kvtier.Tier.host(16, 1, 64)
+    with kvtier.Transfer([l1, l2]) as x, kvtier.Cache(l1_pages=8, l2_pages=16, page_tokens=4) as c:
+        x.submit(0, 1, [(0, 0)], user=0)
+        with pytest.raises(kvtier.Busy, match="batches on the Transfer"):
+            c.attach(x, l1, l2)
+        x.poll(10)
+        c.attach(x, l1, l2)
+    l1.close(), l2.close()
+
+
+def test_put_and_get_on_two_urls_are_refused(tmp_path):
+    """What the plane puts must be what it gets: stores on two URLs (each
+    with the group's identity) would turn every L3 hit into a miss."""
+    room = 1 << 14
+    groups = "full:1:64,window:24:1:64"
+    with kvtier.Hybrid(groups, page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+                       l1_slots={1: 4}, l2_slots={1: 8}, moves=True, async_moves=True) as h:
+        size = kvtier.hybrid.piece_bytes(h.groups[1], P)
+        l1, l2 = kvtier.Tier.arena(4, 1, size), kvtier.Tier.host(8, 1, size)
+        x = kvtier.Transfer([l1, l2])
+        ident = dict(model="plane-test/urls", page_tokens=P)
+        put, get = kvtier.Store(f"dir:{tmp_path}/a", tier=l2, **ident), kvtier.Store(f"dir:{tmp_path}/b", tier=l1,
+                                                                                       **ident)
+        with pytest.raises(kvtier.InvalidArgument, match="both on one URL"):
+            h.attach_pieces({1: (x, l1, l2)}, print, {1: (put, get)})
+        get.close()
+        get = kvtier.Store(f"dir:{tmp_path}/a", tier=l1, **ident)
+        h.attach_pieces({1: (x, l1, l2)}, print, {1: (put, get)})
+    for o in (put, get, x, l1, l2):
+        o.close()
+
+
+def test_a_tier_is_the_full_groups_or_a_groups_or_one_caches_never_two():
+    """A slot written over a page, or two caches' moves into one tier: the
+    full groups' tiers and the pieces' are apart (either attach first), and
+    no tier is another open cache's."""
+    room = 1 << 14
+    groups = "full:1:64,window:24:1:64"
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,
+              l1_slots={1: 4}, l2_slots={1: 8}, moves=True, async_moves=True)
+    page = 64 * P  # a full page and a window piece are the same size here: only the roles part them
+    for first in ("full", "pieces"):
+        with kvtier.Hybrid(groups, **kw) as h:
+            a, b, c = kvtier.Tier.host(room, 1, page), kvtier.Tier.host(room, 1, page), kvtier.Tier.host(8, 1, page)
+            x, y = kvtier.Transfer([a, b]), kvtier.Transfer([a, c])
+            if first == "full":
+                h.attach(x, a, b)
+                with pytest.raises(kvtier.InvalidArgument, match="a tier of the full groups"):
+                    h.attach_pieces({1: (y, a, c)}, print)
+            else:
+                h.attach_pieces({1: (y, a, c)}, print)
+                with pytest.raises(kvtier.InvalidArgument, match="window or state group's tier"):
+                    h.attach(x, a, b)
+        for o in (x, y, a, b, c):
+            o.close()
+    with kvtier.Hybrid(groups, **kw) as h, kvtier.Hybrid(groups, **kw) as other:
+        a, b = kvtier.Tier.arena(4, 1, page), kvtier.Tier.host(8, 1, page)
+        x, y = kvtier.Transfer([a, b]), kvtier.Transfer([a, b])
+        h.attach_pieces({1: (x, a, b)}, print)
+        with pytest.raises(kvtier.InvalidArgument, match="another Hybrid copies into"):
+            other.attach_pieces({1: (y, a, b)}, print)
+    for o in (x, y, a, b):
+        o.close()
+

@@ -151,6 +151,69 @@ def test_a_cache_checks_its_engine_tier_before_copying():
     l1.close()
 
 
+@pytest.mark.parametrize("first", ["pieces", "full"])
+def test_a_hybrid_checks_every_engine_tier_whichever_is_attached_first(first):
+    """attach after attach_pieces kept only its own tiers on the list the
+    calls check, and copies ran into a pieces tier's freed buffer."""
+    pt = 16
+    with kvtier.Hybrid("full:1:64,window:24:1:64", page_tokens=pt, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                       l1_pages=64, l2_pages=64, l1_slots={1: 4}, l2_slots={1: 16}, moves=True,
+                       async_moves=True) as h:
+        size = kvtier.hybrid.piece_bytes(h.groups[1], pt)
+        arr = np.zeros((16, size), np.uint8)
+        wl1, wl2 = kvtier.Tier.arena(4, 1, size), kvtier.Tier.from_tensors([arr])  # the pieces' L2: the engine's
+        fl1, fl2 = kvtier.Tier.arena(64, 1, 1024), kvtier.Tier.host(64, 1, 1024)
+        x, y = kvtier.Transfer([wl1, wl2]), kvtier.Transfer([fl1, fl2])
+        for step in ((first == "pieces") * ["pieces"] + ["full"] + (first == "full") * ["pieces"]):
+            if step == "pieces":
+                h.attach_pieces({1: (x, wl1, wl2)}, lambda mv: wl1.write_page(mv.dst_slot, b"w" * size))
+            else:
+                h.attach(y, fl1, fl2)
+        arr.resize((0,), refcheck=False)
+        with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
+            h.admit(list(range(4 * pt)))
+        for call in (h.pieces_sync, h.poll, h.sync, lambda: h.prefetch(list(range(4 * pt)))):
+            with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
+                call()
+    for o in (x, y, wl1, wl2, fl1, fl2):
+        o.close()
+
+
+def test_a_cache_closed_with_a_request_over_freed_memory_is_left_not_released():
+    """Closing releases the live requests, and a release copies (here
+    write_through backs the new pages up, out of L1): over an L1 whose
+    memory is gone the C cache is left, with a warning, never released (it
+    read the freed buffer: SIGSEGV). Cache and Hybrid, in a process of
+    their own."""
+    code = ("import warnings, numpy as np, kvtier\n"
+            "warnings.simplefilter('error')\n"
+            "pt, pb = 16, 4096 * 16\n"
+            "for kind in ('cache', 'hybrid'):\n"
+            "    if kind == 'cache':\n"
+            "        c = kvtier.Cache(l1_pages=16, l2_pages=16, page_tokens=pt, write_policy='write_through')\n"
+            "    else:\n"
+            "        c = kvtier.Hybrid('full:1:4096,window:24:1:64', page_tokens=pt, l1_bytes=64 << 20,\n"
+            "                          l2_bytes=64 << 20, l1_pages=16, l2_pages=16, l1_slots={1: 8},\n"
+            "                          l2_slots={1: 16}, write_policy='write_through')\n"
+            "    arr = np.zeros((16, pb), np.uint8)\n"
+            "    l1, l2 = kvtier.Tier.from_tensors([arr]), kvtier.Tier.host(16, 1, pb)\n"
+            "    x = kvtier.Transfer([l1, l2])\n"
+            "    c.attach(x, l1, l2)\n"
+            "    r = c.admit(list(range(8 * pt)))\n"
+            "    arr.resize((0,), refcheck=False)\n"
+            "    try:\n"
+            "        c.close()\n"
+            "    except RuntimeWarning as w:\n"
+            "        print(kind, 'left:', 'never freeing' in str(w) or 'without freeing' in str(w))\n"
+            "    warnings.simplefilter('ignore')\n"
+            "    c.close()\n"
+            "    warnings.simplefilter('error')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout == "cache left: True\nhybrid left: True\n", \
+        f"exit {p.returncode}: {p.stdout} {p.stderr[-2000:]}"
+
+
 def test_a_cycle_of_tiers_and_their_transfer_is_collected_without_a_crash():
     """The collector clears weak references before it finalizes a cycle: a
     tier whose transfer engine (copying) was in the same cycle was destroyed
