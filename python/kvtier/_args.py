@@ -119,3 +119,24 @@ def u32_pair(v: Any, what: str) -> Tuple[int, int]:
     if not isinstance(v, (list, tuple)) or len(v) != 2:
         raise TypeError(f"{what}: expected (rank, size), not {v!r}")
     return u32(v[0], f"{what} rank"), u32(v[1], f"{what} size", 1)
+
+
+def option_count(x: dict, name: str, default: int, lo: int, hi: Optional[int], who: str) -> int:
+    """An engine's option x[name] (default when absent) as a whole number in
+    lo..hi (hi None: no bound), as JSON configurations write one: an int, a
+    float with no fraction (6.4e10) or a string of digits; a bool, a
+    fraction or another type raises ValueError naming who's option."""
+    v = x.get(name, default)
+    n = None
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    elif isinstance(v, float) and v.is_integer():
+        n = int(v)
+    elif isinstance(v, str) and v.isascii() and v.isdigit():
+        n = int(v)
+    if n is None:
+        raise ValueError(f"{who}: {name}: expected a whole number, not {v!r}")
+    if n < lo or (hi is not None and n > hi):
+        raise ValueError(f"{who}: {name}: {n} (expected {lo}..{hi})" if hi is not None else
+                         f"{who}: {name}: {n} (expected >= {lo})")
+    return n

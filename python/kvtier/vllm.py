@@ -45,11 +45,13 @@ from __future__ import annotations
 import array
 import inspect
 import struct
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
+from . import _args as _a
 from . import _fields
 from ._core import ClosedError, error
 from .keyed import KeyedCache, unpack_keys
@@ -176,7 +178,7 @@ class _Access:
     finished: bool = False
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: the manager keeps the ones it gave out in a WeakSet
 class _Rank:
     owner: object
     generation: int
@@ -219,6 +221,7 @@ class KvtierOffloadingManager(OffloadingManager):
         self._spill = 0  # the last tag given to a key whose plain C key was taken
         self._next_rank = 0
         self._generation = 0
+        self._ranks: "weakref.WeakSet[_Rank]" = weakref.WeakSet()  # the requests' ranks given out (_renumber)
         # Below the host tier, an L3 store (the spec's "l3"): a key the host tier lacks is asked of
         # the store without blocking (RETRY meanwhile); a hit reserves a host page (the key pending
         # in C), which the request's load fills from the store on its way to the GPU.
@@ -265,11 +268,30 @@ class KvtierOffloadingManager(OffloadingManager):
         one); nothing changed yet."""
         st = ctx.get_state(_Rank)
         if st is None or st.owner is not self or st.generation != self._generation:
-            if self._next_rank + 1 >= _RANKS:
-                raise _rank_error(f"request rank {self._next_rank + 1}")
+            self._room_for_ranks(1)
             st = _Rank(self, self._generation, self._next_rank + 1)
+            self._ranks.add(st)
             return st.rank, st
         return st.rank, None
+
+    def _room_for_ranks(self, n: int) -> None:
+        """Room for n more ranks below 2**32: when the counter would pass it,
+        the ranks in use are numbered again from 1, in their order (only the
+        order decides), the keys' scores and the requests' ranks with them."""
+        if self._next_rank + n < _RANKS:
+            return
+        live = [r for r in self._ranks if r.owner is self and r.generation == self._generation]
+        used = sorted({s >> 32 for s in self._scores.values()} - {0} | {r.rank for r in live})
+        new = dict(zip(used, range(1, len(used) + 1)))
+        new[0] = 0  # ARC's scores, and none
+        if self._scores:
+            keys = list(self._scores)
+            self._rescore(keys, [(new[s >> 32] << 32) | (s & 0xFFFFFFFF) for s in self._scores.values()])
+        for r in live:
+            r.rank = new[r.rank]
+        self._next_rank = len(used)
+        if self._next_rank + n >= _RANKS:
+            raise _rank_error(f"rank {self._next_rank + n}")
 
     def _store_scores(self, keys: List[OffloadKey], ctx: ReqContext):
         """The scores new keys get, in vLLM's order: a key with a position takes
@@ -277,6 +299,7 @@ class KvtierOffloadingManager(OffloadingManager):
         the next rank. Returns them with the rank counter after them and the
         request's new rank state (None: it had one), committed only when the
         store goes ahead."""
+        self._room_for_ranks(len(keys) + 1)
         nxt = self._next_rank
         st = ctx.get_state(_Rank)
         new_rank = None
@@ -293,6 +316,7 @@ class KvtierOffloadingManager(OffloadingManager):
             if st is None:
                 nxt += 1
                 st = new_rank = _Rank(self, self._generation, nxt)
+                self._ranks.add(st)
             if not 0 <= pos < _POS_BIAS:
                 raise _rank_error(f"position {pos}")
             scores.append((st.rank << 32) | (_POS_BIAS - pos))
@@ -310,6 +334,7 @@ class KvtierOffloadingManager(OffloadingManager):
         moved = [k for k in keys if k in ids]
         if not moved:
             return
+        self._room_for_ranks(len(moved))
         first, end = self._next_rank + 1, self._next_rank + 1 + len(moved)
         if end > _RANKS:
             raise _rank_error(f"rank {end - 1}")
@@ -993,20 +1018,7 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
 # The options come from JSON (--kv-transfer-config) or from Python: a whole number may be written
 # 64 or 6.4e10 or "64"; a fraction, a bool, null or anything else is refused, naming the option.
 def _count_option(x: dict, name: str, default: int, lo: int, hi: Optional[int] = None) -> int:
-    v = x.get(name, default)
-    n = None
-    if isinstance(v, int) and not isinstance(v, bool):
-        n = v
-    elif isinstance(v, float) and v.is_integer():
-        n = int(v)
-    elif isinstance(v, str) and v.isascii() and v.isdigit():
-        n = int(v)
-    if n is None:
-        raise ValueError(f"kvtier: {name}: expected a whole number, not {v!r}")
-    if n < lo or (hi is not None and n > hi):
-        raise ValueError(f"kvtier: {name}: {n} (expected {lo}..{hi})" if hi is not None else
-                         f"kvtier: {name}: {n} (expected >= {lo})")
-    return n
+    return _a.option_count(x, name, default, lo, hi, "kvtier")
 
 
 def _fraction_option(x: dict, name: str) -> float:

@@ -76,12 +76,15 @@ def _block_hashes(rng, hashes, groups):
     return (rng.randrange(1 << 20).to_bytes(32, "big"),) * groups
 
 
-def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random", policy="lru", threshold=1, tracker=64_000):
+def _drive(seed, blocks, ops, groups=1, fail_rate=0.1, hashes="random", policy="lru", threshold=1, tracker=64_000,
+           first_rank=0):
     rng = random.Random(seed)
     ref = CPUOffloadingManager(num_chunks=blocks, cache_policy=policy, enable_events=True, store_threshold=threshold,
                                max_tracker_size=tracker)
     ours = (kv.KvtierArcOffloadingManager if policy == "arc" else kv.KvtierOffloadingManager)(
         blocks, enable_events=True, store_threshold=threshold, max_tracker_size=tracker)
+    if first_rank:  # what earlier requests used up (vLLM's ranks are Python ints; kvtier's fit 32 bits)
+        ref._policy._next_rank = ours._next_rank = first_rank
     managers = (ref, ours)
     prompts = [[_block_hashes(rng, hashes, groups) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
     live = []  # (pair, pending stores, pending loads)
@@ -198,6 +201,27 @@ def test_decisions_match_vllms_lru_manager(blocks, groups, hashes):
     assert total["hits"] and total["stores"] and total["failed"]
     if blocks <= 40:
         assert total["evicted"] and total["refused"]
+
+
+def test_ranks_used_up_are_numbered_again_and_decide_the_same():
+    """A request's use takes a rank a key, and vLLM's ranks never end: past
+    2**32 kvtier's scores would not fit (OverflowError from every call after,
+    for good). The ranks in use are numbered again, in order, and every
+    decision still matches vLLM's LRU; the counter ends far below."""
+    for seed in (1, 2):
+        c = _drive(seed, 24, 1500, 3, first_rank=2 ** 32 - 40)
+        assert c["hits"] and c["evicted"], c
+    m = kv.KvtierOffloadingManager(8)
+    m._next_rank = 2 ** 32 - 3
+    ctx = ReqContext(req_id="a")
+    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(4)]
+    for i, k in enumerate(keys):
+        ctx.set_offload_key_position(k, 16 * (i + 1))
+    m.on_new_request(ctx)
+    m.complete_store(m.prepare_store(keys, ctx).keys_to_store, ctx)
+    m.on_request_finished(ctx)
+    assert m._next_rank < 16
+    m.check()
 
 
 @pytest.mark.parametrize("blocks,groups,hashes", [(1, 1, "random"), (7, 1, "random"), (40, 1, "random"),
