@@ -70,11 +70,19 @@ class KvtierOffloadingConnector(OffloadingConnector):
     """vLLM's OffloadingConnector, and a refused load reported as load errors (the module's doc)."""
 
     def register_kv_caches(self, kv_caches) -> None:
+        many_groups = len(self._kv_cache_config.kv_cache_groups) > 1
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        if many_groups and extra.get("sync_load_budget_bytes"):
+            # a sync load is no request's in vLLM's worker: refused, it could only be reported as
+            # blocks with load errors, which vLLM's scheduler takes from a model of one group only
+            raise ValueError("KvtierOffloadingConnector: sync_load_budget_bytes with several KV cache groups: a "
+                             "refused sync load could not reach vLLM's scheduler (block-level load errors need "
+                             "one group); leave sync loads off (0) for this model")
         super().register_kv_caches(kv_caches)
         self._bad_blocks: Set[int] = set()
         self._failed_reqs: Set[str] = set()
         self._refused: Dict[int, int] = {}
-        self._many_groups = len(self._kv_cache_config.kv_cache_groups) > 1
+        self._many_groups = many_groups
         worker = self.connector_worker.worker
         if hasattr(worker, "report_load_errors"):  # kvtier's worker; another spec's keeps its own behaviour
             worker.report_load_errors = True
@@ -111,10 +119,13 @@ class KvtierOffloadingConnector(OffloadingConnector):
         return bad
 
     def build_connector_worker_meta(self):
+        """Every worker's metadata is kvtier's, refusals or none: vLLM's
+        aggregator folds the workers' into rank 0's, and vLLM's own
+        aggregate() there would drop another rank's refused jobs."""
         meta = super().build_connector_worker_meta()
-        refused = getattr(self, "_refused", None)
-        if not refused:
-            return meta
+        refused = getattr(self, "_refused", None) or {}
+        if meta is None and not refused:
+            return None
         self._refused = {}
         base = meta if meta is not None else OffloadingWorkerMetadata()
         return _WorkerMeta(completed_jobs=base.completed_jobs, transfer_stats=base.transfer_stats,

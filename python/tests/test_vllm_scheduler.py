@@ -240,6 +240,37 @@ def test_a_corrupt_host_page_is_recomputed_under_kvtiers_connector(model_dir):
     assert news["c"] >= len(SHARED), e.log
 
 
+def test_a_refusal_survives_vllms_aggregation_of_tensor_parallel_workers(model_dir):
+    """With tensor parallelism vLLM folds every worker's metadata into rank
+    0's (KVOutputAggregator); vLLM's own aggregate() there kept no refusal of
+    another rank, and the manager never forgot the bad pages. Every worker's
+    metadata is kvtier's: the real connector's, from a run with a refused
+    load, folded by vLLM's aggregator with a rank that refused nothing first."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from kvtier.vllm_connector import _WorkerMeta
+    metas = []
+    e = Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=24, host_blocks=64, connector="KvtierOffloadingConnector")
+    build = e.worker.build_connector_worker_meta
+    e.worker.build_connector_worker_meta = lambda: metas.append(build()) or metas[-1]
+    try:
+        corrupted_prefix(e)
+    finally:
+        e.close()
+    sent = [m for m in metas if m is not None]
+    assert sent and all(isinstance(m, _WorkerMeta) for m in sent), {type(m).__name__ for m in sent}
+    refused = [m for m in sent if m.refused_jobs]
+    clean = [m for m in sent if not m.refused_jobs]
+    assert refused and clean
+
+    def out(m):
+        return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[],
+                                 kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=m))
+
+    agg = KVOutputAggregator(2).aggregate([out(clean[0]), out(refused[0])])
+    assert agg.kv_connector_output.kv_connector_worker_meta.refused_jobs == refused[0].refused_jobs
+
+
 def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):
     """With two KV cache groups vLLM's scheduler takes a failed load only as a
     failed receive of the request (block ids repeat across groups): the
@@ -250,6 +281,16 @@ def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):
     assert st["removed"] >= 1, st
     news = {x[1]: x[2] for x in e.log if x[0] == "new"}
     assert "b" in news and "c" in news, e.log
+
+
+def test_sync_loads_of_a_hybrid_model_are_refused_at_start(model_dir):
+    """A refused sync load (vLLM's sync_load_budget_bytes) is no request's, so
+    with several KV cache groups it would reach vLLM's scheduler as blocks
+    with load errors, which stops it (RuntimeError): the connector refuses
+    the combination when the KV caches are registered, naming the option."""
+    with pytest.raises(ValueError, match="sync_load_budget_bytes with several KV cache groups"):
+        Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=40, host_blocks=96,
+               connector="KvtierOffloadingConnector", window=32, extra={"sync_load_budget_bytes": 1 << 30})
 
 
 def test_under_vllms_stock_connector_a_corrupt_page_stops_the_worker(model_dir):
