@@ -45,6 +45,7 @@ except ImportError as e:  # pragma: no cover - the suite runs with vLLM installe
     raise ImportError(f"kvtier.vllm_l3 needs vLLM 0.33.0's tiering modules ({e}); "
                       "pip install --no-deps vllm==0.33.0 (see docs/vllm.md)") from e
 
+from . import _args as _a
 from .store import Store
 from .tier import Tier
 
@@ -151,6 +152,12 @@ class KvtierStoreTier(SecondaryTierManager):
         if not isinstance(url, str) or not url:
             raise ValueError(f"{tier_type}: url: a store URL is required (dir:PATH, redis://H:P, "
                              "redis-cluster://H:P[,H:P...])")
+        ns = options.get("ns", "default")
+        if not isinstance(ns, str) or not ns:
+            raise ValueError(f"{tier_type}: ns: expected a non-empty string, not {ns!r}")
+        # checked before the primary's memory is viewed: a view left exported keeps vLLM's region mapped
+        threads = _a.option_count(options, "threads", 2, 1, 64, tier_type)
+        timeout_ms = _a.option_count(options, "timeout_ms", 2000, 1, _a.U32_MAX, tier_type)
         import torch  # the engine tier describes the primary's memory as a tensor
 
         view = primary_kv_view
@@ -166,8 +173,8 @@ class KvtierStoreTier(SecondaryTierManager):
         try:
             self._store = Store(url, tier=self._tier, model=identity,
                                 page_tokens=cfg.cache.tokens_per_hash * cfg.cache.blocks_per_chunk,
-                                layers=1, layer_bytes=self._row, dtype_bytes=1, ns=str(options.get("ns", "default")),
-                                threads=int(options.get("threads", 2)), timeout_ms=int(options.get("timeout_ms", 2000)))
+                                layers=1, layer_bytes=self._row, dtype_bytes=1, ns=ns, threads=threads,
+                                timeout_ms=timeout_ms)
         except BaseException:
             self._tier.close()
             raise

@@ -167,3 +167,10 @@ def test_bad_options_are_refused(redis_server):
         instance(redis_server, colour="blue")
     with pytest.raises(Exception, match="nope"):
         instance("nope://x")
+    # each refused naming it, not cut to a whole number or turned into a string
+    for bad, msg in (({"threads": "abc"}, "threads: expected a whole number"), ({"threads": 2.9}, "threads"),
+                     ({"threads": True}, "threads"), ({"threads": 65}, r"threads: 65 \(expected 1..64\)"),
+                     ({"timeout_ms": 1.5}, "timeout_ms"), ({"timeout_ms": -1}, "timeout_ms"),
+                     ({"ns": None}, "ns: expected a non-empty string"), ({"ns": ""}, "ns"), ({"ns": 12}, "ns")):
+        with pytest.raises(ValueError, match=msg):
+            instance(redis_server, **bad)
