@@ -578,11 +578,17 @@ class KvtierOffloadingManager(OffloadingManager):
         return True
 
     def _prepare_load_l3(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        """The request's load, its reserved pages fetched on the way; the pages
+        it reserved and does not load go back at once (vLLM looks up more than
+        it loads: another request asking for such a key would wait on
+        HIT_PENDING until this one finished)."""
         keys = list(keys)
         rid = req_context.req_id
         fetch = [i for i, k in enumerate(keys) if self._promoting.get(k) == rid]
         if not fetch:
-            return self._prepare_load_host(keys, req_context)
+            spec = self._prepare_load_host(keys, req_context)
+            self._unreserve(rid)
+            return spec
         fetched = {keys[i] for i in fetch}
         host = [k for k in keys if k not in fetched]
         self._check_positions(keys, req_context)
@@ -592,6 +598,7 @@ class KvtierOffloadingManager(OffloadingManager):
             del self._promoting[k]
         self._fetching |= fetched
         self._record(keys, req_context)
+        self._unreserve(rid)
         return KvtierLoadSpec(pages, [(i, page_hash(keys[i])) for i in fetch])
 
     def _complete_load_l3(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -614,14 +621,18 @@ class KvtierOffloadingManager(OffloadingManager):
     def has_pending_work(self) -> bool:
         return self._l3 is not None and self._l3.pending()
 
-    def _release(self, rid: str) -> None:
-        """A finished request's reserved pages it never loaded go back."""
+    def _unreserve(self, rid: str) -> None:
+        """The pages reserved for request rid and not loaded go back."""
         mine = [k for k, r in self._promoting.items() if r == rid]
         if mine:
             self._cache.complete_store_packed(b"".join(map(self._ids.__getitem__, mine)), ok=False)
             for k in mine:
                 del self._promoting[k], self._look[k], self._scores[k]
                 del self._names[self._ids.pop(k)]
+
+    def _release(self, rid: str) -> None:
+        """A finished request's reserved pages it never loaded go back."""
+        self._unreserve(rid)
         self._host_hits.pop(rid, None)
         self._l3.finish(rid)
 

@@ -498,3 +498,72 @@ def test_vllms_own_name_for_the_policy_is_read():
     assert spec.policy == "arc"
     spec = kv.KvtierOffloadingSpec(_offloading_config({"host_bytes": 4096, "eviction_policy": "arc", "policy": "arc"}))
     assert spec.policy == "arc"
+
+
+def test_an_l3_page_reserved_and_not_loaded_goes_back_at_the_load(dir_store_url):
+    """A key found in L3 reserves a host page that the asking request's load
+    fills; vLLM looks up more than it loads (a popped chunk, a window's scan,
+    a step's budget). The pages reserved and not loaded go back with the
+    load: another request finds such a key (RETRY, then HIT for itself)
+    rather than HIT_PENDING until the first request finishes."""
+    import time
+    import torch
+    from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
+                                         GPULoadStoreSpec, ScheduleEndContext)
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    end, page = ScheduleEndContext((), ()), 96 * 2 + 160
+
+    def instance():
+        spec = OffloadingSpecFactory.create_spec(_offloading_config(
+            {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm", "host_bytes": 8 * page,
+             "l3": dir_store_url}))
+        ts = [torch.randint(-128, 128, (16, p), dtype=torch.int8) for p in (96, 96, 160)]
+        kv = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in ts],
+                               [[CanonicalKVCacheRef(i, t.shape[1]) for i, t in enumerate(ts)]])
+        return spec.get_manager(), spec.get_worker(kv)
+
+    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(1, 4)]
+
+    def ctx(rid):
+        c = ReqContext(req_id=rid)
+        for i, k in enumerate(keys):
+            c.set_offload_key_position(k, 16 * (i + 1))
+        return c
+
+    def settle(m, c):  # the lookups until the store's exists answers are in
+        for _ in range(500):
+            got = [m.lookup(k, c) for k in keys]
+            if LookupResult.RETRY not in got:
+                return got
+            m.on_schedule_end(end)
+            time.sleep(0.01)
+        raise AssertionError("the store never answered")
+
+    ma, wa = instance()  # instance a writes the three blocks through to L3
+    a = ctx("a")
+    ma.on_new_request(a)
+    out = ma.prepare_store(keys, a)
+    wa.submit_store(1, GPULoadStoreSpec([0, 1, 2], [3], [0]), out.store_spec)
+    wa.wait({1})
+    assert [r.success for r in wa.get_finished()] == [True]
+    ma.complete_store(keys, a)
+    ma.on_request_finished(a)
+    wa.shutdown()
+    ma.shutdown()
+    mb, wb = instance()
+    try:
+        x = ctx("x")
+        mb.on_new_request(x)
+        assert settle(mb, x) == [LookupResult.HIT] * 3  # each reserved for x
+        wb.submit_load(2, mb.prepare_load(keys[:2], x), GPULoadStoreSpec([5, 6], [2], [0]))
+        wb.wait({2})
+        assert [r.success for r in wb.get_finished()] == [True]
+        mb.complete_load(keys[:2], x)
+        y = ctx("y")
+        mb.on_new_request(y)
+        assert mb.lookup(keys[2], y) != LookupResult.HIT_PENDING  # x let its third page go with its load
+        assert settle(mb, y) == [LookupResult.HIT] * 3
+        mb.check()
+    finally:
+        wb.shutdown()
+        mb.shutdown()
