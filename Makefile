@@ -26,7 +26,7 @@ all: build
 
 help:
 	@echo "make            build ($(BUILD)/)"
-	@echo "make test       build and run every CPU suite (unit, e2e, benchmark); kernels needs a GPU"
+	@echo "make test       build and run every CPU suite (unit, e2e, benchmark, python); kernels needs a GPU"
 	@echo "make test-release  a Release build (-O3, -Werror) and its unit suite ($(REL_BUILD)/)"
 	@echo "make test-san   the same under AddressSanitizer + UndefinedBehaviorSanitizer ($(SAN_BUILD)/)"
 	@echo "make test-tsan  the threaded code (stress test, pd, store, replay --data, cp, bench xfer) under ThreadSanitizer ($(TSAN_BUILD)/)"
