@@ -118,7 +118,7 @@ def _main(argv=None) -> int:
 
     from .cache import Cache, PREFETCH_POLICIES
 
-    p = argparse.ArgumentParser(prog="python3 -m kvtier.trace",
+    p = argparse.ArgumentParser(prog=".venv/bin/python -m kvtier.trace",
                                 description="Replays a Mooncake trace through the Python binding; with --compare, "
                                             "also through `kvtier replay` with the same settings, and reports both "
                                             "hit rates and costs per request (medians of --repeat runs).")

@@ -24,6 +24,18 @@ Test(cli, version_and_usage) {
     cr_assert_eq(r.status, 0);
     cr_assert_not_null(strstr(r.out, "--pattern random|mixed|churn"));
     run_free(&r);
+    /* -h is every command's help too, never a trace's path */
+    static const char *const cmds[][3] = {{"replay", "-h"}, {"cp", "-h"}, {"pd", "-h"}, {"bench", "xfer", "-h"}};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        r = run_argv((const char *const[]){NULL, cmds[i][0], cmds[i][1], cmds[i][2], NULL});
+        cr_assert_eq(r.status, 0, "%s %s: exit %d (%s)", cmds[i][0], cmds[i][1], r.status, r.err);
+        cr_assert_not_null(strstr(r.out, "usage: kvtier"), "%s: %s", cmds[i][0], r.out);
+        run_free(&r);
+    }
+    r = RUN("pd", "data/mooncake_synthetic_trace.jsonl", "--seed", "7");
+    cr_assert_eq(r.status, 2, "pd: --seed shapes the synthetic workload only");
+    cr_assert_not_null(strstr(r.err, "--seed"), "%s", r.err);
+    run_free(&r);
 }
 
 /* Each bad flag: exit 2, a message naming the flag and what is allowed, and

@@ -360,10 +360,11 @@ out:
 
 static const char USAGE[] =
     "usage: kvtier bench xfer [--page-bytes 4096,16384,65536,1048576] [--total-mb 1024]\n"
-    "                         [--layout page_first|layer_first|both] [--pattern contiguous|scattered|both]\n"
-    "                         [--l1 arena|engine_kv|engine_mla|all|cuda] [--cuda-copy auto|dma|kernel]\n"
+    "                         [--layout page_first|layer_first|both] [--pattern both|contiguous|scattered]\n"
+    "                         [--l1 all|arena|engine_kv|engine_mla|cuda] [--cuda-copy auto|dma|kernel]\n"
     "                         [--threads 1] [--layers 8] [--reps 5] [--checksum] [--seed 42]\n"
-    "                         [--cpus 0,1] [--json]\n"
+    "                         [--cpus LIST] [--json]\n"
+    "(the first of each choice and the numbers shown are the defaults)\n"
     "\n"
     "L1 <-> L2 (host) copies through the transfer engine against one memcpy and one\n"
     "streaming-store copy of the same bytes; ratio = engine GB/s / memcpy GB/s, vs best =\n"

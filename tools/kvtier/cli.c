@@ -41,6 +41,10 @@ int cli_next(cli_t *c) {
     c->inline_value = NULL;
     if (c->i >= c->argc) return 0;
     char *a = c->argv[c->i++];
+    if (strcmp(a, "-h") == 0) { /* the short help every command also takes, not a path */
+        c->flag = "--help";
+        return 1;
+    }
     if (strncmp(a, "--", 2) != 0 || a[2] == 0) {
         c->value = a;
         return 2;

@@ -267,8 +267,10 @@ int cmd_cp(int argc, char **argv) {
         if (strcmp(table[i].name, "sweep") && strcmp(table[i].name, "plot") && strcmp(table[i].name, "stats") &&
             strcmp(table[i].name, "soak") && strcmp(table[i].name, "copy-faults"))
             table[n++] = table[i];
+    for (size_t i = 0; i < n; i++) /* a group's L1 has a bound */
+        if (strcmp(table[i].name, "l1-pages") == 0) table[i].word = NULL;
     table[n++] = (cli_opt_t){"ranks", OPT_U64, &ranks, 1, MAX_RANKS, 0, 0, NULL, NULL, 0, "rank processes in the group (CP size)"};
-    table[n++] = (cli_opt_t){"rank", OPT_U64, &rank, 0, MAX_RANKS - 1, 0, 0, NULL, NULL, 0, "run only this rank of --group (started separately)"};
+    table[n++] = (cli_opt_t){"rank", OPT_U64, &rank, 0, MAX_RANKS - 1, 0, 0, NULL, "all", UINT64_MAX, "run only this rank of --group (started separately); all: start every rank here"};
     table[n++] = (cli_opt_t){"group", OPT_TEXT, &gname, 0, 0, 0, 0, NULL, NULL, 0, "the group's name, [A-Za-z0-9._-] (with --rank)"};
     table[n++] = (cli_opt_t){"join-timeout-ms", OPT_U64, &timeout_ms, 1, 3600000, 0, 0, NULL, NULL, 0, "ranks wait this long for each other to join"};
     table[n++] = (cli_opt_t){"digest-every", OPT_U64, &digest_every, 0, UINT64_MAX, 0, 0, NULL, NULL, 0, "debug: rank 0 compares the digests every N requests"};

@@ -46,7 +46,8 @@ static const char USAGE[] =
     "checks every page and names the rank that lands last and the straggler.\n";
 
 static int parse(int argc, char **argv, pd_opts_t *out, const char **path) {
-    pd_opts_t o = {.ranks = 4, .requests = 200, .seed = 42, .page_tokens = 64, .bytes_per_token = 256, .decode_pages = 4096,
+    enum { SEED = 42 }; /* the synthetic workload's, when no TRACE is given */
+    pd_opts_t o = {.ranks = 4, .requests = 200, .seed = SEED, .page_tokens = 64, .bytes_per_token = 256, .decode_pages = 4096,
                    .streams = 4, .max_pages = 256, .window = 16, .timeout_ms = 10000, .straggler_factor = 3.0,
                    .delay_rank = UINT32_MAX};
     const cli_opt_t table[] = {
@@ -72,6 +73,10 @@ static int parse(int argc, char **argv, pd_opts_t *out, const char **path) {
     cli_init(&c, "kvtier pd", argc, argv);
     int prc = cli_parse_table(&c, table, USAGE, path);
     if (prc) return prc > 0 ? 0 : 2;
+    if (*path && o.seed != SEED) {
+        c.flag = "--seed";
+        return cli_error(&c, "the synthetic workload's seed: a TRACE is replayed as it is") ? 2 : 2;
+    }
     if (o.transport == KVT_NET_UCX && !kvt_net_ucx_built()) {
         c.flag = "--transport";
         return cli_error(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)") ? 2 : 2;

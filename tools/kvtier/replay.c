@@ -571,9 +571,9 @@ static const char USAGE[] =
     "usage: kvtier replay [TRACE.jsonl] [options]\n"
     "\n"
     "Replays a Mooncake JSONL trace (each hash_id is a block of 512 tokens) through\n"
-    "a two-tier cache and reports the hits of each tier. Without TRACE it replays the\n"
-    "built-in synthetic workload (--requests, --seed). Every option can also be set\n"
-    "with the environment variable shown.\n";
+    "the tiered cache (L1, L2 and an optional L3) and reports the hits of each tier.\n"
+    "Without TRACE it replays the built-in synthetic workload (--requests, --seed).\n"
+    "Every option can also be set with the environment variable shown.\n";
 
 void replay_opts_default(opts_t *o) {
     kvt_cache_config_t d;
