@@ -130,7 +130,7 @@ Test(cp, bad_flags) {
     } cases[] = {
         {(const char *const[]){NULL, "cp", "--ranks", "0", NULL}, "--ranks"},
         {(const char *const[]){NULL, "cp", "--ranks", "3", "--l1-pages", "1000", NULL}, "1000 pages do not split into 3 lanes"},
-        {(const char *const[]){NULL, "cp", "--l1-pages", "unbounded", NULL}, "needs a bound"},
+        {(const char *const[]){NULL, "cp", "--l1-pages", "unbounded", NULL}, "'unbounded' is not an integer in [1, "},
         {(const char *const[]){NULL, "cp", "--sweep", "1,2", NULL}, "--sweep"},
         {(const char *const[]){NULL, "cp", "--verify", NULL}, "--verify: needs --data"},
         {(const char *const[]){NULL, "cp", TRACE, "--requests", "5", NULL}, "--requests: shapes the built-in synthetic workload"},

@@ -165,21 +165,21 @@ int cmd_bench_pd(int argc, char **argv) {
     const char *path;
     int prc = cli_parse_table(&c, table, "usage: kvtier bench pd [--transport tcp] [--page-bytes B] [--total-mb M] [--json]\n", &path);
     if (prc) return prc > 0 ? 0 : 2;
-    if (path) return cli_unknown(&c) ? 2 : 2;
+    if (path) return cli_unknown(&c), 2;
     if (transport == KVT_NET_UCX && !kvt_net_ucx_built()) {
         c.flag = "--transport";
-        return cli_error(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)") ? 2 : 2;
+        return cli_usage(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)");
     }
     uint64_t pages = total_mb * 1048576ull / pb, bytes = pages * pb;
     if (pages == 0) {
         c.flag = "--page-bytes";
-        return cli_error(&c, "larger than --total-mb") ? 2 : 2;
+        return cli_usage(&c, "larger than --total-mb");
     }
     double mem = cli_machine_memory(); /* the sender's pages, the receiver's, the raw loop's buffer and its receiver's */
     if (4.0 * (double)bytes > 0.6 * mem) {
         c.flag = "--total-mb";
-        return cli_error(&c, "%" PRIu64 " MiB a run needs 4 x that (both sides of both loops): more than 60%% of this "
-                             "machine's %.1f GiB", total_mb, mem / 1073741824.0) ? 2 : 2;
+        return cli_usage(&c, "%" PRIu64 " MiB a run needs 4 x that (both sides of both loops): more than 60%% of this "
+                             "machine's %.1f GiB", total_mb, mem / 1073741824.0);
     }
     if (cli_parse_only) return 0;
     uint16_t port = 0, raw_port = 0;

@@ -370,26 +370,26 @@ int cmd_bench_store(int argc, char **argv) {
     const char *pos;
     int prc = cli_parse_table(&c, table, "usage: kvtier bench store --l3 URL [--page-bytes B,...] [--total-mb M] [--batch N] [--json]\n", &pos);
     if (prc) return prc > 0 ? 0 : 2;
-    if (pos) return cli_unknown(&c) ? 2 : 2;
+    if (pos) return cli_unknown(&c), 2;
     c.flag = "--l3";
-    if (url == NULL) return cli_error(&c, "required (dir:PATH[,max=SIZE] | redis://HOST:PORT | redis-cluster://H:P[,H:P...])") ? 2 : 2;
+    if (url == NULL) return cli_usage(&c, "required (dir:PATH[,max=SIZE] | redis://HOST:PORT | redis-cluster://H:P[,H:P...])");
     uint64_t sizes[MAX_SIZES];
     size_t ns = 0;
     c.flag = "--page-bytes";
     for (const char *p = sizes_s; *p;) {
         char tok[32];
         size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof(tok) || ns == MAX_SIZES) return cli_error(&c, "'%s': up to %d sizes, comma-separated", sizes_s, MAX_SIZES) ? 2 : 2;
+        if (len == 0 || len >= sizeof(tok) || ns == MAX_SIZES) return cli_usage(&c, "'%s': up to %d sizes, comma-separated", sizes_s, MAX_SIZES);
         memcpy(tok, p, len);
         tok[len] = 0;
         if (cli_parse_u64(tok, &sizes[ns]) != 0 || sizes[ns] < 64 || sizes[ns] > (256u << 20))
-            return cli_error(&c, "'%s' is not a page size in 64..268435456", tok) ? 2 : 2;
+            return cli_usage(&c, "'%s' is not a page size in 64..268435456", tok);
         if (sizes[ns] > total_mb << 20)
-            return cli_error(&c, "a page of %" PRIu64 " bytes is more than --total-mb %" PRIu64 " MiB: no whole page to move", sizes[ns],
-                             total_mb) ? 2 : 2;
+            return cli_usage(&c, "a page of %" PRIu64 " bytes is more than --total-mb %" PRIu64 " MiB: no whole page to move", sizes[ns],
+                             total_mb);
         ns++;
         p += len + (p[len] == ',');
-        if (p[-1] == ',' && *p == '\0') return cli_error(&c, "'%s' ends with ','", sizes_s) ? 2 : 2;
+        if (p[-1] == ',' && *p == '\0') return cli_usage(&c, "'%s' ends with ','", sizes_s);
     }
     if (cli_parse_only) return 0;
     bres_t res[2 * MAX_SIZES];

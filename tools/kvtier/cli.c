@@ -23,15 +23,27 @@ void cli_init(cli_t *c, const char *cmd, int argc, char **argv) {
     c->argv = argv;
 }
 
-int cli_error(const cli_t *c, const char *fmt, ...) {
-    va_list ap;
+static void verror(const cli_t *c, const char *fmt, va_list ap) {
     fprintf(stderr, "%s: ", c->cmd);
     if (c->flag) fprintf(stderr, "%s: ", c->flag);
-    va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
-    va_end(ap);
     fputc('\n', stderr);
+}
+
+int cli_error(const cli_t *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    verror(c, fmt, ap);
+    va_end(ap);
     return -1;
+}
+
+int cli_usage(const cli_t *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    verror(c, fmt, ap);
+    va_end(ap);
+    return 2;
 }
 
 int cli_next(cli_t *c) {

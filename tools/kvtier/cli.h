@@ -37,7 +37,10 @@ int cli_value(cli_t *c, const char **out);
  * opens a store, forks or measures anything. Off in the command. */
 extern bool cli_parse_only;
 
+/* Prints "COMMAND: --FLAG: message" (the flag being parsed, if any) to stderr; -1. */
 int cli_error(const cli_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same, returning 2: a command's exit status for a bad command line. */
+int cli_usage(const cli_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prints a JSON object to stdout and frees it. */
 void cli_print_json(cJSON *o);

@@ -282,7 +282,6 @@ int cmd_cp(int argc, char **argv) {
     if (prc) return prc > 0 ? 0 : 2;
     if (replay_opts_finish(&c, &o, &defaults) != 0 || replay_workload_ok(&c, &o, &defaults, path) != 0) return 2;
     c.flag = "--l1-pages";
-    if (o.l1_pages == UNBOUNDED) return cli_error(&c, "needs a bound (the group's L1 pages)"), 2;
     if (o.l1_pages % ranks != 0) return cli_error(&c, "%" PRIu64 " pages do not split into %" PRIu64 " lanes", o.l1_pages, ranks), 2;
     c.flag = rank == UINT64_MAX ? "--group" : "--rank";
     if ((rank == UINT64_MAX) != (gname == NULL)) return cli_error(&c, "--rank and --group go together"), 2;

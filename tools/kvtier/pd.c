@@ -75,41 +75,41 @@ static int parse(int argc, char **argv, pd_opts_t *out, const char **path) {
     if (prc) return prc > 0 ? 0 : 2;
     if (*path && o.seed != SEED) {
         c.flag = "--seed";
-        return cli_error(&c, "the synthetic workload's seed: a TRACE is replayed as it is") ? 2 : 2;
+        return cli_usage(&c, "the synthetic workload's seed: a TRACE is replayed as it is");
     }
     if (o.transport == KVT_NET_UCX && !kvt_net_ucx_built()) {
         c.flag = "--transport";
-        return cli_error(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)") ? 2 : 2;
+        return cli_usage(&c, "ucx: this build has no UCX (install libucx-dev and rebuild)");
     }
     if (o.delay) {
         uint64_t rank, ms;
         c.flag = "--delay-rank";
         if (cli_parse_pair(o.delay, &rank, &ms) || rank >= o.ranks || ms > MAX_DELAY_MS)
-            return cli_error(&c, "expected R:MS with R < --ranks (%" PRIu64 ") and MS <= %u, got '%s'", o.ranks,
-                             MAX_DELAY_MS, o.delay) ? 2 : 2;
+            return cli_usage(&c, "expected R:MS with R < --ranks (%" PRIu64 ") and MS <= %u, got '%s'", o.ranks,
+                             MAX_DELAY_MS, o.delay);
         o.delay_rank = (unsigned)rank;
         o.delay_ms = ms;
     }
     if (o.max_pages < o.ranks) {
         c.flag = "--max-pages";
-        return cli_error(&c, "%" PRIu64 " is fewer than --ranks (%" PRIu64 "): a hand-off gives every rank at least one page",
-                         o.max_pages, o.ranks) ? 2 : 2;
+        return cli_usage(&c, "%" PRIu64 " is fewer than --ranks (%" PRIu64 "): a hand-off gives every rank at least one page",
+                         o.max_pages, o.ranks);
     }
     if (o.max_pages > o.decode_pages) {
         c.flag = "--decode-pages";
-        return cli_error(&c, "must hold one hand-off (--max-pages %" PRIu64 ")", o.max_pages) ? 2 : 2;
+        return cli_usage(&c, "must hold one hand-off (--max-pages %" PRIu64 ")", o.max_pages);
     }
     /* decode's pool and every rank's lane, before anything is started */
     double pb = (double)o.bytes_per_token * (double)o.page_tokens, mem = cli_machine_memory();
     double need = pb * ((double)o.decode_pages + (double)o.ranks * (double)(o.max_pages / o.ranks + 1));
     if (need > 0.6 * mem) {
         c.flag = "--decode-pages";
-        return cli_error(&c,
+        return cli_usage(&c,
                          "%.1f GiB of pages (decode's %" PRIu64 " + %" PRIu64 " ranks' lanes of %" PRIu64
                          " pages of %.1f KiB) is more than 60%% of this machine's %.1f GiB; use fewer --decode-pages or "
                          "--max-pages, or a smaller --bytes-per-token or --page-tokens",
                          need / 1073741824.0, o.decode_pages, o.ranks, o.max_pages / o.ranks + 1, pb / 1024,
-                         mem / 1073741824.0) ? 2 : 2;
+                         mem / 1073741824.0);
     }
     *out = o;
     return -1;

@@ -804,18 +804,18 @@ int cmd_replay(int argc, char **argv) {
         char buf[512];
         c.flag = "--sweep";
         if (strlen(o.sweep) >= sizeof(buf))
-            return cli_error(&c, "a list of %zu characters: at most %zu", strlen(o.sweep), sizeof(buf) - 1) ? 2 : 2;
+            return cli_usage(&c, "a list of %zu characters: at most %zu", strlen(o.sweep), sizeof(buf) - 1);
         snprintf(buf, sizeof(buf), "%s", o.sweep);
         for (char *rest = buf, *tok; (tok = strsep(&rest, ",")) != NULL;) { /* (strtok would skip empty elements) */
             uint64_t v = 0;
             bool bad = cli_parse_u64(tok, &v) != 0;
-            if (nsweep == MAX_SWEEP) return cli_error(&c, "at most %d capacities", MAX_SWEEP) ? 2 : 2;
+            if (nsweep == MAX_SWEEP) return cli_usage(&c, "at most %d capacities", MAX_SWEEP);
             if (strcmp(tok, "unbounded") == 0) sweep[nsweep++] = UNBOUNDED;
             else if (bad || v == 0 || v > KVT_ALLOC_MAX_PAGES)
-                return cli_error(&c, "'%s' is not a capacity in [1, %u] or 'unbounded'", tok, KVT_ALLOC_MAX_PAGES) ? 2 : 2;
+                return cli_usage(&c, "'%s' is not a capacity in [1, %u] or 'unbounded'", tok, KVT_ALLOC_MAX_PAGES);
             else sweep[nsweep++] = v;
         }
-        if (nsweep == 0) return cli_error(&c, "expected a comma-separated list of capacities") ? 2 : 2;
+        if (nsweep == 0) return cli_usage(&c, "expected a comma-separated list of capacities");
     }
     if (o.plot && !o.sweep) {
         c.flag = "--plot";
@@ -829,24 +829,24 @@ int cmd_replay(int argc, char **argv) {
         return 2;
     if (o.soak_s > 0 && (nsweep || l3.instances > 1)) {
         c.flag = "--soak";
-        return cli_error(&c, "one cache only: not with --sweep or --instances") ? 2 : 2;
+        return cli_usage(&c, "one cache only: not with --sweep or --instances");
     }
     if (o.stats && (nsweep || l3.instances > 1)) { /* one exposition a cache: a second HELP for every family */
         c.flag = "--stats";
-        return cli_error(&c, "one cache only: not with --sweep or --instances (their counters are in --json)") ? 2 : 2;
+        return cli_usage(&c, "one cache only: not with --sweep or --instances (their counters are in --json)");
     }
     if (o.data && copy_lag) {
         c.flag = "--copy-lag";
-        return cli_error(&c, "not with --data: the copies land when they do") ? 2 : 2;
+        return cli_usage(&c, "not with --data: the copies land when they do");
     }
     if (o.data && l3.pages) {
         c.flag = "--l3-pages";
-        return cli_error(&c, "not with --data: a modeled L3 holds no bytes (--l3 URL: a real store)") ? 2 : 2;
+        return cli_usage(&c, "not with --data: a modeled L3 holds no bytes (--l3 URL: a real store)");
     }
     if (l3_window_weight > 0 && l3.pages == 0) {
         c.flag = "--l3-window-weight";
-        return cli_error(&c, "needs a modeled L3 (--l3-pages) to split between the groups; a store (--l3 URL) keeps "
-                             "its own room") ? 2 : 2;
+        return cli_usage(&c, "needs a modeled L3 (--l3-pages) to split between the groups; a store (--l3 URL) keeps "
+                             "its own room");
     }
     /* the weights 0 stand for hybrid.h's defaults, which depend on an L3 */
     double ww = window_weight > 0             ? window_weight
