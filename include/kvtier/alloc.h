@@ -172,6 +172,10 @@ KVT_API int kvt_laneal_check(const kvt_laneal_t *la, const char **why);
  * and local page p div C; lane-major ("rank-major", the read view) it is
  * page owner x R + local, and back. */
 static inline uint32_t kvt_lane_of(uint64_t p, uint32_t lanes) { return (uint32_t)(p % lanes); }
+/* The pages of lane l when npages pages are dealt to lanes lanes so. */
+static inline uint64_t kvt_lane_pages(uint64_t npages, uint32_t lanes, uint32_t l) {
+    return (npages - l + lanes - 1) / lanes;
+}
 static inline uint64_t kvt_lane_local(uint64_t p, uint32_t lanes) { return p / lanes; }
 static inline uint64_t kvt_lane_major(uint64_t p, uint32_t lanes, uint64_t per_lane) {
     return kvt_lane_of(p, lanes) * per_lane + kvt_lane_local(p, lanes);

@@ -9,7 +9,7 @@
  * header is the tree's read-only face: statistics, checks, page hashes.
  *
  * Threads: a tree has no lock; every call on one tree, the read-only ones
- * (match, stats, check) included, runs on one thread at a time (the cache's
+ * (stats, check) included, runs on one thread at a time (the cache's
  * owner thread). The page hash functions are pure: any thread.
  */
 #ifndef KVTIER_RADIX_H

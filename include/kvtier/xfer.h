@@ -28,7 +28,8 @@
  * recorded, and a page read from it is verified first: a mismatch fails the
  * batch with KVT_ECORRUPT before anything is copied.
  *
- * Threading: submit, stats and set_faults may be called from any thread;
+ * Threading: submit, stats (and the testing library's kvt_xfer_set_faults,
+ * kvtier/testing.h) may be called from any thread;
  * poll from one thread at a time (the copies it returns stay valid until the
  * next poll, from whichever thread). The callback runs on a worker thread,
  * just before the batch becomes pollable — so everything it does happens

@@ -705,7 +705,3 @@ def enum_arg(value: Any, parse, what: str, names: Sequence[str]) -> int:
 
 def enum_names(name_fn, count: int) -> Tuple[str, ...]:
     return tuple(name_fn(i).decode() for i in range(count))
-
-
-def struct_dict(st, names) -> dict:
-    return {n: getattr(st, n) for n in names}

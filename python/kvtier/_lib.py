@@ -159,11 +159,6 @@ class RadixStats(Structure):
     _fields_ = [("size", c_uint32)] + _u64_fields(_fields.RADIX_STATS)
 
 
-CACHE_BACKUP_STARTED = CFUNCTYPE(None, c_void_p, c_uint32, c_uint32, c_uint64)
-CACHE_L2_FREED = CFUNCTYPE(None, c_void_p, c_uint32)
-CACHE_BEFORE_COPY = CFUNCTYPE(c_int, c_void_p, c_bool, c_uint32, c_uint32, c_bool)
-
-
 class CacheCp(Structure):
     _fields_ = [("size", c_uint32), ("rank", c_uint32), ("io_rank", c_bool), ("arg", c_void_p),
                 ("backup_started", c_void_p), ("l2_freed", c_void_p), ("before_copy", c_void_p)]

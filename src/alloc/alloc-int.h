@@ -18,8 +18,6 @@ typedef struct kvt__free_plan {
     kvt_run_t right; /* the free extent starting at run.start + run.len */
 } kvt__free_plan_t;
 
-/* Sorts plan[0..n) by run start (only .run need be set). */
-void kvt__extalloc_sort_plan(kvt__free_plan_t *plan, size_t n);
 /* Validates the sorted runs of plan[0..n) for a free: in range, not
  * overlapping each other, all reserved. Merges touching runs in place (*m is
  * the merged count) and fills in their free neighbours. Changes nothing in

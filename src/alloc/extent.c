@@ -226,7 +226,8 @@ static int cmp_plan_start(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-void kvt__extalloc_sort_plan(kvt__free_plan_t *plan, size_t n) {
+/* Sorts plan[0..n) by run start (only .run need be set). */
+static void sort_plan(kvt__free_plan_t *plan, size_t n) {
     if (n > 48) {
         qsort(plan, n, sizeof(*plan), cmp_plan_start);
         return;
@@ -315,7 +316,7 @@ int kvt_extalloc_free(kvt_extalloc_t *a, const kvt_run_t *runs, size_t nruns) {
         if (plan == NULL) return KVT_ENOMEM;
     }
     for (size_t i = 0; i < nruns; i++) plan[i].run = runs[i];
-    kvt__extalloc_sort_plan(plan, nruns);
+    sort_plan(plan, nruns);
     size_t m = 0;
     int rc = kvt__extalloc_free_validate(a, plan, nruns, &m);
     if (rc == KVT_OK) rc = kvt__extalloc_free_prepare(a, m);

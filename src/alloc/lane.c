@@ -71,10 +71,6 @@ static int scratch_done(kvt_laneal_t *la, int rc) {
     return rc;
 }
 
-static uint64_t lane_pages(uint64_t npages, uint32_t lanes, uint32_t l) {
-    return (npages - l + lanes - 1) / lanes;
-}
-
 int kvt_laneal_create(kvt_laneal_t **out, uint64_t npages, uint32_t lanes) {
     if (out == NULL || lanes == 0 || npages < lanes || npages > KVT_ALLOC_MAX_PAGES) return KVT_EINVAL;
     kvt_laneal_t *la = KVT_NEW(kvt_laneal_t);
@@ -90,7 +86,7 @@ int kvt_laneal_create(kvt_laneal_t **out, uint64_t npages, uint32_t lanes) {
         return KVT_ENOMEM;
     }
     for (uint32_t l = 0; l < lanes; l++) {
-        if (kvt_extalloc_create(&la->lane[l], lane_pages(npages, lanes, l)) != KVT_OK) {
+        if (kvt_extalloc_create(&la->lane[l], kvt_lane_pages(npages, lanes, l)) != KVT_OK) {
             kvt_laneal_destroy(la);
             return KVT_ENOMEM;
         }
@@ -248,7 +244,7 @@ int kvt_laneal_free(kvt_laneal_t *la, const uint32_t *pages, size_t n) {
         if (cl != UINT32_MAX) runs[cr].run = (kvt_run_t){cs, clen};
         for (uint32_t l = 0; l < lanes; l++) first[l + 1] += first[l]; /* counts -> where each lane's runs begin */
         /* key: the start above the length's bits; merged[] is each lane's fill cursor for now */
-        uint64_t lane0 = lane_pages(la->pages, lanes, 0); /* the longest lane: a run's length is at most this, or n */
+        uint64_t lane0 = kvt_lane_pages(la->pages, lanes, 0); /* the longest lane: a run's length is at most this, or n */
         unsigned lenbits = kvt__bits_of(n < lane0 ? n : lane0), bits = kvt__bits_of(lane0 - 1) + lenbits; /* <= 64 */
         for (uint32_t l = 0; l < lanes; l++) merged[l] = first[l];
         for (size_t j = 0; j < nr; j++) keys[merged[tmp[j]]++] = (uint64_t)runs[j].run.start << lenbits | runs[j].run.len;
@@ -308,7 +304,7 @@ int kvt_laneal_check(const kvt_laneal_t *la, const char **why) {
         kvt_extalloc_stats_t es = {.size = sizeof(es)};
         if (kvt_extalloc_check(la->lane[l], why) != KVT_OK) return KVT_ECORRUPT;
         kvt_extalloc_stats(la->lane[l], &es);
-        if (es.pages != lane_pages(la->pages, la->lanes, l)) return (why ? *why = "a lane's size is wrong" : 0), KVT_ECORRUPT;
+        if (es.pages != kvt_lane_pages(la->pages, la->lanes, l)) return (why ? *why = "a lane's size is wrong" : 0), KVT_ECORRUPT;
     }
     return KVT_OK;
 }

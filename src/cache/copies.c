@@ -248,7 +248,7 @@ int kvt_cache_sync(kvt_cache_t *c) {
 static bool makes(const kvt_cache_t *c, op_kind_t kind, uint32_t l1) {
     if (c->dp.xf == NULL) return false;
     if (c->cp.size == 0) return true;
-    return kind == OP_BACKUP ? c->cp.io_rank : l1 % c->cfg.l1_lanes == c->cp.rank;
+    return kind == OP_BACKUP ? c->cp.io_rank : kvt_lane_of(l1, c->cfg.l1_lanes) == c->cp.rank;
 }
 
 /* A copy, as the digest records it when it is made. */
@@ -356,9 +356,9 @@ uint64_t kvt_cache_lane_dealt(const kvt_cache_t *c, uint32_t lane) { return c ? 
 
 uint64_t kvt_cache_lane_pages(const kvt_cache_t *c, uint32_t lane) {
     if (c == NULL || lane >= c->cfg.l1_lanes) return 0;
-    uint64_t size = (c->cfg.l1_pages - lane + c->cfg.l1_lanes - 1) / c->cfg.l1_lanes; /* the lane allocator's split */
+    uint64_t size = kvt_lane_pages(c->cfg.l1_pages, c->cfg.l1_lanes, lane);
     uint64_t buffered = 0;
-    for (size_t i = 0; i < c->l1_back.n; i++) buffered += c->l1_back.id[i] % c->cfg.l1_lanes == lane;
+    for (size_t i = 0; i < c->l1_back.n; i++) buffered += kvt_lane_of(c->l1_back.id[i], c->cfg.l1_lanes) == lane;
     return size - kvt_laneal_lane_free(c->l1, lane) - buffered;
 }
 

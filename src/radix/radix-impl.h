@@ -115,7 +115,6 @@ void kvt__vheap_membership(kvt_radix_t *r, kvt_rnode_t *n);
  * heaps (victims, check, stats) calls it first. */
 void kvt__vheap_settle(const kvt_radix_t *r);
 void kvt__vheap_remove_all(kvt_radix_t *r, kvt_rnode_t *n);
-bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set);
 bool kvt__vheap_less(const kvt_rnode_t *a, const kvt_rnode_t *b, kvt__vset_t set);
 void kvt__vheap_fini(kvt_radix_t *r);
 

@@ -49,7 +49,6 @@ struct kvt_rnode {
     uint32_t ns;
     uint32_t nhash;
     int32_t priority;
-    uint32_t flags_;          /* internal */
     uint64_t digest;          /* XXH3-64 of the first page's tokens */
     uint64_t hits;            /* requests that matched this node */
     uint64_t last_access;     /* logical clock of the last match or insert */

@@ -18,7 +18,7 @@
 #include "kvtier/error.h"
 #include "radix-impl.h"
 
-bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set) {
+static bool eligible(const kvt_rnode_t *n, kvt__vset_t set) {
     if (n->npages == 0 || n->lock || n->pin) return false;
     switch (set) {
     case KVT_VSET_L1:
@@ -33,7 +33,7 @@ bool kvt__vset_eligible(const kvt_rnode_t *n, kvt__vset_t set) {
 
 bool kvt__vset_member(const kvt_rnode_t *n, kvt__vset_t set) {
     if (set == KVT_VSET_POLICY) return n->npages > 0 && n->policy.set;
-    return kvt__vset_eligible(n, set);
+    return eligible(n, set);
 }
 
 bool kvt__vheap_less(const kvt_rnode_t *a, const kvt_rnode_t *b, kvt__vset_t set) {

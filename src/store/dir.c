@@ -485,7 +485,6 @@ static void dir_close(void *be) {
 
 typedef struct dwork {
     int fd[LATER_MAX];
-    bool touch[LATER_MAX];
     struct timespec when[LATER_MAX]; /* the access time to set: the store's clock at the get */
     size_t n;
 } dwork_t;
@@ -501,7 +500,7 @@ static void dir_after(void *be, void *w) {
     dwork_t *k = w;
     for (size_t i = 0; i < k->n; i++) {
         struct timespec ts[2] = {k->when[i], {0, UTIME_OMIT}};
-        if (k->touch[i]) futimens(k->fd[i], ts);
+        futimens(k->fd[i], ts);
         close(k->fd[i]);
     }
     k->n = 0;
@@ -650,8 +649,7 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     }
     if (set && w->n < LATER_MAX) {
         w->fd[w->n] = fd;
-        w->when[w->n] = now;
-        w->touch[w->n++] = true;
+        w->when[w->n++] = now;
         return;
     }
     struct timespec ts[2] = {now, {0, UTIME_OMIT}};
