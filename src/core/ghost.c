@@ -19,8 +19,9 @@
  *        a request back:        its walk finds [40 ..] at page 40, checks page 55's key,
  *                               takes 16 pages; then [56 ..] at 56, and so on
  *
- * On the default replay arc's ghosts make ~130 K adds and ~85 K lookups
- * where ghosts of pages would make 2.0 M and 1.25 M. The price: a request
+ * So arc's ghosts make an add a run and a lookup a run where ghosts of
+ * pages would make one a page (docs/policies.md counts both on the default
+ * replay). The price: a request
  * that ends or diverges inside a run takes none of it, where a ghost of
  * pages would take its leading pages (docs/policies.md: the hit rates that
  * moves).
@@ -60,10 +61,10 @@
  * caches). While b1's bit is clear its keys are all in b1, so a lookup or an
  * add reads one line; with the bit set, both (the two loads issued at once,
  * about one miss). Nothing clears a bit, so the load a table is sized for
- * sets how many read two lines: sized for 12 keys a bucket, about an eighth
- * of `arc`'s ghost-0 buckets have spilled by the end of the page-16 replay,
- * against over a third at 14; at 10 almost none spill, for a fifth more
- * memory and no gain in time. In a long run nearly every bucket spills in the
+ * sets how many read two lines: sized for 12 keys a bucket, few of `arc`'s
+ * ghost-0 buckets have spilled by the end of the page-16 replay, many more
+ * at 14; at 10 almost none spill, for more memory and no gain in time
+ * (docs/policies.md). In a long run nearly every bucket spills in the
  * end; an exact count of the keys away from their b1, instead of the bit,
  * costs more bookkeeping than the lines it saves. An add prefetches its lines
  * and goes in 16 adds later (a ring of pending adds), so that an eviction round's
@@ -85,8 +86,8 @@
  * ghost of runs starts at a sixteenth and may double four times
  * (RUN_GROW_LEVELS): sized for a page an entry, it holds ~16 pages an entry
  * at the defaults, so a quarter would be four times the lines it fills; at a
- * sixteenth `arc`'s tables end the default replay at ~7 entries a bucket,
- * never doubled, and an add on cold caches misses fewer lines. Its grow bits
+ * sixteenth `arc`'s tables end the default replay below their first doubling
+ * (docs/policies.md), and an add on cold caches misses fewer lines. Its grow bits
  * are four, so a full table's chance of a false "present" is 16, not 4, times
  * the one below; one that has not doubled (the defaults') keeps the one below.
  *

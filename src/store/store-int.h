@@ -21,8 +21,8 @@
 
 #include "kvtier/store.h"
 
-/* The object header, after the payload since version 2 (so a payload read
- * or written at file offset 0 lands page-aligned in the tier page). */
+/* The object header, after the payload (so a payload read or written at
+ * file offset 0 lands page-aligned in the tier page). */
 #define KVT__STORE_HDR 80
 #define KVT__STORE_MAGIC "KVT3"
 #define KVT__STORE_VERSION 2

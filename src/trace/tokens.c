@@ -1,9 +1,9 @@
 /* A trace block's tokens: token j of block id is
  * splitmix64(id << 9 | j) & 0x7fffffff (kvtier/trace.h).
  *
- * Every token a replay hands the cache passes through here (61 M for the
- * shipped trace), so the definition is computed the fastest way the machine
- * has, with the same values every way:
+ * Every token a replay hands the cache passes through here, so the
+ * definition is computed the fastest way the machine has, with the same
+ * values every way:
  *
  * - KVT__TRACE_TOKENS_SPLIT: one multiply a token instead of two. splitmix64's
  *   first round multiplies y = z ^ (z >> 30) by C1, with
