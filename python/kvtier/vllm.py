@@ -1137,6 +1137,8 @@ class KvtierOffloadingSpec(OffloadingSpec):
         # every worker keeps its own copy of a block's bytes, as vLLM's CPU spec counts them
         per_chunk = config.worker_kv_bytes_per_block * config.parallel.world_size * self.blocks_per_chunk
         self.num_chunks = host // per_chunk if per_chunk > 0 else 0
+        if self.num_chunks > _a.U32_MAX:  # a host tier's pages (KVT_ALLOC_MAX_PAGES)
+            raise ValueError(f"kvtier: host_bytes: {self.num_chunks} chunks of {per_chunk} bytes: at most {_a.U32_MAX}")
         self._manager: Optional[KvtierOffloadingManager] = None
         self._worker = None
 

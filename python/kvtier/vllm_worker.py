@@ -199,6 +199,14 @@ class _Job:
     put: List[Tuple[bytes, int]] = field(default_factory=list)  # a store's pages to write through: (hash, page)
 
 
+def _ids(v: Any, job_id: int, what: str) -> np.ndarray:
+    """A spec's block or chunk ids as int64: integers only (1.9 is no id)."""
+    a = np.asarray(v).ravel()
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"job {job_id}: {what} ids of dtype {a.dtype}, expected integers")
+    return a.astype(np.int64, copy=False)
+
+
 class KvtierOffloadingWorker(OffloadingWorker):
     """Copies vLLM's KV blocks to and from a kvtier host tier of
     ``num_chunks`` pages of ``blocks_per_chunk`` GPU blocks each, on kvtier's
@@ -359,9 +367,11 @@ class KvtierOffloadingWorker(OffloadingWorker):
             raise TypeError(f"job {job_id}: the GPU side is a {type(gpu).__name__}, expected GPULoadStoreSpec")
         if not isinstance(host, BlockIDsLoadStoreSpec) or isinstance(host, GPULoadStoreSpec):
             raise TypeError(f"job {job_id}: the host side is a {type(host).__name__}, expected CPULoadStoreSpec")
-        blocks = np.asarray(gpu.block_ids, dtype=np.int64).ravel()
-        chunks = np.asarray(host.block_ids, dtype=np.int64).ravel()
-        sizes, starts = list(gpu.group_sizes), list(gpu.block_indices)
+        if isinstance(job_id, bool) or not hasattr(type(job_id), "__index__"):  # vLLM's are ints
+            raise TypeError(f"job id: expected an int, not {type(job_id).__name__} {job_id!r}")
+        blocks, chunks = _ids(gpu.block_ids, job_id, "GPU block"), _ids(host.block_ids, job_id, "chunk")
+        sizes = [_a.integer(n, f"job {job_id}: group size", 0, 1 << 62) for n in gpu.group_sizes]
+        starts = [_a.integer(i, f"job {job_id}: block index", 0, 1 << 62) for i in gpu.block_indices]
         if len(sizes) != len(self._group_classes) or len(starts) != len(sizes):
             raise ValueError(f"job {job_id}: {len(sizes)} group sizes and {len(starts)} block indices for "
                              f"{len(self._group_classes)} KV cache groups")
@@ -393,7 +403,10 @@ class KvtierOffloadingWorker(OffloadingWorker):
         for k, parts in sorted(per_class.items()):
             gb = np.concatenate([p[0] for p in parts])
             hs = np.concatenate([p[1] for p in parts])
-            batches.append((k, np.stack([hs, gb] if load else [gb, hs], axis=1)))
+            pairs = np.stack([hs, gb] if load else [gb, hs], axis=1)
+            if len(np.unique(pairs[:, 1])) != len(pairs):  # refused here, not failed later by the copy engine
+                raise ValueError(f"job {job_id}: a {'GPU block' if load else 'chunk'} written twice")
+            batches.append((k, pairs))
         job = _Job(job_id, load, expedited, batches, np.unique(chunks), size, gpu_blocks=blocks if load else None)
         if self._l3 is not None:
             if load:

@@ -463,6 +463,7 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back(policy):
                                        ({"host_bytes": float("inf")}, "host_bytes: expected a whole number"),
                                        ({"cpu_bytes_to_use": None}, "cpu_bytes_to_use: expected a whole number"),
                                        ({"host_bytes": 0}, r"host_bytes: 0 \(expected >= 1\)"),
+                                       ({"host_bytes": 1e30}, r"host_bytes: \d+ chunks of \d+ bytes: at most"),
                                        ({"host_bytes": True}, "host_bytes: expected a whole number, not True"),
                                        ({"host_bytes": 4096, "threads": 1.7}, "threads: expected a whole number"),
                                        ({"host_bytes": 4096, "threads": None}, "threads: expected a whole number"),

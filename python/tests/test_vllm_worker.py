@@ -327,6 +327,14 @@ def test_wait_get_finished_and_shutdown():
     assert np.array_equal(a[0][0], a[0][6]) and np.array_equal(a[2][1, :128], a[2][7, :128])
 
 
+def spec_with(**fields):
+    """A one-block GPU spec with fields set past vLLM's constructor (which would refuse them itself)."""
+    g = GPULoadStoreSpec([0], [1, 0, 0], [0, 0, 0])
+    for k, v in fields.items():
+        setattr(g, k, v)
+    return g
+
+
 def test_malformed_specs_raise_and_queue_nothing():
     w, _, _ = small()
     try:
@@ -336,10 +344,17 @@ def test_malformed_specs_raise_and_queue_nothing():
             (GPULoadStoreSpec([NB], [1, 0, 0], [0, 0, 0]), CPULoadStoreSpec([0]), IndexError),
             (GPULoadStoreSpec([0], [1, 0, 0], [0, 0, 0]), CPULoadStoreSpec([NC]), IndexError),
             (GPULoadStoreSpec([0], [1, 0], [0, 0]), CPULoadStoreSpec([0]), ValueError),              # 2 of 3 groups
+            (GPULoadStoreSpec([0, 1], [2, 0, 0], [0, 0, 0]), CPULoadStoreSpec([0, 0]), ValueError),  # a chunk twice
+            (spec_with(block_ids=np.array([0.0])), CPULoadStoreSpec([0]), TypeError),               # float ids
+            (spec_with(group_sizes=[1.5, 0, 0]), CPULoadStoreSpec([0]), TypeError),                # a size of 1.5
+            (spec_with(block_indices=[-1, 0, 0]), CPULoadStoreSpec([0]), ValueError),              # an index of -1
         ]
         for i, (gpu, host, exc) in enumerate(bad):
             with pytest.raises(exc):
                 w.submit_store(i, gpu, host)
+        for job_id in ("x", None, True, 2.0):  # vLLM's job ids are ints: another would never be finished
+            with pytest.raises(TypeError, match="job id"):
+                w.submit_store(job_id, GPULoadStoreSpec([0], [1, 0, 0], [0, 0, 0]), CPULoadStoreSpec([0]))
         with pytest.raises(TypeError):
             w.submit_load(9, GPULoadStoreSpec([0], [1, 0, 0], [0, 0, 0]), GPULoadStoreSpec([0], [1, 0, 0], [0, 0, 0]))
         w.wait(set(range(10)))
