@@ -250,7 +250,8 @@ typedef struct kvt_cache_cp {
  * cache (kvt_cache_destroy waits for copies in flight). KVT_EINVAL (no L2
  * tier in the cache, tiers too small, an index that names another of the
  * engine's tiers or none, a modeled L3 (l3_pages: it holds no bytes), a
- * store attached whose tier is not l2), KVT_EBUSY (requests admitted
+ * store attached whose tier is not l2; on kvt_hybrid_cache, an engine or
+ * tier of the hybrid cache's data plane, kvt_hybrid_plane), KVT_EBUSY (requests admitted
  * already; an engine with batches in flight or not polled, someone else's),
  * KVT_ENOMEM; nothing changed on failure. */
 KVT_API int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,

@@ -450,8 +450,9 @@ typedef struct kvt_hybrid_plane_config {
  * async_moves, or with a modeled L3 for the pieces, which holds no bytes;
  * requests admitted; moves the engine took and has not reported; a group's
  * tiers too small or of another piece size, l1 and l2 one tier, or a tier
- * another group's too or the full groups' (kvt_cache_attach on
- * kvt_hybrid_cache); an engine or store with batches on it already (someone
+ * another group's too, or an engine or tier of the full groups'
+ * (kvt_cache_attach on kvt_hybrid_cache, which refuses the plane's in turn
+ * when it comes second); an engine or store with batches on it already (someone
  * else's); anything given for a full group; a store not over its tier, put
  * and get on two URLs or under two identities, a group's identity another's,
  * or stores given for some groups only; no stores on a cache that has the

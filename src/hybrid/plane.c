@@ -141,9 +141,10 @@ static int group_ok(const kvt_hybrid_config_t *hc, uint32_t g, const kvt_hybrid_
 }
 
 /* No two groups share a tier (a slot of one group would be another's) or a
- * store identity (a group's object would answer for another's), nor a tier
- * with the full groups' data plane (kvt_cache_attach: a slot would be a
- * page); a full group is given nothing (its pages are the radix cache's). */
+ * store identity (a group's object would answer for another's), nor an
+ * engine or tier with the full groups' data plane (kvt_cache_attach: a slot
+ * would be a page; attached after the plane, the cache asks plane_uses); a
+ * full group is given nothing (its pages are the radix cache's). */
 static int groups_apart(kvt_hybrid_t *h, const kvt_hybrid_config_t *hc, const kvt_hybrid_plane_config_t *cfg) {
     const kvt__cache_copies_t *dp = &kvt_hybrid_cache(h)->dp;
     for (uint32_t g = 0; g < hc->ngroups; g++) {
@@ -152,8 +153,9 @@ static int groups_apart(kvt_hybrid_t *h, const kvt_hybrid_config_t *hc, const kv
             if (x->xfer || x->l1 || x->l2 || x->put || x->get) return 0;
             continue;
         }
-        if (dp->xf && (x->l1 == dp->l1_tier || x->l1 == dp->l2_tier || x->l2 == dp->l1_tier || x->l2 == dp->l2_tier))
-            return 0;
+        if (dp->xf && (x->xfer == dp->xf || x->l1 == dp->l1_tier || x->l1 == dp->l2_tier || x->l2 == dp->l1_tier ||
+                       x->l2 == dp->l2_tier))
+            return 0; /* one engine: each side would take the other's completions */
         for (uint32_t k = 0; k < g; k++) {
             const kvt_hybrid_plane_group_t *y = &cfg->groups[k];
             if (y->l1 == NULL) continue; /* a full group */
@@ -166,6 +168,16 @@ static int groups_apart(kvt_hybrid_t *h, const kvt_hybrid_config_t *hc, const kv
         }
     }
     return 1;
+}
+
+/* Whether obj is an engine or tier of one of the plane's groups. */
+static bool plane_uses(const void *plane, const void *obj) {
+    const kvt_hybrid_plane_t *p = plane;
+    for (uint32_t g = 0; g < p->ngroups; g++) {
+        const kvt_hybrid_plane_group_t *x = &p->cfg.groups[g];
+        if (x->xfer && (obj == x->xfer || obj == x->l1 || obj == x->l2)) return true;
+    }
+    return false;
 }
 
 int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *given) {
@@ -197,6 +209,9 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
         return rc;
     }
     kvt__hybrid_drive(h, true);
+    kvt__cache_copies_t *dp = &kvt_hybrid_cache(h)->dp;
+    dp->taken = plane_uses;
+    dp->taken_by = p;
     *out = p;
     return KVT_OK;
 }
@@ -447,6 +462,9 @@ void kvt_hybrid_plane_destroy(kvt_hybrid_plane_t *p) {
             if (--t->open == 0) take_free(t);
         }
     kvt__hybrid_drive(p->h, false);
+    kvt__cache_copies_t *dp = &kvt_hybrid_cache(p->h)->dp;
+    dp->taken = NULL;
+    dp->taken_by = NULL;
     if (p->store) kvt__hybrid_drop_l3(p->h); /* its probe is this plane's */
     kvt__free(p->b, p->cap * sizeof(*p->b));
     kvt__free(p, sizeof(*p));

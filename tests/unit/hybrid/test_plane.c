@@ -380,6 +380,76 @@ Test(hybrid_plane, what_it_cannot_run_is_refused) {
     rig_close(&r);
 }
 
+static kvt_xfer_t *engine_of(kvt_tier_t *a, kvt_tier_t *b) {
+    kvt_tier_t *t[2] = {a, b};
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    kvt_xfer_t *x;
+    cr_assert_eq(kvt_xfer_create(&x, &xc, t, 2), KVT_OK);
+    return x;
+}
+
+/* The full groups' data plane (kvt_cache_attach on kvt_hybrid_cache) and
+ * the pieces' never share an engine (each side's poll would take the
+ * other's completions: the cache's sync then waited for good) or a tier (a
+ * slot over a page), whichever is attached first. */
+Test(hybrid_plane, the_full_groups_engine_and_tiers_are_never_the_pieces) {
+    kvt_hybrid_config_t cfg;
+    config(&cfg, KVT_WRITE_THROUGH);
+    rig_t r;
+    rig_open(&r, &cfg, NULL); /* the plane first */
+    kvt_tier_t *fl[2]; /* pages of group 1's piece size: an engine's tiers share one geometry */
+    uint64_t bytes = kvt_hybrid_piece_bytes(&GROUPS[1], P);
+    for (int i = 0; i < 2; i++) {
+        kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .geom = {1 << 12, 1, bytes, KVT_LAYOUT_PAGE_FIRST}};
+        cr_assert_eq(kvt_tier_create(&fl[i], &tc), KVT_OK);
+    }
+    kvt_cache_t *c = kvt_hybrid_cache(r.h);
+    kvt_xfer_t *z = engine_of(r.tier[1][0], fl[1]), *y = engine_of(fl[0], fl[1]);
+    cr_assert_eq(kvt_cache_attach(c, z, r.tier[1][0], 0, fl[1], 1), KVT_EINVAL, "the pieces' L1 tier as the pages'");
+    cr_assert_eq(kvt_cache_attach(c, r.x[1], r.tier[1][0], 0, r.tier[1][1], 1), KVT_EINVAL, "the pieces' engine");
+    cr_assert_eq(kvt_cache_attach(c, y, fl[0], 0, fl[1], 1), KVT_OK, "tiers and an engine of their own");
+    rig_close(&r);
+
+    kvt_hybrid_t *h;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK); /* the full groups first, then the pieces on their engine */
+    kvt_tier_t *t[4] = {fl[0], fl[1], NULL, NULL};
+    for (int i = 2; i < 4; i++) {
+        kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .geom = {48, 1, bytes, KVT_LAYOUT_PAGE_FIRST}};
+        cr_assert_eq(kvt_tier_create(&t[i], &tc), KVT_OK);
+    }
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    kvt_xfer_t *w, *own[NG] = {NULL};
+    cr_assert_eq(kvt_xfer_create(&w, &xc, t, 4), KVT_OK);
+    cr_assert_eq(kvt_cache_attach(kvt_hybrid_cache(h), w, fl[0], 0, fl[1], 1), KVT_OK);
+    kvt_tier_t *pt[NG][2] = {{NULL}};
+    kvt_hybrid_plane_config_t pc = {.size = sizeof(pc), .write = write_piece};
+    for (uint32_t g = 1; g < NG; g++) {
+        uint64_t b = kvt_hybrid_piece_bytes(&GROUPS[g], P);
+        for (int k = 0; k < 2; k++) {
+            kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_ARENA, .geom = {48, 1, b, KVT_LAYOUT_PAGE_FIRST}};
+            cr_assert_eq(kvt_tier_create(&pt[g][k], &tc), KVT_OK);
+        }
+        own[g] = engine_of(pt[g][0], pt[g][1]);
+        pc.groups[g] = (kvt_hybrid_plane_group_t){own[g], pt[g][0], pt[g][1], 0, 1, NULL, NULL};
+    }
+    kvt_hybrid_plane_config_t bad = pc;
+    bad.groups[1] = (kvt_hybrid_plane_group_t){w, t[2], t[3], 2, 3, NULL, NULL};
+    kvt_hybrid_plane_t *p = NULL;
+    cr_assert_eq(kvt_hybrid_plane_create(&p, h, &bad), KVT_EINVAL, "group 1 on the full groups' engine");
+    cr_assert_null(p);
+    cr_assert_eq(kvt_hybrid_plane_create(&p, h, &pc), KVT_OK, "engines of their own");
+    kvt_hybrid_plane_destroy(p);
+    kvt_hybrid_destroy(h);
+    for (uint32_t g = 1; g < NG; g++) {
+        kvt_xfer_destroy(own[g]);
+        kvt_tier_destroy(pt[g][0]), kvt_tier_destroy(pt[g][1]);
+    }
+    kvt_xfer_destroy(w), kvt_xfer_destroy(y), kvt_xfer_destroy(z);
+    for (int i = 0; i < 4; i++) kvt_tier_destroy(t[i]);
+}
+
 /* Two window groups of one piece size may share an engine (its
  * completions are each batch's own group's), never a tier (a slot of one
  * would be the other's) or a store identity (a group's object would answer
