@@ -317,6 +317,37 @@ Test(cp_group, a_dead_rank_is_detected_and_named) {
     cr_assert_not(segment_exists(name, "ctl"));
 }
 
+/* A step that finds a rank dead records nothing: the same step is refused
+ * again for that reason (KVT_EIO), never as out of order (it was recorded
+ * before the death was looked for). */
+Test(cp_group, a_step_that_finds_a_dead_rank_records_nothing) {
+    const char *name = group_name("deadstep");
+    kvt_cp_group_config_t c0 = config(name, 0, 2);
+    kvt_cp_group_t *g0 = join_ok(&c0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        kvt_cp_group_config_t c1 = config(name, 1, 2);
+        kvt_cp_group_t *g1;
+        if (kvt_cp_group_join(&g1, &c1, NULL) != KVT_OK) _exit(1);
+        raise(SIGKILL);
+    }
+    cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_OK);
+    waitpid(pid, NULL, 0);
+    int rc = KVT_OK;
+    uint64_t i = 0;
+    for (int tries = 0; tries < 400 && rc == KVT_OK; tries++) { /* ranks are looked at every WATCH_NS */
+        rc = kvt_cp_group_step(g0, i, 1);
+        if (rc == KVT_OK) i++;
+        else break;
+        usleep(5000);
+    }
+    cr_assert_eq(rc, KVT_EIO, "%s", kvt_err_name(rc));
+    rc = kvt_cp_group_step(g0, i, 1);
+    cr_assert_eq(rc, KVT_EIO, "the same step again: %s", kvt_err_name(rc));
+    cr_assert(strstr(kvt_cp_group_why(g0), "rank 1"), "%s", kvt_cp_group_why(g0));
+    cr_assert_eq(kvt_cp_group_leave(g0, NULL), KVT_OK);
+}
+
 /* The shared tiers: rank 0 creates, the others attach; a geometry that
  * differs is refused; a launcher removes what a dead group left, and only that. */
 Test(cp_group, shared_tiers_and_what_a_dead_group_leaves) {
