@@ -464,7 +464,10 @@ class Handle:
 
     def close(self) -> None:
         """Frees the C object (idempotent). Waits for calls in flight on other
-        threads; Busy while another object still uses this one."""
+        threads; Busy while another object still uses this one. (A Cache or
+        Hybrid closed with requests live over engine memory that was freed
+        is left unfreed, with a RuntimeWarning: releasing them would copy
+        out of that memory.)"""
         self._close(True)
 
     def _close(self, wait: bool) -> None:

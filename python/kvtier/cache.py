@@ -77,6 +77,7 @@ def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any
     l1_index = xfer.index(l1) if l1_index is None else _a.index(l1_index, f"{what} l1_index", n, "tiers:")
     l2_index = xfer.index(l2) if l2_index is None else _a.index(l2_index, f"{what} l2_index", n, "tiers:")
     xfer._may_drive(owner, "cache", f"{what} xfer")
+    not_anothers(owner, (l1, l2), what)
     with using(xfer, l1, l2) as (xp, p1, p2):
         check(lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index), what,
               "no L2 in the cache, tiers too small, an index naming another of the engine's tiers, a modeled L3 "
@@ -87,6 +88,16 @@ def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any
     return [t for t in (l1, l2) if t._probes]
 
 
+def not_anothers(owner: Any, tiers: Any, what: str) -> None:
+    """Raises when a tier is another open cache's already (a Cache's or a
+    Hybrid's, attached): its pages would be written by two caches."""
+    for t in tiers:
+        for u in list(getattr(t, "_users", ())):  # what is not a Tier is refused by the caller's checks
+            if u is not owner and getattr(u, "_copies_into_tiers", False) and not u.closed:
+                raise error(-1, what, f"a tier another {type(u).__name__} copies into already: its pages would be "
+                            "written by two caches")
+
+
 def memory_intact(owner: Any, what: str) -> bool:
     """Whether the memory under owner's attached tiers is all there (a Cache
     or a Hybrid closing with requests live). When it is not, a RuntimeWarning
@@ -95,7 +106,7 @@ def memory_intact(owner: Any, what: str) -> bool:
     try:
         owner._check_memory()
         return True
-    except Error as e:
+    except Exception as e:  # noqa: BLE001 - whatever the check raised, the memory cannot be trusted
         warnings.warn(f"{what} closed without freeing its C cache (its requests' copies would use freed memory): {e}",
                       RuntimeWarning, stacklevel=3)
         return False
@@ -225,6 +236,8 @@ class Cache(Handle):
 """ + "\n".join(f"        {k} = {v!r}" for k, v in default_config().items()) + "\n"
 
     _SERIAL = True
+
+    _copies_into_tiers = True  # the tiers it attaches are its own (not_anothers)
 
     def __init__(self, **config: Any) -> None:
         """Creates the cache; every keyword is a kvt_cache_config_t field (see the

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import operator
 import weakref
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -36,8 +37,8 @@ from ._lib import HYBRID_PROBE, HYBRID_WRITE, KVT_MODEL_MAX_GROUPS, CacheStats, 
     HybridPlaneConfig, HybridPlaneGroup, HybridPlaneStats, HybridReq, HybridStats, Key128, lib
 from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
-from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Cache, Prefetch, _config_value, \
-    attach_data_plane, attach_store, memory_intact
+from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, attach_data_plane, \
+    attach_store, memory_intact, not_anothers
 
 __all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS",
            "HYBRID_PLANE_STATS", "SHORT_BY", "piece_bytes",
@@ -214,14 +215,12 @@ def _write_callback(hybrid: "Hybrid", write: Any) -> Any:
     return HYBRID_WRITE(call)
 
 
-def _not_anothers(hybrid: "Hybrid", tiers: Sequence[Any], what: str) -> None:
-    """Raises when a tier is another open Hybrid's or Cache's already: its
-    slots or pages would be written by two caches."""
-    for t in tiers:
-        for u in list(getattr(t, "_users", ())):  # what is not a Tier is refused by the caller's checks
-            if u is not hybrid and isinstance(u, (Hybrid, Cache)) and not u.closed:
-                raise error(-1, what, f"a tier another {type(u).__name__} copies into already: its pages would be "
-                            "written by two caches")
+def _int01(x: Any) -> bool:
+    """An integer (Python's or numpy's) that is 0 or 1."""
+    try:
+        return operator.index(x) in (0, 1)
+    except TypeError:
+        return False
 
 
 def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
@@ -238,7 +237,7 @@ def _probe_callback(hybrid: "Hybrid", probe: Any) -> Any:
             if len(got) != n:
                 raise ValueError(f"the probe answered {len(got)} flags for {n} keys")
             for x in got:  # read by truth, "miss" or [False] would be held
-                if not (_a.is_bool(x) or (type(x) is int and x in (0, 1))):
+                if not (_a.is_bool(x) or _int01(x)):
                     raise TypeError(f"the probe answered {type(x).__name__} {x!r}: expected True or False a key")
             for i, x in enumerate(got):
                 present[i] = 1 if x else 0
@@ -343,6 +342,8 @@ class Hybrid(Handle):
     config the library refuses. Its calls run one at a time."""
 
     _SERIAL = True
+
+    _copies_into_tiers = True  # the tiers it attaches are its own (not_anothers)
 
     def __init__(self, groups: GroupsArg, *, page_tokens: int = 16, l1_bytes: int, l2_bytes: int = 0,
                  l3_bytes: int = 0, state_share: Optional[float] = None, window_weight: Optional[float] = None,
@@ -478,7 +479,6 @@ class Hybrid(Handle):
             if any(t is u for u in self._piece_tiers):
                 raise error(-1, "Hybrid.attach", f"{name} is a window or state group's tier (attach_pieces): a slot "
                             "would be a page")
-        _not_anothers(self, (l1, l2), "Hybrid.attach")
         with self._use as h:
             self._tiers += attach_data_plane(self, lib.kvt_hybrid_cache(h), "Hybrid.attach", xfer, l1, l2, l1_index,
                                              l2_index)
@@ -496,9 +496,10 @@ class Hybrid(Handle):
         """The window and state pieces' L3, outside the cache
         (kvt_hybrid_set_l3): the engine's own store, which other instances
         fill too. ``probe(group, keys)`` answers, for keys ((hi, lo), as
-        HybridMove.key) of window or state group ``group``, a flag per key:
-        does the store hold that piece. An exception in it (or a wrong count
-        of flags) answers "none held": counted in ``probe_errors``, kept in
+        HybridMove.key) of window or state group ``group``, a flag per key
+        (True or False, or an integer 0 or 1: a string or a store's result
+        names are refused): does the store hold that piece. An exception in
+        it (or a wrong count or kind of flags) answers "none held": counted in ``probe_errors``, kept in
         ``last_probe_error``. From then on moves with ``dst_tier`` 3 are puts
         and with ``src_tier`` 3 loads, by key (the slot UINT64_MAX). None: no
         L3 for the pieces. Needs an L2 (l2_bytes), no modeled L3 (l3_bytes 0)
@@ -593,7 +594,7 @@ class Hybrid(Handle):
             if any(t is u for t in (l1, l2) for u in self._full_tiers):
                 raise error(-1, "Hybrid.attach_pieces", f"tiers[{g}]: a tier of the full groups (attach): a slot "
                             "would be a page")
-            _not_anothers(self, (l1, l2), f"Hybrid.attach_pieces tiers[{g}]")
+            not_anothers(self, (l1, l2), f"Hybrid.attach_pieces tiers[{g}]")
         cfg = HybridPlaneConfig(size=ctypes.sizeof(HybridPlaneConfig))
         fn = _write_callback(self, write)
         cfg.write = fn

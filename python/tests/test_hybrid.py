@@ -1422,12 +1422,20 @@ def test_a_tier_is_the_full_groups_or_a_groups_or_one_caches_never_two():
                     h.attach(x, a, b)
         for o in (x, y, a, b, c):
             o.close()
-    with kvtier.Hybrid(groups, **kw) as h, kvtier.Hybrid(groups, **kw) as other:
+    with kvtier.Hybrid(groups, **kw) as h, kvtier.Hybrid(groups, **kw) as other, \
+            kvtier.Cache(l1_pages=4, l2_pages=8, page_tokens=P) as c:
         a, b = kvtier.Tier.arena(4, 1, page), kvtier.Tier.host(8, 1, page)
-        x, y = kvtier.Transfer([a, b]), kvtier.Transfer([a, b])
+        x, y, z = kvtier.Transfer([a, b]), kvtier.Transfer([a, b]), kvtier.Transfer([a, b])
         h.attach_pieces({1: (x, a, b)}, print)
         with pytest.raises(kvtier.InvalidArgument, match="another Hybrid copies into"):
             other.attach_pieces({1: (y, a, b)}, print)
-    for o in (x, y, a, b):
+        with pytest.raises(kvtier.InvalidArgument, match="another Hybrid copies into"):
+            c.attach(z, a, b)
+    with kvtier.Cache(l1_pages=4, l2_pages=8, page_tokens=P) as c, \
+            kvtier.Cache(l1_pages=4, l2_pages=8, page_tokens=P) as d:
+        c.attach(y, a, b)
+        with pytest.raises(kvtier.InvalidArgument, match="another Cache copies into"):
+            d.attach(z, a, b)
+    for o in (x, y, z, a, b):
         o.close()
 
