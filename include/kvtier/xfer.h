@@ -65,8 +65,8 @@ typedef struct kvt_xfer_done {
     /* KVT_OK; KVT_ECORRUPT (a source page's checksum failed: bad_page);
      * KVT_EIO (a copy failed); KVT_ENOMEM (a worker's copy context or
      * connection could not be made); with a tcp or ucx tier also KVT_EINVAL
-     * (the peer refused the connection: another version, token or geometry;
-     * or its address does not parse). */
+     * (the peer refused the connection: another version, token or
+     * geometry). */
     int status;
     uint32_t src, dst;          /* tier indices */
     const kvt_xfer_copy_t *copies; /* the batch, sorted by destination page; valid until the next poll */

@@ -72,7 +72,7 @@ class KvtierOffloadingConnector(OffloadingConnector):
     def register_kv_caches(self, kv_caches) -> None:
         many_groups = len(self._kv_cache_config.kv_cache_groups) > 1
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        if many_groups and extra.get("sync_load_budget_bytes"):
+        if many_groups and int(extra.get("sync_load_budget_bytes", 0) or 0) > 0:  # as vLLM reads it
             # a sync load is no request's in vLLM's worker: refused, it could only be reported as
             # blocks with load errors, which vLLM's scheduler takes from a model of one group only
             raise ValueError("KvtierOffloadingConnector: sync_load_budget_bytes with several KV cache groups: a "

@@ -45,7 +45,8 @@ void kvt__mem_set_hook(kvt__mem_hook_fn fn, void *arg);
 
 /* *p holds *cap elements of elem bytes: grown, by doubling, to hold need,
  * the contents kept. KVT_ENOMEM (also when the size would overflow) changes
- * nothing. Inline, so each caller stays its own allocation site. */
+ * nothing. Inline, so that where it is inlined (optimised builds) each
+ * caller is its own allocation site for the fault campaigns. */
 static inline int kvt__grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return KVT_OK;
     size_t n = *cap < 16 ? 16 : *cap;

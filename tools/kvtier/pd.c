@@ -75,7 +75,7 @@ static int parse(int argc, char **argv, pd_opts_t *out, const char **path) {
     if (prc) return prc > 0 ? 0 : 2;
     if (*path && o.seed != SEED) {
         c.flag = "--seed";
-        return cli_usage(&c, "the synthetic workload's seed: a TRACE is replayed as it is");
+        return cli_usage(&c, "shapes the built-in synthetic workload: not with a trace (--requests takes its first N requests)");
     }
     if (o.transport == KVT_NET_UCX && !kvt_net_ucx_built()) {
         c.flag = "--transport";
