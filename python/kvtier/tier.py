@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _args as _a
-from ._core import Handle, check, enum_arg, enum_names, error
+from ._core import ClosedError, Handle, check, enum_arg, enum_names, error
 from ._lib import (KVT_TIER_MAX_PLANES, Geom, TierConfig, TierEngine, TierInfo, lib)
 
 __all__ = ["Tier", "Plane", "TensorInfo", "LAYOUTS", "KINDS"]
@@ -171,6 +171,20 @@ def _geom(pages: int, layers: int, layer_bytes: int, layout: Union[str, int], wh
 Probe = Tuple[str, Callable[[], Tuple[int, int]], Tuple[int, int]]
 
 
+def _np_root(np: Any, a: Any) -> Any:
+    """The numpy array that owns a's memory: up its bases, through the
+    stand-in object numpy.lib.stride_tricks.as_strided leaves between a view
+    and its array (its own size would be taken for the memory's)."""
+    while True:
+        b = a.base
+        if isinstance(b, np.ndarray):
+            a = b
+        elif b is not None and hasattr(b, "__array_interface__") and isinstance(getattr(b, "base", None), np.ndarray):
+            a = b.base
+        else:
+            return a
+
+
 def _memory_probe(obj: Any, where: str) -> Optional[Probe]:
     """(where, read, what read gives now) for the allocation obj's elements
     live in: a torch storage or the numpy array that owns the data. A probe
@@ -182,9 +196,7 @@ def _memory_probe(obj: Any, where: str) -> Optional[Probe]:
         return where, read, read()
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
-        root = obj
-        while isinstance(root.base, np.ndarray):
-            root = root.base
+        root = _np_root(np, obj)
         if root.base is not None:  # another object's memory (bytes, mmap): numpy cannot resize it
             return None
         read = lambda: (root.__array_interface__["data"][0], root.nbytes)  # noqa: E731
@@ -192,15 +204,38 @@ def _memory_probe(obj: Any, where: str) -> Optional[Probe]:
     return None
 
 
+def _kept_ranges(obj: Any, what: str) -> Optional[List[Tuple[int, int]]]:
+    """The [start, end) ranges of memory obj holds: the allocation its bytes
+    live in (a torch storage, the numpy array owning the data, a buffer), a
+    tier's own (_spans); None when it cannot be known. ClosedError for a
+    closed tier (its memory is gone); ValueError for memory the tier could
+    not write (a read-only buffer or array: loads and gets write into it)."""
+    if isinstance(obj, Tier):
+        if obj.closed:
+            raise ClosedError(f"{what}: the kept Tier (its memory is gone)")
+        return obj._memory()
+    r = _kept_range(obj)
+    if r is not None and _readonly(obj):
+        raise ValueError(f"{what}: read-only memory (the tier writes into it: loads, gets)")
+    return None if r is None else [r]
+
+
+def _readonly(obj: Any) -> bool:
+    if type(obj).__module__.startswith("torch"):
+        return False
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
+        return not obj.flags.writeable
+    try:
+        with memoryview(obj) as m:
+            return m.readonly
+    except TypeError:
+        return False
+
+
 def _kept_range(obj: Any) -> Optional[Tuple[int, int]]:
     """[start, end) of the allocation obj's bytes live in (a torch storage,
-    the numpy array owning the data, a buffer, a one-plane host tier's
-    pages); None when it cannot be known."""
-    if isinstance(obj, Tier):
-        if obj.closed or not obj.host_visible or obj.planes != 1:
-            return None
-        base = obj.plane_addr(0, 0, 0)
-        return base, base + obj.pages * obj.page_bytes
+    the numpy array owning the data, a buffer); None when it cannot be known."""
     if type(obj).__module__.startswith("torch"):
         try:
             if obj.device.type != "cpu":
@@ -216,26 +251,38 @@ def _kept_range(obj: Any) -> Optional[Tuple[int, int]]:
         root = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, dtype=np.uint8)
     except (TypeError, ValueError, BufferError):
         return None
-    while isinstance(root.base, np.ndarray):
-        root = root.base
+    root = _np_root(np, root)
     a = root.__array_interface__["data"][0]
     return a, a + root.nbytes
 
 
-def _check_planes_in(planes: Any, pages: int, layers: int, keep: Sequence[Any], what: str) -> None:
-    """Every byte the engine planes address lies in memory keep holds, when
-    keep's memory can be known: an address off by a page stride would
-    otherwise be read and written wherever it points."""
-    ranges = [_kept_range(k) for k in keep]
-    if not ranges or None in ranges:
-        return
-    for i, pl in enumerate(planes):
+def _plane_spans(planes: Any, pages: int, layers: int) -> List[Tuple[int, int]]:
+    """The [start, end) each engine plane's layer addresses."""
+    out = []
+    for pl in planes:
         span = (pages - 1) * pl.page_stride + pl.piece_bytes
         for j in range(layers):
             lo = (pl.layer_base[j] or 0) if pl.layer_base else (pl.base or 0) + j * pl.layer_stride
-            if not any(a <= lo and lo + span <= b for a, b in ranges):
-                raise ValueError(f"{what}: plane {i} layer {j}: bytes [{lo:#x}, {lo + span:#x}) are not in the memory "
-                                 "of keep")
+            out.append((lo, lo + span))
+    return out
+
+
+def _check_planes_in(spans: List[Tuple[int, int]], layers: int, keep: Sequence[Any], what: str) -> None:
+    """Every byte the engine planes address (spans, plane-major) lies in
+    memory keep holds, when keep's memory can be known: an address off by a
+    page stride would otherwise be read and written wherever it points."""
+    ranges: List[Tuple[int, int]] = []
+    known = True
+    for i, k in enumerate(keep):  # each one checked (closed, read-only), whatever the others are
+        r = _kept_ranges(k, f"{what} keep[{i}]")
+        known &= r is not None
+        ranges += r or []
+    if not known or not ranges:  # memory that cannot be known: the addresses are taken as given
+        return
+    for n, (lo, hi) in enumerate(spans):
+        if not any(a <= lo and hi <= b for a, b in ranges):
+            raise ValueError(f"{what}: plane {n // layers} layer {n % layers}: bytes [{lo:#x}, {hi:#x}) are not in the "
+                             "memory of keep")
 
 
 class Tier(Handle):
@@ -268,6 +315,7 @@ class Tier(Handle):
         self._planes = lib.kvt_tier_planes(h)
         self._keep = list(keep)  # the tensors an engine tier points into
         self._probes = list(probes)  # their memory, checked before each use
+        self._spans: Optional[List[Tuple[int, int]]] = None  # an engine tier on host memory: what its planes address
         self._views: List[weakref.ref] = []
         self._own(h)
 
@@ -282,6 +330,16 @@ class Tier(Handle):
         lib.kvt_tier_destroy(h)
         self._keep = []
         self._probes = []
+
+    def _memory(self) -> Optional[List[Tuple[int, int]]]:
+        """The [start, end) ranges of host memory the tier's pages are in
+        (an engine tier: what its planes address); None for device memory."""
+        if self._spans is not None:
+            return list(self._spans)
+        if not self.host_visible or self._kind == "engine":
+            return None
+        base = self.plane_addr(0, 0, 0)  # one region: host, arena, shm
+        return [(base, base + self.pages * self.page_bytes)]
 
     def _close_refused(self) -> str:
         why = super()._close_refused()
@@ -387,13 +445,21 @@ class Tier(Handle):
             else:
                 pl.base = _a.u64(p.base, f"{w} plane {i} base")
                 pl.layer_stride = _a.u64(p.layer_stride, f"{w} plane {i} layer_stride")
+        spans = None
+        probes = {p[2]: p for p in _probes}  # one per allocation
         if device is None:
-            _check_planes_in(eng.plane[:len(planes)], pages, layers, keep, w)
+            spans = _plane_spans(eng.plane[:len(planes)], pages, layers)
+            _check_planes_in(spans, layers, keep, w)
+            for i, k in enumerate(keep):  # memory resized or freed under the tier is noticed, kept tiers' too
+                for pr in (k._probes if isinstance(k, Tier) else [_memory_probe(k, f"keep[{i}]")]):
+                    if pr is not None:
+                        probes.setdefault(pr[2], pr)
         flags = (REGISTER if _a.flag(register, f"{w} register") else 0) | _copy_flag(copy, device)
         cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0),
                          name=_a.text(name, f"{w} name", optional=True), device=device or 0, flags=flags)
         cfg.engine = ctypes.pointer(eng)
-        t = cls(cfg, hold, what=w, probes=_probes)
+        t = cls(cfg, hold, what=w, probes=list(probes.values()))
+        t._spans = spans
         for k in keep:  # a kept tier refuses to close while this one reads its memory
             if isinstance(k, Tier):
                 k._add_user(t)

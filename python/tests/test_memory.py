@@ -284,6 +284,51 @@ def test_an_engine_tier_pins_what_it_keeps():
             kvtier.Tier.engine([Plane(64, 64, base=base)], 5, 1, keep=[host])
 
 
+def test_an_engine_tier_checks_what_it_keeps_as_from_tensors_does():
+    """Tier.engine's keep: a kept engine tier's memory is what its planes
+    address (its first plane's address plus pages x page bytes overran the
+    first layer's array), a closed tier's memory is gone, read-only memory
+    cannot take loads (a write faulted), and a torch storage resized to 0
+    under it is noticed before the next use (it was read after the free).
+    A numpy view by as_strided is held to its array's memory, not to what
+    the view claims (64 bytes viewed as 4,096 pages were written past)."""
+    import mmap
+    from numpy.lib.stride_tricks import as_strided
+    k0, k1 = np.zeros((8, 64), np.uint8), np.zeros((8, 64), np.uint8)
+    with kvtier.Tier.from_tensors([k0, k1]) as te:
+        base = te.plane_addr(0, 0, 0)
+        with pytest.raises(ValueError, match="not in the memory of keep"):
+            kvtier.Tier.engine([Plane(128, 128, base=base)], 8, 1, keep=[te])
+        with kvtier.Tier.engine([Plane(64, 64, base=base)], 8, 1, keep=[te]) as t:  # layer 0 itself
+            t.write_page(7, bytes(range(64)))
+            assert bytes(k0[7]) == bytes(range(64))
+    host = kvtier.Tier.host(4, 1, 64)
+    base = host.plane_addr(0, 0, 0)
+    host.close()
+    with pytest.raises(kvtier.ClosedError, match="keep"):
+        kvtier.Tier.engine([Plane(64, 64, base=base)], 4, 1, keep=[host])
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ)
+    ro = np.frombuffer(m, dtype=np.uint8)
+    for keep in (m, ro, bytes(4096)):
+        addr = np.frombuffer(keep, dtype=np.uint8).ctypes.data
+        with pytest.raises(ValueError, match="read-only"):
+            kvtier.Tier.engine([Plane(64, 64, base=addr)], 4, 1, keep=[keep])
+    del ro
+    m.close()
+    torch = pytest.importorskip("torch")
+    k = torch.zeros(64, 1024, dtype=torch.uint8)
+    with kvtier.Tier.engine([Plane(1024, 1024, base=k.data_ptr())], 64, 1, keep=[k]) as t:
+        k.untyped_storage().resize_(0)
+        with pytest.raises(kvtier.InvalidArgument, match="resized or freed"):
+            t.read_page(63)
+    buf = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError, match="not in the memory of keep"):
+        kvtier.Tier.from_tensors(as_strided(buf, shape=(1, 4096, 64), strides=(0, 64, 1)))
+    with kvtier.Tier.from_tensors(as_strided(buf, shape=(1, 1, 64), strides=(0, 64, 1))) as t:  # within it: fine
+        t.write_page(0, bytes(range(64)))
+        assert bytes(buf) == bytes(range(64))
+
+
 def test_token_arrays_and_packed_keys_are_read_as_they_are():
     """An array('i') of tokens is exported while C reads it (another thread
     shrinking it crashed the read); a bytes subclass's __len__ is not trusted
