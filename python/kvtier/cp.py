@@ -5,6 +5,7 @@ anyone (torchrun, a fork, a shell loop) and join a named group."""
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any, Dict, Sequence
 
 from . import _args as _a
@@ -61,6 +62,7 @@ class CpGroup(Handle):
         if rc < 0:
             raise error(rc, f"CpGroup({name!r}, rank {rank})", why.value.decode() if why.value else "")
         self._own(h.value)
+        self._cache: Any = None  # weakref to the cache attach gave the group
         self.rank, self.ranks, self.l1_pages = rank, ranks, l1_pages
 
     def _destroy(self, h: int) -> None:
@@ -118,19 +120,28 @@ class CpGroup(Handle):
         _a.instance(xfer, Transfer, "CpGroup.attach xfer")
         _a.instance(l1, Tier, "CpGroup.attach l1")
         _a.instance(l2, Tier, "CpGroup.attach l2")
+        from .cache import not_anothers
         i1, i2 = xfer.index(l1), xfer.index(l2)
         xfer._may_drive(cache, "cache", "CpGroup.attach xfer")  # as Cache.attach: the cache polls it alone
+        not_anothers(cache, (l1, l2), "CpGroup.attach")
         with self._use as h, using(cache, xfer, l1, l2) as (cp, xp, p1, p2):
             self._check(lib.kvt_cp_group_attach(h, cp, xp, p1, i1, p2, i2), "attach", h)
             cache._own(cp, (xfer, l1, l2))
             self._add_user(cache)
             xfer._drive(cache, "cache")
+            cache._tiers += [t for t in (l1, l2) if t._probes]  # their memory checked, as Cache.attach's
+            self._cache = weakref.ref(cache)
 
     def admitted(self, req: Any) -> None:
         """After the current request's admission: waits until rank 0 has copied
         out the old content of the pages this rank writes."""
         from .cache import Request
         _a.instance(req, Request, "CpGroup.admitted req")
+        if self._cache is None or req._cache is not self._cache():
+            raise error(-1, "CpGroup.admitted", "the request is not of the cache this group attached")
+        if len(req.l1_ids) != req._req.pages:  # C reads that many ids
+            raise ValueError(f"CpGroup.admitted: the request's l1_ids hold {len(req.l1_ids)} ids for its "
+                             f"{req._req.pages} pages (changed since its admission)")
         ids = (ctypes.c_uint32 * max(len(req.l1_ids), 1))(*req.l1_ids)
         with self._use as h:
             self._check(lib.kvt_cp_group_admitted(h, ctypes.byref(req._req), ids), "admitted", h)

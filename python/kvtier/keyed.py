@@ -121,7 +121,7 @@ class KeyedCache(Handle):
 
     def __init__(self, pages: int, *, free_room: float = 0.0, events: bool = False) -> None:
         super().__init__()
-        cfg = KeyedConfig(size=ctypes.sizeof(KeyedConfig), events=1 if events else 0,
+        cfg = KeyedConfig(size=ctypes.sizeof(KeyedConfig), events=1 if _a.flag(events, "events") else 0,
                           pages=_a.integer(pages, "pages", 1, (1 << 32) - 1),
                           free_room=_a.number(free_room, "free_room", 0.0, 1.0))
         if cfg.free_room == 1.0:
@@ -194,6 +194,7 @@ class KeyedCache(Handle):
         self.complete_store_packed(pack_keys(keys), ok)
 
     def complete_store_packed(self, keys: bytes, ok: bool = True) -> None:
+        ok = _a.flag(ok, "KeyedCache.complete_store ok")  # by its truth, "no" or None would decide
         n = _count(keys, "keys")
         with self._use as h:
             _complete(h, keys, n, 1 if ok else 0)

@@ -259,7 +259,7 @@ class Store(Handle):
         results and the count (exists: the leading keys present; others:
         the keys "ok"). ``items`` as the op's asynchronous call takes them.
         One caller at a time goes through the store's context for callers."""
-        if op not in OPS:
+        if not isinstance(op, str) or op not in OPS:  # (an object equal to every op would pass `in`)
             raise ValueError(f"Store.run: op {op!r}: expected one of {', '.join(OPS)}")
         with_page = op in ("get", "put")
         self._undriven(f"Store.run({op})")
@@ -321,7 +321,7 @@ class Store(Handle):
 
     def stats(self, op: str) -> Dict[str, Any]:
         """One operation's counters, with latency percentiles (ns)."""
-        if op not in OPS:
+        if not isinstance(op, str) or op not in OPS:
             raise ValueError(f"Store.stats: unknown op {op!r} (choose from {', '.join(OPS)})")
         st = StoreStats(size=ctypes.sizeof(StoreStats))
         with self._use as h:

@@ -73,7 +73,7 @@ def request_tokens(r: TraceRequest) -> np.ndarray:
         raise ValueError(f"input_length {length} does not fit {n} blocks of {BLOCK_TOKENS} tokens")
     ids = (ctypes.c_uint32 * n)(*hash_ids)
     req = TraceReq(0, length, 0, ids, n)  # (the times and output length make no tokens)
-    out = np.empty(r.input_length, dtype=np.int32)
+    out = np.empty(length, dtype=np.int32)  # the length checked above (input_length is read once)
     lib.kvt_trace_request_tokens(ctypes.byref(req), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
     return out
 

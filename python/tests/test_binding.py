@@ -191,6 +191,14 @@ def test_block_tokens_match_the_command():
     with pytest.raises(ValueError, match="input_length"):
         ktrace.request_tokens(ktrace.TraceRequest(0, -1, 0, (1,)))
 
+    class Shrinking:  # an int that says 512 when checked and 1 when asked again
+        answers = [512, 1]
+
+        def __index__(self):
+            return self.answers.pop(0) if self.answers else 1
+    got = ktrace.request_tokens(ktrace.TraceRequest(0, Shrinking(), 0, (1,)))  # the checked length, read once
+    assert np.array_equal(got, ktrace.block_tokens([1])[:512])
+
 
 def test_host_tier_bytes_and_bad_pages():
     with kvtier.Tier.host(8, 2, 64, checksum=True) as t:
@@ -492,6 +500,12 @@ def test_store_on_a_real_redis(redis_server):
         assert s.run("exists", hs + kvtier.page_hashes(list(range(200, 208)), 8)) == (("ok",) * 4 + ("miss",), 4)
         with pytest.raises(ValueError, match="expected one of"):
             s.run("fetch", hs)
+
+        class Anything:  # equal to every op: `in` would take it, and each use would read it as another op
+            __eq__ = lambda self, other: True  # noqa: E731
+            __hash__ = object.__hash__
+        with pytest.raises(ValueError, match="expected one of"):
+            s.run(Anything(), hs)
         with pytest.raises(kvtier.InvalidArgument):
             s.run("get", [(hs[0], 1), (hs[1], 1)])  # one page twice
         assert s.exists_leading([hs[0], kvtier.page_hashes(list(range(100, 108)), 8)[0], hs[1]]) == 1
@@ -739,7 +753,18 @@ def test_a_cp_attached_cache_drives_its_transfer_engine_alone():
         with kvtier.Cache(l1_pages=8, l2_pages=16, page_tokens=4) as other:
             with pytest.raises(kvtier.InvalidArgument, match="driven already"):
                 other.attach(x, l1, l2)
+            with kvtier.Transfer([l1, l2]) as y, pytest.raises(kvtier.InvalidArgument, match="another Cache"):
+                other.attach(y, l1, l2)  # the CP cache's tiers, on an engine of its own
+            r = other.admit(list(range(8)))
+            with pytest.raises(kvtier.InvalidArgument, match="not of the cache this group attached"):
+                g.admitted(r)
+            r.release()
         r = c.admit(list(range(8)))
+        ids = r.l1_ids[:]
+        del r.l1_ids[1:]  # C would read as many ids as the request has pages
+        with pytest.raises(ValueError, match="l1_ids hold 1 ids for its 2 pages"):
+            g.admitted(r)
+        r.l1_ids = ids
         g.admitted(r)
         g.filled(0)
         r.release()

@@ -56,6 +56,8 @@ def test_a_keys_life_against_a_plain_model():
     (lambda c: c.touch([(1, 2, 3)], [1]), TypeError, r"keys\[0\]: expected a key"),
     (lambda c: c.pin([(7, 7)]), kvtier.NotFound, None),
     (lambda c: c.unpin([(7, 7)]), kvtier.InvalidArgument, None),
+    (lambda c: c.complete_store([(7, 7)], ok="no"), TypeError, "ok: expected True or False"),  # "no" is true
+    (lambda c: c.complete_store([(7, 7)], ok=None), TypeError, "ok: expected True or False"),
 ])
 def test_bad_arguments_are_refused(call, exc, msg):
     with KeyedCache(4) as c:
@@ -74,9 +76,10 @@ def test_keys_may_come_from_any_iterable():
 
 
 @pytest.mark.parametrize("kw", [{"pages": 0}, {"pages": 2 ** 32}, {"pages": 4, "free_room": 1.0},
-                                {"pages": 4, "free_room": -0.1}, {"pages": 4, "free_room": float("nan")}])
+                                {"pages": 4, "free_room": -0.1}, {"pages": 4, "free_room": float("nan")},
+                                {"pages": 4, "events": "no"}])
 def test_bad_configs_are_refused(kw):
-    with pytest.raises(ValueError):
+    with pytest.raises((ValueError, TypeError)):
         KeyedCache(**kw)
 
 
