@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Mapping, Set
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from . import _args as _a
@@ -592,7 +593,8 @@ def tokens_arg(tokens: Any) -> Tuple[int, int, Any]:
             return 0, 0, tokens
         view = memoryview(tokens)  # exported while the C call reads it: another thread cannot resize it meanwhile
         return tokens.buffer_info()[0], len(tokens), view
-    elif isinstance(tokens, (bytes, bytearray, memoryview, str)):  # array("i", b) would read raw bytes as int32s
+    elif isinstance(tokens, (bytes, bytearray, memoryview, str, Set, Mapping)):
+        # array("i", b) would read raw bytes as int32s; a set or a dict has no order to be a prefix in
         raise TypeError(f"tokens: expected int32 token ids (a sequence of ints or an int32 array), "
                         f"not {type(tokens).__name__}")
     else:

@@ -53,6 +53,8 @@ CASES = [
     ("write-page-int", lambda o: o["t"].write_page(0, 64), TypeError, r"write_page data: expected bytes-like .* not int"),
     ("write-page-str", lambda o: o["t"].write_page(0, "x" * 64), TypeError, r"write_page data: .* not str"),
     ("tokens-bytes", lambda o: o["c"].admit(b"abcd"), TypeError, r"tokens: expected int32 token ids .* not bytes"),
+    ("tokens-set", lambda o: o["c"].admit({3, 1, 2}), TypeError, r"tokens: expected int32 token ids .* not set"),
+    ("tokens-dict", lambda o: o["c"].admit({1: 2}), TypeError, r"tokens: expected int32 token ids .* not dict"),
     ("tokens-bytearray", lambda o: kvtier.page_hashes(bytearray(8), 1), TypeError, r"tokens: .* not bytearray"),
     ("store-url-nul", lambda o: kvtier.Store("dir:/x\x00/etc"), ValueError, r"Store url: .* holds a NUL"),
     # the same classes of fault elsewhere
