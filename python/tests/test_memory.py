@@ -16,6 +16,12 @@ from kvtier.tier import Plane
 
 PKG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
+
+def run_code(code: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    """code in a Python of its own (what it does may crash it), with this package."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
 # ---- views -------------------------------------------------------------------
 
 
@@ -59,8 +65,7 @@ def test_a_view_keeps_its_tier_alive():
             "v[:3] = b'abc'\n"
             "assert bytes(v[:3]) == b'abc'\n"
             "print('ok')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    p = run_code(code)
     assert p.returncode == 0 and p.stdout == "ok\n", f"exit {p.returncode}: {p.stderr[-2000:]}"
 
 
@@ -208,8 +213,7 @@ def test_a_cache_closed_with_a_request_over_freed_memory_is_left_not_released():
             "    warnings.simplefilter('ignore')\n"
             "    c.close()\n"
             "    warnings.simplefilter('error')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    p = run_code(code, 120)
     assert p.returncode == 0 and p.stdout == "cache left: True\nhybrid left: True\n", \
         f"exit {p.returncode}: {p.stdout} {p.stderr[-2000:]}"
 
@@ -232,9 +236,8 @@ def test_a_cycle_of_tiers_and_their_transfer_is_collected_without_a_crash():
             "del e\n"
             "gc.collect()\n"
             "print('ok')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, os.environ.get("PYTHONPATH", "")]))
     for _ in range(3):
-        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        p = run_code(code, 120)
         assert p.returncode == 0 and p.stdout == "ok\n", f"exit {p.returncode}: {p.stderr[-2000:]}"
 
 
