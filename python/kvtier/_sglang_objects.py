@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._core import Error
 from ._sglang_pool import STORAGE_BATCH_SIZE, _Lane, logger
-from .tier import HostMaps, TensorInfo, Tier
+from .tier import HostMaps, TensorInfo, Tier, _kept_range
 
 _STAGING_BYTES = 64 << 20  # a staging tier holds at most this much (and at most one batch)
 _SIZES_OPEN = 8  # payload sizes whose lanes stay open
@@ -47,6 +47,9 @@ def tensor_bytes(t: Any, what: str, write: bool, maps: Optional[HostMaps] = None
         raise ValueError(f"{what}: read-only memory (a get writes the object into it)")
     if n < 1:
         raise ValueError(f"{what}: an empty tensor (an object holds at least one byte)")
+    mem = _kept_range(ti.obj)  # its storage, shrunk under it (resize_), would be read and written past
+    if mem is not None and not (mem[0] <= ti.ptr and ti.ptr + n <= mem[1]):
+        raise ValueError(f"{what}: its {n} bytes are not in its memory ({mem[1] - mem[0]} bytes: resized or freed)")
     return ti.ptr, n
 
 

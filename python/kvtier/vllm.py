@@ -867,11 +867,11 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
+        seen = self._seen(req_context)  # first: a context that is none raises before anything is pinned
         spec = super().prepare_load(keys, req_context)
         pins = self._pins
         for k in keys:
             pins[k] = pins.get(k, 0) + 1
-        seen = self._seen(req_context)
         seen.reused.update(k for k in keys if k not in seen.inserted)
         return spec
 

@@ -586,6 +586,13 @@ def test_bad_arguments_raise(dir_store_url):
     backend.close()  # twice is fine
     with pytest.raises(RuntimeError):
         backend.batch_exists(["a"])
+    with ks.KvtierStorage(config(dir_store_url), {}) as pool_less:  # a tensor whose storage shrank under it
+        t = torch.ones(1 << 16, dtype=torch.uint8)
+        t.untyped_storage().resize_(16)
+        with pytest.raises(ValueError, match="not in its memory"):
+            pool_less.set("shrunk", t)  # read 64 KiB past a 16-byte allocation into the store
+        with pytest.raises(ValueError, match="not in its memory"):
+            pool_less.batch_get(["shrunk"], [t])  # written past it
 
 
 def test_dynamic_loader_builds_it(dir_store_url):

@@ -299,6 +299,13 @@ def test_bad_calls_raise_and_change_nothing():
         m.prepare_store([kc], ctx)
     assert state() == before
     m.check()
+    arc = kv.KvtierArcOffloadingManager(2)  # ARC's pin table learnt nothing of a pin a bad context left
+    arc.complete_store(arc.prepare_store([ka, kb], ctx).keys_to_store, ctx)
+    with pytest.raises(AttributeError):
+        arc.prepare_load([ka], None)
+    assert arc.stats()["pinned"] == 0
+    assert arc.prepare_store([kc], ReqContext(req_id="b")).evicted_keys  # an eviction: ka may go
+    arc.check()
 
 
 @pytest.mark.parametrize("threshold", [1, 2])
