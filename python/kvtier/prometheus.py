@@ -15,6 +15,7 @@ texts are the headers' own. Objects that are closed are skipped.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -29,6 +30,7 @@ __all__ = ["KvtierCollector"]
 
 # A field's unit suffix, and what its value is divided by to be in seconds
 _SECONDS = (("_ns", 1e9), ("_micros", 1e6))
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # Prometheus's label names
 
 
 def _name_and_scale(field: str) -> Tuple[str, float]:
@@ -83,6 +85,9 @@ class KvtierCollector:
         for k, v in self.labels.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"KvtierCollector labels: {k!r}: {v!r}: names and values are strings")
+            if not _LABEL.fullmatch(k) or k.startswith("__") or k in ("src", "dst"):
+                raise ValueError(f"KvtierCollector labels: {k!r}: a label name is [a-zA-Z_][a-zA-Z0-9_]*, not "
+                                 "starting with __ and not one the collector sets (src, dst)")
         self.prefix = prefix
 
     def describe(self):

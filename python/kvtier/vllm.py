@@ -388,6 +388,15 @@ class KvtierOffloadingManager(OffloadingManager):
             if pos is not None and not (0 <= pos < _POS_BIAS and type(pos) is int):
                 raise _rank_error(f"position {pos!r}")
 
+    def _may_record(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
+        """Raises, before a call pins or stores anything, what _record would
+        raise after: a finished request seeing new keys (a context that is no
+        ReqContext raises here too)."""
+        st = self._access(ctx)
+        if st.finished and any(k not in st.seen for k in keys):
+            raise RuntimeError(f"request {ctx.req_id!r} has finished: it sees no new keys (a load or store after "
+                               "on_request_finished)")
+
     def _record(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         st = self._access(ctx)
         seen = st.seen
@@ -450,6 +459,7 @@ class KvtierOffloadingManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
         self._check_positions(keys, req_context)  # (a pin undone would still count a load)
+        self._may_record(keys, req_context)
         pages = self._cache.pin_packed(self._packed(keys, _ENOENT, "prepare_load"))
         self._record(keys, req_context)
         return CPULoadStoreSpec(pages)
@@ -592,6 +602,7 @@ class KvtierOffloadingManager(OffloadingManager):
         fetched = {keys[i] for i in fetch}
         host = [k for k in keys if k not in fetched]
         self._check_positions(keys, req_context)
+        self._may_record(keys, req_context)
         host_pages = iter(self._cache.pin_packed(self._packed(host, _ENOENT, "prepare_load")))
         pages = [self._cache.page(unpack_keys(self._ids[k])[0]) if k in fetched else next(host_pages) for k in keys]
         for k in fetched:

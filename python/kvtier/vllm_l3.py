@@ -57,7 +57,15 @@ _OPTIONS = ("url", "ns", "threads", "timeout_ms")
 def page_hash(key: OffloadKey) -> bytes:
     """The store's 128-bit page hash of a vLLM key (its block hash and group
     index): the same key gives the same hash in every instance."""
-    return hashlib.blake2b(bytes(key), digest_size=16, person=b"kvtier-vllm").digest()
+    return hashlib.blake2b(_key_bytes(key), digest_size=16, person=b"kvtier-vllm").digest()
+
+
+def _key_bytes(key: Any) -> bytes:
+    """A vLLM key as bytes (its block hash and 4-byte group index); TypeError
+    for anything else (bytes(5) would be five zero bytes, an alias)."""
+    if not isinstance(key, (bytes, bytearray, memoryview)) or len(key) <= 4:
+        raise TypeError(f"a vLLM key is bytes (a block hash and a group index), not {type(key).__name__} {key!r:.40}")
+    return bytes(key)
 
 
 class ExistsCache:
@@ -79,6 +87,7 @@ class ExistsCache:
         self._in_flight: Set[OffloadKey] = set()
 
     def lookup(self, key: OffloadKey, req_id: str) -> Optional[bool]:
+        _key_bytes(key)  # refused now, not at the batch's end with the good keys asked beside it
         asked = self._asked.setdefault(req_id, set())
         if key not in asked:
             asked.add(key)
@@ -199,9 +208,11 @@ class KvtierStoreTier(SecondaryTierManager):
     # ---- stores and loads ------------------------------------------------------------
 
     def _chunks_of(self, job: TransferJob) -> List[int]:
-        ids = [int(c) for c in job.chunk_ids]
-        if len(ids) != len(job.keys) or not all(0 <= c < self._chunks for c in ids):
-            raise ValueError(f"job {job.job_id}: {len(job.keys)} keys, chunks {ids} (the primary has "
+        """The job's chunk ids: integers (2.9 is no chunk), each once (a chunk
+        twice would put one key's bytes under another key), in the primary."""
+        ids = [_a.integer(c, f"job {job.job_id}: a chunk id", 0, _a.U64_MAX) for c in job.chunk_ids]
+        if len(ids) != len(job.keys) or not all(c < self._chunks for c in ids) or len(set(ids)) != len(ids):
+            raise ValueError(f"job {job.job_id}: {len(job.keys)} keys, chunks {ids} (each once; the primary has "
                              f"{self._chunks})")
         return ids
 

@@ -707,7 +707,10 @@ def test_prometheus_collector_gives_each_transfer_pair_a_sample_of_one_family():
     assert secs["1"] == pytest.approx(busy / 1e9)
     for bad, exc in ((dict(cache=5), TypeError), (dict(xfer=x, xfer_pairs=[(0,)]), ValueError),
                      (dict(xfer=x, xfer_pairs=[(0, 5)]), ValueError),  # every scrape raised
-                     (dict(xfer_pairs=[(0, 1)]), ValueError), (dict(labels={"a": 1}), TypeError)):
+                     (dict(xfer_pairs=[(0, 1)]), ValueError), (dict(labels={"a": 1}), TypeError),
+                     (dict(labels={"": "x"}), ValueError),  # a scrape that no longer parses
+                     (dict(labels={"a-b": "x"}), ValueError), (dict(labels={"__name": "x"}), ValueError),
+                     (dict(xfer=x, xfer_pairs=[(0, 1)], labels={"src": "x"}), ValueError)):  # overwritten
         with pytest.raises(exc):
             KvtierCollector(**bad)
     a.close(), b.close()

@@ -299,6 +299,15 @@ def test_bad_calls_raise_and_change_nothing():
         m.prepare_store([kc], ctx)
     assert state() == before
     m.check()
+    other = ReqContext(req_id="z")
+    kd = make_offload_key(bytes([9]) * 32, 0)
+    m.on_new_request(other)
+    m.complete_store(m.prepare_store([kd], other).keys_to_store, other)
+    m.on_request_finished(ctx)  # a load of a key it never saw, after it finished: refused before any pin
+    with pytest.raises(RuntimeError, match="has finished"):
+        m.prepare_load([kd], ctx)
+    assert m.stats()["pinned"] == 0
+    m.check()
     arc = kv.KvtierArcOffloadingManager(2)  # ARC's pin table learnt nothing of a pin a bad context left
     arc.complete_store(arc.prepare_store([ka, kb], ctx).keys_to_store, ctx)
     with pytest.raises(AttributeError):

@@ -160,6 +160,32 @@ def test_a_corrupt_object_is_a_miss_and_goes(redis_server, redis_server_handle):
         b.shutdown()
 
 
+def test_a_store_job_and_a_lookup_are_checked(dir_store_url):
+    """A chunk named twice would put one key's bytes under another key (and a
+    second instance would be served them), a fraction was cut to a chunk; a
+    key that is not vLLM's bytes was asked of the store only at the step's
+    end, failing the good keys asked beside it (and 5 was five zero bytes)."""
+    import numpy as np
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+    from kvtier.vllm_l3 import page_hash
+    m = instance(dir_store_url)
+    try:
+        t = m.secondary_tiers[0]
+        k1, k2 = keys_of(b"j", 2)
+        for chunks, exc in ((np.array([3, 3]), ValueError), (np.array([2.9, 3.7]), TypeError)):
+            job = TransferJob(job_id=1, keys=[k1, k2], chunk_ids=chunks, is_promotion=False,
+                              req_context=ReqContext(req_id="r"))
+            with pytest.raises(exc, match="chunk"):
+                t.submit_store(job)
+        for bad in ("abc", 5, b"\1" * 4):
+            with pytest.raises(TypeError, match="a vLLM key is bytes"):
+                t.lookup(bad, ReqContext(req_id="r"))
+        with pytest.raises(TypeError):
+            page_hash(5)
+    finally:
+        m.shutdown()
+
+
 def test_bad_options_are_refused(redis_server):
     with pytest.raises(ValueError, match="url"):
         instance("")
