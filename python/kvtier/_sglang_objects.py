@@ -43,13 +43,14 @@ def tensor_bytes(t: Any, what: str, write: bool, maps: Optional[HostMaps] = None
         n *= d
     if ti.device is not None or not ti.inner_contiguous(0):
         raise ValueError(f"{what}: expected a contiguous CPU tensor")
-    if write and not ti.writable(maps or HostMaps()):
-        raise ValueError(f"{what}: read-only memory (a get writes the object into it)")
     if n < 1:
         raise ValueError(f"{what}: an empty tensor (an object holds at least one byte)")
-    mem = _kept_range(ti.obj)  # its storage, shrunk under it (resize_), would be read and written past
+    # before the maps are asked: past a storage shrunk under it (resize_) lies whatever else is mapped there
+    mem = _kept_range(ti.obj)
     if mem is not None and not (mem[0] <= ti.ptr and ti.ptr + n <= mem[1]):
         raise ValueError(f"{what}: its {n} bytes are not in its memory ({mem[1] - mem[0]} bytes: resized or freed)")
+    if write and not ti.writable(maps or HostMaps()):
+        raise ValueError(f"{what}: read-only memory (a get writes the object into it)")
     return ti.ptr, n
 
 
