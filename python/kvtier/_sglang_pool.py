@@ -4,6 +4,7 @@ them, and the registration that holds both, built whole and retired whole
 when the backend registers another pool or closes."""
 from __future__ import annotations
 
+import bisect
 import logging
 import operator
 import threading
@@ -12,7 +13,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 from ._core import Error
 from ._lib import KVT_TIER_MAX_PLANES
 from .store import Store
-from .tier import Plane, Tier
+from .tier import Plane, Tier, _kept_range, _memory_probe
 
 logger = logging.getLogger("kvtier.sglang")
 
@@ -86,11 +87,58 @@ def _plan(pool: Any, pages: int) -> Tuple[Optional[_Plan], str, List[int]]:
     return None, f"{n} buffers per page do not group into 1..{KVT_TIER_MAX_PLANES} planes of equal layers", sizes
 
 
-def _engine_tier(plan: _Plan, pool: Any) -> Tier:
-    """An engine tier over the pool's memory (never copied or freed by it)."""
+def _pool_memory(pool: Any) -> List[Any]:
+    """The host tensors the pool holds (its attributes, and lists or tuples
+    of tensors in them: kv_buffer and whatever else a pool keeps), one per
+    allocation. Every address the pool gives must lie in one of them; the
+    registration keeps them alive, so a pool that lets go of its buffers
+    (HostKVCache.destroy) does not free memory a call is copying into."""
+    found: Dict[Tuple[int, int], Any] = {}
+    for v in list(vars(pool).values()) if hasattr(pool, "__dict__") else []:
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            r = _kept_range(t) if type(t).__module__.startswith("torch") else None
+            if r is not None and r[1] > r[0]:
+                found.setdefault(r, t)
+    return list(found.values())
+
+
+class _Memory:
+    """Where the pool's pages may be: the ranges of its host tensors, and
+    probes that tell when one was resized or freed since registration."""
+
+    def __init__(self, pool: Any) -> None:
+        self.tensors = _pool_memory(pool)
+        if not self.tensors:
+            raise ValueError(f"KvtierStorage.register_mem_pool_host: {type(pool).__name__} holds no host tensor "
+                             "(expected SGLang's HostKVCache, whose kv_buffer holds its pages)")
+        self.ranges = sorted(_kept_range(t) for t in self.tensors)
+        self.probes = [_memory_probe(t, f"the pool's tensor {i}") for i, t in enumerate(self.tensors)]
+
+    def check(self, ptrs: Sequence[int], sizes: Sequence[int], what: str) -> None:
+        """ValueError unless every [ptr, ptr + size) lies in the pool's
+        memory as registered, and that memory is still there."""
+        for where, read, want in self.probes:
+            if read() != want:
+                raise ValueError(f"{what}: {where} was resized or freed since register_mem_pool_host "
+                                 "(register the pool again)")
+        for p, n in zip(ptrs, sizes):
+            i = bisect.bisect_right(self.ranges, (p, _U64)) - 1
+            if i < 0 or p + n > self.ranges[i][1]:
+                raise ValueError(f"{what}: bytes [{p:#x}, {p + n:#x}) are not in the pool's host tensors "
+                                 "(an index past the pool, or a pool whose buffers changed after "
+                                 "register_mem_pool_host)")
+
+
+_U64 = (1 << 64) - 1
+
+
+def _engine_tier(plan: _Plan, memory: _Memory) -> Tier:
+    """An engine tier over the pool's memory (never copied or freed by it):
+    every byte its planes address is checked to lie in the pool's tensors,
+    which it keeps alive, and a resize of them under it is noticed."""
     planes = [Plane(plan.sizes[q], plan.strides[q], layer_bases=plan.bases[q::plan.planes]) for q in range(plan.planes)]
     # HiCache host pools are host memory
-    return Tier.engine(planes, plan.pages, plan.layers, keep=[pool], name="sglang-host-pool")
+    return Tier.engine(planes, plan.pages, plan.layers, keep=memory.tensors, name="sglang-host-pool")
 
 
 # ---- lanes: one Store handle, one caller at a time ----------------------------
@@ -185,6 +233,8 @@ class _Registration:
         if page_num is not None and _pool_int(pool, "page_num") != pages:
             raise ValueError(f"KvtierStorage.register_mem_pool_host: the pool's page_num {page_num} is not its "
                              f"size {size} // page_size {ps} = {pages} pages (a pool that says two sizes)")
+        self.memory = _Memory(pool)
+        self.kv_buffer = getattr(pool, "kv_buffer", None)
         plan, why, sizes = _plan(pool, pages)
         dtype, self.dtype_bytes = _dtype_name(pool.dtype)
         self.pool, self.page_size, self.size, self.pages, self.page_bytes = pool, ps, size, pages, sum(sizes)
@@ -202,7 +252,11 @@ class _Registration:
         self.retired = False
         try:
             if plan is not None:
-                self.engine = _engine_tier(plan, pool)
+                try:
+                    self.engine = _engine_tier(plan, self.memory)
+                except ValueError as e:
+                    raise ValueError(f"KvtierStorage.register_mem_pool_host: the pool's {pages} pages of "
+                                     f"{self.page_bytes} bytes are not all in its host tensors ({e})") from None
                 self.lane("zc-read")
                 self.lane("zc-write")
             else:
@@ -217,6 +271,9 @@ class _Registration:
         with self.cv:
             if self.retired:
                 return False
+            if getattr(self.pool, "kv_buffer", None) is not self.kv_buffer:
+                raise RuntimeError("KvtierStorage: the registered pool's kv_buffer was replaced or destroyed "
+                                   "after register_mem_pool_host (register the pool again)")
             self.active += 1
             return True
 

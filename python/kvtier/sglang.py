@@ -247,6 +247,7 @@ class KvtierStorage(HiCacheStorage):
                  mem_pool_host: Any = None) -> None:
         self._reg: Optional[_Registration] = None
         self._closed = False
+        self._inside = threading.local()  # depth: this thread is in one of our calls (the pool may call back)
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"KvtierStorage: kwargs is a {type(kwargs).__name__}, expected a dict (SGLang's)")
         extra = _cfg(storage_config, "extra_config", {})
@@ -329,7 +330,8 @@ class KvtierStorage(HiCacheStorage):
         then swapped in; calls already running finish on the old one, which
         closes after them. A failure (a pool without buffers or of two sizes,
         the store down) raises and changes nothing."""
-        with self._reg_lock:
+        self._not_inside("register_mem_pool_host")
+        with self._reg_lock, self._call():
             self._check_open()
             new = _Registration(mem_pool_host, dict(model=self.model, tp=self.tp, cp=self.cp, ns=self.namespace),
                                 self.url, self._opts, self.interface_v1)
@@ -342,6 +344,21 @@ class KvtierStorage(HiCacheStorage):
             self.mem_pool_host = mem_pool_host
             if old is not None:
                 old.retire()
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        self._inside.depth = getattr(self._inside, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._inside.depth -= 1
+
+    def _not_inside(self, what: str) -> None:
+        """Registering or closing waits for the calls running; from inside one
+        (a pool whose get_page_buffer_meta calls back) it would wait for itself."""
+        if getattr(self._inside, "depth", 0):
+            raise RuntimeError(f"KvtierStorage.{what}: called from inside another KvtierStorage call on this "
+                               "thread (the pool's get_page_buffer_meta?): it would wait for that call to end")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -358,7 +375,8 @@ class KvtierStorage(HiCacheStorage):
             if reg.enter():
                 break
         try:
-            yield reg
+            with self._call():
+                yield reg
         finally:
             reg.leave()
 
@@ -412,6 +430,7 @@ class KvtierStorage(HiCacheStorage):
         """Closes the stores and tiers (SGLang calls it on detach); idempotent.
         Calls running on other threads finish first; later calls raise
         RuntimeError ("KvtierStorage is closed")."""
+        self._not_inside("close")
         with self._reg_lock:
             self._closed = True
             old, self._reg = self._reg, None
@@ -483,8 +502,9 @@ class KvtierStorage(HiCacheStorage):
             if not keys:
                 return []
             pages = [t // reg.page_size for t in starts]
-            if len(set(pages if aligned else starts)) != len(pages):
-                raise ValueError("batch_get_v1: a host page appears twice (two keys cannot load into one page)")
+            runs = sorted(starts)  # each key loads tokens [start, start + page_size)
+            if any(b - a < reg.page_size for a, b in zip(runs, runs[1:])):
+                raise ValueError("batch_get_v1: two keys' host pages overlap (two keys cannot load into one page)")
             if reg.plan is not None and aligned:
                 return self._direct(reg, "zc-read", "get", keys, pages)
             return self._staged_v1(reg, "get", keys, flat)
@@ -529,6 +549,7 @@ class KvtierStorage(HiCacheStorage):
                     if sum(sizes) != reg.page_bytes:
                         raise ValueError(f"get_page_buffer_meta: {sum(sizes)} bytes for a page, "
                                          f"registered pages hold {reg.page_bytes}")
+                    reg.memory.check(ptrs, sizes, "get_page_buffer_meta")
                 if op == "put":
                     for i, (ptrs, sizes) in enumerate(metas):
                         cls._gather(lane.page_addr(i), ptrs, sizes)

@@ -574,8 +574,10 @@ def test_bad_arguments_raise(dir_store_url):
             backend.batch_set_v1(["a", "b"], torch.arange(ps))
         with pytest.raises(IndexError, match="not a page"):
             backend.batch_get_v1(["a"], torch.arange(pool.size, pool.size + ps))
-        with pytest.raises(ValueError, match="twice"):
+        with pytest.raises(ValueError, match="overlap"):
             backend.batch_get_v1(["a", "b"], torch.cat([torch.arange(ps)] * 2))
+        with pytest.raises(ValueError, match="overlap"):  # unaligned: tokens [1, 1 + ps) and [2, 2 + ps)
+            backend.batch_get_v1(["a", "b"], torch.cat([torch.arange(1, 1 + ps), torch.arange(2, 2 + ps)]))
         with pytest.raises(ValueError, match="bytes"):
             backend.set("a", torch.zeros(3))
         with pytest.raises(ValueError, match="contiguous"):
@@ -815,3 +817,86 @@ def test_a_pool_with_fewer_pages_than_its_size_is_refused_at_registration(dir_st
         assert backend.mem_pool_host is good  # a failed registration changes nothing
         keys, host, content = stored_pages(good, 2, 3)
         assert backend.batch_set_v1(keys, host) == [True, True]
+
+
+def test_the_pools_addresses_are_checked_against_its_tensors(dir_store_url):
+    """Every address the pool gives lies in its host tensors, which stay
+    alive while registered: a pool that claims more pages than its buffer
+    holds, gives an address outside it, or lets go of its buffer is refused,
+    never read or written through (heap overflow, use after free, SIGSEGV)."""
+    with ks.KvtierStorage(config(dir_store_url), {}) as backend:
+        big = FakeHostPool("mha", "page_first", pages=8)
+        big.size, big.page_num = 2 * big.size, 16  # says 16 pages, holds 8
+        with pytest.raises(ValueError, match="not all in its host tensors"):
+            backend.register_mem_pool_host(big)
+        with pytest.raises(ValueError, match="holds no host tensor"):
+            backend.register_mem_pool_host(types.SimpleNamespace(
+                page_size=4, size=32, dtype=torch.float16, get_page_buffer_meta=big.get_page_buffer_meta))
+        assert backend.mem_pool_host is None  # refusals change nothing
+
+        wild = ScatteredHostPool(pages=8)  # staging: the addresses are asked per call
+        backend.register_mem_pool_host(wild)
+        keys, host, _ = stored_pages(wild, 2, 3)
+        assert backend.batch_set_v1(keys, host) == [True, True]
+        real = wild.get_page_buffer_meta
+        for bad in ((1 << 64) - 1, wild.kv_buffer.data_ptr() + wild.kv_buffer.nbytes - 8):
+            wild.get_page_buffer_meta = lambda idx, bad=bad: ([bad] + real(idx)[0][1:], real(idx)[1])
+            with pytest.raises(ValueError, match="not in the pool's host tensors"):
+                backend.batch_get_v1(keys, host)
+            with pytest.raises(ValueError, match="not in the pool's host tensors"):
+                backend.batch_set_v1(keys, host)
+        del wild.get_page_buffer_meta
+        assert backend.batch_get_v1(keys, host) == [True, True]
+
+        for pool in (make_pool("mha", "page_first", pages=8), ScatteredHostPool(pages=8)):
+            backend.register_mem_pool_host(pool)
+            keys, host, _ = stored_pages(pool, 2, 3)
+            assert backend.batch_set_v1(keys, host) == [True, True]
+            pool.kv_buffer = None  # HostKVCache.destroy(): its memory would be freed under the engine tier
+            with pytest.raises(RuntimeError, match="kv_buffer was replaced or destroyed"):
+                backend.batch_get_v1(keys, host)
+            with pytest.raises(RuntimeError, match="kv_buffer was replaced or destroyed"):
+                backend.batch_set_v1(keys, host)
+
+        shrunk = ScatteredHostPool(pages=8)  # no numpy view of it yet: its storage can still be resized
+        backend.register_mem_pool_host(shrunk)
+        host = shrunk.alloc(2 * shrunk.page_size)
+        shrunk.kv_buffer.untyped_storage().resize_(0)
+        with pytest.raises(ValueError, match="resized or freed"):
+            backend.batch_set_v1(keys, host)
+
+
+def test_a_pool_calling_back_into_the_backend_is_refused_not_deadlocked(dir_store_url):
+    """A pool whose get_page_buffer_meta closes or re-registers the backend
+    would wait for its own call to end: refused."""
+    import threading
+    pool = ScatteredHostPool(pages=8)
+    backend = ks.KvtierStorage(config(dir_store_url), {"mem_pool_host": pool})
+    keys, host, _ = stored_pages(pool, 2, 3)
+    assert backend.batch_set_v1(keys, host) == [True, True]
+    real, seen = pool.get_page_buffer_meta, []
+
+    def calls_back(idx, then, meta=real):
+        try:
+            then()
+        except RuntimeError as e:
+            seen.append(str(e))
+        return meta(idx)
+
+    def run():
+        for then in (backend.close, lambda: backend.register_mem_pool_host(ScatteredHostPool(pages=8))):
+            pool.get_page_buffer_meta = lambda idx, then=then: calls_back(idx, then)
+            assert backend.batch_get_v1(keys, host) == [True, True]
+        del pool.get_page_buffer_meta
+        registering = ScatteredHostPool(pages=8)  # during registration too
+        registering.get_page_buffer_meta = lambda idx: calls_back(
+            idx, backend.close, types.MethodType(ScatteredHostPool.get_page_buffer_meta, registering))
+        backend.register_mem_pool_host(registering)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a call back into the backend deadlocked"
+    assert len(seen) >= 3 and all("inside another KvtierStorage call" in m for m in seen), seen
+    assert backend.mem_pool_host is not None and backend.batch_get_v1(keys, host) == [True, True]
+    backend.close()
