@@ -1,7 +1,7 @@
 /* The dir backend: one file per object under a root, the embedded L3.
  *
  *   ROOT/3f/3fa2...(32 hex)          an object (payload + header)
- *   ROOT/3f/.tmp.<pid>.<n>.<hex>     a put in progress
+ *   ROOT/3f/.tmp.<host>.<pid>.<n>.<hex>   a put in progress
  *
  * Fan-out: 256 directories by the key's first byte, created on first use.
  * One level: two levels make 65,536 folders, which a new store's puts
@@ -12,13 +12,16 @@
  * figures). A put writes a temporary file in the object's directory
  * and renames it over the final name: rename is atomic, so a reader sees the
  * old object, the new one or none, never part of one; a process that dies
- * mid-write leaves only a temporary file, which no reader opens (and which
- * the next open removes once its pid is gone). Any number of processes may
- * share a root. What survives anyway (a file truncated or overwritten behind
+ * mid-write leaves only a temporary file, which no reader opens, and which
+ * an open removes: its own machine's and PID namespace's (<host>, kvt__dir_tmp_tag)
+ * once its pid is gone, another's (a pid means nothing there: another
+ * host on NFS, another container) once it is an hour old. Any number of
+ * processes may share a root. What survives anyway (a file truncated or overwritten behind
  * our back) fails the object checks of store.c. Only a regular file is an
  * object: anything else at an object's path (a FIFO, a directory, a socket,
- * a device, a link to one) is opened non-blocking and refused after an
- * fstat, so no get waits on it; a put renames over what rename replaces (a
+ * a device, a symbolic link, which is not followed) is opened non-blocking
+ * and refused after an fstat, so no get waits on it, nor reads outside the
+ * root; a put renames over what rename replaces (a
  * FIFO, a link) and fails, counted, on a directory it cannot.
  *
  * Capacity (max=SIZE): this process keeps an index of the objects it knows
@@ -37,7 +40,7 @@
  * over what it has seen (its own puts and gets, and the files present at its
  * first open), so the root may exceed max by what the others wrote since.
  *
- * Cost: exists is a stat, get an open+fstat+readv (the page straight into
+ * Cost: exists is an lstat, get an open+fstat+readv (the page straight into
  * the tier from file offset 0, page-aligned on both sides, then the header;
  * checked there) + a futimens on the first get after a put and then at
  * most once a second (written once the batch is reported: dir_after), put
@@ -58,6 +61,8 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 
 #include "../core/mem-int.h"
 #include "kvtier/error.h"
@@ -90,6 +95,7 @@ typedef struct dirroot {
     uint32_t head, tail, live;
     uint64_t bytes;
     _Atomic uint64_t tmpseq; /* temporary files' names: one sequence for every store writing the root */
+    char tag[17];            /* kvt__dir_tmp_tag: this machine and PID namespace */
 } dirroot_t;
 
 struct dirbe {
@@ -242,8 +248,43 @@ static const char *kind_of(mode_t m) {
     return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a file";
 }
 
-/* ".tmp.<pid>.<n>.<hex>": the pid that writes it. */
-static long tmp_pid(const char *n) { return strncmp(n, ".tmp.", 5) == 0 ? strtol(n + 5, NULL, 10) : -1; }
+/* A temporary file a put left, whose writer is surely gone, is removed at
+ * an open. Its pid tells only on the writer's own machine and in its own
+ * PID namespace; elsewhere (another host on NFS, another container) a live
+ * writer's pid may be free here, and a dead one's in use: such a file is
+ * removed by its age alone, long past any put. */
+#define TMP_ABANDONED_S 3600
+
+void kvt__dir_tmp_tag(char tag[17]) {
+    char buf[256] = "";
+    size_t n = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        n = fread(buf, 1, 64, f);
+        fclose(f);
+    }
+    struct stat ns;
+    if (stat("/proc/self/ns/pid", &ns) == 0) {
+        memcpy(buf + n, &ns.st_dev, sizeof(ns.st_dev));
+        memcpy(buf + n + sizeof(ns.st_dev), &ns.st_ino, sizeof(ns.st_ino));
+        n += sizeof(ns.st_dev) + sizeof(ns.st_ino);
+    }
+    if (gethostname(buf + n, 100) == 0) n += strnlen(buf + n, 100);
+    snprintf(tag, 17, "%016llx", (unsigned long long)XXH3_64bits(buf, n));
+}
+
+typedef enum { TMP_NOT, TMP_OURS, TMP_FOREIGN } tmp_kind_t;
+
+/* Whether n names a temporary file, and whose: ".tmp.<tag>.<pid>.<n>.<hex>"
+ * with this root's tag gives its pid; any other ".tmp." name is another
+ * machine's or namespace's. */
+static tmp_kind_t tmp_kind(const char *n, const char *tag, long *pid) {
+    if (strncmp(n, ".tmp.", 5) != 0) return TMP_NOT;
+    if (strncmp(n + 5, tag, 16) != 0 || n[21] != '.') return TMP_FOREIGN;
+    char *end;
+    *pid = strtol(n + 22, &end, 10);
+    return *pid > 0 && *end == '.' ? TMP_OURS : TMP_FOREIGN;
+}
 
 typedef struct scanned {
     char hex[33];
@@ -274,13 +315,19 @@ static int scan(dirroot_t *x, const dirbe_t *d) {
         struct dirent *c;
         while (rc == KVT_OK && s1 && (c = readdir(s1)) != NULL) {
             snprintf(p2, sizeof(p2), "%s/%s", p1, c->d_name);
-            long pid = tmp_pid(c->d_name);
-            if (pid > 0) { /* a put that died: remove it once its writer is gone */
+            long pid = 0;
+            struct stat st;
+            switch (tmp_kind(c->d_name, x->tag, &pid)) {
+            case TMP_OURS: /* a put that died: removed once its writer is gone */
                 if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) unlink(p2);
                 continue;
+            case TMP_FOREIGN:
+                if (lstat(p2, &st) == 0 && st.st_mtim.tv_sec + TMP_ABANDONED_S < kvt__store_now(d->s).tv_sec) unlink(p2);
+                continue;
+            case TMP_NOT: break;
             }
-            struct stat st;
-            if (c->d_name[0] == '.' || stat(p2, &st) != 0) continue;
+            /* lstat: a link is no object (a get does not follow it) */
+            if (c->d_name[0] == '.' || lstat(p2, &st) != 0) continue;
             if (S_ISDIR(st.st_mode) && strlen(c->d_name) == 2 && old[0] == 0) snprintf(old, sizeof(old), "%s", p2);
             if (!is_hex32(c->d_name) || !S_ISREG(st.st_mode)) continue;
             if (nv == cv) {
@@ -319,23 +366,38 @@ static int scan(dirroot_t *x, const dirbe_t *d) {
     return rc;
 }
 
+static void unlink_entry(const dirbe_t *d, uint32_t i, kvt__sreq_t *req) {
+    char hex[33], path[1100];
+    memcpy(hex, d->r->e[i].hex, 33);
+    obj_path(d->root, hex, path, sizeof(path));
+    unlink(path);
+    idx_drop(d->r, hex);
+    if (req) req->cnt.evictions++;
+}
+
+/* Unlinks the files that alone take more than max (a file made behind our
+ * back: a sparse one, an object of a store with a larger max): in LRU
+ * order a recent one would go last, after every object that fits. At an
+ * open, when the limit is set or lowered. Under the root's mu. */
+static void evict_oversized(const dirbe_t *d) {
+    dirroot_t *x = d->r;
+    for (uint32_t i = x->head, next; x->max && i != NIL; i = next) {
+        next = x->e[i].next;
+        if (x->e[i].bytes > x->max) unlink_entry(d, i, NULL);
+    }
+}
+
 /* Unlinks least recently used objects until the known bytes fit the root's
  * max (keeping `keep`, the object just written). Under the root's mu. */
 static void evict(const dirbe_t *d, const char *keep, kvt__sreq_t *req) {
     dirroot_t *x = d->r;
-    char path[1100];
     while (x->max && x->bytes > x->max && x->tail != NIL) {
         uint32_t i = x->tail;
         if (keep && memcmp(x->e[i].hex, keep, 32) == 0) {
             if (x->e[i].prev == NIL) break;
             i = x->e[i].prev;
         }
-        char hex[33];
-        memcpy(hex, x->e[i].hex, 33);
-        obj_path(d->root, hex, path, sizeof(path));
-        unlink(path);
-        idx_drop(x, hex);
-        if (req) req->cnt.evictions++;
+        unlink_entry(d, i, req);
     }
 }
 
@@ -389,6 +451,7 @@ static int root_new(dirroot_t **out, const dirbe_t *d, const struct stat *st) {
     x->dev = st->st_dev;
     x->ino = st->st_ino;
     x->pid = getpid();
+    kvt__dir_tmp_tag(x->tag);
     x->head = x->tail = x->free_head = NIL;
     pthread_mutex_init(&x->mu, NULL);
     int rc = idx_grow(x);
@@ -420,6 +483,7 @@ static int root_join(dirbe_t *d, const struct stat *st) {
         x->stores = d;
         root_limit(x);
         pthread_mutex_lock(&x->mu);
+        evict_oversized(d);
         evict(d, NULL, NULL); /* an open with a smaller max evicts down to it */
         pthread_mutex_unlock(&x->mu);
     }
@@ -521,7 +585,18 @@ static void dir_usage(void *be, uint64_t *bytes, uint64_t *objects) {
 
 /* ---- the calls ------------------------------------------------------------------------- */
 
-static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
+/* open(2), and again after the worker's held files are closed when the
+ * process is out of descriptors (a batch holds up to LATER_MAX open). */
+static int open_fd(dwork_t *w, const char *path, int flags, mode_t mode) {
+    int fd = open(path, flags, mode);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && w->n) {
+        dir_after(NULL, w);
+        fd = open(path, flags, mode);
+    }
+    return fd;
+}
+
+static uint8_t do_put(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     kvt_store_t *s = req->s;
     const char *hex = req->hex[i];
     uint64_t ob = kvt__store_object_bytes(s);
@@ -530,11 +605,12 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
     if (nv == 0) return KVT_STORE_FAILED; /* logged */
     char dirp[1000], tmp[1100], fin[1100];
     snprintf(dirp, sizeof(dirp), "%s/%.2s", d->root, hex);
-    snprintf(tmp, sizeof(tmp), "%s/.tmp.%ld.%llu.%s", dirp, (long)getpid(),
+    snprintf(tmp, sizeof(tmp), "%s/.tmp.%s.%ld.%llu.%s", dirp, d->r->tag, (long)getpid(),
              (unsigned long long)atomic_fetch_add(&d->r->tmpseq, 1), hex);
     obj_path(d->root, hex, fin, sizeof(fin));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno == ENOENT && mkdir_p(dirp) == 0) fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+    int fd = open_fd(w, tmp, flags, 0644);
+    if (fd < 0 && errno == ENOENT && mkdir_p(dirp) == 0) fd = open_fd(w, tmp, flags, 0644);
     if (fd < 0) {
         kvt__store_log(s, "put %s: cannot create '%s': %s", hex, tmp, strerror(errno));
         return KVT_STORE_FAILED;
@@ -554,6 +630,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
         pthread_mutex_unlock(&d->r->mu);
         if (max && charge(&st) > max) err = EFBIG;
     }
+    bool renaming = err == 0;
     if (err == 0 && rename(tmp, fin) != 0) err = errno;
     if (err) {
         unlink(tmp);
@@ -563,7 +640,7 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
             kvt__store_log(s, "put %s: the object takes %" PRIu64 " bytes on disk, over the root's max=%" PRIu64 ": not kept",
                            hex, charge(&st), max);
         else
-            kvt__store_log(s, "put %s: write failed: %s", hex, strerror(err));
+            kvt__store_log(s, "put %s: %s failed: %s", hex, renaming ? "rename" : "write", strerror(err));
         return KVT_STORE_FAILED;
     }
     req->cnt.bytes += ob;
@@ -581,11 +658,12 @@ static uint8_t do_put(dirbe_t *d, kvt__sreq_t *req, size_t i) {
  * (relatime: the first read after a write) would be a second inode write
  * for the same get (EPERM on a file of another user: without). O_NONBLOCK:
  * a FIFO opens at once (to be refused) instead of waiting for a writer for
- * ever; a regular file's reads ignore it. */
-static int open_object(const char *path, struct stat *st, int *err) {
-    const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
-    int fd = open(path, flags | O_NOATIME);
-    if (fd < 0 && errno == EPERM) fd = open(path, flags);
+ * ever; a regular file's reads ignore it. O_NOFOLLOW: a link is refused
+ * (ELOOP), never read through to a file outside the root. */
+static int open_object(dwork_t *w, const char *path, struct stat *st, int *err) {
+    const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW;
+    int fd = open_fd(w, path, flags | O_NOATIME, 0);
+    if (fd < 0 && errno == EPERM) fd = open_fd(w, path, flags, 0);
     if (fd >= 0 && fstat(fd, st) != 0) {
         *err = errno;
         close(fd);
@@ -601,16 +679,23 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     dirroot_t *x = d->r;
     obj_path(d->root, hex, path, sizeof(path));
     struct stat st;
-    int err = 0, fd = open_object(path, &st, &err);
-    const char *odd = fd >= 0 ? (S_ISREG(st.st_mode) ? NULL : kind_of(st.st_mode)) : err == ENXIO ? "a socket" : NULL;
+    int err = 0, fd = open_object(w, path, &st, &err);
+    struct stat l; /* ELOOP: the object is a link (O_NOFOLLOW), or a folder on the way loops */
+    const char *odd = fd >= 0 ? (S_ISREG(st.st_mode) ? NULL : kind_of(st.st_mode))
+                    : err == ENXIO ? "a socket"
+                    : err == ELOOP && lstat(path, &l) == 0 && S_ISLNK(l.st_mode) ? "a symbolic link" : NULL;
     if (fd < 0 || odd) {
+        bool gone = odd || err == ENOENT || err == ENOTDIR;
         if (odd) kvt__store_log(req->s, "bad object for key %s: not a regular file (%s); refused, counted as a miss", hex, odd);
         else if (err != ENOENT) kvt__store_log(req->s, "get %s: %s", hex, strerror(err));
         req->results[i] = odd ? KVT_STORE_BAD : err == ENOENT ? KVT_STORE_MISS : KVT_STORE_FAILED;
         if (fd >= 0) close(fd);
-        pthread_mutex_lock(&x->mu);
-        idx_drop(x, hex); /* evicted or removed, maybe by another process; or never an object */
-        pthread_mutex_unlock(&x->mu);
+        if (gone) { /* evicted or removed, maybe by another process; or never an object. Not a file
+                     * that could not be opened now (EACCES, EMFILE): it is there, and counts */
+            pthread_mutex_lock(&x->mu);
+            idx_drop(x, hex);
+            pthread_mutex_unlock(&x->mu);
+        }
         return;
     }
     /* The read says the length: one byte past an object's length is asked
@@ -657,17 +742,21 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     close(fd);
 }
 
-/* Only a regular file is an object; a path that cannot be looked at
- * (EACCES, EIO) is a failure, as a get of it is, not a miss. */
+/* Only a regular file is an object (a link is not: a get does not follow
+ * it); a path that cannot be looked at (EACCES, EIO), or a file this
+ * process may not read, is a failure, as a get of it is, not a miss. The
+ * mode bits answer for a file anyone may read (a put makes them so); else
+ * the kernel is asked. */
 static uint8_t dir_look(const dirbe_t *d, const char *hex) {
     char path[1100];
     struct stat st;
     obj_path(d->root, hex, path, sizeof(path));
-    if (stat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? KVT_STORE_MISS : KVT_STORE_FAILED;
-    return S_ISREG(st.st_mode) ? KVT_STORE_OK : KVT_STORE_MISS;
+    if (lstat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? KVT_STORE_MISS : KVT_STORE_FAILED;
+    if (!S_ISREG(st.st_mode)) return KVT_STORE_MISS;
+    return (st.st_mode & S_IROTH) || faccessat(AT_FDCWD, path, R_OK, AT_EACCESS) == 0 ? KVT_STORE_OK : KVT_STORE_FAILED;
 }
 
-static bool dir_exists(void *be, const char *hex) { return dir_look(be, hex) == KVT_STORE_OK; }
+static uint8_t dir_exists(void *be, const char *hex) { return dir_look(be, hex); }
 
 static void dir_run(void *be, void *w, kvt__sreq_t *req) {
     dirbe_t *d = be;
@@ -677,7 +766,7 @@ static void dir_run(void *be, void *w, kvt__sreq_t *req) {
         switch (req->op) {
         case KVT_STORE_EXISTS: req->results[i] = dir_look(d, hex); break;
         case KVT_STORE_GET: do_get(d, w, req, i); break;
-        case KVT_STORE_PUT: req->results[i] = do_put(d, req, i); break;
+        case KVT_STORE_PUT: req->results[i] = do_put(d, w, req, i); break;
         case KVT_STORE_REMOVE:
             obj_path(d->root, hex, path, sizeof(path));
             req->results[i] = unlink(path) == 0 ? KVT_STORE_OK : errno == ENOENT ? KVT_STORE_MISS : KVT_STORE_FAILED;

@@ -64,7 +64,7 @@ typedef struct kvt__store_ops {
     void (*usage)(void *be, uint64_t *bytes, uint64_t *objects);
     /* the object named hex is present, checked on the caller's thread; NULL
      * for a backend whose exists must ask a server (kvt_store_exists_leading) */
-    bool (*exists_here)(void *be, const char *hex);
+    uint8_t (*exists_here)(void *be, const char *hex); /* KVT_STORE_OK, _MISS or _FAILED */
 } kvt__store_ops_t;
 
 extern const kvt__store_ops_t kvt__store_dir_ops;
@@ -140,5 +140,9 @@ void kvt__store_log(kvt_store_t *s, const char *fmt, ...) __attribute__((format(
  * untouched and *why saying what is wrong (not digits and a suffix, or
  * more than 2^64-1 bytes). */
 int kvt__store_parse_size(const char *s, size_t len, uint64_t *out, const char **why);
+
+/* The dir backend: 16 hex digits naming this machine's boot and this PID
+ * namespace, the <host> of a put's temporary file (dir.c). */
+void kvt__dir_tmp_tag(char tag[17]);
 
 #endif

@@ -752,12 +752,13 @@ int kvt_store_exists_leading(kvt_store_t *s, const kvt_store_page_t *p, size_t n
     }
     uint64_t t0 = kvt_now_ns();
     size_t lead = 0;
+    uint8_t r = KVT_STORE_OK;
     for (; lead < n; lead++) {
         uint8_t key[16];
         char hex[33];
         key_bytes(s, &p[lead].hash, key);
         to_hex(key, hex);
-        if (!s->ops->exists_here(s->be, hex)) break;
+        if ((r = s->ops->exists_here(s->be, hex)) != KVT_STORE_OK) break;
     }
     *count = lead;
     opstats_t *o = &s->ops_st[KVT_STORE_EXISTS];
@@ -765,7 +766,8 @@ int kvt_store_exists_leading(kvt_store_t *s, const kvt_store_page_t *p, size_t n
     o->st.calls++;
     o->st.keys += lead + (lead < n);
     o->st.hits += lead;
-    o->st.misses += lead < n;
+    o->st.misses += lead < n && r != KVT_STORE_FAILED;
+    o->st.failures += lead < n && r == KVT_STORE_FAILED; /* not present to the caller, but not a miss */
     kvt_hist_record(&o->st.latency_ns, kvt_now_ns() - t0);
     pthread_mutex_unlock(&o->mu);
     return KVT_OK;

@@ -21,6 +21,7 @@
 #include "helpers.h"
 #include "kvtier/testing.h"
 #include "kvtier/rng.h"
+#include "store/store-int.h"
 
 static senv_t E;
 static char root[64];
@@ -629,28 +630,49 @@ Test(store_dir, crash_mid_write_invisible) {
     unsigned char *good = malloc(ob);
     cr_assert_eq(read_file(fin, good, ob), ob);
     cr_assert_eq(run_op(E.store, kvt_store_remove, p, 1).count, 1u);
-    /* a child that starts the write and dies before the rename */
+    /* a child that starts the write and dies before the rename; its temporary
+     * file is named for this machine and PID namespace (tag), as the store's own */
+    char tag[17];
+    kvt__dir_tmp_tag(tag);
     snprintf(dirp, sizeof(dirp), "%.*s", (int)(strrchr(fin, '/') - fin), fin);
     pid_t pid = fork();
     if (pid == 0) {
         char t[400];
-        snprintf(t, sizeof(t), "%s/.tmp.%ld.0.%s", dirp, (long)getpid(), strrchr(fin, '/') + 1);
+        snprintf(t, sizeof(t), "%s/.tmp.%s.%ld.0.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
         int fd = open(t, O_WRONLY | O_CREAT, 0644);
         if (write(fd, good, ob / 2) < 0) _exit(2);
         _exit(0);
     }
     int stt;
     waitpid(pid, &stt, 0);
-    snprintf(tmp, sizeof(tmp), "%s/.tmp.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp.%s.%ld.0.%s", dirp, tag, (long)pid, strrchr(fin, '/') + 1);
     cr_assert_eq(access(tmp, F_OK), 0);
+    /* a live writer's (this process), and two of another machine or PID
+     * namespace, whose pids mean nothing here: one a put might still be
+     * writing, one left an hour and more ago (the earlier name, no tag) */
+    char live[400], theirs[400], stale[400];
+    snprintf(live, sizeof(live), "%s/.tmp.%s.%ld.7.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
+    snprintf(theirs, sizeof(theirs), "%s/.tmp.0123456789abcdef.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
+    snprintf(stale, sizeof(stale), "%s/.tmp.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
+    const char *made[] = {live, theirs, stale};
+    for (int i = 0; i < 3; i++) {
+        int fd = open(made[i], O_WRONLY | O_CREAT | O_EXCL, 0644);
+        cr_assert(fd >= 0 && write(fd, good, ob / 2) == (ssize_t)(ob / 2));
+        close(fd);
+    }
+    struct timespec old[2] = {{time(NULL) - 3700, 0}, {time(NULL) - 3700, 0}};
+    cr_assert_eq(utimensat(AT_FDCWD, stale, old, 0), 0);
     cr_assert_eq(run_op(E.store, kvt_store_exists, p, 1).count, 0u);
     kvt_store_page_t q = {.hash = p[0].hash, .page = 3};
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_MISS);
-    /* the next open removes it: its writer is gone */
+    /* the next open removes the dead writer's and the old one, and leaves the others */
     kvt_store_close(E.store);
     E.store = NULL;
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     cr_assert_neq(access(tmp, F_OK), 0, "a dead writer's temporary file survived open");
+    cr_assert_neq(access(stale, F_OK), 0, "another machine's temporary file of an hour ago survived open");
+    cr_assert_eq(access(live, F_OK), 0, "a live writer's temporary file was removed");
+    cr_assert_eq(access(theirs, F_OK), 0, "another machine's recent temporary file was removed (its put in flight)");
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 0u);
     free(good);
 }

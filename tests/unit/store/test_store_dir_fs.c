@@ -8,8 +8,11 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -108,18 +111,22 @@ Test(store_dir_fs, non_regular_files_are_no_objects) {
     cr_assert_eq(r.r[3], KVT_STORE_BAD);
 }
 
-/* An object that cannot be looked at (here a link to itself: ELOOP) is a
- * failure for exists, as for a get, not a miss: the store cannot say the
- * key is absent. exists_leading stops at it. */
+/* An object that cannot be looked at (here its fan-out folder is a link to
+ * itself: ELOOP) is a failure for exists, as for a get, not a miss: the
+ * store cannot say the key is absent. exists_leading stops at it, counted
+ * as a failure, not a miss; the object stays in the store's count. */
 Test(store_dir_fs, an_unreadable_path_is_a_failure_not_a_miss) {
     senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
     cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
     kvt_store_page_t p[3];
     put_filled(&E, p, 3, 400);
-    char path[300];
-    path_of(&p[1].hash, path, sizeof(path));
-    cr_assert_eq(unlink(path), 0);
-    cr_assert_eq(symlink(path, path), 0);
+    char path[3][300], dir[300], away[320];
+    for (int i = 0; i < 3; i++) path_of(&p[i].hash, path[i], sizeof(path[i]));
+    snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(path[1], '/') - path[1]), path[1]);
+    cr_assert(strncmp(path[0], dir, strlen(dir)) != 0 && strncmp(path[2], dir, strlen(dir)) != 0, "keys share a folder");
+    snprintf(away, sizeof(away), "%s.away", dir);
+    cr_assert_eq(rename(dir, away), 0);
+    cr_assert_eq(symlink(dir, dir), 0);
     sres_t r = run_op(E.store, kvt_store_exists, p, 3);
     cr_assert_eq(r.r[0], KVT_STORE_OK);
     cr_assert_eq(r.r[1], KVT_STORE_FAILED, "exists of a path that cannot be looked at: %d", r.r[1]);
@@ -127,9 +134,144 @@ Test(store_dir_fs, an_unreadable_path_is_a_failure_not_a_miss) {
     cr_assert_eq(sstats(E.store, KVT_STORE_EXISTS).failures, 1u);
     r = run_op(E.store, kvt_store_get, p, 3);
     cr_assert_eq(r.r[1], KVT_STORE_FAILED, "get: %d", r.r[1]);
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 3u, "a failed get dropped the object from the count");
+    kvt_store_stats_t before = sstats(E.store, KVT_STORE_EXISTS);
     size_t lead = 9;
     cr_assert_eq(kvt_store_exists_leading(E.store, p, 3, &lead), KVT_OK);
     cr_assert_eq(lead, 1u);
+    kvt_store_stats_t after = sstats(E.store, KVT_STORE_EXISTS);
+    cr_assert_eq(after.failures - before.failures, 1u);
+    cr_assert_eq(after.misses, before.misses, "a key that could not be looked at counted as a miss");
+}
+
+/* A symbolic link at an object's path is no object, wherever it points: a
+ * valid object moved out of the root and linked back, or a file outside
+ * it. exists does not report it, a get refuses it as a bad object without
+ * reading through it (the page left zero), an open does not index it. */
+Test(store_dir_fs, a_link_is_not_followed) {
+    senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[3], q[3];
+    put_filled(&E, p, 3, 500);
+    pages_of(q, 3, 500, 8);
+    char path[3][300], out[2][300];
+    for (int i = 0; i < 3; i++) path_of(&p[i].hash, path[i], sizeof(path[i]));
+    snprintf(out[0], sizeof(out[0]), "%s.outside", root);
+    cr_assert_eq(rename(path[1], out[0]), 0);
+    cr_assert_eq(symlink(out[0], path[1]), 0);
+    snprintf(out[1], sizeof(out[1]), "/etc/passwd");
+    cr_assert_eq(unlink(path[2]), 0);
+    cr_assert_eq(symlink(out[1], path[2]), 0);
+    sres_t r = run_op(E.store, kvt_store_exists, p, 3);
+    cr_assert(r.r[0] == KVT_STORE_OK && r.r[1] == KVT_STORE_MISS && r.r[2] == KVT_STORE_MISS, "exists %d %d %d", r.r[0],
+              r.r[1], r.r[2]);
+    wipe(&E, 8, 3);
+    r = run_op(E.store, kvt_store_get, q, 3);
+    cr_assert_eq(r.r[0], KVT_STORE_OK);
+    for (int i = 1; i < 3; i++) {
+        cr_assert_eq(r.r[i], KVT_STORE_BAD, "get %d through a link: %d", i, r.r[i]);
+        const uint8_t *a = kvt_tier_addr(E.tier, 8 + (uint32_t)i, 0);
+        for (int b = 0; b < 1024; b++) cr_assert_eq(a[b], 0, "page %d byte %d written", i, b);
+    }
+    cr_assert(strstr(kvt_store_last_error(E.store), "a symbolic link") != NULL, "%s", kvt_store_last_error(E.store));
+    kvt_store_close(E.store);
+    E.store = NULL;
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 1u, "an open indexed a link");
+    unlink(out[0]);
+}
+
+/* A file this process may not read (another user's, mode 0600) is there:
+ * exists and a get fail on it, not a miss, and it stays in the count. Run
+ * as nobody in a child (root reads anything); skipped where that cannot be. */
+Test(store_dir_fs, a_file_the_process_may_not_read_is_a_failure) {
+    senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[3];
+    put_filled(&E, p, 3, 600);
+    char path[300];
+    path_of(&p[1].hash, path, sizeof(path));
+    kvt_store_close(E.store);
+    E.store = NULL;
+    if (geteuid() != 0) cr_skip_test("needs root to become another user");
+    cr_assert_eq(chmod(root, 0755), 0);
+    cr_assert_eq(chmod(path, 0600), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+        senv_t c;
+        senv_init(&c, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+        if (senv_open(&c, url) != KVT_OK) _exit(10);
+        sres_t r = run_op(c.store, kvt_store_exists, p, 3);
+        if (r.r[0] != KVT_STORE_OK || r.r[1] != KVT_STORE_FAILED || r.r[2] != KVT_STORE_OK) _exit(11);
+        size_t lead = 9;
+        if (kvt_store_exists_leading(c.store, p, 3, &lead) != KVT_OK || lead != 1) _exit(12);
+        r = run_op(c.store, kvt_store_get, p, 3);
+        if (r.r[0] != KVT_STORE_OK || r.r[1] != KVT_STORE_FAILED || r.r[2] != KVT_STORE_OK) _exit(13);
+        if (sstats(c.store, KVT_STORE_GET).stored_objects != 3) _exit(14);
+        senv_fini(&c);
+        _exit(0);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) cr_skip_test("cannot become nobody here");
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed at step %d (10 open, 11 exists, 12 leading, "
+              "13 get, 14 the count)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
+/* A file at an object's name that alone takes more than max (a sparse
+ * 1 GiB file, made behind the store's back, written last) is removed at
+ * an open with max, alone: the objects that fit stay. In LRU order it
+ * would go last, after every one of them. */
+Test(store_dir_fs, a_file_over_max_alone_is_removed_alone_at_open) {
+    senv_init(&E, 16, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[6];
+    put_filled(&E, p, 6, 700);
+    char path[300];
+    path_of(&p[5].hash, path, sizeof(path));
+    uint64_t five = 0;
+    for (int i = 0; i < 5; i++) {
+        char o[300];
+        path_of(&p[i].hash, o, sizeof(o));
+        five += charged(o);
+    }
+    cr_assert_eq(truncate(path, 1ll << 30), 0);
+    kvt_store_close(E.store);
+    E.store = NULL;
+    char u[300];
+    snprintf(u, sizeof(u), "%s,max=%llu", url, (unsigned long long)(five + 4096));
+    cr_assert_eq(senv_open(&E, u), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_GET);
+    cr_assert_eq(st.stored_objects, 5u, "%llu objects kept", (unsigned long long)st.stored_objects);
+    cr_assert_neq(access(path, F_OK), 0, "the oversized file survived");
+    cr_assert_eq(run_op(E.store, kvt_store_exists, p, 5).count, 5u, "objects that fit were removed");
+}
+
+/* A batch of gets holds its files open until it is reported; a process
+ * short of descriptors closes them and opens again, and the objects it
+ * could not open stay counted. */
+Test(store_dir_fs, gets_short_of_descriptors) {
+    enum { N = 120 };
+    senv_init(&E, N, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[N];
+    put_filled(&E, p, N, 800);
+    int probe = dup(0); /* the lowest free descriptor: what is open now, roughly */
+    cr_assert(probe >= 0);
+    close(probe);
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = (rlim_t)probe + 48;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    for (int round = 0; round < 3; round++) { /* the first gets set access times: each file held */
+        wipe(&E, 0, N);
+        sres_t r = run_op(E.store, kvt_store_get, p, N);
+        cr_assert_eq(r.count, (size_t)N, "round %d: %zu of %d served", round, r.count, N);
+        for (int i = 0; i < N; i++) cr_assert(check(&E, 800 + (uint64_t)i, (uint32_t)i));
+        cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, (uint64_t)N);
+        sleep(round == 0); /* a second on: the next round sets the times again */
+    }
 }
 
 /* A path is required, and ends at the first ',': what follows is options. */
