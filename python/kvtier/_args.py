@@ -121,6 +121,20 @@ def u32_pair(v: Any, what: str) -> Tuple[int, int]:
     return u32(v[0], f"{what} rank"), u32(v[1], f"{what} size", 1)
 
 
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def option_flag(v: Any) -> Optional[bool]:
+    """An engine's boolean option as JSON configurations and command lines
+    write one (a bool, 1 or 0, or true/false, 1/0, yes/no, on/off in any
+    case); None for anything else, which the caller refuses in its words."""
+    if is_bool(v) or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
+        return v.strip().lower() in _TRUE
+    return None
+
+
 def option_count(x: dict, name: str, default: int, lo: int, hi: Optional[int], who: str) -> int:
     """An engine's option x[name] (default when absent) as a whole number in
     lo..hi (hi None: no bound), as JSON configurations write one: an int, a

@@ -72,6 +72,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from . import _args as _a
 from ._core import Error
 from ._sglang_objects import Objects, tensor_bytes
 from .tier import HostMaps
@@ -167,7 +168,6 @@ _KVTIER_KEYS = frozenset({"l3", "namespace", "model", "interface_v1", "threads",
 _SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
                           "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
                           "hicache_storage_pass_prefix_keys", "canonical_dcp_size"})
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def _int_option(extra: dict, name: str, default: int, lo: int, hi: int) -> int:
@@ -178,14 +178,11 @@ def _int_option(extra: dict, name: str, default: int, lo: int, hi: int) -> int:
 
 
 def _bool_option(v: Any, name: str) -> bool:
-    """A boolean: True/False, 1/0, or true/false, yes/no, on/off (any case); None is False."""
-    if v is None:
-        return False
-    if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
-        return v.strip().lower() in _TRUE
-    raise ValueError(f"KvtierStorage: {name} = {v!r} (expected true/false, 1/0, yes/no or on/off)")
+    """A boolean option (_args.option_flag); None is False."""
+    on = False if v is None else _a.option_flag(v)
+    if on is None:
+        raise ValueError(f"KvtierStorage: {name} = {v!r} (expected true/false, 1/0, yes/no or on/off)")
+    return on
 
 
 def _interface_v1(v: Any) -> bool:

@@ -1056,11 +1056,10 @@ def _fraction_option(x: dict, name: str) -> float:
 
 def _flag_option(x: dict, name: str, default: bool) -> bool:
     v = x.get(name, default)
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0"):
-        return v.lower() in ("true", "1")
-    raise ValueError(f"kvtier: {name}: {v!r} (expected true or false)")
+    on = _a.option_flag(v)
+    if on is None:
+        raise ValueError(f"kvtier: {name}: {v!r} (expected true/false, 1/0, yes/no or on/off)")
+    return on
 
 
 # kv_connector_extra_config keys the spec reads, and vLLM's own ones it passes over; another key
