@@ -302,7 +302,8 @@ KVT_API unsigned kvt_store_cluster_slot(const char *key, size_t len);
 
 /* A redirection reply of Redis Cluster: "MOVED <slot> <host>:<port>" or
  * "ASK <slot> <host>:<port>" (host may be an IPv6 address; the port is the
- * text after the last ':'). Fills *ask (true for ASK), *slot, host (cap
+ * text after the last ':'; an empty host, ":<port>", is the node that sent
+ * the reply, as Redis 7 says it when its endpoint is unknown: host ""). Fills *ask (true for ASK), *slot, host (cap
  * bytes, NUL-terminated) and *port. KVT_EPARSE for anything else. */
 KVT_API int kvt_store_parse_redirect(const char *reply, bool *ask, unsigned *slot, char *host, size_t cap, int *port);
 

@@ -20,9 +20,11 @@ typedef struct kvt__slotmap {
 } kvt__slotmap_t;
 
 /* A CLUSTER SHARDS reply (a redisReply *) -> slots to the online master of
- * each shard. KVT_EPARSE (nothing covered, a slot claimed twice, a node
- * that is no host:port, or not that reply's shape). */
-int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m);
+ * each shard. KVT_EPARSE with the reason in why (cap bytes): nothing
+ * covered, a slot claimed twice, a node that is no host:port, more than
+ * KVT__MAX_NODES masters, slot bounds not in pairs, or not that reply's
+ * shape. */
+int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m, char *why, size_t cap);
 /* Arrays longer than this in a reply are refused (an out-of-memory error of
  * the reader, which fails the connection): hiredis 0.14 (Debian 12) takes an
  * array's declared length on trust, so "*2000000000" from a server would

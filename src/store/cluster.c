@@ -12,6 +12,7 @@
  * is migrating): ASKING then the command at the named node, no map change.
  * Both are parsed here, as pure functions with their own tests. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,7 +54,17 @@ int kvt_store_parse_redirect(const char *reply, bool *ask, unsigned *slot, char 
     if (*end != ' ' || s > 16383) return KVT_EPARSE;
     const char *addr = end + 1;
     size_t alen = strcspn(addr, " \r\n");
-    if (addr[alen] != 0 || kvt__parse_hostport(addr, alen, host, cap, port) != KVT_OK) return KVT_EPARSE;
+    if (addr[alen] != 0) return KVT_EPARSE;
+    if (addr[0] == ':' && memchr(addr + 1, ':', alen - 1) == NULL) { /* ":port" (not "::1:port"): the node that sent it, on that
+                                                                     * port (Redis 7, its endpoint unknown) */
+        char any[8], h[2];
+        if (alen > 6) return KVT_EPARSE;
+        snprintf(any, sizeof(any), "h%.*s", (int)alen, addr);
+        if (kvt__parse_hostport(any, alen + 1, h, sizeof(h), port) != KVT_OK) return KVT_EPARSE;
+        host[0] = 0;
+    } else if (kvt__parse_hostport(addr, alen, host, cap, port) != KVT_OK) {
+        return KVT_EPARSE;
+    }
     *slot = (unsigned)s;
     return KVT_OK;
 }
@@ -129,15 +140,20 @@ static int node_index(kvt__slotmap_t *m, const char *host, int port) {
     return (int)m->nnodes++;
 }
 
-int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m) {
+/* The refusal's reason into why (a kvt__slotmap_parse that fails). */
+#define REFUSE(...) (snprintf(why, cap, __VA_ARGS__), KVT_EPARSE)
+
+int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m, char *why, size_t cap) {
     const redisReply *r = reply;
     memset(m, 0, sizeof(*m));
     for (unsigned i = 0; i < 16384; i++) m->slot[i] = KVT__NO_NODE;
-    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements == 0) return KVT_EPARSE;
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY) return REFUSE("the reply is not an array of shards");
+    if (r->elements == 0) return REFUSE("no shards");
     unsigned covered = 0;
     for (size_t si = 0; si < r->elements; si++) {
         const redisReply *sh = r->element[si], *slots = field(sh, "slots"), *nodes = field(sh, "nodes");
-        if (slots == NULL || nodes == NULL || slots->type != REDIS_REPLY_ARRAY || nodes->type != REDIS_REPLY_ARRAY) return KVT_EPARSE;
+        if (slots == NULL || nodes == NULL || slots->type != REDIS_REPLY_ARRAY || nodes->type != REDIS_REPLY_ARRAY)
+            return REFUSE("shard %zu has no slots and nodes arrays", si);
         const redisReply *best = NULL;
         for (size_t ni = 0; ni < nodes->elements; ni++) {
             const redisReply *n = nodes->element[ni];
@@ -146,24 +162,27 @@ int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m) {
         }
         if (best == NULL || slots->elements == 0) continue; /* a shard with no master or no slots */
         if (!str_is(field(best, "health"), "online")) continue;
+        if (slots->elements % 2) return REFUSE("shard %zu: %zu slot bounds (pairs expected)", si, slots->elements);
         const redisReply *ip = field(best, "endpoint"), *port = field(best, "port");
         if (ip == NULL || ip->type != REDIS_REPLY_STRING || ip->len == 0 || strcmp(ip->str, "?") == 0) ip = field(best, "ip");
         /* a node the client can connect to: a host that fits (whole: no NUL inside) and a TCP port */
-        if (ip == NULL || ip->type != REDIS_REPLY_STRING || port == NULL || port->type != REDIS_REPLY_INTEGER ||
-            ip->len >= sizeof(m->nodes[0].host) || strlen(ip->str) != ip->len || port->integer < 1 || port->integer > 65535)
-            return KVT_EPARSE;
+        if (ip == NULL || ip->type != REDIS_REPLY_STRING || ip->len >= sizeof(m->nodes[0].host) || strlen(ip->str) != ip->len)
+            return REFUSE("shard %zu: its master has no usable endpoint or ip", si);
+        if (port == NULL || port->type != REDIS_REPLY_INTEGER || port->integer < 1 || port->integer > 65535)
+            return REFUSE("shard %zu: its master's port is not 1..65535", si);
         int idx = node_index(m, ip->str, (int)port->integer);
-        if (idx < 0) return KVT_EPARSE;
+        if (idx < 0) return REFUSE("more than %d masters (kvtier's limit)", KVT__MAX_NODES);
         for (size_t k = 0; k + 1 < slots->elements; k += 2) {
-            if (slots->element[k]->type != REDIS_REPLY_INTEGER || slots->element[k + 1]->type != REDIS_REPLY_INTEGER) return KVT_EPARSE;
+            if (slots->element[k]->type != REDIS_REPLY_INTEGER || slots->element[k + 1]->type != REDIS_REPLY_INTEGER)
+                return REFUSE("shard %zu: slot bounds that are not integers", si);
             long long a = slots->element[k]->integer, b = slots->element[k + 1]->integer;
-            if (a < 0 || b > 16383 || a > b) return KVT_EPARSE;
+            if (a < 0 || b > 16383 || a > b) return REFUSE("shard %zu: slots %lld..%lld (expected 0..16383, in order)", si, a, b);
             for (long long x = a; x <= b; x++) { /* a slot two shards claim: not a map of one cluster */
-                if (m->slot[x] != KVT__NO_NODE) return KVT_EPARSE;
+                if (m->slot[x] != KVT__NO_NODE) return REFUSE("slot %lld claimed by two shards", x);
                 m->slot[x] = (uint16_t)idx, covered++;
             }
         }
     }
     m->covered = covered;
-    return covered ? KVT_OK : KVT_EPARSE;
+    return covered ? KVT_OK : REFUSE("no slot served by an online master");
 }

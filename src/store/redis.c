@@ -21,9 +21,10 @@
  *              CLUSTERDOWN (the cluster is down), LOADING, MASTERDOWN,
  *              a connect that fails, a reply that times out
  *                                     -> the node is down; its keys held back
- *              other errors (OOM ...) -> FAILED, logged
- *     up to cfg.retries rounds; keys still pending then are FAILED and their
- *     nodes marked down
+ *              a reply of the wrong type, other errors (OOM ...)
+ *                                     -> FAILED, logged
+ *     up to cfg.retries rounds, within the batch's deadline (below); keys
+ *     still pending then are FAILED and their nodes marked down
  *
  * A node down (shared by the workers, by host:port) is not contacted for
  * DOWN_NS: its keys fail at once, so a dead master, or one a MOVED names
@@ -34,13 +35,20 @@
  *
  * Each worker thread has its own connections (hiredis contexts are not
  * thread-safe), opened on first use and dropped on any I/O error or timeout
- * (every connect, send and receive has cfg.timeout_ms). The slot map is
+ * (every connect, send and receive has cfg.timeout_ms). A batch also has a
+ * deadline, cfg.timeout_ms x (cfg.retries + 1) from its start: a server that
+ * answers a byte at a time, or nodes that accept and never answer while
+ * the map is reloaded from each, cannot hold it longer; and no reply may
+ * take more than READ_CAP bytes of buffer (a server announcing a 10 GB
+ * value is cut off, not buffered). The slot map is
  * shared and replaced whole under a mutex, by whichever worker saw it stale.
  * Keys are "kvt:<32 hex>"; objects are the store's bytes as the value.
  * The password is never printed: messages name the store by its redacted
  * URL (kvt_store_url_redact) and a node by host:port. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,10 +71,13 @@
 #define MAX_HEALTH (KVT__MAX_NODES + MAX_SEEDS)
 
 /* A node's state, shared by the workers: down (for reads, for writes)
- * until a time (ns; 0: up). */
+ * until a time (ns; 0: up). An entry of a node up is given to another
+ * node when the table is full (addresses change over a long life: new
+ * pods, promoted replicas); gen tells a connection its entry moved on. */
 typedef struct health {
     char host[256];
     int port;
+    _Atomic uint32_t gen;
     _Atomic uint64_t down_until[2];
 } health_t;
 
@@ -80,8 +91,8 @@ typedef struct rbe {
     kvt__slotmap_t *map; /* cluster: under mu */
     uint64_t map_gen;
     _Atomic uint64_t map_at; /* when the map was last reloaded (ns) */
-    health_t health[MAX_HEALTH]; /* entries added under mu, never removed */
-    _Atomic unsigned nhealth;
+    health_t health[MAX_HEALTH]; /* entries added and reused under mu */
+    unsigned nhealth, health_next; /* under mu; health_next: where a reuse looks first */
     _Atomic uint64_t down_until; /* a store found down: batches fail at once until then (ns) */
     _Atomic bool no_script;      /* the server refused LEADING_SCRIPT (an ACL without EVAL, scripts off) */
 } rbe_t;
@@ -99,7 +110,8 @@ typedef struct rbe {
 typedef struct rconn {
     char host[256];
     int port;
-    int h; /* its entry in rbe_t.health, or -1 (the table is full) */
+    int h;         /* its entry in rbe_t.health: hof() */
+    uint32_t hgen; /* the entry's gen when it was this node's */
     redisContext *c;
     bool silent; /* c's error is one of ours (set_io_error): the peer said nothing in time */
     /* a get batch's window on this connection, this round: values asked and
@@ -131,14 +143,86 @@ typedef struct rworker {
     uint8_t *asking, *pending;
     kvt__slotmap_t *map; /* a private copy, refreshed from the shared one */
     uint64_t map_gen;
+    uint64_t deadline; /* the batch in progress gives up then (ns) */
 } rworker_t;
 
 static struct timeval tv_of(uint32_t ms) { return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000}; }
 
-/* Connects and, with a password, authenticates; NULL with the reason in why
- * (the password never in it). */
-static redisContext *connect_to(const rbe_t *b, const char *host, int port, char *why, size_t cap) {
-    struct timeval tv = tv_of(kvt__store_timeout_ms(b->s));
+/* What a batch may take: every round's receive timing out, and no more. */
+static uint64_t batch_deadline(const kvt_store_t *s) {
+    return kvt_now_ns() + (uint64_t)kvt__store_timeout_ms(s) * 1000000ull * ((uint64_t)kvt__store_retries(s) + 1);
+}
+
+/* The most a reply may hold in the reader's buffer before it is complete:
+ * an object and some (a value read through hiredis), or a CLUSTER SHARDS of
+ * every node. A server that announces more is cut off. */
+static size_t read_cap(const kvt_store_t *s) {
+    uint64_t ob = kvt__store_object_bytes(s);
+    return (size_t)((ob > (4u << 20) ? ob : (4u << 20)) + (64u << 10));
+}
+
+static const char NO_REPLY[] = "no reply in time";
+
+/* c failed: err's text in its errstr, as hiredis keeps its own errors, so
+ * that every path that reads c->errstr says what happened. */
+static int fail_ctx(redisContext *c, int err, const char *what) {
+    c->err = REDIS_ERR_IO;
+    snprintf(c->errstr, sizeof(c->errstr), "%s", what ? what : strerror(err));
+    return REDIS_ERR;
+}
+
+/* redisGetReply with a deadline and a cap: hiredis reads as long as each
+ * read brings a byte (every read is bounded by the timeout, the reply not)
+ * and buffers whatever length a reply announces. A reply still incomplete
+ * at the deadline fails as a timeout ("no reply in time"); one over the cap
+ * fails the connection. */
+static int get_reply(redisContext *c, uint64_t deadline, size_t cap, redisReply **out) {
+    void *aux = NULL;
+    *out = NULL;
+    if (redisGetReplyFromReader(c, &aux) != REDIS_OK) return REDIS_ERR;
+    if (aux == NULL) {
+        int done = 0;
+        do {
+            if (redisBufferWrite(c, &done) != REDIS_OK) return REDIS_ERR;
+        } while (!done);
+    }
+    while (aux == NULL) {
+        if (kvt_now_ns() >= deadline) return fail_ctx(c, EAGAIN, NO_REPLY);
+        if (redisBufferRead(c) != REDIS_OK)
+            return c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK) ? fail_ctx(c, EAGAIN, NO_REPLY) : REDIS_ERR;
+        if (c->reader->len - c->reader->pos > cap) {
+            char what[96];
+            snprintf(what, sizeof(what), "a reply of more than %zu bytes (kvtier's largest is an object): cut off", cap);
+            return fail_ctx(c, EMSGSIZE, what);
+        }
+        if (redisGetReplyFromReader(c, &aux) != REDIS_OK) return REDIS_ERR;
+    }
+    *out = aux;
+    return REDIS_OK;
+}
+
+/* A command and its reply, within deadline; NULL with c->errstr set. */
+static redisReply *ask_by(redisContext *c, uint64_t deadline, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = redisvAppendCommand(c, fmt, ap);
+    va_end(ap);
+    redisReply *r = NULL;
+    if (rc == REDIS_OK) get_reply(c, deadline, 4u << 20, &r);
+    return r;
+}
+
+/* Connects and, with a password, authenticates, within deadline; NULL with
+ * the reason in why (the password never in it). */
+static redisContext *connect_to(const rbe_t *b, const char *host, int port, uint64_t deadline, char *why, size_t cap) {
+    uint32_t ms = kvt__store_timeout_ms(b->s);
+    uint64_t now = kvt_now_ns();
+    if (now >= deadline) {
+        snprintf(why, cap, "%.200s:%d: not tried: the call's time is up", host, port);
+        return NULL;
+    }
+    if ((deadline - now) / 1000000 < ms) ms = (uint32_t)((deadline - now) / 1000000) + 1;
+    struct timeval tv = tv_of(ms);
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     if (c && c->reader) kvt__redis_cap_reader(c->reader);
     if (c == NULL || c->err) {
@@ -146,9 +230,9 @@ static redisContext *connect_to(const rbe_t *b, const char *host, int port, char
         if (c) redisFree(c);
         return NULL;
     }
-    redisSetTimeout(c, tv);
+    redisSetTimeout(c, tv_of(kvt__store_timeout_ms(b->s)));
     if (b->pass[0] == 0) return c;
-    redisReply *r = b->user[0] ? redisCommand(c, "AUTH %s %s", b->user, b->pass) : redisCommand(c, "AUTH %s", b->pass);
+    redisReply *r = b->user[0] ? ask_by(c, deadline, "AUTH %s %s", b->user, b->pass) : ask_by(c, deadline, "AUTH %s", b->pass);
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
         snprintf(why, cap, "%.120s:%d: AUTH%s%.60s%s failed: %.150s", host, port, b->user[0] ? " as user '" : "", b->user,
                  b->user[0] ? "'" : "", r ? r->str : c->errstr);
@@ -169,27 +253,42 @@ static const char *noauth_hint(const char *reply) {
 
 /* ---- nodes up and down -------------------------------------------------------------- */
 
-/* The health entry of host:port, added if new; -1 when the table is full. */
-static int health_of(rbe_t *b, const char *host, int port) {
-    unsigned n = atomic_load(&b->nhealth);
-    for (unsigned i = 0; i < n; i++)
-        if (b->health[i].port == port && strcmp(b->health[i].host, host) == 0) return (int)i;
+/* The health entry of host:port (and its gen, when gen is not NULL):
+ * found, added, or when the table is full another node's taken over: one
+ * that is up, else the one whose down mark ends first (a mark lost costs
+ * that node one more try; the node asked for now is the one in use). */
+static int health_of(rbe_t *b, const char *host, int port, uint32_t *gen) {
     pthread_mutex_lock(&b->mu);
     int at = -1;
-    n = atomic_load(&b->nhealth);
+    unsigned n = b->nhealth;
     for (unsigned i = 0; i < n && at < 0; i++)
         if (b->health[i].port == port && strcmp(b->health[i].host, host) == 0) at = (int)i;
-    if (at < 0 && n < MAX_HEALTH) {
-        health_t *e = &b->health[n];
+    if (at < 0 && n < MAX_HEALTH) at = (int)b->nhealth++;
+    uint64_t soonest = UINT64_MAX;
+    for (unsigned k = 0; at < 0 && k < n; k++) { /* full */
+        unsigned i = (b->health_next + k) % n;
+        uint64_t r = atomic_load(&b->health[i].down_until[0]), w = atomic_load(&b->health[i].down_until[1]);
+        if ((r > w ? r : w) < soonest) soonest = r > w ? r : w, at = (int)i;
+        if (soonest <= kvt_now_ns()) break; /* up: taken */
+    }
+    if (at >= 0 && (unsigned)at < n) b->health_next = (unsigned)at + 1;
+    if (at >= 0 && (b->health[at].port != port || strcmp(b->health[at].host, host) != 0)) { /* new here */
+        health_t *e = &b->health[at];
         snprintf(e->host, sizeof(e->host), "%s", host);
         e->port = port;
         atomic_store(&e->down_until[0], 0);
         atomic_store(&e->down_until[1], 0);
-        atomic_store(&b->nhealth, n + 1); /* published after its fields */
-        at = (int)n;
+        atomic_fetch_add(&e->gen, 1);
     }
+    if (at >= 0 && gen) *gen = atomic_load(&b->health[at].gen);
     pthread_mutex_unlock(&b->mu);
     return at;
+}
+
+/* The connection's health entry, looked up again when it went to another node. */
+static int hof(rbe_t *b, rconn_t *c) {
+    if (c->h < 0 || atomic_load(&b->health[c->h].gen) != c->hgen) c->h = health_of(b, c->host, c->port, &c->hgen);
+    return c->h;
 }
 
 static bool is_down(rbe_t *b, int h, bool write, uint64_t now) {
@@ -208,32 +307,51 @@ static bool is_write(kvt_store_op_t op) { return op == KVT_STORE_PUT || op == KV
 /* ---- the slot map ---------------------------------------------------------------- */
 
 /* CLUSTER SHARDS from the first node that answers (the map's nodes, then the
- * seeds). KVT_OK with *out set; else the reason in why. */
-static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, char *why, size_t cap) {
+ * seeds, each once), within deadline. Nodes down are skipped (one is tried
+ * when all are), and a node that cannot be reached or does not answer is
+ * marked down: in a cluster whose nodes accept and never answer, a reload
+ * costs one timeout a node once, not one a node a round. KVT_OK with *out
+ * set; else the reason in why. */
+static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, uint64_t deadline, char *why, size_t cap) {
     kvt__rnode_t all[MAX_HEALTH], cand[MAX_HEALTH];
     unsigned na = 0, nc = 0;
     for (unsigned i = 0; old && i < old->nnodes; i++) all[na++] = old->nodes[i];
-    for (unsigned i = 0; i < b->nseeds; i++) all[na++] = b->seeds[i];
+    for (unsigned i = 0; i < b->nseeds; i++) {
+        bool seen = false;
+        for (unsigned j = 0; j < na && !seen; j++) seen = all[j].port == b->seeds[i].port && strcmp(all[j].host, b->seeds[i].host) == 0;
+        if (!seen) all[na++] = b->seeds[i];
+    }
     uint64_t now = kvt_now_ns();
-    for (int pass = 0; pass < 2; pass++) /* the nodes that are up first, those down last */
-        for (unsigned i = 0; i < na; i++)
-            if (is_down(b, health_of(b, all[i].host, all[i].port), false, now) == (pass == 1)) cand[nc++] = all[i];
+    for (unsigned i = 0; i < na; i++)
+        if (!is_down(b, health_of(b, all[i].host, all[i].port, NULL), false, now)) cand[nc++] = all[i];
+    if (nc == 0 && na) cand[nc++] = all[0]; /* all down: one is asked again */
     snprintf(why, cap, "no node answered");
     for (unsigned i = 0; i < nc; i++) {
-        redisContext *c = connect_to(b, cand[i].host, cand[i].port, why, cap);
-        if (c == NULL) continue;
-        redisReply *r = redisCommand(c, "CLUSTER SHARDS");
+        int h = health_of(b, cand[i].host, cand[i].port, NULL);
+        redisContext *c = connect_to(b, cand[i].host, cand[i].port, deadline, why, cap);
+        if (c == NULL) {
+            if (kvt_now_ns() >= deadline) break;
+            mark_down(b, h, true, true);
+            continue;
+        }
+        redisReply *r = ask_by(c, deadline, "CLUSTER SHARDS");
         int rc = KVT_EIO;
-        if (r == NULL) snprintf(why, cap, "%.200s:%d: %s", cand[i].host, cand[i].port, c->errstr);
-        else if (r->type == REDIS_REPLY_ERROR)
+        char reason[160];
+        if (r == NULL) {
+            snprintf(why, cap, "%.200s:%d: %s", cand[i].host, cand[i].port, c->errstr);
+            mark_down(b, h, true, true);
+        } else if (r->type == REDIS_REPLY_ERROR) {
             snprintf(why, cap, "%.120s:%d: CLUSTER SHARDS: %.150s%s", cand[i].host, cand[i].port, r->str,
                      noauth_hint(r->str)[0] ? noauth_hint(r->str) : " (not a Redis 7 cluster node?)");
-        else if (kvt__slotmap_parse(r, out) != KVT_OK)
-            snprintf(why, cap, "%.200s:%d: CLUSTER SHARDS: no slot served by an online master", cand[i].host, cand[i].port);
-        else rc = KVT_OK;
+        } else if (kvt__slotmap_parse(r, out, reason, sizeof(reason)) != KVT_OK) {
+            snprintf(why, cap, "%.200s:%d: CLUSTER SHARDS: %s", cand[i].host, cand[i].port, reason);
+        } else {
+            rc = KVT_OK;
+        }
         if (r) freeReplyObject(r);
         redisFree(c);
         if (rc == KVT_OK) return KVT_OK;
+        if (kvt_now_ns() >= deadline) break;
     }
     return KVT_EIO;
 }
@@ -248,7 +366,7 @@ static int refresh_map(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
     if (nm == NULL) return 0;
     char why[512];
     req->cnt.map_refreshes++;
-    if (load_map(b, w->map, nm, why, sizeof(why)) != KVT_OK) {
+    if (load_map(b, w->map, nm, w->deadline, why, sizeof(why)) != KVT_OK) {
         kvt__store_log(b->s, "cluster slot map reload failed: %s", why);
         kvt__free(nm, sizeof(*nm));
         return -1;
@@ -289,7 +407,7 @@ static int conn_index(rbe_t *b, rworker_t *w, const char *host, int port) {
     }
     snprintf(c->host, sizeof(c->host), "%s", host);
     c->port = port;
-    c->h = health_of(b, host, port);
+    c->h = health_of(b, host, port, &c->hgen);
     return (int)(c - w->conn);
 }
 
@@ -347,9 +465,26 @@ static int route(rbe_t *b, rworker_t *w, const kvt__sreq_t *req, size_t i) {
  * that the next redisGetReply fails and the usual path (timed_out, errstr,
  * drop, the keys sent again) takes it: err 0 is the peer's close. */
 static void set_io_error(rconn_t *c, int err) {
-    c->c->err = err ? REDIS_ERR_IO : REDIS_ERR_EOF;
-    snprintf(c->c->errstr, sizeof(c->c->errstr), "%s", err ? strerror(err) : "Server closed the connection");
     c->silent = err == EAGAIN || err == EWOULDBLOCK;
+    c->c->err = err ? REDIS_ERR_IO : REDIS_ERR_EOF;
+    snprintf(c->c->errstr, sizeof(c->c->errstr), "%s", c->silent ? NO_REPLY : err ? strerror(err) : "Server closed the connection");
+}
+
+/* kvt__readv_all until deadline: -1 with errno EAGAIN past it (each read
+ * is bounded by the socket's timeout; a server sending a byte at a time
+ * would otherwise hold the call for as long as it likes). */
+static ssize_t readv_by(int fd, struct iovec *v, size_t n, uint64_t deadline) {
+    size_t got = 0;
+    while (n) {
+        if (kvt_now_ns() >= deadline) return errno = EAGAIN, -1;
+        ssize_t k = readv(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += (size_t)k;
+        n = kvt__iov_advance(&v, n, (size_t)k);
+    }
+    return (ssize_t)got;
 }
 
 /* SET key object: the command's head, then the tier page and the header
@@ -400,7 +535,7 @@ enum { D_NOT_TAKEN, D_DONE, D_LOST };
  * broke or lost step within the reply (its error set, the page zeroed).
  * The reply starts in what hiredis read ahead, if anything, then the
  * socket; the first line is peeked at, so a reply not taken is left whole. */
-static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i) {
+static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i, uint64_t deadline) {
     redisContext *rc = c->c;
     redisReader *rd = rc->reader;
     uint64_t ob = kvt__store_object_bytes(req->s), vlen = 0;
@@ -422,6 +557,13 @@ static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i) {
         k = (size_t)got;
     }
     size_t head = bulk_head(line, k, &vlen);
+    if (head && vlen > ob) { /* longer than any object: refused unread, not buffered (it may claim gigabytes) */
+        req->results[i] = KVT_STORE_BAD;
+        kvt__store_log(req->s, "bad object for key %s: a value of %llu bytes, an object is %llu: refused, the connection "
+                               "to %s:%d dropped", req->hex[i], (unsigned long long)vlen, (unsigned long long)ob, c->host, c->port);
+        set_io_error(c, EPROTO);
+        return D_DONE;
+    }
     struct iovec *v;
     size_t nv;
     if (head == 0 || vlen != ob || (nv = kvt__store_get_iov(req, i, &v)) == 0) return D_NOT_TAKEN;
@@ -436,11 +578,11 @@ static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i) {
         want -= take;
     } else {
         struct iovec h = {.iov_base = line, .iov_len = head};
-        ssize_t got = kvt__readv_all(rc->fd, &h, 1); /* peeked: there */
+        ssize_t got = readv_by(rc->fd, &h, 1, deadline); /* peeked: there */
         if (got != (ssize_t)head) err = got < 0 ? errno : EPIPE;
     }
     if (err == 0 && want) {
-        ssize_t got = kvt__readv_all(rc->fd, v, nv);
+        ssize_t got = readv_by(rc->fd, v, nv, deadline);
         if (got < 0) err = errno;
         else if ((size_t)got != want) err = EPIPE; /* closed within the reply */
     }
@@ -448,6 +590,9 @@ static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i) {
     if (err) {
         kvt__store_deliver_in_place(req, i, 0, err); /* zeroes the page; the key is sent again */
         set_io_error(c, err == EPIPE ? 0 : err);
+        if (err == EPIPE)
+            snprintf(rc->errstr, sizeof(rc->errstr), "the server closed the connection within a value of %llu bytes",
+                     (unsigned long long)ob);
         return D_LOST;
     }
     kvt__store_deliver_in_place(req, i, ob, 0);
@@ -498,7 +643,7 @@ static int redirect(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, bool ask
     int ci = conn_index(b, w, host, port);
     if (ci < 0) return R_RETRY_REFRESH;
     w->tnode[i] = (uint16_t)ci;
-    if (is_down(b, w->conn[ci].h, is_write(req->op), kvt_now_ns())) return R_HELD;
+    if (is_down(b, hof(b, &w->conn[ci]), is_write(req->op), kvt_now_ns())) return R_HELD;
     w->asking[i] = ask ? 1 : 2;
     if (ask) req->cnt.ask++;
     else req->cnt.moved++;
@@ -506,14 +651,14 @@ static int redirect(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, bool ask
 }
 
 /* One reply for key i; returns what to do with it. */
-static int handle(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, redisReply *r, const rconn_t *from) {
+static int handle(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, redisReply *r, rconn_t *from) {
     if (r->type == REDIS_REPLY_ERROR) {
         bool ask;
         unsigned slot;
         char host[256];
         int port;
         if (kvt_store_parse_redirect(r->str, &ask, &slot, host, sizeof(host), &port) == KVT_OK)
-            return redirect(b, w, req, i, ask, host, port, from, r->str);
+            return redirect(b, w, req, i, ask, host[0] ? host : from->host, port, from, r->str);
         if (prefix(r->str, "TRYAGAIN")) {
             req->cnt.tryagain++;
             return R_RETRY;
@@ -522,7 +667,7 @@ static int handle(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, redisReply
         if (prefix(r->str, "CLUSTERDOWN") || prefix(r->str, "LOADING") || prefix(r->str, "MASTERDOWN")) {
             /* the node serves nothing now (reads still, when it says so) */
             bool reads = strstr(r->str, "only accepts read commands") == NULL;
-            mark_down(b, from->h, reads, true);
+            mark_down(b, hof(b, from), reads, true);
             kvt__store_log(b->s, "%s:%d is down for %s (next try in %llu ms): %s", from->host, from->port,
                            reads ? "reads and writes" : "writes", DOWN_NS / 1000000, r->str);
             return R_HELD;
@@ -531,24 +676,33 @@ static int handle(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, redisReply
         kvt__store_log(b->s, "%s %s at %s:%d: %s", kvt_store_op_name(req->op), req->hex[i], from->host, from->port, r->str);
         return R_DONE;
     }
+    /* the reply each command has: EXISTS and DEL an integer, GET a value or nil, SET +OK; another is
+     * not the answer to the question (a proxy in between, a server out of step): a failure, logged */
+    bool right = false;
     switch (req->op) {
     case KVT_STORE_EXISTS:
     case KVT_STORE_REMOVE:
-        req->results[i] = r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? KVT_STORE_OK : KVT_STORE_MISS;
+        if ((right = r->type == REDIS_REPLY_INTEGER)) req->results[i] = r->integer > 0 ? KVT_STORE_OK : KVT_STORE_MISS;
         break;
     case KVT_STORE_GET:
         if (r->type == REDIS_REPLY_STRING) kvt__store_deliver(req, i, r->str, r->len);
-        else req->results[i] = KVT_STORE_MISS;
+        else if (r->type == REDIS_REPLY_NIL) req->results[i] = KVT_STORE_MISS;
+        right = r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_NIL;
         break;
     case KVT_STORE_PUT:
-        if (r->type == REDIS_REPLY_STATUS) {
+        if ((right = r->type == REDIS_REPLY_STATUS && strcmp(r->str, "OK") == 0)) {
             req->results[i] = KVT_STORE_OK;
             req->cnt.bytes += kvt__store_object_bytes(req->s);
-        } else {
-            req->results[i] = KVT_STORE_FAILED;
         }
         break;
-    default: req->results[i] = KVT_STORE_FAILED;
+    default: break;
+    }
+    if (!right) {
+        static const char *const types[] = {"?", "a value", "an array", "an integer", "nil", "a status", "an error"};
+        req->results[i] = KVT_STORE_FAILED;
+        kvt__store_log(b->s, "%s %s at %s:%d: the reply is %s%s%.40s, not the command's", kvt_store_op_name(req->op), req->hex[i],
+                       from->host, from->port, r->type >= 1 && r->type <= 6 ? types[r->type] : "of an unknown type",
+                       r->type == REDIS_REPLY_STATUS ? " " : "", r->type == REDIS_REPLY_STATUS ? r->str : "");
     }
     return R_DONE;
 }
@@ -562,7 +716,7 @@ static void sleep_ms(unsigned ms) {
 /* A receive that ran out of time (the node is there but silent), as
  * opposed to a connection the node closed. */
 static bool timed_out(const rconn_t *c) {
-    if (c->silent) return true;
+    if (c->silent || strcmp(c->c->errstr, NO_REPLY) == 0) return true;
 #ifdef REDIS_ERR_TIMEOUT
     if (c->c->err == REDIS_ERR_TIMEOUT) return true;
 #endif
@@ -584,13 +738,13 @@ static void send_round(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool *sent, boo
             continue;
         }
         rconn_t *c = &w->conn[w->tnode[i]];
-        if (is_down(b, c->h, write, now)) {
+        if (is_down(b, hof(b, c), write, now)) {
             w->pending[i] = K_HELD;
             continue;
         }
         if (c->c == NULL && !tried[w->tnode[i]]) {
             tried[w->tnode[i]] = true;
-            if ((c->c = connect_to(b, c->host, c->port, why, cap)) == NULL) mark_down(b, c->h, true, true);
+            if ((c->c = connect_to(b, c->host, c->port, w->deadline, why, cap)) == NULL) mark_down(b, hof(b, c), true, true);
         }
         if (c->c == NULL) {
             w->pending[i] = K_HELD;
@@ -634,16 +788,17 @@ static void refill(rworker_t *w, kvt__sreq_t *req, unsigned ci) {
 static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, bool *answered, bool *refresh, bool *backoff,
                          char *why, size_t cap) {
     rconn_t *c = &w->conn[ci];
+    size_t cap_bytes = read_cap(req->s);
     req->cnt.round_trips++;
     for (size_t i = 0; i < req->n; i++) {
         if (w->pending[i] != K_SENT || w->tnode[i] != ci) continue;
         redisReply *r = NULL;
         if (c->c && w->asking[i] == 1) { /* the ASKING reply */
-            if (redisGetReply(c->c, (void **)&r) != REDIS_OK) r = NULL;
+            get_reply(c->c, w->deadline, cap_bytes, &r);
             if (r) freeReplyObject(r);
             r = NULL;
         }
-        int direct = c->c && req->op == KVT_STORE_GET ? get_direct(c, req, i) : D_NOT_TAKEN;
+        int direct = c->c && req->op == KVT_STORE_GET ? get_direct(c, req, i, w->deadline) : D_NOT_TAKEN;
         if (direct == D_DONE) {
             *answered = true;
             w->asking[i] = 0;
@@ -651,17 +806,21 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
             refill(w, req, ci);
             continue;
         }
-        if (c->c == NULL || direct == D_LOST || redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
+        if (c->c == NULL || direct == D_LOST || get_reply(c->c, w->deadline, cap_bytes, &r) != REDIS_OK || r == NULL) {
+            bool silent = false;
             if (c->c) {
-                bool silent = timed_out(c);
-                snprintf(why, cap, "%.200s:%d: %s", c->host, c->port, silent ? "no reply in time" : c->c->errstr);
+                silent = timed_out(c);
+                snprintf(why, cap, "%.200s:%d: %s", c->host, c->port, silent ? NO_REPLY : c->c->errstr);
                 drop(c);
                 req->cnt.reconnects++;
-                if (silent) mark_down(b, c->h, true, true); /* another try would wait as long again */
+                if (silent) mark_down(b, hof(b, c), true, true); /* another try would wait as long again */
             }
-            w->pending[i] = K_SEND;
+            /* a node that said nothing in time is down: its keys are held (another node, if a reloaded map
+             * names one, or a failure now); a connection lost otherwise is tried again after a backoff */
+            w->pending[i] = silent ? K_HELD : K_SEND;
             w->asking[i] = 0;
-            *refresh = *backoff = true;
+            *refresh = true;
+            *backoff |= !silent;
             continue;
         }
         *answered = true;
@@ -691,7 +850,7 @@ static size_t settle_held(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool refresh
         if (w->pending[i] != K_HELD) continue;
         if (refreshed) {
             int ci = route(b, w, req, i);
-            if (ci >= 0 && !is_down(b, w->conn[ci].h, is_write(req->op), now) && (unsigned)ci != w->tnode[i]) {
+            if (ci >= 0 && !is_down(b, hof(b, &w->conn[ci]), is_write(req->op), now) && (unsigned)ci != w->tnode[i]) {
                 w->tnode[i] = (uint16_t)ci;
                 w->pending[i] = K_SEND;
                 continue;
@@ -731,14 +890,14 @@ static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
     uint64_t now = kvt_now_ns();
     for (size_t i = 0; i < req->n; i++) {
         int ci = route(b, w, req, i);
-        if (ci < 0 || is_down(b, w->conn[ci].h, false, now)) return false;
+        if (ci < 0 || is_down(b, hof(b, &w->conn[ci]), false, now)) return false;
         w->tnode[i] = (uint16_t)ci;
         if (count[ci]++ == 0) used[nused++] = (unsigned)ci;
     }
     char why[512];
     for (size_t u = 0; u < nused; u++) { /* every node connected before any is asked: no reply is left unread */
         rconn_t *c = &w->conn[used[u]];
-        if (c->c == NULL && (c->c = connect_to(b, c->host, c->port, why, sizeof(why))) == NULL) return false;
+        if (c->c == NULL && (c->c = connect_to(b, c->host, c->port, w->deadline, why, sizeof(why))) == NULL) return false;
     }
     for (size_t u = 0; u < nused; u++) {
         rconn_t *c = &w->conn[used[u]];
@@ -760,11 +919,11 @@ static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
         rconn_t *c = &w->conn[used[u]];
         redisReply *r = NULL;
         req->cnt.round_trips++;
-        if (redisGetReply(c->c, (void **)&r) != REDIS_OK || r == NULL) {
+        if (get_reply(c->c, w->deadline, read_cap(req->s), &r) != REDIS_OK || r == NULL) {
             bool silent = timed_out(c);
             drop(c);
             req->cnt.reconnects++;
-            if (silent) mark_down(b, c->h, true, true); /* the pipelined path would wait as long again */
+            if (silent) mark_down(b, hof(b, c), true, true); /* the pipelined path would wait as long again */
             done = false;
             continue;
         }
@@ -803,6 +962,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
                        (unsigned long long)((until - now) / 1000000));
         return;
     }
+    w->deadline = batch_deadline(req->s);
     if (b->cluster) sync_map(b, w);
     if (req->leading && req->op == KVT_STORE_EXISTS && leading_by_script(b, w, req)) return;
     for (size_t i = 0; i < n; i++) {
@@ -832,15 +992,15 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
         bool left = false;
         for (size_t i = 0; i < n; i++) left |= w->pending[i] != K_DONE;
         if (!left) break;
-        if (round >= retries) {
+        if (round >= retries || kvt_now_ns() >= w->deadline) {
             size_t failed = 0;
             for (size_t i = 0; i < n; i++)
                 if (w->pending[i] != K_DONE) {
                     req->results[i] = KVT_STORE_FAILED, failed++;
-                    if (w->tnode[i] != UINT16_MAX) mark_down(b, w->conn[w->tnode[i]].h, true, true); /* retried enough */
+                    if (w->tnode[i] != UINT16_MAX) mark_down(b, hof(b, &w->conn[w->tnode[i]]), true, true); /* retried enough */
                 }
-            kvt__store_log(req->s, "%s: %zu of %zu keys failed after %u retries%s%s", kvt_store_op_name(req->op), failed, n,
-                           retries, why[0] ? ": " : "", why);
+            kvt__store_log(req->s, "%s: %zu of %zu keys failed after %u %s%s%s", kvt_store_op_name(req->op), failed, n,
+                           round, round >= retries ? "retries" : "retries, the call's time up", why[0] ? ": " : "", why);
             exhausted = true;
             break;
         }
@@ -958,8 +1118,9 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
     kvt__sigpipe_hold(&sp);
     if (rc == KVT_OK && !cluster) {
         const kvt__rnode_t *n = &b->seeds[0];
-        redisContext *c = connect_to(b, n->host, n->port, why, sizeof(why));
-        redisReply *r = c ? redisCommand(c, "PING") : NULL;
+        uint64_t deadline = kvt_now_ns() + 2ull * kvt__store_timeout_ms(s) * 1000000ull; /* connect (and AUTH), PING */
+        redisContext *c = connect_to(b, n->host, n->port, deadline, why, sizeof(why));
+        redisReply *r = c ? ask_by(c, deadline, "PING") : NULL;
         if (c && r == NULL) snprintf(why, sizeof(why), "%.200s:%d: %s", n->host, n->port, c->errstr);
         else if (r && r->type == REDIS_REPLY_ERROR) snprintf(why, sizeof(why), "%.200s:%d: PING: %.100s%s", n->host, n->port, r->str, noauth_hint(r->str));
         if (r == NULL || r->type == REDIS_REPLY_ERROR) rc = KVT_EIO, kvt__store_error("store %s: %s", kvt_store_url(s), why);
@@ -969,7 +1130,8 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
     if (rc == KVT_OK && cluster) {
         b->map = kvt__malloc(sizeof(*b->map));
         if (b->map == NULL) rc = KVT_ENOMEM, kvt__store_error("out of memory");
-        else if (load_map(b, NULL, b->map, why, sizeof(why)) != KVT_OK) rc = KVT_EIO, kvt__store_error("store %s: %s", kvt_store_url(s), why);
+        else if (load_map(b, NULL, b->map, batch_deadline(s), why, sizeof(why)) != KVT_OK)
+            rc = KVT_EIO, kvt__store_error("store %s: %s", kvt_store_url(s), why);
         else b->map_gen = 1;
     }
     kvt__sigpipe_release(&sp);

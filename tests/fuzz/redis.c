@@ -36,7 +36,7 @@ static void check_redirect(const char *text) {
         return;
     }
     FZ_ASSERT(strncmp(text, ask ? "ASK " : "MOVED ", ask ? 4 : 6) == 0, "the kind");
-    FZ_ASSERT(slot < 16384 && port >= 1 && port <= 65535 && host[0], "slot %u port %d host '%s'", slot, port, host);
+    FZ_ASSERT(slot < 16384 && port >= 1 && port <= 65535 && (host[0] || strstr(text, " :")), "slot %u port %d host '%s'", slot, port, host);
     char again[400];
     snprintf(again, sizeof(again), strchr(host, ':') ? "%s %u [%s]:%d" : "%s %u %s:%d", ask ? "ASK" : "MOVED", slot, host, port);
     bool ask2;
@@ -50,8 +50,10 @@ static void check_redirect(const char *text) {
 static kvt__slotmap_t map;
 
 static void check_map(const redisReply *r) {
-    int rc = kvt__slotmap_parse(r, &map);
+    char why[160];
+    int rc = kvt__slotmap_parse(r, &map, why, sizeof(why));
     FZ_ASSERT(rc == KVT_OK || rc == KVT_EPARSE, "slotmap_parse: %d", rc);
+    FZ_ASSERT(rc == KVT_OK || (why[0] && memchr(why, 0, sizeof(why))), "a map refused without a reason");
     if (rc != KVT_OK) return; /* a refused map is never used (load_map) */
     FZ_ASSERT(map.nnodes <= KVT__MAX_NODES, "nodes %u", map.nnodes);
     unsigned with = 0;

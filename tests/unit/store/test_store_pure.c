@@ -46,8 +46,10 @@ Test(store_pure, redirect_parser) {
     cr_assert_eq(port, 30001);
     cr_assert_eq(kvt_store_parse_redirect("MOVED 1 node-a.example:7001", &ask, &slot, host, sizeof(host), &port), KVT_OK);
     cr_assert_str_eq(host, "node-a.example");
+    cr_assert_eq(kvt_store_parse_redirect("MOVED 5 :7000", &ask, &slot, host, sizeof(host), &port), KVT_OK); /* the sender, that port */
+    cr_assert(host[0] == 0 && port == 7000 && slot == 5);
     const char *bad[] = {"ERR wrong", "MOVED", "MOVED 16384 127.0.0.1:1", "MOVED x 127.0.0.1:1", "MOVED 5 127.0.0.1",
-                         "MOVED 5 127.0.0.1:", "MOVED 5 :7000", "ASK 5 h:70000", "MOVED 5 h:1 extra", "moved 5 h:1",
+                         "MOVED 5 127.0.0.1:", "MOVED 5 :", "MOVED 5 :70000", "MOVED 5 :1234567", "ASK 5 h:70000", "MOVED 5 h:1 extra", "moved 5 h:1",
                          "ASK 16333 [[1]]:3", "MOVED 5 h[1]:7",
                          "TRYAGAIN Multiple keys request during rehashing of slot", "CLUSTERDOWN The cluster is down"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
