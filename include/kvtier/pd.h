@@ -158,9 +158,10 @@ typedef enum kvt_pd_event_type {
 
 typedef enum kvt_pd_fail_reason {
     KVT_PD_FAIL_NONE = 0,
-    KVT_PD_FAIL_VANISHED = 1, /* `rank` vanished, or said goodbye, before its DONE */
-    KVT_PD_FAIL_SEND = 2,     /* `rank` said DONE with a failed transfer (`status`) */
-    KVT_PD_FAIL_TIMEOUT = 3   /* nothing moved for timeout_ms; `rank` is the first it waited for */
+    KVT_PD_FAIL_VANISHED = 1, /* `rank` vanished before its DONE */
+    KVT_PD_FAIL_SEND = 2,     /* `rank` said DONE with a failed transfer, or asked for another size (`status`) */
+    KVT_PD_FAIL_TIMEOUT = 3,  /* nothing moved for timeout_ms; `rank` is the first it waited for */
+    KVT_PD_FAIL_BYE = 4       /* `rank` said goodbye before its DONE */
 } kvt_pd_fail_reason_t;
 
 typedef struct kvt_pd_event {

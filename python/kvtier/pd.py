@@ -17,7 +17,7 @@ __all__ = ["PdReceiver", "PdSender", "PdEventInfo", "TRANSPORTS"]
 
 TRANSPORTS = ("tcp", "ucx")
 EVENTS = {1: "complete", 2: "failed", 3: "end"}
-REASONS = ("none", "vanished", "send", "timeout")
+REASONS = ("none", "vanished", "send", "timeout", "bye")
 PD_STATS = tuple(f for f, _, _ in _fields.PD_STATS)
 PD_RANK_STATS = tuple(f for f, _, _ in _fields.PD_RANK_STATS)
 

@@ -371,3 +371,85 @@ def test_a_vanished_ranks_bytes_never_land_after_failed():
         c2.sendall(data_hello(token=TOKEN ^ 1, pages=8, layers=2, layer_bytes=256))
         assert struct.unpack("<i", recv_exact(c2, 128)[:4])[0] == kvtier.InvalidArgument.code  # a stranger's token
         c2.close()
+
+
+@pytest.mark.parametrize("how", ["done with an error", "goodbye before done"])
+def test_a_failed_sends_bytes_never_land_after_failed(how):
+    """A rank says its send failed (DONE with an error) or says goodbye with
+    its DONE missing while a run of its is half sent: decode cuts its data
+    connections before FAILED, as for a rank that vanished."""
+    with kvtier.Tier.host(8, 2, 256) as pool, kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
+        c = join(rx.control_port, 0, 1)
+        c.sendall(op(REQ, 1, 2))
+        _, _, _, pages = read_dst(c)
+        d = socket.create_connection(("127.0.0.1", rx.data_port))
+        d.sendall(data_hello(token=writer_token(TOKEN, 0), pages=8, layers=2, layer_bytes=256))
+        assert struct.unpack("<i", recv_exact(d, 128)[:4])[0] == 0
+        d.sendall(struct.pack("<QQ", pages[0] * 512, 512) + b"\xaa" * 100)
+        time.sleep(0.2)
+        c.sendall(op(DONE, 1, 2, status=kvtier.IOFailure.code) if how == "done with an error" else hdr(BYE, 0))
+        ev = events(rx, lambda got: any(e.type == "failed" for e in got))
+        assert [(e.handoff, e.reason) for e in ev if e.type == "failed"] == \
+            [(1, "send" if how == "done with an error" else "bye")]
+        rx.release(1)
+        before = pool.read_page(pages[0])
+        try:
+            d.sendall(b"\xbb" * 412)
+        except OSError:
+            pass
+        time.sleep(0.3)
+        assert pool.read_page(pages[0]) == before and b"\xbb" not in before
+        d.close(), c.close()
+
+
+def test_a_failed_done_as_the_last_done_is_one_failed_event(group):
+    """The last rank's DONE says its send failed: the hand-off is reported
+    once, FAILED (not FAILED and then COMPLETE), and released once."""
+    rx, a, b = group
+    for s in (a, b):
+        s.sendall(op(REQ, 7, 4))
+        assert read_dst(s)[2] == 0
+    a.sendall(op(DONE, 7, 4))
+    b.sendall(op(DONE, 7, 4, status=kvtier.IOFailure.code))
+    ev = events(rx, lambda got: any(e.type == "failed" for e in got))
+    time.sleep(0.3)
+    ev += rx.poll(0.2)
+    assert [(e.type, e.handoff) for e in ev] == [("failed", 7)]
+    rx.release(7)
+    st = rx.stats()
+    assert st["handoffs"] == 0 and st["failed"] == 1 and st["free_pages"] == st["pool_pages"]
+
+
+def test_a_req_for_a_released_hand_off_is_refused_not_opened_again(group):
+    """A REQ for a hand-off decode reported and the caller released (a
+    straggler, a replay) would reserve its pages again for a hand-off no
+    other rank will send: refused."""
+    rx, a, b = group
+    for s in (a, b):
+        s.sendall(op(REQ, 1, 4))
+        assert read_dst(s)[2] == 0
+    for s in (a, b):
+        s.sendall(op(DONE, 1, 4))
+    assert [e.type for e in events(rx, lambda got: bool(got))] == ["complete"]
+    rx.release(1)
+    a.sendall(op(REQ, 1, 4))
+    assert read_dst(a)[:3] == (1, 0, kvtier.IOFailure.code)
+    st = rx.stats()
+    assert st["free_pages"] == st["pool_pages"]
+
+
+def test_a_hand_off_whose_ranks_disagree_on_its_size_fails(group):
+    """Rank 1 asks for another size than rank 0 did: refused, and the
+    hand-off can never complete, so it fails (reported once rank 0, which
+    has its pages, is done with it) and its pages come back."""
+    rx, a, b = group
+    a.sendall(op(REQ, 5, 4))
+    assert read_dst(a)[:3] == (5, 4, 0)
+    b.sendall(op(REQ, 5, 6))
+    assert read_dst(b)[:3] == (5, 0, kvtier.InvalidArgument.code)
+    a.sendall(op(DONE, 5, 4))
+    ev = events(rx, lambda got: any(e.type == "failed" for e in got))
+    assert [(e.type, e.handoff, e.reason) for e in ev] == [("failed", 5, "send")]
+    rx.release(5)
+    st = rx.stats()
+    assert st["free_pages"] == st["pool_pages"] and st["failed"] == 1

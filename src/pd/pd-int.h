@@ -34,6 +34,12 @@ typedef struct kvt__pd_live {
     kvt_pd_fail_reason_t reason;
 } kvt__pd_live_t;
 
+/* How many released hand-offs the receiver remembers: a rank's REQ for one
+ * (a straggler after its hand-off failed and was released, a replay) would
+ * otherwise open it again, and hold its pages for a hand-off the other
+ * ranks never send. */
+#define KVT__PD_ENDED 1024
+
 struct kvt_pd_receiver {
     kvt_pd_receiver_config_t cfg; /* defaults filled in */
     kvt_net_server_t *srv;
@@ -52,6 +58,8 @@ struct kvt_pd_receiver {
     int fd[KVT_PD_MAX_RANKS];
     bool dead[KVT_PD_MAX_RANKS], finished[KVT_PD_MAX_RANKS], has_waiting[KVT_PD_MAX_RANKS];
     kvt__pd_op_t waiting[KVT_PD_MAX_RANKS]; /* a REQ that found no room, per rank */
+    uint64_t ended[KVT__PD_ENDED]; /* the last hand-offs released (a ring): a REQ for one is refused, not a new one */
+    uint32_t nended;
     uint64_t *lat; /* [rank][window]: rings of per-rank hand-off latencies */
     uint64_t nlat;
     kvt_pd_stats_t st;

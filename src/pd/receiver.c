@@ -46,6 +46,7 @@
 #include "../core/clock-int.h"
 #include "kvtier/stats.h"
 #include "../core/abi-int.h"
+#include "../core/check-int.h"
 #include "kvtier/error.h"
 #include "../core/mem-int.h"
 #include "../net/net-int.h"
@@ -64,6 +65,7 @@ static uint64_t gone_mask(const kvt_pd_receiver_t *r) {
 
 static void post(kvt_pd_receiver_t *r, kvt_pd_event_t ev) {
     size_t cap = r->cfg.max_live + 1; /* one event per slot at most, and END */
+    KVT_ASSERT(r->qlen < cap);
     r->q[(r->qhead + r->qlen) % cap] = ev;
     r->qlen++;
     pthread_cond_broadcast(&r->cv);
@@ -79,6 +81,13 @@ static void note_failed(kvt_pd_receiver_t *r, uint64_t id) {
     if (!r->st.first_failed || id + 1 < r->st.first_failed) r->st.first_failed = id + 1;
 }
 
+static bool ended(const kvt_pd_receiver_t *r, uint64_t id) {
+    uint32_t n = r->nended < KVT__PD_ENDED ? r->nended : KVT__PD_ENDED;
+    for (uint32_t i = 0; i < n; i++)
+        if (r->ended[i] == id) return true;
+    return false;
+}
+
 static kvt__pd_live_t *find_live(kvt_pd_receiver_t *r, uint64_t id) {
     for (uint32_t i = 0; i < r->cfg.max_live; i++)
         if (r->live[i].state != LIVE_FREE && r->live[i].id == id) return &r->live[i];
@@ -86,6 +95,7 @@ static kvt__pd_live_t *find_live(kvt_pd_receiver_t *r, uint64_t id) {
 }
 
 static void free_live(kvt_pd_receiver_t *r, kvt__pd_live_t *l) {
+    if (l->state == LIVE_POSTED) r->ended[r->nended++ % KVT__PD_ENDED] = l->id;
     kvt_extalloc_free(r->alloc, l->runs, l->nruns);
     kvt__free(l->dst, l->npages * sizeof(uint32_t));
     kvt__free(l->runs, l->npages * sizeof(kvt_run_t));
@@ -226,6 +236,7 @@ static bool group_broken(const kvt_pd_receiver_t *r) {
 static int on_req(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     if (m->handoff < r->cfg.resume_from) return refuse(r, s, m->handoff, KVT_ENOENT);
     kvt__pd_live_t *l = find_live(r, m->handoff);
+    if (l == NULL && ended(r, m->handoff)) return refuse(r, s, m->handoff, KVT_EIO); /* reported and released already */
     if (l == NULL && group_broken(r)) return refuse(r, s, m->handoff, KVT_EIO); /* nothing new can complete */
     if (l == NULL) {
         const kvt_geom_t *g = kvt_tier_geom(r->cfg.pool);
@@ -234,7 +245,13 @@ static int on_req(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
         int rc = open_handoff(r, m, &l);
         if (rc != KVT_OK) return rc == 1 ? 1 : refuse(r, s, m->handoff, rc);
     }
-    if (m->npages != l->npages) return refuse(r, s, m->handoff, KVT_EINVAL); /* the ranks disagree on its size */
+    if (m->npages != l->npages) { /* the ranks disagree on its size: this rank will not write it, nor can it complete */
+        l->quiet_mask |= 1ull << s;
+        fail_handoff(r, l, s, KVT_PD_FAIL_SEND, KVT_EINVAL);
+        int rc = refuse(r, s, m->handoff, KVT_EINVAL);
+        maybe_post_failed(r, l);
+        return rc;
+    }
     if (l->state != LIVE_OPEN) { /* failed already (or done): this rank need not send */
         l->quiet_mask |= 1ull << s;
         int rc = send_dst(r, s, m->handoff, NULL, KVT_EIO);
@@ -253,9 +270,14 @@ static bool on_done(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     if (!l->t_req[s] && !(l->quiet_mask & (1ull << s))) return false;
     l->t_done[s] = kvt_now_ns();
     l->done_mask |= 1ull << s;
-    if (m->status != KVT_OK) fail_handoff(r, l, s, KVT_PD_FAIL_SEND, KVT_EIO);
-    if (l->state == LIVE_FAILED) maybe_post_failed(r, l);
-    else if (l->done_mask == all_ranks(r)) complete(r, l);
+    if (m->status != KVT_OK) {
+        /* its runs still in flight (in decode's socket buffers) land now or never: not in pages the
+         * caller has been given back after FAILED. Its next hand-off's streams are new ones */
+        kvt__net_fence(r->srv, (int)s);
+        fail_handoff(r, l, s, KVT_PD_FAIL_SEND, KVT_EIO);
+    }
+    if (l->state == LIVE_OPEN && l->done_mask == all_ranks(r)) complete(r, l);
+    else maybe_post_failed(r, l); /* (posts only a tombstone, once) */
     return true;
 }
 
@@ -272,16 +294,18 @@ static void on_gone(kvt_pd_receiver_t *r, uint32_t s, bool finished) {
     close(r->fd[s]);
     r->fd[s] = -1;
     r->has_waiting[s] = false;
+    /* what it had in flight lands now or never: not after FAILED (a goodbye with a DONE missing too) */
+    kvt__net_fence(r->srv, (int)s);
     if (finished) r->finished[s] = true;
     else {
-        kvt__net_fence(r->srv, (int)s); /* what it had in flight lands now or never: not after FAILED */
         r->dead[s] = true;
         r->st.vanished++;
         if (r->st.first_vanished < 0) r->st.first_vanished = (int32_t)s;
     }
     for (uint32_t i = 0; i < r->cfg.max_live; i++) {
         kvt__pd_live_t *l = &r->live[i];
-        if (l->state == LIVE_OPEN && !(l->done_mask & (1ull << s))) fail_handoff(r, l, s, KVT_PD_FAIL_VANISHED, KVT_EIO);
+        if (l->state == LIVE_OPEN && !(l->done_mask & (1ull << s)))
+            fail_handoff(r, l, s, finished ? KVT_PD_FAIL_BYE : KVT_PD_FAIL_VANISHED, KVT_EIO);
         maybe_post_failed(r, l); /* the gone rank writes nothing any more */
     }
     retry_waiting(r);

@@ -60,7 +60,8 @@ typedef struct decode {
     uint64_t mine; /* hand-offs this decode checked */
 } decode_t;
 
-static const char *const WHY[] = {"", "vanished", "could not send its pages", "sent nothing for --timeout-ms (the first such rank)"};
+static const char *const WHY[] = {"", "vanished", "could not send its pages", "sent nothing for --timeout-ms (the first such rank)",
+                                   "said goodbye before its DONE"};
 
 /* One event; false at the end. */
 static bool on_event(decode_t *d, const kvt_pd_event_t *ev) {
