@@ -4,7 +4,13 @@
  * copied into the tier in the handler, rendezvous ones are received straight
  * into place with ucp_am_recv_data_nbx — acknowledging each run once its
  * bytes are in the tier. The thread sleeps on the worker's event fd when
- * there is nothing to progress. Built only with UCX (KVT_HAVE_UCX). */
+ * there is nothing to progress. Built only with UCX (KVT_HAVE_UCX).
+ *
+ * Endpoints: one per connection, in eps[] with what the server knows of it
+ * (the thread's alone: every callback runs in its ucp_worker_progress). A
+ * run is taken only from an endpoint whose hello was accepted, as the tcp
+ * server reads runs only after one; an endpoint whose peer went away is
+ * closed and its slot given to the next connection. */
 #include <string.h>
 
 #include "kvtier/error.h"
@@ -28,7 +34,9 @@ typedef struct ucx_server {
     ucp_worker_h worker;
     ucp_listener_h listener;
     ucp_ep_h eps[MAX_EPS];
-    int neps;
+    bool accepted[MAX_EPS]; /* said a hello the server took */
+    bool gone[MAX_EPS];     /* its peer went away: closed by the progress thread */
+    int neps, ngone;
     int efd;
     pthread_t th;
     _Atomic bool stop; /* set by stop; the progress thread polls it */
@@ -74,6 +82,12 @@ static void rndv_done(void *request, ucs_status_t status, size_t length, void *u
     ucp_request_free(request);
 }
 
+static int ep_index(const ucx_server_t *u, ucp_ep_h ep) {
+    for (int i = 0; i < u->neps; i++)
+        if (u->eps[i] == ep) return i;
+    return -1;
+}
+
 static ucs_status_t on_hello(void *arg, const void *header, size_t header_length, void *data, size_t length,
                              const ucp_am_recv_param_t *param) {
     kvt_net_server_t *s = arg;
@@ -87,6 +101,9 @@ static ucs_status_t on_hello(void *arg, const void *header, size_t header_length
     kvt__wire_hello_t h = {0}; /* UCX's header is not aligned: copy it out */
     memcpy(&h, header, header_length < sizeof(h) ? header_length : sizeof(h));
     kvt__net_check_hello(s, &h, header_length, r); /* any verdict is replied: the writer fails at once */
+    ucx_server_t *u = s->ucx;
+    int i = ep_index(u, param->reply_ep);
+    if (i >= 0) u->accepted[i] = r->status == 0;
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = ack_sent, .user_data = r};
     ucs_status_ptr_t q = ucp_am_send_nbx(param->reply_ep, KVT_UCX_AM_REPLY, r, sizeof(*r), NULL, 0, &p);
@@ -101,10 +118,18 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     kvt__wire_data_t dv = {0, 0}, *d = &dv; /* UCX's header is not aligned: copy it out */
     memcpy(&dv, header, header_length < sizeof(dv) ? header_length : sizeof(dv));
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    int i = param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP ? ep_index(u, param->reply_ep) : -1;
+    /* A refused run: a rendezvous one is refused to its sender (whose request fails); an eager one can
+     * only be dropped (UCX aborts on an error from the handler of a message in several fragments) */
+    const ucs_status_t refused = rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    if (i < 0 || !u->accepted[i]) { /* a stranger's runs are not written, whatever they say */
+        kvt__net_note(s, &s->st.bad_peers, "a run before an accepted hello over ucx: refused");
+        return refused;
+    }
     if (header_length != sizeof(*d) || d->len != length || !kvt__net_run_ok(s, d) ||
         !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         kvt__net_note(s, &s->st.bad_peers, "a run outside the tier over ucx: refused");
-        return UCS_ERR_INVALID_PARAM; /* eager: dropped; rendezvous: refused, the sender's request fails */
+        return refused;
     }
     if (!rndv) { /* eager: the bytes are here, for the handler's duration */
         memcpy(s->base + d->off, data, d->len);
@@ -129,9 +154,33 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
 }
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
-    (void)arg;
-    (void)ep;
-    (void)status; /* a writer went away: its endpoint is closed at stop */
+    kvt_net_server_t *s = arg;
+    ucx_server_t *u = s->ucx;
+    (void)status; /* a writer went away: its endpoint is closed after this progress (not from its callback) */
+    int i = ep_index(u, ep);
+    if (i >= 0 && !u->gone[i]) {
+        u->gone[i] = true;
+        u->ngone++;
+    }
+}
+
+/* Closes the endpoints whose peers went away, their slots given to the
+ * others first (a close progresses the worker: callbacks meanwhile see a
+ * table without them). */
+static void close_gone(ucx_server_t *u) {
+    ucp_ep_h gone[MAX_EPS];
+    int n = 0;
+    for (int i = 0; i < u->neps;) {
+        if (!u->gone[i]) {
+            i++;
+            continue;
+        }
+        gone[n++] = u->eps[i];
+        u->neps--;
+        u->eps[i] = u->eps[u->neps], u->accepted[i] = u->accepted[u->neps], u->gone[i] = u->gone[u->neps];
+    }
+    u->ngone = 0;
+    for (int i = 0; i < n; i++) kvt__ucx_close_ep(u->worker, gone[i]);
 }
 
 static void on_conn(ucp_conn_request_h req, void *arg) {
@@ -147,6 +196,7 @@ static void on_conn(ucp_conn_request_h req, void *arg) {
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                           .err_handler = {on_ep_error, s}};
     if (ucp_ep_create(u->worker, &ep, &u->eps[u->neps]) == UCS_OK) {
+        u->accepted[u->neps] = u->gone[u->neps] = false;
         u->neps++;
         pthread_mutex_lock(&s->mu);
         s->st.connections++;
@@ -158,6 +208,7 @@ static void *progress_main(void *arg) {
     kvt_net_server_t *s = arg;
     ucx_server_t *u = s->ucx;
     while (!atomic_load(&u->stop)) {
+        if (u->ngone) close_gone(u);
         if (ucp_worker_progress(u->worker)) continue;
         ucs_status_t st = ucp_worker_arm(u->worker);
         if (st == UCS_ERR_BUSY) continue;
