@@ -182,6 +182,36 @@ def test_the_receiver_needs_its_secret_and_says_what_it_dropped():
             s.close()
             st = within(lambda: rx.stats())
             assert "token" in st["control_last_error"] and st["data_last_error"] == "" and st["handoff_ns"] == {}
+            for head, says in ((struct.pack("<IHHII", MAGIC, VERSION + 1, HELLO, 16, 0), f"protocol version {VERSION + 1}"),
+                               (struct.pack("<IHHII", MAGIC ^ 1, VERSION, HELLO, 16, 0), "magic")):
+                s = socket.create_connection(("127.0.0.1", rx.control_port))
+                s.sendall(head + struct.pack("<IIQ", 0, 1, TOKEN))
+                assert s.recv(64) == b""
+                s.close()
+                st = within(lambda: rx.stats())
+                assert says in st["control_last_error"], st["control_last_error"]
+
+
+def test_a_page_server_status_that_is_no_kvtier_error_is_an_io_failure():
+    """A data port that answers the hello with a status kvtier does not
+    know (-9999): the send fails as KVT_EIO, not KVT_UNKNOWN."""
+    def odd_verdict(c, stop):
+        try:
+            recv_exact(c, 48)
+            c.sendall(struct.pack("<i", -9999) + b"no such code".ljust(124, b"\0"))
+        except OSError:
+            pass
+        stop.wait()
+    data, ctl = FakeServer(odd_verdict), FakeServer(welcome(answers=[[0, 1]]))
+    try:
+        with kvtier.Tier.host(16, 2, 256) as src:
+            tx = kvtier.PdSender(src, 0, 1, TOKEN, data.port, ctl.port, welcome_timeout_ms=500)
+            with tx:
+                dst = within(lambda: tx.begin(1, 2))
+                with pytest.raises(kvtier.IOFailure):
+                    within(lambda: tx.send(1, [(0, dst[0]), (1, dst[1])]))
+    finally:
+        data.close(), ctl.close()
 
 
 class FakeServer:
@@ -258,6 +288,16 @@ def test_a_sender_against_peers_that_are_not_a_receiver():
                 tx = kvtier.PdSender(src, 0, 1, TOKEN, data, server(welcome(answers=[pages])), welcome_timeout_ms=500)
                 with tx, pytest.raises(kvtier.IOFailure):
                     within(lambda: tx.begin(1, 2))
+
+            def dst_cut_short(c, stop):  # welcomes, then answers the REQ with 16 bytes of a DST and says no more
+                recv_exact(c, 32)
+                c.sendall(hdr(WELCOME, 40) + struct.pack("<QQIIIIQ", 64, 256, 2, 0, 0, 0, 0))
+                recv_exact(c, 40)
+                c.sendall(hdr(DST, 24 + 8)[:16])
+                stop.wait()
+            tx = kvtier.PdSender(src, 0, 1, TOKEN, data, server(dst_cut_short), welcome_timeout_ms=500)
+            with tx, pytest.raises(kvtier.IOFailure):  # the rest of an answer begun comes within the timeout
+                within(lambda: tx.begin(1, 2), secs=10)
     finally:
         for s in servers:
             s.close()

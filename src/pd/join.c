@@ -58,8 +58,11 @@ static void on_hello(kvt_pd_receiver_t *r, pending_t *p) {
     kvt__pd_hello_t m;
     memcpy(&h, p->buf, sizeof(h));
     memcpy(&m, p->buf + sizeof(h), sizeof(m));
+    if (h.magic != KVT_PD_MAGIC) return drop(r, p->fd, "control port: not a kvtier pd hello (magic %08x)", h.magic);
+    if (h.version != KVT_PD_VERSION)
+        return drop(r, p->fd, "control port: a pd hello of protocol version %u (this decode speaks %u)", h.version, KVT_PD_VERSION);
     if (!kvt__pd_header_ok(&h, 1u << KVT_PD_HELLO))
-        return drop(r, p->fd, "control port: not a kvtier pd hello (type %u)", h.type);
+        return drop(r, p->fd, "control port: not a kvtier pd hello (message type %u, length %u)", h.type, h.length);
     if (m.token != r->cfg.token) return drop(r, p->fd, "control port: a hello for rank %u without the group's token", m.rank);
     if (m.ranks != r->cfg.ranks || m.rank >= r->cfg.ranks)
         return drop(r, p->fd, "control port: a hello for rank %u of %u (the group has %u)", m.rank, m.ranks, r->cfg.ranks);

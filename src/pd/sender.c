@@ -197,7 +197,7 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
     s->begun = false;
     kvt__pd_op_t req = {h, n, 0, 0};
     int32_t status;
-    if (kvt__pd_send(s->cfd, KVT_PD_REQ, &req, NULL, 0, bound(s)) != 0 || kvt__pd_recv_dst(s->cfd, h, n, dst, &status) != 0)
+    if (kvt__pd_send(s->cfd, KVT_PD_REQ, &req, NULL, 0, bound(s)) != 0 || kvt__pd_recv_dst(s->cfd, h, n, dst, &status, s->cfg.welcome_timeout_ms * 1000000ull) != 0)
         return broken(s, share(s, n));
     if (status != KVT_OK) { /* decode will not complete it */
         s->st.failed++;

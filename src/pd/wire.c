@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kvtier/error.h"
+#include "../core/clock-int.h"
 #include "../core/error-int.h"
 #include "../sock/wire.h"
 
@@ -48,11 +49,15 @@ int kvt__pd_send(int fd, unsigned type, const void *payload, const void *extra, 
  * status say: a list of another length would leave the stream out of step
  * (the next message read from inside this one), and a status that is not a
  * kvtier error code would reach the caller as a result. */
-int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *status) {
+int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *status, uint64_t rest_ns) {
     kvt__pd_hdr_t hd;
     kvt__pd_op_t rep;
-    if (kvt__read_full(fd, &hd, sizeof(hd)) != 0 || !kvt__pd_header_ok(&hd, 1u << KVT_PD_DST) ||
-        kvt__read_full(fd, &rep, sizeof(rep)) != 0 || rep.handoff != h)
+    /* the first byte whenever decode has room (it answers a REQ once pages come free); the rest of
+     * the answer follows at once, or decode stopped mid-message */
+    if (kvt__read_full(fd, &hd, 1) != 0) return -1;
+    uint64_t by = kvt_now_ns() + rest_ns;
+    if (kvt__read_by(fd, (uint8_t *)&hd + 1, sizeof(hd) - 1, by, NULL) != 0 || !kvt__pd_header_ok(&hd, 1u << KVT_PD_DST) ||
+        kvt__read_by(fd, &rep, sizeof(rep), by, NULL) != 0 || rep.handoff != h)
         return -1;
     size_t list = hd.length - sizeof(rep);
     if (rep.status != KVT_OK) { /* decode will not complete it: an error code, and no page list */
@@ -60,7 +65,7 @@ int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *sta
         *status = rep.status;
         return 0;
     }
-    if (rep.npages != n || list != n * sizeof(uint32_t) || kvt__read_full(fd, dst, list) != 0) return -1;
+    if (rep.npages != n || list != n * sizeof(uint32_t) || kvt__read_by(fd, dst, list, by, NULL) != 0) return -1;
     *status = KVT_OK;
     return 0;
 }

@@ -73,8 +73,10 @@ int kvt__pd_recv(int fd, unsigned accept_mask, unsigned *type, void *payload, kv
  * *status set (KVT_OK: its n pages in dst; else a KVT_E* code, no pages),
  * or -1 for a broken link (EOF, an error, a bad header, another hand-off's
  * answer, a page list that is not n pages, a status that is not a kvtier
- * error code, a refusal that carries pages). */
-int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *status);
+ * error code, a refusal that carries pages, or the rest of the answer not
+ * in within rest_ns of its first byte: the first may take as long as decode
+ * waits for room). */
+int kvt__pd_recv_dst(int fd, uint64_t h, uint64_t n, uint32_t *dst, int32_t *status, uint64_t rest_ns);
 /* True when h is a header of this protocol, version, a type in mask and the right length. */
 int kvt__pd_header_ok(const kvt__pd_hdr_t *h, unsigned accept_mask);
 /* The header of a message of `type` with `length` bytes after it. */

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "kvtier/error.h"
+#include "../core/error-int.h"
 #include "kvtier/stats.h"
 #include "tier-int.h"
 #include "../core/mem-int.h"
@@ -81,7 +82,7 @@ static int connect_all(kvt_tier_t *t, tcp_ctx_t *x) {
         int rc = KVT_EIO; /* no connection, or no reply */
         uint64_t by = kvt_now_ns() + KVT_WIRE_STALL_MS * 1000000ull; /* a port that takes the hello and never answers */
         if (c->fd >= 0 && kvt__write_by(c->fd, &h, sizeof(h), by, NULL) == 0 && kvt__read_by(c->fd, &r, sizeof(r), by, NULL) == 0)
-            rc = r.status <= 0 ? r.status : KVT_EIO; /* the server's verdict */
+            rc = r.status == KVT_OK ? KVT_OK : kvt__err_known(r.status) ? r.status : KVT_EIO; /* the server's verdict */
         if (rc != KVT_OK) {
             if (c->fd >= 0) close(c->fd);
             close_all(x);

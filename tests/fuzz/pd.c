@@ -99,7 +99,7 @@ static void dst(const uint8_t *d, size_t n) {
     uint32_t pages[16];
     memset(pages, 0xee, sizeof(pages));
     int32_t status = 12345;
-    int rc = kvt__pd_recv_dst(fd, h, np, pages, &status);
+    int rc = kvt__pd_recv_dst(fd, h, np, pages, &status, 1000000000ull);
     close(fd);
     size_t want, extra;
     bool hdr = n >= 40 && header_ok(d, 1u << KVT_PD_DST, &want, &extra) && le(d + 16, 8) == h;
