@@ -316,6 +316,24 @@ def test_silent_peers_cannot_keep_a_rank_out():
             s.close()
 
 
+def test_silent_peers_on_the_data_port_are_bounded():
+    """More connections in their hello on the data port than it keeps (128:
+    a thread and a descriptor each for up to 5 s): the oldest are closed,
+    and a rank's stream that comes after them is served."""
+    with kvtier.Tier.host(8, 2, 256) as pool, kvtier.Tier.host(8, 2, 256) as src, \
+            kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
+        silent = [socket.create_connection(("127.0.0.1", rx.data_port)) for _ in range(300)]
+        time.sleep(0.3)
+        assert rx.stats()["data_silent_peers"] <= 128
+        with kvtier.PdSender(src, 0, 1, TOKEN, rx.data_port, rx.control_port) as tx:
+            src.write_page(1, b"\x42" * 512)
+            dst = within(lambda: tx.begin(1, 1))
+            within(lambda: tx.send(1, [(1, dst[0])]))
+        assert pool.read_page(dst[0]) == b"\x42" * 512
+        for s in silent:
+            s.close()
+
+
 def data_hello(version=2, token=TOKEN, pages=64, layers=1, layer_bytes=64):
     return struct.pack("<QIIIIQQQ", 0x31307465766B7476, version, 0, layers, 0, pages, layer_bytes, token)
 

@@ -40,7 +40,8 @@ struct kvt_net_server {
     pthread_mutex_t mu;
     bool stopping;
     sconn_t *conns;
-    void *ucx; /* the UCX server's state */
+    uint32_t greeting; /* connections in their hello and not cut (server.c's MAX_GREETING) */
+    void *ucx;         /* the UCX server's state */
     kvt_net_server_stats_t st;
     _Atomic uint64_t token; /* kvt_net_server_set_token; 0: none asked */
     _Atomic uint32_t writers; /* kvt__net_set_writers: hellos may name writer 0..writers-1 */
@@ -57,8 +58,8 @@ int kvt__net_check_hello(kvt_net_server_t *s, const kvt__wire_hello_t *h, size_t
  * answered, then runs received into the tier and acknowledged, until EOF,
  * an error or a malformed run (which closes it: the caller shuts fd down).
  * *writer (may be NULL), under s->mu: the writer its hello named, -1 for
- * none. The tcp server's connection thread; the fuzz target drives it on a
- * socketpair. */
+ * none, once it ends. What the tcp server's connection threads run; the
+ * fuzz target drives it on a socketpair. */
 void kvt__net_serve_conn(kvt_net_server_t *s, int fd, int *writer);
 /* A group of n writers, each saying kvt__wire_writer_token(token, w) (the
  * group's token still takes a writer of no name). PD decode: its ranks. */

@@ -33,8 +33,14 @@ typedef struct sconn {
     int fd;
     pthread_t th;
     bool finished; /* under s->mu */
+    bool greeting; /* not yet through its hello; under s->mu */
     int writer;    /* the writer its hello named (-1: none); under s->mu */
 } sconn_t;
+
+/* Connections in their hello at once: past it the oldest is closed, so
+ * that peers that connect and say nothing (a thread and a descriptor each
+ * for up to 5 s) cannot keep a rank out, as on decode's control port. */
+#define MAX_GREETING 128
 
 void kvt__net_note(kvt_net_server_t *s, uint64_t *counter, const char *fmt, ...) {
     va_list ap;
@@ -107,13 +113,16 @@ bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d) {
     return d->len > 0 && d->len <= KVT_WIRE_MAX_DATA && d->off <= s->bytes && d->len <= s->bytes - d->off;
 }
 
-/* The hello: the writer's geometry must be the tier's; *writer its name. */
-static bool greet(kvt_net_server_t *s, int fd, int *writer) {
+/* The hello: the writer's geometry must be the tier's; c->writer its name. */
+static bool greet(sconn_t *c) {
+    kvt_net_server_t *s = c->s;
+    int fd = c->fd, *writer = &c->writer;
     kvt__wire_hello_t h;
     kvt__wire_reply_t r;
     bool heard = kvt__read_by(fd, &h, sizeof(h), kvt_now_ns() + 5000000000ull, NULL) == 0; /* 5 s for all of it */
     pthread_mutex_lock(&s->mu);
     s->st.awaiting_hello--;
+    if (c->greeting) s->greeting--, c->greeting = false;
     pthread_mutex_unlock(&s->mu);
     if (!heard) {
         bool stopping;
@@ -125,7 +134,7 @@ static bool greet(kvt_net_server_t *s, int fd, int *writer) {
     }
     int v = kvt__net_check_hello(s, &h, sizeof(h), &r);
     if (v < 0) return false; /* not ours: no reply, just close */
-    if (v == 0 && writer) {
+    if (v == 0) {
         pthread_mutex_lock(&s->mu);
         *writer = writer_of(s, h.token);
         pthread_mutex_unlock(&s->mu);
@@ -133,8 +142,11 @@ static bool greet(kvt_net_server_t *s, int fd, int *writer) {
     return kvt__write_full(fd, &r, sizeof(r)) == 0 && v == 0;
 }
 
-void kvt__net_serve_conn(kvt_net_server_t *s, int fd, int *writer) {
-    bool ok = greet(s, fd, writer);
+/* One writer's connection: its hello, then runs until it closes. */
+static void serve_conn(sconn_t *c) {
+    kvt_net_server_t *s = c->s;
+    int fd = c->fd;
+    bool ok = greet(c);
     struct timeval none = {0, 0}; /* greeted: runs may be far apart */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
     if (!ok) return;
@@ -156,9 +168,19 @@ void kvt__net_serve_conn(kvt_net_server_t *s, int fd, int *writer) {
     }
 }
 
+void kvt__net_serve_conn(kvt_net_server_t *s, int fd, int *writer) {
+    sconn_t c = {.s = s, .fd = fd, .writer = -1}; /* (not counted among those greeting) */
+    serve_conn(&c);
+    if (writer) {
+        pthread_mutex_lock(&s->mu);
+        *writer = c.writer;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 static void *conn_main(void *arg) {
     sconn_t *c = arg;
-    kvt__net_serve_conn(c->s, c->fd, &c->writer);
+    serve_conn(c);
     kvt_net_server_t *s = c->s;
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&s->mu);
@@ -241,7 +263,19 @@ static void *accept_main(void *arg) {
         c->s = s;
         c->fd = fd;
         c->writer = -1;
+        c->greeting = true;
         pthread_mutex_lock(&s->mu);
+        if (s->greeting >= MAX_GREETING) { /* the oldest in its hello goes (the list is newest first) */
+            sconn_t *oldest = NULL;
+            for (sconn_t *o = s->conns; o; o = o->next)
+                if (o->greeting) oldest = o;
+            if (oldest) { /* its hello read ends now; the fd stays until reaped */
+                shutdown(oldest->fd, SHUT_RDWR);
+                oldest->greeting = false;
+                s->greeting--;
+            }
+        }
+        s->greeting++;
         s->st.connections++;
         s->st.awaiting_hello++;
         c->next = s->conns;
@@ -251,6 +285,7 @@ static void *accept_main(void *arg) {
             pthread_mutex_lock(&s->mu);
             s->conns = c->next; /* still the head: only this thread adds */
             s->st.awaiting_hello--;
+            s->greeting--;
             pthread_mutex_unlock(&s->mu);
             close(fd);
             KVT_DELETE(c);
