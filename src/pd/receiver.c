@@ -344,16 +344,39 @@ static bool on_message(kvt_pd_receiver_t *r, uint32_t s) {
     return true;
 }
 
+/* Whether rank s's next message is whole in its socket buffer, so that
+ * reading it cannot wait: 1, 0 (not yet), -1 (the peer closed, or no
+ * kvtier header: read, on_message drops the rank). Peeked, not read. */
+static int whole(int fd) {
+    uint8_t b[sizeof(kvt__pd_hdr_t) + sizeof(kvt__pd_op_t)];
+    ssize_t n = recv(fd, b, sizeof(b), MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+    if ((size_t)n < sizeof(kvt__pd_hdr_t)) return 0;
+    kvt__pd_hdr_t h;
+    memcpy(&h, b, sizeof(h));
+    if (!kvt__pd_header_ok(&h, 1u << KVT_PD_REQ | 1u << KVT_PD_DONE | 1u << KVT_PD_BYE)) return -1;
+    return (size_t)n >= sizeof(h) + h.length;
+}
+
+/* The control loop. A message is read only once it is whole (peeked), so
+ * that a rank that stops mid-message holds up neither the other ranks nor
+ * the caller's poll, release and stats (which take r->mu): its socket is
+ * looked at again every 10 ms, and it is taken for gone once a message has
+ * stayed partial for timeout_ms. */
 static void serve(kvt_pd_receiver_t *r) {
     uint32_t C = r->cfg.ranks, open = C;
-    uint64_t last_progress = kvt_now_ns();
+    uint64_t last_progress = kvt_now_ns(), partial_since[KVT_PD_MAX_RANKS] = {0};
     pthread_mutex_lock(&r->mu);
     while (open > 0 && !r->stopping) {
         struct pollfd pf[KVT_PD_MAX_RANKS + 1];
-        for (uint32_t s = 0; s < C; s++) pf[s] = (struct pollfd){r->fd[s], POLLIN, 0};
+        bool partial = false;
+        for (uint32_t s = 0; s < C; s++) {
+            pf[s] = (struct pollfd){r->fd[s], partial_since[s] ? 0 : POLLIN, 0}; /* (a partial one: by the clock) */
+            partial |= partial_since[s] != 0;
+        }
         pf[C] = (struct pollfd){r->wakefd, POLLIN, 0};
         pthread_mutex_unlock(&r->mu);
-        int n = poll(pf, C + 1, 100);
+        int n = poll(pf, C + 1, partial ? 10 : 100);
         pthread_mutex_lock(&r->mu);
         if (r->stopping) break;
         if (n > 0 && (pf[C].revents & POLLIN)) { /* a release: pages came free */
@@ -361,9 +384,19 @@ static void serve(kvt_pd_receiver_t *r) {
             if (read(r->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN) break;
             retry_waiting(r);
         }
-        for (uint32_t s = 0; s < C && n > 0; s++) {
-            if (r->fd[s] < 0 || !(pf[s].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-            last_progress = kvt_now_ns();
+        for (uint32_t s = 0; s < C; s++) {
+            if (r->fd[s] < 0 || !(partial_since[s] || (n > 0 && (pf[s].revents & (POLLIN | POLLHUP | POLLERR))))) continue;
+            int w = (pf[s].revents & (POLLHUP | POLLERR)) ? -1 : whole(r->fd[s]);
+            uint64_t now = kvt_now_ns();
+            if (w == 0 && !partial_since[s]) partial_since[s] = now;
+            if (w == 0 && now - partial_since[s] <= r->cfg.timeout_ms * 1000000ull) continue;
+            partial_since[s] = 0;
+            if (w == 0) { /* stopped mid-message */
+                on_gone(r, s, false);
+                open--;
+                continue;
+            }
+            last_progress = now;
             if (!on_message(r, s)) open--;
         }
         if (kvt_now_ns() - last_progress > r->cfg.timeout_ms * 1000000ull) { /* nothing moved: the hand-offs in flight fail */
