@@ -148,6 +148,13 @@ def test_a_done_without_its_pages_drops_the_rank(group):
     assert rx.stats()["free_pages"] == 65536
 
 
+def test_a_done_for_no_open_hand_off_drops_the_rank(group):
+    rx, a, b = group
+    b.sendall(op(DONE, 99, 4))  # no hand-off 99 was ever asked for
+    within(lambda: events(rx, lambda got: rx.stats()["vanished"] == 1))
+    assert rx.stats()["first_vanished"] == 1
+
+
 def test_a_goodbye_before_done_fails_the_hand_off_and_frees_its_pages(group):
     rx, a, b = group
     for s in (a, b):

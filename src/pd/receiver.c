@@ -241,7 +241,9 @@ static int on_req(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     if (l == NULL) {
         const kvt_geom_t *g = kvt_tier_geom(r->cfg.pool);
         if (m->npages == 0) return refuse(r, s, m->handoff, KVT_EINVAL);
-        if (m->npages > g->pages) return refuse(r, s, m->handoff, KVT_ERANGE);
+        /* (a DST's page list must fit its header's 32-bit length: 2^30 pages and more would wrap it) */
+        if (m->npages > g->pages || m->npages > (UINT32_MAX - sizeof(kvt__pd_op_t)) / sizeof(uint32_t))
+            return refuse(r, s, m->handoff, KVT_ERANGE);
         int rc = open_handoff(r, m, &l);
         if (rc != KVT_OK) return rc == 1 ? 1 : refuse(r, s, m->handoff, rc);
     }
@@ -262,11 +264,13 @@ static int on_req(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     return send_dst(r, s, m->handoff, l, KVT_OK);
 }
 
-/* false for a DONE of a hand-off open for which the rank was given no
- * pages: it cannot have written its share (a rank out of step). */
+/* false for a DONE of a hand-off not open, or open but for which the rank
+ * was given no pages: it cannot have written its share (a rank out of
+ * step). */
 static bool on_done(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     kvt__pd_live_t *l = find_live(r, m->handoff);
-    if (l == NULL || l->state == LIVE_POSTED) return true;
+    if (l == NULL) return false; /* no hand-off of that id is open: the rank is out of step */
+    if (l->state == LIVE_POSTED) return true;
     if (!l->t_req[s] && !(l->quiet_mask & (1ull << s))) return false;
     l->t_done[s] = kvt_now_ns();
     l->done_mask |= 1ull << s;
