@@ -413,20 +413,28 @@ def writer_token(token, rank):
     return token ^ ((rank + 1) * 0x9E3779B97F4A7C15 % (1 << 64))
 
 
+def half_sent_run(rx):
+    """Rank 0 of a one-rank group: hand-off 1 of 2 pages asked for, and on a
+    data connection of its own a run to its first page, 100 of 512 bytes
+    sent. (control socket, data socket, the pages)"""
+    c = join(rx.control_port, 0, 1)
+    c.sendall(op(REQ, 1, 2))
+    _, _, _, pages = read_dst(c)
+    d = socket.create_connection(("127.0.0.1", rx.data_port))
+    d.sendall(data_hello(token=writer_token(TOKEN, 0), pages=8, layers=2, layer_bytes=256))
+    assert struct.unpack("<i", recv_exact(d, 128)[:4])[0] == 0
+    d.sendall(struct.pack("<QQ", pages[0] * 512, 512) + b"\xaa" * 100)
+    time.sleep(0.2)
+    return c, d, pages
+
+
 def test_a_vanished_ranks_bytes_never_land_after_failed():
     """Rank 0 has a run half sent on its data connection when its control
     connection goes: before decode reports the hand-off FAILED it cuts that
     rank's data connections, so the rest of the run never lands in pages
     the caller may already have given to another hand-off."""
     with kvtier.Tier.host(8, 2, 256) as pool, kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
-        c = join(rx.control_port, 0, 1)
-        c.sendall(op(REQ, 1, 2))
-        _, _, _, pages = read_dst(c)
-        d = socket.create_connection(("127.0.0.1", rx.data_port))
-        d.sendall(data_hello(token=writer_token(TOKEN, 0), pages=8, layers=2, layer_bytes=256))
-        assert struct.unpack("<i", recv_exact(d, 128)[:4])[0] == 0
-        d.sendall(struct.pack("<QQ", pages[0] * 512, 512) + b"\xaa" * 100)  # a run, partly sent
-        time.sleep(0.2)
+        c, d, pages = half_sent_run(rx)
         c.close()
         ev = events(rx, lambda got: any(e.type == "failed" for e in got))
         assert [e.handoff for e in ev if e.type == "failed"] == [1]
@@ -451,14 +459,7 @@ def test_a_failed_sends_bytes_never_land_after_failed(how):
     its DONE missing while a run of its is half sent: decode cuts its data
     connections before FAILED, as for a rank that vanished."""
     with kvtier.Tier.host(8, 2, 256) as pool, kvtier.PdReceiver(pool, ranks=1, token=TOKEN) as rx:
-        c = join(rx.control_port, 0, 1)
-        c.sendall(op(REQ, 1, 2))
-        _, _, _, pages = read_dst(c)
-        d = socket.create_connection(("127.0.0.1", rx.data_port))
-        d.sendall(data_hello(token=writer_token(TOKEN, 0), pages=8, layers=2, layer_bytes=256))
-        assert struct.unpack("<i", recv_exact(d, 128)[:4])[0] == 0
-        d.sendall(struct.pack("<QQ", pages[0] * 512, 512) + b"\xaa" * 100)
-        time.sleep(0.2)
+        c, d, pages = half_sent_run(rx)
         c.sendall(op(DONE, 1, 2, status=kvtier.IOFailure.code) if how == "done with an error" else hdr(BYE, 0))
         ev = events(rx, lambda got: any(e.type == "failed" for e in got))
         assert [(e.handoff, e.reason) for e in ev if e.type == "failed"] == \

@@ -470,23 +470,6 @@ static void set_io_error(rconn_t *c, int err) {
     snprintf(c->c->errstr, sizeof(c->c->errstr), "%s", c->silent ? NO_REPLY : err ? strerror(err) : "Server closed the connection");
 }
 
-/* kvt__readv_all until deadline: -1 with errno EAGAIN past it (each read
- * is bounded by the socket's timeout; a server sending a byte at a time
- * would otherwise hold the call for as long as it likes). */
-static ssize_t readv_by(int fd, struct iovec *v, size_t n, uint64_t deadline) {
-    size_t got = 0;
-    while (n) {
-        if (kvt_now_ns() >= deadline) return errno = EAGAIN, -1;
-        ssize_t k = readv(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) break;
-        got += (size_t)k;
-        n = kvt__iov_advance(&v, n, (size_t)k);
-    }
-    return (ssize_t)got;
-}
-
 /* SET key object: the command's head, then the tier page and the header
  * (v, nv pieces from kvt__store_put_iov, room for two more), then CRLF, in
  * one writev after what hiredis holds. A write that fails leaves its error
@@ -578,11 +561,11 @@ static int get_direct(rconn_t *c, kvt__sreq_t *req, size_t i, uint64_t deadline)
         want -= take;
     } else {
         struct iovec h = {.iov_base = line, .iov_len = head};
-        ssize_t got = readv_by(rc->fd, &h, 1, deadline); /* peeked: there */
+        ssize_t got = kvt__readv_by(rc->fd, &h, 1, deadline); /* peeked: there */
         if (got != (ssize_t)head) err = got < 0 ? errno : EPIPE;
     }
     if (err == 0 && want) {
-        ssize_t got = readv_by(rc->fd, v, nv, deadline);
+        ssize_t got = kvt__readv_by(rc->fd, v, nv, deadline);
         if (got < 0) err = errno;
         else if ((size_t)got != want) err = EPIPE; /* closed within the reply */
     }

@@ -105,10 +105,14 @@ void kvt__store_deliver_in_place(kvt__sreq_t *req, size_t i, size_t len, int err
  * written (IOV_MAX at a time, a partial write resumed), 0 or -1 with errno
  * set. kvt__readv_all: the pieces filled until they are full or the file
  * or connection ends; the bytes read, or -1 with errno set (EAGAIN: a
- * socket's receive timeout ran out). */
+ * socket's receive timeout ran out). kvt__readv_by: the same until a
+ * deadline (kvt_now_ns; UINT64_MAX: none), then -1 with EAGAIN: each read
+ * is bounded by the socket's timeout, and a peer sending a byte at a time
+ * would otherwise hold the call as long as it likes. */
 size_t kvt__iov_advance(struct iovec **v, size_t n, size_t k);
 int kvt__writev_all(int fd, struct iovec *v, size_t n);
 ssize_t kvt__readv_all(int fd, struct iovec *v, size_t n);
+ssize_t kvt__readv_by(int fd, struct iovec *v, size_t n, uint64_t deadline);
 
 /* Why an object is refused, or NULL when it is valid for key. */
 const char *kvt__store_check_object(const kvt_store_t *s, const uint8_t key[16], const void *obj, size_t len);

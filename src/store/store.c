@@ -465,9 +465,12 @@ int kvt__writev_all(int fd, struct iovec *v, size_t n) {
     return 0;
 }
 
-ssize_t kvt__readv_all(int fd, struct iovec *v, size_t n) {
+ssize_t kvt__readv_all(int fd, struct iovec *v, size_t n) { return kvt__readv_by(fd, v, n, UINT64_MAX); }
+
+ssize_t kvt__readv_by(int fd, struct iovec *v, size_t n, uint64_t deadline) {
     size_t got = 0;
     while (n) {
+        if (deadline != UINT64_MAX && kvt_now_ns() >= deadline) return errno = EAGAIN, -1;
         ssize_t k = readv(fd, v, n < IOV_MAX ? (int)n : IOV_MAX);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return -1;
