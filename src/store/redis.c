@@ -46,7 +46,6 @@
  * The password is never printed: messages name the store by its redacted
  * URL (kvt_store_url_redact) and a node by host:port. */
 #include <errno.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
