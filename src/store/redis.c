@@ -23,8 +23,8 @@
  *                                     -> the node is down; its keys held back
  *              a reply of the wrong type, other errors (OOM ...)
  *                                     -> FAILED, logged
- *     up to cfg.retries rounds, within the batch's deadline (below); keys
- *     still pending then are FAILED and their nodes marked down
+ *     up to cfg.retries rounds; keys still pending then are FAILED and their
+ *     nodes marked down
  *
  * A node down (shared by the workers, by host:port) is not contacted for
  * DOWN_NS: its keys fail at once, so a dead master, or one a MOVED names
@@ -35,12 +35,11 @@
  *
  * Each worker thread has its own connections (hiredis contexts are not
  * thread-safe), opened on first use and dropped on any I/O error or timeout
- * (every connect, send and receive has cfg.timeout_ms). A batch also has a
- * deadline, cfg.timeout_ms x (cfg.retries + 1) from its start: a server that
- * answers a byte at a time, or nodes that accept and never answer while
- * the map is reloaded from each, cannot hold it longer; and no reply may
- * take more than READ_CAP bytes of buffer (a server announcing a 10 GB
- * value is cut off, not buffered). The slot map is
+ * (every connect, send and receive has cfg.timeout_ms). A reply, too, must
+ * be whole within cfg.timeout_ms of the wait for it (a server answering a
+ * byte at a time would otherwise hold a call as long as it likes), and may
+ * bring at most read_cap() bytes (a server announcing a 10 GB value, or an
+ * array of millions, is cut off, not buffered). The slot map is
  * shared and replaced whole under a mutex, by whichever worker saw it stale.
  * Keys are "kvt:<32 hex>"; objects are the store's bytes as the value.
  * The password is never printed: messages name the store by its redacted
@@ -142,19 +141,15 @@ typedef struct rworker {
     uint8_t *asking, *pending;
     kvt__slotmap_t *map; /* a private copy, refreshed from the shared one */
     uint64_t map_gen;
-    uint64_t deadline; /* the batch in progress gives up then (ns) */
 } rworker_t;
 
 static struct timeval tv_of(uint32_t ms) { return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000}; }
 
-/* What a batch may take: every round's receive timing out, and no more. */
-static uint64_t batch_deadline(const kvt_store_t *s) {
-    return kvt_now_ns() + (uint64_t)kvt__store_timeout_ms(s) * 1000000ull * ((uint64_t)kvt__store_retries(s) + 1);
-}
+/* When a reply (or a connect) waited for from now must be in. */
+static uint64_t in_time(const kvt_store_t *s) { return kvt_now_ns() + (uint64_t)kvt__store_timeout_ms(s) * 1000000ull; }
 
-/* The most a reply may hold in the reader's buffer before it is complete:
- * an object and some (a value read through hiredis), or a CLUSTER SHARDS of
- * every node. A server that announces more is cut off. */
+/* The most a reply may bring: an object and some (a value read through
+ * hiredis), or a CLUSTER SHARDS of every node. */
 static size_t read_cap(const kvt_store_t *s) {
     uint64_t ob = kvt__store_object_bytes(s);
     return (size_t)((ob > (4u << 20) ? ob : (4u << 20)) + (64u << 10));
@@ -172,9 +167,10 @@ static int fail_ctx(redisContext *c, int err, const char *what) {
 
 /* redisGetReply with a deadline and a cap: hiredis reads as long as each
  * read brings a byte (every read is bounded by the timeout, the reply not)
- * and buffers whatever length a reply announces. A reply still incomplete
- * at the deadline fails as a timeout ("no reply in time"); one over the cap
- * fails the connection. */
+ * and takes whatever a reply announces (a bulk string buffered whole, an
+ * array's elements built as they come). A reply still incomplete at the
+ * deadline fails as a timeout ("no reply in time"); one that has brought
+ * more than cap bytes fails the connection. */
 static int get_reply(redisContext *c, uint64_t deadline, size_t cap, redisReply **out) {
     void *aux = NULL;
     *out = NULL;
@@ -185,11 +181,14 @@ static int get_reply(redisContext *c, uint64_t deadline, size_t cap, redisReply 
             if (redisBufferWrite(c, &done) != REDIS_OK) return REDIS_ERR;
         } while (!done);
     }
+    size_t fed = 0; /* what the reads brought: the reply, and what follows it */
     while (aux == NULL) {
         if (kvt_now_ns() >= deadline) return fail_ctx(c, EAGAIN, NO_REPLY);
+        size_t before = c->reader->len; /* (the reader compacts its buffer only when a reply is taken) */
         if (redisBufferRead(c) != REDIS_OK)
             return c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK) ? fail_ctx(c, EAGAIN, NO_REPLY) : REDIS_ERR;
-        if (c->reader->len - c->reader->pos > cap) {
+        fed += c->reader->len - before;
+        if (fed > cap) {
             char what[96];
             snprintf(what, sizeof(what), "a reply of more than %zu bytes (kvtier's largest is an object): cut off", cap);
             return fail_ctx(c, EMSGSIZE, what);
@@ -207,21 +206,14 @@ static redisReply *ask_by(redisContext *c, uint64_t deadline, const char *fmt, .
     int rc = redisvAppendCommand(c, fmt, ap);
     va_end(ap);
     redisReply *r = NULL;
-    if (rc == REDIS_OK) get_reply(c, deadline, 4u << 20, &r);
+    if (rc == REDIS_OK) get_reply(c, deadline, (4u << 20) + (64u << 10), &r);
     return r;
 }
 
-/* Connects and, with a password, authenticates, within deadline; NULL with
- * the reason in why (the password never in it). */
-static redisContext *connect_to(const rbe_t *b, const char *host, int port, uint64_t deadline, char *why, size_t cap) {
-    uint32_t ms = kvt__store_timeout_ms(b->s);
-    uint64_t now = kvt_now_ns();
-    if (now >= deadline) {
-        snprintf(why, cap, "%.200s:%d: not tried: the call's time is up", host, port);
-        return NULL;
-    }
-    if ((deadline - now) / 1000000 < ms) ms = (uint32_t)((deadline - now) / 1000000) + 1;
-    struct timeval tv = tv_of(ms);
+/* Connects and, with a password, authenticates; NULL with the reason in
+ * why (the password never in it). */
+static redisContext *connect_to(const rbe_t *b, const char *host, int port, char *why, size_t cap) {
+    struct timeval tv = tv_of(kvt__store_timeout_ms(b->s));
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     if (c && c->reader) kvt__redis_cap_reader(c->reader);
     if (c == NULL || c->err) {
@@ -229,9 +221,10 @@ static redisContext *connect_to(const rbe_t *b, const char *host, int port, uint
         if (c) redisFree(c);
         return NULL;
     }
-    redisSetTimeout(c, tv_of(kvt__store_timeout_ms(b->s)));
+    redisSetTimeout(c, tv);
     if (b->pass[0] == 0) return c;
-    redisReply *r = b->user[0] ? ask_by(c, deadline, "AUTH %s %s", b->user, b->pass) : ask_by(c, deadline, "AUTH %s", b->pass);
+    uint64_t by = in_time(b->s);
+    redisReply *r = b->user[0] ? ask_by(c, by, "AUTH %s %s", b->user, b->pass) : ask_by(c, by, "AUTH %s", b->pass);
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
         snprintf(why, cap, "%.120s:%d: AUTH%s%.60s%s failed: %.150s", host, port, b->user[0] ? " as user '" : "", b->user,
                  b->user[0] ? "'" : "", r ? r->str : c->errstr);
@@ -306,12 +299,13 @@ static bool is_write(kvt_store_op_t op) { return op == KVT_STORE_PUT || op == KV
 /* ---- the slot map ---------------------------------------------------------------- */
 
 /* CLUSTER SHARDS from the first node that answers (the map's nodes, then the
- * seeds, each once), within deadline. Nodes down are skipped (one is tried
- * when all are), and a node that cannot be reached or does not answer is
- * marked down: in a cluster whose nodes accept and never answer, a reload
- * costs one timeout a node once, not one a node a round. KVT_OK with *out
- * set; else the reason in why. */
-static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, uint64_t deadline, char *why, size_t cap) {
+ * seeds, each once). Nodes down are skipped (one is tried when all are); a
+ * node that refuses is marked down and the next asked; a node that does
+ * not answer in time is marked down and ends the reload: a cluster whose
+ * nodes accept and never answer costs a reload one timeout, not one a
+ * node, and the next reload asks the nodes after it. KVT_OK with *out set;
+ * else the reason in why. */
+static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, char *why, size_t cap) {
     kvt__rnode_t all[MAX_HEALTH], cand[MAX_HEALTH];
     unsigned na = 0, nc = 0;
     for (unsigned i = 0; old && i < old->nnodes; i++) all[na++] = old->nodes[i];
@@ -327,15 +321,17 @@ static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, ui
     snprintf(why, cap, "no node answered");
     for (unsigned i = 0; i < nc; i++) {
         int h = health_of(b, cand[i].host, cand[i].port, NULL);
-        redisContext *c = connect_to(b, cand[i].host, cand[i].port, deadline, why, cap);
+        uint64_t t0 = kvt_now_ns();
+        redisContext *c = connect_to(b, cand[i].host, cand[i].port, why, cap);
         if (c == NULL) {
-            if (kvt_now_ns() >= deadline) break;
             mark_down(b, h, true, true);
+            if (kvt_now_ns() - t0 >= (uint64_t)kvt__store_timeout_ms(b->s) * 1000000ull) break; /* silent: the reload ends */
             continue;
         }
-        redisReply *r = ask_by(c, deadline, "CLUSTER SHARDS");
+        redisReply *r = ask_by(c, in_time(b->s), "CLUSTER SHARDS");
         int rc = KVT_EIO;
         char reason[160];
+        bool silent = r == NULL && strcmp(c->errstr, NO_REPLY) == 0;
         if (r == NULL) {
             snprintf(why, cap, "%.200s:%d: %s", cand[i].host, cand[i].port, c->errstr);
             mark_down(b, h, true, true);
@@ -350,7 +346,7 @@ static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, ui
         if (r) freeReplyObject(r);
         redisFree(c);
         if (rc == KVT_OK) return KVT_OK;
-        if (kvt_now_ns() >= deadline) break;
+        if (silent) break;
     }
     return KVT_EIO;
 }
@@ -365,7 +361,7 @@ static int refresh_map(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
     if (nm == NULL) return 0;
     char why[512];
     req->cnt.map_refreshes++;
-    if (load_map(b, w->map, nm, w->deadline, why, sizeof(why)) != KVT_OK) {
+    if (load_map(b, w->map, nm, why, sizeof(why)) != KVT_OK) {
         kvt__store_log(b->s, "cluster slot map reload failed: %s", why);
         kvt__free(nm, sizeof(*nm));
         return -1;
@@ -726,7 +722,7 @@ static void send_round(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool *sent, boo
         }
         if (c->c == NULL && !tried[w->tnode[i]]) {
             tried[w->tnode[i]] = true;
-            if ((c->c = connect_to(b, c->host, c->port, w->deadline, why, cap)) == NULL) mark_down(b, hof(b, c), true, true);
+            if ((c->c = connect_to(b, c->host, c->port, why, cap)) == NULL) mark_down(b, hof(b, c), true, true);
         }
         if (c->c == NULL) {
             w->pending[i] = K_HELD;
@@ -776,11 +772,11 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
         if (w->pending[i] != K_SENT || w->tnode[i] != ci) continue;
         redisReply *r = NULL;
         if (c->c && w->asking[i] == 1) { /* the ASKING reply */
-            get_reply(c->c, w->deadline, cap_bytes, &r);
+            get_reply(c->c, in_time(req->s), cap_bytes, &r);
             if (r) freeReplyObject(r);
             r = NULL;
         }
-        int direct = c->c && req->op == KVT_STORE_GET ? get_direct(c, req, i, w->deadline) : D_NOT_TAKEN;
+        int direct = c->c && req->op == KVT_STORE_GET ? get_direct(c, req, i, in_time(req->s)) : D_NOT_TAKEN;
         if (direct == D_DONE) {
             *answered = true;
             w->asking[i] = 0;
@@ -788,7 +784,7 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
             refill(w, req, ci);
             continue;
         }
-        if (c->c == NULL || direct == D_LOST || get_reply(c->c, w->deadline, cap_bytes, &r) != REDIS_OK || r == NULL) {
+        if (c->c == NULL || direct == D_LOST || get_reply(c->c, in_time(req->s), cap_bytes, &r) != REDIS_OK || r == NULL) {
             bool silent = false;
             if (c->c) {
                 silent = timed_out(c);
@@ -879,7 +875,7 @@ static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
     char why[512];
     for (size_t u = 0; u < nused; u++) { /* every node connected before any is asked: no reply is left unread */
         rconn_t *c = &w->conn[used[u]];
-        if (c->c == NULL && (c->c = connect_to(b, c->host, c->port, w->deadline, why, sizeof(why))) == NULL) return false;
+        if (c->c == NULL && (c->c = connect_to(b, c->host, c->port, why, sizeof(why))) == NULL) return false;
     }
     for (size_t u = 0; u < nused; u++) {
         rconn_t *c = &w->conn[used[u]];
@@ -901,7 +897,7 @@ static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
         rconn_t *c = &w->conn[used[u]];
         redisReply *r = NULL;
         req->cnt.round_trips++;
-        if (get_reply(c->c, w->deadline, read_cap(req->s), &r) != REDIS_OK || r == NULL) {
+        if (get_reply(c->c, in_time(req->s), read_cap(req->s), &r) != REDIS_OK || r == NULL) {
             bool silent = timed_out(c);
             drop(c);
             req->cnt.reconnects++;
@@ -944,7 +940,6 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
                        (unsigned long long)((until - now) / 1000000));
         return;
     }
-    w->deadline = batch_deadline(req->s);
     if (b->cluster) sync_map(b, w);
     if (req->leading && req->op == KVT_STORE_EXISTS && leading_by_script(b, w, req)) return;
     for (size_t i = 0; i < n; i++) {
@@ -974,15 +969,15 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
         bool left = false;
         for (size_t i = 0; i < n; i++) left |= w->pending[i] != K_DONE;
         if (!left) break;
-        if (round >= retries || kvt_now_ns() >= w->deadline) {
+        if (round >= retries) {
             size_t failed = 0;
             for (size_t i = 0; i < n; i++)
                 if (w->pending[i] != K_DONE) {
                     req->results[i] = KVT_STORE_FAILED, failed++;
                     if (w->tnode[i] != UINT16_MAX) mark_down(b, hof(b, &w->conn[w->tnode[i]]), true, true); /* retried enough */
                 }
-            kvt__store_log(req->s, "%s: %zu of %zu keys failed after %u %s%s%s", kvt_store_op_name(req->op), failed, n,
-                           round, round >= retries ? "retries" : "retries, the call's time up", why[0] ? ": " : "", why);
+            kvt__store_log(req->s, "%s: %zu of %zu keys failed after %u retries%s%s", kvt_store_op_name(req->op), failed, n,
+                           retries, why[0] ? ": " : "", why);
             exhausted = true;
             break;
         }
@@ -1100,9 +1095,8 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
     kvt__sigpipe_hold(&sp);
     if (rc == KVT_OK && !cluster) {
         const kvt__rnode_t *n = &b->seeds[0];
-        uint64_t deadline = kvt_now_ns() + 2ull * kvt__store_timeout_ms(s) * 1000000ull; /* connect (and AUTH), PING */
-        redisContext *c = connect_to(b, n->host, n->port, deadline, why, sizeof(why));
-        redisReply *r = c ? ask_by(c, deadline, "PING") : NULL;
+        redisContext *c = connect_to(b, n->host, n->port, why, sizeof(why));
+        redisReply *r = c ? ask_by(c, in_time(s), "PING") : NULL;
         if (c && r == NULL) snprintf(why, sizeof(why), "%.200s:%d: %s", n->host, n->port, c->errstr);
         else if (r && r->type == REDIS_REPLY_ERROR) snprintf(why, sizeof(why), "%.200s:%d: PING: %.100s%s", n->host, n->port, r->str, noauth_hint(r->str));
         if (r == NULL || r->type == REDIS_REPLY_ERROR) rc = KVT_EIO, kvt__store_error("store %s: %s", kvt_store_url(s), why);
@@ -1112,7 +1106,7 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
     if (rc == KVT_OK && cluster) {
         b->map = kvt__malloc(sizeof(*b->map));
         if (b->map == NULL) rc = KVT_ENOMEM, kvt__store_error("out of memory");
-        else if (load_map(b, NULL, b->map, batch_deadline(s), why, sizeof(why)) != KVT_OK)
+        else if (load_map(b, NULL, b->map, why, sizeof(why)) != KVT_OK)
             rc = KVT_EIO, kvt__store_error("store %s: %s", kvt_store_url(s), why);
         else b->map_gen = 1;
     }
