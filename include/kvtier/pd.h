@@ -227,7 +227,9 @@ KVT_API void kvt_pd_sender_destroy(kvt_pd_sender_t *s);
  * KVT_ENOMEM; the sender is then unlinked, and reconnect may be tried again. */
 KVT_API int kvt_pd_sender_reconnect(kvt_pd_sender_t *s, uint16_t data_port, uint16_t control_port);
 /* The destinations of hand-off h of n pages (all C ranks' pages): dst[j] is
- * the pool page for page j. Blocks while decode waits for room. Errors:
+ * the pool page for page j. Blocks while decode waits for room. A hand-off
+ * id is used once: decode refuses one of the last 1,024 it released
+ * (KVT_EIO), a straggler's or a replay's REQ. Errors:
  * KVT_EINVAL (n == 0, NULL); refused by decode with the link intact
  * (kvt_pd_sender_linked stays true): KVT_ERANGE (n is more than the pool
  * holds), KVT_ENOENT (h < the receiver's resume_from: lost with an earlier

@@ -276,7 +276,8 @@ static bool on_done(kvt_pd_receiver_t *r, uint32_t s, const kvt__pd_op_t *m) {
     l->done_mask |= 1ull << s;
     if (m->status != KVT_OK) {
         /* its runs still in flight (in decode's socket buffers) land now or never: not in pages the
-         * caller has been given back after FAILED. Its next hand-off's streams are new ones */
+         * caller has been given back after FAILED. (Its tcp tier opens new streams for its next
+         * send: it finds these closed.) */
         kvt__net_fence(r->srv, (int)s);
         fail_handoff(r, l, s, KVT_PD_FAIL_SEND, KVT_EIO);
     }
@@ -366,7 +367,7 @@ static int whole(int fd) {
  * that a rank that stops mid-message holds up neither the other ranks nor
  * the caller's poll, release and stats (which take r->mu): its socket is
  * looked at again every 10 ms, and it is taken for gone once a message has
- * stayed partial for timeout_ms. */
+ * stayed partial for timeout_ms, or at once when its peer closes. */
 static void serve(kvt_pd_receiver_t *r) {
     uint32_t C = r->cfg.ranks, open = C;
     uint64_t last_progress = kvt_now_ns(), partial_since[KVT_PD_MAX_RANKS] = {0};
@@ -375,7 +376,8 @@ static void serve(kvt_pd_receiver_t *r) {
         struct pollfd pf[KVT_PD_MAX_RANKS + 1];
         bool partial = false;
         for (uint32_t s = 0; s < C; s++) {
-            pf[s] = (struct pollfd){r->fd[s], partial_since[s] ? 0 : POLLIN, 0}; /* (a partial one: by the clock) */
+            /* a partial one is looked at by the clock, or at once when its peer closes */
+            pf[s] = (struct pollfd){r->fd[s], partial_since[s] ? POLLRDHUP : POLLIN, 0};
             partial |= partial_since[s] != 0;
         }
         pf[C] = (struct pollfd){r->wakefd, POLLIN, 0};
@@ -390,7 +392,7 @@ static void serve(kvt_pd_receiver_t *r) {
         }
         for (uint32_t s = 0; s < C; s++) {
             if (r->fd[s] < 0 || !(partial_since[s] || (n > 0 && (pf[s].revents & (POLLIN | POLLHUP | POLLERR))))) continue;
-            int w = (pf[s].revents & (POLLHUP | POLLERR)) ? -1 : whole(r->fd[s]);
+            int w = (pf[s].revents & (POLLHUP | POLLERR | POLLRDHUP)) ? -1 : whole(r->fd[s]);
             uint64_t now = kvt_now_ns();
             if (w == 0 && !partial_since[s]) partial_since[s] = now;
             if (w == 0 && now - partial_since[s] <= r->cfg.timeout_ms * 1000000ull) continue;

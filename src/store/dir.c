@@ -1,7 +1,7 @@
 /* The dir backend: one file per object under a root, the embedded L3.
  *
  *   ROOT/3f/3fa2...(32 hex)          an object (payload + header)
- *   ROOT/3f/.tmp.<host>.<pid>.<n>.<hex>   a put in progress
+ *   ROOT/3f/.tmp.h<host>.<pid>.<n>.<hex>  a put in progress
  *
  * Fan-out: 256 directories by the key's first byte, created on first use.
  * One level: two levels make 65,536 folders, which a new store's puts
@@ -275,14 +275,15 @@ void kvt__dir_tmp_tag(char tag[17]) {
 
 typedef enum { TMP_NOT, TMP_OURS, TMP_FOREIGN } tmp_kind_t;
 
-/* Whether n names a temporary file, and whose: ".tmp.<tag>.<pid>.<n>.<hex>"
+/* Whether n names a temporary file, and whose: ".tmp.h<tag>.<pid>.<n>.<hex>"
  * with this root's tag gives its pid; any other ".tmp." name is another
- * machine's or namespace's. */
+ * machine's or namespace's. (The 'h': earlier builds, which named files
+ * ".tmp.<pid>..." and read a pid after ".tmp.", read none in this name.) */
 static tmp_kind_t tmp_kind(const char *n, const char *tag, long *pid) {
     if (strncmp(n, ".tmp.", 5) != 0) return TMP_NOT;
-    if (strncmp(n + 5, tag, 16) != 0 || n[21] != '.') return TMP_FOREIGN;
+    if (n[5] != 'h' || strncmp(n + 6, tag, 16) != 0 || n[22] != '.') return TMP_FOREIGN;
     char *end;
-    *pid = strtol(n + 22, &end, 10);
+    *pid = strtol(n + 23, &end, 10);
     return *pid > 0 && *end == '.' ? TMP_OURS : TMP_FOREIGN;
 }
 
@@ -605,7 +606,7 @@ static uint8_t do_put(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     if (nv == 0) return KVT_STORE_FAILED; /* logged */
     char dirp[1000], tmp[1100], fin[1100];
     snprintf(dirp, sizeof(dirp), "%s/%.2s", d->root, hex);
-    snprintf(tmp, sizeof(tmp), "%s/.tmp.%s.%ld.%llu.%s", dirp, d->r->tag, (long)getpid(),
+    snprintf(tmp, sizeof(tmp), "%s/.tmp.h%s.%ld.%llu.%s", dirp, d->r->tag, (long)getpid(),
              (unsigned long long)atomic_fetch_add(&d->r->tmpseq, 1), hex);
     obj_path(d->root, hex, fin, sizeof(fin));
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;

@@ -146,8 +146,18 @@ static int pump_acks(conn_t *c) {
     }
 }
 
+/* Whether the server closed a stream since the last batch (decode cuts a
+ * rank's streams when it reports a hand-off of that rank failed): between
+ * batches a stream has nothing to read, so anything readable is its end. */
+static bool any_closed(const tcp_ctx_t *x) {
+    struct pollfd pf[MAX_STREAMS];
+    for (uint32_t i = 0; i < x->n; i++) pf[i] = (struct pollfd){x->c[i].fd, POLLIN | POLLRDHUP, 0};
+    return x->n && poll(pf, x->n, 0) > 0;
+}
+
 static int tcp_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n) {
     tcp_ctx_t *x = ctx;
+    if (any_closed(x)) close_all(x); /* then reopened, not failed on the first write */
     if (x->n == 0) { /* reopen after a failure */
         int rc = connect_all(t, x);
         if (rc != KVT_OK) return rc;

@@ -638,21 +638,21 @@ Test(store_dir, crash_mid_write_invisible) {
     pid_t pid = fork();
     if (pid == 0) {
         char t[400];
-        snprintf(t, sizeof(t), "%s/.tmp.%s.%ld.0.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
+        snprintf(t, sizeof(t), "%s/.tmp.h%s.%ld.0.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
         int fd = open(t, O_WRONLY | O_CREAT, 0644);
         if (write(fd, good, ob / 2) < 0) _exit(2);
         _exit(0);
     }
     int stt;
     waitpid(pid, &stt, 0);
-    snprintf(tmp, sizeof(tmp), "%s/.tmp.%s.%ld.0.%s", dirp, tag, (long)pid, strrchr(fin, '/') + 1);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp.h%s.%ld.0.%s", dirp, tag, (long)pid, strrchr(fin, '/') + 1);
     cr_assert_eq(access(tmp, F_OK), 0);
     /* a live writer's (this process), and two of another machine or PID
      * namespace, whose pids mean nothing here: one a put might still be
-     * writing, one left an hour and more ago (the earlier name, no tag) */
+     * writing, one left an hour and more ago (in the form without a tag) */
     char live[400], theirs[400], stale[400];
-    snprintf(live, sizeof(live), "%s/.tmp.%s.%ld.7.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
-    snprintf(theirs, sizeof(theirs), "%s/.tmp.0123456789abcdef.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
+    snprintf(live, sizeof(live), "%s/.tmp.h%s.%ld.7.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
+    snprintf(theirs, sizeof(theirs), "%s/.tmp.h0123456789abcdef.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
     snprintf(stale, sizeof(stale), "%s/.tmp.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
     const char *made[] = {live, theirs, stale};
     for (int i = 0; i < 3; i++) {
