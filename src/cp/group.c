@@ -96,6 +96,9 @@ _Static_assert(sizeof(slot_t) <= SLOT_BYTES, "a slot fits its kilobyte");
 struct kvt_cp_group {
     kvt__seg_t seg;
     header_t *h;
+    /* the segment's parts, placed once from the offsets checked at join: the
+     * header's copies are another process's to write, never read again */
+    uint8_t *slots;
     _Atomic uint64_t *landed;
     uint64_t *digests;
     char name[KVT_CP_NAME_MAX + 1];
@@ -129,9 +132,7 @@ static void copy_text(char *dst, size_t n, const char *src) {
     dst[len] = '\0';
 }
 
-static slot_t *slot(const kvt_cp_group_t *g, uint32_t r) {
-    return (slot_t *)((uint8_t *)g->h + g->h->slots_off + (size_t)r * SLOT_BYTES);
-}
+static slot_t *slot(const kvt_cp_group_t *g, uint32_t r) { return (slot_t *)(g->slots + (size_t)r * SLOT_BYTES); }
 
 /* ---- stopping and liveness ---------------------------------------------------------- */
 
@@ -166,7 +167,8 @@ static bool stopped(kvt_cp_group_t *g) {
     for (int i = 0; i < 1000 && s == 1; i++, pause_us(10)) s = atomic_load_explicit(&g->h->stop, memory_order_acquire);
     int32_t by = s == 2 ? atomic_load(&g->h->stopped_by) : -1;
     if (by == (int32_t)g->rank && g->why[0]) return true; /* our own failure: g->why says it */
-    snprintf(g->why, sizeof(g->why), "rank %u: the group stopped: %s", g->rank, s == 2 ? g->h->why : "(no reason given)");
+    snprintf(g->why, sizeof(g->why), "rank %u: the group stopped: %.*s", g->rank, (int)sizeof(g->h->why),
+             s == 2 ? g->h->why : "(no reason given)"); /* (bounded: another process wrote it) */
     return true;
 }
 
@@ -498,6 +500,17 @@ static uint64_t segment_bytes(const kvt_cp_group_config_t *cfg, uint64_t *slots_
     return *digests_off + (uint64_t)cfg->ranks * (cfg->requests ? cfg->requests : 1) * sizeof(uint64_t);
 }
 
+/* Places the segment's parts at the offsets the config gives (which the
+ * header was checked to hold). */
+static void place(kvt_cp_group_t *g, void *base, const kvt_cp_group_config_t *cfg) {
+    uint64_t a, b, c;
+    segment_bytes(cfg, &a, &b, &c);
+    g->h = base;
+    g->slots = (uint8_t *)base + a;
+    g->landed = (_Atomic uint64_t *)((uint8_t *)base + b);
+    g->digests = (uint64_t *)((uint8_t *)base + c);
+}
+
 /* Claims the rank's slot. */
 static int claim_slot(kvt_cp_group_t *g, const char **why) {
     slot_t *s = slot(g, g->rank);
@@ -520,7 +533,7 @@ static int init_ctl(void *base, void *arg) {
     h->requests = cfg->requests, h->tag = cfg->tag;
     segment_bytes(cfg, &h->slots_off, &h->landed_off, &h->digests_off);
     atomic_store(&h->stopped_by, -1);
-    g->h = h;
+    place(g, h, cfg);
     return claim_slot(g, NULL);
 }
 
@@ -534,6 +547,16 @@ static int create_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
                             "live group's segment, or by a file that is not a kvtier segment; it was left alone", seg, g->name);
     if (rc != KVT_OK) return say(rc, why, "rank 0: cannot create the control segment /dev/shm%s: %s", seg, kvt_strerror(rc));
     return KVT_OK;
+}
+
+/* Whether slot r of the group (whose parameters differ from this rank's:
+ * its offsets are the header's, checked to lie in the segment) has a
+ * process. */
+static bool rank_taken(const kvt_cp_group_t *g, uint32_t r) {
+    uint64_t off = g->h->slots_off;
+    if (r >= g->h->ranks || off > g->seg.total || (uint64_t)(r + 1) * SLOT_BYTES > g->seg.total - off) return false;
+    const slot_t *s = (const slot_t *)((const uint8_t *)g->h + off + (size_t)r * SLOT_BYTES);
+    return atomic_load(&s->pid) != 0;
 }
 
 /* The first parameter in which the rank differs from the group. */
@@ -574,14 +597,19 @@ static int attach_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
                    rc == KVT_EINVAL ? " (another kvtier version made it)" : "");
     g->h = g->seg.base;
     uint64_t a, b, c;
-    /* the offsets too: every slot, landed and digest access goes through them */
     /* A rank started with other parameters means the launch is wrong: the
-     * group cannot finish, so every rank hears it now, not at its join timeout.
-     * (A segment of the wrong size or layout is not written to at all.) */
-    if ((rc = check_params(g, cfg, why)) != KVT_OK) stop_group(g, cfg->rank, t_why);
-    else if (g->seg.total != segment_bytes(cfg, &a, &b, &c) || g->h->slots_off != a || g->h->landed_off != b ||
-             g->h->digests_off != c)
+     * group cannot finish, so every rank hears it now, not at its join
+     * timeout; unless the rank is taken, when the stray is another job's
+     * process that picked the same name and stops nothing. (A segment of
+     * the wrong size or layout is not written to at all.) */
+    if ((rc = check_params(g, cfg, why)) != KVT_OK) {
+        if (!rank_taken(g, cfg->rank)) stop_group(g, cfg->rank, t_why);
+    } else if (g->seg.total != segment_bytes(cfg, &a, &b, &c) || g->h->slots_off != a || g->h->landed_off != b ||
+               g->h->digests_off != c) {
         rc = say(KVT_EINVAL, why, "rank %u: group %s's control segment has the wrong size or layout", cfg->rank, g->name);
+    } else {
+        place(g, g->seg.base, cfg); /* the offsets checked: from here on they are ours, not the header's */
+    }
     if (rc == KVT_OK && atomic_load_explicit(&g->h->stop, memory_order_acquire) != 0) { /* it can never finish now */
         stopped(g);
         rc = say(KVT_EIO, why, "%s", g->why); /* refused before its slot is claimed: nothing written */
@@ -638,9 +666,6 @@ int kvt_cp_group_join(kvt_cp_group_t **out, const kvt_cp_group_config_t *user, c
         free_group(g);
         return rc;
     }
-    g->h = g->seg.base;
-    g->landed = (_Atomic uint64_t *)((uint8_t *)g->h + g->h->landed_off);
-    g->digests = (uint64_t *)((uint8_t *)g->h + g->h->digests_off);
     g->joined_at = kvt_now_ns();
     *out = g;
     return KVT_OK;

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -146,8 +147,48 @@ Test(cp_group, a_parameter_that_differs_is_refused_naming_the_field) {
     cr_assert(strstr(why, "is taken by pid"), "%s", why);
     cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_OK);
     cr_assert_eq(kvt_cp_group_wait_joined(g1), KVT_OK);
+    /* ... and so is one whose number is taken and whose parameters differ (another job that picked the
+     * same name): it is refused and stops nothing */
+    kvt_cp_group_config_t other = config(name, 1, 2);
+    other.l2_pages = 99;
+    cr_assert_eq(kvt_cp_group_join(&g, &other, &why), KVT_EINVAL);
+    cr_assert(strstr(why, "l2_pages"), "%s", why);
+    cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_OK);
+    cr_assert_eq(kvt_cp_group_wait_joined(g1), KVT_OK);
+    kvt_cp_group_info_t info = {.size = sizeof(info)};
+    kvt_cp_group_info(g0, &info);
+    cr_assert_not(info.stopped, "a stray with the same name stopped a running group");
     cr_assert_eq(kvt_cp_group_leave(g1, NULL), KVT_OK);
     cr_assert_eq(kvt_cp_group_leave(g0, NULL), KVT_OK);
+    cr_assert_not(segment_exists(name, "ctl"));
+}
+
+/* Another process writes garbage over the header after the ranks joined:
+ * its offsets (which every slot access once went through), its stop word,
+ * a reason with no end. The ranks read their slots where the join placed
+ * them, the reason only as far as it can be, and stop, saying so. */
+Test(cp_group, garbage_in_the_header_after_the_join_reads_nothing_outside) {
+    const char *name = group_name("garbage");
+    kvt_cp_group_config_t c0 = config(name, 0, 2), c1 = config(name, 1, 2);
+    kvt_cp_group_t *g0 = join_ok(&c0), *g1 = join_ok(&c1);
+    char seg[96], path[128];
+    cr_assert_eq(kvt_cp_group_segment(name, "ctl", seg, sizeof(seg)), KVT_OK);
+    snprintf(path, sizeof(path), "/dev/shm%s", seg);
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert_neq(m, MAP_FAILED);
+    size_t from = 64; /* past the segment's own head (kind, version, creator), into the group's fields */
+    memset(m + from, 'A', 4096 - from);
+    munmap(m, 4096);
+    close(fd);
+    cr_assert_eq(kvt_cp_group_wait_joined(g0), KVT_EIO);
+    const char *said = kvt_cp_group_why(g0);
+    cr_assert(said && strlen(said) < 640 && strstr(said, "the group stopped"), "%s", said ? said : "(none)");
+    kvt_cp_group_info_t info = {.size = sizeof(info)};
+    cr_assert_eq(kvt_cp_group_info(g1, &info), KVT_OK);
+    kvt_cp_group_leave(g1, NULL);
+    kvt_cp_group_leave(g0, NULL);
     cr_assert_not(segment_exists(name, "ctl"));
 }
 
