@@ -549,12 +549,13 @@ static int create_ctl(kvt_cp_group_t *g, const kvt_cp_group_config_t *cfg, const
     return KVT_OK;
 }
 
-/* Whether slot r of the group (whose parameters differ from this rank's:
- * its offsets are the header's, checked to lie in the segment) has a
- * process. */
+/* Whether slot r of the group (whose parameters differ from this rank's)
+ * has a process: its slots where every group has them, when the segment
+ * holds slot r. */
 static bool rank_taken(const kvt_cp_group_t *g, uint32_t r) {
-    uint64_t off = g->h->slots_off;
-    if (r >= g->h->ranks || off > g->seg.total || (uint64_t)(r + 1) * SLOT_BYTES > g->seg.total - off) return false;
+    const uint64_t off = HEADER_BYTES;
+    if (g->h->slots_off != off || r >= g->h->ranks || off > g->seg.total || (uint64_t)(r + 1) * SLOT_BYTES > g->seg.total - off)
+        return false;
     const slot_t *s = (const slot_t *)((const uint8_t *)g->h + off + (size_t)r * SLOT_BYTES);
     return atomic_load(&s->pid) != 0;
 }
