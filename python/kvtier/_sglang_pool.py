@@ -87,19 +87,23 @@ def _plan(pool: Any, pages: int) -> Tuple[Optional[_Plan], str, List[int]]:
     return None, f"{n} buffers per page do not group into 1..{KVT_TIER_MAX_PLANES} planes of equal layers", sizes
 
 
-def _pool_memory(pool: Any) -> List[Any]:
+def _pool_memory(pool: Any) -> Dict[Tuple[int, int], Any]:
     """The host tensors the pool holds (its attributes, and lists or tuples
     of tensors in them: kv_buffer and whatever else a pool keeps), one per
-    allocation. Every address the pool gives must lie in one of them; the
-    registration keeps them alive, so a pool that lets go of its buffers
-    (HostKVCache.destroy) does not free memory a call is copying into."""
+    allocation, by its [start, end). Every address the pool gives must lie
+    in one of them; the registration keeps them alive, so a pool that lets
+    go of its buffers (HostKVCache.destroy) does not free memory a call is
+    copying into."""
     found: Dict[Tuple[int, int], Any] = {}
     for v in list(vars(pool).values()) if hasattr(pool, "__dict__") else []:
         for t in (v if isinstance(v, (list, tuple)) else (v,)):
             r = _kept_range(t) if type(t).__module__.startswith("torch") else None
             if r is not None and r[1] > r[0]:
                 found.setdefault(r, t)
-    return list(found.values())
+    return found
+
+
+_U64 = (1 << 64) - 1
 
 
 class _Memory:
@@ -107,11 +111,11 @@ class _Memory:
     probes that tell when one was resized or freed since registration."""
 
     def __init__(self, pool: Any) -> None:
-        self.tensors = _pool_memory(pool)
+        found = _pool_memory(pool)
+        self.tensors, self.ranges = list(found.values()), sorted(found)
         if not self.tensors:
             raise ValueError(f"KvtierStorage.register_mem_pool_host: {type(pool).__name__} holds no host tensor "
                              "(expected SGLang's HostKVCache, whose kv_buffer holds its pages)")
-        self.ranges = sorted(_kept_range(t) for t in self.tensors)
         self.probes = [_memory_probe(t, f"the pool's tensor {i}") for i, t in enumerate(self.tensors)]
 
     def check(self, ptrs: Sequence[int], sizes: Sequence[int], what: str) -> None:
@@ -127,9 +131,6 @@ class _Memory:
                 raise ValueError(f"{what}: bytes [{p:#x}, {p + n:#x}) are not in the pool's host tensors "
                                  "(an index past the pool, or a pool whose buffers changed after "
                                  "register_mem_pool_host)")
-
-
-_U64 = (1 << 64) - 1
 
 
 def _engine_tier(plan: _Plan, memory: _Memory) -> Tier:

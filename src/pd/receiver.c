@@ -323,12 +323,14 @@ static void on_timeout(kvt_pd_receiver_t *r) {
     retry_waiting(r);
 }
 
+/* What a joined rank may send. */
+#define FROM_RANKS (1u << KVT_PD_REQ | 1u << KVT_PD_DONE | 1u << KVT_PD_BYE)
+
 /* One message from rank s (its socket is readable). false when it left. */
 static bool on_message(kvt_pd_receiver_t *r, uint32_t s) {
     unsigned type;
     kvt__pd_op_t m;
-    unsigned mask = 1u << KVT_PD_REQ | 1u << KVT_PD_DONE | 1u << KVT_PD_BYE;
-    if (kvt__pd_recv(r->fd[s], mask, &type, &m, kvt__pd_bound(r)) != 0) {
+    if (kvt__pd_recv(r->fd[s], FROM_RANKS, &type, &m, kvt__pd_bound(r)) != 0) {
         on_gone(r, s, false);
         return false;
     }
@@ -359,7 +361,7 @@ static int whole(int fd) {
     if ((size_t)n < sizeof(kvt__pd_hdr_t)) return 0;
     kvt__pd_hdr_t h;
     memcpy(&h, b, sizeof(h));
-    if (!kvt__pd_header_ok(&h, 1u << KVT_PD_REQ | 1u << KVT_PD_DONE | 1u << KVT_PD_BYE)) return -1;
+    if (!kvt__pd_header_ok(&h, FROM_RANKS)) return -1;
     return (size_t)n >= sizeof(h) + h.length;
 }
 

@@ -148,11 +148,15 @@ static struct timeval tv_of(uint32_t ms) { return (struct timeval){.tv_sec = ms 
 /* When a reply (or a connect) waited for from now must be in. */
 static uint64_t in_time(const kvt_store_t *s) { return kvt_now_ns() + (uint64_t)kvt__store_timeout_ms(s) * 1000000ull; }
 
-/* The most a reply may bring: an object and some (a value read through
- * hiredis), or a CLUSTER SHARDS of every node. */
+/* The most a reply other than a value may bring: a CLUSTER SHARDS of every
+ * node, with room to spare. */
+#define SMALL_REPLY_CAP ((4u << 20) + (64u << 10))
+
+/* The most a reply may bring: that, or an object and some (a value read
+ * through hiredis). */
 static size_t read_cap(const kvt_store_t *s) {
     uint64_t ob = kvt__store_object_bytes(s);
-    return (size_t)((ob > (4u << 20) ? ob : (4u << 20)) + (64u << 10));
+    return ob > (4u << 20) ? (size_t)ob + (64u << 10) : SMALL_REPLY_CAP;
 }
 
 static const char NO_REPLY[] = "no reply in time";
@@ -206,7 +210,7 @@ static redisReply *ask_by(redisContext *c, uint64_t deadline, const char *fmt, .
     int rc = redisvAppendCommand(c, fmt, ap);
     va_end(ap);
     redisReply *r = NULL;
-    if (rc == REDIS_OK) get_reply(c, deadline, (4u << 20) + (64u << 10), &r);
+    if (rc == REDIS_OK) get_reply(c, deadline, SMALL_REPLY_CAP, &r);
     return r;
 }
 
