@@ -142,7 +142,8 @@ typedef struct kvt_store_config {
     const char *ns;           /* namespace: a deployment or tenant sharing one store (default "default") */
     /* Mechanism. */
     uint32_t threads;         /* worker threads, 1..64 (default 2); each has its own connections */
-    uint32_t timeout_ms;      /* every network call: connect, send, receive, and each reply whole (default 2000) */
+    uint32_t timeout_ms;      /* every network call: connect, send, receive, and each reply whole; dir:, a wait for
+                               * descriptors (default 2000) */
     uint32_t retries;         /* per key: redirections, TRYAGAIN, reconnects (default 8); a node that
                                * cannot be reached or says it is down is not retried: it is left
                                * alone for a second, its keys failing at once */

@@ -64,6 +64,7 @@
 
 #include <xxhash.h>
 
+#include "../core/clock-int.h"
 #include "../core/mem-int.h"
 #include "kvtier/error.h"
 #include "store-int.h"
@@ -545,8 +546,10 @@ static void dir_close(void *be) {
 
 /* A worker's gets keep their files open until the batch is reported, then
  * set the LRU times and close them (dir_after): an inode write less on the
- * caller's wait per get that sets one. */
+ * caller's wait per get that sets one. held_files counts them over every
+ * worker of the process, whose descriptors they take (open_fd). */
 #define LATER_MAX 256
+static atomic_size_t held_files;
 
 typedef struct dwork {
     int fd[LATER_MAX];
@@ -568,6 +571,7 @@ static void dir_after(void *be, void *w) {
         futimens(k->fd[i], ts);
         close(k->fd[i]);
     }
+    atomic_fetch_sub(&held_files, k->n);
     k->n = 0;
 }
 
@@ -586,15 +590,23 @@ static void dir_usage(void *be, uint64_t *bytes, uint64_t *objects) {
 
 /* ---- the calls ------------------------------------------------------------------------- */
 
-/* open(2), and again after the worker's held files are closed when the
- * process is out of descriptors (a batch holds up to LATER_MAX open). */
-static int open_fd(dwork_t *w, const char *path, int flags, mode_t mode) {
+/* open(2). A process out of descriptors closes this worker's held files
+ * and opens again; while it is still out and other workers hold files
+ * (closed when their batches are reported), it waits for them, up to the
+ * store's timeout_ms. The open fails when what takes the descriptors is not
+ * the store's. */
+static int open_fd(const kvt_store_t *s, dwork_t *w, const char *path, int flags, mode_t mode) {
     int fd = open(path, flags, mode);
-    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && w->n) {
-        dir_after(NULL, w);
+    if (fd >= 0 || (errno != EMFILE && errno != ENFILE)) return fd;
+    dir_after(NULL, w);
+    const uint64_t until = kvt_now_ns() + (uint64_t)kvt__store_timeout_ms(s) * 1000000ull;
+    for (;;) {
         fd = open(path, flags, mode);
+        if (fd >= 0 || (errno != EMFILE && errno != ENFILE) || atomic_load(&held_files) == 0 || kvt_now_ns() >= until)
+            return fd;
+        const struct timespec pause = {0, 200000};
+        nanosleep(&pause, NULL);
     }
-    return fd;
 }
 
 static uint8_t do_put(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
@@ -610,8 +622,8 @@ static uint8_t do_put(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
              (unsigned long long)atomic_fetch_add(&d->r->tmpseq, 1), hex);
     obj_path(d->root, hex, fin, sizeof(fin));
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-    int fd = open_fd(w, tmp, flags, 0644);
-    if (fd < 0 && errno == ENOENT && mkdir_p(dirp) == 0) fd = open_fd(w, tmp, flags, 0644);
+    int fd = open_fd(s, w, tmp, flags, 0644);
+    if (fd < 0 && errno == ENOENT && mkdir_p(dirp) == 0) fd = open_fd(s, w, tmp, flags, 0644);
     if (fd < 0) {
         kvt__store_log(s, "put %s: cannot create '%s': %s", hex, tmp, strerror(errno));
         return KVT_STORE_FAILED;
@@ -661,10 +673,10 @@ static uint8_t do_put(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
  * a FIFO opens at once (to be refused) instead of waiting for a writer for
  * ever; a regular file's reads ignore it. O_NOFOLLOW: a link is refused
  * (ELOOP), never read through to a file outside the root. */
-static int open_object(dwork_t *w, const char *path, struct stat *st, int *err) {
+static int open_object(const kvt_store_t *s, dwork_t *w, const char *path, struct stat *st, int *err) {
     const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW;
-    int fd = open_fd(w, path, flags | O_NOATIME, 0);
-    if (fd < 0 && errno == EPERM) fd = open_fd(w, path, flags, 0);
+    int fd = open_fd(s, w, path, flags | O_NOATIME, 0);
+    if (fd < 0 && errno == EPERM) fd = open_fd(s, w, path, flags, 0);
     if (fd >= 0 && fstat(fd, st) != 0) {
         *err = errno;
         close(fd);
@@ -680,7 +692,7 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     dirroot_t *x = d->r;
     obj_path(d->root, hex, path, sizeof(path));
     struct stat st;
-    int err = 0, fd = open_object(w, path, &st, &err);
+    int err = 0, fd = open_object(req->s, w, path, &st, &err);
     struct stat l; /* ELOOP: the object is a link (O_NOFOLLOW), or a folder on the way loops */
     const char *odd = fd >= 0 ? (S_ISREG(st.st_mode) ? NULL : kind_of(st.st_mode))
                     : err == ENXIO ? "a socket"
@@ -736,6 +748,7 @@ static void do_get(dirbe_t *d, dwork_t *w, kvt__sreq_t *req, size_t i) {
     if (set && w->n < LATER_MAX) {
         w->fd[w->n] = fd;
         w->when[w->n++] = now;
+        atomic_fetch_add(&held_files, 1);
         return;
     }
     struct timespec ts[2] = {now, {0, UTIME_OMIT}};

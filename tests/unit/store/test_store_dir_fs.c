@@ -5,7 +5,9 @@
  * dir: URLs whose path is empty; and max= counted in what the filesystem
  * charges for each file (st_blocks), the model being stat(2) of the files. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,6 +274,58 @@ Test(store_dir_fs, gets_short_of_descriptors) {
         cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, (uint64_t)N);
         sleep(round == 0); /* a second on: the next round sets the times again */
     }
+}
+
+/* The store's clock, a second on each round (kvt_store_set_clock): every
+ * round's gets set the files' times, so they hold their files. */
+static _Atomic uint64_t clock_ns = 1700000000ull * 1000000000ull;
+static uint64_t stepped_clock(void *arg) {
+    (void)arg;
+    return atomic_load(&clock_ns);
+}
+
+/* Two workers short of descriptors: a batch's held files are closed just
+ * after it is reported, while the next batch may already run on the other
+ * worker. That worker waits for them instead of failing its gets. Rounds
+ * of one batch back to back, and of two batches at once. */
+Test(store_dir_fs, two_workers_short_of_descriptors) {
+    enum { N = 24, ROUNDS = 400 };
+    senv_init(&E, 2 * N, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 2;
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    cr_assert_eq(kvt_store_set_clock(E.store, stepped_clock, NULL), KVT_OK);
+    kvt_store_page_t p[N], q[N];
+    put_filled(&E, p, N, 900);
+    pages_of(q, N, 900, N);
+    /* room for exactly one round's files: what a round holds is all there is */
+    int open_now = -1; /* the listing's own descriptor is not counted */
+    DIR *fds = opendir("/proc/self/fd");
+    cr_assert_not_null(fds);
+    while (readdir(fds)) open_now++;
+    closedir(fds);
+    open_now -= 2; /* . and .. */
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = (rlim_t)open_now + N;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    for (int round = 0; round < ROUNDS; round++) {
+        atomic_fetch_add(&clock_ns, 1000000000ull);
+        if (round % 16 == 0) wipe(&E, N, N);
+        int batches = round % 4 == 3 ? 2 : 1;
+        uint64_t t;
+        for (int b = 0; b < batches; b++)
+            cr_assert_eq(kvt_store_get(E.store, q + b * N / 2, N / batches, (uint64_t)b, &t), KVT_OK);
+        for (int b = 0; b < batches; b++) {
+            kvt_store_done_t d;
+            cr_assert_eq(kvt_store_poll(E.store, &d, 1, 60ull * 1000000000ull), 1);
+            cr_assert_eq(d.count, d.n, "round %d: %zu of %zu served", round, d.count, d.n);
+        }
+        if (round % 16 == 0)
+            for (int i = 0; i < N; i++) cr_assert(check(&E, 900 + (uint64_t)i, N + (uint32_t)i), "round %d key %d", round, i);
+    }
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_GET);
+    cr_assert_eq(st.failures, 0u);
+    cr_assert_eq(st.stored_objects, (uint64_t)N);
 }
 
 /* A path is required, and ends at the first ',': what follows is options. */
