@@ -291,11 +291,23 @@ static bool is_down(rbe_t *b, int h, bool write, uint64_t now) {
     return h >= 0 && now < atomic_load(&b->health[h].down_until[write]);
 }
 
-static void mark_down(rbe_t *b, int h, bool reads, bool writes) {
+/* Marks entry h down unless it went to another node since gen was read
+ * (a full table gives entries over: the node that failed is the one meant). */
+static void mark_down(rbe_t *b, int h, uint32_t gen, bool reads, bool writes) {
     if (h < 0) return;
     uint64_t until = kvt_now_ns() + DOWN_NS;
-    if (reads) atomic_store(&b->health[h].down_until[0], until);
-    if (writes) atomic_store(&b->health[h].down_until[1], until);
+    pthread_mutex_lock(&b->mu);
+    if (atomic_load(&b->health[h].gen) == gen) {
+        if (reads) atomic_store(&b->health[h].down_until[0], until);
+        if (writes) atomic_store(&b->health[h].down_until[1], until);
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Marks the node of connection c down. */
+static void conn_down(rbe_t *b, rconn_t *c, bool reads, bool writes) {
+    int h = hof(b, c); /* first: it may set c->hgen */
+    mark_down(b, h, c->hgen, reads, writes);
 }
 
 static bool is_write(kvt_store_op_t op) { return op == KVT_STORE_PUT || op == KVT_STORE_REMOVE; }
@@ -324,11 +336,12 @@ static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, ch
     if (nc == 0 && na) cand[nc++] = all[0]; /* all down: one is asked again */
     snprintf(why, cap, "no node answered");
     for (unsigned i = 0; i < nc; i++) {
-        int h = health_of(b, cand[i].host, cand[i].port, NULL);
+        uint32_t gen = 0;
+        int h = health_of(b, cand[i].host, cand[i].port, &gen);
         uint64_t t0 = kvt_now_ns();
         redisContext *c = connect_to(b, cand[i].host, cand[i].port, why, cap);
         if (c == NULL) {
-            mark_down(b, h, true, true);
+            mark_down(b, h, gen, true, true);
             if (kvt_now_ns() - t0 >= (uint64_t)kvt__store_timeout_ms(b->s) * 1000000ull) break; /* silent: the reload ends */
             continue;
         }
@@ -338,7 +351,7 @@ static int load_map(rbe_t *b, const kvt__slotmap_t *old, kvt__slotmap_t *out, ch
         bool silent = r == NULL && strcmp(c->errstr, NO_REPLY) == 0;
         if (r == NULL) {
             snprintf(why, cap, "%.200s:%d: %s", cand[i].host, cand[i].port, c->errstr);
-            mark_down(b, h, true, true);
+            mark_down(b, h, gen, true, true);
         } else if (r->type == REDIS_REPLY_ERROR) {
             snprintf(why, cap, "%.120s:%d: CLUSTER SHARDS: %.150s%s", cand[i].host, cand[i].port, r->str,
                      noauth_hint(r->str)[0] ? noauth_hint(r->str) : " (not a Redis 7 cluster node?)");
@@ -649,7 +662,7 @@ static int handle(rbe_t *b, rworker_t *w, kvt__sreq_t *req, size_t i, redisReply
         if (prefix(r->str, "CLUSTERDOWN") || prefix(r->str, "LOADING") || prefix(r->str, "MASTERDOWN")) {
             /* the node serves nothing now (reads still, when it says so) */
             bool reads = strstr(r->str, "only accepts read commands") == NULL;
-            mark_down(b, hof(b, from), reads, true);
+            conn_down(b, from, reads, true);
             kvt__store_log(b->s, "%s:%d is down for %s (next try in %llu ms): %s", from->host, from->port,
                            reads ? "reads and writes" : "writes", DOWN_NS / 1000000, r->str);
             return R_HELD;
@@ -726,7 +739,7 @@ static void send_round(rbe_t *b, rworker_t *w, kvt__sreq_t *req, bool *sent, boo
         }
         if (c->c == NULL && !tried[w->tnode[i]]) {
             tried[w->tnode[i]] = true;
-            if ((c->c = connect_to(b, c->host, c->port, why, cap)) == NULL) mark_down(b, hof(b, c), true, true);
+            if ((c->c = connect_to(b, c->host, c->port, why, cap)) == NULL) conn_down(b, c, true, true);
         }
         if (c->c == NULL) {
             w->pending[i] = K_HELD;
@@ -795,7 +808,7 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
                 snprintf(why, cap, "%.200s:%d: %s", c->host, c->port, silent ? NO_REPLY : c->c->errstr);
                 drop(c);
                 req->cnt.reconnects++;
-                if (silent) mark_down(b, hof(b, c), true, true); /* another try would wait as long again */
+                if (silent) conn_down(b, c, true, true); /* another try would wait as long again */
             }
             /* a node that said nothing in time is down: its keys are held (another node, if a reloaded map
              * names one, or a failure now); a connection lost otherwise is tried again after a backoff */
@@ -905,7 +918,7 @@ static bool leading_by_script(rbe_t *b, rworker_t *w, kvt__sreq_t *req) {
             bool silent = timed_out(c);
             drop(c);
             req->cnt.reconnects++;
-            if (silent) mark_down(b, hof(b, c), true, true); /* the pipelined path would wait as long again */
+            if (silent) conn_down(b, c, true, true); /* the pipelined path would wait as long again */
             done = false;
             continue;
         }
@@ -978,7 +991,7 @@ static void redis_run(void *be, void *wp, kvt__sreq_t *req) {
             for (size_t i = 0; i < n; i++)
                 if (w->pending[i] != K_DONE) {
                     req->results[i] = KVT_STORE_FAILED, failed++;
-                    if (w->tnode[i] != UINT16_MAX) mark_down(b, hof(b, &w->conn[w->tnode[i]]), true, true); /* retried enough */
+                    if (w->tnode[i] != UINT16_MAX) conn_down(b, &w->conn[w->tnode[i]], true, true); /* retried enough */
                 }
             kvt__store_log(req->s, "%s: %zu of %zu keys failed after %u retries%s%s", kvt_store_op_name(req->op), failed, n,
                            retries, why[0] ? ": " : "", why);
