@@ -132,15 +132,22 @@ class KvtierOffloadingConnector(OffloadingConnector):
                            refused_jobs=refused)
 
     def update_connector_output(self, connector_output) -> None:
+        """vLLM's, then the keys of refused loads forgotten once their jobs
+        have ended: with tensor parallelism the workers report a job in
+        different steps, and until the last has, its keys are pending (a
+        forget then would do nothing, and the job's end would make them hits
+        whose pages one rank never filled)."""
         meta = connector_output.kv_connector_worker_meta
         sched = self.connector_scheduler
-        keys: List[OffloadKey] = []
+        refused = self.__dict__.setdefault("_refused_keys", {})  # job id -> its keys, until the job ends
         if isinstance(meta, _WorkerMeta):
             for job_id in meta.refused_jobs:  # the scheduler's job table (job id -> its keys) ends with the job
                 st = sched._jobs.get(job_id)
                 if st is not None:
-                    keys.extend(st.keys)
+                    refused.setdefault(job_id, list(st.keys))
         super().update_connector_output(connector_output)
+        ended = [j for j in refused if j not in sched._jobs]
+        keys: List[OffloadKey] = [k for j in ended for k in refused.pop(j)]
         forget = getattr(sched.manager, "forget", None)
         if keys and forget is not None:
             forget(keys)

@@ -111,6 +111,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from . import _args as _a
+from ._core import hash_arg
 from .tier import Plane, Tier
 from .vllm import method_diffs
 from .xfer import Transfer
@@ -414,11 +415,12 @@ class KvtierOffloadingWorker(OffloadingWorker):
                 if any(not 0 <= i < len(chunks) for i, _ in fetch):
                     raise IndexError(f"job {job_id}: an L3 fetch names block index {[i for i, _ in fetch]}, "
                                      f"the load has {len(chunks)} blocks")
-                job.fetch = [(int(chunks[i]), h) for i, h in fetch]
+                job.fetch = [(int(chunks[i]), hash_arg(h, f"job {job_id}: an L3 fetch's page hash")) for i, h in fetch]
             elif getattr(host, "hashes", None):
                 if len(host.hashes) != len(chunks):
                     raise ValueError(f"job {job_id}: {len(host.hashes)} page hashes for {len(chunks)} chunks")
-                job.put = list(zip(host.hashes, chunks.tolist()))
+                job.put = [(hash_arg(h, f"job {job_id}: a page hash to write through"), c)
+                           for h, c in zip(host.hashes, chunks.tolist())]
         elif getattr(host, "fetch", None):
             raise ValueError(f"job {job_id}: a load from the L3 store, and this worker has none")
         return job
@@ -489,6 +491,10 @@ class KvtierOffloadingWorker(OffloadingWorker):
         if bad:
             self.l3_counts["fetches_failed"] += 1
             job.ok, job.why = False, f"L3 get: {len(bad)} of {len(job.fetch)} pages {set(r.results) - {'ok'}}"
+            if self._sums is not None:  # what a page whose get failed holds is no key's: no load from it passes
+                for (p, _), res in zip(job.fetch, r.results):
+                    if res != "ok":
+                        self._sums[p] = self._host.page_sum(p) ^ 1
             gone = [h for (p, h), res in zip(job.fetch, r.results) if res == "bad"]
             if gone:  # an object that failed its checks: removed for every instance
                 self._l3.remove(gone, user=0)
@@ -503,7 +509,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
         try:
             if job.ready is not None:
                 job.ready.synchronize()
-            if job.load and self._sums is not None:
+            if job.ok and job.load and self._sums is not None:  # a job failed already keeps its reason
                 for p in job.pages.tolist():
                     if self._host.page_sum(p) != self._sums[p]:
                         job.ok, job.why = False, f"host page {p} fails its checksum"

@@ -22,6 +22,8 @@ failure cannot travel through its scheduler; the manager's handling of one is
 compared with vLLM's in test_vllm.py."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -269,6 +271,49 @@ def test_a_refusal_survives_vllms_aggregation_of_tensor_parallel_workers(model_d
 
     agg = KVOutputAggregator(2).aggregate([out(clean[0]), out(refused[0])])
     assert agg.kv_connector_output.kv_connector_worker_meta.refused_jobs == refused[0].refused_jobs
+
+
+def lagging_second_rank(e: Engine) -> None:
+    """Makes e's scheduler wait for two workers (vLLM's pending counts, as
+    under tensor parallelism) and adds a second one that reports what the
+    real worker reported (finished receives and sends, completed jobs) a
+    step later, refusing nothing; vLLM's own aggregator folds the two into
+    each step's output, as its executor does."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    from vllm.v1.outputs import KVConnectorOutput
+    from kvtier.vllm_connector import _WorkerMeta
+    cs = e.sched.connector.connector_scheduler
+    cs.config = cs.config._replace(num_workers=2)  # a NamedTuple
+    update, agg = e.sched.update_from_output, KVOutputAggregator(2)
+    late = KVConnectorOutput()
+
+    def two_ranks(so, out):
+        nonlocal late
+        mine = out.kv_connector_output
+        theirs = copy.copy(out)
+        theirs.kv_connector_output = late
+        meta = getattr(mine, "kv_connector_worker_meta", None)
+        late = KVConnectorOutput(finished_sending=mine.finished_sending, finished_recving=mine.finished_recving,
+                                 kv_connector_worker_meta=_WorkerMeta(
+                                     completed_jobs=dict(getattr(meta, "completed_jobs", {}) or {})))
+        return update(so, agg.aggregate([out, theirs]))
+    e.sched.update_from_output = two_ranks
+
+
+def test_a_refusal_reported_a_step_before_another_ranks_completion(model_dir):
+    """With tensor parallelism the workers may report a job in different
+    steps: one rank's refusal arrived while the job still waited for another
+    rank, its keys pending, and the forget did nothing; the job's end then
+    made the refused pages hits (one rank never filled them). The keys are
+    forgotten when the job ends: b's recompute stores the prefix afresh and
+    c loads it, as with one worker."""
+    def scenario(e: Engine) -> None:
+        lagging_second_rank(e)
+        corrupted_prefix(e)
+    e, st = run_checked(model_dir, scenario, gpu_blocks=24, host_blocks=64, connector="KvtierOffloadingConnector")
+    assert st["removed"] >= len(SHARED) // BLOCK, st  # b's refused prefix, forgotten
+    news = {x[1]: x[2] for x in e.log if x[0] == "new"}
+    assert news["c"] >= len(SHARED), e.log
 
 
 def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):

@@ -10,6 +10,7 @@ address is vLLM's own arithmetic. Host bytes and GPU bytes are compared three
 ways after every phase."""
 import contextlib
 import ctypes
+import logging
 import os
 import random
 
@@ -573,3 +574,42 @@ def test_write_through_to_a_dir_l3_and_fetch_into_another_worker(dir_store_url):
         b.shutdown()
     left = [os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs]
     assert victim not in left and len(left) == 2, left
+
+
+def test_a_failed_fetch_leaves_no_load_from_its_page_and_says_why(dir_store_url, caplog):
+    """A host page an L3 get did not fill holds what it held before (another
+    key's bytes, under a sum that was right for them): no later load from it
+    passes, whatever the scheduler believes (with tensor parallelism another
+    rank's fetch of the key may have succeeded). The failed load's message
+    names the L3 get, not the checksum that follows from it. A fetch hash
+    that is not a page hash is refused at submit."""
+    from kvtier.store import Store
+    from kvtier.vllm import KvtierLoadSpec, KvtierStoreSpec
+
+    def opener(tier):
+        return Store(dir_store_url, tier=tier, model="test-vllm-worker", page_tokens=32, layers=1,
+                     layer_bytes=2 * sum(PAGES), dtype_bytes=1)
+
+    kv, _ = caches(21)
+    w = KvtierOffloadingWorker(kv, NC, 2, l3=opener)
+    try:
+        w.submit_store(1, GPULoadStoreSpec([0, 1], [2, 0, 0], [0, 0, 0]), KvtierStoreSpec([5], [b"\x01" * 16]))
+        assert drain(w, [1])[1].success
+        w.submit_load(2, KvtierLoadSpec([5], []), GPULoadStoreSpec([10, 11], [2, 0, 0], [0, 0, 0]))
+        assert drain(w, [2])[2].success  # chunk 5 holds the stored key, its sum right
+        with caplog.at_level(logging.WARNING, logger="kvtier.vllm_worker"):
+            w.submit_load(3, KvtierLoadSpec([5], [(0, b"\x02" * 16)]),  # never stored: the get misses
+                          GPULoadStoreSpec([12, 13], [2, 0, 0], [0, 0, 0]))
+            assert not drain(w, [3])[3].success
+        said = [r.getMessage() for r in caplog.records if "load job 3" in r.getMessage()]
+        assert said and "L3 get" in said[0] and "checksum" not in said[0], said
+        w.submit_load(4, KvtierLoadSpec([5], []), GPULoadStoreSpec([14, 15], [2, 0, 0], [0, 0, 0]))
+        assert not drain(w, [4])[4].success, "a load from a page the failed get left was served"
+        for bad in (b"\x02" * 5, "xyz"):
+            with pytest.raises((TypeError, ValueError), match="page hash"):
+                w.submit_load(5, KvtierLoadSpec([5], [(0, bad)]), GPULoadStoreSpec([16, 17], [2, 0, 0], [0, 0, 0]))
+            with pytest.raises((TypeError, ValueError), match="page hash"):
+                w.submit_store(6, GPULoadStoreSpec([0, 1], [2, 0, 0], [0, 0, 0]), KvtierStoreSpec([6], [bad]))
+        w.wait(set())
+    finally:
+        w.shutdown()
