@@ -1,4 +1,4 @@
-"""kvtier under vLLM's OffloadingConnector: the connector, for loads that fail.
+"""kvtier under vLLM's OffloadingConnector: the connector, for transfers that fail.
 
 ``KvtierOffloadingConnector`` (``"kv_connector": "KvtierOffloadingConnector",
 "kv_connector_module_path": "kvtier.vllm"``, with ``KvtierOffloadingSpec``
@@ -9,8 +9,10 @@ would stop the worker; under this one the worker reports the job done and
 names its GPU blocks, which reach vLLM's scheduler as blocks with load
 errors: the scheduler recomputes those tokens (vLLM's
 ``kv_load_failure_policy`` decides), and the manager forgets the keys of
-the refused pages, so a later request stores them afresh. Everything else is
-vLLM's connector. Tested through vLLM's own scheduler in
+the refused pages, so a later request stores them afresh. A store that
+fails (a failed copy) is reported done likewise, and the manager forgets its
+keys once the job ends: nothing is recomputed (the GPU blocks are whole),
+and a later request stores them again. Everything else is vLLM's connector. Tested through vLLM's own scheduler in
 python/tests/test_vllm_scheduler.py."""
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ if _DIFFS:
 
 @dataclass
 class _WorkerMeta(OffloadingWorkerMetadata):
-    """vLLM's worker-to-scheduler metadata, and the load jobs whose host pages
-    kvtier's worker refused (job id -> workers that refused it)."""
+    """vLLM's worker-to-scheduler metadata, and the jobs kvtier's worker
+    failed and reported done (job id -> workers that did): loads refused,
+    stores whose copies failed."""
     refused_jobs: Dict[int, int] = field(default_factory=dict)
 
     def aggregate(self, other):
@@ -84,14 +87,17 @@ class KvtierOffloadingConnector(OffloadingConnector):
         self._refused: Dict[int, int] = {}
         self._many_groups = many_groups
         worker = self.connector_worker.worker
-        if hasattr(worker, "report_load_errors"):  # kvtier's worker; another spec's keeps its own behaviour
-            worker.report_load_errors = True
+        if hasattr(worker, "report_errors"):  # kvtier's worker; another spec's keeps its own behaviour
+            worker.report_errors = True
 
     def get_finished(self, finished_req_ids: Set[str]):
         # which request each asynchronous load is for (vLLM's worker forgets it as the load ends)
         waiting = dict(self.connector_worker._load_jobs)
         out = super().get_finished(finished_req_ids)
-        take = getattr(self.connector_worker.worker, "take_load_errors", None)
+        worker = self.connector_worker.worker
+        for job_id in getattr(worker, "take_store_errors", lambda: ())():
+            self._refused[job_id] = 1
+        take = getattr(worker, "take_load_errors", None)
         if take is not None:
             for job_id, blocks in take().items():
                 self._refused[job_id] = 1
@@ -139,7 +145,9 @@ class KvtierOffloadingConnector(OffloadingConnector):
         whose pages one rank never filled)."""
         meta = connector_output.kv_connector_worker_meta
         sched = self.connector_scheduler
-        refused = self.__dict__.setdefault("_refused_keys", {})  # job id -> its keys, until the job ends
+        # job id -> its keys, until the job ends (made here: this is the scheduler's side, which
+        # register_kv_caches never reaches)
+        refused = self.__dict__.setdefault("_refused_keys", {})
         if isinstance(meta, _WorkerMeta):
             for job_id in meta.refused_jobs:  # the scheduler's job table (job id -> its keys) ends with the job
                 st = sched._jobs.get(job_id)

@@ -85,11 +85,14 @@ checksum that does not match, or memory under a tier resized since it was
 made reports the job with success=False. vLLM 0.33.0's stock connector
 asserts success (it has no failure path for a transfer), so a failure
 stops it rather than serving blocks that were not loaded. Under
-``kvtier.vllm.KvtierOffloadingConnector`` (``report_load_errors``) a load
+``kvtier.vllm.KvtierOffloadingConnector`` (``report_errors``) a load
 that fails instead reports success and hands its GPU blocks to
 ``take_load_errors``: the connector gives them to vLLM's scheduler as
 blocks with load errors, which it recomputes, and tells the manager which
-keys to forget.
+keys to forget. A store that fails reports success too, its job id in
+``take_store_errors``: the manager forgets its keys once the job ends (the
+GPU blocks are fine; their host copies are not), and no load from its
+pages passes until they are filled again.
 
 ``transfer_size`` counts bytes as vLLM's worker does (per block, the sum of
 its group's ref sizes); ``transfer_time`` is seconds from the batches'
@@ -247,11 +250,14 @@ class KvtierOffloadingWorker(OffloadingWorker):
         self._running: Dict[int, _Job] = {}  # by seq: batches in flight
         self._inflight: Set[int] = set()  # job ids submitted, not yet finished
         self._finished: List[TransferResult] = []
-        self._load_errors: Dict[int, List[int]] = {}  # failed loads reported as done (report_load_errors) ...
-        self._told_errors: Dict[int, List[int]] = {}  # ... once get_finished has returned them
-        # a failed load: success=False (vLLM's stock connector then stops), or, set by
-        # kvtier.vllm.KvtierOffloadingConnector, success=True with its blocks in take_load_errors
-        self.report_load_errors = False
+        # failed jobs reported as done (report_errors): a load's GPU blocks, a store's None ...
+        self._errors: Dict[int, Optional[List[int]]] = {}
+        self._told_loads: Dict[int, List[int]] = {}  # ... once get_finished has returned them
+        self._told_stores: Set[int] = set()
+        # a failed job: success=False (vLLM's stock connector then stops), or, set by
+        # kvtier.vllm.KvtierOffloadingConnector, success=True, and the job in take_load_errors
+        # or take_store_errors
+        self.report_errors = False
         self._stopping = False
         self._dead = ""  # why the thread stopped, if not by shutdown
         self._seq = 0
@@ -558,9 +564,9 @@ class KvtierOffloadingWorker(OffloadingWorker):
         """A job's copies are done. A store written through to L3 reports when
         the put has read its pages: the manager keeps them pending until then,
         so they cannot be handed to another key meanwhile."""
-        if job.ok and not job.load and self._sums is not None:  # a store's pages: their sums (a put checks them)
-            for p in job.pages.tolist():
-                self._sums[p] = self._host.page_sum(p)
+        if not job.load and self._sums is not None:  # a store's pages: their sums (a put checks them)
+            for p in job.pages.tolist():  # (a failed copy's pages hold no key's bytes: no load passes)
+                self._sums[p] = self._host.page_sum(p) ^ (0 if job.ok else 1)
         if job.ok and job.put:
             try:
                 self._l3_wait[self._l3.put(job.put, user=job.seq)] = job
@@ -574,12 +580,12 @@ class KvtierOffloadingWorker(OffloadingWorker):
         seconds = time.monotonic() - job.t0 if job.t0 else 0.0
         if not job.ok:
             log.warning("kvtier worker: %s job %d failed: %s", "load" if job.load else "store", job.job_id, job.why)
-        as_error = not job.ok and job.load and self.report_load_errors
+        as_error = not job.ok and self.report_errors
         result = TransferResult(job_id=job.job_id, success=job.ok or as_error, transfer_size=job.size,
                                 transfer_time=seconds)
         with self._cv:
             if as_error:
-                self._load_errors[job.job_id] = job.gpu_blocks.tolist()
+                self._errors[job.job_id] = job.gpu_blocks.tolist() if job.load else None
             self._finished.append(result)
             self._inflight.discard(job.job_id)
             self._cv.notify_all()
@@ -590,18 +596,28 @@ class KvtierOffloadingWorker(OffloadingWorker):
         """The jobs finished since the last call, each reported once."""
         with self._cv:
             out, self._finished = self._finished, []
-            for r in out:  # a failed load's blocks are told once its result has been
-                blocks = self._load_errors.pop(r.job_id, None)
-                if blocks is not None:
-                    self._told_errors[r.job_id] = blocks
+            for r in out:  # a failed job is told once its result has been
+                if r.job_id in self._errors:
+                    blocks = self._errors.pop(r.job_id)
+                    if blocks is None:
+                        self._told_stores.add(r.job_id)
+                    else:
+                        self._told_loads[r.job_id] = blocks
         return out
 
     def take_load_errors(self) -> Dict[int, List[int]]:
         """The failed loads among the jobs get_finished has returned (as
-        successes, ``report_load_errors``) since the last call: job id -> its
+        successes, ``report_errors``) since the last call: job id -> its
         GPU blocks, none of which the job wrote."""
         with self._cv:
-            out, self._told_errors = self._told_errors, {}
+            out, self._told_loads = self._told_loads, {}
+        return out
+
+    def take_store_errors(self) -> Set[int]:
+        """The failed stores among the jobs get_finished has returned (as
+        successes, ``report_errors``) since the last call: their job ids."""
+        with self._cv:
+            out, self._told_stores = self._told_stores, set()
         return out
 
     def wait(self, job_ids: Set[int]) -> None:

@@ -316,6 +316,40 @@ def test_a_refusal_reported_a_step_before_another_ranks_completion(model_dir):
     assert news["c"] >= len(SHARED), e.log
 
 
+def test_a_failed_store_is_forgotten_under_kvtiers_connector(model_dir):
+    """A store whose copies fail (kvtier's transfer engine fails them: its
+    fault injection) would stop vLLM's worker, which asserts that every
+    transfer succeeded. Under KvtierOffloadingConnector it is reported done
+    and the manager forgets its keys when the job ends: b, with a's prefix,
+    loads nothing of it and stores it afresh; c loads b's, byte for byte
+    (the stand-in model checks every computed token)."""
+    from xfer_faults import set_faults
+
+    def scenario(e: Engine) -> None:
+        prompt = SHARED + tokens(2, 32)
+        for c in e.offload._classes:  # the first copy of each class fails: a's first store
+            set_faults(c.xfer, fail_nth=1)
+        e.add("a", prompt, 4)
+        e.run()
+        for c in e.offload._classes:
+            set_faults(c.xfer)
+        for i in range(4):
+            e.add(f"x{i}", tokens(10 + i, 200), 4)
+            e.run()
+        e.add("b", prompt + tokens(3, 50), 4)
+        e.run()
+        for i in range(4, 8):
+            e.add(f"x{i}", tokens(10 + i, 200), 4)
+            e.run()
+        e.add("c", prompt + tokens(4, 50), 4)
+        e.run()
+    e, st = run_checked(model_dir, scenario, gpu_blocks=24, host_blocks=64, connector="KvtierOffloadingConnector")
+    assert [x[1] for x in e.log if x[0] == "load"] == ["c"], e.log
+    assert st["removed"] >= 1, st
+    news = {x[1]: x[2] for x in e.log if x[0] == "new"}
+    assert news["b"] == 0 and news["c"] >= len(SHARED), e.log
+
+
 def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):
     """With two KV cache groups vLLM's scheduler takes a failed load only as a
     failed receive of the request (block ids repeat across groups): the

@@ -23,7 +23,6 @@ from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, Can
                                      CanonicalPageMapping, GPULoadStoreSpec)
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
 
-import kvtier  # noqa: E402
 import kvtier.vllm_worker as vw  # noqa: E402
 from kvtier.vllm_worker import KvtierOffloadingWorker  # noqa: E402
 
@@ -404,33 +403,21 @@ def test_without_checksums_a_corrupt_page_loads_as_it_is():
         w.shutdown()
 
 
-class _Faults(ctypes.Structure):  # kvt_xfer_faults_t (kvtier/testing.h)
-    _fields_ = [("size", ctypes.c_uint32), ("fail_nth", ctypes.c_uint64), ("delay_nth", ctypes.c_uint64),
-                ("delay_ns", ctypes.c_uint64), ("fail_p", ctypes.c_double), ("delay_p", ctypes.c_double),
-                ("delay_max_ns", ctypes.c_uint64), ("seed", ctypes.c_uint64)]
-
-    def __init__(self, **kw):
-        super().__init__(size=ctypes.sizeof(_Faults), **kw)
-
-
 def test_a_failed_copy_reports_failure():
     """kvtier's transfer engine fails the first copy after the call (KVT_EIO, its fault injection)."""
-    lib = ctypes.CDLL(kvtier.LIBRARY)
-    if not hasattr(lib, "kvt_xfer_set_faults"):
-        pytest.skip("the copy faults are in the testing library (KVTIER_LIB=BUILD/libkvtier-testing.so)")
-    lib.kvt_xfer_set_faults.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    from xfer_faults import set_faults
     w, _, _ = small(bpc=1)
     try:
         for c in w._classes:
-            assert lib.kvt_xfer_set_faults(c.xfer._ptr, ctypes.byref(_Faults(fail_nth=1))) == 0
+            set_faults(c.xfer, fail_nth=1)
         w.submit_store(1, GPULoadStoreSpec([1, 2, 3], [2, 0, 1], [0, 0, 0]), CPULoadStoreSpec([0, 1, 2]))
         assert not drain(w, [1])[1].success
         for c in w._classes:
-            lib.kvt_xfer_set_faults(c.xfer._ptr, None)
+            set_faults(c.xfer)
         w.submit_store(2, GPULoadStoreSpec([1, 2, 3], [2, 0, 1], [0, 0, 0]), CPULoadStoreSpec([0, 1, 2]))
         assert drain(w, [2])[2].success
         # a copy held up 0.3 s: its job stays in flight meanwhile, and its id cannot be reused
-        lib.kvt_xfer_set_faults(w._classes[0].xfer._ptr, ctypes.byref(_Faults(delay_nth=1, delay_ns=300_000_000)))
+        set_faults(w._classes[0].xfer, delay_nth=1, delay_ns=300_000_000)
         w.submit_store(3, GPULoadStoreSpec([5], [1, 0, 0], [0, 0, 0]), CPULoadStoreSpec([4]))
         with pytest.raises(ValueError, match="already in flight"):
             w.submit_store(3, GPULoadStoreSpec([6], [1, 0, 0], [0, 0, 0]), CPULoadStoreSpec([5]))
