@@ -174,10 +174,12 @@ static int fail_ctx(redisContext *c, int err, const char *what) {
  * and takes whatever a reply announces (a bulk string buffered whole, an
  * array's elements built as they come). A reply still incomplete at the
  * deadline fails as a timeout ("no reply in time"); one that has brought
- * more than cap bytes fails the connection. */
+ * more than cap bytes fails the connection. A context with an error gives
+ * no reply, even one hiredis has buffered. */
 static int get_reply(redisContext *c, uint64_t deadline, size_t cap, redisReply **out) {
     void *aux = NULL;
     *out = NULL;
+    if (c->err) return REDIS_ERR; /* what is buffered may be out of step (a value refused unread): nothing more */
     if (redisGetReplyFromReader(c, &aux) != REDIS_OK) return REDIS_ERR;
     if (aux == NULL) {
         int done = 0;

@@ -130,6 +130,47 @@ Test(store_redis, values_misses_and_wrong_sizes_in_one_get) {
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).reconnects, 0u, "the replies were read in step");
 }
 
+/* A value longer than an object is refused unread, and the connection it
+ * came on is dropped: whatever followed it there is out of step. Small
+ * objects after a miss (which hiredis parses, reading ahead), so that the
+ * refused value and the replies after it are in hiredis's buffer: they were
+ * handed to the next keys (each its predecessor's, refused as another
+ * key's object). The keys after it are asked again and served. */
+Test(store_redis, a_value_longer_than_an_object_after_a_miss) {
+    start(NULL);
+    senv_init(&E, 32, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK);
+    enum { N = 12 };
+    kvt_store_page_t p[N], q[N];
+    pages_of(p, N, 800, 0);
+    pages_of(q, N, 800, 16);
+    put_filled(&E, p, N, 800);
+    char hex[33];
+    kvt_store_key(E.store, &p[1].hash, hex);
+    freeReplyObject(redis_cmd(S.port, "DEL kvt:%s", hex));
+    kvt_store_key(E.store, &p[2].hash, hex);
+    size_t n = kvt_store_object_bytes(E.store) + 1;
+    char *junk = calloc(1, n);
+    redisReply *r = redis_cmd(S.port, "SET kvt:%s %b", hex, junk, n);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    free(junk);
+    for (int round = 0; round < 2; round++) {
+        fill(&E, 99, 16, N);
+        sres_t g = run_op(E.store, kvt_store_get, q, N);
+        for (int i = 0; i < N; i++) {
+            uint8_t want = i == 1 ? KVT_STORE_MISS : i == 2 ? KVT_STORE_BAD : KVT_STORE_OK;
+            cr_assert_eq(g.r[i], want, "round %d key %d: result %d, expected %d", round, i, g.r[i], want);
+            if (want == KVT_STORE_OK) cr_assert(check(&E, 800 + (uint64_t)i, 16 + (uint32_t)i), "key %d: page differs", i);
+        }
+    }
+    kvt_store_stats_t st = sstats(E.store, KVT_STORE_GET);
+    cr_assert_eq(st.bad_objects, 2u, "only the long value is a bad object (%llu)", (unsigned long long)st.bad_objects);
+    cr_assert_eq(st.failures, 0u);
+    sres_t e = run_op(E.store, kvt_store_exists, p + 3, N - 3);
+    cr_assert_eq(e.count, (size_t)N - 3, "the store was marked down");
+}
+
 /* A batch of puts of several MiB (each page written from the tier as it is
  * appended), still one round trip, served back byte for byte. */
 Test(store_redis, batch_of_mebibytes) {
