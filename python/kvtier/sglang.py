@@ -97,6 +97,11 @@ except Exception:  # SGLang absent (or broken): the same interface, standalone
         def register_mem_pool_host(self, mem_pool_host: Any) -> None:
             self.mem_pool_host = mem_pool_host
 
+        def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+            if not hasattr(self, "registered_pools"):
+                self.registered_pools = {}
+            self.registered_pools[host_pool_name] = host_pool
+
         @abstractmethod
         def get(self, key, target_location=None, target_sizes=None): ...
 
@@ -330,8 +335,14 @@ class KvtierStorage(HiCacheStorage):
         self._not_inside("register_mem_pool_host")
         with self._reg_lock, self._call():
             self._check_open()
-            new = _Registration(mem_pool_host, dict(model=self.model, tp=self.tp, cp=self.cp, ns=self.namespace),
-                                self.url, self._opts, self.interface_v1)
+            try:
+                new = _Registration(mem_pool_host, dict(model=self.model, tp=self.tp, cp=self.cp, ns=self.namespace),
+                                    self.url, self._opts, self.interface_v1)
+            except Error as e:
+                if e.name != "KVT_EIO":
+                    raise
+                raise ConnectionError(f"KvtierStorage.register_mem_pool_host: cannot open the L3 store {self.url!r}: "
+                                      f"{e}") from e
             try:
                 super().register_mem_pool_host(mem_pool_host)  # SGLang's base records it
             except BaseException:
@@ -341,6 +352,20 @@ class KvtierStorage(HiCacheStorage):
             self.mem_pool_host = mem_pool_host
             if old is not None:
                 old.retire()
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """SGLang's hybrid controller registers every host pool of the group
+        here: the KV pool registered by register_mem_pool_host is taken; any
+        other (a hybrid model's Mamba or SWA state, a DSA indexer) is refused,
+        which fails SGLang's attach with this message, since kvtier stores the
+        KV pages alone (the v2 calls are not implemented)."""
+        self._check_open()
+        if host_pool is not None and host_pool is self.mem_pool_host:
+            super().register_mem_host_pool_v2(host_pool, host_pool_name)
+            return
+        raise ValueError(f"KvtierStorage: host pool {host_pool_name!r} ({type(host_pool).__name__}) is not the KV pool "
+                         "registered by register_mem_pool_host: kvtier stores the KV pages alone, not a hybrid "
+                         "model's other state (Mamba, SWA, indexer); run this model without the storage backend")
 
     @contextlib.contextmanager
     def _call(self) -> Iterator[None]:
@@ -674,8 +699,13 @@ class KvtierStorage(HiCacheStorage):
     # -- the rest of SGLang's interface -------------------------------------------
 
     def clear(self) -> None:
-        """Nothing: the store is shared (by instances, by a fleet); empty it
-        with the store's own tools."""
+        """Refused: the store is shared (by instances, by a fleet) and its
+        objects are not this instance's to drop. SGLang's clear then reports
+        a failure (its storage attachment catches this) instead of an empty
+        store that still serves every page."""
+        raise RuntimeError("KvtierStorage.clear: the store is shared by every instance on it; empty it with the "
+                           "store's own tools (a dir: store's folder, redis-cli FLUSHDB), or give the instances "
+                           "a new namespace (extra config 'namespace')")
 
     def get_stats(self):
         return None

@@ -531,6 +531,9 @@ def test_store_down_gives_misses_not_exceptions(redis_factory):
         assert backend.batch_set_v1(keys, host) == [False, False]
         assert backend.batch_get(keys[:1]) == [None]
         assert backend.batch_set(keys[:1], [pool.get_data_page(host[0])]) is False
+        with pytest.raises(ConnectionError, match="register_mem_pool_host: cannot open the L3 store"):
+            backend.register_mem_pool_host(make_pool("mha", "page_first", pages=8))  # as at construction
+        assert backend.mem_pool_host is pool
 
 
 def test_bad_configuration_raises_at_construction(dir_store_url):
@@ -799,6 +802,28 @@ def test_a_closed_backend_says_it_is_closed(dir_store_url):
                  lambda: backend.set("a", torch.zeros(8)), lambda: backend.register_mem_pool_host(pool)):
         with pytest.raises(RuntimeError, match="KvtierStorage is closed"):
             call()
+
+
+def test_a_hybrid_models_other_pools_and_clear_are_refused(dir_store_url):
+    """SGLang's hybrid controller registers every host pool of its group
+    through register_mem_host_pool_v2: the KV pool is taken, another (a
+    Mamba, SWA or indexer pool) refused with a message, so that SGLang's
+    attach fails instead of every v2 call raising NotImplementedError later.
+    clear() raises (SGLang's clear then reports a failure): the store is
+    shared, and it still holds every page after a clear that said nothing."""
+    pool, other = make_pool("mha", "page_first", pages=8), make_pool("mha", "page_first", pages=8)
+    with ks.KvtierStorage(config(dir_store_url), {}) as backend:
+        with pytest.raises(ValueError, match="not the KV pool"):
+            backend.register_mem_host_pool_v2(pool, "kv")  # nothing registered yet
+        backend.register_mem_pool_host(pool)
+        backend.register_mem_host_pool_v2(pool, "kv")
+        with pytest.raises(ValueError, match=r"host pool 'mamba' .*not the KV pool .*Mamba, SWA, indexer"):
+            backend.register_mem_host_pool_v2(other, "mamba")
+        keys, host, _ = stored_pages(pool, 2, 5)
+        assert backend.batch_set_v1(keys, host) == [True, True]
+        with pytest.raises(RuntimeError, match="shared by every instance"):
+            backend.clear()
+        assert backend.batch_exists(keys) == 2
 
 
 def test_a_pool_with_fewer_pages_than_its_size_is_refused_at_registration(dir_store_url):
