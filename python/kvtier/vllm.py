@@ -1064,7 +1064,7 @@ def _flag_option(x: dict, name: str, default: bool) -> bool:
 
 # kv_connector_extra_config keys the spec reads, and vLLM's own ones it passes over; another key
 # close to one of kvtier's is taken for a misspelling of it and refused.
-_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "policy", "eviction_policy", "l2_free_room", "l3", "l3_write_policy",
+_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "num_chunks", "policy", "eviction_policy", "l2_free_room", "l3", "l3_write_policy",
             "l3_threads", "l3_ns", "threads", "checksum", "store_threshold", "max_tracker_size")
 _VLLM_OPTIONS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk", "canonical_layout",
                  "sync_load_budget_bytes", "self_describing_kv_events", "offload_prompt_only")
@@ -1085,6 +1085,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
 
     ``host_bytes``     host memory for offloaded blocks, all workers together
                        (vLLM's ``cpu_bytes_to_use`` is read when it is absent);
+    ``num_chunks``     instead of host_bytes, the host tier's chunks, the same
+                       in every process (pipeline stages that hold different
+                       KV per block: host_bytes gives each its own count, and
+                       the scheduler hands out stage 0's);
     ``policy``         eviction order: ``lru`` (vLLM's LRU, the default) or
                        ``arc`` (vLLM's ARC; no free room, no L3); vLLM's name
                        for it, ``eviction_policy``, is read too;
@@ -1112,10 +1116,14 @@ class KvtierOffloadingSpec(OffloadingSpec):
         super().__init__(config)
         x = self.extra_config
         _check_option_names(x)
-        if "host_bytes" not in x and "cpu_bytes_to_use" not in x:
+        sized = [k for k in ("host_bytes", "cpu_bytes_to_use", "num_chunks") if k in x]
+        if not sized:
             raise ValueError("kvtier: host_bytes: required (the host memory for offloaded blocks, in bytes; "
-                             "vLLM's cpu_bytes_to_use is read when it is absent)")
-        host = _count_option(x, "host_bytes" if "host_bytes" in x else "cpu_bytes_to_use", 0, 1)
+                             "vLLM's cpu_bytes_to_use is read when it is absent), or num_chunks")
+        if "num_chunks" in x and len(sized) > 1:
+            raise ValueError(f"kvtier: num_chunks and {sized[0]}: give one (num_chunks fixes the host tier's size "
+                             "in chunks, host_bytes in bytes)")
+        host = _count_option(x, sized[0], 0, 1)
         self.policy = x.get("policy", x.get("eviction_policy", "lru"))  # (vLLM's CPU spec calls it eviction_policy)
         if "policy" in x and "eviction_policy" in x and x["policy"] != x["eviction_policy"]:
             raise ValueError(f"kvtier: policy {x['policy']!r} and eviction_policy {x['eviction_policy']!r} differ")
@@ -1146,9 +1154,9 @@ class KvtierOffloadingSpec(OffloadingSpec):
         self.checksum = _flag_option(x, "checksum", True)
         # every worker keeps its own copy of a block's bytes, as vLLM's CPU spec counts them
         per_chunk = config.worker_kv_bytes_per_block * config.parallel.world_size * self.blocks_per_chunk
-        self.num_chunks = host // per_chunk if per_chunk > 0 else 0
+        self.num_chunks = host if sized[0] == "num_chunks" else host // per_chunk if per_chunk > 0 else 0
         if self.num_chunks > _a.U32_MAX:  # a host tier's pages (KVT_ALLOC_MAX_PAGES)
-            raise ValueError(f"kvtier: host_bytes: {self.num_chunks} chunks of {per_chunk} bytes: at most {_a.U32_MAX}")
+            raise ValueError(f"kvtier: {sized[0]}: {self.num_chunks} chunks of {per_chunk} bytes: at most {_a.U32_MAX}")
         self._manager: Optional[KvtierOffloadingManager] = None
         self._worker = None
 

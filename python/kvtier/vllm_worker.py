@@ -385,7 +385,9 @@ class KvtierOffloadingWorker(OffloadingWorker):
         if blocks.size and (blocks.min() < 0 or blocks.max() >= self.num_blocks):
             raise IndexError(f"job {job_id}: a GPU block id out of 0..{self.num_blocks - 1}")
         if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
-            raise IndexError(f"job {job_id}: a chunk id out of 0..{self.num_chunks - 1}")
+            raise IndexError(f"job {job_id}: a chunk id out of 0..{self.num_chunks - 1} (with pipeline stages that "
+                             "hold different KV per block, host_bytes gives each stage its own number of chunks, "
+                             "and the scheduler hands out stage 0's: give num_chunks instead)")
         bpc = self.blocks_per_chunk
         per_class: Dict[int, List[Tuple[np.ndarray, np.ndarray]]] = {}
         b0 = c0 = size = 0

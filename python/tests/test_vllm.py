@@ -496,10 +496,26 @@ def test_vllm_loads_the_spec_by_name_and_blocks_go_down_and_come_back(policy):
                                        ({"host_bytes": 4096, "l3_ns": None}, "l3_ns: expected a namespace"),
                                        ({"host_bytes": 4096, "thread": 8}, "unknown option 'thread': did you mean 'threads'"),
                                        ({"hostbytes": 1, "host_bytes": 4096}, "did you mean 'host_bytes'"),
-                                       ({"host_bytes": 4096, "l3_thread": 8}, "did you mean 'l3_threads'")])
+                                       ({"host_bytes": 4096, "l3_thread": 8}, "did you mean 'l3_threads'"),
+                                       ({"num_chunks": 8, "host_bytes": 4096}, "num_chunks and host_bytes: give one"),
+                                       ({"num_chunks": 0}, r"num_chunks: 0 \(expected >= 1\)"),
+                                       ({"num_chunks": 1e30}, r"num_chunks: \d+ chunks of \d+ bytes: at most"),
+                                       ({"num_chunk": 8, "host_bytes": 4096}, "did you mean 'num_chunks'")])
 def test_the_spec_refuses_bad_options_naming_them(extra, msg):
     with pytest.raises(ValueError, match=msg):
         kv.KvtierOffloadingSpec(_offloading_config(extra))
+
+
+def test_num_chunks_gives_every_pipeline_stage_the_schedulers_count():
+    """Pipeline stages that hold different KV per block (an uneven layer
+    split): host_bytes gives each process its own number of chunks, and the
+    scheduler hands out stage 0's, past the end of a larger stage's tier.
+    num_chunks is the same count everywhere; each stage's chunks are its own
+    blocks'."""
+    stage = [_offloading_config({"host_bytes": 48 * 352}, worker_bytes=b) for b in (352, 704)]
+    assert [kv.KvtierOffloadingSpec(c).num_chunks for c in stage] == [48, 24]
+    stage = [_offloading_config({"num_chunks": "48"}, worker_bytes=b) for b in (352, 704)]
+    assert [kv.KvtierOffloadingSpec(c).num_chunks for c in stage] == [48, 48]
 
 
 def test_whole_numbers_may_be_written_as_json_writes_them():
