@@ -87,6 +87,17 @@ Test(store_redis, exists_leading_waits_for_a_silent_server_once) {
     cr_assert_eq(asked, 1u, "the silent server was asked %llu times", (unsigned long long)asked);
 }
 
+/* Key p's value, written behind the store's back: n zero bytes. */
+static void set_zeros(const kvt_store_page_t *p, size_t n) {
+    char hex[33];
+    kvt_store_key(E.store, &p->hash, hex);
+    char *junk = calloc(1, n);
+    redisReply *r = redis_cmd(S.port, "SET kvt:%s %b", hex, junk, n);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    free(junk);
+}
+
 /* A get batch whose replies mix values with misses and wrong-sized objects:
  * hiredis parses those, reading ahead into the next values, which then
  * start in its buffer and end on the socket. Pages larger than hiredis's
@@ -107,16 +118,8 @@ Test(store_redis, values_misses_and_wrong_sizes_in_one_get) {
         want[i] = i % 5 == 1 ? KVT_STORE_MISS : i % 7 == 3 ? KVT_STORE_BAD : KVT_STORE_OK;
         if (want[i] == KVT_STORE_MISS) continue;
         cr_assert_eq(run_op(E.store, kvt_store_put, &p[i], 1).count, 1u);
-        if (want[i] == KVT_STORE_BAD) { /* a short object (hiredis) or the right size, garbled (in place) */
-            char hex[33];
-            kvt_store_key(E.store, &p[i].hash, hex);
-            size_t n = i % 2 ? 100 : kvt_store_object_bytes(E.store);
-            char *junk = calloc(1, n);
-            redisReply *r = redis_cmd(S.port, "SET kvt:%s %b", hex, junk, n);
-            cr_assert(r && r->type == REDIS_REPLY_STATUS);
-            freeReplyObject(r);
-            free(junk);
-        }
+        if (want[i] == KVT_STORE_BAD) /* a short object (hiredis) or the right size, garbled (in place) */
+            set_zeros(&p[i], i % 2 ? 100 : kvt_store_object_bytes(E.store));
     }
     for (int round = 0; round < 3; round++) {
         fill(&E, 99, 48, N); /* not what any key holds */
@@ -148,13 +151,7 @@ Test(store_redis, a_value_longer_than_an_object_after_a_miss) {
     char hex[33];
     kvt_store_key(E.store, &p[1].hash, hex);
     freeReplyObject(redis_cmd(S.port, "DEL kvt:%s", hex));
-    kvt_store_key(E.store, &p[2].hash, hex);
-    size_t n = kvt_store_object_bytes(E.store) + 1;
-    char *junk = calloc(1, n);
-    redisReply *r = redis_cmd(S.port, "SET kvt:%s %b", hex, junk, n);
-    cr_assert(r && r->type == REDIS_REPLY_STATUS);
-    freeReplyObject(r);
-    free(junk);
+    set_zeros(&p[2], kvt_store_object_bytes(E.store) + 1);
     for (int round = 0; round < 2; round++) {
         fill(&E, 99, 16, N);
         sres_t g = run_op(E.store, kvt_store_get, q, N);
