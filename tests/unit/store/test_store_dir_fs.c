@@ -250,6 +250,22 @@ Test(store_dir_fs, a_file_over_max_alone_is_removed_alone_at_open) {
     cr_assert_eq(run_op(E.store, kvt_store_exists, p, 5).count, 5u, "objects that fit were removed");
 }
 
+/* Lets this process (a test's own) open `room` more descriptors, and no
+ * more: the limit is what is open now plus room (open descriptors counted,
+ * whatever their numbers). */
+static void limit_descriptors(unsigned room) {
+    int open_now = -1; /* the listing's own descriptor is not counted */
+    DIR *fds = opendir("/proc/self/fd");
+    cr_assert_not_null(fds);
+    while (readdir(fds)) open_now++;
+    closedir(fds);
+    open_now -= 2; /* . and .. */
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = (rlim_t)open_now + room;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+}
+
 /* A batch of gets holds its files open until it is reported; a process
  * short of descriptors closes them and opens again, and the objects it
  * could not open stay counted. */
@@ -259,13 +275,7 @@ Test(store_dir_fs, gets_short_of_descriptors) {
     cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
     kvt_store_page_t p[N];
     put_filled(&E, p, N, 800);
-    int probe = dup(0); /* the lowest free descriptor: what is open now, roughly */
-    cr_assert(probe >= 0);
-    close(probe);
-    struct rlimit rl;
-    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
-    rl.rlim_cur = (rlim_t)probe + 48;
-    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    limit_descriptors(48);
     for (int round = 0; round < 3; round++) { /* the first gets set access times: each file held */
         wipe(&E, 0, N);
         sres_t r = run_op(E.store, kvt_store_get, p, N);
@@ -297,17 +307,7 @@ Test(store_dir_fs, two_workers_short_of_descriptors) {
     kvt_store_page_t p[N], q[N];
     put_filled(&E, p, N, 900);
     pages_of(q, N, 900, N);
-    /* room for exactly one round's files: what a round holds is all there is */
-    int open_now = -1; /* the listing's own descriptor is not counted */
-    DIR *fds = opendir("/proc/self/fd");
-    cr_assert_not_null(fds);
-    while (readdir(fds)) open_now++;
-    closedir(fds);
-    open_now -= 2; /* . and .. */
-    struct rlimit rl;
-    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
-    rl.rlim_cur = (rlim_t)open_now + N;
-    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    limit_descriptors(N); /* room for exactly one round's files: what a round holds is all there is */
     for (int round = 0; round < ROUNDS; round++) {
         atomic_fetch_add(&clock_ns, 1000000000ull);
         if (round % 16 == 0) wipe(&E, N, N);
