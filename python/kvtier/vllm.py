@@ -1064,8 +1064,8 @@ def _flag_option(x: dict, name: str, default: bool) -> bool:
 
 # kv_connector_extra_config keys the spec reads, and vLLM's own ones it passes over; another key
 # close to one of kvtier's is taken for a misspelling of it and refused.
-_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "num_chunks", "policy", "eviction_policy", "l2_free_room", "l3", "l3_write_policy",
-            "l3_threads", "l3_ns", "threads", "checksum", "store_threshold", "max_tracker_size")
+_OPTIONS = ("host_bytes", "cpu_bytes_to_use", "num_chunks", "policy", "eviction_policy", "l2_free_room", "l3",
+            "l3_write_policy", "l3_threads", "l3_ns", "threads", "checksum", "store_threshold", "max_tracker_size")
 _VLLM_OPTIONS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk", "canonical_layout",
                  "sync_load_budget_bytes", "self_describing_kv_events", "offload_prompt_only")
 

@@ -12,8 +12,8 @@ errors: the scheduler recomputes those tokens (vLLM's
 the refused pages, so a later request stores them afresh. A store that
 fails (a failed copy) is reported done likewise, and the manager forgets its
 keys once the job ends: nothing is recomputed (the GPU blocks are whole),
-and a later request stores them again. Everything else is vLLM's connector. Tested through vLLM's own scheduler in
-python/tests/test_vllm_scheduler.py."""
+and a later request stores them again. Everything else is vLLM's connector.
+Tested through vLLM's own scheduler in python/tests/test_vllm_scheduler.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -138,11 +138,12 @@ class KvtierOffloadingConnector(OffloadingConnector):
                            refused_jobs=refused)
 
     def update_connector_output(self, connector_output) -> None:
-        """vLLM's, then the keys of refused loads forgotten once their jobs
-        have ended: with tensor parallelism the workers report a job in
-        different steps, and until the last has, its keys are pending (a
-        forget then would do nothing, and the job's end would make them hits
-        whose pages one rank never filled)."""
+        """vLLM's, then the keys of failed jobs (loads refused, stores whose
+        copies failed) forgotten once the jobs have ended: with tensor
+        parallelism the workers report a job in different steps, and until
+        the last has, its keys are pending (a forget then would do nothing,
+        and the job's end would make them hits whose pages one rank never
+        filled)."""
         meta = connector_output.kv_connector_worker_meta
         sched = self.connector_scheduler
         # job id -> its keys, until the job ends (made here: this is the scheduler's side, which

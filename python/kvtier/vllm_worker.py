@@ -499,10 +499,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
         if bad:
             self.l3_counts["fetches_failed"] += 1
             job.ok, job.why = False, f"L3 get: {len(bad)} of {len(job.fetch)} pages {set(r.results) - {'ok'}}"
-            if self._sums is not None:  # what a page whose get failed holds is no key's: no load from it passes
-                for (p, _), res in zip(job.fetch, r.results):
-                    if res != "ok":
-                        self._sums[p] = self._host.page_sum(p) ^ 1
+            self._spoil([p for (p, _), res in zip(job.fetch, r.results) if res != "ok"])
             gone = [h for (p, h), res in zip(job.fetch, r.results) if res == "bad"]
             if gone:  # an object that failed its checks: removed for every instance
                 self._l3.remove(gone, user=0)
@@ -562,13 +559,23 @@ class KvtierOffloadingWorker(OffloadingWorker):
                 self.l3_counts["puts_failed"] += ok != len(r.results)  # the L3 copy is best effort
                 self._finish(job)
 
+    def _spoil(self, pages: List[int]) -> None:
+        """Host pages that a failed get or copy left holding no key's bytes
+        (another key's, or some of each): a sum they do not match, so that no
+        load from them passes until a store or a fetch fills them."""
+        if self._sums is not None:
+            for p in pages:
+                self._sums[p] = self._host.page_sum(p) ^ 1
+
     def _copied(self, job: _Job) -> None:
         """A job's copies are done. A store written through to L3 reports when
         the put has read its pages: the manager keeps them pending until then,
         so they cannot be handed to another key meanwhile."""
-        if not job.load and self._sums is not None:  # a store's pages: their sums (a put checks them)
-            for p in job.pages.tolist():  # (a failed copy's pages hold no key's bytes: no load passes)
-                self._sums[p] = self._host.page_sum(p) ^ (0 if job.ok else 1)
+        if not job.load and not job.ok:
+            self._spoil(job.pages.tolist())
+        elif not job.load and self._sums is not None:  # a store's pages: their sums (a put checks them)
+            for p in job.pages.tolist():
+                self._sums[p] = self._host.page_sum(p)
         if job.ok and job.put:
             try:
                 self._l3_wait[self._l3.put(job.put, user=job.seq)] = job
