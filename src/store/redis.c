@@ -527,8 +527,10 @@ static size_t iov_fill(struct iovec **v, size_t n, const char *src, size_t k) {
 enum { D_NOT_TAKEN, D_DONE, D_LOST };
 
 /* Reads key i's GET reply into the tier page when it is a value of the
- * object's size: D_DONE (results[i] set by kvt__store_deliver_in_place);
- * D_NOT_TAKEN, nothing consumed (hiredis reads it); D_LOST, the connection
+ * object's size: D_DONE (results[i] set by kvt__store_deliver_in_place;
+ * or a value longer than an object, refused unread: BAD, the connection's
+ * error set, and the caller drops it); D_NOT_TAKEN, nothing consumed
+ * (hiredis reads it); D_LOST, the connection
  * broke or lost step within the reply (its error set, the page zeroed).
  * The reply starts in what hiredis read ahead, if anything, then the
  * socket; the first line is peeked at, so a reply not taken is left whole. */
@@ -797,6 +799,10 @@ static void receive_node(rbe_t *b, rworker_t *w, kvt__sreq_t *req, unsigned ci, 
         }
         int direct = c->c && req->op == KVT_STORE_GET ? get_direct(c, req, i, in_time(req->s)) : D_NOT_TAKEN;
         if (direct == D_DONE) {
+            if (c->c->err) { /* a value refused unread: what follows it on the connection is out of step */
+                drop(c);
+                req->cnt.reconnects++;
+            }
             *answered = true;
             w->asking[i] = 0;
             w->pending[i] = K_DONE;

@@ -142,6 +142,7 @@ Test(store_redis, values_misses_and_wrong_sizes_in_one_get) {
 Test(store_redis, a_value_longer_than_an_object_after_a_miss) {
     start(NULL);
     senv_init(&E, 32, 1, 1024, KVT_LAYOUT_PAGE_FIRST);
+    E.cfg.threads = 1; /* every batch on one connection */
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     enum { N = 12 };
     kvt_store_page_t p[N], q[N];
@@ -166,6 +167,14 @@ Test(store_redis, a_value_longer_than_an_object_after_a_miss) {
     cr_assert_eq(st.failures, 0u);
     sres_t e = run_op(E.store, kvt_store_exists, p + 3, N - 3);
     cr_assert_eq(e.count, (size_t)N - 3, "the store was marked down");
+    /* the long value last in its batch: its connection is dropped then, not met by the next batch */
+    kvt_store_page_t last[2] = {q[0], q[2]};
+    sres_t g = run_op(E.store, kvt_store_get, last, 2);
+    cr_assert(g.r[0] == KVT_STORE_OK && g.r[1] == KVT_STORE_BAD);
+    uint64_t reconnects = sstats(E.store, KVT_STORE_GET).reconnects;
+    g = run_op(E.store, kvt_store_get, q + 3, N - 3);
+    cr_assert_eq(g.count, (size_t)N - 3);
+    cr_assert_eq(sstats(E.store, KVT_STORE_GET).reconnects, reconnects, "the next batch met the refused connection");
 }
 
 /* A batch of puts of several MiB (each page written from the tier as it is
