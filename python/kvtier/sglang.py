@@ -356,16 +356,19 @@ class KvtierStorage(HiCacheStorage):
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """SGLang's hybrid controller registers every host pool of the group
         here: the KV pool registered by register_mem_pool_host is taken; any
-        other (a hybrid model's Mamba or SWA state, a DSA indexer) is refused,
-        which fails SGLang's attach with this message, since kvtier stores the
-        KV pages alone (the v2 calls are not implemented)."""
+        other (a hybrid model's Mamba or SWA state, a DSA indexer, a draft
+        model's pool for speculative decoding) is refused, which fails SGLang's
+        attach or the pool's registration with this message, since kvtier
+        stores the KV pages alone (the v2 calls are not implemented): without
+        it every v2 call would raise, logged on every request and backup."""
         self._check_open()
         if host_pool is not None and host_pool is self.mem_pool_host:
             super().register_mem_host_pool_v2(host_pool, host_pool_name)
             return
         raise ValueError(f"KvtierStorage: host pool {host_pool_name!r} ({type(host_pool).__name__}) is not the KV pool "
                          "registered by register_mem_pool_host: kvtier stores the KV pages alone, not a hybrid "
-                         "model's other state (Mamba, SWA, indexer); run this model without the storage backend")
+                         "model's other state (Mamba, SWA, indexer) nor a speculative draft model's pool; run this "
+                         "model without the storage backend")
 
     @contextlib.contextmanager
     def _call(self) -> Iterator[None]:
@@ -700,9 +703,10 @@ class KvtierStorage(HiCacheStorage):
 
     def clear(self) -> None:
         """Refused: the store is shared (by instances, by a fleet) and its
-        objects are not this instance's to drop. SGLang's clear then reports
-        a failure (its storage attachment catches this) instead of an empty
-        store that still serves every page."""
+        objects are not this instance's to drop. SGLang's storage attachment
+        catches this, logs it and returns False (its scheduler's reply in
+        0.5.23 says success whatever that is), instead of the silence of an
+        empty store that still serves every page."""
         raise RuntimeError("KvtierStorage.clear: the store is shared by every instance on it; empty it with the "
                            "store's own tools (a dir: store's folder, redis-cli FLUSHDB), or give the instances "
                            "a new namespace (extra config 'namespace')")

@@ -16,10 +16,11 @@ step: which requests ran with how many tokens already computed, every load
 and store job (request and GPU blocks). So kvtier makes vLLM's decisions
 exactly, through vLLM's own scheduler.
 
-Not here: a failed store. vLLM 0.33.0's connector worker asserts that every
-transfer succeeded (``offloading/worker.py``, ``get_finished``), so a store
-failure cannot travel through its scheduler; the manager's handling of one is
-compared with vLLM's in test_vllm.py."""
+A failed transfer: vLLM 0.33.0's connector worker asserts that every
+transfer succeeded (``offloading/worker.py``, ``get_finished``), so under its
+stock connector a failed load or store stops it; under kvtier's connector a
+refused load is recomputed and a failed store forgotten (the manager's
+handling of a failed store is compared with vLLM's in test_vllm.py)."""
 from __future__ import annotations
 
 import copy
@@ -316,38 +317,50 @@ def test_a_refusal_reported_a_step_before_another_ranks_completion(model_dir):
     assert news["c"] >= len(SHARED), e.log
 
 
-def test_a_failed_store_is_forgotten_under_kvtiers_connector(model_dir):
-    """A store whose copies fail (kvtier's transfer engine fails them: its
-    fault injection) would stop vLLM's worker, which asserts that every
-    transfer succeeded. Under KvtierOffloadingConnector it is reported done
-    and the manager forgets its keys when the job ends: b, with a's prefix,
-    loads nothing of it and stores it afresh; c loads b's, byte for byte
-    (the stand-in model checks every computed token)."""
+def failed_store(e: Engine) -> None:
+    """a's first store fails (kvtier's transfer engine fails the first copy of
+    each class: its fault injection); then b with a's prefix, c with it too."""
     from xfer_faults import set_faults
+    prompt = SHARED + tokens(2, 32)
+    for c in e.offload._classes:
+        set_faults(c.xfer, fail_nth=1)
+    e.add("a", prompt, 4)
+    e.run()
+    for c in e.offload._classes:
+        set_faults(c.xfer)
+    for i in range(4):
+        e.add(f"x{i}", tokens(10 + i, 200), 4)
+        e.run()
+    e.add("b", prompt + tokens(3, 50), 4)
+    e.run()
+    for i in range(4, 8):
+        e.add(f"x{i}", tokens(10 + i, 200), 4)
+        e.run()
+    e.add("c", prompt + tokens(4, 50), 4)
+    e.run()
 
-    def scenario(e: Engine) -> None:
-        prompt = SHARED + tokens(2, 32)
-        for c in e.offload._classes:  # the first copy of each class fails: a's first store
-            set_faults(c.xfer, fail_nth=1)
-        e.add("a", prompt, 4)
-        e.run()
-        for c in e.offload._classes:
-            set_faults(c.xfer)
-        for i in range(4):
-            e.add(f"x{i}", tokens(10 + i, 200), 4)
-            e.run()
-        e.add("b", prompt + tokens(3, 50), 4)
-        e.run()
-        for i in range(4, 8):
-            e.add(f"x{i}", tokens(10 + i, 200), 4)
-            e.run()
-        e.add("c", prompt + tokens(4, 50), 4)
-        e.run()
-    e, st = run_checked(model_dir, scenario, gpu_blocks=24, host_blocks=64, connector="KvtierOffloadingConnector")
+
+def test_a_failed_store_is_forgotten_under_kvtiers_connector(model_dir):
+    """A store whose copies fail would stop vLLM's worker, which asserts that
+    every transfer succeeded (the next test). Under KvtierOffloadingConnector
+    it is reported done and the manager forgets its keys when the job ends:
+    b, with a's prefix, loads nothing of it and stores it afresh; c loads
+    b's, byte for byte (the stand-in model checks every computed token)."""
+    e, st = run_checked(model_dir, failed_store, gpu_blocks=24, host_blocks=64, connector="KvtierOffloadingConnector")
     assert [x[1] for x in e.log if x[0] == "load"] == ["c"], e.log
     assert st["removed"] >= 1, st
     news = {x[1]: x[2] for x in e.log if x[0] == "new"}
     assert news["b"] == 0 and news["c"] >= len(SHARED), e.log
+
+
+def test_under_vllms_stock_connector_a_failed_store_stops_the_worker(model_dir):
+    """vLLM 0.33.0's own connector has no path for a failed store: it asserts."""
+    e = Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=24, host_blocks=64)
+    try:
+        with pytest.raises(AssertionError):
+            failed_store(e)
+    finally:
+        e.close()
 
 
 def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):

@@ -302,6 +302,7 @@ Test(store_dir_fs, two_workers_short_of_descriptors) {
     enum { N = 24, ROUNDS = 400 };
     senv_init(&E, 2 * N, 1, 256, KVT_LAYOUT_PAGE_FIRST);
     E.cfg.threads = 2;
+    E.cfg.timeout_ms = 30000; /* the wait for the other worker's files: never its bound on a loaded machine */
     cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
     cr_assert_eq(kvt_store_set_clock(E.store, stepped_clock, NULL), KVT_OK);
     kvt_store_page_t p[N], q[N];
