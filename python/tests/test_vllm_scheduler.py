@@ -353,16 +353,6 @@ def test_a_failed_store_is_forgotten_under_kvtiers_connector(model_dir):
     assert news["b"] == 0 and news["c"] >= len(SHARED), e.log
 
 
-def test_under_vllms_stock_connector_a_failed_store_stops_the_worker(model_dir):
-    """vLLM 0.33.0's own connector has no path for a failed store: it asserts."""
-    e = Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=24, host_blocks=64)
-    try:
-        with pytest.raises(AssertionError):
-            failed_store(e)
-    finally:
-        e.close()
-
-
 def test_a_corrupt_host_page_of_a_hybrid_model_fails_the_receive(model_dir):
     """With two KV cache groups vLLM's scheduler takes a failed load only as a
     failed receive of the request (block ids repeat across groups): the
@@ -385,13 +375,15 @@ def test_sync_loads_of_a_hybrid_model_are_refused_at_start(model_dir):
                connector="KvtierOffloadingConnector", window=32, extra={"sync_load_budget_bytes": 1 << 30})
 
 
-def test_under_vllms_stock_connector_a_corrupt_page_stops_the_worker(model_dir):
-    """vLLM 0.33.0's own connector has no path for a failed load: it asserts.
-    (kvtier's worker reports the failure rather than serving the bad page.)"""
+@pytest.mark.parametrize("scenario", [corrupted_prefix, failed_store], ids=["corrupt-page", "failed-store"])
+def test_under_vllms_stock_connector_a_failed_transfer_stops_the_worker(model_dir, scenario):
+    """vLLM 0.33.0's own connector has no path for a failed load or store: it
+    asserts. (kvtier's worker reports the failure rather than serving the bad
+    page.)"""
     e = Engine(model_dir, "KvtierOffloadingSpec", gpu_blocks=24, host_blocks=64)
     try:
         with pytest.raises(AssertionError):
-            corrupted_prefix(e)
+            scenario(e)
     finally:
         e.close()
 
