@@ -28,7 +28,13 @@ the pool, checks every byte, then empties the store. Cells and backends
 alternate, ``--repeat`` times; the JSON gives, per row, the median and the
 range over the repeats of GB/s and of the p50/p99 batch latency, and the
 ratios of kvtier's medians to each like-for-like peer's (above 1: kvtier is
-ahead). Servers listen on 127.0.0.1 on free ports and are stopped at the
+ahead) with the range of the two sides' ratios repeat by repeat ("clear":
+false where that range holds 1). Every key's bytes are its own (fresh
+random pages before each batch), checked by digest after the get. Neither
+directory store syncs its files: sets measure writes into the page cache and
+gets read files written moments before (both sides alike); only kvtier
+checks a checksum on every object. A cell starts on an empty store (kvtier's
+directory store then makes its fan-out folders within its first sets). Servers listen on 127.0.0.1 on free ports and are stopped at the
 end, also on failure. Run it against a release build
 (``KVTIER_LIB=build-rel/libkvtier.so``): a debug build checks every page."""
 from __future__ import annotations
@@ -428,25 +434,30 @@ def _summary(xs: Sequence[float]) -> Dict[str, Any]:
 
 
 def run_cell(be: Backend, page_bytes: int, batch: int, iters: int, tag: str) -> Dict[str, Any]:
-    """Writes iters batches of fresh keys from pages [0, batch), batch i's key
-    j from page (i + j) mod batch, reads each back into pages [batch, 2
-    batch) and checks every batch's bytes (outside the clock: a page served
-    for another key, of this batch or another, is caught); then empties the
-    store."""
+    """Writes iters batches of fresh keys from pages [0, batch), each batch's
+    pages filled with new random bytes first, so that every key's object is
+    its own; reads each batch back into pages [batch, 2 batch) and checks
+    every page against its key's digest (outside the clock: a page served
+    for any other key is caught); then empties the store."""
     import torch
     ps = be.pool.page_size
     kv = be.pool.kv_buffer
-    tok = torch.arange(ps, dtype=torch.int64)
-
-    def rotated(i):  # the token indices of pages (i + j) mod batch, j = 0 ...
-        return ((torch.arange(batch, dtype=torch.int64) + i) % batch)[:, None].mul(ps).add(tok).flatten()
+    src = torch.arange(batch * ps, dtype=torch.int64)
     dst = torch.arange(batch * ps, 2 * batch * ps, dtype=torch.int64)
+    rnd = list(kv[:, :batch * ps].shape)
+    rnd[-1] *= kv.element_size()
+
+    def digests(first: int) -> List[bytes]:  # of the batch's pages from page `first` on, as bytes
+        pages = kv[:, first * ps:(first + batch) * ps].contiguous().view(torch.uint8)
+        return [hashlib.blake2b(pages[:, j * ps:(j + 1) * ps].contiguous().numpy().tobytes(), digest_size=16).digest()
+                for j in range(batch)]
     chains = [_keys(f"{tag}/{i}", batch) for i in range(iters)]
     clock = time.perf_counter
-    set_s, get_s = [], []
+    set_s, get_s, want = [], [], []
     os.sync()  # no backend pays for the writeback of the one before (the file stores share a disk)
-    for i, keys in enumerate(chains):
-        src = rotated(i)
+    for keys in chains:
+        kv[:, :batch * ps] = torch.randint(0, 256, rnd, dtype=torch.uint8).view(kv.dtype)
+        want.append(digests(0))
         t0 = clock()
         ok = be.set(keys, src)
         set_s.append(clock() - t0)
@@ -459,10 +470,7 @@ def run_cell(be: Backend, page_bytes: int, batch: int, iters: int, tag: str) -> 
         get_s.append(clock() - t0)
         if n != batch:
             raise RuntimeError(f"{be.name}: a get served {n} of {batch} pages of {page_bytes} bytes")
-        # bytes compared as bytes: random fp16 holds NaNs
-        a = kv[:, rotated(i)].contiguous().view(torch.uint8)
-        b = kv[:, batch * ps:2 * batch * ps].contiguous().view(torch.uint8)
-        if not torch.equal(a, b):
+        if digests(batch) != want[i]:  # bytes compared as bytes: random fp16 holds NaNs
             raise RuntimeError(f"{be.name}: batch {i}: pages read back differ from the pages written")
     be.reset()
     nbytes = batch * page_bytes
@@ -517,7 +525,7 @@ def _fmt(x: float) -> str:
 
 def table(out: Dict[str, Any]) -> str:
     """The JSON as Markdown: per row, each backend's median GB/s [range] and
-    p50 / p99 ms; then batch_exists."""
+    p50 / p99 ms; then batch_exists; then the GB/s ratios [range]."""
     names = out["backends"]
     by = {(r["backend"], r["op"], r["page"], r["batch"]): r for r in out["rows"]}
     keys = sorted({(r["op"], r["page"], r["batch"]) for r in out["rows"]},
@@ -538,7 +546,62 @@ def table(out: Dict[str, Any]) -> str:
         lines.append(f"| {what} | " + " | ".join(
             "" if n not in ex else f"{_fmt(ex[n][what]['p50_us']['median'])} / {_fmt(ex[n][what]['p99_us']['median'])} us"
             for n in names) + " |")
+    lines += ["", "| kvtier vs peer | op | page | batch | GB/s ratio [range over repeats] |", "|---|---|---|---|---|"]
+    for q in out["ratios"]:
+        if "gbps_ratio" in q:
+            g = q["gbps_ratio"]
+            lines.append(f"| {q['kvtier']} / {q['peer']} | {q['op']} | {q['page']} | {q['batch']} | "
+                         f"{g['median']:.2f} [{g['range'][0]:.2f}-{g['range'][1]:.2f}]"
+                         f"{'' if g['clear'] else ', no clear difference'} |")
     return "\n".join(lines)
+
+
+def _paired(num: Sequence[float], den: Sequence[float]) -> Dict[str, Any]:
+    """The ratio of two sides' medians, and the range of their ratios repeat
+    by repeat (the two sides ran side by side in each): a range holding 1 is
+    no clear difference."""
+    each = [x / y for x, y in zip(num, den)]
+    return {"median": statistics.median(num) / statistics.median(den), "range": [min(each), max(each)],
+            "clear": not min(each) <= 1.0 <= max(each)}
+
+
+def aggregate(samples: Dict[tuple, List[Dict[str, Any]]], exists: Dict[str, List[Dict[str, Any]]]):
+    """The JSON's rows (each backend, op, page and batch: median and range
+    over the repeats), batch_exists_128 and ratios (kvtier over its
+    like-for-like peer, from the cells of the same repeats): samples maps
+    (backend, page bytes, batch) to run_cell's result per repeat, exists a
+    backend to run_exists's per repeat."""
+    rows, cells_of = [], {}
+    for (name, pb, b), cells in samples.items():
+        for op in ("batch_set_v1", "batch_get_v1"):
+            cells_of[(name, op, _label(pb), b)] = [c[op] for c in cells]
+            rows.append({"backend": name, "op": op, "page": _label(pb), "batch": b,
+                         "batches_per_repeat": cells[0][op]["batches"],
+                         "gbps": _summary([c[op]["gbps"] for c in cells]),
+                         "p50_ms": _summary([c[op]["p50_ms"] for c in cells]),
+                         "p99_ms": _summary([c[op]["p99_ms"] for c in cells])})
+    ratios = []
+    for (name, op, page, b), mine in cells_of.items():
+        for peer in LIKE.get(name, ()):
+            theirs = cells_of.get((peer, op, page, b))
+            if theirs is not None:
+                ratios.append({"kvtier": name, "peer": peer, "op": op, "page": page, "batch": b,
+                               "gbps_ratio": _paired([c["gbps"] for c in mine], [c["gbps"] for c in theirs]),
+                               "p50_speedup": _paired([c["p50_ms"] for c in theirs], [c["p50_ms"] for c in mine]),
+                               "p99_speedup": _paired([c["p99_ms"] for c in theirs], [c["p99_ms"] for c in mine])})
+    ex = {name: {what: {"p50_us": _summary([c[what]["p50_us"] for c in cs]),
+                        "p99_us": _summary([c[what]["p99_us"] for c in cs])} for what in ("all", "half", "none")}
+          for name, cs in exists.items()}
+    for name, peers_of in LIKE.items():
+        for peer in peers_of:
+            if name in exists and peer in exists:
+                for what in ("all", "half", "none"):
+                    ratios.append({"kvtier": name, "peer": peer, "op": "batch_exists", "chain": what, "keys": 128,
+                                   "p50_speedup": _paired([c[what]["p50_us"] for c in exists[peer]],
+                                                          [c[what]["p50_us"] for c in exists[name]]),
+                                   "p99_speedup": _paired([c[what]["p99_us"] for c in exists[peer]],
+                                                          [c[what]["p99_us"] for c in exists[name]])})
+    return rows, ex, ratios
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -622,34 +685,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             peers.close()
         shutil.rmtree(work, ignore_errors=True)
 
-    rows = []
-    for (name, pb, b), cells in samples.items():
-        for op in ("batch_set_v1", "batch_get_v1"):
-            rows.append({"backend": name, "op": op, "page": _label(pb), "batch": b,
-                         "batches_per_repeat": cells[0][op]["batches"],
-                         "gbps": _summary([c[op]["gbps"] for c in cells]),
-                         "p50_ms": _summary([c[op]["p50_ms"] for c in cells]),
-                         "p99_ms": _summary([c[op]["p99_ms"] for c in cells])})
-    by = {(r["backend"], r["op"], r["page"], r["batch"]): r for r in rows}
-    ratios = []
-    for (name, op, page, b), r in by.items():
-        for peer in LIKE.get(name, ()):
-            q = by.get((peer, op, page, b))
-            if q is not None:
-                ratios.append({"kvtier": name, "peer": peer, "op": op, "page": page, "batch": b,
-                               "gbps_ratio": r["gbps"]["median"] / q["gbps"]["median"],
-                               "p50_speedup": q["p50_ms"]["median"] / r["p50_ms"]["median"],
-                               "p99_speedup": q["p99_ms"]["median"] / r["p99_ms"]["median"]})
-    ex = {name: {what: {"p50_us": _summary([c[what]["p50_us"] for c in cs]),
-                        "p99_us": _summary([c[what]["p99_us"] for c in cs])} for what in ("all", "half", "none")}
-          for name, cs in exists.items()}
-    for name, peers_of in LIKE.items():
-        for peer in peers_of:
-            if name in ex and peer in ex:
-                for what in ("all", "half", "none"):
-                    ratios.append({"kvtier": name, "peer": peer, "op": "batch_exists", "chain": what, "keys": 128,
-                                   "p50_speedup": ex[peer][what]["p50_us"]["median"] / ex[name][what]["p50_us"]["median"],
-                                   "p99_speedup": ex[peer][what]["p99_us"]["median"] / ex[name][what]["p99_us"]["median"]})
+    rows, ex, ratios = aggregate(samples, exists)
     versions = {}
     for mod, dist in (("sglang", "sglang"), ("mooncake", "mooncake-transfer-engine-non-cuda"), ("torch", "torch")):
         with contextlib.suppress(Exception):

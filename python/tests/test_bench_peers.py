@@ -54,17 +54,18 @@ def test_smoke_run_every_backend(capsys, tmp_path):
 
 def test_a_page_served_for_another_key_fails_the_cell():
     """The cell's own check: a store answering a key with the page it holds
-    for another key (of the same batch, or of another batch at the same
-    place) is caught, not timed as a fast get."""
+    for another key (of the same batch, of another batch at the same place,
+    the last one written, a batch of one page) is caught, not timed as a fast
+    get: every key's bytes are its own."""
     from types import SimpleNamespace
 
     import torch
 
     from kvtier import bench_peers
-    ps, batch = 4, 3
-    pool = SimpleNamespace(page_size=ps, kv_buffer=torch.randint(0, 256, (2, 2 * batch * ps, 1, 2), dtype=torch.uint8))
+    ps = 4
 
-    def backend(wrong):
+    def backend(batch, wrong):
+        pool = SimpleNamespace(page_size=ps, kv_buffer=torch.zeros((2, 2 * batch * ps, 1, 2), dtype=torch.float16))
         held = {}
 
         def put(keys, idx):
@@ -74,14 +75,50 @@ def test_a_page_served_for_another_key_fails_the_cell():
 
         def get(keys, idx):
             for j, k in enumerate(keys):
-                pool.kv_buffer[:, idx[j * ps:(j + 1) * ps]] = held[wrong(keys, j, k)]
+                pool.kv_buffer[:, idx[j * ps:(j + 1) * ps]] = held[wrong(keys, j, k, list(held))]
             return len(keys)
         return SimpleNamespace(name="fake", pool=pool, set=put, get=get, reset=held.clear)
 
-    first = bench_peers._keys("t/0", batch)
-    right = backend(lambda keys, j, k: k)
-    bench_peers.run_cell(right, 16, batch, 2, "t")
-    for wrong in (lambda keys, j, k: keys[(j + 1) % batch],  # another key of the batch
-                  lambda keys, j, k: first[j]):  # the first batch's key at that place
+    right = lambda keys, j, k, written: k  # noqa: E731
+    for batch, iters in ((3, 2), (1, 4)):
+        bench_peers.run_cell(backend(batch, right), 16, batch, iters, "t")
+    cases = [(3, 2, lambda keys, j, k, written: keys[(j + 1) % 3]),  # another key of the batch
+             (3, 4, lambda keys, j, k, written: bench_peers._keys("t/0", 3)[j]),  # the first batch's, same place
+             (1, 4, lambda keys, j, k, written: written[-1]),  # the last object written
+             (3, 4, lambda keys, j, k, written: written[(written.index(k) + 3) % len(written)])]  # the next batch's
+    for batch, iters, wrong in cases:
         with pytest.raises(RuntimeError, match="differ from the pages written"):
-            bench_peers.run_cell(backend(wrong), 16, batch, 2, "t")
+            bench_peers.run_cell(backend(batch, wrong), 16, batch, iters, "t")
+
+
+def test_ratios_are_kvtiers_over_its_peers_repeat_by_repeat():
+    """aggregate's figures against cells made up here: a kvtier backend twice
+    as fast as its peer in every repeat gives a GB/s ratio of 2 and a p50
+    speed-up of 2, its range [2, 2], clear; one ahead in one repeat and
+    behind in another has a range holding 1, not clear; rows keep each
+    side's median and range."""
+    from kvtier import bench_peers
+    name, peer = next((k, ps[0]) for k, ps in bench_peers.LIKE.items() if ps)
+
+    def cell(gbps, ms):
+        return {op: {"gbps": gbps, "p50_ms": ms, "p99_ms": 2 * ms, "batches": 5}
+                for op in ("batch_set_v1", "batch_get_v1")}
+
+    def chain(us):
+        return {w: {"p50_us": us, "p99_us": 2 * us} for w in ("all", "half", "none")}
+    samples = {(name, 65536, 1): [cell(2.0, 1.0), cell(4.0, 0.5), cell(3.0, 0.8)],
+               (peer, 65536, 1): [cell(1.0, 2.0), cell(2.0, 1.0), cell(1.5, 1.6)],
+               (name, 65536, 16): [cell(1.0, 1.0), cell(3.0, 1.0), cell(2.0, 1.0)],
+               (peer, 65536, 16): [cell(2.0, 1.0), cell(1.0, 1.0), cell(2.0, 1.0)]}
+    rows, ex, ratios = bench_peers.aggregate(samples, {name: [chain(10.0)], peer: [chain(30.0)]})
+    by = {(q["op"], q.get("batch"), q.get("chain")): q for q in ratios}
+    q = by[("batch_set_v1", 1, None)]
+    assert q["gbps_ratio"] == {"median": 2.0, "range": [2.0, 2.0], "clear": True}
+    assert q["p50_speedup"]["median"] == 2.0 and q["p50_speedup"]["clear"]
+    q = by[("batch_get_v1", 16, None)]
+    assert q["gbps_ratio"]["median"] == 1.0 and q["gbps_ratio"]["range"] == [0.5, 3.0]
+    assert not q["gbps_ratio"]["clear"]
+    assert by[("batch_exists", None, "none")]["p50_speedup"]["median"] == 3.0
+    row = next(r for r in rows if r["backend"] == name and r["batch"] == 1 and r["op"] == "batch_get_v1")
+    assert row["gbps"] == {"median": 3.0, "range": [2.0, 4.0]} and row["p50_ms"]["median"] == 0.8
+    assert ex[peer]["all"]["p50_us"]["median"] == 30.0
