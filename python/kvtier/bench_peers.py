@@ -34,7 +34,11 @@ random pages before each batch), checked by digest after the get. Neither
 directory store syncs its files: sets measure writes into the page cache and
 gets read files written moments before (both sides alike); only kvtier
 checks a checksum on every object. A cell starts on an empty store (kvtier's
-directory store then makes its fan-out folders within its first sets). Servers listen on 127.0.0.1 on free ports and are stopped at the
+directory store then makes its fan-out folders within its first sets). The
+JSON records the work directory's filesystem, the load average at the start
+and SGLang's SGLANG_HICACHE* settings (HiCacheFile reads them over its
+config). With an odd --repeat the backends' order (swapped every repeat)
+runs one way once more. Servers listen on 127.0.0.1 on free ports and are stopped at the
 end, also on failure. Run it against a release build
 (``KVTIER_LIB=build-rel/libkvtier.so``): a debug build checks every page."""
 from __future__ import annotations
@@ -418,6 +422,21 @@ def _keys(tag: str, n: int) -> List[str]:
     return out
 
 
+def _fs_type(path: str) -> str:
+    """The type of the filesystem path is on (the longest mount point over
+    it in /proc/mounts), or "unknown"."""
+    best, kind = "", "unknown"
+    path = os.path.realpath(path)
+    with contextlib.suppress(OSError):
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 2 and (path == parts[1] or path.startswith(parts[1].rstrip("/") + "/")) \
+                        and len(parts[1]) >= len(best):
+                    best, kind = parts[1], parts[2]
+    return kind
+
+
 def _note(msg: str) -> None:
     print(f"bench_peers: {msg}", file=sys.stderr, flush=True)
 
@@ -558,11 +577,11 @@ def table(out: Dict[str, Any]) -> str:
 
 def _paired(num: Sequence[float], den: Sequence[float]) -> Dict[str, Any]:
     """The ratio of two sides' medians, and the range of their ratios repeat
-    by repeat (the two sides ran side by side in each): a range holding 1 is
-    no clear difference."""
+    by repeat (the two sides ran side by side in each): a range holding 1,
+    or of one repeat, is no clear difference."""
     each = [x / y for x, y in zip(num, den)]
     return {"median": statistics.median(num) / statistics.median(den), "range": [min(each), max(each)],
-            "clear": not min(each) <= 1.0 <= max(each)}
+            "clear": len(each) > 1 and not min(each) <= 1.0 <= max(each)}
 
 
 def aggregate(samples: Dict[tuple, List[Dict[str, Any]]], exists: Dict[str, List[Dict[str, Any]]]):
@@ -646,6 +665,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Mooncake's segment: a cell's keys, or the exists chain, twice over (it evicts from 90 % full)
     segment = 2 * max(most, 128 * pages[0]) + 128 * MIB
     work = tempfile.mkdtemp(prefix="kvtier-bench-peers-", dir=a.dir)
+    setting = {"workdir_fs": _fs_type(work), "load_average_at_start": os.getloadavg()[0],
+               # SGLang's HiCacheFile reads these over its config (another directory, a metadata cache)
+               "sglang_env": {k: v for k, v in os.environ.items() if k.startswith("SGLANG_HICACHE")}}
     samples: Dict[tuple, List[dict]] = {}
     exists: Dict[str, List[dict]] = {}
     t_start = time.monotonic()
@@ -696,7 +718,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            "versions": versions, "pool": {"class": "MHATokenToKVPoolHost", "layout": "page_first",
                                           "page_tokens": PAGE_TOKENS, "layers": LAYERS, "head_dim": HEAD_DIM,
                                           "dtype": "float16", "pin_memory": False},
-           "backends": names, "repeat": a.repeat, "budget_mib": a.budget, "smoke": a.smoke,
+           "backends": names, "repeat": a.repeat, "budget_mib": a.budget, "smoke": a.smoke, **setting,
            "wall_s": round(time.monotonic() - t_start, 1),
            "rows": rows, "batch_exists_128": ex, "ratios": ratios}
     print(json.dumps(out, indent=2))

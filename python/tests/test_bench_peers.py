@@ -122,3 +122,4 @@ def test_ratios_are_kvtiers_over_its_peers_repeat_by_repeat():
     row = next(r for r in rows if r["backend"] == name and r["batch"] == 1 and r["op"] == "batch_get_v1")
     assert row["gbps"] == {"median": 3.0, "range": [2.0, 4.0]} and row["p50_ms"]["median"] == 0.8
     assert ex[peer]["all"]["p50_us"]["median"] == 30.0
+    assert not by[("batch_exists", None, "all")]["p50_speedup"]["clear"]  # one repeat says nothing
