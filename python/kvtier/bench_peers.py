@@ -34,7 +34,7 @@ random pages before each batch), checked by digest after the get. Neither
 directory store syncs its files: sets measure writes into the page cache and
 gets read files written moments before (both sides alike); only kvtier
 checks a checksum on every object. A cell starts on an empty store (kvtier's
-directory store then makes its fan-out folders within its first sets). The
+directory store makes its fan-out folders at its open, outside the timer). The
 JSON records the work directory's filesystem, the load average at the start
 and SGLang's SGLANG_HICACHE* settings (HiCacheFile reads them over its
 config). With an odd --repeat the backends' order (swapped every repeat)

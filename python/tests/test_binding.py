@@ -407,7 +407,7 @@ def test_a_store_log_callback_cannot_close_the_store_under_its_worker(tmp_path):
         with s:
             hs = kvtier.page_hashes(list(range(16)), 16)
             key = s.key(hs[0])
-            os.makedirs(f"{tmp_path}/{key[:2]}")
+            os.makedirs(f"{tmp_path}/{key[:2]}", exist_ok=True)  # (made at the open)
             os.mkfifo(f"{tmp_path}/{key[:2]}/{key}")  # an object the store refuses, saying why
             assert s.get_sync([(hs[0], 0)]).results == ("bad",)
             assert any("FIFO" in m for m in said), said

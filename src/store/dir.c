@@ -30,7 +30,8 @@
  * (a get sets the file's access time, so the order survives restarts); a
  * put that takes the known bytes over max evicts least recently used
  * objects (unlink) until they fit, and an object over max alone fails its
- * put (kept, it would leave the root over max); the fan-out directories are
+ * put (kept, it would leave the root over max); the fan-out directories
+ * (made at the root's first open in the process: make_fanout) are
  * not counted.
  * One index a root and process: every store the process opens on a root
  * (the same directory, however spelled: a store for each model, a put store
@@ -446,6 +447,18 @@ static void root_limit(dirroot_t *x) {
     pthread_mutex_unlock(&x->mu);
 }
 
+/* The root's 256 fan-out folders, made once a process at its first open
+ * rather than by the first put into each (a fresh store's first puts paid a
+ * mkdir each, 1.6x slower on a disk under writeback). A folder that cannot
+ * be made (a read-only root) is left to the put that needs it, which says why. */
+static void make_fanout(const char *root) {
+    char path[1000];
+    for (unsigned i = 0; i < 256; i++) {
+        snprintf(path, sizeof(path), "%s/%02x", root, i);
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) return;
+    }
+}
+
 /* A root's index, built from its files (scan) for its first store, d. */
 static int root_new(dirroot_t **out, const dirbe_t *d, const struct stat *st) {
     dirroot_t *x = KVT_NEW(dirroot_t);
@@ -458,6 +471,7 @@ static int root_new(dirroot_t **out, const dirbe_t *d, const struct stat *st) {
     pthread_mutex_init(&x->mu, NULL);
     int rc = idx_grow(x);
     if (rc == KVT_OK) rc = scan(x, d);
+    if (rc == KVT_OK) make_fanout(d->root);
     if (rc != KVT_OK) {
         kvt__store_error("dir store: cannot read '%s' (%s)", d->root, kvt_err_name(rc));
         root_free(x);

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,6 +328,30 @@ Test(store_dir_fs, two_workers_short_of_descriptors) {
     kvt_store_stats_t st = sstats(E.store, KVT_STORE_GET);
     cr_assert_eq(st.failures, 0u);
     cr_assert_eq(st.stored_objects, (uint64_t)N);
+}
+
+/* The 256 fan-out folders are made at the open, not by the first put into
+ * each: an empty root holds them all, and nothing else, once opened. */
+Test(store_dir_fs, the_fan_out_is_made_at_open) {
+    senv_init(&E, 4, 1, 256, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, url), KVT_OK, "%s", kvt_store_last_error(NULL));
+    int dirs = 0, others = 0;
+    DIR *d = opendir(root);
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.') continue;
+        char path[400], name[3];
+        snprintf(path, sizeof(path), "%s/%.255s", root, e->d_name);
+        struct stat st;
+        unsigned v;
+        bool folder = lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && strlen(e->d_name) == 2 &&
+                      sscanf(e->d_name, "%2x", &v) == 1 && (snprintf(name, sizeof(name), "%02x", v), strcmp(name, e->d_name) == 0);
+        dirs += folder;
+        others += !folder;
+    }
+    closedir(d);
+    cr_assert_eq(dirs, 256, "%d fan-out folders", dirs);
+    cr_assert_eq(others, 0);
 }
 
 /* A path is required, and ends at the first ',': what follows is options. */
