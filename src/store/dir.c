@@ -448,9 +448,10 @@ static void root_limit(dirroot_t *x) {
 }
 
 /* The root's 256 fan-out folders, made once a process at its first open
- * rather than by the first put into each (a fresh store's first puts paid a
- * mkdir each, 1.6x slower on a disk under writeback). A folder that cannot
- * be made (a read-only root) is left to the put that needs it, which says why. */
+ * rather than by the first put into each: a fresh store's first puts would
+ * pay a mkdir each (docs/store.md, *dir*, has the figures). A folder that
+ * cannot be made (a read-only root) is left to the put that needs it, which
+ * says why. */
 static void make_fanout(const char *root) {
     char path[1000];
     for (unsigned i = 0; i < 256; i++) {
