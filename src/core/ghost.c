@@ -63,10 +63,10 @@
  * about one miss). Nothing clears a bit, so the load a table is sized for
  * sets how many read two lines: sized for 12 keys a bucket, few of `arc`'s
  * ghost-0 buckets have spilled by the end of the page-16 replay, many more
- * at 14; at 10 almost none spill, for more memory and no gain in time
- * (docs/policies.md). In a long run nearly every bucket spills in the
- * end; an exact count of the keys away from their b1, instead of the bit,
- * costs more bookkeeping than the lines it saves. An add prefetches its lines
+ * at 14; at 10 almost none spill, for more memory (docs/policies.md).
+ * In a long run nearly every bucket spills in the end; an exact count of
+ * the keys away from their b1, instead of the bit, costs more bookkeeping
+ * than the lines it saves. An add prefetches its lines
  * and goes in 16 adds later (a ring of pending adds), so that an eviction round's
  * adds overlap their misses; any read applies the ring first. An add takes a free or expired entry of b1,
  * else of b2; with both full of live keys it moves a live key to its other

@@ -4,8 +4,8 @@
  * (AVX-512, AVX2, else SSE2); the plain XXH3_64bits of Debian's libxxhash is
  * its SSE2 build. Same values either way (XXH3 does not depend on the vector
  * width). What it buys: the checksum of a fused copy + checksum keeps up with
- * the copy on a CPU with wide vector units, where the SSE2 kernel halves it
- * (docs/performance.md, *Checksums*).
+ * the copy on a CPU with wide vector units, where the SSE2 kernel falls
+ * behind it (docs/store.md: 1.3 against 3.4 us a 64 KiB payload).
  *
  * For bulk bytes only: a short key (a page's 64 bytes of tokens) gains
  * nothing from the wide kernels and would pay the dispatch's indirect call,

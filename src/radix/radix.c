@@ -201,8 +201,8 @@ static void unlink_child(kvt_rnode_t *c) {
  * its page loads (H2D), an L2 id while its page backs up (D2H) or while its
  * copy is suspect (a load found it corrupt); every other entry is empty.
  * (Page ids are found by id only for those: a copy's completion, a suspect
- * copy's purge. Keeping every page in them cost a random store per page on
- * every insert, drop, trim, backup and load.) */
+ * copy's purge. Keeping every page in them would cost a random store per
+ * page on every insert, drop, trim, backup and load.) */
 static void track(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx) {
     const kvt_page_t *p = &n->pages[idx];
     if (p->flags & KVT_PAGE_H2D) r->l1map[p->l1] = (kvt__pageref_t){n, idx};

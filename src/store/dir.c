@@ -3,7 +3,8 @@
  *   ROOT/3f/3fa2...(32 hex)          an object (payload + header)
  *   ROOT/3f/.tmp.h<host>.<pid>.<n>.<hex>  a put in progress
  *
- * Fan-out: 256 directories by the key's first byte, created on first use.
+ * Fan-out: 256 directories by the key's first byte, made when a process
+ * first opens the root (make_fanout).
  * One level: two levels make 65,536 folders, which a new store's puts
  * create one or two at a time for as long as most puts land in a new
  * folder, and a mkdir costs several puts; while a create in a folder of
@@ -279,8 +280,8 @@ typedef enum { TMP_NOT, TMP_OURS, TMP_FOREIGN } tmp_kind_t;
 
 /* Whether n names a temporary file, and whose: ".tmp.h<tag>.<pid>.<n>.<hex>"
  * with this root's tag gives its pid; any other ".tmp." name is another
- * machine's or namespace's. (The 'h': earlier builds, which named files
- * ".tmp.<pid>..." and read a pid after ".tmp.", read none in this name.) */
+ * machine's or namespace's. (The 'h' keeps a reader that takes a pid right
+ * after ".tmp." from reading one in this name.) */
 static tmp_kind_t tmp_kind(const char *n, const char *tag, long *pid) {
     if (strncmp(n, ".tmp.", 5) != 0) return TMP_NOT;
     if (n[5] != 'h' || strncmp(n + 6, tag, 16) != 0 || n[22] != '.') return TMP_FOREIGN;
@@ -301,8 +302,9 @@ static int cmp_time(const void *a, const void *b) {
 }
 
 /* Rebuilds the index from the files under the root, oldest first. A
- * folder inside a fan-out folder is the two-level layout earlier builds
- * wrote: its objects are not read, and the open says so once. */
+ * folder inside a fan-out folder is the two-level layout
+ * (ROOT/3f/a2/<32 hex>): its objects are not read, and the open says so
+ * once. */
 static int scan(dirroot_t *x, const dirbe_t *d) {
     scanned_t *v = NULL;
     size_t nv = 0, cv = 0;
@@ -354,7 +356,7 @@ static int scan(dirroot_t *x, const dirbe_t *d) {
         if (s1) closedir(s1);
     }
     if (old[0])
-        kvt__store_log(d->s, "'%s' and folders like it hold objects of the two-level layout earlier builds wrote: "
+        kvt__store_log(d->s, "'%s' and folders like it hold objects of the two-level layout (ROOT/<2 hex>/<2 hex>/...): "
                              "not read (objects are ROOT/<2 hex>/<32 hex> now; remove those folders)", old);
     closedir(r);
     if (rc == KVT_OK && nv) {

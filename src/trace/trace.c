@@ -176,8 +176,8 @@ static int by_key(const void *a, const void *b) {
 
 /* The first key of object o that appears twice, or NULL (*oom set when the
  * look ran out of memory). A trace's objects have a handful of keys: up to
- * 16 a quadratic look is cheapest; more are sorted (80,000 keys on a line
- * took 12 s to look through pair by pair). */
+ * 16 a quadratic look is cheapest; more are sorted (a hostile line holds
+ * tens of thousands of keys, quadratic in pairs). */
 static const char *duplicate_key(const cJSON *o, bool *oom) {
     size_t n = 0;
     for (const cJSON *a = o->child; a; a = a->next) n++;

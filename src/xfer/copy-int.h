@@ -8,8 +8,9 @@
  *              CPU has it, else SSE2 _mm_stream_si128; then sfence): the lines
  *              go to memory through write-combining buffers without being read
  *              for ownership or evicting the cache. Right for large copies into
- *              a tier that is not read back soon (backups into host L2): up to
- *              twice memcpy's bandwidth there. Elsewhere it is memcpy.
+ *              a tier that is not read back soon (backups into host L2;
+ *              docs/performance.md, *Transfer engine*, has the figures).
+ *              Elsewhere it is memcpy.
  *
  * A span of KVT__STREAM_HUGE or more streams whatever the pair, and so does
  * every span of a batch of KVT__STREAM_HUGE bytes or more (the transfer
