@@ -662,6 +662,38 @@ def test_a_cp_group_refuses_a_cache_of_other_lanes_and_a_commit_before_its_pages
     assert not list(pathlib.Path("/dev/shm").glob(name + "*"))
 
 
+def test_a_cp_groups_header_rewritten_after_the_join_does_not_widen_its_tables():
+    """The group's L1 and L2 page counts in its shared header are another
+    process's to rewrite: attach checks a cache against this rank's own
+    config, by which its tables were sized, so a cache of more L2 pages
+    than the group's is refused whatever the header says (taken, its
+    backups wrote past the rank's tables)."""
+    import mmap
+    import struct
+    name = f"kvtier-pytest-hdr-{os.getpid()}"
+    L1, L2, BIG = 8, 12, 64
+    g = kvtier.CpGroup(name, 0, 1, l1_pages=L1, l2_pages=L2, page_tokens=4, layers=1, layer_bytes=64, requests=4,
+                       timeout_ms=3000, wait_ms=3000)
+    opened = []
+    try:
+        with open(f"/dev/shm/{name}-ctl", "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+            at = next(o for o in range(0, 4096 - 16, 8) if struct.unpack_from("<QQ", m, o) == (L1, L2))
+            struct.pack_into("<Q", m, at + 8, BIG)  # another process: l2_pages := 64
+        l1, l2 = g.open_tier("l1", L1, 1, 64), g.open_tier("l2", BIG, 1, 64)
+        opened += [l1, l2]
+        g.wait_joined()
+        x = g.transfer([l1, l2])
+        opened.insert(0, x)
+        with kvtier.Cache(l1_pages=L1, l2_pages=BIG, page_tokens=4, l1_lanes=1) as wide:
+            with pytest.raises(kvtier.InvalidArgument, match=f"{BIG} L2 pages for group .* 8 and {L2} pages"):
+                g.attach(wide, x, l1, l2)
+    finally:
+        for o in opened:
+            o.close()
+        g.close()
+    assert not list(pathlib.Path("/dev/shm").glob(name + "*"))
+
+
 def test_prometheus_collector_reports_the_stats():
     prom = pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families

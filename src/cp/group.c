@@ -103,7 +103,8 @@ struct kvt_cp_group {
     uint64_t *digests;
     char name[KVT_CP_NAME_MAX + 1];
     uint32_t rank, C;
-    uint64_t l1n, l2n, requests;
+    uint64_t l1n, l2n, requests; /* this rank's config: l2n at least 1, its tables' size ... */
+    uint64_t l2_pages;            /* ... the L2 pages as configured (0: none) */
     uint64_t timeout_ns, wait_limit_ns, joined_at, next_watch;
     uint64_t cur; /* the request in progress: how many steps were made */
     /* this rank's private view of the orderings */
@@ -250,8 +251,11 @@ static int wait_l1_free(kvt_cp_group_t *g, uint32_t l1) {
 
 /* ---- the cache's hooks, rank 0's transfer callback ----------------------------------- */
 
+/* (The pages are in range: attach took only a cache of the group's pages;
+ * the checks keep a cache that bypassed it out of the tables.) */
 static void on_backup_started(void *arg, uint32_t l1, uint32_t l2, uint64_t seq) {
     kvt_cp_group_t *g = arg;
+    if (l1 >= g->l1n || l2 >= g->l2n) return;
     g->seq_of_l2[l2] = seq;
     g->last_l2_of_l1[l1] = l2;
     g->last_seq_of_l1[l1] = seq;
@@ -259,6 +263,7 @@ static void on_backup_started(void *arg, uint32_t l1, uint32_t l2, uint64_t seq)
 
 static void on_l2_freed(void *arg, uint32_t l2) {
     kvt_cp_group_t *g = arg;
+    if (l2 >= g->l2n) return;
     g->freed_req[l2] = g->cur;
 }
 
@@ -327,12 +332,14 @@ int kvt_cp_group_attach(kvt_cp_group_t *g, kvt_cache_t *c, kvt_xfer_t *x, kvt_ti
                         kvt_tier_t *l2, unsigned l2_index) {
     /* The group deals L1 pages to ranks by its rank count and sizes its
      * tables by its pages; a cache of other lanes or pages would decide
-     * ownership otherwise, and the ranks would read each other's pages wrong. */
+     * ownership otherwise, and the ranks would read each other's pages wrong.
+     * The pages are this rank's own (the header's copies are another
+     * process's to rewrite). */
     const kvt_cache_config_t *cc = c ? &c->cfg : NULL;
-    if (cc && (cc->l1_lanes != g->C || cc->l1_pages != g->h->l1_pages || cc->l2_pages != g->h->l2_pages)) {
+    if (cc && (cc->l1_lanes != g->C || cc->l1_pages != g->l1n || cc->l2_pages != g->l2_pages)) {
         snprintf(g->why, sizeof(g->why), "rank %u: a cache of %u lanes, %" PRIu64 " L1 and %" PRIu64 " L2 pages for group "
                  "%s of %u ranks, %" PRIu64 " and %" PRIu64 " pages", g->rank, cc->l1_lanes, cc->l1_pages, cc->l2_pages,
-                 g->name, g->C, (uint64_t)g->h->l1_pages, (uint64_t)g->h->l2_pages);
+                 g->name, g->C, g->l1n, g->l2_pages);
         return KVT_EINVAL;
     }
     kvt_cache_cp_t hooks;
@@ -634,7 +641,7 @@ static kvt_cp_group_t *new_group(const kvt_cp_group_config_t *cfg) {
     if (g == NULL) return NULL;
     snprintf(g->name, sizeof(g->name), "%s", cfg->name);
     g->rank = cfg->rank, g->C = cfg->ranks, g->requests = cfg->requests;
-    g->l1n = cfg->l1_pages, g->l2n = cfg->l2_pages ? cfg->l2_pages : 1;
+    g->l1n = cfg->l1_pages, g->l2n = cfg->l2_pages ? cfg->l2_pages : 1, g->l2_pages = cfg->l2_pages;
     g->timeout_ns = (uint64_t)(cfg->timeout_ms ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS) * 1000000ull;
     g->wait_limit_ns = (uint64_t)(cfg->wait_ms ? cfg->wait_ms : DEFAULT_WAIT_MS) * 1000000ull;
     g->seq_of_l2 = kvt__calloc(g->l2n, sizeof(uint64_t));
@@ -707,7 +714,11 @@ int kvt_cp_group_open_tier(kvt_cp_group_t *g, const char *suffix, const kvt_tier
     size_t i = 0;
     for (; suffix[i] && i < sizeof(label) - 1; i++) label[i] = (char)(suffix[i] >= 'a' && suffix[i] <= 'z' ? suffix[i] - 32 : suffix[i]);
     label[i] = '\0';
-    kvt_tier_config_t tc = *cfg;
+    kvt_tier_config_t tc = {0}; /* the ABI rule: a caller's struct may be shorter or longer than ours */
+    if (cfg == NULL || kvt__abi_in(&tc, sizeof(tc), cfg) != KVT_OK) {
+        snprintf(g->why, sizeof(g->why), "rank %u: no tier config, or one of another ABI (size)", g->rank);
+        return KVT_EINVAL;
+    }
     tc.kind = KVT_TIER_SHM;
     tc.name = seg;
     if (g->rank == 0) {
