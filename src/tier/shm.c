@@ -113,10 +113,14 @@ static int shm_tier_open(kvt_tier_t *t) {
         KVT_DELETE(s);
         return rc;
     }
-    shm_header_t *h = header(s);
+    /* The pages' places from this tier's own geometry, which the header was
+     * found to match: the header is shared, and another process may rewrite
+     * it after the check. */
+    uint64_t sums_off, data_off;
+    layout_total(t, &sums_off, &data_off);
     t->impl = s;
-    t->base = (uint8_t *)h + h->data_off;
-    t->sums = h->checksum ? (uint64_t *)((uint8_t *)h + h->sums_off) : NULL;
+    t->base = (uint8_t *)s->seg.base + data_off;
+    t->sums = (t->cfg.flags & KVT_TIER_CHECKSUM) ? (uint64_t *)((uint8_t *)s->seg.base + sums_off) : NULL;
     t->info.creator = s->seg.creator;
     return KVT_OK;
 }
