@@ -9,7 +9,7 @@
  *   | creator pid + start time, total bytes | (filled by init before ready)  |
  *   +---------------------------------------+--------------------------------+
  *
- *   create:  shm_open(<name>.<pid>.tmp, O_EXCL) -> ftruncate -> mmap
+ *   create:  shm_open(<name>.<pid>.<n>.tmp, O_EXCL) -> ftruncate -> mmap
  *            -> head + init(base) -> ready = 1 (release)
  *            -> link(tmp, name)          fails if the name exists: then
  *               the segment there is examined under flock(2):
@@ -38,7 +38,7 @@
 #include <sys/types.h>
 
 #define KVT__SEG_MAGIC 0x6b76747365673031ull /* "kvtseg01" */
-#define KVT__SEG_NAME_MAX 80                 /* "/name", without the .<pid>.tmp suffix */
+#define KVT__SEG_NAME_MAX 80                 /* "/name", without the .<pid>.<n>.tmp suffix */
 /* The kinds of segment (kvt__seg_head_t.kind). */
 #define KVT__SEG_KIND_TIER 0x74696572u /* "tier": an shm tier (src/tier/shm.c) */
 #define KVT__SEG_KIND_CP 0x63706772u   /* "cpgr": a CP group's control segment (src/cp/group.c) */
@@ -79,7 +79,7 @@ int kvt__seg_attach(kvt__seg_t *s, const char *name, uint32_t kind, uint32_t ver
 void kvt__seg_close(kvt__seg_t *s);
 /* Unlinks name if it holds a finished kvtier segment of this kind whose
  * creator is dead (what a launcher does after its group crashed), and the
- * unfinished ones of creators gone (<name>.<pid>.tmp). How many removed (0:
+ * unfinished ones of creators gone (<name>.<pid>[.<n>].tmp). How many removed (0:
  * absent, live, or not kvtier's). */
 int kvt__seg_remove_stale(const char *name, uint32_t kind);
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <dirent.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,11 +78,15 @@ static bool stale_fd(int fd, uint32_t kind) {
  * and returned true, 0 when the segment is not stale, -1 when the name
  * vanished or changed meanwhile (try again), -2 on another error. */
 static int under_lock(const char *path, uint32_t kind, bool (*act)(const char *path, void *arg), void *arg) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? -1 : -2;
+    /* /dev/shm is everyone's: a FIFO under the name would block an open
+     * without O_NONBLOCK for ever, a link lead elsewhere; neither is a
+     * segment (0: not stale, left alone). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) return errno == ENOENT ? -1 : errno == ELOOP ? 0 : -2;
     struct stat held, named;
     int rc = -2;
-    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &held) == 0) {
+    if (fstat(fd, &held) == 0 && !S_ISREG(held.st_mode)) rc = 0;
+    else if (flock(fd, LOCK_EX) == 0 && fstat(fd, &held) == 0) {
         if (stat(path, &named) != 0 || named.st_ino != held.st_ino) rc = -1;
         else if (!stale_fd(fd, kind)) rc = 0;
         else rc = act(path, arg) ? 1 : -2;
@@ -117,7 +122,7 @@ static int publish(kvt__seg_t *s, const char *tmp, uint32_t kind) {
     return KVT_EEXIST;
 }
 
-/* Removes name's unfinished segments (<name>.<pid>.tmp) whose creator is
+/* Removes name's unfinished segments (<name>.<pid>[.<n>].tmp) whose creator is
  * gone: one killed between shm_open and link leaves one, which holds its
  * memory until removed. A pid that runs again (another process took its
  * number) keeps its file: it may be that process's. Returns how many. */
@@ -131,7 +136,9 @@ static int remove_dead_tmps(const char *name) {
         if (strncmp(f, name + 1, len) != 0 || *dot != '.') continue;
         char *end;
         long pid = strtol(dot + 1, &end, 10);
-        if (end == dot + 1 || strcmp(end, ".tmp") != 0 || pid <= 0 || pid > INT32_MAX) continue;
+        if (end == dot + 1 || pid <= 0 || pid > INT32_MAX) continue;
+        if (*end == '.' && end[1] >= '0' && end[1] <= '9') (void)strtoul(end + 1, &end, 10); /* .<n> (none: <name>.<pid>.tmp, also a creator's) */
+        if (strcmp(end, ".tmp") != 0) continue;
         if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
             char seg[sizeof(e->d_name) + 1] = "/";
             memcpy(seg + 1, f, strlen(f) + 1);
@@ -147,11 +154,17 @@ int kvt__seg_create(kvt__seg_t *s, const char *name, uint32_t kind, uint32_t ver
     if (!name_ok(name) || total < sizeof(kvt__seg_head_t)) return KVT_EINVAL;
     *s = (kvt__seg_t){0};
     snprintf(s->name, sizeof(s->name), "%s", name);
+    /* The temporary name is this call's alone (two threads may create one
+     * name at once: each publishes its own file, and one gets KVT_EEXIST). */
+    static _Atomic unsigned calls;
     char tmp[128];
-    snprintf(tmp, sizeof(tmp), "%s.%d.tmp", name, (int)getpid());
-    shm_unlink(tmp); /* a leftover of a dead process that had our pid */
+    snprintf(tmp, sizeof(tmp), "%s.%d.%u.tmp", name, (int)getpid(), atomic_fetch_add(&calls, 1));
     remove_dead_tmps(name);
     int fd = shm_open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno == EEXIST) { /* a leftover of a dead process that had our pid: no call of ours has this name */
+        shm_unlink(tmp);
+        fd = shm_open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+    }
     if (fd < 0) return KVT_EIO;
     struct stat sb;
     int rc = KVT_ENOMEM;

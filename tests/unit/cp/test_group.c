@@ -482,25 +482,27 @@ Test(cp_group, calls_out_of_step_and_a_rank_that_leaves_early) {
 }
 
 /* A creator killed between making its segment and publishing it leaves
- * <segment>.<pid>.tmp, holding its memory: removed once its pid runs
- * nothing, by remove_stale and by the next creator; a live pid's kept. */
+ * <segment>.<pid>.<n>.tmp (or <segment>.<pid>.tmp, also a creator's), holding
+ * its memory: removed once its pid runs nothing, by remove_stale and by the
+ * next creator; a live pid's kept. */
 Test(cp_group, a_killed_creators_unfinished_segment_is_removed) {
     const char *name = group_name("tmp");
     pid_t dead = fork();
     if (dead == 0) _exit(0);
     waitpid(dead, NULL, 0);
-    char seg[96], path[2][160];
+    char seg[96], path[3][160];
     cr_assert_eq(kvt_cp_group_segment(name, "ctl", seg, sizeof(seg)), KVT_OK);
-    pid_t pids[2] = {dead, getpid()};
-    for (int i = 0; i < 2; i++) {
-        snprintf(path[i], sizeof(path[i]), "/dev/shm%s.%d.tmp", seg, (int)pids[i]);
+    pid_t pids[3] = {dead, getpid(), dead};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path[i], sizeof(path[i]), i == 2 ? "/dev/shm%s.%d.17.tmp" : "/dev/shm%s.%d.tmp", seg, (int)pids[i]);
         int fd = open(path[i], O_CREAT | O_RDWR, 0600);
         cr_assert_geq(fd, 0);
         cr_assert_eq(ftruncate(fd, 1 << 20), 0);
         close(fd);
     }
-    cr_assert_eq(kvt_cp_group_remove_stale(name, NULL), 1);
+    cr_assert_eq(kvt_cp_group_remove_stale(name, NULL), 2);
     cr_assert_neq(access(path[0], F_OK), 0, "the dead creator's unfinished segment is still there");
+    cr_assert_neq(access(path[2], F_OK), 0, "the dead creator's numbered unfinished segment is still there");
     cr_assert_eq(access(path[1], F_OK), 0, "a live process's was removed");
     int fd = open(path[0], O_CREAT | O_RDWR, 0600); /* again, for the next creator to find */
     cr_assert_geq(fd, 0);

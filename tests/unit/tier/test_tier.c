@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -609,6 +611,90 @@ Test(tier, shm_foreign_segment_left_alone) {
     foreign_case(0x00, 8192); /* zeros: not a kvtier header */
     foreign_case(0xab, 16);   /* shorter than a header */
     foreign_case(0x00, 0);    /* empty */
+}
+
+/* /dev/shm is everyone's: a FIFO under the name (which an open without
+ * O_NONBLOCK waits on for ever) or a symbolic link (which leads elsewhere)
+ * is not a segment: refused at once, left as it is, what it points at
+ * untouched. */
+Test(tier, shm_a_fifo_or_a_link_under_the_name_is_left_alone, .timeout = 30) {
+    const char *name = shm_name(6), *target = shm_name(7);
+    char path[96], to[96];
+    snprintf(path, sizeof(path), "/dev/shm%s", name);
+    snprintf(to, sizeof(to), "/dev/shm%s", target);
+    kvt_tier_config_t c = config(KVT_TIER_SHM, 12, 3, 40, KVT_LAYOUT_PAGE_FIRST, 0, name);
+    kvt_tier_t *t = NULL;
+    cr_assert_eq(mkfifo(path, 0600), 0, "mkfifo: %s", strerror(errno));
+    int rc = kvt_tier_create(&t, &c);
+    cr_assert_eq(rc, KVT_EEXIST, "a FIFO under the name: %s", kvt_err_name(rc));
+    struct stat sb;
+    cr_assert(lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO is still there");
+    cr_assert_eq(unlink(path), 0);
+    int fd = open(to, O_CREAT | O_EXCL | O_RDWR, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "theirs", 6), 6);
+    close(fd);
+    cr_assert_eq(symlink(to, path), 0);
+    rc = kvt_tier_create(&t, &c);
+    cr_assert_eq(rc, KVT_EEXIST, "a link under the name: %s", kvt_err_name(rc));
+    cr_assert(lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode), "the link is still there");
+    char back[8] = {0};
+    fd = open(to, O_RDONLY);
+    cr_assert(fd >= 0 && read(fd, back, sizeof(back)) == 6 && memcmp(back, "theirs", 6) == 0, "its target untouched");
+    close(fd);
+    unlink(path);
+    unlink(to);
+}
+
+/* Two threads of one process create one name at once, over and over: one
+ * gets the name and the other KVT_EEXIST; an attacher by name maps what
+ * the creator wrote; a destroyed tier leaves no name behind. */
+static kvt_tier_config_t g_same;
+static pthread_barrier_t g_same_bar;
+static void *create_same(void *out) {
+    pthread_barrier_wait(&g_same_bar);
+    kvt_tier_t **t = out;
+    int rc = kvt_tier_create(t, &g_same);
+    if (rc != KVT_OK) *t = NULL;
+    return (void *)(intptr_t)rc;
+}
+
+Test(tier, shm_two_threads_create_one_name) {
+    const char *name = shm_name(8);
+    g_same = config(KVT_TIER_SHM, 4, 1, 4096, KVT_LAYOUT_PAGE_FIRST, 0, name);
+    kvt_tier_config_t at = g_same;
+    at.flags = KVT_TIER_ATTACH;
+    uint8_t w[4096], r[4096];
+    for (int round = 0; round < 1500; round++) {
+        pthread_barrier_init(&g_same_bar, NULL, 2);
+        pthread_t th[2];
+        kvt_tier_t *t[2];
+        void *rc[2];
+        for (int k = 0; k < 2; k++) cr_assert_eq(pthread_create(&th[k], NULL, create_same, &t[k]), 0);
+        for (int k = 0; k < 2; k++) pthread_join(th[k], &rc[k]);
+        pthread_barrier_destroy(&g_same_bar);
+        int won = 0;
+        for (int k = 0; k < 2; k++) {
+            int e = (int)(intptr_t)rc[k];
+            cr_assert(e == KVT_OK || e == KVT_EEXIST, "round %d: %s", round, kvt_err_name(e));
+            won += e == KVT_OK;
+        }
+        cr_assert_eq(won, 1, "round %d: %d threads got the name", round, won);
+        for (int k = 0; k < 2; k++) {
+            if (t[k] == NULL) continue;
+            memset(w, 0x40 + k + 2 * (round % 64), sizeof(w));
+            cr_assert_eq(kvt_tier_write(t[k], 1, 0, w), KVT_OK);
+            kvt_tier_t *a = NULL;
+            int e = kvt_tier_create(&a, &at); /* the name is this creator's while it lives */
+            cr_assert_eq(e, KVT_OK, "round %d: thread %d created the tier, yet attaching its name: %s", round, k,
+                         kvt_err_name(e));
+            cr_assert_eq(kvt_tier_read(a, 1, 0, r), KVT_OK);
+            cr_assert(memcmp(w, r, sizeof(w)) == 0, "round %d: an attacher maps memory the creator does not", round);
+            kvt_tier_destroy(a);
+            kvt_tier_destroy(t[k]);
+        }
+        cr_assert_not(shm_exists(name), "round %d: the name outlived its creator", round);
+    }
 }
 
 /* ---- nothing left behind ---- */
