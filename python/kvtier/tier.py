@@ -285,6 +285,35 @@ def _check_planes_in(spans: List[Tuple[int, int]], layers: int, keep: Sequence[A
                              "memory of keep")
 
 
+def _no_shared_pieces(planes: List[Plane], layers: int, pages: int) -> None:
+    """Raises ValueError where two planes or layers would share bytes: the
+    same tensor passed twice, or views that overlap. Each (plane, layer) is
+    a run of `pages` pieces a page stride apart; runs whose spans meet are
+    compared piece by piece where their strides are equal (interleaved K and
+    V pages, as in a [blocks, 2, ...] tensor, share no byte), and by their
+    first bytes otherwise."""
+    runs = []
+    for p, pl in enumerate(planes):
+        for layer in range(layers):
+            start = pl.layer_bases[layer] if pl.layer_bases else pl.base + layer * pl.layer_stride
+            end = start + (pages - 1) * pl.page_stride + pl.piece_bytes
+            runs.append((start, end, pl.page_stride, pl.piece_bytes, p, layer))
+    runs.sort()
+    live: List[tuple] = []
+    for r in runs:
+        live = [o for o in live if o[1] > r[0]]
+        for o in live:
+            if o[2] == r[2]:
+                d = (r[0] - o[0]) % o[2]
+                shared = d < o[3] or o[2] - d < r[3]
+            else:
+                shared = o[0] == r[0]
+            if shared:
+                raise ValueError(f"from_tensors: plane {r[4]} layer {r[5]} shares memory with plane {o[4]} layer "
+                                 f"{o[5]} (the same tensor twice, or overlapping views)")
+        live.append(r)
+
+
 class Tier(Handle):
     """A tier of ``pages`` pages of ``layers`` x ``layer_bytes`` bytes.
 
@@ -380,7 +409,14 @@ class Tier(Handle):
     def shm(cls, name: str, pages: int, layers: int, layer_bytes: int, layout: Union[str, int] = "page_first",
             attach: bool = False, checksum: bool = False, lock: bool = False) -> "Tier":
         """POSIX shared memory a node's processes share ("/kvtier-l2"): created
-        (and unlinked on close) by one, attached by name by the others."""
+        (and unlinked on close) by one, attached by name by the others.
+
+        The processes must trust one another: POSIX shared memory cannot be
+        sealed, and a process of the same user that shrinks the segment
+        (``ftruncate``) under the others makes their next access to the lost
+        pages raise SIGBUS, which kills the interpreter. kvtier checks
+        everything it reads from the segment's header, and places the pages
+        from each process's own geometry."""
         w = "Tier.shm"
         cfg = TierConfig(kind=_KIND["shm"], geom=_geom(pages, layers, layer_bytes, layout, w),
                          flags=(ATTACH if _a.flag(attach, f"{w} attach") else 0)
@@ -549,6 +585,10 @@ class Tier(Handle):
                     raise ValueError(f"plane {p}: layers have different page strides")
                 described.append(Plane(piece, infos[0].strides[0], layer_bases=[ti.ptr for ti in infos]))
             else:
+                if nl > 1 and infos[0].strides[0] <= 0:
+                    raise ValueError(f"plane {p}: layer stride {infos[0].strides[0]} bytes: the layers must lie at "
+                                     "increasing addresses, apart (an expanded or flipped view shares or reverses "
+                                     "them; pass a list of per-layer tensors, or a .contiguous() copy)")
                 described.append(Plane(piece, infos[0].strides[1], base=infos[0].ptr, layer_stride=infos[0].strides[0]))
         if len(devices) != 1:
             raise ValueError("from_tensors: tensors on different devices")
@@ -562,6 +602,7 @@ class Tier(Handle):
                              "(the tensor is too small for the geometry)")
         if pages < 1:
             raise ValueError("from_tensors: no pages")
+        _no_shared_pieces(described, layers, pages)
         return cls.engine(described, pages, layers, keep, device=device, register=register, name=name, copy=copy,
                           _probes=list(probes.values()))
 

@@ -79,6 +79,37 @@ def test_from_tensors_refuses_python_objects():
         kvtier.Tier.from_tensors([np.zeros((4, 8))], [np.zeros((4, 2), dtype=[("a", "<f8"), ("b", "O")])])
 
 
+def test_from_tensors_refuses_planes_or_layers_that_share_memory():
+    """The same tensor as K and V, or overlapping views, would make one
+    page's K and V one set of bytes (a load of V overwrote K): refused,
+    naming the two. Interleaved planes whose pages share no byte, as K and V
+    of a [blocks, 2, ...] tensor, are taken, and each keeps its own bytes."""
+    kv = np.zeros((2, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="plane 1 layer 0 shares memory with plane 0 layer 0"):
+        kvtier.Tier.from_tensors(kv, kv)
+    big = np.zeros((4, 16), np.float32)
+    other = np.zeros((4, 16), np.float32)
+    with pytest.raises(ValueError, match="plane 1 layer 0 shares memory with plane 0 layer 0"):
+        kvtier.Tier.from_tensors([big[:, 0:8], big[:, 8:16]], [big[:, 4:12], other[:, 0:8]])
+    with kvtier.Tier.from_tensors([big[:, 0:8], big[:, 8:16]], [other[:, 0:8], other[:, 8:16]]):
+        pass  # the same page stride, apart
+    flat = np.zeros((2, 5, 8), np.float32).reshape(-1, 8)  # layer 1 starts a page into layer 0
+    with pytest.raises(ValueError, match="layer 1 shares memory with plane 0 layer 0"):
+        kvtier.Tier.from_tensors(np.lib.stride_tricks.as_strided(flat, (2, 5, 8), (32, 32, 4)))
+    inter = np.zeros((6, 2, 16), np.int8)  # [blocks, K/V, bytes]
+    with kvtier.Tier.from_tensors([inter[:, 0]], [inter[:, 1]]) as t:
+        t.write_page(3, bytes([1]) * 16 + bytes([2]) * 16)
+        assert inter[3, 0].tolist() == [1] * 16 and inter[3, 1].tolist() == [2] * 16 and inter.sum() == 48
+
+
+def test_from_tensors_says_why_layers_at_a_stride_of_zero_or_below_are_refused():
+    base = np.zeros((1, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="plane 0: layer stride 0 bytes: the layers must lie at increasing"):
+        kvtier.Tier.from_tensors(np.lib.stride_tricks.as_strided(base, (3, 4, 8), (0, 32, 4)))
+    with pytest.raises(ValueError, match="plane 0: layer stride -128 bytes"):
+        kvtier.Tier.from_tensors(np.zeros((3, 4, 8), np.float32)[::-1])
+
+
 def test_from_tensors_refuses_read_only_memory():
     ro = np.zeros((2, 4, 8), dtype=np.float32)
     ro.flags.writeable = False
