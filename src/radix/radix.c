@@ -98,7 +98,6 @@ kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_
 /* A step of the page-key chain (radix-int.h): the key before, times G (odd), plus the page's digest. */
 static inline uint64_t key_step(uint64_t prev, uint64_t digest) { return prev * 0x9e3779b97f4a7c15ull + digest; }
 
-static void keys_and_copy(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, int32_t *to, size_t n, uint64_t *out);
 
 static uint64_t page_digest(const kvt_radix_t *r, const int32_t *page) {
     return XXH3_64bits(page, r->page_tokens * sizeof(int32_t));
@@ -268,57 +267,36 @@ kvt_rnode_t *kvt__radix_root(kvt_radix_t *r) { return &r->root; }
 
 /* Splits c after its first k pages (0 < k < npages); *head is the new node.
  *
- * The smaller part is what is copied. A head longer than the tail keeps c's
- * arrays, where its pages already lie, and the tail goes to new blocks of
- * its size, which become c's; a shorter head is copied into new blocks and
- * the tail stays in c's (moved down, or to blocks of its size where that
- * halves its arrays). On the shipped trace the heads are nearly always the
- * long side, so the tails copied are a small fraction of the pages the heads
- * would be. A head left in arrays it fills half or less moves to blocks of
- * its size (shrink's rule). */
+ * The head is copied into new blocks of its size and the tail stays in c's
+ * arrays (moved down, or to blocks of its size where that halves them).
+ * (Copying only the shorter part, a head longer than the tail keeping c's
+ * arrays, made no measurable difference to the replay: docs/performance.md,
+ * *Tricks measured side by side*.) */
 static int split(kvt_radix_t *r, kvt_rnode_t *c, uint32_t k, kvt_rnode_t **head) {
     uint32_t pt = r->page_tokens, tail = c->npages - k;
-    bool head_stays = tail < k; /* the head keeps c's arrays */
     uint32_t hk = c->nhash < k ? c->nhash : k, tk = c->nhash > k ? c->nhash - k : 0; /* hashes of each part */
-    uint32_t nh = head_stays ? tk : hk; /* of them, copied to h's new blocks */
     if (kvt__cm_reserve(r, 1) != KVT_OK) return KVT_ENOMEM;
-    kvt_rnode_t *h = node_new(r, head_stays ? tail : k);
+    kvt_rnode_t *h = node_new(r, k);
     if (h == NULL) return KVT_ENOMEM;
-    if (nh > 0) {
+    if (hk > 0) {
         h->hash = kvt__pool_alloc(r, (size_t)h->cap * sizeof(kvt_hash128_t));
         if (h->hash == NULL) {
             node_free(r, h);
             return KVT_ENOMEM;
         }
+        memcpy(h->hash, c->hash, hk * sizeof(kvt_hash128_t));
     }
-    if (head_stays) { /* the tail into the new blocks, which then trade places with c's */
-        memcpy(h->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
-        memcpy(h->pages, c->pages + k, tail * sizeof(kvt_page_t));
-        if (c->key) memcpy(h->key, c->key + k, tail * sizeof(uint64_t));
-        if (nh > 0) memcpy(h->hash, c->hash + k, nh * sizeof(kvt_hash128_t));
-        int32_t *t = h->tokens;
-        kvt_page_t *p = h->pages;
-        uint64_t *key = h->key;
-        kvt_hash128_t *hash = h->hash;
-        uint32_t cap = h->cap;
-        h->tokens = c->tokens, h->pages = c->pages, h->key = c->key, h->hash = hk > 0 ? c->hash : NULL, h->cap = c->cap;
-        if (hk == 0 && c->hash) kvt__pool_free(r, c->hash, (size_t)c->cap * sizeof(kvt_hash128_t)); /* none computed */
-        c->tokens = t, c->pages = p, c->key = key, c->hash = hash, c->cap = cap;
-    } else {
-        if (nh > 0) memcpy(h->hash, c->hash, nh * sizeof(kvt_hash128_t));
-        memcpy(h->tokens, c->tokens, (size_t)k * pt * sizeof(int32_t));
-        memcpy(h->pages, c->pages, k * sizeof(kvt_page_t));
-        if (c->key) memcpy(h->key, c->key, k * sizeof(uint64_t));
-        if (tail > c->cap / 2 || !move_arrays(r, c, k, tail)) {
-            memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
-            memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
-            if (c->key) memmove(c->key, c->key + k, tail * sizeof(uint64_t));
-            if (tk > 0) memmove(c->hash, c->hash + k, tk * sizeof(kvt_hash128_t));
-        }
+    memcpy(h->tokens, c->tokens, (size_t)k * pt * sizeof(int32_t));
+    memcpy(h->pages, c->pages, k * sizeof(kvt_page_t));
+    if (c->key) memcpy(h->key, c->key, k * sizeof(uint64_t));
+    if (tail > c->cap / 2 || !move_arrays(r, c, k, tail)) {
+        memmove(c->tokens, c->tokens + (size_t)k * pt, (size_t)tail * pt * sizeof(int32_t));
+        memmove(c->pages, c->pages + k, tail * sizeof(kvt_page_t));
+        if (c->key) memmove(c->key, c->key + k, tail * sizeof(uint64_t));
+        if (tk > 0) memmove(c->hash, c->hash + k, tk * sizeof(kvt_hash128_t));
     }
     h->npages = k;
     h->nhash = hk;
-    if (head_stays) shrink(r, h);
     h->n_l1 = c->n_l1 < k ? c->n_l1 : k;
     h->shadow_top = c->shadow_top < k ? c->shadow_top : k;
     for (uint32_t i = 0; i < k; i++) {
@@ -427,12 +405,9 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
         uint32_t known = nkeys < npages ? (uint32_t)nkeys : (uint32_t)npages; /* copied; the rest hashed */
         if (known > 1) memcpy(n->key + 1, keys + 1, (size_t)(known - 1) * sizeof(uint64_t));
         uint32_t from = known > 1 ? known : 1;
-        size_t at_from = (size_t)from * r->page_tokens;
-        memcpy(n->tokens, tokens, at_from * sizeof(int32_t));
-        keys_and_copy(r, n->key[from - 1], tokens + at_from, n->tokens + at_from, npages - from, n->key + from);
-    } else {
-        memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
+        kvt__radix_keys(r, n->key[from - 1], tokens + (size_t)from * r->page_tokens, npages - from, n->key + from);
     }
+    memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     for (uint32_t i = 0; i < npages; i++) {
         if (l1_ids) {
             KVT_ASSERT(l1_ids[i] < r->l1_pages && r->l1map[l1_ids[i]].node == NULL);
@@ -812,31 +787,8 @@ uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t 
 /* kvt__radix_keys for pages of 16 tokens (the default): with XXH3's length a
  * constant and the calls flattened into the loop, only XXH3's straight-line
  * 17-128 byte path is left, and the chain is a multiply-add a page. */
-static inline __attribute__((always_inline)) void keys_of_64_byte_pages(uint64_t prev, const int32_t *tokens, int32_t *to,
-                                                                        size_t n, uint64_t *out) {
-    for (size_t i = 0; i < n; i++) {
-        if (to) memcpy(to + 16 * i, tokens + 16 * i, 64); /* (to is a constant where this is inlined) */
-        out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
-    }
-}
 __attribute__((flatten)) static void keys_64(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
-    keys_of_64_byte_pages(prev, tokens, NULL, n, out);
-}
-__attribute__((flatten)) static void keys_and_copy_64(uint64_t prev, const int32_t *tokens, int32_t *to, size_t n,
-                                                      uint64_t *out) {
-    keys_of_64_byte_pages(prev, tokens, to, n, out);
-}
-
-/* kvt__radix_keys that also copies the pages to `to` (a new node's tokens),
- * in the same loop: each page is read once, and the copy's stores overlap
- * the hashing instead of running as a memcpy of their own before it. */
-static void keys_and_copy(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, int32_t *to, size_t n, uint64_t *out) {
-    if (r->page_tokens == 16) {
-        keys_and_copy_64(prev, tokens, to, n, out);
-        return;
-    }
-    memcpy(to, tokens, n * r->page_tokens * sizeof(int32_t));
-    kvt__radix_keys(r, prev, tokens, n, out);
+    for (size_t i = 0; i < n; i++) out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
 }
 
 void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
