@@ -152,15 +152,13 @@ static void write_through(kvt_cache_t *c, kvt_rnode_t *last, uint64_t count) {
 static kvt_rnode_t *insert_pages(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
                                  const int32_t *tokens, uint64_t npages, const uint32_t *ids, int32_t priority,
                                  uint64_t *inserted) {
-    const uint64_t *keys; /* the page keys the policy's walk computed, of the first nkeys pages */
-    uint64_t nkeys, prot = kvt__policy_protected_prefix(c, at, children, ns, tokens, npages, &keys, &nkeys), done = 0;
+    uint64_t prot = kvt__policy_protected_prefix(c, at, children, ns, tokens, npages), done = 0;
     kvt_rnode_t *n = at;
     while (done < npages) {
         uint64_t k = done < prot ? prot - done : npages - done;
         kvt_rnode_t *nn;
-        if (kvt__radix_insert_keyed(c->tree, n, ns, tokens + done * c->cfg.page_tokens, k, ids + done,
-                                    nkeys > done ? keys + done : NULL, nkeys > done ? nkeys - done : 0, c->clock, priority,
-                                    &nn) != KVT_OK)
+        if (kvt__radix_insert(c->tree, n, ns, tokens + done * c->cfg.page_tokens, k, ids + done, c->clock, priority,
+                              &nn) != KVT_OK)
             break;
         kvt__policy_on_insert(c, nn, done < prot);
         n = nn;

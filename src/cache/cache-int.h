@@ -46,8 +46,6 @@ typedef struct kvt__idbuf {
 typedef struct kvt__cache_policy {
     uint64_t slru_pages;   /* pages of SLRU-protected nodes */
     kvt__ghost_t ghost[2]; /* s2lru: [0] pages that left the cache; arc: [c] left from class c */
-    uint64_t *walk_keys;   /* the first page keys the protected-prefix walk computed ... */
-    size_t walk_cap;       /* ... room for them (fixed at creation: the cache's memory does not creep) */
     uint64_t cls_pages[2]; /* s2lru, arc: pages in the tree by class (0: seen once) */
     double arc_p;          /* arc: the target share of class 0, in pages */
 } kvt__cache_policy_t;
@@ -245,11 +243,9 @@ void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k);
  * first, as the pages leave). Returns how many (>= 1). */
 uint32_t kvt__policy_on_trim_tail(kvt_cache_t *c, kvt_rnode_t *n, uint32_t m, kvt__vset_t first);
 /* Of npages new pages about to go below `at` (which had `children` children
- * when matched), how many leading ones start protected. The page keys the
- * walk computed, those of the first *nkeys pages (at most walk_cap), are in *keys (the
- * cache's buffer, good until the next call) for the insert to reuse. */
+ * when matched), how many leading ones start protected. */
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
-                                      const int32_t *tokens, uint64_t npages, const uint64_t **keys, uint64_t *nkeys);
+                                      const int32_t *tokens, uint64_t npages);
 /* A new node's class (1: protected, seen again). */
 void kvt__policy_on_insert(kvt_cache_t *c, kvt_rnode_t *n, bool protected_);
 /* The next L1 victim, or NULL. */

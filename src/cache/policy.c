@@ -54,7 +54,6 @@
 #define ARC_GHOST_FACTOR 2       /* arc: entries per cached page, each ghost */
 #define GHOST_MAX (1u << 22)
 #define ARC_RUN_PAGES 16        /* arc: pages a ghost entry at most (a run of a node's pages; s2lru: 1) */
-#define WALK_KEYS_MAX 16384     /* page keys the walk keeps for the insert (more are hashed again) */
 
 static const char *const NAMES[] = {
 #define KVT_POLICY_NAME_(e, name, desc) name,
@@ -195,27 +194,21 @@ static double arc_adapted(const kvt_cache_t *c, double p, unsigned from, uint32_
     return p;
 }
 
-/* The walk's page keys, computed as it needs them, in page order: page j's
- * is kept[j] while j < room (the insert reuses them), else in a ring of the
- * last KVT__GHOST_RUN_MAX (enough for a run's first and last). */
+/* The walk's page keys, computed as it needs them, in page order, in a ring
+ * of the last KVT__GHOST_RUN_MAX (enough for a run's first and last). (The
+ * insert computes them again: keeping them for it measured no faster,
+ * docs/performance.md, *Tricks measured side by side*.) */
 typedef struct {
     const kvt_radix_t *tree;
     const int32_t *tokens;
-    uint64_t pt, n, room; /* page tokens; keys computed (of pages 0 .. n - 1); kept's room */
-    uint64_t *kept, last; /* the keys kept; page n - 1's key (before the first: the key below it) */
+    uint64_t pt, n, last; /* page tokens; keys computed (of pages 0 .. n - 1); page n - 1's key (before the first: the key below it) */
     uint64_t ring[KVT__GHOST_RUN_MAX];
 } walk_t;
 
 static uint64_t walk_key(walk_t *w, uint64_t j) {
-    if (w->n <= j && w->n < w->room) { /* the keys kept: in one loop of the tree's (kvt__radix_keys) */
-        uint64_t m = (j < w->room ? j + 1 : w->room) - w->n;
-        kvt__radix_keys(w->tree, w->last, w->tokens + w->n * w->pt, m, w->kept + w->n);
-        w->n += m;
-        w->last = w->kept[w->n - 1];
-    }
-    for (; w->n <= j; w->n++) /* past the room: a key at a time into the ring */
+    for (; w->n <= j; w->n++)
         w->ring[w->n % KVT__GHOST_RUN_MAX] = w->last = kvt__radix_key_next(w->tree, w->last, w->tokens + w->n * w->pt);
-    return j < w->room ? w->kept[j] : w->ring[j % KVT__GHOST_RUN_MAX];
+    return w->ring[j % KVT__GHOST_RUN_MAX];
 }
 
 /* The run of ghost g that the new pages k .. npages - 1 begin with, taken
@@ -227,9 +220,7 @@ static uint32_t take_run(kvt__ghost_t *g, kvt__ghost_probe_t *p, walk_t *w, uint
 }
 
 uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t children, uint32_t ns,
-                                      const int32_t *tokens, uint64_t npages, const uint64_t **keys, uint64_t *nkeys) {
-    *keys = NULL;
-    *nkeys = 0;
+                                      const int32_t *tokens, uint64_t npages) {
     if (!two_classes(c)) return 0;
     kvt_rnode_t *root = kvt__radix_root(c->tree);
     /* s2lru: the next turn of a cached sequence starts protected. (arc learns
@@ -241,8 +232,7 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
      * ghost 1, and taken out when the new pages hold all of it. */
     kvt__ghost_settle(&c->pol.ghost[0]); /* the probes need the ghosts' queued adds made */
     if (arc) kvt__ghost_settle(&c->pol.ghost[1]);
-    walk_t w = {.tree = c->tree, .tokens = tokens, .pt = c->cfg.page_tokens, .room = c->pol.walk_cap, .kept = c->pol.walk_keys,
-                .last = kvt__radix_key_below(c->tree, at, ns)};
+    walk_t w = {.tree = c->tree, .tokens = tokens, .pt = c->cfg.page_tokens, .last = kvt__radix_key_below(c->tree, at, ns)};
     uint64_t k = 0;
     double p = c->pol.arc_p, cap = (double)(c->cfg.l1_pages + c->cfg.l2_pages);
     while (k < npages) {
@@ -260,8 +250,6 @@ uint64_t kvt__policy_protected_prefix(kvt_cache_t *c, kvt_rnode_t *at, uint32_t 
         k += n;
     }
     if (arc) c->pol.arc_p = p;
-    *keys = w.kept;
-    *nkeys = w.n < w.room ? w.n : w.room;
     return k;
 }
 
@@ -297,18 +285,10 @@ int kvt__policy_init(kvt_cache_t *c) {
         int rc = kvt__ghost_init(&c->pol.ghost[i], (size_t)cap[i], run);
         if (rc != KVT_OK) return rc;
     }
-    if (two_classes(c)) { /* sized once: an admission's new pages are at most L1's */
-        size_t room = c->cfg.l1_pages < WALK_KEYS_MAX ? (size_t)c->cfg.l1_pages : WALK_KEYS_MAX;
-        if ((c->pol.walk_keys = kvt__malloc(room * sizeof(uint64_t))) == NULL) return KVT_ENOMEM;
-        c->pol.walk_cap = room;
-    }
     return KVT_OK;
 }
 
 void kvt__policy_fini(kvt_cache_t *c) {
-    kvt__free(c->pol.walk_keys, c->pol.walk_cap * sizeof(uint64_t));
-    c->pol.walk_keys = NULL;
-    c->pol.walk_cap = 0;
     kvt__ghost_fini(&c->pol.ghost[0]);
     kvt__ghost_fini(&c->pol.ghost[1]);
 }

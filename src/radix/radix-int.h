@@ -123,12 +123,6 @@ int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_
  * first page, KVT_ENOMEM. Nothing changed on failure. */
 int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
                       const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out);
-/* The same, with the page keys of the first nkeys new pages already known
- * (the policy's walk computed them: kvt__radix_key_below(at), then
- * kvt__radix_key_next page by page), so that the tree does not hash them again. */
-int kvt__radix_insert_keyed(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
-                            const uint32_t *l1_ids, const uint64_t *keys, uint64_t nkeys, uint64_t clock, int32_t priority,
-                            kvt_rnode_t **out);
 
 /* The same for npages pages that live only in L2, at l2_ids (pages fetched
  * from L3): `at` may be any node of namespace ns, since pages only in L2 may

@@ -391,7 +391,7 @@ int kvt__radix_match(kvt_radix_t *r, uint32_t ns, const int32_t *tokens, uint64_
 /* A new node of npages pages below `at`, resident in L1 at l1_ids or, when
  * l1_ids is NULL, only in L2 at l2_ids. */
 static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
-                       const uint32_t *l1_ids, const uint32_t *l2_ids, const uint64_t *keys, uint64_t nkeys,
+                       const uint32_t *l1_ids, const uint32_t *l2_ids,
                        uint64_t clock, int32_t priority, kvt_rnode_t **out) {
     if (npages == 0 || npages > UINT32_MAX || (at != &r->root && at->ns != ns)) return KVT_EINVAL;
     uint64_t digest = page_digest(r, tokens), h = kvt__cm_hash(at, ns, digest);
@@ -401,11 +401,7 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     if (n == NULL) return KVT_ENOMEM;
     if (n->key) { /* the first page's digest is the child map's */
         n->key[0] = key_step(kvt__radix_key_below(r, at, ns), digest);
-        KVT_ASSERT(nkeys == 0 || keys[0] == n->key[0]); /* the same chain */
-        uint32_t known = nkeys < npages ? (uint32_t)nkeys : (uint32_t)npages; /* copied; the rest hashed */
-        if (known > 1) memcpy(n->key + 1, keys + 1, (size_t)(known - 1) * sizeof(uint64_t));
-        uint32_t from = known > 1 ? known : 1;
-        kvt__radix_keys(r, n->key[from - 1], tokens + (size_t)from * r->page_tokens, npages - from, n->key + from);
+        kvt__radix_keys(r, n->key[0], tokens + r->page_tokens, npages - 1, n->key + 1);
     }
     memcpy(n->tokens, tokens, (size_t)npages * r->page_tokens * sizeof(int32_t));
     for (uint32_t i = 0; i < npages; i++) {
@@ -434,21 +430,15 @@ static int insert_node(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32
     return KVT_OK;
 }
 
-int kvt__radix_insert_keyed(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
-                            const uint32_t *l1_ids, const uint64_t *keys, uint64_t nkeys, uint64_t clock, int32_t priority,
-                            kvt_rnode_t **out) {
-    if (at != &r->root && at->n_l1 != at->npages) return KVT_EINVAL;
-    return insert_node(r, at, ns, tokens, npages, l1_ids, NULL, keys, nkeys, clock, priority, out);
-}
-
 int kvt__radix_insert(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
                       const uint32_t *l1_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
-    return kvt__radix_insert_keyed(r, at, ns, tokens, npages, l1_ids, NULL, 0, clock, priority, out);
+    if (at != &r->root && at->n_l1 != at->npages) return KVT_EINVAL;
+    return insert_node(r, at, ns, tokens, npages, l1_ids, NULL, clock, priority, out);
 }
 
 int kvt__radix_insert_l2(kvt_radix_t *r, kvt_rnode_t *at, uint32_t ns, const int32_t *tokens, uint64_t npages,
                          const uint32_t *l2_ids, uint64_t clock, int32_t priority, kvt_rnode_t **out) {
-    return insert_node(r, at, ns, tokens, npages, NULL, l2_ids, NULL, 0, clock, priority, out);
+    return insert_node(r, at, ns, tokens, npages, NULL, l2_ids, clock, priority, out);
 }
 
 /* ---- locks ----------------------------------------------------------------- */
