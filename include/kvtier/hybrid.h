@@ -177,6 +177,7 @@ KVT_API int kvt_hybrid_config_split_tier(kvt_hybrid_config_t *cfg, uint32_t tier
  * the slots refuse, async_moves without moves; and whatever
  * kvt_cache_create refuses. KVT_ENOMEM. */
 KVT_API int kvt_hybrid_create(kvt_hybrid_t **out, const kvt_hybrid_config_t *cfg);
+/* Also frees what requests admitted and never released held. */
 KVT_API void kvt_hybrid_destroy(kvt_hybrid_t *h);
 
 /* An admitted request (frozen: docs/abi.md). */
@@ -186,7 +187,7 @@ typedef struct kvt_hybrid_req {
     uint64_t full_hit_pages; /* m: pages the full groups matched (>= n) */
     uint32_t hit_tier;       /* the deepest tier a piece of the hit came from: 1, 2, 3; 0: no hit */
     uint32_t short_by;       /* n < m because of: 0 nothing, 1 a window page, 2 a checkpoint, 3 room in L1 */
-    void *priv_;             /* the cache's: the pieces pinned for the request */
+    void *priv_;             /* the cache's: which admission this is (a copy kept past its release is refused) */
 } kvt_hybrid_req_t;
 
 /* Admits a request (kvt_cache_admit's arguments): the full groups' match m,
@@ -305,7 +306,10 @@ KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req,
  * (kvt_cache_attach_store on kvt_hybrid_cache, and
  * kvt_hybrid_admit_prefetched). Needs an L2 and no modeled L3 for the
  * pieces (l3_slots 0), no request admitted and no data plane (which sets
- * its own); KVT_EINVAL otherwise. NULL probe: no L3 for the pieces. */
+ * its own); KVT_EINVAL otherwise. NULL probe: no L3 for the pieces. The
+ * probe runs in the middle of an admission: while it runs, calls that
+ * change the cache (admit, release, moves_done, set_l3) return KVT_EBUSY
+ * and take_moves hands out none. */
 typedef int (*kvt_hybrid_probe_fn)(void *arg, uint32_t group, const kvt_key128_t *keys, size_t n, uint8_t *present);
 KVT_API int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg);
 /* A probe over kvtier stores (store.h), one per group: arg is a

@@ -24,6 +24,7 @@
  * Cost: an admission looks up at most m pieces per window group (each page
  * once, memoised) and m + 1 per state group, per tier; a release stores the
  * pages it ran over and its kept points' checkpoints. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +80,9 @@ typedef struct src {
 /* What an admitted request holds: its L1 pieces (pinned, or with
  * async_moves waiting for their copy to land), and what release checks the
  * tokens against. */
+/* Numbers every admission of the process (pins_t.id). */
+static _Atomic uint64_t admissions;
+
 typedef struct pins {
     uint64_t npages, n, m;
     uint32_t ns;
@@ -90,6 +94,7 @@ typedef struct pins {
     uint32_t nwait;   /* pieces waiting */
     int failed;       /* a piece's copy into L1 was reported failed */
     struct pins *prev, *next; /* the live requests (async_moves: a landing piece finds its waiters) */
+    uint64_t id;              /* the admission's number, never reused: kvt_hybrid_req_t.priv_ */
     size_t bytes;     /* of this allocation */
 } pins_t;
 
@@ -122,6 +127,7 @@ struct kvt_hybrid {
     size_t hcap;
     int8_t *memo; /* [g * mstride + i]: piece_tier of group g's piece i, or MEMO_UNKNOWN */
     bool searching; /* the match rule is asking (piece_tier asks the outside L3 ahead) */
+    bool in_probe;  /* the outside L3's probe runs, mid-admission: calls that change the cache are refused */
     size_t mcap, mstride;
     kvt_key128_t *keys, *prot;
     uint64_t *scores;
@@ -183,6 +189,10 @@ static uint64_t hit(const kvt_hybrid_t *h, uint64_t s, int32_t prio, uint64_t cl
 
 void kvt_hybrid_destroy(kvt_hybrid_t *h) {
     if (h == NULL) return;
+    for (pins_t *p = h->live_reqs, *next; p; p = next) { /* requests never released */
+        next = p->next;
+        kvt__free(p, p->bytes);
+    }
     kvt_cache_destroy(h->cache);
     for (uint32_t g = 0; g < G; g++)
         for (int t = 0; t < 3; t++) kvt_keyed_destroy(h->kc[g][t]);
@@ -570,7 +580,11 @@ static void resolve_down(kvt_hybrid_t *h, uint32_t g, uint64_t i, uint64_t span)
         at[k++] = j;
     }
     memset(there, 0, k);
-    if (k && h->probe && h->probe(h->probe_arg, g, keys, k, there) != 0) memset(there, 0, k);
+    if (k && h->probe) {
+        h->in_probe = true;
+        if (h->probe(h->probe_arg, g, keys, k, there) != 0) memset(there, 0, k);
+        h->in_probe = false;
+    }
     for (size_t x = 0; x < k; x++) h->memo[(size_t)g * h->mstride + at[x]] = there[x] ? 2 : -1;
 }
 
@@ -755,6 +769,7 @@ int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64
 }
 
 int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg) {
+    if (h && h->in_probe) return KVT_EBUSY;
     if (h == NULL || h->live || h->driven || h->cfg.cache.l2_pages == 0) return KVT_EINVAL;
     for (uint32_t g = 0; g < h->cfg.ngroups; g++)
         if (h->kc[g][2]) return KVT_EINVAL; /* a modeled L3 already */
@@ -766,6 +781,7 @@ int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg) {
 int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
                                 int32_t priority, uint32_t *l1_ids, kvt_hybrid_req_t *req) {
     if (h == NULL || req == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
+    if (h->in_probe) return KVT_EBUSY;
     uint64_t npages = ntokens / h->P;
     if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM;
     h->mstride = (size_t)npages + 1;
@@ -810,7 +826,8 @@ int kvt_hybrid_admit_prefetched(kvt_hybrid_t *h, uint64_t id, uint32_t ns, const
     r.hit_pages = n;
     r.full_hit_pages = m;
     r.hit_tier = n ? (uint32_t)tier + 1 : 0;
-    r.priv_ = p;
+    p->id = atomic_fetch_add_explicit(&admissions, 1, memory_order_relaxed) + 1;
+    r.priv_ = (void *)(uintptr_t)p->id;
     p->next = h->live_reqs;
     if (p->next) p->next->prev = p;
     h->live_reqs = p;
@@ -879,10 +896,11 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     size_t fresh_needed = absent(h, g, h->keys, nneed), stored = fresh_needed + absent(h, g, h->keys + nneed, n - nneed);
     int rc = moves_room(h, n);
     if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, n, h->prot, nneed);
-    if (rc != KVT_OK) { /* no room for the spare pages: the needed ones alone */
+    if (rc != KVT_OK) { /* no room for the spare pages (or their moves): the needed ones alone */
         h->st.pieces_refused += stored - fresh_needed;
         stored = fresh_needed;
-        rc = store_in(h, g, 0, h->prot, h->scores, h->srcs, nneed, h->prot, nneed);
+        rc = moves_room(h, nneed);
+        if (rc == KVT_OK) rc = store_in(h, g, 0, h->prot, h->scores, h->srcs, nneed, h->prot, nneed);
     }
     if (rc == KVT_OK) h->st.window_pages_stored += stored;
     else h->st.pieces_refused += fresh_needed;
@@ -907,11 +925,12 @@ static void leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint
     size_t stored = absent(h, g, h->keys, npts);
     int rc = moves_room(h, npts);
     if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, npts, NULL, 0);
-    if (rc != KVT_OK && npts > 1) { /* no room for them all: the last point alone */
+    if (rc != KVT_OK && npts > 1) { /* no room for them all (or their moves): the last point alone */
         size_t last = absent(h, g, h->keys + npts - 1, 1);
         h->st.pieces_refused += stored - last;
         stored = last;
-        rc = store_in(h, g, 0, h->keys + npts - 1, h->scores + npts - 1, h->srcs + npts - 1, 1, NULL, 0);
+        rc = moves_room(h, 1);
+        if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys + npts - 1, h->scores + npts - 1, h->srcs + npts - 1, 1, NULL, 0);
     }
     if (rc == KVT_OK) h->st.checkpoints_stored += stored;
     else h->st.pieces_refused += stored;
@@ -919,15 +938,17 @@ static void leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint
 
 /* The pins of a request admitted here and not released, or NULL: a
  * request of another cache, or a stale copy of one released, is found in no
- * list (its pointer is compared, never followed). */
+ * list (its priv_ is the admission's number, which no other admission of
+ * the process gets, even one whose pins come at the same address). */
 static pins_t *live_pins(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req) {
     if (h == NULL || req == NULL || req->priv_ == NULL) return NULL;
     pins_t *p = h->live_reqs;
-    while (p && p != req->priv_) p = p->next;
+    while (p && p->id != (uintptr_t)req->priv_) p = p->next;
     return p;
 }
 
 int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, kvt_hybrid_req_t *req) {
+    if (h && h->in_probe) return KVT_EBUSY;
     pins_t *p = live_pins(h, req);
     if (p == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
     uint64_t npages = ntokens / h->P;
@@ -964,7 +985,7 @@ size_t kvt_hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap
 }
 
 size_t kvt__hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap) {
-    if (h == NULL || (out == NULL && cap)) return 0;
+    if (h == NULL || (out == NULL && cap) || h->in_probe) return 0;
     if (h->cfg.async_moves) return kvt__pend_take(&h->pt, out, cap);
     size_t k = h->nmoves < cap ? h->nmoves : cap;
     memcpy(out, h->moves, k * sizeof(*out));
@@ -1035,6 +1056,7 @@ int kvt_hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_
 
 int kvt__hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok) {
     if (h == NULL || !h->cfg.async_moves || ((moves == NULL || ok == NULL) && n)) return KVT_EINVAL;
+    if (h->in_probe) return KVT_EBUSY;
     for (size_t i = 0; i < n; i++) { /* every one taken and not reported, once */
         uint32_t e = kvt__pend_find(&h->pt, &moves[i], PEND_TAKEN, 0);
         if (e == PEND_NONE) {

@@ -98,7 +98,6 @@ kvt_hash128_t kvt_page_hash(const kvt_hash128_t *prev, uint32_t ns, const int32_
 /* A step of the page-key chain (radix-int.h): the key before, times G (odd), plus the page's digest. */
 static inline uint64_t key_step(uint64_t prev, uint64_t digest) { return prev * 0x9e3779b97f4a7c15ull + digest; }
 
-
 static uint64_t page_digest(const kvt_radix_t *r, const int32_t *page) {
     return XXH3_64bits(page, r->page_tokens * sizeof(int32_t));
 }

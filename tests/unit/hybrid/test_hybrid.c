@@ -1516,3 +1516,169 @@ Test(hybrid_bounded, check_finds_a_pin_no_live_request_holds) {
     check(h, "end");
     kvt_hybrid_destroy(h);
 }
+
+/* ---- an engine that misuses the calls -------------------------------------------- */
+
+static const kvt_layer_group_t FULL_AND_WINDOW[] = {{KVT_GROUP_FULL, 2, 0, 0, 64}, {KVT_GROUP_WINDOW, 2, 64, 0, 32}};
+
+/* A release that runs short of memory for its moves falls back to storing
+ * the needed pages alone: that store reserves room for its own moves. With
+ * the engine holding many moves (the pending table nearly full), it wrote
+ * past the table (entry UINT32_MAX). Each allocation of a 64-page release
+ * fails in turn; the cache stays consistent and every move outstanding is
+ * one the engine can report. */
+Test(hybrid_misuse, a_release_short_of_memory_for_its_moves_stores_within_its_room) {
+    int32_t tok[256];
+    int fired_any = 0;
+    for (uint64_t nth = 1; nth < 60; nth++) {
+        kvt_hybrid_config_t cfg;
+        cr_assert_eq(kvt_hybrid_config_default(&cfg, FULL_AND_WINDOW, 2, 4, 1 << 24, 0, 0), KVT_OK);
+        cfg.l1_slots[1] = 4096;
+        cfg.moves = cfg.async_moves = true;
+        kvt_hybrid_t *h = NULL;
+        cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+        kvt_hybrid_req_t r;
+        kvt_hybrid_move_t mv[512];
+        for (int i = 0; i < 200 && kvt_hybrid_moves_outstanding(h) < 53; i++) { /* moves taken, none reported */
+            for (int j = 0; j < 4; j++) tok[j] = 100000 + i * 4 + j;
+            cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 4, 0, NULL, &r), KVT_OK);
+            cr_assert_eq(kvt_hybrid_release(h, 0, tok, 4, &r), KVT_OK);
+            while (kvt_hybrid_take_moves(h, mv, 512) > 0) {}
+        }
+        for (int j = 0; j < 256; j++) tok[j] = j + 1;
+        cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 256, 0, NULL, &r), KVT_OK);
+        kvt__mem_fail_nth(nth);
+        int rc = kvt_hybrid_release(h, 0, tok, 256, &r);
+        int fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        fired_any += fired;
+        cr_assert(rc == KVT_OK || rc == KVT_ENOMEM, "allocation %" PRIu64 ": %s", nth, kvt_err_name(rc));
+        check(h, "after a release short of memory");
+        size_t n;
+        while ((n = kvt_hybrid_take_moves(h, mv, 512)) > 0) { /* the engine reports everything */
+            uint8_t ok[512];
+            memset(ok, 1, n);
+            cr_assert_eq(kvt_hybrid_moves_done(h, mv, n, ok), KVT_OK);
+        }
+        check(h, "after the moves");
+        kvt_hybrid_destroy(h);
+        if (!fired) break;
+    }
+    cr_assert_gt(fired_any, 3);
+}
+
+/* An engine that keeps a copy of a request's struct past its release: the
+ * copy names that admission, never a later one, even when the same prompt
+ * comes back and the new request's pins land where the old ones were. */
+Test(hybrid_misuse, a_stale_copy_of_a_released_request_is_refused) {
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 24, 1 << 24, 0), KVT_OK);
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    int32_t tok[32];
+    for (int i = 0; i < 32; i++) tok[i] = i + 1;
+    kvt_hybrid_req_t a, stale, b;
+    for (int round = 0; round < 4; round++) {
+        cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 32, 0, NULL, &a), KVT_OK);
+        stale = a;
+        cr_assert_eq(kvt_hybrid_release(h, 0, tok, 32, &a), KVT_OK);
+        cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 32, 0, NULL, &b), KVT_OK);
+        cr_assert_eq(kvt_hybrid_release(h, 0, tok, 32, &stale), KVT_EINVAL, "round %d: a stale copy released", round);
+        cr_assert_eq(kvt_hybrid_ready(h, &stale), KVT_EINVAL);
+        uint64_t slots[16];
+        size_t n = 0;
+        cr_assert_eq(kvt_hybrid_slots(h, &b, 1, slots, 16, &n), KVT_OK, "round %d: the live request lost", round);
+        check(h, "the live request");
+        cr_assert_eq(kvt_hybrid_release(h, 0, tok, 32, &b), KVT_OK);
+    }
+    kvt_hybrid_destroy(h);
+}
+
+/* A probe (the engine's outside L3) runs in the middle of an admission:
+ * calls from it that would change the cache are refused, so the admission
+ * finds what it remembered; a probe that reported moves from there left a
+ * request waiting for ever, or aborted the admission. */
+typedef struct {
+    kvt_hybrid_t *h;
+    kvt_hybrid_move_t held[64];
+    size_t nheld;
+    int calls, refused;
+} reentry_t;
+
+static int reentering_probe(void *arg, uint32_t g, const kvt_key128_t *keys, size_t n, uint8_t *present) {
+    (void)g, (void)keys;
+    reentry_t *e = arg;
+    memset(present, 0, n);
+    uint8_t ok[64] = {0};
+    int32_t tok[4] = {9, 9, 9, 9};
+    kvt_hybrid_req_t r;
+    kvt_hybrid_move_t mv[4];
+    e->calls++;
+    e->refused += kvt_hybrid_moves_done(e->h, e->held, e->nheld, ok) == KVT_EBUSY;
+    e->refused += kvt_hybrid_admit(e->h, 0, tok, 4, 0, NULL, &r) == KVT_EBUSY;
+    e->refused += kvt_hybrid_release(e->h, 0, tok, 4, &r) == KVT_EBUSY;
+    e->refused += kvt_hybrid_set_l3(e->h, NULL, NULL) == KVT_EBUSY;
+    e->refused += kvt_hybrid_take_moves(e->h, mv, 4) == 0;
+    return 0;
+}
+
+Test(hybrid_misuse, a_probe_that_calls_the_cache_is_refused) {
+    static const kvt_layer_group_t short_window[] = {{KVT_GROUP_FULL, 2, 0, 0, 64}, {KVT_GROUP_WINDOW, 2, 8, 0, 32}};
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, short_window, 2, 4, 1 << 24, 1 << 24, 0), KVT_OK);
+    cfg.l1_slots[1] = 16, cfg.l2_slots[1] = 32;
+    cfg.moves = cfg.async_moves = true;
+    reentry_t e = {0};
+    cr_assert_eq(kvt_hybrid_create(&e.h, &cfg), KVT_OK);
+    cr_assert_eq(kvt_hybrid_set_l3(e.h, reentering_probe, &e), KVT_OK);
+    int32_t tok[32];
+    for (int i = 0; i < 32; i++) tok[i] = i + 7;
+    kvt_hybrid_req_t a, b;
+    cr_assert_eq(kvt_hybrid_admit(e.h, 0, tok, 32, 0, NULL, &a), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(e.h, 0, tok, 32, &a), KVT_OK);
+    kvt_hybrid_move_t mv[64];
+    uint8_t ok[64];
+    size_t n = kvt_hybrid_take_moves(e.h, mv, 64);
+    for (size_t i = 0; i < n; i++) { /* window page 0's copy fails (the search asks the probe about it); 6 and 7 held */
+        if (mv[i].src_tier == KVT_HYBRID_ENGINE && (mv[i].src_slot == 6 || mv[i].src_slot == 7)) {
+            e.held[e.nheld++] = mv[i];
+            continue;
+        }
+        ok[0] = mv[i].src_slot != 0;
+        cr_assert_eq(kvt_hybrid_moves_done(e.h, &mv[i], 1, ok), KVT_OK);
+    }
+    while ((n = kvt_hybrid_take_moves(e.h, mv, 64)) > 0) {
+        memset(ok, 1, n);
+        cr_assert_eq(kvt_hybrid_moves_done(e.h, mv, n, ok), KVT_OK);
+    }
+    cr_assert_eq(e.nheld, 2);
+    cr_assert_eq(kvt_hybrid_admit(e.h, 0, tok, 32, 0, NULL, &b), KVT_OK);
+    cr_assert_gt(e.calls, 0, "the probe was asked");
+    cr_assert_eq(e.refused, 5 * e.calls, "every call from the probe refused");
+    check(e.h, "after an admission whose probe called the cache");
+    memset(ok, 1, sizeof(ok));
+    cr_assert_eq(kvt_hybrid_moves_done(e.h, e.held, e.nheld, ok), KVT_OK); /* now, outside the probe */
+    for (int i = 0; i < 10 && kvt_hybrid_ready(e.h, &b) == KVT_EAGAIN; i++)
+        while ((n = kvt_hybrid_take_moves(e.h, mv, 64)) > 0) {
+            memset(ok, 1, n);
+            cr_assert_eq(kvt_hybrid_moves_done(e.h, mv, n, ok), KVT_OK);
+        }
+    cr_assert_eq(kvt_hybrid_ready(e.h, &b), KVT_OK, "the request is served");
+    cr_assert_eq(kvt_hybrid_release(e.h, 0, tok, 32, &b), KVT_OK);
+    check(e.h, "after its release");
+    kvt_hybrid_destroy(e.h);
+}
+
+/* Destroying a cache with requests still admitted frees what they held
+ * (the sanitizer's leak check fails the suite otherwise). */
+Test(hybrid_misuse, destroy_with_requests_admitted_frees_them) {
+    kvt_hybrid_config_t cfg;
+    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 24, 1 << 24, 0), KVT_OK);
+    kvt_hybrid_t *h = NULL;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    int32_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = i * 3 + 1;
+    kvt_hybrid_req_t r[3];
+    for (int i = 0; i < 3; i++) cr_assert_eq(kvt_hybrid_admit(h, (uint32_t)i, tok, 64, 0, NULL, &r[i]), KVT_OK);
+    kvt_hybrid_destroy(h);
+}
