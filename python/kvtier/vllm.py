@@ -49,7 +49,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from . import _args as _a
 from . import _fields
@@ -547,6 +547,8 @@ class KvtierOffloadingManager(OffloadingManager):
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         look, ids = self._look, self._ids
         done = [k for k in dict.fromkeys(keys) if look.get(k) is _PENDING]
+        if self._l3 is not None:  # a page reserved for an L3 hit, or being fetched, is no store's to complete
+            done = [k for k in done if k not in self._promoting and k not in self._fetching]
         self._cache.complete_store_packed(b"".join(map(ids.__getitem__, done)), ok=success)
         if success:
             look.update(dict.fromkeys(done, _HIT))
@@ -683,8 +685,9 @@ class KvtierOffloadingManager(OffloadingManager):
     def reset_cache(self) -> None:
         """Forgets every block, in flight or pinned included (vLLM's scheduler
         completes no job from before a reset)."""
+        fresh = KeyedCache(self._blocks, free_room=self._free_room)  # first: a failure leaves the old one whole
         self._cache.close()
-        self._cache = KeyedCache(self._blocks, free_room=self._free_room)
+        self._cache = fresh
         for d in (self._look, self._scores, self._ids, self._names):
             d.clear()
         self._spill = 0
@@ -836,12 +839,12 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
             self._target = max(self._target - max(1, len(self._b1) / len(self._b2)), 0)
             self._b2.move_to_end(key)
 
-    def _victims(self, n: int, protected: Set[OffloadKey]) -> Optional[List[OffloadKey]]:
-        """n keys to evict, or None (nothing changed) when there are not n
-        ready, unpinned keys outside protected. T1's least recent while T1
-        (as the choice so far leaves it) holds at least the target, else T2's;
-        each list the other's fallback. The victims join their ghosts, which
-        are then cut to the capacity, oldest first."""
+    def _victims(self, n: int, protected: Set[OffloadKey]) -> Optional[List[Tuple[OffloadKey, bool]]]:
+        """n keys to evict, each with whether it is T1's, or None when there
+        are not n ready, unpinned keys outside protected; nothing changed
+        (_bury moves them to their ghosts once they are gone). T1's least
+        recent while T1 (as the choice so far leaves it) holds at least the
+        target, else T2's; each list the other's fallback."""
         look, pins = self._look, self._pins
 
         def free(keys):
@@ -862,6 +865,11 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
                 return None
             size1 -= from_t1
             picked.append((k, from_t1))
+        return picked
+
+    def _bury(self, picked: List[Tuple[OffloadKey, bool]]) -> None:
+        """The victims _victims picked, gone from the cache, join their
+        ghosts, which are then cut to the capacity, oldest first."""
         for k, from_t1 in picked:
             if from_t1:
                 del self._t1[k]
@@ -872,7 +880,6 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
         for ghost in (self._b1, self._b2):
             for _ in range(len(ghost) - self._blocks):
                 ghost.popitem(last=False)
-        return [k for k, _ in picked]
 
     # ---- OffloadingManager -------------------------------------------------------------
 
@@ -942,14 +949,15 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
         evicted: List[OffloadKey] = []
         n = len(to_store) - (self._blocks - len(look))
         if n > 0:
-            got = self._victims(n, set(keys))
-            if got is None:
+            picked = self._victims(n, set(keys))
+            if picked is None:
                 self._refused += 1
                 return None
-            evicted = got
-            self._evicted += len(evicted)
-            gone = self._cache.remove_packed(b"".join(map(ids.__getitem__, evicted)))
+            evicted = [k for k, _ in picked]
+            gone = self._cache.remove_packed(b"".join(map(ids.__getitem__, evicted)))  # (OutOfMemory: nothing changed)
             assert gone == len(evicted), f"ARC's victims were not all evictable in the keyed cache ({gone} of {len(evicted)})"
+            self._bury(picked)
+            self._evicted += len(evicted)
             for k in evicted:
                 del look[k], self._scores[k]
                 del names[ids.pop(k)]

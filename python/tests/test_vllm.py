@@ -533,70 +533,168 @@ def test_vllms_own_name_for_the_policy_is_read():
     assert spec.policy == "arc"
 
 
+_L3_PAGE = 96 * 2 + 160
+_L3_KEYS = [make_offload_key(bytes([i]) * 32, 0) for i in range(1, 4)]
+
+
+def _l3_instance(url):
+    """A manager and a worker of kvtier's spec, 8 host pages over the L3 at url."""
+    import torch
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    spec = OffloadingSpecFactory.create_spec(_offloading_config(
+        {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm", "host_bytes": 8 * _L3_PAGE,
+         "l3": url}))
+    ts = [torch.randint(-128, 128, (16, p), dtype=torch.int8) for p in (96, 96, 160)]
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in ts],
+                               [[CanonicalKVCacheRef(i, t.shape[1]) for i, t in enumerate(ts)]])
+    return spec.get_manager(), spec.get_worker(caches)
+
+
+def _l3_ctx(rid):
+    c = ReqContext(req_id=rid)
+    for i, k in enumerate(_L3_KEYS):
+        c.set_offload_key_position(k, 16 * (i + 1))
+    return c
+
+
+def _l3_settle(m, c):
+    """The lookups of _L3_KEYS until the store's exists answers are in."""
+    import time
+    from vllm.v1.kv_offload.base import ScheduleEndContext
+    for _ in range(500):
+        got = [m.lookup(k, c) for k in _L3_KEYS]
+        if LookupResult.RETRY not in got:
+            return got
+        m.on_schedule_end(ScheduleEndContext((), ()))
+        time.sleep(0.01)
+    raise AssertionError("the store never answered")
+
+
+def _l3_written(url):
+    """_L3_KEYS written through to the L3 at url by an instance that then goes."""
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+    ma, wa = _l3_instance(url)
+    a = _l3_ctx("a")
+    ma.on_new_request(a)
+    out = ma.prepare_store(_L3_KEYS, a)
+    wa.submit_store(1, GPULoadStoreSpec([0, 1, 2], [3], [0]), out.store_spec)
+    wa.wait({1})
+    assert [r.success for r in wa.get_finished()] == [True]
+    ma.complete_store(_L3_KEYS, a)
+    ma.on_request_finished(a)
+    wa.shutdown()
+    ma.shutdown()
+
+
 def test_an_l3_page_reserved_and_not_loaded_goes_back_at_the_load(dir_store_url):
     """A key found in L3 reserves a host page that the asking request's load
     fills; vLLM looks up more than it loads (a popped chunk, a window's scan,
     a step's budget). The pages reserved and not loaded go back with the
     load: another request finds such a key (RETRY, then HIT for itself)
     rather than HIT_PENDING until the first request finishes."""
-    import time
-    import torch
-    from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
-                                         GPULoadStoreSpec, ScheduleEndContext)
-    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
-    end, page = ScheduleEndContext((), ()), 96 * 2 + 160
-
-    def instance():
-        spec = OffloadingSpecFactory.create_spec(_offloading_config(
-            {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm", "host_bytes": 8 * page,
-             "l3": dir_store_url}))
-        ts = [torch.randint(-128, 128, (16, p), dtype=torch.int8) for p in (96, 96, 160)]
-        kv = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in ts],
-                               [[CanonicalKVCacheRef(i, t.shape[1]) for i, t in enumerate(ts)]])
-        return spec.get_manager(), spec.get_worker(kv)
-
-    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(1, 4)]
-
-    def ctx(rid):
-        c = ReqContext(req_id=rid)
-        for i, k in enumerate(keys):
-            c.set_offload_key_position(k, 16 * (i + 1))
-        return c
-
-    def settle(m, c):  # the lookups until the store's exists answers are in
-        for _ in range(500):
-            got = [m.lookup(k, c) for k in keys]
-            if LookupResult.RETRY not in got:
-                return got
-            m.on_schedule_end(end)
-            time.sleep(0.01)
-        raise AssertionError("the store never answered")
-
-    ma, wa = instance()  # instance a writes the three blocks through to L3
-    a = ctx("a")
-    ma.on_new_request(a)
-    out = ma.prepare_store(keys, a)
-    wa.submit_store(1, GPULoadStoreSpec([0, 1, 2], [3], [0]), out.store_spec)
-    wa.wait({1})
-    assert [r.success for r in wa.get_finished()] == [True]
-    ma.complete_store(keys, a)
-    ma.on_request_finished(a)
-    wa.shutdown()
-    ma.shutdown()
-    mb, wb = instance()
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+    keys = _L3_KEYS
+    _l3_written(dir_store_url)
+    mb, wb = _l3_instance(dir_store_url)
     try:
-        x = ctx("x")
+        x = _l3_ctx("x")
         mb.on_new_request(x)
-        assert settle(mb, x) == [LookupResult.HIT] * 3  # each reserved for x
+        assert _l3_settle(mb, x) == [LookupResult.HIT] * 3  # each reserved for x
         wb.submit_load(2, mb.prepare_load(keys[:2], x), GPULoadStoreSpec([5, 6], [2], [0]))
         wb.wait({2})
         assert [r.success for r in wb.get_finished()] == [True]
         mb.complete_load(keys[:2], x)
-        y = ctx("y")
+        y = _l3_ctx("y")
         mb.on_new_request(y)
         assert mb.lookup(keys[2], y) != LookupResult.HIT_PENDING  # x let its third page go with its load
-        assert settle(mb, y) == [LookupResult.HIT] * 3
+        assert _l3_settle(mb, y) == [LookupResult.HIT] * 3
         mb.check()
     finally:
         wb.shutdown()
         mb.shutdown()
+
+
+@pytest.mark.parametrize("success", [True, False])
+def test_a_completion_naming_keys_reserved_for_an_l3_load_changes_nothing(dir_store_url, success):
+    """A store completion (stray, repeated, or from before a reset) naming
+    keys whose host pages are only reserved for an L3 load, or being
+    fetched, is no store's: it changes nothing. (Taken, a success made the
+    unfetched pages hits for every request; a failure freed a page the
+    worker was fetching into, and the next store was handed it.)"""
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+    keys = _L3_KEYS
+    _l3_written(dir_store_url)
+    m, w = _l3_instance(dir_store_url)
+    try:
+        x = _l3_ctx("x")
+        m.on_new_request(x)
+        assert _l3_settle(m, x) == [LookupResult.HIT] * 3  # reserved for x
+        stray = _l3_ctx("stray")
+        m.on_new_request(stray)
+        m.complete_store(keys, stray, success=success)
+        m.check()
+        other = _l3_ctx("other")
+        m.on_new_request(other)
+        assert [m.lookup(k, other) for k in keys] == [LookupResult.HIT_PENDING] * 3  # still x's, not hits
+        load = m.prepare_load(keys, x)  # the fetch in flight
+        m.complete_store(keys, stray, success=success)
+        m.check()
+        w.submit_load(2, load, GPULoadStoreSpec([5, 6, 7], [3], [0]))
+        w.wait({2})
+        assert [r.success for r in w.get_finished()] == [True]
+        m.complete_load(keys, x)
+        m.check()
+        assert [m.lookup(k, other) for k in keys] == [LookupResult.HIT] * 3
+    finally:
+        w.shutdown()
+        m.shutdown()
+
+
+def _out_of_memory(*args, **kwargs):
+    from kvtier._core import error
+    from kvtier import _fields
+    raise error(dict(_fields.ERRORS)["ENOMEM"], "simulated", "the keyed cache ran out of memory")
+
+
+def test_an_arc_eviction_the_keyed_cache_refuses_for_memory_keeps_its_victims(monkeypatch):
+    """The keyed cache's remove can fail for memory (its list of freed pages
+    grows): ARC's victims stay where they were, in the cache and in T1/T2.
+    (They had been moved to the ghosts first: hits in no ARC list, never
+    evicted again, their pages lost to the cache.)"""
+    import kvtier
+    m = kv.KvtierArcOffloadingManager(2)
+    keys = [make_offload_key(bytes([65 + i]) * 32, 0) for i in range(4)]
+    a = ReqContext(req_id="a")
+    m.on_new_request(a)
+    m.complete_store(m.prepare_store(keys[:2], a).keys_to_store, a)
+    m.on_request_finished(a)
+    b = ReqContext(req_id="b")
+    m.on_new_request(b)
+    real = m._cache.remove_packed
+    monkeypatch.setattr(m._cache, "remove_packed", _out_of_memory)
+    with pytest.raises(kvtier.OutOfMemory):
+        m.prepare_store(keys[2:], b)
+    m.check()
+    assert [m.lookup(k, b) for k in keys[:2]] == [LookupResult.HIT] * 2
+    monkeypatch.setattr(m._cache, "remove_packed", real)
+    out = m.prepare_store(keys[2:], b)
+    assert sorted(out.evicted_keys) == sorted(keys[:2]) and out.keys_to_store == keys[2:]
+    m.check()
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_reset_that_runs_out_of_memory_leaves_the_cache_as_it_was(monkeypatch, policy):
+    import kvtier
+    m = (kv.KvtierOffloadingManager if policy == "lru" else kv.KvtierArcOffloadingManager)(4)
+    keys = [make_offload_key(bytes([70 + i]) * 32, 0) for i in range(2)]
+    a = ReqContext(req_id="a")
+    m.on_new_request(a)
+    m.complete_store(m.prepare_store(keys, a).keys_to_store, a)
+    monkeypatch.setattr(kv, "KeyedCache", _out_of_memory)
+    with pytest.raises(kvtier.OutOfMemory):
+        m.reset_cache()
+    m.check()
+    assert [m.lookup(k, a) for k in keys] == [LookupResult.HIT] * 2
+    m.prepare_load(keys, a)  # the old cache is open, its pages there
+    m.complete_load(keys, a)
