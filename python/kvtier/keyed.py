@@ -26,6 +26,12 @@ LOOKUP = ("miss", "hit", "pending")
 _WHY = ("evicted", "failed store", "reset", "removed")
 _NO_PAGE = (1 << 64) - 1
 _ENOSPC = dict(_fields.ERRORS)["ENOSPC"]
+_ERANGE = dict(_fields.ERRORS)["ERANGE"]
+# Room for this many evicted keys beyond a store's own first: most stores
+# evict a few, and the room for the whole free-room target (16 bytes a key
+# of it, zeroed) is made only when a call needs it (KVT_ERANGE: nothing
+# changed, called again).
+_EVICTED_FIRST = 256
 KEY_BYTES = 16  # sizeof(kvt_key128_t): hi, then lo, native uint64s
 
 Key = Tuple[int, int]
@@ -178,16 +184,21 @@ class KeyedCache(Handle):
         np_ = _count(protect, "protect")
         _check_scores(scores, n)
         pages = (ctypes.c_uint64 * max(n, 1))()
-        cap = n + self._room
-        evicted = ctypes.create_string_buffer(KEY_BYTES * max(cap, 1))
         nev = ctypes.c_size_t()
-        with self._use as h:
-            rc = _prepare(h, keys, scores, n, protect, np_, pages, evicted, cap, ctypes.byref(nev))
+        full = n + self._room
+        cap = min(full, n + _EVICTED_FIRST)
+        while True:
+            evicted = ctypes.create_string_buffer(KEY_BYTES * max(cap, 1))
+            with self._use as h:
+                rc = _prepare(h, keys, scores, n, protect, np_, pages, evicted, cap, ctypes.byref(nev))
+            if rc != _ERANGE or cap == full:
+                break
+            cap = full
         if rc == _ENOSPC:
             return None
         check(rc, "KeyedCache.prepare_store")
-        raw = evicted.raw
-        return pages[:n], [raw[i:i + KEY_BYTES] for i in range(0, KEY_BYTES * nev.value, KEY_BYTES)]
+        raw = ctypes.string_at(evicted, KEY_BYTES * nev.value)
+        return pages[:n], [raw[i:i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
 
     def complete_store(self, keys: Sequence[Key], ok: bool = True) -> None:
         """The pending keys become ready (ok) or are dropped, their pages freed."""

@@ -139,3 +139,23 @@ def test_bad_packed_arguments_are_refused_and_change_nothing(call, exc):
             call(c)
         assert c.stats() == before
         c.check()
+
+
+def test_a_store_that_evicts_more_than_the_first_buffer_holds_gets_every_key():
+    """prepare_store makes room for a few evicted keys first and for the
+    whole free-room target only when the cache needs it (KVT_ERANGE, nothing
+    changed, then again): a store that evicts its deficit and 2,048 keys of
+    free room gets them all, smallest scores first, as one that evicts one."""
+    pages = 4096
+    c = KeyedCache(pages, free_room=0.5)
+    keys = [(7, i) for i in range(pages)]
+    got, evicted = c.prepare_store(keys, list(range(pages, 0, -1)))  # the last key the smallest score
+    assert evicted == [] and None not in got
+    c.complete_store(keys)
+    got, evicted = c.prepare_store([(8, 0)], [10 ** 6])
+    assert len(evicted) == 1 + 2048 and sorted(evicted) == sorted(keys[-2049:])
+    assert c.stats()["keys"] == pages - 2049 + 1
+    c.check()
+    got, evicted = c.prepare_store([(8, 1)], [10 ** 6])  # free pages now: nothing evicted
+    assert evicted == [] and got[0] is not None
+    c.check()
