@@ -153,8 +153,9 @@ KVT_API int kvt_keyed_prepare_store(kvt_keyed_t *c, const kvt_key128_t *keys, co
 KVT_API void kvt_keyed_complete_store(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, int ok);
 
 /* Pins keys[0..n) for a load (each must be ready: KVT_ENOENT when one is
- * absent, KVT_EBUSY when one is pending, the first such key deciding;
- * nothing pinned then) and writes their pages to pages[0..n) (NULL: not
+ * absent, KVT_EBUSY when one is pending, KVT_ERANGE when one would hold
+ * more than 2^32 - 1 pins, the first such key deciding; nothing pinned
+ * then) and writes their pages to pages[0..n) (NULL: not
  * written). A pinned key is not evicted. A key may be pinned many times,
  * also within one call; each counts in the loads stat. */
 KVT_API int kvt_keyed_pin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, uint64_t *pages);

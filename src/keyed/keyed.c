@@ -350,6 +350,7 @@ int kvt_keyed_pin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n, uint64_t *
         uint32_t i = kvt__keyed_find(c, keys[j]);
         if (i == UINT32_MAX) return KVT_ENOENT;
         if (c->ents[i].state != KVT__KEYED_READY) return KVT_EBUSY;
+        if (n > UINT32_MAX - c->ents[i].pins) return KVT_ERANGE; /* (its count would wrap) */
     }
     for (size_t j = 0; j < n; j++) {
         uint32_t i = kvt__keyed_find(c, keys[j]);

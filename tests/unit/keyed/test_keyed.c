@@ -903,3 +903,27 @@ Test(keyed, remove_takes_ready_unpinned_keys) {
     assert_check(c, "after remove");
     kvt_keyed_destroy(c);
 }
+
+/* A key's pins are counted in 32 bits: a pin that would wrap the count
+ * (which left the key outside the heap for good, never evicted, and reset
+ * refused) is refused with nothing changed, also one a call repeats. */
+Test(keyed, a_pin_count_that_would_wrap_is_refused) {
+    kvt_keyed_t *c = make(4, 0.0, 0);
+    kvt_key128_t k = {1, 2}, two[2] = {{1, 2}, {1, 2}};
+    uint64_t pages[2];
+    cr_assert_eq(kvt_keyed_prepare_store(c, &k, (uint64_t[]){5}, 1, NULL, 0, pages, NULL, 0, (size_t[]){0}), KVT_OK);
+    kvt_keyed_complete_store(c, &k, 1, 1);
+    cr_assert_eq(kvt_keyed_pin(c, &k, 1, pages), KVT_OK);
+    uint32_t i = kvt__keyed_find(c, k);
+    c->ents[i].pins = UINT32_MAX - 1; /* (as 2^32 - 2 pins would leave it) */
+    cr_assert_eq(kvt_keyed_pin(c, two, 2, pages), KVT_ERANGE);
+    cr_assert_eq(c->ents[i].pins, UINT32_MAX - 1, "nothing pinned");
+    cr_assert_eq(kvt_keyed_pin(c, &k, 1, pages), KVT_OK);
+    cr_assert_eq(kvt_keyed_pin(c, &k, 1, pages), KVT_ERANGE);
+    const char *why = NULL;
+    cr_assert_eq(kvt_keyed_check(c, &why), KVT_OK, "%s", why ? why : "");
+    c->ents[i].pins = 1;
+    cr_assert_eq(kvt_keyed_unpin(c, &k, 1), KVT_OK);
+    cr_assert_eq(kvt_keyed_reset(c), KVT_OK);
+    kvt_keyed_destroy(c);
+}
