@@ -72,14 +72,9 @@ void kvt__cache_give_back_l2(kvt_cache_t *c, uint32_t id) {
 }
 
 /* The end of the ids from i on that go on from `first` by `step` (+1 or -1):
- * id[j] = first + step (j - i), that is id[j] - step j the same for all, four
- * compared a step. */
+ * id[j] = first + step (j - i), that is id[j] - step j the same for all. */
 static inline size_t run_end(const uint32_t *id, size_t i, size_t n, uint64_t first, int64_t step) {
     uint64_t d = (uint64_t)step, want = first - d * i; /* (mod 2^64, like every sum here) */
-    for (; i + 4 <= n; i += 4)
-        if (((id[i] - d * i == want) & (id[i + 1] - d * (i + 1) == want) & (id[i + 2] - d * (i + 2) == want) &
-             (id[i + 3] - d * (i + 3) == want)) == 0)
-            break;
     while (i < n && id[i] - d * i == want) i++;
     return i;
 }

@@ -137,7 +137,7 @@ static int remove_dead_tmps(const char *name) {
         char *end;
         long pid = strtol(dot + 1, &end, 10);
         if (end == dot + 1 || pid <= 0 || pid > INT32_MAX) continue;
-        if (*end == '.' && end[1] >= '0' && end[1] <= '9') (void)strtoul(end + 1, &end, 10); /* .<n> (none: <name>.<pid>.tmp, also a creator's) */
+        if (*end == '.' && end[1] >= '0' && end[1] <= '9') (void)strtoul(end + 1, &end, 10); /* .<n>, or none */
         if (strcmp(end, ".tmp") != 0) continue;
         if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
             char seg[sizeof(e->d_name) + 1] = "/";

@@ -80,9 +80,6 @@ typedef struct src {
 /* What an admitted request holds: its L1 pieces (pinned, or with
  * async_moves waiting for their copy to land), and what release checks the
  * tokens against. */
-/* Numbers every admission of the process (pins_t.id). */
-static _Atomic uint64_t admissions;
-
 typedef struct pins {
     uint64_t npages, n, m;
     uint32_t ns;
@@ -97,6 +94,9 @@ typedef struct pins {
     uint64_t id;              /* the admission's number, never reused: kvt_hybrid_req_t.priv_ */
     size_t bytes;     /* of this allocation */
 } pins_t;
+
+/* Numbers every admission of the process (pins_t.id). */
+static _Atomic uint64_t admissions;
 
 struct kvt_hybrid {
     kvt_hybrid_config_t cfg;

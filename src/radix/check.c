@@ -115,7 +115,6 @@ bool kvt__radix_held(const kvt_radix_t *r, int tier, uint32_t id) {
 }
 
 int kvt_radix_check(const kvt_radix_t *r, const char **why) {
-    if (r) kvt__vheap_settle(r);
     const char *dummy;
     if (why == NULL) why = &dummy;
     *why = NULL;
@@ -155,7 +154,6 @@ int kvt_radix_check(const kvt_radix_t *r, const char **why) {
 }
 
 int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *out) {
-    if (r) kvt__vheap_settle(r);
     if (r == NULL || out == NULL) return KVT_EINVAL;
     kvt_radix_stats_t full = {.size = sizeof(full)}, *st = &full;
     for (const kvt_rnode_t *n = r->root.first_child; n;) {

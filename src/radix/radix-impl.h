@@ -63,8 +63,6 @@ struct kvt_radix {
     kvt__score_fn score;
     void *score_ctx;
     kvt__pool_t pool;
-    kvt_rnode_t *vpend; /* a node whose victim-set membership is still to be brought up to date (see
-                         * kvt__vheap_membership): a run of page changes on one node updates it once */
 };
 
 /* The words of r->held: L1's bits, then L2's from word l1_pages / 64 + 1. */
@@ -111,9 +109,6 @@ void kvt__vheap_refresh(kvt_radix_t *r, kvt_rnode_t *n); /* membership and posit
  * (scores are node-level: recency, hits, class; kvt_radix_check verifies
  * them), so a node already in a set keeps its place. */
 void kvt__vheap_membership(kvt_radix_t *r, kvt_rnode_t *n);
-/* Brings a membership update still pending up to date: every read of the
- * heaps (victims, check, stats) calls it first. */
-void kvt__vheap_settle(const kvt_radix_t *r);
 void kvt__vheap_remove_all(kvt_radix_t *r, kvt_rnode_t *n);
 bool kvt__vheap_less(const kvt_rnode_t *a, const kvt_rnode_t *b, kvt__vset_t set);
 void kvt__vheap_fini(kvt_radix_t *r);

@@ -773,18 +773,7 @@ uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t 
     return key_step(prev, page_digest(r, page));
 }
 
-/* kvt__radix_keys for pages of 16 tokens (the default): with XXH3's length a
- * constant and the calls flattened into the loop, only XXH3's straight-line
- * 17-128 byte path is left, and the chain is a multiply-add a page. */
-__attribute__((flatten)) static void keys_64(uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
-    for (size_t i = 0; i < n; i++) out[i] = prev = key_step(prev, XXH3_64bits(tokens + 16 * i, 64));
-}
-
 void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out) {
-    if (r->page_tokens == 16) {
-        keys_64(prev, tokens, n, out);
-        return;
-    }
     for (size_t i = 0; i < n; i++) out[i] = prev = kvt__radix_key_next(r, prev, tokens + i * r->page_tokens);
 }
 

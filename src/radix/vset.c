@@ -97,7 +97,6 @@ static void heap_remove(kvt__vheap_t *h, kvt_rnode_t *n, kvt__vset_t s) {
 
 void kvt__vheap_refresh(kvt_radix_t *r, kvt_rnode_t *n) {
     if (n == &r->root) return;
-    if (r->vpend == n) r->vpend = NULL; /* covered here */
     for (int si = 0; si < KVT_VSET_COUNT; si++) {
         kvt__vset_t s = (kvt__vset_t)si;
         kvt__vheap_t *h = &r->heap[s];
@@ -120,7 +119,11 @@ void kvt__vheap_refresh(kvt_radix_t *r, kvt_rnode_t *n) {
     }
 }
 
-static void membership_now(kvt_radix_t *r, kvt_rnode_t *n) {
+/* (Made at once: deferring it to the next change of another node, so that
+ * a run of page changes on one node cost one update, measured no faster:
+ * docs/performance.md, *Tricks measured side by side*.) */
+void kvt__vheap_membership(kvt_radix_t *r, kvt_rnode_t *n) {
+    if (n == &r->root) return;
     for (int si = 0; si < KVT_VSET_COUNT; si++) {
         kvt__vset_t s = (kvt__vset_t)si;
         bool in = n->heap_pos[s] >= 0, member = kvt__vset_member(n, s);
@@ -137,25 +140,7 @@ static void membership_now(kvt_radix_t *r, kvt_rnode_t *n) {
     }
 }
 
-/* Deferred to the next change of another node or the next read of the heaps,
- * so that the pages of one node changing in a row (a request's backups, their
- * completions, an eviction round's drops) cost one update. */
-void kvt__vheap_membership(kvt_radix_t *r, kvt_rnode_t *n) {
-    if (n == &r->root || r->vpend == n) return;
-    if (r->vpend) membership_now(r, r->vpend);
-    r->vpend = n;
-}
-
-void kvt__vheap_settle(const kvt_radix_t *r) {
-    kvt_radix_t *m = (kvt_radix_t *)r; /* the heaps' content, not what they say, changes */
-    kvt_rnode_t *n = m->vpend;
-    if (n == NULL) return;
-    m->vpend = NULL;
-    membership_now(m, n);
-}
-
 void kvt__vheap_remove_all(kvt_radix_t *r, kvt_rnode_t *n) {
-    if (r->vpend == n) r->vpend = NULL;
     for (int s = 0; s < KVT_VSET_COUNT; s++)
         if (n->heap_pos[s] >= 0) heap_remove(&r->heap[s], n, (kvt__vset_t)s);
 }
@@ -168,6 +153,5 @@ void kvt__vheap_fini(kvt_radix_t *r) {
 }
 
 kvt_rnode_t *kvt__radix_victim(const kvt_radix_t *r, kvt__vset_t set) {
-    kvt__vheap_settle(r);
     return r->heap[set].n ? r->heap[set].a[0] : NULL;
 }

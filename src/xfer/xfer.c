@@ -416,26 +416,13 @@ static int validate(const kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_x
     return KVT_OK;
 }
 
-/* Step 2: the copies by destination page (a cache's batches come in
- * ascending or descending order: no sort), into a new array; NULL with *rc
+/* Step 2: the copies by destination page, into a new array; NULL with *rc
  * set on no memory or a destination page given twice. */
 static kvt_xfer_copy_t *sort_copies(const kvt_xfer_copy_t *copies, size_t n, int *rc) {
     kvt_xfer_copy_t *sorted = kvt__malloc(n * sizeof(*sorted));
     if (sorted == NULL) return *rc = KVT_ENOMEM, NULL;
     memcpy(sorted, copies, n * sizeof(*sorted));
-    bool up = true, down = true;
-    for (size_t i = 1; i < n && (up || down); i++) {
-        up = up && sorted[i].dst_page > sorted[i - 1].dst_page;
-        down = down && sorted[i].dst_page < sorted[i - 1].dst_page;
-    }
-    if (down && !up)
-        for (size_t i = 0, j = n - 1; i < j; i++, j--) {
-            kvt_xfer_copy_t t = sorted[i];
-            sorted[i] = sorted[j];
-            sorted[j] = t;
-        }
-    else if (!up)
-        qsort(sorted, n, sizeof(*sorted), cmp_dst);
+    qsort(sorted, n, sizeof(*sorted), cmp_dst);
     for (size_t i = 1; i < n; i++)
         if (sorted[i].dst_page == sorted[i - 1].dst_page) {
             kvt__free(sorted, n * sizeof(*sorted));
