@@ -587,6 +587,22 @@ def _l3_written(url):
     ma.shutdown()
 
 
+def _l3_reserved(url):
+    """_L3_KEYS in the L3 at url, and a new instance (manager, worker) whose
+    request "x" found them there: a host page reserved for each."""
+    _l3_written(url)
+    m, w = _l3_instance(url)
+    x = _l3_ctx("x")
+    m.on_new_request(x)
+    try:
+        assert _l3_settle(m, x) == [LookupResult.HIT] * 3
+    except BaseException:
+        w.shutdown()
+        m.shutdown()
+        raise
+    return m, w, x
+
+
 def test_an_l3_page_reserved_and_not_loaded_goes_back_at_the_load(dir_store_url):
     """A key found in L3 reserves a host page that the asking request's load
     fills; vLLM looks up more than it loads (a popped chunk, a window's scan,
@@ -595,12 +611,8 @@ def test_an_l3_page_reserved_and_not_loaded_goes_back_at_the_load(dir_store_url)
     rather than HIT_PENDING until the first request finishes."""
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     keys = _L3_KEYS
-    _l3_written(dir_store_url)
-    mb, wb = _l3_instance(dir_store_url)
+    mb, wb, x = _l3_reserved(dir_store_url)
     try:
-        x = _l3_ctx("x")
-        mb.on_new_request(x)
-        assert _l3_settle(mb, x) == [LookupResult.HIT] * 3  # each reserved for x
         wb.submit_load(2, mb.prepare_load(keys[:2], x), GPULoadStoreSpec([5, 6], [2], [0]))
         wb.wait({2})
         assert [r.success for r in wb.get_finished()] == [True]
@@ -624,12 +636,8 @@ def test_a_completion_naming_keys_reserved_for_an_l3_load_changes_nothing(dir_st
     worker was fetching into, and the next store was handed it.)"""
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     keys = _L3_KEYS
-    _l3_written(dir_store_url)
-    m, w = _l3_instance(dir_store_url)
+    m, w, x = _l3_reserved(dir_store_url)
     try:
-        x = _l3_ctx("x")
-        m.on_new_request(x)
-        assert _l3_settle(m, x) == [LookupResult.HIT] * 3  # reserved for x
         stray = _l3_ctx("stray")
         m.on_new_request(stray)
         m.complete_store(keys, stray, success=success)

@@ -1567,14 +1567,21 @@ Test(hybrid_misuse, a_release_short_of_memory_for_its_moves_stores_within_its_ro
     cr_assert_gt(fired_any, 3);
 }
 
-/* An engine that keeps a copy of a request's struct past its release: the
- * copy names that admission, never a later one, even when the same prompt
- * comes back and the new request's pins land where the old ones were. */
-Test(hybrid_misuse, a_stale_copy_of_a_released_request_is_refused) {
+/* A cache of ALL_THREE's groups, 4-token pages, the default split of 16 MiB
+ * of L1 and of L2. */
+static kvt_hybrid_t *every_kind_default(void) {
     kvt_hybrid_config_t cfg;
     cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 24, 1 << 24, 0), KVT_OK);
     kvt_hybrid_t *h = NULL;
     cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    return h;
+}
+
+/* An engine that keeps a copy of a request's struct past its release: the
+ * copy names that admission, never a later one, even when the same prompt
+ * comes back and the new request's pins land where the old ones were. */
+Test(hybrid_misuse, a_stale_copy_of_a_released_request_is_refused) {
+    kvt_hybrid_t *h = every_kind_default();
     int32_t tok[32];
     for (int i = 0; i < 32; i++) tok[i] = i + 1;
     kvt_hybrid_req_t a, stale, b;
@@ -1672,10 +1679,7 @@ Test(hybrid_misuse, a_probe_that_calls_the_cache_is_refused) {
 /* Destroying a cache with requests still admitted frees what they held
  * (the sanitizer's leak check fails the suite otherwise). */
 Test(hybrid_misuse, destroy_with_requests_admitted_frees_them) {
-    kvt_hybrid_config_t cfg;
-    cr_assert_eq(kvt_hybrid_config_default(&cfg, ALL_THREE, 4, 4, 1 << 24, 1 << 24, 0), KVT_OK);
-    kvt_hybrid_t *h = NULL;
-    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    kvt_hybrid_t *h = every_kind_default();
     int32_t tok[64];
     for (int i = 0; i < 64; i++) tok[i] = i * 3 + 1;
     kvt_hybrid_req_t r[3];
