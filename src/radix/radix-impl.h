@@ -80,8 +80,8 @@ void kvt__radix_free(kvt_radix_t *r, void *p, size_t size);
  * 1, cap / 2), if the cut reaches it, and each later one at half the
  * capacity before it. (A loop of a page at a time would be a serial chain
  * of a shift and a compare a page; the unit test radix/cap_after_trims
- * checks this against that loop on every cap up to 300.) npages <= cap / 2 is possible: a shrink that
- * found no memory left the arrays as they were. */
+ * checks this against that loop on every cap up to 300.) npages <= cap / 2
+ * is possible: a shrink that found no memory left the arrays as they were. */
 static inline uint32_t kvt__cap_after_trims(uint32_t npages, uint32_t cap, uint32_t k) {
     uint32_t m = npages - k, t = npages - 1 < cap / 2 ? npages - 1 : cap / 2;
     if (t < m) return cap;

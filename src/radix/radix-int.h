@@ -86,8 +86,9 @@ int kvt__radix_create(kvt_radix_t **out, const kvt__radix_config_t *cfg);
  * before it: two paths that agree from a page on and differ before it never
  * share a key there (but for a 64-bit digest collision). The chain's serial
  * part is one multiply and one add a page (a splitmix64 step would put
- * three multiplies a page on it); the XXH3-64s, which mix, overlap. mix is splitmix64's (core/mix-int.h). A tree made with
- * page_keys computes them as pages are inserted: O(1) to read. */
+ * three multiplies a page on it); the XXH3-64s, which mix, overlap. mix is
+ * splitmix64's (core/mix-int.h). A tree made with page_keys computes them
+ * as pages are inserted: O(1) to read. */
 static inline uint64_t kvt__radix_page_key(const kvt_rnode_t *n, uint32_t idx) {
     KVT_ASSERT(n->key != NULL && idx < n->npages);
     return n->key[idx];
