@@ -97,10 +97,14 @@ KVT_API void kvt_emit_gauge(kvt_emitter_t *e, const char *name, double v, const 
  * top). */
 KVT_API void kvt_emit_hist(kvt_emitter_t *e, const char *name, const kvt_hist_t *h, const char *help);
 
-/* Writes everything recorded. KVT_ENOMEM if a building call (or, for JSON
- * and Prometheus, the writer) failed to allocate; KVT_EINVAL for unbalanced
- * begin/end, a bad name, or, in Prometheus text, two entries that name the
- * same metric family (nothing is written then); KVT_EIO. */
+/* Writes everything recorded: counters and histograms' counts and
+ * percentiles as exact integers in every format, gauges as the shortest
+ * text that reads back as the double (integers as integers), with '.' as
+ * the decimal point whatever the locale. KVT_ENOMEM if a building call (or
+ * the writer) failed to allocate; KVT_EINVAL, nothing written, for
+ * unbalanced begin/end, a bad name, two entries of one section with the same
+ * name, or, in Prometheus text, two entries that name the same metric
+ * family; KVT_EIO. */
 KVT_API int kvt_emitter_write(kvt_emitter_t *e, FILE *f);
 
 /* Emits every field of a stats struct described by an X-macro list of

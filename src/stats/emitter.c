@@ -23,7 +23,8 @@
  * straddles le (at most 1/64 of le wide) counts from the next le up, so a
  * sample within 1.6 % below an le may be reported under the next one.
  */
-#include <ctype.h>
+#include <inttypes.h>
+#include <locale.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -94,13 +95,13 @@ static int valid_name(const char *s) {
     size_t n = s ? strlen(s) : 0;
     if (n == 0 || n > NAME_MAX_LEN) return 0;
     for (size_t i = 0; i < n; i++)
-        if (!(islower((unsigned char)s[i]) || isdigit((unsigned char)s[i]) || s[i] == '_')) return 0;
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_')) return 0;
     return 1;
 }
 
 int kvt_emitter_create(kvt_emitter_t **out, kvt_fmt_t fmt, const char *prefix) {
     if (out == NULL || (unsigned)fmt > KVT_FMT_PROM || !valid_name(prefix)) return KVT_EINVAL;
-    if (fmt == KVT_FMT_PROM && isdigit((unsigned char)prefix[0])) return KVT_EINVAL; /* not a metric name */
+    if (fmt == KVT_FMT_PROM && prefix[0] >= '0' && prefix[0] <= '9') return KVT_EINVAL; /* not a metric name */
     kvt_emitter_t *e = KVT_NEW(kvt_emitter_t);
     if (e == NULL) return KVT_ENOMEM;
     e->fmt = fmt;
@@ -200,7 +201,46 @@ static int check_balance(const kvt_emitter_t *e) {
     return depth == 0 ? KVT_OK : KVT_EINVAL;
 }
 
+typedef struct sibling {
+    size_t parent; /* the entry index of the section holding it; SIZE_MAX: the top */
+    const char *name;
+} sibling_t;
+
+static int cmp_sibling(const void *a, const void *b) {
+    const sibling_t *x = a, *y = b;
+    if (x->parent != y->parent) return x->parent < y->parent ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Two entries of one section named alike (a section and a counter
+ * included) would be two keys of one JSON object, which readers resolve by
+ * dropping one, and one name twice in the table: refused in every format. */
+static int check_siblings(const kvt_emitter_t *e) {
+    sibling_t *s = kvt__calloc(e->n + 1, sizeof(*s));
+    if (s == NULL) return KVT_ENOMEM;
+    size_t open[MAX_DEPTH + 1], n = 0;
+    int depth = 0, rc = KVT_OK;
+    open[0] = SIZE_MAX;
+    for (size_t i = 0; i < e->n; i++) { /* balanced: check_balance ran first */
+        const entry_t *x = &e->ent[i];
+        if (x->kind == ENT_END) {
+            depth--;
+            continue;
+        }
+        s[n++] = (sibling_t){open[depth], x->name};
+        if (x->kind == ENT_BEGIN) open[++depth] = i;
+    }
+    qsort(s, n, sizeof(*s), cmp_sibling);
+    for (size_t i = 1; i < n && rc == KVT_OK; i++)
+        if (cmp_sibling(&s[i - 1], &s[i]) == 0) rc = KVT_EINVAL;
+    kvt__free(s, (e->n + 1) * sizeof(*s));
+    return rc;
+}
+
+static void fmt_double(char *out, size_t cap, double v);
+
 static void write_table(const kvt_emitter_t *e, FILE *f) {
+    char v[48];
     int depth = 0;
     for (size_t i = 0; i < e->n; i++) {
         const entry_t *x = &e->ent[i];
@@ -209,7 +249,7 @@ static void write_table(const kvt_emitter_t *e, FILE *f) {
         case ENT_BEGIN: fprintf(f, "%*s%s\n", ind, "", x->name), depth++; break;
         case ENT_END: depth--; break;
         case ENT_COUNTER: fprintf(f, "%*s%-*s %16llu\n", ind, "", w, x->name, (unsigned long long)x->v.u); break;
-        case ENT_GAUGE: fprintf(f, "%*s%-*s %16.6g\n", ind, "", w, x->name, x->v.d); break;
+        case ENT_GAUGE: fmt_double(v, sizeof(v), x->v.d), fprintf(f, "%*s%-*s %16s\n", ind, "", w, x->name, v); break;
         case ENT_HIST:
             fprintf(f, "%*s%-*s %16llu  p50 %llu  p90 %llu  p99 %llu  p999 %llu  max %llu\n", ind, "", w,
                     x->name, (unsigned long long)x->v.h.count, (unsigned long long)x->v.h.p50,
@@ -218,6 +258,14 @@ static void write_table(const kvt_emitter_t *e, FILE *f) {
             break;
         }
     }
+}
+
+/* A uint64 as its digits: a JSON number through a double (cJSON's) loses
+ * digits from 2^53 on, and cJSON prints 15 significant digits at first. */
+static cJSON *add_u64(cJSON *o, const char *name, uint64_t v) {
+    char txt[24];
+    snprintf(txt, sizeof(txt), "%" PRIu64, v);
+    return cJSON_AddRawToObject(o, name, txt);
 }
 
 static int write_json(const kvt_emitter_t *e, FILE *f) {
@@ -235,17 +283,13 @@ static int write_json(const kvt_emitter_t *e, FILE *f) {
             if (ok) stack[++depth] = v;
             break;
         case ENT_END: depth--; break;
-        case ENT_COUNTER: ok = cJSON_AddNumberToObject(o, x->name, (double)x->v.u) != NULL; break;
+        case ENT_COUNTER: ok = add_u64(o, x->name, x->v.u) != NULL; break;
         case ENT_GAUGE: ok = cJSON_AddNumberToObject(o, x->name, x->v.d) != NULL; break;
         case ENT_HIST:
             v = cJSON_AddObjectToObject(o, x->name);
-            ok = v && cJSON_AddNumberToObject(v, "count", (double)x->v.h.count) &&
-                 cJSON_AddNumberToObject(v, "mean", x->v.h.mean) &&
-                 cJSON_AddNumberToObject(v, "p50", (double)x->v.h.p50) &&
-                 cJSON_AddNumberToObject(v, "p90", (double)x->v.h.p90) &&
-                 cJSON_AddNumberToObject(v, "p99", (double)x->v.h.p99) &&
-                 cJSON_AddNumberToObject(v, "p999", (double)x->v.h.p999) &&
-                 cJSON_AddNumberToObject(v, "max", (double)x->v.h.max);
+            ok = v && add_u64(v, "count", x->v.h.count) && cJSON_AddNumberToObject(v, "mean", x->v.h.mean) &&
+                 add_u64(v, "p50", x->v.h.p50) && add_u64(v, "p90", x->v.h.p90) && add_u64(v, "p99", x->v.h.p99) &&
+                 add_u64(v, "p999", x->v.h.p999) && add_u64(v, "max", x->v.h.max);
             break;
         }
     }
@@ -368,14 +412,19 @@ static void fmt_seconds(char *out, size_t cap, uint64_t v, int digits) {
 }
 
 /* Integers as integers, else the shortest text that reads back as v; NaN
- * and infinities as Prometheus spells them. */
+ * and infinities as Prometheus spells them. With a '.' whatever the
+ * process's LC_NUMERIC (printf and strtod both follow it). */
 static void fmt_double(char *out, size_t cap, double v) {
     if (isnan(v)) snprintf(out, cap, "NaN");
     else if (isinf(v)) snprintf(out, cap, v > 0 ? "+Inf" : "-Inf");
     else if (v == floor(v) && fabs(v) < 1e15) snprintf(out, cap, "%.0f", v);
-    else
+    else {
         for (int p = 1; p <= 17; p++)
             if (snprintf(out, cap, "%.*g", p, v), strtod(out, NULL) == v) break;
+        const char *point = localeconv()->decimal_point;
+        char *at = point[0] && point[1] == 0 && point[0] != '.' ? strchr(out, point[0]) : NULL;
+        if (at) *at = '.';
+    }
 }
 
 static int prom_write_one(void *arg, const entry_t *x, const char *family, int unit) {
@@ -417,7 +466,8 @@ int kvt_emitter_write(kvt_emitter_t *e, FILE *f) {
     if (e == NULL || f == NULL) return KVT_EINVAL;
     if (e->err) return e->err;
     if (check_balance(e) != KVT_OK) return KVT_EINVAL;
-    int rc = KVT_OK;
+    int rc = check_siblings(e);
+    if (rc != KVT_OK) return rc;
     switch (e->fmt) {
     case KVT_FMT_TABLE: write_table(e, f); break;
     case KVT_FMT_JSON: rc = write_json(e, f); break;

@@ -687,24 +687,30 @@ static void metric_part(const kvt_xfer_t *x, unsigned i, char out[32]) {
         if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9'))) *c = (*c >= 'A' && *c <= 'Z') ? (char)(*c - 'A' + 'a') : '_';
 }
 
-/* ... with the tier's index after it where another tier's would be the
- * same (two "host" tiers: host0, host1): each pair's section its own. */
-static void metric_tier(const kvt_xfer_t *x, unsigned i, char out[32]) {
-    char other[32];
-    metric_part(x, i, out);
-    for (unsigned j = 0; j < x->ntiers; j++) {
-        if (j == i) continue;
-        metric_part(x, j, other);
-        if (strcmp(out, other) == 0) {
-            _Static_assert(KVT_XFER_MAX_TIERS <= 10, "a tier index is one digit");
-            size_t n = strlen(out);
-            out[n] = (char)('0' + i), out[n + 1] = 0;
-            return;
+/* Every tier's part: its name's, with the tier's index after it where
+ * another tier's would be the same (two "host" tiers: host0, host1); and
+ * where that still leaves two alike ("host", "host", "host0"), every tier's
+ * name with its index: each pair's section its own. */
+static void metric_tiers(const kvt_xfer_t *x, char out[][32]) {
+    char plain[KVT_XFER_MAX_TIERS][32];
+    _Static_assert(KVT_XFER_MAX_TIERS <= 10, "a tier index is one digit");
+    for (unsigned i = 0; i < x->ntiers; i++) metric_part(x, i, plain[i]);
+    for (int all = 0; all < 2; all++) {
+        for (unsigned i = 0; i < x->ntiers; i++) {
+            bool clash = all;
+            for (unsigned j = 0; j < x->ntiers && !clash; j++) clash = j != i && strcmp(plain[i], plain[j]) == 0;
+            snprintf(out[i], 32, clash ? "%s%u" : "%s", plain[i], i);
         }
+        bool alike = false;
+        for (unsigned i = 0; i < x->ntiers; i++)
+            for (unsigned j = i + 1; j < x->ntiers; j++) alike = alike || strcmp(out[i], out[j]) == 0;
+        if (!alike) return;
     }
 }
 
 void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
+    char part[KVT_XFER_MAX_TIERS][32];
+    if (x) metric_tiers(x, part);
     for (unsigned s = 0; x && s < x->ntiers; s++)
         for (unsigned d = 0; d < x->ntiers; d++) {
             pthread_mutex_lock(&x->pairs[s][d].mu);
@@ -713,10 +719,8 @@ void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
             if (!seen) continue;
             kvt_xfer_stats_t st = {.size = sizeof(st)};
             kvt_xfer_stats(x, s, d, &st);
-            char a[32], b[32], name[72];
-            metric_tier(x, s, a);
-            metric_tier(x, d, b);
-            snprintf(name, sizeof(name), "%s_to_%s", a, b);
+            char name[72];
+            snprintf(name, sizeof(name), "%s_to_%s", part[s], part[d]);
             kvt_emit_begin(e, name);
             KVT_EMIT_STATS(e, &st, KVT_XFER_STATS_FIELDS);
             kvt_emit_gauge(e, "gbps", st.gbps, "copy throughput while copying, GB/s");

@@ -1072,3 +1072,41 @@ Test(xfer, emit_json_sections) {
     free(b);
     env_fini(&e);
 }
+
+/* Tiers named host, host and host0: the two hosts indexed would be host0
+ * twice; every tier is indexed then, each pair's section its own (the old
+ * names gave two sections host0_to_host1, one lost to a JSON reader). */
+Test(xfer, emit_names_every_pair_apart) {
+    env_t e;
+    env_init(&e, 2, 16);
+    env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_PAGE_FIRST, 0, "host");
+    env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_PAGE_FIRST, 0, "host");
+    env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_PAGE_FIRST, 0, "host0");
+    env_start(&e);
+    env_fill(&e, 0, 1);
+    env_fill(&e, 2, 3);
+    tbatch_t *b = calloc(2, sizeof(*b));
+    one_batch(&b[0], 0, 0, 3);
+    one_batch(&b[1], 0, 5, 2);
+    b[1].src = 2;
+    submit(&e, &b[0], 0);
+    submit(&e, &b[1], 1);
+    collect(&e, b, 2);
+    kvt_emitter_t *em;
+    cr_assert_eq(kvt_emitter_create(&em, KVT_FMT_JSON, "kvtier"), KVT_OK);
+    kvt_xfer_emit(e.x, em);
+    char *txt = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&txt, &len);
+    cr_assert_eq(kvt_emitter_write(em, f), KVT_OK);
+    fclose(f);
+    kvt_emitter_destroy(em);
+    cJSON *o = cJSON_Parse(txt);
+    cr_assert_not_null(o, "valid JSON: %s", txt);
+    cr_assert_not_null(cJSON_GetObjectItem(o, "host0_to_host1"), "%s", txt);
+    cr_assert_not_null(cJSON_GetObjectItem(o, "host02_to_host1"), "%s", txt);
+    cJSON_Delete(o);
+    free(txt);
+    free(b);
+    env_fini(&e);
+}
