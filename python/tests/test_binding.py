@@ -806,3 +806,55 @@ def test_a_cp_attached_cache_drives_its_transfer_engine_alone():
         c.sync()
         assert c.stats()["backups"] >= 2
         c.close(), x.close(), l1.close(), l2.close()
+
+
+def test_prometheus_collector_reports_two_caches_in_one_family_each():
+    """Two collectors in one registry wrote every family twice (a second TYPE
+    line: prometheus_client's own parser and promtool refuse the page); the
+    registry now refuses the second at registration, and ``add`` reports a
+    second cache as more samples of the same families."""
+    prom = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    from kvtier.prometheus import KvtierCollector
+    with kvtier.Cache(l1_pages=64, l2_pages=0, page_tokens=4) as a, \
+            kvtier.Cache(l1_pages=64, l2_pages=0, page_tokens=4) as b:
+        a.admit(list(range(40))).release()
+        for _ in range(2):
+            b.admit(list(range(8))).release()
+        reg = prom.CollectorRegistry()
+        col = KvtierCollector(cache=a, labels={"instance": "a", "role": "x"})
+        reg.register(col)
+        with pytest.raises(ValueError, match="kvtier_cache_requests"):
+            reg.register(KvtierCollector(cache=b, labels={"instance": "b"}))
+        col.add(cache=b, labels={"role": "x", "instance": "b"})  # the names in another order
+        text = prom.generate_latest(reg).decode()
+        for bad in ({"instance": "b"}, {"instance": "a", "role": "x"}, {"instance": "c", "role": "x", "z": "1"}):
+            with pytest.raises(ValueError, match="KvtierCollector.add labels"):
+                col.add(cache=b, labels=bad)
+    types = [ln for ln in text.splitlines() if ln.startswith("# TYPE")]
+    assert len(types) == len(set(types)), "a family written twice"
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    got = {s.labels["instance"]: (s.value, s.labels["role"]) for s in fams["kvtier_cache_requests"].samples
+           if s.name.endswith("_total")}
+    assert got == {"a": (1, "x"), "b": (2, "x")}
+
+
+def test_prometheus_collector_names_a_store_as_the_command_does(tmp_path):
+    """The command writes a store's stats as kvtier_l3_store_<op>_* with its
+    usage gauges; the collector wrote kvtier_store_<op>_*, without them."""
+    prom = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    from kvtier.prometheus import KvtierCollector
+    t = kvtier.Tier.host(4, 1, 64)
+    with kvtier.Store(f"dir:{tmp_path}", tier=t, model="m", page_tokens=16) as s:
+        assert s.put_sync([(b"k" * 16, 0), (b"j" * 16, 1)]).status == "KVT_OK"
+        reg = prom.CollectorRegistry()
+        reg.register(KvtierCollector(store=s))
+        text = prom.generate_latest(reg).decode()
+        puts = s.stats("put")
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert puts["calls"] >= 1
+    assert fams["kvtier_l3_store_put_calls"].samples[0].value == puts["calls"]
+    assert fams["kvtier_l3_store_put_stored_objects"].samples[0].value == puts["stored_objects"]
+    assert not any(n.startswith("kvtier_store_") for n in fams)
+    t.close()
