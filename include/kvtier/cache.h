@@ -267,7 +267,8 @@ KVT_API int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, u
  * is a data plane, any host tier otherwise). The cache polls the store (no
  * one else may). Before the first admission; the store outlives the cache.
  * KVT_EINVAL (no L2, l3_pages set too, a CP member, the tier too small or not
- * the attached L2), KVT_EBUSY (requests admitted or prefetches started; a
+ * the attached L2, a store of the hybrid cache's data plane over this cache
+ * or one under the same identity: kvt_hybrid_plane_create), KVT_EBUSY (requests admitted or prefetches started; a
  * store with batches in flight or not polled), KVT_ENOMEM; nothing changed
  * on failure.
  *

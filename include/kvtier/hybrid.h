@@ -286,7 +286,8 @@ KVT_API size_t kvt_hybrid_moves(const kvt_hybrid_t *h);
  * is released: window pages floor(max(0, nP - W) / P) .. n - 1 in order, or
  * the checkpoint at n; *n their number (0 for a full group or no hit).
  * KVT_ERANGE when cap is short (*n set), KVT_EIO when one of them failed to
- * reach L1 (kvt_hybrid_ready), KVT_EINVAL. */
+ * reach L1, KVT_EAGAIN while one is on its way there (kvt_hybrid_ready),
+ * KVT_EINVAL. */
 KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_t g, uint64_t *slots,
                              size_t cap, size_t *n);
 
@@ -457,11 +458,16 @@ typedef struct kvt_hybrid_plane_config {
  * another group's too, or an engine or tier of the full groups'
  * (kvt_cache_attach on kvt_hybrid_cache, which refuses the plane's in turn
  * when it comes second); an engine or store with batches on it already (someone
- * else's); anything given for a full group; a store not over its tier, put
- * and get on two URLs or under two identities, a group's identity another's,
+ * else's); anything given for a full group; l1_index or l2_index not the
+ * index of l1 or l2 in xfer; a store not over its tier, put and get on two
+ * URLs or under two identities, a group's identity another's or the full
+ * groups' store's (kvt_cache_attach_store: window page i and full page i
+ * have one chained hash, so one object under one identity; the cache
+ * refuses the plane's stores and identities in turn when it comes second),
  * or stores given for some groups only; no stores on a cache that has the
- * engine's own L3 (kvt_hybrid_set_l3); no write), KVT_ENOMEM; nothing
- * changed on failure. */
+ * engine's own L3 (kvt_hybrid_set_l3); a plane on h already; no write),
+ * KVT_ENOMEM; nothing changed on failure. An object a get finds bad (store.h)
+ * is removed, so that the probes stop answering for it. */
 KVT_API int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *cfg);
 /* Waits for the copies in flight and reports them. h stays usable, its
  * moves the engine's again (kvt_hybrid_take_moves) and its L3 gone with the

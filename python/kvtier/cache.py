@@ -122,7 +122,7 @@ def attach_store(owner: Any, c: int, what: str, store: Any) -> Any:
     with store._use as sp:
         check(lib.kvt_cache_attach_store(c, sp), what,
               "the store's tier must be the cache's L2, with l2_pages pages, before any admission or prefetch, "
-              "with no batches on the store")
+              "with no batches on the store, under a model identity of its own (not a hybrid cache's pieces')")
         owner._own(owner._h, (store,))
         store._drive(owner, "cache")
     return store

@@ -612,7 +612,7 @@ class Hybrid(Handle):
                   "taken and not reported, every window and state group's tiers (a piece a page, at least its "
                   "slots; l1 not l2, no tier another group's), Transfers and Stores with no batches on them, and "
                   "stores for every such group or none (put over l2, get over l1, both on one URL, one model "
-                  "identity a group)")
+                  "identity a group, not the full groups' store's: attach_store)")
             self._plane = plane.value
             self._plane_keep = (fn, cfg, bool(stores))
             self._own(h, deps)
@@ -853,7 +853,8 @@ class Hybrid(Handle):
         the checkpoint at n; empty for a full group or no hit. Valid once the
         admission's moves have run (with async_moves: once :meth:`ready`).
         InvalidArgument for a request not live here, IOFailure when one of
-        them failed to reach L1, IndexError for g out of range."""
+        them failed to reach L1, TryAgain while one is on its way there,
+        IndexError for g out of range."""
         _a.instance(req, HybridRequest, "Hybrid.slots req")
         g = _a.index(g, "Hybrid.slots group", self._cfg.ngroups, "groups:")
         gr = self._cfg.groups[g]

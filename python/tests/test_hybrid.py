@@ -1223,6 +1223,114 @@ def test_two_caches_share_pieces_through_a_store(tmp_path):
     assert got[1] > got[0], (got, seed)
 
 
+def test_the_pieces_and_the_full_pages_never_share_a_store_identity(tmp_path):
+    """Window page i and full page i have one chained hash: under one model
+    identity (and geometry: a window group as wide as the full one) they
+    were one object in L3, and a window hit was served a full page's bytes.
+    Refused whichever comes second, the plane's stores or the cache's."""
+    url = f"dir:{tmp_path}/l3"
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=64, l2_pages=64, l1_slots={1: 8},
+              l2_slots={1: 8}, checkpoint_every=0, moves=True, async_moves=True)
+    for full_model, clash in (("m", True), ("full", False)):
+        for plane_first in (False, True):
+            with kvtier.Hybrid("full:1:64,window:24:1:64", **kw) as h:
+                size = kvtier.hybrid.piece_bytes(h.groups[1], P)
+                assert size == P * 64  # a piece is as wide as a full page
+                fl2 = kvtier.Tier.host(64, 1, size)
+                a, b = kvtier.Tier.arena(8, 1, size), kvtier.Tier.host(8, 1, size, checksum=True)
+                x = kvtier.Transfer([a, b])
+                full = kvtier.Store(url, tier=fl2, page_tokens=P, model=full_model)
+                put, get = (kvtier.Store(url, tier=t, page_tokens=P, model="m") for t in (b, a))
+                steps = [lambda: h.attach_store(full), lambda: h.attach_pieces({1: (x, a, b)}, print, {1: (put, get)})]
+                if plane_first:
+                    steps.reverse()
+                steps[0]()
+                if clash:
+                    with pytest.raises(kvtier.InvalidArgument, match="identity"):
+                        steps[1]()
+                else:
+                    steps[1]()
+            for o in (full, put, get, x, a, b, fl2):
+                o.close()
+
+
+def test_a_bad_object_in_the_pieces_store_is_removed(tmp_path):
+    """An object that fails its checks stayed "present" to every probe, so
+    every later hit through it failed (a recompute each, in every instance
+    sharing the store) and none stored the piece again: it is removed at the
+    failed get, and a later request is served again."""
+    root = tmp_path / "l3"
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=1 << 14, l2_pages=1 << 14,
+              l1_slots={1: 8}, l2_slots={1: 8}, write_policy="write_through", l3_write_policy="write_through",
+              moves=True, async_moves=True)
+    with kvtier.Hybrid("full:1:64,window:24:1:64", **kw) as h:
+        size = kvtier.hybrid.piece_bytes(h.groups[1], P)
+        a, b = kvtier.Tier.arena(8, 1, size), kvtier.Tier.host(8, 1, size, checksum=True)
+        x = kvtier.Transfer([a, b])
+        put, get = (kvtier.Store(f"dir:{root}", tier=t, page_tokens=P, model="p", log=lambda m: None) for t in (b, a))
+
+        def write(mv):
+            a.write_page(mv.dst_slot, piece_content(1, mv.key, size))
+
+        h.attach_pieces({1: (x, a, b)}, write, {1: (put, get)})
+
+        def run(t):
+            r = h.admit(t)
+            ok = h.pieces_wait(r)
+            out = (r.hit_pages, r.hit_tier, ok)
+            h.release(r, t)
+            h.pieces_sync()
+            return out
+
+        t = np.arange(80, dtype=np.int32)  # 5 pages
+        run(t)
+        objects = [f for f in root.glob("*/*") if f.is_file()]
+        assert objects
+        for f in objects:  # every piece's object damaged
+            d = bytearray(f.read_bytes())
+            d[0] ^= 1
+            f.write_bytes(bytes(d))
+        rng = np.random.default_rng(0)
+        seen = []
+        for _ in range(4):
+            for _ in range(30):  # other requests push t's pieces out of L1 and L2 (its full pages stay)
+                run(rng.integers(1000, 1 << 20, 64, dtype=np.int32))
+            seen.append(run(t))
+        assert seen[0] == (5, 3, False), seen  # from L3, and refused
+        assert put.stats("remove")["hits"] >= 1
+        assert any(ok for _, _, ok in seen[1:]), seen  # the old code: (5, 3, False) each time
+    for o in (put, get, x, a, b):
+        o.close()
+
+
+def test_slots_wait_for_the_pieces_on_their_way():
+    """Hybrid.slots answered while the hit's pieces were still being copied
+    into L1: the slots held other pieces' bytes. TryAgain until ready."""
+    kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=1 << 14, l2_pages=1 << 14,
+              l1_slots={1: 4}, l2_slots={1: 16}, write_policy="write_through", moves=True, async_moves=True)
+    with kvtier.Hybrid("full:1:64,window:24:1:64", **kw) as h:
+        size = kvtier.hybrid.piece_bytes(h.groups[1], P)
+        a, b = kvtier.Tier.arena(4, 1, size), kvtier.Tier.host(16, 1, size, checksum=True)
+        x = kvtier.Transfer([a, b])
+        h.attach_pieces({1: (x, a, b)}, lambda mv: a.write_page(mv.dst_slot, piece_content(1, mv.key, size)))
+        t0 = np.arange(64, dtype=np.int32)
+        for t in [t0] + [np.arange(1000 * i, 1000 * i + 64, dtype=np.int32) for i in (1, 2, 3)]:
+            h.release(h.admit(t), t)  # t0's pieces pushed out of L1 into L2
+            h.pieces_sync()
+        r = h.admit(t0)
+        assert r.hit_pages == 4 and r.hit_tier == 2 and h.ready(r) is False
+        with pytest.raises(kvtier.TryAgain):
+            h.slots(r, 1)
+        assert h.pieces_wait(r)
+        hashes = kvtier.page_hashes(t0, P)
+        for s, page in zip(h.slots(r, 1), needed_pages(24, 4)):
+            lo, hi = hashes[page]
+            assert a.read_page(s) == piece_content(1, (hi, lo), size)
+        h.release(r, t0)
+    for o in (x, a, b):
+        o.close()
+
+
 def test_attach_pieces_refuses_what_it_cannot_run():
     room = 1 << 14
     kw = dict(page_tokens=P, l1_bytes=1 << 20, l2_bytes=1 << 20, l1_pages=room, l2_pages=room,

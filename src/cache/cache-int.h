@@ -58,8 +58,11 @@ typedef struct kvt__cache_copies {
     unsigned xf_l1, xf_l2;         /* the engine's indices of the L1 and L2 tiers */
     kvt_tier_t *l1_tier, *l2_tier; /* the L1 and L2 tiers */
     /* Another data plane beside this one (the hybrid cache's, for its
-     * pieces): attach refuses an engine or tier it uses (taken(taken_by, obj)) */
+     * pieces): attach refuses an engine or tier it uses (taken(taken_by,
+     * obj)), attach_store a store it uses or one of its stores' identities
+     * (store_taken) */
     bool (*taken)(const void *taken_by, const void *obj);
+    bool (*store_taken)(const void *taken_by, kvt_store_t *s);
     const void *taken_by;
     kvt_xfer_copy_t *pend[2];      /* copies not yet handed to the engine, by op_kind_t (tier pages) */
     size_t npend[2], pend_cap;

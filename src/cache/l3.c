@@ -558,6 +558,7 @@ int kvt_cache_attach_store(kvt_cache_t *c, kvt_store_t *s) {
     if (c == NULL || s == NULL || c->l2 == NULL || c->cfg.l3_pages || c->cp.size) return KVT_EINVAL;
     kvt_tier_t *t = kvt_store_tier(s);
     if (t == NULL || kvt_tier_geom(t)->pages < c->cfg.l2_pages || (c->dp.l2_tier && t != c->dp.l2_tier)) return KVT_EINVAL;
+    if (c->dp.store_taken && c->dp.store_taken(c->dp.taken_by, s)) return KVT_EINVAL;
     if (c->l3.store || c->st.requests || c->l3.npf || kvt_store_pending(s)) return KVT_EBUSY; /* pending: someone else's batches */
     uint8_t *f = kvt__calloc(c->cfg.l2_pages, 1);
     kvt_store_page_t *q = kvt__malloc(PUTQ_CAP * sizeof(*q));

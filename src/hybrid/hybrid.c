@@ -1099,6 +1099,7 @@ int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req, uint32_
     *n = p->count[g];
     if (p->count[g] > cap) return KVT_ERANGE;
     if (p->failed) return KVT_EIO;
+    if (p->nwait) return KVT_EAGAIN; /* a slot whose piece is still on its way holds another's bytes */
     for (uint32_t i = 0; i < p->count[g]; i++)
         if (kvt_keyed_page(h->kc[g][0], p->keys[g][i], &slots[i]) != KVT_OK) return KVT_ECORRUPT;
     return KVT_OK;

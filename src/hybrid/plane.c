@@ -16,6 +16,7 @@
 #include "../core/abi-int.h"
 #include "../core/mem-int.h"
 #include "../cache/cache-int.h"
+#include "../xfer/xfer-int.h"
 #include "hybrid-int.h"
 #include "kvtier/error.h"
 #include "kvtier/hybrid.h"
@@ -126,6 +127,9 @@ static void identity_of(kvt_store_t *s, char hex[33]) {
 static int group_ok(const kvt_hybrid_config_t *hc, uint32_t g, const kvt_hybrid_plane_group_t *x, uint64_t bytes,
                     bool store) {
     if (x->xfer == NULL || x->l1 == NULL || x->l1 == x->l2 || hc->l3_slots[g]) return 0;
+    /* the checks below look at the tiers, the copies go by the indexes: one and the same */
+    if (kvt__xfer_tier(x->xfer, x->l1_index) != x->l1 || (x->l2 && kvt__xfer_tier(x->xfer, x->l2_index) != x->l2))
+        return 0;
     const kvt_geom_t *g1 = kvt_tier_geom(x->l1), *g2 = x->l2 ? kvt_tier_geom(x->l2) : NULL;
     if (g1->pages < hc->l1_slots[g] || kvt_geom_page_bytes(g1) != bytes) return 0;
     if (hc->l2_slots[g] && (g2 == NULL || g2->pages < hc->l2_slots[g] || kvt_geom_page_bytes(g2) != bytes)) return 0;
@@ -140,13 +144,36 @@ static int group_ok(const kvt_hybrid_config_t *hc, uint32_t g, const kvt_hybrid_
            strcmp(kvt_store_url(x->put), kvt_store_url(x->get)) == 0; /* one L3: what is put is what is got */
 }
 
+/* Whether store s is one of the plane's stores or shares an identity with
+ * one (a piece's object would answer for a full page of the same chained
+ * hash): what kvt_cache_attach_store asks when it comes second. */
+static bool plane_store_taken(const void *plane, kvt_store_t *s) {
+    const kvt_hybrid_plane_t *p = plane;
+    char a[33], b[33];
+    identity_of(s, a);
+    for (uint32_t g = 0; g < p->ngroups; g++) {
+        const kvt_hybrid_plane_group_t *x = &p->cfg.groups[g];
+        if (x->put == NULL) continue;
+        if (s == x->put || s == x->get) return true;
+        identity_of(x->put, b);
+        if (strcmp(a, b) == 0) return true;
+    }
+    return false;
+}
+
 /* No two groups share a tier (a slot of one group would be another's) or a
  * store identity (a group's object would answer for another's), nor an
  * engine or tier with the full groups' data plane (kvt_cache_attach: a slot
- * would be a page; attached after the plane, the cache asks plane_uses); a
+ * would be a page; attached after the plane, the cache asks plane_uses),
+ * nor a store or identity with their L3 (kvt_cache_attach_store: window page
+ * i and full page i have one chained hash, so one object under one
+ * identity; attached after the plane, the cache asks plane_store_taken); a
  * full group is given nothing (its pages are the radix cache's). */
 static int groups_apart(kvt_hybrid_t *h, const kvt_hybrid_config_t *hc, const kvt_hybrid_plane_config_t *cfg) {
     const kvt__cache_copies_t *dp = &kvt_hybrid_cache(h)->dp;
+    kvt_store_t *full = kvt_hybrid_cache(h)->l3.store;
+    char fid[33];
+    if (full) identity_of(full, fid);
     for (uint32_t g = 0; g < hc->ngroups; g++) {
         const kvt_hybrid_plane_group_t *x = &cfg->groups[g];
         if (kvt_hybrid_piece_bytes(&hc->groups[g], hc->cache.page_tokens) == 0) {
@@ -156,6 +183,11 @@ static int groups_apart(kvt_hybrid_t *h, const kvt_hybrid_config_t *hc, const kv
         if (dp->xf && (x->xfer == dp->xf || x->l1 == dp->l1_tier || x->l1 == dp->l2_tier || x->l2 == dp->l1_tier ||
                        x->l2 == dp->l2_tier))
             return 0; /* one engine: each side would take the other's completions */
+        if (full && x->put) {
+            char a[33];
+            identity_of(x->put, a);
+            if (x->put == full || x->get == full || strcmp(a, fid) == 0) return 0;
+        }
         for (uint32_t k = 0; k < g; k++) {
             const kvt_hybrid_plane_group_t *y = &cfg->groups[k];
             if (y->l1 == NULL) continue; /* a full group */
@@ -185,8 +217,10 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
     if (out == NULL || h == NULL || given == NULL || kvt__abi_in(&c, sizeof(c), given) != KVT_OK || c.write == NULL)
         return KVT_EINVAL;
     const kvt_hybrid_config_t *hc = kvt__hybrid_cfg(h);
-    /* a move the engine took and has not reported would never be */
-    if (!hc->moves || !hc->async_moves || kvt__hybrid_live(h) || kvt_hybrid_moves_outstanding(h)) return KVT_EINVAL;
+    /* a move the engine took and has not reported would never be; a second plane would take the first's */
+    if (!hc->moves || !hc->async_moves || kvt__hybrid_live(h) || kvt_hybrid_moves_outstanding(h) ||
+        kvt_hybrid_cache(h)->dp.taken_by)
+        return KVT_EINVAL;
     bool store = false;
     for (uint32_t g = 0; g < hc->ngroups; g++) store |= cfg->groups[g].put || cfg->groups[g].get;
     if (!store && kvt__hybrid_has_l3(h)) return KVT_EINVAL; /* the engine's own L3: its moves would have no runner */
@@ -211,6 +245,7 @@ int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt
     kvt__hybrid_drive(h, true);
     kvt__cache_copies_t *dp = &kvt_hybrid_cache(h)->dp;
     dp->taken = plane_uses;
+    dp->store_taken = plane_store_taken;
     dp->taken_by = p;
     *out = p;
     return KVT_OK;
@@ -382,6 +417,14 @@ static int reap_store(kvt_hybrid_plane_t *p, uint32_t g, int get, uint64_t timeo
             b->t->ok[b->at + i] = (uint8_t)good;
             if (get) p->st.got += good, p->st.get_misses += !good;
             else p->st.put += good, p->st.put_failures += !good;
+            /* An object that failed its checks stays "present" to every probe of every instance, each hit
+             * through it failing, and none stores that piece again (it was there): it goes. (A put racing
+             * with the remove loses its object: a miss later, never wrong bytes.) */
+            if (get && d[j].results[i] == KVT_STORE_BAD) {
+                kvt_store_page_t bad = {b->t->pages[b->at + i].hash, 0};
+                uint8_t res;
+                (void)kvt_store_run(x->put, KVT_STORE_REMOVE, &bad, 1, &res, NULL);
+            }
         }
         landed(p, b);
     }
@@ -464,6 +507,7 @@ void kvt_hybrid_plane_destroy(kvt_hybrid_plane_t *p) {
     kvt__hybrid_drive(p->h, false);
     kvt__cache_copies_t *dp = &kvt_hybrid_cache(p->h)->dp;
     dp->taken = NULL;
+    dp->store_taken = NULL;
     dp->taken_by = NULL;
     if (p->store) kvt__hybrid_drop_l3(p->h); /* its probe is this plane's */
     kvt__free(p->b, p->cap * sizeof(*p->b));

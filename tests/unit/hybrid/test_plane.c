@@ -331,6 +331,12 @@ Test(hybrid_plane, what_it_cannot_run_is_refused) {
     bad = good;
     bad.groups[1].l2 = r.tier[1][0];
     cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &bad), KVT_EINVAL, "l1 and l2 one tier");
+    bad = good; /* the checks look at the tiers, the copies go by the indexes: they were taken on trust */
+    bad.groups[1].l1_index = 1, bad.groups[1].l2_index = 0;
+    cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &bad), KVT_EINVAL, "indexes that are not the tiers'");
+    bad = good;
+    bad.groups[2].l2_index = 2;
+    cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &bad), KVT_EINVAL, "an index past the engine's tiers");
     bad = good;
     bad.groups[0] = good.groups[1];
     cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &bad), KVT_EINVAL, "tiers for a full group");
@@ -369,6 +375,10 @@ Test(hybrid_plane, what_it_cannot_run_is_refused) {
     cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &good), KVT_EINVAL, "a move the engine took and did not report");
     cr_assert_eq(kvt_hybrid_moves_done(r.h, mv, 1, ok), KVT_OK);
     cr_assert_eq(kvt_hybrid_plane_create(&r.p, r.h, &good), KVT_OK, "the cache as it was: a plane now");
+    /* a second plane took the first's moves and completions (its sync hung; destroyed, it left the first
+     * with no hold on the cache) */
+    cr_assert_eq(kvt_hybrid_plane_create(&p, r.h, &good), KVT_EINVAL, "a second plane on the cache");
+    cr_assert_null(p);
     /* the plane's moves now: no one else takes, reports or reroutes them */
     cr_assert_gt(kvt_hybrid_moves(r.h), 0);
     cr_assert_eq(kvt_hybrid_take_moves(r.h, mv, 2), 0u);
