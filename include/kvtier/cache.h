@@ -250,8 +250,9 @@ typedef struct kvt_cache_cp {
  * cache (kvt_cache_destroy waits for copies in flight). KVT_EINVAL (no L2
  * tier in the cache, tiers too small, an index that names another of the
  * engine's tiers or none, a modeled L3 (l3_pages: it holds no bytes), a
- * store attached whose tier is not l2; on kvt_hybrid_cache, an engine or
- * tier of the hybrid cache's data plane, kvt_hybrid_plane), KVT_EBUSY (requests admitted
+ * store attached whose tier is not l2, or, with a store, an engine without
+ * its checksum option over a checksummed l2; on kvt_hybrid_cache, an engine
+ * or tier of the hybrid cache's data plane, kvt_hybrid_plane), KVT_EBUSY (requests admitted
  * already; an engine with batches in flight or not polled, someone else's),
  * KVT_ENOMEM; nothing changed on failure. */
 KVT_API int kvt_cache_attach(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned l1_index, kvt_tier_t *l2,
@@ -268,7 +269,10 @@ KVT_API int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, u
  * one else may). Before the first admission; the store outlives the cache.
  * KVT_EINVAL (no L2, l3_pages set too, a CP member, the tier too small or not
  * the attached L2, a store of the hybrid cache's data plane over this cache
- * or one under the same identity: kvt_hybrid_plane_create), KVT_EBUSY (requests admitted or prefetches started; a
+ * or one under the same identity: kvt_hybrid_plane_create; an attached
+ * engine without its checksum option over a checksummed L2, whose pages the
+ * store would then refuse to put, as kvt_cache_attach refuses it when it
+ * comes second), KVT_EBUSY (requests admitted or prefetches started; a
  * store with batches in flight or not polled), KVT_ENOMEM; nothing changed
  * on failure.
  *

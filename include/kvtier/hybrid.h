@@ -459,7 +459,9 @@ typedef struct kvt_hybrid_plane_config {
  * (kvt_cache_attach on kvt_hybrid_cache, which refuses the plane's in turn
  * when it comes second); an engine or store with batches on it already (someone
  * else's); anything given for a full group; l1_index or l2_index not the
- * index of l1 or l2 in xfer; a store not over its tier, put and get on two
+ * index of l1 or l2 in xfer; with stores, an engine without its checksum
+ * option over a checksummed l2 (its pages' sums never written, the store
+ * would refuse every put); a store not over its tier, put and get on two
  * URLs or under two identities, a group's identity another's or the full
  * groups' store's (kvt_cache_attach_store: window page i and full page i
  * have one chained hash, so one object under one identity; the cache

@@ -858,3 +858,38 @@ def test_prometheus_collector_names_a_store_as_the_command_does(tmp_path):
     assert fams["kvtier_l3_store_put_stored_objects"].samples[0].value == puts["stored_objects"]
     assert not any(n.startswith("kvtier_store_") for n in fams)
     t.close()
+
+
+def test_a_store_over_a_checksummed_l2_that_the_copies_leave_unsummed_is_refused(tmp_path):
+    """A Transfer with checksum=False fills a checksummed L2 without its
+    sums, and the store then refused every put from it (a corrupt host page
+    never reaches L3), silently: attaching the two together is refused,
+    whichever comes second, for the radix cache and for a hybrid's pieces."""
+    l1, l2 = kvtier.Tier.host(64, 1, 64), kvtier.Tier.host(64, 1, 64, checksum=True)
+    with l1, l2, kvtier.Transfer([l1, l2], checksum=False) as x, kvtier.Transfer([l1, l2]) as good:
+        for store_first in (False, True):
+            for xfer in (x, good):
+                with kvtier.Store(f"dir:{tmp_path}/l3", tier=l2, model="m", page_tokens=4) as s, \
+                        kvtier.Cache(l1_pages=64, l2_pages=64, page_tokens=4, l3_write_policy="write_through") as c:
+                    steps = [lambda: c.attach(xfer, l1, l2), lambda: c.attach_store(s)]
+                    if store_first:
+                        steps.reverse()
+                    steps[0]()
+                    if xfer is x:
+                        with pytest.raises(kvtier.InvalidArgument):
+                            steps[1]()
+                    else:
+                        steps[1]()
+                        c.admit(list(range(16))).release()
+                        c.sync()
+                        assert s.stats("put")["hits"] == 4  # every page put
+    with kvtier.Hybrid("full:1:64,window:24:1:64", page_tokens=4, l1_bytes=1 << 20, l2_bytes=1 << 20,
+                       l1_pages=64, l2_pages=64, l1_slots={1: 8}, l2_slots={1: 8}, moves=True,
+                       async_moves=True) as h:
+        size = kvtier.hybrid.piece_bytes(h.groups[1], 4)
+        a, b = kvtier.Tier.arena(8, 1, size), kvtier.Tier.host(8, 1, size, checksum=True)
+        with a, b, kvtier.Transfer([a, b], checksum=False) as px:
+            with kvtier.Store(f"dir:{tmp_path}/p", tier=b, model="p", page_tokens=4) as put, \
+                    kvtier.Store(f"dir:{tmp_path}/p", tier=a, model="p", page_tokens=4) as get:
+                with pytest.raises(kvtier.InvalidArgument):
+                    h.attach_pieces({1: (px, a, b)}, print, {1: (put, get)})

@@ -316,6 +316,7 @@ int kvt_cache_attach_cp(kvt_cache_t *c, kvt_xfer_t *x, kvt_tier_t *l1, unsigned 
         return KVT_EINVAL;
     /* a modeled L3 holds no bytes to load; a store reads its own tier, which must be the L2 the copies fill */
     if (c->cfg.l3_pages || (c->l3.store && kvt_store_tier(c->l3.store) != l2)) return KVT_EINVAL;
+    if (c->l3.store && kvt_tier_sums(l2) && !kvt__xfer_checksums(x)) return KVT_EINVAL; /* every put refused */
     if (c->dp.taken && (c->dp.taken(c->dp.taken_by, x) || c->dp.taken(c->dp.taken_by, l1) ||
                         (l2 && c->dp.taken(c->dp.taken_by, l2))))
         return KVT_EINVAL; /* another data plane's engine or tier: its completions, or its slots over pages */

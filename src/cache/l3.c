@@ -48,6 +48,7 @@
 #include "kvtier/stats.h"
 #include "../core/check-int.h"
 #include "../core/mem-int.h"
+#include "../xfer/xfer-int.h"
 
 #define PF_CHUNK 32             /* pages a get batch, and the first exists window */
 #define PF_PROBE_MAX 1024       /* the largest exists window */
@@ -559,6 +560,7 @@ int kvt_cache_attach_store(kvt_cache_t *c, kvt_store_t *s) {
     kvt_tier_t *t = kvt_store_tier(s);
     if (t == NULL || kvt_tier_geom(t)->pages < c->cfg.l2_pages || (c->dp.l2_tier && t != c->dp.l2_tier)) return KVT_EINVAL;
     if (c->dp.store_taken && c->dp.store_taken(c->dp.taken_by, s)) return KVT_EINVAL;
+    if (c->dp.xf && kvt_tier_sums(t) && !kvt__xfer_checksums(c->dp.xf)) return KVT_EINVAL; /* every put refused */
     if (c->l3.store || c->st.requests || c->l3.npf || kvt_store_pending(s)) return KVT_EBUSY; /* pending: someone else's batches */
     uint8_t *f = kvt__calloc(c->cfg.l2_pages, 1);
     kvt_store_page_t *q = kvt__malloc(PUTQ_CAP * sizeof(*q));

@@ -137,6 +137,7 @@ static int group_ok(const kvt_hybrid_config_t *hc, uint32_t g, const kvt_hybrid_
     /* batches already on them are someone else's: their completions would be taken for the plane's */
     if (kvt_xfer_pending(x->xfer) || (store && (kvt_store_pending(x->put) || kvt_store_pending(x->get)))) return 0;
     if (!store) return 1;
+    if (kvt_tier_sums(x->l2) && !kvt__xfer_checksums(x->xfer)) return 0; /* every put refused: no sums in L2 */
     char a[33], b[33];
     identity_of(x->put, a);
     identity_of(x->get, b);

@@ -45,6 +45,11 @@ int kvt__xfer_set_faults(kvt_xfer_t *x, const kvt__xfer_faults_t *f);
  * name a tier both ways (kvt_cache_attach) to check they agree. */
 kvt_tier_t *kvt__xfer_tier(const kvt_xfer_t *x, unsigned i);
 
+/* Whether the engine records and verifies checksums (its config's
+ * `checksum`): a store over a checksummed tier it fills refuses every put
+ * when it does not (the pages' sums never written). */
+bool kvt__xfer_checksums(const kvt_xfer_t *x);
+
 #define KVT__MAX_CHUNKS (2 * KVT_TIER_MAX_PLANES)
 
 typedef struct kvt__chunk {

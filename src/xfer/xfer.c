@@ -732,3 +732,5 @@ void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
 }
 
 kvt_tier_t *kvt__xfer_tier(const kvt_xfer_t *x, unsigned i) { return i < x->ntiers ? x->tiers[i] : NULL; }
+
+bool kvt__xfer_checksums(const kvt_xfer_t *x) { return x->cfg.checksum; }
