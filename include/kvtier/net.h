@@ -38,9 +38,12 @@ typedef enum kvt_net_transport {
 /* True when this build has the UCX transport. */
 KVT_API bool kvt_net_ucx_built(void);
 
-/* Serves tier t (host-visible) on host:port (port 0: any free port).
- * KVT_EINVAL, KVT_ENOMEM, KVT_ENOTSUP (UCX not built), KVT_EIO (cannot
- * listen). */
+/* Serves tier t (host-visible, one region, without per-page checksums:
+ * runs land straight in its pages, whose sums would go stale) on host:port
+ * (port 0: any free port). A writer's connection may idle between runs for
+ * as long as it likes; one that stops in the middle of a run for 30 s
+ * (TCP) is closed. KVT_EINVAL, KVT_ENOMEM, KVT_ENOTSUP (UCX not built),
+ * KVT_EIO (cannot listen). */
 KVT_API int kvt_net_server_create(kvt_net_server_t **out, kvt_net_transport_t tr, kvt_tier_t *t, const char *host,
                           uint16_t port);
 /* From now on a writer's hello must carry `token` (its tier's
@@ -56,8 +59,8 @@ typedef struct kvt_net_server_stats {
     uint32_t size;          /* sizeof(kvt_net_server_stats_t), set by the caller */
     uint64_t connections;   /* accepted */
     uint64_t refused;       /* hellos refused, told why (a wrong version, token or geometry) */
-    uint64_t bad_peers;     /* connections closed for malformed data (a hello's wrong magic, a bad run), or for no
-                             * whole hello within 5 s */
+    uint64_t bad_peers;     /* connections closed for malformed data (a hello's wrong magic, a bad run), for no
+                             * whole hello within 5 s, or for a run that stalled 30 s in the middle (TCP) */
     uint64_t awaiting_hello; /* gauge: connections accepted that have not yet sent a whole hello */
     uint64_t runs, bytes;   /* received and acknowledged */
     char last_error[128];

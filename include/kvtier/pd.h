@@ -176,7 +176,8 @@ typedef struct kvt_pd_event {
 
 /* Listens on both ports and starts the control thread; the join deadline
  * runs from here. Errors, nothing left behind: KVT_EINVAL (no pool, a pool
- * that is not host-visible, ranks out of range, a bad host), KVT_ENOMEM,
+ * that is not host-visible or keeps per-page checksums (kvt_net_server_create),
+ * ranks out of range, a bad host), KVT_ENOMEM,
  * KVT_ENOTSUP (UCX not built), KVT_EIO (cannot listen or start a thread). */
 KVT_API int kvt_pd_receiver_create(kvt_pd_receiver_t **out, const kvt_pd_receiver_config_t *cfg);
 /* Stops the control thread and the page server and closes every connection.

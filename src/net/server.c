@@ -142,7 +142,25 @@ static bool greet(sconn_t *c) {
     return kvt__write_full(fd, &r, sizeof(r)) == 0 && v == 0;
 }
 
-/* One writer's connection: its hello, then runs until it closes. */
+/* A writer that stops in the middle of a run (its header, its bytes, or
+ * taking its ack) this long is gone: its thread and descriptor go back. */
+static uint64_t stall_by(void) { return kvt_now_ns() + KVT_WIRE_STALL_MS * 1000000ull; }
+
+/* len bytes, the deadline renewed a MiB at a time (a 1 GiB run on a slow
+ * link takes long, but never stalls): 0; 1 the peer closed or was shut
+ * down; -1 it stalled. */
+static int read_stalling(int fd, uint8_t *p, uint64_t len) {
+    for (uint64_t at = 0; at < len;) {
+        uint64_t piece = len - at < (1u << 20) ? len - at : (1u << 20), by = stall_by();
+        if (kvt__read_by(fd, p + at, piece, by, NULL) != 0) return kvt_now_ns() >= by ? -1 : 1;
+        at += piece;
+    }
+    return 0;
+}
+
+/* One writer's connection: its hello, then runs until it closes. Between
+ * runs it may be idle for as long as it likes (a writer keeps its streams
+ * open between copies; keepalive finds a peer host that went away). */
 static void serve_conn(sconn_t *c) {
     kvt_net_server_t *s = c->s;
     int fd = c->fd;
@@ -152,19 +170,30 @@ static void serve_conn(sconn_t *c) {
     if (!ok) return;
     for (;;) {
         kvt__wire_data_t d;
-        if (kvt__read_full(fd, &d, sizeof(d)) != 0) return; /* the writer is done (or gone) */
+        if (kvt__read_full(fd, &d, 1) != 0) return; /* the writer is done (or gone) */
+        int rc = read_stalling(fd, (uint8_t *)&d + 1, sizeof(d) - 1);
+        if (rc != 0) {
+            if (rc < 0) kvt__net_note(s, &s->st.bad_peers, "a run's header stalled %d s (fd %d); connection closed",
+                                      KVT_WIRE_STALL_MS / 1000, fd);
+            return;
+        }
         if (!kvt__net_run_ok(s, &d)) {
             kvt__net_note(s, &s->st.bad_peers, "a run of %llu bytes at %llu (fd %d): %s; connection closed",
                           (unsigned long long)d.len, (unsigned long long)d.off, fd,
                           d.len == 0 ? "empty" : d.len > KVT_WIRE_MAX_DATA ? "over 1 GiB" : "past the end of the tier");
             return;
         }
-        if (kvt__read_full(fd, s->base + d.off, d.len) != 0) return;
+        if ((rc = read_stalling(fd, s->base + d.off, d.len)) != 0) {
+            if (rc < 0) kvt__net_note(s, &s->st.bad_peers, "a run of %llu bytes at %llu stalled %d s (fd %d); connection "
+                                      "closed", (unsigned long long)d.len, (unsigned long long)d.off,
+                                      KVT_WIRE_STALL_MS / 1000, fd);
+            return;
+        }
         /* counted before the ack: a reader that learns of the ack (through
          * whatever channel) and then reads the stats sees the bytes */
         kvt__net_count(s, d.len);
         uint64_t ack = d.len;
-        if (kvt__write_full(fd, &ack, sizeof(ack)) != 0) return;
+        if (kvt__write_by(fd, &ack, sizeof(ack), stall_by(), NULL) != 0) return;
     }
 }
 
@@ -248,13 +277,18 @@ static void *accept_main(void *arg) {
                 nanosleep(&ts, NULL);
                 continue;
             }
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            return NULL;
+            if (errno != EINTR && errno != ECONNABORTED) { /* (accept(2): network errors are to be retried) */
+                kvt__net_note(s, NULL, "accept: errno %d; retrying", errno);
+                struct timespec ts = {0, 10000000};
+                nanosleep(&ts, NULL);
+            }
+            continue;
         }
         struct timeval tv = {5, 0}; /* a peer that says nothing is not waited for long */
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         int one = 1; /* acks are small: never hold them back */
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)); /* an idle writer's host that went away */
         sconn_t *c = KVT_NEW(sconn_t);
         if (c == NULL) {
             close(fd);
@@ -319,6 +353,7 @@ static int tier_region(kvt_tier_t *t, uint8_t **base, uint64_t *bytes) {
     kvt_tier_info_t info = {.size = sizeof(info)};
     const kvt_geom_t *g = kvt_tier_geom(t);
     if (!kvt_tier_host_visible(t) || kvt_tier_kind(t) == KVT_TIER_ENGINE || kvt_tier_info(t, &info) != KVT_OK) return KVT_EINVAL;
+    if (kvt_tier_sums(t)) return KVT_EINVAL; /* runs land straight in its pages: their sums would go stale */
     *base = kvt_tier_addr(t, 0, 0);
     *bytes = g->pages * kvt_geom_page_bytes(g);
     return *base != NULL && info.bytes >= *bytes ? KVT_OK : KVT_EINVAL;

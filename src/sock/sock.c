@@ -4,6 +4,7 @@
  * kvtier but the error codes. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -117,17 +118,29 @@ int kvt__tcp_listen(const struct sockaddr_in *a, uint16_t *port) {
     return fd;
 }
 
+/* Non-blocking, so that a peer whose SYNs go unanswered (a full accept
+ * queue, a dropped route, a dead host) is given up at the deadline, not
+ * after the kernel's retries (over two minutes), and a signal does not fail
+ * it. */
 int kvt__tcp_connect(const char *addr) {
     struct sockaddr_in sa;
     if (kvt__parse_addr(addr, &sa) != 0) return -1;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    int err = 0;
+    socklen_t elen = sizeof(err);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 &&
+        (errno != EINPROGRESS || wait_ready(fd, POLLOUT, kvt_now_ns() + KVT_WIRE_STALL_MS * 1000000ull, NULL) != 0 ||
+         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 || err != 0)) {
         close(fd);
-        fd = -1;
+        return -1;
     }
-    if (fd >= 0) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) { /* the callers' reads and writes block */
+        close(fd);
+        return -1;
     }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
 }

@@ -1,5 +1,7 @@
 /* The kvtier page wire protocol (docs/pd.md), shared by the tcp tier (the
- * writer) and the page server (the reader). All integers little-endian.
+ * writer) and the page server (the reader). All integers little-endian: the
+ * structs below go on the wire as they are, so kvtier builds only for
+ * little-endian hosts (asserted below).
  *
  *   writer                                   server
  *   hello {magic, version, layout, layers,
@@ -21,6 +23,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire's structs are sent as they are: little-endian");
 
 #define KVT_WIRE_MAGIC 0x31307465766b7476ull /* "vtkvet01" little-endian */
 #define KVT_WIRE_VERSION 2 /* 2: the hello carries a token */
@@ -68,7 +72,8 @@ struct sockaddr_in;
 int kvt__parse_addr(const char *addr, struct sockaddr_in *sa);
 /* A listening TCP socket on a (port 0: any), its port in *port; or -1. */
 int kvt__tcp_listen(const struct sockaddr_in *a, uint16_t *port);
-/* "a.b.c.d:port" -> a connected TCP socket (TCP_NODELAY), or -1. */
+/* "a.b.c.d:port" -> a connected TCP socket (TCP_NODELAY, blocking), or -1
+ * (also when it is not connected within KVT_WIRE_STALL_MS). */
 int kvt__tcp_connect(const char *addr);
 
 #endif

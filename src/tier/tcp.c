@@ -11,9 +11,13 @@
  *   conn 1:  [hdr|run 1 bytes][hdr|run 4 bytes] ...   <- ack
  *   conn 2:  [hdr|run 2 bytes] ...                    <- ack
  *
- * The copy returns when every span is acknowledged (the bytes are in the
- * peer's memory), or KVT_EIO when a connection fails (the worker's
- * connections are then reopened for its next copy).
+ * A span longer than the server takes in one run (KVT_WIRE_MAX_DATA) goes
+ * as several. Each ack carries its run's length and answers the oldest run
+ * of its connection not yet answered: one of another length is a confused
+ * peer. The copy returns when every run is acknowledged (the bytes are in
+ * the peer's memory), or KVT_EIO when a connection fails or makes no
+ * progress for KVT_WIRE_STALL_MS (the worker's connections are then
+ * reopened for its next copy).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -36,12 +40,20 @@
 
 #define MAX_STREAMS 64
 
+/* A place in a connection's runs: span `span` (every stride-th of the
+ * copy's), from byte `part` of it. */
+typedef struct cursor {
+    size_t span;
+    uint64_t part;
+} cursor_t;
+
 typedef struct conn {
     int fd;
-    size_t next;      /* the next span of this connection to send */
+    cursor_t send;    /* the run being sent */
     size_t off;       /* bytes of it sent (header first) */
-    size_t unacked;   /* spans sent, not yet acknowledged */
-    uint8_t ack[8];
+    cursor_t ack;     /* the oldest run not yet acknowledged */
+    size_t unacked;   /* runs sent, not yet acknowledged */
+    uint8_t ack_buf[8];
     size_t ack_got;
 } conn_t;
 
@@ -110,37 +122,49 @@ static void tcp_ctx_close(kvt_tier_t *t, void *ctx) {
     KVT_DELETE((tcp_ctx_t *)ctx);
 }
 
-/* Sends what connection i can take now; -1 on a broken connection. */
+/* The length of the run at cursor at, and the cursor moved past it. */
+static uint64_t run_len(cursor_t *at, const kvt__span_t *spans, uint32_t stride) {
+    uint64_t left = spans[at->span].len - at->part, len = left < KVT_WIRE_MAX_DATA ? left : KVT_WIRE_MAX_DATA;
+    at->part += len;
+    if (at->part == spans[at->span].len) at->span += stride, at->part = 0;
+    return len;
+}
+
+/* Sends what connection c can take now; -1 on a broken connection. */
 static int pump_send(conn_t *c, const kvt__span_t *spans, size_t n, uint32_t stride) {
-    while (c->next < n) {
-        const kvt__span_t *s = &spans[c->next];
-        kvt__wire_data_t hdr = {s->dst_off, s->len};
+    while (c->send.span < n) {
+        const kvt__span_t *s = &spans[c->send.span];
+        cursor_t after = c->send;
+        uint64_t len = run_len(&after, spans, stride);
+        kvt__wire_data_t hdr = {s->dst_off + c->send.part, len};
         struct iovec iov[2];
         int k = 0;
         if (c->off < sizeof(hdr)) iov[k++] = (struct iovec){(uint8_t *)&hdr + c->off, sizeof(hdr) - c->off};
         size_t body = c->off > sizeof(hdr) ? c->off - sizeof(hdr) : 0;
-        iov[k++] = (struct iovec){(uint8_t *)s->src + body, s->len - body};
+        iov[k++] = (struct iovec){(uint8_t *)s->src + c->send.part + body, len - body};
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
         ssize_t w = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
         c->off += (size_t)w;
-        if (c->off < sizeof(hdr) + s->len) return 0; /* the socket is full */
+        if (c->off < sizeof(hdr) + len) return 0; /* the socket is full */
         c->off = 0;
         c->unacked++;
-        c->next += stride;
+        c->send = after;
     }
     return 0;
 }
 
-static int pump_acks(conn_t *c) {
+static int pump_acks(conn_t *c, const kvt__span_t *spans, uint32_t stride) {
     for (;;) {
-        ssize_t r = recv(c->fd, c->ack + c->ack_got, sizeof(c->ack) - c->ack_got, MSG_DONTWAIT);
+        ssize_t r = recv(c->fd, c->ack_buf + c->ack_got, sizeof(c->ack_buf) - c->ack_got, MSG_DONTWAIT);
         if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
         if (r == 0) return -1;
         c->ack_got += (size_t)r;
-        if (c->ack_got == sizeof(c->ack)) {
+        if (c->ack_got == sizeof(c->ack_buf)) {
+            uint64_t acked;
+            memcpy(&acked, c->ack_buf, sizeof(acked));
             c->ack_got = 0;
-            if (c->unacked == 0) return -1; /* an ack for nothing: a confused peer */
+            if (c->unacked == 0 || acked != run_len(&c->ack, spans, stride)) return -1; /* a confused peer */
             c->unacked--;
         }
     }
@@ -163,25 +187,29 @@ static int tcp_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n
         if (rc != KVT_OK) return rc;
     }
     for (uint32_t i = 0; i < x->n; i++) {
-        x->c[i].next = i;
+        x->c[i].send = x->c[i].ack = (cursor_t){i, 0};
         x->c[i].off = 0;
         x->c[i].unacked = 0;
         x->c[i].ack_got = 0;
     }
     struct pollfd pf[MAX_STREAMS];
+    uint64_t stall = KVT_WIRE_STALL_MS * 1000000ull, by = kvt_now_ns() + stall;
     for (;;) {
         bool busy = false;
         for (uint32_t i = 0; i < x->n; i++) {
             conn_t *c = &x->c[i];
-            if (pump_send(c, spans, n, x->n) != 0 || pump_acks(c) != 0) {
+            if (pump_send(c, spans, n, x->n) != 0 || pump_acks(c, spans, x->n) != 0) {
                 close_all(x);
                 return KVT_EIO;
             }
-            pf[i] = (struct pollfd){c->fd, (short)(POLLIN | (c->next < n ? POLLOUT : 0)), 0};
-            busy |= c->next < n || c->unacked > 0;
+            pf[i] = (struct pollfd){c->fd, (short)(POLLIN | (c->send.span < n ? POLLOUT : 0)), 0};
+            busy |= c->send.span < n || c->unacked > 0;
         }
         if (!busy) return KVT_OK;
-        if (poll(pf, x->n, KVT_WIRE_STALL_MS) <= 0) { /* no progress: the peer is gone */
+        uint64_t now = kvt_now_ns();
+        int ready = now < by ? poll(pf, x->n, (int)((by - now + 999999) / 1000000)) : 0;
+        if (ready > 0) by = kvt_now_ns() + stall; /* progress */
+        else if (ready == 0 || errno != EINTR) { /* none for KVT_WIRE_STALL_MS: the peer is gone (a signal: again) */
             close_all(x);
             return KVT_EIO;
         }
