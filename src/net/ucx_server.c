@@ -10,11 +10,16 @@
  * (the thread's alone: every callback runs in its ucp_worker_progress). A
  * run is taken only from an endpoint whose hello was accepted, as the tcp
  * server reads runs only after one; an endpoint whose peer went away is
- * closed and its slot given to the next connection. */
+ * closed and its slot given to the next connection. As on TCP, a peer is
+ * given 5 s to have its hello accepted (one that says nothing, or is
+ * refused, is closed then), and with the table full a new connection takes
+ * the slot of the oldest still without one: peers that connect and say
+ * nothing cannot keep a writer out. */
 #include <string.h>
 
 #include "kvtier/error.h"
 #include "kvtier/net.h"
+#include "kvtier/stats.h"
 #include "net-int.h"
 
 #ifdef KVT_HAVE_UCX
@@ -28,6 +33,7 @@
 #include "../sock/wire.h"
 
 #define MAX_EPS 256
+#define HELLO_NS 5000000000ull /* a connection's time to have its hello accepted */
 
 typedef struct ucx_server {
     ucp_context_h ctx;
@@ -35,8 +41,12 @@ typedef struct ucx_server {
     ucp_listener_h listener;
     ucp_ep_h eps[MAX_EPS];
     bool accepted[MAX_EPS]; /* said a hello the server took */
-    bool gone[MAX_EPS];     /* its peer went away: closed by the progress thread */
+    bool heard[MAX_EPS];    /* said a hello, whatever the verdict */
+    bool gone[MAX_EPS];     /* its peer went away, or it is to be closed: closed by the progress thread */
+    uint64_t since[MAX_EPS]; /* when it connected */
     int neps, ngone;
+    ucp_ep_h evicted[MAX_EPS]; /* endpoints taken out of the table for a newcomer, to close */
+    int nevicted;
     int efd;
     pthread_t th;
     _Atomic bool stop; /* set by stop; the progress thread polls it */
@@ -103,7 +113,15 @@ static ucs_status_t on_hello(void *arg, const void *header, size_t header_length
     kvt__net_check_hello(s, &h, header_length, r); /* any verdict is replied: the writer fails at once */
     ucx_server_t *u = s->ucx;
     int i = ep_index(u, param->reply_ep);
-    if (i >= 0) u->accepted[i] = r->status == 0;
+    if (i >= 0) {
+        u->accepted[i] = r->status == 0;
+        if (!u->heard[i]) {
+            u->heard[i] = true;
+            pthread_mutex_lock(&s->mu);
+            s->st.awaiting_hello--;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = ack_sent, .user_data = r};
     ucs_status_ptr_t q = ucp_am_send_nbx(param->reply_ep, KVT_UCX_AM_REPLY, r, sizeof(*r), NULL, 0, &p);
@@ -153,15 +171,37 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     return UCS_OK;
 }
 
+/* Endpoint i is to be closed (after this progress: not from a callback). */
+static void mark_gone(kvt_net_server_t *s, int i) {
+    ucx_server_t *u = s->ucx;
+    if (u->gone[i]) return;
+    u->gone[i] = true;
+    u->ngone++;
+    if (!u->heard[i]) { /* it will not say its hello now */
+        u->heard[i] = true;
+        pthread_mutex_lock(&s->mu);
+        s->st.awaiting_hello--;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
     kvt_net_server_t *s = arg;
+    (void)status; /* a writer went away */
+    int i = ep_index(s->ucx, ep);
+    if (i >= 0) mark_gone(s, i);
+}
+
+/* Marks the endpoints whose 5 s went by without an accepted hello. */
+static void expire_hellos(kvt_net_server_t *s) {
     ucx_server_t *u = s->ucx;
-    (void)status; /* a writer went away: its endpoint is closed after this progress (not from its callback) */
-    int i = ep_index(u, ep);
-    if (i >= 0 && !u->gone[i]) {
-        u->gone[i] = true;
-        u->ngone++;
-    }
+    uint64_t now = kvt_now_ns();
+    for (int i = 0; i < u->neps; i++)
+        if (!u->accepted[i] && !u->gone[i] && now - u->since[i] >= HELLO_NS) {
+            if (!u->heard[i])
+                kvt__net_note(s, &s->st.bad_peers, "a peer sent no hello within 5 s over ucx: closed");
+            mark_gone(s, i);
+        }
 }
 
 /* Closes the endpoints whose peers went away, their slots given to the
@@ -177,16 +217,41 @@ static void close_gone(ucx_server_t *u) {
         }
         gone[n++] = u->eps[i];
         u->neps--;
-        u->eps[i] = u->eps[u->neps], u->accepted[i] = u->accepted[u->neps], u->gone[i] = u->gone[u->neps];
+        int j = u->neps;
+        u->eps[i] = u->eps[j], u->accepted[i] = u->accepted[j], u->heard[i] = u->heard[j];
+        u->gone[i] = u->gone[j], u->since[i] = u->since[j];
     }
     u->ngone = 0;
+    for (int i = 0; i < u->nevicted; i++) gone[n++] = u->evicted[i];
+    u->nevicted = 0;
     for (int i = 0; i < n; i++) kvt__ucx_close_ep(u->worker, gone[i]);
+}
+
+/* With the table full, the slot of the oldest endpoint without an
+ * accepted hello, its endpoint set aside to be closed; -1 when every one
+ * has one (writers: the newcomer is refused). */
+static int evict_oldest(kvt_net_server_t *s) {
+    ucx_server_t *u = s->ucx;
+    int old = -1;
+    for (int i = 0; i < u->neps; i++)
+        if (!u->accepted[i] && (old < 0 || u->since[i] < u->since[old])) old = i;
+    if (old < 0 || u->nevicted == MAX_EPS) return -1;
+    if (!u->heard[old]) kvt__net_note(s, &s->st.bad_peers, "a peer without a hello made room for a newcomer over ucx");
+    mark_gone(s, old); /* (its hello counted as not coming) */
+    u->ngone--;        /* ... and it leaves the table here, not in close_gone */
+    u->evicted[u->nevicted++] = u->eps[old];
+    u->neps--;
+    int j = u->neps;
+    u->eps[old] = u->eps[j], u->accepted[old] = u->accepted[j], u->heard[old] = u->heard[j];
+    u->gone[old] = u->gone[j], u->since[old] = u->since[j];
+    return old;
 }
 
 static void on_conn(ucp_conn_request_h req, void *arg) {
     kvt_net_server_t *s = arg;
     ucx_server_t *u = s->ucx;
-    if (u->neps == MAX_EPS) {
+    if (u->neps == MAX_EPS && evict_oldest(s) < 0) {
+        kvt__net_note(s, &s->st.refused, "%d writers connected over ucx: a connection refused", MAX_EPS);
         ucp_listener_reject(u->listener, req);
         return;
     }
@@ -196,10 +261,12 @@ static void on_conn(ucp_conn_request_h req, void *arg) {
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                           .err_handler = {on_ep_error, s}};
     if (ucp_ep_create(u->worker, &ep, &u->eps[u->neps]) == UCS_OK) {
-        u->accepted[u->neps] = u->gone[u->neps] = false;
+        u->accepted[u->neps] = u->gone[u->neps] = u->heard[u->neps] = false;
+        u->since[u->neps] = kvt_now_ns();
         u->neps++;
         pthread_mutex_lock(&s->mu);
         s->st.connections++;
+        s->st.awaiting_hello++;
         pthread_mutex_unlock(&s->mu);
     }
 }
@@ -207,8 +274,13 @@ static void on_conn(ucp_conn_request_h req, void *arg) {
 static void *progress_main(void *arg) {
     kvt_net_server_t *s = arg;
     ucx_server_t *u = s->ucx;
+    uint64_t next_expiry = 0;
     while (!atomic_load(&u->stop)) {
-        if (u->ngone) close_gone(u);
+        if (kvt_now_ns() >= next_expiry) {
+            expire_hellos(s);
+            next_expiry = kvt_now_ns() + 100000000ull;
+        }
+        if (u->ngone || u->nevicted) close_gone(u);
         if (ucp_worker_progress(u->worker)) continue;
         ucs_status_t st = ucp_worker_arm(u->worker);
         if (st == UCS_ERR_BUSY) continue;
@@ -249,6 +321,7 @@ static void ucx_stop(kvt_net_server_t *s) {
     ucp_worker_signal(u->worker);
     pthread_join(u->th, NULL);
     for (int i = 0; i < u->neps; i++) kvt__ucx_close_ep(u->worker, u->eps[i]);
+    for (int i = 0; i < u->nevicted; i++) kvt__ucx_close_ep(u->worker, u->evicted[i]);
     ucp_listener_destroy(u->listener);
     kvt__ucx_fini(u->ctx, u->worker);
     KVT_DELETE(u);
