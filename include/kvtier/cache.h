@@ -46,7 +46,11 @@
  *
  * The new pages of an admitted request hold no KV until the engine has run
  * its forward pass: kvt_cache_commit (or release) says they do, and only then
- * does write_through back them up.
+ * does write_through back them up. On a GPU "ran" means finished: kvtier's
+ * copies run on streams of their own, ordered after nothing of the engine's,
+ * so an engine that launches its forward pass asynchronously synchronizes
+ * (its stream, or an event after the pass) before commit or release, and
+ * before it reuses the pages a release let go.
  *
  * Threads: a cache belongs to one thread (its owner, usually the engine's
  * scheduler thread): every kvt_cache_* call on it runs there. The transfer

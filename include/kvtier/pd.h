@@ -203,7 +203,8 @@ typedef struct kvt_pd_sender kvt_pd_sender_t;
 
 typedef struct kvt_pd_sender_config {
     uint32_t size;                 /* sizeof(kvt_pd_sender_config_t) */
-    kvt_tier_t *src;               /* the caller's tier holding this rank's pages; must outlive the sender */
+    kvt_tier_t *src;               /* the caller's host-visible tier holding this rank's pages (a GPU's go by
+                                    * host memory); must outlive the sender */
     kvt_net_transport_t transport;
     const char *host;              /* the receiver's IPv4 address (NULL: 127.0.0.1) */
     uint16_t data_port, control_port;
@@ -216,7 +217,8 @@ typedef struct kvt_pd_sender_config {
 
 /* Connects to the receiver, says hello and waits for its welcome (which
  * gives the pool's geometry), then sets up a transfer engine from src to the
- * pool. Errors, nothing left behind: KVT_EINVAL, KVT_ENOMEM, KVT_EIO (cannot
+ * pool. Errors, nothing left behind: KVT_EINVAL (also a src the CPU cannot
+ * read), KVT_ENOMEM, KVT_EIO (cannot
  * connect, or dropped: a wrong token, rank or group size), KVT_ETIMEDOUT. */
 KVT_API int kvt_pd_sender_create(kvt_pd_sender_t **out, const kvt_pd_sender_config_t *cfg);
 /* Closes the links without a goodbye (the receiver sees the rank vanish

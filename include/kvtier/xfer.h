@@ -104,7 +104,7 @@ KVT_API void kvt_xfer_destroy(kvt_xfer_t *x);
  * *ticket (optional) identifies it in the completion. On failure nothing is
  * queued and nothing will complete: KVT_EINVAL (tier or page out of range, a
  * destination page twice, a source that is a peer's tier: tcp and ucx are
- * written only), KVT_ENOMEM. The pages belong to the engine until
+ * written only, and only from host memory: not from a GPU tier), KVT_ENOMEM. The pages belong to the engine until
  * the batch is reported complete. */
 KVT_API int kvt_xfer_submit(kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n,
                     uint64_t user, uint64_t *ticket);

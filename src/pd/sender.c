@@ -128,7 +128,8 @@ static int fill_config(kvt_pd_sender_config_t *c, const kvt_pd_sender_config_t *
     if (!c->max_batch_bytes) c->max_batch_bytes = 16ull << 20;
     if (!c->welcome_timeout_ms) c->welcome_timeout_ms = 20000;
     if (c->welcome_timeout_ms > 3600000) c->welcome_timeout_ms = 3600000;
-    if (c->src == NULL || c->ranks == 0 || c->ranks > KVT_PD_MAX_RANKS || c->rank >= c->ranks ||
+    /* the runs go out of the source's memory through the socket or UCX's host path: not a GPU's */
+    if (c->src == NULL || !kvt_tier_host_visible(c->src) || c->ranks == 0 || c->ranks > KVT_PD_MAX_RANKS || c->rank >= c->ranks ||
         (unsigned)c->transport > KVT_NET_UCX || (c->host && strlen(c->host) >= 64))
         return KVT_EINVAL;
     return KVT_OK;

@@ -22,6 +22,11 @@
  * KVT_TIER_COPY_DMA, KVT_TIER_COPY_KERNEL, or by its average span
  * (CUDA_COPY_MAX_AVG) where neither flag is set.
  *
+ * The calls made on the caller's thread (open, close, read, write, register)
+ * give its current device back, and a CUDA error kvtier met, tolerated or
+ * reported as its own code, is not left in the thread's last error, where
+ * the engine's next launch check (torch's) would take it for its own.
+ *
  * Built when CMake finds the CUDA toolkit (KVT_CUDA=auto|on); without it the
  * ops below report KVT_ENOTSUP. Run by the kernels suite when a GPU exists.
  */
@@ -72,29 +77,54 @@ typedef struct cuda_ctx {
     size_t kcap;
 } cuda_ctx_t;
 
+/* On the caller's thread: the tier's device made current, the caller's
+ * kept in *prev (-1: none to give back); false when it cannot be. */
+static bool enter(int device, int *prev) {
+    if (cudaGetDevice(prev) != cudaSuccess) *prev = -1;
+    return cudaSetDevice(device) == cudaSuccess;
+}
+
+/* ... and left: the caller's device back, and no error of kvtier's left in
+ * the thread's last error. Returns rc. */
+static int leave(int prev, int rc) {
+    if (prev >= 0) cudaSetDevice(prev);
+    (void)cudaGetLastError();
+    return rc;
+}
+
 static int cuda_open(kvt_tier_t *t) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return KVT_ENOTSUP;
-    if (cudaSetDevice(t->cfg.device) != cudaSuccess) return KVT_ENOTSUP;
+    int n = 0, prev;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(-1, KVT_ENOTSUP);
+    if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_ENOTSUP);
     void *p = NULL;
-    if (cudaMalloc(&p, t->bytes) != cudaSuccess) return KVT_ENOMEM;
+    if (cudaMalloc(&p, t->bytes) != cudaSuccess) return leave(prev, KVT_ENOMEM);
     t->base = p;
-    return KVT_OK;
+    return leave(prev, KVT_OK);
 }
 
 static void cuda_close(kvt_tier_t *t) {
-    cudaSetDevice(t->cfg.device);
+    int prev;
+    enter(t->cfg.device, &prev);
     cudaFree(t->base);
+    leave(prev, KVT_OK);
 }
 
+/* cudaMemcpy from pageable memory returns once the bytes are staged, the
+ * DMA maybe still running on the legacy stream, which the workers' streams
+ * (non-blocking) do not wait for: it is waited for here. */
 static int cuda_write(kvt_tier_t *t, void *dst, const void *src, size_t len) {
-    if (cudaSetDevice(t->cfg.device) != cudaSuccess) return KVT_EIO;
-    return cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice) == cudaSuccess ? KVT_OK : KVT_EIO;
+    int prev;
+    if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_EIO);
+    bool ok = cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess;
+    return leave(prev, ok ? KVT_OK : KVT_EIO);
 }
 
 static int cuda_read(const kvt_tier_t *t, void *dst, const void *src, size_t len) {
-    if (cudaSetDevice(t->cfg.device) != cudaSuccess) return KVT_EIO;
-    return cudaMemcpy(dst, src, len, cudaMemcpyDeviceToHost) == cudaSuccess ? KVT_OK : KVT_EIO;
+    int prev;
+    if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_EIO);
+    bool ok = cudaMemcpy(dst, src, len, cudaMemcpyDeviceToHost) == cudaSuccess;
+    return leave(prev, ok ? KVT_OK : KVT_EIO);
 }
 
 static int cuda_ctx_open(kvt_tier_t *t, void **out) {
@@ -137,9 +167,10 @@ static bool kgrow(cuda_ctx_t *x, size_t n) {
     size_t cap = x->kcap ? x->kcap : 1024;
     while (cap < n) cap *= 2;
     kvt__cuda_span_t *h = NULL, *d = NULL;
-    if (cudaMallocHost((void **)&h, cap * sizeof(*h)) != cudaSuccess) return false;
-    if (cudaMalloc((void **)&d, cap * sizeof(*d)) != cudaSuccess) {
+    if (cudaMallocHost((void **)&h, cap * sizeof(*h)) != cudaSuccess) return (void)cudaGetLastError(), false;
+    if (cudaMalloc((void **)&d, cap * sizeof(*d)) != cudaSuccess) { /* (the batch goes by DMA: not an error) */
         cudaFreeHost(h);
+        (void)cudaGetLastError();
         return false;
     }
     cudaFreeHost(x->kspans);
@@ -237,6 +268,7 @@ static int cuda_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t 
     if (e == cudaSuccess) e = cudaEventSynchronize(x->done);
     if (e != cudaSuccess) {
         cudaStreamSynchronize(x->stream); /* nothing may still be writing when we report */
+        (void)cudaGetLastError();
         return KVT_EIO;
     }
     atomic_fetch_add(&kernel_spans, by_kernel);
@@ -244,14 +276,15 @@ static int cuda_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t 
 }
 
 static int cuda_register_host(kvt_tier_t *t, void *p, size_t len) {
-    if (cudaSetDevice(t->cfg.device) != cudaSuccess) return KVT_EIO;
+    int prev;
+    if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_EIO);
     cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterDefault);
-    if (e == cudaErrorHostMemoryAlreadyRegistered) return KVT_EEXIST; /* someone else's: not ours to unregister */
-    if (e != cudaSuccess) return KVT_EIO;
+    if (e == cudaErrorHostMemoryAlreadyRegistered) return leave(prev, KVT_EEXIST); /* someone else's: not ours to unregister */
+    if (e != cudaSuccess) return leave(prev, KVT_EIO);
     pthread_mutex_lock(&host_mu);
     if (nhost_ranges < MAX_HOST_RANGES) host_ranges[nhost_ranges++] = (kvt__region_t){p, len}; /* else: DMA for it */
     pthread_mutex_unlock(&host_mu);
-    return KVT_OK;
+    return leave(prev, KVT_OK);
 }
 
 static void cuda_unregister_host(kvt_tier_t *t, void *p) {
@@ -262,8 +295,10 @@ static void cuda_unregister_host(kvt_tier_t *t, void *p) {
             break;
         }
     pthread_mutex_unlock(&host_mu);
-    cudaSetDevice(t->cfg.device);
+    int prev;
+    enter(t->cfg.device, &prev);
     cudaHostUnregister(p);
+    leave(prev, KVT_OK);
 }
 
 const kvt__tier_ops_t kvt__tier_cuda_ops = {
@@ -284,7 +319,7 @@ const kvt__tier_ops_t kvt__tier_cuda_ops = {
  * buffers, addressed by engine.c's planes, copied like the cuda tier's. */
 static int engine_cuda_open(kvt_tier_t *t) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return KVT_ENOTSUP;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(-1, KVT_ENOTSUP);
     return kvt__engine_open(t);
 }
 

@@ -51,6 +51,7 @@ extern "C" int kvt__cuda_copy_spans(const kvt__cuda_span_t *dev_spans, size_t n,
     const unsigned threads = 256, warps = threads / 32;
     size_t blocks = (n + warps - 1) / warps;
     if (blocks > 4096) blocks = 4096; /* the rest by striding: ~30 blocks an SM is already the most that run */
+    (void)cudaGetLastError(); /* an earlier call's error would be read as this launch's */
     copy_spans<<<(unsigned)blocks, threads, 0, (cudaStream_t)stream>>>(dev_spans, n);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }

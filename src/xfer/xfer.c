@@ -408,7 +408,8 @@ static void batch_free(void *p) {
 /* Submit, step 1: the arguments, every page in range. */
 static int validate(const kvt_xfer_t *x, unsigned src, unsigned dst, const kvt_xfer_copy_t *copies, size_t n) {
     if (x == NULL || src >= x->ntiers || dst >= x->ntiers || src == dst || copies == NULL || n == 0 || n > UINT32_MAX ||
-        x->tiers[src]->remote) /* a peer's tier (tcp, ucx) is written, never read */
+        x->tiers[src]->remote || /* a peer's tier (tcp, ucx) is written, never read */
+        (x->tiers[dst]->remote && x->tiers[src]->ops->copy)) /* ... from host memory: a GPU's pages go by L2 */
         return KVT_EINVAL;
     const kvt_geom_t *gs = &x->tiers[src]->cfg.geom, *gd = &x->tiers[dst]->cfg.geom;
     for (size_t i = 0; i < n; i++)
