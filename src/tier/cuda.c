@@ -77,24 +77,34 @@ typedef struct cuda_ctx {
     size_t kcap;
 } cuda_ctx_t;
 
-/* On the caller's thread: the tier's device made current, the caller's
- * kept in *prev (-1: none to give back); false when it cannot be. */
-static bool enter(int device, int *prev) {
-    if (cudaGetDevice(prev) != cudaSuccess) *prev = -1;
+/* The caller's thread as kvtier found it: its current device (-1: none to
+ * give back), and whether an error of its own was pending. */
+typedef struct caller {
+    int device;
+    bool pending;
+} caller_t;
+
+/* On the caller's thread: the tier's device made current; false when it
+ * cannot be. */
+static bool enter(int device, caller_t *was) {
+    was->pending = cudaPeekAtLastError() != cudaSuccess;
+    if (cudaGetDevice(&was->device) != cudaSuccess) was->device = -1;
     return cudaSetDevice(device) == cudaSuccess;
 }
 
 /* ... and left: the caller's device back, and no error of kvtier's left in
- * the thread's last error. Returns rc. */
-static int leave(int prev, int rc) {
-    if (prev >= 0) cudaSetDevice(prev);
-    (void)cudaGetLastError();
+ * the thread's last error (one of the caller's, pending before, is left for
+ * it to read). Returns rc. */
+static int leave(caller_t was, int rc) {
+    if (was.device >= 0) cudaSetDevice(was.device);
+    if (!was.pending) (void)cudaGetLastError();
     return rc;
 }
 
 static int cuda_open(kvt_tier_t *t) {
-    int n = 0, prev;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(-1, KVT_ENOTSUP);
+    int n = 0;
+    caller_t prev = {-1, false}; /* (no device: nothing to give back) */
+    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(prev, KVT_ENOTSUP);
     if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_ENOTSUP);
     void *p = NULL;
     if (cudaMalloc(&p, t->bytes) != cudaSuccess) return leave(prev, KVT_ENOMEM);
@@ -103,7 +113,7 @@ static int cuda_open(kvt_tier_t *t) {
 }
 
 static void cuda_close(kvt_tier_t *t) {
-    int prev;
+    caller_t prev;
     enter(t->cfg.device, &prev);
     cudaFree(t->base);
     leave(prev, KVT_OK);
@@ -113,7 +123,7 @@ static void cuda_close(kvt_tier_t *t) {
  * DMA maybe still running on the legacy stream, which the workers' streams
  * (non-blocking) do not wait for: it is waited for here. */
 static int cuda_write(kvt_tier_t *t, void *dst, const void *src, size_t len) {
-    int prev;
+    caller_t prev;
     if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_EIO);
     bool ok = cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice) == cudaSuccess &&
               cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess;
@@ -121,7 +131,7 @@ static int cuda_write(kvt_tier_t *t, void *dst, const void *src, size_t len) {
 }
 
 static int cuda_read(const kvt_tier_t *t, void *dst, const void *src, size_t len) {
-    int prev;
+    caller_t prev;
     if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_EIO);
     bool ok = cudaMemcpy(dst, src, len, cudaMemcpyDeviceToHost) == cudaSuccess;
     return leave(prev, ok ? KVT_OK : KVT_EIO);
@@ -276,7 +286,7 @@ static int cuda_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t 
 }
 
 static int cuda_register_host(kvt_tier_t *t, void *p, size_t len) {
-    int prev;
+    caller_t prev;
     if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_EIO);
     cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterDefault);
     if (e == cudaErrorHostMemoryAlreadyRegistered) return leave(prev, KVT_EEXIST); /* someone else's: not ours to unregister */
@@ -295,7 +305,7 @@ static void cuda_unregister_host(kvt_tier_t *t, void *p) {
             break;
         }
     pthread_mutex_unlock(&host_mu);
-    int prev;
+    caller_t prev;
     enter(t->cfg.device, &prev);
     cudaHostUnregister(p);
     leave(prev, KVT_OK);
@@ -319,7 +329,8 @@ const kvt__tier_ops_t kvt__tier_cuda_ops = {
  * buffers, addressed by engine.c's planes, copied like the cuda tier's. */
 static int engine_cuda_open(kvt_tier_t *t) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(-1, KVT_ENOTSUP);
+    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n)
+        return leave((caller_t){-1, false}, KVT_ENOTSUP);
     return kvt__engine_open(t);
 }
 
