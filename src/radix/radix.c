@@ -42,11 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* xxHash inline here: a page's digest hashes only 64 bytes at 16 tokens a
- * page, so the library call's PLT hop and length dispatch would be a large
- * part of it; inlined, the digests of a node's pages also overlap one
- * another. Same values as the library's. */
-#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "kvtier/error.h"
