@@ -316,6 +316,34 @@ Test(net, ucx_runs_land_in_place, .timeout = 60) {
     kvt_tier_destroy(b);
 }
 
+/* A UCX page server that goes away fails the copy; one started again on the
+ * same port is written to by the next copy (the old code kept the writer's
+ * failed endpoint: every later copy failed at once, for the Transfer's life). */
+Test(net, ucx_a_writer_connects_again_after_a_failed_copy, .timeout = 120) {
+    ucx_env();
+    setenv("UCX_CM_REUSEADDR", "y", 1); /* the new server binds the old one's port */
+    env_t e;
+    env_init_tr(&e, KVT_NET_UCX, KVT_LAYOUT_PAGE_FIRST, KVT_LAYOUT_PAGE_FIRST, 1, 1 << 20);
+    uint16_t port = kvt_net_server_port(e.srv);
+    kvt_pattern_fill(kvt_tier_addr(e.src, 1, 0), LB, 4, 4, 0);
+    kvt_xfer_copy_t ok = {1, 2};
+    cr_assert_eq(one_batch(&e, &ok, 1), KVT_OK);
+    kvt_net_server_destroy(e.srv);
+    e.srv = NULL;
+    cr_assert_eq(one_batch(&e, &ok, 1), KVT_EIO);
+    int rc = KVT_EIO;
+    for (int i = 0; i < 50 && rc != KVT_OK; i++) { /* the port may take a moment to be free again */
+        rc = kvt_net_server_create(&e.srv, KVT_NET_UCX, e.dst, "127.0.0.1", port);
+        if (rc != KVT_OK) usleep(100000);
+    }
+    cr_assert_eq(rc, KVT_OK, "a server on port %u again", port);
+    memset(kvt_tier_addr(e.dst, 2, 0), 0, LB);
+    rc = one_batch(&e, &ok, 1);
+    cr_assert_eq(rc, KVT_OK, "the writer connected again: %s", kvt_err_name(rc));
+    cr_assert(kvt_pattern_check(kvt_tier_addr(e.dst, 2, 0), LB, 4, 4, 0));
+    env_fini(&e);
+}
+
 Test(net, ucx_wrong_geometry_is_refused, .timeout = 60) {
     ucx_env();
     wrong_geometry(KVT_NET_UCX);
