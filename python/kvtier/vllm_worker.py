@@ -477,12 +477,26 @@ class KvtierOffloadingWorker(OffloadingWorker):
                     self._cv.wait()
                 if self._stopping and not (self._todo_fast or self._todo or self._running or self._l3_wait):
                     return
-                todo = list(self._todo_fast) + list(self._todo)
-                self._todo_fast.clear()
+                todo = list(self._todo)
                 self._todo.clear()
-            for job in todo:
+            self._expedite()
+            for job in todo:  # (a regular job's start may hash its pages: an expedited one goes between)
                 self._start(job)
+                self._expedite()
             self._reap()
+
+    def _expedite(self) -> None:
+        """Starts the expedited loads submitted so far, and reports those done:
+        vLLM waits on them for its step, so they go before regular jobs, and
+        a regular job's start (a load hashes its pages first) does not hold
+        up their completion."""
+        with self._cv:
+            fast = list(self._todo_fast)
+            self._todo_fast.clear()
+        for job in fast:
+            self._start(job)
+        if any(j.expedited for j in self._running.values()):
+            self._reap(wait=False)
 
     def _start(self, job: _Job) -> None:
         if job.fetch and job.ok:  # the L3 store fills the reserved host pages first; then the copies
@@ -515,10 +529,12 @@ class KvtierOffloadingWorker(OffloadingWorker):
             if job.ready is not None:
                 job.ready.synchronize()
             if job.ok and job.load and self._sums is not None:  # a job failed already keeps its reason
-                for p in job.pages.tolist():
+                for i, p in enumerate(job.pages.tolist()):
                     if self._host.page_sum(p) != self._sums[p]:
                         job.ok, job.why = False, f"host page {p} fails its checksum"
                         break
+                    if i % 256 == 255 and not job.expedited:  # (16 MiB of 64 KiB pages: ~2 ms)
+                        self._expedite()
             job.t0 = time.monotonic()
             if job.ok:
                 for k, pairs in job.batches:
@@ -534,10 +550,10 @@ class KvtierOffloadingWorker(OffloadingWorker):
         else:
             self._copied(job)
 
-    def _reap(self) -> None:
+    def _reap(self, wait: bool = True) -> None:
         busy = [c for c in self._classes if c.busy]
         for c in busy:
-            for r in c.xfer.poll(timeout=0.001 / len(busy)):
+            for r in c.xfer.poll(timeout=0.001 / len(busy) if wait else 0.0):
                 c.busy -= 1
                 job = self._running[r.user]
                 job.pending -= 1
@@ -547,7 +563,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
                     del self._running[r.user]
                     self._copied(job)
         if self._l3_wait:
-            for r in self._l3.poll(timeout=0.0 if busy else 0.001):
+            for r in self._l3.poll(timeout=0.0 if busy or not wait else 0.001):
                 job = self._l3_wait.pop(r.ticket, None)
                 if job is None:  # a removal of bad objects
                     continue
