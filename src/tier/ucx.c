@@ -217,8 +217,8 @@ static int grow(ucx_ctx_t *x, size_t n) {
 
 static int ucx_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n) {
     ucx_ctx_t *x = ctx;
-    while (x->ep && ucp_worker_progress(x->worker)) {
-    } /* a peer gone since the last copy says so now (as a tcp stream's end): connect again, not fail */
+    /* a peer gone since the last copy says so now (as a tcp stream's end): connect again, not fail */
+    while (x->ep && ucp_worker_progress(x->worker) != 0) continue;
     if (x->ep && x->failed) disconnect(x, NULL, 0);
     if (x->ep == NULL) { /* the last copy failed, or the peer went away: connect again */
         int rc = connect_peer(t, x);
