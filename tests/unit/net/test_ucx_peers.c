@@ -133,48 +133,75 @@ Test(ucx_peers, runs_without_an_accepted_hello_write_nothing, .timeout = 60) {
     kvt__ucx_fini(ctx, wk);
 }
 
+/* A UCX page server over a pool, and a writer's tier and engine to it. */
+typedef struct rig {
+    kvt_tier_t *pool, *src, *remote;
+    kvt_net_server_t *srv;
+    kvt_xfer_t *x;
+} rig_t;
+
+static void rig_open(rig_t *r, uint64_t token) {
+    memset(r, 0, sizeof(*r));
+    peer_init();
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .geom = {PAGES, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&r->pool, &c), KVT_OK);
+    cr_assert_eq(kvt_tier_create(&r->src, &c), KVT_OK);
+    cr_assert_eq(kvt_net_server_create(&r->srv, KVT_NET_UCX, r->pool, "127.0.0.1", 0), KVT_OK);
+    cr_assert_eq(kvt_net_server_set_token(r->srv, token), KVT_OK);
+}
+
+/* The writer copies a page: its status, the pool page checked when KVT_OK.
+ * This process's own peers are progressed meanwhile. */
+static int rig_copy(rig_t *r, uint64_t token) {
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", kvt_net_server_port(r->srv));
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_UCX, .name = addr, .token = token,
+                           .geom = {PAGES, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
+    cr_assert_eq(kvt_tier_create(&r->remote, &c), KVT_OK);
+    kvt_tier_t *tiers[2] = {r->src, r->remote};
+    kvt_xfer_config_t xc;
+    kvt_xfer_config_default(&xc);
+    cr_assert_eq(kvt_xfer_create(&r->x, &xc, tiers, 2), KVT_OK);
+    kvt_pattern_fill(kvt_tier_addr(r->src, 1, 0), 4096, 1, 7, 0);
+    kvt_xfer_copy_t cp = {1, 5};
+    cr_assert_eq(kvt_xfer_submit(r->x, 0, 1, &cp, 1, 0, NULL), KVT_OK);
+    kvt_xfer_done_t d = {0};
+    uint64_t t0 = kvt_now_ns();
+    int got = 0;
+    while (!got && kvt_now_ns() - t0 < 30000000000ull) {
+        progress_ms(5);
+        got = kvt_xfer_poll(r->x, &d, 1, 0);
+    }
+    cr_assert_eq(got, 1);
+    if (d.status == KVT_OK) cr_assert(kvt_pattern_check(kvt_tier_addr(r->pool, 5, 0), 4096, 1, 7, 0));
+    return d.status;
+}
+
+static void rig_close(rig_t *r) {
+    kvt_xfer_destroy(r->x);
+    kvt_tier_destroy(r->remote);
+    kvt_net_server_destroy(r->srv);
+    kvt_tier_destroy(r->src);
+    kvt_tier_destroy(r->pool);
+    kvt__ucx_fini(ctx, wk);
+}
+
 Test(ucx_peers, endpoints_that_come_and_go_do_not_use_up_the_server, .timeout = 120) {
     if (!kvt_net_ucx_built()) cr_skip_test("this build has no UCX");
-    peer_init();
-    kvt_tier_t *pool, *src, *remote;
-    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .geom = {PAGES, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
-    cr_assert_eq(kvt_tier_create(&pool, &c), KVT_OK);
-    cr_assert_eq(kvt_tier_create(&src, &c), KVT_OK);
-    kvt_net_server_t *srv;
-    cr_assert_eq(kvt_net_server_create(&srv, KVT_NET_UCX, pool, "127.0.0.1", 0), KVT_OK);
+    rig_t r;
+    rig_open(&r, 0);
     for (int i = 0; i < 300; i++) { /* more than the server's endpoint table holds */
-        ucp_ep_h ep = peer_connect(kvt_net_server_port(srv));
+        ucp_ep_h ep = peer_connect(kvt_net_server_port(r.srv));
         ucp_request_param_t fp = {0};
-        ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &fp);
-        if (UCS_PTR_IS_PTR(r)) {
-            while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(wk);
-            ucp_request_free(r);
+        ucs_status_ptr_t q = ucp_ep_flush_nbx(ep, &fp);
+        if (UCS_PTR_IS_PTR(q)) {
+            while (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_worker_progress(wk);
+            ucp_request_free(q);
         }
         kvt__ucx_close_ep(wk, ep);
     }
-    char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", kvt_net_server_port(srv));
-    c.kind = KVT_TIER_UCX;
-    c.name = addr;
-    cr_assert_eq(kvt_tier_create(&remote, &c), KVT_OK);
-    kvt_tier_t *tiers[2] = {src, remote};
-    kvt_xfer_config_t xc;
-    kvt_xfer_config_default(&xc);
-    kvt_xfer_t *x;
-    cr_assert_eq(kvt_xfer_create(&x, &xc, tiers, 2), KVT_OK);
-    kvt_pattern_fill(kvt_tier_addr(src, 1, 0), 4096, 1, 7, 0);
-    kvt_xfer_copy_t cp = {1, 5};
-    cr_assert_eq(kvt_xfer_submit(x, 0, 1, &cp, 1, 0, NULL), KVT_OK);
-    kvt_xfer_done_t d;
-    cr_assert_eq(kvt_xfer_poll(x, &d, 1, 30000000000ull), 1);
-    cr_assert_eq(d.status, KVT_OK, "a rank could not connect after 300 endpoints came and went");
-    cr_assert(kvt_pattern_check(kvt_tier_addr(pool, 5, 0), 4096, 1, 7, 0));
-    kvt_xfer_destroy(x);
-    kvt_tier_destroy(remote);
-    kvt_net_server_destroy(srv);
-    kvt_tier_destroy(src);
-    kvt_tier_destroy(pool);
-    kvt__ucx_fini(ctx, wk);
+    cr_assert_eq(rig_copy(&r, 0), KVT_OK, "a rank could not connect after 300 endpoints came and went");
+    rig_close(&r);
 }
 
 /* 256 peers that connect and say nothing (the table's size) kept every
@@ -182,62 +209,30 @@ Test(ucx_peers, endpoints_that_come_and_go_do_not_use_up_the_server, .timeout = 
  * the oldest one's slot at once, and each is closed 5 s after it came. */
 Test(ucx_peers, silent_peers_cannot_keep_a_writer_out, .timeout = 120) {
     if (!kvt_net_ucx_built()) cr_skip_test("this build has no UCX");
-    peer_init();
-    kvt_tier_t *pool, *src, *remote;
-    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_ARENA, .geom = {PAGES, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
-    cr_assert_eq(kvt_tier_create(&pool, &c), KVT_OK);
-    cr_assert_eq(kvt_tier_create(&src, &c), KVT_OK);
-    kvt_net_server_t *srv;
-    cr_assert_eq(kvt_net_server_create(&srv, KVT_NET_UCX, pool, "127.0.0.1", 0), KVT_OK);
-    cr_assert_eq(kvt_net_server_set_token(srv, 0x5eed), KVT_OK);
+    rig_t r;
+    rig_open(&r, 0x5eed);
     enum { SILENT = 256 };
     ucp_ep_h *eps = calloc(SILENT, sizeof(*eps));
-    for (int i = 0; i < SILENT; i++) eps[i] = peer_connect(kvt_net_server_port(srv));
+    for (int i = 0; i < SILENT; i++) eps[i] = peer_connect(kvt_net_server_port(r.srv));
     kvt_net_server_stats_t st = {.size = sizeof(st)};
     uint64_t t0 = kvt_now_ns();
     do { /* the server sees them all */
         progress_ms(10);
-        kvt_net_server_stats(srv, &st);
+        kvt_net_server_stats(r.srv, &st);
     } while (st.connections < SILENT && kvt_now_ns() - t0 < 4000000000ull);
     cr_assert_eq(st.connections, SILENT);
     cr_assert_eq(st.awaiting_hello, SILENT);
-    char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", kvt_net_server_port(srv));
-    c = (kvt_tier_config_t){.size = sizeof(c), .kind = KVT_TIER_UCX, .name = addr, .token = 0x5eed,
-                            .geom = {PAGES, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
-    cr_assert_eq(kvt_tier_create(&remote, &c), KVT_OK);
-    kvt_tier_t *tiers[2] = {src, remote};
-    kvt_xfer_config_t xc;
-    kvt_xfer_config_default(&xc);
-    kvt_xfer_t *x;
-    cr_assert_eq(kvt_xfer_create(&x, &xc, tiers, 2), KVT_OK);
-    kvt_pattern_fill(kvt_tier_addr(src, 1, 0), 4096, 1, 7, 0);
-    kvt_xfer_copy_t cp = {1, 5};
-    cr_assert_eq(kvt_xfer_submit(x, 0, 1, &cp, 1, 0, NULL), KVT_OK);
-    kvt_xfer_done_t d = {0};
-    int got = 0;
-    while (!got && kvt_now_ns() - t0 < 30000000000ull) { /* (the silent peers' worker progresses meanwhile) */
-        progress_ms(5);
-        got = kvt_xfer_poll(x, &d, 1, 0);
-    }
-    cr_assert_eq(got, 1);
-    cr_assert_eq(d.status, KVT_OK, "a writer kept out by %d silent peers", SILENT);
+    cr_assert_eq(rig_copy(&r, 0x5eed), KVT_OK, "a writer kept out by %d silent peers", SILENT);
     cr_assert_lt(kvt_now_ns() - t0, 4500000000ull, "in at once, not when the silent ones timed out");
-    cr_assert(kvt_pattern_check(kvt_tier_addr(pool, 5, 0), 4096, 1, 7, 0));
     do {
         progress_ms(50);
-        kvt_net_server_stats(srv, &st);
+        kvt_net_server_stats(r.srv, &st);
     } while (st.awaiting_hello > 0 && kvt_now_ns() - t0 < 20000000000ull);
     cr_assert_eq(st.awaiting_hello, 0, "each silent peer closed after 5 s");
     cr_assert_eq(st.bad_peers, SILENT, "%s", st.last_error);
-    kvt_xfer_destroy(x);
-    kvt_tier_destroy(remote);
     for (int i = 0; i < SILENT; i++) kvt__ucx_close_ep(wk, eps[i]);
     free(eps);
-    kvt_net_server_destroy(srv);
-    kvt_tier_destroy(src);
-    kvt_tier_destroy(pool);
-    kvt__ucx_fini(ctx, wk);
+    rig_close(&r);
 }
 #else
 Test(ucx_peers, runs_without_an_accepted_hello_write_nothing) { cr_skip_test("this build has no UCX"); }

@@ -13,6 +13,17 @@
 #include "kvtier/error.h"
 #include "kvtier/stats.h"
 
+/* What e writes (its return code in *rc), e destroyed. */
+static char *write_all(kvt_emitter_t *e, int *rc) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    *rc = kvt_emitter_write(e, f);
+    fclose(f);
+    kvt_emitter_destroy(e);
+    return buf;
+}
+
 static char *render(kvt_fmt_t fmt, int *rc_out) {
     kvt_emitter_t *e;
     cr_assert_eq(kvt_emitter_create(&e, fmt, "kvtier"), KVT_OK);
@@ -24,13 +35,7 @@ static char *render(kvt_fmt_t fmt, int *rc_out) {
     kvt_emit_gauge(e, "free_pages", 7.5, "free pages");
     kvt_emit_end(e);
     kvt_emit_hist(e, "latency_ns", &h, "latency");
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    *rc_out = kvt_emitter_write(e, f);
-    fclose(f);
-    kvt_emitter_destroy(e);
-    return buf;
+    return write_all(e, rc_out);
 }
 
 Test(emitter, table) {
@@ -294,16 +299,6 @@ Test(emitter, json) {
     cr_assert_eq(cJSON_GetObjectItem(lat, "max")->valuedouble, 100);
     cJSON_Delete(o);
     free(s);
-}
-
-static char *write_all(kvt_emitter_t *e, int *rc) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    *rc = kvt_emitter_write(e, f);
-    fclose(f);
-    kvt_emitter_destroy(e);
-    return buf;
 }
 
 /* Counters are exact in JSON past 2^53 (and from 10^15, where cJSON's 15
