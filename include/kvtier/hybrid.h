@@ -471,7 +471,8 @@ typedef struct kvt_hybrid_plane_config {
  * KVT_ENOMEM; nothing changed on failure. An object a get finds bad (store.h)
  * is removed, so that the probes stop answering for it. */
 KVT_API int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *cfg);
-/* Waits for the copies in flight and reports them. h stays usable, its
+/* Waits for the copies in flight and reports them (short of memory, as
+ * failed: their pieces misses, nothing left taken). h stays usable, its
  * moves the engine's again (kvt_hybrid_take_moves) and its L3 gone with the
  * plane's stores. */
 KVT_API void kvt_hybrid_plane_destroy(kvt_hybrid_plane_t *p);

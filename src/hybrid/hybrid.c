@@ -1065,7 +1065,11 @@ int kvt__hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size
         }
         h->pt.e[e].seen = 1;
     }
-    if (moves_room(h, n) != KVT_OK) { /* what the pieces going on down record: no growing below */
+    bool any_ok = false;
+    for (size_t i = 0; i < n && !any_ok; i++) any_ok = ok[i] != 0;
+    /* what the pieces going on down record: no growing below (a failed move records nothing, so a report
+     * of failures alone cannot run short: what a data plane leaving short of memory relies on) */
+    if (any_ok && moves_room(h, n) != KVT_OK) {
         unsee(h, moves, n);
         return KVT_ENOMEM;
     }

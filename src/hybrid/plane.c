@@ -498,13 +498,10 @@ void kvt_hybrid_plane_destroy(kvt_hybrid_plane_t *p) {
     if (p == NULL) return;
     while (p->flight) reap(p, WAIT_NS); /* the engines and stores write into batches until they land */
     int did = 0;
-    report(p, &did);
-    for (uint32_t i = 0; i < p->nb; i++) /* landed, not reported (out of memory): the blocks go */
-        if (p->b[i].state != B_FREE) {
-            take_t *t = p->b[i].t;
-            p->b[i].state = B_FREE;
-            if (--t->open == 0) take_free(t);
-        }
+    if (report(p, &did) != KVT_OK) /* short of memory: what landed is reported failed (which needs none) */
+        for (uint32_t i = 0; i < p->nb; i++)
+            if (p->b[i].state == B_LANDED) memset(p->b[i].t->ok + p->b[i].at, 0, p->b[i].n);
+    if (report(p, &did) != KVT_OK) abort(); /* cannot be: see kvt__hybrid_moves_done */
     kvt__hybrid_drive(p->h, false);
     kvt__cache_copies_t *dp = &kvt_hybrid_cache(p->h)->dp;
     dp->taken = NULL;
