@@ -187,7 +187,8 @@ typedef struct kvt_tier kvt_tier_t;
  * layer pointer, both or neither of layer_base and base, a zero piece, a
  * page stride below the piece, a zero layer stride over several layers, an
  * address range or byte count that overflows, layer_bytes neither 0 nor the
- * sum of the pieces, KVT_TIER_REGISTER on device memory; a KVT_TIER_COPY_ flag on a tier not
+ * sum of the pieces, KVT_TIER_REGISTER on device memory, device memory that
+ * is not device cfg.device's (or managed); a KVT_TIER_COPY_ flag on a tier not
  * on device memory, or both of them; tcp and ucx: a name that is not an IPv4
  * "a.b.c.d:port"; shm attach: a segment of another geometry), KVT_ENOMEM,
  * KVT_ENOTSUP (cuda, or an engine tier on device memory, in a build without

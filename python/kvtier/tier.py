@@ -135,6 +135,9 @@ class TensorInfo(NamedTuple):
             ai = getattr(t, attr, None)
             if ai is None:
                 continue
+            if dev is not None:  # (CuPy's arrays name theirs; the library checks the memory is that device's)
+                dev = getattr(getattr(t, "device", None), "id", 0)
+                dev = dev if type(dev) is int else 0
             import numpy as np  # the typestr's element size
             dt = np.dtype(ai["typestr"])
             if dt.kind == "V" and ai.get("descr"):

@@ -253,9 +253,15 @@ static int cuda_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t 
     size_t by_kernel = 0;
     if (x->kernel_ok && wants_kernel(t, spans, n) && kernel_stage(x, spans, n)) {
         e = cudaMemcpyAsync(x->dev_spans, x->kspans, n * sizeof(kvt__cuda_span_t), cudaMemcpyHostToDevice, x->stream);
-        if (e == cudaSuccess && kvt__cuda_copy_spans(x->dev_spans, n, (void *)x->stream) != 0) e = cudaErrorLaunchFailure;
-        by_kernel = n;
-        n = 0; /* issued */
+        if (e == cudaSuccess && kvt__cuda_copy_spans(x->dev_spans, n, (void *)x->stream) != 0) {
+            /* not launched (no kernel image for this GPU: an architecture the build left out): the copy
+             * engines take this batch, and every later one of this worker */
+            (void)cudaGetLastError();
+            x->kernel_ok = false;
+        } else {
+            by_kernel = n;
+            n = 0; /* issued */
+        }
     }
 #if CUDART_VERSION >= 13000
     if (e == cudaSuccess && n > 1 && grow(x, n) == KVT_OK) {
@@ -327,10 +333,30 @@ const kvt__tier_ops_t kvt__tier_cuda_ops = {
 
 /* An engine tier on device memory: the engine's cudaMalloc'ed (or torch's)
  * buffers, addressed by engine.c's planes, copied like the cuda tier's. */
+/* Whether every plane's memory is the tier's device's (or managed): the
+ * copy kernel reads another GPU's only with peer access (else an illegal
+ * address, which ends the CUDA context, the engine's with it), and a host
+ * pointer is no GPU's at all. */
+static bool on_device(const kvt_tier_t *t) {
+    const kvt_tier_engine_t *e = t->cfg.engine;
+    for (uint32_t i = 0; i < e->planes; i++) {
+        const kvt_tier_plane_t *p = &e->plane[i];
+        for (uint32_t l = 0; l < (p->layer_base ? t->cfg.geom.layers : 1); l++) {
+            struct cudaPointerAttributes a;
+            const void *ptr = p->layer_base ? p->layer_base[l] : p->base;
+            if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess ||
+                (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device != t->cfg.device)
+                return false;
+        }
+    }
+    return true;
+}
+
 static int engine_cuda_open(kvt_tier_t *t) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n)
-        return leave((caller_t){-1, false}, KVT_ENOTSUP);
+    caller_t none = {-1, false};
+    if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(none, KVT_ENOTSUP);
+    if (!on_device(t)) return leave(none, KVT_EINVAL);
     return kvt__engine_open(t);
 }
 
