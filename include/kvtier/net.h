@@ -58,7 +58,8 @@ KVT_API uint16_t kvt_net_server_port(const kvt_net_server_t *s);
 typedef struct kvt_net_server_stats {
     uint32_t size;          /* sizeof(kvt_net_server_stats_t), set by the caller */
     uint64_t connections;   /* accepted */
-    uint64_t refused;       /* hellos refused, told why (a wrong version, token or geometry) */
+    uint64_t refused;       /* hellos refused, told why (a wrong version, token or geometry), and (UCX)
+                             * connections refused with the table full of writers */
     uint64_t bad_peers;     /* connections closed for malformed data (a hello's wrong magic, a bad run), for no
                              * whole hello within 5 s, or for a run that stalled 30 s in the middle (TCP) */
     uint64_t awaiting_hello; /* gauge: connections accepted that have not yet sent a whole hello */

@@ -132,6 +132,11 @@ __all__ = ["KvtierOffloadingWorker", "check_worker_interface"]
 
 log = logging.getLogger(__name__)
 
+
+class _Stopped(BaseException):
+    """A failure of the worker's own loop raised where a job's errors are
+    caught (``except Exception``): it stops the thread, not that job."""
+
 # What this module implements of vLLM's OffloadingWorker, as vLLM 0.33.0 declares it.
 _WORKER_SIGNATURES = {
     "submit_store": ["self", "job_id", "src_spec", "dst_spec"],
@@ -489,14 +494,19 @@ class KvtierOffloadingWorker(OffloadingWorker):
         """Starts the expedited loads submitted so far, and reports those done:
         vLLM waits on them for its step, so they go before regular jobs, and
         a regular job's start (a load hashes its pages first) does not hold
-        up their completion."""
-        with self._cv:
-            fast = list(self._todo_fast)
-            self._todo_fast.clear()
-        for job in fast:
-            self._start(job)
-        if any(j.expedited for j in self._running.values()):
-            self._reap(wait=False)
+        up their completion. Called in the middle of a regular job's start:
+        what raises here is no fault of that job's, and stops the thread as
+        it would from the loop (_Stopped is no Exception)."""
+        try:
+            with self._cv:
+                fast = list(self._todo_fast)
+                self._todo_fast.clear()
+            for job in fast:
+                self._start(job)
+            if any(j.expedited for j in self._running.values()):
+                self._reap(wait=False)
+        except Exception as e:
+            raise _Stopped(f"{type(e).__name__}: {e}") from e
 
     def _start(self, job: _Job) -> None:
         if job.fetch and job.ok:  # the L3 store fills the reserved host pages first; then the copies

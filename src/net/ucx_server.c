@@ -69,8 +69,10 @@ static void send_ack(ucp_ep_h ep, uint64_t len) {
     ack_t *a = malloc(sizeof(*a));
     if (a == NULL) return;
     a->len = len;
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                             .cb.send = ack_sent, .user_data = a};
+    /* with the reply flag: the writer matches it to its endpoint of now (a closed one's stays there) */
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                             UCP_OP_ATTR_FIELD_FLAGS,
+                             .cb.send = ack_sent, .user_data = a, .flags = UCP_AM_SEND_FLAG_REPLY};
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, KVT_UCX_AM_ACK, a, sizeof(*a), NULL, 0, &p);
     if (r == NULL || UCS_PTR_IS_ERR(r)) free(a); /* done at once, or failed (the peer is gone) */
 }
@@ -122,8 +124,9 @@ static ucs_status_t on_hello(void *arg, const void *header, size_t header_length
             pthread_mutex_unlock(&s->mu);
         }
     }
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                             .cb.send = ack_sent, .user_data = r};
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                             UCP_OP_ATTR_FIELD_FLAGS,
+                             .cb.send = ack_sent, .user_data = r, .flags = UCP_AM_SEND_FLAG_REPLY};
     ucs_status_ptr_t q = ucp_am_send_nbx(param->reply_ep, KVT_UCX_AM_REPLY, r, sizeof(*r), NULL, 0, &p);
     if (q == NULL || UCS_PTR_IS_ERR(q)) free(r);
     return UCS_OK;
@@ -208,7 +211,7 @@ static void expire_hellos(kvt_net_server_t *s) {
  * others first (a close progresses the worker: callbacks meanwhile see a
  * table without them). */
 static void close_gone(ucx_server_t *u) {
-    ucp_ep_h gone[MAX_EPS];
+    ucp_ep_h gone[2 * MAX_EPS]; /* the table's gone and those evicted from it */
     int n = 0;
     for (int i = 0; i < u->neps;) {
         if (!u->gone[i]) {
@@ -320,9 +323,9 @@ static void ucx_stop(kvt_net_server_t *s) {
     atomic_store(&u->stop, true);
     ucp_worker_signal(u->worker);
     pthread_join(u->th, NULL);
+    ucp_listener_destroy(u->listener); /* first: no newcomer evicts an endpoint being closed */
     for (int i = 0; i < u->neps; i++) kvt__ucx_close_ep(u->worker, u->eps[i]);
     for (int i = 0; i < u->nevicted; i++) kvt__ucx_close_ep(u->worker, u->evicted[i]);
-    ucp_listener_destroy(u->listener);
     kvt__ucx_fini(u->ctx, u->worker);
     KVT_DELETE(u);
 }

@@ -268,6 +268,16 @@ static cJSON *add_u64(cJSON *o, const char *name, uint64_t v) {
     return cJSON_AddRawToObject(o, name, txt);
 }
 
+/* A double as fmt_double writes it (cJSON's own loses digits or reads back
+ * as another double); NaN and the infinities, which JSON has not, as null
+ * (as cJSON writes them). */
+static cJSON *add_double(cJSON *o, const char *name, double v) {
+    char txt[48];
+    if (!isfinite(v)) return cJSON_AddNullToObject(o, name);
+    fmt_double(txt, sizeof(txt), v);
+    return cJSON_AddRawToObject(o, name, txt);
+}
+
 static int write_json(const kvt_emitter_t *e, FILE *f) {
     cJSON *stack[MAX_DEPTH + 1];
     int depth = 0, ok = 1;
@@ -284,10 +294,10 @@ static int write_json(const kvt_emitter_t *e, FILE *f) {
             break;
         case ENT_END: depth--; break;
         case ENT_COUNTER: ok = add_u64(o, x->name, x->v.u) != NULL; break;
-        case ENT_GAUGE: ok = cJSON_AddNumberToObject(o, x->name, x->v.d) != NULL; break;
+        case ENT_GAUGE: ok = add_double(o, x->name, x->v.d) != NULL; break;
         case ENT_HIST:
             v = cJSON_AddObjectToObject(o, x->name);
-            ok = v && add_u64(v, "count", x->v.h.count) && cJSON_AddNumberToObject(v, "mean", x->v.h.mean) &&
+            ok = v && add_u64(v, "count", x->v.h.count) && add_double(v, "mean", x->v.h.mean) &&
                  add_u64(v, "p50", x->v.h.p50) && add_u64(v, "p90", x->v.h.p90) && add_u64(v, "p99", x->v.h.p99) &&
                  add_u64(v, "p999", x->v.h.p999) && add_u64(v, "max", x->v.h.max);
             break;
@@ -417,7 +427,7 @@ static void fmt_seconds(char *out, size_t cap, uint64_t v, int digits) {
 static void fmt_double(char *out, size_t cap, double v) {
     if (isnan(v)) snprintf(out, cap, "NaN");
     else if (isinf(v)) snprintf(out, cap, v > 0 ? "+Inf" : "-Inf");
-    else if (v == floor(v) && fabs(v) < 1e15) snprintf(out, cap, "%.0f", v);
+    else if (v == floor(v) && fabs(v) < 9007199254740992.0) snprintf(out, cap, "%.0f", v); /* below 2^53: exact */
     else {
         for (int p = 1; p <= 17; p++)
             if (snprintf(out, cap, "%.*g", p, v), strtod(out, NULL) == v) break;

@@ -84,11 +84,17 @@ typedef struct caller {
     bool pending;
 } caller_t;
 
+/* ... before any CUDA call of kvtier's. */
+static caller_t caller_now(void) { return (caller_t){-1, cudaPeekAtLastError() != cudaSuccess}; }
+
 /* On the caller's thread: the tier's device made current; false when it
- * cannot be. */
+ * cannot be. The caller's is given back when it differs. (A thread that
+ * never chose one reads 0, and setting 0 back makes device 0's context,
+ * which that thread's next CUDA call would make anyway; one that never
+ * makes another pays it for nothing: the runtime API cannot tell.) */
 static bool enter(int device, caller_t *was) {
-    was->pending = cudaPeekAtLastError() != cudaSuccess;
-    if (cudaGetDevice(&was->device) != cudaSuccess) was->device = -1;
+    *was = caller_now();
+    if (cudaGetDevice(&was->device) != cudaSuccess || was->device == device) was->device = -1;
     return cudaSetDevice(device) == cudaSuccess;
 }
 
@@ -103,7 +109,7 @@ static int leave(caller_t was, int rc) {
 
 static int cuda_open(kvt_tier_t *t) {
     int n = 0;
-    caller_t prev = {-1, false}; /* (no device: nothing to give back) */
+    caller_t prev = caller_now(); /* (no device: nothing to give back) */
     if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(prev, KVT_ENOTSUP);
     if (!enter(t->cfg.device, &prev)) return leave(prev, KVT_ENOTSUP);
     void *p = NULL;
@@ -354,7 +360,7 @@ static bool on_device(const kvt_tier_t *t) {
 
 static int engine_cuda_open(kvt_tier_t *t) {
     int n = 0;
-    caller_t none = {-1, false};
+    caller_t none = caller_now();
     if (cudaGetDeviceCount(&n) != cudaSuccess || t->cfg.device < 0 || t->cfg.device >= n) return leave(none, KVT_ENOTSUP);
     if (!on_device(t)) return leave(none, KVT_EINVAL);
     return kvt__engine_open(t);

@@ -48,12 +48,20 @@ typedef struct ucx_ctx {
 } ucx_ctx_t;
 
 
+/* Whether a message came over the endpoint of now: one a closed endpoint
+ * left on the worker (a transport that delivers by interface, not by
+ * connection) is no answer to this copy or hello. The server sends its
+ * replies and acks with the reply endpoint. */
+static bool from_peer(const ucx_ctx_t *x, const ucp_am_recv_param_t *param) {
+    return x->ep && (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && param->reply_ep == x->ep;
+}
+
 static ucs_status_t on_reply(void *arg, const void *header, size_t header_length, void *data, size_t length,
                              const ucp_am_recv_param_t *param) {
     ucx_ctx_t *x = arg;
     (void)data;
     (void)length;
-    (void)param;
+    if (!from_peer(x, param)) return UCS_OK;
     int32_t status = KVT_EIO; /* the header is not aligned: copy the field out */
     if (header_length == sizeof(kvt__wire_reply_t)) memcpy(&status, (const uint8_t *)header + offsetof(kvt__wire_reply_t, status), sizeof(status));
     x->reply = status;
@@ -65,7 +73,7 @@ static ucs_status_t on_ack(void *arg, const void *header, size_t header_length, 
     ucx_ctx_t *x = arg;
     (void)data;
     (void)length;
-    (void)param;
+    if (!from_peer(x, param)) return UCS_OK;
     uint64_t len = 0; /* the header is not aligned: copy it out */
     if (header_length == sizeof(len)) memcpy(&len, header, sizeof(len));
     if (header_length != sizeof(len) || x->acked >= x->runs) x->failed = true; /* an ack for nothing: a confused peer */

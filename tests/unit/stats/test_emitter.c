@@ -329,6 +329,22 @@ Test(emitter, big_numbers_are_exact) {
     cr_assert_not_null(o, "valid JSON: %s", s);
     cJSON_Delete(o);
     free(s);
+    /* gauges: the shortest text that reads back as the double (cJSON's 15 digits read 0.7999999999999999
+     * back as 0.8, and wrote 2^53 - 1 in 15 digits); NaN, which JSON has not, as null */
+    cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_JSON, "kvtier"), KVT_OK);
+    kvt_emit_gauge(e, "g", 0.7999999999999999, NULL);
+    kvt_emit_gauge(e, "h", 9007199254740991.0, NULL);
+    kvt_emit_gauge(e, "n", NAN, NULL);
+    s = write_all(e, &rc);
+    cr_assert_eq(rc, KVT_OK);
+    cr_assert_not_null(strstr(s, "\"g\":\t0.7999999999999999,"), "%s", s);
+    cr_assert_not_null(strstr(s, "\"h\":\t9007199254740991,"), "%s", s);
+    cr_assert_not_null(strstr(s, "\"n\":\tnull"), "%s", s);
+    o = cJSON_Parse(s);
+    cr_assert_not_null(o, "valid JSON: %s", s);
+    cr_assert_eq(cJSON_GetObjectItem(o, "g")->valuedouble, 0.7999999999999999);
+    cJSON_Delete(o);
+    free(s);
     cr_assert_eq(kvt_emitter_create(&e, KVT_FMT_TABLE, "kvtier"), KVT_OK);
     kvt_emit_gauge(e, "free", 1206643, NULL);
     kvt_emit_gauge(e, "bytes", 149778328, NULL);
