@@ -144,7 +144,7 @@ static bool greet(sconn_t *c) {
 
 /* A writer that stops in the middle of a run (its header, its bytes, or
  * taking its ack) this long is gone: its thread and descriptor go back. */
-static uint64_t stall_by(void) { return kvt_now_ns() + KVT_WIRE_STALL_MS * 1000000ull; }
+static uint64_t stall_by(void) { return kvt_now_ns() + KVT_WIRE_STALL_NS; }
 
 /* len bytes, the deadline renewed a MiB at a time (a 1 GiB run on a slow
  * link takes long, but never stalls): 0; 1 the peer closed or was shut

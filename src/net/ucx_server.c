@@ -6,7 +6,7 @@
  * bytes are in the tier. The thread sleeps on the worker's event fd when
  * there is nothing to progress. Built only with UCX (KVT_HAVE_UCX).
  *
- * Endpoints: one per connection, in eps[] with what the server knows of it
+ * Endpoints: one per connection, in slots[] with what the server knows of it
  * (the thread's alone: every callback runs in its ucp_worker_progress). A
  * run is taken only from an endpoint whose hello was accepted, as the tcp
  * server reads runs only after one; an endpoint whose peer went away is
@@ -35,15 +35,20 @@
 #define MAX_EPS 256
 #define HELLO_NS 5000000000ull /* a connection's time to have its hello accepted */
 
+/* An endpoint and what the server knows of it. */
+typedef struct slot {
+    ucp_ep_h ep;
+    bool accepted;  /* said a hello the server took */
+    bool heard;     /* said a hello, whatever the verdict */
+    bool gone;      /* its peer went away, or it is to be closed: closed by the progress thread */
+    uint64_t since; /* when it connected */
+} slot_t;
+
 typedef struct ucx_server {
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_listener_h listener;
-    ucp_ep_h eps[MAX_EPS];
-    bool accepted[MAX_EPS]; /* said a hello the server took */
-    bool heard[MAX_EPS];    /* said a hello, whatever the verdict */
-    bool gone[MAX_EPS];     /* its peer went away, or it is to be closed: closed by the progress thread */
-    uint64_t since[MAX_EPS]; /* when it connected */
+    slot_t slots[MAX_EPS];
     int neps, ngone;
     ucp_ep_h evicted[MAX_EPS]; /* endpoints taken out of the table for a newcomer, to close */
     int nevicted;
@@ -96,7 +101,7 @@ static void rndv_done(void *request, ucs_status_t status, size_t length, void *u
 
 static int ep_index(const ucx_server_t *u, ucp_ep_h ep) {
     for (int i = 0; i < u->neps; i++)
-        if (u->eps[i] == ep) return i;
+        if (u->slots[i].ep == ep) return i;
     return -1;
 }
 
@@ -116,9 +121,9 @@ static ucs_status_t on_hello(void *arg, const void *header, size_t header_length
     ucx_server_t *u = s->ucx;
     int i = ep_index(u, param->reply_ep);
     if (i >= 0) {
-        u->accepted[i] = r->status == 0;
-        if (!u->heard[i]) {
-            u->heard[i] = true;
+        u->slots[i].accepted = r->status == 0;
+        if (!u->slots[i].heard) {
+            u->slots[i].heard = true;
             pthread_mutex_lock(&s->mu);
             s->st.awaiting_hello--;
             pthread_mutex_unlock(&s->mu);
@@ -143,7 +148,7 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     /* A refused run: a rendezvous one is refused to its sender (whose request fails); an eager one can
      * only be dropped (UCX aborts on an error from the handler of a message in several fragments) */
     const ucs_status_t refused = rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
-    if (i < 0 || !u->accepted[i]) { /* a stranger's runs are not written, whatever they say */
+    if (i < 0 || !u->slots[i].accepted) { /* a stranger's runs are not written, whatever they say */
         kvt__net_note(s, &s->st.bad_peers, "a run before an accepted hello over ucx: refused");
         return refused;
     }
@@ -177,11 +182,11 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
 /* Endpoint i is to be closed (after this progress: not from a callback). */
 static void mark_gone(kvt_net_server_t *s, int i) {
     ucx_server_t *u = s->ucx;
-    if (u->gone[i]) return;
-    u->gone[i] = true;
+    if (u->slots[i].gone) return;
+    u->slots[i].gone = true;
     u->ngone++;
-    if (!u->heard[i]) { /* it will not say its hello now */
-        u->heard[i] = true;
+    if (!u->slots[i].heard) { /* it will not say its hello now */
+        u->slots[i].heard = true;
         pthread_mutex_lock(&s->mu);
         s->st.awaiting_hello--;
         pthread_mutex_unlock(&s->mu);
@@ -200,8 +205,8 @@ static void expire_hellos(kvt_net_server_t *s) {
     ucx_server_t *u = s->ucx;
     uint64_t now = kvt_now_ns();
     for (int i = 0; i < u->neps; i++)
-        if (!u->accepted[i] && !u->gone[i] && now - u->since[i] >= HELLO_NS) {
-            if (!u->heard[i])
+        if (!u->slots[i].accepted && !u->slots[i].gone && now - u->slots[i].since >= HELLO_NS) {
+            if (!u->slots[i].heard)
                 kvt__net_note(s, &s->st.bad_peers, "a peer sent no hello within 5 s over ucx: closed");
             mark_gone(s, i);
         }
@@ -214,15 +219,12 @@ static void close_gone(ucx_server_t *u) {
     ucp_ep_h gone[2 * MAX_EPS]; /* the table's gone and those evicted from it */
     int n = 0;
     for (int i = 0; i < u->neps;) {
-        if (!u->gone[i]) {
+        if (!u->slots[i].gone) {
             i++;
             continue;
         }
-        gone[n++] = u->eps[i];
-        u->neps--;
-        int j = u->neps;
-        u->eps[i] = u->eps[j], u->accepted[i] = u->accepted[j], u->heard[i] = u->heard[j];
-        u->gone[i] = u->gone[j], u->since[i] = u->since[j];
+        gone[n++] = u->slots[i].ep;
+        u->slots[i] = u->slots[--u->neps];
     }
     u->ngone = 0;
     for (int i = 0; i < u->nevicted; i++) gone[n++] = u->evicted[i];
@@ -237,16 +239,13 @@ static int evict_oldest(kvt_net_server_t *s) {
     ucx_server_t *u = s->ucx;
     int old = -1;
     for (int i = 0; i < u->neps; i++)
-        if (!u->accepted[i] && (old < 0 || u->since[i] < u->since[old])) old = i;
+        if (!u->slots[i].accepted && (old < 0 || u->slots[i].since < u->slots[old].since)) old = i;
     if (old < 0 || u->nevicted == MAX_EPS) return -1;
-    if (!u->heard[old]) kvt__net_note(s, &s->st.bad_peers, "a peer without a hello made room for a newcomer over ucx");
+    if (!u->slots[old].heard) kvt__net_note(s, &s->st.bad_peers, "a peer without a hello made room for a newcomer over ucx");
     mark_gone(s, old); /* (its hello counted as not coming) */
     u->ngone--;        /* ... and it leaves the table here, not in close_gone */
-    u->evicted[u->nevicted++] = u->eps[old];
-    u->neps--;
-    int j = u->neps;
-    u->eps[old] = u->eps[j], u->accepted[old] = u->accepted[j], u->heard[old] = u->heard[j];
-    u->gone[old] = u->gone[j], u->since[old] = u->since[j];
+    u->evicted[u->nevicted++] = u->slots[old].ep;
+    u->slots[old] = u->slots[--u->neps];
     return old;
 }
 
@@ -263,10 +262,9 @@ static void on_conn(ucp_conn_request_h req, void *arg) {
                           .conn_request = req,
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                           .err_handler = {on_ep_error, s}};
-    if (ucp_ep_create(u->worker, &ep, &u->eps[u->neps]) == UCS_OK) {
-        u->accepted[u->neps] = u->gone[u->neps] = u->heard[u->neps] = false;
-        u->since[u->neps] = kvt_now_ns();
-        u->neps++;
+    ucp_ep_h h;
+    if (ucp_ep_create(u->worker, &ep, &h) == UCS_OK) {
+        u->slots[u->neps++] = (slot_t){.ep = h, .since = kvt_now_ns()};
         pthread_mutex_lock(&s->mu);
         s->st.connections++;
         s->st.awaiting_hello++;
@@ -324,7 +322,7 @@ static void ucx_stop(kvt_net_server_t *s) {
     ucp_worker_signal(u->worker);
     pthread_join(u->th, NULL);
     ucp_listener_destroy(u->listener); /* first: no newcomer evicts an endpoint being closed */
-    for (int i = 0; i < u->neps; i++) kvt__ucx_close_ep(u->worker, u->eps[i]);
+    for (int i = 0; i < u->neps; i++) kvt__ucx_close_ep(u->worker, u->slots[i].ep);
     for (int i = 0; i < u->nevicted; i++) kvt__ucx_close_ep(u->worker, u->evicted[i]);
     kvt__ucx_fini(u->ctx, u->worker);
     KVT_DELETE(u);

@@ -130,7 +130,7 @@ int kvt__tcp_connect(const char *addr) {
     int err = 0;
     socklen_t elen = sizeof(err);
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 &&
-        (errno != EINPROGRESS || wait_ready(fd, POLLOUT, kvt_now_ns() + KVT_WIRE_STALL_MS * 1000000ull, NULL) != 0 ||
+        (errno != EINPROGRESS || wait_ready(fd, POLLOUT, kvt_now_ns() + KVT_WIRE_STALL_NS, NULL) != 0 ||
          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 || err != 0)) {
         close(fd);
         return -1;

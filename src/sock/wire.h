@@ -30,6 +30,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire's structs ar
 #define KVT_WIRE_VERSION 2 /* 2: the hello carries a token */
 #define KVT_WIRE_MAX_DATA (1ull << 30)
 #define KVT_WIRE_STALL_MS 30000 /* a writer whose peer takes nothing (or answers no hello) this long: it is gone */
+#define KVT_WIRE_STALL_NS (KVT_WIRE_STALL_MS * 1000000ull)
 
 typedef struct kvt__wire_hello {
     uint64_t magic;

@@ -92,7 +92,7 @@ static int connect_all(kvt_tier_t *t, tcp_ctx_t *x) {
         c->fd = kvt__tcp_connect(t->name);
         kvt__wire_reply_t r;
         int rc = KVT_EIO; /* no connection, or no reply */
-        uint64_t by = kvt_now_ns() + KVT_WIRE_STALL_MS * 1000000ull; /* a port that takes the hello and never answers */
+        uint64_t by = kvt_now_ns() + KVT_WIRE_STALL_NS; /* a port that takes the hello and never answers */
         if (c->fd >= 0 && kvt__write_by(c->fd, &h, sizeof(h), by, NULL) == 0 && kvt__read_by(c->fd, &r, sizeof(r), by, NULL) == 0)
             rc = r.status == KVT_OK ? KVT_OK : kvt__err_known(r.status) ? r.status : KVT_EIO; /* the server's verdict */
         if (rc != KVT_OK) {
@@ -193,7 +193,7 @@ static int tcp_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n
         x->c[i].ack_got = 0;
     }
     struct pollfd pf[MAX_STREAMS];
-    uint64_t stall = KVT_WIRE_STALL_MS * 1000000ull, by = kvt_now_ns() + stall;
+    uint64_t by = kvt_now_ns() + KVT_WIRE_STALL_NS;
     for (;;) {
         bool busy = false;
         for (uint32_t i = 0; i < x->n; i++) {
@@ -208,7 +208,7 @@ static int tcp_copy(kvt_tier_t *t, void *ctx, const kvt__span_t *spans, size_t n
         if (!busy) return KVT_OK;
         uint64_t now = kvt_now_ns();
         int ready = now < by ? poll(pf, x->n, (int)((by - now + 999999) / 1000000)) : 0;
-        if (ready > 0) by = kvt_now_ns() + stall; /* progress */
+        if (ready > 0) by = kvt_now_ns() + KVT_WIRE_STALL_NS; /* progress */
         else if (ready == 0 || errno != EINTR) { /* none for KVT_WIRE_STALL_MS: the peer is gone (a signal: again) */
             close_all(x);
             return KVT_EIO;

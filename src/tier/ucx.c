@@ -31,7 +31,6 @@
 #include "../sock/ucx-int.h"
 #include "../sock/wire.h"
 
-#define WAIT_NS (30ull * 1000000000ull)
 
 typedef struct ucx_ctx {
     ucp_context_h ctx;
@@ -89,11 +88,11 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
 }
 
 /* Waits (progressing) until done() or the endpoint fails or no ack comes
- * for WAIT_NS. */
+ * for KVT_WIRE_STALL_NS. */
 static bool progress_until(ucx_ctx_t *x, bool (*done)(ucx_ctx_t *, void *), void *arg) {
     uint64_t last = kvt_now_ns(), acked = x->acked;
     while (!done(x, arg)) {
-        if (x->failed || kvt_now_ns() - last > WAIT_NS) return false;
+        if (x->failed || kvt_now_ns() - last > KVT_WIRE_STALL_NS) return false;
         if (ucp_worker_progress(x->worker) == 0) { /* idle: do not spin a shared core */
             struct timespec ts = {0, 5000};
             nanosleep(&ts, NULL);

@@ -7,22 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/emit.h"
 #include "core/mem-int.h"
 #include "kvtier/rng.h"
 #include "kvtier/alloc.h"
 #include "kvtier/error.h"
 #include "kvtier/stats.h"
-
-/* What e writes (its return code in *rc), e destroyed. */
-static char *write_all(kvt_emitter_t *e, int *rc) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    *rc = kvt_emitter_write(e, f);
-    fclose(f);
-    kvt_emitter_destroy(e);
-    return buf;
-}
 
 static char *render(kvt_fmt_t fmt, int *rc_out) {
     kvt_emitter_t *e;
@@ -35,7 +25,7 @@ static char *render(kvt_fmt_t fmt, int *rc_out) {
     kvt_emit_gauge(e, "free_pages", 7.5, "free pages");
     kvt_emit_end(e);
     kvt_emit_hist(e, "latency_ns", &h, "latency");
-    return write_all(e, rc_out);
+    return emit_text(e, rc_out);
 }
 
 Test(emitter, table) {
@@ -316,7 +306,7 @@ Test(emitter, big_numbers_are_exact) {
     kvt_emit_counter(e, "c", big[2], NULL);
     kvt_emit_hist(e, "h", &h, NULL);
     int rc;
-    char *s = write_all(e, &rc);
+    char *s = emit_text(e, &rc);
     cr_assert_eq(rc, KVT_OK);
     char want[64];
     for (int i = 0; i < 3; i++) {
@@ -335,7 +325,7 @@ Test(emitter, big_numbers_are_exact) {
     kvt_emit_gauge(e, "g", 0.7999999999999999, NULL);
     kvt_emit_gauge(e, "h", 9007199254740991.0, NULL);
     kvt_emit_gauge(e, "n", NAN, NULL);
-    s = write_all(e, &rc);
+    s = emit_text(e, &rc);
     cr_assert_eq(rc, KVT_OK);
     cr_assert_not_null(strstr(s, "\"g\":\t0.7999999999999999,"), "%s", s);
     cr_assert_not_null(strstr(s, "\"h\":\t9007199254740991,"), "%s", s);
@@ -349,7 +339,7 @@ Test(emitter, big_numbers_are_exact) {
     kvt_emit_gauge(e, "free", 1206643, NULL);
     kvt_emit_gauge(e, "bytes", 149778328, NULL);
     kvt_emit_gauge(e, "third", 1.0 / 3, NULL);
-    s = write_all(e, &rc);
+    s = emit_text(e, &rc);
     cr_assert_eq(rc, KVT_OK);
     cr_assert_str_eq(s,
                      "free                                        1206643\n"
@@ -378,7 +368,7 @@ Test(emitter, a_name_twice_in_a_section_is_refused) {
                 kvt_emit_end(e);
             }
             int rc;
-            char *s = write_all(e, &rc);
+            char *s = emit_text(e, &rc);
             cr_assert_eq(rc, k == 2 ? KVT_OK : KVT_EINVAL, "format %d, case %d: %s", fmt, k, s);
             if (k < 2) cr_assert_str_eq(s, "", "nothing written");
             free(s);
