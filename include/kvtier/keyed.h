@@ -62,6 +62,25 @@
  * the order of its keys; a reset's removals in eviction order.
  * kvt_keyed_take_events hands them out and forgets them.
  *
+ * ARC (cfg.policy KVT_KEYED_ARC): the order of vLLM's ARC policy
+ * (vllm/v1/kv_offload/cpu/policies/arc.py, vLLM 0.33) step for step, so that
+ * a vLLM offloading manager over this cache decides as vLLM's own does. Every
+ * present key is in T1 (stored, not used again) or T2 (used again), each in
+ * recency order; two ghosts, B1 and B2, remember up to `pages` keys each that
+ * were evicted from T1 and T2; a target size of T1 lies in [0, pages]. Scores
+ * play no part (prepare_store takes NULL; kvt_keyed_touch does nothing).
+ *   - prepare_store: the new keys join T1 as its most recent, in the order of
+ *     keys[], and leave the ghosts. Eviction is on demand only (free_room must
+ *     be 0): each victim is T1's least recent evictable unprotected key while
+ *     T1's keys (this call's new ones not counted, the victims taken so far
+ *     taken off) number at least floor(target), else T2's; either list is the
+ *     other's fallback. A victim joins its list's ghost as its most recent;
+ *     a ghost past `pages` keys forgets its oldest.
+ *   - a key taken out otherwise (a failed store, kvt_keyed_remove, reset)
+ *     leaves its list and joins no ghost; reset also empties the ghosts and
+ *     sets the target to 0.
+ *   - the hooks below: kvt_keyed_arc_touch, _missed and _finish.
+ *
  * Threads: none inside; one thread at a time calls a cache.
  */
 #ifndef KVTIER_KEYED_H
@@ -82,11 +101,15 @@ typedef struct kvt_key128 {
     uint64_t hi, lo;
 } kvt_key128_t;
 
+enum { KVT_KEYED_SCORES = 0, KVT_KEYED_ARC = 1 }; /* eviction orders (kvt_keyed_config_t.policy) */
+
 typedef struct kvt_keyed_config {
     uint32_t size;     /* sizeof(kvt_keyed_config_t), set by the caller */
     uint32_t events;   /* 1: record stored and removed events */
-    uint64_t pages;    /* host pages the cache hands out, [0, pages); 1 .. 2^32 - 1 */
-    double free_room;  /* fraction of pages kept free after an eviction, [0, 1) */
+    uint64_t pages;    /* host pages the cache hands out, [0, pages); 1 .. 2^32 - 1 (ARC: 2^32 - 2) */
+    double free_room;  /* fraction of pages kept free after an eviction, [0, 1); ARC: 0 */
+    uint32_t policy;   /* KVT_KEYED_SCORES (0: the caller's scores) or KVT_KEYED_ARC */
+    uint32_t reserved; /* 0 */
 } kvt_keyed_config_t;
 
 enum { KVT_KEYED_MISS = 0, KVT_KEYED_HIT = 1, KVT_KEYED_PENDING = 2 };
@@ -123,7 +146,9 @@ typedef struct kvt_keyed_stats {
 
 /* KVT_EINVAL for a bad config (size below 4, or bytes past this library's
  * struct that are not zero; pages 0 or above 2^32 - 1; free_room NaN or
- * outside [0, 1)), KVT_ENOMEM. */
+ * outside [0, 1); an unknown policy, reserved not 0; ARC with free_room not
+ * 0 or pages 2^32 - 1), KVT_ENOMEM (ARC's two ghosts take 48 to 64 bytes
+ * a page, allocated here). */
 KVT_API int kvt_keyed_create(kvt_keyed_t **out, const kvt_keyed_config_t *cfg);
 KVT_API void kvt_keyed_destroy(kvt_keyed_t *c);
 
@@ -141,10 +166,11 @@ KVT_API int kvt_keyed_page(const kvt_keyed_t *c, kvt_key128_t key, uint64_t *pag
  * pages[i] is the new page of keys[i], or UINT64_MAX when keys[i] was
  * already present (or repeats an earlier key of the call); evicted[0..*nevicted)
  * the keys evicted, in order. capacity is the room evicted has; n + T
- * (essay) always suffices. Fails with nothing changed (pages[] all
- * UINT64_MAX, *nevicted 0): KVT_EINVAL (a NULL pointer with a nonzero
- * count), KVT_ENOSPC when the new keys do not fit (store_refusals counts
- * it), KVT_ERANGE when the keys to evict exceed capacity, KVT_ENOMEM. */
+ * (essay) always suffices. Under ARC scores is not read (NULL will do).
+ * Fails with nothing changed (pages[] all UINT64_MAX, *nevicted 0):
+ * KVT_EINVAL (a NULL pointer with a nonzero count), KVT_ENOSPC when the new
+ * keys do not fit (store_refusals counts it), KVT_ERANGE when the keys to
+ * evict exceed capacity, KVT_ENOMEM. */
 KVT_API int kvt_keyed_prepare_store(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
                                     const kvt_key128_t *protect, size_t nprotect, uint64_t *pages,
                                     kvt_key128_t *evicted, size_t capacity, size_t *nevicted);
@@ -167,7 +193,7 @@ KVT_API int kvt_keyed_unpin(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n);
 
 /* Sets the score of each present key of keys[0..n) (absent keys are
  * skipped; a key listed twice keeps the later score). A pending or pinned
- * key keeps it for when it becomes evictable. */
+ * key keeps it for when it becomes evictable. Under ARC: nothing. */
 KVT_API void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n);
 
 /* Removes the ready, unpinned keys of keys[0..n) and frees their pages (a
@@ -182,6 +208,30 @@ KVT_API int kvt_keyed_remove(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n,
  * every page back. KVT_EBUSY, nothing changed, while a key is pending or
  * pinned; KVT_ENOMEM, nothing changed. Counted in no stat (not evictions). */
 KVT_API int kvt_keyed_reset(kvt_keyed_t *c);
+
+/* ARC's hooks, as vLLM's ARC policy has them (the order's text above):
+ * KVT_EINVAL, nothing changed, unless the cache's policy is KVT_KEYED_ARC,
+ * for a NULL pointer with a nonzero count, or a flag above 2; nothing fails
+ * otherwise. Each walks
+ * keys[0..n) last first, as vLLM's policy walks a request's keys.
+ *
+ * A key found in a ghost adapts the target toward that ghost's list: in B1,
+ * target += max(1, |B2| / |B1|) (at most pages), in B2, target -= max(1,
+ * |B1| / |B2|) (at least 0), each division in double; the key becomes its
+ * ghost's most recent and stays there until a store takes it out. */
+/* touch: a key in T1 moves to T2 as its most recent when ready (a pending
+ * key: T1's most recent); a key in T2 becomes T2's most recent; an absent key
+ * in a ghost adapts the target. */
+KVT_API int kvt_keyed_arc_touch(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n);
+/* on_store_miss: each key in a ghost adapts the target (vLLM's manager calls
+ * it once per request for the new keys of a store, before prepare_store). */
+KVT_API int kvt_keyed_arc_missed(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n);
+enum { KVT_KEYED_ARC_STORED = 1, KVT_KEYED_ARC_REUSED = 2 };
+/* on_request_finished: each present key of keys[] by flags[i]:
+ * KVT_KEYED_ARC_STORED (the request stored it and did not use it: the most
+ * recent of its list), KVT_KEYED_ARC_REUSED (the request used it: from T1
+ * to T2, or T2's most recent), 0 nothing; absent keys are skipped. */
+KVT_API int kvt_keyed_arc_finish(kvt_keyed_t *c, const kvt_key128_t *keys, const uint8_t *flags, size_t n);
 
 /* Copies up to cap events, oldest first, into out and forgets them; returns
  * how many. */

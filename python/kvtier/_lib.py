@@ -259,7 +259,8 @@ class Key128(Structure):
 
 
 class KeyedConfig(Structure):
-    _fields_ = [("size", c_uint32), ("events", c_uint32), ("pages", c_uint64), ("free_room", c_double)]
+    _fields_ = [("size", c_uint32), ("events", c_uint32), ("pages", c_uint64), ("free_room", c_double),
+                ("policy", c_uint32), ("reserved", c_uint32)]
 
 
 class KeyedEvent(Structure):
@@ -495,6 +496,9 @@ _PROTOS = {
     "kvt_keyed_unpin": (c_int, [vp, P(Key128), c_size_t]),
     "kvt_keyed_touch": (None, [vp, P(Key128), P(u64), c_size_t]),
     "kvt_keyed_remove": (c_int, [vp, P(Key128), c_size_t, P(c_size_t)]),
+    "kvt_keyed_arc_touch": (c_int, [vp, P(Key128), c_size_t]),
+    "kvt_keyed_arc_missed": (c_int, [vp, P(Key128), c_size_t]),
+    "kvt_keyed_arc_finish": (c_int, [vp, P(Key128), P(c_uint8), c_size_t]),
     "kvt_keyed_reset": (c_int, [vp]),
     "kvt_keyed_take_events": (c_size_t, [vp, P(KeyedEvent), c_size_t]),
     "kvt_keyed_stats": (c_int, [vp, P(KeyedStats)]),

@@ -52,6 +52,11 @@ _pin = _raw("kvt_keyed_pin", _int, [_vp, _vp, _sz, _vp])
 _unpin = _raw("kvt_keyed_unpin", _int, [_vp, _vp, _sz])
 _touch = _raw("kvt_keyed_touch", None, [_vp, _vp, _vp, _sz])
 _remove = _raw("kvt_keyed_remove", _int, [_vp, _vp, _sz, _vp])
+_arc_touch = _raw("kvt_keyed_arc_touch", _int, [_vp, _vp, _sz])
+_arc_missed = _raw("kvt_keyed_arc_missed", _int, [_vp, _vp, _sz])
+_arc_finish = _raw("kvt_keyed_arc_finish", _int, [_vp, _vp, _vp, _sz])
+POLICIES = ("scores", "arc")  # keyed.h's KVT_KEYED_SCORES, KVT_KEYED_ARC
+ARC_STORED, ARC_REUSED = 1, 2  # kvt_keyed_arc_finish's flags
 
 
 class Event(NamedTuple):
@@ -119,19 +124,27 @@ def _one(key: Key, what: str = "key") -> Key128:
 
 
 class KeyedCache(Handle):
-    """``KeyedCache(pages, free_room=0.0, events=False)``: a cache handing out
-    host pages [0, pages). Its calls run one at a time (the C object belongs to
+    """``KeyedCache(pages, free_room=0.0, events=False, policy="scores")``: a
+    cache handing out host pages [0, pages). ``policy="arc"``: vLLM's ARC
+    order (keyed.h; no scores, no free room, pages below 2**32 - 1, and the
+    ``arc_*`` hooks). Its calls run one at a time (the C object belongs to
     one thread; calls from several threads take turns)."""
 
     _SERIAL = True
 
-    def __init__(self, pages: int, *, free_room: float = 0.0, events: bool = False) -> None:
+    def __init__(self, pages: int, *, free_room: float = 0.0, events: bool = False, policy: str = "scores") -> None:
         super().__init__()
+        if policy not in POLICIES:
+            raise ValueError(f"policy: {policy!r} (expected one of {', '.join(POLICIES)})")
+        arc = policy == "arc"
         cfg = KeyedConfig(size=ctypes.sizeof(KeyedConfig), events=1 if _a.flag(events, "events") else 0,
-                          pages=_a.integer(pages, "pages", 1, (1 << 32) - 1),
-                          free_room=_a.number(free_room, "free_room", 0.0, 1.0))
+                          pages=_a.integer(pages, "pages", 1, (1 << 32) - (2 if arc else 1)),
+                          free_room=_a.number(free_room, "free_room", 0.0, 1.0), policy=POLICIES.index(policy))
         if cfg.free_room == 1.0:
             raise ValueError(f"free_room: {free_room!r} is out of range (expected 0 <= free_room < 1)")
+        if arc and cfg.free_room != 0.0:
+            raise ValueError(f"free_room: {free_room!r} (ARC evicts on demand only: expected 0)")
+        self.policy = policy
         h = ctypes.c_void_p()
         check(lib.kvt_keyed_create(ctypes.byref(h), ctypes.byref(cfg)), "KeyedCache")
         self._own(h.value)
@@ -177,12 +190,16 @@ class KeyedCache(Handle):
 
     def prepare_store_packed(self, keys: bytes, scores: bytes, protect: bytes = b""
                              ) -> Optional[Tuple[List[int], List[bytes]]]:
-        """prepare_store on packed keys and scores (uint64s, native order):
-        the pages (2**64-1 for a key already present) and the evicted keys,
-        16 bytes each; None, with nothing changed, when they do not fit."""
+        """prepare_store on packed keys and scores (uint64s, native order; ARC:
+        none, b""): the pages (2**64-1 for a key already present) and the
+        evicted keys, 16 bytes each; None, with nothing changed, when they do
+        not fit."""
         n = _count(keys, "keys")
         np_ = _count(protect, "protect")
-        _check_scores(scores, n)
+        if self.policy == "arc" and scores == b"":
+            scores = None
+        else:
+            _check_scores(scores, n)
         pages = (ctypes.c_uint64 * max(n, 1))()
         nev = ctypes.c_size_t()
         full = n + self._room
@@ -239,6 +256,42 @@ class KeyedCache(Handle):
         _check_scores(scores, n)
         with self._use as h:
             _touch(h, keys, scores, n)
+
+    # ---- ARC's hooks (policy "arc"; keyed.h): each walks its keys last first ----
+
+    def arc_touch(self, keys: Sequence[Key]) -> None:
+        """vLLM's ARC touch: T1 -> T2 (ready keys), T2's most recent; an absent
+        key a ghost remembers moves the target."""
+        self.arc_touch_packed(pack_keys(keys))
+
+    def arc_touch_packed(self, keys: bytes) -> None:
+        n = _count(keys, "keys")
+        with self._use as h:
+            check(_arc_touch(h, keys, n), "KeyedCache.arc_touch", "a cache of policy 'arc' only")
+
+    def arc_missed(self, keys: Sequence[Key]) -> None:
+        """vLLM's ARC on_store_miss: keys a ghost remembers move the target."""
+        self.arc_missed_packed(pack_keys(keys))
+
+    def arc_missed_packed(self, keys: bytes) -> None:
+        n = _count(keys, "keys")
+        with self._use as h:
+            check(_arc_missed(h, keys, n), "KeyedCache.arc_missed", "a cache of policy 'arc' only")
+
+    def arc_finish(self, keys: Sequence[Key], flags: Sequence[int]) -> None:
+        """vLLM's ARC on_request_finished: flags[i] ARC_STORED (most recent in
+        its list), ARC_REUSED (to T2's most recent) or 0 (nothing)."""
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if len(flags) != len(keys) or any(f not in (0, ARC_STORED, ARC_REUSED) for f in flags):
+            raise ValueError(f"flags: expected one of 0, {ARC_STORED}, {ARC_REUSED} for each of {len(keys)} keys")
+        self.arc_finish_packed(pack_keys(keys), bytes(flags))
+
+    def arc_finish_packed(self, keys: bytes, flags: bytes) -> None:
+        n = _count(keys, "keys")
+        if not isinstance(flags, bytes) or len(flags) != n:
+            raise ValueError(f"flags: expected {n} bytes, one a key")
+        with self._use as h:
+            check(_arc_finish(h, keys, flags, n), "KeyedCache.arc_finish", "a cache of policy 'arc' only; flags 0, 1 or 2")
 
     def remove(self, keys: Sequence[Key]) -> int:
         """Removes the ready, unpinned keys among keys and frees their pages

@@ -49,12 +49,12 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
 from . import _args as _a
 from . import _fields
 from ._core import ClosedError, error
-from .keyed import KeyedCache, unpack_keys
+from .keyed import ARC_REUSED, ARC_STORED, KeyedCache, unpack_keys
 from .store import Store
 from .vllm_l3 import ExistsCache, page_hash
 
@@ -211,7 +211,7 @@ class KvtierOffloadingManager(OffloadingManager):
         # vLLM's metrics (get_stats): each store's size since the last call, the skips reported
         self._alloc_sizes: List[int] = []
         self._skipped_reported = 0
-        self._cache = KeyedCache(num_blocks, free_room=free_room)
+        self._cache = self._new_cache()
         self.events: Optional[List[OffloadingEvent]] = [] if enable_events else None
         # Mirrors of the C side, so that lookups and rank comparisons cost no call:
         self._look: Dict[OffloadKey, LookupResult] = {}  # the keys present: HIT, or HIT_PENDING (store in flight)
@@ -234,6 +234,18 @@ class KvtierOffloadingManager(OffloadingManager):
             self.lookup = self._lookup_l3  # type: ignore[method-assign]
             self.prepare_load = self._prepare_load_l3  # type: ignore[method-assign]
             self.complete_load = self._complete_load_l3  # type: ignore[method-assign]
+
+    _SCORED = True  # a score mirrored for each key (vLLM's LRU rank); the ARC manager's order has none
+
+    def _new_cache(self) -> KeyedCache:
+        return KeyedCache(self._blocks, free_room=self._free_room)
+
+    def _drop(self, keys: Iterable[OffloadKey]) -> None:
+        """The mirrors forget keys the C cache no longer holds."""
+        look, scores, ids, names = self._look, self._scores, self._ids, self._names
+        for k in keys:
+            del look[k], scores[k]
+            del names[ids.pop(k)]
 
     # ---- C keys ----------------------------------------------------------------
 
@@ -554,9 +566,7 @@ class KvtierOffloadingManager(OffloadingManager):
             look.update(dict.fromkeys(done, _HIT))
             self._emit(done, removed=False)
             return
-        for k in done:
-            del look[k], self._scores[k]
-            del self._names[ids.pop(k)]
+        self._drop(done)
         self._emit(done, removed=True, metadata_only=True)
 
     # ---- the L3 store below (the spec's "l3") ----------------------------------------
@@ -685,7 +695,7 @@ class KvtierOffloadingManager(OffloadingManager):
     def reset_cache(self) -> None:
         """Forgets every block, in flight or pinned included (vLLM's scheduler
         completes no job from before a reset)."""
-        fresh = KeyedCache(self._blocks, free_room=self._free_room)  # first: a failure leaves the old one whole
+        fresh = self._new_cache()  # first: a failure leaves the old one whole
         self._cache.close()
         self._cache = fresh
         for d in (self._look, self._scores, self._ids, self._names):
@@ -726,9 +736,7 @@ class KvtierOffloadingManager(OffloadingManager):
             return []
         if self._cache.remove_packed(b"".join(map(self._ids.__getitem__, gone))) != len(gone):
             gone = [k for k in gone if self._cache.page(unpack_keys(self._ids[k])[0]) is None]  # pinned ones stay
-        for k in gone:
-            del look[k], self._scores[k]
-            del self._names[self._ids.pop(k)]
+        self._drop(gone)
         self._emit(gone, removed=True)
         return gone
 
@@ -766,7 +774,8 @@ class KvtierOffloadingManager(OffloadingManager):
         self._cache.check()
         st = self._cache.stats()
         pending = [k for k, v in self._look.items() if v is _PENDING]
-        mine = (len(self._look), len(self._scores), len(self._ids), len(self._names), len(pending))
+        scored = len(self._scores) if self._SCORED else len(self._look)
+        mine = (len(self._look), scored, len(self._ids), len(self._names), len(pending))
         if mine != (st["keys"],) * 4 + (st["pending"],):
             raise AssertionError(f"keys present, scored, ids, names, pending here {mine}; in the cache "
                                  f"{st['keys']} keys, {st['pending']} pending")
@@ -774,7 +783,7 @@ class KvtierOffloadingManager(OffloadingManager):
             if self._look.get(k) is not _PENDING:
                 raise AssertionError(f"{k!r} is reserved for an L3 load and not pending")
         for k, kid in self._ids.items():
-            if self._names.get(kid) is not k or k not in self._scores:
+            if self._names.get(kid) is not k or (self._SCORED and k not in self._scores):
                 raise AssertionError(f"{k!r}: its C key does not name it back, or it has no score")
             want = "pending" if self._look.get(k) is _PENDING else "hit"
             if self._cache.lookup(unpack_keys(kid)[0]) != want:
@@ -792,34 +801,56 @@ class _ArcSeen:
     store_miss: Set[OffloadKey] = field(default_factory=set)
 
 
+_U64 = (1 << 64) - 1
+
+
 class KvtierArcOffloadingManager(KvtierOffloadingManager):
     """``KvtierArcOffloadingManager(num_blocks, enable_events=False)``: the
     decisions of vLLM's ``CPUOffloadingManager(cache_policy="arc")``
     (``vllm.v1.kv_offload.cpu.policies.arc``) over kvtier's keyed cache.
 
-    ARC's choice of victim depends on its adaptive target at the moment of
-    the eviction, which no static score expresses, so the order lives here:
-    T1 (keys used once) and T2 (used again) in recency order, the ghosts B1
-    and B2 of keys that left each, and the target size of T1. A store picks
-    its victims by ARC, takes them out of the keyed cache, and then gets its
-    pages there, with room to spare: the C side keeps the pages, the states
-    (store in flight, ready, pinned by loads) and the checks. No free room
-    (an eviction ahead of demand would not be ARC's), and no L3 store below
-    (its reservations are ranked by the LRU order)."""
+    The order is the keyed cache's ARC (keyed.h, policy "arc"): T1, T2,
+    their ghosts and the target live in C, which picks the victims, as
+    vLLM's policy does, inside prepare_store. This side sorts a request's
+    keys into what vLLM's manager tells its policy (the keys it inserted,
+    the ready keys it reused, its store misses), as the hooks' flags. No
+    free room (an eviction ahead of demand would not be ARC's), and no L3
+    store below (its reservations are ranked by the LRU order).
 
-    def __init__(self, num_blocks: int, enable_events: bool = False, store_threshold: int = 1,
-                 max_tracker_size: int = 64_000) -> None:
-        super().__init__(num_blocks, enable_events=enable_events, store_threshold=store_threshold,
-                         max_tracker_size=max_tracker_size)
-        self._t1: OrderedDict = OrderedDict()
-        self._t2: OrderedDict = OrderedDict()
-        self._b1: OrderedDict = OrderedDict()
-        self._b2: OrderedDict = OrderedDict()
-        self._target = 0.0
-        self._pins: Dict[OffloadKey, int] = {}
-        self._evicted = self._refused = 0  # (the keyed cache counts ARC's victims as removals)
+    C keys: a key's Python hash (64 bits; a tag in the low word when that
+    one is taken), not its bytes as the LRU manager's: the ghosts remember
+    an evicted key by its C key, which must come out the same when the key
+    returns, and two block hashes may share their first bytes. (vLLM's key
+    order breaks no tie here: the C side's places are all distinct.)"""
 
-    # ---- the order (vLLM's ARCCachePolicy, step for step) -----------------------------
+    _SCORED = False
+
+    def _new_cache(self) -> KeyedCache:
+        return KeyedCache(self._blocks, policy="arc")
+
+    def _drop(self, keys: Iterable[OffloadKey]) -> None:
+        look, ids, names = self._look, self._ids, self._names
+        for k in keys:
+            del look[k]
+            del names[ids.pop(k)]
+
+    def _new_ids(self, keys: List[OffloadKey]) -> List[bytes]:
+        names, out = self._names, []
+        for k in keys:
+            h = hash(k) & _U64
+            kid = _pack_id(h, 0)
+            while kid in names:  # a tag from a counter, as the LRU manager's
+                self._spill = self._spill % 0xFFFFFFFF + 1
+                kid = _pack_id(h, self._spill)
+            names[kid] = k
+            out.append(kid)
+        return out
+
+    def _cids(self, keys: Iterable[OffloadKey]) -> bytes:
+        """Packed C keys: a present key's own, an absent one's untagged (what a
+        ghost remembers it by)."""
+        get = self._ids.get
+        return b"".join([get(k) or _pack_id(hash(k) & _U64, 0) for k in keys])
 
     def _seen(self, ctx: ReqContext) -> _ArcSeen:
         return self._state(ctx, _ArcSeen)
@@ -830,219 +861,84 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
     def _check_positions(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         pass  # (ARC orders by its lists: a position is never part of a score)
 
-    def _adapt(self, key: OffloadKey) -> None:
-        """A key found in a ghost moves the target toward that ghost's list."""
-        if key in self._b1:
-            self._target = min(self._target + max(1, len(self._b2) / len(self._b1)), self._blocks)
-            self._b1.move_to_end(key)
-        elif key in self._b2:
-            self._target = max(self._target - max(1, len(self._b1) / len(self._b2)), 0)
-            self._b2.move_to_end(key)
-
-    def _victims(self, n: int, protected: Set[OffloadKey]) -> Optional[List[Tuple[OffloadKey, bool]]]:
-        """n keys to evict, each with whether it is T1's, or None when there
-        are not n ready, unpinned keys outside protected; nothing changed
-        (_bury moves them to their ghosts once they are gone). T1's least
-        recent while T1 (as the choice so far leaves it) holds at least the
-        target, else T2's; each list the other's fallback."""
-        look, pins = self._look, self._pins
-
-        def free(keys):
-            return (k for k in keys if look[k] is _HIT and not pins.get(k) and k not in protected)
-
-        t1, t2 = free(self._t1), free(self._t2)
-        size1, target = len(self._t1), int(self._target)
-        picked = []
-        for _ in range(n):
-            k = next(t1, None) if size1 >= target else None
-            from_t1 = k is not None
-            if k is None:
-                k = next(t2, None)
-            if k is None:
-                k = next(t1, None)
-                from_t1 = k is not None
-            if k is None:
-                return None
-            size1 -= from_t1
-            picked.append((k, from_t1))
-        return picked
-
-    def _bury(self, picked: List[Tuple[OffloadKey, bool]]) -> None:
-        """The victims _victims picked, gone from the cache, join their
-        ghosts, which are then cut to the capacity, oldest first."""
-        for k, from_t1 in picked:
-            if from_t1:
-                del self._t1[k]
-                self._b1[k] = None
-            else:
-                del self._t2[k]
-                self._b2[k] = None
-        for ghost in (self._b1, self._b2):
-            for _ in range(len(ghost) - self._blocks):
-                ghost.popitem(last=False)
-
     # ---- OffloadingManager -------------------------------------------------------------
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
         seen = self._seen(req_context)  # first: a context that is none raises before anything is pinned
         spec = super().prepare_load(keys, req_context)
-        pins = self._pins
-        for k in keys:
-            pins[k] = pins.get(k, 0) + 1
         seen.reused.update(k for k in keys if k not in seen.inserted)
         return spec
 
-    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        keys = list(keys)
-        super().complete_load(keys, req_context)
-        pins = self._pins
-        for k in keys:
-            if pins[k] == 1:
-                del pins[k]
-            else:
-                pins[k] -= 1
-
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        t1, t2 = self._t1, self._t2
-        for k in reversed(list(keys)):
-            if k in t1:
-                del t1[k]
-                if self._look[k] is _HIT:
-                    t2[k] = None
-                else:  # a store in flight is not a second use: most recent in T1
-                    t1[k] = None
-            elif k in t2:
-                t2.move_to_end(k)
-            else:
-                self._adapt(k)
+        self._cache.arc_touch_packed(self._cids(keys))
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         keys = list(keys)
         look, ids, names = self._look, self._ids, self._names
         if self._offers is not None:
             self._count_offers(keys)
-        to_store, ready = [], []
+        to_store, ready, recorded = [], [], []
         for k in keys:
             state = look.get(k)
             if state is None:
                 to_store.append(k)
+                recorded.append(k)
             elif state is _HIT:
                 ready.append(k)
+                recorded.append(k)
         if self._offers is not None and to_store:
-            to_store = self._offered_enough(to_store)
+            kept = self._offered_enough(to_store)
+            if len(kept) < len(to_store):  # a skipped key is not recorded as the request's
+                skipped = set(to_store) - set(kept)
+                recorded = [k for k in recorded if k not in skipped]
+                to_store = kept
         if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
             self._alloc_sizes.append(len(to_store))
         seen = self._seen(req_context)
-        misses = [k for k in to_store if k not in seen.store_miss]
+        missed = seen.store_miss
+        misses = [k for k in to_store if k not in missed]
         if misses:  # ARC learns from a ghost before the store takes the key out of it
-            for k in reversed(misses):
-                self._adapt(k)
-            seen.store_miss.update(misses)
-        recorded = set(to_store) | set(ready)
-        self._record([k for k in keys if k in recorded], req_context)
-        seen.reused.update(k for k in ready if k not in seen.inserted)
+            self._cache.arc_missed_packed(self._cids(misses))
+            missed.update(misses)
+        self._record(recorded, req_context)
+        if ready:
+            seen.reused.update(k for k in ready if k not in seen.inserted)
         if not to_store:
             return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
         if len(to_store) > 1:
             to_store = list(dict.fromkeys(to_store))
-        evicted: List[OffloadKey] = []
-        n = len(to_store) - (self._blocks - len(look))
-        if n > 0:
-            picked = self._victims(n, set(keys))
-            if picked is None:
-                self._refused += 1
-                return None
-            evicted = [k for k, _ in picked]
-            gone = self._cache.remove_packed(b"".join(map(ids.__getitem__, evicted)))  # (OutOfMemory: nothing changed)
-            assert gone == len(evicted), f"ARC's victims were not all evictable in the keyed cache ({gone} of {len(evicted)})"
-            self._bury(picked)
-            self._evicted += len(evicted)
-            for k in evicted:
-                del look[k], self._scores[k]
-                del names[ids.pop(k)]
-            self._emit(evicted, removed=True)
-        # The victims are gone now, as in vLLM's manager, which cannot fail past this point; the keyed
-        # cache can only for memory (OutOfMemory raised, the victims staying gone, as any eviction does).
         new_ids = self._new_ids(to_store)
-        zeros = bytes(8 * len(to_store))  # (scores: the C side never chooses a victim here)
         out = None
-        try:
-            out = self._cache.prepare_store_packed(b"".join(new_ids), zeros, b"")
+        try:  # the call's ready keys protected: only ready keys can be evicted
+            out = self._cache.prepare_store_packed(b"".join(new_ids), b"", b"".join(map(ids.__getitem__, ready)))
         finally:
             if out is None:
                 for kid in new_ids:
                     del names[kid]
-        if out is None:
-            raise AssertionError("the keyed cache refused a store ARC made room for")
+        if out is None:  # refused: nothing changed, as in vLLM's manager
+            return None
         pages, evicted_ids = out
-        assert not evicted_ids, "the keyed cache evicted although ARC made room"
+        evicted = [names.pop(i) for i in evicted_ids]
+        for k in evicted:
+            del look[k], ids[k]
+        self._emit(evicted, removed=True)
         look.update(dict.fromkeys(to_store, _PENDING))
-        self._scores.update(dict.fromkeys(to_store, 0))
         ids.update(zip(to_store, new_ids))
-        for k in to_store:
-            self._t1[k] = None
-            self._b1.pop(k, None)
-            self._b2.pop(k, None)
         seen.inserted.update(to_store)
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(pages), evicted_keys=evicted)
 
-    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = list(keys)
-        super().complete_store(keys, req_context, success)
-        if not success:
-            for k in keys:
-                if k not in self._look:
-                    self._t1.pop(k, None)
-                    self._t2.pop(k, None)
-
     def _request_done(self, groups, req_context: ReqContext) -> None:
         seen = self._seen(req_context)
-        once = seen.inserted - seen.reused
-        t1, t2 = self._t1, self._t2
-        for k in reversed(order_request_keys(groups, req_context)):
-            if k in once:  # a store is not a use: its place in its list renewed only
-                if k in t1:
-                    t1.move_to_end(k)
-                elif k in t2:
-                    t2.move_to_end(k)
-            elif k in seen.reused and k in t1:
-                t2[k] = None
-                del t1[k]
-            elif k in seen.reused and k in t2:
-                t2.move_to_end(k)
-
-    def reset_cache(self) -> None:
-        super().reset_cache()
-        for d in (self._t1, self._t2, self._b1, self._b2, self._pins):
-            d.clear()
-        self._target = 0.0
-        self._evicted = self._refused = 0  # (a new keyed cache: its counters start again)
-
-    def forget(self, keys: Iterable[OffloadKey]) -> List[OffloadKey]:
-        gone = super().forget(keys)
-        for k in gone:
-            self._t1.pop(k, None)
-            self._t2.pop(k, None)
-        return gone
-
-    def stats(self) -> Dict[str, int]:
-        """The keyed cache's counters, ARC's victims counted as evictions and
-        its refusals as refusals (not as the caller's removals)."""
-        st = super().stats()
-        st["evictions"] += self._evicted
-        st["removed"] -= self._evicted
-        st["store_refusals"] += self._refused
-        return st
-
-    def check(self) -> None:
-        super().check()
-        t1, t2 = set(self._t1), set(self._t2)
-        if t1 & t2 or t1 | t2 != set(self._look):
-            raise AssertionError(f"ARC's lists hold {len(t1)} + {len(t2)} keys ({len(t1 & t2)} in both), "
-                                 f"the cache {len(self._look)}")
-        if len(self._b1) > self._blocks or len(self._b2) > self._blocks or not 0 <= self._target <= self._blocks:
-            raise AssertionError("ARC's ghosts or target out of bounds")
+        reused, inserted, ids = seen.reused, seen.inserted, self._ids
+        kids, flags = [], bytearray()
+        for k in order_request_keys(groups, req_context):
+            kid = ids.get(k)
+            if kid is not None and (k in reused or k in inserted):
+                kids.append(kid)
+                flags.append(ARC_REUSED if k in reused else ARC_STORED)  # a store alone is not a use
+        if kids:
+            self._cache.arc_finish_packed(b"".join(kids), bytes(flags))
 
 
 # The options come from JSON (--kv-transfer-config) or from Python: a whole number may be written

@@ -77,7 +77,9 @@ def test_keys_may_come_from_any_iterable():
 
 @pytest.mark.parametrize("kw", [{"pages": 0}, {"pages": 2 ** 32}, {"pages": 4, "free_room": 1.0},
                                 {"pages": 4, "free_room": -0.1}, {"pages": 4, "free_room": float("nan")},
-                                {"pages": 4, "events": "no"}])
+                                {"pages": 4, "events": "no"}, {"pages": 4, "policy": "lru"},
+                                {"pages": 4, "policy": "arc", "free_room": 0.1},
+                                {"pages": 2 ** 32 - 1, "policy": "arc"}])
 def test_bad_configs_are_refused(kw):
     with pytest.raises((ValueError, TypeError)):
         KeyedCache(**kw)
@@ -158,4 +160,35 @@ def test_a_store_that_evicts_more_than_the_first_buffer_holds_gets_every_key():
     c.check()
     got, evicted = c.prepare_store([(8, 1)], [10 ** 6])  # free pages now: nothing evicted
     assert evicted == [] and got[0] is not None
+    c.check()
+
+
+def test_arc_orders_as_vllms_arc_policy_and_its_hooks_refuse_what_they_cannot_do():
+    """policy="arc" (keyed.h): a few steps whose victims vLLM's ARC gives
+    (the equivalence with vLLM's own policy: test_vllm.py); the hooks on a
+    cache of scores, and bad flags, refused with nothing changed."""
+    scores = KeyedCache(4)
+    for call in (lambda: scores.arc_touch([(1, 1)]), lambda: scores.arc_missed([(1, 1)]),
+                 lambda: scores.arc_finish([(1, 1)], [1])):
+        with pytest.raises(kvtier.InvalidArgument, match="policy 'arc'"):
+            call()
+    c = KeyedCache(2, policy="arc")
+    a, b, d, e = (1, 1), (2, 2), (3, 3), (4, 4)
+    c.prepare_store_packed(pack_keys([a, b]), b"")
+    c.complete_store([a, b])
+    c.arc_finish([a, b], [2, 0])  # a used again: T2; b stays in T1
+    with pytest.raises(ValueError, match="flags"):
+        c.arc_finish([a, b], [3, 0])
+    with pytest.raises(kvtier.InvalidArgument):
+        c.arc_finish_packed(pack_keys([a]), bytes([3]))
+    _, evicted = c.prepare_store_packed(pack_keys([d]), b"")
+    assert unpack_keys(b"".join(evicted)) == [b]  # T1 holds 1 >= int(target 0): T1's b goes
+    c.complete_store([d])
+    c.arc_missed([b])  # b in B1: the target moves to 1, so T1 (d alone) holds at least 1 ...
+    _, evicted = c.prepare_store_packed(pack_keys([e]), b"")
+    assert unpack_keys(b"".join(evicted)) == [d]  # ... and goes first
+    c.complete_store([e])
+    c.arc_missed([d, b])  # both in B1, which holds 2 against B2's 0: 1 each
+    _, evicted = c.prepare_store_packed(pack_keys([b]), b"")  # T1 holds 1 < 3: T2's a goes
+    assert unpack_keys(b"".join(evicted)) == [a]
     c.check()

@@ -665,11 +665,10 @@ def _out_of_memory(*args, **kwargs):
     raise error(dict(_fields.ERRORS)["ENOMEM"], "simulated", "the keyed cache ran out of memory")
 
 
-def test_an_arc_eviction_the_keyed_cache_refuses_for_memory_keeps_its_victims(monkeypatch):
-    """The keyed cache's remove can fail for memory (its list of freed pages
-    grows): ARC's victims stay where they were, in the cache and in T1/T2.
-    (They had been moved to the ghosts first: hits in no ARC list, never
-    evicted again, their pages lost to the cache.)"""
+def test_an_arc_store_the_keyed_cache_refuses_for_memory_changes_nothing(monkeypatch):
+    """The keyed cache's prepare_store can fail for memory: its victims stay
+    where they were (in the cache, in T1/T2, out of the ghosts), the new keys'
+    C keys are given back, and the same store then succeeds."""
     import kvtier
     m = kv.KvtierArcOffloadingManager(2)
     keys = [make_offload_key(bytes([65 + i]) * 32, 0) for i in range(4)]
@@ -679,15 +678,15 @@ def test_an_arc_eviction_the_keyed_cache_refuses_for_memory_keeps_its_victims(mo
     m.on_request_finished(a)
     b = ReqContext(req_id="b")
     m.on_new_request(b)
-    real = m._cache.remove_packed
-    monkeypatch.setattr(m._cache, "remove_packed", _out_of_memory)
+    real = m._cache.prepare_store_packed
+    monkeypatch.setattr(m._cache, "prepare_store_packed", _out_of_memory)
     with pytest.raises(kvtier.OutOfMemory):
         m.prepare_store(keys[2:], b)
     m.check()
-    assert [m.lookup(k, b) for k in keys[:2]] == [LookupResult.HIT] * 2
-    monkeypatch.setattr(m._cache, "remove_packed", real)
+    assert [m.lookup(k, b) for k in keys] == [LookupResult.HIT] * 2 + [LookupResult.MISS] * 2
+    monkeypatch.setattr(m._cache, "prepare_store_packed", real)
     out = m.prepare_store(keys[2:], b)
-    assert sorted(out.evicted_keys) == sorted(keys[:2]) and out.keys_to_store == keys[2:]
+    assert out.evicted_keys == keys[1::-1] and out.keys_to_store == keys[2:]  # (the request ended: its head most recent)
     m.check()
 
 

@@ -20,5 +20,7 @@ bool kvt__lru_has(const kvt__lru_t *l, uint64_t key);
 bool kvt__lru_touch(kvt__lru_t *l, uint64_t key);  /* true (and now most recent) when present */
 bool kvt__lru_put(kvt__lru_t *l, uint64_t key);    /* true when it evicted a key to make room */
 bool kvt__lru_remove(kvt__lru_t *l, uint64_t key);
+void kvt__lru_clear(kvt__lru_t *l); /* holds nothing, its room kept */
+static inline size_t kvt__lru_size(const kvt__lru_t *l) { return l->n; }
 
 #endif

@@ -134,3 +134,10 @@ bool kvt__lru_remove(kvt__lru_t *l, uint64_t key) {
     }
     return true;
 }
+
+void kvt__lru_clear(kvt__lru_t *l) {
+    if (l->cap == 0) return;
+    memset(l->index, 0xff, (l->mask + 1) * sizeof(uint32_t));
+    l->n = 0;
+    l->head = l->tail = NIL;
+}

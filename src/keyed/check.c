@@ -102,12 +102,29 @@ static int check_room(const kvt_keyed_t *c, const char **why) {
     return KVT_OK;
 }
 
+/* ARC: the target in range, every score from the clock, and no present key
+ * remembered by a ghost (a store takes its key out of them). */
+static int check_arc(const kvt_keyed_t *c, const char **why) {
+    if (!c->arc) return KVT_OK;
+    if (!(c->target0 >= 0 && c->target0 <= (double)c->pages)) BROKEN("ARC's target is outside [0, pages]");
+    if (c->room != 0 || c->ghost != NULL) BROKEN("ARC with free room or adaptive classes");
+    for (size_t i = 0; i < c->nents; i++) {
+        const kvt__kentry_t *e = &c->ents[i];
+        if ((e->score & ~c->class_bit) == 0 || (e->score & ~c->class_bit) > c->clock)
+            BROKEN("an ARC key's place is not from the cache's clock");
+        uint64_t g = kvt__keyed_ghost_key(e->key);
+        if (kvt__lru_has(&c->arc_ghost[0], g) || kvt__lru_has(&c->arc_ghost[1], g))
+            BROKEN("a present key is in an ARC ghost");
+    }
+    return KVT_OK;
+}
+
 int kvt_keyed_check(const kvt_keyed_t *c, const char **why) {
     if (why) *why = NULL;
     if (c == NULL) return KVT_EINVAL;
     int rc;
     if ((rc = check_entries(c, why)) || (rc = check_heap(c, why)) || (rc = check_table(c, why)) ||
-        (rc = check_pages(c, why)) || (rc = check_room(c, why)))
+        (rc = check_pages(c, why)) || (rc = check_room(c, why)) || (rc = check_arc(c, why)))
         return rc;
     return KVT_OK;
 }

@@ -10,6 +10,8 @@
 #include "kvtier/alloc.h"
 #include "kvtier/keyed.h"
 #include "../core/ghost-int.h"
+#include "../core/lru-int.h"
+#include "../core/mix-int.h"
 
 #define KVT__KEYED_NOWHERE UINT32_MAX /* entry.heap of an entry not in the heap */
 
@@ -45,6 +47,13 @@ struct kvt_keyed {
     size_t cap1;        /* two classes: past this many class-1 keys a refresh demotes the first (SIZE_MAX: none) */
     kvt__ghost_t *ghost; /* adaptive: [k] the keys class k lost to eviction, from which target0 is
                           * learnt as ARC learns p; NULL: target0 stays 0 */
+    /* cfg.policy KVT_KEYED_ARC (keyed.h): T1 is class 0, T2 class 1, each in
+     * the order of scores the cache gives (clock: each key placed most recent
+     * gets the next); arc_ghost[k], exact and in recency order, is B1 or B2;
+     * target0 is the target. */
+    int arc;
+    uint64_t clock;
+    kvt__lru_t arc_ghost[2];
 
     uint32_t *slots; /* open addressing, linear probing: entry index + 1, 0 empty */
     size_t tcap;     /* a power of two; load at most 1/2 */
@@ -87,6 +96,9 @@ static inline int kvt__kentry_less(const kvt__kentry_t *a, const kvt__kentry_t *
 }
 
 static inline int kvt__key_eq(kvt_key128_t a, kvt_key128_t b) { return a.hi == b.hi && a.lo == b.lo; }
+
+/* A key's 64-bit fingerprint in the ghosts. */
+static inline uint64_t kvt__keyed_ghost_key(kvt_key128_t k) { return k.hi ^ kvt__mix64(k.lo); }
 
 /* A running hash of the cache's decisions (the hybrid cache's decision
  * digest, kvt_hybrid_digest): every page a new key got, every key stored or

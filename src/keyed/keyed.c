@@ -40,6 +40,15 @@
  * list, then the evicted keys' pages) and only the rest from the allocator
  * (a reserve), or the recycled pages they do not need go back (a free).
  *
+ * ARC (keyed.h) rides on the two classes the hybrid cache's policies use:
+ * T1 is class 0 and T2 class 1, each a heap whose scores the cache hands out
+ * from a clock (a key placed most recent gets the next tick, so a heap's
+ * order is its list's recency order); B1 and B2 are exact LRU sets of the
+ * keys' 64-bit fingerprints (core/lru.c), as vLLM's ghosts are ordered dicts
+ * that forget their oldest. A victim's ghost takes it before the new keys
+ * leave the ghosts, as vLLM's evict runs before its inserts (a full ghost
+ * forgets another key then).
+ *
  * Cost: lookup, page, touch, pin, unpin and complete_store are O(1) expected
  * per key (one probe), plus O(log E) when a key enters or leaves the heap;
  * prepare_store is O(n + p + (k + p) log E + allocator) for n keys, p
@@ -51,13 +60,14 @@
 #include "kvtier/keyed.h"
 #include "../core/abi-int.h"
 #include "../core/check-int.h"
+#include "../core/lru-int.h"
 #include "../core/mem-int.h"
 #include "../core/mix-int.h"
 #include "keyed-int.h"
 
 enum { WHY_EVICTED = 0, WHY_FAILED = 1, WHY_RESET = 2, WHY_REMOVED = 3 };
 
-static uint64_t ghost_key(kvt_key128_t k) { return k.hi ^ kvt__mix64(k.lo); }
+#define ARC_T2 (UINT64_C(1) << 63) /* class 1, T2, under ARC; the clock below it */
 
 static void free_ghosts(kvt__ghost_t *g) {
     if (g == NULL) return;
@@ -70,6 +80,8 @@ int kvt_keyed_create(kvt_keyed_t **out, const kvt_keyed_config_t *cfg) {
     kvt_keyed_config_t k = {.size = sizeof(k)};
     if (kvt__abi_in(&k, sizeof(k), cfg) != KVT_OK) return KVT_EINVAL;
     if (k.pages == 0 || k.pages > KVT_ALLOC_MAX_PAGES || !(k.free_room >= 0 && k.free_room < 1)) return KVT_EINVAL;
+    if (k.policy > KVT_KEYED_ARC || k.reserved != 0) return KVT_EINVAL;
+    if (k.policy == KVT_KEYED_ARC && (k.free_room != 0 || k.pages >= UINT32_MAX)) return KVT_EINVAL;
     kvt_keyed_t *c = KVT_NEW(kvt_keyed_t);
     if (c == NULL) return KVT_ENOMEM;
     if (kvt_extalloc_create(&c->alloc, k.pages) != KVT_OK) {
@@ -82,6 +94,14 @@ int kvt_keyed_create(kvt_keyed_t **out, const kvt_keyed_config_t *cfg) {
     if ((double)c->room < room) c->room++;
     c->events_on = k.events != 0;
     c->cap1 = SIZE_MAX;
+    if (k.policy == KVT_KEYED_ARC) { /* T1 and T2 as the two classes; B1 and B2 of `pages` keys each */
+        if (kvt__keyed_set_classes(c, ARC_T2, 0) != KVT_OK || kvt__lru_init(&c->arc_ghost[0], k.pages) != KVT_OK ||
+            kvt__lru_init(&c->arc_ghost[1], k.pages) != KVT_OK) {
+            kvt_keyed_destroy(c);
+            return KVT_ENOMEM;
+        }
+        c->arc = 1;
+    }
     *out = c;
     return KVT_OK;
 }
@@ -92,6 +112,7 @@ void kvt_keyed_destroy(kvt_keyed_t *c) {
     kvt__free(c->ents, c->ecap * sizeof(*c->ents));
     for (int k = 0; k < 2; k++) kvt__free(c->heap[k], c->hcap[k] * sizeof(uint32_t));
     free_ghosts(c->ghost);
+    for (int k = 0; k < 2; k++) kvt__lru_fini(&c->arc_ghost[k]);
     kvt__free(c->slots, c->tcap * sizeof(*c->slots));
     kvt__free(c->loose, c->lcap * sizeof(*c->loose));
     kvt__free(c->ev, c->evcap * sizeof(*c->ev));
@@ -124,6 +145,13 @@ static inline void fold(kvt_keyed_t *c, kvt_key128_t key, uint64_t word) {
 }
 
 void kvt__keyed_keep_digest(kvt_keyed_t *c) { c->digest_on = true; }
+
+/* An evicted entry joins its class's ghost (adaptive classes, or ARC). */
+static void remember(kvt_keyed_t *c, const kvt__kentry_t *e) {
+    unsigned k = kvt__kentry_class(c, e);
+    if (c->ghost) kvt__ghost_add(&c->ghost[k], kvt__keyed_ghost_key(e->key));
+    if (c->arc) kvt__lru_put(&c->arc_ghost[k], kvt__keyed_ghost_key(e->key));
+}
 
 static void record(kvt_keyed_t *c, kvt_key128_t key, uint32_t kind, uint32_t why) {
     if (c->digest_on) fold(c, key, (uint64_t)kind << 32 | why);
@@ -158,7 +186,7 @@ static int add_new(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *sco
         pages[i] = UINT64_MAX;
         if (kvt__keyed_find(c, keys[i]) != UINT32_MAX) continue;
         if (p->m == limit) return KVT_ENOSPC;
-        kvt__keyed_add(c, keys[i], scores[i]);
+        kvt__keyed_add(c, keys[i], c->arc ? ++c->clock : scores[i]); /* (ARC: T1's most recent, in order) */
         pages[i] = p->m++;
     }
     return KVT_OK;
@@ -206,7 +234,12 @@ static int grow_work(kvt_keyed_t *c, const plan_t *p) {
  * the class-0 keys present, which the target weighs (two classes only). */
 static uint32_t pop_next(kvt_keyed_t *c, size_t cnt0) {
     unsigned k = 0;
-    if (c->class_bit) k = c->nheap[1] > 0 && (c->nheap[0] == 0 || cnt0 <= c->target0);
+    if (c->arc) { /* T1 while it holds at least int(target) keys, as vLLM compares them */
+        k = cnt0 < (size_t)c->target0;
+        if (c->nheap[k] == 0) k = !k;
+    } else if (c->class_bit) {
+        k = c->nheap[1] > 0 && (c->nheap[0] == 0 || cnt0 <= c->target0);
+    }
     return kvt__heap_pop(c, k);
 }
 
@@ -260,9 +293,14 @@ static void commit(kvt_keyed_t *c, const kvt_key128_t *protect, size_t np, const
         evicted[v] = e->key;
         if (evscores) evscores[v] = e->score;
         record(c, evicted[v], KVT_KEYED_REMOVED, WHY_EVICTED);
-        if (c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, e)], ghost_key(e->key));
+        remember(c, e);
     }
     for (size_t v = 0; v < p->k; v++) kvt__keyed_remove(c, kvt__keyed_find(c, evicted[v]));
+    if (c->arc) /* after the victims joined theirs, as vLLM inserts after it evicts */
+        for (size_t i = 0; i < p->m; i++) {
+            uint64_t g = kvt__keyed_ghost_key(c->ents[p->base + i].key);
+            if (!kvt__lru_remove(&c->arc_ghost[0], g)) kvt__lru_remove(&c->arc_ghost[1], g);
+        }
     c->nloose = 0;
     c->pending += p->m;
     c->stores_prepared += p->m;
@@ -308,7 +346,7 @@ static int prepare(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *sco
 int kvt__keyed_prepare_scored(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,
                               const kvt_key128_t *protect, size_t nprotect, uint64_t *pages, kvt_key128_t *evicted,
                               uint64_t *evscores, size_t capacity, size_t *nevicted) {
-    if (c == NULL || nevicted == NULL || (n > 0 && (keys == NULL || scores == NULL || pages == NULL)) ||
+    if (c == NULL || nevicted == NULL || (n > 0 && (keys == NULL || (scores == NULL && !c->arc) || pages == NULL)) ||
         (nprotect > 0 && protect == NULL) || (capacity > 0 && evicted == NULL))
         return KVT_EINVAL;
     *nevicted = 0;
@@ -413,7 +451,7 @@ void kvt__keyed_demote(kvt_keyed_t *c) {
 void kvt__keyed_set_class1_cap(kvt_keyed_t *c, size_t cap1) { c->cap1 = cap1; }
 
 void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n) {
-    if (c == NULL || keys == NULL || scores == NULL) return;
+    if (c == NULL || keys == NULL || scores == NULL || c->arc) return;
     for (size_t j = 0; j < n; j++) {
         uint32_t i = kvt__keyed_find(c, keys[j]);
         if (i != UINT32_MAX) kvt__keyed_rescore(c, i, scores[j]);
@@ -427,7 +465,7 @@ void kvt_keyed_touch(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *s
 static void take_out(kvt_keyed_t *c, uint32_t i, uint32_t why) {
     kvt_key128_t key = c->ents[i].key;
     if (why == WHY_EVICTED) {
-        if (c->ghost) kvt__ghost_add(&c->ghost[kvt__kentry_class(c, &c->ents[i])], ghost_key(key));
+        remember(c, &c->ents[i]);
         c->evictions++;
     }
     KVT_ASSERT(c->nloose < c->lcap);
@@ -503,12 +541,61 @@ int kvt_keyed_reset(kvt_keyed_t *c) {
     if (c->tcap) memset(c->slots, 0, c->tcap * sizeof(*c->slots));
     c->nents = 0;
     c->nloose = 0;
+    if (c->arc) { /* vLLM's clear(): the ghosts and the target too */
+        for (int k = 0; k < 2; k++) kvt__lru_clear(&c->arc_ghost[k]);
+        c->target0 = 0;
+    }
+    return KVT_OK;
+}
+
+/* ---- ARC's hooks (keyed.h) ---- */
+
+/* A key of a ghost moves the target toward the list that lost it. */
+static void arc_adapt(kvt_keyed_t *c, kvt_key128_t key) {
+    uint64_t g = kvt__keyed_ghost_key(key);
+    kvt__lru_t *b = c->arc_ghost;
+    unsigned from = kvt__lru_touch(&b[0], g) ? 0 : kvt__lru_touch(&b[1], g) ? 1 : 2;
+    if (from == 2) return;
+    double d = (double)kvt__lru_size(&b[!from]) / (double)kvt__lru_size(&b[from]);
+    if (d < 1) d = 1;
+    double t = from == 0 ? c->target0 + d : c->target0 - d;
+    c->target0 = t < 0 ? 0 : t > (double)c->pages ? (double)c->pages : t;
+}
+
+/* Entry i becomes the most recent of T2 (t2) or of T1. */
+static void arc_place(kvt_keyed_t *c, uint32_t i, int t2) { kvt__keyed_rescore(c, i, ++c->clock | (t2 ? ARC_T2 : 0)); }
+
+int kvt_keyed_arc_touch(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
+    if (c == NULL || !c->arc || (n > 0 && keys == NULL)) return KVT_EINVAL;
+    for (size_t j = n; j-- > 0;) {
+        uint32_t i = kvt__keyed_find(c, keys[j]);
+        if (i == UINT32_MAX) arc_adapt(c, keys[j]);
+        else arc_place(c, i, kvt__kentry_class(c, &c->ents[i]) || c->ents[i].state == KVT__KEYED_READY);
+    }
+    return KVT_OK;
+}
+
+int kvt_keyed_arc_missed(kvt_keyed_t *c, const kvt_key128_t *keys, size_t n) {
+    if (c == NULL || !c->arc || (n > 0 && keys == NULL)) return KVT_EINVAL;
+    for (size_t j = n; j-- > 0;) arc_adapt(c, keys[j]);
+    return KVT_OK;
+}
+
+int kvt_keyed_arc_finish(kvt_keyed_t *c, const kvt_key128_t *keys, const uint8_t *flags, size_t n) {
+    if (c == NULL || !c->arc || (n > 0 && (keys == NULL || flags == NULL))) return KVT_EINVAL;
+    for (size_t j = 0; j < n; j++)
+        if (flags[j] > KVT_KEYED_ARC_REUSED) return KVT_EINVAL;
+    for (size_t j = n; j-- > 0;) {
+        uint32_t i = flags[j] ? kvt__keyed_find(c, keys[j]) : UINT32_MAX;
+        if (i != UINT32_MAX)
+            arc_place(c, i, flags[j] == KVT_KEYED_ARC_REUSED || kvt__kentry_class(c, &c->ents[i]));
+    }
     return KVT_OK;
 }
 
 void kvt__keyed_missed(kvt_keyed_t *c, kvt_key128_t key) {
     if (c->ghost == NULL) return;
-    uint64_t g = ghost_key(key);
+    uint64_t g = kvt__keyed_ghost_key(key);
     unsigned from = kvt__ghost_take(&c->ghost[0], g) ? 0 : kvt__ghost_take(&c->ghost[1], g) ? 1 : 2;
     if (from == 2) return;
     /* ARC weighs the ghosts as they were with the key still in */

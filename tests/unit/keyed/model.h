@@ -4,7 +4,9 @@
  * page rule from the allocator tests' brute-force model. It follows
  * kvtier/keyed.h's text, not src/keyed; with two classes (class_bit, the
  * hybrid cache's, keyed-int.h's text) the scan is over the class the target
- * picks. */
+ * picks. Under ARC (cfg.policy KVT_KEYED_ARC) the order is vLLM's ARC policy
+ * written out again: T1, T2, B1 and B2 as arrays of key numbers, least
+ * recent first, and the target. */
 #ifndef KVTIER_TESTS_KEYED_MODEL_H
 #define KVTIER_TESTS_KEYED_MODEL_H
 
@@ -38,7 +40,79 @@ typedef struct km {
     double target0;       /* class 0 goes first while it holds more keys than this */
     size_t cap1;          /* two classes: a touch leaving more class-1 keys demotes the first (SIZE_MAX: none) */
     uint64_t demoted;     /* keys the cap moved to class 0 */
+    int arc;              /* vLLM's ARC: */
+    size_t t[2][KM_KEYS], nt[2]; /* T1 and T2, least recent first */
+    size_t b[2][KM_KEYS + 1], nb[2]; /* B1 and B2 (room for one past `pages` before the trim) */
+    double target;
 } km_t;
+
+/* ---- ARC's lists ---- */
+
+static inline size_t km_find(const size_t *list, size_t n, size_t k) {
+    for (size_t i = 0; i < n; i++)
+        if (list[i] == k) return i;
+    return SIZE_MAX;
+}
+
+static inline int km_take_out(size_t *list, size_t *n, size_t k) { /* true when it was there */
+    size_t i = km_find(list, *n, k);
+    if (i == SIZE_MAX) return 0;
+    memmove(list + i, list + i + 1, (*n - i - 1) * sizeof(*list));
+    (*n)--;
+    return 1;
+}
+
+static inline void km_append(size_t *list, size_t *n, size_t k) { list[(*n)++] = k; }
+
+/* vLLM's dict.move_to_end / t[key] = chunk: k (taken out if there) at the end. */
+static inline void km_to_end(size_t *list, size_t *n, size_t k) {
+    km_take_out(list, n, k);
+    km_append(list, n, k);
+}
+
+/* _adapt_to_ghost_hit. */
+static inline void km_arc_adapt(km_t *m, size_t k) {
+    for (int g = 0; g < 2; g++) {
+        if (km_find(m->b[g], m->nb[g], k) == SIZE_MAX) continue;
+        double ratio = (double)m->nb[!g] / (double)m->nb[g], delta = ratio > 1 ? ratio : 1;
+        if (g == 0) m->target = m->target + delta < (double)m->pages ? m->target + delta : (double)m->pages;
+        else m->target = m->target - delta > 0 ? m->target - delta : 0;
+        km_to_end(m->b[g], &m->nb[g], k);
+        return;
+    }
+}
+
+static inline void km_arc_touch(km_t *m, const size_t *ks, size_t n) {
+    for (size_t j = n; j-- > 0;) {
+        size_t k = ks[j];
+        if (km_take_out(m->t[0], &m->nt[0], k)) km_append(m->t[m->state[k] == KM_READY], &m->nt[m->state[k] == KM_READY], k);
+        else if (km_find(m->t[1], m->nt[1], k) != SIZE_MAX) km_to_end(m->t[1], &m->nt[1], k);
+        else km_arc_adapt(m, k);
+    }
+}
+
+static inline void km_arc_missed(km_t *m, const size_t *ks, size_t n) {
+    for (size_t j = n; j-- > 0;) km_arc_adapt(m, ks[j]);
+}
+
+static inline void km_arc_finish(km_t *m, const size_t *ks, const uint8_t *flags, size_t n) {
+    for (size_t j = n; j-- > 0;) {
+        size_t k = ks[j];
+        int in1 = km_find(m->t[0], m->nt[0], k) != SIZE_MAX, in2 = km_find(m->t[1], m->nt[1], k) != SIZE_MAX;
+        if (flags[j] == KVT_KEYED_ARC_STORED) {
+            if (in1) km_to_end(m->t[0], &m->nt[0], k);
+            else if (in2) km_to_end(m->t[1], &m->nt[1], k);
+        } else if (flags[j] == KVT_KEYED_ARC_REUSED && (in1 || in2)) {
+            km_take_out(m->t[0], &m->nt[0], k);
+            km_to_end(m->t[1], &m->nt[1], k);
+        }
+    }
+}
+
+/* A key taken out of the cache (remove, a failed store, reset) leaves its list. */
+static inline void km_arc_gone(km_t *m, size_t k) {
+    if (m->arc && !km_take_out(m->t[0], &m->nt[0], k)) km_take_out(m->t[1], &m->nt[1], k);
+}
 
 /* Key i: hi from three values (two far apart, so that the unsigned order
  * matters), lo scrambled, so ties on score are broken by hi, then lo. */
@@ -99,7 +173,10 @@ static inline kvt_keyed_stats_t km_stats(const km_t *m) {
     return s;
 }
 
-static inline int km_class(const km_t *m, size_t k) { return (m->score[k] & m->class_bit) != 0; }
+static inline int km_class(const km_t *m, size_t k) {
+    if (m->arc) return km_find(m->t[1], m->nt[1], k) != SIZE_MAX;
+    return (m->score[k] & m->class_bit) != 0;
+}
 
 /* The smallest evictable key of class cls (-1: any) not yet chosen nor
  * protected, or SIZE_MAX. */
@@ -116,6 +193,7 @@ static inline size_t km_min_evictable(const km_t *m, const uint8_t *skip) { retu
 
 /* The present keys of class 0. */
 static inline size_t km_class0(const km_t *m) {
+    if (m->arc) return m->nt[0];
     size_t n = 0;
     for (size_t k = 0; k < m->nk; k++) n += m->state[k] != KM_ABSENT && !km_class(m, k);
     return n;
@@ -125,6 +203,16 @@ static inline size_t km_class0(const km_t *m) {
  * class the target picks while cnt0 class-0 keys are present, else the
  * other. */
 static inline size_t km_next_victim(const km_t *m, const uint8_t *skip, size_t cnt0) {
+    if (m->arc) { /* vLLM's evict: T1 while it holds int(target), then T2, then T1 */
+        int order[3] = {cnt0 >= (size_t)m->target ? 0 : -1, 1, 0};
+        for (int o = 0; o < 3; o++) {
+            if (order[o] < 0) continue;
+            const size_t *l = m->t[order[o]];
+            for (size_t i = 0; i < m->nt[order[o]]; i++)
+                if (m->state[l[i]] == KM_READY && m->pins[l[i]] == 0 && !skip[l[i]]) return l[i];
+        }
+        return SIZE_MAX;
+    }
     if (!m->class_bit) return km_min_evictable(m, skip);
     int want = (double)cnt0 <= m->target0;
     size_t k = km_min_of(m, skip, want);
@@ -176,6 +264,12 @@ static inline int km_prepare(km_t *m, const size_t *ks, const uint64_t *sc, size
         if (model_free(&m->al, runs, ng - nnew) != KVT_OK) abort();
         free(runs);
     }
+    for (size_t v = 0; m->arc && v < kk; v++) { /* to their ghosts, which then forget past `pages` */
+        int g = km_class(m, victims[v]);
+        km_arc_gone(m, victims[v]);
+        km_append(m->b[g], &m->nb[g], victims[v]);
+        if (m->nb[g] > m->pages) km_take_out(m->b[g], &m->nb[g], m->b[g][0]);
+    }
     for (size_t v = 0; v < kk; v++) {
         m->state[victims[v]] = KM_ABSENT;
         km_event(m, victims[v], KVT_KEYED_REMOVED, 0);
@@ -188,6 +282,10 @@ static inline int km_prepare(km_t *m, const size_t *ks, const uint64_t *sc, size
         m->pins[k] = 0;
         m->page[k] = got[newpos[i]];
         pages[i] = got[newpos[i]];
+        if (m->arc) {
+            km_append(m->t[0], &m->nt[0], k);
+            if (!km_take_out(m->b[0], &m->nb[0], k)) km_take_out(m->b[1], &m->nb[1], k);
+        }
     }
     free(got);
     m->nloose = 0;
@@ -207,6 +305,7 @@ static inline void km_complete(km_t *m, const size_t *ks, size_t n, int ok) {
             m->st.stores_completed++;
         } else {
             m->state[k] = KM_ABSENT;
+            km_arc_gone(m, k);
             m->loose[m->nloose++] = m->page[k];
             km_event(m, k, KVT_KEYED_REMOVED, 1);
             m->st.stores_failed++;
@@ -223,6 +322,7 @@ static inline size_t km_drop(km_t *m, const size_t *ks, size_t n, uint32_t why) 
         size_t k = ks[i];
         if (m->state[k] != KM_READY || m->pins[k] > 0) continue;
         m->state[k] = KM_ABSENT;
+        km_arc_gone(m, k);
         m->loose[m->nloose++] = m->page[k];
         km_event(m, k, KVT_KEYED_REMOVED, why);
         gone++;
@@ -280,6 +380,7 @@ static inline int km_unpin(km_t *m, const size_t *ks, size_t n) {
 /* Then, with a class-1 cap (SLRU's protected segment), class 1's smallest
  * evictable keys lose the class bit while it holds more than cap1 keys. */
 static inline void km_touch(km_t *m, const size_t *ks, const uint64_t *sc, size_t n) {
+    if (m->arc) return; /* (ARC uses no scores) */
     for (size_t i = 0; i < n; i++)
         if (m->state[ks[i]] != KM_ABSENT) m->score[ks[i]] = sc[i];
     size_t cnt1 = 0;
@@ -307,6 +408,8 @@ static inline int km_reset(km_t *m) {
     if (nr > 0 && model_free(&m->al, runs, nr) != KVT_OK) abort();
     free(runs);
     m->nloose = 0;
+    m->nt[0] = m->nt[1] = m->nb[0] = m->nb[1] = 0;
+    m->target = 0;
     return KVT_OK;
 }
 

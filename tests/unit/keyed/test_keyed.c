@@ -16,11 +16,16 @@
 
 #define CLASS_BIT (1ull << 62) /* the hybrid cache's: below the top bit, so that scores order across it too */
 
-static kvt_keyed_t *make(uint64_t pages, double free_room, int events) {
-    kvt_keyed_config_t cfg = {.size = sizeof(cfg), .events = (uint32_t)events, .pages = pages, .free_room = free_room};
+static kvt_keyed_t *make_policy(uint64_t pages, double free_room, int events, uint32_t policy) {
+    kvt_keyed_config_t cfg = {
+        .size = sizeof(cfg), .events = (uint32_t)events, .pages = pages, .free_room = free_room, .policy = policy};
     kvt_keyed_t *c = NULL;
     cr_assert_eq(kvt_keyed_create(&c, &cfg), KVT_OK);
     return c;
+}
+
+static kvt_keyed_t *make(uint64_t pages, double free_room, int events) {
+    return make_policy(pages, free_room, events, KVT_KEYED_SCORES);
 }
 
 static int key_eq(kvt_key128_t a, kvt_key128_t b) { return a.hi == b.hi && a.lo == b.lo; }
@@ -216,6 +221,39 @@ static void op_missed(fz_t *f) {
     f->m.target0 = f->c->target0;
 }
 
+/* ARC's hooks on a few keys (absent ones too: their ghosts), and its state
+ * against the model's: the target exactly (the same arithmetic), the ghosts'
+ * sizes. */
+static void op_arc(fz_t *f, uint64_t r) {
+    size_t ks[6], n = 1 + kvt_rng_below(&f->rng, 5);
+    uint8_t flags[6];
+    kvt_key128_t keys[6];
+    for (size_t i = 0; i < n; i++) {
+        ks[i] = kvt_rng_below(&f->rng, 2) ? pick(f, KM_ABSENT) : kvt_rng_below(&f->rng, f->m.nk);
+        flags[i] = (uint8_t)kvt_rng_below(&f->rng, 3);
+    }
+    keys_of(f, ks, n, keys);
+    if (r % 3 == 0) {
+        km_arc_touch(&f->m, ks, n);
+        cr_assert_eq(kvt_keyed_arc_touch(f->c, keys, n), KVT_OK, "%s", f->ctx);
+    } else if (r % 3 == 1) {
+        km_arc_missed(&f->m, ks, n);
+        cr_assert_eq(kvt_keyed_arc_missed(f->c, keys, n), KVT_OK, "%s", f->ctx);
+    } else {
+        km_arc_finish(&f->m, ks, flags, n);
+        cr_assert_eq(kvt_keyed_arc_finish(f->c, keys, flags, n), KVT_OK, "%s", f->ctx);
+    }
+    f->grew += f->c->target0 > 0;
+}
+
+static void compare_arc(const fz_t *f) {
+    cr_assert(f->c->target0 == f->m.target, "%s: target %.17g, want %.17g", f->ctx, f->c->target0, f->m.target);
+    for (int g = 0; g < 2; g++)
+        cr_assert_eq(kvt__lru_size(&f->c->arc_ghost[g]), f->m.nb[g], "%s: ghost %d holds %zu, want %zu", f->ctx, g,
+                     kvt__lru_size(&f->c->arc_ghost[g]), f->m.nb[g]);
+    cr_assert_eq(f->c->ncls1, f->m.nt[1], "%s: %zu keys in T2, want %zu", f->ctx, f->c->ncls1, f->m.nt[1]);
+}
+
 /* Settles everything in flight (so that a reset can succeed), then resets. */
 static void op_reset(fz_t *f) {
     if (kvt_rng_below(&f->rng, 2)) {
@@ -236,14 +274,16 @@ static void op_reset(fz_t *f) {
 }
 
 /* classes: 0 one class, 1 two with target 0 (s2lru), 2 two learning it
- * (arc), 3 two with target 0 and class 1 capped at half the pages (slru). */
+ * (arc), 3 two with target 0 and class 1 capped at half the pages (slru), 4
+ * the policy KVT_KEYED_ARC (vLLM's ARC). */
 static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t seed, int classes) {
     fz_t f = {.grew = 0};
     kvt_rng_seed(&f.rng, seed);
     int events = seed % 4 != 3;
-    f.c = make(pages, room, events);
+    f.c = make_policy(pages, room, events, classes == 4 ? KVT_KEYED_ARC : KVT_KEYED_SCORES);
     km_init(&f.m, pages, room, events, nk);
-    if (classes) {
+    f.m.arc = classes == 4;
+    if (classes && classes < 4) {
         cr_assert_eq(kvt__keyed_set_classes(f.c, CLASS_BIT, classes == 2), KVT_OK);
         f.m.class_bit = CLASS_BIT;
     }
@@ -260,13 +300,16 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
         else if (r < 660) op_pin(&f);
         else if (r < 780) op_unpin(&f);
         else if (r < 850 && classes == 2 && r % 2) op_missed(&f);
+        else if (r < 850 && classes == 4) op_arc(&f, r);
         else if (r < 850) op_touch(&f);
         else if (r < 880) op_remove(&f);
+        else if (r < 900 && classes == 4) op_touch(&f); /* (does nothing under ARC) */
         else if (r < 900) op_round(&f);
         else if (r < 990) op_take(&f, kvt_rng_below(&f.rng, 10));
         else op_reset(&f);
         tally[r < 320 ? 0 : r < 550 ? 1 : r < 660 ? 2 : r < 780 ? 3 : r < 880 ? 4 : r < 990 ? 5 : 6]++;
         compare(&f);
+        if (classes == 4) compare_arc(&f);
     }
     op_take(&f, 16);
     kvt_keyed_stats_t st = {.size = sizeof(st)};
@@ -283,6 +326,11 @@ static void fuzz(uint64_t pages, size_t nk, double room, uint64_t ops, uint64_t 
         cr_assert_gt(f.grew, 0, "seed %" PRIu64 ": no miss moved the target up", seed);
     }
     if (classes == 3) cr_assert_gt(f.m.demoted, 0, "seed %" PRIu64 ": the cap on class 1 never demoted", seed);
+    if (classes == 4) {
+        fprintf(stderr, "  ARC: target %.2f, T1 %zu, T2 %zu, B1 %zu, B2 %zu; %" PRIu64 " hooks left a target above 0\n",
+                f.m.target, f.m.nt[0], f.m.nt[1], f.m.nb[0], f.m.nb[1], f.grew);
+        cr_assert_gt(f.grew, 0, "seed %" PRIu64 ": no ghost ever moved the target", seed);
+    }
     cr_assert(st.store_refusals > 0 && st.evictions > 0 && st.stores_failed > 0 && st.loads > 0 && st.removed > 0,
               "seed %" PRIu64 ": the run missed a path", seed);
     km_fini(&f.m);
@@ -318,6 +366,18 @@ Test(keyed, model_fuzz_two_classes, .timeout = 300) {
     for (int classes = 1; classes <= 3; classes++)
         for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++)
             fuzz(cfgs[i].pages, cfgs[i].nk, cfgs[i].room, 20000, seed + 10 * (uint64_t)classes + i, classes);
+}
+
+/* The policy KVT_KEYED_ARC against the model's transcription of vLLM's ARC
+ * policy (model.h): every victim, page, event and counter, the target and
+ * the ghosts, after every call. */
+Test(keyed, model_fuzz_arc, .timeout = 300) {
+    static const struct {
+        uint64_t pages;
+        size_t nk;
+    } cfgs[] = {{1, 5}, {2, 7}, {3, 9}, {5, 12}, {8, 20}, {16, 40}, {31, 64}};
+    uint64_t seed = base_seed() + 200;
+    for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++) fuzz(cfgs[i].pages, cfgs[i].nk, 0, 20000, seed + i, 4);
 }
 
 /* ---- targeted tests ---- */
@@ -594,6 +654,54 @@ Test(keyed, bad_configs_are_refused) {
     kvt_keyed_destroy(c);
 }
 
+/* ARC's configuration and hooks refuse what they cannot do, changing
+ * nothing; the scores' calls leave an ARC cache's order alone. */
+Test(keyed, arc_refuses_what_it_cannot_do) {
+    kvt_keyed_t *c = NULL;
+    const kvt_keyed_config_t ok = {.size = sizeof(ok), .pages = 4, .policy = KVT_KEYED_ARC};
+    kvt_keyed_config_t cfg;
+    cfg = ok, cfg.policy = 2;
+    cr_assert_eq(kvt_keyed_create(&c, &cfg), KVT_EINVAL, "an unknown policy");
+    cfg = ok, cfg.reserved = 1;
+    cr_assert_eq(kvt_keyed_create(&c, &cfg), KVT_EINVAL, "reserved set");
+    cfg = ok, cfg.free_room = 0.25;
+    cr_assert_eq(kvt_keyed_create(&c, &cfg), KVT_EINVAL, "ARC evicts on demand only");
+    cfg = ok, cfg.pages = ((uint64_t)1 << 32) - 1;
+    cr_assert_eq(kvt_keyed_create(&c, &cfg), KVT_EINVAL, "ARC's ghosts hold below 2^32 - 1 keys");
+
+    kvt_keyed_t *s = make(4, 0, 0); /* the hooks are ARC's only */
+    kvt_key128_t k[3] = {K(0), K(1), K(2)};
+    uint8_t flags[3] = {KVT_KEYED_ARC_REUSED, 0, 3};
+    cr_assert_eq(kvt_keyed_arc_touch(s, k, 1), KVT_EINVAL);
+    cr_assert_eq(kvt_keyed_arc_missed(s, k, 1), KVT_EINVAL);
+    cr_assert_eq(kvt_keyed_arc_finish(s, k, flags, 1), KVT_EINVAL);
+    uint64_t pages[3];
+    size_t nev = 0;
+    cr_assert_eq(kvt_keyed_prepare_store(s, k, NULL, 1, NULL, 0, pages, NULL, 0, &nev), KVT_EINVAL, "scores are needed");
+    kvt_keyed_destroy(s);
+
+    c = make_policy(2, 0, 1, KVT_KEYED_ARC);
+    cr_assert_eq(kvt_keyed_prepare_store(c, k, NULL, 2, NULL, 0, pages, NULL, 0, &nev), KVT_OK, "no scores under ARC");
+    kvt_keyed_complete_store(c, k, 2, 1);
+    cr_assert_eq(kvt_keyed_arc_finish(c, k, flags, 3), KVT_EINVAL, "flag 3");
+    cr_assert_eq(c->ncls1, 0, "a refused finish moved nothing");
+    cr_assert_eq(kvt_keyed_arc_touch(c, NULL, 1), KVT_EINVAL);
+    cr_assert_eq(kvt_keyed_arc_touch(NULL, k, 1), KVT_EINVAL);
+    cr_assert_eq(kvt_keyed_arc_touch(c, NULL, 0), KVT_OK);
+    uint64_t sc[2] = {UINT64_MAX, UINT64_MAX};
+    kvt_keyed_touch(c, k, sc, 2); /* nothing: K(0) is still T1's least recent, and goes first */
+    kvt_key128_t ev[2];
+    cr_assert_eq(kvt_keyed_prepare_store(c, &k[2], NULL, 1, NULL, 0, pages, ev, 2, &nev), KVT_OK);
+    cr_assert(nev == 1 && key_eq(ev[0], K(0)), "T1's least recent goes first");
+    kvt_keyed_complete_store(c, &k[2], 1, 1);
+    cr_assert_eq(kvt_keyed_arc_missed(c, k, 1), KVT_OK); /* K(0) in B1: the target grows by 1 */
+    cr_assert(c->target0 == 1.0, "target %g", c->target0);
+    cr_assert_eq(kvt_keyed_reset(c), KVT_OK);
+    cr_assert(c->target0 == 0 && kvt__lru_size(&c->arc_ghost[0]) == 0, "reset empties the ghosts, the target 0");
+    assert_check(c, "arc");
+    kvt_keyed_destroy(c);
+}
+
 /* The page rule of the header's essay, worked by hand. */
 Test(keyed, pages_follow_the_documented_rule) {
     kvt_keyed_t *c = make(8, 0, 0);
@@ -757,6 +865,17 @@ static kvt_keyed_t *setup_one_by_one(void) {
     return c;
 }
 
+/* ARC, full of 200 keys, some used again (T2), a victim remembered */
+static kvt_keyed_t *setup_arc_full(void) {
+    kvt_keyed_t *c = make_policy(200, 0, 1, KVT_KEYED_ARC);
+    store_range(c, 0, 200, score_mod7);
+    kvt_key128_t k[40];
+    uint8_t flags[40];
+    for (size_t i = 0; i < 40; i++) k[i] = K(50 + i), flags[i] = KVT_KEYED_ARC_REUSED;
+    cr_assert_eq(kvt_keyed_arc_finish(c, k, flags, 40), KVT_OK);
+    return c;
+}
+
 /* all 20 and some absent keys: their pages need a loose list longer than it is */
 static void op_remove_all(kvt_keyed_t *c, res_t *r) {
     kvt_key128_t k[30];
@@ -826,9 +945,10 @@ Test(keyed, failed_allocation_changes_nothing, .timeout = 120) {
     each_failure_point(setup_few, op_grow, "growing prepare_store");
     each_failure_point(setup_settled, op_reset_all, "reset");
     each_failure_point(setup_one_by_one, op_remove_all, "remove");
-    for (uint64_t nth = 1; nth < 8; nth++) {
+    each_failure_point(setup_arc_full, op_evict, "ARC's evicting prepare_store");
+    for (uint64_t nth = 1; nth < 16; nth++) {
         kvt_keyed_t *c = NULL;
-        kvt_keyed_config_t cfg = {.size = sizeof(cfg), .pages = 100};
+        kvt_keyed_config_t cfg = {.size = sizeof(cfg), .pages = 100, .policy = nth % 2 ? KVT_KEYED_ARC : KVT_KEYED_SCORES};
         kvt__mem_fail_nth(nth);
         int rc = kvt_keyed_create(&c, &cfg);
         kvt__mem_fail_nth(0);
@@ -867,6 +987,18 @@ Test(keyed, calls_that_cannot_fail_do_not_allocate) {
     kvt__mem_fail_nth(0);
     cr_assert_not(fired);
     assert_check(c, "no allocation");
+    kvt_keyed_destroy(c);
+    c = setup_arc_full(); /* ARC's hooks neither */
+    uint8_t flags[20] = {0};
+    for (size_t i = 0; i < 20; i++) k[i] = K(90 + i), flags[i] = (uint8_t)(i % 3);
+    kvt__mem_fail_nth(1);
+    cr_assert_eq(kvt_keyed_arc_touch(c, k, 20), KVT_OK);
+    cr_assert_eq(kvt_keyed_arc_missed(c, k, 20), KVT_OK);
+    cr_assert_eq(kvt_keyed_arc_finish(c, k, flags, 20), KVT_OK);
+    fired = kvt__mem_fail_fired();
+    kvt__mem_fail_nth(0);
+    cr_assert_not(fired);
+    assert_check(c, "ARC, no allocation");
     kvt_keyed_destroy(c);
 }
 
