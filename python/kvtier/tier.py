@@ -280,7 +280,12 @@ def _check_planes_in(spans: List[Tuple[int, int]], layers: int, keep: Sequence[A
         r = _kept_ranges(k, f"{what} keep[{i}]")
         known &= r is not None
         ranges += r or []
-    if not known or not ranges:  # memory that cannot be known: the addresses are taken as given
+    if not known or not ranges:  # memory that cannot be known: the addresses must at least be mapped writable
+        maps = HostMaps()
+        for n, (lo, hi) in enumerate(spans):
+            if not maps.writable(lo, hi - lo):
+                raise ValueError(f"{what}: plane {n // layers} layer {n % layers}: bytes [{lo:#x}, {hi:#x}) are not "
+                                 "mapped writable in this process")
         return
     for n, (lo, hi) in enumerate(spans):
         if not any(a <= lo and hi <= b for a, b in ranges):
@@ -445,8 +450,9 @@ class Tier(Handle):
         (:class:`Plane`; at most 4). ``keep``: objects that own the memory,
         kept alive while the tier is open; when their memory can be known
         (torch CPU tensors, numpy arrays, buffers), every byte the planes
-        address must lie in it (ValueError), else the addresses are taken as
-        given, as ctypes takes them. ``device``: a CUDA ordinal for
+        address must lie in it (ValueError), else in memory this process has
+        mapped writable (ValueError), and the memory must stay so while the
+        tier is open. ``device``: a CUDA ordinal for
         device memory (None: host memory). ``copy`` (device memory): "auto"
         (batches of small spans by the SMs' copy kernel, the rest by DMA),
         "dma" or "kernel". Prefer :meth:`from_tensors`, which derives the

@@ -131,7 +131,17 @@ def _main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--compare", metavar="KVTIER", help="the kvtier command to compare with (e.g. build/kvtier)")
     a = p.parse_args(argv)
-    reqs = load(a.trace, limit=a.limit)
+    for name, lo in (("l1_pages", 1), ("l2_pages", 0), ("l3_pages", 0), ("limit", 0), ("repeat", 1)):
+        if getattr(a, name) < lo:
+            p.error(f"--{name.replace('_', '-')}: {getattr(a, name)} (expected at least {lo})")
+    if a.l3_pages and not a.l2_pages:
+        p.error("--l3-pages: needs an L2 tier (--l2-pages > 0): pages reach L3 through L2")
+    if a.prefetch_policy != "best_effort" and not a.l3_pages:
+        p.error("--prefetch-policy: needs an L3 (--l3-pages): prefetches come from it")
+    try:
+        reqs = load(a.trace, limit=a.limit)
+    except (OSError, ValueError) as e:  # (ParseError is a ValueError: FILE:LINE and why)
+        p.exit(1, f"{p.prog}: {e}\n")
     cfg = dict(l1_pages=a.l1_pages, l2_pages=a.l2_pages, l3_pages=a.l3_pages, prefetch_policy=a.prefetch_policy)
     py, tok, st = [], [], {}
     for _ in range(a.repeat):
@@ -150,7 +160,10 @@ def _main(argv=None) -> int:
             cmd += ["--limit", str(a.limit)]
         cs, c_out = [], {}
         for _ in range(a.repeat):
-            c_out = json.loads(subprocess.run(cmd, capture_output=True, check=True, text=True).stdout)
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode != 0:
+                p.exit(1, f"{p.prog}: --compare: {' '.join(cmd)} failed (exit {run.returncode}): {run.stderr.strip()}\n")
+            c_out = json.loads(run.stdout)
             cs.append(c_out["wall_s"] / c_out["requests"])
         same = c_out["hit_tokens"] == out["hit_tokens"] and c_out["tokens"] == st["tokens"]
         out.update(command_us_per_request={"median": 1e6 * statistics.median(cs), "max": 1e6 * max(cs)},

@@ -150,3 +150,20 @@ def test_a_library_that_is_not_libkvtier_is_an_import_error():
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: ") and "libc.so.6" in last and "not libkvtier" in last, p.stderr
+
+
+@pytest.mark.parametrize("args,msg", [(["--repeat", "0"], "--repeat: 0 (expected at least 1)"),
+                                      (["--l1-pages", "-5"], "--l1-pages: -5 (expected at least 1)"),
+                                      (["--limit", "-1"], "--limit: -1 (expected at least 0)"),
+                                      (["--prefetch-policy", "wait_complete"], "--prefetch-policy: needs an L3"),
+                                      (["--l2-pages", "0", "--l3-pages", "50"], "--l3-pages: needs an L2 tier")])
+def test_the_trace_command_refuses_bad_arguments_as_usage_errors(args, msg, capsys):
+    """python -m kvtier.trace: exit 2 naming the option, never a traceback."""
+    from kvtier.trace import _main
+    trace = os.path.join(os.path.dirname(__file__), "..", "..", "data", "mooncake_synthetic_trace.jsonl")
+    with pytest.raises(SystemExit) as e:
+        _main([trace, *args])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a directory for a trace: exit 1, saying so
+        _main([os.path.dirname(__file__)])
+    assert e.value.code == 1 and "Is a directory" in capsys.readouterr().err

@@ -328,6 +328,26 @@ def test_an_engine_tier_over_kept_memory_addresses_only_that_memory():
     kvtier.Tier.engine([Plane(32, 64, base=t.data_ptr(), layer_stride=32)], 4, 2, keep=[t[:8]]).close()
 
 
+def test_an_engine_tier_over_raw_addresses_needs_them_mapped_writable():
+    """Without keep the addresses cannot be checked against an object, but
+    they must be mapped writable in this process (a wild address segfaulted
+    at the first copy); memory ctypes owns is taken."""
+    import ctypes
+    import mmap
+    import numpy as np
+    from kvtier.tier import Plane
+    with pytest.raises(ValueError, match=r"plane 0 layer 0: bytes \[0x1000, 0x1040\) are not mapped writable"):
+        kvtier.Tier.engine([Plane(64, 64, base=0x1000, layer_stride=64)], 1, 1)
+    ro = mmap.mmap(-1, 4096, prot=mmap.PROT_READ)
+    ro_addr = np.frombuffer(ro, dtype=np.uint8).ctypes.data
+    with pytest.raises(ValueError, match="are not mapped writable"):
+        kvtier.Tier.engine([Plane(64, 64, base=ro_addr, layer_stride=64)], 1, 1)
+    buf = ctypes.create_string_buffer(4096)
+    with kvtier.Tier.engine([Plane(64, 64, base=ctypes.addressof(buf), layer_stride=64)], 1, 1) as t:
+        t.write_page(0, b"\x05" * 64)
+        assert buf.raw[:64] == b"\x05" * 64
+
+
 def test_cache_with_bytes_loads_back_what_it_backed_up():
     """L1 arena, L2 host tier on a transfer engine: pages evicted from L1 come
     back from L2 with the bytes they had."""

@@ -313,7 +313,7 @@ int kvt_trace_load_stream(FILE *f, const char *name, kvt_trace_t *t, char *err, 
         lineno++;
         size_t k = (size_t)len;
         while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' ' || line[k - 1] == '\t')) k--;
-        size_t s = 0;
+        size_t s = lineno == 1 && k >= 3 && memcmp(line, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0; /* (a byte-order mark) */
         while (s < k && (line[s] == ' ' || line[s] == '\t')) s++;
         if (s == k) continue; /* blank line */
         rc = kvt_trace_parse_line(t, name, lineno, line, k, err, errlen); /* (it skips the blanks: columns) */
@@ -322,7 +322,8 @@ int kvt_trace_load_stream(FILE *f, const char *name, kvt_trace_t *t, char *err, 
     /* getline out of memory for a long line returns -1 as at the end, ferror unset: not the end */
     if (rc == KVT_OK && !feof(f))
         rc = errno == ENOMEM ? KVT_ENOMEM : KVT_EIO,
-        snprintf(err, errlen, "%s:%zu: %s", name, lineno + 1, errno == ENOMEM ? "line too long to read (out of memory)" : "read error");
+        snprintf(err, errlen, "%s:%zu: %s", name, lineno + 1,
+                 errno == ENOMEM ? "line too long to read (out of memory)" : errno ? strerror(errno) : "read error");
     if (rc == KVT_OK && t->n == 0) rc = KVT_EPARSE, snprintf(err, errlen, "%s: no requests in the file", name);
     free(line); /* (getline's, malloc'd) */
     if (rc != KVT_OK) kvt_trace_free(t);

@@ -32,6 +32,14 @@ Test(cli, version_and_usage) {
         cr_assert_not_null(strstr(r.out, "usage: kvtier"), "%s: %s", cmds[i][0], r.out);
         run_free(&r);
     }
+    r = RUN("help", "replay"); /* a command's help */
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.out, "usage: kvtier replay"), "%s", r.out);
+    run_free(&r);
+    r = RUN("version", "extra"); /* an argument nothing reads is refused */
+    cr_assert_eq(r.status, 2);
+    cr_assert_not_null(strstr(r.err, "takes no arguments"), "%s", r.err);
+    run_free(&r);
     r = RUN("pd", "data/mooncake_synthetic_trace.jsonl", "--seed", "7");
     cr_assert_eq(r.status, 2, "pd: --seed shapes the synthetic workload only");
     cr_assert_not_null(strstr(r.err, "--seed"), "%s", r.err);

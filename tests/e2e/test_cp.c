@@ -136,6 +136,7 @@ Test(cp, bad_flags) {
         {(const char *const[]){NULL, "cp", TRACE, "--requests", "5", NULL}, "--requests: shapes the built-in synthetic workload"},
         {(const char *const[]){NULL, "cp", "--threads", "4", NULL}, "--threads: needs --data"},
         {(const char *const[]){NULL, "cp", "--ranks", "2", "--rank", "1", "--group", "a/b", NULL}, "--group: 'a/b' is not a group name"},
+        {(const char *const[]){NULL, "cp", "--model", "gemma-3-like", NULL}, "--model: gemma-3-like has window or state layers"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         run_result_t r = run_argv(cases[i].argv);
@@ -365,4 +366,24 @@ Test(cp, independent_mismatched_rank_fails_every_rank_at_once, .timeout = 30) {
         run_free(&res);
     }
     cr_assert_eq(group_segments(name), 0, "no segment left in /dev/shm");
+}
+
+/* Output that cannot be written fails the command, forked ranks too (the
+ * rank that prints leaves by _exit, flushing nothing after it). */
+Test(cp, unwritable_output_fails, .timeout = 120) {
+    for (int json = 0; json < 2; json++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof(cmd), "exec '%s' cp --requests 5 --ranks 2%s >/dev/full 2>/tmp/kvt-cp-full-%d.err",
+                 kvtier_bin(), json ? " --json" : "", (int)getpid());
+        int st = system(cmd);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: status %d", cmd, st);
+        char path[64];
+        snprintf(path, sizeof(path), "/tmp/kvt-cp-full-%d.err", (int)getpid());
+        int fd = open(path, O_RDONLY);
+        char *err = slurp_fd(fd);
+        close(fd);
+        unlink(path);
+        cr_assert_not_null(strstr(err, "the output could not be written"), "%s", err);
+        free(err);
+    }
 }

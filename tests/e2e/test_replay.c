@@ -304,6 +304,12 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--groups", "full:65536:1099511627776,state:65536:1099511627776", "--page-tokens", "512"},
          "--groups: 'full:65536:1099511627776,state:65536:1099511627776': a page of 512 tokens would hold more than 2^64"},
         {{"--model", "gemma-3-like", "--stats", "table"}, "--stats: not with a hybrid model"},
+        {{"--l2-pages", "0", "--l3-pages", "64"}, "--l3-pages: needs an L2 tier (--l2-pages > 0)"},
+        {{"--l2-pages", "0", "--l3", "dir:/tmp"}, "--l3: needs an L2 tier (--l2-pages > 0)"},
+        {{"--l1-pages", "100", "--sweep", "10,20"}, "--l1-pages: not with --sweep"},
+        {{"--model", "gemma-3-like", "--state-share", "0.3"}, "--state-share: only with a state group"},
+        {{"--model", "qwen3-next-like", "--window-weight", "0.5"}, "--window-weight: only with a window group"},
+        {{"--groups", "full:2:64", "--layers", "3", "--data"}, "--layers: 128 bytes per token do not split into 3 layers"},
         {{"--sweep", "64,128", "--plot", "/nonexistent-dir/p.png"}, "--plot: cannot write in '/nonexistent-dir'"},
         {{"--sweep", "64,128", "--plot", "/tmp"}, "--plot: '/tmp' is a directory"},
         {{"--sweep", "64,128", "--plot", "/tmp/a\nb.png"}, "--plot: the path holds a control character"},
@@ -326,10 +332,23 @@ Test(replay, bad_flags_say_what_is_allowed) {
     cr_assert_not_null(strstr(r.err, "KVT_L2_FREE_ROOM: '2' is not a number in [0, 0.5]"), "%s", r.err);
     run_free(&r);
     setenv("KVT_LIMIT", " -1", 1); /* strtoull alone takes this for 2^64 - 1 */
-    r = RUN("--limit", "1");
+    r = RUN("--requests", "1");
     unsetenv("KVT_LIMIT");
     cr_assert_eq(r.status, 2);
     cr_assert_not_null(strstr(r.err, "KVT_LIMIT: ' -1' is not an integer in"), "%s", r.err);
+    run_free(&r);
+    /* the command line wins over the environment, a bad value there included */
+    setenv("KVT_L2_FREE_ROOM", "2", 1);
+    r = RUN("--requests", "1", "--l2-free-room", "0.1");
+    unsetenv("KVT_L2_FREE_ROOM");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    run_free(&r);
+    /* a refusal of what the environment set names the variable */
+    setenv("KVT_REQUESTS", "100", 1);
+    r = RUN(TRACE);
+    unsetenv("KVT_REQUESTS");
+    cr_assert_eq(r.status, 2);
+    cr_assert_not_null(strstr(r.err, "--requests: (set by KVT_REQUESTS) shapes the built-in"), "%s", r.err);
     run_free(&r);
     r = RUN("--help");
     cr_assert_eq(r.status, 0);
@@ -406,5 +425,25 @@ Test(replay, json_has_every_cache_stats_field, .timeout = 60) {
     cr_assert_geq(fields, 30, "the whole list was checked");
     cJSON_Delete(st);
     cJSON_Delete(o);
+    run_free(&r);
+}
+
+/* A directory for a trace says so; a first line holding only a byte-order
+ * mark is a blank line, as one after the mark would be. */
+Test(replay, trace_edges_read_as_they_are) {
+    run_result_t r = RUN("/tmp");
+    cr_assert_eq(r.status, 1);
+    cr_assert_not_null(strstr(r.err, "/tmp:1: Is a directory"), "%s", r.err);
+    run_free(&r);
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/kvt-bom-%d.jsonl", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("\xEF\xBB\xBF\n{\"input_length\": 600, \"hash_ids\": [1, 2]}\n", f);
+    fclose(f);
+    r = RUN(path, "--l1-pages", "64");
+    unlink(path);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.out, "1 requests, 600 input tokens"), "%s", r.out);
     run_free(&r);
 }

@@ -23,9 +23,18 @@ void cli_init(cli_t *c, const char *cmd, int argc, char **argv) {
     c->argv = argv;
 }
 
+static void env_name(const char *name, char *out, size_t cap);
+
+/* A refusal of an option the environment set names the variable too. */
 static void verror(const cli_t *c, const char *fmt, va_list ap) {
     fprintf(stderr, "%s: ", c->cmd);
     if (c->flag) fprintf(stderr, "%s: ", c->flag);
+    for (size_t i = 0; c->flag && c->table && strncmp(c->flag, "--", 2) == 0 && i < 64 && c->table[i].name; i++)
+        if ((c->from_env >> i & 1) && strcmp(c->flag + 2, c->table[i].name) == 0) {
+            char env[64];
+            env_name(c->table[i].name, env, sizeof(env));
+            fprintf(stderr, "(set by %s) ", env);
+        }
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
@@ -251,17 +260,15 @@ static int set_value(cli_t *c, const cli_opt_t *o, const char *s) {
     return -1;
 }
 
+/* The command line first, then each option it did not set from its
+ * environment variable (the command line wins, and --help answers whatever
+ * the environment holds). */
 int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const char **positional) {
     char env[64];
+    uint64_t given = 0; /* bit i: opts[i] on the command line (tables hold fewer than 64) */
     *positional = NULL;
-    for (const cli_opt_t *o = opts; o->name; o++) {
-        env_name(o->name, env, sizeof(env));
-        const char *v = getenv(env);
-        if (v == NULL) continue;
-        c->flag = env;
-        if (set_value(c, o, v)) return -1;
-    }
-    c->flag = NULL;
+    c->table = opts;
+    c->from_env = 0;
     int kind;
     while ((kind = cli_next(c)) != 0) {
         if (kind == 2) {
@@ -277,6 +284,7 @@ int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const ch
         const cli_opt_t *o = opts;
         while (o->name && !(strncmp(c->flag, "--", 2) == 0 && strcmp(c->flag + 2, o->name) == 0)) o++;
         if (o->name == NULL) return cli_unknown(c);
+        if (o - opts < 64) given |= UINT64_C(1) << (o - opts);
         if (o->type == OPT_FLAG && c->inline_value == NULL) {
             *(bool *)o->dst = true;
             continue;
@@ -284,6 +292,16 @@ int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const ch
         const char *v = NULL;
         if (cli_value(c, &v) || set_value(c, o, v)) return -1;
     }
+    for (const cli_opt_t *o = opts; o->name; o++) {
+        size_t i = (size_t)(o - opts);
+        env_name(o->name, env, sizeof(env));
+        const char *v = i < 64 && (given >> i & 1) ? NULL : getenv(env);
+        if (v == NULL) continue;
+        c->flag = env;
+        if (set_value(c, o, v)) return -1;
+        if (i < 64) c->from_env |= UINT64_C(1) << i;
+    }
+    c->flag = NULL;
     return 0;
 }
 

@@ -18,6 +18,8 @@ typedef struct cli {
     const char *flag;  /* the flag being parsed */
     const char *value; /* its value (from --flag=value or the next argument) */
     const char *inline_value;
+    const struct cli_opt *table; /* cli_parse_table's, for messages: */
+    uint64_t from_env;           /* bit i: table[i] was set by its environment variable */
 } cli_t;
 
 void cli_init(cli_t *c, const char *cmd, int argc, char **argv);

@@ -203,10 +203,11 @@ static int run_rank(rank_t *k, uint64_t timeout_ms) {
         kvt_cp_group_fail(k->g, text);
         code = k->forked ? CP_QUIET : 1;
     } else if (rc == KVT_OK && (rc = finish(k, all)) == KVT_OK) {
-        if (k->r == 0 || !k->forked) cp_print(k->o, k->r, k->C, k->n, (double)(now_ns() - t0) / 1e9, divergence, all);
+        int printed = k->r == 0 || !k->forked ? cp_print(k->o, k->r, k->C, k->n, (double)(now_ns() - t0) / 1e9, divergence, all) : 0;
         uint64_t mism = 0;
         for (uint32_t r = 0; r < (k->r == 0 ? k->C : 1); r++) mism += all[r].mismatches;
         if (divergence || mism) code = !k->forked ? 1 : k->r == 0 ? CP_QUIET : 0; /* forked: rank 0 reports it */
+        if (printed != 0) code = 1; /* (cp_print said why; forked, the parent names the rank) */
     }
     if (rc != KVT_OK) code = k->g ? cp_print_failure(k->g, k->r, rc, k->forked, g_sig != 0) : 1; /* (a join says why) */
     const char *bad;
@@ -281,6 +282,15 @@ int cmd_cp(int argc, char **argv) {
     int prc = cli_parse_table(&c, table, USAGE, &path);
     if (prc) return prc > 0 ? 0 : 2;
     if (replay_opts_finish(&c, &o, &defaults) != 0 || replay_workload_ok(&c, &o, &defaults, path) != 0) return 2;
+    kvt_layer_group_t groups[KVT_MODEL_MAX_GROUPS];
+    uint32_t ngroups = 0;
+    kvt_model_groups(kvt_model_at((unsigned)o.model), groups, KVT_MODEL_MAX_GROUPS, &ngroups);
+    for (uint32_t g = 0; g < ngroups && !o.bytes_per_token; g++)
+        if (groups[g].kind != KVT_GROUP_FULL) {
+            c.flag = "--model";
+            return cli_error(&c, "%s has window or state layers: a group replays full attention only (kvtier replay "
+                             "runs the hybrid cache)", kvt_model_at((unsigned)o.model)->name), 2;
+        }
     c.flag = "--l1-pages";
     if (o.l1_pages % ranks != 0) return cli_error(&c, "%" PRIu64 " pages do not split into %" PRIu64 " lanes", o.l1_pages, ranks), 2;
     c.flag = rank == UINT64_MAX ? "--group" : "--rank";

@@ -1,6 +1,7 @@
 /* kvtier cp's output (docs/cp.md, "Output"). */
 #include "cp_print.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -108,16 +109,18 @@ static void own(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double w
            (double)s->wait_ns / 1e9);
 }
 
-void cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wall, uint64_t divergence,
-              const cp_result_t *all) {
+int cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wall, uint64_t divergence,
+             const cp_result_t *all) {
     if (rank != 0) own(o, rank, C, n, wall, divergence, &all[0]);
     uint64_t mism = 0;
     for (uint32_t r = 0; r < C; r++) mism += all[r].mismatches;
     double hit = all[0].tokens ? (double)all[0].hit_tokens / (double)all[0].tokens : 0;
     if (rank == 0 && o->json) group_json(C, n, wall, divergence, all, hit, mism);
     else if (rank == 0) group_table(C, n, wall, divergence, all, hit, mism);
-    fflush(stdout);
+    int failed = fflush(stdout) != 0 || ferror(stdout); /* (a forked rank leaves by _exit: no later flush) */
+    if (failed) fprintf(stderr, "kvtier cp: the output could not be written: %s\n", strerror(errno));
     if (divergence) fprintf(stderr, "kvtier cp: the ranks disagree from request %" PRIu64 "\n", divergence);
+    return failed ? -1 : 0;
 }
 
 int cp_print_failure(kvt_cp_group_t *g, uint32_t rank, int rc, bool forked, bool interrupted) {

@@ -38,8 +38,8 @@ void cp_result_fill(cp_result_t *me, const kvt_cache_t *c, const kvt_cp_group_t 
 /* Rank 0: the group's table or --json from all[0..C); another rank: its own
  * line or --json from all[0]. divergence: the first request whose digests
  * differ (0: they agree). */
-void cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wall, uint64_t divergence,
-              const cp_result_t *all);
+int cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wall, uint64_t divergence,
+             const cp_result_t *all);
 
 #define CP_QUIET 3 /* a forked rank's exit: stopped by another, or reported; the cause said why */
 

@@ -41,11 +41,17 @@ static int run(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 && argc == 3 && strcmp(argv[2], "help") != 0) { /* kvtier help CMD: CMD --help */
+        char *again[] = {argv[0], argv[2], "--help", NULL};
+        return run(3, again);
+    }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        if (argc > 2) return fprintf(stderr, "kvtier help: one command at most (kvtier help replay)\n"), 2;
         usage(stdout);
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        if (argc > 2) return fprintf(stderr, "kvtier %s: takes no arguments\n", cmd), 2;
         printf("kvtier %s\n", kvt_version_string());
         return 0;
     }

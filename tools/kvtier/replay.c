@@ -81,7 +81,7 @@ static int emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data, r
 }
 
 const char *replay_model_name(const opts_t *o, char *buf, size_t cap) {
-    if (!o->bytes_per_token) return kvt_model_at((unsigned)o->model)->name;
+    if (!o->bytes_per_token) return o->groups ? o->groups : kvt_model_at((unsigned)o->model)->name;
     snprintf(buf, cap, "bpt-%" PRIu64, o->bytes_per_token);
     return buf;
 }
@@ -466,6 +466,7 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
            (double)r->rs.metadata_bytes / 1e6);
     printf("  %" PRIu64 " requests in %.3f s: %.0f requests/s\n", s->requests, r->wall_s,
            r->wall_s > 0 ? (double)s->requests / r->wall_s : 0);
+    if (o->digest) printf("  decision digest %016" PRIx64 "\n", r->digest);
     if (o->soak_s > 0) replay_soak_print(&r->soak);
     if (!o->data) return;
     const data_result_t *d = &r->data;
@@ -628,7 +629,7 @@ int replay_opts_finish(cli_t *c, opts_t *o, const opts_t *d) {
     const kvt_model_t *model = kvt_model_at((unsigned)o->model);
     o->bpt = o->bytes_per_token ? o->bytes_per_token : model->bytes_per_token;
     o->layers = o->layers_opt ? (uint32_t)o->layers_opt : o->bytes_per_token ? 1 : model->layers;
-    if (o->bpt % o->layers != 0) {
+    if ((o->groups == NULL || o->bytes_per_token) && o->bpt % o->layers != 0) { /* (else the groups' check) */
         c->flag = "--layers";
         return cli_error(c, "%" PRIu64 " bytes per token do not split into %u layers", o->bpt, o->layers);
     }
@@ -710,7 +711,7 @@ static bool hybrid_on(const hybrid_opts_t *h) {
     "full:LAYERS:BYTES, window:W:LAYERS:BYTES or state:LAYERS:BYTES (W 1..4294967295 tokens, LAYERS 1..65536, "       \
     "BYTES a layer and token 1..2^40)"
 
-static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *text, size_t nsweep, hybrid_opts_t *h) {
+static int replay_groups(cli_t *c, opts_t *o, const char *text, hybrid_opts_t *h) {
     uint32_t bad = 0;
     int rc = text ? kvt_model_parse_groups(text, h->groups, KVT_MODEL_MAX_GROUPS, &h->ngroups, &bad)
                   : kvt_model_groups(kvt_model_at((unsigned)o->model), h->groups, KVT_MODEL_MAX_GROUPS, &h->ngroups);
@@ -729,28 +730,30 @@ static int replay_groups(cli_t *c, opts_t *o, const l3_opts_t *l3, const char *t
         if (strchr(text, ':')) return cli_error(c, "group 1 ('%.*s') is not %s", (int)strcspn(text, ","), text, GROUP_FORMS);
         return cli_error(c, "'%s' is neither a preset (kvtier replay --help lists them) nor a group list", text);
     }
-    if (text && !o->bytes_per_token) { /* the model's bytes per token as all-full attention, as a preset's */
-        uint64_t per_token = 0, full_layers = 0, full_bytes = 0, state_layers = 0, state_as_full = 0;
+    if (text && !o->bytes_per_token) { /* the model's bytes per token and layers as all-full attention, as a preset's */
+        uint64_t per_token = 0, full_layers = 0, full_bytes = 0, state_layers = 0, state_as_full = 0, layers = 0;
         bool over = false;
         for (uint32_t g = 0; g < h->ngroups; g++) {
             if (h->groups[g].kind != KVT_GROUP_STATE) over |= __builtin_add_overflow(per_token, h->groups[g].bytes, &per_token);
             else state_layers += h->groups[g].layers;
             if (h->groups[g].kind == KVT_GROUP_FULL) full_layers += h->groups[g].layers, full_bytes += h->groups[g].bytes;
+            layers += h->groups[g].layers;
         }
         over |= __builtin_mul_overflow(state_layers, full_bytes / full_layers, &state_as_full) ||
                 __builtin_add_overflow(per_token, state_as_full, &o->bpt) || o->bpt > UINT64_MAX / o->page_tokens;
         if (over) return cli_error(c, "'%s': a page of %" PRIu64 " tokens would hold more than 2^64 bytes", text, o->page_tokens);
+        if (!o->layers_opt) /* its layers cut --data's pages, where they split the bytes evenly (else one cut) */
+            o->layers = layers <= UINT32_MAX && o->bpt % layers == 0 ? (uint32_t)layers : 1;
+        if (o->bpt % o->layers != 0) {
+            c->flag = "--layers";
+            return cli_error(c, "%" PRIu64 " bytes per token do not split into %u layers", o->bpt, o->layers);
+        }
     }
     if (!hybrid_on(h)) return 0;
     if (o->stats) { /* it would write the all-full comparison's counters, unlabelled */
         c->flag = "--stats";
         return cli_error(c, "not with a hybrid model: its counters are in --json (runs[].hybrid.stats)");
     }
-    if ((l3->pages || l3->url) && o->l2_pages == 0) {
-        c->flag = l3->url ? "--l3" : "--l3-pages";
-        return cli_error(c, "needs an L2 tier (--l2-pages > 0): pieces reach L3 through L2");
-    }
-    (void)nsweep;
     return 0;
 }
 
@@ -817,6 +820,10 @@ int cmd_replay(int argc, char **argv) {
         }
         if (nsweep == 0) return cli_usage(&c, "expected a comma-separated list of capacities");
     }
+    if (nsweep && o.l1_pages != defaults.l1_pages) {
+        c.flag = "--l1-pages";
+        return cli_usage(&c, "not with --sweep: the sweep gives L1's sizes");
+    }
     if (o.plot && !o.sweep) {
         c.flag = "--plot";
         cli_error(&c, "needs --sweep");
@@ -824,6 +831,7 @@ int cmd_replay(int argc, char **argv) {
     }
     if (o.plot && plot_path_ok(&c, o.plot) != 0) return 2;
 
+    o.groups = groups_text; /* (its layers and bytes per token: replay_groups, below) */
     if (replay_opts_finish(&c, &o, &defaults) != 0 || replay_l3_finish(&c, &l3, nsweep > 0) != 0 ||
         replay_workload_ok(&c, &o, &defaults, path) != 0)
         return 2;
@@ -843,6 +851,10 @@ int cmd_replay(int argc, char **argv) {
         c.flag = "--l3-pages";
         return cli_usage(&c, "not with --data: a modeled L3 holds no bytes (--l3 URL: a real store)");
     }
+    if (replay_l3_on(&l3) && o.l2_pages == 0) {
+        c.flag = l3.url ? "--l3" : "--l3-pages";
+        return cli_usage(&c, "needs an L2 tier (--l2-pages > 0): pages reach L3 through L2");
+    }
     if (l3_window_weight > 0 && l3.pages == 0) {
         c.flag = "--l3-window-weight";
         return cli_usage(&c, "needs a modeled L3 (--l3-pages) to split between the groups; a store (--l3 URL) keeps "
@@ -855,7 +867,7 @@ int cmd_replay(int argc, char **argv) {
     double w3 = l3_window_weight > 0 ? l3_window_weight : window_weight > 0 || !l3.pages ? ww : KVT_HYBRID_L3_WINDOW_WEIGHT;
     hybrid_opts_t hyb = {.name = groups_text ? groups_text : kvt_model_at((unsigned)o.model)->name, .every = (uint32_t)every,
                          .state_share = state_share, .window_weight = ww, .l3_window_weight = w3, .copy_lag = copy_lag};
-    if (replay_groups(&c, &o, &l3, groups_text, nsweep, &hyb) != 0) return 2;
+    if (replay_groups(&c, &o, groups_text, &hyb) != 0) return 2;
     if (!hybrid_on(&hyb)) { /* the options that only a hybrid model's replay reads */
         static const char ONLY[] = "only with a hybrid model (window or state groups: --groups, or a hybrid --model)";
         const cli_idle_t only[] = {
@@ -866,9 +878,19 @@ int cmd_replay(int argc, char **argv) {
             {"--copy-lag", copy_lag != 0, ONLY},
         };
         if (cli_refuse_idle(&c, only, sizeof(only) / sizeof(only[0])) != 0) return 2;
+    } else { /* ... and those that only some groups read */
+        bool window = false, state = false;
+        for (uint32_t g = 0; g < hyb.ngroups; g++)
+            window |= hyb.groups[g].kind == KVT_GROUP_WINDOW, state |= hyb.groups[g].kind == KVT_GROUP_STATE;
+        const cli_idle_t some[] = {
+            {"--state-share", state_share != KVT_HYBRID_STATE_SHARE && !state, "only with a state group (the model has none)"},
+            {"--window-weight", window_weight != 0 && !window, "only with a window group (the model has none)"},
+            {"--l3-window-weight", l3_window_weight != 0 && !window, "only with a window group (the model has none)"},
+        };
+        if (cli_refuse_idle(&c, some, sizeof(some) / sizeof(some[0])) != 0) return 2;
     }
     uint64_t bpt = o.bpt;
-    const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : kvt_model_at((unsigned)o.model)->name;
+    const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : o.groups ? o.groups : kvt_model_at((unsigned)o.model)->name;
     if (o.data && replay_check_data_size(&c, &o, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
     if (cli_parse_only) return 0;
 
@@ -931,13 +953,16 @@ int cmd_replay(int argc, char **argv) {
             printf("  policy %s, %s, page %" PRIu64 " tokens, L2 %" PRIu64 " pages, free room %.0f%% / %.0f%%\n",
                    kvt_policy_name((kvt_policy_t)o.policy), WRITE_POLICIES[o.write_policy], o.page_tokens, o.l2_pages,
                    100 * o.l1_room, 100 * o.l2_room);
-            printf("%12s %10s %9s %9s %9s %9s %14s %9s\n", "L1 pages", "L1 GB", "hit rate", "L1", "L2", "L3",
-                   "evicts/1k alloc", "wall s");
+            printf("%12s %10s %9s %9s %9s %9s %14s %9s%s\n", "L1 pages", "L1 GB", "hit rate", "L1", "L2", "L3",
+                   "evicts/1k alloc", "wall s", o.digest ? "  decision digest" : "");
             for (size_t i = 0; i < nsweep; i++) {
                 const result_t *r = &res[i];
-                printf("%12" PRIu64 " %10.1f %9.4f %9.4f %9.4f %9.4f %14.1f %9.3f\n", r->l1_pages, gb(r->l1_pages, &o, bpt),
+                char digest[24] = "";
+                if (o.digest) snprintf(digest, sizeof(digest), "  %016" PRIx64, r->digest);
+                printf("%12" PRIu64 " %10.1f %9.4f %9.4f %9.4f %9.4f %14.1f %9.3f%s\n", r->l1_pages, gb(r->l1_pages, &o, bpt),
                        hit_rate(r), frac(r->cs.l1_hit_tokens, r->cs.tokens), frac(r->cs.l2_hit_tokens, r->cs.tokens),
-                       frac(r->cs.l3_hit_tokens, r->cs.tokens), per_1k(r->cs.l1_evict_calls, r->cs.l1_allocs), r->wall_s);
+                       frac(r->cs.l3_hit_tokens, r->cs.tokens), per_1k(r->cs.l1_evict_calls, r->cs.l1_allocs), r->wall_s,
+                       digest);
             }
         }
     }

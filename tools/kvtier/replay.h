@@ -24,6 +24,7 @@ typedef struct opts {
     uint64_t threads, layers_opt;
     uint64_t bpt;     /* bytes per token, from --bytes-per-token or the model */
     uint32_t layers;  /* the model's layers (1 with --bytes-per-token) */
+    const char *groups; /* --groups: the model's name then, its layers and bytes per token the groups' */
     double soak_s;      /* --soak: repeat the trace on the same cache this long */
     double copy_faults; /* --copy-faults (kvtier-test): probability a copy fails, and that one is delayed */
 } opts_t;
@@ -47,7 +48,7 @@ void replay_cache_config(const opts_t *o, uint64_t l1_pages, kvt_cache_config_t 
  * the caller writes the plot command and its data, then pcloses. NULL when
  * gnuplot cannot be started. */
 FILE *replay_plot_open(const char *path, const char *title, const char *xlabel, const char *ylabel);
-/* The model identity's name (the preset, or "bpt-N" with --bytes-per-token). */
+/* The model identity's name (the preset, --groups' text, or "bpt-N" with --bytes-per-token). */
 const char *replay_model_name(const opts_t *o, char *buf, size_t cap);
 
 #endif

@@ -670,6 +670,8 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
                    hyb_bpt(&hy[i]), ends_cols, full_cols);
         }
         if (!compare) replay_soak_print(&hy[0].soak);
+        for (size_t i = 0; o->digest && i < n; i++) /* the hybrid runs' (the comparisons' are in --json) */
+            printf("  decision digest %016" PRIx64 " (L1 %.1f GB)\n", hy[i].digest, (double)tier_bytes(o, l1[i]) / 1e9);
         for (size_t i = 0; i < ni; i++)
             printf("  instance %zu: %" PRIu64 " requests, hybrid hit rate %.4f (L3 %.4f), %" PRIu64
                    " full-page L3 hit tokens another instance put\n", i, each[i].nreq, hyb_rate(&each[i]),
