@@ -175,14 +175,15 @@ class KeyedCache(Handle):
             rc = lib.kvt_keyed_page(h, k, ctypes.byref(out))
         return out.value if rc == 0 else None
 
-    def prepare_store(self, keys: Sequence[Key], scores: Sequence[int], protect: Sequence[Key] = ()
+    def prepare_store(self, keys: Sequence[Key], scores: Optional[Sequence[int]], protect: Sequence[Key] = ()
                       ) -> Optional[Tuple[List[Optional[int]], List[Key]]]:
         """Pages for the absent keys (None for keys already present), and the
         keys evicted to make room; None, with nothing changed, when they do
-        not fit."""
+        not fit. Under ARC scores is None or empty."""
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)  # counted after packing
         kb, pb = pack_keys(keys), pack_keys(protect, "protect")
-        out = self.prepare_store_packed(kb, pack_scores(scores, len(keys)), pb)
+        arc = self.policy == "arc" and (scores is None or (isinstance(scores, (list, tuple)) and not scores))
+        out = self.prepare_store_packed(kb, b"" if arc else pack_scores(scores, len(keys)), pb)
         if out is None:
             return None
         pages, evicted = out
@@ -288,7 +289,7 @@ class KeyedCache(Handle):
 
     def arc_finish_packed(self, keys: bytes, flags: bytes) -> None:
         n = _count(keys, "keys")
-        if not isinstance(flags, bytes) or len(flags) != n:
+        if not isinstance(flags, bytes) or memoryview(flags).nbytes != n:  # (the bytes: a subclass's __len__ may lie)
             raise ValueError(f"flags: expected {n} bytes, one a key")
         with self._use as h:
             check(_arc_finish(h, keys, flags, n), "KeyedCache.arc_finish", "a cache of policy 'arc' only; flags 0, 1 or 2")

@@ -825,6 +825,11 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
 
     _SCORED = False
 
+    def __init__(self, num_blocks: int, enable_events: bool = False, store_threshold: int = 1,
+                 max_tracker_size: int = 64_000) -> None:
+        super().__init__(num_blocks, enable_events=enable_events, store_threshold=store_threshold,
+                         max_tracker_size=max_tracker_size)
+
     def _new_cache(self) -> KeyedCache:
         return KeyedCache(self._blocks, policy="arc")
 
@@ -893,15 +898,15 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
                 skipped = set(to_store) - set(kept)
                 recorded = [k for k in recorded if k not in skipped]
                 to_store = kept
-        if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
-            self._alloc_sizes.append(len(to_store))
         seen = self._seen(req_context)
         missed = seen.store_miss
         misses = [k for k in to_store if k not in missed]
         if misses:  # ARC learns from a ghost before the store takes the key out of it
             self._cache.arc_missed_packed(self._cids(misses))
             missed.update(misses)
-        self._record(recorded, req_context)
+        self._record(recorded, req_context)  # (raises for a finished request, before a sample is kept: vLLM's order)
+        if to_store and len(self._alloc_sizes) < _SAMPLES_MAX:
+            self._alloc_sizes.append(len(to_store))
         if ready:
             seen.reused.update(k for k in ready if k not in seen.inserted)
         if not to_store:
@@ -1059,8 +1064,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
         # every worker keeps its own copy of a block's bytes, as vLLM's CPU spec counts them
         per_chunk = config.worker_kv_bytes_per_block * config.parallel.world_size * self.blocks_per_chunk
         self.num_chunks = host if sized[0] == "num_chunks" else host // per_chunk if per_chunk > 0 else 0
-        if self.num_chunks > _a.U32_MAX:  # a host tier's pages (KVT_ALLOC_MAX_PAGES)
-            raise ValueError(f"kvtier: {sized[0]}: {self.num_chunks} chunks of {per_chunk} bytes: at most {_a.U32_MAX}")
+        most = _a.U32_MAX - (self.policy == "arc")  # a host tier's pages (KVT_ALLOC_MAX_PAGES; ARC's ghosts one fewer)
+        if self.num_chunks > most:
+            raise ValueError(f"kvtier: {sized[0]}: {self.num_chunks} chunks of {per_chunk} bytes: at most {most}"
+                             + (" under policy 'arc'" if self.policy == "arc" else ""))
         self._manager: Optional[KvtierOffloadingManager] = None
         self._worker = None
 

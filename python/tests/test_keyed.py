@@ -174,6 +174,12 @@ def test_arc_orders_as_vllms_arc_policy_and_its_hooks_refuse_what_they_cannot_do
             call()
     c = KeyedCache(2, policy="arc")
     a, b, d, e = (1, 1), (2, 2), (3, 3), (4, 4)
+
+    class Lying(bytes):  # a length that is not its bytes': C would read past them
+        def __len__(self):
+            return 4096
+    with pytest.raises(ValueError, match="flags"):
+        c.arc_finish_packed(pack_keys([a] * 4096), Lying(b"\x00"))
     c.prepare_store_packed(pack_keys([a, b]), b"")
     c.complete_store([a, b])
     c.arc_finish([a, b], [2, 0])  # a used again: T2; b stays in T1
@@ -189,6 +195,6 @@ def test_arc_orders_as_vllms_arc_policy_and_its_hooks_refuse_what_they_cannot_do
     assert unpack_keys(b"".join(evicted)) == [d]  # ... and goes first
     c.complete_store([e])
     c.arc_missed([d, b])  # both in B1, which holds 2 against B2's 0: 1 each
-    _, evicted = c.prepare_store_packed(pack_keys([b]), b"")  # T1 holds 1 < 3: T2's a goes
-    assert unpack_keys(b"".join(evicted)) == [a]
+    _, evicted = c.prepare_store([b], None)  # T1 holds 1 < 3: T2's a goes (no scores under ARC)
+    assert evicted == [a]
     c.check()

@@ -665,6 +665,14 @@ def _out_of_memory(*args, **kwargs):
     raise error(dict(_fields.ERRORS)["ENOMEM"], "simulated", "the keyed cache ran out of memory")
 
 
+def test_the_arc_manager_takes_neither_free_room_nor_an_l3_store():
+    """ARC evicts on demand only and ranks nothing for an L3's reservations:
+    both are refused at construction, not taken and ignored."""
+    for kw in ({"free_room": 0.5}, {"l3": object()}):
+        with pytest.raises(TypeError):
+            kv.KvtierArcOffloadingManager(4, **kw)
+
+
 def test_an_arc_store_the_keyed_cache_refuses_for_memory_changes_nothing(monkeypatch):
     """The keyed cache's prepare_store can fail for memory: its victims stay
     where they were (in the cache, in T1/T2, out of the ghosts), the new keys'
