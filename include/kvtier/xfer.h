@@ -23,6 +23,13 @@
  * copy fails its batch (one status per batch); the caller decides what that
  * means for residency — the engine only moves bytes.
  *
+ * Host copies into a tier that is not read back soon (and any past 8 MiB)
+ * use non-temporal stores. How a long one goes (one stream of cache lines,
+ * or four side by side) is what this machine does faster: kvt_xfer_create
+ * times both once per process, a few milliseconds; KVT_COPY_STREAMS=1 or 4
+ * in the environment decides instead (docs/performance.md, *Four streams of
+ * lines*).
+ *
  * Integrity: when a tier keeps checksums (KVT_TIER_CHECKSUM) and the engine's
  * `checksum` option is on, a page landing in that tier gets its XXH3-64
  * recorded, and a page read from it is verified first: a mismatch fails the

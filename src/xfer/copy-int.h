@@ -50,6 +50,16 @@
 /* The block a fused copy hashes at a time: well inside any L1d. */
 #define KVT__SUM_BLOCK (16u << 10)
 
+/* Whether a streamed body of 16 KiB or more goes as four quarters side by
+ * side or as one stream of lines: which this machine streams faster, timed
+ * once per process (copy.c), or KVT_COPY_STREAMS (1 or 4) when set.
+ * kvt__copy_init times it now (the transfer engine's create does, so that
+ * no copy waits for it); kvt__copy_set_quarters forces a way (tests,
+ * benchmarks). */
+void kvt__copy_init(void);
+bool kvt__copy_quarters(void);
+void kvt__copy_set_quarters(bool four);
+
 /* n bytes src -> dst (not overlapping) with non-temporal stores, fenced
  * before it returns; any alignment, any n (memcpy where streaming is not
  * built or not worth it). */

@@ -17,8 +17,13 @@
  * copying one stream waits on one sequence of DRAM rows, and four keep more
  * rows busy (glibc's own non-temporal memcpy of a large block interleaves
  * four pages for the same reason); two streams are not enough, and six or
- * eight are no better than four below 1 MiB. The figures are in
- * docs/performance.md, *Four streams of lines*.
+ * eight are no better than four below 1 MiB. That holds on some machines
+ * only: on others four streams of non-temporal lines fill the
+ * write-combining buffers with partial lines and run at a third of one
+ * stream's speed. So the first long copy of the process (or the first
+ * transfer engine) times both ways on 2 MiB and keeps the faster
+ * (kvt__copy_init; KVT_COPY_STREAMS=1 or 4 decides instead). The figures
+ * are in docs/performance.md, *Four streams of lines*.
  *
  * Short spans from scattered places (the pieces of a page of separate K and
  * V planes, a block of each of a model's layers) go two at a time, a line of
@@ -29,11 +34,22 @@
  *
  * Each span starts a sequence of loads on a page of its own, cold; two in
  * flight overlap one's start with the other's lines (docs/performance.md,
- * *Short spans two at a time*). */
+ * *Short spans two at a time*). A pair whose stores would run just ahead of
+ * its loads in the low 12 bits of their addresses goes down from its last
+ * lines instead (pair_direction, below). */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "copy-int.h"
+
+/* Whether a long body goes as four quarters (else one stream of lines):
+ * set once by choose_quarters, or by a test. */
+static atomic_bool quarters_on;
+static pthread_once_t quarters_once = PTHREAD_ONCE_INIT;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -48,9 +64,9 @@ __attribute__((target("avx"))) static inline void line_avx(uint8_t *d, const uin
     _mm256_stream_si256((__m256i *)(d + 32), b);
 }
 
-/* n a multiple of 64. */
-__attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t *s, size_t n) {
-    size_t q = n >= QUARTERS_MIN ? n / 4 & ~(size_t)63 : 0, i = 4 * q;
+/* n a multiple of 64; four: as quarters when long enough. */
+__attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t *s, size_t n, bool four) {
+    size_t q = four && n >= QUARTERS_MIN ? n / 4 & ~(size_t)63 : 0, i = 4 * q;
     for (size_t k = 0; k < q; k += 64) {
         line_avx(d + k, s + k);
         line_avx(d + q + k, s + q + k);
@@ -61,13 +77,21 @@ __attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t 
 }
 
 /* Two bodies of n bytes side by side, a line of each in turn (n a multiple
- * of 64, both destinations 64-aligned). */
+ * of 64, both destinations 64-aligned), from the first lines on or (down)
+ * from the last. */
 __attribute__((target("avx"))) static void stream2_avx(uint8_t *d0, const uint8_t *s0, uint8_t *d1, const uint8_t *s1,
-                                                       size_t n) {
-    for (size_t k = 0; k < n; k += 64) {
-        line_avx(d0 + k, s0 + k);
-        line_avx(d1 + k, s1 + k);
-    }
+                                                       size_t n, bool down) {
+    if (down)
+        for (size_t k = n; k > 0;) {
+            k -= 64;
+            line_avx(d0 + k, s0 + k);
+            line_avx(d1 + k, s1 + k);
+        }
+    else
+        for (size_t k = 0; k < n; k += 64) {
+            line_avx(d0 + k, s0 + k);
+            line_avx(d1 + k, s1 + k);
+        }
 }
 
 /* One 64-byte line, dst 64-aligned. */
@@ -79,21 +103,82 @@ static inline void line_sse2(uint8_t *d, const uint8_t *s) {
     }
 }
 
-/* n a multiple of 64. */
-static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n) {
-    size_t q = n >= QUARTERS_MIN ? n / 4 & ~(size_t)63 : 0, i = 4 * q;
+/* n a multiple of 64; four: as quarters when long enough. */
+static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n, bool four) {
+    size_t q = four && n >= QUARTERS_MIN ? n / 4 & ~(size_t)63 : 0, i = 4 * q;
     for (size_t k = 0; k < q; k += 64)
         for (size_t w = 0; w < 4; w++) line_sse2(d + w * q + k, s + w * q + k);
     for (; i < n; i += 64) line_sse2(d + i, s + i);
 }
 
-static void stream2_sse2(uint8_t *d0, const uint8_t *s0, uint8_t *d1, const uint8_t *s1, size_t n) {
-    for (size_t k = 0; k < n; k += 64) {
-        line_sse2(d0 + k, s0 + k);
-        line_sse2(d1 + k, s1 + k);
-    }
+static void stream2_sse2(uint8_t *d0, const uint8_t *s0, uint8_t *d1, const uint8_t *s1, size_t n, bool down) {
+    if (down)
+        for (size_t k = n; k > 0;) {
+            k -= 64;
+            line_sse2(d0 + k, s0 + k);
+            line_sse2(d1 + k, s1 + k);
+        }
+    else
+        for (size_t k = 0; k < n; k += 64) {
+            line_sse2(d0 + k, s0 + k);
+            line_sse2(d1 + k, s1 + k);
+        }
 }
 #endif
+
+#ifdef KVT__HAVE_STREAM
+static void stream_body(uint8_t *d, const uint8_t *s, size_t n, bool four) {
+    if (__builtin_cpu_supports("avx")) stream_avx(d, s, n, four);
+    else stream_sse2(d, s, n, four);
+}
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Four quarters when they stream 2 MiB faster than one stream does: the
+ * best of three rounds of each, taken in turn (a few ms in all; what differs
+ * is how the lines reach DRAM, which 2 MiB shows as well as 256). One stream
+ * when the buffers cannot be had: never the slow way by far. */
+static void choose_quarters(void) {
+    const char *env = getenv("KVT_COPY_STREAMS");
+    if (env != NULL && (strcmp(env, "1") == 0 || strcmp(env, "4") == 0)) {
+        atomic_store(&quarters_on, env[0] == '4');
+        return;
+    }
+    enum { N = 2 << 20, ROUNDS = 3 };
+    uint8_t *buf = aligned_alloc(64, 2 * (size_t)N);
+    if (buf == NULL) return;
+    memset(buf, 1, 2 * (size_t)N); /* (faulted in before the clock starts) */
+    double best[2] = {1e9, 1e9};
+    for (int r = 0; r < ROUNDS; r++)
+        for (int four = 0; four < 2; four++) {
+            double t = seconds();
+            stream_body(buf + N, buf, N, four);
+            _mm_sfence();
+            t = seconds() - t;
+            if (t < best[four]) best[four] = t;
+        }
+    free(buf);
+    atomic_store(&quarters_on, best[1] < best[0]);
+}
+#else
+static void choose_quarters(void) {}
+#endif
+
+void kvt__copy_init(void) { pthread_once(&quarters_once, choose_quarters); }
+
+bool kvt__copy_quarters(void) {
+    kvt__copy_init();
+    return atomic_load_explicit(&quarters_on, memory_order_relaxed);
+}
+
+void kvt__copy_set_quarters(bool four) {
+    kvt__copy_init();
+    atomic_store(&quarters_on, four);
+}
 
 /* The copy without the fence: head and tail by memcpy, the aligned body
  * streamed. */
@@ -107,8 +192,7 @@ static void stream_unfenced(uint8_t *d, const uint8_t *s, size_t n) {
     memcpy(d, s, head);
     d += head, s += head, n -= head;
     size_t body = n & ~(size_t)63;
-    if (__builtin_cpu_supports("avx")) stream_avx(d, s, body);
-    else stream_sse2(d, s, body);
+    stream_body(d, s, body, body >= QUARTERS_MIN && kvt__copy_quarters());
     memcpy(d + body, s + body, n - body);
 #else
     memcpy(d, s, n);
@@ -139,17 +223,42 @@ bool kvt__copy_unfenced(void *dst, const void *src, size_t n, bool stream) {
     return true;
 }
 
+#ifdef KVT__HAVE_STREAM
+/* Which way two spans go side by side: 0 up, 1 down, -1 not side by side.
+ * A load whose address matches a store still in flight in its low 12 bits
+ * waits for that store, and a streamed store is long in flight: two streams
+ * going up whose stores run less than ALIAS_AHEAD bytes (mod 4 KiB) ahead
+ * of a source they load from (a destination 64 bytes past a page boundary,
+ * its source on one: a torch tensor's storage and a host tier's page) ran
+ * at a sixth of their speed on an AMD EPYC; going down they do not, but
+ * then a store ALIAS_AHEAD behind stalls alike. */
+#define ALIAS_AHEAD 1024
+static int pair_direction(const uint8_t *d0, const uint8_t *s0, const uint8_t *d1, const uint8_t *s1) {
+    const uint8_t *d[2] = {d0, d1}, *s[2] = {s0, s1};
+    bool up = true, down = true;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            size_t ahead = (size_t)((uintptr_t)d[i] - (uintptr_t)s[j]) & 4095;
+            up &= ahead == 0 || ahead >= ALIAS_AHEAD;
+            down &= ahead <= 4096 - ALIAS_AHEAD;
+        }
+    return up ? 0 : down ? 1 : -1;
+}
+#endif
+
 bool kvt__copy_pair_unfenced(void *dst0, const void *src0, void *dst1, const void *src1, size_t n, bool stream) {
 #ifdef KVT__HAVE_STREAM
     uint8_t *d0 = dst0, *d1 = dst1;
     const uint8_t *s0 = src0, *s1 = src1;
     size_t head = (size_t)(-(uintptr_t)d0 & 63);
-    if (kvt__copy_pairs(n, stream) && head == (size_t)(-(uintptr_t)d1 & 63) && n >= head + 128) {
+    int way = -1;
+    if (kvt__copy_pairs(n, stream) && head == (size_t)(-(uintptr_t)d1 & 63) && n >= head + 128 &&
+        (way = pair_direction(d0 + head, s0 + head, d1 + head, s1 + head)) >= 0) {
         memcpy(d0, s0, head);
         memcpy(d1, s1, head);
         size_t body = (n - head) & ~(size_t)63, tail = head + body;
-        if (__builtin_cpu_supports("avx")) stream2_avx(d0 + head, s0 + head, d1 + head, s1 + head, body);
-        else stream2_sse2(d0 + head, s0 + head, d1 + head, s1 + head, body);
+        if (__builtin_cpu_supports("avx")) stream2_avx(d0 + head, s0 + head, d1 + head, s1 + head, body, way);
+        else stream2_sse2(d0 + head, s0 + head, d1 + head, s1 + head, body, way);
         memcpy(d0 + tail, s0 + tail, n - tail);
         memcpy(d1 + tail, s1 + tail, n - tail);
         return true;

@@ -578,6 +578,7 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t 
         if (tiers[t] == NULL || tiers[t]->cfg.geom.layers != tiers[0]->cfg.geom.layers ||
             tiers[t]->cfg.geom.layer_bytes != tiers[0]->cfg.geom.layer_bytes)
             return KVT_EINVAL; /* pages must be the same shape everywhere */
+    kvt__copy_init(); /* which way this machine streams, timed here rather than in a copy */
     for (unsigned t = 0; t < ntiers; t++)
         for (unsigned u = 0; u < t; u++)
             if (tiers[t] == tiers[u]) return KVT_EINVAL; /* a copy between its two indices would overlap itself */

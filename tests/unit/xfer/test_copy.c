@@ -82,20 +82,35 @@ static void copy_case(kvt_rng_t *r, bufs_t *b, size_t n, size_t so, size_t dof, 
     check_same(b, n, so, dof, via == VIA_STREAM ? "kvt__copy_stream" : "kvt__copy");
 }
 
+/* Both ways a long body streams (one stream of lines, four quarters), whichever
+ * this machine chose. */
 Test(xfer_copy, stream_matches_memcpy, .timeout = 60) {
     uint64_t seed = 0x5eed0001;
-    fprintf(stderr, "xfer_copy/stream_matches_memcpy seed %" PRIu64 "\n", seed);
+    fprintf(stderr, "xfer_copy/stream_matches_memcpy seed %" PRIu64 " (this machine streams %s)\n", seed,
+            kvt__copy_quarters() ? "four quarters" : "one stream");
     kvt_rng_t r;
     kvt_rng_seed(&r, seed);
-    for (size_t k = 0; k < NSIZES; k++) {
-        bufs_t b;
-        bufs_init(&b, SIZES[k]);
-        bool big = SIZES[k] > (1u << 20); /* fewer offset pairs where each case is megabytes */
-        for (size_t i = 0; i < NOFFS; i += big ? 3 : 1)
-            for (size_t j = 0; j < NOFFS; j += big ? 2 : 1)
-                for (int via = 0; via < 3; via++) copy_case(&r, &b, SIZES[k], OFFS[i], OFFS[j], (via_t)via);
-        bufs_fini(&b);
+    for (int four = 0; four < 2; four++) {
+        kvt__copy_set_quarters(four);
+        for (size_t k = 0; k < NSIZES; k++) {
+            bufs_t b;
+            bufs_init(&b, SIZES[k]);
+            bool big = SIZES[k] > (1u << 20); /* fewer offset pairs where each case is megabytes */
+            for (size_t i = 0; i < NOFFS; i += big ? 3 : 1)
+                for (size_t j = 0; j < NOFFS; j += big ? 2 : 1)
+                    for (int via = 0; via < 3; via++) copy_case(&r, &b, SIZES[k], OFFS[i], OFFS[j], (via_t)via);
+            bufs_fini(&b);
+        }
     }
+}
+
+/* KVT_COPY_STREAMS decides instead of the timing (this test's process has
+ * streamed nothing before: criterion runs each test in one of its own). */
+Test(xfer_copy, the_environment_chooses_the_streams) {
+    setenv("KVT_COPY_STREAMS", "4", 1);
+    cr_assert(kvt__copy_quarters(), "KVT_COPY_STREAMS=4: four quarters");
+    kvt__copy_set_quarters(false);
+    cr_assert_not(kvt__copy_quarters());
 }
 
 /* Two copies side by side against two memcpys: both destinations checked
@@ -137,6 +152,33 @@ Test(xfer_copy, pair_matches_two_memcpys, .timeout = 60) {
     }
 }
 
+/* Pairs whose stores run just ahead of their loads (mod 4 KiB) go down
+ * from their last lines, or one by one when no way suits both: every way
+ * copies what two memcpys would, nothing outside. The spans' places are
+ * chosen inside one buffer so that each way is taken. */
+Test(xfer_copy, pairs_copy_alike_whichever_way_they_go) {
+    enum { N = 16384 + 64, SPAN = 6 * 4096 }; /* each span in a slot of its own */
+    static const size_t ahead[][2] = {{0, 0}, {64, 64}, {4032, 4032}, {64, 4032}, {1024, 2048}, {960, 3200}};
+    uint8_t *buf = aligned_alloc(4096, 8 * SPAN), *want = aligned_alloc(4096, 8 * SPAN);
+    cr_assert(buf && want);
+    kvt_rng_t r;
+    kvt_rng_seed(&r, 11);
+    for (size_t k = 0; k < sizeof(ahead) / sizeof(ahead[0]); k++) {
+        uint8_t *s0 = buf, *s1 = buf + SPAN; /* page-aligned sources; destinations ahead[k] past pages */
+        uint8_t *d0 = buf + 2 * SPAN + ahead[k][0], *d1 = buf + 4 * SPAN + ahead[k][1];
+        fill(&r, buf, 8 * SPAN);
+        memcpy(want, buf, 8 * SPAN);
+        memcpy(want + (d0 - buf), s0, N);
+        memcpy(want + (d1 - buf), s1, N);
+        cr_assert(kvt__copy_pair_unfenced(d0, s0, d1, s1, N, true));
+        kvt__copy_fence();
+        cr_assert(memcmp(buf, want, 8 * SPAN) == 0, "destinations %zu and %zu past a page: the bytes differ", ahead[k][0],
+                  ahead[k][1]);
+    }
+    free(buf);
+    free(want);
+}
+
 Test(xfer_copy, streams_by_the_thresholds) {
     cr_assert(!kvt__copy_streams(KVT__STREAM_MIN - 1, true));
     cr_assert(kvt__copy_streams(KVT__STREAM_MIN, true));
@@ -154,8 +196,9 @@ Test(xfer_copy, copy_sum_is_the_hash_of_the_destination, .timeout = 60) {
     fprintf(stderr, "xfer_copy/copy_sum_is_the_hash_of_the_destination seed %" PRIu64 "\n", seed);
     kvt_rng_t r;
     kvt_rng_seed(&r, seed);
-    for (size_t k = 0; k < NSIZES; k++) {
-        size_t n = SIZES[k];
+    for (size_t k = 0; k < 2 * NSIZES; k++) {
+        size_t n = SIZES[k % NSIZES];
+        kvt__copy_set_quarters(k >= NSIZES); /* each size both ways */
         bufs_t b;
         bufs_init(&b, n);
         for (size_t i = 0; i < NOFFS; i += n > (1u << 20) ? 5 : 1)
