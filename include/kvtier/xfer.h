@@ -26,8 +26,9 @@
  * Host copies into a tier that is not read back soon (and any past 8 MiB)
  * use non-temporal stores. How a long one goes (one stream of cache lines,
  * or four side by side) is what this machine does faster: kvt_xfer_create
- * times both once per process, a few milliseconds; KVT_COPY_STREAMS=1 or 4
- * in the environment decides instead (docs/performance.md, *Four streams of
+ * times both once per process, a few milliseconds, and
+ * kvt_xfer_copy_streams says which it keeps; KVT_COPY_STREAMS=1 or 4 in the
+ * environment decides instead (docs/performance.md, *Four streams of
  * lines*).
  *
  * Integrity: when a tier keeps checksums (KVT_TIER_CHECKSUM) and the engine's
@@ -101,8 +102,14 @@ KVT_API void kvt_xfer_config_default(kvt_xfer_config_t *cfg);
  * is among them, host tiers (and engine tiers on host memory with
  * KVT_TIER_REGISTER) are registered with it for DMA. KVT_EINVAL (also:
  * max_batch_copies below one page's copies between two of the tiers; one
- * tier given twice), KVT_ENOMEM, KVT_EIO (threads). */
+ * tier given twice; KVT_COPY_STREAMS set to other than 1 or 4), KVT_ENOMEM,
+ * KVT_EIO (threads). */
 KVT_API int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *cfg, kvt_tier_t *const *tiers, unsigned ntiers);
+
+/* How this process streams a long host copy: 1 (one stream of cache lines)
+ * or 4 (four side by side), timed on the first call here or the first
+ * kvt_xfer_create, whichever comes first (the essay above). */
+KVT_API unsigned kvt_xfer_copy_streams(void);
 /* Waits for every batch in flight, then stops the workers. Completions not
  * polled are dropped. */
 KVT_API void kvt_xfer_destroy(kvt_xfer_t *x);

@@ -426,6 +426,7 @@ _PROTOS = {
     "kvt_tier_cuda_built": (c_bool, []),
     # transfer engine
     "kvt_xfer_config_default": (None, [P(XferConfig)]),
+    "kvt_xfer_copy_streams": (c_uint, []),
     "kvt_xfer_create": (c_int, [P(vp), P(XferConfig), P(vp), c_uint]),
     "kvt_xfer_destroy": (None, [vp]),
     "kvt_xfer_submit": (c_int, [vp, c_uint, c_uint, P(XferCopy), c_size_t, u64, P(u64)]),

@@ -451,8 +451,9 @@ class Tier(Handle):
         kept alive while the tier is open; when their memory can be known
         (torch CPU tensors, numpy arrays, buffers), every byte the planes
         address must lie in it (ValueError), else in memory this process has
-        mapped writable (ValueError), and the memory must stay so while the
-        tier is open. ``device``: a CUDA ordinal for
+        mapped writable (ValueError; where /proc/self/maps cannot be read,
+        the addresses are taken as given), and the memory must stay so while
+        the tier is open. ``device``: a CUDA ordinal for
         device memory (None: host memory). ``copy`` (device memory): "auto"
         (batches of small spans by the SMs' copy kernel, the rest by DMA),
         "dma" or "kernel". Prefer :meth:`from_tensors`, which derives the

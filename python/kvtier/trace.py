@@ -143,6 +143,10 @@ def _main(argv=None) -> int:
     except (OSError, ValueError) as e:  # (ParseError is a ValueError: FILE:LINE and why)
         p.exit(1, f"{p.prog}: {e}\n")
     cfg = dict(l1_pages=a.l1_pages, l2_pages=a.l2_pages, l3_pages=a.l3_pages, prefetch_policy=a.prefetch_policy)
+    try:
+        Cache(**cfg).close()  # (a setting the cache refuses: a usage error, before any run)
+    except (ValueError, TypeError) as e:
+        p.error(str(e))
     py, tok, st = [], [], {}
     for _ in range(a.repeat):
         with Cache(**cfg) as c:
@@ -160,10 +164,16 @@ def _main(argv=None) -> int:
             cmd += ["--limit", str(a.limit)]
         cs, c_out = [], {}
         for _ in range(a.repeat):
-            run = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                run = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                p.exit(1, f"{p.prog}: --compare: cannot run {a.compare}: {e}\n")
             if run.returncode != 0:
                 p.exit(1, f"{p.prog}: --compare: {' '.join(cmd)} failed (exit {run.returncode}): {run.stderr.strip()}\n")
-            c_out = json.loads(run.stdout)
+            try:
+                c_out = json.loads(run.stdout)
+            except ValueError:
+                p.exit(1, f"{p.prog}: --compare: {a.compare} printed no JSON report\n")
             cs.append(c_out["wall_s"] / c_out["requests"])
         same = c_out["hit_tokens"] == out["hit_tokens"] and c_out["tokens"] == st["tokens"]
         out.update(command_us_per_request={"median": 1e6 * statistics.median(cs), "max": 1e6 * max(cs)},

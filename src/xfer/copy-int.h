@@ -54,9 +54,9 @@
  * side or as one stream of lines: which this machine streams faster, timed
  * once per process (copy.c), or KVT_COPY_STREAMS (1 or 4) when set.
  * kvt__copy_init times it now (the transfer engine's create does, so that
- * no copy waits for it); kvt__copy_set_quarters forces a way (tests,
- * benchmarks). */
-void kvt__copy_init(void);
+ * no copy waits for it), KVT_EINVAL when KVT_COPY_STREAMS holds anything
+ * else (one stream then); kvt__copy_set_quarters forces a way (tests). */
+int kvt__copy_init(void);
 bool kvt__copy_quarters(void);
 void kvt__copy_set_quarters(bool four);
 

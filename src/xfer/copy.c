@@ -18,10 +18,9 @@
  * rows busy (glibc's own non-temporal memcpy of a large block interleaves
  * four pages for the same reason); two streams are not enough, and six or
  * eight are no better than four below 1 MiB. That holds on some machines
- * only: on others four streams of non-temporal lines fill the
- * write-combining buffers with partial lines and run at a third of one
- * stream's speed. So the first long copy of the process (or the first
- * transfer engine) times both ways on 2 MiB and keeps the faster
+ * only: on others four streams of non-temporal lines run far slower than
+ * one. So the first transfer engine of the process (or its first long
+ * copy) times both ways and keeps four only when clearly faster
  * (kvt__copy_init; KVT_COPY_STREAMS=1 or 4 decides instead). The figures
  * are in docs/performance.md, *Four streams of lines*.
  *
@@ -39,17 +38,20 @@
  * lines instead (pair_direction, below). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "copy-int.h"
+#include "kvtier/error.h"
 
 /* Whether a long body goes as four quarters (else one stream of lines):
  * set once by choose_quarters, or by a test. */
 static atomic_bool quarters_on;
 static pthread_once_t quarters_once = PTHREAD_ONCE_INIT;
+static int env_bad; /* KVT_COPY_STREAMS set to neither 1 nor 4 */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -81,17 +83,11 @@ __attribute__((target("avx"))) static void stream_avx(uint8_t *d, const uint8_t 
  * from the last. */
 __attribute__((target("avx"))) static void stream2_avx(uint8_t *d0, const uint8_t *s0, uint8_t *d1, const uint8_t *s1,
                                                        size_t n, bool down) {
-    if (down)
-        for (size_t k = n; k > 0;) {
-            k -= 64;
-            line_avx(d0 + k, s0 + k);
-            line_avx(d1 + k, s1 + k);
-        }
-    else
-        for (size_t k = 0; k < n; k += 64) {
-            line_avx(d0 + k, s0 + k);
-            line_avx(d1 + k, s1 + k);
-        }
+    for (size_t j = 0; j < n; j += 64) {
+        size_t k = down ? n - 64 - j : j;
+        line_avx(d0 + k, s0 + k);
+        line_avx(d1 + k, s1 + k);
+    }
 }
 
 /* One 64-byte line, dst 64-aligned. */
@@ -112,17 +108,11 @@ static void stream_sse2(uint8_t *d, const uint8_t *s, size_t n, bool four) {
 }
 
 static void stream2_sse2(uint8_t *d0, const uint8_t *s0, uint8_t *d1, const uint8_t *s1, size_t n, bool down) {
-    if (down)
-        for (size_t k = n; k > 0;) {
-            k -= 64;
-            line_sse2(d0 + k, s0 + k);
-            line_sse2(d1 + k, s1 + k);
-        }
-    else
-        for (size_t k = 0; k < n; k += 64) {
-            line_sse2(d0 + k, s0 + k);
-            line_sse2(d1 + k, s1 + k);
-        }
+    for (size_t j = 0; j < n; j += 64) {
+        size_t k = down ? n - 64 - j : j;
+        line_sse2(d0 + k, s0 + k);
+        line_sse2(d1 + k, s1 + k);
+    }
 }
 #endif
 
@@ -138,37 +128,49 @@ static double seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Four quarters when they stream 2 MiB faster than one stream does: the
- * best of three rounds of each, taken in turn (a few ms in all; what differs
- * is how the lines reach DRAM, which 2 MiB shows as well as 256). One stream
- * when the buffers cannot be had: never the slow way by far. */
+/* Four quarters when they stream 2 MiB from memory at least 10 % faster
+ * than one stream does (the best of three rounds of each, taken in turn, the
+ * source flushed from the caches before each: a few ms in all; what differs
+ * is how the lines go to and come from DRAM, which 2 MiB shows as well as
+ * 256). Else one stream, which is never the slow way by far; so too when the
+ * buffers cannot be mapped. They are mapped apart from malloc, whose
+ * thresholds a freed 4 MiB block would move for the whole process. */
 static void choose_quarters(void) {
     const char *env = getenv("KVT_COPY_STREAMS");
-    if (env != NULL && (strcmp(env, "1") == 0 || strcmp(env, "4") == 0)) {
-        atomic_store(&quarters_on, env[0] == '4');
+    if (env != NULL) {
+        env_bad = strcmp(env, "1") != 0 && strcmp(env, "4") != 0;
+        if (!env_bad) atomic_store(&quarters_on, env[0] == '4');
         return;
     }
     enum { N = 2 << 20, ROUNDS = 3 };
-    uint8_t *buf = aligned_alloc(64, 2 * (size_t)N);
-    if (buf == NULL) return;
+    uint8_t *buf = mmap(NULL, 2 * (size_t)N, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) return;
     memset(buf, 1, 2 * (size_t)N); /* (faulted in before the clock starts) */
     double best[2] = {1e9, 1e9};
     for (int r = 0; r < ROUNDS; r++)
         for (int four = 0; four < 2; four++) {
+            for (size_t i = 0; i < N; i += 64) _mm_clflush(buf + i);
+            _mm_mfence();
             double t = seconds();
             stream_body(buf + N, buf, N, four);
             _mm_sfence();
             t = seconds() - t;
             if (t < best[four]) best[four] = t;
         }
-    free(buf);
-    atomic_store(&quarters_on, best[1] < best[0]);
+    munmap(buf, 2 * (size_t)N);
+    atomic_store(&quarters_on, best[1] * 1.1 < best[0]);
 }
 #else
-static void choose_quarters(void) {}
+static void choose_quarters(void) {
+    const char *env = getenv("KVT_COPY_STREAMS");
+    env_bad = env != NULL && strcmp(env, "1") != 0 && strcmp(env, "4") != 0;
+}
 #endif
 
-void kvt__copy_init(void) { pthread_once(&quarters_once, choose_quarters); }
+int kvt__copy_init(void) {
+    pthread_once(&quarters_once, choose_quarters);
+    return env_bad ? KVT_EINVAL : KVT_OK;
+}
 
 bool kvt__copy_quarters(void) {
     kvt__copy_init();
@@ -230,8 +232,8 @@ bool kvt__copy_unfenced(void *dst, const void *src, size_t n, bool stream) {
  * going up whose stores run less than ALIAS_AHEAD bytes (mod 4 KiB) ahead
  * of a source they load from (a destination 64 bytes past a page boundary,
  * its source on one: a torch tensor's storage and a host tier's page) ran
- * at a sixth of their speed on an AMD EPYC; going down they do not, but
- * then a store ALIAS_AHEAD behind stalls alike. */
+ * many times slower on an AMD EPYC; going down they do not, but then a
+ * store ALIAS_AHEAD behind stalls alike. */
 #define ALIAS_AHEAD 1024
 static int pair_direction(const uint8_t *d0, const uint8_t *s0, const uint8_t *d1, const uint8_t *s1) {
     const uint8_t *d[2] = {d0, d1}, *s[2] = {s0, s1};

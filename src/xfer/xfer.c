@@ -567,6 +567,8 @@ static void free_engine(kvt_xfer_t *x) {
  * to the data the engine reads next; copies into L1 keep ordinary stores. */
 static bool streams_into(const kvt_tier_t *d) { return d->cfg.kind == KVT_TIER_HOST || d->cfg.kind == KVT_TIER_SHM; }
 
+unsigned kvt_xfer_copy_streams(void) { return kvt__copy_quarters() ? 4 : 1; }
+
 int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t *const *tiers, unsigned ntiers) {
     kvt_xfer_config_t full, *cfg = &full;
     kvt_xfer_config_default(&full);
@@ -578,7 +580,7 @@ int kvt_xfer_create(kvt_xfer_t **out, const kvt_xfer_config_t *user, kvt_tier_t 
         if (tiers[t] == NULL || tiers[t]->cfg.geom.layers != tiers[0]->cfg.geom.layers ||
             tiers[t]->cfg.geom.layer_bytes != tiers[0]->cfg.geom.layer_bytes)
             return KVT_EINVAL; /* pages must be the same shape everywhere */
-    kvt__copy_init(); /* which way this machine streams, timed here rather than in a copy */
+    if (kvt__copy_init() != KVT_OK) return KVT_EINVAL; /* (timed here rather than in a copy: KVT_COPY_STREAMS bad) */
     for (unsigned t = 0; t < ntiers; t++)
         for (unsigned u = 0; u < t; u++)
             if (tiers[t] == tiers[u]) return KVT_EINVAL; /* a copy between its two indices would overlap itself */

@@ -36,6 +36,18 @@ Test(cli, version_and_usage) {
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.out, "usage: kvtier replay"), "%s", r.out);
     run_free(&r);
+    static const char *const helps[][2] = {{"help", "--help"}, {"help", "help"}, {"help", "version"}, {"--help", "replay"},
+                                           {"bench", "--help"}, {"help", "bench"}};
+    for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++) {
+        r = run_argv((const char *const[]){NULL, helps[i][0], helps[i][1], NULL});
+        cr_assert_eq(r.status, 0, "%s %s: exit %d (%s)", helps[i][0], helps[i][1], r.status, r.err);
+        cr_assert_not_null(strstr(r.out, "usage: kvtier"), "%s %s: %s", helps[i][0], helps[i][1], r.out);
+        run_free(&r);
+    }
+    r = RUN("help", "frobnicate");
+    cr_assert_eq(r.status, 2);
+    cr_assert_not_null(strstr(r.err, "unknown command 'frobnicate'"), "%s", r.err);
+    run_free(&r);
     r = RUN("version", "extra"); /* an argument nothing reads is refused */
     cr_assert_eq(r.status, 2);
     cr_assert_not_null(strstr(r.err, "takes no arguments"), "%s", r.err);

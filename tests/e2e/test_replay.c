@@ -343,12 +343,30 @@ Test(replay, bad_flags_say_what_is_allowed) {
     unsetenv("KVT_L2_FREE_ROOM");
     cr_assert_eq(r.status, 0, "%s", r.err);
     run_free(&r);
+    /* --help shows the environment's values as the defaults, a bad one skipped */
+    setenv("KVT_L1_PAGES", "7", 1);
+    setenv("KVT_PAGE_TOKENS", "abc", 1);
+    r = RUN("--help");
+    unsetenv("KVT_PAGE_TOKENS");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.out, "--l1-pages (7;"), "%s", r.out);
+    run_free(&r);
+    /* an exported value where it does nothing is a default, not refused (the command line's is) */
+    r = RUN("--requests", "5", "--sweep", "64,128");
+    unsetenv("KVT_L1_PAGES");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    run_free(&r);
     /* a refusal of what the environment set names the variable */
-    setenv("KVT_REQUESTS", "100", 1);
-    r = RUN(TRACE);
-    unsetenv("KVT_REQUESTS");
+    setenv("KVT_LAYERS", "3", 1);
+    r = RUN("--groups", "full:2:64", "--data", "--requests", "5");
+    unsetenv("KVT_LAYERS");
     cr_assert_eq(r.status, 2);
-    cr_assert_not_null(strstr(r.err, "--requests: (set by KVT_REQUESTS) shapes the built-in"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "--layers: (set by KVT_LAYERS) 128 bytes per token do not split into 3 layers"), "%s", r.err);
+    run_free(&r);
+    setenv("KVT_REQUESTS", "100", 1); /* ... and where it does nothing it is a default */
+    r = RUN(TRACE, "--limit", "5");
+    unsetenv("KVT_REQUESTS");
+    cr_assert_eq(r.status, 0, "%s", r.err);
     run_free(&r);
     r = RUN("--help");
     cr_assert_eq(r.status, 0);
@@ -445,5 +463,21 @@ Test(replay, trace_edges_read_as_they_are) {
     unlink(path);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.out, "1 requests, 600 input tokens"), "%s", r.out);
+    run_free(&r);
+}
+
+/* A --groups description names the model in an L3 store by a hash of its
+ * text, however long (a store's model name holds 127 characters). */
+Test(replay, a_long_groups_text_names_its_store, .timeout = 120) {
+    char dir[64], url[80];
+    snprintf(dir, sizeof(dir), "/tmp/kvt-groups-%d", (int)getpid());
+    snprintf(url, sizeof(url), "dir:%s", dir);
+    const char *groups = "full:10000:100000,full:10000:100000,full:10000:100000,full:10000:100000,"
+                         "full:10000:100000,full:10000:100000,full:10000:100000,full:10000:100000";
+    run_result_t r = RUN("--groups", groups, "--requests", "5", "--l3", url);
+    char rm[96];
+    snprintf(rm, sizeof(rm), "rm -rf '%s'", dir);
+    cr_assert_eq(system(rm), 0);
+    cr_assert_eq(r.status, 0, "%s", r.err);
     run_free(&r);
 }

@@ -22,9 +22,11 @@
  * better of the two medians is the machine's single-thread copy
  * limit, `best_gbps`; `best_ratio` is the engine against it.
  * `best_ratio_paired` is the median over repetitions of the engine against
- * the better reference of the same repetition (the three copies run back to
- * back): on a shared machine a burst of someone else's memory traffic then
- * slows both sides of a ratio, where it moves only one of three medians.
+ * the better reference of the same repetition (the four copies run back to
+ * back; the reference, the best of three, leans a little high): on a shared
+ * machine a burst of someone else's memory traffic then slows both sides of
+ * a ratio, where it moves only one of three medians. `copy_streams` is how
+ * the library streams a long copy on this machine (kvt_xfer_copy_streams).
  *
  * --cpus pins the bench to those CPUs before any worker starts (workers
  * inherit the mask). With one CPU the engine's worker copies on the core the
@@ -463,6 +465,7 @@ static void print(const params_t *p, const result_t *r, size_t n) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "total_mb", (double)p->total_mb);
         cJSON_AddNumberToObject(o, "threads", (double)p->threads);
+        cJSON_AddNumberToObject(o, "copy_streams", (double)kvt_xfer_copy_streams());
         cJSON_AddNumberToObject(o, "reps", (double)p->reps);
         cJSON_AddNumberToObject(o, "layers", (double)p->layers);
         cJSON_AddStringToObject(o, "cuda_copy", CUDA_COPIES[p->cuda_copy]);
@@ -501,8 +504,9 @@ static void print(const params_t *p, const result_t *r, size_t n) {
         return;
     }
     printf("kvtier bench xfer: %" PRIu64 " MiB per run, %" PRIu64 " worker(s) per destination, median of %" PRIu64
-           " runs%s%s\n",
-           p->total_mb, p->threads, p->reps, p->checksum ? ", checksums on" : "", p->ncpus ? ", pinned (--cpus)" : "");
+           " runs%s%s; long copies stream as %u stream(s) of lines\n",
+           p->total_mb, p->threads, p->reps, p->checksum ? ", checksums on" : "", p->ncpus ? ", pinned (--cpus)" : "",
+           kvt_xfer_copy_streams());
     printf("%10s %-10s %-11s %-10s %-4s %9s %9s %9s %7s %7s %10s\n", "page B", "l1", "layout", "pattern", "dir", "GB/s",
            "memcpy", "stream", "ratio", "vs best", "runs/page");
     for (size_t i = 0; i < n; i++)

@@ -27,6 +27,7 @@ static void env_name(const char *name, char *out, size_t cap);
 
 /* A refusal of an option the environment set names the variable too. */
 static void verror(const cli_t *c, const char *fmt, va_list ap) {
+    if (c->quiet) return;
     fprintf(stderr, "%s: ", c->cmd);
     if (c->flag) fprintf(stderr, "%s: ", c->flag);
     for (size_t i = 0; c->flag && c->table && strncmp(c->flag, "--", 2) == 0 && i < 64 && c->table[i].name; i++)
@@ -219,9 +220,15 @@ int cli_u64_list(cli_t *c, uint64_t lo, uint64_t hi, uint64_t *out, size_t cap, 
     return 0;
 }
 
+bool cli_from_env(const cli_t *c, const char *flag) {
+    for (size_t i = 0; c->table && strncmp(flag, "--", 2) == 0 && i < 64 && c->table[i].name; i++)
+        if (strcmp(flag + 2, c->table[i].name) == 0) return c->from_env >> i & 1;
+    return false;
+}
+
 int cli_refuse_idle(cli_t *c, const cli_idle_t *rows, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (rows[i].set) {
+        if (rows[i].set && !cli_from_env(c, rows[i].flag)) {
             c->flag = rows[i].flag;
             return cli_error(c, "%s", rows[i].needs);
         }
@@ -260,11 +267,32 @@ static int set_value(cli_t *c, const cli_opt_t *o, const char *s) {
     return -1;
 }
 
+/* Each option the command line did not give (bit i of given: opts[i]) from
+ * its environment variable; -1 at a bad value (quiet: skipped). */
+static int apply_env(cli_t *c, const cli_opt_t *opts, uint64_t given, bool quiet) {
+    char env[64];
+    c->quiet = quiet;
+    for (const cli_opt_t *o = opts; o->name; o++) {
+        size_t i = (size_t)(o - opts);
+        env_name(o->name, env, sizeof(env));
+        const char *v = i < 64 && (given >> i & 1) ? NULL : getenv(env);
+        if (v == NULL) continue;
+        c->flag = env;
+        if (set_value(c, o, v) != 0) {
+            if (quiet) continue;
+            return -1;
+        }
+        if (i < 64) c->from_env |= UINT64_C(1) << i;
+    }
+    c->quiet = false;
+    c->flag = NULL;
+    return 0;
+}
+
 /* The command line first, then each option it did not set from its
  * environment variable (the command line wins, and --help answers whatever
  * the environment holds). */
 int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const char **positional) {
-    char env[64];
     uint64_t given = 0; /* bit i: opts[i] on the command line (tables hold fewer than 64) */
     *positional = NULL;
     c->table = opts;
@@ -277,6 +305,7 @@ int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const ch
             continue;
         }
         if (cli_is(c, "--help")) {
+            apply_env(c, opts, given, true); /* the defaults shown are the environment's */
             fputs(usage, stdout);
             cli_print_table(stdout, opts);
             return 1;
@@ -292,17 +321,7 @@ int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const ch
         const char *v = NULL;
         if (cli_value(c, &v) || set_value(c, o, v)) return -1;
     }
-    for (const cli_opt_t *o = opts; o->name; o++) {
-        size_t i = (size_t)(o - opts);
-        env_name(o->name, env, sizeof(env));
-        const char *v = i < 64 && (given >> i & 1) ? NULL : getenv(env);
-        if (v == NULL) continue;
-        c->flag = env;
-        if (set_value(c, o, v)) return -1;
-        if (i < 64) c->from_env |= UINT64_C(1) << i;
-    }
-    c->flag = NULL;
-    return 0;
+    return apply_env(c, opts, given, false);
 }
 
 void cli_print_table(FILE *f, const cli_opt_t *opts) {

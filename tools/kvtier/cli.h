@@ -20,6 +20,7 @@ typedef struct cli {
     const char *inline_value;
     const struct cli_opt *table; /* cli_parse_table's, for messages: */
     uint64_t from_env;           /* bit i: table[i] was set by its environment variable */
+    bool quiet;                  /* errors are not printed (--help's lenient reading of the environment) */
 } cli_t;
 
 void cli_init(cli_t *c, const char *cmd, int argc, char **argv);
@@ -94,14 +95,19 @@ typedef struct cli_idle {
     bool set;
     const char *needs;
 } cli_idle_t;
-/* The first of rows[0..n) set: -1 after "FLAG: NEEDS"; else 0. */
+/* The first of rows[0..n) set on the command line: -1 after "FLAG: NEEDS";
+ * else 0. A value an environment variable set is a default that does
+ * nothing there, not refused. */
 int cli_refuse_idle(cli_t *c, const cli_idle_t *rows, size_t n);
+/* Whether flag ("--NAME") got its value from its environment variable. */
+bool cli_from_env(const cli_t *c, const char *flag);
 
 /* ---- options tables (STYLE.md habit 12) ----
  * One row per option: its flag (--NAME), its environment variable
  * (KVT_NAME, upper case, '-' -> '_'), its type, bounds and help. The
  * destination's value before parsing is the default; the environment
- * overrides it, the command line overrides both. */
+ * overrides it, the command line overrides both (its variable is then not
+ * read). */
 typedef enum { OPT_FLAG, OPT_U64, OPT_DOUBLE, OPT_CHOICE, OPT_TEXT } cli_opt_type_t;
 
 typedef struct cli_opt {
@@ -116,9 +122,11 @@ typedef struct cli_opt {
     const char *help;
 } cli_opt_t;
 
-/* Applies KVT_* environment variables, then parses argv. Positional
- * arguments go to *positional (at most one; NULL when absent). Returns 0, 1
- * after printing help for --help, or -1 after printing an error. */
+/* Parses argv, then applies the KVT_* environment variables of the options
+ * it did not give. Positional arguments go to *positional (at most one;
+ * NULL when absent). Returns 0, 1 after printing help for --help (its
+ * defaults the environment's values, a bad one skipped), or -1 after
+ * printing an error. */
 int cli_parse_table(cli_t *c, const cli_opt_t *opts, const char *usage, const char **positional);
 void cli_print_table(FILE *f, const cli_opt_t *opts);
 

@@ -117,8 +117,10 @@ int cp_print(const opts_t *o, uint32_t rank, uint32_t C, uint64_t n, double wall
     double hit = all[0].tokens ? (double)all[0].hit_tokens / (double)all[0].tokens : 0;
     if (rank == 0 && o->json) group_json(C, n, wall, divergence, all, hit, mism);
     else if (rank == 0) group_table(C, n, wall, divergence, all, hit, mism);
+    errno = 0;
     int failed = fflush(stdout) != 0 || ferror(stdout); /* (a forked rank leaves by _exit: no later flush) */
-    if (failed) fprintf(stderr, "kvtier cp: the output could not be written: %s\n", strerror(errno));
+    if (failed) /* (errno: the flush's; an earlier write's failure left only the error flag) */
+        fprintf(stderr, "kvtier cp: the output could not be written: %s\n", errno ? strerror(errno) : "a write failed");
     if (divergence) fprintf(stderr, "kvtier cp: the ranks disagree from request %" PRIu64 "\n", divergence);
     return failed ? -1 : 0;
 }

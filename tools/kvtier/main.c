@@ -1,5 +1,6 @@
 /* kvtier — the command-line tool. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,12 +42,21 @@ static int run(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "help") == 0 && argc == 3 && strcmp(argv[2], "help") != 0) { /* kvtier help CMD: CMD --help */
-        char *again[] = {argv[0], argv[2], "--help", NULL};
-        return run(3, again);
+    bool help = strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0;
+    if (help && argc == 3) { /* kvtier help CMD: CMD's help */
+        static const char *const cmds[] = {"replay", "cp", "pd", "bench"};
+        for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+            if (strcmp(argv[2], cmds[i]) == 0) {
+                char *again[] = {argv[0], argv[2], "--help", NULL};
+                return run(3, again);
+            }
+        static const char *const plain[] = {"help", "--help", "-h", "version"}; /* no help of their own: the usage */
+        bool known = false;
+        for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++) known |= strcmp(argv[2], plain[i]) == 0;
+        if (!known) return fprintf(stderr, "kvtier help: unknown command '%s' (commands: replay, cp, pd, bench, version, help)\n", argv[2]), 2;
     }
-    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
-        if (argc > 2) return fprintf(stderr, "kvtier help: one command at most (kvtier help replay)\n"), 2;
+    if (help) {
+        if (argc > 3) return fprintf(stderr, "kvtier help: one command at most (kvtier help replay)\n"), 2;
         usage(stdout);
         return 0;
     }
@@ -63,6 +73,8 @@ static int run(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "xfer") == 0) return cmd_bench_xfer(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "pd") == 0) return cmd_bench_pd(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "store") == 0) return cmd_bench_store(argc - 3, argv + 3);
+        if (argc == 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))
+            return puts("usage: kvtier bench alloc|xfer|pd|store [options]   (kvtier bench NAME --help: its options)"), 0;
         fprintf(stderr, "kvtier bench: expected a benchmark name: alloc, xfer, pd, store\n");
         return 2;
     }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <xxhash.h>
 
 #include "cli.h"
 #include "commands.h"
@@ -80,7 +81,13 @@ static int emit_stats(const result_t *res, kvt_fmt_t fmt, replay_data_t *data, r
     return rc;
 }
 
+/* A --groups description goes by a hash of its text, as the hybrid replay's
+ * identity (replay_hybrid.c): a store's model name holds 127 characters. */
 const char *replay_model_name(const opts_t *o, char *buf, size_t cap) {
+    if (!o->bytes_per_token && o->groups && (strlen(o->groups) >= 24 || strchr(o->groups, ':'))) {
+        snprintf(buf, cap, "groups-%016llx", (unsigned long long)XXH3_64bits(o->groups, strlen(o->groups)));
+        return buf;
+    }
     if (!o->bytes_per_token) return o->groups ? o->groups : kvt_model_at((unsigned)o->model)->name;
     snprintf(buf, cap, "bpt-%" PRIu64, o->bytes_per_token);
     return buf;
@@ -655,11 +662,12 @@ int replay_opts_finish(cli_t *c, opts_t *o, const opts_t *d) {
 }
 
 int replay_workload_ok(cli_t *c, const opts_t *o, const opts_t *d, const char *path) {
-    if (path && (o->requests != d->requests || o->seed != d->seed)) {
-        c->flag = o->requests != d->requests ? "--requests" : "--seed";
-        return cli_error(c, "shapes the built-in synthetic workload: not with a trace (--limit takes its first N requests)");
-    }
-    return 0;
+    const cli_idle_t idle[] = {
+        {"--requests", path && o->requests != d->requests,
+         "shapes the built-in synthetic workload: not with a trace (--limit takes its first N requests)"},
+        {"--seed", path && o->seed != d->seed, "shapes the built-in synthetic workload: not with a trace"},
+    };
+    return cli_refuse_idle(c, idle, sizeof(idle) / sizeof(idle[0]));
 }
 
 int replay_load(const char *cmd, const char *path, const opts_t *o, kvt_trace_t *t, double *parse_s) {
@@ -820,7 +828,7 @@ int cmd_replay(int argc, char **argv) {
         }
         if (nsweep == 0) return cli_usage(&c, "expected a comma-separated list of capacities");
     }
-    if (nsweep && o.l1_pages != defaults.l1_pages) {
+    if (nsweep && o.l1_pages != defaults.l1_pages && !cli_from_env(&c, "--l1-pages")) {
         c.flag = "--l1-pages";
         return cli_usage(&c, "not with --sweep: the sweep gives L1's sizes");
     }

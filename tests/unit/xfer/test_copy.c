@@ -109,8 +109,28 @@ Test(xfer_copy, stream_matches_memcpy, .timeout = 60) {
 Test(xfer_copy, the_environment_chooses_the_streams) {
     setenv("KVT_COPY_STREAMS", "4", 1);
     cr_assert(kvt__copy_quarters(), "KVT_COPY_STREAMS=4: four quarters");
+    cr_assert_eq(kvt_xfer_copy_streams(), 4);
     kvt__copy_set_quarters(false);
     cr_assert_not(kvt__copy_quarters());
+    cr_assert_eq(kvt_xfer_copy_streams(), 1);
+}
+
+/* A value the variable cannot hold refuses every transfer engine (nothing
+ * says it was ignored otherwise); the copies stream as one. */
+Test(xfer_copy, a_bad_streams_variable_is_refused) {
+    setenv("KVT_COPY_STREAMS", "2", 1);
+    kvt_tier_t *t[2];
+    for (int i = 0; i < 2; i++) {
+        kvt_tier_config_t tc = {.size = sizeof(tc), .kind = KVT_TIER_HOST, .name = "h", .geom = {4, 1, 4096, KVT_LAYOUT_PAGE_FIRST}};
+        cr_assert_eq(kvt_tier_create(&t[i], &tc), KVT_OK);
+    }
+    kvt_xfer_config_t cfg;
+    kvt_xfer_config_default(&cfg);
+    kvt_xfer_t *x = NULL;
+    cr_assert_eq(kvt_xfer_create(&x, &cfg, t, 2), KVT_EINVAL);
+    cr_assert_null(x);
+    cr_assert_eq(kvt_xfer_copy_streams(), 1);
+    for (int i = 0; i < 2; i++) kvt_tier_destroy(t[i]);
 }
 
 /* Two copies side by side against two memcpys: both destinations checked
