@@ -242,10 +242,12 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def _drop(self, keys: Iterable[OffloadKey]) -> None:
         """The mirrors forget keys the C cache no longer holds."""
-        look, scores, ids, names = self._look, self._scores, self._ids, self._names
+        look, ids, names = self._look, self._ids, self._names
+        scores = self._scores if self._SCORED else None
         for k in keys:
-            del look[k], scores[k]
-            del names[ids.pop(k)]
+            del look[k], names[ids.pop(k)]
+            if scores is not None:
+                del scores[k]
 
     # ---- C keys ----------------------------------------------------------------
 
@@ -832,12 +834,6 @@ class KvtierArcOffloadingManager(KvtierOffloadingManager):
 
     def _new_cache(self) -> KeyedCache:
         return KeyedCache(self._blocks, policy="arc")
-
-    def _drop(self, keys: Iterable[OffloadKey]) -> None:
-        look, ids, names = self._look, self._ids, self._names
-        for k in keys:
-            del look[k]
-            del names[ids.pop(k)]
 
     def _new_ids(self, keys: List[OffloadKey]) -> List[bytes]:
         names, out = self._names, []

@@ -30,12 +30,11 @@ static void verror(const cli_t *c, const char *fmt, va_list ap) {
     if (c->quiet) return;
     fprintf(stderr, "%s: ", c->cmd);
     if (c->flag) fprintf(stderr, "%s: ", c->flag);
-    for (size_t i = 0; c->flag && c->table && strncmp(c->flag, "--", 2) == 0 && i < 64 && c->table[i].name; i++)
-        if ((c->from_env >> i & 1) && strcmp(c->flag + 2, c->table[i].name) == 0) {
-            char env[64];
-            env_name(c->table[i].name, env, sizeof(env));
-            fprintf(stderr, "(set by %s) ", env);
-        }
+    if (c->flag && cli_from_env(c, c->flag)) {
+        char env[64];
+        env_name(c->flag + 2, env, sizeof(env));
+        fprintf(stderr, "(set by %s) ", env);
+    }
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
