@@ -548,6 +548,15 @@ int kvt_keyed_reset(kvt_keyed_t *c) {
     return KVT_OK;
 }
 
+/* ARC's step: a key found in class `from`'s ghost (of `mine` keys, the
+ * other's `other`) moves the target toward that class by max(1, other /
+ * mine), within [0, pages]. Both ARCs take it: the policy's (exact ghosts)
+ * and the hybrid cache's adaptive classes (kvt__keyed_missed). */
+static void move_target(kvt_keyed_t *c, unsigned from, double mine, double other) {
+    double d = other > mine ? other / mine : 1, t = from == 0 ? c->target0 + d : c->target0 - d;
+    c->target0 = t < 0 ? 0 : t > (double)c->pages ? (double)c->pages : t;
+}
+
 /* ---- ARC's hooks (keyed.h) ---- */
 
 /* A key of a ghost moves the target toward the list that lost it. */
@@ -555,11 +564,7 @@ static void arc_adapt(kvt_keyed_t *c, kvt_key128_t key) {
     uint64_t g = kvt__keyed_ghost_key(key);
     kvt__lru_t *b = c->arc_ghost;
     unsigned from = kvt__lru_touch(&b[0], g) ? 0 : kvt__lru_touch(&b[1], g) ? 1 : 2;
-    if (from == 2) return;
-    double d = (double)kvt__lru_size(&b[!from]) / (double)kvt__lru_size(&b[from]);
-    if (d < 1) d = 1;
-    double t = from == 0 ? c->target0 + d : c->target0 - d;
-    c->target0 = t < 0 ? 0 : t > (double)c->pages ? (double)c->pages : t;
+    if (from < 2) move_target(c, from, (double)kvt__lru_size(&b[from]), (double)kvt__lru_size(&b[!from]));
 }
 
 /* Entry i becomes the most recent of T2 (t2) or of T1. */
@@ -599,10 +604,7 @@ void kvt__keyed_missed(kvt_keyed_t *c, kvt_key128_t key) {
     unsigned from = kvt__ghost_take(&c->ghost[0], g) ? 0 : kvt__ghost_take(&c->ghost[1], g) ? 1 : 2;
     if (from == 2) return;
     /* ARC weighs the ghosts as they were with the key still in */
-    double mine = (double)kvt__ghost_live(&c->ghost[from]) + 1, other = (double)kvt__ghost_live(&c->ghost[!from]);
-    double d = other > mine ? other / mine : 1;
-    double t = from == 0 ? c->target0 + d : c->target0 - d;
-    c->target0 = t < 0 ? 0 : t > (double)c->pages ? (double)c->pages : t;
+    move_target(c, from, (double)kvt__ghost_live(&c->ghost[from]) + 1, (double)kvt__ghost_live(&c->ghost[!from]));
 }
 
 int kvt__keyed_set_classes(kvt_keyed_t *c, uint64_t class_bit, int adaptive) {

@@ -135,16 +135,10 @@ static double seconds(void) {
  * 256). Else one stream, which is never the slow way by far; so too when the
  * buffers cannot be mapped. They are mapped apart from malloc, whose
  * thresholds a freed 4 MiB block would move for the whole process. */
-static void choose_quarters(void) {
-    const char *env = getenv("KVT_COPY_STREAMS");
-    if (env != NULL) {
-        env_bad = strcmp(env, "1") != 0 && strcmp(env, "4") != 0;
-        if (!env_bad) atomic_store(&quarters_on, env[0] == '4');
-        return;
-    }
+static bool four_faster(void) {
     enum { N = 2 << 20, ROUNDS = 3 };
     uint8_t *buf = mmap(NULL, 2 * (size_t)N, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED) return;
+    if (buf == MAP_FAILED) return false;
     memset(buf, 1, 2 * (size_t)N); /* (faulted in before the clock starts) */
     double best[2] = {1e9, 1e9};
     for (int r = 0; r < ROUNDS; r++)
@@ -158,14 +152,18 @@ static void choose_quarters(void) {
             if (t < best[four]) best[four] = t;
         }
     munmap(buf, 2 * (size_t)N);
-    atomic_store(&quarters_on, best[1] * 1.1 < best[0]);
+    return best[1] * 1.1 < best[0];
 }
 #else
+static bool four_faster(void) { return false; } /* (nothing streams) */
+#endif
+
+/* KVT_COPY_STREAMS's way, else the timed one. */
 static void choose_quarters(void) {
     const char *env = getenv("KVT_COPY_STREAMS");
     env_bad = env != NULL && strcmp(env, "1") != 0 && strcmp(env, "4") != 0;
+    atomic_store(&quarters_on, env != NULL ? !env_bad && env[0] == '4' : four_faster());
 }
-#endif
 
 int kvt__copy_init(void) {
     pthread_once(&quarters_once, choose_quarters);
