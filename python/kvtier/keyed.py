@@ -13,6 +13,7 @@ import array
 import ctypes
 import hashlib
 import math
+import os
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _args as _a
@@ -46,15 +47,133 @@ def _raw(name: str, res, args):
 
 
 _vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-_prepare = _raw("kvt_keyed_prepare_store", _int, [_vp, _vp, _vp, _sz, _vp, _sz, _vp, _vp, _sz, _vp])
-_complete = _raw("kvt_keyed_complete_store", None, [_vp, _vp, _sz, _int])
-_pin = _raw("kvt_keyed_pin", _int, [_vp, _vp, _sz, _vp])
-_unpin = _raw("kvt_keyed_unpin", _int, [_vp, _vp, _sz])
-_touch = _raw("kvt_keyed_touch", None, [_vp, _vp, _vp, _sz])
 _remove = _raw("kvt_keyed_remove", _int, [_vp, _vp, _sz, _vp])
-_arc_touch = _raw("kvt_keyed_arc_touch", _int, [_vp, _vp, _sz])
-_arc_missed = _raw("kvt_keyed_arc_missed", _int, [_vp, _vp, _sz])
-_arc_finish = _raw("kvt_keyed_arc_finish", _int, [_vp, _vp, _vp, _sz])
+
+
+class _Ctypes:
+    """The cache's hot calls through ctypes: what the extension module
+    kvtier._keyed_calls does (python/src/keyed_calls.c), the same arguments,
+    checks and results, where that module is not built. Each takes the
+    handle and packed bytes, checks them (TypeError, ValueError) and returns
+    the C call's status with its results."""
+
+    FUNCTIONS = ("kvt_keyed_prepare_store", "kvt_keyed_complete_store", "kvt_keyed_pin", "kvt_keyed_unpin",
+                 "kvt_keyed_touch", "kvt_keyed_arc_touch", "kvt_keyed_arc_missed", "kvt_keyed_arc_finish")
+    _prepare = _raw("kvt_keyed_prepare_store", _int, [_vp, _vp, _vp, _sz, _vp, _sz, _vp, _vp, _sz, _vp])
+    _complete = _raw("kvt_keyed_complete_store", None, [_vp, _vp, _sz, _int])
+    _pin = _raw("kvt_keyed_pin", _int, [_vp, _vp, _sz, _vp])
+    _unpin = _raw("kvt_keyed_unpin", _int, [_vp, _vp, _sz])
+    _touch = _raw("kvt_keyed_touch", None, [_vp, _vp, _vp, _sz])
+    _arc_touch = _raw("kvt_keyed_arc_touch", _int, [_vp, _vp, _sz])
+    _arc_missed = _raw("kvt_keyed_arc_missed", _int, [_vp, _vp, _sz])
+    _arc_finish = _raw("kvt_keyed_arc_finish", _int, [_vp, _vp, _vp, _sz])
+
+    @classmethod
+    def prepare(cls, h: int, keys: bytes, scores: Optional[bytes], protect: bytes, room: int):
+        """(status, pages, evicted keys packed); the results None unless the
+        status is KVT_OK. room: the most keys it may evict beyond its own."""
+        n = _count(keys, "keys")
+        np_ = _count(protect, "protect")
+        if scores is not None:
+            _check_scores(scores, n)
+        pages = (ctypes.c_uint64 * max(n, 1))()
+        nev = ctypes.c_size_t()
+        cap = min(n + room, n + _EVICTED_FIRST)
+        while True:
+            evicted = ctypes.create_string_buffer(KEY_BYTES * max(cap, 1))
+            rc = cls._prepare(h, keys, scores, n, protect, np_, pages, evicted, cap, ctypes.byref(nev))
+            if rc != _ERANGE or cap == n + room:
+                break
+            cap = n + room  # nothing changed: again, with room for every key it may evict
+        if rc:
+            return rc, None, None
+        return rc, pages[:n], ctypes.string_at(evicted, KEY_BYTES * nev.value)
+
+    @classmethod
+    def complete(cls, h: int, keys: bytes, ok: bool) -> None:
+        cls._complete(h, keys, _count(keys, "keys"), 1 if ok else 0)
+
+    @classmethod
+    def pin(cls, h: int, keys: bytes):
+        """(status, pages or None)"""
+        n = _count(keys, "keys")
+        pages = (ctypes.c_uint64 * max(n, 1))()
+        rc = cls._pin(h, keys, n, pages)
+        return rc, (pages[:n] if rc == 0 else None)
+
+    @classmethod
+    def unpin(cls, h: int, keys: bytes) -> int:
+        return cls._unpin(h, keys, _count(keys, "keys"))
+
+    @classmethod
+    def touch(cls, h: int, keys: bytes, scores: bytes) -> None:
+        n = _count(keys, "keys")
+        _check_scores(scores, n)
+        cls._touch(h, keys, scores, n)
+
+    @classmethod
+    def arc_touch(cls, h: int, keys: bytes) -> int:
+        return cls._arc_touch(h, keys, _count(keys, "keys"))
+
+    @classmethod
+    def arc_missed(cls, h: int, keys: bytes) -> int:
+        return cls._arc_missed(h, keys, _count(keys, "keys"))
+
+    @classmethod
+    def arc_finish(cls, h: int, keys: bytes, flags: bytes) -> int:
+        n = _count(keys, "keys")
+        if not isinstance(flags, bytes) or memoryview(flags).nbytes != n:  # (the bytes: a subclass's __len__ may lie)
+            raise ValueError(f"flags: expected {n} bytes, one a key")
+        return cls._arc_finish(h, keys, flags, n)
+
+
+def _load_calls():
+    """The extension module bound to the library loaded (its calls skip
+    ctypes), or _Ctypes where it is not built (a Python without its
+    headers, another interpreter than the one it was built for) or
+    KVTIER_KEYED_CALLS=ctypes asks for it. A wheel carries the module in
+    the package; a checkout's build folder holds its own (_build.py)."""
+    how = os.environ.get("KVTIER_KEYED_CALLS", "")
+    if how not in ("", "ctypes"):
+        raise ImportError(f"kvtier: KVTIER_KEYED_CALLS={how!r} (expected ctypes, or unset)")
+    if how == "ctypes":
+        return _Ctypes
+    try:
+        from . import _keyed_calls as m  # type: ignore[attr-defined]
+    except ImportError:
+        m = _checkout_calls()
+    if m is None or tuple(m.FUNCTIONS) != _Ctypes.FUNCTIONS:  # (a module built from other sources)
+        return _Ctypes
+    m.bind(tuple(ctypes.cast(lib[name], ctypes.c_void_p).value for name in m.FUNCTIONS))
+    return m
+
+
+def _checkout_calls():
+    """The module scripts/install-python built beside a checkout's library,
+    or None."""
+    import importlib.machinery
+    import importlib.util
+    try:
+        from . import _build  # type: ignore[attr-defined]
+        path = _build.KEYED_CALLS
+    except (ImportError, AttributeError):
+        return None
+    if not path or not path.endswith(importlib.machinery.EXTENSION_SUFFIXES[0]) or not os.path.exists(path):
+        return None
+    name = __name__.rpartition(".")[0] + "._keyed_calls"
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    try:
+        m = importlib.util.module_from_spec(spec)
+        loader.exec_module(m)
+    except ImportError:
+        return None
+    return m
+
+
+_calls = _load_calls()
+CALLS = "ctypes" if _calls is _Ctypes else "extension"  # which makes the hot calls
+
 POLICIES = ("scores", "arc")  # keyed.h's KVT_KEYED_SCORES, KVT_KEYED_ARC
 ARC_STORED, ARC_REUSED = 1, 2  # kvt_keyed_arc_finish's flags
 
@@ -195,28 +314,16 @@ class KeyedCache(Handle):
         none, b""): the pages (2**64-1 for a key already present) and the
         evicted keys, 16 bytes each; None, with nothing changed, when they do
         not fit."""
-        n = _count(keys, "keys")
-        np_ = _count(protect, "protect")
-        if self.policy == "arc" and scores == b"":
+        if self.policy == "arc" and isinstance(scores, bytes) and not scores:
             scores = None
-        else:
-            _check_scores(scores, n)
-        pages = (ctypes.c_uint64 * max(n, 1))()
-        nev = ctypes.c_size_t()
-        full = n + self._room
-        cap = min(full, n + _EVICTED_FIRST)
-        while True:
-            evicted = ctypes.create_string_buffer(KEY_BYTES * max(cap, 1))
-            with self._use as h:
-                rc = _prepare(h, keys, scores, n, protect, np_, pages, evicted, cap, ctypes.byref(nev))
-            if rc != _ERANGE or cap == full:
-                break
-            cap = full
+        elif not isinstance(scores, bytes):  # (None is for ARC alone)
+            raise TypeError(f"scores: expected packed scores (bytes), not {type(scores).__name__}")
+        with self._use as h:
+            rc, pages, raw = _calls.prepare(h, keys, scores, protect, self._room)
         if rc == _ENOSPC:
             return None
         check(rc, "KeyedCache.prepare_store")
-        raw = ctypes.string_at(evicted, KEY_BYTES * nev.value)
-        return pages[:n], [raw[i:i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
+        return pages, [raw[i:i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
 
     def complete_store(self, keys: Sequence[Key], ok: bool = True) -> None:
         """The pending keys become ready (ok) or are dropped, their pages freed."""
@@ -224,9 +331,8 @@ class KeyedCache(Handle):
 
     def complete_store_packed(self, keys: bytes, ok: bool = True) -> None:
         ok = _a.flag(ok, "KeyedCache.complete_store ok")  # by its truth, "no" or None would decide
-        n = _count(keys, "keys")
         with self._use as h:
-            _complete(h, keys, n, 1 if ok else 0)
+            _calls.complete(h, keys, ok)
 
     def pin(self, keys: Sequence[Key]) -> List[int]:
         """Pins ready keys for a load and returns their pages (NotFound: one is
@@ -234,29 +340,25 @@ class KeyedCache(Handle):
         return self.pin_packed(pack_keys(keys))
 
     def pin_packed(self, keys: bytes) -> List[int]:
-        n = _count(keys, "keys")
-        pages = (ctypes.c_uint64 * max(n, 1))()
         with self._use as h:
-            check(_pin(h, keys, n, pages), "KeyedCache.pin")
-        return pages[:n]
+            rc, pages = _calls.pin(h, keys)
+        check(rc, "KeyedCache.pin")
+        return pages
 
     def unpin(self, keys: Sequence[Key]) -> None:
         self.unpin_packed(pack_keys(keys))
 
     def unpin_packed(self, keys: bytes) -> None:
-        n = _count(keys, "keys")
         with self._use as h:
-            check(_unpin(h, keys, n), "KeyedCache.unpin")
+            check(_calls.unpin(h, keys), "KeyedCache.unpin")
 
     def touch(self, keys: Sequence[Key], scores: Sequence[int]) -> None:
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         self.touch_packed(pack_keys(keys), pack_scores(scores, len(keys)))
 
     def touch_packed(self, keys: bytes, scores: bytes) -> None:
-        n = _count(keys, "keys")
-        _check_scores(scores, n)
         with self._use as h:
-            _touch(h, keys, scores, n)
+            _calls.touch(h, keys, scores)
 
     # ---- ARC's hooks (policy "arc"; keyed.h): each walks its keys last first ----
 
@@ -266,18 +368,16 @@ class KeyedCache(Handle):
         self.arc_touch_packed(pack_keys(keys))
 
     def arc_touch_packed(self, keys: bytes) -> None:
-        n = _count(keys, "keys")
         with self._use as h:
-            check(_arc_touch(h, keys, n), "KeyedCache.arc_touch", "a cache of policy 'arc' only")
+            check(_calls.arc_touch(h, keys), "KeyedCache.arc_touch", "a cache of policy 'arc' only")
 
     def arc_missed(self, keys: Sequence[Key]) -> None:
         """vLLM's ARC on_store_miss: keys a ghost remembers move the target."""
         self.arc_missed_packed(pack_keys(keys))
 
     def arc_missed_packed(self, keys: bytes) -> None:
-        n = _count(keys, "keys")
         with self._use as h:
-            check(_arc_missed(h, keys, n), "KeyedCache.arc_missed", "a cache of policy 'arc' only")
+            check(_calls.arc_missed(h, keys), "KeyedCache.arc_missed", "a cache of policy 'arc' only")
 
     def arc_finish(self, keys: Sequence[Key], flags: Sequence[int]) -> None:
         """vLLM's ARC on_request_finished: flags[i] ARC_STORED (most recent in
@@ -288,11 +388,9 @@ class KeyedCache(Handle):
         self.arc_finish_packed(pack_keys(keys), bytes(flags))
 
     def arc_finish_packed(self, keys: bytes, flags: bytes) -> None:
-        n = _count(keys, "keys")
-        if not isinstance(flags, bytes) or memoryview(flags).nbytes != n:  # (the bytes: a subclass's __len__ may lie)
-            raise ValueError(f"flags: expected {n} bytes, one a key")
         with self._use as h:
-            check(_arc_finish(h, keys, flags, n), "KeyedCache.arc_finish", "a cache of policy 'arc' only; flags 0, 1 or 2")
+            check(_calls.arc_finish(h, keys, flags), "KeyedCache.arc_finish",
+                  "a cache of policy 'arc' only; flags 0, 1 or 2")
 
     def remove(self, keys: Sequence[Key]) -> int:
         """Removes the ready, unpinned keys among keys and frees their pages

@@ -3,11 +3,90 @@ dictionary model on a short scripted life, and every bad argument refused
 with the error a Python caller expects (the C side's own model test is
 tests/unit/keyed)."""
 import array
+import os
+import re
+import subprocess
+import sys
+import sysconfig
 
 import pytest
 
 from kvtier.keyed import KeyedCache, key_of_bytes, pack_keys, unpack_keys
 import kvtier
+import kvtier.keyed
+
+
+@pytest.fixture(autouse=True, params=["extension", "ctypes"])
+def calls(request, monkeypatch):
+    """Every test here twice: the hot calls through the extension module
+    kvtier._keyed_calls, and through ctypes (kvtier.keyed._Ctypes, what a
+    Python without the module runs)."""
+    if request.param == "ctypes":
+        monkeypatch.setattr(kvtier.keyed, "_calls", kvtier.keyed._Ctypes)
+    elif kvtier.keyed.CALLS != "extension":
+        pytest.skip("kvtier._keyed_calls is not built for this Python")
+    return request.param
+
+
+def test_the_extension_makes_the_calls_where_this_python_has_its_headers(calls):
+    """scripts/install-python builds kvtier._keyed_calls wherever Python.h is
+    found (CI's machines have it): a build that quietly fell back to ctypes
+    fails here, not in a benchmark."""
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        pytest.skip("no Python headers: the package makes its calls through ctypes")
+    if os.environ.get("KVTIER_KEYED_CALLS") == "ctypes":
+        pytest.skip("KVTIER_KEYED_CALLS=ctypes")
+    assert kvtier.keyed.CALLS == "extension"
+
+
+def test_the_environment_chooses_ctypes_and_refuses_another_value(calls):
+    if calls == "ctypes":
+        pytest.skip("one run is enough")
+    code = "import kvtier.keyed as k; print(k.CALLS)"
+    env = dict(os.environ, KVTIER_KEYED_CALLS="ctypes")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ctypes"
+    env["KVTIER_KEYED_CALLS"] = "fast"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "KVTIER_KEYED_CALLS='fast' (expected ctypes, or unset)" in out.stderr
+
+
+def test_the_extension_refuses_what_it_is_handed_wrong(calls):
+    """The module's own checks (its caller, kvtier.keyed, checks nothing
+    before it): wrong counts, types and lengths raise, never crash."""
+    if calls == "ctypes":
+        pytest.skip("the extension's own")
+    m = kvtier.keyed._calls
+    with KeyedCache(4) as c, c._use as h:
+        k = bytes(16)
+        for call, exc, msg in [
+            (lambda: m.prepare(h, k, None), TypeError, "prepare: 5 arguments, not 3"),
+            (lambda: m.prepare("h", k, None, b"", 0), TypeError, "expected an address"),
+            (lambda: m.prepare(0, k, None, b"", 0), ValueError, "a NULL address"),
+            (lambda: m.prepare(h, k, None, b"", -1), OverflowError, ""),
+            (lambda: m.prepare(h, k, None, b"", 2 ** 62), ValueError, "room"),
+            (lambda: m.prepare(h, k, bytes(9), b"", 0), ValueError, "scores: 9 bytes for 1 keys"),
+            (lambda: m.prepare(h, k, [1], b"", 0), TypeError, "scores: expected packed scores (bytes), not list"),
+            (lambda: m.prepare(h, k, bytes(8), bytes(3), 0), ValueError, "protect: 3 bytes is not a whole number"),
+            (lambda: m.pin(h, memoryview(k)), TypeError, "keys: expected packed keys (bytes), not memoryview"),
+            (lambda: m.complete(h, k, _Bad()), ZeroDivisionError, ""),
+            (lambda: m.touch(h, k, bytes(16)), ValueError, "scores: 16 bytes for 1 keys"),
+            (lambda: m.arc_finish(h, k, bytes(2)), ValueError, "flags: expected 1 bytes"),
+            (lambda: m.arc_finish(h, k, "x"), ValueError, "flags: expected 1 bytes"),
+            (lambda: m.unpin(h), TypeError, "unpin: 2 arguments, not 1"),
+            (lambda: m.bind((1, 2)), TypeError, "bind: expected a tuple of 8 addresses"),
+        ]:
+            with pytest.raises(exc, match=re.escape(msg) if msg else None):
+                call()
+        assert c.stats()["keys"] == 0
+    with KeyedCache(4) as c:  # and the calls still go where they went (a refused bind binds nothing)
+        assert c.prepare_store([(1, 1)], [1]) == ([0], [])
+        c.check()
+
+
+class _Bad:
+    def __bool__(self):
+        raise ZeroDivisionError
 
 
 def test_a_keys_life_against_a_plain_model():

@@ -17,6 +17,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import sysconfig
 import time
 import zipfile
 
@@ -26,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import importlib.metadata, json, os, sys
-import kvtier, kvtier.sglang
+import kvtier, kvtier.sglang, kvtier.keyed
 print(kvtier.__version__)
 maps = [l.split(None, 5)[5] for l in open("/proc/self/maps") if l.count(" ") >= 5 and "libkvtier" in l]
 import ctypes
@@ -34,7 +35,8 @@ hooks = [n for n in ("kvt_xfer_set_faults", "kvt_store_set_delay", "kvt_pd_recei
          if hasattr(ctypes.CDLL(kvtier.LIBRARY), n)]
 print(json.dumps({"version": kvtier.__version__, "dist": importlib.metadata.version("kvtier"), "hooks": hooks,
                   "library": kvtier.LIBRARY, "file": kvtier.__file__, "maps": sorted(set(m.strip() for m in maps)),
-                  "sys_path": sys.path, "build_info": kvtier.build_info()}))
+                  "sys_path": sys.path, "build_info": kvtier.build_info(), "calls": kvtier.keyed.CALLS,
+                  "calls_file": getattr(kvtier.keyed._calls, "__file__", None)}))
 """
 
 
@@ -95,6 +97,8 @@ def test_the_wheel_holds_the_library_and_no_build_path(installed):
     assert not [n for n in names if "testing" in n], names  # the testing library stays in the checkout
     assert "kvtier/__init__.py" in names and "kvtier/sglang.py" in names
     assert not [n for n in names if n.endswith("_build.py") or n.endswith(".pth") or "__pycache__" in n], names
+    # the extension the wheel's CMake built for this Python, and no other (a checkout's own stays out)
+    assert [n for n in names if "_keyed_calls" in n] == [f"kvtier/_keyed_calls{sysconfig.get_config_var('EXT_SUFFIX')}"]
     assert wheel.name.startswith(f"kvtier-{header_version()}-")
 
 
@@ -108,6 +112,7 @@ def test_import_in_a_fresh_venv_uses_the_bundled_library(installed, tmp_path):
     lib = pathlib.Path(got["library"]).resolve()
     assert venv_real in lib.parents and lib.name == "libkvtier.so", got["library"]
     assert venv_real in pathlib.Path(got["file"]).resolve().parents, got["file"]
+    assert got["calls"] == "extension" and venv_real in pathlib.Path(got["calls_file"]).resolve().parents, got
     # what the process really mapped: one libkvtier, the venv's
     assert [str(pathlib.Path(m).resolve()) for m in got["maps"]] == [str(lib)], got["maps"]
     assert not [p for p in got["sys_path"] if p and str(ROOT) in str(pathlib.Path(p).resolve())], got["sys_path"]
