@@ -6,6 +6,7 @@ import array
 import ctypes
 import operator
 import os
+import sys
 import threading
 import time
 import weakref
@@ -571,9 +572,12 @@ class Handle:
 def tokens_arg(tokens: Any) -> Tuple[int, int, Any]:
     """(address, count, keepalive) of int32 token ids: a numpy or torch int32
     array (contiguous, on the CPU; not copied), an array('i'), or any sequence
-    of ints (copied once)."""
-    if hasattr(tokens, "__array_interface__"):
-        ai = tokens.__array_interface__
+    of ints (copied once). The address and count come from the object's
+    memory as its own type describes it (numpy's descriptor, array's
+    buffer), never from what a subclass's methods say: C reads that many."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(tokens, np.ndarray):
+        ai = np.ndarray.__array_interface__.__get__(tokens)  # (a subclass may override the attribute)
         if ai["typestr"] not in ("<i4", "=i4", "|i4"):
             raise TypeError(f"tokens: dtype {ai['typestr']}, expected int32")
         if len(ai["shape"]) != 1:
@@ -581,18 +585,19 @@ def tokens_arg(tokens: Any) -> Tuple[int, int, Any]:
         if ai.get("strides") not in (None, (4,)):
             raise ValueError("tokens: not contiguous")
         return ai["data"][0], ai["shape"][0], tokens
-    if type(tokens).__module__.startswith("torch"):
-        import torch
+    torch = sys.modules.get("torch")
+    if torch is not None and type(tokens) is torch.Tensor:  # (a subclass's data_ptr may be anything: copied below)
         if tokens.dtype != torch.int32:
             raise TypeError(f"tokens: dtype {tokens.dtype}, expected torch.int32")
         if tokens.dim() != 1 or not tokens.is_contiguous() or tokens.device.type != "cpu":
             raise ValueError("tokens: expected a contiguous one-dimensional CPU tensor")
         return tokens.data_ptr(), tokens.numel(), tokens
     if isinstance(tokens, array.array) and tokens.typecode == "i" and tokens.itemsize == 4:
-        if len(tokens) == 0:
-            return 0, 0, tokens
         view = memoryview(tokens)  # exported while the C call reads it: another thread cannot resize it meanwhile
-        return tokens.buffer_info()[0], len(tokens), view
+        n = view.nbytes // 4  # (the buffer's own size: a subclass's __len__ may say anything)
+        if n == 0:
+            return 0, 0, tokens
+        return array.array.buffer_info(tokens)[0], n, view
     elif isinstance(tokens, (bytes, bytearray, memoryview, str, Set, Mapping)):
         # array("i", b) would read raw bytes as int32s; a set or a dict has no order to be a prefix in
         raise TypeError(f"tokens: expected int32 token ids (a sequence of ints or an int32 array), "
@@ -646,36 +651,43 @@ class Tickets:
                 self._out.add(t)
         return t
 
-    def taken(self, results: Iterable[Any]) -> None:
+    def taken(self, results: Iterable[Any], into: Optional[dict] = None) -> None:
+        """The results' batches are no longer in flight; with `into`, each
+        result goes there (by ticket) in the same step, so that a wait on
+        another thread finds its batch either in flight or there."""
         with self._mu:
             for r in results:
                 if r.ticket in self._out:
                     self._out.discard(r.ticket)
                 else:
                     self._early.add(r.ticket)
+                if into is not None:
+                    into[r.ticket] = r
 
-    def in_flight(self, t: int) -> bool:
+    def pending(self, t: int, done: dict) -> bool:
+        """Batch t in flight, or its result waiting in done."""
         with self._mu:
-            return t in self._out
+            return t in self._out or t in done
 
 
-def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str, tickets: Optional[Tickets] = None):
+def wait_ticket(done: dict, ticket: int, poll, timeout: float, what: str, tickets: Tickets):
     """The result of batch `ticket` of an asynchronous engine (store, transfer
     engine): results polled meanwhile for other tickets are kept in `done`
-    for their own wait. TimedOut after `timeout` seconds; InvalidArgument
-    at once for a ticket not in flight (per `tickets`)."""
+    for their own wait. `poll(timeout)` gives completions without marking
+    them taken: they are marked and kept in one step (Tickets.taken), so a
+    wait on another thread never sees its batch neither in flight nor done.
+    TimedOut after `timeout` seconds; InvalidArgument at once for a ticket
+    not in flight."""
     timeout = _a.number(timeout, f"{what} timeout")
     end = time.monotonic() + timeout
     while ticket not in done:
-        # (done again: another thread's wait may have polled it into done since the loop's test)
-        if tickets is not None and not tickets.in_flight(ticket) and ticket not in done:
+        if not tickets.pending(ticket, done):
             raise error(-1, what, f"ticket {ticket} is not a batch in flight: never issued, or its result taken "
                                   "already (by a poll or another wait)")
         left = end - time.monotonic()
         if left <= 0:
             raise error(-14, what, f"ticket {ticket}")
-        for r in poll(min(left, 0.1)):
-            done[r.ticket] = r
+        tickets.taken(poll(min(left, 0.1)), into=done)
     return done.pop(ticket)
 
 

@@ -277,6 +277,12 @@ class Store(Handle):
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[StoreResult]:
         """Batches answered (waiting up to ``timeout`` seconds for the first)."""
+        res = self._completions(timeout, max)
+        self._tickets.taken(res)
+        return res
+
+    def _completions(self, timeout: float = 0.0, max: int = 64) -> List[StoreResult]:
+        """poll's results, not yet marked taken (wait marks them as it keeps them)."""
         timeout = _a.number(timeout, "Store.poll timeout", 0.0, 1e9)
         max = _a.integer(max, "Store.poll max", 1, 1 << 16)
         self._undriven("Store.poll")
@@ -294,13 +300,11 @@ class Store(Handle):
                                        results, pages, d.count, d.latency_ns))
             return res
 
-        res = poll_sliced(self._use_poll, once, timeout)
-        self._tickets.taken(res)
-        return res
+        return poll_sliced(self._use_poll, once, timeout)
 
     def wait(self, ticket: int, timeout: float = 60.0) -> StoreResult:
         """One batch's answer (others polled meanwhile wait for their own wait())."""
-        return wait_ticket(self._done, ticket, self.poll, timeout, "Store.wait", self._tickets)
+        return wait_ticket(self._done, ticket, self._completions, timeout, "Store.wait", self._tickets)
 
     def exists_sync(self, hashes: Sequence[Any]) -> StoreResult:
         return self.wait(self.exists(hashes))

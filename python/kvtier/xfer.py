@@ -132,6 +132,12 @@ class Transfer(Handle):
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[XferResult]:
         """Completed batches (waiting up to ``timeout`` seconds for the first)."""
+        res = self._completions(timeout, max)
+        self._tickets.taken(res)
+        return res
+
+    def _completions(self, timeout: float = 0.0, max: int = 64) -> List[XferResult]:
+        """poll's results, not yet marked taken (wait marks them as it keeps them)."""
         timeout = _a.number(timeout, "Transfer.poll timeout", 0.0, 1e9)
         max = _a.integer(max, "Transfer.poll max", 1, 1 << 16)
         self._undriven("Transfer.poll")
@@ -142,13 +148,11 @@ class Transfer(Handle):
             return [XferResult(d.ticket, d.user, lib.kvt_err_name(d.status).decode(), d.src, d.dst, d.n, d.bad_page)
                     for d in out[:got]]
 
-        res = poll_sliced(self._use_poll, once, timeout)
-        self._tickets.taken(res)
-        return res
+        return poll_sliced(self._use_poll, once, timeout)
 
     def wait(self, ticket: int, timeout: float = 60.0) -> XferResult:
         """The result of one batch (other batches polled meanwhile are kept for their own wait)."""
-        return wait_ticket(self._results, ticket, self.poll, timeout, "Transfer.wait", self._tickets)
+        return wait_ticket(self._results, ticket, self._completions, timeout, "Transfer.wait", self._tickets)
 
     @property
     def pending(self) -> int:

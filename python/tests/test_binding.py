@@ -116,6 +116,31 @@ def test_tokens_are_int32():
             c.admit(np.arange(16, dtype=np.int32)[::2])
 
 
+def test_tokens_are_counted_from_their_memory_not_from_what_a_subclass_says():
+    """C reads as many tokens as the count says: a subclass whose __len__ or
+    __array_interface__ lies must not make it read past them (it segfaulted
+    page_hashes, and admit hashed memory past the array)."""
+    import array
+
+    class LyingArray(array.array):
+        def __len__(self):
+            return 1 << 26
+
+    class LyingNumpy(np.ndarray):
+        @property
+        def __array_interface__(self):
+            return dict(np.asarray(self).__array_interface__, shape=(1 << 26,))
+
+    toks = list(range(64))
+    want = kvtier.page_hashes(toks, 16)
+    for lying in (LyingArray("i", toks), np.arange(64, dtype=np.int32).view(LyingNumpy)):
+        assert kvtier.page_hashes(lying, 16) == want
+        with kvtier.Cache(l1_pages=64, l2_pages=0, page_tokens=16) as c:
+            r = c.admit(lying)
+            assert r.pages == 4, r
+            r.release()
+
+
 def test_page_hashes_are_the_stores_keys(tmp_path):
     toks = list(range(64))
     h = kvtier.page_hashes(toks, 16)

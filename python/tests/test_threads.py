@@ -144,6 +144,45 @@ def test_close_while_other_threads_call():
     assert "\nok " in out, out
 
 
+WAITS = """
+import sys, threading, time, kvtier, kvtier._core as core
+# the moment a poll has marked its batches taken, held open: another thread's wait then looks
+taken = core.Tickets.taken
+def slow_taken(self, results, *a, **kw):
+    taken(self, results, *a, **kw)
+    if results:
+        time.sleep(0.002)
+core.Tickets.taken = slow_taken
+t1, t2 = kvtier.Tier.host(64, 1, 64), kvtier.Tier.host(64, 1, 64)
+x = kvtier.Transfer([t1, t2], threads=2)
+errors = []
+
+def worker(k):
+    try:
+        for i in range(100):
+            r = x.wait(x.submit(0, 1, [(k, k)]), timeout=30)
+            assert r.ok, r
+    except BaseException as e:
+        errors.append(f"{type(e).__name__}: {e}")
+
+ths = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+for th in ths: th.start()
+for th in ths: th.join()
+assert errors == [] and x._results == {}, (errors[:3], len(x._results))
+x.close(); t1.close(); t2.close()
+print("ok")
+"""
+
+
+def test_waits_on_several_threads_each_get_their_own_batch():
+    """Four threads each submit and wait, on one Transfer: a wait whose
+    batch another thread's wait has just polled finds it kept for it (the
+    poll marks a batch taken and keeps its result in one step), never
+    "not a batch in flight" with the result left behind. The step is held
+    open a moment, so that the other threads look while it runs."""
+    assert "ok" in run_child(WAITS)
+
+
 def test_a_cache_call_waits_for_a_call_in_flight():
     """Serialised, not merely guarded: while one thread is inside a Cache call,
     another thread's call waits for it (observed with the cache's own lock
