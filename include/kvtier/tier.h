@@ -166,13 +166,15 @@ typedef struct kvt_tier_engine {
     bool device;             /* CUDA device pointers of device cfg.device (else host memory) */
 } kvt_tier_engine_t;
 
+#define KVT_TIER_NAME_MAX 63 /* bytes of a tier's name (shm, tcp and ucx names: 60) */
+
 typedef struct kvt_tier_config {
     uint32_t size;         /* sizeof(kvt_tier_config_t) */
     kvt_tier_kind_t kind;
     kvt_geom_t geom;
     uint32_t flags;
     const char *name;      /* shm: the segment name ("/kvtier-l2"); tcp, ucx: the peer, "host:port";
-                              others: a label (may be NULL) */
+                              others: a label (may be NULL); at most KVT_TIER_NAME_MAX bytes */
     int device;            /* cuda: the device ordinal */
     uint32_t streams;      /* tcp: connections per transfer worker (0: 4) */
     const kvt_tier_engine_t *engine; /* engine: the memory (copied at create; the pointer need not outlive it) */
@@ -190,7 +192,8 @@ typedef struct kvt_tier kvt_tier_t;
  * sum of the pieces, KVT_TIER_REGISTER on device memory, device memory that
  * is not device cfg.device's (or managed); a KVT_TIER_COPY_ flag on a tier not
  * on device memory, or both of them; tcp and ucx: a name that is not an IPv4
- * "a.b.c.d:port"; shm attach: a segment of another geometry), KVT_ENOMEM,
+ * "a.b.c.d:port"; a name over KVT_TIER_NAME_MAX bytes; shm attach: a segment
+ * of another geometry), KVT_ENOMEM,
  * KVT_ENOTSUP (cuda, or an engine tier on device memory, in a build without
  * CUDA, or no device), KVT_EEXIST (shm:
  * the segment belongs to a live process), KVT_ENOENT (shm attach: no such

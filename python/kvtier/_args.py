@@ -68,7 +68,10 @@ def number(v: Any, what: str, lo: float = 0.0, hi: float = math.inf) -> float:
     """v as a finite float in lo..hi (an int is a number)."""
     if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):
         raise TypeError(f"{what}: expected a number, not {type(v).__name__} {v!r}")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond any float: out of every range here
+        raise ValueError(f"{what}: {v!r} is out of range (expected {lo:g}..{hi:g})") from None
     if math.isnan(f) or not lo <= f <= hi:
         raise ValueError(f"{what}: {v!r} is out of range (expected {lo:g}..{hi:g})")
     return f
@@ -88,15 +91,19 @@ def flag(v: Any, what: str) -> bool:
     raise TypeError(f"{what}: expected True or False, not {type(v).__name__} {v!r}")
 
 
-def text(v: Any, what: str, optional: bool = False) -> Optional[bytes]:
-    """A str for a C string, UTF-8 encoded: None only when optional; no NUL."""
+def text(v: Any, what: str, optional: bool = False, max_bytes: Optional[int] = None) -> Optional[bytes]:
+    """A str for a C string, UTF-8 encoded: None only when optional; no NUL;
+    at most max_bytes encoded."""
     if v is None and optional:
         return None
     if not isinstance(v, str):
         raise TypeError(f"{what}: expected a str{' or None' if optional else ''}, not {type(v).__name__} {v!r}")
     if "\0" in v:
         raise ValueError(f"{what}: {v!r} holds a NUL character (C would cut it there)")
-    return v.encode()
+    b = v.encode()
+    if max_bytes is not None and len(b) > max_bytes:
+        raise ValueError(f"{what}: {len(b)} bytes of UTF-8 (at most {max_bytes})")
+    return b
 
 
 def instance(v: Any, cls: type, what: str, optional: bool = False) -> Any:

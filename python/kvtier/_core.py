@@ -706,7 +706,9 @@ def page_hashes(tokens: Any, page_tokens: int, ns: int = 0) -> list:
 
 
 def enum_arg(value: Any, parse, what: str, names: Sequence[str]) -> int:
-    """An enum given by name (or by its number: anything with __index__, a numpy integer too)."""
+    """An enum given by name (or by its number: anything with __index__, a numpy integer too; not a bool)."""
+    if _a.is_bool(value):
+        raise TypeError(f"{what}: expected a name ({', '.join(names)}), not {type(value).__name__} {value!r}")
     if not isinstance(value, str) and hasattr(value, "__index__"):
         value = operator.index(value)
         if not 0 <= value < len(names):

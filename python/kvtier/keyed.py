@@ -253,7 +253,7 @@ class KeyedCache(Handle):
 
     def __init__(self, pages: int, *, free_room: float = 0.0, events: bool = False, policy: str = "scores") -> None:
         super().__init__()
-        if policy not in POLICIES:
+        if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"policy: {policy!r} (expected one of {', '.join(POLICIES)})")
         arc = policy == "arc"
         cfg = KeyedConfig(size=ctypes.sizeof(KeyedConfig), events=1 if _a.flag(events, "events") else 0,

@@ -146,6 +146,10 @@ class KvtierCollector:
 
     def __init__(self, cache: Any = None, store: Any = None, xfer: Any = None, xfer_pairs=(),
                  labels: Optional[Dict[str, str]] = None, prefix: str = "kvtier") -> None:
+        if not isinstance(prefix, str) or not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", prefix) \
+                or prefix.startswith("__"):
+            raise ValueError(f"KvtierCollector prefix: {prefix!r} (expected a metric name: letters, digits, '_' "
+                             "and ':', not starting with a digit or '__')")
         self._sources = [_Source(cache, store, xfer, xfer_pairs, labels)]
         self.prefix = prefix
 

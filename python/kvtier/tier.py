@@ -19,6 +19,7 @@ __all__ = ["Tier", "Plane", "TensorInfo", "LAYOUTS", "KINDS"]
 LAYOUTS = ("page_first", "layer_first")
 KINDS = enum_names(lib.kvt_tier_kind_name, 7)
 _KIND = {k: i for i, k in enumerate(KINDS)}
+_NAME_MAX = 63  # tier.h's KVT_TIER_NAME_MAX: a label's bytes
 HUGE, LOCK, CHECKSUM, ATTACH, SHARED, REGISTER = 0x1, 0x2, 0x4, 0x8, 0x10, 0x20
 COPY_DMA, COPY_KERNEL = 0x40, 0x80
 _COPY = {"auto": 0, "dma": COPY_DMA, "kernel": COPY_KERNEL}  # device memory: how batches are copied (tier.h)
@@ -163,6 +164,15 @@ class TensorInfo(NamedTuple):
                 return False
             acc *= d
         return True
+
+
+def _shm_name(name: Any, what: str) -> bytes:
+    """A POSIX shared memory name as tier.h takes it: "/" then up to 59 bytes, no other "/"."""
+    b = _a.text(name, what)
+    if not b.startswith(b"/") or b"/" in b[1:] or not 2 <= len(b) <= 60:
+        raise ValueError(f"{what}: {name!r} (expected \"/\" and a name of 1..59 bytes with no other \"/\", "
+                         "e.g. \"/kvtier-l2\")")
+    return b
 
 
 def _geom(pages: int, layers: int, layer_bytes: int, layout: Union[str, int], what: str = "Tier") -> Geom:
@@ -347,7 +357,7 @@ class Tier(Handle):
         self._geom = Geom(g.pages, g.layers, g.layer_bytes, g.layout)
         self._kind = KINDS[lib.kvt_tier_kind(h)]
         name = lib.kvt_tier_name(h)
-        self._name = name.decode() if name else ""
+        self._name = name.decode(errors="replace") if name else ""
         self._host_visible = bool(lib.kvt_tier_host_visible(h))
         self._planes = lib.kvt_tier_planes(h)
         self._keep = list(keep)  # the tensors an engine tier points into
@@ -410,7 +420,7 @@ class Tier(Handle):
         cfg = TierConfig(kind=_KIND["host"], geom=_geom(pages, layers, layer_bytes, layout, w),
                          flags=(CHECKSUM if _a.flag(checksum, f"{w} checksum") else 0)
                          | (HUGE if _a.flag(huge, f"{w} huge") else 0) | (LOCK if _a.flag(lock, f"{w} lock") else 0),
-                         name=_a.text(name, f"{w} name", optional=True))
+                         name=_a.text(name, f"{w} name", optional=True, max_bytes=_NAME_MAX))
         return cls(cfg, what=w)
 
     @classmethod
@@ -430,7 +440,7 @@ class Tier(Handle):
                          flags=(ATTACH if _a.flag(attach, f"{w} attach") else 0)
                          | (CHECKSUM if _a.flag(checksum, f"{w} checksum") else 0)
                          | (LOCK if _a.flag(lock, f"{w} lock") else 0),
-                         name=_a.text(name, f"{w} name"))
+                         name=_shm_name(name, f"{w} name"))
         return cls(cfg, what=w)
 
     @classmethod
@@ -502,7 +512,7 @@ class Tier(Handle):
                         probes.setdefault(pr[2], pr)
         flags = (REGISTER if _a.flag(register, f"{w} register") else 0) | _copy_flag(copy, device)
         cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0),
-                         name=_a.text(name, f"{w} name", optional=True), device=device or 0, flags=flags)
+                         name=_a.text(name, f"{w} name", optional=True, max_bytes=_NAME_MAX), device=device or 0, flags=flags)
         cfg.engine = ctypes.pointer(eng)
         t = cls(cfg, hold, what=w, probes=list(probes.values()))
         t._spans = spans

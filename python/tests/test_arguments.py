@@ -31,6 +31,14 @@ def objs(tmp_path_factory):
         o.close()
 
 
+class _EqualsAll:
+    """Equal to everything: `in POLICIES` says yes to it."""
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
 def store(url, **kw):
     return kvtier.Store(url, model="m", page_tokens=16, layers=1, layer_bytes=64, **kw)
 
@@ -57,6 +65,20 @@ CASES = [
     ("tokens-dict", lambda o: o["c"].admit({1: 2}), TypeError, r"tokens: expected int32 token ids .* not dict"),
     ("tokens-bytearray", lambda o: kvtier.page_hashes(bytearray(8), 1), TypeError, r"tokens: .* not bytearray"),
     ("store-url-nul", lambda o: kvtier.Store("dir:/x\x00/etc"), ValueError, r"Store url: .* holds a NUL"),
+    ("poll-timeout-huge-int", lambda o: o["x"].poll(timeout=10 ** 400), ValueError,
+     r"Transfer.poll timeout: 1000.* is out of range"),
+    ("keyed-free-room-huge-int", lambda o: kvtier.KeyedCache(4, free_room=10 ** 400), ValueError,
+     r"free_room: 1000.* is out of range"),
+    ("cache-policy-bool", lambda o: kvtier.Cache(l1_pages=8, policy=True), TypeError,
+     r"policy: expected a name \(.*\), not bool True"),
+    ("keyed-policy-not-str", lambda o: kvtier.KeyedCache(4, policy=_EqualsAll()), ValueError, r"policy: .* \(expected one of"),
+    # a tier's label: 63 bytes of UTF-8 (C cut a longer one, inside a character too: UnicodeDecodeError, a tier leaked)
+    ("tier-name-long", lambda o: kvtier.Tier.host(4, 1, 64, name="é" * 32), ValueError,
+     r"Tier.host name: 64 bytes of UTF-8 \(at most 63\)"),
+    ("shm-name-no-slash", lambda o: kvtier.Tier.shm("kvtier-x", 4, 1, 64), ValueError,
+     r"Tier.shm name: 'kvtier-x' \(expected \"/\" and a name of 1..59 bytes"),
+    ("shm-name-inner-slash", lambda o: kvtier.Tier.shm("/a/b", 4, 1, 64), ValueError, r"Tier.shm name: '/a/b'"),
+    ("shm-name-long", lambda o: kvtier.Tier.shm("/" + "x" * 60, 4, 1, 64), ValueError, r"Tier.shm name: '/x+'"),
     # the same classes of fault elsewhere
     ("cache-float", lambda o: kvtier.Cache(l1_pages=1.5), TypeError, r"Cache: l1_pages: expected an integer"),
     ("cache-bool-field", lambda o: kvtier.Cache(decision_digest="yes"), TypeError,
@@ -141,6 +163,8 @@ def test_good_arguments_still_pass(objs):
         assert c2.config["decision_digest"] is True  # numpy's bool (numpy.bool from numpy 2) is a bool
     with kvtier.Cache(l1_pages=8, policy=np.int64(1)) as c3, kvtier.Tier.host(2, 2, 64, layout=np.int8(1)) as t3:
         assert c3.config["policy"] == kvtier.POLICIES[1] and t3.geom.layout == 1
+    with kvtier.Tier.host(2, 1, 64, name="é" * 31 + "x") as t4:  # 63 bytes: the longest label, whole
+        assert t4.name == "é" * 31 + "x"
 
 
 def test_a_library_that_is_not_libkvtier_is_an_import_error():

@@ -853,6 +853,15 @@ def test_a_cp_attached_cache_drives_its_transfer_engine_alone():
         c.close(), x.close(), l1.close(), l2.close()
 
 
+def test_prometheus_collector_refuses_a_prefix_that_is_no_metric_name():
+    pytest.importorskip("prometheus_client")
+    from kvtier.prometheus import KvtierCollector
+    for bad in (None, 5, "", "9lives", "__reserved", "a-b"):
+        with pytest.raises(ValueError, match="prefix: .* \\(expected a metric name"):
+            KvtierCollector(prefix=bad)
+    assert KvtierCollector(prefix="svc:kv_1").prefix == "svc:kv_1"
+
+
 def test_prometheus_collector_reports_two_caches_in_one_family_each():
     """Two collectors in one registry wrote every family twice (a second TYPE
     line: prometheus_client's own parser and promtool refuse the page); the

@@ -64,7 +64,7 @@ typedef struct kvt__region {
 
 struct kvt_tier {
     kvt_tier_config_t cfg;
-    char name[64];
+    char name[KVT_TIER_NAME_MAX + 1];
     const kvt__tier_ops_t *ops;
     uint8_t *base;      /* data (NULL for remote and engine tiers) */
     uint64_t *sums;     /* per-page checksums or NULL */

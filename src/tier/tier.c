@@ -118,6 +118,8 @@ int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *user) {
     if (cfg->kind == KVT_TIER_SHM && (cfg->name == NULL || cfg->name[0] != '/' || strlen(cfg->name) > 60 ||
                                       strchr(cfg->name + 1, '/') != NULL))
         return KVT_EINVAL;
+    /* a label cut short would name another tier, or end inside a character */
+    if (cfg->name != NULL && strlen(cfg->name) > KVT_TIER_NAME_MAX) return KVT_EINVAL;
     kvt_tier_t *t = KVT_NEW(kvt_tier_t);
     if (t == NULL) return KVT_ENOMEM;
     t->cfg = *cfg;

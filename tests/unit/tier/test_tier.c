@@ -335,7 +335,15 @@ Test(tier, bad_configs_einval) {
     EXPECT_BAD((c.kind = KVT_TIER_SHM, c.name = "/kvtier/inner"));
     EXPECT_BAD((c.kind = KVT_TIER_SHM,
                 c.name = "/kvtier-a-name-that-is-much-too-long-for-a-segment-0123456789abcdef"));
+    /* a label over KVT_TIER_NAME_MAX bytes (cut short it would name another tier, or end inside a character) */
+    EXPECT_BAD(c.name = "a-label-of-64-bytes-0123456789abcdef0123456789abcdef0123456789ab");
 #undef EXPECT_BAD
+    c = good;
+    c.name = "a-label-of-63-bytes-0123456789abcdef0123456789abcdef0123456789a";
+    cr_assert_eq(strlen(c.name), KVT_TIER_NAME_MAX);
+    cr_assert_eq(kvt_tier_create(&t, &c), KVT_OK);
+    cr_assert_str_eq(kvt_tier_name(t), c.name);
+    kvt_tier_destroy(t);
     cr_assert_eq(kvt_tier_create(NULL, &good), KVT_EINVAL);
     cr_assert_eq(kvt_tier_create(&t, NULL), KVT_EINVAL);
 }
