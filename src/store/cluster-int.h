@@ -33,8 +33,9 @@ int kvt__slotmap_parse(const void *reply, kvt__slotmap_t *m, char *why, size_t c
  * a few thousand items. */
 #define KVT__REDIS_MAX_ELEMENTS (1 << 20)
 struct redisReader;
-/* Puts the cap on a reader (a connection's c->reader). */
-void kvt__redis_cap_reader(struct redisReader *r);
+/* Puts the cap on a reader (a connection's c->reader); safe from any
+ * thread. KVT_ENOMEM when the capped table could not be made (then never). */
+int kvt__redis_cap_reader(struct redisReader *r);
 
 /* "host:port" / "[v6]:port" of len bytes. KVT_EINVAL. */
 int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *port);

@@ -99,23 +99,32 @@ int kvt__parse_hostport(const char *s, size_t len, char *host, size_t cap, int *
 static redisReplyObjectFunctions capped_fns;
 static void *(*hiredis_array)(const redisReadTask *, int);
 static pthread_once_t capped_once = PTHREAD_ONCE_INIT;
-static redisReplyObjectFunctions *first_fns;
+static bool capped_ready;
 
 static void *capped_array(const redisReadTask *t, int n) {
     return n > KVT__REDIS_MAX_ELEMENTS ? NULL : hiredis_array(t, n);
 }
 
+/* hiredis's default functions, learnt from a reader of its own (hiredis
+ * does not export the table; every reader it makes points at it). */
 static void init_capped(void) {
-    capped_fns = *first_fns;
+    redisReader *t = redisReaderCreate();
+    if (t == NULL || t->fn == NULL) {
+        if (t) redisReaderFree(t);
+        return; /* capped_ready stays false: every connection is refused (out of memory, once) */
+    }
+    capped_fns = *t->fn;
+    redisReaderFree(t);
     hiredis_array = capped_fns.createArray;
     capped_fns.createArray = capped_array;
+    capped_ready = true;
 }
 
-void kvt__redis_cap_reader(struct redisReader *r) {
-    if (r == NULL || r->fn == NULL || r->fn == &capped_fns) return;
-    first_fns = r->fn; /* hiredis's default functions: the same table for every reader */
+int kvt__redis_cap_reader(struct redisReader *r) {
     pthread_once(&capped_once, init_capped);
-    r->fn = &capped_fns;
+    if (!capped_ready) return KVT_ENOMEM;
+    if (r != NULL && r->fn != NULL) r->fn = &capped_fns;
+    return KVT_OK;
 }
 
 static const redisReply *field(const redisReply *map, const char *name) {

@@ -542,10 +542,19 @@ static int dir_open(kvt_store_t *s, const char *spec, void **out) {
     memcpy(tmp, d->root, plen + 1);
     struct stat st;
     int rc = KVT_OK;
+    char *abs = NULL;
     if (mkdir_p(tmp) != 0 || stat(d->root, &st) != 0) {
         kvt__store_error("dir store: cannot create '%s': %s", d->root, strerror(errno));
         rc = KVT_EIO;
+    } else if ((abs = realpath(d->root, NULL)) == NULL || strlen(abs) >= sizeof(d->root)) {
+        /* every path is built from the root: a relative one would follow the process's chdir away from
+         * the tree whose identity, index and bound were taken here */
+        kvt__store_error("dir store: '%s': %s", d->root, abs ? "its absolute path is too long" : strerror(errno));
+        rc = abs ? KVT_EINVAL : KVT_EIO;
+    } else {
+        memcpy(d->root, abs, strlen(abs) + 1);
     }
+    free(abs);
     if (rc == KVT_OK) rc = root_join(d, &st);
     if (rc != KVT_OK) {
         KVT_DELETE(d);

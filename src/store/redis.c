@@ -221,9 +221,8 @@ static redisReply *ask_by(redisContext *c, uint64_t deadline, const char *fmt, .
 static redisContext *connect_to(const rbe_t *b, const char *host, int port, char *why, size_t cap) {
     struct timeval tv = tv_of(kvt__store_timeout_ms(b->s));
     redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (c && c->reader) kvt__redis_cap_reader(c->reader);
-    if (c == NULL || c->err) {
-        snprintf(why, cap, "%.200s:%d unreachable: %s", host, port, c ? c->errstr : "out of memory");
+    if (c == NULL || c->err || kvt__redis_cap_reader(c->reader) != KVT_OK) {
+        snprintf(why, cap, "%.200s:%d unreachable: %s", host, port, c && c->err ? c->errstr : "out of memory");
         if (c) redisFree(c);
         return NULL;
     }

@@ -86,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the bytes as replies */
     redisReader *rd = redisReaderCreate();
     FZ_ASSERT(rd != NULL, "reader");
-    kvt__redis_cap_reader(rd); /* as every connection of the store */
+    FZ_ASSERT(kvt__redis_cap_reader(rd) == KVT_OK, "cap"); /* as every connection of the store */
     redisReaderFeed(rd, (const char *)data, size);
     for (int k = 0; k < 16; k++) {
         void *reply = NULL;

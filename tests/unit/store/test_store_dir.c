@@ -52,6 +52,36 @@ Test(store_dir, roundtrip_page_first) {
     roundtrip(&E, 32);
 }
 
+/* A relative root is the folder it named at open: after the process moves
+ * (chdir), gets find what was put, and puts land in that tree, not one
+ * under the new working directory that its index and bound never see. */
+Test(store_dir, a_relative_root_stays_where_it_was_opened) {
+    char a[200], b[200];
+    snprintf(a, sizeof(a), "%s/a", root);
+    snprintf(b, sizeof(b), "%s/b", root);
+    cr_assert_eq(mkdir(a, 0700), 0);
+    cr_assert_eq(mkdir(b, 0700), 0);
+    cr_assert_eq(chdir(a), 0); /* (each test runs in a process of its own) */
+    senv_init(&E, 8, 2, 256, KVT_LAYOUT_PAGE_FIRST);
+    cr_assert_eq(senv_open(&E, "dir:l3"), KVT_OK, "%s", kvt_store_last_error(NULL));
+    kvt_store_page_t p[4];
+    put_filled(&E, p, 2, 100);
+    cr_assert_eq(chdir(b), 0);
+    wipe(&E, 0, 2);
+    cr_assert_eq(run_op(E.store, kvt_store_get, p, 2).count, 2, "what was put before the chdir is found");
+    cr_assert(check(&E, 100, 0) && check(&E, 101, 1));
+    pages_of(p, 2, 200, 2);
+    fill(&E, 200, 2, 2);
+    cr_assert_eq(run_op(E.store, kvt_store_put, p, 2).count, 2);
+    cr_assert_eq(sstats(E.store, KVT_STORE_PUT).stored_objects, 4);
+    struct stat st;
+    cr_assert_neq(stat("l3", &st), 0, "no tree under the new working directory");
+    char hex[33], path[300];
+    kvt_store_key(E.store, &p[0].hash, hex);
+    snprintf(path, sizeof(path), "%s/l3/%.2s/%s", a, hex, hex);
+    cr_assert_eq(stat(path, &st), 0, "the put after the chdir is in the tree opened");
+}
+
 /* Objects are ROOT/<2 hex>/<32 hex>. One in the two-level layout earlier
  * builds wrote (ROOT/<2 hex>/<2 hex>/<32 hex>) is not read, and the open
  * says where such objects are, once. */
