@@ -121,7 +121,8 @@ KVT_API const char *kvt_store_op_name(kvt_store_op_t op); /* "exists", "get", "p
 /* Per-key results (kvt_store_done_t.results). */
 typedef enum kvt_store_result {
     KVT_STORE_OK = 0,      /* exists: present; get: served into the tier; put: stored; remove: removed */
-    KVT_STORE_MISS = 1,    /* exists, get, remove: no such object */
+    KVT_STORE_MISS = 1,    /* exists, get, remove: no such object (redis: a remove sent again after its
+                              connection broke may find gone what its first send removed) */
     KVT_STORE_BAD = 2,     /* get: an object failed its checks (a miss, counted as a bad object) */
     KVT_STORE_FAILED = 3   /* the store failed this key: down, timed out, full, refused (a miss for get) */
 } kvt_store_result_t;

@@ -255,7 +255,9 @@ static const char *kind_of(mode_t m) {
  * an open. Its pid tells only on the writer's own machine and in its own
  * PID namespace; elsewhere (another host on NFS, another container) a live
  * writer's pid may be free here, and a dead one's in use: such a file is
- * removed by its age alone, long past any put. */
+ * removed by its age alone, long past any put. On its own machine too the
+ * age decides once it is that old (the dead writer's pid may be another
+ * live process's by then). */
 #define TMP_ABANDONED_S 3600
 
 void kvt__dir_tmp_tag(char tag[17]) {
@@ -323,8 +325,11 @@ static int scan(dirroot_t *x, const dirbe_t *d) {
             long pid = 0;
             struct stat st;
             switch (tmp_kind(c->d_name, x->tag, &pid)) {
-            case TMP_OURS: /* a put that died: removed once its writer is gone */
-                if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) unlink(p2);
+            case TMP_OURS: /* a put that died: removed once its writer is gone, or once it is too old to be
+                            * a live put's (its pid may be another process's now) */
+                if ((kill((pid_t)pid, 0) != 0 && errno == ESRCH) ||
+                    (lstat(p2, &st) == 0 && st.st_mtim.tv_sec + TMP_ABANDONED_S < kvt__store_now(d->s).tv_sec))
+                    unlink(p2);
                 continue;
             case TMP_FOREIGN:
                 if (lstat(p2, &st) == 0 && st.st_mtim.tv_sec + TMP_ABANDONED_S < kvt__store_now(d->s).tv_sec) unlink(p2);

@@ -679,19 +679,23 @@ Test(store_dir, crash_mid_write_invisible) {
     cr_assert_eq(access(tmp, F_OK), 0);
     /* a live writer's (this process), and two of another machine or PID
      * namespace, whose pids mean nothing here: one a put might still be
-     * writing, one left an hour and more ago (in the form without a tag) */
-    char live[400], theirs[400], stale[400];
+     * writing, one left an hour and more ago (in the form without a tag);
+     * and one of this machine an hour old whose pid is a live process's now
+     * (its writer died long ago and the pid was given again: this one's) */
+    char live[400], theirs[400], stale[400], reused[400];
     snprintf(live, sizeof(live), "%s/.tmp.h%s.%ld.7.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
     snprintf(theirs, sizeof(theirs), "%s/.tmp.h0123456789abcdef.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
     snprintf(stale, sizeof(stale), "%s/.tmp.%ld.0.%s", dirp, (long)pid, strrchr(fin, '/') + 1);
-    const char *made[] = {live, theirs, stale};
-    for (int i = 0; i < 3; i++) {
+    snprintf(reused, sizeof(reused), "%s/.tmp.h%s.%ld.9.%s", dirp, tag, (long)getpid(), strrchr(fin, '/') + 1);
+    const char *made[] = {live, theirs, stale, reused};
+    for (int i = 0; i < 4; i++) {
         int fd = open(made[i], O_WRONLY | O_CREAT | O_EXCL, 0644);
         cr_assert(fd >= 0 && write(fd, good, ob / 2) == (ssize_t)(ob / 2));
         close(fd);
     }
     struct timespec old[2] = {{time(NULL) - 3700, 0}, {time(NULL) - 3700, 0}};
     cr_assert_eq(utimensat(AT_FDCWD, stale, old, 0), 0);
+    cr_assert_eq(utimensat(AT_FDCWD, reused, old, 0), 0);
     cr_assert_eq(run_op(E.store, kvt_store_exists, p, 1).count, 0u);
     kvt_store_page_t q = {.hash = p[0].hash, .page = 3};
     cr_assert_eq(run_op(E.store, kvt_store_get, &q, 1).r[0], KVT_STORE_MISS);
@@ -701,6 +705,7 @@ Test(store_dir, crash_mid_write_invisible) {
     cr_assert_eq(senv_open(&E, url), KVT_OK);
     cr_assert_neq(access(tmp, F_OK), 0, "a dead writer's temporary file survived open");
     cr_assert_neq(access(stale, F_OK), 0, "another machine's temporary file of an hour ago survived open");
+    cr_assert_neq(access(reused, F_OK), 0, "a temporary file of an hour ago whose pid is alive again survived open");
     cr_assert_eq(access(live, F_OK), 0, "a live writer's temporary file was removed");
     cr_assert_eq(access(theirs, F_OK), 0, "another machine's recent temporary file was removed (its put in flight)");
     cr_assert_eq(sstats(E.store, KVT_STORE_GET).stored_objects, 0u);
