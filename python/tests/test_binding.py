@@ -522,13 +522,15 @@ def test_tickets_polled_before_their_submit_recorded_them():
     ticket is not in flight (its result was taken)."""
     from kvtier._core import Tickets
     from kvtier.xfer import XferResult
-    tk = Tickets()
+    tk, none = Tickets(), {}
     tk.taken([XferResult(7, 0, "KVT_OK", 0, 1, 1, 0)])
-    assert tk.issued(7) == 7 and not tk.in_flight(7)
+    assert tk.issued(7) == 7 and not tk.pending(7, none)
     tk.issued(8)
-    assert tk.in_flight(8) and not tk.in_flight(7)
-    tk.taken([XferResult(8, 0, "KVT_OK", 0, 1, 1, 0)])
-    assert not tk.in_flight(8) and not tk._early and not tk._out
+    assert tk.pending(8, none) and not tk.pending(7, none)
+    done = {}
+    tk.taken([XferResult(8, 0, "KVT_OK", 0, 1, 1, 0)], into=done)  # a wait's poll: kept for its wait
+    assert not tk.pending(8, none) and tk.pending(8, done) and done[8].ticket == 8
+    assert not tk._early and not tk._out
 
 
 def test_store_on_a_real_redis(redis_server):
