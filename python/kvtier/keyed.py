@@ -101,9 +101,14 @@ class _Ctypes:
         rc = cls._pin(h, keys, n, pages)
         return rc, (pages[:n] if rc == 0 else None)
 
+    @staticmethod
+    def _keys_call(f, h: int, keys: bytes) -> int:
+        """A call of (handle, keys, n) -> status: unpin and ARC's touch and miss."""
+        return f(h, keys, _count(keys, "keys"))
+
     @classmethod
     def unpin(cls, h: int, keys: bytes) -> int:
-        return cls._unpin(h, keys, _count(keys, "keys"))
+        return cls._keys_call(cls._unpin, h, keys)
 
     @classmethod
     def touch(cls, h: int, keys: bytes, scores: bytes) -> None:
@@ -113,11 +118,11 @@ class _Ctypes:
 
     @classmethod
     def arc_touch(cls, h: int, keys: bytes) -> int:
-        return cls._arc_touch(h, keys, _count(keys, "keys"))
+        return cls._keys_call(cls._arc_touch, h, keys)
 
     @classmethod
     def arc_missed(cls, h: int, keys: bytes) -> int:
-        return cls._arc_missed(h, keys, _count(keys, "keys"))
+        return cls._keys_call(cls._arc_missed, h, keys)
 
     @classmethod
     def arc_finish(cls, h: int, keys: bytes, flags: bytes) -> int:

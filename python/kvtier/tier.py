@@ -512,7 +512,8 @@ class Tier(Handle):
                         probes.setdefault(pr[2], pr)
         flags = (REGISTER if _a.flag(register, f"{w} register") else 0) | _copy_flag(copy, device)
         cfg = TierConfig(kind=_KIND["engine"], geom=Geom(pages, layers, 0, 0),
-                         name=_a.text(name, f"{w} name", optional=True, max_bytes=_NAME_MAX), device=device or 0, flags=flags)
+                         name=_a.text(name, f"{w} name", optional=True, max_bytes=_NAME_MAX), device=device or 0,
+                         flags=flags)
         cfg.engine = ctypes.pointer(eng)
         t = cls(cfg, hold, what=w, probes=list(probes.values()))
         t._spans = spans

@@ -266,8 +266,8 @@ PyMODINIT_FUNC PyInit__keyed_calls(void); /* (exported: the one symbol the modul
 PyMODINIT_FUNC PyInit__keyed_calls(void) {
     PyObject *m = PyModule_Create(&module);
     /* what bind() takes, by name, in fn's order: kvtier.keyed binds by these */
-    PyObject *names = Py_BuildValue("(ssssssss)", "kvt_keyed_prepare_store", "kvt_keyed_complete_store", "kvt_keyed_pin",
-                                    "kvt_keyed_unpin", "kvt_keyed_touch", "kvt_keyed_arc_touch",
+    PyObject *names = Py_BuildValue("(ssssssss)", "kvt_keyed_prepare_store", "kvt_keyed_complete_store",
+                                    "kvt_keyed_pin", "kvt_keyed_unpin", "kvt_keyed_touch", "kvt_keyed_arc_touch",
                                     "kvt_keyed_arc_missed", "kvt_keyed_arc_finish");
     if (m == NULL || names == NULL || PyModule_AddObject(m, "FUNCTIONS", names) != 0) {
         Py_XDECREF(names);

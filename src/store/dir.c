@@ -557,7 +557,7 @@ static int dir_open(kvt_store_t *s, const char *spec, void **out) {
         kvt__store_error("dir store: '%s': %s", d->root, abs ? "its absolute path is too long" : strerror(errno));
         rc = abs ? KVT_EINVAL : KVT_EIO;
     } else {
-        memcpy(d->root, abs, strlen(abs) + 1);
+        strcpy(d->root, abs); /* (it fits: checked above) */
     }
     free(abs);
     if (rc == KVT_OK) rc = root_join(d, &st);
