@@ -397,6 +397,7 @@ _PROTOS = {
     "kvt_cache_prefetches": (u64, [vp]),
     "kvt_cache_commit": (c_int, [vp, P(CacheReq)]),
     "kvt_cache_release": (c_int, [vp, P(CacheReq)]),
+    "kvt_cache_abort": (c_int, [vp, P(CacheReq)]),
     "kvt_cache_poll": (c_int, [vp]),
     "kvt_cache_sync": (c_int, [vp]),
     "kvt_cache_attach": (c_int, [vp, vp, vp, c_uint, vp, c_uint]),

@@ -3,6 +3,7 @@ tier policies, driven by an engine's scheduler thread."""
 from __future__ import annotations
 
 import array
+import collections
 import ctypes
 import math
 import warnings
@@ -11,7 +12,7 @@ from typing import Any, Dict, Optional
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Error, Handle, check, enum_arg, enum_names, error, tokens_arg, using
+from ._core import ClosedError, Error, Handle, _Serial, check, enum_arg, enum_names, error, tokens_arg, using
 from ._lib import CacheConfig, CacheReq, CacheStats, RadixStats, lib
 
 __all__ = ["Cache", "Request", "Prefetch", "POLICIES", "WRITE_POLICIES", "PREFETCH_POLICIES"]
@@ -128,17 +129,57 @@ def attach_store(owner: Any, c: int, what: str, store: Any) -> Any:
     return store
 
 
+class _Held(weakref.ref):
+    """The cache's reference to an admitted request or a started prefetch:
+    weak to the Python object, strong to what the C cache needs to let it go
+    (the C request, or the prefetch's id). When the object is collected
+    while still held, the callback queues this reference, and the cache's
+    next call lets it go (``Cache._settle``): dropping a request must not
+    keep its pages locked for the cache's life."""
+
+    __slots__ = ("what",)
+
+    def __new__(cls, o: Any, queue: Any, what: Any) -> "_Held":
+        self = super().__new__(cls, o, queue)
+        self.what = what
+        return self
+
+    def __init__(self, o: Any, queue: Any, what: Any) -> None:
+        super().__init__(o, queue)
+
+
+class _Settling(_Serial):
+    """A cache's calls: each first lets go of what was collected while held
+    (Cache._settle), on the thread that makes the call, under its lock."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> int:
+        h = super().__enter__()
+        o = self._ref()
+        if o._dropped:
+            try:
+                o._settle(h)
+            except BaseException:
+                super().__exit__()
+                raise
+        return h
+
+
 class Request:
     """An admitted request: which of its pages were hits where, and the L1
-    page of each of its first ``pages`` pages (``l1_ids``). Release it once
-    (``release()``, or leave its ``with`` block); ``commit()`` first says
-    that its new pages hold their KV (release commits too)."""
+    page of each of its first ``pages`` pages (``l1_ids``). Let it go once:
+    ``release()`` once its forward pass wrote its new pages (``commit()``
+    says so earlier; release commits), ``abort()`` if it did not. Its
+    ``with`` block releases it, or aborts it when the block raises. A
+    request collected without either is aborted at the cache's next call."""
 
-    __slots__ = ("_cache", "_req", "l1_ids", "tokens", "released", "__weakref__")
+    __slots__ = ("_cache", "_req", "_key", "l1_ids", "tokens", "released", "__weakref__")
 
     def __init__(self, cache: "Cache", req: CacheReq, l1_ids: array.array, ntokens: int) -> None:
         self._cache = cache
         self._req = req
+        self._key = 0  # the cache's key of its _Held (Cache._hold)
         self.l1_ids = l1_ids  # the L1 page of each of its first `pages` pages
         self.tokens = ntokens
         self.released = False
@@ -179,16 +220,31 @@ class Request:
                 self._cache._check_memory()
             check(lib.kvt_cache_release(h, ctypes.byref(self._req)), "Request.release")
             self.released = True
-            self._cache._live.discard(self)
+            del self._cache._live[self._key]
+
+    def abort(self) -> None:
+        """Lets go of a request whose forward pass did not run or failed: its
+        new pages hold no KV and leave the cache; the pages it matched stay
+        cached. Committed, it is released. Busy (nothing changed) while a
+        request admitted after it holds its new pages or sits below them
+        (it matched them before this one committed): abort that one first."""
+        with self._cache._use as h:
+            if self.released:
+                raise error(-1, "Request.abort", "the request was released already")
+            check(lib.kvt_cache_abort(h, ctypes.byref(self._req)), "Request.abort",
+                  "a request admitted after it holds its new pages or was admitted below them (it matched "
+                  "them before this one committed): abort that one first; this one is still held")
+            self.released = True
+            del self._cache._live[self._key]
 
     def __enter__(self) -> "Request":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if not self.released and not self._cache.closed:
             try:
-                self.release()
-            except ClosedError:  # the cache closed meanwhile, on another thread: it released the request
+                self.release() if exc_type is None else self.abort()
+            except ClosedError:  # the cache closed meanwhile, on another thread: it let the request go
                 pass
 
     def __repr__(self) -> str:
@@ -202,16 +258,21 @@ class Prefetch:
     finished by the request's admission (``Cache.admit(tokens, prefetch=p)``)
     or dropped by ``cancel()``."""
 
-    __slots__ = ("_cache", "id", "_tokens", "done")
+    __slots__ = ("_cache", "id", "_tokens", "done", "_key", "__weakref__")
 
     def __init__(self, cache: "Cache", pid: int, tokens: Any) -> None:
-        self._cache, self.id, self._tokens, self.done = cache, pid, tokens, pid == 0
+        self._cache, self.id, self._tokens, self.done, self._key = cache, pid, tokens, pid == 0, 0
 
     def cancel(self) -> None:
         with self._cache._use as h:
             if not self.done:
                 check(lib.kvt_cache_prefetch_cancel(h, self.id), "Prefetch.cancel")
-                self.done = True
+                self._finished()
+
+    def _finished(self) -> None:  # (under the cache's lock)
+        self.done = True
+        if self._key:
+            del self._cache._live[self._key]
 
 
 class Cache(Handle):
@@ -244,6 +305,11 @@ class Cache(Handle):
         class). TypeError for an unknown option, ValueError for an unknown
         policy name, InvalidArgument for a value out of range."""
         super().__init__()
+        # Requests and prefetches held (not let go yet), in the order they were made, by their
+        # references' ids; and the references whose object was collected while held.
+        self._live: Dict[int, _Held] = {}
+        self._dropped: collections.deque = collections.deque()
+        self._use = self._use_poll = _Settling(self)
         cfg = _default_config()
         for k, v in config.items():
             if k not in CONFIG_FIELDS:
@@ -255,7 +321,6 @@ class Cache(Handle):
             raise error(rc, "Cache", "a field is out of range: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
         self._own(h.value)
         self._cfg = cfg
-        self._live: "weakref.WeakSet[Request]" = weakref.WeakSet()
         self._ids = array.array("I", bytes(4 * 64))
         self._store = None
         self._tiers: list = []  # attached engine tiers whose memory is checked before each call that copies
@@ -264,13 +329,44 @@ class Cache(Handle):
         for t in self._tiers:
             t._check_memory()
 
+    def _hold(self, o: Any, what: Any) -> None:
+        """o (a Request or Prefetch, made under the cache's lock) is held until let go."""
+        ref = _Held(o, self._dropped.append, what)
+        o._key = id(ref)
+        self._live[o._key] = ref
+
+    def _settle(self, h: int) -> None:
+        """Lets go of what was collected while held: a request is aborted (its
+        KV cannot be known to be written), a prefetch cancelled. A request
+        that cannot be aborted yet (one admitted after it depends on its new
+        pages) is tried again at the next call. Under the cache's lock."""
+        busy = []
+        while self._dropped:
+            ref = self._dropped.popleft()
+            if self._live.get(id(ref)) is not ref:
+                continue  # let go before it was collected
+            what = ref.what
+            if isinstance(what, CacheReq):
+                if lib.kvt_cache_abort(h, ctypes.byref(what)) < 0:
+                    busy.append(ref)
+                    continue
+            else:
+                lib.kvt_cache_prefetch_cancel(h, what)
+            del self._live[id(ref)]
+        self._dropped.extend(busy)
+
     def _destroy(self, h: int) -> None:
-        if any(not r.released for r in self._live) and not memory_intact(self, "Cache"):
-            return  # releasing would copy out of freed memory: the C cache is left, not freed
-        for r in list(self._live):  # every admitted request is released once
-            if not r.released:
-                lib.kvt_cache_release(h, ctypes.byref(r._req))
-                r.released = True
+        held = [ref.what for ref in self._live.values() if isinstance(ref.what, CacheReq)]
+        if held and not memory_intact(self, "Cache"):
+            return  # letting them go could copy out of freed memory: the C cache is left, not freed
+        for req in reversed(held):  # the last admitted first: a request depends only on earlier ones
+            if lib.kvt_cache_abort(h, ctypes.byref(req)) < 0:
+                lib.kvt_cache_release(h, ctypes.byref(req))
+        for ref in self._live.values():
+            o = ref()
+            if o is not None and isinstance(o, Request):
+                o.released = True
+        self._live.clear()
         lib.kvt_cache_destroy(h)
 
     @property
@@ -330,12 +426,12 @@ class Cache(Handle):
                 rc = lib.kvt_cache_admit_prefetched(h, prefetch.id, ns, addr, n, priority, ids_addr,
                                                     ctypes.byref(req))
                 if rc == 0:
-                    prefetch.done = True
+                    prefetch._finished()
             del keep
             if rc < 0:
                 raise error(rc, "Cache.admit")
             r = Request(self, req, self._ids[:req.pages], n)
-            self._live.add(r)
+            self._hold(r, req)
         return r
 
     def prefetch(self, tokens: Any, ns: int = 0) -> Prefetch:
@@ -348,7 +444,10 @@ class Cache(Handle):
         with self._use as h:
             self._check_memory()
             check(lib.kvt_cache_prefetch(h, ns, addr, n, ctypes.byref(pid)), "Cache.prefetch")
-        return Prefetch(self, pid.value, keep)
+            p = Prefetch(self, pid.value, keep)
+            if pid.value:
+                self._hold(p, pid.value)
+        return p
 
     @property
     def prefetches(self) -> int:

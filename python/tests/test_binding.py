@@ -106,6 +106,101 @@ def test_request_lifecycle_and_use_after_close():
     c.close()  # idempotent
 
 
+def test_abort_takes_back_a_requests_new_pages_and_with_aborts_when_its_block_raises():
+    """An aborted request's new pages hold no KV: they leave the cache (the
+    next request with the same tokens hits only what the aborted one
+    matched). Its with block aborts it when the block raises, releases it
+    otherwise; a committed request's abort is a release."""
+    toks = np.arange(48, dtype=np.int32)  # 12 pages of 4
+    with kvtier.Cache(l1_pages=64, l2_pages=64, page_tokens=4) as c:
+        c.admit(toks[:16]).release()
+        r = c.admit(toks)
+        assert (r.l1_hit_pages, r.new_pages) == (4, 8)
+        r.abort()
+        assert r.released and c.stats()["aborted_pages"] == 8
+        for again in (r.abort, r.release):
+            with pytest.raises(kvtier.InvalidArgument, match="released already"):
+                again()
+        with pytest.raises(RuntimeError, match="the forward pass failed"):
+            with c.admit(toks) as r:
+                assert r.l1_hit_pages == 4, "the aborted pages were no hit"
+                raise RuntimeError("the forward pass failed")
+        assert r.released and c.stats()["aborted_pages"] == 16
+        with c.admit(toks) as r:
+            assert r.l1_hit_pages == 4
+        with c.admit(toks) as r:
+            assert r.l1_hit_pages == 12, "released: its pages stay"
+        r = c.admit(np.arange(100, 148, dtype=np.int32))
+        r.commit()
+        r.abort()  # committed: released
+        with c.admit(np.arange(100, 148, dtype=np.int32)) as r:
+            assert r.l1_hit_pages == 12
+        assert c.stats()["aborted_pages"] == 16
+        c.check()
+
+
+def test_an_abort_that_another_request_depends_on_is_refused_and_changes_nothing():
+    toks = np.arange(32, dtype=np.int32)
+    with kvtier.Cache(l1_pages=64, l2_pages=64, page_tokens=4) as c:
+        first = c.admit(toks)
+        second = c.admit(toks)  # matched the first's pages before it committed
+        assert second.l1_hit_pages == 8
+        before = (c.stats(), c.tree_stats())
+        with pytest.raises(kvtier.Busy, match="abort that one first; this one is still held"):
+            first.abort()
+        assert not first.released and (c.stats(), c.tree_stats()) == before
+        with pytest.raises(kvtier.Busy):
+            with first:  # a block that raises aborts: refused, the error says so
+                raise RuntimeError("the forward pass failed")
+        second.abort()  # no new pages: released
+        first.abort()
+        assert c.stats()["aborted_pages"] == 8 and c.tree_stats()["pages"] == 0
+        c.check()
+
+
+def test_a_request_or_prefetch_dropped_while_held_is_let_go_at_the_next_call(tmp_path):
+    """Nothing keeps pages locked for good because its request or prefetch
+    object was dropped: the cache's next call aborts the request (its KV
+    cannot be known to be written) and cancels the prefetch."""
+    toks = np.arange(64, dtype=np.int32)  # 16 pages of 4
+    with kvtier.Cache(l1_pages=32, l2_pages=0, page_tokens=4, l1_free_room=0) as c:
+        c.admit(toks)  # dropped at once, never released
+        gc.collect()
+        r = c.admit(toks)
+        assert (r.l1_hit_pages, r.new_pages) == (0, 16), "the pages were taken back"
+        assert c.stats()["l1_free"] == 16
+        r.commit()
+        del r  # committed, then dropped: released, its pages stay
+        gc.collect()
+        with c.admit(toks) as r:
+            assert r.l1_hit_pages == 16
+        assert c.stats()["aborted_pages"] == 16
+        # dropped while a later request depends on it: let go once that one is
+        first, second = c.admit(np.arange(1000, 1032, dtype=np.int32)), None
+        second = c.admit(np.arange(1000, 1036, dtype=np.int32))
+        del first
+        gc.collect()
+        assert c.stats()["aborted_pages"] == 16, "still held: the second request depends on its pages"
+        second.abort()
+        c.check()  # (a call: the first is let go)
+        assert c.stats()["aborted_pages"] == 16 + 1 + 8
+        assert c.tree_stats()["pages"] == 16
+    url = f"dir:{tmp_path}/l3"
+    with kvtier.Tier.host(32, 1, 64) as l2, kvtier.Store(url, tier=l2, model="m", page_tokens=16) as s:
+        with kvtier.Cache(l1_pages=32, l2_pages=32, page_tokens=16, l3_write_policy="write_through") as c:
+            c.attach_store(s)
+            with c.admit(np.arange(256, dtype=np.int32)):
+                pass
+            c.sync()
+        with kvtier.Cache(l1_pages=32, l2_pages=32, page_tokens=16) as c:
+            c.attach_store(s)
+            p = c.prefetch(np.arange(256, dtype=np.int32))
+            assert p.id and c.prefetches == 1
+            del p
+            gc.collect()
+            assert c.prefetches == 0
+
+
 def test_tokens_are_int32():
     with kvtier.Cache(l1_pages=16, l2_pages=0, page_tokens=4) as c:
         with pytest.raises(TypeError, match="int32"):

@@ -241,6 +241,8 @@ uint64_t kvt__policy_score(void *ctx, const kvt_rnode_t *n, kvt__vset_t set);
 void kvt__policy_on_hit(kvt_cache_t *c, kvt_rnode_t *n, int32_t priority);
 /* n is about to lose its last k pages, the last first (and, with its last, to be freed). */
 void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k);
+/* The same for pages that never held KV (an aborted request's): no ghost remembers them. */
+void kvt__policy_on_drop(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k);
 /* n's last pages are about to leave, the last first: up to m (>= 1) of them,
  * while kvt__policy_l1_first stays `first` (asked before each page after the
  * first, as the pages leave). Returns how many (>= 1). */

@@ -159,11 +159,15 @@ static kvt__vset_t l1_first_with(const kvt_cache_t *c, uint64_t cls0) {
     return c->cfg.policy == KVT_POLICY_ARC && (double)cls0 <= c->pol.arc_p ? KVT_VSET_L1_HI : KVT_VSET_L1;
 }
 
-void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k) {
+void kvt__policy_on_drop(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k) {
     if (n->policy.set) c->pol.slru_pages -= k;
+    if (two_classes(c)) c->pol.cls_pages[(n->policy.word[0] & PROTECTED) != 0] -= k;
+}
+
+void kvt__policy_on_trim(kvt_cache_t *c, kvt_rnode_t *n, uint32_t k) {
+    kvt__policy_on_drop(c, n, k);
     if (!two_classes(c)) return;
     unsigned cls = (n->policy.word[0] & PROTECTED) != 0;
-    c->pol.cls_pages[cls] -= k;
     kvt__ghost_add_keys(&c->pol.ghost[c->cfg.policy == KVT_POLICY_ARC ? cls : 0], n->key + n->npages - k, k); /* tail first */
 }
 

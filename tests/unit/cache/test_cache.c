@@ -74,8 +74,8 @@ static lpage_t *lfind(lru_model_t *m, const int32_t *q, uint32_t k) {
 /* The page one shorter than p (its parent), which counts p among its kids; NULL for a first page. */
 static lpage_t *lparent(lru_model_t *m, const lpage_t *p) { return p->k > 1 ? lfind(m, p->tok, p->k - 1) : NULL; }
 
-/* Admits q (n pages) at time t; returns the hit pages. */
-static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t t) {
+/* Admits q (n pages) at time t; returns the hit pages (*inserted: the pages added). */
+static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t t, uint32_t *inserted) {
     uint32_t hit = 0;
     while (hit < n && lfind(m, q, hit + 1)) lfind(m, q, ++hit)->last = t;
     uint64_t need = n - hit;
@@ -111,7 +111,21 @@ static uint32_t lru_admit(lru_model_t *m, const int32_t *q, uint32_t n, uint64_t
         if (up) up->kids++;
         m->present++;
     }
+    *inserted = ins;
     return hit;
+}
+
+/* The pages hit + 1 .. hit + ins of q, which an admission just added, leave
+ * (the request was aborted): the last first, each a leaf when it goes. */
+static void lru_abort(lru_model_t *m, const int32_t *q, uint32_t hit, uint32_t ins) {
+    for (uint32_t k = hit + ins; k > hit; k--) {
+        lpage_t *p = lfind(m, q, k);
+        cr_assert(p != NULL && p->kids == 0);
+        p->used = false;
+        lpage_t *up = lparent(m, p);
+        if (up) up->kids--;
+        m->present--;
+    }
 }
 
 static uint32_t g_lanes = 1; /* L1 owner lanes of the caches make_cache builds */
@@ -136,8 +150,10 @@ static kvt_cache_t *make_cache(uint64_t l1, uint64_t l2, double room1, double ro
 }
 
 /* One tier, LRU: every request's hits equal the simulator's, at several
- * capacities, with and without a free-room target. */
-Test(cache, lru_matches_an_independent_simulator, .timeout = 300) {
+ * capacities, with and without a free-room target; with abort_every > 0,
+ * every so many requests (at random, one in abort_every) is aborted rather
+ * than released, and the simulator takes back the pages it added. */
+static void lru_against_the_simulator(uint32_t abort_every) {
     static lru_model_t m;
     static stream_t s;
     static int32_t q[MAXP * PT];
@@ -150,26 +166,43 @@ Test(cache, lru_matches_an_independent_simulator, .timeout = 300) {
         m.cap = cases[ci].cap;
         m.target = (uint64_t)ceil(cases[ci].room * (double)m.cap);
         kvt_cache_t *c = make_cache(m.cap, 0, cases[ci].room, 0, KVT_POLICY_LRU, KVT_WRITE_THROUGH_SELECTIVE);
-        uint64_t hits = 0;
+        uint64_t hits = 0, aborted = 0;
         for (uint64_t t = 1; t <= 1500; t++) {
-            uint32_t n = next_request(&s, q);
+            uint32_t n = next_request(&s, q), ins;
             kvt_cache_req_t req;
             cr_assert_eq(kvt_cache_admit(c, 0, q, (uint64_t)n * PT + kvt_rng_below(&s.rng, PT), 0, NULL, &req), KVT_OK);
-            uint32_t want = lru_admit(&m, q, n, t);
+            uint32_t want = lru_admit(&m, q, n, t, &ins);
             cr_assert_eq(req.l1_hit_pages, want, "seed %" PRIu64 " request %" PRIu64 ": %" PRIu64 " hit pages, model %u",
                          seed, t, req.l1_hit_pages, want);
+            cr_assert_eq(req.new_pages, ins);
             hits += want;
-            cr_assert_eq(kvt_cache_release(c, &req), KVT_OK);
+            if (abort_every && kvt_rng_below(&s.rng, abort_every) == 0) {
+                cr_assert_eq(kvt_cache_abort(c, &req), KVT_OK);
+                lru_abort(&m, q, want, ins);
+                aborted += ins;
+            } else {
+                cr_assert_eq(kvt_cache_release(c, &req), KVT_OK);
+            }
             kvt_radix_stats_t rs = {.size = sizeof(rs)};
             kvt_radix_stats(kvt_cache_tree(c), &rs);
             cr_assert_eq(rs.pages, m.present, "request %" PRIu64 ": %" PRIu64 " pages cached, model %u", t, rs.pages, m.present);
         }
-        fprintf(stderr, "cache lru model: %" PRIu64 " hit pages, all equal to the model's\n", hits);
+        fprintf(stderr, "cache lru model: %" PRIu64 " hit pages, all equal to the model's (%" PRIu64 " pages aborted)\n",
+                hits, aborted);
         cr_assert_gt(hits, 300, "the stream shares prefixes");
+        kvt_cache_stats_t st = {.size = sizeof(st)};
+        kvt_cache_stats(c, &st);
+        cr_assert_eq(st.aborted_pages, aborted);
+        if (abort_every) cr_assert_gt(aborted, 100, "the stream aborts requests with new pages");
         const char *why;
         cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
         kvt_cache_destroy(c);
     }
+}
+
+Test(cache, lru_matches_an_independent_simulator, .timeout = 300) { lru_against_the_simulator(0); }
+Test(cache, aborted_requests_take_back_their_new_pages_as_the_simulator_does, .timeout = 300) {
+    lru_against_the_simulator(4);
 }
 
 /* ---- two tiers: invariants under every policy and write policy ---- */
@@ -411,6 +444,98 @@ Test(cache, another_caches_request_is_refused) {
     cr_assert_eq(kvt_cache_release(b, &rb), KVT_OK);
     kvt_cache_destroy(a);
     kvt_cache_destroy(b);
+}
+
+static uint64_t ghosts(const kvt_cache_t *c) { return kvt__ghost_live(&c->pol.ghost[0]) + kvt__ghost_live(&c->pol.ghost[1]); }
+
+/* What an abort takes back and what it leaves: the matched pages stay
+ * cached; the new ones leave, with no backup made and no ghost kept; a
+ * committed request is released; a second abort or release is refused. */
+Test(cache, an_abort_takes_back_only_the_new_pages) {
+    const kvt_policy_t pols[] = {KVT_POLICY_LRU, KVT_POLICY_ARC, KVT_POLICY_S2LRU, KVT_POLICY_SLRU};
+    int32_t q[12 * PT];
+    for (int i = 0; i < 12 * PT; i++) q[i] = i;
+    for (size_t pi = 0; pi < sizeof(pols) / sizeof(pols[0]); pi++) {
+        kvt_cache_t *c = make_cache(64, 64, 0, 0, pols[pi], KVT_WRITE_THROUGH);
+        kvt_cache_req_t a, b;
+        cr_assert_eq(kvt_cache_admit(c, 0, q, 8 * PT, 0, NULL, &a), KVT_OK);
+        cr_assert_eq(kvt_cache_release(c, &a), KVT_OK);
+        kvt_cache_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+        kvt_cache_stats(c, &before);
+        uint64_t ghosts_before = ghosts(c);
+        cr_assert_eq(kvt_cache_admit(c, 0, q, 12 * PT, 0, NULL, &b), KVT_OK);
+        cr_assert(b.l1_hit_pages == 8 && b.new_pages == 4 && !b.committed);
+        cr_assert_eq(kvt_cache_abort(c, &b), KVT_OK);
+        cr_assert_eq(kvt_cache_abort(c, &b), KVT_EINVAL, "aborted twice");
+        cr_assert_eq(kvt_cache_release(c, &b), KVT_EINVAL, "released after its abort");
+        kvt_cache_stats(c, &after);
+        cr_assert_eq(after.aborted_pages, 4);
+        cr_assert_eq(after.backups, before.backups, "an abort backs up nothing");
+        cr_assert_eq(after.l1_free, before.l1_free, "its L1 pages went back");
+        cr_assert_eq(after.dropped_pages, before.dropped_pages, "no cached page left");
+        cr_assert_eq(ghosts(c), ghosts_before, "no ghost of pages that never held KV");
+        kvt_radix_stats_t rs = {.size = sizeof(rs)};
+        kvt_radix_stats(kvt_cache_tree(c), &rs);
+        cr_assert_eq(rs.pages, 8);
+        const char *why;
+        cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
+        cr_assert_eq(kvt_cache_admit(c, 0, q, 12 * PT, 0, NULL, &b), KVT_OK);
+        cr_assert(b.l1_hit_pages == 8 && b.new_pages == 4, "the aborted pages are no hit");
+        cr_assert_eq(kvt_cache_commit(c, &b), KVT_OK);
+        cr_assert_eq(kvt_cache_abort(c, &b), KVT_OK, "committed: released");
+        cr_assert_eq(kvt_cache_admit(c, 0, q, 12 * PT, 0, NULL, &b), KVT_OK);
+        cr_assert_eq(b.l1_hit_pages, 12, "a committed request's pages stay");
+        cr_assert_eq(kvt_cache_abort(c, &b), KVT_OK, "no new pages: released");
+        kvt_cache_stats(c, &after);
+        cr_assert_eq(after.aborted_pages, 4);
+        cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
+        kvt_cache_destroy(c);
+    }
+}
+
+/* An abort is refused, changing nothing, while another request holds one of
+ * its new pages or was admitted below them (both matched pages that held no
+ * KV yet, against commit's rule); once that one is let go, it goes through,
+ * taking back the whole chain of nodes the other's match split. */
+Test(cache, an_abort_others_depend_on_is_refused_and_changes_nothing) {
+    kvt_cache_t *c = make_cache(64, 64, 0, 0, KVT_POLICY_LRU, KVT_WRITE_THROUGH);
+    int32_t q[16 * PT], r[14 * PT];
+    for (int i = 0; i < 16 * PT; i++) q[i] = i;
+    memcpy(r, q, 12 * PT * sizeof(int32_t));
+    for (int i = 12 * PT; i < 14 * PT; i++) r[i] = -i;
+    kvt_cache_req_t a, b, d;
+    cr_assert_eq(kvt_cache_admit(c, 0, q, 4 * PT, 0, NULL, &a), KVT_OK);
+    cr_assert_eq(kvt_cache_release(c, &a), KVT_OK);
+    cr_assert_eq(kvt_cache_admit(c, 0, q, 12 * PT, 0, NULL, &b), KVT_OK); /* 4 hit, 8 new */
+    for (int round = 0; round < 2; round++) {
+        if (round == 0) /* holds two of b's new pages: its match splits b's node */
+            cr_assert_eq(kvt_cache_admit(c, 0, q, 6 * PT, 0, NULL, &d), KVT_OK);
+        else /* admitted below b's new pages */
+            cr_assert_eq(kvt_cache_admit(c, 0, r, 14 * PT, 0, NULL, &d), KVT_OK);
+        kvt_cache_stats_t st0 = {.size = sizeof(st0)}, st1 = {.size = sizeof(st1)};
+        kvt_radix_stats_t rs0 = {.size = sizeof(rs0)}, rs1 = {.size = sizeof(rs1)};
+        kvt_cache_stats(c, &st0);
+        kvt_radix_stats(kvt_cache_tree(c), &rs0);
+        kvt_cache_req_t b_before = b;
+        cr_assert_eq(kvt_cache_abort(c, &b), KVT_EBUSY, "round %d", round);
+        kvt_cache_stats(c, &st1);
+        kvt_radix_stats(kvt_cache_tree(c), &rs1);
+        cr_assert(memcmp(&st0, &st1, sizeof(st0)) == 0 && memcmp(&rs0, &rs1, sizeof(rs0)) == 0, "round %d: changed", round);
+        cr_assert(memcmp(&b, &b_before, sizeof(b)) == 0);
+        const char *why;
+        cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
+        cr_assert_eq(kvt_cache_abort(c, &d), KVT_OK);
+    }
+    cr_assert_eq(kvt_cache_abort(c, &b), KVT_OK);
+    kvt_radix_stats_t rs = {.size = sizeof(rs)};
+    kvt_radix_stats(kvt_cache_tree(c), &rs);
+    cr_assert_eq(rs.pages, 4, "the first request's");
+    kvt_cache_stats_t st = {.size = sizeof(st)};
+    kvt_cache_stats(c, &st);
+    cr_assert_eq(st.aborted_pages, 2 + 8, "round 1's 2 new pages, then b's 8 in two nodes");
+    const char *why;
+    cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
+    kvt_cache_destroy(c);
 }
 
 /* A multi-lane L1 (CP owner lanes) drifts out of balance under eviction; an
