@@ -114,13 +114,48 @@ static size_t json_number(const char *s, size_t n) {
     return i < n && s[i] && strchr("0123456789+-.eE", s[i]) ? 0 : i; /* (more of a number: 01, 1.2.3, 1e5e5) */
 }
 
+/* Whether the number at s (k bytes of JSON's grammar) is not a whole number
+ * while the double it reads as is one (0.99999999999999999 reads as 1, 1e-400
+ * as 0): a trace's integers must not be rounded into being. *oom when the
+ * copy strtod needs could not be made. */
+static bool rounds_to_whole(const char *s, size_t k, bool *oom) {
+    size_t i = s[0] == '-', j = i;
+    while (j < k && isdigit((unsigned char)s[j])) j++;
+    size_t nint = j - i, fs = j, nfrac = 0;
+    if (j < k && s[j] == '.') {
+        for (fs = ++j; j < k && isdigit((unsigned char)s[j]);) j++;
+        nfrac = j - fs;
+    }
+    long e = 0; /* the exponent, held to +-10^7 (beyond any digit count here) */
+    if (j < k) {
+        bool neg = s[++j] == '-';
+        if (s[j] == '-' || s[j] == '+') j++;
+        for (; j < k; j++)
+            if (e < 10000000) e = e * 10 + (s[j] - '0');
+        if (neg) e = -e;
+    }
+    /* whole when every digit at or past the decimal point, once the exponent moved it, is 0 */
+    long point = (long)nint + e;
+    bool whole = true;
+    for (size_t t = point > 0 ? (size_t)point : 0; t < nint + nfrac && whole; t++)
+        whole = (t < nint ? s[i + t] : s[fs + t - nint]) == '0';
+    if (whole) return false;
+    char buf[128], *z = k < sizeof(buf) ? buf : kvt__malloc(k + 1);
+    if (z == NULL) return *oom = true, false;
+    memcpy(z, s, k);
+    z[k] = '\0';
+    double d = strtod(z, NULL);
+    if (z != buf) kvt__free(z, k + 1);
+    return floor(d) == d;
+}
+
 /* What strict JSON refuses that cJSON takes, found before it reads the line:
  * a control byte outside a string (cJSON skips every byte <= 0x20) or a raw
  * one inside, \u0000 or a \u without four hex digits (it reads both as a
  * NUL, which cuts a key short: "timestamp\u0000x" read as "timestamp"), an
- * escape JSON has not, bytes that are not UTF-8, a number outside JSON's grammar,
- * a byte-order mark (the caller lets the file's first line start with
- * one). NULL, or what, with its 0-based column in *col. Also the deepest
+ * escape JSON has not, bytes that are not UTF-8, a number outside JSON's
+ * grammar or one a double rounds to a whole one, a byte-order mark (the
+ * caller lets the file's first line start with one). NULL, or what, with its 0-based column in *col. Also the deepest
  * nesting of arrays and objects, strings skipped, into *deepest: cJSON
  * refuses past CJSON_NESTING_LIMIT, and "not valid JSON" would be wrong. */
 static const char *not_strict(const char *text, size_t len, size_t *col, size_t *deepest) {
@@ -162,6 +197,9 @@ static const char *not_strict(const char *text, size_t len, size_t *col, size_t 
         if (c == '-' || (c >= '0' && c <= '9')) {
             size_t k = json_number(text + i, len - i);
             if (k == 0) return "a malformed number";
+            bool oom = false;
+            if (rounds_to_whole(text + i, k, &oom)) return "a number that is not whole but reads as one (write it exactly)";
+            if (oom) return "out of memory";
             i += k;
             continue;
         }

@@ -165,6 +165,12 @@ Test(trace, what_strict_json_refuses_is_named_with_its_column) {
         {L("{\"input_length\": 5., \"hash_ids\": [1]}"), "a malformed number", 18},
         {L("{\"input_length\": 5, \"hash_ids\": [1e]}"), "a malformed number", 34},
         {L("{\"input_length\": 5, \"hash_ids\": [-01]}"), "a malformed number", 34},
+        /* not whole, but a double rounds them to whole ones: refused, not rounded into a request */
+        {L("{\"input_length\": 0.99999999999999999, \"hash_ids\": [1]}"), "not whole but reads as one", 18},
+        {L("{\"input_length\": 512.00000000000001, \"hash_ids\": [1, 2, 3, 4, 5]}"), "not whole but reads as one", 18},
+        {L("{\"input_length\": 5, \"hash_ids\": [1e-400]}"), "not whole but reads as one", 34},
+        {L("{\"input_length\": 5, \"hash_ids\": [4294967295.0000001]}"), "not whole but reads as one", 34},
+        {L("{\"input_length\": 5, \"hash_ids\": [1], \"x\": 123456789012345678.5e-1}"), "not whole but reads as one", 43},
         {L("{\"input_length\": 5, \"timestamp\\u0000x\": 7, \"hash_ids\": [1]}"), "\\u0000 in a string", 31},
         {L("{\"input_length\": 5, \"timestamp\\u00zzx\": 7, \"hash_ids\": [1]}"), "an invalid \\u escape", 31},
         {L("{\"input_length\": 5, \"a\\qb\": 7, \"hash_ids\": [1]}"), "an invalid escape", 23},
@@ -189,10 +195,12 @@ Test(trace, what_strict_json_refuses_is_named_with_its_column) {
     char err[256] = "";
     kvt_trace_t t;
     cr_assert_eq(load_text("\xef\xbb\xbf{\"input_length\": 6e2, \"hash_ids\": [1, 2], \"n\xc3\xbc\": \"\xe6\x97\xa5\"}\n"
-                           "{\"input_length\": 1.0E+1, \"timestamp\": 0, \"hash_ids\": [0]}\n",
+                           "{\"input_length\": 1.0E+1, \"timestamp\": 0, \"hash_ids\": [0]}\n"
+                           "{\"input_length\": 6250e-1, \"timestamp\": 2.50e1, \"hash_ids\": [-0.0, 7.000], \"x\": 0.5, \"y\": 1e-300}\n",
                            err, sizeof(err), &t),
                  KVT_OK, "%s", err);
-    cr_assert(t.n == 2 && t.req[0].input_length == 600 && t.req[1].input_length == 10);
+    cr_assert(t.n == 3 && t.req[0].input_length == 600 && t.req[1].input_length == 10);
+    cr_assert(t.req[2].input_length == 625 && t.req[2].timestamp_ms == 25 && t.req[2].hash_ids[1] == 7);
     kvt_trace_free(&t);
 }
 
