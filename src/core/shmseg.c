@@ -122,10 +122,31 @@ static int publish(kvt__seg_t *s, const char *tmp, uint32_t kind) {
     return KVT_EEXIST;
 }
 
+/* Whether the file at path is a finished segment whose creator runs: a
+ * segment whose name only looks like a temporary one (a tier suffix may be
+ * "a.9.tmp"). FIFOs and links are not opened through (false). */
+static bool live_segment(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) return false;
+    struct stat sb;
+    bool live = false;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size >= sizeof(kvt__seg_head_t)) {
+        kvt__seg_head_t *h = mmap(NULL, sizeof(*h), PROT_READ, MAP_SHARED, fd, 0);
+        if (h != MAP_FAILED) {
+            live = h->magic == KVT__SEG_MAGIC && atomic_load_explicit(&h->ready, memory_order_acquire) == 1 &&
+                   kvt__proc_alive(h->creator_pid, h->creator_start);
+            munmap(h, sizeof(*h));
+        }
+    }
+    close(fd);
+    return live;
+}
+
 /* Removes name's unfinished segments (<name>.<pid>[.<n>].tmp) whose creator is
  * gone: one killed between shm_open and link leaves one, which holds its
  * memory until removed. A pid that runs again (another process took its
- * number) keeps its file: it may be that process's. Returns how many. */
+ * number) keeps its file: it may be that process's. So does a finished
+ * segment whose creator runs, named so by its user. Returns how many. */
 static int remove_dead_tmps(const char *name) {
     DIR *d = opendir("/dev/shm");
     if (d == NULL) return 0;
@@ -139,11 +160,9 @@ static int remove_dead_tmps(const char *name) {
         if (end == dot + 1 || pid <= 0 || pid > INT32_MAX) continue;
         if (*end == '.' && end[1] >= '0' && end[1] <= '9') (void)strtoul(end + 1, &end, 10); /* .<n>, or none */
         if (strcmp(end, ".tmp") != 0) continue;
-        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
-            char seg[sizeof(e->d_name) + 1] = "/";
-            memcpy(seg + 1, f, strlen(f) + 1);
-            n += shm_unlink(seg) == 0;
-        }
+        char path[sizeof(e->d_name) + 16];
+        snprintf(path, sizeof(path), "/dev/shm/%s", f);
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH && !live_segment(path)) n += unlink(path) == 0;
     }
     closedir(d);
     return n;

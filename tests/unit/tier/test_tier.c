@@ -586,6 +586,34 @@ Test(tier, shm_stale_segment_replaced) {
     cr_assert_not(shm_exists(name), "destroy cleans the replacement");
 }
 
+/* A live segment whose name only looks like another name's unfinished one
+ * (<name>.<pid>.tmp, the pid dead) is left alone when that name is created
+ * (the creator's clean-up removed it: a CP tier suffix "a.9.tmp" made rank 0
+ * unlink its group's own tier); a real leftover of the dead pid goes. */
+Test(tier, a_live_segment_named_like_a_leftover_is_kept) {
+    pid_t dead = fork();
+    cr_assert_geq(dead, 0);
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    const char *name = shm_name(9);
+    char looks[96], leftover[128];
+    snprintf(looks, sizeof(looks), "%s.%d.tmp", name, (int)dead);
+    snprintf(leftover, sizeof(leftover), "/dev/shm%s.%d.7.tmp", name, (int)dead);
+    kvt_tier_t *live = make(KVT_TIER_SHM, 4, 1, 64, KVT_LAYOUT_PAGE_FIRST, 0, looks);
+    int fd = open(leftover, O_CREAT | O_RDWR, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, 1 << 16), 0);
+    close(fd);
+    kvt_tier_t *t = make(KVT_TIER_SHM, 4, 1, 64, KVT_LAYOUT_PAGE_FIRST, 0, name);
+    cr_assert(shm_exists(looks), "the live segment %s was removed", looks);
+    cr_assert_neq(access(leftover, F_OK), 0, "the dead pid's leftover is still there");
+    kvt_tier_t *b = make(KVT_TIER_SHM, 4, 1, 64, KVT_LAYOUT_PAGE_FIRST, KVT_TIER_ATTACH, looks);
+    kvt_tier_destroy(b);
+    kvt_tier_destroy(t);
+    kvt_tier_destroy(live);
+    cr_assert_not(shm_exists(looks));
+}
+
 /* Anything under the name that is not a finished kvtier segment is someone
  * else's: never replaced (a kvtier creator publishes only finished segments). */
 static void foreign_case(uint8_t byte, size_t len) {
