@@ -65,7 +65,9 @@ static inline uint64_t kvt_cp_read_page(const kvt_cp_layout_t *l, uint64_t page)
     return page == KVT_CP_PAD ? KVT_CP_PAD : kvt_lane_major(page, l->ranks, l->pages_per_rank);
 }
 
-/* Slot translation; KVT_CP_PAD passes through. */
+/* Slot translation; KVT_CP_PAD passes through. A slot is below C x R x P
+ * or KVT_CP_PAD: these run per slot on an engine's path and check nothing
+ * else (a slot past the layout maps to one inside it). */
 KVT_API uint64_t kvt_cp_read_slot(const kvt_cp_layout_t *l, uint64_t s);
 KVT_API uint64_t kvt_cp_write_slot(const kvt_cp_layout_t *l, uint64_t s);
 KVT_API bool kvt_cp_owns(const kvt_cp_layout_t *l, uint32_t rank, uint64_t s);

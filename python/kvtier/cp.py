@@ -19,11 +19,15 @@ __all__ = ["CpGroup", "lane_of", "lane_page"]
 
 def lane_of(page: int, ranks: int) -> int:
     """The rank (owner lane) of L1 page ``page``."""
-    return page % ranks
+    return _a.u64(page, "lane_of page") % _a.u32(ranks, "lane_of ranks", 1)
 
 
 def lane_page(page: int, ranks: int, pages_per_rank: int) -> int:
-    """The page of the group's L1 tier that L1 page ``page`` is (rank-major)."""
+    """The page of the group's L1 tier that L1 page ``page`` is (rank-major):
+    ``page`` is one of the group's ``ranks * pages_per_rank`` L1 pages."""
+    ranks = _a.u32(ranks, "lane_page ranks", 1)
+    pages_per_rank = _a.u64(pages_per_rank, "lane_page pages_per_rank", 1)
+    page = _a.integer(page, "lane_page page", 0, ranks * pages_per_rank - 1)
     return (page % ranks) * pages_per_rank + page // ranks
 
 
@@ -81,7 +85,8 @@ class CpGroup(Handle):
 
     @property
     def why(self) -> str:
-        """Why the group stopped ("" while it runs)."""
+        """Why this rank's last refused or failed call was (who stopped the
+        group and why, once it stopped); "" when none was."""
         with self._use_any as h:
             return self._why(h)
 

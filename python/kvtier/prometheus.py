@@ -83,6 +83,8 @@ class _Source:
             if not (isinstance(pr, (list, tuple)) and len(pr) == 2 and
                     all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in pr)):
                 raise ValueError(f"KvtierCollector xfer_pairs: {pr!r} is not a (src, dst) pair of tier indices")
+            if tuple(pr) in self.xfer_pairs:  # (its series would be written twice: an exposition no scraper takes)
+                raise ValueError(f"KvtierCollector xfer_pairs: {pr!r} given twice")
             self.xfer_pairs.append(tuple(pr))
         if self.xfer_pairs and xfer is None:
             raise ValueError("KvtierCollector xfer_pairs: given without an xfer")

@@ -191,3 +191,22 @@ def test_the_trace_command_refuses_bad_arguments_as_usage_errors(args, msg, caps
     with pytest.raises(SystemExit) as e:  # a directory for a trace: exit 1, saying so
         _main([os.path.dirname(__file__)])
     assert e.value.code == 1 and "Is a directory" in capsys.readouterr().err
+
+
+def test_cp_lane_helpers_refuse_a_page_outside_the_group():
+    """lane_page of a page past the group's pages (or negative) gave another
+    page's place; a zero rank count or lane size divided by zero."""
+    from kvtier import cp
+    assert [cp.lane_page(p, 2, 4) for p in range(8)] == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert [cp.lane_of(p, 3) for p in range(4)] == [0, 1, 2, 0]
+    for args in ((8, 2, 4), (-1, 2, 4)):
+        with pytest.raises(ValueError, match=r"lane_page page: -?\d+ is out of range \(expected 0\.\.7\)"):
+            cp.lane_page(*args)
+    with pytest.raises(ValueError, match="lane_page pages_per_rank"):
+        cp.lane_page(3, 2, 0)
+    with pytest.raises(ValueError, match="lane_of ranks"):
+        cp.lane_of(3, 0)
+    with pytest.raises(ValueError, match="lane_of page"):
+        cp.lane_of(-1, 2)
+    with pytest.raises(TypeError):
+        cp.lane_page(1.0, 2, 4)

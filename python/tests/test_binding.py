@@ -884,7 +884,8 @@ def test_prometheus_collector_gives_each_transfer_pair_a_sample_of_one_family():
                      (dict(xfer_pairs=[(0, 1)]), ValueError), (dict(labels={"a": 1}), TypeError),
                      (dict(labels={"": "x"}), ValueError),  # a scrape that no longer parses
                      (dict(labels={"a-b": "x"}), ValueError), (dict(labels={"__name": "x"}), ValueError),
-                     (dict(xfer=x, xfer_pairs=[(0, 1)], labels={"src": "x"}), ValueError)):  # overwritten
+                     (dict(xfer=x, xfer_pairs=[(0, 1)], labels={"src": "x"}), ValueError),  # overwritten
+                     (dict(xfer=x, xfer_pairs=[(0, 1), [0, 1]]), ValueError)):  # a series written twice
         with pytest.raises(exc):
             KvtierCollector(**bad)
     a.close(), b.close()

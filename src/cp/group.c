@@ -161,6 +161,19 @@ static int fail_self(kvt_cp_group_t *g, int rc, const char *fmt, ...) {
     return rc;
 }
 
+/* A call refused, the group going on: g->why says why (the handle's own
+ * text, which no call reads: a const handle's refusal writes it too). */
+static int refuse(const kvt_cp_group_t *g, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int refuse(const kvt_cp_group_t *g, int rc, const char *fmt, ...) {
+    kvt_cp_group_t *w = (kvt_cp_group_t *)g;
+    int n = snprintf(w->why, sizeof(w->why), "rank %u: ", g->rank);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof(w->why)) vsnprintf(w->why + n, sizeof(w->why) - (size_t)n, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 /* True once the group has stopped; g->why then says who stopped it. */
 static bool stopped(kvt_cp_group_t *g) {
     uint32_t s = atomic_load_explicit(&g->h->stop, memory_order_acquire);
@@ -351,9 +364,12 @@ int kvt_cp_group_attach(kvt_cp_group_t *g, kvt_cache_t *c, kvt_xfer_t *x, kvt_ti
 /* ---- per request ------------------------------------------------------------------- */
 
 int kvt_cp_group_admitted(kvt_cp_group_t *g, const kvt_cache_req_t *req, const uint32_t *l1_ids) {
-    if (req->pages > req->l1_hit_pages && l1_ids == NULL) return KVT_EINVAL;
+    if (req->pages > req->l1_hit_pages && l1_ids == NULL)
+        return refuse(g, KVT_EINVAL, "admitted: no l1_ids for a request with pages past its L1 hits");
     for (uint64_t j = req->l1_hit_pages; j < req->pages; j++)
-        if (l1_ids[j] >= g->l1n) return KVT_ERANGE;
+        if (l1_ids[j] >= g->l1n)
+            return refuse(g, KVT_ERANGE, "admitted: page %" PRIu64 " is L1 page %u, past the group's %" PRIu64, j,
+                          l1_ids[j], g->l1n);
     for (uint64_t j = req->l1_hit_pages; j < req->pages; j++) g->filled_req[l1_ids[j]] = g->cur; /* loaded or new */
     for (uint64_t j = req->pages - req->new_pages; j < req->pages; j++) {
         if (kvt_lane_of(l1_ids[j], g->C) != g->rank) continue;
@@ -364,14 +380,14 @@ int kvt_cp_group_admitted(kvt_cp_group_t *g, const kvt_cache_req_t *req, const u
 }
 
 int kvt_cp_group_filled(kvt_cp_group_t *g, uint64_t i) {
-    if (i != g->cur) return KVT_EINVAL;
+    if (i != g->cur) return refuse(g, KVT_EINVAL, "filled(%" PRIu64 ") out of step: this rank is at request %" PRIu64, i, g->cur);
     atomic_store_explicit(&slot(g, g->rank)->filled, i + 1, memory_order_release);
     return KVT_OK;
 }
 
 int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest) {
-    if (i != g->cur) return KVT_EINVAL;
-    if (i >= g->requests) return KVT_ERANGE;
+    if (i != g->cur) return refuse(g, KVT_EINVAL, "step %" PRIu64 " out of step: this rank is at request %" PRIu64, i, g->cur);
+    if (i >= g->requests) return refuse(g, KVT_ERANGE, "step %" PRIu64 " past the group's %" PRIu64 " requests", i, g->requests);
     /* the group over or a rank dead: nothing recorded (one stopping after
      * this test sees the step done, and the next call fails) */
     if (stopped(g) || watch_ranks(g, -1, kvt_now_ns()) != KVT_OK) return KVT_EIO;
@@ -384,8 +400,10 @@ int kvt_cp_group_step(kvt_cp_group_t *g, uint64_t i, uint64_t digest) {
 }
 
 int kvt_cp_group_check_digests(kvt_cp_group_t *g, uint64_t n, uint64_t *first_divergence) {
-    if (n > g->requests) return KVT_ERANGE;
-    if (n > g->cur) return KVT_EINVAL; /* this rank has not done them: the wait would be on itself */
+    if (n > g->requests)
+        return refuse(g, KVT_ERANGE, "a digest check of %" PRIu64 " requests; the group has %" PRIu64, n, g->requests);
+    if (n > g->cur) /* the wait would be on itself */
+        return refuse(g, KVT_EINVAL, "a digest check of %" PRIu64 " requests; this rank has done %" PRIu64, n, g->cur);
     int rc = wait_for(g, all_done_cond, n, 0, -1, "every rank to reach a digest check");
     if (rc != KVT_OK) return rc;
     uint64_t first = 0;
@@ -438,7 +456,8 @@ static bool all_finished_cond(const kvt_cp_group_t *g, uint64_t unused_a, uint64
 }
 
 int kvt_cp_group_finish(kvt_cp_group_t *g, const void *result, size_t len) {
-    if (len > KVT_CP_RESULT_BYTES || (len && result == NULL)) return KVT_EINVAL;
+    if (len > KVT_CP_RESULT_BYTES || (len && result == NULL))
+        return refuse(g, KVT_EINVAL, "a result of %zu bytes%s (at most %d)", len, result ? "" : " at NULL", KVT_CP_RESULT_BYTES);
     if (stopped(g)) return KVT_EIO;
     slot_t *me = slot(g, g->rank);
     if (len) memcpy(me->result, result, len);
@@ -449,10 +468,11 @@ int kvt_cp_group_finish(kvt_cp_group_t *g, const void *result, size_t len) {
 }
 
 int kvt_cp_group_result(const kvt_cp_group_t *g, uint32_t rank, void *buf, size_t len) {
-    if (rank >= g->C || len > KVT_CP_RESULT_BYTES) return KVT_EINVAL;
+    if (rank >= g->C) return refuse(g, KVT_EINVAL, "the result of rank %u, of %u ranks", rank, g->C);
+    if (len > KVT_CP_RESULT_BYTES) return refuse(g, KVT_EINVAL, "a result read of %zu bytes (at most %d)", len, KVT_CP_RESULT_BYTES);
     const slot_t *s = slot(g, rank);
     uint32_t st = atomic_load_explicit(&((slot_t *)s)->state, memory_order_acquire);
-    if (st != FINISHED) return KVT_ENOENT;
+    if (st != FINISHED) return refuse(g, KVT_ENOENT, "rank %u has no result: it has not finished", rank);
     memset(buf, 0, len);
     memcpy(buf, s->result, len < s->result_len ? len : s->result_len);
     return KVT_OK;

@@ -457,6 +457,22 @@ Test(cp_group, calls_out_of_step_and_a_rank_that_leaves_early) {
     cr_assert_eq(kvt_cp_group_step(g0, 0, 1), KVT_OK);
     cr_assert_eq(kvt_cp_group_check_digests(g0, 2, &first), KVT_EINVAL, "rank 0 has done 1 request, not 2");
     cr_assert_eq(first, 99u);
+    cr_assert(strstr(kvt_cp_group_why(g0), "rank 0: a digest check of 2 requests; this rank has done 1"), "%s",
+              kvt_cp_group_why(g0));
+    /* each refusal says its own reason, not an earlier call's */
+    cr_assert_eq(kvt_cp_group_step(g0, 5, 1), KVT_EINVAL);
+    cr_assert(strstr(kvt_cp_group_why(g0), "step 5 out of step: this rank is at request 1"), "%s", kvt_cp_group_why(g0));
+    cr_assert_eq(kvt_cp_group_filled(g0, 9), KVT_EINVAL);
+    cr_assert(strstr(kvt_cp_group_why(g0), "filled(9) out of step"), "%s", kvt_cp_group_why(g0));
+    cr_assert_eq(kvt_cp_group_check_digests(g0, 21, &first), KVT_ERANGE);
+    cr_assert(strstr(kvt_cp_group_why(g0), "the group has 20"), "%s", kvt_cp_group_why(g0));
+    char res[8];
+    cr_assert_eq(kvt_cp_group_result(g0, 3, res, sizeof(res)), KVT_EINVAL);
+    cr_assert(strstr(kvt_cp_group_why(g0), "the result of rank 3, of 3 ranks"), "%s", kvt_cp_group_why(g0));
+    cr_assert_eq(kvt_cp_group_result(g0, 1, res, sizeof(res)), KVT_ENOENT);
+    cr_assert(strstr(kvt_cp_group_why(g0), "rank 1 has no result"), "%s", kvt_cp_group_why(g0));
+    cr_assert_eq(kvt_cp_group_finish(g0, NULL, 4), KVT_EINVAL);
+    cr_assert(strstr(kvt_cp_group_why(g0), "a result of 4 bytes at NULL"), "%s", kvt_cp_group_why(g0));
     kvt_tier_config_t tc = {.size = sizeof(tc), .geom = {100, 2, 64, KVT_LAYOUT_PAGE_FIRST}};
     kvt_tier_t *t = NULL;
     cr_assert_eq(kvt_cp_group_open_tier(g0, "ctl", &tc, &t), KVT_EINVAL);
