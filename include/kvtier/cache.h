@@ -175,8 +175,11 @@ KVT_API void kvt_cache_config_default(kvt_cache_config_t *cfg);
 
 typedef struct kvt_cache kvt_cache_t;
 
-/* KVT_EINVAL (with nothing allocated) when a field is out of range,
- * KVT_ENOMEM. */
+/* KVT_EINVAL when a field of cfg is out of range, naming the first in *why
+ * (why may be NULL) as "field: its range"; KVT_OK. */
+KVT_API int kvt_cache_config_check(const kvt_cache_config_t *cfg, const char **why);
+/* KVT_EINVAL (with nothing allocated) when a field is out of range
+ * (kvt_cache_config_check says which), KVT_ENOMEM. */
 KVT_API int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *cfg);
 KVT_API void kvt_cache_destroy(kvt_cache_t *c);
 

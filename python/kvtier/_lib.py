@@ -398,6 +398,7 @@ _PROTOS = {
     "kvt_cache_commit": (c_int, [vp, P(CacheReq)]),
     "kvt_cache_release": (c_int, [vp, P(CacheReq)]),
     "kvt_cache_abort": (c_int, [vp, P(CacheReq)]),
+    "kvt_cache_config_check": (c_int, [P(CacheConfig), P(c_char_p)]),
     "kvt_cache_poll": (c_int, [vp]),
     "kvt_cache_sync": (c_int, [vp]),
     "kvt_cache_attach": (c_int, [vp, vp, vp, c_uint, vp, c_uint]),

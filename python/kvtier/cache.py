@@ -315,10 +315,15 @@ class Cache(Handle):
             if k not in CONFIG_FIELDS:
                 raise TypeError(f"Cache: unknown option {k!r} (options: {', '.join(CONFIG_FIELDS)})")
             setattr(cfg, k, _config_value(k, v))
+        why = ctypes.c_char_p()
+        if lib.kvt_cache_config_check(ctypes.byref(cfg), ctypes.byref(why)) < 0:
+            field = why.value.decode().split(":")[0]
+            given = f" (given {config[field]!r})" if field in config else ""
+            raise error(-1, "Cache", f"{why.value.decode()}{given}")
         h = ctypes.c_void_p()
         rc = lib.kvt_cache_create(ctypes.byref(h), ctypes.byref(cfg))
         if rc < 0:
-            raise error(rc, "Cache", "a field is out of range: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+            raise error(rc, "Cache")
         self._own(h.value)
         self._cfg = cfg
         self._ids = array.array("I", bytes(4 * 64))

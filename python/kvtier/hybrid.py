@@ -401,6 +401,9 @@ class Hybrid(Handle):
         cfg.async_moves = _a.flag(async_moves, "Hybrid async_moves")
         if cfg.async_moves and not cfg.moves:
             raise ValueError("Hybrid: async_moves=True needs moves=True (there is nothing to report without moves)")
+        why = ctypes.c_char_p()
+        if lib.kvt_cache_config_check(ctypes.byref(cfg.cache), ctypes.byref(why)) < 0:
+            raise error(-1, "Hybrid", f"the cache's {why.value.decode()}")
         h = ctypes.c_void_p()
         check(lib.kvt_hybrid_create(ctypes.byref(h), ctypes.byref(cfg)), "Hybrid",
               "slots against the tiers (a window or state group needs L1 slots, and L2/L3 slots exactly when the"

@@ -210,3 +210,16 @@ def test_cp_lane_helpers_refuse_a_page_outside_the_group():
         cp.lane_of(-1, 2)
     with pytest.raises(TypeError):
         cp.lane_page(1.0, 2, 4)
+
+
+def test_a_cache_option_out_of_range_is_named_with_its_range():
+    """Cache() and Hybrid() said only "a field is out of range", listing every
+    option given: the library's check names the field and its range."""
+    for opts, says in ((dict(l1_pages=64, l1_free_room=0.7), r"l1_free_room: 0 to 0\.5 \(given 0\.7\)"),
+                       (dict(l1_pages=4, l1_lanes=5), r"l1_lanes: 1 to l1_pages \(given 5\)"),
+                       (dict(l1_pages=64, l2_pages=0, l3_pages=8), r"l3_pages: a modeled L3 needs an L2"),
+                       (dict(l1_pages=64, prefetch_timeout_s=1e6), r"prefetch_timeout_s: 0 to 86400")):
+        with pytest.raises(kvtier.InvalidArgument, match=says):
+            kvtier.Cache(**opts)
+    with pytest.raises(kvtier.InvalidArgument, match=r"the cache's l1_free_room: 0 to 0\.5"):
+        kvtier.Hybrid("full:2:256,window:24:2:256", page_tokens=16, l1_bytes=1 << 20, l1_free_room=0.9)

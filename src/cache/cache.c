@@ -66,19 +66,43 @@ static void idbuf_fini(kvt__idbuf_t *b) {
 
 /* ---- create / destroy ------------------------------------------------------------ */
 
+/* The first field of cfg (a full-size config) out of range, with its range; NULL when none is. */
+static const char *config_refused(const kvt_cache_config_t *cfg) {
+    return cfg->page_tokens == 0 || cfg->page_tokens > (1u << 20)            ? "page_tokens: 1 to 2^20"
+           : cfg->l1_pages == 0 || cfg->l1_pages > KVT_ALLOC_MAX_PAGES        ? "l1_pages: 1 to 2^32-1"
+           : cfg->l2_pages > KVT_ALLOC_MAX_PAGES                              ? "l2_pages: 0 to 2^32-1"
+           : cfg->l1_lanes == 0 || cfg->l1_lanes > cfg->l1_pages              ? "l1_lanes: 1 to l1_pages"
+           : !(cfg->l1_free_room >= 0 && cfg->l1_free_room <= 0.5)            ? "l1_free_room: 0 to 0.5"
+           : !(cfg->l2_free_room >= 0 && cfg->l2_free_room <= 0.5)            ? "l2_free_room: 0 to 0.5"
+           : (unsigned)cfg->policy >= KVT_POLICY_COUNT_                       ? "policy: not a kvt_policy_t"
+           : (unsigned)cfg->write_policy >= KVT_WRITE_POLICY_COUNT_           ? "write_policy: not a kvt_write_policy_t"
+           : cfg->write_through_hits == 0                                     ? "write_through_hits: at least 1"
+           : cfg->l3_pages >= UINT32_MAX                                      ? "l3_pages: 0 to 2^32-2"
+           : cfg->l3_pages && cfg->l2_pages == 0                              ? "l3_pages: a modeled L3 needs an L2 (l2_pages > 0)"
+           : (unsigned)cfg->l3_write_policy >= KVT_WRITE_POLICY_COUNT_        ? "l3_write_policy: not a kvt_write_policy_t"
+           : cfg->l3_write_hits == 0                                          ? "l3_write_hits: at least 1"
+           : (unsigned)cfg->prefetch_policy >= KVT_PREFETCH_POLICY_COUNT_     ? "prefetch_policy: not a kvt_prefetch_policy_t"
+           : !seconds_ok(cfg->prefetch_timeout_s)                             ? "prefetch_timeout_s: 0 to 86400"
+           : !seconds_ok(cfg->prefetch_timeout_per_1024_s)                    ? "prefetch_timeout_per_1024_s: 0 to 86400"
+           : !seconds_ok(cfg->prefetch_timeout_max_s)                         ? "prefetch_timeout_max_s: 0 to 86400"
+                                                                              : NULL;
+}
+
+int kvt_cache_config_check(const kvt_cache_config_t *user, const char **why) {
+    kvt_cache_config_t full;
+    kvt_cache_config_default(&full);
+    const char *w = user == NULL                                        ? "no config"
+                    : kvt__abi_in(&full, sizeof(full), user) != KVT_OK ? "size: below 4, or bytes past this library's config are not 0"
+                                                                        : config_refused(&full);
+    if (why) *why = w;
+    return w ? KVT_EINVAL : KVT_OK;
+}
+
 int kvt_cache_create(kvt_cache_t **out, const kvt_cache_config_t *user) {
     kvt_cache_config_t full, *cfg = &full;
     kvt_cache_config_default(&full);
-    if (out == NULL || user == NULL || kvt__abi_in(&full, sizeof(full), user) != KVT_OK || cfg->page_tokens == 0 ||
-        cfg->page_tokens > (1u << 20) || cfg->l1_pages == 0 || cfg->l1_pages > KVT_ALLOC_MAX_PAGES ||
-        cfg->l2_pages > KVT_ALLOC_MAX_PAGES || cfg->l1_lanes == 0 || cfg->l1_lanes > cfg->l1_pages ||
-        !(cfg->l1_free_room >= 0 && cfg->l1_free_room <= 0.5) || !(cfg->l2_free_room >= 0 && cfg->l2_free_room <= 0.5) ||
-        (unsigned)cfg->policy >= KVT_POLICY_COUNT_ || (unsigned)cfg->write_policy >= KVT_WRITE_POLICY_COUNT_ ||
-        cfg->write_through_hits == 0 || (cfg->l3_pages && cfg->l2_pages == 0) || cfg->l3_pages >= UINT32_MAX ||
-        (unsigned)cfg->l3_write_policy >= KVT_WRITE_POLICY_COUNT_ || cfg->l3_write_hits == 0 ||
-        (unsigned)cfg->prefetch_policy >= KVT_PREFETCH_POLICY_COUNT_ || !seconds_ok(cfg->prefetch_timeout_s) ||
-        !seconds_ok(cfg->prefetch_timeout_per_1024_s) || !seconds_ok(cfg->prefetch_timeout_max_s))
-        return KVT_EINVAL;
+    if (out == NULL || kvt_cache_config_check(user, NULL) != KVT_OK) return KVT_EINVAL;
+    kvt__abi_in(&full, sizeof(full), user);
     kvt_cache_t *c = KVT_NEW(kvt_cache_t);
     if (c == NULL) return KVT_ENOMEM;
     c->cfg = *cfg;

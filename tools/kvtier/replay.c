@@ -140,9 +140,12 @@ int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, ui
         return -1;
     }
     kvt_cache_t *c;
-    int rc = kvt_cache_create(&c, &cfg);
+    const char *refused = NULL;
+    int rc = kvt_cache_config_check(&cfg, &refused);
+    if (rc == KVT_OK) rc = kvt_cache_create(&c, &cfg);
     if (rc != KVT_OK) {
-        fprintf(stderr, "kvtier replay: cannot create the cache: %s\n", kvt_strerror(rc));
+        fprintf(stderr, "kvtier replay: cannot create the cache: %s%s%s\n", kvt_strerror(rc), refused ? ": " : "",
+                refused ? refused : "");
         return -1;
     }
     replay_data_t *data = NULL;

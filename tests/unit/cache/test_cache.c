@@ -697,21 +697,51 @@ Test(cache, failed_allocations_leave_it_consistent, .timeout = 120) {
     kvt_cache_destroy(c);
 }
 
+/* Config case i made bad; what the check says of it. */
+static const char *bad_config_case(kvt_cache_config_t *x, int i) {
+    switch (i) {
+    case 0: return x->l1_pages = 0, "l1_pages: 1 to 2^32-1";
+    case 1: return x->l1_pages = 1ull << 32, "l1_pages: 1 to 2^32-1";
+    case 2: return x->l2_pages = 1ull << 32, "l2_pages: 0 to 2^32-1";
+    case 3: return x->page_tokens = 0, "page_tokens: 1 to 2^20";
+    case 4: return x->l1_pages = 4, x->l1_lanes = 5, "l1_lanes: 1 to l1_pages";
+    case 5: return x->l1_free_room = 0.7, "l1_free_room: 0 to 0.5";
+    case 6: return x->l2_free_room = -1e-9, "l2_free_room: 0 to 0.5";
+    case 7: return x->policy = (kvt_policy_t)99, "policy: not a kvt_policy_t";
+    case 8: return x->write_policy = (kvt_write_policy_t)7, "write_policy: not a kvt_write_policy_t";
+    case 9: return x->write_through_hits = 0, "write_through_hits: at least 1";
+    case 10: return x->l2_pages = 0, x->l3_pages = 5, "l3_pages: a modeled L3 needs an L2";
+    case 11: return x->l3_pages = UINT32_MAX, "l3_pages: 0 to 2^32-2";
+    case 12: return x->l3_write_policy = (kvt_write_policy_t)3, "l3_write_policy";
+    case 13: return x->l3_write_hits = 0, "l3_write_hits: at least 1";
+    case 14: return x->prefetch_policy = (kvt_prefetch_policy_t)3, "prefetch_policy";
+    case 15: return x->prefetch_timeout_s = NAN, "prefetch_timeout_s: 0 to 86400";
+    case 16: return x->prefetch_timeout_per_1024_s = -1, "prefetch_timeout_per_1024_s";
+    case 17: return x->prefetch_timeout_max_s = 86401, "prefetch_timeout_max_s";
+    case 18: return x->size = 2, "size: below 4";
+    default: return NULL;
+    }
+}
+
+/* Each field out of range is refused, by create and by the check, which
+ * names it with its range. */
 Test(cache, bad_config) {
     kvt_cache_config_t cfg;
     kvt_cache_t *c;
+    const char *why, *says;
     kvt_cache_config_default(&cfg);
-    cfg.l1_pages = 0;
-    cr_assert_eq(kvt_cache_create(&c, &cfg), KVT_EINVAL);
-    kvt_cache_config_default(&cfg);
-    cfg.l1_free_room = 0.7;
-    cr_assert_eq(kvt_cache_create(&c, &cfg), KVT_EINVAL);
-    kvt_cache_config_default(&cfg);
-    cfg.policy = (kvt_policy_t)99;
-    cr_assert_eq(kvt_cache_create(&c, &cfg), KVT_EINVAL);
-    kvt_cache_config_default(&cfg);
-    cfg.page_tokens = 0;
-    cr_assert_eq(kvt_cache_create(&c, &cfg), KVT_EINVAL);
+    cr_assert_eq(kvt_cache_config_check(&cfg, &why), KVT_OK);
+    cr_assert_null(why);
+    for (int i = 0; kvt_cache_config_default(&cfg), (says = bad_config_case(&cfg, i)) != NULL; i++) {
+        c = NULL;
+        cr_assert_eq(kvt_cache_create(&c, &cfg), KVT_EINVAL, "case %d", i);
+        cr_assert_null(c);
+        why = NULL;
+        cr_assert_eq(kvt_cache_config_check(&cfg, &why), KVT_EINVAL, "case %d", i);
+        cr_assert(why && strstr(why, says), "case %d: '%s' does not say '%s'", i, why, says);
+    }
+    cr_assert_eq(kvt_cache_config_check(NULL, &why), KVT_EINVAL);
+    cr_assert_str_eq(why, "no config");
     kvt_policy_t p;
     cr_assert_eq(kvt_policy_parse("lru", &p), KVT_OK);
     cr_assert_eq(kvt_policy_parse("mru", &p), KVT_EINVAL);
