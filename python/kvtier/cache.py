@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 from . import _args as _a
 from . import _fields
-from ._core import ClosedError, Error, Handle, _Serial, check, enum_arg, enum_names, error, tokens_arg, using
+from ._core import Busy, ClosedError, Error, Handle, _Serial, check, enum_arg, enum_names, error, tokens_arg, using
 from ._lib import CacheConfig, CacheReq, CacheStats, RadixStats, lib
 
 __all__ = ["Cache", "Request", "Prefetch", "POLICIES", "WRITE_POLICIES", "PREFETCH_POLICIES"]
@@ -80,13 +80,42 @@ def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any
     xfer._may_drive(owner, "cache", f"{what} xfer")
     not_anothers(owner, (l1, l2), what)
     with using(xfer, l1, l2) as (xp, p1, p2):
-        check(lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index), what,
-              "no L2 in the cache, tiers too small, an index naming another of the engine's tiers, a modeled L3 "
-              "(l3_pages), a store attached over another tier than l2, requests admitted already, or batches on "
-              "the Transfer already")
+        rc = lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index)
+        if rc < 0:
+            raise error(rc, what, _attach_refused(owner, c, xp, xfer, l1, l2, l1_index, l2_index, rc))
+        owner._attached = True
         owner._own(owner._h, (xfer, l1, l2))
         xfer._drive(owner, "cache")
     return [t for t in (l1, l2) if t._probes]
+
+
+def _attach_refused(owner: Any, c: int, xp: int, xfer: Any, l1: Any, l2: Any, i1: int, i2: int, rc: int) -> str:
+    """Why kvt_cache_attach refused (looked for once it has: its checks, in its order)."""
+    cfg = getattr(owner._cfg, "cache", owner._cfg)  # a Hybrid's cache config, or the Cache's
+    store = getattr(owner, "_store", None)
+    if rc == Busy.code:
+        if getattr(owner, "_attached", False):
+            return "attached already: a cache has one data plane"
+        if lib.kvt_xfer_pending(xp):
+            return "the Transfer has batches in flight that are not the cache's"
+        return "requests were admitted already: attach before the first admission"
+    if i1 == i2:
+        return f"l1 and l2 are both the Transfer's tier {i1}"
+    if cfg.l2_pages == 0:
+        return "the cache has no L2 (l2_pages=0): there is nothing to copy"
+    if xfer._tiers[i1] is not l1 or xfer._tiers[i2] is not l2:
+        return f"l1_index {i1} and l2_index {i2} must name l1 and l2 among the Transfer's tiers"
+    if l1.pages < cfg.l1_pages or l2.pages < cfg.l2_pages:
+        return (f"the tiers are smaller than the cache: l1 has {l1.pages} pages of its {cfg.l1_pages}, "
+                f"l2 {l2.pages} of its {cfg.l2_pages}")
+    if cfg.l1_pages % cfg.l1_lanes:
+        return f"l1_pages {cfg.l1_pages} is not a multiple of l1_lanes {cfg.l1_lanes}"
+    if cfg.l3_pages:
+        return "a modeled L3 (l3_pages) holds no bytes to load"
+    if store is not None and store.tier is not l2:
+        return "the cache's store reads another tier than l2"
+    return ("a store over a checksummed l2 that the Transfer (checksum=False) leaves unsummed, or a tier or the "
+            "Transfer that is another data plane's")
 
 
 def not_anothers(owner: Any, tiers: Any, what: str) -> None:

@@ -52,7 +52,7 @@ class CpGroup(Handle):
         w = "CpGroup"
         self._name = _a.text(name, f"{w} name")
         l1_pages = _a.u64(l1_pages, f"{w} l1_pages")
-        g = _geom(max(l1_pages, 1), layers, layer_bytes, layout, w)
+        g = _geom(max(l1_pages, 1), layers, layer_bytes, layout, w, min_layer_bytes=0)
         cfg = CpGroupConfig(size=ctypes.sizeof(CpGroupConfig), name=self._name, rank=_a.u32(rank, f"{w} rank"),
                             ranks=_a.u32(ranks, f"{w} ranks"), l1_pages=l1_pages,
                             l2_pages=_a.u64(l2_pages, f"{w} l2_pages"),

@@ -175,10 +175,18 @@ def _shm_name(name: Any, what: str) -> bytes:
     return b
 
 
-def _geom(pages: int, layers: int, layer_bytes: int, layout: Union[str, int], what: str = "Tier") -> Geom:
-    return Geom(_a.u64(pages, f"{what} pages", 1), _a.u32(layers, f"{what} layers", 1),
-                _a.u64(layer_bytes, f"{what} layer_bytes"),
-                enum_arg(layout, lib.kvt_layout_parse, f"{what} layout", LAYOUTS))
+def _geom(pages: int, layers: int, layer_bytes: int, layout: Union[str, int], what: str = "Tier",
+          min_layer_bytes: int = 1) -> Geom:
+    """A tier's geometry as kvt_tier_create takes it: up to 2**32-1 pages, and
+    the whole tier addressable (pages x layers x layer_bytes at most 2**62).
+    (A CP group without tiers has layer_bytes 0.)"""
+    g = Geom(_a.u32(pages, f"{what} pages", 1), _a.u32(layers, f"{what} layers", 1),
+             _a.u64(layer_bytes, f"{what} layer_bytes", min_layer_bytes),
+             enum_arg(layout, lib.kvt_layout_parse, f"{what} layout", LAYOUTS))
+    if g.pages * g.layers * g.layer_bytes > 1 << 62:
+        raise ValueError(f"{what}: {g.pages} pages x {g.layers} layers x {g.layer_bytes} bytes is more than "
+                         "2**62 bytes")
+    return g
 
 
 Probe = Tuple[str, Callable[[], Tuple[int, int]], Tuple[int, int]]

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, NamedTuple, Sequence
 
 from . import _args as _a
 from . import _fields
-from ._core import Handle, Tickets, check, poll_sliced, using, wait_ticket
+from ._core import Handle, InvalidArgument, Tickets, check, error, poll_sliced, using, wait_ticket
 from ._lib import XferConfig, XferCopy, XferDone, XferStats, lib
 
 __all__ = ["Transfer", "XferResult"]
@@ -125,10 +125,34 @@ class Transfer(Handle):
         with self._use as h:
             self._tiers[src]._check_memory()
             self._tiers[dst]._check_memory()
-            check(lib.kvt_xfer_submit(h, src, dst, arr, n, user, ctypes.byref(t)), "Transfer.submit",
-                  "a tier index or page out of range, a destination page twice, no copies, or a source that is "
-                  "a peer's tier (tcp, ucx: written only)")
+            rc = lib.kvt_xfer_submit(h, src, dst, arr, n, user, ctypes.byref(t))
+            if rc < 0:
+                raise error(rc, "Transfer.submit", self._refused(src, dst, arr, n) if rc == InvalidArgument.code else "")
         return self._tickets.issued(t.value)
+
+    def _refused(self, src: int, dst: int, arr: Any, n: int) -> str:
+        """Why kvt_xfer_submit refused these copies (looked for once it has:
+        the checks it makes, in its order, without their cost on every call)."""
+        ts, td = self._tiers[src], self._tiers[dst]
+        if src == dst:
+            return f"src and dst are both tier {src}: a copy goes from one tier to another"
+        if n == 0:
+            return "no copies"
+        if ts.kind in ("tcp", "ucx"):
+            return f"tier {src} is a peer's ({ts.kind}): it is written, never read"
+        if td.kind in ("tcp", "ucx") and not ts.host_visible:
+            return f"tier {dst} is a peer's ({td.kind}) and tier {src} is a GPU's: its pages go to a peer from a host tier"
+        seen = set()
+        for i in range(n):
+            c = arr[i]
+            if c.src_page >= ts.pages:
+                return f"copy {i}: src page {c.src_page} of tier {src}'s {ts.pages} pages"
+            if c.dst_page >= td.pages:
+                return f"copy {i}: dst page {c.dst_page} of tier {dst}'s {td.pages} pages"
+            if c.dst_page in seen:
+                return f"copy {i}: dst page {c.dst_page} a second time"
+            seen.add(c.dst_page)
+        return "the copies"  # (nothing left that the library refuses: a new check of its, unknown here)
 
     def poll(self, timeout: float = 0.0, max: int = 64) -> List[XferResult]:
         """Completed batches (waiting up to ``timeout`` seconds for the first)."""

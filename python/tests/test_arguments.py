@@ -6,6 +6,7 @@ range IndexError, and the message names the argument."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -95,6 +96,10 @@ CASES = [
     ("page-hashes-page-tokens", lambda o: kvtier.page_hashes(list(range(16)), 0), ValueError,
      r"page_hashes page_tokens: 0 is out of range"),
     ("tier-pages-wrap", lambda o: kvtier.Tier.host(2 ** 64 + 4, 1, 64), ValueError, r"Tier.host pages: .*out of range"),
+    # the library's own limits, named (it said only "invalid argument")
+    ("tier-pages-32", lambda o: kvtier.Tier.host(2 ** 32, 1, 64), ValueError, r"Tier.host pages: .*\.\.2\*\*32-1\)"),
+    ("tier-layer-bytes-0", lambda o: kvtier.Tier.host(4, 1, 0), ValueError, r"Tier.host layer_bytes: 0 is out of range"),
+    ("tier-too-big", lambda o: kvtier.Tier.host(2 ** 31, 2 ** 10, 2 ** 22), ValueError, r"more than 2\*\*62 bytes"),
     ("tier-layers-float", lambda o: kvtier.Tier.host(4, 1.0, 64), TypeError, r"Tier.host layers: expected an integer"),
     ("tier-name-nul", lambda o: kvtier.Tier.host(4, 1, 64, name="a\x00b"), ValueError, r"Tier.host name: .* NUL"),
     ("tier-shm-name-type", lambda o: kvtier.Tier.shm(None, 4, 1, 64), TypeError, r"Tier.shm name: expected a str"),
@@ -223,3 +228,34 @@ def test_a_cache_option_out_of_range_is_named_with_its_range():
             kvtier.Cache(**opts)
     with pytest.raises(kvtier.InvalidArgument, match=r"the cache's l1_free_room: 0 to 0\.5"):
         kvtier.Hybrid("full:2:256,window:24:2:256", page_tokens=16, l1_bytes=1 << 20, l1_free_room=0.9)
+
+
+def test_a_refused_submit_or_attach_says_which_of_its_causes():
+    """Transfer.submit and Cache.attach listed every cause the library has for
+    KVT_EINVAL / KVT_EBUSY: the one that holds is named."""
+    with kvtier.Tier.host(8, 1, 64) as t, kvtier.Tier.host(8, 1, 64) as u, kvtier.Tier.host(2, 1, 64) as v, \
+            kvtier.Transfer([t, u, v]) as x:
+        for args, says in (((0, 0, [(0, 1)]), "src and dst are both tier 0"), ((0, 1, []), "no copies"),
+                           ((0, 1, [(0, 1), (8, 2)]), "copy 1: src page 8 of tier 0's 8 pages"),
+                           ((0, 2, [(0, 1), (1, 2)]), "copy 1: dst page 2 of tier 2's 2 pages"),
+                           ((0, 1, [(0, 1), (2, 1)]), "copy 1: dst page 1 a second time")):
+            with pytest.raises(kvtier.InvalidArgument, match=re.escape(says)):
+                x.submit(*args)
+        with kvtier.Cache(l1_pages=4, l2_pages=4, page_tokens=4) as c:
+            for args, says in (((x, t, u, 0, 0), "l1 and l2 are both the Transfer's tier 0"),
+                               ((x, t, u, 1, 0), "l1_index 1 and l2_index 0 must name l1 and l2"),
+                               ((x, t, v), "l1 has 8 pages of its 4, l2 2 of its 4")):
+                with pytest.raises(kvtier.InvalidArgument, match=re.escape(says)):
+                    c.attach(*args)
+            c.attach(x, t, u)
+            with pytest.raises(kvtier.Busy, match="attached already"):
+                c.attach(x, t, u)
+        for opts, says, exc in ((dict(l2_pages=0), "the cache has no L2", kvtier.InvalidArgument),
+                                (dict(l2_pages=4, l3_pages=8), "a modeled L3 (l3_pages) holds no bytes",
+                                 kvtier.InvalidArgument),
+                                (dict(l2_pages=4), "requests were admitted already", kvtier.Busy)):
+            with kvtier.Cache(l1_pages=4, page_tokens=4, **opts) as c:
+                if exc is kvtier.Busy:
+                    c.admit(list(range(8))).release()
+                with pytest.raises(exc, match=re.escape(says)):
+                    c.attach(x, t, u)
