@@ -1478,7 +1478,7 @@ def test_a_transfer_or_store_with_batches_on_it_is_refused(tmp_path):
     l1, l2 = kvtier.Tier.host(8, 1, 64), kvtier.Tier.host(16, 1, 64)
     with kvtier.Transfer([l1, l2]) as x, kvtier.Cache(l1_pages=8, l2_pages=16, page_tokens=4) as c:
         x.submit(0, 1, [(0, 0)], user=0)
-        with pytest.raises(kvtier.Busy, match="batches on the Transfer"):
+        with pytest.raises(kvtier.Busy, match="the Transfer has batches in flight"):
             c.attach(x, l1, l2)
         x.poll(10)
         c.attach(x, l1, l2)

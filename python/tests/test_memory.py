@@ -276,7 +276,7 @@ def test_attach_refuses_indices_that_name_other_tiers():
     l1, l2 = kvtier.Tier.host(16, 2, 64), kvtier.Tier.host(32, 2, 64)
     x = kvtier.Transfer([l1, l2])
     c = kvtier.Cache(l1_pages=16, l2_pages=32, page_tokens=4)
-    with pytest.raises(kvtier.InvalidArgument, match="an index naming another of the engine's tiers"):
+    with pytest.raises(kvtier.InvalidArgument, match="must name l1 and l2 among the Transfer's tiers"):
         c.attach(x, l1, l2, l1_index=1, l2_index=0)  # copies would have moved L2's bytes over L1, served as hits
     c.attach(x, l1, l2)  # nothing changed: the right indices still attach
     c.close(), x.close(), l1.close(), l2.close()
