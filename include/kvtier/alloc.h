@@ -23,8 +23,10 @@
  * page of each other. C = 1 is a plain extent allocator.
  *
  * Every function says what a failure leaves behind: "nothing changed" means
- * that the allocator's state and statistics are as before the call (output
- * buffers may have been written, and spare metadata nodes set aside may stay).
+ * that the allocator's state and statistics are as before the call, but for
+ * the count of failures itself (reserve_failures, which counts the call);
+ * output buffers may have been written, and spare metadata nodes set aside
+ * may stay.
  *
  * Threads: an allocator has no lock. Its calls, the queries included, run
  * on one thread at a time (the cache's owner thread, in kvtier); different

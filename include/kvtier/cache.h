@@ -327,7 +327,11 @@ KVT_API int kvt_cache_prefetch(kvt_cache_t *c, uint32_t ns, const int32_t *token
 /* kvt_cache_admit, finishing prefetch `id` first (0: none; then this is
  * kvt_cache_admit). The tokens must be those the prefetch was started with:
  * KVT_EINVAL otherwise (or for an unknown id), with the prefetch left as it
- * was. The prefetch is over when this returns KVT_OK. */
+ * was. The prefetch is over when this returns KVT_OK, and also when it
+ * returns KVT_ENOMEM after finishing it (the admission's own match could
+ * not split a node): what arrived stays cached in L2 when it found room in
+ * the tree, and kvt_cache_prefetches says whether the prefetch is still
+ * there to cancel. */
 KVT_API int kvt_cache_admit_prefetched(kvt_cache_t *c, uint64_t id, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
                                        int32_t priority, uint32_t *l1_ids, kvt_cache_req_t *req);
 /* Drops a prefetch whose request will not be admitted (its pages go back).

@@ -85,7 +85,8 @@ KVT_API int kvt_radix_stats(const kvt_radix_t *r, kvt_radix_stats_t *st);
 KVT_API int kvt_radix_check(const kvt_radix_t *r, const char **why);
 
 /* The chained hash of page idx of node n, computing (and keeping) the hashes
- * of the pages before it as needed. KVT_EINVAL, KVT_ENOMEM. */
+ * of the pages before it as needed. KVT_EINVAL (also for a node of another
+ * tree), KVT_ENOMEM. */
 KVT_API int kvt_radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out);
 
 #ifdef __cplusplus

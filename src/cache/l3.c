@@ -137,7 +137,7 @@ void kvt__l3_put(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx) {
     const kvt_page_t *pg = &n->pages[idx];
     KVT_ASSERT(kvt__page_in_l2(pg));
     kvt_hash128_t h;
-    if (kvt_radix_page_hash(c->tree, n, idx, &h) != KVT_OK) return; /* no memory for the hashes: not put */
+    if (kvt__radix_page_hash(c->tree, n, idx, &h) != KVT_OK) return; /* no memory for the hashes: not put */
     if ((c->l3.flags[pg->l2] & (KVT__L3_BUSY | KVT__L3_STORED)) || known(c, &h)) {
         c->st.l3_puts_skipped++;
         return;
@@ -397,7 +397,7 @@ int kvt_cache_prefetch(kvt_cache_t *c, uint32_t ns, const int32_t *tokens, uint6
     kvt__pf_t *pf = pf_new(c, want);
     if (pf == NULL) return KVT_ENOMEM;
     kvt_hash128_t prev = {0, 0};
-    if (m.pages > 0 && (rc = kvt_radix_page_hash(c->tree, m.node, m.node->npages - 1, &prev)) != KVT_OK) {
+    if (m.pages > 0 && (rc = kvt__radix_page_hash(c->tree, m.node, m.node->npages - 1, &prev)) != KVT_OK) {
         pf_free(c, pf);
         return rc;
     }

@@ -101,6 +101,9 @@ uint64_t kvt__radix_key_next(const kvt_radix_t *r, uint64_t prev, const int32_t 
 /* The keys of n pages of tokens in a row, the page before them keyed prev:
  * out[i] is page i's (kvt__radix_key_next page by page, in one loop). */
 void kvt__radix_keys(const kvt_radix_t *r, uint64_t prev, const int32_t *tokens, size_t n, uint64_t *out);
+/* kvt_radix_page_hash for a node of r's (not checked: O(1) when the pages
+ * before it are hashed already). */
+int kvt__radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out);
 void kvt__radix_destroy(kvt_radix_t *r);
 kvt_rnode_t *kvt__radix_root(kvt_radix_t *r);
 

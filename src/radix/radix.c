@@ -810,9 +810,16 @@ void kvt_page_hash_chain(uint32_t ns, const int32_t *tokens, uint64_t npages, ui
     for (uint64_t j = 0; j < npages; j++) out[j] = kvt_page_hash(j ? &out[j - 1] : NULL, ns, tokens + j * page_tokens, page_tokens);
 }
 
-int kvt_radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out) {
-    if (r == NULL || n == NULL || out == NULL || n == &r->root || idx >= n->npages) return KVT_EINVAL;
+int kvt__radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out) {
     int rc = ensure_hash(r, n, idx);
     if (rc == KVT_OK) *out = n->hash[idx];
     return rc;
+}
+
+int kvt_radix_page_hash(kvt_radix_t *r, kvt_rnode_t *n, uint32_t idx, kvt_hash128_t *out) {
+    if (r == NULL || n == NULL || out == NULL || n == &r->root || idx >= n->npages) return KVT_EINVAL;
+    const kvt_rnode_t *x = n; /* another tree's node is refused, not hashed into this tree's pool: O(depth) */
+    while (x->parent) x = x->parent;
+    if (x != &r->root) return KVT_EINVAL;
+    return kvt__radix_page_hash(r, n, idx, out);
 }

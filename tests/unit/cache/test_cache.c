@@ -424,7 +424,8 @@ Test(cache, held_requests_keep_their_pages) {
 
 /* A request handed to another cache is refused and changes neither: its
  * release walked past the other tree's root (a crash), its commit backed up
- * pages into the other cache's L2 (both caches' checks failed). */
+ * pages into the other cache's L2 (both caches' checks failed); so is its
+ * node handed to the other's tree for a page hash (a crash). */
 Test(cache, another_caches_request_is_refused) {
     kvt_cache_t *a = make_cache(64, 64, 0.05, 0.05, KVT_POLICY_LRU, KVT_WRITE_THROUGH);
     kvt_cache_t *b = make_cache(64, 64, 0.05, 0.05, KVT_POLICY_LRU, KVT_WRITE_THROUGH);
@@ -435,6 +436,10 @@ Test(cache, another_caches_request_is_refused) {
     cr_assert_eq(kvt_cache_admit(b, 0, q, 4 * PT, 0, NULL, &rb), KVT_OK); /* b holds one: its held count allows a release */
     cr_assert_eq(kvt_cache_commit(b, &ra), KVT_EINVAL);
     cr_assert_eq(kvt_cache_release(b, &ra), KVT_EINVAL);
+    cr_assert_eq(kvt_cache_abort(b, &ra), KVT_EINVAL);
+    kvt_hash128_t h;
+    cr_assert_eq(kvt_radix_page_hash(kvt_cache_tree(b), ra.node, 0, &h), KVT_EINVAL, "a node of a's tree (it crashed)");
+    cr_assert_eq(kvt_radix_page_hash(kvt_cache_tree(a), ra.node, 0, &h), KVT_OK);
     kvt_cache_t *both[2] = {a, b};
     for (int i = 0; i < 2; i++) {
         const char *why;
