@@ -82,14 +82,14 @@ def attach_data_plane(owner: Any, c: int, what: str, xfer: Any, l1: Any, l2: Any
     with using(xfer, l1, l2) as (xp, p1, p2):
         rc = lib.kvt_cache_attach(c, xp, p1, l1_index, p2, l2_index)
         if rc < 0:
-            raise error(rc, what, _attach_refused(owner, c, xp, xfer, l1, l2, l1_index, l2_index, rc))
+            raise error(rc, what, _attach_refused(owner, xp, xfer, l1, l2, l1_index, l2_index, rc))
         owner._attached = True
         owner._own(owner._h, (xfer, l1, l2))
         xfer._drive(owner, "cache")
     return [t for t in (l1, l2) if t._probes]
 
 
-def _attach_refused(owner: Any, c: int, xp: int, xfer: Any, l1: Any, l2: Any, i1: int, i2: int, rc: int) -> str:
+def _attach_refused(owner: Any, xp: int, xfer: Any, l1: Any, l2: Any, i1: int, i2: int, rc: int) -> str:
     """Why kvt_cache_attach refused (looked for once it has: its checks, in its order)."""
     cfg = getattr(owner._cfg, "cache", owner._cfg)  # a Hybrid's cache config, or the Cache's
     store = getattr(owner, "_store", None)

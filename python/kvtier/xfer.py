@@ -127,7 +127,8 @@ class Transfer(Handle):
             self._tiers[dst]._check_memory()
             rc = lib.kvt_xfer_submit(h, src, dst, arr, n, user, ctypes.byref(t))
             if rc < 0:
-                raise error(rc, "Transfer.submit", self._refused(src, dst, arr, n) if rc == InvalidArgument.code else "")
+                why = self._refused(src, dst, arr, n) if rc == InvalidArgument.code else ""
+                raise error(rc, "Transfer.submit", why)
         return self._tickets.issued(t.value)
 
     def _refused(self, src: int, dst: int, arr: Any, n: int) -> str:
@@ -141,7 +142,8 @@ class Transfer(Handle):
         if ts.kind in ("tcp", "ucx"):
             return f"tier {src} is a peer's ({ts.kind}): it is written, never read"
         if td.kind in ("tcp", "ucx") and not ts.host_visible:
-            return f"tier {dst} is a peer's ({td.kind}) and tier {src} is a GPU's: its pages go to a peer from a host tier"
+            return (f"tier {dst} is a peer's ({td.kind}) and tier {src} is a GPU's: a GPU's pages go to a peer "
+                    "from a host tier")
         seen = set()
         for i in range(n):
             c = arr[i]

@@ -92,7 +92,8 @@ int kvt_cache_config_check(const kvt_cache_config_t *user, const char **why) {
     kvt_cache_config_t full;
     kvt_cache_config_default(&full);
     const char *w = user == NULL                                        ? "no config"
-                    : kvt__abi_in(&full, sizeof(full), user) != KVT_OK ? "size: below 4, or bytes past this library's config are not 0"
+                    : kvt__abi_in(&full, sizeof(full), user) != KVT_OK ? "size: below 4, or bytes past this "
+                                                                          "library's config are not 0"
                                                                         : config_refused(&full);
     if (why) *why = w;
     return w ? KVT_EINVAL : KVT_OK;

@@ -380,7 +380,8 @@ int kvt_cp_group_admitted(kvt_cp_group_t *g, const kvt_cache_req_t *req, const u
 }
 
 int kvt_cp_group_filled(kvt_cp_group_t *g, uint64_t i) {
-    if (i != g->cur) return refuse(g, KVT_EINVAL, "filled(%" PRIu64 ") out of step: this rank is at request %" PRIu64, i, g->cur);
+    if (i != g->cur)
+        return refuse(g, KVT_EINVAL, "filled(%" PRIu64 ") out of step: this rank is at request %" PRIu64, i, g->cur);
     atomic_store_explicit(&slot(g, g->rank)->filled, i + 1, memory_order_release);
     return KVT_OK;
 }

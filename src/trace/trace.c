@@ -126,12 +126,12 @@ static bool rounds_to_whole(const char *s, size_t k, bool *oom) {
         for (fs = ++j; j < k && isdigit((unsigned char)s[j]);) j++;
         nfrac = j - fs;
     }
-    long e = 0; /* the exponent, held to +-10^7 (beyond any digit count here) */
+    long e = 0; /* the exponent; once past k it moves the point past every digit, and grows no more */
     if (j < k) {
         bool neg = s[++j] == '-';
         if (s[j] == '-' || s[j] == '+') j++;
         for (; j < k; j++)
-            if (e < 10000000) e = e * 10 + (s[j] - '0');
+            if (e <= (long)k) e = e * 10 + (s[j] - '0');
         if (neg) e = -e;
     }
     /* whole when every digit at or past the decimal point, once the exponent moved it, is 0 */
