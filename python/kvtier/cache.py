@@ -346,9 +346,9 @@ class Cache(Handle):
             setattr(cfg, k, _config_value(k, v))
         why = ctypes.c_char_p()
         if lib.kvt_cache_config_check(ctypes.byref(cfg), ctypes.byref(why)) < 0:
-            field = why.value.decode().split(":")[0]
-            given = f" (given {config[field]!r})" if field in config else ""
-            raise error(-1, "Cache", f"{why.value.decode()}{given}")
+            text = why.value.decode()  # "field: its range"
+            field = text.split(":")[0]
+            raise error(-1, "Cache", text + (f" (given {config[field]!r})" if field in config else ""))
         h = ctypes.c_void_p()
         rc = lib.kvt_cache_create(ctypes.byref(h), ctypes.byref(cfg))
         if rc < 0:

@@ -57,20 +57,29 @@ static bool name_ok(const char *name) {
     return n >= 2 && n <= KVT__SEG_NAME_MAX && name[0] == '/' && strchr(name + 1, '/') == NULL;
 }
 
-/* Whether the segment open at fd is a finished kvtier segment of this kind
- * whose creator is dead. */
-static bool stale_fd(int fd, uint32_t kind) {
+/* Whether the file open at fd is a finished kvtier segment (a regular file
+ * with its head, ready); its kind and creator to *kind, *pid, *start. */
+static bool finished_segment(int fd, uint32_t *kind, int32_t *pid, uint64_t *start) {
     struct stat sb;
-    bool stale = false;
-    if (fstat(fd, &sb) == 0 && (size_t)sb.st_size >= sizeof(kvt__seg_head_t)) {
+    bool finished = false;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size >= sizeof(kvt__seg_head_t)) {
         kvt__seg_head_t *h = mmap(NULL, sizeof(*h), PROT_READ, MAP_SHARED, fd, 0);
         if (h != MAP_FAILED) {
-            if (h->magic == KVT__SEG_MAGIC && h->kind == kind && atomic_load_explicit(&h->ready, memory_order_acquire) == 1)
-                stale = !kvt__proc_alive(h->creator_pid, h->creator_start);
+            finished = h->magic == KVT__SEG_MAGIC && atomic_load_explicit(&h->ready, memory_order_acquire) == 1;
+            *kind = h->kind, *pid = h->creator_pid, *start = h->creator_start;
             munmap(h, sizeof(*h));
         }
     }
-    return stale;
+    return finished;
+}
+
+/* Whether the segment open at fd is a finished kvtier segment of this kind
+ * whose creator is dead. */
+static bool stale_fd(int fd, uint32_t kind) {
+    uint32_t k;
+    int32_t pid;
+    uint64_t start;
+    return finished_segment(fd, &k, &pid, &start) && k == kind && !kvt__proc_alive(pid, start);
 }
 
 /* Runs act on the segment at name while holding flock on it and after
@@ -128,16 +137,10 @@ static int publish(kvt__seg_t *s, const char *tmp, uint32_t kind) {
 static bool live_segment(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0) return false;
-    struct stat sb;
-    bool live = false;
-    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size >= sizeof(kvt__seg_head_t)) {
-        kvt__seg_head_t *h = mmap(NULL, sizeof(*h), PROT_READ, MAP_SHARED, fd, 0);
-        if (h != MAP_FAILED) {
-            live = h->magic == KVT__SEG_MAGIC && atomic_load_explicit(&h->ready, memory_order_acquire) == 1 &&
-                   kvt__proc_alive(h->creator_pid, h->creator_start);
-            munmap(h, sizeof(*h));
-        }
-    }
+    uint32_t kind;
+    int32_t pid;
+    uint64_t start;
+    bool live = finished_segment(fd, &kind, &pid, &start) && kvt__proc_alive(pid, start);
     close(fd);
     return live;
 }
