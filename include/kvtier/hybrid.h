@@ -206,6 +206,14 @@ KVT_API int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens
  * is released, some pieces may not be stored). */
 KVT_API int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens,
                                kvt_hybrid_req_t *req);
+/* Lets go of an admitted request whose forward pass did not run, or failed:
+ * the full groups' request is aborted (kvt_cache_abort: its new pages leave
+ * the cache) and its pieces are unpinned; nothing is stored for it, since
+ * the engine computed none of it. What its hit matched or loaded stays
+ * cached, as after a release. KVT_EBUSY, nothing changed, when another
+ * request matched its new pages (admitted after it, before its release):
+ * abort that one first. KVT_EINVAL as release. */
+KVT_API int kvt_hybrid_abort(kvt_hybrid_t *h, kvt_hybrid_req_t *req);
 
 /* The bytes. The engine owns every slot's bytes (one buffer per group and
  * tier, slot-indexed) and makes them follow the metadata by running, in
@@ -356,7 +364,8 @@ KVT_API uint64_t kvt_hybrid_digest(const kvt_hybrid_t *h);
     X(cached_tokens, GAUGE, "tokens of the full pages held in some tier (the tree's pages, or L3's)")   \
     X(moves_failed, COUNTER, "copies the engine reported failed (async_moves): the piece absent there")            \
     X(round_evictions, COUNTER, "pieces evicted by free-room rounds, at release")                                    \
-    X(admit_evictions, COUNTER, "pieces L1 evicted for an admission's loads (write_back: copies the hit waits for)")
+    X(admit_evictions, COUNTER, "pieces L1 evicted for an admission's loads (write_back: copies the hit waits for)") \
+    X(aborted, COUNTER, "requests aborted: their forward pass did not run, nothing stored for them")
 
 typedef struct kvt_hybrid_stats {
     uint32_t size; /* sizeof(kvt_hybrid_stats_t), set by the caller */

@@ -203,6 +203,7 @@ HYBRID_STATS = (
     ('moves_failed', 'COUNTER', 'copies the engine reported failed (async_moves): the piece absent there'),
     ('round_evictions', 'COUNTER', 'pieces evicted by free-room rounds, at release'),
     ('admit_evictions', 'COUNTER', "pieces L1 evicted for an admission's loads (write_back: copies the hit waits for)"),
+    ('aborted', 'COUNTER', 'requests aborted: their forward pass did not run, nothing stored for them'),
 )
 
 # KVT_HYBRID_PLANE_STATS_FIELDS (hybrid.h): (field, kind, help)

@@ -519,6 +519,7 @@ _PROTOS = {
     "kvt_hybrid_admit_prefetched": (c_int, [vp, u64, u32, vp, u64, i32, vp, P(HybridReq)]),
     "kvt_hybrid_set_l3": (c_int, [vp, HYBRID_PROBE, vp]),
     "kvt_hybrid_release": (c_int, [vp, u32, vp, u64, P(HybridReq)]),
+    "kvt_hybrid_abort": (c_int, [vp, P(HybridReq)]),
     "kvt_hybrid_cache": (vp, [vp]),
     "kvt_hybrid_digest": (u64, [vp]),
     "kvt_hybrid_stats": (c_int, [vp, P(HybridStats)]),

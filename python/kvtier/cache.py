@@ -177,9 +177,53 @@ class _Held(weakref.ref):
         super().__init__(o, queue)
 
 
+class _Holds:
+    """What a cache (Cache, Hybrid) holds for its requests and prefetches:
+    each by a _Held reference, by the reference's id, in the order they were
+    made; and the references whose object was collected while held, let go
+    at the cache's next call (_Settling). The cache says how to let go of
+    one (_let_go)."""
+
+    def _holding(self) -> None:
+        self._live: Dict[int, _Held] = {}
+        self._dropped: collections.deque = collections.deque()
+        self._use = self._use_poll = _Settling(self)
+
+    def _hold(self, o: Any, what: Any) -> None:
+        """o (a request or prefetch, made under the cache's lock) is held until let go."""
+        ref = _Held(o, self._dropped.append, what)
+        o._key = id(ref)
+        self._live[o._key] = ref
+
+    def _holds(self, o: Any) -> bool:
+        """Whether o is a request or prefetch this cache holds now."""
+        ref = self._live.get(o._key)
+        return ref is not None and ref() is o
+
+    def _let_go(self, h: int, what: Any) -> bool:  # pragma: no cover - each cache has its own
+        """Lets go of what a collected object held: False when it cannot be yet."""
+        raise NotImplementedError
+
+    def _settle(self, h: int) -> None:
+        """Lets go of what was collected while held: a request is aborted (its
+        KV cannot be known to be written), a prefetch cancelled. A request
+        that cannot be aborted yet (one admitted after it depends on its new
+        pages) is tried again at the next call. Under the cache's lock."""
+        busy = []
+        while self._dropped:
+            ref = self._dropped.popleft()
+            if self._live.get(id(ref)) is not ref:
+                continue  # let go before it was collected
+            if not self._let_go(h, ref.what):
+                busy.append(ref)
+                continue
+            del self._live[id(ref)]
+        self._dropped.extend(busy)
+
+
 class _Settling(_Serial):
     """A cache's calls: each first lets go of what was collected while held
-    (Cache._settle), on the thread that makes the call, under its lock."""
+    (_Holds._settle), on the thread that makes the call, under its lock."""
 
     __slots__ = ()
 
@@ -304,7 +348,7 @@ class Prefetch:
             del self._cache._live[self._key]
 
 
-class Cache(Handle):
+class Cache(Handle, _Holds):
     __doc__ = """A KV cache over L1 (GPU pages), L2 (host pages) and optionally an L3
     store, with planned eviction against free-room targets.
 
@@ -334,11 +378,7 @@ class Cache(Handle):
         class). TypeError for an unknown option, ValueError for an unknown
         policy name, InvalidArgument for a value out of range."""
         super().__init__()
-        # Requests and prefetches held (not let go yet), in the order they were made, by their
-        # references' ids; and the references whose object was collected while held.
-        self._live: Dict[int, _Held] = {}
-        self._dropped: collections.deque = collections.deque()
-        self._use = self._use_poll = _Settling(self)
+        self._holding()
         cfg = _default_config()
         for k, v in config.items():
             if k not in CONFIG_FIELDS:
@@ -363,31 +403,11 @@ class Cache(Handle):
         for t in self._tiers:
             t._check_memory()
 
-    def _hold(self, o: Any, what: Any) -> None:
-        """o (a Request or Prefetch, made under the cache's lock) is held until let go."""
-        ref = _Held(o, self._dropped.append, what)
-        o._key = id(ref)
-        self._live[o._key] = ref
-
-    def _settle(self, h: int) -> None:
-        """Lets go of what was collected while held: a request is aborted (its
-        KV cannot be known to be written), a prefetch cancelled. A request
-        that cannot be aborted yet (one admitted after it depends on its new
-        pages) is tried again at the next call. Under the cache's lock."""
-        busy = []
-        while self._dropped:
-            ref = self._dropped.popleft()
-            if self._live.get(id(ref)) is not ref:
-                continue  # let go before it was collected
-            what = ref.what
-            if isinstance(what, CacheReq):
-                if lib.kvt_cache_abort(h, ctypes.byref(what)) < 0:
-                    busy.append(ref)
-                    continue
-            else:
-                lib.kvt_cache_prefetch_cancel(h, what)
-            del self._live[id(ref)]
-        self._dropped.extend(busy)
+    def _let_go(self, h: int, what: Any) -> bool:
+        if isinstance(what, CacheReq):
+            return lib.kvt_cache_abort(h, ctypes.byref(what)) >= 0
+        lib.kvt_cache_prefetch_cancel(h, what)
+        return True
 
     def _destroy(self, h: int) -> None:
         held = [ref.what for ref in self._live.values() if isinstance(ref.what, CacheReq)]

@@ -37,8 +37,8 @@ from ._lib import HYBRID_PROBE, HYBRID_WRITE, KVT_MODEL_MAX_GROUPS, CacheStats, 
     HybridPlaneConfig, HybridPlaneGroup, HybridPlaneStats, HybridReq, HybridStats, Key128, lib
 from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
-from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, attach_data_plane, \
-    attach_store, memory_intact, not_anothers
+from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, _Holds, \
+    attach_data_plane, attach_store, memory_intact, not_anothers
 
 __all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS",
            "HYBRID_PLANE_STATS", "SHORT_BY", "piece_bytes",
@@ -175,7 +175,7 @@ class HybridPrefetch(Prefetch):
         with self._cache._use as h:
             if not self.done:
                 check(lib.kvt_cache_prefetch_cancel(lib.kvt_hybrid_cache(h), self.id), "HybridPrefetch.cancel")
-                self.done = True
+                self._finished()
 
 
 def piece_bytes(group: Any, page_tokens: int) -> int:
@@ -257,12 +257,16 @@ class HybridRequest:
     says why n < m ("none", "window", "state", "room"), ``hit_tier`` the
     deepest tier a piece of the hit came from (1, 2, 3; 0: no hit).
     ``l1_ids``: the L1 page of each of the full groups' first ``pages``
-    pages. Release it once, with the tokens it was admitted with."""
+    pages. Let it go once: ``release()`` (with the tokens it was admitted
+    with) once its forward pass ran, ``abort()`` if it did not. Its ``with``
+    block releases it, or aborts it when the block raises. A request
+    collected without either is aborted at the cache's next call."""
 
-    __slots__ = ("_hybrid", "_req", "_ns", "_tokens", "l1_ids", "tokens", "released", "__weakref__")
+    __slots__ = ("_hybrid", "_req", "_ns", "_tokens", "_key", "l1_ids", "tokens", "released", "__weakref__")
 
     def __init__(self, hybrid: "Hybrid", req: HybridReq, ns: int, keep: Any, l1_ids: array.array, n: int) -> None:
         self._hybrid, self._req, self._ns, self._tokens = hybrid, req, ns, keep
+        self._key = 0  # the cache's key of its _Held (_Holds._hold)
         self.l1_ids = l1_ids
         self.tokens = n
         self.released = False
@@ -283,6 +287,10 @@ class HybridRequest:
         """``Hybrid.release(self, tokens)``."""
         self._hybrid.release(self, tokens)
 
+    def abort(self) -> None:
+        """``Hybrid.abort(self)``."""
+        self._hybrid.abort(self)
+
     def slots(self, g: int) -> array.array:
         """``Hybrid.slots(self, g)``."""
         return self._hybrid.slots(self, g)
@@ -290,11 +298,11 @@ class HybridRequest:
     def __enter__(self) -> "HybridRequest":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if not self.released and not self._hybrid.closed:
             try:
-                self.release()
-            except ClosedError:
+                self.release() if exc_type is None else self.abort()
+            except ClosedError:  # the cache closed meanwhile, on another thread: it let the request go
                 pass
 
     def __repr__(self) -> str:
@@ -320,7 +328,7 @@ def _slots_arg(v: Any, what: str, ngroups: int) -> Dict[int, int]:
     return out
 
 
-class Hybrid(Handle):
+class Hybrid(Handle, _Holds):
     """``Hybrid(groups, page_tokens=16, l1_bytes=..., l2_bytes=0, l3_bytes=0, **options)``.
 
     ``groups``: a preset name, a description (:func:`layer_groups`) or a list
@@ -353,6 +361,7 @@ class Hybrid(Handle):
                  checkpoint_branches: Optional[bool] = None, moves: bool = False, async_moves: bool = False,
                  **options: Any) -> None:
         super().__init__()
+        self._holding()
         arr, n = _groups_arg(groups)
         page_tokens = _a.u32(page_tokens, "Hybrid page_tokens", 1)
         l1 = _a.u64(l1_bytes, "Hybrid l1_bytes", 1)
@@ -410,7 +419,6 @@ class Hybrid(Handle):
               " cache has that tier; full groups none), a write policy the slots refuse, or a cache field")
         self._own(h.value)
         self._cfg = cfg
-        self._live: Dict[int, HybridRequest] = {}
         self._ids = array.array("I", bytes(4 * 64))
         self._tiers: list = []  # attached engine tiers whose memory is checked before each call that copies
         self._full_tiers: tuple = ()  # attach's l1 and l2
@@ -423,16 +431,25 @@ class Hybrid(Handle):
         self._plane_keep: Any = None  # its write callback and config, alive while the plane may call them
         self.last_write_error: Optional[BaseException] = None
 
+    def _let_go(self, h: int, what: Any) -> bool:
+        if isinstance(what, HybridReq):
+            return lib.kvt_hybrid_abort(h, ctypes.byref(what)) >= 0
+        lib.kvt_cache_prefetch_cancel(lib.kvt_hybrid_cache(h), what)
+        return True
+
     def _destroy(self, h: int) -> None:
-        if self._live and not memory_intact(self, "Hybrid"):
-            return  # releasing would copy out of freed memory: the C cache is left, not freed
+        held = [ref.what for ref in self._live.values() if isinstance(ref.what, HybridReq)]
+        if held and not memory_intact(self, "Hybrid"):
+            return  # letting them go could copy out of freed memory: the C cache is left, not freed
         if self._plane is not None:  # the copies in flight land and are reported to the cache first
             lib.kvt_hybrid_plane_destroy(self._plane)
             self._plane = None
-        for r in list(self._live.values()):  # pinned pieces and the full request go back with the request
-            addr, n, _ = tokens_arg(r._tokens)
-            lib.kvt_hybrid_release(h, r._ns, addr, n, ctypes.byref(r._req))
-            r.released = True
+        for req in reversed(held):  # not released: their KV cannot be known to be written (kvt_hybrid_destroy
+            lib.kvt_hybrid_abort(h, ctypes.byref(req))  # frees one that cannot be aborted); the last admitted first
+        for ref in self._live.values():
+            o = ref()
+            if o is not None and isinstance(o, HybridRequest):
+                o.released = True
         self._live.clear()
         lib.kvt_hybrid_destroy(h)
 
@@ -646,7 +663,7 @@ class Hybrid(Handle):
         _a.instance(req, HybridRequest, "Hybrid.pieces_wait req")
         self._check_memory()
         with self._use as h:
-            if req._hybrid is not self or self._live.get(id(req)) is not req:
+            if req._hybrid is not self or not self._holds(req):
                 raise error(-1, "Hybrid.pieces_wait", "the request is not live here (another cache's, or released)")
             rc = lib.kvt_hybrid_plane_wait(self._plane_of("Hybrid.pieces_wait"), ctypes.byref(req._req))
         if rc == IOFailure.code:
@@ -682,7 +699,16 @@ class Hybrid(Handle):
         with self._use as h:
             self._check_memory()
             check(lib.kvt_cache_prefetch(lib.kvt_hybrid_cache(h), ns, addr, n, ctypes.byref(pid)), "Hybrid.prefetch")
-        return HybridPrefetch(self, pid.value, keep)
+            p = HybridPrefetch(self, pid.value, keep)
+            if pid.value:
+                self._hold(p, pid.value)
+        return p
+
+    @property
+    def prefetches(self) -> int:
+        """The full groups' prefetches started and not yet finished or cancelled."""
+        with self._use as h:
+            return lib.kvt_cache_prefetches(lib.kvt_hybrid_cache(h))
 
     def poll(self) -> int:
         """Applies the full groups' copies that completed; how many."""
@@ -730,9 +756,9 @@ class Hybrid(Handle):
                 raise error(rc, "Hybrid.admit", "the tokens are not those the prefetch was started with, or an"
                             " unknown prefetch" if pid and rc == -1 else "")
             if prefetch is not None:
-                prefetch.done = True
+                prefetch._finished()
             r = HybridRequest(self, req, ns, own, self._ids[:req.full.pages], n)
-            self._live[id(r)] = r
+            self._hold(r, req)
         return r
 
     def release(self, req: HybridRequest, tokens: Any = None) -> None:
@@ -743,7 +769,7 @@ class Hybrid(Handle):
         _a.instance(req, HybridRequest, "Hybrid.release req")
         addr, n, keep = tokens_arg(req._tokens if tokens is None else tokens)
         with self._use as h:
-            if req._hybrid is not self or self._live.get(id(req)) is not req:
+            if req._hybrid is not self or not self._holds(req):
                 raise error(-1, "Hybrid.release", "the request is not live here (another cache's, or released)")
             self._check_memory()
             rc = lib.kvt_hybrid_release(h, req._ns, addr, n, ctypes.byref(req._req))
@@ -751,8 +777,24 @@ class Hybrid(Handle):
             if rc == -1:  # nothing changed: the tokens are not the request's
                 raise error(rc, "Hybrid.release", "the tokens are not those the request was admitted with")
             req.released = True
-            del self._live[id(req)]
+            del self._live[req._key]
             check(rc, "Hybrid.release")
+
+    def abort(self, req: HybridRequest) -> None:
+        """Lets go of a request whose forward pass did not run or failed: the
+        full groups' new pages hold no KV and leave the cache, its pieces are
+        unpinned and nothing is stored for it; what its hit matched or loaded
+        stays cached. Busy (nothing changed) while a request admitted after
+        it matched its new pages: abort that one first. InvalidArgument for a
+        request not live here."""
+        _a.instance(req, HybridRequest, "Hybrid.abort req")
+        with self._use as h:
+            if req._hybrid is not self or not self._holds(req):
+                raise error(-1, "Hybrid.abort", "the request is not live here (another cache's, or released)")
+            check(lib.kvt_hybrid_abort(h, ctypes.byref(req._req)), "Hybrid.abort",
+                  "a request admitted after it matched its new pages: abort that one first; this one is still held")
+            req.released = True
+            del self._live[req._key]
 
     # -- the bytes -------------------------------------------------------------
 
@@ -839,7 +881,7 @@ class Hybrid(Handle):
         hybrid_longest). InvalidArgument for a request not live here."""
         _a.instance(req, HybridRequest, "Hybrid.ready req")
         with self._use as h:
-            if req._hybrid is not self or self._live.get(id(req)) is not req:
+            if req._hybrid is not self or not self._holds(req):
                 raise error(-1, "Hybrid.ready", "the request is not live here (another cache's, or released)")
             rc = lib.kvt_hybrid_ready(h, ctypes.byref(req._req))
         if rc == TryAgain.code:
@@ -864,7 +906,7 @@ class Hybrid(Handle):
         n = req._req.hit_pages
         cap = 0 if gr.kind == 0 or n == 0 else 1 if gr.kind == 2 else min(n, gr.window // self.page_tokens + 2)
         with self._use as h:
-            if req._hybrid is not self or self._live.get(id(req)) is not req:
+            if req._hybrid is not self or not self._holds(req):
                 raise error(-1, "Hybrid.slots", "the request is not live here (another cache's, or released)")
             while True:
                 out = array.array("Q", bytes(8 * max(cap, 1)))

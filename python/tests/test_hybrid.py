@@ -3,6 +3,7 @@ brute-force scan written from the header's text, the cache's answers
 against a model of what requests leave behind (sets of token prefixes, no
 hashing), and every bad argument refused with the error a Python caller
 expects (the C side's own tests are tests/unit/hybrid)."""
+import gc
 import os
 import random
 
@@ -56,6 +57,12 @@ class Model:
         self.groups, self.every = groups, every
         self.full = set()
         self.pieces = [set() for _ in groups]
+        self.users = {}  # full page: the requests admitted over it and not aborted
+        self.held = {}  # request: its pages, while admitted (until released or aborted)
+        self.keysof = {}  # request: its pages
+
+    def keys(self, ns, tokens):
+        return [self.key(ns, tokens, i) for i in range(len(tokens) // P)]
 
     @staticmethod
     def key(ns, tokens, i):
@@ -67,6 +74,9 @@ class Model:
         while m < npages and self.key(ns, tokens, m) in self.full:
             m += 1
         self.full.update(self.key(ns, tokens, i) for i in range(npages))
+        for k in self.keys(ns, tokens):
+            self.users.setdefault(k, set()).add(id(tokens))
+        self.held[id(tokens)] = self.keysof[id(tokens)] = set(self.keys(ns, tokens))
 
         def have(g, i):  # window page i, or the checkpoint after i pages
             return self.key(ns, tokens, i if self.groups[g].kind == "window" else i - 1) in self.pieces[g]
@@ -79,7 +89,24 @@ class Model:
             why = "state" if windows_ok else "window"
         return n, m, why
 
+    def abort(self, ns, tokens, m):
+        """The request's new pages leave, unless another request holds one
+        of them, or was admitted over one and on past the request's pages
+        (its own pages hang below them): then False, nothing changes."""
+        mine, new = set(self.keys(ns, tokens)), self.keys(ns, tokens)[m:]
+        others = set().union(*(self.users[k] for k in new)) - {id(tokens)}
+        if any(q in self.held or not self.keysof[q] <= mine for q in others):
+            return False
+        for k in mine:
+            self.users[k].discard(id(tokens))
+        for k in new:  # gone: the released requests admitted over them hang below nothing now
+            del self.users[k]
+        self.full.difference_update(new)
+        del self.held[id(tokens)]
+        return True
+
     def release(self, ns, tokens, n, m):
+        self.held.pop(id(tokens), None)
         npages = len(tokens) // P
         points = [c for c in range(n + 1, npages + 1)
                   if (self.every and c % self.every == 0) or c == npages or (n < m and c == m)]
@@ -139,9 +166,13 @@ def test_hybrid_longest_the_headers_picture():
 # ---- the cache against the model ------------------------------------------------------
 
 
-def test_admit_and_release_against_the_model():
+@pytest.mark.parametrize("abort_share", [0, 0.3])
+def test_admit_and_release_against_the_model(abort_share):
     """With room for everything, every answer is the model's: n, m, why n < m,
-    the pieces held per group, and the statistics summed."""
+    the pieces held per group, and the statistics summed. Requests whose
+    forward pass failed are aborted: they leave nothing (refused, changing
+    nothing, while a request admitted over their new pages was not aborted:
+    then they are released)."""
     seed = new_seed()
     rng = random.Random(seed)
     every = 4
@@ -151,6 +182,7 @@ def test_admit_and_release_against_the_model():
         groups = h.groups
         model = Model(groups, every)
         live, seen, sums = [], set(), {"hit": 0, "full": 0, "window": 0, "state": 0}
+        aborted = refused = 0
         for i, t in enumerate(requests(rng, 400)):
             ns = 1 if i % 7 == 0 else 0
             n, m, why = model.admit(ns, t)
@@ -166,6 +198,14 @@ def test_admit_and_release_against_the_model():
             live.append((ns, t, req, n, m))
             while live and (len(live) > 3 or rng.random() < 0.4):  # up to four requests at once
                 ns2, t2, r2, n2, m2 = live.pop(rng.randrange(len(live)))
+                if abort_share and rng.random() < abort_share:
+                    if model.abort(ns2, t2, m2):
+                        r2.abort()
+                        aborted += 1
+                        continue
+                    with pytest.raises(kvtier.Busy):
+                        r2.abort()
+                    refused += 1
                 h.release(r2, t2)
                 model.release(ns2, t2, n2, m2)
             if i % 50 == 0:
@@ -176,6 +216,9 @@ def test_admit_and_release_against_the_model():
         h.check()
         assert {"window", "state", "n=m>0", "0"} <= seen  # each outcome was met
         st = h.stats()
+        assert st["aborted"] == aborted
+        if abort_share:
+            assert aborted > 50 and refused > 0, (aborted, refused, seed)
         assert (st["hit_tokens"], st["full_hit_tokens"]) == (sums["hit"], sums["full"])
         assert (st["window_short_tokens"], st["state_short_tokens"]) == (sums["window"], sums["state"])
         assert st["l1_hit_tokens"] == sums["hit"] and st["room_short_tokens"] == 0 and st["requests"] == 400
@@ -772,6 +815,57 @@ def test_two_caches_share_full_pages_and_pieces_through_stores(dir_store_url):
         b.check()
     finally:
         for h, plane, _ in caches:
+            h.close()
+            plane.close()
+
+
+def test_a_request_that_raised_or_was_dropped_is_aborted(dir_store_url):
+    """A request whose ``with`` block raised (its forward pass failed) is
+    aborted: it leaves nothing, so the same prompt again hits nothing. One
+    dropped while held is aborted at the cache's next call, once no request
+    admitted over its new pages is held; a prefetch dropped is cancelled."""
+    t = np.arange(80, dtype=np.int32)  # 5 pages
+    with kvtier.Hybrid(GROUPS, page_tokens=P, l1_bytes=8 << 20, checkpoint_every=2) as h:
+        with pytest.raises(RuntimeError, match="forward"):
+            with h.admit(t) as r:
+                raise RuntimeError("the forward pass failed")
+        assert r.released
+        h.admit(t)  # dropped at once, never released
+        gc.collect()
+        with h.admit(t) as r:
+            assert (r.full_hit_pages, r.hit_pages, r.new_pages) == (0, 0, 5), "an aborted request's pages served"
+        assert h.stats()["aborted"] == 2
+        with h.admit(t) as r:
+            assert (r.full_hit_pages, r.hit_pages) == (5, 5)
+        u = np.arange(1000, 1064, dtype=np.int32)
+        first = h.admit(u)
+        second = h.admit(np.concatenate([u, u]))
+        assert second.full_hit_pages == 4  # the first's new pages, not yet written
+        del first
+        gc.collect()
+        h.check()
+        assert h.stats()["aborted"] == 2, "let go while the second was admitted over its pages"
+        second.abort()
+        h.check()  # (a call: the first is let go now)
+        assert h.stats()["aborted"] == 4
+        assert h.group_bytes(0)["slots"][0] == 5  # t's pages alone
+        with pytest.raises(kvtier.InvalidArgument, match="not live"):
+            second.abort()
+    caches = [full_hybrid() for _ in range(2)]
+    planes = [FullPlane(h, dir_store_url) for h in caches]
+    try:
+        a, b = caches
+        with a.admit(t):
+            pass
+        a.sync()
+        p = b.prefetch(t)
+        assert p.id and b.prefetches == 1
+        del p
+        gc.collect()
+        assert b.prefetches == 0
+        b.check()
+    finally:
+        for h, plane in zip(caches, planes):
             h.close()
             plane.close()
 

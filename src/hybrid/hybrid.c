@@ -947,6 +947,15 @@ static pins_t *live_pins(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req) {
     return p;
 }
 
+/* Drops request p's pins and takes it off the live list (its record is
+ * still the caller's to read, then free). */
+static void let_go(kvt_hybrid_t *h, pins_t *p) {
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) unpin_request(h, p, g);
+    *(p->prev ? &p->prev->next : &h->live_reqs) = p->next;
+    if (p->next) p->next->prev = p->prev;
+    h->live--;
+}
+
 int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64_t ntokens, kvt_hybrid_req_t *req) {
     if (h && h->in_probe) return KVT_EBUSY;
     pins_t *p = live_pins(h, req);
@@ -958,9 +967,7 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
     int rc = kvt_cache_release(h->cache, &req->full);
     if (rc != KVT_OK) return rc;
     h->clock++;
-    for (uint32_t g = 0; g < h->cfg.ngroups; g++) unpin_request(h, p, g);
-    *(p->prev ? &p->prev->next : &h->live_reqs) = p->next;
-    if (p->next) p->next->prev = p->prev;
+    let_go(h, p);
     uint64_t *pts = kvt__malloc((size_t)(npages + 1) * sizeof(*pts));
     if (pts == NULL) rc = KVT_ENOMEM;
     size_t npts = pts ? kept_points(h, p, pts) : 0;
@@ -974,8 +981,22 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
     kvt__free(pts, (size_t)(npages + 1) * sizeof(*pts));
     free_pins(p);
     req->priv_ = NULL;
-    h->live--;
     return rc;
+}
+
+int kvt_hybrid_abort(kvt_hybrid_t *h, kvt_hybrid_req_t *req) {
+    if (h && h->in_probe) return KVT_EBUSY;
+    pins_t *p = live_pins(h, req);
+    if (p == NULL) return KVT_EINVAL;
+    int rc = kvt_cache_abort(h->cache, &req->full);
+    if (rc != KVT_OK) return rc;
+    let_go(h, p);
+    for (uint32_t g = 0; g < h->cfg.ngroups; g++) /* the loads of its hit may have spent the free room */
+        for (int t = 0; t < 2; t++) restore_room(h, g, t);
+    free_pins(p);
+    req->priv_ = NULL;
+    h->st.aborted++;
+    return KVT_OK;
 }
 
 /* ---- what the engine copies ------------------------------------------------------ */

@@ -87,6 +87,7 @@ typedef struct {
     int policy; /* write policy L1 -> L2 */
     uint64_t l1_slots; /* small: pieces must reach L2 and come back */
     uint64_t l2_slots, l3_slots; /* 0: L2 never evicts, no L3 */
+    uint32_t abort_one_in;       /* 0: every request runs; k: about one in k is aborted instead */
 } setup_t;
 
 static kvt_hybrid_t *make(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su) {
@@ -125,7 +126,7 @@ static void run_model(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su
     for (uint32_t k = 0; k < ng; k++) bits[k] = calloc(4096, 1);
     kvt_rng_t r;
     kvt_rng_seed(&r, seed);
-    uint64_t nprev = 0, hits = 0;
+    uint64_t nprev = 0, hits = 0, aborted = 0;
     const uint32_t P = su->P;
     for (int q = 0; q < requests; q++) {
         uint64_t nt = next_request(&r, tok, prev, nprev, P), np = nt / P;
@@ -151,6 +152,15 @@ static void run_model(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su
         cr_assert_eq(req.hit_tier == 0, want == 0);
         hits += want;
         check(h, "admit");
+        if (su->abort_one_in && kvt_rng_below(&r, su->abort_one_in) == 0) { /* its forward pass failed: it leaves */
+            cr_assert_eq(kvt_hybrid_abort(h, &req), KVT_OK);           /* nothing behind, the next one shares */
+            cr_assert_eq(kvt_hybrid_abort(h, &req), KVT_EINVAL, "aborted twice"); /* its prefix all the same */
+            check(h, "abort");
+            aborted++;
+            memcpy(prev, tok, nt * sizeof(*tok));
+            nprev = nt;
+            continue;
+        }
         cr_assert_eq(kvt_hybrid_release(h, 0, tok, nt, &req), KVT_OK);
         check(h, "release");
 
@@ -170,6 +180,8 @@ static void run_model(const kvt_layer_group_t *g, uint32_t ng, const setup_t *su
     kvt_hybrid_stats_t st = {.size = sizeof(st)};
     cr_assert_eq(kvt_hybrid_stats(h, &st), KVT_OK);
     cr_assert_eq(st.hit_tokens, hits * P);
+    cr_assert_eq(st.aborted, aborted);
+    if (su->abort_one_in) cr_assert_gt(aborted, 0);
     if (su->l3_slots) cr_assert_gt(st.l3_hit_tokens, 0, "seed %" PRIx64 ": no hit needed L3", seed);
     else cr_assert_eq(st.l3_hit_tokens, 0);
     cr_assert_eq(st.l1_hit_tokens + st.l2_hit_tokens + st.l3_hit_tokens, st.hit_tokens);
@@ -221,6 +233,18 @@ Test(hybrid_model, pieces_evicted_from_l2_come_back_from_l3) {
     for (int policy = KVT_WRITE_THROUGH; policy <= KVT_WRITE_BACK; policy += KVT_WRITE_BACK) {
         setup_t su = {.P = 4, .every = 3, .policy = policy, .l1_slots = 30, .l2_slots = 50, .l3_slots = 1 << 16};
         run_model(ALL_THREE, 4, &su, 17 + (uint64_t)policy, 300);
+    }
+}
+
+/* Requests whose forward pass failed are aborted: the model takes nothing
+ * from them (no full page, no piece), so a later request that shares their
+ * prefix hits only what the requests that ran left, from whichever tier. */
+Test(hybrid_model, aborted_requests_leave_nothing_behind) {
+    for (int policy = KVT_WRITE_THROUGH; policy <= KVT_WRITE_BACK; policy += KVT_WRITE_BACK) {
+        setup_t su = {.P = 4, .every = 3, .policy = policy, .l1_slots = 1 << 16, .abort_one_in = 3};
+        run_model(ALL_THREE, 4, &su, 19 + (uint64_t)policy, 300);
+        su.l1_slots = 30, su.l2_slots = 50, su.l3_slots = 1 << 16;
+        run_model(ALL_THREE, 4, &su, 21 + (uint64_t)policy, 300);
     }
 }
 
@@ -1624,6 +1648,7 @@ static int reentering_probe(void *arg, uint32_t g, const kvt_key128_t *keys, siz
     e->refused += kvt_hybrid_moves_done(e->h, e->held, e->nheld, ok) == KVT_EBUSY;
     e->refused += kvt_hybrid_admit(e->h, 0, tok, 4, 0, NULL, &r) == KVT_EBUSY;
     e->refused += kvt_hybrid_release(e->h, 0, tok, 4, &r) == KVT_EBUSY;
+    e->refused += kvt_hybrid_abort(e->h, &r) == KVT_EBUSY;
     e->refused += kvt_hybrid_set_l3(e->h, NULL, NULL) == KVT_EBUSY;
     e->refused += kvt_hybrid_take_moves(e->h, mv, 4) == 0;
     return 0;
@@ -1661,7 +1686,7 @@ Test(hybrid_misuse, a_probe_that_calls_the_cache_is_refused) {
     cr_assert_eq(e.nheld, 2);
     cr_assert_eq(kvt_hybrid_admit(e.h, 0, tok, 32, 0, NULL, &b), KVT_OK);
     cr_assert_gt(e.calls, 0, "the probe was asked");
-    cr_assert_eq(e.refused, 5 * e.calls, "every call from the probe refused");
+    cr_assert_eq(e.refused, 6 * e.calls, "every call from the probe refused");
     check(e.h, "after an admission whose probe called the cache");
     memset(ok, 1, sizeof(ok));
     cr_assert_eq(kvt_hybrid_moves_done(e.h, e.held, e.nheld, ok), KVT_OK); /* now, outside the probe */
@@ -1674,6 +1699,57 @@ Test(hybrid_misuse, a_probe_that_calls_the_cache_is_refused) {
     cr_assert_eq(kvt_hybrid_release(e.h, 0, tok, 32, &b), KVT_OK);
     check(e.h, "after its release");
     kvt_hybrid_destroy(e.h);
+}
+
+/* Two requests of one prompt admitted at once: the second matched the
+ * first's new pages, so the first cannot take them back (KVT_EBUSY,
+ * nothing changed) until the second is aborted; then both leave nothing. */
+Test(hybrid_misuse, an_abort_another_request_depends_on_is_refused_and_changes_nothing) {
+    kvt_hybrid_t *h = every_kind_default();
+    int32_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = i * 5 + 2;
+    kvt_hybrid_req_t a, b, c;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 64, 0, NULL, &a), KVT_OK);
+    cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 64, 0, NULL, &b), KVT_OK);
+    cr_assert_eq(b.full_hit_pages, 16, "the second matched the first's new pages");
+    kvt_hybrid_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+    cr_assert_eq(kvt_hybrid_stats(h, &before), KVT_OK);
+    uint64_t digest = kvt_hybrid_digest(h);
+    cr_assert_eq(kvt_hybrid_abort(h, &a), KVT_EBUSY);
+    cr_assert_eq(kvt_hybrid_stats(h, &after), KVT_OK);
+    cr_assert(memcmp(&before, &after, sizeof(before)) == 0, "a refused abort changed the counters");
+    cr_assert_eq(kvt_hybrid_digest(h), digest);
+    cr_assert_eq(kvt_hybrid_ready(h, &a), KVT_OK, "a refused abort let go of the request");
+    check(h, "refused abort");
+    cr_assert_eq(kvt_hybrid_abort(h, &b), KVT_OK);
+    cr_assert_eq(kvt_hybrid_abort(h, &a), KVT_OK);
+    check(h, "both aborted");
+    /* the prompt again: as in a cache that never saw the two */
+    kvt_hybrid_t *fresh = every_kind_default();
+    kvt_hybrid_req_t d;
+    cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 64, 0, NULL, &c), KVT_OK);
+    cr_assert_eq(kvt_hybrid_admit(fresh, 0, tok, 64, 0, NULL, &d), KVT_OK);
+    cr_assert_eq(c.full_hit_pages, d.full_hit_pages, "an aborted request's pages were served");
+    cr_assert_eq(c.hit_pages, d.hit_pages);
+    cr_assert_eq(kvt_hybrid_release(h, 0, tok, 64, &c), KVT_OK);
+    cr_assert_eq(kvt_hybrid_release(fresh, 0, tok, 64, &d), KVT_OK);
+    kvt_hybrid_stats_t twin = {.size = sizeof(twin)};
+    cr_assert_eq(kvt_hybrid_stats(h, &after), KVT_OK);
+    cr_assert_eq(kvt_hybrid_stats(fresh, &twin), KVT_OK);
+    cr_assert_eq(after.aborted, 2);
+    cr_assert_eq(after.window_pages_stored, twin.window_pages_stored, "the aborted requests stored pieces");
+    cr_assert_eq(after.checkpoints_stored, twin.checkpoints_stored);
+    cr_assert_eq(after.l1_bytes, twin.l1_bytes);
+    cr_assert_eq(after.cached_tokens, twin.cached_tokens);
+    for (uint32_t g = 0; g < 4; g++) {
+        kvt_hybrid_group_bytes_t x, y;
+        cr_assert_eq(kvt_hybrid_group_bytes(h, g, &x), KVT_OK);
+        cr_assert_eq(kvt_hybrid_group_bytes(fresh, g, &y), KVT_OK);
+        cr_assert(memcmp(&x, &y, sizeof(x)) == 0, "group %u holds other slots than the twin's", g);
+    }
+    check(h, "end");
+    kvt_hybrid_destroy(fresh);
+    kvt_hybrid_destroy(h);
 }
 
 /* Destroying a cache with requests still admitted frees what they held
