@@ -15,13 +15,15 @@
  *                      per page too (docs/engine.md has the table)
  *
  * A batch is cut into work items of at most max_batch_bytes and
- * max_batch_copies each; items go to the queue of their destination tier,
- * served by that queue's own workers, so one slow destination does not hold
- * the others. Submit returns at once. A batch completes when its last item
- * is done, after every byte is in place (device copies are waited for), and
- * is then reported by kvt_xfer_poll (and the optional callback). A failed
- * copy fails its batch (one status per batch); the caller decides what that
- * means for residency — the engine only moves bytes.
+ * max_batch_copies each (an item of one page where a page is larger);
+ * items go to the queue of their destination tier, served by that queue's
+ * own workers, so one slow destination does not hold the others. Submit
+ * returns at once. A batch completes when its last item is done, after
+ * every byte is in place (device copies are waited for), and is then
+ * reported by kvt_xfer_poll (and the optional callback). A failed copy
+ * fails its batch (one status per batch), whose items not yet started are
+ * skipped; the caller decides what that means for residency — the engine
+ * only moves bytes.
  *
  * Host copies into a tier that is not read back soon (and any past 8 MiB)
  * use non-temporal stores. How a long one goes (one stream of cache lines,
@@ -136,9 +138,9 @@ KVT_API uint64_t kvt_xfer_pending(kvt_xfer_t *x);
     X(pages, COUNTER, "pages copied")                                             \
     X(runs, COUNTER, "runs the pages coalesced into")                             \
     X(copies, COUNTER, "contiguous copies made (per run, run x layer or page x layer)") \
-    X(items, COUNTER, "work items (batches cut by the byte and copy caps)")       \
+    X(items, COUNTER, "work items run (batches cut by the byte and copy caps)")   \
     X(bytes, COUNTER, "bytes copied")                                             \
-    X(busy_ns, COUNTER, "time workers spent copying")                             \
+    X(busy_ns, COUNTER, "time workers spent copying the batches completed")      \
     X(inflight_batches, GAUGE, "batches submitted and not completed")             \
     X(inflight_bytes, GAUGE, "bytes of the batches in flight")
 
@@ -148,7 +150,8 @@ typedef struct kvt_xfer_stats {
 #define KVT_STATS_FIELD_(name, kind, help) uint64_t name;
     KVT_XFER_STATS_FIELDS(KVT_STATS_FIELD_)
 #undef KVT_STATS_FIELD_
-    double gbps;        /* bytes / busy_ns: copy throughput while copying */
+    double gbps;        /* bytes / busy_ns: one worker's copy throughput while copying (the engine's
+                         * is up to `threads` times this, when its workers copy at once) */
     kvt_hist_t queue_ns; /* submit -> a worker starts the item */
     kvt_hist_t copy_ns;  /* the item's copies */
     kvt_hist_t e2e_ns;   /* submit -> the batch completes */
@@ -157,8 +160,10 @@ typedef struct kvt_xfer_stats {
 /* A snapshot of one pair's statistics. KVT_EINVAL. */
 KVT_API int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st);
 /* Emits a section "<src>_to_<dst>" per pair that has seen traffic: each
- * tier by its name in [a-z0-9_], at most 24 characters, and its index after
- * it where two tiers' would be the same ("host0_to_host1"). */
+ * tier by its name in [a-z0-9_] (its first 24 characters), and its index
+ * after it where two tiers' would be the same ("host0_to_host1"); every
+ * tier's index where two pairs' sections would still be one ("_to_" in a
+ * name: "a_to_b0_to_c1", "a2_to_b_to_c3"). */
 KVT_API void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e);
 
 #ifdef __cplusplus

@@ -123,9 +123,9 @@ XFER_STATS = (
     ('pages', 'COUNTER', 'pages copied'),
     ('runs', 'COUNTER', 'runs the pages coalesced into'),
     ('copies', 'COUNTER', 'contiguous copies made (per run, run x layer or page x layer)'),
-    ('items', 'COUNTER', 'work items (batches cut by the byte and copy caps)'),
+    ('items', 'COUNTER', 'work items run (batches cut by the byte and copy caps)'),
     ('bytes', 'COUNTER', 'bytes copied'),
-    ('busy_ns', 'COUNTER', 'time workers spent copying'),
+    ('busy_ns', 'COUNTER', 'time workers spent copying the batches completed'),
     ('inflight_batches', 'GAUGE', 'batches submitted and not completed'),
     ('inflight_bytes', 'GAUGE', 'bytes of the batches in flight'),
 )

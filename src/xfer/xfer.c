@@ -65,6 +65,7 @@ struct batch {
     _Atomic int status;
     _Atomic uint64_t bad_page;
     _Atomic size_t remaining;
+    _Atomic uint64_t busy_ns; /* its items' copy time: the pair's busy_ns when it completes */
 };
 
 typedef struct pair {
@@ -274,6 +275,7 @@ static void finish_batch(kvt_xfer_t *x, batch_t *b) {
         st->runs += b->nruns;
         st->copies += b->ncopies;
         st->bytes += b->bytes;
+        st->busy_ns += atomic_load(&b->busy_ns); /* with bytes: gbps counts a batch whole or not at all */
     } else {
         st->failures++;
         st->corrupt += status == KVT_ECORRUPT;
@@ -332,20 +334,22 @@ static void *worker_main(void *arg) {
             run_verify(x, b);
             continue;
         }
-        uint64_t t0 = kvt_now_ns();
-        int rc = atomic_load(&b->status) == KVT_OK ? run_item(x, w, b, it) : KVT_OK; /* a failed batch skips the rest */
-        uint64_t t1 = kvt_now_ns();
-        if (rc != KVT_OK) {
-            int ok = KVT_OK;
-            atomic_compare_exchange_strong(&b->status, &ok, rc);
+        if (atomic_load(&b->status) == KVT_OK) { /* a failed batch skips the rest: no work, nothing counted */
+            uint64_t t0 = kvt_now_ns();
+            int rc = run_item(x, w, b, it);
+            uint64_t t1 = kvt_now_ns();
+            if (rc != KVT_OK) {
+                int ok = KVT_OK;
+                atomic_compare_exchange_strong(&b->status, &ok, rc);
+            }
+            atomic_fetch_add(&b->busy_ns, t1 - t0);
+            pair_t *p = &x->pairs[b->done.src][b->done.dst];
+            pthread_mutex_lock(&p->mu);
+            kvt_hist_record(&p->st.queue_ns, t0 - it->t_submit);
+            kvt_hist_record(&p->st.copy_ns, t1 - t0);
+            p->st.items++;
+            pthread_mutex_unlock(&p->mu);
         }
-        pair_t *p = &x->pairs[b->done.src][b->done.dst];
-        pthread_mutex_lock(&p->mu);
-        kvt_hist_record(&p->st.queue_ns, t0 - it->t_submit);
-        kvt_hist_record(&p->st.copy_ns, t1 - t0);
-        p->st.busy_ns += t1 - t0;
-        p->st.items++;
-        pthread_mutex_unlock(&p->mu);
         if (atomic_fetch_sub(&b->remaining, 1) == 1) finish_batch(x, b);
     }
 }
@@ -475,6 +479,7 @@ static void publish(kvt_xfer_t *x, batch_t *b, uint64_t *ticket) {
     b->t_submit = kvt_now_ns();
     atomic_store(&b->remaining, b->nitems + verify);
     atomic_store(&b->status, KVT_OK);
+    atomic_store(&b->busy_ns, 0);
     if (ticket) *ticket = b->done.ticket;
     pair_t *p = &x->pairs[src][dst];
     pthread_mutex_lock(&p->mu);
@@ -691,10 +696,29 @@ static void metric_part(const kvt_xfer_t *x, unsigned i, char out[32]) {
         if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9'))) *c = (*c >= 'A' && *c <= 'Z') ? (char)(*c - 'A' + 'a') : '_';
 }
 
+static void section_name(char out[72], const char *src, const char *dst) { snprintf(out, 72, "%s_to_%s", src, dst); }
+
+/* Whether two pairs' sections would be one: two tiers' parts alike, or
+ * names with "_to_" in them ("a_to_b" to "c", "a" to "b_to_c"). */
+static bool sections_alike(const kvt_xfer_t *x, char part[][32]) {
+    unsigned n = x->ntiers;
+    for (unsigned p = 0; p < n * n; p++)
+        for (unsigned q = p + 1; q < n * n; q++) {
+            if (p / n == p % n || q / n == q % n) continue; /* a tier to itself is no pair */
+            char a[72], b[72];
+            section_name(a, part[p / n], part[p % n]);
+            section_name(b, part[q / n], part[q % n]);
+            if (strcmp(a, b) == 0) return true;
+        }
+    return false;
+}
+
 /* Every tier's part: its name's, with the tier's index after it where
  * another tier's would be the same (two "host" tiers: host0, host1); and
- * where that still leaves two alike ("host", "host", "host0"), every tier's
- * name with its index: each pair's section its own. */
+ * where two pairs' sections are still alike ("host", "host", "host0"; or
+ * "_to_" in a name), every tier's name with its index, which makes each
+ * pair's section its own (its last character names the destination, and
+ * the character before "_to_<dst part>" the source). */
 static void metric_tiers(const kvt_xfer_t *x, char out[][32]) {
     char plain[KVT_XFER_MAX_TIERS][32];
     _Static_assert(KVT_XFER_MAX_TIERS <= 10, "a tier index is one digit");
@@ -705,10 +729,7 @@ static void metric_tiers(const kvt_xfer_t *x, char out[][32]) {
             for (unsigned j = 0; j < x->ntiers && !clash; j++) clash = j != i && strcmp(plain[i], plain[j]) == 0;
             snprintf(out[i], 32, clash ? "%s%u" : "%s", plain[i], i);
         }
-        bool alike = false;
-        for (unsigned i = 0; i < x->ntiers; i++)
-            for (unsigned j = i + 1; j < x->ntiers; j++) alike = alike || strcmp(out[i], out[j]) == 0;
-        if (!alike) return;
+        if (!sections_alike(x, out)) return;
     }
 }
 
@@ -724,10 +745,10 @@ void kvt_xfer_emit(kvt_xfer_t *x, kvt_emitter_t *e) {
             kvt_xfer_stats_t st = {.size = sizeof(st)};
             kvt_xfer_stats(x, s, d, &st);
             char name[72];
-            snprintf(name, sizeof(name), "%s_to_%s", part[s], part[d]);
+            section_name(name, part[s], part[d]);
             kvt_emit_begin(e, name);
             KVT_EMIT_STATS(e, &st, KVT_XFER_STATS_FIELDS);
-            kvt_emit_gauge(e, "gbps", st.gbps, "copy throughput while copying, GB/s");
+            kvt_emit_gauge(e, "gbps", st.gbps, "one worker's copy throughput while copying, GB/s");
             kvt_emit_hist(e, "queue_ns", &st.queue_ns, "submit to a worker starting the item");
             kvt_emit_hist(e, "copy_ns", &st.copy_ns, "time to copy one work item");
             kvt_emit_hist(e, "e2e_ns", &st.e2e_ns, "submit to batch completion");

@@ -552,6 +552,42 @@ Test(xfer, fault_delay_nth_holds_completion, .timeout = 10) {
     env_fini(&e);
 }
 
+/* gbps is bytes / busy_ns: a batch that failed counts neither its bytes nor
+ * its copy time (a slow failing copy once cut gbps by its share), and the
+ * items it skipped after its failure are no work (not counted as items). */
+Test(xfer, a_failed_batch_counts_neither_its_bytes_nor_its_time, .timeout = 10) {
+    env_t e;
+    env_init(&e, 2, 32);
+    env_tier(&e, KVT_TIER_ARENA, 32, KVT_LAYOUT_LAYER_FIRST, 0, "l1");
+    env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_LAYER_FIRST, 0, "l2");
+    e.cfg.threads = 1;            /* the items run in order: the ones after the failure are skipped */
+    e.cfg.max_batch_bytes = e.pb; /* a page an item */
+    env_start(&e);
+    kvt_xfer_faults_t f = {.size = sizeof(kvt_xfer_faults_t), .fail_nth = 1, .delay_nth = 1, .delay_ns = HOLD_NS};
+    cr_assert_eq(kvt_xfer_set_faults(e.x, &f), KVT_OK);
+    tbatch_t *b = calloc(2, sizeof(*b));
+    one_batch(&b[0], 0, 4, 4);
+    submit(&e, &b[0], 0);
+    collect(&e, b, 1);
+    cr_assert_eq(b[0].status, KVT_EIO);
+    kvt_xfer_stats_t st = {.size = sizeof(st)};
+    kvt_xfer_stats(e.x, 0, 1, &st);
+    cr_assert_eq(st.items, 1, "%" PRIu64 " items counted: the three skipped ones are no work", st.items);
+    cr_assert_eq(st.busy_ns, 0, "the failed batch's %" PRIu64 " ns counted", st.busy_ns);
+    cr_assert_geq(st.copy_ns.max, HOLD_NS, "the item that ran is in the copy times");
+    one_batch(&b[1], 10, 20, 5);
+    submit(&e, &b[1], 1);
+    collect(&e, b, 2);
+    cr_assert_eq(b[1].status, KVT_OK);
+    kvt_xfer_stats(e.x, 0, 1, &st);
+    cr_assert_eq(st.items, 6);
+    cr_assert_eq(st.bytes, 5 * e.pb);
+    cr_assert(st.busy_ns > 0 && st.busy_ns < HOLD_NS, "busy %" PRIu64 " ns: the good batch's alone", st.busy_ns);
+    cr_assert_float_eq(st.gbps, (double)st.bytes / (double)st.busy_ns, 1e-12);
+    free(b);
+    env_fini(&e);
+}
+
 Test(xfer, fault_fail_p_one_fails_every_batch, .timeout = 10) {
     env_t e;
     two_tiers(&e, 2);
@@ -1105,6 +1141,44 @@ Test(xfer, emit_names_every_pair_apart) {
     cr_assert_not_null(cJSON_GetObjectItem(o, "host02_to_host1"), "%s", txt);
     cJSON_Delete(o);
     free(txt);
+    free(b);
+    env_fini(&e);
+}
+
+/* Names with "_to_" in them: a_to_b to c and a to b_to_c would both be
+ * a_to_b_to_c (the emitter refused the whole write, every other statistic
+ * in it lost); every tier is indexed then. */
+Test(xfer, emit_names_pairs_apart_when_a_name_holds_to) {
+    env_t e;
+    env_init(&e, 2, 16);
+    static const char *names[] = {"a_to_b", "c", "a", "b_to_c"};
+    for (int i = 0; i < 4; i++) env_tier(&e, KVT_TIER_HOST, 32, KVT_LAYOUT_PAGE_FIRST, 0, names[i]);
+    env_start(&e);
+    env_fill(&e, 0, 1);
+    env_fill(&e, 2, 3);
+    tbatch_t *b = calloc(2, sizeof(*b));
+    one_batch(&b[0], 0, 0, 3); /* 0 -> 1 */
+    one_batch(&b[1], 0, 5, 2); /* 2 -> 3 */
+    b[1].src = 2, b[1].dst = 3;
+    submit(&e, &b[0], 0);
+    submit(&e, &b[1], 1);
+    collect(&e, b, 2);
+    for (int fmt = 0; fmt < 3; fmt++) {
+        kvt_emitter_t *em;
+        cr_assert_eq(kvt_emitter_create(&em, (kvt_fmt_t)fmt, "kvtier"), KVT_OK);
+        kvt_xfer_emit(e.x, em);
+        int rc;
+        char *txt = emit_text(em, &rc);
+        cr_assert_eq(rc, KVT_OK, "format %d: the write was refused", fmt);
+        if (fmt == KVT_FMT_JSON) {
+            cJSON *o = cJSON_Parse(txt);
+            cr_assert_not_null(o, "valid JSON: %s", txt);
+            cr_assert_not_null(cJSON_GetObjectItem(o, "a_to_b0_to_c1"), "%s", txt);
+            cr_assert_not_null(cJSON_GetObjectItem(o, "a2_to_b_to_c3"), "%s", txt);
+            cJSON_Delete(o);
+        }
+        free(txt);
+    }
     free(b);
     env_fini(&e);
 }
