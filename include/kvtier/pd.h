@@ -25,8 +25,11 @@
  * every hand-off still missing its DONE fails (only those), and a failed
  * hand-off's pages stay reserved (a tombstone) until no rank can still write
  * them; it is then reported (KVT_PD_EV_FAILED, with its pages) and the caller
- * releases it like a completed one. After that no new hand-off is accepted
- * (the group can never complete one). Nothing moving for timeout_ms fails the
+ * releases it like a completed one. After that, as after a rank's goodbye,
+ * no new hand-off is accepted (the group can never complete one), and the
+ * data port refuses the rank that left. If the ranks do not all join within
+ * join_timeout_ms, those that did are disconnected (their next call fails
+ * with KVT_EIO). Nothing moving for timeout_ms fails the
  * hand-offs in flight. A decode that dies is replaced by a new receiver with
  * the next `generation` and a `resume_from`: the senders reconnect
  * (kvt_pd_sender_reconnect) and hand-offs below resume_from are refused.

@@ -45,6 +45,7 @@ struct kvt_net_server {
     kvt_net_server_stats_t st;
     _Atomic uint64_t token; /* kvt_net_server_set_token; 0: none asked */
     _Atomic uint32_t writers; /* kvt__net_set_writers: hellos may name writer 0..writers-1 */
+    uint64_t barred;          /* kvt__net_bar: writers refused from now on (under mu) */
 };
 
 /* Counts (counter may be NULL) and records an error, under s->mu. */
@@ -69,6 +70,9 @@ void kvt__net_set_writers(kvt_net_server_t *s, uint32_t n);
  * flight lands before this returns, or never. tcp only (a UCX server's
  * writers are not told apart). */
 void kvt__net_fence(kvt_net_server_t *s, int w);
+/* Writer w left its group for good: its hellos are refused from now on,
+ * then it is fenced (a connection it opens after this never writes). */
+void kvt__net_bar(kvt_net_server_t *s, int w);
 /* A run that lies inside the tier. */
 bool kvt__net_run_ok(const kvt_net_server_t *s, const kvt__wire_data_t *d);
 

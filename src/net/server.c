@@ -134,10 +134,18 @@ static bool greet(sconn_t *c) {
     }
     int v = kvt__net_check_hello(s, &h, sizeof(h), &r);
     if (v < 0) return false; /* not ours: no reply, just close */
-    if (v == 0) {
+    if (v == 0) { /* named and checked against the barred in one step: kvt__net_bar's fence sees it */
         pthread_mutex_lock(&s->mu);
-        *writer = writer_of(s, h.token);
+        int w = writer_of(s, h.token);
+        bool barred = w >= 0 && (s->barred >> w & 1);
+        *writer = barred ? -1 : w;
         pthread_mutex_unlock(&s->mu);
+        if (barred) {
+            r = (kvt__wire_reply_t){KVT_EINVAL, ""};
+            snprintf(r.message, sizeof(r.message), "refused: writer %d has left its group", w);
+            kvt__net_note(s, &s->st.refused, "writer %d, which left its group, came back: refused", w);
+            v = 1;
+        }
     }
     return kvt__write_full(fd, &r, sizeof(r)) == 0 && v == 0;
 }
@@ -216,6 +224,13 @@ static void *conn_main(void *arg) {
     c->finished = true;
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+void kvt__net_bar(kvt_net_server_t *s, int w) {
+    pthread_mutex_lock(&s->mu);
+    s->barred |= 1ull << w;
+    pthread_mutex_unlock(&s->mu);
+    kvt__net_fence(s, w);
 }
 
 void kvt__net_fence(kvt_net_server_t *s, int w) {

@@ -225,11 +225,9 @@ static int open_handoff(kvt_pd_receiver_t *r, const kvt__pd_op_t *m, kvt__pd_liv
     return KVT_OK;
 }
 
-static bool group_broken(const kvt_pd_receiver_t *r) {
-    for (uint32_t s = 0; s < r->cfg.ranks; s++)
-        if (r->dead[s]) return true;
-    return false;
-}
+/* Whether a new hand-off can never complete: a rank is gone (vanished, or
+ * said goodbye: it sends no share of a hand-off it has not begun). */
+static bool group_broken(const kvt_pd_receiver_t *r) { return gone_mask(r) != 0; }
 
 /* A REQ: the hand-off's destination pages (reserved on its first REQ).
  * 1 when it must wait for room; else 0 (answered) or -1 (cannot answer). */
@@ -299,8 +297,9 @@ static void on_gone(kvt_pd_receiver_t *r, uint32_t s, bool finished) {
     close(r->fd[s]);
     r->fd[s] = -1;
     r->has_waiting[s] = false;
-    /* what it had in flight lands now or never: not after FAILED (a goodbye with a DONE missing too) */
-    kvt__net_fence(r->srv, (int)s);
+    /* what it had in flight lands now or never: not after FAILED (a goodbye with a DONE missing too);
+     * a data connection it opens later is refused (the pages are the caller's, or another hand-off's) */
+    kvt__net_bar(r->srv, (int)s);
     if (finished) r->finished[s] = true;
     else {
         r->dead[s] = true;
@@ -420,6 +419,8 @@ static void *control_main(void *arg) {
     int rc = kvt__pd_join(r);
     if (rc == KVT_OK) serve(r);
     pthread_mutex_lock(&r->mu);
+    for (uint32_t s = 0; rc != KVT_OK && s < r->cfg.ranks; s++) /* the ranks that joined: told, not left waiting */
+        if (r->fd[s] >= 0) shutdown(r->fd[s], SHUT_RDWR);
     post(r, (kvt_pd_event_t){.type = KVT_PD_EV_END, .status = r->stopping ? KVT_OK : rc, .rank = -1});
     pthread_mutex_unlock(&r->mu);
     return NULL;

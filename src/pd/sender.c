@@ -66,6 +66,7 @@ static void unlink_all(kvt_pd_sender_t *s) {
     if (s->cfd >= 0) close(s->cfd);
     s->cfd = -1;
     s->linked = false;
+    s->begun = false; /* its pages were another decode's (or a lost link's) */
     add_engine(&s->st, s->x);
     kvt_xfer_destroy(s->x); /* waits for nothing: the batches in flight have failed or landed */
     kvt_tier_destroy(s->remote);
@@ -176,6 +177,7 @@ static uint64_t share(const kvt_pd_sender_t *s, uint64_t n) { return kvt__pd_sha
 /* A broken link: h is lost, and this rank's pages of it are the caller's again. */
 static int broken(kvt_pd_sender_t *s, uint64_t npages) {
     s->linked = false;
+    s->begun = false;
     s->st.failed++;
     s->st.released_pages += npages;
     return KVT_EIO;
@@ -188,7 +190,8 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
         s->st.failed++;
         return KVT_ENOENT;
     }
-    if (n > s->begun_cap) { /* room to remember the pages, before decode reserves them */
+    bool fits = n <= kvt_tier_geom(s->remote)->pages; /* else decode refuses it: no room taken for it here */
+    if (fits && n > s->begun_cap) { /* room to remember the pages, before decode reserves them */
         uint32_t *d = kvt__malloc(n * sizeof(uint32_t));
         if (d == NULL) return KVT_ENOMEM;
         kvt__free(s->begun_dst, s->begun_cap * sizeof(uint32_t));
@@ -204,6 +207,7 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
         s->st.failed++;
         return status;
     }
+    if (!fits) return broken(s, share(s, n)); /* more pages than its pool holds: decode is not speaking the protocol */
     memcpy(s->begun_dst, dst, n * sizeof(uint32_t));
     qsort(s->begun_dst, n, sizeof(uint32_t), cmp_u32);
     for (uint64_t i = 0; i < n; i++) /* n distinct pages of the pool, or decode is not speaking the protocol */
@@ -222,8 +226,7 @@ static bool to_begun(const kvt_pd_sender_t *s, uint64_t h, const kvt_xfer_copy_t
 
 int kvt_pd_sender_send(kvt_pd_sender_t *s, uint64_t h, const kvt_xfer_copy_t *copies, size_t n) {
     if (s == NULL || copies == NULL || n == 0) return KVT_EINVAL;
-    if (!s->linked) return broken(s, n);
-    if (!to_begun(s, h, copies, n)) return KVT_EINVAL;
+    if (!to_begun(s, h, copies, n)) return KVT_EINVAL; /* (begun only while linked: losing the link clears it) */
     int st = kvt_xfer_submit(s->x, 0, 1, copies, n, h, NULL);
     if (st == KVT_EINVAL) return st;
     s->begun = false; /* said DONE below, whatever the outcome */

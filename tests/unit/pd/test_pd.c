@@ -9,12 +9,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "kvtier/testing.h"
 #include "kvtier/error.h"
 #include "kvtier/pd.h"
 #include "kvtier/tier.h"
+#include "sock/wire.h"
 #include "sock/wire.h"
 #include "pd/wire.h"
 
@@ -333,6 +337,164 @@ Test(pd, a_handoff_larger_than_the_pool_is_refused, .timeout = 30) {
     cr_assert_eq(rs.failed, 1);
     cr_assert_eq(rs.handoffs, 2, "hand-offs 1 and 2; the refused sends counted nothing");
     cr_assert_eq(kvt_pd_sender_finish(s), KVT_OK);
+    kvt_pd_sender_destroy(s);
+    kvt_tier_destroy(src);
+    env_fini(&e);
+}
+
+/* A hand-off begun at a decode that went away is not sent to its
+ * replacement after reconnect: its pages were the old pool's (the send
+ * wrote them into the new pool, at pages it never reserved, returned
+ * KVT_OK, and its DONE dropped the rank as vanished). Refused, as is a send
+ * on an unlinked sender, with nothing sent and nothing counted. */
+Test(pd, a_handoff_begun_at_an_old_decode_is_not_sent_to_the_new_one, .timeout = 30) {
+    env_t a, b;
+    env_init(&a, 1, 4, 64);
+    kvt_tier_t *src = arena(MAXN);
+    int rc;
+    kvt_pd_sender_t *s = connect_rank(&a, src, 0, TOKEN, &rc);
+    cr_assert_eq(rc, KVT_OK);
+    uint32_t dst[4];
+    cr_assert_eq(kvt_pd_sender_begin(s, 5, 4, dst), KVT_OK);
+    memset(kvt_tier_addr(src, 0, 0), 0xab, 4 * LAYERS * LB);
+    kvt_pd_receiver_destroy(a.rx);
+    a.rx = NULL;
+    b.pool = arena(64);
+    memset(kvt_tier_addr(b.pool, 0, 0), 0, 64 * LAYERS * LB);
+    kvt_pd_receiver_config_t rc2 = {.size = sizeof(rc2), .pool = b.pool, .ranks = 1, .token = TOKEN, .generation = 1};
+    cr_assert_eq(kvt_pd_receiver_create(&b.rx, &rc2), KVT_OK);
+    b.C = 1;
+    b.st = calloc(1, sizeof(kvt_pd_stats_t));
+    b.st->size = sizeof(kvt_pd_stats_t);
+    kvt_pd_rank_stats_t before, after;
+    cr_assert_eq(kvt_pd_sender_stats(s, &before), KVT_OK);
+    cr_assert_eq(kvt_pd_sender_reconnect(s, kvt_pd_receiver_data_port(b.rx), kvt_pd_receiver_control_port(b.rx)), KVT_OK);
+    kvt_xfer_copy_t cp[4];
+    for (uint32_t i = 0; i < 4; i++) cp[i] = (kvt_xfer_copy_t){i, dst[i]};
+    cr_assert_eq(kvt_pd_sender_send(s, 5, cp, 4), KVT_EINVAL, "a hand-off of the old decode sent to the new one");
+    cr_assert_eq(kvt_pd_sender_stats(s, &after), KVT_OK);
+    cr_assert_eq(after.failed, before.failed);
+    cr_assert_eq(after.released_pages, before.released_pages);
+    for (uint64_t p = 0; p < 64; p++)
+        cr_assert_eq(((const uint8_t *)kvt_tier_addr(b.pool, p, 0))[0], 0, "page %llu of the new pool written",
+                     (unsigned long long)p);
+    env_stats(&b);
+    cr_assert_eq(b.st->vanished, 0);
+    cr_assert_eq(kvt_pd_sender_begin(s, 6, 4, dst), KVT_OK, "the new decode's hand-offs go on");
+    for (uint32_t i = 0; i < 4; i++) cp[i] = (kvt_xfer_copy_t){i, dst[i]};
+    cr_assert_eq(kvt_pd_sender_send(s, 6, cp, 4), KVT_OK);
+    kvt_pd_receiver_destroy(b.rx); /* the sender is unlinked at its next call */
+    b.rx = NULL;
+    cr_assert_eq(kvt_pd_sender_begin(s, 7, 4, dst), KVT_EIO);
+    cr_assert(!kvt_pd_sender_linked(s));
+    cr_assert_eq(kvt_pd_sender_stats(s, &before), KVT_OK);
+    cr_assert_eq(kvt_pd_sender_send(s, 9, cp, 4), KVT_EINVAL, "a hand-off never begun, unlinked");
+    cr_assert_eq(kvt_pd_sender_stats(s, &after), KVT_OK);
+    cr_assert(after.failed == before.failed && after.released_pages == before.released_pages, "a refused send counted");
+    kvt_pd_sender_destroy(s);
+    kvt_tier_destroy(src);
+    kvt_tier_destroy(a.pool);
+    free(a.st);
+    kvt_tier_destroy(b.pool);
+    free(b.st);
+}
+
+typedef struct pair_join {
+    env_t *e;
+    kvt_tier_t *src;
+    kvt_pd_sender_t *s;
+    int rc;
+} pair_join_t;
+
+static void *join_rank1(void *arg) {
+    pair_join_t *j = arg;
+    j->s = connect_rank(j->e, j->src, 1, TOKEN, &j->rc);
+    return NULL;
+}
+
+/* Once a rank has said goodbye, no new hand-off is opened: it would never
+ * complete (the rank that left sends no share of it), and its pages were
+ * held for good, the receiver ending without reporting it. */
+Test(pd, no_new_handoff_after_a_rank_said_goodbye, .timeout = 30) {
+    env_t e;
+    env_init(&e, 2, 4, 64);
+    kvt_tier_t *src0 = arena(MAXN), *src1 = arena(MAXN);
+    pair_join_t j1 = {&e, src1, NULL, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, join_rank1, &j1), 0);
+    int rc;
+    kvt_pd_sender_t *s0 = connect_rank(&e, src0, 0, TOKEN, &rc);
+    pthread_join(th, NULL);
+    cr_assert(rc == KVT_OK && j1.rc == KVT_OK);
+    cr_assert_eq(kvt_pd_sender_finish(s0), KVT_OK);
+    uint32_t dst[8];
+    cr_assert_eq(kvt_pd_sender_begin(j1.s, 5, 8, dst), KVT_EIO, "a hand-off opened after a rank's goodbye");
+    cr_assert(kvt_pd_sender_linked(j1.s), "refused with the link intact");
+    env_stats(&e);
+    cr_assert_eq(e.st->free_pages, 64);
+    cr_assert_eq(kvt_pd_sender_finish(j1.s), KVT_OK);
+    seen_t m;
+    drain(&e, &m);
+    cr_assert_eq(m.events, 1, "the end alone");
+    kvt_pd_sender_destroy(s0);
+    kvt_pd_sender_destroy(j1.s);
+    kvt_tier_destroy(src0);
+    kvt_tier_destroy(src1);
+    env_fini(&e);
+}
+
+/* The join timed out (a rank never came): the ranks that joined are told
+ * (their control connection is shut), not left blocked in begin until the
+ * receiver is destroyed. */
+Test(pd, ranks_that_joined_learn_that_the_join_failed, .timeout = 20) {
+    kvt_tier_t *pool = arena(64), *src = arena(MAXN);
+    env_t e = {.pool = pool, .C = 2};
+    kvt_pd_receiver_config_t rc = {.size = sizeof(rc), .pool = pool, .ranks = 2, .token = TOKEN, .join_timeout_ms = 300};
+    cr_assert_eq(kvt_pd_receiver_create(&e.rx, &rc), KVT_OK);
+    int r;
+    kvt_pd_sender_t *s = connect_rank(&e, src, 0, TOKEN, &r);
+    cr_assert_eq(r, KVT_OK);
+    kvt_pd_event_t ev;
+    cr_assert_eq(kvt_pd_receiver_poll(e.rx, &ev, 1, 5000000000ull), 1);
+    cr_assert(ev.type == KVT_PD_EV_END && ev.status == KVT_ETIMEDOUT);
+    uint32_t dst[4];
+    cr_assert_eq(kvt_pd_sender_begin(s, 0, 4, dst), KVT_EIO);
+    cr_assert(!kvt_pd_sender_linked(s));
+    kvt_pd_sender_destroy(s);
+    kvt_pd_receiver_destroy(e.rx);
+    kvt_tier_destroy(src);
+    kvt_tier_destroy(pool);
+}
+
+/* A rank that left (goodbye or vanished) cannot come back on the data port:
+ * its fence cut the connections it had, and a new one (its tcp tier opens
+ * streams again at its next send) wrote into pages the caller held. */
+Test(pd, a_rank_that_left_writes_no_more, .timeout = 30) {
+    env_t e;
+    env_init(&e, 1, 4, 64);
+    kvt_tier_t *src = arena(MAXN);
+    int rc;
+    kvt_pd_sender_t *s = connect_rank(&e, src, 0, TOKEN, &rc);
+    cr_assert_eq(rc, KVT_OK);
+    kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, KVT_LAYOUT_PAGE_FIRST, LAYERS, 0, 64, LB,
+                           kvt__wire_writer_token(TOKEN, 0)};
+    for (int gone = 0; gone < 2; gone++) {
+        if (gone) {
+            cr_assert_eq(kvt_pd_sender_finish(s), KVT_OK);
+            seen_t m;
+            drain(&e, &m); /* its goodbye was read: it has left */
+        }
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(kvt_pd_receiver_data_port(e.rx))};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+        kvt__wire_reply_t r;
+        cr_assert_eq(kvt__write_full(fd, &h, sizeof(h)), 0);
+        cr_assert_eq(kvt__read_full(fd, &r, sizeof(r)), 0);
+        if (gone) cr_assert_neq(r.status, 0, "the rank that left was taken back: %s", r.message);
+        else cr_assert_eq(r.status, 0, "the rank's own connection: %s", r.message);
+        close(fd);
+    }
     kvt_pd_sender_destroy(s);
     kvt_tier_destroy(src);
     env_fini(&e);
