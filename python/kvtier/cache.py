@@ -200,6 +200,19 @@ class _Holds:
         ref = self._live.get(o._key)
         return ref is not None and ref() is o
 
+    def _start_prefetch(self, what: str, tokens: Any, ns: int, c_cache: Any, kind: type) -> Any:
+        """A prefetch (a ``kind``) of the C cache ``c_cache(h)`` gives, held while started."""
+        ns = _a.u32(ns, f"{what} ns")
+        addr, n, keep = tokens_arg(tokens)
+        pid = ctypes.c_uint64()
+        with self._use as h:
+            self._check_memory()
+            check(lib.kvt_cache_prefetch(c_cache(h), ns, addr, n, ctypes.byref(pid)), what)
+            p = kind(self, pid.value, keep)
+            if pid.value:
+                self._hold(p, pid.value)
+        return p
+
     def _let_go(self, h: int, what: Any) -> bool:  # pragma: no cover - each cache has its own
         """Lets go of what a collected object held: False when it cannot be yet."""
         raise NotImplementedError
@@ -492,16 +505,7 @@ class Cache(Handle, _Holds):
         """Starts the L3 prefetch of a request that just arrived (pass the
         result to its admit). A no-op prefetch (id 0) when there is no L3,
         the request is below the threshold, or nothing of it is in L3."""
-        ns = _a.u32(ns, "Cache.prefetch ns")
-        addr, n, keep = tokens_arg(tokens)
-        pid = ctypes.c_uint64()
-        with self._use as h:
-            self._check_memory()
-            check(lib.kvt_cache_prefetch(h, ns, addr, n, ctypes.byref(pid)), "Cache.prefetch")
-            p = Prefetch(self, pid.value, keep)
-            if pid.value:
-                self._hold(p, pid.value)
-        return p
+        return self._start_prefetch("Cache.prefetch", tokens, ns, lambda h: h, Prefetch)
 
     @property
     def prefetches(self) -> int:

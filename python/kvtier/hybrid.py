@@ -693,16 +693,7 @@ class Hybrid(Handle, _Holds):
         (Cache.prefetch on the inner cache); pass it to the request's admit.
         A no-op prefetch (id 0) without an attached store, below the
         threshold, or with nothing of it in L3."""
-        ns = _a.u32(ns, "Hybrid.prefetch ns")
-        addr, n, keep = tokens_arg(tokens)
-        pid = ctypes.c_uint64()
-        with self._use as h:
-            self._check_memory()
-            check(lib.kvt_cache_prefetch(lib.kvt_hybrid_cache(h), ns, addr, n, ctypes.byref(pid)), "Hybrid.prefetch")
-            p = HybridPrefetch(self, pid.value, keep)
-            if pid.value:
-                self._hold(p, pid.value)
-        return p
+        return self._start_prefetch("Hybrid.prefetch", tokens, ns, lib.kvt_hybrid_cache, HybridPrefetch)
 
     @property
     def prefetches(self) -> int:
