@@ -314,8 +314,9 @@ KVT_API int kvt_hybrid_slots(const kvt_hybrid_t *h, const kvt_hybrid_req_t *req,
  * pages reach other instances through the radix cache's own L3
  * (kvt_cache_attach_store on kvt_hybrid_cache, and
  * kvt_hybrid_admit_prefetched). Needs an L2 and no modeled L3 for the
- * pieces (l3_slots 0), no request admitted and no data plane (which sets
- * its own); KVT_EINVAL otherwise. NULL probe: no L3 for the pieces. The
+ * pieces (l3_slots 0), an l3_write_policy other than
+ * write_through_selective, no request admitted and no data plane (which
+ * sets its own); KVT_EINVAL otherwise. NULL probe: no L3 for the pieces. The
  * probe runs in the middle of an admission: while it runs, calls that
  * change the cache (admit, release, moves_done, set_l3) return KVT_EBUSY
  * and take_moves hands out none. */
@@ -475,8 +476,10 @@ typedef struct kvt_hybrid_plane_config {
  * groups' store's (kvt_cache_attach_store: window page i and full page i
  * have one chained hash, so one object under one identity; the cache
  * refuses the plane's stores and identities in turn when it comes second),
- * or stores given for some groups only; no stores on a cache that has the
- * engine's own L3 (kvt_hybrid_set_l3); a plane on h already; no write),
+ * or stores given for some groups only; stores under an l3_write_policy of
+ * write_through_selective (kvt_hybrid_set_l3 refuses it); no stores on a
+ * cache that has the engine's own L3 (kvt_hybrid_set_l3); a plane on h
+ * already; no write),
  * KVT_ENOMEM; nothing changed on failure. An object a get finds bad (store.h)
  * is removed, so that the probes stop answering for it. */
 KVT_API int kvt_hybrid_plane_create(kvt_hybrid_plane_t **out, kvt_hybrid_t *h, const kvt_hybrid_plane_config_t *cfg);

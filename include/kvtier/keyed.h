@@ -167,8 +167,9 @@ KVT_API int kvt_keyed_page(const kvt_keyed_t *c, kvt_key128_t key, uint64_t *pag
  * already present (or repeats an earlier key of the call); evicted[0..*nevicted)
  * the keys evicted, in order. capacity is the room evicted has; n + T
  * (essay) always suffices. Under ARC scores is not read (NULL will do).
- * Fails with nothing changed (pages[] all UINT64_MAX, *nevicted 0):
- * KVT_EINVAL (a NULL pointer with a nonzero count), KVT_ENOSPC when the new
+ * Fails with nothing changed: KVT_EINVAL (a NULL pointer with a nonzero
+ * count: nothing written); with pages[] all UINT64_MAX and *nevicted 0,
+ * KVT_ENOSPC when the new
  * keys do not fit (store_refusals counts it), KVT_ERANGE when the keys to
  * evict exceed capacity, KVT_ENOMEM. */
 KVT_API int kvt_keyed_prepare_store(kvt_keyed_t *c, const kvt_key128_t *keys, const uint64_t *scores, size_t n,

@@ -532,7 +532,8 @@ class Hybrid(Handle, _Holds):
             if self._plane is not None:
                 raise error(-1, "Hybrid.set_l3", "the data plane's stores are the pieces' L3 (attach_pieces)")
             check(lib.kvt_hybrid_set_l3(h, fn, None), "Hybrid.set_l3",
-                  "needs an L2, no modeled L3 (l3_bytes 0) and no request admitted")
+                  "needs an L2, no modeled L3 (l3_bytes 0), an l3_write_policy other than write_through_selective"
+                  " and no request admitted")
             self._probe = fn if probe is not None else None
 
     @property
@@ -632,7 +633,8 @@ class Hybrid(Handle, _Holds):
                   "taken and not reported, every window and state group's tiers (a piece a page, at least its "
                   "slots; l1 not l2, no tier another group's), Transfers and Stores with no batches on them, and "
                   "stores for every such group or none (put over l2, get over l1, both on one URL, one model "
-                  "identity a group, not the full groups' store's: attach_store)")
+                  "identity a group, not the full groups' store's: attach_store; an l3_write_policy other than "
+                  "write_through_selective)")
             self._plane = plane.value
             self._plane_keep = (fn, cfg, bool(stores))
             self._own(h, deps)

@@ -147,7 +147,8 @@ int kvt_hybrid_config_split(kvt_hybrid_config_t *cfg, uint64_t l1_bytes, uint64_
 
 int kvt_hybrid_config_default(kvt_hybrid_config_t *cfg, const kvt_layer_group_t *groups, uint32_t ngroups,
                               uint32_t page_tokens, uint64_t l1_bytes, uint64_t l2_bytes, uint64_t l3_bytes) {
-    if (cfg == NULL || !groups_ok(groups, ngroups) || page_tokens == 0 || l1_bytes == 0) return KVT_EINVAL;
+    if (cfg == NULL || !groups_ok(groups, ngroups) || page_tokens == 0 || page_tokens > (1u << 20) || l1_bytes == 0)
+        return KVT_EINVAL; /* (page_tokens: the cache's range, kvt_cache_config_check) */
     kvt_hybrid_config_t c;
     memset(&c, 0, sizeof(c));
     c.size = sizeof(c);

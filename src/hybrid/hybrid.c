@@ -771,6 +771,8 @@ int kvt_hybrid_admit(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint64
 int kvt_hybrid_set_l3(kvt_hybrid_t *h, kvt_hybrid_probe_fn probe, void *arg) {
     if (h && h->in_probe) return KVT_EBUSY;
     if (h == NULL || h->live || h->driven || h->cfg.cache.l2_pages == 0) return KVT_EINVAL;
+    /* a piece has no hit count to select by: no piece would ever go down (as create refuses it for a modeled L3) */
+    if (probe && h->cfg.cache.l3_write_policy == KVT_WRITE_THROUGH_SELECTIVE) return KVT_EINVAL;
     for (uint32_t g = 0; g < h->cfg.ngroups; g++)
         if (h->kc[g][2]) return KVT_EINVAL; /* a modeled L3 already */
     h->probe = probe;

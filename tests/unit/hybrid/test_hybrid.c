@@ -410,6 +410,8 @@ Test(hybrid_bounded, release_with_other_tokens_is_refused_and_changes_nothing) {
 Test(hybrid_config, bad_configurations_are_refused) {
     kvt_hybrid_config_t good, c;
     cr_assert_eq(kvt_hybrid_config_default(&good, ALL_THREE, 4, 16, 1 << 30, 1 << 30, 0), KVT_OK);
+    cr_assert_eq(kvt_hybrid_config_default(&c, ALL_THREE, 4, (1u << 20) + 1, 1 << 30, 1 << 30, 0), KVT_EINVAL,
+                 "a page size the cache refuses");
     kvt_hybrid_t *h = NULL;
     cr_assert_eq(kvt_hybrid_create(&h, &good), KVT_OK);
     kvt_hybrid_destroy(h);
@@ -1005,6 +1007,13 @@ Test(hybrid_outside, set_l3_is_refused_where_it_cannot_be) {
     cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_EINVAL, "a request is live");
     cr_assert_eq(kvt_hybrid_release(h, 0, t, 8, &req), KVT_OK);
     cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_OK);
+    kvt_hybrid_destroy(h);
+    /* write_through_selective selects by hit counts, which a piece has not: no piece went down (create refuses it
+     * with a modeled L3) */
+    cfg.cache.l3_write_policy = KVT_WRITE_THROUGH_SELECTIVE;
+    cr_assert_eq(kvt_hybrid_create(&h, &cfg), KVT_OK);
+    cr_assert_eq(kvt_hybrid_set_l3(h, outside_probe, o), KVT_EINVAL, "a policy no piece goes down under");
+    cr_assert_eq(kvt_hybrid_set_l3(h, NULL, NULL), KVT_OK, "no L3 for the pieces: nothing to refuse");
     kvt_hybrid_destroy(h);
     free(o);
 }
