@@ -419,8 +419,9 @@ static void *control_main(void *arg) {
     int rc = kvt__pd_join(r);
     if (rc == KVT_OK) serve(r);
     pthread_mutex_lock(&r->mu);
-    for (uint32_t s = 0; rc != KVT_OK && s < r->cfg.ranks; s++) /* the ranks that joined: told, not left waiting */
-        if (r->fd[s] >= 0) shutdown(r->fd[s], SHUT_RDWR);
+    if (rc != KVT_OK) /* the join failed: the ranks that joined are told, not left waiting in begin */
+        for (uint32_t s = 0; s < r->cfg.ranks; s++)
+            if (r->fd[s] >= 0) shutdown(r->fd[s], SHUT_RDWR);
     post(r, (kvt_pd_event_t){.type = KVT_PD_EV_END, .status = r->stopping ? KVT_OK : rc, .rank = -1});
     pthread_mutex_unlock(&r->mu);
     return NULL;

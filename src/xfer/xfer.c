@@ -701,15 +701,14 @@ static void section_name(char out[72], const char *src, const char *dst) { snpri
 /* Whether two pairs' sections would be one: two tiers' parts alike, or
  * names with "_to_" in them ("a_to_b" to "c", "a" to "b_to_c"). */
 static bool sections_alike(const kvt_xfer_t *x, char part[][32]) {
-    unsigned n = x->ntiers;
-    for (unsigned p = 0; p < n * n; p++)
-        for (unsigned q = p + 1; q < n * n; q++) {
-            if (p / n == p % n || q / n == q % n) continue; /* a tier to itself is no pair */
-            char a[72], b[72];
-            section_name(a, part[p / n], part[p % n]);
-            section_name(b, part[q / n], part[q % n]);
-            if (strcmp(a, b) == 0) return true;
-        }
+    char name[KVT_XFER_MAX_TIERS * (KVT_XFER_MAX_TIERS - 1)][72];
+    unsigned k = 0;
+    for (unsigned s = 0; s < x->ntiers; s++)
+        for (unsigned d = 0; d < x->ntiers; d++)
+            if (s != d) section_name(name[k++], part[s], part[d]); /* a tier to itself is no pair */
+    for (unsigned i = 0; i < k; i++)
+        for (unsigned j = i + 1; j < k; j++)
+            if (strcmp(name[i], name[j]) == 0) return true;
     return false;
 }
 

@@ -86,6 +86,17 @@ static kvt_pd_sender_t *connect_rank(env_t *e, kvt_tier_t *src, uint32_t rank, u
     return s;
 }
 
+/* A group of one rank, joined on this thread, over a pool of 64 pages: the
+ * rank's sender, over a source tier of its own (*src). */
+static kvt_pd_sender_t *lone_rank(env_t *e, kvt_tier_t **src) {
+    env_init(e, 1, 4, 64);
+    *src = arena(MAXN);
+    int rc;
+    kvt_pd_sender_t *s = connect_rank(e, *src, 0, TOKEN, &rc);
+    cr_assert_eq(rc, KVT_OK);
+    return s;
+}
+
 /* One hand-off, this rank's part: fill its pages, ask, send. */
 static int one(job_t *j, kvt_pd_sender_t *s, kvt_tier_t *src, uint64_t h, uint8_t *scratch, bool *vanish) {
     uint64_t n = nof(h, j->e->C), np = 0;
@@ -290,11 +301,8 @@ Test(pd, the_delayed_rank_is_the_straggler, .timeout = 60) {
  * stays, and the next hand-off completes. One rank, on this thread. */
 Test(pd, a_handoff_larger_than_the_pool_is_refused, .timeout = 30) {
     env_t e;
-    env_init(&e, 1, 4, 64);
-    kvt_tier_t *src = arena(MAXN);
-    int rc;
-    kvt_pd_sender_t *s = connect_rank(&e, src, 0, TOKEN, &rc);
-    cr_assert_eq(rc, KVT_OK);
+    kvt_tier_t *src;
+    kvt_pd_sender_t *s = lone_rank(&e, &src);
     static uint32_t dst[65];
     cr_assert_eq(kvt_pd_sender_begin(s, 0, 65, dst), KVT_ERANGE);
     cr_assert(kvt_pd_sender_linked(s));
@@ -349,11 +357,8 @@ Test(pd, a_handoff_larger_than_the_pool_is_refused, .timeout = 30) {
  * on an unlinked sender, with nothing sent and nothing counted. */
 Test(pd, a_handoff_begun_at_an_old_decode_is_not_sent_to_the_new_one, .timeout = 30) {
     env_t a, b;
-    env_init(&a, 1, 4, 64);
-    kvt_tier_t *src = arena(MAXN);
-    int rc;
-    kvt_pd_sender_t *s = connect_rank(&a, src, 0, TOKEN, &rc);
-    cr_assert_eq(rc, KVT_OK);
+    kvt_tier_t *src;
+    kvt_pd_sender_t *s = lone_rank(&a, &src);
     uint32_t dst[4];
     cr_assert_eq(kvt_pd_sender_begin(s, 5, 4, dst), KVT_OK);
     memset(kvt_tier_addr(src, 0, 0), 0xab, 4 * LAYERS * LB);
@@ -471,11 +476,8 @@ Test(pd, ranks_that_joined_learn_that_the_join_failed, .timeout = 20) {
  * streams again at its next send) wrote into pages the caller held. */
 Test(pd, a_rank_that_left_writes_no_more, .timeout = 30) {
     env_t e;
-    env_init(&e, 1, 4, 64);
-    kvt_tier_t *src = arena(MAXN);
-    int rc;
-    kvt_pd_sender_t *s = connect_rank(&e, src, 0, TOKEN, &rc);
-    cr_assert_eq(rc, KVT_OK);
+    kvt_tier_t *src;
+    kvt_pd_sender_t *s = lone_rank(&e, &src);
     kvt__wire_hello_t h = {KVT_WIRE_MAGIC, KVT_WIRE_VERSION, KVT_LAYOUT_PAGE_FIRST, LAYERS, 0, 64, LB,
                            kvt__wire_writer_token(TOKEN, 0)};
     for (int gone = 0; gone < 2; gone++) {
