@@ -866,8 +866,9 @@ static size_t absent(const kvt_hybrid_t *h, uint32_t g, const kvt_key128_t *keys
 }
 
 /* Stores, for window group g, pages [n, npages) (needed: within W tokens of
- * a kept point) and touches the needed ones it did not compute. */
-static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint64_t *pts, size_t npts) {
+ * a kept point) and touches the needed ones it did not compute. KVT_ENOMEM
+ * when memory, not room, kept some of them out (counted as refused). */
+static int leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint64_t *pts, size_t npts) {
     const kvt_layer_group_t *gr = &h->cfg.groups[g];
     uint64_t lo = npts ? kvt__hybrid_first_needed(gr, h->P, pts[0]) : p->n;
     if (lo > p->n) lo = p->n;
@@ -876,7 +877,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     if (need == NULL || keys_room(h, span + 1) != KVT_OK) {
         kvt__free(need, span ? span : 1);
         h->st.pieces_refused += p->npages - p->n;
-        return;
+        return KVT_ENOMEM;
     }
     for (size_t j = 0; j < npts; j++)
         for (uint64_t i = kvt__hybrid_first_needed(gr, h->P, pts[j]); i < pts[j]; i++) need[i - lo] = 1;
@@ -896,9 +897,10 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     }
     memcpy(h->prot, h->keys, nneed * sizeof(*h->prot));
     size_t fresh_needed = absent(h, g, h->keys, nneed), stored = fresh_needed + absent(h, g, h->keys + nneed, n - nneed);
-    int rc = moves_room(h, n);
+    int rc = moves_room(h, n), short_of_memory = 0;
     if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, n, h->prot, nneed);
     if (rc != KVT_OK) { /* no room for the spare pages (or their moves): the needed ones alone */
+        short_of_memory = rc == KVT_ENOMEM;
         h->st.pieces_refused += stored - fresh_needed;
         stored = fresh_needed;
         rc = moves_room(h, nneed);
@@ -906,6 +908,7 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     }
     if (rc == KVT_OK) h->st.window_pages_stored += stored;
     else h->st.pieces_refused += fresh_needed;
+    short_of_memory |= rc == KVT_ENOMEM;
     /* the needed pages before n (pinned by this request) and those it recomputed keep the needed class */
     size_t t = 0;
     for (uint64_t i = lo; i < p->npages; i++)
@@ -916,18 +919,22 @@ static void leave_window(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uin
     for (int tier = 0; tier < 3; tier++)
         if (h->kc[g][tier]) refresh(h, g, tier, h->keys, h->scores, t, 0, p->prio);
     kvt__free(need, span ? span : 1);
+    return short_of_memory ? KVT_ENOMEM : KVT_OK;
 }
 
-static void leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint64_t *pts, size_t npts) {
+/* Stores state group g's checkpoints at the kept points (the last alone when
+ * they do not all fit). KVT_ENOMEM as leave_window. */
+static int leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint64_t *pts, size_t npts) {
     for (size_t j = 0; j < npts; j++) {
         h->keys[j] = key_of(h->hash[pts[j] - 1]);
         h->srcs[j] = (src_t){.tier = KVT_HYBRID_ENGINE, .slot = pts[j]};
         h->scores[j] = score_of(h, 1, pts[j]) | born(h, p->prio);
     }
     size_t stored = absent(h, g, h->keys, npts);
-    int rc = moves_room(h, npts);
+    int rc = moves_room(h, npts), short_of_memory = 0;
     if (rc == KVT_OK) rc = store_in(h, g, 0, h->keys, h->scores, h->srcs, npts, NULL, 0);
     if (rc != KVT_OK && npts > 1) { /* no room for them all (or their moves): the last point alone */
+        short_of_memory = rc == KVT_ENOMEM;
         size_t last = absent(h, g, h->keys + npts - 1, 1);
         h->st.pieces_refused += stored - last;
         stored = last;
@@ -936,6 +943,7 @@ static void leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint
     }
     if (rc == KVT_OK) h->st.checkpoints_stored += stored;
     else h->st.pieces_refused += stored;
+    return short_of_memory || rc == KVT_ENOMEM ? KVT_ENOMEM : KVT_OK;
 }
 
 /* The pins of a request admitted here and not released, or NULL: a
@@ -964,7 +972,7 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
     if (p == NULL || (tokens == NULL && ntokens)) return KVT_EINVAL;
     uint64_t npages = ntokens / h->P;
     if (npages != p->npages || ns != p->ns) return KVT_EINVAL;
-    if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM;
+    if (hashes(h, ns, tokens, npages) != KVT_OK) return KVT_ENOMEM; /* never: its admission grew the buffer */
     if (npages && memcmp(&h->hash[npages - 1], &p->last, sizeof(p->last)) != 0) return KVT_EINVAL;
     int rc = kvt_cache_release(h->cache, &req->full);
     if (rc != KVT_OK) return rc;
@@ -975,9 +983,11 @@ int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *tokens, uint
     size_t npts = pts ? kept_points(h, p, pts) : 0;
     for (uint32_t g = 0; g < h->cfg.ngroups && pts; g++) {
         if (h->kc[g][0] == NULL) continue;
-        if (h->cfg.groups[g].kind == KVT_GROUP_WINDOW) leave_window(h, g, p, pts, npts);
-        else if (keys_room(h, npts + 1) == KVT_OK) leave_state(h, g, p, pts, npts);
-        else rc = KVT_ENOMEM;
+        int left = KVT_ENOMEM;
+        if (h->cfg.groups[g].kind == KVT_GROUP_WINDOW) left = leave_window(h, g, p, pts, npts);
+        else if (keys_room(h, npts + 1) == KVT_OK) left = leave_state(h, g, p, pts, npts);
+        else h->st.pieces_refused += npts;
+        if (left != KVT_OK) rc = left;
         for (int t = 0; t < 2; t++) restore_room(h, g, t);
     }
     kvt__free(pts, (size_t)(npages + 1) * sizeof(*pts));

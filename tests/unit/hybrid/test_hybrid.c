@@ -1559,11 +1559,14 @@ static const kvt_layer_group_t FULL_AND_WINDOW[] = {{KVT_GROUP_FULL, 2, 0, 0, 64
  * the engine holding many moves (the pending table nearly full), it wrote
  * past the table (entry UINT32_MAX). Each allocation of a 64-page release
  * fails in turn; the cache stays consistent and every move outstanding is
- * one the engine can report. */
+ * one the engine can report. A release that memory kept pieces out of (more
+ * refused than the same release with memory to spare, nth = 0) says
+ * KVT_ENOMEM. */
 Test(hybrid_misuse, a_release_short_of_memory_for_its_moves_stores_within_its_room) {
     int32_t tok[256];
-    int fired_any = 0;
-    for (uint64_t nth = 1; nth < 60; nth++) {
+    int fired_any = 0, said = 0;
+    uint64_t refused_with_memory = 0;
+    for (uint64_t nth = 0; nth < 60; nth++) {
         kvt_hybrid_config_t cfg;
         cr_assert_eq(kvt_hybrid_config_default(&cfg, FULL_AND_WINDOW, 2, 4, 1 << 24, 0, 0), KVT_OK);
         cfg.l1_slots[1] = 4096;
@@ -1580,12 +1583,21 @@ Test(hybrid_misuse, a_release_short_of_memory_for_its_moves_stores_within_its_ro
         }
         for (int j = 0; j < 256; j++) tok[j] = j + 1;
         cr_assert_eq(kvt_hybrid_admit(h, 0, tok, 256, 0, NULL, &r), KVT_OK);
+        kvt_hybrid_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+        kvt_hybrid_stats(h, &before);
         kvt__mem_fail_nth(nth);
         int rc = kvt_hybrid_release(h, 0, tok, 256, &r);
         int fired = kvt__mem_fail_fired();
         kvt__mem_fail_nth(0);
+        kvt_hybrid_stats(h, &after);
+        uint64_t refused = after.pieces_refused - before.pieces_refused;
+        if (nth == 0) refused_with_memory = refused;
         fired_any += fired;
+        said += rc == KVT_ENOMEM;
         cr_assert(rc == KVT_OK || rc == KVT_ENOMEM, "allocation %" PRIu64 ": %s", nth, kvt_err_name(rc));
+        cr_assert(rc == KVT_ENOMEM || refused == refused_with_memory,
+                  "allocation %" PRIu64 ": %" PRIu64 " pieces refused (%" PRIu64 " with memory), and OK", nth,
+                  refused, refused_with_memory);
         check(h, "after a release short of memory");
         size_t n;
         while ((n = kvt_hybrid_take_moves(h, mv, 512)) > 0) { /* the engine reports everything */
@@ -1595,9 +1607,10 @@ Test(hybrid_misuse, a_release_short_of_memory_for_its_moves_stores_within_its_ro
         }
         check(h, "after the moves");
         kvt_hybrid_destroy(h);
-        if (!fired) break;
+        if (nth && !fired) break;
     }
     cr_assert_gt(fired_any, 3);
+    cr_assert_gt(said, 0);
 }
 
 /* A cache of ALL_THREE's groups, 4-token pages, the default split of 16 MiB
