@@ -157,7 +157,8 @@ typedef struct kvt_xfer_stats {
     kvt_hist_t e2e_ns;   /* submit -> the batch completes */
 } kvt_xfer_stats_t;
 
-/* A snapshot of one pair's statistics. KVT_EINVAL. */
+/* A snapshot of the statistics of pair src -> dst (two tiers: no copy goes
+ * from a tier to itself). KVT_EINVAL. */
 KVT_API int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *st);
 /* Emits a section "<src>_to_<dst>" per pair that has seen traffic: each
  * tier by its name in [a-z0-9_] (its first 24 characters), and its index

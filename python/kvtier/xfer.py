@@ -189,6 +189,8 @@ class Transfer(Handle):
         """Counters for copies src -> dst, with gbps and latency percentiles (ns)."""
         src = _a.index(src, "Transfer.stats src", len(self._tiers), "tiers:")
         dst = _a.index(dst, "Transfer.stats dst", len(self._tiers), "tiers:")
+        if src == dst:
+            raise error(InvalidArgument.code, "Transfer.stats", f"src and dst are both tier {src}: a pair is two tiers")
         st = XferStats(size=ctypes.sizeof(XferStats))
         with self._use as h:
             check(lib.kvt_xfer_stats(h, src, dst, ctypes.byref(st)), "Transfer.stats")

@@ -114,6 +114,7 @@ CASES = [
     ("submit-page-type", lambda o: o["x"].submit(0, 1, [(0, "1")]), TypeError, r"copy 0 dst_page: expected an integer"),
     ("submit-page-wrap", lambda o: o["x"].submit(0, 1, [(0, 2 ** 32)]), ValueError, r"copy 0: pages .* out of range"),
     ("submit-user", lambda o: o["x"].submit(0, 1, [(0, 0)], user=-1), ValueError, r"Transfer.submit user: -1"),
+    ("xfer-stats-one-tier", lambda o: o["x"].stats(1, 1), kvtier.InvalidArgument, r"both tier 1: a pair is two tiers"),
     ("transfer-threads", lambda o: kvtier.Transfer([o["t"]], threads=-1), ValueError, r"Transfer threads: -1"),
     ("transfer-tiers-type", lambda o: kvtier.Transfer(o["t"]), TypeError, r"Transfer tiers: expected a list"),
     ("xfer-poll-max", lambda o: o["x"].poll(max=0), ValueError, r"Transfer.poll max: 0 is out of range"),

@@ -674,7 +674,7 @@ void kvt_xfer_destroy(kvt_xfer_t *x) {
 /* ---- statistics ----------------------------------------------------------------- */
 
 int kvt_xfer_stats(kvt_xfer_t *x, unsigned src, unsigned dst, kvt_xfer_stats_t *out) {
-    if (x == NULL || out == NULL || src >= x->ntiers || dst >= x->ntiers) return KVT_EINVAL;
+    if (x == NULL || out == NULL || src >= x->ntiers || dst >= x->ntiers || src == dst) return KVT_EINVAL;
     pair_t *p = &x->pairs[src][dst];
     kvt_xfer_stats_t st;
     pthread_mutex_lock(&p->mu);

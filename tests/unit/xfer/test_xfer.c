@@ -866,6 +866,7 @@ Test(xfer, submit_errors_change_nothing, .timeout = 10) {
     cr_assert_eq(kvt_xfer_stats(e.x, 0, 1, &st), KVT_EINVAL);
     st.size = sizeof(st);
     cr_assert_eq(kvt_xfer_stats(e.x, 0, 2, &st), KVT_EINVAL);
+    cr_assert_eq(kvt_xfer_stats(e.x, 1, 1, &st), KVT_EINVAL, "a tier to itself is no pair");
     free(b);
     env_fini(&e);
 }
