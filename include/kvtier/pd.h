@@ -195,7 +195,8 @@ KVT_API uint16_t kvt_pd_receiver_control_port(const kvt_pd_receiver_t *r);
 KVT_API int kvt_pd_receiver_poll(kvt_pd_receiver_t *r, kvt_pd_event_t *ev, size_t max, uint64_t timeout_ns);
 /* Gives a reported hand-off's pages back to the pool (a request waiting for
  * room may then be answered). KVT_ENOENT (not reported, or released already:
- * nothing changed), KVT_EINVAL. */
+ * nothing changed), KVT_ENOMEM (the pool could not take them back: nothing
+ * changed, release it again), KVT_EINVAL. */
 KVT_API int kvt_pd_receiver_release(kvt_pd_receiver_t *r, uint64_t handoff);
 /* A snapshot (st->size set by the caller). KVT_EINVAL, KVT_ENOMEM. */
 KVT_API int kvt_pd_receiver_stats(kvt_pd_receiver_t *r, kvt_pd_stats_t *st);

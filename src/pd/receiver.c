@@ -94,12 +94,20 @@ static kvt__pd_live_t *find_live(kvt_pd_receiver_t *r, uint64_t id) {
     return NULL;
 }
 
-static void free_live(kvt_pd_receiver_t *r, kvt__pd_live_t *l) {
-    if (l->state == LIVE_POSTED) r->ended[r->nended++ % KVT__PD_ENDED] = l->id;
-    kvt_extalloc_free(r->alloc, l->runs, l->nruns);
+static void forget_live(kvt__pd_live_t *l) {
     kvt__free(l->dst, l->npages * sizeof(uint32_t));
     kvt__free(l->runs, l->npages * sizeof(kvt_run_t));
     memset(l, 0, sizeof(*l));
+}
+
+/* Gives l's pages back and clears it; KVT_ENOMEM (the allocator could not
+ * take them back) leaves l as it was, to be freed again. */
+static int free_live(kvt_pd_receiver_t *r, kvt__pd_live_t *l) {
+    int rc = kvt_extalloc_free(r->alloc, l->runs, l->nruns);
+    if (rc != KVT_OK) return rc;
+    if (l->state == LIVE_POSTED) r->ended[r->nended++ % KVT__PD_ENDED] = l->id;
+    forget_live(l);
+    return KVT_OK;
 }
 
 /* A tombstone is reported once every rank has said DONE for it, been
@@ -468,7 +476,7 @@ static void free_all(kvt_pd_receiver_t *r) {
     if (r->wakefd >= 0) close(r->wakefd);
     kvt_net_server_destroy(r->srv);
     for (uint32_t i = 0; r->live && i < r->cfg.max_live; i++)
-        if (r->live[i].state != LIVE_FREE) free_live(r, &r->live[i]);
+        if (r->live[i].state != LIVE_FREE) forget_live(&r->live[i]); /* the pool goes with the allocator */
     kvt_extalloc_destroy(r->alloc);
     kvt__free(r->live, r->cfg.max_live * sizeof(kvt__pd_live_t));
     kvt__free(r->q, (r->cfg.max_live + 1) * sizeof(kvt_pd_event_t));
@@ -560,9 +568,9 @@ int kvt_pd_receiver_release(kvt_pd_receiver_t *r, uint64_t handoff) {
         if (r->q[(r->qhead + i) % (r->cfg.max_live + 1)].handoff == handoff &&
             r->q[(r->qhead + i) % (r->cfg.max_live + 1)].type != KVT_PD_EV_END)
             ok = false;
-    if (ok) free_live(r, l);
+    int rc = ok ? free_live(r, l) : KVT_ENOENT;
     pthread_mutex_unlock(&r->mu);
-    if (!ok) return KVT_ENOENT;
+    if (rc != KVT_OK) return rc;
     wake(r); /* a REQ may be waiting for these pages */
     return KVT_OK;
 }

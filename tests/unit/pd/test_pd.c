@@ -5,6 +5,7 @@
  * checked to be distinct pages of the pool, and the pool is whole again
  * (free pages == pool pages) once every reported hand-off is released. */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@
 #include "kvtier/error.h"
 #include "kvtier/pd.h"
 #include "kvtier/tier.h"
-#include "sock/wire.h"
+#include "core/mem-int.h"
 #include "sock/wire.h"
 #include "pd/wire.h"
 
@@ -344,6 +345,56 @@ Test(pd, a_handoff_larger_than_the_pool_is_refused, .timeout = 30) {
     cr_assert_eq(kvt_pd_sender_stats(s, &rs), KVT_OK);
     cr_assert_eq(rs.failed, 1);
     cr_assert_eq(rs.handoffs, 2, "hand-offs 1 and 2; the refused sends counted nothing");
+    cr_assert_eq(kvt_pd_sender_finish(s), KVT_OK);
+    kvt_pd_sender_destroy(s);
+    kvt_tier_destroy(src);
+    env_fini(&e);
+}
+
+/* A release the pool cannot take back for memory (the freed run lies
+ * between two reserved ones: a new free extent) says KVT_ENOMEM and
+ * changes nothing: the hand-off is still the caller's, released again it
+ * goes, and the pool is whole in the end. */
+Test(pd, a_release_short_of_memory_changes_nothing, .timeout = 30) {
+    env_t e;
+    kvt_tier_t *src;
+    kvt_pd_sender_t *s = lone_rank(&e, &src);
+    uint8_t scratch[LB];
+    for (uint64_t h = 1; h <= 3; h++) { /* three hand-offs of 8 pages, side by side in the pool */
+        uint32_t dst[8];
+        kvt_xfer_copy_t cp[8];
+        cr_assert_eq(kvt_pd_sender_begin(s, h, 8, dst), KVT_OK);
+        for (uint32_t p = 0; p < 8; p++) {
+            kvt_tier_pattern_fill(src, p, hash_lo(h, p), hash_hi(h), scratch);
+            cp[p] = (kvt_xfer_copy_t){p, dst[p]};
+        }
+        cr_assert_eq(kvt_pd_sender_send(s, h, cp, 8), KVT_OK);
+        kvt_pd_event_t ev;
+        cr_assert_eq(kvt_pd_receiver_poll(e.rx, &ev, 1, 5000000000ull), 1);
+        cr_assert(ev.type == KVT_PD_EV_COMPLETE && ev.handoff == h);
+    }
+    int refused = 0;
+    for (uint64_t nth = 1;; nth++) {
+        kvt__mem_fail_nth(nth);
+        int rc = kvt_pd_receiver_release(e.rx, 2);
+        int fired = kvt__mem_fail_fired();
+        kvt__mem_fail_nth(0);
+        env_stats(&e);
+        if (rc == KVT_OK) {
+            cr_assert_eq(e.st->free_pages, 64 - 16, "hand-off 2's pages are free");
+            break;
+        }
+        cr_assert_eq(rc, KVT_ENOMEM, "allocation %" PRIu64 ": %s", nth, kvt_err_name(rc));
+        cr_assert(fired);
+        cr_assert_eq(e.st->free_pages, 64 - 24, "a refused release freed nothing");
+        refused++;
+    }
+    cr_assert_gt(refused, 0, "the release allocated");
+    cr_assert_eq(kvt_pd_receiver_release(e.rx, 2), KVT_ENOENT, "released once");
+    cr_assert_eq(kvt_pd_receiver_release(e.rx, 1), KVT_OK);
+    cr_assert_eq(kvt_pd_receiver_release(e.rx, 3), KVT_OK);
+    env_stats(&e);
+    cr_assert_eq(e.st->free_pages, 64);
     cr_assert_eq(kvt_pd_sender_finish(s), KVT_OK);
     kvt_pd_sender_destroy(s);
     kvt_tier_destroy(src);
