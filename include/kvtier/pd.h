@@ -249,8 +249,9 @@ KVT_API int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint
  * through the transfer engine, waits until decode acknowledged every byte,
  * then says DONE (with the status). The source pages are the caller's again
  * on return. KVT_OK; KVT_EINVAL (nothing sent, nothing said: also for h
- * not the hand-off begun last and not yet sent, or a destination page begin
- * did not give it, which may be another hand-off's); the batch's error or
+ * not the hand-off begun last and not yet sent, or a destination page not
+ * in this rank's share of the list begin gave, dst[j] for j mod C == rank:
+ * another rank's, or another hand-off's); the batch's error or
  * KVT_EIO (h counted failed; the link may be broken). */
 KVT_API int kvt_pd_sender_send(kvt_pd_sender_t *s, uint64_t h, const kvt_xfer_copy_t *copies, size_t n);
 /* Goodbye: every hand-off of this rank is done. KVT_EIO (not linked). */

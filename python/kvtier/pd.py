@@ -181,8 +181,10 @@ class PdSender(Handle):
         return list(dst)
 
     def send(self, handoff: int, copies: Any) -> None:
-        """Sends this rank's pages of the hand-off ((src_page, pool_page) pairs)
-        and waits until decode acknowledged every byte, then says DONE."""
+        """Sends this rank's pages of the hand-off ((src_page, pool_page) pairs,
+        pool_page = begin's list[j] for j % ranks == rank: another rank's page
+        is refused, nothing sent) and waits until decode acknowledged every
+        byte, then says DONE."""
         handoff = _a.u64(handoff, "PdSender.send handoff")
         arr, n = copies_arg(copies)
         with self._use as h:

@@ -212,7 +212,10 @@ int kvt_pd_sender_begin(kvt_pd_sender_t *s, uint64_t h, uint64_t n, uint32_t *ds
     qsort(s->begun_dst, n, sizeof(uint32_t), cmp_u32);
     for (uint64_t i = 0; i < n; i++) /* n distinct pages of the pool, or decode is not speaking the protocol */
         if (s->begun_dst[i] >= kvt_tier_geom(s->remote)->pages || (i && s->begun_dst[i] == s->begun_dst[i - 1])) return broken(s, share(s, n));
-    s->begun = true, s->begun_h = h, s->begun_n = n;
+    size_t own = 0; /* what send takes: this rank's share, page j of h for j mod C == rank */
+    for (uint64_t j = s->cfg.rank; j < n; j += s->cfg.ranks) s->begun_dst[own++] = dst[j];
+    qsort(s->begun_dst, own, sizeof(uint32_t), cmp_u32);
+    s->begun = true, s->begun_h = h, s->begun_n = own;
     return KVT_OK;
 }
 

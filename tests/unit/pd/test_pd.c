@@ -499,6 +499,53 @@ Test(pd, no_new_handoff_after_a_rank_said_goodbye, .timeout = 30) {
     env_fini(&e);
 }
 
+/* A rank sends its own share of a hand-off only: a page of the list begin
+ * gave that is another rank's (page j is rank j mod C's) is refused with
+ * nothing sent, so the ranks never race on a page; each rank's share lands
+ * whole. */
+Test(pd, a_rank_sends_its_own_share_only, .timeout = 30) {
+    env_t e;
+    env_init(&e, 2, 4, 64);
+    kvt_tier_t *src[2] = {arena(MAXN), arena(MAXN)};
+    pair_join_t j1 = {&e, src[1], NULL, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, join_rank1, &j1), 0);
+    int rc;
+    kvt_pd_sender_t *s[2] = {connect_rank(&e, src[0], 0, TOKEN, &rc), NULL};
+    pthread_join(th, NULL);
+    cr_assert(rc == KVT_OK && j1.rc == KVT_OK);
+    s[1] = j1.s;
+    uint8_t scratch[LB];
+    for (uint32_t r = 0; r < 2; r++) {
+        uint32_t dst[8];
+        kvt_xfer_copy_t cp[4];
+        cr_assert_eq(kvt_pd_sender_begin(s[r], 7, 8, dst), KVT_OK);
+        kvt_xfer_copy_t other = {0, dst[1 - r]};
+        cr_assert_eq(kvt_pd_sender_send(s[r], 7, &other, 1), KVT_EINVAL, "rank %u: page %u is rank %u's", r, 1 - r,
+                     1 - r);
+        for (uint32_t k = 0; k < 4; k++) {
+            kvt_tier_pattern_fill(src[r], k, hash_lo(7, 2 * k + r), hash_hi(7), scratch);
+            cp[k] = (kvt_xfer_copy_t){k, dst[2 * k + r]};
+        }
+        cr_assert_eq(kvt_pd_sender_send(s[r], 7, cp, 4), KVT_OK, "rank %u's share", r);
+    }
+    kvt_pd_event_t ev;
+    cr_assert_eq(kvt_pd_receiver_poll(e.rx, &ev, 1, 5000000000ull), 1);
+    cr_assert(ev.type == KVT_PD_EV_COMPLETE && ev.handoff == 7 && ev.npages == 8);
+    for (uint64_t p = 0; p < 8; p++)
+        cr_assert(kvt_tier_pattern_check(e.pool, ev.pages[p], hash_lo(7, p), hash_hi(7), scratch), "page %u", (unsigned)p);
+    cr_assert_eq(kvt_pd_receiver_release(e.rx, 7), KVT_OK);
+    for (uint32_t r = 0; r < 2; r++) {
+        kvt_pd_rank_stats_t rs;
+        cr_assert_eq(kvt_pd_sender_stats(s[r], &rs), KVT_OK);
+        cr_assert(rs.handoffs == 1 && rs.failed == 0, "rank %u: the refused send counted nothing", r);
+        cr_assert_eq(kvt_pd_sender_finish(s[r]), KVT_OK);
+        kvt_pd_sender_destroy(s[r]);
+        kvt_tier_destroy(src[r]);
+    }
+    env_fini(&e);
+}
+
 /* The join timed out (a rank never came): the ranks that joined are told
  * (their control connection is shut), not left blocked in begin until the
  * receiver is destroyed. */
