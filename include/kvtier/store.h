@@ -168,6 +168,11 @@ KVT_API void kvt_store_config_default(kvt_store_config_t *cfg);
  * refused or timed out, AUTH failed or wanted, not a cluster, a directory
  * that cannot be created), KVT_ENOMEM. */
 KVT_API int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t *cfg);
+/* Reads url as kvt_store_open reads it, reaching no server and creating
+ * nothing: KVT_OK, or KVT_EINVAL for a malformed URL (the same causes as
+ * open's, kvt_store_last_error(NULL) naming it), KVT_ENOMEM. A URL that
+ * passes may still be refused by open for what only opening finds. */
+KVT_API int kvt_store_url_check(const char *url);
 /* Waits for the batches in flight, then closes. Completions not polled are
  * dropped. */
 KVT_API void kvt_store_close(kvt_store_t *s);

@@ -441,6 +441,7 @@ _PROTOS = {
     "kvt_store_close": (None, [vp]),
     "kvt_store_last_error": (c_char_p, [vp]),
     "kvt_store_url": (c_char_p, [vp]),
+    "kvt_store_url_check": (c_int, [c_char_p]),
     "kvt_store_url_redact": (c_char_p, [c_char_p, c_char_p, c_size_t]),
     "kvt_store_backend": (c_char_p, [vp]),
     "kvt_store_key": (Hash128, [vp, P(Hash128), c_char_p]),

@@ -437,6 +437,13 @@ static int parse_spec(const char *spec, size_t *plen, uint64_t *max) {
     return KVT_OK;
 }
 
+static int dir_check(kvt_store_t *s, const char *spec) {
+    (void)s;
+    size_t plen;
+    uint64_t max;
+    return parse_spec(spec, &plen, &max);
+}
+
 static void root_free(dirroot_t *x) {
     pthread_mutex_destroy(&x->mu);
     kvt__free(x->e, (size_t)x->cap * sizeof(ent_t));
@@ -827,6 +834,7 @@ static void dir_run(void *be, void *w, kvt__sreq_t *req) {
 const kvt__store_ops_t kvt__store_dir_ops = {
     .name = "dir",
     .open = dir_open,
+    .check = dir_check,
     .close = dir_close,
     .worker_open = dir_worker_open,
     .worker_close = dir_worker_close,

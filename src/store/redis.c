@@ -1105,7 +1105,8 @@ static void close_be(void *be) {
     KVT_DELETE(b);
 }
 
-static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluster) {
+/* A backend with the URL's credentials and seeds, connected to nothing. */
+static int parse_url(kvt_store_t *s, const char *spec, bool cluster, rbe_t **out) {
     rbe_t *b = KVT_NEW(rbe_t);
     if (b == NULL) return kvt__store_error("out of memory"), KVT_ENOMEM;
     b->s = s;
@@ -1114,6 +1115,21 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
     const char *nodes = spec;
     int rc = parse_creds(b, spec, &nodes);
     if (rc == KVT_OK) rc = parse_nodes(b, nodes);
+    *out = b;
+    return rc;
+}
+
+static int check_redis(kvt_store_t *s, const char *spec, bool cluster) {
+    rbe_t *b = NULL;
+    int rc = parse_url(s, spec, cluster, &b);
+    if (b) close_be(b);
+    return rc;
+}
+
+static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluster) {
+    rbe_t *b = NULL;
+    int rc = parse_url(s, spec, cluster, &b);
+    if (b == NULL) return rc;
     char why[512];
     kvt__sigpipe_t sp; /* the caller's thread talks to Redis here: a peer gone is an error, not a signal */
     kvt__sigpipe_hold(&sp);
@@ -1144,6 +1160,8 @@ static int open_common(kvt_store_t *s, const char *spec, void **out, bool cluste
 }
 
 static int open_redis(kvt_store_t *s, const char *spec, void **out) { return open_common(s, spec, out, false); }
+static int check_one(kvt_store_t *s, const char *spec) { return check_redis(s, spec, false); }
+static int check_cluster(kvt_store_t *s, const char *spec) { return check_redis(s, spec, true); }
 static int open_cluster(kvt_store_t *s, const char *spec, void **out) { return open_common(s, spec, out, true); }
 
 static int worker_open(void *be, void **out) {
@@ -1168,8 +1186,8 @@ static void worker_close(void *be, void *wp) {
 }
 
 const kvt__store_ops_t kvt__store_redis_ops = {
-    .name = "redis", .open = open_redis, .close = close_be, .worker_open = worker_open, .worker_close = worker_close, .run = redis_run,
+    .name = "redis", .open = open_redis, .check = check_one, .close = close_be, .worker_open = worker_open, .worker_close = worker_close, .run = redis_run,
 };
 const kvt__store_ops_t kvt__store_cluster_ops = {
-    .name = "redis-cluster", .open = open_cluster, .close = close_be, .worker_open = worker_open, .worker_close = worker_close, .run = redis_run,
+    .name = "redis-cluster", .open = open_cluster, .check = check_cluster, .close = close_be, .worker_open = worker_open, .worker_close = worker_close, .run = redis_run,
 };

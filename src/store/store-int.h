@@ -53,6 +53,9 @@ typedef struct kvt__store_ops {
     /* spec: the URL after "scheme:" (dir: "PATH[,max=SIZE]"; redis: after
      * "//"). KVT_EINVAL / KVT_EIO / KVT_ENOMEM with kvt__store_error set. */
     int (*open)(kvt_store_t *s, const char *spec, void **be);
+    /* spec parsed as open parses it, reaching and creating nothing:
+     * KVT_EINVAL / KVT_ENOMEM with kvt__store_error set (s: its url only) */
+    int (*check)(kvt_store_t *s, const char *spec);
     void (*close)(void *be);
     int (*worker_open)(void *be, void **w);
     void (*worker_close)(void *be, void *w);

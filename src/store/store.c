@@ -890,6 +890,23 @@ static void stop_workers(kvt_store_t *s) {
     s->nth = 0;
 }
 
+int kvt_store_url_check(const char *url) {
+    open_error[0] = 0;
+    if (url == NULL) return kvt__store_error("kvt_store_url_check: NULL argument"), KVT_EINVAL;
+    kvt_store_t *s = KVT_NEW(kvt_store_t); /* what the backend's messages read: the URL, redacted */
+    if (s == NULL) return kvt__store_error("out of memory"), KVT_ENOMEM;
+    const char *spec = NULL;
+    int rc = KVT_OK;
+    if (strlen(url) >= sizeof(s->url)) rc = KVT_EINVAL, kvt__store_error("store URL longer than 1023 characters");
+    if (rc == KVT_OK) rc = pick_backend(url, &s->ops, &spec);
+    if (rc == KVT_OK) {
+        kvt_store_url_redact(url, s->url, sizeof(s->url));
+        rc = s->ops->check(s, spec);
+    }
+    KVT_DELETE(s);
+    return rc;
+}
+
 int kvt_store_open(kvt_store_t **out, const char *url, const kvt_store_config_t *user) {
     open_error[0] = 0;
     if (out == NULL || url == NULL || user == NULL) return kvt__store_error("kvt_store_open: NULL argument"), KVT_EINVAL;

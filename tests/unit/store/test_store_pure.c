@@ -2,7 +2,9 @@
  * (the Redis Cluster specification's), redirection replies, URL and config
  * errors (no server needed). */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/redis.h"
 #include "helpers.h"
@@ -86,8 +88,29 @@ Test(store_pure, malformed_urls) {
         cr_assert_null(s);
         cr_assert(strstr(kvt_store_last_error(NULL), cases[i].says) != NULL, "'%s': message '%s' lacks '%s'", cases[i].url,
                   kvt_store_last_error(NULL), cases[i].says);
+        char said[512]; /* the check, which opens nothing, refuses it alike */
+        snprintf(said, sizeof(said), "%s", kvt_store_last_error(NULL));
+        cr_assert_eq(kvt_store_url_check(cases[i].url), KVT_EINVAL, "%s", cases[i].url);
+        cr_assert_str_eq(kvt_store_last_error(NULL), said);
     }
+    cr_assert_eq(kvt_store_url_check(NULL), KVT_EINVAL);
     senv_fini(&e);
+}
+
+/* A URL the check passes is only read: no directory made, no server asked
+ * (nothing listens on port 1), the last error cleared. */
+Test(store_pure, a_url_check_reaches_and_creates_nothing) {
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/tmp/kvt-url-check-%d/a/b", (int)getpid());
+    char url[96];
+    snprintf(url, sizeof(url), "dir:%s,max=1G", dir);
+    cr_assert_eq(kvt_store_url_check("ftp://x"), KVT_EINVAL);
+    const char *good[] = {url, "redis://127.0.0.1:1", "redis://u:p%40ss@127.0.0.1:1", "redis-cluster://a:1,b:2"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        cr_assert_eq(kvt_store_url_check(good[i]), KVT_OK, "%s: %s", good[i], kvt_store_last_error(NULL));
+        cr_assert_str_eq(kvt_store_last_error(NULL), "");
+    }
+    cr_assert_neq(access(dir, F_OK), 0, "the check made the directory");
 }
 
 /* max=SIZE: digits and one power-of-1024 suffix, against values worked out
