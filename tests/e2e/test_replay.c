@@ -310,6 +310,14 @@ Test(replay, bad_flags_say_what_is_allowed) {
         {{"--model", "gemma-3-like", "--state-share", "0.3"}, "--state-share: only with a state group"},
         {{"--model", "qwen3-next-like", "--window-weight", "0.5"}, "--window-weight: only with a window group"},
         {{"--groups", "full:2:64", "--layers", "3", "--data"}, "--layers: 128 bytes per token do not split into 3 layers"},
+        {{"--model", "gemma-3-like", "--l3", "bogus://x"}, "--l3: malformed store URL 'bogus://x': unknown scheme"},
+        {{"--instances", "2", "--l3", "redis://x"}, "--l3: malformed store URL 'redis://x': 'x' is not HOST:PORT"},
+        {{"--model", "deepseek-v3", "--groups", "full:1:10"}, "--model: not with --groups"},
+        {{"--groups", "full:65536:1099511627776,window:4294967295:65536:1099511627776"},
+         "--l1-pages: 65536 pages of 16 tokens of 144115188075855872 bytes (the model as all-full attention) would "
+         "hold more than 2^64 bytes"},
+        {{"--groups", "full:1:64,window:32:1:128", "--layers", "3", "--data"},
+         "--layers: the full groups' 64 bytes a token do not split into 3 layers"},
         {{"--sweep", "64,128", "--plot", "/nonexistent-dir/p.png"}, "--plot: cannot write in '/nonexistent-dir'"},
         {{"--sweep", "64,128", "--plot", "/tmp"}, "--plot: '/tmp' is a directory"},
         {{"--sweep", "64,128", "--plot", "/tmp/a\nb.png"}, "--plot: the path holds a control character"},
@@ -342,6 +350,11 @@ Test(replay, bad_flags_say_what_is_allowed) {
     r = RUN("--requests", "1", "--l2-free-room", "0.1");
     unsetenv("KVT_L2_FREE_ROOM");
     cr_assert_eq(r.status, 0, "%s", r.err);
+    run_free(&r);
+    setenv("KVT_GROUPS", "gemma-3-like", 1); /* ... and --model given there over groups from the environment */
+    r = RUN("--requests", "1", "--model", "deepseek-v3");
+    unsetenv("KVT_GROUPS");
+    cr_assert(r.status == 0 && strstr(r.out, "model deepseek-v3"), "exit %d: %s%s", r.status, r.out, r.err);
     run_free(&r);
     /* --help shows the environment's values as the defaults, a bad one skipped */
     setenv("KVT_L1_PAGES", "7", 1);

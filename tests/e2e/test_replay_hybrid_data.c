@@ -69,6 +69,24 @@ Test(replay_hybrid_data, the_bytes_follow_the_moves_through_l1_and_l2, .timeout 
     }
 }
 
+/* --layout and --layers shape the full groups' pages as they do a radix
+ * replay's (the pieces are one piece each): the bytes follow the moves
+ * all the same. */
+Test(replay_hybrid_data, the_full_pages_take_the_layout_asked, .timeout = 120) {
+    run_result_t r = run_argv((const char *const[]){NULL, "replay", WORKLOAD, "--data", "--verify", "--layout",
+                                                    "layer_first", "--layers", "4", NULL});
+    cJSON *o = json_of(&r);
+    const cJSON *full = cJSON_GetObjectItem(cJSON_GetObjectItem(hybrid_of(o), "data"), "full_pages");
+    cr_assert_str_eq(cJSON_GetObjectItem(full, "layout")->valuestring, "layer_first");
+    cr_assert_eq(num(full, "layers"), 4);
+    cr_assert_eq(num(full, "page_bytes"), 2 * 64 * 16, "the full group's page: 2 layers x 64 bytes x 16 tokens");
+    cr_assert_eq(num(full, "mismatches"), 0);
+    cr_assert_gt(num(full, "verified_hits"), 1000, "full pages of hits checked");
+    cr_assert_gt(num(full, "verified_loads"), 1000, "full pages loaded back from L2 checked");
+    cJSON_Delete(o);
+    run_free(&r);
+}
+
 /* Copies that fail (kvtier-test --copy-faults): the pieces they carried are
  * absent where they were going, a hit that needed one is recomputed (not
  * served), and no piece read is ever wrong; every check of the cache holds. */

@@ -112,6 +112,11 @@ static void fleet(const char *url) {
         reqs += num(x, "requests_replayed");
     }
     cr_assert_eq(reqs, 300, "every request went to one instance");
+    for (int t = 1; t <= 2; t++) { /* the totals are the caches' sums, L2 as L1 */
+        const char *pages = t == 1 ? "l1_pages" : "l2_pages";
+        cr_assert_eq(num(ja, pages), num(cJSON_GetArrayItem(inst, 0), pages) + num(cJSON_GetArrayItem(inst, 1), pages),
+                     "%s", pages);
+    }
     cr_assert_eq(sub(ja, "hit_tokens", "l3"), l3, "the total is the instances' sum");
     cr_assert_eq(num(ja, "cross_instance_hit_tokens"), cross);
     cr_assert_gt(cross, 0, "no instance found a page the other put");

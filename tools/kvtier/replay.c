@@ -227,6 +227,7 @@ int replay_run_one(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l, ui
     res->wall_user_s = seconds_between(u0.ru_utime, u1.ru_utime);
     res->wall_sys_s = seconds_between(u0.ru_stime, u1.ru_stime);
     res->l1_pages = cfg.l1_pages;
+    res->l2_pages = cfg.l2_pages;
     res->nreq = total;
     res->cs.size = sizeof(res->cs);
     res->rs.size = sizeof(res->rs);
@@ -279,10 +280,9 @@ static void xfer_json(cJSON *x, const char *name, const kvt_xfer_stats_t *st) {
     for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(e, qn[i], (double)kvt_hist_percentile(&st->e2e_ns, q[i]) / 1e3);
 }
 
-static void data_json(cJSON *x, const result_t *r, const opts_t *o) {
+static void data_json(cJSON *x, const result_t *r) {
     cJSON *d = cJSON_AddObjectToObject(x, "data");
     replay_data_json(d, &r->data);
-    cJSON_AddStringToObject(d, "layout", LAYOUTS[o->layout]);
     cJSON_AddNumberToObject(d, "failed_copies", (double)r->cs.failed_copies);
     cJSON_AddNumberToObject(d, "integrity_failures", (double)r->cs.integrity_failures);
     xfer_json(d, "d2h", &r->data.d2h);
@@ -388,9 +388,9 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     add_tiers(x, "evict_calls_per_1k_allocs", per_1k(s->l1_evict_calls, s->l1_allocs), per_1k(s->l2_evict_calls, s->l2_allocs));
     cJSON_AddNumberToObject(x, "page_tokens", (double)o->page_tokens);
     cJSON_AddNumberToObject(x, "l1_pages", (double)r->l1_pages);
-    cJSON_AddNumberToObject(x, "l2_pages", (double)o->l2_pages);
+    cJSON_AddNumberToObject(x, "l2_pages", (double)r->l2_pages);
     cJSON_AddNumberToObject(x, "l1_gb", gb(r->l1_pages, o, bpt));
-    cJSON_AddNumberToObject(x, "l2_gb", gb(o->l2_pages, o, bpt));
+    cJSON_AddNumberToObject(x, "l2_gb", gb(r->l2_pages, o, bpt));
     cJSON_AddNumberToObject(x, "bytes_per_token", (double)bpt);
     cJSON_AddStringToObject(x, "policy", kvt_policy_name((kvt_policy_t)o->policy));
     cJSON_AddStringToObject(x, "write_policy", WRITE_POLICIES[o->write_policy]);
@@ -409,7 +409,7 @@ static cJSON *result_json(const result_t *r, const opts_t *o, const l3_opts_t *l
     cJSON_AddNumberToObject(x, "user_s", r->wall_user_s); /* the process's CPU time during wall_s: user ... */
     cJSON_AddNumberToObject(x, "sys_s", r->wall_sys_s);   /* ... and kernel (mostly first touches of memory) */
     cJSON_AddNumberToObject(x, "page_faults", (double)r->wall_faults); /* page faults during wall_s */
-    if (o->data) data_json(x, r, o);
+    if (o->data) data_json(x, r);
     if (replay_l3_on(l)) l3_json(x, r, l);
     if (o->soak_s > 0) replay_soak_json(x, &r->soak, o);
     return x;
@@ -451,7 +451,7 @@ static void print_summary(const result_t *r, const opts_t *o, const l3_opts_t *l
     printf("  model %s: %.1f KiB of KV per token, %.2f MiB per page of %" PRIu64 " tokens\n", model,
            (double)bpt / 1024, (double)bpt * (double)o->page_tokens / 1048576, o->page_tokens);
     printf("  L1 %" PRIu64 " pages (%.1f GB), L2 %" PRIu64 " pages (%.1f GB); policy %s, %s; free room %.0f%% / %.0f%%\n",
-           r->l1_pages, gb(r->l1_pages, o, bpt), o->l2_pages, gb(o->l2_pages, o, bpt),
+           r->l1_pages, gb(r->l1_pages, o, bpt), r->l2_pages, gb(r->l2_pages, o, bpt),
            kvt_policy_name((kvt_policy_t)o->policy), WRITE_POLICIES[o->write_policy], 100 * o->l1_room, 100 * o->l2_room);
     printf("  hit rate %.4f   L1 %.4f (%" PRIu64 " tokens, %.1f GB)   L2 %.4f (%" PRIu64 " tokens, %.1f GB)", hit_rate(r),
            (double)s->l1_hit_tokens / tok, s->l1_hit_tokens, (double)s->l1_hit_tokens * (double)bpt / 1e9,
@@ -842,6 +842,14 @@ int cmd_replay(int argc, char **argv) {
     }
     if (o.plot && plot_path_ok(&c, o.plot) != 0) return 2;
 
+    if (groups_text && o.model != defaults.model) { /* --groups describes the model in full */
+        if (cli_from_env(&c, "--groups") && !cli_from_env(&c, "--model")) {
+            groups_text = NULL; /* the command line wins over the environment */
+        } else if (!cli_from_env(&c, "--model")) {
+            c.flag = "--model";
+            return cli_usage(&c, "not with --groups: the groups describe the model in full");
+        }
+    }
     o.groups = groups_text; /* (its layers and bytes per token: replay_groups, below) */
     if (replay_opts_finish(&c, &o, &defaults) != 0 || replay_l3_finish(&c, &l3, nsweep > 0) != 0 ||
         replay_workload_ok(&c, &o, &defaults, path) != 0)
@@ -899,6 +907,7 @@ int cmd_replay(int argc, char **argv) {
             {"--l3-window-weight", l3_window_weight != 0 && !window, "only with a window group (the model has none)"},
         };
         if (cli_refuse_idle(&c, some, sizeof(some) / sizeof(some[0])) != 0) return 2;
+        if (replay_hybrid_sizes(&c, &o, &l3, &hyb, nsweep ? sweep : &o.l1_pages, nsweep ? nsweep : 1) != 0) return 2;
     }
     uint64_t bpt = o.bpt;
     const char *model_name = o.bytes_per_token ? "(--bytes-per-token)" : o.groups ? o.groups : kvt_model_at((unsigned)o.model)->name;

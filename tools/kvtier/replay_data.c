@@ -93,6 +93,8 @@ void replay_data_request(replay_data_t *d, const int32_t *tokens, const kvt_cach
 void replay_data_result(replay_data_t *d, kvt_cache_t *c, data_result_t *r) {
     kvt_cache_sync(c);
     r->page_bytes = (uint64_t)d->o.layers * d->o.layer_bytes;
+    r->layers = d->o.layers;
+    r->layout = d->o.layout;
     r->filled_pages = d->filled;
     r->verified_hits = d->verified_hits;
     r->verified_loads = d->verified_loads;
@@ -104,6 +106,8 @@ void replay_data_result(replay_data_t *d, kvt_cache_t *c, data_result_t *r) {
 
 void replay_data_json(cJSON *d, const data_result_t *r) {
     cJSON_AddNumberToObject(d, "page_bytes", (double)r->page_bytes);
+    cJSON_AddNumberToObject(d, "layers", (double)r->layers);
+    cJSON_AddStringToObject(d, "layout", kvt_layout_name(r->layout));
     cJSON_AddNumberToObject(d, "filled_pages", (double)r->filled_pages);
     cJSON_AddNumberToObject(d, "verified_hits", (double)r->verified_hits);
     cJSON_AddNumberToObject(d, "verified_loads", (double)r->verified_loads);

@@ -30,6 +30,8 @@ typedef struct data_opts {
 
 typedef struct data_result {
     uint64_t page_bytes;
+    uint32_t layers;     /* a page's cut */
+    kvt_layout_t layout; /* and how the tiers lay the pieces out */
     uint64_t filled_pages, verified_hits, verified_loads, mismatches;
     kvt_xfer_stats_t d2h, h2d;
 } data_result_t;

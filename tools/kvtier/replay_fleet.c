@@ -101,6 +101,7 @@ static void add_result(result_t *d, const result_t *s, bool first) {
     KVT_RADIX_STATS_FIELDS(ADDR_)
 #undef ADDR_
     d->l1_pages += s->l1_pages;
+    d->l2_pages += s->l2_pages;
     d->nreq += s->nreq;
     if (s->wall_s > d->wall_s) d->wall_s = s->wall_s;
     d->data.filled_pages += s->data.filled_pages;

@@ -238,6 +238,33 @@ static bool tier_fits(const opts_t *o, uint64_t pages) {
     return !__builtin_mul_overflow(pages, o->page_tokens, &b) && !__builtin_mul_overflow(b, o->bpt, &b);
 }
 
+int replay_hybrid_sizes(cli_t *c, const opts_t *o, const l3_opts_t *l3, hybrid_opts_t *h, const uint64_t *l1, size_t n) {
+    const char *over = NULL;
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n && !over; i++)
+        if (l1[i] != UNBOUNDED && !tier_fits(o, l1[i])) over = n > 1 ? "--sweep" : "--l1-pages", bad = l1[i];
+    if (!over && !tier_fits(o, o->l2_pages)) over = "--l2-pages", bad = o->l2_pages;
+    if (!over && !tier_fits(o, l3->pages)) over = "--l3-pages", bad = l3->pages;
+    if (over) {
+        c->flag = over;
+        return cli_error(c, "%" PRIu64 " pages of %" PRIu64 " tokens of %" PRIu64 " bytes (the model as all-full "
+                            "attention) would hold more than 2^64 bytes", bad, o->page_tokens, o->bpt);
+    }
+    uint64_t bytes = 0, layers = 0;
+    for (uint32_t g = 0; g < h->ngroups; g++)
+        if (h->groups[g].kind == KVT_GROUP_FULL) bytes += h->groups[g].bytes, layers += h->groups[g].layers;
+    if (o->layers_opt == 0) {
+        h->full_layers = layers <= UINT32_MAX && bytes % layers == 0 ? (uint32_t)layers : 1;
+    } else if (bytes % o->layers_opt != 0) {
+        c->flag = "--layers";
+        return cli_error(c, "the full groups' %" PRIu64 " bytes a token do not split into %" PRIu64 " layers", bytes,
+                         o->layers_opt);
+    } else {
+        h->full_layers = (uint32_t)o->layers_opt;
+    }
+    return 0;
+}
+
 /* --l1-pages unbounded: every page of the trace. */
 static uint64_t l1_of(const kvt_trace_t *t, const opts_t *o, uint64_t l1) {
     if (l1 != UNBOUNDED) return l1;
@@ -266,11 +293,9 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
     bool store = l3->url != NULL;
     kvt_hybrid_config_t cfg;
     uint64_t all = l1_of(t, o, UNBOUNDED), P = o->page_tokens;
-    if (!tier_fits(o, all) || !tier_fits(o, l1_of(t, o, a->l1_pages)) || !tier_fits(o, o->l2_pages) ||
-        !tier_fits(o, l3->pages)) {
-        fprintf(stderr, "kvtier replay: --l1-pages, --l2-pages or --l3-pages: a tier of pages of %" PRIu64 " bytes "
-                        "(the model's, --groups or --bytes-per-token, x --page-tokens) would hold more than 2^64 bytes\n",
-                o->bpt * P);
+    if (!tier_fits(o, all)) { /* (the options' sizes: replay_hybrid_sizes) */
+        fprintf(stderr, "kvtier replay: the trace's %" PRIu64 " pages of %" PRIu64 " bytes would hold more than 2^64 "
+                        "bytes\n", all, o->bpt * P);
         return -1;
     }
     uint64_t b1 = tier_bytes(o, l1_of(t, o, a->l1_pages)), b2 = tier_bytes(o, o->l2_pages),
@@ -319,8 +344,8 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
         uint64_t full_bpt = 0; /* the full groups' bytes per token: their pages' */
         for (uint32_t g = 0; g < h->ngroups; g++)
             if (h->groups[g].kind == KVT_GROUP_FULL) full_bpt += h->groups[g].bytes;
-        data_opts_t dopt = {P, cfg.cache.l1_pages, cfg.cache.l2_pages, 1, full_bpt * P, KVT_LAYOUT_PAGE_FIRST,
-                            (uint32_t)o->threads, o->verify, o->copy_faults};
+        data_opts_t dopt = {P, cfg.cache.l1_pages, cfg.cache.l2_pages, h->full_layers, full_bpt * P / h->full_layers,
+                            (kvt_layout_t)o->layout, (uint32_t)o->threads, o->verify, o->copy_faults};
         orc = replay_data_open(&data, kvt_hybrid_cache(c), &dopt);
         if (orc == 0) orc = pieces_data_open(&pieces.data, &cfg, (uint32_t)P, (uint32_t)o->threads, o->copy_faults);
     }
@@ -507,9 +532,9 @@ static double hyb_bpt(const hyb_result_t *r) { return frac(r->st.l1_bytes + r->s
 static double full_rate(const result_t *r) {
     return frac(r->cs.l1_hit_tokens + r->cs.l2_hit_tokens + r->cs.l3_hit_tokens, r->cs.tokens);
 }
-/* r of `caches` caches (a fleet's sum: its L1 pages and free counts summed, each its own L2). */
-static double full_bpt(const result_t *r, const opts_t *o, uint64_t caches) {
-    uint64_t used = (r->l1_pages - r->cs.l1_free) + (o->l2_pages ? o->l2_pages * caches - r->cs.l2_free : 0);
+/* r of one cache or a fleet's (its pages and free counts summed). */
+static double full_bpt(const result_t *r, const opts_t *o) {
+    uint64_t used = (r->l1_pages - r->cs.l1_free) + (r->l2_pages - r->cs.l2_free);
     return frac(used * o->page_tokens * o->bpt, r->rs.pages * o->page_tokens);
 }
 
@@ -571,10 +596,10 @@ static cJSON *hyb_json(const hyb_result_t *r, const hybrid_opts_t *h, const opts
     return x;
 }
 
-static cJSON *full_json(const result_t *r, const opts_t *o, uint64_t caches) {
+static cJSON *full_json(const result_t *r, const opts_t *o) {
     cJSON *x = cJSON_CreateObject();
     cJSON_AddNumberToObject(x, "hit_rate", full_rate(r));
-    cJSON_AddNumberToObject(x, "bytes_per_cached_token", full_bpt(r, o, caches));
+    cJSON_AddNumberToObject(x, "bytes_per_cached_token", full_bpt(r, o));
     cJSON_AddNumberToObject(x, "wall_s", r->wall_s);
     return x;
 }
@@ -638,7 +663,7 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             cJSON_AddNumberToObject(x, "l3_bytes", (double)tier_bytes(o, l3->pages));
             cJSON_AddItemToObject(x, "hybrid", hyb_json(&hy[i], h, o));
             if (has_state && compare) cJSON_AddItemToObject(x, "state_at_ends_only", hyb_json(&ends[i], h, o));
-            if (compare) cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o, ni ? ni : 1));
+            if (compare) cJSON_AddItemToObject(x, "every_layer_full", full_json(&full[i], o));
             cJSON_AddItemToArray(arr, x);
         }
         if (ni) { /* the fleet: its totals above, each instance's hybrid run here */
@@ -664,7 +689,7 @@ int replay_hybrid(const kvt_trace_t *t, const opts_t *o, const l3_opts_t *l3, co
             /* no state group: no ends-only run; --soak: neither comparison */
             char ends_cols[32] = "        -           -", full_cols[32] = "        -           -";
             if (has_state && compare) snprintf(ends_cols, sizeof(ends_cols), "%9.4f %11.0f", hyb_rate(&ends[i]), hyb_bpt(&ends[i]));
-            if (compare) snprintf(full_cols, sizeof(full_cols), "%9.4f %11.0f", full_rate(&full[i]), full_bpt(&full[i], o, ni ? ni : 1));
+            if (compare) snprintf(full_cols, sizeof(full_cols), "%9.4f %11.0f", full_rate(&full[i]), full_bpt(&full[i], o));
             printf("%10.1f %10.1f | %9.4f %9.4f %11.0f | %s | %s\n", (double)tier_bytes(o, l1[i]) / 1e9,
                    (double)tier_bytes(o, o->l2_pages) / 1e9, hyb_rate(&hy[i]), frac(hy[i].st.full_hit_tokens, hy[i].st.tokens),
                    hyb_bpt(&hy[i]), ends_cols, full_cols);

@@ -65,6 +65,10 @@ int replay_l3_finish(cli_t *c, const l3_opts_t *l, bool sweep) {
         c->flag = "--l3-pages";
         return cli_error(c, "is a modeled L3: not with a store (--l3)");
     }
+    if (l->url && kvt_store_url_check(l->url) == KVT_EINVAL) { /* before any work: the open would refuse it too */
+        c->flag = "--l3";
+        return cli_error(c, "%s", kvt_store_last_error(NULL));
+    }
     if (l->url && sweep) {
         c->flag = "--sweep";
         return cli_error(c, "with a store (--l3) every run would see what the runs before it put: sweep a modeled L3 (--l3-pages N)");

@@ -33,7 +33,7 @@ typedef struct soak {
 } soak_t;
 
 typedef struct result {
-    uint64_t l1_pages;
+    uint64_t l1_pages, l2_pages; /* the run's caches', all of them (a fleet's: every instance's) */
     uint64_t nreq;      /* requests replayed */
     kvt_cache_stats_t cs;
     kvt_radix_stats_t rs;
