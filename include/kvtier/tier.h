@@ -19,7 +19,9 @@
  *          (MAP_HUGETLB, else transparent huge pages), optionally locked
  *   shm    L2: POSIX shared memory a node's processes share: created by one
  *          (who unlinks it when done), attached by name by the others. A
- *          segment left by a dead creator is detected and replaced.
+ *          segment left by a dead creator is detected and replaced. Its
+ *          pages are given at creation (posix_fallocate): a /dev/shm too
+ *          small refuses the create (KVT_ENOMEM), never a write later.
  *   tcp    another process's tier, written over TCP (include/kvtier/net.h
  *          serves the other end): each transfer worker opens `streams`
  *          connections and keeps page runs in flight on all of them; a copy
@@ -50,7 +52,8 @@
  * 1's piece, ... in plane order: that is the byte order the page has in a
  * kvtier host tier, in kvt_tier_read/write, in kvt_tier_page_sum and hence in
  * L3 objects. An engine tier's geometry has layer_bytes = the sum of its
- * pieces (0 in the config: computed); its layout field is not used. Every
+ * pieces (0 in the config: computed); its layout field is not read (the
+ * tier reports page_first). Every
  * other tier is the special case of one plane (page_first: page stride
  * page_bytes, layer stride layer_bytes; layer_first: page stride
  * layer_bytes, layer stride pages x layer_bytes), which is how the transfer

@@ -190,7 +190,9 @@ int kvt__seg_create(kvt__seg_t *s, const char *name, uint32_t kind, uint32_t ver
     if (fd < 0) return KVT_EIO;
     struct stat sb;
     int rc = KVT_ENOMEM;
-    if (ftruncate(fd, (off_t)total) == 0 && fstat(fd, &sb) == 0) {
+    /* The pages are given now: /dev/shm's sizing (a container's 64 MiB) refuses them here, not with a SIGBUS
+     * at the first write past its room, in the middle of serving. */
+    if (ftruncate(fd, (off_t)total) == 0 && posix_fallocate(fd, 0, (off_t)total) == 0 && fstat(fd, &sb) == 0) {
         void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p != MAP_FAILED) s->base = p, s->total = total, s->ino = sb.st_ino, rc = KVT_OK;
     }

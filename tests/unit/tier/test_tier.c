@@ -11,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -584,6 +587,46 @@ Test(tier, shm_stale_segment_replaced) {
     kvt_tier_destroy(b);
     kvt_tier_destroy(t);
     cr_assert_not(shm_exists(name), "destroy cleans the replacement");
+}
+
+/* In a /dev/shm of 8 MiB (a mount namespace of its own: a container's
+ * small /dev/shm), an shm tier of 32 MiB is refused at creation with
+ * nothing left there; it was created and then killed the process with
+ * SIGBUS at its first write past the 8 MiB. One of 4 MiB is created and
+ * every page written. 77: this process may not make the namespace. */
+static int small_dev_shm(void) {
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=8m") != 0)
+        return 77;
+    kvt_tier_config_t c = {.size = sizeof(c), .kind = KVT_TIER_SHM, .name = "/kvt-small-shm",
+                           .geom = {.pages = 128, .layers = 1, .layer_bytes = 256 << 10, .layout = KVT_LAYOUT_PAGE_FIRST}};
+    kvt_tier_t *t = NULL;
+    int rc = kvt_tier_create(&t, &c);
+    if (rc != KVT_ENOMEM) return fprintf(stderr, "32 MiB: %s\n", kvt_err_name(rc)), 1;
+    DIR *d = opendir("/dev/shm");
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.') return fprintf(stderr, "left behind: %s\n", e->d_name), 1;
+    if (d) closedir(d);
+    c.geom.pages = 16;
+    if ((rc = kvt_tier_create(&t, &c)) != KVT_OK) return fprintf(stderr, "4 MiB: %s\n", kvt_err_name(rc)), 1;
+    static uint8_t page[256 << 10];
+    for (uint32_t p = 0; p < 16; p++) {
+        memset(page, (int)p + 1, sizeof(page));
+        if (kvt_tier_write(t, p, 0, page) != KVT_OK) return 1;
+    }
+    kvt_tier_destroy(t);
+    return 0;
+}
+
+Test(tier, an_shm_tier_dev_shm_cannot_hold_is_refused_at_creation) {
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) _exit(small_dev_shm());
+    int status = 0;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) cr_skip_test("no mount namespace for this process (not root)");
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child: %s %d",
+              WIFSIGNALED(status) ? "killed by signal" : "exit", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
 }
 
 /* A live segment whose name only looks like another name's unfinished one
