@@ -101,6 +101,7 @@ int kvt_tier_create(kvt_tier_t **out, const kvt_tier_config_t *user) {
     if ((cfg->kind == KVT_TIER_ENGINE) != (cfg->engine != NULL)) return KVT_EINVAL;
     kvt_geom_t geom = cfg->geom;
     if (cfg->kind == KVT_TIER_ENGINE && kvt__engine_check(cfg, &geom.layer_bytes) != KVT_OK) return KVT_EINVAL;
+    if (cfg->kind == KVT_TIER_ENGINE) geom.layout = KVT_LAYOUT_PAGE_FIRST; /* unused: the planes place the pieces */
     if (!geom_ok(&geom)) return KVT_EINVAL;
     uint32_t host_flags = KVT_TIER_HUGE | KVT_TIER_LOCK | KVT_TIER_CHECKSUM, copy_flags = KVT_TIER_COPY_DMA | KVT_TIER_COPY_KERNEL;
     uint32_t allowed = cfg->kind == KVT_TIER_SHM      ? host_flags | KVT_TIER_ATTACH

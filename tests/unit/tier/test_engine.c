@@ -85,6 +85,26 @@ Test(engine, geometry_and_addresses_match_the_model) {
 
 /* read gathers the planes in logical order; write scatters them and leaves
  * every other byte (other blocks, other layers, padding) alone. */
+/* The layout field of an engine tier's geometry is not read, whatever it
+ * holds (an adapter that leaves it unset): the tier reports page_first. */
+Test(engine, the_layout_field_is_not_read) {
+    const em_shape_t *sh = &EM_SHAPES[0];
+    em_mem_t m;
+    em_ptrs_t pp;
+    em_alloc(sh, &m, 0);
+    for (unsigned layout = 0; layout < 8; layout++) {
+        kvt_tier_engine_t e;
+        describe(sh, &m, &pp, &e);
+        kvt_tier_config_t c = em_config(sh, &e);
+        c.geom.layout = (kvt_layout_t)layout;
+        kvt_tier_t *t = NULL;
+        cr_assert_eq(kvt_tier_create(&t, &c), KVT_OK, "layout %u", layout);
+        cr_assert_eq(kvt_tier_geom(t)->layout, KVT_LAYOUT_PAGE_FIRST);
+        kvt_tier_destroy(t);
+    }
+    em_free(&m);
+}
+
 Test(engine, read_gathers_write_scatters_byte_for_byte) {
     for (int k = 0; k < EM_KIND_COUNT; k++) {
         const em_shape_t *sh = &EM_SHAPES[k];
