@@ -557,24 +557,26 @@ class KvtierStorage(HiCacheStorage):
 
     @classmethod
     def _staged_v1(cls, reg: _Registration, op: str, keys: List[str], flat: List[int]) -> List[bool]:
-        """Pages copied between the pool's buffers and a staging tier."""
+        """Pages copied between the pool's buffers and a staging tier. Every
+        page's buffers are checked before the first chunk runs: a refusal
+        changes nothing."""
         import torch
         pool, ps = reg.pool, reg.page_size
         lane = reg.lane("v1-stage-read" if op == "get" else "v1-stage-write", soft=True)
         if lane is None:
             return [False] * len(keys)
+        every = [_meta(pool, torch.tensor(flat[i * ps:(i + 1) * ps], dtype=torch.int64)) for i in range(len(keys))]
+        for ptrs, sizes in every:
+            if sum(sizes) != reg.page_bytes:
+                raise ValueError(f"get_page_buffer_meta: {sum(sizes)} bytes for a page, "
+                                 f"registered pages hold {reg.page_bytes}")
+            reg.memory.check(ptrs, sizes, "get_page_buffer_meta")
         out: List[bool] = []
         with lane.lock:
             cap = lane.tier.pages
             for c in range(0, len(keys), cap):
                 chunk = keys[c:c + cap]
-                metas = [_meta(pool, torch.tensor(flat[(c + i) * ps:(c + i + 1) * ps], dtype=torch.int64))
-                         for i in range(len(chunk))]
-                for ptrs, sizes in metas:
-                    if sum(sizes) != reg.page_bytes:
-                        raise ValueError(f"get_page_buffer_meta: {sum(sizes)} bytes for a page, "
-                                         f"registered pages hold {reg.page_bytes}")
-                    reg.memory.check(ptrs, sizes, "get_page_buffer_meta")
+                metas = every[c:c + cap]
                 if op == "put":
                     for i, (ptrs, sizes) in enumerate(metas):
                         cls._gather(lane.page_addr(i), ptrs, sizes)

@@ -891,6 +891,28 @@ def test_the_pools_addresses_are_checked_against_its_tensors(dir_store_url):
             backend.batch_set_v1(keys, host)
 
 
+def test_a_staged_batch_with_a_bad_page_in_a_later_chunk_stores_nothing(dir_store_url, monkeypatch):
+    """A batch larger than the staging tier runs in chunks: a page whose
+    buffers the pool gives outside its tensors, in the last chunk, is
+    refused before the first chunk is put (the chunks before it were
+    stored, then the call raised)."""
+    from kvtier import _sglang_pool
+    monkeypatch.setattr(_sglang_pool, "STORAGE_BATCH_SIZE", 2)  # a staging tier of 2 pages: 3 chunks of 5
+    with ks.KvtierStorage(config(dir_store_url), {}) as backend:
+        pool = ScatteredHostPool(pages=8)
+        backend.register_mem_pool_host(pool)
+        keys, host, _ = stored_pages(pool, 5, 11)
+        real, bad_page = pool.get_page_buffer_meta, host[4 * pool.page_size].item()
+        pool.get_page_buffer_meta = lambda idx: (
+            ([(1 << 64) - 1] + real(idx)[0][1:], real(idx)[1]) if idx[0].item() == bad_page else real(idx))
+        with pytest.raises(ValueError, match="not in the pool's host tensors"):
+            backend.batch_set_v1(keys, host)
+        assert backend.batch_exists(keys) == 0, "a refused batch stored pages"
+        del pool.get_page_buffer_meta
+        assert backend.batch_set_v1(keys, host) == [True] * 5
+        assert backend.batch_exists(keys) == 5
+
+
 def test_a_pool_calling_back_into_the_backend_is_refused_not_deadlocked(dir_store_url):
     """A pool whose get_page_buffer_meta closes or re-registers the backend
     would wait for its own call to end: refused."""
