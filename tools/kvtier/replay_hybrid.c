@@ -362,7 +362,10 @@ static int run_hybrid(const hyb_run_t *a, const uint32_t *reqs, uint64_t nreqs, 
             kvt_hybrid_destroy(c);
             moving = false;
             cfg.moves = cfg.async_moves = false;
-            if ((rc = kvt_hybrid_create(&c, &cfg)) != KVT_OK) return -1;
+            if ((rc = kvt_hybrid_create(&c, &cfg)) != KVT_OK) { /* (nothing else is open: no --data, no store) */
+                fprintf(stderr, "kvtier replay: cannot create the hybrid cache: %s\n", kvt_strerror(rc));
+                return -1;
+            }
         }
     }
     /* --data: the plane runs the moves, the store's too (it asks the store what it holds) */
