@@ -424,7 +424,8 @@ KVT_API uint64_t kvt_hybrid_longest(const kvt_layer_group_t *groups, uint32_t ng
  * after src_slot pages, into L1 slot dst_slot) the plane calls write(arg,
  * move), which returns 0 once the piece is in place there, nonzero when it
  * could not be written; it runs inside the plane's calls and must not call
- * the cache. Such a move can come after the request's release
+ * the cache (the calls that change it, and the plane's poll, wait and sync,
+ * answer KVT_EBUSY from there). Such a move can come after the request's release
  * (kvt_hybrid_engine_waiting says until when its bytes are needed).
  *
  * Copies run on the engines' and the stores' workers; kvt_hybrid_plane_poll

@@ -41,6 +41,10 @@ int kvt__hybrid_has_l3(const kvt_hybrid_t *h);
  * kvt_hybrid_set_l3 refuse, so that a move is never taken, reported or
  * rerouted behind its back; the plane takes and reports through these. */
 void kvt__hybrid_drive(kvt_hybrid_t *h, bool on);
+/* The plane's write callback runs (on) or no more: meanwhile the calls that
+ * change the cache answer KVT_EBUSY, as while the L3's probe runs. Returns
+ * what was before (to put back). */
+bool kvt__hybrid_calling_out(kvt_hybrid_t *h, bool on);
 size_t kvt__hybrid_take_moves(kvt_hybrid_t *h, kvt_hybrid_move_t *out, size_t cap);
 int kvt__hybrid_moves_done(kvt_hybrid_t *h, const kvt_hybrid_move_t *moves, size_t n, const uint8_t *ok);
 /* Group g's keyed cache of tier t (0-based), or NULL: for the unit tests

@@ -127,7 +127,7 @@ struct kvt_hybrid {
     size_t hcap;
     int8_t *memo; /* [g * mstride + i]: piece_tier of group g's piece i, or MEMO_UNKNOWN */
     bool searching; /* the match rule is asking (piece_tier asks the outside L3 ahead) */
-    bool in_probe;  /* the outside L3's probe runs, mid-admission: calls that change the cache are refused */
+    bool in_probe;  /* the outside L3's probe or the plane's write runs: calls that change the cache are refused */
     size_t mcap, mstride;
     kvt_key128_t *keys, *prot;
     uint64_t *scores;
@@ -275,6 +275,11 @@ uint64_t kvt_hybrid_digest(const kvt_hybrid_t *h) {
 
 const kvt_hybrid_config_t *kvt__hybrid_cfg(const kvt_hybrid_t *h) { return &h->cfg; }
 int kvt__hybrid_live(const kvt_hybrid_t *h) { return h->live != 0; }
+bool kvt__hybrid_calling_out(kvt_hybrid_t *h, bool on) {
+    bool was = h->in_probe;
+    h->in_probe = on;
+    return was;
+}
 kvt_keyed_t *kvt__hybrid_keyed(kvt_hybrid_t *h, uint32_t g, int t) {
     return g < h->cfg.ngroups && t >= 0 && t < 3 ? h->kc[g][t] : NULL;
 }

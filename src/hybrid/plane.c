@@ -62,6 +62,7 @@ struct kvt_hybrid_plane {
     uint32_t nb, cap;
     size_t flight;            /* moves in batches started and not landed */
     uint32_t src_flight[G][K_COUNT]; /* batches in flight per source */
+    bool in_write;                   /* the engine's write callback runs: the plane's calls are refused */
     kvt_hybrid_plane_stats_t st;
 };
 
@@ -294,14 +295,19 @@ static void start(kvt_hybrid_plane_t *p, uint32_t id) {
     p->src_flight[b->group][b->kind]++;
     b->state = B_FLIGHT;
     switch (b->kind) {
-    case K_WRITE:
+    case K_WRITE: {
+        bool was = kvt__hybrid_calling_out(p->h, true); /* a callback that calls back finds both busy */
+        p->in_write = true;
         for (size_t i = 0; i < b->n; i++) {
             ok[i] = p->cfg.write(p->cfg.arg, &mv[i]) == 0;
             if (ok[i]) p->st.written++;
             else p->st.write_failures++;
         }
+        p->in_write = false;
+        kvt__hybrid_calling_out(p->h, was);
         landed(p, b);
         return;
+    }
     case K_DOWN:
     case K_UP:
         for (size_t i = 0; i < b->n; i++) cp[i] = (kvt_xfer_copy_t){(uint32_t)mv[i].src_slot, (uint32_t)mv[i].dst_slot};
@@ -449,6 +455,7 @@ static int reap(kvt_hybrid_plane_t *p, uint64_t wait_ns) {
 
 int kvt_hybrid_plane_poll(kvt_hybrid_plane_t *p, uint64_t timeout_ns) {
     if (p == NULL) return KVT_EINVAL;
+    if (p->in_write) return KVT_EBUSY;
     uint64_t t0 = kvt_now_ns();
     for (;;) {
         int did = reap(p, 0);
@@ -469,6 +476,7 @@ static int stuck(const kvt_hybrid_plane_t *p) { return p->flight == 0 && kvt_hyb
 
 int kvt_hybrid_plane_wait(kvt_hybrid_plane_t *p, const kvt_hybrid_req_t *req) {
     if (p == NULL || req == NULL) return KVT_EINVAL;
+    if (p->in_write) return KVT_EBUSY;
     for (;;) {
         int rc = kvt_hybrid_ready(p->h, req);
         if (rc != KVT_EAGAIN) return rc;
@@ -479,6 +487,7 @@ int kvt_hybrid_plane_wait(kvt_hybrid_plane_t *p, const kvt_hybrid_req_t *req) {
 
 int kvt_hybrid_plane_sync(kvt_hybrid_plane_t *p) {
     if (p == NULL) return KVT_EINVAL;
+    if (p->in_write) return KVT_EBUSY;
     for (;;) {
         int rc = kvt_hybrid_plane_poll(p, WAIT_NS);
         if (rc != KVT_OK) return rc;

@@ -40,6 +40,8 @@ typedef struct {
     kvt_store_t *put[NG], *get[NG];
     uint8_t buf[4096];
     uint64_t written;
+    bool call_back; /* the write callback calls the cache and the plane, once (what they answer: said[]) */
+    int said[6];
 } rig_t;
 
 static uint64_t seed_lo(uint64_t lo, uint32_t g) { return lo ^ (0x9e3779b97f4a7c15ULL * (g + 1)); }
@@ -48,6 +50,20 @@ static int write_piece(void *arg, const kvt_hybrid_move_t *m) {
     rig_t *r = arg;
     cr_assert_eq(m->dst_tier, 1, "what a request computed goes to L1");
     r->written++;
+    if (r->call_back) {
+        r->call_back = false;
+        int32_t tok[4 * P];
+        for (int i = 0; i < 4 * P; i++) tok[i] = 777000 + i;
+        kvt_hybrid_req_t req;
+        kvt_hybrid_move_t mv[4];
+        uint8_t ok[1] = {1};
+        r->said[0] = kvt_hybrid_admit(r->h, 0, tok, 4 * P, 0, NULL, &req);
+        r->said[1] = kvt_hybrid_plane_poll(r->p, 0);
+        r->said[2] = kvt_hybrid_plane_sync(r->p);
+        r->said[3] = kvt_hybrid_plane_wait(r->p, &req);
+        r->said[4] = kvt_hybrid_moves_done(r->h, m, 1, ok);
+        r->said[5] = (int)kvt_hybrid_take_moves(r->h, mv, 4);
+    }
     return kvt_tier_pattern_fill(r->tier[m->group][0], m->dst_slot, seed_lo(m->key.lo, m->group), m->key.hi, r->buf);
 }
 
@@ -235,6 +251,30 @@ Test(hybrid_plane, every_piece_of_every_hit_is_its_own_byte_for_byte) {
         cr_assert(st.bytes_up >= bytes_up_least && st.bytes_up <= bytes_up_most, "%" PRIu64, st.bytes_up);
         rig_close(&r);
     }
+}
+
+/* The write callback must not call the cache: one that does is refused
+ * (KVT_EBUSY) by the calls that change it and by the plane's own, which
+ * would otherwise re-enter the batch being started; nothing changed, the
+ * workload goes on, every piece its own. */
+Test(hybrid_plane, a_write_callback_that_calls_back_is_refused) {
+    kvt_hybrid_config_t cfg;
+    config(&cfg, KVT_WRITE_BACK);
+    rig_t r;
+    rig_open(&r, &cfg, NULL);
+    tally_t t = {0};
+    workload(&r, 5, 40, 0, &t);
+    r.call_back = true;
+    workload(&r, 6, 200, 0, &t);
+    cr_assert(!r.call_back, "the callback ran");
+    static const char *const what[6] = {"admit", "plane_poll", "plane_sync", "plane_wait", "moves_done", "take_moves"};
+    for (int i = 0; i < 4; i++) cr_assert_eq(r.said[i], KVT_EBUSY, "%s: %s", what[i], kvt_err_name(r.said[i]));
+    cr_assert_eq(r.said[4], KVT_EINVAL, "moves_done: the plane reports the moves (refused whoever calls)");
+    cr_assert_eq(r.said[5], 0, "take_moves hands out none");
+    cr_assert_gt(t.pieces, 100);
+    cr_assert_eq(t.failed, 0);
+    check(r.h, "after the callback");
+    rig_close(&r);
 }
 
 /* Copies that fail (the transfer engine's fault injection) and pieces
