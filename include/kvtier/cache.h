@@ -222,10 +222,13 @@ KVT_API int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req);
  * its new pages hold no KV, so they leave the cache (their L1 pages go back
  * to the allocator, no backup is made, the policy keeps no ghost of them);
  * the pages it matched stay cached, as a release leaves them. A request
- * committed, or with no new pages, is released. KVT_EBUSY, changing
- * nothing, when another request holds one of its new pages or was admitted
- * below one (it matched them before this one committed, against commit's
- * rule): abort that one first. KVT_EINVAL as release. */
+ * committed, or with no new pages, is released. Pages below its new pages
+ * that requests admitted after it left (they matched its new pages before
+ * it committed, against commit's rule, and were released: their KV was
+ * computed over pages that hold none) leave with them. KVT_EBUSY, changing
+ * nothing, while another request holds one of its new pages or pages below
+ * them (abort that one first), or a page below is pinned or in flight (a
+ * copy: again once it landed). KVT_EINVAL as release. */
 KVT_API int kvt_cache_abort(kvt_cache_t *c, kvt_cache_req_t *req);
 /* Applies the copies that have completed (without waiting); returns how
  * many (>= 0). */
@@ -407,7 +410,7 @@ KVT_API uint64_t kvt_cache_restore_room(kvt_cache_t *c);
     X(l1_floor, GAUGE, "L1 free pages below which an allocation starts an eviction round")      \
     X(l2_floor, GAUGE, "L2 free pages below which an allocation starts an eviction round")           \
     X(l3_known_pages, GAUGE, "page hashes known to be in L3 (own puts remembered; the model's pages)") \
-    X(aborted_pages, COUNTER, "new pages of aborted requests taken back (they held no KV)")
+    X(aborted_pages, COUNTER, "new pages of aborted requests taken back, and the pages below them (no KV)")
 
 typedef struct kvt_cache_stats {
     uint32_t size; /* sizeof(kvt_cache_stats_t), set by the caller */

@@ -210,9 +210,11 @@ KVT_API int kvt_hybrid_release(kvt_hybrid_t *h, uint32_t ns, const int32_t *toke
  * the full groups' request is aborted (kvt_cache_abort: its new pages leave
  * the cache) and its pieces are unpinned; nothing is stored for it, since
  * the engine computed none of it. What its hit matched or loaded stays
- * cached, as after a release. KVT_EBUSY, nothing changed, when another
- * request matched its new pages (admitted after it, before its release):
- * abort that one first. KVT_EINVAL as release. */
+ * cached, as after a release. Full pages that requests admitted after it
+ * (and released) left below its new pages leave with them, as
+ * kvt_cache_abort says. KVT_EBUSY, nothing changed, while another request
+ * matched its new pages and is still admitted (abort or release that one
+ * first), or a page below them is in flight. KVT_EINVAL as release. */
 KVT_API int kvt_hybrid_abort(kvt_hybrid_t *h, kvt_hybrid_req_t *req);
 
 /* The bytes. The engine owns every slot's bytes (one buffer per group and

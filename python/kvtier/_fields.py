@@ -75,7 +75,7 @@ CACHE_STATS = (
     ('l1_floor', 'GAUGE', 'L1 free pages below which an allocation starts an eviction round'),
     ('l2_floor', 'GAUGE', 'L2 free pages below which an allocation starts an eviction round'),
     ('l3_known_pages', 'GAUGE', "page hashes known to be in L3 (own puts remembered; the model's pages)"),
-    ('aborted_pages', 'COUNTER', 'new pages of aborted requests taken back (they held no KV)'),
+    ('aborted_pages', 'COUNTER', 'new pages of aborted requests taken back, and the pages below them (no KV)'),
 )
 
 # KVT_RADIX_STATS_FIELDS (radix.h): (field, kind, help)

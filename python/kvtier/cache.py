@@ -252,6 +252,14 @@ class _Settling(_Serial):
         return h
 
 
+def _note(exc: BaseException, refused: BaseException) -> None:
+    """A request's with block raised and its abort was refused: the block's
+    exception goes on, saying so (the request stays held)."""
+    if hasattr(exc, "add_note"):  # Python 3.11
+        exc.add_note(f"kvtier: the request was not aborted and is still held ({refused}); abort it once the "
+                     "requests that matched its new pages are let go")
+
+
 class Request:
     """An admitted request: which of its pages were hits where, and the L1
     page of each of its first ``pages`` pages (``l1_ids``). Let it go once:
@@ -326,12 +334,16 @@ class Request:
     def __enter__(self) -> "Request":
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self.released and not self._cache.closed:
             try:
                 self.release() if exc_type is None else self.abort()
             except ClosedError:  # the cache closed meanwhile, on another thread: it let the request go
                 pass
+            except Busy as refused:  # the block's own exception goes on: it says why the pass failed
+                if exc is None:
+                    raise
+                _note(exc, refused)
 
     def __repr__(self) -> str:
         r = self._req

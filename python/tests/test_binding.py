@@ -149,9 +149,11 @@ def test_an_abort_that_another_request_depends_on_is_refused_and_changes_nothing
         with pytest.raises(kvtier.Busy, match="abort that one first; this one is still held"):
             first.abort()
         assert not first.released and (c.stats(), c.tree_stats()) == before
-        with pytest.raises(kvtier.Busy):
-            with first:  # a block that raises aborts: refused, the error says so
+        with pytest.raises(RuntimeError, match="the forward pass failed") as raised:
+            with first:  # a block that raises aborts: refused, the block's error goes on, saying so
                 raise RuntimeError("the forward pass failed")
+        assert any("not aborted and is still held" in n for n in raised.value.__notes__)
+        assert not first.released and (c.stats(), c.tree_stats()) == before
         second.abort()  # no new pages: released
         first.abort()
         assert c.stats()["aborted_pages"] == 8 and c.tree_stats()["pages"] == 0

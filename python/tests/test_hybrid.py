@@ -90,18 +90,21 @@ class Model:
         return n, m, why
 
     def abort(self, ns, tokens, m):
-        """The request's new pages leave, unless another request holds one
-        of them, or was admitted over one and on past the request's pages
-        (its own pages hang below them): then False, nothing changes."""
-        mine, new = set(self.keys(ns, tokens)), self.keys(ns, tokens)[m:]
+        """The request's new pages leave, and with them the pages that
+        requests admitted over them and released since left below them
+        (computed over pages that hold no KV); unless another request
+        admitted over them is held: then False, nothing changes."""
+        keys = self.keys(ns, tokens)
+        matched, new = set(keys[:m]), keys[m:]
         others = set().union(*(self.users[k] for k in new)) - {id(tokens)}
-        if any(q in self.held or not self.keysof[q] <= mine for q in others):
+        if any(q in self.held for q in others):
             return False
-        for k in mine:
+        gone = set(new).union(*(self.keysof[q] - matched for q in others))  # (each passes through new[0])
+        for k in matched:
             self.users[k].discard(id(tokens))
-        for k in new:  # gone: the released requests admitted over them hang below nothing now
-            del self.users[k]
-        self.full.difference_update(new)
+        for k in gone:
+            self.users.pop(k, None)
+        self.full.difference_update(gone)
         del self.held[id(tokens)]
         return True
 
@@ -851,6 +854,14 @@ def test_a_request_that_raised_or_was_dropped_is_aborted(dir_store_url):
         assert h.group_bytes(0)["slots"][0] == 5  # t's pages alone
         with pytest.raises(kvtier.InvalidArgument, match="not live"):
             second.abort()
+        first = h.admit(u)  # the same, the second released before the first is dropped: the abort takes the
+        second = h.admit(np.concatenate([u, u]))  # pages the second left below the first's, computed over them
+        second.release()
+        del first
+        gc.collect()
+        h.check()
+        assert h.stats()["aborted"] == 5
+        assert h.group_bytes(0)["slots"][0] == 5, "t's pages alone: the second's went with the first's"
     caches = [full_hybrid() for _ in range(2)]
     planes = [FullPlane(h, dir_store_url) for h in caches]
     try:

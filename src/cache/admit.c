@@ -352,20 +352,25 @@ int kvt_cache_release(kvt_cache_t *c, kvt_cache_req_t *req) {
     return KVT_OK;
 }
 
-/* Whether the request's new pages can leave the tree as they are: the nodes
- * holding them (its held node and those above it, new_pages pages in all)
- * are a chain that only this request holds, with nothing below it, every
- * page in L1 alone, nothing in flight. True for every uncommitted request
- * while the engine keeps commit's rule. */
+/* Whether the request's new pages can leave the tree: the nodes holding
+ * them (its held node and those above it, new_pages pages in all) are a
+ * chain that only this request holds, every page in L1 alone, nothing in
+ * flight; and what hangs below them beside the chain, pages that requests
+ * admitted after this one and released since left (they matched these
+ * pages before this request committed, against commit's rule: their KV was
+ * computed over pages that hold none), is held by no one, pinned by
+ * nothing, with nothing in flight. True for every uncommitted request while
+ * the engine keeps commit's rule (nothing below). */
 static bool abortable(kvt_cache_t *c, const kvt_cache_req_t *req) {
     uint64_t left = req->new_pages;
-    uint32_t below = 0; /* the chain's node below x: one child */
-    for (const kvt_rnode_t *x = req->node; left > 0; x = x->parent, below = 1) {
-        if (x == kvt__radix_root(c->tree) || x->lock != 1 || x->nchildren != below || x->npages > left ||
-            x->n_l1 != x->npages || x->pin)
+    const kvt_rnode_t *chain = NULL; /* the chain's node below x */
+    for (const kvt_rnode_t *x = req->node; left > 0; chain = x, x = x->parent) {
+        if (x == kvt__radix_root(c->tree) || x->lock != 1 || x->npages > left || x->n_l1 != x->npages || x->pin)
             return false;
         for (uint32_t i = 0; i < x->npages; i++)
             if (x->pages[i].l2 != KVT_NO_PAGE || x->pages[i].flags) return false;
+        for (const kvt_rnode_t *ch = x->first_child; ch; ch = ch->next_sibling)
+            if (ch != chain && !kvt__cache_free_below(ch)) return false;
         left -= x->npages;
     }
     return true;
@@ -377,16 +382,18 @@ int kvt_cache_abort(kvt_cache_t *c, kvt_cache_req_t *req) {
     if (!abortable(c, req)) return KVT_EBUSY;
     kvt__radix_lock(c->tree, req->node, -1);
     kvt_rnode_t *x = req->node;
+    uint64_t below = 0;
     for (uint64_t left = req->new_pages; left > 0;) { /* leaf first: each node is a leaf when its turn comes */
         kvt_rnode_t *up = x->parent;
         uint32_t k = x->npages;
+        while (x->first_child) below += kvt__cache_drop_subtree(c, x->first_child); /* (the chain's is gone) */
         kvt__policy_on_drop(c, x, k);
         kvt__radix_trim_l1_tail(c->tree, x, k, kvt__cache_l1_back_end(c)); /* (x is freed) */
         kvt__cache_gave_back_l1(c, k);
         left -= k;
         x = up;
     }
-    c->st.aborted_pages += req->new_pages;
+    c->st.aborted_pages += req->new_pages + below;
     req->node = NULL;
     c->held--;
     kvt__cache_flush(c);

@@ -202,6 +202,11 @@ bool kvt__cache_backup(kvt_cache_t *c, kvt_rnode_t *n, uint32_t idx);
 void kvt__cache_note_corrupt(kvt_cache_t *c, uint32_t l1, uint32_t l2); /* the load into l1 found l2 corrupt */
 void kvt__cache_forget_corrupt(kvt_cache_t *c, uint32_t l2);
 void kvt__cache_purge_corrupt(kvt_cache_t *c);
+/* Nothing in x's subtree is held, pinned or in flight. */
+bool kvt__cache_free_below(const kvt_rnode_t *x);
+/* x's subtree (so free) leaves the cache: its L1 and L2 pages go back, the
+ * policy keeps no ghost, nothing goes on to L3. Returns the pages. */
+uint64_t kvt__cache_drop_subtree(kvt_cache_t *c, kvt_rnode_t *x);
 
 /* l3.c */
 int kvt__l3_init(kvt_cache_t *c);     /* the model, at create (cfg.l3_pages) */

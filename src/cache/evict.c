@@ -215,6 +215,27 @@ static void trim_below(kvt_cache_t *c, kvt_rnode_t *x, uint32_t keep) {
     for (uint32_t k = x->npages - keep; k > 0; k--) trim_l2_tail(c, x, false); /* corrupt: never put */
 }
 
+bool kvt__cache_free_below(const kvt_rnode_t *x) { return free_below(x, 0); }
+
+/* x's subtree leaves the cache, wherever its pages live (none held, pinned
+ * or in flight: kvt__cache_free_below), leaf pages first; the policy keeps
+ * no ghost of them, nothing goes on to L3. Returns the pages. */
+uint64_t kvt__cache_drop_subtree(kvt_cache_t *c, kvt_rnode_t *x) {
+    uint64_t n = 0;
+    while (x->first_child) n += kvt__cache_drop_subtree(c, x->first_child);
+    while (x->npages > 0) {
+        bool last = x->npages == 1;
+        kvt__policy_on_drop(c, x, 1);
+        kvt_page_t pg = kvt__radix_trim(c->tree, x); /* (x is freed with its last page) */
+        if (pg.l2 != KVT_NO_PAGE) kvt__cache_give_back_l2(c, pg.l2);
+        if (pg.l1 != KVT_NO_PAGE) kvt__cache_give_back_l1(c, pg.l1);
+        c->st.dropped_pages++;
+        n++;
+        if (last) break;
+    }
+    return n;
+}
+
 void kvt__cache_purge_corrupt(kvt_cache_t *c) {
     for (size_t i = 0; i < c->ncorrupt;) {
         kvt_rnode_t *n;

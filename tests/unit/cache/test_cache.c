@@ -543,6 +543,55 @@ Test(cache, an_abort_others_depend_on_is_refused_and_changes_nothing) {
     kvt_cache_destroy(c);
 }
 
+/* Requests admitted after one and released since left pages below its new
+ * pages: one that matched them all and went on (d), one whose match split
+ * them and went elsewhere (e). Their KV was computed over pages that hold
+ * none: the abort takes them back with its own, from L1 and from L2 (their
+ * backups), under every policy; before, it was refused for good. */
+Test(cache, an_abort_takes_back_what_released_requests_left_below_it) {
+    static const kvt_policy_t POL[] = {KVT_POLICY_LRU, KVT_POLICY_ARC, KVT_POLICY_S2LRU, KVT_POLICY_SLRU};
+    for (size_t p = 0; p < sizeof(POL) / sizeof(POL[0]); p++) {
+        kvt_cache_t *c = make_cache(64, 64, 0, 0, POL[p], KVT_WRITE_THROUGH);
+        int32_t q[12 * PT], r[14 * PT], u[9 * PT];
+        for (int i = 0; i < 12 * PT; i++) q[i] = i;
+        memcpy(r, q, sizeof(q));
+        for (int i = 12 * PT; i < 14 * PT; i++) r[i] = -i;
+        memcpy(u, q, 6 * PT * sizeof(int32_t));
+        for (int i = 6 * PT; i < 9 * PT; i++) u[i] = -1000 - i;
+        kvt_cache_req_t a, b, d, e;
+        cr_assert_eq(kvt_cache_admit(c, 0, q, 4 * PT, 0, NULL, &a), KVT_OK);
+        cr_assert_eq(kvt_cache_release(c, &a), KVT_OK);
+        kvt_cache_sync(c);
+        kvt_cache_stats_t st0 = {.size = sizeof(st0)}, st = {.size = sizeof(st)};
+        kvt_cache_stats(c, &st0);
+        cr_assert_eq(kvt_cache_admit(c, 0, q, 12 * PT, 0, NULL, &b), KVT_OK); /* 4 hit, 8 new, not committed */
+        cr_assert_eq(kvt_cache_admit(c, 0, r, 14 * PT, 0, NULL, &d), KVT_OK);
+        cr_assert_eq(d.new_pages, 2, "d matched b's new pages");
+        cr_assert_eq(kvt_cache_admit(c, 0, u, 9 * PT, 0, NULL, &e), KVT_OK);
+        cr_assert_eq(e.new_pages, 3, "e's match split b's");
+        cr_assert_eq(kvt_cache_abort(c, &b), KVT_EBUSY, "d and e hold pages below b's");
+        cr_assert_eq(kvt_cache_release(c, &d), KVT_OK);
+        cr_assert_eq(kvt_cache_release(c, &e), KVT_OK); /* both backed up (write_through) */
+        kvt_cache_sync(c);
+        cr_assert_eq(kvt_cache_abort(c, &b), KVT_OK, "policy %s", kvt_policy_name(POL[p]));
+        kvt_radix_stats_t rs = {.size = sizeof(rs)};
+        kvt_radix_stats(kvt_cache_tree(c), &rs);
+        cr_assert_eq(rs.pages, 4, "a's alone");
+        kvt_cache_stats(c, &st);
+        cr_assert_eq(st.aborted_pages, 8 + 2 + 3);
+        cr_assert_eq(st.l1_free, st0.l1_free, "every L1 page back");
+        cr_assert_eq(st.l2_free, st0.l2_free, "d's and e's backups back");
+        const char *why;
+        cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
+        kvt_cache_req_t again; /* and the prompt is computed again, from a's pages */
+        cr_assert_eq(kvt_cache_admit(c, 0, r, 14 * PT, 0, NULL, &again), KVT_OK);
+        cr_assert_eq(again.new_pages, 10);
+        cr_assert_eq(kvt_cache_release(c, &again), KVT_OK);
+        cr_assert_eq(kvt_cache_check(c, &why), KVT_OK, "%s", why);
+        kvt_cache_destroy(c);
+    }
+}
+
 /* A multi-lane L1 (CP owner lanes) drifts out of balance under eviction; an
  * allocation still finds room whenever enough pages are free. */
 Test(cache, multi_lane_l1_never_refuses_free_pages) {
