@@ -65,7 +65,7 @@ typedef struct kvt_extalloc kvt_extalloc_t;
     X(largest_free_run, GAUGE, "pages in the largest free extent")                         \
     X(metadata_bytes, GAUGE, "bytes the allocator holds for itself, spare nodes included") \
     X(reserves, COUNTER, "successful reserve calls of any kind")                           \
-    X(reserve_failures, COUNTER, "reserve calls that failed for lack of pages, runs or memory (reserve_at: a page taken)") \
+    X(reserve_failures, COUNTER, "failed reserves: no pages, runs or memory; a taken page")   \
     X(frees, COUNTER, "successful free calls")                                             \
     X(runs_reserved, COUNTER, "runs handed out by reserve calls")
 

@@ -223,15 +223,12 @@ bool kvt__cache_free_below(const kvt_rnode_t *x) { return free_below(x, 0); }
 uint64_t kvt__cache_drop_subtree(kvt_cache_t *c, kvt_rnode_t *x) {
     uint64_t n = 0;
     while (x->first_child) n += kvt__cache_drop_subtree(c, x->first_child);
-    while (x->npages > 0) {
-        bool last = x->npages == 1;
+    for (uint32_t k = x->npages; k-- > 0; n++) { /* (x is freed with its last page) */
         kvt__policy_on_drop(c, x, 1);
-        kvt_page_t pg = kvt__radix_trim(c->tree, x); /* (x is freed with its last page) */
+        kvt_page_t pg = kvt__radix_trim(c->tree, x);
         if (pg.l2 != KVT_NO_PAGE) kvt__cache_give_back_l2(c, pg.l2);
         if (pg.l1 != KVT_NO_PAGE) kvt__cache_give_back_l1(c, pg.l1);
         c->st.dropped_pages++;
-        n++;
-        if (last) break;
     }
     return n;
 }

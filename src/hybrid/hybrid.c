@@ -948,7 +948,8 @@ static int leave_state(kvt_hybrid_t *h, uint32_t g, const pins_t *p, const uint6
     }
     if (rc == KVT_OK) h->st.checkpoints_stored += stored;
     else h->st.pieces_refused += stored;
-    return short_of_memory || rc == KVT_ENOMEM ? KVT_ENOMEM : KVT_OK;
+    short_of_memory |= rc == KVT_ENOMEM;
+    return short_of_memory ? KVT_ENOMEM : KVT_OK;
 }
 
 /* The pins of a request admitted here and not released, or NULL: a
