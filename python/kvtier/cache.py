@@ -252,12 +252,22 @@ class _Settling(_Serial):
         return h
 
 
-def _note(exc: BaseException, refused: BaseException) -> None:
-    """A request's with block raised and its abort was refused: the block's
-    exception goes on, saying so (the request stays held)."""
-    if hasattr(exc, "add_note"):  # Python 3.11
-        exc.add_note(f"kvtier: the request was not aborted and is still held ({refused}); abort it once the "
-                     "requests that matched its new pages are let go")
+def _leave_block(req: Any, owner: Any, exc: Optional[BaseException]) -> None:
+    """The end of a request's ``with`` block (a Request's, a HybridRequest's):
+    it is released, or aborted when the block raised (exc). An abort refused
+    lets the block's own exception go on, saying so: the request stays held."""
+    if req.released or owner.closed:
+        return
+    try:
+        req.release() if exc is None else req.abort()
+    except ClosedError:  # the cache closed meanwhile, on another thread: it let the request go
+        pass
+    except Busy as refused:
+        if exc is None:
+            raise
+        if hasattr(exc, "add_note"):  # Python 3.11
+            exc.add_note(f"kvtier: the request was not aborted and is still held ({refused}); abort it once the "
+                         "requests that matched its new pages are let go")
 
 
 class Request:
@@ -335,15 +345,7 @@ class Request:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if not self.released and not self._cache.closed:
-            try:
-                self.release() if exc_type is None else self.abort()
-            except ClosedError:  # the cache closed meanwhile, on another thread: it let the request go
-                pass
-            except Busy as refused:  # the block's own exception goes on: it says why the pass failed
-                if exc is None:
-                    raise
-                _note(exc, refused)
+        _leave_block(self, self._cache, exc)
 
     def __repr__(self) -> str:
         r = self._req

@@ -31,13 +31,13 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _args as _a
 from . import _fields
-from ._core import Busy, ClosedError, Handle, IOFailure, OutOfRange, TryAgain, check, error, in_callback, page_hashes, \
+from ._core import Handle, IOFailure, OutOfRange, TryAgain, check, error, in_callback, page_hashes, \
     tokens_arg, using
 from ._lib import HYBRID_PROBE, HYBRID_WRITE, KVT_MODEL_MAX_GROUPS, CacheStats, HybridConfig, HybridGroupBytes, \
     HybridPlaneConfig, HybridPlaneGroup, HybridPlaneStats, HybridReq, HybridStats, Key128, lib
 from ._lib import HybridMove as HybridMove_
 from ._lib import LayerGroup as _CGroup
-from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, _Holds, _note, \
+from .cache import CONFIG_FIELDS as _CACHE_FIELDS, _ENUMS as _CACHE_ENUMS, Prefetch, _config_value, _Holds, _leave_block, \
     attach_data_plane, attach_store, memory_intact, not_anothers
 
 __all__ = ["LayerGroup", "Hybrid", "HybridRequest", "HybridMove", "HybridPrefetch", "HYBRID_STATS",
@@ -299,15 +299,7 @@ class HybridRequest:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if not self.released and not self._hybrid.closed:
-            try:
-                self.release() if exc_type is None else self.abort()
-            except ClosedError:  # the cache closed meanwhile, on another thread: it let the request go
-                pass
-            except Busy as refused:  # the block's own exception goes on: it says why the pass failed
-                if exc is None:
-                    raise
-                _note(exc, refused)
+        _leave_block(self, self._hybrid, exc)
 
     def __repr__(self) -> str:
         r = self._req
